@@ -1,0 +1,337 @@
+//! Address vectors: fi_av(3), table and map. The AV stores each peer's raw name (what the peer's
+//! `getname` returned) and hands out `fi_addr_t` values; providers resolve those to their own
+//! per-peer state by index and keep a reverse map for `FI_SOURCE`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::consts::*;
+use crate::entry::{Context, FiAddr};
+use crate::eq::{EqEntry, EqInner};
+use crate::error::{Error, Result};
+
+/// Marks map-type addresses so that a table index passed to a map AV (or a stale value) is caught.
+const MAP_TAG: u64 = 0x5846_0000_0000_0000;
+const MAP_MASK: u64 = 0xFFFF_0000_0000_0000;
+
+/// `struct fi_av_attr`.
+#[derive(Clone, Debug, Default)]
+pub struct AvAttr {
+    /// Table or map; `Unspec` picks table.
+    pub av_type: AvType,
+    /// Bits in an rx context index (`FI_NAMED_RX_CTX`); must be 0 here.
+    pub rx_ctx_bits: i32,
+    /// Expected number of addresses (a sizing hint).
+    pub count: usize,
+    /// Endpoints per node, a hint.
+    pub ep_per_node: usize,
+    /// Name of a shared AV (`FI_SHARED_AV`); unsupported.
+    pub name: Option<String>,
+    /// `FI_EVENT` (inserts report `FI_AV_COMPLETE` on the bound EQ), `FI_SYMMETRIC`.
+    pub flags: u64,
+}
+
+/// Checks a raw address for a provider and prints it for `av_straddr`.
+pub trait AddrFormat: Send + Sync {
+    /// `Ok` if `addr` is a well-formed address of this provider.
+    fn validate(&self, addr: &[u8]) -> Result<()>;
+    /// Human-readable form.
+    fn to_string(&self, addr: &[u8]) -> String;
+}
+
+struct Table {
+    slots: Vec<Option<Vec<u8>>>,
+    by_name: HashMap<Vec<u8>, usize>,
+    free: Vec<usize>,
+}
+
+/// Shared state of an AV.
+pub struct AvInner {
+    av_type: AvType,
+    flags: u64,
+    fmt: Arc<dyn AddrFormat>,
+    t: RwLock<Table>,
+    generation: AtomicU64,
+    bound: AtomicUsize,
+    eq: RwLock<Option<Arc<EqInner>>>,
+}
+
+/// `fid_av`.
+#[derive(Clone)]
+pub struct AddressVector {
+    inner: Arc<AvInner>,
+}
+
+impl AddressVector {
+    /// Opens an AV; `Domain::av_open` calls this with the provider's address format.
+    pub fn open(attr: &AvAttr, fmt: Arc<dyn AddrFormat>) -> Result<Self> {
+        if attr.rx_ctx_bits != 0 {
+            return Err(Error::OpNotSupp(
+                "av_open: rx_ctx_bits != 0 (FI_NAMED_RX_CTX) is not supported".into(),
+            ));
+        }
+        if attr.name.is_some() {
+            return Err(Error::OpNotSupp(
+                "av_open: shared (named) AVs are not supported".into(),
+            ));
+        }
+        let known = FI_EVENT | FI_SYMMETRIC_AV;
+        if attr.flags & !known != 0 {
+            return Err(Error::BadFlags(format!(
+                "av_open: unknown flags {:#x}",
+                attr.flags & !known
+            )));
+        }
+        let av_type = match attr.av_type {
+            AvType::Unspec => AvType::Table,
+            t => t,
+        };
+        Ok(AddressVector {
+            inner: Arc::new(AvInner {
+                av_type,
+                flags: attr.flags,
+                fmt,
+                t: RwLock::new(Table {
+                    slots: Vec::with_capacity(attr.count),
+                    by_name: HashMap::new(),
+                    free: Vec::new(),
+                }),
+                generation: AtomicU64::new(0),
+                bound: AtomicUsize::new(0),
+                eq: RwLock::new(None),
+            }),
+        })
+    }
+
+    /// The shared state, for binding to endpoints.
+    pub fn inner(&self) -> &Arc<AvInner> {
+        &self.inner
+    }
+
+    /// `fi_av_bind` to an event queue: needed when the AV was opened with `FI_EVENT`.
+    pub fn bind_eq(&self, eq: &crate::eq::EventQueue) -> Result<()> {
+        *self.inner.eq.write().unwrap_or_else(|e| e.into_inner()) = Some(eq.inner().clone());
+        Ok(())
+    }
+
+    /// `fi_av_insert`: inserts each raw address, writing its `fi_addr_t` into `out` (or
+    /// `FI_ADDR_NOTAVAIL` for an address that is malformed). Returns how many were inserted.
+    /// With `FI_EVENT` on the AV, the count is also reported as `FI_AV_COMPLETE` on the EQ.
+    pub fn insert(&self, addrs: &[&[u8]], out: &mut [FiAddr], context: Context) -> Result<usize> {
+        if out.len() < addrs.len() {
+            return Err(Error::Inval(format!(
+                "av insert: {} output slots for {} addresses",
+                out.len(),
+                addrs.len()
+            )));
+        }
+        let eq = self.event_eq()?;
+        let mut n = 0;
+        {
+            let mut t = self.inner.t.write().unwrap_or_else(|e| e.into_inner());
+            for (i, a) in addrs.iter().enumerate() {
+                if self.inner.fmt.validate(a).is_err() {
+                    out[i] = FI_ADDR_NOTAVAIL;
+                    continue;
+                }
+                let idx = if let Some(&idx) = t.by_name.get(*a) {
+                    idx
+                } else {
+                    let idx = match t.free.pop() {
+                        Some(i) => {
+                            t.slots[i] = Some(a.to_vec());
+                            i
+                        }
+                        None => {
+                            t.slots.push(Some(a.to_vec()));
+                            t.slots.len() - 1
+                        }
+                    };
+                    t.by_name.insert(a.to_vec(), idx);
+                    idx
+                };
+                out[i] = self.inner.encode(idx);
+                n += 1;
+            }
+        }
+        if let Some(eq) = eq {
+            eq.push(EqEntry {
+                event: FI_AV_COMPLETE,
+                fid: 0,
+                context,
+                data: n as u64,
+            });
+        }
+        Ok(n)
+    }
+
+    /// Inserts one address, returning its `fi_addr_t` or the reason it is not valid.
+    pub fn insert_one(&self, addr: &[u8]) -> Result<FiAddr> {
+        self.inner.fmt.validate(addr)?;
+        let mut out = [0u64];
+        self.insert(&[addr], &mut out, 0)?;
+        Ok(out[0])
+    }
+
+    fn event_eq(&self) -> Result<Option<Arc<EqInner>>> {
+        if self.inner.flags & FI_EVENT == 0 {
+            return Ok(None);
+        }
+        let eq = self
+            .inner
+            .eq
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        eq.map(Some)
+            .ok_or_else(|| Error::NoEq("av insert: AV opened with FI_EVENT but no EQ bound".into()))
+    }
+
+    /// `fi_av_remove`.
+    pub fn remove(&self, addrs: &[FiAddr]) -> Result<()> {
+        let mut t = self.inner.t.write().unwrap_or_else(|e| e.into_inner());
+        for &a in addrs {
+            let idx = self.inner.decode(a).ok_or_else(|| {
+                Error::Inval(format!("av remove: {a:#x} is not an address of this AV"))
+            })?;
+            let name = t.slots.get_mut(idx).and_then(|s| s.take()).ok_or_else(|| {
+                Error::NoEntry(format!("av remove: address {a:#x} is not in use"))
+            })?;
+            t.by_name.remove(&name);
+            t.free.push(idx);
+        }
+        self.inner.generation.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// `fi_av_lookup`: the raw address stored for `fi_addr`.
+    pub fn lookup(&self, fi_addr: FiAddr) -> Result<Vec<u8>> {
+        self.inner
+            .name(fi_addr)
+            .ok_or_else(|| Error::NoEntry(format!("av lookup: no address at {fi_addr:#x}")))
+    }
+
+    /// `fi_av_straddr`.
+    pub fn straddr(&self, addr: &[u8]) -> String {
+        self.inner.fmt.to_string(addr)
+    }
+
+    /// Number of addresses in use.
+    pub fn count(&self) -> usize {
+        let t = self.inner.t.read().unwrap_or_else(|e| e.into_inner());
+        t.by_name.len()
+    }
+
+    /// `fi_close`: `Busy` while an endpoint is bound.
+    pub fn close(self) -> std::result::Result<(), (Self, Error)> {
+        let n = self.inner.bound.load(Ordering::Acquire);
+        if n > 0 {
+            return Err((
+                self,
+                Error::Busy(format!("av close: {n} endpoint(s) still bound")),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `FI_SYMMETRIC` as an AV open flag (fi_domain.h).
+pub const FI_SYMMETRIC_AV: u64 = 1 << 59;
+
+impl AvInner {
+    fn encode(&self, idx: usize) -> FiAddr {
+        match self.av_type {
+            AvType::Map => MAP_TAG | idx as u64,
+            _ => idx as u64,
+        }
+    }
+
+    /// The slot index of an `fi_addr_t`, if it is one of this AV's.
+    pub fn decode(&self, a: FiAddr) -> Option<usize> {
+        match self.av_type {
+            AvType::Map => (a & MAP_MASK == MAP_TAG).then_some((a & !MAP_MASK) as usize),
+            _ => (a < (1 << 48)).then_some(a as usize),
+        }
+    }
+
+    /// The raw address at `fi_addr`.
+    pub fn name(&self, a: FiAddr) -> Option<Vec<u8>> {
+        let idx = self.decode(a)?;
+        let t = self.t.read().unwrap_or_else(|e| e.into_inner());
+        t.slots.get(idx).and_then(|s| s.clone())
+    }
+
+    /// Reverse lookup for `FI_SOURCE`: the `fi_addr_t` of a raw address, if inserted.
+    pub fn reverse(&self, name: &[u8]) -> Option<FiAddr> {
+        let t = self.t.read().unwrap_or_else(|e| e.into_inner());
+        t.by_name.get(name).map(|&i| self.encode(i))
+    }
+
+    /// Changes whenever addresses are removed, so cached resolutions can be checked.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Counts an endpoint binding.
+    pub fn bind(&self) {
+        self.bound.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Undoes `bind`.
+    pub fn unbind(&self) {
+        self.bound.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Plain;
+    impl AddrFormat for Plain {
+        fn validate(&self, a: &[u8]) -> Result<()> {
+            if a.starts_with(b"ok:") {
+                Ok(())
+            } else {
+                Err(Error::Inval("not ok".into()))
+            }
+        }
+        fn to_string(&self, a: &[u8]) -> String {
+            String::from_utf8_lossy(a).into_owned()
+        }
+    }
+
+    #[test]
+    fn table_insert_lookup_remove_reuse() {
+        let av = AddressVector::open(&Default::default(), Arc::new(Plain)).unwrap();
+        let mut out = [0u64; 3];
+        let n = av.insert(&[b"ok:a", b"bad", b"ok:b"], &mut out, 0).unwrap();
+        assert_eq!(n, 2);
+        assert_eq!(out, [0, FI_ADDR_NOTAVAIL, 1]);
+        assert_eq!(av.lookup(1).unwrap(), b"ok:b");
+        assert_eq!(av.inner().reverse(b"ok:a"), Some(0));
+        av.remove(&[0]).unwrap();
+        assert!(av.lookup(0).is_err());
+        assert!(matches!(av.remove(&[0]), Err(Error::NoEntry(_))));
+        assert_eq!(av.insert_one(b"ok:c").unwrap(), 0);
+        assert_eq!(av.straddr(b"ok:c"), "ok:c");
+    }
+
+    #[test]
+    fn map_addresses_are_tagged() {
+        let av = AddressVector::open(
+            &AvAttr {
+                av_type: AvType::Map,
+                ..Default::default()
+            },
+            Arc::new(Plain),
+        )
+        .unwrap();
+        let a = av.insert_one(b"ok:x").unwrap();
+        assert_ne!(a, 0);
+        assert_eq!(av.inner().decode(a), Some(0));
+        assert_eq!(av.inner().decode(0), None);
+        assert!(av.lookup(0).is_err());
+    }
+}

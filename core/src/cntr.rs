@@ -1,0 +1,317 @@
+//! Counters: fi_cntr(3). A success value and an error value, both 64-bit, with waiters.
+//! Endpoints bind a counter per class of operation (send, recv, read, write, remote read,
+//! remote write); providers bump it through `CntrInner::inc`.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::Duration;
+
+use crate::consts::{CntrEvents, WaitObj};
+use crate::error::{Error, Result};
+use crate::wait::{deadline, remaining, Progress, ProgressList, WaitSet, Waitable};
+
+/// `struct fi_cntr_attr`.
+#[derive(Clone, Default)]
+pub struct CntrAttr {
+    /// Only `FI_CNTR_EVENTS_COMP`.
+    pub events: CntrEvents,
+    /// How `wait` blocks.
+    pub wait_obj: WaitObj,
+    /// The set to join when `wait_obj` is `Set`.
+    pub wait_set: Option<WaitSet>,
+    /// Reserved; must be 0.
+    pub flags: u64,
+}
+
+/// Something to run when a counter changes: the threshold-trigger queue hooks in here.
+pub trait CntrObserver: Send + Sync {
+    /// Called after the success or error value changed.
+    fn changed(&self, cntr: &Arc<CntrInner>);
+}
+
+/// Shared state of a counter.
+pub struct CntrInner {
+    value: AtomicU64,
+    err: AtomicU64,
+    wait_obj: WaitObj,
+    lock: Mutex<()>,
+    cond: Condvar,
+    sleepers: AtomicUsize,
+    progress: ProgressList,
+    bound: AtomicUsize,
+    wait_set: Option<WaitSet>,
+    observers: Mutex<Vec<Weak<dyn CntrObserver>>>,
+    has_observers: std::sync::atomic::AtomicBool,
+}
+
+/// `fid_cntr`: a handle to a counter. Cloning shares it.
+#[derive(Clone)]
+pub struct Counter {
+    inner: Arc<CntrInner>,
+}
+
+impl Counter {
+    /// `fi_cntr_open`; `Domain::cntr_open` calls this.
+    pub fn open(attr: &CntrAttr) -> Result<Self> {
+        if attr.flags != 0 {
+            return Err(Error::BadFlags(format!(
+                "cntr_open: flags must be 0, got {:#x}",
+                attr.flags
+            )));
+        }
+        if attr.wait_obj == WaitObj::Set && attr.wait_set.is_none() {
+            return Err(Error::Inval(
+                "cntr_open: FI_WAIT_SET needs a wait_set".into(),
+            ));
+        }
+        if matches!(attr.wait_obj, WaitObj::Fd | WaitObj::PollFd) {
+            return Err(Error::OpNotSupp(format!(
+                "cntr_open: wait object {} is not supported for counters",
+                attr.wait_obj.c_name()
+            )));
+        }
+        let inner = Arc::new(CntrInner {
+            value: AtomicU64::new(0),
+            err: AtomicU64::new(0),
+            wait_obj: attr.wait_obj,
+            lock: Mutex::new(()),
+            cond: Condvar::new(),
+            sleepers: AtomicUsize::new(0),
+            progress: ProgressList::default(),
+            bound: AtomicUsize::new(0),
+            wait_set: attr.wait_set.clone(),
+            observers: Mutex::new(Vec::new()),
+            has_observers: Default::default(),
+        });
+        if let Some(ws) = &inner.wait_set {
+            ws.add(Arc::downgrade(&(inner.clone() as Arc<dyn Waitable>)));
+        }
+        Ok(Counter { inner })
+    }
+
+    /// The shared state, for binding.
+    pub fn inner(&self) -> &Arc<CntrInner> {
+        &self.inner
+    }
+
+    /// `fi_cntr_read`: the success value (drives progress first).
+    pub fn read(&self) -> u64 {
+        self.inner.progress.run();
+        self.inner.value.load(Ordering::Acquire)
+    }
+
+    /// `fi_cntr_readerr`.
+    pub fn readerr(&self) -> u64 {
+        self.inner.progress.run();
+        self.inner.err.load(Ordering::Acquire)
+    }
+
+    /// `fi_cntr_add`.
+    pub fn add(&self, v: u64) -> Result<()> {
+        self.inner.value.fetch_add(v, Ordering::AcqRel);
+        self.inner.changed();
+        Ok(())
+    }
+
+    /// `fi_cntr_set`.
+    pub fn set(&self, v: u64) -> Result<()> {
+        self.inner.value.store(v, Ordering::Release);
+        self.inner.changed();
+        Ok(())
+    }
+
+    /// `fi_cntr_adderr`.
+    pub fn adderr(&self, v: u64) -> Result<()> {
+        self.inner.err.fetch_add(v, Ordering::AcqRel);
+        self.inner.changed();
+        Ok(())
+    }
+
+    /// `fi_cntr_seterr`.
+    pub fn seterr(&self, v: u64) -> Result<()> {
+        self.inner.err.store(v, Ordering::Release);
+        self.inner.changed();
+        Ok(())
+    }
+
+    /// `fi_cntr_wait`: until the value reaches `threshold` (`Ok`), the error value changes
+    /// (`Avail`), or the timeout in ms passes (`TimedOut`; -1 waits forever).
+    pub fn wait(&self, threshold: u64, timeout_ms: i32) -> Result<()> {
+        // FI_WAIT_NONE counters are waited on by polling: the caller asked to block, and
+        // refusing would only make every caller write the same loop.
+        let err0 = self.inner.err.load(Ordering::Acquire);
+        let dl = deadline(timeout_ms);
+        let mut spins = 0u32;
+        loop {
+            let worked = self.inner.progress.run();
+            if self.inner.value.load(Ordering::Acquire) >= threshold {
+                return Ok(());
+            }
+            if self.inner.err.load(Ordering::Acquire) != err0 {
+                return Err(Error::Avail);
+            }
+            let Some(left) = remaining(dl, Duration::from_millis(1)) else {
+                return Err(Error::TimedOut("cntr wait"));
+            };
+            if worked > 0 {
+                spins = 0;
+                continue;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else if self.inner.progress.is_empty() && self.inner.wait_obj != WaitObj::None {
+                self.inner.sleep(left, threshold, err0);
+            } else if self.inner.progress.is_empty() {
+                std::thread::yield_now();
+            } else {
+                self.inner.progress.idle_wait(left);
+            }
+        }
+    }
+
+    /// `fi_close`: `Busy` (handing the counter back) while an endpoint is bound to it.
+    pub fn close(self) -> std::result::Result<(), (Self, Error)> {
+        let n = self.inner.bound.load(Ordering::Acquire);
+        if n > 0 {
+            return Err((
+                self,
+                Error::Busy(format!("cntr close: {n} endpoint(s) still bound")),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl CntrInner {
+    /// Registers an endpoint's progress hook and counts the binding.
+    pub fn bind(&self, p: Weak<dyn Progress>) {
+        self.progress.add(p);
+        self.bound.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Undoes `bind`.
+    pub fn unbind(&self, p: &Weak<dyn Progress>) {
+        self.progress.remove(p);
+        self.bound.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Provider side: one more successful completion.
+    pub fn inc(&self) {
+        self.value.fetch_add(1, Ordering::AcqRel);
+        self.changed();
+    }
+
+    /// Provider side: one more failed completion.
+    pub fn inc_err(&self) {
+        self.err.fetch_add(1, Ordering::AcqRel);
+        self.changed();
+    }
+
+    /// The success value without driving progress.
+    pub fn value(&self) -> u64 {
+        self.value.load(Ordering::Acquire)
+    }
+
+    /// The error value without driving progress.
+    pub fn err_value(&self) -> u64 {
+        self.err.load(Ordering::Acquire)
+    }
+
+    /// Adds an observer told of every change (used by triggered operations).
+    pub fn observe(&self, o: Weak<dyn CntrObserver>) {
+        let mut v = self.observers.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        v.push(o);
+        self.has_observers.store(true, Ordering::Release);
+    }
+
+    fn changed(self: &CntrInner) {
+        if self.sleepers.load(Ordering::Acquire) > 0 {
+            let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.cond.notify_all();
+        }
+        if let Some(ws) = &self.wait_set {
+            ws.signal();
+        }
+    }
+
+    /// Tells observers of a change; providers call it after `inc` where observers matter.
+    pub fn notify_observers(self: &Arc<Self>) {
+        if !self.has_observers.load(Ordering::Acquire) {
+            return;
+        }
+        let obs: Vec<_> = self
+            .observers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .collect();
+        for o in obs {
+            o.changed(self);
+        }
+    }
+
+    fn sleep(&self, left: Duration, threshold: u64, err0: u64) {
+        let g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.value.load(Ordering::Acquire) >= threshold
+            || self.err.load(Ordering::Acquire) != err0
+        {
+            return;
+        }
+        self.sleepers.fetch_add(1, Ordering::AcqRel);
+        let _ = self.cond.wait_timeout(g, left);
+        self.sleepers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Waitable for CntrInner {
+    fn ready(&self) -> bool {
+        self.value.load(Ordering::Acquire) > 0 || self.err.load(Ordering::Acquire) > 0
+    }
+    fn drive(&self) {
+        self.progress.run();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_and_errors() {
+        let c = Counter::open(&Default::default()).unwrap();
+        c.add(3).unwrap();
+        c.inner().inc();
+        assert_eq!(c.read(), 4);
+        c.set(10).unwrap();
+        assert_eq!(c.read(), 10);
+        c.adderr(2).unwrap();
+        c.inner().inc_err();
+        assert_eq!(c.readerr(), 3);
+        c.seterr(0).unwrap();
+        assert_eq!(c.readerr(), 0);
+    }
+
+    #[test]
+    fn wait_threshold_timeout_and_error() {
+        let c = Counter::open(&Default::default()).unwrap();
+        assert_eq!(c.wait(1, 0), Err(Error::TimedOut("cntr wait")));
+        let c2 = c.clone();
+        let t = std::thread::spawn(move || c2.wait(5, -1));
+        for _ in 0..5 {
+            c.inner().inc();
+        }
+        assert_eq!(t.join().unwrap(), Ok(()));
+        let c3 = c.clone();
+        let t = std::thread::spawn(move || c3.wait(100, 10_000));
+        std::thread::yield_now();
+        c.adderr(1).unwrap();
+        // Either the waiter saw the error change, or it started after it and waits on; in the
+        // second case the threshold is reached below and it returns Ok.
+        c.set(100).unwrap();
+        let r = t.join().unwrap();
+        assert!(r == Err(Error::Avail) || r == Ok(()), "{r:?}");
+    }
+}

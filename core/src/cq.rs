@@ -1,0 +1,634 @@
+//! Completion queues: fi_cq(3) written once for every provider. Providers push entries; the
+//! application reads, reads errors, blocks with a timeout and a threshold, and signals.
+//!
+//! The queue stores the widest success layout (tagged) plus the source address and narrows on
+//! read to the format the queue was opened with. The error queue is separate, so a read with an
+//! error pending returns `Avail` as libfabric's does.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use crate::consts::*;
+use crate::entry::*;
+use crate::error::{Error, Result};
+use crate::wait::{deadline, remaining, EventFd, Progress, ProgressList, WaitSet, Waitable};
+
+/// Default number of entries when `CqAttr::size` is 0.
+pub const DEFAULT_CQ_SIZE: usize = 1024;
+
+/// `struct fi_cq_attr`.
+#[derive(Clone, Default)]
+pub struct CqAttr {
+    /// Minimum number of entries; 0 picks `DEFAULT_CQ_SIZE`.
+    pub size: usize,
+    /// `FI_AFFINITY` is accepted (and ignored); nothing else.
+    pub flags: u64,
+    /// Entry layout reads return; `Unspec` means `Context`.
+    pub format: CqFormat,
+    /// How `sread` blocks.
+    pub wait_obj: WaitObj,
+    /// Interrupt affinity hint, ignored.
+    pub signaling_vector: i32,
+    /// `Threshold` makes `sread` wait for `threshold` entries.
+    pub wait_cond: CqWaitCond,
+    /// The wait set to join when `wait_obj` is `Set`.
+    pub wait_set: Option<WaitSet>,
+}
+
+struct Stored {
+    entry: CqTaggedEntry,
+    src: FiAddr,
+}
+
+struct Queue {
+    ring: VecDeque<Stored>,
+    errs: VecDeque<(CqErrEntry, Option<Box<[u8]>>)>,
+    /// Error data of the entry last returned by `readerr`: it stays valid until the next one.
+    last_err_data: Option<Box<[u8]>>,
+    /// Set when an entry had to be dropped; reported once the valid entries are read.
+    overrun: bool,
+    signaled: bool,
+}
+
+/// The shared state of a completion queue; providers hold an `Arc` of it.
+pub struct CqInner {
+    format: CqFormat,
+    cap: usize,
+    wait_obj: WaitObj,
+    wait_cond: CqWaitCond,
+    q: Mutex<Queue>,
+    cond: Condvar,
+    sleepers: AtomicUsize,
+    has_errors: AtomicBool,
+    progress: ProgressList,
+    bound: AtomicUsize,
+    fd: Option<EventFd>,
+    wait_set: Option<WaitSet>,
+}
+
+/// `fid_cq`: a handle to a completion queue. Cloning shares the queue.
+#[derive(Clone)]
+pub struct CompletionQueue {
+    inner: Arc<CqInner>,
+}
+
+impl CompletionQueue {
+    /// Opens a queue (`fi_cq_open`); `Domain::cq_open` calls this.
+    pub fn open(attr: &CqAttr) -> Result<Self> {
+        if attr.flags & !(FI_AFFINITY) != 0 {
+            return Err(Error::BadFlags(format!(
+                "cq_open: flags {:#x} are not CQ attribute flags (only FI_AFFINITY)",
+                attr.flags
+            )));
+        }
+        if attr.wait_obj == WaitObj::Set && attr.wait_set.is_none() {
+            return Err(Error::Inval(
+                "cq_open: wait_obj FI_WAIT_SET needs a wait_set".into(),
+            ));
+        }
+        if attr.wait_obj == WaitObj::PollFd {
+            return Err(Error::OpNotSupp(
+                "cq_open: FI_WAIT_POLLFD is not supported; use FI_WAIT_FD".into(),
+            ));
+        }
+        let format = match attr.format {
+            CqFormat::Unspec => CqFormat::Context,
+            f => f,
+        };
+        let cap = if attr.size == 0 {
+            DEFAULT_CQ_SIZE
+        } else {
+            attr.size
+        };
+        let fd = if attr.wait_obj == WaitObj::Fd {
+            Some(EventFd::new()?)
+        } else {
+            None
+        };
+        let inner = Arc::new(CqInner {
+            format,
+            cap,
+            wait_obj: attr.wait_obj,
+            wait_cond: attr.wait_cond,
+            q: Mutex::new(Queue {
+                ring: VecDeque::with_capacity(cap.min(1 << 16)),
+                errs: VecDeque::new(),
+                last_err_data: None,
+                overrun: false,
+                signaled: false,
+            }),
+            cond: Condvar::new(),
+            sleepers: AtomicUsize::new(0),
+            has_errors: AtomicBool::new(false),
+            progress: ProgressList::default(),
+            bound: AtomicUsize::new(0),
+            fd,
+            wait_set: attr.wait_set.clone(),
+        });
+        if let Some(ws) = &inner.wait_set {
+            let w: Weak<dyn Waitable> = Arc::downgrade(&(inner.clone() as Arc<dyn Waitable>));
+            ws.add(w);
+        }
+        Ok(CompletionQueue { inner })
+    }
+
+    /// The shared state, for binding to endpoints.
+    pub fn inner(&self) -> &Arc<CqInner> {
+        &self.inner
+    }
+
+    /// The entry format reads return.
+    pub fn format(&self) -> CqFormat {
+        self.inner.format
+    }
+
+    /// `fi_cq_read`: up to `buf.len()` entries. `Again` when empty, `Avail` when an error entry
+    /// waits, `Overrun` once the valid entries of an overrun queue are gone.
+    pub fn read<E: CqFormatEntry>(&self, buf: &mut [E]) -> Result<usize> {
+        self.read_impl(buf, None)
+    }
+
+    /// `fi_cq_readfrom`: like `read`, also returning each entry's source address
+    /// (`FI_ADDR_NOTAVAIL` where unknown). `src` must be as long as `buf`.
+    pub fn readfrom<E: CqFormatEntry>(&self, buf: &mut [E], src: &mut [FiAddr]) -> Result<usize> {
+        if src.len() < buf.len() {
+            return Err(Error::Inval(format!(
+                "cq readfrom: {} source slots for {} entries",
+                src.len(),
+                buf.len()
+            )));
+        }
+        self.read_impl(buf, Some(src))
+    }
+
+    fn read_impl<E: CqFormatEntry>(
+        &self,
+        buf: &mut [E],
+        src: Option<&mut [FiAddr]>,
+    ) -> Result<usize> {
+        self.check_format::<E>()?;
+        if buf.is_empty() {
+            return Err(Error::Inval("cq read: count is 0".into()));
+        }
+        self.inner.progress.run();
+        self.inner.take(buf, src)
+    }
+
+    fn check_format<E: CqFormatEntry>(&self) -> Result<()> {
+        if E::FORMAT != self.inner.format {
+            return Err(Error::Inval(format!(
+                "cq read: queue was opened with {} but read as {}",
+                self.inner.format.c_name(),
+                E::FORMAT.c_name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// `fi_cq_readerr`: the oldest error entry, or `Again` if there is none. `err_data` (the
+    /// raw source address for `FI_EADDRNOTAVAIL`) points into the queue and stays valid until the
+    /// next `readerr`; `readerr_data` returns a copy instead.
+    pub fn readerr(&self) -> Result<CqErrEntry> {
+        self.readerr_data().map(|(e, _)| e)
+    }
+
+    /// `readerr`, also returning a copy of the entry's error data.
+    pub fn readerr_data(&self) -> Result<(CqErrEntry, Option<Vec<u8>>)> {
+        self.inner.progress.run();
+        let mut q = self.inner.lock();
+        let (mut e, data) = q.errs.pop_front().ok_or(Error::Again("cq readerr"))?;
+        self.inner
+            .has_errors
+            .store(!q.errs.is_empty(), Ordering::Relaxed);
+        let copy = data.as_ref().map(|d| d.to_vec());
+        if let Some(d) = &data {
+            e.err_data = d.as_ptr() as usize;
+            e.err_data_size = d.len();
+        }
+        q.last_err_data = data;
+        Ok((e, copy))
+    }
+
+    /// `fi_cq_sread`: blocks until an entry (or `threshold` entries with `FI_CQ_COND_THRESHOLD`)
+    /// is there, an error is, the timeout (ms, -1 forever) passes, or `signal` is called.
+    pub fn sread<E: CqFormatEntry>(
+        &self,
+        buf: &mut [E],
+        threshold: usize,
+        timeout_ms: i32,
+    ) -> Result<usize> {
+        self.sread_impl(buf, None, threshold, timeout_ms)
+    }
+
+    /// `fi_cq_sreadfrom`.
+    pub fn sreadfrom<E: CqFormatEntry>(
+        &self,
+        buf: &mut [E],
+        src: &mut [FiAddr],
+        threshold: usize,
+        timeout_ms: i32,
+    ) -> Result<usize> {
+        if src.len() < buf.len() {
+            return Err(Error::Inval(
+                "cq sreadfrom: fewer source slots than entries".into(),
+            ));
+        }
+        self.sread_impl(buf, Some(src), threshold, timeout_ms)
+    }
+
+    fn sread_impl<E: CqFormatEntry>(
+        &self,
+        buf: &mut [E],
+        mut src: Option<&mut [FiAddr]>,
+        threshold: usize,
+        timeout_ms: i32,
+    ) -> Result<usize> {
+        self.check_format::<E>()?;
+        if matches!(self.inner.wait_obj, WaitObj::None | WaitObj::Set) {
+            return Err(Error::OpBadState(format!(
+                "cq sread on a queue opened with {}: use read, or fi_wait on the set",
+                self.inner.wait_obj.c_name()
+            )));
+        }
+        if buf.is_empty() {
+            return Err(Error::Inval("cq sread: count is 0".into()));
+        }
+        let want = match self.inner.wait_cond {
+            CqWaitCond::Threshold => threshold.clamp(1, buf.len()),
+            CqWaitCond::None => 1,
+        };
+        let dl = deadline(timeout_ms);
+        let mut spins = 0u32;
+        loop {
+            let worked = self.inner.progress.run();
+            {
+                let mut q = self.inner.lock();
+                if q.signaled {
+                    q.signaled = false;
+                    return Err(Error::Interrupted("cq sread"));
+                }
+                if !q.errs.is_empty() || q.ring.len() >= want || (q.overrun && q.ring.is_empty()) {
+                    drop(q);
+                    return self.inner.take(buf, src.as_deref_mut());
+                }
+            }
+            let Some(left) = remaining(dl, Duration::from_millis(1)) else {
+                // One last non-blocking look so a partial batch is not held back past the timeout.
+                return match self.inner.take(buf, src.as_deref_mut()) {
+                    Err(Error::Again(_)) => Err(Error::TimedOut("cq sread")),
+                    r => r,
+                };
+            };
+            if worked > 0 {
+                spins = 0;
+                continue;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else if self.inner.progress.is_empty() || self.inner.wait_obj == WaitObj::MutexCond {
+                self.inner.sleep(left, want);
+            } else if self.inner.wait_obj == WaitObj::Yield {
+                std::thread::yield_now();
+            } else {
+                self.inner.progress.idle_wait(left);
+            }
+        }
+    }
+
+    /// `fi_cq_signal`: wakes a thread blocked in `sread`, which returns `Interrupted`.
+    pub fn signal(&self) -> Result<()> {
+        if self.inner.wait_obj == WaitObj::None {
+            return Err(Error::OpBadState(
+                "cq signal: queue has no wait object (FI_WAIT_NONE)".into(),
+            ));
+        }
+        let mut q = self.inner.lock();
+        q.signaled = true;
+        self.inner.cond.notify_all();
+        Ok(())
+    }
+
+    /// `fi_control(FI_GETWAIT)` for `FI_WAIT_FD`: the descriptor that becomes readable when an
+    /// entry arrives. Call `trywait` before blocking on it.
+    pub fn wait_fd(&self) -> Result<i32> {
+        self.inner.fd.as_ref().map(|f| f.raw()).ok_or_else(|| {
+            Error::OpBadState("cq wait_fd: queue was not opened with FI_WAIT_FD".into())
+        })
+    }
+
+    /// `fi_trywait`: `Ok` when it is safe to block on the wait object (nothing is pending),
+    /// `Again` when entries are ready to read.
+    pub fn trywait(&self) -> Result<()> {
+        self.inner.progress.run();
+        if let Some(fd) = &self.inner.fd {
+            fd.drain();
+        }
+        if self.inner.ready() {
+            Err(Error::Again("cq trywait"))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// `fi_cq_strerror`.
+    pub fn strerror(&self, prov_errno: i32) -> String {
+        crate::error::strerror(prov_errno)
+    }
+
+    /// Number of success entries waiting.
+    pub fn len(&self) -> usize {
+        self.inner.lock().ring.len()
+    }
+
+    /// True when no success entry waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `fi_close`: fails with `Busy` (handing the queue back) while an endpoint is bound.
+    pub fn close(self) -> std::result::Result<(), (Self, Error)> {
+        let n = self.inner.bound.load(Ordering::Acquire);
+        if n > 0 {
+            return Err((
+                self,
+                Error::Busy(format!("cq close: {n} endpoint(s) still bound")),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl CqInner {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.q.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers an endpoint's progress hook and counts the binding.
+    pub fn bind(&self, p: Weak<dyn Progress>) {
+        self.progress.add(p);
+        self.bound.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Undoes `bind` when the endpoint closes.
+    pub fn unbind(&self, p: &Weak<dyn Progress>) {
+        self.progress.remove(p);
+        self.bound.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Appends a success entry. Returns false (and marks the queue overrun) when full.
+    pub fn push(&self, entry: CqTaggedEntry, src: FiAddr) -> bool {
+        let ok = {
+            let mut q = self.lock();
+            if q.overrun {
+                false
+            } else if q.ring.len() + q.errs.len() >= self.cap {
+                q.overrun = true;
+                false
+            } else {
+                q.ring.push_back(Stored { entry, src });
+                true
+            }
+        };
+        self.notify();
+        ok
+    }
+
+    /// Appends an error entry (errors are never dropped for space; they count towards it).
+    pub fn push_err(&self, e: CqErrEntry) {
+        self.push_err_data(e, None)
+    }
+
+    /// Appends an error entry with error data (e.g. an unresolved source address).
+    pub fn push_err_data(&self, e: CqErrEntry, data: Option<Box<[u8]>>) {
+        {
+            let mut q = self.lock();
+            q.errs.push_back((e, data));
+            self.has_errors.store(true, Ordering::Relaxed);
+        }
+        self.notify();
+    }
+
+    /// True when an entry of either kind can be read now.
+    pub fn ready(&self) -> bool {
+        let q = self.lock();
+        !q.ring.is_empty() || !q.errs.is_empty() || q.overrun
+    }
+
+    fn notify(&self) {
+        if self.sleepers.load(Ordering::Acquire) > 0 {
+            let _g = self.lock();
+            self.cond.notify_all();
+        }
+        if let Some(fd) = &self.fd {
+            fd.signal();
+        }
+        if let Some(ws) = &self.wait_set {
+            ws.signal();
+        }
+    }
+
+    fn sleep(&self, left: Duration, want: usize) {
+        let q = self.lock();
+        if q.signaled || !q.errs.is_empty() || q.ring.len() >= want {
+            return;
+        }
+        self.sleepers.fetch_add(1, Ordering::AcqRel);
+        let _ = self.cond.wait_timeout(q, left);
+        self.sleepers.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn take<E: CqFormatEntry>(
+        &self,
+        buf: &mut [E],
+        mut src: Option<&mut [FiAddr]>,
+    ) -> Result<usize> {
+        if self.has_errors.load(Ordering::Relaxed) {
+            return Err(Error::Avail);
+        }
+        let mut q = self.lock();
+        if !q.errs.is_empty() {
+            return Err(Error::Avail);
+        }
+        let n = buf.len().min(q.ring.len());
+        if n == 0 {
+            return Err(if q.overrun {
+                Error::Overrun
+            } else {
+                Error::Again("cq read")
+            });
+        }
+        for (i, s) in q.ring.drain(..n).enumerate() {
+            buf[i] = E::from_tagged(&s.entry);
+            if let Some(src) = src.as_deref_mut() {
+                src[i] = s.src;
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl Waitable for CqInner {
+    fn ready(&self) -> bool {
+        CqInner::ready(self)
+    }
+    fn drive(&self) {
+        self.progress.run();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(ctx: usize) -> CqTaggedEntry {
+        CqTaggedEntry {
+            op_context: ctx,
+            flags: FI_SEND | FI_MSG,
+            ..Default::default()
+        }
+    }
+
+    fn open(size: usize, format: CqFormat) -> CompletionQueue {
+        CompletionQueue::open(&CqAttr {
+            size,
+            format,
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn read_narrows_and_reports_again_when_empty() {
+        let cq = open(4, CqFormat::Msg);
+        let mut buf = [CqMsgEntry::default(); 4];
+        assert_eq!(cq.read(&mut buf), Err(Error::Again("cq read")));
+        cq.inner().push(entry(7), 3);
+        cq.inner().push(entry(8), FI_ADDR_NOTAVAIL);
+        let mut src = [0u64; 4];
+        assert_eq!(cq.readfrom(&mut buf, &mut src), Ok(2));
+        assert_eq!(buf[0].op_context, 7);
+        assert_eq!(buf[1].flags, FI_SEND | FI_MSG);
+        assert_eq!(&src[..2], &[3, FI_ADDR_NOTAVAIL]);
+        let mut wrong = [CqEntry::default(); 1];
+        assert!(matches!(cq.read(&mut wrong), Err(Error::Inval(_))));
+    }
+
+    #[test]
+    fn error_entry_blocks_reads_until_taken() {
+        let cq = open(4, CqFormat::Context);
+        cq.inner().push(entry(1), 0);
+        cq.inner().push_err(CqErrEntry {
+            op_context: 2,
+            err: errno::FI_ETRUNC,
+            olen: 5,
+            ..Default::default()
+        });
+        let mut buf = [CqEntry::default(); 4];
+        assert_eq!(cq.read(&mut buf), Err(Error::Avail));
+        let e = cq.readerr().unwrap();
+        assert_eq!((e.op_context, e.err, e.olen), (2, errno::FI_ETRUNC, 5));
+        assert_eq!(cq.read(&mut buf), Ok(1));
+        assert_eq!(cq.readerr(), Err(Error::Again("cq readerr")));
+    }
+
+    #[test]
+    fn overrun_after_valid_entries_then_fatal() {
+        let cq = open(2, CqFormat::Context);
+        assert!(cq.inner().push(entry(1), 0));
+        assert!(cq.inner().push(entry(2), 0));
+        assert!(!cq.inner().push(entry(3), 0));
+        let mut buf = [CqEntry::default(); 1];
+        assert_eq!(cq.read(&mut buf), Ok(1));
+        assert_eq!(cq.read(&mut buf), Ok(1));
+        assert_eq!(buf[0].op_context, 2);
+        assert_eq!(cq.read(&mut buf), Err(Error::Overrun));
+        assert!(!cq.inner().push(entry(4), 0));
+        assert_eq!(cq.read(&mut buf), Err(Error::Overrun));
+    }
+
+    #[test]
+    fn sread_threshold_timeout_and_signal() {
+        let cq = CompletionQueue::open(&CqAttr {
+            format: CqFormat::Context,
+            wait_obj: WaitObj::Unspec,
+            wait_cond: CqWaitCond::Threshold,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut buf = [CqEntry::default(); 8];
+        assert_eq!(cq.sread(&mut buf, 2, 0), Err(Error::TimedOut("cq sread")));
+        cq.inner().push(entry(1), 0);
+        // Below the threshold: the timeout returns what is there rather than holding it back.
+        assert_eq!(cq.sread(&mut buf, 2, 5), Ok(1));
+        let cq2 = cq.clone();
+        let t = std::thread::spawn(move || {
+            let mut b = [CqEntry::default(); 8];
+            cq2.sread(&mut b, 3, -1)
+        });
+        for i in 0..3 {
+            cq.inner().push(entry(10 + i), 0);
+        }
+        assert_eq!(t.join().unwrap(), Ok(3));
+        let cq3 = cq.clone();
+        let t = std::thread::spawn(move || {
+            let mut b = [CqEntry::default(); 8];
+            cq3.sread(&mut b, 1, -1)
+        });
+        // The waiter may not be asleep yet; the signal is latched until it looks.
+        cq.signal().unwrap();
+        assert_eq!(t.join().unwrap(), Err(Error::Interrupted("cq sread")));
+    }
+
+    #[test]
+    fn wait_none_refuses_sread_and_signal() {
+        let cq = CompletionQueue::open(&CqAttr {
+            wait_obj: WaitObj::None,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut buf = [CqEntry::default(); 1];
+        assert!(matches!(
+            cq.sread(&mut buf, 1, 0),
+            Err(Error::OpBadState(_))
+        ));
+        assert!(matches!(cq.signal(), Err(Error::OpBadState(_))));
+    }
+
+    #[test]
+    fn wait_fd_becomes_readable() {
+        let cq = CompletionQueue::open(&CqAttr {
+            wait_obj: WaitObj::Fd,
+            ..Default::default()
+        })
+        .unwrap();
+        let fd = cq.wait_fd().unwrap();
+        assert_eq!(cq.trywait(), Ok(()));
+        cq.inner().push(entry(1), 0);
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, 1000) };
+        assert_eq!(n, 1);
+        assert_eq!(cq.trywait(), Err(Error::Again("cq trywait")));
+    }
+
+    #[test]
+    fn wait_set_wakes_on_member() {
+        let ws = WaitSet::open(&Default::default()).unwrap();
+        let cq = CompletionQueue::open(&CqAttr {
+            wait_obj: WaitObj::Set,
+            wait_set: Some(ws.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(ws.wait(0), Err(Error::TimedOut("fi_wait")));
+        cq.inner().push(entry(1), 0);
+        assert_eq!(ws.wait(100), Ok(()));
+    }
+}

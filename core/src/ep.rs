@@ -1,0 +1,1048 @@
+//! Endpoints: the generic half. `Endpoint` is what applications hold: it checks state and
+//! arguments, reduces the many libfabric calls (send, sendv, sendmsg, senddata, inject, the
+//! tagged forms, recv...) to two provider operations, and `EpCore` writes completions and bumps
+//! counters the same way for every provider.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use crate::av::{AddressVector, AvInner};
+use crate::cntr::{CntrInner, Counter};
+use crate::consts::errno::*;
+use crate::consts::*;
+use crate::cq::{CompletionQueue, CqInner};
+use crate::entry::*;
+use crate::eq::{EqInner, EventQueue};
+use crate::error::{Error, Result};
+use crate::info::Info;
+use crate::mr::MrDesc;
+use crate::rxq::{IovList, PostedRecv, RawIov, RecvSlot, IOV_LIMIT};
+use crate::wait::{Progress, ProgressList};
+
+/// Counter classes an endpoint can bind (`fi_ep_bind` flags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum CntrClass {
+    /// Completed sends.
+    Send = 0,
+    /// Completed receives.
+    Recv = 1,
+    /// Completed RMA reads / fetching atomics initiated here.
+    Read = 2,
+    /// Completed RMA writes / atomics initiated here.
+    Write = 3,
+    /// Remote reads of this endpoint's memory.
+    RemoteRead = 4,
+    /// Remote writes to this endpoint's memory.
+    RemoteWrite = 5,
+}
+
+/// What an endpoint is bound to; frozen when it is enabled.
+#[derive(Clone, Default)]
+pub struct Bindings {
+    /// Transmit completion queue.
+    pub tx_cq: Option<Arc<CqInner>>,
+    /// Only operations with `FI_COMPLETION` write transmit entries.
+    pub tx_selective: bool,
+    /// Receive completion queue.
+    pub rx_cq: Option<Arc<CqInner>>,
+    /// Only operations with `FI_COMPLETION` write receive entries.
+    pub rx_selective: bool,
+    /// Counters by `CntrClass`.
+    pub cntr: [Option<Arc<CntrInner>>; 6],
+    /// Address vector.
+    pub av: Option<Arc<AvInner>>,
+    /// Event queue.
+    pub eq: Option<Arc<EqInner>>,
+}
+
+/// One transmit operation, reduced from whichever call posted it.
+#[derive(Clone, Copy, Debug)]
+pub struct TxOp {
+    /// Completion context.
+    pub ctx: Context,
+    /// The data (raw; valid until completion, or only during the call with `FI_INJECT`).
+    pub iov: IovList,
+    /// Destination.
+    pub dest: FiAddr,
+    /// Tag (`FI_TAGGED`).
+    pub tag: u64,
+    /// Remote CQ data (`FI_REMOTE_CQ_DATA`).
+    pub data: u64,
+    /// `FI_MSG` or `FI_TAGGED`, plus operation flags.
+    pub flags: u64,
+}
+
+/// The provider's half of an endpoint: moving bytes. Everything else is `Endpoint`'s.
+pub trait EndpointOps: Progress {
+    /// Called once bindings are frozen; the provider may now use `EpCore::bound`.
+    fn enable(&self) -> Result<()>;
+    /// The endpoint's address (`fi_getname`).
+    fn name(&self) -> Vec<u8>;
+    /// Starts a send.
+    ///
+    /// # Safety
+    /// `op.iov` must stay readable until the operation completes, unless `FI_INJECT` is set, in
+    /// which case only for the duration of the call.
+    unsafe fn send(&self, op: &TxOp) -> Result<()>;
+    /// Posts a receive.
+    ///
+    /// # Safety
+    /// `r.iov` must stay writable, and not otherwise accessed, until the receive completes or
+    /// is canceled.
+    unsafe fn recv(&self, r: PostedRecv) -> Result<()>;
+    /// Cancels a posted receive (or a not-yet-started send) by context; `NoEntry` if none.
+    fn cancel(&self, ctx: Context) -> Result<()>;
+    /// Sets an option the provider keeps (`FI_OPT_MIN_MULTI_RECV`, ...).
+    fn setopt(&self, name: i32, value: usize) -> Result<()>;
+    /// Releases everything: outstanding operations complete with `Canceled`.
+    fn close(&self);
+}
+
+/// Generic per-endpoint state shared between `Endpoint` and the provider.
+pub struct EpCore {
+    /// Capabilities the endpoint was opened with.
+    pub caps: u64,
+    /// Default transmit operation flags (`tx_attr.op_flags`).
+    pub tx_op_flags: u64,
+    /// Default receive operation flags (`rx_attr.op_flags`).
+    pub rx_op_flags: u64,
+    /// Largest inject.
+    pub inject_size: usize,
+    /// Largest message.
+    pub max_msg_size: usize,
+    pending: Mutex<Bindings>,
+    bound: OnceLock<Bindings>,
+}
+
+impl EpCore {
+    /// State for an endpoint opened from `info`.
+    pub fn new(info: &Info) -> Self {
+        EpCore {
+            caps: info.caps,
+            tx_op_flags: info.tx_attr.op_flags,
+            rx_op_flags: info.rx_attr.op_flags,
+            inject_size: info.tx_attr.inject_size,
+            max_msg_size: info.ep_attr.max_msg_size,
+            pending: Mutex::new(Bindings::default()),
+            bound: OnceLock::new(),
+        }
+    }
+
+    /// The frozen bindings; `None` before `enable`.
+    #[inline]
+    pub fn bound(&self) -> Option<&Bindings> {
+        self.bound.get()
+    }
+
+    /// Reports a finished send: a CQ entry unless suppressed (inject, selective), and the send
+    /// counter.
+    pub fn complete_tx(&self, ctx: Context, op_flags: u64) {
+        let Some(b) = self.bound() else { return };
+        let wants = op_flags & FI_INJECT == 0 && (!b.tx_selective || op_flags & FI_COMPLETION != 0);
+        if wants {
+            if let Some(cq) = &b.tx_cq {
+                cq.push(
+                    CqTaggedEntry {
+                        op_context: ctx,
+                        flags: FI_SEND | (op_flags & (FI_MSG | FI_TAGGED)),
+                        ..Default::default()
+                    },
+                    FI_ADDR_NOTAVAIL,
+                );
+            }
+        }
+        if let Some(c) = &b.cntr[CntrClass::Send as usize] {
+            c.inc();
+            c.notify_observers();
+        }
+    }
+
+    /// Reports a failed send (errors are always reported).
+    pub fn fail_tx(&self, ctx: Context, op_flags: u64, err: i32) {
+        let Some(b) = self.bound() else { return };
+        if let Some(cq) = &b.tx_cq {
+            cq.push_err(CqErrEntry {
+                op_context: ctx,
+                flags: FI_SEND | (op_flags & (FI_MSG | FI_TAGGED)),
+                err,
+                prov_errno: err,
+                ..Default::default()
+            });
+        }
+        if let Some(c) = &b.cntr[CntrClass::Send as usize] {
+            c.inc_err();
+            c.notify_observers();
+        }
+    }
+
+    /// Reports a message placed in `slot`: `len` bytes arrived (`olen` more did not fit).
+    /// `raw_src` is the sender's raw address, used when `src` is unknown and the endpoint
+    /// asked for `FI_SOURCE_ERR`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn complete_rx(
+        &self,
+        slot: &RecvSlot,
+        len: usize,
+        olen: usize,
+        tag: u64,
+        data: Option<u64>,
+        src: FiAddr,
+        raw_src: impl FnOnce() -> Vec<u8>,
+    ) {
+        let Some(b) = self.bound() else { return };
+        let flags = slot.flags | if data.is_some() { FI_REMOTE_CQ_DATA } else { 0 };
+        let buf = slot.iov.first_addr();
+        let cntr = &b.cntr[CntrClass::Recv as usize];
+        if olen > 0 {
+            if let Some(cq) = &b.rx_cq {
+                cq.push_err(CqErrEntry {
+                    op_context: slot.ctx,
+                    flags,
+                    len,
+                    buf,
+                    data: data.unwrap_or(0),
+                    tag,
+                    olen,
+                    err: FI_ETRUNC,
+                    prov_errno: FI_ETRUNC,
+                    ..Default::default()
+                });
+            }
+            if let Some(c) = cntr {
+                c.inc_err();
+                c.notify_observers();
+            }
+            return;
+        }
+        if src == FI_ADDR_NOTAVAIL && self.caps & FI_SOURCE_ERR != 0 {
+            if let Some(cq) = &b.rx_cq {
+                cq.push_err_data(
+                    CqErrEntry {
+                        op_context: slot.ctx,
+                        flags,
+                        len,
+                        buf,
+                        data: data.unwrap_or(0),
+                        tag,
+                        err: FI_EADDRNOTAVAIL,
+                        prov_errno: FI_EADDRNOTAVAIL,
+                        ..Default::default()
+                    },
+                    Some(raw_src().into_boxed_slice()),
+                );
+            }
+            if let Some(c) = cntr {
+                c.inc();
+                c.notify_observers();
+            }
+            return;
+        }
+        let wants =
+            !b.rx_selective || slot.op_flags & FI_COMPLETION != 0 || flags & FI_MULTI_RECV != 0;
+        if wants {
+            if let Some(cq) = &b.rx_cq {
+                let src = if self.caps & FI_SOURCE != 0 {
+                    src
+                } else {
+                    FI_ADDR_NOTAVAIL
+                };
+                cq.push(
+                    CqTaggedEntry {
+                        op_context: slot.ctx,
+                        flags,
+                        len,
+                        buf,
+                        data: data.unwrap_or(0),
+                        tag,
+                    },
+                    src,
+                );
+            }
+        }
+        if let Some(c) = cntr {
+            c.inc();
+            c.notify_observers();
+        }
+    }
+
+    /// Reports a receive-side error (`FI_ECANCELED`, `FI_ENOMSG`, a lost peer...).
+    pub fn fail_rx(&self, ctx: Context, flags: u64, tag: u64, err: i32) {
+        let Some(b) = self.bound() else { return };
+        if let Some(cq) = &b.rx_cq {
+            cq.push_err(CqErrEntry {
+                op_context: ctx,
+                flags,
+                tag,
+                err,
+                prov_errno: err,
+                ..Default::default()
+            });
+        }
+        if let Some(c) = &b.cntr[CntrClass::Recv as usize] {
+            c.inc_err();
+            c.notify_observers();
+        }
+    }
+
+    /// Reports a peek that found a message (no data moves).
+    pub fn complete_peek(
+        &self,
+        ctx: Context,
+        len: usize,
+        tag: u64,
+        data: Option<u64>,
+        src: FiAddr,
+    ) {
+        let Some(b) = self.bound() else { return };
+        if let Some(cq) = &b.rx_cq {
+            let flags = FI_RECV | FI_TAGGED | if data.is_some() { FI_REMOTE_CQ_DATA } else { 0 };
+            cq.push(
+                CqTaggedEntry {
+                    op_context: ctx,
+                    flags,
+                    len,
+                    buf: 0,
+                    data: data.unwrap_or(0),
+                    tag,
+                },
+                src,
+            );
+        }
+    }
+}
+
+/// A message description for `sendmsg` / `recvmsg` and their tagged forms (`struct fi_msg`,
+/// `struct fi_msg_tagged`).
+#[derive(Clone, Copy, Debug)]
+pub struct Msg<'a> {
+    /// Data segments.
+    pub iov: &'a [RawIov],
+    /// Memory descriptors, one per segment or none.
+    pub desc: &'a [MrDesc],
+    /// Peer address (destination for sends; source filter for receives).
+    pub addr: FiAddr,
+    /// Completion context.
+    pub context: Context,
+    /// Remote CQ data (sends with `FI_REMOTE_CQ_DATA`).
+    pub data: u64,
+    /// Tag (tagged forms).
+    pub tag: u64,
+    /// Ignore bits (tagged receives).
+    pub ignore: u64,
+}
+
+impl RawIov {
+    /// A segment covering `buf`.
+    pub fn of(buf: &[u8]) -> Self {
+        RawIov {
+            addr: buf.as_ptr() as usize,
+            len: buf.len(),
+        }
+    }
+
+    /// A writable segment covering `buf`.
+    pub fn of_mut(buf: &mut [u8]) -> Self {
+        RawIov {
+            addr: buf.as_mut_ptr() as usize,
+            len: buf.len(),
+        }
+    }
+}
+
+const SEND_FLAGS: u64 = FI_REMOTE_CQ_DATA
+    | FI_COMPLETION
+    | FI_MORE
+    | FI_INJECT
+    | FI_INJECT_COMPLETE
+    | FI_TRANSMIT_COMPLETE
+    | FI_DELIVERY_COMPLETE
+    | FI_MATCH_COMPLETE
+    | FI_FENCE;
+const RECV_FLAGS: u64 = FI_COMPLETION | FI_MORE | FI_MULTI_RECV;
+const TRECV_FLAGS: u64 = FI_COMPLETION | FI_MORE | FI_PEEK | FI_CLAIM | FI_DISCARD;
+
+/// `fid_ep` for an RDM endpoint.
+pub struct Endpoint {
+    core: Arc<EpCore>,
+    ops: Arc<dyn EndpointOps>,
+    progress_reg: Weak<dyn Progress>,
+    domain_progress: Arc<ProgressList>,
+    enabled: AtomicBool,
+    closed: AtomicBool,
+}
+
+impl Endpoint {
+    /// Wraps a provider's endpoint; `Domain::endpoint` calls this.
+    pub fn new(
+        core: Arc<EpCore>,
+        ops: Arc<dyn EndpointOps>,
+        domain_progress: Arc<ProgressList>,
+    ) -> Self {
+        let as_progress: Arc<dyn Progress> = ops.clone();
+        Endpoint {
+            core,
+            progress_reg: Arc::downgrade(&as_progress),
+            ops,
+            domain_progress,
+            enabled: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// The generic state (capabilities, bindings).
+    pub fn core(&self) -> &Arc<EpCore> {
+        &self.core
+    }
+
+    fn pending(&self, what: &str) -> Result<std::sync::MutexGuard<'_, Bindings>> {
+        if self.enabled.load(Ordering::Acquire) {
+            return Err(Error::OpBadState(format!(
+                "{what}: endpoint is already enabled; bind before enable"
+            )));
+        }
+        Ok(self.core.pending.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// `fi_ep_bind` to a completion queue with `FI_TRANSMIT`, `FI_RECV` and optionally
+    /// `FI_SELECTIVE_COMPLETION`.
+    pub fn bind_cq(&self, cq: &CompletionQueue, flags: u64) -> Result<()> {
+        let known = FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION;
+        if flags & !known != 0 || flags & (FI_TRANSMIT | FI_RECV) == 0 {
+            return Err(Error::BadFlags(format!(
+                "bind cq: flags {flags:#x}; need FI_TRANSMIT and/or FI_RECV, optionally FI_SELECTIVE_COMPLETION"
+            )));
+        }
+        let mut b = self.pending("bind cq")?;
+        let sel = flags & FI_SELECTIVE_COMPLETION != 0;
+        if flags & FI_TRANSMIT != 0 {
+            if b.tx_cq.is_some() {
+                return Err(Error::Inval(
+                    "bind cq: a transmit CQ is already bound".into(),
+                ));
+            }
+            b.tx_cq = Some(cq.inner().clone());
+            b.tx_selective = sel;
+        }
+        if flags & FI_RECV != 0 {
+            if b.rx_cq.is_some() {
+                return Err(Error::Inval(
+                    "bind cq: a receive CQ is already bound".into(),
+                ));
+            }
+            b.rx_cq = Some(cq.inner().clone());
+            b.rx_selective = sel;
+        }
+        Ok(())
+    }
+
+    /// `fi_ep_bind` to a counter for one or more classes (`FI_SEND`, `FI_RECV`, `FI_READ`,
+    /// `FI_WRITE`, `FI_REMOTE_READ`, `FI_REMOTE_WRITE`).
+    pub fn bind_cntr(&self, cntr: &Counter, flags: u64) -> Result<()> {
+        let classes = [
+            (FI_SEND, CntrClass::Send),
+            (FI_RECV, CntrClass::Recv),
+            (FI_READ, CntrClass::Read),
+            (FI_WRITE, CntrClass::Write),
+            (FI_REMOTE_READ, CntrClass::RemoteRead),
+            (FI_REMOTE_WRITE, CntrClass::RemoteWrite),
+        ];
+        let known: u64 = classes.iter().map(|c| c.0).sum();
+        if flags == 0 || flags & !known != 0 {
+            return Err(Error::BadFlags(format!(
+                "bind cntr: flags {flags:#x}; use FI_SEND, FI_RECV, FI_READ, FI_WRITE, FI_REMOTE_READ, FI_REMOTE_WRITE"
+            )));
+        }
+        let mut b = self.pending("bind cntr")?;
+        for (bit, class) in classes {
+            if flags & bit != 0 {
+                b.cntr[class as usize] = Some(cntr.inner().clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// `fi_ep_bind` to an address vector.
+    pub fn bind_av(&self, av: &AddressVector) -> Result<()> {
+        let mut b = self.pending("bind av")?;
+        if b.av.is_some() {
+            return Err(Error::Inval("bind av: an AV is already bound".into()));
+        }
+        b.av = Some(av.inner().clone());
+        Ok(())
+    }
+
+    /// `fi_ep_bind` to an event queue.
+    pub fn bind_eq(&self, eq: &EventQueue) -> Result<()> {
+        let mut b = self.pending("bind eq")?;
+        b.eq = Some(eq.inner().clone());
+        Ok(())
+    }
+
+    /// `fi_enable`: needs an AV, and a CQ or counter for each direction the endpoint's
+    /// capabilities use.
+    pub fn enable(&self) -> Result<()> {
+        let b = {
+            let b = self.pending("enable")?;
+            if b.av.is_none() {
+                return Err(Error::NoAv(
+                    "enable: an RDM endpoint needs an address vector bound first (bind_av)".into(),
+                ));
+            }
+            let sends = self.core.caps & (FI_MSG | FI_TAGGED) != 0;
+            if sends && b.tx_cq.is_none() && b.cntr[CntrClass::Send as usize].is_none() {
+                return Err(Error::NoCq(
+                    "enable: bind a transmit CQ (FI_TRANSMIT) or a send counter first".into(),
+                ));
+            }
+            if sends && b.rx_cq.is_none() && b.cntr[CntrClass::Recv as usize].is_none() {
+                return Err(Error::NoCq(
+                    "enable: bind a receive CQ (FI_RECV) or a receive counter first".into(),
+                ));
+            }
+            b.clone()
+        };
+        if self.core.bound.set(b).is_err() {
+            return Err(Error::OpBadState(
+                "enable: endpoint is already enabled".into(),
+            ));
+        }
+        let b = self.core.bound().expect("just set");
+        let mut cqs: Vec<&Arc<CqInner>> = Vec::new();
+        for cq in [&b.tx_cq, &b.rx_cq].into_iter().flatten() {
+            if !cqs.iter().any(|c| Arc::ptr_eq(c, cq)) {
+                cqs.push(cq);
+            }
+        }
+        for cq in cqs {
+            cq.bind(self.progress_reg.clone());
+        }
+        for c in b.cntr.iter().flatten() {
+            c.bind(self.progress_reg.clone());
+        }
+        if let Some(av) = &b.av {
+            av.bind();
+        }
+        self.ops.enable()?;
+        self.domain_progress.add(self.progress_reg.clone());
+        self.enabled.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// `fi_getname`: this endpoint's raw address, to hand to peers out of band.
+    pub fn getname(&self) -> Result<Vec<u8>> {
+        Ok(self.ops.name())
+    }
+
+    /// `fi_setopt(FI_OPT_ENDPOINT, name, value)`.
+    pub fn setopt(&self, name: i32, value: usize) -> Result<()> {
+        self.ops.setopt(name, value)
+    }
+
+    /// `fi_cancel`: a posted receive completes with `FI_ECANCELED`; `NoEntry` if nothing with
+    /// that context is outstanding.
+    pub fn cancel(&self, ctx: Context) -> Result<()> {
+        self.ops.cancel(ctx)
+    }
+
+    /// Drives this endpoint's progress once (what reading its CQ does under manual progress).
+    pub fn progress(&self) -> usize {
+        self.ops.progress()
+    }
+
+    #[inline]
+    fn check_live(&self, what: &'static str) -> Result<()> {
+        if !self.enabled.load(Ordering::Acquire) {
+            return Err(Error::OpBadState(format!(
+                "{what}: endpoint is not enabled (bind an AV and CQs, then call enable)"
+            )));
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::OpBadState(format!("{what}: endpoint is closed")));
+        }
+        Ok(())
+    }
+
+    fn iov(&self, what: &'static str, iov: &[RawIov]) -> Result<IovList> {
+        let l = IovList::from_segs(iov.iter().copied()).ok_or_else(|| {
+            Error::Inval(format!(
+                "{what}: {} segments, the limit is {IOV_LIMIT}",
+                iov.len()
+            ))
+        })?;
+        if l.segs().iter().any(|s| s.addr == 0 && s.len > 0) {
+            return Err(Error::Inval(format!(
+                "{what}: a segment has a null address"
+            )));
+        }
+        Ok(l)
+    }
+
+    fn post_tx(&self, what: &'static str, op: TxOp) -> Result<()> {
+        self.check_live(what)?;
+        let len = op.iov.total();
+        if len > self.core.max_msg_size {
+            return Err(Error::MsgSize(format!(
+                "{what}: {len} bytes, max_msg_size is {}",
+                self.core.max_msg_size
+            )));
+        }
+        if op.flags & FI_INJECT != 0 && len > self.core.inject_size {
+            return Err(Error::MsgSize(format!(
+                "{what}: inject of {len} bytes, inject_size is {}",
+                self.core.inject_size
+            )));
+        }
+        let need = op.flags & (FI_MSG | FI_TAGGED);
+        if self.core.caps & need == 0 {
+            return Err(Error::OpNotSupp(format!(
+                "{what}: endpoint was opened without {}",
+                caps_str(need)
+            )));
+        }
+        // SAFETY: forwarded from the public call's contract (or an inject, copied in the call).
+        unsafe { self.ops.send(&op) }
+    }
+
+    fn post_rx(&self, what: &'static str, r: PostedRecv) -> Result<()> {
+        self.check_live(what)?;
+        let need = r.flags & (FI_MSG | FI_TAGGED);
+        if self.core.caps & need == 0 {
+            return Err(Error::OpNotSupp(format!(
+                "{what}: endpoint was opened without {}",
+                caps_str(need)
+            )));
+        }
+        if r.src != FI_ADDR_UNSPEC && self.core.caps & FI_DIRECTED_RECV == 0 {
+            // Without FI_DIRECTED_RECV the source is ignored, as libfabric specifies.
+        }
+        // SAFETY: forwarded from the public call's contract.
+        unsafe { self.ops.recv(r) }
+    }
+
+    fn tx(
+        &self,
+        ctx: Context,
+        iov: IovList,
+        dest: FiAddr,
+        tag: u64,
+        data: u64,
+        flags: u64,
+    ) -> TxOp {
+        TxOp {
+            ctx,
+            iov,
+            dest,
+            tag,
+            data,
+            flags: flags | (self.core.tx_op_flags & !(FI_INJECT)),
+        }
+    }
+
+    /// `fi_send`.
+    ///
+    /// # Safety
+    /// `buf` must stay valid and unmodified until the send's completion is reported.
+    pub unsafe fn send(
+        &self,
+        buf: &[u8],
+        _desc: Option<MrDesc>,
+        dest: FiAddr,
+        ctx: Context,
+    ) -> Result<()> {
+        let op = self.tx(
+            ctx,
+            IovList::one(buf.as_ptr() as usize, buf.len()),
+            dest,
+            0,
+            0,
+            FI_MSG,
+        );
+        self.post_tx("send", op)
+    }
+
+    /// `fi_senddata`: a send carrying 64 bits of remote CQ data.
+    ///
+    /// # Safety
+    /// As `send`.
+    pub unsafe fn senddata(
+        &self,
+        buf: &[u8],
+        _desc: Option<MrDesc>,
+        data: u64,
+        dest: FiAddr,
+        ctx: Context,
+    ) -> Result<()> {
+        let op = self.tx(
+            ctx,
+            IovList::one(buf.as_ptr() as usize, buf.len()),
+            dest,
+            0,
+            data,
+            FI_MSG | FI_REMOTE_CQ_DATA,
+        );
+        self.post_tx("senddata", op)
+    }
+
+    /// `fi_sendv`.
+    ///
+    /// # Safety
+    /// Every segment must stay valid until the send completes.
+    pub unsafe fn sendv(
+        &self,
+        iov: &[RawIov],
+        _desc: &[MrDesc],
+        dest: FiAddr,
+        ctx: Context,
+    ) -> Result<()> {
+        let l = self.iov("sendv", iov)?;
+        self.post_tx("sendv", self.tx(ctx, l, dest, 0, 0, FI_MSG))
+    }
+
+    /// `fi_sendmsg`, with flags from `FI_REMOTE_CQ_DATA`, `FI_COMPLETION`, `FI_INJECT`,
+    /// `FI_MORE`, `FI_FENCE` and the completion levels.
+    ///
+    /// # Safety
+    /// Every segment must stay valid until the send completes (during the call with `FI_INJECT`).
+    pub unsafe fn sendmsg(&self, msg: &Msg<'_>, flags: u64) -> Result<()> {
+        self.sendmsg_kind("sendmsg", msg, flags, FI_MSG)
+    }
+
+    fn sendmsg_kind(&self, what: &'static str, msg: &Msg<'_>, flags: u64, kind: u64) -> Result<()> {
+        if flags & !SEND_FLAGS != 0 {
+            return Err(Error::BadFlags(format!(
+                "{what}: flags {} are not send flags",
+                caps_str(flags & !SEND_FLAGS)
+            )));
+        }
+        let l = self.iov(what, msg.iov)?;
+        let op = TxOp {
+            ctx: msg.context,
+            iov: l,
+            dest: msg.addr,
+            tag: msg.tag,
+            data: msg.data,
+            flags: flags | kind,
+        };
+        self.post_tx(what, op)
+    }
+
+    /// `fi_inject`: the data is copied before return; no completion entry is written.
+    pub fn inject(&self, buf: &[u8], dest: FiAddr) -> Result<()> {
+        let op = TxOp {
+            ctx: 0,
+            iov: IovList::one(buf.as_ptr() as usize, buf.len()),
+            dest,
+            tag: 0,
+            data: 0,
+            flags: FI_MSG | FI_INJECT,
+        };
+        self.post_tx("inject", op)
+    }
+
+    /// `fi_injectdata`.
+    pub fn injectdata(&self, buf: &[u8], data: u64, dest: FiAddr) -> Result<()> {
+        let op = TxOp {
+            ctx: 0,
+            iov: IovList::one(buf.as_ptr() as usize, buf.len()),
+            dest,
+            tag: 0,
+            data,
+            flags: FI_MSG | FI_INJECT | FI_REMOTE_CQ_DATA,
+        };
+        self.post_tx("injectdata", op)
+    }
+
+    /// `fi_recv`.
+    ///
+    /// # Safety
+    /// `buf` must stay valid and untouched by anything else until the receive completes or is
+    /// canceled.
+    pub unsafe fn recv(
+        &self,
+        buf: &mut [u8],
+        _desc: Option<MrDesc>,
+        src: FiAddr,
+        ctx: Context,
+    ) -> Result<()> {
+        let r = PostedRecv {
+            ctx,
+            iov: IovList::one(buf.as_mut_ptr() as usize, buf.len()),
+            src,
+            tag: 0,
+            ignore: 0,
+            flags: FI_MSG | (self.core.rx_op_flags & RECV_FLAGS),
+            used: 0,
+        };
+        self.post_rx("recv", r)
+    }
+
+    /// `fi_recvv`.
+    ///
+    /// # Safety
+    /// As `recv`, for every segment.
+    pub unsafe fn recvv(
+        &self,
+        iov: &[RawIov],
+        _desc: &[MrDesc],
+        src: FiAddr,
+        ctx: Context,
+    ) -> Result<()> {
+        let l = self.iov("recvv", iov)?;
+        let r = PostedRecv {
+            ctx,
+            iov: l,
+            src,
+            tag: 0,
+            ignore: 0,
+            flags: FI_MSG | (self.core.rx_op_flags & RECV_FLAGS),
+            used: 0,
+        };
+        self.post_rx("recvv", r)
+    }
+
+    /// `fi_recvmsg`, with flags from `FI_COMPLETION`, `FI_MULTI_RECV`, `FI_MORE`.
+    ///
+    /// # Safety
+    /// As `recv`, for every segment.
+    pub unsafe fn recvmsg(&self, msg: &Msg<'_>, flags: u64) -> Result<()> {
+        if flags & !RECV_FLAGS != 0 {
+            return Err(Error::BadFlags(format!(
+                "recvmsg: flags {} are not receive flags",
+                caps_str(flags & !RECV_FLAGS)
+            )));
+        }
+        if flags & FI_MULTI_RECV != 0 && self.core.caps & FI_MULTI_RECV == 0 {
+            return Err(Error::OpNotSupp(
+                "recvmsg: endpoint opened without FI_MULTI_RECV".into(),
+            ));
+        }
+        let r = PostedRecv {
+            ctx: msg.context,
+            iov: self.iov("recvmsg", msg.iov)?,
+            src: msg.addr,
+            tag: 0,
+            ignore: 0,
+            flags: flags | FI_MSG,
+            used: 0,
+        };
+        self.post_rx("recvmsg", r)
+    }
+
+    /// `fi_tsend`.
+    ///
+    /// # Safety
+    /// As `send`.
+    pub unsafe fn tsend(
+        &self,
+        buf: &[u8],
+        _desc: Option<MrDesc>,
+        dest: FiAddr,
+        tag: u64,
+        ctx: Context,
+    ) -> Result<()> {
+        let op = self.tx(
+            ctx,
+            IovList::one(buf.as_ptr() as usize, buf.len()),
+            dest,
+            tag,
+            0,
+            FI_TAGGED,
+        );
+        self.post_tx("tsend", op)
+    }
+
+    /// `fi_tsenddata`.
+    ///
+    /// # Safety
+    /// As `send`.
+    pub unsafe fn tsenddata(
+        &self,
+        buf: &[u8],
+        _desc: Option<MrDesc>,
+        data: u64,
+        dest: FiAddr,
+        tag: u64,
+        ctx: Context,
+    ) -> Result<()> {
+        let op = self.tx(
+            ctx,
+            IovList::one(buf.as_ptr() as usize, buf.len()),
+            dest,
+            tag,
+            data,
+            FI_TAGGED | FI_REMOTE_CQ_DATA,
+        );
+        self.post_tx("tsenddata", op)
+    }
+
+    /// `fi_tsendv`.
+    ///
+    /// # Safety
+    /// As `sendv`.
+    pub unsafe fn tsendv(
+        &self,
+        iov: &[RawIov],
+        _desc: &[MrDesc],
+        dest: FiAddr,
+        tag: u64,
+        ctx: Context,
+    ) -> Result<()> {
+        let l = self.iov("tsendv", iov)?;
+        self.post_tx("tsendv", self.tx(ctx, l, dest, tag, 0, FI_TAGGED))
+    }
+
+    /// `fi_tsendmsg`.
+    ///
+    /// # Safety
+    /// As `sendmsg`.
+    pub unsafe fn tsendmsg(&self, msg: &Msg<'_>, flags: u64) -> Result<()> {
+        self.sendmsg_kind("tsendmsg", msg, flags, FI_TAGGED)
+    }
+
+    /// `fi_tinject`.
+    pub fn tinject(&self, buf: &[u8], dest: FiAddr, tag: u64) -> Result<()> {
+        let op = TxOp {
+            ctx: 0,
+            iov: IovList::one(buf.as_ptr() as usize, buf.len()),
+            dest,
+            tag,
+            data: 0,
+            flags: FI_TAGGED | FI_INJECT,
+        };
+        self.post_tx("tinject", op)
+    }
+
+    /// `fi_tinjectdata`.
+    pub fn tinjectdata(&self, buf: &[u8], data: u64, dest: FiAddr, tag: u64) -> Result<()> {
+        let op = TxOp {
+            ctx: 0,
+            iov: IovList::one(buf.as_ptr() as usize, buf.len()),
+            dest,
+            tag,
+            data,
+            flags: FI_TAGGED | FI_INJECT | FI_REMOTE_CQ_DATA,
+        };
+        self.post_tx("tinjectdata", op)
+    }
+
+    /// `fi_trecv`.
+    ///
+    /// # Safety
+    /// As `recv`.
+    pub unsafe fn trecv(
+        &self,
+        buf: &mut [u8],
+        _desc: Option<MrDesc>,
+        src: FiAddr,
+        tag: u64,
+        ignore: u64,
+        ctx: Context,
+    ) -> Result<()> {
+        let r = PostedRecv {
+            ctx,
+            iov: IovList::one(buf.as_mut_ptr() as usize, buf.len()),
+            src,
+            tag,
+            ignore,
+            flags: FI_TAGGED | (self.core.rx_op_flags & FI_COMPLETION),
+            used: 0,
+        };
+        self.post_rx("trecv", r)
+    }
+
+    /// `fi_trecvv`.
+    ///
+    /// # Safety
+    /// As `recv`, for every segment.
+    pub unsafe fn trecvv(
+        &self,
+        iov: &[RawIov],
+        _desc: &[MrDesc],
+        src: FiAddr,
+        tag: u64,
+        ignore: u64,
+        ctx: Context,
+    ) -> Result<()> {
+        let r = PostedRecv {
+            ctx,
+            iov: self.iov("trecvv", iov)?,
+            src,
+            tag,
+            ignore,
+            flags: FI_TAGGED | (self.core.rx_op_flags & FI_COMPLETION),
+            used: 0,
+        };
+        self.post_rx("trecvv", r)
+    }
+
+    /// `fi_trecvmsg`, with flags from `FI_COMPLETION`, `FI_PEEK`, `FI_CLAIM`, `FI_DISCARD`.
+    ///
+    /// # Safety
+    /// As `recv`, for every segment (no memory is touched with `FI_PEEK` or `FI_DISCARD`).
+    pub unsafe fn trecvmsg(&self, msg: &Msg<'_>, flags: u64) -> Result<()> {
+        if flags & !TRECV_FLAGS != 0 {
+            return Err(Error::BadFlags(format!(
+                "trecvmsg: flags {} are not tagged receive flags",
+                caps_str(flags & !TRECV_FLAGS)
+            )));
+        }
+        if flags & FI_DISCARD != 0 && flags & (FI_PEEK | FI_CLAIM) == 0 {
+            return Err(Error::BadFlags(
+                "trecvmsg: FI_DISCARD needs FI_PEEK or FI_CLAIM".into(),
+            ));
+        }
+        let iov = if flags & (FI_PEEK | FI_DISCARD) != 0 {
+            IovList::default()
+        } else {
+            self.iov("trecvmsg", msg.iov)?
+        };
+        let r = PostedRecv {
+            ctx: msg.context,
+            iov,
+            src: msg.addr,
+            tag: msg.tag,
+            ignore: msg.ignore,
+            flags: flags | FI_TAGGED,
+            used: 0,
+        };
+        self.post_rx("trecvmsg", r)
+    }
+
+    /// `fi_close`: outstanding operations complete with `FI_ECANCELED`; bindings are released.
+    pub fn close(self) -> Result<()> {
+        self.shutdown();
+        Ok(())
+    }
+
+    fn shutdown(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.ops.close();
+        self.domain_progress.remove(&self.progress_reg);
+        if let Some(b) = self.core.bound() {
+            let mut cqs: Vec<&Arc<CqInner>> = Vec::new();
+            for cq in [&b.tx_cq, &b.rx_cq].into_iter().flatten() {
+                if !cqs.iter().any(|c| Arc::ptr_eq(c, cq)) {
+                    cqs.push(cq);
+                }
+            }
+            for cq in cqs {
+                cq.unbind(&self.progress_reg);
+            }
+            for c in b.cntr.iter().flatten() {
+                c.unbind(&self.progress_reg);
+            }
+            if let Some(av) = &b.av {
+                av.unbind();
+            }
+        }
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

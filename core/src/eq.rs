@@ -1,0 +1,205 @@
+//! Event queues: fi_eq(3). Control-path events (`FI_AV_COMPLETE`, `FI_NOTIFY`, ...) and
+//! asynchronous errors, read, peeked, waited on, or written by the application.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use crate::consts::{WaitObj, FI_PEEK};
+use crate::entry::Context;
+use crate::error::{Error, Result};
+use crate::wait::{deadline, remaining};
+
+/// `struct fi_eq_attr`.
+#[derive(Clone, Debug, Default)]
+pub struct EqAttr {
+    /// Capacity; 0 picks 256.
+    pub size: usize,
+    /// Reserved flags (`FI_WRITE` allows `write`; it is accepted either way).
+    pub flags: u64,
+    /// How `sread` blocks.
+    pub wait_obj: WaitObj,
+}
+
+/// `struct fi_eq_entry`, with the event code beside it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EqEntry {
+    /// The event (`FI_AV_COMPLETE`, `FI_NOTIFY`, ...).
+    pub event: u32,
+    /// Identifies the object the event is about (0 when none).
+    pub fid: usize,
+    /// The context given to the call that caused it.
+    pub context: Context,
+    /// Event data, e.g. the number of addresses inserted.
+    pub data: u64,
+}
+
+/// `struct fi_eq_err_entry`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EqErrEntry {
+    /// The object in error.
+    pub fid: usize,
+    /// The context of the failed call.
+    pub context: Context,
+    /// Event data.
+    pub data: u64,
+    /// Positive libfabric error number.
+    pub err: i32,
+    /// Provider-specific error number.
+    pub prov_errno: i32,
+}
+
+struct Q {
+    events: VecDeque<EqEntry>,
+    errs: VecDeque<EqErrEntry>,
+}
+
+/// Shared state of an event queue.
+pub struct EqInner {
+    cap: usize,
+    wait_obj: WaitObj,
+    q: Mutex<Q>,
+    cond: Condvar,
+}
+
+/// `fid_eq`.
+#[derive(Clone)]
+pub struct EventQueue {
+    inner: Arc<EqInner>,
+}
+
+impl EventQueue {
+    /// `fi_eq_open`; `Fabric::eq_open` calls this.
+    pub fn open(attr: &EqAttr) -> Result<Self> {
+        if matches!(attr.wait_obj, WaitObj::Set | WaitObj::Fd | WaitObj::PollFd) {
+            return Err(Error::OpNotSupp(format!(
+                "eq_open: wait object {} is not supported for event queues",
+                attr.wait_obj.c_name()
+            )));
+        }
+        Ok(EventQueue {
+            inner: Arc::new(EqInner {
+                cap: if attr.size == 0 { 256 } else { attr.size },
+                wait_obj: attr.wait_obj,
+                q: Mutex::new(Q {
+                    events: VecDeque::new(),
+                    errs: VecDeque::new(),
+                }),
+                cond: Condvar::new(),
+            }),
+        })
+    }
+
+    /// The shared state.
+    pub fn inner(&self) -> &Arc<EqInner> {
+        &self.inner
+    }
+
+    /// `fi_eq_read`: the next event (`FI_PEEK` leaves it queued); `Avail` when an error waits.
+    pub fn read(&self, flags: u64) -> Result<EqEntry> {
+        if flags & !FI_PEEK != 0 {
+            return Err(Error::BadFlags(format!(
+                "eq read: flags {flags:#x}; only FI_PEEK"
+            )));
+        }
+        let mut q = self.inner.q.lock().unwrap_or_else(|e| e.into_inner());
+        if !q.errs.is_empty() {
+            return Err(Error::Avail);
+        }
+        let e = if flags & FI_PEEK != 0 {
+            q.events.front().copied()
+        } else {
+            q.events.pop_front()
+        };
+        e.ok_or(Error::Again("eq read"))
+    }
+
+    /// `fi_eq_readerr`.
+    pub fn readerr(&self) -> Result<EqErrEntry> {
+        let mut q = self.inner.q.lock().unwrap_or_else(|e| e.into_inner());
+        q.errs.pop_front().ok_or(Error::Again("eq readerr"))
+    }
+
+    /// `fi_eq_sread`: blocks up to `timeout_ms` (-1 forever) for an event.
+    pub fn sread(&self, flags: u64, timeout_ms: i32) -> Result<EqEntry> {
+        if self.inner.wait_obj == WaitObj::None {
+            return Err(Error::OpBadState(
+                "eq sread: queue opened with FI_WAIT_NONE".into(),
+            ));
+        }
+        let dl = deadline(timeout_ms);
+        loop {
+            match self.read(flags) {
+                Err(Error::Again(_)) => {}
+                r => return r,
+            }
+            let Some(left) = remaining(dl, Duration::from_millis(100)) else {
+                return Err(Error::TimedOut("eq sread"));
+            };
+            let q = self.inner.q.lock().unwrap_or_else(|e| e.into_inner());
+            if q.events.is_empty() && q.errs.is_empty() {
+                let _ = self.inner.cond.wait_timeout(q, left);
+            }
+        }
+    }
+
+    /// `fi_eq_write`: the application inserts an event.
+    pub fn write(&self, e: EqEntry) -> Result<()> {
+        if self.inner.push(e) {
+            Ok(())
+        } else {
+            Err(Error::Again("eq write: queue full"))
+        }
+    }
+}
+
+impl EqInner {
+    /// Provider side: queues an event; false when the queue is full.
+    pub fn push(&self, e: EqEntry) -> bool {
+        let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
+        if q.events.len() >= self.cap {
+            return false;
+        }
+        q.events.push_back(e);
+        self.cond.notify_all();
+        true
+    }
+
+    /// Provider side: queues an asynchronous error (never dropped).
+    pub fn push_err(&self, e: EqErrEntry) {
+        let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
+        q.errs.push_back(e);
+        self.cond.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consts::FI_NOTIFY;
+
+    #[test]
+    fn write_peek_read_errors() {
+        let eq = EventQueue::open(&EqAttr {
+            wait_obj: WaitObj::Unspec,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(eq.read(0), Err(Error::Again("eq read")));
+        let e = EqEntry {
+            event: FI_NOTIFY,
+            context: 9,
+            ..Default::default()
+        };
+        eq.write(e).unwrap();
+        assert_eq!(eq.read(FI_PEEK), Ok(e));
+        assert_eq!(eq.sread(0, 10), Ok(e));
+        eq.inner().push_err(EqErrEntry {
+            err: 5,
+            ..Default::default()
+        });
+        assert_eq!(eq.read(0), Err(Error::Avail));
+        assert_eq!(eq.readerr().unwrap().err, 5);
+        assert_eq!(eq.sread(0, 0), Err(Error::TimedOut("eq sread")));
+    }
+}

@@ -1,0 +1,339 @@
+//! `fi_info` and its attribute structures, and the hint matching every provider shares: a
+//! provider describes what it can do once, and `Info::fit` narrows that to what a caller asked
+//! for or says why it cannot.
+
+use crate::consts::*;
+use crate::error::{Error, Result};
+
+/// `struct fi_tx_attr`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TxAttr {
+    pub caps: u64,
+    pub mode: u64,
+    pub op_flags: u64,
+    pub msg_order: u64,
+    pub comp_order: u64,
+    pub inject_size: usize,
+    pub size: usize,
+    pub iov_limit: usize,
+    pub rma_iov_limit: usize,
+    pub tclass: u32,
+}
+
+/// `struct fi_rx_attr`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RxAttr {
+    pub caps: u64,
+    pub mode: u64,
+    pub op_flags: u64,
+    pub msg_order: u64,
+    pub comp_order: u64,
+    pub total_buffered_recv: usize,
+    pub size: usize,
+    pub iov_limit: usize,
+}
+
+/// `struct fi_ep_attr`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EpAttr {
+    pub ep_type: EpType,
+    pub protocol: u32,
+    pub protocol_version: u32,
+    pub max_msg_size: usize,
+    pub msg_prefix_size: usize,
+    pub max_order_raw_size: usize,
+    pub max_order_war_size: usize,
+    pub max_order_waw_size: usize,
+    pub mem_tag_format: u64,
+    pub tx_ctx_cnt: usize,
+    pub rx_ctx_cnt: usize,
+    pub auth_key: Option<Vec<u8>>,
+}
+
+/// `struct fi_domain_attr`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DomainAttr {
+    pub name: Option<String>,
+    pub threading: Threading,
+    pub control_progress: Progress,
+    pub data_progress: Progress,
+    pub resource_mgmt: ResourceMgmt,
+    pub av_type: AvType,
+    pub mr_mode: u32,
+    pub mr_key_size: usize,
+    pub cq_data_size: usize,
+    pub cq_cnt: usize,
+    pub ep_cnt: usize,
+    pub tx_ctx_cnt: usize,
+    pub rx_ctx_cnt: usize,
+    pub max_ep_tx_ctx: usize,
+    pub max_ep_rx_ctx: usize,
+    pub max_ep_stx_ctx: usize,
+    pub max_ep_srx_ctx: usize,
+    pub cntr_cnt: usize,
+    pub mr_iov_limit: usize,
+    pub caps: u64,
+    pub mode: u64,
+    pub auth_key: Option<Vec<u8>>,
+    pub max_err_data: usize,
+    pub mr_cnt: usize,
+    pub tclass: u32,
+}
+
+/// `struct fi_fabric_attr`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FabricAttr {
+    pub name: Option<String>,
+    pub prov_name: Option<String>,
+    pub prov_version: u32,
+    pub api_version: u32,
+}
+
+/// `struct fi_info`: one way to use one provider. Also the type of getinfo hints, where zero
+/// and `None` fields mean "no preference", as in C.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Info {
+    pub caps: u64,
+    pub mode: u64,
+    pub addr_format: u32,
+    pub src_addr: Option<Vec<u8>>,
+    pub dest_addr: Option<Vec<u8>>,
+    pub tx_attr: TxAttr,
+    pub rx_attr: RxAttr,
+    pub ep_attr: EpAttr,
+    pub domain_attr: DomainAttr,
+    pub fabric_attr: FabricAttr,
+}
+
+impl Info {
+    /// The provider's name (`fabric_attr.prov_name`), or "".
+    pub fn provider(&self) -> &str {
+        self.fabric_attr.prov_name.as_deref().unwrap_or("")
+    }
+
+    /// Narrows a provider's full description (`self`) to `hints`. Returns the info the caller
+    /// gets, or `NoData` naming the first thing the provider cannot do.
+    pub fn fit(&self, hints: &Info) -> Result<Info> {
+        let prov = self.provider().to_string();
+        let no = |what: String| Error::NoData(format!("provider {prov}: {what}"));
+        let mut out = self.clone();
+
+        if let Some(p) = hints.fabric_attr.prov_name.as_deref() {
+            if !p.split(';').any(|n| n.eq_ignore_ascii_case(&prov)) {
+                return Err(no(format!("provider name {p:?} requested")));
+            }
+        }
+        if let Some(f) = hints.fabric_attr.name.as_deref() {
+            if Some(f) != self.fabric_attr.name.as_deref() {
+                return Err(no(format!("fabric name {f:?} requested")));
+            }
+        }
+        if let Some(d) = hints.domain_attr.name.as_deref() {
+            if Some(d) != self.domain_attr.name.as_deref() {
+                return Err(no(format!("domain name {d:?} requested")));
+            }
+        }
+        if hints.caps & !self.caps != 0 {
+            return Err(no(format!(
+                "capabilities not supported: {}",
+                caps_str(hints.caps & !self.caps)
+            )));
+        }
+        if hints.caps != 0 {
+            // Requested primary capabilities plus all secondary ones the provider has; if only
+            // secondary bits were asked for, keep the provider's primaries.
+            let prim = if hints.caps & FI_PRIMARY_CAPS != 0 {
+                hints.caps & FI_PRIMARY_CAPS
+            } else {
+                self.caps & FI_PRIMARY_CAPS
+            };
+            out.caps = prim | (self.caps & FI_SECONDARY_CAPS) | hints.caps;
+            out.tx_attr.caps &= out.caps | FI_SEND | FI_WRITE | FI_READ;
+            out.rx_attr.caps &= out.caps | FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE;
+        }
+        // Mode bits the provider needs must be ones the caller can handle (0 = any).
+        if hints.mode != 0 && self.mode & !hints.mode != 0 {
+            return Err(no(format!(
+                "provider requires mode bits {} the hints do not accept",
+                mode_str(self.mode & !hints.mode)
+            )));
+        }
+        if hints.addr_format != FI_FORMAT_UNSPEC && hints.addr_format != self.addr_format {
+            return Err(no(format!(
+                "address format {} requested, provider uses {}",
+                addr_format_str(hints.addr_format),
+                addr_format_str(self.addr_format)
+            )));
+        }
+        if hints.ep_attr.ep_type != EpType::Unspec && hints.ep_attr.ep_type != self.ep_attr.ep_type
+        {
+            return Err(no(format!(
+                "endpoint type {} requested, provider offers {}",
+                hints.ep_attr.ep_type.c_name(),
+                self.ep_attr.ep_type.c_name()
+            )));
+        }
+        if hints.ep_attr.protocol != FI_PROTO_UNSPEC
+            && hints.ep_attr.protocol != self.ep_attr.protocol
+        {
+            return Err(no(format!(
+                "protocol {} requested",
+                protocol_str(hints.ep_attr.protocol)
+            )));
+        }
+        if hints.ep_attr.max_msg_size > self.ep_attr.max_msg_size {
+            return Err(no(format!(
+                "max_msg_size {} requested, provider allows {}",
+                hints.ep_attr.max_msg_size, self.ep_attr.max_msg_size
+            )));
+        }
+        if hints.tx_attr.inject_size > self.tx_attr.inject_size {
+            return Err(no(format!(
+                "inject_size {} requested, provider allows {}",
+                hints.tx_attr.inject_size, self.tx_attr.inject_size
+            )));
+        }
+        if hints.tx_attr.msg_order & !self.tx_attr.msg_order != 0 {
+            return Err(no(format!(
+                "message ordering {} not provided",
+                order_str(hints.tx_attr.msg_order & !self.tx_attr.msg_order)
+            )));
+        }
+        let mr = hints.domain_attr.mr_mode;
+        if mr != FI_MR_UNSPEC && mr != FI_MR_BASIC && mr != FI_MR_SCALABLE {
+            // The provider's required mr_mode bits must all be ones the caller supports.
+            if self.domain_attr.mr_mode & !mr != 0 {
+                return Err(no(format!(
+                    "provider requires mr_mode {} the hints do not allow",
+                    mr_mode_str(self.domain_attr.mr_mode & !mr)
+                )));
+            }
+            out.domain_attr.mr_mode = mr
+                & (self.domain_attr.mr_mode
+                    | FI_MR_VIRT_ADDR
+                    | FI_MR_PROV_KEY
+                    | FI_MR_LOCAL
+                    | FI_MR_ALLOCATED);
+        }
+        match hints.domain_attr.data_progress {
+            Progress::Unspec => {}
+            p => out.domain_attr.data_progress = p,
+        }
+        match hints.domain_attr.control_progress {
+            Progress::Unspec => {}
+            p => out.domain_attr.control_progress = p,
+        }
+        if hints.domain_attr.threading != Threading::Unspec {
+            out.domain_attr.threading = hints.domain_attr.threading;
+        }
+        if hints.domain_attr.resource_mgmt != ResourceMgmt::Unspec {
+            out.domain_attr.resource_mgmt = hints.domain_attr.resource_mgmt;
+        }
+        if hints.domain_attr.av_type != AvType::Unspec {
+            out.domain_attr.av_type = hints.domain_attr.av_type;
+        }
+        if hints.domain_attr.cq_data_size > self.domain_attr.cq_data_size {
+            return Err(no(format!(
+                "cq_data_size {} requested, provider allows {}",
+                hints.domain_attr.cq_data_size, self.domain_attr.cq_data_size
+            )));
+        }
+        for (what, want, have) in [
+            ("tx size", hints.tx_attr.size, self.tx_attr.size),
+            ("rx size", hints.rx_attr.size, self.rx_attr.size),
+            (
+                "tx iov_limit",
+                hints.tx_attr.iov_limit,
+                self.tx_attr.iov_limit,
+            ),
+            (
+                "rx iov_limit",
+                hints.rx_attr.iov_limit,
+                self.rx_attr.iov_limit,
+            ),
+        ] {
+            if want > have {
+                return Err(no(format!(
+                    "{what} {want} requested, provider allows {have}"
+                )));
+            }
+        }
+        if hints.tx_attr.op_flags != 0 {
+            out.tx_attr.op_flags = hints.tx_attr.op_flags;
+        }
+        if hints.rx_attr.op_flags != 0 {
+            out.rx_attr.op_flags = hints.rx_attr.op_flags;
+        }
+        if hints.src_addr.is_some() {
+            out.src_addr = hints.src_addr.clone();
+        }
+        if hints.dest_addr.is_some() {
+            out.dest_addr = hints.dest_addr.clone();
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prov() -> Info {
+        Info {
+            caps: FI_MSG | FI_TAGGED | FI_SEND | FI_RECV | FI_MULTI_RECV | FI_SOURCE,
+            addr_format: FI_ADDR_STR,
+            ep_attr: EpAttr {
+                ep_type: EpType::Rdm,
+                max_msg_size: 1 << 30,
+                ..Default::default()
+            },
+            domain_attr: DomainAttr {
+                data_progress: Progress::Manual,
+                ..Default::default()
+            },
+            fabric_attr: FabricAttr {
+                prov_name: Some("shm".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn empty_hints_take_everything() {
+        assert_eq!(prov().fit(&Info::default()).unwrap(), prov());
+    }
+
+    #[test]
+    fn caps_narrow_and_mismatches_say_why() {
+        let h = Info {
+            caps: FI_TAGGED,
+            ..Default::default()
+        };
+        let out = prov().fit(&h).unwrap();
+        assert_eq!(out.caps, FI_TAGGED | FI_MULTI_RECV | FI_SOURCE);
+        let h = Info {
+            caps: FI_RMA,
+            ..Default::default()
+        };
+        let e = prov().fit(&h).unwrap_err().to_string();
+        assert!(e.contains("FI_RMA"), "{e}");
+        let mut h = Info::default();
+        h.fabric_attr.prov_name = Some("tcp".into());
+        assert!(matches!(prov().fit(&h), Err(Error::NoData(_))));
+        h.fabric_attr.prov_name = Some("tcp;shm".into());
+        assert!(prov().fit(&h).is_ok());
+        let mut h = Info::default();
+        h.domain_attr.data_progress = Progress::Auto;
+        assert_eq!(
+            prov().fit(&h).unwrap().domain_attr.data_progress,
+            Progress::Auto
+        );
+        h.ep_attr.ep_type = EpType::Msg;
+        assert!(prov()
+            .fit(&h)
+            .unwrap_err()
+            .to_string()
+            .contains("FI_EP_MSG"));
+    }
+}

@@ -1,0 +1,32 @@
+//! xfabric-core: libfabric's object model in Rust, and the generic machinery every provider
+//! shares. A provider implements transport (`DomainOps`, `EndpointOps`); completion queues,
+//! counters, address vectors, memory-region keys, event queues, wait sets, receive matching and
+//! progress are written here once.
+
+pub mod av;
+pub mod cntr;
+pub mod consts;
+pub mod cq;
+pub mod entry;
+pub mod ep;
+pub mod eq;
+pub mod error;
+pub mod info;
+pub mod mr;
+pub mod object;
+pub mod rxq;
+pub mod wait;
+
+pub use av::{AddrFormat, AddressVector, AvAttr};
+pub use cntr::{CntrAttr, Counter};
+pub use consts::*;
+pub use cq::{CompletionQueue, CqAttr};
+pub use entry::*;
+pub use ep::{CntrClass, Endpoint, EndpointOps, EpCore, Msg, TxOp};
+pub use eq::{EqAttr, EqEntry, EqErrEntry, EventQueue};
+pub use error::{strerror, Error, Result};
+pub use info::{DomainAttr, EpAttr, FabricAttr, Info, RxAttr, TxAttr};
+pub use mr::{MemoryRegion, MrAttr, MrDesc};
+pub use object::{Domain, DomainOps, Fabric, Provider};
+pub use rxq::{IovList, RawIov};
+pub use wait::{Progress, WaitAttr, WaitSet};

@@ -1,0 +1,249 @@
+//! Memory regions: fi_mr(3). The domain keeps a map from key to region so that providers can
+//! check an incoming remote access (key, address range, access rights) in one place.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, Weak};
+
+use crate::consts::*;
+use crate::entry::Context;
+use crate::error::{Error, Result};
+
+/// Access bits a registration may carry.
+pub const MR_ACCESS_BITS: u64 =
+    FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+
+/// `struct fi_mr_attr` for host memory (the HMEM issue adds the device interface).
+#[derive(Clone, Debug, Default)]
+pub struct MrAttr {
+    /// Start address of the registered range.
+    pub addr: usize,
+    /// Length in bytes.
+    pub len: usize,
+    /// `FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE`.
+    pub access: u64,
+    /// Offset that remote addresses are relative to when `FI_MR_VIRT_ADDR` is off.
+    pub offset: u64,
+    /// The key the application asks for (ignored with `FI_MR_PROV_KEY`).
+    pub requested_key: u64,
+    /// Returned in events about this region.
+    pub context: Context,
+}
+
+/// A registered range as the key map sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MrEntry {
+    /// Registered start address.
+    pub addr: usize,
+    /// Registered length.
+    pub len: usize,
+    /// Access bits.
+    pub access: u64,
+    /// Offset base for offset addressing.
+    pub offset: u64,
+}
+
+/// A local memory descriptor (`fi_mr_desc`): a copyable handle passed with data transfers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MrDesc(pub u64);
+
+/// The domain's key → region map.
+pub struct MrMap {
+    mode: u32,
+    next_key: AtomicU64,
+    map: RwLock<HashMap<u64, MrEntry>>,
+}
+
+impl MrMap {
+    /// A map for a domain whose registrations follow `mr_mode`.
+    pub fn new(mode: u32) -> Self {
+        MrMap {
+            mode,
+            next_key: AtomicU64::new(1),
+            map: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The domain's mr_mode.
+    pub fn mode(&self) -> u32 {
+        self.mode
+    }
+
+    fn insert(&self, attr: &MrAttr) -> Result<u64> {
+        if attr.access & !MR_ACCESS_BITS != 0 {
+            return Err(Error::Inval(format!(
+                "mr_reg: access {:#x} has bits that are not access flags",
+                attr.access
+            )));
+        }
+        if attr.len > 0 && attr.addr.checked_add(attr.len).is_none() {
+            return Err(Error::Inval("mr_reg: address range wraps".into()));
+        }
+        let mut m = self.map.write().unwrap_or_else(|e| e.into_inner());
+        let key = if self.mode & FI_MR_PROV_KEY != 0 {
+            loop {
+                let k = self.next_key.fetch_add(1, Ordering::Relaxed);
+                if !m.contains_key(&k) {
+                    break k;
+                }
+            }
+        } else {
+            if attr.requested_key == FI_KEY_NOTAVAIL {
+                return Err(Error::Inval("mr_reg: requested_key FI_KEY_NOTAVAIL".into()));
+            }
+            if m.contains_key(&attr.requested_key) {
+                return Err(Error::NoKey(format!(
+                    "mr_reg: key {} is already registered in this domain",
+                    attr.requested_key
+                )));
+            }
+            attr.requested_key
+        };
+        m.insert(
+            key,
+            MrEntry {
+                addr: attr.addr,
+                len: attr.len,
+                access: attr.access,
+                offset: attr.offset,
+            },
+        );
+        Ok(key)
+    }
+
+    fn remove(&self, key: u64) {
+        self.map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
+    }
+
+    /// Checks a remote access and returns the local address it lands at. `addr` is a virtual
+    /// address with `FI_MR_VIRT_ADDR`, else an offset from the registration's `offset`.
+    pub fn check(&self, key: u64, addr: u64, len: usize, access: u64) -> Result<usize> {
+        let m = self.map.read().unwrap_or_else(|e| e.into_inner());
+        let e = m
+            .get(&key)
+            .ok_or_else(|| Error::Access(format!("no memory region with key {key:#x}")))?;
+        if e.access & access != access {
+            return Err(Error::Access(format!(
+                "key {key:#x} was registered with access {:#x}, not {:#x}",
+                e.access, access
+            )));
+        }
+        let start = if self.mode & FI_MR_VIRT_ADDR != 0 {
+            (addr as usize).wrapping_sub(e.addr)
+        } else {
+            addr.wrapping_sub(e.offset) as usize
+        };
+        if start > e.len || len > e.len - start {
+            return Err(Error::Access(format!(
+                "range {addr:#x}+{len} is outside key {key:#x}'s {} bytes",
+                e.len
+            )));
+        }
+        Ok(e.addr + start)
+    }
+}
+
+/// `fid_mr`: a registration, removed from the domain's map when dropped.
+pub struct MemoryRegion {
+    key: u64,
+    attr: MrAttr,
+    map: Weak<MrMap>,
+}
+
+impl MemoryRegion {
+    /// Registers `attr` in `map`.
+    pub fn register(map: &Arc<MrMap>, attr: &MrAttr) -> Result<Self> {
+        let key = map.insert(attr)?;
+        Ok(MemoryRegion {
+            key,
+            attr: attr.clone(),
+            map: Arc::downgrade(map),
+        })
+    }
+
+    /// `fi_mr_key`.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// `fi_mr_desc`.
+    pub fn desc(&self) -> MrDesc {
+        MrDesc(self.key)
+    }
+
+    /// The registered range and access.
+    pub fn attr(&self) -> &MrAttr {
+        &self.attr
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        if let Some(m) = self.map.upgrade() {
+            m.remove(self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_keys_are_unique_and_access_is_checked() {
+        let map = Arc::new(MrMap::new(FI_MR_VIRT_ADDR));
+        let buf = vec![0u8; 64];
+        let attr = MrAttr {
+            addr: buf.as_ptr() as usize,
+            len: 64,
+            access: FI_REMOTE_READ,
+            requested_key: 42,
+            ..Default::default()
+        };
+        let mr = MemoryRegion::register(&map, &attr).unwrap();
+        assert_eq!(mr.key(), 42);
+        assert!(matches!(
+            MemoryRegion::register(&map, &attr),
+            Err(Error::NoKey(_))
+        ));
+        let base = buf.as_ptr() as u64;
+        assert_eq!(
+            map.check(42, base + 8, 8, FI_REMOTE_READ),
+            Ok(buf.as_ptr() as usize + 8)
+        );
+        assert!(matches!(
+            map.check(42, base, 8, FI_REMOTE_WRITE),
+            Err(Error::Access(_))
+        ));
+        assert!(matches!(
+            map.check(42, base + 60, 8, FI_REMOTE_READ),
+            Err(Error::Access(_))
+        ));
+        assert!(matches!(
+            map.check(7, base, 8, FI_REMOTE_READ),
+            Err(Error::Access(_))
+        ));
+        drop(mr);
+        assert!(map.check(42, base, 8, FI_REMOTE_READ).is_err());
+    }
+
+    #[test]
+    fn provider_keys_and_offsets() {
+        let map = Arc::new(MrMap::new(FI_MR_PROV_KEY));
+        let a = MemoryRegion::register(
+            &map,
+            &MrAttr {
+                addr: 0x1000,
+                len: 16,
+                access: FI_REMOTE_WRITE,
+                offset: 100,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(map.check(a.key(), 104, 4, FI_REMOTE_WRITE), Ok(0x1004));
+    }
+}

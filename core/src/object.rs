@@ -1,0 +1,291 @@
+//! Fabric and domain, and the traits a provider implements to plug into them. A provider says
+//! what it offers (`Provider::info`), opens its domain state (`DomainOps`) and its endpoints
+//! (`EndpointOps`); queues, counters, AVs, MRs, event queues and auto progress come from here.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::av::{AddrFormat, AddressVector, AvAttr};
+use crate::cntr::{CntrAttr, Counter};
+use crate::consts::*;
+use crate::cq::{CompletionQueue, CqAttr};
+use crate::ep::{Endpoint, EndpointOps, EpCore};
+use crate::eq::{EqAttr, EventQueue};
+use crate::error::{Error, Result};
+use crate::info::{FabricAttr, Info};
+use crate::mr::{MemoryRegion, MrAttr, MrMap};
+use crate::wait::{ProgressList, WaitAttr, WaitSet};
+
+/// A provider: a transport and the description of what it can do.
+pub trait Provider: Send + Sync + 'static {
+    /// Short name (`shm`).
+    fn name(&self) -> &'static str;
+    /// Provider version, `FI_VERSION(major, minor)`.
+    fn version(&self) -> u32;
+    /// Everything it offers, most capable first.
+    fn info(&self) -> Vec<Info>;
+    /// `fi_getinfo` for this provider: its descriptions narrowed to the hints.
+    fn getinfo(
+        &self,
+        node: Option<&str>,
+        service: Option<&str>,
+        flags: u64,
+        hints: &Info,
+    ) -> Result<Vec<Info>> {
+        let _ = (node, service, flags);
+        let mut out = Vec::new();
+        let mut why = None;
+        for i in self.info() {
+            match i.fit(hints) {
+                Ok(i) => out.push(i),
+                Err(e) => why = why.or(Some(e)),
+            }
+        }
+        if out.is_empty() {
+            return Err(why.unwrap_or_else(|| {
+                Error::NoData(format!("provider {}: nothing offered", self.name()))
+            }));
+        }
+        Ok(out)
+    }
+    /// Opens the provider's per-domain state.
+    fn domain(&self, info: &Info) -> Result<Arc<dyn DomainOps>>;
+}
+
+/// A provider's per-domain state.
+pub trait DomainOps: Send + Sync {
+    /// How this provider's addresses are checked and printed.
+    fn addr_format(&self) -> Arc<dyn AddrFormat>;
+    /// Opens the transport half of an endpoint.
+    fn endpoint(&self, info: &Info, core: Arc<EpCore>) -> Result<Arc<dyn EndpointOps>>;
+}
+
+/// `fid_fabric`.
+#[derive(Clone)]
+pub struct Fabric {
+    inner: Arc<FabricInner>,
+}
+
+struct FabricInner {
+    attr: FabricAttr,
+    prov: Arc<dyn Provider>,
+}
+
+impl Fabric {
+    /// `fi_fabric`: opens the fabric described by `attr` on `prov`.
+    pub fn open(prov: Arc<dyn Provider>, attr: &FabricAttr) -> Result<Self> {
+        if let Some(p) = attr.prov_name.as_deref() {
+            if p != prov.name() {
+                return Err(Error::Inval(format!(
+                    "fabric: attributes name provider {p:?}, opened on {:?}",
+                    prov.name()
+                )));
+            }
+        }
+        let mut attr = attr.clone();
+        attr.prov_name = Some(prov.name().to_string());
+        attr.prov_version = prov.version();
+        Ok(Fabric {
+            inner: Arc::new(FabricInner { attr, prov }),
+        })
+    }
+
+    /// The fabric's attributes.
+    pub fn attr(&self) -> &FabricAttr {
+        &self.inner.attr
+    }
+
+    /// `fi_domain`.
+    pub fn domain(&self, info: &Info) -> Result<Domain> {
+        if info.provider() != self.inner.prov.name() {
+            return Err(Error::Inval(format!(
+                "domain: info is for provider {:?}, fabric is {:?}",
+                info.provider(),
+                self.inner.prov.name()
+            )));
+        }
+        let ops = self.inner.prov.domain(info)?;
+        let progress = Arc::new(ProgressList::default());
+        let auto = if info.domain_attr.data_progress == Progress::Auto {
+            Some(AutoProgress::start(Arc::downgrade(&progress)))
+        } else {
+            None
+        };
+        Ok(Domain {
+            inner: Arc::new(DomainInner {
+                fabric: self.clone(),
+                info: info.clone(),
+                ops,
+                mr: Arc::new(MrMap::new(info.domain_attr.mr_mode)),
+                progress,
+                _auto: auto,
+            }),
+        })
+    }
+
+    /// `fi_eq_open`.
+    pub fn eq_open(&self, attr: &EqAttr) -> Result<EventQueue> {
+        EventQueue::open(attr)
+    }
+
+    /// `fi_wait_open`.
+    pub fn wait_open(&self, attr: &WaitAttr) -> Result<WaitSet> {
+        WaitSet::open(attr)
+    }
+}
+
+/// `fid_domain`.
+#[derive(Clone)]
+pub struct Domain {
+    inner: Arc<DomainInner>,
+}
+
+struct DomainInner {
+    fabric: Fabric,
+    info: Info,
+    ops: Arc<dyn DomainOps>,
+    mr: Arc<MrMap>,
+    progress: Arc<ProgressList>,
+    _auto: Option<AutoProgress>,
+}
+
+impl Domain {
+    /// The fabric this domain belongs to.
+    pub fn fabric(&self) -> &Fabric {
+        &self.inner.fabric
+    }
+
+    /// The info the domain was opened with.
+    pub fn info(&self) -> &Info {
+        &self.inner.info
+    }
+
+    /// `fi_cq_open`.
+    pub fn cq_open(&self, attr: &CqAttr) -> Result<CompletionQueue> {
+        CompletionQueue::open(attr)
+    }
+
+    /// `fi_cntr_open`.
+    pub fn cntr_open(&self, attr: &CntrAttr) -> Result<Counter> {
+        Counter::open(attr)
+    }
+
+    /// `fi_av_open`.
+    pub fn av_open(&self, attr: &AvAttr) -> Result<AddressVector> {
+        let mut attr = attr.clone();
+        if attr.av_type == AvType::Unspec {
+            attr.av_type = self.inner.info.domain_attr.av_type;
+        }
+        AddressVector::open(&attr, self.inner.ops.addr_format())
+    }
+
+    /// `fi_mr_regattr` for host memory.
+    ///
+    /// # Safety
+    /// The range must stay valid memory for as long as the region is registered, because peers
+    /// given its key may read or write it (per its access flags) at any time until then.
+    pub unsafe fn mr_regattr(&self, attr: &MrAttr, flags: u64) -> Result<MemoryRegion> {
+        if flags != 0 {
+            return Err(Error::BadFlags(format!(
+                "mr_regattr: flags {flags:#x}; none are supported"
+            )));
+        }
+        MemoryRegion::register(&self.inner.mr, attr)
+    }
+
+    /// `fi_mr_reg` for a buffer.
+    ///
+    /// # Safety
+    /// As `mr_regattr`: `buf` must outlive the registration.
+    pub unsafe fn mr_reg(
+        &self,
+        buf: &[u8],
+        access: u64,
+        offset: u64,
+        requested_key: u64,
+    ) -> Result<MemoryRegion> {
+        let attr = MrAttr {
+            addr: buf.as_ptr() as usize,
+            len: buf.len(),
+            access,
+            offset,
+            requested_key,
+            context: 0,
+        };
+        // SAFETY: forwarded contract.
+        unsafe { self.mr_regattr(&attr, 0) }
+    }
+
+    /// The domain's key map, for providers checking remote access.
+    pub fn mr_map(&self) -> &Arc<MrMap> {
+        &self.inner.mr
+    }
+
+    /// `fi_endpoint`: an endpoint opened from `info` (an entry getinfo returned).
+    pub fn endpoint(&self, info: &Info) -> Result<Endpoint> {
+        let dom = &self.inner.info;
+        if info.provider() != dom.provider() {
+            return Err(Error::Inval(format!(
+                "endpoint: info is for provider {:?}, domain is {:?}",
+                info.provider(),
+                dom.provider()
+            )));
+        }
+        if info.ep_attr.ep_type != EpType::Rdm && info.ep_attr.ep_type != EpType::Unspec {
+            return Err(Error::OpNotSupp(format!(
+                "endpoint: type {} (only FI_EP_RDM)",
+                info.ep_attr.ep_type.c_name()
+            )));
+        }
+        let core = Arc::new(EpCore::new(info));
+        let ops = self.inner.ops.endpoint(info, core.clone())?;
+        Ok(Endpoint::new(core, ops, self.inner.progress.clone()))
+    }
+}
+
+/// The auto-progress thread of a domain: drives every enabled endpoint, spinning briefly after
+/// work, then yielding, then sleeping on the provider's doorbell so an idle process costs nothing.
+struct AutoProgress {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl AutoProgress {
+    fn start(list: Weak<ProgressList>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("xfabric-progress".into())
+            .spawn(move || {
+                let mut idle = 0u32;
+                while !s.load(Ordering::Acquire) {
+                    let Some(l) = list.upgrade() else { break };
+                    if l.run() > 0 {
+                        idle = 0;
+                        continue;
+                    }
+                    idle += 1;
+                    if idle < 2048 {
+                        std::hint::spin_loop();
+                    } else if idle < 2048 + 64 {
+                        std::thread::yield_now();
+                    } else {
+                        l.idle_wait(Duration::from_millis(10));
+                    }
+                }
+            })
+            .ok();
+        AutoProgress { stop, handle }
+    }
+}
+
+impl Drop for AutoProgress {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}

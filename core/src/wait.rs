@@ -1,0 +1,238 @@
+//! Waiting: the progress hook objects expose, timeouts in libfabric's milliseconds, wait sets,
+//! and the eventfd behind `FI_WAIT_FD`.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use crate::consts::WaitObj;
+use crate::error::{Error, Result};
+
+/// Something that moves data when asked: an endpoint under manual progress. Queues and counters
+/// hold these (weakly) so that reading them drives the endpoints bound to them.
+pub trait Progress: Send + Sync {
+    /// Do whatever work is ready without blocking; returns how many events were handled.
+    fn progress(&self) -> usize;
+    /// Block for at most `timeout` until there may be work (a peer posted something). The
+    /// default yields; a provider with a cross-process doorbell sleeps on it.
+    fn idle_wait(&self, timeout: Duration) {
+        let _ = timeout;
+        std::thread::yield_now();
+    }
+}
+
+/// The endpoints (or other progress sources) that a queue, counter or domain drives.
+#[derive(Default)]
+pub struct ProgressList {
+    sources: std::sync::RwLock<Vec<Weak<dyn Progress>>>,
+}
+
+impl ProgressList {
+    /// Adds a source.
+    pub fn add(&self, p: Weak<dyn Progress>) {
+        let mut v = self.sources.write().unwrap_or_else(|e| e.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        if !v.iter().any(|w| w.ptr_eq(&p)) {
+            v.push(p);
+        }
+    }
+
+    /// Removes a source.
+    pub fn remove(&self, p: &Weak<dyn Progress>) {
+        let mut v = self.sources.write().unwrap_or_else(|e| e.into_inner());
+        v.retain(|w| !w.ptr_eq(p) && w.strong_count() > 0);
+    }
+
+    /// Drives every live source once.
+    pub fn run(&self) -> usize {
+        let v = self.sources.read().unwrap_or_else(|e| e.into_inner());
+        let mut n = 0;
+        for w in v.iter() {
+            if let Some(p) = w.upgrade() {
+                n += p.progress();
+            }
+        }
+        n
+    }
+
+    /// Sleeps until a source may have work, at most `timeout`.
+    pub fn idle_wait(&self, timeout: Duration) {
+        // One source: sleep on its doorbell for the whole timeout. Several: on the first's for
+        // at most a millisecond, so the others are looked at again soon. None: just sleep.
+        let (first, many) = {
+            let v = self.sources.read().unwrap_or_else(|e| e.into_inner());
+            (v.iter().find_map(|w| w.upgrade()), v.len() > 1)
+        };
+        match first {
+            Some(p) if many => p.idle_wait(timeout.min(Duration::from_millis(1))),
+            Some(p) => p.idle_wait(timeout),
+            None => std::thread::sleep(timeout.min(Duration::from_millis(1))),
+        }
+    }
+
+    /// Number of live sources.
+    pub fn len(&self) -> usize {
+        let v = self.sources.read().unwrap_or_else(|e| e.into_inner());
+        v.iter().filter(|w| w.strong_count() > 0).count()
+    }
+
+    /// True when no live source is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A libfabric timeout in milliseconds (negative: wait forever) as a deadline.
+pub fn deadline(timeout_ms: i32) -> Option<Instant> {
+    if timeout_ms < 0 {
+        None
+    } else {
+        Some(Instant::now() + Duration::from_millis(timeout_ms as u64))
+    }
+}
+
+/// Time left until `deadline`, capped at `cap`; `None` once it has passed.
+pub fn remaining(deadline: Option<Instant>, cap: Duration) -> Option<Duration> {
+    match deadline {
+        None => Some(cap),
+        Some(d) => {
+            let now = Instant::now();
+            if now >= d {
+                None
+            } else {
+                Some((d - now).min(cap))
+            }
+        }
+    }
+}
+
+/// An eventfd, for `FI_WAIT_FD`: signaled on each new event so the fd can be put in an epoll set.
+#[derive(Debug)]
+pub struct EventFd(OwnedFd);
+
+impl EventFd {
+    /// Creates a non-blocking eventfd.
+    pub fn new() -> Result<Self> {
+        // SAFETY: eventfd has no pointer arguments; a negative return is checked below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::last_os("eventfd"));
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Makes the fd readable.
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our own fd; failure (counter full) is harmless.
+        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Clears the readable state.
+    pub fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64 from our own non-blocking fd.
+        unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+
+    /// The raw descriptor, for poll/epoll.
+    pub fn raw(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Something a wait set watches: it says whether it has events ready.
+pub trait Waitable: Send + Sync {
+    /// True when a read would return something (an entry, an error, a counter change).
+    fn ready(&self) -> bool;
+    /// Drives the progress sources behind it.
+    fn drive(&self);
+}
+
+/// `fid_wait`: one place to block until any of several queues or counters has events.
+#[derive(Clone)]
+pub struct WaitSet {
+    inner: Arc<WaitSetInner>,
+}
+
+pub(crate) struct WaitSetInner {
+    lock: Mutex<u64>,
+    cond: Condvar,
+    members: Mutex<Vec<Weak<dyn Waitable>>>,
+}
+
+/// Attributes of a wait set (`struct fi_wait_attr`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WaitAttr {
+    /// The kind of wait object; `Unspec` and `MutexCond` are supported.
+    pub wait_obj: WaitObj,
+    /// Reserved; must be 0.
+    pub flags: u64,
+}
+
+impl WaitSet {
+    /// `fi_wait_open`.
+    pub fn open(attr: &WaitAttr) -> Result<Self> {
+        if attr.flags != 0 {
+            return Err(Error::BadFlags(format!(
+                "wait set flags must be 0, got {:#x}",
+                attr.flags
+            )));
+        }
+        match attr.wait_obj {
+            WaitObj::None | WaitObj::Unspec | WaitObj::MutexCond | WaitObj::Yield => {}
+            other => return Err(Error::OpNotSupp(format!(
+                "wait set of kind {}: only FI_WAIT_UNSPEC, FI_WAIT_MUTEX_COND and FI_WAIT_YIELD",
+                other.c_name()
+            ))),
+        }
+        Ok(WaitSet {
+            inner: Arc::new(WaitSetInner {
+                lock: Mutex::new(0),
+                cond: Condvar::new(),
+                members: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    pub(crate) fn add(&self, w: Weak<dyn Waitable>) {
+        self.inner
+            .members
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(w);
+    }
+
+    pub(crate) fn signal(&self) {
+        let mut g = self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
+        *g += 1;
+        self.inner.cond.notify_all();
+    }
+
+    /// `fi_wait`: returns once any member has events, or `TimedOut` (timeout in ms, -1 forever).
+    pub fn wait(&self, timeout_ms: i32) -> Result<()> {
+        let dl = deadline(timeout_ms);
+        loop {
+            let members: Vec<Arc<dyn Waitable>> = self
+                .inner
+                .members
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .filter_map(|w| w.upgrade())
+                .collect();
+            for m in &members {
+                m.drive();
+            }
+            if members.iter().any(|m| m.ready()) {
+                return Ok(());
+            }
+            let Some(left) = remaining(dl, Duration::from_millis(1)) else {
+                return Err(Error::TimedOut("fi_wait"));
+            };
+            let g = self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = self.inner.cond.wait_timeout(g, left);
+        }
+    }
+}
