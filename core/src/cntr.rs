@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::consts::{CntrEvents, WaitObj};
 use crate::error::{Error, Result};
-use crate::wait::{deadline, remaining, Progress, ProgressList, WaitSet, Waitable};
+use crate::wait::{deadline, remaining, ProgressList, ProgressSource, WaitSet, Waitable};
 
 /// `struct fi_cntr_attr`.
 #[derive(Clone, Default)]
@@ -185,13 +185,13 @@ impl Counter {
 
 impl CntrInner {
     /// Registers an endpoint's progress hook and counts the binding.
-    pub fn bind(&self, p: Weak<dyn Progress>) {
+    pub fn bind(&self, p: Weak<dyn ProgressSource>) {
         self.progress.add(p);
         self.bound.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Undoes `bind`.
-    pub fn unbind(&self, p: &Weak<dyn Progress>) {
+    pub fn unbind(&self, p: &Weak<dyn ProgressSource>) {
         self.progress.remove(p);
         self.bound.fetch_sub(1, Ordering::AcqRel);
     }

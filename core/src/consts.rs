@@ -411,6 +411,15 @@ pub fn caps_str(caps: u64) -> String {
     parts.join(" | ")
 }
 
+/// The bit libfabric names `name` (`"FI_TAGGED"`) in `caps_str`'s table; the inverse of
+/// `caps_str` for one name.
+pub fn cap_from_str(name: &str) -> Option<u64> {
+    CAP_NAMES
+        .iter()
+        .find(|&&(_, n)| n == name)
+        .map(|&(bit, _)| bit)
+}
+
 const MODE_NAMES: &[(u64, &str)] = &[
     (FI_CONTEXT, "FI_CONTEXT"),
     (FI_MSG_PREFIX, "FI_MSG_PREFIX"),

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::consts::*;
 use crate::entry::*;
 use crate::error::{Error, Result};
-use crate::wait::{deadline, remaining, EventFd, Progress, ProgressList, WaitSet, Waitable};
+use crate::wait::{deadline, remaining, EventFd, ProgressList, ProgressSource, WaitSet, Waitable};
 
 /// Default number of entries when `CqAttr::size` is 0.
 pub const DEFAULT_CQ_SIZE: usize = 1024;
@@ -367,13 +367,13 @@ impl CqInner {
     }
 
     /// Registers an endpoint's progress hook and counts the binding.
-    pub fn bind(&self, p: Weak<dyn Progress>) {
+    pub fn bind(&self, p: Weak<dyn ProgressSource>) {
         self.progress.add(p);
         self.bound.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Undoes `bind` when the endpoint closes.
-    pub fn unbind(&self, p: &Weak<dyn Progress>) {
+    pub fn unbind(&self, p: &Weak<dyn ProgressSource>) {
         self.progress.remove(p);
         self.bound.fetch_sub(1, Ordering::AcqRel);
     }

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::info::Info;
 use crate::mr::MrDesc;
 use crate::rxq::{IovList, PostedRecv, RawIov, RecvSlot, IOV_LIMIT};
-use crate::wait::{Progress, ProgressList};
+use crate::wait::{ProgressList, ProgressSource};
 
 /// Counter classes an endpoint can bind (`fi_ep_bind` flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,7 +74,7 @@ pub struct TxOp {
 }
 
 /// The provider's half of an endpoint: moving bytes. Everything else is `Endpoint`'s.
-pub trait EndpointOps: Progress {
+pub trait EndpointOps: ProgressSource {
     /// Called once bindings are frozen; the provider may now use `EpCore::bound`.
     fn enable(&self) -> Result<()>;
     /// The endpoint's address (`fi_getname`).
@@ -366,7 +366,7 @@ const TRECV_FLAGS: u64 = FI_COMPLETION | FI_MORE | FI_PEEK | FI_CLAIM | FI_DISCA
 pub struct Endpoint {
     core: Arc<EpCore>,
     ops: Arc<dyn EndpointOps>,
-    progress_reg: Weak<dyn Progress>,
+    progress_reg: Weak<dyn ProgressSource>,
     domain_progress: Arc<ProgressList>,
     enabled: AtomicBool,
     closed: AtomicBool,
@@ -379,7 +379,7 @@ impl Endpoint {
         ops: Arc<dyn EndpointOps>,
         domain_progress: Arc<ProgressList>,
     ) -> Self {
-        let as_progress: Arc<dyn Progress> = ops.clone();
+        let as_progress: Arc<dyn ProgressSource> = ops.clone();
         Endpoint {
             core,
             progress_reg: Arc::downgrade(&as_progress),

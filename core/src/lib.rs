@@ -29,4 +29,4 @@ pub use info::{DomainAttr, EpAttr, FabricAttr, Info, RxAttr, TxAttr};
 pub use mr::{MemoryRegion, MrAttr, MrDesc};
 pub use object::{Domain, DomainOps, Fabric, Provider};
 pub use rxq::{IovList, RawIov};
-pub use wait::{Progress, WaitAttr, WaitSet};
+pub use wait::{ProgressSource, WaitAttr, WaitSet};

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 
 /// Something that moves data when asked: an endpoint under manual progress. Queues and counters
 /// hold these (weakly) so that reading them drives the endpoints bound to them.
-pub trait Progress: Send + Sync {
+pub trait ProgressSource: Send + Sync {
     /// Do whatever work is ready without blocking; returns how many events were handled.
     fn progress(&self) -> usize;
     /// Block for at most `timeout` until there may be work (a peer posted something). The
@@ -24,12 +24,12 @@ pub trait Progress: Send + Sync {
 /// The endpoints (or other progress sources) that a queue, counter or domain drives.
 #[derive(Default)]
 pub struct ProgressList {
-    sources: std::sync::RwLock<Vec<Weak<dyn Progress>>>,
+    sources: std::sync::RwLock<Vec<Weak<dyn ProgressSource>>>,
 }
 
 impl ProgressList {
     /// Adds a source.
-    pub fn add(&self, p: Weak<dyn Progress>) {
+    pub fn add(&self, p: Weak<dyn ProgressSource>) {
         let mut v = self.sources.write().unwrap_or_else(|e| e.into_inner());
         v.retain(|w| w.strong_count() > 0);
         if !v.iter().any(|w| w.ptr_eq(&p)) {
@@ -38,7 +38,7 @@ impl ProgressList {
     }
 
     /// Removes a source.
-    pub fn remove(&self, p: &Weak<dyn Progress>) {
+    pub fn remove(&self, p: &Weak<dyn ProgressSource>) {
         let mut v = self.sources.write().unwrap_or_else(|e| e.into_inner());
         v.retain(|w| !w.ptr_eq(p) && w.strong_count() > 0);
     }
@@ -182,10 +182,12 @@ impl WaitSet {
         }
         match attr.wait_obj {
             WaitObj::None | WaitObj::Unspec | WaitObj::MutexCond | WaitObj::Yield => {}
-            other => return Err(Error::OpNotSupp(format!(
+            other => {
+                return Err(Error::OpNotSupp(format!(
                 "wait set of kind {}: only FI_WAIT_UNSPEC, FI_WAIT_MUTEX_COND and FI_WAIT_YIELD",
                 other.c_name()
-            ))),
+            )))
+            }
         }
         Ok(WaitSet {
             inner: Arc::new(WaitSetInner {

@@ -1,1 +1,13 @@
+//! xfabric-providers: transports that plug into xfabric-core. Each moves bytes and nothing
+//! else; queues, counters, matching and addressing are core's.
 
+use std::sync::Arc;
+
+use xfabric_core::Provider;
+
+pub mod shm;
+
+/// Every provider this build has, in preference order.
+pub fn all() -> Vec<Arc<dyn Provider>> {
+    vec![Arc::new(shm::Shm)]
+}

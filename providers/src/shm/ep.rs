@@ -1,0 +1,1260 @@
+//! The shm endpoint: moves messages between processes through the rings in `ring`, and large
+//! messages by cross-memory attach or by fragments through the ring. Matching, completions and
+//! counters are core's (`RecvQueue`, `EpCore`); this file is transport and its bookkeeping.
+//!
+//! Protocols (per message):
+//! - eager (<= `EAGER_MAX`): data inline in the ring; the send completes when written, or on
+//!   the receiver's ACK for delivery/match complete.
+//! - rendezvous (larger): RTS carries the sender's pid and iov; on a match the receiver copies
+//!   with `process_vm_readv` and ACKs. Where the kernel refuses, the receiver answers CTS and the
+//!   sender streams DATA fragments through the ring; the receiver ACKs after the last one.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use slab::Slab;
+use xfabric_core::consts::errno::*;
+use xfabric_core::consts::*;
+use xfabric_core::ep::TxOp;
+use xfabric_core::rxq::{PostResult, PostedRecv, RecvQueue, RecvSlot, Unexpected};
+use xfabric_core::{
+    Context, EndpointOps, EpCore, Error, FiAddr, IovList, ProgressSource, RawIov, Result,
+};
+
+use super::cma::{self, CmaResult, CmaState};
+use super::ring::{self, flag, kind, Consumer, Header, Producer, LANES};
+use super::segment::Segment;
+use super::ADDR_PREFIX;
+
+/// Largest message sent inline through the ring.
+pub const EAGER_MAX: usize = 8192;
+/// Largest inject (copied into the ring during the call).
+pub const INJECT_SIZE: usize = 4096;
+/// Fragment size of the pipelined large-message path.
+pub const FRAG: usize = 16384;
+/// Messages handled per lane per progress call, so one busy sender cannot starve the rest.
+const BATCH: usize = 16;
+/// How often to look for dead peers while work is outstanding.
+const SWEEP_EVERY: Duration = Duration::from_millis(20);
+
+struct Peer {
+    name: String,
+    seg: Segment,
+    /// Our lane in the peer's segment, claimed on first use.
+    prod: Option<Producer>,
+    /// The peer's lane in our segment.
+    rx_lane: Option<usize>,
+    src: FiAddr,
+    src_gen: u64,
+    /// Control messages (ACK, CTS) waiting for ring space, in order.
+    backlog: VecDeque<(Header, Vec<u8>)>,
+    dead: bool,
+    last_check: Option<Instant>,
+}
+
+enum Payload {
+    Eager {
+        bytes: Vec<u8>,
+        ack_on_match: Option<u32>,
+        peer: usize,
+    },
+    Rndv(Rndv),
+}
+
+#[derive(Clone, Debug)]
+struct Rndv {
+    peer: usize,
+    tx_id: u32,
+    len: usize,
+    pid: i32,
+    iov: Vec<RawIov>,
+}
+
+struct TxReq {
+    ctx: Context,
+    flags: u64,
+    iov: IovList,
+    len: usize,
+    peer: usize,
+    /// Pipelined: the receiver's id and the bytes sent so far.
+    stream: Option<(u32, usize)>,
+}
+
+struct RxPipe {
+    slot: RecvSlot,
+    peer: usize,
+    tx_id: u32,
+    total: usize,
+    got: usize,
+    tag: u64,
+    data: Option<u64>,
+    src: FiAddr,
+}
+
+/// Completion work gathered under the lock and reported after it is released, so that a
+/// completion's observers (counters triggering operations) may post to this endpoint.
+enum Done {
+    Tx {
+        ctx: Context,
+        flags: u64,
+    },
+    TxErr {
+        ctx: Context,
+        flags: u64,
+        err: i32,
+    },
+    Rx {
+        slot: RecvSlot,
+        len: usize,
+        olen: usize,
+        tag: u64,
+        data: Option<u64>,
+        src: FiAddr,
+        raw: Option<String>,
+    },
+    RxErr {
+        ctx: Context,
+        flags: u64,
+        tag: u64,
+        err: i32,
+    },
+    Peek {
+        ctx: Context,
+        len: usize,
+        tag: u64,
+        data: Option<u64>,
+        src: FiAddr,
+    },
+}
+
+struct State {
+    rxq: RecvQueue<Payload>,
+    peers: Vec<Peer>,
+    by_name: HashMap<String, usize>,
+    av_cache: Vec<Option<usize>>,
+    av_gen: u64,
+    lane_peer: [Option<usize>; LANES],
+    cons: [Consumer; LANES],
+    known_active: u64,
+    tx: Slab<TxReq>,
+    rxp: Slab<RxPipe>,
+    streaming: Vec<u32>,
+    done: Vec<Done>,
+    ticks: u32,
+    last_sweep: Instant,
+    closed: bool,
+}
+
+/// An shm endpoint.
+pub struct ShmEndpoint {
+    core: Arc<EpCore>,
+    seg: Segment,
+    id: u64,
+    name: String,
+    cma: CmaState,
+    st: Mutex<State>,
+}
+
+fn ident(name: &str) -> u64 {
+    // FNV-1a: a lane-claim id that is unique per segment name and never 0.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h | 1
+}
+
+impl ShmEndpoint {
+    /// Creates the endpoint's segment.
+    pub fn open(core: Arc<EpCore>) -> Result<Arc<Self>> {
+        let name = super::segment::fresh_name();
+        let seg = Segment::create(&name, ring::SEG_BYTES)?;
+        ring::init_header(&seg);
+        let directed = core.caps & FI_DIRECTED_RECV != 0;
+        Ok(Arc::new(ShmEndpoint {
+            core,
+            id: ident(&name),
+            name,
+            seg,
+            cma: CmaState::new(),
+            st: Mutex::new(State {
+                rxq: RecvQueue::new(directed),
+                peers: Vec::new(),
+                by_name: HashMap::new(),
+                av_cache: Vec::new(),
+                av_gen: u64::MAX,
+                lane_peer: [None; LANES],
+                cons: [Consumer::default(); LANES],
+                known_active: 0,
+                tx: Slab::new(),
+                rxp: Slab::new(),
+                streaming: Vec::new(),
+                done: Vec::new(),
+                ticks: 0,
+                last_sweep: Instant::now(),
+                closed: false,
+            }),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reports gathered completions after the lock is released, then hands the buffer back.
+    fn finish(&self, mut st: MutexGuard<'_, State>) {
+        if st.done.is_empty() {
+            return;
+        }
+        let mut done = std::mem::take(&mut st.done);
+        drop(st);
+        for d in done.drain(..) {
+            match d {
+                Done::Tx { ctx, flags } => self.core.complete_tx(ctx, flags),
+                Done::TxErr { ctx, flags, err } => self.core.fail_tx(ctx, flags, err),
+                Done::Rx {
+                    slot,
+                    len,
+                    olen,
+                    tag,
+                    data,
+                    src,
+                    raw,
+                } => self.core.complete_rx(&slot, len, olen, tag, data, src, || {
+                    raw.unwrap_or_default().into_bytes()
+                }),
+                Done::RxErr {
+                    ctx,
+                    flags,
+                    tag,
+                    err,
+                } => self.core.fail_rx(ctx, flags, tag, err),
+                Done::Peek {
+                    ctx,
+                    len,
+                    tag,
+                    data,
+                    src,
+                } => self.core.complete_peek(ctx, len, tag, data, src),
+            }
+        }
+        if let Ok(mut st) = self.st.try_lock() {
+            if st.done.is_empty() {
+                st.done = done;
+            }
+        }
+    }
+
+    /// Rings the peer's doorbell if one of its threads sleeps waiting for messages.
+    fn wake(seg: &Segment) {
+        fence(Ordering::SeqCst);
+        if ring::sleeping(seg).load(Ordering::Relaxed) != 0 {
+            let db = ring::doorbell(seg);
+            db.fetch_add(1, Ordering::SeqCst);
+            futex_wake(db);
+        }
+    }
+
+    /// The peer an `fi_addr_t` names, mapping its segment on first use.
+    fn peer_for(&self, st: &mut State, dest: FiAddr) -> Result<usize> {
+        let b = self
+            .core
+            .bound()
+            .ok_or_else(|| Error::OpBadState("endpoint is not enabled".into()))?;
+        let av =
+            b.av.as_ref()
+                .ok_or_else(|| Error::NoAv("no address vector bound".into()))?;
+        let idx = av.decode(dest).ok_or_else(|| {
+            Error::Inval(format!(
+                "destination {dest:#x} is not an address of the bound AV"
+            ))
+        })?;
+        let gen = av.generation();
+        if gen != st.av_gen {
+            st.av_cache.clear();
+            st.av_gen = gen;
+        }
+        if let Some(Some(p)) = st.av_cache.get(idx) {
+            let p = *p;
+            if st.peers[p].dead {
+                return Err(Error::PeerLost(format!(
+                    "peer {} is gone",
+                    st.peers[p].name
+                )));
+            }
+            return Ok(p);
+        }
+        let raw = av
+            .name(dest)
+            .ok_or_else(|| Error::Inval(format!("destination {dest:#x} is not in the AV")))?;
+        let name = seg_name(&raw)?;
+        let p = self.peer_by_name(st, &name)?;
+        if st.av_cache.len() <= idx {
+            st.av_cache.resize(idx + 1, None);
+        }
+        st.av_cache[idx] = Some(p);
+        Ok(p)
+    }
+
+    fn peer_by_name(&self, st: &mut State, name: &str) -> Result<usize> {
+        if let Some(&p) = st.by_name.get(name) {
+            return Ok(p);
+        }
+        // Sending to ourselves maps our own segment a second time; that is fine.
+        let seg = Segment::open(name)?;
+        if !ring::check_header(&seg) {
+            return Err(Error::PeerLost(format!(
+                "segment {name} is not an xfabric shm endpoint"
+            )));
+        }
+        st.peers.push(Peer {
+            name: name.to_string(),
+            seg,
+            prod: None,
+            rx_lane: None,
+            src: FI_ADDR_NOTAVAIL,
+            src_gen: u64::MAX,
+            backlog: VecDeque::new(),
+            dead: false,
+            last_check: None,
+        });
+        let p = st.peers.len() - 1;
+        st.by_name.insert(name.to_string(), p);
+        Ok(p)
+    }
+
+    /// The source `fi_addr_t` of peer `p` (reverse AV lookup, cached per AV generation).
+    fn src_of(&self, st: &mut State, p: usize) -> FiAddr {
+        let Some(av) = self.core.bound().and_then(|b| b.av.as_ref()) else {
+            return FI_ADDR_NOTAVAIL;
+        };
+        let gen = av.generation();
+        let peer = &mut st.peers[p];
+        if peer.src_gen != gen {
+            peer.src = av
+                .reverse(format!("{ADDR_PREFIX}{}", peer.name).as_bytes())
+                .unwrap_or(FI_ADDR_NOTAVAIL);
+            peer.src_gen = gen;
+        }
+        peer.src
+    }
+
+    fn raw_src(&self, st: &State, p: usize, src: FiAddr) -> Option<String> {
+        (src == FI_ADDR_NOTAVAIL && self.core.caps & FI_SOURCE_ERR != 0)
+            .then(|| format!("{ADDR_PREFIX}{}", st.peers[p].name))
+    }
+
+    /// Makes sure we own a lane in peer `p`'s segment.
+    fn ensure_lane(&self, st: &mut State, p: usize) -> Result<()> {
+        let peer = &mut st.peers[p];
+        if peer.prod.is_some() {
+            return Ok(());
+        }
+        let lane = ring::claim_lane(&peer.seg, self.id).ok_or_else(|| {
+            Error::Busy(format!(
+                "peer {} has no free lane ({LANES} senders)",
+                peer.name
+            ))
+        })?;
+        let mut prod = Producer::new(&peer.seg, lane);
+        let me = self.name.as_bytes();
+        let h = Header {
+            kind: kind::CONNECT,
+            len: me.len() as u32,
+            ..Default::default()
+        };
+        // A freshly claimed lane is drained, so the connect message fits.
+        if !prod.write(&peer.seg, &h, me.len(), |b| b.copy_from_slice(me)) {
+            ring::release_lane(&peer.seg, lane);
+            return Err(Error::Again("shm connect"));
+        }
+        peer.prod = Some(prod);
+        Ok(())
+    }
+
+    /// `Again`, or `PeerLost` if the peer whose ring is full has died.
+    fn full(&self, st: &mut State, p: usize, what: &'static str) -> Error {
+        let peer = &mut st.peers[p];
+        let due = peer
+            .last_check
+            .is_none_or(|t| t.elapsed() >= Duration::from_millis(1));
+        if due {
+            peer.last_check = Some(Instant::now());
+            if !peer.seg.owner_alive() {
+                self.peer_died(st, p);
+                return Error::PeerLost(format!("peer {} died", st.peers[p].name));
+            }
+        }
+        Error::Again(what)
+    }
+
+    /// Sends a control message, queueing it behind earlier ones if the ring is full.
+    fn send_ctrl(&self, st: &mut State, p: usize, h: Header, payload: &[u8]) {
+        if st.peers[p].dead {
+            return;
+        }
+        if self.ensure_lane(st, p).is_err() {
+            st.peers[p].backlog.push_back((h, payload.to_vec()));
+            return;
+        }
+        let peer = &mut st.peers[p];
+        if peer.backlog.is_empty() {
+            let prod = peer.prod.as_mut().expect("lane ensured");
+            if prod.write(&peer.seg, &h, payload.len(), |b| b.copy_from_slice(payload)) {
+                Self::wake(&peer.seg);
+                return;
+            }
+        }
+        peer.backlog.push_back((h, payload.to_vec()));
+    }
+
+    fn ack(&self, st: &mut State, p: usize, tx_id: u32, status: i32) {
+        let h = Header {
+            kind: kind::ACK,
+            aux: tx_id,
+            len: status as u32,
+            ..Default::default()
+        };
+        self.send_ctrl(st, p, h, &[]);
+    }
+
+    fn flush_backlog(&self, st: &mut State, p: usize) -> bool {
+        if st.peers[p].backlog.is_empty() {
+            return true;
+        }
+        if self.ensure_lane(st, p).is_err() {
+            return false;
+        }
+        let peer = &mut st.peers[p];
+        let prod = peer.prod.as_mut().expect("lane ensured");
+        let mut sent = false;
+        while let Some((h, pl)) = peer.backlog.front() {
+            if !prod.write(&peer.seg, h, pl.len(), |b| b.copy_from_slice(pl)) {
+                break;
+            }
+            peer.backlog.pop_front();
+            sent = true;
+        }
+        if sent {
+            Self::wake(&peer.seg);
+        }
+        peer.backlog.is_empty()
+    }
+
+    fn post_send(&self, st: &mut State, op: &TxOp) -> Result<()> {
+        if st.closed {
+            return Err(Error::OpBadState("send: endpoint is closed".into()));
+        }
+        let p = self.peer_for(st, op.dest)?;
+        self.ensure_lane(st, p)?;
+        if !self.flush_backlog(st, p) {
+            return Err(self.full(st, p, "send"));
+        }
+        let len = op.iov.total();
+        let mut fl = 0u8;
+        if op.flags & FI_TAGGED != 0 {
+            fl |= flag::TAGGED;
+        }
+        if op.flags & FI_REMOTE_CQ_DATA != 0 {
+            fl |= flag::CQ_DATA;
+        }
+        if len <= EAGER_MAX || op.flags & FI_INJECT != 0 {
+            let ack = op.flags & FI_INJECT == 0
+                && op.flags & (FI_DELIVERY_COMPLETE | FI_MATCH_COMPLETE) != 0;
+            let id = if ack {
+                fl |= if op.flags & FI_MATCH_COMPLETE != 0 {
+                    flag::ACK_MATCH
+                } else {
+                    flag::ACK_DELIVERY
+                };
+                st.tx.insert(TxReq {
+                    ctx: op.ctx,
+                    flags: op.flags,
+                    iov: op.iov,
+                    len,
+                    peer: p,
+                    stream: None,
+                }) as u32
+            } else {
+                0
+            };
+            let h = Header {
+                kind: kind::EAGER,
+                flags: fl,
+                len: len as u32,
+                aux: id,
+                tag: op.tag,
+                data: op.data,
+            };
+            let peer = &mut st.peers[p];
+            let prod = peer.prod.as_mut().expect("lane ensured");
+            // SAFETY: the caller's contract keeps the iov readable during the call.
+            let ok = prod.write(&peer.seg, &h, len, |b| unsafe {
+                op.iov.copy_out(0, b);
+            });
+            if !ok {
+                if ack {
+                    st.tx.remove(id as usize);
+                }
+                return Err(self.full(st, p, "send"));
+            }
+            Self::wake(&st.peers[p].seg);
+            if !ack {
+                st.done.push(Done::Tx {
+                    ctx: op.ctx,
+                    flags: op.flags,
+                });
+            }
+            return Ok(());
+        }
+        let id = st.tx.insert(TxReq {
+            ctx: op.ctx,
+            flags: op.flags,
+            iov: op.iov,
+            len,
+            peer: p,
+            stream: None,
+        }) as u32;
+        let mut pl = Vec::with_capacity(16 + 16 * op.iov.segs().len());
+        pl.extend_from_slice(&(len as u64).to_le_bytes());
+        pl.extend_from_slice(&(std::process::id() as i32).to_le_bytes());
+        pl.extend_from_slice(&(op.iov.segs().len() as u32).to_le_bytes());
+        for s in op.iov.segs() {
+            pl.extend_from_slice(&(s.addr as u64).to_le_bytes());
+            pl.extend_from_slice(&(s.len as u64).to_le_bytes());
+        }
+        let h = Header {
+            kind: kind::RTS,
+            flags: fl,
+            len: pl.len() as u32,
+            aux: id,
+            tag: op.tag,
+            data: op.data,
+        };
+        let peer = &mut st.peers[p];
+        let prod = peer.prod.as_mut().expect("lane ensured");
+        if !prod.write(&peer.seg, &h, pl.len(), |b| b.copy_from_slice(&pl)) {
+            st.tx.remove(id as usize);
+            return Err(self.full(st, p, "send"));
+        }
+        Self::wake(&st.peers[p].seg);
+        Ok(())
+    }
+
+    /// Handles everything readable on our lanes; returns messages handled.
+    fn poll_lanes(&self, st: &mut State) -> usize {
+        let mask = ring::active(&self.seg).load(Ordering::Acquire);
+        let fresh = mask & !st.known_active;
+        if fresh != 0 {
+            for i in bits(fresh) {
+                st.cons[i] = Consumer::attach(&self.seg, i);
+                st.lane_peer[i] = None;
+            }
+        }
+        st.known_active = mask;
+        let mut n = 0;
+        for lane in bits(mask) {
+            for _ in 0..BATCH {
+                let mut c = st.cons[lane];
+                let Some(v) = c.peek(&self.seg, lane) else {
+                    st.cons[lane] = c;
+                    break;
+                };
+                let released = self.handle(st, lane, &v);
+                c.advance(&self.seg, lane, v);
+                st.cons[lane] = c;
+                n += 1;
+                if released {
+                    ring::release_lane(&self.seg, lane);
+                    st.known_active &= !(1u64 << lane);
+                    break;
+                }
+            }
+        }
+        n
+    }
+
+    /// Handles one message; returns true when the lane is to be released (the sender left).
+    fn handle(&self, st: &mut State, lane: usize, v: &ring::View) -> bool {
+        let h = v.h;
+        if h.kind == kind::CONNECT {
+            // SAFETY: read before the consumer advances.
+            let name = String::from_utf8_lossy(unsafe { v.payload(h.len as usize) }).into_owned();
+            if let Ok(p) = self.peer_by_name(st, &name) {
+                st.peers[p].rx_lane = Some(lane);
+                st.peers[p].dead = false;
+                st.lane_peer[lane] = Some(p);
+            }
+            return false;
+        }
+        let Some(p) = st.lane_peer[lane] else {
+            // A message before CONNECT cannot happen with a well-behaved sender; drop it.
+            return false;
+        };
+        let tagged = h.flags & flag::TAGGED != 0;
+        let data = (h.flags & flag::CQ_DATA != 0).then_some(h.data);
+        match h.kind {
+            kind::EAGER => {
+                let len = h.len as usize;
+                let src = self.src_of(st, p);
+                // SAFETY: read before the consumer advances.
+                let bytes = unsafe { v.payload(len) };
+                if let Some(slot) = st.rxq.match_arrival(src, h.tag, tagged, len) {
+                    // SAFETY: a matched receive's buffer is ours to write until it completes.
+                    let got = unsafe { slot.iov.copy_in(0, bytes) };
+                    let raw = self.raw_src(st, p, src);
+                    st.done.push(Done::Rx {
+                        slot,
+                        len: got,
+                        olen: len - got,
+                        tag: h.tag,
+                        data,
+                        src,
+                        raw,
+                    });
+                    if h.flags & (flag::ACK_DELIVERY | flag::ACK_MATCH) != 0 {
+                        self.ack(st, p, h.aux, 0);
+                    }
+                } else {
+                    let ack_on_match = (h.flags & flag::ACK_MATCH != 0).then_some(h.aux);
+                    let payload = Payload::Eager {
+                        bytes: bytes.to_vec(),
+                        ack_on_match,
+                        peer: p,
+                    };
+                    st.rxq.push_unexpected(
+                        tagged,
+                        Unexpected {
+                            src,
+                            tag: h.tag,
+                            data: h.data,
+                            has_data: data.is_some(),
+                            len,
+                            payload,
+                        },
+                    );
+                    if h.flags & flag::ACK_DELIVERY != 0 {
+                        self.ack(st, p, h.aux, 0);
+                    }
+                }
+            }
+            kind::RTS => {
+                // SAFETY: read before the consumer advances.
+                let pl = unsafe { v.payload(h.len as usize) };
+                let Some(r) = parse_rts(pl, p, h.aux) else {
+                    return false;
+                };
+                let src = self.src_of(st, p);
+                if let Some(slot) = st.rxq.match_arrival(src, h.tag, tagged, r.len) {
+                    self.start_rndv(st, slot, r, h.tag, data, src);
+                } else {
+                    st.rxq.push_unexpected(
+                        tagged,
+                        Unexpected {
+                            src,
+                            tag: h.tag,
+                            data: h.data,
+                            has_data: data.is_some(),
+                            len: r.len,
+                            payload: Payload::Rndv(r),
+                        },
+                    );
+                }
+            }
+            kind::CTS => {
+                let id = h.aux as usize;
+                if let Some(t) = st.tx.get_mut(id) {
+                    t.stream = Some((h.tag as u32, 0));
+                    st.streaming.push(id as u32);
+                }
+            }
+            kind::DATA => {
+                let id = h.aux as usize;
+                let off = h.tag as usize;
+                let len = h.len as usize;
+                if let Some(r) = st.rxp.get_mut(id) {
+                    // SAFETY: read before advance; the pipe's buffer is ours until completion.
+                    unsafe { r.slot.iov.copy_in(off, v.payload(len)) };
+                    r.got += len;
+                    if r.got >= r.total {
+                        let r = st.rxp.remove(id);
+                        self.ack(st, r.peer, r.tx_id, 0);
+                        let cap = r.slot.iov.total();
+                        let got = r.total.min(cap);
+                        let raw = self.raw_src(st, r.peer, r.src);
+                        st.done.push(Done::Rx {
+                            slot: r.slot,
+                            len: got,
+                            olen: r.total - got,
+                            tag: r.tag,
+                            data: r.data,
+                            src: r.src,
+                            raw,
+                        });
+                    }
+                }
+            }
+            kind::ACK => {
+                let id = h.aux as usize;
+                if st.tx.contains(id) && st.tx[id].peer == p {
+                    let t = st.tx.remove(id);
+                    st.streaming.retain(|&s| s as usize != id);
+                    let status = h.len as i32;
+                    st.done.push(if status == 0 {
+                        Done::Tx {
+                            ctx: t.ctx,
+                            flags: t.flags,
+                        }
+                    } else {
+                        Done::TxErr {
+                            ctx: t.ctx,
+                            flags: t.flags,
+                            err: status,
+                        }
+                    });
+                }
+            }
+            kind::BYE => {
+                st.lane_peer[lane] = None;
+                st.peers[p].rx_lane = None;
+                self.fail_pipes_from(st, p, FI_ECONNRESET);
+                return true;
+            }
+            _ => {}
+        }
+        false
+    }
+
+    /// Starts moving a matched large message into `slot`.
+    fn start_rndv(
+        &self,
+        st: &mut State,
+        slot: RecvSlot,
+        r: Rndv,
+        tag: u64,
+        data: Option<u64>,
+        src: FiAddr,
+    ) {
+        let cap = slot.iov.total();
+        let n = r.len.min(cap);
+        if self.cma.usable() {
+            match cma::read(&self.cma, r.pid, &slot.iov, &r.iov, n) {
+                CmaResult::Done => {
+                    self.ack(st, r.peer, r.tx_id, 0);
+                    let raw = self.raw_src(st, r.peer, src);
+                    st.done.push(Done::Rx {
+                        slot,
+                        len: n,
+                        olen: r.len - n,
+                        tag,
+                        data,
+                        src,
+                        raw,
+                    });
+                    return;
+                }
+                CmaResult::Refused => {}
+                CmaResult::PeerGone => {
+                    st.done.push(Done::RxErr {
+                        ctx: slot.ctx,
+                        flags: slot.flags,
+                        tag,
+                        err: FI_ECONNRESET,
+                    });
+                    return;
+                }
+                CmaResult::Failed(e) => {
+                    self.ack(st, r.peer, r.tx_id, e);
+                    st.done.push(Done::RxErr {
+                        ctx: slot.ctx,
+                        flags: slot.flags,
+                        tag,
+                        err: e,
+                    });
+                    return;
+                }
+            }
+        }
+        let id = st.rxp.insert(RxPipe {
+            slot,
+            peer: r.peer,
+            tx_id: r.tx_id,
+            total: r.len,
+            got: 0,
+            tag,
+            data,
+            src,
+        });
+        let h = Header {
+            kind: kind::CTS,
+            aux: r.tx_id,
+            tag: id as u64,
+            ..Default::default()
+        };
+        self.send_ctrl(st, r.peer, h, &[]);
+    }
+
+    /// Pushes fragments of pipelined sends while their peers' rings have room.
+    fn pump_streams(&self, st: &mut State) -> usize {
+        let mut n = 0;
+        let mut i = 0;
+        while i < st.streaming.len() {
+            let id = st.streaming[i] as usize;
+            let Some(t) = st.tx.get(id) else {
+                st.streaming.swap_remove(i);
+                continue;
+            };
+            let (p, iov, len) = (t.peer, t.iov, t.len);
+            let (rx_id, mut off) = t.stream.expect("streaming sends have a stream");
+            let peer = &mut st.peers[p];
+            if !peer.backlog.is_empty() || peer.dead {
+                i += 1;
+                continue;
+            }
+            let prod = peer.prod.as_mut().expect("a streaming send's lane exists");
+            while off < len {
+                let chunk = FRAG.min(len - off);
+                let h = Header {
+                    kind: kind::DATA,
+                    len: chunk as u32,
+                    aux: rx_id,
+                    tag: off as u64,
+                    ..Default::default()
+                };
+                // SAFETY: a pending send's buffer stays readable until it completes.
+                if !prod.write(&peer.seg, &h, chunk, |b| unsafe {
+                    iov.copy_out(off, b);
+                }) {
+                    break;
+                }
+                off += chunk;
+                n += 1;
+            }
+            if n > 0 {
+                Self::wake(&peer.seg);
+            }
+            st.tx[id].stream = Some((rx_id, off));
+            if off >= len {
+                st.streaming.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        n
+    }
+
+    fn fail_pipes_from(&self, st: &mut State, p: usize, err: i32) {
+        let ids: Vec<usize> = st
+            .rxp
+            .iter()
+            .filter(|(_, r)| r.peer == p)
+            .map(|(i, _)| i)
+            .collect();
+        for id in ids {
+            let r = st.rxp.remove(id);
+            st.done.push(Done::RxErr {
+                ctx: r.slot.ctx,
+                flags: r.slot.flags,
+                tag: r.tag,
+                err,
+            });
+        }
+    }
+
+    fn peer_died(&self, st: &mut State, p: usize) {
+        if st.peers[p].dead {
+            return;
+        }
+        st.peers[p].dead = true;
+        st.peers[p].backlog.clear();
+        let ids: Vec<usize> = st
+            .tx
+            .iter()
+            .filter(|(_, t)| t.peer == p)
+            .map(|(i, _)| i)
+            .collect();
+        for id in ids {
+            let t = st.tx.remove(id);
+            st.done.push(Done::TxErr {
+                ctx: t.ctx,
+                flags: t.flags,
+                err: FI_ECONNRESET,
+            });
+        }
+        st.streaming.retain(|&id| st.tx.contains(id as usize));
+        self.fail_pipes_from(st, p, FI_ECONNRESET);
+    }
+
+    /// Looks for peers that died with work outstanding (or that hold a lane in our segment).
+    fn sweep(&self, st: &mut State) {
+        st.last_sweep = Instant::now();
+        for p in 0..st.peers.len() {
+            let peer = &st.peers[p];
+            if peer.dead {
+                continue;
+            }
+            let busy = peer.rx_lane.is_some()
+                || st.tx.iter().any(|(_, t)| t.peer == p)
+                || st.rxp.iter().any(|(_, r)| r.peer == p);
+            if !busy || peer.seg.owner_alive() {
+                continue;
+            }
+            self.peer_died(st, p);
+            if let Some(lane) = st.peers[p].rx_lane.take() {
+                // Deliver what it sent before it died, then free its lane.
+                let mut c = st.cons[lane];
+                while let Some(v) = c.peek(&self.seg, lane) {
+                    self.handle(st, lane, &v);
+                    c.advance(&self.seg, lane, v);
+                }
+                st.cons[lane] = c;
+                st.lane_peer[lane] = None;
+                ring::release_lane(&self.seg, lane);
+                st.known_active &= !(1u64 << lane);
+            }
+        }
+    }
+
+    fn deliver_unexpected(&self, st: &mut State, slot: RecvSlot, u: Unexpected<Payload>) {
+        let data = u.has_data.then_some(u.data);
+        let discard = slot.op_flags & FI_DISCARD != 0;
+        match u.payload {
+            Payload::Eager {
+                bytes,
+                ack_on_match,
+                peer,
+            } => {
+                let got = if discard {
+                    0
+                } else {
+                    // SAFETY: the receive's buffer is ours until it completes.
+                    unsafe { slot.iov.copy_in(0, &bytes) }
+                };
+                if let Some(id) = ack_on_match {
+                    self.ack(st, peer, id, 0);
+                }
+                let raw = self.raw_src(st, peer, u.src);
+                st.done.push(Done::Rx {
+                    slot,
+                    len: got,
+                    olen: if discard { 0 } else { u.len - got },
+                    tag: u.tag,
+                    data,
+                    src: u.src,
+                    raw,
+                });
+            }
+            Payload::Rndv(r) => {
+                if discard {
+                    self.ack(st, r.peer, r.tx_id, 0);
+                    st.done.push(Done::Rx {
+                        slot,
+                        len: 0,
+                        olen: 0,
+                        tag: u.tag,
+                        data,
+                        src: u.src,
+                        raw: None,
+                    });
+                } else {
+                    self.start_rndv(st, slot, r, u.tag, data, u.src);
+                }
+            }
+        }
+    }
+
+    fn do_progress(&self, st: &mut State) -> usize {
+        let mut n = 0;
+        if !st.streaming.is_empty() {
+            n += self.pump_streams(st);
+        }
+        for p in 0..st.peers.len() {
+            if !st.peers[p].backlog.is_empty() {
+                self.flush_backlog(st, p);
+            }
+        }
+        n += self.poll_lanes(st);
+        st.ticks = st.ticks.wrapping_add(1);
+        if st.ticks % 256 == 0 && st.last_sweep.elapsed() >= SWEEP_EVERY {
+            self.sweep(st);
+        }
+        n
+    }
+
+    fn has_work(&self) -> bool {
+        let mask = ring::active(&self.seg).load(Ordering::Acquire);
+        if let Ok(st) = self.st.try_lock() {
+            if !st.streaming.is_empty() || st.peers.iter().any(|p| !p.backlog.is_empty()) {
+                return true;
+            }
+            if mask != st.known_active {
+                return true;
+            }
+            bits(mask).any(|l| st.cons[l].ready(&self.seg, l))
+        } else {
+            true
+        }
+    }
+}
+
+impl ProgressSource for ShmEndpoint {
+    fn progress(&self) -> usize {
+        let Ok(mut st) = self.st.try_lock() else {
+            return 0;
+        };
+        let n = self.do_progress(&mut st);
+        self.finish(st);
+        n
+    }
+
+    fn idle_wait(&self, timeout: Duration) {
+        let sleepers = ring::sleeping(&self.seg);
+        let db = ring::doorbell(&self.seg);
+        let seen = db.load(Ordering::SeqCst);
+        sleepers.fetch_add(1, Ordering::SeqCst);
+        if !self.has_work() {
+            futex_wait(db, seen, timeout);
+        }
+        sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl EndpointOps for ShmEndpoint {
+    fn enable(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn name(&self) -> Vec<u8> {
+        format!("{ADDR_PREFIX}{}", self.name).into_bytes()
+    }
+
+    unsafe fn send(&self, op: &TxOp) -> Result<()> {
+        let mut st = self.lock();
+        let r = self.post_send(&mut st, op);
+        self.finish(st);
+        r
+    }
+
+    unsafe fn recv(&self, r: PostedRecv) -> Result<()> {
+        let mut st = self.lock();
+        if st.closed {
+            return Err(Error::OpBadState("recv: endpoint is closed".into()));
+        }
+        // Take in whatever has arrived first, so the receive matches in arrival order.
+        self.poll_lanes(&mut st);
+        let (ctx, flags, tag) = (r.ctx, r.flags, r.tag);
+        match st.rxq.post(r) {
+            PostResult::Queued => {}
+            PostResult::Matched(list) => {
+                for (slot, u) in list {
+                    self.deliver_unexpected(&mut st, slot, u);
+                }
+            }
+            PostResult::Peeked {
+                ctx,
+                len,
+                tag,
+                data,
+                has_data,
+                src,
+                discarded,
+            } => {
+                if let Some(u) = discarded {
+                    match u.payload {
+                        Payload::Rndv(r) => self.ack(&mut st, r.peer, r.tx_id, 0),
+                        Payload::Eager {
+                            ack_on_match: Some(id),
+                            peer,
+                            ..
+                        } => self.ack(&mut st, peer, id, 0),
+                        _ => {}
+                    }
+                }
+                st.done.push(Done::Peek {
+                    ctx,
+                    len,
+                    tag,
+                    data: has_data.then_some(data),
+                    src,
+                });
+            }
+            PostResult::NoMessage => st.done.push(Done::RxErr {
+                ctx,
+                flags: FI_RECV | (flags & (FI_MSG | FI_TAGGED)),
+                tag,
+                err: FI_ENOMSG,
+            }),
+        }
+        self.finish(st);
+        Ok(())
+    }
+
+    fn cancel(&self, ctx: Context) -> Result<()> {
+        let mut st = self.lock();
+        let Some(r) = st.rxq.cancel(ctx) else {
+            return Err(Error::NoEntry(format!(
+                "cancel: no posted receive with context {ctx:#x}"
+            )));
+        };
+        st.done.push(Done::RxErr {
+            ctx: r.ctx,
+            flags: FI_RECV | (r.flags & (FI_MSG | FI_TAGGED | FI_MULTI_RECV)),
+            tag: r.tag,
+            err: FI_ECANCELED,
+        });
+        self.finish(st);
+        Ok(())
+    }
+
+    fn setopt(&self, name: i32, value: usize) -> Result<()> {
+        match name {
+            FI_OPT_MIN_MULTI_RECV => {
+                self.lock().rxq.min_multi_recv = value;
+                Ok(())
+            }
+            _ => Err(Error::NoSys(format!(
+                "setopt: option {name} is not supported by shm"
+            ))),
+        }
+    }
+
+    fn close(&self) {
+        let mut st = self.lock();
+        if st.closed {
+            return;
+        }
+        st.closed = true;
+        for p in 0..st.peers.len() {
+            let peer = &mut st.peers[p];
+            if let Some(prod) = peer.prod.as_mut() {
+                let h = Header {
+                    kind: kind::BYE,
+                    ..Default::default()
+                };
+                // Best effort: if the ring is full the peer notices our segment's lock go.
+                if prod.write(&peer.seg, &h, 0, |_| {}) {
+                    Self::wake(&peer.seg);
+                }
+            }
+        }
+        let txs: Vec<TxReq> = st.tx.drain().collect();
+        for t in txs {
+            st.done.push(Done::TxErr {
+                ctx: t.ctx,
+                flags: t.flags,
+                err: FI_ECANCELED,
+            });
+        }
+        st.streaming.clear();
+        let pipes: Vec<RxPipe> = st.rxp.drain().collect();
+        for r in pipes {
+            st.done.push(Done::RxErr {
+                ctx: r.slot.ctx,
+                flags: r.slot.flags,
+                tag: r.tag,
+                err: FI_ECANCELED,
+            });
+        }
+        for r in st.rxq.drain_posted() {
+            st.done.push(Done::RxErr {
+                ctx: r.ctx,
+                flags: FI_RECV | (r.flags & (FI_MSG | FI_TAGGED | FI_MULTI_RECV)),
+                tag: r.tag,
+                err: FI_ECANCELED,
+            });
+        }
+        st.rxq.drain_unexpected();
+        self.finish(st);
+    }
+}
+
+fn bits(mask: u64) -> impl Iterator<Item = usize> {
+    let mut m = mask;
+    std::iter::from_fn(move || {
+        if m == 0 {
+            return None;
+        }
+        let i = m.trailing_zeros() as usize;
+        m &= m - 1;
+        Some(i)
+    })
+}
+
+/// The segment name inside a raw shm address.
+pub fn seg_name(raw: &[u8]) -> Result<String> {
+    let s =
+        std::str::from_utf8(raw).map_err(|_| Error::Inval("shm address is not UTF-8".into()))?;
+    let s = s.trim_end_matches('\0');
+    let name = s.strip_prefix(ADDR_PREFIX).ok_or_else(|| {
+        Error::Inval(format!(
+            "shm address {s:?} does not start with {ADDR_PREFIX}"
+        ))
+    })?;
+    if !name.starts_with(super::segment::PREFIX) || name.contains('/') || name.len() > 200 {
+        return Err(Error::Inval(format!(
+            "shm address {s:?} does not name an xfabric segment"
+        )));
+    }
+    Ok(name.to_string())
+}
+
+fn parse_rts(pl: &[u8], peer: usize, tx_id: u32) -> Option<Rndv> {
+    let u64_at = |o: usize| {
+        pl.get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    };
+    let len = u64_at(0)? as usize;
+    let pid = i32::from_le_bytes(pl.get(8..12)?.try_into().ok()?);
+    let n = u32::from_le_bytes(pl.get(12..16)?.try_into().ok()?) as usize;
+    let mut iov = Vec::with_capacity(n);
+    for i in 0..n.min(xfabric_core::rxq::IOV_LIMIT) {
+        iov.push(RawIov {
+            addr: u64_at(16 + 16 * i)? as usize,
+            len: u64_at(24 + 16 * i)? as usize,
+        });
+    }
+    Some(Rndv {
+        peer,
+        tx_id,
+        len,
+        pid,
+        iov,
+    })
+}
+
+fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: a shared (non-private) futex wait on a live, aligned u32 with a valid timespec.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0,
+        );
+    }
+}
+
+fn futex_wake(word: &std::sync::atomic::AtomicU32) {
+    // SAFETY: a shared futex wake on a live, aligned u32.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            0,
+            0,
+            0,
+        );
+    }
+}

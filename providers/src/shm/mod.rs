@@ -1,0 +1,167 @@
+//! The shm provider: RDM endpoints between processes on one host through shared memory.
+//! See `ring` for the wire layout and `ep` for the protocols.
+
+mod cma;
+mod ep;
+mod ring;
+pub mod segment;
+
+use std::sync::{Arc, Once};
+
+use xfabric_core::av::AddrFormat;
+use xfabric_core::consts::*;
+use xfabric_core::info::*;
+use xfabric_core::{DomainOps, EndpointOps, EpCore, Error, Provider, Result};
+
+pub use ep::{EAGER_MAX, FRAG, INJECT_SIZE};
+
+/// Every shm address starts with this, followed by the endpoint's segment name.
+pub const ADDR_PREFIX: &str = "fi_shm://";
+
+/// Capabilities the shm provider offers.
+pub const SHM_CAPS: u64 = FI_MSG
+    | FI_TAGGED
+    | FI_SEND
+    | FI_RECV
+    | FI_MULTI_RECV
+    | FI_SOURCE
+    | FI_SOURCE_ERR
+    | FI_DIRECTED_RECV
+    | FI_LOCAL_COMM;
+
+/// The shm provider.
+#[derive(Debug, Default)]
+pub struct Shm;
+
+impl Provider for Shm {
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+
+    fn version(&self) -> u32 {
+        fi_version(1, 0)
+    }
+
+    fn info(&self) -> Vec<Info> {
+        let order = FI_ORDER_SAS
+            | FI_ORDER_RAR
+            | FI_ORDER_RAW
+            | FI_ORDER_WAR
+            | FI_ORDER_WAW
+            | FI_ORDER_SAR
+            | FI_ORDER_SAW;
+        vec![Info {
+            caps: SHM_CAPS,
+            mode: 0,
+            addr_format: FI_ADDR_STR,
+            src_addr: None,
+            dest_addr: None,
+            tx_attr: TxAttr {
+                caps: FI_MSG | FI_TAGGED | FI_SEND,
+                mode: 0,
+                op_flags: 0,
+                msg_order: order,
+                comp_order: FI_ORDER_NONE,
+                inject_size: INJECT_SIZE,
+                size: 1024,
+                iov_limit: xfabric_core::rxq::IOV_LIMIT,
+                rma_iov_limit: 0,
+                tclass: 0,
+            },
+            rx_attr: RxAttr {
+                caps: FI_MSG
+                    | FI_TAGGED
+                    | FI_RECV
+                    | FI_MULTI_RECV
+                    | FI_SOURCE
+                    | FI_SOURCE_ERR
+                    | FI_DIRECTED_RECV,
+                mode: 0,
+                op_flags: 0,
+                msg_order: order,
+                comp_order: FI_ORDER_NONE,
+                total_buffered_recv: 0,
+                size: 1024,
+                iov_limit: xfabric_core::rxq::IOV_LIMIT,
+            },
+            ep_attr: EpAttr {
+                ep_type: EpType::Rdm,
+                protocol: FI_PROTO_SHM,
+                protocol_version: 1,
+                max_msg_size: isize::MAX as usize,
+                mem_tag_format: 0xaaaa_aaaa_aaaa_aaaa,
+                tx_ctx_cnt: 1,
+                rx_ctx_cnt: 1,
+                ..Default::default()
+            },
+            domain_attr: DomainAttr {
+                name: Some("shm".into()),
+                threading: Threading::Safe,
+                control_progress: Progress::Auto,
+                data_progress: Progress::Manual,
+                resource_mgmt: ResourceMgmt::Enabled,
+                av_type: AvType::Unspec,
+                mr_mode: 0,
+                mr_key_size: 8,
+                cq_data_size: 8,
+                cq_cnt: 1024,
+                ep_cnt: 256,
+                tx_ctx_cnt: 1024,
+                rx_ctx_cnt: 1024,
+                max_ep_tx_ctx: 1,
+                max_ep_rx_ctx: 1,
+                cntr_cnt: 1024,
+                mr_iov_limit: 1,
+                max_err_data: 256,
+                mr_cnt: 65536,
+                ..Default::default()
+            },
+            fabric_attr: FabricAttr {
+                name: Some("shm".into()),
+                prov_name: Some("shm".into()),
+                prov_version: fi_version(1, 0),
+                api_version: fi_version(FI_MAJOR_VERSION, FI_MINOR_VERSION),
+            },
+        }]
+    }
+
+    fn domain(&self, _info: &Info) -> Result<Arc<dyn DomainOps>> {
+        static RECLAIM: Once = Once::new();
+        RECLAIM.call_once(|| {
+            segment::reclaim_stale();
+        });
+        Ok(Arc::new(ShmDomain))
+    }
+}
+
+struct ShmDomain;
+
+impl DomainOps for ShmDomain {
+    fn addr_format(&self) -> Arc<dyn AddrFormat> {
+        Arc::new(ShmAddr)
+    }
+
+    fn endpoint(&self, info: &Info, core: Arc<EpCore>) -> Result<Arc<dyn EndpointOps>> {
+        if info.caps & !SHM_CAPS != 0 {
+            return Err(Error::OpNotSupp(format!(
+                "shm endpoint: capabilities {} are not supported",
+                caps_str(info.caps & !SHM_CAPS)
+            )));
+        }
+        Ok(ep::ShmEndpoint::open(core)?)
+    }
+}
+
+struct ShmAddr;
+
+impl AddrFormat for ShmAddr {
+    fn validate(&self, addr: &[u8]) -> Result<()> {
+        ep::seg_name(addr).map(|_| ())
+    }
+
+    fn to_string(&self, addr: &[u8]) -> String {
+        String::from_utf8_lossy(addr)
+            .trim_end_matches('\0')
+            .to_string()
+    }
+}

@@ -1,0 +1,254 @@
+//! Shared-memory segments: one per endpoint, a file in /dev/shm mapped by its owner and by every
+//! peer that sends to it. The owner holds an exclusive `flock` on it for its whole life; the
+//! kernel drops that lock when the owner exits, however it exits, so "can I take the lock?"
+//! answers "is the owner dead?" without racing pid reuse or zombies. Stale segments are found
+//! and unlinked the same way.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use xfabric_core::{Error, Result};
+
+/// Directory the segments live in.
+pub const SHM_DIR: &str = "/dev/shm";
+/// File-name prefix of every xfabric segment.
+pub const PREFIX: &str = "xfabric-shm-";
+
+/// A mapped segment file.
+pub struct Segment {
+    name: String,
+    file: File,
+    base: *mut u8,
+    len: usize,
+    owner: bool,
+}
+
+// SAFETY: the mapping is process-wide memory; all shared fields are accessed through atomics
+// or under the protocol's single-writer rules.
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+fn path_of(name: &str) -> PathBuf {
+    PathBuf::from(SHM_DIR).join(name)
+}
+
+impl Segment {
+    /// Creates, sizes, locks and maps a new segment named `name`.
+    pub fn create(name: &str, len: usize) -> Result<Self> {
+        let path = path_of(name);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| Error::from_io(format!("shm: create {}", path.display()), e))?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = Error::last_os(format!("shm: lock {}", path.display()));
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
+        if let Err(e) = file.set_len(len as u64) {
+            let _ = std::fs::remove_file(&path);
+            return Err(Error::from_io(
+                format!("shm: size {} to {len} bytes", path.display()),
+                e,
+            ));
+        }
+        match Self::map(name, file, len, true) {
+            Ok(s) => Ok(s),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
+        }
+    }
+
+    /// Maps an existing segment (a peer's).
+    pub fn open(name: &str) -> Result<Self> {
+        let path = path_of(name);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| {
+                Error::PeerLost(format!("cannot open peer segment {}: {e}", path.display()))
+            })?;
+        let len = file
+            .metadata()
+            .map_err(|e| Error::from_io(format!("shm: stat {}", path.display()), e))?
+            .len() as usize;
+        Self::map(name, file, len, false)
+    }
+
+    fn map(name: &str, file: File, len: usize, owner: bool) -> Result<Self> {
+        if len == 0 {
+            return Err(Error::PeerLost(format!(
+                "segment {name} is empty (its owner is still creating it or died)"
+            )));
+        }
+        // SAFETY: maps `len` bytes of a regular file we hold open; the result is checked.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(Error::last_os(format!("shm: mmap {name}")));
+        }
+        Ok(Segment {
+            name: name.to_string(),
+            file,
+            base: base.cast(),
+            len,
+            owner,
+        })
+    }
+
+    /// The segment's name (its file name in /dev/shm).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Start of the mapping.
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    /// Length of the mapping.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length mapping (never: `map` refuses those).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// An atomic `u64` at byte `off`.
+    ///
+    /// # Safety
+    /// `off` must be 8-aligned and within the mapping, and the field shared only through atomics.
+    pub unsafe fn u64_at(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off % 8 == 0 && off + 8 <= self.len);
+        // SAFETY: per the contract; the mapping outlives &self.
+        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+    }
+
+    /// An atomic `u32` at byte `off`.
+    ///
+    /// # Safety
+    /// As `u64_at`, 4-aligned.
+    pub unsafe fn u32_at(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off % 4 == 0 && off + 4 <= self.len);
+        // SAFETY: per the contract.
+        unsafe { &*(self.base.add(off) as *const AtomicU32) }
+    }
+
+    /// Whether the segment's owner is still alive (holds its lock). Always true for our own.
+    pub fn owner_alive(&self) -> bool {
+        if self.owner {
+            return true;
+        }
+        owner_alive(&self.file)
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what map() mapped.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+        if self.owner {
+            let _ = std::fs::remove_file(path_of(&self.name));
+        }
+    }
+}
+
+fn owner_alive(file: &File) -> bool {
+    let fd = file.as_raw_fd();
+    // SAFETY: flock on a descriptor we own. Our open file description differs from the owner's,
+    // so a held exclusive lock makes this fail with EWOULDBLOCK.
+    let r = unsafe { libc::flock(fd, libc::LOCK_SH | libc::LOCK_NB) };
+    if r == 0 {
+        // SAFETY: releases the lock just taken.
+        unsafe { libc::flock(fd, libc::LOCK_UN) };
+        return false;
+    }
+    true
+}
+
+/// A fresh segment name for this process.
+pub fn fresh_name() -> String {
+    use std::sync::atomic::AtomicU64;
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{PREFIX}{}-{n}-{nanos:08x}", std::process::id())
+}
+
+/// Unlinks segments whose owners are gone (killed before they could clean up). A segment is
+/// left alone while its owner holds its lock, and for a moment after creation, before the lock
+/// is taken. Returns the names removed.
+pub fn reclaim_stale() -> Vec<String> {
+    let mut removed = Vec::new();
+    let Ok(dir) = std::fs::read_dir(SHM_DIR) else {
+        return removed;
+    };
+    for ent in dir.flatten() {
+        let name = ent.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(PREFIX) {
+            continue;
+        }
+        let path = ent.path();
+        let young = ent
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_none_or(|age| age < Duration::from_secs(2));
+        if young {
+            continue;
+        }
+        let Ok(f) = OpenOptions::new().read(true).open(&path) else {
+            continue;
+        };
+        if !owner_alive(&f) && std::fs::remove_file(&path).is_ok() {
+            removed.push(name);
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_open_liveness_and_unlink() {
+        let name = fresh_name();
+        let own = Segment::create(&name, 8192).unwrap();
+        // SAFETY: offset 64 is aligned and inside the mapping.
+        unsafe { own.u64_at(64) }.store(42, Ordering::Release);
+        let peer = Segment::open(&name).unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { peer.u64_at(64) }.load(Ordering::Acquire), 42);
+        assert!(peer.owner_alive());
+        drop(own);
+        assert!(!peer.owner_alive());
+        assert!(!path_of(&name).exists());
+    }
+}
