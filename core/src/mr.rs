@@ -195,7 +195,7 @@ mod tests {
     #[test]
     fn user_keys_are_unique_and_access_is_checked() {
         let map = Arc::new(MrMap::new(FI_MR_VIRT_ADDR));
-        let buf = vec![0u8; 64];
+        let buf = [0u8; 64];
         let attr = MrAttr {
             addr: buf.as_ptr() as usize,
             len: 64,

@@ -978,7 +978,7 @@ impl ShmEndpoint {
         }
         n += self.poll_lanes(st);
         st.ticks = st.ticks.wrapping_add(1);
-        if st.ticks % 256 == 0 && st.last_sweep.elapsed() >= SWEEP_EVERY {
+        if st.ticks.is_multiple_of(256) && st.last_sweep.elapsed() >= SWEEP_EVERY {
             self.sweep(st);
         }
         n
@@ -1043,8 +1043,10 @@ impl EndpointOps for ShmEndpoint {
         if st.closed {
             return Err(Error::OpBadState("recv: endpoint is closed".into()));
         }
-        // Take in whatever has arrived first, so the receive matches in arrival order.
-        self.poll_lanes(&mut st);
+        // A peek looks only at buffered messages: take in what has already arrived first.
+        if r.flags & FI_PEEK != 0 {
+            self.poll_lanes(&mut st);
+        }
         let (ctx, flags, tag) = (r.ctx, r.flags, r.tag);
         match st.rxq.post(r) {
             PostResult::Queued => {}

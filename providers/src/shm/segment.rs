@@ -141,7 +141,7 @@ impl Segment {
     /// # Safety
     /// `off` must be 8-aligned and within the mapping, and the field shared only through atomics.
     pub unsafe fn u64_at(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off % 8 == 0 && off + 8 <= self.len);
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= self.len);
         // SAFETY: per the contract; the mapping outlives &self.
         unsafe { &*(self.base.add(off) as *const AtomicU64) }
     }
@@ -151,7 +151,7 @@ impl Segment {
     /// # Safety
     /// As `u64_at`, 4-aligned.
     pub unsafe fn u32_at(&self, off: usize) -> &AtomicU32 {
-        debug_assert!(off % 4 == 0 && off + 4 <= self.len);
+        debug_assert!(off.is_multiple_of(4) && off + 4 <= self.len);
         // SAFETY: per the contract.
         unsafe { &*(self.base.add(off) as *const AtomicU32) }
     }
