@@ -2,7 +2,8 @@
 //! peer that sends to it. The owner holds an exclusive `flock` on it for its whole life; the
 //! kernel drops that lock when the owner exits, however it exits, so "can I take the lock?"
 //! answers "is the owner dead?" without racing pid reuse or zombies. Stale segments are found
-//! and unlinked the same way.
+//! and unlinked the same way. The owner takes the lock before it gives the file a size, so a
+//! sized file whose lock is free belongs to a dead process, with no grace period to guess.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -201,8 +202,8 @@ pub fn fresh_name() -> String {
 }
 
 /// Unlinks segments whose owners are gone (killed before they could clean up). A segment is
-/// left alone while its owner holds its lock, and for a moment after creation, before the lock
-/// is taken. Returns the names removed.
+/// left alone while its owner holds its lock, and while it is still empty (being created).
+/// Returns the names removed.
 pub fn reclaim_stale() -> Vec<String> {
     let mut removed = Vec::new();
     let Ok(dir) = std::fs::read_dir(SHM_DIR) else {
@@ -214,19 +215,19 @@ pub fn reclaim_stale() -> Vec<String> {
             continue;
         }
         let path = ent.path();
-        let young = ent
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_none_or(|age| age < Duration::from_secs(2));
-        if young {
-            continue;
-        }
         let Ok(f) = OpenOptions::new().read(true).open(&path) else {
             continue;
         };
-        if !owner_alive(&f) && std::fs::remove_file(&path).is_ok() {
+        let Ok(meta) = f.metadata() else { continue };
+        // An empty file is being created (its owner locks before sizing) unless it is old: then
+        // its creator died in between.
+        let abandoned = meta.len() > 0
+            || meta
+                .modified()
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > Duration::from_secs(10));
+        if abandoned && !owner_alive(&f) && std::fs::remove_file(&path).is_ok() {
             removed.push(name);
         }
     }
@@ -250,5 +251,22 @@ mod tests {
         drop(own);
         assert!(!peer.owner_alive());
         assert!(!path_of(&name).exists());
+    }
+
+    #[test]
+    fn reclaim_takes_unlocked_sized_files_only() {
+        let live = Segment::create(&fresh_name(), 4096).unwrap();
+        // A sized segment nobody holds the lock of: what a killed owner leaves behind.
+        let dead = fresh_name();
+        std::fs::write(path_of(&dead), [0u8; 64]).unwrap();
+        // An empty one is still being created.
+        let young = fresh_name();
+        std::fs::write(path_of(&young), []).unwrap();
+        let removed = reclaim_stale();
+        assert!(removed.contains(&dead), "{removed:?}");
+        assert!(!path_of(&dead).exists());
+        assert!(path_of(live.name()).exists());
+        assert!(path_of(&young).exists());
+        std::fs::remove_file(path_of(&young)).unwrap();
     }
 }
