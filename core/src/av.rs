@@ -155,6 +155,10 @@ impl AddressVector {
                 n += 1;
             }
         }
+        if n > 0 {
+            // Inserts change what reverse lookups find: cached misses must be retried.
+            self.inner.generation.fetch_add(1, Ordering::Release);
+        }
         if let Some(eq) = eq {
             eq.push(EqEntry {
                 event: FI_AV_COMPLETE,
@@ -268,7 +272,7 @@ impl AvInner {
         t.by_name.get(name).map(|&i| self.encode(i))
     }
 
-    /// Changes whenever addresses are removed, so cached resolutions can be checked.
+    /// Changes whenever addresses are inserted or removed, so cached resolutions can be checked.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }

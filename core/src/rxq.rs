@@ -236,6 +236,13 @@ pub enum PostResult<U> {
     NoMessage,
 }
 
+/// A multi-receive buffer with messages still landing in it.
+#[derive(Default)]
+struct MultiState {
+    inflight: u32,
+    exhausted: bool,
+}
+
 /// The matching engine.
 pub struct RecvQueue<U> {
     posted_msg: VecDeque<PostedRecv>,
@@ -243,6 +250,10 @@ pub struct RecvQueue<U> {
     unexp_msg: VecDeque<Unexpected<U>>,
     unexp_tag: VecDeque<Unexpected<U>>,
     claimed: HashMap<Context, Unexpected<U>>,
+    /// Multi-receive buffers by context: the buffer is released (`FI_MULTI_RECV` on a
+    /// completion) only when it is exhausted and the last message landing in it completes,
+    /// which for a large message moved in fragments is not the order they were matched in.
+    multi: HashMap<Context, MultiState>,
     directed: bool,
     /// Smallest space a multi-receive buffer keeps before it is released (`FI_OPT_MIN_MULTI_RECV`).
     pub min_multi_recv: usize,
@@ -257,6 +268,7 @@ impl<U> RecvQueue<U> {
             unexp_msg: VecDeque::new(),
             unexp_tag: VecDeque::new(),
             claimed: HashMap::new(),
+            multi: HashMap::new(),
             directed,
             min_multi_recv: 64,
         }
@@ -278,7 +290,7 @@ impl<U> RecvQueue<U> {
             &mut self.posted_msg
         };
         let i = q.iter().position(|r| r.accepts(src, tag, directed))?;
-        Some(take_slot(q, i, len, min))
+        Some(take_slot(q, i, len, min, &mut self.multi))
     }
 
     /// Buffers an arrival no receive took.
@@ -358,13 +370,10 @@ impl<U> RecvQueue<U> {
                 break;
             };
             let u = unexp.remove(i).expect("index from position");
-            let released = {
-                let slot = take_slot(posted, idx, u.len, min);
-                let released = slot.flags & FI_MULTI_RECV != 0 || !multi;
-                matched.push((slot, u));
-                released
-            };
-            if released {
+            let before = posted.len();
+            let slot = take_slot(posted, idx, u.len, min, &mut self.multi);
+            matched.push((slot, u));
+            if !multi || posted.len() < before {
                 break;
             }
         }
@@ -375,11 +384,36 @@ impl<U> RecvQueue<U> {
         }
     }
 
-    /// Removes a posted receive by context (`fi_cancel`); claimed messages count too.
+    /// Call for every slot before reporting its completion (success or error): adds
+    /// `FI_MULTI_RECV` when this is the last message of an exhausted multi-receive buffer.
+    pub fn finish_slot(&mut self, slot: &mut RecvSlot) {
+        if slot.op_flags & FI_MULTI_RECV == 0 {
+            return;
+        }
+        let Some(m) = self.multi.get_mut(&slot.ctx) else {
+            return;
+        };
+        m.inflight = m.inflight.saturating_sub(1);
+        if m.exhausted && m.inflight == 0 {
+            self.multi.remove(&slot.ctx);
+            slot.flags |= FI_MULTI_RECV;
+        }
+    }
+
+    /// Removes a posted receive by context (`fi_cancel`). A multi-receive buffer with messages
+    /// still landing in it is retired: those complete, and the last one releases it.
     pub fn cancel(&mut self, ctx: Context) -> Option<PostedRecv> {
         for q in [&mut self.posted_msg, &mut self.posted_tag] {
             if let Some(i) = q.iter().position(|r| r.ctx == ctx) {
-                return q.remove(i);
+                let r = q.remove(i);
+                if let Some(m) = self.multi.get_mut(&ctx) {
+                    if m.inflight > 0 {
+                        m.exhausted = true;
+                    } else {
+                        self.multi.remove(&ctx);
+                    }
+                }
+                return r;
             }
         }
         None
@@ -425,7 +459,13 @@ impl<U> RecvQueue<U> {
 
 /// Takes the slot for a `len`-byte message from posted receive `i`, removing the receive
 /// unless it is a multi-receive buffer with at least `min` bytes left afterwards.
-fn take_slot(q: &mut VecDeque<PostedRecv>, i: usize, len: usize, min: usize) -> RecvSlot {
+fn take_slot(
+    q: &mut VecDeque<PostedRecv>,
+    i: usize,
+    len: usize,
+    min: usize,
+    multi: &mut HashMap<Context, MultiState>,
+) -> RecvSlot {
     let r = &mut q[i];
     let kind = if r.tagged() { FI_TAGGED } else { FI_MSG };
     if r.flags & FI_MULTI_RECV == 0 {
@@ -441,15 +481,17 @@ fn take_slot(q: &mut VecDeque<PostedRecv>, i: usize, len: usize, min: usize) -> 
     let n = len.min(total - r.used);
     let iov = r.iov.slice(r.used, total - r.used);
     r.used += n;
-    let mut slot = RecvSlot {
+    let slot = RecvSlot {
         ctx: r.ctx,
         iov,
         flags: FI_RECV | kind,
         op_flags: r.flags,
     };
+    let m = multi.entry(r.ctx).or_default();
+    m.inflight += 1;
     if total - r.used < min.max(1) {
+        m.exhausted = true;
         q.remove(i);
-        slot.flags |= FI_MULTI_RECV;
     }
     slot
 }
@@ -562,13 +604,18 @@ mod tests {
         };
         assert_eq!(v.len(), 1);
         assert_eq!(v[0].0.iov.first_addr(), 0x1000);
-        let s = q.match_arrival(0, 0, false, 40).unwrap();
+        let mut first = v.into_iter().next().unwrap().0;
+        let mut s = q.match_arrival(0, 0, false, 40).unwrap();
         assert_eq!(s.iov.first_addr(), 0x1000 + 40);
-        assert_eq!(s.flags & FI_MULTI_RECV, 0);
-        // 20 bytes left < 16? no: 20 >= 16, so it stays; a 10-byte message leaves 10 and releases.
-        let s = q.match_arrival(0, 0, false, 10).unwrap();
-        assert_eq!(s.flags & FI_MULTI_RECV, FI_MULTI_RECV);
+        // 20 bytes left >= 16, so it stays; a 10-byte message leaves 10 and exhausts it.
+        let mut last = q.match_arrival(0, 0, false, 10).unwrap();
         assert_eq!(q.posted_len(), 0);
+        // Completions in another order than matching: only the last to finish releases.
+        q.finish_slot(&mut last);
+        q.finish_slot(&mut first);
+        assert_eq!((last.flags | first.flags) & FI_MULTI_RECV, 0);
+        q.finish_slot(&mut s);
+        assert_eq!(s.flags & FI_MULTI_RECV, FI_MULTI_RECV);
     }
 
     #[test]

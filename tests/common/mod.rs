@@ -129,11 +129,18 @@ pub struct Peer {
 pub fn spawn(test_name: &str, role: &str, envs: &[(&str, &str)]) -> Peer {
     let exe = std::env::current_exe().expect("current_exe");
     let mut cmd = Command::new(exe);
-    cmd.args(["--exact", test_name, "--nocapture", "--test-threads=1"])
-        .env("XF_ROLE", role)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+    // --include-ignored: the child must run its half even when the test is run with --ignored.
+    cmd.args([
+        "--exact",
+        test_name,
+        "--nocapture",
+        "--test-threads=1",
+        "--include-ignored",
+    ])
+    .env("XF_ROLE", role)
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -252,4 +259,174 @@ pub fn segments_of(pid: u32) -> usize {
                 .count()
         })
         .unwrap_or(0)
+}
+
+// ---- Helpers for the shm_* tests: bounded waits, one-shot handshakes, message builders. ----
+
+/// The bound on every wait below: far beyond what a passing test needs, short enough that a
+/// hang fails the test instead of the run.
+pub const BOUND: Duration = Duration::from_secs(10);
+
+/// As `node_with`, with a CQ of `cq_size` entries, and `before_enable` run after the CQ and AV
+/// are bound and before the endpoint is enabled (bindings freeze at enable: counters go there).
+pub fn node_custom(
+    caps: u64,
+    progress: Progress,
+    adjust: impl FnOnce(&mut Info),
+    cq_size: usize,
+    before_enable: impl FnOnce(&Domain, &Endpoint),
+) -> Node {
+    let mut hints = Info {
+        caps,
+        ..Default::default()
+    };
+    hints.fabric_attr.prov_name = Some("shm".into());
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.domain_attr.data_progress = progress;
+    adjust(&mut hints);
+    let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints)).expect("getinfo")[0].clone();
+    let fabric = xfabric::fabric(&info.fabric_attr).expect("fabric");
+    let domain = fabric.domain(&info).expect("domain");
+    let cq = domain
+        .cq_open(&CqAttr {
+            format: CqFormat::Tagged,
+            wait_obj: WaitObj::Unspec,
+            size: cq_size,
+            ..Default::default()
+        })
+        .expect("cq");
+    let av = domain.av_open(&AvAttr::default()).expect("av");
+    let ep = domain.endpoint(&info).expect("endpoint");
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).expect("bind cq");
+    ep.bind_av(&av).expect("bind av");
+    before_enable(&domain, &ep);
+    ep.enable().expect("enable");
+    Node {
+        fabric,
+        domain,
+        cq,
+        av,
+        ep,
+        info,
+    }
+}
+
+/// What the next completion turned out to be.
+#[derive(Debug)]
+pub enum Completion {
+    /// A success entry and its source (`FI_ADDR_NOTAVAIL` unless `FI_SOURCE` resolved one).
+    Ok(CqTaggedEntry, FiAddr),
+    /// An error entry and a copy of its error data.
+    Err(CqErrEntry, Option<Vec<u8>>),
+}
+
+impl Node {
+    /// Waits (bounded by `BOUND`) for the next completion of either kind.
+    pub fn next(&self) -> Completion {
+        let deadline = Instant::now() + BOUND;
+        let mut buf = [CqTaggedEntry::default(); 1];
+        let mut src = [FI_ADDR_NOTAVAIL; 1];
+        loop {
+            match self.cq.readfrom(&mut buf, &mut src) {
+                Ok(_) => return Completion::Ok(buf[0], src[0]),
+                Err(Error::Avail) => {
+                    let (e, d) = self.cq.readerr_data().expect("readerr after Avail");
+                    return Completion::Err(e, d);
+                }
+                Err(Error::Again(_)) => {}
+                Err(e) => panic!("cq readfrom: {e}"),
+            }
+            assert!(Instant::now() < deadline, "no completion within {BOUND:?}");
+        }
+    }
+
+    /// Waits (bounded) for `n` successful completions with their sources; panics on an error.
+    pub fn wait_from(&self, n: usize) -> Vec<(CqTaggedEntry, FiAddr)> {
+        (0..n)
+            .map(|_| match self.next() {
+                Completion::Ok(e, s) => (e, s),
+                Completion::Err(e, _) => panic!("error completion: {e:?}"),
+            })
+            .collect()
+    }
+
+    /// Retries `post` while it says `Again`, driving progress in between (bounded).
+    pub fn retry(&self, mut post: impl FnMut() -> Result<()>) {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            match post() {
+                Ok(()) => return,
+                Err(Error::Again(_)) => {
+                    self.ep.progress();
+                }
+                Err(e) => panic!("post: {e}"),
+            }
+            assert!(Instant::now() < deadline, "still Again after {BOUND:?}");
+        }
+    }
+}
+
+/// Parent side of the usual handshake: inserts the child's address and tells it ours.
+pub fn connect(peer: &mut Peer, n: &Node) -> FiAddr {
+    let addr = n.add_peer(&unhex(&peer.hear()));
+    peer.tell(&hex(&n.ep.getname().unwrap()));
+    addr
+}
+
+/// Child side of `connect`.
+pub fn connect_parent(n: &Node) -> FiAddr {
+    say(&hex(&n.ep.getname().unwrap()));
+    n.add_peer(&unhex(&listen()))
+}
+
+/// One end of the control channel, so one function can play a role in either process.
+pub enum Ctl<'a> {
+    /// The parent, talking to its child.
+    Parent(&'a mut Peer),
+    /// A child, talking to its parent.
+    Child,
+}
+
+impl Ctl<'_> {
+    /// Sends a line to the other side.
+    pub fn tell(&mut self, s: &str) {
+        match self {
+            Ctl::Parent(p) => p.tell(s),
+            Ctl::Child => say(s),
+        }
+    }
+
+    /// Reads the other side's next line.
+    pub fn hear(&mut self) -> String {
+        match self {
+            Ctl::Parent(p) => p.hear(),
+            Ctl::Child => listen(),
+        }
+    }
+
+    /// Reads the next line and checks it is `want`.
+    pub fn expect(&mut self, want: &str) {
+        let got = self.hear();
+        assert_eq!(got, want, "control channel out of step");
+    }
+}
+
+impl Peer {
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// A tagged message description over `iov` (`struct fi_msg_tagged`).
+pub fn tmsg(iov: &[RawIov], addr: FiAddr, ctx: Context, tag: u64, ignore: u64) -> Msg<'_> {
+    Msg {
+        iov,
+        desc: &[],
+        addr,
+        context: ctx,
+        data: 0,
+        tag,
+        ignore,
+    }
 }

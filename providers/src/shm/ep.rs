@@ -120,6 +120,12 @@ enum Done {
         tag: u64,
         err: i32,
     },
+    /// A matched receive that failed; its slot is finished like a completed one.
+    SlotErr {
+        slot: RecvSlot,
+        tag: u64,
+        err: i32,
+    },
     Peek {
         ctx: Context,
         len: usize,
@@ -145,6 +151,17 @@ struct State {
     ticks: u32,
     last_sweep: Instant,
     closed: bool,
+}
+
+impl State {
+    /// Queues a receive's completion (`Rx` or `SlotErr`), letting the matching engine mark
+    /// the last completion of a multi-receive buffer.
+    fn push_rx(&mut self, mut d: Done) {
+        if let Done::Rx { slot, .. } | Done::SlotErr { slot, .. } = &mut d {
+            self.rxq.finish_slot(slot);
+        }
+        self.done.push(d);
+    }
 }
 
 /// An shm endpoint.
@@ -232,6 +249,9 @@ impl ShmEndpoint {
                     tag,
                     err,
                 } => self.core.fail_rx(ctx, flags, tag, err),
+                Done::SlotErr { slot, tag, err } => {
+                    self.core.fail_rx(slot.ctx, slot.flags, tag, err)
+                }
                 Done::Peek {
                     ctx,
                     len,
@@ -606,7 +626,7 @@ impl ShmEndpoint {
                     // SAFETY: a matched receive's buffer is ours to write until it completes.
                     let got = unsafe { slot.iov.copy_in(0, bytes) };
                     let raw = self.raw_src(st, p, src);
-                    st.done.push(Done::Rx {
+                    st.push_rx(Done::Rx {
                         slot,
                         len: got,
                         olen: len - got,
@@ -685,7 +705,7 @@ impl ShmEndpoint {
                         let cap = r.slot.iov.total();
                         let got = r.total.min(cap);
                         let raw = self.raw_src(st, r.peer, r.src);
-                        st.done.push(Done::Rx {
+                        st.push_rx(Done::Rx {
                             slot: r.slot,
                             len: got,
                             olen: r.total - got,
@@ -745,7 +765,7 @@ impl ShmEndpoint {
                 CmaResult::Done => {
                     self.ack(st, r.peer, r.tx_id, 0);
                     let raw = self.raw_src(st, r.peer, src);
-                    st.done.push(Done::Rx {
+                    st.push_rx(Done::Rx {
                         slot,
                         len: n,
                         olen: r.len - n,
@@ -758,9 +778,8 @@ impl ShmEndpoint {
                 }
                 CmaResult::Refused => {}
                 CmaResult::PeerGone => {
-                    st.done.push(Done::RxErr {
-                        ctx: slot.ctx,
-                        flags: slot.flags,
+                    st.push_rx(Done::SlotErr {
+                        slot,
                         tag,
                         err: FI_ECONNRESET,
                     });
@@ -768,12 +787,7 @@ impl ShmEndpoint {
                 }
                 CmaResult::Failed(e) => {
                     self.ack(st, r.peer, r.tx_id, e);
-                    st.done.push(Done::RxErr {
-                        ctx: slot.ctx,
-                        flags: slot.flags,
-                        tag,
-                        err: e,
-                    });
+                    st.push_rx(Done::SlotErr { slot, tag, err: e });
                     return;
                 }
             }
@@ -855,9 +869,8 @@ impl ShmEndpoint {
             .collect();
         for id in ids {
             let r = st.rxp.remove(id);
-            st.done.push(Done::RxErr {
-                ctx: r.slot.ctx,
-                flags: r.slot.flags,
+            st.push_rx(Done::SlotErr {
+                slot: r.slot,
                 tag: r.tag,
                 err,
             });
@@ -937,7 +950,7 @@ impl ShmEndpoint {
                     self.ack(st, peer, id, 0);
                 }
                 let raw = self.raw_src(st, peer, u.src);
-                st.done.push(Done::Rx {
+                st.push_rx(Done::Rx {
                     slot,
                     len: got,
                     olen: if discard { 0 } else { u.len - got },
@@ -950,7 +963,7 @@ impl ShmEndpoint {
             Payload::Rndv(r) => {
                 if discard {
                     self.ack(st, r.peer, r.tx_id, 0);
-                    st.done.push(Done::Rx {
+                    st.push_rx(Done::Rx {
                         slot,
                         len: 0,
                         olen: 0,
@@ -1153,9 +1166,8 @@ impl EndpointOps for ShmEndpoint {
         st.streaming.clear();
         let pipes: Vec<RxPipe> = st.rxp.drain().collect();
         for r in pipes {
-            st.done.push(Done::RxErr {
-                ctx: r.slot.ctx,
-                flags: r.slot.flags,
+            st.push_rx(Done::SlotErr {
+                slot: r.slot,
                 tag: r.tag,
                 err: FI_ECANCELED,
             });
