@@ -27,38 +27,7 @@ pub fn node(caps: u64, progress: Progress) -> Node {
 
 /// As `node`, letting the caller adjust the hints first.
 pub fn node_with(caps: u64, progress: Progress, adjust: impl FnOnce(&mut Info)) -> Node {
-    let mut hints = Info {
-        caps,
-        ..Default::default()
-    };
-    hints.fabric_attr.prov_name = Some("shm".into());
-    hints.ep_attr.ep_type = EpType::Rdm;
-    hints.domain_attr.data_progress = progress;
-    adjust(&mut hints);
-    let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints)).expect("getinfo")[0].clone();
-    let fabric = xfabric::fabric(&info.fabric_attr).expect("fabric");
-    let domain = fabric.domain(&info).expect("domain");
-    let cq = domain
-        .cq_open(&CqAttr {
-            format: CqFormat::Tagged,
-            wait_obj: WaitObj::Unspec,
-            size: 4096,
-            ..Default::default()
-        })
-        .expect("cq");
-    let av = domain.av_open(&AvAttr::default()).expect("av");
-    let ep = domain.endpoint(&info).expect("endpoint");
-    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).expect("bind cq");
-    ep.bind_av(&av).expect("bind av");
-    ep.enable().expect("enable");
-    Node {
-        fabric,
-        domain,
-        cq,
-        av,
-        ep,
-        info,
-    }
+    node_custom(caps, progress, adjust, 4096, |_, _| {})
 }
 
 impl Node {
