@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use xfabric_core::rxq::IOV_LIMIT;
 use xfabric_core::{IovList, RawIov};
 
 /// What is known about cross-memory attach on this endpoint.
@@ -24,6 +25,11 @@ impl CmaState {
     /// Whether it is worth trying.
     pub fn usable(&self) -> bool {
         self.0.load(Ordering::Relaxed) != REFUSED
+    }
+
+    /// Whether it has worked on this endpoint (a split copy relies on it).
+    pub fn known_working(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == WORKS
     }
 
     fn set(&self, v: u8) {
@@ -58,39 +64,70 @@ pub fn read(
     remote: &[RawIov],
     len: usize,
 ) -> CmaResult {
+    copy(state, pid, local, remote, len, false)
+}
+
+/// Copies `len` bytes from `local` into `remote` (in process `pid`).
+pub fn write(
+    state: &CmaState,
+    pid: i32,
+    local: &IovList,
+    remote: &[RawIov],
+    len: usize,
+) -> CmaResult {
+    copy(state, pid, local, remote, len, true)
+}
+
+fn iovecs(l: &IovList) -> ([libc::iovec; IOV_LIMIT], usize) {
+    let mut v = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; IOV_LIMIT];
+    for (d, s) in v.iter_mut().zip(l.segs()) {
+        d.iov_base = s.addr as *mut libc::c_void;
+        d.iov_len = s.len;
+    }
+    (v, l.segs().len())
+}
+
+fn copy(
+    state: &CmaState,
+    pid: i32,
+    local: &IovList,
+    remote: &[RawIov],
+    len: usize,
+    to_remote: bool,
+) -> CmaResult {
+    let Some(remote) = IovList::from_segs(remote.iter().copied()) else {
+        return CmaResult::Failed(libc::EINVAL);
+    };
     let mut done = 0usize;
     while done < len {
-        let loc = local.slice(done, len - done);
-        let rem = IovList::from_segs(remote.iter().copied())
-            .map(|l| l.slice(done, len - done))
-            .unwrap_or_default();
-        let l: Vec<libc::iovec> = loc
-            .segs()
-            .iter()
-            .map(|s| libc::iovec {
-                iov_base: s.addr as *mut libc::c_void,
-                iov_len: s.len,
-            })
-            .collect();
-        let r: Vec<libc::iovec> = rem
-            .segs()
-            .iter()
-            .map(|s| libc::iovec {
-                iov_base: s.addr as *mut libc::c_void,
-                iov_len: s.len,
-            })
-            .collect();
-        // SAFETY: the local iovecs describe memory the caller owns for writing (a matched
-        // receive buffer); the remote ones are only dereferenced by the kernel, in `pid`.
+        let (l, ln) = iovecs(&local.slice(done, len - done));
+        let (r, rn) = iovecs(&remote.slice(done, len - done));
+        // SAFETY: the local iovecs describe memory the caller owns (a matched receive buffer to
+        // write, or a pending send's buffer to read); the remote ones are only dereferenced by
+        // the kernel, in `pid`.
         let n = unsafe {
-            libc::process_vm_readv(
-                pid,
-                l.as_ptr(),
-                l.len() as libc::c_ulong,
-                r.as_ptr(),
-                r.len() as libc::c_ulong,
-                0,
-            )
+            if to_remote {
+                libc::process_vm_writev(
+                    pid,
+                    l.as_ptr(),
+                    ln as libc::c_ulong,
+                    r.as_ptr(),
+                    rn as libc::c_ulong,
+                    0,
+                )
+            } else {
+                libc::process_vm_readv(
+                    pid,
+                    l.as_ptr(),
+                    ln as libc::c_ulong,
+                    r.as_ptr(),
+                    rn as libc::c_ulong,
+                    0,
+                )
+            }
         };
         if n < 0 {
             let e = std::io::Error::last_os_error()

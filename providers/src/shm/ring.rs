@@ -66,6 +66,8 @@ pub mod kind {
     pub const ACK: u8 = 7;
     /// The sender is closing this lane.
     pub const BYE: u8 = 8;
+    /// The sender wrote its share of a split copy (`aux`: the receiver's id; `len`: status).
+    pub const WDONE: u8 = 9;
 }
 
 /// Message flags.
@@ -78,6 +80,10 @@ pub mod flag {
     pub const ACK_DELIVERY: u8 = 4;
     /// Acknowledge once the message is matched (match complete).
     pub const ACK_MATCH: u8 = 8;
+    /// On CTS: split copy. The payload names the receiver's buffer and the offset from which
+    /// the sender writes the rest itself (cross-memory attach) while the receiver reads the
+    /// first part: both cores copy at once.
+    pub const SPLIT: u8 = 16;
 }
 
 /// Slots a message with `payload` bytes needs.

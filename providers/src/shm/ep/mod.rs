@@ -28,12 +28,18 @@ use super::ring::{self, flag, kind, Consumer, Header, Producer, LANES};
 use super::segment::Segment;
 use super::ADDR_PREFIX;
 
+mod rndv;
+use rndv::parse_rts;
+
 /// Largest message sent inline through the ring.
 pub const EAGER_MAX: usize = 8192;
 /// Largest inject (copied into the ring during the call).
 pub const INJECT_SIZE: usize = 4096;
 /// Fragment size of the pipelined large-message path.
 pub const FRAG: usize = 16384;
+/// Messages from this size on are copied by both sides at once (split copy), where
+/// cross-memory attach works; `XFABRIC_SHM_SPLIT_MIN` overrides it.
+pub const SPLIT_MIN: usize = 1 << 20;
 /// Messages handled per lane per progress call, so one busy sender cannot starve the rest.
 const BATCH: usize = 16;
 /// How often to look for dead peers while work is outstanding.
@@ -82,6 +88,8 @@ struct TxReq {
     stream: Option<(u32, usize)>,
 }
 
+/// A matched large message still arriving: through fragments (`split` is `None`), or by a
+/// split copy whose first `got` bytes the receiver has read and the rest the sender writes.
 struct RxPipe {
     slot: RecvSlot,
     peer: usize,
@@ -91,6 +99,15 @@ struct RxPipe {
     tag: u64,
     data: Option<u64>,
     src: FiAddr,
+    split: Option<Split>,
+}
+
+struct Split {
+    pid: i32,
+    remote: Vec<RawIov>,
+    /// Our own read failed: the message fails, but only once the sender has reported, so
+    /// that nothing writes into the buffer after the application got it back.
+    err: i32,
 }
 
 /// Completion work gathered under the lock and reported after it is released, so that a
@@ -171,6 +188,7 @@ pub struct ShmEndpoint {
     id: u64,
     name: String,
     cma: CmaState,
+    split_min: usize,
     st: Mutex<State>,
 }
 
@@ -197,6 +215,10 @@ impl ShmEndpoint {
             name,
             seg,
             cma: CmaState::new(),
+            split_min: std::env::var("XFABRIC_SHM_SPLIT_MIN")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(SPLIT_MIN),
             st: Mutex::new(State {
                 rxq: RecvQueue::new(directed),
                 peers: Vec::new(),
@@ -684,6 +706,11 @@ impl ShmEndpoint {
                     );
                 }
             }
+            kind::CTS if h.flags & flag::SPLIT != 0 => {
+                // SAFETY: read before the consumer advances.
+                let pl = unsafe { v.payload(h.len as usize) }.to_vec();
+                self.write_split(st, p, h.aux as usize, h.tag, &pl);
+            }
             kind::CTS => {
                 let id = h.aux as usize;
                 if let Some(t) = st.tx.get_mut(id) {
@@ -691,6 +718,7 @@ impl ShmEndpoint {
                     st.streaming.push(id as u32);
                 }
             }
+            kind::WDONE => self.split_written(st, h.aux as usize, h.len as i32),
             kind::DATA => {
                 let id = h.aux as usize;
                 let off = h.tag as usize;
@@ -746,118 +774,6 @@ impl ShmEndpoint {
             _ => {}
         }
         false
-    }
-
-    /// Starts moving a matched large message into `slot`.
-    fn start_rndv(
-        &self,
-        st: &mut State,
-        slot: RecvSlot,
-        r: Rndv,
-        tag: u64,
-        data: Option<u64>,
-        src: FiAddr,
-    ) {
-        let cap = slot.iov.total();
-        let n = r.len.min(cap);
-        if self.cma.usable() {
-            match cma::read(&self.cma, r.pid, &slot.iov, &r.iov, n) {
-                CmaResult::Done => {
-                    self.ack(st, r.peer, r.tx_id, 0);
-                    let raw = self.raw_src(st, r.peer, src);
-                    st.push_rx(Done::Rx {
-                        slot,
-                        len: n,
-                        olen: r.len - n,
-                        tag,
-                        data,
-                        src,
-                        raw,
-                    });
-                    return;
-                }
-                CmaResult::Refused => {}
-                CmaResult::PeerGone => {
-                    st.push_rx(Done::SlotErr {
-                        slot,
-                        tag,
-                        err: FI_ECONNRESET,
-                    });
-                    return;
-                }
-                CmaResult::Failed(e) => {
-                    self.ack(st, r.peer, r.tx_id, e);
-                    st.push_rx(Done::SlotErr { slot, tag, err: e });
-                    return;
-                }
-            }
-        }
-        let id = st.rxp.insert(RxPipe {
-            slot,
-            peer: r.peer,
-            tx_id: r.tx_id,
-            total: r.len,
-            got: 0,
-            tag,
-            data,
-            src,
-        });
-        let h = Header {
-            kind: kind::CTS,
-            aux: r.tx_id,
-            tag: id as u64,
-            ..Default::default()
-        };
-        self.send_ctrl(st, r.peer, h, &[]);
-    }
-
-    /// Pushes fragments of pipelined sends while their peers' rings have room.
-    fn pump_streams(&self, st: &mut State) -> usize {
-        let mut n = 0;
-        let mut i = 0;
-        while i < st.streaming.len() {
-            let id = st.streaming[i] as usize;
-            let Some(t) = st.tx.get(id) else {
-                st.streaming.swap_remove(i);
-                continue;
-            };
-            let (p, iov, len) = (t.peer, t.iov, t.len);
-            let (rx_id, mut off) = t.stream.expect("streaming sends have a stream");
-            let peer = &mut st.peers[p];
-            if !peer.backlog.is_empty() || peer.dead {
-                i += 1;
-                continue;
-            }
-            let prod = peer.prod.as_mut().expect("a streaming send's lane exists");
-            while off < len {
-                let chunk = FRAG.min(len - off);
-                let h = Header {
-                    kind: kind::DATA,
-                    len: chunk as u32,
-                    aux: rx_id,
-                    tag: off as u64,
-                    ..Default::default()
-                };
-                // SAFETY: a pending send's buffer stays readable until it completes.
-                if !prod.write(&peer.seg, &h, chunk, |b| unsafe {
-                    iov.copy_out(off, b);
-                }) {
-                    break;
-                }
-                off += chunk;
-                n += 1;
-            }
-            if n > 0 {
-                Self::wake(&peer.seg);
-            }
-            st.tx[id].stream = Some((rx_id, off));
-            if off >= len {
-                st.streaming.swap_remove(i);
-            } else {
-                i += 1;
-            }
-        }
-        n
     }
 
     fn fail_pipes_from(&self, st: &mut State, p: usize, err: i32) {
@@ -1213,30 +1129,6 @@ pub fn seg_name(raw: &[u8]) -> Result<String> {
         )));
     }
     Ok(name.to_string())
-}
-
-fn parse_rts(pl: &[u8], peer: usize, tx_id: u32) -> Option<Rndv> {
-    let u64_at = |o: usize| {
-        pl.get(o..o + 8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-    };
-    let len = u64_at(0)? as usize;
-    let pid = i32::from_le_bytes(pl.get(8..12)?.try_into().ok()?);
-    let n = u32::from_le_bytes(pl.get(12..16)?.try_into().ok()?) as usize;
-    let mut iov = Vec::with_capacity(n);
-    for i in 0..n.min(xfabric_core::rxq::IOV_LIMIT) {
-        iov.push(RawIov {
-            addr: u64_at(16 + 16 * i)? as usize,
-            len: u64_at(24 + 16 * i)? as usize,
-        });
-    }
-    Some(Rndv {
-        peer,
-        tx_id,
-        len,
-        pid,
-        iov,
-    })
 }
 
 fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout: Duration) {
