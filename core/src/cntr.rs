@@ -185,13 +185,13 @@ impl Counter {
 
 impl CntrInner {
     /// Registers an endpoint's progress hook and counts the binding.
-    pub fn bind(&self, p: Weak<dyn ProgressSource>) {
+    pub fn bind(&self, p: Arc<dyn ProgressSource>) {
         self.progress.add(p);
         self.bound.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Undoes `bind`.
-    pub fn unbind(&self, p: &Weak<dyn ProgressSource>) {
+    pub fn unbind(&self, p: &Arc<dyn ProgressSource>) {
         self.progress.remove(p);
         self.bound.fetch_sub(1, Ordering::AcqRel);
     }

@@ -62,6 +62,8 @@ pub struct CqInner {
     cond: Condvar,
     sleepers: AtomicUsize,
     has_errors: AtomicBool,
+    /// Success entries queued, or non-zero while overrun: lets an empty read skip the lock.
+    ready_hint: AtomicUsize,
     progress: ProgressList,
     bound: AtomicUsize,
     fd: Option<EventFd>,
@@ -122,6 +124,7 @@ impl CompletionQueue {
             cond: Condvar::new(),
             sleepers: AtomicUsize::new(0),
             has_errors: AtomicBool::new(false),
+            ready_hint: AtomicUsize::new(0),
             progress: ProgressList::default(),
             bound: AtomicUsize::new(0),
             fd,
@@ -367,13 +370,13 @@ impl CqInner {
     }
 
     /// Registers an endpoint's progress hook and counts the binding.
-    pub fn bind(&self, p: Weak<dyn ProgressSource>) {
+    pub fn bind(&self, p: Arc<dyn ProgressSource>) {
         self.progress.add(p);
         self.bound.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Undoes `bind` when the endpoint closes.
-    pub fn unbind(&self, p: &Weak<dyn ProgressSource>) {
+    pub fn unbind(&self, p: &Arc<dyn ProgressSource>) {
         self.progress.remove(p);
         self.bound.fetch_sub(1, Ordering::AcqRel);
     }
@@ -382,7 +385,7 @@ impl CqInner {
     pub fn push(&self, entry: CqTaggedEntry, src: FiAddr) -> bool {
         let ok = {
             let mut q = self.lock();
-            if q.overrun {
+            let ok = if q.overrun {
                 false
             } else if q.ring.len() + q.errs.len() >= self.cap {
                 q.overrun = true;
@@ -390,7 +393,10 @@ impl CqInner {
             } else {
                 q.ring.push_back(Stored { entry, src });
                 true
-            }
+            };
+            self.ready_hint
+                .store(q.ring.len() + q.overrun as usize, Ordering::Release);
+            ok
         };
         self.notify();
         ok
@@ -448,6 +454,9 @@ impl CqInner {
         if self.has_errors.load(Ordering::Relaxed) {
             return Err(Error::Avail);
         }
+        if self.ready_hint.load(Ordering::Acquire) == 0 {
+            return Err(Error::Again("cq read"));
+        }
         let mut q = self.lock();
         if !q.errs.is_empty() {
             return Err(Error::Avail);
@@ -466,6 +475,8 @@ impl CqInner {
                 src[i] = s.src;
             }
         }
+        self.ready_hint
+            .store(q.ring.len() + q.overrun as usize, Ordering::Release);
         Ok(n)
     }
 }

@@ -4,7 +4,7 @@
 //! counters the same way for every provider.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::av::{AddressVector, AvInner};
 use crate::cntr::{CntrInner, Counter};
@@ -366,7 +366,7 @@ const TRECV_FLAGS: u64 = FI_COMPLETION | FI_MORE | FI_PEEK | FI_CLAIM | FI_DISCA
 pub struct Endpoint {
     core: Arc<EpCore>,
     ops: Arc<dyn EndpointOps>,
-    progress_reg: Weak<dyn ProgressSource>,
+    progress_reg: Arc<dyn ProgressSource>,
     domain_progress: Arc<ProgressList>,
     enabled: AtomicBool,
     closed: AtomicBool,
@@ -382,7 +382,7 @@ impl Endpoint {
         let as_progress: Arc<dyn ProgressSource> = ops.clone();
         Endpoint {
             core,
-            progress_reg: Arc::downgrade(&as_progress),
+            progress_reg: as_progress,
             ops,
             domain_progress,
             enabled: AtomicBool::new(false),

@@ -3,6 +3,8 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Condvar, Mutex, Weak};
+
+use arc_swap::ArcSwap;
 use std::time::{Duration, Instant};
 
 use crate::consts::WaitObj;
@@ -21,36 +23,49 @@ pub trait ProgressSource: Send + Sync {
     }
 }
 
-/// The endpoints (or other progress sources) that a queue, counter or domain drives.
+/// The endpoints (or other progress sources) that a queue, counter or domain drives. Read on
+/// every poll of a queue, changed only when an endpoint is enabled or closed: the list is an
+/// immutable snapshot swapped whole, so a poll takes no lock and no reference count. Entries
+/// are strong references; an endpoint removes itself when it closes (which it always does,
+/// on drop at the latest), so no cycle outlives it.
 #[derive(Default)]
 pub struct ProgressList {
-    sources: std::sync::RwLock<Vec<Weak<dyn ProgressSource>>>,
+    sources: ArcSwap<Vec<Arc<dyn ProgressSource>>>,
+}
+
+fn same(a: &Arc<dyn ProgressSource>, b: &Arc<dyn ProgressSource>) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
 }
 
 impl ProgressList {
-    /// Adds a source.
-    pub fn add(&self, p: Weak<dyn ProgressSource>) {
-        let mut v = self.sources.write().unwrap_or_else(|e| e.into_inner());
-        v.retain(|w| w.strong_count() > 0);
-        if !v.iter().any(|w| w.ptr_eq(&p)) {
-            v.push(p);
-        }
+    /// Adds a source (once).
+    pub fn add(&self, p: Arc<dyn ProgressSource>) {
+        self.sources.rcu(|v| {
+            let mut v = Vec::clone(v);
+            if !v.iter().any(|x| same(x, &p)) {
+                v.push(p.clone());
+            }
+            v
+        });
     }
 
     /// Removes a source.
-    pub fn remove(&self, p: &Weak<dyn ProgressSource>) {
-        let mut v = self.sources.write().unwrap_or_else(|e| e.into_inner());
-        v.retain(|w| !w.ptr_eq(p) && w.strong_count() > 0);
+    pub fn remove(&self, p: &Arc<dyn ProgressSource>) {
+        self.sources.rcu(|v| {
+            v.iter()
+                .filter(|x| !same(x, p))
+                .cloned()
+                .collect::<Vec<_>>()
+        });
     }
 
-    /// Drives every live source once.
+    /// Drives every source once.
+    #[inline]
     pub fn run(&self) -> usize {
-        let v = self.sources.read().unwrap_or_else(|e| e.into_inner());
+        let v = self.sources.load();
         let mut n = 0;
-        for w in v.iter() {
-            if let Some(p) = w.upgrade() {
-                n += p.progress();
-            }
+        for p in v.iter() {
+            n += p.progress();
         }
         n
     }
@@ -59,24 +74,20 @@ impl ProgressList {
     pub fn idle_wait(&self, timeout: Duration) {
         // One source: sleep on its doorbell for the whole timeout. Several: on the first's for
         // at most a millisecond, so the others are looked at again soon. None: just sleep.
-        let (first, many) = {
-            let v = self.sources.read().unwrap_or_else(|e| e.into_inner());
-            (v.iter().find_map(|w| w.upgrade()), v.len() > 1)
-        };
-        match first {
-            Some(p) if many => p.idle_wait(timeout.min(Duration::from_millis(1))),
+        let v = self.sources.load();
+        match v.first() {
+            Some(p) if v.len() > 1 => p.idle_wait(timeout.min(Duration::from_millis(1))),
             Some(p) => p.idle_wait(timeout),
             None => std::thread::sleep(timeout.min(Duration::from_millis(1))),
         }
     }
 
-    /// Number of live sources.
+    /// Number of sources.
     pub fn len(&self) -> usize {
-        let v = self.sources.read().unwrap_or_else(|e| e.into_inner());
-        v.iter().filter(|w| w.strong_count() > 0).count()
+        self.sources.load().len()
     }
 
-    /// True when no live source is registered.
+    /// True when no source is registered.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -292,10 +292,9 @@ impl Consumer {
         }
     }
 
-    /// Whether a message is published, without consuming it.
-    pub fn ready(&self, seg: &Segment, lane: usize) -> bool {
-        let p = slot_ptr(seg, lane, (self.pos % SLOTS as u64) as usize);
-        seq_of(p).load(Ordering::Acquire) == self.pos as u32 + 1
+    /// The position of the next message (for a lock-free `published` check elsewhere).
+    pub fn pos(&self) -> u64 {
+        self.pos
     }
 
     /// Consumes the message `v` (after its payload has been copied out).
@@ -308,6 +307,12 @@ impl Consumer {
         // SAFETY: the tail word is 8-aligned inside the lane header.
         unsafe { seg.u64_at(tail_off(lane)) }.store(self.pos, Ordering::Release);
     }
+}
+
+/// Whether the message at position `pos` of `lane` is published.
+pub fn published(seg: &Segment, lane: usize, pos: u64) -> bool {
+    let p = slot_ptr(seg, lane, (pos % SLOTS as u64) as usize);
+    seq_of(p).load(Ordering::Acquire) == pos as u32 + 1
 }
 
 /// The segment header's futex word.

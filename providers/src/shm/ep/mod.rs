@@ -10,7 +10,7 @@
 //!   sender streams DATA fragments through the ring; the receiver ACKs after the last one.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -39,7 +39,7 @@ pub const INJECT_SIZE: usize = 4096;
 pub const FRAG: usize = 16384;
 /// Messages from this size on are copied by both sides at once (split copy), where
 /// cross-memory attach works; `XFABRIC_SHM_SPLIT_MIN` overrides it.
-pub const SPLIT_MIN: usize = 1 << 20;
+pub const SPLIT_MIN: usize = 64 << 10;
 /// Messages handled per lane per progress call, so one busy sender cannot starve the rest.
 const BATCH: usize = 16;
 /// How often to look for dead peers while work is outstanding.
@@ -190,6 +190,17 @@ pub struct ShmEndpoint {
     cma: CmaState,
     split_min: usize,
     st: Mutex<State>,
+    /// Mirrors of the locked state, so that a poll with nothing to do takes no lock: the
+    /// consumer position of each lane, the lanes known active, and whether anything is in
+    /// flight that needs the full progress path (fragments, backlog, sends awaiting an ACK,
+    /// receives in progress).
+    idle: IdleHint,
+}
+
+struct IdleHint {
+    pos: [AtomicU64; LANES],
+    known_active: AtomicU64,
+    busy: AtomicBool,
 }
 
 fn ident(name: &str) -> u64 {
@@ -215,6 +226,11 @@ impl ShmEndpoint {
             name,
             seg,
             cma: CmaState::new(),
+            idle: IdleHint {
+                pos: std::array::from_fn(|_| AtomicU64::new(0)),
+                known_active: AtomicU64::new(0),
+                busy: AtomicBool::new(false),
+            },
             split_min: std::env::var("XFABRIC_SHM_SPLIT_MIN")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -245,6 +261,7 @@ impl ShmEndpoint {
 
     /// Reports gathered completions after the lock is released, then hands the buffer back.
     fn finish(&self, mut st: MutexGuard<'_, State>) {
+        self.publish_idle(&st);
         if st.done.is_empty() {
             return;
         }
@@ -913,24 +930,39 @@ impl ShmEndpoint {
         n
     }
 
+    /// Lock-free: whether a progress call may find something to do.
     fn has_work(&self) -> bool {
-        let mask = ring::active(&self.seg).load(Ordering::Acquire);
-        if let Ok(st) = self.st.try_lock() {
-            if !st.streaming.is_empty() || st.peers.iter().any(|p| !p.backlog.is_empty()) {
-                return true;
-            }
-            if mask != st.known_active {
-                return true;
-            }
-            bits(mask).any(|l| st.cons[l].ready(&self.seg, l))
-        } else {
-            true
+        if self.idle.busy.load(Ordering::Acquire) {
+            return true;
         }
+        let mask = ring::active(&self.seg).load(Ordering::Acquire);
+        if mask != self.idle.known_active.load(Ordering::Relaxed) {
+            return true;
+        }
+        bits(mask).any(|l| ring::published(&self.seg, l, self.idle.pos[l].load(Ordering::Relaxed)))
+    }
+
+    /// Refreshes the lock-free mirrors (under the lock, at the end of each locked call).
+    fn publish_idle(&self, st: &State) {
+        for l in bits(st.known_active) {
+            self.idle.pos[l].store(st.cons[l].pos(), Ordering::Relaxed);
+        }
+        self.idle
+            .known_active
+            .store(st.known_active, Ordering::Relaxed);
+        let busy = !st.streaming.is_empty()
+            || !st.tx.is_empty()
+            || !st.rxp.is_empty()
+            || st.peers.iter().any(|p| !p.backlog.is_empty());
+        self.idle.busy.store(busy, Ordering::Release);
     }
 }
 
 impl ProgressSource for ShmEndpoint {
     fn progress(&self) -> usize {
+        if !self.has_work() {
+            return 0;
+        }
         let Ok(mut st) = self.st.try_lock() else {
             return 0;
         };
