@@ -292,6 +292,11 @@ impl Consumer {
         }
     }
 
+    /// Whether the next message is published.
+    pub fn ready_at(&self, seg: &Segment, lane: usize) -> bool {
+        published(seg, lane, self.pos)
+    }
+
     /// The position of the next message (for a lock-free `published` check elsewhere).
     pub fn pos(&self) -> u64 {
         self.pos

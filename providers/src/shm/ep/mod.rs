@@ -42,6 +42,8 @@ pub const FRAG: usize = 16384;
 pub const SPLIT_MIN: usize = 64 << 10;
 /// Messages handled per lane per progress call, so one busy sender cannot starve the rest.
 const BATCH: usize = 16;
+/// Polls of the lanes while a split copy waits for its sender (a few microseconds).
+const SPLIT_SPIN: usize = 2000;
 /// How often to look for dead peers while work is outstanding.
 const SWEEP_EVERY: Duration = Duration::from_millis(20);
 
@@ -923,6 +925,17 @@ impl ShmEndpoint {
             }
         }
         n += self.poll_lanes(st);
+        if st.rxp.iter().any(|(_, r)| r.split.is_some()) {
+            // A split copy waits only for the sender's WDONE, which is moments away: watch
+            // the lanes here rather than going back out through the application's poll loop.
+            for _ in 0..SPLIT_SPIN {
+                if bits(st.known_active).any(|l| st.cons[l].ready_at(&self.seg, l)) {
+                    n += self.poll_lanes(st);
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
         st.ticks = st.ticks.wrapping_add(1);
         if st.ticks.is_multiple_of(256) && st.last_sweep.elapsed() >= SWEEP_EVERY {
             self.sweep(st);

@@ -86,7 +86,9 @@ impl ShmEndpoint {
         data: Option<u64>,
         src: FiAddr,
     ) {
-        let at = (n / 2) & !4095;
+        // The receiver starts at once and the sender one message hop later, so the receiver
+        // takes a little more than half (9/16 measured best at 64 KiB), page-aligned.
+        let at = (n / 16 * 9) & !4095;
         let segs = slot.iov.segs();
         let mut pl = Vec::with_capacity(24 + 16 * segs.len());
         pl.extend_from_slice(&(at as u64).to_le_bytes());
