@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: a ping-pong between two processes over the default shm provider, at a small,
-# a medium and a large size, with data checked (-c). The same flags drive libfabric's
-# fi_pingpong, so `scripts/bench.sh` can put the two side by side.
+# a medium and a large size: a short run with every byte checked (-c), then a timed one. The
+# same flags drive libfabric's fi_pingpong, so `scripts/bench.sh` can put the two side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -9,13 +9,20 @@ cargo build --release -q --example pingpong
 pp=target/release/examples/pingpong
 port=$((40000 + RANDOM % 20000))
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
-for size in 8 65536 4194304; do
-    iters=10000
-    [ "$size" -ge 1048576 ] && iters=200
-    echo "== shm ping-pong, $size bytes, $iters iterations (client side) =="
-    "$pp" -p shm -e rdm -I "$iters" -S "$size" -c -B "$port" >/dev/null &
-    server=$!
-    "$pp" -p shm -e rdm -I "$iters" -S "$size" -c -P "$port" 127.0.0.1
+run() { # size iterations [extra flags]
+    local size=$1 iters=$2
+    shift 2
+    "$pp" -p shm -e rdm -I "$iters" -S "$size" -B "$port" "$@" >/dev/null &
+    local server=$!
+    "$pp" -p shm -e rdm -I "$iters" -S "$size" -P "$port" "$@" 127.0.0.1 | tail -n 1
     wait "$server"
     port=$((port + 1))
+}
+echo "shm ping-pong between two processes (client side; usec/xfer is half a round trip)"
+echo "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec"
+for size in 8 65536 4194304; do
+    iters=10000
+    [ "$size" -ge 1048576 ] && iters=500
+    run "$size" 100 -c >/dev/null   # every byte checked first
+    run "$size" "$iters"
 done
