@@ -48,12 +48,13 @@ pub fn getinfo(
     for p in provider_list() {
         match p.getinfo(node, service, flags, hints) {
             Ok(v) => out.extend(v),
+            Err(Error::NoData(why)) => reasons.push(why),
             Err(e) => reasons.push(e.to_string()),
         }
     }
     if out.is_empty() {
         return Err(Error::NoData(format!(
-            "getinfo: no provider matches the hints ({})",
+            "getinfo: no provider matches the hints: {}",
             reasons.join("; ")
         )));
     }

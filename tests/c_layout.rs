@@ -26,6 +26,10 @@ const NOT_IN_C_HEADERS: &[(&str, &str)] = &[
         "FI_SECONDARY_CAPS",
         "libfabric keeps OFI_SECONDARY_CAPS in its internal ofi.h",
     ),
+    (
+        "FI_OPT_IN_CAPS",
+        "xfabric's own grouping: secondary caps getinfo returns only when asked",
+    ),
 ];
 
 /// One value to compare: a C expression (also the name it is reported by) and what Rust says.
@@ -122,6 +126,8 @@ fn constant_checks() -> Vec<Check> {
     v.extend(named![
         FI_ORDER_NONE, FI_ORDER_RAR, FI_ORDER_RAW, FI_ORDER_RAS, FI_ORDER_WAR, FI_ORDER_WAW,
         FI_ORDER_WAS, FI_ORDER_SAR, FI_ORDER_SAW, FI_ORDER_SAS, FI_ORDER_STRICT, FI_ORDER_DATA,
+        FI_ORDER_RMA_RAR, FI_ORDER_RMA_RAW, FI_ORDER_RMA_WAR, FI_ORDER_RMA_WAW,
+        FI_ORDER_ATOMIC_RAR, FI_ORDER_ATOMIC_RAW, FI_ORDER_ATOMIC_WAR, FI_ORDER_ATOMIC_WAW,
     ]);
     v.extend(named![FI_PROTO_UNSPEC, FI_PROTO_SOCK_TCP, FI_PROTO_SHM]);
     v.extend(named![

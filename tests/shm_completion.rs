@@ -7,18 +7,6 @@ mod common;
 use common::*;
 use xfabric::*;
 
-fn tmsg<'a>(iov: &'a [RawIov], addr: FiAddr, tag: u64, ctx: usize) -> Msg<'a> {
-    Msg {
-        iov,
-        desc: &[],
-        addr,
-        context: ctx,
-        data: 0,
-        tag,
-        ignore: 0,
-    }
-}
-
 /// Reads the CQ a few times (driving progress) and asserts nothing completed.
 fn assert_quiet(n: &Node) {
     let mut buf = [CqTaggedEntry::default(); 4];
@@ -39,7 +27,10 @@ fn match_complete_waits_for_a_matching_receive() {
         let data = pattern(100, 1);
         let iov = [RawIov::of(&data)];
         // SAFETY: data outlives the completion awaited below.
-        unsafe { n.ep.tsendmsg(&tmsg(&iov, parent, 5, 7), FI_MATCH_COMPLETE) }.unwrap();
+        unsafe {
+            n.ep.tsendmsg(&tmsg(&iov, parent, 7, 5, 0), FI_MATCH_COMPLETE)
+        }
+        .unwrap();
         assert_eq!(listen(), "buffered");
         // The receiver holds the message but has matched nothing: no ACK can have been sent.
         assert_quiet(&n);
@@ -55,7 +46,7 @@ fn match_complete_waits_for_a_matching_receive() {
     loop {
         let none: [RawIov; 0] = [];
         // SAFETY: a peek touches no memory.
-        unsafe { n.ep.trecvmsg(&tmsg(&none, peer, 5, 1), FI_PEEK) }.unwrap();
+        unsafe { n.ep.trecvmsg(&tmsg(&none, peer, 1, 5, 0), FI_PEEK) }.unwrap();
         match n.next() {
             Completion::Ok(e, _) if e.op_context == 1 => break,
             Completion::Err(e, _) if e.err == libc::ENOMSG => continue,

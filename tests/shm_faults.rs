@@ -389,3 +389,23 @@ fn killed_receiver_fails_streaming_send() {
     assert_eq!((e.op_context, e.err), (44, FI_ECONNRESET), "{e:?}");
     reclaim(pid);
 }
+
+#[test]
+fn receive_directed_at_a_killed_peer_fails() {
+    if role().is_some() {
+        return idle_child();
+    }
+    let mut peer = spawn("receive_directed_at_a_killed_peer_fails", "idle", &[]);
+    let n = node(FI_MSG | FI_DIRECTED_RECV, Progress::Manual);
+    let src = connect(&mut peer, &n);
+    assert_eq!(peer.hear(), "ready");
+    let mut buf = [0u8; 16];
+    // SAFETY: buf outlives the (error) completion read below.
+    unsafe { n.ep.recv(&mut buf, None, src, 7) }.unwrap();
+    let pid = peer.pid();
+    peer.kill();
+    // The receive can only ever be satisfied by the dead peer: it fails instead of hanging.
+    let e = n.wait_err();
+    assert_eq!((e.op_context, e.err), (7, FI_ECONNRESET), "{e:?}");
+    reclaim(pid);
+}

@@ -108,6 +108,10 @@ pub const FI_SECONDARY_CAPS: u64 = FI_MULTI_RECV
     | FI_SOURCE_ERR
     | FI_RMA_PMEM;
 
+/// Secondary capabilities that change what an endpoint reports (error entries for unknown
+/// sources, completions for remote accesses): getinfo returns them only when asked.
+pub const FI_OPT_IN_CAPS: u64 = FI_SOURCE_ERR | FI_RMA_EVENT;
+
 /// Special addresses and keys.
 pub const FI_ADDR_UNSPEC: u64 = u64::MAX;
 pub const FI_ADDR_NOTAVAIL: u64 = u64::MAX;
@@ -149,6 +153,14 @@ pub const FI_ORDER_SAW: u64 = 1 << 7;
 pub const FI_ORDER_SAS: u64 = 1 << 8;
 pub const FI_ORDER_STRICT: u64 = 0x1FF;
 pub const FI_ORDER_DATA: u64 = 1 << 16;
+pub const FI_ORDER_RMA_RAR: u64 = 1 << 32;
+pub const FI_ORDER_RMA_RAW: u64 = 1 << 33;
+pub const FI_ORDER_RMA_WAR: u64 = 1 << 34;
+pub const FI_ORDER_RMA_WAW: u64 = 1 << 35;
+pub const FI_ORDER_ATOMIC_RAR: u64 = 1 << 36;
+pub const FI_ORDER_ATOMIC_RAW: u64 = 1 << 37;
+pub const FI_ORDER_ATOMIC_WAR: u64 = 1 << 38;
+pub const FI_ORDER_ATOMIC_WAW: u64 = 1 << 39;
 
 /// Endpoint protocols (`fi_ep_attr::protocol`).
 pub const FI_PROTO_UNSPEC: u32 = 0;
@@ -381,7 +393,6 @@ const CAP_NAMES: &[(u64, &str)] = &[
     (FI_XPU_TRIGGER, "FI_XPU_TRIGGER"),
     (FI_HMEM_HOST_ALLOC, "FI_HMEM_HOST_ALLOC"),
     (FI_HMEM_DEVICE_ONLY, "FI_HMEM_DEVICE_ONLY"),
-    (FI_HMEM, "FI_HMEM"),
     (FI_VARIABLE_MSG, "FI_VARIABLE_MSG"),
     (FI_RMA_PMEM, "FI_RMA_PMEM"),
     (FI_SOURCE_ERR, "FI_SOURCE_ERR"),
@@ -392,6 +403,7 @@ const CAP_NAMES: &[(u64, &str)] = &[
     (FI_SOURCE, "FI_SOURCE"),
     (FI_NAMED_RX_CTX, "FI_NAMED_RX_CTX"),
     (FI_DIRECTED_RECV, "FI_DIRECTED_RECV"),
+    (FI_HMEM, "FI_HMEM"),
 ];
 
 /// `fi_tostr(FI_TYPE_CAPS)`: the set bits of a capability or flag word as libfabric names them,
@@ -448,6 +460,14 @@ const ORDER_NAMES: &[(u64, &str)] = &[
     (FI_ORDER_SAW, "FI_ORDER_SAW"),
     (FI_ORDER_SAS, "FI_ORDER_SAS"),
     (FI_ORDER_DATA, "FI_ORDER_DATA"),
+    (FI_ORDER_RMA_RAR, "FI_ORDER_RMA_RAR"),
+    (FI_ORDER_RMA_RAW, "FI_ORDER_RMA_RAW"),
+    (FI_ORDER_RMA_WAR, "FI_ORDER_RMA_WAR"),
+    (FI_ORDER_RMA_WAW, "FI_ORDER_RMA_WAW"),
+    (FI_ORDER_ATOMIC_RAR, "FI_ORDER_ATOMIC_RAR"),
+    (FI_ORDER_ATOMIC_RAW, "FI_ORDER_ATOMIC_RAW"),
+    (FI_ORDER_ATOMIC_WAR, "FI_ORDER_ATOMIC_WAR"),
+    (FI_ORDER_ATOMIC_WAW, "FI_ORDER_ATOMIC_WAW"),
 ];
 
 /// `fi_tostr(FI_TYPE_MSG_ORDER)`.

@@ -140,14 +140,15 @@ impl Info {
             )));
         }
         if hints.caps != 0 {
-            // Requested primary capabilities plus all secondary ones the provider has; if only
-            // secondary bits were asked for, keep the provider's primaries.
+            // Requested primary capabilities plus the secondary ones the provider has (those
+            // that change behaviour only if asked for); if only secondary bits were asked
+            // for, keep the provider's primaries.
             let prim = if hints.caps & FI_PRIMARY_CAPS != 0 {
                 hints.caps & FI_PRIMARY_CAPS
             } else {
                 self.caps & FI_PRIMARY_CAPS
             };
-            out.caps = prim | (self.caps & FI_SECONDARY_CAPS) | hints.caps;
+            out.caps = prim | (self.caps & FI_SECONDARY_CAPS & !FI_OPT_IN_CAPS) | hints.caps;
             out.tx_attr.caps &= out.caps | FI_SEND | FI_WRITE | FI_READ;
             out.rx_attr.caps &= out.caps | FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE;
         }
@@ -312,6 +313,18 @@ mod tests {
         };
         let out = prov().fit(&h).unwrap();
         assert_eq!(out.caps, FI_TAGGED | FI_MULTI_RECV | FI_SOURCE);
+        let mut p = prov();
+        p.caps |= FI_SOURCE_ERR;
+        assert_eq!(
+            p.fit(&h).unwrap().caps & FI_SOURCE_ERR,
+            0,
+            "opt-in caps only when asked"
+        );
+        let h2 = Info {
+            caps: FI_TAGGED | FI_SOURCE_ERR,
+            ..Default::default()
+        };
+        assert_ne!(p.fit(&h2).unwrap().caps & FI_SOURCE_ERR, 0);
         let h = Info {
             caps: FI_RMA,
             ..Default::default()

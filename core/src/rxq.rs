@@ -419,6 +419,25 @@ impl<U> RecvQueue<U> {
         None
     }
 
+    /// Removes the receives posted for source `src` alone (their peer is gone).
+    pub fn drain_from(&mut self, src: FiAddr) -> Vec<PostedRecv> {
+        let mut out = Vec::new();
+        for q in [&mut self.posted_msg, &mut self.posted_tag] {
+            let (from, rest): (VecDeque<_>, VecDeque<_>) = q.drain(..).partition(|r| r.src == src);
+            *q = rest;
+            out.extend(from);
+        }
+        out
+    }
+
+    /// Whether a receive is posted for source `src` alone.
+    pub fn has_posted_from(&self, src: FiAddr) -> bool {
+        self.posted_msg
+            .iter()
+            .chain(&self.posted_tag)
+            .any(|r| r.src == src)
+    }
+
     /// Every posted receive, removed (endpoint close).
     pub fn drain_posted(&mut self) -> Vec<PostedRecv> {
         self.posted_msg

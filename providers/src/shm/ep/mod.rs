@@ -10,7 +10,7 @@
 //!   sender streams DATA fragments through the ring; the receiver ACKs after the last one.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,8 @@ pub const FRAG: usize = 16384;
 pub const SPLIT_MIN: usize = 64 << 10;
 /// Messages handled per lane per progress call, so one busy sender cannot starve the rest.
 const BATCH: usize = 16;
+/// Idle progress calls between two that take the full path (and may look for dead peers).
+const IDLE_FULL_EVERY: u32 = 1024;
 /// Polls of the lanes while a split copy waits for its sender (a few microseconds).
 const SPLIT_SPIN: usize = 2000;
 /// How often to look for dead peers while work is outstanding.
@@ -200,6 +202,7 @@ pub struct ShmEndpoint {
 }
 
 struct IdleHint {
+    calls: AtomicU32,
     pos: [AtomicU64; LANES],
     known_active: AtomicU64,
     busy: AtomicBool,
@@ -229,6 +232,7 @@ impl ShmEndpoint {
             seg,
             cma: CmaState::new(),
             idle: IdleHint {
+                calls: AtomicU32::new(0),
                 pos: std::array::from_fn(|_| AtomicU64::new(0)),
                 known_active: AtomicU64::new(0),
                 busy: AtomicBool::new(false),
@@ -834,17 +838,37 @@ impl ShmEndpoint {
         }
         st.streaming.retain(|&id| st.tx.contains(id as usize));
         self.fail_pipes_from(st, p, FI_ECONNRESET);
+        // Receives directed at this peer alone can never complete now.
+        if self.core.caps & FI_DIRECTED_RECV != 0 {
+            let src = self.src_of(st, p);
+            if src != FI_ADDR_NOTAVAIL {
+                for r in st.rxq.drain_from(src) {
+                    st.done.push(Done::RxErr {
+                        ctx: r.ctx,
+                        flags: FI_RECV | (r.flags & (FI_MSG | FI_TAGGED)),
+                        tag: r.tag,
+                        err: FI_ECONNRESET,
+                    });
+                }
+            }
+        }
     }
 
     /// Looks for peers that died with work outstanding (or that hold a lane in our segment).
     fn sweep(&self, st: &mut State) {
         st.last_sweep = Instant::now();
+        let directed = self.core.caps & FI_DIRECTED_RECV != 0;
         for p in 0..st.peers.len() {
-            let peer = &st.peers[p];
-            if peer.dead {
+            if st.peers[p].dead {
                 continue;
             }
-            let busy = peer.rx_lane.is_some()
+            let awaited = directed && {
+                let src = self.src_of(st, p);
+                src != FI_ADDR_NOTAVAIL && st.rxq.has_posted_from(src)
+            };
+            let peer = &st.peers[p];
+            let busy = awaited
+                || peer.rx_lane.is_some()
                 || st.tx.iter().any(|(_, t)| t.peer == p)
                 || st.rxp.iter().any(|(_, r)| r.peer == p);
             if !busy || peer.seg.owner_alive() {
@@ -973,7 +997,11 @@ impl ShmEndpoint {
 
 impl ProgressSource for ShmEndpoint {
     fn progress(&self) -> usize {
-        if !self.has_work() {
+        // Now and then take the full path even when idle, so that dead peers are looked for
+        // (a receive may be waiting on one). A racy counter is fine: it only spaces the visits.
+        let calls = self.idle.calls.load(Ordering::Relaxed).wrapping_add(1);
+        self.idle.calls.store(calls, Ordering::Relaxed);
+        if !self.has_work() && !calls.is_multiple_of(IDLE_FULL_EVERY) {
             return 0;
         }
         let Ok(mut st) = self.st.try_lock() else {
@@ -1020,6 +1048,10 @@ impl EndpointOps for ShmEndpoint {
         // A peek looks only at buffered messages: take in what has already arrived first.
         if r.flags & FI_PEEK != 0 {
             self.poll_lanes(&mut st);
+        }
+        if self.core.caps & FI_DIRECTED_RECV != 0 && r.src != FI_ADDR_UNSPEC {
+            // Know the source as a peer, so that its death fails this receive.
+            self.peer_for(&mut st, r.src)?;
         }
         let (ctx, flags, tag) = (r.ctx, r.flags, r.tag);
         match st.rxq.post(r) {
