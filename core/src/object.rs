@@ -245,6 +245,10 @@ impl Domain {
     }
 }
 
+/// Longest sleep of an idle auto-progress thread: a peer's message rings the doorbell and ends
+/// it at once; the timeout only paces housekeeping (looking for dead peers).
+const IDLE_SLEEP: Duration = Duration::from_millis(100);
+
 /// The auto-progress thread of a domain: drives every enabled endpoint, spinning briefly after
 /// work, then yielding, then sleeping on the provider's doorbell so an idle process costs nothing.
 struct AutoProgress {
@@ -272,7 +276,7 @@ impl AutoProgress {
                     } else if idle < 2048 + 64 {
                         std::thread::yield_now();
                     } else {
-                        l.idle_wait(Duration::from_millis(10));
+                        l.idle_wait(IDLE_SLEEP);
                     }
                 }
             })

@@ -1021,6 +1021,13 @@ impl ProgressSource for ShmEndpoint {
             futex_wait(db, seen, timeout);
         }
         sleepers.fetch_sub(1, Ordering::SeqCst);
+        // A sleeper wakes rarely: use the wake-up to look for dead peers when it is time.
+        if let Ok(mut st) = self.st.try_lock() {
+            if st.last_sweep.elapsed() >= SWEEP_EVERY {
+                self.sweep(&mut st);
+            }
+            self.finish(st);
+        }
     }
 }
 
