@@ -15,7 +15,7 @@ use crate::entry::*;
 use crate::eq::{EqInner, EventQueue};
 use crate::error::{Error, Result};
 use crate::info::Info;
-use crate::mr::MrDesc;
+use crate::mr::{MrDesc, MrMap};
 use crate::rxq::{IovList, PostedRecv, RawIov, RecvSlot, IOV_LIMIT};
 use crate::wait::{ProgressList, ProgressSource};
 
@@ -91,6 +91,15 @@ pub trait EndpointOps: ProgressSource {
     /// `r.iov` must stay writable, and not otherwise accessed, until the receive completes or
     /// is canceled.
     unsafe fn recv(&self, r: PostedRecv) -> Result<()>;
+    /// Starts an RMA read or write.
+    ///
+    /// # Safety
+    /// `op.iov` must stay valid (readable for writes, writable for reads) until the operation
+    /// completes, unless `FI_INJECT` is set, in which case only for the duration of the call.
+    unsafe fn rma(&self, op: &crate::ep_rma::RmaOp) -> Result<()> {
+        let _ = op;
+        Err(Error::OpNotSupp("this provider has no RMA".into()))
+    }
     /// Cancels a posted receive (or a not-yet-started send) by context; `NoEntry` if none.
     fn cancel(&self, ctx: Context) -> Result<()>;
     /// Sets an option the provider keeps (`FI_OPT_MIN_MULTI_RECV`, ...).
@@ -111,14 +120,17 @@ pub struct EpCore {
     pub inject_size: usize,
     /// Largest message.
     pub max_msg_size: usize,
+    /// The domain's memory-region keys: where a target checks remote accesses.
+    pub mr: Arc<MrMap>,
     pending: Mutex<Bindings>,
     bound: OnceLock<Bindings>,
 }
 
 impl EpCore {
-    /// State for an endpoint opened from `info`.
-    pub fn new(info: &Info) -> Self {
+    /// State for an endpoint opened from `info` in a domain whose keys are `mr`.
+    pub fn new(info: &Info, mr: Arc<MrMap>) -> Self {
         EpCore {
+            mr,
             caps: info.caps,
             tx_op_flags: info.tx_attr.op_flags,
             rx_op_flags: info.rx_attr.op_flags,
@@ -135,43 +147,78 @@ impl EpCore {
         self.bound.get()
     }
 
-    /// Reports a finished send: a CQ entry unless suppressed (inject, selective), and the send
-    /// counter.
+    /// Reports a finished operation this endpoint initiated (send, RMA, atomic): a CQ entry
+    /// unless suppressed (inject, selective completion), and the counter of its class.
     pub fn complete_tx(&self, ctx: Context, op_flags: u64) {
         let Some(b) = self.bound() else { return };
+        let (flags, class) = initiator_kind(op_flags);
         let wants = op_flags & FI_INJECT == 0 && (!b.tx_selective || op_flags & FI_COMPLETION != 0);
         if wants {
             if let Some(cq) = &b.tx_cq {
                 cq.push(
                     CqTaggedEntry {
                         op_context: ctx,
-                        flags: FI_SEND | (op_flags & (FI_MSG | FI_TAGGED)),
+                        flags,
                         ..Default::default()
                     },
                     FI_ADDR_NOTAVAIL,
                 );
             }
         }
-        if let Some(c) = &b.cntr[CntrClass::Send as usize] {
+        if let Some(c) = &b.cntr[class as usize] {
             c.inc();
             c.notify_observers();
         }
     }
 
-    /// Reports a failed send (errors are always reported).
+    /// Reports a failed initiated operation (errors are always reported).
     pub fn fail_tx(&self, ctx: Context, op_flags: u64, err: i32) {
         let Some(b) = self.bound() else { return };
+        let (flags, class) = initiator_kind(op_flags);
         if let Some(cq) = &b.tx_cq {
             cq.push_err(CqErrEntry {
                 op_context: ctx,
-                flags: FI_SEND | (op_flags & (FI_MSG | FI_TAGGED)),
+                flags,
                 err,
                 prov_errno: err,
                 ..Default::default()
             });
         }
-        if let Some(c) = &b.cntr[CntrClass::Send as usize] {
+        if let Some(c) = &b.cntr[class as usize] {
             c.inc_err();
+            c.notify_observers();
+        }
+    }
+
+    /// Reports, at the target, an RMA or atomic access a peer made to this endpoint's memory:
+    /// a receive-CQ entry when it carried remote CQ data or the endpoint asked for
+    /// `FI_RMA_EVENT`, and the remote-read or remote-write counter.
+    pub fn complete_remote(&self, op_flags: u64, len: usize, data: Option<u64>) {
+        let Some(b) = self.bound() else { return };
+        let write = op_flags & FI_WRITE != 0;
+        let (dir, class) = if write {
+            (FI_REMOTE_WRITE, CntrClass::RemoteWrite)
+        } else {
+            (FI_REMOTE_READ, CntrClass::RemoteRead)
+        };
+        let kind = op_flags & (FI_RMA | FI_ATOMIC);
+        if data.is_some() || self.caps & FI_RMA_EVENT != 0 {
+            if let Some(cq) = &b.rx_cq {
+                let cq_data = if data.is_some() { FI_REMOTE_CQ_DATA } else { 0 };
+                cq.push(
+                    CqTaggedEntry {
+                        op_context: 0,
+                        flags: dir | kind | cq_data,
+                        len,
+                        data: data.unwrap_or(0),
+                        ..Default::default()
+                    },
+                    FI_ADDR_NOTAVAIL,
+                );
+            }
+        }
+        if let Some(c) = &b.cntr[class as usize] {
+            c.inc();
             c.notify_observers();
         }
     }
@@ -312,6 +359,23 @@ impl EpCore {
     }
 }
 
+/// Completion flags and counter class of an initiated operation, from its operation flags:
+/// `FI_RMA` or `FI_ATOMIC` with `FI_READ` or `FI_WRITE`, else a send (`FI_MSG`/`FI_TAGGED`).
+fn initiator_kind(op_flags: u64) -> (u64, CntrClass) {
+    let kind = op_flags & (FI_RMA | FI_ATOMIC);
+    if kind != 0 {
+        let rw = op_flags & (FI_READ | FI_WRITE);
+        let class = if rw & FI_READ != 0 {
+            CntrClass::Read
+        } else {
+            CntrClass::Write
+        };
+        (kind | rw, class)
+    } else {
+        (FI_SEND | (op_flags & (FI_MSG | FI_TAGGED)), CntrClass::Send)
+    }
+}
+
 /// A message description for `sendmsg` / `recvmsg` and their tagged forms (`struct fi_msg`,
 /// `struct fi_msg_tagged`).
 #[derive(Clone, Copy, Debug)]
@@ -393,6 +457,11 @@ impl Endpoint {
     /// The generic state (capabilities, bindings).
     pub fn core(&self) -> &Arc<EpCore> {
         &self.core
+    }
+
+    /// The provider's half.
+    pub(crate) fn ops(&self) -> &Arc<dyn EndpointOps> {
+        &self.ops
     }
 
     fn pending(&self, what: &str) -> Result<std::sync::MutexGuard<'_, Bindings>> {
@@ -551,7 +620,7 @@ impl Endpoint {
     }
 
     #[inline]
-    fn check_live(&self, what: &'static str) -> Result<()> {
+    pub(crate) fn check_live(&self, what: &'static str) -> Result<()> {
         if !self.enabled.load(Ordering::Acquire) {
             return Err(Error::OpBadState(format!(
                 "{what}: endpoint is not enabled (bind an AV and CQs, then call enable)"
@@ -563,7 +632,7 @@ impl Endpoint {
         Ok(())
     }
 
-    fn iov(&self, what: &'static str, iov: &[RawIov]) -> Result<IovList> {
+    pub(crate) fn iov(&self, what: &'static str, iov: &[RawIov]) -> Result<IovList> {
         let l = IovList::from_segs(iov.iter().copied()).ok_or_else(|| {
             Error::Inval(format!(
                 "{what}: {} segments, the limit is {IOV_LIMIT}",

@@ -200,8 +200,13 @@ impl Info {
                 order_str(hints.tx_attr.msg_order & !self.tx_attr.msg_order)
             )));
         }
-        let mr = hints.domain_attr.mr_mode;
-        if mr != FI_MR_UNSPEC && mr != FI_MR_BASIC && mr != FI_MR_SCALABLE {
+        // FI_MR_BASIC is the old spelling of virtual addresses and provider keys on allocated
+        // memory; FI_MR_SCALABLE of neither.
+        let mr = match hints.domain_attr.mr_mode {
+            FI_MR_BASIC => FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED,
+            m => m,
+        };
+        if mr != FI_MR_UNSPEC && mr != FI_MR_SCALABLE {
             // The provider's required mr_mode bits must all be ones the caller supports.
             if self.domain_attr.mr_mode & !mr != 0 {
                 return Err(no(format!(

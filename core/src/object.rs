@@ -239,7 +239,7 @@ impl Domain {
                 info.ep_attr.ep_type.c_name()
             )));
         }
-        let core = Arc::new(EpCore::new(info));
+        let core = Arc::new(EpCore::new(info, self.inner.mr.clone()));
         let ops = self.inner.ops.endpoint(info, core.clone())?;
         Ok(Endpoint::new(core, ops, self.inner.progress.clone()))
     }

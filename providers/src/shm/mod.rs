@@ -21,6 +21,14 @@ pub const ADDR_PREFIX: &str = "fi_shm://";
 /// Capabilities the shm provider offers.
 pub const SHM_CAPS: u64 = FI_MSG
     | FI_TAGGED
+    | FI_RMA
+    | FI_READ
+    | FI_WRITE
+    | FI_REMOTE_READ
+    | FI_REMOTE_WRITE
+    | FI_RMA_EVENT
+    | FI_RMA_PMEM
+    | FI_FENCE
     | FI_SEND
     | FI_RECV
     | FI_MULTI_RECV
@@ -43,9 +51,19 @@ impl Provider for Shm {
     }
 
     fn info(&self) -> Vec<Info> {
-        // One ring per peer: messages to a peer are matched in the order sent. Nothing else is
-        // ordered (no RMA here), and completions may finish out of order (large messages).
-        let order = FI_ORDER_SAS;
+        // One ring per peer, and the target carries out everything from one peer in ring
+        // order (large transfers included, before the next request is looked at): every
+        // ordering between operations to the same peer holds. Completions may finish out of
+        // order at the initiator (large messages wait for the receiver).
+        let order = FI_ORDER_STRICT
+            | FI_ORDER_RMA_RAR
+            | FI_ORDER_RMA_RAW
+            | FI_ORDER_RMA_WAR
+            | FI_ORDER_RMA_WAW
+            | FI_ORDER_ATOMIC_RAR
+            | FI_ORDER_ATOMIC_RAW
+            | FI_ORDER_ATOMIC_WAR
+            | FI_ORDER_ATOMIC_WAW;
         vec![Info {
             caps: SHM_CAPS,
             mode: 0,
@@ -53,7 +71,7 @@ impl Provider for Shm {
             src_addr: None,
             dest_addr: None,
             tx_attr: TxAttr {
-                caps: FI_MSG | FI_TAGGED | FI_SEND,
+                caps: FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_READ | FI_WRITE | FI_FENCE,
                 mode: 0,
                 op_flags: 0,
                 msg_order: order,
@@ -61,7 +79,7 @@ impl Provider for Shm {
                 inject_size: INJECT_SIZE,
                 size: 1024,
                 iov_limit: xfabric_core::rxq::IOV_LIMIT,
-                rma_iov_limit: 0,
+                rma_iov_limit: xfabric_core::rxq::IOV_LIMIT,
                 tclass: 0,
             },
             rx_attr: RxAttr {

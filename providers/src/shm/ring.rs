@@ -68,6 +68,17 @@ pub mod kind {
     pub const BYE: u8 = 8;
     /// The sender wrote its share of a split copy (`aux`: the receiver's id; `len`: status).
     pub const WDONE: u8 = 9;
+    /// RMA write: the peer's ranges, then the data inline, or (with `flag::RNDV`) the
+    /// initiator's pid and iov for the target to pull like a large message.
+    pub const RMA_WRITE: u8 = 10;
+    /// RMA read request: the peer's ranges and the initiator's pid and iov.
+    pub const RMA_READ: u8 = 11;
+    /// A chunk of RMA read data (`tag`: offset), where cross-memory attach is refused.
+    pub const RDATA: u8 = 12;
+    /// Atomic request: op, datatype, count, the target range, operand and compare values.
+    pub const ATOMIC: u8 = 13;
+    /// An atomic's original target values, for fetch and compare atomics.
+    pub const ARESULT: u8 = 14;
 }
 
 /// Message flags.
@@ -84,6 +95,10 @@ pub mod flag {
     /// the sender writes the rest itself (cross-memory attach) while the receiver reads the
     /// first part: both cores copy at once.
     pub const SPLIT: u8 = 16;
+    /// On RMA_WRITE: the data stays with the initiator (large write).
+    pub const RNDV: u8 = 32;
+    /// On RMA_WRITE: make the target range durable (`FI_COMMIT_COMPLETE`) before the ACK.
+    pub const COMMIT: u8 = 64;
 }
 
 /// Slots a message with `payload` bytes needs.

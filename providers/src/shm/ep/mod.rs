@@ -28,7 +28,9 @@ use super::ring::{self, flag, kind, Consumer, Header, Producer, LANES};
 use super::segment::Segment;
 use super::ADDR_PREFIX;
 
+mod rma;
 mod rndv;
+use rma::Fenced;
 use rndv::parse_rts;
 
 /// Largest message sent inline through the ring.
@@ -62,6 +64,8 @@ struct Peer {
     backlog: VecDeque<(Header, Vec<u8>)>,
     dead: bool,
     last_check: Option<Instant>,
+    /// Ranges this peer wrote since its last commit (`FI_RMA_PMEM` endpoints).
+    dirty: Vec<(usize, usize)>,
 }
 
 enum Payload {
@@ -141,6 +145,12 @@ enum Done {
         tag: u64,
         err: i32,
     },
+    /// A peer's RMA or atomic access to our memory, reported at this (target) side.
+    Remote {
+        flags: u64,
+        len: usize,
+        data: Option<u64>,
+    },
     /// A matched receive that failed; its slot is finished like a completed one.
     SlotErr {
         slot: RecvSlot,
@@ -168,6 +178,10 @@ struct State {
     tx: Slab<TxReq>,
     rxp: Slab<RxPipe>,
     streaming: Vec<u32>,
+    /// Operations held back by `FI_FENCE`, with their peers, in posting order.
+    fenced: VecDeque<(usize, Fenced)>,
+    /// Set while the head of `fenced` is being posted, so it is not held again.
+    releasing: bool,
     done: Vec<Done>,
     ticks: u32,
     last_sweep: Instant,
@@ -178,6 +192,21 @@ impl State {
     /// Queues a receive's completion (`Rx` or `SlotErr`), letting the matching engine mark
     /// the last completion of a multi-receive buffer.
     fn push_rx(&mut self, mut d: Done) {
+        // A large RMA write lands through the receive machinery in a slot marked FI_RMA: it
+        // is reported as a remote write, and a failure only the initiator hears about.
+        match d {
+            Done::Rx {
+                slot, len, data, ..
+            } if slot.flags & FI_RMA != 0 => {
+                d = Done::Remote {
+                    flags: FI_RMA | FI_WRITE,
+                    len,
+                    data,
+                }
+            }
+            Done::SlotErr { slot, .. } if slot.flags & FI_RMA != 0 => return,
+            _ => {}
+        }
         if let Done::Rx { slot, .. } | Done::SlotErr { slot, .. } = &mut d {
             self.rxq.finish_slot(slot);
         }
@@ -253,6 +282,8 @@ impl ShmEndpoint {
                 tx: Slab::new(),
                 rxp: Slab::new(),
                 streaming: Vec::new(),
+                fenced: VecDeque::new(),
+                releasing: false,
                 done: Vec::new(),
                 ticks: 0,
                 last_sweep: Instant::now(),
@@ -294,6 +325,7 @@ impl ShmEndpoint {
                     tag,
                     err,
                 } => self.core.fail_rx(ctx, flags, tag, err),
+                Done::Remote { flags, len, data } => self.core.complete_remote(flags, len, data),
                 Done::SlotErr { slot, tag, err } => {
                     self.core.fail_rx(slot.ctx, slot.flags, tag, err)
                 }
@@ -385,6 +417,7 @@ impl ShmEndpoint {
             backlog: VecDeque::new(),
             dead: false,
             last_check: None,
+            dirty: Vec::new(),
         });
         let p = st.peers.len() - 1;
         st.by_name.insert(name.to_string(), p);
@@ -518,6 +551,10 @@ impl ShmEndpoint {
         if !self.flush_backlog(st, p) {
             return Err(self.full(st, p, "send"));
         }
+        let Some(Fenced::Send(op, _)) = self.fence(st, p, Fenced::Send(*op, None)) else {
+            return Ok(());
+        };
+        let op = &op;
         let len = op.iov.total();
         let mut fl = 0u8;
         if op.flags & FI_TAGGED != 0 {
@@ -752,7 +789,7 @@ impl ShmEndpoint {
                     r.got += len;
                     if r.got >= r.total {
                         let r = st.rxp.remove(id);
-                        self.ack(st, r.peer, r.tx_id, 0);
+                        self.ack(st, r.peer, r.tx_id, sink_status(&r.slot));
                         let cap = r.slot.iov.total();
                         let got = r.total.min(cap);
                         let raw = self.raw_src(st, r.peer, r.src);
@@ -786,6 +823,15 @@ impl ShmEndpoint {
                             err: status,
                         }
                     });
+                }
+            }
+            kind::RMA_WRITE | kind::RMA_READ | kind::RDATA => {
+                // SAFETY: read before the consumer advances.
+                let pl = unsafe { v.payload(h.len as usize) };
+                match h.kind {
+                    kind::RMA_WRITE => self.handle_rma_write(st, p, &h, pl),
+                    kind::RMA_READ => self.handle_rma_read(st, p, &h, pl),
+                    _ => self.handle_rdata(st, p, &h, pl),
                 }
             }
             kind::BYE => {
@@ -949,6 +995,9 @@ impl ShmEndpoint {
             }
         }
         n += self.poll_lanes(st);
+        if !st.fenced.is_empty() {
+            self.release_fenced(st);
+        }
         if st.rxp.iter().any(|(_, r)| r.split.is_some()) {
             // A split copy waits only for the sender's WDONE, which is moments away: watch
             // the lanes here rather than going back out through the application's poll loop.
@@ -988,6 +1037,7 @@ impl ShmEndpoint {
             .known_active
             .store(st.known_active, Ordering::Relaxed);
         let busy = !st.streaming.is_empty()
+            || !st.fenced.is_empty()
             || !st.tx.is_empty()
             || !st.rxp.is_empty()
             || st.peers.iter().any(|p| !p.backlog.is_empty());
@@ -1043,6 +1093,13 @@ impl EndpointOps for ShmEndpoint {
     unsafe fn send(&self, op: &TxOp) -> Result<()> {
         let mut st = self.lock();
         let r = self.post_send(&mut st, op);
+        self.finish(st);
+        r
+    }
+
+    unsafe fn rma(&self, op: &xfabric_core::RmaOp) -> Result<()> {
+        let mut st = self.lock();
+        let r = self.post_rma(&mut st, op);
         self.finish(st);
         r
     }
@@ -1164,6 +1221,17 @@ impl EndpointOps for ShmEndpoint {
             });
         }
         st.streaming.clear();
+        for (_, f) in std::mem::take(&mut st.fenced) {
+            let (ctx, flags) = match f {
+                Fenced::Send(op, _) => (op.ctx, op.flags),
+                Fenced::Rma(op, _) => (op.ctx, op.flags),
+            };
+            st.done.push(Done::TxErr {
+                ctx,
+                flags,
+                err: FI_ECANCELED,
+            });
+        }
         let pipes: Vec<RxPipe> = st.rxp.drain().collect();
         for r in pipes {
             st.push_rx(Done::SlotErr {
@@ -1182,6 +1250,16 @@ impl EndpointOps for ShmEndpoint {
         }
         st.rxq.drain_unexpected();
         self.finish(st);
+    }
+}
+
+/// Status to acknowledge a landed large transfer with: a commit-complete RMA write is made
+/// durable first (its initiator completes only after that).
+fn sink_status(slot: &RecvSlot) -> i32 {
+    if slot.flags & FI_RMA != 0 && slot.op_flags & FI_COMMIT_COMPLETE != 0 {
+        rma::commit(&slot.iov)
+    } else {
+        0
     }
 }
 

@@ -24,7 +24,7 @@ impl ShmEndpoint {
         if self.cma.usable() {
             match cma::read(&self.cma, r.pid, &slot.iov, &r.iov, n) {
                 CmaResult::Done => {
-                    self.ack(st, r.peer, r.tx_id, 0);
+                    self.ack(st, r.peer, r.tx_id, sink_status(&slot));
                     let raw = self.raw_src(st, r.peer, src);
                     st.push_rx(Done::Rx {
                         slot,
@@ -197,6 +197,7 @@ impl ShmEndpoint {
             };
         }
         let r = st.rxp.remove(id);
+        let err = if err == 0 { sink_status(&r.slot) } else { err };
         self.ack(st, r.peer, r.tx_id, err);
         if err != 0 {
             st.push_rx(Done::SlotErr {

@@ -1,0 +1,448 @@
+//! One-sided operations over the rings. The target checks every access against its domain's
+//! memory-region keys (`MrMap::check`: key, range, access) before touching memory, so a bad
+//! key or range fails at the initiator with `FI_EACCES` and leaves the target untouched.
+//!
+//! - write: small data rides inline (`RMA_WRITE`); large data stays with the initiator and the
+//!   target pulls it exactly like a large message (`flag::RNDV`: cross-memory attach, split
+//!   copy, or fragments), into the checked ranges instead of a posted receive.
+//! - read: the target pushes the data into the initiator's buffer with cross-memory attach, or
+//!   where that is refused sends it back in `RDATA` chunks; an ACK ends it.
+//! - `FI_COMMIT_COMPLETE`: the target makes the range durable (`msync`) before it ACKs; a
+//!   zero-length write with commit flushes everything the peer wrote before.
+//! - `FI_FENCE`: the operation waits at the initiator until the peer has completed every
+//!   earlier operation from this endpoint.
+
+use super::*;
+use xfabric_core::ep_rma::{RmaIov, RmaIovList, RmaOp};
+
+/// An operation held back by `FI_FENCE` (or queued behind one, to keep order), with a copy
+/// of inject data: the caller's buffer is only valid during the call, so the copy is what the
+/// operation's iov points at until it is posted.
+#[allow(dead_code)] // the copies are held, never read by name
+pub(super) enum Fenced {
+    Send(TxOp, Option<Vec<u8>>),
+    Rma(RmaOp, Option<Vec<u8>>),
+}
+
+fn put_rma(pl: &mut Vec<u8>, segs: &[RmaIov]) {
+    pl.extend_from_slice(&(segs.len() as u32).to_le_bytes());
+    pl.extend_from_slice(&0u32.to_le_bytes());
+    for s in segs {
+        pl.extend_from_slice(&s.addr.to_le_bytes());
+        pl.extend_from_slice(&(s.len as u64).to_le_bytes());
+        pl.extend_from_slice(&s.key.to_le_bytes());
+    }
+}
+
+fn put_local(pl: &mut Vec<u8>, iov: &IovList) {
+    pl.extend_from_slice(&(std::process::id() as i32).to_le_bytes());
+    pl.extend_from_slice(&(iov.segs().len() as u32).to_le_bytes());
+    for s in iov.segs() {
+        pl.extend_from_slice(&(s.addr as u64).to_le_bytes());
+        pl.extend_from_slice(&(s.len as u64).to_le_bytes());
+    }
+}
+
+fn u64_at(pl: &[u8], o: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(pl.get(o..o + 8)?.try_into().ok()?))
+}
+
+fn u32_at(pl: &[u8], o: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(pl.get(o..o + 4)?.try_into().ok()?))
+}
+
+/// Remote ranges from a request; returns them and the bytes consumed.
+fn get_rma(pl: &[u8]) -> Option<(RmaIovList, usize)> {
+    let n = u32_at(pl, 0)? as usize;
+    if n > xfabric_core::rxq::IOV_LIMIT {
+        return None;
+    }
+    let mut segs = [RmaIov::default(); xfabric_core::rxq::IOV_LIMIT];
+    for (i, s) in segs.iter_mut().enumerate().take(n) {
+        let o = 8 + 24 * i;
+        *s = RmaIov {
+            addr: u64_at(pl, o)?,
+            len: u64_at(pl, o + 8)? as usize,
+            key: u64_at(pl, o + 16)?,
+        };
+    }
+    Some((RmaIovList::from_segs(&segs[..n])?, 8 + 24 * n))
+}
+
+/// The initiator's pid and iov from a request.
+fn get_local(pl: &[u8]) -> Option<(i32, Vec<RawIov>)> {
+    let pid = u32_at(pl, 0)? as i32;
+    let n = u32_at(pl, 4)? as usize;
+    if n > xfabric_core::rxq::IOV_LIMIT {
+        return None;
+    }
+    let iov = (0..n)
+        .map(|i| {
+            Some(RawIov {
+                addr: u64_at(pl, 8 + 16 * i)? as usize,
+                len: u64_at(pl, 16 + 16 * i)? as usize,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some((pid, iov))
+}
+
+/// Flushes a file-backed range to its file (a no-op for anonymous memory).
+pub(super) fn commit(iov: &IovList) -> i32 {
+    const PAGE: usize = 4096;
+    for s in iov.segs() {
+        if s.len == 0 {
+            continue;
+        }
+        let start = s.addr & !(PAGE - 1);
+        let end = s.addr + s.len;
+        // SAFETY: msync only flushes pages of a mapping the range lies in; it reads nothing
+        // through the pointer from user space.
+        let r = unsafe { libc::msync(start as *mut libc::c_void, end - start, libc::MS_SYNC) };
+        if r != 0 {
+            let e = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
+            // Anonymous memory is not file-backed: nothing to make durable.
+            if e != libc::ENOMEM {
+                return e;
+            }
+        }
+    }
+    0
+}
+
+impl ShmEndpoint {
+    /// The local ranges a request's remote ranges name, if every one passes the key check.
+    fn resolve(&self, rma: &RmaIovList, access: u64) -> std::result::Result<IovList, i32> {
+        let segs = rma
+            .segs()
+            .iter()
+            .map(|s| {
+                self.core
+                    .mr
+                    .check(s.key, s.addr, s.len, access)
+                    .map(|addr| RawIov { addr, len: s.len })
+                    .map_err(|_| FI_EACCES)
+            })
+            .collect::<std::result::Result<Vec<_>, i32>>()?;
+        IovList::from_segs(segs).ok_or(FI_EINVAL)
+    }
+
+    /// Holds `op` back if it is fenced and earlier operations to its peer are outstanding.
+    pub(super) fn fence(&self, st: &mut State, p: usize, f: Fenced) -> Option<Fenced> {
+        let flags = match &f {
+            Fenced::Send(op, _) => op.flags,
+            Fenced::Rma(op, _) => op.flags,
+        };
+        if st.releasing {
+            // release_fenced is posting the head of the queue: it goes now.
+            return Some(f);
+        }
+        // Anything behind a held operation to the same peer queues too, so nothing overtakes.
+        let waiting = st.fenced.iter().any(|(q, _)| *q == p);
+        let blocked = waiting || (flags & FI_FENCE != 0 && st.tx.iter().any(|(_, t)| t.peer == p));
+        if !blocked {
+            return Some(f);
+        }
+        let f = match f {
+            Fenced::Send(mut op, _) if op.flags & FI_INJECT != 0 => {
+                // SAFETY: the caller's buffer is valid during this call.
+                let mut copy = vec![0u8; op.iov.total()];
+                unsafe { op.iov.copy_out(0, &mut copy) };
+                op.iov = IovList::one(copy.as_ptr() as usize, copy.len());
+                Fenced::Send(op, Some(copy))
+            }
+            Fenced::Rma(mut op, _) if op.flags & FI_INJECT != 0 => {
+                let mut copy = vec![0u8; op.iov.total()];
+                // SAFETY: as above.
+                unsafe { op.iov.copy_out(0, &mut copy) };
+                op.iov = IovList::one(copy.as_ptr() as usize, copy.len());
+                Fenced::Rma(op, Some(copy))
+            }
+            f => f,
+        };
+        st.fenced.push_back((p, f));
+        None
+    }
+
+    /// Posts held operations in order: a fenced one once its peer has nothing outstanding,
+    /// the ones queued behind it right after it.
+    pub(super) fn release_fenced(&self, st: &mut State) {
+        while let Some((p, f)) = st.fenced.front() {
+            let p = *p;
+            let fenced = match f {
+                Fenced::Send(op, _) => op.flags,
+                Fenced::Rma(op, _) => op.flags,
+            } & FI_FENCE
+                != 0;
+            if fenced && st.tx.iter().any(|(_, t)| t.peer == p) {
+                return;
+            }
+            let (_, f) = st.fenced.pop_front().expect("front exists");
+            st.releasing = true;
+            let (ctx, flags, r) = match &f {
+                Fenced::Send(op, _) => {
+                    let mut op = *op;
+                    op.flags &= !FI_FENCE;
+                    (op.ctx, op.flags, self.post_send(st, &op))
+                }
+                Fenced::Rma(op, _) => {
+                    let mut op = *op;
+                    op.flags &= !FI_FENCE;
+                    (op.ctx, op.flags, self.post_rma(st, &op))
+                }
+            };
+            st.releasing = false;
+            match r {
+                Ok(()) => {}
+                Err(Error::Again(_)) => {
+                    st.fenced.push_front((p, f));
+                    return;
+                }
+                Err(e) => st.done.push(Done::TxErr {
+                    ctx,
+                    flags,
+                    err: e.errno(),
+                }),
+            }
+        }
+    }
+
+    /// Initiator: sends an RMA read or write request.
+    pub(super) fn post_rma(&self, st: &mut State, op: &RmaOp) -> Result<()> {
+        if st.closed {
+            return Err(Error::OpBadState("rma: endpoint is closed".into()));
+        }
+        let p = self.peer_for(st, op.dest)?;
+        self.ensure_lane(st, p)?;
+        if !self.flush_backlog(st, p) {
+            return Err(self.full(st, p, "rma"));
+        }
+        let Some(op) = self.fence(st, p, Fenced::Rma(*op, None)).map(|f| match f {
+            Fenced::Rma(op, _) => op,
+            Fenced::Send(..) => unreachable!("an RMA stays an RMA"),
+        }) else {
+            return Ok(());
+        };
+        let len = op.iov.total();
+        let write = op.flags & FI_WRITE != 0;
+        let inject = op.flags & FI_INJECT != 0;
+        let id = st.tx.insert(TxReq {
+            ctx: op.ctx,
+            flags: op.flags,
+            iov: op.iov,
+            len,
+            peer: p,
+            stream: None,
+        }) as u32;
+        let mut pl = Vec::with_capacity(if write && len <= EAGER_MAX {
+            len + 104
+        } else {
+            200
+        });
+        put_rma(&mut pl, op.rma.segs());
+        let mut fl = if inject { 0 } else { flag::ACK_DELIVERY };
+        if op.flags & FI_REMOTE_CQ_DATA != 0 {
+            fl |= flag::CQ_DATA;
+        }
+        if op.flags & FI_COMMIT_COMPLETE != 0 {
+            fl |= flag::COMMIT;
+        }
+        let kind = if write {
+            if len <= EAGER_MAX || inject {
+                let at = pl.len();
+                pl.resize(at + len, 0);
+                // SAFETY: the caller's contract keeps the iov readable during the call.
+                unsafe { op.iov.copy_out(0, &mut pl[at..]) };
+            } else {
+                fl |= flag::RNDV;
+                put_local(&mut pl, &op.iov);
+            }
+            kind::RMA_WRITE
+        } else {
+            put_local(&mut pl, &op.iov);
+            kind::RMA_READ
+        };
+        let h = Header {
+            kind,
+            flags: fl,
+            len: pl.len() as u32,
+            aux: id,
+            tag: len as u64,
+            data: op.data,
+        };
+        let peer = &mut st.peers[p];
+        let prod = peer.prod.as_mut().expect("lane ensured");
+        if !prod.write(&peer.seg, &h, pl.len(), |b| b.copy_from_slice(&pl)) {
+            st.tx.remove(id as usize);
+            return Err(self.full(st, p, "rma"));
+        }
+        Self::wake(&st.peers[p].seg);
+        if inject {
+            st.tx.remove(id as usize);
+            st.done.push(Done::Tx {
+                ctx: op.ctx,
+                flags: op.flags,
+            });
+        }
+        Ok(())
+    }
+
+    /// Target: an RMA write request from peer `p`.
+    pub(super) fn handle_rma_write(&self, st: &mut State, p: usize, h: &Header, pl: &[u8]) {
+        let acked = h.flags & flag::ACK_DELIVERY != 0;
+        let total = h.tag as usize;
+        let data = (h.flags & flag::CQ_DATA != 0).then_some(h.data);
+        let nack = |this: &Self, st: &mut State, e: i32| {
+            if acked {
+                this.ack(st, p, h.aux, e);
+            }
+        };
+        let Some((rma, off)) = get_rma(pl) else {
+            return nack(self, st, FI_EINVAL);
+        };
+        if rma.total() != total {
+            return nack(self, st, FI_EINVAL);
+        }
+        let iov = match self.resolve(&rma, FI_REMOTE_WRITE) {
+            Ok(iov) => iov,
+            Err(e) => return nack(self, st, e),
+        };
+        let commit_all = total == 0 && h.flags & flag::COMMIT != 0;
+        if h.flags & flag::RNDV == 0 {
+            let Some(bytes) = pl.get(off..off + total) else {
+                return nack(self, st, FI_EINVAL);
+            };
+            // SAFETY: the ranges passed the key check: registered, writable memory.
+            unsafe { iov.copy_in(0, bytes) };
+            self.note_written(st, p, &iov);
+            let status = if commit_all {
+                self.commit_peer(st, p)
+            } else if h.flags & flag::COMMIT != 0 {
+                commit(&iov)
+            } else {
+                0
+            };
+            nack(self, st, status);
+            st.done.push(Done::Remote {
+                flags: FI_RMA | FI_WRITE,
+                len: total,
+                data,
+            });
+            return;
+        }
+        let Some((pid, local)) = get_local(&pl[off..]) else {
+            return nack(self, st, FI_EINVAL);
+        };
+        self.note_written(st, p, &iov);
+        let slot = RecvSlot {
+            ctx: 0,
+            iov,
+            flags: FI_RMA | FI_REMOTE_WRITE,
+            op_flags: if h.flags & flag::COMMIT != 0 {
+                FI_COMMIT_COMPLETE
+            } else {
+                0
+            },
+        };
+        let r = Rndv {
+            peer: p,
+            tx_id: h.aux,
+            len: total,
+            pid,
+            iov: local,
+        };
+        let src = self.src_of(st, p);
+        self.start_rndv(st, slot, r, 0, data, src);
+    }
+
+    /// Target: an RMA read request from peer `p`.
+    pub(super) fn handle_rma_read(&self, st: &mut State, p: usize, h: &Header, pl: &[u8]) {
+        let total = h.tag as usize;
+        let Some((rma, off)) = get_rma(pl) else {
+            return self.ack(st, p, h.aux, FI_EINVAL);
+        };
+        let Some((pid, local)) = get_local(&pl[off..]) else {
+            return self.ack(st, p, h.aux, FI_EINVAL);
+        };
+        if rma.total() != total {
+            return self.ack(st, p, h.aux, FI_EINVAL);
+        }
+        let iov = match self.resolve(&rma, FI_REMOTE_READ) {
+            Ok(iov) => iov,
+            Err(e) => return self.ack(st, p, h.aux, e),
+        };
+        let mut pushed = false;
+        if self.cma.usable() && total > 0 {
+            match cma::write(&self.cma, pid, &iov, &local, total) {
+                CmaResult::Done => pushed = true,
+                CmaResult::Refused => {}
+                CmaResult::PeerGone => return,
+                CmaResult::Failed(e) => return self.ack(st, p, h.aux, e),
+            }
+        }
+        if !pushed {
+            let mut buf = vec![0u8; FRAG.min(total)];
+            let mut off = 0;
+            while off < total {
+                let n = FRAG.min(total - off);
+                // SAFETY: the ranges passed the key check: registered, readable memory.
+                unsafe { iov.copy_out(off, &mut buf[..n]) };
+                let h = Header {
+                    kind: kind::RDATA,
+                    len: n as u32,
+                    aux: h.aux,
+                    tag: off as u64,
+                    ..Default::default()
+                };
+                self.send_ctrl(st, p, h, &buf[..n]);
+                off += n;
+            }
+        }
+        self.ack(st, p, h.aux, 0);
+        st.done.push(Done::Remote {
+            flags: FI_RMA | FI_READ,
+            len: total,
+            data: None,
+        });
+    }
+
+    /// Initiator: a chunk of read data.
+    pub(super) fn handle_rdata(&self, st: &mut State, p: usize, h: &Header, bytes: &[u8]) {
+        if let Some(t) = st
+            .tx
+            .get(h.aux as usize)
+            .filter(|t| t.peer == p && t.flags & FI_READ != 0)
+        {
+            // SAFETY: a pending read's buffer is ours to write until it completes.
+            unsafe { t.iov.copy_in(h.tag as usize, bytes) };
+        }
+    }
+
+    /// Remembers ranges peer `p` wrote, for a later commit of everything (`FI_RMA_PMEM` only).
+    fn note_written(&self, st: &mut State, p: usize, iov: &IovList) {
+        if self.core.caps & FI_RMA_PMEM == 0 {
+            return;
+        }
+        let dirty = &mut st.peers[p].dirty;
+        dirty.extend(iov.segs().iter().map(|s| (s.addr, s.len)));
+        if dirty.len() > 4096 {
+            // Bound the list: make these durable now rather than remember them.
+            self.commit_peer(st, p);
+        }
+    }
+
+    /// Makes every range peer `p` wrote since its last commit durable.
+    fn commit_peer(&self, st: &mut State, p: usize) -> i32 {
+        let dirty = std::mem::take(&mut st.peers[p].dirty);
+        let mut status = 0;
+        for (addr, len) in dirty {
+            let s = commit(&IovList::one(addr, len));
+            if status == 0 {
+                status = s;
+            }
+        }
+        status
+    }
+}

@@ -1,0 +1,191 @@
+//! One-sided operations between two real processes: writes and reads at every size through
+//! each path (inline, cross-memory attach, split copy, and without CMA), remote CQ data and
+//! RMA events at the target, access checks that leave the target untouched, both addressing
+//! modes and key modes, and fences.
+
+mod common;
+use common::*;
+use xfabric::*;
+
+const LEN: usize = 1 << 22; // the target's window: 4 MiB
+const CAPS: u64 = FI_MSG | FI_RMA | FI_RMA_EVENT;
+
+/// The target: registers a window (and a read-only one), tells the initiator where they are,
+/// and makes progress until told to stop, then reports what it saw.
+fn target(mr_mode: u32) {
+    let n = node_with(CAPS, Progress::Manual, |h| h.domain_attr.mr_mode = mr_mode);
+    let parent = connect_parent(&n);
+    let window = vec![0u8; LEN];
+    let ro = pattern(4096, 99);
+    // SAFETY: both buffers outlive their registrations (dropped at the end of this function,
+    // after the registrations).
+    let (mr, mr_ro) = unsafe {
+        (
+            n.domain
+                .mr_reg(&window, FI_REMOTE_WRITE | FI_REMOTE_READ, 0, 7)
+                .unwrap(),
+            n.domain.mr_reg(&ro, FI_REMOTE_READ, 0, 8).unwrap(),
+        )
+    };
+    let virt = mr_mode & FI_MR_VIRT_ADDR != 0;
+    let base = |buf: &[u8]| if virt { buf.as_ptr() as u64 } else { 0 };
+    say(&format!(
+        "{} {} {} {}",
+        mr.key(),
+        base(&window),
+        mr_ro.key(),
+        base(&ro)
+    ));
+    // Serve until the initiator says how it ended, counting remote-CQ-data entries.
+    let mut data_seen = Vec::new();
+    let mut buf = [CqTaggedEntry::default(); 16];
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            assert_eq!(listen(), "done");
+            stop.store(true, std::sync::atomic::Ordering::Release);
+        });
+        while !stop.load(std::sync::atomic::Ordering::Acquire) {
+            if let Ok(k) = n.cq.read(&mut buf) {
+                for e in &buf[..k] {
+                    if e.flags & FI_REMOTE_CQ_DATA != 0 {
+                        assert_eq!(
+                            e.flags & (FI_REMOTE_WRITE | FI_RMA),
+                            FI_REMOTE_WRITE | FI_RMA
+                        );
+                        data_seen.push(e.data);
+                    }
+                }
+            }
+        }
+    });
+    // The read-only window was never changed by the refused writes.
+    assert!(ro == pattern(4096, 99));
+    say(&format!("{data_seen:?}"));
+    drop((mr, mr_ro));
+    drop(window);
+    let _ = parent;
+}
+
+fn sizes() -> Vec<usize> {
+    vec![0, 1, 8, 100, 4096, 8192, 8193, 65536, 100_000, 1 << 20, LEN]
+}
+
+fn initiator(test: &str, mr_mode: u32, envs: &[(&str, &str)]) {
+    let mut child = spawn(test, "target", envs);
+    let n = node_with(CAPS, Progress::Manual, |h| h.domain_attr.mr_mode = mr_mode);
+    let peer = connect(&mut child, &n);
+    let f: Vec<u64> = child
+        .hear()
+        .split(' ')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let (key, base, ro_key, ro_base) = (f[0], f[1], f[2], f[3]);
+    for (i, &len) in sizes().iter().enumerate() {
+        let out = pattern(len, i as u64 + 1);
+        let off = (LEN - len) as u64 / 3;
+        // SAFETY: the buffers outlive the completions awaited right after.
+        unsafe { n.ep.write(&out, None, peer, base + off, key, 1) }.unwrap();
+        let c = n.wait_one();
+        assert_eq!((c.op_context, c.flags), (1, FI_RMA | FI_WRITE));
+        let mut back = vec![0u8; len];
+        // SAFETY: as above.
+        unsafe { n.ep.read(&mut back, None, peer, base + off, key, 2) }.unwrap();
+        let c = n.wait_one();
+        assert_eq!((c.op_context, c.flags), (2, FI_RMA | FI_READ));
+        assert!(back == out, "read back differs at {len} bytes");
+    }
+    // writedata: the target gets the data in a CQ entry; inject_writedata too.
+    // SAFETY: the buffer outlives the completion.
+    unsafe { n.ep.writedata(&[1, 2, 3], None, 0xabc, peer, base, key, 3) }.unwrap();
+    n.wait_one();
+    n.ep.inject_writedata(&[4], 0xdef, peer, base, key).unwrap();
+    // Access checks: each fails at the initiator with FI_EACCES, target memory untouched.
+    let junk = [0xffu8; 64];
+    let cases = [
+        (ro_key, ro_base, 64usize, "region without FI_REMOTE_WRITE"),
+        (key, base + LEN as u64 - 32, 64, "past the end"),
+        (key ^ 0x5555, base, 64, "wrong key"),
+    ];
+    for (k, a, l, why) in cases {
+        // SAFETY: junk outlives the completion.
+        unsafe { n.ep.write(&junk[..l], None, peer, a, k, 9) }.unwrap();
+        let e = n.wait_err();
+        assert_eq!((e.op_context, e.err), (9, libc::EACCES), "{why}: {e:?}");
+        assert_eq!(e.flags, FI_RMA | FI_WRITE);
+    }
+    let mut tmp = [0u8; 64];
+    // SAFETY: tmp outlives the completion.
+    unsafe { n.ep.read(&mut tmp, None, peer, ro_base + 4090, ro_key, 10) }.unwrap();
+    assert_eq!(n.wait_err().err, libc::EACCES, "read past the end");
+    // A read of the read-only window works.
+    let mut ro = vec![0u8; 4096];
+    // SAFETY: as above.
+    unsafe { n.ep.read(&mut ro, None, peer, ro_base, ro_key, 11) }.unwrap();
+    n.wait_one();
+    assert!(ro == pattern(4096, 99));
+    // Fenced: a read fenced behind a large write sees the write.
+    let big = pattern(1 << 20, 77);
+    let mut seen = vec![0u8; 1 << 20];
+    // SAFETY: both buffers outlive the two completions.
+    unsafe {
+        n.ep.write(&big, None, peer, base, key, 12).unwrap();
+        let iov = [RawIov::of_mut(&mut seen)];
+        let rma = [RmaIov {
+            addr: base,
+            len: 1 << 20,
+            key,
+        }];
+        let m = MsgRma {
+            iov: &iov,
+            desc: &[],
+            addr: peer,
+            rma_iov: &rma,
+            context: 13,
+            data: 0,
+        };
+        n.ep.readmsg(&m, FI_FENCE).unwrap();
+    }
+    let done = n.wait_n(2);
+    assert_eq!(
+        done.iter().map(|c| c.op_context).collect::<Vec<_>>(),
+        vec![12, 13]
+    );
+    assert!(seen == big);
+    child.tell("done");
+    assert_eq!(child.hear(), format!("{:?}", [0xabcu64, 0xdef]));
+    child.join();
+}
+
+#[test]
+fn write_read_every_size_offsets_and_user_keys() {
+    if role().is_some() {
+        return target(0);
+    }
+    initiator("write_read_every_size_offsets_and_user_keys", 0, &[]);
+}
+
+#[test]
+fn write_read_every_size_virtual_addresses_and_provider_keys() {
+    let mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+    if role().is_some() {
+        return target(mode);
+    }
+    initiator(
+        "write_read_every_size_virtual_addresses_and_provider_keys",
+        mode,
+        &[],
+    );
+}
+
+#[test]
+fn write_read_every_size_without_cma() {
+    if role().is_some() {
+        return target(0);
+    }
+    initiator(
+        "write_read_every_size_without_cma",
+        0,
+        &[("XFABRIC_SHM_CMA", "0")],
+    );
+}
