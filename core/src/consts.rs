@@ -108,9 +108,10 @@ pub const FI_SECONDARY_CAPS: u64 = FI_MULTI_RECV
     | FI_SOURCE_ERR
     | FI_RMA_PMEM;
 
-/// Secondary capabilities that change what an endpoint reports (error entries for unknown
-/// sources, completions for remote accesses): getinfo returns them only when asked.
-pub const FI_OPT_IN_CAPS: u64 = FI_SOURCE_ERR | FI_RMA_EVENT;
+/// Secondary capabilities that change what an endpoint does (error entries for unknown
+/// sources, completions for remote accesses, durability tracking of remote writes): getinfo
+/// returns them only when asked.
+pub const FI_OPT_IN_CAPS: u64 = FI_SOURCE_ERR | FI_RMA_EVENT | FI_RMA_PMEM;
 
 /// Special addresses and keys.
 pub const FI_ADDR_UNSPEC: u64 = u64::MAX;
