@@ -19,6 +19,12 @@ use crate::mr::{MrDesc, MrMap};
 use crate::rxq::{IovList, PostedRecv, RawIov, RecvSlot, IOV_LIMIT};
 use crate::wait::{ProgressList, ProgressSource};
 
+/// xfabric's own operation flag (no libfabric flag uses bit 63): set by the inject calls
+/// (`inject`, `tinject`, `inject_write`, `inject_atomic`, ...), which write no completion entry.
+/// `FI_INJECT` alone, given to `sendmsg` and the like, only means "copy the data now": that
+/// operation still completes, at the completion level it asked for.
+pub const INJECT_CALL: u64 = 1 << 63;
+
 /// Counter classes an endpoint can bind (`fi_ep_bind` flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(usize)]
@@ -100,6 +106,15 @@ pub trait EndpointOps: ProgressSource {
         let _ = op;
         Err(Error::OpNotSupp("this provider has no RMA".into()))
     }
+    /// Starts an atomic operation.
+    ///
+    /// # Safety
+    /// The operand and compare values must stay readable, and the result buffer writable,
+    /// until the operation completes (the operand only during the call with `FI_INJECT`).
+    unsafe fn atomic(&self, req: &crate::ep_atomic::AtomicReq) -> Result<()> {
+        let _ = req;
+        Err(Error::OpNotSupp("this provider has no atomics".into()))
+    }
     /// Cancels a posted receive (or a not-yet-started send) by context; `NoEntry` if none.
     fn cancel(&self, ctx: Context) -> Result<()>;
     /// Sets an option the provider keeps (`FI_OPT_MIN_MULTI_RECV`, ...).
@@ -152,7 +167,8 @@ impl EpCore {
     pub fn complete_tx(&self, ctx: Context, op_flags: u64) {
         let Some(b) = self.bound() else { return };
         let (flags, class) = initiator_kind(op_flags);
-        let wants = op_flags & FI_INJECT == 0 && (!b.tx_selective || op_flags & FI_COMPLETION != 0);
+        let wants =
+            op_flags & INJECT_CALL == 0 && (!b.tx_selective || op_flags & FI_COMPLETION != 0);
         if wants {
             if let Some(cq) = &b.tx_cq {
                 cq.push(
@@ -804,7 +820,7 @@ impl Endpoint {
             dest,
             tag: 0,
             data: 0,
-            flags: FI_MSG | FI_INJECT,
+            flags: FI_MSG | FI_INJECT | INJECT_CALL,
         };
         self.post_tx("inject", op)
     }
@@ -817,7 +833,7 @@ impl Endpoint {
             dest,
             tag: 0,
             data,
-            flags: FI_MSG | FI_INJECT | FI_REMOTE_CQ_DATA,
+            flags: FI_MSG | FI_INJECT | INJECT_CALL | FI_REMOTE_CQ_DATA,
         };
         self.post_tx("injectdata", op)
     }
@@ -977,7 +993,7 @@ impl Endpoint {
             dest,
             tag,
             data: 0,
-            flags: FI_TAGGED | FI_INJECT,
+            flags: FI_TAGGED | FI_INJECT | INJECT_CALL,
         };
         self.post_tx("tinject", op)
     }
@@ -990,7 +1006,7 @@ impl Endpoint {
             dest,
             tag,
             data,
-            flags: FI_TAGGED | FI_INJECT | FI_REMOTE_CQ_DATA,
+            flags: FI_TAGGED | FI_INJECT | INJECT_CALL | FI_REMOTE_CQ_DATA,
         };
         self.post_tx("tinjectdata", op)
     }

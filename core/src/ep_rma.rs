@@ -4,7 +4,7 @@
 
 use crate::consts::*;
 use crate::entry::{Context, FiAddr};
-use crate::ep::Endpoint;
+use crate::ep::{Endpoint, INJECT_CALL};
 use crate::error::{Error, Result};
 use crate::mr::MrDesc;
 use crate::rxq::{IovList, RawIov, IOV_LIMIT};
@@ -344,7 +344,7 @@ impl Endpoint {
         };
         let iov = IovList::one(buf.as_ptr() as usize, buf.len());
         let mut op = self.rma_op(0, iov, dest, rma, 0, FI_RMA | FI_WRITE | FI_INJECT);
-        op.flags |= FI_INJECT;
+        op.flags |= FI_INJECT | INJECT_CALL;
         self.post_rma("inject_write", op)
     }
 
@@ -371,7 +371,7 @@ impl Endpoint {
             data,
             FI_RMA | FI_WRITE | FI_INJECT | FI_REMOTE_CQ_DATA,
         );
-        op.flags |= FI_INJECT;
+        op.flags |= FI_INJECT | INJECT_CALL;
         self.post_rma("inject_writedata", op)
     }
 }

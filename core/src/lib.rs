@@ -3,12 +3,14 @@
 //! counters, address vectors, memory-region keys, event queues, wait sets, receive matching and
 //! progress are written here once.
 
+pub mod atomic;
 pub mod av;
 pub mod cntr;
 pub mod consts;
 pub mod cq;
 pub mod entry;
 pub mod ep;
+pub mod ep_atomic;
 pub mod ep_rma;
 pub mod eq;
 pub mod error;
@@ -18,12 +20,14 @@ pub mod object;
 pub mod rxq;
 pub mod wait;
 
+pub use atomic::{AtomicOp, Datatype};
 pub use av::{AddrFormat, AddressVector, AvAttr};
 pub use cntr::{CntrAttr, Counter};
 pub use consts::*;
 pub use cq::{CompletionQueue, CqAttr};
 pub use entry::*;
 pub use ep::{CntrClass, Endpoint, EndpointOps, EpCore, Msg, TxOp};
+pub use ep_atomic::{AtomicReq, MsgAtomic, ATOMIC_MAX};
 pub use ep_rma::{MsgRma, RmaIov, RmaIovList, RmaOp};
 pub use eq::{EqAttr, EqEntry, EqErrEntry, EventQueue};
 pub use error::{strerror, Error, Result};

@@ -22,6 +22,7 @@ pub const ADDR_PREFIX: &str = "fi_shm://";
 pub const SHM_CAPS: u64 = FI_MSG
     | FI_TAGGED
     | FI_RMA
+    | FI_ATOMIC
     | FI_READ
     | FI_WRITE
     | FI_REMOTE_READ
@@ -71,7 +72,14 @@ impl Provider for Shm {
             src_addr: None,
             dest_addr: None,
             tx_attr: TxAttr {
-                caps: FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_READ | FI_WRITE | FI_FENCE,
+                caps: FI_MSG
+                    | FI_TAGGED
+                    | FI_RMA
+                    | FI_ATOMIC
+                    | FI_SEND
+                    | FI_READ
+                    | FI_WRITE
+                    | FI_FENCE,
                 mode: 0,
                 op_flags: 0,
                 msg_order: order,

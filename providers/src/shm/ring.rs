@@ -99,6 +99,8 @@ pub mod flag {
     pub const RNDV: u8 = 32;
     /// On RMA_WRITE: make the target range durable (`FI_COMMIT_COMPLETE`) before the ACK.
     pub const COMMIT: u8 = 64;
+    /// On ATOMIC: send the original values back (ARESULT).
+    pub const FETCH: u8 = 128;
 }
 
 /// Slots a message with `payload` bytes needs.
@@ -149,6 +151,7 @@ pub struct Producer {
     lane: usize,
     head: u64,
     cached_tail: u64,
+    broken: bool,
 }
 
 impl Producer {
@@ -160,17 +163,29 @@ impl Producer {
             lane,
             head: tail,
             cached_tail: tail,
+            broken: false,
         }
     }
 
     fn free(&mut self, seg: &Segment, need: usize) -> bool {
-        let used = (self.head - self.cached_tail) as usize;
-        if SLOTS - used >= need {
+        let used = self.head.wrapping_sub(self.cached_tail);
+        if used <= SLOTS as u64 && SLOTS as u64 - used >= need as u64 {
             return true;
         }
         // SAFETY: as in new().
         self.cached_tail = unsafe { seg.u64_at(tail_off(self.lane)) }.load(Ordering::Acquire);
-        SLOTS - (self.head - self.cached_tail) as usize >= need
+        let used = self.head.wrapping_sub(self.cached_tail);
+        if used > SLOTS as u64 {
+            // The consumer's tail is ahead of what we wrote: the peer is corrupt or hostile.
+            self.broken = true;
+            return false;
+        }
+        SLOTS as u64 - used >= need as u64
+    }
+
+    /// Whether the peer's tail word made no sense (the lane cannot be used any more).
+    pub fn broken(&self) -> bool {
+        self.broken
     }
 
     /// Writes one message whose payload `fill` produces into the `payload_len` bytes it is
@@ -323,6 +338,14 @@ impl Consumer {
     }
 
     fn advance_by(&mut self, seg: &Segment, lane: usize, n: usize) {
+        // Clear the sequence word of every slot handed back: a slot that was the middle of a
+        // longer message holds payload there, which could equal a future position's value and
+        // be taken for a published message. So every slot at or past the consumer is either 0
+        // or freshly published.
+        for i in 0..n as u64 {
+            let p = slot_ptr(seg, lane, ((self.pos + i) % SLOTS as u64) as usize);
+            seq_of(p).store(0, Ordering::Relaxed);
+        }
         self.pos += n as u64;
         // SAFETY: the tail word is 8-aligned inside the lane header.
         unsafe { seg.u64_at(tail_off(lane)) }.store(self.pos, Ordering::Release);

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use slab::Slab;
 use xfabric_core::consts::errno::*;
 use xfabric_core::consts::*;
-use xfabric_core::ep::TxOp;
+use xfabric_core::ep::{TxOp, INJECT_CALL};
 use xfabric_core::rxq::{PostResult, PostedRecv, RecvQueue, RecvSlot, Unexpected};
 use xfabric_core::{
     Context, EndpointOps, EpCore, Error, FiAddr, IovList, ProgressSource, RawIov, Result,
@@ -475,6 +475,10 @@ impl ShmEndpoint {
 
     /// `Again`, or `PeerLost` if the peer whose ring is full has died.
     fn full(&self, st: &mut State, p: usize, what: &'static str) -> Error {
+        if st.peers[p].prod.as_ref().is_some_and(|prod| prod.broken()) {
+            self.peer_died(st, p);
+            return Error::PeerLost(format!("peer {}'s ring is corrupt", st.peers[p].name));
+        }
         let peer = &mut st.peers[p];
         let due = peer
             .last_check
@@ -564,7 +568,7 @@ impl ShmEndpoint {
             fl |= flag::CQ_DATA;
         }
         if len <= EAGER_MAX || op.flags & FI_INJECT != 0 {
-            let ack = op.flags & FI_INJECT == 0
+            let ack = op.flags & INJECT_CALL == 0
                 && op.flags & (FI_DELIVERY_COMPLETE | FI_MATCH_COMPLETE) != 0;
             let id = if ack {
                 fl |= if op.flags & FI_MATCH_COMPLETE != 0 {
@@ -684,8 +688,12 @@ impl ShmEndpoint {
         let h = v.h;
         if h.kind == kind::CONNECT {
             // SAFETY: read before the consumer advances.
-            let name = String::from_utf8_lossy(unsafe { v.payload(h.len as usize) }).into_owned();
-            if let Ok(p) = self.peer_by_name(st, &name) {
+            let raw = unsafe { v.payload(h.len as usize) };
+            let name = String::from_utf8_lossy(raw).into_owned();
+            // Only names of xfabric segments: a peer must not make us open arbitrary paths.
+            let valid =
+                seg_name(format!("{ADDR_PREFIX}{name}").as_bytes()).is_ok_and(|n| n == name);
+            if let Some(p) = valid.then(|| self.peer_by_name(st, &name).ok()).flatten() {
                 st.peers[p].rx_lane = Some(lane);
                 st.peers[p].dead = false;
                 st.lane_peer[lane] = Some(p);
@@ -773,17 +781,27 @@ impl ShmEndpoint {
             }
             kind::CTS => {
                 let id = h.aux as usize;
-                if let Some(t) = st.tx.get_mut(id) {
+                if let Some(t) = st
+                    .tx
+                    .get_mut(id)
+                    .filter(|t| t.peer == p && t.stream.is_none())
+                {
                     t.stream = Some((h.tag as u32, 0));
                     st.streaming.push(id as u32);
                 }
             }
-            kind::WDONE => self.split_written(st, h.aux as usize, h.len as i32),
+            kind::WDONE if st.rxp.get(h.aux as usize).is_some_and(|r| r.peer == p) => {
+                self.split_written(st, h.aux as usize, h.len as i32)
+            }
             kind::DATA => {
                 let id = h.aux as usize;
                 let off = h.tag as usize;
                 let len = h.len as usize;
-                if let Some(r) = st.rxp.get_mut(id) {
+                if let Some(r) = st
+                    .rxp
+                    .get_mut(id)
+                    .filter(|r| r.peer == p && r.split.is_none())
+                {
                     // SAFETY: read before advance; the pipe's buffer is ours until completion.
                     unsafe { r.slot.iov.copy_in(off, v.payload(len)) };
                     r.got += len;
@@ -825,13 +843,15 @@ impl ShmEndpoint {
                     });
                 }
             }
-            kind::RMA_WRITE | kind::RMA_READ | kind::RDATA => {
+            kind::RMA_WRITE | kind::RMA_READ | kind::RDATA | kind::ATOMIC | kind::ARESULT => {
                 // SAFETY: read before the consumer advances.
                 let pl = unsafe { v.payload(h.len as usize) };
                 match h.kind {
                     kind::RMA_WRITE => self.handle_rma_write(st, p, &h, pl),
                     kind::RMA_READ => self.handle_rma_read(st, p, &h, pl),
-                    _ => self.handle_rdata(st, p, &h, pl),
+                    kind::RDATA => self.handle_rdata(st, p, &h, pl),
+                    kind::ATOMIC => self.handle_atomic(st, p, &h, pl),
+                    _ => self.handle_aresult(st, p, &h, pl),
                 }
             }
             kind::BYE => {
@@ -1100,6 +1120,13 @@ impl EndpointOps for ShmEndpoint {
     unsafe fn rma(&self, op: &xfabric_core::RmaOp) -> Result<()> {
         let mut st = self.lock();
         let r = self.post_rma(&mut st, op);
+        self.finish(st);
+        r
+    }
+
+    unsafe fn atomic(&self, req: &xfabric_core::AtomicReq) -> Result<()> {
+        let mut st = self.lock();
+        let r = self.post_atomic(&mut st, req);
         self.finish(st);
         r
     }

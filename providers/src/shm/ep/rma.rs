@@ -13,6 +13,7 @@
 //!   earlier operation from this endpoint.
 
 use super::*;
+use xfabric_core::ep::INJECT_CALL;
 use xfabric_core::ep_rma::{RmaIov, RmaIovList, RmaOp};
 
 /// An operation held back by `FI_FENCE` (or queued behind one, to keep order), with a copy
@@ -227,7 +228,10 @@ impl ShmEndpoint {
         };
         let len = op.iov.total();
         let write = op.flags & FI_WRITE != 0;
+        // The data of an FI_INJECT operation is copied now; an inject *call* also wants no
+        // completion, so no ACK either.
         let inject = op.flags & FI_INJECT != 0;
+        let silent = op.flags & INJECT_CALL != 0;
         let id = st.tx.insert(TxReq {
             ctx: op.ctx,
             flags: op.flags,
@@ -242,7 +246,7 @@ impl ShmEndpoint {
             200
         });
         put_rma(&mut pl, op.rma.segs());
-        let mut fl = if inject { 0 } else { flag::ACK_DELIVERY };
+        let mut fl = if silent { 0 } else { flag::ACK_DELIVERY };
         if op.flags & FI_REMOTE_CQ_DATA != 0 {
             fl |= flag::CQ_DATA;
         }
@@ -279,7 +283,7 @@ impl ShmEndpoint {
             return Err(self.full(st, p, "rma"));
         }
         Self::wake(&st.peers[p].seg);
-        if inject {
+        if silent {
             st.tx.remove(id as usize);
             st.done.push(Done::Tx {
                 ctx: op.ctx,
@@ -444,5 +448,188 @@ impl ShmEndpoint {
             }
         }
         status
+    }
+}
+
+/// Every atomic this process executes as a target runs under this lock, so that requests from
+/// several peers (arriving on several endpoints) to the same memory never interleave.
+static ATOMIC_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+impl ShmEndpoint {
+    /// Initiator: sends an atomic request.
+    pub(super) fn post_atomic(&self, st: &mut State, req: &xfabric_core::AtomicReq) -> Result<()> {
+        if st.closed {
+            return Err(Error::OpBadState("atomic: endpoint is closed".into()));
+        }
+        let p = self.peer_for(st, req.dest)?;
+        self.ensure_lane(st, p)?;
+        if !self.flush_backlog(st, p) {
+            return Err(self.full(st, p, "atomic"));
+        }
+        if req.flags & FI_FENCE != 0 && st.tx.iter().any(|(_, t)| t.peer == p) {
+            // Atomics are small: a fenced one waits as Again until its peer is drained.
+            return Err(Error::Again("atomic: fenced behind outstanding operations"));
+        }
+        let n = req.bytes();
+        let inject = req.flags & INJECT_CALL != 0;
+        let fetch = req.result != 0;
+        let id = st.tx.insert(TxReq {
+            ctx: req.ctx,
+            flags: req.flags,
+            iov: IovList::one(req.result, if fetch { n } else { 0 }),
+            len: n,
+            peer: p,
+            stream: None,
+        }) as u32;
+        let mut pl = Vec::with_capacity(16 + 2 * n);
+        pl.extend_from_slice(&req.addr.to_le_bytes());
+        pl.extend_from_slice(&req.key.to_le_bytes());
+        let operand = req.op != xfabric_core::AtomicOp::Read;
+        // SAFETY: the caller's contract keeps operand and compare readable during the call.
+        unsafe {
+            if operand {
+                pl.extend_from_slice(std::slice::from_raw_parts(req.operand as *const u8, n));
+            }
+            if req.compare != 0 {
+                pl.extend_from_slice(std::slice::from_raw_parts(req.compare as *const u8, n));
+            }
+        }
+        let mut fl = if inject { 0 } else { flag::ACK_DELIVERY };
+        if fetch {
+            fl |= flag::FETCH;
+        }
+        let h = Header {
+            kind: kind::ATOMIC,
+            flags: fl,
+            len: pl.len() as u32,
+            aux: id,
+            tag: req.op as u64 | (req.dt as u64) << 8 | (req.count as u64) << 16,
+            data: 0,
+        };
+        let peer = &mut st.peers[p];
+        let prod = peer.prod.as_mut().expect("lane ensured");
+        if !prod.write(&peer.seg, &h, pl.len(), |b| b.copy_from_slice(&pl)) {
+            st.tx.remove(id as usize);
+            return Err(self.full(st, p, "atomic"));
+        }
+        Self::wake(&st.peers[p].seg);
+        if inject {
+            st.tx.remove(id as usize);
+            st.done.push(Done::Tx {
+                ctx: req.ctx,
+                flags: req.flags,
+            });
+        }
+        Ok(())
+    }
+
+    /// Target: executes an atomic request from peer `p` and answers with the original values
+    /// (fetch, compare) or an ACK.
+    pub(super) fn handle_atomic(&self, st: &mut State, p: usize, h: &Header, pl: &[u8]) {
+        use xfabric_core::atomic::{apply, AtomicOp, Datatype};
+        let acked = h.flags & flag::ACK_DELIVERY != 0;
+        let reply = |this: &Self, st: &mut State, e: i32| {
+            if acked {
+                this.ack(st, p, h.aux, e);
+            }
+        };
+        let (Some(op), Some(dt)) = (
+            AtomicOp::from_raw((h.tag & 0xff) as i32),
+            Datatype::from_raw((h.tag >> 8 & 0xff) as i32),
+        ) else {
+            return reply(self, st, FI_EINVAL);
+        };
+        let count = (h.tag >> 16) as usize;
+        let n = count.saturating_mul(dt.size());
+        let (Some(addr), Some(key)) = (u64_at(pl, 0), u64_at(pl, 8)) else {
+            return reply(self, st, FI_EINVAL);
+        };
+        let mut at = 16;
+        let mut take = |want: bool| -> Option<Option<&[u8]>> {
+            if !want {
+                return Some(None);
+            }
+            let b = pl.get(at..at + n)?;
+            at += n;
+            Some(Some(b))
+        };
+        let (Some(operand), Some(compare)) = (take(op != AtomicOp::Read), take(op.is_compare()))
+        else {
+            return reply(self, st, FI_EINVAL);
+        };
+        let fetch = h.flags & flag::FETCH != 0;
+        let access = match (op, fetch) {
+            (AtomicOp::Read, _) => FI_REMOTE_READ,
+            (_, true) => FI_REMOTE_READ | FI_REMOTE_WRITE,
+            _ => FI_REMOTE_WRITE,
+        };
+        let target = match self.core.mr.check(key, addr, n, access) {
+            Ok(t) => t,
+            Err(_) => return reply(self, st, FI_EACCES),
+        };
+        let mut result = vec![0u8; if fetch { n } else { 0 }];
+        let r = {
+            let _g = ATOMIC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: the range passed the key check (registered memory with this access);
+            // operand/compare are `n` bytes of the request; result is `n` bytes or unused.
+            unsafe {
+                apply(
+                    op,
+                    dt,
+                    target as *mut u8,
+                    operand.map_or(std::ptr::null(), |b| b.as_ptr()),
+                    compare.map_or(std::ptr::null(), |b| b.as_ptr()),
+                    if fetch {
+                        result.as_mut_ptr()
+                    } else {
+                        std::ptr::null_mut()
+                    },
+                    count,
+                )
+            }
+        };
+        if let Err(e) = r {
+            return reply(self, st, e.errno());
+        }
+        if fetch {
+            let h = Header {
+                kind: kind::ARESULT,
+                len: n as u32,
+                aux: h.aux,
+                ..Default::default()
+            };
+            self.send_ctrl(st, p, h, &result);
+        } else {
+            reply(self, st, 0);
+        }
+        let dir = if op == AtomicOp::Read {
+            FI_READ
+        } else {
+            FI_WRITE
+        };
+        st.done.push(Done::Remote {
+            flags: FI_ATOMIC | dir,
+            len: n,
+            data: None,
+        });
+    }
+
+    /// Initiator: the original values of a fetch or compare atomic; completes it.
+    pub(super) fn handle_aresult(&self, st: &mut State, p: usize, h: &Header, bytes: &[u8]) {
+        let id = h.aux as usize;
+        if !st
+            .tx
+            .get(id)
+            .is_some_and(|t| t.peer == p && t.flags & FI_ATOMIC != 0)
+        {
+            return;
+        }
+        let t = st.tx.remove(id);
+        // SAFETY: a pending fetch's result buffer is ours to write until it completes.
+        unsafe { t.iov.copy_in(0, bytes) };
+        st.done.push(Done::Tx {
+            ctx: t.ctx,
+            flags: t.flags,
+        });
     }
 }

@@ -297,8 +297,9 @@ pub(super) fn parse_rts(pl: &[u8], peer: usize, tx_id: u32) -> Option<Rndv> {
     let len = u64_at(0)? as usize;
     let pid = i32::from_le_bytes(pl.get(8..12)?.try_into().ok()?);
     let n = u32::from_le_bytes(pl.get(12..16)?.try_into().ok()?) as usize;
+    let n = n.min(xfabric_core::rxq::IOV_LIMIT);
     let mut iov = Vec::with_capacity(n);
-    for i in 0..n.min(xfabric_core::rxq::IOV_LIMIT) {
+    for i in 0..n {
         iov.push(RawIov {
             addr: u64_at(16 + 16 * i)? as usize,
             len: u64_at(24 + 16 * i)? as usize,

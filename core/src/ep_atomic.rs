@@ -1,0 +1,352 @@
+//! Atomic operations on an endpoint: fi_atomic(3). atomic / atomicmsg / inject_atomic,
+//! fetch_atomic / fetch_atomicmsg and compare_atomic / compare_atomicmsg are reduced to one
+//! provider operation, `EndpointOps::atomic`; the valid-queries answer from `atomic`'s tables.
+
+use crate::atomic::{self, AtomicOp, Datatype};
+use crate::consts::*;
+use crate::entry::{Context, FiAddr};
+use crate::ep::{Endpoint, INJECT_CALL};
+use crate::error::{Error, Result};
+use crate::mr::MrDesc;
+
+/// Largest operand of one atomic request, in bytes (so `count * datatype size` at most this).
+pub const ATOMIC_MAX: usize = 4096;
+
+/// One atomic request, reduced from whichever call posted it.
+#[derive(Clone, Copy, Debug)]
+pub struct AtomicReq {
+    /// Completion context.
+    pub ctx: Context,
+    /// The peer.
+    pub dest: FiAddr,
+    /// Target address (virtual, or offset) and key.
+    pub addr: u64,
+    /// The region's key.
+    pub key: u64,
+    /// Element type.
+    pub dt: Datatype,
+    /// Operation.
+    pub op: AtomicOp,
+    /// Elements.
+    pub count: usize,
+    /// Operand values (`count` elements; absent for `FI_ATOMIC_READ`).
+    pub operand: usize,
+    /// Compare values for compare atomics, else 0.
+    pub compare: usize,
+    /// Where the original target values go for fetch and compare atomics, else 0.
+    pub result: usize,
+    /// `FI_ATOMIC | FI_WRITE` (plain) or `FI_ATOMIC | FI_READ` (fetch, compare), plus
+    /// operation flags.
+    pub flags: u64,
+}
+
+impl AtomicReq {
+    /// Bytes of operand (and of compare and result values).
+    pub fn bytes(&self) -> usize {
+        self.count * self.dt.size()
+    }
+}
+
+/// `struct fi_ioc` / `struct fi_rma_ioc` in one: a message form for the `*msg` calls.
+#[derive(Clone, Copy, Debug)]
+pub struct MsgAtomic {
+    /// The peer.
+    pub addr: FiAddr,
+    /// Target address and key.
+    pub rma_addr: u64,
+    /// The region's key.
+    pub key: u64,
+    /// Element type.
+    pub datatype: Datatype,
+    /// Operation.
+    pub op: AtomicOp,
+    /// Completion context.
+    pub context: Context,
+}
+
+const ATOMIC_FLAGS: u64 =
+    FI_COMPLETION | FI_MORE | FI_INJECT | FI_FENCE | FI_DELIVERY_COMPLETE | FI_TRANSMIT_COMPLETE;
+
+impl Endpoint {
+    fn post_atomic(&self, what: &'static str, req: AtomicReq) -> Result<()> {
+        self.check_live(what)?;
+        if self.core().caps & FI_ATOMIC == 0 {
+            return Err(Error::OpNotSupp(format!(
+                "{what}: endpoint was opened without FI_ATOMIC"
+            )));
+        }
+        let family_ok = match (req.compare != 0, req.flags & FI_READ != 0) {
+            (true, _) => atomic::compare_valid(req.op, req.dt),
+            (false, true) => atomic::fetch_valid(req.op, req.dt),
+            (false, false) => atomic::valid(req.op, req.dt),
+        };
+        if !family_ok {
+            return Err(Error::OpNotSupp(format!(
+                "{what}: {} on {} is not defined for this call",
+                req.op.c_name(),
+                req.dt.c_name()
+            )));
+        }
+        if req.count == 0 || req.bytes() > ATOMIC_MAX {
+            return Err(Error::Inval(format!(
+                "{what}: count {} of {} (at most {} elements)",
+                req.count,
+                req.dt.c_name(),
+                ATOMIC_MAX / req.dt.size()
+            )));
+        }
+        // SAFETY: forwarded from the public call's contract.
+        unsafe { self.ops().atomic(&req) }
+    }
+
+    fn req(&self, m: &MsgAtomic, count: usize, operand: usize, flags: u64) -> AtomicReq {
+        AtomicReq {
+            ctx: m.context,
+            dest: m.addr,
+            addr: m.rma_addr,
+            key: m.key,
+            dt: m.datatype,
+            op: m.op,
+            count,
+            operand,
+            compare: 0,
+            result: 0,
+            flags: flags | FI_ATOMIC | (self.core().tx_op_flags & !FI_INJECT),
+        }
+    }
+
+    fn check_len(what: &'static str, buf: &[u8], count: usize, dt: Datatype) -> Result<()> {
+        if buf.len() < count.saturating_mul(dt.size()) {
+            return Err(Error::Inval(format!(
+                "{what}: buffer of {} bytes for {count} x {}",
+                buf.len(),
+                dt.c_name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// `fi_atomicmsg` (one segment): target = target OP operand, element-wise.
+    ///
+    /// # Safety
+    /// `operand` must stay valid until the completion (during the call with `FI_INJECT`).
+    pub unsafe fn atomicmsg(
+        &self,
+        m: &MsgAtomic,
+        operand: &[u8],
+        count: usize,
+        flags: u64,
+    ) -> Result<()> {
+        if flags & !ATOMIC_FLAGS != 0 {
+            return Err(Error::BadFlags(format!(
+                "atomicmsg: flags {}",
+                caps_str(flags & !ATOMIC_FLAGS)
+            )));
+        }
+        Self::check_len("atomicmsg", operand, count, m.datatype)?;
+        let r = self.req(m, count, operand.as_ptr() as usize, flags | FI_WRITE);
+        self.post_atomic("atomicmsg", r)
+    }
+
+    /// `fi_atomic`.
+    ///
+    /// # Safety
+    /// As `atomicmsg`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn atomic(
+        &self,
+        operand: &[u8],
+        count: usize,
+        _desc: Option<MrDesc>,
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        datatype: Datatype,
+        op: AtomicOp,
+        ctx: Context,
+    ) -> Result<()> {
+        let m = MsgAtomic {
+            addr: dest,
+            rma_addr: addr,
+            key,
+            datatype,
+            op,
+            context: ctx,
+        };
+        // SAFETY: forwarded contract.
+        unsafe { self.atomicmsg(&m, operand, count, 0) }
+    }
+
+    /// `fi_inject_atomic`: the operand is copied before return; no completion entry.
+    #[allow(clippy::too_many_arguments)]
+    pub fn inject_atomic(
+        &self,
+        operand: &[u8],
+        count: usize,
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        datatype: Datatype,
+        op: AtomicOp,
+    ) -> Result<()> {
+        let m = MsgAtomic {
+            addr: dest,
+            rma_addr: addr,
+            key,
+            datatype,
+            op,
+            context: 0,
+        };
+        Self::check_len("inject_atomic", operand, count, datatype)?;
+        let mut r = self.req(&m, count, operand.as_ptr() as usize, FI_WRITE | FI_INJECT);
+        r.flags |= INJECT_CALL;
+        self.post_atomic("inject_atomic", r)
+    }
+
+    /// `fi_fetch_atomicmsg`: as `atomicmsg`, and the original target values land in `result`.
+    ///
+    /// # Safety
+    /// `operand` and `result` must stay valid until the completion; `result` is written.
+    pub unsafe fn fetch_atomicmsg(
+        &self,
+        m: &MsgAtomic,
+        operand: &[u8],
+        result: &mut [u8],
+        count: usize,
+        flags: u64,
+    ) -> Result<()> {
+        if flags & !(ATOMIC_FLAGS & !FI_INJECT) != 0 {
+            return Err(Error::BadFlags(format!(
+                "fetch_atomicmsg: flags {}",
+                caps_str(flags)
+            )));
+        }
+        if m.op != AtomicOp::Read {
+            Self::check_len("fetch_atomicmsg", operand, count, m.datatype)?;
+        }
+        Self::check_len("fetch_atomicmsg", result, count, m.datatype)?;
+        let mut r = self.req(m, count, operand.as_ptr() as usize, flags | FI_READ);
+        r.result = result.as_mut_ptr() as usize;
+        self.post_atomic("fetch_atomicmsg", r)
+    }
+
+    /// `fi_fetch_atomic`.
+    ///
+    /// # Safety
+    /// As `fetch_atomicmsg`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn fetch_atomic(
+        &self,
+        operand: &[u8],
+        count: usize,
+        result: &mut [u8],
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        datatype: Datatype,
+        op: AtomicOp,
+        ctx: Context,
+    ) -> Result<()> {
+        let m = MsgAtomic {
+            addr: dest,
+            rma_addr: addr,
+            key,
+            datatype,
+            op,
+            context: ctx,
+        };
+        // SAFETY: forwarded contract.
+        unsafe { self.fetch_atomicmsg(&m, operand, result, count, 0) }
+    }
+
+    /// `fi_compare_atomicmsg`: element-wise, if the compare holds the target becomes the
+    /// operand (or the masked swap, for `FI_MSWAP`); `result` gets the original values.
+    ///
+    /// # Safety
+    /// `operand`, `compare` and `result` must stay valid until the completion.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn compare_atomicmsg(
+        &self,
+        m: &MsgAtomic,
+        operand: &[u8],
+        compare: &[u8],
+        result: &mut [u8],
+        count: usize,
+        flags: u64,
+    ) -> Result<()> {
+        if flags & !(ATOMIC_FLAGS & !FI_INJECT) != 0 {
+            return Err(Error::BadFlags(format!(
+                "compare_atomicmsg: flags {}",
+                caps_str(flags)
+            )));
+        }
+        for b in [operand, compare, &*result] {
+            Self::check_len("compare_atomicmsg", b, count, m.datatype)?;
+        }
+        let mut r = self.req(m, count, operand.as_ptr() as usize, flags | FI_READ);
+        r.compare = compare.as_ptr() as usize;
+        r.result = result.as_mut_ptr() as usize;
+        self.post_atomic("compare_atomicmsg", r)
+    }
+
+    /// `fi_compare_atomic`.
+    ///
+    /// # Safety
+    /// As `compare_atomicmsg`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn compare_atomic(
+        &self,
+        operand: &[u8],
+        count: usize,
+        compare: &[u8],
+        result: &mut [u8],
+        dest: FiAddr,
+        addr: u64,
+        key: u64,
+        datatype: Datatype,
+        op: AtomicOp,
+        ctx: Context,
+    ) -> Result<()> {
+        let m = MsgAtomic {
+            addr: dest,
+            rma_addr: addr,
+            key,
+            datatype,
+            op,
+            context: ctx,
+        };
+        // SAFETY: forwarded contract.
+        unsafe { self.compare_atomicmsg(&m, operand, compare, result, count, 0) }
+    }
+
+    /// `fi_atomicvalid`: the most elements one `atomic` may carry, or `OpNotSupp`.
+    pub fn atomicvalid(&self, datatype: Datatype, op: AtomicOp) -> Result<usize> {
+        self.valid_count(atomic::valid(op, datatype), datatype, op)
+    }
+
+    /// `fi_fetch_atomicvalid`.
+    pub fn fetch_atomicvalid(&self, datatype: Datatype, op: AtomicOp) -> Result<usize> {
+        self.valid_count(atomic::fetch_valid(op, datatype), datatype, op)
+    }
+
+    /// `fi_compare_atomicvalid`.
+    pub fn compare_atomicvalid(&self, datatype: Datatype, op: AtomicOp) -> Result<usize> {
+        self.valid_count(atomic::compare_valid(op, datatype), datatype, op)
+    }
+
+    fn valid_count(&self, ok: bool, dt: Datatype, op: AtomicOp) -> Result<usize> {
+        if self.core().caps & FI_ATOMIC == 0 {
+            return Err(Error::OpNotSupp(
+                "endpoint was opened without FI_ATOMIC".into(),
+            ));
+        }
+        if !ok {
+            return Err(Error::OpNotSupp(format!(
+                "{} on {}",
+                op.c_name(),
+                dt.c_name()
+            )));
+        }
+        Ok(ATOMIC_MAX / dt.size())
+    }
+}
