@@ -38,6 +38,11 @@ pub trait AddrFormat: Send + Sync {
     fn validate(&self, addr: &[u8]) -> Result<()>;
     /// Human-readable form.
     fn to_string(&self, addr: &[u8]) -> String;
+    /// The one spelling of an address that the AV stores and looks up (for example without a
+    /// C string's trailing NUL), so that equal addresses compare equal.
+    fn canonical(&self, addr: &[u8]) -> Vec<u8> {
+        addr.to_vec()
+    }
 }
 
 struct Table {
@@ -135,6 +140,8 @@ impl AddressVector {
                     out[i] = FI_ADDR_NOTAVAIL;
                     continue;
                 }
+                let canon = self.inner.fmt.canonical(a);
+                let a = &canon.as_slice();
                 let idx = if let Some(&idx) = t.by_name.get(*a) {
                     idx
                 } else {
@@ -268,8 +275,9 @@ impl AvInner {
 
     /// Reverse lookup for `FI_SOURCE`: the `fi_addr_t` of a raw address, if inserted.
     pub fn reverse(&self, name: &[u8]) -> Option<FiAddr> {
+        let canon = self.fmt.canonical(name);
         let t = self.t.read().unwrap_or_else(|e| e.into_inner());
-        t.by_name.get(name).map(|&i| self.encode(i))
+        t.by_name.get(&canon).map(|&i| self.encode(i))
     }
 
     /// Changes whenever addresses are inserted or removed, so cached resolutions can be checked.

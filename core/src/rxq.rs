@@ -400,20 +400,23 @@ impl<U> RecvQueue<U> {
         }
     }
 
-    /// Removes a posted receive by context (`fi_cancel`). A multi-receive buffer with messages
-    /// still landing in it is retired: those complete, and the last one releases it.
-    pub fn cancel(&mut self, ctx: Context) -> Option<PostedRecv> {
+    /// Removes a posted receive by context (`fi_cancel`). Returns it and whether its buffer is
+    /// released now: a multi-receive buffer with messages still landing in it is only retired
+    /// (those complete, and the last one carries `FI_MULTI_RECV`).
+    pub fn cancel(&mut self, ctx: Context) -> Option<(PostedRecv, bool)> {
         for q in [&mut self.posted_msg, &mut self.posted_tag] {
             if let Some(i) = q.iter().position(|r| r.ctx == ctx) {
-                let r = q.remove(i);
+                let r = q.remove(i)?;
+                let mut released = true;
                 if let Some(m) = self.multi.get_mut(&ctx) {
                     if m.inflight > 0 {
                         m.exhausted = true;
+                        released = false;
                     } else {
                         self.multi.remove(&ctx);
                     }
                 }
-                return r;
+                return Some((r, released));
             }
         }
         None

@@ -186,4 +186,9 @@ impl AddrFormat for ShmAddr {
             .trim_end_matches('\0')
             .to_string()
     }
+
+    fn canonical(&self, addr: &[u8]) -> Vec<u8> {
+        let end = addr.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        addr[..end].to_vec()
+    }
 }

@@ -857,7 +857,8 @@ impl ShmEndpoint {
             kind::BYE => {
                 st.lane_peer[lane] = None;
                 st.peers[p].rx_lane = None;
-                self.fail_pipes_from(st, p, FI_ECONNRESET);
+                // Its endpoint is gone: nothing more can be sent to it or come from it.
+                self.peer_died(st, p);
                 return true;
             }
             _ => {}
@@ -1193,14 +1194,16 @@ impl EndpointOps for ShmEndpoint {
 
     fn cancel(&self, ctx: Context) -> Result<()> {
         let mut st = self.lock();
-        let Some(r) = st.rxq.cancel(ctx) else {
+        let Some((r, released)) = st.rxq.cancel(ctx) else {
             return Err(Error::NoEntry(format!(
                 "cancel: no posted receive with context {ctx:#x}"
             )));
         };
+        // A multi-receive buffer is handed back (FI_MULTI_RECV) only if nothing still lands in it.
+        let release = if released { r.flags & FI_MULTI_RECV } else { 0 };
         st.done.push(Done::RxErr {
             ctx: r.ctx,
-            flags: FI_RECV | (r.flags & (FI_MSG | FI_TAGGED | FI_MULTI_RECV)),
+            flags: FI_RECV | (r.flags & (FI_MSG | FI_TAGGED)) | release,
             tag: r.tag,
             err: FI_ECANCELED,
         });

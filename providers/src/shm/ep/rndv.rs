@@ -16,6 +16,14 @@ impl ShmEndpoint {
         data: Option<u64>,
         src: FiAddr,
     ) {
+        if st.peers[r.peer].dead {
+            // Its data went with it (and its pid may already name another process).
+            return st.push_rx(Done::SlotErr {
+                slot,
+                tag,
+                err: FI_ECONNRESET,
+            });
+        }
         let cap = slot.iov.total();
         let n = r.len.min(cap);
         if n >= self.split_min && self.cma.known_working() {
