@@ -185,8 +185,12 @@ impl Counter {
 
 impl CntrInner {
     /// Registers an endpoint's progress hook and counts the binding.
-    pub fn bind(&self, p: Arc<dyn ProgressSource>) {
-        self.progress.add(p);
+    /// An endpoint under auto progress passes `None`: its domain's thread drives it, and
+    /// readers sleep on this object's own wait instead of driving it themselves.
+    pub fn bind(&self, p: Option<Arc<dyn ProgressSource>>) {
+        if let Some(p) = p {
+            self.progress.add(p);
+        }
         self.bound.fetch_add(1, Ordering::AcqRel);
     }
 

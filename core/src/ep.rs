@@ -137,6 +137,8 @@ pub struct EpCore {
     pub max_msg_size: usize,
     /// The domain's memory-region keys: where a target checks remote accesses.
     pub mr: Arc<MrMap>,
+    /// Data progress is the domain's thread's (`FI_PROGRESS_AUTO`).
+    pub auto_progress: bool,
     pending: Mutex<Bindings>,
     bound: OnceLock<Bindings>,
 }
@@ -146,6 +148,7 @@ impl EpCore {
     pub fn new(info: &Info, mr: Arc<MrMap>) -> Self {
         EpCore {
             mr,
+            auto_progress: info.domain_attr.data_progress == crate::consts::Progress::Auto,
             caps: info.caps,
             tx_op_flags: info.tx_attr.op_flags,
             rx_op_flags: info.rx_attr.op_flags,
@@ -600,10 +603,10 @@ impl Endpoint {
             }
         }
         for cq in cqs {
-            cq.bind(self.progress_reg.clone());
+            cq.bind(self.driven_by_readers());
         }
         for c in b.cntr.iter().flatten() {
-            c.bind(self.progress_reg.clone());
+            c.bind(self.driven_by_readers());
         }
         if let Some(av) = &b.av {
             av.bind();
@@ -612,6 +615,12 @@ impl Endpoint {
         self.domain_progress.add(self.progress_reg.clone());
         self.enabled.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// What the endpoint's queues and counters drive when read: the endpoint itself under
+    /// manual progress, nothing under auto progress (the domain's thread does it).
+    fn driven_by_readers(&self) -> Option<Arc<dyn ProgressSource>> {
+        (!self.core.auto_progress).then(|| self.progress_reg.clone())
     }
 
     /// `fi_getname`: this endpoint's raw address, to hand to peers out of band.

@@ -1057,10 +1057,12 @@ impl ShmEndpoint {
         self.idle
             .known_active
             .store(st.known_active, Ordering::Relaxed);
+        // Only work this side can advance by itself keeps it busy (fragments to push, control
+        // messages to flush, held operations, a split copy's short spin). Replies it waits for
+        // (ACK, CTS, DATA) ring its doorbell when they come.
         let busy = !st.streaming.is_empty()
             || !st.fenced.is_empty()
-            || !st.tx.is_empty()
-            || !st.rxp.is_empty()
+            || st.rxp.iter().any(|(_, r)| r.split.is_some())
             || st.peers.iter().any(|p| !p.backlog.is_empty());
         self.idle.busy.store(busy, Ordering::Release);
     }
@@ -1261,6 +1263,22 @@ impl EndpointOps for ShmEndpoint {
                 flags,
                 err: FI_ECANCELED,
             });
+        }
+        // A split copy's sender may still be writing into its buffer: wait (bounded) for its
+        // WDONE before handing the buffer back, unless the sender is gone.
+        let until = Instant::now() + Duration::from_secs(5);
+        while st
+            .rxp
+            .iter()
+            .any(|(_, r)| r.split.is_some() && !st.peers[r.peer].dead)
+            && Instant::now() < until
+        {
+            if self.poll_lanes(&mut st) == 0 {
+                if st.last_sweep.elapsed() >= SWEEP_EVERY {
+                    self.sweep(&mut st);
+                }
+                std::hint::spin_loop();
+            }
         }
         let pipes: Vec<RxPipe> = st.rxp.drain().collect();
         for r in pipes {
