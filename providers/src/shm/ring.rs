@@ -41,6 +41,14 @@ pub const OFF_SLEEPING: usize = 64;
 /// Futex word: bumped by a sender that saw a sleeper, so a wait that has not started yet
 /// returns at once instead of missing the wake-up.
 pub const OFF_DOORBELL: usize = 68;
+/// The owner's pid, the address the owner mapped the segment at, and a random cookie: a peer
+/// reads the cookie through that pid with cross-memory attach to learn whether the pid really
+/// names the owner (pid namespaces, reuse) before it ever copies through it.
+pub const OFF_PID: usize = 72;
+/// See `OFF_PID`.
+pub const OFF_BASE: usize = 80;
+/// See `OFF_PID`.
+pub const OFF_COOKIE: usize = 88;
 /// Bit i set: lane i is claimed and may hold messages.
 pub const OFF_ACTIVE: usize = 128;
 /// Lane claims: the claiming sender's id, 0 when free.
@@ -383,9 +391,42 @@ pub fn claim(seg: &Segment, i: usize) -> &AtomicU64 {
 }
 
 /// Stamps a new segment's header.
-pub fn init_header(seg: &Segment) {
-    // SAFETY: fixed aligned offset in the header.
-    unsafe { seg.u64_at(OFF_MAGIC) }.store(MAGIC, Ordering::Release);
+pub fn init_header(seg: &Segment, cookie: u64) {
+    // SAFETY: fixed aligned offsets in the header.
+    unsafe {
+        seg.u32_at(OFF_PID)
+            .store(std::process::id(), Ordering::Relaxed);
+        seg.u64_at(OFF_BASE)
+            .store(seg.base() as u64, Ordering::Relaxed);
+        seg.u64_at(OFF_COOKIE).store(cookie, Ordering::Relaxed);
+        seg.u64_at(OFF_MAGIC).store(MAGIC, Ordering::Release);
+    }
+}
+
+/// The owner's pid if cross-memory attach through it reaches this very segment: the cookie
+/// read through the pid at the owner's address equals the cookie as we see it.
+pub fn verified_pid(seg: &Segment) -> Option<i32> {
+    // SAFETY: fixed aligned offsets in the header.
+    let (pid, base, cookie) = unsafe {
+        (
+            seg.u32_at(OFF_PID).load(Ordering::Relaxed) as i32,
+            seg.u64_at(OFF_BASE).load(Ordering::Relaxed),
+            seg.u64_at(OFF_COOKIE).load(Ordering::Relaxed),
+        )
+    };
+    let mut seen = 0u64;
+    let local = libc::iovec {
+        iov_base: (&mut seen as *mut u64).cast(),
+        iov_len: 8,
+    };
+    let remote = libc::iovec {
+        iov_base: (base as usize + OFF_COOKIE) as *mut libc::c_void,
+        iov_len: 8,
+    };
+    // SAFETY: writes 8 bytes into `seen`; the remote address is only dereferenced by the
+    // kernel, in `pid`.
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    (n == 8 && seen == cookie && cookie != 0).then_some(pid)
 }
 
 /// Whether a mapped segment has this layout.
@@ -422,7 +463,7 @@ mod tests {
     #[test]
     fn messages_cross_with_padding_and_backpressure() {
         let seg = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
-        init_header(&seg);
+        init_header(&seg, 1);
         let lane = claim_lane(&seg, 7).unwrap();
         let mut p = Producer::new(&seg, lane);
         let mut c = Consumer::attach(&seg, lane);

@@ -66,6 +66,9 @@ struct Peer {
     last_check: Option<Instant>,
     /// Ranges this peer wrote since its last commit (`FI_RMA_PMEM` endpoints).
     dirty: Vec<(usize, usize)>,
+    /// The peer's pid, once cross-memory attach through it was shown to reach the peer
+    /// (`ring::verified_pid`); `None`: never copy through a pid, use the ring.
+    cma_pid: Option<i32>,
 }
 
 enum Payload {
@@ -252,7 +255,10 @@ impl ShmEndpoint {
     pub fn open(core: Arc<EpCore>) -> Result<Arc<Self>> {
         let name = super::segment::fresh_name();
         let seg = Segment::create(&name, ring::SEG_BYTES)?;
-        ring::init_header(&seg);
+        ring::init_header(
+            &seg,
+            ident(&format!("{name}/{:?}", Instant::now())) ^ 0x9e37_79b9_7f4a_7c15,
+        );
         let directed = core.caps & FI_DIRECTED_RECV != 0;
         Ok(Arc::new(ShmEndpoint {
             core,
@@ -407,6 +413,12 @@ impl ShmEndpoint {
                 "segment {name} is not an xfabric shm endpoint"
             )));
         }
+        let seg_for_probe = &seg;
+        let cma_pid = if self.cma.usable() {
+            ring::verified_pid(seg_for_probe)
+        } else {
+            None
+        };
         st.peers.push(Peer {
             name: name.to_string(),
             seg,
@@ -418,6 +430,7 @@ impl ShmEndpoint {
             dead: false,
             last_check: None,
             dirty: Vec::new(),
+            cma_pid,
         });
         let p = st.peers.len() - 1;
         st.by_name.insert(name.to_string(), p);

@@ -378,7 +378,11 @@ impl ShmEndpoint {
             Err(e) => return self.ack(st, p, h.aux, e),
         };
         let mut pushed = false;
-        if self.cma.usable() && total > 0 {
+        let _ = pid; // the request's claim; only the verified pid is used
+        if let Some(pid) = st.peers[p]
+            .cma_pid
+            .filter(|_| self.cma.usable() && total > 0)
+        {
             match cma::write(&self.cma, pid, &iov, &local, total) {
                 CmaResult::Done => pushed = true,
                 CmaResult::Refused => {}

@@ -26,10 +26,16 @@ impl ShmEndpoint {
         }
         let cap = slot.iov.total();
         let n = r.len.min(cap);
-        if n >= self.split_min && self.cma.known_working() {
+        // Copy through the peer's pid only as verified, never as the message claims.
+        let mut r = r;
+        let cma_pid = st.peers[r.peer].cma_pid.filter(|_| self.cma.usable());
+        if let Some(pid) = cma_pid {
+            r.pid = pid;
+        }
+        if cma_pid.is_some() && n >= self.split_min && self.cma.known_working() {
             return self.start_split(st, slot, r, n, tag, data, src);
         }
-        if self.cma.usable() {
+        if cma_pid.is_some() {
             match cma::read(&self.cma, r.pid, &slot.iov, &r.iov, n) {
                 CmaResult::Done => {
                     self.ack(st, r.peer, r.tx_id, sink_status(&slot));
@@ -159,8 +165,10 @@ impl ShmEndpoint {
         let Some(t) = st.tx.get(id).filter(|t| t.peer == p) else {
             return;
         };
+        let cma_pid = st.peers[p].cma_pid;
         let status = match parse_split(pl) {
-            Some((at, n, pid, remote)) if n <= t.len && at <= n => {
+            Some((at, n, _, remote)) if n <= t.len && at <= n && cma_pid.is_some() => {
+                let pid = cma_pid.expect("checked");
                 let local = t.iov.slice(at, n - at);
                 let remote = remote.slice(at, n - at);
                 match cma::write(&self.cma, pid, &local, remote.segs(), n - at) {
