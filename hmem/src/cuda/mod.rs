@@ -1,0 +1,481 @@
+//! `FI_HMEM_CUDA` through the CUDA driver API (`cudarc`, loaded at run time).
+//!
+//! Probe order: libcuda present and complete ([`result::probe_library`]), `cuInit`, at least one
+//! device. Any failure leaves the interface unavailable with that reason; nothing panics.
+//!
+//! Each device's primary context is retained on first use, with one non-blocking stream for
+//! copies. Calls push that context and pop it again, so the caller's current context is left
+//! as it was. Copies run on the non-blocking stream and wait for it: a copy never waits behind
+//! work on the legacy default stream (a persistent kernel polling a doorbell, say), and when
+//! it returns the bytes are in device memory.
+
+pub mod result;
+
+use std::ffi::c_void;
+use std::ptr::NonNull;
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::sys;
+
+use crate::error::{DropErrors, HmemError, Unavailable};
+use crate::mem::{DeviceBuffer, HostMapped, IpcHandle, IpcMapping, Release};
+use crate::{check_len, DeviceInfo, HmemIface, Iface, Owner, Result};
+use result::DriverError;
+
+/// `CU_MEMORYTYPE_DEVICE` (cuda.h).
+const CU_MEMORYTYPE_DEVICE: u32 = 2;
+
+/// Wraps a driver error with the call that returned it.
+fn cuda_err(op: &'static str) -> impl FnOnce(DriverError) -> HmemError {
+    move |e| HmemError::Cuda {
+        op,
+        code: e.0 as u32,
+        // The enum's name, not cuGetErrorName: it needs no call into the driver.
+        name: format!("{:?}", e.0),
+    }
+}
+
+/// The CUDA interface.
+#[derive(Debug)]
+pub struct Cuda {
+    state: Result<Arc<CudaState>, Unavailable>,
+}
+
+/// Probe results and per-device contexts; every resource made from them holds an `Arc`, so
+/// contexts are released only after the last allocation is freed.
+#[derive(Debug)]
+struct CudaState {
+    driver_version: i32,
+    devices: Vec<CudaDevice>,
+    errors: Arc<DropErrors>,
+}
+
+#[derive(Debug)]
+struct CudaDevice {
+    dev: sys::CUdevice,
+    info: DeviceInfo,
+    ctx: OnceLock<Result<DeviceCtx>>,
+}
+
+/// A retained primary context and its copy stream.
+#[derive(Debug)]
+struct DeviceCtx {
+    ctx: sys::CUcontext,
+    stream: sys::CUstream,
+}
+
+// SAFETY: CUDA contexts and streams are driver handles usable from any thread; the driver
+// serialises access to them internally.
+unsafe impl Send for DeviceCtx {}
+// SAFETY: as above.
+unsafe impl Sync for DeviceCtx {}
+
+impl DeviceCtx {
+    fn open(dev: sys::CUdevice) -> Result<DeviceCtx> {
+        // SAFETY: `dev` came from cuDeviceGet.
+        let ctx = unsafe { result::primary_ctx::retain(dev) }
+            .map_err(cuda_err("cuDevicePrimaryCtxRetain"))?;
+        let stream = (|| {
+            // SAFETY: `ctx` was just retained.
+            unsafe { result::ctx_stack::push(ctx) }.map_err(cuda_err("cuCtxPushCurrent"))?;
+            let s = result::stream::create(result::stream::StreamKind::NonBlocking)
+                .map_err(cuda_err("cuStreamCreate"));
+            let popped = result::ctx_stack::pop().map_err(cuda_err("cuCtxPopCurrent"));
+            let s = s?;
+            popped?;
+            Ok(s)
+        })();
+        match stream {
+            Ok(stream) => Ok(DeviceCtx { ctx, stream }),
+            Err(e) => {
+                // SAFETY: releases the reference retained above.
+                let _ = unsafe { result::primary_ctx::release(dev) };
+                Err(e)
+            }
+        }
+    }
+}
+
+impl CudaState {
+    fn probe() -> Result<CudaState, String> {
+        result::probe_library()?;
+        result::init().map_err(|e| format!("cuInit failed: {:?}", e.0))?;
+        let driver_version = result::driver_version()
+            .map_err(|e| format!("cuDriverGetVersion failed: {:?}", e.0))?;
+        let count = result::device::get_count()
+            .map_err(|e| format!("cuDeviceGetCount failed: {:?}", e.0))?;
+        if count <= 0 {
+            return Err("the driver reports no CUDA devices".into());
+        }
+        let mut devices = Vec::new();
+        for ordinal in 0..count {
+            let dev = result::device::get(ordinal)
+                .map_err(|e| format!("cuDeviceGet({ordinal}) failed: {:?}", e.0))?;
+            let name = result::device_name(dev).unwrap_or_else(|e| format!("unnamed ({:?})", e.0));
+            devices.push(CudaDevice {
+                dev,
+                info: DeviceInfo {
+                    index: ordinal as u64,
+                    name,
+                },
+                ctx: OnceLock::new(),
+            });
+        }
+        Ok(CudaState {
+            driver_version,
+            devices,
+            errors: Arc::default(),
+        })
+    }
+
+    fn device(&self, op: &'static str, device: u64) -> Result<&CudaDevice> {
+        usize::try_from(device)
+            .ok()
+            .and_then(|d| self.devices.get(d))
+            .ok_or_else(|| {
+                HmemError::inval(
+                    op,
+                    format!("no CUDA device {device} ({} present)", self.devices.len()),
+                )
+            })
+    }
+
+    /// Runs `f` with `device`'s primary context current, then restores the caller's.
+    fn with_ctx<T>(
+        &self,
+        op: &'static str,
+        device: u64,
+        f: impl FnOnce(&DeviceCtx) -> Result<T>,
+    ) -> Result<T> {
+        let d = self.device(op, device)?;
+        let dc = d
+            .ctx
+            .get_or_init(|| DeviceCtx::open(d.dev))
+            .as_ref()
+            .map_err(Clone::clone)?;
+        // SAFETY: the context stays retained while `self` lives.
+        unsafe { result::ctx_stack::push(dc.ctx) }.map_err(cuda_err("cuCtxPushCurrent"))?;
+        let r = f(dc);
+        let popped = result::ctx_stack::pop().map_err(cuda_err("cuCtxPopCurrent"));
+        let v = r?;
+        popped?;
+        Ok(v)
+    }
+}
+
+impl Drop for CudaState {
+    fn drop(&mut self) {
+        for d in &self.devices {
+            if let Some(Ok(dc)) = d.ctx.get() {
+                // SAFETY: the stream belongs to this context; nothing made from this state is
+                // alive any more (each held an Arc of it).
+                unsafe {
+                    if result::ctx_stack::push(dc.ctx).is_ok() {
+                        let _ = result::stream::destroy(dc.stream);
+                        let _ = result::ctx_stack::pop();
+                    }
+                    let _ = result::primary_ctx::release(d.dev);
+                }
+            }
+        }
+    }
+}
+
+impl Default for Cuda {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Cuda {
+    /// Probes libcuda and the devices. Never panics: without a driver or a device the
+    /// interface is unavailable and says why.
+    pub fn new() -> Self {
+        Cuda {
+            state: CudaState::probe()
+                .map(Arc::new)
+                .map_err(|reason| Unavailable {
+                    iface: Iface::Cuda,
+                    reason,
+                }),
+        }
+    }
+
+    fn state(&self) -> Result<&Arc<CudaState>> {
+        self.state.as_ref().map_err(|u| u.clone().into())
+    }
+
+    /// `cuDriverGetVersion` (e.g. 13000), when available.
+    pub fn driver_version(&self) -> Option<i32> {
+        self.state.as_ref().ok().map(|s| s.driver_version)
+    }
+}
+
+/// Mapped page-locked host memory from `cuMemHostAlloc`.
+struct HostAlloc {
+    state: Arc<CudaState>,
+    device: u64,
+    ptr: usize,
+}
+
+impl Release for HostAlloc {
+    fn release(&mut self) -> Result<()> {
+        self.state.with_ctx("cuMemFreeHost", self.device, |_| {
+            // SAFETY: `ptr` came from cuMemHostAlloc and is freed once.
+            unsafe { result::free_host(self.ptr as *mut c_void) }.map_err(cuda_err("cuMemFreeHost"))
+        })
+    }
+}
+
+/// Device memory from `cuMemAlloc`.
+struct DeviceAlloc {
+    state: Arc<CudaState>,
+    device: u64,
+    dptr: sys::CUdeviceptr,
+}
+
+impl Release for DeviceAlloc {
+    fn release(&mut self) -> Result<()> {
+        self.state.with_ctx("cuMemFree", self.device, |_| {
+            // SAFETY: `dptr` came from cuMemAlloc and is freed once.
+            unsafe { result::free_sync(self.dptr) }.map_err(cuda_err("cuMemFree"))
+        })
+    }
+}
+
+/// A mapping from `cuIpcOpenMemHandle`.
+struct IpcOpened {
+    state: Arc<CudaState>,
+    device: u64,
+    dptr: sys::CUdeviceptr,
+}
+
+impl Release for IpcOpened {
+    fn release(&mut self) -> Result<()> {
+        self.state
+            .with_ctx("cuIpcCloseMemHandle", self.device, |_| {
+                // SAFETY: `dptr` came from cuIpcOpenMemHandle and is closed once.
+                unsafe { result::ipc::close(self.dptr) }.map_err(cuda_err("cuIpcCloseMemHandle"))
+            })
+    }
+}
+
+impl HmemIface for Cuda {
+    fn iface(&self) -> Iface {
+        Iface::Cuda
+    }
+
+    fn available(&self) -> Result<(), Unavailable> {
+        self.state.as_ref().map(|_| ()).map_err(Clone::clone)
+    }
+
+    fn devices(&self) -> Vec<DeviceInfo> {
+        match &self.state {
+            Ok(s) => s.devices.iter().map(|d| d.info.clone()).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    fn owns(&self, addr: *const u8) -> Result<Option<Owner>> {
+        self.state()?;
+        let ptr = addr as u64;
+        match result::pointer::memory_type(ptr) {
+            Ok(CU_MEMORYTYPE_DEVICE) => {
+                let ordinal = result::pointer::device_ordinal(ptr)
+                    .map_err(cuda_err("cuPointerGetAttribute(DEVICE_ORDINAL)"))?;
+                Ok(Some(Owner {
+                    iface: Iface::Cuda,
+                    device: ordinal as u64,
+                }))
+            }
+            // Page-locked or mapped host memory is still host memory.
+            Ok(_) => Ok(None),
+            Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE)) => Ok(None),
+            Err(e) => Err(cuda_err("cuPointerGetAttribute(MEMORY_TYPE)")(e)),
+        }
+    }
+
+    unsafe fn copy_from_host(&self, device: u64, dst: *mut u8, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.state()?.with_ctx("copy_from_host", device, |dc| {
+            // SAFETY: the caller guarantees `dst` is device memory valid for `src.len()`
+            // bytes; `src` outlives the copy because we wait for the stream below.
+            unsafe { result::memcpy_htod_async(dst as u64, src, dc.stream) }
+                .map_err(cuda_err("cuMemcpyHtoDAsync"))?;
+            // SAFETY: the stream was created in this context and is live.
+            unsafe { result::stream::synchronize(dc.stream) }
+                .map_err(cuda_err("cuStreamSynchronize"))
+        })
+    }
+
+    unsafe fn copy_to_host(&self, device: u64, dst: &mut [u8], src: *const u8) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.state()?.with_ctx("copy_to_host", device, |dc| {
+            // SAFETY: the caller guarantees `src` is device memory valid for `dst.len()` bytes;
+            // `dst` stays borrowed until the stream is drained below.
+            unsafe { result::memcpy_dtoh_async(dst, src as u64, dc.stream) }
+                .map_err(cuda_err("cuMemcpyDtoHAsync"))?;
+            // SAFETY: as above.
+            unsafe { result::stream::synchronize(dc.stream) }
+                .map_err(cuda_err("cuStreamSynchronize"))
+        })
+    }
+
+    unsafe fn host_register(&self, addr: *mut u8, len: usize) -> Result<()> {
+        check_len("host_register", len)?;
+        // Registrations are PORTABLE: any context will do, so use device 0's.
+        self.state()?.with_ctx("host_register", 0, |_| {
+            // SAFETY: the caller keeps `addr..addr + len` mapped until unregistering.
+            unsafe { result::host::register(addr.cast(), len) }
+                .map_err(cuda_err("cuMemHostRegister"))
+        })
+    }
+
+    unsafe fn host_unregister(&self, addr: *mut u8) -> Result<()> {
+        self.state()?.with_ctx("host_unregister", 0, |_| {
+            // SAFETY: the caller's contract.
+            unsafe { result::host::unregister(addr.cast()) }
+                .map_err(cuda_err("cuMemHostUnregister"))
+        })
+    }
+
+    fn alloc_host_mapped(&self, device: u64, len: usize) -> Result<HostMapped> {
+        check_len("alloc_host_mapped", len)?;
+        let state = self.state()?;
+        let (host, dptr) = state.with_ctx("alloc_host_mapped", device, |_| {
+            let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+            // SAFETY: plain allocation; the memory is zeroed below before anyone reads it.
+            let host =
+                unsafe { result::malloc_host(len, flags) }.map_err(cuda_err("cuMemHostAlloc"))?;
+            // SAFETY: `host` came from cuMemHostAlloc(DEVICEMAP).
+            match unsafe { result::host::device_pointer(host) } {
+                Ok(d) => Ok((host, d)),
+                Err(e) => {
+                    // SAFETY: frees what was just allocated.
+                    let _ = unsafe { result::free_host(host) };
+                    Err(cuda_err("cuMemHostGetDevicePointer")(e))
+                }
+            }
+        })?;
+        let Some(host) = NonNull::new(host.cast::<u8>()) else {
+            return Err(HmemError::inval(
+                "alloc_host_mapped",
+                "cuMemHostAlloc returned null",
+            ));
+        };
+        // SAFETY: `len` bytes were just allocated and nothing else knows of them yet.
+        unsafe { host.as_ptr().write_bytes(0, len) };
+        let release = HostAlloc {
+            state: state.clone(),
+            device,
+            ptr: host.as_ptr() as usize,
+        };
+        Ok(HostMapped::new(
+            host,
+            dptr,
+            len,
+            (Iface::Cuda, device),
+            Box::new(release),
+            state.errors.clone(),
+        ))
+    }
+
+    fn alloc_device(&self, device: u64, len: usize) -> Result<DeviceBuffer> {
+        check_len("alloc_device", len)?;
+        let state = self.state()?;
+        let dptr = state.with_ctx("alloc_device", device, |_| {
+            // SAFETY: plain allocation; its contents are undefined until written.
+            unsafe { result::malloc_sync(len) }.map_err(cuda_err("cuMemAlloc"))
+        })?;
+        let release = DeviceAlloc {
+            state: state.clone(),
+            device,
+            dptr,
+        };
+        Ok(DeviceBuffer::new(
+            dptr,
+            len,
+            (Iface::Cuda, device),
+            Box::new(release),
+            state.errors.clone(),
+        ))
+    }
+
+    fn ipc_get(&self, addr: *const u8, len: usize) -> Result<IpcHandle> {
+        const OP: &str = "ipc_get";
+        let state = self.state()?;
+        let Some(owner) = self.owns(addr)? else {
+            return Err(HmemError::inval(
+                OP,
+                format!("{addr:p} is not CUDA device memory"),
+            ));
+        };
+        let (base, raw) = state.with_ctx(OP, owner.device, |_| {
+            let (base, size) = result::pointer::address_range(addr as u64)
+                .map_err(cuda_err("cuMemGetAddressRange"))?;
+            // SAFETY: `base` is the base of the live allocation holding `addr`.
+            let raw = unsafe { result::ipc::get(base) }.map_err(cuda_err("cuIpcGetMemHandle"))?;
+            Ok(((base, size), raw))
+        })?;
+        let handle = IpcHandle {
+            iface: Iface::Cuda,
+            pid: std::process::id(),
+            device: owner.device,
+            base: base.0,
+            alloc_len: base.1 as u64,
+            offset: (addr as u64).saturating_sub(base.0),
+            raw,
+        };
+        handle.check_range(OP, len)?;
+        Ok(handle)
+    }
+
+    fn ipc_open(&self, device: u64, handle: &IpcHandle) -> Result<IpcMapping> {
+        const OP: &str = "ipc_open";
+        let state = self.state()?;
+        if handle.iface != Iface::Cuda {
+            return Err(HmemError::inval(
+                OP,
+                format!("a {} handle given to CUDA", handle.iface),
+            ));
+        }
+        state.device(OP, device)?;
+        if handle.pid == std::process::id() {
+            // CUDA refuses to open a handle in the process that exported it; the allocation is
+            // already mapped here, at the address the handle records.
+            return Ok(IpcMapping::new(
+                handle.base,
+                handle,
+                device,
+                None,
+                state.errors.clone(),
+            ));
+        }
+        let dptr = state.with_ctx(OP, device, |_| {
+            result::ipc::open(&handle.raw).map_err(cuda_err("cuIpcOpenMemHandle"))
+        })?;
+        let release = IpcOpened {
+            state: state.clone(),
+            device,
+            dptr,
+        };
+        Ok(IpcMapping::new(
+            dptr,
+            handle,
+            device,
+            Some(Box::new(release)),
+            state.errors.clone(),
+        ))
+    }
+
+    fn take_drop_errors(&self) -> Vec<HmemError> {
+        match &self.state {
+            Ok(s) => s.errors.take(),
+            Err(_) => Vec::new(),
+        }
+    }
+}

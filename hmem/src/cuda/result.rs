@@ -1,0 +1,232 @@
+//! Thin `Result`-returning CUDA driver calls, the middle layer: cudarc's `driver::result` where
+//! it has the call, and the same style over `cudarc::driver::sys` for the calls it lacks
+//! (pointer attributes, host registration, host-pointer mapping, IPC, context push/pop).
+//!
+//! cudarc's `sys` resolves each symbol on first use and panics if libcuda or the symbol is
+//! missing, so [`probe_library`] must succeed before anything else here is called.
+
+use std::ffi::{c_int, c_uint, c_void, CStr};
+use std::mem::MaybeUninit;
+
+pub use cudarc::driver::result::{ctx, device, free_host, free_sync, init, malloc_host};
+pub use cudarc::driver::result::{malloc_sync, memcpy_dtoh_async, memcpy_htod_async};
+pub use cudarc::driver::result::{primary_ctx, stream, DriverError};
+use cudarc::driver::sys;
+
+/// Every driver symbol xfabric calls, directly or through cudarc's result layer.
+pub const REQUIRED_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxPushCurrent_v2",
+    "cuCtxPopCurrent_v2",
+    "cuStreamCreate",
+    "cuStreamSynchronize",
+    "cuStreamDestroy_v2",
+    "cuPointerGetAttribute",
+    "cuMemGetAddressRange_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemHostAlloc",
+    "cuMemHostGetDevicePointer_v2",
+    "cuMemFreeHost",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
+];
+
+/// Checks that libcuda loads and exports every symbol in [`REQUIRED_SYMBOLS`]; otherwise says
+/// why. After `Ok`, cudarc's lazy symbol loading cannot panic for those symbols.
+pub fn probe_library() -> Result<(), String> {
+    // SAFETY: only tries to dlopen cudarc's candidate names for libcuda.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(
+            "libcuda could not be loaded (tried libcuda.so, libcuda.so.1 and the other \
+                    names cudarc knows): no NVIDIA driver is installed"
+                .into(),
+        );
+    }
+    // SAFETY: is_culib_present just loaded it, so culib() finds it instead of panicking.
+    let lib = unsafe { sys::culib() };
+    let missing: Vec<&str> = REQUIRED_SYMBOLS
+        .iter()
+        .copied()
+        // SAFETY: looking a symbol up runs no code; the pointer is not used.
+        .filter(|name| unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err())
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "libcuda lacks {} (a driver older than CUDA 11?)",
+            missing.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// `cuDriverGetVersion`, e.g. 13000 for CUDA 13.0.
+pub fn driver_version() -> Result<i32, DriverError> {
+    let mut v = 0;
+    // SAFETY: writes one int.
+    unsafe { sys::cuDriverGetVersion(&mut v) }.result()?;
+    Ok(v)
+}
+
+/// `cuDeviceGetName`, without cudarc's panic on a name that fills the buffer.
+pub fn device_name(dev: sys::CUdevice) -> Result<String, DriverError> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the driver writes at most `buf.len()` bytes.
+    unsafe { sys::cuDeviceGetName(buf.as_mut_ptr().cast(), buf.len() as c_int, dev) }.result()?;
+    let name = CStr::from_bytes_until_nul(&buf)
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| String::from_utf8_lossy(&buf).into_owned());
+    Ok(name)
+}
+
+/// `cuCtxPushCurrent` / `cuCtxPopCurrent`.
+pub mod ctx_stack {
+    use super::*;
+
+    /// Makes `ctx` current on this thread, above the caller's.
+    ///
+    /// # Safety
+    /// `ctx` must be a live context.
+    pub unsafe fn push(ctx: sys::CUcontext) -> Result<(), DriverError> {
+        // SAFETY: the caller guarantees the context is live.
+        unsafe { sys::cuCtxPushCurrent_v2(ctx) }.result()
+    }
+
+    /// Restores the context that was current before the matching `push`.
+    pub fn pop() -> Result<sys::CUcontext, DriverError> {
+        let mut ctx = MaybeUninit::uninit();
+        // SAFETY: writes one context handle.
+        unsafe { sys::cuCtxPopCurrent_v2(ctx.as_mut_ptr()) }.result()?;
+        // SAFETY: initialised on success.
+        Ok(unsafe { ctx.assume_init() })
+    }
+}
+
+/// Pointer queries (`cuPointerGetAttribute`, `cuMemGetAddressRange`).
+pub mod pointer {
+    use super::*;
+
+    /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`: a `CUmemorytype` value. Any address may be asked
+    /// about; memory CUDA does not know answers `CUDA_ERROR_INVALID_VALUE`.
+    pub fn memory_type(ptr: sys::CUdeviceptr) -> Result<u32, DriverError> {
+        let mut v: c_uint = 0;
+        // SAFETY: MEMORY_TYPE writes one unsigned int.
+        unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut v as *mut c_uint).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                ptr,
+            )
+        }
+        .result()?;
+        Ok(v)
+    }
+
+    /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`.
+    pub fn device_ordinal(ptr: sys::CUdeviceptr) -> Result<i32, DriverError> {
+        let mut v: c_int = 0;
+        // SAFETY: DEVICE_ORDINAL writes one int.
+        unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut v as *mut c_int).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr,
+            )
+        }
+        .result()?;
+        Ok(v)
+    }
+
+    /// Base and size of the allocation holding `ptr`.
+    pub fn address_range(ptr: sys::CUdeviceptr) -> Result<(sys::CUdeviceptr, usize), DriverError> {
+        let (mut base, mut size) = (0, 0);
+        // SAFETY: writes a device pointer and a size.
+        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }.result()?;
+        Ok((base, size))
+    }
+}
+
+/// Page-locked host memory (`cuMemHostRegister`, `cuMemHostGetDevicePointer`).
+pub mod host {
+    use super::*;
+
+    /// Pins `len` bytes at `ptr` for every context, mapped into the device address space.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be mapped host memory that stays mapped until `unregister`.
+    pub unsafe fn register(ptr: *mut c_void, len: usize) -> Result<(), DriverError> {
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: the caller's contract.
+        unsafe { sys::cuMemHostRegister_v2(ptr, len, flags) }.result()
+    }
+
+    /// Unpins memory pinned by `register`.
+    ///
+    /// # Safety
+    /// `ptr` must have been registered; no device access to it may be in flight.
+    pub unsafe fn unregister(ptr: *mut c_void) -> Result<(), DriverError> {
+        // SAFETY: the caller's contract.
+        unsafe { sys::cuMemHostUnregister(ptr) }.result()
+    }
+
+    /// The device address of mapped, page-locked host memory.
+    ///
+    /// # Safety
+    /// `ptr` must come from `cuMemHostAlloc(DEVICEMAP)` or a `DEVICEMAP` registration.
+    pub unsafe fn device_pointer(ptr: *mut c_void) -> Result<sys::CUdeviceptr, DriverError> {
+        let mut d = 0;
+        // SAFETY: the caller's contract; flags must be 0.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, ptr, 0) }.result()?;
+        Ok(d)
+    }
+}
+
+/// Legacy CUDA IPC (`cuIpcGetMemHandle` family), which works on `cuMemAlloc` memory.
+pub mod ipc {
+    use super::*;
+
+    /// A handle to the allocation whose base is `base`.
+    ///
+    /// # Safety
+    /// `base` must be the base of a live `cuMemAlloc` allocation.
+    pub unsafe fn get(base: sys::CUdeviceptr) -> Result<[u8; 64], DriverError> {
+        let mut h = MaybeUninit::<sys::CUipcMemHandle>::uninit();
+        // SAFETY: writes one 64-byte handle.
+        unsafe { sys::cuIpcGetMemHandle(h.as_mut_ptr(), base) }.result()?;
+        // SAFETY: initialised on success.
+        let h = unsafe { h.assume_init() };
+        Ok(h.reserved.map(|c| c as u8))
+    }
+
+    /// Maps another process's allocation into the current context.
+    pub fn open(raw: &[u8; 64]) -> Result<sys::CUdeviceptr, DriverError> {
+        let handle = sys::CUipcMemHandle {
+            reserved: raw.map(|b| b as std::ffi::c_char),
+        };
+        let mut d = 0;
+        let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint;
+        // SAFETY: the handle is passed by value; the driver validates it.
+        unsafe { sys::cuIpcOpenMemHandle_v2(&mut d, handle, flags) }.result()?;
+        Ok(d)
+    }
+
+    /// Unmaps what `open` mapped.
+    ///
+    /// # Safety
+    /// `mapped` must come from `open` and not be closed yet; nothing may still use it.
+    pub unsafe fn close(mapped: sys::CUdeviceptr) -> Result<(), DriverError> {
+        // SAFETY: the caller's contract.
+        unsafe { sys::cuIpcCloseMemHandle(mapped) }.result()
+    }
+}

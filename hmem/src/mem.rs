@@ -1,0 +1,435 @@
+//! Owned device-side resources, the same types for every interface: a device-visible host
+//! allocation, a device buffer, an IPC handle and an opened IPC mapping. Each owns a
+//! `Release` from its interface, which frees it on drop; an error from that is recorded
+//! with the interface (`HmemIface::take_drop_errors`) rather than panicking.
+
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use crate::error::{DropErrors, HmemError};
+use crate::Iface;
+
+/// Frees an allocation or closes a mapping. Implemented by each interface; it holds an `Arc` of
+/// the interface's state, so the driver context outlives everything made from it.
+pub(crate) trait Release: Send + Sync {
+    /// Gives the resource back. Called at most once.
+    fn release(&mut self) -> Result<(), HmemError>;
+}
+
+/// The release half shared by every resource type: runs once, by `close` or by `Drop`.
+struct Releaser {
+    release: Option<Box<dyn Release>>,
+    errors: Arc<DropErrors>,
+}
+
+impl Releaser {
+    fn new(release: Option<Box<dyn Release>>, errors: Arc<DropErrors>) -> Self {
+        Releaser { release, errors }
+    }
+
+    fn close(&mut self) -> Result<(), HmemError> {
+        match self.release.take() {
+            Some(mut r) => r.release(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Releaser {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            self.errors.record(e);
+        }
+    }
+}
+
+impl std::fmt::Debug for Releaser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.release.is_some() {
+            "live"
+        } else {
+            "released"
+        })
+    }
+}
+
+/// Host memory a device can read and write directly, page-aligned and zero-filled: where XPU
+/// doorbells live. CUDA: `cuMemHostAlloc(PORTABLE | DEVICEMAP)`; Level Zero: `zeMemAllocHost`;
+/// system: anonymous pages. Freed on drop.
+#[derive(Debug)]
+pub struct HostMapped {
+    // Invariant: `host` points to `len` bytes that stay mapped until `releaser` runs.
+    host: NonNull<u8>,
+    device_addr: u64,
+    len: usize,
+    iface: Iface,
+    device: u64,
+    releaser: Releaser,
+}
+
+// SAFETY: the allocation is plain memory owned by this value; the pointer is not tied to the
+// creating thread, and every access through it is either atomic or the caller's `unsafe`.
+unsafe impl Send for HostMapped {}
+// SAFETY: as above; `&HostMapped` only hands out raw pointers and atomics.
+unsafe impl Sync for HostMapped {}
+
+impl HostMapped {
+    pub(crate) fn new(
+        host: NonNull<u8>,
+        device_addr: u64,
+        len: usize,
+        owner: (Iface, u64),
+        release: Box<dyn Release>,
+        errors: Arc<DropErrors>,
+    ) -> Self {
+        HostMapped {
+            host,
+            device_addr,
+            len,
+            iface: owner.0,
+            device: owner.1,
+            releaser: Releaser::new(Some(release), errors),
+        }
+    }
+
+    /// The host address. Reads and writes through it race with the device unless ordered by
+    /// the caller (atomics, fences, a completed kernel).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.host.as_ptr()
+    }
+
+    /// The address device code uses for the same bytes (equal to the host address under
+    /// unified addressing, but always ask).
+    pub fn device_addr(&self) -> u64 {
+        self.device_addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: zero-length allocations are refused.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The interface that allocated it.
+    pub fn iface(&self) -> Iface {
+        self.iface
+    }
+
+    /// The device it was allocated for.
+    pub fn device(&self) -> u64 {
+        self.device
+    }
+
+    /// The `index`-th 64-bit word as an atomic, for doorbells a device stores to and the host
+    /// polls; `None` past the end.
+    pub fn atomic_u64(&self, index: usize) -> Option<&AtomicU64> {
+        let end = index.checked_add(1)?.checked_mul(8)?;
+        if end > self.len {
+            return None;
+        }
+        // SAFETY: `index * 8 < len`, so the word starts inside the allocation.
+        let word = unsafe { self.host.as_ptr().add(index * 8) };
+        if !(word as usize).is_multiple_of(8) {
+            return None;
+        }
+        // SAFETY: the word is 8-byte aligned (checked; every allocator here returns page- or
+        // better-aligned memory) and lies inside the allocation, which lives as long as
+        // `&self`. The other writer (the device) stores whole aligned words, as AtomicU64
+        // expects.
+        Some(unsafe { AtomicU64::from_ptr(word.cast()) })
+    }
+
+    /// Frees now and reports the driver's answer (dropping does the same, recording errors).
+    pub fn free(mut self) -> Result<(), HmemError> {
+        self.releaser.close()
+    }
+}
+
+/// Memory on a device (for the system interface, ordinary host pages), for staging and tests.
+/// It may not be dereferenceable from the host: move bytes with the interface's copies.
+#[derive(Debug)]
+pub struct DeviceBuffer {
+    addr: u64,
+    len: usize,
+    iface: Iface,
+    device: u64,
+    releaser: Releaser,
+}
+
+impl DeviceBuffer {
+    pub(crate) fn new(
+        addr: u64,
+        len: usize,
+        owner: (Iface, u64),
+        release: Box<dyn Release>,
+        errors: Arc<DropErrors>,
+    ) -> Self {
+        DeviceBuffer {
+            addr,
+            len,
+            iface: owner.0,
+            device: owner.1,
+            releaser: Releaser::new(Some(release), errors),
+        }
+    }
+
+    /// The device address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// The device address as a pointer, the form copies and registrations take.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.addr as usize as *mut u8
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: zero-length allocations are refused.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The interface that allocated it.
+    pub fn iface(&self) -> Iface {
+        self.iface
+    }
+
+    /// The device it lives on.
+    pub fn device(&self) -> u64 {
+        self.device
+    }
+
+    /// Frees now and reports the driver's answer.
+    pub fn free(mut self) -> Result<(), HmemError> {
+        self.releaser.close()
+    }
+}
+
+/// A handle another process (or another context) opens to map a device allocation. It names
+/// the whole allocation the address belongs to, plus the offset of that address in it, so the
+/// opener can find the same byte. `to_bytes`/`from_bytes` give a fixed wire form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpcHandle {
+    /// The interface that made it.
+    pub iface: Iface,
+    /// The exporting process (Level Zero handles carry a file descriptor of that process).
+    pub pid: u32,
+    /// The device the allocation lives on.
+    pub device: u64,
+    /// The allocation's base address in the exporting process.
+    pub base: u64,
+    /// The allocation's length.
+    pub alloc_len: u64,
+    /// Offset of the exported address from `base`.
+    pub offset: u64,
+    /// The driver's opaque handle (`CUipcMemHandle`, `ze_ipc_mem_handle_t`: 64 bytes each).
+    pub raw: [u8; 64],
+}
+
+impl IpcHandle {
+    /// Length of the wire form.
+    pub const WIRE_LEN: usize = 112;
+    const MAGIC: u32 = u32::from_le_bytes(*b"XFIH");
+
+    /// The wire form: little-endian `magic, iface, pid, 0u32, device, base, alloc_len,
+    /// offset`, then the 64 raw bytes.
+    pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
+        let mut b = [0u8; Self::WIRE_LEN];
+        b[0..4].copy_from_slice(&Self::MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&self.iface.as_raw().to_le_bytes());
+        b[8..12].copy_from_slice(&self.pid.to_le_bytes());
+        b[16..24].copy_from_slice(&self.device.to_le_bytes());
+        b[24..32].copy_from_slice(&self.base.to_le_bytes());
+        b[32..40].copy_from_slice(&self.alloc_len.to_le_bytes());
+        b[40..48].copy_from_slice(&self.offset.to_le_bytes());
+        b[48..112].copy_from_slice(&self.raw);
+        b
+    }
+
+    /// Parses the wire form; `Inval` naming what is wrong if it is not one.
+    pub fn from_bytes(b: &[u8]) -> Result<Self, HmemError> {
+        const OP: &str = "IpcHandle::from_bytes";
+        if b.len() != Self::WIRE_LEN {
+            return Err(HmemError::inval(
+                OP,
+                format!("{} bytes, expected {}", b.len(), Self::WIRE_LEN),
+            ));
+        }
+        // In bounds: the length was checked above.
+        let u32_at = |i: usize| {
+            let mut w = [0u8; 4];
+            w.copy_from_slice(&b[i..i + 4]);
+            u32::from_le_bytes(w)
+        };
+        let u64_at = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        if u32_at(0) != Self::MAGIC {
+            return Err(HmemError::inval(
+                OP,
+                "not an xfabric IPC handle (bad magic)",
+            ));
+        }
+        let iface = Iface::from_raw(u32_at(4))
+            .ok_or_else(|| HmemError::inval(OP, format!("unknown iface {}", u32_at(4))))?;
+        let (alloc_len, offset) = (u64_at(32), u64_at(40));
+        if offset > alloc_len {
+            return Err(HmemError::inval(
+                OP,
+                format!("offset {offset} lies past the {alloc_len}-byte allocation"),
+            ));
+        }
+        let mut raw = [0u8; 64];
+        raw.copy_from_slice(&b[48..112]);
+        Ok(IpcHandle {
+            iface,
+            pid: u32_at(8),
+            device: u64_at(16),
+            base: u64_at(24),
+            alloc_len,
+            offset,
+            raw,
+        })
+    }
+
+    /// Checks that `offset..offset + len` lies inside the allocation.
+    pub(crate) fn check_range(&self, op: &'static str, len: usize) -> Result<(), HmemError> {
+        let end = self.offset.checked_add(len as u64);
+        match end {
+            Some(end) if end <= self.alloc_len => Ok(()),
+            _ => Err(HmemError::inval(
+                op,
+                format!(
+                    "{len} bytes at offset {} run past the {}-byte allocation",
+                    self.offset, self.alloc_len
+                ),
+            )),
+        }
+    }
+}
+
+/// An opened IPC handle: the exporter's allocation mapped into this process. Closed on drop.
+#[derive(Debug)]
+pub struct IpcMapping {
+    base: u64,
+    offset: u64,
+    alloc_len: u64,
+    iface: Iface,
+    device: u64,
+    releaser: Releaser,
+}
+
+impl IpcMapping {
+    /// `release` is `None` where nothing was mapped (a CUDA handle opened by the process that
+    /// exported it refers to its own allocation).
+    pub(crate) fn new(
+        base: u64,
+        handle: &IpcHandle,
+        device: u64,
+        release: Option<Box<dyn Release>>,
+        errors: Arc<DropErrors>,
+    ) -> Self {
+        IpcMapping {
+            base,
+            offset: handle.offset,
+            alloc_len: handle.alloc_len,
+            iface: handle.iface,
+            device,
+            releaser: Releaser::new(release, errors),
+        }
+    }
+
+    /// The device address of the exported byte (mapping base plus the handle's offset).
+    pub fn addr(&self) -> u64 {
+        self.base.wrapping_add(self.offset)
+    }
+
+    /// `addr` as a pointer, the form copies take.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.addr() as usize as *mut u8
+    }
+
+    /// Where the whole allocation is mapped.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Bytes from `addr` to the end of the allocation.
+    pub fn len(&self) -> usize {
+        self.alloc_len.saturating_sub(self.offset) as usize
+    }
+
+    /// True when the handle pointed at the allocation's end.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The interface.
+    pub fn iface(&self) -> Iface {
+        self.iface
+    }
+
+    /// The device it was opened on.
+    pub fn device(&self) -> u64 {
+        self.device
+    }
+
+    /// `ipc_close`: unmaps now and reports the driver's answer.
+    pub fn close(mut self) -> Result<(), HmemError> {
+        self.releaser.close()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipc_handle_wire_form_round_trips() {
+        let mut raw = [0u8; 64];
+        raw.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+        let h = IpcHandle {
+            iface: Iface::Ze,
+            pid: 4242,
+            device: 1,
+            base: 0x7f00_0000_0000,
+            alloc_len: 1 << 20,
+            offset: 4096,
+            raw,
+        };
+        let b = h.to_bytes();
+        assert_eq!(IpcHandle::from_bytes(&b).unwrap(), h);
+        assert!(IpcHandle::from_bytes(&b[1..]).is_err());
+        let mut bad = b;
+        bad[0] ^= 1;
+        assert!(IpcHandle::from_bytes(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("magic"));
+        let mut bad = b;
+        bad[4] = 9;
+        assert!(IpcHandle::from_bytes(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("iface 9"));
+        let mut bad = h.clone();
+        bad.offset = bad.alloc_len + 1;
+        assert!(IpcHandle::from_bytes(&bad.to_bytes())
+            .unwrap_err()
+            .to_string()
+            .contains("lies past"));
+        assert!(h.check_range("t", (1 << 20) - 4096).is_ok());
+        assert!(h.check_range("t", (1 << 20) - 4095).is_err());
+    }
+}

@@ -1,0 +1,273 @@
+//! The CUDA interface, three ways:
+//!
+//! - here, on a machine without libcuda (CI, developers' machines): CUDA reports unavailable
+//!   with a reason, every operation says so, nothing panics;
+//! - against a TEST DOUBLE of libcuda (tests/doubles/cuda_double.c: fake devices backed by
+//!   host memory), in a child process whose LD_LIBRARY_PATH finds the double first, so
+//!   cudarc's run-time loading and every CUDA call xfabric makes run everywhere;
+//! - on a real NVIDIA GPU, when selected with `XFABRIC_GPU_TESTS=1` (skipped with a printed
+//!   reason otherwise).
+//!
+//! The double and the GPU run the same checks (`exercise`), cross-process IPC included.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{double, hex, is_child, live_objects, pattern, spawn_child_test, unhex};
+use xfabric_hmem::{Cuda, Hmem, HmemError, HmemIface, Iface, IpcHandle, Owner};
+
+const GPU_ENV: &str = "XFABRIC_GPU_TESTS";
+const DOUBLE_ENV: &str = "XFABRIC_CUDA_DOUBLE";
+const HANDLE_ENV: &str = "XFABRIC_CUDA_IPC_HANDLE";
+
+fn gpu_tests_selected() -> bool {
+    std::env::var(GPU_ENV).is_ok_and(|v| v == "1")
+}
+
+#[test]
+fn without_libcuda_cuda_is_unavailable_and_nothing_panics() {
+    let cuda = Cuda::new();
+    let u = match cuda.available() {
+        Ok(()) => {
+            println!(
+                "skipped: libcuda is present here ({} device(s)); the no-driver checks need a \
+                 machine without it",
+                cuda.devices().len()
+            );
+            return;
+        }
+        Err(u) => u,
+    };
+    println!("CUDA unavailable as expected: {}", u.reason);
+    assert_eq!(u.iface, Iface::Cuda);
+    assert!(!u.reason.is_empty());
+    assert!(cuda.devices().is_empty());
+    assert_eq!(cuda.driver_version(), None);
+
+    let host = [0u8; 64];
+    let unavailable = |e: HmemError| {
+        assert!(
+            matches!(&e, HmemError::Unavailable(x) if x.reason == u.reason),
+            "{e}"
+        );
+        assert_eq!(e.errno(), libc::ENOSYS);
+        assert!(matches!(
+            xfabric_core::Error::from(e),
+            xfabric_core::Error::NoSys(_)
+        ));
+    };
+    unavailable(cuda.owns(host.as_ptr()).unwrap_err());
+    unavailable(cuda.alloc_device(0, 64).unwrap_err());
+    unavailable(cuda.alloc_host_mapped(0, 64).unwrap_err());
+    unavailable(cuda.ipc_get(host.as_ptr(), 1).unwrap_err());
+    let mut back = [0u8; 4];
+    // SAFETY: the interface refuses before touching memory.
+    unsafe {
+        unavailable(cuda.copy_to_host(0, &mut back, host.as_ptr()).unwrap_err());
+        unavailable(
+            cuda.copy_from_host(0, host.as_ptr() as *mut u8, &back)
+                .unwrap_err(),
+        );
+        unavailable(
+            cuda.host_register(host.as_ptr() as *mut u8, 64)
+                .unwrap_err(),
+        );
+    }
+    assert!(cuda.take_drop_errors().is_empty());
+
+    let hmem = Hmem::detect();
+    assert!(!hmem.device_ifaces().contains(&Iface::Cuda));
+    let line = hmem.report()[Iface::Cuda as usize].to_string();
+    assert!(line.starts_with("FI_HMEM_CUDA: unavailable: "), "{line}");
+}
+
+#[test]
+fn gpu_cuda_memory() {
+    if !gpu_tests_selected() {
+        println!(
+            "skipped: the CUDA hardware test runs only with {GPU_ENV}=1 on a machine with an \
+             NVIDIA GPU"
+        );
+        return;
+    }
+    let cuda = Cuda::new();
+    if let Err(u) = cuda.available() {
+        panic!("{GPU_ENV}=1 but {u}");
+    }
+    println!(
+        "CUDA driver {:?}, devices: {:?}",
+        cuda.driver_version(),
+        cuda.devices()
+    );
+    exercise(&cuda, None);
+}
+
+#[test]
+fn cuda_double_suite() {
+    let lib = double("cuda_double.c", &[], "libcuda_double.so", "cuda/libcuda.so");
+    let dir = lib.parent().unwrap().to_str().unwrap().to_string();
+    let mut child = spawn_child_test(
+        "cuda_double_child",
+        &[
+            ("LD_LIBRARY_PATH", &dir),
+            (DOUBLE_ENV, lib.to_str().unwrap()),
+        ],
+    );
+    assert_eq!(child.expect_line("SUITE "), "OK");
+    child.finish();
+}
+
+/// Child half of `cuda_double_suite`, where `libcuda.so` is the double: a no-op unless
+/// started by it.
+#[test]
+fn cuda_double_child() {
+    let Some(lib) = std::env::var_os(DOUBLE_ENV).filter(|_| is_child()) else {
+        return;
+    };
+    let lib = PathBuf::from(lib);
+    let cuda = Cuda::new();
+    cuda.available()
+        .expect("cudarc finds the double through LD_LIBRARY_PATH");
+    assert_eq!(cuda.driver_version(), Some(13000));
+    let devices = cuda.devices();
+    assert_eq!(devices.len(), 2);
+    assert_eq!(devices[1].name, "xfabric test double cuda device 1");
+    let e = cuda.alloc_device(2, 8).unwrap_err();
+    assert!(
+        e.to_string().contains("no CUDA device 2 (2 present)"),
+        "{e}"
+    );
+
+    exercise(&cuda, Some(&lib));
+
+    let hmem = Hmem::detect();
+    assert!(hmem.device_ifaces().contains(&Iface::Cuda));
+    let line = hmem.report()[Iface::Cuda as usize].to_string();
+    assert!(
+        line.starts_with("FI_HMEM_CUDA: available, 2 device(s)"),
+        "{line}"
+    );
+    let buf = hmem.cuda().alloc_device(1, 64).unwrap();
+    assert_eq!(
+        hmem.owner(buf.as_ptr()).unwrap(),
+        Owner {
+            iface: Iface::Cuda,
+            device: 1
+        }
+    );
+    drop(buf);
+    drop(hmem);
+    drop(cuda);
+    assert_eq!(
+        live_objects(&lib, "cuda_double_live"),
+        0,
+        "allocations, mappings, registrations, streams and context references are all released"
+    );
+    println!("SUITE OK");
+}
+
+/// Opens the parent's handle in another process: a no-op unless started by `exercise`.
+#[test]
+fn cuda_ipc_child() {
+    let Some(h) = std::env::var(HANDLE_ENV).ok().filter(|_| is_child()) else {
+        return;
+    };
+    let h = IpcHandle::from_bytes(&unhex(&h)).unwrap();
+    let cuda = Cuda::new();
+    let m = cuda.ipc_open(0, &h).unwrap();
+    assert_eq!(m.len(), (h.alloc_len - h.offset) as usize);
+    let mut seen = vec![0u8; 100];
+    // SAFETY: the mapping is CUDA memory with at least 100 bytes from its address.
+    unsafe {
+        cuda.copy_to_host(0, &mut seen, m.as_ptr()).unwrap();
+        cuda.copy_from_host(0, m.as_ptr(), b"child!!!").unwrap();
+    }
+    assert_eq!(seen, pattern(1 << 20, 5)[4096..4196]);
+    m.close().unwrap();
+    assert!(cuda.take_drop_errors().is_empty());
+    println!("CHILD OK");
+}
+
+/// Every CUDA operation, on a GPU or on the double (`double` is its path, for leak counts).
+fn exercise(cuda: &Cuda, double: Option<&Path>) {
+    let len = (1 << 20) + 3;
+    let buf = cuda.alloc_device(0, len).unwrap();
+    let owner = Owner {
+        iface: Iface::Cuda,
+        device: 0,
+    };
+    assert_eq!(cuda.owns(buf.as_ptr()).unwrap(), Some(owner));
+    // SAFETY: only the address is formed, inside the allocation.
+    let inner = unsafe { buf.as_ptr().add(4096) };
+    assert_eq!(cuda.owns(inner).unwrap(), Some(owner));
+    let mut host = vec![0u8; 8192];
+    assert_eq!(cuda.owns(host.as_ptr()).unwrap(), None);
+
+    let data = pattern(len, 5);
+    let mut back = vec![0u8; len];
+    // SAFETY: `buf` is CUDA memory on device 0 of `len` bytes.
+    unsafe {
+        cuda.copy_from_host(0, buf.as_ptr(), &data).unwrap();
+        cuda.copy_to_host(0, &mut back, buf.as_ptr()).unwrap();
+    }
+    assert_eq!(back, data);
+
+    // Device-visible host memory: zeroed (the double hands out 0xab), host memory to a query.
+    let m = cuda.alloc_host_mapped(0, 4096).unwrap();
+    assert_ne!(m.device_addr(), 0);
+    // SAFETY: 4096 bytes owned by `m`, not yet shared with any device code.
+    assert!(unsafe { std::slice::from_raw_parts(m.as_ptr(), 4096) }
+        .iter()
+        .all(|&b| b == 0));
+    m.atomic_u64(0)
+        .unwrap()
+        .store(7, std::sync::atomic::Ordering::Release);
+    assert_eq!(cuda.owns(m.as_ptr()).unwrap(), None);
+    m.free().unwrap();
+
+    // Registration of ordinary host memory.
+    // SAFETY: `host` stays alive and mapped until unregistered below.
+    unsafe {
+        cuda.host_register(host.as_mut_ptr(), host.len()).unwrap();
+        let e = cuda
+            .host_register(host.as_mut_ptr(), host.len())
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"),
+            "{e}"
+        );
+        assert_eq!(cuda.owns(host.as_ptr()).unwrap(), None);
+        cuda.host_unregister(host.as_mut_ptr()).unwrap();
+        assert!(cuda.host_unregister(host.as_mut_ptr()).is_err());
+    }
+
+    // IPC: a handle to the allocation, with the offset of the exported address.
+    let h = cuda.ipc_get(inner, 100).unwrap();
+    assert_eq!(
+        (h.iface, h.device, h.base, h.offset),
+        (Iface::Cuda, 0, buf.addr(), 4096)
+    );
+    assert!(h.alloc_len >= len as u64);
+    assert!(cuda.ipc_get(host.as_ptr(), 1).is_err());
+    // In the exporting process the allocation is already mapped: open gives it back.
+    let same = cuda.ipc_open(0, &h).unwrap();
+    assert_eq!(same.as_ptr(), inner);
+    same.close().unwrap();
+    // Another process maps it, reads it, and writes into it.
+    let mut child = spawn_child_test("cuda_ipc_child", &[(HANDLE_ENV, &hex(&h.to_bytes()))]);
+    assert_eq!(child.expect_line("CHILD "), "OK");
+    child.finish();
+    let mut seen = [0u8; 8];
+    // SAFETY: `inner` is CUDA memory with at least 8 bytes after it.
+    unsafe { cuda.copy_to_host(0, &mut seen, inner).unwrap() };
+    assert_eq!(&seen, b"child!!!");
+
+    buf.free().unwrap();
+    assert!(cuda.take_drop_errors().is_empty());
+    if let Some(lib) = double {
+        // What remains: device 0's primary context reference and its copy stream.
+        assert_eq!(live_objects(lib, "cuda_double_live"), 2);
+    }
+}

@@ -1,0 +1,476 @@
+/*
+ * TEST DOUBLE -- this is NOT the CUDA driver and drives no GPU.
+ *
+ * A stand-in for libcuda.so that xfabric-hmem's tests compile with `cc -shared -fPIC`, name
+ * libcuda.so in a directory of its own, and put first on LD_LIBRARY_PATH of a child test
+ * process, so that cudarc's run-time loading and xfabric's CUDA code path (probe, contexts,
+ * streams, pointer queries, copies, mapped host memory, registration, IPC) run on machines
+ * without an NVIDIA GPU. It exports exactly the driver symbols xfabric calls, under the names
+ * cudarc resolves (the _v2 entry points included).
+ *
+ * It fakes CUDA_DOUBLE_DEVICES devices (default 2) whose "device memory" is host memory: each
+ * cuMemAlloc is a memfd mapped MAP_SHARED, an IPC handle records the exporting pid and that
+ * memfd's descriptor, and cuIpcOpenMemHandle in another process maps /proc/<pid>/fd/<fd>. It
+ * checks what the driver checks (a current context where one is needed, known pointers, host
+ * registration overlap, no IPC open in the exporting process) and fills cuMemHostAlloc memory
+ * with 0xab so tests can see that xfabric zeroes it. cuda_double_live() is not a CUDA call: it
+ * counts live allocations, mappings, registrations, streams and context references.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef CUDA_DOUBLE_DEVICES
+#define CUDA_DOUBLE_DEVICES 2
+#endif
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct { char reserved[64]; } CUipcMemHandle;
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_INVALID_DEVICE 101
+#define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_INVALID_HANDLE 400
+#define CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED 712
+#define CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED 713
+
+enum kind { DEVICE_ALLOC, HOST_ALLOC, HOST_REGISTERED, IPC_MAPPED };
+
+struct region {
+	char *base;
+	size_t len;
+	enum kind kind;
+	int device;
+	int fd; /* DEVICE_ALLOC only */
+};
+
+struct ctx { int magic; int device; int refs; };
+struct stream { int magic; int device; };
+#define CTX_MAGIC 0x0c7c7c7c
+#define STREAM_MAGIC 0x5743a3
+
+#define MAX_REGIONS 256
+static struct region regions[MAX_REGIONS];
+static int nregions;
+static int live_streams;
+static struct ctx contexts[CUDA_DOUBLE_DEVICES];
+static int initialized;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Each thread's context stack, as the driver keeps one. */
+static __thread struct ctx *stack[16];
+static __thread int depth;
+
+static struct ctx *current(void)
+{
+	return depth ? stack[depth - 1] : NULL;
+}
+
+static struct region *find(const void *p)
+{
+	for (int i = 0; i < nregions; i++)
+		if ((const char *)p >= regions[i].base && (const char *)p < regions[i].base + regions[i].len)
+			return &regions[i];
+	return NULL;
+}
+
+static CUresult add(char *base, size_t len, enum kind kind, int device, int fd)
+{
+	if (nregions == MAX_REGIONS)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	regions[nregions++] = (struct region){ base, len, kind, device, fd };
+	return CUDA_SUCCESS;
+}
+
+/* Exported for tests only. */
+int cuda_double_live(void)
+{
+	pthread_mutex_lock(&lock);
+	int n = nregions + live_streams;
+	for (int i = 0; i < CUDA_DOUBLE_DEVICES; i++)
+		n += contexts[i].refs;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
+CUresult cuGetErrorName(CUresult e, const char **s)
+{
+	(void)e;
+	*s = "CUDA_DOUBLE_ERROR";
+	return CUDA_SUCCESS;
+}
+
+CUresult cuGetErrorString(CUresult e, const char **s)
+{
+	(void)e;
+	*s = "an error from the CUDA test double";
+	return CUDA_SUCCESS;
+}
+
+CUresult cuInit(unsigned flags)
+{
+	if (flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&lock);
+	if (!initialized)
+		for (int i = 0; i < CUDA_DOUBLE_DEVICES; i++)
+			contexts[i] = (struct ctx){ CTX_MAGIC, i, 0 };
+	initialized = 1;
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDriverGetVersion(int *v)
+{
+	*v = 13000;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int *n)
+{
+	*n = CUDA_DOUBLE_DEVICES;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *d, int ordinal)
+{
+	if (ordinal < 0 || ordinal >= CUDA_DOUBLE_DEVICES)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*d = ordinal;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice d)
+{
+	if (d < 0 || d >= CUDA_DOUBLE_DEVICES)
+		return CUDA_ERROR_INVALID_DEVICE;
+	snprintf(name, (size_t)len, "xfabric test double cuda device %d", d);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRetain(struct ctx **c, CUdevice d)
+{
+	if (!initialized || d < 0 || d >= CUDA_DOUBLE_DEVICES)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&lock);
+	contexts[d].refs++;
+	pthread_mutex_unlock(&lock);
+	*c = &contexts[d];
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
+{
+	if (d < 0 || d >= CUDA_DOUBLE_DEVICES || contexts[d].refs == 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&lock);
+	contexts[d].refs--;
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent_v2(struct ctx *c)
+{
+	if (!c || c->magic != CTX_MAGIC || c->refs == 0 || depth == 16)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	stack[depth++] = c;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent_v2(struct ctx **c)
+{
+	if (depth == 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	struct ctx *top = stack[--depth];
+	if (c)
+		*c = top;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuStreamCreate(struct stream **s, unsigned flags)
+{
+	if (!current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (flags != 1) /* xfabric copies on a CU_STREAM_NON_BLOCKING stream */
+		return CUDA_ERROR_INVALID_VALUE;
+	struct stream *st = malloc(sizeof *st);
+	if (!st)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*st = (struct stream){ STREAM_MAGIC, current()->device };
+	pthread_mutex_lock(&lock);
+	live_streams++;
+	pthread_mutex_unlock(&lock);
+	*s = st;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuStreamSynchronize(struct stream *s)
+{
+	return (s && s->magic == STREAM_MAGIC) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuStreamDestroy_v2(struct stream *s)
+{
+	if (!s || s->magic != STREAM_MAGIC)
+		return CUDA_ERROR_INVALID_HANDLE;
+	s->magic = 0;
+	free(s);
+	pthread_mutex_lock(&lock);
+	live_streams--;
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
+{
+	pthread_mutex_lock(&lock);
+	struct region *r = find((void *)(uintptr_t)p);
+	CUresult res = CUDA_SUCCESS;
+	if (!r)
+		res = CUDA_ERROR_INVALID_VALUE;
+	else if (attr == 2) /* MEMORY_TYPE: 1 host, 2 device */
+		*(unsigned *)data = (r->kind == DEVICE_ALLOC || r->kind == IPC_MAPPED) ? 2 : 1;
+	else if (attr == 9) /* DEVICE_ORDINAL */
+		*(int *)data = r->device;
+	else
+		res = CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_unlock(&lock);
+	return res;
+}
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+	pthread_mutex_lock(&lock);
+	struct region *r = find((void *)(uintptr_t)p);
+	int ok = r && (r->kind == DEVICE_ALLOC || r->kind == IPC_MAPPED);
+	if (ok) {
+		*base = (CUdeviceptr)(uintptr_t)r->base;
+		*size = r->len;
+	}
+	pthread_mutex_unlock(&lock);
+	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult device_range(CUdeviceptr p, size_t n)
+{
+	pthread_mutex_lock(&lock);
+	struct region *r = find((void *)(uintptr_t)p);
+	int ok = r && (r->kind == DEVICE_ALLOC || r->kind == IPC_MAPPED) &&
+		 (char *)(uintptr_t)p + n <= r->base + r->len;
+	pthread_mutex_unlock(&lock);
+	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, struct stream *s)
+{
+	if (!current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!s || s->magic != STREAM_MAGIC)
+		return CUDA_ERROR_INVALID_HANDLE;
+	CUresult r = device_range(dst, n);
+	if (r == CUDA_SUCCESS)
+		memcpy((void *)(uintptr_t)dst, src, n);
+	return r;
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, struct stream *s)
+{
+	if (!current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!s || s->magic != STREAM_MAGIC)
+		return CUDA_ERROR_INVALID_HANDLE;
+	CUresult r = device_range(src, n);
+	if (r == CUDA_SUCCESS)
+		memcpy(dst, (void *)(uintptr_t)src, n);
+	return r;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *d, size_t len)
+{
+	if (!current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (len == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	int fd = (int)syscall(SYS_memfd_create, "cuda-double", 0);
+	if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	pthread_mutex_lock(&lock);
+	CUresult r = add(p, len, DEVICE_ALLOC, current()->device, fd);
+	pthread_mutex_unlock(&lock);
+	if (r != CUDA_SUCCESS) {
+		munmap(p, len);
+		close(fd);
+		return r;
+	}
+	*d = (CUdeviceptr)(uintptr_t)p;
+	return CUDA_SUCCESS;
+}
+
+/* Removes the region of `kind` based at p, unmapping and closing as needed. */
+static CUresult remove_region(const void *p, enum kind kind, CUresult missing)
+{
+	pthread_mutex_lock(&lock);
+	struct region *r = find(p);
+	if (!r || r->base != p || r->kind != kind) {
+		pthread_mutex_unlock(&lock);
+		return missing;
+	}
+	if (kind != HOST_REGISTERED)
+		munmap(r->base, r->len);
+	if (kind == DEVICE_ALLOC)
+		close(r->fd);
+	*r = regions[--nregions];
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr d)
+{
+	if (!current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	return remove_region((void *)(uintptr_t)d, DEVICE_ALLOC, CUDA_ERROR_INVALID_VALUE);
+}
+
+CUresult cuMemHostAlloc(void **pp, size_t len, unsigned flags)
+{
+	if (!current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (len == 0 || !(flags & 2)) /* xfabric always asks for DEVICEMAP */
+		return CUDA_ERROR_INVALID_VALUE;
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	memset(p, 0xab, len);
+	pthread_mutex_lock(&lock);
+	CUresult r = add(p, len, HOST_ALLOC, current()->device, -1);
+	pthread_mutex_unlock(&lock);
+	if (r != CUDA_SUCCESS) {
+		munmap(p, len);
+		return r;
+	}
+	*pp = p;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags)
+{
+	if (flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&lock);
+	struct region *r = find(p);
+	int ok = r && (r->kind == HOST_ALLOC || r->kind == HOST_REGISTERED);
+	pthread_mutex_unlock(&lock);
+	if (!ok)
+		return CUDA_ERROR_INVALID_VALUE;
+	*d = (CUdeviceptr)(uintptr_t)p; /* unified addressing: the same address */
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemFreeHost(void *p)
+{
+	return remove_region(p, HOST_ALLOC, CUDA_ERROR_INVALID_VALUE);
+}
+
+CUresult cuMemHostRegister_v2(void *p, size_t len, unsigned flags)
+{
+	(void)flags;
+	if (!current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!p || len == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&lock);
+	CUresult r = CUDA_SUCCESS;
+	for (int i = 0; i < nregions; i++)
+		if ((char *)p < regions[i].base + regions[i].len && regions[i].base < (char *)p + len)
+			r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+	if (r == CUDA_SUCCESS)
+		r = add(p, len, HOST_REGISTERED, current()->device, -1);
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+CUresult cuMemHostUnregister(void *p)
+{
+	return remove_region(p, HOST_REGISTERED, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+}
+
+/* Handle layout (the double's own): pid, fd, length, device, magic. */
+CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr base)
+{
+	pthread_mutex_lock(&lock);
+	struct region *r = find((void *)(uintptr_t)base);
+	int ok = r && r->base == (char *)(uintptr_t)base && r->kind == DEVICE_ALLOC;
+	if (ok) {
+		int32_t pid = getpid(), fd = r->fd, dev = r->device;
+		uint64_t len = r->len;
+		memset(h, 0, sizeof *h);
+		memcpy(h->reserved, &pid, 4);
+		memcpy(h->reserved + 4, &fd, 4);
+		memcpy(h->reserved + 8, &len, 8);
+		memcpy(h->reserved + 16, &dev, 4);
+		memcpy(h->reserved + 20, "CUDBL", 5);
+	}
+	pthread_mutex_unlock(&lock);
+	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The handle arrives by value, as in cuda.h. */
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *d, CUipcMemHandle h, unsigned flags)
+{
+	(void)flags;
+	if (!current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (memcmp(h.reserved + 20, "CUDBL", 5) != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	int32_t pid, fd;
+	uint64_t len;
+	memcpy(&pid, h.reserved, 4);
+	memcpy(&fd, h.reserved + 4, 4);
+	memcpy(&len, h.reserved + 8, 8);
+	if (pid == getpid()) /* the driver refuses to open a handle where it was made */
+		return CUDA_ERROR_INVALID_CONTEXT;
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd);
+	int local = open(path, O_RDWR);
+	if (local < 0)
+		return CUDA_ERROR_INVALID_HANDLE;
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, local, 0);
+	close(local);
+	if (p == MAP_FAILED)
+		return CUDA_ERROR_INVALID_HANDLE;
+	pthread_mutex_lock(&lock);
+	CUresult r = add(p, len, IPC_MAPPED, current()->device, -1);
+	pthread_mutex_unlock(&lock);
+	if (r != CUDA_SUCCESS) {
+		munmap(p, len);
+		return r;
+	}
+	*d = (CUdeviceptr)(uintptr_t)p;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr d)
+{
+	if (!current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	return remove_region((void *)(uintptr_t)d, IPC_MAPPED, CUDA_ERROR_INVALID_VALUE);
+}
