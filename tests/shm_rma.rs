@@ -189,3 +189,94 @@ fn write_read_every_size_without_cma() {
         &[("XFABRIC_SHM_CMA", "0")],
     );
 }
+
+/// Target for `ordering_without_fence`: a window, and a posted receive whose arrival must see
+/// every write sent before it (send after write).
+fn ordering_target() {
+    let n = node_with(CAPS, Progress::Manual, |_| {});
+    let parent = connect_parent(&n);
+    let window = vec![0u8; 1 << 21];
+    // SAFETY: window outlives the registration (dropped first, below).
+    let mr = unsafe {
+        n.domain
+            .mr_reg(&window, FI_REMOTE_WRITE | FI_REMOTE_READ, 0, 11)
+    }
+    .unwrap();
+    say(&format!("{}", mr.key()));
+    let mut note = [0u8; 8];
+    // SAFETY: note outlives the completion.
+    unsafe { n.ep.recv(&mut note, None, parent, 1) }.unwrap();
+    let c = loop {
+        let mut e = [CqTaggedEntry::default(); 1];
+        match n.cq.read(&mut e) {
+            Ok(_) if e[0].flags & FI_RECV != 0 => break e[0],
+            _ => {}
+        }
+    };
+    assert_eq!(c.op_context, 1);
+    // The large write and the small one over its start landed before the message.
+    let mut want = pattern(1 << 21, 5);
+    want[..100].copy_from_slice(&pattern(100, 6));
+    say(if window == want { "seen" } else { "stale" });
+    // Keep serving (the read's data may still be on its way) until the initiator is done.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            assert_eq!(listen(), "done");
+            stop.store(true, std::sync::atomic::Ordering::Release);
+        });
+        while !stop.load(std::sync::atomic::Ordering::Acquire) {
+            n.ep.progress();
+        }
+    });
+    drop(mr);
+}
+
+fn ordering(test: &str, envs: &[(&str, &str)]) {
+    let mut child = spawn(test, "target", envs);
+    let n = node_with(CAPS, Progress::Manual, |_| {});
+    let peer = connect(&mut child, &n);
+    let key: u64 = child.hear().parse().unwrap();
+    let big = pattern(1 << 21, 5);
+    let small = pattern(100, 6);
+    let mut back = vec![0u8; 1 << 21];
+    // A first large write shows cross-memory attach works, so the next large one is split.
+    // SAFETY: big outlives the completion.
+    unsafe { n.ep.write(&big[..100_000], None, peer, 0, key, 9) }.unwrap();
+    n.wait_one();
+    // No fences: the provider's ordering alone must give read-after-write, write-after-write
+    // and send-after-write.
+    // SAFETY: every buffer outlives the completions awaited below.
+    unsafe {
+        n.ep.write(&big, None, peer, 0, key, 1).unwrap();
+        n.ep.write(&small, None, peer, 0, key, 2).unwrap();
+        n.ep.read(&mut back, None, peer, 0, key, 3).unwrap();
+        n.ep.send(&[1u8; 8], None, peer, 4).unwrap();
+    }
+    n.wait_n(4);
+    let mut want = big.clone();
+    want[..100].copy_from_slice(&small);
+    assert!(back == want, "read after write saw stale data");
+    assert_eq!(child.hear(), "seen", "the message overtook the writes");
+    child.tell("done");
+    child.join();
+}
+
+#[test]
+fn ordering_without_fence_split_copy() {
+    if role().is_some() {
+        return ordering_target();
+    }
+    ordering("ordering_without_fence_split_copy", &[]);
+}
+
+#[test]
+fn ordering_without_fence_fragments() {
+    if role().is_some() {
+        return ordering_target();
+    }
+    ordering(
+        "ordering_without_fence_fragments",
+        &[("XFABRIC_SHM_CMA", "0")],
+    );
+}

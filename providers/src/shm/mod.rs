@@ -52,11 +52,18 @@ impl Provider for Shm {
     }
 
     fn info(&self) -> Vec<Info> {
-        // One ring per peer, and the target carries out everything from one peer in ring
-        // order (large transfers included, before the next request is looked at): every
-        // ordering between operations to the same peer holds. Completions may finish out of
-        // order at the initiator (large messages wait for the receiver).
-        let order = FI_ORDER_STRICT
+        // One ring per peer, and the target carries out requests from one peer in ring
+        // order; a large RMA write still landing holds that peer's later requests until it has
+        // (so reads, writes, atomics and messages after it see it). Not claimed: RAS and WAS
+        // (an RMA against a large message's receive buffer before the message has landed).
+        // Completions may finish out of order at the initiator.
+        let order = FI_ORDER_SAS
+            | FI_ORDER_RAR
+            | FI_ORDER_RAW
+            | FI_ORDER_WAR
+            | FI_ORDER_WAW
+            | FI_ORDER_SAR
+            | FI_ORDER_SAW
             | FI_ORDER_RMA_RAR
             | FI_ORDER_RMA_RAW
             | FI_ORDER_RMA_WAR

@@ -69,6 +69,9 @@ struct Peer {
     /// The peer's pid, once cross-memory attach through it was shown to reach the peer
     /// (`ring::verified_pid`); `None`: never copy through a pid, use the ring.
     cma_pid: Option<i32>,
+    /// Requests from this peer that arrived while one of its large RMA writes was still
+    /// landing, in order: they run once it has (so reads, atomics and messages see it).
+    held: VecDeque<(Header, Vec<u8>)>,
 }
 
 enum Payload {
@@ -431,6 +434,7 @@ impl ShmEndpoint {
             last_check: None,
             dirty: Vec::new(),
             cma_pid,
+            held: VecDeque::new(),
         });
         let p = st.peers.len() - 1;
         st.by_name.insert(name.to_string(), p);
@@ -698,11 +702,55 @@ impl ShmEndpoint {
 
     /// Handles one message; returns true when the lane is to be released (the sender left).
     fn handle(&self, st: &mut State, lane: usize, v: &ring::View) -> bool {
-        let h = v.h;
+        // SAFETY: the payload is read before the consumer advances past the message.
+        let pl = unsafe { v.payload(v.h.len as usize) };
+        self.handle_msg(st, lane, v.h, pl)
+    }
+
+    /// Whether message `h` from peer `p` must wait: a large RMA write from `p` is still
+    /// landing (fragments, or a split copy's second half) and `h` is a request that could see
+    /// or touch its memory, or something is already waiting (order is kept). Replies and the
+    /// write's own traffic go through.
+    fn must_hold(&self, st: &State, p: usize, h: &Header) -> bool {
+        let request = matches!(
+            h.kind,
+            kind::EAGER | kind::RTS | kind::RMA_WRITE | kind::RMA_READ | kind::ATOMIC | kind::BYE
+        );
+        request && (!st.peers[p].held.is_empty() || rma_write_landing(st, p))
+    }
+
+    /// Runs held requests of peers whose large RMA writes have landed.
+    fn replay_held(&self, st: &mut State) {
+        for p in 0..st.peers.len() {
+            while !st.peers[p].held.is_empty() && !rma_write_landing(st, p) {
+                let Some(lane) = st.peers[p].rx_lane else {
+                    st.peers[p].held.clear();
+                    break;
+                };
+                let (h, pl) = st.peers[p].held.pop_front().expect("not empty");
+                if self.handle_msg_now(st, lane, p, h, &pl) {
+                    // The peer said goodbye: its lane goes back.
+                    ring::release_lane(&self.seg, lane);
+                    st.known_active &= !(1u64 << lane);
+                }
+            }
+        }
+    }
+
+    /// `handle_msg` for a message already past the hold check.
+    fn handle_msg_now(&self, st: &mut State, lane: usize, p: usize, h: Header, pl: &[u8]) -> bool {
+        let held = std::mem::take(&mut st.peers[p].held);
+        let r = self.handle_msg(st, lane, h, pl);
+        // Anything `handle_msg` held again sits behind what was already waiting.
+        let again = std::mem::replace(&mut st.peers[p].held, held);
+        st.peers[p].held.extend(again);
+        r
+    }
+
+    /// Handles one message (`pl`: its payload); returns true when the lane is to be released.
+    fn handle_msg(&self, st: &mut State, lane: usize, h: Header, pl: &[u8]) -> bool {
         if h.kind == kind::CONNECT {
-            // SAFETY: read before the consumer advances.
-            let raw = unsafe { v.payload(h.len as usize) };
-            let name = String::from_utf8_lossy(raw).into_owned();
+            let name = String::from_utf8_lossy(pl).into_owned();
             // Only names of xfabric segments: a peer must not make us open arbitrary paths.
             let valid =
                 seg_name(format!("{ADDR_PREFIX}{name}").as_bytes()).is_ok_and(|n| n == name);
@@ -717,14 +765,17 @@ impl ShmEndpoint {
             // A message before CONNECT cannot happen with a well-behaved sender; drop it.
             return false;
         };
+        if self.must_hold(st, p, &h) {
+            st.peers[p].held.push_back((h, pl.to_vec()));
+            return false;
+        }
         let tagged = h.flags & flag::TAGGED != 0;
         let data = (h.flags & flag::CQ_DATA != 0).then_some(h.data);
         match h.kind {
             kind::EAGER => {
                 let len = h.len as usize;
                 let src = self.src_of(st, p);
-                // SAFETY: read before the consumer advances.
-                let bytes = unsafe { v.payload(len) };
+                let bytes = &pl[..len.min(pl.len())];
                 if let Some(slot) = st.rxq.match_arrival(src, h.tag, tagged, len) {
                     // SAFETY: a matched receive's buffer is ours to write until it completes.
                     let got = unsafe { slot.iov.copy_in(0, bytes) };
@@ -765,8 +816,6 @@ impl ShmEndpoint {
                 }
             }
             kind::RTS => {
-                // SAFETY: read before the consumer advances.
-                let pl = unsafe { v.payload(h.len as usize) };
                 let Some(r) = parse_rts(pl, p, h.aux) else {
                     return false;
                 };
@@ -788,9 +837,7 @@ impl ShmEndpoint {
                 }
             }
             kind::CTS if h.flags & flag::SPLIT != 0 => {
-                // SAFETY: read before the consumer advances.
-                let pl = unsafe { v.payload(h.len as usize) }.to_vec();
-                self.write_split(st, p, h.aux as usize, h.tag, &pl);
+                self.write_split(st, p, h.aux as usize, h.tag, pl);
             }
             kind::CTS => {
                 let id = h.aux as usize;
@@ -815,8 +862,8 @@ impl ShmEndpoint {
                     .get_mut(id)
                     .filter(|r| r.peer == p && r.split.is_none())
                 {
-                    // SAFETY: read before advance; the pipe's buffer is ours until completion.
-                    unsafe { r.slot.iov.copy_in(off, v.payload(len)) };
+                    // SAFETY: the pipe's buffer is ours until completion.
+                    unsafe { r.slot.iov.copy_in(off, &pl[..len.min(pl.len())]) };
                     r.got += len;
                     if r.got >= r.total {
                         let r = st.rxp.remove(id);
@@ -857,8 +904,6 @@ impl ShmEndpoint {
                 }
             }
             kind::RMA_WRITE | kind::RMA_READ | kind::RDATA | kind::ATOMIC | kind::ARESULT => {
-                // SAFETY: read before the consumer advances.
-                let pl = unsafe { v.payload(h.len as usize) };
                 match h.kind {
                     kind::RMA_WRITE => self.handle_rma_write(st, p, &h, pl),
                     kind::RMA_READ => self.handle_rma_read(st, p, &h, pl),
@@ -1029,6 +1074,9 @@ impl ShmEndpoint {
             }
         }
         n += self.poll_lanes(st);
+        if st.peers.iter().any(|p| !p.held.is_empty()) {
+            self.replay_held(st);
+        }
         if !st.fenced.is_empty() {
             self.release_fenced(st);
         }
@@ -1075,6 +1123,8 @@ impl ShmEndpoint {
         // (ACK, CTS, DATA) ring its doorbell when they come.
         let busy = !st.streaming.is_empty()
             || !st.fenced.is_empty()
+            || (0..st.peers.len())
+                .any(|p| !st.peers[p].held.is_empty() && !rma_write_landing(st, p))
             || st.rxp.iter().any(|(_, r)| r.split.is_some())
             || st.peers.iter().any(|p| !p.backlog.is_empty());
         self.idle.busy.store(busy, Ordering::Release);
@@ -1312,6 +1362,13 @@ impl EndpointOps for ShmEndpoint {
         st.rxq.drain_unexpected();
         self.finish(st);
     }
+}
+
+/// Whether a large RMA write from peer `p` is still landing in our memory.
+fn rma_write_landing(st: &State, p: usize) -> bool {
+    st.rxp
+        .iter()
+        .any(|(_, r)| r.peer == p && r.slot.flags & FI_RMA != 0)
 }
 
 /// Status to acknowledge a landed large transfer with: a commit-complete RMA write is made
