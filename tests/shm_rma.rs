@@ -280,3 +280,75 @@ fn ordering_without_fence_fragments() {
         &[("XFABRIC_SHM_CMA", "0")],
     );
 }
+
+#[test]
+fn rma_events_count_remote_accesses_at_the_target() {
+    if role().is_some() {
+        let n = node(CAPS, Progress::Manual);
+        let target = connect_parent(&n);
+        let key: u64 = listen().parse().unwrap();
+        let data = [7u8; 64];
+        let mut back = [0u8; 64];
+        for i in 0..5 {
+            // SAFETY: the buffers outlive the completions.
+            unsafe { n.ep.write(&data, None, target, 0, key, i) }.unwrap();
+            n.wait_one();
+        }
+        for i in 0..3 {
+            // SAFETY: as above.
+            unsafe { n.ep.read(&mut back, None, target, 0, key, 10 + i) }.unwrap();
+            n.wait_one();
+        }
+        say("done");
+        return;
+    }
+    let mut child = spawn(
+        "rma_events_count_remote_accesses_at_the_target",
+        "init",
+        &[],
+    );
+    let (mut wc, mut rc) = (None, None);
+    let n = node_custom(
+        CAPS,
+        Progress::Manual,
+        |_| {},
+        64,
+        |d, ep| {
+            let w = d.cntr_open(&CntrAttr::default()).unwrap();
+            let r = d.cntr_open(&CntrAttr::default()).unwrap();
+            ep.bind_cntr(&w, FI_REMOTE_WRITE).unwrap();
+            ep.bind_cntr(&r, FI_REMOTE_READ).unwrap();
+            wc = Some(w);
+            rc = Some(r);
+        },
+    );
+    let (wc, rc) = (wc.unwrap(), rc.unwrap());
+    connect(&mut child, &n);
+    let window = vec![0u8; 64];
+    // SAFETY: window outlives the registration.
+    let mr = unsafe {
+        n.domain
+            .mr_reg(&window, FI_REMOTE_WRITE | FI_REMOTE_READ, 0, 21)
+    }
+    .unwrap();
+    child.tell(&format!("{}", mr.key()));
+    // The counters are driven by this side's progress: waiting on them makes it.
+    wc.wait(5, 10_000).unwrap();
+    rc.wait(3, 10_000).unwrap();
+    assert_eq!(child.hear(), "done");
+    assert_eq!((wc.read(), rc.read()), (5, 3));
+    // With FI_RMA_EVENT each access also wrote a receive-CQ entry.
+    let mut e = [CqTaggedEntry::default(); 16];
+    let k = n.cq.read(&mut e).unwrap();
+    let writes = e[..k]
+        .iter()
+        .filter(|c| c.flags == FI_REMOTE_WRITE | FI_RMA)
+        .count();
+    let reads = e[..k]
+        .iter()
+        .filter(|c| c.flags == FI_REMOTE_READ | FI_RMA)
+        .count();
+    assert_eq!((writes, reads), (5, 3));
+    child.join();
+    drop(mr);
+}
