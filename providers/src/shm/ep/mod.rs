@@ -563,15 +563,22 @@ impl ShmEndpoint {
         peer.backlog.is_empty()
     }
 
-    fn post_send(&self, st: &mut State, op: &TxOp) -> Result<()> {
+    /// The peer an operation goes to, ready for a request: endpoint open, lane claimed,
+    /// earlier control messages to it flushed.
+    fn sendable_peer(&self, st: &mut State, dest: FiAddr, what: &'static str) -> Result<usize> {
         if st.closed {
-            return Err(Error::OpBadState("send: endpoint is closed".into()));
+            return Err(Error::OpBadState(format!("{what}: endpoint is closed")));
         }
-        let p = self.peer_for(st, op.dest)?;
+        let p = self.peer_for(st, dest)?;
         self.ensure_lane(st, p)?;
         if !self.flush_backlog(st, p) {
-            return Err(self.full(st, p, "send"));
+            return Err(self.full(st, p, what));
         }
+        Ok(p)
+    }
+
+    fn post_send(&self, st: &mut State, op: &TxOp) -> Result<()> {
+        let p = self.sendable_peer(st, op.dest, "send")?;
         let Some(Fenced::Send(op, _)) = self.fence(st, p, Fenced::Send(*op, None)) else {
             return Ok(());
         };
@@ -657,11 +664,25 @@ impl ShmEndpoint {
             tag: op.tag,
             data: op.data,
         };
+        self.post_request(st, p, id, &h, &pl, "send")
+    }
+
+    /// Writes request `h` (payload `pl`) for pending operation `id` to peer `p`; on a full
+    /// ring the operation is dropped again and `Again` (or `PeerLost`) returned.
+    fn post_request(
+        &self,
+        st: &mut State,
+        p: usize,
+        id: u32,
+        h: &Header,
+        pl: &[u8],
+        what: &'static str,
+    ) -> Result<()> {
         let peer = &mut st.peers[p];
         let prod = peer.prod.as_mut().expect("lane ensured");
-        if !prod.write(&peer.seg, &h, pl.len(), |b| b.copy_from_slice(&pl)) {
+        if !prod.write(&peer.seg, h, pl.len(), |b| b.copy_from_slice(pl)) {
             st.tx.remove(id as usize);
-            return Err(self.full(st, p, "send"));
+            return Err(self.full(st, p, what));
         }
         Self::wake(&st.peers[p].seg);
         Ok(())

@@ -212,14 +212,7 @@ impl ShmEndpoint {
 
     /// Initiator: sends an RMA read or write request.
     pub(super) fn post_rma(&self, st: &mut State, op: &RmaOp) -> Result<()> {
-        if st.closed {
-            return Err(Error::OpBadState("rma: endpoint is closed".into()));
-        }
-        let p = self.peer_for(st, op.dest)?;
-        self.ensure_lane(st, p)?;
-        if !self.flush_backlog(st, p) {
-            return Err(self.full(st, p, "rma"));
-        }
+        let p = self.sendable_peer(st, op.dest, "rma")?;
         let Some(op) = self.fence(st, p, Fenced::Rma(*op, None)).map(|f| match f {
             Fenced::Rma(op, _) => op,
             Fenced::Send(..) => unreachable!("an RMA stays an RMA"),
@@ -276,13 +269,7 @@ impl ShmEndpoint {
             tag: len as u64,
             data: op.data,
         };
-        let peer = &mut st.peers[p];
-        let prod = peer.prod.as_mut().expect("lane ensured");
-        if !prod.write(&peer.seg, &h, pl.len(), |b| b.copy_from_slice(&pl)) {
-            st.tx.remove(id as usize);
-            return Err(self.full(st, p, "rma"));
-        }
-        Self::wake(&st.peers[p].seg);
+        self.post_request(st, p, id, &h, &pl, "rma")?;
         if silent {
             st.tx.remove(id as usize);
             st.done.push(Done::Tx {
@@ -462,14 +449,7 @@ static ATOMIC_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 impl ShmEndpoint {
     /// Initiator: sends an atomic request.
     pub(super) fn post_atomic(&self, st: &mut State, req: &xfabric_core::AtomicReq) -> Result<()> {
-        if st.closed {
-            return Err(Error::OpBadState("atomic: endpoint is closed".into()));
-        }
-        let p = self.peer_for(st, req.dest)?;
-        self.ensure_lane(st, p)?;
-        if !self.flush_backlog(st, p) {
-            return Err(self.full(st, p, "atomic"));
-        }
+        let p = self.sendable_peer(st, req.dest, "atomic")?;
         if req.flags & FI_FENCE != 0 && st.tx.iter().any(|(_, t)| t.peer == p) {
             // Atomics are small: a fenced one waits as Again until its peer is drained.
             return Err(Error::Again("atomic: fenced behind outstanding operations"));
@@ -510,13 +490,7 @@ impl ShmEndpoint {
             tag: req.op as u64 | (req.dt as u64) << 8 | (req.count as u64) << 16,
             data: 0,
         };
-        let peer = &mut st.peers[p];
-        let prod = peer.prod.as_mut().expect("lane ensured");
-        if !prod.write(&peer.seg, &h, pl.len(), |b| b.copy_from_slice(&pl)) {
-            st.tx.remove(id as usize);
-            return Err(self.full(st, p, "atomic"));
-        }
-        Self::wake(&st.peers[p].seg);
+        self.post_request(st, p, id, &h, &pl, "atomic")?;
         if inject {
             st.tx.remove(id as usize);
             st.done.push(Done::Tx {
