@@ -10,10 +10,20 @@
 //! unless `-B`/`-P` or `XFABRIC_PINGPONG_PORT` say otherwise). The data path is manual progress
 //! with busy-polled completion queues. As in fi_pingpong, `usec/xfer` is half a round trip and
 //! both sides print their own measurement.
+//!
+//! `-o` picks the operation, as fabtests' RMA benchmarks do: `msg` and `tagged` ping-pong with
+//! sends; `writedata` ping-pongs with RMA writes that carry remote CQ data (fi_rma_pingpong);
+//! `write` and `read` are one-sided bandwidth tests in which the client keeps a window of `-W`
+//! operations in flight on the server's registered buffer, `-I` windows in all (fi_rma_bw);
+//! `fetchadd` is the same with 8-byte fetching atomic adds. In the one-sided tests the server
+//! only makes progress (shm's target executes RMA) until the client says it is done, and both
+//! print the client's measurement, per operation.
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::process::ExitCode;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use xfabric::*;
@@ -26,11 +36,17 @@ const MAX_SIZE: usize = 1 << 30;
 const CONNECT_RETRY: Duration = Duration::from_secs(5);
 /// How long a wait for a completion may go without one before the peer is declared gone.
 const DEFAULT_STALL: Duration = Duration::from_secs(30);
-/// The one receive and the one send in flight, told apart by their contexts.
+/// Receives and transmit-side operations in flight, told apart by their contexts.
 const RX_CTX: Context = 0x5258;
 const TX_CTX: Context = 0x5458;
 /// The tag used in tagged mode.
 const TAG: u64 = 0x7070;
+/// fabtests' window of outstanding operations in the one-sided tests.
+const DEFAULT_WINDOW: usize = 64;
+/// The requested key of a side's registered buffer (used where the provider lets us choose).
+const MR_KEY: u64 = 0x6b65_7900;
+/// The operand of every fetch-add: static, because it must outlive the operations.
+static ONE: [u8; 8] = 1u64.to_ne_bytes();
 
 type Res<T> = Result<T, String>;
 
@@ -59,10 +75,48 @@ fn main() -> ExitCode {
 // ---------------------------------------------------------------------------------------------
 // Command line
 
+/// What a run transfers with (`-o`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Mode {
+enum Op {
+    /// Send/receive ping-pong.
     Msg,
+    /// Tagged send/receive ping-pong.
     Tagged,
+    /// Ping-pong of RMA writes with remote CQ data.
+    WriteData,
+    /// Windows of RMA writes, client to server.
+    Write,
+    /// Windows of RMA reads of the server's buffer.
+    Read,
+    /// Windows of 8-byte fetching atomic adds on the server's counter.
+    FetchAdd,
+}
+
+impl Op {
+    fn parse(s: &str) -> Res<Op> {
+        Ok(match s {
+            "msg" => Op::Msg,
+            "tagged" => Op::Tagged,
+            "writedata" => Op::WriteData,
+            "write" => Op::Write,
+            "read" => Op::Read,
+            "fetchadd" => Op::FetchAdd,
+            other => {
+                return Err(format!(
+                    "unknown operation {other:?} (msg|tagged|writedata|write|read|fetchadd)"
+                ))
+            }
+        })
+    }
+
+    /// Whether the client streams windows of one-sided operations (rather than ping-pongs).
+    fn one_sided(self) -> bool {
+        matches!(self, Op::Write | Op::Read | Op::FetchAdd)
+    }
+
+    fn rma(self) -> bool {
+        !matches!(self, Op::Msg | Op::Tagged)
+    }
 }
 
 #[derive(Debug)]
@@ -75,7 +129,9 @@ struct Opts {
     src_port: Option<u16>,
     dst_port: Option<u16>,
     check: bool,
-    mode: Mode,
+    op: Op,
+    /// Operations in flight in the one-sided tests.
+    window: usize,
     verbose: bool,
     ipv6: bool,
     /// The server's host: present on the client only.
@@ -105,6 +161,10 @@ Options:
  -S <size>            specific transfer size or 'all' (64 256 1k 4k 64k 1m)
  -c                   enables data_integrity checks
  -m <transmit mode>   transmit mode type: msg|tagged (msg)
+ -o <op>              operation: msg|tagged (ping-pong with sends), writedata (ping-pong
+                      with RMA writes carrying remote CQ data), write|read (RMA bandwidth),
+                      fetchadd (8-byte fetching atomic add rate; -S is ignored) (msg)
+ -W <window>          operations in flight for write|read|fetchadd ({DEFAULT_WINDOW})
  -h                   display this help output
  -v                   enable debugging output
  -6                   use IPv6 address
@@ -124,7 +184,8 @@ fn parse(args: &[String]) -> Res<Parsed> {
         src_port: None,
         dst_port: None,
         check: false,
-        mode: Mode::Msg,
+        op: Op::Msg,
+        window: DEFAULT_WINDOW,
         verbose: false,
         ipv6: false,
         server: None,
@@ -173,11 +234,19 @@ fn parse(args: &[String]) -> Res<Parsed> {
                 }
             }
             'm' => {
-                o.mode = match value("m")?.as_str() {
-                    "msg" => Mode::Msg,
-                    "tagged" => Mode::Tagged,
+                o.op = match value("m")?.as_str() {
+                    "msg" => Op::Msg,
+                    "tagged" => Op::Tagged,
                     other => return Err(format!("unknown transmit mode {other:?} (msg|tagged)")),
                 }
+            }
+            'o' => o.op = Op::parse(&value("o")?)?,
+            'W' => {
+                let v = value("W")?;
+                o.window = match v.parse::<usize>() {
+                    Ok(n) if (1..=1 << 16).contains(&n) => n,
+                    _ => return Err(format!("-W wants a window of 1 to 65536, not {v:?}")),
+                };
             }
             'I' => {
                 let v = value("I")?;
@@ -202,6 +271,9 @@ fn parse(args: &[String]) -> Res<Parsed> {
             'P' => o.dst_port = Some(parse_port(&value("P")?)?),
             _ => return Err(format!("unknown option {a:?}")),
         }
+    }
+    if o.op == Op::FetchAdd {
+        o.sizes = vec![8];
     }
     Ok(Parsed::Run(o))
 }
@@ -291,17 +363,18 @@ fn cnt_str(n: u64) -> String {
 const HEADER: &str =
     "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec";
 
-/// One result row. A transfer is one direction of a round trip, so `usec/xfer` is half the
-/// round-trip time; MB/sec counts both directions' bytes in decimal megabytes.
-fn row(size: usize, iterations: usize, elapsed: Duration) -> String {
-    let xfers = 2 * iterations as u64;
+/// One result row for `ops` operations (sent and acknowledged) that made `xfers` transfers of
+/// `size` bytes: in a ping-pong a transfer is one direction of a round trip (two per
+/// operation), so `usec/xfer` is half the round-trip time; in the one-sided tests it is one
+/// operation. MB/sec counts every transfer's bytes in decimal megabytes.
+fn row(size: usize, ops: u64, xfers: u64, elapsed: Duration) -> String {
     let total = xfers * size as u64;
     let us = (elapsed.as_secs_f64() * 1e6).max(1e-3);
     format!(
         "{:<8}{:<8}={:<8}{:<8}{:8.2}s{:10.2}{:11.2}{:11.2}",
         size_str(size as u64),
-        cnt_str(iterations as u64),
-        cnt_str(iterations as u64),
+        cnt_str(ops),
+        cnt_str(ops),
         size_str(total),
         elapsed.as_secs_f64(),
         total as f64 / us,
@@ -507,6 +580,26 @@ impl Control {
         })
     }
 
+    /// Client, in the one-sided tests: the run is over and took `elapsed`.
+    fn send_done(&mut self, elapsed: Duration) -> Res<()> {
+        let mut m = [0xd0u8; 9];
+        m[1..].copy_from_slice(&(elapsed.as_nanos() as u64).to_le_bytes());
+        self.0
+            .write_all(&m)
+            .map_err(|e| format!("control: done: {e}"))
+    }
+
+    /// Server: waits for `send_done` and returns the client's time.
+    fn recv_done(&mut self) -> Res<Duration> {
+        let mut m = [0u8; 9];
+        self.read_exact(&mut m)?;
+        if m[0] != 0xd0 {
+            return Err("control: peer is out of step".into());
+        }
+        let nanos = u64::from_le_bytes(m[1..].try_into().expect("8 bytes"));
+        Ok(Duration::from_nanos(nanos))
+    }
+
     /// Both sides pass only when both have arrived.
     fn barrier(&mut self) -> Res<()> {
         self.0
@@ -522,32 +615,70 @@ impl Control {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Fabric resources and the data path
+// Fabric resources
 
-/// One endpoint with its queues and the peer's address. Fields drop in order: the endpoint
-/// before the queues it is bound to, those before the domain and fabric.
+/// One endpoint with its queues, the peer's address and, for the RMA operations, this side's
+/// registered buffer and the peer's. Fields drop in order: the endpoint before the region and
+/// queues it uses, those before the domain and fabric.
 struct Node {
     ep: Endpoint,
+    mr: Option<MemoryRegion>,
     cq: CompletionQueue,
     av: AddressVector,
-    _domain: Domain,
+    domain: Domain,
     _fabric: Fabric,
     info: Info,
     peer: FiAddr,
-    mode: Mode,
+    /// The peer's registered buffer (RMA operations only).
+    remote: Remote,
+    op: Op,
     check: bool,
-    /// Sends smaller than this go out with inject (no send completion), as fi_pingpong does.
+    window: usize,
+    /// Sends and writes smaller than this go out with inject (no completion), as fi_pingpong
+    /// and fabtests do.
     inject_size: usize,
     rx_posted: bool,
-    tx_pending: bool,
+    /// Transmit-side operations (sends, writes, reads, atomics) posted and not yet completed.
+    tx_outstanding: usize,
+    /// The peer's writedata announcements (remote-CQ-data entries) not yet waited for, and the
+    /// data of the latest.
+    remote_writes: usize,
+    remote_data: u64,
     stall: Duration,
+}
+
+/// Where the peer's registered buffer is: the address to aim at (its virtual address under
+/// FI_MR_VIRT_ADDR, else offset 0) and its key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Remote {
+    addr: u64,
+    key: u64,
+}
+
+impl Remote {
+    fn to_bytes(self) -> Vec<u8> {
+        [self.addr.to_le_bytes(), self.key.to_le_bytes()].concat()
+    }
+
+    fn from_bytes(b: &[u8]) -> Res<Remote> {
+        let word = |i: usize| -> Res<u64> {
+            b.get(8 * i..8 * i + 8)
+                .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+                .ok_or_else(|| format!("control: bad buffer description ({} bytes)", b.len()))
+        };
+        Ok(Remote {
+            addr: word(0)?,
+            key: word(1)?,
+        })
+    }
 }
 
 fn open(o: &Opts) -> Res<Node> {
     let mut hints = Info {
-        caps: match o.mode {
-            Mode::Msg => FI_MSG,
-            Mode::Tagged => FI_TAGGED,
+        caps: match o.op {
+            Op::Msg => FI_MSG,
+            Op::Tagged => FI_TAGGED,
+            _ => FI_MSG | FI_RMA | FI_ATOMIC,
         },
         ..Default::default()
     };
@@ -560,19 +691,22 @@ fn open(o: &Opts) -> Res<Node> {
         .swap_remove(0);
     if o.verbose {
         eprintln!(
-            "pingpong: provider {} domain {} inject_size {}",
+            "pingpong: provider {} domain {} inject_size {} mr_mode {:#x}",
             info.provider(),
             info.domain_attr.name.as_deref().unwrap_or("?"),
-            info.tx_attr.inject_size
+            info.tx_attr.inject_size,
+            info.domain_attr.mr_mode
         );
     }
     let fabric = xfabric::fabric(&info.fabric_attr).map_err(|e| format!("fabric: {e}"))?;
     let domain = fabric.domain(&info).map_err(|e| format!("domain: {e}"))?;
     let cq = domain
         .cq_open(&CqAttr {
-            format: CqFormat::Msg,
+            // Data, for writedata's remote CQ data; the other operations ignore the field.
+            format: CqFormat::Data,
             wait_obj: WaitObj::None,
-            size: 64,
+            // Room for a whole window of completions.
+            size: (2 * o.window).max(64),
             ..Default::default()
         })
         .map_err(|e| format!("cq_open: {e}"))?;
@@ -596,16 +730,21 @@ fn open(o: &Opts) -> Res<Node> {
     Ok(Node {
         inject_size: info.tx_attr.inject_size,
         ep,
+        mr: None,
         cq,
         av,
-        _domain: domain,
+        domain,
         _fabric: fabric,
         info,
         peer: FI_ADDR_UNSPEC,
-        mode: o.mode,
+        remote: Remote::default(),
+        op: o.op,
         check: o.check,
+        window: o.window,
         rx_posted: false,
-        tx_pending: false,
+        tx_outstanding: 0,
+        remote_writes: 0,
+        remote_data: 0,
         stall,
     })
 }
@@ -613,18 +752,20 @@ fn open(o: &Opts) -> Res<Node> {
 /// What both sides must agree on, so a mismatch is an error and not a hang.
 fn settings(o: &Opts) -> Vec<u8> {
     format!(
-        "xfabric-pingpong/1 iters={} sizes={:?} mode={:?} check={} ep={:?}",
-        o.iterations, o.sizes, o.mode, o.check, o.ep_type
+        "xfabric-pingpong/2 iters={} sizes={:?} op={:?} window={} check={} ep={:?}",
+        o.iterations, o.sizes, o.op, o.window, o.check, o.ep_type
     )
     .into_bytes()
 }
 
 fn run(o: &Opts) -> Res<()> {
     // The buffers are made before the endpoint so they are dropped after it: on an early error
-    // a posted receive may still be written until the endpoint is closed.
+    // a posted receive may still be written until the endpoint is closed, and a registered
+    // buffer must outlive its region.
     let max = o.sizes.iter().copied().max().unwrap_or(0);
     let mut tx = vec![0u8; max];
-    let mut rx = vec![0u8; max];
+    // Receives, the peer's writes and atomics, and reads' and fetches' results land here.
+    let mut rx = LandingBuf::new(max.max(8 * o.window));
     let mut node = open(o)?;
     let mut ctl = Control(match &o.server {
         Some(host) => connect(o, host)?,
@@ -647,12 +788,20 @@ fn run(o: &Opts) -> Res<()> {
         .av
         .insert_one(&peer_name)
         .map_err(|e| format!("av insert of the peer's address: {e}"))?;
+    if o.op.rma() {
+        let mine = node.register(&rx)?;
+        ctl.send_blob(&mine.to_bytes())?;
+        node.remote = Remote::from_bytes(&ctl.recv_blob()?)?;
+    }
     if o.verbose {
         eprintln!(
             "pingpong: local {} peer {}",
             node.av.straddr(&name),
             node.av.straddr(&peer_name)
         );
+        if o.op.rma() {
+            eprintln!("pingpong: peer's buffer {:?}", node.remote);
+        }
     }
 
     let client = o.server.is_some();
@@ -665,17 +814,19 @@ fn run(o: &Opts) -> Res<()> {
             ));
         }
         let warmup = (o.iterations / 10).clamp(1, 100);
-        // Each run's first receive is posted before the barrier, so the first message of the
-        // timed run never arrives unexpected.
-        node.post_recv(&mut rx[..size])?;
-        ctl.barrier()?;
-        node.pingpong(client, size, warmup, 0, &mut tx, &mut rx)?;
-        node.post_recv(&mut rx[..size])?;
-        ctl.barrier()?;
-        let start = Instant::now();
-        node.pingpong(client, size, o.iterations, 1, &mut tx, &mut rx)?;
-        let elapsed = start.elapsed();
-        println!("{}", row(size, o.iterations, elapsed));
+        let mut elapsed = Duration::ZERO;
+        for (phase, count) in [(0, warmup), (1, o.iterations)] {
+            elapsed = match (o.op.one_sided(), client) {
+                (false, _) => {
+                    node.timed_pingpong(&mut ctl, client, size, count, phase, &mut tx, &mut rx)?
+                }
+                (true, true) => node.stream(&mut ctl, size, count, phase, &mut tx, &mut rx)?,
+                (true, false) => node.serve(&mut ctl, size, count, phase, &mut rx)?,
+            };
+        }
+        let ops = o.iterations as u64 * if o.op.one_sided() { o.window as u64 } else { 1 };
+        let xfers = if o.op.one_sided() { ops } else { 2 * ops };
+        println!("{}", row(size, ops, xfers, elapsed));
         let _ = io::stdout().flush();
     }
     // Neither side closes its endpoint while the other may still be reading from it.
@@ -683,7 +834,58 @@ fn run(o: &Opts) -> Res<()> {
     Ok(())
 }
 
+/// The data pattern's seed for (phase, size, iteration, direction), so stale or misrouted data
+/// fails the check.
+fn seed(phase: u64, size: usize, i: usize, from_client: bool) -> u64 {
+    (phase << 62) ^ ((size as u64) << 32) ^ ((i as u64) << 1) ^ from_client as u64
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ping-pong: msg, tagged, writedata
+
 impl Node {
+    /// Registers `rx` for the peer's RMA and atomics and says where the peer finds it.
+    fn register(&mut self, rx: &LandingBuf) -> Res<Remote> {
+        // SAFETY: `run` makes `rx` before the node, so the buffer outlives the node and the
+        // region in it. The slice lives for this call only; nothing is in flight yet.
+        let mr = unsafe {
+            self.domain.mr_reg(
+                rx.bytes(0, rx.len()),
+                FI_REMOTE_READ | FI_REMOTE_WRITE,
+                0,
+                MR_KEY,
+            )
+        }
+        .map_err(|e| format!("mr_reg of {} bytes: {e}", rx.len()))?;
+        let virt = self.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0;
+        let remote = Remote {
+            addr: if virt { rx.addr() } else { 0 },
+            key: mr.key(),
+        };
+        self.mr = Some(mr);
+        Ok(remote)
+    }
+
+    /// One ping-pong run of `count` round trips: the first receive is posted before the
+    /// barrier, so the first message of the run never arrives unexpected.
+    #[allow(clippy::too_many_arguments)]
+    fn timed_pingpong(
+        &mut self,
+        ctl: &mut Control,
+        client: bool,
+        size: usize,
+        count: usize,
+        phase: u64,
+        tx: &mut [u8],
+        rx: &mut LandingBuf,
+    ) -> Res<Duration> {
+        self.post_recv(rx, size)?;
+        ctl.barrier()?;
+        let start = Instant::now();
+        self.pingpong(client, size, count, phase, tx, rx)?;
+        Ok(start.elapsed())
+    }
+
     /// `count` round trips of `size` bytes, the first receive already posted; the client sends
     /// first. `phase` separates the warm-up's data pattern from the timed run's.
     fn pingpong(
@@ -693,51 +895,67 @@ impl Node {
         count: usize,
         phase: u64,
         tx: &mut [u8],
-        rx: &mut [u8],
+        rx: &mut LandingBuf,
     ) -> Res<()> {
-        let (tx, rx) = (&mut tx[..size], &mut rx[..size]);
-        // Seeds name (phase, size, iteration, direction), so stale or misrouted data fails.
-        let seed = |i: usize, from_client: bool| {
-            (phase << 62) ^ ((size as u64) << 32) ^ ((i as u64) << 1) ^ from_client as u64
-        };
+        let tx = &mut tx[..size];
+        let seed = |i: usize, from_client: bool| seed(phase, size, i, from_client);
         for i in 0..count {
             if client {
                 if self.check {
                     fill(tx, seed(i, true));
                 }
-                self.post_send(tx)?;
+                self.post_send(tx, seed(i, true))?;
                 self.wait(true)?;
-                if self.check {
-                    verify(rx, seed(i, false), i)?;
-                }
+                self.check_rx(rx, size, seed(i, false), i)?;
                 if i + 1 < count {
-                    self.post_recv(rx)?;
+                    self.post_recv(rx, size)?;
                 }
             } else {
                 self.wait(true)?;
-                if self.check {
-                    verify(rx, seed(i, true), i)?;
-                }
+                self.check_rx(rx, size, seed(i, true), i)?;
                 if i + 1 < count {
-                    self.post_recv(rx)?;
+                    self.post_recv(rx, size)?;
                 }
                 if self.check {
                     fill(tx, seed(i, false));
                 }
-                self.post_send(tx)?;
+                self.post_send(tx, seed(i, false))?;
             }
         }
         self.wait(false)
     }
 
-    fn post_recv(&mut self, buf: &mut [u8]) -> Res<()> {
+    /// With `-c`, checks what arrived in `rx` (and, for writedata, the remote CQ data).
+    fn check_rx(&self, rx: &LandingBuf, size: usize, seed: u64, i: usize) -> Res<()> {
+        if !self.check {
+            return Ok(());
+        }
+        if self.op == Op::WriteData && self.remote_data != seed {
+            return Err(format!(
+                "data integrity check failed: remote CQ data of iteration {i}: expected \
+                 {seed:#x}, got {:#x}",
+                self.remote_data
+            ));
+        }
+        // SAFETY: this iteration's receive (or the peer's write) has completed, and nothing
+        // writes `rx` again before the next receive is posted (or the peer has our answer).
+        verify(unsafe { rx.bytes(0, size) }, seed, i)
+    }
+
+    /// Posts the receive for the next message. With writedata there is none to post: the
+    /// peer's write is announced by a remote-CQ-data entry that `wait` counts.
+    fn post_recv(&mut self, rx: &mut LandingBuf, size: usize) -> Res<()> {
+        if self.op == Op::WriteData {
+            return Ok(());
+        }
         loop {
-            // SAFETY: `buf` is a slice of the caller's receive buffer, which is neither read
-            // nor written until `wait` has seen this receive's completion (`rx_posted` cleared).
+            // SAFETY: `rx` is neither read nor written until `wait` has seen this receive's
+            // completion (`rx_posted` cleared); the slice lives for the call only.
             let r = unsafe {
-                match self.mode {
-                    Mode::Msg => self.ep.recv(buf, None, self.peer, RX_CTX),
-                    Mode::Tagged => self.ep.trecv(buf, None, self.peer, TAG, 0, RX_CTX),
+                let buf = rx.bytes_mut(0, size);
+                match self.op {
+                    Op::Tagged => self.ep.trecv(buf, None, self.peer, TAG, 0, RX_CTX),
+                    _ => self.ep.recv(buf, None, self.peer, RX_CTX),
                 }
             };
             match r {
@@ -753,43 +971,260 @@ impl Node {
         }
     }
 
-    fn post_send(&mut self, buf: &[u8]) -> Res<()> {
+    /// Sends `buf` to the peer, or with writedata writes it at the start of the peer's buffer
+    /// with `data` as the remote CQ data.
+    fn post_send(&mut self, buf: &[u8], data: u64) -> Res<()> {
+        let Remote { addr, key } = self.remote;
         loop {
             let inject = buf.len() < self.inject_size;
-            let r = if inject {
-                match self.mode {
-                    Mode::Msg => self.ep.inject(buf, self.peer),
-                    Mode::Tagged => self.ep.tinject(buf, self.peer, TAG),
-                }
-            } else {
-                // SAFETY: `buf` is not written again until `wait` has seen this send's
-                // completion (`tx_pending` cleared): the next fill comes after a `wait`.
-                unsafe {
-                    match self.mode {
-                        Mode::Msg => self.ep.send(buf, None, self.peer, TX_CTX),
-                        Mode::Tagged => self.ep.tsend(buf, None, self.peer, TAG, TX_CTX),
-                    }
-                }
+            let r = match (self.op, inject) {
+                (Op::Tagged, true) => self.ep.tinject(buf, self.peer, TAG),
+                (Op::WriteData, true) => self.ep.inject_writedata(buf, data, self.peer, addr, key),
+                (_, true) => self.ep.inject(buf, self.peer),
+                // SAFETY (all three): `buf` is not written again until `wait` has seen this
+                // operation's completion (`tx_outstanding` back to 0): the next fill comes after
+                // a `wait`.
+                (Op::Tagged, false) => unsafe { self.ep.tsend(buf, None, self.peer, TAG, TX_CTX) },
+                (Op::WriteData, false) => unsafe {
+                    self.ep
+                        .writedata(buf, None, data, self.peer, addr, key, TX_CTX)
+                },
+                (_, false) => unsafe { self.ep.send(buf, None, self.peer, TX_CTX) },
             };
             match r {
                 Ok(()) => {
-                    self.tx_pending = !inject;
+                    self.tx_outstanding += !inject as usize;
                     return Ok(());
                 }
                 Err(Error::Again(_)) => {
                     self.poll()?;
                 }
-                Err(e) => return Err(format!("post send of {} bytes: {e}", buf.len())),
+                Err(e) => return Err(format!("post {:?} of {} bytes: {e}", self.op, buf.len())),
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One-sided streams: write, read, fetchadd
+
+impl Node {
+    /// Client: `count` windows of one-sided operations on the server's buffer, each window
+    /// waited for before the next, as fabtests' rma_bw does. Returns the time they took and
+    /// tells the server it is over.
+    fn stream(
+        &mut self,
+        ctl: &mut Control,
+        size: usize,
+        count: usize,
+        phase: u64,
+        tx: &mut [u8],
+        rx: &mut LandingBuf,
+    ) -> Res<Duration> {
+        let seed = seed(phase, size, 0, self.op == Op::Write);
+        if self.check && self.op == Op::Write {
+            fill(&mut tx[..size], seed);
+        }
+        let mut fetched = 0u128;
+        ctl.barrier()?;
+        let start = Instant::now();
+        for _ in 0..count {
+            for j in 0..self.window {
+                self.post_one_sided(j, &tx[..size], rx)?;
+            }
+            self.wait(false)?;
+            if self.check && self.op == Op::FetchAdd {
+                // SAFETY: every fetch of the window has completed.
+                let results = unsafe { rx.bytes(0, 8 * self.window) };
+                fetched += results
+                    .chunks_exact(8)
+                    .map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes")) as u128)
+                    .sum::<u128>();
+            }
+        }
+        let elapsed = start.elapsed();
+        if self.check {
+            match self.op {
+                Op::Write if size > 0 => self.flush_writes(rx)?,
+                // SAFETY: every read has completed.
+                Op::Read => verify(unsafe { rx.bytes(0, size) }, seed, count - 1)?,
+                Op::FetchAdd => {
+                    // Every add fetched a distinct count: 0, 1, .. n - 1.
+                    let n = (count * self.window) as u128;
+                    if fetched != n * (n - 1) / 2 {
+                        return Err(format!(
+                            "data integrity check failed: {n} fetch-adds fetched values \
+                             summing to {fetched}, not {}",
+                            n * (n - 1) / 2
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        ctl.send_done(elapsed)?;
+        Ok(elapsed)
+    }
+
+    /// Posts operation `j` of a window: fabtests aims every operation of a window at the same
+    /// bytes, so every read lands in the same local bytes; fetches get a result slot each.
+    fn post_one_sided(&mut self, j: usize, tx: &[u8], rx: &mut LandingBuf) -> Res<()> {
+        let Remote { addr, key } = self.remote;
+        let size = tx.len();
+        loop {
+            let inject = self.op == Op::Write && size < self.inject_size;
+            let r = match self.op {
+                Op::Write if inject => self.ep.inject_write(tx, self.peer, addr, key),
+                // SAFETY (all three): neither `tx` is written nor `rx` looked at until `wait` has
+                // seen every completion of the window; the `rx` slices live for the call only.
+                Op::Write => unsafe { self.ep.write(tx, None, self.peer, addr, key, TX_CTX) },
+                Op::Read => unsafe {
+                    let buf = rx.bytes_mut(0, size);
+                    self.ep.read(buf, None, self.peer, addr, key, TX_CTX)
+                },
+                Op::FetchAdd => unsafe {
+                    let result = rx.bytes_mut(8 * j, 8);
+                    self.ep.fetch_atomic(
+                        &ONE,
+                        1,
+                        result,
+                        self.peer,
+                        addr,
+                        key,
+                        Datatype::UInt64,
+                        AtomicOp::Sum,
+                        TX_CTX,
+                    )
+                },
+                other => unreachable!("{other:?} is not one-sided"),
+            };
+            match r {
+                Ok(()) => {
+                    self.tx_outstanding += !inject as usize;
+                    return Ok(());
+                }
+                Err(Error::Again(_)) => {
+                    self.poll()?;
+                }
+                Err(e) => return Err(format!("post {:?} of {size} bytes: {e}", self.op)),
             }
         }
     }
 
-    /// Busy-polls until the outstanding send (if any) and, with `rx`, the posted receive have
-    /// completed.
+    /// Waits until every write posted so far has landed at the server, with a 1-byte read
+    /// fenced behind them: a write may complete here before the server has placed it.
+    fn flush_writes(&mut self, rx: &mut LandingBuf) -> Res<()> {
+        let iov = [RawIov {
+            addr: rx.addr() as usize,
+            len: 1,
+        }];
+        let rma = [RmaIov {
+            addr: self.remote.addr,
+            len: 1,
+            key: self.remote.key,
+        }];
+        let m = MsgRma {
+            iov: &iov,
+            desc: &[],
+            addr: self.peer,
+            rma_iov: &rma,
+            context: TX_CTX,
+            data: 0,
+        };
+        loop {
+            // SAFETY: `rx` is not looked at until `wait` has seen the read's completion.
+            match unsafe { self.ep.readmsg(&m, FI_FENCE) } {
+                Ok(()) => break,
+                Err(Error::Again(_)) => {
+                    self.poll()?;
+                }
+                Err(e) => return Err(format!("fenced read after the writes: {e}")),
+            }
+        }
+        self.tx_outstanding += 1;
+        self.wait(false)
+    }
+
+    /// Server: sets up its buffer for the run, then makes progress (shm's target executes the
+    /// client's operations) until the client says it is done. Returns the client's time.
+    fn serve(
+        &mut self,
+        ctl: &mut Control,
+        size: usize,
+        count: usize,
+        phase: u64,
+        rx: &mut LandingBuf,
+    ) -> Res<Duration> {
+        let seed = seed(phase, size, 0, self.op == Op::Write);
+        // SAFETY (both): the client posts nothing before the barrier below.
+        match self.op {
+            Op::Read => fill(unsafe { rx.bytes_mut(0, size) }, seed),
+            Op::FetchAdd => unsafe { rx.bytes_mut(0, 8) }.fill(0),
+            _ => {}
+        }
+        ctl.barrier()?;
+        let elapsed = self.progress_until_done(ctl)?;
+        if self.check {
+            match self.op {
+                // SAFETY (both): the client's operations are over (it flushed its writes).
+                Op::Write => verify(unsafe { rx.bytes(0, size) }, seed, count - 1)?,
+                Op::FetchAdd => {
+                    let got = u64::from_ne_bytes(unsafe { rx.bytes(0, 8) }.try_into().expect("8"));
+                    let want = (count * self.window) as u64;
+                    if got != want {
+                        return Err(format!(
+                            "data integrity check failed: counter is {got} after {want} \
+                             fetch-adds"
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(elapsed)
+    }
+
+    /// Polls the CQ (which drives progress) until the client's done message has come in on the
+    /// control connection, which a second thread waits for.
+    fn progress_until_done(&mut self, ctl: &mut Control) -> Res<Duration> {
+        // To wake the reader if polling fails first.
+        let sock = ctl
+            .0
+            .try_clone()
+            .map_err(|e| format!("control: clone: {e}"))?;
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                let r = ctl.recv_done();
+                done.store(true, Ordering::Release);
+                r
+            });
+            let mut polled = Ok(());
+            while !done.load(Ordering::Acquire) {
+                if let Err(e) = self.poll() {
+                    let _ = sock.shutdown(Shutdown::Both);
+                    polled = Err(e);
+                    break;
+                }
+            }
+            let told = reader
+                .join()
+                .unwrap_or_else(|_| Err("control: reader thread panicked".into()));
+            polled.and(told)
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Completions
+
+impl Node {
+    /// Busy-polls until every transmit-side operation and, with `rx`, the posted receive (or
+    /// the peer's next writedata) have completed.
     fn wait(&mut self, rx: bool) -> Res<()> {
         let mut spins = 0u32;
         let mut since = None;
-        while self.tx_pending || (rx && self.rx_posted) {
+        while self.tx_outstanding > 0 || (rx && self.rx_waiting()) {
             if self.poll()? {
                 spins = 0;
                 since = None;
@@ -799,31 +1234,55 @@ impl Node {
             if spins.is_multiple_of(4096) {
                 let t0 = *since.get_or_insert_with(Instant::now);
                 if t0.elapsed() > self.stall {
+                    let rx_what = match self.op {
+                        Op::WriteData => "the peer's write",
+                        _ => "a receive",
+                    };
                     return Err(format!(
                         "no completion for {} s (waiting for {}); is the peer alive?",
                         self.stall.as_secs(),
-                        match (self.tx_pending, self.rx_posted && rx) {
-                            (true, true) => "a send and a receive",
-                            (true, false) => "a send",
-                            _ => "a receive",
+                        match (self.tx_outstanding, rx && self.rx_waiting()) {
+                            (0, _) => rx_what.to_string(),
+                            (n, false) => format!("{n} transmit operation(s)"),
+                            (n, true) => format!("{n} transmit operation(s) and {rx_what}"),
                         }
                     ));
                 }
             }
         }
+        if rx && self.op == Op::WriteData {
+            self.remote_writes -= 1;
+        }
         Ok(())
+    }
+
+    fn rx_waiting(&self) -> bool {
+        match self.op {
+            Op::WriteData => self.remote_writes == 0,
+            _ => self.rx_posted,
+        }
     }
 
     /// One non-blocking CQ read (which drives progress); true when it returned something.
     fn poll(&mut self) -> Res<bool> {
-        let mut entries = [CqMsgEntry::default(); 4];
+        let mut entries = [CqDataEntry::default(); 8];
         match self.cq.read(&mut entries) {
             Ok(n) => {
                 for e in &entries[..n] {
+                    if e.flags & FI_REMOTE_CQ_DATA != 0 {
+                        self.remote_writes += 1;
+                        self.remote_data = e.data;
+                        continue;
+                    }
                     match e.op_context {
                         RX_CTX => self.rx_posted = false,
-                        TX_CTX => self.tx_pending = false,
-                        other => return Err(format!("completion with unknown context {other:#x}")),
+                        TX_CTX if self.tx_outstanding > 0 => self.tx_outstanding -= 1,
+                        other => {
+                            return Err(format!(
+                                "unexpected completion (context {other:#x}, flags {})",
+                                caps_str(e.flags)
+                            ))
+                        }
                     }
                 }
                 Ok(n > 0)
@@ -833,9 +1292,9 @@ impl Node {
                 Ok(e) => Err(format!(
                     "{} failed: {} (prov_errno {}, len {}, olen {})",
                     match e.op_context {
-                        RX_CTX => "receive",
-                        TX_CTX => "send",
-                        _ => "operation",
+                        RX_CTX => "receive".to_string(),
+                        TX_CTX => format!("{:?}", self.op),
+                        _ => "operation".to_string(),
                     },
                     strerror(e.err),
                     e.prov_errno,
@@ -846,6 +1305,64 @@ impl Node {
             },
             Err(e) => Err(format!("cq read: {e}")),
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Buffers the provider writes
+
+/// Memory that is written behind the program's back: receives, the peer's writes and atomics,
+/// and reads' and fetches' results land in it. It is held as a raw allocation, and looked at
+/// only through slices made for a moment while nothing that writes it is in flight, so no
+/// Rust borrow of it is alive while the provider writes.
+struct LandingBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl LandingBuf {
+    fn new(len: usize) -> LandingBuf {
+        let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
+        let ptr = NonNull::new(Box::into_raw(b).cast::<u8>()).expect("a Box is never null");
+        LandingBuf { ptr, len }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Bytes `off..off + len`.
+    ///
+    /// # Safety
+    /// Nothing may write them while the slice lives.
+    unsafe fn bytes(&self, off: usize, len: usize) -> &[u8] {
+        assert!(off <= self.len && len <= self.len - off, "window range");
+        // SAFETY: in bounds of the live allocation (checked above); the caller rules out
+        // writers.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off), len) }
+    }
+
+    /// Bytes `off..off + len`, to fill or to hand to a posting call.
+    ///
+    /// # Safety
+    /// Nothing else may read or write them while the slice lives (a posting call keeps only
+    /// the address).
+    unsafe fn bytes_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
+        assert!(off <= self.len && len <= self.len - off, "window range");
+        // SAFETY: as in `bytes`, and `&mut self` rules out other slices made here.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(off), len) }
+    }
+}
+
+impl Drop for LandingBuf {
+    fn drop(&mut self) {
+        let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
+        // SAFETY: `raw` is the allocation `new` leaked, given back once.
+        drop(unsafe { Box::from_raw(raw) });
     }
 }
 
@@ -916,8 +1433,12 @@ mod tests {
         assert_eq!(cnt_str(1500), "1k");
         assert_eq!(cnt_str(12345), "12k");
         assert_eq!(
-            row(768, 1, Duration::from_nanos(31_000)),
+            row(768, 1, 2, Duration::from_nanos(31_000)),
             "768     1       =1       1.5k        0.00s     49.55      15.50       0.06"
+        );
+        assert_eq!(
+            row(1 << 20, 640, 640, Duration::from_millis(100)),
+            "1m      640     =640     640m        0.10s   6710.89     156.25       0.01"
         );
     }
 
@@ -930,6 +1451,31 @@ mod tests {
         b[4097] ^= 1;
         let e = verify(&b, 7, 3).unwrap_err();
         assert!(e.contains("byte 4097"), "{e}");
+    }
+
+    #[test]
+    fn operations_and_window_parse() {
+        let opts = |a: &str| match parse(&a.split(' ').map(String::from).collect::<Vec<_>>()) {
+            Ok(Parsed::Run(o)) => Ok(o),
+            Ok(Parsed::Help) => Err("help".to_string()),
+            Err(e) => Err(e),
+        };
+        let o = opts("-o writedata -S 8 localhost").unwrap();
+        assert_eq!(
+            (o.op, o.window, o.server.as_deref()),
+            (Op::WriteData, 64, Some("localhost"))
+        );
+        assert_eq!(opts("-m tagged").unwrap().op, Op::Tagged);
+        assert_eq!(opts("-oread -W8").unwrap().window, 8);
+        assert_eq!(opts("-o fetchadd -S 1m").unwrap().sizes, vec![8]);
+        assert!(opts("-o send").unwrap_err().contains("unknown operation"));
+        assert!(opts("-o write -W 0").is_err());
+        let r = Remote {
+            addr: 1 << 40,
+            key: 7,
+        };
+        assert_eq!(Remote::from_bytes(&r.to_bytes()), Ok(r));
+        assert!(Remote::from_bytes(&[0; 9]).is_err());
     }
 
     #[test]

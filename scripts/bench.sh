@@ -3,8 +3,18 @@
 # alternating run by run (libfabric, ours, libfabric, ours, ...) so that the machine's drift
 # hits both alike. Prints each size's medians and ratios as it goes, then a final table.
 #
+# Then "xfabric RMA": ours only (libfabric-bin has no fabtests, so no fi_rma_pingpong to set
+# against), RMA against our own message path, alternating the same way:
+#   - latency: -o writedata (fi_rma_pingpong) against -o msg, sizes 8 B .. 4 MiB; goal: the
+#     writedata/msg usec ratio at most 1.1 at 8 B;
+#   - bandwidth: -o write and -o read (fi_rma_bw: windows of 64 one-sided operations) against
+#     -o msg's ping-pong MB/sec, at 1 and 4 MiB; goal: write at least msg;
+#   - -o fetchadd: 8-byte fetching atomic adds per second (windows of 64).
+#
 #   scripts/bench.sh                       # 3 rounds, sizes 8 B .. 4 MiB
 #   ROUNDS=1 SIZES="8 65536" scripts/bench.sh
+#   COMPARE=0 scripts/bench.sh             # the RMA section only
+#   RMA=0 scripts/bench.sh                 # the libfabric comparison only
 #
 # Environment:
 #   ROUNDS     runs of each implementation per size (3)
@@ -16,8 +26,18 @@
 #   PORT_BASE  first TCP control port; each run takes the next free one (47700)
 #   RUN_TIMEOUT  seconds before a hung run is killed (120)
 #   FI_PINGPONG  the libfabric binary (fi_pingpong from PATH)
+#   COMPARE    0 skips the libfabric-vs-ours section (1)
+#   RMA        0 skips the xfabric RMA section (1)
+#   RMA_SIZES  latency sizes (8 64 1024 4096 65536 1048576 4194304)
+#   RMA_ITERS  latency iterations up to 64 KiB (2000), scaled down above like ITERS, never below
+#              RMA_MIN_ITERS (50)
+#   RMA_BW_SIZES  bandwidth sizes (1048576 4194304)
+#   RMA_BW_BYTES  bytes each bandwidth run moves (1073741824): write/read run that many bytes
+#              in windows of 64, msg that many in both directions together
+#   FETCHADD_WINDOWS  windows of 64 fetch-adds per run (2000)
 #
-# Ratios are ours/libfabric: below 1 is better for usec/xfer, above 1 is better for MB/sec.
+# Ratios in the first section are ours/libfabric, in the RMA section RMA/msg: below 1 is better
+# for usec/xfer, above 1 is better for MB/sec.
 
 set -u -o pipefail
 
@@ -40,11 +60,29 @@ die() {
     exit 1
 }
 
-for v in ROUNDS ITERS MIN_ITERS PORT_BASE RUN_TIMEOUT; do
+COMPARE=${COMPARE:-1}
+RMA=${RMA:-1}
+RMA_SIZES=${RMA_SIZES:-"8 64 1024 4096 65536 1048576 4194304"}
+RMA_ITERS=${RMA_ITERS:-2000}
+RMA_MIN_ITERS=${RMA_MIN_ITERS:-50}
+RMA_BW_SIZES=${RMA_BW_SIZES:-"1048576 4194304"}
+RMA_BW_BYTES=${RMA_BW_BYTES:-1073741824}
+FETCHADD_WINDOWS=${FETCHADD_WINDOWS:-2000}
+# fabtests' window, and the example's default.
+RMA_WINDOW=64
+
+for v in ROUNDS ITERS MIN_ITERS PORT_BASE RUN_TIMEOUT RMA_ITERS RMA_MIN_ITERS RMA_BW_BYTES \
+    FETCHADD_WINDOWS; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer (got '${!v}')"
 done
-for s in $SIZES; do
-    [[ $s =~ ^[0-9]+$ ]] || die "SIZES must be byte counts (got '$s')"
+for v in COMPARE RMA; do
+    [[ ${!v} == [01] ]] || die "$v must be 0 or 1 (got '${!v}')"
+done
+for s in $SIZES $RMA_SIZES $RMA_BW_SIZES; do
+    [[ $s =~ ^[0-9]+$ ]] || die "SIZES, RMA_SIZES and RMA_BW_SIZES must be byte counts (got '$s')"
+done
+for s in $RMA_BW_SIZES; do
+    ((s > 0)) || die "RMA_BW_SIZES must be above 0"
 done
 
 # The server and client this script has running (one pair at a time), so none outlives it:
@@ -64,7 +102,9 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 have_libfabric=1
-if ! command -v "$FI_PINGPONG" >/dev/null 2>&1; then
+if ((!COMPARE)); then
+    have_libfabric=0
+elif ! command -v "$FI_PINGPONG" >/dev/null 2>&1; then
     have_libfabric=0
     echo "bench: libfabric's $FI_PINGPONG is missing (apt-get install libfabric-bin); running only xfabric" >&2
 fi
@@ -92,25 +132,28 @@ take_port() {
     ((next_port > 65000)) && next_port=$PORT_BASE
 }
 
+# iters_for SIZE [ITERS MIN]: ITERS (default $ITERS) up to 64 KiB, scaled down above to keep
+# the bytes per run constant, never below MIN (default $MIN_ITERS).
 iters_for() {
-    local size=$1 n=$ITERS
+    local size=$1 n=${2:-$ITERS} min=${3:-$MIN_ITERS}
     if ((size > 65536)); then
-        n=$((ITERS * 65536 / size))
-        ((n < MIN_ITERS)) && n=$MIN_ITERS
+        n=$((n * 65536 / size))
+        ((n < min)) && n=$min
     fi
     echo "$n"
 }
 
-# run_pair IMPL SIZE ITERS: runs one server+client pair; sets usec and mbps from the client's
-# result row, or returns 1 with the logs on stderr.
+# run_pair IMPL SIZE ITERS [ARGS...]: runs one server+client pair, both given ARGS too; sets
+# usec, mbps and mxfers from the client's result row, or returns 1 with the logs on stderr.
 run_pair() {
     local impl=$1 size=$2 iters=$3 bin spid rc row
+    shift 3
     case $impl in
         libfabric) bin=$FI_PINGPONG ;;
         ours) bin=$OURS ;;
     esac
     take_port
-    local args=(-p "$PROVIDER" -e rdm -I "$iters" -S "$size")
+    local args=(-p "$PROVIDER" -e rdm -I "$iters" -S "$size" "$@")
     timeout "$RUN_TIMEOUT" "$bin" "${args[@]}" -B "$port" >"$WORK/server" 2>&1 &
     spid=$!
     RUNNING+=("$spid")
@@ -140,12 +183,12 @@ run_pair() {
     RUNNING=()
     row=$(awk 'NF == 8 && $3 ~ /^=/ { r = $0 } END { print r }' "$WORK/client")
     if ((rc != 0 || src != 0)) || [[ -z $row ]]; then
-        echo "bench: $impl -S $size -I $iters failed (client rc $rc, server rc $src):" >&2
+        echo "bench: $impl ${*:+$* }-S $size -I $iters failed (client rc $rc, server rc $src):" >&2
         sed 's/^/  client: /' "$WORK/client" >&2
         sed 's/^/  server: /' "$WORK/server" >&2
         return 1
     fi
-    read -r _ _ _ _ _ mbps usec _ <<<"$row"
+    read -r _ _ _ _ _ mbps usec mxfers <<<"$row"
     return 0
 }
 
@@ -179,46 +222,164 @@ human() {
     fi
 }
 
-impls=(ours)
-((have_libfabric)) && impls=(libfabric ours)
+# ratio_check RATIO OP LIMIT: "met" when RATIO OP LIMIT holds (OP is <= or >=), else "NOT met".
+ratio_check() {
+    if [[ $1 == - ]]; then
+        echo "no figure"
+    elif awk -v r="$1" -v l="$3" -v op="$2" \
+        'BEGIN { exit !((op == "<=" && r <= l) || (op == ">=" && r >= l)) }'; then
+        echo "met"
+    else
+        echo "NOT met"
+    fi
+}
 
-printf -v header '%-6s %7s | %10s %10s %6s | %10s %10s %6s' \
-    bytes iters "lf usec" "our usec" ratio "lf MB/s" "our MB/s" ratio
-table=()
 failures=0
-echo "bench: provider $PROVIDER, $ROUNDS round(s), sizes: $SIZES" >&2
-for size in $SIZES; do
-    iters=$(iters_for "$size")
-    lf_usec=() lf_mbps=() our_usec=() our_mbps=()
-    for ((r = 1; r <= ROUNDS; r++)); do
-        for impl in "${impls[@]}"; do
-            if run_pair "$impl" "$size" "$iters"; then
-                if [[ $impl == libfabric ]]; then
-                    lf_usec+=("$usec") lf_mbps+=("$mbps")
-                else
-                    our_usec+=("$usec") our_mbps+=("$mbps")
-                fi
-                printf 'bench: %-6s round %d %-9s usec/xfer %9s  MB/sec %10s\n' \
-                    "$(human "$size")" "$r" "$impl" "$usec" "$mbps" >&2
-            else
-                failures=$((failures + 1))
-            fi
-        done
-    done
-    lu=$(median "${lf_usec[@]}") ou=$(median "${our_usec[@]}")
-    lm=$(median "${lf_mbps[@]}") om=$(median "${our_mbps[@]}")
-    printf -v line '%-6s %7s | %10s %10s %6s | %10s %10s %6s' "$(human "$size")" "$iters" \
-        "$lu" "$ou" "$(ratio "$ou" "$lu")" "$lm" "$om" "$(ratio "$om" "$lm")"
-    echo "$header"
-    echo "$line"
-    echo
-    table+=("$line")
-done
 
-echo "Medians of $ROUNDS round(s); ratio = ours/libfabric (usec: lower is better, MB/s: higher is better)"
-((have_libfabric)) || echo "(libfabric's fi_pingpong is missing: its columns are empty)"
-echo "$header"
-printf '%s\n' "${table[@]}"
+# The libfabric comparison: fi_pingpong against ours, alternating.
+compare_section() {
+    local impls=(ours)
+    ((have_libfabric)) && impls=(libfabric ours)
+    local header line table=() size iters r impl lu ou lm om
+    local lf_usec lf_mbps our_usec our_mbps
+    printf -v header '%-6s %7s | %10s %10s %6s | %10s %10s %6s' \
+        bytes iters "lf usec" "our usec" ratio "lf MB/s" "our MB/s" ratio
+    echo "bench: provider $PROVIDER, $ROUNDS round(s), sizes: $SIZES" >&2
+    for size in $SIZES; do
+        iters=$(iters_for "$size")
+        lf_usec=() lf_mbps=() our_usec=() our_mbps=()
+        for ((r = 1; r <= ROUNDS; r++)); do
+            for impl in "${impls[@]}"; do
+                if run_pair "$impl" "$size" "$iters"; then
+                    if [[ $impl == libfabric ]]; then
+                        lf_usec+=("$usec") lf_mbps+=("$mbps")
+                    else
+                        our_usec+=("$usec") our_mbps+=("$mbps")
+                    fi
+                    printf 'bench: %-6s round %d %-9s usec/xfer %9s  MB/sec %10s\n' \
+                        "$(human "$size")" "$r" "$impl" "$usec" "$mbps" >&2
+                else
+                    failures=$((failures + 1))
+                fi
+            done
+        done
+        lu=$(median "${lf_usec[@]}") ou=$(median "${our_usec[@]}")
+        lm=$(median "${lf_mbps[@]}") om=$(median "${our_mbps[@]}")
+        printf -v line '%-6s %7s | %10s %10s %6s | %10s %10s %6s' "$(human "$size")" "$iters" \
+            "$lu" "$ou" "$(ratio "$ou" "$lu")" "$lm" "$om" "$(ratio "$om" "$lm")"
+        echo "$header"
+        echo "$line"
+        echo
+        table+=("$line")
+    done
+
+    echo "Medians of $ROUNDS round(s); ratio = ours/libfabric (usec: lower is better, MB/s: higher is better)"
+    ((have_libfabric)) || echo "(libfabric's fi_pingpong is missing: its columns are empty)"
+    echo "$header"
+    printf '%s\n' "${table[@]}"
+}
+
+# The figures of the RMA section's runs, by label: space-separated lists.
+declare -A USEC MBPS MXFERS
+
+# rma_run LABEL ROUND SIZE ITERS ARGS...: one run of ours, its figures added under LABEL.
+rma_run() {
+    local label=$1 round=$2 size=$3 iters=$4
+    shift 4
+    if run_pair ours "$size" "$iters" "$@"; then
+        USEC[$label]+=" $usec" MBPS[$label]+=" $mbps" MXFERS[$label]+=" $mxfers"
+        printf 'bench: %-6s round %d %-9s usec/xfer %9s  MB/sec %10s  Mxfers/sec %s\n' \
+            "$(human "$size")" "$round" "$label" "$usec" "$mbps" "$mxfers" >&2
+    else
+        failures=$((failures + 1))
+    fi
+}
+
+# med KIND LABEL: the median of LABEL's figures of KIND (USEC, MBPS or MXFERS).
+med() {
+    local -n figures=$1
+    # shellcheck disable=SC2086 # the list is meant to be split
+    median ${figures[$2]:-}
+}
+
+# xfabric RMA against xfabric messages: latency, bandwidth, fetch-add rate.
+rma_section() {
+    local size iters r mu wu mm wm wd_ratio_8="-" lat=() bw=() goals=() line header
+    echo "bench: xfabric RMA, $ROUNDS round(s), latency sizes: $RMA_SIZES;" \
+        "bandwidth sizes: $RMA_BW_SIZES" >&2
+
+    # Latency: writedata ping-pong against send ping-pong.
+    for size in $RMA_SIZES; do
+        iters=$(iters_for "$size" "$RMA_ITERS" "$RMA_MIN_ITERS")
+        USEC=() MBPS=() MXFERS=()
+        for ((r = 1; r <= ROUNDS; r++)); do
+            rma_run msg "$r" "$size" "$iters" -o msg
+            rma_run writedata "$r" "$size" "$iters" -o writedata
+        done
+        mu=$(med USEC msg) wu=$(med USEC writedata)
+        mm=$(med MBPS msg) wm=$(med MBPS writedata)
+        ((size == 8)) && wd_ratio_8=$(ratio "$wu" "$mu")
+        printf -v line '%-6s %7s | %10s %10s %6s | %10s %10s %6s' "$(human "$size")" "$iters" \
+            "$mu" "$wu" "$(ratio "$wu" "$mu")" "$mm" "$wm" "$(ratio "$wm" "$mm")"
+        lat+=("$line")
+    done
+
+    # Bandwidth: windows of one-sided writes and reads against the send ping-pong, each run
+    # moving about RMA_BW_BYTES.
+    local pp_iters windows wr rr
+    for size in $RMA_BW_SIZES; do
+        pp_iters=$((RMA_BW_BYTES / (2 * size)))
+        ((pp_iters < 10)) && pp_iters=10
+        windows=$((RMA_BW_BYTES / (RMA_WINDOW * size)))
+        ((windows < 2)) && windows=2
+        USEC=() MBPS=() MXFERS=()
+        for ((r = 1; r <= ROUNDS; r++)); do
+            rma_run msg "$r" "$size" "$pp_iters" -o msg
+            rma_run write "$r" "$size" "$windows" -o write -W "$RMA_WINDOW"
+            rma_run read "$r" "$size" "$windows" -o read -W "$RMA_WINDOW"
+        done
+        mm=$(med MBPS msg)
+        wr=$(ratio "$(med MBPS write)" "$mm") rr=$(ratio "$(med MBPS read)" "$mm")
+        printf -v line '%-6s %4s %5s | %10s | %10s %6s %9s | %10s %6s %9s' "$(human "$size")" \
+            "$pp_iters" "$windows" "$mm" "$(med MBPS write)" "$wr" "$(med USEC write)" \
+            "$(med MBPS read)" "$rr" "$(med USEC read)"
+        bw+=("$line")
+        goals+=("write >= msg MB/s at $(human "$size"): ratio $wr, $(ratio_check "$wr" ">=" 1)")
+    done
+
+    # Fetch-add rate.
+    USEC=() MBPS=() MXFERS=()
+    for ((r = 1; r <= ROUNDS; r++)); do
+        rma_run fetchadd "$r" 8 "$FETCHADD_WINDOWS" -o fetchadd -W "$RMA_WINDOW"
+    done
+
+    echo
+    echo "xfabric RMA: medians of $ROUNDS round(s), provider $PROVIDER"
+    echo
+    echo "Latency, half a round trip: -o writedata (RMA write + remote CQ data) against -o msg;"
+    echo "ratio = writedata/msg (usec: lower is better, MB/s: higher is better)"
+    printf '%-6s %7s | %10s %10s %6s | %10s %10s %6s\n' \
+        bytes iters "msg usec" "wd usec" ratio "msg MB/s" "wd MB/s" ratio
+    printf '%s\n' "${lat[@]}"
+    echo
+    echo "Bandwidth: -o write / -o read (win-I windows of $RMA_WINDOW; usec per operation) against"
+    echo "-o msg's ping-pong MB/s (pp-I round trips); ratio = RMA/msg (higher is better)"
+    printf '%-6s %4s %5s | %10s | %10s %6s %9s | %10s %6s %9s\n' \
+        bytes "pp-I" "win-I" "msg MB/s" "write MB/s" ratio "usec/op" "read MB/s" ratio "usec/op"
+    printf '%s\n' "${bw[@]}"
+    echo
+    echo "Fetch-add (8 B, windows of $RMA_WINDOW, $FETCHADD_WINDOWS windows a run):" \
+        "$(med MXFERS fetchadd) Mops/sec, $(med USEC fetchadd) usec/op"
+    echo
+    if [[ " $RMA_SIZES " == *" 8 "* ]]; then
+        goals=("writedata/msg usec <= 1.10 at 8 B: ratio $wd_ratio_8, $(ratio_check "$wd_ratio_8" "<=" 1.1)" \
+            "${goals[@]}")
+    fi
+    printf 'Goal: %s\n' "${goals[@]}"
+}
+
+((COMPARE)) && compare_section
+((RMA)) && rma_section
 if ((failures > 0)); then
     echo "bench: $failures run(s) failed (see above)" >&2
     exit 1
