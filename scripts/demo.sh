@@ -26,3 +26,7 @@ for size in 8 65536 4194304; do
     run "$size" 100 -c >/dev/null   # every byte checked first
     run "$size" "$iters"
 done
+echo
+echo "deferred-work allreduce across 4 processes (every step triggered by a counter, no host code after posting)"
+cargo build --release -q --example deferred_allreduce
+target/release/examples/deferred_allreduce 65536 | tail -n 1

@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The examples as programs too: tests/examples_run.rs runs the ones that check themselves.
+cargo build --workspace --examples -j2
 exec cargo test --workspace --all-targets -j2 "$@"

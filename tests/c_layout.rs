@@ -139,6 +139,7 @@ fn constant_checks() -> Vec<Check> {
         FI_NOTIFY, FI_CONNREQ, FI_CONNECTED, FI_SHUTDOWN, FI_MR_COMPLETE, FI_AV_COMPLETE,
         FI_JOIN_COMPLETE,
     ]);
+    v.extend(named![FI_QUEUE_WORK, FI_CANCEL_WORK, FI_FLUSH_WORK]);
     // Error numbers.
     v.extend(named![
         FI_SUCCESS, FI_EPERM, FI_ENOENT, FI_EINTR, FI_EIO, FI_E2BIG, FI_EBADF, FI_EAGAIN,
@@ -166,6 +167,8 @@ fn all_checks() -> Vec<Check> {
         WaitObj,
         CqWaitCond,
         CntrEvents,
+        TriggerEvent,
+        WorkOpType,
     ]);
     v.extend(layout!(CqEntry, "fi_cq_entry" { op_context }));
     v.extend(layout!(CqMsgEntry, "fi_cq_msg_entry" { op_context, flags, len }));
@@ -189,6 +192,7 @@ fn c_program(checks: &[Check]) -> String {
          #include <rdma/fi_eq.h>\n\
          #include <rdma/fi_errno.h>\n\
          #include <rdma/fi_tagged.h>\n\
+         #include <rdma/fi_trigger.h>\n\
          \n\
          int main(void)\n\
          {\n",

@@ -3,11 +3,12 @@
 //! remote write); providers bump it through `CntrInner::inc`.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use crate::consts::{CntrEvents, WaitObj};
 use crate::error::{Error, Result};
+use crate::trigger::TriggerQueue;
 use crate::wait::{deadline, remaining, ProgressList, ProgressSource, WaitSet, Waitable};
 
 /// `struct fi_cntr_attr`.
@@ -42,6 +43,9 @@ pub struct CntrInner {
     wait_set: Option<WaitSet>,
     observers: Mutex<Vec<Weak<dyn CntrObserver>>>,
     has_observers: std::sync::atomic::AtomicBool,
+    /// Operations waiting for this counter's thresholds (triggered operations and deferred
+    /// work); created by the first one queued.
+    triggers: OnceLock<Arc<TriggerQueue>>,
 }
 
 /// `fid_cntr`: a handle to a counter. Cloning shares it.
@@ -82,6 +86,7 @@ impl Counter {
             wait_set: attr.wait_set.clone(),
             observers: Mutex::new(Vec::new()),
             has_observers: Default::default(),
+            triggers: OnceLock::new(),
         });
         if let Some(ws) = &inner.wait_set {
             ws.add(Arc::downgrade(&(inner.clone() as Arc<dyn Waitable>)));
@@ -108,15 +113,13 @@ impl Counter {
 
     /// `fi_cntr_add`.
     pub fn add(&self, v: u64) -> Result<()> {
-        self.inner.value.fetch_add(v, Ordering::AcqRel);
-        self.inner.changed();
+        self.inner.add_value(v);
         Ok(())
     }
 
     /// `fi_cntr_set`.
     pub fn set(&self, v: u64) -> Result<()> {
-        self.inner.value.store(v, Ordering::Release);
-        self.inner.changed();
+        self.inner.set_value(v);
         Ok(())
     }
 
@@ -124,6 +127,7 @@ impl Counter {
     pub fn adderr(&self, v: u64) -> Result<()> {
         self.inner.err.fetch_add(v, Ordering::AcqRel);
         self.inner.changed();
+        self.inner.notify_observers();
         Ok(())
     }
 
@@ -131,6 +135,7 @@ impl Counter {
     pub fn seterr(&self, v: u64) -> Result<()> {
         self.inner.err.store(v, Ordering::Release);
         self.inner.changed();
+        self.inner.notify_observers();
         Ok(())
     }
 
@@ -170,13 +175,23 @@ impl Counter {
         }
     }
 
-    /// `fi_close`: `Busy` (handing the counter back) while an endpoint is bound to it.
+    /// `fi_close`: `Busy` (handing the counter back) while an endpoint is bound to it or
+    /// triggered operations or deferred work wait on its thresholds.
     pub fn close(self) -> std::result::Result<(), (Self, Error)> {
         let n = self.inner.bound.load(Ordering::Acquire);
         if n > 0 {
             return Err((
                 self,
                 Error::Busy(format!("cntr close: {n} endpoint(s) still bound")),
+            ));
+        }
+        let queued = self.inner.triggers.get().map_or(0, |q| q.len());
+        if queued > 0 {
+            return Err((
+                self,
+                Error::Busy(format!(
+                    "cntr close: {queued} triggered operation(s) wait on it (cancel or flush them)"
+                )),
             ));
         }
         Ok(())
@@ -212,6 +227,20 @@ impl CntrInner {
         self.changed();
     }
 
+    /// `fi_cntr_add` on the shared state (also what a deferred `FI_OP_CNTR_ADD` does).
+    pub(crate) fn add_value(self: &Arc<Self>, v: u64) {
+        self.value.fetch_add(v, Ordering::AcqRel);
+        self.changed();
+        self.notify_observers();
+    }
+
+    /// `fi_cntr_set` on the shared state (also what a deferred `FI_OP_CNTR_SET` does).
+    pub(crate) fn set_value(self: &Arc<Self>, v: u64) {
+        self.value.store(v, Ordering::Release);
+        self.changed();
+        self.notify_observers();
+    }
+
     /// The success value without driving progress.
     pub fn value(&self) -> u64 {
         self.value.load(Ordering::Acquire)
@@ -240,8 +269,23 @@ impl CntrInner {
         }
     }
 
-    /// Tells observers of a change; providers call it after `inc` where observers matter.
+    /// The queue of operations waiting on this counter's thresholds, created on first use.
+    pub(crate) fn trigger_queue(&self) -> &Arc<TriggerQueue> {
+        self.triggers
+            .get_or_init(|| Arc::new(TriggerQueue::default()))
+    }
+
+    /// The queue of waiting operations, if one was ever created.
+    pub(crate) fn existing_trigger_queue(&self) -> Option<&Arc<TriggerQueue>> {
+        self.triggers.get()
+    }
+
+    /// Tells observers of a change, and starts triggered operations whose threshold the
+    /// change reached; providers call it after `inc` (the `Counter` calls do it themselves).
     pub fn notify_observers(self: &Arc<Self>) {
+        if let Some(q) = self.triggers.get() {
+            TriggerQueue::kick(q, self);
+        }
         if !self.has_observers.load(Ordering::Acquire) {
             return;
         }

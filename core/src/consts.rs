@@ -108,10 +108,10 @@ pub const FI_SECONDARY_CAPS: u64 = FI_MULTI_RECV
     | FI_SOURCE_ERR
     | FI_RMA_PMEM;
 
-/// Secondary capabilities that change what an endpoint does (error entries for unknown
-/// sources, completions for remote accesses, durability tracking of remote writes): getinfo
-/// returns them only when asked.
-pub const FI_OPT_IN_CAPS: u64 = FI_SOURCE_ERR | FI_RMA_EVENT | FI_RMA_PMEM;
+/// Secondary capabilities that change what an endpoint does or costs (error entries for unknown
+/// sources, completions for remote accesses, durability tracking of remote writes, triggered
+/// operations in every progress call): getinfo returns them only when asked.
+pub const FI_OPT_IN_CAPS: u64 = FI_SOURCE_ERR | FI_RMA_EVENT | FI_RMA_PMEM | FI_TRIGGER;
 
 /// Special addresses and keys.
 pub const FI_ADDR_UNSPEC: u64 = u64::MAX;
@@ -189,6 +189,12 @@ pub const FI_SHUTDOWN: u32 = 3;
 pub const FI_MR_COMPLETE: u32 = 4;
 pub const FI_AV_COMPLETE: u32 = 5;
 pub const FI_JOIN_COMPLETE: u32 = 6;
+
+/// `fi_control` commands of the deferred work queue (fabric.h's control enum): a domain's
+/// `queue_work`, `cancel_work` and `flush_work` are these.
+pub const FI_QUEUE_WORK: i32 = 11;
+pub const FI_CANCEL_WORK: i32 = 12;
+pub const FI_FLUSH_WORK: i32 = 13;
 
 /// Error numbers (fi_errno.h). Values below 256 are the host's errno values.
 pub mod errno {
@@ -360,6 +366,31 @@ c_enum!(
     /// `enum fi_cntr_events`.
     CntrEvents: i32 {
         Comp = 0 => "FI_CNTR_EVENTS_COMP",
+    }
+);
+
+c_enum!(
+    /// `enum fi_trigger_event` (fi_trigger.h): what starts a triggered operation.
+    TriggerEvent: i32 {
+        Threshold = 0 => "FI_TRIGGER_THRESHOLD",
+        Xpu = 1 => "FI_TRIGGER_XPU",
+    }
+);
+
+c_enum!(
+    /// `enum fi_op_type` (fi_trigger.h): the operation of a deferred work request.
+    WorkOpType: i32 {
+        Recv = 0 => "FI_OP_RECV",
+        Send = 1 => "FI_OP_SEND",
+        TRecv = 2 => "FI_OP_TRECV",
+        TSend = 3 => "FI_OP_TSEND",
+        Read = 4 => "FI_OP_READ",
+        Write = 5 => "FI_OP_WRITE",
+        Atomic = 6 => "FI_OP_ATOMIC",
+        FetchAtomic = 7 => "FI_OP_FETCH_ATOMIC",
+        CompareAtomic = 8 => "FI_OP_COMPARE_ATOMIC",
+        CntrSet = 9 => "FI_OP_CNTR_SET",
+        CntrAdd = 10 => "FI_OP_CNTR_ADD",
     }
 );
 

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::info::Info;
 use crate::mr::{MrDesc, MrMap};
 use crate::rxq::{IovList, PostedRecv, RawIov, RecvSlot, IOV_LIMIT};
+use crate::trigger::{DeferredRegistry, EpLink};
 use crate::wait::{ProgressList, ProgressSource};
 
 /// xfabric's own operation flag (no libfabric flag uses bit 63): set by the inject calls
@@ -141,6 +142,9 @@ pub struct EpCore {
     pub auto_progress: bool,
     pending: Mutex<Bindings>,
     bound: OnceLock<Bindings>,
+    /// Deferred work this endpoint has started: its completions go to the work's completion
+    /// counter instead of (or, with `FI_COMPLETION`, besides) this endpoint's CQ and counters.
+    pub(crate) deferred: DeferredRegistry,
 }
 
 impl EpCore {
@@ -156,6 +160,7 @@ impl EpCore {
             max_msg_size: info.ep_attr.max_msg_size,
             pending: Mutex::new(Bindings::default()),
             bound: OnceLock::new(),
+            deferred: DeferredRegistry::default(),
         }
     }
 
@@ -168,6 +173,18 @@ impl EpCore {
     /// Reports a finished operation this endpoint initiated (send, RMA, atomic): a CQ entry
     /// unless suppressed (inject, selective completion), and the counter of its class.
     pub fn complete_tx(&self, ctx: Context, op_flags: u64) {
+        match self.deferred.claim(ctx) {
+            None => self.complete_tx_ep(ctx, op_flags),
+            Some(w) => {
+                if w.ep_completion {
+                    self.complete_tx_ep(w.user_ctx, op_flags | FI_COMPLETION);
+                }
+                w.finish(true);
+            }
+        }
+    }
+
+    fn complete_tx_ep(&self, ctx: Context, op_flags: u64) {
         let Some(b) = self.bound() else { return };
         let (flags, class) = initiator_kind(op_flags);
         let wants =
@@ -190,8 +207,22 @@ impl EpCore {
         }
     }
 
-    /// Reports a failed initiated operation (errors are always reported).
+    /// Reports a failed initiated operation (errors are always reported, except for deferred
+    /// work that did not ask for endpoint completions: its completion counter's error value
+    /// says it).
     pub fn fail_tx(&self, ctx: Context, op_flags: u64, err: i32) {
+        match self.deferred.claim(ctx) {
+            None => self.fail_tx_ep(ctx, op_flags, err),
+            Some(w) => {
+                if w.ep_completion {
+                    self.fail_tx_ep(w.user_ctx, op_flags, err);
+                }
+                w.finish(false);
+            }
+        }
+    }
+
+    fn fail_tx_ep(&self, ctx: Context, op_flags: u64, err: i32) {
         let Some(b) = self.bound() else { return };
         let (flags, class) = initiator_kind(op_flags);
         if let Some(cq) = &b.tx_cq {
@@ -247,6 +278,33 @@ impl EpCore {
     /// asked for `FI_SOURCE_ERR`.
     #[allow(clippy::too_many_arguments)]
     pub fn complete_rx(
+        &self,
+        slot: &RecvSlot,
+        len: usize,
+        olen: usize,
+        tag: u64,
+        data: Option<u64>,
+        src: FiAddr,
+        raw_src: impl FnOnce() -> Vec<u8>,
+    ) {
+        match self.deferred.claim(slot.ctx) {
+            None => self.complete_rx_ep(slot, len, olen, tag, data, src, raw_src),
+            Some(w) => {
+                if w.ep_completion {
+                    let slot = RecvSlot {
+                        ctx: w.user_ctx,
+                        op_flags: slot.op_flags | FI_COMPLETION,
+                        ..*slot
+                    };
+                    self.complete_rx_ep(&slot, len, olen, tag, data, src, raw_src);
+                }
+                w.finish(olen == 0);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn complete_rx_ep(
         &self,
         slot: &RecvSlot,
         len: usize,
@@ -334,6 +392,18 @@ impl EpCore {
 
     /// Reports a receive-side error (`FI_ECANCELED`, `FI_ENOMSG`, a lost peer...).
     pub fn fail_rx(&self, ctx: Context, flags: u64, tag: u64, err: i32) {
+        match self.deferred.claim(ctx) {
+            None => self.fail_rx_ep(ctx, flags, tag, err),
+            Some(w) => {
+                if w.ep_completion {
+                    self.fail_rx_ep(w.user_ctx, flags, tag, err);
+                }
+                w.finish(false);
+            }
+        }
+    }
+
+    fn fail_rx_ep(&self, ctx: Context, flags: u64, tag: u64, err: i32) {
         let Some(b) = self.bound() else { return };
         if let Some(cq) = &b.rx_cq {
             cq.push_err(CqErrEntry {
@@ -449,6 +519,8 @@ const TRECV_FLAGS: u64 = FI_COMPLETION | FI_MORE | FI_PEEK | FI_CLAIM | FI_DISCA
 pub struct Endpoint {
     core: Arc<EpCore>,
     ops: Arc<dyn EndpointOps>,
+    /// Triggered operations' link to this endpoint (`FI_TRIGGER` endpoints only).
+    link: Option<Arc<EpLink>>,
     progress_reg: Arc<dyn ProgressSource>,
     domain_progress: Arc<ProgressList>,
     enabled: AtomicBool,
@@ -462,9 +534,16 @@ impl Endpoint {
         ops: Arc<dyn EndpointOps>,
         domain_progress: Arc<ProgressList>,
     ) -> Self {
-        let as_progress: Arc<dyn ProgressSource> = ops.clone();
+        // A trigger-able endpoint is driven through its link, which also restarts triggered
+        // operations the provider could not take at once (a full ring).
+        let link = (core.caps & FI_TRIGGER != 0).then(|| EpLink::new(core.clone(), ops.clone()));
+        let as_progress: Arc<dyn ProgressSource> = match &link {
+            Some(l) => l.clone(),
+            None => ops.clone(),
+        };
         Endpoint {
             core,
+            link,
             progress_reg: as_progress,
             ops,
             domain_progress,
@@ -481,6 +560,11 @@ impl Endpoint {
     /// The provider's half.
     pub(crate) fn ops(&self) -> &Arc<dyn EndpointOps> {
         &self.ops
+    }
+
+    /// Where triggered operations wait and start; `None` without `FI_TRIGGER`.
+    pub(crate) fn link(&self) -> Option<&Arc<EpLink>> {
+        self.link.as_ref()
     }
 
     fn pending(&self, what: &str) -> Result<std::sync::MutexGuard<'_, Bindings>> {
@@ -636,12 +720,15 @@ impl Endpoint {
     /// `fi_cancel`: a posted receive completes with `FI_ECANCELED`; `NoEntry` if nothing with
     /// that context is outstanding.
     pub fn cancel(&self, ctx: Context) -> Result<()> {
+        if self.link.as_ref().is_some_and(|l| l.cancel(ctx)) {
+            return Ok(());
+        }
         self.ops.cancel(ctx)
     }
 
     /// Drives this endpoint's progress once (what reading its CQ does under manual progress).
     pub fn progress(&self) -> usize {
-        self.ops.progress()
+        self.progress_reg.progress()
     }
 
     #[inline]
@@ -673,6 +760,13 @@ impl Endpoint {
     }
 
     fn post_tx(&self, what: &'static str, op: TxOp) -> Result<()> {
+        self.check_tx(what, &op)?;
+        // SAFETY: forwarded from the public call's contract (or an inject, copied in the call).
+        unsafe { self.ops.send(&op) }
+    }
+
+    /// Checks a send against the endpoint's state, sizes and capabilities.
+    pub(crate) fn check_tx(&self, what: &'static str, op: &TxOp) -> Result<()> {
         self.check_live(what)?;
         let len = op.iov.total();
         if len > self.core.max_msg_size {
@@ -694,11 +788,17 @@ impl Endpoint {
                 caps_str(need)
             )));
         }
-        // SAFETY: forwarded from the public call's contract (or an inject, copied in the call).
-        unsafe { self.ops.send(&op) }
+        Ok(())
     }
 
     fn post_rx(&self, what: &'static str, r: PostedRecv) -> Result<()> {
+        self.check_rx(what, &r)?;
+        // SAFETY: forwarded from the public call's contract.
+        unsafe { self.ops.recv(r) }
+    }
+
+    /// Checks a receive against the endpoint's state and capabilities.
+    pub(crate) fn check_rx(&self, what: &'static str, r: &PostedRecv) -> Result<()> {
         self.check_live(what)?;
         let need = r.flags & (FI_MSG | FI_TAGGED);
         if self.core.caps & need == 0 {
@@ -710,8 +810,7 @@ impl Endpoint {
         if r.src != FI_ADDR_UNSPEC && self.core.caps & FI_DIRECTED_RECV == 0 {
             // Without FI_DIRECTED_RECV the source is ignored, as libfabric specifies.
         }
-        // SAFETY: forwarded from the public call's contract.
-        unsafe { self.ops.recv(r) }
+        Ok(())
     }
 
     fn tx(
@@ -803,6 +902,18 @@ impl Endpoint {
     }
 
     fn sendmsg_kind(&self, what: &'static str, msg: &Msg<'_>, flags: u64, kind: u64) -> Result<()> {
+        let op = self.msg_tx(what, msg, flags, kind)?;
+        self.post_tx(what, op)
+    }
+
+    /// The send that `sendmsg` (`kind` `FI_MSG`) or `tsendmsg` (`FI_TAGGED`) describes.
+    pub(crate) fn msg_tx(
+        &self,
+        what: &'static str,
+        msg: &Msg<'_>,
+        flags: u64,
+        kind: u64,
+    ) -> Result<TxOp> {
         if flags & !SEND_FLAGS != 0 {
             return Err(Error::BadFlags(format!(
                 "{what}: flags {} are not send flags",
@@ -810,15 +921,14 @@ impl Endpoint {
             )));
         }
         let l = self.iov(what, msg.iov)?;
-        let op = TxOp {
+        Ok(TxOp {
             ctx: msg.context,
             iov: l,
             dest: msg.addr,
             tag: msg.tag,
             data: msg.data,
             flags: flags | kind,
-        };
-        self.post_tx(what, op)
+        })
     }
 
     /// `fi_inject`: the data is copied before return; no completion entry is written.
@@ -900,6 +1010,12 @@ impl Endpoint {
     /// # Safety
     /// As `recv`, for every segment.
     pub unsafe fn recvmsg(&self, msg: &Msg<'_>, flags: u64) -> Result<()> {
+        let r = self.msg_rx(msg, flags)?;
+        self.post_rx("recvmsg", r)
+    }
+
+    /// The receive that `recvmsg` describes.
+    pub(crate) fn msg_rx(&self, msg: &Msg<'_>, flags: u64) -> Result<PostedRecv> {
         if flags & !RECV_FLAGS != 0 {
             return Err(Error::BadFlags(format!(
                 "recvmsg: flags {} are not receive flags",
@@ -911,7 +1027,7 @@ impl Endpoint {
                 "recvmsg: endpoint opened without FI_MULTI_RECV".into(),
             ));
         }
-        let r = PostedRecv {
+        Ok(PostedRecv {
             ctx: msg.context,
             iov: self.iov("recvmsg", msg.iov)?,
             src: msg.addr,
@@ -919,8 +1035,7 @@ impl Endpoint {
             ignore: 0,
             flags: flags | FI_MSG,
             used: 0,
-        };
-        self.post_rx("recvmsg", r)
+        })
     }
 
     /// `fi_tsend`.
@@ -1075,6 +1190,12 @@ impl Endpoint {
     /// # Safety
     /// As `recv`, for every segment (no memory is touched with `FI_PEEK` or `FI_DISCARD`).
     pub unsafe fn trecvmsg(&self, msg: &Msg<'_>, flags: u64) -> Result<()> {
+        let r = self.msg_trx(msg, flags)?;
+        self.post_rx("trecvmsg", r)
+    }
+
+    /// The tagged receive that `trecvmsg` describes.
+    pub(crate) fn msg_trx(&self, msg: &Msg<'_>, flags: u64) -> Result<PostedRecv> {
         if flags & !TRECV_FLAGS != 0 {
             return Err(Error::BadFlags(format!(
                 "trecvmsg: flags {} are not tagged receive flags",
@@ -1091,7 +1212,7 @@ impl Endpoint {
         } else {
             self.iov("trecvmsg", msg.iov)?
         };
-        let r = PostedRecv {
+        Ok(PostedRecv {
             ctx: msg.context,
             iov,
             src: msg.addr,
@@ -1099,8 +1220,7 @@ impl Endpoint {
             ignore: msg.ignore,
             flags: flags | FI_TAGGED,
             used: 0,
-        };
-        self.post_rx("trecvmsg", r)
+        })
     }
 
     /// `fi_close`: outstanding operations complete with `FI_ECANCELED`; bindings are released.
@@ -1112,6 +1232,9 @@ impl Endpoint {
     fn shutdown(&self) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
+        }
+        if let Some(l) = &self.link {
+            l.close();
         }
         self.ops.close();
         self.domain_progress.remove(&self.progress_reg);

@@ -8,6 +8,7 @@ use crate::entry::{Context, FiAddr};
 use crate::ep::{Endpoint, INJECT_CALL};
 use crate::error::{Error, Result};
 use crate::mr::MrDesc;
+use crate::rxq::RawIov;
 
 /// Largest operand of one atomic request, in bytes (so `count * datatype size` at most this).
 pub const ATOMIC_MAX: usize = 4096;
@@ -69,6 +70,14 @@ const ATOMIC_FLAGS: u64 =
 
 impl Endpoint {
     fn post_atomic(&self, what: &'static str, req: AtomicReq) -> Result<()> {
+        self.check_atomic(what, &req)?;
+        // SAFETY: forwarded from the public call's contract.
+        unsafe { self.ops().atomic(&req) }
+    }
+
+    /// Checks an atomic request against the endpoint's state, capabilities and the
+    /// operation's definition.
+    pub(crate) fn check_atomic(&self, what: &'static str, req: &AtomicReq) -> Result<()> {
         self.check_live(what)?;
         if self.core().caps & FI_ATOMIC == 0 {
             return Err(Error::OpNotSupp(format!(
@@ -95,8 +104,7 @@ impl Endpoint {
                 ATOMIC_MAX / req.dt.size()
             )));
         }
-        // SAFETY: forwarded from the public call's contract.
-        unsafe { self.ops().atomic(&req) }
+        Ok(())
     }
 
     fn req(&self, m: &MsgAtomic, count: usize, operand: usize, flags: u64) -> AtomicReq {
@@ -115,15 +123,85 @@ impl Endpoint {
         }
     }
 
-    fn check_len(what: &'static str, buf: &[u8], count: usize, dt: Datatype) -> Result<()> {
-        if buf.len() < count.saturating_mul(dt.size()) {
+    fn check_len(what: &'static str, len: usize, count: usize, dt: Datatype) -> Result<()> {
+        if len < count.saturating_mul(dt.size()) {
             return Err(Error::Inval(format!(
-                "{what}: buffer of {} bytes for {count} x {}",
-                buf.len(),
+                "{what}: buffer of {len} bytes for {count} x {}",
                 dt.c_name()
             )));
         }
         Ok(())
+    }
+
+    /// The request `atomicmsg` describes.
+    pub(crate) fn atomic_req(
+        &self,
+        what: &'static str,
+        m: &MsgAtomic,
+        operand: RawIov,
+        count: usize,
+        flags: u64,
+    ) -> Result<AtomicReq> {
+        if flags & !ATOMIC_FLAGS != 0 {
+            return Err(Error::BadFlags(format!(
+                "{what}: flags {}",
+                caps_str(flags & !ATOMIC_FLAGS)
+            )));
+        }
+        Self::check_len(what, operand.len, count, m.datatype)?;
+        Ok(self.req(m, count, operand.addr, flags | FI_WRITE))
+    }
+
+    /// The request `fetch_atomicmsg` describes.
+    pub(crate) fn fetch_req(
+        &self,
+        what: &'static str,
+        m: &MsgAtomic,
+        operand: RawIov,
+        result: RawIov,
+        count: usize,
+        flags: u64,
+    ) -> Result<AtomicReq> {
+        if flags & !(ATOMIC_FLAGS & !FI_INJECT) != 0 {
+            return Err(Error::BadFlags(format!(
+                "{what}: flags {}",
+                caps_str(flags)
+            )));
+        }
+        if m.op != AtomicOp::Read {
+            Self::check_len(what, operand.len, count, m.datatype)?;
+        }
+        Self::check_len(what, result.len, count, m.datatype)?;
+        let mut r = self.req(m, count, operand.addr, flags | FI_READ);
+        r.result = result.addr;
+        Ok(r)
+    }
+
+    /// The request `compare_atomicmsg` describes.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn compare_req(
+        &self,
+        what: &'static str,
+        m: &MsgAtomic,
+        operand: RawIov,
+        compare: RawIov,
+        result: RawIov,
+        count: usize,
+        flags: u64,
+    ) -> Result<AtomicReq> {
+        if flags & !(ATOMIC_FLAGS & !FI_INJECT) != 0 {
+            return Err(Error::BadFlags(format!(
+                "{what}: flags {}",
+                caps_str(flags)
+            )));
+        }
+        for b in [operand, compare, result] {
+            Self::check_len(what, b.len, count, m.datatype)?;
+        }
+        let mut r = self.req(m, count, operand.addr, flags | FI_READ);
+        r.compare = compare.addr;
+        r.result = result.addr;
+        Ok(r)
     }
 
     /// `fi_atomicmsg` (one segment): target = target OP operand, element-wise.
@@ -137,14 +215,7 @@ impl Endpoint {
         count: usize,
         flags: u64,
     ) -> Result<()> {
-        if flags & !ATOMIC_FLAGS != 0 {
-            return Err(Error::BadFlags(format!(
-                "atomicmsg: flags {}",
-                caps_str(flags & !ATOMIC_FLAGS)
-            )));
-        }
-        Self::check_len("atomicmsg", operand, count, m.datatype)?;
-        let r = self.req(m, count, operand.as_ptr() as usize, flags | FI_WRITE);
+        let r = self.atomic_req("atomicmsg", m, RawIov::of(operand), count, flags)?;
         self.post_atomic("atomicmsg", r)
     }
 
@@ -197,7 +268,7 @@ impl Endpoint {
             op,
             context: 0,
         };
-        Self::check_len("inject_atomic", operand, count, datatype)?;
+        Self::check_len("inject_atomic", operand.len(), count, datatype)?;
         let mut r = self.req(&m, count, operand.as_ptr() as usize, FI_WRITE | FI_INJECT);
         r.flags |= INJECT_CALL;
         self.post_atomic("inject_atomic", r)
@@ -215,18 +286,8 @@ impl Endpoint {
         count: usize,
         flags: u64,
     ) -> Result<()> {
-        if flags & !(ATOMIC_FLAGS & !FI_INJECT) != 0 {
-            return Err(Error::BadFlags(format!(
-                "fetch_atomicmsg: flags {}",
-                caps_str(flags)
-            )));
-        }
-        if m.op != AtomicOp::Read {
-            Self::check_len("fetch_atomicmsg", operand, count, m.datatype)?;
-        }
-        Self::check_len("fetch_atomicmsg", result, count, m.datatype)?;
-        let mut r = self.req(m, count, operand.as_ptr() as usize, flags | FI_READ);
-        r.result = result.as_mut_ptr() as usize;
+        let (operand, result) = (RawIov::of(operand), RawIov::of_mut(result));
+        let r = self.fetch_req("fetch_atomicmsg", m, operand, result, count, flags)?;
         self.post_atomic("fetch_atomicmsg", r)
     }
 
@@ -274,18 +335,17 @@ impl Endpoint {
         count: usize,
         flags: u64,
     ) -> Result<()> {
-        if flags & !(ATOMIC_FLAGS & !FI_INJECT) != 0 {
-            return Err(Error::BadFlags(format!(
-                "compare_atomicmsg: flags {}",
-                caps_str(flags)
-            )));
-        }
-        for b in [operand, compare, &*result] {
-            Self::check_len("compare_atomicmsg", b, count, m.datatype)?;
-        }
-        let mut r = self.req(m, count, operand.as_ptr() as usize, flags | FI_READ);
-        r.compare = compare.as_ptr() as usize;
-        r.result = result.as_mut_ptr() as usize;
+        let (operand, compare) = (RawIov::of(operand), RawIov::of(compare));
+        let result = RawIov::of_mut(result);
+        let r = self.compare_req(
+            "compare_atomicmsg",
+            m,
+            operand,
+            compare,
+            result,
+            count,
+            flags,
+        )?;
         self.post_atomic("compare_atomicmsg", r)
     }
 

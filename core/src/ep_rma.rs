@@ -98,6 +98,13 @@ const RMA_FLAGS: u64 = FI_REMOTE_CQ_DATA
 
 impl Endpoint {
     fn post_rma(&self, what: &'static str, op: RmaOp) -> Result<()> {
+        self.check_rma(what, &op)?;
+        // SAFETY: forwarded from the public call's contract.
+        unsafe { self.ops().rma(&op) }
+    }
+
+    /// Checks an RMA operation against the endpoint's state, sizes and capabilities.
+    pub(crate) fn check_rma(&self, what: &'static str, op: &RmaOp) -> Result<()> {
         self.check_live(what)?;
         let caps = self.core().caps;
         if caps & FI_RMA == 0 {
@@ -135,8 +142,7 @@ impl Endpoint {
                 "{what}: FI_COMMIT_COMPLETE needs an endpoint opened with FI_RMA_PMEM"
             )));
         }
-        // SAFETY: forwarded from the public call's contract.
-        unsafe { self.ops().rma(&op) }
+        Ok(())
     }
 
     fn rma_op(
@@ -306,6 +312,18 @@ impl Endpoint {
     }
 
     fn rma_msg(&self, what: &'static str, msg: &MsgRma<'_>, flags: u64, dir: u64) -> Result<()> {
+        let op = self.msg_rma(what, msg, flags, dir)?;
+        self.post_rma(what, op)
+    }
+
+    /// The read (`dir` `FI_READ`) or write (`FI_WRITE`) that `readmsg` / `writemsg` describes.
+    pub(crate) fn msg_rma(
+        &self,
+        what: &'static str,
+        msg: &MsgRma<'_>,
+        flags: u64,
+        dir: u64,
+    ) -> Result<RmaOp> {
         if flags & !RMA_FLAGS != 0 {
             return Err(Error::BadFlags(format!(
                 "{what}: flags {} are not RMA flags",
@@ -324,15 +342,14 @@ impl Endpoint {
                 msg.rma_iov.len()
             ))
         })?;
-        let op = RmaOp {
+        Ok(RmaOp {
             ctx: msg.context,
             iov,
             dest: msg.addr,
             rma,
             data: msg.data,
             flags: flags | FI_RMA | dir,
-        };
-        self.post_rma(what, op)
+        })
     }
 
     /// `fi_inject_write`: the data is copied before return; no completion entry is written.

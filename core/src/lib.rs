@@ -18,6 +18,7 @@ pub mod info;
 pub mod mr;
 pub mod object;
 pub mod rxq;
+pub mod trigger;
 pub mod wait;
 
 pub use atomic::{AtomicOp, Datatype};
@@ -35,4 +36,8 @@ pub use info::{DomainAttr, EpAttr, FabricAttr, Info, RxAttr, TxAttr};
 pub use mr::{MemoryRegion, MrAttr, MrDesc};
 pub use object::{Domain, DomainOps, Fabric, Provider};
 pub use rxq::{IovList, RawIov};
+pub use trigger::{
+    DeferredWork, OpAtomic, OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, TriggerContext,
+    WorkId, WorkOp,
+};
 pub use wait::{ProgressSource, WaitAttr, WaitSet};

@@ -16,6 +16,7 @@ use crate::eq::{EqAttr, EventQueue};
 use crate::error::{Error, Result};
 use crate::info::{FabricAttr, Info};
 use crate::mr::{MemoryRegion, MrAttr, MrMap};
+use crate::trigger::DomainWork;
 use crate::wait::{ProgressList, WaitAttr, WaitSet};
 
 /// A provider: a transport and the description of what it can do.
@@ -120,6 +121,7 @@ impl Fabric {
                 ops,
                 mr: Arc::new(MrMap::new(info.domain_attr.mr_mode)),
                 progress,
+                work: DomainWork::default(),
                 _auto: auto,
             }),
         })
@@ -148,6 +150,8 @@ struct DomainInner {
     ops: Arc<dyn DomainOps>,
     mr: Arc<MrMap>,
     progress: Arc<ProgressList>,
+    /// Deferred work queued on this domain (released when it closes).
+    work: DomainWork,
     _auto: Option<AutoProgress>,
 }
 
@@ -216,6 +220,11 @@ impl Domain {
         };
         // SAFETY: forwarded contract.
         unsafe { self.mr_regattr(&attr, 0) }
+    }
+
+    /// The domain's deferred work queue.
+    pub(crate) fn work(&self) -> &DomainWork {
+        &self.inner.work
     }
 
     /// The domain's key map, for providers checking remote access.

@@ -36,6 +36,7 @@ pub const SHM_CAPS: u64 = FI_MSG
     | FI_SOURCE
     | FI_SOURCE_ERR
     | FI_DIRECTED_RECV
+    | FI_TRIGGER
     | FI_LOCAL_COMM;
 
 /// The shm provider.
@@ -86,7 +87,8 @@ impl Provider for Shm {
                     | FI_SEND
                     | FI_READ
                     | FI_WRITE
-                    | FI_FENCE,
+                    | FI_FENCE
+                    | FI_TRIGGER,
                 mode: 0,
                 op_flags: 0,
                 msg_order: order,
@@ -104,7 +106,8 @@ impl Provider for Shm {
                     | FI_MULTI_RECV
                     | FI_SOURCE
                     | FI_SOURCE_ERR
-                    | FI_DIRECTED_RECV,
+                    | FI_DIRECTED_RECV
+                    | FI_TRIGGER,
                 mode: 0,
                 op_flags: 0,
                 msg_order: order,

@@ -1,0 +1,306 @@
+//! An endpoint's side of triggered operations: where its operations start, wait when the
+//! provider says `Again`, and are found again to be canceled; and the record of started
+//! deferred work whose completions are redirected to a completion counter.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use super::queue::{TriggerQueue, Watch};
+use super::Job;
+use crate::cntr::CntrInner;
+use crate::consts::FI_COMPLETION;
+use crate::entry::Context;
+use crate::ep::{EndpointOps, EpCore};
+use crate::wait::ProgressSource;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A trigger-able endpoint's link (`Endpoint::link`). It is also the endpoint's progress
+/// source, so that driving the endpoint retries operations waiting for room.
+pub(crate) struct EpLink {
+    pub(crate) core: Arc<EpCore>,
+    ops: Arc<dyn EndpointOps>,
+    closed: AtomicBool,
+    /// Started operations the provider refused with `Again`, oldest first. While it is not
+    /// empty, newly started operations queue behind it, so the endpoint keeps their order.
+    stalled: Mutex<VecDeque<Job>>,
+    has_stalled: AtomicBool,
+    retrying: AtomicBool,
+    /// Counter queues that may hold this endpoint's operations (for cancel and close).
+    queues: Mutex<Vec<Weak<TriggerQueue>>>,
+    /// Completion counters of deferred work on this endpoint: reading one drives the
+    /// endpoint, as reading a counter bound to it does; released when it closes.
+    drives: Mutex<Vec<Arc<CntrInner>>>,
+}
+
+impl EpLink {
+    pub(crate) fn new(core: Arc<EpCore>, ops: Arc<dyn EndpointOps>) -> Arc<Self> {
+        Arc::new(EpLink {
+            core,
+            ops,
+            closed: AtomicBool::new(false),
+            stalled: Mutex::default(),
+            has_stalled: AtomicBool::new(false),
+            retrying: AtomicBool::new(false),
+            queues: Mutex::default(),
+            drives: Mutex::default(),
+        })
+    }
+
+    fn owns(&self, job: &Job) -> bool {
+        job.ep
+            .as_ref()
+            .is_some_and(|l| std::ptr::eq(Arc::as_ptr(l), self))
+    }
+
+    /// Queues `job` (an operation of this endpoint) on `cntr` and starts it if the threshold
+    /// is already met.
+    pub(crate) fn arm(&self, cntr: &Arc<CntrInner>, watch: Watch, threshold: u64, job: Job) {
+        let q = cntr.trigger_queue();
+        {
+            let mut qs = lock(&self.queues);
+            if !qs.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(q))) {
+                qs.retain(|w| w.strong_count() > 0);
+                qs.push(Arc::downgrade(q));
+            }
+        }
+        q.push(watch, threshold, job);
+        TriggerQueue::kick(q, cntr);
+        if self.closed.load(Ordering::Acquire) {
+            // Lost a race with close: release what close may not have seen.
+            for j in q.remove(|j| self.owns(j), false) {
+                j.cancel();
+            }
+        }
+    }
+
+    /// Makes reading `cntr` (a deferred transfer's completion counter) drive this endpoint
+    /// under manual progress, so that waiting on it cannot wait forever; under auto
+    /// progress it only counts the use, as binding does.
+    pub(crate) fn drive_with(self: &Arc<Self>, cntr: &Arc<CntrInner>) {
+        let mut d = lock(&self.drives);
+        if self.closed.load(Ordering::Acquire) || d.iter().any(|c| Arc::ptr_eq(c, cntr)) {
+            return;
+        }
+        let me: Arc<dyn ProgressSource> = self.clone();
+        cntr.bind((!self.core.auto_progress).then_some(me));
+        d.push(cntr.clone());
+    }
+
+    /// Starts a job whose threshold was reached, behind any that wait for room.
+    pub(crate) fn submit(&self, job: Job) {
+        if self.closed.load(Ordering::Acquire) {
+            job.cancel();
+            return;
+        }
+        if self.has_stalled.load(Ordering::Acquire) {
+            let mut s = lock(&self.stalled);
+            if self.has_stalled.load(Ordering::Acquire) {
+                s.push_back(job);
+                return;
+            }
+        }
+        if let Some(job) = self.start(job) {
+            lock(&self.stalled).push_back(job);
+            self.has_stalled.store(true, Ordering::Release);
+        }
+    }
+
+    /// Hands `job` to the provider; gives it back if the provider says `Again`.
+    fn start(&self, mut job: Job) -> Option<Job> {
+        let user_ctx = job.ctx();
+        let key = job.work.as_ref().map(|w| {
+            self.core.deferred.insert(Pending {
+                user_ctx,
+                ep_completion: job.flags() & FI_COMPLETION != 0,
+                completion: w.completion.clone(),
+            })
+        });
+        if let Some(k) = key {
+            job.set_ctx(k);
+        }
+        // SAFETY: the contract of the call that posted the job (or queued the work) keeps its
+        // buffers valid until it completes or is canceled; it has done neither yet.
+        match unsafe { job.post(&*self.ops) } {
+            Ok(()) => None,
+            Err(e) if e.is_again() => {
+                if let Some(k) = key {
+                    self.core.deferred.remove(k);
+                    job.set_ctx(user_ctx);
+                }
+                Some(job)
+            }
+            // Reported under the job's current context: deferred work's record routes it.
+            Err(e) => {
+                job.fail(&self.core, e.errno());
+                None
+            }
+        }
+    }
+
+    /// Retries operations waiting for room, oldest first, until one is refused again.
+    fn retry(&self) -> usize {
+        if self.retrying.swap(true, Ordering::AcqRel) {
+            return 0;
+        }
+        let mut taken = std::mem::take(&mut *lock(&self.stalled));
+        let mut n = 0;
+        while let Some(job) = taken.pop_front() {
+            if self.closed.load(Ordering::Acquire) {
+                job.cancel();
+                continue;
+            }
+            match self.start(job) {
+                None => n += 1,
+                Some(job) => {
+                    taken.push_front(job);
+                    break;
+                }
+            }
+        }
+        {
+            // What is left goes back ahead of what was started meanwhile.
+            let mut s = lock(&self.stalled);
+            while let Some(job) = taken.pop_back() {
+                s.push_front(job);
+            }
+            if s.is_empty() {
+                self.has_stalled.store(false, Ordering::Release);
+            }
+        }
+        self.retrying.store(false, Ordering::Release);
+        n
+    }
+
+    /// `fi_cancel` of a triggered operation not started yet: `true` if one had context `ctx`
+    /// (it then reports `FI_ECANCELED`). Deferred work is canceled through its domain.
+    pub(crate) fn cancel(&self, ctx: Context) -> bool {
+        let mine = |j: &Job| self.owns(j) && j.work.is_none() && j.ctx() == ctx;
+        let queues: Vec<_> = lock(&self.queues)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for q in queues {
+            if let Some(j) = q.remove(mine, true).pop() {
+                j.cancel();
+                return true;
+            }
+        }
+        let found = {
+            let mut s = lock(&self.stalled);
+            s.iter().position(mine).and_then(|i| s.remove(i))
+        };
+        match found {
+            Some(j) => {
+                j.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The endpoint is closing: every operation of it that has not started is canceled.
+    pub(crate) fn close(self: &Arc<Self>) {
+        self.closed.store(true, Ordering::Release);
+        let queues = std::mem::take(&mut *lock(&self.queues));
+        for q in queues.iter().filter_map(Weak::upgrade) {
+            for j in q.remove(|j| self.owns(j), false) {
+                j.cancel();
+            }
+        }
+        let stalled = std::mem::take(&mut *lock(&self.stalled));
+        for j in stalled {
+            j.cancel();
+        }
+        let me: Arc<dyn ProgressSource> = self.clone();
+        for c in std::mem::take(&mut *lock(&self.drives)) {
+            c.unbind(&me);
+        }
+    }
+}
+
+impl ProgressSource for EpLink {
+    fn progress(&self) -> usize {
+        let n = self.ops.progress();
+        if self.has_stalled.load(Ordering::Acquire) {
+            n + self.retry()
+        } else {
+            n
+        }
+    }
+
+    fn idle_wait(&self, timeout: Duration) {
+        // Room at a peer does not ring our doorbell: with operations waiting for it, only
+        // yield, so that the caller comes back soon to retry them.
+        if self.has_stalled.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        } else {
+            self.ops.idle_wait(timeout);
+        }
+    }
+}
+
+/// A started deferred transfer, found again by the context it was handed to the provider with.
+pub(crate) struct Pending {
+    /// The context the application gave the transfer.
+    pub(crate) user_ctx: Context,
+    /// It carries `FI_COMPLETION`: the endpoint's CQ and counters report it too.
+    pub(crate) ep_completion: bool,
+    completion: Option<Arc<CntrInner>>,
+}
+
+impl Pending {
+    /// The transfer completed (`ok`) or failed: one more on the completion counter's success
+    /// or error value.
+    pub(crate) fn finish(self, ok: bool) {
+        if let Some(c) = &self.completion {
+            if ok {
+                c.inc();
+            } else {
+                c.inc_err();
+            }
+            c.notify_observers();
+        }
+    }
+}
+
+/// Started deferred transfers of one endpoint, by the context the provider was given: the
+/// address of their `Pending` record, unique while it lives and never a context the
+/// application could have been handed back.
+#[derive(Default)]
+pub(crate) struct DeferredRegistry {
+    live: AtomicUsize,
+    map: Mutex<HashMap<usize, Box<Pending>>>,
+}
+
+impl DeferredRegistry {
+    fn insert(&self, p: Pending) -> Context {
+        let b = Box::new(p);
+        let key = &*b as *const Pending as usize;
+        lock(&self.map).insert(key, b);
+        self.live.fetch_add(1, Ordering::AcqRel);
+        key
+    }
+
+    fn remove(&self, key: Context) -> Option<Box<Pending>> {
+        let p = lock(&self.map).remove(&key);
+        if p.is_some() {
+            self.live.fetch_sub(1, Ordering::AcqRel);
+        }
+        p
+    }
+
+    /// The deferred transfer a completion with context `ctx` belongs to, if it is one. One
+    /// load when none is in flight: the provider's own locking orders a transfer's start
+    /// before its completion.
+    pub(crate) fn claim(&self, ctx: Context) -> Option<Box<Pending>> {
+        if self.live.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.remove(ctx)
+    }
+}

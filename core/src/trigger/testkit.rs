@@ -1,0 +1,254 @@
+//! A provider that moves no bytes, for testing triggered operations in one process: it
+//! records every operation it is handed, can refuse the next few with `Again`, completes
+//! transfers at once when asked to, and keeps posted receives for the test to complete.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::av::{AddrFormat, AvAttr};
+use crate::cntr::Counter;
+use crate::consts::*;
+use crate::cq::{CompletionQueue, CqAttr};
+use crate::entry::{Context, CqErrEntry, CqTaggedEntry};
+use crate::ep::{Endpoint, EndpointOps, EpCore, TxOp};
+use crate::ep_atomic::AtomicReq;
+use crate::ep_rma::RmaOp;
+use crate::error::{Error, Result};
+use crate::info::{FabricAttr, Info};
+use crate::object::{Domain, DomainOps, Fabric, Provider};
+use crate::rxq::{PostedRecv, RecvSlot};
+use crate::wait::ProgressSource;
+
+/// What the provider was handed, in order: (kind, context).
+#[derive(Default)]
+pub struct Shared {
+    pub log: Mutex<Vec<(char, Context)>>,
+    /// Refuse this many more operations with `Again`.
+    pub again: AtomicUsize,
+    /// Complete sends, RMA and atomics during the call.
+    pub inline: AtomicBool,
+    pub recvs: Mutex<Vec<(Arc<EpCore>, PostedRecv)>>,
+}
+
+impl Shared {
+    pub fn ctxs(&self) -> Vec<Context> {
+        self.log.lock().unwrap().iter().map(|e| e.1).collect()
+    }
+
+    /// Completes the oldest posted receive with `len` bytes.
+    pub fn deliver(&self, len: usize) {
+        let (core, r) = self.recvs.lock().unwrap().remove(0);
+        let slot = RecvSlot {
+            ctx: r.ctx,
+            iov: r.iov,
+            flags: FI_RECV | (r.flags & (FI_MSG | FI_TAGGED)),
+            op_flags: r.flags,
+        };
+        core.complete_rx(&slot, len, 0, r.tag, None, FI_ADDR_NOTAVAIL, Vec::new);
+    }
+}
+
+struct MockEp {
+    core: Arc<EpCore>,
+    sh: Arc<Shared>,
+}
+
+impl MockEp {
+    fn take(&self, kind: char, ctx: Context) -> Result<()> {
+        let refuse = self
+            .sh
+            .again
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
+        if refuse {
+            return Err(Error::Again("mock: full"));
+        }
+        self.sh.log.lock().unwrap().push((kind, ctx));
+        Ok(())
+    }
+
+    fn done(&self, ctx: Context, flags: u64) {
+        if self.sh.inline.load(Ordering::Acquire) {
+            self.core.complete_tx(ctx, flags);
+        }
+    }
+}
+
+impl ProgressSource for MockEp {
+    fn progress(&self) -> usize {
+        0
+    }
+}
+
+impl EndpointOps for MockEp {
+    fn enable(&self) -> Result<()> {
+        Ok(())
+    }
+    fn name(&self) -> Vec<u8> {
+        b"mock".to_vec()
+    }
+    unsafe fn send(&self, op: &TxOp) -> Result<()> {
+        self.take('s', op.ctx)?;
+        self.done(op.ctx, op.flags);
+        Ok(())
+    }
+    unsafe fn recv(&self, r: PostedRecv) -> Result<()> {
+        self.take('r', r.ctx)?;
+        self.sh.recvs.lock().unwrap().push((self.core.clone(), r));
+        Ok(())
+    }
+    unsafe fn rma(&self, op: &RmaOp) -> Result<()> {
+        self.take('m', op.ctx)?;
+        self.done(op.ctx, op.flags);
+        Ok(())
+    }
+    unsafe fn atomic(&self, req: &AtomicReq) -> Result<()> {
+        self.take('a', req.ctx)?;
+        self.done(req.ctx, req.flags);
+        Ok(())
+    }
+    fn cancel(&self, ctx: Context) -> Result<()> {
+        Err(Error::NoEntry(format!(
+            "mock: nothing with context {ctx:#x}"
+        )))
+    }
+    fn setopt(&self, _name: i32, _value: usize) -> Result<()> {
+        Ok(())
+    }
+    fn close(&self) {}
+}
+
+struct MockAddr;
+
+impl AddrFormat for MockAddr {
+    fn validate(&self, _addr: &[u8]) -> Result<()> {
+        Ok(())
+    }
+    fn to_string(&self, addr: &[u8]) -> String {
+        format!("{addr:?}")
+    }
+}
+
+struct MockDom(Arc<Shared>);
+
+impl DomainOps for MockDom {
+    fn addr_format(&self) -> Arc<dyn AddrFormat> {
+        Arc::new(MockAddr)
+    }
+    fn endpoint(&self, _info: &Info, core: Arc<EpCore>) -> Result<Arc<dyn EndpointOps>> {
+        Ok(Arc::new(MockEp {
+            core,
+            sh: self.0.clone(),
+        }))
+    }
+}
+
+struct MockProv(Arc<Shared>);
+
+impl Provider for MockProv {
+    fn name(&self) -> &'static str {
+        "mock"
+    }
+    fn version(&self) -> u32 {
+        fi_version(1, 0)
+    }
+    fn info(&self) -> Vec<Info> {
+        vec![info(ALL_CAPS)]
+    }
+    fn domain(&self, _info: &Info) -> Result<Arc<dyn DomainOps>> {
+        Ok(Arc::new(MockDom(self.0.clone())))
+    }
+}
+
+pub const ALL_CAPS: u64 = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_TRIGGER;
+
+fn info(caps: u64) -> Info {
+    let mut i = Info {
+        caps,
+        ..Default::default()
+    };
+    i.fabric_attr = FabricAttr {
+        prov_name: Some("mock".into()),
+        ..Default::default()
+    };
+    i.ep_attr.ep_type = EpType::Rdm;
+    i.ep_attr.max_msg_size = 1 << 30;
+    i.tx_attr.inject_size = 64;
+    i
+}
+
+/// A mock domain and what its endpoints are handed.
+pub struct World {
+    pub sh: Arc<Shared>,
+    pub domain: Domain,
+}
+
+/// An enabled endpoint with one CQ for both directions.
+pub struct Ep {
+    pub ep: Endpoint,
+    pub cq: CompletionQueue,
+}
+
+impl World {
+    pub fn new() -> Self {
+        let sh = Arc::new(Shared::default());
+        let fabric = Fabric::open(Arc::new(MockProv(sh.clone())), &FabricAttr::default()).unwrap();
+        let domain = fabric.domain(&info(ALL_CAPS)).unwrap();
+        World { sh, domain }
+    }
+
+    /// An endpoint with `caps`, a CQ of `cq_size` entries, and `cntrs` bound as (counter, flags).
+    pub fn ep_with(&self, caps: u64, cq_size: usize, cntrs: &[(&Counter, u64)]) -> Ep {
+        let ep = self.domain.endpoint(&info(caps)).unwrap();
+        let cq = self
+            .domain
+            .cq_open(&CqAttr {
+                format: CqFormat::Tagged,
+                size: cq_size,
+                ..Default::default()
+            })
+            .unwrap();
+        let av = self.domain.av_open(&AvAttr::default()).unwrap();
+        ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+        ep.bind_av(&av).unwrap();
+        for (c, f) in cntrs {
+            ep.bind_cntr(c, *f).unwrap();
+        }
+        ep.enable().unwrap();
+        Ep { ep, cq }
+    }
+
+    pub fn ep(&self) -> Ep {
+        self.ep_with(ALL_CAPS, 1024, &[])
+    }
+
+    pub fn cntr(&self) -> Counter {
+        self.domain.cntr_open(&Default::default()).unwrap()
+    }
+}
+
+impl Ep {
+    /// Every success entry now in the CQ.
+    pub fn entries(&self) -> Vec<CqTaggedEntry> {
+        let mut out = Vec::new();
+        let mut buf = [CqTaggedEntry::default(); 16];
+        while let Ok(n) = self.cq.read(&mut buf) {
+            out.extend_from_slice(&buf[..n]);
+        }
+        out
+    }
+
+    /// Every error entry now in the CQ.
+    pub fn errors(&self) -> Vec<CqErrEntry> {
+        cq_errors(&self.cq)
+    }
+}
+
+/// Every error entry now in `cq`.
+pub fn cq_errors(cq: &CompletionQueue) -> Vec<CqErrEntry> {
+    let mut out = Vec::new();
+    while let Ok(e) = cq.readerr() {
+        out.push(e);
+    }
+    out
+}

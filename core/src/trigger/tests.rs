@@ -1,0 +1,352 @@
+//! Triggered operations (`FI_TRIGGER_THRESHOLD`) against the mock provider.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::testkit::*;
+use super::TriggerContext;
+use crate::consts::errno::FI_ECANCELED;
+use crate::consts::*;
+use crate::entry::Context;
+use crate::ep::{Endpoint, Msg};
+use crate::ep_rma::{MsgRma, RmaIov};
+use crate::error::Error;
+use crate::rxq::RawIov;
+
+fn msg(iov: &[RawIov], ctx: Context) -> Msg<'_> {
+    Msg {
+        iov,
+        desc: &[],
+        addr: FI_ADDR_UNSPEC,
+        context: ctx,
+        data: 0,
+        tag: 0,
+        ignore: 0,
+    }
+}
+
+/// Posts a triggered send with context `ctx` waiting for `cntr` to reach `threshold`.
+fn tsend(ep: &Endpoint, buf: &[u8], ctx: Context, trig: &TriggerContext) {
+    let iov = [RawIov::of(buf)];
+    // SAFETY: the tests' buffers outlive their endpoints; the mock provider never reads them.
+    unsafe { ep.sendmsg_triggered(&msg(&iov, ctx), 0, trig) }.unwrap();
+}
+
+#[test]
+fn thresholds_fire_in_order_even_when_the_counter_jumps() {
+    let w = World::new();
+    let e = w.ep();
+    let c = w.cntr();
+    let buf = [0u8; 8];
+    for (ctx, thr) in [(1, 5), (2, 1), (3, 3), (4, 3), (5, 2), (6, 10), (7, 3)] {
+        tsend(&e.ep, &buf, ctx, &TriggerContext::threshold(&c, thr));
+    }
+    assert!(
+        w.sh.ctxs().is_empty(),
+        "nothing starts before its threshold"
+    );
+    c.add(2).unwrap();
+    assert_eq!(w.sh.ctxs(), [2, 5]);
+    c.add(7).unwrap();
+    // 9: thresholds 3, 3, 3 in posting order, then 5; 10 still waits.
+    assert_eq!(w.sh.ctxs(), [2, 5, 3, 4, 7, 1]);
+    c.inner().inc();
+    c.inner().notify_observers();
+    assert_eq!(w.sh.ctxs(), [2, 5, 3, 4, 7, 1, 6]);
+}
+
+#[test]
+fn a_threshold_already_met_starts_at_once_and_errors_do_not_count() {
+    let w = World::new();
+    let e = w.ep();
+    let c = w.cntr();
+    c.set(4).unwrap();
+    let buf = [0u8; 8];
+    tsend(&e.ep, &buf, 1, &TriggerContext::threshold(&c, 4));
+    assert_eq!(w.sh.ctxs(), [1]);
+    tsend(&e.ep, &buf, 2, &TriggerContext::threshold(&c, 5));
+    // FI_TRIGGER_THRESHOLD watches the success value only.
+    c.adderr(3).unwrap();
+    assert_eq!(w.sh.ctxs(), [1]);
+    c.set(5).unwrap();
+    assert_eq!(w.sh.ctxs(), [1, 2]);
+}
+
+#[test]
+fn completions_of_triggered_operations_trigger_further_ones() {
+    // The send counter of the endpoint triggers the next send: a chain that runs inside the
+    // notifications, as a loop, not as recursion.
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let sent = w.cntr();
+    let e = w.ep_with(ALL_CAPS, 1 << 16, &[(&sent, FI_SEND)]);
+    let start = w.cntr();
+    let buf = [0u8; 8];
+    const N: u64 = 20_000;
+    tsend(&e.ep, &buf, 0, &TriggerContext::threshold(&start, 1));
+    for i in 1..N {
+        tsend(
+            &e.ep,
+            &buf,
+            i as usize,
+            &TriggerContext::threshold(&sent, i),
+        );
+    }
+    start.add(1).unwrap();
+    assert_eq!(sent.read(), N);
+    assert_eq!(w.sh.ctxs(), (0..N as usize).collect::<Vec<_>>());
+    assert_eq!(e.entries().len(), N as usize);
+}
+
+#[test]
+fn trigger_needs_the_capability_and_a_context() {
+    let w = World::new();
+    let plain = w.ep_with(ALL_CAPS & !FI_TRIGGER, 16, &[]);
+    let c = w.cntr();
+    let buf = [0u8; 8];
+    let iov = [RawIov::of(&buf)];
+    let m = msg(&iov, 1);
+    let trig = TriggerContext::threshold(&c, 1);
+    // SAFETY: nothing is posted (each call fails).
+    unsafe {
+        let r = plain.ep.sendmsg_triggered(&m, 0, &trig);
+        assert!(matches!(r, Err(Error::OpNotSupp(_))), "{r:?}");
+        let r = plain.ep.sendmsg(&m, FI_TRIGGER);
+        assert!(matches!(r, Err(Error::BadFlags(_))), "{r:?}");
+        let e = w.ep();
+        let r = e.ep.sendmsg_triggered(&m, FI_INJECT, &trig);
+        assert!(matches!(r, Err(Error::BadFlags(_))), "{r:?}");
+        let r = e.ep.trecvmsg_triggered(&m, FI_PEEK, &trig);
+        assert!(matches!(r, Err(Error::BadFlags(_))), "{r:?}");
+        // The untriggered call's own checks apply.
+        let five = [RawIov::of(&buf); 5];
+        let r = e.ep.sendmsg_triggered(&msg(&five, 1), 0, &trig);
+        assert!(matches!(r, Err(Error::Inval(_))), "{r:?}");
+    }
+    assert_eq!(trig.event_type(), TriggerEvent::Threshold);
+    assert!(w.sh.ctxs().is_empty());
+}
+
+#[test]
+fn every_kind_of_transfer_can_be_triggered() {
+    let w = World::new();
+    let e = w.ep();
+    let c = w.cntr();
+    let mut buf = [0u8; 8];
+    let mut res = [0u8; 8];
+    let t = |n| TriggerContext::threshold(&c, n);
+    let m = crate::ep_atomic::MsgAtomic {
+        addr: 0,
+        rma_addr: 0,
+        key: 1,
+        datatype: crate::atomic::Datatype::UInt64,
+        op: crate::atomic::AtomicOp::Sum,
+        context: 6,
+    };
+    // SAFETY: the buffers outlive the endpoint; the mock provider never touches them.
+    unsafe {
+        let iov = [RawIov::of_mut(&mut buf)];
+        let rma = [RmaIov {
+            addr: 0,
+            len: 8,
+            key: 1,
+        }];
+        let r = |ctx| MsgRma {
+            iov: &iov,
+            desc: &[],
+            addr: 0,
+            rma_iov: &rma,
+            context: ctx,
+            data: 0,
+        };
+        e.ep.recvmsg_triggered(&msg(&iov, 1), 0, &t(6)).unwrap();
+        e.ep.trecvmsg_triggered(&msg(&iov, 2), 0, &t(5)).unwrap();
+        e.ep.tsendmsg_triggered(&msg(&iov, 3), 0, &t(4)).unwrap();
+        e.ep.readmsg_triggered(&r(4), 0, &t(3)).unwrap();
+        e.ep.writemsg_triggered(&r(5), 0, &t(2)).unwrap();
+        let op = [0u8; 8];
+        e.ep.atomicmsg_triggered(&m, &op, 1, 0, &t(1)).unwrap();
+        let fm = crate::ep_atomic::MsgAtomic { context: 7, ..m };
+        e.ep.fetch_atomicmsg_triggered(&fm, &op, &mut res, 1, 0, &t(1))
+            .unwrap();
+        let cm = crate::ep_atomic::MsgAtomic {
+            context: 8,
+            op: crate::atomic::AtomicOp::Cswap,
+            ..m
+        };
+        let cmp = [0u8; 8];
+        let mut res2 = [0u8; 8];
+        e.ep.compare_atomicmsg_triggered(&cm, &op, &cmp, &mut res2, 1, 0, &t(0))
+            .unwrap();
+        assert_eq!(*w.sh.log.lock().unwrap(), [('a', 8)]);
+        c.set(6).unwrap();
+    }
+    let log = w.sh.log.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        [
+            ('a', 8),
+            ('a', 6),
+            ('a', 7),
+            ('m', 5),
+            ('m', 4),
+            ('s', 3),
+            ('r', 2),
+            ('r', 1)
+        ]
+    );
+}
+
+#[test]
+fn cancel_and_close_report_canceled_and_nothing_starts() {
+    let w = World::new();
+    let e = w.ep();
+    let c = w.cntr();
+    let buf = [0u8; 8];
+    for ctx in 1..=3 {
+        tsend(&e.ep, &buf, ctx, &TriggerContext::threshold(&c, 1));
+    }
+    e.ep.cancel(2).unwrap();
+    let errs = e.errors();
+    assert_eq!(errs.len(), 1);
+    assert_eq!((errs[0].op_context, errs[0].err), (2, FI_ECANCELED));
+    assert!(e.ep.cancel(2).is_err(), "canceled once only");
+    c.add(1).unwrap();
+    assert_eq!(w.sh.ctxs(), [1, 3]);
+
+    for ctx in 10..13 {
+        tsend(&e.ep, &buf, ctx, &TriggerContext::threshold(&c, 100));
+    }
+    let Ep { ep, cq } = e;
+    ep.close().unwrap();
+    let mut canceled: Vec<_> = cq_errors(&cq).iter().map(|x| x.op_context).collect();
+    canceled.sort();
+    assert_eq!(canceled, [10, 11, 12]);
+    c.set(1000).unwrap();
+    assert_eq!(w.sh.ctxs(), [1, 3]);
+    assert!(
+        c.close().is_ok(),
+        "no operation waits on the counter any more"
+    );
+}
+
+#[test]
+fn refused_operations_wait_for_room_and_keep_their_order() {
+    let w = World::new();
+    let e = w.ep();
+    let c = w.cntr();
+    let buf = [0u8; 8];
+    for ctx in 1..=4 {
+        tsend(&e.ep, &buf, ctx, &TriggerContext::threshold(&c, ctx as u64));
+    }
+    w.sh.again.store(2, Ordering::Release);
+    c.add(2).unwrap();
+    // 1 was refused (and so 2 queued behind it); driving the endpoint retries in order.
+    assert!(w.sh.ctxs().is_empty());
+    e.ep.progress();
+    assert!(w.sh.ctxs().is_empty(), "refused a second time");
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1, 2]);
+    c.add(2).unwrap();
+    assert_eq!(w.sh.ctxs(), [1, 2, 3, 4]);
+}
+
+#[test]
+fn a_busy_counter_cannot_close() {
+    let w = World::new();
+    let e = w.ep();
+    let c = w.cntr();
+    let buf = [0u8; 8];
+    tsend(&e.ep, &buf, 1, &TriggerContext::threshold(&c, 1));
+    let c = match c.close() {
+        Err((c, Error::Busy(_))) => c,
+        other => panic!("{:?}", other.err().map(|e| e.1)),
+    };
+    c.add(1).unwrap();
+    assert!(c.close().is_ok());
+}
+
+/// 1,000,000 operations queued on one counter with scattered thresholds start in
+/// (threshold, posting) order while the counter climbs in uneven jumps.
+#[test]
+fn a_million_operations_fire_in_order() {
+    const N: usize = 1_000_000;
+    let w = World::new();
+    let e = w.ep();
+    let c = w.cntr();
+    let buf = [0u8; 8];
+    let iov = [RawIov::of(&buf)];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let thr: Vec<u64> = (0..N).map(|_| rnd() % (N as u64 / 4)).collect();
+    let t0 = Instant::now();
+    for (i, &t) in thr.iter().enumerate() {
+        let trig = TriggerContext::Threshold {
+            cntr: c.clone(),
+            threshold: t + 1,
+        };
+        // SAFETY: `buf` outlives the endpoint; the mock provider never reads it.
+        unsafe { e.ep.sendmsg_triggered(&msg(&iov, i), 0, &trig) }.unwrap();
+    }
+    let queued = t0.elapsed();
+    let t1 = Instant::now();
+    while c.read() < N as u64 / 4 {
+        c.add(rnd() % 64 + 1).unwrap();
+    }
+    let fired = t1.elapsed();
+    let log = w.sh.ctxs();
+    assert_eq!(log.len(), N);
+    let keys: Vec<(u64, usize)> = log.iter().map(|&i| (thr[i], i)).collect();
+    assert!(keys.windows(2).all(|k| k[0] < k[1]), "out of order");
+    eprintln!(
+        "1M triggered sends: queued in {queued:?} ({:.0} ns each), fired in {fired:?} ({:.0} ns each)",
+        queued.as_nanos() as f64 / N as f64,
+        fired.as_nanos() as f64 / N as f64
+    );
+}
+
+#[test]
+fn concurrent_updates_and_posts_start_everything_once_in_order() {
+    const N: u64 = 20_000;
+    let w = World::new();
+    let e = w.ep();
+    let c = w.cntr();
+    let buf = [0u8; 8];
+    // Half posted before the counter moves, half while two threads move it.
+    for i in 1..=N / 2 {
+        tsend(&e.ep, &buf, i as usize, &TriggerContext::threshold(&c, i));
+    }
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..N / 2 {
+                    c.add(1).unwrap();
+                }
+            });
+        }
+        s.spawn(|| {
+            for i in N / 2 + 1..=N {
+                tsend(&e.ep, &buf, i as usize, &TriggerContext::threshold(&c, i));
+            }
+        });
+    });
+    let log = w.sh.ctxs();
+    assert_eq!(log.len(), N as usize, "every operation started once");
+    // Those posted up front start in threshold order; a later post whose threshold had
+    // already passed starts at once, so overall each one starts once and the first half
+    // keeps its order.
+    let first: Vec<_> = log
+        .iter()
+        .filter(|&&i| i as u64 <= N / 2)
+        .copied()
+        .collect();
+    assert_eq!(first, (1..=N as usize / 2).collect::<Vec<_>>());
+    let mut all = log.clone();
+    all.sort();
+    assert_eq!(all, (1..=N as usize).collect::<Vec<_>>());
+}
