@@ -87,6 +87,9 @@ pub mod kind {
     pub const ATOMIC: u8 = 13;
     /// An atomic's original target values, for fetch and compare atomics.
     pub const ARESULT: u8 = 14;
+    /// A small RMA write to one range: `tag` is the address, the payload the key and then the
+    /// data, so an 8-byte write (with CQ data) takes one slot like an 8-byte send.
+    pub const RMA_WRITE1: u8 = 15;
 }
 
 /// Message flags.

@@ -735,7 +735,13 @@ impl ShmEndpoint {
     fn must_hold(&self, st: &State, p: usize, h: &Header) -> bool {
         let request = matches!(
             h.kind,
-            kind::EAGER | kind::RTS | kind::RMA_WRITE | kind::RMA_READ | kind::ATOMIC | kind::BYE
+            kind::EAGER
+                | kind::RTS
+                | kind::RMA_WRITE
+                | kind::RMA_WRITE1
+                | kind::RMA_READ
+                | kind::ATOMIC
+                | kind::BYE
         );
         request && (!st.peers[p].held.is_empty() || rma_write_landing(st, p))
     }
@@ -924,15 +930,18 @@ impl ShmEndpoint {
                     });
                 }
             }
-            kind::RMA_WRITE | kind::RMA_READ | kind::RDATA | kind::ATOMIC | kind::ARESULT => {
-                match h.kind {
-                    kind::RMA_WRITE => self.handle_rma_write(st, p, &h, pl),
-                    kind::RMA_READ => self.handle_rma_read(st, p, &h, pl),
-                    kind::RDATA => self.handle_rdata(st, p, &h, pl),
-                    kind::ATOMIC => self.handle_atomic(st, p, &h, pl),
-                    _ => self.handle_aresult(st, p, &h, pl),
-                }
-            }
+            kind::RMA_WRITE
+            | kind::RMA_WRITE1
+            | kind::RMA_READ
+            | kind::RDATA
+            | kind::ATOMIC
+            | kind::ARESULT => match h.kind {
+                kind::RMA_WRITE | kind::RMA_WRITE1 => self.handle_rma_write(st, p, &h, pl),
+                kind::RMA_READ => self.handle_rma_read(st, p, &h, pl),
+                kind::RDATA => self.handle_rdata(st, p, &h, pl),
+                kind::ATOMIC => self.handle_atomic(st, p, &h, pl),
+                _ => self.handle_aresult(st, p, &h, pl),
+            },
             kind::BYE => {
                 st.lane_peer[lane] = None;
                 st.peers[p].rx_lane = None;

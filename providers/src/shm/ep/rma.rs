@@ -246,7 +246,21 @@ impl ShmEndpoint {
         if op.flags & FI_COMMIT_COMPLETE != 0 {
             fl |= flag::COMMIT;
         }
-        let kind = if write {
+        let one = write
+            && op.rma.segs().len() == 1
+            && len <= EAGER_MAX
+            && op.flags & FI_COMMIT_COMPLETE == 0;
+        let kind = if one {
+            // The compact form: address in the header, key then data in the payload.
+            let seg = op.rma.segs()[0];
+            pl.clear();
+            pl.extend_from_slice(&seg.key.to_le_bytes());
+            let at = pl.len();
+            pl.resize(at + len, 0);
+            // SAFETY: the caller's contract keeps the iov readable during the call.
+            unsafe { op.iov.copy_out(0, &mut pl[at..]) };
+            kind::RMA_WRITE1
+        } else if write {
             if len <= EAGER_MAX || inject {
                 let at = pl.len();
                 pl.resize(at + len, 0);
@@ -266,7 +280,11 @@ impl ShmEndpoint {
             flags: fl,
             len: pl.len() as u32,
             aux: id,
-            tag: len as u64,
+            tag: if one {
+                op.rma.segs()[0].addr
+            } else {
+                len as u64
+            },
             data: op.data,
         };
         self.post_request(st, p, id, &h, &pl, "rma")?;
@@ -283,15 +301,31 @@ impl ShmEndpoint {
     /// Target: an RMA write request from peer `p`.
     pub(super) fn handle_rma_write(&self, st: &mut State, p: usize, h: &Header, pl: &[u8]) {
         let acked = h.flags & flag::ACK_DELIVERY != 0;
-        let total = h.tag as usize;
         let data = (h.flags & flag::CQ_DATA != 0).then_some(h.data);
         let nack = |this: &Self, st: &mut State, e: i32| {
             if acked {
                 this.ack(st, p, h.aux, e);
             }
         };
-        let Some((rma, off)) = get_rma(pl) else {
+        let parsed = if h.kind == kind::RMA_WRITE1 {
+            u64_at(pl, 0).and_then(|key| {
+                let seg = RmaIov {
+                    addr: h.tag,
+                    len: pl.len() - 8,
+                    key,
+                };
+                Some((RmaIovList::from_segs(&[seg])?, 8))
+            })
+        } else {
+            get_rma(pl)
+        };
+        let Some((rma, off)) = parsed else {
             return nack(self, st, FI_EINVAL);
+        };
+        let total = if h.kind == kind::RMA_WRITE1 {
+            rma.total()
+        } else {
+            h.tag as usize
         };
         if rma.total() != total {
             return nack(self, st, FI_EINVAL);
