@@ -47,7 +47,7 @@ const BATCH: usize = 16;
 /// Idle progress calls between two that take the full path (and may look for dead peers).
 const IDLE_FULL_EVERY: u32 = 1024;
 /// Polls of the lanes while a split copy waits for its sender (a few microseconds).
-const SPLIT_SPIN: usize = 2000;
+const SPLIT_SPIN: usize = 20000;
 /// How often to look for dead peers while work is outstanding.
 const SWEEP_EVERY: Duration = Duration::from_millis(20);
 
