@@ -90,6 +90,9 @@ pub mod kind {
     /// A small RMA write to one range: `tag` is the address, the payload the key and then the
     /// data, so an 8-byte write (with CQ data) takes one slot like an 8-byte send.
     pub const RMA_WRITE1: u8 = 15;
+    /// Split read: the initiator copies bytes `0..at` of the target's checked ranges itself
+    /// while the target pushes the rest; the target's ACK ends it.
+    pub const RSPLIT: u8 = 16;
 }
 
 /// Message flags.

@@ -100,6 +100,9 @@ struct TxReq {
     peer: usize,
     /// Pipelined: the receiver's id and the bytes sent so far.
     stream: Option<(u32, usize)>,
+    /// A failure of this side's own part (a split read's copy): reported when the ACK comes,
+    /// so the buffer is not handed back while the peer may still write into it.
+    status: i32,
 }
 
 /// A matched large message still arriving: through fragments (`split` is `None`), or by a
@@ -607,6 +610,7 @@ impl ShmEndpoint {
                     len,
                     peer: p,
                     stream: None,
+                    status: 0,
                 }) as u32
             } else {
                 0
@@ -647,6 +651,7 @@ impl ShmEndpoint {
             len,
             peer: p,
             stream: None,
+            status: 0,
         }) as u32;
         let mut pl = Vec::with_capacity(16 + 16 * op.iov.segs().len());
         pl.extend_from_slice(&(len as u64).to_le_bytes());
@@ -915,7 +920,7 @@ impl ShmEndpoint {
                 if st.tx.contains(id) && st.tx[id].peer == p {
                     let t = st.tx.remove(id);
                     st.streaming.retain(|&s| s as usize != id);
-                    let status = h.len as i32;
+                    let status = if h.len != 0 { h.len as i32 } else { t.status };
                     st.done.push(if status == 0 {
                         Done::Tx {
                             ctx: t.ctx,
@@ -934,11 +939,13 @@ impl ShmEndpoint {
             | kind::RMA_WRITE1
             | kind::RMA_READ
             | kind::RDATA
+            | kind::RSPLIT
             | kind::ATOMIC
             | kind::ARESULT => match h.kind {
                 kind::RMA_WRITE | kind::RMA_WRITE1 => self.handle_rma_write(st, p, &h, pl),
                 kind::RMA_READ => self.handle_rma_read(st, p, &h, pl),
                 kind::RDATA => self.handle_rdata(st, p, &h, pl),
+                kind::RSPLIT => self.handle_rsplit(st, p, &h, pl),
                 kind::ATOMIC => self.handle_atomic(st, p, &h, pl),
                 _ => self.handle_aresult(st, p, &h, pl),
             },

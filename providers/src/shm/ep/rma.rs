@@ -232,6 +232,7 @@ impl ShmEndpoint {
             len,
             peer: p,
             stream: None,
+            status: 0,
         }) as u32;
         let mut pl = Vec::with_capacity(if write && len <= EAGER_MAX {
             len + 104
@@ -400,10 +401,50 @@ impl ShmEndpoint {
         };
         let mut pushed = false;
         let _ = pid; // the request's claim; only the verified pid is used
-        if let Some(pid) = st.peers[p]
+        let cma_pid = st.peers[p]
             .cma_pid
-            .filter(|_| self.cma.usable() && total > 0)
-        {
+            .filter(|_| self.cma.usable() && total > 0);
+        if let Some(pid) = cma_pid.filter(|_| total >= self.split_min && self.cma.known_working()) {
+            // Split: the initiator pulls the front from the checked ranges while we push the
+            // back; both cores copy at once.
+            let at = (total / 2) & !4095;
+            let mut sp = Vec::with_capacity(8 + 16 * iov.segs().len());
+            sp.extend_from_slice(&(at as u64).to_le_bytes());
+            for s in iov.segs() {
+                sp.extend_from_slice(&(s.addr as u64).to_le_bytes());
+                sp.extend_from_slice(&(s.len as u64).to_le_bytes());
+            }
+            let hs = Header {
+                kind: kind::RSPLIT,
+                len: sp.len() as u32,
+                aux: h.aux,
+                ..Default::default()
+            };
+            self.send_ctrl(st, p, hs, &sp);
+            let Some(local) = IovList::from_segs(local.iter().copied()) else {
+                return self.ack(st, p, h.aux, FI_EINVAL);
+            };
+            let status = match cma::write(
+                &self.cma,
+                pid,
+                &iov.slice(at, total - at),
+                local.slice(at, total - at).segs(),
+                total - at,
+            ) {
+                CmaResult::Done => 0,
+                CmaResult::PeerGone => return,
+                CmaResult::Refused => FI_EPERM,
+                CmaResult::Failed(e) => e,
+            };
+            self.ack(st, p, h.aux, status);
+            st.done.push(Done::Remote {
+                flags: FI_RMA | FI_READ,
+                len: total,
+                data: None,
+            });
+            return;
+        }
+        if let Some(pid) = cma_pid {
             match cma::write(&self.cma, pid, &iov, &local, total) {
                 CmaResult::Done => pushed = true,
                 CmaResult::Refused => {}
@@ -435,6 +476,40 @@ impl ShmEndpoint {
             len: total,
             data: None,
         });
+    }
+
+    /// Initiator: its part of a split read, bytes `0..at` copied from the target's ranges.
+    pub(super) fn handle_rsplit(&self, st: &mut State, p: usize, h: &Header, pl: &[u8]) {
+        let id = h.aux as usize;
+        let Some(t) = st
+            .tx
+            .get(id)
+            .filter(|t| t.peer == p && t.flags & FI_READ != 0)
+        else {
+            return;
+        };
+        let at = u64_at(pl, 0).unwrap_or(0) as usize;
+        let segs: Option<Vec<RawIov>> = (0..(pl.len().saturating_sub(8) / 16)
+            .min(xfabric_core::rxq::IOV_LIMIT))
+            .map(|i| {
+                Some(RawIov {
+                    addr: u64_at(pl, 8 + 16 * i)? as usize,
+                    len: u64_at(pl, 16 + 16 * i)? as usize,
+                })
+            })
+            .collect();
+        let status = match (segs, st.peers[p].cma_pid) {
+            (Some(segs), Some(pid)) if at <= t.len => {
+                match cma::read(&self.cma, pid, &t.iov.slice(0, at), &segs, at) {
+                    CmaResult::Done => 0,
+                    CmaResult::PeerGone => FI_ECONNRESET,
+                    CmaResult::Refused => FI_EPERM,
+                    CmaResult::Failed(e) => e,
+                }
+            }
+            _ => FI_EINVAL,
+        };
+        st.tx[id].status = status;
     }
 
     /// Initiator: a chunk of read data.
@@ -498,6 +573,7 @@ impl ShmEndpoint {
             len: n,
             peer: p,
             stream: None,
+            status: 0,
         }) as u32;
         let mut pl = Vec::with_capacity(16 + 2 * n);
         pl.extend_from_slice(&req.addr.to_le_bytes());
