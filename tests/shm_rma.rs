@@ -352,3 +352,42 @@ fn rma_events_count_remote_accesses_at_the_target() {
     child.join();
     drop(mr);
 }
+
+#[test]
+fn write_after_split_read_does_not_leak_into_it() {
+    if role().is_some() {
+        return target(0);
+    }
+    let mut child = spawn(
+        "write_after_split_read_does_not_leak_into_it",
+        "target",
+        &[],
+    );
+    let n = node_with(CAPS, Progress::Manual, |_| {});
+    let peer = connect(&mut child, &n);
+    let f: Vec<u64> = child
+        .hear()
+        .split(' ')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let key = f[0];
+    let old = pattern(1 << 20, 31);
+    let new = pattern(1 << 20, 32);
+    for round in 0..20 {
+        // SAFETY: every buffer outlives the completions awaited below.
+        unsafe { n.ep.write(&old, None, peer, 0, key, 1) }.unwrap();
+        n.wait_one();
+        let mut back = vec![0u8; 1 << 20];
+        // No fence: write-after-read ordering alone must keep the write out of the read (a
+        // split read's initiator copies its part after the target has moved on).
+        unsafe {
+            n.ep.read(&mut back, None, peer, 0, key, 2).unwrap();
+            n.ep.write(&new, None, peer, 0, key, 3).unwrap();
+        }
+        n.wait_n(2);
+        assert!(back == old, "round {round}: the read saw the later write");
+    }
+    child.tell("done");
+    assert_eq!(child.hear(), "[]");
+    child.join();
+}

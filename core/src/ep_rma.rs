@@ -47,7 +47,10 @@ impl RmaIovList {
 
     /// Total length.
     pub fn total(&self) -> usize {
-        self.segs().iter().map(|s| s.len).sum()
+        // Saturating: lengths can come from a peer, and a sum that wrapped must not pass a check.
+        self.segs()
+            .iter()
+            .fold(0usize, |a, s| a.saturating_add(s.len))
     }
 }
 

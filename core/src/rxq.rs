@@ -59,7 +59,10 @@ impl IovList {
 
     /// Total length.
     pub fn total(&self) -> usize {
-        self.segs().iter().map(|s| s.len).sum()
+        // Saturating: lengths can come from a peer, and a sum that wrapped must not pass a check.
+        self.segs()
+            .iter()
+            .fold(0usize, |a, s| a.saturating_add(s.len))
     }
 
     /// Address of the first byte (0 for an empty list).

@@ -281,7 +281,9 @@ impl TriggerQueue {
         let _scope = DrainScope;
         q.drain(cntr);
         while let Some((q, c)) = LATER.with(|l| l.borrow_mut().pop()) {
-            q.later.store(false, Ordering::Release);
+            // A swap, not a store: reading the flag another thread set (when it left this queue
+            // to us) orders its counter update before the drain below.
+            q.later.swap(false, Ordering::AcqRel);
             q.drain(&c);
         }
     }

@@ -93,6 +93,8 @@ pub mod kind {
     /// Split read: the initiator copies bytes `0..at` of the target's checked ranges itself
     /// while the target pushes the rest; the target's ACK ends it.
     pub const RSPLIT: u8 = 16;
+    /// The initiator finished its part of a split read: the target may run later requests.
+    pub const RDONE: u8 = 17;
 }
 
 /// Message flags.

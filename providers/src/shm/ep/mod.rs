@@ -72,6 +72,8 @@ struct Peer {
     /// Requests from this peer that arrived while one of its large RMA writes was still
     /// landing, in order: they run once it has (so reads, atomics and messages see it).
     held: VecDeque<(Header, Vec<u8>)>,
+    /// Split reads this peer is still copying its part of (until its RDONE).
+    reads_out: u32,
 }
 
 enum Payload {
@@ -438,6 +440,7 @@ impl ShmEndpoint {
             dirty: Vec::new(),
             cma_pid,
             held: VecDeque::new(),
+            reads_out: 0,
         });
         let p = st.peers.len() - 1;
         st.by_name.insert(name.to_string(), p);
@@ -746,26 +749,24 @@ impl ShmEndpoint {
                 | kind::RMA_WRITE1
                 | kind::RMA_READ
                 | kind::ATOMIC
-                | kind::BYE
         );
-        request && (!st.peers[p].held.is_empty() || rma_write_landing(st, p))
+        request && (!st.peers[p].held.is_empty() || holding(st, p))
     }
 
     /// Runs held requests of peers whose large RMA writes have landed.
     fn replay_held(&self, st: &mut State) {
         for p in 0..st.peers.len() {
-            while !st.peers[p].held.is_empty() && !rma_write_landing(st, p) {
-                let Some(lane) = st.peers[p].rx_lane else {
-                    st.peers[p].held.clear();
-                    break;
-                };
-                let (h, pl) = st.peers[p].held.pop_front().expect("not empty");
-                if self.handle_msg_now(st, lane, p, h, &pl) {
-                    // The peer said goodbye: its lane goes back.
-                    ring::release_lane(&self.seg, lane);
-                    st.known_active &= !(1u64 << lane);
-                }
+            if let Some(lane) = st.peers[p].rx_lane {
+                self.replay_peer(st, lane, p);
             }
+        }
+    }
+
+    /// Runs peer `p`'s held requests (arrived on `lane`) while nothing holds them.
+    fn replay_peer(&self, st: &mut State, lane: usize, p: usize) {
+        while !st.peers[p].held.is_empty() && !holding(st, p) {
+            let (h, pl) = st.peers[p].held.pop_front().expect("not empty");
+            self.handle_msg_now(st, lane, p, h, &pl);
         }
     }
 
@@ -950,12 +951,18 @@ impl ShmEndpoint {
                 _ => self.handle_aresult(st, p, &h, pl),
             },
             kind::BYE => {
+                // Its endpoint is gone: what it still had landing never will; what it sent
+                // before leaving is handled now; then nothing more goes to it or comes from it.
+                self.fail_pipes_from(st, p, FI_ECONNRESET);
+                st.peers[p].reads_out = 0;
+                self.replay_peer(st, lane, p);
+                st.peers[p].held.clear();
                 st.lane_peer[lane] = None;
                 st.peers[p].rx_lane = None;
-                // Its endpoint is gone: nothing more can be sent to it or come from it.
                 self.peer_died(st, p);
                 return true;
             }
+            kind::RDONE => st.peers[p].reads_out = st.peers[p].reads_out.saturating_sub(1),
             _ => {}
         }
         false
@@ -1037,6 +1044,11 @@ impl ShmEndpoint {
                 continue;
             }
             self.peer_died(st, p);
+            // Its requests held behind a transfer that will never land run now, in order.
+            st.peers[p].reads_out = 0;
+            if let Some(lane) = st.peers[p].rx_lane {
+                self.replay_peer(st, lane, p);
+            }
             if let Some(lane) = st.peers[p].rx_lane.take() {
                 // Deliver what it sent before it died, then free its lane.
                 let mut c = st.cons[lane];
@@ -1364,15 +1376,19 @@ impl EndpointOps for ShmEndpoint {
                 err: FI_ECANCELED,
             });
         }
-        // A split copy's sender may still be writing into its buffer: wait (bounded) for its
-        // WDONE before handing the buffer back, unless the sender is gone.
+        // A split copy's sender may still be writing into its buffer, and a read's target may
+        // still push into ours: wait (bounded) for their WDONE / ACK before handing buffers
+        // back, unless the peer is gone.
         let until = Instant::now() + Duration::from_secs(5);
-        while st
-            .rxp
-            .iter()
-            .any(|(_, r)| r.split.is_some() && !st.peers[r.peer].dead)
-            && Instant::now() < until
-        {
+        let pushing = |st: &State| {
+            st.rxp
+                .iter()
+                .any(|(_, r)| r.split.is_some() && !st.peers[r.peer].dead)
+                || st.tx.iter().any(|(_, t)| {
+                    t.flags & FI_RMA != 0 && t.flags & FI_READ != 0 && !st.peers[t.peer].dead
+                })
+        };
+        while pushing(&st) && Instant::now() < until {
             if self.poll_lanes(&mut st) == 0 {
                 if st.last_sweep.elapsed() >= SWEEP_EVERY {
                     self.sweep(&mut st);
@@ -1406,6 +1422,12 @@ fn rma_write_landing(st: &State, p: usize) -> bool {
     st.rxp
         .iter()
         .any(|(_, r)| r.peer == p && r.slot.flags & FI_RMA != 0)
+}
+
+/// Whether peer `p`'s later requests must wait: one of its large RMA writes is still landing,
+/// or it is still copying its part of a split read from our memory.
+fn holding(st: &State, p: usize) -> bool {
+    st.peers[p].reads_out > 0 || rma_write_landing(st, p)
 }
 
 /// Status to acknowledge a landed large transfer with: a commit-complete RMA write is made

@@ -421,6 +421,8 @@ impl ShmEndpoint {
                 ..Default::default()
             };
             self.send_ctrl(st, p, hs, &sp);
+            // Until its RDONE, the initiator still reads our memory: its later requests wait.
+            st.peers[p].reads_out += 1;
             let Some(local) = IovList::from_segs(local.iter().copied()) else {
                 return self.ack(st, p, h.aux, FI_EINVAL);
             };
@@ -510,6 +512,12 @@ impl ShmEndpoint {
             _ => FI_EINVAL,
         };
         st.tx[id].status = status;
+        let h = Header {
+            kind: kind::RDONE,
+            aux: h.aux,
+            ..Default::default()
+        };
+        self.send_ctrl(st, p, h, &[]);
     }
 
     /// Initiator: a chunk of read data.
@@ -559,7 +567,8 @@ impl ShmEndpoint {
     /// Initiator: sends an atomic request.
     pub(super) fn post_atomic(&self, st: &mut State, req: &xfabric_core::AtomicReq) -> Result<()> {
         let p = self.sendable_peer(st, req.dest, "atomic")?;
-        if req.flags & FI_FENCE != 0 && st.tx.iter().any(|(_, t)| t.peer == p) {
+        let queued = st.fenced.iter().any(|(q, _)| *q == p);
+        if queued || (req.flags & FI_FENCE != 0 && st.tx.iter().any(|(_, t)| t.peer == p)) {
             // Atomics are small: a fenced one waits as Again until its peer is drained.
             return Err(Error::Again("atomic: fenced behind outstanding operations"));
         }
@@ -629,6 +638,9 @@ impl ShmEndpoint {
         };
         let count = (h.tag >> 16) as usize;
         let n = count.saturating_mul(dt.size());
+        if n == 0 || n > xfabric_core::ATOMIC_MAX {
+            return reply(self, st, FI_EINVAL);
+        }
         let (Some(addr), Some(key)) = (u64_at(pl, 0), u64_at(pl, 8)) else {
             return reply(self, st, FI_EINVAL);
         };
