@@ -189,6 +189,16 @@ impl Default for TriggerQueue {
     }
 }
 
+/// A counter dropped (its last handle gone, not closed) with operations still waiting on it:
+/// they can never start, so they are released as canceled rather than silently lost.
+impl Drop for TriggerQueue {
+    fn drop(&mut self) {
+        for job in self.remove(|_| true, false) {
+            job.cancel();
+        }
+    }
+}
+
 thread_local! {
     /// Whether this thread is inside `kick` already.
     static DRAINING: Cell<bool> = const { Cell::new(false) };

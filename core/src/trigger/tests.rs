@@ -350,3 +350,21 @@ fn concurrent_updates_and_posts_start_everything_once_in_order() {
     all.sort();
     assert_eq!(all, (1..=N as usize).collect::<Vec<_>>());
 }
+
+#[test]
+fn dropping_a_counter_cancels_what_waits_on_it() {
+    let w = World::new();
+    let e = w.ep();
+    let buf = [0u8; 8];
+    {
+        let c = w.cntr();
+        for ctx in 1..=2 {
+            tsend(&e.ep, &buf, ctx, &TriggerContext::threshold(&c, 5));
+        }
+        // The last handle goes without close(): nothing can raise the counter any more.
+    }
+    let mut canceled: Vec<_> = e.errors().iter().map(|x| (x.op_context, x.err)).collect();
+    canceled.sort();
+    assert_eq!(canceled, [(1, FI_ECANCELED), (2, FI_ECANCELED)]);
+    assert!(w.sh.ctxs().is_empty(), "nothing started");
+}
