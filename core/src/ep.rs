@@ -164,6 +164,11 @@ impl EpCore {
         }
     }
 
+    /// The counter bound for a class of operations, if any.
+    fn class_cntr(&self, class: CntrClass) -> Option<Arc<CntrInner>> {
+        self.bound().and_then(|b| b.cntr[class as usize].clone())
+    }
+
     /// The frozen bindings; `None` before `enable`.
     #[inline]
     pub fn bound(&self) -> Option<&Bindings> {
@@ -176,10 +181,11 @@ impl EpCore {
         match self.deferred.claim(ctx) {
             None => self.complete_tx_ep(ctx, op_flags),
             Some(w) => {
-                if w.ep_completion {
+                let counted = w.ep_completion.then(|| {
                     self.complete_tx_ep(w.user_ctx, op_flags | FI_COMPLETION);
-                }
-                w.finish(true);
+                    self.class_cntr(initiator_kind(op_flags).1)
+                });
+                w.finish(true, counted.flatten().as_ref());
             }
         }
     }
@@ -214,10 +220,11 @@ impl EpCore {
         match self.deferred.claim(ctx) {
             None => self.fail_tx_ep(ctx, op_flags, err),
             Some(w) => {
-                if w.ep_completion {
+                let counted = w.ep_completion.then(|| {
                     self.fail_tx_ep(w.user_ctx, op_flags, err);
-                }
-                w.finish(false);
+                    self.class_cntr(initiator_kind(op_flags).1)
+                });
+                w.finish(false, counted.flatten().as_ref());
             }
         }
     }
@@ -298,7 +305,8 @@ impl EpCore {
                     };
                     self.complete_rx_ep(&slot, len, olen, tag, data, src, raw_src);
                 }
-                w.finish(olen == 0);
+                let counted = w.ep_completion.then(|| self.class_cntr(CntrClass::Recv));
+                w.finish(olen == 0, counted.flatten().as_ref());
             }
         }
     }
@@ -395,10 +403,11 @@ impl EpCore {
         match self.deferred.claim(ctx) {
             None => self.fail_rx_ep(ctx, flags, tag, err),
             Some(w) => {
-                if w.ep_completion {
+                let counted = w.ep_completion.then(|| {
                     self.fail_rx_ep(w.user_ctx, flags, tag, err);
-                }
-                w.finish(false);
+                    self.class_cntr(CntrClass::Recv)
+                });
+                w.finish(false, counted.flatten().as_ref());
             }
         }
     }

@@ -134,9 +134,17 @@ impl EpLink {
                 }
                 Some(job)
             }
-            // Reported under the job's current context: deferred work's record routes it.
+            // Reported under the job's current context: deferred work's record routes it. An
+            // endpoint that closed while the job was on its way cancels it, as close promises.
             Err(e) => {
-                job.fail(&self.core, e.errno());
+                let closing = self.closed.load(Ordering::Acquire)
+                    && matches!(e, crate::error::Error::OpBadState(_));
+                let err = if closing {
+                    crate::consts::errno::FI_ECANCELED
+                } else {
+                    e.errno()
+                };
+                job.fail(&self.core, err);
                 None
             }
         }
@@ -255,9 +263,13 @@ pub(crate) struct Pending {
 
 impl Pending {
     /// The transfer completed (`ok`) or failed: one more on the completion counter's success
-    /// or error value.
-    pub(crate) fn finish(self, ok: bool) {
+    /// or error value, unless the endpoint's own reporting already counted it there (the
+    /// completion counter is the endpoint's bound counter for this class: `counted`).
+    pub(crate) fn finish(self, ok: bool, counted: Option<&Arc<CntrInner>>) {
         if let Some(c) = &self.completion {
+            if counted.is_some_and(|k| Arc::ptr_eq(k, c)) {
+                return;
+            }
             if ok {
                 c.inc();
             } else {

@@ -265,3 +265,30 @@ fn op_types_have_the_c_values() {
     assert_eq!(op.op_type() as i32, 10);
     assert_eq!(op.op_type().c_name(), "FI_OP_CNTR_ADD");
 }
+
+#[test]
+fn a_completion_counter_bound_to_the_endpoint_counts_once() {
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let (sent, trig) = (w.cntr(), w.cntr());
+    let e = w.ep_with(ALL_CAPS, 64, &[(&sent, FI_SEND)]);
+    let buf = [0u8; 8];
+    let iov = [RawIov::of(&buf)];
+    // The completion counter is also the endpoint's send counter, and the work asks for
+    // endpoint completions: fi_trigger(3) counts it there once, not twice.
+    let work = DeferredWork {
+        threshold: 1,
+        triggering_cntr: &trig,
+        completion_cntr: Some(&sent),
+        op: WorkOp::Send(OpMsg {
+            ep: &e.ep,
+            msg: msg(&iov, 5),
+            flags: FI_COMPLETION,
+        }),
+    };
+    // SAFETY: `buf` outlives the endpoint; the mock provider never reads it.
+    unsafe { w.domain.queue_work(&work) }.unwrap();
+    trig.add(1).unwrap();
+    assert_eq!(sent.read(), 1);
+    assert_eq!(e.entries().len(), 1);
+}
