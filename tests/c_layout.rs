@@ -260,6 +260,8 @@ fn every_constant_is_checked() {
         .lines()
         .filter_map(|l| l.trim_start().strip_prefix("pub const "))
         .filter(|l| !l.starts_with("fn "))
+        // The enum macro's list of each enum's values, not a constant of the C API.
+        .filter(|l| !l.starts_with("ALL:"))
         .filter_map(|l| l.split(':').next())
         .filter(|name| !checked.iter().any(|c| c == name))
         .filter(|name| !NOT_IN_C_HEADERS.iter().any(|(n, _)| n == name))

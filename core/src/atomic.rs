@@ -20,43 +20,11 @@ use std::ops::{BitAnd, BitOr, BitXor, Not};
 
 use crate::error::{Error, Result};
 
-/// Declares a `#[repr(i32)]` enum that mirrors a libfabric C enum, with its C names.
-macro_rules! c_enum {
-    ($(#[$m:meta])* $name:ident {
-        $($(#[$vm:meta])* $var:ident = $val:literal => $c:literal,)*
-    }) => {
-        $(#[$m])*
-        #[repr(i32)]
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub enum $name {
-            $($(#[$vm])* $var = $val,)*
-        }
-
-        impl $name {
-            /// Every value, in numeric order.
-            pub const ALL: &'static [$name] = &[$($name::$var),*];
-
-            /// libfabric's name for this value, as `fi_tostr` prints it.
-            pub fn c_name(self) -> &'static str {
-                match self {
-                    $($name::$var => $c,)*
-                }
-            }
-
-            /// The value libfabric numbers `raw`, or `None` if it names none.
-            pub fn from_raw(raw: i32) -> Option<Self> {
-                match raw {
-                    $($val => Some($name::$var),)*
-                    _ => None,
-                }
-            }
-        }
-    };
-}
+use crate::consts::c_enum;
 
 c_enum! {
     /// `enum fi_datatype`: the type of each element of an atomic request.
-    Datatype {
+    Datatype: i32 {
         /// `int8_t`.
         Int8 = 0 => "FI_INT8",
         /// `uint8_t`.
@@ -94,7 +62,7 @@ c_enum! {
 
 c_enum! {
     /// `enum fi_op`: what an atomic does to each target element.
-    AtomicOp {
+    AtomicOp: i32 {
         /// `if (buf < addr) addr = buf`.
         Min = 0 => "FI_MIN",
         /// `if (buf > addr) addr = buf`.

@@ -257,16 +257,21 @@ pub mod errno {
     pub const FI_ENORX: i32 = 269;
 }
 
+/// Declares an enum mirroring a libfabric C enum: the same values, libfabric's names
+/// (`c_name`), conversion from the raw integer (`from_raw`) and every value (`ALL`). The first
+/// variant is the default, like a zeroed C struct's field.
 macro_rules! c_enum {
     ($(#[$m:meta])* $name:ident : $repr:ty { $($(#[$vm:meta])* $var:ident = $val:expr => $cname:literal),* $(,)? }) => {
         $(#[$m])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
         #[repr($repr)]
         pub enum $name {
             #[default]
             $($(#[$vm])* $var = $val),*
         }
         impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$var),*];
             /// libfabric's name for the value, as `fi_tostr` prints it.
             pub fn c_name(self) -> &'static str {
                 match self { $(Self::$var => $cname),* }
@@ -278,6 +283,7 @@ macro_rules! c_enum {
         }
     };
 }
+pub(crate) use c_enum;
 
 c_enum!(
     /// `enum fi_ep_type`.
