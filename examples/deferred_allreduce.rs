@@ -20,7 +20,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use xfabric::*;
 
@@ -78,9 +78,14 @@ fn launch(len: usize) {
         let stdin = c.stdin.as_mut().expect("stdin");
         writeln!(stdin, "{all}").expect("write to rank");
     }
+    let reports: Vec<String> = kids.iter_mut().map(|(_, o)| line(o)).collect();
+    // Every rank has its result: now they may go.
+    for (c, _) in &mut kids {
+        let stdin = c.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "bye").expect("write to rank");
+    }
     let mut ok = true;
-    for (r, (c, o)) in kids.iter_mut().enumerate() {
-        let report = line(o);
+    for (r, ((c, _), report)) in kids.iter_mut().zip(&reports).enumerate() {
         println!("rank {r}: {report}");
         ok &= report.starts_with("ok") && c.wait().expect("wait").success();
     }
@@ -241,6 +246,8 @@ fn rank_main(rank: usize, len: usize) {
         ),
     }
     std::io::stdout().flush().unwrap();
-    // Let peers' last atomics into our buffers finish before tearing down.
-    std::thread::sleep(Duration::from_millis(50));
+    // Stay (and keep progressing) until every rank has reported: a slower peer may still need
+    // acknowledgements from us for its last atomics.
+    let mut bye = String::new();
+    let _ = std::io::stdin().read_line(&mut bye);
 }
