@@ -65,6 +65,27 @@ pub struct MsgAtomic {
     pub context: Context,
 }
 
+impl MsgAtomic {
+    /// The message form of the plain calls' arguments.
+    pub fn new(
+        addr: FiAddr,
+        rma_addr: u64,
+        key: u64,
+        datatype: Datatype,
+        op: AtomicOp,
+        context: Context,
+    ) -> Self {
+        MsgAtomic {
+            addr,
+            rma_addr,
+            key,
+            datatype,
+            op,
+            context,
+        }
+    }
+}
+
 const ATOMIC_FLAGS: u64 =
     FI_COMPLETION | FI_MORE | FI_INJECT | FI_FENCE | FI_DELIVERY_COMPLETE | FI_TRANSMIT_COMPLETE;
 
@@ -236,14 +257,7 @@ impl Endpoint {
         op: AtomicOp,
         ctx: Context,
     ) -> Result<()> {
-        let m = MsgAtomic {
-            addr: dest,
-            rma_addr: addr,
-            key,
-            datatype,
-            op,
-            context: ctx,
-        };
+        let m = MsgAtomic::new(dest, addr, key, datatype, op, ctx);
         // SAFETY: forwarded contract.
         unsafe { self.atomicmsg(&m, operand, count, 0) }
     }
@@ -260,14 +274,7 @@ impl Endpoint {
         datatype: Datatype,
         op: AtomicOp,
     ) -> Result<()> {
-        let m = MsgAtomic {
-            addr: dest,
-            rma_addr: addr,
-            key,
-            datatype,
-            op,
-            context: 0,
-        };
+        let m = MsgAtomic::new(dest, addr, key, datatype, op, 0);
         Self::check_len("inject_atomic", operand.len(), count, datatype)?;
         let mut r = self.req(&m, count, operand.as_ptr() as usize, FI_WRITE | FI_INJECT);
         r.flags |= INJECT_CALL;
@@ -308,14 +315,7 @@ impl Endpoint {
         op: AtomicOp,
         ctx: Context,
     ) -> Result<()> {
-        let m = MsgAtomic {
-            addr: dest,
-            rma_addr: addr,
-            key,
-            datatype,
-            op,
-            context: ctx,
-        };
+        let m = MsgAtomic::new(dest, addr, key, datatype, op, ctx);
         // SAFETY: forwarded contract.
         unsafe { self.fetch_atomicmsg(&m, operand, result, count, 0) }
     }
@@ -367,14 +367,7 @@ impl Endpoint {
         op: AtomicOp,
         ctx: Context,
     ) -> Result<()> {
-        let m = MsgAtomic {
-            addr: dest,
-            rma_addr: addr,
-            key,
-            datatype,
-            op,
-            context: ctx,
-        };
+        let m = MsgAtomic::new(dest, addr, key, datatype, op, ctx);
         // SAFETY: forwarded contract.
         unsafe { self.compare_atomicmsg(&m, operand, compare, result, count, 0) }
     }

@@ -148,15 +148,23 @@ impl Endpoint {
         Ok(())
     }
 
+    /// One operation on the single remote range (`addr`, `key`) as long as the local iov.
+    #[allow(clippy::too_many_arguments)]
     fn rma_op(
         &self,
         ctx: Context,
         iov: IovList,
         peer: FiAddr,
-        rma: RmaIov,
+        addr: u64,
+        key: u64,
         data: u64,
         flags: u64,
     ) -> RmaOp {
+        let rma = RmaIov {
+            addr,
+            len: iov.total(),
+            key,
+        };
         RmaOp {
             ctx,
             iov,
@@ -181,13 +189,11 @@ impl Endpoint {
         key: u64,
         ctx: Context,
     ) -> Result<()> {
-        let rma = RmaIov {
-            addr,
-            len: buf.len(),
-            key,
-        };
         let iov = IovList::one(buf.as_mut_ptr() as usize, buf.len());
-        self.post_rma("read", self.rma_op(ctx, iov, src, rma, 0, FI_RMA | FI_READ))
+        self.post_rma(
+            "read",
+            self.rma_op(ctx, iov, src, addr, key, 0, FI_RMA | FI_READ),
+        )
     }
 
     /// `fi_readv`.
@@ -205,12 +211,10 @@ impl Endpoint {
         ctx: Context,
     ) -> Result<()> {
         let l = self.iov("readv", iov)?;
-        let rma = RmaIov {
-            addr,
-            len: l.total(),
-            key,
-        };
-        self.post_rma("readv", self.rma_op(ctx, l, src, rma, 0, FI_RMA | FI_READ))
+        self.post_rma(
+            "readv",
+            self.rma_op(ctx, l, src, addr, key, 0, FI_RMA | FI_READ),
+        )
     }
 
     /// `fi_readmsg`.
@@ -235,15 +239,10 @@ impl Endpoint {
         key: u64,
         ctx: Context,
     ) -> Result<()> {
-        let rma = RmaIov {
-            addr,
-            len: buf.len(),
-            key,
-        };
         let iov = IovList::one(buf.as_ptr() as usize, buf.len());
         self.post_rma(
             "write",
-            self.rma_op(ctx, iov, dest, rma, 0, FI_RMA | FI_WRITE),
+            self.rma_op(ctx, iov, dest, addr, key, 0, FI_RMA | FI_WRITE),
         )
     }
 
@@ -262,14 +261,9 @@ impl Endpoint {
         ctx: Context,
     ) -> Result<()> {
         let l = self.iov("writev", iov)?;
-        let rma = RmaIov {
-            addr,
-            len: l.total(),
-            key,
-        };
         self.post_rma(
             "writev",
-            self.rma_op(ctx, l, dest, rma, 0, FI_RMA | FI_WRITE),
+            self.rma_op(ctx, l, dest, addr, key, 0, FI_RMA | FI_WRITE),
         )
     }
 
@@ -288,17 +282,13 @@ impl Endpoint {
         key: u64,
         ctx: Context,
     ) -> Result<()> {
-        let rma = RmaIov {
-            addr,
-            len: buf.len(),
-            key,
-        };
         let iov = IovList::one(buf.as_ptr() as usize, buf.len());
         let op = self.rma_op(
             ctx,
             iov,
             dest,
-            rma,
+            addr,
+            key,
             data,
             FI_RMA | FI_WRITE | FI_REMOTE_CQ_DATA,
         );
@@ -357,13 +347,8 @@ impl Endpoint {
 
     /// `fi_inject_write`: the data is copied before return; no completion entry is written.
     pub fn inject_write(&self, buf: &[u8], dest: FiAddr, addr: u64, key: u64) -> Result<()> {
-        let rma = RmaIov {
-            addr,
-            len: buf.len(),
-            key,
-        };
         let iov = IovList::one(buf.as_ptr() as usize, buf.len());
-        let mut op = self.rma_op(0, iov, dest, rma, 0, FI_RMA | FI_WRITE | FI_INJECT);
+        let mut op = self.rma_op(0, iov, dest, addr, key, 0, FI_RMA | FI_WRITE | FI_INJECT);
         op.flags |= FI_INJECT | INJECT_CALL;
         self.post_rma("inject_write", op)
     }
@@ -377,17 +362,13 @@ impl Endpoint {
         addr: u64,
         key: u64,
     ) -> Result<()> {
-        let rma = RmaIov {
-            addr,
-            len: buf.len(),
-            key,
-        };
         let iov = IovList::one(buf.as_ptr() as usize, buf.len());
         let mut op = self.rma_op(
             0,
             iov,
             dest,
-            rma,
+            addr,
+            key,
             data,
             FI_RMA | FI_WRITE | FI_INJECT | FI_REMOTE_CQ_DATA,
         );
