@@ -28,8 +28,11 @@ use super::ring::{self, flag, kind, Consumer, Header, Producer, LANES};
 use super::segment::Segment;
 use super::ADDR_PREFIX;
 
+mod liveness;
+mod order;
 mod rma;
 mod rndv;
+use order::holding;
 use rma::Fenced;
 use rndv::parse_rts;
 
@@ -736,50 +739,6 @@ impl ShmEndpoint {
         self.handle_msg(st, lane, v.h, pl)
     }
 
-    /// Whether message `h` from peer `p` must wait: a large RMA write from `p` is still
-    /// landing (fragments, or a split copy's second half) and `h` is a request that could see
-    /// or touch its memory, or something is already waiting (order is kept). Replies and the
-    /// write's own traffic go through.
-    fn must_hold(&self, st: &State, p: usize, h: &Header) -> bool {
-        let request = matches!(
-            h.kind,
-            kind::EAGER
-                | kind::RTS
-                | kind::RMA_WRITE
-                | kind::RMA_WRITE1
-                | kind::RMA_READ
-                | kind::ATOMIC
-        );
-        request && (!st.peers[p].held.is_empty() || holding(st, p))
-    }
-
-    /// Runs held requests of peers whose large RMA writes have landed.
-    fn replay_held(&self, st: &mut State) {
-        for p in 0..st.peers.len() {
-            if let Some(lane) = st.peers[p].rx_lane {
-                self.replay_peer(st, lane, p);
-            }
-        }
-    }
-
-    /// Runs peer `p`'s held requests (arrived on `lane`) while nothing holds them.
-    fn replay_peer(&self, st: &mut State, lane: usize, p: usize) {
-        while !st.peers[p].held.is_empty() && !holding(st, p) {
-            let (h, pl) = st.peers[p].held.pop_front().expect("not empty");
-            self.handle_msg_now(st, lane, p, h, &pl);
-        }
-    }
-
-    /// `handle_msg` for a message already past the hold check.
-    fn handle_msg_now(&self, st: &mut State, lane: usize, p: usize, h: Header, pl: &[u8]) -> bool {
-        let held = std::mem::take(&mut st.peers[p].held);
-        let r = self.handle_msg(st, lane, h, pl);
-        // Anything `handle_msg` held again sits behind what was already waiting.
-        let again = std::mem::replace(&mut st.peers[p].held, held);
-        st.peers[p].held.extend(again);
-        r
-    }
-
     /// Handles one message (`pl`: its payload); returns true when the lane is to be released.
     fn handle_msg(&self, st: &mut State, lane: usize, h: Header, pl: &[u8]) -> bool {
         if h.kind == kind::CONNECT {
@@ -968,102 +927,6 @@ impl ShmEndpoint {
         false
     }
 
-    fn fail_pipes_from(&self, st: &mut State, p: usize, err: i32) {
-        let ids: Vec<usize> = st
-            .rxp
-            .iter()
-            .filter(|(_, r)| r.peer == p)
-            .map(|(i, _)| i)
-            .collect();
-        for id in ids {
-            let r = st.rxp.remove(id);
-            st.push_rx(Done::SlotErr {
-                slot: r.slot,
-                tag: r.tag,
-                err,
-            });
-        }
-    }
-
-    fn peer_died(&self, st: &mut State, p: usize) {
-        if st.peers[p].dead {
-            return;
-        }
-        st.peers[p].dead = true;
-        st.peers[p].backlog.clear();
-        let ids: Vec<usize> = st
-            .tx
-            .iter()
-            .filter(|(_, t)| t.peer == p)
-            .map(|(i, _)| i)
-            .collect();
-        for id in ids {
-            let t = st.tx.remove(id);
-            st.done.push(Done::TxErr {
-                ctx: t.ctx,
-                flags: t.flags,
-                err: FI_ECONNRESET,
-            });
-        }
-        st.streaming.retain(|&id| st.tx.contains(id as usize));
-        self.fail_pipes_from(st, p, FI_ECONNRESET);
-        // Receives directed at this peer alone can never complete now.
-        if self.core.caps & FI_DIRECTED_RECV != 0 {
-            let src = self.src_of(st, p);
-            if src != FI_ADDR_NOTAVAIL {
-                for r in st.rxq.drain_from(src) {
-                    st.done.push(Done::RxErr {
-                        ctx: r.ctx,
-                        flags: FI_RECV | (r.flags & (FI_MSG | FI_TAGGED)),
-                        tag: r.tag,
-                        err: FI_ECONNRESET,
-                    });
-                }
-            }
-        }
-    }
-
-    /// Looks for peers that died with work outstanding (or that hold a lane in our segment).
-    fn sweep(&self, st: &mut State) {
-        st.last_sweep = Instant::now();
-        let directed = self.core.caps & FI_DIRECTED_RECV != 0;
-        for p in 0..st.peers.len() {
-            if st.peers[p].dead {
-                continue;
-            }
-            let awaited = directed && {
-                let src = self.src_of(st, p);
-                src != FI_ADDR_NOTAVAIL && st.rxq.has_posted_from(src)
-            };
-            let peer = &st.peers[p];
-            let busy = awaited
-                || peer.rx_lane.is_some()
-                || st.tx.iter().any(|(_, t)| t.peer == p)
-                || st.rxp.iter().any(|(_, r)| r.peer == p);
-            if !busy || peer.seg.owner_alive() {
-                continue;
-            }
-            self.peer_died(st, p);
-            // Its requests held behind a transfer that will never land run now, in order.
-            st.peers[p].reads_out = 0;
-            if let Some(lane) = st.peers[p].rx_lane {
-                self.replay_peer(st, lane, p);
-            }
-            if let Some(lane) = st.peers[p].rx_lane.take() {
-                // Deliver what it sent before it died, then free its lane.
-                let mut c = st.cons[lane];
-                while let Some(v) = c.peek(&self.seg, lane) {
-                    self.handle(st, lane, &v);
-                    c.advance(&self.seg, lane, v);
-                }
-                st.cons[lane] = c;
-                st.lane_peer[lane] = None;
-                ring::release_lane(&self.seg, lane);
-                st.known_active &= !(1u64 << lane);
-            }
-        }
-    }
-
     fn deliver_unexpected(&self, st: &mut State, slot: RecvSlot, u: Unexpected<Payload>) {
         let data = u.has_data.then_some(u.data);
         let discard = slot.op_flags & FI_DISCARD != 0;
@@ -1172,8 +1035,7 @@ impl ShmEndpoint {
         // (ACK, CTS, DATA) ring its doorbell when they come.
         let busy = !st.streaming.is_empty()
             || !st.fenced.is_empty()
-            || (0..st.peers.len())
-                .any(|p| !st.peers[p].held.is_empty() && !rma_write_landing(st, p))
+            || (0..st.peers.len()).any(|p| !st.peers[p].held.is_empty() && !holding(st, p))
             || st.rxp.iter().any(|(_, r)| r.split.is_some())
             || st.peers.iter().any(|p| !p.backlog.is_empty());
         self.idle.busy.store(busy, Ordering::Release);
@@ -1415,19 +1277,6 @@ impl EndpointOps for ShmEndpoint {
         st.rxq.drain_unexpected();
         self.finish(st);
     }
-}
-
-/// Whether a large RMA write from peer `p` is still landing in our memory.
-fn rma_write_landing(st: &State, p: usize) -> bool {
-    st.rxp
-        .iter()
-        .any(|(_, r)| r.peer == p && r.slot.flags & FI_RMA != 0)
-}
-
-/// Whether peer `p`'s later requests must wait: one of its large RMA writes is still landing,
-/// or it is still copying its part of a split read from our memory.
-fn holding(st: &State, p: usize) -> bool {
-    st.peers[p].reads_out > 0 || rma_write_landing(st, p)
 }
 
 /// Status to acknowledge a landed large transfer with: a commit-complete RMA write is made

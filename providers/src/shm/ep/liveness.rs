@@ -1,0 +1,103 @@
+//! Peers that die or leave: outstanding work with them fails with `FI_ECONNRESET`, what they
+//! sent before is still delivered, and their lanes in our segment go back. A peer is dead when
+//! its segment's flock is free (`Segment::owner_alive`), which needs no pid bookkeeping.
+
+use super::*;
+
+impl ShmEndpoint {
+    pub(super) fn fail_pipes_from(&self, st: &mut State, p: usize, err: i32) {
+        let ids: Vec<usize> = st
+            .rxp
+            .iter()
+            .filter(|(_, r)| r.peer == p)
+            .map(|(i, _)| i)
+            .collect();
+        for id in ids {
+            let r = st.rxp.remove(id);
+            st.push_rx(Done::SlotErr {
+                slot: r.slot,
+                tag: r.tag,
+                err,
+            });
+        }
+    }
+
+    pub(super) fn peer_died(&self, st: &mut State, p: usize) {
+        if st.peers[p].dead {
+            return;
+        }
+        st.peers[p].dead = true;
+        st.peers[p].backlog.clear();
+        let ids: Vec<usize> = st
+            .tx
+            .iter()
+            .filter(|(_, t)| t.peer == p)
+            .map(|(i, _)| i)
+            .collect();
+        for id in ids {
+            let t = st.tx.remove(id);
+            st.done.push(Done::TxErr {
+                ctx: t.ctx,
+                flags: t.flags,
+                err: FI_ECONNRESET,
+            });
+        }
+        st.streaming.retain(|&id| st.tx.contains(id as usize));
+        self.fail_pipes_from(st, p, FI_ECONNRESET);
+        // Receives directed at this peer alone can never complete now.
+        if self.core.caps & FI_DIRECTED_RECV != 0 {
+            let src = self.src_of(st, p);
+            if src != FI_ADDR_NOTAVAIL {
+                for r in st.rxq.drain_from(src) {
+                    st.done.push(Done::RxErr {
+                        ctx: r.ctx,
+                        flags: FI_RECV | (r.flags & (FI_MSG | FI_TAGGED)),
+                        tag: r.tag,
+                        err: FI_ECONNRESET,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Looks for peers that died with work outstanding (or that hold a lane in our segment).
+    pub(super) fn sweep(&self, st: &mut State) {
+        st.last_sweep = Instant::now();
+        let directed = self.core.caps & FI_DIRECTED_RECV != 0;
+        for p in 0..st.peers.len() {
+            if st.peers[p].dead {
+                continue;
+            }
+            let awaited = directed && {
+                let src = self.src_of(st, p);
+                src != FI_ADDR_NOTAVAIL && st.rxq.has_posted_from(src)
+            };
+            let peer = &st.peers[p];
+            let busy = awaited
+                || peer.rx_lane.is_some()
+                || st.tx.iter().any(|(_, t)| t.peer == p)
+                || st.rxp.iter().any(|(_, r)| r.peer == p);
+            if !busy || peer.seg.owner_alive() {
+                continue;
+            }
+            self.peer_died(st, p);
+            // Its requests held behind a transfer that will never land run now, in order.
+            st.peers[p].reads_out = 0;
+            if let Some(lane) = st.peers[p].rx_lane {
+                self.replay_peer(st, lane, p);
+            }
+            if let Some(lane) = st.peers[p].rx_lane.take() {
+                // Deliver what it sent before it died, then free its lane.
+                let mut c = st.cons[lane];
+                while let Some(v) = c.peek(&self.seg, lane) {
+                    self.handle(st, lane, &v);
+                    c.advance(&self.seg, lane, v);
+                }
+                st.cons[lane] = c;
+                st.lane_peer[lane] = None;
+                ring::release_lane(&self.seg, lane);
+                st.known_active &= !(1u64 << lane);
+            }
+        }
+    }
+}
