@@ -14,6 +14,7 @@ pub mod ep_atomic;
 pub mod ep_rma;
 pub mod eq;
 pub mod error;
+pub mod hmem_iface;
 pub mod info;
 pub mod mr;
 pub mod object;
@@ -32,6 +33,7 @@ pub use ep_atomic::{AtomicReq, MsgAtomic, ATOMIC_MAX};
 pub use ep_rma::{MsgRma, RmaIov, RmaIovList, RmaOp};
 pub use eq::{EqAttr, EqEntry, EqErrEntry, EventQueue};
 pub use error::{strerror, Error, Result};
+pub use hmem_iface::Iface;
 pub use info::{DomainAttr, EpAttr, FabricAttr, Info, RxAttr, TxAttr};
 pub use mr::{MemoryRegion, MrAttr, MrDesc};
 pub use object::{Domain, DomainOps, Fabric, Provider};
@@ -40,4 +42,5 @@ pub use trigger::{
     DeferredWork, OpAtomic, OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, TriggerContext,
     WorkId, WorkOp,
 };
+pub use trigger::{Signal, TriggerValue, TriggerVar, TriggerXpu, Xpu, XpuDevice};
 pub use wait::{ProgressSource, WaitAttr, WaitSet};

@@ -24,6 +24,7 @@ mod testkit;
 mod tests;
 #[cfg(test)]
 mod tests_dwq;
+mod xpu_abi;
 
 use std::sync::Arc;
 
@@ -43,6 +44,7 @@ pub use dwq::{
 };
 pub(crate) use link::{DeferredRegistry, EpLink};
 pub(crate) use queue::TriggerQueue;
+pub use xpu_abi::{Signal, TriggerValue, TriggerVar, TriggerXpu, Xpu, XpuDevice};
 
 /// `struct fi_triggered_context`: the condition a triggered operation waits for.
 #[derive(Clone)]
