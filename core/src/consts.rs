@@ -110,8 +110,10 @@ pub const FI_SECONDARY_CAPS: u64 = FI_MULTI_RECV
 
 /// Secondary capabilities that change what an endpoint does or costs (error entries for unknown
 /// sources, completions for remote accesses, durability tracking of remote writes, triggered
-/// operations in every progress call): getinfo returns them only when asked.
-pub const FI_OPT_IN_CAPS: u64 = FI_SOURCE_ERR | FI_RMA_EVENT | FI_RMA_PMEM | FI_TRIGGER;
+/// operations in every progress call, doorbells watched for XPU triggers): getinfo returns them
+/// only when asked.
+pub const FI_OPT_IN_CAPS: u64 =
+    FI_SOURCE_ERR | FI_RMA_EVENT | FI_RMA_PMEM | FI_TRIGGER | FI_XPU_TRIGGER;
 
 /// Special addresses and keys.
 pub const FI_ADDR_UNSPEC: u64 = u64::MAX;

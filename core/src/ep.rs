@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::info::Info;
 use crate::mr::{MrDesc, MrMap};
 use crate::rxq::{IovList, PostedRecv, RawIov, RecvSlot, IOV_LIMIT};
-use crate::trigger::{DeferredRegistry, EpLink};
+use crate::trigger::{DeferredRegistry, DoorbellAlloc, EpLink};
 use crate::wait::{ProgressList, ProgressSource};
 
 /// xfabric's own operation flag (no libfabric flag uses bit 63): set by the inject calls
@@ -542,10 +542,14 @@ impl Endpoint {
         core: Arc<EpCore>,
         ops: Arc<dyn EndpointOps>,
         domain_progress: Arc<ProgressList>,
+        doorbells: Option<Arc<dyn DoorbellAlloc>>,
     ) -> Self {
         // A trigger-able endpoint is driven through its link, which also restarts triggered
-        // operations the provider could not take at once (a full ring).
-        let link = (core.caps & FI_TRIGGER != 0).then(|| EpLink::new(core.clone(), ops.clone()));
+        // operations the provider could not take at once (a full ring) and watches the
+        // doorbells of XPU-triggered ones.
+        let doorbells = doorbells.filter(|_| core.caps & FI_XPU_TRIGGER != 0);
+        let link = (core.caps & FI_TRIGGER != 0)
+            .then(|| EpLink::new(core.clone(), ops.clone(), doorbells));
         let as_progress: Arc<dyn ProgressSource> = match &link {
             Some(l) => l.clone(),
             None => ops.clone(),

@@ -42,5 +42,8 @@ pub use trigger::{
     DeferredWork, OpAtomic, OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, TriggerContext,
     WorkId, WorkOp,
 };
-pub use trigger::{Signal, TriggerValue, TriggerVar, TriggerXpu, Xpu, XpuDevice};
+pub use trigger::{
+    Doorbell, DoorbellAlloc, Signal, TriggerValue, TriggerVar, TriggerXpu, Xpu, XpuDevice,
+    XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED,
+};
 pub use wait::{ProgressSource, WaitAttr, WaitSet};

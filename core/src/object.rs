@@ -16,7 +16,7 @@ use crate::eq::{EqAttr, EventQueue};
 use crate::error::{Error, Result};
 use crate::info::{FabricAttr, Info};
 use crate::mr::{MemoryRegion, MrAttr, MrMap};
-use crate::trigger::DomainWork;
+use crate::trigger::{DomainWork, DoorbellAlloc};
 use crate::wait::{ProgressList, WaitAttr, WaitSet};
 
 /// A provider: a transport and the description of what it can do.
@@ -61,6 +61,11 @@ pub trait DomainOps: Send + Sync {
     fn addr_format(&self) -> Arc<dyn AddrFormat>;
     /// Opens the transport half of an endpoint.
     fn endpoint(&self, info: &Info, core: Arc<EpCore>) -> Result<Arc<dyn EndpointOps>>;
+    /// Where XPU-triggered operations' doorbells come from; `None` if this provider offers
+    /// no `FI_XPU_TRIGGER`.
+    fn xpu_doorbells(&self) -> Option<Arc<dyn DoorbellAlloc>> {
+        None
+    }
 }
 
 /// `fid_fabric`.
@@ -248,9 +253,29 @@ impl Domain {
                 info.ep_attr.ep_type.c_name()
             )));
         }
+        let doorbells = if info.caps & FI_XPU_TRIGGER != 0 {
+            if info.caps & FI_TRIGGER == 0 {
+                return Err(Error::Inval(
+                    "endpoint: FI_XPU_TRIGGER needs FI_TRIGGER as well (fi_trigger(3))".into(),
+                ));
+            }
+            Some(self.inner.ops.xpu_doorbells().ok_or_else(|| {
+                Error::OpNotSupp(format!(
+                    "endpoint: provider {:?} offers no FI_XPU_TRIGGER",
+                    dom.provider()
+                ))
+            })?)
+        } else {
+            None
+        };
         let core = Arc::new(EpCore::new(info, self.inner.mr.clone()));
         let ops = self.inner.ops.endpoint(info, core.clone())?;
-        Ok(Endpoint::new(core, ops, self.inner.progress.clone()))
+        Ok(Endpoint::new(
+            core,
+            ops,
+            self.inner.progress.clone(),
+            doorbells,
+        ))
     }
 }
 

@@ -21,6 +21,11 @@ pub trait ProgressSource: Send + Sync {
         let _ = timeout;
         std::thread::yield_now();
     }
+    /// True when this source must be looked at again soon whatever its doorbell says
+    /// (something it waits for rings no doorbell): an idle thread then waits on it.
+    fn urgent(&self) -> bool {
+        false
+    }
 }
 
 /// The endpoints (or other progress sources) that a queue, counter or domain drives. Read on
@@ -75,6 +80,9 @@ impl ProgressList {
         // One source: sleep on its doorbell for the whole timeout. Several: on the first's for
         // at most a millisecond, so the others are looked at again soon. None: just sleep.
         let v = self.sources.load();
+        if let Some(p) = v.iter().find(|p| p.urgent()) {
+            return p.idle_wait(timeout.min(Duration::from_millis(1)));
+        }
         match v.first() {
             Some(p) if v.len() > 1 => p.idle_wait(timeout.min(Duration::from_millis(1))),
             Some(p) => p.idle_wait(timeout),

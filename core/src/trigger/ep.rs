@@ -13,6 +13,7 @@ use crate::ep_atomic::MsgAtomic;
 use crate::ep_rma::MsgRma;
 use crate::error::{Error, Result};
 use crate::rxq::RawIov;
+use crate::trigger::{TriggerVar, TriggerXpu, Xpu};
 
 impl Endpoint {
     /// The endpoint's link, if it may take triggered operations with these flags.
@@ -213,5 +214,146 @@ impl Endpoint {
         let r = self.compare_req(what, m, operand, compare, result, count, flags)?;
         self.check_atomic(what, &r)?;
         self.arm(link, trig, Action::Atomic(Box::new(r)))
+    }
+}
+
+/// XPU-triggered operations (`FI_TRIGGER_XPU`): posted like their `*msg` forms, armed instead
+/// of started, and started when the XPU stores the filled variables' values.
+impl Endpoint {
+    fn xpu_link(&self, what: &'static str, flags: u64) -> Result<Arc<EpLink>> {
+        let link = self.trigger_link(what, flags)?;
+        if link.xpu.is_none() {
+            return Err(Error::OpNotSupp(format!(
+                "{what}: endpoint was opened without FI_XPU_TRIGGER"
+            )));
+        }
+        Ok(link)
+    }
+
+    fn arm_xpu(
+        &self,
+        what: &'static str,
+        link: Arc<EpLink>,
+        xpu: Xpu,
+        vars: &mut [TriggerVar],
+        action: Action,
+    ) -> Result<usize> {
+        let job = Job {
+            action,
+            ep: Some(link.clone()),
+            work: None,
+        };
+        link.arm_xpu(what, xpu, vars, job)
+    }
+
+    /// `fi_getopt(FI_OPT_XPU_TRIGGER)`: how many variables a trigger rung by `xpu` needs.
+    /// With `vars` empty, only the count; otherwise the datatype and count of each variable
+    /// are filled in as far as `vars` reaches. `OpNotSupp` (with the reason) for an XPU this
+    /// endpoint cannot serve.
+    pub fn xpu_trigger_vars(&self, xpu: Xpu, vars: &mut [TriggerVar]) -> Result<usize> {
+        let what = "getopt(FI_OPT_XPU_TRIGGER)";
+        let link = self.link().ok_or_else(|| {
+            Error::OpNotSupp(format!("{what}: endpoint was opened without FI_TRIGGER"))
+        })?;
+        let x = link.xpu.as_ref().ok_or_else(|| {
+            Error::OpNotSupp(format!(
+                "{what}: endpoint was opened without FI_XPU_TRIGGER"
+            ))
+        })?;
+        x.layout(xpu, vars)
+    }
+
+    /// `fi_getopt(FI_OPT_ENDPOINT, FI_OPT_XPU_TRIGGER, struct fi_trigger_xpu *)` as C calls
+    /// it: `t.count` on output is the number of variables needed.
+    ///
+    /// # Safety
+    /// `t.var` must point to `t.count` writable variables (or `t.count` be 0).
+    pub unsafe fn getopt_xpu_trigger(&self, t: &mut TriggerXpu) -> Result<()> {
+        let xpu = t.xpu().ok_or_else(|| {
+            Error::Inval(format!(
+                "getopt(FI_OPT_XPU_TRIGGER): iface {} is not an enum fi_hmem_iface value",
+                t.iface
+            ))
+        })?;
+        // SAFETY: the caller's contract.
+        let n = self.xpu_trigger_vars(xpu, unsafe { t.vars_mut() })?;
+        t.count = n as i32;
+        Ok(())
+    }
+
+    /// `fi_sendmsg` with `FI_TRIGGER` and an `FI_TRIGGER_XPU` context: arms the send and
+    /// fills `vars` (as `xpu_trigger_vars` described them) with what `xpu` must store to
+    /// start it. Returns how many variables were filled. `Again` when the endpoint already
+    /// has `XPU_ARMED_MAX` operations armed.
+    ///
+    /// # Safety
+    /// Every segment must stay valid and unmodified until the send completes or is canceled;
+    /// it is not read before the XPU rings.
+    pub unsafe fn sendmsg_xpu(
+        &self,
+        msg: &Msg<'_>,
+        flags: u64,
+        xpu: Xpu,
+        vars: &mut [TriggerVar],
+    ) -> Result<usize> {
+        let link = self.xpu_link("sendmsg", flags)?;
+        let op = self.msg_tx("sendmsg", msg, flags & !FI_TRIGGER, FI_MSG)?;
+        self.check_tx("sendmsg", &op)?;
+        self.arm_xpu("sendmsg", link, xpu, vars, Action::Send(op))
+    }
+
+    /// `fi_tsendmsg` with an XPU trigger.
+    ///
+    /// # Safety
+    /// As `sendmsg_xpu`.
+    pub unsafe fn tsendmsg_xpu(
+        &self,
+        msg: &Msg<'_>,
+        flags: u64,
+        xpu: Xpu,
+        vars: &mut [TriggerVar],
+    ) -> Result<usize> {
+        let link = self.xpu_link("tsendmsg", flags)?;
+        let op = self.msg_tx("tsendmsg", msg, flags & !FI_TRIGGER, FI_TAGGED)?;
+        self.check_tx("tsendmsg", &op)?;
+        self.arm_xpu("tsendmsg", link, xpu, vars, Action::Send(op))
+    }
+
+    /// `fi_writemsg` with an XPU trigger (with `FI_REMOTE_CQ_DATA`: a triggered writedata).
+    ///
+    /// # Safety
+    /// Every local segment must stay valid and unmodified until the write completes or is
+    /// canceled.
+    pub unsafe fn writemsg_xpu(
+        &self,
+        msg: &MsgRma<'_>,
+        flags: u64,
+        xpu: Xpu,
+        vars: &mut [TriggerVar],
+    ) -> Result<usize> {
+        let link = self.xpu_link("writemsg", flags)?;
+        let op = self.msg_rma("writemsg", msg, flags & !FI_TRIGGER, FI_WRITE)?;
+        self.check_rma("writemsg", &op)?;
+        self.arm_xpu("writemsg", link, xpu, vars, Action::Rma(Box::new(op)))
+    }
+
+    /// `fi_atomicmsg` with an XPU trigger.
+    ///
+    /// # Safety
+    /// `operand` must stay valid until the operation completes or is canceled.
+    pub unsafe fn atomicmsg_xpu(
+        &self,
+        m: &MsgAtomic,
+        operand: &[u8],
+        count: usize,
+        flags: u64,
+        xpu: Xpu,
+        vars: &mut [TriggerVar],
+    ) -> Result<usize> {
+        let link = self.xpu_link("atomicmsg", flags)?;
+        let operand = RawIov::of(operand);
+        let r = self.atomic_req("atomicmsg", m, operand, count, flags & !FI_TRIGGER)?;
+        self.check_atomic("atomicmsg", &r)?;
+        self.arm_xpu("atomicmsg", link, xpu, vars, Action::Atomic(Box::new(r)))
     }
 }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use super::queue::{TriggerQueue, Watch};
+use super::xpu::{DoorbellAlloc, XpuWatch};
 use super::Job;
 use crate::cntr::CntrInner;
 use crate::consts::FI_COMPLETION;
@@ -35,11 +36,18 @@ pub(crate) struct EpLink {
     /// Completion counters of deferred work on this endpoint: reading one drives the
     /// endpoint, as reading a counter bound to it does; released when it closes.
     drives: Mutex<Vec<Arc<CntrInner>>>,
+    /// XPU-triggered operations (`FI_XPU_TRIGGER` endpoints only).
+    pub(crate) xpu: Option<XpuWatch>,
 }
 
 impl EpLink {
-    pub(crate) fn new(core: Arc<EpCore>, ops: Arc<dyn EndpointOps>) -> Arc<Self> {
+    pub(crate) fn new(
+        core: Arc<EpCore>,
+        ops: Arc<dyn EndpointOps>,
+        doorbells: Option<Arc<dyn DoorbellAlloc>>,
+    ) -> Arc<Self> {
         Arc::new(EpLink {
+            xpu: doorbells.map(XpuWatch::new),
             core,
             ops,
             closed: AtomicBool::new(false),
@@ -76,6 +84,22 @@ impl EpLink {
                 j.cancel();
             }
         }
+    }
+
+    /// Arms `job` (an operation of this endpoint) on `xpu`'s doorbell; fills `vars`.
+    pub(crate) fn arm_xpu(
+        &self,
+        what: &'static str,
+        xpu: crate::trigger::Xpu,
+        vars: &mut [crate::trigger::TriggerVar],
+        job: Job,
+    ) -> crate::error::Result<usize> {
+        let x = self.xpu.as_ref().ok_or_else(|| {
+            crate::error::Error::OpNotSupp(format!(
+                "{what}: endpoint was opened without FI_XPU_TRIGGER"
+            ))
+        })?;
+        x.arm(what, xpu, vars, job, &self.closed)
     }
 
     /// Makes reading `cntr` (a deferred transfer's completion counter) drive this endpoint
@@ -198,6 +222,10 @@ impl EpLink {
                 return true;
             }
         }
+        if let Some(j) = self.xpu.as_ref().and_then(|x| x.take(ctx)) {
+            j.cancel();
+            return true;
+        }
         let found = {
             let mut s = lock(&self.stalled);
             s.iter().position(mine).and_then(|i| s.remove(i))
@@ -220,6 +248,9 @@ impl EpLink {
                 j.cancel();
             }
         }
+        for j in self.xpu.iter().flat_map(XpuWatch::take_all) {
+            j.cancel();
+        }
         let stalled = std::mem::take(&mut *lock(&self.stalled));
         for j in stalled {
             j.cancel();
@@ -233,7 +264,10 @@ impl EpLink {
 
 impl ProgressSource for EpLink {
     fn progress(&self) -> usize {
-        let n = self.ops.progress();
+        let mut n = self.ops.progress();
+        if let Some(x) = &self.xpu {
+            n += x.poll(&self.core, |j| self.submit(j));
+        }
         if self.has_stalled.load(Ordering::Acquire) {
             n + self.retry()
         } else {
@@ -246,9 +280,19 @@ impl ProgressSource for EpLink {
         // yield, so that the caller comes back soon to retry them.
         if self.has_stalled.load(Ordering::Acquire) {
             std::thread::yield_now();
-        } else {
-            self.ops.idle_wait(timeout);
+            return;
         }
+        // A doorbell an XPU stores to rings nothing: while operations are armed on one,
+        // keep looking (spinning just after a trigger, then brief sleeps).
+        match self.xpu.as_ref().and_then(XpuWatch::nap) {
+            Some(Duration::ZERO) => std::thread::yield_now(),
+            Some(d) => std::thread::sleep(d.min(timeout)),
+            None => self.ops.idle_wait(timeout),
+        }
+    }
+
+    fn urgent(&self) -> bool {
+        self.has_stalled.load(Ordering::Acquire) || self.xpu.as_ref().is_some_and(XpuWatch::waiting)
     }
 }
 

@@ -24,6 +24,9 @@ mod testkit;
 mod tests;
 #[cfg(test)]
 mod tests_dwq;
+#[cfg(test)]
+mod tests_xpu;
+mod xpu;
 mod xpu_abi;
 
 use std::sync::Arc;
@@ -44,6 +47,7 @@ pub use dwq::{
 };
 pub(crate) use link::{DeferredRegistry, EpLink};
 pub(crate) use queue::TriggerQueue;
+pub use xpu::{Doorbell, DoorbellAlloc, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED};
 pub use xpu_abi::{Signal, TriggerValue, TriggerVar, TriggerXpu, Xpu, XpuDevice};
 
 /// `struct fi_triggered_context`: the condition a triggered operation waits for.

@@ -2,7 +2,7 @@
 //! records every operation it is handed, can refuse the next few with `Again`, completes
 //! transfers at once when asked to, and keeps posted receives for the test to complete.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::av::{AddrFormat, AvAttr};
@@ -14,9 +14,11 @@ use crate::ep::{Endpoint, EndpointOps, EpCore, TxOp};
 use crate::ep_atomic::AtomicReq;
 use crate::ep_rma::RmaOp;
 use crate::error::{Error, Result};
+use crate::hmem_iface::Iface;
 use crate::info::{FabricAttr, Info};
 use crate::object::{Domain, DomainOps, Fabric, Provider};
 use crate::rxq::{PostedRecv, RecvSlot};
+use crate::trigger::{Doorbell, DoorbellAlloc, Xpu};
 use crate::wait::ProgressSource;
 
 /// What the provider was handed, in order: (kind, context).
@@ -141,6 +143,36 @@ impl DomainOps for MockDom {
             sh: self.0.clone(),
         }))
     }
+    fn xpu_doorbells(&self) -> Option<Arc<dyn DoorbellAlloc>> {
+        Some(Arc::new(HeapBells))
+    }
+}
+
+/// Doorbells in plain heap memory, for CPU XPUs `System` devices 0 and 1.
+struct HeapBells;
+
+struct HeapBell(Box<AtomicU64>);
+
+impl Doorbell for HeapBell {
+    fn word(&self) -> &AtomicU64 {
+        &self.0
+    }
+    fn xpu_addr(&self) -> usize {
+        &*self.0 as *const AtomicU64 as usize
+    }
+}
+
+impl DoorbellAlloc for HeapBells {
+    fn check(&self, xpu: Xpu) -> Result<()> {
+        if xpu.iface == Iface::System && xpu.device < 2 {
+            Ok(())
+        } else {
+            Err(Error::OpNotSupp(format!("mock: no XPU {xpu:?}")))
+        }
+    }
+    fn alloc(&self, _xpu: Xpu) -> Result<Box<dyn Doorbell>> {
+        Ok(Box::new(HeapBell(Box::default())))
+    }
 }
 
 struct MockProv(Arc<Shared>);
@@ -161,6 +193,7 @@ impl Provider for MockProv {
 }
 
 pub const ALL_CAPS: u64 = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_TRIGGER;
+pub const XPU_CAPS: u64 = ALL_CAPS | FI_XPU_TRIGGER;
 
 fn info(caps: u64) -> Info {
     let mut i = Info {
@@ -193,7 +226,7 @@ impl World {
     pub fn new() -> Self {
         let sh = Arc::new(Shared::default());
         let fabric = Fabric::open(Arc::new(MockProv(sh.clone())), &FabricAttr::default()).unwrap();
-        let domain = fabric.domain(&info(ALL_CAPS)).unwrap();
+        let domain = fabric.domain(&info(XPU_CAPS)).unwrap();
         World { sh, domain }
     }
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, Once};
 use xfabric_core::av::AddrFormat;
 use xfabric_core::consts::*;
 use xfabric_core::info::*;
-use xfabric_core::{DomainOps, EndpointOps, EpCore, Error, Provider, Result};
+use xfabric_core::{DomainOps, DoorbellAlloc, EndpointOps, EpCore, Error, Provider, Result};
 
 pub use ep::{EAGER_MAX, FRAG, INJECT_SIZE};
 
@@ -37,6 +37,7 @@ pub const SHM_CAPS: u64 = FI_MSG
     | FI_SOURCE_ERR
     | FI_DIRECTED_RECV
     | FI_TRIGGER
+    | FI_XPU_TRIGGER
     | FI_LOCAL_COMM;
 
 /// The shm provider.
@@ -88,7 +89,8 @@ impl Provider for Shm {
                     | FI_READ
                     | FI_WRITE
                     | FI_FENCE
-                    | FI_TRIGGER,
+                    | FI_TRIGGER
+                    | FI_XPU_TRIGGER,
                 mode: 0,
                 op_flags: 0,
                 msg_order: order,
@@ -181,6 +183,10 @@ impl DomainOps for ShmDomain {
             )));
         }
         Ok(ep::ShmEndpoint::open(core)?)
+    }
+
+    fn xpu_doorbells(&self) -> Option<Arc<dyn DoorbellAlloc>> {
+        Some(xfabric_xpu_trigger::doorbells())
     }
 }
 

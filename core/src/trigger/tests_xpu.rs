@@ -1,0 +1,313 @@
+//! XPU-triggered operations (`FI_TRIGGER_XPU`) against the mock provider, with a test thread
+//! (or the test itself) as the CPU XPU.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::testkit::*;
+use super::{TriggerVar, Xpu, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED};
+use crate::atomic::Datatype;
+use crate::consts::errno::{FI_ECANCELED, FI_EINVAL};
+use crate::consts::*;
+use crate::entry::Context;
+use crate::ep::{Endpoint, Msg};
+use crate::ep_rma::{MsgRma, RmaIov};
+use crate::error::Error;
+use crate::hmem_iface::Iface;
+use crate::rxq::RawIov;
+
+fn msg(iov: &[RawIov], ctx: Context) -> Msg<'_> {
+    Msg {
+        iov,
+        desc: &[],
+        addr: FI_ADDR_UNSPEC,
+        context: ctx,
+        data: 0,
+        tag: 0,
+        ignore: 0,
+    }
+}
+
+/// Arms a send with context `ctx` on the CPU XPU; returns its variable.
+fn xsend_on(ep: &Endpoint, xpu: Xpu, ctx: Context) -> TriggerVar {
+    static BUF: [u8; 8] = [0; 8];
+    let iov = [RawIov::of(&BUF)];
+    let mut vars = [TriggerVar::default()];
+    // SAFETY: a static buffer; the mock provider never reads it anyway.
+    let n = unsafe { ep.sendmsg_xpu(&msg(&iov, ctx), 0, xpu, &mut vars) }.unwrap();
+    assert_eq!(n, 1);
+    vars[0]
+}
+
+fn xsend(ep: &Endpoint, ctx: Context) -> TriggerVar {
+    xsend_on(ep, Xpu::CPU, ctx)
+}
+
+/// Stores `value` to the doorbell `var` names, as a CPU XPU does.
+fn ring_to(var: &TriggerVar, value: u64) {
+    // SAFETY: the mock's doorbells are live `AtomicU64`s while their endpoint is.
+    unsafe { &*(var.addr as *const AtomicU64) }.store(value, Ordering::Release);
+}
+
+fn ring(var: &TriggerVar) {
+    // SAFETY: a filled variable carries its value in val64 (FI_UINT64, count 1).
+    ring_to(var, unsafe { var.value.val64 });
+}
+
+#[test]
+fn getopt_reports_one_u64_and_refuses_xpus_it_cannot_serve() {
+    let w = World::new();
+    let e = w.ep_with(XPU_CAPS, 64, &[]);
+    assert_eq!(e.ep.xpu_trigger_vars(Xpu::CPU, &mut []).unwrap(), 1);
+    let mut vars = [TriggerVar {
+        datatype: 0,
+        count: 0,
+        ..Default::default()
+    }; 3];
+    assert_eq!(e.ep.xpu_trigger_vars(Xpu::CPU, &mut vars).unwrap(), 1);
+    assert_eq!(
+        (vars[0].datatype, vars[0].count),
+        (Datatype::UInt64 as i32, 1)
+    );
+    assert_eq!(
+        (vars[1].datatype, vars[1].count),
+        (0, 0),
+        "only what is needed"
+    );
+    let gpu = Xpu {
+        iface: Iface::Cuda,
+        device: 0,
+    };
+    let err = e.ep.xpu_trigger_vars(gpu, &mut vars).unwrap_err();
+    assert!(matches!(err, Error::OpNotSupp(_)), "{err}");
+
+    // The C form writes the count back.
+    let mut t = super::TriggerXpu {
+        count: 0,
+        iface: Iface::System as u32,
+        device: super::XpuDevice { reserved: 0 },
+        var: std::ptr::null_mut(),
+    };
+    // SAFETY: count 0: the array is not touched.
+    unsafe { e.ep.getopt_xpu_trigger(&mut t) }.unwrap();
+    assert_eq!(t.count, 1);
+
+    let plain = w.ep_with(ALL_CAPS, 64, &[]);
+    let err = plain.ep.xpu_trigger_vars(Xpu::CPU, &mut []).unwrap_err();
+    assert!(err.to_string().contains("FI_XPU_TRIGGER"), "{err}");
+}
+
+#[test]
+fn each_value_starts_what_it_reaches_in_posting_order_exactly_once() {
+    let w = World::new();
+    let e = w.ep_with(XPU_CAPS, 64, &[]);
+    let vars: Vec<_> = (1..=5).map(|ctx| xsend(&e.ep, ctx)).collect();
+    for (k, v) in vars.iter().enumerate() {
+        assert_eq!(v.addr, vars[0].addr, "one doorbell per (endpoint, XPU)");
+        assert_eq!(unsafe { v.value.val64 }, k as u64 + 1);
+    }
+    e.ep.progress();
+    assert!(w.sh.ctxs().is_empty(), "nothing starts before its doorbell");
+    ring(&vars[1]);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1, 2]);
+    e.ep.progress();
+    ring(&vars[1]);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1, 2], "the same value again starts nothing");
+    ring(&vars[4]);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1, 2, 3, 4, 5]);
+    assert!(e.errors().is_empty());
+
+    // A second XPU has its own doorbell and its own count.
+    let other = Xpu {
+        iface: Iface::System,
+        device: 1,
+    };
+    let v = xsend_on(&e.ep, other, 6);
+    assert_ne!(v.addr, vars[0].addr);
+    assert_eq!(unsafe { v.value.val64 }, 1);
+    ring(&v);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1, 2, 3, 4, 5, 6]);
+}
+
+#[test]
+fn a_value_past_what_was_armed_is_an_error_and_starts_nothing_unknown() {
+    let w = World::new();
+    let e = w.ep_with(XPU_CAPS, 64, &[]);
+    let vars: Vec<_> = (1..=3).map(|ctx| xsend(&e.ep, ctx)).collect();
+    ring_to(&vars[0], 7);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1, 2, 3], "what was armed starts");
+    let errs = e.errors();
+    assert_eq!(errs.len(), 1);
+    let x = &errs[0];
+    assert_eq!(
+        (x.op_context, x.err, x.prov_errno),
+        (0, FI_EINVAL, XPU_ERR_PAST_ARMED)
+    );
+    assert_eq!((x.flags, x.data), (FI_TRIGGER, 7));
+    // Later operations get values above the stray one, so it does not start them.
+    let v = xsend(&e.ep, 4);
+    assert_eq!(unsafe { v.value.val64 }, 8);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1, 2, 3]);
+    ring(&v);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1, 2, 3, 4]);
+    assert!(e.errors().is_empty());
+}
+
+#[test]
+fn a_value_going_backwards_is_an_error_and_restarts_nothing() {
+    let w = World::new();
+    let e = w.ep_with(XPU_CAPS, 64, &[]);
+    let vars: Vec<_> = (1..=4).map(|ctx| xsend(&e.ep, ctx)).collect();
+    ring(&vars[2]);
+    e.ep.progress();
+    ring(&vars[0]);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1, 2, 3]);
+    let errs = e.errors();
+    assert_eq!(errs.len(), 1);
+    assert_eq!((errs[0].prov_errno, errs[0].data), (XPU_ERR_BACKWARDS, 1));
+    ring(&vars[3]);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1, 2, 3, 4]);
+}
+
+#[test]
+fn cancel_and_close_release_armed_operations_with_canceled() {
+    let w = World::new();
+    let e = w.ep_with(XPU_CAPS, 64, &[]);
+    let vars: Vec<_> = (1..=3).map(|ctx| xsend(&e.ep, ctx)).collect();
+    e.ep.cancel(2).unwrap();
+    let errs = e.errors();
+    assert_eq!(errs.len(), 1);
+    assert_eq!((errs[0].op_context, errs[0].err), (2, FI_ECANCELED));
+    assert!(e.ep.cancel(2).is_err(), "canceled once only");
+    ring(&vars[2]);
+    e.ep.progress();
+    assert_eq!(
+        w.sh.ctxs(),
+        [1, 3],
+        "a canceled value is skipped, not an error"
+    );
+    assert!(e.errors().is_empty());
+
+    for ctx in 10..14 {
+        xsend(&e.ep, ctx);
+    }
+    let Ep { ep, cq } = e;
+    ep.close().unwrap();
+    let mut canceled: Vec<_> = cq_errors(&cq).iter().map(|x| x.op_context).collect();
+    canceled.sort();
+    assert_eq!(canceled, [10, 11, 12, 13]);
+    assert_eq!(w.sh.ctxs(), [1, 3]);
+}
+
+#[test]
+fn at_most_xpu_armed_max_wait_then_again() {
+    let w = World::new();
+    let e = w.ep_with(XPU_CAPS, 64, &[]);
+    let mut last = TriggerVar::default();
+    for ctx in 1..=XPU_ARMED_MAX {
+        last = xsend(&e.ep, ctx);
+    }
+    let iov = [RawIov::of(&[0u8; 8])];
+    let mut vars = [TriggerVar::default()];
+    let r = unsafe { e.ep.sendmsg_xpu(&msg(&iov, 0), 0, Xpu::CPU, &mut vars) };
+    assert!(matches!(r, Err(Error::Again(_))), "{r:?}");
+    ring(&last);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs().len(), XPU_ARMED_MAX);
+    assert!(
+        w.sh.ctxs().windows(2).all(|p| p[0] < p[1]),
+        "in posting order"
+    );
+    xsend(&e.ep, 0);
+}
+
+#[test]
+fn refused_starts_wait_for_room_in_order() {
+    let w = World::new();
+    let e = w.ep_with(XPU_CAPS, 64, &[]);
+    let vars: Vec<_> = (1..=3).map(|ctx| xsend(&e.ep, ctx)).collect();
+    w.sh.again.store(2, Ordering::Release);
+    ring(&vars[2]);
+    e.ep.progress();
+    e.ep.progress();
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1, 2, 3]);
+}
+
+#[test]
+fn misuse_and_bad_arguments_are_typed_errors() {
+    let w = World::new();
+    let e = w.ep_with(XPU_CAPS, 64, &[]);
+    let iov = [RawIov::of(&[0u8; 8])];
+    let m = msg(&iov, 1);
+    // SAFETY (all calls): rejected before anything is armed.
+    let r = unsafe { e.ep.sendmsg_xpu(&m, 0, Xpu::CPU, &mut []) };
+    assert!(matches!(r, Err(Error::Inval(_))), "{r:?}");
+    let mut vars = [TriggerVar {
+        datatype: Datatype::UInt32 as i32,
+        ..Default::default()
+    }];
+    let r = unsafe { e.ep.sendmsg_xpu(&m, 0, Xpu::CPU, &mut vars) };
+    assert!(matches!(r, Err(Error::Inval(_))), "{r:?}");
+    let mut vars = [TriggerVar::default()];
+    let r = unsafe { e.ep.sendmsg_xpu(&m, FI_INJECT, Xpu::CPU, &mut vars) };
+    assert!(matches!(r, Err(Error::BadFlags(_))), "{r:?}");
+    let gpu = Xpu {
+        iface: Iface::Ze,
+        device: 0,
+    };
+    let r = unsafe { e.ep.sendmsg_xpu(&m, 0, gpu, &mut vars) };
+    assert!(matches!(r, Err(Error::OpNotSupp(_))), "{r:?}");
+    assert!(vars[0].addr.is_null(), "nothing filled on error");
+
+    // Writes and atomics arm the same way.
+    let rma = [RmaIov {
+        addr: 0,
+        len: 8,
+        key: 0,
+    }];
+    let wm = MsgRma {
+        iov: &iov,
+        desc: &[],
+        addr: FI_ADDR_UNSPEC,
+        rma_iov: &rma,
+        context: 7,
+        data: 0,
+    };
+    let v = unsafe { e.ep.writemsg_xpu(&wm, 0, Xpu::CPU, &mut vars) }.map(|_| vars[0]);
+    let v = v.unwrap();
+    ring(&v);
+    e.ep.progress();
+    assert_eq!(w.sh.log.lock().unwrap().last().copied(), Some(('m', 7)));
+
+    let plain = w.ep_with(ALL_CAPS, 64, &[]);
+    let r = unsafe { plain.ep.sendmsg_xpu(&m, 0, Xpu::CPU, &mut vars) };
+    assert!(matches!(r, Err(Error::OpNotSupp(_))), "{r:?}");
+}
+
+#[test]
+fn a_thread_rings_thousands_in_order() {
+    let w = World::new();
+    let e = w.ep_with(XPU_CAPS, 64, &[]);
+    let n = 5000;
+    let vars: Vec<_> = (1..=n).map(|ctx| xsend(&e.ep, ctx)).collect();
+    let t = std::thread::spawn(move || {
+        for v in &vars {
+            ring(v);
+        }
+    });
+    while w.sh.ctxs().len() < n {
+        e.ep.progress();
+    }
+    t.join().unwrap();
+    assert_eq!(w.sh.ctxs(), (1..=n).collect::<Vec<_>>());
+    assert!(e.errors().is_empty());
+}

@@ -1,0 +1,299 @@
+//! XPU triggers (`FI_TRIGGER_XPU`): operations armed by the host and started when an XPU — a
+//! GPU kernel, or a CPU thread — stores a value to a doorbell.
+//!
+//! Each (endpoint, XPU) pair has one 64-bit doorbell in memory that XPU can store to and the
+//! host can poll; the k-th operation armed for it is started by the value k (fi_trigger(3):
+//! "providers may return the same trigger variable for multiple data transfer requests").
+//! The watcher is the endpoint's progress: the domain's thread under auto progress, the
+//! application's reads under manual progress. It starts every armed operation whose value
+//! the doorbell has reached, in posting order, exactly once, and reports misuse — a value
+//! past what was armed, or one going backwards — as an error entry, starting nothing that
+//! was not armed.
+//!
+//! Where the doorbell memory comes from is the provider's domain's business
+//! (`DoorbellAlloc`, which xfabric-xpu-trigger implements over xfabric-hmem).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::Job;
+use crate::atomic::Datatype;
+use crate::consts::errno::FI_EINVAL;
+use crate::consts::*;
+use crate::entry::{Context, CqErrEntry};
+use crate::ep::EpCore;
+use crate::error::{Error, Result};
+use crate::trigger::{TriggerVar, Xpu};
+
+/// Most operations one endpoint keeps armed; posting past it answers `Again`.
+pub const XPU_ARMED_MAX: usize = 1 << 16;
+
+/// After a trigger fired, the watcher keeps polling without sleeping for this long.
+const SPIN_WINDOW: Duration = Duration::from_millis(20);
+
+/// Past the spin window, how long the watcher sleeps between looks at a doorbell that armed
+/// operations wait on.
+const POLL_SLEEP: Duration = Duration::from_micros(200);
+
+/// `prov_errno` of an error entry: the XPU stored a value past the last one armed.
+pub const XPU_ERR_PAST_ARMED: i32 = 1;
+/// `prov_errno` of an error entry: the XPU stored a value below one it stored before.
+pub const XPU_ERR_BACKWARDS: i32 = 2;
+
+/// One doorbell: a 64-bit word the XPU stores to and the host polls.
+pub trait Doorbell: Send + Sync {
+    /// The word as the host reads it.
+    fn word(&self) -> &AtomicU64;
+    /// The address the XPU stores to (a device address for a GPU, the host address for a
+    /// CPU thread).
+    fn xpu_addr(&self) -> usize;
+}
+
+/// Where an endpoint's doorbells come from; a provider's domain supplies one
+/// (`DomainOps::xpu_doorbells`).
+pub trait DoorbellAlloc: Send + Sync {
+    /// `Ok` if doorbells for `xpu` can be made here; `OpNotSupp` saying why not.
+    fn check(&self, xpu: Xpu) -> Result<()>;
+    /// A new doorbell for `xpu`, reading 0.
+    fn alloc(&self, xpu: Xpu) -> Result<Box<dyn Doorbell>>;
+}
+
+/// The variables a trigger needs: one 64-bit value.
+const VARS: [(Datatype, i32); 1] = [(Datatype::UInt64, 1)];
+
+/// One (endpoint, XPU) doorbell and the operations waiting on it.
+struct Bell {
+    xpu: Xpu,
+    bell: Box<dyn Doorbell>,
+    /// Last value handed out.
+    armed: u64,
+    /// Last value read from the doorbell.
+    seen: u64,
+    /// Armed operations by value, increasing.
+    jobs: VecDeque<(u64, Job)>,
+}
+
+/// What an error entry reports about a doorbell.
+struct Misuse {
+    value: u64,
+    code: i32,
+}
+
+/// An endpoint's XPU-triggered operations.
+pub(crate) struct XpuWatch {
+    alloc: Arc<dyn DoorbellAlloc>,
+    bells: Mutex<Vec<Bell>>,
+    /// Operations armed and not yet started or canceled (read without the lock).
+    armed: AtomicUsize,
+    /// When a trigger last fired (nanoseconds since `epoch`), for the watcher's back-off.
+    last_fire: AtomicU64,
+    epoch: Instant,
+}
+
+impl XpuWatch {
+    pub(crate) fn new(alloc: Arc<dyn DoorbellAlloc>) -> Self {
+        XpuWatch {
+            alloc,
+            bells: Mutex::default(),
+            armed: AtomicUsize::new(0),
+            last_fire: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Bell>> {
+        self.bells.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// True while armed operations wait: the watcher must keep looking.
+    #[inline]
+    pub(crate) fn waiting(&self) -> bool {
+        self.armed.load(Ordering::Acquire) > 0
+    }
+
+    /// `fi_getopt(FI_OPT_XPU_TRIGGER)`: the number of variables a trigger from `xpu` needs;
+    /// fills the datatype and count of as many of `vars` as there are.
+    pub(crate) fn layout(&self, xpu: Xpu, vars: &mut [TriggerVar]) -> Result<usize> {
+        self.alloc.check(xpu)?;
+        for (v, (dt, n)) in vars.iter_mut().zip(VARS) {
+            v.datatype = dt as i32;
+            v.count = n;
+        }
+        Ok(VARS.len())
+    }
+
+    /// Arms `job` for `xpu` and fills `vars` with the doorbell and the value that starts it.
+    pub(crate) fn arm(
+        &self,
+        what: &'static str,
+        xpu: Xpu,
+        vars: &mut [TriggerVar],
+        job: Job,
+        closed: &AtomicBool,
+    ) -> Result<usize> {
+        let Some(var) = vars.first_mut() else {
+            return Err(Error::Inval(format!(
+                "{what}: no fi_trigger_var given; an XPU trigger needs {} (getopt FI_OPT_XPU_TRIGGER)",
+                VARS.len()
+            )));
+        };
+        if var.datatype != Datatype::UInt64 as i32 || var.count != 1 {
+            return Err(Error::Inval(format!(
+                "{what}: fi_trigger_var is datatype {} count {}; this endpoint's triggers are one FI_UINT64 with count 1 (getopt FI_OPT_XPU_TRIGGER)",
+                var.datatype, var.count
+            )));
+        }
+        let mut bells = self.lock();
+        // Checked under the lock close takes to release what is armed: nothing armed after.
+        if closed.load(Ordering::Acquire) {
+            return Err(Error::OpBadState(format!("{what}: endpoint is closed")));
+        }
+        if self.armed.load(Ordering::Acquire) >= XPU_ARMED_MAX {
+            return Err(Error::Again(
+                "XPU trigger: XPU_ARMED_MAX operations already armed on this endpoint",
+            ));
+        }
+        let i = match bells.iter().position(|b| b.xpu == xpu) {
+            Some(i) => i,
+            None => {
+                self.alloc.check(xpu)?;
+                let bell = self.alloc.alloc(xpu)?;
+                let seen = bell.word().load(Ordering::Acquire);
+                bells.push(Bell {
+                    xpu,
+                    bell,
+                    armed: seen,
+                    seen,
+                    jobs: VecDeque::new(),
+                });
+                bells.len() - 1
+            }
+        };
+        let b = &mut bells[i];
+        b.armed += 1;
+        let value = b.armed;
+        b.jobs.push_back((value, job));
+        var.addr = b.bell.xpu_addr() as *mut std::ffi::c_void;
+        var.value.val64 = value;
+        self.armed.fetch_add(1, Ordering::AcqRel);
+        // Arming restarts the spin window: a trigger is likely soon.
+        self.touch();
+        Ok(1)
+    }
+
+    fn touch(&self) {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        self.last_fire.store(now, Ordering::Relaxed);
+    }
+
+    /// Looks at every doorbell once: starts what its value reached, in order, and reports
+    /// misuse. Returns how many operations started. Another thread already looking is left
+    /// to it (one watcher at a time keeps the order).
+    pub(crate) fn poll(&self, core: &EpCore, start: impl Fn(Job)) -> usize {
+        if !self.waiting() {
+            return 0;
+        }
+        let Ok(mut bells) = self.bells.try_lock() else {
+            return 0;
+        };
+        let mut n = 0;
+        let mut misuse = Vec::new();
+        for b in bells.iter_mut() {
+            let v = b.bell.word().load(Ordering::Acquire);
+            if v == b.seen {
+                continue;
+            }
+            if v < b.seen {
+                misuse.push(Misuse {
+                    value: v,
+                    code: XPU_ERR_BACKWARDS,
+                });
+            } else if v > b.armed {
+                misuse.push(Misuse {
+                    value: v,
+                    code: XPU_ERR_PAST_ARMED,
+                });
+            }
+            b.seen = v;
+            // Past what was armed: start only what was armed, and hand out values above
+            // what the XPU stored from now on, so its stray value starts nothing later.
+            let upto = v.min(b.armed);
+            b.armed = b.armed.max(v);
+            while b.jobs.front().is_some_and(|(k, _)| *k <= upto) {
+                let (_, job) = b.jobs.pop_front().expect("front checked");
+                self.armed.fetch_sub(1, Ordering::AcqRel);
+                start(job);
+                n += 1;
+            }
+        }
+        drop(bells);
+        if n > 0 {
+            self.touch();
+        }
+        for m in misuse {
+            report_misuse(core, m);
+        }
+        n
+    }
+
+    /// Removes the armed operation with context `ctx`, if there is one.
+    pub(crate) fn take(&self, ctx: Context) -> Option<Job> {
+        let mut bells = self.lock();
+        for b in bells.iter_mut() {
+            if let Some(i) = b.jobs.iter().position(|(_, j)| j.ctx() == ctx) {
+                let (_, job) = b.jobs.remove(i)?;
+                self.armed.fetch_sub(1, Ordering::AcqRel);
+                return Some(job);
+            }
+        }
+        None
+    }
+
+    /// Removes every armed operation (the endpoint is closing).
+    pub(crate) fn take_all(&self) -> Vec<Job> {
+        let mut bells = self.lock();
+        let mut out = Vec::new();
+        for b in bells.iter_mut() {
+            out.extend(b.jobs.drain(..).map(|(_, j)| j));
+        }
+        self.armed.store(0, Ordering::Release);
+        out
+    }
+
+    /// How the watcher should wait when nothing is ready: `None` if nothing is armed (the
+    /// provider's doorbell may put it to sleep); otherwise keep spinning within the spin
+    /// window after the last trigger, then sleep briefly between looks.
+    pub(crate) fn nap(&self) -> Option<Duration> {
+        if !self.waiting() {
+            return None;
+        }
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let since = now.saturating_sub(self.last_fire.load(Ordering::Relaxed));
+        if since < SPIN_WINDOW.as_nanos() as u64 {
+            Some(Duration::ZERO)
+        } else {
+            Some(POLL_SLEEP)
+        }
+    }
+}
+
+/// An error entry for a doorbell the XPU misused: `FI_EINVAL` with flags `FI_TRIGGER`, no
+/// context, `prov_errno` saying which misuse, and `data` the value it stored.
+fn report_misuse(core: &EpCore, m: Misuse) {
+    let Some(b) = core.bound() else { return };
+    if let Some(cq) = &b.tx_cq {
+        cq.push_err(CqErrEntry {
+            op_context: 0,
+            flags: FI_TRIGGER,
+            err: FI_EINVAL,
+            prov_errno: m.code,
+            data: m.value,
+            ..Default::default()
+        });
+    } else if let Some(c) = &b.cntr[crate::ep::CntrClass::Send as usize] {
+        c.inc_err();
+        c.notify_observers();
+    }
+}
