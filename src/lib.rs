@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 pub use xfabric_core::*;
 pub use xfabric_providers as providers;
+pub use xfabric_xpu_trigger as xpu_trigger;
 
 /// The provider used when hints name none.
 pub const DEFAULT_PROVIDER: &str = "shm";
