@@ -13,6 +13,7 @@ use std::process::Command;
 use xfabric::consts::errno::*;
 use xfabric::consts::*;
 use xfabric::entry::{CqDataEntry, CqEntry, CqErrEntry, CqMsgEntry, CqTaggedEntry};
+use xfabric::{Iface, TriggerVar, TriggerXpu};
 
 const HEADER: &str = "/usr/include/rdma/fabric.h";
 
@@ -169,6 +170,7 @@ fn all_checks() -> Vec<Check> {
         CntrEvents,
         TriggerEvent,
         WorkOpType,
+        Iface,
     ]);
     v.extend(layout!(CqEntry, "fi_cq_entry" { op_context }));
     v.extend(layout!(CqMsgEntry, "fi_cq_msg_entry" { op_context, flags, len }));
@@ -179,6 +181,8 @@ fn all_checks() -> Vec<Check> {
     v.extend(layout!(CqErrEntry, "fi_cq_err_entry" {
         op_context, flags, len, buf, data, tag, olen, err, prov_errno, err_data, err_data_size,
     }));
+    v.extend(layout!(TriggerVar, "fi_trigger_var" { datatype, count, addr, value }));
+    v.extend(layout!(TriggerXpu, "fi_trigger_xpu" { count, iface, device, var }));
     v
 }
 

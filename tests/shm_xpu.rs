@@ -72,9 +72,16 @@ fn receiver(progress: Progress) {
         assert_eq!(e.op_context, i, "each receive completed once");
         if i < N {
             assert_eq!(e.len, len_of(i));
-            assert!(bufs[i] == pattern(len_of(i), i as u64), "bytes of message {i}");
+            assert!(
+                bufs[i] == pattern(len_of(i), i as u64),
+                "bytes of message {i}"
+            );
         } else {
-            assert_eq!(&bufs[N][..8], b"the end!", "the last message is the plain one");
+            assert_eq!(
+                &bufs[N][..8],
+                b"the end!",
+                "the last message is the plain one"
+            );
         }
     }
     say("ok");
@@ -94,14 +101,17 @@ fn sends(test: &str, progress: Progress) {
         let iov = [RawIov::of(b)];
         let mut v = [TriggerVar::default()];
         // SAFETY: `bufs` outlives the sends (their completions are waited for below).
-        let k = unsafe { n.ep.tsendmsg_xpu(&msg(&iov, to, i, 0), 0, Xpu::CPU, &mut v) }
-            .expect("arm");
+        let k =
+            unsafe { n.ep.tsendmsg_xpu(&msg(&iov, to, i, 0), 0, Xpu::CPU, &mut v) }.expect("arm");
         assert_eq!(k, 1);
         assert_eq!(unsafe { v[0].value.val64 }, i as u64 + 1);
         vars.push(v[0]);
     }
     assert_eq!(peer.hear(), "ready");
-    let spans = bufs.iter().map(|b| (b.as_ptr() as usize, b.len())).collect();
+    let spans = bufs
+        .iter()
+        .map(|b| (b.as_ptr() as usize, b.len()))
+        .collect();
     let xpu = xpu_thread(spans, vars);
     let done = n.wait_n(N);
     xpu.join().unwrap();
@@ -191,23 +201,35 @@ fn writes(test: &str, progress: Progress) {
         unsafe { n.ep.writemsg_xpu(&m, FI_REMOTE_CQ_DATA, Xpu::CPU, &mut v) }.expect("arm");
         vars.push(v[0]);
     }
-    let spans = (0..N).map(|i| (local.as_ptr() as usize + i * W, W)).collect();
+    let spans = (0..N)
+        .map(|i| (local.as_ptr() as usize + i * W, W))
+        .collect();
     let xpu = xpu_thread(spans, vars);
     let done = n.wait_n(N);
     xpu.join().unwrap();
     let mut ctxs: Vec<_> = done.iter().map(|e| e.op_context).collect();
     ctxs.sort_unstable();
-    assert_eq!(ctxs, (0..N).collect::<Vec<_>>(), "each write completed once");
+    assert_eq!(
+        ctxs,
+        (0..N).collect::<Vec<_>>(),
+        "each write completed once"
+    );
     assert_eq!(peer.hear(), "ok");
     peer.join();
 }
 
 #[test]
 fn xpu_triggered_rma_writes_across_two_processes() {
-    writes("xpu_triggered_rma_writes_across_two_processes", Progress::Manual);
+    writes(
+        "xpu_triggered_rma_writes_across_two_processes",
+        Progress::Manual,
+    );
 }
 
 #[test]
 fn xpu_triggered_rma_writes_under_auto_progress() {
-    writes("xpu_triggered_rma_writes_under_auto_progress", Progress::Auto);
+    writes(
+        "xpu_triggered_rma_writes_under_auto_progress",
+        Progress::Auto,
+    );
 }

@@ -146,6 +146,17 @@ pub struct TriggerXpu {
     pub var: *mut TriggerVar,
 }
 
+impl Default for TriggerXpu {
+    fn default() -> Self {
+        TriggerXpu {
+            count: 0,
+            iface: Iface::System as u32,
+            device: XpuDevice { reserved: 0 },
+            var: std::ptr::null_mut(),
+        }
+    }
+}
+
 /// Which XPU will ring a trigger: an HMEM interface and a device of it (`fi_trigger_xpu`'s
 /// `iface` and `device`). `System` is a CPU thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
