@@ -174,32 +174,31 @@ impl EpLink {
         }
     }
 
-    /// Retries operations waiting for room, oldest first, until one is refused again.
+    /// Retries operations waiting for room, oldest first, until one is refused again. Jobs
+    /// are taken one at a time: the queue may hold thousands (an XPU rang many at once) and
+    /// only a ring's worth fit.
     fn retry(&self) -> usize {
         if self.retrying.swap(true, Ordering::AcqRel) {
             return 0;
         }
-        let mut taken = std::mem::take(&mut *lock(&self.stalled));
         let mut n = 0;
-        while let Some(job) = taken.pop_front() {
+        loop {
+            let Some(job) = lock(&self.stalled).pop_front() else {
+                break;
+            };
             if self.closed.load(Ordering::Acquire) {
                 job.cancel();
                 continue;
             }
-            match self.start(job) {
-                None => n += 1,
-                Some(job) => {
-                    taken.push_front(job);
-                    break;
-                }
+            if let Some(job) = self.start(job) {
+                // Back at the front: anything queued meanwhile stays behind it.
+                lock(&self.stalled).push_front(job);
+                break;
             }
+            n += 1;
         }
         {
-            // What is left goes back ahead of what was started meanwhile.
-            let mut s = lock(&self.stalled);
-            while let Some(job) = taken.pop_back() {
-                s.push_front(job);
-            }
+            let s = lock(&self.stalled);
             if s.is_empty() {
                 self.has_stalled.store(false, Ordering::Release);
             }

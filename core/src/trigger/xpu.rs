@@ -35,7 +35,7 @@ const SPIN_WINDOW: Duration = Duration::from_millis(20);
 
 /// Past the spin window, how long the watcher sleeps between looks at a doorbell that armed
 /// operations wait on.
-const POLL_SLEEP: Duration = Duration::from_micros(200);
+const POLL_SLEEP: Duration = Duration::from_micros(500);
 
 /// `prov_errno` of an error entry: the XPU stored a value past the last one armed.
 pub const XPU_ERR_PAST_ARMED: i32 = 1;

@@ -1,0 +1,545 @@
+//! XPU-trigger benchmarks with a CPU XPU, against plain sends in the same run. Run by
+//! `scripts/bench.sh`; each mode starts its own peer process.
+//!
+//! - `lat`: one-way latency of 8-byte tagged messages, from the moment the XPU stores the
+//!   doorbell (or the host calls send) to the peer reading the receive completion, timed
+//!   with CLOCK_MONOTONIC on both sides (one clock for the whole machine). Blocks of
+//!   triggered and plain samples alternate; the peer answers each message, so samples never
+//!   overlap. `--auto` puts the sender under auto progress with the XPU a separate thread
+//!   (the watcher is then the domain's progress thread); by default the sender's one thread
+//!   is both the XPU and, through its completion-queue reads, the watcher.
+//! - `rate`: 8-byte sends per second one way: all armed first, then a CPU XPU thread rings
+//!   them one by one, timed from the first doorbell store to the peer's last completion; then
+//!   the same number of plain sends posted back to back.
+//! - `idle`: CPU time the auto-progress thread costs while nothing happens: with nothing
+//!   armed, and with an operation armed but its XPU silent past the watcher's spin window.
+//!
+//! ```text
+//! cargo run --release --example xpu_bench -- lat [--samples N] [--rounds R] [--auto]
+//! cargo run --release --example xpu_bench -- rate [--count N] [--rounds R]
+//! cargo run --release --example xpu_bench -- idle [--secs S]
+//! ```
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use xfabric::xpu_trigger::ring;
+use xfabric::*;
+
+const ROLE_ENV: &str = "XF_XPU_BENCH_ROLE";
+const TAG_XPU: u64 = 1;
+const TAG_PLAIN: u64 = 2;
+
+/// CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the machine.
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+struct Args {
+    mode: String,
+    samples: usize,
+    rounds: usize,
+    count: usize,
+    secs: u64,
+    auto: bool,
+}
+
+fn args() -> Args {
+    let v: Vec<String> = std::env::args().skip(1).collect();
+    let mut a = Args {
+        mode: v.first().cloned().unwrap_or_else(|| "lat".into()),
+        samples: 2000,
+        rounds: 5,
+        count: 60_000,
+        secs: 2,
+        auto: false,
+    };
+    let mut it = v.iter().skip(1);
+    while let Some(k) = it.next() {
+        let mut num = || -> usize {
+            it.next()
+                .and_then(|x| x.parse().ok())
+                .unwrap_or_else(|| fail(&format!("{k} needs a number")))
+        };
+        match k.as_str() {
+            "--samples" => a.samples = num().max(1),
+            "--rounds" => a.rounds = num().max(1),
+            "--count" => a.count = num().clamp(1, XPU_ARMED_MAX),
+            "--secs" => a.secs = num().max(1) as u64,
+            "--auto" => a.auto = true,
+            _ => fail(&format!("unknown argument {k}")),
+        }
+    }
+    a
+}
+
+fn fail(why: &str) -> ! {
+    eprintln!("xpu_bench: {why}");
+    std::process::exit(2)
+}
+
+fn main() {
+    let a = args();
+    let peer = std::env::var(ROLE_ENV).is_ok();
+    match (a.mode.as_str(), peer) {
+        ("lat", false) => lat_sender(&a),
+        ("lat", true) => lat_peer(&a),
+        ("rate", false) => rate_sender(&a),
+        ("rate", true) => rate_peer(&a),
+        ("idle", false) => idle(&a),
+        (m, _) => fail(&format!("unknown mode {m} (lat, rate, idle)")),
+    }
+}
+
+struct Node {
+    _fabric: Fabric,
+    _domain: Domain,
+    cq: CompletionQueue,
+    av: AddressVector,
+    ep: Endpoint,
+}
+
+fn open(caps: u64, progress: Progress) -> Node {
+    let mut hints = Info {
+        caps,
+        ..Default::default()
+    };
+    hints.fabric_attr.prov_name = Some("shm".into());
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.domain_attr.data_progress = progress;
+    let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints)).expect("getinfo")[0].clone();
+    let fabric = xfabric::fabric(&info.fabric_attr).expect("fabric");
+    let domain = fabric.domain(&info).expect("domain");
+    let cq = domain
+        .cq_open(&CqAttr {
+            format: CqFormat::Tagged,
+            size: 1 << 17,
+            ..Default::default()
+        })
+        .expect("cq");
+    let av = domain.av_open(&AvAttr::default()).expect("av");
+    let ep = domain.endpoint(&info).expect("endpoint");
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).expect("bind cq");
+    ep.bind_av(&av).expect("bind av");
+    ep.enable().expect("enable");
+    Node {
+        _fabric: fabric,
+        _domain: domain,
+        cq,
+        av,
+        ep,
+    }
+}
+
+impl Node {
+    /// Reads completions until one satisfies `want` (60 s at most); exits on an error entry.
+    fn until(&self, mut want: impl FnMut(&CqTaggedEntry) -> bool) {
+        let mut buf = [CqTaggedEntry::default(); 16];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut empty = 0u32;
+        loop {
+            match self.cq.read(&mut buf) {
+                Ok(k) => {
+                    if buf[..k].iter().fold(false, |hit, e| want(e) || hit) {
+                        return;
+                    }
+                }
+                Err(Error::Again(_)) => {
+                    empty = empty.wrapping_add(1);
+                    if empty % 4096 == 0 && Instant::now() > deadline {
+                        fail("timed out waiting for a completion");
+                    }
+                }
+                Err(e) => fail(&format!("completion: {e}: {:?}", self.cq.readerr())),
+            }
+        }
+    }
+
+    /// Posts with `post`, driving progress while it says `Again`.
+    fn retry(&self, mut post: impl FnMut() -> Result<()>) {
+        loop {
+            match post() {
+                Ok(()) => return,
+                Err(Error::Again(_)) => {
+                    self.ep.progress();
+                }
+                Err(e) => fail(&format!("post: {e}")),
+            }
+        }
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// The peer process and its stdio.
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl Peer {
+    fn start() -> Peer {
+        let mut child = Command::new(std::env::current_exe().expect("current_exe"))
+            .args(std::env::args().skip(1))
+            .env(ROLE_ENV, "peer")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the peer");
+        let stdin = child.stdin.take().expect("stdin");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        Peer {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    fn hear(&mut self) -> String {
+        self.lines
+            .next()
+            .and_then(|l| l.ok())
+            .unwrap_or_else(|| fail("the peer exited"))
+    }
+
+    fn tell(&mut self, s: &str) {
+        writeln!(self.stdin, "{s}").expect("tell the peer");
+    }
+
+    /// Exchanges addresses; returns the peer's.
+    fn connect(&mut self, n: &Node) -> FiAddr {
+        let a = n.av.insert_one(&unhex(&self.hear())).expect("av insert");
+        self.tell(&hex(&n.ep.getname().expect("getname")));
+        a
+    }
+
+    fn finish(mut self) {
+        let st = self.child.wait().expect("peer exit");
+        if !st.success() {
+            fail(&format!("peer failed: {st}"));
+        }
+    }
+}
+
+/// Child side of `Peer::connect`.
+fn connect_parent(n: &Node) -> (FiAddr, std::io::Lines<std::io::StdinLock<'static>>) {
+    println!("{}", hex(&n.ep.getname().expect("getname")));
+    let mut lines = std::io::stdin().lock().lines();
+    let raw = lines.next().and_then(|l| l.ok()).unwrap_or_default();
+    (n.av.insert_one(&unhex(&raw)).expect("av insert"), lines)
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+// ---- lat ----
+
+/// The peer of `lat`: receives each message, timestamps its completion, answers.
+fn lat_peer(a: &Args) {
+    let n = open(FI_MSG | FI_TAGGED, Progress::Manual);
+    let (from, _lines) = connect_parent(&n);
+    let total = a.rounds * 2 * a.samples;
+    let (mut xpu, mut plain) = (Vec::new(), Vec::new());
+    let mut buf = [0u8; 8];
+    let ack = [0u8; 8];
+    for i in 0..total {
+        let mut tag = 0;
+        // SAFETY: `buf` is read only after the receive completed.
+        n.retry(|| unsafe { n.ep.trecv(&mut buf, None, from, 0, !0, i) });
+        n.until(|e| {
+            tag = e.tag;
+            e.flags & FI_RECV != 0
+        });
+        let t1 = now_ns();
+        let t0 = u64::from_ne_bytes(buf);
+        let us = t1.saturating_sub(t0) as f64 / 1e3;
+        if tag == TAG_XPU {
+            xpu.push(us);
+        } else {
+            plain.push(us);
+        }
+        // SAFETY: `ack` outlives the send (waited for).
+        n.retry(|| unsafe { n.ep.tsend(&ack, None, from, 0, 1 << 40) });
+        n.until(|e| e.flags & FI_SEND != 0);
+    }
+    xpu.sort_by(f64::total_cmp);
+    plain.sort_by(f64::total_cmp);
+    println!(
+        "{} {} {} {} {} {}",
+        pct(&xpu, 0.5),
+        pct(&xpu, 0.99),
+        pct(&plain, 0.5),
+        pct(&plain, 0.99),
+        xpu.len(),
+        plain.len()
+    );
+}
+
+fn lat_sender(a: &Args) {
+    let mut peer = Peer::start();
+    let progress = if a.auto {
+        Progress::Auto
+    } else {
+        Progress::Manual
+    };
+    let n = open(FI_MSG | FI_TAGGED | FI_TRIGGER | FI_XPU_TRIGGER, progress);
+    let to = peer.connect(&n);
+    let slots = vec![[0u8; 8]; a.samples];
+    let mut ack = [0u8; 8];
+    // One exchange: post the answer's receive, start the message, wait for both.
+    let exchange = |ack: &mut [u8; 8], start: &mut dyn FnMut()| {
+        // SAFETY: `ack` is only read by the peer's answer, waited for below.
+        n.retry(|| unsafe { n.ep.trecv(ack, None, to, 0, !0, 7) });
+        start();
+        let (mut sent, mut answered) = (false, false);
+        n.until(|e| {
+            sent |= e.flags & FI_SEND != 0;
+            answered |= e.flags & FI_RECV != 0;
+            sent && answered
+        });
+    };
+    for _ in 0..a.rounds {
+        // Triggered block: arm every sample's send (host setup, untimed), then the XPU
+        // stamps each slot and rings it, one exchange at a time.
+        let mut vars = Vec::with_capacity(a.samples);
+        for (i, s) in slots.iter().enumerate() {
+            let iov = [RawIov::of(s)];
+            let m = Msg {
+                iov: &iov,
+                desc: &[],
+                addr: to,
+                context: i,
+                data: 0,
+                tag: TAG_XPU,
+                ignore: 0,
+            };
+            let mut v = [TriggerVar::default()];
+            // SAFETY: `slots` outlives every send (each completes within its exchange).
+            unsafe { n.ep.tsendmsg_xpu(&m, 0, Xpu::CPU, &mut v) }.expect("arm");
+            vars.push(v[0]);
+        }
+        for (s, v) in slots.iter().zip(&vars) {
+            exchange(&mut ack, &mut || {
+                // The XPU's data store, then its doorbell store.
+                // SAFETY: the slot's send is armed, not started: nothing reads it yet.
+                unsafe { (s.as_ptr() as *mut u64).write_volatile(now_ns()) };
+                // SAFETY: a variable this endpoint filled for the CPU XPU.
+                unsafe { ring(std::slice::from_ref(v)) }.expect("ring");
+            });
+        }
+        // Plain block: the host stamps and sends.
+        for (i, s) in slots.iter().enumerate() {
+            exchange(&mut ack, &mut || {
+                // SAFETY: as above; the previous send of this slot completed.
+                unsafe { (s.as_ptr() as *mut u64).write_volatile(now_ns()) };
+                // SAFETY: `slots` outlives the send (waited for in the exchange).
+                n.retry(|| unsafe { n.ep.tsend(s, None, to, TAG_PLAIN, i) });
+            });
+        }
+    }
+    let line = peer.hear();
+    let f: Vec<f64> = line
+        .split(' ')
+        .map(|x| x.parse().unwrap_or(f64::NAN))
+        .collect();
+    println!(
+        "8 B one-way latency, {} (usec; doorbell store or send call -> peer's receive completion)",
+        if a.auto {
+            "sender under auto progress, XPU a separate thread"
+        } else {
+            "sender's thread is the XPU and drives progress"
+        }
+    );
+    println!("kind            samples      p50      p99");
+    println!("xpu-triggered   {:>7} {:>8.2} {:>8.2}", f[4], f[0], f[1]);
+    println!("plain send      {:>7} {:>8.2} {:>8.2}", f[5], f[2], f[3]);
+    println!(
+        "triggered - plain: p50 {:+.2} usec (goal <= +0.50), p99 {:+.2} usec",
+        f[0] - f[2],
+        f[1] - f[3]
+    );
+    peer.finish();
+}
+
+// ---- rate ----
+
+fn rate_peer(a: &Args) {
+    let n = open(FI_MSG | FI_TAGGED, Progress::Manual);
+    let (from, mut lines) = connect_parent(&n);
+    let mut bufs = vec![[0u8; 8]; a.count];
+    for _ in 0..a.rounds * 2 {
+        for (i, b) in bufs.iter_mut().enumerate() {
+            // SAFETY: `bufs` outlives the receives (all completed before reuse).
+            n.retry(|| unsafe { n.ep.trecv(b, None, from, 0, !0, i) });
+        }
+        println!("ready");
+        let mut got = 0;
+        n.until(|e| {
+            got += usize::from(e.flags & FI_RECV != 0);
+            got == a.count
+        });
+        println!("{}", now_ns());
+        let _ = lines.next();
+    }
+}
+
+fn rate_sender(a: &Args) {
+    let mut peer = Peer::start();
+    let n = open(
+        FI_MSG | FI_TAGGED | FI_TRIGGER | FI_XPU_TRIGGER,
+        Progress::Manual,
+    );
+    let to = peer.connect(&n);
+    let bufs = vec![[0u8; 8]; a.count];
+    let (mut xpu_rates, mut plain_rates) = (Vec::new(), Vec::new());
+    for _ in 0..a.rounds {
+        // Triggered: arm all, then a CPU XPU thread rings each in turn while this thread
+        // drives progress.
+        let mut vars = Vec::with_capacity(a.count);
+        for (i, b) in bufs.iter().enumerate() {
+            let iov = [RawIov::of(b)];
+            let m = Msg {
+                iov: &iov,
+                desc: &[],
+                addr: to,
+                context: i,
+                data: 0,
+                tag: 0,
+                ignore: 0,
+            };
+            let mut v = [TriggerVar::default()];
+            // SAFETY: `bufs` outlives the sends (all complete within the round).
+            unsafe { n.ep.tsendmsg_xpu(&m, 0, Xpu::CPU, &mut v) }.expect("arm");
+            vars.push(v[0]);
+        }
+        assert_eq!(peer.hear(), "ready");
+        let t0 = now_ns();
+        let xpu = std::thread::spawn(move || {
+            for v in &vars {
+                // SAFETY: variables this endpoint filled for the CPU XPU; it outlives the
+                // thread (joined below).
+                unsafe { ring(std::slice::from_ref(v)) }.expect("ring");
+            }
+        });
+        let mut done = 0;
+        n.until(|e| {
+            done += usize::from(e.flags & FI_SEND != 0);
+            done == a.count
+        });
+        xpu.join().expect("xpu thread");
+        let t1: u64 = peer.hear().parse().expect("time");
+        xpu_rates.push(a.count as f64 / ((t1 - t0) as f64 / 1e9));
+        peer.tell("next");
+
+        // Plain: the same count posted back to back.
+        assert_eq!(peer.hear(), "ready");
+        let t0 = now_ns();
+        let mut done = 0;
+        for (i, b) in bufs.iter().enumerate() {
+            // SAFETY: `bufs` outlives the sends.
+            loop {
+                match unsafe { n.ep.tsend(b, None, to, 0, i) } {
+                    Ok(()) => break,
+                    Err(Error::Again(_)) => {
+                        let mut e = [CqTaggedEntry::default(); 64];
+                        if let Ok(k) = n.cq.read(&mut e) {
+                            done += k;
+                        }
+                    }
+                    Err(e) => fail(&format!("send: {e}")),
+                }
+            }
+        }
+        n.until(|e| {
+            done += usize::from(e.flags & FI_SEND != 0);
+            done >= a.count
+        });
+        let t1: u64 = peer.hear().parse().expect("time");
+        plain_rates.push(a.count as f64 / ((t1 - t0) as f64 / 1e9));
+        peer.tell("next");
+    }
+    xpu_rates.sort_by(f64::total_cmp);
+    plain_rates.sort_by(f64::total_cmp);
+    let (x, p) = (pct(&xpu_rates, 0.5), pct(&plain_rates, 0.5));
+    println!(
+        "8 B sends one way, {} per round, median of {} rounds (first doorbell store or send call -> peer's last completion)",
+        a.count, a.rounds
+    );
+    println!(
+        "xpu-triggered: {:.2} M/s   plain: {:.2} M/s   (goal: triggered >= 2 M/s)",
+        x / 1e6,
+        p / 1e6
+    );
+    peer.finish();
+}
+
+// ---- idle ----
+
+/// CPU time this process has used, in seconds.
+fn cpu_secs() -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+fn idle(a: &Args) {
+    let n = open(FI_MSG | FI_TRIGGER | FI_XPU_TRIGGER, Progress::Auto);
+    let secs = Duration::from_secs(a.secs);
+    let measure = || {
+        let (c0, t0) = (cpu_secs(), Instant::now());
+        std::thread::sleep(secs);
+        100.0 * (cpu_secs() - c0) / t0.elapsed().as_secs_f64()
+    };
+    // Settle: the thread backs off from its start-up spin.
+    std::thread::sleep(Duration::from_millis(300));
+    let none = measure();
+    let buf = [0u8; 8];
+    let iov = [RawIov::of(&buf)];
+    let m = Msg {
+        iov: &iov,
+        desc: &[],
+        addr: 0,
+        context: 1,
+        data: 0,
+        tag: 0,
+        ignore: 0,
+    };
+    let mut v = [TriggerVar::default()];
+    let peer =
+        n.av.insert_one(&n.ep.getname().expect("getname"))
+            .expect("av");
+    let m = Msg { addr: peer, ..m };
+    // SAFETY: `buf` outlives the armed send, which is canceled below without starting.
+    unsafe { n.ep.sendmsg_xpu(&m, 0, Xpu::CPU, &mut v) }.expect("arm");
+    std::thread::sleep(Duration::from_millis(300));
+    let armed = measure();
+    n.ep.cancel(1).expect("cancel");
+    println!(
+        "auto-progress thread, idle for {} s: {:.2}% of a core with nothing armed, {:.2}% with an operation armed and its XPU silent (goal < 5%)",
+        a.secs, none, armed
+    );
+}
