@@ -24,7 +24,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use xfabric::xpu_trigger::ring;
+use xfabric::kernels::cpu::ring;
 use xfabric::*;
 
 const ROLE_ENV: &str = "XF_XPU_BENCH_ROLE";
@@ -99,6 +99,9 @@ fn main() {
 }
 
 struct Node {
+    /// Completions arrive from the domain's progress thread: block for them instead of
+    /// spinning (on two cores a third spinning thread would take turns with the watcher).
+    blocking: bool,
     _fabric: Fabric,
     _domain: Domain,
     cq: CompletionQueue,
@@ -121,6 +124,7 @@ fn open(caps: u64, progress: Progress) -> Node {
         .cq_open(&CqAttr {
             format: CqFormat::Tagged,
             size: 1 << 17,
+            wait_obj: WaitObj::Unspec,
             ..Default::default()
         })
         .expect("cq");
@@ -130,6 +134,7 @@ fn open(caps: u64, progress: Progress) -> Node {
     ep.bind_av(&av).expect("bind av");
     ep.enable().expect("enable");
     Node {
+        blocking: progress == Progress::Auto,
         _fabric: fabric,
         _domain: domain,
         cq,
@@ -145,13 +150,18 @@ impl Node {
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut empty = 0u32;
         loop {
-            match self.cq.read(&mut buf) {
+            let got = if self.blocking {
+                self.cq.sread(&mut buf, 1, 100)
+            } else {
+                self.cq.read(&mut buf)
+            };
+            match got {
                 Ok(k) => {
                     if buf[..k].iter().fold(false, |hit, e| want(e) || hit) {
                         return;
                     }
                 }
-                Err(Error::Again(_)) => {
+                Err(Error::Again(_)) | Err(Error::TimedOut(_)) => {
                     empty = empty.wrapping_add(1);
                     if empty % 4096 == 0 && Instant::now() > deadline {
                         fail("timed out waiting for a completion");

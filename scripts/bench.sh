@@ -15,6 +15,14 @@
 #   ROUNDS=1 SIZES="8 65536" scripts/bench.sh
 #   COMPARE=0 scripts/bench.sh             # the RMA section only
 #   RMA=0 scripts/bench.sh                 # the libfabric comparison only
+#   COMPARE=0 RMA=0 scripts/bench.sh       # the XPU-trigger section only
+#
+# Then "xfabric XPU triggers" (examples/xpu_bench, a CPU XPU; libfabric has no XPU triggers):
+#   - 8 B one-way latency from the doorbell store to the peer's receive completion, against a
+#     plain send's from the send call, alternating blocks in one run; goal: p50 within +0.5 us;
+#     also with the sender under auto progress and the XPU a separate thread;
+#   - 8 B triggered sends per second one way (goal >= 2 M/s), and plain sends the same way;
+#   - the auto-progress thread's CPU time while idle (goal < 5% of a core).
 #
 # Environment:
 #   ROUNDS     runs of each implementation per size (3)
@@ -35,6 +43,7 @@
 #   RMA_BW_BYTES  bytes each bandwidth run moves (1073741824): write/read run that many bytes
 #              in windows of 64, msg that many in both directions together
 #   FETCHADD_WINDOWS  windows of 64 fetch-adds per run (2000)
+#   XPU        0 skips the XPU-trigger section (1)
 #
 # Ratios in the first section are ours/libfabric, in the RMA section RMA/msg: below 1 is better
 # for usec/xfer, above 1 is better for MB/sec.
@@ -110,7 +119,7 @@ elif ! command -v "$FI_PINGPONG" >/dev/null 2>&1; then
 fi
 
 echo "bench: building examples/pingpong (release)" >&2
-(cd "$ROOT" && cargo build --release --example pingpong) >&2 || die "cargo build failed"
+(cd "$ROOT" && cargo build --release --example pingpong --example xpu_bench) >&2 || die "cargo build failed"
 [[ -x $OURS ]] || die "no binary at $OURS (is CARGO_TARGET_DIR set as for the build?)"
 
 # True when something listens on TCP port $1 (IPv4 or IPv6), read from /proc so no tool is
@@ -378,8 +387,21 @@ rma_section() {
     printf 'Goal: %s\n' "${goals[@]}"
 }
 
+xpu_section() {
+    local xb=$TARGET_DIR/release/examples/xpu_bench
+    echo
+    echo "xfabric XPU triggers (CPU XPU), provider shm"
+    echo
+    for args in "lat --rounds $ROUNDS" "lat --rounds $ROUNDS --auto" "rate --rounds $((ROUNDS * 3))" "idle"; do
+        # shellcheck disable=SC2086
+        timeout "$RUN_TIMEOUT" "$xb" $args || { echo "bench: xpu_bench $args failed" >&2; failures=$((failures + 1)); }
+        echo
+    done
+}
+
 ((COMPARE)) && compare_section
 ((RMA)) && rma_section
+((${XPU:-1})) && xpu_section
 if ((failures > 0)); then
     echo "bench: $failures run(s) failed (see above)" >&2
     exit 1

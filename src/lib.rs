@@ -14,6 +14,8 @@
 use std::sync::Arc;
 
 pub use xfabric_core::*;
+pub use xfabric_hmem as hmem;
+pub use xfabric_kernels as kernels;
 pub use xfabric_providers as providers;
 pub use xfabric_xpu_trigger as xpu_trigger;
 

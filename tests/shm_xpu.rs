@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use xfabric::xpu_trigger::ring;
+use xfabric::kernels::cpu::ring;
 use xfabric::*;
 
 const CAPS: u64 = FI_MSG | FI_TAGGED | FI_RMA | FI_TRIGGER | FI_XPU_TRIGGER;

@@ -21,6 +21,9 @@ pub trait ProgressSource: Send + Sync {
         let _ = timeout;
         std::thread::yield_now();
     }
+    /// Ends an `idle_wait` in progress (new work appeared that no peer will ring for, such as
+    /// an operation armed on an XPU doorbell). The default does nothing: its waits are short.
+    fn wake(&self) {}
     /// True when this source must be looked at again soon whatever its doorbell says
     /// (something it waits for rings no doorbell): an idle thread then waits on it.
     fn urgent(&self) -> bool {

@@ -99,7 +99,12 @@ impl EpLink {
                 "{what}: endpoint was opened without FI_XPU_TRIGGER"
             ))
         })?;
-        x.arm(what, xpu, vars, job, &self.closed)
+        let n = x.arm(what, xpu, vars, job, &self.closed)?;
+        // A progress thread asleep on the provider's doorbell must start watching this one.
+        if self.core.auto_progress {
+            self.ops.wake();
+        }
+        Ok(n)
     }
 
     /// Makes reading `cntr` (a deferred transfer's completion counter) drive this endpoint

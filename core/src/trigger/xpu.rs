@@ -15,7 +15,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::Job;
@@ -30,12 +30,27 @@ use crate::trigger::{TriggerVar, Xpu};
 /// Most operations one endpoint keeps armed; posting past it answers `Again`.
 pub const XPU_ARMED_MAX: usize = 1 << 16;
 
-/// After a trigger fired, the watcher keeps polling without sleeping for this long.
-const SPIN_WINDOW: Duration = Duration::from_millis(20);
+/// After an operation is armed or a trigger fires, the watcher keeps polling without sleeping
+/// for this long (`XFABRIC_XPU_SPIN_MS`, default 20): a trigger in that window is seen at once.
+fn spin_window() -> Duration {
+    static V: OnceLock<Duration> = OnceLock::new();
+    *V.get_or_init(|| Duration::from_millis(env_u64("XFABRIC_XPU_SPIN_MS", 20)))
+}
 
 /// Past the spin window, how long the watcher sleeps between looks at a doorbell that armed
-/// operations wait on.
-const POLL_SLEEP: Duration = Duration::from_micros(500);
+/// operations wait on (`XFABRIC_XPU_POLL_US`, default 1000): what a late trigger may wait,
+/// against what a silent XPU costs (each look is a wake-up of the progress thread).
+fn poll_sleep() -> Duration {
+    static V: OnceLock<Duration> = OnceLock::new();
+    *V.get_or_init(|| Duration::from_micros(env_u64("XFABRIC_XPU_POLL_US", 1000)))
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
 
 /// `prov_errno` of an error entry: the XPU stored a value past the last one armed.
 pub const XPU_ERR_PAST_ARMED: i32 = 1;
@@ -271,10 +286,10 @@ impl XpuWatch {
         }
         let now = self.epoch.elapsed().as_nanos() as u64;
         let since = now.saturating_sub(self.last_fire.load(Ordering::Relaxed));
-        if since < SPIN_WINDOW.as_nanos() as u64 {
+        if since < spin_window().as_nanos() as u64 {
             Some(Duration::ZERO)
         } else {
-            Some(POLL_SLEEP)
+            Some(poll_sleep())
         }
     }
 }

@@ -1043,6 +1043,10 @@ impl ShmEndpoint {
 }
 
 impl ProgressSource for ShmEndpoint {
+    fn wake(&self) {
+        Self::wake(&self.seg);
+    }
+
     fn progress(&self) -> usize {
         // Now and then take the full path even when idle, so that dead peers are looked for
         // (a receive may be waiting on one). A racy counter is fine: it only spaces the visits.

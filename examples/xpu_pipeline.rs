@@ -1,0 +1,393 @@
+//! Host sets up, XPU triggers: the sending process posts every bucket's send to a peer process
+//! in advance, each armed on an XPU trigger; the XPU then computes the buckets and rings each
+//! one's doorbell as soon as that bucket is done, so its send starts with no trip back
+//! through the host's code. The peer checks every byte.
+//!
+//! The XPU is a GPU kernel where CUDA and NVRTC are usable (xfabric-kernels'
+//! "compute then trigger" kernel: one block per bucket), otherwise a CPU thread doing the same
+//! work. The buckets live in device-visible host memory (`cuMemHostAlloc` mapped memory on a
+//! GPU), which the send reads directly.
+//!
+//! ```text
+//! cargo run --release --example xpu_pipeline [-- [--buckets N] [--bucket-kib K] [--rounds R] [--xpu auto|cpu|gpu]]
+//! ```
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use xfabric::hmem::{Hmem, HostMapped};
+use xfabric::*;
+
+const ROLE_ENV: &str = "XF_PIPELINE_ROLE";
+const CAPS: u64 = FI_MSG | FI_TRIGGER | FI_XPU_TRIGGER;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Want {
+    Auto,
+    Cpu,
+    Gpu,
+}
+
+struct Opts {
+    buckets: usize,
+    bucket_bytes: usize,
+    rounds: usize,
+    xpu: Want,
+}
+
+fn opts() -> Opts {
+    let mut o = Opts {
+        buckets: 64,
+        bucket_bytes: 64 << 10,
+        rounds: 5,
+        xpu: Want::Auto,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || {
+            it.next()
+                .unwrap_or_else(|| usage(&format!("{a} needs a value")))
+        };
+        let num = |v: &String| v.parse::<usize>().unwrap_or_else(|_| usage("not a number"));
+        match a.as_str() {
+            "--buckets" => o.buckets = num(val()).max(1),
+            "--bucket-kib" => o.bucket_bytes = num(val()).max(1) << 10,
+            "--rounds" => o.rounds = num(val()).max(1),
+            "--xpu" => {
+                o.xpu = match val().as_str() {
+                    "auto" => Want::Auto,
+                    "cpu" => Want::Cpu,
+                    "gpu" => Want::Gpu,
+                    _ => usage("--xpu auto|cpu|gpu"),
+                }
+            }
+            _ => usage(&format!("unknown argument {a}")),
+        }
+    }
+    o
+}
+
+fn usage(why: &str) -> ! {
+    eprintln!("xpu_pipeline: {why}");
+    eprintln!(
+        "usage: xpu_pipeline [--buckets N] [--bucket-kib K] [--rounds R] [--xpu auto|cpu|gpu]"
+    );
+    std::process::exit(2)
+}
+
+fn main() {
+    let o = opts();
+    match std::env::var(ROLE_ENV).as_deref() {
+        Ok("rx") => receiver(&o),
+        _ => sender(&o),
+    }
+}
+
+/// Element `i` of a round's buckets (u32 words): what the XPU computes and the peer expects.
+fn pattern(i: u64, seed: u32) -> u32 {
+    xfabric_kernels::cpu::pattern(i, seed)
+}
+
+struct Node {
+    _fabric: Fabric,
+    domain: Domain,
+    cq: CompletionQueue,
+    av: AddressVector,
+    ep: Endpoint,
+}
+
+fn open(caps: u64, progress: Progress) -> Node {
+    let mut hints = Info {
+        caps,
+        ..Default::default()
+    };
+    hints.fabric_attr.prov_name = Some("shm".into());
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.domain_attr.data_progress = progress;
+    let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints))
+        .expect("getinfo: shm with FI_XPU_TRIGGER")[0]
+        .clone();
+    let fabric = xfabric::fabric(&info.fabric_attr).expect("fabric");
+    let domain = fabric.domain(&info).expect("domain");
+    let cq = domain
+        .cq_open(&CqAttr {
+            format: CqFormat::Tagged,
+            size: 1 << 16,
+            ..Default::default()
+        })
+        .expect("cq");
+    let av = domain.av_open(&AvAttr::default()).expect("av");
+    let ep = domain.endpoint(&info).expect("endpoint");
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).expect("bind cq");
+    ep.bind_av(&av).expect("bind av");
+    ep.enable().expect("enable");
+    Node {
+        _fabric: fabric,
+        domain,
+        cq,
+        av,
+        ep,
+    }
+}
+
+impl Node {
+    /// Waits for `n` completions (60 s at most); exits on an error entry.
+    fn wait(&self, n: usize) -> Vec<CqTaggedEntry> {
+        let mut out = Vec::with_capacity(n);
+        let mut buf = [CqTaggedEntry::default(); 64];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while out.len() < n {
+            match self.cq.read(&mut buf[..(n - out.len()).min(64)]) {
+                Ok(k) => out.extend_from_slice(&buf[..k]),
+                Err(Error::Again(_)) => {}
+                Err(e) => fail(&format!("completion: {e}: {:?}", self.cq.readerr())),
+            }
+            if Instant::now() > deadline {
+                fail(&format!("timed out: {} of {n} completions", out.len()));
+            }
+        }
+        out
+    }
+}
+
+fn fail(why: &str) -> ! {
+    eprintln!("xpu_pipeline: {why}");
+    std::process::exit(1)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// The peer: posts a round's receives, says so, then checks every byte of every bucket.
+fn receiver(o: &Opts) {
+    let n = open(FI_MSG, Progress::Manual);
+    println!("{}", hex(&n.ep.getname().expect("getname")));
+    let mut lines = std::io::stdin().lock().lines();
+    let mut line = || lines.next().and_then(|l| l.ok()).unwrap_or_default();
+    let from = n.av.insert_one(&unhex(&line())).expect("av insert");
+    let total = o.buckets * o.bucket_bytes;
+    let mut buf = vec![0u8; total];
+    for round in 0..o.rounds {
+        buf.fill(0);
+        for (k, b) in buf.chunks_mut(o.bucket_bytes).enumerate() {
+            let iov = [RawIov::of_mut(b)];
+            let m = Msg {
+                iov: &iov,
+                desc: &[],
+                addr: from,
+                context: k,
+                data: 0,
+                tag: 0,
+                ignore: 0,
+            };
+            // SAFETY: `buf` is not touched until every receive of the round completed.
+            unsafe { n.ep.recvmsg(&m, 0) }.expect("recv");
+        }
+        println!("ready");
+        let got = n.wait(o.buckets);
+        let seed = round as u32;
+        for (w, word) in buf.chunks_exact(4).enumerate() {
+            let v = u32::from_ne_bytes(word.try_into().expect("4 bytes"));
+            if v != pattern(w as u64, seed) {
+                fail(&format!(
+                    "round {round}: word {w} is {v:#x}, want {:#x}",
+                    pattern(w as u64, seed)
+                ));
+            }
+        }
+        assert!(got.iter().all(|e| e.len == o.bucket_bytes));
+        println!("ok {round}");
+        assert_eq!(line(), "next");
+    }
+}
+
+/// Who rings the doorbells.
+enum Ringer {
+    Cpu,
+    Gpu(xfabric_kernels::GpuXpu),
+}
+
+impl Ringer {
+    fn pick(want: Want) -> (Ringer, String) {
+        if want != Want::Cpu {
+            match xfabric_kernels::GpuXpu::open(0) {
+                Ok(g) => {
+                    let (ma, mi) = g.compute_capability();
+                    let name = format!("GPU kernel (CUDA device {}, sm_{ma}{mi})", g.device());
+                    return (Ringer::Gpu(g), name);
+                }
+                Err(e) if want == Want::Gpu => fail(&format!("--xpu gpu: {e}")),
+                Err(e) => {
+                    return (Ringer::Cpu, format!("CPU thread (no GPU XPU: {e})"));
+                }
+            }
+        }
+        (Ringer::Cpu, "CPU thread".into())
+    }
+
+    fn xpu(&self) -> Xpu {
+        match self {
+            Ringer::Cpu => Xpu::CPU,
+            Ringer::Gpu(g) => Xpu {
+                iface: Iface::Cuda,
+                device: g.device() as u64,
+            },
+        }
+    }
+}
+
+fn sender(o: &Opts) {
+    if o.bucket_bytes % 4 != 0 {
+        usage("--bucket-kib gives whole u32 words");
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut child = Command::new(exe)
+        .args(std::env::args().skip(1))
+        .env(ROLE_ENV, "rx")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the peer process");
+    let mut to_peer = child.stdin.take().expect("stdin");
+    let mut from_peer = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut hear = || {
+        from_peer
+            .next()
+            .and_then(|l| l.ok())
+            .unwrap_or_else(|| fail("the peer process exited"))
+    };
+
+    let (ringer, what) = Ringer::pick(o.xpu);
+    let xpu = ringer.xpu();
+    // The watcher is the domain's progress thread: after posting, this thread only waits.
+    let n = open(CAPS, Progress::Auto);
+    let peer = n.av.insert_one(&unhex(&hear())).expect("av insert");
+    writeln!(to_peer, "{}", hex(&n.ep.getname().expect("getname"))).expect("tell peer");
+    let nvars =
+        n.ep.xpu_trigger_vars(xpu, &mut [])
+            .expect("getopt(FI_OPT_XPU_TRIGGER)");
+
+    let total = o.buckets * o.bucket_bytes;
+    let mem: HostMapped = Hmem::global()
+        .get(xpu.iface)
+        .alloc_host_mapped(xpu.device, total)
+        .unwrap_or_else(|e| fail(&format!("device-visible buffer: {e}")));
+    let _ = &n.domain;
+    println!(
+        "xpu_pipeline: {} buckets x {} KiB to a peer process, XPU: {what}",
+        o.buckets,
+        o.bucket_bytes >> 10
+    );
+    println!("round   ring-to-last-completion   GB/s   every byte checked");
+    let mut times = Vec::new();
+    for round in 0..o.rounds {
+        // SAFETY: no send of the previous round is in flight (all completed), and the XPU
+        // finished with the buffer.
+        unsafe { std::ptr::write_bytes(mem.as_ptr(), 0, total) };
+        let mut vars = vec![TriggerVar::default(); o.buckets * nvars];
+        let _ = n.ep.xpu_trigger_vars(xpu, &mut vars[..nvars]);
+        for k in 0..o.buckets {
+            let iov = [RawIov {
+                addr: mem.as_ptr() as usize + k * o.bucket_bytes,
+                len: o.bucket_bytes,
+            }];
+            let m = Msg {
+                iov: &iov,
+                desc: &[],
+                addr: peer,
+                context: k,
+                data: 0,
+                tag: 0,
+                ignore: 0,
+            };
+            let v = &mut vars[k * nvars..(k + 1) * nvars];
+            v.copy_from_slice(&vars_template(&n.ep, xpu, nvars));
+            // SAFETY: `mem` outlives the round (every send completes before the next round
+            // touches it); nothing reads a bucket before its trigger.
+            unsafe { n.ep.sendmsg_xpu(&m, 0, xpu, v) }.expect("arm a bucket's send");
+        }
+        assert_eq!(hear(), "ready");
+        let seed = round as u32;
+        let t0 = Instant::now();
+        match &ringer {
+            Ringer::Cpu => cpu_compute_and_ring(&mem, o, seed, &vars, nvars),
+            Ringer::Gpu(g) => {
+                // SAFETY: the variables this endpoint filled for this GPU: doorbells in its
+                // mapped memory, alive as long as the endpoint; `mem` is the mapped buffer of
+                // `total` bytes the armed sends read only after their bucket's doorbell.
+                unsafe {
+                    let dv = g.upload_vars(&vars).expect("upload trigger vars");
+                    g.compute_and_trigger(
+                        mem.device_addr(),
+                        (o.bucket_bytes / 4) as u32,
+                        o.buckets as u32,
+                        seed,
+                        &dv,
+                    )
+                    .expect("launch compute-then-trigger kernel");
+                }
+                g.synchronize().expect("kernel");
+            }
+        }
+        n.wait(o.buckets);
+        let dt = t0.elapsed();
+        assert_eq!(hear(), format!("ok {round}"));
+        writeln!(to_peer, "next").expect("tell peer");
+        times.push(dt);
+        println!(
+            "{round:>5}   {:>19.1} us   {:>5.2}   yes",
+            dt.as_secs_f64() * 1e6,
+            total as f64 / dt.as_secs_f64() / 1e9
+        );
+    }
+    let status = child.wait().expect("peer exit");
+    if !status.success() {
+        fail(&format!("peer process failed: {status}"));
+    }
+    times.sort();
+    let med = times[times.len() / 2];
+    println!(
+        "xpu_pipeline: {} rounds, every byte checked by the peer; median {:.1} us per round ({:.2} GB/s), XPU: {what}",
+        o.rounds,
+        med.as_secs_f64() * 1e6,
+        total as f64 / med.as_secs_f64() / 1e9
+    );
+}
+
+/// The variable layout getopt reports, for one trigger.
+fn vars_template(ep: &Endpoint, xpu: Xpu, nvars: usize) -> Vec<TriggerVar> {
+    let mut v = vec![TriggerVar::default(); nvars];
+    ep.xpu_trigger_vars(xpu, &mut v)
+        .expect("getopt(FI_OPT_XPU_TRIGGER)");
+    v
+}
+
+/// The CPU XPU: a thread computes each bucket, then rings its trigger, bucket by bucket.
+fn cpu_compute_and_ring(mem: &HostMapped, o: &Opts, seed: u32, vars: &[TriggerVar], nvars: usize) {
+    assert_eq!(nvars, 1, "one variable per trigger on this provider");
+    let xpu = xfabric::kernels::cpu::CpuXpu::new();
+    // SAFETY: `mem` holds buckets x words u32s that nothing else writes until the thread is
+    // joined (below); the armed sends read a bucket only after its doorbell. The variables
+    // are this endpoint's, whose doorbells outlive the thread.
+    let t = unsafe {
+        xpu.compute_and_trigger(
+            mem.as_ptr().cast(),
+            (o.bucket_bytes / 4) as u32,
+            o.buckets as u32,
+            seed,
+            vars.to_vec(),
+        )
+    }
+    .expect("start the CPU XPU");
+    t.join().expect("CPU XPU thread").expect("CPU XPU");
+}

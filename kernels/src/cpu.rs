@@ -1,0 +1,414 @@
+//! The CPU as XPU: what the CUDA kernels do, done by a host thread, for machines without a GPU
+//! and for providers' tests. Same store semantics (each variable at its exact width, in order,
+//! after the data), same data pattern.
+
+use std::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::thread::JoinHandle;
+
+use xfabric_xpu_trigger::{Signal, TriggerVar};
+
+use crate::KernelError;
+
+/// The value the example kernel writes at global index `i` (`xf_compute_and_trigger`):
+/// `(uint32_t)(i * 2654435761u) ^ seed`. Only the low 32 bits of the product matter, so the
+/// 64-bit index gives the same value the device computes.
+pub fn pattern(i: u64, seed: u32) -> u32 {
+    (i.wrapping_mul(2_654_435_761) as u32) ^ seed
+}
+
+/// Checks one variable the way [`ring`] will use it.
+///
+/// # Safety
+/// As [`TriggerVar::signal`]: for `FI_UINT8` with count > 1, `value.data` points to `count`
+/// readable bytes.
+unsafe fn checked_signal(index: usize, v: &TriggerVar) -> Result<Signal<'_>, KernelError> {
+    if v.addr.is_null() {
+        return Err(KernelError::InvalidVar {
+            index,
+            reason: "addr is null".into(),
+        });
+    }
+    // SAFETY: the caller's contract.
+    unsafe { v.signal() }.ok_or_else(|| KernelError::InvalidVar {
+        index,
+        reason: format!(
+            "datatype {} with count {} is not FI_UINT8/16/32/64 with count 1, nor FI_UINT8 \
+             bytes with a data pointer",
+            v.datatype, v.count
+        ),
+    })
+}
+
+/// Checks a whole list before anything is stored, so a bad variable never leaves a list half
+/// rung (the device kernel can only stop at it).
+///
+/// # Safety
+/// As [`checked_signal`], for every variable.
+pub unsafe fn validate(vars: &[TriggerVar]) -> Result<(), KernelError> {
+    for (i, v) in vars.iter().enumerate() {
+        // SAFETY: the caller's contract.
+        unsafe { checked_signal(i, v) }?;
+    }
+    Ok(())
+}
+
+/// Rings a trigger list from this thread: each variable's value stored at its address with a
+/// release store of its exact width (bytes: copied, then a release fence), in order. Everything
+/// this thread wrote before the call is visible to whoever observes a variable's value.
+///
+/// Nothing is stored unless every variable is well formed.
+///
+/// # Safety
+/// Each `addr` must be valid, suitably aligned for its width and writable for the store (and
+/// only accessed atomically by others); for `FI_UINT8` with count > 1, `value.data` must point
+/// to `count` readable bytes and `addr` to `count` writable ones.
+pub unsafe fn ring(vars: &[TriggerVar]) -> Result<(), KernelError> {
+    // SAFETY: the caller's contract.
+    unsafe { validate(vars) }?;
+    for v in vars {
+        // SAFETY: validated above; the stores are the caller's contract.
+        unsafe {
+            match v.signal() {
+                Some(Signal::U8(x)) => {
+                    AtomicU8::from_ptr(v.addr.cast()).store(x, Ordering::Release)
+                }
+                Some(Signal::U16(x)) => {
+                    AtomicU16::from_ptr(v.addr.cast()).store(x, Ordering::Release)
+                }
+                Some(Signal::U32(x)) => {
+                    AtomicU32::from_ptr(v.addr.cast()).store(x, Ordering::Release)
+                }
+                Some(Signal::U64(x)) => {
+                    AtomicU64::from_ptr(v.addr.cast()).store(x, Ordering::Release)
+                }
+                Some(Signal::Bytes(b)) => {
+                    // The fence orders the data and earlier variables before the bytes; a
+                    // second one orders the bytes before whatever comes next.
+                    fence(Ordering::Release);
+                    std::ptr::copy_nonoverlapping(b.as_ptr(), v.addr.cast::<u8>(), b.len());
+                    fence(Ordering::Release);
+                }
+                None => unreachable!("validated above"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A CPU thread standing in for a GPU: "compute then trigger" on a host buffer.
+#[derive(Debug, Default)]
+pub struct CpuXpu {
+    _private: (),
+}
+
+/// A host buffer an XPU may write while the host keeps its address, and the fabric reads.
+struct SendPtr(*mut u32);
+// SAFETY: the raw buffer is handed to exactly one worker thread; the caller's contract on
+// `compute_and_trigger` makes it that thread's to write.
+unsafe impl Send for SendPtr {}
+
+impl CpuXpu {
+    /// A CPU XPU.
+    pub fn new() -> Self {
+        CpuXpu::default()
+    }
+
+    /// The equivalent of `xf_compute_and_trigger`, on a new thread: for each bucket k in order,
+    /// fill `out[k*bucket_elems..(k+1)*bucket_elems]` with [`pattern`], then ring `vars[k]`.
+    /// Join the handle to wait for it; it returns the first error, with nothing rung from the
+    /// bad variable on.
+    ///
+    /// # Safety
+    /// `out` must point to `bucket_elems * nbuckets` writable `u32`s that nothing else writes
+    /// until the thread finishes, and that are read only after their bucket's variable is seen
+    /// rung; `vars` as for [`ring`], and the addresses stay valid until the thread finishes.
+    pub unsafe fn compute_and_trigger(
+        &self,
+        out: *mut u32,
+        bucket_elems: u32,
+        nbuckets: u32,
+        seed: u32,
+        vars: Vec<TriggerVar>,
+    ) -> Result<JoinHandle<Result<(), KernelError>>, KernelError> {
+        check_buckets(
+            "CpuXpu::compute_and_trigger",
+            bucket_elems,
+            nbuckets,
+            vars.len(),
+        )?;
+        if out.is_null() {
+            return Err(KernelError::inval(
+                "CpuXpu::compute_and_trigger",
+                "out is null",
+            ));
+        }
+        // SAFETY: the caller's contract.
+        unsafe { validate(&vars) }?;
+        let out = SendPtr(out);
+        let spawned = std::thread::Builder::new()
+            .name("xfabric-cpu-xpu".into())
+            .spawn(move || {
+                let out = out;
+                let n = bucket_elems as usize;
+                for (k, var) in vars.iter().enumerate() {
+                    let base = k * n;
+                    // SAFETY: the caller's contract: this bucket is ours to write.
+                    let bucket = unsafe { std::slice::from_raw_parts_mut(out.0.add(base), n) };
+                    for (j, x) in bucket.iter_mut().enumerate() {
+                        *x = pattern((base + j) as u64, seed);
+                    }
+                    // SAFETY: the caller's contract; ring's release store publishes the bucket.
+                    unsafe { ring(std::slice::from_ref(var)) }?;
+                }
+                Ok(())
+            });
+        spawned.map_err(|e| KernelError::inval("CpuXpu::compute_and_trigger", e.to_string()))
+    }
+}
+
+/// The shape checks both XPUs apply: at least one element and one bucket, one variable per
+/// bucket, and an element count that fits.
+pub(crate) fn check_buckets(
+    op: &'static str,
+    bucket_elems: u32,
+    nbuckets: u32,
+    nvars: usize,
+) -> Result<(), KernelError> {
+    if bucket_elems == 0 || nbuckets == 0 {
+        return Err(KernelError::inval(
+            op,
+            "bucket_elems and nbuckets must be > 0",
+        ));
+    }
+    if nvars != nbuckets as usize {
+        return Err(KernelError::inval(
+            op,
+            format!("{nvars} trigger variables for {nbuckets} buckets (one per bucket)"),
+        ));
+    }
+    if (bucket_elems as u64)
+        .checked_mul(nbuckets as u64)
+        .and_then(|e| e.checked_mul(4))
+        .is_none_or(|b| b > isize::MAX as u64)
+    {
+        return Err(KernelError::inval(op, "the output does not fit in memory"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::c_void;
+    use std::sync::atomic::AtomicU64;
+
+    use xfabric_core::{Datatype, TriggerValue};
+
+    use super::*;
+
+    fn var(datatype: Datatype, count: i32, addr: *mut c_void, value: TriggerValue) -> TriggerVar {
+        TriggerVar {
+            datatype: datatype as i32,
+            count,
+            addr,
+            value,
+        }
+    }
+
+    #[test]
+    fn pattern_is_the_kernel_formula() {
+        assert_eq!(pattern(0, 0), 0);
+        assert_eq!(pattern(1, 0), 2_654_435_761);
+        assert_eq!(pattern(2, 0), (2u64 * 2_654_435_761 % (1 << 32)) as u32);
+        assert_eq!(pattern(1, 0xffff_ffff), !2_654_435_761u32);
+        // A 64-bit index: only the low 32 bits of the product count, as on the device.
+        let i = (1u64 << 32) + 7;
+        assert_eq!(pattern(i, 5), 7u32.wrapping_mul(2_654_435_761) ^ 5);
+    }
+
+    #[repr(C, align(8))]
+    #[derive(Default)]
+    struct Cells {
+        b: u8,
+        _p0: u8,
+        h: u16,
+        w: u32,
+        d: u64,
+        bytes: [u8; 16],
+    }
+
+    #[test]
+    fn ring_stores_each_width_and_byte_arrays() {
+        let mut cells = Cells::default();
+        let mut payload = *b"0123456789abcdef";
+        let c = &mut cells as *mut Cells;
+        // SAFETY: field addresses of a live local.
+        let vars = unsafe {
+            [
+                var(
+                    Datatype::UInt8,
+                    1,
+                    (&raw mut (*c).b).cast(),
+                    TriggerValue { val8: 0xab },
+                ),
+                var(
+                    Datatype::UInt16,
+                    1,
+                    (&raw mut (*c).h).cast(),
+                    TriggerValue { val16: 0xbeef },
+                ),
+                var(
+                    Datatype::UInt32,
+                    1,
+                    (&raw mut (*c).w).cast(),
+                    TriggerValue { val32: 0xdead_beef },
+                ),
+                var(
+                    Datatype::UInt64,
+                    1,
+                    (&raw mut (*c).d).cast(),
+                    TriggerValue {
+                        val64: 0x0123_4567_89ab_cdef,
+                    },
+                ),
+                var(
+                    Datatype::UInt8,
+                    16,
+                    (&raw mut (*c).bytes).cast(),
+                    TriggerValue {
+                        data: payload.as_mut_ptr(),
+                    },
+                ),
+            ]
+        };
+        // SAFETY: every address is a field of `cells`, aligned for its width; payload is live.
+        unsafe { ring(&vars) }.unwrap();
+        assert_eq!(cells.b, 0xab);
+        assert_eq!(cells._p0, 0, "a byte store must not touch its neighbour");
+        assert_eq!(cells.h, 0xbeef);
+        assert_eq!(cells.w, 0xdead_beef);
+        assert_eq!(cells.d, 0x0123_4567_89ab_cdef);
+        assert_eq!(&cells.bytes, b"0123456789abcdef");
+    }
+
+    #[test]
+    fn a_bad_variable_stores_nothing() {
+        let mut a = 0u64;
+        let mut b = 0u64;
+        let vars = [
+            var(
+                Datatype::UInt64,
+                1,
+                (&raw mut a).cast(),
+                TriggerValue { val64: 1 },
+            ),
+            // FI_UINT32 with count 2 is not a form fi_trigger(3) defines.
+            var(
+                Datatype::UInt32,
+                2,
+                (&raw mut b).cast(),
+                TriggerValue { val64: 2 },
+            ),
+        ];
+        // SAFETY: live locals.
+        let e = unsafe { ring(&vars) }.unwrap_err();
+        assert!(matches!(e, KernelError::InvalidVar { index: 1, .. }), "{e}");
+        assert_eq!((a, b), (0, 0));
+
+        let null = [var(
+            Datatype::UInt64,
+            1,
+            std::ptr::null_mut(),
+            TriggerValue { val64: 1 },
+        )];
+        // SAFETY: refused before any store.
+        let e = unsafe { ring(&null) }.unwrap_err();
+        assert!(matches!(e, KernelError::InvalidVar { index: 0, .. }), "{e}");
+        let no_data = [var(
+            Datatype::UInt8,
+            4,
+            (&raw mut a).cast(),
+            TriggerValue {
+                data: std::ptr::null_mut(),
+            },
+        )];
+        // SAFETY: refused before any store.
+        assert!(unsafe { ring(&no_data) }.is_err());
+        assert_eq!(a, 0);
+        let e: xfabric_core::Error = e.into();
+        assert!(matches!(e, xfabric_core::Error::Inval(_)));
+    }
+
+    /// The doorbells a watcher sees rise one by one, and each bucket's data is complete by the
+    /// time its doorbell is seen (Acquire on the watcher's side pairs with ring's Release).
+    #[test]
+    fn cpu_xpu_rings_buckets_in_order_after_their_data() {
+        const BUCKETS: u32 = 32;
+        const ELEMS: u32 = 1024;
+        const SEED: u32 = 0x5eed;
+        let mut out = vec![0u32; (BUCKETS * ELEMS) as usize];
+        let bell = AtomicU64::new(0);
+        let vars: Vec<TriggerVar> = (0..BUCKETS)
+            .map(|k| {
+                var(
+                    Datatype::UInt64,
+                    1,
+                    bell.as_ptr().cast(),
+                    TriggerValue {
+                        val64: k as u64 + 1,
+                    },
+                )
+            })
+            .collect();
+        let outp = out.as_mut_ptr();
+        // SAFETY: `out` and `bell` outlive the join below; `out` is read only up to the bucket
+        // whose doorbell has been seen.
+        let worker =
+            unsafe { CpuXpu::new().compute_and_trigger(outp, ELEMS, BUCKETS, SEED, vars) }.unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut seen = 0u64;
+        while seen < BUCKETS as u64 {
+            let now = bell.load(Ordering::Acquire);
+            assert!(now >= seen, "doorbell went backwards: {now} after {seen}");
+            for k in seen..now {
+                let base = (k * ELEMS as u64) as usize;
+                for j in 0..ELEMS as usize {
+                    // SAFETY: bucket k is complete (its doorbell was seen) and no longer written.
+                    let x = unsafe { outp.add(base + j).read() };
+                    assert_eq!(
+                        x,
+                        pattern((base + j) as u64, SEED),
+                        "bucket {k} element {j}"
+                    );
+                }
+            }
+            seen = now;
+            assert!(std::time::Instant::now() < deadline, "stuck at {seen}");
+            std::hint::spin_loop();
+        }
+        worker.join().unwrap().unwrap();
+        assert!(out
+            .iter()
+            .enumerate()
+            .all(|(i, &x)| x == pattern(i as u64, SEED)));
+    }
+
+    #[test]
+    fn bucket_shapes_are_checked() {
+        let cpu = CpuXpu::new();
+        let mut out = [0u32; 4];
+        // SAFETY: refused before the thread starts.
+        unsafe {
+            assert!(cpu
+                .compute_and_trigger(out.as_mut_ptr(), 0, 1, 0, vec![TriggerVar::default()])
+                .is_err());
+            assert!(cpu
+                .compute_and_trigger(out.as_mut_ptr(), 4, 1, 0, vec![])
+                .is_err());
+            // The default variable has a null address.
+            assert!(matches!(
+                cpu.compute_and_trigger(out.as_mut_ptr(), 4, 1, 0, vec![TriggerVar::default()]),
+                Err(KernelError::InvalidVar { index: 0, .. })
+            ));
+        }
+    }
+}
