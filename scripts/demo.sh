@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# The main job: a ping-pong between two processes over the default shm provider, at a small,
+# The main job. First the host-setup / XPU-trigger pipeline: one process posts 64 bucketed sends
+# to a peer process in advance, each armed on an XPU trigger; the XPU (a GPU kernel where CUDA
+# is usable, otherwise a CPU thread) computes each bucket and rings its doorbell, which starts
+# its send; the peer checks every byte. Then a ping-pong between two processes over the default
+# shm provider, at a small,
 # a medium and a large size: a short run with every byte checked (-c), then a timed one. The
 # same flags drive libfabric's fi_pingpong, so `scripts/bench.sh` can put the two side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-cargo build --release -q --example pingpong
+cargo build --release -q --example pingpong --example xpu_pipeline --example deferred_allreduce
+echo "XPU-triggered pipeline: host posts, the XPU rings each bucket's send as soon as it is computed"
+target/release/examples/xpu_pipeline
+echo
 pp=target/release/examples/pingpong
 port=$((40000 + RANDOM % 20000))
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
@@ -28,5 +35,4 @@ for size in 8 65536 4194304; do
 done
 echo
 echo "deferred-work allreduce across 4 processes (every step triggered by a counter, no host code after posting)"
-cargo build --release -q --example deferred_allreduce
 target/release/examples/deferred_allreduce 65536 | tail -n 1

@@ -1,5 +1,6 @@
 //! Runs the built examples that check themselves: `deferred_allreduce` sums a vector across 4
-//! processes using deferred work only and asserts the exact sum on every rank. scripts/test.sh
+//! processes using deferred work only and asserts the exact sum on every rank; `xpu_pipeline`
+//! sends XPU-triggered buckets to a peer process that checks every byte. scripts/test.sh
 //! (what CI runs) builds the examples before the tests.
 
 use std::path::PathBuf;
@@ -13,18 +14,19 @@ fn example(name: &str) -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
-#[test]
-fn deferred_allreduce_sums_exactly_across_four_processes() {
-    let Some(exe) = example("deferred_allreduce") else {
+/// Runs example `name` with `args` (bounded); returns its standard output, or `None` (with the
+/// reason printed) when the examples are not built outside CI.
+fn run_example(name: &str, args: &[&str]) -> Option<String> {
+    let Some(exe) = example(name) else {
         assert!(
             std::env::var_os("CI").is_none(),
             "examples are not built: run the suite as scripts/test.sh does (cargo build --examples first)"
         );
-        eprintln!("skipped: the deferred_allreduce example is not built (cargo build --examples)");
-        return;
+        eprintln!("skipped: the {name} example is not built (cargo build --examples)");
+        return None;
     };
     let mut child = Command::new(exe)
-        .arg("4096")
+        .args(args)
         .stdout(Stdio::piped())
         .spawn()
         .expect("start example");
@@ -36,12 +38,28 @@ fn deferred_allreduce_sums_exactly_across_four_processes() {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("deferred_allreduce did not finish in time");
+            panic!("{name} did not finish in time");
         }
         std::thread::sleep(Duration::from_millis(10));
     };
     let out = child.wait_with_output().expect("output");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(status.success(), "example failed: {text}");
-    assert!(text.contains("exact sum on every rank"), "{text}");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(status.success(), "{name} failed: {text}");
+    Some(text)
+}
+
+#[test]
+fn deferred_allreduce_sums_exactly_across_four_processes() {
+    if let Some(text) = run_example("deferred_allreduce", &["4096"]) {
+        assert!(text.contains("exact sum on every rank"), "{text}");
+    }
+}
+
+#[test]
+fn xpu_pipeline_delivers_every_bucket_checked() {
+    let args = ["--buckets", "32", "--bucket-kib", "16", "--rounds", "3", "--xpu", "cpu"];
+    if let Some(text) = run_example("xpu_pipeline", &args) {
+        assert!(text.contains("3 rounds, every byte checked by the peer"), "{text}");
+        assert!(text.contains("XPU: CPU thread"), "{text}");
+    }
 }
