@@ -157,13 +157,18 @@ impl Node {
             };
             match got {
                 Ok(k) => {
-                    if buf[..k].iter().fold(false, |hit, e| want(e) || hit) {
+                    // Every entry is shown to `want` (it counts them), not just up to a hit.
+                    let mut hit = false;
+                    for e in &buf[..k] {
+                        hit |= want(e);
+                    }
+                    if hit {
                         return;
                     }
                 }
                 Err(Error::Again(_)) | Err(Error::TimedOut(_)) => {
                     empty = empty.wrapping_add(1);
-                    if empty % 4096 == 0 && Instant::now() > deadline {
+                    if empty.is_multiple_of(4096) && Instant::now() > deadline {
                         fail("timed out waiting for a completion");
                     }
                 }

@@ -247,7 +247,7 @@ impl Ringer {
 }
 
 fn sender(o: &Opts) {
-    if o.bucket_bytes % 4 != 0 {
+    if !o.bucket_bytes.is_multiple_of(4) {
         usage("--bucket-kib gives whole u32 words");
     }
     let exe = std::env::current_exe().expect("current_exe");

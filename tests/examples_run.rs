@@ -57,9 +57,21 @@ fn deferred_allreduce_sums_exactly_across_four_processes() {
 
 #[test]
 fn xpu_pipeline_delivers_every_bucket_checked() {
-    let args = ["--buckets", "32", "--bucket-kib", "16", "--rounds", "3", "--xpu", "cpu"];
+    let args = [
+        "--buckets",
+        "32",
+        "--bucket-kib",
+        "16",
+        "--rounds",
+        "3",
+        "--xpu",
+        "cpu",
+    ];
     if let Some(text) = run_example("xpu_pipeline", &args) {
-        assert!(text.contains("3 rounds, every byte checked by the peer"), "{text}");
+        assert!(
+            text.contains("3 rounds, every byte checked by the peer"),
+            "{text}"
+        );
         assert!(text.contains("XPU: CPU thread"), "{text}");
     }
 }
