@@ -14,6 +14,7 @@
 use std::sync::Arc;
 
 pub use xfabric_core::*;
+pub use xfabric_hmem as hmem;
 pub use xfabric_providers as providers;
 
 /// The provider used when hints name none.
