@@ -99,3 +99,30 @@ fn list_and_help() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("Usage: xfabric info"));
 }
+
+#[test]
+fn hmem_report_names_every_interface() {
+    let out = xfabric(&["info", "--hmem"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(text.starts_with("hmem:\n"), "{text}");
+    assert!(
+        text.contains("    FI_HMEM_SYSTEM: available, 1 device(s)"),
+        "{text}"
+    );
+    // Each device interface says whether it is usable, and why not if it is not.
+    for iface in [
+        "FI_HMEM_CUDA: ",
+        "FI_HMEM_ZE: ",
+        "FI_HMEM_ROCR: unavailable: ",
+    ] {
+        assert!(text.contains(iface), "missing {iface:?} in:\n{text}");
+    }
+    let verbose = stdout(&xfabric(&["info", "-v", "-p", "shm"]));
+    assert!(
+        verbose.contains("\nhmem:\n    FI_HMEM_SYSTEM: "),
+        "{verbose}"
+    );
+    let bad = xfabric(&["info", "--hmem=yes"]);
+    assert!(!bad.status.success());
+}

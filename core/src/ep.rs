@@ -14,6 +14,8 @@ use crate::cq::{CompletionQueue, CqInner};
 use crate::entry::*;
 use crate::eq::{EqInner, EventQueue};
 use crate::error::{Error, Result};
+use crate::hmem_iface::HmemOps;
+use crate::hmem_stage::{self, OwnedSeg, Staged, StagingRegistry};
 use crate::info::Info;
 use crate::mr::{MrDesc, MrMap};
 use crate::rxq::{IovList, PostedRecv, RawIov, RecvSlot, IOV_LIMIT};
@@ -145,6 +147,10 @@ pub struct EpCore {
     /// Deferred work this endpoint has started: its completions go to the work's completion
     /// counter instead of (or, with `FI_COMPLETION`, besides) this endpoint's CQ and counters.
     pub(crate) deferred: DeferredRegistry,
+    /// The domain's heterogeneous-memory layer (domains opened with `FI_HMEM`).
+    pub hmem: Option<Arc<dyn HmemOps>>,
+    /// Operations whose device buffers go through host bounce buffers (`hmem_stage`).
+    pub(crate) staging: StagingRegistry,
 }
 
 impl EpCore {
@@ -161,7 +167,123 @@ impl EpCore {
             pending: Mutex::new(Bindings::default()),
             bound: OnceLock::new(),
             deferred: DeferredRegistry::default(),
+            hmem: None,
+            staging: StagingRegistry::default(),
         }
+    }
+
+    /// The heterogeneous-memory layer, if the domain has one.
+    pub fn hmem(&self) -> Option<&dyn HmemOps> {
+        self.hmem.as_deref()
+    }
+
+    /// The layer to stage local buffers with: only endpoints opened with `FI_HMEM` look up
+    /// who owns their buffers, so host-only endpoints pay nothing.
+    #[inline]
+    fn stager(&self) -> Option<&dyn HmemOps> {
+        if self.caps & FI_HMEM != 0 {
+            self.hmem.as_deref()
+        } else {
+            None
+        }
+    }
+
+    /// Posts a staged operation through `post(ctx, iov)` with the bounce buffer as its memory.
+    /// An inject is copied by the provider during the call, so its buffer goes right after.
+    pub(crate) fn post_staged(
+        &self,
+        staged: Staged,
+        inject: bool,
+        post: impl FnOnce(Context, IovList) -> Result<()>,
+    ) -> Result<()> {
+        let iov = staged.bounce_iov();
+        if inject {
+            return post(staged.user_ctx, iov);
+        }
+        let key = self.staging.insert(staged);
+        let r = post(key, iov);
+        if r.is_err() {
+            drop(self.staging.claim(key));
+        }
+        r
+    }
+
+    /// Stages an outgoing operation's device memory, if it has any: `Ok(None)` for host
+    /// memory (post as is), else the record whose bounce holds the data.
+    ///
+    /// # Safety
+    /// `iov` must be readable for the duration of the call.
+    pub(crate) unsafe fn stage_out(&self, ctx: Context, iov: &IovList) -> Result<Option<Staged>> {
+        let Some(hmem) = self.stager() else {
+            return Ok(None);
+        };
+        let Some(segs) = hmem_stage::owners(hmem, iov)? else {
+            return Ok(None);
+        };
+        // SAFETY: forwarded.
+        let bounce = unsafe { hmem_stage::gather(hmem, &segs) }?;
+        Ok(Some(Staged::outgoing(ctx, *iov, bounce)))
+    }
+
+    /// Stages an incoming operation's device memory, if it has any.
+    pub(crate) fn stage_in(&self, ctx: Context, iov: &IovList) -> Result<Option<Staged>> {
+        let Some(hmem) = self.stager() else {
+            return Ok(None);
+        };
+        Ok(hmem_stage::owners(hmem, iov)?.map(|segs| Staged::incoming(ctx, *iov, segs)))
+    }
+
+    /// Ends a staged operation the provider posted with `ctx`: lands incoming data (`len`
+    /// bytes, synchronously, so the device sees them before any completion is written) and
+    /// frees the bounce. Returns the application's context and whether landing worked;
+    /// `None` when `ctx` is not a staged operation.
+    fn unstage(&self, ctx: Context, len: Option<usize>) -> Option<(Context, IovList, bool)> {
+        let s = self.staging.claim(ctx)?;
+        let landed = match (len, self.hmem()) {
+            // SAFETY: the posting call's contract keeps the application's memory writable
+            // until this completion.
+            (Some(n), Some(h)) => unsafe { s.land(h, n) },
+            _ => Ok(()),
+        };
+        if let Err(e) = &landed {
+            // The completion becomes an FI_EIO error entry; keep the driver's word too.
+            self.staging.record_error(e.clone());
+        }
+        Some((s.user_ctx, s.user_iov, landed.is_ok()))
+    }
+
+    /// Errors of staging copies into device memory (each also failed its operation with
+    /// `FI_EIO`), since the last call.
+    pub fn take_staging_errors(&self) -> Vec<Error> {
+        self.staging.take_errors()
+    }
+
+    /// At an RMA target: a host buffer for a write into `segs` (some of them device memory)
+    /// that arrives over several steps. The provider writes into the returned iov and then
+    /// calls `land_remote` (or `drop_remote` if the write failed) with the returned context.
+    pub fn stage_remote(&self, segs: Vec<OwnedSeg>) -> (Context, IovList) {
+        let iov = IovList::from_segs(segs.iter().map(|s| s.seg)).unwrap_or_default();
+        let s = Staged::remote(iov, segs);
+        let bounce = s.bounce_iov();
+        (self.staging.insert(s), bounce)
+    }
+
+    /// Copies a staged remote write's `len` bytes into the registered device memory, before
+    /// the write is reported (synchronous: visible to the device on return).
+    pub fn land_remote(&self, ctx: Context, len: usize) -> Result<()> {
+        match self.unstage(ctx, Some(len)) {
+            Some((_, _, true)) => Ok(()),
+            Some((_, _, false)) => Err(self
+                .staging
+                .last_error()
+                .unwrap_or_else(|| Error::Inval("land_remote: the device copy failed".into()))),
+            None => Err(Error::Inval(format!("land_remote: {ctx:#x} is not staged"))),
+        }
+    }
+
+    /// Frees a staged remote write that failed.
+    pub fn drop_remote(&self, ctx: Context) {
+        drop(self.staging.claim(ctx));
     }
 
     /// The counter bound for a class of operations, if any.
@@ -178,6 +300,11 @@ impl EpCore {
     /// Reports a finished operation this endpoint initiated (send, RMA, atomic): a CQ entry
     /// unless suppressed (inject, selective completion), and the counter of its class.
     pub fn complete_tx(&self, ctx: Context, op_flags: u64) {
+        let ctx = match self.unstage(ctx, Some(usize::MAX)) {
+            None => ctx,
+            Some((user, _, true)) => user,
+            Some((user, _, false)) => return self.fail_tx(user, op_flags, FI_EIO),
+        };
         match self.deferred.claim(ctx) {
             None => self.complete_tx_ep(ctx, op_flags),
             Some(w) => {
@@ -217,6 +344,7 @@ impl EpCore {
     /// work that did not ask for endpoint completions: its completion counter's error value
     /// says it).
     pub fn fail_tx(&self, ctx: Context, op_flags: u64, err: i32) {
+        let ctx = self.unstage(ctx, None).map_or(ctx, |(user, _, _)| user);
         match self.deferred.claim(ctx) {
             None => self.fail_tx_ep(ctx, op_flags, err),
             Some(w) => {
@@ -294,6 +422,16 @@ impl EpCore {
         src: FiAddr,
         raw_src: impl FnOnce() -> Vec<u8>,
     ) {
+        // Data staged for device memory lands before anything reports it (fi_cq(3)).
+        let staged;
+        let slot = match self.unstage(slot.ctx, Some(len)) {
+            None => slot,
+            Some((user, _, false)) => return self.fail_rx(user, slot.flags, tag, FI_EIO),
+            Some((ctx, iov, true)) => {
+                staged = RecvSlot { ctx, iov, ..*slot };
+                &staged
+            }
+        };
         match self.deferred.claim(slot.ctx) {
             None => self.complete_rx_ep(slot, len, olen, tag, data, src, raw_src),
             Some(w) => {
@@ -400,6 +538,7 @@ impl EpCore {
 
     /// Reports a receive-side error (`FI_ECANCELED`, `FI_ENOMSG`, a lost peer...).
     pub fn fail_rx(&self, ctx: Context, flags: u64, tag: u64, err: i32) {
+        let ctx = self.unstage(ctx, None).map_or(ctx, |(user, _, _)| user);
         match self.deferred.claim(ctx) {
             None => self.fail_rx_ep(ctx, flags, tag, err),
             Some(w) => {
@@ -736,6 +875,8 @@ impl Endpoint {
         if self.link.as_ref().is_some_and(|l| l.cancel(ctx)) {
             return Ok(());
         }
+        // A staged receive is known to the provider by its staging context.
+        let ctx = self.core.staging.key_of(ctx).unwrap_or(ctx);
         self.ops.cancel(ctx)
     }
 
@@ -774,6 +915,14 @@ impl Endpoint {
 
     fn post_tx(&self, what: &'static str, op: TxOp) -> Result<()> {
         self.check_tx(what, &op)?;
+        // SAFETY: the public call's contract: the data is readable now.
+        if let Some(staged) = unsafe { self.core.stage_out(op.ctx, &op.iov) }? {
+            let inject = op.flags & FI_INJECT != 0;
+            return self.core.post_staged(staged, inject, |ctx, iov| {
+                // SAFETY: the bounce buffer lives until the operation completes.
+                unsafe { self.ops.send(&TxOp { ctx, iov, ..op }) }
+            });
+        }
         // SAFETY: forwarded from the public call's contract (or an inject, copied in the call).
         unsafe { self.ops.send(&op) }
     }
@@ -806,6 +955,17 @@ impl Endpoint {
 
     fn post_rx(&self, what: &'static str, r: PostedRecv) -> Result<()> {
         self.check_rx(what, &r)?;
+        if let Some(staged) = self.core.stage_in(r.ctx, &r.iov)? {
+            if r.flags & FI_MULTI_RECV != 0 {
+                return Err(Error::OpNotSupp(format!(
+                    "{what}: a FI_MULTI_RECV buffer in device memory"
+                )));
+            }
+            return self.core.post_staged(staged, false, |ctx, iov| {
+                // SAFETY: the bounce buffer lives until the receive completes.
+                unsafe { self.ops.recv(PostedRecv { ctx, iov, ..r }) }
+            });
+        }
         // SAFETY: forwarded from the public call's contract.
         unsafe { self.ops.recv(r) }
     }

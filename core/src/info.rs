@@ -152,6 +152,13 @@ impl Info {
             out.tx_attr.caps &= out.caps | FI_SEND | FI_WRITE | FI_READ;
             out.rx_attr.caps &= out.caps | FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE;
         }
+        // FI_HMEM makes an endpoint look up who owns every buffer it is given: like the
+        // opt-in secondary capabilities, it is returned only when asked for.
+        if hints.caps & FI_HMEM == 0 {
+            out.caps &= !FI_HMEM;
+            out.tx_attr.caps &= !FI_HMEM;
+            out.rx_attr.caps &= !FI_HMEM;
+        }
         // Mode bits the provider needs must be ones the caller can handle (0 = any).
         if hints.mode != 0 && self.mode & !hints.mode != 0 {
             return Err(no(format!(
@@ -347,6 +354,15 @@ mod tests {
             prov().fit(&h).unwrap().domain_attr.data_progress,
             Progress::Auto
         );
+        let mut p = prov();
+        p.caps |= FI_HMEM;
+        assert_eq!(p.fit(&Info::default()).unwrap().caps & FI_HMEM, 0);
+        let hm = Info {
+            caps: FI_MSG | FI_HMEM,
+            ..Default::default()
+        };
+        assert_ne!(p.fit(&hm).unwrap().caps & FI_HMEM, 0);
+        assert!(prov().fit(&hm).unwrap_err().to_string().contains("FI_HMEM"));
         h.ep_attr.ep_type = EpType::Msg;
         assert!(prov()
             .fit(&h)

@@ -8,12 +8,14 @@ use std::sync::{Arc, RwLock, Weak};
 use crate::consts::*;
 use crate::entry::Context;
 use crate::error::{Error, Result};
+use crate::hmem_iface::{Iface, Owner};
 
 /// Access bits a registration may carry.
 pub const MR_ACCESS_BITS: u64 =
     FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
 
-/// `struct fi_mr_attr` for host memory (the HMEM issue adds the device interface).
+/// `struct fi_mr_attr`: a range, its access, and which memory interface and device own it
+/// (host memory unless told otherwise).
 #[derive(Clone, Debug, Default)]
 pub struct MrAttr {
     /// Start address of the registered range.
@@ -28,6 +30,20 @@ pub struct MrAttr {
     pub requested_key: u64,
     /// Returned in events about this region.
     pub context: Context,
+    /// `enum fi_hmem_iface` of the memory (`FI_HMEM_SYSTEM` for host memory).
+    pub iface: Iface,
+    /// The device of `iface` the memory belongs to (0 for host memory).
+    pub device: u64,
+}
+
+impl MrAttr {
+    /// The interface and device the registration names.
+    pub fn owner(&self) -> Owner {
+        Owner {
+            iface: self.iface,
+            device: self.device,
+        }
+    }
 }
 
 /// A registered range as the key map sees it.
@@ -41,6 +57,8 @@ pub struct MrEntry {
     pub access: u64,
     /// Offset base for offset addressing.
     pub offset: u64,
+    /// Who owns the memory: a target writes device memory through hmem, never directly.
+    pub owner: Owner,
 }
 
 /// A local memory descriptor (`fi_mr_desc`): a copyable handle passed with data transfers.
@@ -106,6 +124,7 @@ impl MrMap {
                 len: attr.len,
                 access: attr.access,
                 offset: attr.offset,
+                owner: attr.owner(),
             },
         );
         Ok(key)
@@ -121,6 +140,18 @@ impl MrMap {
     /// Checks a remote access and returns the local address it lands at. `addr` is a virtual
     /// address with `FI_MR_VIRT_ADDR`, else an offset from the registration's `offset`.
     pub fn check(&self, key: u64, addr: u64, len: usize, access: u64) -> Result<usize> {
+        self.check_owned(key, addr, len, access).map(|(a, _)| a)
+    }
+
+    /// As `check`, also saying who owns the region's memory (a device's memory cannot be
+    /// written or read by the host directly: see `HmemOps`).
+    pub fn check_owned(
+        &self,
+        key: u64,
+        addr: u64,
+        len: usize,
+        access: u64,
+    ) -> Result<(usize, Owner)> {
         let m = self.map.read().unwrap_or_else(|e| e.into_inner());
         let e = m
             .get(&key)
@@ -142,7 +173,7 @@ impl MrMap {
                 e.len
             )));
         }
-        Ok(e.addr + start)
+        Ok((e.addr + start, e.owner))
     }
 }
 
@@ -177,6 +208,16 @@ impl MemoryRegion {
     /// The registered range and access.
     pub fn attr(&self) -> &MrAttr {
         &self.attr
+    }
+
+    /// `fi_mr_attr.iface`: the memory interface the region was registered with.
+    pub fn iface(&self) -> Iface {
+        self.attr.iface
+    }
+
+    /// `fi_mr_attr.device`: the device of `iface` the region's memory belongs to.
+    pub fn device(&self) -> u64 {
+        self.attr.device
     }
 }
 

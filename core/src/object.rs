@@ -14,6 +14,7 @@ use crate::cq::{CompletionQueue, CqAttr};
 use crate::ep::{Endpoint, EndpointOps, EpCore};
 use crate::eq::{EqAttr, EventQueue};
 use crate::error::{Error, Result};
+use crate::hmem_iface::{HmemOps, Owner};
 use crate::info::{FabricAttr, Info};
 use crate::mr::{MemoryRegion, MrAttr, MrMap};
 use crate::trigger::{DomainWork, DoorbellAlloc};
@@ -61,6 +62,12 @@ pub trait DomainOps: Send + Sync {
     fn addr_format(&self) -> Arc<dyn AddrFormat>;
     /// Opens the transport half of an endpoint.
     fn endpoint(&self, info: &Info, core: Arc<EpCore>) -> Result<Arc<dyn EndpointOps>>;
+    /// The heterogeneous-memory layer this provider moves device memory with; `None` (the
+    /// default): host memory only, and registering device memory fails.
+    fn hmem(&self) -> Option<Arc<dyn HmemOps>> {
+        None
+    }
+
     /// Where XPU-triggered operations' doorbells come from; `None` if this provider offers
     /// no `FI_XPU_TRIGGER`.
     fn xpu_doorbells(&self) -> Option<Arc<dyn DoorbellAlloc>> {
@@ -119,10 +126,22 @@ impl Fabric {
         } else {
             None
         };
+        // Asked for once: registrations and FI_HMEM endpoints consult it.
+        let hmem = if info.caps & FI_HMEM != 0 {
+            Some(ops.hmem().ok_or_else(|| {
+                Error::NoSys(format!(
+                    "domain: FI_HMEM requested, but provider {} moves host memory only",
+                    info.provider()
+                ))
+            })?)
+        } else {
+            None
+        };
         Ok(Domain {
             inner: Arc::new(DomainInner {
                 fabric: self.clone(),
                 info: info.clone(),
+                hmem,
                 ops,
                 mr: Arc::new(MrMap::new(info.domain_attr.mr_mode)),
                 progress,
@@ -153,6 +172,8 @@ struct DomainInner {
     fabric: Fabric,
     info: Info,
     ops: Arc<dyn DomainOps>,
+    /// The provider's heterogeneous-memory layer, when the domain was opened with FI_HMEM.
+    hmem: Option<Arc<dyn HmemOps>>,
     mr: Arc<MrMap>,
     progress: Arc<ProgressList>,
     /// Deferred work queued on this domain (released when it closes).
@@ -190,18 +211,95 @@ impl Domain {
         AddressVector::open(&attr, self.inner.ops.addr_format())
     }
 
-    /// `fi_mr_regattr` for host memory.
+    /// `fi_mr_regattr`: registers host memory, or device memory named by `attr.iface` and
+    /// `attr.device` (the domain needs `FI_HMEM` for that). With `FI_HMEM` the memory's owner
+    /// is looked up and must be what `attr` names. `flags` may be `FI_HMEM_DEVICE_ONLY` (the
+    /// memory is a device allocation) or `FI_HMEM_HOST_ALLOC` (it is host memory allocated
+    /// through `attr.iface`; `attr.device` is ignored), as fi_mr(3) defines them.
     ///
     /// # Safety
     /// The range must stay valid memory for as long as the region is registered, because peers
     /// given its key may read or write it (per its access flags) at any time until then.
     pub unsafe fn mr_regattr(&self, attr: &MrAttr, flags: u64) -> Result<MemoryRegion> {
-        if flags != 0 {
+        const HMEM_FLAGS: u64 = FI_HMEM_DEVICE_ONLY | FI_HMEM_HOST_ALLOC;
+        if flags & !HMEM_FLAGS != 0 || flags == HMEM_FLAGS {
             return Err(Error::BadFlags(format!(
-                "mr_regattr: flags {flags:#x}; none are supported"
+                "mr_regattr: flags {flags:#x}; only one of FI_HMEM_DEVICE_ONLY and \
+                 FI_HMEM_HOST_ALLOC is supported"
             )));
         }
-        MemoryRegion::register(&self.inner.mr, attr)
+        let attr = self.check_owner(attr, flags)?;
+        MemoryRegion::register(&self.inner.mr, &attr)
+    }
+
+    /// Checks a registration's (iface, device) against the domain's capabilities and against
+    /// who owns the memory; returns the attributes to register.
+    fn check_owner(&self, attr: &MrAttr, flags: u64) -> Result<MrAttr> {
+        let mut attr = attr.clone();
+        let host_alloc = flags & FI_HMEM_HOST_ALLOC != 0;
+        if host_alloc {
+            attr.device = 0;
+        }
+        if !attr.iface.is_implemented() {
+            return Err(Error::NoSys(format!(
+                "mr_regattr: iface {} is not implemented by xfabric",
+                attr.iface.c_name()
+            )));
+        }
+        let Some(hmem) = &self.inner.hmem else {
+            if attr.iface.is_device() || flags != 0 {
+                return Err(Error::OpNotSupp(format!(
+                    "mr_regattr: iface {} device {} given, but the domain was opened without \
+                     FI_HMEM",
+                    attr.iface, attr.device
+                )));
+            }
+            // Host memory in a host-only domain: no owner lookup on this path.
+            return Ok(attr);
+        };
+        hmem.check_iface(attr.iface)?;
+        if attr.len == 0 {
+            return Ok(attr);
+        }
+        let found = hmem.owner(attr.addr)?;
+        let named = if host_alloc {
+            Owner::SYSTEM
+        } else {
+            attr.owner()
+        };
+        let what = |o: Owner| {
+            if o.is_device() {
+                format!("{o} memory")
+            } else {
+                "host memory".to_string()
+            }
+        };
+        if found != named {
+            return Err(Error::Inval(format!(
+                "mr_regattr: iface {} device {} given{}, but {:#x} is {}",
+                attr.iface,
+                attr.device,
+                if host_alloc {
+                    " (FI_HMEM_HOST_ALLOC)"
+                } else {
+                    ""
+                },
+                attr.addr,
+                what(found)
+            )));
+        }
+        if flags & FI_HMEM_DEVICE_ONLY != 0 && !found.is_device() {
+            return Err(Error::Inval(format!(
+                "mr_regattr: FI_HMEM_DEVICE_ONLY given, but {:#x} is host memory",
+                attr.addr
+            )));
+        }
+        Ok(attr)
+    }
+
+    /// The heterogeneous-memory layer, when the domain was opened with `FI_HMEM`.
+    pub fn hmem(&self) -> Option<&Arc<dyn HmemOps>> {
+        self.inner.hmem.as_ref()
     }
 
     /// `fi_mr_reg` for a buffer.
@@ -221,7 +319,7 @@ impl Domain {
             access,
             offset,
             requested_key,
-            context: 0,
+            ..Default::default()
         };
         // SAFETY: forwarded contract.
         unsafe { self.mr_regattr(&attr, 0) }
@@ -268,7 +366,14 @@ impl Domain {
         } else {
             None
         };
-        let core = Arc::new(EpCore::new(info, self.inner.mr.clone()));
+        if info.caps & FI_HMEM != 0 && self.inner.hmem.is_none() {
+            return Err(Error::OpNotSupp(
+                "endpoint: FI_HMEM requested, but the domain was opened without it".into(),
+            ));
+        }
+        let mut core = EpCore::new(info, self.inner.mr.clone());
+        core.hmem = self.inner.hmem.clone();
+        let core = Arc::new(core);
         let ops = self.inner.ops.endpoint(info, core.clone())?;
         Ok(Endpoint::new(
             core,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use xfabric_core::Provider;
 
+pub mod hmem;
 pub mod shm;
 
 /// Every provider this build has, in preference order.

@@ -25,13 +25,15 @@ Run 'xfabric info --help' for the options of info.
 ";
 
 const INFO_USAGE: &str = "\
-Usage: xfabric info [-p PROV] [-v] [-c CAPS] [-t EP_TYPE] [-l]
+Usage: xfabric info [-p PROV] [-v] [-c CAPS] [-t EP_TYPE] [-l] [--hmem]
   -h, --help                  display this help and exit
   -p, --provider=PROV         specify provider explicitly (PROV1;PROV2 for several)
   -c, --caps=CAP1|CAP2..      one or more capabilities: FI_MSG|FI_TAGGED...
   -t, --ep_type=EPTYPE        specify single endpoint type: FI_EP_MSG, FI_EP_RDM...
   -l, --list                  list available providers
-  -v, --verbose               verbose output
+  -v, --verbose               verbose output (ends with the heterogeneous-memory report)
+  --hmem                      heterogeneous-memory interfaces: available with their devices,
+                              or why not
 ";
 
 fn main() -> ExitCode {
@@ -90,6 +92,7 @@ struct InfoArgs {
     help: bool,
     verbose: bool,
     list: bool,
+    hmem: bool,
     hints: Info,
 }
 
@@ -114,6 +117,7 @@ impl InfoArgs {
                         "ep_type" => 't',
                         "list" => 'l',
                         "verbose" => 'v',
+                        "hmem" => 'H',
                         _ => return Err(usage(format!("unknown option --{name}"))),
                     };
                     (opt, val)
@@ -131,7 +135,7 @@ impl InfoArgs {
                     return Err(usage(format!("unexpected argument {arg:?}")));
                 };
             match opt {
-                'h' | 'l' | 'v' => {
+                'h' | 'l' | 'v' | 'H' => {
                     if inline.is_some() {
                         return Err(usage(format!("option {arg} takes no value")));
                     }
@@ -163,6 +167,7 @@ impl InfoArgs {
         match opt {
             'h' => self.help = true,
             'l' => self.list = true,
+            'H' => self.hmem = true,
             _ => self.verbose = true,
         }
     }
@@ -173,6 +178,9 @@ impl InfoArgs {
         }
         if self.list {
             return Ok(provider_list_text());
+        }
+        if self.hmem {
+            return Ok(hmem_report_text());
         }
         let version = fi_version(FI_MAJOR_VERSION, FI_MINOR_VERSION);
         let infos = xfabric::getinfo(version, None, None, 0, Some(&self.hints))
@@ -185,8 +193,20 @@ impl InfoArgs {
                 write_short(&mut out, info);
             }
         }
+        if self.verbose {
+            out.push_str(&hmem_report_text());
+        }
         Ok(out)
     }
+}
+
+/// Each heterogeneous-memory interface: available with its devices, or why not.
+fn hmem_report_text() -> String {
+    let mut out = String::from("hmem:\n");
+    for line in xfabric::hmem::Hmem::global().report() {
+        out.push_str(&format!("    {line}\n"));
+    }
+    out
 }
 
 /// `FI_MSG|FI_TAGGED` → the capability bits, naming the first word that is not a capability.

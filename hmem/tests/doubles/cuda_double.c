@@ -13,8 +13,11 @@
  * memfd's descriptor, and cuIpcOpenMemHandle in another process maps /proc/<pid>/fd/<fd>. It
  * checks what the driver checks (a current context where one is needed, known pointers, host
  * registration overlap, no IPC open in the exporting process) and fills cuMemHostAlloc memory
- * with 0xab so tests can see that xfabric zeroes it. cuda_double_live() is not a CUDA call: it
- * counts live allocations, mappings, registrations, streams and context references.
+ * with 0xab so tests can see that xfabric zeroes it. Host-to-device copies land only when
+ * their stream is synchronized (as on a device, an async copy is not visible before that).
+ * cuda_double_live() is not a CUDA call: it counts live allocations, mappings, registrations,
+ * streams and context references; cuda_double_htod_landed() counts host-to-device copies that
+ * landed and cuda_double_htod_pending() those still waiting for a synchronize.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -56,7 +59,11 @@ struct region {
 };
 
 struct ctx { int magic; int device; int refs; };
-struct stream { int magic; int device; };
+/* Host-to-device copies are held until the stream is synchronized, as a device would do
+ * them later: data reported before cuStreamSynchronize returns is not there yet. */
+#define MAX_PENDING 32
+struct pending { void *dst; const void *src; size_t n; };
+struct stream { int magic; int device; struct pending pend[MAX_PENDING]; int npend; };
 #define CTX_MAGIC 0x0c7c7c7c
 #define STREAM_MAGIC 0x5743a3
 
@@ -64,6 +71,8 @@ struct stream { int magic; int device; };
 static struct region regions[MAX_REGIONS];
 static int nregions;
 static int live_streams;
+static int htod_landed;
+static int htod_pending;
 static struct ctx contexts[CUDA_DOUBLE_DEVICES];
 static int initialized;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -207,7 +216,9 @@ CUresult cuStreamCreate(struct stream **s, unsigned flags)
 	struct stream *st = malloc(sizeof *st);
 	if (!st)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	*st = (struct stream){ STREAM_MAGIC, current()->device };
+	memset(st, 0, sizeof *st);
+	st->magic = STREAM_MAGIC;
+	st->device = current()->device;
 	pthread_mutex_lock(&lock);
 	live_streams++;
 	pthread_mutex_unlock(&lock);
@@ -215,15 +226,46 @@ CUresult cuStreamCreate(struct stream **s, unsigned flags)
 	return CUDA_SUCCESS;
 }
 
+static void land(struct stream *s)
+{
+	for (int i = 0; i < s->npend; i++)
+		memcpy(s->pend[i].dst, s->pend[i].src, s->pend[i].n);
+	pthread_mutex_lock(&lock);
+	htod_landed += s->npend;
+	htod_pending -= s->npend;
+	pthread_mutex_unlock(&lock);
+	s->npend = 0;
+}
+
 CUresult cuStreamSynchronize(struct stream *s)
 {
-	return (s && s->magic == STREAM_MAGIC) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+	if (!s || s->magic != STREAM_MAGIC)
+		return CUDA_ERROR_INVALID_HANDLE;
+	land(s);
+	return CUDA_SUCCESS;
+}
+
+int cuda_double_htod_landed(void)
+{
+	pthread_mutex_lock(&lock);
+	int n = htod_landed;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
+int cuda_double_htod_pending(void)
+{
+	pthread_mutex_lock(&lock);
+	int n = htod_pending;
+	pthread_mutex_unlock(&lock);
+	return n;
 }
 
 CUresult cuStreamDestroy_v2(struct stream *s)
 {
 	if (!s || s->magic != STREAM_MAGIC)
 		return CUDA_ERROR_INVALID_HANDLE;
+	land(s);
 	s->magic = 0;
 	free(s);
 	pthread_mutex_lock(&lock);
@@ -279,9 +321,15 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, struct
 	if (!s || s->magic != STREAM_MAGIC)
 		return CUDA_ERROR_INVALID_HANDLE;
 	CUresult r = device_range(dst, n);
-	if (r == CUDA_SUCCESS)
-		memcpy((void *)(uintptr_t)dst, src, n);
-	return r;
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (s->npend == MAX_PENDING)
+		land(s);
+	s->pend[s->npend++] = (struct pending){ (void *)(uintptr_t)dst, src, n };
+	pthread_mutex_lock(&lock);
+	htod_pending++;
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, struct stream *s)

@@ -11,7 +11,11 @@ use std::sync::{Arc, Once};
 use xfabric_core::av::AddrFormat;
 use xfabric_core::consts::*;
 use xfabric_core::info::*;
-use xfabric_core::{DomainOps, DoorbellAlloc, EndpointOps, EpCore, Error, Provider, Result};
+use xfabric_core::{
+    DomainOps, DoorbellAlloc, EndpointOps, EpCore, Error, HmemOps, Provider, Result,
+};
+
+use crate::hmem::GlobalHmem;
 
 pub use ep::{EAGER_MAX, FRAG, INJECT_SIZE};
 
@@ -53,7 +57,46 @@ impl Provider for Shm {
         fi_version(1, 0)
     }
 
+    fn getinfo(
+        &self,
+        _node: Option<&str>,
+        _service: Option<&str>,
+        _flags: u64,
+        hints: &Info,
+    ) -> Result<Vec<Info>> {
+        if hints.caps & FI_HMEM != 0 {
+            if let Some(why) = GlobalHmem::get().no_devices_reason() {
+                return Err(Error::NoData(format!(
+                    "provider shm: FI_HMEM requested, but {why}"
+                )));
+            }
+        }
+        let info = self.info();
+        let mut why = None;
+        let mut out = Vec::new();
+        for i in info {
+            match i.fit(hints) {
+                Ok(i) => out.push(i),
+                Err(e) => why = why.or(Some(e)),
+            }
+        }
+        if out.is_empty() {
+            return Err(
+                why.unwrap_or_else(|| Error::NoData("provider shm: nothing offered".into()))
+            );
+        }
+        Ok(out)
+    }
+
     fn info(&self) -> Vec<Info> {
+        // Device memory moves through host bounce buffers (core's hmem_stage), so FI_HMEM is
+        // offered wherever some device interface works; FI_MR_HMEM is not required (owners are
+        // looked up), so registering device buffers for local use is optional.
+        let hmem = if GlobalHmem::get().no_devices_reason().is_none() {
+            FI_HMEM
+        } else {
+            0
+        };
         // One ring per peer, and the target carries out requests from one peer in ring
         // order; a large RMA write still landing holds that peer's later requests until it has
         // (so reads, writes, atomics and messages after it see it). Not claimed: RAS and WAS
@@ -75,7 +118,7 @@ impl Provider for Shm {
             | FI_ORDER_ATOMIC_WAR
             | FI_ORDER_ATOMIC_WAW;
         vec![Info {
-            caps: SHM_CAPS,
+            caps: SHM_CAPS | hmem,
             mode: 0,
             addr_format: FI_ADDR_STR,
             src_addr: None,
@@ -90,7 +133,8 @@ impl Provider for Shm {
                     | FI_WRITE
                     | FI_FENCE
                     | FI_TRIGGER
-                    | FI_XPU_TRIGGER,
+                    | FI_XPU_TRIGGER
+                    | hmem,
                 mode: 0,
                 op_flags: 0,
                 msg_order: order,
@@ -109,7 +153,8 @@ impl Provider for Shm {
                     | FI_SOURCE
                     | FI_SOURCE_ERR
                     | FI_DIRECTED_RECV
-                    | FI_TRIGGER,
+                    | FI_TRIGGER
+                    | hmem,
                 mode: 0,
                 op_flags: 0,
                 msg_order: order,
@@ -176,13 +221,17 @@ impl DomainOps for ShmDomain {
     }
 
     fn endpoint(&self, info: &Info, core: Arc<EpCore>) -> Result<Arc<dyn EndpointOps>> {
-        if info.caps & !SHM_CAPS != 0 {
+        if info.caps & !(SHM_CAPS | FI_HMEM) != 0 {
             return Err(Error::OpNotSupp(format!(
                 "shm endpoint: capabilities {} are not supported",
-                caps_str(info.caps & !SHM_CAPS)
+                caps_str(info.caps & !(SHM_CAPS | FI_HMEM))
             )));
         }
         Ok(ep::ShmEndpoint::open(core)?)
+    }
+
+    fn hmem(&self) -> Option<Arc<dyn HmemOps>> {
+        Some(GlobalHmem::ops())
     }
 
     fn xpu_doorbells(&self) -> Option<Arc<dyn DoorbellAlloc>> {

@@ -165,6 +165,17 @@ enum Done {
         len: usize,
         data: Option<u64>,
     },
+    /// A large remote write into device memory that arrived in a host buffer: copied in
+    /// (`EpCore::land_remote`) before it is reported.
+    RemoteStaged {
+        ctx: Context,
+        len: usize,
+        data: Option<u64>,
+    },
+    /// A failed remote write into device memory: its host buffer is freed.
+    DropStaged {
+        ctx: Context,
+    },
     /// A matched receive that failed; its slot is finished like a completed one.
     SlotErr {
         slot: RecvSlot,
@@ -212,13 +223,26 @@ impl State {
             Done::Rx {
                 slot, len, data, ..
             } if slot.flags & FI_RMA != 0 => {
-                d = Done::Remote {
-                    flags: FI_RMA | FI_WRITE,
-                    len,
-                    data,
+                d = if slot.ctx != 0 {
+                    Done::RemoteStaged {
+                        ctx: slot.ctx,
+                        len,
+                        data,
+                    }
+                } else {
+                    Done::Remote {
+                        flags: FI_RMA | FI_WRITE,
+                        len,
+                        data,
+                    }
                 }
             }
-            Done::SlotErr { slot, .. } if slot.flags & FI_RMA != 0 => return,
+            Done::SlotErr { slot, .. } if slot.flags & FI_RMA != 0 => {
+                if slot.ctx != 0 {
+                    self.done.push(Done::DropStaged { ctx: slot.ctx });
+                }
+                return;
+            }
             _ => {}
         }
         if let Done::Rx { slot, .. } | Done::SlotErr { slot, .. } = &mut d {
@@ -343,6 +367,14 @@ impl ShmEndpoint {
                     err,
                 } => self.core.fail_rx(ctx, flags, tag, err),
                 Done::Remote { flags, len, data } => self.core.complete_remote(flags, len, data),
+                Done::RemoteStaged { ctx, len, data } => {
+                    // A write that did not reach the device is not reported as done; the
+                    // driver's reason is kept (`EpCore::take_staging_errors`).
+                    if self.core.land_remote(ctx, len).is_ok() {
+                        self.core.complete_remote(FI_RMA | FI_WRITE, len, data)
+                    }
+                }
+                Done::DropStaged { ctx } => self.core.drop_remote(ctx),
                 Done::SlotErr { slot, tag, err } => {
                     self.core.fail_rx(slot.ctx, slot.flags, tag, err)
                 }

@@ -15,6 +15,10 @@
 use super::*;
 use xfabric_core::ep::INJECT_CALL;
 use xfabric_core::ep_rma::{RmaIov, RmaIovList, RmaOp};
+use xfabric_core::hmem_stage::{self, OwnedSeg};
+
+/// Checked local ranges, and their owners when some are device memory.
+type Resolved = (IovList, Option<Vec<OwnedSeg>>);
 
 /// An operation held back by `FI_FENCE` (or queued behind one, to keep order), with a copy
 /// of inject data: the caller's buffer is only valid during the call, so the copy is what the
@@ -114,20 +118,29 @@ pub(super) fn commit(iov: &IovList) -> i32 {
 }
 
 impl ShmEndpoint {
-    /// The local ranges a request's remote ranges name, if every one passes the key check.
-    fn resolve(&self, rma: &RmaIovList, access: u64) -> std::result::Result<IovList, i32> {
+    /// The local ranges a request's remote ranges name, if every one passes the key check,
+    /// with their owners when some are device memory (registered with an `iface`).
+    fn resolve(&self, rma: &RmaIovList, access: u64) -> std::result::Result<Resolved, i32> {
+        let mut any_device = false;
         let segs = rma
             .segs()
             .iter()
             .map(|s| {
                 self.core
                     .mr
-                    .check(s.key, s.addr, s.len, access)
-                    .map(|addr| RawIov { addr, len: s.len })
+                    .check_owned(s.key, s.addr, s.len, access)
+                    .map(|(addr, owner)| {
+                        any_device |= owner.is_device();
+                        OwnedSeg {
+                            seg: RawIov { addr, len: s.len },
+                            owner,
+                        }
+                    })
                     .map_err(|_| FI_EACCES)
             })
             .collect::<std::result::Result<Vec<_>, i32>>()?;
-        IovList::from_segs(segs).ok_or(FI_EINVAL)
+        let iov = IovList::from_segs(segs.iter().map(|s| s.seg)).ok_or(FI_EINVAL)?;
+        Ok((iov, any_device.then_some(segs)))
     }
 
     /// Holds `op` back if it is fenced and earlier operations to its peer are outstanding.
@@ -331,17 +344,31 @@ impl ShmEndpoint {
         if rma.total() != total {
             return nack(self, st, FI_EINVAL);
         }
-        let iov = match self.resolve(&rma, FI_REMOTE_WRITE) {
-            Ok(iov) => iov,
+        let (iov, device) = match self.resolve(&rma, FI_REMOTE_WRITE) {
+            Ok(r) => r,
             Err(e) => return nack(self, st, e),
         };
+        if device.is_some() && self.core.hmem().is_none() {
+            return nack(self, st, FI_EOPNOTSUPP);
+        }
         let commit_all = total == 0 && h.flags & flag::COMMIT != 0;
         if h.flags & flag::RNDV == 0 {
             let Some(bytes) = pl.get(off..off + total) else {
                 return nack(self, st, FI_EINVAL);
             };
-            // SAFETY: the ranges passed the key check: registered, writable memory.
-            unsafe { iov.copy_in(0, bytes) };
+            match (&device, self.core.hmem()) {
+                // Device memory: a synchronous copy, so the device sees the data before the
+                // ACK and the remote-write completion.
+                // SAFETY: the ranges passed the key check: registered memory of its owner.
+                (Some(segs), Some(hm)) => match unsafe { hmem_stage::scatter(hm, segs, bytes) } {
+                    Ok(()) => {}
+                    Err(_) => return nack(self, st, FI_EIO),
+                },
+                // SAFETY: the ranges passed the key check: registered, writable memory.
+                _ => unsafe {
+                    iov.copy_in(0, bytes);
+                },
+            }
             self.note_written(st, p, &iov);
             let status = if commit_all {
                 self.commit_peer(st, p)
@@ -362,8 +389,14 @@ impl ShmEndpoint {
             return nack(self, st, FI_EINVAL);
         };
         self.note_written(st, p, &iov);
+        // Device memory: the data lands in a host buffer and is copied in before the write
+        // is reported (`EpCore::land_remote`).
+        let (ctx, iov) = match device {
+            Some(segs) => self.core.stage_remote(segs),
+            None => (0, iov),
+        };
         let slot = RecvSlot {
-            ctx: 0,
+            ctx,
             iov,
             flags: FI_RMA | FI_REMOTE_WRITE,
             op_flags: if h.flags & flag::COMMIT != 0 {
@@ -396,7 +429,10 @@ impl ShmEndpoint {
             return self.ack(st, p, h.aux, FI_EINVAL);
         }
         let iov = match self.resolve(&rma, FI_REMOTE_READ) {
-            Ok(iov) => iov,
+            // Reading a peer's device memory is not implemented: it would need a staged copy
+            // that outlives this request.
+            Ok((_, Some(_))) => return self.ack(st, p, h.aux, FI_EOPNOTSUPP),
+            Ok((iov, None)) => iov,
             Err(e) => return self.ack(st, p, h.aux, e),
         };
         let mut pushed = false;
@@ -663,8 +699,10 @@ impl ShmEndpoint {
             (_, true) => FI_REMOTE_READ | FI_REMOTE_WRITE,
             _ => FI_REMOTE_WRITE,
         };
-        let target = match self.core.mr.check(key, addr, n, access) {
-            Ok(t) => t,
+        let target = match self.core.mr.check_owned(key, addr, n, access) {
+            // The host cannot apply an atomic to device memory.
+            Ok((_, owner)) if owner.is_device() => return reply(self, st, FI_EOPNOTSUPP),
+            Ok((t, _)) => t,
             Err(_) => return reply(self, st, FI_EACCES),
         };
         let mut result = vec![0u8; if fetch { n } else { 0 }];
