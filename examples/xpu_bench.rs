@@ -27,6 +27,9 @@ use std::time::{Duration, Instant};
 use xfabric::kernels::cpu::ring;
 use xfabric::*;
 
+mod common;
+use common::{hex, open, unhex, Node};
+
 const ROLE_ENV: &str = "XF_XPU_BENCH_ROLE";
 const TAG_XPU: u64 = 1;
 const TAG_PLAIN: u64 = 2;
@@ -98,59 +101,21 @@ fn main() {
     }
 }
 
-struct Node {
-    /// Completions arrive from the domain's progress thread: block for them instead of
-    /// spinning (on two cores a third spinning thread would take turns with the watcher).
-    blocking: bool,
-    _fabric: Fabric,
-    _domain: Domain,
-    cq: CompletionQueue,
-    av: AddressVector,
-    ep: Endpoint,
-}
-
-fn open(caps: u64, progress: Progress) -> Node {
-    let mut hints = Info {
-        caps,
-        ..Default::default()
-    };
-    hints.fabric_attr.prov_name = Some("shm".into());
-    hints.ep_attr.ep_type = EpType::Rdm;
-    hints.domain_attr.data_progress = progress;
-    let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints)).expect("getinfo")[0].clone();
-    let fabric = xfabric::fabric(&info.fabric_attr).expect("fabric");
-    let domain = fabric.domain(&info).expect("domain");
-    let cq = domain
-        .cq_open(&CqAttr {
-            format: CqFormat::Tagged,
-            size: 1 << 17,
-            wait_obj: WaitObj::Unspec,
-            ..Default::default()
-        })
-        .expect("cq");
-    let av = domain.av_open(&AvAttr::default()).expect("av");
-    let ep = domain.endpoint(&info).expect("endpoint");
-    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).expect("bind cq");
-    ep.bind_av(&av).expect("bind av");
-    ep.enable().expect("enable");
-    Node {
-        blocking: progress == Progress::Auto,
-        _fabric: fabric,
-        _domain: domain,
-        cq,
-        av,
-        ep,
-    }
-}
-
 impl Node {
+    fn blocking(&self) -> bool {
+        self.domain.info().domain_attr.data_progress == Progress::Auto
+    }
+
     /// Reads completions until one satisfies `want` (60 s at most); exits on an error entry.
     fn until(&self, mut want: impl FnMut(&CqTaggedEntry) -> bool) {
         let mut buf = [CqTaggedEntry::default(); 16];
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut empty = 0u32;
         loop {
-            let got = if self.blocking {
+            // Under auto progress completions come from the domain's thread: block for them
+            // instead of spinning (on two cores a third spinning thread takes turns with the
+            // watcher).
+            let got = if self.blocking() {
                 self.cq.sread(&mut buf, 1, 100)
             } else {
                 self.cq.read(&mut buf)
@@ -189,17 +154,6 @@ impl Node {
             }
         }
     }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-        .collect()
 }
 
 /// The peer process and its stdio.

@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 use xfabric::hmem::{Hmem, HostMapped};
 use xfabric::*;
 
+mod common;
+use common::{hex, open, unhex, Node};
+
 const ROLE_ENV: &str = "XF_PIPELINE_ROLE";
 const CAPS: u64 = FI_MSG | FI_TRIGGER | FI_XPU_TRIGGER;
 
@@ -90,48 +93,6 @@ fn pattern(i: u64, seed: u32) -> u32 {
     xfabric_kernels::cpu::pattern(i, seed)
 }
 
-struct Node {
-    _fabric: Fabric,
-    domain: Domain,
-    cq: CompletionQueue,
-    av: AddressVector,
-    ep: Endpoint,
-}
-
-fn open(caps: u64, progress: Progress) -> Node {
-    let mut hints = Info {
-        caps,
-        ..Default::default()
-    };
-    hints.fabric_attr.prov_name = Some("shm".into());
-    hints.ep_attr.ep_type = EpType::Rdm;
-    hints.domain_attr.data_progress = progress;
-    let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints))
-        .expect("getinfo: shm with FI_XPU_TRIGGER")[0]
-        .clone();
-    let fabric = xfabric::fabric(&info.fabric_attr).expect("fabric");
-    let domain = fabric.domain(&info).expect("domain");
-    let cq = domain
-        .cq_open(&CqAttr {
-            format: CqFormat::Tagged,
-            size: 1 << 16,
-            ..Default::default()
-        })
-        .expect("cq");
-    let av = domain.av_open(&AvAttr::default()).expect("av");
-    let ep = domain.endpoint(&info).expect("endpoint");
-    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).expect("bind cq");
-    ep.bind_av(&av).expect("bind av");
-    ep.enable().expect("enable");
-    Node {
-        _fabric: fabric,
-        domain,
-        cq,
-        av,
-        ep,
-    }
-}
-
 impl Node {
     /// Waits for `n` completions (60 s at most); exits on an error entry.
     fn wait(&self, n: usize) -> Vec<CqTaggedEntry> {
@@ -155,17 +116,6 @@ impl Node {
 fn fail(why: &str) -> ! {
     eprintln!("xpu_pipeline: {why}");
     std::process::exit(1)
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-        .collect()
 }
 
 /// The peer: posts a round's receives, says so, then checks every byte of every bucket.

@@ -43,6 +43,46 @@ impl Endpoint {
         }
     }
 
+    /// A send posted for later: checked as its untriggered form is.
+    fn later_send(
+        &self,
+        what: &'static str,
+        msg: &Msg<'_>,
+        flags: u64,
+        kind: u64,
+    ) -> Result<Action> {
+        let op = self.msg_tx(what, msg, flags & !FI_TRIGGER, kind)?;
+        self.check_tx(what, &op)?;
+        Ok(Action::Send(op))
+    }
+
+    /// A write or read posted for later.
+    fn later_rma(
+        &self,
+        what: &'static str,
+        msg: &MsgRma<'_>,
+        flags: u64,
+        dir: u64,
+    ) -> Result<Action> {
+        let op = self.msg_rma(what, msg, flags & !FI_TRIGGER, dir)?;
+        self.check_rma(what, &op)?;
+        Ok(Action::Rma(Box::new(op)))
+    }
+
+    /// An atomic posted for later.
+    fn later_atomic(
+        &self,
+        m: &MsgAtomic,
+        operand: &[u8],
+        count: usize,
+        flags: u64,
+    ) -> Result<Action> {
+        let what = "atomicmsg";
+        let r = self.atomic_req(what, m, RawIov::of(operand), count, flags & !FI_TRIGGER)?;
+        self.check_atomic(what, &r)?;
+        Ok(Action::Atomic(Box::new(r)))
+    }
+
     /// `fi_sendmsg` with `FI_TRIGGER` (implied): the send starts when `trig` is met.
     ///
     /// # Safety
@@ -55,9 +95,8 @@ impl Endpoint {
         trig: &TriggerContext,
     ) -> Result<()> {
         let link = self.trigger_link("sendmsg", flags)?;
-        let op = self.msg_tx("sendmsg", msg, flags & !FI_TRIGGER, FI_MSG)?;
-        self.check_tx("sendmsg", &op)?;
-        self.arm(link, trig, Action::Send(op))
+        let action = self.later_send("sendmsg", msg, flags, FI_MSG)?;
+        self.arm(link, trig, action)
     }
 
     /// `fi_tsendmsg` with `FI_TRIGGER`.
@@ -71,9 +110,8 @@ impl Endpoint {
         trig: &TriggerContext,
     ) -> Result<()> {
         let link = self.trigger_link("tsendmsg", flags)?;
-        let op = self.msg_tx("tsendmsg", msg, flags & !FI_TRIGGER, FI_TAGGED)?;
-        self.check_tx("tsendmsg", &op)?;
-        self.arm(link, trig, Action::Send(op))
+        let action = self.later_send("tsendmsg", msg, flags, FI_TAGGED)?;
+        self.arm(link, trig, action)
     }
 
     /// `fi_recvmsg` with `FI_TRIGGER`: the receive is posted when `trig` is met (messages
@@ -127,9 +165,8 @@ impl Endpoint {
         trig: &TriggerContext,
     ) -> Result<()> {
         let link = self.trigger_link("readmsg", flags)?;
-        let op = self.msg_rma("readmsg", msg, flags & !FI_TRIGGER, FI_READ)?;
-        self.check_rma("readmsg", &op)?;
-        self.arm(link, trig, Action::Rma(Box::new(op)))
+        let action = self.later_rma("readmsg", msg, flags, FI_READ)?;
+        self.arm(link, trig, action)
     }
 
     /// `fi_writemsg` with `FI_TRIGGER`.
@@ -144,9 +181,8 @@ impl Endpoint {
         trig: &TriggerContext,
     ) -> Result<()> {
         let link = self.trigger_link("writemsg", flags)?;
-        let op = self.msg_rma("writemsg", msg, flags & !FI_TRIGGER, FI_WRITE)?;
-        self.check_rma("writemsg", &op)?;
-        self.arm(link, trig, Action::Rma(Box::new(op)))
+        let action = self.later_rma("writemsg", msg, flags, FI_WRITE)?;
+        self.arm(link, trig, action)
     }
 
     /// `fi_atomicmsg` with `FI_TRIGGER`.
@@ -162,10 +198,8 @@ impl Endpoint {
         trig: &TriggerContext,
     ) -> Result<()> {
         let link = self.trigger_link("atomicmsg", flags)?;
-        let operand = RawIov::of(operand);
-        let r = self.atomic_req("atomicmsg", m, operand, count, flags & !FI_TRIGGER)?;
-        self.check_atomic("atomicmsg", &r)?;
-        self.arm(link, trig, Action::Atomic(Box::new(r)))
+        let action = self.later_atomic(m, operand, count, flags)?;
+        self.arm(link, trig, action)
     }
 
     /// `fi_fetch_atomicmsg` with `FI_TRIGGER`.
@@ -297,9 +331,8 @@ impl Endpoint {
         vars: &mut [TriggerVar],
     ) -> Result<usize> {
         let link = self.xpu_link("sendmsg", flags)?;
-        let op = self.msg_tx("sendmsg", msg, flags & !FI_TRIGGER, FI_MSG)?;
-        self.check_tx("sendmsg", &op)?;
-        self.arm_xpu("sendmsg", link, xpu, vars, Action::Send(op))
+        let action = self.later_send("sendmsg", msg, flags, FI_MSG)?;
+        self.arm_xpu("sendmsg", link, xpu, vars, action)
     }
 
     /// `fi_tsendmsg` with an XPU trigger.
@@ -314,9 +347,8 @@ impl Endpoint {
         vars: &mut [TriggerVar],
     ) -> Result<usize> {
         let link = self.xpu_link("tsendmsg", flags)?;
-        let op = self.msg_tx("tsendmsg", msg, flags & !FI_TRIGGER, FI_TAGGED)?;
-        self.check_tx("tsendmsg", &op)?;
-        self.arm_xpu("tsendmsg", link, xpu, vars, Action::Send(op))
+        let action = self.later_send("tsendmsg", msg, flags, FI_TAGGED)?;
+        self.arm_xpu("tsendmsg", link, xpu, vars, action)
     }
 
     /// `fi_writemsg` with an XPU trigger (with `FI_REMOTE_CQ_DATA`: a triggered writedata).
@@ -332,9 +364,8 @@ impl Endpoint {
         vars: &mut [TriggerVar],
     ) -> Result<usize> {
         let link = self.xpu_link("writemsg", flags)?;
-        let op = self.msg_rma("writemsg", msg, flags & !FI_TRIGGER, FI_WRITE)?;
-        self.check_rma("writemsg", &op)?;
-        self.arm_xpu("writemsg", link, xpu, vars, Action::Rma(Box::new(op)))
+        let action = self.later_rma("writemsg", msg, flags, FI_WRITE)?;
+        self.arm_xpu("writemsg", link, xpu, vars, action)
     }
 
     /// `fi_atomicmsg` with an XPU trigger.
@@ -351,9 +382,7 @@ impl Endpoint {
         vars: &mut [TriggerVar],
     ) -> Result<usize> {
         let link = self.xpu_link("atomicmsg", flags)?;
-        let operand = RawIov::of(operand);
-        let r = self.atomic_req("atomicmsg", m, operand, count, flags & !FI_TRIGGER)?;
-        self.check_atomic("atomicmsg", &r)?;
-        self.arm_xpu("atomicmsg", link, xpu, vars, Action::Atomic(Box::new(r)))
+        let action = self.later_atomic(m, operand, count, flags)?;
+        self.arm_xpu("atomicmsg", link, xpu, vars, action)
     }
 }
