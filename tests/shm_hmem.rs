@@ -352,10 +352,128 @@ fn initiator(test: &str) {
     }
 }
 
+/// Sizes of the delivery-complete check: eager, rendezvous, split copy.
+const DC_SIZES: [usize; 3] = [100, 100_000, 1 << 20];
+
+/// Where the `i`th delivery-complete write lands in the window.
+fn dc_off(i: usize) -> usize {
+    DC_SIZES[..i].iter().map(|l| l.next_multiple_of(4096)).sum()
+}
+
+/// The delivery-complete target: its device takes `LAND_DELAY` to land each copy, and it
+/// checks its device memory only when the initiator's completions are all in, without
+/// reading its own completion queue first.
+fn dc_target() {
+    let n = node(CAPS | FI_RMA_EVENT, Progress::Auto);
+    let parent = connect_parent(&n);
+    let win = cuda().alloc_device(0, WIN).expect("device window");
+    to_device(&win, &vec![0u8; WIN]);
+    let attr = MrAttr {
+        addr: win.as_ptr() as usize,
+        len: WIN,
+        access: FI_REMOTE_WRITE,
+        requested_key: 9,
+        iface: Iface::Cuda,
+        device: 0,
+        ..Default::default()
+    };
+    // SAFETY: the window outlives the registration (dropped first, below).
+    let mr = unsafe { n.domain.mr_regattr(&attr, 0) }.expect("register");
+    let virt = n.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0;
+    let base = if virt { win.as_ptr() as usize } else { 0 };
+    let rx: Vec<DeviceBuffer> = DC_SIZES
+        .iter()
+        .map(|&len| cuda().alloc_device(0, len).unwrap())
+        .collect();
+    for (i, (b, &len)) in rx.iter().zip(&DC_SIZES).enumerate() {
+        to_device(b, &vec![0u8; len]);
+        // SAFETY: the buffers outlive the completions read below.
+        let view = unsafe { std::slice::from_raw_parts_mut(b.as_ptr(), len) };
+        // SAFETY: as above.
+        unsafe { n.ep.recv(view, None, parent, 30 + i) }.unwrap();
+    }
+    say(&format!("{} {base}", mr.key()));
+    assert_eq!(listen(), "all complete");
+    // The double's device memory is host memory of this process: look at it directly, not
+    // through a copy that would wait for the device.
+    let raw = |b: &DeviceBuffer, off: usize, len: usize| {
+        // SAFETY: the double's device memory is mapped host memory of at least off + len.
+        unsafe { std::slice::from_raw_parts(b.as_ptr().add(off), len) }.to_vec()
+    };
+    for (i, (b, &len)) in rx.iter().zip(&DC_SIZES).enumerate() {
+        assert!(
+            raw(b, 0, len) == pattern(len, 300 + i as u64),
+            "a delivery-complete send of {len} bytes completed before the data was on the device"
+        );
+    }
+    for (i, &len) in DC_SIZES.iter().enumerate() {
+        assert!(
+            raw(&win, dc_off(i), len) == pattern(len, 400 + i as u64),
+            "an RMA write of {len} bytes completed before the data was on the device"
+        );
+    }
+    assert_eq!(double_counter("cuda_double_htod_pending"), Some(0));
+    let got = n.wait_n(DC_SIZES.len());
+    for (i, c) in got.iter().enumerate() {
+        assert_eq!((c.op_context, c.len), (30 + i, DC_SIZES[i]));
+    }
+    say("checked");
+    assert_eq!(listen(), "bye");
+    drop(mr);
+}
+
+/// Sends with FI_DELIVERY_COMPLETE and RMA writes (acknowledged by the target) into a peer's
+/// device memory, whose copies land slowly: each completion here must mean the data is on
+/// the peer's device (fi_cq(3), heterogeneous memory).
+fn dc_initiator(test: &str) {
+    let n = node(CAPS, Progress::Manual);
+    let delay = [("CUDA_DOUBLE_LAND_DELAY_US", "100000")];
+    let mut child = spawn(test, "dc-target", &delay);
+    let peer = connect(&mut child, &n);
+    let f: Vec<u64> = child
+        .hear()
+        .split(' ')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let (key, base) = (f[0], f[1]);
+    for (i, &len) in DC_SIZES.iter().enumerate() {
+        let out = pattern(len, 300 + i as u64);
+        let iov = [RawIov {
+            addr: out.as_ptr() as usize,
+            len,
+        }];
+        let msg = Msg {
+            iov: &iov,
+            desc: &[],
+            addr: peer,
+            context: 5,
+            data: 0,
+            tag: 0,
+            ignore: 0,
+        };
+        // SAFETY: out outlives the completion awaited next.
+        unsafe { n.ep.sendmsg(&msg, FI_DELIVERY_COMPLETE) }.unwrap();
+        assert_eq!(n.wait_one().op_context, 5);
+    }
+    for (i, &len) in DC_SIZES.iter().enumerate() {
+        let out = pattern(len, 400 + i as u64);
+        let at = base + dc_off(i) as u64;
+        // SAFETY: out outlives the completion awaited next.
+        unsafe { n.ep.write(&out, None, peer, at, key, 6) }.unwrap();
+        assert_eq!(n.wait_one().op_context, 6);
+    }
+    child.tell("all complete");
+    assert_eq!(child.hear(), "checked");
+    child.tell("bye");
+    child.join();
+}
+
 fn run_roles(test: &str) -> bool {
     match role().as_deref() {
         Some("initiator") => initiator(test),
         Some("target") => target(),
+        Some("dc-initiator") => dc_initiator(test),
+        Some("dc-target") => dc_target(),
         Some(r) => panic!("unknown role {r}"),
         None => return false,
     }
@@ -372,6 +490,19 @@ fn cuda_double_shm_device_memory() {
     let env = double_env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let mut child = spawn(NAME, "initiator", &env);
+    assert_eq!(child.hear(), "OK");
+    child.join();
+}
+
+#[test]
+fn cuda_double_delivery_complete_means_on_the_device() {
+    const NAME: &str = "cuda_double_delivery_complete_means_on_the_device";
+    if run_roles(NAME) {
+        return;
+    }
+    let env = double_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut child = spawn(NAME, "dc-initiator", &env);
     assert_eq!(child.hear(), "OK");
     child.join();
 }

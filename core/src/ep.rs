@@ -239,17 +239,36 @@ impl EpCore {
     /// `None` when `ctx` is not a staged operation.
     fn unstage(&self, ctx: Context, len: Option<usize>) -> Option<(Context, IovList, bool)> {
         let s = self.staging.claim(ctx)?;
-        let landed = match (len, self.hmem()) {
+        let landed = match (s.landed_early(), len, self.hmem()) {
+            (Some(ok), _, _) => ok,
             // SAFETY: the posting call's contract keeps the application's memory writable
             // until this completion.
-            (Some(n), Some(h)) => unsafe { s.land(h, n) },
-            _ => Ok(()),
+            (None, Some(n), Some(h)) => match unsafe { s.land(h, n) } {
+                Ok(()) => true,
+                Err(e) => {
+                    // The completion becomes an FI_EIO error entry; keep the driver's word.
+                    self.staging.record_error(e);
+                    false
+                }
+            },
+            _ => true,
         };
-        if let Err(e) = &landed {
-            // The completion becomes an FI_EIO error entry; keep the driver's word too.
-            self.staging.record_error(e.clone());
-        }
-        Some((s.user_ctx, s.user_iov, landed.is_ok()))
+        Some((s.user_ctx, s.user_iov, landed))
+    }
+
+    /// Lands data staged for device memory now, before the provider acknowledges the
+    /// transfer to its initiator: a delivery-complete acknowledgement then means the device
+    /// sees the data (fi_cq(3), heterogeneous memory). `ctx` is the context the provider was
+    /// given for the receive (or the staged remote write); for anything not staged this is one
+    /// atomic load and `true`. `false`: the copy failed (the completion reports `FI_EIO`).
+    ///
+    /// # Safety
+    /// The provider holds the operation, its bounce buffer has the `len` received bytes, and
+    /// it has not completed it yet.
+    pub unsafe fn land_before_ack(&self, ctx: Context, len: usize) -> bool {
+        let Some(h) = self.hmem() else { return true };
+        // SAFETY: forwarded.
+        unsafe { self.staging.land_early(h, ctx, len) }.unwrap_or(true)
     }
 
     /// Errors of staging copies into device memory (each also failed its operation with

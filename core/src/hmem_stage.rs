@@ -113,6 +113,9 @@ pub(crate) struct Staged {
     land: Vec<OwnedSeg>,
     /// A peer's write into this side's registered memory (no application context).
     remote: bool,
+    /// Set once the bytes were landed ahead of the completion (`StagingRegistry::land_early`):
+    /// whether that worked. The completion then does not land them again.
+    early: Option<bool>,
 }
 
 impl Staged {
@@ -124,6 +127,7 @@ impl Staged {
             bounce,
             land: Vec::new(),
             remote: false,
+            early: None,
         }
     }
 
@@ -136,6 +140,7 @@ impl Staged {
             bounce: vec![0u8; total],
             land,
             remote: false,
+            early: None,
         }
     }
 
@@ -161,6 +166,11 @@ impl Staged {
         let len = len.min(self.bounce.len());
         // SAFETY: forwarded.
         unsafe { scatter(hmem, &self.land, &self.bounce[..len]) }
+    }
+
+    /// Whether the bytes were landed ahead of the completion, and if so whether that worked.
+    pub fn landed_early(&self) -> Option<bool> {
+        self.early
     }
 }
 
@@ -215,6 +225,33 @@ impl StagingRegistry {
             self.live.fetch_sub(1, Ordering::AcqRel);
         }
         s
+    }
+
+    /// Lands the staged incoming operation `ctx` now, ahead of its completion: its `len`
+    /// bytes are visible to the device when this returns. `None` when `ctx` is not a staged
+    /// incoming operation; otherwise whether the copy worked (a failure is recorded, and the
+    /// completion reports it). The completion does not copy again.
+    ///
+    /// # Safety
+    /// As `Staged::land`: the caller holds the operation (it cannot complete meanwhile) and
+    /// its bounce holds the received bytes.
+    pub unsafe fn land_early(&self, hmem: &dyn HmemOps, ctx: Context, len: usize) -> Option<bool> {
+        if self.live.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut map = self.lock();
+        let s = map.get_mut(&ctx).filter(|s| !s.land.is_empty())?;
+        if s.early.is_none() {
+            // SAFETY: forwarded.
+            let r = unsafe { s.land(hmem, len) };
+            s.early = Some(r.is_ok());
+            if let Err(e) = r {
+                drop(map);
+                self.record_error(e);
+                return Some(false);
+            }
+        }
+        s.early
     }
 
     /// The provider-side context of the staged operation the application posted as `user`.
@@ -314,5 +351,29 @@ mod tests {
         assert_eq!(&dev[..12], &data[8..20]);
         assert_eq!(&dev[12..], &[7; 4]);
         assert!(reg.claim(key).is_none());
+    }
+
+    #[test]
+    fn landing_early_happens_once() {
+        let fake = Fake::default();
+        let mut dev = vec![0u8; 32];
+        let dev_addr = dev.as_mut_ptr() as usize;
+        fake.dev.lock().unwrap().push((dev_addr, 32));
+        let iov = IovList::one(dev_addr, 32);
+        let segs = owners(&fake, &iov).unwrap().unwrap();
+        let reg = StagingRegistry::default();
+        // SAFETY: nothing is staged under 7.
+        assert_eq!(unsafe { reg.land_early(&fake, 7, 32) }, None);
+        let s = Staged::incoming(1, iov, segs);
+        let b = s.bounce_iov();
+        let key = reg.insert(s);
+        // SAFETY: the bounce is live until claimed; the landing buffer is live.
+        unsafe { b.copy_in(0, &[5u8; 32]) };
+        assert_eq!(unsafe { reg.land_early(&fake, key, 32) }, Some(true));
+        assert_eq!(dev, [5u8; 32]);
+        assert_eq!(unsafe { reg.land_early(&fake, key, 32) }, Some(true));
+        assert_eq!(fake.copies.load(Ordering::Relaxed), 1, "landed once");
+        let s = reg.claim(key).unwrap();
+        assert_eq!(s.landed_early(), Some(true));
     }
 }

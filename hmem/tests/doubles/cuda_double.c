@@ -17,7 +17,9 @@
  * their stream is synchronized (as on a device, an async copy is not visible before that).
  * cuda_double_live() is not a CUDA call: it counts live allocations, mappings, registrations,
  * streams and context references; cuda_double_htod_landed() counts host-to-device copies that
- * landed and cuda_double_htod_pending() those still waiting for a synchronize.
+ * landed and cuda_double_htod_pending() those still waiting for a synchronize. With
+ * CUDA_DOUBLE_LAND_DELAY_US set, a synchronize waits that long before the held copies land,
+ * as a busy device would (so a test can see who reports data before it is there).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -228,6 +230,9 @@ CUresult cuStreamCreate(struct stream **s, unsigned flags)
 
 static void land(struct stream *s)
 {
+	const char *delay = getenv("CUDA_DOUBLE_LAND_DELAY_US");
+	if (delay && s->npend > 0)
+		usleep((useconds_t)strtoul(delay, NULL, 10));
 	for (int i = 0; i < s->npend; i++)
 		memcpy(s->pend[i].dst, s->pend[i].src, s->pend[i].n);
 	pthread_mutex_lock(&lock);

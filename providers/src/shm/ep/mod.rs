@@ -771,6 +771,22 @@ impl ShmEndpoint {
         self.handle_msg(st, lane, v.h, pl)
     }
 
+    /// The status to acknowledge a transfer of `len` bytes into `slot` with, once the bytes
+    /// are where the acknowledgement promises: staged for device memory, they are copied in
+    /// first (the sender's FI_DELIVERY_COMPLETE means the device sees them); an RMA write
+    /// with FI_COMMIT_COMPLETE is flushed.
+    fn sink_status(&self, slot: &RecvSlot, len: usize) -> i32 {
+        // SAFETY: the slot is ours until the completion pushed after this acknowledgement,
+        // and it holds the received bytes.
+        if !unsafe { self.core.land_before_ack(slot.ctx, len) } {
+            FI_EIO
+        } else if slot.flags & FI_RMA != 0 && slot.op_flags & FI_COMMIT_COMPLETE != 0 {
+            rma::commit(&slot.iov)
+        } else {
+            0
+        }
+    }
+
     /// Handles one message (`pl`: its payload); returns true when the lane is to be released.
     fn handle_msg(&self, st: &mut State, lane: usize, h: Header, pl: &[u8]) -> bool {
         if h.kind == kind::CONNECT {
@@ -814,7 +830,8 @@ impl ShmEndpoint {
                         raw,
                     });
                     if h.flags & (flag::ACK_DELIVERY | flag::ACK_MATCH) != 0 {
-                        self.ack(st, p, h.aux, 0);
+                        let status = self.sink_status(&slot, got);
+                        self.ack(st, p, h.aux, status);
                     }
                 } else {
                     let ack_on_match = (h.flags & flag::ACK_MATCH != 0).then_some(h.aux);
@@ -891,9 +908,9 @@ impl ShmEndpoint {
                     r.got += len;
                     if r.got >= r.total {
                         let r = st.rxp.remove(id);
-                        self.ack(st, r.peer, r.tx_id, sink_status(&r.slot));
-                        let cap = r.slot.iov.total();
-                        let got = r.total.min(cap);
+                        let got = r.total.min(r.slot.iov.total());
+                        let status = self.sink_status(&r.slot, got);
+                        self.ack(st, r.peer, r.tx_id, status);
                         let raw = self.raw_src(st, r.peer, r.src);
                         st.push_rx(Done::Rx {
                             slot: r.slot,
@@ -1312,16 +1329,6 @@ impl EndpointOps for ShmEndpoint {
         }
         st.rxq.drain_unexpected();
         self.finish(st);
-    }
-}
-
-/// Status to acknowledge a landed large transfer with: a commit-complete RMA write is made
-/// durable first (its initiator completes only after that).
-fn sink_status(slot: &RecvSlot) -> i32 {
-    if slot.flags & FI_RMA != 0 && slot.op_flags & FI_COMMIT_COMPLETE != 0 {
-        rma::commit(&slot.iov)
-    } else {
-        0
     }
 }
 

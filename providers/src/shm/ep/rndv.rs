@@ -38,7 +38,8 @@ impl ShmEndpoint {
         if cma_pid.is_some() {
             match cma::read(&self.cma, r.pid, &slot.iov, &r.iov, n) {
                 CmaResult::Done => {
-                    self.ack(st, r.peer, r.tx_id, sink_status(&slot));
+                    let status = self.sink_status(&slot, n);
+                    self.ack(st, r.peer, r.tx_id, status);
                     let raw = self.raw_src(st, r.peer, src);
                     st.push_rx(Done::Rx {
                         slot,
@@ -213,7 +214,11 @@ impl ShmEndpoint {
             };
         }
         let r = st.rxp.remove(id);
-        let err = if err == 0 { sink_status(&r.slot) } else { err };
+        let err = if err == 0 {
+            self.sink_status(&r.slot, n)
+        } else {
+            err
+        };
         self.ack(st, r.peer, r.tx_id, err);
         if err != 0 {
             st.push_rx(Done::SlotErr {
