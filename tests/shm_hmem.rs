@@ -355,6 +355,11 @@ fn initiator(test: &str) {
 /// Sizes of the delivery-complete check: eager, rendezvous, split copy.
 const DC_SIZES: [usize; 3] = [100, 100_000, 1 << 20];
 
+/// Messages into one FI_MULTI_RECV buffer in device memory: 53,100 of its 64 KiB, leaving
+/// less than the minimum of 16 KiB, so the last one releases it.
+const MULTI_LENS: [usize; 4] = [100, 3000, 20_000, 30_000];
+const MULTI_BUF: usize = 64 * 1024;
+
 /// Where the `i`th delivery-complete write lands in the window.
 fn dc_off(i: usize) -> usize {
     DC_SIZES[..i].iter().map(|l| l.next_multiple_of(4096)).sum()
@@ -364,7 +369,8 @@ fn dc_off(i: usize) -> usize {
 /// checks its device memory only when the initiator's completions are all in, without
 /// reading its own completion queue first.
 fn dc_target() {
-    let n = node(CAPS | FI_RMA_EVENT, Progress::Auto);
+    let n = node(CAPS | FI_RMA_EVENT | FI_MULTI_RECV, Progress::Auto);
+    n.ep.setopt(FI_OPT_MIN_MULTI_RECV, 16 * 1024).unwrap();
     let parent = connect_parent(&n);
     let win = cuda().alloc_device(0, WIN).expect("device window");
     to_device(&win, &vec![0u8; WIN]);
@@ -392,6 +398,24 @@ fn dc_target() {
         // SAFETY: as above.
         unsafe { n.ep.recv(view, None, parent, 30 + i) }.unwrap();
     }
+    // Then one multi-receive buffer in device memory for the next messages.
+    let multi = cuda().alloc_device(0, MULTI_BUF).unwrap();
+    to_device(&multi, &vec![0u8; MULTI_BUF]);
+    let iov = [RawIov {
+        addr: multi.as_ptr() as usize,
+        len: MULTI_BUF,
+    }];
+    let m = Msg {
+        iov: &iov,
+        desc: &[],
+        addr: parent,
+        context: 40,
+        data: 0,
+        tag: 0,
+        ignore: 0,
+    };
+    // SAFETY: the buffer outlives the completions read below.
+    unsafe { n.ep.recvmsg(&m, FI_MULTI_RECV) }.unwrap();
     say(&format!("{} {base}", mr.key()));
     assert_eq!(listen(), "all complete");
     // The double's device memory is host memory of this process: look at it directly, not
@@ -412,10 +436,28 @@ fn dc_target() {
             "an RMA write of {len} bytes completed before the data was on the device"
         );
     }
+    let mut off = 0;
+    for (i, &len) in MULTI_LENS.iter().enumerate() {
+        assert!(
+            raw(&multi, off, len) == pattern(len, 500 + i as u64),
+            "a delivery-complete send of {len} bytes into a multi-receive buffer completed \
+             before the data was on the device"
+        );
+        off += len;
+    }
     assert_eq!(double_counter("cuda_double_htod_pending"), Some(0));
-    let got = n.wait_n(DC_SIZES.len());
-    for (i, c) in got.iter().enumerate() {
+    let got = n.wait_n(DC_SIZES.len() + MULTI_LENS.len());
+    for (i, c) in got[..DC_SIZES.len()].iter().enumerate() {
         assert_eq!((c.op_context, c.len), (30 + i, DC_SIZES[i]));
+    }
+    // Each message's entry names its place in the application's device buffer.
+    let mut off = 0;
+    for (c, &len) in got[DC_SIZES.len()..].iter().zip(&MULTI_LENS) {
+        assert_eq!(c.op_context, 40);
+        assert_eq!((c.buf, c.len), (multi.as_ptr() as usize + off, len));
+        let releases = len == MULTI_LENS[MULTI_LENS.len() - 1];
+        assert_eq!(c.flags & FI_MULTI_RECV != 0, releases, "{len} bytes");
+        off += len;
     }
     say("checked");
     assert_eq!(listen(), "bye");
@@ -454,6 +496,25 @@ fn dc_initiator(test: &str) {
         // SAFETY: out outlives the completion awaited next.
         unsafe { n.ep.sendmsg(&msg, FI_DELIVERY_COMPLETE) }.unwrap();
         assert_eq!(n.wait_one().op_context, 5);
+    }
+    for (i, &len) in MULTI_LENS.iter().enumerate() {
+        let out = pattern(len, 500 + i as u64);
+        let iov = [RawIov {
+            addr: out.as_ptr() as usize,
+            len,
+        }];
+        let msg = Msg {
+            iov: &iov,
+            desc: &[],
+            addr: peer,
+            context: 7,
+            data: 0,
+            tag: 0,
+            ignore: 0,
+        };
+        // SAFETY: out outlives the completion awaited next.
+        unsafe { n.ep.sendmsg(&msg, FI_DELIVERY_COMPLETE) }.unwrap();
+        assert_eq!(n.wait_one().op_context, 7);
     }
     for (i, &len) in DC_SIZES.iter().enumerate() {
         let out = pattern(len, 400 + i as u64);

@@ -226,11 +226,19 @@ impl EpCore {
     }
 
     /// Stages an incoming operation's device memory, if it has any.
-    pub(crate) fn stage_in(&self, ctx: Context, iov: &IovList) -> Result<Option<Staged>> {
+    pub(crate) fn stage_in(
+        &self,
+        ctx: Context,
+        iov: &IovList,
+        multi: bool,
+    ) -> Result<Option<Staged>> {
         let Some(hmem) = self.stager() else {
             return Ok(None);
         };
-        Ok(hmem_stage::owners(hmem, iov)?.map(|segs| Staged::incoming(ctx, *iov, segs)))
+        Ok(hmem_stage::owners(hmem, iov)?.map(|segs| match multi {
+            true => Staged::incoming_multi(ctx, *iov, segs),
+            false => Staged::incoming(ctx, *iov, segs),
+        }))
     }
 
     /// Ends a staged operation the provider posted with `ctx`: lands incoming data (`len`
@@ -263,12 +271,25 @@ impl EpCore {
     /// atomic load and `true`. `false`: the copy failed (the completion reports `FI_EIO`).
     ///
     /// # Safety
-    /// The provider holds the operation, its bounce buffer has the `len` received bytes, and
-    /// it has not completed it yet.
-    pub unsafe fn land_before_ack(&self, ctx: Context, len: usize) -> bool {
+    /// The provider holds the operation, `slot` (its bounce buffer, or a window of it) has the
+    /// `len` received bytes, and it has not completed it yet.
+    pub unsafe fn land_before_ack(&self, slot: &RecvSlot, len: usize) -> bool {
         let Some(h) = self.hmem() else { return true };
         // SAFETY: forwarded.
-        unsafe { self.staging.land_early(h, ctx, len) }.unwrap_or(true)
+        unsafe { self.staging.land_early(h, slot.ctx, &slot.iov, len) }.unwrap_or(true)
+    }
+
+    /// Ends the staged part of a receive that completed into `slot` (`len` bytes) or failed
+    /// (`None`): a multi-receive window, or a whole staged operation.
+    fn unstage_rx(&self, slot: &RecvSlot, len: Option<usize>) -> Option<(Context, IovList, bool)> {
+        let release = slot.flags & FI_MULTI_RECV != 0;
+        // SAFETY: the posting call's contract keeps the application's memory writable until
+        // the buffer is released; the provider is done with this window.
+        let window = unsafe {
+            self.staging
+                .finish_window(self.hmem(), slot.ctx, &slot.iov, len, release)
+        };
+        window.or_else(|| self.unstage(slot.ctx, len))
     }
 
     /// Errors of staging copies into device memory (each also failed its operation with
@@ -443,7 +464,7 @@ impl EpCore {
     ) {
         // Data staged for device memory lands before anything reports it (fi_cq(3)).
         let staged;
-        let slot = match self.unstage(slot.ctx, Some(len)) {
+        let slot = match self.unstage_rx(slot, Some(len)) {
             None => slot,
             Some((user, _, false)) => return self.fail_rx(user, slot.flags, tag, FI_EIO),
             Some((ctx, iov, true)) => {
@@ -557,7 +578,15 @@ impl EpCore {
 
     /// Reports a receive-side error (`FI_ECANCELED`, `FI_ENOMSG`, a lost peer...).
     pub fn fail_rx(&self, ctx: Context, flags: u64, tag: u64, err: i32) {
-        let ctx = self.unstage(ctx, None).map_or(ctx, |(user, _, _)| user);
+        let slot = RecvSlot {
+            ctx,
+            iov: IovList::default(),
+            flags,
+            op_flags: 0,
+        };
+        let ctx = self
+            .unstage_rx(&slot, None)
+            .map_or(ctx, |(user, _, _)| user);
         match self.deferred.claim(ctx) {
             None => self.fail_rx_ep(ctx, flags, tag, err),
             Some(w) => {
@@ -974,12 +1003,10 @@ impl Endpoint {
 
     fn post_rx(&self, what: &'static str, r: PostedRecv) -> Result<()> {
         self.check_rx(what, &r)?;
-        if let Some(staged) = self.core.stage_in(r.ctx, &r.iov)? {
-            if r.flags & FI_MULTI_RECV != 0 {
-                return Err(Error::OpNotSupp(format!(
-                    "{what}: a FI_MULTI_RECV buffer in device memory"
-                )));
-            }
+        if let Some(staged) = self
+            .core
+            .stage_in(r.ctx, &r.iov, r.flags & FI_MULTI_RECV != 0)?
+        {
             return self.core.post_staged(staged, false, |ctx, iov| {
                 // SAFETY: the bounce buffer lives until the receive completes.
                 unsafe { self.ops.recv(PostedRecv { ctx, iov, ..r }) }

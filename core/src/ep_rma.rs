@@ -104,7 +104,7 @@ impl Endpoint {
         self.check_rma(what, &op)?;
         let core = self.core();
         let staged = if op.flags & FI_READ != 0 {
-            core.stage_in(op.ctx, &op.iov)?
+            core.stage_in(op.ctx, &op.iov, false)?
         } else {
             // SAFETY: the public call's contract: a write's data is readable now.
             unsafe { core.stage_out(op.ctx, &op.iov) }?

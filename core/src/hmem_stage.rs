@@ -74,27 +74,46 @@ pub unsafe fn gather(hmem: &dyn HmemOps, segs: &[OwnedSeg]) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// Copies the first `len` bytes of `src` into the application's segments, in order; device
-/// segments through `hmem` (synchronously: visible to the device on return).
+/// Copies `src` into the application's segments, in order; device segments through `hmem`
+/// (synchronously: visible to the device on return).
 ///
 /// # Safety
 /// Every segment must be writable memory of its owner for its length, not otherwise accessed.
 pub unsafe fn scatter(hmem: &dyn HmemOps, segs: &[OwnedSeg], src: &[u8]) -> Result<()> {
-    let mut off = 0;
+    // SAFETY: forwarded.
+    unsafe { scatter_at(hmem, segs, 0, src) }
+}
+
+/// As `scatter`, starting `at` bytes into the segments (a window of a multi-receive buffer).
+///
+/// # Safety
+/// As `scatter`.
+pub unsafe fn scatter_at(
+    hmem: &dyn HmemOps,
+    segs: &[OwnedSeg],
+    mut at: usize,
+    mut src: &[u8],
+) -> Result<()> {
     for s in segs {
-        if off >= src.len() {
+        if src.is_empty() {
             break;
         }
-        let n = s.seg.len.min(src.len() - off);
-        let part = &src[off..off + n];
+        if at >= s.seg.len {
+            at -= s.seg.len;
+            continue;
+        }
+        let n = (s.seg.len - at).min(src.len());
+        let (part, rest) = src.split_at(n);
+        let dst = s.seg.addr + at;
         if s.owner.is_device() {
             // SAFETY: the caller's contract.
-            unsafe { hmem.copy_from_host(s.owner, s.seg.addr, part) }?;
-        } else if n > 0 {
-            // SAFETY: the caller's contract: a writable host segment of at least `n` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), s.seg.addr as *mut u8, n) };
+            unsafe { hmem.copy_from_host(s.owner, dst, part) }?;
+        } else {
+            // SAFETY: the caller's contract: a writable host segment with `n` bytes past `at`.
+            unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), dst as *mut u8, n) };
         }
-        off += n;
+        at = 0;
+        src = rest;
     }
     Ok(())
 }
@@ -116,6 +135,11 @@ pub(crate) struct Staged {
     /// Set once the bytes were landed ahead of the completion (`StagingRegistry::land_early`):
     /// whether that worked. The completion then does not land them again.
     early: Option<bool>,
+    /// A multi-receive buffer: each message completes a window of it, landed on its own, and
+    /// the record lives until the completion that releases the buffer.
+    multi: bool,
+    /// Multi-receive windows (offset into the bounce) landed ahead of their completions.
+    early_windows: Vec<(usize, bool)>,
 }
 
 impl Staged {
@@ -128,6 +152,8 @@ impl Staged {
             land: Vec::new(),
             remote: false,
             early: None,
+            multi: false,
+            early_windows: Vec::new(),
         }
     }
 
@@ -141,6 +167,16 @@ impl Staged {
             land,
             remote: false,
             early: None,
+            multi: false,
+            early_windows: Vec::new(),
+        }
+    }
+
+    /// A multi-receive buffer into `land`: messages fill windows of one bounce.
+    pub fn incoming_multi(user_ctx: Context, user_iov: IovList, land: Vec<OwnedSeg>) -> Self {
+        Staged {
+            multi: true,
+            ..Staged::incoming(user_ctx, user_iov, land)
         }
     }
 
@@ -171,6 +207,27 @@ impl Staged {
     /// Whether the bytes were landed ahead of the completion, and if so whether that worked.
     pub fn landed_early(&self) -> Option<bool> {
         self.early
+    }
+
+    /// Where `window` (a provider's view of part of the bounce) starts in it.
+    fn window_offset(&self, window: &IovList) -> usize {
+        let base = self.bounce.as_ptr() as usize;
+        let at = window.first_addr().wrapping_sub(base);
+        if window.total() == 0 || at > self.bounce.len() {
+            self.bounce.len()
+        } else {
+            at
+        }
+    }
+
+    /// Lands `len` received bytes of the window at `at` (a multi-receive message).
+    ///
+    /// # Safety
+    /// As `land`.
+    unsafe fn land_window(&self, hmem: &dyn HmemOps, at: usize, len: usize) -> Result<()> {
+        let end = at.saturating_add(len).min(self.bounce.len());
+        // SAFETY: forwarded.
+        unsafe { scatter_at(hmem, &self.land, at, &self.bounce[at..end]) }
     }
 }
 
@@ -228,19 +285,43 @@ impl StagingRegistry {
     }
 
     /// Lands the staged incoming operation `ctx` now, ahead of its completion: its `len`
-    /// bytes are visible to the device when this returns. `None` when `ctx` is not a staged
+    /// bytes (in `window`, for a multi-receive buffer) are visible to the device when this
+    /// returns. `None` when `ctx` is not a staged
     /// incoming operation; otherwise whether the copy worked (a failure is recorded, and the
     /// completion reports it). The completion does not copy again.
     ///
     /// # Safety
     /// As `Staged::land`: the caller holds the operation (it cannot complete meanwhile) and
     /// its bounce holds the received bytes.
-    pub unsafe fn land_early(&self, hmem: &dyn HmemOps, ctx: Context, len: usize) -> Option<bool> {
+    pub unsafe fn land_early(
+        &self,
+        hmem: &dyn HmemOps,
+        ctx: Context,
+        window: &IovList,
+        len: usize,
+    ) -> Option<bool> {
         if self.live.load(Ordering::Acquire) == 0 {
             return None;
         }
         let mut map = self.lock();
         let s = map.get_mut(&ctx).filter(|s| !s.land.is_empty())?;
+        if s.multi {
+            let at = s.window_offset(window);
+            if let Some(&(_, ok)) = s.early_windows.iter().find(|w| w.0 == at) {
+                return Some(ok);
+            }
+            // SAFETY: forwarded.
+            let r = unsafe { s.land_window(hmem, at, len) };
+            s.early_windows.push((at, r.is_ok()));
+            drop(map);
+            return Some(match r {
+                Ok(()) => true,
+                Err(e) => {
+                    self.record_error(e);
+                    false
+                }
+            });
+        }
         if s.early.is_none() {
             // SAFETY: forwarded.
             let r = unsafe { s.land(hmem, len) };
@@ -252,6 +333,52 @@ impl StagingRegistry {
             }
         }
         s.early
+    }
+
+    /// Ends one message of the multi-receive buffer staged as `ctx`: lands its `len` bytes
+    /// (`None`: it failed, nothing to land) from `window` unless that was done early, and
+    /// frees the buffer when `release`. Returns the application's context, its view of the
+    /// window, and whether landing worked; `None` when `ctx` is not a staged multi-receive.
+    ///
+    /// # Safety
+    /// As `land_early`.
+    pub unsafe fn finish_window(
+        &self,
+        hmem: Option<&dyn HmemOps>,
+        ctx: Context,
+        window: &IovList,
+        len: Option<usize>,
+        release: bool,
+    ) -> Option<(Context, IovList, bool)> {
+        if self.live.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut map = self.lock();
+        let s = map.get_mut(&ctx).filter(|s| s.multi)?;
+        let at = s.window_offset(window);
+        let user = s.user_iov.slice(at, window.total());
+        let early = s
+            .early_windows
+            .iter()
+            .position(|w| w.0 == at)
+            .map(|i| s.early_windows.swap_remove(i).1);
+        let landed = match (early, len, hmem) {
+            (Some(ok), _, _) => Ok(ok),
+            // SAFETY: forwarded.
+            (None, Some(n), Some(h)) => unsafe { s.land_window(h, at, n) }.map(|()| true),
+            _ => Ok(true),
+        };
+        let user_ctx = s.user_ctx;
+        if release {
+            map.remove(&ctx);
+            self.live.fetch_sub(1, Ordering::AcqRel);
+        }
+        drop(map);
+        let ok = landed.unwrap_or_else(|e| {
+            self.record_error(e);
+            false
+        });
+        Some((user_ctx, user, ok))
     }
 
     /// The provider-side context of the staged operation the application posted as `user`.
@@ -363,17 +490,61 @@ mod tests {
         let segs = owners(&fake, &iov).unwrap().unwrap();
         let reg = StagingRegistry::default();
         // SAFETY: nothing is staged under 7.
-        assert_eq!(unsafe { reg.land_early(&fake, 7, 32) }, None);
+        assert_eq!(unsafe { reg.land_early(&fake, 7, &iov, 32) }, None);
         let s = Staged::incoming(1, iov, segs);
         let b = s.bounce_iov();
         let key = reg.insert(s);
         // SAFETY: the bounce is live until claimed; the landing buffer is live.
         unsafe { b.copy_in(0, &[5u8; 32]) };
-        assert_eq!(unsafe { reg.land_early(&fake, key, 32) }, Some(true));
+        assert_eq!(unsafe { reg.land_early(&fake, key, &b, 32) }, Some(true));
         assert_eq!(dev, [5u8; 32]);
-        assert_eq!(unsafe { reg.land_early(&fake, key, 32) }, Some(true));
+        assert_eq!(unsafe { reg.land_early(&fake, key, &b, 32) }, Some(true));
         assert_eq!(fake.copies.load(Ordering::Relaxed), 1, "landed once");
         let s = reg.claim(key).unwrap();
         assert_eq!(s.landed_early(), Some(true));
+    }
+
+    #[test]
+    fn multi_receive_windows_land_one_by_one() {
+        let fake = Fake::default();
+        let mut dev = vec![0u8; 64];
+        let dev_addr = dev.as_mut_ptr() as usize;
+        fake.dev.lock().unwrap().push((dev_addr, 64));
+        let iov = IovList::one(dev_addr, 64);
+        let segs = owners(&fake, &iov).unwrap().unwrap();
+        let reg = StagingRegistry::default();
+        let s = Staged::incoming_multi(9, iov, segs);
+        let b = s.bounce_iov();
+        let key = reg.insert(s);
+        // Two messages: 10 bytes at 0, 20 at 10; the second is acknowledged early.
+        let (w1, w2) = (b.slice(0, 10), b.slice(10, 20));
+        // SAFETY: the bounce is live until the buffer is released; so is `dev`.
+        unsafe {
+            w1.copy_in(0, &[1u8; 10]);
+            w2.copy_in(0, &[2u8; 20]);
+            assert_eq!(reg.land_early(&fake, key, &w2, 20), Some(true));
+        }
+        assert_eq!(&dev[10..30], &[2u8; 20]);
+        // SAFETY: as above.
+        let (ctx, user, ok) = unsafe { reg.finish_window(Some(&fake), key, &w1, Some(10), false) }
+            .expect("a staged multi-receive");
+        assert_eq!(
+            (ctx, user.first_addr(), user.total(), ok),
+            (9, dev_addr, 10, true)
+        );
+        assert_eq!(&dev[..10], &[1u8; 10]);
+        assert_eq!(reg.key_of(9), Some(key), "the buffer is still posted");
+        // SAFETY: as above.
+        let (_, user, _) = unsafe { reg.finish_window(Some(&fake), key, &w2, Some(20), true) }
+            .expect("still staged");
+        assert_eq!((user.first_addr(), user.total()), (dev_addr + 10, 20));
+        assert_eq!(
+            fake.copies.load(Ordering::Relaxed),
+            2,
+            "each window landed once"
+        );
+        // Released: gone.
+        // SAFETY: nothing is staged any more.
+        assert!(unsafe { reg.finish_window(Some(&fake), key, &w1, None, true) }.is_none());
     }
 }

@@ -778,7 +778,7 @@ impl ShmEndpoint {
     fn sink_status(&self, slot: &RecvSlot, len: usize) -> i32 {
         // SAFETY: the slot is ours until the completion pushed after this acknowledgement,
         // and it holds the received bytes.
-        if !unsafe { self.core.land_before_ack(slot.ctx, len) } {
+        if !unsafe { self.core.land_before_ack(slot, len) } {
             FI_EIO
         } else if slot.flags & FI_RMA != 0 && slot.op_flags & FI_COMMIT_COMPLETE != 0 {
             rma::commit(&slot.iov)
