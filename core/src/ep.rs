@@ -963,16 +963,9 @@ impl Endpoint {
 
     fn post_tx(&self, what: &'static str, op: TxOp) -> Result<()> {
         self.check_tx(what, &op)?;
-        // SAFETY: the public call's contract: the data is readable now.
-        if let Some(staged) = unsafe { self.core.stage_out(op.ctx, &op.iov) }? {
-            let inject = op.flags & FI_INJECT != 0;
-            return self.core.post_staged(staged, inject, |ctx, iov| {
-                // SAFETY: the bounce buffer lives until the operation completes.
-                unsafe { self.ops.send(&TxOp { ctx, iov, ..op }) }
-            });
-        }
-        // SAFETY: forwarded from the public call's contract (or an inject, copied in the call).
-        unsafe { self.ops.send(&op) }
+        // SAFETY: the public call's contract: the data is readable now and stays so until
+        // the completion (an inject's only during the call, where the provider copies it).
+        Ok(unsafe { self.core.start_send(&*self.ops, &op) }?)
     }
 
     /// Checks a send against the endpoint's state, sizes and capabilities.
@@ -1003,17 +996,8 @@ impl Endpoint {
 
     fn post_rx(&self, what: &'static str, r: PostedRecv) -> Result<()> {
         self.check_rx(what, &r)?;
-        if let Some(staged) = self
-            .core
-            .stage_in(r.ctx, &r.iov, r.flags & FI_MULTI_RECV != 0)?
-        {
-            return self.core.post_staged(staged, false, |ctx, iov| {
-                // SAFETY: the bounce buffer lives until the receive completes.
-                unsafe { self.ops.recv(PostedRecv { ctx, iov, ..r }) }
-            });
-        }
         // SAFETY: forwarded from the public call's contract.
-        unsafe { self.ops.recv(r) }
+        Ok(unsafe { self.core.start_recv(&*self.ops, r) }?)
     }
 
     /// Checks a receive against the endpoint's state and capabilities.

@@ -102,22 +102,8 @@ const RMA_FLAGS: u64 = FI_REMOTE_CQ_DATA
 impl Endpoint {
     fn post_rma(&self, what: &'static str, op: RmaOp) -> Result<()> {
         self.check_rma(what, &op)?;
-        let core = self.core();
-        let staged = if op.flags & FI_READ != 0 {
-            core.stage_in(op.ctx, &op.iov, false)?
-        } else {
-            // SAFETY: the public call's contract: a write's data is readable now.
-            unsafe { core.stage_out(op.ctx, &op.iov) }?
-        };
-        if let Some(staged) = staged {
-            let inject = op.flags & FI_INJECT != 0;
-            return core.post_staged(staged, inject, |ctx, iov| {
-                // SAFETY: the bounce buffer lives until the operation completes.
-                unsafe { self.ops().rma(&RmaOp { ctx, iov, ..op }) }
-            });
-        }
-        // SAFETY: forwarded from the public call's contract.
-        unsafe { self.ops().rma(&op) }
+        // SAFETY: forwarded from the public call's contract (a write's data is readable now).
+        Ok(unsafe { self.core().start_rma(&**self.ops(), &op) }?)
     }
 
     /// Checks an RMA operation against the endpoint's state, sizes and capabilities.

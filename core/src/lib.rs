@@ -12,6 +12,7 @@ pub mod entry;
 pub mod ep;
 pub mod ep_atomic;
 pub mod ep_rma;
+mod ep_start;
 pub mod eq;
 pub mod error;
 pub mod hmem_iface;

@@ -14,6 +14,7 @@ use crate::cntr::CntrInner;
 use crate::consts::FI_COMPLETION;
 use crate::entry::Context;
 use crate::ep::{EndpointOps, EpCore};
+use crate::ep_start::StartError;
 use crate::wait::ProgressSource;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -154,9 +155,17 @@ impl EpLink {
         }
         // SAFETY: the contract of the call that posted the job (or queued the work) keeps its
         // buffers valid until it completes or is canceled; it has done neither yet.
-        match unsafe { job.post(&*self.ops) } {
+        match unsafe { job.post(&self.core, &*self.ops) } {
             Ok(()) => None,
-            Err(e) if e.is_again() => {
+            // Its device memory could not be staged (the copy out of the device, say): the
+            // operation fails as a transfer whose data could not be read (FI_EIO), and the
+            // driver's reason is kept for `take_staging_errors`.
+            Err(StartError::Stage(e)) => {
+                self.core.staging.record_error(e);
+                job.fail(&self.core, crate::consts::errno::FI_EIO);
+                None
+            }
+            Err(StartError::Refused(e)) if e.is_again() => {
                 if let Some(k) = key {
                     self.core.deferred.remove(k);
                     job.set_ctx(user_ctx);
@@ -165,7 +174,7 @@ impl EpLink {
             }
             // Reported under the job's current context: deferred work's record routes it. An
             // endpoint that closed while the job was on its way cancels it, as close promises.
-            Err(e) => {
+            Err(StartError::Refused(e)) => {
                 let closing = self.closed.load(Ordering::Acquire)
                     && matches!(e, crate::error::Error::OpBadState(_));
                 let err = if closing {

@@ -12,7 +12,10 @@
 //! notification (`CntrInner::notify_observers`), which providers call after every completion
 //! without holding their locks. An operation the provider cannot take yet (`Again`: a full
 //! ring) waits on its endpoint's `EpLink` and is retried, in order, when the endpoint is
-//! driven. Nothing a triggered operation names is read or written before it starts.
+//! driven. Nothing a triggered operation names is read or written before it starts; when it
+//! starts, it goes through the same path as an immediate post (`EpCore::start_*`), so an
+//! `FI_HMEM` endpoint stages its device memory then (a send's data is gathered at the
+//! trigger), and a staging copy that fails completes the operation with `FI_EIO`.
 
 mod dwq;
 mod ep;
@@ -24,6 +27,8 @@ mod testkit;
 mod tests;
 #[cfg(test)]
 mod tests_dwq;
+#[cfg(test)]
+mod tests_hmem;
 #[cfg(test)]
 mod tests_xpu;
 mod xpu;
@@ -38,7 +43,7 @@ use crate::entry::Context;
 use crate::ep::{EndpointOps, EpCore, TxOp};
 use crate::ep_atomic::AtomicReq;
 use crate::ep_rma::RmaOp;
-use crate::error::Result;
+use crate::ep_start::StartError;
 use crate::rxq::PostedRecv;
 
 pub(crate) use dwq::DomainWork;
@@ -158,19 +163,21 @@ impl Job {
         }
     }
 
-    /// Hands the transfer to the provider.
+    /// Hands the transfer to the provider through `core`, as an immediate post of it would
+    /// be: device memory is staged now (a send's data is gathered at the trigger, not when it
+    /// was armed).
     ///
     /// # Safety
     /// The buffers it names must be valid as the posting call's contract states; that
     /// contract runs until the operation completes or is canceled, and it has done neither.
-    unsafe fn post(&self, ops: &dyn EndpointOps) -> Result<()> {
+    unsafe fn post(&self, core: &EpCore, ops: &dyn EndpointOps) -> Result<(), StartError> {
         // SAFETY: forwarded from this function's contract.
         unsafe {
             match &self.action {
-                Action::Send(o) => ops.send(o),
-                Action::Recv(r) => ops.recv(r.clone()),
-                Action::Rma(o) => ops.rma(o),
-                Action::Atomic(a) => ops.atomic(a),
+                Action::Send(o) => core.start_send(ops, o),
+                Action::Recv(r) => core.start_recv(ops, r.clone()),
+                Action::Rma(o) => core.start_rma(ops, o),
+                Action::Atomic(a) => core.start_atomic(ops, a),
                 Action::CntrSet(..) | Action::CntrAdd(..) => Ok(()),
             }
         }

@@ -1,12 +1,13 @@
 //! A provider that moves no bytes, for testing triggered operations in one process: it
 //! records every operation it is handed, can refuse the next few with `Again`, completes
-//! transfers at once when asked to, and keeps posted receives for the test to complete.
+//! transfers at once when asked to, and keeps posted receives for the test to complete (or
+//! cancel). `FakeHmem` plays a device whose memory is host memory, for `FI_HMEM` endpoints.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::av::{AddrFormat, AvAttr};
-use crate::cntr::Counter;
+use crate::cntr::{CntrInner, Counter};
 use crate::consts::*;
 use crate::cq::{CompletionQueue, CqAttr};
 use crate::entry::{Context, CqErrEntry, CqTaggedEntry};
@@ -14,7 +15,7 @@ use crate::ep::{Endpoint, EndpointOps, EpCore, TxOp};
 use crate::ep_atomic::AtomicReq;
 use crate::ep_rma::RmaOp;
 use crate::error::{Error, Result};
-use crate::hmem_iface::Iface;
+use crate::hmem_iface::{HmemOps, Iface, Owner};
 use crate::info::{FabricAttr, Info};
 use crate::object::{Domain, DomainOps, Fabric, Provider};
 use crate::rxq::{PostedRecv, RecvSlot};
@@ -30,6 +31,10 @@ pub struct Shared {
     /// Complete sends, RMA and atomics during the call.
     pub inline: AtomicBool,
     pub recvs: Mutex<Vec<(Arc<EpCore>, PostedRecv)>>,
+    /// Keep a copy of each send's bytes in `sent` (only for tests whose buffers are live
+    /// whenever a send starts).
+    pub keep_data: AtomicBool,
+    pub sent: Mutex<Vec<(Context, Vec<u8>)>>,
 }
 
 impl Shared {
@@ -39,7 +44,20 @@ impl Shared {
 
     /// Completes the oldest posted receive with `len` bytes.
     pub fn deliver(&self, len: usize) {
+        self.deliver_posted(len, |_| {});
+    }
+
+    /// Writes `data` into the oldest posted receive's memory and completes it.
+    pub fn deliver_data(&self, data: &[u8]) {
+        // SAFETY: the receive's memory is writable until it completes (the posting contract).
+        self.deliver_posted(data.len(), |r| unsafe {
+            r.iov.copy_in(0, data);
+        });
+    }
+
+    fn deliver_posted(&self, len: usize, fill: impl FnOnce(&PostedRecv)) {
         let (core, r) = self.recvs.lock().unwrap().remove(0);
+        fill(&r);
         let slot = RecvSlot {
             ctx: r.ctx,
             iov: r.iov,
@@ -91,6 +109,13 @@ impl EndpointOps for MockEp {
     }
     unsafe fn send(&self, op: &TxOp) -> Result<()> {
         self.take('s', op.ctx)?;
+        if self.sh.keep_data.load(Ordering::Acquire) {
+            let mut data = vec![0u8; op.iov.total()];
+            // SAFETY: the send's memory is readable (the posting contract); `keep_data` tests
+            // keep their buffers alive.
+            unsafe { op.iov.copy_out(0, &mut data) };
+            self.sh.sent.lock().unwrap().push((op.ctx, data));
+        }
         self.done(op.ctx, op.flags);
         Ok(())
     }
@@ -110,9 +135,17 @@ impl EndpointOps for MockEp {
         Ok(())
     }
     fn cancel(&self, ctx: Context) -> Result<()> {
-        Err(Error::NoEntry(format!(
-            "mock: nothing with context {ctx:#x}"
-        )))
+        let found = {
+            let mut rs = self.sh.recvs.lock().unwrap();
+            let i = rs.iter().position(|(_, r)| r.ctx == ctx);
+            i.map(|i| rs.remove(i).1)
+        };
+        let r =
+            found.ok_or_else(|| Error::NoEntry(format!("mock: nothing with context {ctx:#x}")))?;
+        let flags = FI_RECV | (r.flags & (FI_MSG | FI_TAGGED));
+        self.core
+            .fail_rx(r.ctx, flags, r.tag, crate::consts::errno::FI_ECANCELED);
+        Ok(())
     }
     fn setopt(&self, _name: i32, _value: usize) -> Result<()> {
         Ok(())
@@ -131,7 +164,7 @@ impl AddrFormat for MockAddr {
     }
 }
 
-struct MockDom(Arc<Shared>);
+struct MockDom(Arc<Shared>, Option<Arc<dyn HmemOps>>);
 
 impl DomainOps for MockDom {
     fn addr_format(&self) -> Arc<dyn AddrFormat> {
@@ -145,6 +178,79 @@ impl DomainOps for MockDom {
     }
     fn xpu_doorbells(&self) -> Option<Arc<dyn DoorbellAlloc>> {
         Some(Arc::new(HeapBells))
+    }
+    fn hmem(&self) -> Option<Arc<dyn HmemOps>> {
+        self.1.clone()
+    }
+}
+
+/// "Device" memory that is host memory: ranges marked with `add` are CUDA device 0's. Copies
+/// are counted, can be made to fail, and copies into the device record the value `watch`
+/// had then (so a test sees whether data landed before a completion was counted).
+#[derive(Default)]
+pub struct FakeHmem {
+    dev: Mutex<Vec<(usize, usize)>>,
+    pub to_host: AtomicUsize,
+    pub from_host: AtomicUsize,
+    pub fail: AtomicBool,
+    pub watch: Mutex<Option<Arc<CntrInner>>>,
+    pub seen: Mutex<Vec<u64>>,
+}
+
+impl FakeHmem {
+    /// Marks `buf` as device memory.
+    pub fn add(&self, buf: &[u8]) {
+        self.dev
+            .lock()
+            .unwrap()
+            .push((buf.as_ptr() as usize, buf.len()));
+    }
+
+    fn check(&self, what: &str) -> Result<()> {
+        if self.fail.load(Ordering::Acquire) {
+            return Err(Error::Os {
+                op: format!("fake {what}"),
+                source: crate::error::OsError {
+                    code: crate::consts::errno::FI_EIO,
+                    text: "device copy failed".into(),
+                },
+            });
+        }
+        Ok(())
+    }
+}
+
+impl HmemOps for FakeHmem {
+    fn check_iface(&self, _iface: Iface) -> Result<()> {
+        Ok(())
+    }
+    fn owner(&self, addr: usize) -> Result<Owner> {
+        let d = self.dev.lock().unwrap();
+        Ok(if d.iter().any(|&(a, l)| addr >= a && addr < a + l) {
+            Owner {
+                iface: Iface::Cuda,
+                device: 0,
+            }
+        } else {
+            Owner::SYSTEM
+        })
+    }
+    unsafe fn copy_to_host(&self, _o: Owner, dst: &mut [u8], src: usize) -> Result<()> {
+        self.check("copy_to_host")?;
+        self.to_host.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: the caller's contract: `src` is readable for `dst.len()` bytes.
+        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(src as *const u8, dst.len()) });
+        Ok(())
+    }
+    unsafe fn copy_from_host(&self, _o: Owner, dst: usize, src: &[u8]) -> Result<()> {
+        self.check("copy_from_host")?;
+        self.from_host.fetch_add(1, Ordering::AcqRel);
+        if let Some(c) = &*self.watch.lock().unwrap() {
+            self.seen.lock().unwrap().push(c.value());
+        }
+        // SAFETY: the caller's contract: `dst` is writable for `src.len()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        Ok(())
     }
 }
 
@@ -175,7 +281,7 @@ impl DoorbellAlloc for HeapBells {
     }
 }
 
-struct MockProv(Arc<Shared>);
+struct MockProv(Arc<Shared>, Option<Arc<dyn HmemOps>>);
 
 impl Provider for MockProv {
     fn name(&self) -> &'static str {
@@ -188,7 +294,7 @@ impl Provider for MockProv {
         vec![info(ALL_CAPS)]
     }
     fn domain(&self, _info: &Info) -> Result<Arc<dyn DomainOps>> {
-        Ok(Arc::new(MockDom(self.0.clone())))
+        Ok(Arc::new(MockDom(self.0.clone(), self.1.clone())))
     }
 }
 
@@ -224,9 +330,21 @@ pub struct Ep {
 
 impl World {
     pub fn new() -> Self {
+        Self::open(None)
+    }
+
+    /// A domain opened with `FI_HMEM` whose device memory is `hmem`'s.
+    pub fn with_hmem(hmem: Arc<FakeHmem>) -> Self {
+        Self::open(Some(hmem))
+    }
+
+    fn open(hmem: Option<Arc<FakeHmem>>) -> Self {
         let sh = Arc::new(Shared::default());
-        let fabric = Fabric::open(Arc::new(MockProv(sh.clone())), &FabricAttr::default()).unwrap();
-        let domain = fabric.domain(&info(XPU_CAPS)).unwrap();
+        let caps = XPU_CAPS | if hmem.is_some() { FI_HMEM } else { 0 };
+        let hmem = hmem.map(|h| h as Arc<dyn HmemOps>);
+        let prov = MockProv(sh.clone(), hmem);
+        let fabric = Fabric::open(Arc::new(prov), &FabricAttr::default()).unwrap();
+        let domain = fabric.domain(&info(caps)).unwrap();
         World { sh, domain }
     }
 

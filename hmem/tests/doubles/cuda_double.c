@@ -17,7 +17,9 @@
  * their stream is synchronized (as on a device, an async copy is not visible before that).
  * cuda_double_live() is not a CUDA call: it counts live allocations, mappings, registrations,
  * streams and context references; cuda_double_htod_landed() counts host-to-device copies that
- * landed and cuda_double_htod_pending() those still waiting for a synchronize. With
+ * landed and cuda_double_htod_pending() those still waiting for a synchronize;
+ * cuda_double_dtoh_copies() counts device-to-host copies (a test sees that data was staged
+ * out of "device memory" the process could otherwise read directly). With
  * CUDA_DOUBLE_LAND_DELAY_US set, a synchronize waits that long before the held copies land,
  * as a busy device would (so a test can see who reports data before it is there).
  */
@@ -75,6 +77,7 @@ static int nregions;
 static int live_streams;
 static int htod_landed;
 static int htod_pending;
+static int dtoh_copies;
 static struct ctx contexts[CUDA_DOUBLE_DEVICES];
 static int initialized;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -266,6 +269,14 @@ int cuda_double_htod_pending(void)
 	return n;
 }
 
+int cuda_double_dtoh_copies(void)
+{
+	pthread_mutex_lock(&lock);
+	int n = dtoh_copies;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
 CUresult cuStreamDestroy_v2(struct stream *s)
 {
 	if (!s || s->magic != STREAM_MAGIC)
@@ -344,8 +355,12 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, struct strea
 	if (!s || s->magic != STREAM_MAGIC)
 		return CUDA_ERROR_INVALID_HANDLE;
 	CUresult r = device_range(src, n);
-	if (r == CUDA_SUCCESS)
+	if (r == CUDA_SUCCESS) {
 		memcpy(dst, (void *)(uintptr_t)src, n);
+		pthread_mutex_lock(&lock);
+		dtoh_copies++;
+		pthread_mutex_unlock(&lock);
+	}
 	return r;
 }
 

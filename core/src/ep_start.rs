@@ -1,0 +1,124 @@
+//! Starting an operation through the provider: the one path that immediate posts (`send`,
+//! `recv`, `write`...) and fired operations (threshold triggers, deferred work, XPU triggers)
+//! both take, so that an `FI_HMEM` endpoint stages device memory the same way whenever an
+//! operation starts.
+//!
+//! Outgoing data is gathered into its bounce buffer here, when the operation starts: for a
+//! triggered send that is when its trigger fires, which is when its data is ready. Incoming
+//! data lands when the completion calls of `EpCore` see the staging context.
+
+use crate::consts::*;
+use crate::ep::{EndpointOps, EpCore, TxOp};
+use crate::ep_atomic::AtomicReq;
+use crate::ep_rma::RmaOp;
+use crate::error::{Error, Result};
+use crate::hmem_stage::Staged;
+use crate::rxq::PostedRecv;
+
+/// Why an operation did not start.
+#[derive(Debug)]
+pub(crate) enum StartError {
+    /// Staging its device memory failed (an owner lookup or the copy out of the device);
+    /// the provider never saw the operation. A fired operation reports it as `FI_EIO`.
+    Stage(Error),
+    /// The provider refused it (`Again`: no room now), or it cannot be staged as asked.
+    Refused(Error),
+}
+
+impl From<StartError> for Error {
+    fn from(e: StartError) -> Error {
+        match e {
+            StartError::Stage(e) | StartError::Refused(e) => e,
+        }
+    }
+}
+
+impl EpCore {
+    /// Starts a send; device memory in `op.iov` is gathered into a bounce buffer first.
+    ///
+    /// # Safety
+    /// As `EndpointOps::send`; the data must also be readable now.
+    pub(crate) unsafe fn start_send(
+        &self,
+        ops: &dyn EndpointOps,
+        op: &TxOp,
+    ) -> Result<(), StartError> {
+        // SAFETY: the caller's contract: the data is readable now.
+        let staged = unsafe { self.stage_out(op.ctx, &op.iov) }.map_err(StartError::Stage)?;
+        let r = match staged {
+            // SAFETY: forwarded.
+            None => unsafe { ops.send(op) },
+            Some(s) => self.post_staged(s, op.flags & FI_INJECT != 0, |ctx, iov| {
+                // SAFETY: the bounce buffer lives until the operation completes.
+                unsafe { ops.send(&TxOp { ctx, iov, ..*op }) }
+            }),
+        };
+        r.map_err(StartError::Refused)
+    }
+
+    /// Starts a receive; device memory in `r.iov` is received into a bounce buffer and lands
+    /// before the completion is reported.
+    ///
+    /// # Safety
+    /// As `EndpointOps::recv`.
+    pub(crate) unsafe fn start_recv(
+        &self,
+        ops: &dyn EndpointOps,
+        r: PostedRecv,
+    ) -> Result<(), StartError> {
+        let multi = r.flags & FI_MULTI_RECV != 0;
+        let staged = self
+            .stage_in(r.ctx, &r.iov, multi)
+            .map_err(StartError::Stage)?;
+        let res = match staged {
+            // SAFETY: forwarded.
+            None => unsafe { ops.recv(r) },
+            Some(s) => self.post_staged(s, false, |ctx, iov| {
+                // SAFETY: the bounce buffer lives until the receive completes.
+                unsafe { ops.recv(PostedRecv { ctx, iov, ..r }) }
+            }),
+        };
+        res.map_err(StartError::Refused)
+    }
+
+    /// Starts an RMA read or write, staging its local memory by direction.
+    ///
+    /// # Safety
+    /// As `EndpointOps::rma`; a write's data must also be readable now.
+    pub(crate) unsafe fn start_rma(
+        &self,
+        ops: &dyn EndpointOps,
+        op: &RmaOp,
+    ) -> Result<(), StartError> {
+        let staged: Result<Option<Staged>> = if op.flags & FI_READ != 0 {
+            self.stage_in(op.ctx, &op.iov, false)
+        } else {
+            // SAFETY: the caller's contract: a write's data is readable now.
+            unsafe { self.stage_out(op.ctx, &op.iov) }
+        };
+        let r = match staged.map_err(StartError::Stage)? {
+            // SAFETY: forwarded.
+            None => unsafe { ops.rma(op) },
+            Some(s) => self.post_staged(s, op.flags & FI_INJECT != 0, |ctx, iov| {
+                // SAFETY: the bounce buffer lives until the operation completes.
+                unsafe { ops.rma(&RmaOp { ctx, iov, ..*op }) }
+            }),
+        };
+        r.map_err(StartError::Refused)
+    }
+
+    /// Starts an atomic operation as an immediate `atomic` call does: its buffers go to the
+    /// provider as they are (immediate atomics stage nothing yet; when they do, that staging
+    /// belongs here, for both paths).
+    ///
+    /// # Safety
+    /// As `EndpointOps::atomic`.
+    pub(crate) unsafe fn start_atomic(
+        &self,
+        ops: &dyn EndpointOps,
+        req: &AtomicReq,
+    ) -> Result<(), StartError> {
+        // SAFETY: forwarded.
+        unsafe { ops.atomic(req) }.map_err(StartError::Refused)
+    }
+}
