@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod cuda_double;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};

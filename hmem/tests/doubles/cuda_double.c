@@ -17,7 +17,8 @@
  * their stream is synchronized (as on a device, an async copy is not visible before that).
  * cuda_double_live() is not a CUDA call: it counts live allocations, mappings, registrations,
  * streams and context references; cuda_double_htod_landed() counts host-to-device copies that
- * landed and cuda_double_htod_pending() those still waiting for a synchronize.
+ * landed and cuda_double_htod_pending() those still waiting for a synchronize;
+ * cuda_double_dtoh_copies() counts device-to-host copies.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -73,6 +74,7 @@ static int nregions;
 static int live_streams;
 static int htod_landed;
 static int htod_pending;
+static int dtoh_copies;
 static struct ctx contexts[CUDA_DOUBLE_DEVICES];
 static int initialized;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -253,6 +255,14 @@ int cuda_double_htod_landed(void)
 	return n;
 }
 
+int cuda_double_dtoh_copies(void)
+{
+	pthread_mutex_lock(&lock);
+	int n = dtoh_copies;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
 int cuda_double_htod_pending(void)
 {
 	pthread_mutex_lock(&lock);
@@ -339,8 +349,12 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, struct strea
 	if (!s || s->magic != STREAM_MAGIC)
 		return CUDA_ERROR_INVALID_HANDLE;
 	CUresult r = device_range(src, n);
-	if (r == CUDA_SUCCESS)
+	if (r == CUDA_SUCCESS) {
 		memcpy(dst, (void *)(uintptr_t)src, n);
+		pthread_mutex_lock(&lock);
+		dtoh_copies++;
+		pthread_mutex_unlock(&lock);
+	}
 	return r;
 }
 
