@@ -11,17 +11,13 @@
 
 mod common;
 
-use std::ffi::CString;
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
+use common::cuda_double::*;
 use common::*;
-use xfabric::hmem::{DeviceBuffer, Hmem, HmemIface};
+use xfabric::hmem::{DeviceBuffer, Hmem};
 use xfabric::*;
 
-const GPU_ENV: &str = "XFABRIC_GPU_TESTS";
-const DOUBLE_ENV: &str = "XFABRIC_CUDA_DOUBLE";
 const CAPS: u64 = FI_MSG | FI_RMA | FI_HMEM;
 /// Eager, rendezvous (cross-memory attach or fragments), split copy.
 const SIZES: [usize; 4] = [100, 8192, 100_000, 1 << 20];
@@ -30,75 +26,6 @@ const WIN: usize = 2 << 20;
 /// Where the `i`th write lands in the window: disjoint, page-aligned ranges.
 fn win_off(i: usize) -> usize {
     SIZES[..i].iter().map(|l| l.next_multiple_of(4096)).sum()
-}
-
-/// Builds the CUDA double once per test process as `<tmp>/shm-hmem/cuda/libcuda.so`.
-fn cuda_double() -> &'static Path {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("shm-hmem/cuda");
-        std::fs::create_dir_all(&dir).expect("create the double's directory");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("hmem/tests/doubles/cuda_double.c");
-        let out = dir.join("libcuda.so");
-        let tmp = dir.join(format!("libcuda.so.{}.tmp", std::process::id()));
-        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let o = Command::new(&cc)
-            .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o"])
-            .arg(&tmp)
-            .arg(&src)
-            .arg("-lpthread")
-            .output()
-            .unwrap_or_else(|e| panic!("running {cc}: {e}"));
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        std::fs::rename(&tmp, &out).expect("move the double into place");
-        out
-    })
-}
-
-fn double_env() -> Vec<(&'static str, String)> {
-    let lib = cuda_double();
-    vec![
-        (
-            "LD_LIBRARY_PATH",
-            lib.parent().unwrap().display().to_string(),
-        ),
-        (DOUBLE_ENV, lib.display().to_string()),
-    ]
-}
-
-/// One of the double's counters (not CUDA calls); `None` on a real driver.
-fn double_counter(name: &str) -> Option<i32> {
-    let lib = CString::new(std::env::var(DOUBLE_ENV).ok()?).ok()?;
-    let sym = CString::new(name).ok()?;
-    // SAFETY: the double is already loaded in this process (RTLD_NOLOAD); the symbol is
-    // `int f(void)`.
-    unsafe {
-        let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
-        assert!(!h.is_null(), "the double is not loaded");
-        let f = libc::dlsym(h, sym.as_ptr());
-        assert!(!f.is_null(), "the double has no {name}");
-        let f: extern "C" fn() -> i32 = std::mem::transmute(f);
-        let n = f();
-        libc::dlclose(h);
-        Some(n)
-    }
-}
-
-fn cuda() -> &'static dyn HmemIface {
-    Hmem::global().get(Iface::Cuda)
-}
-
-fn to_device(buf: &DeviceBuffer, data: &[u8]) {
-    // SAFETY: `buf` is device memory of at least `data.len()` bytes (asserted).
-    assert!(data.len() <= buf.len());
-    unsafe { cuda().copy_from_host(0, buf.as_ptr(), data) }.expect("copy to the device");
-}
-
-fn from_device(buf: &DeviceBuffer, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    // SAFETY: as above.
-    unsafe { cuda().copy_to_host(0, &mut out, buf.as_ptr()) }.expect("copy from the device");
-    out
 }
 
 /// Device memory registered with (CUDA, 0) at the target: written by the initiator.
@@ -182,7 +109,7 @@ fn target() {
         assert!(got[off..] == want[..], "device window differs at {len}");
     }
     say("written");
-    // Serve (the peer's refused read) until told to stop.
+    // Serve (the peer's read back) until told to stop.
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -337,12 +264,15 @@ fn initiator(test: &str) {
         assert_eq!(n.wait_one().op_context, 3);
     }
     assert_eq!(child.hear(), "written");
-    // Reading a peer's device memory is refused (not implemented), not wrong.
+    // Reading the peer's device memory back (tests/shm_hmem_rma.rs reads every size).
     let mut back = [0u8; 64];
     // SAFETY: back outlives the completion.
     unsafe { n.ep.read(&mut back, None, peer, base, key, 4) }.unwrap();
-    let e = n.wait_err();
-    assert_eq!((e.op_context, e.err), (4, libc::EOPNOTSUPP), "{e:?}");
+    assert_eq!(n.wait_one().op_context, 4);
+    assert!(
+        back[..] == pattern(SIZES[0], 200)[..64],
+        "read back differs"
+    );
     child.tell("done");
     child.join();
     drop(src);

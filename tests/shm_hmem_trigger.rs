@@ -11,12 +11,12 @@
 //! 3. XPU-triggered tagged sends from CUDA memory, rung by a CPU XPU (`Xpu::CPU`);
 //! 4. deferred-work sends from CUDA memory, counted on a completion counter.
 //!
-//! CUDA is the test double (see `common::devmem`); the same checks run on a real GPU with
+//! CUDA is the test double (see `common::cuda_double`); the same checks run on a real GPU with
 //! `XFABRIC_GPU_TESTS=1` (skipped with a reason otherwise).
 
 mod common;
 
-use common::devmem::*;
+use common::cuda_double::*;
 use common::*;
 use xfabric::hmem::DeviceBuffer;
 use xfabric::kernels::cpu::ring;

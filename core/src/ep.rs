@@ -180,7 +180,7 @@ impl EpCore {
     /// The layer to stage local buffers with: only endpoints opened with `FI_HMEM` look up
     /// who owns their buffers, so host-only endpoints pay nothing.
     #[inline]
-    fn stager(&self) -> Option<&dyn HmemOps> {
+    pub(crate) fn stager(&self) -> Option<&dyn HmemOps> {
         if self.caps & FI_HMEM != 0 {
             self.hmem.as_deref()
         } else {

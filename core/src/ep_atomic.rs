@@ -1,14 +1,20 @@
 //! Atomic operations on an endpoint: fi_atomic(3). atomic / atomicmsg / inject_atomic,
 //! fetch_atomic / fetch_atomicmsg and compare_atomic / compare_atomicmsg are reduced to one
 //! provider operation, `EndpointOps::atomic`; the valid-queries answer from `atomic`'s tables.
+//!
+//! On an endpoint opened with `FI_HMEM`, operand, compare and result buffers in device memory
+//! go through one host bounce buffer (`hmem_stage`, like sends and RMA): operand and compare
+//! values are copied out of the device when the atomic is posted, and fetched values are
+//! copied into the device before the completion is written.
 
 use crate::atomic::{self, AtomicOp, Datatype};
 use crate::consts::*;
 use crate::entry::{Context, FiAddr};
-use crate::ep::{Endpoint, INJECT_CALL};
+use crate::ep::{Endpoint, EpCore, INJECT_CALL};
 use crate::error::{Error, Result};
+use crate::hmem_stage::{self, Staged};
 use crate::mr::MrDesc;
-use crate::rxq::RawIov;
+use crate::rxq::{IovList, RawIov};
 
 /// Largest operand of one atomic request, in bytes (so `count * datatype size` at most this).
 pub const ATOMIC_MAX: usize = 4096;
@@ -46,6 +52,70 @@ impl AtomicReq {
     pub fn bytes(&self) -> usize {
         self.count * self.dt.size()
     }
+
+    /// The result, operand and compare buffers, in that order; an absent one (no result, no
+    /// operand for `FI_ATOMIC_READ`, no compare) is empty. A staged request's bounce holds
+    /// them in this order, so that landing its first bytes lands exactly the fetched values.
+    fn buffers(&self) -> [RawIov; 3] {
+        let n = self.bytes();
+        let buf = |addr: usize, present: bool| RawIov {
+            addr,
+            len: if present { n } else { 0 },
+        };
+        [
+            buf(self.result, self.result != 0),
+            buf(self.operand, self.op != AtomicOp::Read),
+            buf(self.compare, self.compare != 0),
+        ]
+    }
+
+    /// This request posted as `ctx` with its buffers in the bounce at `base` (laid out as
+    /// `buffers` says).
+    pub(crate) fn in_bounce(&self, ctx: Context, base: usize) -> AtomicReq {
+        let [result, operand, compare] = self.buffers();
+        let mut at = base;
+        let mut place = |b: RawIov, unstaged: usize| {
+            if b.len == 0 {
+                return unstaged;
+            }
+            at += b.len;
+            at - b.len
+        };
+        AtomicReq {
+            ctx,
+            result: place(result, self.result),
+            operand: place(operand, self.operand),
+            compare: place(compare, self.compare),
+            ..*self
+        }
+    }
+}
+
+/// Stages `req` if any of its buffers is device memory: `Ok(None)` for host memory (post as
+/// is), else the record whose bounce holds [result space | operand | compare] and lands the
+/// result space in the application's result buffer.
+///
+/// # Safety
+/// The request's operand and compare buffers must be readable for the duration of the call.
+pub(crate) unsafe fn stage(core: &EpCore, req: &AtomicReq) -> Result<Option<Staged>> {
+    let Some(hmem) = core.stager() else {
+        return Ok(None);
+    };
+    let bufs = req.buffers();
+    let iov = IovList::from_segs(bufs).expect("three segments fit an iov");
+    let Some(segs) = hmem_stage::owners(hmem, &iov)? else {
+        return Ok(None);
+    };
+    let mut bounce = vec![0u8; bufs[0].len];
+    // SAFETY: the caller's contract covers operand and compare; the result is not read.
+    bounce.extend(unsafe { hmem_stage::gather(hmem, &segs[1..]) }?);
+    let land = if bufs[0].len > 0 {
+        vec![segs[0]]
+    } else {
+        Vec::new()
+    };
+    let user_iov = IovList::one(bufs[0].addr, bufs[0].len);
+    Ok(Some(Staged::exchange(req.ctx, user_iov, bounce, land)))
 }
 
 /// `struct fi_ioc` / `struct fi_rma_ioc` in one: a message form for the `*msg` calls.
@@ -92,8 +162,9 @@ const ATOMIC_FLAGS: u64 =
 impl Endpoint {
     fn post_atomic(&self, what: &'static str, req: AtomicReq) -> Result<()> {
         self.check_atomic(what, &req)?;
-        // SAFETY: forwarded from the public call's contract.
-        unsafe { self.ops().atomic(&req) }
+        // SAFETY: forwarded from the public call's contract (operand and compare are readable
+        // now).
+        Ok(unsafe { self.core().start_atomic(&**self.ops(), &req) }?)
     }
 
     /// Checks an atomic request against the endpoint's state, capabilities and the
@@ -401,5 +472,48 @@ impl Endpoint {
             )));
         }
         Ok(ATOMIC_MAX / dt.size())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_staged_request_finds_its_buffers_in_the_bounce() {
+        let req = AtomicReq {
+            ctx: 1,
+            dest: 0,
+            addr: 0,
+            key: 0,
+            dt: Datatype::UInt64,
+            op: AtomicOp::Cswap,
+            count: 2,
+            operand: 0x100,
+            compare: 0x200,
+            result: 0x300,
+            flags: FI_ATOMIC | FI_READ,
+        };
+        let r = req.in_bounce(9, 0x1000);
+        assert_eq!(
+            (r.ctx, r.result, r.operand, r.compare),
+            (9, 0x1000, 0x1010, 0x1020)
+        );
+        // An atomic read has no operand: it keeps the caller's (ignored) pointer.
+        let read = AtomicReq {
+            op: AtomicOp::Read,
+            compare: 0,
+            ..req
+        };
+        let r = read.in_bounce(9, 0x1000);
+        assert_eq!((r.result, r.operand, r.compare), (0x1000, 0x100, 0));
+        let plain = AtomicReq {
+            op: AtomicOp::Sum,
+            compare: 0,
+            result: 0,
+            ..req
+        };
+        let r = plain.in_bounce(9, 0x1000);
+        assert_eq!((r.result, r.operand, r.compare), (0, 0x1000, 0));
     }
 }

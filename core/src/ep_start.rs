@@ -107,18 +107,28 @@ impl EpCore {
         r.map_err(StartError::Refused)
     }
 
-    /// Starts an atomic operation as an immediate `atomic` call does: its buffers go to the
-    /// provider as they are (immediate atomics stage nothing yet; when they do, that staging
-    /// belongs here, for both paths).
+    /// Starts an atomic; device memory among its operand, compare and result buffers goes
+    /// through one bounce buffer (`ep_atomic::stage`), fetched values landing before the
+    /// completion is reported.
     ///
     /// # Safety
-    /// As `EndpointOps::atomic`.
+    /// As `EndpointOps::atomic`; operand and compare must also be readable now.
     pub(crate) unsafe fn start_atomic(
         &self,
         ops: &dyn EndpointOps,
         req: &AtomicReq,
     ) -> Result<(), StartError> {
-        // SAFETY: forwarded.
-        unsafe { ops.atomic(req) }.map_err(StartError::Refused)
+        // SAFETY: the caller's contract: operand and compare are readable now.
+        let r = match unsafe { crate::ep_atomic::stage(self, req) }.map_err(StartError::Stage)? {
+            // SAFETY: forwarded.
+            None => unsafe { ops.atomic(req) },
+            Some(s) => self.post_staged(s, req.flags & FI_INJECT != 0, |ctx, bounce| {
+                let req = req.in_bounce(ctx, bounce.first_addr());
+                // SAFETY: the bounce buffer lives until the operation completes (an inject's
+                // during the call, which is all an inject needs).
+                unsafe { ops.atomic(&req) }
+            }),
+        };
+        r.map_err(StartError::Refused)
     }
 }

@@ -118,6 +118,38 @@ pub unsafe fn scatter_at(
     Ok(())
 }
 
+/// Changes `len` bytes of `owner`'s memory at `addr` through a host copy: copies them to the
+/// host, lets `f` change them there, and copies them back if `f` changed any (synchronously:
+/// visible to the device on return). `Err` is a failed copy; `f`'s own outcome is the `Ok`.
+///
+/// This is how a target applies an atomic to device memory, which the host cannot touch
+/// directly. It is atomic only with respect to other updates the caller serialises with it
+/// (the provider's lock around every atomic it executes), not with respect to device code
+/// accessing the same bytes meanwhile: libfabric's shm provider gives the same guarantee.
+///
+/// # Safety
+/// `addr` must be `owner`'s memory, valid for reads and writes of `len` bytes.
+pub unsafe fn update<R>(
+    hmem: &dyn HmemOps,
+    owner: Owner,
+    addr: usize,
+    len: usize,
+    f: impl FnOnce(&mut [u8]) -> R,
+) -> Result<R> {
+    let mut buf = vec![0u8; len];
+    // SAFETY: the caller's contract.
+    unsafe { hmem.copy_to_host(owner, &mut buf, addr) }?;
+    let before = buf.clone();
+    let r = f(&mut buf);
+    // Unchanged bytes (a read, a compare that failed) are not written back, so as not to undo
+    // what the device may have stored meanwhile.
+    if buf != before {
+        // SAFETY: the caller's contract.
+        unsafe { hmem.copy_from_host(owner, addr, &buf) }?;
+    }
+    Ok(r)
+}
+
 /// An operation whose device buffers are staged through `bounce`.
 pub(crate) struct Staged {
     /// The context the application posted with.
@@ -177,6 +209,20 @@ impl Staged {
         Staged {
             multi: true,
             ..Staged::incoming(user_ctx, user_iov, land)
+        }
+    }
+
+    /// An operation that sends `bounce`'s data and gets its first bytes back into `land` (an
+    /// atomic whose fetched values go to device memory).
+    pub fn exchange(
+        user_ctx: Context,
+        user_iov: IovList,
+        bounce: Vec<u8>,
+        land: Vec<OwnedSeg>,
+    ) -> Self {
+        Staged {
+            land,
+            ..Staged::outgoing(user_ctx, user_iov, bounce)
         }
     }
 
@@ -546,5 +592,29 @@ mod tests {
         // Released: gone.
         // SAFETY: nothing is staged any more.
         assert!(unsafe { reg.finish_window(Some(&fake), key, &w1, None, true) }.is_none());
+    }
+
+    #[test]
+    fn update_copies_back_only_what_changed() {
+        let fake = Fake::default();
+        let mut dev = 5u64.to_ne_bytes().to_vec();
+        let addr = dev.as_mut_ptr() as usize;
+        let owner = Owner {
+            iface: Iface::Cuda,
+            device: 1,
+        };
+        let add2 = |b: &mut [u8]| {
+            let v = u64::from_ne_bytes(b.try_into().unwrap());
+            b.copy_from_slice(&(v + 2).to_ne_bytes());
+            v
+        };
+        // SAFETY: `dev` is live and reached only through the fake meanwhile.
+        let seen = unsafe { update(&fake, owner, addr, 8, add2) }.unwrap();
+        assert_eq!((seen, fake.copies.load(Ordering::Relaxed)), (5, 2));
+        assert_eq!(dev, 7u64.to_ne_bytes());
+        // A look that changes nothing is not copied back.
+        // SAFETY: as above.
+        let seen = unsafe { update(&fake, owner, addr, 8, |b| b[0]) }.unwrap();
+        assert_eq!((seen, fake.copies.load(Ordering::Relaxed)), (7, 3));
     }
 }

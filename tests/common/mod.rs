@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-pub mod devmem;
+pub mod cuda_double;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};

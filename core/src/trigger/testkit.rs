@@ -131,6 +131,21 @@ impl EndpointOps for MockEp {
     }
     unsafe fn atomic(&self, req: &AtomicReq) -> Result<()> {
         self.take('a', req.ctx)?;
+        if self.sh.keep_data.load(Ordering::Acquire) {
+            let n = req.bytes();
+            let mut data = vec![0u8; n];
+            // SAFETY: the operand is readable (the posting contract); `keep_data` tests keep
+            // their buffers alive. A fetch's result is written with the operand's bytes
+            // reversed, as a target's original values would be.
+            unsafe {
+                std::ptr::copy_nonoverlapping(req.operand as *const u8, data.as_mut_ptr(), n);
+                if req.result != 0 {
+                    let back: Vec<u8> = data.iter().rev().copied().collect();
+                    std::ptr::copy_nonoverlapping(back.as_ptr(), req.result as *mut u8, n);
+                }
+            }
+            self.sh.sent.lock().unwrap().push((req.ctx, data));
+        }
         self.done(req.ctx, req.flags);
         Ok(())
     }

@@ -345,3 +345,56 @@ fn a_device_copy_failing_at_the_trigger_fails_that_operation_with_eio() {
     assert_eq!(errs, [(53, FI_EIO)]);
     assert!(e.ep.core().staging.key_of(53).is_none());
 }
+
+#[test]
+fn triggered_atomics_on_device_memory_are_staged_when_they_fire() {
+    let (w, fake) = device_world();
+    w.sh.inline.store(true, Ordering::Release);
+    let e = w.ep_with(HCAPS, 64, &[]);
+    let c = w.cntr();
+    let mut operand = vec![0u8; 8];
+    let mut result = vec![0xffu8; 8];
+    fake.add(&operand);
+    fake.add(&result);
+    let m = crate::ep_atomic::MsgAtomic {
+        addr: 0,
+        rma_addr: 0,
+        key: 1,
+        datatype: crate::atomic::Datatype::UInt64,
+        op: crate::atomic::AtomicOp::Sum,
+        context: 11,
+    };
+    // SAFETY: both buffers outlive the operation (it completes below); the raw views are
+    // only handed to the endpoint.
+    unsafe {
+        let op = std::slice::from_raw_parts(operand.as_ptr(), 8);
+        let res = std::slice::from_raw_parts_mut(result.as_mut_ptr(), 8);
+        e.ep.fetch_atomicmsg_triggered(&m, op, res, 1, 0, &TriggerContext::threshold(&c, 1))
+    }
+    .unwrap();
+    assert_eq!(
+        fake.to_host.load(Ordering::Acquire),
+        0,
+        "not read when armed"
+    );
+    // The device writes the operand after arming.
+    operand.copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+    c.add(1).unwrap();
+    let sent = w.sh.sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1);
+    assert_ne!(sent[0].0, 11, "the provider is handed the staging context");
+    assert_eq!(
+        sent[0].1,
+        [1, 2, 3, 4, 5, 6, 7, 8],
+        "the operand at the trigger"
+    );
+    let ent = e.entries();
+    assert_eq!(ent.len(), 1);
+    assert_eq!(ent[0].op_context, 11);
+    assert_eq!(
+        result,
+        [8, 7, 6, 5, 4, 3, 2, 1],
+        "the fetched values landed on the device"
+    );
+    assert_eq!(fake.from_host.load(Ordering::Acquire), 1);
+}

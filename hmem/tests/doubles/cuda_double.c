@@ -261,18 +261,18 @@ int cuda_double_htod_landed(void)
 	return n;
 }
 
-int cuda_double_htod_pending(void)
-{
-	pthread_mutex_lock(&lock);
-	int n = htod_pending;
-	pthread_mutex_unlock(&lock);
-	return n;
-}
-
 int cuda_double_dtoh_copies(void)
 {
 	pthread_mutex_lock(&lock);
 	int n = dtoh_copies;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
+int cuda_double_htod_pending(void)
+{
+	pthread_mutex_lock(&lock);
+	int n = htod_pending;
 	pthread_mutex_unlock(&lock);
 	return n;
 }

@@ -82,7 +82,7 @@ impl ShmEndpoint {
             }
             self.peer_died(st, p);
             // Its requests held behind a transfer that will never land run now, in order.
-            st.peers[p].reads_out = 0;
+            st.peers[p].forget_reads();
             if let Some(lane) = st.peers[p].rx_lane {
                 self.replay_peer(st, lane, p);
             }

@@ -77,6 +77,8 @@ struct Peer {
     held: VecDeque<(Header, Vec<u8>)>,
     /// Split reads this peer is still copying its part of (until its RDONE).
     reads_out: u32,
+    /// Host copies of device memory those split reads copy from, by the peer's request id.
+    read_copies: Vec<(u32, Vec<u8>)>,
 }
 
 enum Payload {
@@ -476,6 +478,7 @@ impl ShmEndpoint {
             cma_pid,
             held: VecDeque::new(),
             reads_out: 0,
+            read_copies: Vec::new(),
         });
         let p = st.peers.len() - 1;
         st.by_name.insert(name.to_string(), p);
@@ -962,7 +965,7 @@ impl ShmEndpoint {
                 // Its endpoint is gone: what it still had landing never will; what it sent
                 // before leaving is handled now; then nothing more goes to it or comes from it.
                 self.fail_pipes_from(st, p, FI_ECONNRESET);
-                st.peers[p].reads_out = 0;
+                st.peers[p].forget_reads();
                 self.replay_peer(st, lane, p);
                 st.peers[p].held.clear();
                 st.lane_peer[lane] = None;
@@ -970,7 +973,7 @@ impl ShmEndpoint {
                 self.peer_died(st, p);
                 return true;
             }
-            kind::RDONE => st.peers[p].reads_out = st.peers[p].reads_out.saturating_sub(1),
+            kind::RDONE => self.read_done(st, p, h.aux),
             _ => {}
         }
         false

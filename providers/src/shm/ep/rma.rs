@@ -11,6 +11,11 @@
 //!   zero-length write with commit flushes everything the peer wrote before.
 //! - `FI_FENCE`: the operation waits at the initiator until the peer has completed every
 //!   earlier operation from this endpoint.
+//! - Regions registered as device memory (core's `hmem_stage` does the copies): a write lands
+//!   through a synchronous copy (a large one through a host buffer, `EpCore::land_remote`); a
+//!   read is served from a host copy taken when it arrives (kept until a split read's RDONE,
+//!   since the initiator pulls from it); an atomic updates a host copy under `ATOMIC_LOCK` and
+//!   copies it back before answering. A failed device copy answers `FI_EIO`.
 
 use super::*;
 use xfabric_core::ep::INJECT_CALL;
@@ -428,13 +433,25 @@ impl ShmEndpoint {
         if rma.total() != total {
             return self.ack(st, p, h.aux, FI_EINVAL);
         }
-        let iov = match self.resolve(&rma, FI_REMOTE_READ) {
-            // Reading a peer's device memory is not implemented: it would need a staged copy
-            // that outlives this request.
-            Ok((_, Some(_))) => return self.ack(st, p, h.aux, FI_EOPNOTSUPP),
-            Ok((iov, None)) => iov,
+        let (iov, device) = match self.resolve(&rma, FI_REMOTE_READ) {
+            Ok(r) => r,
             Err(e) => return self.ack(st, p, h.aux, e),
         };
+        // Device memory: neither this process nor the initiator's process_vm_readv can read
+        // it, so it is copied to a host buffer now (synchronously) and every path below reads
+        // that copy instead. A split read's copy stays until the initiator's RDONE.
+        let copy = match (device, self.core.hmem()) {
+            (None, _) => None,
+            (Some(_), None) => return self.ack(st, p, h.aux, FI_EOPNOTSUPP),
+            // SAFETY: the ranges passed the key check: registered memory of its owner.
+            (Some(segs), Some(hm)) => match unsafe { hmem_stage::gather(hm, &segs) } {
+                Ok(c) => Some(c),
+                Err(_) => return self.ack(st, p, h.aux, FI_EIO),
+            },
+        };
+        let iov = copy
+            .as_ref()
+            .map_or(iov, |c| IovList::one(c.as_ptr() as usize, c.len()));
         let mut pushed = false;
         let _ = pid; // the request's claim; only the verified pid is used
         let cma_pid = st.peers[p]
@@ -457,8 +474,12 @@ impl ShmEndpoint {
                 ..Default::default()
             };
             self.send_ctrl(st, p, hs, &sp);
-            // Until its RDONE, the initiator still reads our memory: its later requests wait.
+            // Until its RDONE, the initiator still reads our memory: its later requests wait,
+            // and a host copy of device memory stays (moving the Vec keeps its buffer).
             st.peers[p].reads_out += 1;
+            if let Some(c) = copy {
+                st.peers[p].read_copies.push((h.aux, c));
+            }
             let Some(local) = IovList::from_segs(local.iter().copied()) else {
                 return self.ack(st, p, h.aux, FI_EINVAL);
             };
@@ -514,6 +535,16 @@ impl ShmEndpoint {
             len: total,
             data: None,
         });
+    }
+
+    /// Target: the initiator finished its part of split read `id`: its memory (or the host
+    /// copy of device memory it read from) is free again.
+    pub(super) fn read_done(&self, st: &mut State, p: usize, id: u32) {
+        let peer = &mut st.peers[p];
+        peer.reads_out = peer.reads_out.saturating_sub(1);
+        if let Some(i) = peer.read_copies.iter().position(|(r, _)| *r == id) {
+            peer.read_copies.swap_remove(i);
+        }
     }
 
     /// Initiator: its part of a split read, bytes `0..at` copied from the target's ranges.
@@ -592,6 +623,14 @@ impl ShmEndpoint {
             }
         }
         status
+    }
+}
+
+impl Peer {
+    /// The peer is gone: its split reads will never say they are done.
+    pub(super) fn forget_reads(&mut self) {
+        self.reads_out = 0;
+        self.read_copies.clear();
     }
 }
 
@@ -699,35 +738,56 @@ impl ShmEndpoint {
             (_, true) => FI_REMOTE_READ | FI_REMOTE_WRITE,
             _ => FI_REMOTE_WRITE,
         };
-        let target = match self.core.mr.check_owned(key, addr, n, access) {
-            // The host cannot apply an atomic to device memory.
-            Ok((_, owner)) if owner.is_device() => return reply(self, st, FI_EOPNOTSUPP),
-            Ok((t, _)) => t,
+        let (target, owner) = match self.core.mr.check_owned(key, addr, n, access) {
+            Ok(t) => t,
             Err(_) => return reply(self, st, FI_EACCES),
         };
+        let device = match (owner.is_device(), self.core.hmem()) {
+            (false, _) => None,
+            (true, Some(hm)) => Some(hm),
+            (true, None) => return reply(self, st, FI_EOPNOTSUPP),
+        };
         let mut result = vec![0u8; if fetch { n } else { 0 }];
+        let result_ptr = if fetch {
+            result.as_mut_ptr()
+        } else {
+            std::ptr::null_mut()
+        };
+        // SAFETY (of the closure's call): `target` is `n` bytes that only this lock's holder
+        // touches from the host; operand/compare are `n` bytes of the request; result is `n`
+        // bytes or unused.
+        let run = |target: *mut u8| unsafe {
+            apply(
+                op,
+                dt,
+                target,
+                operand.map_or(std::ptr::null(), |b| b.as_ptr()),
+                compare.map_or(std::ptr::null(), |b| b.as_ptr()),
+                result_ptr,
+                count,
+            )
+        };
         let r = {
             let _g = ATOMIC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-            // SAFETY: the range passed the key check (registered memory with this access);
-            // operand/compare are `n` bytes of the request; result is `n` bytes or unused.
-            unsafe {
-                apply(
-                    op,
-                    dt,
-                    target as *mut u8,
-                    operand.map_or(std::ptr::null(), |b| b.as_ptr()),
-                    compare.map_or(std::ptr::null(), |b| b.as_ptr()),
-                    if fetch {
-                        result.as_mut_ptr()
-                    } else {
-                        std::ptr::null_mut()
-                    },
-                    count,
-                )
+            match device {
+                // SAFETY: the range passed the key check: registered memory with this access.
+                None => run(target as *mut u8).map_err(|e| e.errno()),
+                // Device memory, as libfabric's shm provider does it: copied to the host,
+                // updated there, and copied back (synchronously: the device sees the new
+                // values before the reply) under the lock. Atomic with respect to other
+                // fabric atomics at this process, not to device kernels touching the memory
+                // meanwhile.
+                // SAFETY: the range passed the key check: registered memory of `owner`.
+                Some(hm) => match unsafe {
+                    hmem_stage::update(hm, owner, target, n, |b| run(b.as_mut_ptr()))
+                } {
+                    Ok(r) => r.map_err(|e| e.errno()),
+                    Err(_) => Err(FI_EIO),
+                },
             }
         };
         if let Err(e) = r {
-            return reply(self, st, e.errno());
+            return reply(self, st, e);
         }
         if fetch {
             let h = Header {

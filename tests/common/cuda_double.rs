@@ -1,10 +1,9 @@
-//! Device memory in the multi-process tests: the CUDA TEST DOUBLE of libcuda
-//! (hmem/tests/doubles/cuda_double.c: "device memory" that is host memory the double tracks,
-//! host-to-device copies that land only when their stream is synchronized), built once per
-//! test process, and small copies to and from CUDA memory.
+//! The CUDA test double for the multi-process device-memory tests: building it, the
+//! environment a child needs to load it, its counters, and copies to and from CUDA memory.
 //!
-//! A process uses the double only if it was started with `double_env()`: the parent test
-//! starts its roles as children with the double first on LD_LIBRARY_PATH.
+//! The double (hmem/tests/doubles/cuda_double.c) is NOT libcuda: its "device memory" is host
+//! memory it tracks, and its host-to-device copies land only when their stream is synchronized.
+//! Processes that load it are children started with the double first on LD_LIBRARY_PATH.
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -14,21 +13,19 @@ use std::sync::OnceLock;
 use xfabric::hmem::{DeviceBuffer, Hmem, HmemIface};
 use xfabric::Iface;
 
-/// Set (with `GPU_ENV` unset) when the children run against the double.
-pub const DOUBLE_ENV: &str = "XFABRIC_CUDA_DOUBLE";
-/// `XFABRIC_GPU_TESTS=1` runs the same checks on a real GPU.
+/// With this set to 1, the real-GPU variants run (on a machine with an NVIDIA GPU).
 pub const GPU_ENV: &str = "XFABRIC_GPU_TESTS";
+/// Where the double's library is, for `double_counter` (set by `double_env`).
+pub const DOUBLE_ENV: &str = "XFABRIC_CUDA_DOUBLE";
 
-/// Builds the CUDA double once per test process as `<tmp>/devmem/cuda/libcuda.so`.
+/// Builds the CUDA double once per test process as `<tmp>/shm-hmem/cuda/libcuda.so`.
 pub fn cuda_double() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("devmem/cuda");
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("shm-hmem/cuda");
         std::fs::create_dir_all(&dir).expect("create the double's directory");
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("hmem/tests/doubles/cuda_double.c");
         let out = dir.join("libcuda.so");
-        // Built beside its final name and renamed into place: test binaries running at once
-        // never load a half-written library.
         let tmp = dir.join(format!("libcuda.so.{}.tmp", std::process::id()));
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
         let o = Command::new(&cc)
@@ -44,7 +41,7 @@ pub fn cuda_double() -> &'static Path {
     })
 }
 
-/// The environment a child needs to load the double instead of a real libcuda.
+/// The environment of a child that is to load the double instead of libcuda.
 pub fn double_env() -> Vec<(&'static str, String)> {
     let lib = cuda_double();
     vec![
@@ -56,7 +53,7 @@ pub fn double_env() -> Vec<(&'static str, String)> {
     ]
 }
 
-/// One of the double's counters (`int f(void)`, not a CUDA call); `None` on a real driver.
+/// One of the double's counters (not CUDA calls); `None` on a real driver.
 pub fn double_counter(name: &str) -> Option<i32> {
     let lib = CString::new(std::env::var(DOUBLE_ENV).ok()?).ok()?;
     let sym = CString::new(name).ok()?;
@@ -74,16 +71,27 @@ pub fn double_counter(name: &str) -> Option<i32> {
     }
 }
 
-/// The CUDA interface of this process.
+/// Whether this process runs on the double (rather than a real driver).
+pub fn on_double() -> bool {
+    std::env::var_os(DOUBLE_ENV).is_some()
+}
+
+/// The CUDA interface (the double's or the real driver's).
 pub fn cuda() -> &'static dyn HmemIface {
     Hmem::global().get(Iface::Cuda)
 }
 
-/// Copies `data` to the start of `buf` (synchronously: on the device when this returns).
+/// Copies `data` to the start of `buf`.
 pub fn to_device(buf: &DeviceBuffer, data: &[u8]) {
-    assert!(data.len() <= buf.len());
-    // SAFETY: `buf` is device memory of at least `data.len()` bytes (asserted).
-    unsafe { cuda().copy_from_host(0, buf.as_ptr(), data) }.expect("copy to the device");
+    to_device_at(buf, 0, data)
+}
+
+/// Copies `data` into `buf` at byte `off`.
+pub fn to_device_at(buf: &DeviceBuffer, off: usize, data: &[u8]) {
+    assert!(off + data.len() <= buf.len());
+    // SAFETY: `buf` is device memory with `data.len()` bytes from `off` (asserted).
+    unsafe { cuda().copy_from_host(0, buf.as_ptr().wrapping_add(off), data) }
+        .expect("copy to the device");
 }
 
 /// The first `len` bytes of `buf`.
