@@ -245,7 +245,16 @@ impl EpCore {
     /// bytes, synchronously, so the device sees them before any completion is written) and
     /// frees the bounce. Returns the application's context and whether landing worked;
     /// `None` when `ctx` is not a staged operation.
+    #[inline]
     fn unstage(&self, ctx: Context, len: Option<usize>) -> Option<(Context, IovList, bool)> {
+        if !self.staging.any() {
+            return None;
+        }
+        self.unstage_staged(ctx, len)
+    }
+
+    #[inline(never)]
+    fn unstage_staged(&self, ctx: Context, len: Option<usize>) -> Option<(Context, IovList, bool)> {
         let s = self.staging.claim(ctx)?;
         let landed = match (s.landed_early(), len, self.hmem()) {
             (Some(ok), _, _) => ok,
@@ -281,7 +290,20 @@ impl EpCore {
 
     /// Ends the staged part of a receive that completed into `slot` (`len` bytes) or failed
     /// (`None`): a multi-receive window, or a whole staged operation.
+    #[inline]
     fn unstage_rx(&self, slot: &RecvSlot, len: Option<usize>) -> Option<(Context, IovList, bool)> {
+        if !self.staging.any() {
+            return None;
+        }
+        self.unstage_rx_staged(slot, len)
+    }
+
+    #[inline(never)]
+    fn unstage_rx_staged(
+        &self,
+        slot: &RecvSlot,
+        len: Option<usize>,
+    ) -> Option<(Context, IovList, bool)> {
         let release = slot.flags & FI_MULTI_RECV != 0;
         // SAFETY: the posting call's contract keeps the application's memory writable until
         // the buffer is released; the provider is done with this window.
@@ -289,7 +311,7 @@ impl EpCore {
             self.staging
                 .finish_window(self.hmem(), slot.ctx, &slot.iov, len, release)
         };
-        window.or_else(|| self.unstage(slot.ctx, len))
+        window.or_else(|| self.unstage_staged(slot.ctx, len))
     }
 
     /// Errors of staging copies into device memory (each also failed its operation with
@@ -965,7 +987,7 @@ impl Endpoint {
         self.check_tx(what, &op)?;
         // SAFETY: the public call's contract: the data is readable now and stays so until
         // the completion (an inject's only during the call, where the provider copies it).
-        Ok(unsafe { self.core.start_send(&*self.ops, &op) }?)
+        unsafe { self.core.start_send(&*self.ops, &op) }.map_err(Error::from)
     }
 
     /// Checks a send against the endpoint's state, sizes and capabilities.
@@ -997,7 +1019,7 @@ impl Endpoint {
     fn post_rx(&self, what: &'static str, r: PostedRecv) -> Result<()> {
         self.check_rx(what, &r)?;
         // SAFETY: forwarded from the public call's contract.
-        Ok(unsafe { self.core.start_recv(&*self.ops, r) }?)
+        unsafe { self.core.start_recv(&*self.ops, r) }.map_err(Error::from)
     }
 
     /// Checks a receive against the endpoint's state and capabilities.

@@ -26,6 +26,7 @@ pub(crate) enum StartError {
 }
 
 impl From<StartError> for Error {
+    #[inline]
     fn from(e: StartError) -> Error {
         match e {
             StartError::Stage(e) | StartError::Refused(e) => e,
@@ -36,13 +37,30 @@ impl From<StartError> for Error {
 impl EpCore {
     /// Starts a send; device memory in `op.iov` is gathered into a bounce buffer first.
     ///
+    /// Endpoints without `FI_HMEM` go straight to the provider: one flag test.
+    ///
     /// # Safety
     /// As `EndpointOps::send`; the data must also be readable now.
+    #[inline]
     pub(crate) unsafe fn start_send(
         &self,
         ops: &dyn EndpointOps,
         op: &TxOp,
     ) -> Result<(), StartError> {
+        if self.stager().is_none() {
+            // SAFETY: forwarded.
+            return unsafe { ops.send(op) }.map_err(StartError::Refused);
+        }
+        // SAFETY: forwarded.
+        unsafe { self.start_send_staged(ops, op) }
+    }
+
+    /// `start_send` on an `FI_HMEM` endpoint.
+    ///
+    /// # Safety
+    /// As `start_send`.
+    #[inline(never)]
+    unsafe fn start_send_staged(&self, ops: &dyn EndpointOps, op: &TxOp) -> Result<(), StartError> {
         // SAFETY: the caller's contract: the data is readable now.
         let staged = unsafe { self.stage_out(op.ctx, &op.iov) }.map_err(StartError::Stage)?;
         let r = match staged {
@@ -59,9 +77,30 @@ impl EpCore {
     /// Starts a receive; device memory in `r.iov` is received into a bounce buffer and lands
     /// before the completion is reported.
     ///
+    /// Endpoints without `FI_HMEM` go straight to the provider: one flag test.
+    ///
     /// # Safety
     /// As `EndpointOps::recv`.
+    #[inline]
     pub(crate) unsafe fn start_recv(
+        &self,
+        ops: &dyn EndpointOps,
+        r: PostedRecv,
+    ) -> Result<(), StartError> {
+        if self.stager().is_none() {
+            // SAFETY: forwarded.
+            return unsafe { ops.recv(r) }.map_err(StartError::Refused);
+        }
+        // SAFETY: forwarded.
+        unsafe { self.start_recv_staged(ops, r) }
+    }
+
+    /// `start_recv` on an `FI_HMEM` endpoint.
+    ///
+    /// # Safety
+    /// As `start_recv`.
+    #[inline(never)]
+    unsafe fn start_recv_staged(
         &self,
         ops: &dyn EndpointOps,
         r: PostedRecv,
@@ -83,13 +122,30 @@ impl EpCore {
 
     /// Starts an RMA read or write, staging its local memory by direction.
     ///
+    /// Endpoints without `FI_HMEM` go straight to the provider: one flag test.
+    ///
     /// # Safety
     /// As `EndpointOps::rma`; a write's data must also be readable now.
+    #[inline]
     pub(crate) unsafe fn start_rma(
         &self,
         ops: &dyn EndpointOps,
         op: &RmaOp,
     ) -> Result<(), StartError> {
+        if self.stager().is_none() {
+            // SAFETY: forwarded.
+            return unsafe { ops.rma(op) }.map_err(StartError::Refused);
+        }
+        // SAFETY: forwarded.
+        unsafe { self.start_rma_staged(ops, op) }
+    }
+
+    /// `start_rma` on an `FI_HMEM` endpoint.
+    ///
+    /// # Safety
+    /// As `start_rma`.
+    #[inline(never)]
+    unsafe fn start_rma_staged(&self, ops: &dyn EndpointOps, op: &RmaOp) -> Result<(), StartError> {
         let staged: Result<Option<Staged>> = if op.flags & FI_READ != 0 {
             self.stage_in(op.ctx, &op.iov, false)
         } else {
@@ -111,9 +167,30 @@ impl EpCore {
     /// through one bounce buffer (`ep_atomic::stage`), fetched values landing before the
     /// completion is reported.
     ///
+    /// Endpoints without `FI_HMEM` go straight to the provider: one flag test.
+    ///
     /// # Safety
     /// As `EndpointOps::atomic`; operand and compare must also be readable now.
+    #[inline]
     pub(crate) unsafe fn start_atomic(
+        &self,
+        ops: &dyn EndpointOps,
+        req: &AtomicReq,
+    ) -> Result<(), StartError> {
+        if self.stager().is_none() {
+            // SAFETY: forwarded.
+            return unsafe { ops.atomic(req) }.map_err(StartError::Refused);
+        }
+        // SAFETY: forwarded.
+        unsafe { self.start_atomic_staged(ops, req) }
+    }
+
+    /// `start_atomic` on an `FI_HMEM` endpoint.
+    ///
+    /// # Safety
+    /// As `start_atomic`.
+    #[inline(never)]
+    unsafe fn start_atomic_staged(
         &self,
         ops: &dyn EndpointOps,
         req: &AtomicReq,

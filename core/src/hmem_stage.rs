@@ -308,6 +308,12 @@ impl StagingRegistry {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether anything is staged: one load, all that host-only paths pay.
+    #[inline]
+    pub fn any(&self) -> bool {
+        self.live.load(Ordering::Acquire) != 0
+    }
+
     /// Keeps `s` until its operation ends; returns the context to post it with.
     pub fn insert(&self, s: Staged) -> Context {
         let b = Box::new(s);
