@@ -5,6 +5,8 @@
 #![allow(dead_code)]
 
 pub mod cuda_double;
+pub mod doubles;
+pub mod ze_double;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};

@@ -10,8 +10,12 @@
  * handle maps the descriptor again at a new address. Copies are memcpy.
  *
  * It checks what a real driver would reject (structure types, unknown handles and pointers,
- * overlapping copies) and counts live objects so tests can assert that nothing leaked:
- * ze_double_live() is not a Level Zero call.
+ * overlapping copies), and more: a copy must use the command list of the device that owns
+ * the allocation it touches. It counts live objects so tests can assert that nothing leaked:
+ * ze_double_live() is not a Level Zero call. Nor are ze_double_copies_to_device() and
+ * ze_double_copies_from_device(), which count the copies whose destination (source) is device
+ * memory: the double's device memory is host memory, so only they show that code which must
+ * not dereference device pointers went through the driver instead.
  *
  * Build with -DZE_DOUBLE_FAIL_INIT to get a loader whose zeInit fails, as on a machine with
  * the loader installed but no GPU.
@@ -80,6 +84,7 @@ struct region {
 static struct region regions[MAX_REGIONS];
 static int nregions;
 static int live_objects; /* contexts and command lists */
+static int copies_to_device, copies_from_device;
 static int initialized;
 static int driver_tag;
 static int device_tags[ZE_DOUBLE_DEVICES];
@@ -119,6 +124,24 @@ int ze_double_live(void)
 {
 	pthread_mutex_lock(&lock);
 	int n = nregions + live_objects;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
+/* Exported for tests only: copies into device memory so far. */
+int ze_double_copies_to_device(void)
+{
+	pthread_mutex_lock(&lock);
+	int n = copies_to_device;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
+/* Exported for tests only: copies out of device memory so far. */
+int ze_double_copies_from_device(void)
+{
+	pthread_mutex_lock(&lock);
+	int n = copies_from_device;
 	pthread_mutex_unlock(&lock);
 	return n;
 }
@@ -420,6 +443,20 @@ ze_result_t zeCommandListAppendMemoryCopy(void *list, void *dst, const void *src
 	const char *d = dst, *s = src;
 	if (d < s + len && s < d + len)
 		return ZE_RESULT_ERROR_OVERLAPPING_REGIONS;
+	/* A device allocation is copied by its own device's list: xfabric never relies on peer
+	 * access (which a real driver grants only between some devices). Opened IPC mappings are
+	 * left out: they may be opened on any device. */
+	int dev = ((struct object *)list)->device;
+	pthread_mutex_lock(&lock);
+	struct region *rd = find(dst), *rs = find(src);
+	if ((rd && rd->type == MEM_DEVICE && !rd->opened && rd->device != dev) ||
+	    (rs && rs->type == MEM_DEVICE && !rs->opened && rs->device != dev)) {
+		pthread_mutex_unlock(&lock);
+		return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+	}
+	copies_to_device += rd && rd->type == MEM_DEVICE;
+	copies_from_device += rs && rs->type == MEM_DEVICE;
+	pthread_mutex_unlock(&lock);
 	memcpy(dst, src, len);
 	return ZE_RESULT_SUCCESS;
 }
