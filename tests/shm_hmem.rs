@@ -478,11 +478,7 @@ fn cuda_double_shm_device_memory() {
     if run_roles(NAME) {
         return;
     }
-    let env = double_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut child = spawn(NAME, "initiator", &env);
-    assert_eq!(child.hear(), "OK");
-    child.join();
+    run_child(NAME, "initiator", &double_env(), &[]);
 }
 
 #[test]
@@ -491,11 +487,7 @@ fn cuda_double_delivery_complete_means_on_the_device() {
     if run_roles(NAME) {
         return;
     }
-    let env = double_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut child = spawn(NAME, "dc-initiator", &env);
-    assert_eq!(child.hear(), "OK");
-    child.join();
+    run_child(NAME, "dc-initiator", &double_env(), &[]);
 }
 
 #[test]
@@ -511,9 +503,7 @@ fn gpu_shm_device_memory() {
         );
         return;
     }
-    let mut child = spawn(NAME, "initiator", &[]);
-    assert_eq!(child.hear(), "OK");
-    child.join();
+    run_child(NAME, "initiator", &[], &[]);
 }
 
 #[test]

@@ -519,22 +519,13 @@ fn run_roles(test: &str) -> bool {
     true
 }
 
-fn run_on_double(name: &str, extra: &[(&str, &str)]) {
-    let env = double_env();
-    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    env.extend_from_slice(extra);
-    let mut child = spawn(name, "initiator", &env);
-    assert_eq!(child.hear(), "OK");
-    child.join();
-}
-
 #[test]
 fn cuda_double_shm_rma_device_memory() {
     const NAME: &str = "cuda_double_shm_rma_device_memory";
     if run_roles(NAME) {
         return;
     }
-    run_on_double(NAME, &[]);
+    run_child(NAME, "initiator", &double_env(), &[]);
 }
 
 /// Without cross-memory attach every read comes back through the ring (RDATA).
@@ -544,7 +535,12 @@ fn cuda_double_shm_rma_device_memory_without_cma() {
     if run_roles(NAME) {
         return;
     }
-    run_on_double(NAME, &[("XFABRIC_SHM_CMA", "0")]);
+    run_child(
+        NAME,
+        "initiator",
+        &double_env(),
+        &[("XFABRIC_SHM_CMA", "0")],
+    );
 }
 
 const RAW_NAME: &str = "cuda_double_shm_device_read_after_write";
@@ -554,8 +550,13 @@ fn cuda_double_shm_device_read_after_write() {
     if run_roles(RAW_NAME) {
         return;
     }
-    run_on_double(RAW_NAME, &[]);
-    run_on_double(RAW_NAME, &[("XFABRIC_SHM_CMA", "0")]);
+    run_child(RAW_NAME, "initiator", &double_env(), &[]);
+    run_child(
+        RAW_NAME,
+        "initiator",
+        &double_env(),
+        &[("XFABRIC_SHM_CMA", "0")],
+    );
 }
 
 #[test]
@@ -571,7 +572,5 @@ fn gpu_shm_rma_device_memory() {
         );
         return;
     }
-    let mut child = spawn(NAME, "initiator", &[]);
-    assert_eq!(child.hear(), "OK");
-    child.join();
+    run_child(NAME, "initiator", &[], &[]);
 }

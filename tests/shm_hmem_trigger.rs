@@ -280,24 +280,13 @@ fn run_roles(test: &str) -> bool {
     true
 }
 
-/// Starts the sender (which starts the receiver) with `envs`; checks both finished cleanly.
-fn run(test: &str, envs: &[(&str, &str)]) {
-    let mut child = spawn(test, "sender", envs);
-    assert_eq!(child.hear(), "OK");
-    let pid = child.pid();
-    child.join();
-    assert_eq!(segments_of(pid), 0, "the sender left a segment");
-}
-
 #[test]
 fn cuda_double_triggered_operations_on_device_memory() {
     const NAME: &str = "cuda_double_triggered_operations_on_device_memory";
     if run_roles(NAME) {
         return;
     }
-    let env = double_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    run(NAME, &env);
+    run_child(NAME, "sender", &double_env(), &[]);
 }
 
 #[test]
@@ -313,5 +302,5 @@ fn gpu_triggered_operations_on_device_memory() {
         );
         return;
     }
-    run(NAME, &[]);
+    run_child(NAME, "sender", &[], &[]);
 }

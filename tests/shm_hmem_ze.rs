@@ -426,26 +426,13 @@ fn run_roles(test: &str) -> bool {
     true
 }
 
-/// Starts the initiator (which starts the target) on the double with `extra` in the
-/// environment; checks both finished cleanly.
-fn run_on_double(name: &str, extra: &[(&str, &str)]) {
-    let env = ze_double_env();
-    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    env.extend_from_slice(extra);
-    let mut child = spawn(name, "initiator", &env);
-    assert_eq!(child.hear(), "OK");
-    let pid = child.pid();
-    child.join();
-    assert_eq!(segments_of(pid), 0, "the initiator left a segment");
-}
-
 #[test]
 fn ze_double_shm_device_memory() {
     const NAME: &str = "ze_double_shm_device_memory";
     if run_roles(NAME) {
         return;
     }
-    run_on_double(NAME, &[]);
+    run_child(NAME, "initiator", &ze_double_env(), &[]);
 }
 
 /// Without cross-memory attach, large messages and writes come in fragments and reads come
@@ -456,7 +443,12 @@ fn ze_double_shm_device_memory_without_cma() {
     if run_roles(NAME) {
         return;
     }
-    run_on_double(NAME, &[("XFABRIC_SHM_CMA", "0")]);
+    run_child(
+        NAME,
+        "initiator",
+        &ze_double_env(),
+        &[("XFABRIC_SHM_CMA", "0")],
+    );
 }
 
 #[test]

@@ -450,41 +450,7 @@ mod tests {
     use super::*;
     use crate::hmem_iface::Iface;
 
-    /// "Device" memory that is host memory, with copies counted.
-    #[derive(Default)]
-    struct Fake {
-        dev: std::sync::Mutex<Vec<(usize, usize)>>,
-        copies: AtomicUsize,
-    }
-
-    impl HmemOps for Fake {
-        fn check_iface(&self, _iface: Iface) -> Result<()> {
-            Ok(())
-        }
-        fn owner(&self, addr: usize) -> Result<Owner> {
-            let d = self.dev.lock().unwrap();
-            Ok(if d.iter().any(|&(a, l)| addr >= a && addr < a + l) {
-                Owner {
-                    iface: Iface::Cuda,
-                    device: 1,
-                }
-            } else {
-                Owner::SYSTEM
-            })
-        }
-        unsafe fn copy_to_host(&self, _o: Owner, dst: &mut [u8], src: usize) -> Result<()> {
-            self.copies.fetch_add(1, Ordering::Relaxed);
-            // SAFETY: test memory.
-            dst.copy_from_slice(unsafe { std::slice::from_raw_parts(src as *const u8, dst.len()) });
-            Ok(())
-        }
-        unsafe fn copy_from_host(&self, _o: Owner, dst: usize, src: &[u8]) -> Result<()> {
-            self.copies.fetch_add(1, Ordering::Relaxed);
-            // SAFETY: test memory.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
-            Ok(())
-        }
-    }
+    use crate::trigger::testkit::FakeHmem as Fake;
 
     #[test]
     fn gather_and_land_mixed_segments() {
@@ -492,7 +458,7 @@ mod tests {
         let mut dev = vec![7u8; 16];
         let mut host = vec![9u8; 8];
         let (dev_addr, host_addr) = (dev.as_mut_ptr() as usize, host.as_mut_ptr() as usize);
-        fake.dev.lock().unwrap().push((dev_addr, 16));
+        fake.add_range(dev_addr, 16);
         let iov = IovList::from_segs([
             RawIov {
                 addr: host_addr,
@@ -509,7 +475,7 @@ mod tests {
         let out = unsafe { gather(&fake, &segs) }.unwrap();
         assert_eq!(&out[..8], &[9; 8]);
         assert_eq!(&out[8..], &[7; 16]);
-        assert_eq!(fake.copies.load(Ordering::Relaxed), 1);
+        assert_eq!(fake.copies(), 1);
 
         let host_only = IovList::one(host_addr, 8);
         assert!(owners(&fake, &host_only).unwrap().is_none());
@@ -537,7 +503,7 @@ mod tests {
         let fake = Fake::default();
         let mut dev = vec![0u8; 32];
         let dev_addr = dev.as_mut_ptr() as usize;
-        fake.dev.lock().unwrap().push((dev_addr, 32));
+        fake.add_range(dev_addr, 32);
         let iov = IovList::one(dev_addr, 32);
         let segs = owners(&fake, &iov).unwrap().unwrap();
         let reg = StagingRegistry::default();
@@ -551,7 +517,7 @@ mod tests {
         assert_eq!(unsafe { reg.land_early(&fake, key, &b, 32) }, Some(true));
         assert_eq!(dev, [5u8; 32]);
         assert_eq!(unsafe { reg.land_early(&fake, key, &b, 32) }, Some(true));
-        assert_eq!(fake.copies.load(Ordering::Relaxed), 1, "landed once");
+        assert_eq!(fake.copies(), 1, "landed once");
         let s = reg.claim(key).unwrap();
         assert_eq!(s.landed_early(), Some(true));
     }
@@ -561,7 +527,7 @@ mod tests {
         let fake = Fake::default();
         let mut dev = vec![0u8; 64];
         let dev_addr = dev.as_mut_ptr() as usize;
-        fake.dev.lock().unwrap().push((dev_addr, 64));
+        fake.add_range(dev_addr, 64);
         let iov = IovList::one(dev_addr, 64);
         let segs = owners(&fake, &iov).unwrap().unwrap();
         let reg = StagingRegistry::default();
@@ -590,11 +556,7 @@ mod tests {
         let (_, user, _) = unsafe { reg.finish_window(Some(&fake), key, &w2, Some(20), true) }
             .expect("still staged");
         assert_eq!((user.first_addr(), user.total()), (dev_addr + 10, 20));
-        assert_eq!(
-            fake.copies.load(Ordering::Relaxed),
-            2,
-            "each window landed once"
-        );
+        assert_eq!(fake.copies(), 2, "each window landed once");
         // Released: gone.
         // SAFETY: nothing is staged any more.
         assert!(unsafe { reg.finish_window(Some(&fake), key, &w1, None, true) }.is_none());
@@ -616,11 +578,11 @@ mod tests {
         };
         // SAFETY: `dev` is live and reached only through the fake meanwhile.
         let seen = unsafe { update(&fake, owner, addr, 8, add2) }.unwrap();
-        assert_eq!((seen, fake.copies.load(Ordering::Relaxed)), (5, 2));
+        assert_eq!((seen, fake.copies()), (5, 2));
         assert_eq!(dev, 7u64.to_ne_bytes());
         // A look that changes nothing is not copied back.
         // SAFETY: as above.
         let seen = unsafe { update(&fake, owner, addr, 8, |b| b[0]) }.unwrap();
-        assert_eq!((seen, fake.copies.load(Ordering::Relaxed)), (7, 3));
+        assert_eq!((seen, fake.copies()), (7, 3));
     }
 }

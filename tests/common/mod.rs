@@ -220,6 +220,18 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// Runs `role` of `test` in a child with `env` and then `extra` in its environment, which says
+/// "OK" when its side (and whatever it started) passed; checks it left no segment behind.
+pub fn run_child(test: &str, role: &str, env: &[(&str, String)], extra: &[(&str, &str)]) {
+    let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    all.extend_from_slice(extra);
+    let mut child = spawn(test, role, &all);
+    assert_eq!(child.hear(), "OK");
+    let pid = child.pid();
+    child.join();
+    assert_eq!(segments_of(pid), 0, "the {role} left a segment");
+}
+
 /// Number of xfabric segments in /dev/shm whose name contains `pid`.
 pub fn segments_of(pid: u32) -> usize {
     std::fs::read_dir("/dev/shm")

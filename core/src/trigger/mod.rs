@@ -22,7 +22,7 @@ mod ep;
 mod link;
 mod queue;
 #[cfg(test)]
-mod testkit;
+pub(crate) mod testkit;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

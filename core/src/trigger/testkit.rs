@@ -11,14 +11,14 @@ use crate::cntr::{CntrInner, Counter};
 use crate::consts::*;
 use crate::cq::{CompletionQueue, CqAttr};
 use crate::entry::{Context, CqErrEntry, CqTaggedEntry};
-use crate::ep::{Endpoint, EndpointOps, EpCore, TxOp};
+use crate::ep::{Endpoint, EndpointOps, EpCore, Msg, TxOp};
 use crate::ep_atomic::AtomicReq;
 use crate::ep_rma::RmaOp;
 use crate::error::{Error, Result};
 use crate::hmem_iface::{HmemOps, Iface, Owner};
 use crate::info::{FabricAttr, Info};
 use crate::object::{Domain, DomainOps, Fabric, Provider};
-use crate::rxq::{PostedRecv, RecvSlot};
+use crate::rxq::{PostedRecv, RawIov, RecvSlot};
 use crate::trigger::{Doorbell, DoorbellAlloc, Xpu};
 use crate::wait::ProgressSource;
 
@@ -199,6 +199,19 @@ impl DomainOps for MockDom {
     }
 }
 
+/// A message over `iov` to any peer, with context `ctx`.
+pub fn msg(iov: &[RawIov], ctx: Context) -> Msg<'_> {
+    Msg {
+        iov,
+        desc: &[],
+        addr: FI_ADDR_UNSPEC,
+        context: ctx,
+        data: 0,
+        tag: 0,
+        ignore: 0,
+    }
+}
+
 /// "Device" memory that is host memory: ranges marked with `add` are CUDA device 0's. Copies
 /// are counted, can be made to fail, and copies into the device record the value `watch`
 /// had then (so a test sees whether data landed before a completion was counted).
@@ -215,10 +228,17 @@ pub struct FakeHmem {
 impl FakeHmem {
     /// Marks `buf` as device memory.
     pub fn add(&self, buf: &[u8]) {
-        self.dev
-            .lock()
-            .unwrap()
-            .push((buf.as_ptr() as usize, buf.len()));
+        self.add_range(buf.as_ptr() as usize, buf.len());
+    }
+
+    /// Marks `len` bytes at `addr` as device memory.
+    pub fn add_range(&self, addr: usize, len: usize) {
+        self.dev.lock().unwrap().push((addr, len));
+    }
+
+    /// Copies made so far, both ways.
+    pub fn copies(&self) -> usize {
+        self.to_host.load(Ordering::Acquire) + self.from_host.load(Ordering::Acquire)
     }
 
     fn check(&self, what: &str) -> Result<()> {

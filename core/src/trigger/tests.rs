@@ -8,22 +8,10 @@ use super::TriggerContext;
 use crate::consts::errno::FI_ECANCELED;
 use crate::consts::*;
 use crate::entry::Context;
-use crate::ep::{Endpoint, Msg};
+use crate::ep::Endpoint;
 use crate::ep_rma::{MsgRma, RmaIov};
 use crate::error::Error;
 use crate::rxq::RawIov;
-
-fn msg(iov: &[RawIov], ctx: Context) -> Msg<'_> {
-    Msg {
-        iov,
-        desc: &[],
-        addr: FI_ADDR_UNSPEC,
-        context: ctx,
-        data: 0,
-        tag: 0,
-        ignore: 0,
-    }
-}
 
 /// Posts a triggered send with context `ctx` waiting for `cntr` to reach `threshold`.
 fn tsend(ep: &Endpoint, buf: &[u8], ctx: Context, trig: &TriggerContext) {

@@ -9,21 +9,7 @@ use super::testkit::*;
 use super::{DeferredWork, OpMsg, TriggerContext, TriggerVar, WorkOp, Xpu};
 use crate::consts::errno::{FI_ECANCELED, FI_EIO};
 use crate::consts::*;
-use crate::entry::Context;
-use crate::ep::Msg;
 use crate::rxq::RawIov;
-
-fn msg(iov: &[RawIov], ctx: Context) -> Msg<'_> {
-    Msg {
-        iov,
-        desc: &[],
-        addr: FI_ADDR_UNSPEC,
-        context: ctx,
-        data: 0,
-        tag: 0,
-        ignore: 0,
-    }
-}
 
 fn data(len: usize, seed: u8) -> Vec<u8> {
     (0..len)

@@ -9,23 +9,11 @@ use crate::atomic::Datatype;
 use crate::consts::errno::{FI_ECANCELED, FI_EINVAL};
 use crate::consts::*;
 use crate::entry::Context;
-use crate::ep::{Endpoint, Msg};
+use crate::ep::Endpoint;
 use crate::ep_rma::{MsgRma, RmaIov};
 use crate::error::Error;
 use crate::hmem_iface::Iface;
 use crate::rxq::RawIov;
-
-fn msg(iov: &[RawIov], ctx: Context) -> Msg<'_> {
-    Msg {
-        iov,
-        desc: &[],
-        addr: FI_ADDR_UNSPEC,
-        context: ctx,
-        data: 0,
-        tag: 0,
-        ignore: 0,
-    }
-}
 
 /// Arms a send with context `ctx` on the CPU XPU; returns its variable.
 fn xsend_on(ep: &Endpoint, xpu: Xpu, ctx: Context) -> TriggerVar {
