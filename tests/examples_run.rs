@@ -3,9 +3,13 @@
 //! sends XPU-triggered buckets to a peer process that checks every byte. scripts/test.sh
 //! (what CI runs) builds the examples before the tests.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::bounded;
 
 fn example(name: &str) -> Option<PathBuf> {
     // target/<profile>/deps/<this test> -> target/<profile>/examples/<name>
@@ -25,26 +29,19 @@ fn run_example(name: &str, args: &[&str]) -> Option<String> {
         eprintln!("skipped: the {name} example is not built (cargo build --examples)");
         return None;
     };
-    let mut child = Command::new(exe)
+    let child = Command::new(exe)
         .args(args)
         .stdout(Stdio::piped())
         .spawn()
         .expect("start example");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{name} did not finish in time");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let out = child.wait_with_output().expect("output");
+    // Its output is read while it runs (a full pipe must not stall it).
+    let pid = child.id();
+    let out = bounded(pid, Duration::from_secs(120), name, || {
+        child.wait_with_output()
+    })
+    .expect("output");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(status.success(), "{name} failed: {text}");
+    assert!(out.status.success(), "{name} failed: {text}");
     Some(text)
 }
 

@@ -164,7 +164,7 @@ impl Endpoint {
         self.check_atomic(what, &req)?;
         // SAFETY: forwarded from the public call's contract (operand and compare are readable
         // now).
-        Ok(unsafe { self.core().start_atomic(&**self.ops(), &req) }?)
+        unsafe { self.core().start_atomic(&**self.ops(), &req) }.map_err(Error::from)
     }
 
     /// Checks an atomic request against the endpoint's state, capabilities and the

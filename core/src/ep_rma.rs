@@ -103,7 +103,7 @@ impl Endpoint {
     fn post_rma(&self, what: &'static str, op: RmaOp) -> Result<()> {
         self.check_rma(what, &op)?;
         // SAFETY: forwarded from the public call's contract (a write's data is readable now).
-        Ok(unsafe { self.core().start_rma(&**self.ops(), &op) }?)
+        unsafe { self.core().start_rma(&**self.ops(), &op) }.map_err(Error::from)
     }
 
     /// Checks an RMA operation against the endpoint's state, sizes and capabilities.

@@ -149,19 +149,11 @@ impl Peer {
 
     /// Waits (bounded) for the child to exit successfully.
     pub fn join(mut self) {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Some(st) = self.child.try_wait().expect("wait") {
-                assert!(st.success(), "peer failed: {st}");
-                return;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("peer did not exit in time");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let pid = self.child.id();
+        let child = &mut self.child;
+        let st = bounded(pid, Duration::from_secs(120), "peer", || child.wait())
+            .expect("wait for the peer");
+        assert!(st.success(), "peer failed: {st}");
     }
 
     /// Kills the child with SIGKILL and reaps it.
@@ -178,6 +170,33 @@ impl Drop for Peer {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Runs `wait` (a blocking wait on process `pid`) and returns what it returns; if that takes
+/// longer than `limit`, kills the process (so the wait returns) and panics naming `what`.
+/// The wait blocks on the process itself: no polling, no sleeping.
+pub fn bounded<T: Send>(
+    pid: u32,
+    limit: Duration,
+    what: &str,
+    wait: impl FnOnce() -> T + Send,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let _ = tx.send(wait());
+        });
+        match rx.recv_timeout(limit) {
+            Ok(r) => r,
+            Err(_) => {
+                // SAFETY: kill(2) on a pid; the process is not reaped yet (its wait is still
+                // blocked on it), so the pid still names it.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                let _ = rx.recv();
+                panic!("{what} did not finish within {limit:?}");
+            }
+        }
+    })
 }
 
 /// In a child: writes a line for the parent's `hear`.
