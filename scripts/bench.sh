@@ -220,6 +220,16 @@ ratio() {
     fi
 }
 
+# max_over_min FIGURES...: the largest over the smallest ("-" when there are none).
+max_over_min() {
+    if (($# == 0)); then
+        echo "-"
+        return
+    fi
+    printf '%s\n' "$@" | sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 }
+        END { if (lo > 0) printf "%.2f\n", hi / lo; else print "-" }'
+}
+
 human() {
     local n=$1
     if ((n >= 1048576 && n % 1048576 == 0)); then
@@ -245,14 +255,27 @@ ratio_check() {
 
 failures=0
 
-# The libfabric comparison: fi_pingpong against ours, alternating.
+# spread "MIN/MED/MAX" of the arguments ("-" when there are none).
+spread() {
+    if (($# == 0)); then
+        echo "-"
+        return
+    fi
+    printf '%s/%s/%s\n' "$(printf '%s\n' "$@" | sort -g | head -1)" "$(median "$@")" \
+        "$(printf '%s\n' "$@" | sort -g | tail -1)"
+}
+
+# The libfabric comparison: fi_pingpong against ours, alternating. Each size gets min / median /
+# max of every run of both, and the spread (max/min of the usec figures): a slow mode that
+# comes and goes shows there even where the medians agree.
 compare_section() {
     local impls=(ours)
     ((have_libfabric)) && impls=(libfabric ours)
-    local header line table=() size iters r impl lu ou lm om
+    local header line table=() goals=() size iters r impl lu ou lm om lsp osp worst
     local lf_usec lf_mbps our_usec our_mbps
-    printf -v header '%-6s %7s | %10s %10s %6s | %10s %10s %6s' \
-        bytes iters "lf usec" "our usec" ratio "lf MB/s" "our MB/s" ratio
+    printf -v header '%-6s %6s | %-18s %-18s %5s | %5s %5s | %9s %9s %5s' \
+        bytes iters "lf usec min/med/max" "our usec min/med/max" ratio "lf x" "our x" \
+        "lf MB/s" "our MB/s" ratio
     echo "bench: provider $PROVIDER, $ROUNDS round(s), sizes: $SIZES" >&2
     for size in $SIZES; do
         iters=$(iters_for "$size")
@@ -274,18 +297,32 @@ compare_section() {
         done
         lu=$(median "${lf_usec[@]}") ou=$(median "${our_usec[@]}")
         lm=$(median "${lf_mbps[@]}") om=$(median "${our_mbps[@]}")
-        printf -v line '%-6s %7s | %10s %10s %6s | %10s %10s %6s' "$(human "$size")" "$iters" \
-            "$lu" "$ou" "$(ratio "$ou" "$lu")" "$lm" "$om" "$(ratio "$om" "$lm")"
+        lsp=$(max_over_min "${lf_usec[@]}") osp=$(max_over_min "${our_usec[@]}")
+        printf -v line '%-6s %6s | %-18s %-18s %5s | %5s %5s | %9s %9s %5s' "$(human "$size")" \
+            "$iters" "$(spread "${lf_usec[@]}")" "$(spread "${our_usec[@]}")" "$(ratio "$ou" "$lu")" \
+            "$lsp" "$osp" "$lm" "$om" "$(ratio "$om" "$lm")"
         echo "$header"
         echo "$line"
         echo
         table+=("$line")
+        # Issue 12's goals: every run within 1.3x of the best up to 16 KiB, our median usec no
+        # worse than libfabric's everywhere, bandwidth 1.3x at 64 KiB and 1.5x from 256 KiB.
+        ((size <= 16384)) && goals+=("every run of ours <= 1.3x our best at $(human "$size"): worst $osp, $(ratio_check "$osp" "<=" 1.3)")
+        ((have_libfabric)) && goals+=("our median usec <= libfabric's at $(human "$size"): ratio $(ratio "$ou" "$lu"), $(ratio_check "$(ratio "$ou" "$lu")" "<=" 1)")
+        if ((have_libfabric && size == 65536)); then
+            goals+=("MB/s >= 1.3x libfabric at 64k: ratio $(ratio "$om" "$lm"), $(ratio_check "$(ratio "$om" "$lm")" ">=" 1.3)")
+        elif ((have_libfabric && size >= 262144)); then
+            goals+=("MB/s >= 1.5x libfabric at $(human "$size"): ratio $(ratio "$om" "$lm"), $(ratio_check "$(ratio "$om" "$lm")" ">=" 1.5)")
+        fi
     done
 
-    echo "Medians of $ROUNDS round(s); ratio = ours/libfabric (usec: lower is better, MB/s: higher is better)"
+    echo "min/med/max of $ROUNDS round(s) each, alternating; x = max/min of the usec figures;"
+    echo "ratio = ours/libfabric of the medians (usec: lower is better, MB/s: higher is better)"
     ((have_libfabric)) || echo "(libfabric's fi_pingpong is missing: its columns are empty)"
     echo "$header"
     printf '%s\n' "${table[@]}"
+    echo
+    printf 'Goal: %s\n' "${goals[@]}"
 }
 
 # The figures of the RMA section's runs, by label: space-separated lists.

@@ -10,7 +10,7 @@ const MAX_LOG: u32 = 26; // 64 MiB
 fn sizes() -> Vec<usize> {
     let mut v = vec![0usize, 1, 7];
     v.extend((0..=MAX_LOG).map(|i| 1usize << i));
-    v.extend([4095, 8193, 100_000]);
+    v.extend([4095, 8193, 16384, 16385, 100_000]);
     v
 }
 

@@ -68,7 +68,10 @@ fn target(mr_mode: u32) {
 }
 
 fn sizes() -> Vec<usize> {
-    vec![0, 1, 8, 100, 4096, 8192, 8193, 65536, 100_000, 1 << 20, LEN]
+    let eager = [8192, 8193, 16384, 16385];
+    let mut v = vec![0, 1, 8, 100, 4096, 65536, 100_000, 1 << 20, LEN];
+    v.extend(eager);
+    v
 }
 
 fn initiator(test: &str, mr_mode: u32, envs: &[(&str, &str)]) {

@@ -92,7 +92,7 @@ fn wildcards_and_out_of_order_tags() {
 
 /// Unexpected messages: small and large, sent before any receive is posted.
 const UNEXPECTED_PLAN: [(u64, usize); 5] =
-    [(1, 100), (2, 8192), (3, 8193), (4, 1 << 20), (5, 300_000)];
+    [(1, 100), (2, 16384), (3, 16385), (4, 1 << 20), (5, 300_000)];
 
 /// Sender: posts every send, says "sent" once all are posted (eager ones are in the peer's
 /// ring; rendezvous ones wait for the receiver), then waits for them all to complete.
