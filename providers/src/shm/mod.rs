@@ -17,7 +17,7 @@ use xfabric_core::{
 
 use crate::hmem::GlobalHmem;
 
-pub use ep::{EAGER_MAX, FRAG, INJECT_SIZE};
+pub use ep::{futex_wakes, EAGER_MAX, FRAG, INJECT_SIZE};
 
 /// Every shm address starts with this, followed by the endpoint's segment name.
 pub const ADDR_PREFIX: &str = "fi_shm://";

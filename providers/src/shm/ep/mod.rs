@@ -1392,7 +1392,18 @@ fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout: Durat
     }
 }
 
+/// futex wake calls this process has made: a diagnostic (`shm::futex_wakes`). A sender pays
+/// a syscall only while a peer's thread sleeps; a count that grows while every peer busy-polls
+/// is a sleep flag left standing, a syscall on every send.
+static FUTEX_WAKES: AtomicU64 = AtomicU64::new(0);
+
+/// See `FUTEX_WAKES`.
+pub fn futex_wakes() -> u64 {
+    FUTEX_WAKES.load(Ordering::Relaxed)
+}
+
 fn futex_wake(word: &std::sync::atomic::AtomicU32) {
+    FUTEX_WAKES.fetch_add(1, Ordering::Relaxed);
     // SAFETY: a shared futex wake on a live, aligned u32.
     unsafe {
         libc::syscall(
