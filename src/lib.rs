@@ -44,6 +44,7 @@ pub fn getinfo(
             version & 0xffff
         )));
     }
+    xfabric_core::log::init();
     let default = Info::default();
     let hints = hints.unwrap_or(&default);
     let mut out = Vec::new();

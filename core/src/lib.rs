@@ -18,6 +18,7 @@ pub mod error;
 pub mod hmem_iface;
 pub mod hmem_stage;
 pub mod info;
+pub mod log;
 pub mod mr;
 pub mod object;
 pub mod rxq;

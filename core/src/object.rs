@@ -89,6 +89,7 @@ struct FabricInner {
 impl Fabric {
     /// `fi_fabric`: opens the fabric described by `attr` on `prov`.
     pub fn open(prov: Arc<dyn Provider>, attr: &FabricAttr) -> Result<Self> {
+        crate::log::init();
         if let Some(p) = attr.prov_name.as_deref() {
             if p != prov.name() {
                 return Err(Error::Inval(format!(

@@ -135,6 +135,14 @@ fn copy(
                 .unwrap_or(libc::EIO);
             return match e {
                 libc::EPERM | libc::ENOSYS | libc::EACCES => {
+                    if state.usable() {
+                        tracing::warn!(
+                            errno = e,
+                            "shm: the kernel refuses cross-memory attach to pid {pid} \
+                             (seccomp or Yama ptrace_scope?); large messages on this endpoint \
+                             go through the ring from now on"
+                        );
+                    }
                     state.set(REFUSED);
                     CmaResult::Refused
                 }
