@@ -21,6 +21,7 @@ pub mod info;
 pub mod mr;
 pub mod object;
 pub mod rxq;
+pub mod settings;
 pub mod trigger;
 pub mod wait;
 
