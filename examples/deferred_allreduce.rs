@@ -24,31 +24,37 @@ use std::time::Instant;
 
 use xfabric::*;
 
+mod common;
+use common::{hex, unhex};
+
 const RANKS: usize = 4;
 /// u64 elements per atomic request.
 const CHUNK: usize = ATOMIC_MAX / 8;
+/// Each rank holds three vectors of this many u64s.
+const MAX_ELEMENTS: usize = 1 << 27;
 const RANK_ENV: &str = "XF_ALLREDUCE_RANK";
 
+/// Allreduce (sum) across 4 processes built only from counter-triggered deferred work.
+#[derive(clap::Parser, Debug)]
+#[command(name = "deferred_allreduce")]
+struct Args {
+    /// u64 elements in the vector
+    #[arg(default_value_t = 1 << 16, value_parser = common::args::positive)]
+    elements: usize,
+}
+
 fn main() {
-    let len: usize = std::env::args()
-        .nth(1)
-        .map(|a| a.parse().expect("elements: a number"))
-        .unwrap_or(1 << 16);
+    let len = common::args::parse::<Args>().elements;
+    if len > MAX_ELEMENTS {
+        common::die(&format!("{len} elements: at most {MAX_ELEMENTS}"));
+    }
     match std::env::var(RANK_ENV) {
-        Ok(r) => rank_main(r.parse().expect("rank"), len),
+        Ok(r) => match r.parse::<usize>() {
+            Ok(r) if r < RANKS => rank_main(r, len),
+            _ => common::die(&format!("{RANK_ENV}={r:?} is not a rank below {RANKS}")),
+        },
         Err(_) => launch(len),
     }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-        .collect()
 }
 
 /// Starts the ranks, passes every rank's addresses to all of them, and reports.

@@ -45,42 +45,35 @@ fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-struct Args {
-    mode: String,
-    samples: usize,
-    rounds: usize,
-    count: usize,
-    secs: u64,
-    auto: bool,
+#[derive(Clone, Copy, Debug, PartialEq, clap::ValueEnum)]
+enum Mode {
+    Lat,
+    Rate,
+    Idle,
 }
 
-fn args() -> Args {
-    let v: Vec<String> = std::env::args().skip(1).collect();
-    let mut a = Args {
-        mode: v.first().cloned().unwrap_or_else(|| "lat".into()),
-        samples: 2000,
-        rounds: 5,
-        count: 60_000,
-        secs: 2,
-        auto: false,
-    };
-    let mut it = v.iter().skip(1);
-    while let Some(k) = it.next() {
-        let mut num = || -> usize {
-            it.next()
-                .and_then(|x| x.parse().ok())
-                .unwrap_or_else(|| fail(&format!("{k} needs a number")))
-        };
-        match k.as_str() {
-            "--samples" => a.samples = num().max(1),
-            "--rounds" => a.rounds = num().max(1),
-            "--count" => a.count = num().clamp(1, XPU_ARMED_MAX),
-            "--secs" => a.secs = num().max(1) as u64,
-            "--auto" => a.auto = true,
-            _ => fail(&format!("unknown argument {k}")),
-        }
-    }
-    a
+/// XPU-trigger benchmarks against a peer process.
+#[derive(clap::Parser, Debug)]
+#[command(name = "xpu_bench")]
+struct Args {
+    /// lat: trigger-to-arrival latency; rate: triggered sends per second; idle: watcher cost
+    #[arg(value_enum, default_value_t = Mode::Lat)]
+    mode: Mode,
+    /// Latency samples
+    #[arg(long, default_value_t = 2000, value_parser = common::args::positive)]
+    samples: usize,
+    /// Rounds
+    #[arg(long, default_value_t = 5, value_parser = common::args::positive)]
+    rounds: usize,
+    /// Operations armed per round (at most the endpoint's armed limit)
+    #[arg(long, default_value_t = 60_000, value_parser = common::args::positive)]
+    count: usize,
+    /// Seconds of the idle measurement
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    secs: u64,
+    /// Auto progress (a progress thread) instead of manual
+    #[arg(long)]
+    auto: bool,
 }
 
 fn fail(why: &str) -> ! {
@@ -89,15 +82,16 @@ fn fail(why: &str) -> ! {
 }
 
 fn main() {
-    let a = args();
+    let mut a: Args = common::args::parse();
+    a.count = a.count.min(XPU_ARMED_MAX);
     let peer = std::env::var(ROLE_ENV).is_ok();
-    match (a.mode.as_str(), peer) {
-        ("lat", false) => lat_sender(&a),
-        ("lat", true) => lat_peer(&a),
-        ("rate", false) => rate_sender(&a),
-        ("rate", true) => rate_peer(&a),
-        ("idle", false) => idle(&a),
-        (m, _) => fail(&format!("unknown mode {m} (lat, rate, idle)")),
+    match (a.mode, peer) {
+        (Mode::Lat, false) => lat_sender(&a),
+        (Mode::Lat, true) => lat_peer(&a),
+        (Mode::Rate, false) => rate_sender(&a),
+        (Mode::Rate, true) => rate_peer(&a),
+        (Mode::Idle, false) => idle(&a),
+        (Mode::Idle, true) => fail("idle runs without a peer"),
     }
 }
 
@@ -166,7 +160,7 @@ struct Peer {
 impl Peer {
     fn start() -> Peer {
         let mut child = Command::new(std::env::current_exe().expect("current_exe"))
-            .args(std::env::args().skip(1))
+            .args(std::env::args_os().skip(1))
             .env(ROLE_ENV, "peer")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -25,63 +25,46 @@ use common::{hex, open, unhex, Node};
 const ROLE_ENV: &str = "XF_PIPELINE_ROLE";
 const CAPS: u64 = FI_MSG | FI_TRIGGER | FI_XPU_TRIGGER;
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, clap::ValueEnum)]
 enum Want {
     Auto,
     Cpu,
     Gpu,
 }
 
+/// XPU-triggered pipeline: buckets armed in advance, a GPU kernel (or a CPU thread) rings
+/// each bucket's doorbell, a peer process checks every byte.
+#[derive(clap::Parser, Debug)]
+#[command(name = "xpu_pipeline")]
 struct Opts {
+    /// Buckets per round
+    #[arg(long, default_value_t = 64, value_parser = common::args::positive)]
     buckets: usize,
-    bucket_bytes: usize,
+    /// Size of each bucket in KiB
+    #[arg(long = "bucket-kib", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    bucket_kib: u32,
+    /// Rounds to run
+    #[arg(long, default_value_t = 5, value_parser = common::args::positive)]
     rounds: usize,
+    /// What rings the doorbells
+    #[arg(long, value_enum, default_value_t = Want::Auto)]
     xpu: Want,
 }
 
-fn opts() -> Opts {
-    let mut o = Opts {
-        buckets: 64,
-        bucket_bytes: 64 << 10,
-        rounds: 5,
-        xpu: Want::Auto,
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || {
-            it.next()
-                .unwrap_or_else(|| usage(&format!("{a} needs a value")))
-        };
-        let num = |v: &String| v.parse::<usize>().unwrap_or_else(|_| usage("not a number"));
-        match a.as_str() {
-            "--buckets" => o.buckets = num(val()).max(1),
-            "--bucket-kib" => o.bucket_bytes = num(val()).max(1) << 10,
-            "--rounds" => o.rounds = num(val()).max(1),
-            "--xpu" => {
-                o.xpu = match val().as_str() {
-                    "auto" => Want::Auto,
-                    "cpu" => Want::Cpu,
-                    "gpu" => Want::Gpu,
-                    _ => usage("--xpu auto|cpu|gpu"),
-                }
-            }
-            _ => usage(&format!("unknown argument {a}")),
-        }
+impl Opts {
+    fn buckets(&self) -> usize {
+        self.buckets
     }
-    o
-}
-
-fn usage(why: &str) -> ! {
-    eprintln!("xpu_pipeline: {why}");
-    eprintln!(
-        "usage: xpu_pipeline [--buckets N] [--bucket-kib K] [--rounds R] [--xpu auto|cpu|gpu]"
-    );
-    std::process::exit(2)
+    fn bucket_bytes(&self) -> usize {
+        (self.bucket_kib as usize) << 10
+    }
+    fn rounds(&self) -> usize {
+        self.rounds
+    }
 }
 
 fn main() {
-    let o = opts();
+    let o: Opts = common::args::parse();
     match std::env::var(ROLE_ENV).as_deref() {
         Ok("rx") => receiver(&o),
         _ => sender(&o),
@@ -125,11 +108,11 @@ fn receiver(o: &Opts) {
     let mut lines = std::io::stdin().lock().lines();
     let mut line = || lines.next().and_then(|l| l.ok()).unwrap_or_default();
     let from = n.av.insert_one(&unhex(&line())).expect("av insert");
-    let total = o.buckets * o.bucket_bytes;
+    let total = o.buckets() * o.bucket_bytes();
     let mut buf = vec![0u8; total];
-    for round in 0..o.rounds {
+    for round in 0..o.rounds() {
         buf.fill(0);
-        for (k, b) in buf.chunks_mut(o.bucket_bytes).enumerate() {
+        for (k, b) in buf.chunks_mut(o.bucket_bytes()).enumerate() {
             let iov = [RawIov::of_mut(b)];
             let m = Msg {
                 iov: &iov,
@@ -144,7 +127,7 @@ fn receiver(o: &Opts) {
             unsafe { n.ep.recvmsg(&m, 0) }.expect("recv");
         }
         println!("ready");
-        let got = n.wait(o.buckets);
+        let got = n.wait(o.buckets());
         let seed = round as u32;
         for (w, word) in buf.chunks_exact(4).enumerate() {
             let v = u32::from_ne_bytes(word.try_into().expect("4 bytes"));
@@ -155,7 +138,7 @@ fn receiver(o: &Opts) {
                 ));
             }
         }
-        assert!(got.iter().all(|e| e.len == o.bucket_bytes));
+        assert!(got.iter().all(|e| e.len == o.bucket_bytes()));
         println!("ok {round}");
         assert_eq!(line(), "next");
     }
@@ -197,12 +180,9 @@ impl Ringer {
 }
 
 fn sender(o: &Opts) {
-    if !o.bucket_bytes.is_multiple_of(4) {
-        usage("--bucket-kib gives whole u32 words");
-    }
     let exe = std::env::current_exe().expect("current_exe");
     let mut child = Command::new(exe)
-        .args(std::env::args().skip(1))
+        .args(std::env::args_os().skip(1))
         .env(ROLE_ENV, "rx")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -227,7 +207,7 @@ fn sender(o: &Opts) {
         n.ep.xpu_trigger_vars(xpu, &mut [])
             .expect("getopt(FI_OPT_XPU_TRIGGER)");
 
-    let total = o.buckets * o.bucket_bytes;
+    let total = o.buckets() * o.bucket_bytes();
     let mem: HostMapped = Hmem::global()
         .get(xpu.iface)
         .alloc_host_mapped(xpu.device, total)
@@ -235,21 +215,21 @@ fn sender(o: &Opts) {
     let _ = &n.domain;
     println!(
         "xpu_pipeline: {} buckets x {} KiB to a peer process, XPU: {what}",
-        o.buckets,
-        o.bucket_bytes >> 10
+        o.buckets(),
+        o.bucket_bytes() >> 10
     );
     println!("round   ring-to-last-completion   GB/s   every byte checked");
     let mut times = Vec::new();
-    for round in 0..o.rounds {
+    for round in 0..o.rounds() {
         // SAFETY: no send of the previous round is in flight (all completed), and the XPU
         // finished with the buffer.
         unsafe { std::ptr::write_bytes(mem.as_ptr(), 0, total) };
-        let mut vars = vec![TriggerVar::default(); o.buckets * nvars];
+        let mut vars = vec![TriggerVar::default(); o.buckets() * nvars];
         let _ = n.ep.xpu_trigger_vars(xpu, &mut vars[..nvars]);
-        for k in 0..o.buckets {
+        for k in 0..o.buckets() {
             let iov = [RawIov {
-                addr: mem.as_ptr() as usize + k * o.bucket_bytes,
-                len: o.bucket_bytes,
+                addr: mem.as_ptr() as usize + k * o.bucket_bytes(),
+                len: o.bucket_bytes(),
             }];
             let m = Msg {
                 iov: &iov,
@@ -279,8 +259,8 @@ fn sender(o: &Opts) {
                     let dv = g.upload_vars(&vars).expect("upload trigger vars");
                     g.compute_and_trigger(
                         mem.device_addr(),
-                        (o.bucket_bytes / 4) as u32,
-                        o.buckets as u32,
+                        (o.bucket_bytes() / 4) as u32,
+                        o.buckets() as u32,
                         seed,
                         &dv,
                     )
@@ -289,7 +269,7 @@ fn sender(o: &Opts) {
                 g.synchronize().expect("kernel");
             }
         }
-        n.wait(o.buckets);
+        n.wait(o.buckets());
         let dt = t0.elapsed();
         assert_eq!(hear(), format!("ok {round}"));
         writeln!(to_peer, "next").expect("tell peer");
@@ -308,7 +288,7 @@ fn sender(o: &Opts) {
     let med = times[times.len() / 2];
     println!(
         "xpu_pipeline: {} rounds, every byte checked by the peer; median {:.1} us per round ({:.2} GB/s), XPU: {what}",
-        o.rounds,
+        o.rounds(),
         med.as_secs_f64() * 1e6,
         total as f64 / med.as_secs_f64() / 1e9
     );
@@ -332,8 +312,8 @@ fn cpu_compute_and_ring(mem: &HostMapped, o: &Opts, seed: u32, vars: &[TriggerVa
     let t = unsafe {
         xpu.compute_and_trigger(
             mem.as_ptr().cast(),
-            (o.bucket_bytes / 4) as u32,
-            o.buckets as u32,
+            (o.bucket_bytes() / 4) as u32,
+            o.buckets() as u32,
             seed,
             vars.to_vec(),
         )

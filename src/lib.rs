@@ -19,6 +19,8 @@ pub use xfabric_kernels as kernels;
 pub use xfabric_providers as providers;
 pub use xfabric_xpu_trigger as xpu_trigger;
 
+pub mod hex;
+
 /// The provider used when hints name none.
 pub const DEFAULT_PROVIDER: &str = "shm";
 

@@ -5,8 +5,10 @@
 
 mod common;
 
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::bounded;
@@ -18,9 +20,9 @@ fn example(name: &str) -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
-/// Runs example `name` with `args` (bounded); returns its standard output, or `None` (with the
-/// reason printed) when the examples are not built outside CI.
-fn run_example(name: &str, args: &[&str]) -> Option<String> {
+/// The example's path, or `None` (with the reason printed) when the examples are not built
+/// outside CI.
+fn built(name: &str) -> Option<PathBuf> {
     let Some(exe) = example(name) else {
         assert!(
             std::env::var_os("CI").is_none(),
@@ -29,6 +31,13 @@ fn run_example(name: &str, args: &[&str]) -> Option<String> {
         eprintln!("skipped: the {name} example is not built (cargo build --examples)");
         return None;
     };
+    Some(exe)
+}
+
+/// Runs example `name` with `args` (bounded); returns its standard output, or `None` when the
+/// examples are not built outside CI.
+fn run_example(name: &str, args: &[&str]) -> Option<String> {
+    let exe = built(name)?;
     let child = Command::new(exe)
         .args(args)
         .stdout(Stdio::piped())
@@ -70,5 +79,82 @@ fn xpu_pipeline_delivers_every_bucket_checked() {
             "{text}"
         );
         assert!(text.contains("XPU: CPU thread"), "{text}");
+    }
+}
+
+/// Runs example `name` with `args`, bounded, with all its output captured.
+fn run_raw(name: &str, args: &[OsString]) -> Option<Output> {
+    let exe = built(name)?;
+    let child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start example");
+    let pid = child.id();
+    Some(
+        bounded(pid, Duration::from_secs(60), name, || {
+            child.wait_with_output()
+        })
+        .expect("output"),
+    )
+}
+
+const EXAMPLES: [&str; 4] = [
+    "pingpong",
+    "deferred_allreduce",
+    "xpu_pipeline",
+    "xpu_bench",
+];
+
+#[test]
+fn every_example_answers_help() {
+    for name in EXAMPLES {
+        let Some(out) = run_raw(name, &["--help".into()]) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name} --help: {out:?}");
+        assert!(text.contains("Usage: "), "{name} --help printed {text}");
+    }
+}
+
+/// Bad input to every example: a non-UTF-8 argument, a word where a number goes, a negative
+/// number, an unknown flag. Each is one line on stderr and a non-zero status, never a panic.
+#[test]
+fn every_example_refuses_bad_arguments_in_one_line() {
+    let not_utf8 = OsStr::from_bytes(b"\xff\xfe").to_os_string();
+    let cases: [(&str, Vec<&str>); 4] = [
+        ("pingpong", vec!["-I"]),
+        ("deferred_allreduce", vec![]),
+        ("xpu_pipeline", vec!["--rounds"]),
+        ("xpu_bench", vec!["lat", "--samples"]),
+    ];
+    for (name, number_flag) in cases {
+        let with = |last: OsString| -> Vec<OsString> {
+            number_flag
+                .iter()
+                .map(OsString::from)
+                .chain([last])
+                .collect()
+        };
+        for args in [
+            vec![not_utf8.clone()],
+            with(not_utf8.clone()),
+            with("notanumber".into()),
+            with("-5".into()),
+            with("0".into()),
+            vec!["--no-such-flag".into()],
+        ] {
+            let Some(out) = run_raw(name, &args) else {
+                break;
+            };
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{name} {args:?} succeeded");
+            assert_eq!(err.lines().count(), 1, "{name} {args:?}: {err}");
+            assert!(!err.contains("panicked"), "{name} {args:?}: {err}");
+            assert!(err.starts_with(name), "{name} {args:?}: {err}");
+        }
     }
 }

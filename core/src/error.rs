@@ -153,9 +153,12 @@ impl Error {
     }
 }
 
-/// `fi_strerror`: text for a libfabric error number (positive or negative).
+/// `fi_strerror`: text for a libfabric error number (positive or negative). Any `i32` has an
+/// answer: `i32::MIN` has no positive counterpart in `i32`, so the magnitude is taken unsigned.
 pub fn strerror(errnum: i32) -> String {
-    let e = errnum.abs();
+    let Ok(e) = i32::try_from(errnum.unsigned_abs()) else {
+        return format!("Unknown error {}", errnum.unsigned_abs());
+    };
     let s = match e {
         FI_SUCCESS => "Success",
         FI_EOTHER => "Unspecified error",
@@ -186,6 +189,14 @@ mod tests {
         assert_eq!(Error::Again("cq read").errno(), libc::EAGAIN);
         assert_eq!(Error::Overrun.errno(), 268);
         assert_eq!(strerror(-265), "Truncation error");
+    }
+
+    #[test]
+    fn strerror_answers_every_i32() {
+        assert_eq!(strerror(0), "Success");
+        assert_eq!(strerror(i32::MIN), "Unknown error 2147483648");
+        assert!(!strerror(i32::MAX).is_empty());
+        assert!(!strerror(i32::MIN + 1).is_empty());
         assert!(Error::Inval("bad count".into())
             .to_string()
             .contains("bad count"));

@@ -22,6 +22,7 @@ pub mod log;
 pub mod mr;
 pub mod object;
 pub mod rxq;
+pub mod settings;
 pub mod trigger;
 pub mod wait;
 

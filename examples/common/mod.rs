@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod args;
+
 use xfabric::*;
 
 /// An enabled RDM endpoint with a tagged-format CQ for both directions and a table AV.
@@ -51,17 +53,17 @@ pub fn open(caps: u64, progress: Progress) -> Node {
 }
 
 pub fn die(why: &str) -> ! {
-    eprintln!("{}: {why}", std::env::args().next().unwrap_or_default());
+    let prog = std::env::args_os().next().unwrap_or_default();
+    eprintln!("{}: {why}", prog.to_string_lossy());
     std::process::exit(2)
 }
 
+/// An address in hex (the library's one helper).
 pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    xfabric::hex::encode(b)
 }
 
+/// A peer's hex address; text that is not one ends the program with the reason.
 pub fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-        .collect()
+    xfabric::hex::decode(s).unwrap_or_else(|e| die(&e))
 }

@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 
 use xfabric::*;
 
+#[path = "../common/mod.rs"]
+mod common;
 mod control;
 mod rma;
 use control::*;
@@ -55,13 +57,8 @@ static ONE: [u8; 8] = 1u64.to_ne_bytes();
 type Res<T> = Result<T, String>;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let opts = match parse(&args) {
-        Ok(Parsed::Run(o)) => o,
-        Ok(Parsed::Help) => {
-            print!("{}", usage());
-            return ExitCode::SUCCESS;
-        }
+    let opts = match common::args::parse::<Cli>().into_opts() {
+        Ok(o) => o,
         Err(e) => {
             eprintln!("pingpong: {e} (-h for help)");
             return ExitCode::from(2);
@@ -142,144 +139,133 @@ struct Opts {
     server: Option<String>,
 }
 
-enum Parsed {
-    Run(Opts),
-    Help,
+/// Ping pong client and server over xfabric (fi_pingpong's options and output). Without
+/// <srv_addr> it starts a server; with one, a client that connects to it.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "pingpong",
+    after_help = "XFABRIC_PINGPONG_PORT overrides the default control port (47592)."
+)]
+struct Cli {
+    /// Source control port number (server: 47592, client: auto)
+    #[arg(short = 'B', value_name = "src_port", value_parser = parse_port)]
+    src_port: Option<u16>,
+    /// Destination control port number (client: 47592)
+    #[arg(short = 'P', value_name = "dst_port", value_parser = parse_port)]
+    dst_port: Option<u16>,
+    /// Domain name
+    #[arg(short = 'd', value_name = "domain")]
+    domain: Option<String>,
+    /// Specific provider name
+    #[arg(short = 'p', value_name = "provider", default_value = DEFAULT_PROVIDER)]
+    provider: String,
+    /// Endpoint type: msg|rdm|dgram
+    #[arg(short = 'e', value_name = "ep_type", default_value = "rdm", value_parser = parse_ep_type)]
+    ep_type: EpType,
+    /// Number of iterations
+    #[arg(short = 'I', value_name = "number", default_value_t = 10, value_parser = parse_iterations)]
+    iterations: usize,
+    /// Specific transfer size or 'all' (default: 64 256 1k 4k 64k 1m)
+    #[arg(short = 'S', value_name = "size", value_parser = parse_sizes)]
+    sizes: Option<Sizes>,
+    /// Enables data_integrity checks
+    #[arg(short = 'c')]
+    check: bool,
+    /// Transmit mode type: msg|tagged
+    #[arg(short = 'm', value_name = "transmit mode", value_parser = parse_mode)]
+    mode: Option<Op>,
+    /// Operation: msg|tagged (ping-pong with sends), writedata (ping-pong with RMA writes
+    /// carrying remote CQ data), write|read (RMA bandwidth), fetchadd (8-byte fetching atomic
+    /// add rate; -S is ignored) [default: msg]
+    #[arg(short = 'o', value_name = "op", value_parser = Op::parse)]
+    op: Option<Op>,
+    /// Operations in flight for write|read|fetchadd
+    #[arg(short = 'W', value_name = "window", default_value_t = DEFAULT_WINDOW, value_parser = parse_window)]
+    window: usize,
+    /// Enable debugging output
+    #[arg(short = 'v')]
+    verbose: bool,
+    /// Use IPv6 address
+    #[arg(short = '6')]
+    ipv6: bool,
+    /// The server to connect to (client only)
+    srv_addr: Option<String>,
 }
 
-fn usage() -> String {
-    format!(
-        "Usage:
-  pingpong [OPTIONS]\t\tstart server
-  pingpong [OPTIONS] <srv_addr>\tconnect to server
+/// `-S`'s value: one size, or every size.
+#[derive(Clone, Debug)]
+struct Sizes(Vec<usize>);
 
-Ping pong client and server over xfabric (fi_pingpong's options and output)
-
-Options:
- -B <src_port>        source control port number (server: {DEFAULT_PORT}, client: auto)
- -P <dst_port>        destination control port number (client: {DEFAULT_PORT})
- -d <domain>          domain name
- -p <provider>        specific provider name (shm)
- -e <ep_type>         endpoint type: msg|rdm|dgram (rdm)
- -I <number>          number of iterations (10)
- -S <size>            specific transfer size or 'all' (64 256 1k 4k 64k 1m)
- -c                   enables data_integrity checks
- -m <transmit mode>   transmit mode type: msg|tagged (msg)
- -o <op>              operation: msg|tagged (ping-pong with sends), writedata (ping-pong
-                      with RMA writes carrying remote CQ data), write|read (RMA bandwidth),
-                      fetchadd (8-byte fetching atomic add rate; -S is ignored) (msg)
- -W <window>          operations in flight for write|read|fetchadd ({DEFAULT_WINDOW})
- -h                   display this help output
- -v                   enable debugging output
- -6                   use IPv6 address
-
-XFABRIC_PINGPONG_PORT overrides the default control port ({DEFAULT_PORT}).
-"
-    )
-}
-
-fn parse(args: &[String]) -> Res<Parsed> {
-    let mut o = Opts {
-        provider: DEFAULT_PROVIDER.to_string(),
-        domain: None,
-        ep_type: EpType::Rdm,
-        iterations: 10,
-        sizes: default_sizes(),
-        src_port: None,
-        dst_port: None,
-        check: false,
-        op: Op::Msg,
-        window: DEFAULT_WINDOW,
-        verbose: false,
-        ipv6: false,
-        server: None,
-    };
-    let mut i = 0;
-    while i < args.len() {
-        let a = args[i].as_str();
-        i += 1;
-        if !a.starts_with('-') || a == "-" {
-            if o.server.replace(a.to_string()).is_some() {
-                return Err(format!("more than one server address given ({a:?})"));
+impl Cli {
+    fn into_opts(self) -> Res<Opts> {
+        let op = match (self.op, self.mode) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(format!("-o {a:?} and -m {b:?} disagree"));
             }
-            continue;
-        }
-        // Options take their value attached ("-I100") or as the next argument ("-I 100").
-        let flag = a[1..].chars().next().expect("a has a character after '-'");
-        let attached = &a[1 + flag.len_utf8()..];
-        let mut value = |name: &str| -> Res<String> {
-            if !attached.is_empty() {
-                return Ok(attached.to_string());
-            }
-            let v = args
-                .get(i)
-                .ok_or_else(|| format!("option -{name} needs a value"))?;
-            i += 1;
-            Ok(v.clone())
+            (a, b) => a.or(b).unwrap_or(Op::Msg),
         };
-        match flag {
-            'h' => return Ok(Parsed::Help),
-            'c' | 'v' | '6' if !attached.is_empty() => {
-                return Err(format!("option -{flag} takes no value (got {a:?})"))
-            }
-            'c' => o.check = true,
-            'v' => o.verbose = true,
-            '6' => o.ipv6 = true,
-            'p' => o.provider = value("p")?,
-            'd' => o.domain = Some(value("d")?),
-            'e' => {
-                o.ep_type = match value("e")?.as_str() {
-                    "rdm" => EpType::Rdm,
-                    "msg" => EpType::Msg,
-                    "dgram" => EpType::Dgram,
-                    other => {
-                        return Err(format!("unknown endpoint type {other:?} (msg|rdm|dgram)"))
-                    }
-                }
-            }
-            'm' => {
-                o.op = match value("m")?.as_str() {
-                    "msg" => Op::Msg,
-                    "tagged" => Op::Tagged,
-                    other => return Err(format!("unknown transmit mode {other:?} (msg|tagged)")),
-                }
-            }
-            'o' => o.op = Op::parse(&value("o")?)?,
-            'W' => {
-                let v = value("W")?;
-                o.window = match v.parse::<usize>() {
-                    Ok(n) if (1..=1 << 16).contains(&n) => n,
-                    _ => return Err(format!("-W wants a window of 1 to 65536, not {v:?}")),
-                };
-            }
-            'I' => {
-                let v = value("I")?;
-                o.iterations = match v.parse::<usize>() {
-                    Ok(n) if n > 0 => n,
-                    _ => {
-                        return Err(format!(
-                            "-I wants a positive number of iterations, not {v:?}"
-                        ))
-                    }
-                };
-            }
-            'S' => {
-                let v = value("S")?;
-                o.sizes = if v == "all" {
-                    all_sizes()
-                } else {
-                    vec![parse_size(&v)?]
-                };
-            }
-            'B' => o.src_port = Some(parse_port(&value("B")?)?),
-            'P' => o.dst_port = Some(parse_port(&value("P")?)?),
-            _ => return Err(format!("unknown option {a:?}")),
-        }
+        let sizes = if op == Op::FetchAdd {
+            vec![8]
+        } else {
+            self.sizes.map_or_else(default_sizes, |s| s.0)
+        };
+        Ok(Opts {
+            provider: self.provider,
+            domain: self.domain,
+            ep_type: self.ep_type,
+            iterations: self.iterations,
+            sizes,
+            src_port: self.src_port,
+            dst_port: self.dst_port,
+            check: self.check,
+            op,
+            window: self.window,
+            verbose: self.verbose,
+            ipv6: self.ipv6,
+            server: self.srv_addr,
+        })
     }
-    if o.op == Op::FetchAdd {
-        o.sizes = vec![8];
+}
+
+fn parse_ep_type(s: &str) -> Res<EpType> {
+    match s {
+        "rdm" => Ok(EpType::Rdm),
+        "msg" => Ok(EpType::Msg),
+        "dgram" => Ok(EpType::Dgram),
+        other => Err(format!("unknown endpoint type {other:?} (msg|rdm|dgram)")),
     }
-    Ok(Parsed::Run(o))
+}
+
+fn parse_mode(s: &str) -> Res<Op> {
+    match s {
+        "msg" => Ok(Op::Msg),
+        "tagged" => Ok(Op::Tagged),
+        other => Err(format!("unknown transmit mode {other:?} (msg|tagged)")),
+    }
+}
+
+fn parse_window(v: &str) -> Res<usize> {
+    match v.parse::<usize>() {
+        Ok(n) if (1..=1 << 16).contains(&n) => Ok(n),
+        _ => Err(format!("-W wants a window of 1 to 65536, not {v:?}")),
+    }
+}
+
+fn parse_iterations(v: &str) -> Res<usize> {
+    match v.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "-I wants a positive number of iterations, not {v:?}"
+        )),
+    }
+}
+
+fn parse_sizes(v: &str) -> Res<Sizes> {
+    Ok(Sizes(if v == "all" {
+        all_sizes()
+    } else {
+        vec![parse_size(v)?]
+    }))
 }
 
 fn parse_port(s: &str) -> Res<u16> {
@@ -1018,10 +1004,10 @@ mod tests {
 
     #[test]
     fn operations_and_window_parse() {
-        let opts = |a: &str| match parse(&a.split(' ').map(String::from).collect::<Vec<_>>()) {
-            Ok(Parsed::Run(o)) => Ok(o),
-            Ok(Parsed::Help) => Err("help".to_string()),
-            Err(e) => Err(e),
+        let opts = |a: &str| {
+            <Cli as clap::Parser>::try_parse_from(std::iter::once("pingpong").chain(a.split(' ')))
+                .map_err(|e| e.to_string())?
+                .into_opts()
         };
         let o = opts("-o writedata -S 8 localhost").unwrap();
         assert_eq!(

@@ -2,76 +2,138 @@
 //! offer in the layouts of libfabric's `fi_info`, so the two tools' output can be compared line
 //! by line.
 
+use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::io::{self, Write as _};
 use std::process::ExitCode;
 
+use clap::error::ErrorKind;
+use clap::{Parser, Subcommand};
+use xfabric::settings::SETTINGS;
 use xfabric::{
     addr_format_str, caps_str, fi_version, mode_str, mr_mode_str, order_str, protocol_str, EpType,
     Info, FI_ADDR_STR, FI_MAJOR_VERSION, FI_MINOR_VERSION, FI_ORDER_NONE, FI_ORDER_STRICT,
+    FI_SOURCE,
 };
 
-const USAGE: &str = "\
-Usage: xfabric <command> [options]
+/// Command-line access to xfabric.
+#[derive(Parser, Debug)]
+#[command(
+    name = "xfabric",
+    disable_version_flag = true,
+    help_template = "{usage-heading} {usage}\n\n{about-with-newline}\n{all-args}{after-help}"
+)]
+struct Cli {
+    /// Print version info and exit
+    #[arg(long)]
+    version: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
 
-Commands:
-  info            list providers and their attributes, like fi_info
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List providers and their attributes, like fi_info
+    Info(InfoArgs),
+}
 
-Options:
-  -h, --help      display this help and exit
-  --version       print version info and exit
-
-Run 'xfabric info --help' for the options of info.
-";
-
-const INFO_USAGE: &str = "\
-Usage: xfabric info [-p PROV] [-v] [-c CAPS] [-t EP_TYPE] [-l] [--hmem]
-  -h, --help                  display this help and exit
-  -p, --provider=PROV         specify provider explicitly (PROV1;PROV2 for several)
-  -c, --caps=CAP1|CAP2..      one or more capabilities: FI_MSG|FI_TAGGED...
-  -t, --ep_type=EPTYPE        specify single endpoint type: FI_EP_MSG, FI_EP_RDM...
-  -l, --list                  list available providers
-  -v, --verbose               verbose output (ends with the heterogeneous-memory report)
-  --hmem                      heterogeneous-memory interfaces: available with their devices,
-                              or why not
-";
+/// fi_info's options, with its meanings.
+#[derive(clap::Args, Debug, Default)]
+#[command(
+    disable_version_flag = true,
+    help_template = "{usage-heading} {usage}\n\n{about-with-newline}\n{all-args}{after-help}",
+    after_help = "FI_PROVIDER (PROV1,PROV2 or ^PROV1,PROV2 to exclude) limits the providers \
+                  queried, as libfabric's does."
+)]
+struct InfoArgs {
+    /// Source name or address (queried with FI_SOURCE)
+    #[arg(short = 's', long = "src_addr", value_name = "ADDR")]
+    src_addr: Option<String>,
+    /// Dest node name or address
+    #[arg(short = 'n', long = "node", value_name = "NAME")]
+    node: Option<String>,
+    /// Port number
+    #[arg(short = 'P', long = "port", value_name = "PNUM")]
+    port: Option<String>,
+    /// One or more capabilities: FI_MSG|FI_RMA...
+    #[arg(short = 'c', long = "caps", value_name = "CAP1|CAP2..", value_parser = parse_caps)]
+    caps: Option<u64>,
+    /// One or more modes, default all modes
+    #[arg(short = 'm', long = "mode", value_name = "MOD1|MOD2..", value_parser = parse_mode)]
+    mode: Option<u64>,
+    /// Specify single endpoint type: FI_EP_MSG, FI_EP_DGRAM...
+    #[arg(short = 't', long = "ep_type", value_name = "EPTYPE", value_parser = parse_ep_type)]
+    ep_type: Option<EpType>,
+    /// Specify the domain name
+    #[arg(short = 'd', long = "domain", value_name = "DOMAIN")]
+    domain: Option<String>,
+    /// Specify the fabric name
+    #[arg(short = 'f', long = "fabric", value_name = "FABRIC")]
+    fabric: Option<String>,
+    /// Specify accepted address format: FI_FORMAT_UNSPEC, FI_SOCKADDR...
+    #[arg(short = 'a', long = "addr_format", value_name = "FMT", value_parser = parse_addr_format)]
+    addr_format: Option<u32>,
+    /// Specify provider explicitly (PROV1;PROV2 for several)
+    #[arg(short = 'p', long = "provider", value_name = "PROV")]
+    provider: Option<String>,
+    /// Print xfabric environment variables
+    #[arg(short = 'e', long = "env")]
+    env: bool,
+    /// Print xfabric environment variables with substr
+    #[arg(short = 'g', long = "getenv", value_name = "SUBSTR", num_args = 0..=1, default_missing_value = "")]
+    getenv: Option<String>,
+    /// Print fi_info structures containing substr
+    #[arg(short = 'i', long = "info", value_name = "SUBSTR")]
+    info: Option<String>,
+    /// List available providers
+    #[arg(short = 'l', long = "list")]
+    list: bool,
+    /// Verbose output (ends with the heterogeneous-memory report)
+    #[arg(short = 'v', long = "verbose")]
+    verbose: bool,
+    /// Heterogeneous-memory interfaces: available with their devices, or why not
+    #[arg(long)]
+    hmem: bool,
+    /// Print version info and exit
+    #[arg(long)]
+    version: bool,
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        None => Err(Failure::Usage(
-            "xfabric: a command is required".into(),
-            USAGE.to_string(),
-        )),
-        Some("-h" | "--help" | "help") => Ok(USAGE.to_string()),
-        Some("--version") => Ok(format!(
-            "xfabric: {}\nlibfabric api: {FI_MAJOR_VERSION}.{FI_MINOR_VERSION}\n",
-            env!("CARGO_PKG_VERSION")
-        )),
-        Some("info") => InfoArgs::parse(&args[1..]).and_then(|a| a.run()),
-        Some(other) => Err(Failure::Usage(
-            format!("xfabric: unknown command {other:?}"),
-            USAGE.to_string(),
-        )),
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            return emit(&e.to_string());
+        }
+        Err(e) => {
+            return fail(&format!(
+                "{} (--help for usage)",
+                first_line(&e.to_string())
+            ))
+        }
+    };
+    let result = match cli.command {
+        _ if cli.version => Ok(version_text()),
+        None => Err("a command is required (info; --help for usage)".to_string()),
+        Some(Command::Info(a)) => a.run().map_err(|e| format!("info: {e}")),
     };
     match result {
         Ok(text) => emit(&text),
-        Err(Failure::Usage(why, usage)) => {
-            eprint!("{why}\n\n{usage}");
-            ExitCode::FAILURE
-        }
-        Err(Failure::Msg(why)) => {
-            eprintln!("{why}");
-            ExitCode::FAILURE
-        }
+        Err(why) => fail(&why),
     }
 }
 
-/// Why a command failed: a usage mistake (printed with the usage text) or a plain message.
-#[derive(Debug)]
-enum Failure {
-    Usage(String, String),
-    Msg(String),
+/// clap's message without its "error: " prefix, usage block and hints.
+fn first_line(text: &str) -> String {
+    let line = text.lines().next().unwrap_or("bad arguments");
+    line.trim_start_matches("error: ").to_string()
+}
+
+/// One line on stderr, exit status 1: every failure, whatever its cause.
+fn fail(why: &str) -> ExitCode {
+    let one_line = why.replace('\n', "; ");
+    eprintln!("xfabric: {one_line}");
+    ExitCode::FAILURE
 }
 
 /// Writes the command's output; a closed pipe (`xfabric info -v | head`) is not an error.
@@ -86,111 +148,77 @@ fn emit(text: &str) -> ExitCode {
     }
 }
 
-/// The options of `xfabric info`, already turned into getinfo hints.
-#[derive(Debug, Default)]
-struct InfoArgs {
-    help: bool,
-    verbose: bool,
-    list: bool,
-    hmem: bool,
-    hints: Info,
+/// As `fi_info --version`: the tool, the library, the API it implements.
+fn version_text() -> String {
+    let v = env!("CARGO_PKG_VERSION");
+    format!("xfabric: {v}\nlibxfabric: {v}\nlibfabric api: {FI_MAJOR_VERSION}.{FI_MINOR_VERSION}\n")
 }
 
 impl InfoArgs {
-    /// getopt-style: `-p shm`, `-pshm`, `--provider shm`, `--provider=shm`, `-vl`.
-    fn parse(args: &[String]) -> Result<Self, Failure> {
-        let usage =
-            |why: String| Failure::Usage(format!("xfabric info: {why}"), INFO_USAGE.to_string());
-        let mut out = InfoArgs::default();
-        let mut it = args.iter();
-        while let Some(arg) = it.next() {
-            let (opt, mut inline): (char, Option<String>) =
-                if let Some(long) = arg.strip_prefix("--") {
-                    let (name, val) = match long.split_once('=') {
-                        Some((n, v)) => (n, Some(v.to_string())),
-                        None => (long, None),
-                    };
-                    let opt = match name {
-                        "help" => 'h',
-                        "provider" => 'p',
-                        "caps" => 'c',
-                        "ep_type" => 't',
-                        "list" => 'l',
-                        "verbose" => 'v',
-                        "hmem" => 'H',
-                        _ => return Err(usage(format!("unknown option --{name}"))),
-                    };
-                    (opt, val)
-                } else if let Some(short) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
-                    // Flags may be bundled (`-vl`); an option taking a value ends the bundle.
-                    let mut chars = short.chars();
-                    let mut opt = chars.next().unwrap_or('-');
-                    while matches!(opt, 'h' | 'l' | 'v') && !chars.as_str().is_empty() {
-                        out.set_flag(opt);
-                        opt = chars.next().unwrap_or('-');
-                    }
-                    let rest = chars.as_str();
-                    (opt, (!rest.is_empty()).then(|| rest.to_string()))
-                } else {
-                    return Err(usage(format!("unexpected argument {arg:?}")));
-                };
-            match opt {
-                'h' | 'l' | 'v' | 'H' => {
-                    if inline.is_some() {
-                        return Err(usage(format!("option {arg} takes no value")));
-                    }
-                    out.set_flag(opt);
-                }
-                'p' | 'c' | 't' => {
-                    let val = match inline.take() {
-                        Some(v) => v,
-                        None => it
-                            .next()
-                            .cloned()
-                            .ok_or_else(|| usage(format!("option {arg} needs a value")))?,
-                    };
-                    match opt {
-                        'p' => out.hints.fabric_attr.prov_name = Some(val),
-                        'c' => out.hints.caps = parse_caps(&val).map_err(Failure::Msg)?,
-                        _ => {
-                            out.hints.ep_attr.ep_type = parse_ep_type(&val).map_err(Failure::Msg)?
-                        }
-                    }
-                }
-                _ => return Err(usage(format!("unknown option {arg}"))),
-            }
+    fn hints(&self) -> Info {
+        let mut hints = Info::default();
+        hints.fabric_attr.prov_name = self.provider.clone();
+        hints.fabric_attr.name = self.fabric.clone();
+        hints.domain_attr.name = self.domain.clone();
+        hints.caps = self.caps.unwrap_or(0);
+        // fi_info accepts every mode unless told otherwise; 0 is "any" to getinfo.
+        hints.mode = self.mode.unwrap_or(0);
+        hints.addr_format = self.addr_format.unwrap_or(hints.addr_format);
+        if let Some(t) = self.ep_type {
+            hints.ep_attr.ep_type = t;
         }
-        Ok(out)
+        hints
     }
 
-    fn set_flag(&mut self, opt: char) {
-        match opt {
-            'h' => self.help = true,
-            'l' => self.list = true,
-            'H' => self.hmem = true,
-            _ => self.verbose = true,
-        }
-    }
-
-    fn run(&self) -> Result<String, Failure> {
-        if self.help {
-            return Ok(INFO_USAGE.to_string());
+    fn run(&self) -> Result<String, String> {
+        if self.version {
+            return Ok(version_text());
         }
         if self.list {
             return Ok(provider_list_text());
         }
+        if self.env || self.getenv.is_some() {
+            return Ok(env_text(self.getenv.as_deref().unwrap_or("")));
+        }
         if self.hmem {
             return Ok(hmem_report_text());
         }
+        let allowed = ProviderFilter::from_env(std::env::var_os("FI_PROVIDER"))?;
+        // As fi_info: a source address is the node, looked up with FI_SOURCE.
+        let (node, flags) = match (&self.src_addr, &self.node) {
+            (Some(src), _) => (Some(src.as_str()), FI_SOURCE),
+            (None, node) => (node.as_deref(), 0),
+        };
         let version = fi_version(FI_MAJOR_VERSION, FI_MINOR_VERSION);
-        let infos = xfabric::getinfo(version, None, None, 0, Some(&self.hints))
-            .map_err(|e| Failure::Msg(format!("fi_getinfo: -{} ({e})", e.errno())))?;
+        let hints = self.hints();
+        let infos = xfabric::getinfo(version, node, self.port.as_deref(), flags, Some(&hints))
+            .map_err(|e| format!("fi_getinfo: -{} ({e})", e.errno()))?;
+        let infos: Vec<&Info> = infos
+            .iter()
+            .filter(|i| allowed.admits(i.provider()))
+            .collect();
+        if infos.is_empty() {
+            return Err(format!(
+                "fi_getinfo: -{} (FI_PROVIDER={} leaves no provider)",
+                libc::ENODATA,
+                allowed.text
+            ));
+        }
+        let verbose = self.verbose || self.info.is_some();
         let mut out = String::new();
-        for info in &infos {
-            if self.verbose {
-                write_verbose(&mut out, info);
+        for info in infos {
+            let mut one = String::new();
+            if verbose {
+                write_verbose(&mut one, info);
             } else {
-                write_short(&mut out, info);
+                write_short(&mut one, info);
+            }
+            let wanted = self
+                .info
+                .as_deref()
+                .is_none_or(|sub| one.to_lowercase().contains(&sub.to_lowercase()));
+            if wanted {
+                out.push_str(&one);
             }
         }
         if self.verbose {
@@ -198,6 +226,64 @@ impl InfoArgs {
         }
         Ok(out)
     }
+}
+
+/// `FI_PROVIDER`: `a,b` admits only those providers, `^a,b` every provider but those.
+#[derive(Debug, Default)]
+struct ProviderFilter {
+    text: String,
+    names: Vec<String>,
+    exclude: bool,
+}
+
+impl ProviderFilter {
+    fn from_env(value: Option<OsString>) -> Result<Self, String> {
+        let Some(value) = value else {
+            return Ok(Self::default());
+        };
+        let text = value
+            .into_string()
+            .map_err(|v| format!("FI_PROVIDER={v:?} is not UTF-8"))?;
+        let (exclude, list) = match text.strip_prefix('^') {
+            Some(rest) => (true, rest),
+            None => (false, text.as_str()),
+        };
+        let names = list
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_string)
+            .collect();
+        Ok(Self {
+            names,
+            exclude,
+            text,
+        })
+    }
+
+    fn admits(&self, provider: &str) -> bool {
+        if self.names.is_empty() {
+            return true;
+        }
+        self.names.iter().any(|n| n == provider) != self.exclude
+    }
+}
+
+/// `fi_info -e` / `-g SUBSTR`: the library's settings table, in fi_info's layout.
+fn env_text(filter: &str) -> String {
+    let filter = filter.to_uppercase();
+    let mut out = String::new();
+    for s in SETTINGS
+        .iter()
+        .filter(|s| s.name.to_uppercase().contains(&filter))
+    {
+        let _ = write!(
+            out,
+            "# {}: {}\n# {} (default: {})\n\n",
+            s.name, s.kind, s.meaning, s.default
+        );
+    }
+    out
 }
 
 /// Each heterogeneous-memory interface: available with its devices, or why not.
@@ -211,10 +297,23 @@ fn hmem_report_text() -> String {
 
 /// `FI_MSG|FI_TAGGED` → the capability bits, naming the first word that is not a capability.
 fn parse_caps(list: &str) -> Result<u64, String> {
-    list.split('|').map(str::trim).try_fold(0, |caps, name| {
-        xfabric::cap_from_str(name)
-            .map(|bit| caps | bit)
-            .ok_or_else(|| format!("xfabric info: unrecognized capability {name:?} in -c {list:?}"))
+    parse_bits(list, "capability", xfabric::cap_from_str)
+}
+
+/// `FI_CONTEXT|FI_MSG_PREFIX` → the mode bits.
+fn parse_mode(list: &str) -> Result<u64, String> {
+    parse_bits(list, "mode", |name| {
+        (0..64)
+            .map(|b| 1u64 << b)
+            .find(|&bit| mode_str(bit) == name)
+    })
+}
+
+fn parse_bits(list: &str, what: &str, bit: impl Fn(&str) -> Option<u64>) -> Result<u64, String> {
+    list.split('|').map(str::trim).try_fold(0, |acc, name| {
+        bit(name)
+            .map(|b| acc | b)
+            .ok_or_else(|| format!("unrecognized {what} {name:?} in {list:?}"))
     })
 }
 
@@ -223,9 +322,15 @@ fn parse_ep_type(name: &str) -> Result<EpType, String> {
         .filter_map(EpType::from_raw)
         .find(|t| t.c_name() == name)
         .ok_or_else(|| {
-            format!(
-                "xfabric info: unrecognized endpoint type {name:?} (FI_EP_MSG, FI_EP_DGRAM, FI_EP_RDM, ...)"
-            )
+            format!("unrecognized endpoint type {name:?} (FI_EP_MSG, FI_EP_DGRAM, FI_EP_RDM, ...)")
+        })
+}
+
+fn parse_addr_format(name: &str) -> Result<u32, String> {
+    (0..=16)
+        .find(|&f| addr_format_str(f) == name)
+        .ok_or_else(|| {
+            format!("unrecognized address format {name:?} (FI_FORMAT_UNSPEC, FI_ADDR_STR, ...)")
         })
 }
 
@@ -281,10 +386,7 @@ fn addr_str(format: u32, addr: &Option<Vec<u8>>) -> String {
         Some(a) if format == FI_ADDR_STR => String::from_utf8_lossy(a)
             .trim_end_matches('\0')
             .to_string(),
-        Some(a) => a.iter().fold("0x".to_string(), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        }),
+        Some(a) => format!("0x{}", xfabric::hex::encode(a)),
     }
 }
 
@@ -418,39 +520,54 @@ fn write_verbose(out: &mut String, i: &Info) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xfabric::{FI_MSG, FI_ORDER_DATA, FI_ORDER_SAS, FI_TAGGED};
+    use xfabric::{FI_CONTEXT, FI_MSG, FI_ORDER_DATA, FI_ORDER_SAS, FI_TAGGED};
 
-    fn args(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| s.to_string()).collect()
+    fn parse(v: &[&str]) -> Result<InfoArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["xfabric", "info"].iter().chain(v))?;
+        match cli.command {
+            Some(Command::Info(a)) => Ok(a),
+            None => unreachable!("info was given"),
+        }
     }
 
     #[test]
     fn options_parse_getopt_style() {
-        let a = InfoArgs::parse(&args(&[
+        let a = parse(&[
             "-vpshm",
             "--caps=FI_MSG | FI_TAGGED",
             "-t",
             "FI_EP_RDM",
-        ]))
+            "-m",
+            "FI_CONTEXT",
+        ])
         .unwrap();
         assert!(a.verbose && !a.list);
-        assert_eq!(a.hints.fabric_attr.prov_name.as_deref(), Some("shm"));
-        assert_eq!(a.hints.caps, FI_MSG | FI_TAGGED);
-        assert_eq!(a.hints.ep_attr.ep_type, EpType::Rdm);
-        assert!(matches!(
-            InfoArgs::parse(&args(&["-p"])),
-            Err(Failure::Usage(..))
-        ));
-        assert!(matches!(
-            InfoArgs::parse(&args(&["-x"])),
-            Err(Failure::Usage(..))
-        ));
-        assert!(matches!(
-            InfoArgs::parse(&args(&["-v=1"])),
-            Err(Failure::Usage(..))
-        ));
-        assert!(parse_caps("FI_MSG|").is_err());
-        assert!(parse_ep_type("FI_EP_BOGUS").is_err());
+        let h = a.hints();
+        assert_eq!(h.fabric_attr.prov_name.as_deref(), Some("shm"));
+        assert_eq!(h.caps, FI_MSG | FI_TAGGED);
+        assert_eq!(h.mode, FI_CONTEXT);
+        assert_eq!(h.ep_attr.ep_type, EpType::Rdm);
+        assert_eq!(
+            parse(&["-a", "FI_ADDR_STR"]).unwrap().hints().addr_format,
+            FI_ADDR_STR
+        );
+        for bad in [
+            &["-p"][..],
+            &["-x"],
+            &["-v=1"],
+            &["-c", "FI_MSG|"],
+            &["-t", "FI_EP_BOGUS"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn fi_provider_admits_and_excludes() {
+        let f = |v: &str| ProviderFilter::from_env(Some(v.into())).unwrap();
+        assert!(f("shm").admits("shm") && !f("tcp,verbs").admits("shm"));
+        assert!(!f("^shm").admits("shm") && f("^tcp").admits("shm"));
+        assert!(ProviderFilter::from_env(None).unwrap().admits("shm"));
     }
 
     #[test]

@@ -213,17 +213,14 @@ pub fn listen() -> String {
     line.trim_end().to_string()
 }
 
-/// Hex encoding for addresses on the control channel.
+/// Hex encoding for addresses on the control channel (the library's one helper).
 pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    xfabric::hex::encode(b)
 }
 
-/// Decodes `hex`.
+/// Decodes `hex`; a test's peer sending anything else is a failed test.
 pub fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-        .collect()
+    xfabric::hex::decode(s).expect("hex address from the peer")
 }
 
 /// A deterministic byte pattern for `len` bytes, distinct per `seed`.

@@ -146,8 +146,16 @@ impl Provider for Shm {
                 tclass: 0,
             },
             rx_attr: RxAttr {
+                // The target side of RMA and atomics is receive-side too (fi_getinfo(3)):
+                // without them a -v listing says the endpoint accepts none.
                 caps: FI_MSG
                     | FI_TAGGED
+                    | FI_RMA
+                    | FI_ATOMIC
+                    | FI_REMOTE_READ
+                    | FI_REMOTE_WRITE
+                    | FI_RMA_EVENT
+                    | FI_RMA_PMEM
                     | FI_RECV
                     | FI_MULTI_RECV
                     | FI_SOURCE
