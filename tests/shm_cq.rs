@@ -181,7 +181,7 @@ fn auto_progress_receiver_blocks_in_sread() {
     let mut buf = [CqTaggedEntry::default(); 2];
     assert_eq!(
         n.cq.sread(&mut buf, 1, 20),
-        Err(Error::TimedOut("cq sread")),
+        Err(Error::Again("cq sread")),
         "nothing was sent yet"
     );
     peer.tell("go");
