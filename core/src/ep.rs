@@ -142,6 +142,8 @@ pub struct EpCore {
     pub mr: Arc<MrMap>,
     /// Data progress is the domain's thread's (`FI_PROGRESS_AUTO`).
     pub auto_progress: bool,
+    /// The domain's number (`Domain::id`); 0 for an endpoint built outside a domain.
+    pub domain: u64,
     pending: Mutex<Bindings>,
     bound: OnceLock<Bindings>,
     /// Deferred work this endpoint has started: its completions go to the work's completion
@@ -159,6 +161,7 @@ impl EpCore {
         EpCore {
             mr,
             auto_progress: info.domain_attr.data_progress == crate::consts::Progress::Auto,
+            domain: 0,
             caps: info.caps,
             tx_op_flags: info.tx_attr.op_flags,
             rx_op_flags: info.rx_attr.op_flags,
@@ -807,6 +810,7 @@ impl Endpoint {
                 "bind cq: flags {flags:#x}; need FI_TRANSMIT and/or FI_RECV, optionally FI_SELECTIVE_COMPLETION"
             )));
         }
+        cq.inner().domain.check("bind cq", "CQ", self.core.domain)?;
         let mut b = self.pending("bind cq")?;
         let sel = flags & FI_SELECTIVE_COMPLETION != 0;
         if flags & FI_TRANSMIT != 0 {
@@ -847,6 +851,9 @@ impl Endpoint {
                 "bind cntr: flags {flags:#x}; use FI_SEND, FI_RECV, FI_READ, FI_WRITE, FI_REMOTE_READ, FI_REMOTE_WRITE"
             )));
         }
+        cntr.inner()
+            .domain
+            .check("bind cntr", "counter", self.core.domain)?;
         let mut b = self.pending("bind cntr")?;
         for (bit, class) in classes {
             if flags & bit != 0 {
@@ -858,6 +865,7 @@ impl Endpoint {
 
     /// `fi_ep_bind` to an address vector.
     pub fn bind_av(&self, av: &AddressVector) -> Result<()> {
+        av.inner().domain.check("bind av", "AV", self.core.domain)?;
         let mut b = self.pending("bind av")?;
         if b.av.is_some() {
             return Err(Error::Inval("bind av: an AV is already bound".into()));
