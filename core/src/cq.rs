@@ -50,6 +50,9 @@ struct Queue {
     /// Set when an entry had to be dropped; reported once the valid entries are read.
     overrun: bool,
     signaled: bool,
+    /// Entries promised to started operations (`FI_RM_ENABLED`, see `ep_credit`): room that
+    /// `reserve` may no longer hand out.
+    reserved: usize,
 }
 
 /// The shared state of a completion queue; providers hold an `Arc` of it.
@@ -122,6 +125,7 @@ impl CompletionQueue {
                 last_err_data: None,
                 overrun: false,
                 signaled: false,
+                reserved: 0,
             }),
             cond: Condvar::new(),
             sleepers: AtomicUsize::new(0),
@@ -397,7 +401,7 @@ impl CqInner {
             let mut q = self.lock();
             let ok = if q.overrun {
                 false
-            } else if q.ring.len() + q.errs.len() >= self.cap {
+            } else if q.ring.len() + q.errs.len() + q.reserved >= self.cap {
                 q.overrun = true;
                 false
             } else {
@@ -410,6 +414,39 @@ impl CqInner {
         };
         self.notify();
         ok
+    }
+
+    /// Reserves room for one entry (`FI_RM_ENABLED`); false when entries and reservations
+    /// already fill the queue.
+    pub fn reserve(&self) -> bool {
+        let mut q = self.lock();
+        if q.overrun || q.ring.len() + q.errs.len() + q.reserved >= self.cap {
+            return false;
+        }
+        q.reserved += 1;
+        true
+    }
+
+    /// Gives back a reservation no entry will use.
+    pub fn unreserve(&self) {
+        let mut q = self.lock();
+        q.reserved = q.reserved.saturating_sub(1);
+    }
+
+    /// Appends a success entry under resource management: never dropped, never an overrun.
+    /// `reserved`: the entry takes the place of a reservation; otherwise it is kept even
+    /// when that goes beyond the queue's size.
+    pub fn push_managed(&self, entry: CqTaggedEntry, src: FiAddr, reserved: bool) {
+        {
+            let mut q = self.lock();
+            if reserved {
+                q.reserved = q.reserved.saturating_sub(1);
+            }
+            q.ring.push_back(Stored { entry, src });
+            self.ready_hint
+                .store(q.ring.len() + q.overrun as usize, Ordering::Release);
+        }
+        self.notify();
     }
 
     /// Appends an error entry (errors are never dropped for space; they count towards it).
