@@ -659,9 +659,6 @@ impl EpCore {
         data: Option<u64>,
         src: FiAddr,
     ) {
-        if self.bound().is_none() {
-            return;
-        }
         let flags = FI_RECV | FI_TAGGED | if data.is_some() { FI_REMOTE_CQ_DATA } else { 0 };
         self.write_entry(
             Dir::Rx,
