@@ -249,3 +249,49 @@ fn multi_segment_iov_both_sides() {
     assert_eq!(child.hear(), "ok");
     child.join();
 }
+
+/// fi_domain(3): CQs, counters and AVs serve their own domain. One from another domain is
+/// refused, by an error naming both, when bound to an endpoint or used by deferred work.
+#[test]
+fn objects_of_another_domain_are_refused() {
+    let a = node(FI_MSG | FI_TAGGED, Progress::Manual);
+    let b = a.fabric.domain(&a.info).expect("second domain");
+    assert_ne!(a.domain.id(), b.id());
+    let ep = a.domain.endpoint(&a.info).expect("endpoint");
+    let names_both = |r: Result<()>, what: &str| match r {
+        Err(Error::Inval(m)) => assert!(
+            m.contains(&format!("domain {}", b.id()))
+                && m.contains(&format!("domain {}", a.domain.id())),
+            "{what}: {m}"
+        ),
+        other => panic!("{what}: expected Inval naming both domains, got {other:?}"),
+    };
+    let cq = b.cq_open(&CqAttr::default()).expect("cq");
+    names_both(ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV), "bind cq");
+    let cntr = b.cntr_open(&CntrAttr::default()).expect("cntr");
+    names_both(ep.bind_cntr(&cntr, FI_SEND), "bind cntr");
+    let av = b.av_open(&AvAttr::default()).expect("av");
+    names_both(ep.bind_av(&av), "bind av");
+    let own = a.domain.cntr_open(&CntrAttr::default()).expect("own cntr");
+    let work = |trig, target| DeferredWork {
+        threshold: 1,
+        triggering_cntr: trig,
+        completion_cntr: None,
+        op: WorkOp::CntrAdd(OpCntr {
+            cntr: target,
+            value: 1,
+        }),
+    };
+    // SAFETY: counter operations name no buffers.
+    let r = unsafe { a.domain.queue_work(&work(&cntr, &own)) };
+    names_both(r.map(drop), "queue_work triggering counter");
+    // SAFETY: as above.
+    let r = unsafe { a.domain.queue_work(&work(&own, &cntr)) };
+    names_both(r.map(drop), "queue_work target counter");
+    // The same objects of the endpoint's own domain are accepted.
+    let cq = a.domain.cq_open(&CqAttr::default()).expect("own cq");
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV)
+        .expect("own cq binds");
+    ep.bind_cntr(&own, FI_SEND).expect("own counter binds");
+    drop(ep);
+}

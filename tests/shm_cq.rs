@@ -31,7 +31,16 @@ fn cq_overrun_keeps_valid_entries_then_reports_overrun() {
         "send",
         &[],
     );
-    let n = node_custom(CAPS, Progress::Manual, |_| {}, 4, |_, _| {});
+    // Overrun is what FI_RM_DISABLED allows; with resource management the posts below
+    // would be refused instead (see posts_wait_for_room_in_a_managed_cq).
+    let n = node_custom(
+        CAPS,
+        Progress::Manual,
+        |h| h.domain_attr.resource_mgmt = ResourceMgmt::Disabled,
+        4,
+        |_, _| {},
+    );
+    assert_eq!(n.info.domain_attr.resource_mgmt, ResourceMgmt::Disabled);
     let src = connect(&mut peer, &n);
     let mut bufs: Vec<Vec<u8>> = (0..N).map(|_| vec![0u8; 64]).collect();
     for (i, b) in bufs.iter_mut().enumerate() {
@@ -64,6 +73,104 @@ fn cq_overrun_keeps_valid_entries_then_reports_overrun() {
         Err(Error::Overrun),
         "overrun is sticky"
     );
+    peer.tell("bye");
+    peer.join();
+}
+
+/// Reads every entry there is into `got`; anything but entries or `Again` (an overrun, an
+/// error entry) fails the test.
+fn drain(n: &Node, got: &mut Vec<CqTaggedEntry>) {
+    let mut buf = [CqTaggedEntry::default(); 4];
+    match n.cq.read(&mut buf) {
+        Ok(k) => got.extend_from_slice(&buf[..k]),
+        Err(Error::Again(_)) => {}
+        Err(e) => panic!("cq read after {} entries: {e}", got.len()),
+    }
+}
+
+/// Posts `post(i)` for i in 0..n on a CQ of 4 entries, retrying on `Again` while reading the
+/// CQ, then reads until all n completed. Returns the entries.
+fn post_all(
+    n: &Node,
+    count: usize,
+    mut post: impl FnMut(usize) -> Result<()>,
+) -> Vec<CqTaggedEntry> {
+    let deadline = Instant::now() + BOUND;
+    let mut got = Vec::new();
+    let mut refused = 0usize;
+    for i in 0..count {
+        loop {
+            match post(i) {
+                Ok(()) => break,
+                Err(Error::Again(_)) => refused += 1,
+                Err(e) => panic!("post {i}: {e}"),
+            }
+            drain(n, &mut got);
+            assert!(Instant::now() < deadline, "post {i} still refused");
+        }
+    }
+    while got.len() < count {
+        drain(n, &mut got);
+        assert!(
+            Instant::now() < deadline,
+            "{} of {count} completed",
+            got.len()
+        );
+    }
+    assert!(
+        refused > 0,
+        "a 4-entry CQ took {count} posts without ever saying Again"
+    );
+    got
+}
+
+/// fi_domain(3), FI_RM_ENABLED (what shm advertises by default): a full CQ makes posting
+/// return Again, and the CQ is never overrun. 100 sends and 100 receives through CQs of 4
+/// entries all complete, each once.
+#[test]
+fn posts_wait_for_room_in_a_managed_cq() {
+    const N: usize = 100;
+    let managed = |h: &mut Info| h.domain_attr.resource_mgmt = ResourceMgmt::Unspec;
+    if role().is_some() {
+        let n = node_custom(CAPS, Progress::Manual, managed, 4, |_, _| {});
+        let parent = connect_parent(&n);
+        assert_eq!(listen(), "go");
+        let bufs: Vec<Vec<u8>> = (0..N).map(|i| pattern(64, i as u64)).collect();
+        // SAFETY: bufs outlive the completions post_all waits for.
+        let got = post_all(&n, N, |i| unsafe {
+            n.ep.tsend(&bufs[i], None, parent, i as u64, i)
+        });
+        let mut ctxs: Vec<usize> = got.iter().map(|c| c.op_context).collect();
+        ctxs.sort_unstable();
+        assert_eq!(ctxs, (0..N).collect::<Vec<_>>());
+        say("sent");
+        assert_eq!(listen(), "bye");
+        return;
+    }
+    let mut peer = spawn("posts_wait_for_room_in_a_managed_cq", "send", &[]);
+    let n = node_custom(CAPS, Progress::Manual, managed, 4, |_, _| {});
+    assert_eq!(n.info.domain_attr.resource_mgmt, ResourceMgmt::Enabled);
+    let src = connect(&mut peer, &n);
+    let mut bufs: Vec<Vec<u8>> = (0..N).map(|_| vec![0u8; 64]).collect();
+    let ptrs: Vec<*mut Vec<u8>> = bufs.iter_mut().map(|b| b as *mut _).collect();
+    peer.tell("go");
+    // SAFETY: each buffer is posted once and outlives its completion, which post_all waits
+    // for; nothing else touches bufs until then.
+    let got = post_all(&n, N, |i| {
+        let p = ptrs[i];
+        unsafe { n.ep.trecv(&mut *p, None, src, i as u64, 0, i) }
+    });
+    let mut ctxs: Vec<usize> = got.iter().map(|c| c.op_context).collect();
+    ctxs.sort_unstable();
+    assert_eq!(
+        ctxs,
+        (0..N).collect::<Vec<_>>(),
+        "each receive completed once"
+    );
+    for (i, b) in bufs.iter().enumerate() {
+        assert!(*b == pattern(64, i as u64), "receive {i}");
+    }
+    assert_eq!(peer.hear(), "sent");
     peer.tell("bye");
     peer.join();
 }
@@ -181,7 +288,7 @@ fn auto_progress_receiver_blocks_in_sread() {
     let mut buf = [CqTaggedEntry::default(); 2];
     assert_eq!(
         n.cq.sread(&mut buf, 1, 20),
-        Err(Error::TimedOut("cq sread")),
+        Err(Error::Again("cq sread")),
         "nothing was sent yet"
     );
     peer.tell("go");
@@ -234,5 +341,71 @@ fn auto_progress_streams_while_application_waits_elsewhere() {
     assert_eq!(n.cq.sread(&mut buf, 1, 5000), Ok(1));
     assert_eq!((buf[0].op_context, buf[0].flags), (55, FI_SEND | FI_TAGGED));
     peer.tell("bye");
+    peer.join();
+}
+
+/// Under FI_RM_ENABLED, entries no posted operation reserved (remote CQ data written by a
+/// peer's writedata) are kept even past the CQ's size: shm cannot ask the writer to retry a
+/// write already placed, and losing the entry is what RM forbids. Posts that would write an
+/// entry are refused until the CQ has room again.
+#[test]
+fn unsolicited_entries_are_kept_beyond_a_managed_cq() {
+    const N: u64 = 10;
+    const RMA_CAPS: u64 = FI_MSG | FI_RMA;
+    if role().is_some() {
+        let n = node_custom(RMA_CAPS, Progress::Manual, |_| {}, 4, |_, _| {});
+        let _parent = connect_parent(&n);
+        let window = vec![0u8; 64];
+        // SAFETY: window outlives the registration (dropped after it, below).
+        let mr = unsafe { n.domain.mr_reg(&window, FI_REMOTE_WRITE, 0, 31) }.unwrap();
+        let virt = n.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0;
+        let base = if virt { window.as_ptr() as u64 } else { 0 };
+        say(&format!("{} {base}", mr.key()));
+        let deadline = Instant::now() + BOUND;
+        while n.cq.len() < N as usize {
+            n.ep.progress();
+            assert!(Instant::now() < deadline, "{} of {N} entries", n.cq.len());
+        }
+        let mut spare = [0u8; 8];
+        // SAFETY: not posted (refused), or canceled when the endpoint closes.
+        let r = unsafe { n.ep.recv(&mut spare, None, FI_ADDR_UNSPEC, 99) };
+        assert_eq!(
+            r,
+            Err(Error::Again(
+                "post: the completion queue is full (FI_RM_ENABLED)"
+            ))
+        );
+        let mut got = Vec::new();
+        let mut buf = [CqTaggedEntry::default(); 3];
+        while got.len() < N as usize {
+            let k = n.cq.read(&mut buf).expect("entries, no overrun");
+            got.extend(buf[..k].iter().map(|e| e.data));
+        }
+        got.sort_unstable();
+        assert_eq!(got, (0..N).collect::<Vec<_>>());
+        assert_eq!(n.cq.read(&mut buf), Err(Error::Again("cq read")));
+        // SAFETY: as above.
+        unsafe { n.ep.recv(&mut spare, None, FI_ADDR_UNSPEC, 99) }.expect("room again");
+        say("ok");
+        drop(mr);
+        drop(window);
+        return;
+    }
+    let mut peer = spawn(
+        "unsolicited_entries_are_kept_beyond_a_managed_cq",
+        "target",
+        &[],
+    );
+    let n = node(RMA_CAPS, Progress::Manual);
+    let dst = connect(&mut peer, &n);
+    let f: Vec<u64> = peer.hear().split(' ').map(|x| x.parse().unwrap()).collect();
+    let (key, base) = (f[0], f[1]);
+    let src = [7u8; 8];
+    for i in 0..N {
+        // SAFETY: src outlives the completion awaited right after.
+        n.retry(|| unsafe { n.ep.writedata(&src, None, i, dst, base, key, i as usize) });
+        n.wait_one();
+    }
+    assert_eq!(peer.hear(), "ok");
     peer.join();
 }

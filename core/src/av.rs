@@ -60,6 +60,8 @@ pub struct AvInner {
     generation: AtomicU64,
     bound: AtomicUsize,
     eq: RwLock<Option<Arc<EqInner>>>,
+    /// The domain it was opened in.
+    pub domain: crate::object::DomainTag,
 }
 
 /// `fid_av`.
@@ -105,6 +107,7 @@ impl AddressVector {
                 generation: AtomicU64::new(0),
                 bound: AtomicUsize::new(0),
                 eq: RwLock::new(None),
+                domain: Default::default(),
             }),
         })
     }

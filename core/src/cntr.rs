@@ -43,6 +43,14 @@ pub struct CntrInner {
     wait_set: Option<WaitSet>,
     observers: Mutex<Vec<Weak<dyn CntrObserver>>>,
     has_observers: std::sync::atomic::AtomicBool,
+    /// Changes so far (success or error value, by completion or by the application) and the
+    /// number a wait set last reported: a counter wakes a wait set when an event is added,
+    /// not for as long as its value is non-zero, else a waiter on a counter that ever counted
+    /// would spin (fi_poll(3): a counter has events when it "changed since the last time").
+    events: AtomicU64,
+    events_seen: AtomicU64,
+    /// The domain it was opened in.
+    pub domain: crate::object::DomainTag,
     /// Operations waiting for this counter's thresholds (triggered operations and deferred
     /// work); created by the first one queued.
     triggers: OnceLock<Arc<TriggerQueue>>,
@@ -86,6 +94,9 @@ impl Counter {
             wait_set: attr.wait_set.clone(),
             observers: Mutex::new(Vec::new()),
             has_observers: Default::default(),
+            events: AtomicU64::new(0),
+            events_seen: AtomicU64::new(0),
+            domain: Default::default(),
             triggers: OnceLock::new(),
         });
         if let Some(ws) = &inner.wait_set {
@@ -260,6 +271,7 @@ impl CntrInner {
     }
 
     fn changed(self: &CntrInner) {
+        self.events.fetch_add(1, Ordering::AcqRel);
         if self.sleepers.load(Ordering::Acquire) > 0 {
             let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
             self.cond.notify_all();
@@ -316,7 +328,11 @@ impl CntrInner {
 
 impl Waitable for CntrInner {
     fn ready(&self) -> bool {
-        self.value.load(Ordering::Acquire) > 0 || self.err.load(Ordering::Acquire) > 0
+        self.events.load(Ordering::Acquire) != self.events_seen.load(Ordering::Acquire)
+    }
+    fn consume(&self) {
+        self.events_seen
+            .store(self.events.load(Ordering::Acquire), Ordering::Release);
     }
     fn drive(&self) {
         self.progress.run();
@@ -361,5 +377,32 @@ mod tests {
         c.set(100).unwrap();
         let r = t.join().unwrap();
         assert!(r == Err(Error::Avail) || r == Ok(()), "{r:?}");
+    }
+
+    #[test]
+    fn wait_set_wakes_on_new_events_not_on_a_non_zero_value() {
+        let ws = WaitSet::open(&Default::default()).unwrap();
+        let c = Counter::open(&CntrAttr {
+            wait_obj: WaitObj::Set,
+            wait_set: Some(ws.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        c.add(5).unwrap();
+        assert_eq!(
+            ws.wait(0),
+            Ok(()),
+            "the additions are events nobody saw yet"
+        );
+        // Reported once: the value stays 5, but nothing new happened.
+        assert_eq!(ws.wait(20), Err(Error::TimedOut("fi_wait")));
+        assert_eq!(c.read(), 5);
+        let ws2 = ws.clone();
+        let t = std::thread::spawn(move || ws2.wait(10_000));
+        c.inner().inc();
+        assert_eq!(t.join().unwrap(), Ok(()));
+        assert_eq!(ws.wait(0), Err(Error::TimedOut("fi_wait")));
+        c.inner().inc_err();
+        assert_eq!(ws.wait(0), Ok(()));
     }
 }

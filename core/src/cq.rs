@@ -50,6 +50,9 @@ struct Queue {
     /// Set when an entry had to be dropped; reported once the valid entries are read.
     overrun: bool,
     signaled: bool,
+    /// Entries promised to started operations (`FI_RM_ENABLED`, see `ep_credit`): room that
+    /// `reserve` may no longer hand out.
+    reserved: usize,
 }
 
 /// The shared state of a completion queue; providers hold an `Arc` of it.
@@ -68,6 +71,8 @@ pub struct CqInner {
     bound: AtomicUsize,
     fd: Option<EventFd>,
     wait_set: Option<WaitSet>,
+    /// The domain it was opened in.
+    pub domain: crate::object::DomainTag,
 }
 
 /// `fid_cq`: a handle to a completion queue. Cloning shares the queue.
@@ -120,6 +125,7 @@ impl CompletionQueue {
                 last_err_data: None,
                 overrun: false,
                 signaled: false,
+                reserved: 0,
             }),
             cond: Condvar::new(),
             sleepers: AtomicUsize::new(0),
@@ -129,6 +135,7 @@ impl CompletionQueue {
             bound: AtomicUsize::new(0),
             fd,
             wait_set: attr.wait_set.clone(),
+            domain: Default::default(),
         });
         if let Some(ws) = &inner.wait_set {
             let w: Weak<dyn Waitable> = Arc::downgrade(&(inner.clone() as Arc<dyn Waitable>));
@@ -148,7 +155,8 @@ impl CompletionQueue {
     }
 
     /// `fi_cq_read`: up to `buf.len()` entries. `Again` when empty, `Avail` when an error entry
-    /// waits, `Overrun` once the valid entries of an overrun queue are gone.
+    /// waits, `Overrun` once the valid entries of an overrun queue are gone. An empty `buf`
+    /// (count 0) only drives progress, as fi_cq(3) allows: `Ok(0)` when entries are waiting.
     pub fn read<E: CqFormatEntry>(&self, buf: &mut [E]) -> Result<usize> {
         self.read_impl(buf, None)
     }
@@ -172,9 +180,6 @@ impl CompletionQueue {
         src: Option<&mut [FiAddr]>,
     ) -> Result<usize> {
         self.check_format::<E>()?;
-        if buf.is_empty() {
-            return Err(Error::Inval("cq read: count is 0".into()));
-        }
         self.inner.progress.run();
         self.inner.take(buf, src)
     }
@@ -216,6 +221,9 @@ impl CompletionQueue {
 
     /// `fi_cq_sread`: blocks until an entry (or `threshold` entries with `FI_CQ_COND_THRESHOLD`)
     /// is there, an error is, the timeout (ms, -1 forever) passes, or `signal` is called.
+    /// A timeout with nothing to read is `Again`, not `TimedOut`: fi_cq(3) returns -FI_EAGAIN
+    /// when "the call timed out or was signaled and no data is available". A signal is
+    /// `Interrupted` (also -FI_EAGAIN in C), and only when no entry is waiting.
     pub fn sread<E: CqFormatEntry>(
         &self,
         buf: &mut [E],
@@ -255,11 +263,8 @@ impl CompletionQueue {
                 self.inner.wait_obj.c_name()
             )));
         }
-        if buf.is_empty() {
-            return Err(Error::Inval("cq sread: count is 0".into()));
-        }
         let want = match self.inner.wait_cond {
-            CqWaitCond::Threshold => threshold.clamp(1, buf.len()),
+            CqWaitCond::Threshold => threshold.clamp(1, buf.len().max(1)),
             CqWaitCond::None => 1,
         };
         let dl = deadline(timeout_ms);
@@ -268,19 +273,24 @@ impl CompletionQueue {
             let worked = self.inner.progress.run();
             {
                 let mut q = self.inner.lock();
-                if q.signaled {
-                    q.signaled = false;
-                    return Err(Error::Interrupted("cq sread"));
-                }
                 if !q.errs.is_empty() || q.ring.len() >= want || (q.overrun && q.ring.is_empty()) {
                     drop(q);
                     return self.inner.take(buf, src.as_deref_mut());
+                }
+                // A signal ends the wait, but never hides data that is already there.
+                if q.signaled {
+                    q.signaled = false;
+                    drop(q);
+                    return match self.inner.take(buf, src.as_deref_mut()) {
+                        Err(Error::Again(_)) => Err(Error::Interrupted("cq sread")),
+                        r => r,
+                    };
                 }
             }
             let Some(left) = remaining(dl, Duration::from_millis(1)) else {
                 // One last non-blocking look so a partial batch is not held back past the timeout.
                 return match self.inner.take(buf, src.as_deref_mut()) {
-                    Err(Error::Again(_)) => Err(Error::TimedOut("cq sread")),
+                    Err(Error::Again(_)) => Err(Error::Again("cq sread")),
                     r => r,
                 };
             };
@@ -391,7 +401,7 @@ impl CqInner {
             let mut q = self.lock();
             let ok = if q.overrun {
                 false
-            } else if q.ring.len() + q.errs.len() >= self.cap {
+            } else if q.ring.len() + q.errs.len() + q.reserved >= self.cap {
                 q.overrun = true;
                 false
             } else {
@@ -404,6 +414,39 @@ impl CqInner {
         };
         self.notify();
         ok
+    }
+
+    /// Reserves room for one entry (`FI_RM_ENABLED`); false when entries and reservations
+    /// already fill the queue.
+    pub fn reserve(&self) -> bool {
+        let mut q = self.lock();
+        if q.overrun || q.ring.len() + q.errs.len() + q.reserved >= self.cap {
+            return false;
+        }
+        q.reserved += 1;
+        true
+    }
+
+    /// Gives back a reservation no entry will use.
+    pub fn unreserve(&self) {
+        let mut q = self.lock();
+        q.reserved = q.reserved.saturating_sub(1);
+    }
+
+    /// Appends a success entry under resource management: never dropped, never an overrun.
+    /// `reserved`: the entry takes the place of a reservation; otherwise it is kept even
+    /// when that goes beyond the queue's size.
+    pub fn push_managed(&self, entry: CqTaggedEntry, src: FiAddr, reserved: bool) {
+        {
+            let mut q = self.lock();
+            if reserved {
+                q.reserved = q.reserved.saturating_sub(1);
+            }
+            q.ring.push_back(Stored { entry, src });
+            self.ready_hint
+                .store(q.ring.len() + q.overrun as usize, Ordering::Release);
+        }
+        self.notify();
     }
 
     /// Appends an error entry (errors are never dropped for space; they count towards it).
@@ -465,14 +508,14 @@ impl CqInner {
         if !q.errs.is_empty() {
             return Err(Error::Avail);
         }
-        let n = buf.len().min(q.ring.len());
-        if n == 0 {
+        if q.ring.is_empty() {
             return Err(if q.overrun {
                 Error::Overrun
             } else {
                 Error::Again("cq read")
             });
         }
+        let n = buf.len().min(q.ring.len());
         for (i, s) in q.ring.drain(..n).enumerate() {
             buf[i] = E::from_tagged(&s.entry);
             if let Some(src) = src.as_deref_mut() {
@@ -574,7 +617,9 @@ mod tests {
         })
         .unwrap();
         let mut buf = [CqEntry::default(); 8];
-        assert_eq!(cq.sread(&mut buf, 2, 0), Err(Error::TimedOut("cq sread")));
+        // fi_cq(3): a timeout with no data is -FI_EAGAIN.
+        assert_eq!(cq.sread(&mut buf, 2, 0), Err(Error::Again("cq sread")));
+        assert_eq!(cq.sread(&mut buf, 1, 5), Err(Error::Again("cq sread")));
         cq.inner().push(entry(1), 0);
         // Below the threshold: the timeout returns what is there rather than holding it back.
         assert_eq!(cq.sread(&mut buf, 2, 5), Ok(1));
@@ -595,6 +640,62 @@ mod tests {
         // The waiter may not be asleep yet; the signal is latched until it looks.
         cq.signal().unwrap();
         assert_eq!(t.join().unwrap(), Err(Error::Interrupted("cq sread")));
+    }
+
+    #[test]
+    fn signal_does_not_hide_queued_entries() {
+        let cq = CompletionQueue::open(&CqAttr {
+            format: CqFormat::Context,
+            wait_obj: WaitObj::Unspec,
+            ..Default::default()
+        })
+        .unwrap();
+        cq.inner().push(entry(5), 0);
+        cq.signal().unwrap();
+        let mut buf = [CqEntry::default(); 4];
+        assert_eq!(cq.sread(&mut buf, 1, 1000), Ok(1));
+        assert_eq!(buf[0].op_context, 5);
+        // With nothing queued a signal ends the wait at once.
+        cq.signal().unwrap();
+        assert_eq!(
+            cq.sread(&mut buf, 1, -1),
+            Err(Error::Interrupted("cq sread"))
+        );
+    }
+
+    /// A progress source that completes one operation into `cq` the first time it is driven.
+    struct OneShot {
+        cq: Arc<CqInner>,
+        fired: AtomicBool,
+    }
+
+    impl ProgressSource for OneShot {
+        fn progress(&self) -> usize {
+            if self.fired.swap(true, Ordering::AcqRel) {
+                return 0;
+            }
+            self.cq.push(entry(9), 0);
+            1
+        }
+    }
+
+    #[test]
+    fn read_with_count_zero_drives_progress() {
+        let cq = open(4, CqFormat::Context);
+        let src: Arc<dyn ProgressSource> = Arc::new(OneShot {
+            cq: cq.inner().clone(),
+            fired: AtomicBool::new(false),
+        });
+        cq.inner().bind(Some(src.clone()));
+        let mut none: [CqEntry; 0] = [];
+        // fi_cq(3): "A count value of 0 may be used to drive progress".
+        assert_eq!(cq.read(&mut none), Ok(0));
+        assert_eq!(cq.len(), 1);
+        let mut buf = [CqEntry::default(); 1];
+        assert_eq!(cq.read(&mut buf), Ok(1));
+        assert_eq!(buf[0].op_context, 9);
+        assert_eq!(cq.read(&mut none), Err(Error::Again("cq read")));
+        cq.inner().unbind(&src);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use crate::consts::errno::*;
 use crate::consts::*;
 use crate::cq::{CompletionQueue, CqInner};
 use crate::entry::*;
+use crate::ep_credit::Dir;
 use crate::eq::{EqInner, EventQueue};
 use crate::error::{Error, Result};
 use crate::hmem_iface::HmemOps;
@@ -142,6 +143,11 @@ pub struct EpCore {
     pub mr: Arc<MrMap>,
     /// Data progress is the domain's thread's (`FI_PROGRESS_AUTO`).
     pub auto_progress: bool,
+    /// The domain's number (`Domain::id`); 0 for an endpoint built outside a domain.
+    pub domain: u64,
+    /// `FI_RM_ENABLED`: operations reserve their CQ entries (`ep_credit`), counted here.
+    pub rm: bool,
+    pub(crate) credits: [std::sync::atomic::AtomicUsize; 2],
     pending: Mutex<Bindings>,
     bound: OnceLock<Bindings>,
     /// Deferred work this endpoint has started: its completions go to the work's completion
@@ -159,6 +165,9 @@ impl EpCore {
         EpCore {
             mr,
             auto_progress: info.domain_attr.data_progress == crate::consts::Progress::Auto,
+            domain: 0,
+            rm: info.domain_attr.resource_mgmt != crate::consts::ResourceMgmt::Disabled,
+            credits: Default::default(),
             caps: info.caps,
             tx_op_flags: info.tx_attr.op_flags,
             rx_op_flags: info.rx_attr.op_flags,
@@ -367,7 +376,7 @@ impl EpCore {
             Some((user, _, true)) => user,
             Some((user, _, false)) => return self.fail_tx(user, op_flags, FI_EIO),
         };
-        match self.deferred.claim(ctx) {
+        match self.claim_deferred(ctx, Dir::Tx) {
             None => self.complete_tx_ep(ctx, op_flags),
             Some(w) => {
                 let counted = w.ep_completion.then(|| {
@@ -385,16 +394,15 @@ impl EpCore {
         let wants =
             op_flags & INJECT_CALL == 0 && (!b.tx_selective || op_flags & FI_COMPLETION != 0);
         if wants {
-            if let Some(cq) = &b.tx_cq {
-                cq.push(
-                    CqTaggedEntry {
-                        op_context: ctx,
-                        flags,
-                        ..Default::default()
-                    },
-                    FI_ADDR_NOTAVAIL,
-                );
-            }
+            self.write_entry(
+                Dir::Tx,
+                CqTaggedEntry {
+                    op_context: ctx,
+                    flags,
+                    ..Default::default()
+                },
+                FI_ADDR_NOTAVAIL,
+            );
         }
         if let Some(c) = &b.cntr[class as usize] {
             c.inc();
@@ -407,7 +415,7 @@ impl EpCore {
     /// says it).
     pub fn fail_tx(&self, ctx: Context, op_flags: u64, err: i32) {
         let ctx = self.unstage(ctx, None).map_or(ctx, |(user, _, _)| user);
-        match self.deferred.claim(ctx) {
+        match self.claim_deferred(ctx, Dir::Tx) {
             None => self.fail_tx_ep(ctx, op_flags, err),
             Some(w) => {
                 let counted = w.ep_completion.then(|| {
@@ -422,15 +430,17 @@ impl EpCore {
     fn fail_tx_ep(&self, ctx: Context, op_flags: u64, err: i32) {
         let Some(b) = self.bound() else { return };
         let (flags, class) = initiator_kind(op_flags);
-        if let Some(cq) = &b.tx_cq {
-            cq.push_err(CqErrEntry {
+        self.write_err(
+            Dir::Tx,
+            CqErrEntry {
                 op_context: ctx,
                 flags,
                 err,
                 prov_errno: err,
                 ..Default::default()
-            });
-        }
+            },
+            None,
+        );
         if let Some(c) = &b.cntr[class as usize] {
             c.inc_err();
             c.notify_observers();
@@ -450,19 +460,18 @@ impl EpCore {
         };
         let kind = op_flags & (FI_RMA | FI_ATOMIC);
         if data.is_some() || self.caps & FI_RMA_EVENT != 0 {
-            if let Some(cq) = &b.rx_cq {
-                let cq_data = if data.is_some() { FI_REMOTE_CQ_DATA } else { 0 };
-                cq.push(
-                    CqTaggedEntry {
-                        op_context: 0,
-                        flags: dir | kind | cq_data,
-                        len,
-                        data: data.unwrap_or(0),
-                        ..Default::default()
-                    },
-                    FI_ADDR_NOTAVAIL,
-                );
-            }
+            let cq_data = if data.is_some() { FI_REMOTE_CQ_DATA } else { 0 };
+            self.write_unsolicited(
+                Dir::Rx,
+                CqTaggedEntry {
+                    op_context: 0,
+                    flags: dir | kind | cq_data,
+                    len,
+                    data: data.unwrap_or(0),
+                    ..Default::default()
+                },
+                FI_ADDR_NOTAVAIL,
+            );
         }
         if let Some(c) = &b.cntr[class as usize] {
             c.inc();
@@ -494,7 +503,7 @@ impl EpCore {
                 &staged
             }
         };
-        match self.deferred.claim(slot.ctx) {
+        match self.claim_deferred(slot.ctx, Dir::Rx) {
             None => self.complete_rx_ep(slot, len, olen, tag, data, src, raw_src),
             Some(w) => {
                 if w.ep_completion {
@@ -527,8 +536,9 @@ impl EpCore {
         let buf = slot.iov.first_addr();
         let cntr = &b.cntr[CntrClass::Recv as usize];
         if olen > 0 {
-            if let Some(cq) = &b.rx_cq {
-                cq.push_err(CqErrEntry {
+            self.write_err(
+                Dir::Rx,
+                CqErrEntry {
                     op_context: slot.ctx,
                     flags,
                     len,
@@ -539,8 +549,9 @@ impl EpCore {
                     err: FI_ETRUNC,
                     prov_errno: FI_ETRUNC,
                     ..Default::default()
-                });
-            }
+                },
+                None,
+            );
             if let Some(c) = cntr {
                 c.inc_err();
                 c.notify_observers();
@@ -548,22 +559,21 @@ impl EpCore {
             return;
         }
         if src == FI_ADDR_NOTAVAIL && self.caps & FI_SOURCE_ERR != 0 {
-            if let Some(cq) = &b.rx_cq {
-                cq.push_err_data(
-                    CqErrEntry {
-                        op_context: slot.ctx,
-                        flags,
-                        len,
-                        buf,
-                        data: data.unwrap_or(0),
-                        tag,
-                        err: FI_EADDRNOTAVAIL,
-                        prov_errno: FI_EADDRNOTAVAIL,
-                        ..Default::default()
-                    },
-                    Some(raw_src().into_boxed_slice()),
-                );
-            }
+            self.write_err(
+                Dir::Rx,
+                CqErrEntry {
+                    op_context: slot.ctx,
+                    flags,
+                    len,
+                    buf,
+                    data: data.unwrap_or(0),
+                    tag,
+                    err: FI_EADDRNOTAVAIL,
+                    prov_errno: FI_EADDRNOTAVAIL,
+                    ..Default::default()
+                },
+                Some(raw_src().into_boxed_slice()),
+            );
             if let Some(c) = cntr {
                 c.inc();
                 c.notify_observers();
@@ -573,24 +583,23 @@ impl EpCore {
         let wants =
             !b.rx_selective || slot.op_flags & FI_COMPLETION != 0 || flags & FI_MULTI_RECV != 0;
         if wants {
-            if let Some(cq) = &b.rx_cq {
-                let src = if self.caps & FI_SOURCE != 0 {
-                    src
-                } else {
-                    FI_ADDR_NOTAVAIL
-                };
-                cq.push(
-                    CqTaggedEntry {
-                        op_context: slot.ctx,
-                        flags,
-                        len,
-                        buf,
-                        data: data.unwrap_or(0),
-                        tag,
-                    },
-                    src,
-                );
-            }
+            let src = if self.caps & FI_SOURCE != 0 {
+                src
+            } else {
+                FI_ADDR_NOTAVAIL
+            };
+            self.write_entry(
+                Dir::Rx,
+                CqTaggedEntry {
+                    op_context: slot.ctx,
+                    flags,
+                    len,
+                    buf,
+                    data: data.unwrap_or(0),
+                    tag,
+                },
+                src,
+            );
         }
         if let Some(c) = cntr {
             c.inc();
@@ -609,7 +618,7 @@ impl EpCore {
         let ctx = self
             .unstage_rx(&slot, None)
             .map_or(ctx, |(user, _, _)| user);
-        match self.deferred.claim(ctx) {
+        match self.claim_deferred(ctx, Dir::Rx) {
             None => self.fail_rx_ep(ctx, flags, tag, err),
             Some(w) => {
                 let counted = w.ep_completion.then(|| {
@@ -623,16 +632,18 @@ impl EpCore {
 
     fn fail_rx_ep(&self, ctx: Context, flags: u64, tag: u64, err: i32) {
         let Some(b) = self.bound() else { return };
-        if let Some(cq) = &b.rx_cq {
-            cq.push_err(CqErrEntry {
+        self.write_err(
+            Dir::Rx,
+            CqErrEntry {
                 op_context: ctx,
                 flags,
                 tag,
                 err,
                 prov_errno: err,
                 ..Default::default()
-            });
-        }
+            },
+            None,
+        );
         if let Some(c) = &b.cntr[CntrClass::Recv as usize] {
             c.inc_err();
             c.notify_observers();
@@ -648,21 +659,19 @@ impl EpCore {
         data: Option<u64>,
         src: FiAddr,
     ) {
-        let Some(b) = self.bound() else { return };
-        if let Some(cq) = &b.rx_cq {
-            let flags = FI_RECV | FI_TAGGED | if data.is_some() { FI_REMOTE_CQ_DATA } else { 0 };
-            cq.push(
-                CqTaggedEntry {
-                    op_context: ctx,
-                    flags,
-                    len,
-                    buf: 0,
-                    data: data.unwrap_or(0),
-                    tag,
-                },
-                src,
-            );
-        }
+        let flags = FI_RECV | FI_TAGGED | if data.is_some() { FI_REMOTE_CQ_DATA } else { 0 };
+        self.write_entry(
+            Dir::Rx,
+            CqTaggedEntry {
+                op_context: ctx,
+                flags,
+                len,
+                buf: 0,
+                data: data.unwrap_or(0),
+                tag,
+            },
+            src,
+        );
     }
 }
 
@@ -807,6 +816,7 @@ impl Endpoint {
                 "bind cq: flags {flags:#x}; need FI_TRANSMIT and/or FI_RECV, optionally FI_SELECTIVE_COMPLETION"
             )));
         }
+        cq.inner().domain.check("bind cq", "CQ", self.core.domain)?;
         let mut b = self.pending("bind cq")?;
         let sel = flags & FI_SELECTIVE_COMPLETION != 0;
         if flags & FI_TRANSMIT != 0 {
@@ -847,6 +857,9 @@ impl Endpoint {
                 "bind cntr: flags {flags:#x}; use FI_SEND, FI_RECV, FI_READ, FI_WRITE, FI_REMOTE_READ, FI_REMOTE_WRITE"
             )));
         }
+        cntr.inner()
+            .domain
+            .check("bind cntr", "counter", self.core.domain)?;
         let mut b = self.pending("bind cntr")?;
         for (bit, class) in classes {
             if flags & bit != 0 {
@@ -858,6 +871,7 @@ impl Endpoint {
 
     /// `fi_ep_bind` to an address vector.
     pub fn bind_av(&self, av: &AddressVector) -> Result<()> {
+        av.inner().domain.check("bind av", "AV", self.core.domain)?;
         let mut b = self.pending("bind av")?;
         if b.av.is_some() {
             return Err(Error::Inval("bind av: an AV is already bound".into()));
@@ -1462,6 +1476,7 @@ impl Endpoint {
             l.close();
         }
         self.ops.close();
+        self.core.release_all_entries();
         self.domain_progress.remove(&self.progress_reg);
         if let Some(b) = self.core.bound() {
             let mut cqs: Vec<&Arc<CqInner>> = Vec::new();

@@ -6,10 +6,14 @@
 //! Outgoing data is gathered into its bounce buffer here, when the operation starts: for a
 //! triggered send that is when its trigger fires, which is when its data is ready. Incoming
 //! data lands when the completion calls of `EpCore` see the staging context.
+//!
+//! Under `FI_RM_ENABLED` an operation reserves its CQ entry here first (`ep_credit`), so a
+//! full CQ refuses immediate posts with `Again` and makes fired operations wait their turn.
 
 use crate::consts::*;
 use crate::ep::{EndpointOps, EpCore, TxOp};
 use crate::ep_atomic::AtomicReq;
+use crate::ep_credit::Dir;
 use crate::ep_rma::RmaOp;
 use crate::error::{Error, Result};
 use crate::hmem_stage::Staged;
@@ -35,6 +39,94 @@ impl From<StartError> for Error {
 }
 
 impl EpCore {
+    /// `start_send_provider` once the operation's CQ entry is reserved (`ep_credit`); a refused
+    /// start gives the reservation back.
+    ///
+    /// # Safety
+    /// As `start_send_provider`.
+    #[inline]
+    pub(crate) unsafe fn start_send(
+        &self,
+        ops: &dyn EndpointOps,
+        op: &TxOp,
+    ) -> Result<(), StartError> {
+        let reserved = self
+            .reserve_entry(Dir::Tx, op.flags)
+            .map_err(StartError::Refused)?;
+        // SAFETY: forwarded.
+        let r = unsafe { self.start_send_provider(ops, op) };
+        if r.is_err() && reserved {
+            self.release_entry(Dir::Tx);
+        }
+        r
+    }
+
+    /// `start_recv_provider` once the operation's CQ entry is reserved (`ep_credit`); a refused
+    /// start gives the reservation back.
+    ///
+    /// # Safety
+    /// As `start_recv_provider`.
+    #[inline]
+    pub(crate) unsafe fn start_recv(
+        &self,
+        ops: &dyn EndpointOps,
+        r: PostedRecv,
+    ) -> Result<(), StartError> {
+        let reserved = self
+            .reserve_entry(Dir::Rx, r.flags)
+            .map_err(StartError::Refused)?;
+        // SAFETY: forwarded.
+        let r = unsafe { self.start_recv_provider(ops, r) };
+        if r.is_err() && reserved {
+            self.release_entry(Dir::Rx);
+        }
+        r
+    }
+
+    /// `start_rma_provider` once the operation's CQ entry is reserved (`ep_credit`); a refused
+    /// start gives the reservation back.
+    ///
+    /// # Safety
+    /// As `start_rma_provider`.
+    #[inline]
+    pub(crate) unsafe fn start_rma(
+        &self,
+        ops: &dyn EndpointOps,
+        op: &RmaOp,
+    ) -> Result<(), StartError> {
+        let reserved = self
+            .reserve_entry(Dir::Tx, op.flags)
+            .map_err(StartError::Refused)?;
+        // SAFETY: forwarded.
+        let r = unsafe { self.start_rma_provider(ops, op) };
+        if r.is_err() && reserved {
+            self.release_entry(Dir::Tx);
+        }
+        r
+    }
+
+    /// `start_atomic_provider` once the operation's CQ entry is reserved (`ep_credit`); a refused
+    /// start gives the reservation back.
+    ///
+    /// # Safety
+    /// As `start_atomic_provider`.
+    #[inline]
+    pub(crate) unsafe fn start_atomic(
+        &self,
+        ops: &dyn EndpointOps,
+        req: &AtomicReq,
+    ) -> Result<(), StartError> {
+        let reserved = self
+            .reserve_entry(Dir::Tx, req.flags)
+            .map_err(StartError::Refused)?;
+        // SAFETY: forwarded.
+        let r = unsafe { self.start_atomic_provider(ops, req) };
+        if r.is_err() && reserved {
+            self.release_entry(Dir::Tx);
+        }
+        r
+    }
+
     /// Starts a send; device memory in `op.iov` is gathered into a bounce buffer first.
     ///
     /// Endpoints without `FI_HMEM` go straight to the provider: one flag test.
@@ -42,7 +134,7 @@ impl EpCore {
     /// # Safety
     /// As `EndpointOps::send`; the data must also be readable now.
     #[inline]
-    pub(crate) unsafe fn start_send(
+    unsafe fn start_send_provider(
         &self,
         ops: &dyn EndpointOps,
         op: &TxOp,
@@ -82,7 +174,7 @@ impl EpCore {
     /// # Safety
     /// As `EndpointOps::recv`.
     #[inline]
-    pub(crate) unsafe fn start_recv(
+    unsafe fn start_recv_provider(
         &self,
         ops: &dyn EndpointOps,
         r: PostedRecv,
@@ -127,7 +219,7 @@ impl EpCore {
     /// # Safety
     /// As `EndpointOps::rma`; a write's data must also be readable now.
     #[inline]
-    pub(crate) unsafe fn start_rma(
+    unsafe fn start_rma_provider(
         &self,
         ops: &dyn EndpointOps,
         op: &RmaOp,
@@ -172,7 +264,7 @@ impl EpCore {
     /// # Safety
     /// As `EndpointOps::atomic`; operand and compare must also be readable now.
     #[inline]
-    pub(crate) unsafe fn start_atomic(
+    unsafe fn start_atomic_provider(
         &self,
         ops: &dyn EndpointOps,
         req: &AtomicReq,

@@ -120,7 +120,8 @@ impl EventQueue {
         q.errs.pop_front().ok_or(Error::Again("eq readerr"))
     }
 
-    /// `fi_eq_sread`: blocks up to `timeout_ms` (-1 forever) for an event.
+    /// `fi_eq_sread`: blocks up to `timeout_ms` (-1 forever) for an event. A timeout is `Again`:
+    /// fi_eq(3) returns -FI_EAGAIN when "the timeout expires ... and no data is available".
     pub fn sread(&self, flags: u64, timeout_ms: i32) -> Result<EqEntry> {
         if self.inner.wait_obj == WaitObj::None {
             return Err(Error::OpBadState(
@@ -134,7 +135,7 @@ impl EventQueue {
                 r => return r,
             }
             let Some(left) = remaining(dl, Duration::from_millis(100)) else {
-                return Err(Error::TimedOut("eq sread"));
+                return Err(Error::Again("eq sread"));
             };
             let q = self.inner.q.lock().unwrap_or_else(|e| e.into_inner());
             if q.events.is_empty() && q.errs.is_empty() {
@@ -200,6 +201,6 @@ mod tests {
         });
         assert_eq!(eq.read(0), Err(Error::Avail));
         assert_eq!(eq.readerr().unwrap().err, 5);
-        assert_eq!(eq.sread(0, 0), Err(Error::TimedOut("eq sread")));
+        assert_eq!(eq.sread(0, 0), Err(Error::Again("eq sread")));
     }
 }

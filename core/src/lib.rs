@@ -11,6 +11,7 @@ pub mod cq;
 pub mod entry;
 pub mod ep;
 pub mod ep_atomic;
+mod ep_credit;
 pub mod ep_rma;
 mod ep_start;
 pub mod eq;

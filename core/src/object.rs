@@ -188,6 +188,11 @@ impl Domain {
         &self.inner.fabric
     }
 
+    /// The domain's number in this process (what errors about mixed domains name).
+    pub fn id(&self) -> u64 {
+        self.inner.work.domain_id()
+    }
+
     /// The info the domain was opened with.
     pub fn info(&self) -> &Info {
         &self.inner.info
@@ -195,12 +200,16 @@ impl Domain {
 
     /// `fi_cq_open`.
     pub fn cq_open(&self, attr: &CqAttr) -> Result<CompletionQueue> {
-        CompletionQueue::open(attr)
+        let cq = CompletionQueue::open(attr)?;
+        cq.inner().domain.set(self.id());
+        Ok(cq)
     }
 
     /// `fi_cntr_open`.
     pub fn cntr_open(&self, attr: &CntrAttr) -> Result<Counter> {
-        Counter::open(attr)
+        let c = Counter::open(attr)?;
+        c.inner().domain.set(self.id());
+        Ok(c)
     }
 
     /// `fi_av_open`.
@@ -209,7 +218,9 @@ impl Domain {
         if attr.av_type == AvType::Unspec {
             attr.av_type = self.inner.info.domain_attr.av_type;
         }
-        AddressVector::open(&attr, self.inner.ops.addr_format())
+        let av = AddressVector::open(&attr, self.inner.ops.addr_format())?;
+        av.inner().domain.set(self.id());
+        Ok(av)
     }
 
     /// `fi_mr_regattr`: registers host memory, or device memory named by `attr.iface` and
@@ -374,6 +385,7 @@ impl Domain {
         }
         let mut core = EpCore::new(info, self.inner.mr.clone());
         core.hmem = self.inner.hmem.clone();
+        core.domain = self.id();
         let core = Arc::new(core);
         let ops = self.inner.ops.endpoint(info, core.clone())?;
         Ok(Endpoint::new(
@@ -431,5 +443,33 @@ impl Drop for AutoProgress {
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
+    }
+}
+
+/// The domain an object (CQ, counter, AV) was opened in: fi_domain(3) resources serve
+/// endpoints and operations of their own domain only. 0 means "opened outside any domain"
+/// (`CompletionQueue::open` directly, as unit tests do), which any domain may use.
+#[derive(Default)]
+pub struct DomainTag(std::sync::atomic::AtomicU64);
+
+impl DomainTag {
+    pub(crate) fn set(&self, domain: u64) {
+        self.0.store(domain, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The domain's number, 0 if none.
+    pub fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Refuses the object (a `kind` such as "counter") for use by domain `user` in `what`.
+    pub(crate) fn check(&self, what: &str, kind: &str, user: u64) -> Result<()> {
+        let own = self.get();
+        if own != 0 && user != 0 && own != user {
+            return Err(Error::Inval(format!(
+                "{what}: the {kind} belongs to domain {own}, but is used in domain {user}"
+            )));
+        }
+        Ok(())
     }
 }

@@ -170,6 +170,10 @@ pub trait Waitable: Send + Sync {
     fn ready(&self) -> bool;
     /// Drives the progress sources behind it.
     fn drive(&self);
+    /// Called when `fi_wait` returns because of this member: a member whose readiness is an
+    /// edge (a counter's new events) marks them reported. Queues are level: their entries
+    /// stay until read.
+    fn consume(&self) {}
 }
 
 /// `fid_wait`: one place to block until any of several queues or counters has events.
@@ -246,17 +250,28 @@ impl WaitSet {
                 .iter()
                 .filter_map(|w| w.upgrade())
                 .collect();
+            // Taken before looking, so a signal after the look is not slept through.
+            let seen = *self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
             for m in &members {
                 m.drive();
             }
-            if members.iter().any(|m| m.ready()) {
+            let mut any = false;
+            for m in &members {
+                if m.ready() {
+                    m.consume();
+                    any = true;
+                }
+            }
+            if any {
                 return Ok(());
             }
             let Some(left) = remaining(dl, Duration::from_millis(1)) else {
                 return Err(Error::TimedOut("fi_wait"));
             };
             let g = self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
-            let _ = self.inner.cond.wait_timeout(g, left);
+            if *g == seen {
+                let _ = self.inner.cond.wait_timeout(g, left);
+            }
         }
     }
 }

@@ -195,6 +195,11 @@ impl Default for DomainWork {
 }
 
 impl DomainWork {
+    /// The domain's number, unique in the process.
+    pub(crate) fn domain_id(&self) -> u64 {
+        self.id
+    }
+
     fn note(&self, q: &Arc<TriggerQueue>) {
         let mut qs = self.queues.lock().unwrap_or_else(|e| e.into_inner());
         if !qs.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(q))) {
@@ -337,6 +342,18 @@ impl Domain {
                 "queue_work: {} updates only its own counter; completion_cntr must be None",
                 work.op.op_type().c_name()
             )));
+        }
+        let dom = self.id();
+        let counters = [
+            Some(("triggering counter", work.triggering_cntr)),
+            work.completion_cntr.map(|c| ("completion counter", c)),
+            match &work.op {
+                WorkOp::CntrSet(c) | WorkOp::CntrAdd(c) => Some(("counter it updates", c.cntr)),
+                _ => None,
+            },
+        ];
+        for (kind, c) in counters.into_iter().flatten() {
+            c.inner().domain.check("queue_work", kind, dom)?;
         }
         let (action, link) = self.work_action(&work.op)?;
         let dw = self.work();

@@ -32,6 +32,11 @@ impl Endpoint {
     fn arm(&self, link: Arc<EpLink>, trig: &TriggerContext, action: Action) -> Result<()> {
         match trig {
             TriggerContext::Threshold { cntr, threshold } => {
+                cntr.inner().domain.check(
+                    "triggered operation",
+                    "threshold counter",
+                    self.core().domain,
+                )?;
                 let job = Job {
                     action,
                     ep: Some(link.clone()),

@@ -50,7 +50,7 @@ pub(crate) use dwq::DomainWork;
 pub use dwq::{
     DeferredWork, OpAtomic, OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, WorkId, WorkOp,
 };
-pub(crate) use link::{DeferredRegistry, EpLink};
+pub(crate) use link::{DeferredRegistry, EpLink, Pending};
 pub(crate) use queue::TriggerQueue;
 pub use xpu::{Doorbell, DoorbellAlloc, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED};
 pub use xpu_abi::{Signal, TriggerValue, TriggerVar, TriggerXpu, Xpu, XpuDevice};

@@ -348,6 +348,9 @@ fn info(caps: u64) -> Info {
     i.ep_attr.ep_type = EpType::Rdm;
     i.ep_attr.max_msg_size = 1 << 30;
     i.tx_attr.inject_size = 64;
+    // These tests start far more operations than a CQ holds and look at what the provider was
+    // handed, not at every entry: without resource management nothing waits for CQ room.
+    i.domain_attr.resource_mgmt = ResourceMgmt::Disabled;
     i
 }
 
@@ -385,7 +388,18 @@ impl World {
 
     /// An endpoint with `caps`, a CQ of `cq_size` entries, and `cntrs` bound as (counter, flags).
     pub fn ep_with(&self, caps: u64, cq_size: usize, cntrs: &[(&Counter, u64)]) -> Ep {
-        let ep = self.domain.endpoint(&info(caps)).unwrap();
+        self.ep_info(&info(caps), cq_size, cntrs)
+    }
+
+    /// An endpoint whose domain attributes ask for `FI_RM_ENABLED`: starts reserve CQ room.
+    pub fn ep_managed(&self, cq_size: usize) -> Ep {
+        let mut i = info(ALL_CAPS);
+        i.domain_attr.resource_mgmt = ResourceMgmt::Enabled;
+        self.ep_info(&i, cq_size, &[])
+    }
+
+    fn ep_info(&self, info: &Info, cq_size: usize, cntrs: &[(&Counter, u64)]) -> Ep {
+        let ep = self.domain.endpoint(info).unwrap();
         let cq = self
             .domain
             .cq_open(&CqAttr {

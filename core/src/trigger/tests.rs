@@ -356,3 +356,21 @@ fn dropping_a_counter_cancels_what_waits_on_it() {
     assert_eq!(canceled, [(1, FI_ECANCELED), (2, FI_ECANCELED)]);
     assert!(w.sh.ctxs().is_empty(), "nothing started");
 }
+
+#[test]
+fn with_resource_management_a_fired_operation_waits_for_cq_room() {
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let e = w.ep_managed(2);
+    let c = w.cntr();
+    let buf = [0u8; 8];
+    for ctx in 1..=3 {
+        tsend(&e.ep, &buf, ctx, &TriggerContext::threshold(&c, 1));
+    }
+    c.set(1).unwrap();
+    // Two entries fill the CQ; the third send waits for room instead of overrunning it.
+    assert_eq!(w.sh.ctxs(), [1, 2]);
+    let ctxs: Vec<usize> = e.entries().iter().map(|x| x.op_context).collect();
+    assert_eq!(ctxs, [1, 2, 3], "every completion, none lost");
+    assert_eq!(w.sh.ctxs(), [1, 2, 3]);
+}
