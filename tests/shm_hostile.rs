@@ -73,6 +73,15 @@ fn kinds() -> impl Iterator<Item = (&'static str, &'static str)> {
         .filter(|(k, _)| *k != "foreign" || is_root())
 }
 
+/// Takes `p`'s lock as a live segment owner holds it, for as long as the result is open.
+fn hold(p: &Path) -> std::fs::File {
+    let f = std::fs::File::open(p).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    let r = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) };
+    assert_eq!(r, 0, "flock {}", p.display());
+    f
+}
+
 /// Names (suffixes) of what `plant` puts in /dev/shm, with the word the refusal must contain.
 const KINDS: [(&str, &str); 6] = [
     ("fifo", "FIFO"),
@@ -106,17 +115,17 @@ fn plant(tag: &str) -> Planted {
     std::fs::write(&outside, vec![0u8; 1 << 20]).unwrap();
     std::os::unix::fs::symlink(&outside, p("link-file")).unwrap();
     std::fs::create_dir(p("dir")).unwrap();
-    // A short file whose "owner" lives (we hold its lock), so reclaim rightly leaves it.
+    // A short file. It and the regular files below look alive (we hold their locks): our
+    // reclaim must leave them for other reasons, and another process's (an older xfabric,
+    // run beside this test) must not take them from under it.
     std::fs::write(p("short"), [0u8; 64]).unwrap();
-    let short = std::fs::File::open(p("short")).unwrap();
-    // SAFETY: flock on a descriptor we own; the lock lasts while `short` is open.
-    let r = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&short), libc::LOCK_EX) };
-    assert_eq!(r, 0);
-    planted._held.push(short);
+    planted._held.push(hold(&p("short")));
     if is_root() {
         std::fs::write(p("foreign"), vec![0u8; 1 << 20]).unwrap();
         give_away(&p("foreign"));
+        planted._held.push(hold(&p("foreign")));
     }
+    planted._held.push(hold(&outside));
     planted
 }
 
