@@ -355,4 +355,37 @@ mod tests {
         assert!(path_of(&young).exists());
         std::fs::remove_file(path_of(&young)).unwrap();
     }
+
+    #[test]
+    fn open_refuses_symlinks_and_short_files_without_mapping_them() {
+        let target = fresh_name();
+        let link = fresh_name();
+        let short = fresh_name();
+        std::fs::write(path_of(&target), [0u8; 8192]).unwrap();
+        std::os::unix::fs::symlink(path_of(&target), path_of(&link)).unwrap();
+        std::fs::write(path_of(&short), [0u8; 64]).unwrap();
+        // Held locks make them look alive to a reclaim running beside this test.
+        let _held: Vec<File> = [&target, &short]
+            .map(|n| {
+                let f = File::open(path_of(n)).unwrap();
+                // SAFETY: flock on a descriptor we own.
+                assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0);
+                f
+            })
+            .into();
+        let r = Segment::open(&link, 8192).map(|_| ());
+        assert!(
+            matches!(&r, Err(Error::Inval(m)) if m.contains(&link) && m.contains("symbolic link")),
+            "{r:?}"
+        );
+        let r = Segment::open(&short, 8192).map(|_| ());
+        assert!(
+            matches!(&r, Err(Error::Inval(m)) if m.contains(&short) && m.contains("64 bytes")),
+            "{r:?}"
+        );
+        assert!(Segment::open(&target, 8192).is_ok());
+        for n in [&target, &link, &short] {
+            std::fs::remove_file(path_of(n)).unwrap();
+        }
+    }
 }

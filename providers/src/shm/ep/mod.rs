@@ -1092,12 +1092,13 @@ impl ShmEndpoint {
             || st.rxp.iter().any(|(_, r)| r.split.is_some())
             || st.peers.iter().any(|p| !p.backlog.is_empty());
         self.idle.busy.store(busy, Ordering::Release);
-        // Only operations that a dead peer would leave hanging: a dead peer's lane alone waits
-        // for the next sweep that work brings, so an idle endpoint with peers costs no clock
-        // reads and no early wake-ups.
+        // Only while an operation could wait on a dead peer (a posted receive may wait on what
+        // a dead sender left in its lane, delivered by the sweep): an idle endpoint with
+        // nothing posted costs no clock reads and no early wake-ups.
         let watch = !st.tx.is_empty()
             || !st.rxp.is_empty()
-            || (self.core.caps & FI_DIRECTED_RECV != 0 && st.rxq.posted_len() > 0);
+            || (st.rxq.posted_len() > 0
+                && (st.known_active != 0 || self.core.caps & FI_DIRECTED_RECV != 0));
         self.idle.watch.store(watch, Ordering::Relaxed);
     }
 }
