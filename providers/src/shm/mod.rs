@@ -6,7 +6,8 @@ mod ep;
 mod ring;
 pub mod segment;
 
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use xfabric_core::av::AddrFormat;
 use xfabric_core::consts::*;
@@ -213,12 +214,26 @@ impl Provider for Shm {
     }
 
     fn domain(&self, _info: &Info) -> Result<Arc<dyn DomainOps>> {
-        static RECLAIM: Once = Once::new();
-        RECLAIM.call_once(|| {
-            segment::reclaim_stale();
-        });
+        reclaim_now_and_then();
         Ok(Arc::new(ShmDomain))
     }
+}
+
+/// Shortest time between two reclaim passes of one process.
+const RECLAIM_EVERY: Duration = Duration::from_secs(1);
+
+/// Unlinks segments of dead processes, at most once per `RECLAIM_EVERY`: a long-running
+/// process opening endpoints now and then also cleans up after peers that died since it
+/// started, without a directory scan on every open.
+fn reclaim_now_and_then() {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    if last.is_some_and(|t| t.elapsed() < RECLAIM_EVERY) {
+        return;
+    }
+    *last = Some(Instant::now());
+    drop(last);
+    segment::reclaim_stale();
 }
 
 struct ShmDomain;
@@ -235,6 +250,7 @@ impl DomainOps for ShmDomain {
                 caps_str(info.caps & !(SHM_CAPS | FI_HMEM))
             )));
         }
+        reclaim_now_and_then();
         Ok(ep::ShmEndpoint::open(core)?)
     }
 

@@ -4,11 +4,16 @@
 //! answers "is the owner dead?" without racing pid reuse or zombies. Stale segments are found
 //! and unlinked the same way. The owner takes the lock before it gives the file a size, so a
 //! sized file whose lock is free belongs to a dead process, with no grace period to guess.
+//!
+//! /dev/shm is world-writable: anything under our prefix may have been planted by another
+//! user (a FIFO that blocks an open forever, a symlink, a directory, a short file that would
+//! SIGBUS a mapping). Every open here is non-blocking and does not follow symlinks, and what it
+//! opened must be a regular file of ours, of the size we map, before anything else happens.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
@@ -47,6 +52,7 @@ impl Segment {
             .write(true)
             .create_new(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&path)
             .map_err(|e| Error::from_io(format!("shm: create {}", path.display()), e))?;
         // SAFETY: flock on a descriptor we own.
@@ -71,20 +77,35 @@ impl Segment {
         }
     }
 
-    /// Maps an existing segment (a peer's).
-    pub fn open(name: &str) -> Result<Self> {
+    /// Maps the first `len` bytes of an existing segment (a peer's). `Inval` if the name is
+    /// something other than a regular file of ours (a symlink, FIFO, directory, another user's
+    /// file) or a file shorter than `len`; `PeerLost` if it is missing or still empty.
+    pub fn open(name: &str, len: usize) -> Result<Self> {
         let path = path_of(name);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| {
+        let file = open_regular(&path, true).map_err(|e| match e {
+            Refused::Io(e) => {
                 Error::PeerLost(format!("cannot open peer segment {}: {e}", path.display()))
-            })?;
-        let len = file
+            }
+            Refused::Not(why) => Error::Inval(format!(
+                "shm: {} is not a peer segment: {why}",
+                path.display()
+            )),
+        })?;
+        let size = file
             .metadata()
             .map_err(|e| Error::from_io(format!("shm: stat {}", path.display()), e))?
-            .len() as usize;
+            .len();
+        if size == 0 {
+            // Its owner locks, then sizes: empty is a segment being created (or abandoned).
+            return Self::map(name, file, 0, false);
+        }
+        if size < len as u64 {
+            // Mapping past the end of a file and touching it is a SIGBUS.
+            return Err(Error::Inval(format!(
+                "shm: {} is not a peer segment: {size} bytes, a segment has {len}",
+                path.display()
+            )));
+        }
         Self::map(name, file, len, false)
     }
 
@@ -189,6 +210,60 @@ fn owner_alive(file: &File) -> bool {
     true
 }
 
+/// Why `open_regular` refused a path.
+enum Refused {
+    /// The open or stat failed (missing, no permission, ...).
+    Io(std::io::Error),
+    /// It opened, or is a symlink, but is not a regular file of ours.
+    Not(String),
+}
+
+/// Opens `path` without following a symlink or blocking (on a FIFO, say), and checks that it
+/// is a regular file owned by our effective user.
+fn open_regular(path: &Path, write: bool) -> std::result::Result<File, Refused> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => Refused::Not("it is a symbolic link".into()),
+            Some(libc::EISDIR) => Refused::Not("it is a directory".into()),
+            _ => Refused::Io(e),
+        })?;
+    let meta = file.metadata().map_err(Refused::Io)?;
+    check_regular(&meta)?;
+    Ok(file)
+}
+
+fn check_regular(meta: &std::fs::Metadata) -> std::result::Result<(), Refused> {
+    let ft = meta.file_type();
+    if !ft.is_file() {
+        use std::os::unix::fs::FileTypeExt;
+        let what = if ft.is_dir() {
+            "a directory"
+        } else if ft.is_symlink() {
+            "a symbolic link"
+        } else if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_socket() {
+            "a socket"
+        } else {
+            "a device"
+        };
+        return Err(Refused::Not(format!("it is {what}, not a regular file")));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(Refused::Not(format!(
+            "it belongs to user {}, not to us ({me})",
+            meta.uid()
+        )));
+    }
+    Ok(())
+}
+
 /// A fresh segment name for this process.
 pub fn fresh_name() -> String {
     use std::sync::atomic::AtomicU64;
@@ -215,10 +290,21 @@ pub fn reclaim_stale() -> Vec<String> {
             continue;
         }
         let path = ent.path();
-        let Ok(f) = OpenOptions::new().read(true).open(&path) else {
+        // Look before opening, so nothing planted is even opened; then check what was opened
+        // is what was looked at (it may have been swapped in between).
+        let Ok(before) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if check_regular(&before).is_err() {
+            continue;
+        }
+        let Ok(f) = open_regular(&path, false) else {
             continue;
         };
         let Ok(meta) = f.metadata() else { continue };
+        if (meta.dev(), meta.ino()) != (before.dev(), before.ino()) {
+            continue;
+        }
         // An empty file is being created (its owner locks before sizing) unless it is old: then
         // its creator died in between.
         let abandoned = meta.len() > 0
@@ -244,7 +330,7 @@ mod tests {
         let own = Segment::create(&name, 8192).unwrap();
         // SAFETY: offset 64 is aligned and inside the mapping.
         unsafe { own.u64_at(64) }.store(42, Ordering::Release);
-        let peer = Segment::open(&name).unwrap();
+        let peer = Segment::open(&name, 8192).unwrap();
         // SAFETY: as above.
         assert_eq!(unsafe { peer.u64_at(64) }.load(Ordering::Acquire), 42);
         assert!(peer.owner_alive());
@@ -268,5 +354,38 @@ mod tests {
         assert!(path_of(live.name()).exists());
         assert!(path_of(&young).exists());
         std::fs::remove_file(path_of(&young)).unwrap();
+    }
+
+    #[test]
+    fn open_refuses_symlinks_and_short_files_without_mapping_them() {
+        let target = fresh_name();
+        let link = fresh_name();
+        let short = fresh_name();
+        std::fs::write(path_of(&target), [0u8; 8192]).unwrap();
+        std::os::unix::fs::symlink(path_of(&target), path_of(&link)).unwrap();
+        std::fs::write(path_of(&short), [0u8; 64]).unwrap();
+        // Held locks make them look alive to a reclaim running beside this test.
+        let _held: Vec<File> = [&target, &short]
+            .map(|n| {
+                let f = File::open(path_of(n)).unwrap();
+                // SAFETY: flock on a descriptor we own.
+                assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0);
+                f
+            })
+            .into();
+        let r = Segment::open(&link, 8192).map(|_| ());
+        assert!(
+            matches!(&r, Err(Error::Inval(m)) if m.contains(&link) && m.contains("symbolic link")),
+            "{r:?}"
+        );
+        let r = Segment::open(&short, 8192).map(|_| ());
+        assert!(
+            matches!(&r, Err(Error::Inval(m)) if m.contains(&short) && m.contains("64 bytes")),
+            "{r:?}"
+        );
+        assert!(Segment::open(&target, 8192).is_ok());
+        for n in [&target, &link, &short] {
+            std::fs::remove_file(path_of(n)).unwrap();
+        }
     }
 }

@@ -10,7 +10,7 @@
 //!   sender streams DATA fragments through the ring; the receiver ACKs after the last one.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -52,8 +52,6 @@ pub const FRAG: usize = 16384;
 pub const SPLIT_MIN: usize = 64 << 10;
 /// Messages handled per lane per progress call, so one busy sender cannot starve the rest.
 const BATCH: usize = 16;
-/// Idle progress calls between two that take the full path (and may look for dead peers).
-const IDLE_FULL_EVERY: u32 = 1024;
 /// Polls of the lanes while a split copy waits for its sender (a few microseconds).
 const SPLIT_SPIN: usize = 20000;
 /// How often to look for dead peers while work is outstanding.
@@ -215,8 +213,6 @@ struct State {
     /// Set while the head of `fenced` is being posted, so it is not held again.
     releasing: bool,
     done: Vec<Done>,
-    ticks: u32,
-    last_sweep: Instant,
     closed: bool,
 }
 
@@ -276,7 +272,11 @@ pub struct ShmEndpoint {
 }
 
 struct IdleHint {
-    calls: AtomicU32,
+    /// Whether anything is outstanding that a dead peer would leave hanging (so the idle path
+    /// must look at the clock for the next sweep).
+    watch: AtomicBool,
+    /// When the next sweep is due, in `liveness::coarse_ms` time.
+    next_sweep: AtomicU64,
     pos: [AtomicU64; LANES],
     known_active: AtomicU64,
     busy: AtomicBool,
@@ -309,7 +309,8 @@ impl ShmEndpoint {
             seg,
             cma: CmaState::new(),
             idle: IdleHint {
-                calls: AtomicU32::new(0),
+                watch: AtomicBool::new(false),
+                next_sweep: AtomicU64::new(0),
                 pos: std::array::from_fn(|_| AtomicU64::new(0)),
                 known_active: AtomicU64::new(0),
                 busy: AtomicBool::new(false),
@@ -333,8 +334,6 @@ impl ShmEndpoint {
                 fenced: VecDeque::new(),
                 releasing: false,
                 done: Vec::new(),
-                ticks: 0,
-                last_sweep: Instant::now(),
                 closed: false,
             }),
         }))
@@ -460,7 +459,7 @@ impl ShmEndpoint {
             return Ok(p);
         }
         // Sending to ourselves maps our own segment a second time; that is fine.
-        let seg = Segment::open(name)?;
+        let seg = Segment::open(name, ring::SEG_BYTES)?;
         if !ring::check_header(&seg) {
             return Err(Error::PeerLost(format!(
                 "segment {name} is not an xfabric shm endpoint"
@@ -1063,8 +1062,7 @@ impl ShmEndpoint {
                 std::hint::spin_loop();
             }
         }
-        st.ticks = st.ticks.wrapping_add(1);
-        if st.ticks.is_multiple_of(256) && st.last_sweep.elapsed() >= SWEEP_EVERY {
+        if self.sweep_due() {
             self.sweep(st);
         }
         n
@@ -1099,6 +1097,14 @@ impl ShmEndpoint {
             || st.rxp.iter().any(|(_, r)| r.split.is_some())
             || st.peers.iter().any(|p| !p.backlog.is_empty());
         self.idle.busy.store(busy, Ordering::Release);
+        // Only while an operation could wait on a dead peer (a posted receive may wait on what
+        // a dead sender left in its lane, delivered by the sweep): an idle endpoint with
+        // nothing posted costs no clock reads and no early wake-ups.
+        let watch = !st.tx.is_empty()
+            || !st.rxp.is_empty()
+            || (st.rxq.posted_len() > 0
+                && (st.known_active != 0 || self.core.caps & FI_DIRECTED_RECV != 0));
+        self.idle.watch.store(watch, Ordering::Relaxed);
     }
 }
 
@@ -1108,11 +1114,10 @@ impl ProgressSource for ShmEndpoint {
     }
 
     fn progress(&self) -> usize {
-        // Now and then take the full path even when idle, so that dead peers are looked for
-        // (a receive may be waiting on one). A racy counter is fine: it only spaces the visits.
-        let calls = self.idle.calls.load(Ordering::Relaxed).wrapping_add(1);
-        self.idle.calls.store(calls, Ordering::Relaxed);
-        if !self.has_work() && !calls.is_multiple_of(IDLE_FULL_EVERY) {
+        // Idle, take the full path only when a sweep is due and something waits on a peer: a
+        // dead one must be noticed by time, however slowly (or fast) the application polls.
+        let sweep = || self.idle.watch.load(Ordering::Relaxed) && self.sweep_due();
+        if !self.has_work() && !sweep() {
             return 0;
         }
         let Ok(mut st) = self.st.try_lock() else {
@@ -1127,14 +1132,19 @@ impl ProgressSource for ShmEndpoint {
         let sleepers = ring::sleeping(&self.seg);
         let db = ring::doorbell(&self.seg);
         let seen = db.load(Ordering::SeqCst);
+        // A dead peer rings no doorbell: while work waits on peers, wake in time to sweep.
+        let timeout = if self.idle.watch.load(Ordering::Relaxed) {
+            timeout.min(SWEEP_EVERY)
+        } else {
+            timeout
+        };
         sleepers.fetch_add(1, Ordering::SeqCst);
         if !self.has_work() {
             futex_wait(db, seen, timeout);
         }
         sleepers.fetch_sub(1, Ordering::SeqCst);
-        // A sleeper wakes rarely: use the wake-up to look for dead peers when it is time.
         if let Ok(mut st) = self.st.try_lock() {
-            if st.last_sweep.elapsed() >= SWEEP_EVERY {
+            if self.sweep_due() {
                 self.sweep(&mut st);
             }
             self.finish(st);
@@ -1316,7 +1326,7 @@ impl EndpointOps for ShmEndpoint {
         };
         while pushing(&st) && Instant::now() < until {
             if self.poll_lanes(&mut st) == 0 {
-                if st.last_sweep.elapsed() >= SWEEP_EVERY {
+                if self.sweep_due() {
                     self.sweep(&mut st);
                 }
                 std::hint::spin_loop();
