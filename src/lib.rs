@@ -58,6 +58,14 @@ pub fn getinfo(
             Err(e) => reasons.push(e.to_string()),
         }
     }
+    tracing::debug!(
+        entries = out.len(),
+        node,
+        service,
+        flags,
+        "getinfo: {} answer(s)",
+        out.len()
+    );
     if out.is_empty() {
         return Err(Error::NoData(format!(
             "getinfo: no provider matches the hints: {}",

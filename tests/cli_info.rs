@@ -15,6 +15,8 @@ fn xfabric_os(args: &[OsString], env: &[(&str, &OsStr)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_xfabric"));
     cmd.args(args)
         .env_remove("FI_PROVIDER")
+        .env_remove("FI_LOG_LEVEL")
+        .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -362,4 +364,36 @@ fn hmem_report_names_every_interface() {
     );
     let bad = xfabric(&["info", "--hmem=yes"]);
     assert!(!bad.status.success());
+}
+
+#[test]
+fn fi_log_level_turns_logging_on_and_a_bad_value_is_named() {
+    let quiet = xfabric(&["info", "-p", "shm"]);
+    assert!(quiet.status.success());
+    assert_eq!(stderr(&quiet), "", "logging is off by default");
+    let debug = xfabric_os(
+        &[
+            OsString::from("info"),
+            OsString::from("-p"),
+            OsString::from("shm"),
+        ],
+        &[("FI_LOG_LEVEL", OsStr::new("debug"))],
+    );
+    assert!(debug.status.success());
+    assert!(stderr(&debug).contains("getinfo"), "{}", stderr(&debug));
+    let bad = xfabric_os(
+        &[
+            OsString::from("info"),
+            OsString::from("-p"),
+            OsString::from("shm"),
+        ],
+        &[("FI_LOG_LEVEL", OsStr::new("loud"))],
+    );
+    assert!(
+        bad.status.success(),
+        "a bad log level is a warning, not a failure"
+    );
+    let e = stderr(&bad);
+    assert!(e.contains("FI_LOG_LEVEL") && e.contains("loud"), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
 }

@@ -46,6 +46,13 @@ impl ShmEndpoint {
             return;
         }
         st.peers[p].dead = true;
+        let outstanding = st.tx.iter().filter(|(_, t)| t.peer == p).count();
+        tracing::warn!(
+            peer = %st.peers[p].seg.name(),
+            outstanding,
+            backlog = st.peers[p].backlog.len(),
+            "shm: peer is gone (its segment's lock is free); its operations fail with FI_ECONNRESET"
+        );
         st.peers[p].backlog.clear();
         let ids: Vec<usize> = st
             .tx
