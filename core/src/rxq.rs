@@ -24,6 +24,11 @@ pub struct RawIov {
 }
 
 /// A fixed-capacity I/O vector of raw segments; copying one never allocates.
+///
+/// Invariant: no segment wraps the address space (`addr + len` fits a `usize`), so offsets
+/// inside a segment never overflow. Segments can come from a peer (a rendezvous or RMA
+/// descriptor): `from_segs` refuses one that wraps, and `one` cuts its length at the end of
+/// the address space.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IovList {
     segs: [RawIov; IOV_LIMIT],
@@ -31,19 +36,22 @@ pub struct IovList {
 }
 
 impl IovList {
-    /// One segment.
+    /// One segment (its length cut where it would wrap the address space, which no real
+    /// buffer does).
     pub fn one(addr: usize, len: usize) -> Self {
         let mut l = IovList::default();
+        let len = len.min(usize::MAX - addr);
         l.segs[0] = RawIov { addr, len };
         l.n = 1;
         l
     }
 
-    /// Up to `IOV_LIMIT` segments; `None` if there are more.
+    /// Up to `IOV_LIMIT` segments; `None` if there are more, or if one wraps the address
+    /// space.
     pub fn from_segs(segs: impl IntoIterator<Item = RawIov>) -> Option<Self> {
         let mut l = IovList::default();
         for s in segs {
-            if l.n as usize == IOV_LIMIT {
+            if l.n as usize == IOV_LIMIT || s.addr.checked_add(s.len).is_none() {
                 return None;
             }
             l.segs[l.n as usize] = s;
@@ -523,6 +531,23 @@ fn take_slot(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn no_segment_wraps_the_address_space() {
+        let wrap = RawIov {
+            addr: usize::MAX - 10,
+            len: 100,
+        };
+        assert!(IovList::from_segs([wrap]).is_none());
+        let edge = RawIov {
+            addr: usize::MAX - 100,
+            len: 100,
+        };
+        let l = IovList::from_segs([edge]).unwrap();
+        assert_eq!(l.slice(50, 50).segs()[0].addr, usize::MAX - 50);
+        assert_eq!(IovList::one(usize::MAX - 10, 100).total(), 10);
+    }
+
     use super::*;
 
     fn recv(ctx: usize, tag: u64, ignore: u64, flags: u64, len: usize) -> PostedRecv {

@@ -3,6 +3,8 @@
 
 mod cma;
 mod ep;
+#[doc(hidden)]
+pub mod raw;
 mod ring;
 pub mod segment;
 

@@ -427,8 +427,10 @@ pub fn verified_pid(seg: &Segment) -> Option<i32> {
         iov_base: (&mut seen as *mut u64).cast(),
         iov_len: 8,
     };
+    // The base is the peer's word: one that wraps names nothing to verify.
+    let cookie_at = (base as usize).checked_add(OFF_COOKIE)?;
     let remote = libc::iovec {
-        iov_base: (base as usize + OFF_COOKIE) as *mut libc::c_void,
+        iov_base: cookie_at as *mut libc::c_void,
         iov_len: 8,
     };
     // SAFETY: writes 8 bytes into `seen`; the remote address is only dereferenced by the

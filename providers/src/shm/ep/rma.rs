@@ -358,7 +358,7 @@ impl ShmEndpoint {
         }
         let commit_all = total == 0 && h.flags & flag::COMMIT != 0;
         if h.flags & flag::RNDV == 0 {
-            let Some(bytes) = pl.get(off..off + total) else {
+            let Some(bytes) = off.checked_add(total).and_then(|end| pl.get(off..end)) else {
                 return nack(self, st, FI_EINVAL);
             };
             match (&device, self.core.hmem()) {
