@@ -125,6 +125,23 @@ pub trait EndpointOps: ProgressSource {
     fn setopt(&self, name: i32, value: usize) -> Result<()>;
     /// Releases everything: outstanding operations complete with `Canceled`.
     fn close(&self);
+    /// What the endpoint buffers now for messages it could not handle yet.
+    fn buffered(&self) -> Buffered {
+        Buffered::default()
+    }
+}
+
+/// What an endpoint holds for messages that arrived before they could be handled: a
+/// provider bounds each (shm: see its `UNEXP_MSGS`, `UNEXP_BYTES`, `HELD_MAX`) and leaves
+/// what does not fit with the sender. For watching memory, not for matching.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Buffered {
+    /// Messages no posted receive has taken yet (`FI_CLAIM`ed ones included).
+    pub unexpected: usize,
+    /// Bytes held for them (payload and bookkeeping).
+    pub unexpected_bytes: usize,
+    /// Requests held back to keep a peer's order (behind its landing large writes).
+    pub held: usize,
 }
 
 /// Generic per-endpoint state shared between `Endpoint` and the provider.
@@ -941,6 +958,11 @@ impl Endpoint {
     /// manual progress, nothing under auto progress (the domain's thread does it).
     fn driven_by_readers(&self) -> Option<Arc<dyn ProgressSource>> {
         (!self.core.auto_progress).then(|| self.progress_reg.clone())
+    }
+
+    /// What the endpoint buffers now for messages it could not handle yet ([`Buffered`]).
+    pub fn buffered(&self) -> Buffered {
+        self.ops.buffered()
     }
 
     /// `fi_getname`: this endpoint's raw address, to hand to peers out of band.

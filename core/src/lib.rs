@@ -33,7 +33,7 @@ pub use cntr::{CntrAttr, Counter};
 pub use consts::*;
 pub use cq::{CompletionQueue, CqAttr};
 pub use entry::*;
-pub use ep::{CntrClass, Endpoint, EndpointOps, EpCore, Msg, TxOp};
+pub use ep::{Buffered, CntrClass, Endpoint, EndpointOps, EpCore, Msg, TxOp};
 pub use ep_atomic::{AtomicReq, MsgAtomic, ATOMIC_MAX};
 pub use ep_rma::{MsgRma, RmaIov, RmaIovList, RmaOp};
 pub use eq::{EqAttr, EqEntry, EqErrEntry, EventQueue};

@@ -214,6 +214,9 @@ pub struct Unexpected<U> {
     pub has_data: bool,
     /// Message length.
     pub len: usize,
+    /// Bytes the provider holds for it (buffered payload and bookkeeping), counted against
+    /// the endpoint's unexpected-message limit until a receive takes it.
+    pub held: usize,
     /// Provider's payload handle.
     pub payload: U,
 }
@@ -266,6 +269,8 @@ pub struct RecvQueue<U> {
     /// which for a large message moved in fragments is not the order they were matched in.
     multi: HashMap<Context, MultiState>,
     directed: bool,
+    /// Sum of `held` over the buffered and claimed messages.
+    held: usize,
     /// Smallest space a multi-receive buffer keeps before it is released (`FI_OPT_MIN_MULTI_RECV`).
     pub min_multi_recv: usize,
 }
@@ -281,6 +286,7 @@ impl<U> RecvQueue<U> {
             claimed: HashMap::new(),
             multi: HashMap::new(),
             directed,
+            held: 0,
             min_multi_recv: 64,
         }
     }
@@ -304,8 +310,19 @@ impl<U> RecvQueue<U> {
         Some(take_slot(q, i, len, min, &mut self.multi))
     }
 
+    /// Whether an arrival would be taken by a posted receive (nothing changes).
+    pub fn would_match(&self, src: FiAddr, tag: u64, tagged: bool) -> bool {
+        let q = if tagged {
+            &self.posted_tag
+        } else {
+            &self.posted_msg
+        };
+        q.iter().any(|r| r.accepts(src, tag, self.directed))
+    }
+
     /// Buffers an arrival no receive took.
     pub fn push_unexpected(&mut self, tagged: bool, u: Unexpected<U>) {
+        self.held = self.held.saturating_add(u.held);
         if tagged {
             self.unexp_tag.push_back(u);
         } else {
@@ -332,6 +349,7 @@ impl<U> RecvQueue<U> {
             if r.flags & (FI_CLAIM | FI_DISCARD) != 0 {
                 let u = q.remove(i).expect("index from position");
                 if r.flags & FI_DISCARD != 0 {
+                    self.held = self.held.saturating_sub(u.held);
                     discarded = Some(u);
                 } else {
                     self.claimed.insert(r.ctx, u);
@@ -351,6 +369,7 @@ impl<U> RecvQueue<U> {
             let Some(u) = self.claimed.remove(&r.ctx) else {
                 return PostResult::NoMessage;
             };
+            self.held = self.held.saturating_sub(u.held);
             let slot = RecvSlot {
                 ctx: r.ctx,
                 iov: if r.flags & FI_DISCARD != 0 {
@@ -381,6 +400,7 @@ impl<U> RecvQueue<U> {
                 break;
             };
             let u = unexp.remove(i).expect("index from position");
+            self.held = self.held.saturating_sub(u.held);
             let before = posted.len();
             let slot = take_slot(posted, idx, u.len, min, &mut self.multi);
             matched.push((slot, u));
@@ -462,6 +482,7 @@ impl<U> RecvQueue<U> {
 
     /// Every buffered or claimed message, removed (endpoint close).
     pub fn drain_unexpected(&mut self) -> Vec<Unexpected<U>> {
+        self.held = 0;
         let mut v: Vec<_> = self
             .unexp_msg
             .drain(..)
@@ -474,6 +495,11 @@ impl<U> RecvQueue<U> {
     /// Number of buffered unexpected messages.
     pub fn unexpected_len(&self) -> usize {
         self.unexp_msg.len() + self.unexp_tag.len() + self.claimed.len()
+    }
+
+    /// Bytes held for buffered unexpected messages (the sum of their `held`).
+    pub fn unexpected_bytes(&self) -> usize {
+        self.held
     }
 
     /// Number of posted receives.
@@ -569,8 +595,46 @@ mod tests {
             data: 0,
             has_data: false,
             len,
+            held: len,
             payload: tag as u32,
         }
+    }
+
+    #[test]
+    fn held_bytes_follow_every_way_out() {
+        let mut q = RecvQueue::<u32>::new(false);
+        q.push_unexpected(true, unexp(0, 1, 10));
+        q.push_unexpected(true, unexp(0, 2, 20));
+        q.push_unexpected(true, unexp(0, 3, 40));
+        assert_eq!(q.unexpected_bytes(), 70);
+        assert!(q.would_match(0, 9, true) == false);
+        assert!(matches!(
+            q.post(recv(1, 1, 0, FI_TAGGED, 100)),
+            PostResult::Matched(_)
+        ));
+        assert_eq!(q.unexpected_bytes(), 60);
+        // Claimed messages are still held; discarded ones are not.
+        assert!(matches!(
+            q.post(recv(2, 2, 0, FI_TAGGED | FI_PEEK | FI_CLAIM, 0)),
+            PostResult::Peeked { .. }
+        ));
+        assert_eq!(q.unexpected_bytes(), 60);
+        assert!(matches!(
+            q.post(recv(2, 2, 0, FI_TAGGED | FI_CLAIM, 100)),
+            PostResult::Matched(_)
+        ));
+        assert_eq!(q.unexpected_bytes(), 40);
+        assert!(matches!(
+            q.post(recv(3, 3, 0, FI_TAGGED | FI_PEEK | FI_DISCARD, 0)),
+            PostResult::Peeked { .. }
+        ));
+        assert_eq!(q.unexpected_bytes(), 0);
+        q.push_unexpected(false, unexp(0, 0, 5));
+        q.drain_unexpected();
+        assert_eq!(q.unexpected_bytes(), 0);
+        assert!(q.would_match(0, 0, false) == false);
+        let _ = q.post(recv(4, 0, 0, 0, 100));
+        assert!(q.would_match(0, 0, false));
     }
 
     #[test]

@@ -120,18 +120,29 @@ impl ShmEndpoint {
             if let Some(lane) = st.peers[p].rx_lane {
                 self.replay_peer(st, lane, p);
             }
-            if let Some(lane) = st.peers[p].rx_lane.take() {
-                // Deliver what it sent before it died, then free its lane.
-                let mut c = st.cons[lane];
-                while let Some(v) = c.peek(&self.seg, lane) {
-                    self.handle(st, lane, &v);
-                    c.advance(&self.seg, lane, v);
-                }
-                st.cons[lane] = c;
-                st.lane_peer[lane] = None;
-                ring::release_lane(&self.seg, lane);
-                st.known_active &= !(1u64 << lane);
+            if let Some(lane) = st.peers[p].rx_lane {
+                self.drain_gone(st, lane, p);
             }
         }
+    }
+
+    /// Delivers what a dead peer `p` left in `lane`, under the flow control a live sender
+    /// meets (a message that must wait keeps the lane until receives make room), and frees
+    /// the lane once it is empty.
+    pub(super) fn drain_gone(&self, st: &mut State, lane: usize, p: usize) {
+        let mut c = st.cons[lane];
+        while let Some(v) = c.peek(&self.seg, lane) {
+            if self.must_wait(st, lane, &v.h) {
+                st.cons[lane] = c;
+                return;
+            }
+            self.handle(st, lane, &v);
+            c.advance(&self.seg, lane, v);
+        }
+        st.cons[lane] = c;
+        st.peers[p].rx_lane = None;
+        st.lane_peer[lane] = None;
+        ring::release_lane(&self.seg, lane);
+        st.known_active &= !(1u64 << lane);
     }
 }

@@ -50,6 +50,21 @@ pub const FRAG: usize = 16384;
 /// progress, where a receiver copying alone does not: under manual progress a sender that
 /// stops polling stalls it. 64 KiB keeps that dependence to the sizes where it pays most.
 pub const SPLIT_MIN: usize = 64 << 10;
+/// Unexpected messages an endpoint buffers at most (`XFABRIC_SHM_UNEXP_MSGS`). Past this, or
+/// past `UNEXP_BYTES`, a new message that no posted receive takes stays in its sender's ring:
+/// that ring fills and the sender's posts answer `Again` until receives are posted. Nothing is
+/// dropped. The cost is head-of-line blocking: what the same sender wrote after it (replies to
+/// our own operations included) waits too, so an application that floods a peer and waits for
+/// that peer's replies before posting receives can stall itself.
+pub const UNEXP_MSGS: usize = 16384;
+/// Bytes the buffered unexpected messages of one endpoint may hold (`XFABRIC_SHM_UNEXP_BYTES`).
+pub const UNEXP_BYTES: usize = 32 << 20;
+/// Bookkeeping charged per buffered message on top of its payload (measured: 168 bytes a
+/// 64-byte message cost before the bound).
+const UNEXP_OVERHEAD: usize = 128;
+/// Requests one peer may have held behind its landing writes (ordering holds) before its ring
+/// is left unread, as for unexpected messages.
+const HELD_MAX: usize = 1024;
 /// Messages handled per lane per progress call, so one busy sender cannot starve the rest.
 const BATCH: usize = 16;
 /// Polls of the lanes while a split copy waits for its sender (a few microseconds).
@@ -263,6 +278,8 @@ pub struct ShmEndpoint {
     name: String,
     cma: CmaState,
     split_min: usize,
+    /// The unexpected-message bounds (messages, bytes).
+    unexp_max: (usize, usize),
     st: Mutex<State>,
     /// Mirrors of the locked state, so that a poll with nothing to do takes no lock: the
     /// consumer position of each lane, the lanes known active, and whether anything is in
@@ -319,6 +336,10 @@ impl ShmEndpoint {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(SPLIT_MIN),
+            unexp_max: (
+                env_usize("XFABRIC_SHM_UNEXP_MSGS", UNEXP_MSGS),
+                env_usize("XFABRIC_SHM_UNEXP_BYTES", UNEXP_BYTES),
+            ),
             st: Mutex::new(State {
                 rxq: RecvQueue::new(directed),
                 peers: Vec::new(),
@@ -760,6 +781,11 @@ impl ShmEndpoint {
                     st.cons[lane] = c;
                     break;
                 };
+                if self.must_wait(st, lane, &v.h) {
+                    // Flow control: it stays in the ring until there is room for it.
+                    st.cons[lane] = c;
+                    break;
+                }
                 let released = self.handle(st, lane, &v);
                 c.advance(&self.seg, lane, v);
                 st.cons[lane] = c;
@@ -770,8 +796,36 @@ impl ShmEndpoint {
                     break;
                 }
             }
+            // A dead sender's lane that flow control left unfinished: go on with it, and free
+            // it once empty.
+            if let Some(p) = st.lane_peer[lane].filter(|&p| st.peers[p].dead) {
+                self.drain_gone(st, lane, p);
+            }
         }
         n
+    }
+
+    /// Whether the message at the head of `lane` must stay in the ring for now: a request to
+    /// hold behind a landing write while the peer already has `HELD_MAX` held, or a new
+    /// message no posted receive takes while the unexpected queue is at its bound.
+    fn must_wait(&self, st: &mut State, lane: usize, h: &Header) -> bool {
+        let Some(p) = st.lane_peer[lane] else {
+            return false;
+        };
+        if self.must_hold(st, p, h) {
+            return st.peers[p].held.len() >= HELD_MAX;
+        }
+        if !matches!(h.kind, kind::EAGER | kind::RTS) {
+            return false;
+        }
+        let (msgs, bytes) = self.unexp_max;
+        let full = st.rxq.unexpected_len() >= msgs
+            || st.rxq.unexpected_bytes().saturating_add(h.len as usize) > bytes;
+        if !full {
+            return false;
+        }
+        let src = self.src_of(st, p);
+        !st.rxq.would_match(src, h.tag, h.flags & flag::TAGGED != 0)
     }
 
     /// Handles one message; returns true when the lane is to be released (the sender left).
@@ -845,6 +899,7 @@ impl ShmEndpoint {
                     }
                 } else {
                     let ack_on_match = (h.flags & flag::ACK_MATCH != 0).then_some(h.aux);
+                    let held = bytes.len() + UNEXP_OVERHEAD;
                     let payload = Payload::Eager {
                         bytes: bytes.to_vec(),
                         ack_on_match,
@@ -858,6 +913,7 @@ impl ShmEndpoint {
                             data: h.data,
                             has_data: data.is_some(),
                             len,
+                            held,
                             payload,
                         },
                     );
@@ -882,6 +938,7 @@ impl ShmEndpoint {
                             data: h.data,
                             has_data: data.is_some(),
                             len: r.len,
+                            held: UNEXP_OVERHEAD + r.iov.len() * 16,
                             payload: Payload::Rndv(r),
                         },
                     );
@@ -1261,6 +1318,15 @@ impl EndpointOps for ShmEndpoint {
         Ok(())
     }
 
+    fn buffered(&self) -> xfabric_core::Buffered {
+        let st = self.lock();
+        xfabric_core::Buffered {
+            unexpected: st.rxq.unexpected_len(),
+            unexpected_bytes: st.rxq.unexpected_bytes(),
+            held: st.peers.iter().map(|p| p.held.len()).sum(),
+        }
+    }
+
     fn setopt(&self, name: i32, value: usize) -> Result<()> {
         match name {
             FI_OPT_MIN_MULTI_RECV => {
@@ -1381,6 +1447,13 @@ pub fn seg_name(raw: &[u8]) -> Result<String> {
         )));
     }
     Ok(name.to_string())
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout: Duration) {
