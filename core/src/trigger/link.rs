@@ -26,7 +26,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct EpLink {
     pub(crate) core: Arc<EpCore>,
     ops: Arc<dyn EndpointOps>,
-    closed: AtomicBool,
+    pub(super) closed: AtomicBool,
     /// Started operations the provider refused with `Again`, oldest first. While it is not
     /// empty, newly started operations queue behind it, so the endpoint keeps their order.
     stalled: Mutex<VecDeque<Job>>,
@@ -100,7 +100,7 @@ impl EpLink {
                 "{what}: endpoint was opened without FI_XPU_TRIGGER"
             ))
         })?;
-        let n = x.arm(what, xpu, vars, job, &self.closed)?;
+        let n = x.arm(what, xpu, vars, job, self)?;
         // A progress thread asleep on the provider's doorbell must start watching this one.
         if self.core.auto_progress {
             self.ops.wake();

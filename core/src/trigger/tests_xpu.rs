@@ -299,3 +299,88 @@ fn a_thread_rings_thousands_in_order() {
     assert_eq!(w.sh.ctxs(), (1..=n).collect::<Vec<_>>());
     assert!(e.errors().is_empty());
 }
+
+#[test]
+fn a_stray_value_stored_while_nothing_is_armed_is_reported_and_starts_nothing_later() {
+    let w = World::new();
+    let e = w.ep_with(XPU_CAPS, 64, &[]);
+    let v = xsend(&e.ep, 1);
+    ring(&v);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1]);
+    // Nothing is armed now; the XPU stores past anything handed out.
+    ring_to(&v, 51);
+    e.ep.progress();
+    let errs = e.errors();
+    assert_eq!(errs.len(), 1, "reported when the watcher next runs");
+    assert_eq!((errs[0].prov_errno, errs[0].data), (XPU_ERR_PAST_ARMED, 51));
+    let later: Vec<_> = (2..=6).map(|ctx| xsend(&e.ep, ctx)).collect();
+    e.ep.progress();
+    assert_eq!(
+        w.sh.ctxs(),
+        [1],
+        "the stray value starts nothing armed after it"
+    );
+    assert_eq!(unsafe { later[0].value.val64 }, 52);
+    ring(&later[4]);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1, 2, 3, 4, 5, 6]);
+    assert!(e.errors().is_empty());
+}
+
+#[test]
+fn arming_judges_a_stray_value_no_watcher_has_seen_yet() {
+    let w = World::new();
+    let e = w.ep_with(XPU_CAPS, 64, &[]);
+    let v = xsend(&e.ep, 1);
+    ring(&v);
+    e.ep.progress();
+    ring_to(&v, 51);
+    // No progress between the store and the next arm.
+    let later: Vec<_> = (2..=6).map(|ctx| xsend(&e.ep, ctx)).collect();
+    let errs = e.errors();
+    assert_eq!(errs.len(), 1, "reported before anything is armed after it");
+    assert_eq!((errs[0].prov_errno, errs[0].data), (XPU_ERR_PAST_ARMED, 51));
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1]);
+    ring(&later[4]);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1, 2, 3, 4, 5, 6]);
+}
+
+#[test]
+fn a_doorbell_at_u64_max_saturates_and_refuses_further_arming() {
+    let w = World::new();
+    let e = w.ep_with(XPU_CAPS, 64, &[]);
+    let v = xsend(&e.ep, 1);
+    ring_to(&v, u64::MAX);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1], "what was armed starts");
+    let errs = e.errors();
+    assert_eq!(errs.len(), 1);
+    assert_eq!(
+        (errs[0].prov_errno, errs[0].data),
+        (XPU_ERR_PAST_ARMED, u64::MAX)
+    );
+    // No value is left above the stray one: arming says so instead of wrapping to 0.
+    let iov = [RawIov::of(&[0u8; 8])];
+    let mut vars = [TriggerVar::default()];
+    // SAFETY: refused before anything is armed.
+    let r = unsafe { e.ep.sendmsg_xpu(&msg(&iov, 2), 0, Xpu::CPU, &mut vars) };
+    assert!(matches!(r, Err(Error::OpBadState(_))), "{r:?}");
+    assert!(vars[0].addr.is_null(), "nothing filled on error");
+    e.ep.progress();
+    assert!(
+        e.errors().is_empty(),
+        "the value stays where it is: no BACKWARDS"
+    );
+    // Another XPU of the endpoint is unaffected.
+    let other = Xpu {
+        iface: Iface::System,
+        device: 1,
+    };
+    let o = xsend_on(&e.ep, other, 3);
+    ring(&o);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1, 3]);
+}

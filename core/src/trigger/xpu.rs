@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::link::EpLink;
 use super::Job;
 use crate::atomic::Datatype;
 use crate::consts::errno::FI_EINVAL;
@@ -102,6 +103,8 @@ pub(crate) struct XpuWatch {
     bells: Mutex<Vec<Bell>>,
     /// Operations armed and not yet started or canceled (read without the lock).
     armed: AtomicUsize,
+    /// A doorbell exists: the watcher has something to look at (read without the lock).
+    has_bells: AtomicBool,
     /// When a trigger last fired (nanoseconds since `epoch`), for the watcher's back-off.
     last_fire: AtomicU64,
     epoch: Instant,
@@ -113,6 +116,7 @@ impl XpuWatch {
             alloc,
             bells: Mutex::default(),
             armed: AtomicUsize::new(0),
+            has_bells: AtomicBool::new(false),
             last_fire: AtomicU64::new(0),
             epoch: Instant::now(),
         }
@@ -146,7 +150,7 @@ impl XpuWatch {
         xpu: Xpu,
         vars: &mut [TriggerVar],
         job: Job,
-        closed: &AtomicBool,
+        link: &EpLink,
     ) -> Result<usize> {
         let Some(var) = vars.first_mut() else {
             return Err(Error::Inval(format!(
@@ -162,7 +166,7 @@ impl XpuWatch {
         }
         let mut bells = self.lock();
         // Checked under the lock close takes to release what is armed: nothing armed after.
-        if closed.load(Ordering::Acquire) {
+        if link.closed.load(Ordering::Acquire) {
             return Err(Error::OpBadState(format!("{what}: endpoint is closed")));
         }
         if self.armed.load(Ordering::Acquire) >= XPU_ARMED_MAX {
@@ -183,19 +187,76 @@ impl XpuWatch {
                     seen,
                     jobs: VecDeque::new(),
                 });
+                self.has_bells.store(true, Ordering::Release);
                 bells.len() - 1
             }
         };
         let b = &mut bells[i];
-        b.armed += 1;
-        let value = b.armed;
-        b.jobs.push_back((value, job));
-        var.addr = b.bell.xpu_addr() as *mut std::ffi::c_void;
-        var.value.val64 = value;
-        self.armed.fetch_add(1, Ordering::AcqRel);
-        // Arming restarts the spin window: a trigger is likely soon.
-        self.touch();
-        Ok(1)
+        // Judge what the XPU stored since the watcher last looked before handing out a value:
+        // a stray value stored while nothing was armed must not start what is armed now.
+        let mut misuse = None;
+        let started = self.scan(b, &|j| link.submit(j), &mut misuse);
+        let value = b.armed.checked_add(1);
+        let armed = value.map(|value| {
+            b.armed = value;
+            b.jobs.push_back((value, job));
+            var.addr = b.bell.xpu_addr() as *mut std::ffi::c_void;
+            var.value.val64 = value;
+            self.armed.fetch_add(1, Ordering::AcqRel);
+        });
+        drop(bells);
+        if started > 0 || armed.is_some() {
+            // Arming restarts the spin window: a trigger is likely soon.
+            self.touch();
+        }
+        if let Some(m) = misuse {
+            report_misuse(&link.core, m);
+        }
+        armed.map(|()| 1).ok_or_else(|| {
+            // Values only grow, and the XPU's stores are untrusted: one of u64::MAX leaves no
+            // value to hand out on this doorbell, and wrapping would make the next ring look
+            // like one going backwards. The endpoint keeps its other XPUs.
+            Error::OpBadState(format!(
+                "{what}: the doorbell of XPU {:?} holds u64::MAX, past any value armed; no trigger value is left on it for this endpoint",
+                xpu
+            ))
+        })
+    }
+
+    /// Reads `b`'s doorbell once: starts, in order and under the caller's lock, what its
+    /// value reached, and notes a misuse. Values saturate at u64::MAX. Returns how many
+    /// operations started.
+    fn scan(&self, b: &mut Bell, start: &impl Fn(Job), misuse: &mut Option<Misuse>) -> usize {
+        let v = b.bell.word().load(Ordering::Acquire);
+        if v == b.seen {
+            return 0;
+        }
+        if v < b.seen {
+            *misuse = Some(Misuse {
+                value: v,
+                code: XPU_ERR_BACKWARDS,
+            });
+        } else if v > b.armed {
+            *misuse = Some(Misuse {
+                value: v,
+                code: XPU_ERR_PAST_ARMED,
+            });
+        }
+        b.seen = v;
+        // Past what was armed: start only what was armed, and hand out values above what the
+        // XPU stored from now on, so its stray value starts nothing later.
+        let upto = v.min(b.armed);
+        b.armed = b.armed.max(v);
+        let mut n = 0;
+        while b.jobs.front().is_some_and(|(k, _)| *k <= upto) {
+            let Some((_, job)) = b.jobs.pop_front() else {
+                break;
+            };
+            self.armed.fetch_sub(1, Ordering::AcqRel);
+            start(job);
+            n += 1;
+        }
+        n
     }
 
     fn touch(&self) {
@@ -207,7 +268,9 @@ impl XpuWatch {
     /// misuse. Returns how many operations started. Another thread already looking is left
     /// to it (one watcher at a time keeps the order).
     pub(crate) fn poll(&self, core: &EpCore, start: impl Fn(Job)) -> usize {
-        if !self.waiting() {
+        // Looked at even with nothing armed, so that a stray store is reported when the
+        // watcher next runs, not when something is armed after it.
+        if !self.has_bells.load(Ordering::Acquire) {
             return 0;
         }
         let Ok(mut bells) = self.bells.try_lock() else {
@@ -216,32 +279,9 @@ impl XpuWatch {
         let mut n = 0;
         let mut misuse = Vec::new();
         for b in bells.iter_mut() {
-            let v = b.bell.word().load(Ordering::Acquire);
-            if v == b.seen {
-                continue;
-            }
-            if v < b.seen {
-                misuse.push(Misuse {
-                    value: v,
-                    code: XPU_ERR_BACKWARDS,
-                });
-            } else if v > b.armed {
-                misuse.push(Misuse {
-                    value: v,
-                    code: XPU_ERR_PAST_ARMED,
-                });
-            }
-            b.seen = v;
-            // Past what was armed: start only what was armed, and hand out values above
-            // what the XPU stored from now on, so its stray value starts nothing later.
-            let upto = v.min(b.armed);
-            b.armed = b.armed.max(v);
-            while b.jobs.front().is_some_and(|(k, _)| *k <= upto) {
-                let (_, job) = b.jobs.pop_front().expect("front checked");
-                self.armed.fetch_sub(1, Ordering::AcqRel);
-                start(job);
-                n += 1;
-            }
+            let mut m = None;
+            n += self.scan(b, &start, &mut m);
+            misuse.extend(m);
         }
         drop(bells);
         if n > 0 {
