@@ -13,11 +13,19 @@
 //!   the same number of plain sends posted back to back.
 //! - `idle`: CPU time the auto-progress thread costs while nothing happens: with nothing
 //!   armed, and with an operation armed but its XPU silent past the watcher's spin window.
+//! - `silence`: a trigger after a long silence. For each gap, the host arms an 8-byte send,
+//!   the XPU thread computes for the gap (sleeps: a GPU's compute costs the host nothing;
+//!   `--spin` busy-loops instead), stamps the slot and rings; latency from the store to the
+//!   peer's receive completion, p50 / p99 / max per gap against plain sends, and the process's
+//!   CPU during the gaps (the watcher's cost while the XPU is silent). Auto progress unless
+//!   `--manual` (then the sender's thread waits by reading its CQ: it is the watcher).
 //!
 //! ```text
 //! cargo run --release --example xpu_bench -- lat [--samples N] [--rounds R] [--auto]
 //! cargo run --release --example xpu_bench -- rate [--count N] [--rounds R]
 //! cargo run --release --example xpu_bench -- idle [--secs S]
+//! cargo run --release --example xpu_bench -- silence [--gaps 0,5,50,200,1000] [--samples N]
+//!                                                    [--spin] [--manual]
 //! ```
 
 use std::io::{BufRead, BufReader, Write};
@@ -52,6 +60,11 @@ struct Args {
     count: usize,
     secs: u64,
     auto: bool,
+    /// `silence`: the XPU's compute time before each ring, in milliseconds.
+    gaps: Vec<u64>,
+    /// `silence`: the XPU busy-loops through the gap instead of sleeping.
+    spin: bool,
+    manual: bool,
 }
 
 fn args() -> Args {
@@ -63,7 +76,11 @@ fn args() -> Args {
         count: 60_000,
         secs: 2,
         auto: false,
+        gaps: vec![0, 5, 50, 200, 1000],
+        spin: false,
+        manual: false,
     };
+    let mut samples_given = false;
     let mut it = v.iter().skip(1);
     while let Some(k) = it.next() {
         let mut num = || -> usize {
@@ -72,13 +89,28 @@ fn args() -> Args {
                 .unwrap_or_else(|| fail(&format!("{k} needs a number")))
         };
         match k.as_str() {
-            "--samples" => a.samples = num().max(1),
+            "--samples" => {
+                a.samples = num().max(1);
+                samples_given = true;
+            }
+            "--gaps" => {
+                a.gaps = it
+                    .next()
+                    .map(|x| x.split(',').map(|g| g.trim().parse().ok()).collect())
+                    .and_then(|g: Option<Vec<u64>>| g.filter(|g| !g.is_empty()))
+                    .unwrap_or_else(|| fail("--gaps needs a list of milliseconds: 0,5,50"))
+            }
+            "--spin" => a.spin = true,
+            "--manual" => a.manual = true,
             "--rounds" => a.rounds = num().max(1),
             "--count" => a.count = num().clamp(1, XPU_ARMED_MAX),
             "--secs" => a.secs = num().max(1) as u64,
             "--auto" => a.auto = true,
             _ => fail(&format!("unknown argument {k}")),
         }
+    }
+    if a.mode == "silence" && !samples_given {
+        a.samples = 5;
     }
     a
 }
@@ -97,7 +129,9 @@ fn main() {
         ("rate", false) => rate_sender(&a),
         ("rate", true) => rate_peer(&a),
         ("idle", false) => idle(&a),
-        (m, _) => fail(&format!("unknown mode {m} (lat, rate, idle)")),
+        ("silence", false) => silence_sender(&a),
+        ("silence", true) => silence_peer(&a),
+        (m, _) => fail(&format!("unknown mode {m} (lat, rate, idle, silence)")),
     }
 }
 
@@ -511,4 +545,167 @@ fn idle(a: &Args) {
         "auto-progress thread, idle for {} s: {:.2}% of a core with nothing armed, {:.2}% with an operation armed and its XPU silent (goal < 5%)",
         a.secs, none, armed
     );
+}
+
+// ---- silence ----
+
+/// The peer of `silence`: busy-polls its CQ, timestamps each receive completion, answers;
+/// prints every latency in the order received.
+fn silence_peer(a: &Args) {
+    let n = open(FI_MSG | FI_TAGGED, Progress::Manual);
+    let (from, _lines) = connect_parent(&n);
+    let total = (a.gaps.len() + 1) * a.samples;
+    let mut out = Vec::with_capacity(total);
+    let mut buf = [0u8; 8];
+    let ack = [0u8; 8];
+    for i in 0..total {
+        // SAFETY: `buf` is read only after the receive completed.
+        n.retry(|| unsafe { n.ep.trecv(&mut buf, None, from, 0, !0, i) });
+        n.until(|e| e.flags & FI_RECV != 0);
+        let t1 = now_ns();
+        out.push(format!(
+            "{:.3}",
+            t1.saturating_sub(u64::from_ne_bytes(buf)) as f64 / 1e3
+        ));
+        // SAFETY: `ack` outlives the send (waited for).
+        n.retry(|| unsafe { n.ep.tsend(&ack, None, from, 0, 1 << 40) });
+        n.until(|e| e.flags & FI_SEND != 0);
+    }
+    println!("{}", out.join(" "));
+}
+
+fn silence_sender(a: &Args) {
+    let mut peer = Peer::start();
+    let progress = if a.manual {
+        Progress::Manual
+    } else {
+        Progress::Auto
+    };
+    let n = open(FI_MSG | FI_TAGGED | FI_TRIGGER | FI_XPU_TRIGGER, progress);
+    let to = peer.connect(&n);
+    let slot = [0u8; 8];
+    let mut ack = [0u8; 8];
+    let stamp = |s: &[u8; 8]| {
+        // SAFETY: the slot's send is armed or about to be posted, not started: nothing reads
+        // it yet (the previous one completed in its exchange).
+        unsafe { (s.as_ptr() as *mut u64).write_volatile(now_ns()) }
+    };
+    let wait_both = |n: &Node| {
+        let (mut sent, mut answered) = (false, false);
+        n.until(|e| {
+            sent |= e.flags & FI_SEND != 0;
+            answered |= e.flags & FI_RECV != 0;
+            sent && answered
+        });
+    };
+    // CPU seconds and wall seconds spent in each gap.
+    let mut cost = vec![(0.0f64, 0.0f64); a.gaps.len()];
+    for (g, &gap) in a.gaps.iter().enumerate() {
+        for i in 0..a.samples {
+            // SAFETY: `ack` is only read by the peer's answer, waited for below.
+            n.retry(|| unsafe { n.ep.trecv(&mut ack, None, to, 0, !0, 7) });
+            let iov = [RawIov::of(&slot)];
+            let m = Msg {
+                iov: &iov,
+                desc: &[],
+                addr: to,
+                context: i,
+                data: 0,
+                tag: TAG_XPU,
+                ignore: 0,
+            };
+            let mut v = [TriggerVar::default()];
+            // SAFETY: `slot` outlives the send (it completes within this exchange).
+            unsafe { n.ep.tsendmsg_xpu(&m, 0, Xpu::CPU, &mut v) }.expect("arm");
+            let (c0, t0) = (cpu_secs(), Instant::now());
+            let xpu = |s: &[u8; 8], v: &TriggerVar| {
+                let until = Instant::now() + Duration::from_millis(gap);
+                if a.spin {
+                    while Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
+                } else {
+                    std::thread::sleep(Duration::from_millis(gap));
+                }
+                stamp(s);
+                // SAFETY: a variable this endpoint filled for the CPU XPU.
+                unsafe { ring(std::slice::from_ref(v)) }.expect("ring");
+            };
+            if a.manual {
+                // The sender's thread is the watcher: the XPU is a separate thread.
+                std::thread::scope(|sc| {
+                    sc.spawn(|| xpu(&slot, &v[0]));
+                    wait_both(&n);
+                });
+            } else {
+                std::thread::scope(|sc| {
+                    sc.spawn(|| xpu(&slot, &v[0]));
+                });
+                // Up to the ring only the watcher (and a spinning XPU) used CPU.
+                let c = &mut cost[g];
+                c.0 += cpu_secs() - c0;
+                c.1 += t0.elapsed().as_secs_f64();
+                wait_both(&n);
+            }
+        }
+    }
+    for i in 0..a.samples {
+        // SAFETY: as above.
+        n.retry(|| unsafe { n.ep.trecv(&mut ack, None, to, 0, !0, 7) });
+        stamp(&slot);
+        // SAFETY: `slot` outlives the send (waited for below).
+        n.retry(|| unsafe { n.ep.tsend(&slot, None, to, TAG_PLAIN, i) });
+        wait_both(&n);
+    }
+    let line = peer.hear();
+    let f: Vec<f64> = line
+        .split(' ')
+        .map(|x| x.parse().unwrap_or(f64::NAN))
+        .collect();
+    if f.len() != (a.gaps.len() + 1) * a.samples {
+        fail(&format!("the peer sent {} samples", f.len()));
+    }
+    let stats = |k: usize| {
+        let mut v = f[k * a.samples..(k + 1) * a.samples].to_vec();
+        v.sort_by(f64::total_cmp);
+        (pct(&v, 0.5), pct(&v, 0.99), v[v.len() - 1])
+    };
+    println!(
+        "8 B trigger after a silence, {} (usec; doorbell store -> peer's receive completion; XPU {} through the gap)",
+        if a.manual {
+            "manual progress, the sender's CQ reads are the watcher"
+        } else {
+            "sender under auto progress"
+        },
+        if a.spin { "busy" } else { "asleep" }
+    );
+    println!(
+        "user-level monitor/wait on this CPU: {} (a CPU ring wakes the watcher by futex)",
+        user_monitor_wait().unwrap_or("none")
+    );
+    println!("gap ms  samples      p50      p99      max   cpu% in gap");
+    let plain = stats(a.gaps.len());
+    let mut ok = true;
+    for (g, gap) in a.gaps.iter().enumerate() {
+        let (p50, p99, max) = stats(g);
+        let cpu = if a.manual || cost[g].1 == 0.0 {
+            "-".to_string()
+        } else {
+            format!("{:.2}", 100.0 * cost[g].0 / cost[g].1)
+        };
+        ok &= p50 <= plain.0 + 1.0 && max <= 20.0;
+        println!(
+            "{:>6} {:>8} {:>8.2} {:>8.2} {:>8.2} {:>13}",
+            gap, a.samples, p50, p99, max, cpu
+        );
+    }
+    println!(
+        "plain  {:>8} {:>8.2} {:>8.2} {:>8.2}",
+        a.samples, plain.0, plain.1, plain.2
+    );
+    println!(
+        "goal: p50 <= plain + 1 usec and max <= 20 usec at every gap, cpu < 5% (auto, XPU asleep): {}",
+        if ok { "latency met" } else { "latency NOT met" }
+    );
+    peer.finish();
 }
