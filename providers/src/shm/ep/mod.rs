@@ -65,6 +65,9 @@ const UNEXP_OVERHEAD: usize = 128;
 /// Requests one peer may have held behind its landing writes (ordering holds) before its ring
 /// is left unread, as for unexpected messages.
 const HELD_MAX: usize = 1024;
+/// How far the bounds give while a pipelined transfer from the same peer needs fragments
+/// that sit behind what would wait (see `must_wait`).
+const PIPELINED_SLACK: usize = 16;
 /// Messages handled per lane per progress call, so one busy sender cannot starve the rest.
 const BATCH: usize = 16;
 /// Polls of the lanes while a split copy waits for its sender (a few microseconds).
@@ -819,18 +822,18 @@ impl ShmEndpoint {
             return false;
         };
         // A transfer from this peer pipelined through the ring (cross-memory attach refused)
-        // needs its fragments, which could not get past a waiting message: while one is under
-        // way, nothing waits (the bounds are exceeded rather than the peers deadlocked).
-        if st.rxp.iter().any(|(_, r)| r.peer == p && r.split.is_none()) {
-            return false;
-        }
+        // needs its fragments, which cannot get past a waiting message: while one is under
+        // way the bounds give, up to `PIPELINED_SLACK` times, rather than deadlock the peers.
+        let slack = st.rxp.iter().any(|(_, r)| r.peer == p && r.split.is_none());
+        let k = if slack { PIPELINED_SLACK } else { 1 };
         if self.must_hold(st, p, h) {
-            return st.peers[p].held.len() >= HELD_MAX;
+            return st.peers[p].held.len() >= HELD_MAX * k;
         }
         if !matches!(h.kind, kind::EAGER | kind::RTS) {
             return false;
         }
         let (msgs, bytes) = self.unexp_max;
+        let (msgs, bytes) = (msgs.saturating_mul(k), bytes.saturating_mul(k));
         let full = st.rxq.unexpected_len() >= msgs
             || st
                 .rxq
@@ -1401,8 +1404,31 @@ impl EndpointOps for ShmEndpoint {
             return;
         }
         st.closed = true;
+        // Acknowledgements and other replies still queued for live peers go out first, for a
+        // bounded time: a peer waiting for them would otherwise see only our BYE or our
+        // death, and fail operations that did complete here.
+        let until = Instant::now() + Duration::from_secs(1);
+        loop {
+            let mut queued = false;
+            for p in 0..st.peers.len() {
+                if !st.peers[p].dead
+                    && !self.flush_backlog(&mut st, p)
+                    && st.peers[p].seg.owner_alive()
+                {
+                    queued = true;
+                }
+            }
+            if !queued || Instant::now() >= until {
+                break;
+            }
+            std::thread::yield_now();
+        }
         for p in 0..st.peers.len() {
             let peer = &mut st.peers[p];
+            if !peer.backlog.is_empty() {
+                // BYE must not overtake what is queued; the peer notices our lock go instead.
+                continue;
+            }
             if let Some(prod) = peer.prod.as_mut() {
                 let h = Header {
                     kind: kind::BYE,
