@@ -9,6 +9,9 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+pub mod info;
+use info::FiInfo;
+
 /// `FI_VERSION(1, 17)`: the API this library implements.
 pub const FI_VERSION_1_17: u32 = (1 << 16) | 17;
 
@@ -175,11 +178,22 @@ pub extern "C" fn fi_getinfo(
     -FI_ENOSYS
 }
 
-/// Nothing is allocated as fi_info yet, so the only list a caller can hold is null.
-pub extern "C" fn fi_freeinfo(_info: *mut c_void) {}
+/// # Safety
+/// `info` must be null or a list from [`fi_dupinfo`] / [`fi_getinfo`], whose pointer members the
+/// application replaced, if at all, only with libc allocations.
+pub unsafe extern "C" fn fi_freeinfo(info: *mut FiInfo) {
+    // SAFETY: forwarded contract.
+    guard((), || unsafe { info::free_info(info) })
+}
 
-pub extern "C" fn fi_dupinfo(_info: *const c_void) -> *mut c_void {
-    std::ptr::null_mut()
+/// A deep copy of one entry; `fi_dupinfo(NULL)` is `fi_allocinfo()`. Null when out of memory.
+///
+/// # Safety
+/// `info` must be null or a valid entry (strings NUL-terminated, addresses and keys readable for
+/// their stated lengths).
+pub unsafe extern "C" fn fi_dupinfo(info: *const FiInfo) -> *mut FiInfo {
+    // SAFETY: forwarded contract.
+    guard(std::ptr::null_mut(), || unsafe { info::dup_info(info) })
 }
 
 pub extern "C" fn fi_fabric(

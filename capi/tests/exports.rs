@@ -1,18 +1,10 @@
 //! The export table of libfabric.so must be Debian's libfabric 1.17.0's (FABRIC_1.x nodes),
 //! or programs linked against Debian's library fail to resolve their versioned symbols.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-/// The cdylib cargo built beside this test (target/<profile>/libfabric.so).
-fn cdylib() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>");
-    dir.join("libfabric.so")
-}
+mod common;
+use common::cdylib;
 
 const EXPECTED: [(&str, &str); 16] = [
     ("fi_version", "FABRIC_1.0"),
