@@ -191,6 +191,13 @@ pub static XPU_POLL_US: Setting = Setting::new(
     "Past the spin window, how long (us) the watcher sleeps between looks at a doorbell that \
      armed operations wait on",
 );
+pub static XPU_CPU_SPIN_US: Setting = Setting::new(
+    "XFABRIC_XPU_CPU_SPIN_US",
+    Kind::Size,
+    "50",
+    "The spin window (us) instead, when every doorbell of the endpoint belongs to a CPU XPU, \
+     whose ring wakes a sleeping watcher",
+);
 pub static SHM_CMA: Setting = Setting::new(
     "XFABRIC_SHM_CMA",
     Kind::Bool,
@@ -261,6 +268,7 @@ pub static GPU_TESTS: Setting = Setting::new(
 pub static SETTINGS: &[&Setting] = &[
     &XPU_SPIN_MS,
     &XPU_POLL_US,
+    &XPU_CPU_SPIN_US,
     &SHM_CMA,
     &SHM_SPLIT_MIN,
     &SHM_UNEXP_MSGS,

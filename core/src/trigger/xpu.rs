@@ -43,7 +43,7 @@ fn spin_window() -> Duration {
 /// (`notify_xpu_ring`), so spinning longer only takes CPU from the XPU's own thread.
 fn cpu_spin_window() -> Duration {
     static V: OnceLock<Duration> = OnceLock::new();
-    *V.get_or_init(|| Duration::from_micros(env_u64("XFABRIC_XPU_CPU_SPIN_US", 50)))
+    *V.get_or_init(|| Duration::from_micros(crate::settings::XPU_CPU_SPIN_US.size()))
 }
 
 /// Past the spin window, how long the watcher sleeps between looks at a doorbell that armed
