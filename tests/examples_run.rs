@@ -79,6 +79,12 @@ fn xpu_pipeline_delivers_every_bucket_checked() {
             "{text}"
         );
         assert!(text.contains("XPU: CPU thread"), "{text}");
+        // The ordinary way runs beside it, with the bound overlap allows.
+        assert!(text.contains("triggered/ordinary"), "{text}");
+        assert!(
+            text.contains("max(compute, transfer)/(compute + transfer)"),
+            "{text}"
+        );
     }
 }
 
