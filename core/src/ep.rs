@@ -132,7 +132,7 @@ pub trait EndpointOps: ProgressSource {
 }
 
 /// What an endpoint holds for messages that arrived before they could be handled: a
-/// provider bounds each (shm: see its `UNEXP_MSGS`, `UNEXP_BYTES`, `HELD_MAX`) and leaves
+/// provider bounds each (shm: `XFABRIC_SHM_UNEXP_MSGS`, `XFABRIC_SHM_UNEXP_BYTES`, its `HELD_MAX`) and leaves
 /// what does not fit with the sender. For watching memory, not for matching.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Buffered {

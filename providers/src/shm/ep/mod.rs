@@ -19,6 +19,7 @@ use xfabric_core::consts::errno::*;
 use xfabric_core::consts::*;
 use xfabric_core::ep::{TxOp, INJECT_CALL};
 use xfabric_core::rxq::{PostResult, PostedRecv, RecvQueue, RecvSlot, Unexpected};
+use xfabric_core::settings;
 use xfabric_core::{
     Context, EndpointOps, EpCore, Error, FiAddr, IovList, ProgressSource, RawIov, Result,
 };
@@ -44,21 +45,18 @@ pub const EAGER_MAX: usize = 16384;
 pub const INJECT_SIZE: usize = 4096;
 /// Fragment size of the pipelined large-message path.
 pub const FRAG: usize = 16384;
-/// Messages from this size on are copied by both sides at once (split copy), where
-/// cross-memory attach works; `XFABRIC_SHM_SPLIT_MIN` overrides it. Splitting from 32 KiB
-/// would be faster there (7.9 GB/s against 6.1-6.7), but a split needs the sender to make
-/// progress, where a receiver copying alone does not: under manual progress a sender that
-/// stops polling stalls it. 64 KiB keeps that dependence to the sizes where it pays most.
-pub const SPLIT_MIN: usize = 64 << 10;
-/// Unexpected messages an endpoint buffers at most (`XFABRIC_SHM_UNEXP_MSGS`). Past this, or
-/// past `UNEXP_BYTES`, a new message that no posted receive takes stays in its sender's ring:
-/// that ring fills and the sender's posts answer `Again` until receives are posted. Nothing is
-/// dropped. The cost is head-of-line blocking: what the same sender wrote after it (replies to
-/// our own operations included) waits too, so an application that floods a peer and waits for
-/// that peer's replies before posting receives can stall itself.
-pub const UNEXP_MSGS: usize = 16384;
-/// Bytes the buffered unexpected messages of one endpoint may hold (`XFABRIC_SHM_UNEXP_BYTES`).
-pub const UNEXP_BYTES: usize = 32 << 20;
+// Messages from `settings::SHM_SPLIT_MIN` on are copied by both sides at once (split copy),
+// where cross-memory attach works. Splitting from 32 KiB would be faster there (7.9 GB/s
+// against 6.1-6.7), but a split needs the sender to make progress, where a receiver copying
+// alone does not: under manual progress a sender that stops polling stalls it. The 64 KiB
+// default keeps that dependence to the sizes where it pays most.
+//
+// An endpoint buffers at most `settings::SHM_UNEXP_MSGS` unexpected messages holding at most
+// `settings::SHM_UNEXP_BYTES`. Past that, a new message that no posted receive takes stays in
+// its sender's ring: that ring fills and the sender's posts answer `Again` until receives are
+// posted. Nothing is dropped. The cost is head-of-line blocking: what the same sender wrote
+// after it (replies to our own operations included) waits too, so an application that floods a
+// peer and waits for that peer's replies before posting receives can stall itself.
 /// Bookkeeping charged per buffered message on top of its payload (measured: 168 bytes a
 /// 64-byte message cost before the bound).
 const UNEXP_OVERHEAD: usize = 128;
@@ -338,13 +336,10 @@ impl ShmEndpoint {
                 known_active: AtomicU64::new(0),
                 busy: AtomicBool::new(false),
             },
-            split_min: std::env::var("XFABRIC_SHM_SPLIT_MIN")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(SPLIT_MIN),
+            split_min: settings::SHM_SPLIT_MIN.usize(),
             unexp_max: (
-                env_usize("XFABRIC_SHM_UNEXP_MSGS", UNEXP_MSGS),
-                env_usize("XFABRIC_SHM_UNEXP_BYTES", UNEXP_BYTES),
+                settings::SHM_UNEXP_MSGS.usize(),
+                settings::SHM_UNEXP_BYTES.usize(),
             ),
             st: Mutex::new(State {
                 rxq: RecvQueue::new(directed),
@@ -1529,13 +1524,6 @@ pub fn seg_name(raw: &[u8]) -> Result<String> {
         )));
     }
     Ok(name.to_string())
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout: Duration) {
