@@ -47,7 +47,7 @@ impl EpLink {
         ops: Arc<dyn EndpointOps>,
         doorbells: Option<Arc<dyn DoorbellAlloc>>,
     ) -> Arc<Self> {
-        Arc::new(EpLink {
+        let link = Arc::new(EpLink {
             xpu: doorbells.map(XpuWatch::new),
             core,
             ops,
@@ -57,7 +57,12 @@ impl EpLink {
             retrying: AtomicBool::new(false),
             queues: Mutex::default(),
             drives: Mutex::default(),
-        })
+        });
+        if link.xpu.is_some() {
+            let weak: Weak<dyn super::xpu_wake::RingTarget> = Arc::downgrade(&link) as _;
+            super::xpu_wake::register(weak);
+        }
+        link
     }
 
     fn owns(&self, job: &Job) -> bool {
@@ -272,6 +277,14 @@ impl EpLink {
         for c in std::mem::take(&mut *lock(&self.drives)) {
             c.unbind(&me);
         }
+    }
+}
+
+impl super::xpu_wake::RingTarget for EpLink {
+    fn rung(&self) -> bool {
+        self.xpu
+            .as_ref()
+            .is_none_or(|x| x.look(&self.core, |j| self.submit(j)).is_some())
     }
 }
 

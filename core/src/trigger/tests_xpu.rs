@@ -384,3 +384,17 @@ fn a_doorbell_at_u64_max_saturates_and_refuses_further_arming() {
     e.ep.progress();
     assert_eq!(w.sh.ctxs(), [1, 3]);
 }
+
+#[test]
+fn a_cpu_ring_starts_what_it_rang_in_the_ringing_thread() {
+    let w = World::new();
+    let e = w.ep_with(XPU_CAPS, 64, &[]);
+    let v = xsend(&e.ep, 41);
+    // The XPU's store and the ring's notification, as kernels::cpu::ring does them: the send
+    // starts before the call returns, with no progress call and no watcher awake.
+    ring(&v);
+    super::notify_xpu_ring();
+    assert_eq!(w.sh.ctxs(), [41]);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [41], "started once");
+}

@@ -10,7 +10,25 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+
+/// An endpoint whose XPU doorbells a CPU ring should look at at once (`EpLink`).
+pub(crate) trait RingTarget: Send + Sync {
+    /// Looks at the endpoint's doorbells and starts what they reached; false when a watcher
+    /// was looking at that moment (never blocks: it is left to that watcher).
+    fn rung(&self) -> bool;
+}
+
+/// Every endpoint with XPU doorbells in this process, weakly.
+static TARGETS: Mutex<Vec<Weak<dyn RingTarget>>> = Mutex::new(Vec::new());
+
+/// Adds an endpoint for CPU rings to look at (dead ones are dropped on the way).
+pub(crate) fn register(t: Weak<dyn RingTarget>) {
+    let mut v = TARGETS.lock().unwrap_or_else(|e| e.into_inner());
+    v.retain(|w| w.strong_count() > 0);
+    v.push(t);
+}
 
 /// Bumped by every CPU ring; the futex word watchers sleep on.
 static RING_SEQ: AtomicU32 = AtomicU32::new(0);
@@ -27,11 +45,27 @@ thread_local! {
 /// the stores (`xfabric_kernels::cpu::ring` does). Costs an atomic add, and a system call only
 /// while a watcher sleeps.
 pub fn notify_xpu_ring() {
+    // A CPU XPU is a host thread: it starts what it rang itself, now, instead of waking a
+    // watcher (a futex wake of a sleeping thread costs tens of microseconds on a VM, and the
+    // watcher may have no core to run on). A watcher looking at the same moment holds the
+    // doorbells and starts it instead; the wake below covers a watcher about to sleep.
+    let live: Vec<Arc<dyn RingTarget>> = TARGETS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    let mut all_looked = true;
+    for t in live {
+        all_looked &= t.rung();
+    }
     RING_SEQ.fetch_add(1, Ordering::SeqCst);
     // Orders the doorbell stores and the bump before reading SLEEPERS, against the sleeper's
     // increment then re-read of RING_SEQ (a Dekker pair: one of the two sees the other).
     fence(Ordering::SeqCst);
-    if SLEEPERS.load(Ordering::SeqCst) > 0 {
+    // Where every endpoint was looked at here, waking its watcher would only take a core
+    // from the threads doing the work (on two cores, a woken watcher preempts one of them).
+    if !all_looked && SLEEPERS.load(Ordering::SeqCst) > 0 {
         futex_wake(&RING_SEQ);
     }
 }
