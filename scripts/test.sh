@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace: unit tests, the C layout check, the CLI, and the
-# multi-process shm tests, and the documentation's examples. Hardware tests (GPU) skip themselves with a printed reason.
+# multi-process shm tests, and the documentation's examples. Hardware tests (GPU) skip themselves
+# with a printed reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

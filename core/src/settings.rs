@@ -5,11 +5,13 @@
 /// One environment setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Setting {
+    /// The environment variable.
     pub name: &'static str,
     /// Shown as fi_info shows a parameter's type.
     pub kind: &'static str,
     /// What applies when the variable is unset (or does not parse).
     pub default: &'static str,
+    /// What the setting changes, in a sentence or two.
     pub meaning: &'static str,
 }
 
