@@ -2,7 +2,7 @@
 //! `xfabric info -e` prints it as `fi_info -e` prints libfabric's parameters. The readers
 //! still live next to the code they tune; this table is what users are told about them.
 
-/// One environment setting.
+/// One environment setting: what libfabric describes with a `struct fi_param`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Setting {
     /// The environment variable.

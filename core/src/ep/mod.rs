@@ -135,7 +135,8 @@ pub trait EndpointOps: ProgressSource {
 
 /// What an endpoint holds for messages that arrived before they could be handled: a
 /// provider bounds each (shm: see its `UNEXP_MSGS`, `UNEXP_BYTES`, `HELD_MAX`) and leaves
-/// what does not fit with the sender. For watching memory, not for matching.
+/// what does not fit with the sender. For watching memory, not for matching. libfabric has no
+/// counterpart (xfabric's own, from `Endpoint::buffered`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Buffered {
     /// Messages no posted receive has taken yet (`FI_CLAIM`ed ones included).
