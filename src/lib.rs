@@ -115,17 +115,18 @@ pub mod hex;
 
 /// What applications use, for `use xfabric::prelude::*`: the objects (fabric, domain,
 /// endpoint, CQ, counter, AV, MR, EQ, wait set), their attributes, completion entries, the
-/// `FI_*` constants, triggered and deferred operations, and errors.
+/// `FI_*` constants, triggered and deferred operations, errors, and `getinfo` and `fabric` to
+/// open them.
 pub mod prelude {
     pub use crate::consts::*;
     pub use crate::entry::*;
+    pub use crate::{fabric, getinfo, Error, Result};
     pub use crate::{
         AddressVector, AtomicOp, AvAttr, CntrAttr, CompletionQueue, Counter, CqAttr, Datatype,
         DeferredWork, Domain, Endpoint, EqAttr, EventQueue, Fabric, Info, MemoryRegion, MrAttr,
         MrDesc, Msg, MsgAtomic, MsgRma, OpMsg, RawIov, RmaIov, TriggerContext, WaitAttr, WaitSet,
         WorkOp,
     };
-    pub use crate::{Error, Result};
 }
 
 /// What providers are built from, not what applications call: the provider and domain
