@@ -13,11 +13,19 @@
 //!   the same number of plain sends posted back to back.
 //! - `idle`: CPU time the auto-progress thread costs while nothing happens: with nothing
 //!   armed, and with an operation armed but its XPU silent past the watcher's spin window.
+//! - `silence`: a trigger after a long silence. For each gap, the host arms an 8-byte send,
+//!   the XPU thread computes for the gap (sleeps: a GPU's compute costs the host nothing;
+//!   `--spin` busy-loops instead), stamps the slot and rings; latency from the store to the
+//!   peer's receive completion, p50 / p99 / max per gap against plain sends, and the process's
+//!   CPU during the gaps (the watcher's cost while the XPU is silent). Auto progress unless
+//!   `--manual` (then the sender's thread waits by reading its CQ: it is the watcher).
 //!
 //! ```text
 //! cargo run --release --example xpu_bench -- lat [--samples N] [--rounds R] [--auto]
 //! cargo run --release --example xpu_bench -- rate [--count N] [--rounds R]
 //! cargo run --release --example xpu_bench -- idle [--secs S]
+//! cargo run --release --example xpu_bench -- silence [--gaps 0,5,50,200,1000] [--samples N]
+//!                                                    [--spin] [--manual]
 //! ```
 
 use std::io::{BufRead, BufReader, Write};
@@ -50,18 +58,20 @@ enum Mode {
     Lat,
     Rate,
     Idle,
+    Silence,
 }
 
 /// XPU-trigger benchmarks against a peer process.
 #[derive(clap::Parser, Debug)]
 #[command(name = "xpu_bench")]
 struct Args {
-    /// lat: trigger-to-arrival latency; rate: triggered sends per second; idle: watcher cost
+    /// lat: trigger-to-arrival latency; rate: triggered sends per second; idle: watcher cost;
+    /// silence: latency after the XPU computed (slept or spun) for each gap
     #[arg(value_enum, default_value_t = Mode::Lat)]
     mode: Mode,
-    /// Latency samples
-    #[arg(long, default_value_t = 2000, value_parser = common::args::positive)]
-    samples: usize,
+    /// Latency samples (default 2000; 5 per gap in silence mode)
+    #[arg(long, value_parser = common::args::positive)]
+    samples: Option<usize>,
     /// Rounds
     #[arg(long, default_value_t = 5, value_parser = common::args::positive)]
     rounds: usize,
@@ -74,6 +84,18 @@ struct Args {
     /// Auto progress (a progress thread) instead of manual
     #[arg(long)]
     auto: bool,
+    /// silence: the XPU's compute time before each ring, in milliseconds
+    #[arg(long, value_delimiter = ',', default_value = "0,5,50,200,1000")]
+    gaps: Vec<u64>,
+    /// silence: the XPU busy-loops through the gap instead of sleeping
+    #[arg(long)]
+    spin: bool,
+    /// silence: the sender under manual progress (its CQ reads are the watcher)
+    #[arg(long)]
+    manual: bool,
+    /// Filled from `samples` after parsing.
+    #[arg(skip)]
+    n: usize,
 }
 
 fn fail(why: &str) -> ! {
@@ -84,6 +106,9 @@ fn fail(why: &str) -> ! {
 fn main() {
     let mut a: Args = common::args::parse();
     a.count = a.count.min(XPU_ARMED_MAX);
+    a.n = a
+        .samples
+        .unwrap_or(if a.mode == Mode::Silence { 5 } else { 2000 });
     let peer = std::env::var(ROLE_ENV).is_ok();
     match (a.mode, peer) {
         (Mode::Lat, false) => lat_sender(&a),
@@ -92,6 +117,8 @@ fn main() {
         (Mode::Rate, true) => rate_peer(&a),
         (Mode::Idle, false) => idle(&a),
         (Mode::Idle, true) => fail("idle runs without a peer"),
+        (Mode::Silence, false) => silence_sender(&a),
+        (Mode::Silence, true) => silence_peer(&a),
     }
 }
 
@@ -222,7 +249,7 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 fn lat_peer(a: &Args) {
     let n = open(FI_MSG | FI_TAGGED, Progress::Manual);
     let (from, _lines) = connect_parent(&n);
-    let total = a.rounds * 2 * a.samples;
+    let total = a.rounds * 2 * a.n;
     let (mut xpu, mut plain) = (Vec::new(), Vec::new());
     let mut buf = [0u8; 8];
     let ack = [0u8; 8];
@@ -268,7 +295,7 @@ fn lat_sender(a: &Args) {
     };
     let n = open(FI_MSG | FI_TAGGED | FI_TRIGGER | FI_XPU_TRIGGER, progress);
     let to = peer.connect(&n);
-    let slots = vec![[0u8; 8]; a.samples];
+    let slots = vec![[0u8; 8]; a.n];
     let mut ack = [0u8; 8];
     // One exchange: post the answer's receive, start the message, wait for both.
     let exchange = |ack: &mut [u8; 8], start: &mut dyn FnMut()| {
@@ -285,7 +312,7 @@ fn lat_sender(a: &Args) {
     for _ in 0..a.rounds {
         // Triggered block: arm every sample's send (host setup, untimed), then the XPU
         // stamps each slot and rings it, one exchange at a time.
-        let mut vars = Vec::with_capacity(a.samples);
+        let mut vars = Vec::with_capacity(a.n);
         for (i, s) in slots.iter().enumerate() {
             let iov = [RawIov::of(s)];
             let m = Msg {
@@ -505,4 +532,167 @@ fn idle(a: &Args) {
         "auto-progress thread, idle for {} s: {:.2}% of a core with nothing armed, {:.2}% with an operation armed and its XPU silent (goal < 5%)",
         a.secs, none, armed
     );
+}
+
+// ---- silence ----
+
+/// The peer of `silence`: busy-polls its CQ, timestamps each receive completion, answers;
+/// prints every latency in the order received.
+fn silence_peer(a: &Args) {
+    let n = open(FI_MSG | FI_TAGGED, Progress::Manual);
+    let (from, _lines) = connect_parent(&n);
+    let total = (a.gaps.len() + 1) * a.n;
+    let mut out = Vec::with_capacity(total);
+    let mut buf = [0u8; 8];
+    let ack = [0u8; 8];
+    for i in 0..total {
+        // SAFETY: `buf` is read only after the receive completed.
+        n.retry(|| unsafe { n.ep.trecv(&mut buf, None, from, 0, !0, i) });
+        n.until(|e| e.flags & FI_RECV != 0);
+        let t1 = now_ns();
+        out.push(format!(
+            "{:.3}",
+            t1.saturating_sub(u64::from_ne_bytes(buf)) as f64 / 1e3
+        ));
+        // SAFETY: `ack` outlives the send (waited for).
+        n.retry(|| unsafe { n.ep.tsend(&ack, None, from, 0, 1 << 40) });
+        n.until(|e| e.flags & FI_SEND != 0);
+    }
+    println!("{}", out.join(" "));
+}
+
+fn silence_sender(a: &Args) {
+    let mut peer = Peer::start();
+    let progress = if a.manual {
+        Progress::Manual
+    } else {
+        Progress::Auto
+    };
+    let n = open(FI_MSG | FI_TAGGED | FI_TRIGGER | FI_XPU_TRIGGER, progress);
+    let to = peer.connect(&n);
+    let slot = [0u8; 8];
+    let mut ack = [0u8; 8];
+    let stamp = |s: &[u8; 8]| {
+        // SAFETY: the slot's send is armed or about to be posted, not started: nothing reads
+        // it yet (the previous one completed in its exchange).
+        unsafe { (s.as_ptr() as *mut u64).write_volatile(now_ns()) }
+    };
+    let wait_both = |n: &Node| {
+        let (mut sent, mut answered) = (false, false);
+        n.until(|e| {
+            sent |= e.flags & FI_SEND != 0;
+            answered |= e.flags & FI_RECV != 0;
+            sent && answered
+        });
+    };
+    // CPU seconds and wall seconds spent in each gap.
+    let mut cost = vec![(0.0f64, 0.0f64); a.gaps.len()];
+    for (g, &gap) in a.gaps.iter().enumerate() {
+        for i in 0..a.n {
+            // SAFETY: `ack` is only read by the peer's answer, waited for below.
+            n.retry(|| unsafe { n.ep.trecv(&mut ack, None, to, 0, !0, 7) });
+            let iov = [RawIov::of(&slot)];
+            let m = Msg {
+                iov: &iov,
+                desc: &[],
+                addr: to,
+                context: i,
+                data: 0,
+                tag: TAG_XPU,
+                ignore: 0,
+            };
+            let mut v = [TriggerVar::default()];
+            // SAFETY: `slot` outlives the send (it completes within this exchange).
+            unsafe { n.ep.tsendmsg_xpu(&m, 0, Xpu::CPU, &mut v) }.expect("arm");
+            let (c0, t0) = (cpu_secs(), Instant::now());
+            let xpu = |s: &[u8; 8], v: &TriggerVar| {
+                let until = Instant::now() + Duration::from_millis(gap);
+                if a.spin {
+                    while Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
+                } else {
+                    std::thread::sleep(Duration::from_millis(gap));
+                }
+                stamp(s);
+                // SAFETY: a variable this endpoint filled for the CPU XPU.
+                unsafe { ring(std::slice::from_ref(v)) }.expect("ring");
+            };
+            if a.manual {
+                // The sender's thread is the watcher: the XPU is a separate thread.
+                std::thread::scope(|sc| {
+                    sc.spawn(|| xpu(&slot, &v[0]));
+                    wait_both(&n);
+                });
+            } else {
+                std::thread::scope(|sc| {
+                    sc.spawn(|| xpu(&slot, &v[0]));
+                });
+                // Up to the ring only the watcher (and a spinning XPU) used CPU.
+                let c = &mut cost[g];
+                c.0 += cpu_secs() - c0;
+                c.1 += t0.elapsed().as_secs_f64();
+                wait_both(&n);
+            }
+        }
+    }
+    for i in 0..a.n {
+        // SAFETY: as above.
+        n.retry(|| unsafe { n.ep.trecv(&mut ack, None, to, 0, !0, 7) });
+        stamp(&slot);
+        // SAFETY: `slot` outlives the send (waited for below).
+        n.retry(|| unsafe { n.ep.tsend(&slot, None, to, TAG_PLAIN, i) });
+        wait_both(&n);
+    }
+    let line = peer.hear();
+    let f: Vec<f64> = line
+        .split(' ')
+        .map(|x| x.parse().unwrap_or(f64::NAN))
+        .collect();
+    if f.len() != (a.gaps.len() + 1) * a.n {
+        fail(&format!("the peer sent {} samples", f.len()));
+    }
+    let stats = |k: usize| {
+        let mut v = f[k * a.n..(k + 1) * a.n].to_vec();
+        v.sort_by(f64::total_cmp);
+        (pct(&v, 0.5), pct(&v, 0.99), v[v.len() - 1])
+    };
+    println!(
+        "8 B trigger after a silence, {} (usec; doorbell store -> peer's receive completion; XPU {} through the gap)",
+        if a.manual {
+            "manual progress, the sender's CQ reads are the watcher"
+        } else {
+            "sender under auto progress"
+        },
+        if a.spin { "busy" } else { "asleep" }
+    );
+    println!(
+        "user-level monitor/wait on this CPU: {} (a CPU ring wakes the watcher by futex)",
+        user_monitor_wait().unwrap_or("none")
+    );
+    println!("gap ms  samples      p50      p99      max   cpu% in gap");
+    let plain = stats(a.gaps.len());
+    let mut ok = true;
+    for (g, gap) in a.gaps.iter().enumerate() {
+        let (p50, p99, max) = stats(g);
+        let cpu = if a.manual || cost[g].1 == 0.0 {
+            "-".to_string()
+        } else {
+            format!("{:.2}", 100.0 * cost[g].0 / cost[g].1)
+        };
+        ok &= p50 <= plain.0 + 1.0 && max <= 20.0;
+        println!(
+            "{:>6} {:>8} {:>8.2} {:>8.2} {:>8.2} {:>13}",
+            gap, a.n, p50, p99, max, cpu
+        );
+    }
+    println!(
+        "plain  {:>8} {:>8.2} {:>8.2} {:>8.2}",
+        a.n, plain.0, plain.1, plain.2
+    );
+    println!(
+        "goal: p50 <= plain + 1 usec and max <= 20 usec at every gap, cpu < 5% (auto, XPU asleep): {}",
+        if ok { "latency met" } else { "latency NOT met" }
+    );
+    peer.finish();
 }

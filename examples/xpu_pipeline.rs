@@ -110,7 +110,9 @@ fn receiver(o: &Opts) {
     let from = n.av.insert_one(&unhex(&line())).expect("av insert");
     let total = o.buckets() * o.bucket_bytes();
     let mut buf = vec![0u8; total];
-    for round in 0..o.rounds() {
+    // The sender says "go" before each pass (a round may run one or two) and closes at the end.
+    let mut round = 0usize;
+    while line() == "go" {
         buf.fill(0);
         for (k, b) in buf.chunks_mut(o.bucket_bytes()).enumerate() {
             let iov = [RawIov::of_mut(b)];
@@ -140,7 +142,7 @@ fn receiver(o: &Opts) {
         }
         assert!(got.iter().all(|e| e.len == o.bucket_bytes()));
         println!("ok {round}");
-        assert_eq!(line(), "next");
+        round += 1;
     }
 }
 
@@ -218,80 +220,243 @@ fn sender(o: &Opts) {
         o.buckets(),
         o.bucket_bytes() >> 10
     );
-    println!("round   ring-to-last-completion   GB/s   every byte checked");
-    let mut times = Vec::new();
-    for round in 0..o.rounds() {
-        // SAFETY: no send of the previous round is in flight (all completed), and the XPU
-        // finished with the buffer.
-        unsafe { std::ptr::write_bytes(mem.as_ptr(), 0, total) };
-        let mut vars = vec![TriggerVar::default(); o.buckets() * nvars];
-        let _ = n.ep.xpu_trigger_vars(xpu, &mut vars[..nvars]);
-        for k in 0..o.buckets() {
-            let iov = [RawIov {
-                addr: mem.as_ptr() as usize + k * o.bucket_bytes(),
-                len: o.bucket_bytes(),
-            }];
-            let m = Msg {
-                iov: &iov,
-                desc: &[],
-                addr: peer,
-                context: k,
-                data: 0,
-                tag: 0,
-                ignore: 0,
-            };
-            let v = &mut vars[k * nvars..(k + 1) * nvars];
-            v.copy_from_slice(&vars_template(&n.ep, xpu, nvars));
-            // SAFETY: `mem` outlives the round (every send completes before the next round
-            // touches it); nothing reads a bucket before its trigger.
-            unsafe { n.ep.sendmsg_xpu(&m, 0, xpu, v) }.expect("arm a bucket's send");
-        }
-        assert_eq!(hear(), "ready");
-        let seed = round as u32;
-        let t0 = Instant::now();
-        match &ringer {
-            Ringer::Cpu => cpu_compute_and_ring(&mem, o, seed, &vars, nvars),
-            Ringer::Gpu(g) => {
-                // SAFETY: the variables this endpoint filled for this GPU: doorbells in its
-                // mapped memory, alive as long as the endpoint; `mem` is the mapped buffer of
-                // `total` bytes the armed sends read only after their bucket's doorbell.
-                unsafe {
-                    let dv = g.upload_vars(&vars).expect("upload trigger vars");
-                    g.compute_and_trigger(
-                        mem.device_addr(),
-                        (o.bucket_bytes() / 4) as u32,
-                        o.buckets() as u32,
-                        seed,
-                        &dv,
-                    )
-                    .expect("launch compute-then-trigger kernel");
-                }
-                g.synchronize().expect("kernel");
-            }
-        }
-        n.wait(o.buckets());
-        let dt = t0.elapsed();
-        assert_eq!(hear(), format!("ok {round}"));
-        writeln!(to_peer, "next").expect("tell peer");
-        times.push(dt);
+    let ordinary = matches!(ringer, Ringer::Cpu);
+    if ordinary {
         println!(
-            "{round:>5}   {:>19.1} us   {:>5.2}   yes",
-            dt.as_secs_f64() * 1e6,
-            total as f64 / dt.as_secs_f64() / 1e9
+            "each round runs both ways, alternating which goes first; times are from the start of \
+             the compute to the last send completion, compute included"
         );
+        println!(
+            "  triggered: sends armed in advance, the XPU rings each bucket's send when it is done"
+        );
+        println!(
+            "  ordinary:  the XPU computes every bucket, the host joins it, then posts the sends \
+             (stages: compute alone, transfer alone)"
+        );
+        println!("round   triggered us   ordinary us   compute us   transfer us   ratio   bound");
+    } else {
+        println!("round   start-of-compute-to-last-completion   GB/s   every byte checked");
     }
+    let mut times = Vec::new();
+    let mut ords = Vec::new();
+    let mut computes = Vec::new();
+    let mut transfers = Vec::new();
+    let mut pass = 0u32;
+    for round in 0..o.rounds() {
+        // Alternate which way goes first, so neither always runs on a warmer cache.
+        let order: &[bool] = match (ordinary, round % 2) {
+            (false, _) => &[true],
+            (true, 0) => &[false, true],
+            (true, _) => &[true, false],
+        };
+        let (mut dt, mut stages) = (Duration::ZERO, None);
+        for &triggered in order {
+            writeln!(to_peer, "go").expect("tell peer");
+            if triggered {
+                dt = triggered_round(&n, &ringer, &mem, o, xpu, nvars, peer, &mut hear, pass);
+            } else {
+                stages = Some(ordinary_round(&n, &mem, o, peer, &mut hear, pass));
+            }
+            pass += 1;
+        }
+        times.push(dt);
+        match stages {
+            Some((c, t)) => {
+                let ord = c + t;
+                println!(
+                    "{round:>5}   {:>12.1}   {:>11.1}   {:>10.1}   {:>11.1}   {:>5.2}   {:>5.2}",
+                    dt.as_secs_f64() * 1e6,
+                    ord.as_secs_f64() * 1e6,
+                    c.as_secs_f64() * 1e6,
+                    t.as_secs_f64() * 1e6,
+                    dt.as_secs_f64() / ord.as_secs_f64(),
+                    bound(c, t)
+                );
+                ords.push(ord);
+                computes.push(c);
+                transfers.push(t);
+            }
+            None => println!(
+                "{round:>5}   {:>31.1} us   {:>5.2}   yes",
+                dt.as_secs_f64() * 1e6,
+                total as f64 / dt.as_secs_f64() / 1e9
+            ),
+        }
+    }
+    drop(to_peer);
     let status = child.wait().expect("peer exit");
     if !status.success() {
         fail(&format!("peer process failed: {status}"));
     }
-    times.sort();
-    let med = times[times.len() / 2];
+    let med = median(&mut times);
     println!(
         "xpu_pipeline: {} rounds, every byte checked by the peer; median {:.1} us per round ({:.2} GB/s), XPU: {what}",
         o.rounds(),
         med.as_secs_f64() * 1e6,
         total as f64 / med.as_secs_f64() / 1e9
     );
+    if ordinary {
+        let (ord, c, t) = (
+            median(&mut ords),
+            median(&mut computes),
+            median(&mut transfers),
+        );
+        println!(
+            "medians: triggered {:.1} us, ordinary {:.1} us (compute {:.1} + transfer {:.1}); \
+             triggered/ordinary {:.2}; overlap's bound max(compute, transfer)/(compute + transfer) {:.2}",
+            med.as_secs_f64() * 1e6,
+            ord.as_secs_f64() * 1e6,
+            c.as_secs_f64() * 1e6,
+            t.as_secs_f64() * 1e6,
+            med.as_secs_f64() / ord.as_secs_f64(),
+            bound(c, t)
+        );
+    } else {
+        println!("the ordinary way is measured with the CPU XPU only (--xpu cpu)");
+    }
+}
+
+/// The best ratio overlapping two stages can reach against running them one after the other.
+fn bound(compute: Duration, transfer: Duration) -> f64 {
+    let (c, t) = (compute.as_secs_f64(), transfer.as_secs_f64());
+    c.max(t) / (c + t)
+}
+
+fn median(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// One triggered pass: every bucket's send armed, then the XPU computes and rings. Returns the
+/// time from the XPU's start to the last send completion.
+#[allow(clippy::too_many_arguments)]
+fn triggered_round(
+    n: &Node,
+    ringer: &Ringer,
+    mem: &HostMapped,
+    o: &Opts,
+    xpu: Xpu,
+    nvars: usize,
+    peer: FiAddr,
+    hear: &mut impl FnMut() -> String,
+    seed: u32,
+) -> Duration {
+    let total = o.buckets() * o.bucket_bytes();
+    // SAFETY: no send of the previous pass is in flight (all completed), and the XPU
+    // finished with the buffer.
+    unsafe { std::ptr::write_bytes(mem.as_ptr(), 0, total) };
+    let mut vars = vec![TriggerVar::default(); o.buckets() * nvars];
+    for k in 0..o.buckets() {
+        let m = bucket_msg(mem, o, peer, k);
+        let iov = [m];
+        let msg = Msg {
+            iov: &iov,
+            desc: &[],
+            addr: peer,
+            context: k,
+            data: 0,
+            tag: 0,
+            ignore: 0,
+        };
+        let v = &mut vars[k * nvars..(k + 1) * nvars];
+        v.copy_from_slice(&vars_template(&n.ep, xpu, nvars));
+        // SAFETY: `mem` outlives the pass (every send completes before the next pass
+        // touches it); nothing reads a bucket before its trigger.
+        unsafe { n.ep.sendmsg_xpu(&msg, 0, xpu, v) }.expect("arm a bucket's send");
+    }
+    assert_eq!(hear(), "ready");
+    let t0 = Instant::now();
+    match ringer {
+        Ringer::Cpu => cpu_compute_and_ring(mem, o, seed, &vars, nvars),
+        Ringer::Gpu(g) => {
+            // SAFETY: the variables this endpoint filled for this GPU: doorbells in its
+            // mapped memory, alive as long as the endpoint; `mem` is the mapped buffer of
+            // `total` bytes the armed sends read only after their bucket's doorbell.
+            unsafe {
+                let dv = g.upload_vars(&vars).expect("upload trigger vars");
+                g.compute_and_trigger(
+                    mem.device_addr(),
+                    (o.bucket_bytes() / 4) as u32,
+                    o.buckets() as u32,
+                    seed,
+                    &dv,
+                )
+                .expect("launch compute-then-trigger kernel");
+            }
+            g.synchronize().expect("kernel");
+        }
+    }
+    n.wait(o.buckets());
+    let dt = t0.elapsed();
+    assert_eq!(hear(), format!("ok {seed}"));
+    dt
+}
+
+/// One ordinary pass: a CPU XPU thread computes every bucket, the host joins it, then posts
+/// the sends. Returns (compute, transfer): the join's time from the thread's start, and from
+/// the first post to the last completion.
+fn ordinary_round(
+    n: &Node,
+    mem: &HostMapped,
+    o: &Opts,
+    peer: FiAddr,
+    hear: &mut impl FnMut() -> String,
+    seed: u32,
+) -> (Duration, Duration) {
+    let total = o.buckets() * o.bucket_bytes();
+    // SAFETY: no send of the previous pass is in flight, and no XPU thread runs.
+    unsafe { std::ptr::write_bytes(mem.as_ptr(), 0, total) };
+    assert_eq!(hear(), "ready");
+    let t0 = Instant::now();
+    let addr = mem.as_ptr() as usize;
+    let words = total / 4;
+    std::thread::Builder::new()
+        .name("xpu-pipeline-ordinary".into())
+        .spawn(move || {
+            // SAFETY: `mem` holds `words` u32s that only this thread touches until it is
+            // joined (just below), and it outlives the join.
+            let out = unsafe { std::slice::from_raw_parts_mut(addr as *mut u32, words) };
+            for (i, x) in out.iter_mut().enumerate() {
+                *x = pattern(i as u64, seed);
+            }
+        })
+        .expect("start the ordinary XPU thread")
+        .join()
+        .expect("ordinary XPU thread");
+    let compute = t0.elapsed();
+    let t1 = Instant::now();
+    for k in 0..o.buckets() {
+        let iov = [bucket_msg(mem, o, peer, k)];
+        let msg = Msg {
+            iov: &iov,
+            desc: &[],
+            addr: peer,
+            context: k,
+            data: 0,
+            tag: 0,
+            ignore: 0,
+        };
+        loop {
+            // SAFETY: `mem` outlives the pass and is not written until every send completed.
+            match unsafe { n.ep.sendmsg(&msg, 0) } {
+                Ok(()) => break,
+                Err(Error::Again(_)) => {}
+                Err(e) => fail(&format!("send: {e}")),
+            }
+        }
+    }
+    n.wait(o.buckets());
+    let transfer = t1.elapsed();
+    assert_eq!(hear(), format!("ok {seed}"));
+    (compute, transfer)
+}
+
+/// Bucket `k` of `mem`.
+fn bucket_msg(mem: &HostMapped, o: &Opts, _peer: FiAddr, k: usize) -> RawIov {
+    RawIov {
+        addr: mem.as_ptr() as usize + k * o.bucket_bytes(),
+        len: o.bucket_bytes(),
+    }
 }
 
 /// The variable layout getopt reports, for one trigger.

@@ -22,7 +22,11 @@
 #     plain send's from the send call, alternating blocks in one run; goal: p50 within +0.5 us;
 #     also with the sender under auto progress and the XPU a separate thread;
 #   - 8 B triggered sends per second one way (goal >= 2 M/s), and plain sends the same way;
-#   - the auto-progress thread's CPU time while idle (goal < 5% of a core).
+#   - the auto-progress thread's CPU time while idle (goal < 5% of a core);
+#   - a trigger after a silence: the XPU computes 0, 5, 50, 200 and 1000 ms after its send is
+#     armed, then rings; p50 / p99 / max per gap against plain sends and the CPU used during
+#     the gaps (goal: p50 <= plain + 1 us, max <= 20 us, < 5% of a core), under auto progress,
+#     manual progress, and with the XPU busy (--spin) instead of asleep.
 #
 # Environment:
 #   ROUNDS     runs of each implementation per size (3)
@@ -429,7 +433,8 @@ xpu_section() {
     echo
     echo "xfabric XPU triggers (CPU XPU), provider shm"
     echo
-    for args in "lat --rounds $ROUNDS" "lat --rounds $ROUNDS --auto" "rate --rounds $((ROUNDS * 3))" "idle"; do
+    for args in "lat --rounds $ROUNDS" "lat --rounds $ROUNDS --auto" "rate --rounds $((ROUNDS * 3))" "idle" \
+        "silence" "silence --manual" "silence --spin"; do
         # shellcheck disable=SC2086
         timeout "$RUN_TIMEOUT" "$xb" $args || { echo "bench: xpu_bench $args failed" >&2; failures=$((failures + 1)); }
         echo

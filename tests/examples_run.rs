@@ -79,6 +79,12 @@ fn xpu_pipeline_delivers_every_bucket_checked() {
             "{text}"
         );
         assert!(text.contains("XPU: CPU thread"), "{text}");
+        // The ordinary way runs beside it, with the bound overlap allows.
+        assert!(text.contains("triggered/ordinary"), "{text}");
+        assert!(
+            text.contains("max(compute, transfer)/(compute + transfer)"),
+            "{text}"
+        );
     }
 }
 
@@ -155,6 +161,24 @@ fn every_example_refuses_bad_arguments_in_one_line() {
             assert_eq!(err.lines().count(), 1, "{name} {args:?}: {err}");
             assert!(!err.contains("panicked"), "{name} {args:?}: {err}");
             assert!(err.starts_with(name), "{name} {args:?}: {err}");
+        }
+    }
+}
+
+#[test]
+fn xpu_bench_silence_mode_runs_with_tiny_gaps() {
+    for extra in [&[][..], &["--manual"][..]] {
+        let mut args = vec!["silence", "--gaps", "0,1", "--samples", "3"];
+        args.extend_from_slice(extra);
+        if let Some(text) = run_example("xpu_bench", &args) {
+            // Its table: one row per gap and the plain sends; no figure is asserted.
+            assert!(text.contains("gap ms  samples"), "{text}");
+            let rows = text
+                .lines()
+                .filter(|l| l.split_whitespace().nth(1) == Some("3"))
+                .count();
+            assert_eq!(rows, 3, "{text}");
+            assert!(text.contains("user-level monitor/wait"), "{text}");
         }
     }
 }

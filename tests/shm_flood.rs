@@ -1,7 +1,9 @@
 //! A flood of unexpected messages: the receiver buffers at most its bound
 //! (`XFABRIC_SHM_UNEXP_MSGS`, 100 here), the sender is held back by flow control (its posts
 //! answer `Again` while its ring stays full), and once receives are posted every message
-//! arrives, in order, with its bytes. Nothing is dropped.
+//! arrives, in order, with its bytes. Nothing is dropped. A large message sent just before the
+//! flood, into a receive posted in advance, completes while the flood waits: its split copy's
+//! WDONE comes behind the flood, in room the flood leaves for such replies.
 //!
 //! This file holds one test: the receiver sets the bound in its own environment before it
 //! opens its endpoint, which no other test in the process may race.
@@ -17,6 +19,9 @@ const CAPS: u64 = FI_MSG | FI_TAGGED | FI_SEND | FI_RECV;
 const LIMIT: usize = 100;
 const MESSAGES: usize = 5000;
 const LEN: usize = 64;
+/// The large message sent first (a split copy where cross-memory attach works).
+const BIG: usize = 1 << 20;
+const BIG_TAG: u64 = 7;
 
 fn message(i: usize) -> Vec<u8> {
     let mut m = pattern(LEN, i as u64);
@@ -29,6 +34,9 @@ fn sender() {
     let n = node(CAPS, Progress::Manual);
     let parent = connect_parent(&n);
     let msgs: Vec<Vec<u8>> = (0..MESSAGES).map(message).collect();
+    let big = pattern(BIG, 99);
+    // SAFETY: big outlives its completion, waited for below.
+    n.retry(|| unsafe { n.ep.tsend(&big, None, parent, BIG_TAG, usize::MAX) });
     let (mut refused, mut done) = (0usize, 0usize);
     for (i, m) in msgs.iter().enumerate() {
         loop {
@@ -48,7 +56,7 @@ fn sender() {
             }
         }
     }
-    n.wait_n(MESSAGES - done);
+    n.wait_n(MESSAGES + 1 - done);
     say(&format!("refused {refused}"));
 }
 
@@ -66,7 +74,16 @@ fn flood_of_unexpected_messages_stays_within_the_bound_and_loses_nothing() {
         &[],
     );
     let n = node(CAPS, Progress::Manual);
+    let mut big = vec![0u8; BIG];
+    // SAFETY: big outlives the completion waited for below.
+    unsafe { n.ep.trecv(&mut big, None, FI_ADDR_UNSPEC, BIG_TAG, 0, 777) }.expect("trecv");
     let src = connect(&mut peer, &n);
+
+    // Phase 0: the large message completes, the flood behind it notwithstanding.
+    let c = n.wait_one();
+    assert_eq!((c.op_context, c.len), (777, BIG));
+    assert!(big == pattern(BIG, 99), "the large message's bytes");
+    assert!(n.ep.buffered().unexpected <= LIMIT);
 
     // Phase 1: progress with nothing posted. The queue fills to the bound and stays there.
     let mut buf = [CqTaggedEntry::default(); 8];
@@ -75,7 +92,8 @@ fn flood_of_unexpected_messages_stays_within_the_bound_and_loses_nothing() {
     while polls_at_bound < 200_000 {
         assert!(
             Instant::now() < deadline,
-            "the flood never filled the unexpected queue"
+            "the flood never filled the unexpected queue: {:?}",
+            n.ep.buffered()
         );
         assert!(matches!(n.cq.read(&mut buf), Err(Error::Again(_))));
         let msgs = n.ep.buffered().unexpected;

@@ -50,9 +50,6 @@ struct Queue {
     /// Set when an entry had to be dropped; reported once the valid entries are read.
     overrun: bool,
     signaled: bool,
-    /// Entries promised to started operations (`FI_RM_ENABLED`, see `ep_credit`): room that
-    /// `reserve` may no longer hand out.
-    reserved: usize,
 }
 
 /// The shared state of a completion queue; providers hold an `Arc` of it.
@@ -67,6 +64,11 @@ pub struct CqInner {
     has_errors: AtomicBool,
     /// Success entries queued, or non-zero while overrun: lets an empty read skip the lock.
     ready_hint: AtomicUsize,
+    /// Room in use: entries and error entries queued, and entries promised to started
+    /// operations (`FI_RM_ENABLED`, see `ep_credit`). Kept outside the lock so that a post
+    /// reserves its entry with one atomic add; changed only together with the queue's
+    /// contents (under the lock) or by a reservation.
+    used: AtomicUsize,
     progress: ProgressList,
     bound: AtomicUsize,
     fd: Option<EventFd>,
@@ -125,12 +127,12 @@ impl CompletionQueue {
                 last_err_data: None,
                 overrun: false,
                 signaled: false,
-                reserved: 0,
             }),
             cond: Condvar::new(),
             sleepers: AtomicUsize::new(0),
             has_errors: AtomicBool::new(false),
             ready_hint: AtomicUsize::new(0),
+            used: AtomicUsize::new(0),
             progress: ProgressList::default(),
             bound: AtomicUsize::new(0),
             fd,
@@ -207,6 +209,7 @@ impl CompletionQueue {
         self.inner.progress.run();
         let mut q = self.inner.lock();
         let (mut e, data) = q.errs.pop_front().ok_or(Error::Again("cq readerr"))?;
+        self.inner.release_room(1);
         self.inner
             .has_errors
             .store(!q.errs.is_empty(), Ordering::Relaxed);
@@ -401,11 +404,12 @@ impl CqInner {
             let mut q = self.lock();
             let ok = if q.overrun {
                 false
-            } else if q.ring.len() + q.errs.len() + q.reserved >= self.cap {
+            } else if self.used.load(Ordering::Acquire) >= self.cap {
                 q.overrun = true;
                 false
             } else {
                 q.ring.push_back(Stored { entry, src });
+                self.used.fetch_add(1, Ordering::AcqRel);
                 true
             };
             self.ready_hint
@@ -419,18 +423,26 @@ impl CqInner {
     /// Reserves room for one entry (`FI_RM_ENABLED`); false when entries and reservations
     /// already fill the queue.
     pub fn reserve(&self) -> bool {
-        let mut q = self.lock();
-        if q.overrun || q.ring.len() + q.errs.len() + q.reserved >= self.cap {
+        if self.used.fetch_add(1, Ordering::AcqRel) >= self.cap {
+            self.release_room(1);
             return false;
         }
-        q.reserved += 1;
         true
     }
 
     /// Gives back a reservation no entry will use.
     pub fn unreserve(&self) {
-        let mut q = self.lock();
-        q.reserved = q.reserved.saturating_sub(1);
+        self.release_room(1);
+    }
+
+    /// `n` entries' room is free again (read, or a reservation given back). Saturating: a
+    /// bookkeeping slip must not wrap into a queue that looks full forever.
+    fn release_room(&self, n: usize) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                Some(u.saturating_sub(n))
+            });
     }
 
     /// Appends a success entry under resource management: never dropped, never an overrun.
@@ -439,8 +451,8 @@ impl CqInner {
     pub fn push_managed(&self, entry: CqTaggedEntry, src: FiAddr, reserved: bool) {
         {
             let mut q = self.lock();
-            if reserved {
-                q.reserved = q.reserved.saturating_sub(1);
+            if !reserved {
+                self.used.fetch_add(1, Ordering::AcqRel);
             }
             q.ring.push_back(Stored { entry, src });
             self.ready_hint
@@ -459,6 +471,7 @@ impl CqInner {
         {
             let mut q = self.lock();
             q.errs.push_back((e, data));
+            self.used.fetch_add(1, Ordering::AcqRel);
             self.has_errors.store(true, Ordering::Relaxed);
         }
         self.notify();
@@ -516,6 +529,7 @@ impl CqInner {
             });
         }
         let n = buf.len().min(q.ring.len());
+        self.release_room(n);
         for (i, s) in q.ring.drain(..n).enumerate() {
             buf[i] = E::from_tagged(&s.entry);
             if let Some(src) = src.as_deref_mut() {

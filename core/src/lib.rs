@@ -46,11 +46,11 @@ pub use mr::{MemoryRegion, MrAttr, MrDesc};
 pub use object::{Domain, DomainOps, Fabric, Provider};
 pub use rxq::{IovList, RawIov};
 pub use trigger::{
-    DeferredWork, OpAtomic, OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, TriggerContext,
-    WorkId, WorkOp,
+    notify_xpu_ring, user_monitor_wait, Doorbell, DoorbellAlloc, Signal, TriggerValue, TriggerVar,
+    TriggerXpu, Xpu, XpuDevice, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED,
 };
 pub use trigger::{
-    Doorbell, DoorbellAlloc, Signal, TriggerValue, TriggerVar, TriggerXpu, Xpu, XpuDevice,
-    XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED,
+    DeferredWork, OpAtomic, OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, TriggerContext,
+    WorkId, WorkOp,
 };
 pub use wait::{ProgressSource, WaitAttr, WaitSet};

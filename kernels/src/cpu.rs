@@ -92,6 +92,8 @@ pub unsafe fn ring(vars: &[TriggerVar]) -> Result<(), KernelError> {
             }
         }
     }
+    // A CPU can do what a GPU cannot: wake a watcher asleep past its spin window.
+    xfabric_xpu_trigger::notify_xpu_ring();
     Ok(())
 }
 

@@ -21,8 +21,8 @@ use xfabric_core::{Error, Result};
 use xfabric_hmem::{Hmem, HostMapped};
 
 pub use xfabric_core::{
-    Doorbell, DoorbellAlloc, Iface, Signal, TriggerValue, TriggerVar, TriggerXpu, Xpu, XpuDevice,
-    XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED,
+    notify_xpu_ring, Doorbell, DoorbellAlloc, Iface, Signal, TriggerValue, TriggerVar, TriggerXpu,
+    Xpu, XpuDevice, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED,
 };
 
 /// Bytes allocated per doorbell: a page, the unit every driver maps in.

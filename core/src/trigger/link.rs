@@ -296,10 +296,10 @@ impl ProgressSource for EpLink {
             return;
         }
         // A doorbell an XPU stores to rings nothing: while operations are armed on one,
-        // keep looking (spinning just after a trigger, then brief sleeps).
+        // keep looking (spinning just after a trigger, then sleeps a CPU XPU's ring ends).
         match self.xpu.as_ref().and_then(XpuWatch::nap) {
             Some(Duration::ZERO) => std::thread::yield_now(),
-            Some(d) => std::thread::sleep(d.min(timeout)),
+            Some(d) => super::xpu_wake::sleep_until_ring(d.min(timeout)),
             None => self.ops.idle_wait(timeout),
         }
     }

@@ -33,6 +33,7 @@ mod tests_hmem;
 mod tests_xpu;
 mod xpu;
 mod xpu_abi;
+mod xpu_wake;
 
 use std::sync::Arc;
 
@@ -54,6 +55,7 @@ pub(crate) use link::{DeferredRegistry, EpLink, Pending};
 pub(crate) use queue::TriggerQueue;
 pub use xpu::{Doorbell, DoorbellAlloc, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED};
 pub use xpu_abi::{Signal, TriggerValue, TriggerVar, TriggerXpu, Xpu, XpuDevice};
+pub use xpu_wake::{notify_xpu_ring, user_monitor_wait};
 
 /// `struct fi_triggered_context`: the condition a triggered operation waits for.
 #[derive(Clone)]

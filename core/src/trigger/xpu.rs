@@ -38,9 +38,18 @@ fn spin_window() -> Duration {
     *V.get_or_init(|| Duration::from_millis(env_u64("XFABRIC_XPU_SPIN_MS", 20)))
 }
 
+/// The spin window when every doorbell of the endpoint belongs to a CPU XPU
+/// (`XFABRIC_XPU_CPU_SPIN_US`, default 50): a CPU ring wakes a sleeping watcher
+/// (`notify_xpu_ring`), so spinning longer only takes CPU from the XPU's own thread.
+fn cpu_spin_window() -> Duration {
+    static V: OnceLock<Duration> = OnceLock::new();
+    *V.get_or_init(|| Duration::from_micros(env_u64("XFABRIC_XPU_CPU_SPIN_US", 50)))
+}
+
 /// Past the spin window, how long the watcher sleeps between looks at a doorbell that armed
-/// operations wait on (`XFABRIC_XPU_POLL_US`, default 1000): what a late trigger may wait,
-/// against what a silent XPU costs (each look is a wake-up of the progress thread).
+/// operations wait on (`XFABRIC_XPU_POLL_US`, default 1000): what a late trigger from a GPU
+/// may wait, against what a silent XPU costs (each look is a wake-up of the progress thread).
+/// A CPU XPU's ring ends the sleep at once.
 fn poll_sleep() -> Duration {
     static V: OnceLock<Duration> = OnceLock::new();
     *V.get_or_init(|| Duration::from_micros(env_u64("XFABRIC_XPU_POLL_US", 1000)))
@@ -105,6 +114,8 @@ pub(crate) struct XpuWatch {
     armed: AtomicUsize,
     /// A doorbell exists: the watcher has something to look at (read without the lock).
     has_bells: AtomicBool,
+    /// A doorbell belongs to an XPU other than the CPU: its ring wakes no one.
+    device_bells: AtomicBool,
     /// When a trigger last fired (nanoseconds since `epoch`), for the watcher's back-off.
     last_fire: AtomicU64,
     epoch: Instant,
@@ -117,6 +128,7 @@ impl XpuWatch {
             bells: Mutex::default(),
             armed: AtomicUsize::new(0),
             has_bells: AtomicBool::new(false),
+            device_bells: AtomicBool::new(false),
             last_fire: AtomicU64::new(0),
             epoch: Instant::now(),
         }
@@ -187,6 +199,9 @@ impl XpuWatch {
                     seen,
                     jobs: VecDeque::new(),
                 });
+                if xpu.iface != crate::hmem_iface::Iface::System {
+                    self.device_bells.store(true, Ordering::Release);
+                }
                 self.has_bells.store(true, Ordering::Release);
                 bells.len() - 1
             }
@@ -273,7 +288,9 @@ impl XpuWatch {
         if !self.has_bells.load(Ordering::Acquire) {
             return 0;
         }
+        super::xpu_wake::before_look();
         let Ok(mut bells) = self.bells.try_lock() else {
+            super::xpu_wake::look_missed();
             return 0;
         };
         let mut n = 0;
@@ -319,14 +336,20 @@ impl XpuWatch {
 
     /// How the watcher should wait when nothing is ready: `None` if nothing is armed (the
     /// provider's doorbell may put it to sleep); otherwise keep spinning within the spin
-    /// window after the last trigger, then sleep briefly between looks.
+    /// window after the last arm or trigger, then sleep between looks until a CPU XPU rings
+    /// (`sleep_until_ring`) or the poll interval passes.
     pub(crate) fn nap(&self) -> Option<Duration> {
         if !self.waiting() {
             return None;
         }
         let now = self.epoch.elapsed().as_nanos() as u64;
         let since = now.saturating_sub(self.last_fire.load(Ordering::Relaxed));
-        if since < spin_window().as_nanos() as u64 {
+        let window = if self.device_bells.load(Ordering::Acquire) {
+            spin_window()
+        } else {
+            cpu_spin_window()
+        };
+        if since < window.as_nanos() as u64 {
             Some(Duration::ZERO)
         } else {
             Some(poll_sleep())

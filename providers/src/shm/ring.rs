@@ -24,6 +24,9 @@ pub const LANES: usize = 64;
 pub const SLOTS: usize = 2048;
 /// Bytes per slot.
 pub const SLOT: usize = 64;
+/// Slots of a lane that new messages leave to control frames (acknowledgements, CTS,
+/// split-copy and read replies: one or two slots each).
+pub const CTRL_SPARE: usize = 64;
 /// Payload bytes in a message's first slot.
 pub const FIRST_PAYLOAD: usize = SLOT - HDR;
 const HDR: usize = 32;
@@ -213,11 +216,35 @@ impl Producer {
         payload_len: usize,
         fill: impl FnOnce(&mut [u8]),
     ) -> bool {
+        self.write_leaving(seg, h, payload_len, 0, fill)
+    }
+
+    /// `write` for a new message or request: it leaves `CTRL_SPARE` slots free, so that the
+    /// replies and acknowledgements of transfers under way always fit, even in a ring the
+    /// receiver has stopped reading new messages from (flow control).
+    pub fn write_request(
+        &mut self,
+        seg: &Segment,
+        h: &Header,
+        payload_len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> bool {
+        self.write_leaving(seg, h, payload_len, CTRL_SPARE, fill)
+    }
+
+    fn write_leaving(
+        &mut self,
+        seg: &Segment,
+        h: &Header,
+        payload_len: usize,
+        spare: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> bool {
         let n = slots_for(payload_len);
         debug_assert!(n <= SLOTS / 2, "message of {n} slots does not fit a lane");
         let idx = (self.head % SLOTS as u64) as usize;
         let pad = if idx + n > SLOTS { SLOTS - idx } else { 0 };
-        if !self.free(seg, n + pad) {
+        if !self.free(seg, n + pad + spare) {
             return false;
         }
         if pad > 0 {
@@ -276,6 +303,11 @@ pub struct View {
 }
 
 impl View {
+    /// Slots the message takes.
+    pub fn slots(&self) -> usize {
+        self.nslots
+    }
+
     /// The payload: `len` bytes for data messages; `want` bytes for others.
     ///
     /// # Safety
@@ -336,6 +368,51 @@ impl Consumer {
                 cap: FIRST_PAYLOAD + (nslots - 1) * SLOT,
             });
         }
+    }
+
+    /// The message at `pos`, at or past this consumer's position, if it is published, and
+    /// the position after it; nothing moves. Padding is returned as such.
+    pub fn view_at(&self, seg: &Segment, lane: usize, pos: u64) -> Option<(View, u64)> {
+        if pos < self.pos || pos - self.pos >= SLOTS as u64 {
+            return None;
+        }
+        let idx = (pos % SLOTS as u64) as usize;
+        let p = slot_ptr(seg, lane, idx);
+        if seq_of(p).load(Ordering::Acquire) != pos as u32 + 1 {
+            return None;
+        }
+        // SAFETY: the sequence word was published with release after the header.
+        let (h, nslots) = unsafe {
+            (
+                Header {
+                    kind: *p.add(4),
+                    flags: *p.add(5),
+                    len: (p.add(8) as *const u32).read(),
+                    aux: (p.add(12) as *const u32).read(),
+                    tag: (p.add(16) as *const u64).read(),
+                    data: (p.add(24) as *const u64).read(),
+                },
+                (p.add(6) as *const u16).read() as usize,
+            )
+        };
+        let nslots = nslots.clamp(1, SLOTS - idx);
+        let v = View {
+            h,
+            nslots,
+            // SAFETY: inside the same slot run.
+            payload: unsafe { p.add(HDR) },
+            cap: FIRST_PAYLOAD + (nslots - 1) * SLOT,
+        };
+        Some((v, pos + nslots as u64))
+    }
+
+    /// Turns the published message at `pos` (past this consumer's position) into padding:
+    /// it was handled in place, ahead of a message that waits, and is skipped when the
+    /// consumer gets there. The producer does not touch the slot until the consumer passes it.
+    pub fn mark_handled(&self, seg: &Segment, lane: usize, pos: u64) {
+        let p = slot_ptr(seg, lane, (pos % SLOTS as u64) as usize);
+        // SAFETY: a published slot the consumer has not released; only the consumer writes it.
+        unsafe { *p.add(4) = kind::PAD };
     }
 
     /// Whether the next message is published.

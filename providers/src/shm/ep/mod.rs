@@ -220,6 +220,9 @@ struct State {
     lane_peer: [Option<usize>; LANES],
     cons: [Consumer; LANES],
     known_active: u64,
+    /// Per lane: how far `handle_transfers_ahead` has looked past a waiting message (frames
+    /// before this are handled or stay for the consumer), so each frame is looked at once.
+    scanned: [u64; LANES],
     tx: Slab<TxReq>,
     rxp: Slab<RxPipe>,
     streaming: Vec<u32>,
@@ -349,6 +352,7 @@ impl ShmEndpoint {
                 lane_peer: [None; LANES],
                 cons: [Consumer::default(); LANES],
                 known_active: 0,
+                scanned: [0; LANES],
                 tx: Slab::new(),
                 rxp: Slab::new(),
                 streaming: Vec::new(),
@@ -695,7 +699,7 @@ impl ShmEndpoint {
             let peer = &mut st.peers[p];
             let prod = peer.prod.as_mut().expect("lane ensured");
             // SAFETY: the caller's contract keeps the iov readable during the call.
-            let ok = prod.write(&peer.seg, &h, len, |b| unsafe {
+            let ok = prod.write_request(&peer.seg, &h, len, |b| unsafe {
                 op.iov.copy_out(0, b);
             });
             if !ok {
@@ -754,7 +758,7 @@ impl ShmEndpoint {
     ) -> Result<()> {
         let peer = &mut st.peers[p];
         let prod = peer.prod.as_mut().expect("lane ensured");
-        if !prod.write(&peer.seg, h, pl.len(), |b| b.copy_from_slice(pl)) {
+        if !prod.write_request(&peer.seg, h, pl.len(), |b| b.copy_from_slice(pl)) {
             st.tx.remove(id as usize);
             return Err(self.full(st, p, what));
         }
@@ -782,8 +786,10 @@ impl ShmEndpoint {
                     break;
                 };
                 if self.must_wait(st, lane, &v.h) {
-                    // Flow control: it stays in the ring until there is room for it.
+                    // Flow control: it stays in the ring until there is room for it; what
+                    // the sender wrote after it for transfers already under way is handled.
                     st.cons[lane] = c;
+                    n += self.handle_transfers_ahead(st, lane, c.pos() + v.slots() as u64);
                     break;
                 }
                 let released = self.handle(st, lane, &v);
@@ -812,6 +818,12 @@ impl ShmEndpoint {
         let Some(p) = st.lane_peer[lane] else {
             return false;
         };
+        // A transfer from this peer pipelined through the ring (cross-memory attach refused)
+        // needs its fragments, which could not get past a waiting message: while one is under
+        // way, nothing waits (the bounds are exceeded rather than the peers deadlocked).
+        if st.rxp.iter().any(|(_, r)| r.peer == p && r.split.is_none()) {
+            return false;
+        }
         if self.must_hold(st, p, h) {
             return st.peers[p].held.len() >= HELD_MAX;
         }
@@ -820,12 +832,56 @@ impl ShmEndpoint {
         }
         let (msgs, bytes) = self.unexp_max;
         let full = st.rxq.unexpected_len() >= msgs
-            || st.rxq.unexpected_bytes().saturating_add(h.len as usize) > bytes;
+            || st
+                .rxq
+                .unexpected_bytes()
+                .saturating_add(h.len as usize)
+                .saturating_add(UNEXP_OVERHEAD)
+                > bytes;
         if !full {
             return false;
         }
         let src = self.src_of(st, p);
         !st.rxq.would_match(src, h.tag, h.flags & flag::TAGGED != 0)
+    }
+
+    /// With the message at the head of `lane` waiting (flow control), handles in place the
+    /// frames behind it that belong to transfers already under way -- acknowledgements, CTS,
+    /// data fragments, split-copy and read results -- and marks them done. Their order
+    /// against the waiting message does not matter, and the transfers they finish may be
+    /// what frees room for it: a receive whose data or WDONE sits behind a flood of
+    /// unexpected messages, a landing write whose fragments sit behind held requests.
+    /// New messages and requests stay where they are, in order; a BYE ends the look.
+    fn handle_transfers_ahead(&self, st: &mut State, lane: usize, pos: u64) -> usize {
+        let c = st.cons[lane];
+        let mut pos = pos.max(st.scanned[lane]);
+        let mut n = 0;
+        for _ in 0..ring::SLOTS {
+            let Some((v, next)) = c.view_at(&self.seg, lane, pos) else {
+                break;
+            };
+            match v.h.kind {
+                kind::BYE => break,
+                kind::ACK
+                | kind::CTS
+                | kind::DATA
+                | kind::WDONE
+                | kind::RDATA
+                | kind::ARESULT
+                | kind::RSPLIT
+                | kind::RDONE => {
+                    // SAFETY: the slots stay ours until the consumer passes them.
+                    let pl = unsafe { v.payload(v.h.len as usize) };
+                    self.handle_msg(st, lane, v.h, pl);
+                    c.mark_handled(&self.seg, lane, pos);
+                    n += 1;
+                }
+                _ => {}
+            }
+            pos = next;
+        }
+        st.scanned[lane] = pos;
+        n
     }
 
     /// Handles one message; returns true when the lane is to be released (the sender left).

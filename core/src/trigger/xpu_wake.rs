@@ -1,0 +1,190 @@
+//! Waking a sleeping XPU watcher when a CPU XPU rings.
+//!
+//! A doorbell an XPU stores to rings nothing by itself, so past its spin window the watcher
+//! must either keep looking (a GPU's store reaches host memory and nothing more; the watcher
+//! looks every `XFABRIC_XPU_POLL_US`) or be told. A CPU XPU can make a system call: after its
+//! stores it calls [`notify_xpu_ring`], which bumps one process-wide sequence word and, only if
+//! a watcher sleeps on it, wakes it with a futex. A watcher sleeps on that word with the value
+//! it read before its last look at the doorbells, so a ring after that look either changes
+//! the word before the sleep (the kernel's compare fails and it returns at once) or wakes it.
+
+use std::cell::Cell;
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::time::Duration;
+
+/// Bumped by every CPU ring; the futex word watchers sleep on.
+static RING_SEQ: AtomicU32 = AtomicU32::new(0);
+/// Watchers asleep (or about to be) on `RING_SEQ`: a ring makes the system call only then.
+static SLEEPERS: AtomicU32 = AtomicU32::new(0);
+
+thread_local! {
+    /// `RING_SEQ` as this thread read it before the first doorbell look since it last slept:
+    /// the oldest view it has, so that no ring after any of its looks is slept through.
+    static LOOKED_AT: Cell<Option<u32>> = const { Cell::new(None) };
+}
+
+/// Tells sleeping watchers in this process that a CPU XPU stored to a doorbell. Call it after
+/// the stores (`xfabric_kernels::cpu::ring` does). Costs an atomic add, and a system call only
+/// while a watcher sleeps.
+pub fn notify_xpu_ring() {
+    RING_SEQ.fetch_add(1, Ordering::SeqCst);
+    // Orders the doorbell stores and the bump before reading SLEEPERS, against the sleeper's
+    // increment then re-read of RING_SEQ (a Dekker pair: one of the two sees the other).
+    fence(Ordering::SeqCst);
+    if SLEEPERS.load(Ordering::SeqCst) > 0 {
+        futex_wake(&RING_SEQ);
+    }
+}
+
+/// Called before a watcher reads its doorbells.
+pub(crate) fn before_look() {
+    LOOKED_AT.with(|c| {
+        if c.get().is_none() {
+            c.set(Some(RING_SEQ.load(Ordering::SeqCst)));
+        }
+    });
+}
+
+/// Called when a watcher could not read its doorbells (another thread held them): what that
+/// thread read may predate a ring this thread's view already counts, so the next sleep must
+/// not happen; the caller looks again first.
+pub(crate) fn look_missed() {
+    LOOKED_AT.with(|c| c.set(Some(RING_SEQ.load(Ordering::SeqCst).wrapping_sub(1))));
+}
+
+/// Sleeps at most `timeout`, or until a CPU XPU rings after this thread's looks at its
+/// doorbells. Returns at once if one already did.
+pub(crate) fn sleep_until_ring(timeout: Duration) {
+    let Some(seen) = LOOKED_AT.with(Cell::take) else {
+        // No look recorded (a caller that did not poll first): do not sleep past a ring
+        // nobody would see; the caller comes back after looking.
+        return;
+    };
+    SLEEPERS.fetch_add(1, Ordering::SeqCst);
+    fence(Ordering::SeqCst);
+    if RING_SEQ.load(Ordering::SeqCst) == seen {
+        futex_wait(&RING_SEQ, seen, timeout);
+    }
+    SLEEPERS.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// A user-level monitor/wait instruction pair this CPU offers, which could sleep a watcher until
+/// a device's write to a doorbell line: `"waitpkg"` (Intel UMONITOR/UMWAIT), `"monitorx"` (AMD
+/// MONITORX/MWAITX), or `None`. Detected by cpuid; the watcher does not use them yet (see the
+/// README): a GPU's ring is seen within `XFABRIC_XPU_POLL_US` past the spin window.
+pub fn user_monitor_wait() -> Option<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__cpuid, __cpuid_count};
+        // Leaves above the maximum the CPU reports are not read.
+        let (max, max_ext) = (__cpuid(0).eax, __cpuid(0x8000_0000).eax);
+        if max >= 7 && __cpuid_count(7, 0).ecx & (1 << 5) != 0 {
+            return Some("waitpkg");
+        }
+        if max_ext >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 29) != 0 {
+            return Some("monitorx");
+        }
+    }
+    None
+}
+
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a live, aligned 32-bit atomic for the whole call (a static); `ts` is a
+    // valid relative timeout; the other arguments are unused by FUTEX_WAIT. Any error
+    // (EAGAIN: the word changed; EINTR; ETIMEDOUT) just ends the sleep.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word` is a live, aligned 32-bit atomic (a static); FUTEX_WAKE reads nothing else.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    #[test]
+    fn a_ring_after_the_look_ends_the_sleep_and_one_before_it_prevents_it() {
+        // A ring between the look and the sleep: the sleep returns without waiting.
+        before_look();
+        notify_xpu_ring();
+        let t = Instant::now();
+        sleep_until_ring(Duration::from_secs(30));
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "slept through a ring"
+        );
+
+        // A ring while asleep wakes the sleeper: it is woken long before its hour-long
+        // timeout, so the test ends (bounded by the harness, not by a time assertion).
+        let asleep = Arc::new(AtomicBool::new(false));
+        let a = asleep.clone();
+        let t = std::thread::spawn(move || {
+            before_look();
+            a.store(true, Ordering::SeqCst);
+            sleep_until_ring(Duration::from_secs(3600));
+        });
+        while !asleep.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        // Ring until it returns: a ring before it registered is caught by the compare.
+        while !t.is_finished() {
+            notify_xpu_ring();
+            std::thread::yield_now();
+        }
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn monitor_wait_detection_agrees_with_the_kernel() {
+        let found = user_monitor_wait();
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+            return;
+        };
+        let flags: Vec<&str> = info
+            .lines()
+            .find(|l| l.starts_with("flags"))
+            .map(|l| l.split_whitespace().collect())
+            .unwrap_or_default();
+        match found {
+            Some(f) => assert!(flags.contains(&f), "cpuid says {f}, the kernel does not"),
+            None => assert!(!flags.contains(&"waitpkg") && !flags.contains(&"monitorx")),
+        }
+    }
+
+    #[test]
+    fn a_missed_look_does_not_sleep() {
+        before_look();
+        look_missed();
+        sleep_until_ring(Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn without_a_look_it_does_not_sleep() {
+        LOOKED_AT.with(|c| c.set(None));
+        sleep_until_ring(Duration::from_secs(3600));
+    }
+}
