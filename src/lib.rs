@@ -98,13 +98,13 @@ pub use xfabric_core::consts::*;
 pub use xfabric_core::entry::*;
 pub use xfabric_core::{atomic, consts, entry, error, log, settings};
 pub use xfabric_core::{
-    strerror, AddrFormat, AddressVector, AtomicOp, AvAttr, Buffered, CntrAttr, CompletionQueue,
-    Counter, CqAttr, Datatype, DeferredWork, Domain, DomainAttr, Endpoint, EpAttr, EqAttr, EqEntry,
-    EqErrEntry, Error, EventQueue, Fabric, FabricAttr, Iface, Info, MemoryRegion, MrAttr, MrDesc,
-    Msg, MsgAtomic, MsgRma, OpAtomic, OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, RawIov,
-    Result, RmaIov, RxAttr, TriggerContext, TriggerValue, TriggerVar, TriggerXpu, TxAttr, WaitAttr,
-    WaitSet, WorkId, WorkOp, Xpu, XpuDevice, ATOMIC_MAX, XPU_ARMED_MAX, XPU_ERR_BACKWARDS,
-    XPU_ERR_PAST_ARMED,
+    notify_xpu_ring, strerror, user_monitor_wait, AddrFormat, AddressVector, AtomicOp, AvAttr,
+    Buffered, CntrAttr, CompletionQueue, Counter, CqAttr, Datatype, DeferredWork, Domain,
+    DomainAttr, Endpoint, EpAttr, EqAttr, EqEntry, EqErrEntry, Error, EventQueue, Fabric,
+    FabricAttr, Iface, Info, MemoryRegion, MrAttr, MrDesc, Msg, MsgAtomic, MsgRma, OpAtomic,
+    OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, RawIov, Result, RmaIov, RxAttr,
+    TriggerContext, TriggerValue, TriggerVar, TriggerXpu, TxAttr, WaitAttr, WaitSet, WorkId,
+    WorkOp, Xpu, XpuDevice, ATOMIC_MAX, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED,
 };
 pub use xfabric_hmem as hmem;
 pub use xfabric_kernels as kernels;
