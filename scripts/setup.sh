@@ -6,6 +6,8 @@ set -euo pipefail
 
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc)
+# objdump and readelf: the C library's export-table test reads them.
+command -v objdump >/dev/null 2>&1 || need+=(binutils)
 [ -f /usr/include/rdma/fabric.h ] || need+=(libfabric-dev)
 command -v fi_pingpong >/dev/null 2>&1 || need+=(libfabric-bin)
 if [ ${#need[@]} -gt 0 ]; then

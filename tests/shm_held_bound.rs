@@ -1,9 +1,7 @@
 //! Requests held for ordering are bounded: behind a peer's large RMA write that is still
-//! landing (here: one whose data never comes, cross-memory attach being off), its later
-//! requests are held, at most `HELD_MAX` (1,024) of them; the rest stay in the peer's ring,
-//! which fills, instead of growing the target's memory without limit.
-//!
-//! One test in this file: it turns cross-memory attach off for its process before opening.
+//! landing (here: a split copy whose WDONE never comes), its later requests are held, at most
+//! `HELD_MAX` (1,024) of them; the rest stay in the peer's ring, which fills, instead of
+//! growing the target's memory without limit. Needs cross-memory attach (the split copy).
 
 mod common;
 
@@ -19,8 +17,6 @@ fn le(v: &[u64]) -> Vec<u8> {
 
 #[test]
 fn requests_held_behind_a_landing_write_stay_within_the_bound() {
-    // Race-free: the only test of this file, before any endpoint of the process exists.
-    std::env::set_var("XFABRIC_SHM_CMA", "0");
     let n = node(
         FI_MSG | FI_RMA | FI_REMOTE_WRITE | FI_SEND | FI_RECV,
         Progress::Manual,
@@ -34,32 +30,39 @@ fn requests_held_behind_a_landing_write_stay_within_the_bound() {
     } else {
         0
     };
+    // The raw peer is this process (a true header: its pid verifies), so the target copies
+    // a large write's data out of `source` here by cross-memory attach.
     let mut raw = RawPeer::connect(&n.ep.getname().unwrap(), None).expect("raw peer");
+    let source = pattern(1 << 16, 3);
     // A large write into the window: the ranges (count, pad, then addr, len, key), then the
-    // initiator's pid and iov. Without cross-memory attach the target asks for the data by
-    // CTS and waits for fragments that never come: the write stays landing.
+    // initiator's pid and iov.
     let mut pl = vec![0u8; 8];
     pl[..4].copy_from_slice(&1u32.to_le_bytes());
     pl.extend(le(&[base, 1 << 16, key]));
     pl.extend_from_slice(&(std::process::id()).to_le_bytes());
     pl.extend_from_slice(&1u32.to_le_bytes());
-    pl.extend(le(&[0x1000, 1 << 16]));
-    assert!(raw.send(
-        kind::RMA_WRITE,
-        flag::RNDV,
-        pl.len() as u32,
-        1,
-        1 << 16,
-        0,
-        &pl
-    ));
+    pl.extend(le(&[source.as_ptr() as u64, 1 << 16]));
     let mut buf = [CqTaggedEntry::default(); 8];
     let mut progress = || {
         for _ in 0..16 {
             let _ = n.cq.read(&mut buf);
         }
     };
-    progress();
+    // The first is copied by the target alone (and shows cross-memory attach works); the
+    // second, now that it does, is split: the target asks us for WDONE, which never comes,
+    // so the write stays landing.
+    for id in 1..=2 {
+        assert!(raw.send(
+            kind::RMA_WRITE,
+            flag::RNDV,
+            pl.len() as u32,
+            id,
+            1 << 16,
+            0,
+            &pl
+        ));
+        progress();
+    }
     // Small writes behind it (key, then 8 bytes) until the ring is full.
     let mut sent = 0usize;
     let write1 = le(&[key, 7]);
@@ -77,7 +80,7 @@ fn requests_held_behind_a_landing_write_stay_within_the_bound() {
     }
     progress();
     let held = n.ep.buffered().held;
-    assert!(held <= HELD_MAX, "{held} requests held");
+    assert_eq!(held, HELD_MAX, "requests held behind the landing write");
     assert!(
         sent > HELD_MAX,
         "only {sent} requests fitted: the test proves nothing"

@@ -118,15 +118,25 @@ fn plant(tag: &str) -> Planted {
     // A short file. It and the regular files below look alive (we hold their locks): our
     // reclaim must leave them for other reasons, and another process's (an older xfabric,
     // run beside this test) must not take them from under it.
-    std::fs::write(p("short"), [0u8; 64]).unwrap();
-    planted._held.push(hold(&p("short")));
+    planted._held.push(locked_file(&p("short"), 64));
     if is_root() {
-        std::fs::write(p("foreign"), vec![0u8; 1 << 20]).unwrap();
+        planted._held.push(locked_file(&p("foreign"), 1 << 20));
         give_away(&p("foreign"));
-        planted._held.push(hold(&p("foreign")));
     }
     planted._held.push(hold(&outside));
     planted
+}
+
+/// Creates `p` empty (which reclaim leaves alone as "being created"), takes its lock, and only
+/// then gives it `len` bytes: a reclaim running beside (the other test of this file opens
+/// endpoints) never sees it sized and unlocked.
+fn locked_file(p: &Path, len: u64) -> std::fs::File {
+    let f = std::fs::File::create(p).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    let r = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) };
+    assert_eq!(r, 0, "flock {}", p.display());
+    f.set_len(len).unwrap();
+    f
 }
 
 /// The child: everything that might block on a planted file, each checked for its outcome.

@@ -54,9 +54,9 @@ fn filter_from(
 pub fn init() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let fi = std::env::var("FI_LOG_LEVEL").ok();
-        let rust = std::env::var("RUST_LOG").ok();
-        match filter_from(fi.as_deref(), rust.as_deref()) {
+        let fi = crate::settings::FI_LOG_LEVEL.text();
+        let rust = crate::settings::RUST_LOG.text();
+        match filter_from(fi, rust) {
             None => {}
             Some(Err(why)) => eprintln!("xfabric: {why}"),
             Some(Ok(filter)) => {

@@ -1,59 +1,363 @@
-//! The environment settings xfabric reads, in one table: name, default and meaning.
-//! `xfabric info -e` prints it as `fi_info -e` prints libfabric's parameters. The readers
-//! still live next to the code they tune; this table is what users are told about them.
+//! The environment settings xfabric reads: one table (name, type, default, meaning) and the one
+//! reader. `xfabric info -e` prints the table as `fi_info -e` prints libfabric's parameters.
+//!
+//! Each setting is read from the environment once, on first use, and kept: a value changed
+//! later in the process's life is not seen, as libfabric reads its parameters once. The default
+//! lives only here, as the text the table shows; a size's default is that text parsed. A value
+//! that does not parse is reported once, naming the variable, the text and the default used
+//! instead, and the default applies.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+/// The type of a setting, shown as fi_info shows a parameter's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A non-negative integer, in the unit the meaning names.
+    Size,
+    /// `0` or `1`.
+    Bool,
+    /// Any UTF-8 text.
+    Str,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Size => "size_t",
+            Kind::Bool => "Boolean (0/1)",
+            Kind::Str => "String",
+        })
+    }
+}
 
 /// One environment setting: what libfabric describes with a `struct fi_param`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Setting {
     /// The environment variable.
     pub name: &'static str,
-    /// Shown as fi_info shows a parameter's type.
-    pub kind: &'static str,
-    /// What applies when the variable is unset (or does not parse).
+    /// Its type, shown as fi_info shows a parameter's type.
+    pub kind: Kind,
+    /// What applies when the variable is unset or does not parse.
     pub default: &'static str,
     /// What the setting changes, in a sentence or two.
     pub meaning: &'static str,
+    value: OnceLock<Value>,
 }
 
-/// Every setting the library reads today.
-pub const SETTINGS: &[Setting] = &[
-    Setting {
-        name: "XFABRIC_XPU_SPIN_MS",
-        kind: "size_t",
-        default: "20",
-        meaning: "After an XPU-triggered operation is armed or fires, how long (ms) the \
-                  watcher polls doorbells without sleeping",
-    },
-    Setting {
-        name: "XFABRIC_XPU_POLL_US",
-        kind: "size_t",
-        default: "1000",
-        meaning: "Past the spin window, how long (us) the watcher sleeps between looks at a \
-                  doorbell that armed operations wait on",
-    },
-    Setting {
-        name: "XFABRIC_SHM_CMA",
-        kind: "Boolean (0/1)",
-        default: "1",
-        meaning: "0 turns off cross-memory attach (process_vm_readv) for large shm transfers; \
-                  anything else lets the provider try it",
-    },
-    Setting {
-        name: "XFABRIC_SHM_SPLIT_MIN",
-        kind: "size_t",
-        default: "65536",
-        meaning: "Smallest shm message (bytes) whose copy is split between sender and receiver",
-    },
-    Setting {
-        name: "XFABRIC_ZE_LOADER",
-        kind: "String",
-        default: "libze_loader.so.1",
-        meaning: "The Level Zero loader library opened for FI_HMEM_ZE",
-    },
-    Setting {
-        name: "XDG_CACHE_HOME",
-        kind: "String",
-        default: "$HOME/.cache",
-        meaning: "Where xfabric-kernels caches compiled PTX (under xfabric/kernels)",
-    },
+#[derive(Debug)]
+enum Value {
+    Size(u64),
+    Bool(bool),
+    Str(Option<String>),
+}
+
+impl Setting {
+    const fn new(
+        name: &'static str,
+        kind: Kind,
+        default: &'static str,
+        meaning: &'static str,
+    ) -> Self {
+        Setting {
+            name,
+            kind,
+            default,
+            meaning,
+            value: OnceLock::new(),
+        }
+    }
+
+    /// A size setting's value: the environment's, or the default.
+    pub fn size(&self) -> u64 {
+        match self.value() {
+            Value::Size(v) => *v,
+            _ => wrong_kind(self, Kind::Size, parse_size(self.default).unwrap_or(0)),
+        }
+    }
+
+    /// As [`Setting::size`], saturated to `usize`.
+    pub fn usize(&self) -> usize {
+        usize::try_from(self.size()).unwrap_or(usize::MAX)
+    }
+
+    /// A Boolean setting's value: the environment's, or the default.
+    pub fn flag(&self) -> bool {
+        match self.value() {
+            Value::Bool(v) => *v,
+            _ => wrong_kind(self, Kind::Bool, parse_bool(self.default).unwrap_or(false)),
+        }
+    }
+
+    /// A text setting's value when the environment sets one; `None` means the default, which
+    /// for some (`$HOME/.cache`, "all providers") is a description rather than a value.
+    pub fn text(&self) -> Option<&str> {
+        match self.value() {
+            Value::Str(v) => v.as_deref(),
+            _ => wrong_kind(self, Kind::Str, None),
+        }
+    }
+
+    /// A text setting's value, or its default text.
+    pub fn text_or_default(&self) -> &str {
+        self.text().unwrap_or(self.default)
+    }
+
+    fn value(&self) -> &Value {
+        self.value.get_or_init(|| {
+            let raw = std::env::var_os(self.name);
+            let (value, bad) = interpret(self, raw.as_ref().map(|r| r.to_string_lossy()));
+            if let Some(why) = bad {
+                warn_bad(&why);
+            }
+            value
+        })
+    }
+}
+
+/// A typed accessor used on a setting of another type: a bug in xfabric, not in the
+/// environment. Debug builds say so; release builds use the default.
+fn wrong_kind<T>(s: &Setting, asked: Kind, fallback: T) -> T {
+    debug_assert!(false, "{} is a {}, read as a {asked}", s.name, s.kind);
+    fallback
+}
+
+/// The value `raw` gives `s`, and, when it does not parse, the warning that says so.
+fn interpret(s: &Setting, raw: Option<std::borrow::Cow<'_, str>>) -> (Value, Option<String>) {
+    let bad = |what: &str| {
+        Some(format!(
+            "{}={:?} is not {what}: using the default {}",
+            s.name,
+            raw.as_deref().unwrap_or(""),
+            s.default
+        ))
+    };
+    match s.kind {
+        Kind::Size => {
+            let default = parse_size(s.default).unwrap_or(0);
+            match raw.as_deref().map(parse_size) {
+                None => (Value::Size(default), None),
+                Some(Some(v)) => (Value::Size(v), None),
+                Some(None) => (Value::Size(default), bad("a non-negative integer")),
+            }
+        }
+        Kind::Bool => {
+            let default = parse_bool(s.default).unwrap_or(false);
+            match raw.as_deref().map(parse_bool) {
+                None => (Value::Bool(default), None),
+                Some(Some(v)) => (Value::Bool(v), None),
+                Some(None) => (Value::Bool(default), bad("0 or 1")),
+            }
+        }
+        Kind::Str => match raw {
+            // to_string_lossy put U+FFFD where the bytes were not UTF-8.
+            Some(ref v) if v.contains('\u{FFFD}') => (Value::Str(None), bad("UTF-8")),
+            Some(v) => (Value::Str(Some(v.into_owned())), None),
+            None => (Value::Str(None), None),
+        },
+    }
+}
+
+fn parse_size(text: &str) -> Option<u64> {
+    text.trim().parse().ok()
+}
+
+fn parse_bool(text: &str) -> Option<bool> {
+    match text.trim() {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
+    }
+}
+
+/// Reports a bad value through `tracing`, and on stderr as well when no logger is installed:
+/// logging is off unless asked for (FI_LOG_LEVEL, RUST_LOG), and a user who mistyped a setting
+/// must learn that it was ignored without first knowing how to turn logging on.
+fn warn_bad(why: &str) {
+    if !tracing::dispatcher::has_been_set() {
+        eprintln!("xfabric: warning: {why}");
+    }
+    tracing::warn!("{why}");
+}
+
+pub static XPU_SPIN_MS: Setting = Setting::new(
+    "XFABRIC_XPU_SPIN_MS",
+    Kind::Size,
+    "20",
+    "After an XPU-triggered operation is armed or fires, how long (ms) the watcher polls \
+     doorbells without sleeping",
+);
+pub static XPU_POLL_US: Setting = Setting::new(
+    "XFABRIC_XPU_POLL_US",
+    Kind::Size,
+    "1000",
+    "Past the spin window, how long (us) the watcher sleeps between looks at a doorbell that \
+     armed operations wait on",
+);
+pub static XPU_CPU_SPIN_US: Setting = Setting::new(
+    "XFABRIC_XPU_CPU_SPIN_US",
+    Kind::Size,
+    "50",
+    "The spin window (us) instead, when every doorbell of the endpoint belongs to a CPU XPU, \
+     whose ring wakes a sleeping watcher",
+);
+pub static SHM_CMA: Setting = Setting::new(
+    "XFABRIC_SHM_CMA",
+    Kind::Bool,
+    "1",
+    "0 turns off cross-memory attach (process_vm_readv) for large shm transfers; 1 lets the \
+     provider try it",
+);
+pub static SHM_SPLIT_MIN: Setting = Setting::new(
+    "XFABRIC_SHM_SPLIT_MIN",
+    Kind::Size,
+    "65536",
+    "Smallest shm message (bytes) whose copy is split between sender and receiver",
+);
+pub static SHM_UNEXP_MSGS: Setting = Setting::new(
+    "XFABRIC_SHM_UNEXP_MSGS",
+    Kind::Size,
+    "16384",
+    "Unexpected messages an shm endpoint buffers at most; past that a new one stays in its \
+     sender's ring until a receive is posted",
+);
+pub static SHM_UNEXP_BYTES: Setting = Setting::new(
+    "XFABRIC_SHM_UNEXP_BYTES",
+    Kind::Size,
+    "33554432",
+    "Bytes the buffered unexpected messages of one shm endpoint may hold",
+);
+pub static ZE_LOADER: Setting = Setting::new(
+    "XFABRIC_ZE_LOADER",
+    Kind::Str,
+    "libze_loader.so.1",
+    "The Level Zero loader library opened for FI_HMEM_ZE",
+);
+pub static XDG_CACHE_HOME: Setting = Setting::new(
+    "XDG_CACHE_HOME",
+    Kind::Str,
+    "$HOME/.cache",
+    "Where xfabric-kernels caches compiled PTX (under xfabric/kernels)",
+);
+pub static FI_PROVIDER: Setting = Setting::new(
+    "FI_PROVIDER",
+    Kind::Str,
+    "all providers",
+    "Providers getinfo may return: PROV1,PROV2 admits only those, ^PROV1,PROV2 all but those",
+);
+pub static FI_LOG_LEVEL: Setting = Setting::new(
+    "FI_LOG_LEVEL",
+    Kind::Str,
+    "off",
+    "Logs xfabric's events at this level and above to stderr: warn, info, debug or trace \
+     (wins over RUST_LOG)",
+);
+pub static RUST_LOG: Setting = Setting::new(
+    "RUST_LOG",
+    Kind::Str,
+    "off",
+    "Logs xfabric's events to stderr, filtered in tracing's target syntax \
+     (xfabric_providers=debug,warn)",
+);
+pub static GPU_TESTS: Setting = Setting::new(
+    "XFABRIC_GPU_TESTS",
+    Kind::Bool,
+    "0",
+    "Read when building, not at run time: 1 compiles the GPU tests in, to require a GPU rather \
+     than be reported as ignored",
+);
+
+/// Every setting xfabric reads.
+pub static SETTINGS: &[&Setting] = &[
+    &XPU_SPIN_MS,
+    &XPU_POLL_US,
+    &XPU_CPU_SPIN_US,
+    &SHM_CMA,
+    &SHM_SPLIT_MIN,
+    &SHM_UNEXP_MSGS,
+    &SHM_UNEXP_BYTES,
+    &ZE_LOADER,
+    &XDG_CACHE_HOME,
+    &FI_PROVIDER,
+    &FI_LOG_LEVEL,
+    &RUST_LOG,
+    &GPU_TESTS,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::borrow::Cow;
+
+    fn read(s: &Setting, raw: Option<&str>) -> (Value, Option<String>) {
+        interpret(s, raw.map(Cow::Borrowed))
+    }
+
+    #[test]
+    fn every_default_parses_as_its_kind() {
+        for s in SETTINGS {
+            let ok = match s.kind {
+                Kind::Size => parse_size(s.default).is_some(),
+                Kind::Bool => parse_bool(s.default).is_some(),
+                Kind::Str => true,
+            };
+            assert!(
+                ok,
+                "{}'s default {:?} is not a {}",
+                s.name, s.default, s.kind
+            );
+        }
+    }
+
+    #[test]
+    fn names_are_unique() {
+        for (i, a) in SETTINGS.iter().enumerate() {
+            assert!(
+                SETTINGS[i + 1..].iter().all(|b| b.name != a.name),
+                "{}",
+                a.name
+            );
+        }
+    }
+
+    #[test]
+    fn unset_gives_the_default_without_a_warning() {
+        assert!(matches!(
+            read(&SHM_SPLIT_MIN, None),
+            (Value::Size(65536), None)
+        ));
+        assert!(matches!(read(&SHM_CMA, None), (Value::Bool(true), None)));
+        assert!(matches!(read(&ZE_LOADER, None), (Value::Str(None), None)));
+    }
+
+    #[test]
+    fn a_good_value_is_used() {
+        assert!(matches!(
+            read(&SHM_SPLIT_MIN, Some("4096")),
+            (Value::Size(4096), None)
+        ));
+        assert!(matches!(
+            read(&SHM_CMA, Some("0")),
+            (Value::Bool(false), None)
+        ));
+        let (v, bad) = read(&ZE_LOADER, Some("/x/libze.so"));
+        assert!(matches!(v, Value::Str(Some(ref p)) if p == "/x/libze.so") && bad.is_none());
+    }
+
+    #[test]
+    fn a_bad_value_names_the_variable_the_text_and_the_default() {
+        let (v, bad) = read(&SHM_SPLIT_MIN, Some("lots"));
+        assert!(matches!(v, Value::Size(65536)));
+        let why = bad.expect("a warning");
+        for part in ["XFABRIC_SHM_SPLIT_MIN", "\"lots\"", "65536"] {
+            assert!(why.contains(part), "{part} not in {why}");
+        }
+        let (v, bad) = read(&SHM_CMA, Some("no"));
+        assert!(matches!(v, Value::Bool(true)));
+        assert!(bad.expect("a warning").contains("XFABRIC_SHM_CMA=\"no\""));
+        let (v, bad) = read(&XPU_SPIN_MS, Some("-5"));
+        assert!(matches!(v, Value::Size(20)) && bad.is_some());
+        let (v, bad) = read(&FI_PROVIDER, Some("shm\u{FFFD}"));
+        assert!(matches!(v, Value::Str(None)) && bad.is_some());
+    }
+}

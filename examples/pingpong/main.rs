@@ -144,7 +144,8 @@ struct Opts {
 #[derive(clap::Parser, Debug)]
 #[command(
     name = "pingpong",
-    after_help = "XFABRIC_PINGPONG_PORT overrides the default control port (47592)."
+    after_help = "XFABRIC_PINGPONG_PORT (this example's own variable, not a library setting) overrides \
+                  the default control port (47592)."
 )]
 struct Cli {
     /// Source control port number (server: 47592, client: auto)

@@ -63,8 +63,10 @@ pub(crate) fn memory_put(key: u64, ptx: Arc<str>) {
 
 /// Where compiled kernels are kept between processes, if a home for them can be named.
 pub fn cache_dir() -> Option<PathBuf> {
-    let base = match std::env::var_os("XDG_CACHE_HOME") {
+    let base = match xfabric_core::settings::XDG_CACHE_HOME.text() {
         Some(x) if !x.is_empty() => PathBuf::from(x),
+        // HOME is the system's, not a setting of xfabric's: it only spells XDG_CACHE_HOME's
+        // default.
         _ => PathBuf::from(std::env::var_os("HOME").filter(|h| !h.is_empty())?).join(".cache"),
     };
     Some(base.join("xfabric").join("kernels"))

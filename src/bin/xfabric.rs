@@ -2,7 +2,6 @@
 //! offer in the layouts of libfabric's `fi_info`, so the two tools' output can be compared line
 //! by line.
 
-use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::io::{self, Write as _};
 use std::process::ExitCode;
@@ -183,7 +182,7 @@ impl InfoArgs {
         if self.hmem {
             return Ok(hmem_report_text());
         }
-        let allowed = ProviderFilter::from_env(std::env::var_os("FI_PROVIDER"))?;
+        let allowed = ProviderFilter::from_env(xfabric::settings::FI_PROVIDER.text());
         // As fi_info: a source address is the node, looked up with FI_SOURCE.
         let (node, flags) = match (&self.src_addr, &self.node) {
             (Some(src), _) => (Some(src.as_str()), FI_SOURCE),
@@ -237,13 +236,11 @@ struct ProviderFilter {
 }
 
 impl ProviderFilter {
-    fn from_env(value: Option<OsString>) -> Result<Self, String> {
-        let Some(value) = value else {
-            return Ok(Self::default());
+    fn from_env(value: Option<&str>) -> Self {
+        let Some(text) = value else {
+            return Self::default();
         };
-        let text = value
-            .into_string()
-            .map_err(|v| format!("FI_PROVIDER={v:?} is not UTF-8"))?;
+        let text = text.to_string();
         let (exclude, list) = match text.strip_prefix('^') {
             Some(rest) => (true, rest),
             None => (false, text.as_str()),
@@ -254,11 +251,11 @@ impl ProviderFilter {
             .filter(|n| !n.is_empty())
             .map(str::to_string)
             .collect();
-        Ok(Self {
+        Self {
             names,
             exclude,
             text,
-        })
+        }
     }
 
     fn admits(&self, provider: &str) -> bool {
@@ -564,10 +561,10 @@ mod tests {
 
     #[test]
     fn fi_provider_admits_and_excludes() {
-        let f = |v: &str| ProviderFilter::from_env(Some(v.into())).unwrap();
+        let f = |v: &str| ProviderFilter::from_env(Some(v));
         assert!(f("shm").admits("shm") && !f("tcp,verbs").admits("shm"));
         assert!(!f("^shm").admits("shm") && f("^tcp").admits("shm"));
-        assert!(ProviderFilter::from_env(None).unwrap().admits("shm"));
+        assert!(ProviderFilter::from_env(None).admits("shm"));
     }
 
     #[test]

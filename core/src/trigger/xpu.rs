@@ -35,7 +35,7 @@ pub const XPU_ARMED_MAX: usize = 1 << 16;
 /// for this long (`XFABRIC_XPU_SPIN_MS`, default 20): a trigger in that window is seen at once.
 fn spin_window() -> Duration {
     static V: OnceLock<Duration> = OnceLock::new();
-    *V.get_or_init(|| Duration::from_millis(env_u64("XFABRIC_XPU_SPIN_MS", 20)))
+    *V.get_or_init(|| Duration::from_millis(crate::settings::XPU_SPIN_MS.size()))
 }
 
 /// The spin window when every doorbell of the endpoint belongs to a CPU XPU
@@ -43,7 +43,7 @@ fn spin_window() -> Duration {
 /// (`notify_xpu_ring`), so spinning longer only takes CPU from the XPU's own thread.
 fn cpu_spin_window() -> Duration {
     static V: OnceLock<Duration> = OnceLock::new();
-    *V.get_or_init(|| Duration::from_micros(env_u64("XFABRIC_XPU_CPU_SPIN_US", 50)))
+    *V.get_or_init(|| Duration::from_micros(crate::settings::XPU_CPU_SPIN_US.size()))
 }
 
 /// Past the spin window, how long the watcher sleeps between looks at a doorbell that armed
@@ -52,14 +52,7 @@ fn cpu_spin_window() -> Duration {
 /// A CPU XPU's ring ends the sleep at once.
 fn poll_sleep() -> Duration {
     static V: OnceLock<Duration> = OnceLock::new();
-    *V.get_or_init(|| Duration::from_micros(env_u64("XFABRIC_XPU_POLL_US", 1000)))
-}
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    *V.get_or_init(|| Duration::from_micros(crate::settings::XPU_POLL_US.size()))
 }
 
 /// `prov_errno` of an error entry: the XPU stored a value past the last one armed.

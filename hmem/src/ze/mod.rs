@@ -26,9 +26,8 @@ use crate::mem::{DeviceBuffer, HostMapped, IpcHandle, IpcMapping, Release};
 use crate::{check_len, page_size, DeviceInfo, HmemIface, Iface, Owner, Result};
 use sys::{ze_command_list_handle_t, ze_context_handle_t, ze_device_handle_t, ZeApi};
 
-/// The loader's soname.
-pub const DEFAULT_LOADER: &str = "libze_loader.so.1";
-/// Environment variable that overrides [`DEFAULT_LOADER`].
+/// Environment variable that names the loader (core's `settings::ZE_LOADER`, which holds the
+/// default soname).
 pub const LOADER_ENV: &str = "XFABRIC_ZE_LOADER";
 
 /// The Level Zero interface.
@@ -187,8 +186,7 @@ impl Default for Ze {
 impl Ze {
     /// Probes the loader named by `XFABRIC_ZE_LOADER`, or `libze_loader.so.1`.
     pub fn new() -> Self {
-        let path = std::env::var(LOADER_ENV).unwrap_or_else(|_| DEFAULT_LOADER.to_string());
-        Self::with_loader(&path)
+        Self::with_loader(xfabric_core::settings::ZE_LOADER.text_or_default())
     }
 
     /// Probes the loader at `path`. Never panics: a missing library, a missing entry point, a

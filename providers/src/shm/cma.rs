@@ -18,7 +18,7 @@ const REFUSED: u8 = 2;
 impl CmaState {
     /// Unknown until tried, unless `XFABRIC_SHM_CMA=0` turns it off.
     pub fn new() -> Self {
-        let off = std::env::var("XFABRIC_SHM_CMA").is_ok_and(|v| v == "0");
+        let off = !xfabric_core::settings::SHM_CMA.flag();
         CmaState(AtomicU8::new(if off { REFUSED } else { UNKNOWN }))
     }
 

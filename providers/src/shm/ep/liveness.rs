@@ -114,6 +114,12 @@ impl ShmEndpoint {
             if !busy || peer.seg.owner_alive() {
                 continue;
             }
+            // Replies it wrote before it died are handled before its outstanding work fails:
+            // the acknowledgement of an operation it did complete may still sit in its lane.
+            if let Some(lane) = st.peers[p].rx_lane {
+                let pos = st.cons[lane].pos();
+                self.handle_transfers_ahead(st, lane, pos);
+            }
             self.peer_died(st, p);
             // Its requests held behind a transfer that will never land run now, in order.
             st.peers[p].forget_reads();

@@ -19,6 +19,7 @@ use xfabric_core::consts::errno::*;
 use xfabric_core::consts::*;
 use xfabric_core::ep::{TxOp, INJECT_CALL};
 use xfabric_core::rxq::{PostResult, PostedRecv, RecvQueue, RecvSlot, Unexpected};
+use xfabric_core::settings;
 use xfabric_core::{
     Context, EndpointOps, EpCore, Error, FiAddr, IovList, ProgressSource, RawIov, Result,
 };
@@ -44,27 +45,27 @@ pub const EAGER_MAX: usize = 16384;
 pub const INJECT_SIZE: usize = 4096;
 /// Fragment size of the pipelined large-message path.
 pub const FRAG: usize = 16384;
-/// Messages from this size on are copied by both sides at once (split copy), where
-/// cross-memory attach works; `XFABRIC_SHM_SPLIT_MIN` overrides it. Splitting from 32 KiB
-/// would be faster there (7.9 GB/s against 6.1-6.7), but a split needs the sender to make
-/// progress, where a receiver copying alone does not: under manual progress a sender that
-/// stops polling stalls it. 64 KiB keeps that dependence to the sizes where it pays most.
-pub const SPLIT_MIN: usize = 64 << 10;
-/// Unexpected messages an endpoint buffers at most (`XFABRIC_SHM_UNEXP_MSGS`). Past this, or
-/// past `UNEXP_BYTES`, a new message that no posted receive takes stays in its sender's ring:
-/// that ring fills and the sender's posts answer `Again` until receives are posted. Nothing is
-/// dropped. The cost is head-of-line blocking: what the same sender wrote after it (replies to
-/// our own operations included) waits too, so an application that floods a peer and waits for
-/// that peer's replies before posting receives can stall itself.
-pub const UNEXP_MSGS: usize = 16384;
-/// Bytes the buffered unexpected messages of one endpoint may hold (`XFABRIC_SHM_UNEXP_BYTES`).
-pub const UNEXP_BYTES: usize = 32 << 20;
+// Messages from `settings::SHM_SPLIT_MIN` on are copied by both sides at once (split copy),
+// where cross-memory attach works. Splitting from 32 KiB would be faster there (7.9 GB/s
+// against 6.1-6.7), but a split needs the sender to make progress, where a receiver copying
+// alone does not: under manual progress a sender that stops polling stalls it. The 64 KiB
+// default keeps that dependence to the sizes where it pays most.
+//
+// An endpoint buffers at most `settings::SHM_UNEXP_MSGS` unexpected messages holding at most
+// `settings::SHM_UNEXP_BYTES`. Past that, a new message that no posted receive takes stays in
+// its sender's ring: that ring fills and the sender's posts answer `Again` until receives are
+// posted. Nothing is dropped. The cost is head-of-line blocking: what the same sender wrote
+// after it (replies to our own operations included) waits too, so an application that floods a
+// peer and waits for that peer's replies before posting receives can stall itself.
 /// Bookkeeping charged per buffered message on top of its payload (measured: 168 bytes a
 /// 64-byte message cost before the bound).
 const UNEXP_OVERHEAD: usize = 128;
 /// Requests one peer may have held behind its landing writes (ordering holds) before its ring
 /// is left unread, as for unexpected messages.
 const HELD_MAX: usize = 1024;
+/// How far the bounds give while a pipelined transfer from the same peer needs fragments
+/// that sit behind what would wait (see `must_wait`).
+const PIPELINED_SLACK: usize = 16;
 /// Messages handled per lane per progress call, so one busy sender cannot starve the rest.
 const BATCH: usize = 16;
 /// Polls of the lanes while a split copy waits for its sender (a few microseconds).
@@ -335,13 +336,10 @@ impl ShmEndpoint {
                 known_active: AtomicU64::new(0),
                 busy: AtomicBool::new(false),
             },
-            split_min: std::env::var("XFABRIC_SHM_SPLIT_MIN")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(SPLIT_MIN),
+            split_min: settings::SHM_SPLIT_MIN.usize(),
             unexp_max: (
-                env_usize("XFABRIC_SHM_UNEXP_MSGS", UNEXP_MSGS),
-                env_usize("XFABRIC_SHM_UNEXP_BYTES", UNEXP_BYTES),
+                settings::SHM_UNEXP_MSGS.usize(),
+                settings::SHM_UNEXP_BYTES.usize(),
             ),
             st: Mutex::new(State {
                 rxq: RecvQueue::new(directed),
@@ -819,18 +817,18 @@ impl ShmEndpoint {
             return false;
         };
         // A transfer from this peer pipelined through the ring (cross-memory attach refused)
-        // needs its fragments, which could not get past a waiting message: while one is under
-        // way, nothing waits (the bounds are exceeded rather than the peers deadlocked).
-        if st.rxp.iter().any(|(_, r)| r.peer == p && r.split.is_none()) {
-            return false;
-        }
+        // needs its fragments, which cannot get past a waiting message: while one is under
+        // way the bounds give, up to `PIPELINED_SLACK` times, rather than deadlock the peers.
+        let slack = st.rxp.iter().any(|(_, r)| r.peer == p && r.split.is_none());
+        let k = if slack { PIPELINED_SLACK } else { 1 };
         if self.must_hold(st, p, h) {
-            return st.peers[p].held.len() >= HELD_MAX;
+            return st.peers[p].held.len() >= HELD_MAX * k;
         }
         if !matches!(h.kind, kind::EAGER | kind::RTS) {
             return false;
         }
         let (msgs, bytes) = self.unexp_max;
+        let (msgs, bytes) = (msgs.saturating_mul(k), bytes.saturating_mul(k));
         let full = st.rxq.unexpected_len() >= msgs
             || st
                 .rxq
@@ -1401,8 +1399,31 @@ impl EndpointOps for ShmEndpoint {
             return;
         }
         st.closed = true;
+        // Acknowledgements and other replies still queued for live peers go out first, for a
+        // bounded time: a peer waiting for them would otherwise see only our BYE or our
+        // death, and fail operations that did complete here.
+        let until = Instant::now() + Duration::from_secs(1);
+        loop {
+            let mut queued = false;
+            for p in 0..st.peers.len() {
+                if !st.peers[p].dead
+                    && !self.flush_backlog(&mut st, p)
+                    && st.peers[p].seg.owner_alive()
+                {
+                    queued = true;
+                }
+            }
+            if !queued || Instant::now() >= until {
+                break;
+            }
+            std::thread::yield_now();
+        }
         for p in 0..st.peers.len() {
             let peer = &mut st.peers[p];
+            if !peer.backlog.is_empty() {
+                // BYE must not overtake what is queued; the peer notices our lock go instead.
+                continue;
+            }
             if let Some(prod) = peer.prod.as_mut() {
                 let h = Header {
                     kind: kind::BYE,
@@ -1503,13 +1524,6 @@ pub fn seg_name(raw: &[u8]) -> Result<String> {
         )));
     }
     Ok(name.to_string())
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout: Duration) {

@@ -1,0 +1,259 @@
+//! `libfabric.so.1`: the libfabric 1.17 C ABI over xfabric.
+//!
+//! This first step fixes the library's identity (file name, soname, the exported symbols and
+//! their version nodes, see `fabric.map`) and the discipline every export follows: no panic
+//! crosses the C boundary ([`guard`] turns one into `-FI_EOTHER`), and null required pointers
+//! are `-FI_EINVAL`. The objects (fi_info, fabric, domain, ...) are not translated yet: the
+//! entry points that need them answer `-FI_ENOSYS`.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+pub mod info;
+use info::FiInfo;
+
+/// `FI_VERSION(1, 17)`: the API this library implements.
+pub const FI_VERSION_1_17: u32 = (1 << 16) | 17;
+
+pub const FI_EINVAL: c_int = libc::EINVAL;
+pub const FI_ENOSYS: c_int = libc::ENOSYS;
+pub const FI_ENODATA: c_int = libc::ENODATA;
+pub const FI_ENOMEM: c_int = libc::ENOMEM;
+pub const FI_EOTHER: c_int = 256;
+
+/// Runs one export's body; a panic becomes `on_panic` instead of unwinding into C (undefined
+/// behaviour).
+fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or(on_panic)
+}
+
+pub extern "C" fn fi_version() -> u32 {
+    FI_VERSION_1_17
+}
+
+/// Messages for libfabric's own codes (FI_ERRNO_OFFSET = 256 onwards), in fi_errno.h's order.
+const FI_MESSAGES: [&CStr; 14] = [
+    c"Unspecified error",
+    c"Provided buffer is too small",
+    c"Operation not permitted in current state",
+    c"Error available",
+    c"Flags not supported",
+    c"Missing or unavailable event queue",
+    c"Invalid resource domain",
+    c"Missing or unavailable completion queue",
+    c"CRC error",
+    c"Truncation error",
+    c"Required key not available",
+    c"Missing or unavailable address vector",
+    c"Queue has been overrun",
+    c"Receiver not ready, no receive buffers available",
+];
+
+/// Callers pass either sign (`fi_strerror(-ret)` and `fi_strerror(ret)` both occur).
+pub extern "C" fn fi_strerror(errnum: c_int) -> *const c_char {
+    guard(c"Unspecified error".as_ptr(), || {
+        let code = errnum.checked_abs().unwrap_or(FI_EOTHER);
+        if code < FI_EOTHER {
+            // SAFETY: strerror accepts any int and returns a valid C string (possibly
+            // "Unknown error N"); its buffer is static or thread-local in glibc.
+            return unsafe { libc::strerror(code) }.cast_const();
+        }
+        let idx = usize::try_from(code - FI_EOTHER).unwrap_or(0);
+        FI_MESSAGES
+            .get(idx)
+            .copied()
+            .unwrap_or(c"Unspecified error")
+            .as_ptr()
+    })
+}
+
+/// Not translated yet: an empty string rather than a null pointer, which callers print.
+pub extern "C" fn fi_tostr(_data: *const c_void, _datatype: c_int) -> *mut c_char {
+    static EMPTY: [u8; 1] = [0];
+    EMPTY.as_ptr().cast_mut().cast()
+}
+
+/// Not translated yet: writes an empty string when given room for it.
+///
+/// # Safety
+/// `buf`, if not null, must be writable for `len` bytes.
+pub unsafe extern "C" fn fi_tostr_r(
+    buf: *mut c_char,
+    len: usize,
+    _data: *const c_void,
+    _datatype: c_int,
+) -> *mut c_char {
+    if !buf.is_null() && len > 0 {
+        // SAFETY: the caller guarantees buf is writable for len (>= 1) bytes.
+        unsafe { *buf = 0 };
+    }
+    buf
+}
+
+/// Logging is off until FI_LOG_LEVEL is translated.
+pub extern "C" fn fi_log_enabled(_prov: *const c_void, _level: c_int, _subsys: c_int) -> c_int {
+    0
+}
+
+pub extern "C" fn fi_log_ready(
+    _prov: *const c_void,
+    _level: c_int,
+    _subsys: c_int,
+    _showtime: *mut u64,
+) -> c_int {
+    0
+}
+
+/// Variadic in C; stable Rust cannot define a variadic function, and on the x86-64 System V
+/// ABI a callee that reads only the fixed arguments is compatible with a variadic call.
+pub extern "C" fn fi_log(
+    _prov: *const c_void,
+    _level: c_int,
+    _subsys: c_int,
+    _func: *const c_char,
+    _line: c_int,
+    _fmt: *const c_char,
+) {
+}
+
+/// Variadic in C (see [`fi_log`]). Parameters are not kept yet: accepted, never found.
+pub extern "C" fn fi_param_define(
+    _prov: *const c_void,
+    name: *const c_char,
+    _ptype: c_int,
+    _help_fmt: *const c_char,
+) -> c_int {
+    if name.is_null() {
+        return -FI_EINVAL;
+    }
+    0
+}
+
+pub extern "C" fn fi_param_get(
+    _prov: *mut c_void,
+    name: *const c_char,
+    value: *mut c_void,
+) -> c_int {
+    if name.is_null() || value.is_null() {
+        return -FI_EINVAL;
+    }
+    -FI_ENODATA
+}
+
+/// No parameters are defined yet: an empty list that [`fi_freeparams`] accepts.
+///
+/// # Safety
+/// `params` and `count`, if not null, must be writable.
+pub unsafe extern "C" fn fi_getparams(params: *mut *mut c_void, count: *mut c_int) -> c_int {
+    if params.is_null() || count.is_null() {
+        return -FI_EINVAL;
+    }
+    // SAFETY: both checked non-null; the caller guarantees they are writable.
+    unsafe {
+        *params = std::ptr::null_mut();
+        *count = 0;
+    }
+    0
+}
+
+/// # Safety
+/// `params` must be null or come from [`fi_getparams`].
+pub unsafe extern "C" fn fi_freeparams(params: *mut c_void) {
+    // SAFETY: fi_getparams allocates nothing yet, so any list it returned is null; free(NULL)
+    // is a no-op.
+    unsafe { libc::free(params) };
+}
+
+pub extern "C" fn fi_getinfo(
+    _version: u32,
+    _node: *const c_char,
+    _service: *const c_char,
+    _flags: u64,
+    _hints: *const c_void,
+    info: *mut *mut c_void,
+) -> c_int {
+    if info.is_null() {
+        return -FI_EINVAL;
+    }
+    -FI_ENOSYS
+}
+
+/// # Safety
+/// `info` must be null or a list from [`fi_dupinfo`] / [`fi_getinfo`], whose pointer members the
+/// application replaced, if at all, only with libc allocations.
+pub unsafe extern "C" fn fi_freeinfo(info: *mut FiInfo) {
+    // SAFETY: forwarded contract.
+    guard((), || unsafe { info::free_info(info) })
+}
+
+/// A deep copy of one entry; `fi_dupinfo(NULL)` is `fi_allocinfo()`. Null when out of memory.
+///
+/// # Safety
+/// `info` must be null or a valid entry (strings NUL-terminated, addresses and keys readable for
+/// their stated lengths).
+pub unsafe extern "C" fn fi_dupinfo(info: *const FiInfo) -> *mut FiInfo {
+    // SAFETY: forwarded contract.
+    guard(std::ptr::null_mut(), || unsafe { info::dup_info(info) })
+}
+
+pub extern "C" fn fi_fabric(
+    attr: *mut c_void,
+    fabric: *mut *mut c_void,
+    _context: *mut c_void,
+) -> c_int {
+    if attr.is_null() || fabric.is_null() {
+        return -FI_EINVAL;
+    }
+    -FI_ENOSYS
+}
+
+pub extern "C" fn fi_open(
+    _version: u32,
+    name: *const c_char,
+    _attr: *mut c_void,
+    _attr_len: usize,
+    _flags: u64,
+    fid: *mut *mut c_void,
+    _context: *mut c_void,
+) -> c_int {
+    if name.is_null() || fid.is_null() {
+        return -FI_EINVAL;
+    }
+    -FI_ENOSYS
+}
+
+/// Gives each export its C name as a plain global alias of the Rust function. rustc links a
+/// cdylib with its own version script that binds every `#[no_mangle]` symbol to the base
+/// version, which would override `fabric.map`; symbols that rustc does not export itself are
+/// bound by `fabric.map` alone, to Debian's version nodes.
+macro_rules! export_c {
+    ($($name:ident),* $(,)?) => {
+        $(
+            core::arch::global_asm!(
+                concat!(".globl ", stringify!($name)),
+                concat!(".type ", stringify!($name), ", @function"),
+                concat!(".set ", stringify!($name), ", {}"),
+                sym $name,
+            );
+        )*
+    };
+}
+
+export_c!(
+    fi_version,
+    fi_strerror,
+    fi_tostr,
+    fi_log_enabled,
+    fi_log,
+    fi_param_define,
+    fi_param_get,
+    fi_getparams,
+    fi_freeparams,
+    fi_fabric,
+    fi_getinfo,
+    fi_freeinfo,
+    fi_dupinfo,
+    fi_tostr_r,
+    fi_open,
+    fi_log_ready,
+);
