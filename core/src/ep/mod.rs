@@ -134,14 +134,9 @@ pub trait EndpointOps: ProgressSource {
 }
 
 /// What an endpoint holds for messages that arrived before they could be handled: a
-<<<<<<< HEAD:core/src/ep/mod.rs
-/// provider bounds each (shm: see its `UNEXP_MSGS`, `UNEXP_BYTES`, `HELD_MAX`) and leaves
-/// what does not fit with the sender. For watching memory, not for matching. libfabric has no
-/// counterpart (xfabric's own, from `Endpoint::buffered`).
-=======
-/// provider bounds each (shm: `XFABRIC_SHM_UNEXP_MSGS`, `XFABRIC_SHM_UNEXP_BYTES`, its `HELD_MAX`) and leaves
-/// what does not fit with the sender. For watching memory, not for matching.
->>>>>>> main:core/src/ep.rs
+/// provider bounds each (shm: `XFABRIC_SHM_UNEXP_MSGS`, `XFABRIC_SHM_UNEXP_BYTES`, its
+/// `HELD_MAX`) and leaves what does not fit with the sender. For watching memory, not for
+/// matching. libfabric has no counterpart (xfabric's own, from `Endpoint::buffered`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Buffered {
     /// Messages no posted receive has taken yet (`FI_CLAIM`ed ones included).
