@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace: unit tests, the C layout check, the CLI, and the
-# multi-process shm tests. Hardware tests (GPU) skip themselves with a printed reason.
+# multi-process shm tests, and the documentation's examples. Hardware tests (GPU) skip themselves
+# with a printed reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 # The examples as programs too: tests/examples_run.rs runs the ones that check themselves.
 cargo build --workspace --examples -j2
-exec cargo test --workspace --all-targets -j2 "$@"
+cargo test --workspace --all-targets -j2 "$@"
+# --all-targets leaves out documentation tests; the crate's first program is one.
+exec cargo test --workspace --doc -j2 "$@"

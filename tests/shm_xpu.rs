@@ -148,8 +148,20 @@ fn target(progress: Progress) {
     let region = vec![0u8; N * W];
     // SAFETY: `region` outlives the registration.
     let mr = unsafe { n.domain.mr_reg(&region, FI_REMOTE_WRITE, 0, 0) }.unwrap();
+    // The initiator sends "the end!" once every write of its has completed: until then this
+    // process keeps driving progress, so the acknowledgement of the last write is not lost
+    // with it (exiting at the N-th landing failed that write with ECONNRESET now and then).
+    let mut end = [0u8; 8];
+    // SAFETY: `end` outlives the receive (completed below).
+    n.retry(|| unsafe { n.ep.recv(&mut end, None, peer, N) });
     say(&format!("{} {}", region.as_ptr() as usize, mr.key()));
-    let got = n.wait_n(N);
+    let mut got = n.wait_n(N + 1);
+    let last = got.pop().expect("N + 1 entries");
+    assert!(
+        last.flags & FI_RECV != 0 && last.op_context == N,
+        "the end comes last"
+    );
+    assert_eq!(&end, b"the end!");
     for (i, e) in got.iter().enumerate() {
         assert_eq!(e.data, i as u64, "remote CQ data in posting order");
         assert!(e.flags & FI_REMOTE_WRITE != 0);
@@ -160,7 +172,6 @@ fn target(progress: Progress) {
             "bytes of write {i}"
         );
     }
-    let _ = peer;
     say("ok");
 }
 
@@ -214,6 +225,10 @@ fn writes(test: &str, progress: Progress) {
         (0..N).collect::<Vec<_>>(),
         "each write completed once"
     );
+    let end = *b"the end!";
+    // SAFETY: `end` outlives the send (waited for).
+    n.retry(|| unsafe { n.ep.send(&end, None, to, N) });
+    n.wait_one();
     assert_eq!(peer.hear(), "ok");
     peer.join();
 }

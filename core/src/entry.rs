@@ -15,6 +15,7 @@ pub type FiAddr = u64;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CqEntry {
+    /// The context the operation was posted with.
     pub op_context: usize,
 }
 
@@ -22,8 +23,13 @@ pub struct CqEntry {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CqMsgEntry {
+    /// The context the operation was posted with.
     pub op_context: usize,
+    /// What completed: `FI_SEND`, `FI_RECV`, `FI_RMA`, `FI_READ`, `FI_WRITE`, `FI_TAGGED`,
+    /// `FI_REMOTE_CQ_DATA`, `FI_MULTI_RECV`, ...
     pub flags: u64,
+    /// Bytes received (receives, and remote writes that carry CQ data); not meaningful for
+    /// transmits.
     pub len: usize,
 }
 
@@ -31,10 +37,18 @@ pub struct CqMsgEntry {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CqDataEntry {
+    /// The context the operation was posted with.
     pub op_context: usize,
+    /// What completed: `FI_SEND`, `FI_RECV`, `FI_RMA`, `FI_READ`, `FI_WRITE`, `FI_TAGGED`,
+    /// `FI_REMOTE_CQ_DATA`, `FI_MULTI_RECV`, ...
     pub flags: u64,
+    /// Bytes received (receives, and remote writes that carry CQ data); not meaningful for
+    /// transmits.
     pub len: usize,
+    /// Address where the data was placed: a multi-receive buffer's part this message used;
+    /// otherwise 0.
     pub buf: usize,
+    /// Remote CQ data, valid when `flags` has `FI_REMOTE_CQ_DATA`.
     pub data: u64,
 }
 
@@ -42,11 +56,20 @@ pub struct CqDataEntry {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CqTaggedEntry {
+    /// The context the operation was posted with.
     pub op_context: usize,
+    /// What completed: `FI_SEND`, `FI_RECV`, `FI_RMA`, `FI_READ`, `FI_WRITE`, `FI_TAGGED`,
+    /// `FI_REMOTE_CQ_DATA`, `FI_MULTI_RECV`, ...
     pub flags: u64,
+    /// Bytes received (receives, and remote writes that carry CQ data); not meaningful for
+    /// transmits.
     pub len: usize,
+    /// Address where the data was placed: a multi-receive buffer's part this message used;
+    /// otherwise 0.
     pub buf: usize,
+    /// Remote CQ data, valid when `flags` has `FI_REMOTE_CQ_DATA`.
     pub data: u64,
+    /// The message's tag (tagged receives).
     pub tag: u64,
 }
 
@@ -55,16 +78,29 @@ pub struct CqTaggedEntry {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CqErrEntry {
+    /// The context the operation was posted with.
     pub op_context: usize,
+    /// What completed: `FI_SEND`, `FI_RECV`, `FI_RMA`, `FI_READ`, `FI_WRITE`, `FI_TAGGED`,
+    /// `FI_REMOTE_CQ_DATA`, `FI_MULTI_RECV`, ...
     pub flags: u64,
+    /// Bytes transferred before the failure.
     pub len: usize,
+    /// Address where the data was placed: a multi-receive buffer's part this message used;
+    /// otherwise 0.
     pub buf: usize,
+    /// Remote CQ data, valid when `flags` has `FI_REMOTE_CQ_DATA`.
     pub data: u64,
+    /// The message's tag (tagged receives).
     pub tag: u64,
+    /// Bytes that did not fit the receive buffer (truncation, `FI_ETRUNC`).
     pub olen: usize,
+    /// The libfabric error number, positive (`FI_ETRUNC`, `FI_ECANCELED`, ...).
     pub err: i32,
+    /// The provider's own error number; 0 when it has none.
     pub prov_errno: i32,
+    /// Provider error data (a pointer in C); always 0 here.
     pub err_data: usize,
+    /// Size of `err_data`, in bytes; always 0 here.
     pub err_data_size: usize,
 }
 

@@ -118,7 +118,9 @@ pub(crate) unsafe fn stage(core: &EpCore, req: &AtomicReq) -> Result<Option<Stag
     Ok(Some(Staged::exchange(req.ctx, user_iov, bounce, land)))
 }
 
-/// `struct fi_ioc` / `struct fi_rma_ioc` in one: a message form for the `*msg` calls.
+/// `struct fi_msg_atomic` less its vectors: the peer, the remote `struct fi_rma_ioc` (address
+/// and key), the datatype and operation, and the context; the `*msg` calls take the local
+/// buffers (`struct fi_ioc`) beside it.
 #[derive(Clone, Copy, Debug)]
 pub struct MsgAtomic {
     /// The peer.

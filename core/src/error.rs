@@ -3,10 +3,12 @@
 
 use crate::consts::errno::*;
 
-/// Result alias used across xfabric.
+/// Result alias used across xfabric: `Ok`, or the negative return code libfabric's C call
+/// would give, as an [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// An xfabric error. `Again` never allocates: it is returned on hot paths (a full ring, an empty
+/// An xfabric error: libfabric's negative return codes (`-FI_EAGAIN`, `-FI_EINVAL`, ...) as a
+/// type, with a message saying what was wrong; `errno` gives the number. `Again` never allocates: it is returned on hot paths (a full ring, an empty
 /// CQ) and the caller simply retries after driving progress.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {

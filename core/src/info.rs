@@ -8,84 +8,150 @@ use crate::error::{Error, Result};
 /// `struct fi_tx_attr`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TxAttr {
+    /// Capabilities (`FI_MSG`, `FI_TAGGED`, `FI_RMA`, ...) of this transmit side; a subset of the
+    /// endpoint's.
     pub caps: u64,
+    /// Mode bits (`FI_CONTEXT`, ...) the provider requires of transmit operations.
     pub mode: u64,
+    /// Default operation flags for transmit operations (`FI_COMPLETION`, `FI_INJECT_COMPLETE`,
+    /// ...), as set by `fi_control(FI_SETOPSFLAG)`.
     pub op_flags: u64,
+    /// Ordering kept between messages (`FI_ORDER_*` bits).
     pub msg_order: u64,
+    /// Ordering of completions (`FI_ORDER_NONE` or `FI_ORDER_STRICT`).
     pub comp_order: u64,
+    /// Largest message, in bytes, that the inject calls and `FI_INJECT` accept.
     pub inject_size: usize,
+    /// Number of transmit operations that may be outstanding at once.
     pub size: usize,
+    /// Most data segments one transmit operation may have.
     pub iov_limit: usize,
+    /// Most remote segments one RMA or atomic operation may name.
     pub rma_iov_limit: usize,
+    /// Traffic class (`FI_TC_*`); 0 is unspecified.
     pub tclass: u32,
 }
 
 /// `struct fi_rx_attr`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RxAttr {
+    /// Capabilities (`FI_MSG`, `FI_TAGGED`, `FI_RMA`, ...) of this receive side; a subset of the
+    /// endpoint's.
     pub caps: u64,
+    /// Mode bits the provider requires of receive operations.
     pub mode: u64,
+    /// Default operation flags for receive operations (`FI_COMPLETION`, `FI_MULTI_RECV`, ...).
     pub op_flags: u64,
+    /// Ordering kept between received messages (`FI_ORDER_*` bits).
     pub msg_order: u64,
+    /// Ordering of receive completions (`FI_ORDER_NONE`, `FI_ORDER_STRICT` or `FI_ORDER_DATA`).
     pub comp_order: u64,
+    /// Bytes the provider may buffer for messages that arrive before a matching receive (deprecated
+    /// in libfabric; 0 is unspecified).
     pub total_buffered_recv: usize,
+    /// Number of receive operations that may be posted at once.
     pub size: usize,
+    /// Most data segments one receive may have.
     pub iov_limit: usize,
 }
 
 /// `struct fi_ep_attr`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EpAttr {
+    /// Endpoint type (`FI_EP_RDM`, `FI_EP_MSG`, `FI_EP_DGRAM`).
     pub ep_type: EpType,
+    /// Wire protocol (`FI_PROTO_*`); `FI_PROTO_UNSPEC` in hints accepts any.
     pub protocol: u32,
+    /// Version of `protocol`.
     pub protocol_version: u32,
+    /// Largest message, in bytes, one operation may carry.
     pub max_msg_size: usize,
+    /// Bytes of prefix space the caller must leave before message data under `FI_MSG_PREFIX` (0
+    /// when that mode is not used).
     pub msg_prefix_size: usize,
+    /// Largest RMA read after write, in bytes, whose order is kept.
     pub max_order_raw_size: usize,
+    /// Largest RMA write after read, in bytes, whose order is kept.
     pub max_order_war_size: usize,
+    /// Largest RMA write after write, in bytes, whose order is kept.
     pub max_order_waw_size: usize,
+    /// How tag bits are used (`mem_tag_format` of `fi_endpoint(3)`); 0 lets the provider choose.
     pub mem_tag_format: u64,
+    /// Number of transmit contexts (scalable endpoints; 1 for a plain endpoint).
     pub tx_ctx_cnt: usize,
+    /// Number of receive contexts (scalable endpoints; 1 for a plain endpoint).
     pub rx_ctx_cnt: usize,
+    /// Authorization key limiting which peers may talk to the endpoint; `None` uses the domain's.
     pub auth_key: Option<Vec<u8>>,
 }
 
 /// `struct fi_domain_attr`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DomainAttr {
+    /// Domain name; in hints, `None` accepts any.
     pub name: Option<String>,
+    /// Threading model the application promises (`FI_THREAD_SAFE`, `FI_THREAD_DOMAIN`, ...).
     pub threading: Threading,
+    /// Who drives progress of control operations (`FI_PROGRESS_AUTO` or `FI_PROGRESS_MANUAL`).
     pub control_progress: Progress,
+    /// Who drives progress of data transfers: the provider (`FI_PROGRESS_AUTO`) or the
+    /// application's calls on CQs, counters and endpoints (`FI_PROGRESS_MANUAL`).
     pub data_progress: Progress,
+    /// Whether the provider protects queues from overrun (`FI_RM_ENABLED`).
     pub resource_mgmt: ResourceMgmt,
+    /// Address vector type the domain prefers (`FI_AV_MAP` or `FI_AV_TABLE`).
     pub av_type: AvType,
+    /// Memory registration mode bits (`FI_MR_LOCAL`, `FI_MR_VIRT_ADDR`, ...).
     pub mr_mode: u32,
+    /// Size, in bytes, of a memory region's protection key.
     pub mr_key_size: usize,
+    /// Bytes of remote CQ data (`FI_REMOTE_CQ_DATA`) an operation can carry.
     pub cq_data_size: usize,
+    /// Number of completion queues the domain can open.
     pub cq_cnt: usize,
+    /// Number of endpoints the domain can open.
     pub ep_cnt: usize,
+    /// Number of transmit contexts the domain can provide.
     pub tx_ctx_cnt: usize,
+    /// Number of receive contexts the domain can provide.
     pub rx_ctx_cnt: usize,
+    /// Most transmit contexts one scalable endpoint can have.
     pub max_ep_tx_ctx: usize,
+    /// Most receive contexts one scalable endpoint can have.
     pub max_ep_rx_ctx: usize,
+    /// Most endpoints that can share one transmit context.
     pub max_ep_stx_ctx: usize,
+    /// Most endpoints that can share one receive context.
     pub max_ep_srx_ctx: usize,
+    /// Number of counters the domain can open.
     pub cntr_cnt: usize,
+    /// Most segments one memory registration may have.
     pub mr_iov_limit: usize,
+    /// Domain-level capabilities (`FI_LOCAL_COMM`, `FI_REMOTE_COMM`, `FI_SHARED_AV`, ...).
     pub caps: u64,
+    /// Domain-level mode bits the provider requires.
     pub mode: u64,
+    /// Default authorization key of the domain's endpoints; `None` for none.
     pub auth_key: Option<Vec<u8>>,
+    /// Largest provider error data, in bytes, an error completion can carry.
     pub max_err_data: usize,
+    /// Number of memory regions the domain can register.
     pub mr_cnt: usize,
+    /// Default traffic class (`FI_TC_*`) of the domain's endpoints; 0 is unspecified.
     pub tclass: u32,
 }
 
 /// `struct fi_fabric_attr`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FabricAttr {
+    /// Fabric name; in hints, `None` accepts any.
     pub name: Option<String>,
+    /// Provider name (`"shm"`); in hints, `None` accepts any, and several names may be given
+    /// separated by `;`.
     pub prov_name: Option<String>,
+    /// Provider version (`FI_VERSION(major, minor)`).
     pub prov_version: u32,
+    /// API version the fabric was opened for (`FI_VERSION(1, 17)`).
     pub api_version: u32,
 }
 
@@ -93,15 +159,28 @@ pub struct FabricAttr {
 /// and `None` fields mean "no preference", as in C.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Info {
+    /// Capabilities (`FI_MSG`, `FI_TAGGED`, `FI_RMA`, `FI_ATOMIC`, `FI_TRIGGER`, `FI_HMEM`, ...):
+    /// in hints, what the caller needs; in an answer, what the endpoint will do.
     pub caps: u64,
+    /// Mode bits: in hints, those the caller can handle (0 accepts any); in an answer, those the
+    /// provider requires.
     pub mode: u64,
+    /// Address format (`FI_ADDR_*`, `FI_FORMAT_UNSPEC`) of `src_addr`, `dest_addr` and the
+    /// endpoint's names.
     pub addr_format: u32,
+    /// Local address to bind to, in `addr_format`; `None` lets the provider choose.
     pub src_addr: Option<Vec<u8>>,
+    /// Peer address, in `addr_format`, for connected endpoints; `None` for none.
     pub dest_addr: Option<Vec<u8>>,
+    /// Transmit attributes (`fi_info::tx_attr`).
     pub tx_attr: TxAttr,
+    /// Receive attributes (`fi_info::rx_attr`).
     pub rx_attr: RxAttr,
+    /// Endpoint attributes (`fi_info::ep_attr`).
     pub ep_attr: EpAttr,
+    /// Domain attributes (`fi_info::domain_attr`).
     pub domain_attr: DomainAttr,
+    /// Fabric attributes (`fi_info::fabric_attr`).
     pub fabric_attr: FabricAttr,
 }
 

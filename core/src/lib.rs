@@ -3,6 +3,8 @@
 //! counters, address vectors, memory-region keys, event queues, wait sets, receive matching and
 //! progress are written here once.
 
+#![warn(missing_docs)]
+
 pub mod atomic;
 pub mod av;
 pub mod cntr;

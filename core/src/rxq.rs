@@ -14,7 +14,7 @@ use crate::entry::{Context, FiAddr};
 /// Most segments an I/O vector may have (`iov_limit`).
 pub const IOV_LIMIT: usize = 4;
 
-/// One raw segment of caller memory.
+/// `struct iovec`: one raw segment of caller memory (`iov_base`, `iov_len`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RawIov {
     /// Start address.

@@ -31,13 +31,16 @@ impl fmt::Display for Kind {
     }
 }
 
-/// One environment setting.
+/// One environment setting: what libfabric describes with a `struct fi_param`.
 #[derive(Debug)]
 pub struct Setting {
+    /// The environment variable.
     pub name: &'static str,
+    /// Its type, shown as fi_info shows a parameter's type.
     pub kind: Kind,
     /// What applies when the variable is unset or does not parse.
     pub default: &'static str,
+    /// What the setting changes, in a sentence or two.
     pub meaning: &'static str,
     value: OnceLock<Value>,
 }
@@ -177,6 +180,8 @@ fn warn_bad(why: &str) {
     tracing::warn!("{why}");
 }
 
+/// `XFABRIC_XPU_SPIN_MS`: After an XPU-triggered operation is armed or fires, how long (ms) the
+/// watcher polls doorbells without sleeping.
 pub static XPU_SPIN_MS: Setting = Setting::new(
     "XFABRIC_XPU_SPIN_MS",
     Kind::Size,
@@ -184,6 +189,8 @@ pub static XPU_SPIN_MS: Setting = Setting::new(
     "After an XPU-triggered operation is armed or fires, how long (ms) the watcher polls \
      doorbells without sleeping",
 );
+/// `XFABRIC_XPU_POLL_US`: Past the spin window, how long (us) the watcher sleeps between looks at a
+/// doorbell that armed operations wait on.
 pub static XPU_POLL_US: Setting = Setting::new(
     "XFABRIC_XPU_POLL_US",
     Kind::Size,
@@ -191,6 +198,8 @@ pub static XPU_POLL_US: Setting = Setting::new(
     "Past the spin window, how long (us) the watcher sleeps between looks at a doorbell that \
      armed operations wait on",
 );
+/// `XFABRIC_XPU_CPU_SPIN_US`: The spin window (us) instead, when every doorbell of the endpoint
+/// belongs to a CPU XPU, whose ring wakes a sleeping watcher.
 pub static XPU_CPU_SPIN_US: Setting = Setting::new(
     "XFABRIC_XPU_CPU_SPIN_US",
     Kind::Size,
@@ -198,6 +207,8 @@ pub static XPU_CPU_SPIN_US: Setting = Setting::new(
     "The spin window (us) instead, when every doorbell of the endpoint belongs to a CPU XPU, \
      whose ring wakes a sleeping watcher",
 );
+/// `XFABRIC_SHM_CMA`: 0 turns off cross-memory attach (process_vm_readv) for large shm transfers; 1
+/// lets the provider try it.
 pub static SHM_CMA: Setting = Setting::new(
     "XFABRIC_SHM_CMA",
     Kind::Bool,
@@ -205,12 +216,16 @@ pub static SHM_CMA: Setting = Setting::new(
     "0 turns off cross-memory attach (process_vm_readv) for large shm transfers; 1 lets the \
      provider try it",
 );
+/// `XFABRIC_SHM_SPLIT_MIN`: Smallest shm message (bytes) whose copy is split between sender and
+/// receiver.
 pub static SHM_SPLIT_MIN: Setting = Setting::new(
     "XFABRIC_SHM_SPLIT_MIN",
     Kind::Size,
     "65536",
     "Smallest shm message (bytes) whose copy is split between sender and receiver",
 );
+/// `XFABRIC_SHM_UNEXP_MSGS`: Unexpected messages an shm endpoint buffers at most; past that a new
+/// one stays in its sender's ring until a receive is posted.
 pub static SHM_UNEXP_MSGS: Setting = Setting::new(
     "XFABRIC_SHM_UNEXP_MSGS",
     Kind::Size,
@@ -218,30 +233,37 @@ pub static SHM_UNEXP_MSGS: Setting = Setting::new(
     "Unexpected messages an shm endpoint buffers at most; past that a new one stays in its \
      sender's ring until a receive is posted",
 );
+/// `XFABRIC_SHM_UNEXP_BYTES`: Bytes the buffered unexpected messages of one shm endpoint may hold.
 pub static SHM_UNEXP_BYTES: Setting = Setting::new(
     "XFABRIC_SHM_UNEXP_BYTES",
     Kind::Size,
     "33554432",
     "Bytes the buffered unexpected messages of one shm endpoint may hold",
 );
+/// `XFABRIC_ZE_LOADER`: The Level Zero loader library opened for FI_HMEM_ZE.
 pub static ZE_LOADER: Setting = Setting::new(
     "XFABRIC_ZE_LOADER",
     Kind::Str,
     "libze_loader.so.1",
     "The Level Zero loader library opened for FI_HMEM_ZE",
 );
+/// `XDG_CACHE_HOME`: Where xfabric-kernels caches compiled PTX (under xfabric/kernels).
 pub static XDG_CACHE_HOME: Setting = Setting::new(
     "XDG_CACHE_HOME",
     Kind::Str,
     "$HOME/.cache",
     "Where xfabric-kernels caches compiled PTX (under xfabric/kernels)",
 );
+/// `FI_PROVIDER`: Providers getinfo may return: PROV1,PROV2 admits only those, ^PROV1,PROV2 all but
+/// those.
 pub static FI_PROVIDER: Setting = Setting::new(
     "FI_PROVIDER",
     Kind::Str,
     "all providers",
     "Providers getinfo may return: PROV1,PROV2 admits only those, ^PROV1,PROV2 all but those",
 );
+/// `FI_LOG_LEVEL`: Logs xfabric's events at this level and above to stderr: warn, info, debug or
+/// trace (wins over RUST_LOG).
 pub static FI_LOG_LEVEL: Setting = Setting::new(
     "FI_LOG_LEVEL",
     Kind::Str,
@@ -249,6 +271,8 @@ pub static FI_LOG_LEVEL: Setting = Setting::new(
     "Logs xfabric's events at this level and above to stderr: warn, info, debug or trace \
      (wins over RUST_LOG)",
 );
+/// `RUST_LOG`: Logs xfabric's events to stderr, filtered in tracing's target syntax
+/// (xfabric_providers=debug,warn).
 pub static RUST_LOG: Setting = Setting::new(
     "RUST_LOG",
     Kind::Str,
@@ -256,6 +280,8 @@ pub static RUST_LOG: Setting = Setting::new(
     "Logs xfabric's events to stderr, filtered in tracing's target syntax \
      (xfabric_providers=debug,warn)",
 );
+/// `XFABRIC_GPU_TESTS`: Read when building, not at run time: 1 compiles the GPU tests in, to
+/// require a GPU rather than be reported as ignored.
 pub static GPU_TESTS: Setting = Setting::new(
     "XFABRIC_GPU_TESTS",
     Kind::Bool,

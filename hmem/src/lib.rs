@@ -19,6 +19,8 @@
 //! Native libraries are layered as in cudarc: raw FFI (`cudarc::driver::sys`, [`ze::sys`]),
 //! thin `Result`-returning calls (`cuda::result`, [`ze::result`]), and the safe types here.
 
+#![warn(missing_docs)]
+
 pub mod cuda;
 pub mod error;
 pub mod iface;

@@ -10,6 +10,8 @@
 //!   libcuda and libnvrtc at run time only; without them it reports `Unavailable`;
 //! - [`cpu`]: the same, done by a host thread, wherever no GPU is.
 
+#![warn(missing_docs)]
+
 mod cache;
 pub mod cpu;
 mod error;

@@ -1,6 +1,8 @@
 //! xfabric-providers: transports that plug into xfabric-core. Each moves bytes and nothing
 //! else; queues, counters, matching and addressing are core's.
 
+#![warn(missing_docs)]
+
 use std::sync::Arc;
 
 use xfabric_core::Provider;

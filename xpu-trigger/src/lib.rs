@@ -12,6 +12,8 @@
 //! Ringing is the XPU's side: xfabric-kernels has the device function GPU kernels include and
 //! the CPU-XPU equivalent (`xfabric_kernels::cpu::ring`).
 
+#![warn(missing_docs)]
+
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 

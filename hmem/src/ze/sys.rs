@@ -22,22 +22,31 @@ pub type ze_command_list_handle_t = *mut c_void;
 /// Event handle (only ever null here).
 pub type ze_event_handle_t = *mut c_void;
 
+/// `ZE_RESULT_SUCCESS`; every other code is a failure.
 pub const ZE_RESULT_SUCCESS: ze_result_t = 0;
 /// `ZE_INIT_FLAG_GPU_ONLY`.
 pub const ZE_INIT_FLAG_GPU_ONLY: u32 = 1;
 
-/// `ze_structure_type_t` values of the structures below.
+/// `ze_structure_type_t` values of the structures below: `ze_device_properties_t`.
 pub const ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES: u32 = 0x3;
+/// `stype` of `ze_context_desc_t`.
 pub const ZE_STRUCTURE_TYPE_CONTEXT_DESC: u32 = 0xd;
+/// `stype` of `ze_command_queue_desc_t`.
 pub const ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC: u32 = 0xe;
+/// `stype` of `ze_device_mem_alloc_desc_t`.
 pub const ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC: u32 = 0x15;
+/// `stype` of `ze_host_mem_alloc_desc_t`.
 pub const ZE_STRUCTURE_TYPE_HOST_MEM_ALLOC_DESC: u32 = 0x16;
+/// `stype` of `ze_memory_allocation_properties_t`.
 pub const ZE_STRUCTURE_TYPE_MEMORY_ALLOCATION_PROPERTIES: u32 = 0x17;
 
-/// `ze_memory_type_t`.
+/// `ze_memory_type_t`: not memory Level Zero allocated.
 pub const ZE_MEMORY_TYPE_UNKNOWN: u32 = 0;
+/// Host memory allocated by `zeMemAllocHost`.
 pub const ZE_MEMORY_TYPE_HOST: u32 = 1;
+/// Device memory allocated by `zeMemAllocDevice`.
 pub const ZE_MEMORY_TYPE_DEVICE: u32 = 2;
+/// Shared memory allocated by `zeMemAllocShared`.
 pub const ZE_MEMORY_TYPE_SHARED: u32 = 3;
 
 /// `ZE_COMMAND_QUEUE_MODE_SYNCHRONOUS`: an immediate command list's appends block until done.
@@ -45,17 +54,22 @@ pub const ZE_COMMAND_QUEUE_MODE_SYNCHRONOUS: u32 = 1;
 /// `ZE_COMMAND_QUEUE_PRIORITY_NORMAL`.
 pub const ZE_COMMAND_QUEUE_PRIORITY_NORMAL: u32 = 0;
 
-/// `ZE_MAX_DEVICE_NAME`, `ZE_MAX_DEVICE_UUID_SIZE`, `ZE_MAX_IPC_HANDLE_SIZE`.
+/// `ZE_MAX_DEVICE_NAME`: bytes of `ze_device_properties_t::name`.
 pub const ZE_MAX_DEVICE_NAME: usize = 256;
+/// `ZE_MAX_DEVICE_UUID_SIZE`: bytes of a device UUID.
 pub const ZE_MAX_DEVICE_UUID_SIZE: usize = 16;
+/// `ZE_MAX_IPC_HANDLE_SIZE`: bytes of an IPC memory handle.
 pub const ZE_MAX_IPC_HANDLE_SIZE: usize = 64;
 
 /// `ze_context_desc_t`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ze_context_desc_t {
+    /// The `ZE_STRUCTURE_TYPE_*` value naming this structure.
     pub stype: u32,
+    /// Extension chain; null here.
     pub pNext: *const c_void,
+    /// `ze_context_flags_t`; 0.
     pub flags: u32,
 }
 
@@ -63,8 +77,11 @@ pub struct ze_context_desc_t {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ze_host_mem_alloc_desc_t {
+    /// The `ZE_STRUCTURE_TYPE_*` value naming this structure.
     pub stype: u32,
+    /// Extension chain; null here.
     pub pNext: *const c_void,
+    /// `ze_host_mem_alloc_flags_t` (caching hints); 0.
     pub flags: u32,
 }
 
@@ -72,9 +89,13 @@ pub struct ze_host_mem_alloc_desc_t {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ze_device_mem_alloc_desc_t {
+    /// The `ZE_STRUCTURE_TYPE_*` value naming this structure.
     pub stype: u32,
+    /// Extension chain; null here.
     pub pNext: *const c_void,
+    /// `ze_device_mem_alloc_flags_t` (caching hints); 0.
     pub flags: u32,
+    /// Which of the device's memories to allocate from (`zeDeviceGetMemoryProperties` order).
     pub ordinal: u32,
 }
 
@@ -82,10 +103,15 @@ pub struct ze_device_mem_alloc_desc_t {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ze_memory_allocation_properties_t {
+    /// The `ZE_STRUCTURE_TYPE_*` value naming this structure.
     pub stype: u32,
+    /// Extension chain; null here.
     pub pNext: *mut c_void,
+    /// `ze_memory_type_t`: a `ZE_MEMORY_TYPE_*` value.
     pub type_: u32,
+    /// The allocation's identifier.
     pub id: u64,
+    /// The allocation's page size, in bytes.
     pub pageSize: u64,
 }
 
@@ -93,12 +119,19 @@ pub struct ze_memory_allocation_properties_t {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ze_command_queue_desc_t {
+    /// The `ZE_STRUCTURE_TYPE_*` value naming this structure.
     pub stype: u32,
+    /// Extension chain; null here.
     pub pNext: *const c_void,
+    /// Command queue group ordinal.
     pub ordinal: u32,
+    /// Queue index within the group.
     pub index: u32,
+    /// `ze_command_queue_flags_t`; 0.
     pub flags: u32,
+    /// `ze_command_queue_mode_t`: a `ZE_COMMAND_QUEUE_MODE_*` value.
     pub mode: u32,
+    /// `ze_command_queue_priority_t`: a `ZE_COMMAND_QUEUE_PRIORITY_*` value.
     pub priority: u32,
 }
 
@@ -106,26 +139,47 @@ pub struct ze_command_queue_desc_t {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ze_device_properties_t {
+    /// The `ZE_STRUCTURE_TYPE_*` value naming this structure.
     pub stype: u32,
+    /// Extension chain; null here.
     pub pNext: *mut c_void,
+    /// `ze_device_type_t` (GPU, CPU, FPGA, ...).
     pub type_: u32,
+    /// PCI vendor id.
     pub vendorId: u32,
+    /// PCI device id.
     pub deviceId: u32,
+    /// `ze_device_property_flags_t` (integrated, sub-device, ECC, on-demand paging).
     pub flags: u32,
+    /// Sub-device id; meaningful only for a sub-device.
     pub subdeviceId: u32,
+    /// Core clock, in MHz.
     pub coreClockRate: u32,
+    /// Largest single allocation, in bytes.
     pub maxMemAllocSize: u64,
+    /// Most hardware contexts.
     pub maxHardwareContexts: u32,
+    /// Highest command queue priority.
     pub maxCommandQueuePriority: u32,
+    /// Hardware threads per execution unit.
     pub numThreadsPerEU: u32,
+    /// Physical SIMD width of an execution unit.
     pub physicalEUSimdWidth: u32,
+    /// Execution units per sub-slice.
     pub numEUsPerSubslice: u32,
+    /// Sub-slices per slice.
     pub numSubslicesPerSlice: u32,
+    /// Slices.
     pub numSlices: u32,
+    /// Resolution of the device timer (its unit depends on the API version the driver was given).
     pub timerResolution: u64,
+    /// Valid bits of a global timestamp.
     pub timestampValidBits: u32,
+    /// Valid bits of a kernel timestamp.
     pub kernelTimestampValidBits: u32,
+    /// The device's UUID.
     pub uuid: [u8; ZE_MAX_DEVICE_UUID_SIZE],
+    /// The device's name, NUL-terminated.
     pub name: [c_char; ZE_MAX_DEVICE_NAME],
 }
 
@@ -133,6 +187,7 @@ pub struct ze_device_properties_t {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ze_ipc_mem_handle_t {
+    /// The handle's bytes, opaque, as the exporting process got them.
     pub data: [c_char; ZE_MAX_IPC_HANDLE_SIZE],
 }
 
@@ -141,7 +196,9 @@ macro_rules! ze_api {
         /// The loader library and the entry points resolved from it. The function pointers are
         /// valid while `_lib` is loaded, which is as long as this value lives.
         pub struct ZeApi {
-            $( pub $name: unsafe extern "C" fn($($arg),*) -> ze_result_t, )*
+            $(
+                #[doc = concat!("`", stringify!($name), "`, resolved from the loader.")]
+                pub $name: unsafe extern "C" fn($($arg),*) -> ze_result_t, )*
             _lib: Library,
         }
 
