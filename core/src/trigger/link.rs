@@ -281,10 +281,10 @@ impl EpLink {
 }
 
 impl super::xpu_wake::RingTarget for EpLink {
-    fn rung(&self) -> bool {
-        self.xpu
-            .as_ref()
-            .is_none_or(|x| x.look(&self.core, |j| self.submit(j)).is_some())
+    fn rung(&self) {
+        if let Some(x) = &self.xpu {
+            x.poll(&self.core, |j| self.submit(j));
+        }
     }
 }
 

@@ -280,7 +280,7 @@ impl XpuWatch {
     }
 
     /// `poll`, saying `None` when another thread held the doorbells (it looks instead).
-    pub(crate) fn look(&self, core: &EpCore, start: impl Fn(Job)) -> Option<usize> {
+    fn look(&self, core: &EpCore, start: impl Fn(Job)) -> Option<usize> {
         // Looked at even with nothing armed, so that a stray store is reported when the
         // watcher next runs, not when something is armed after it.
         if !self.has_bells.load(Ordering::Acquire) {

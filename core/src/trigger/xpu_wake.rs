@@ -15,9 +15,9 @@ use std::time::Duration;
 
 /// An endpoint whose XPU doorbells a CPU ring should look at at once (`EpLink`).
 pub(crate) trait RingTarget: Send + Sync {
-    /// Looks at the endpoint's doorbells and starts what they reached; false when a watcher
-    /// was looking at that moment (never blocks: it is left to that watcher).
-    fn rung(&self) -> bool;
+    /// Looks at the endpoint's doorbells and starts what they reached (never blocks: a
+    /// watcher looking at that moment is left to it).
+    fn rung(&self);
 }
 
 /// Every endpoint with XPU doorbells in this process, weakly.
@@ -55,17 +55,16 @@ pub fn notify_xpu_ring() {
         .iter()
         .filter_map(Weak::upgrade)
         .collect();
-    let mut all_looked = true;
     for t in live {
-        all_looked &= t.rung();
+        t.rung();
     }
     RING_SEQ.fetch_add(1, Ordering::SeqCst);
     // Orders the doorbell stores and the bump before reading SLEEPERS, against the sleeper's
     // increment then re-read of RING_SEQ (a Dekker pair: one of the two sees the other).
     fence(Ordering::SeqCst);
-    // Where every endpoint was looked at here, waking its watcher would only take a core
-    // from the threads doing the work (on two cores, a woken watcher preempts one of them).
-    if !all_looked && SLEEPERS.load(Ordering::SeqCst) > 0 {
+    // The watcher is woken all the same: an operation the ringing thread could not start
+    // (the provider said Again) is the watcher's to retry.
+    if SLEEPERS.load(Ordering::SeqCst) > 0 {
         futex_wake(&RING_SEQ);
     }
 }
