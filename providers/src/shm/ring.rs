@@ -336,37 +336,11 @@ impl Consumer {
     /// The next message, if one is published. Pad messages are skipped here.
     pub fn peek(&mut self, seg: &Segment, lane: usize) -> Option<View> {
         loop {
-            let idx = (self.pos % SLOTS as u64) as usize;
-            let p = slot_ptr(seg, lane, idx);
-            if seq_of(p).load(Ordering::Acquire) != self.pos as u32 + 1 {
-                return None;
+            let (v, _) = self.view_at(seg, lane, self.pos)?;
+            if v.h.kind != kind::PAD {
+                return Some(v);
             }
-            // SAFETY: the sequence word was published with release after the header.
-            let (h, nslots) = unsafe {
-                (
-                    Header {
-                        kind: *p.add(4),
-                        flags: *p.add(5),
-                        len: (p.add(8) as *const u32).read(),
-                        aux: (p.add(12) as *const u32).read(),
-                        tag: (p.add(16) as *const u64).read(),
-                        data: (p.add(24) as *const u64).read(),
-                    },
-                    (p.add(6) as *const u16).read() as usize,
-                )
-            };
-            let nslots = nslots.clamp(1, SLOTS - idx);
-            if h.kind == kind::PAD {
-                self.advance_by(seg, lane, nslots);
-                continue;
-            }
-            return Some(View {
-                h,
-                nslots,
-                // SAFETY: inside the same slot run.
-                payload: unsafe { p.add(HDR) },
-                cap: FIRST_PAYLOAD + (nslots - 1) * SLOT,
-            });
+            self.advance_by(seg, lane, v.nslots);
         }
     }
 
