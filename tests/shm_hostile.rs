@@ -226,7 +226,8 @@ fn later_endpoint_open_reclaims_segments_of_peers_dead_since() {
         // but then this run cannot tell whether ours would have.
         eprintln!("note: the killed child's segment was reclaimed by another process");
     }
-    // Reclaim is rate-limited (a directory scan per open would be waste): let that pass.
+    // Reclaim is rate-limited by time (a directory scan per open would be waste): let that
+    // pass. Not a race: the monotonic clock has moved on 1.1 s whatever the load.
     std::thread::sleep(Duration::from_millis(1100));
     let _second = first.domain.endpoint(&first.info).expect("endpoint");
     assert_eq!(

@@ -46,6 +46,8 @@ fn wait_errors(n: &Node, want: usize, how: Poll) -> Vec<CqErrEntry> {
             errs.len()
         );
         if matches!(how, Poll::EveryMs) {
+            // The slow poller under test (a CQ read once a millisecond), not a wait for an
+            // event: the outcome is asserted whatever the timing, bounded by BOUND.
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -205,6 +207,7 @@ fn survivor_receiver() {
             done.len() + errs.len(),
             N + EXTRA
         );
+        // The slow poller under test, as above.
         std::thread::sleep(Duration::from_millis(1));
     }
     for c in &done {

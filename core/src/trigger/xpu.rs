@@ -276,20 +276,15 @@ impl XpuWatch {
     /// misuse. Returns how many operations started. Another thread already looking is left
     /// to it (one watcher at a time keeps the order).
     pub(crate) fn poll(&self, core: &EpCore, start: impl Fn(Job)) -> usize {
-        self.look(core, start).unwrap_or(0)
-    }
-
-    /// `poll`, saying `None` when another thread held the doorbells (it looks instead).
-    fn look(&self, core: &EpCore, start: impl Fn(Job)) -> Option<usize> {
         // Looked at even with nothing armed, so that a stray store is reported when the
         // watcher next runs, not when something is armed after it.
         if !self.has_bells.load(Ordering::Acquire) {
-            return Some(0);
+            return 0;
         }
         super::xpu_wake::before_look();
         let Ok(mut bells) = self.bells.try_lock() else {
             super::xpu_wake::look_missed();
-            return None;
+            return 0;
         };
         let mut n = 0;
         let mut misuse = Vec::new();
@@ -305,7 +300,7 @@ impl XpuWatch {
         for m in misuse {
             report_misuse(core, m);
         }
-        Some(n)
+        n
     }
 
     /// Removes the armed operation with context `ctx`, if there is one.
