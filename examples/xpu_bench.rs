@@ -541,7 +541,7 @@ fn idle(a: &Args) {
 fn silence_peer(a: &Args) {
     let n = open(FI_MSG | FI_TAGGED, Progress::Manual);
     let (from, _lines) = connect_parent(&n);
-    let total = (a.gaps.len() + 1) * a.n;
+    let total = silence_samples(a);
     let mut out = Vec::with_capacity(total);
     let mut buf = [0u8; 8];
     let ack = [0u8; 8];
@@ -559,6 +559,24 @@ fn silence_peer(a: &Args) {
         n.until(|e| e.flags & FI_SEND != 0);
     }
     println!("{}", out.join(" "));
+}
+
+/// Samples the peer takes in `silence`: a warm-up pair, a trigger and a plain send after the
+/// same silence per gap and sample, and back-to-back plain sends.
+fn silence_samples(a: &Args) -> usize {
+    2 + 2 * a.gaps.len() * a.n + a.n
+}
+
+/// Waits `gap` as the XPU does: asleep, or busy (`--spin`).
+fn compute_for(gap: u64, spin: bool) {
+    let until = Instant::now() + Duration::from_millis(gap);
+    if spin {
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+    } else {
+        std::thread::sleep(Duration::from_millis(gap));
+    }
 }
 
 fn silence_sender(a: &Args) {
@@ -585,10 +603,43 @@ fn silence_sender(a: &Args) {
             sent && answered
         });
     };
+    // A plain send from this thread after `gap` of its own silence: the baseline a trigger
+    // after the same silence is held to (a machine's caches and translations go cold while a
+    // thread sleeps, for any sender).
+    let mut plain_ack = [0u8; 8];
+    let mut plain = |gap: u64, i: usize| {
+        // SAFETY: `plain_ack` is only read by the peer's answer, waited for below.
+        n.retry(|| unsafe { n.ep.trecv(&mut plain_ack, None, to, 0, !0, 7) });
+        compute_for(gap, a.spin);
+        stamp(&slot);
+        // SAFETY: `slot` outlives the send (waited for below).
+        n.retry(|| unsafe { n.ep.tsend(&slot, None, to, TAG_PLAIN, i) });
+        wait_both(&n);
+    };
     // CPU seconds and wall seconds spent in each gap.
     let mut cost = vec![(0.0f64, 0.0f64); a.gaps.len()];
-    for (g, &gap) in a.gaps.iter().enumerate() {
-        for i in 0..a.n {
+    // The XPU is one long-lived thread, as a device is: it takes a doorbell, computes for the
+    // gap, stamps and rings, then waits for the next one. (A thread spawned per ring would
+    // exit right after ringing and wake the thread joining it: on two cores that wake took the
+    // peer's core at the very moment the message arrived, a cost of this harness, not of
+    // the trigger.)
+    let (to_xpu, jobs) = std::sync::mpsc::channel::<(TriggerVar, u64)>();
+    let (rang_tx, rang) = std::sync::mpsc::channel::<(f64, Instant)>();
+    let slot_at = slot.as_ptr() as usize;
+    std::thread::scope(|sc| {
+        sc.spawn(move || {
+            for (v, gap) in jobs {
+                compute_for(gap, a.spin);
+                // Sent before the ring, so that the sender finds it without being woken.
+                let _ = rang_tx.send((cpu_secs(), Instant::now()));
+                // SAFETY: `slot` outlives the thread (the scope ends first) and its send is
+                // armed, not started: nothing reads it until the ring below.
+                unsafe { (slot_at as *mut u64).write_volatile(now_ns()) };
+                // SAFETY: a variable this endpoint filled for the CPU XPU.
+                unsafe { ring(std::slice::from_ref(&v)) }.expect("ring");
+            }
+        });
+        let mut trigger = |gap: u64, i: usize| {
             // SAFETY: `ack` is only read by the peer's answer, waited for below.
             n.retry(|| unsafe { n.ep.trecv(&mut ack, None, to, 0, !0, 7) });
             let iov = [RawIov::of(&slot)];
@@ -605,58 +656,47 @@ fn silence_sender(a: &Args) {
             // SAFETY: `slot` outlives the send (it completes within this exchange).
             unsafe { n.ep.tsendmsg_xpu(&m, 0, Xpu::CPU, &mut v) }.expect("arm");
             let (c0, t0) = (cpu_secs(), Instant::now());
-            let xpu = |s: &[u8; 8], v: &TriggerVar| {
-                let until = Instant::now() + Duration::from_millis(gap);
-                if a.spin {
-                    while Instant::now() < until {
-                        std::hint::spin_loop();
-                    }
-                } else {
-                    std::thread::sleep(Duration::from_millis(gap));
-                }
-                stamp(s);
-                // SAFETY: a variable this endpoint filled for the CPU XPU.
-                unsafe { ring(std::slice::from_ref(v)) }.expect("ring");
-            };
-            if a.manual {
-                // The sender's thread is the watcher: the XPU is a separate thread.
-                std::thread::scope(|sc| {
-                    sc.spawn(|| xpu(&slot, &v[0]));
-                    wait_both(&n);
-                });
-            } else {
-                std::thread::scope(|sc| {
-                    sc.spawn(|| xpu(&slot, &v[0]));
-                });
-                // Up to the ring only the watcher (and a spinning XPU) used CPU.
-                let c = &mut cost[g];
-                c.0 += cpu_secs() - c0;
-                c.1 += t0.elapsed().as_secs_f64();
-                wait_both(&n);
+            to_xpu.send((v[0], gap)).expect("the XPU thread is alive");
+            // Under manual progress this thread is the watcher; under auto it sleeps in the
+            // CQ until the send completes and the answer comes.
+            wait_both(&n);
+            // Up to the ring only the watcher (and a spinning XPU) used CPU.
+            let (c1, t1) = rang.recv().expect("the XPU rang");
+            (c1 - c0, (t1 - t0).as_secs_f64())
+        };
+        // Warm-up, not counted: the first trigger and send pay one-time costs (first touches
+        // of the endpoint's pages, the XPU thread's first wake).
+        trigger(0, 0);
+        plain(0, 0);
+        for (g, &gap) in a.gaps.iter().enumerate() {
+            for i in 0..a.n {
+                let (cpu, wall) = trigger(gap, i);
+                cost[g].0 += cpu;
+                cost[g].1 += wall;
+                plain(gap, i);
             }
         }
-    }
+        drop(to_xpu);
+    });
     for i in 0..a.n {
-        // SAFETY: as above.
-        n.retry(|| unsafe { n.ep.trecv(&mut ack, None, to, 0, !0, 7) });
-        stamp(&slot);
-        // SAFETY: `slot` outlives the send (waited for below).
-        n.retry(|| unsafe { n.ep.tsend(&slot, None, to, TAG_PLAIN, i) });
-        wait_both(&n);
+        plain(0, i);
     }
     let line = peer.hear();
     let f: Vec<f64> = line
         .split(' ')
         .map(|x| x.parse().unwrap_or(f64::NAN))
         .collect();
-    if f.len() != (a.gaps.len() + 1) * a.n {
+    if f.len() != silence_samples(a) {
         fail(&format!("the peer sent {} samples", f.len()));
     }
-    let stats = |k: usize| {
-        let mut v = f[k * a.n..(k + 1) * a.n].to_vec();
+    let stats = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         (pct(&v, 0.5), pct(&v, 0.99), v[v.len() - 1])
     };
+    let after_gap = |g: usize, which: usize| -> Vec<f64> {
+        (0..a.n).map(|i| f[2 + 2 * (g * a.n + i) + which]).collect()
+    };
+    let warm = stats(f[f.len() - a.n..].to_vec());
     println!(
         "8 B trigger after a silence, {} (usec; doorbell store -> peer's receive completion; XPU {} through the gap)",
         if a.manual {
@@ -670,29 +710,47 @@ fn silence_sender(a: &Args) {
         "user-level monitor/wait on this CPU: {} (a CPU ring wakes the watcher by futex)",
         user_monitor_wait().unwrap_or("none")
     );
-    println!("gap ms  samples      p50      p99      max   cpu% in gap");
-    let plain = stats(a.gaps.len());
-    let mut ok = true;
+    println!(
+        "'plain+gap': a plain send from a thread that was silent for the same gap (alternating)"
+    );
+    println!(
+        "gap ms  samples  trig p50  trig p99  trig max  plain+gap p50  plain+gap max  trig-plain  cpu% in gap"
+    );
+    let (mut ok_warm, mut ok_gap) = (true, true);
     for (g, gap) in a.gaps.iter().enumerate() {
-        let (p50, p99, max) = stats(g);
+        let (p50, p99, max) = stats(after_gap(g, 0));
+        let (q50, _, qmax) = stats(after_gap(g, 1));
         let cpu = if a.manual || cost[g].1 == 0.0 {
             "-".to_string()
         } else {
             format!("{:.2}", 100.0 * cost[g].0 / cost[g].1)
         };
-        ok &= p50 <= plain.0 + 1.0 && max <= 20.0;
+        ok_warm &= p50 <= warm.0 + 1.0 && max <= 20.0;
+        ok_gap &= p50 <= q50 + 1.0;
         println!(
-            "{:>6} {:>8} {:>8.2} {:>8.2} {:>8.2} {:>13}",
-            gap, a.n, p50, p99, max, cpu
+            "{:>6} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>14.2} {:>14.2} {:>11.2} {:>12}",
+            gap,
+            a.n,
+            p50,
+            p99,
+            max,
+            q50,
+            qmax,
+            p50 - q50,
+            cpu
         );
     }
     println!(
-        "plain  {:>8} {:>8.2} {:>8.2} {:>8.2}",
-        a.n, plain.0, plain.1, plain.2
+        "plain back to back: p50 {:.2}  p99 {:.2}  max {:.2}",
+        warm.0, warm.1, warm.2
     );
     println!(
-        "goal: p50 <= plain + 1 usec and max <= 20 usec at every gap, cpu < 5% (auto, XPU asleep): {}",
-        if ok { "latency met" } else { "latency NOT met" }
+        "goal as filed (p50 <= back-to-back plain + 1 usec, max <= 20 usec at every gap): {}",
+        if ok_warm { "met" } else { "NOT met" }
+    );
+    println!(
+        "the trigger's own cost (p50 <= plain after the same silence + 1 usec at every gap): {}",
+        if ok_gap { "met" } else { "NOT met" }
     );
     peer.finish();
 }

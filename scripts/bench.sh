@@ -24,9 +24,11 @@
 #   - 8 B triggered sends per second one way (goal >= 2 M/s), and plain sends the same way;
 #   - the auto-progress thread's CPU time while idle (goal < 5% of a core);
 #   - a trigger after a silence: the XPU computes 0, 5, 50, 200 and 1000 ms after its send is
-#     armed, then rings; p50 / p99 / max per gap against plain sends and the CPU used during
-#     the gaps (goal: p50 <= plain + 1 us, max <= 20 us, < 5% of a core), under auto progress,
-#     manual progress, and with the XPU busy (--spin) instead of asleep.
+#     armed, then rings; p50 / p99 / max per gap against a plain send after the same silence
+#     (alternating) and back-to-back plain sends, and the CPU used during the gaps (goal: p50
+#     <= plain + 1 us, max <= 20 us, < 5% of a core), under auto progress, manual progress, and
+#     with the XPU busy (--spin) instead of asleep; after each, the same gaps for a plain send
+#     through Debian's libfabric (scripts/probes/silence.c), the anchor.
 #
 # Environment:
 #   ROUNDS     runs of each implementation per size (3)
@@ -48,6 +50,8 @@
 #              in windows of 64, msg that many in both directions together
 #   FETCHADD_WINDOWS  windows of 64 fetch-adds per run (2000)
 #   XPU        0 skips the XPU-trigger section (1)
+#   SILENCE_SAMPLES  samples per gap in the silence runs (10)
+#   SILENCE_GAPS     their gaps in ms (0,5,50,200,1000)
 #
 # Ratios in the first section are ours/libfabric, in the RMA section RMA/msg: below 1 is better
 # for usec/xfer, above 1 is better for MB/sec.
@@ -430,14 +434,27 @@ rma_section() {
 
 xpu_section() {
     local xb=$TARGET_DIR/release/examples/xpu_bench
+    local samples=${SILENCE_SAMPLES:-10} gaps=${SILENCE_GAPS:-0,5,50,200,1000}
+    # The anchor for a trigger after a silence: a plain send after the same silence through
+    # Debian's libfabric (scripts/probes/silence.c).
+    local probe=$TARGET_DIR/release/silence-probe
+    gcc -O2 -Wall -o "$probe" "$ROOT/scripts/probes/silence.c" -lfabric >&2 || probe=
     echo
     echo "xfabric XPU triggers (CPU XPU), provider shm"
     echo
     for args in "lat --rounds $ROUNDS" "lat --rounds $ROUNDS --auto" "rate --rounds $((ROUNDS * 3))" "idle" \
         "silence" "silence --manual" "silence --spin"; do
+        [[ $args == silence* ]] && args="$args --samples $samples --gaps $gaps"
         # shellcheck disable=SC2086
         timeout "$RUN_TIMEOUT" "$xb" $args || { echo "bench: xpu_bench $args failed" >&2; failures=$((failures + 1)); }
         echo
+        if [[ $args == silence* && -n $probe ]]; then
+            echo "libfabric (Debian) shm, same run:"
+            # shellcheck disable=SC2086
+            timeout "$RUN_TIMEOUT" env LD_LIBRARY_PATH= "$probe" shm "$samples" ${gaps//,/ } ||
+                { echo "bench: the silence probe failed" >&2; failures=$((failures + 1)); }
+            echo
+        fi
     done
 }
 
