@@ -36,12 +36,22 @@ static void check(int ret, const char *what)
 static struct fid_ep *ep;
 static struct fid_cq *cq;
 static struct fid_av *av;
+static struct fid_domain *domain;
+static struct fid_fabric *fabric;
+
+/* Closed before exit: a provider may keep a segment in /dev/shm until its endpoint closes. */
+static void close_endpoint(void)
+{
+	fi_close(&ep->fid);
+	fi_close(&av->fid);
+	fi_close(&cq->fid);
+	fi_close(&domain->fid);
+	fi_close(&fabric->fid);
+}
 
 static void open_endpoint(const char *prov)
 {
 	struct fi_info *hints = fi_allocinfo(), *info;
-	struct fid_fabric *fabric;
-	struct fid_domain *domain;
 	struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_CONTEXT, .size = 64 };
 	struct fi_av_attr av_attr = { .type = FI_AV_MAP };
 
@@ -154,6 +164,7 @@ int main(int argc, char **argv)
 			one_completion();
 		}
 	}
+	close_endpoint();
 	if (!child) {
 		int status;
 		waitpid(pid, &status, 0);
