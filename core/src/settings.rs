@@ -216,6 +216,17 @@ pub static SHM_CMA: Setting = Setting::new(
     "0 turns off cross-memory attach (process_vm_readv) for large shm transfers; 1 lets the \
      provider try it",
 );
+/// `XFABRIC_SHM_CMA_MIN`: Of the shm messages whose copy needs the sender's progress (from
+/// XFABRIC_SHM_SPLIT_MIN), the smallest moved by cross-memory attach; smaller ones stream through
+/// the ring in fragments.
+pub static SHM_CMA_MIN: Setting = Setting::new(
+    "XFABRIC_SHM_CMA_MIN",
+    Kind::Size,
+    "524288",
+    "Of the shm messages whose copy needs the sender's progress (from XFABRIC_SHM_SPLIT_MIN), \
+     the smallest moved by cross-memory attach; smaller ones stream through the ring in \
+     fragments",
+);
 /// `XFABRIC_SHM_SPLIT_MIN`: Smallest shm message (bytes) whose copy is split between sender and
 /// receiver.
 pub static SHM_SPLIT_MIN: Setting = Setting::new(
@@ -296,6 +307,7 @@ pub static SETTINGS: &[&Setting] = &[
     &XPU_POLL_US,
     &XPU_CPU_SPIN_US,
     &SHM_CMA,
+    &SHM_CMA_MIN,
     &SHM_SPLIT_MIN,
     &SHM_UNEXP_MSGS,
     &SHM_UNEXP_BYTES,

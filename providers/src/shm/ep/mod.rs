@@ -49,7 +49,9 @@ pub const FRAG: usize = 16384;
 // where cross-memory attach works. Splitting from 32 KiB would be faster there (7.9 GB/s
 // against 6.1-6.7), but a split needs the sender to make progress, where a receiver copying
 // alone does not: under manual progress a sender that stops polling stalls it. The 64 KiB
-// default keeps that dependence to the sizes where it pays most.
+// default keeps that dependence to the sizes where it pays most. Of those, the ones below
+// `settings::SHM_CMA_MIN` (512 KiB) stream through the ring instead, which needs the sender
+// just the same and moves more (see `start_rndv`).
 //
 // An endpoint buffers at most `settings::SHM_UNEXP_MSGS` unexpected messages holding at most
 // `settings::SHM_UNEXP_BYTES`. Past that, a new message that no posted receive takes stays in
@@ -281,6 +283,8 @@ pub struct ShmEndpoint {
     id: u64,
     name: String,
     cma: CmaState,
+    /// Messages from `split_min` up to this stream through the ring (`settings::SHM_CMA_MIN`).
+    cma_min: usize,
     split_min: usize,
     /// The unexpected-message bounds (messages, bytes).
     unexp_max: (usize, usize),
@@ -336,6 +340,7 @@ impl ShmEndpoint {
                 known_active: AtomicU64::new(0),
                 busy: AtomicBool::new(false),
             },
+            cma_min: settings::SHM_CMA_MIN.usize(),
             split_min: settings::SHM_SPLIT_MIN.usize(),
             unexp_max: (
                 settings::SHM_UNEXP_MSGS.usize(),
