@@ -263,6 +263,18 @@ ratio_check() {
 
 failures=0
 
+# paired_ratios "A1 A2 ..." "B1 B2 ...": Ai/Bi for each round where both ran (the failed runs of
+# either leave their round out), one per line. A machine's slow phase hits both runs of a
+# round alike and cancels here; a slow mode of one implementation does not.
+paired_ratios() {
+    local -a a=($1) b=($2)
+    local i
+    for ((i = 0; i < ${#a[@]} && i < ${#b[@]}; i++)); do
+        [[ ${a[i]} == - || ${b[i]} == - ]] && continue
+        awk -v x="${a[i]}" -v y="${b[i]}" 'BEGIN { if (y > 0) printf "%.2f\n", x / y }'
+    done
+}
+
 # spread "MIN/MED/MAX" of the arguments ("-" when there are none).
 spread() {
     if (($# == 0)); then
@@ -279,27 +291,28 @@ spread() {
 compare_section() {
     local impls=(ours)
     ((have_libfabric)) && impls=(libfabric ours)
-    local header line table=() goals=() size iters r impl lu ou lm om lsp osp worst
-    local lf_usec lf_mbps our_usec our_mbps
+    local header line table=() goals=() pairs_line=() size iters r impl lu ou lm om lsp osp worst
+    local lf_usec lf_mbps our_usec our_mbps lf_round our_round pairs
     printf -v header '%-6s %6s | %-18s %-18s %5s | %5s %5s | %9s %9s %5s' \
         bytes iters "lf usec min/med/max" "our usec min/med/max" ratio "lf x" "our x" \
         "lf MB/s" "our MB/s" ratio
     echo "bench: provider $PROVIDER, $ROUNDS round(s), sizes: $SIZES" >&2
     for size in $SIZES; do
         iters=$(iters_for "$size")
-        lf_usec=() lf_mbps=() our_usec=() our_mbps=()
+        lf_usec=() lf_mbps=() our_usec=() our_mbps=() lf_round=() our_round=()
         for ((r = 1; r <= ROUNDS; r++)); do
             for impl in "${impls[@]}"; do
                 if run_pair "$impl" "$size" "$iters"; then
                     if [[ $impl == libfabric ]]; then
-                        lf_usec+=("$usec") lf_mbps+=("$mbps")
+                        lf_usec+=("$usec") lf_mbps+=("$mbps") lf_round+=("$usec")
                     else
-                        our_usec+=("$usec") our_mbps+=("$mbps")
+                        our_usec+=("$usec") our_mbps+=("$mbps") our_round+=("$usec")
                     fi
                     printf 'bench: %-6s round %d %-9s usec/xfer %9s  MB/sec %10s\n' \
                         "$(human "$size")" "$r" "$impl" "$usec" "$mbps" >&2
                 else
                     failures=$((failures + 1))
+                    if [[ $impl == libfabric ]]; then lf_round+=(-); else our_round+=(-); fi
                 fi
             done
         done
@@ -316,6 +329,11 @@ compare_section() {
         # Issue 12's goals: every run within 1.3x of the best up to 16 KiB, our median usec no
         # worse than libfabric's everywhere, bandwidth 1.3x at 64 KiB and 1.5x from 256 KiB.
         ((size <= 16384)) && goals+=("every run of ours <= 1.3x our best at $(human "$size"): worst $osp, $(ratio_check "$osp" "<=" 1.3)")
+        if ((have_libfabric)); then
+            mapfile -t pairs < <(paired_ratios "${our_round[*]}" "${lf_round[*]}")
+            pairs_line+=("$(printf '%-6s ours/lf usec per round min/med/max %s, max/min %s' \
+                "$(human "$size")" "$(spread "${pairs[@]}")" "$(max_over_min "${pairs[@]}")")")
+        fi
         ((have_libfabric)) && goals+=("our median usec <= libfabric's at $(human "$size"): ratio $(ratio "$ou" "$lu"), $(ratio_check "$(ratio "$ou" "$lu")" "<=" 1)")
         if ((have_libfabric && size == 65536)); then
             goals+=("MB/s >= 1.3x libfabric at 64k: ratio $(ratio "$om" "$lm"), $(ratio_check "$(ratio "$om" "$lm")" ">=" 1.3)")
@@ -330,6 +348,12 @@ compare_section() {
     echo "$header"
     printf '%s\n' "${table[@]}"
     echo
+    if ((${#pairs_line[@]})); then
+        echo "Each round's ours/libfabric (the runs of one round are back to back, so a phase of"
+        echo "the machine hits both; a spread here is ours alone):"
+        printf '%s\n' "${pairs_line[@]}"
+        echo
+    fi
     printf 'Goal: %s\n' "${goals[@]}"
 }
 
