@@ -93,6 +93,10 @@ struct Args {
     /// silence: the sender under manual progress (its CQ reads are the watcher)
     #[arg(long)]
     manual: bool,
+    /// silence: endpoints with an armed send each (the measured one and others whose XPU
+    /// stays silent, all watched at once)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    endpoints: u32,
     /// Filled from `samples` after parsing.
     #[arg(skip)]
     n: usize,
@@ -586,8 +590,37 @@ fn silence_sender(a: &Args) {
     } else {
         Progress::Auto
     };
-    let n = open(FI_MSG | FI_TAGGED | FI_TRIGGER | FI_XPU_TRIGGER, progress);
+    let caps = FI_MSG | FI_TAGGED | FI_TRIGGER | FI_XPU_TRIGGER;
+    let n = open(caps, progress);
     let to = peer.connect(&n);
+    // Other endpoints of the same domain (one progress thread watches them all), each with a
+    // send armed on its own doorbell that no XPU rings: every CPU ring and every look covers
+    // them too. Closing them at the end cancels those sends.
+    let idle_slot = [0u8; 8];
+    let others: Vec<(Endpoint, CompletionQueue)> = (1..a.endpoints)
+        .map(|k| {
+            let ep = n.domain.endpoint(&n.domain.info()).expect("endpoint");
+            let cq = n.domain.cq_open(&CqAttr::default()).expect("cq");
+            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).expect("bind cq");
+            ep.bind_av(&n.av).expect("bind av");
+            ep.enable().expect("enable");
+            let iov = [RawIov::of(&idle_slot)];
+            let m = Msg {
+                iov: &iov,
+                desc: &[],
+                addr: to,
+                context: k as usize,
+                data: 0,
+                tag: TAG_XPU,
+                ignore: 0,
+            };
+            let mut v = [TriggerVar::default()];
+            // SAFETY: `idle_slot` outlives the endpoint (dropped after `others`), and the send
+            // is never rung: closing the endpoint cancels it.
+            unsafe { ep.tsendmsg_xpu(&m, 0, Xpu::CPU, &mut v) }.expect("arm");
+            (ep, cq)
+        })
+        .collect();
     let slot = [0u8; 8];
     let mut ack = [0u8; 8];
     let stamp = |s: &[u8; 8]| {
@@ -752,5 +785,6 @@ fn silence_sender(a: &Args) {
         "the trigger's own cost (p50 <= plain after the same silence + 1 usec at every gap): {}",
         if ok_gap { "met" } else { "NOT met" }
     );
+    drop(others);
     peer.finish();
 }
