@@ -599,7 +599,7 @@ fn silence_sender(a: &Args) {
     let idle_slot = [0u8; 8];
     let others: Vec<(Endpoint, CompletionQueue)> = (1..a.endpoints)
         .map(|k| {
-            let ep = n.domain.endpoint(&n.domain.info()).expect("endpoint");
+            let ep = n.domain.endpoint(n.domain.info()).expect("endpoint");
             let cq = n.domain.cq_open(&CqAttr::default()).expect("cq");
             ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).expect("bind cq");
             ep.bind_av(&n.av).expect("bind av");
