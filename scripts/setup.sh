@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing xfabric needs on a fresh Debian machine: a C compiler and
 # libfabric's headers (the layout test compiles against them) and libfabric's tools (fi_pingpong,
-# fi_info: the reference the benchmarks compare with). Idempotent and quiet when all is there.
+# fi_info: the reference the benchmarks compare with), and Open MPI (a real C client). Idempotent and quiet when all is there.
 set -euo pipefail
 
 need=()
@@ -10,6 +10,9 @@ command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v objdump >/dev/null 2>&1 || need+=(binutils)
 [ -f /usr/include/rdma/fabric.h ] || need+=(libfabric-dev)
 command -v fi_pingpong >/dev/null 2>&1 || need+=(libfabric-bin)
+# Open MPI: the real client of libfabric.so.1 that capi/tests/mpi.rs runs on xfabric.
+command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
+command -v mpicc >/dev/null 2>&1 || need+=(libopenmpi-dev)
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
