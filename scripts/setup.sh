@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing xfabric needs on a fresh Debian machine: a C compiler and
 # libfabric's headers (the layout test compiles against them) and libfabric's tools (fi_pingpong,
-# fi_info: the reference the benchmarks compare with), and Open MPI (a real C client). Idempotent and quiet when all is there.
+# fi_info: the reference the benchmarks compare with), and Open MPI (a real C client).
+# Idempotent and quiet when all is there.
 set -euo pipefail
 
 need=()
