@@ -1,0 +1,71 @@
+//! C programs of our own, compiled against /usr/include/rdma and linked with xfabric's
+//! libfabric.so, exercising the headline features through the C API over shm: a chain of
+//! counter-triggered sends across two processes, deferred work (counter add, an RMA write,
+//! cancel, flush), an XPU-triggered send rung by a CPU thread with the variables from
+//! fi_getopt(FI_OPT_XPU_TRIGGER), and device-memory registration refused with -FI_ENOSYS where
+//! no device exists. Each program checks what it received and exits non-zero otherwise.
+
+mod common;
+#[path = "common/run.rs"]
+mod run;
+
+use std::process::Command;
+use std::time::Duration;
+
+/// Far above what each takes (well under a second).
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn run_c(name: &str, extra: &[&str]) -> String {
+    let dir = run::lib_dir();
+    let include = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c");
+    let lib = format!("-L{}", dir.display());
+    let mut args = vec!["-I", include, lib.as_str(), "-lfabric"];
+    args.extend_from_slice(extra);
+    let exe = run::compile("cc", name, &args);
+    let mut cmd = Command::new(&exe);
+    cmd.env("LD_LIBRARY_PATH", &dir).env("FI_PROVIDER", "shm");
+    run::success(name, &run::bounded(cmd, LIMIT))
+}
+
+#[test]
+fn c_triggered_send_chain_across_processes() {
+    let out = run_c("trig_chain", &[]);
+    assert!(out.contains("receiver: 16 messages in order"), "{out}");
+    assert!(out.contains("sender: 16 sends"), "{out}");
+}
+
+#[test]
+fn c_deferred_work_counter_ops_and_rma_write() {
+    let out = run_c("deferred", &[]);
+    assert!(out.contains("target: the deferred write landed"), "{out}");
+    assert!(
+        out.contains("initiator: counter add, RMA write, cancel and flush"),
+        "{out}"
+    );
+}
+
+#[test]
+fn c_xpu_triggered_send_rung_by_a_cpu_thread() {
+    let out = run_c("xpu_send", &["-lpthread"]);
+    assert!(
+        out.contains("receiver: the XPU-triggered message arrived whole"),
+        "{out}"
+    );
+    assert!(out.contains("rung by a CPU thread"), "{out}");
+}
+
+#[test]
+fn c_device_memory_registration_refused_without_a_device() {
+    if xfabric_hmem_present() {
+        eprintln!("skipped: a GPU is present, device registration would succeed");
+        return;
+    }
+    let out = run_c("hmem_refused", &[]);
+    assert!(out.contains("hmem_refused: ok"), "{out}");
+}
+
+/// A CUDA driver with a device, or a Level Zero loader: then the refusal is not expected.
+fn xfabric_hmem_present() -> bool {
+    std::path::Path::new("/dev/nvidia0").exists()
+        || std::path::Path::new("/dev/dri/renderD128").exists()
+}
