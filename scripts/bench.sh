@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Side-by-side ping-pong: libfabric's fi_pingpong and xfabric's examples/pingpong, same options,
 # alternating run by run (libfabric, ours, libfabric, ours, ...) so that the machine's drift
-# hits both alike. Prints each size's medians and ratios as it goes, then a final table.
+# hits both alike. Prints each size's medians and ratios as it goes, then a final table. A third
+# column runs the same fi_pingpong binary on xfabric's libfabric.so.1 (capi/): the C ABI's cost
+# over the Rust pingpong (goal: within 5%).
 #
 # Then "xfabric RMA": ours only (libfabric-bin has no fabtests, so no fi_rma_pingpong to set
 # against), RMA against our own message path, alternating the same way:
@@ -41,6 +43,8 @@
 #   RUN_TIMEOUT  seconds before a hung run is killed (120)
 #   FI_PINGPONG  the libfabric binary (fi_pingpong from PATH)
 #   COMPARE    0 skips the libfabric-vs-ours section (1)
+#   C_ABI      0 leaves out the third column of that section: the same fi_pingpong binary run
+#              on xfabric's libfabric.so.1 (capi/), against our Rust pingpong (1)
 #   RMA        0 skips the xfabric RMA section (1)
 #   RMA_SIZES  latency sizes (8 64 1024 4096 65536 1048576 4194304)
 #   RMA_ITERS  latency iterations up to 64 KiB (2000), scaled down above like ITERS, never below
@@ -64,6 +68,7 @@ MIN_ITERS=${MIN_ITERS:-200}
 SIZES=${SIZES:-"8 64 256 1024 4096 16384 65536 262144 524288 1048576 4194304"}
 PROVIDER=${PROVIDER:-shm}
 PORT_BASE=${PORT_BASE:-47700}
+C_ABI=${C_ABI:-1}
 RUN_TIMEOUT=${RUN_TIMEOUT:-120}
 FI_PINGPONG=${FI_PINGPONG:-fi_pingpong}
 
@@ -128,6 +133,16 @@ fi
 
 echo "bench: building examples/pingpong (release)" >&2
 (cd "$ROOT" && cargo build --release --example pingpong --example xpu_bench) >&2 || die "cargo build failed"
+# xfabric's libfabric.so.1, for fi_pingpong to load instead of Debian's.
+CAPI_DIR=$TARGET_DIR/release/capi-libdir
+have_capi=0
+if ((have_libfabric && C_ABI)); then
+    echo "bench: building libfabric.so.1 (capi, release)" >&2
+    (cd "$ROOT" && cargo build --release -p xfabric-capi --lib) >&2 || die "cargo build of capi failed"
+    mkdir -p "$CAPI_DIR"
+    ln -sf "$TARGET_DIR/release/libfabric.so" "$CAPI_DIR/libfabric.so.1"
+    have_capi=1
+fi
 [[ -x $OURS ]] || die "no binary at $OURS (is CARGO_TARGET_DIR set as for the build?)"
 
 # True when something listens on TCP port $1 (IPv4 or IPv6), read from /proc so no tool is
@@ -163,15 +178,16 @@ iters_for() {
 # run_pair IMPL SIZE ITERS [ARGS...]: runs one server+client pair, both given ARGS too; sets
 # usec, mbps and mxfers from the client's result row, or returns 1 with the logs on stderr.
 run_pair() {
-    local impl=$1 size=$2 iters=$3 bin spid rc row
+    local impl=$1 size=$2 iters=$3 bin spid rc row lib=
     shift 3
     case $impl in
         libfabric) bin=$FI_PINGPONG ;;
         ours) bin=$OURS ;;
+        c-abi) bin=$FI_PINGPONG lib=$CAPI_DIR ;;
     esac
     take_port
     local args=(-p "$PROVIDER" -e rdm -I "$iters" -S "$size" "$@")
-    timeout "$RUN_TIMEOUT" "$bin" "${args[@]}" -B "$port" >"$WORK/server" 2>&1 &
+    LD_LIBRARY_PATH=$lib timeout "$RUN_TIMEOUT" "$bin" "${args[@]}" -B "$port" >"$WORK/server" 2>&1 &
     spid=$!
     RUNNING+=("$spid")
     # fi_pingpong's client does not retry, so wait for the server to listen.
@@ -188,7 +204,7 @@ run_pair() {
         sleep 0.01
     done
     # In the background and waited for, so a signal to this script is handled at once.
-    timeout "$RUN_TIMEOUT" "$bin" "${args[@]}" -P "$port" localhost >"$WORK/client" 2>&1 &
+    LD_LIBRARY_PATH=$lib timeout "$RUN_TIMEOUT" "$bin" "${args[@]}" -P "$port" localhost >"$WORK/client" 2>&1 &
     local cpid=$!
     RUNNING+=("$cpid")
     wait "$cpid"
@@ -291,37 +307,47 @@ spread() {
 compare_section() {
     local impls=(ours)
     ((have_libfabric)) && impls=(libfabric ours)
-    local header line table=() goals=() pairs_line=() size iters r impl lu ou lm om lsp osp worst
-    local lf_usec lf_mbps our_usec our_mbps lf_round our_round pairs
+    ((have_capi)) && impls+=(c-abi)
+    local header line table=() goals=() pairs_line=() size iters r impl lu ou cu lm om cm lsp osp worst
+    local lf_usec lf_mbps our_usec our_mbps c_usec c_mbps cols lf_round our_round pairs
     printf -v header '%-6s %6s | %-18s %-18s %5s | %5s %5s | %9s %9s %5s' \
         bytes iters "lf usec min/med/max" "our usec min/med/max" ratio "lf x" "our x" \
         "lf MB/s" "our MB/s" ratio
+    ((have_capi)) && header+=$(printf ' | %-18s %5s %5s' "C-ABI usec m/m/m" "C/us" "MB/s")
     echo "bench: provider $PROVIDER, $ROUNDS round(s), sizes: $SIZES" >&2
     for size in $SIZES; do
         iters=$(iters_for "$size")
-        lf_usec=() lf_mbps=() our_usec=() our_mbps=() lf_round=() our_round=()
+        lf_usec=() lf_mbps=() our_usec=() our_mbps=() c_usec=() c_mbps=() lf_round=() our_round=()
         for ((r = 1; r <= ROUNDS; r++)); do
             for impl in "${impls[@]}"; do
                 if run_pair "$impl" "$size" "$iters"; then
-                    if [[ $impl == libfabric ]]; then
-                        lf_usec+=("$usec") lf_mbps+=("$mbps") lf_round+=("$usec")
-                    else
-                        our_usec+=("$usec") our_mbps+=("$mbps") our_round+=("$usec")
-                    fi
+                    case $impl in
+                        libfabric) lf_usec+=("$usec") lf_mbps+=("$mbps") lf_round+=("$usec") ;;
+                        ours) our_usec+=("$usec") our_mbps+=("$mbps") our_round+=("$usec") ;;
+                        c-abi) c_usec+=("$usec") c_mbps+=("$mbps") ;;
+                    esac
                     printf 'bench: %-6s round %d %-9s usec/xfer %9s  MB/sec %10s\n' \
                         "$(human "$size")" "$r" "$impl" "$usec" "$mbps" >&2
                 else
                     failures=$((failures + 1))
-                    if [[ $impl == libfabric ]]; then lf_round+=(-); else our_round+=(-); fi
+                    case $impl in
+                        libfabric) lf_round+=(-) ;;
+                        ours) our_round+=(-) ;;
+                    esac
                 fi
             done
         done
-        lu=$(median "${lf_usec[@]}") ou=$(median "${our_usec[@]}")
-        lm=$(median "${lf_mbps[@]}") om=$(median "${our_mbps[@]}")
+        lu=$(median "${lf_usec[@]}") ou=$(median "${our_usec[@]}") cu=$(median "${c_usec[@]}")
+        lm=$(median "${lf_mbps[@]}") om=$(median "${our_mbps[@]}") cm=$(median "${c_mbps[@]}")
         lsp=$(max_over_min "${lf_usec[@]}") osp=$(max_over_min "${our_usec[@]}")
         printf -v line '%-6s %6s | %-18s %-18s %5s | %5s %5s | %9s %9s %5s' "$(human "$size")" \
             "$iters" "$(spread "${lf_usec[@]}")" "$(spread "${our_usec[@]}")" "$(ratio "$ou" "$lu")" \
             "$lsp" "$osp" "$lm" "$om" "$(ratio "$om" "$lm")"
+        if ((have_capi)); then
+            printf -v cols ' | %-18s %5s %5s' "$(spread "${c_usec[@]}")" "$(ratio "$cu" "$ou")" \
+                "$(ratio "$cm" "$om")"
+            line+=$cols
+        fi
         echo "$header"
         echo "$line"
         echo
@@ -340,10 +366,13 @@ compare_section() {
         elif ((have_libfabric && size >= 262144)); then
             goals+=("MB/s >= 1.5x libfabric at $(human "$size"): ratio $(ratio "$om" "$lm"), $(ratio_check "$(ratio "$om" "$lm")" ">=" 1.5)")
         fi
+        # Issue 15's: fi_pingpong on xfabric's libfabric.so.1 within 5% of the Rust pingpong.
+        ((have_capi)) && goals+=("C ABI usec <= 1.05x the Rust pingpong's at $(human "$size"): ratio $(ratio "$cu" "$ou"), $(ratio_check "$(ratio "$cu" "$ou")" "<=" 1.05)")
     done
 
     echo "min/med/max of $ROUNDS round(s) each, alternating; x = max/min of the usec figures;"
     echo "ratio = ours/libfabric of the medians (usec: lower is better, MB/s: higher is better)"
+    ((have_capi)) && echo "C-ABI: Debian's fi_pingpong on xfabric's libfabric.so.1; C/us and MB/s: its medians over our Rust pingpong's"
     ((have_libfabric)) || echo "(libfabric's fi_pingpong is missing: its columns are empty)"
     echo "$header"
     printf '%s\n' "${table[@]}"
