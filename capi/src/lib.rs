@@ -10,8 +10,12 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+pub mod data;
+pub mod fid;
 pub mod getinfo;
 pub mod info;
+pub mod objects;
+pub mod ops;
 pub mod text;
 use info::FiInfo;
 use text::FiParam;
@@ -216,15 +220,15 @@ pub unsafe extern "C" fn fi_dupinfo(info: *const FiInfo) -> *mut FiInfo {
     guard(std::ptr::null_mut(), || unsafe { info::dup_info(info) })
 }
 
-pub extern "C" fn fi_fabric(
-    attr: *mut c_void,
+/// # Safety
+/// `attr` null or a valid `struct fi_fabric_attr`; `fabric` writable.
+pub unsafe extern "C" fn fi_fabric(
+    attr: *mut info::FiFabricAttr,
     fabric: *mut *mut c_void,
-    _context: *mut c_void,
+    context: *mut c_void,
 ) -> c_int {
-    if attr.is_null() || fabric.is_null() {
-        return -FI_EINVAL;
-    }
-    -FI_ENOSYS
+    // SAFETY: forwarded contract.
+    unsafe { objects::fabric_open(attr, fabric, context) }
 }
 
 pub extern "C" fn fi_open(
