@@ -55,7 +55,10 @@ pub static EP_FID_OPS: FiOps = FiOps {
     control: ep_control,
     ..FiOps::ENOSYS
 };
-static EP_OPS: FiOpsEp = FiOpsEp::ENOSYS;
+static EP_OPS: FiOpsEp = FiOpsEp {
+    cancel: ep_cancel,
+    ..FiOpsEp::ENOSYS
+};
 static CM_OPS: FiOpsCm = FiOpsCm {
     getname: ep_getname,
     ..FiOpsCm::ENOSYS
@@ -176,6 +179,14 @@ unsafe extern "C" fn ep_control(fid: *mut c_void, command: c_int, _arg: *mut c_v
             _ => Err(-(FI_ENOSYS as isize)),
         }
     }))
+}
+
+unsafe extern "C" fn ep_cancel(fid: *mut c_void, context: *mut c_void) -> isize {
+    call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let ep = unsafe { obj::<Endpoint>(fid) }?;
+        ep.cancel(context as usize).map(|()| 0).map_err(neg)
+    })
 }
 
 unsafe extern "C" fn ep_getname(

@@ -4,8 +4,9 @@
 //! version nodes, see `fabric.map`), and every export follows one discipline: no panic crosses
 //! the C boundary ([`guard`] turns one into `-FI_EOTHER`), and null required pointers are
 //! `-FI_EINVAL`. fi_getinfo, fi_tostr and the parameter calls are translated onto the facade
-//! (`getinfo`, `text`); the objects (fabric, domain, ...) are not yet: fi_fabric and fi_open
-//! answer `-FI_ENOSYS`.
+//! (`getinfo`, `text`); fabric, domain and the objects opened from them are fids
+//! (`fid`, `objects`) whose ops tables (`ops`) answer `-FI_ENOSYS` except where `objects` and
+//! `data` translate a call. fi_open answers `-FI_ENOSYS`.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};

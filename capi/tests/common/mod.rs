@@ -3,7 +3,7 @@
 // Each test binary uses a part of this module.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Once;
 
@@ -96,4 +96,57 @@ pub fn output_within(mut cmd: Command, limit: std::time::Duration, what: &str) -
         stdout: t_out.join().expect("stdout reader"),
         stderr: t_err.join().expect("stderr reader"),
     }
+}
+
+/// Whether cc and libfabric-dev are there; says why not (and fails under CI).
+pub fn have_toolchain() -> bool {
+    let ok = Path::new("/usr/include/rdma/fabric.h").exists()
+        && Command::new("cc").arg("--version").output().is_ok();
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI needs cc and libfabric-dev"
+        );
+        eprintln!("skipped: cc or /usr/include/rdma/fabric.h missing");
+    }
+    ok
+}
+
+/// Compiles `src` (linked with this libfabric.so when `link`) and returns its stdout.
+pub fn run_c(name: &str, src: &str, link: bool) -> String {
+    let dir = target_dir().join("capi-c-tests");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let c = dir.join(format!("{name}.c"));
+    let exe = dir.join(name);
+    std::fs::write(&c, src).expect("write C source");
+    let lib = target_dir();
+    let mut cc = Command::new("cc");
+    cc.arg("-Wall").arg("-Werror").arg("-o").arg(&exe).arg(&c);
+    if link {
+        // The soname is libfabric.so.1 but the build leaves libfabric.so: link the file itself.
+        cc.arg(cdylib());
+    }
+    let out = cc.output().expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if link {
+        // The program records libfabric.so.1 as needed: make that name resolve to this build.
+        let so1 = lib.join("libfabric.so.1");
+        let _ = std::fs::remove_file(&so1);
+        std::os::unix::fs::symlink("libfabric.so", &so1).expect("symlink libfabric.so.1");
+    }
+    let out = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &lib)
+        .output()
+        .expect("run C program");
+    assert!(
+        out.status.success(),
+        "{name} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
