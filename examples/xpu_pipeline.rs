@@ -456,16 +456,17 @@ fn sender(o: &Opts) {
 
 /// Ordinary passes run with one pass of compute at start-up to calibrate `--work` (after one
 /// more that warms up).
-const CALIBRATION_PASSES: usize = 3;
+const CALIBRATION_PASSES: usize = 5;
 
-/// `--work` such that a bucket's compute takes as long as its transfer: the transfer from the
-/// calibration passes (the ordinary way's, every bucket posted at once), the compute from the
-/// first pass there (the buffer was just zeroed: out of cache) plus passes timed on a bucket
-/// in cache, as the XPU's later passes over it are.
+/// `--work` such that a bucket's compute takes as long as its transfer. Both come from the
+/// calibration passes (the ordinary way's: one pass of compute, then every bucket posted at
+/// once), each the fastest of them: on a shared machine the slower ones are those something
+/// else got in the way of. The first pass over a bucket is slower (the buffer was just zeroed:
+/// out of cache); each further pass is timed on a bucket in cache, as the XPU's are.
 fn calibrate(o: &Opts, cal: &mut [(Duration, Duration)]) -> u32 {
     let per_bucket = |d: Duration| d.as_secs_f64() / o.buckets() as f64;
-    let first = per_bucket(median(&mut cal.iter().map(|s| s.0).collect::<Vec<_>>()));
-    let transfer = per_bucket(median(&mut cal.iter().map(|s| s.1).collect::<Vec<_>>()));
+    let first = per_bucket(cal.iter().map(|s| s.0).min().unwrap_or_default());
+    let transfer = per_bucket(cal.iter().map(|s| s.1).min().unwrap_or_default());
     let mut bucket = vec![0u32; o.bucket_bytes() / 4];
     let mut again = f64::INFINITY;
     for _ in 0..5 {
@@ -479,7 +480,7 @@ fn calibrate(o: &Opts, cal: &mut [(Duration, Duration)]) -> u32 {
     let passes = (1.0 + extra).min(MAX_PASSES as f64) as u32;
     println!(
         "calibration ({CALIBRATION_PASSES} ordinary passes): a bucket's transfer {:.2} us, its \
-         first pass of compute {:.2} us, each further pass {:.2} us: --work {passes}",
+         first pass of compute {:.2} us (fastest of each), each further pass {:.2} us: --work {passes}",
         transfer * 1e6,
         first * 1e6,
         again * 1e6

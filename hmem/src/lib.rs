@@ -21,8 +21,9 @@
 //! [`Hmem::detect`] probes every interface once and keeps the answers, for `xfabric info`,
 //! `getinfo` (FI_HMEM only where a device interface is available) and memory registration.
 //!
-//! Native libraries are layered as in cudarc: raw FFI (`cudarc::driver::sys`, [`ze::sys`]),
-//! thin `Result`-returning calls (`cuda::result`, [`ze::result`]), and the safe types here.
+//! Native libraries are layered as in cudarc: raw FFI (`cudarc::driver::sys`, `ze::sys`),
+//! thin `Result`-returning calls (`cuda::result`, `ze::result`), and the safe types here
+//! (the `cuda` and `ze` layers exist in builds with those features).
 
 #![warn(missing_docs)]
 
