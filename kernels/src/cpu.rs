@@ -58,7 +58,8 @@ unsafe fn checked_signal(index: usize, v: &TriggerVar) -> Result<Signal<'_>, Ker
 /// rung (the device kernel can only stop at it).
 ///
 /// # Safety
-/// As [`checked_signal`], for every variable.
+/// For every variable of `FI_UINT8` with count > 1, `value.data` points to `count` readable
+/// bytes.
 pub unsafe fn validate(vars: &[TriggerVar]) -> Result<(), KernelError> {
     for (i, v) in vars.iter().enumerate() {
         // SAFETY: the caller's contract.

@@ -1,5 +1,5 @@
 //! `FI_HMEM_CUDA` in a build without the `cuda` feature: cudarc is not compiled in, and every
-//! call answers [`HmemError::NotBuilt`](crate::HmemError::NotBuilt) ("built without CUDA
+//! call answers [`HmemError::NotBuilt`] ("built without CUDA
 //! support (feature `cuda`)"). The type keeps the API of the real one, so an application
 //! naming CUDA builds either way and finds out at run time.
 

@@ -1,5 +1,5 @@
 //! `FI_HMEM_ZE` in a build without the `ze` feature: no loader is opened, and every call
-//! answers [`HmemError::NotBuilt`](crate::HmemError::NotBuilt) ("built without Level Zero
+//! answers [`HmemError::NotBuilt`] ("built without Level Zero
 //! support (feature `ze`)"). The type keeps the API of the real one.
 
 use crate::absent::{Absent, NotBuilt};

@@ -1,6 +1,6 @@
 //! The GPU XPU in a build without the `cuda` feature: the types exist so that an application
 //! written for a GPU builds either way, [`GpuXpu::open`] answers
-//! [`KernelError::NotBuilt`](crate::KernelError::NotBuilt), and no value of either type can
+//! [`KernelError::NotBuilt`], and no value of either type can
 //! exist, so their methods are never reached.
 
 use std::convert::Infallible;
