@@ -165,6 +165,26 @@ fn every_example_refuses_bad_arguments_in_one_line() {
     }
 }
 
+/// `--xpu gpu` where no GPU is usable: one line saying why and a non-zero status. The peer
+/// process used to be started first and then panic writing its address into the closed pipe.
+#[test]
+fn xpu_pipeline_refuses_a_missing_gpu_in_one_line() {
+    let Some(out) = run_raw(
+        "xpu_pipeline",
+        &["--xpu".into(), "gpu".into(), "--rounds".into(), "1".into()],
+    ) else {
+        return;
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        println!("skipped: a GPU is usable here, so --xpu gpu ran");
+        return;
+    }
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("xpu_pipeline: --xpu gpu: "), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 #[test]
 fn xpu_bench_silence_mode_runs_with_tiny_gaps() {
     for extra in [&[][..], &["--manual"][..]] {
