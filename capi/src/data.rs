@@ -83,7 +83,7 @@ static TAGGED_OPS: FiOpsTagged = FiOpsTagged {
     injectdata: ep_tinjectdata,
     ..FiOpsTagged::ENOSYS
 };
-static RMA_OPS: FiOpsRma = FiOpsRma::ENOSYS;
+use crate::rma::RMA_OPS;
 static ATOMIC_OPS: FiOpsAtomic = FiOpsAtomic::ENOSYS;
 
 /// A new endpoint's head.
@@ -102,11 +102,11 @@ pub fn ep_head(context: *mut c_void) -> EpHead {
 
 /// A call's body under [`guard`], its error as the negative code (no log: -FI_EAGAIN is the
 /// common answer of a polling loop).
-fn call(body: impl FnOnce() -> Result<isize, isize>) -> isize {
+pub(crate) fn call(body: impl FnOnce() -> Result<isize, isize>) -> isize {
     guard(-(FI_EOTHER as isize), || body().unwrap_or_else(|e| e))
 }
 
-fn neg(e: xfabric::Error) -> isize {
+pub(crate) fn neg(e: xfabric::Error) -> isize {
     -(e.errno() as isize)
 }
 
@@ -116,7 +116,7 @@ fn int(r: isize) -> c_int {
 
 /// # Safety
 /// `fid` null or a readable fid.
-unsafe fn obj<'a, T: Class>(fid: *const c_void) -> Result<&'a T, isize> {
+pub(crate) unsafe fn obj<'a, T: Class>(fid: *const c_void) -> Result<&'a T, isize> {
     // SAFETY: forwarded contract.
     unsafe { get::<T>(fid) }.map_err(|e| e as isize)
 }
@@ -125,7 +125,7 @@ unsafe fn obj<'a, T: Class>(fid: *const c_void) -> Result<&'a T, isize> {
 ///
 /// # Safety
 /// `buf` readable for `len` bytes when `len > 0`.
-unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], isize> {
+pub(crate) unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], isize> {
     if len == 0 {
         return Ok(&[]);
     }
@@ -138,7 +138,7 @@ unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], isize> {
 
 /// # Safety
 /// `buf` writable for `len` bytes when `len > 0`, and not otherwise referenced meanwhile.
-unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Result<&'a mut [u8], isize> {
+pub(crate) unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Result<&'a mut [u8], isize> {
     if len == 0 {
         return Ok(&mut []);
     }
@@ -754,7 +754,7 @@ const IOV_MAX: usize = 1 << 10;
 ///
 /// # Safety
 /// `iov` readable for `count` iovecs.
-unsafe fn segments(iov: *const libc::iovec, count: usize) -> Result<Vec<RawIov>, isize> {
+pub(crate) unsafe fn segments(iov: *const libc::iovec, count: usize) -> Result<Vec<RawIov>, isize> {
     if count > IOV_MAX || (count > 0 && iov.is_null()) {
         return Err(-(FI_EINVAL as isize));
     }

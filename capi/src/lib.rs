@@ -17,6 +17,7 @@ pub mod getinfo;
 pub mod info;
 pub mod objects;
 pub mod ops;
+pub mod rma;
 pub mod text;
 use info::FiInfo;
 use text::FiParam;
