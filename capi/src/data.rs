@@ -65,8 +65,10 @@ static CM_OPS: FiOpsCm = FiOpsCm {
 };
 static MSG_OPS: FiOpsMsg = FiOpsMsg {
     recv: ep_recv,
+    recvv: ep_recvv,
     recvmsg: ep_recvmsg,
     send: ep_send,
+    sendv: ep_sendv,
     sendmsg: ep_sendmsg,
     inject: ep_inject,
     senddata: ep_senddata,
@@ -75,8 +77,10 @@ static MSG_OPS: FiOpsMsg = FiOpsMsg {
 };
 static TAGGED_OPS: FiOpsTagged = FiOpsTagged {
     recv: ep_trecv,
+    recvv: ep_trecvv,
     recvmsg: ep_trecvmsg,
     send: ep_tsend,
+    sendv: ep_tsendv,
     sendmsg: ep_tsendmsg,
     inject: ep_tinject,
     senddata: ep_tsenddata,
@@ -869,5 +873,84 @@ unsafe extern "C" fn ep_trecvmsg(ep: *mut c_void, msg: *const c_void, flags: u64
             },
             |e, m| e.trecvmsg(m, flags),
         )
+    }
+}
+
+/// Posts `count` C segments at `iov` through `post` (one of the core's vector calls).
+///
+/// # Safety
+/// `ep` null or a readable fid; `iov` readable for `count`; the segments stay valid as the
+/// core call requires.
+unsafe fn post_iov(
+    ep: *mut c_void,
+    iov: *const c_void,
+    count: usize,
+    post: impl FnOnce(&Endpoint, &[RawIov]) -> xfabric::Result<()>,
+) -> isize {
+    call(|| {
+        // SAFETY: forwarded contract.
+        let (ep, segs) = unsafe { (obj::<Endpoint>(ep)?, segments(iov.cast(), count)?) };
+        post(ep, &segs).map(|()| 0).map_err(neg)
+    })
+}
+
+unsafe extern "C" fn ep_sendv(
+    ep: *mut c_void,
+    iov: *const c_void,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: forwarded; segments valid until completion (fi_msg(3)).
+    unsafe { post_iov(ep, iov, count, |e, s| e.sendv(s, &[], dest, ctx as usize)) }
+}
+
+unsafe extern "C" fn ep_recvv(
+    ep: *mut c_void,
+    iov: *const c_void,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: as ep_sendv.
+    unsafe { post_iov(ep, iov, count, |e, s| e.recvv(s, &[], src, ctx as usize)) }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn ep_tsendv(
+    ep: *mut c_void,
+    iov: *const c_void,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: u64,
+    tag: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: as ep_sendv.
+    unsafe {
+        post_iov(ep, iov, count, |e, s| {
+            e.tsendv(s, &[], dest, tag, ctx as usize)
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn ep_trecvv(
+    ep: *mut c_void,
+    iov: *const c_void,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: as ep_sendv.
+    unsafe {
+        post_iov(ep, iov, count, |e, s| {
+            e.trecvv(s, &[], src, tag, ignore, ctx as usize)
+        })
     }
 }

@@ -144,7 +144,7 @@ int main(void) {
     struct fi_info *hints = fi_allocinfo(), *info = NULL;
     hints->fabric_attr->prov_name = strdup("shm");
     hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_MSG;
+    hints->caps = FI_MSG | FI_TAGGED;
     CHECK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info) == 0);
 
     struct fid_fabric *fabric; struct fid_domain *domain; struct fid_ep *ep;
@@ -218,6 +218,19 @@ int main(void) {
         else CHECK(n == -FI_EAGAIN);
     }
     CHECK(got == 2 && strcmp(buf + 2048, "hello") == 0);
+
+    /* Two segments each way, tagged: "abc" + "def" lands split as "ab" + "cdef". */
+    struct iovec tx[2] = { { "abc", 3 }, { "def", 4 } };
+    struct iovec rx[2] = { { buf + 3000, 2 }, { buf + 3100, 16 } };
+    CHECK(fi_trecvv(ep, rx, NULL, 2, FI_ADDR_UNSPEC, 7, 0, &ctx) == 0);
+    CHECK(fi_tsendv(ep, tx, NULL, 2, self, 7, buf) == 0);
+    got = 0;
+    for (int i = 0; i < 1000000 && got < 2; i++) {
+        ssize_t n = fi_cq_read(cq, &e, 1);
+        if (n == 1) { got++; if (e.op_context == &ctx) CHECK(e.len == 7 && e.tag == 7); }
+        else CHECK(n == -FI_EAGAIN);
+    }
+    CHECK(got == 2 && memcmp(buf + 3000, "ab", 2) == 0 && strcmp(buf + 3100, "cdef") == 0);
 
     /* A CQ with an endpoint bound refuses to close; after the endpoint it closes. */
     CHECK(fi_close(&cq->fid) == -FI_EBUSY);
