@@ -8,11 +8,11 @@ use std::ptr::null_mut;
 
 use xfabric::{
     AddressVector, CompletionQueue, Counter, CqDataEntry, CqEntry, CqFormat, CqFormatEntry,
-    CqMsgEntry, CqTaggedEntry, Endpoint, EventQueue, Msg, RawIov, FI_ADDR_UNSPEC,
+    CqMsgEntry, CqTaggedEntry, Endpoint, EventQueue, Msg, RawIov, FI_ADDR_STR, FI_ADDR_UNSPEC,
 };
 
 use crate::fid::*;
-use crate::objects::EpHead;
+use crate::objects::{CEndpoint, EpHead};
 use crate::ops::*;
 use crate::{guard, FI_EINVAL, FI_ENOSYS, FI_EOTHER};
 
@@ -50,7 +50,7 @@ pub static CNTR_OPS: FiOpsCntr = FiOpsCntr {
 /// The endpoint's `fi_ops`: its own (bind and control, besides close), unlike the other
 /// classes'.
 pub static EP_FID_OPS: FiOps = FiOps {
-    close: close::<Endpoint>,
+    close: close::<CEndpoint>,
     bind: ep_bind,
     control: ep_control,
     ..FiOps::ENOSYS
@@ -93,7 +93,7 @@ static ATOMIC_OPS: FiOpsAtomic = FiOpsAtomic::ENOSYS;
 /// A new endpoint's head.
 pub fn ep_head(context: *mut c_void) -> EpHead {
     EpHead {
-        fid: fid_of::<Endpoint>(context),
+        fid: fid_of::<CEndpoint>(context),
         ops: &EP_OPS,
         cm: &CM_OPS,
         msg: &MSG_OPS,
@@ -123,6 +123,15 @@ fn int(r: isize) -> c_int {
 pub(crate) unsafe fn obj<'a, T: Class>(fid: *const c_void) -> Result<&'a T, isize> {
     // SAFETY: forwarded contract.
     unsafe { get::<T>(fid) }.map_err(|e| e as isize)
+}
+
+/// The endpoint behind `fid`, if it is one of ours.
+///
+/// # Safety
+/// `fid` null or a readable fid.
+pub(crate) unsafe fn ep_of<'a>(fid: *const c_void) -> Result<&'a Endpoint, isize> {
+    // SAFETY: forwarded contract.
+    unsafe { obj::<CEndpoint>(fid) }.map(|c| &c.ep)
 }
 
 /// `len` bytes at `buf` (empty for a zero length, whatever the pointer).
@@ -156,7 +165,7 @@ pub(crate) unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Result<&'a m
 unsafe extern "C" fn ep_bind(fid: *mut c_void, bfid: *mut c_void, flags: u64) -> c_int {
     int(call(|| {
         // SAFETY: fids from the caller, checked.
-        let ep = unsafe { obj::<Endpoint>(fid) }?;
+        let ep = unsafe { ep_of(fid) }?;
         if bfid.is_null() {
             return Err(-(FI_EINVAL as isize));
         }
@@ -177,7 +186,7 @@ unsafe extern "C" fn ep_bind(fid: *mut c_void, bfid: *mut c_void, flags: u64) ->
 unsafe extern "C" fn ep_control(fid: *mut c_void, command: c_int, _arg: *mut c_void) -> c_int {
     int(call(|| {
         // SAFETY: a fid from the caller, checked.
-        let ep = unsafe { obj::<Endpoint>(fid) }?;
+        let ep = unsafe { ep_of(fid) }?;
         match command {
             FI_ENABLE => ep.enable().map(|()| 0).map_err(|e| code(&e) as isize),
             _ => Err(-(FI_ENOSYS as isize)),
@@ -188,7 +197,7 @@ unsafe extern "C" fn ep_control(fid: *mut c_void, command: c_int, _arg: *mut c_v
 unsafe extern "C" fn ep_cancel(fid: *mut c_void, context: *mut c_void) -> isize {
     call(|| {
         // SAFETY: a fid from the caller, checked.
-        let ep = unsafe { obj::<Endpoint>(fid) }?;
+        let ep = unsafe { ep_of(fid) }?;
         ep.cancel(context as usize).map(|()| 0).map_err(neg)
     })
 }
@@ -200,12 +209,17 @@ unsafe extern "C" fn ep_getname(
 ) -> c_int {
     int(call(|| {
         // SAFETY: a fid from the caller, checked.
-        let ep = unsafe { obj::<Endpoint>(fid) }?;
+        let ep = unsafe { obj::<CEndpoint>(fid) }?;
         let addrlen = addrlen.cast::<usize>();
         if addrlen.is_null() {
             return Err(-(FI_EINVAL as isize));
         }
-        let name = ep.getname().map_err(neg)?;
+        let mut name = ep.ep.getname().map_err(neg)?;
+        // C reads an FI_ADDR_STR address as a C string (fi_av_insert takes it so): the NUL
+        // is part of the name C gets.
+        if ep.addr_format == FI_ADDR_STR && name.last() != Some(&0) {
+            name.push(0);
+        }
         // SAFETY: addrlen writable (caller), checked non-null.
         let room = unsafe { *addrlen };
         // SAFETY: as above.
@@ -229,7 +243,7 @@ unsafe extern "C" fn ep_send(
 ) -> isize {
     call(|| {
         // SAFETY: fid checked; buf readable for len and kept until completion (fi_msg(3)).
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         // SAFETY: as above.
         unsafe { ep.send(b, None, dest, ctx as usize) }
             .map(|()| 0)
@@ -248,7 +262,7 @@ unsafe extern "C" fn ep_senddata(
 ) -> isize {
     call(|| {
         // SAFETY: as ep_send.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         // SAFETY: as ep_send.
         unsafe { ep.senddata(b, None, data, dest, ctx as usize) }
             .map(|()| 0)
@@ -264,7 +278,7 @@ unsafe extern "C" fn ep_inject(
 ) -> isize {
     call(|| {
         // SAFETY: fid checked; buf readable for len (copied before return).
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         ep.inject(b, dest).map(|()| 0).map_err(neg)
     })
 }
@@ -278,7 +292,7 @@ unsafe extern "C" fn ep_injectdata(
 ) -> isize {
     call(|| {
         // SAFETY: as ep_inject.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         ep.injectdata(b, data, dest).map(|()| 0).map_err(neg)
     })
 }
@@ -293,7 +307,7 @@ unsafe extern "C" fn ep_recv(
 ) -> isize {
     call(|| {
         // SAFETY: fid checked; buf writable for len and left alone until completion.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes_mut(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes_mut(buf, len)?) };
         // SAFETY: as above.
         unsafe { ep.recv(b, None, src, ctx as usize) }
             .map(|()| 0)
@@ -312,7 +326,7 @@ unsafe extern "C" fn ep_tsend(
 ) -> isize {
     call(|| {
         // SAFETY: as ep_send.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         // SAFETY: as ep_send.
         unsafe { ep.tsend(b, None, dest, tag, ctx as usize) }
             .map(|()| 0)
@@ -333,7 +347,7 @@ unsafe extern "C" fn ep_tsenddata(
 ) -> isize {
     call(|| {
         // SAFETY: as ep_send.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         // SAFETY: as ep_send.
         unsafe { ep.tsenddata(b, None, data, dest, tag, ctx as usize) }
             .map(|()| 0)
@@ -350,7 +364,7 @@ unsafe extern "C" fn ep_tinject(
 ) -> isize {
     call(|| {
         // SAFETY: as ep_inject.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         ep.tinject(b, dest, tag).map(|()| 0).map_err(neg)
     })
 }
@@ -365,7 +379,7 @@ unsafe extern "C" fn ep_tinjectdata(
 ) -> isize {
     call(|| {
         // SAFETY: as ep_inject.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         ep.tinjectdata(b, data, dest, tag).map(|()| 0).map_err(neg)
     })
 }
@@ -383,7 +397,7 @@ unsafe extern "C" fn ep_trecv(
 ) -> isize {
     call(|| {
         // SAFETY: as ep_recv.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes_mut(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes_mut(buf, len)?) };
         // SAFETY: as ep_recv.
         unsafe { ep.trecv(b, None, src, tag, ignore, ctx as usize) }
             .map(|()| 0)
@@ -788,7 +802,7 @@ unsafe fn post_msg<M>(
 ) -> isize {
     call(|| {
         // SAFETY: a fid from the caller, checked.
-        let ep = unsafe { obj::<Endpoint>(ep) }?;
+        let ep = unsafe { ep_of(ep) }?;
         // SAFETY: null or a valid message (caller).
         let m = unsafe { msg.as_ref() }.ok_or(-(FI_EINVAL as isize))?;
         let (iov, count, addr, context, data, tag, ignore) = fields(m);
@@ -889,7 +903,7 @@ unsafe fn post_iov(
 ) -> isize {
     call(|| {
         // SAFETY: forwarded contract.
-        let (ep, segs) = unsafe { (obj::<Endpoint>(ep)?, segments(iov.cast(), count)?) };
+        let (ep, segs) = unsafe { (ep_of(ep)?, segments(iov.cast(), count)?) };
         post(ep, &segs).map(|()| 0).map_err(neg)
     })
 }

@@ -12,6 +12,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub mod data;
+pub mod eq;
 pub mod fid;
 pub mod getinfo;
 pub mod info;

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 
 use xfabric::{Endpoint, MsgRma, RmaIov};
 
-use crate::data::{bytes, bytes_mut, call, neg, obj, segments};
+use crate::data::{bytes, bytes_mut, call, ep_of, neg, segments};
 use crate::ops::FiOpsRma;
 use crate::FI_EINVAL;
 
@@ -57,7 +57,7 @@ unsafe extern "C" fn rma_read(
 ) -> isize {
     call(|| {
         // SAFETY: fid checked; buf writable for len and left alone until completion.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes_mut(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes_mut(buf, len)?) };
         // SAFETY: as above.
         unsafe { ep.read(b, None, src, addr, key, ctx as usize) }
             .map(|()| 0)
@@ -78,7 +78,7 @@ unsafe extern "C" fn rma_write(
 ) -> isize {
     call(|| {
         // SAFETY: fid checked; buf readable for len and kept until completion.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         // SAFETY: as above.
         unsafe { ep.write(b, None, dest, addr, key, ctx as usize) }
             .map(|()| 0)
@@ -100,7 +100,7 @@ unsafe extern "C" fn rma_writedata(
 ) -> isize {
     call(|| {
         // SAFETY: as rma_write.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         // SAFETY: as rma_write.
         unsafe { ep.writedata(b, None, data, dest, addr, key, ctx as usize) }
             .map(|()| 0)
@@ -118,7 +118,7 @@ unsafe extern "C" fn rma_inject(
 ) -> isize {
     call(|| {
         // SAFETY: fid checked; buf readable for len (copied before return).
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         ep.inject_write(b, dest, addr, key).map(|()| 0).map_err(neg)
     })
 }
@@ -134,7 +134,7 @@ unsafe extern "C" fn rma_injectdata(
 ) -> isize {
     call(|| {
         // SAFETY: as rma_inject.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         ep.inject_writedata(b, data, dest, addr, key)
             .map(|()| 0)
             .map_err(neg)
@@ -153,7 +153,7 @@ unsafe fn post_rma(
 ) -> isize {
     call(|| {
         // SAFETY: a fid from the caller, checked.
-        let ep = unsafe { obj::<Endpoint>(ep) }?;
+        let ep = unsafe { ep_of(ep) }?;
         // SAFETY: null or a valid message (caller).
         let m = unsafe { msg.cast::<FiMsgRma>().as_ref() }.ok_or(-(FI_EINVAL as isize))?;
         // SAFETY: the message's local segments are readable (caller).

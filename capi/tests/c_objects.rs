@@ -158,6 +158,17 @@ int main(void) {
     CHECK(domain->ops->size == sizeof(struct fi_ops_domain));
     CHECK(domain->mr->size == sizeof(struct fi_ops_mr));
 
+    struct fid_wait *ws;
+    struct fi_wait_attr ws_attr = { .wait_obj = FI_WAIT_UNSPEC };
+    CHECK(fi_wait_open(fabric, &ws_attr, &ws) == 0);
+    CHECK(ws->ops->size == sizeof(struct fi_ops_wait));
+    struct fid_cq *wcq;
+    struct fi_cq_attr wcq_attr = { .format = FI_CQ_FORMAT_CONTEXT, .wait_obj = FI_WAIT_SET, .wait_set = ws };
+    CHECK(fi_cq_open(domain, &wcq_attr, &wcq, NULL) == 0);
+    CHECK(fi_wait(ws, 0) == -FI_ETIMEDOUT);
+    CHECK(fi_close(&wcq->fid) == 0);
+    CHECK(fi_close(&ws->fid) == 0);
+
     struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_TAGGED, .size = 16 };
     CHECK(fi_cq_open(domain, &cq_attr, &cq, NULL) == 0);
     CHECK(cq->fid.fclass == FI_CLASS_CQ && cq->ops->size == sizeof(struct fi_ops_cq));
@@ -174,9 +185,17 @@ int main(void) {
 
     struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
     CHECK(fi_av_open(domain, &av_attr, &av, NULL) == 0);
-    struct fi_eq_attr eq_attr = { .size = 8 };
+    struct fi_eq_attr eq_attr = { .size = 8, .wait_obj = FI_WAIT_UNSPEC };
     CHECK(fi_eq_open(fabric, &eq_attr, &eq, NULL) == 0);
     CHECK(eq->ops->size == sizeof(struct fi_ops_eq));
+    /* What the application writes it reads back, its own fid included. */
+    struct fi_eq_entry ev = { .fid = &domain->fid, .context = &ctx, .data = 77 }, got_ev;
+    uint32_t event = 0;
+    CHECK(fi_eq_read(eq, &event, &got_ev, sizeof got_ev, 0) == -FI_EAGAIN);
+    CHECK(fi_eq_write(eq, FI_NOTIFY, &ev, sizeof ev, 0) == sizeof ev);
+    CHECK(fi_eq_sread(eq, &event, &got_ev, sizeof got_ev, 1000, 0) == sizeof got_ev);
+    CHECK(event == FI_NOTIFY && got_ev.fid == &domain->fid && got_ev.context == &ctx && got_ev.data == 77);
+    CHECK(fi_eq_read(eq, &event, &got_ev, 4, 0) == -FI_ETOOSMALL);
 
     static char buf[4096];
     CHECK(fi_mr_reg(domain, buf, sizeof buf, FI_SEND | FI_RECV, 0, 0, 0, &mr, NULL) == 0);
@@ -192,8 +211,12 @@ int main(void) {
     /* A fabric is nothing an endpoint binds to. */
     CHECK(fi_ep_bind(ep, &fabric->fid, 0) == -FI_EINVAL);
     CHECK(fi_enable(ep) == 0);
+    /* An FI_ADDR_STR name is a C string: its NUL is written and counted, whatever the
+       buffer held before. */
     char name[256]; size_t len = sizeof name;
-    CHECK(fi_getname(&ep->fid, name, &len) == 0 && len > 0);
+    memset(name, 'x', sizeof name);
+    CHECK(fi_getname(&ep->fid, name, &len) == 0 && len > 1 && name[len - 1] == '\0');
+    CHECK(strlen(name) == len - 1);
     size_t small = 1;
     CHECK(fi_getname(&ep->fid, name, &small) == -FI_ETOOSMALL && small == len);
     fi_addr_t self;
