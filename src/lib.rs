@@ -112,6 +112,7 @@ pub use xfabric_providers as providers;
 pub use xfabric_xpu_trigger as xpu_trigger;
 
 pub mod hex;
+pub mod tostr;
 
 /// What applications use, for `use xfabric::prelude::*`: the objects (fabric, domain,
 /// endpoint, CQ, counter, AV, MR, EQ, wait set), their attributes, completion entries, the

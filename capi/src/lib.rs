@@ -1,16 +1,27 @@
 //! `libfabric.so.1`: the libfabric 1.17 C ABI over xfabric.
 //!
-//! This first step fixes the library's identity (file name, soname, the exported symbols and
-//! their version nodes, see `fabric.map`) and the discipline every export follows: no panic
-//! crosses the C boundary ([`guard`] turns one into `-FI_EOTHER`), and null required pointers
-//! are `-FI_EINVAL`. The objects (fi_info, fabric, domain, ...) are not translated yet: the
-//! entry points that need them answer `-FI_ENOSYS`.
+//! The library's identity is Debian's (file name, soname, the exported symbols and their
+//! version nodes, see `fabric.map`), and every export follows one discipline: no panic crosses
+//! the C boundary ([`guard`] turns one into `-FI_EOTHER`), and null required pointers are
+//! `-FI_EINVAL`. fi_getinfo, fi_tostr and the parameter calls are translated onto the facade
+//! (`getinfo`, `text`); fabric, domain and the objects opened from them are fids
+//! (`fid`, `objects`) whose ops tables (`ops`) answer `-FI_ENOSYS` except where `objects` and
+//! `data` translate a call. fi_open answers `-FI_ENOSYS`.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+pub mod data;
+pub mod eq;
+pub mod fid;
+pub mod getinfo;
 pub mod info;
+pub mod objects;
+pub mod ops;
+pub mod rma;
+pub mod text;
 use info::FiInfo;
+use text::FiParam;
 
 /// `FI_VERSION(1, 17)`: the API this library implements.
 pub const FI_VERSION_1_17: u32 = (1 << 16) | 17;
@@ -67,27 +78,31 @@ pub extern "C" fn fi_strerror(errnum: c_int) -> *const c_char {
     })
 }
 
-/// Not translated yet: an empty string rather than a null pointer, which callers print.
-pub extern "C" fn fi_tostr(_data: *const c_void, _datatype: c_int) -> *mut c_char {
-    static EMPTY: [u8; 1] = [0];
-    EMPTY.as_ptr().cast_mut().cast()
-}
-
-/// Not translated yet: writes an empty string when given room for it.
+/// Text for the types fi_info prints (`FI_TYPE_INFO` for `-v`); an empty string, never null,
+/// for the others. Valid until the thread's next call.
 ///
 /// # Safety
-/// `buf`, if not null, must be writable for `len` bytes.
+/// `data`, if not null, must point at a valid value of the type `datatype` names.
+pub unsafe extern "C" fn fi_tostr(data: *const c_void, datatype: c_int) -> *mut c_char {
+    static EMPTY: [u8; 1] = [0];
+    // SAFETY: forwarded contract.
+    guard(EMPTY.as_ptr().cast_mut().cast(), || unsafe {
+        text::tostr(data, datatype)
+    })
+}
+
+/// As [`fi_tostr`], into the caller's buffer (truncated to fit, always NUL-terminated).
+///
+/// # Safety
+/// `buf`, if not null, must be writable for `len` bytes; `data` as [`fi_tostr`].
 pub unsafe extern "C" fn fi_tostr_r(
     buf: *mut c_char,
     len: usize,
-    _data: *const c_void,
-    _datatype: c_int,
+    data: *const c_void,
+    datatype: c_int,
 ) -> *mut c_char {
-    if !buf.is_null() && len > 0 {
-        // SAFETY: the caller guarantees buf is writable for len (>= 1) bytes.
-        unsafe { *buf = 0 };
-    }
-    buf
+    // SAFETY: forwarded contract.
+    guard(buf, || unsafe { text::tostr_r(buf, len, data, datatype) })
 }
 
 /// Logging is off until FI_LOG_LEVEL is translated.
@@ -129,55 +144,67 @@ pub extern "C" fn fi_param_define(
     0
 }
 
-pub extern "C" fn fi_param_get(
-    _prov: *mut c_void,
+/// xfabric's own settings (a null `prov`); providers' parameters are not kept.
+///
+/// # Safety
+/// `name` a C string; `value` writable as the parameter's type (`char **`, `int *`,
+/// `size_t *`).
+pub unsafe extern "C" fn fi_param_get(
+    prov: *mut c_void,
     name: *const c_char,
     value: *mut c_void,
 ) -> c_int {
     if name.is_null() || value.is_null() {
         return -FI_EINVAL;
     }
-    -FI_ENODATA
+    if !prov.is_null() {
+        return -FI_ENODATA;
+    }
+    guard(-FI_EOTHER, || {
+        // SAFETY: a C string (caller), checked non-null.
+        let Ok(name) = unsafe { CStr::from_ptr(name) }.to_str() else {
+            return -FI_EINVAL;
+        };
+        // SAFETY: forwarded contract.
+        unsafe { text::param_get(name, value) }
+    })
 }
 
-/// No parameters are defined yet: an empty list that [`fi_freeparams`] accepts.
+/// Every setting xfabric reads (core's settings table), with the environment's value.
 ///
 /// # Safety
 /// `params` and `count`, if not null, must be writable.
-pub unsafe extern "C" fn fi_getparams(params: *mut *mut c_void, count: *mut c_int) -> c_int {
-    if params.is_null() || count.is_null() {
-        return -FI_EINVAL;
-    }
-    // SAFETY: both checked non-null; the caller guarantees they are writable.
-    unsafe {
-        *params = std::ptr::null_mut();
-        *count = 0;
-    }
-    0
+pub unsafe extern "C" fn fi_getparams(params: *mut *mut FiParam, count: *mut c_int) -> c_int {
+    // SAFETY: forwarded contract.
+    guard(-FI_EOTHER, || unsafe { text::getparams(params, count) })
 }
 
 /// # Safety
 /// `params` must be null or come from [`fi_getparams`].
-pub unsafe extern "C" fn fi_freeparams(params: *mut c_void) {
-    // SAFETY: fi_getparams allocates nothing yet, so any list it returned is null; free(NULL)
-    // is a no-op.
-    unsafe { libc::free(params) };
+pub unsafe extern "C" fn fi_freeparams(params: *mut FiParam) {
+    // SAFETY: forwarded contract.
+    guard((), || unsafe { text::freeparams(params) })
 }
 
-pub extern "C" fn fi_getinfo(
-    _version: u32,
-    _node: *const c_char,
-    _service: *const c_char,
-    _flags: u64,
-    _hints: *const c_void,
-    info: *mut *mut c_void,
+/// # Safety
+/// `node` and `service` null or C strings; `hints` null or a valid `struct fi_info`; `info`
+/// writable.
+pub unsafe extern "C" fn fi_getinfo(
+    version: u32,
+    node: *const c_char,
+    service: *const c_char,
+    flags: u64,
+    hints: *const FiInfo,
+    info: *mut *mut FiInfo,
 ) -> c_int {
     if info.is_null() {
         return -FI_EINVAL;
     }
-    -FI_ENOSYS
+    // SAFETY: forwarded contract.
+    guard(-FI_EOTHER, || unsafe {
+        getinfo::getinfo(version, node, service, flags, hints, info)
+    })
 }
-
 /// # Safety
 /// `info` must be null or a list from [`fi_dupinfo`] / [`fi_getinfo`], whose pointer members the
 /// application replaced, if at all, only with libc allocations.
@@ -196,15 +223,15 @@ pub unsafe extern "C" fn fi_dupinfo(info: *const FiInfo) -> *mut FiInfo {
     guard(std::ptr::null_mut(), || unsafe { info::dup_info(info) })
 }
 
-pub extern "C" fn fi_fabric(
-    attr: *mut c_void,
+/// # Safety
+/// `attr` null or a valid `struct fi_fabric_attr`; `fabric` writable.
+pub unsafe extern "C" fn fi_fabric(
+    attr: *mut info::FiFabricAttr,
     fabric: *mut *mut c_void,
-    _context: *mut c_void,
+    context: *mut c_void,
 ) -> c_int {
-    if attr.is_null() || fabric.is_null() {
-        return -FI_EINVAL;
-    }
-    -FI_ENOSYS
+    // SAFETY: forwarded contract.
+    unsafe { objects::fabric_open(attr, fabric, context) }
 }
 
 pub extern "C" fn fi_open(

@@ -5,65 +5,11 @@
 //! Needs `cc` and libfabric-dev; skipped with a printed reason without them, except under CI.
 
 use std::mem::{offset_of, size_of};
-use std::path::Path;
-use std::process::Command;
 
 use fabric::info::*;
 
 mod common;
-use common::{cdylib, target_dir};
-
-fn have_toolchain() -> bool {
-    let ok = Path::new("/usr/include/rdma/fabric.h").exists()
-        && Command::new("cc").arg("--version").output().is_ok();
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI needs cc and libfabric-dev"
-        );
-        eprintln!("skipped: cc or /usr/include/rdma/fabric.h missing");
-    }
-    ok
-}
-
-/// Compiles `src` (linked with this libfabric.so when `link`) and returns its stdout.
-fn run_c(name: &str, src: &str, link: bool) -> String {
-    let dir = target_dir().join("capi-c-tests");
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let c = dir.join(format!("{name}.c"));
-    let exe = dir.join(name);
-    std::fs::write(&c, src).expect("write C source");
-    let lib = target_dir();
-    let mut cc = Command::new("cc");
-    cc.arg("-Wall").arg("-Werror").arg("-o").arg(&exe).arg(&c);
-    if link {
-        // The soname is libfabric.so.1 but the build leaves libfabric.so: link the file itself.
-        cc.arg(cdylib());
-    }
-    let out = cc.output().expect("run cc");
-    assert!(
-        out.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if link {
-        // The program records libfabric.so.1 as needed: make that name resolve to this build.
-        let so1 = lib.join("libfabric.so.1");
-        let _ = std::fs::remove_file(&so1);
-        std::os::unix::fs::symlink("libfabric.so", &so1).expect("symlink libfabric.so.1");
-    }
-    let out = Command::new(&exe)
-        .env("LD_LIBRARY_PATH", &lib)
-        .output()
-        .expect("run C program");
-    assert!(
-        out.status.success(),
-        "{name} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::{have_toolchain, run_c};
 
 #[test]
 fn fi_info_layouts_match_fabric_h() {

@@ -1,0 +1,970 @@
+//! The data path through C: endpoint bind/enable/getname, message and tagged sends and
+//! receives, address vector inserts, completion queue reads in every format, counters. Each
+//! call checks its fid and hands the core call its arguments; matching, queues and progress are
+//! the core's.
+
+use std::ffi::{c_char, c_int, c_void};
+use std::ptr::null_mut;
+
+use xfabric::{
+    AddressVector, CompletionQueue, Counter, CqDataEntry, CqEntry, CqFormat, CqFormatEntry,
+    CqMsgEntry, CqTaggedEntry, Endpoint, EventQueue, Msg, RawIov, FI_ADDR_STR, FI_ADDR_UNSPEC,
+};
+
+use crate::fid::*;
+use crate::objects::{CEndpoint, EpHead};
+use crate::ops::*;
+use crate::{guard, FI_EINVAL, FI_ENOSYS, FI_EOTHER};
+
+/// `FI_ENABLE`, fi_control's command.
+const FI_ENABLE: c_int = 6;
+/// libfabric's `FI_ETOOSMALL`.
+const FI_ETOOSMALL: c_int = 257;
+
+pub static AV_OPS: FiOpsAv = FiOpsAv {
+    insert: av_insert,
+    remove: av_remove,
+    lookup: av_lookup,
+    straddr: av_straddr,
+    ..FiOpsAv::ENOSYS
+};
+pub static CQ_OPS: FiOpsCq = FiOpsCq {
+    read: cq_read,
+    readfrom: cq_readfrom,
+    readerr: cq_readerr,
+    sread: cq_sread,
+    sreadfrom: cq_sreadfrom,
+    signal: cq_signal,
+    ..FiOpsCq::ENOSYS
+};
+pub static CNTR_OPS: FiOpsCntr = FiOpsCntr {
+    read: cntr_read,
+    readerr: cntr_readerr,
+    add: cntr_add,
+    set: cntr_set,
+    wait: cntr_wait,
+    adderr: cntr_adderr,
+    seterr: cntr_seterr,
+    ..FiOpsCntr::ENOSYS
+};
+/// The endpoint's `fi_ops`: its own (bind and control, besides close), unlike the other
+/// classes'.
+pub static EP_FID_OPS: FiOps = FiOps {
+    close: close::<CEndpoint>,
+    bind: ep_bind,
+    control: ep_control,
+    ..FiOps::ENOSYS
+};
+static EP_OPS: FiOpsEp = FiOpsEp {
+    cancel: ep_cancel,
+    ..FiOpsEp::ENOSYS
+};
+static CM_OPS: FiOpsCm = FiOpsCm {
+    getname: ep_getname,
+    ..FiOpsCm::ENOSYS
+};
+static MSG_OPS: FiOpsMsg = FiOpsMsg {
+    recv: ep_recv,
+    recvv: ep_recvv,
+    recvmsg: ep_recvmsg,
+    send: ep_send,
+    sendv: ep_sendv,
+    sendmsg: ep_sendmsg,
+    inject: ep_inject,
+    senddata: ep_senddata,
+    injectdata: ep_injectdata,
+    ..FiOpsMsg::ENOSYS
+};
+static TAGGED_OPS: FiOpsTagged = FiOpsTagged {
+    recv: ep_trecv,
+    recvv: ep_trecvv,
+    recvmsg: ep_trecvmsg,
+    send: ep_tsend,
+    sendv: ep_tsendv,
+    sendmsg: ep_tsendmsg,
+    inject: ep_tinject,
+    senddata: ep_tsenddata,
+    injectdata: ep_tinjectdata,
+    ..FiOpsTagged::ENOSYS
+};
+use crate::rma::RMA_OPS;
+static ATOMIC_OPS: FiOpsAtomic = FiOpsAtomic::ENOSYS;
+
+/// A new endpoint's head.
+pub fn ep_head(context: *mut c_void) -> EpHead {
+    EpHead {
+        fid: fid_of::<CEndpoint>(context),
+        ops: &EP_OPS,
+        cm: &CM_OPS,
+        msg: &MSG_OPS,
+        rma: &RMA_OPS,
+        tagged: &TAGGED_OPS,
+        atomic: &ATOMIC_OPS,
+        collective: std::ptr::null(),
+    }
+}
+
+/// A call's body under [`guard`], its error as the negative code (no log: -FI_EAGAIN is the
+/// common answer of a polling loop).
+pub(crate) fn call(body: impl FnOnce() -> Result<isize, isize>) -> isize {
+    guard(-(FI_EOTHER as isize), || body().unwrap_or_else(|e| e))
+}
+
+pub(crate) fn neg(e: xfabric::Error) -> isize {
+    -(e.errno() as isize)
+}
+
+fn int(r: isize) -> c_int {
+    c_int::try_from(r).unwrap_or(-FI_EOTHER)
+}
+
+/// # Safety
+/// `fid` null or a readable fid.
+pub(crate) unsafe fn obj<'a, T: Class>(fid: *const c_void) -> Result<&'a T, isize> {
+    // SAFETY: forwarded contract.
+    unsafe { get::<T>(fid) }.map_err(|e| e as isize)
+}
+
+/// The endpoint behind `fid`, if it is one of ours.
+///
+/// # Safety
+/// `fid` null or a readable fid.
+pub(crate) unsafe fn ep_of<'a>(fid: *const c_void) -> Result<&'a Endpoint, isize> {
+    // SAFETY: forwarded contract.
+    unsafe { obj::<CEndpoint>(fid) }.map(|c| &c.ep)
+}
+
+/// `len` bytes at `buf` (empty for a zero length, whatever the pointer).
+///
+/// # Safety
+/// `buf` readable for `len` bytes when `len > 0`.
+pub(crate) unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], isize> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if buf.is_null() {
+        return Err(-(FI_EINVAL as isize));
+    }
+    // SAFETY: readable for len (caller), checked non-null.
+    Ok(unsafe { std::slice::from_raw_parts(buf.cast(), len) })
+}
+
+/// # Safety
+/// `buf` writable for `len` bytes when `len > 0`, and not otherwise referenced meanwhile.
+pub(crate) unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Result<&'a mut [u8], isize> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if buf.is_null() {
+        return Err(-(FI_EINVAL as isize));
+    }
+    // SAFETY: writable for len (caller), checked non-null.
+    Ok(unsafe { std::slice::from_raw_parts_mut(buf.cast(), len) })
+}
+
+unsafe extern "C" fn ep_bind(fid: *mut c_void, bfid: *mut c_void, flags: u64) -> c_int {
+    int(call(|| {
+        // SAFETY: fids from the caller, checked.
+        let ep = unsafe { ep_of(fid) }?;
+        if bfid.is_null() {
+            return Err(-(FI_EINVAL as isize));
+        }
+        // SAFETY: a readable struct fid (caller); its class picks the bind.
+        let class = unsafe { (*bfid.cast::<Fid>()).fclass };
+        // SAFETY (each arm): get checks the class and that the object is ours.
+        let r = match class {
+            FI_CLASS_CQ => ep.bind_cq(unsafe { obj::<CompletionQueue>(bfid) }?, flags),
+            FI_CLASS_CNTR => ep.bind_cntr(unsafe { obj::<Counter>(bfid) }?, flags),
+            FI_CLASS_AV => ep.bind_av(unsafe { obj::<AddressVector>(bfid) }?),
+            FI_CLASS_EQ => ep.bind_eq(unsafe { obj::<EventQueue>(bfid) }?),
+            _ => return Err(-(FI_EINVAL as isize)),
+        };
+        r.map(|()| 0).map_err(|e| code(&e) as isize)
+    }))
+}
+
+unsafe extern "C" fn ep_control(fid: *mut c_void, command: c_int, _arg: *mut c_void) -> c_int {
+    int(call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let ep = unsafe { ep_of(fid) }?;
+        match command {
+            FI_ENABLE => ep.enable().map(|()| 0).map_err(|e| code(&e) as isize),
+            _ => Err(-(FI_ENOSYS as isize)),
+        }
+    }))
+}
+
+unsafe extern "C" fn ep_cancel(fid: *mut c_void, context: *mut c_void) -> isize {
+    call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let ep = unsafe { ep_of(fid) }?;
+        ep.cancel(context as usize).map(|()| 0).map_err(neg)
+    })
+}
+
+unsafe extern "C" fn ep_getname(
+    fid: *mut c_void,
+    addr: *mut c_void,
+    addrlen: *mut c_void,
+) -> c_int {
+    int(call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let ep = unsafe { obj::<CEndpoint>(fid) }?;
+        let addrlen = addrlen.cast::<usize>();
+        if addrlen.is_null() {
+            return Err(-(FI_EINVAL as isize));
+        }
+        let mut name = ep.ep.getname().map_err(neg)?;
+        // C reads an FI_ADDR_STR address as a C string (fi_av_insert takes it so): the NUL
+        // is part of the name C gets.
+        if ep.addr_format == FI_ADDR_STR && name.last() != Some(&0) {
+            name.push(0);
+        }
+        // SAFETY: addrlen writable (caller), checked non-null.
+        let room = unsafe { *addrlen };
+        // SAFETY: as above.
+        unsafe { *addrlen = name.len() };
+        if room < name.len() || addr.is_null() {
+            return Err(-(FI_ETOOSMALL as isize));
+        }
+        // SAFETY: addr writable for room >= name.len() bytes (caller).
+        unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), addr.cast(), name.len()) };
+        Ok(0)
+    }))
+}
+
+unsafe extern "C" fn ep_send(
+    ep: *mut c_void,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    dest: u64,
+    ctx: *mut c_void,
+) -> isize {
+    call(|| {
+        // SAFETY: fid checked; buf readable for len and kept until completion (fi_msg(3)).
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
+        // SAFETY: as above.
+        unsafe { ep.send(b, None, dest, ctx as usize) }
+            .map(|()| 0)
+            .map_err(neg)
+    })
+}
+
+unsafe extern "C" fn ep_senddata(
+    ep: *mut c_void,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    data: u64,
+    dest: u64,
+    ctx: *mut c_void,
+) -> isize {
+    call(|| {
+        // SAFETY: as ep_send.
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
+        // SAFETY: as ep_send.
+        unsafe { ep.senddata(b, None, data, dest, ctx as usize) }
+            .map(|()| 0)
+            .map_err(neg)
+    })
+}
+
+unsafe extern "C" fn ep_inject(
+    ep: *mut c_void,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+) -> isize {
+    call(|| {
+        // SAFETY: fid checked; buf readable for len (copied before return).
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
+        ep.inject(b, dest).map(|()| 0).map_err(neg)
+    })
+}
+
+unsafe extern "C" fn ep_injectdata(
+    ep: *mut c_void,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    dest: u64,
+) -> isize {
+    call(|| {
+        // SAFETY: as ep_inject.
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
+        ep.injectdata(b, data, dest).map(|()| 0).map_err(neg)
+    })
+}
+
+unsafe extern "C" fn ep_recv(
+    ep: *mut c_void,
+    buf: *mut c_void,
+    len: usize,
+    _desc: *mut c_void,
+    src: u64,
+    ctx: *mut c_void,
+) -> isize {
+    call(|| {
+        // SAFETY: fid checked; buf writable for len and left alone until completion.
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes_mut(buf, len)?) };
+        // SAFETY: as above.
+        unsafe { ep.recv(b, None, src, ctx as usize) }
+            .map(|()| 0)
+            .map_err(neg)
+    })
+}
+
+unsafe extern "C" fn ep_tsend(
+    ep: *mut c_void,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    dest: u64,
+    tag: u64,
+    ctx: *mut c_void,
+) -> isize {
+    call(|| {
+        // SAFETY: as ep_send.
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
+        // SAFETY: as ep_send.
+        unsafe { ep.tsend(b, None, dest, tag, ctx as usize) }
+            .map(|()| 0)
+            .map_err(neg)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn ep_tsenddata(
+    ep: *mut c_void,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    data: u64,
+    dest: u64,
+    tag: u64,
+    ctx: *mut c_void,
+) -> isize {
+    call(|| {
+        // SAFETY: as ep_send.
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
+        // SAFETY: as ep_send.
+        unsafe { ep.tsenddata(b, None, data, dest, tag, ctx as usize) }
+            .map(|()| 0)
+            .map_err(neg)
+    })
+}
+
+unsafe extern "C" fn ep_tinject(
+    ep: *mut c_void,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+    tag: u64,
+) -> isize {
+    call(|| {
+        // SAFETY: as ep_inject.
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
+        ep.tinject(b, dest, tag).map(|()| 0).map_err(neg)
+    })
+}
+
+unsafe extern "C" fn ep_tinjectdata(
+    ep: *mut c_void,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    dest: u64,
+    tag: u64,
+) -> isize {
+    call(|| {
+        // SAFETY: as ep_inject.
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
+        ep.tinjectdata(b, data, dest, tag).map(|()| 0).map_err(neg)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn ep_trecv(
+    ep: *mut c_void,
+    buf: *mut c_void,
+    len: usize,
+    _desc: *mut c_void,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    ctx: *mut c_void,
+) -> isize {
+    call(|| {
+        // SAFETY: as ep_recv.
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes_mut(buf, len)?) };
+        // SAFETY: as ep_recv.
+        unsafe { ep.trecv(b, None, src, tag, ignore, ctx as usize) }
+            .map(|()| 0)
+            .map_err(neg)
+    })
+}
+
+unsafe extern "C" fn av_insert(
+    av: *mut c_void,
+    addr: *const c_void,
+    count: usize,
+    fi_addr: *mut c_void,
+    _flags: u64,
+    context: *mut c_void,
+) -> c_int {
+    int(call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let av = unsafe { obj::<AddressVector>(av) }?;
+        if count == 0 {
+            return Ok(0);
+        }
+        // FI_ADDR_STR addresses, as libfabric's shm and its clients pass them: NUL-terminated
+        // strings back to back (what fi_getname wrote, then the next).
+        let mut addrs: Vec<&[u8]> = Vec::with_capacity(count.min(1024));
+        let mut p = addr.cast::<c_char>();
+        if p.is_null() {
+            return Err(-(FI_EINVAL as isize));
+        }
+        for _ in 0..count {
+            // SAFETY: count NUL-terminated strings follow one another at addr (caller).
+            let s = unsafe { std::ffi::CStr::from_ptr(p) };
+            addrs.push(s.to_bytes());
+            // SAFETY: past this string's NUL: the next string, or just past the last.
+            p = unsafe { p.add(s.to_bytes_with_nul().len()) };
+        }
+        let mut out = vec![FI_ADDR_UNSPEC; count];
+        let n = av.insert(&addrs, &mut out, context as usize).map_err(neg)?;
+        if !fi_addr.is_null() {
+            // SAFETY: fi_addr writable for count entries (caller).
+            unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), fi_addr.cast(), count) };
+        }
+        Ok(isize::try_from(n).unwrap_or(isize::MAX))
+    }))
+}
+
+unsafe extern "C" fn av_remove(
+    av: *mut c_void,
+    fi_addr: *mut c_void,
+    count: usize,
+    _flags: u64,
+) -> c_int {
+    int(call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let av = unsafe { obj::<AddressVector>(av) }?;
+        let total = count.checked_mul(8).ok_or(-(FI_EINVAL as isize))?;
+        // SAFETY: count fi_addr_t readable (caller).
+        let raw = unsafe { bytes(fi_addr, total) }?;
+        let addrs: Vec<u64> = raw
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0xff; 8])))
+            .collect();
+        av.remove(&addrs).map(|()| 0).map_err(neg)
+    }))
+}
+
+unsafe extern "C" fn av_lookup(
+    av: *mut c_void,
+    fi_addr: u64,
+    addr: *mut c_void,
+    addrlen: *mut c_void,
+) -> c_int {
+    int(call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let av = unsafe { obj::<AddressVector>(av) }?;
+        let addrlen = addrlen.cast::<usize>();
+        if addrlen.is_null() {
+            return Err(-(FI_EINVAL as isize));
+        }
+        let name = av.lookup(fi_addr).map_err(neg)?;
+        // SAFETY: addrlen writable (caller).
+        let room = unsafe { *addrlen };
+        let n = room.min(name.len());
+        if n > 0 && !addr.is_null() {
+            // SAFETY: addr writable for room >= n bytes (caller).
+            unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), addr.cast(), n) };
+        }
+        // SAFETY: as above.
+        unsafe { *addrlen = name.len() };
+        Ok(0)
+    }))
+}
+
+unsafe extern "C" fn av_straddr(
+    av: *mut c_void,
+    addr: *const c_void,
+    buf: *mut c_void,
+    len: *mut c_void,
+) -> *const c_char {
+    guard(std::ptr::null(), || {
+        // SAFETY: a fid from the caller, checked.
+        let Ok(av) = (unsafe { obj::<AddressVector>(av) }) else {
+            return std::ptr::null();
+        };
+        let len = len.cast::<usize>();
+        if buf.is_null() || len.is_null() || addr.is_null() {
+            return std::ptr::null();
+        }
+        // SAFETY: an FI_ADDR_STR address: a C string (caller).
+        let a = unsafe { std::ffi::CStr::from_ptr(addr.cast::<c_char>()) }.to_bytes();
+        let text = av.straddr(a);
+        // SAFETY: len writable, buf writable for *len bytes (caller).
+        unsafe {
+            let room = *len;
+            let n = text.len().min(room.saturating_sub(1));
+            if room > 0 {
+                std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+                *buf.cast::<u8>().add(n) = 0;
+            }
+            *len = text.len() + 1;
+        }
+        buf.cast_const().cast()
+    })
+}
+
+/// Reads up to `count` entries of the CQ's format into `buf` (and sources into `src`).
+///
+/// # Safety
+/// `buf` writable for `count` entries of the CQ's format; `src` null or writable for `count`.
+unsafe fn read_into(
+    cq: &CompletionQueue,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut u64,
+    wait: Option<(usize, c_int)>,
+) -> Result<isize, isize> {
+    /// # Safety
+    /// As read_into, with E the CQ's format.
+    unsafe fn typed<E: CqFormatEntry>(
+        cq: &CompletionQueue,
+        buf: *mut c_void,
+        count: usize,
+        src: *mut u64,
+        wait: Option<(usize, c_int)>,
+    ) -> Result<usize, xfabric::Error> {
+        // SAFETY: writable for count entries of E (caller); E is repr(C) as fi_eq.h's.
+        let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<E>(), count) };
+        if src.is_null() {
+            match wait {
+                None => cq.read(b),
+                Some((threshold, ms)) => cq.sread(b, threshold, ms),
+            }
+        } else {
+            // SAFETY: src writable for count (caller).
+            let s = unsafe { std::slice::from_raw_parts_mut(src, count) };
+            match wait {
+                None => cq.readfrom(b, s),
+                Some((threshold, ms)) => cq.sreadfrom(b, s, threshold, ms),
+            }
+        }
+    }
+    if count == 0 {
+        return Ok(0);
+    }
+    if buf.is_null() {
+        return Err(-(FI_EINVAL as isize));
+    }
+    // SAFETY (each arm): forwarded contract, E chosen by the CQ's own format.
+    let n = match cq.format() {
+        CqFormat::Unspec | CqFormat::Context => unsafe {
+            typed::<CqEntry>(cq, buf, count, src, wait)
+        },
+        CqFormat::Msg => unsafe { typed::<CqMsgEntry>(cq, buf, count, src, wait) },
+        CqFormat::Data => unsafe { typed::<CqDataEntry>(cq, buf, count, src, wait) },
+        CqFormat::Tagged => unsafe { typed::<CqTaggedEntry>(cq, buf, count, src, wait) },
+    }
+    .map_err(neg)?;
+    Ok(isize::try_from(n).unwrap_or(isize::MAX))
+}
+
+/// fi_cq_sread's `cond` is a threshold with FI_CQ_COND_THRESHOLD; the CQ knows its wait_cond.
+///
+/// # Safety
+/// `cond` null or a readable size_t.
+unsafe fn threshold(cond: *const c_void) -> usize {
+    if cond.is_null() {
+        1
+    } else {
+        // SAFETY: a readable size_t (caller).
+        unsafe { *cond.cast::<usize>() }.max(1)
+    }
+}
+
+unsafe extern "C" fn cq_read(cq: *mut c_void, buf: *mut c_void, count: usize) -> isize {
+    call(|| {
+        // SAFETY: fid checked; buf per the CQ's format (caller).
+        unsafe { read_into(obj::<CompletionQueue>(cq)?, buf, count, null_mut(), None) }
+    })
+}
+
+unsafe extern "C" fn cq_readfrom(
+    cq: *mut c_void,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut c_void,
+) -> isize {
+    call(|| {
+        if src.is_null() {
+            return Err(-(FI_EINVAL as isize));
+        }
+        // SAFETY: as cq_read; src writable for count.
+        unsafe { read_into(obj::<CompletionQueue>(cq)?, buf, count, src.cast(), None) }
+    })
+}
+
+unsafe extern "C" fn cq_sread(
+    cq: *mut c_void,
+    buf: *mut c_void,
+    count: usize,
+    cond: *const c_void,
+    timeout: c_int,
+) -> isize {
+    call(|| {
+        // SAFETY: as cq_read; cond null or a size_t.
+        unsafe {
+            let wait = Some((threshold(cond), timeout));
+            read_into(obj::<CompletionQueue>(cq)?, buf, count, null_mut(), wait)
+        }
+    })
+}
+
+unsafe extern "C" fn cq_sreadfrom(
+    cq: *mut c_void,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut c_void,
+    cond: *const c_void,
+    timeout: c_int,
+) -> isize {
+    call(|| {
+        if src.is_null() {
+            return Err(-(FI_EINVAL as isize));
+        }
+        // SAFETY: as cq_readfrom; cond null or a size_t.
+        unsafe {
+            let wait = Some((threshold(cond), timeout));
+            read_into(obj::<CompletionQueue>(cq)?, buf, count, src.cast(), wait)
+        }
+    })
+}
+
+/// `struct fi_cq_err_entry`: the core's entry (same layout) as C fills it.
+unsafe extern "C" fn cq_readerr(cq: *mut c_void, buf: *mut c_void, _flags: u64) -> isize {
+    call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let cq = unsafe { obj::<CompletionQueue>(cq) }?;
+        let out = buf.cast::<xfabric::CqErrEntry>();
+        if out.is_null() {
+            return Err(-(FI_EINVAL as isize));
+        }
+        // The caller's err_data buffer, if it gave one (fi_cq(3), API 1.5 on).
+        // SAFETY: buf is a readable fi_cq_err_entry (caller).
+        let (user, room) = unsafe { ((*out).err_data, (*out).err_data_size) };
+        let (mut e, data) = cq.readerr_data().map_err(neg)?;
+        match data {
+            Some(d) if user != 0 && room > 0 => {
+                let n = d.len().min(room);
+                // SAFETY: the caller's err_data is writable for err_data_size bytes.
+                unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), user as *mut u8, n) };
+                e.err_data = user;
+                e.err_data_size = n;
+            }
+            _ => {
+                e.err_data = 0;
+                e.err_data_size = 0;
+            }
+        }
+        // SAFETY: buf writable as an fi_cq_err_entry (caller).
+        unsafe { *out = e };
+        Ok(1)
+    })
+}
+
+unsafe extern "C" fn cq_signal(cq: *mut c_void) -> c_int {
+    int(call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let cq = unsafe { obj::<CompletionQueue>(cq) }?;
+        cq.signal().map(|()| 0).map_err(neg)
+    }))
+}
+
+unsafe extern "C" fn cntr_read(cntr: *mut c_void) -> u64 {
+    // A counter's read has no error return: a bad fid reads 0.
+    // SAFETY: a fid from the caller, checked.
+    guard(0, || {
+        unsafe { obj::<Counter>(cntr) }.map_or(0, |c| c.read())
+    })
+}
+
+unsafe extern "C" fn cntr_readerr(cntr: *mut c_void) -> u64 {
+    // SAFETY: as cntr_read.
+    guard(0, || {
+        unsafe { obj::<Counter>(cntr) }.map_or(0, |c| c.readerr())
+    })
+}
+
+/// Runs one of the counter's updates.
+///
+/// # Safety
+/// `cntr` null or a readable fid.
+unsafe fn cntr_op(cntr: *mut c_void, op: impl FnOnce(&Counter) -> xfabric::Result<()>) -> c_int {
+    int(call(|| {
+        // SAFETY: forwarded contract.
+        let c = unsafe { obj::<Counter>(cntr) }?;
+        op(c).map(|()| 0).map_err(neg)
+    }))
+}
+
+unsafe extern "C" fn cntr_add(cntr: *mut c_void, v: u64) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { cntr_op(cntr, |c| c.add(v)) }
+}
+
+unsafe extern "C" fn cntr_set(cntr: *mut c_void, v: u64) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { cntr_op(cntr, |c| c.set(v)) }
+}
+
+unsafe extern "C" fn cntr_adderr(cntr: *mut c_void, v: u64) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { cntr_op(cntr, |c| c.adderr(v)) }
+}
+
+unsafe extern "C" fn cntr_seterr(cntr: *mut c_void, v: u64) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { cntr_op(cntr, |c| c.seterr(v)) }
+}
+
+unsafe extern "C" fn cntr_wait(cntr: *mut c_void, threshold: u64, timeout: c_int) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { cntr_op(cntr, |c| c.wait(threshold, timeout)) }
+}
+
+/// `struct fi_msg` and `struct fi_msg_tagged`'s common shape: segments, descriptors, count,
+/// address, then (tagged) tag and ignore, then context and data.
+#[repr(C)]
+pub struct FiMsg {
+    pub msg_iov: *const libc::iovec,
+    pub desc: *mut *mut c_void,
+    pub iov_count: usize,
+    pub addr: u64,
+    pub context: *mut c_void,
+    pub data: u64,
+}
+
+/// `struct fi_msg_tagged`.
+#[repr(C)]
+pub struct FiMsgTagged {
+    pub msg_iov: *const libc::iovec,
+    pub desc: *mut *mut c_void,
+    pub iov_count: usize,
+    pub addr: u64,
+    pub tag: u64,
+    pub ignore: u64,
+    pub context: *mut c_void,
+    pub data: u64,
+}
+
+/// More segments than any provider takes: refused before anything is read.
+const IOV_MAX: usize = 1 << 10;
+
+/// The segments of a C message (the core checks them against the endpoint's iov_limit).
+///
+/// # Safety
+/// `iov` readable for `count` iovecs.
+pub(crate) unsafe fn segments(iov: *const libc::iovec, count: usize) -> Result<Vec<RawIov>, isize> {
+    if count > IOV_MAX || (count > 0 && iov.is_null()) {
+        return Err(-(FI_EINVAL as isize));
+    }
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: readable for count (caller), checked non-null.
+    let v = unsafe { std::slice::from_raw_parts(iov, count) };
+    Ok(v.iter()
+        .map(|s| RawIov {
+            addr: s.iov_base as usize,
+            len: s.iov_len,
+        })
+        .collect())
+}
+
+/// Posts a C message through `post` (one of the core's *msg calls).
+///
+/// # Safety
+/// `ep` null or a readable fid; `msg` null or a valid message of kind `M`; the segments stay
+/// valid as the core call requires.
+unsafe fn post_msg<M>(
+    ep: *mut c_void,
+    msg: *const M,
+    fields: impl FnOnce(&M) -> (*const libc::iovec, usize, u64, *mut c_void, u64, u64, u64),
+    post: impl FnOnce(&Endpoint, &Msg<'_>) -> xfabric::Result<()>,
+) -> isize {
+    call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let ep = unsafe { ep_of(ep) }?;
+        // SAFETY: null or a valid message (caller).
+        let m = unsafe { msg.as_ref() }.ok_or(-(FI_EINVAL as isize))?;
+        let (iov, count, addr, context, data, tag, ignore) = fields(m);
+        // SAFETY: the message's segments are readable (caller).
+        let iov = unsafe { segments(iov, count) }?;
+        let msg = Msg {
+            iov: &iov,
+            // Descriptors are not needed: every registration is looked up by address.
+            desc: &[],
+            addr,
+            context: context as usize,
+            data,
+            tag,
+            ignore,
+        };
+        post(ep, &msg).map(|()| 0).map_err(neg)
+    })
+}
+
+unsafe extern "C" fn ep_sendmsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
+    // SAFETY: forwarded; the segments stay valid until completion (fi_msg(3)).
+    unsafe {
+        post_msg(
+            ep,
+            msg.cast::<FiMsg>(),
+            |m| (m.msg_iov, m.iov_count, m.addr, m.context, m.data, 0, 0),
+            |e, m| e.sendmsg(m, flags),
+        )
+    }
+}
+
+unsafe extern "C" fn ep_recvmsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
+    // SAFETY: as ep_sendmsg.
+    unsafe {
+        post_msg(
+            ep,
+            msg.cast::<FiMsg>(),
+            |m| (m.msg_iov, m.iov_count, m.addr, m.context, m.data, 0, 0),
+            |e, m| e.recvmsg(m, flags),
+        )
+    }
+}
+
+unsafe extern "C" fn ep_tsendmsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
+    // SAFETY: as ep_sendmsg.
+    unsafe {
+        post_msg(
+            ep,
+            msg.cast::<FiMsgTagged>(),
+            |m| {
+                (
+                    m.msg_iov,
+                    m.iov_count,
+                    m.addr,
+                    m.context,
+                    m.data,
+                    m.tag,
+                    m.ignore,
+                )
+            },
+            |e, m| e.tsendmsg(m, flags),
+        )
+    }
+}
+
+unsafe extern "C" fn ep_trecvmsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
+    // SAFETY: as ep_sendmsg.
+    unsafe {
+        post_msg(
+            ep,
+            msg.cast::<FiMsgTagged>(),
+            |m| {
+                (
+                    m.msg_iov,
+                    m.iov_count,
+                    m.addr,
+                    m.context,
+                    m.data,
+                    m.tag,
+                    m.ignore,
+                )
+            },
+            |e, m| e.trecvmsg(m, flags),
+        )
+    }
+}
+
+/// Posts `count` C segments at `iov` through `post` (one of the core's vector calls).
+///
+/// # Safety
+/// `ep` null or a readable fid; `iov` readable for `count`; the segments stay valid as the
+/// core call requires.
+unsafe fn post_iov(
+    ep: *mut c_void,
+    iov: *const c_void,
+    count: usize,
+    post: impl FnOnce(&Endpoint, &[RawIov]) -> xfabric::Result<()>,
+) -> isize {
+    call(|| {
+        // SAFETY: forwarded contract.
+        let (ep, segs) = unsafe { (ep_of(ep)?, segments(iov.cast(), count)?) };
+        post(ep, &segs).map(|()| 0).map_err(neg)
+    })
+}
+
+unsafe extern "C" fn ep_sendv(
+    ep: *mut c_void,
+    iov: *const c_void,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: forwarded; segments valid until completion (fi_msg(3)).
+    unsafe { post_iov(ep, iov, count, |e, s| e.sendv(s, &[], dest, ctx as usize)) }
+}
+
+unsafe extern "C" fn ep_recvv(
+    ep: *mut c_void,
+    iov: *const c_void,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: as ep_sendv.
+    unsafe { post_iov(ep, iov, count, |e, s| e.recvv(s, &[], src, ctx as usize)) }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn ep_tsendv(
+    ep: *mut c_void,
+    iov: *const c_void,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: u64,
+    tag: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: as ep_sendv.
+    unsafe {
+        post_iov(ep, iov, count, |e, s| {
+            e.tsendv(s, &[], dest, tag, ctx as usize)
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn ep_trecvv(
+    ep: *mut c_void,
+    iov: *const c_void,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: as ep_sendv.
+    unsafe {
+        post_iov(ep, iov, count, |e, s| {
+            e.trecvv(s, &[], src, tag, ignore, ctx as usize)
+        })
+    }
+}
