@@ -8,8 +8,13 @@
 //! work. The buckets live in device-visible host memory (`cuMemHostAlloc` mapped memory on a
 //! GPU), which the send reads directly.
 //!
+//! With the CPU XPU, every round also runs the ordinary way (compute every bucket, join, then
+//! post the sends), and the two are printed side by side with the bound overlap allows. What
+//! overlap can save depends on the workload: a bucket's compute (`--work` passes over it) is
+//! calibrated at start-up to take as long as a bucket's transfer, where overlap matters most.
+//!
 //! ```text
-//! cargo run --release --example xpu_pipeline [-- [--buckets N] [--bucket-kib K] [--rounds R] [--xpu auto|cpu|gpu]]
+//! cargo run --release --example xpu_pipeline [-- [--buckets N] [--bucket-kib K] [--rounds R] [--xpu auto|cpu|gpu] [--work P]]
 //! ```
 
 use std::io::{BufRead, BufReader, Write};
@@ -40,8 +45,10 @@ struct Opts {
     /// Buckets per round
     #[arg(long, default_value_t = 64, value_parser = common::args::positive)]
     buckets: usize,
-    /// Size of each bucket in KiB
-    #[arg(long = "bucket-kib", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    /// Size of each bucket in KiB (the default is under shm's split-copy size,
+    /// XFABRIC_SHM_SPLIT_MIN: the receiver then copies each bucket whole, and the sender's
+    /// core is left to its XPU)
+    #[arg(long = "bucket-kib", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
     bucket_kib: u32,
     /// Rounds to run
     #[arg(long, default_value_t = 5, value_parser = common::args::positive)]
@@ -49,7 +56,14 @@ struct Opts {
     /// What rings the doorbells
     #[arg(long, value_enum, default_value_t = Want::Auto)]
     xpu: Want,
+    /// CPU XPU: passes of compute over each bucket (default: calibrated at start-up so that a
+    /// bucket's compute takes as long as its transfer)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=MAX_PASSES as i64))]
+    work: Option<u32>,
 }
+
+/// The most passes `--work` and the calibration pick.
+const MAX_PASSES: u32 = 100_000;
 
 impl Opts {
     fn buckets(&self) -> usize {
@@ -77,13 +91,17 @@ fn pattern(i: u64, seed: u32) -> u32 {
 }
 
 impl Node {
-    /// Waits for `n` completions (60 s at most); exits on an error entry.
+    /// Waits for `n` completions (60 s at most) in `sread`, which drives progress and sleeps
+    /// when there is none to make: a thread spinning here would take a share of the core the
+    /// XPU computes on (two cores: the XPU's, and one for the receiver and the rest). Exits on
+    /// an error entry.
     fn wait(&self, n: usize) -> Vec<CqTaggedEntry> {
         let mut out = Vec::with_capacity(n);
         let mut buf = [CqTaggedEntry::default(); 64];
         let deadline = Instant::now() + Duration::from_secs(60);
         while out.len() < n {
-            match self.cq.read(&mut buf[..(n - out.len()).min(64)]) {
+            let want = &mut buf[..(n - out.len()).min(64)];
+            match self.cq.sread(want, 1, 100) {
                 Ok(k) => out.extend_from_slice(&buf[..k]),
                 Err(Error::Again(_)) => {}
                 Err(e) => fail(&format!("completion: {e}: {:?}", self.cq.readerr())),
@@ -146,6 +164,77 @@ fn receiver(o: &Opts) {
     }
 }
 
+/// Where the threads run, so that a CPU XPU behaves as a device of its own: its threads compute
+/// on the last core, the peer process on the others (the sender's main thread, asleep in its
+/// waits most of the time, goes where the scheduler puts it). Unpinned, the scheduler now and
+/// then puts the XPU and the peer on one core, and the overlap the demo is about turns into
+/// time-sharing (triggered/ordinary near 1.0 in about one run in three, on 2 cores).
+struct Cores {
+    xpu: libc::cpu_set_t,
+    host: libc::cpu_set_t,
+    all: libc::cpu_set_t,
+}
+
+impl Cores {
+    /// `None` on a single core (or when the affinity cannot be read): nothing is pinned.
+    fn split() -> Option<Cores> {
+        // SAFETY: cpu_set_t is plain data; the calls only fill and read it.
+        unsafe {
+            let mut all: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of_val(&all), &mut all) != 0 {
+                return None;
+            }
+            let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &all))
+                .collect();
+            let (&last, rest) = cpus.split_last()?;
+            if rest.is_empty() {
+                return None;
+            }
+            let mut xpu: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(last, &mut xpu);
+            let mut host = all;
+            libc::CPU_CLR(last, &mut host);
+            Some(Cores { xpu, host, all })
+        }
+    }
+
+    /// Pins the calling thread (and what it spawns from now on) to `set`; a refusal leaves it
+    /// where it was.
+    fn pin(set: &libc::cpu_set_t) {
+        // SAFETY: `set` is a valid cpu_set_t of the size given.
+        let _ = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(set), set) };
+    }
+
+    /// The split, made once by the sender with a CPU XPU (`None`: nothing is pinned).
+    fn get() -> Option<&'static Cores> {
+        CORES.get().and_then(Option::as_ref)
+    }
+
+    /// Pins the calling thread to the host's cores, if the sender split them.
+    fn pin_host() {
+        if let Some(c) = Cores::get() {
+            Cores::pin(&c.host);
+        }
+    }
+
+    /// Lets the calling thread run anywhere again.
+    fn unpin() {
+        if let Some(c) = Cores::get() {
+            Cores::pin(&c.all);
+        }
+    }
+
+    /// Pins the calling thread to the XPU's core, if the sender split them.
+    fn pin_xpu() {
+        if let Some(c) = Cores::get() {
+            Cores::pin(&c.xpu);
+        }
+    }
+}
+
+static CORES: std::sync::OnceLock<Option<Cores>> = std::sync::OnceLock::new();
+
 /// Who rings the doorbells.
 enum Ringer {
     Cpu,
@@ -170,6 +259,17 @@ impl Ringer {
         (Ringer::Cpu, "CPU thread".into())
     }
 
+    /// A CPU XPU starts each send it rings in its own thread, so the sender needs no progress
+    /// thread: its main thread drives the rest (completions) while it waits (manual progress),
+    /// and the second core is left to the receiver. A GPU's doorbell store reaches memory and
+    /// nothing more: the domain's progress thread watches it (auto progress).
+    fn progress(&self) -> Progress {
+        match self {
+            Ringer::Cpu => Progress::Manual,
+            Ringer::Gpu(_) => Progress::Auto,
+        }
+    }
+
     fn xpu(&self) -> Xpu {
         match self {
             Ringer::Cpu => Xpu::CPU,
@@ -182,6 +282,13 @@ impl Ringer {
 }
 
 fn sender(o: &Opts) {
+    // Before the peer starts: a refused `--xpu gpu` must not leave it writing to a closed pipe.
+    let (ringer, what) = Ringer::pick(o.xpu);
+    if matches!(ringer, Ringer::Cpu) {
+        // The peer inherits the host's cores; this thread is unpinned again once it started.
+        let _ = CORES.set(Cores::split());
+        Cores::pin_host();
+    }
     let exe = std::env::current_exe().expect("current_exe");
     let mut child = Command::new(exe)
         .args(std::env::args_os().skip(1))
@@ -190,6 +297,7 @@ fn sender(o: &Opts) {
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the peer process");
+    Cores::unpin();
     let mut to_peer = child.stdin.take().expect("stdin");
     let mut from_peer = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let mut hear = || {
@@ -199,10 +307,8 @@ fn sender(o: &Opts) {
             .unwrap_or_else(|| fail("the peer process exited"))
     };
 
-    let (ringer, what) = Ringer::pick(o.xpu);
     let xpu = ringer.xpu();
-    // The watcher is the domain's progress thread: after posting, this thread only waits.
-    let n = open(CAPS, Progress::Auto);
+    let n = open(CAPS, ringer.progress());
     let peer = n.av.insert_one(&unhex(&hear())).expect("av insert");
     writeln!(to_peer, "{}", hex(&n.ep.getname().expect("getname"))).expect("tell peer");
     let nvars =
@@ -221,17 +327,46 @@ fn sender(o: &Opts) {
         o.bucket_bytes() >> 10
     );
     let ordinary = matches!(ringer, Ringer::Cpu);
+    let mut pass = 0u32;
+    let mut go = |pass: &mut u32| {
+        writeln!(to_peer, "go").expect("tell peer");
+        let seed = *pass;
+        *pass += 1;
+        seed
+    };
+    let passes = match (ordinary, o.work) {
+        (false, _) => 1,
+        (true, Some(p)) => p,
+        (true, None) => {
+            let mut cal = Vec::new();
+            // The first pass warms up (page faults, the peer's first receives) and is not kept.
+            for i in 0..=CALIBRATION_PASSES {
+                let seed = go(&mut pass);
+                let stages = ordinary_round(&n, &mem, o, peer, &mut hear, seed, 1);
+                if i > 0 {
+                    cal.push(stages);
+                }
+            }
+            calibrate(o, &mut cal)
+        }
+    };
     if ordinary {
         println!(
-            "each round runs both ways, alternating which goes first; times are from the start of \
-             the compute to the last send completion, compute included"
+            "each round runs both ways, alternating which goes first; the XPU computes every \
+             bucket {passes} time(s) over (--work {passes})"
         );
         println!(
-            "  triggered: sends armed in advance, the XPU rings each bucket's send when it is done"
+            "  triggered: sends armed in advance, the XPU rings each bucket's send when it is \
+             done; time from the start of the compute to the last send completion"
         );
         println!(
-            "  ordinary:  the XPU computes every bucket, the host joins it, then posts the sends \
-             (stages: compute alone, transfer alone)"
+            "  ordinary:  the XPU computes every bucket, the host joins it, then posts the sends; \
+             the same time, the sum of two stages: compute (XPU start to join) and transfer \
+             (first post to last completion)"
+        );
+        println!(
+            "  on 2 cores the XPU thread computes on one while the receiver process and this \
+             process's progress share the other"
         );
         println!("round   triggered us   ordinary us   compute us   transfer us   ratio   bound");
     } else {
@@ -241,7 +376,7 @@ fn sender(o: &Opts) {
     let mut ords = Vec::new();
     let mut computes = Vec::new();
     let mut transfers = Vec::new();
-    let mut pass = 0u32;
+    let mut ratios = Vec::new();
     for round in 0..o.rounds() {
         // Alternate which way goes first, so neither always runs on a warmer cache.
         let order: &[bool] = match (ordinary, round % 2) {
@@ -251,34 +386,37 @@ fn sender(o: &Opts) {
         };
         let (mut dt, mut stages) = (Duration::ZERO, None);
         for &triggered in order {
-            writeln!(to_peer, "go").expect("tell peer");
+            let seed = go(&mut pass);
             if triggered {
-                dt = triggered_round(&n, &ringer, &mem, o, xpu, nvars, peer, &mut hear, pass);
+                dt = triggered_round(
+                    &n, &ringer, &mem, o, xpu, nvars, peer, &mut hear, seed, passes,
+                );
             } else {
-                stages = Some(ordinary_round(&n, &mem, o, peer, &mut hear, pass));
+                stages = Some(ordinary_round(&n, &mem, o, peer, &mut hear, seed, passes));
             }
-            pass += 1;
         }
         times.push(dt);
         match stages {
             Some((c, t)) => {
                 let ord = c + t;
+                let ratio = dt.as_secs_f64() / ord.as_secs_f64();
                 println!(
                     "{round:>5}   {:>12.1}   {:>11.1}   {:>10.1}   {:>11.1}   {:>5.2}   {:>5.2}",
-                    dt.as_secs_f64() * 1e6,
-                    ord.as_secs_f64() * 1e6,
-                    c.as_secs_f64() * 1e6,
-                    t.as_secs_f64() * 1e6,
-                    dt.as_secs_f64() / ord.as_secs_f64(),
+                    us(dt),
+                    us(ord),
+                    us(c),
+                    us(t),
+                    ratio,
                     bound(c, t)
                 );
                 ords.push(ord);
                 computes.push(c);
                 transfers.push(t);
+                ratios.push(ratio);
             }
             None => println!(
                 "{round:>5}   {:>31.1} us   {:>5.2}   yes",
-                dt.as_secs_f64() * 1e6,
+                us(dt),
                 total as f64 / dt.as_secs_f64() / 1e9
             ),
         }
@@ -292,28 +430,77 @@ fn sender(o: &Opts) {
     println!(
         "xpu_pipeline: {} rounds, every byte checked by the peer; median {:.1} us per round ({:.2} GB/s), XPU: {what}",
         o.rounds(),
-        med.as_secs_f64() * 1e6,
+        us(med),
         total as f64 / med.as_secs_f64() / 1e9
     );
     if ordinary {
-        let (ord, c, t) = (
-            median(&mut ords),
-            median(&mut computes),
-            median(&mut transfers),
-        );
+        let (c, t) = (median(&mut computes), median(&mut transfers));
+        println!("min / median / max over the rounds, us:");
+        println!("  triggered  {}", spread(&mut times));
+        println!("  ordinary   {}", spread(&mut ords));
+        println!("  compute    {}", spread(&mut computes));
+        println!("  transfer   {}", spread(&mut transfers));
+        ratios.sort_by(f64::total_cmp);
         println!(
-            "medians: triggered {:.1} us, ordinary {:.1} us (compute {:.1} + transfer {:.1}); \
-             triggered/ordinary {:.2}; overlap's bound max(compute, transfer)/(compute + transfer) {:.2}",
-            med.as_secs_f64() * 1e6,
-            ord.as_secs_f64() * 1e6,
-            c.as_secs_f64() * 1e6,
-            t.as_secs_f64() * 1e6,
-            med.as_secs_f64() / ord.as_secs_f64(),
+            "triggered/ordinary {:.2} (min {:.2}, max {:.2}); overlap's bound \
+             max(compute, transfer)/(compute + transfer) {:.2}, from the median stage times",
+            ratios[ratios.len() / 2],
+            ratios[0],
+            ratios[ratios.len() - 1],
             bound(c, t)
         );
     } else {
         println!("the ordinary way is measured with the CPU XPU only (--xpu cpu)");
     }
+}
+
+/// Ordinary passes run with one pass of compute at start-up to calibrate `--work` (after one
+/// more that warms up).
+const CALIBRATION_PASSES: usize = 5;
+
+/// `--work` such that a bucket's compute takes as long as its transfer. Both come from the
+/// calibration passes (the ordinary way's: one pass of compute, then every bucket posted at
+/// once), each the fastest of them: on a shared machine the slower ones are those something
+/// else got in the way of. The first pass over a bucket is slower (the buffer was just zeroed:
+/// out of cache); each further pass is timed on a bucket in cache, as the XPU's are.
+fn calibrate(o: &Opts, cal: &mut [(Duration, Duration)]) -> u32 {
+    let per_bucket = |d: Duration| d.as_secs_f64() / o.buckets() as f64;
+    let first = per_bucket(cal.iter().map(|s| s.0).min().unwrap_or_default());
+    let transfer = per_bucket(cal.iter().map(|s| s.1).min().unwrap_or_default());
+    let mut bucket = vec![0u32; o.bucket_bytes() / 4];
+    let mut again = f64::INFINITY;
+    for _ in 0..5 {
+        const N: u32 = 8;
+        xfabric::kernels::cpu::compute_bucket(&mut bucket, 0, 1, 1);
+        let t0 = Instant::now();
+        xfabric::kernels::cpu::compute_bucket(&mut bucket, 0, 1, N);
+        again = again.min(t0.elapsed().as_secs_f64() / N as f64);
+    }
+    let extra = ((transfer - first).max(0.0) / again.max(1e-9)).round();
+    let passes = (1.0 + extra).min(MAX_PASSES as f64) as u32;
+    println!(
+        "calibration ({CALIBRATION_PASSES} ordinary passes): a bucket's transfer {:.2} us, its \
+         first pass of compute {:.2} us (fastest of each), each further pass {:.2} us: --work {passes}",
+        transfer * 1e6,
+        first * 1e6,
+        again * 1e6
+    );
+    passes
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// "min / median / max" of `v`, in microseconds.
+fn spread(v: &mut [Duration]) -> String {
+    v.sort();
+    format!(
+        "{:>9.1} / {:>9.1} / {:>9.1}",
+        us(v[0]),
+        us(v[v.len() / 2]),
+        us(v[v.len() - 1])
+    )
 }
 
 /// The best ratio overlapping two stages can reach against running them one after the other.
@@ -340,6 +527,7 @@ fn triggered_round(
     peer: FiAddr,
     hear: &mut impl FnMut() -> String,
     seed: u32,
+    passes: u32,
 ) -> Duration {
     let total = o.buckets() * o.bucket_bytes();
     // SAFETY: no send of the previous pass is in flight (all completed), and the XPU
@@ -367,7 +555,7 @@ fn triggered_round(
     assert_eq!(hear(), "ready");
     let t0 = Instant::now();
     match ringer {
-        Ringer::Cpu => cpu_compute_and_ring(mem, o, seed, &vars, nvars),
+        Ringer::Cpu => cpu_compute_and_ring(mem, o, seed, &vars, nvars, passes),
         Ringer::Gpu(g) => {
             // SAFETY: the variables this endpoint filled for this GPU: doorbells in its
             // mapped memory, alive as long as the endpoint; `mem` is the mapped buffer of
@@ -402,6 +590,7 @@ fn ordinary_round(
     peer: FiAddr,
     hear: &mut impl FnMut() -> String,
     seed: u32,
+    passes: u32,
 ) -> (Duration, Duration) {
     let total = o.buckets() * o.bucket_bytes();
     // SAFETY: no send of the previous pass is in flight, and no XPU thread runs.
@@ -410,14 +599,17 @@ fn ordinary_round(
     let t0 = Instant::now();
     let addr = mem.as_ptr() as usize;
     let words = total / 4;
+    let bucket = o.bucket_bytes() / 4;
     std::thread::Builder::new()
         .name("xpu-pipeline-ordinary".into())
         .spawn(move || {
+            Cores::pin_xpu();
             // SAFETY: `mem` holds `words` u32s that only this thread touches until it is
             // joined (just below), and it outlives the join.
             let out = unsafe { std::slice::from_raw_parts_mut(addr as *mut u32, words) };
-            for (i, x) in out.iter_mut().enumerate() {
-                *x = pattern(i as u64, seed);
+            // Bucket by bucket with the same passes as the triggered XPU: the same work.
+            for (k, b) in out.chunks_mut(bucket).enumerate() {
+                xfabric::kernels::cpu::compute_bucket(b, (k * bucket) as u64, seed, passes);
             }
         })
         .expect("start the ordinary XPU thread")
@@ -440,7 +632,11 @@ fn ordinary_round(
             // SAFETY: `mem` outlives the pass and is not written until every send completed.
             match unsafe { n.ep.sendmsg(&msg, 0) } {
                 Ok(()) => break,
-                Err(Error::Again(_)) => {}
+                // Manual progress with a CPU XPU: a full queue drains only if this thread
+                // drives it (a read of no entries does just that).
+                Err(Error::Again(_)) => {
+                    let _ = n.cq.read::<CqTaggedEntry>(&mut []);
+                }
                 Err(e) => fail(&format!("send: {e}")),
             }
         }
@@ -468,9 +664,19 @@ fn vars_template(ep: &Endpoint, xpu: Xpu, nvars: usize) -> Vec<TriggerVar> {
 }
 
 /// The CPU XPU: a thread computes each bucket, then rings its trigger, bucket by bucket.
-fn cpu_compute_and_ring(mem: &HostMapped, o: &Opts, seed: u32, vars: &[TriggerVar], nvars: usize) {
+fn cpu_compute_and_ring(
+    mem: &HostMapped,
+    o: &Opts,
+    seed: u32,
+    vars: &[TriggerVar],
+    nvars: usize,
+    passes: u32,
+) {
     assert_eq!(nvars, 1, "one variable per trigger on this provider");
-    let xpu = xfabric::kernels::cpu::CpuXpu::new();
+    let xpu = xfabric::kernels::cpu::CpuXpu::with_passes(passes);
+    // The XPU's thread inherits the core this thread is on when it starts it; this thread is
+    // unpinned again right after.
+    Cores::pin_xpu();
     // SAFETY: `mem` holds buckets x words u32s that nothing else writes until the thread is
     // joined (below); the armed sends read a bucket only after its doorbell. The variables
     // are this endpoint's, whose doorbells outlive the thread.
@@ -484,5 +690,6 @@ fn cpu_compute_and_ring(mem: &HostMapped, o: &Opts, seed: u32, vars: &[TriggerVa
         )
     }
     .expect("start the CPU XPU");
+    Cores::unpin();
     t.join().expect("CPU XPU thread").expect("CPU XPU");
 }

@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo build --release -q --example pingpong --example xpu_pipeline --example deferred_allreduce
 echo "XPU-triggered pipeline: host posts, the XPU rings each bucket's send as soon as it is computed"
-# The CPU XPU, whatever the machine has: each round also runs the ordinary way beside it.
+# The CPU XPU, whatever the machine has: each round also runs the ordinary way beside it, with
+# the XPU's work per bucket calibrated at start-up to take as long as a bucket's transfer.
 target/release/examples/xpu_pipeline --xpu cpu
 echo
 pp=target/release/examples/pingpong

@@ -8,5 +8,9 @@ scripts/setup.sh
 # The examples as programs too: tests/examples_run.rs runs the ones that check themselves.
 cargo build --workspace --examples -j2
 cargo test --workspace --all-targets -j2 "$@"
+# Without the default features (`cuda`, `ze`): everything still builds, and the crates that hold
+# those features answer "built without ... support" (cheap: no cudarc, few crates rebuilt).
+cargo check -p xfabric --no-default-features --all-targets -j2
+cargo test -p xfabric-hmem -p xfabric-kernels --no-default-features -j2 "$@"
 # --all-targets leaves out documentation tests; the crate's first program is one.
 exec cargo test --workspace --doc -j2 "$@"

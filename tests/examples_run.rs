@@ -165,19 +165,41 @@ fn every_example_refuses_bad_arguments_in_one_line() {
     }
 }
 
+/// `--xpu gpu` where no GPU is usable: one line saying why and a non-zero status. The peer
+/// process used to be started first and then panic writing its address into the closed pipe.
+#[test]
+fn xpu_pipeline_refuses_a_missing_gpu_in_one_line() {
+    let Some(out) = run_raw(
+        "xpu_pipeline",
+        &["--xpu".into(), "gpu".into(), "--rounds".into(), "1".into()],
+    ) else {
+        return;
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        println!("skipped: a GPU is usable here, so --xpu gpu ran");
+        return;
+    }
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("xpu_pipeline: --xpu gpu: "), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 #[test]
 fn xpu_bench_silence_mode_runs_with_tiny_gaps() {
     for extra in [&[][..], &["--manual"][..]] {
         let mut args = vec!["silence", "--gaps", "0,1", "--samples", "3"];
         args.extend_from_slice(extra);
         if let Some(text) = run_example("xpu_bench", &args) {
-            // Its table: one row per gap and the plain sends; no figure is asserted.
+            // Its table: one row per gap (trigger and plain send after the same silence), then
+            // the back-to-back plain sends; no figure is asserted.
             assert!(text.contains("gap ms  samples"), "{text}");
             let rows = text
                 .lines()
                 .filter(|l| l.split_whitespace().nth(1) == Some("3"))
                 .count();
-            assert_eq!(rows, 3, "{text}");
+            assert_eq!(rows, 2, "{text}");
+            assert!(text.contains("plain back to back: p50"), "{text}");
             assert!(text.contains("user-level monitor/wait"), "{text}");
         }
     }

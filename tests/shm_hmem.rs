@@ -9,6 +9,8 @@
 //! on LD_LIBRARY_PATH: the parent starts the initiator, which starts the target. The same
 //! checks run on a real GPU with `XFABRIC_GPU_TESTS=1` (skipped with a reason otherwise).
 
+#![cfg(feature = "cuda")]
+
 mod common;
 
 use std::process::Command;

@@ -8,6 +8,8 @@
 //! driver in `gpu_shm_rma_device_memory` (with `XFABRIC_GPU_TESTS=1`, skipped with a reason
 //! otherwise). The parent starts the initiator, which starts the target.
 
+#![cfg(feature = "cuda")]
+
 mod common;
 
 use common::cuda_double::*;

@@ -14,6 +14,8 @@
 //! CUDA is the test double (see `common::cuda_double`); the same checks run on a real GPU with
 //! `XFABRIC_GPU_TESTS=1` (skipped with a reason otherwise).
 
+#![cfg(feature = "cuda")]
+
 mod common;
 
 use common::cuda_double::*;

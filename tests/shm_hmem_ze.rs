@@ -11,6 +11,8 @@
 //! through the driver's copies, as it must be on a GPU. These tests have no real-GPU variant.
 //! The parent starts the initiator, which starts the target (inheriting XFABRIC_ZE_LOADER).
 
+#![cfg(feature = "ze")]
+
 mod common;
 
 use std::process::Command;

@@ -8,11 +8,11 @@ use std::ptr::null_mut;
 
 use xfabric::{
     AddressVector, CompletionQueue, Counter, CqDataEntry, CqEntry, CqFormat, CqFormatEntry,
-    CqMsgEntry, CqTaggedEntry, Endpoint, EventQueue, Msg, RawIov, FI_ADDR_UNSPEC,
+    CqMsgEntry, CqTaggedEntry, Endpoint, EventQueue, Msg, RawIov, FI_ADDR_STR, FI_ADDR_UNSPEC,
 };
 
 use crate::fid::*;
-use crate::objects::EpHead;
+use crate::objects::{CEndpoint, EpHead};
 use crate::ops::*;
 use crate::{guard, FI_EINVAL, FI_ENOSYS, FI_EOTHER};
 
@@ -50,7 +50,7 @@ pub static CNTR_OPS: FiOpsCntr = FiOpsCntr {
 /// The endpoint's `fi_ops`: its own (bind and control, besides close), unlike the other
 /// classes'.
 pub static EP_FID_OPS: FiOps = FiOps {
-    close: close::<Endpoint>,
+    close: close::<CEndpoint>,
     bind: ep_bind,
     control: ep_control,
     ..FiOps::ENOSYS
@@ -65,8 +65,10 @@ static CM_OPS: FiOpsCm = FiOpsCm {
 };
 static MSG_OPS: FiOpsMsg = FiOpsMsg {
     recv: ep_recv,
+    recvv: ep_recvv,
     recvmsg: ep_recvmsg,
     send: ep_send,
+    sendv: ep_sendv,
     sendmsg: ep_sendmsg,
     inject: ep_inject,
     senddata: ep_senddata,
@@ -75,21 +77,23 @@ static MSG_OPS: FiOpsMsg = FiOpsMsg {
 };
 static TAGGED_OPS: FiOpsTagged = FiOpsTagged {
     recv: ep_trecv,
+    recvv: ep_trecvv,
     recvmsg: ep_trecvmsg,
     send: ep_tsend,
+    sendv: ep_tsendv,
     sendmsg: ep_tsendmsg,
     inject: ep_tinject,
     senddata: ep_tsenddata,
     injectdata: ep_tinjectdata,
     ..FiOpsTagged::ENOSYS
 };
-static RMA_OPS: FiOpsRma = FiOpsRma::ENOSYS;
+use crate::rma::RMA_OPS;
 static ATOMIC_OPS: FiOpsAtomic = FiOpsAtomic::ENOSYS;
 
 /// A new endpoint's head.
 pub fn ep_head(context: *mut c_void) -> EpHead {
     EpHead {
-        fid: fid_of::<Endpoint>(context),
+        fid: fid_of::<CEndpoint>(context),
         ops: &EP_OPS,
         cm: &CM_OPS,
         msg: &MSG_OPS,
@@ -102,11 +106,11 @@ pub fn ep_head(context: *mut c_void) -> EpHead {
 
 /// A call's body under [`guard`], its error as the negative code (no log: -FI_EAGAIN is the
 /// common answer of a polling loop).
-fn call(body: impl FnOnce() -> Result<isize, isize>) -> isize {
+pub(crate) fn call(body: impl FnOnce() -> Result<isize, isize>) -> isize {
     guard(-(FI_EOTHER as isize), || body().unwrap_or_else(|e| e))
 }
 
-fn neg(e: xfabric::Error) -> isize {
+pub(crate) fn neg(e: xfabric::Error) -> isize {
     -(e.errno() as isize)
 }
 
@@ -116,16 +120,25 @@ fn int(r: isize) -> c_int {
 
 /// # Safety
 /// `fid` null or a readable fid.
-unsafe fn obj<'a, T: Class>(fid: *const c_void) -> Result<&'a T, isize> {
+pub(crate) unsafe fn obj<'a, T: Class>(fid: *const c_void) -> Result<&'a T, isize> {
     // SAFETY: forwarded contract.
     unsafe { get::<T>(fid) }.map_err(|e| e as isize)
+}
+
+/// The endpoint behind `fid`, if it is one of ours.
+///
+/// # Safety
+/// `fid` null or a readable fid.
+pub(crate) unsafe fn ep_of<'a>(fid: *const c_void) -> Result<&'a Endpoint, isize> {
+    // SAFETY: forwarded contract.
+    unsafe { obj::<CEndpoint>(fid) }.map(|c| &c.ep)
 }
 
 /// `len` bytes at `buf` (empty for a zero length, whatever the pointer).
 ///
 /// # Safety
 /// `buf` readable for `len` bytes when `len > 0`.
-unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], isize> {
+pub(crate) unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], isize> {
     if len == 0 {
         return Ok(&[]);
     }
@@ -138,7 +151,7 @@ unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], isize> {
 
 /// # Safety
 /// `buf` writable for `len` bytes when `len > 0`, and not otherwise referenced meanwhile.
-unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Result<&'a mut [u8], isize> {
+pub(crate) unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Result<&'a mut [u8], isize> {
     if len == 0 {
         return Ok(&mut []);
     }
@@ -152,7 +165,7 @@ unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Result<&'a mut [u8], is
 unsafe extern "C" fn ep_bind(fid: *mut c_void, bfid: *mut c_void, flags: u64) -> c_int {
     int(call(|| {
         // SAFETY: fids from the caller, checked.
-        let ep = unsafe { obj::<Endpoint>(fid) }?;
+        let ep = unsafe { ep_of(fid) }?;
         if bfid.is_null() {
             return Err(-(FI_EINVAL as isize));
         }
@@ -173,7 +186,7 @@ unsafe extern "C" fn ep_bind(fid: *mut c_void, bfid: *mut c_void, flags: u64) ->
 unsafe extern "C" fn ep_control(fid: *mut c_void, command: c_int, _arg: *mut c_void) -> c_int {
     int(call(|| {
         // SAFETY: a fid from the caller, checked.
-        let ep = unsafe { obj::<Endpoint>(fid) }?;
+        let ep = unsafe { ep_of(fid) }?;
         match command {
             FI_ENABLE => ep.enable().map(|()| 0).map_err(|e| code(&e) as isize),
             _ => Err(-(FI_ENOSYS as isize)),
@@ -184,7 +197,7 @@ unsafe extern "C" fn ep_control(fid: *mut c_void, command: c_int, _arg: *mut c_v
 unsafe extern "C" fn ep_cancel(fid: *mut c_void, context: *mut c_void) -> isize {
     call(|| {
         // SAFETY: a fid from the caller, checked.
-        let ep = unsafe { obj::<Endpoint>(fid) }?;
+        let ep = unsafe { ep_of(fid) }?;
         ep.cancel(context as usize).map(|()| 0).map_err(neg)
     })
 }
@@ -196,12 +209,17 @@ unsafe extern "C" fn ep_getname(
 ) -> c_int {
     int(call(|| {
         // SAFETY: a fid from the caller, checked.
-        let ep = unsafe { obj::<Endpoint>(fid) }?;
+        let ep = unsafe { obj::<CEndpoint>(fid) }?;
         let addrlen = addrlen.cast::<usize>();
         if addrlen.is_null() {
             return Err(-(FI_EINVAL as isize));
         }
-        let name = ep.getname().map_err(neg)?;
+        let mut name = ep.ep.getname().map_err(neg)?;
+        // C reads an FI_ADDR_STR address as a C string (fi_av_insert takes it so): the NUL
+        // is part of the name C gets.
+        if ep.addr_format == FI_ADDR_STR && name.last() != Some(&0) {
+            name.push(0);
+        }
         // SAFETY: addrlen writable (caller), checked non-null.
         let room = unsafe { *addrlen };
         // SAFETY: as above.
@@ -225,7 +243,7 @@ unsafe extern "C" fn ep_send(
 ) -> isize {
     call(|| {
         // SAFETY: fid checked; buf readable for len and kept until completion (fi_msg(3)).
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         // SAFETY: as above.
         unsafe { ep.send(b, None, dest, ctx as usize) }
             .map(|()| 0)
@@ -244,7 +262,7 @@ unsafe extern "C" fn ep_senddata(
 ) -> isize {
     call(|| {
         // SAFETY: as ep_send.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         // SAFETY: as ep_send.
         unsafe { ep.senddata(b, None, data, dest, ctx as usize) }
             .map(|()| 0)
@@ -260,7 +278,7 @@ unsafe extern "C" fn ep_inject(
 ) -> isize {
     call(|| {
         // SAFETY: fid checked; buf readable for len (copied before return).
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         ep.inject(b, dest).map(|()| 0).map_err(neg)
     })
 }
@@ -274,7 +292,7 @@ unsafe extern "C" fn ep_injectdata(
 ) -> isize {
     call(|| {
         // SAFETY: as ep_inject.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         ep.injectdata(b, data, dest).map(|()| 0).map_err(neg)
     })
 }
@@ -289,7 +307,7 @@ unsafe extern "C" fn ep_recv(
 ) -> isize {
     call(|| {
         // SAFETY: fid checked; buf writable for len and left alone until completion.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes_mut(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes_mut(buf, len)?) };
         // SAFETY: as above.
         unsafe { ep.recv(b, None, src, ctx as usize) }
             .map(|()| 0)
@@ -308,7 +326,7 @@ unsafe extern "C" fn ep_tsend(
 ) -> isize {
     call(|| {
         // SAFETY: as ep_send.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         // SAFETY: as ep_send.
         unsafe { ep.tsend(b, None, dest, tag, ctx as usize) }
             .map(|()| 0)
@@ -329,7 +347,7 @@ unsafe extern "C" fn ep_tsenddata(
 ) -> isize {
     call(|| {
         // SAFETY: as ep_send.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         // SAFETY: as ep_send.
         unsafe { ep.tsenddata(b, None, data, dest, tag, ctx as usize) }
             .map(|()| 0)
@@ -346,7 +364,7 @@ unsafe extern "C" fn ep_tinject(
 ) -> isize {
     call(|| {
         // SAFETY: as ep_inject.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         ep.tinject(b, dest, tag).map(|()| 0).map_err(neg)
     })
 }
@@ -361,7 +379,7 @@ unsafe extern "C" fn ep_tinjectdata(
 ) -> isize {
     call(|| {
         // SAFETY: as ep_inject.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
         ep.tinjectdata(b, data, dest, tag).map(|()| 0).map_err(neg)
     })
 }
@@ -379,7 +397,7 @@ unsafe extern "C" fn ep_trecv(
 ) -> isize {
     call(|| {
         // SAFETY: as ep_recv.
-        let (ep, b) = unsafe { (obj::<Endpoint>(ep)?, bytes_mut(buf, len)?) };
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes_mut(buf, len)?) };
         // SAFETY: as ep_recv.
         unsafe { ep.trecv(b, None, src, tag, ignore, ctx as usize) }
             .map(|()| 0)
@@ -754,7 +772,7 @@ const IOV_MAX: usize = 1 << 10;
 ///
 /// # Safety
 /// `iov` readable for `count` iovecs.
-unsafe fn segments(iov: *const libc::iovec, count: usize) -> Result<Vec<RawIov>, isize> {
+pub(crate) unsafe fn segments(iov: *const libc::iovec, count: usize) -> Result<Vec<RawIov>, isize> {
     if count > IOV_MAX || (count > 0 && iov.is_null()) {
         return Err(-(FI_EINVAL as isize));
     }
@@ -784,7 +802,7 @@ unsafe fn post_msg<M>(
 ) -> isize {
     call(|| {
         // SAFETY: a fid from the caller, checked.
-        let ep = unsafe { obj::<Endpoint>(ep) }?;
+        let ep = unsafe { ep_of(ep) }?;
         // SAFETY: null or a valid message (caller).
         let m = unsafe { msg.as_ref() }.ok_or(-(FI_EINVAL as isize))?;
         let (iov, count, addr, context, data, tag, ignore) = fields(m);
@@ -869,5 +887,84 @@ unsafe extern "C" fn ep_trecvmsg(ep: *mut c_void, msg: *const c_void, flags: u64
             },
             |e, m| e.trecvmsg(m, flags),
         )
+    }
+}
+
+/// Posts `count` C segments at `iov` through `post` (one of the core's vector calls).
+///
+/// # Safety
+/// `ep` null or a readable fid; `iov` readable for `count`; the segments stay valid as the
+/// core call requires.
+unsafe fn post_iov(
+    ep: *mut c_void,
+    iov: *const c_void,
+    count: usize,
+    post: impl FnOnce(&Endpoint, &[RawIov]) -> xfabric::Result<()>,
+) -> isize {
+    call(|| {
+        // SAFETY: forwarded contract.
+        let (ep, segs) = unsafe { (ep_of(ep)?, segments(iov.cast(), count)?) };
+        post(ep, &segs).map(|()| 0).map_err(neg)
+    })
+}
+
+unsafe extern "C" fn ep_sendv(
+    ep: *mut c_void,
+    iov: *const c_void,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: forwarded; segments valid until completion (fi_msg(3)).
+    unsafe { post_iov(ep, iov, count, |e, s| e.sendv(s, &[], dest, ctx as usize)) }
+}
+
+unsafe extern "C" fn ep_recvv(
+    ep: *mut c_void,
+    iov: *const c_void,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: as ep_sendv.
+    unsafe { post_iov(ep, iov, count, |e, s| e.recvv(s, &[], src, ctx as usize)) }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn ep_tsendv(
+    ep: *mut c_void,
+    iov: *const c_void,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: u64,
+    tag: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: as ep_sendv.
+    unsafe {
+        post_iov(ep, iov, count, |e, s| {
+            e.tsendv(s, &[], dest, tag, ctx as usize)
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn ep_trecvv(
+    ep: *mut c_void,
+    iov: *const c_void,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: as ep_sendv.
+    unsafe {
+        post_iov(ep, iov, count, |e, s| {
+            e.trecvv(s, &[], src, tag, ignore, ctx as usize)
+        })
     }
 }

@@ -12,11 +12,13 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub mod data;
+pub mod eq;
 pub mod fid;
 pub mod getinfo;
 pub mod info;
 pub mod objects;
 pub mod ops;
+pub mod rma;
 pub mod text;
 use info::FiInfo;
 use text::FiParam;

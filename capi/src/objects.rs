@@ -173,7 +173,14 @@ class!(
 class!(EventQueue, FI_CLASS_EQ, OpsHead<FiOpsEq>, EQ_FI_OPS);
 class!(WaitSet, FI_CLASS_WAIT, OpsHead<FiOpsWait>, WAIT_FI_OPS);
 class!(MemoryRegion, FI_CLASS_MR, MrHead, MR_FI_OPS);
-impl Class for Endpoint {
+/// An endpoint as C holds it: with its address format, which decides how its name is written
+/// (an `FI_ADDR_STR` name is a C string, NUL included).
+pub struct CEndpoint {
+    pub ep: Endpoint,
+    pub addr_format: u32,
+}
+
+impl Class for CEndpoint {
     const FCLASS: usize = FI_CLASS_EP;
     type Head = EpHead;
     fn fi_ops() -> &'static FiOps {
@@ -181,7 +188,7 @@ impl Class for Endpoint {
     }
     // An endpoint's close always finishes (it shuts the endpoint down first).
     fn close(self) -> Result<(), (Self, Error)> {
-        if let Err(e) = Endpoint::close(self) {
+        if let Err(e) = self.ep.close() {
             tracing::warn!("fi_close(ep): {e}");
         }
         Ok(())
@@ -336,7 +343,7 @@ unsafe extern "C" fn fabric_eq_open(
         let q = f.eq_open(&attr).map_err(|e| code(&e))?;
         let head = OpsHead {
             fid: fid_of::<EventQueue>(context),
-            ops: &FiOpsEq::ENOSYS,
+            ops: &crate::eq::EQ_OPS,
         };
         // SAFETY: eq checked non-null.
         Ok(unsafe { publish(head, q, eq) })
@@ -362,7 +369,7 @@ unsafe extern "C" fn fabric_wait_open(
         let w = f.wait_open(&attr).map_err(|e| code(&e))?;
         let head = OpsHead {
             fid: fid_of::<WaitSet>(std::ptr::null_mut()),
-            ops: &FiOpsWait::ENOSYS,
+            ops: &crate::eq::WAIT_OPS,
         };
         // SAFETY: waitset checked non-null.
         Ok(unsafe { publish(head, w, waitset) })
@@ -488,7 +495,10 @@ unsafe extern "C" fn domain_endpoint(
             .ok_or_else(|| inval("fi_endpoint: null info"))?;
         // SAFETY: as above.
         let info = unsafe { hints_from_c(info, FI_VERSION_1_17) }.map_err(|w| inval(&w))?;
-        let e = d.endpoint(&info).map_err(|e| code(&e))?;
+        let e = CEndpoint {
+            ep: d.endpoint(&info).map_err(|e| code(&e))?,
+            addr_format: info.addr_format,
+        };
         let head = crate::data::ep_head(context);
         // SAFETY: ep checked non-null.
         Ok(unsafe { publish(head, e, ep) })

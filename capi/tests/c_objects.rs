@@ -144,7 +144,7 @@ int main(void) {
     struct fi_info *hints = fi_allocinfo(), *info = NULL;
     hints->fabric_attr->prov_name = strdup("shm");
     hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_MSG;
+    hints->caps = FI_MSG | FI_TAGGED;
     CHECK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info) == 0);
 
     struct fid_fabric *fabric; struct fid_domain *domain; struct fid_ep *ep;
@@ -157,6 +157,17 @@ int main(void) {
     CHECK(fi_domain(fabric, info, &domain, NULL) == 0);
     CHECK(domain->ops->size == sizeof(struct fi_ops_domain));
     CHECK(domain->mr->size == sizeof(struct fi_ops_mr));
+
+    struct fid_wait *ws;
+    struct fi_wait_attr ws_attr = { .wait_obj = FI_WAIT_UNSPEC };
+    CHECK(fi_wait_open(fabric, &ws_attr, &ws) == 0);
+    CHECK(ws->ops->size == sizeof(struct fi_ops_wait));
+    struct fid_cq *wcq;
+    struct fi_cq_attr wcq_attr = { .format = FI_CQ_FORMAT_CONTEXT, .wait_obj = FI_WAIT_SET, .wait_set = ws };
+    CHECK(fi_cq_open(domain, &wcq_attr, &wcq, NULL) == 0);
+    CHECK(fi_wait(ws, 0) == -FI_ETIMEDOUT);
+    CHECK(fi_close(&wcq->fid) == 0);
+    CHECK(fi_close(&ws->fid) == 0);
 
     struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_TAGGED, .size = 16 };
     CHECK(fi_cq_open(domain, &cq_attr, &cq, NULL) == 0);
@@ -174,9 +185,17 @@ int main(void) {
 
     struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
     CHECK(fi_av_open(domain, &av_attr, &av, NULL) == 0);
-    struct fi_eq_attr eq_attr = { .size = 8 };
+    struct fi_eq_attr eq_attr = { .size = 8, .wait_obj = FI_WAIT_UNSPEC };
     CHECK(fi_eq_open(fabric, &eq_attr, &eq, NULL) == 0);
     CHECK(eq->ops->size == sizeof(struct fi_ops_eq));
+    /* What the application writes it reads back, its own fid included. */
+    struct fi_eq_entry ev = { .fid = &domain->fid, .context = &ctx, .data = 77 }, got_ev;
+    uint32_t event = 0;
+    CHECK(fi_eq_read(eq, &event, &got_ev, sizeof got_ev, 0) == -FI_EAGAIN);
+    CHECK(fi_eq_write(eq, FI_NOTIFY, &ev, sizeof ev, 0) == sizeof ev);
+    CHECK(fi_eq_sread(eq, &event, &got_ev, sizeof got_ev, 1000, 0) == sizeof got_ev);
+    CHECK(event == FI_NOTIFY && got_ev.fid == &domain->fid && got_ev.context == &ctx && got_ev.data == 77);
+    CHECK(fi_eq_read(eq, &event, &got_ev, 4, 0) == -FI_ETOOSMALL);
 
     static char buf[4096];
     CHECK(fi_mr_reg(domain, buf, sizeof buf, FI_SEND | FI_RECV, 0, 0, 0, &mr, NULL) == 0);
@@ -192,15 +211,20 @@ int main(void) {
     /* A fabric is nothing an endpoint binds to. */
     CHECK(fi_ep_bind(ep, &fabric->fid, 0) == -FI_EINVAL);
     CHECK(fi_enable(ep) == 0);
+    /* An FI_ADDR_STR name is a C string: its NUL is written and counted, whatever the
+       buffer held before. */
     char name[256]; size_t len = sizeof name;
-    CHECK(fi_getname(&ep->fid, name, &len) == 0 && len > 0);
+    memset(name, 'x', sizeof name);
+    CHECK(fi_getname(&ep->fid, name, &len) == 0 && len > 1 && name[len - 1] == '\0');
+    CHECK(strlen(name) == len - 1);
     size_t small = 1;
     CHECK(fi_getname(&ep->fid, name, &small) == -FI_ETOOSMALL && small == len);
     fi_addr_t self;
     CHECK(fi_av_insert(av, name, 1, &self, 0, NULL) == 1);
 
     /* What is not translated answers -FI_ENOSYS, through a non-null slot. */
-    CHECK(fi_read(ep, buf, 8, NULL, self, 0, 0, NULL) == -FI_ENOSYS);
+    struct iovec v = { buf, 8 };
+    CHECK(fi_readv(ep, &v, NULL, 1, self, 0, 0, NULL) == -FI_ENOSYS);
     CHECK(fi_connect(ep, name, NULL, 0) == -FI_ENOSYS);
     CHECK(fi_atomic(ep, buf, 1, NULL, self, 0, 0, FI_UINT8, FI_SUM, NULL) == -FI_ENOSYS);
     /* Nothing posted with that context. */
@@ -218,6 +242,19 @@ int main(void) {
     }
     CHECK(got == 2 && strcmp(buf + 2048, "hello") == 0);
 
+    /* Two segments each way, tagged: "abc" + "def" lands split as "ab" + "cdef". */
+    struct iovec tx[2] = { { "abc", 3 }, { "def", 4 } };
+    struct iovec rx[2] = { { buf + 3000, 2 }, { buf + 3100, 16 } };
+    CHECK(fi_trecvv(ep, rx, NULL, 2, FI_ADDR_UNSPEC, 7, 0, &ctx) == 0);
+    CHECK(fi_tsendv(ep, tx, NULL, 2, self, 7, buf) == 0);
+    got = 0;
+    for (int i = 0; i < 1000000 && got < 2; i++) {
+        ssize_t n = fi_cq_read(cq, &e, 1);
+        if (n == 1) { got++; if (e.op_context == &ctx) CHECK(e.len == 7 && e.tag == 7); }
+        else CHECK(n == -FI_EAGAIN);
+    }
+    CHECK(got == 2 && memcmp(buf + 3000, "ab", 2) == 0 && strcmp(buf + 3100, "cdef") == 0);
+
     /* A CQ with an endpoint bound refuses to close; after the endpoint it closes. */
     CHECK(fi_close(&cq->fid) == -FI_EBUSY);
     CHECK(fi_close(&ep->fid) == 0);
@@ -234,6 +271,95 @@ int main(void) {
     return 0;
 }
 "#;
+
+const RMA_C: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_errno.h>
+
+#define CHECK(c) do { if (!(c)) { printf("FAILED: %s line %d\n", #c, __LINE__); return 1; } } while (0)
+
+static struct fid_cq *cq;
+
+static int wait_one(void) {
+    struct fi_cq_data_entry e;
+    for (int i = 0; i < 10000000; i++) {
+        ssize_t n = fi_cq_read(cq, &e, 1);
+        if (n == 1) return 0;
+        if (n != -FI_EAGAIN) return (int)n;
+    }
+    return -1;
+}
+
+int main(void) {
+    struct fi_info *hints = fi_allocinfo(), *info = NULL;
+    hints->fabric_attr->prov_name = strdup("shm");
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_MSG | FI_RMA;
+    hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED | FI_MR_LOCAL;
+    CHECK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info) == 0);
+    struct fid_fabric *fabric; struct fid_domain *domain; struct fid_ep *ep;
+    struct fid_av *av; struct fid_mr *mr;
+    CHECK(fi_fabric(info->fabric_attr, &fabric, NULL) == 0);
+    CHECK(fi_domain(fabric, info, &domain, NULL) == 0);
+    struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_DATA };
+    CHECK(fi_cq_open(domain, &cq_attr, &cq, NULL) == 0);
+    struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
+    CHECK(fi_av_open(domain, &av_attr, &av, NULL) == 0);
+    static char target[256], src[256], back[256];
+    CHECK(fi_mr_reg(domain, target, sizeof target, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL) == 0);
+    CHECK(fi_endpoint(domain, info, &ep, NULL) == 0);
+    CHECK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV) == 0);
+    CHECK(fi_ep_bind(ep, &av->fid, 0) == 0);
+    CHECK(fi_enable(ep) == 0);
+    char name[256]; size_t len = sizeof name;
+    CHECK(fi_getname(&ep->fid, name, &len) == 0);
+    fi_addr_t self;
+    CHECK(fi_av_insert(av, name, 1, &self, 0, NULL) == 1);
+    uint64_t base = (info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? (uint64_t)(uintptr_t)target : 0;
+    uint64_t key = fi_mr_key(mr);
+
+    strcpy(src, "written through C");
+    CHECK(fi_write(ep, src, 18, NULL, self, base, key, src) == 0);
+    CHECK(wait_one() == 0);
+    CHECK(strcmp(target, "written through C") == 0);
+    CHECK(fi_read(ep, back, 18, NULL, self, base, key, back) == 0);
+    CHECK(wait_one() == 0);
+    CHECK(strcmp(back, "written through C") == 0);
+    CHECK(fi_inject_write(ep, "inj", 4, self, base + 32, key) == 0);
+    /* Read after write is ordered (FI_ORDER_RAW): the read sees the injected bytes. */
+    CHECK(fi_read(ep, back + 32, 4, NULL, self, base + 32, key, back) == 0);
+    CHECK(wait_one() == 0);
+    CHECK(strcmp(back + 32, "inj") == 0);
+    /* A wrong key is the core's error, reported, never a crash. */
+    ssize_t bad = fi_write(ep, src, 4, NULL, self, base, key + 12345, NULL);
+    if (bad == 0) { struct fi_cq_err_entry err = {0}; CHECK(wait_one() == -FI_EAVAIL); CHECK(fi_cq_readerr(cq, &err, 0) == 1); }
+    else CHECK(bad < 0);
+
+    CHECK(fi_close(&ep->fid) == 0);
+    CHECK(fi_close(&mr->fid) == 0);
+    CHECK(fi_close(&cq->fid) == 0 && fi_close(&av->fid) == 0);
+    CHECK(fi_close(&domain->fid) == 0 && fi_close(&fabric->fid) == 0);
+    fi_freeinfo(info);
+    fi_freeinfo(hints);
+    printf("ok\n");
+    return 0;
+}
+"#;
+
+#[test]
+fn c_program_writes_and_reads_its_own_memory_by_rma() {
+    if !have_toolchain() {
+        return;
+    }
+    assert_eq!(run_c("rma", RMA_C, true).trim(), "ok");
+}
 
 #[test]
 fn c_program_opens_uses_and_closes_every_object() {

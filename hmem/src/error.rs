@@ -66,6 +66,18 @@ pub enum HmemError {
         /// Its name, e.g. `ZE_RESULT_ERROR_INVALID_ARGUMENT`.
         name: &'static str,
     },
+    /// The interface's code was left out when xfabric was compiled (cargo feature `feature`
+    /// off): the interface exists in `enum fi_hmem_iface`, every call answers this
+    /// (`-FI_ENOSYS`, as for an unavailable interface).
+    #[error("{} is unavailable: built without {support} support (feature `{feature}`)", iface.c_name())]
+    NotBuilt {
+        /// The interface.
+        iface: Iface,
+        /// What the feature brings, e.g. `CUDA`.
+        support: &'static str,
+        /// The cargo feature of xfabric-hmem (and of xfabric) that brings it, e.g. `cuda`.
+        feature: &'static str,
+    },
     /// An operating-system call failed.
     #[error("{op}: {source}")]
     Os {
@@ -118,7 +130,7 @@ impl HmemError {
     /// libfabric's positive error number for this error.
     pub fn errno(&self) -> i32 {
         match self {
-            HmemError::Unavailable(_) => FI_ENOSYS,
+            HmemError::Unavailable(_) | HmemError::NotBuilt { .. } => FI_ENOSYS,
             HmemError::Unsupported { .. } => FI_EOPNOTSUPP,
             HmemError::Inval { .. } => FI_EINVAL,
             HmemError::Cuda { code, .. } => match *code {

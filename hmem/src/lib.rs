@@ -13,27 +13,43 @@
 //!   can be overridden with `XFABRIC_ZE_LOADER`.
 //! - ROCr, Neuron and SynapseAI are recognised and reported unsupported.
 //!
+//! CUDA and Level Zero are cargo features, on by default (`cuda`, `ze`). Built without one,
+//! the interface still exists (an application naming `FI_HMEM_CUDA` compiles), its native
+//! code and dependencies are left out (no cudarc without `cuda`), and every call answers
+//! [`HmemError::NotBuilt`]: "built without CUDA support (feature `cuda`)".
+//!
 //! [`Hmem::detect`] probes every interface once and keeps the answers, for `xfabric info`,
 //! `getinfo` (FI_HMEM only where a device interface is available) and memory registration.
 //!
-//! Native libraries are layered as in cudarc: raw FFI (`cudarc::driver::sys`, [`ze::sys`]),
-//! thin `Result`-returning calls (`cuda::result`, [`ze::result`]), and the safe types here.
+//! Native libraries are layered as in cudarc: raw FFI (`cudarc::driver::sys`, `ze::sys`),
+//! thin `Result`-returning calls (`cuda::result`, `ze::result`), and the safe types here
+//! (the `cuda` and `ze` layers exist in builds with those features).
 
 #![warn(missing_docs)]
 
+mod absent;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "off/cuda.rs"]
 pub mod cuda;
 pub mod error;
 pub mod iface;
 pub mod mem;
 pub mod registry;
 pub mod system;
+#[cfg(feature = "ze")]
+pub mod ze;
+#[cfg(not(feature = "ze"))]
+#[path = "off/ze.rs"]
 pub mod ze;
 
+pub use absent::NotImplemented;
 pub use cuda::Cuda;
 pub use error::{HmemError, Unavailable};
 pub use iface::{DeviceInfo, Iface, Owner};
 pub use mem::{DeviceBuffer, HostMapped, IpcHandle, IpcMapping};
-pub use registry::{Hmem, IfaceStatus, NotImplemented};
+pub use registry::{Hmem, IfaceStatus};
 pub use system::System;
 pub use ze::Ze;
 

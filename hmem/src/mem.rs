@@ -304,6 +304,8 @@ impl IpcHandle {
     }
 
     /// Checks that `offset..offset + len` lies inside the allocation.
+    // Only device interfaces export handles; a build with neither leaves this unused.
+    #[cfg_attr(not(any(feature = "cuda", feature = "ze")), allow(dead_code))]
     pub(crate) fn check_range(&self, op: &'static str, len: usize) -> Result<(), HmemError> {
         let end = self.offset.checked_add(len as u64);
         match end {
@@ -333,6 +335,7 @@ pub struct IpcMapping {
 impl IpcMapping {
     /// `release` is `None` where nothing was mapped (a CUDA handle opened by the process that
     /// exported it refers to its own allocation).
+    #[cfg_attr(not(any(feature = "cuda", feature = "ze")), allow(dead_code))]
     pub(crate) fn new(
         base: u64,
         handle: &IpcHandle,

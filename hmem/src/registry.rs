@@ -5,8 +5,8 @@
 use std::fmt;
 use std::sync::OnceLock;
 
-use crate::error::{HmemError, Unavailable};
-use crate::mem::{DeviceBuffer, HostMapped, IpcHandle, IpcMapping};
+use crate::absent::NotImplemented;
+use crate::error::Unavailable;
 use crate::{Cuda, DeviceInfo, HmemIface, Iface, Owner, Result, System, Ze};
 
 /// All interfaces of libfabric 1.17, each probed once.
@@ -122,77 +122,5 @@ impl Hmem {
             }
         }
         Ok(Owner::SYSTEM)
-    }
-}
-
-/// An interface libfabric defines and xfabric does not implement (ROCr, Neuron, SynapseAI):
-/// always unavailable, every operation says so.
-#[derive(Debug)]
-pub struct NotImplemented(pub Iface);
-
-impl NotImplemented {
-    fn unavailable(&self) -> Unavailable {
-        Unavailable {
-            iface: self.0,
-            reason: format!("xfabric does not implement {}", self.0.c_name()),
-        }
-    }
-
-    fn err<T>(&self) -> Result<T> {
-        Err(HmemError::Unavailable(self.unavailable()))
-    }
-}
-
-impl HmemIface for NotImplemented {
-    fn iface(&self) -> Iface {
-        self.0
-    }
-
-    fn available(&self) -> Result<(), Unavailable> {
-        Err(self.unavailable())
-    }
-
-    fn devices(&self) -> Vec<DeviceInfo> {
-        Vec::new()
-    }
-
-    fn owns(&self, _addr: *const u8) -> Result<Option<Owner>> {
-        self.err()
-    }
-
-    unsafe fn copy_from_host(&self, _device: u64, _dst: *mut u8, _src: &[u8]) -> Result<()> {
-        self.err()
-    }
-
-    unsafe fn copy_to_host(&self, _device: u64, _dst: &mut [u8], _src: *const u8) -> Result<()> {
-        self.err()
-    }
-
-    unsafe fn host_register(&self, _addr: *mut u8, _len: usize) -> Result<()> {
-        self.err()
-    }
-
-    unsafe fn host_unregister(&self, _addr: *mut u8) -> Result<()> {
-        self.err()
-    }
-
-    fn alloc_host_mapped(&self, _device: u64, _len: usize) -> Result<HostMapped> {
-        self.err()
-    }
-
-    fn alloc_device(&self, _device: u64, _len: usize) -> Result<DeviceBuffer> {
-        self.err()
-    }
-
-    fn ipc_get(&self, _addr: *const u8, _len: usize) -> Result<IpcHandle> {
-        self.err()
-    }
-
-    fn ipc_open(&self, _device: u64, _handle: &IpcHandle) -> Result<IpcMapping> {
-        self.err()
-    }
-
-    fn take_drop_errors(&self) -> Vec<HmemError> {
-        Vec::new()
     }
 }

@@ -10,6 +10,8 @@
 //!
 //! The double and the GPU run the same checks (`exercise`), cross-process IPC included.
 
+#![cfg(feature = "cuda")]
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -4,6 +4,8 @@
 //! allocations, pointer queries, copies through an immediate command list, IPC handles in
 //! one process and across two, and the unavailable cases.
 
+#![cfg(feature = "ze")]
+
 mod common;
 
 use std::path::PathBuf;

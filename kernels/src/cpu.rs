@@ -16,6 +16,21 @@ pub fn pattern(i: u64, seed: u32) -> u32 {
     (i.wrapping_mul(2_654_435_761) as u32) ^ seed
 }
 
+/// Computes one bucket: `out[j] = pattern(base + j, seed)`, written `passes` times over (at
+/// least once). The extra passes are work and nothing else: they let a demo or a test give the
+/// CPU XPU a compute time of its choosing per bucket (the pattern alone runs at memory speed,
+/// far faster than any transfer), with the same bytes at the end.
+pub fn compute_bucket(out: &mut [u32], base: u64, seed: u32, passes: u32) {
+    for _ in 0..passes.max(1) {
+        // Hidden from the optimiser, so that each pass is computed and stored again.
+        let seed = std::hint::black_box(seed);
+        for (j, x) in out.iter_mut().enumerate() {
+            *x = pattern(base + j as u64, seed);
+        }
+        std::hint::black_box(&mut *out);
+    }
+}
+
 /// Checks one variable the way [`ring`] will use it.
 ///
 /// # Safety
@@ -43,7 +58,8 @@ unsafe fn checked_signal(index: usize, v: &TriggerVar) -> Result<Signal<'_>, Ker
 /// rung (the device kernel can only stop at it).
 ///
 /// # Safety
-/// As [`checked_signal`], for every variable.
+/// For every variable of `FI_UINT8` with count > 1, `value.data` points to `count` readable
+/// bytes.
 pub unsafe fn validate(vars: &[TriggerVar]) -> Result<(), KernelError> {
     for (i, v) in vars.iter().enumerate() {
         // SAFETY: the caller's contract.
@@ -98,9 +114,16 @@ pub unsafe fn ring(vars: &[TriggerVar]) -> Result<(), KernelError> {
 }
 
 /// A CPU thread standing in for a GPU: "compute then trigger" on a host buffer.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CpuXpu {
-    _private: (),
+    /// Passes of [`compute_bucket`] per bucket (at least 1).
+    passes: u32,
+}
+
+impl Default for CpuXpu {
+    fn default() -> Self {
+        CpuXpu { passes: 1 }
+    }
 }
 
 /// A host buffer an XPU may write while the host keeps its address, and the fabric reads.
@@ -115,8 +138,17 @@ impl CpuXpu {
         CpuXpu::default()
     }
 
+    /// A CPU XPU that computes each bucket `passes` times over ([`compute_bucket`]); 0 counts
+    /// as 1.
+    pub fn with_passes(passes: u32) -> Self {
+        CpuXpu {
+            passes: passes.max(1),
+        }
+    }
+
     /// The equivalent of `xf_compute_and_trigger`, on a new thread: for each bucket k in order,
-    /// fill `out[k*bucket_elems..(k+1)*bucket_elems]` with [`pattern`], then ring `vars[k]`.
+    /// fill `out[k*bucket_elems..(k+1)*bucket_elems]` with [`pattern`] ([`compute_bucket`],
+    /// with this XPU's passes), then ring `vars[k]`.
     /// Join the handle to wait for it; it returns the first error, with nothing rung from the
     /// bad variable on.
     ///
@@ -147,6 +179,7 @@ impl CpuXpu {
         // SAFETY: the caller's contract.
         unsafe { validate(&vars) }?;
         let out = SendPtr(out);
+        let passes = self.passes;
         let spawned = std::thread::Builder::new()
             .name("xfabric-cpu-xpu".into())
             .spawn(move || {
@@ -156,9 +189,7 @@ impl CpuXpu {
                     let base = k * n;
                     // SAFETY: the caller's contract: this bucket is ours to write.
                     let bucket = unsafe { std::slice::from_raw_parts_mut(out.0.add(base), n) };
-                    for (j, x) in bucket.iter_mut().enumerate() {
-                        *x = pattern((base + j) as u64, seed);
-                    }
+                    compute_bucket(bucket, base as u64, seed, passes);
                     // SAFETY: the caller's contract; ring's release store publishes the bucket.
                     unsafe { ring(std::slice::from_ref(var)) }?;
                 }
@@ -214,6 +245,21 @@ mod tests {
             addr,
             value,
         }
+    }
+
+    #[test]
+    fn extra_passes_leave_the_same_bytes() {
+        let mut one = vec![0u32; 1000];
+        let mut five = vec![1u32; 1000];
+        compute_bucket(&mut one, 77, 9, 1);
+        compute_bucket(&mut five, 77, 9, 5);
+        assert_eq!(one, five);
+        assert!(one
+            .iter()
+            .enumerate()
+            .all(|(j, &x)| x == pattern(77 + j as u64, 9)));
+        compute_bucket(&mut five, 77, 9, 0);
+        assert_eq!(one, five);
     }
 
     #[test]

@@ -15,6 +15,10 @@ pub enum KernelError {
         /// What the probe found.
         reason: String,
     },
+    /// The GPU side was left out when xfabric-kernels was compiled (cargo feature `cuda` off;
+    /// `-FI_ENOSYS`).
+    #[error("GPU kernels are unavailable: built without CUDA support (feature `cuda`)")]
+    NotBuilt,
     /// NVRTC rejected the program; `log` is the compiler's (`-FI_EINVAL`).
     #[error("NVRTC could not compile {program} (options: {}):\n{log}", options.join(" "))]
     Compile {
@@ -62,10 +66,16 @@ pub enum KernelError {
 }
 
 impl KernelError {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn unavailable(reason: impl Into<String>) -> Self {
         KernelError::Unavailable {
             reason: reason.into(),
         }
+    }
+
+    #[cfg_attr(feature = "cuda", allow(dead_code))]
+    pub(crate) fn not_built() -> Self {
+        KernelError::NotBuilt
     }
 
     pub(crate) fn inval(op: &'static str, reason: impl Into<String>) -> Self {
@@ -75,6 +85,7 @@ impl KernelError {
         }
     }
 
+    #[cfg(feature = "cuda")]
     pub(crate) fn cuda(op: &'static str, e: cudarc::driver::DriverError) -> Self {
         use cudarc::driver::sys::CUresult;
         let hint = match e.0 {
@@ -97,7 +108,7 @@ impl KernelError {
     /// libfabric's positive error number for this error.
     pub fn errno(&self) -> i32 {
         match self {
-            KernelError::Unavailable { .. } => FI_ENOSYS,
+            KernelError::Unavailable { .. } | KernelError::NotBuilt => FI_ENOSYS,
             KernelError::Compile { .. }
             | KernelError::InvalidVar { .. }
             | KernelError::Inval { .. } => FI_EINVAL,
@@ -111,7 +122,7 @@ impl From<KernelError> for xfabric_core::Error {
         use xfabric_core::Error;
         let text = e.to_string();
         match &e {
-            KernelError::Unavailable { .. } => Error::NoSys(text),
+            KernelError::Unavailable { .. } | KernelError::NotBuilt => Error::NoSys(text),
             KernelError::Compile { .. }
             | KernelError::InvalidVar { .. }
             | KernelError::Inval { .. } => Error::Inval(text),

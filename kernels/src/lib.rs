@@ -9,12 +9,20 @@
 //!   time by NVRTC (cached in memory and on disk), loaded and launched on a CUDA device. Needs
 //!   libcuda and libnvrtc at run time only; without them it reports `Unavailable`;
 //! - [`cpu`]: the same, done by a host thread, wherever no GPU is.
+//!
+//! The GPU side is the cargo feature `cuda`, on by default. Built without it, cudarc is left
+//! out, and [`GpuXpu::open`], [`nvrtc::probe`] and [`compile`] answer
+//! [`KernelError::NotBuilt`]; the CPU XPU is always there.
 
 #![warn(missing_docs)]
 
 mod cache;
 pub mod cpu;
 mod error;
+#[cfg(feature = "cuda")]
+pub mod gpu;
+#[cfg(not(feature = "cuda"))]
+#[path = "off/gpu.rs"]
 pub mod gpu;
 pub mod nvrtc;
 

@@ -4,9 +4,13 @@
 //! cudarc's `nvrtc::sys` resolves each symbol on first use and panics when libnvrtc or the
 //! symbol is missing, so [`probe`] runs first and everything here goes through it.
 
+#[cfg(feature = "cuda")]
 use std::ffi::{c_char, c_int, c_void, CString};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+#[cfg(feature = "cuda")]
+use std::sync::OnceLock;
 
+#[cfg(feature = "cuda")]
 use cudarc::nvrtc::{result, sys};
 
 use crate::cache::{self, Fnv64};
@@ -26,7 +30,17 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
 
 /// Loads libnvrtc (cudarc's candidate names: `libnvrtc.so`, `libnvrtc.so.13`, ... found through
 /// the loader's search path, `LD_LIBRARY_PATH` included) and checks it is complete. Returns its
+/// version, e.g. `(13, 0)`. The answer is computed once per process. A build without the `cuda`
+/// feature answers [`KernelError::NotBuilt`].
+#[cfg(not(feature = "cuda"))]
+pub fn probe() -> Result<(i32, i32), KernelError> {
+    Err(KernelError::not_built())
+}
+
+/// Loads libnvrtc (cudarc's candidate names: `libnvrtc.so`, `libnvrtc.so.13`, ... found through
+/// the loader's search path, `LD_LIBRARY_PATH` included) and checks it is complete. Returns its
 /// version, e.g. `(13, 0)`. The answer is computed once per process.
+#[cfg(feature = "cuda")]
 pub fn probe() -> Result<(i32, i32), KernelError> {
     static PROBE: OnceLock<Result<(i32, i32), String>> = OnceLock::new();
     PROBE
@@ -35,6 +49,7 @@ pub fn probe() -> Result<(i32, i32), KernelError> {
         .map_err(KernelError::unavailable)
 }
 
+#[cfg(feature = "cuda")]
 fn probe_once() -> Result<(i32, i32), String> {
     // SAFETY: only tries to dlopen cudarc's candidate names for libnvrtc.
     if !unsafe { sys::is_culib_present() } {
@@ -147,9 +162,21 @@ impl Ptx {
             .collect()
     }
 
+    #[cfg(feature = "cuda")]
     pub(crate) fn to_cudarc(&self) -> cudarc::nvrtc::Ptx {
         cudarc::nvrtc::Ptx::from_src(self.text.to_string())
     }
+}
+
+/// Never reached without the `cuda` feature: [`probe`] refuses first.
+#[cfg(not(feature = "cuda"))]
+fn compile_uncached(
+    _name: &str,
+    _src: &str,
+    _headers: &[Header<'_>],
+    _args: &[String],
+) -> Result<String, KernelError> {
+    Err(KernelError::not_built())
 }
 
 /// Compiles `src` (named `name` in diagnostics) with NVRTC, or returns the PTX an earlier
@@ -198,11 +225,13 @@ pub fn compile(
     })
 }
 
+#[cfg(feature = "cuda")]
 fn cstring(what: &'static str, s: &str) -> Result<CString, KernelError> {
     CString::new(s)
         .map_err(|_| KernelError::inval("compile", format!("{what} contains a NUL byte")))
 }
 
+#[cfg(feature = "cuda")]
 fn nvrtc_err(op: &'static str) -> impl FnOnce(result::NvrtcError) -> KernelError {
     move |e| KernelError::Nvrtc {
         op,
@@ -210,6 +239,7 @@ fn nvrtc_err(op: &'static str) -> impl FnOnce(result::NvrtcError) -> KernelError
     }
 }
 
+#[cfg(feature = "cuda")]
 fn text_of(chars: Vec<c_char>) -> String {
     let bytes: Vec<u8> = chars
         .into_iter()
@@ -220,8 +250,10 @@ fn text_of(chars: Vec<c_char>) -> String {
 }
 
 /// One NVRTC program, destroyed on every path out.
+#[cfg(feature = "cuda")]
 struct Program(sys::nvrtcProgram);
 
+#[cfg(feature = "cuda")]
 impl Drop for Program {
     fn drop(&mut self) {
         // SAFETY: created by nvrtcCreateProgram and destroyed only here.
@@ -229,6 +261,7 @@ impl Drop for Program {
     }
 }
 
+#[cfg(feature = "cuda")]
 fn compile_uncached(
     name: &str,
     src: &str,

@@ -3,6 +3,8 @@
 //! `xf_compute_and_trigger`, observed from the host as a provider's watcher observes them.
 //! Without a GPU, opening one must say why and not panic.
 
+#![cfg(feature = "cuda")]
+
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -3,6 +3,8 @@
 //! the compiler log, and the caches answer a second time. Skipped with the reason where
 //! libnvrtc is absent (put one on LD_LIBRARY_PATH to run it; scripts/nvrtc-check.sh does).
 
+#![cfg(feature = "cuda")]
+
 use xfabric_kernels::nvrtc::{self, CompileOptions, Header, PtxOrigin};
 use xfabric_kernels::{
     compile, trigger_header_for_nvrtc, KernelError, ENTRY_POINTS, KERNELS_SOURCE,

@@ -1,0 +1,134 @@
+//! Event queues and wait sets through C: fi_eq_read, fi_eq_sread and fi_eq_write with
+//! `struct fi_eq_entry` (the entry's fid is handed back as it was written: a C fid stays the
+//! C fid), and fi_wait.
+
+use std::ffi::{c_int, c_void};
+
+use xfabric::{EqEntry, EventQueue, WaitSet};
+
+use crate::data::{call, neg, obj};
+use crate::ops::{FiOpsEq, FiOpsWait};
+use crate::FI_EINVAL;
+
+/// libfabric's `FI_ETOOSMALL`.
+const FI_ETOOSMALL: isize = 257;
+
+pub static EQ_OPS: FiOpsEq = FiOpsEq {
+    read: eq_read,
+    write: eq_write,
+    sread: eq_sread,
+    ..FiOpsEq::ENOSYS
+};
+pub static WAIT_OPS: FiOpsWait = FiOpsWait {
+    wait: wait_wait,
+    ..FiOpsWait::ENOSYS
+};
+
+/// `struct fi_eq_entry`.
+#[repr(C)]
+pub struct FiEqEntry {
+    pub fid: *mut c_void,
+    pub context: *mut c_void,
+    pub data: u64,
+}
+
+const ENTRY: usize = size_of::<FiEqEntry>();
+
+/// Writes `e` as C reads it; the byte count read.
+///
+/// # Safety
+/// `event` writable; `buf` writable for an entry.
+unsafe fn deliver(e: EqEntry, event: *mut u32, buf: *mut c_void) -> isize {
+    // SAFETY: writable (caller), checked non-null by the callers.
+    unsafe {
+        *event = e.event;
+        buf.cast::<FiEqEntry>().write_unaligned(FiEqEntry {
+            fid: e.fid as *mut c_void,
+            context: e.context as *mut c_void,
+            data: e.data,
+        });
+    }
+    ENTRY as isize
+}
+
+/// # Safety
+/// `eq` null or a readable fid; `event` and `buf` as [`deliver`].
+unsafe fn read_with(
+    eq: *mut c_void,
+    event: *mut c_void,
+    buf: *mut c_void,
+    len: usize,
+    read: impl FnOnce(&EventQueue) -> xfabric::Result<EqEntry>,
+) -> isize {
+    call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let q = unsafe { obj::<EventQueue>(eq) }?;
+        if event.is_null() || buf.is_null() {
+            return Err(-(FI_EINVAL as isize));
+        }
+        if len < ENTRY {
+            return Err(-FI_ETOOSMALL);
+        }
+        let e = read(q).map_err(neg)?;
+        // SAFETY: event and buf writable (caller), buf for len >= ENTRY bytes.
+        Ok(unsafe { deliver(e, event.cast(), buf) })
+    })
+}
+
+unsafe extern "C" fn eq_read(
+    eq: *mut c_void,
+    event: *mut c_void,
+    buf: *mut c_void,
+    len: usize,
+    flags: u64,
+) -> isize {
+    // SAFETY: forwarded contract.
+    unsafe { read_with(eq, event, buf, len, |q| q.read(flags)) }
+}
+
+unsafe extern "C" fn eq_sread(
+    eq: *mut c_void,
+    event: *mut c_void,
+    buf: *mut c_void,
+    len: usize,
+    timeout: c_int,
+    flags: u64,
+) -> isize {
+    // SAFETY: forwarded contract.
+    unsafe { read_with(eq, event, buf, len, |q| q.sread(flags, timeout)) }
+}
+
+unsafe extern "C" fn eq_write(
+    eq: *mut c_void,
+    event: u32,
+    buf: *const c_void,
+    len: usize,
+    _flags: u64,
+) -> isize {
+    call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let q = unsafe { obj::<EventQueue>(eq) }?;
+        if buf.is_null() || len < ENTRY {
+            return Err(-(FI_EINVAL as isize));
+        }
+        // SAFETY: readable for len >= ENTRY bytes (caller).
+        let c = unsafe { buf.cast::<FiEqEntry>().read_unaligned() };
+        q.write(EqEntry {
+            event,
+            fid: c.fid as usize,
+            context: c.context as usize,
+            data: c.data,
+        })
+        .map_err(neg)?;
+        Ok(ENTRY as isize)
+    })
+}
+
+unsafe extern "C" fn wait_wait(waitset: *mut c_void, timeout: c_int) -> c_int {
+    let r = call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let w = unsafe { obj::<WaitSet>(waitset) }?;
+        w.wait(timeout).map(|()| 0).map_err(neg)
+    });
+    c_int::try_from(r).unwrap_or(-crate::FI_EOTHER)
+}

@@ -1,0 +1,199 @@
+//! RMA through C: fi_read, fi_write, fi_inject_write, fi_writedata, fi_inject_writedata,
+//! fi_readmsg and fi_writemsg onto the endpoint's RMA calls. Keys, address checks and ordering
+//! are the core's; vectored reads and writes answer -FI_ENOSYS (`readmsg`/`writemsg` take
+//! several segments).
+
+use std::ffi::c_void;
+
+use xfabric::{Endpoint, MsgRma, RmaIov};
+
+use crate::data::{bytes, bytes_mut, call, ep_of, neg, segments};
+use crate::ops::FiOpsRma;
+use crate::FI_EINVAL;
+
+pub static RMA_OPS: FiOpsRma = FiOpsRma {
+    read: rma_read,
+    readmsg: rma_readmsg,
+    write: rma_write,
+    writemsg: rma_writemsg,
+    inject: rma_inject,
+    writedata: rma_writedata,
+    injectdata: rma_injectdata,
+    ..FiOpsRma::ENOSYS
+};
+
+/// `struct fi_rma_iov`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct FiRmaIov {
+    pub addr: u64,
+    pub len: usize,
+    pub key: u64,
+}
+
+/// `struct fi_msg_rma`.
+#[repr(C)]
+pub struct FiMsgRma {
+    pub msg_iov: *const libc::iovec,
+    pub desc: *mut *mut c_void,
+    pub iov_count: usize,
+    pub addr: u64,
+    pub rma_iov: *const FiRmaIov,
+    pub rma_iov_count: usize,
+    pub context: *mut c_void,
+    pub data: u64,
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn rma_read(
+    ep: *mut c_void,
+    buf: *mut c_void,
+    len: usize,
+    _desc: *mut c_void,
+    src: u64,
+    addr: u64,
+    key: u64,
+    ctx: *mut c_void,
+) -> isize {
+    call(|| {
+        // SAFETY: fid checked; buf writable for len and left alone until completion.
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes_mut(buf, len)?) };
+        // SAFETY: as above.
+        unsafe { ep.read(b, None, src, addr, key, ctx as usize) }
+            .map(|()| 0)
+            .map_err(neg)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn rma_write(
+    ep: *mut c_void,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    ctx: *mut c_void,
+) -> isize {
+    call(|| {
+        // SAFETY: fid checked; buf readable for len and kept until completion.
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
+        // SAFETY: as above.
+        unsafe { ep.write(b, None, dest, addr, key, ctx as usize) }
+            .map(|()| 0)
+            .map_err(neg)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn rma_writedata(
+    ep: *mut c_void,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    data: u64,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    ctx: *mut c_void,
+) -> isize {
+    call(|| {
+        // SAFETY: as rma_write.
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
+        // SAFETY: as rma_write.
+        unsafe { ep.writedata(b, None, data, dest, addr, key, ctx as usize) }
+            .map(|()| 0)
+            .map_err(neg)
+    })
+}
+
+unsafe extern "C" fn rma_inject(
+    ep: *mut c_void,
+    buf: *const c_void,
+    len: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+) -> isize {
+    call(|| {
+        // SAFETY: fid checked; buf readable for len (copied before return).
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
+        ep.inject_write(b, dest, addr, key).map(|()| 0).map_err(neg)
+    })
+}
+
+unsafe extern "C" fn rma_injectdata(
+    ep: *mut c_void,
+    buf: *const c_void,
+    len: usize,
+    data: u64,
+    dest: u64,
+    addr: u64,
+    key: u64,
+) -> isize {
+    call(|| {
+        // SAFETY: as rma_inject.
+        let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
+        ep.inject_writedata(b, data, dest, addr, key)
+            .map(|()| 0)
+            .map_err(neg)
+    })
+}
+
+/// Posts a C RMA message through `post` (the core's readmsg or writemsg).
+///
+/// # Safety
+/// `ep` null or a readable fid; `msg` null or a valid `struct fi_msg_rma` whose segments stay
+/// valid as the core call requires.
+unsafe fn post_rma(
+    ep: *mut c_void,
+    msg: *const c_void,
+    post: impl FnOnce(&Endpoint, &MsgRma<'_>) -> xfabric::Result<()>,
+) -> isize {
+    call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let ep = unsafe { ep_of(ep) }?;
+        // SAFETY: null or a valid message (caller).
+        let m = unsafe { msg.cast::<FiMsgRma>().as_ref() }.ok_or(-(FI_EINVAL as isize))?;
+        // SAFETY: the message's local segments are readable (caller).
+        let iov = unsafe { segments(m.msg_iov, m.iov_count) }?;
+        let n = m.rma_iov_count;
+        // The same bound as the local segments: nothing is read past it.
+        let rma: Vec<RmaIov> = if n == 0 {
+            Vec::new()
+        } else {
+            if m.rma_iov.is_null() || n > 1 << 10 {
+                return Err(-(FI_EINVAL as isize));
+            }
+            // SAFETY: readable for n (caller), checked non-null.
+            unsafe { std::slice::from_raw_parts(m.rma_iov, n) }
+                .iter()
+                .map(|r| RmaIov {
+                    addr: r.addr,
+                    len: r.len,
+                    key: r.key,
+                })
+                .collect()
+        };
+        let msg = MsgRma {
+            iov: &iov,
+            desc: &[],
+            addr: m.addr,
+            rma_iov: &rma,
+            context: m.context as usize,
+            data: m.data,
+        };
+        post(ep, &msg).map(|()| 0).map_err(neg)
+    })
+}
+
+unsafe extern "C" fn rma_readmsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
+    // SAFETY: forwarded; segments valid until completion (fi_rma(3)).
+    unsafe { post_rma(ep, msg, |e, m| e.readmsg(m, flags)) }
+}
+
+unsafe extern "C" fn rma_writemsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
+    // SAFETY: as rma_readmsg.
+    unsafe { post_rma(ep, msg, |e, m| e.writemsg(m, flags)) }
+}
