@@ -57,6 +57,8 @@ pub static EP_FID_OPS: FiOps = FiOps {
 };
 static EP_OPS: FiOpsEp = FiOpsEp {
     cancel: ep_cancel,
+    getopt: crate::trigger::ep_getopt,
+    setopt: crate::trigger::ep_setopt,
     ..FiOpsEp::ENOSYS
 };
 static CM_OPS: FiOpsCm = FiOpsCm {
@@ -829,7 +831,8 @@ unsafe extern "C" fn ep_sendmsg(ep: *mut c_void, msg: *const c_void, flags: u64)
             ep,
             msg.cast::<FiMsg>(),
             |m| (m.msg_iov, m.iov_count, m.addr, m.context, m.data, 0, 0),
-            |e, m| e.sendmsg(m, flags),
+            // A triggered context stays the caller's until completion (fi_trigger(3)).
+            |e, m| crate::trigger::sendmsg(e, m, flags),
         )
     }
 }
@@ -841,7 +844,7 @@ unsafe extern "C" fn ep_recvmsg(ep: *mut c_void, msg: *const c_void, flags: u64)
             ep,
             msg.cast::<FiMsg>(),
             |m| (m.msg_iov, m.iov_count, m.addr, m.context, m.data, 0, 0),
-            |e, m| e.recvmsg(m, flags),
+            |e, m| crate::trigger::recvmsg(e, m, flags),
         )
     }
 }
@@ -863,7 +866,7 @@ unsafe extern "C" fn ep_tsendmsg(ep: *mut c_void, msg: *const c_void, flags: u64
                     m.ignore,
                 )
             },
-            |e, m| e.tsendmsg(m, flags),
+            |e, m| crate::trigger::tsendmsg(e, m, flags),
         )
     }
 }
@@ -885,7 +888,7 @@ unsafe extern "C" fn ep_trecvmsg(ep: *mut c_void, msg: *const c_void, flags: u64
                     m.ignore,
                 )
             },
-            |e, m| e.trecvmsg(m, flags),
+            |e, m| crate::trigger::trecvmsg(e, m, flags),
         )
     }
 }

@@ -20,6 +20,7 @@ pub mod objects;
 pub mod ops;
 pub mod rma;
 pub mod text;
+pub mod trigger;
 use info::FiInfo;
 use text::FiParam;
 

@@ -129,9 +129,10 @@ pub struct FiMrAttr {
 }
 
 macro_rules! class {
-    ($t:ty, $class:expr, $head:ty, $fi_ops:ident $(, close = $close:expr)?) => {
+    ($t:ty, $class:expr, $head:ty, $fi_ops:ident $(, close = $close:expr)? $(, control = $control:expr)?) => {
         static $fi_ops: FiOps = FiOps {
             close: close::<$t>,
+            $(control: $control,)?
             ..FiOps::ENOSYS
         };
         impl Class for $t {
@@ -148,7 +149,13 @@ macro_rules! class {
 }
 
 class!(Fabric, FI_CLASS_FABRIC, FabricHead, FABRIC_FI_OPS);
-class!(Domain, FI_CLASS_DOMAIN, DomainHead, DOMAIN_FI_OPS);
+class!(
+    Domain,
+    FI_CLASS_DOMAIN,
+    DomainHead,
+    DOMAIN_FI_OPS,
+    control = crate::trigger::domain_control
+);
 class!(
     AddressVector,
     FI_CLASS_AV,

@@ -190,10 +190,10 @@ unsafe fn post_rma(
 
 unsafe extern "C" fn rma_readmsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
     // SAFETY: forwarded; segments valid until completion (fi_rma(3)).
-    unsafe { post_rma(ep, msg, |e, m| e.readmsg(m, flags)) }
+    unsafe { post_rma(ep, msg, |e, m| crate::trigger::readmsg(e, m, flags)) }
 }
 
 unsafe extern "C" fn rma_writemsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
     // SAFETY: as rma_readmsg.
-    unsafe { post_rma(ep, msg, |e, m| e.writemsg(m, flags)) }
+    unsafe { post_rma(ep, msg, |e, m| crate::trigger::writemsg(e, m, flags)) }
 }

@@ -16,15 +16,11 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn run_c(name: &str, extra: &[&str]) -> String {
-    let dir = run::lib_dir();
-    let include = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c");
-    let lib = format!("-L{}", dir.display());
-    let mut args = vec!["-I", include, lib.as_str(), "-lfabric"];
-    args.extend_from_slice(extra);
-    let exe = run::compile("cc", name, &args);
+    let exe = run::compile("cc", name, extra, true);
     let mut cmd = Command::new(&exe);
-    cmd.env("LD_LIBRARY_PATH", &dir).env("FI_PROVIDER", "shm");
-    run::success(name, &run::bounded(cmd, LIMIT))
+    cmd.env("LD_LIBRARY_PATH", common::so1_dir())
+        .env("FI_PROVIDER", "shm");
+    run::success(name, &common::output_within(cmd, LIMIT, name))
 }
 
 #[test]

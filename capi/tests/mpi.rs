@@ -22,7 +22,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 
 /// Compiles `capi/tests/c/<name>.c` with mpicc.
 fn build(name: &str) -> PathBuf {
-    run::compile("mpicc", name, &[])
+    run::compile("mpicc", name, &[], false)
 }
 
 /// `mpirun -np ranks exe args` over xfabric's shm, as the module says; asserts success and
@@ -45,12 +45,12 @@ fn mpirun(ranks: u32, exe: &Path, args: &[&str]) -> String {
         "shm",
     ])
     .args(["-x", "FI_PROVIDER=shm", "-x", "LD_LIBRARY_PATH"])
-    .env("LD_LIBRARY_PATH", run::lib_dir())
+    .env("LD_LIBRARY_PATH", common::so1_dir())
     .env("FI_PROVIDER", "shm")
     .arg(exe)
     .args(args);
     let what = format!("mpirun -np {ranks} {}", exe.display());
-    run::success(&what, &run::bounded(cmd, LIMIT))
+    run::success(&what, &common::output_within(cmd, LIMIT, &what))
 }
 
 /// True where Open MPI is there; otherwise says why the test does nothing.

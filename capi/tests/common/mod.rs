@@ -56,15 +56,24 @@ pub fn so1_dir() -> PathBuf {
     dir
 }
 
-/// Runs `cmd` with its output collected, killed after `limit`: returns the output, or panics
-/// naming `what` when it had to be killed.
+/// Runs `cmd` with its output collected, in a process group of its own, killed after `limit`:
+/// returns the output, or panics naming `what` when it had to be killed. Whatever it forked is
+/// in its group and goes with it (also when it exits leaving a child behind).
 pub fn output_within(mut cmd: Command, limit: std::time::Duration, what: &str) -> Output {
     use std::io::Read;
+    use std::os::unix::process::CommandExt;
     let mut child = cmd
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()
         .unwrap_or_else(|e| panic!("start {what}: {e}"));
+    let group = child.id() as i32;
+    // SAFETY: kill(2) on the process group this function created.
+    let kill_group = move || unsafe {
+        libc::kill(-group, libc::SIGKILL);
+    };
     // Read both pipes in threads so a child filling one never blocks; the deadline is checked
     // while waiting.
     let mut out = child.stdout.take().expect("piped");
@@ -85,12 +94,21 @@ pub fn output_within(mut cmd: Command, limit: std::time::Duration, what: &str) -
             break s;
         }
         if std::time::Instant::now() >= deadline {
-            let _ = child.kill();
+            kill_group();
             let _ = child.wait();
-            panic!("{what} did not finish within {limit:?}");
+            let (o, e) = (
+                t_out.join().unwrap_or_default(),
+                t_err.join().unwrap_or_default(),
+            );
+            panic!(
+                "{what} did not finish within {limit:?}; it printed:\n{}\n{}",
+                String::from_utf8_lossy(&o),
+                String::from_utf8_lossy(&e)
+            );
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
+    kill_group();
     Output {
         status,
         stdout: t_out.join().expect("stdout reader"),

@@ -1,26 +1,11 @@
-//! Running C programs on the libfabric.so under test: its directory for LD_LIBRARY_PATH, C
-//! builds against it, and bounded runs killed by process group.
+//! C programs of capi/tests/c on the libfabric.so under test: compiled against it, run with
+//! its libfabric.so.1 first on the library path (`common::so1_dir`), bounded
+//! (`common::output_within`).
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 use crate::common::{cdylib, target_dir};
-
-/// A directory holding `libfabric.so.1` and `libfabric.so` -> the cdylib under test: for
-/// LD_LIBRARY_PATH, and for `-L` when linking C programs against it.
-pub fn lib_dir() -> PathBuf {
-    let lib = cdylib();
-    let dir = target_dir().join("capi-libdir");
-    std::fs::create_dir_all(&dir).expect("create the library directory");
-    for name in ["libfabric.so.1", "libfabric.so"] {
-        let link = dir.join(name);
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&lib, &link).expect("link the library");
-    }
-    dir
-}
 
 /// True if `tool` is on PATH.
 #[allow(dead_code)] // not every test crate including this module asks
@@ -32,19 +17,23 @@ pub fn have(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// `capi/tests/c/<name>.c`.
-pub fn c_source(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"))
-}
-
 /// Compiles `capi/tests/c/<name>.c` with `compiler` and `extra` arguments into the target
-/// directory; panics with the compiler's message on failure.
-pub fn compile(compiler: &str, name: &str, extra: &[&str]) -> PathBuf {
+/// directory, linked with the libfabric.so under test when `link`; panics with the
+/// compiler's message on failure.
+pub fn compile(compiler: &str, name: &str, extra: &[&str], link: bool) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
     let exe = target_dir().join(format!("capi-{name}"));
-    let out = Command::new(compiler)
-        .args(["-O2", "-Wall", "-Werror", "-o"])
+    let mut cmd = Command::new(compiler);
+    cmd.args(["-O2", "-Wall", "-Werror", "-I"])
+        .arg(&dir)
+        .arg("-o")
         .arg(&exe)
-        .arg(c_source(name))
+        .arg(dir.join(format!("{name}.c")));
+    if link {
+        // The soname is libfabric.so.1 but the build leaves libfabric.so: link the file itself.
+        cmd.arg(cdylib());
+    }
+    let out = cmd
         .args(extra)
         .output()
         .unwrap_or_else(|e| panic!("run {compiler}: {e}"));
@@ -54,43 +43,6 @@ pub fn compile(compiler: &str, name: &str, extra: &[&str]) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     exe
-}
-
-/// Runs `cmd` in its own process group; past `limit` the whole group is killed and the test
-/// fails with what it printed.
-pub fn bounded(mut cmd: Command, limit: Duration) -> Output {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let child = cmd.spawn().expect("spawn");
-    let pgid = child.id() as i32;
-    let deadline = Instant::now() + limit;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    loop {
-        match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(out) => {
-                // Whatever the program left behind in its group (a forked child) goes too.
-                // SAFETY: kill(2) on our own child's process group.
-                unsafe { libc::kill(-pgid, libc::SIGKILL) };
-                return out.expect("wait");
-            }
-            Err(_) if Instant::now() > deadline => {
-                // SAFETY: as above.
-                unsafe { libc::kill(-pgid, libc::SIGKILL) };
-                let out = rx.recv().expect("the output").expect("wait");
-                panic!(
-                    "{cmd:?} did not finish within {limit:?}; it printed:\n{}\n{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            Err(_) => {}
-        }
-    }
 }
 
 /// Asserts that `out` is a success, showing what was printed otherwise; returns stdout.

@@ -1,0 +1,562 @@
+//! Triggered operations through C (fi_trigger(3)): an operation posted with `FI_TRIGGER` whose
+//! context is a `struct fi_triggered_context` (threshold or XPU), `fi_getopt(FI_OPT_XPU_TRIGGER)`,
+//! and the domain's deferred work queue (`fi_control` with `FI_QUEUE_WORK`, `FI_CANCEL_WORK`,
+//! `FI_FLUSH_WORK` and `struct fi_deferred_work`). Each is a translation onto the core's
+//! triggered calls; the queues, thresholds and doorbells are the core's.
+
+use std::ffi::{c_int, c_void};
+use std::sync::Mutex;
+
+use xfabric::{
+    Counter, DeferredWork, Domain, Endpoint, Error, Msg, MsgRma, OpCntr, OpMsg, OpRma, RawIov,
+    RmaIov, TriggerContext, TriggerVar, TriggerXpu, WorkId, WorkOp, Xpu, FI_TRIGGER,
+};
+
+use crate::data::{call, ep_of, neg, obj, segments, FiMsg, FiMsgTagged};
+use crate::fid::get;
+use crate::rma::FiMsgRma;
+use crate::{FI_EINVAL, FI_ENOSYS, FI_EOTHER};
+
+/// `enum fi_trigger_event`.
+const FI_TRIGGER_THRESHOLD: c_int = 0;
+const FI_TRIGGER_XPU: c_int = 1;
+
+/// `enum fi_op_type`.
+const FI_OP_RECV: c_int = 0;
+const FI_OP_SEND: c_int = 1;
+const FI_OP_TRECV: c_int = 2;
+const FI_OP_TSEND: c_int = 3;
+const FI_OP_READ: c_int = 4;
+const FI_OP_WRITE: c_int = 5;
+const FI_OP_CNTR_SET: c_int = 9;
+const FI_OP_CNTR_ADD: c_int = 10;
+
+/// `fi_control` commands of a domain (fabric.h's control enum).
+const FI_QUEUE_WORK: c_int = 11;
+const FI_CANCEL_WORK: c_int = 12;
+const FI_FLUSH_WORK: c_int = 13;
+
+/// `FI_OPT_ENDPOINT` and its option names used here.
+const FI_OPT_ENDPOINT: c_int = 0;
+const FI_OPT_MIN_MULTI_RECV: c_int = 0;
+const FI_OPT_XPU_TRIGGER: c_int = 9;
+
+/// `FI_ETOOSMALL`: the option buffer is too small.
+const FI_ETOOSMALL: isize = 257;
+
+/// `struct fi_trigger_threshold`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct FiTriggerThreshold {
+    pub cntr: *mut c_void,
+    pub threshold: usize,
+}
+
+/// The union of `struct fi_triggered_context` (the `fi_context`-sized one; the `2` variant has
+/// the same members at the same offsets, only more room after them).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union FiTrigger {
+    pub threshold: FiTriggerThreshold,
+    pub xpu: TriggerXpu,
+    pub internal: [*mut c_void; 3],
+}
+
+/// `struct fi_triggered_context`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct FiTriggeredContext {
+    pub event_type: c_int,
+    pub trigger: FiTrigger,
+}
+
+/// What an operation posted with `FI_TRIGGER` waits for.
+pub(crate) enum Armed<'a> {
+    Threshold(TriggerContext),
+    Xpu(Xpu, &'a mut [TriggerVar]),
+}
+
+/// The trigger of an operation posted with `flags`: `None` without `FI_TRIGGER`; otherwise
+/// read from the operation's context, which must be a `struct fi_triggered_context`.
+///
+/// # Safety
+/// With `FI_TRIGGER`, `context` must be null or point to a readable `struct
+/// fi_triggered_context` whose `var` array (for an XPU trigger) is writable for `count`
+/// variables and not otherwise referenced during the call.
+pub(crate) unsafe fn armed<'a>(context: usize, flags: u64) -> xfabric::Result<Option<Armed<'a>>> {
+    if flags & FI_TRIGGER == 0 {
+        return Ok(None);
+    }
+    let ctx = context as *mut FiTriggeredContext;
+    if ctx.is_null() {
+        return Err(Error::Inval(
+            "FI_TRIGGER: the context must be a struct fi_triggered_context, not null".into(),
+        ));
+    }
+    // SAFETY: readable (caller).
+    let c = unsafe { &mut *ctx };
+    match c.event_type {
+        FI_TRIGGER_THRESHOLD => {
+            // SAFETY: the member event_type names.
+            let t = unsafe { c.trigger.threshold };
+            // SAFETY: null or a fid (caller); get checks it is one of our counters.
+            let cntr = unsafe { get::<Counter>(t.cntr) }.map_err(|_| {
+                Error::Inval("FI_TRIGGER_THRESHOLD: cntr is not a counter of this library".into())
+            })?;
+            Ok(Some(Armed::Threshold(TriggerContext::threshold(
+                cntr,
+                t.threshold as u64,
+            ))))
+        }
+        FI_TRIGGER_XPU => {
+            // SAFETY: the member event_type names; it lives in the caller's context.
+            let x = unsafe { &mut c.trigger.xpu };
+            let xpu = x.xpu().ok_or_else(|| {
+                Error::Inval(format!(
+                    "FI_TRIGGER_XPU: iface {} is not an enum fi_hmem_iface value",
+                    x.iface
+                ))
+            })?;
+            if x.count < 0 || (x.count > 0 && x.var.is_null()) {
+                return Err(Error::Inval(format!(
+                    "FI_TRIGGER_XPU: count {} with var {:p}",
+                    x.count, x.var
+                )));
+            }
+            // SAFETY: var writable for count (caller), checked above.
+            Ok(Some(Armed::Xpu(xpu, unsafe { x.vars_mut() })))
+        }
+        other => Err(Error::Inval(format!(
+            "FI_TRIGGER: event_type {other} is not FI_TRIGGER_THRESHOLD or FI_TRIGGER_XPU"
+        ))),
+    }
+}
+
+/// An operation XPU triggers do not start.
+fn no_xpu(what: &str) -> Error {
+    Error::OpNotSupp(format!(
+        "{what} with FI_TRIGGER_XPU: XPU triggers start sends, tagged sends, RMA writes and \
+         atomics"
+    ))
+}
+
+/// `fi_sendmsg`, triggered or not.
+///
+/// # Safety
+/// As `Endpoint::sendmsg` and [`armed`].
+pub(crate) unsafe fn sendmsg(e: &Endpoint, m: &Msg<'_>, flags: u64) -> xfabric::Result<()> {
+    let f = flags & !FI_TRIGGER;
+    // SAFETY (each arm): the caller's contract.
+    unsafe {
+        match armed(m.context, flags)? {
+            None => e.sendmsg(m, flags),
+            Some(Armed::Threshold(t)) => e.sendmsg_triggered(m, f, &t),
+            Some(Armed::Xpu(x, v)) => e.sendmsg_xpu(m, f, x, v).map(drop),
+        }
+    }
+}
+
+/// `fi_tsendmsg`, triggered or not.
+///
+/// # Safety
+/// As `Endpoint::tsendmsg` and [`armed`].
+pub(crate) unsafe fn tsendmsg(e: &Endpoint, m: &Msg<'_>, flags: u64) -> xfabric::Result<()> {
+    let f = flags & !FI_TRIGGER;
+    // SAFETY (each arm): the caller's contract.
+    unsafe {
+        match armed(m.context, flags)? {
+            None => e.tsendmsg(m, flags),
+            Some(Armed::Threshold(t)) => e.tsendmsg_triggered(m, f, &t),
+            Some(Armed::Xpu(x, v)) => e.tsendmsg_xpu(m, f, x, v).map(drop),
+        }
+    }
+}
+
+/// `fi_recvmsg`, triggered or not.
+///
+/// # Safety
+/// As `Endpoint::recvmsg` and [`armed`].
+pub(crate) unsafe fn recvmsg(e: &Endpoint, m: &Msg<'_>, flags: u64) -> xfabric::Result<()> {
+    // SAFETY (each arm): the caller's contract.
+    unsafe {
+        match armed(m.context, flags)? {
+            None => e.recvmsg(m, flags),
+            Some(Armed::Threshold(t)) => e.recvmsg_triggered(m, flags & !FI_TRIGGER, &t),
+            Some(Armed::Xpu(..)) => Err(no_xpu("fi_recvmsg")),
+        }
+    }
+}
+
+/// `fi_trecvmsg`, triggered or not.
+///
+/// # Safety
+/// As `Endpoint::trecvmsg` and [`armed`].
+pub(crate) unsafe fn trecvmsg(e: &Endpoint, m: &Msg<'_>, flags: u64) -> xfabric::Result<()> {
+    // SAFETY (each arm): the caller's contract.
+    unsafe {
+        match armed(m.context, flags)? {
+            None => e.trecvmsg(m, flags),
+            Some(Armed::Threshold(t)) => e.trecvmsg_triggered(m, flags & !FI_TRIGGER, &t),
+            Some(Armed::Xpu(..)) => Err(no_xpu("fi_trecvmsg")),
+        }
+    }
+}
+
+/// `fi_readmsg`, triggered or not.
+///
+/// # Safety
+/// As `Endpoint::readmsg` and [`armed`].
+pub(crate) unsafe fn readmsg(e: &Endpoint, m: &MsgRma<'_>, flags: u64) -> xfabric::Result<()> {
+    // SAFETY (each arm): the caller's contract.
+    unsafe {
+        match armed(m.context, flags)? {
+            None => e.readmsg(m, flags),
+            Some(Armed::Threshold(t)) => e.readmsg_triggered(m, flags & !FI_TRIGGER, &t),
+            Some(Armed::Xpu(..)) => Err(no_xpu("fi_readmsg")),
+        }
+    }
+}
+
+/// `fi_writemsg`, triggered or not.
+///
+/// # Safety
+/// As `Endpoint::writemsg` and [`armed`].
+pub(crate) unsafe fn writemsg(e: &Endpoint, m: &MsgRma<'_>, flags: u64) -> xfabric::Result<()> {
+    let f = flags & !FI_TRIGGER;
+    // SAFETY (each arm): the caller's contract.
+    unsafe {
+        match armed(m.context, flags)? {
+            None => e.writemsg(m, flags),
+            Some(Armed::Threshold(t)) => e.writemsg_triggered(m, f, &t),
+            Some(Armed::Xpu(x, v)) => e.writemsg_xpu(m, f, x, v).map(drop),
+        }
+    }
+}
+
+/// `fi_getopt` of an endpoint: `FI_OPT_XPU_TRIGGER` (`struct fi_trigger_xpu`); other options
+/// answer -FI_ENOPROTOOPT.
+pub(crate) unsafe extern "C" fn ep_getopt(
+    fid: *mut c_void,
+    level: c_int,
+    optname: c_int,
+    optval: *mut c_void,
+    optlen: *mut c_void,
+) -> c_int {
+    let optlen = optlen.cast::<usize>();
+    int(call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let ep = unsafe { ep_of(fid) }?;
+        if optval.is_null() || optlen.is_null() {
+            return Err(-(FI_EINVAL as isize));
+        }
+        if level != FI_OPT_ENDPOINT {
+            return Err(-(libc::ENOPROTOOPT as isize));
+        }
+        match optname {
+            FI_OPT_XPU_TRIGGER => {
+                // SAFETY: readable (checked non-null); the caller passes a struct fi_trigger_xpu.
+                if unsafe { *optlen } < std::mem::size_of::<TriggerXpu>() {
+                    return Err(-FI_ETOOSMALL);
+                }
+                // SAFETY: a struct fi_trigger_xpu whose var holds count variables (caller).
+                let t = unsafe { &mut *optval.cast::<TriggerXpu>() };
+                // SAFETY: as above.
+                unsafe { ep.getopt_xpu_trigger(t) }.map_err(neg)?;
+                // SAFETY: writable (checked non-null).
+                unsafe { *optlen = std::mem::size_of::<TriggerXpu>() };
+                Ok(0)
+            }
+            _ => Err(-(libc::ENOPROTOOPT as isize)),
+        }
+    }))
+}
+
+/// `fi_setopt` of an endpoint: `FI_OPT_MIN_MULTI_RECV`; other options answer
+/// -FI_ENOPROTOOPT.
+pub(crate) unsafe extern "C" fn ep_setopt(
+    fid: *mut c_void,
+    level: c_int,
+    optname: c_int,
+    optval: *const c_void,
+    optlen: usize,
+) -> c_int {
+    int(call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let ep = unsafe { ep_of(fid) }?;
+        if level != FI_OPT_ENDPOINT || optname != FI_OPT_MIN_MULTI_RECV {
+            return Err(-(libc::ENOPROTOOPT as isize));
+        }
+        if optval.is_null() || optlen < std::mem::size_of::<usize>() {
+            return Err(-(FI_EINVAL as isize));
+        }
+        // SAFETY: a readable size_t (caller), checked length.
+        let v = unsafe { optval.cast::<usize>().read_unaligned() };
+        ep.setopt(FI_OPT_MIN_MULTI_RECV, v)
+            .map(|()| 0)
+            .map_err(neg)
+    }))
+}
+
+fn int(r: isize) -> c_int {
+    c_int::try_from(r).unwrap_or(-FI_EOTHER)
+}
+
+// ---- deferred work ----
+
+/// `struct fi_deferred_work`.
+#[repr(C)]
+pub struct FiDeferredWork {
+    pub context: [*mut c_void; 8],
+    pub threshold: u64,
+    pub triggering_cntr: *mut c_void,
+    pub completion_cntr: *mut c_void,
+    pub op_type: c_int,
+    pub op: *mut c_void,
+}
+
+/// `struct fi_op_msg` (and, with the tagged message, `struct fi_op_tagged`).
+#[repr(C)]
+struct FiOpMsg<M> {
+    ep: *mut c_void,
+    msg: M,
+    flags: u64,
+}
+
+/// `struct fi_op_rma`.
+#[repr(C)]
+struct FiOpRma {
+    ep: *mut c_void,
+    msg: FiMsgRma,
+    flags: u64,
+}
+
+/// `struct fi_op_cntr`.
+#[repr(C)]
+struct FiOpCntr {
+    cntr: *mut c_void,
+    value: u64,
+}
+
+/// The requests C queued, by (domain, `struct fi_deferred_work` address): what
+/// `FI_CANCEL_WORK` names. A request that started stays until its domain flushes or its
+/// structure is queued again.
+static QUEUED: Mutex<Vec<(usize, usize, WorkId)>> = Mutex::new(Vec::new());
+
+fn queued() -> std::sync::MutexGuard<'static, Vec<(usize, usize, WorkId)>> {
+    QUEUED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A C message's parts, owned for the length of a call.
+struct Parts {
+    iov: Vec<RawIov>,
+    rma: Vec<RmaIov>,
+}
+
+/// # Safety
+/// `m`'s segments readable for its count.
+unsafe fn msg_parts(m: &FiMsg) -> Result<Parts, isize> {
+    Ok(Parts {
+        // SAFETY: forwarded.
+        iov: unsafe { segments(m.msg_iov, m.iov_count) }?,
+        rma: Vec::new(),
+    })
+}
+
+/// # Safety
+/// `m`'s segments readable for its counts.
+unsafe fn rma_parts(m: &FiMsgRma) -> Result<Parts, isize> {
+    // SAFETY: forwarded.
+    let iov = unsafe { segments(m.msg_iov, m.iov_count) }?;
+    let n = m.rma_iov_count;
+    if n > 1 << 10 || (n > 0 && m.rma_iov.is_null()) {
+        return Err(-(FI_EINVAL as isize));
+    }
+    let rma = if n == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: readable for n (caller), checked non-null.
+        unsafe { std::slice::from_raw_parts(m.rma_iov, n) }
+            .iter()
+            .map(|r| RmaIov {
+                addr: r.addr,
+                len: r.len,
+                key: r.key,
+            })
+            .collect()
+    };
+    Ok(Parts { iov, rma })
+}
+
+/// `fi_control(domain, FI_QUEUE_WORK)`.
+///
+/// # Safety
+/// `w` readable, its `op` pointing to the structure `op_type` names, whose buffers stay
+/// valid as the transfer requires.
+unsafe fn queue(d: &Domain, dom: usize, w: *const FiDeferredWork) -> Result<isize, isize> {
+    // SAFETY: null or readable (caller).
+    let w = unsafe { w.as_ref() }.ok_or(-(FI_EINVAL as isize))?;
+    // SAFETY: fids from the caller, checked by get.
+    let trig = unsafe { obj::<Counter>(w.triggering_cntr) }?;
+    let done = if w.completion_cntr.is_null() {
+        None
+    } else {
+        // SAFETY: as above.
+        Some(unsafe { obj::<Counter>(w.completion_cntr) }?)
+    };
+    if w.op.is_null() {
+        return Err(-(FI_EINVAL as isize));
+    }
+    // The structures `op` points to, read per op_type; `parts` owns the segments for the call.
+    let parts;
+    let op = match w.op_type {
+        FI_OP_SEND | FI_OP_RECV => {
+            // SAFETY: op is a struct fi_op_msg for these (caller).
+            let o = unsafe { &*w.op.cast::<FiOpMsg<FiMsg>>() };
+            // SAFETY: as above.
+            let ep = unsafe { ep_of(o.ep) }?;
+            // SAFETY: segments readable (caller).
+            parts = unsafe { msg_parts(&o.msg) }?;
+            let msg = Msg {
+                iov: &parts.iov,
+                desc: &[],
+                addr: o.msg.addr,
+                context: o.msg.context as usize,
+                data: o.msg.data,
+                tag: 0,
+                ignore: 0,
+            };
+            let om = OpMsg {
+                ep,
+                msg,
+                flags: o.flags,
+            };
+            if w.op_type == FI_OP_SEND {
+                WorkOp::Send(om)
+            } else {
+                WorkOp::Recv(om)
+            }
+        }
+        FI_OP_TSEND | FI_OP_TRECV => {
+            // SAFETY: op is a struct fi_op_tagged for these (caller).
+            let o = unsafe { &*w.op.cast::<FiOpMsg<FiMsgTagged>>() };
+            // SAFETY: as above.
+            let ep = unsafe { ep_of(o.ep) }?;
+            // SAFETY: segments readable (caller).
+            let iov = unsafe { segments(o.msg.msg_iov, o.msg.iov_count) }?;
+            parts = Parts {
+                iov,
+                rma: Vec::new(),
+            };
+            let msg = Msg {
+                iov: &parts.iov,
+                desc: &[],
+                addr: o.msg.addr,
+                context: o.msg.context as usize,
+                data: o.msg.data,
+                tag: o.msg.tag,
+                ignore: o.msg.ignore,
+            };
+            let om = OpMsg {
+                ep,
+                msg,
+                flags: o.flags,
+            };
+            if w.op_type == FI_OP_TSEND {
+                WorkOp::TSend(om)
+            } else {
+                WorkOp::TRecv(om)
+            }
+        }
+        FI_OP_READ | FI_OP_WRITE => {
+            // SAFETY: op is a struct fi_op_rma for these (caller).
+            let o = unsafe { &*w.op.cast::<FiOpRma>() };
+            // SAFETY: as above.
+            let ep = unsafe { ep_of(o.ep) }?;
+            // SAFETY: segments readable (caller).
+            parts = unsafe { rma_parts(&o.msg) }?;
+            let msg = MsgRma {
+                iov: &parts.iov,
+                desc: &[],
+                addr: o.msg.addr,
+                rma_iov: &parts.rma,
+                context: o.msg.context as usize,
+                data: o.msg.data,
+            };
+            let or = OpRma {
+                ep,
+                msg,
+                flags: o.flags,
+            };
+            if w.op_type == FI_OP_WRITE {
+                WorkOp::Write(or)
+            } else {
+                WorkOp::Read(or)
+            }
+        }
+        FI_OP_CNTR_SET | FI_OP_CNTR_ADD => {
+            // SAFETY: op is a struct fi_op_cntr for these (caller).
+            let o = unsafe { &*w.op.cast::<FiOpCntr>() };
+            // SAFETY: a fid from the caller, checked.
+            let cntr = unsafe { obj::<Counter>(o.cntr) }?;
+            let oc = OpCntr {
+                cntr,
+                value: o.value,
+            };
+            if w.op_type == FI_OP_CNTR_SET {
+                WorkOp::CntrSet(oc)
+            } else {
+                WorkOp::CntrAdd(oc)
+            }
+        }
+        // Atomics through deferred work are not translated yet (nor fi_atomic at all).
+        6..=8 => return Err(-(FI_ENOSYS as isize)),
+        _ => return Err(-(FI_EINVAL as isize)),
+    };
+    let work = DeferredWork {
+        threshold: w.threshold,
+        triggering_cntr: trig,
+        completion_cntr: done,
+        op,
+    };
+    // SAFETY: the buffers stay valid as the transfer requires (caller).
+    let id = unsafe { d.queue_work(&work) }.map_err(neg)?;
+    let at = w as *const FiDeferredWork as usize;
+    let mut q = queued();
+    q.retain(|(dd, ww, _)| !(*dd == dom && *ww == at));
+    q.push((dom, at, id));
+    Ok(0)
+}
+
+/// `fi_control` of a domain: the deferred work queue.
+pub(crate) unsafe extern "C" fn domain_control(
+    fid: *mut c_void,
+    command: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    int(call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let d = unsafe { obj::<Domain>(fid) }?;
+        let dom = fid as usize;
+        match command {
+            // SAFETY: a struct fi_deferred_work as fi_trigger(3) describes (caller).
+            FI_QUEUE_WORK => unsafe { queue(d, dom, arg.cast()) },
+            FI_CANCEL_WORK => {
+                let at = arg as usize;
+                let id = {
+                    let mut q = queued();
+                    let i = q
+                        .iter()
+                        .position(|(dd, ww, _)| *dd == dom && *ww == at)
+                        .ok_or(-(libc::ENOENT as isize))?;
+                    q.swap_remove(i).2
+                };
+                d.cancel_work(&id).map(|()| 0).map_err(neg)
+            }
+            FI_FLUSH_WORK => {
+                queued().retain(|(dd, _, _)| *dd != dom);
+                d.flush_work(None).map(|_| 0).map_err(neg)
+            }
+            _ => Err(-(FI_ENOSYS as isize)),
+        }
+    }))
+}
