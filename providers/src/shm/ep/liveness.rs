@@ -48,7 +48,7 @@ impl ShmEndpoint {
         st.peers[p].dead = true;
         let outstanding = st.tx.iter().filter(|(_, t)| t.peer == p).count();
         tracing::warn!(
-            peer = %st.peers[p].seg.name(),
+            peer = %st.peers[p].name,
             outstanding,
             backlog = st.peers[p].backlog.len(),
             "shm: peer is gone (its segment's lock is free); its operations fail with FI_ECONNRESET"
@@ -111,7 +111,7 @@ impl ShmEndpoint {
                 || peer.rx_lane.is_some()
                 || st.tx.iter().any(|(_, t)| t.peer == p)
                 || st.rxp.iter().any(|(_, r)| r.peer == p);
-            if !busy || peer.seg.owner_alive() {
+            if !busy || peer.owner_alive() {
                 continue;
             }
             // Replies it wrote before it died are handled before its outstanding work fails:

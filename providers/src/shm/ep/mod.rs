@@ -77,7 +77,10 @@ const SWEEP_EVERY: Duration = Duration::from_millis(20);
 
 struct Peer {
     name: String,
-    seg: Segment,
+    /// The peer's segment; `None` for a peer whose segment was gone when we read its first
+    /// message (it closed or exited after sending): what it wrote is still delivered, but
+    /// nothing goes back to it (it is `dead` from the start).
+    seg: Option<Segment>,
     /// Our lane in the peer's segment, claimed on first use.
     prod: Option<Producer>,
     /// The peer's lane in our segment.
@@ -100,6 +103,13 @@ struct Peer {
     reads_out: u32,
     /// Host copies of device memory those split reads copy from, by the peer's request id.
     read_copies: Vec<(u32, Vec<u8>)>,
+}
+
+impl Peer {
+    /// Whether the peer's process still holds its segment.
+    fn owner_alive(&self) -> bool {
+        self.seg.as_ref().is_some_and(Segment::owner_alive)
+    }
 }
 
 enum Payload {
@@ -499,15 +509,20 @@ impl ShmEndpoint {
         } else {
             None
         };
+        Ok(Self::add_peer(st, name, Some(seg), cma_pid))
+    }
+
+    /// Records a peer (`seg` `None`: one already gone, see `Peer::seg`).
+    fn add_peer(st: &mut State, name: &str, seg: Option<Segment>, cma_pid: Option<i32>) -> usize {
         st.peers.push(Peer {
             name: name.to_string(),
+            dead: seg.is_none(),
             seg,
             prod: None,
             rx_lane: None,
             src: FI_ADDR_NOTAVAIL,
             src_gen: u64::MAX,
             backlog: VecDeque::new(),
-            dead: false,
             last_check: None,
             dirty: Vec::new(),
             cma_pid,
@@ -517,7 +532,7 @@ impl ShmEndpoint {
         });
         let p = st.peers.len() - 1;
         st.by_name.insert(name.to_string(), p);
-        Ok(p)
+        p
     }
 
     /// The source `fi_addr_t` of peer `p` (reverse AV lookup, cached per AV generation).
@@ -547,13 +562,16 @@ impl ShmEndpoint {
         if peer.prod.is_some() {
             return Ok(());
         }
-        let lane = ring::claim_lane(&peer.seg, self.id).ok_or_else(|| {
+        let Some(seg) = peer.seg.as_ref() else {
+            return Err(Error::PeerLost(format!("peer {} is gone", peer.name)));
+        };
+        let lane = ring::claim_lane(seg, self.id).ok_or_else(|| {
             Error::Busy(format!(
                 "peer {} has no free lane ({LANES} senders)",
                 peer.name
             ))
         })?;
-        let mut prod = Producer::new(&peer.seg, lane);
+        let mut prod = Producer::new(seg, lane);
         let me = self.name.as_bytes();
         let h = Header {
             kind: kind::CONNECT,
@@ -561,8 +579,8 @@ impl ShmEndpoint {
             ..Default::default()
         };
         // A freshly claimed lane is drained, so the connect message fits.
-        if !prod.write(&peer.seg, &h, me.len(), |b| b.copy_from_slice(me)) {
-            ring::release_lane(&peer.seg, lane);
+        if !prod.write(seg, &h, me.len(), |b| b.copy_from_slice(me)) {
+            ring::release_lane(seg, lane);
             return Err(Error::Again("shm connect"));
         }
         peer.prod = Some(prod);
@@ -581,7 +599,7 @@ impl ShmEndpoint {
             .is_none_or(|t| t.elapsed() >= Duration::from_millis(1));
         if due {
             peer.last_check = Some(Instant::now());
-            if !peer.seg.owner_alive() {
+            if !peer.owner_alive() {
                 self.peer_died(st, p);
                 return Error::PeerLost(format!("peer {} died", st.peers[p].name));
             }
@@ -601,8 +619,9 @@ impl ShmEndpoint {
         let peer = &mut st.peers[p];
         if peer.backlog.is_empty() {
             let prod = peer.prod.as_mut().expect("lane ensured");
-            if prod.write(&peer.seg, &h, payload.len(), |b| b.copy_from_slice(payload)) {
-                Self::wake(&peer.seg);
+            let seg = peer.seg.as_ref().expect("a lane implies a segment");
+            if prod.write(seg, &h, payload.len(), |b| b.copy_from_slice(payload)) {
+                Self::wake(seg);
                 return;
             }
         }
@@ -628,16 +647,17 @@ impl ShmEndpoint {
         }
         let peer = &mut st.peers[p];
         let prod = peer.prod.as_mut().expect("lane ensured");
+        let seg = peer.seg.as_ref().expect("a lane implies a segment");
         let mut sent = false;
         while let Some((h, pl)) = peer.backlog.front() {
-            if !prod.write(&peer.seg, h, pl.len(), |b| b.copy_from_slice(pl)) {
+            if !prod.write(seg, h, pl.len(), |b| b.copy_from_slice(pl)) {
                 break;
             }
             peer.backlog.pop_front();
             sent = true;
         }
         if sent {
-            Self::wake(&peer.seg);
+            Self::wake(seg);
         }
         peer.backlog.is_empty()
     }
@@ -701,17 +721,19 @@ impl ShmEndpoint {
             };
             let peer = &mut st.peers[p];
             let prod = peer.prod.as_mut().expect("lane ensured");
+            let seg = peer.seg.as_ref().expect("a lane implies a segment");
             // SAFETY: the caller's contract keeps the iov readable during the call.
-            let ok = prod.write_request(&peer.seg, &h, len, |b| unsafe {
+            let ok = prod.write_request(seg, &h, len, |b| unsafe {
                 op.iov.copy_out(0, b);
             });
-            if !ok {
+            if ok {
+                Self::wake(seg);
+            } else {
                 if ack {
                     st.tx.remove(id as usize);
                 }
                 return Err(self.full(st, p, "send"));
             }
-            Self::wake(&st.peers[p].seg);
             if !ack {
                 st.done.push(Done::Tx {
                     ctx: op.ctx,
@@ -761,11 +783,12 @@ impl ShmEndpoint {
     ) -> Result<()> {
         let peer = &mut st.peers[p];
         let prod = peer.prod.as_mut().expect("lane ensured");
-        if !prod.write_request(&peer.seg, h, pl.len(), |b| b.copy_from_slice(pl)) {
+        let seg = peer.seg.as_ref().expect("a lane implies a segment");
+        if !prod.write_request(seg, h, pl.len(), |b| b.copy_from_slice(pl)) {
             st.tx.remove(id as usize);
             return Err(self.full(st, p, what));
         }
-        Self::wake(&st.peers[p].seg);
+        Self::wake(seg);
         Ok(())
     }
 
@@ -917,11 +940,23 @@ impl ShmEndpoint {
             // Only names of xfabric segments: a peer must not make us open arbitrary paths.
             let valid =
                 seg_name(format!("{ADDR_PREFIX}{name}").as_bytes()).is_ok_and(|n| n == name);
-            if let Some(p) = valid.then(|| self.peer_by_name(st, &name).ok()).flatten() {
-                st.peers[p].rx_lane = Some(lane);
-                st.peers[p].dead = false;
-                st.lane_peer[lane] = Some(p);
+            if !valid {
+                return false;
             }
+            let p = match self.peer_by_name(st, &name) {
+                Ok(p) => {
+                    st.peers[p].dead = false;
+                    p
+                }
+                // Its segment is gone: it closed or exited after writing what follows, whose
+                // sends completed there. It is delivered all the same; nothing goes back.
+                Err(_) => match st.by_name.get(&name) {
+                    Some(&p) => p,
+                    None => Self::add_peer(st, &name, None, None),
+                },
+            };
+            st.peers[p].rx_lane = Some(lane);
+            st.lane_peer[lane] = Some(p);
             return false;
         }
         let Some(p) = st.lane_peer[lane] else {
@@ -1411,9 +1446,7 @@ impl EndpointOps for ShmEndpoint {
         loop {
             let mut queued = false;
             for p in 0..st.peers.len() {
-                if !st.peers[p].dead
-                    && !self.flush_backlog(&mut st, p)
-                    && st.peers[p].seg.owner_alive()
+                if !st.peers[p].dead && !self.flush_backlog(&mut st, p) && st.peers[p].owner_alive()
                 {
                     queued = true;
                 }
@@ -1434,9 +1467,10 @@ impl EndpointOps for ShmEndpoint {
                     kind: kind::BYE,
                     ..Default::default()
                 };
+                let seg = peer.seg.as_ref().expect("a lane implies a segment");
                 // Best effort: if the ring is full the peer notices our segment's lock go.
-                if prod.write(&peer.seg, &h, 0, |_| {}) {
-                    Self::wake(&peer.seg);
+                if prod.write(seg, &h, 0, |_| {}) {
+                    Self::wake(seg);
                 }
             }
         }

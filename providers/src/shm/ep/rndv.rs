@@ -266,6 +266,7 @@ impl ShmEndpoint {
                 continue;
             }
             let prod = peer.prod.as_mut().expect("a streaming send's lane exists");
+            let seg = peer.seg.as_ref().expect("a lane implies a segment");
             while off < len {
                 let chunk = FRAG.min(len - off);
                 let h = Header {
@@ -276,7 +277,7 @@ impl ShmEndpoint {
                     ..Default::default()
                 };
                 // SAFETY: a pending send's buffer stays readable until it completes.
-                if !prod.write(&peer.seg, &h, chunk, |b| unsafe {
+                if !prod.write(seg, &h, chunk, |b| unsafe {
                     iov.copy_out(off, b);
                 }) {
                     break;
@@ -285,7 +286,7 @@ impl ShmEndpoint {
                 n += 1;
             }
             if n > 0 {
-                Self::wake(&peer.seg);
+                Self::wake(seg);
             }
             st.tx[id].stream = Some((rx_id, off));
             if off >= len {
