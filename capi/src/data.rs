@@ -21,6 +21,7 @@ const FI_ENABLE: c_int = 6;
 /// libfabric's `FI_ETOOSMALL`.
 const FI_ETOOSMALL: c_int = 257;
 
+/// The address vector's ops table.
 pub static AV_OPS: FiOpsAv = FiOpsAv {
     insert: av_insert,
     remove: av_remove,
@@ -28,6 +29,7 @@ pub static AV_OPS: FiOpsAv = FiOpsAv {
     straddr: av_straddr,
     ..FiOpsAv::ENOSYS
 };
+/// The completion queue's ops table.
 pub static CQ_OPS: FiOpsCq = FiOpsCq {
     read: cq_read,
     readfrom: cq_readfrom,
@@ -37,6 +39,7 @@ pub static CQ_OPS: FiOpsCq = FiOpsCq {
     signal: cq_signal,
     ..FiOpsCq::ENOSYS
 };
+/// The counter's ops table.
 pub static CNTR_OPS: FiOpsCntr = FiOpsCntr {
     read: cntr_read,
     readerr: cntr_readerr,
@@ -744,6 +747,7 @@ unsafe extern "C" fn cntr_wait(cntr: *mut c_void, threshold: u64, timeout: c_int
 
 /// `struct fi_msg` and `struct fi_msg_tagged`'s common shape: segments, descriptors, count,
 /// address, then (tagged) tag and ignore, then context and data.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiMsg {
     pub msg_iov: *const libc::iovec,
@@ -755,6 +759,7 @@ pub struct FiMsg {
 }
 
 /// `struct fi_msg_tagged`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiMsgTagged {
     pub msg_iov: *const libc::iovec,

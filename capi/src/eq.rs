@@ -13,18 +13,21 @@ use crate::FI_EINVAL;
 /// libfabric's `FI_ETOOSMALL`.
 const FI_ETOOSMALL: isize = 257;
 
+/// The event queue's ops table.
 pub static EQ_OPS: FiOpsEq = FiOpsEq {
     read: eq_read,
     write: eq_write,
     sread: eq_sread,
     ..FiOpsEq::ENOSYS
 };
+/// The wait set's ops table.
 pub static WAIT_OPS: FiOpsWait = FiOpsWait {
     wait: wait_wait,
     ..FiOpsWait::ENOSYS
 };
 
 /// `struct fi_eq_entry`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiEqEntry {
     pub fid: *mut c_void,

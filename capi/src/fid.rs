@@ -13,17 +13,27 @@ use crate::ops::FiOps;
 use crate::FI_EINVAL;
 
 // `enum fi_class` values of the objects translated here.
+/// `FI_CLASS_FABRIC`: a fabric.
 pub const FI_CLASS_FABRIC: usize = 1;
+/// `FI_CLASS_DOMAIN`: a domain.
 pub const FI_CLASS_DOMAIN: usize = 2;
+/// `FI_CLASS_EP`: an endpoint.
 pub const FI_CLASS_EP: usize = 3;
+/// `FI_CLASS_AV`: an address vector.
 pub const FI_CLASS_AV: usize = 11;
+/// `FI_CLASS_MR`: a memory region.
 pub const FI_CLASS_MR: usize = 12;
+/// `FI_CLASS_EQ`: an event queue.
 pub const FI_CLASS_EQ: usize = 13;
+/// `FI_CLASS_CQ`: a completion queue.
 pub const FI_CLASS_CQ: usize = 14;
+/// `FI_CLASS_CNTR`: a counter.
 pub const FI_CLASS_CNTR: usize = 15;
+/// `FI_CLASS_WAIT`: a wait set.
 pub const FI_CLASS_WAIT: usize = 16;
 
 /// `struct fid`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Fid {
@@ -34,6 +44,7 @@ pub struct Fid {
 
 /// A C object: the head C reads (starting with the `struct fid`), then the Rust object, which
 /// only `close` takes out.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct Obj<T: Class> {
     pub head: T::Head,

@@ -5,6 +5,7 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr::null_mut;
 
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct FiTxAttr {
@@ -20,6 +21,7 @@ pub struct FiTxAttr {
     pub tclass: u32,
 }
 
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct FiRxAttr {
@@ -33,6 +35,7 @@ pub struct FiRxAttr {
     pub iov_limit: usize,
 }
 
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct FiEpAttr {
@@ -51,6 +54,7 @@ pub struct FiEpAttr {
     pub auth_key: *mut u8,
 }
 
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct FiDomainAttr {
@@ -83,6 +87,7 @@ pub struct FiDomainAttr {
     pub tclass: u32,
 }
 
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct FiFabricAttr {
@@ -93,6 +98,7 @@ pub struct FiFabricAttr {
     pub api_version: u32,
 }
 
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiInfo {
     pub next: *mut FiInfo,

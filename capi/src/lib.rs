@@ -8,6 +8,8 @@
 //! (`fid`, `objects`) whose ops tables (`ops`) answer `-FI_ENOSYS` except where `objects` and
 //! `data` translate a call. fi_open answers `-FI_ENOSYS`.
 
+#![warn(missing_docs)]
+
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -17,6 +19,7 @@ pub mod fid;
 pub mod getinfo;
 pub mod info;
 pub mod objects;
+#[allow(missing_docs)] // generated from the headers: every member is the header's
 pub mod ops;
 pub mod rma;
 pub mod text;
@@ -27,10 +30,15 @@ use text::FiParam;
 /// `FI_VERSION(1, 17)`: the API this library implements.
 pub const FI_VERSION_1_17: u32 = (1 << 16) | 17;
 
+/// `FI_EINVAL`: an argument was wrong.
 pub const FI_EINVAL: c_int = libc::EINVAL;
+/// `FI_ENOSYS`: xfabric does not do this.
 pub const FI_ENOSYS: c_int = libc::ENOSYS;
+/// `FI_ENODATA`: nothing matched (getinfo).
 pub const FI_ENODATA: c_int = libc::ENODATA;
+/// `FI_ENOMEM`: an allocation failed.
 pub const FI_ENOMEM: c_int = libc::ENOMEM;
+/// `FI_EOTHER`: an unspecified error (and what a caught panic becomes).
 pub const FI_EOTHER: c_int = 256;
 
 /// Runs one export's body; a panic becomes `on_panic` instead of unwinding into C (undefined
@@ -39,6 +47,7 @@ fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or(on_panic)
 }
 
+/// `fi_version`: the API version this library implements, 1.17.
 pub extern "C" fn fi_version() -> u32 {
     FI_VERSION_1_17
 }
@@ -111,6 +120,7 @@ pub extern "C" fn fi_log_enabled(_prov: *const c_void, _level: c_int, _subsys: c
     0
 }
 
+/// `fi_log_ready`: providers loaded by libfabric call it; xfabric has none, so it does nothing.
 pub extern "C" fn fi_log_ready(
     _prov: *const c_void,
     _level: c_int,
@@ -235,6 +245,7 @@ pub unsafe extern "C" fn fi_fabric(
     unsafe { objects::fabric_open(attr, fabric, context) }
 }
 
+/// `fi_open`: named objects (such as Open MPI's "mr_cache") are not offered: -FI_ENOSYS.
 pub extern "C" fn fi_open(
     _version: u32,
     name: *const c_char,

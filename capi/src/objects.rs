@@ -18,6 +18,7 @@ use crate::ops::*;
 use crate::{guard, FI_EINVAL, FI_ENOSYS, FI_EOTHER, FI_VERSION_1_17};
 
 /// `struct fid_fabric`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FabricHead {
     pub fid: Fid,
@@ -26,6 +27,7 @@ pub struct FabricHead {
 }
 
 /// `struct fid_domain`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct DomainHead {
     pub fid: Fid,
@@ -34,6 +36,7 @@ pub struct DomainHead {
 }
 
 /// `struct fid_ep`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct EpHead {
     pub fid: Fid,
@@ -48,6 +51,7 @@ pub struct EpHead {
 }
 
 /// `struct fid_av`, `fid_cq`, `fid_cntr`, `fid_eq`, `fid_wait`: the fid and one ops table.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct OpsHead<O: 'static> {
     pub fid: Fid,
@@ -55,6 +59,7 @@ pub struct OpsHead<O: 'static> {
 }
 
 /// `struct fid_mr`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct MrHead {
     pub fid: Fid,
@@ -64,6 +69,7 @@ pub struct MrHead {
 }
 
 /// `struct fi_cq_attr`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiCqAttr {
     pub size: usize,
@@ -76,6 +82,7 @@ pub struct FiCqAttr {
 }
 
 /// `struct fi_cntr_attr`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiCntrAttr {
     pub events: c_int,
@@ -85,6 +92,7 @@ pub struct FiCntrAttr {
 }
 
 /// `struct fi_av_attr`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiAvAttr {
     pub type_: c_int,
@@ -97,6 +105,7 @@ pub struct FiAvAttr {
 }
 
 /// `struct fi_eq_attr`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiEqAttr {
     pub size: usize,
@@ -107,6 +116,7 @@ pub struct FiEqAttr {
 }
 
 /// `struct fi_wait_attr`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiWaitAttr {
     pub wait_obj: c_int,
@@ -114,6 +124,7 @@ pub struct FiWaitAttr {
 }
 
 /// `struct fi_mr_attr` (the device union read as its widest member).
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiMrAttr {
     pub mr_iov: *const libc::iovec,
@@ -183,7 +194,9 @@ class!(MemoryRegion, FI_CLASS_MR, MrHead, MR_FI_OPS);
 /// An endpoint as C holds it: with its address format, which decides how its name is written
 /// (an `FI_ADDR_STR` name is a C string, NUL included).
 pub struct CEndpoint {
+    /// The endpoint.
     pub ep: Endpoint,
+    /// `fi_info.addr_format` it was opened with.
     pub addr_format: u32,
 }
 

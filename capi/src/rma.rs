@@ -11,6 +11,7 @@ use crate::data::{bytes, bytes_mut, call, ep_of, neg, segments};
 use crate::ops::FiOpsRma;
 use crate::FI_EINVAL;
 
+/// The endpoint's RMA ops table.
 pub static RMA_OPS: FiOpsRma = FiOpsRma {
     read: rma_read,
     readmsg: rma_readmsg,
@@ -23,6 +24,7 @@ pub static RMA_OPS: FiOpsRma = FiOpsRma {
 };
 
 /// `struct fi_rma_iov`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct FiRmaIov {
@@ -32,6 +34,7 @@ pub struct FiRmaIov {
 }
 
 /// `struct fi_msg_rma`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiMsgRma {
     pub msg_iov: *const libc::iovec,

@@ -120,6 +120,7 @@ pub unsafe fn tostr_r(
 }
 
 /// `struct fi_param`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiParam {
     pub name: *const c_char,

@@ -45,6 +45,7 @@ const FI_OPT_XPU_TRIGGER: c_int = 9;
 const FI_ETOOSMALL: isize = 257;
 
 /// `struct fi_trigger_threshold`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct FiTriggerThreshold {
@@ -54,6 +55,7 @@ pub struct FiTriggerThreshold {
 
 /// The union of `struct fi_triggered_context` (the `fi_context`-sized one; the `2` variant has
 /// the same members at the same offsets, only more room after them).
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub union FiTrigger {
@@ -63,6 +65,7 @@ pub union FiTrigger {
 }
 
 /// `struct fi_triggered_context`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct FiTriggeredContext {
@@ -291,9 +294,7 @@ pub(crate) unsafe extern "C" fn ep_setopt(
         }
         // SAFETY: a readable size_t (caller), checked length.
         let v = unsafe { optval.cast::<usize>().read_unaligned() };
-        ep.setopt(FI_OPT_MIN_MULTI_RECV, v)
-            .map(|()| 0)
-            .map_err(neg)
+        ep.setopt(FI_OPT_MIN_MULTI_RECV, v).map(|()| 0).map_err(neg)
     }))
 }
 
@@ -304,6 +305,7 @@ fn int(r: isize) -> c_int {
 // ---- deferred work ----
 
 /// `struct fi_deferred_work`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiDeferredWork {
     pub context: [*mut c_void; 8],
