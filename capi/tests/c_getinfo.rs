@@ -85,6 +85,13 @@ fn source_lookup_then_again_with_the_first_answers_address() {
         let allowed =
             FI_MR_LOCAL | FI_MR_ENDPOINT | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
         assert_eq!((*f.domain_attr).mr_mode & !allowed, 0);
+        // Narrowed to what shm needs: no descriptors, registrations or binds to make; the
+        // two addressing choices the caller allowed stay.
+        assert_eq!(
+            (*f.domain_attr).mr_mode,
+            FI_MR_PROV_KEY | FI_MR_VIRT_ADDR,
+            "mr_mode of the answer"
+        );
         // Again, as clients do, with the first answer's source address in the hints.
         let h2 = fi_dupinfo(first);
         assert!(!h2.is_null());

@@ -300,12 +300,13 @@ impl Info {
                     mr_mode_str(self.domain_attr.mr_mode & !mr)
                 )));
             }
-            out.domain_attr.mr_mode = mr
-                & (self.domain_attr.mr_mode
-                    | FI_MR_VIRT_ADDR
-                    | FI_MR_PROV_KEY
-                    | FI_MR_LOCAL
-                    | FI_MR_ALLOCATED);
+            // Narrowed to what the provider needs, plus the two addressing choices it offers
+            // both ways: FI_MR_LOCAL, FI_MR_ALLOCATED and FI_MR_ENDPOINT only burden a caller
+            // (descriptors to pass, registrations to make, binds) when the provider does not
+            // need them, so they are left off; FI_MR_VIRT_ADDR and FI_MR_PROV_KEY, when the
+            // caller allows them, select how RMA addresses and keys work, and are kept.
+            out.domain_attr.mr_mode =
+                mr & (self.domain_attr.mr_mode | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY);
         }
         match hints.domain_attr.data_progress {
             Progress::Unspec => {}
