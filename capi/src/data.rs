@@ -35,6 +35,7 @@ pub static CQ_OPS: FiOpsCq = FiOpsCq {
     sread: cq_sread,
     sreadfrom: cq_sreadfrom,
     signal: cq_signal,
+    strerror: crate::eq::cq_strerror,
     ..FiOpsCq::ENOSYS
 };
 pub static CNTR_OPS: FiOpsCntr = FiOpsCntr {
@@ -89,8 +90,8 @@ static TAGGED_OPS: FiOpsTagged = FiOpsTagged {
     injectdata: ep_tinjectdata,
     ..FiOpsTagged::ENOSYS
 };
+use crate::atomic::ATOMIC_OPS;
 use crate::rma::RMA_OPS;
-static ATOMIC_OPS: FiOpsAtomic = FiOpsAtomic::ENOSYS;
 
 /// A new endpoint's head.
 pub fn ep_head(context: *mut c_void) -> EpHead {

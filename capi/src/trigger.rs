@@ -291,9 +291,7 @@ pub(crate) unsafe extern "C" fn ep_setopt(
         }
         // SAFETY: a readable size_t (caller), checked length.
         let v = unsafe { optval.cast::<usize>().read_unaligned() };
-        ep.setopt(FI_OPT_MIN_MULTI_RECV, v)
-            .map(|()| 0)
-            .map_err(neg)
+        ep.setopt(FI_OPT_MIN_MULTI_RECV, v).map(|()| 0).map_err(neg)
     }))
 }
 
