@@ -1,7 +1,7 @@
 //! Atomics through C: every member of `struct fi_ops_atomic` and the domain's `query_atomic`,
 //! onto the endpoint's atomic, fetch and compare calls and the core's validity tables. The
-//! core takes one contiguous operand per request, so the vector forms accept one `fi_ioc` (and
-//! one `fi_rma_ioc`) each; more answer -FI_EINVAL, as the reported `iov_limit` of atomics is 1.
+//! core's atomic request carries one contiguous operand (and compare and result), so the vector
+//! and message forms take one `fi_ioc` per vector and one `fi_rma_ioc`; more answer -FI_EINVAL.
 //! `FI_TRIGGER` on `fi_atomicmsg` arms a threshold or XPU trigger like the RMA calls.
 
 use std::ffi::{c_int, c_void};

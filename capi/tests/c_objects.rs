@@ -6,7 +6,9 @@ use std::ffi::{c_int, c_void};
 use std::mem::{offset_of, size_of};
 use std::ptr::{null, null_mut};
 
+use fabric::atomic::{FiAtomicAttr, FiIoc, FiMsgAtomic, FiRmaIoc};
 use fabric::data::{FiMsg, FiMsgTagged};
+use fabric::eq::FiEqErrEntry;
 use fabric::fid::Fid;
 use fabric::objects::*;
 use fabric::ops::*;
@@ -106,6 +108,27 @@ fn ops_tables_fids_and_attrs_match_the_headers() {
             "sizeof(struct fi_cq_err_entry)",
             size_of::<xfabric::CqErrEntry>(),
         ),
+        ("sizeof(struct fi_eq_err_entry)", size_of::<FiEqErrEntry>()),
+        (
+            "offsetof(struct fi_eq_err_entry, err_data_size)",
+            offset_of!(FiEqErrEntry, err_data_size),
+        ),
+        ("sizeof(struct fi_ioc)", size_of::<FiIoc>()),
+        ("sizeof(struct fi_rma_ioc)", size_of::<FiRmaIoc>()),
+        (
+            "offsetof(struct fi_rma_ioc, key)",
+            offset_of!(FiRmaIoc, key),
+        ),
+        ("sizeof(struct fi_msg_atomic)", size_of::<FiMsgAtomic>()),
+        (
+            "offsetof(struct fi_msg_atomic, op)",
+            offset_of!(FiMsgAtomic, op),
+        ),
+        (
+            "offsetof(struct fi_msg_atomic, data)",
+            offset_of!(FiMsgAtomic, data),
+        ),
+        ("sizeof(struct fi_atomic_attr)", size_of::<FiAtomicAttr>()),
     ];
     let mut src = String::from(
         "#include <stdio.h>\n#include <stddef.h>\n#include <rdma/fabric.h>\n\
@@ -223,10 +246,21 @@ int main(void) {
     CHECK(fi_av_insert(av, name, 1, &self, 0, NULL) == 1);
 
     /* What is not translated answers -FI_ENOSYS, through a non-null slot. */
-    struct iovec v = { buf, 8 };
-    CHECK(fi_readv(ep, &v, NULL, 1, self, 0, 0, NULL) == -FI_ENOSYS);
     CHECK(fi_connect(ep, name, NULL, 0) == -FI_ENOSYS);
-    CHECK(fi_atomic(ep, buf, 1, NULL, self, 0, 0, FI_UINT8, FI_SUM, NULL) == -FI_ENOSYS);
+    /* Translated slots check their arguments: a vector that is not there, an fi_datatype
+       value that does not exist. */
+    CHECK(fi_readv(ep, NULL, NULL, 1, self, 0, 0, NULL) == -FI_EINVAL);
+    CHECK(fi_writev(ep, NULL, NULL, 1, self, 0, 0, NULL) == -FI_EINVAL);
+    CHECK(fi_atomic(ep, buf, 1, NULL, self, 0, 0, 99, FI_SUM, NULL) == -FI_EINVAL);
+    /* EQ errors: none queued; the error texts, into the caller's buffer (cut to its size). */
+    struct fi_eq_err_entry eq_err;
+    CHECK(fi_eq_readerr(eq, &eq_err, 0) == -FI_EAGAIN);
+    char text[64], tiny[4];
+    CHECK(fi_eq_strerror(eq, FI_ETRUNC, NULL, text, sizeof text) == text);
+    CHECK(strcmp(text, fi_strerror(FI_ETRUNC)) == 0);
+    CHECK(fi_cq_strerror(cq, FI_ETRUNC, NULL, tiny, sizeof tiny) == tiny);
+    CHECK(strlen(tiny) == 3 && strncmp(tiny, fi_strerror(FI_ETRUNC), 3) == 0);
+    CHECK(strcmp(fi_cq_strerror(cq, FI_ETRUNC, NULL, NULL, 0), fi_strerror(FI_ETRUNC)) == 0);
     /* Nothing posted with that context. */
     CHECK(fi_cancel(&ep->fid, &ctx) == -FI_ENOENT);
 
