@@ -371,6 +371,16 @@ int main(void) {
     CHECK(fi_read(ep, back + 32, 4, NULL, self, base + 32, key, back) == 0);
     CHECK(wait_one() == 0);
     CHECK(strcmp(back + 32, "inj") == 0);
+    /* Vectors: two segments written into one remote span, read back into two others. */
+    struct iovec wv[2] = { { "vec", 3 }, { "tor", 4 } };
+    CHECK(fi_writev(ep, wv, NULL, 2, self, base + 64, key, NULL) == 0);
+    CHECK(wait_one() == 0);
+    CHECK(strcmp(target + 64, "vector") == 0);
+    char h[3], t[4];
+    struct iovec rv[2] = { { h, 3 }, { t, 4 } };
+    CHECK(fi_readv(ep, rv, NULL, 2, self, base + 64, key, NULL) == 0);
+    CHECK(wait_one() == 0);
+    CHECK(memcmp(h, "vec", 3) == 0 && strcmp(t, "tor") == 0);
     /* A wrong key is the core's error, reported, never a crash. */
     ssize_t bad = fi_write(ep, src, 4, NULL, self, base, key + 12345, NULL);
     if (bad == 0) { struct fi_cq_err_entry err = {0}; CHECK(wait_one() == -FI_EAVAIL); CHECK(fi_cq_readerr(cq, &err, 0) == 1); }
