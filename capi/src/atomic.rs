@@ -7,7 +7,10 @@
 use std::ffi::{c_int, c_void};
 
 use xfabric::atomic::{compare_valid, count_limit, fetch_valid, valid};
-use xfabric::{AtomicOp, Datatype, Endpoint, MsgAtomic, ATOMIC_MAX, FI_TRIGGER};
+use xfabric::{
+    AtomicOp, Datatype, Endpoint, MsgAtomic, OpAtomic, OpCompareAtomic, OpFetchAtomic, RawIov,
+    WorkOp, ATOMIC_MAX, FI_TRIGGER,
+};
 
 use crate::data::{bytes, bytes_mut, call, ep_of, neg, obj};
 use crate::ops::FiOpsAtomic;
@@ -577,4 +580,118 @@ pub(crate) unsafe extern "C" fn domain_query_atomic(
         Ok(0)
     });
     c_int::try_from(r).unwrap_or(-(FI_EINVAL))
+}
+
+/// `struct fi_msg_fetch` and `struct fi_msg_compare` (the same members).
+#[repr(C)]
+pub struct FiMsgIoc {
+    pub msg_iov: *const FiIoc,
+    pub desc: *mut *mut c_void,
+    pub iov_count: usize,
+}
+
+/// `struct fi_op_atomic`.
+#[repr(C)]
+pub struct FiOpAtomic {
+    pub ep: *mut c_void,
+    pub msg: FiMsgAtomic,
+    pub flags: u64,
+}
+
+/// `struct fi_op_fetch_atomic`.
+#[repr(C)]
+pub struct FiOpFetchAtomic {
+    pub ep: *mut c_void,
+    pub msg: FiMsgAtomic,
+    pub fetch: FiMsgIoc,
+    pub flags: u64,
+}
+
+/// `struct fi_op_compare_atomic`.
+#[repr(C)]
+pub struct FiOpCompareAtomic {
+    pub ep: *mut c_void,
+    pub msg: FiMsgAtomic,
+    pub fetch: FiMsgIoc,
+    pub compare: FiMsgIoc,
+    pub flags: u64,
+}
+
+/// `FI_OP_ATOMIC`, `FI_OP_FETCH_ATOMIC`, `FI_OP_COMPARE_ATOMIC` of `enum fi_trigger_op`.
+pub(crate) const FI_OP_ATOMIC: c_int = 6;
+pub(crate) const FI_OP_FETCH_ATOMIC: c_int = 7;
+pub(crate) const FI_OP_COMPARE_ATOMIC: c_int = 8;
+
+/// The queued atomic of a `struct fi_deferred_work` whose `op_type` is one of the three atomic
+/// kinds, its buffers as the core's deferred work takes them.
+///
+/// # Safety
+/// `op` null or the structure `op_type` names, its vectors readable for their counts and its
+/// buffers valid until the work completes.
+pub(crate) unsafe fn deferred<'a>(op_type: c_int, op: *const c_void) -> Result<WorkOp<'a>, isize> {
+    if op.is_null() {
+        return Err(EINVAL);
+    }
+    // SAFETY: every kind starts with the endpoint and the message (caller).
+    let head = unsafe { &*op.cast::<FiOpAtomic>() };
+    // SAFETY: as above.
+    let (ep, (msg, ioc)) = unsafe {
+        (
+            ep_of(head.ep)?,
+            msg_of((&head.msg as *const FiMsgAtomic).cast())?,
+        )
+    };
+    let n = span(ioc.count, msg.datatype)?;
+    let operand = RawIov {
+        addr: ioc.addr as usize,
+        len: if msg.op == AtomicOp::Read { 0 } else { n },
+    };
+    let count = ioc.count;
+    // A result or compare vector: one segment of the operand's count.
+    let seg = |v: &FiMsgIoc| -> Result<RawIov, isize> {
+        // SAFETY: its vector is readable for its count (caller).
+        let i = unsafe { one_ioc(v.msg_iov, v.iov_count) }?;
+        if i.count != count {
+            return Err(EINVAL);
+        }
+        Ok(RawIov {
+            addr: i.addr as usize,
+            len: n,
+        })
+    };
+    Ok(match op_type {
+        FI_OP_ATOMIC => WorkOp::Atomic(OpAtomic {
+            ep,
+            msg,
+            operand,
+            count,
+            flags: head.flags,
+        }),
+        FI_OP_FETCH_ATOMIC => {
+            // SAFETY: the structure op_type names (caller).
+            let o = unsafe { &*op.cast::<FiOpFetchAtomic>() };
+            WorkOp::FetchAtomic(OpFetchAtomic {
+                ep,
+                msg,
+                operand,
+                result: seg(&o.fetch)?,
+                count,
+                flags: o.flags,
+            })
+        }
+        FI_OP_COMPARE_ATOMIC => {
+            // SAFETY: the structure op_type names (caller).
+            let o = unsafe { &*op.cast::<FiOpCompareAtomic>() };
+            WorkOp::CompareAtomic(OpCompareAtomic {
+                ep,
+                msg,
+                operand,
+                compare: seg(&o.compare)?,
+                result: seg(&o.fetch)?,
+                count,
+                flags: o.flags,
+            })
+        }
+        _ => return Err(EINVAL),
+    })
 }

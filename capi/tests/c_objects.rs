@@ -6,7 +6,10 @@ use std::ffi::{c_int, c_void};
 use std::mem::{offset_of, size_of};
 use std::ptr::{null, null_mut};
 
-use fabric::atomic::{FiAtomicAttr, FiIoc, FiMsgAtomic, FiRmaIoc};
+use fabric::atomic::{
+    FiAtomicAttr, FiIoc, FiMsgAtomic, FiMsgIoc, FiOpAtomic, FiOpCompareAtomic, FiOpFetchAtomic,
+    FiRmaIoc,
+};
 use fabric::data::{FiMsg, FiMsgTagged};
 use fabric::eq::FiEqErrEntry;
 use fabric::fid::Fid;
@@ -129,12 +132,26 @@ fn ops_tables_fids_and_attrs_match_the_headers() {
             offset_of!(FiMsgAtomic, data),
         ),
         ("sizeof(struct fi_atomic_attr)", size_of::<FiAtomicAttr>()),
+        ("sizeof(struct fi_msg_fetch)", size_of::<FiMsgIoc>()),
+        ("sizeof(struct fi_op_atomic)", size_of::<FiOpAtomic>()),
+        (
+            "offsetof(struct fi_op_fetch_atomic, flags)",
+            offset_of!(FiOpFetchAtomic, flags),
+        ),
+        (
+            "offsetof(struct fi_op_compare_atomic, compare)",
+            offset_of!(FiOpCompareAtomic, compare),
+        ),
+        (
+            "offsetof(struct fi_op_compare_atomic, flags)",
+            offset_of!(FiOpCompareAtomic, flags),
+        ),
     ];
     let mut src = String::from(
         "#include <stdio.h>\n#include <stddef.h>\n#include <rdma/fabric.h>\n\
          #include <rdma/fi_domain.h>\n#include <rdma/fi_endpoint.h>\n#include <rdma/fi_cm.h>\n\
          #include <rdma/fi_eq.h>\n#include <rdma/fi_rma.h>\n#include <rdma/fi_tagged.h>\n\
-         #include <rdma/fi_atomic.h>\nint main(void) {\n",
+         #include <rdma/fi_atomic.h>\n#include <rdma/fi_trigger.h>\nint main(void) {\n",
     );
     for (expr, _) in &checks {
         src.push_str(&format!("  printf(\"%zu\\n\", (size_t)({expr}));\n"));
