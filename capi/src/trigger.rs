@@ -506,8 +506,8 @@ unsafe fn queue(d: &Domain, dom: usize, w: *const FiDeferredWork) -> Result<isiz
                 WorkOp::CntrAdd(oc)
             }
         }
-        // SAFETY: op is the structure op_type names (caller).
         crate::atomic::FI_OP_ATOMIC..=crate::atomic::FI_OP_COMPARE_ATOMIC => {
+            // SAFETY: op is the structure op_type names (caller).
             unsafe { crate::atomic::deferred(w.op_type, w.op.cast()) }?
         }
         _ => return Err(-(FI_EINVAL as isize)),
