@@ -37,6 +37,7 @@ pub static CQ_OPS: FiOpsCq = FiOpsCq {
     sread: cq_sread,
     sreadfrom: cq_sreadfrom,
     signal: cq_signal,
+    strerror: crate::eq::cq_strerror,
     ..FiOpsCq::ENOSYS
 };
 /// The counter's ops table.
@@ -92,8 +93,8 @@ static TAGGED_OPS: FiOpsTagged = FiOpsTagged {
     injectdata: ep_tinjectdata,
     ..FiOpsTagged::ENOSYS
 };
+use crate::atomic::ATOMIC_OPS;
 use crate::rma::RMA_OPS;
-static ATOMIC_OPS: FiOpsAtomic = FiOpsAtomic::ENOSYS;
 
 /// A new endpoint's head.
 pub fn ep_head(context: *mut c_void) -> EpHead {

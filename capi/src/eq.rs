@@ -1,12 +1,14 @@
 //! Event queues and wait sets through C: fi_eq_read, fi_eq_sread and fi_eq_write with
 //! `struct fi_eq_entry` (the entry's fid is handed back as it was written: a C fid stays the
-//! C fid), and fi_wait.
+//! C fid), fi_eq_readerr with `struct fi_eq_err_entry`, fi_eq_strerror and fi_cq_strerror
+//! (the core's text for the error number), and fi_wait.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 
-use xfabric::{EqEntry, EventQueue, WaitSet};
+use xfabric::{CompletionQueue, EqEntry, EventQueue, WaitSet};
 
 use crate::data::{call, neg, obj};
+use crate::fid::get;
 use crate::ops::{FiOpsEq, FiOpsWait};
 use crate::FI_EINVAL;
 
@@ -18,6 +20,8 @@ pub static EQ_OPS: FiOpsEq = FiOpsEq {
     read: eq_read,
     write: eq_write,
     sread: eq_sread,
+    readerr: eq_readerr,
+    strerror: eq_strerror,
     ..FiOpsEq::ENOSYS
 };
 /// The wait set's ops table.
@@ -33,6 +37,18 @@ pub struct FiEqEntry {
     pub fid: *mut c_void,
     pub context: *mut c_void,
     pub data: u64,
+}
+
+/// `struct fi_eq_err_entry`.
+#[repr(C)]
+pub struct FiEqErrEntry {
+    pub fid: *mut c_void,
+    pub context: *mut c_void,
+    pub data: u64,
+    pub err: c_int,
+    pub prov_errno: c_int,
+    pub err_data: *mut c_void,
+    pub err_data_size: usize,
 }
 
 const ENTRY: usize = size_of::<FiEqEntry>();
@@ -124,6 +140,89 @@ unsafe extern "C" fn eq_write(
         })
         .map_err(neg)?;
         Ok(ENTRY as isize)
+    })
+}
+
+unsafe extern "C" fn eq_readerr(eq: *mut c_void, buf: *mut c_void, _flags: u64) -> isize {
+    call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let q = unsafe { obj::<EventQueue>(eq) }?;
+        if buf.is_null() {
+            return Err(-(FI_EINVAL as isize));
+        }
+        let e = q.readerr().map_err(neg)?;
+        // The core's EQ errors carry no provider data: err_data is left empty.
+        // SAFETY: writable as an fi_eq_err_entry (caller), checked non-null.
+        unsafe {
+            buf.cast::<FiEqErrEntry>().write_unaligned(FiEqErrEntry {
+                fid: e.fid as *mut c_void,
+                context: e.context as *mut c_void,
+                data: e.data,
+                err: e.err,
+                prov_errno: e.prov_errno,
+                err_data: std::ptr::null_mut(),
+                err_data_size: 0,
+            })
+        };
+        Ok(size_of::<FiEqErrEntry>() as isize)
+    })
+}
+
+/// The text of `prov_errno` for fi_eq_strerror and fi_cq_strerror: copied into `buf` (cut to
+/// `len` with its NUL) when the caller gives one, else the library's static text.
+///
+/// # Safety
+/// `buf` null or writable for `len` bytes.
+unsafe fn strerror_into(
+    text: Option<String>,
+    prov_errno: c_int,
+    buf: *mut c_void,
+    len: usize,
+) -> *const c_char {
+    let fallback = crate::fi_strerror(prov_errno);
+    let (Some(t), false, true) = (text, buf.is_null(), len > 0) else {
+        return fallback;
+    };
+    let n = t.len().min(len - 1);
+    // SAFETY: writable for len > n bytes (caller).
+    unsafe {
+        std::ptr::copy_nonoverlapping(t.as_ptr(), buf.cast::<u8>(), n);
+        *buf.cast::<u8>().add(n) = 0;
+    }
+    buf.cast_const().cast()
+}
+
+unsafe extern "C" fn eq_strerror(
+    eq: *mut c_void,
+    prov_errno: c_int,
+    _err_data: *const c_void,
+    buf: *mut c_void,
+    len: usize,
+) -> *const c_char {
+    crate::guard(crate::fi_strerror(prov_errno), || {
+        // SAFETY: a fid from the caller, checked; a foreign one still gets the static text.
+        let text = unsafe { get::<EventQueue>(eq) }
+            .ok()
+            .map(|_| xfabric::error::strerror(prov_errno));
+        // SAFETY: buf as the caller says.
+        unsafe { strerror_into(text, prov_errno, buf, len) }
+    })
+}
+
+pub(crate) unsafe extern "C" fn cq_strerror(
+    cq: *mut c_void,
+    prov_errno: c_int,
+    _err_data: *const c_void,
+    buf: *mut c_void,
+    len: usize,
+) -> *const c_char {
+    crate::guard(crate::fi_strerror(prov_errno), || {
+        // SAFETY: a fid from the caller, checked; a foreign one still gets the static text.
+        let text = unsafe { get::<CompletionQueue>(cq) }
+            .ok()
+            .map(|q| q.strerror(prov_errno));
+        // SAFETY: buf as the caller says.
+        unsafe { strerror_into(text, prov_errno, buf, len) }
     })
 }
 

@@ -13,6 +13,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+pub mod atomic;
 pub mod data;
 pub mod eq;
 pub mod fid;

@@ -226,6 +226,7 @@ static DOMAIN_OPS: FiOpsDomain = FiOpsDomain {
     cq_open: domain_cq_open,
     endpoint: domain_endpoint,
     cntr_open: domain_cntr_open,
+    query_atomic: crate::atomic::domain_query_atomic,
     ..FiOpsDomain::ENOSYS
 };
 static MR_OPS: FiOpsMr = FiOpsMr {

@@ -1,7 +1,6 @@
 //! RMA through C: fi_read, fi_write, fi_inject_write, fi_writedata, fi_inject_writedata,
-//! fi_readmsg and fi_writemsg onto the endpoint's RMA calls. Keys, address checks and ordering
-//! are the core's; vectored reads and writes answer -FI_ENOSYS (`readmsg`/`writemsg` take
-//! several segments).
+//! fi_readv, fi_writev, fi_readmsg and fi_writemsg onto the endpoint's RMA calls. Keys, address
+//! checks, ordering and the segment limit are the core's.
 
 use std::ffi::c_void;
 
@@ -10,12 +9,15 @@ use xfabric::{Endpoint, MsgRma, RmaIov};
 use crate::data::{bytes, bytes_mut, call, ep_of, neg, segments};
 use crate::ops::FiOpsRma;
 use crate::FI_EINVAL;
+use xfabric::RawIov;
 
 /// The endpoint's RMA ops table.
 pub static RMA_OPS: FiOpsRma = FiOpsRma {
     read: rma_read,
+    readv: rma_readv,
     readmsg: rma_readmsg,
     write: rma_write,
+    writev: rma_writev,
     writemsg: rma_writemsg,
     inject: rma_inject,
     writedata: rma_writedata,
@@ -199,4 +201,60 @@ unsafe extern "C" fn rma_readmsg(ep: *mut c_void, msg: *const c_void, flags: u64
 unsafe extern "C" fn rma_writemsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
     // SAFETY: as rma_readmsg.
     unsafe { post_rma(ep, msg, |e, m| crate::trigger::writemsg(e, m, flags)) }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn rma_readv(
+    ep: *mut c_void,
+    iov: *const c_void,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: u64,
+    addr: u64,
+    key: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: iov readable for count; the segments writable until completion (fi_rma(3)).
+    unsafe {
+        post_v(ep, iov, count, |e, v| {
+            e.readv(v, &[], src, addr, key, ctx as usize)
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn rma_writev(
+    ep: *mut c_void,
+    iov: *const c_void,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: u64,
+    addr: u64,
+    key: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: iov readable for count; the segments readable until completion (fi_rma(3)).
+    unsafe {
+        post_v(ep, iov, count, |e, v| {
+            e.writev(v, &[], dest, addr, key, ctx as usize)
+        })
+    }
+}
+
+/// Posts a vector RMA call through `post` (the core's readv or writev).
+///
+/// # Safety
+/// `ep` null or a readable fid; `iov` readable for `count` iovecs whose segments stay valid as
+/// the core call requires.
+unsafe fn post_v(
+    ep: *mut c_void,
+    iov: *const c_void,
+    count: usize,
+    post: impl FnOnce(&Endpoint, &[RawIov]) -> xfabric::Result<()>,
+) -> isize {
+    call(|| {
+        // SAFETY: a fid from the caller, checked; iov as the caller says.
+        let (e, v) = unsafe { (ep_of(ep)?, segments(iov.cast(), count)?) };
+        post(e, &v).map(|()| 0).map_err(neg)
+    })
 }

@@ -510,8 +510,10 @@ unsafe fn queue(d: &Domain, dom: usize, w: *const FiDeferredWork) -> Result<isiz
                 WorkOp::CntrAdd(oc)
             }
         }
-        // Atomics through deferred work are not translated yet (nor fi_atomic at all).
-        6..=8 => return Err(-(FI_ENOSYS as isize)),
+        crate::atomic::FI_OP_ATOMIC..=crate::atomic::FI_OP_COMPARE_ATOMIC => {
+            // SAFETY: op is the structure op_type names (caller).
+            unsafe { crate::atomic::deferred(w.op_type, w.op.cast()) }?
+        }
         _ => return Err(-(FI_EINVAL as isize)),
     };
     let work = DeferredWork {

@@ -6,7 +6,12 @@ use std::ffi::{c_int, c_void};
 use std::mem::{offset_of, size_of};
 use std::ptr::{null, null_mut};
 
+use fabric::atomic::{
+    FiAtomicAttr, FiIoc, FiMsgAtomic, FiMsgIoc, FiOpAtomic, FiOpCompareAtomic, FiOpFetchAtomic,
+    FiRmaIoc,
+};
 use fabric::data::{FiMsg, FiMsgTagged};
+use fabric::eq::FiEqErrEntry;
 use fabric::fid::Fid;
 use fabric::objects::*;
 use fabric::ops::*;
@@ -106,12 +111,47 @@ fn ops_tables_fids_and_attrs_match_the_headers() {
             "sizeof(struct fi_cq_err_entry)",
             size_of::<xfabric::CqErrEntry>(),
         ),
+        ("sizeof(struct fi_eq_err_entry)", size_of::<FiEqErrEntry>()),
+        (
+            "offsetof(struct fi_eq_err_entry, err_data_size)",
+            offset_of!(FiEqErrEntry, err_data_size),
+        ),
+        ("sizeof(struct fi_ioc)", size_of::<FiIoc>()),
+        ("sizeof(struct fi_rma_ioc)", size_of::<FiRmaIoc>()),
+        (
+            "offsetof(struct fi_rma_ioc, key)",
+            offset_of!(FiRmaIoc, key),
+        ),
+        ("sizeof(struct fi_msg_atomic)", size_of::<FiMsgAtomic>()),
+        (
+            "offsetof(struct fi_msg_atomic, op)",
+            offset_of!(FiMsgAtomic, op),
+        ),
+        (
+            "offsetof(struct fi_msg_atomic, data)",
+            offset_of!(FiMsgAtomic, data),
+        ),
+        ("sizeof(struct fi_atomic_attr)", size_of::<FiAtomicAttr>()),
+        ("sizeof(struct fi_msg_fetch)", size_of::<FiMsgIoc>()),
+        ("sizeof(struct fi_op_atomic)", size_of::<FiOpAtomic>()),
+        (
+            "offsetof(struct fi_op_fetch_atomic, flags)",
+            offset_of!(FiOpFetchAtomic, flags),
+        ),
+        (
+            "offsetof(struct fi_op_compare_atomic, compare)",
+            offset_of!(FiOpCompareAtomic, compare),
+        ),
+        (
+            "offsetof(struct fi_op_compare_atomic, flags)",
+            offset_of!(FiOpCompareAtomic, flags),
+        ),
     ];
     let mut src = String::from(
         "#include <stdio.h>\n#include <stddef.h>\n#include <rdma/fabric.h>\n\
          #include <rdma/fi_domain.h>\n#include <rdma/fi_endpoint.h>\n#include <rdma/fi_cm.h>\n\
          #include <rdma/fi_eq.h>\n#include <rdma/fi_rma.h>\n#include <rdma/fi_tagged.h>\n\
-         #include <rdma/fi_atomic.h>\nint main(void) {\n",
+         #include <rdma/fi_atomic.h>\n#include <rdma/fi_trigger.h>\nint main(void) {\n",
     );
     for (expr, _) in &checks {
         src.push_str(&format!("  printf(\"%zu\\n\", (size_t)({expr}));\n"));
@@ -223,10 +263,21 @@ int main(void) {
     CHECK(fi_av_insert(av, name, 1, &self, 0, NULL) == 1);
 
     /* What is not translated answers -FI_ENOSYS, through a non-null slot. */
-    struct iovec v = { buf, 8 };
-    CHECK(fi_readv(ep, &v, NULL, 1, self, 0, 0, NULL) == -FI_ENOSYS);
     CHECK(fi_connect(ep, name, NULL, 0) == -FI_ENOSYS);
-    CHECK(fi_atomic(ep, buf, 1, NULL, self, 0, 0, FI_UINT8, FI_SUM, NULL) == -FI_ENOSYS);
+    /* Translated slots check their arguments: a vector that is not there, an fi_datatype
+       value that does not exist. */
+    CHECK(fi_readv(ep, NULL, NULL, 1, self, 0, 0, NULL) == -FI_EINVAL);
+    CHECK(fi_writev(ep, NULL, NULL, 1, self, 0, 0, NULL) == -FI_EINVAL);
+    CHECK(fi_atomic(ep, buf, 1, NULL, self, 0, 0, 99, FI_SUM, NULL) == -FI_EINVAL);
+    /* EQ errors: none queued; the error texts, into the caller's buffer (cut to its size). */
+    struct fi_eq_err_entry eq_err;
+    CHECK(fi_eq_readerr(eq, &eq_err, 0) == -FI_EAGAIN);
+    char text[64], tiny[4];
+    CHECK(fi_eq_strerror(eq, FI_ETRUNC, NULL, text, sizeof text) == text);
+    CHECK(strcmp(text, fi_strerror(FI_ETRUNC)) == 0);
+    CHECK(fi_cq_strerror(cq, FI_ETRUNC, NULL, tiny, sizeof tiny) == tiny);
+    CHECK(strlen(tiny) == 3 && strncmp(tiny, fi_strerror(FI_ETRUNC), 3) == 0);
+    CHECK(strcmp(fi_cq_strerror(cq, FI_ETRUNC, NULL, NULL, 0), fi_strerror(FI_ETRUNC)) == 0);
     /* Nothing posted with that context. */
     CHECK(fi_cancel(&ep->fid, &ctx) == -FI_ENOENT);
 
@@ -337,6 +388,16 @@ int main(void) {
     CHECK(fi_read(ep, back + 32, 4, NULL, self, base + 32, key, back) == 0);
     CHECK(wait_one() == 0);
     CHECK(strcmp(back + 32, "inj") == 0);
+    /* Vectors: two segments written into one remote span, read back into two others. */
+    struct iovec wv[2] = { { "vec", 3 }, { "tor", 4 } };
+    CHECK(fi_writev(ep, wv, NULL, 2, self, base + 64, key, NULL) == 0);
+    CHECK(wait_one() == 0);
+    CHECK(strcmp(target + 64, "vector") == 0);
+    char h[3], t[4];
+    struct iovec rv[2] = { { h, 3 }, { t, 4 } };
+    CHECK(fi_readv(ep, rv, NULL, 2, self, base + 64, key, NULL) == 0);
+    CHECK(wait_one() == 0);
+    CHECK(memcmp(h, "vec", 3) == 0 && strcmp(t, "tor") == 0);
     /* A wrong key is the core's error, reported, never a crash. */
     ssize_t bad = fi_write(ep, src, 4, NULL, self, base, key + 12345, NULL);
     if (bad == 0) { struct fi_cq_err_entry err = {0}; CHECK(wait_one() == -FI_EAVAIL); CHECK(fi_cq_readerr(cq, &err, 0) == 1); }

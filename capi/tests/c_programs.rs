@@ -65,3 +65,10 @@ fn xfabric_hmem_present() -> bool {
     std::path::Path::new("/dev/nvidia0").exists()
         || std::path::Path::new("/dev/dri/renderD128").exists()
 }
+
+#[test]
+fn c_atomics_on_a_peers_registered_u64s() {
+    let out = run_c("atomic", &[]);
+    assert!(out.contains("target: every atomic landed"), "{out}");
+    assert!(out.contains("fenced read back"), "{out}");
+}
