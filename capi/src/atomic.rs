@@ -25,6 +25,7 @@ const FI_EOPNOTSUPP: c_int = libc::EOPNOTSUPP;
 const FI_FETCH_ATOMIC: u64 = 1 << 58;
 const FI_COMPARE_ATOMIC: u64 = 1 << 59;
 
+/// The endpoint's atomic ops table.
 pub static ATOMIC_OPS: FiOpsAtomic = FiOpsAtomic {
     write: atomic_write,
     writev: atomic_writev,
@@ -43,6 +44,7 @@ pub static ATOMIC_OPS: FiOpsAtomic = FiOpsAtomic {
 };
 
 /// `struct fi_ioc`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct FiIoc {
@@ -51,6 +53,7 @@ pub struct FiIoc {
 }
 
 /// `struct fi_rma_ioc`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct FiRmaIoc {
@@ -60,6 +63,7 @@ pub struct FiRmaIoc {
 }
 
 /// `struct fi_msg_atomic`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiMsgAtomic {
     pub msg_iov: *const FiIoc,
@@ -75,6 +79,7 @@ pub struct FiMsgAtomic {
 }
 
 /// `struct fi_atomic_attr`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiAtomicAttr {
     pub count: usize,
@@ -583,6 +588,7 @@ pub(crate) unsafe extern "C" fn domain_query_atomic(
 }
 
 /// `struct fi_msg_fetch` and `struct fi_msg_compare` (the same members).
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiMsgIoc {
     pub msg_iov: *const FiIoc,
@@ -591,6 +597,7 @@ pub struct FiMsgIoc {
 }
 
 /// `struct fi_op_atomic`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiOpAtomic {
     pub ep: *mut c_void,
@@ -599,6 +606,7 @@ pub struct FiOpAtomic {
 }
 
 /// `struct fi_op_fetch_atomic`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiOpFetchAtomic {
     pub ep: *mut c_void,
@@ -608,6 +616,7 @@ pub struct FiOpFetchAtomic {
 }
 
 /// `struct fi_op_compare_atomic`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiOpCompareAtomic {
     pub ep: *mut c_void,

@@ -40,6 +40,7 @@ pub struct FiEqEntry {
 }
 
 /// `struct fi_eq_err_entry`.
+#[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct FiEqErrEntry {
     pub fid: *mut c_void,
