@@ -116,9 +116,21 @@ pub unsafe extern "C" fn fi_tostr_r(
     guard(buf, || unsafe { text::tostr_r(buf, len, data, datatype) })
 }
 
-/// Logging is off until FI_LOG_LEVEL is translated.
-pub extern "C" fn fi_log_enabled(_prov: *const c_void, _level: c_int, _subsys: c_int) -> c_int {
-    0
+/// `fi_log_enabled`: whether xfabric's log (the one `FI_LOG_LEVEL` or `RUST_LOG` turns on, see
+/// `xfabric::log`) takes messages of `level` (`enum fi_log_level`: FI_LOG_WARN, FI_LOG_TRACE,
+/// FI_LOG_INFO, FI_LOG_DEBUG); 0 for any other value.
+pub extern "C" fn fi_log_enabled(_prov: *const c_void, level: c_int, _subsys: c_int) -> c_int {
+    guard(0, || {
+        xfabric::log::init();
+        let on = match level {
+            0 => tracing::enabled!(tracing::Level::WARN),
+            1 => tracing::enabled!(tracing::Level::TRACE),
+            2 => tracing::enabled!(tracing::Level::INFO),
+            3 => tracing::enabled!(tracing::Level::DEBUG),
+            _ => false,
+        };
+        c_int::from(on)
+    })
 }
 
 /// `fi_log_ready`: providers loaded by libfabric call it; xfabric has none, so it does nothing.

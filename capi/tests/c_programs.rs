@@ -16,11 +16,30 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn run_c(name: &str, extra: &[&str]) -> String {
+    run_c_with(name, extra, &[])
+}
+
+fn run_c_with(name: &str, extra: &[&str], env: &[(&str, &str)]) -> String {
     let exe = run::compile("cc", name, extra, true);
     let mut cmd = Command::new(&exe);
     cmd.env("LD_LIBRARY_PATH", common::so1_dir())
-        .env("FI_PROVIDER", "shm");
+        .env("FI_PROVIDER", "shm")
+        .env_remove("RUST_LOG")
+        .envs(env.iter().copied());
     run::success(name, &common::output_within(cmd, LIMIT, name))
+}
+
+#[test]
+fn c_log_enabled_follows_fi_log_level() {
+    // FI_LOG_LEVEL=info: warn and info on, debug and trace off (libfabric's order: warn <
+    // info < debug < trace in verbosity).
+    let out = run_c_with("log_enabled", &[], &[("FI_LOG_LEVEL", "info")]);
+    assert_eq!(out.trim(), "warn 1 trace 0 info 1 debug 0", "{out}");
+    let out = run_c_with("log_enabled", &[], &[("FI_LOG_LEVEL", "trace")]);
+    assert_eq!(out.trim(), "warn 1 trace 1 info 1 debug 1", "{out}");
+    // Off by default.
+    let out = run_c_with("log_enabled", &[], &[]);
+    assert_eq!(out.trim(), "warn 0 trace 0 info 0 debug 0", "{out}");
 }
 
 #[test]
