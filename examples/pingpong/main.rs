@@ -523,7 +523,10 @@ fn run(o: &Opts) -> Res<()> {
     // a posted receive may still be written until the endpoint is closed, and a registered
     // buffer must outlive its region.
     let max = o.sizes.iter().copied().max().unwrap_or(0);
-    let mut tx = vec![0u8; max];
+    // Every page written now, as fi_pingpong's memset does: a zeroed allocation is left
+    // untouched by calloc, and reading untouched pages reads the kernel's one zero page,
+    // always in cache, which made large transfers look faster than they are.
+    let mut tx = vec![0xa5u8; max];
     // Receives, the peer's writes and atomics, and reads' and fetches' results land here.
     let mut rx = LandingBuf::new(max.max(8 * o.window));
     let mut node = open(o)?;
@@ -872,7 +875,8 @@ struct LandingBuf {
 
 impl LandingBuf {
     fn new(len: usize) -> LandingBuf {
-        let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
+        // Written now (see `run`): every page real before the first transfer.
+        let b: Box<[u8]> = vec![0x5au8; len].into_boxed_slice();
         let ptr = NonNull::new(Box::into_raw(b).cast::<u8>()).expect("a Box is never null");
         LandingBuf { ptr, len }
     }
