@@ -148,6 +148,32 @@ unsafe extern "C" fn rma_injectdata(
 
 /// Posts a C RMA message through `post` (the core's readmsg or writemsg).
 ///
+/// The target segments of a C RMA message, bounded as the local ones (`data::segments`):
+/// nothing is read past the bound.
+///
+/// # Safety
+/// `rma_iov` readable for `count` entries.
+pub(crate) unsafe fn rma_segments(
+    rma_iov: *const FiRmaIov,
+    count: usize,
+) -> Result<Vec<RmaIov>, isize> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    if rma_iov.is_null() || count > 1 << 10 {
+        return Err(-(FI_EINVAL as isize));
+    }
+    // SAFETY: readable for count (caller), checked non-null.
+    Ok(unsafe { std::slice::from_raw_parts(rma_iov, count) }
+        .iter()
+        .map(|r| RmaIov {
+            addr: r.addr,
+            len: r.len,
+            key: r.key,
+        })
+        .collect())
+}
+
 /// # Safety
 /// `ep` null or a readable fid; `msg` null or a valid `struct fi_msg_rma` whose segments stay
 /// valid as the core call requires.
@@ -163,24 +189,8 @@ unsafe fn post_rma(
         let m = unsafe { msg.cast::<FiMsgRma>().as_ref() }.ok_or(-(FI_EINVAL as isize))?;
         // SAFETY: the message's local segments are readable (caller).
         let iov = unsafe { segments(m.msg_iov, m.iov_count) }?;
-        let n = m.rma_iov_count;
-        // The same bound as the local segments: nothing is read past it.
-        let rma: Vec<RmaIov> = if n == 0 {
-            Vec::new()
-        } else {
-            if m.rma_iov.is_null() || n > 1 << 10 {
-                return Err(-(FI_EINVAL as isize));
-            }
-            // SAFETY: readable for n (caller), checked non-null.
-            unsafe { std::slice::from_raw_parts(m.rma_iov, n) }
-                .iter()
-                .map(|r| RmaIov {
-                    addr: r.addr,
-                    len: r.len,
-                    key: r.key,
-                })
-                .collect()
-        };
+        // SAFETY: the message's target segments are readable (caller).
+        let rma = unsafe { rma_segments(m.rma_iov, m.rma_iov_count) }?;
         let msg = MsgRma {
             iov: &iov,
             desc: &[],

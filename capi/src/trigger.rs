@@ -8,13 +8,13 @@ use std::ffi::{c_int, c_void};
 use std::sync::Mutex;
 
 use xfabric::{
-    Counter, DeferredWork, Domain, Endpoint, Error, Msg, MsgRma, OpCntr, OpMsg, OpRma, RawIov,
-    RmaIov, TriggerContext, TriggerVar, TriggerXpu, WorkId, WorkOp, Xpu, FI_TRIGGER,
+    Counter, DeferredWork, Domain, Endpoint, Error, Msg, MsgRma, OpCntr, OpMsg, OpRma,
+    TriggerContext, TriggerVar, TriggerXpu, WorkId, WorkOp, Xpu, FI_TRIGGER,
 };
 
 use crate::data::{call, ep_of, neg, obj, segments, FiMsg, FiMsgTagged};
 use crate::fid::get;
-use crate::rma::FiMsgRma;
+use crate::rma::{rma_segments, FiMsgRma};
 use crate::{FI_EINVAL, FI_ENOSYS, FI_EOTHER};
 
 /// `enum fi_trigger_event`.
@@ -348,47 +348,6 @@ fn queued() -> std::sync::MutexGuard<'static, Vec<(usize, usize, WorkId)>> {
     QUEUED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A C message's parts, owned for the length of a call.
-struct Parts {
-    iov: Vec<RawIov>,
-    rma: Vec<RmaIov>,
-}
-
-/// # Safety
-/// `m`'s segments readable for its count.
-unsafe fn msg_parts(m: &FiMsg) -> Result<Parts, isize> {
-    Ok(Parts {
-        // SAFETY: forwarded.
-        iov: unsafe { segments(m.msg_iov, m.iov_count) }?,
-        rma: Vec::new(),
-    })
-}
-
-/// # Safety
-/// `m`'s segments readable for its counts.
-unsafe fn rma_parts(m: &FiMsgRma) -> Result<Parts, isize> {
-    // SAFETY: forwarded.
-    let iov = unsafe { segments(m.msg_iov, m.iov_count) }?;
-    let n = m.rma_iov_count;
-    if n > 1 << 10 || (n > 0 && m.rma_iov.is_null()) {
-        return Err(-(FI_EINVAL as isize));
-    }
-    let rma = if n == 0 {
-        Vec::new()
-    } else {
-        // SAFETY: readable for n (caller), checked non-null.
-        unsafe { std::slice::from_raw_parts(m.rma_iov, n) }
-            .iter()
-            .map(|r| RmaIov {
-                addr: r.addr,
-                len: r.len,
-                key: r.key,
-            })
-            .collect()
-    };
-    Ok(Parts { iov, rma })
-}
-
 /// `fi_control(domain, FI_QUEUE_WORK)`.
 ///
 /// # Safety
@@ -408,8 +367,9 @@ unsafe fn queue(d: &Domain, dom: usize, w: *const FiDeferredWork) -> Result<isiz
     if w.op.is_null() {
         return Err(-(FI_EINVAL as isize));
     }
-    // The structures `op` points to, read per op_type; `parts` owns the segments for the call.
-    let parts;
+    // The structures `op` points to, read per op_type; `iov` and `rma` own the segments for
+    // the call.
+    let (iov, rma);
     let op = match w.op_type {
         FI_OP_SEND | FI_OP_RECV => {
             // SAFETY: op is a struct fi_op_msg for these (caller).
@@ -417,9 +377,9 @@ unsafe fn queue(d: &Domain, dom: usize, w: *const FiDeferredWork) -> Result<isiz
             // SAFETY: as above.
             let ep = unsafe { ep_of(o.ep) }?;
             // SAFETY: segments readable (caller).
-            parts = unsafe { msg_parts(&o.msg) }?;
+            iov = unsafe { segments(o.msg.msg_iov, o.msg.iov_count) }?;
             let msg = Msg {
-                iov: &parts.iov,
+                iov: &iov,
                 desc: &[],
                 addr: o.msg.addr,
                 context: o.msg.context as usize,
@@ -444,13 +404,9 @@ unsafe fn queue(d: &Domain, dom: usize, w: *const FiDeferredWork) -> Result<isiz
             // SAFETY: as above.
             let ep = unsafe { ep_of(o.ep) }?;
             // SAFETY: segments readable (caller).
-            let iov = unsafe { segments(o.msg.msg_iov, o.msg.iov_count) }?;
-            parts = Parts {
-                iov,
-                rma: Vec::new(),
-            };
+            iov = unsafe { segments(o.msg.msg_iov, o.msg.iov_count) }?;
             let msg = Msg {
-                iov: &parts.iov,
+                iov: &iov,
                 desc: &[],
                 addr: o.msg.addr,
                 context: o.msg.context as usize,
@@ -475,12 +431,14 @@ unsafe fn queue(d: &Domain, dom: usize, w: *const FiDeferredWork) -> Result<isiz
             // SAFETY: as above.
             let ep = unsafe { ep_of(o.ep) }?;
             // SAFETY: segments readable (caller).
-            parts = unsafe { rma_parts(&o.msg) }?;
+            iov = unsafe { segments(o.msg.msg_iov, o.msg.iov_count) }?;
+            // SAFETY: as above.
+            rma = unsafe { rma_segments(o.msg.rma_iov, o.msg.rma_iov_count) }?;
             let msg = MsgRma {
-                iov: &parts.iov,
+                iov: &iov,
                 desc: &[],
                 addr: o.msg.addr,
-                rma_iov: &parts.rma,
+                rma_iov: &rma,
                 context: o.msg.context as usize,
                 data: o.msg.data,
             };

@@ -952,7 +952,19 @@ impl ShmEndpoint {
                 // sends completed there. It is delivered all the same; nothing goes back.
                 Err(_) => match st.by_name.get(&name) {
                     Some(&p) => p,
-                    None => Self::add_peer(st, &name, None, None),
+                    // A name costs a writer nothing: at most one gone peer per lane is
+                    // remembered, so CONNECTs naming no segment cannot grow the table.
+                    None if st.peers.iter().filter(|p| p.seg.is_none()).count() < LANES => {
+                        Self::add_peer(st, &name, None, None)
+                    }
+                    None => {
+                        tracing::warn!(
+                            peer = %name,
+                            "shm: a lane names a segment that is gone, past the bound of gone \
+                             peers; its messages are dropped"
+                        );
+                        return false;
+                    }
                 },
             };
             st.peers[p].rx_lane = Some(lane);
