@@ -24,6 +24,7 @@ pub mod info;
 pub mod log;
 pub mod mr;
 pub mod object;
+pub mod rdm;
 pub mod rxq;
 pub mod settings;
 pub mod trigger;

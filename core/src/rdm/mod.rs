@@ -1,0 +1,80 @@
+//! The RDM protocol engine: what makes a reliable-datagram endpoint out of a transport that
+//! moves frames between peers. Written once, I/O-free, in the manner of quinn-proto: a
+//! transport feeds it (`Engine::post_*`, a frame's control part arrived, its body arrived, a
+//! frame was sent, a peer was lost) and drains it (frames to transmit, completions, which it
+//! writes through `EpCore`). It owns no socket, ring, thread or clock.
+//!
+//! - [`wire`]: every frame as one enum, one encoder, one fuzzed decoder.
+//! - [`engine`]: per-endpoint protocol state: matching (core's `RecvQueue`), the initiator's
+//!   outstanding requests, acknowledgements for the completion levels, fences, RMA and
+//!   atomics executed at the target after key checks ([`target`]), peer loss.
+//!
+//! The types below are the contract with a transport: what it sends ([`Transmit`]) and where
+//! it puts what arrives ([`Sink`]).
+
+pub mod wire;
+
+use crate::rxq::IovList;
+
+/// A peer, as the transport numbers them (an index into its own table). The engine keeps
+/// per-peer state by this number.
+pub type PeerId = usize;
+
+/// The bytes after a frame's control part.
+#[derive(Debug, Default)]
+pub enum Body {
+    /// None.
+    #[default]
+    None,
+    /// Bytes the frame owns.
+    Owned(Vec<u8>),
+    /// Application memory (a send's buffer, the source of a write, a read's target range):
+    /// the engine keeps it valid until the transport reports the frame sent (`Transmit::token`)
+    /// or the peer lost.
+    Iov(IovList),
+}
+
+impl Body {
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Body::None => 0,
+            Body::Owned(v) => v.len(),
+            Body::Iov(iov) => iov.total(),
+        }
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One frame for the transport to send, in order with the others to the same peer.
+#[derive(Debug)]
+pub struct Transmit {
+    /// To whom.
+    pub peer: PeerId,
+    /// The frame's prefix and control part (`wire::Frame::encode`).
+    pub ctrl: Vec<u8>,
+    /// Its body.
+    pub body: Body,
+    /// When set, the transport calls `Engine::on_sent(peer, token)` once every byte of the
+    /// frame is handed over (a stream's kernel buffer, a ring): the engine then releases the
+    /// body's memory or completes the operation.
+    pub token: Option<u64>,
+}
+
+/// Where an arriving frame's body goes: the engine's answer to its control part
+/// (`Engine::on_ctrl`), handed back filled (`Engine::on_body`). A stream transport has at most
+/// one body in flight per peer; a message transport calls both at once.
+#[derive(Debug)]
+pub enum Sink {
+    /// Nowhere: the transport reads and drops the bytes.
+    Discard,
+    /// A buffer of exactly the body's length, handed back in `Engine::on_body`.
+    Buffer(Vec<u8>),
+    /// Straight into memory the engine keeps valid until `Engine::on_body` (a posted receive,
+    /// registered memory): the first `iov.total()` bytes go there, the rest is dropped.
+    Iov(IovList),
+}

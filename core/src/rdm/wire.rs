@@ -1,0 +1,617 @@
+//! The engine's wire format: every frame one peer sends another, as one enum with one encoder
+//! and one decoder. Used as is by byte-stream transports (tcp); a transport with its own
+//! framing carries the same bytes in its messages.
+//!
+//! A frame is a fixed 16-byte [`Prefix`], a control part of `ctrl_len` bytes (the kind's
+//! fixed header, then for RMA kinds the remote ranges), and a body of `body_len` bytes (the
+//! payload: message data, written or read bytes, atomic operands or results). Control parts
+//! are small and always buffered whole ([`MAX_CTRL`]); bodies may be large and go straight to
+//! their destination (a posted receive, registered memory), so the decoder sees only the
+//! prefix and the control part.
+//!
+//! Everything a peer sends is untrusted: [`decode`] answers a frame or a [`WireError`] for
+//! any bytes, never panics, and checks every count and length it reads.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::ep_rma::{RmaIov, RmaIovList};
+use crate::rxq::IOV_LIMIT;
+
+/// First two bytes of every frame ("XF").
+pub const MAGIC: u16 = 0x4658;
+/// Largest control part a peer may announce: the biggest kind (a write with `IOV_LIMIT`
+/// ranges) is far below it, so anything larger is garbage.
+pub const MAX_CTRL: usize = 1024;
+
+/// The fixed start of every frame.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Prefix {
+    /// [`MAGIC`].
+    pub magic: u16,
+    /// What the frame is (`Kind`).
+    pub kind: u8,
+    /// Per-kind flags ([`flags`]).
+    pub flags: u8,
+    /// Bytes of control part after the prefix.
+    pub ctrl_len: u32,
+    /// Bytes of body after the control part.
+    pub body_len: u64,
+}
+
+/// Size of [`Prefix`] on the wire.
+pub const PREFIX: usize = std::mem::size_of::<Prefix>();
+
+/// Frame flag bits (`Prefix::flags`).
+pub mod flags {
+    /// A tagged message.
+    pub const TAGGED: u8 = 1;
+    /// Remote CQ data rides along (`Msg::data`, `Write::data`).
+    pub const CQ_DATA: u8 = 2;
+    /// The initiator wants an `Ack` once the target has delivered (or, for a message,
+    /// matched, with `ACK_MATCH`).
+    pub const ACK: u8 = 4;
+    /// With `ACK` on a message: acknowledge on match rather than on delivery.
+    pub const ACK_MATCH: u8 = 8;
+    /// A write the target makes durable before it acknowledges (`FI_COMMIT_COMPLETE`).
+    pub const COMMIT: u8 = 16;
+    /// An atomic whose original values go back (`AtomicResp` with a body).
+    pub const FETCH: u8 = 32;
+}
+
+/// Kind codes (`Prefix::kind`).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A message (`Frame::Msg`).
+    Msg = 1,
+    /// An acknowledgement (`Frame::Ack`).
+    Ack = 2,
+    /// An RMA write (`Frame::Write`).
+    Write = 3,
+    /// An RMA read request (`Frame::Read`).
+    Read = 4,
+    /// The data of a read (`Frame::ReadResp`).
+    ReadResp = 5,
+    /// An atomic request (`Frame::Atomic`).
+    Atomic = 6,
+    /// An atomic's answer (`Frame::AtomicResp`).
+    AtomicResp = 7,
+}
+
+impl Kind {
+    fn from_raw(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Msg,
+            2 => Kind::Ack,
+            3 => Kind::Write,
+            4 => Kind::Read,
+            5 => Kind::ReadResp,
+            6 => Kind::Atomic,
+            7 => Kind::AtomicResp,
+            _ => return None,
+        })
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct MsgHdr {
+    id: u32,
+    _pad: u32,
+    tag: u64,
+    data: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct StatusHdr {
+    id: u32,
+    status: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct RmaHdr {
+    id: u32,
+    nsegs: u32,
+    data: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct WireIov {
+    addr: u64,
+    len: u64,
+    key: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct AtomicHdr {
+    id: u32,
+    count: u32,
+    addr: u64,
+    key: u64,
+    op: u32,
+    datatype: u32,
+}
+
+/// One frame's prefix and control part, decoded. The body (`Prefix::body_len` bytes) is the
+/// transport's to move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// A message: the body is its data.
+    Msg {
+        /// The initiator's request id (meaningful with `flags::ACK`).
+        id: u32,
+        /// Tag (`flags::TAGGED`).
+        tag: u64,
+        /// Remote CQ data (`flags::CQ_DATA`).
+        data: u64,
+        /// `flags::*` bits.
+        flags: u8,
+    },
+    /// The target finished request `id` with `status` (0 or a positive errno).
+    Ack {
+        /// The initiator's request id.
+        id: u32,
+        /// 0, or the errno the request failed with at the target.
+        status: i32,
+    },
+    /// An RMA write of the body into `segs` of the target's registered memory.
+    Write {
+        /// The initiator's request id.
+        id: u32,
+        /// Remote CQ data (`flags::CQ_DATA`).
+        data: u64,
+        /// `flags::*` bits.
+        flags: u8,
+        /// Where the body goes at the target.
+        segs: RmaIovList,
+    },
+    /// A request for the bytes of `segs` (no body).
+    Read {
+        /// The initiator's request id.
+        id: u32,
+        /// What to read.
+        segs: RmaIovList,
+    },
+    /// The bytes of read `id` (the body), or its failure (`status`, no body).
+    ReadResp {
+        /// The initiator's request id.
+        id: u32,
+        /// 0, or the errno the read failed with.
+        status: i32,
+    },
+    /// An atomic on `count` elements at (`addr`, `key`); the body is the operand, then the
+    /// compare values for compare ops.
+    Atomic {
+        /// The initiator's request id.
+        id: u32,
+        /// `enum fi_op`, raw (checked by the target).
+        op: u32,
+        /// `enum fi_datatype`, raw (checked by the target).
+        datatype: u32,
+        /// Elements.
+        count: u32,
+        /// Target address (or offset).
+        addr: u64,
+        /// The region's key.
+        key: u64,
+        /// `flags::*` bits.
+        flags: u8,
+    },
+    /// The answer to atomic `id`: the original values (the body) for a fetch, or a status.
+    AtomicResp {
+        /// The initiator's request id.
+        id: u32,
+        /// 0, or the errno the atomic failed with.
+        status: i32,
+    },
+}
+
+/// Why bytes are not a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Fewer bytes than a prefix.
+    #[error("frame shorter than its {PREFIX}-byte prefix")]
+    Short,
+    /// The prefix does not start with [`MAGIC`].
+    #[error("bad magic {0:#06x} (not an xfabric frame)")]
+    Magic(u16),
+    /// An unknown kind code.
+    #[error("unknown frame kind {0}")]
+    Kind(u8),
+    /// The control part is longer than [`MAX_CTRL`] or than what was given.
+    #[error("control part of {0} bytes is too long or truncated")]
+    CtrlLen(u32),
+    /// The control part does not fit its kind (wrong size, too many ranges).
+    #[error("malformed {0:?} frame")]
+    Malformed(Kind),
+    /// A kind that carries no body announced one.
+    #[error("{0:?} frame carries a body of {1} bytes")]
+    Body(Kind, u64),
+}
+
+/// Reads the prefix from the start of `bytes` and checks it (magic, kind, control length).
+pub fn prefix(bytes: &[u8]) -> Result<Prefix, WireError> {
+    let raw = bytes.get(..PREFIX).ok_or(WireError::Short)?;
+    let p: Prefix = bytemuck::pod_read_unaligned(raw);
+    if p.magic != MAGIC {
+        return Err(WireError::Magic(p.magic));
+    }
+    Kind::from_raw(p.kind).ok_or(WireError::Kind(p.kind))?;
+    if p.ctrl_len as usize > MAX_CTRL {
+        return Err(WireError::CtrlLen(p.ctrl_len));
+    }
+    Ok(p)
+}
+
+fn fixed<T: Pod>(ctrl: &[u8], kind: Kind, extra: usize) -> Result<T, WireError> {
+    let n = std::mem::size_of::<T>();
+    if ctrl.len() != n + extra {
+        return Err(WireError::Malformed(kind));
+    }
+    Ok(bytemuck::pod_read_unaligned(&ctrl[..n]))
+}
+
+fn ranges(ctrl: &[u8], n: u32, kind: Kind) -> Result<RmaIovList, WireError> {
+    let n = n as usize;
+    if n > IOV_LIMIT || ctrl.len() != n * std::mem::size_of::<WireIov>() {
+        return Err(WireError::Malformed(kind));
+    }
+    let mut segs = [RmaIov::default(); IOV_LIMIT];
+    for (s, raw) in segs
+        .iter_mut()
+        .zip(ctrl.chunks_exact(std::mem::size_of::<WireIov>()))
+    {
+        let w: WireIov = bytemuck::pod_read_unaligned(raw);
+        *s = RmaIov {
+            addr: w.addr,
+            len: usize::try_from(w.len).map_err(|_| WireError::Malformed(kind))?,
+            key: w.key,
+        };
+    }
+    RmaIovList::from_segs(&segs[..n]).ok_or(WireError::Malformed(kind))
+}
+
+/// Decodes a frame from its prefix and exactly its control part (`p.ctrl_len` bytes).
+pub fn decode(p: &Prefix, ctrl: &[u8]) -> Result<Frame, WireError> {
+    let kind = Kind::from_raw(p.kind).ok_or(WireError::Kind(p.kind))?;
+    if ctrl.len() != p.ctrl_len as usize || ctrl.len() > MAX_CTRL {
+        return Err(WireError::CtrlLen(p.ctrl_len));
+    }
+    let no_body = |f: Frame| {
+        if p.body_len == 0 {
+            Ok(f)
+        } else {
+            Err(WireError::Body(kind, p.body_len))
+        }
+    };
+    match kind {
+        Kind::Msg => {
+            let h: MsgHdr = fixed(ctrl, kind, 0)?;
+            Ok(Frame::Msg {
+                id: h.id,
+                tag: h.tag,
+                data: h.data,
+                flags: p.flags,
+            })
+        }
+        Kind::Ack => {
+            let h: StatusHdr = fixed(ctrl, kind, 0)?;
+            no_body(Frame::Ack {
+                id: h.id,
+                status: h.status,
+            })
+        }
+        Kind::Write | Kind::Read => {
+            let n = std::mem::size_of::<RmaHdr>();
+            if ctrl.len() < n {
+                return Err(WireError::Malformed(kind));
+            }
+            let h: RmaHdr = bytemuck::pod_read_unaligned(&ctrl[..n]);
+            let segs = ranges(&ctrl[n..], h.nsegs, kind)?;
+            if kind == Kind::Write {
+                Ok(Frame::Write {
+                    id: h.id,
+                    data: h.data,
+                    flags: p.flags,
+                    segs,
+                })
+            } else {
+                no_body(Frame::Read { id: h.id, segs })
+            }
+        }
+        Kind::ReadResp => {
+            let h: StatusHdr = fixed(ctrl, kind, 0)?;
+            Ok(Frame::ReadResp {
+                id: h.id,
+                status: h.status,
+            })
+        }
+        Kind::Atomic => {
+            let h: AtomicHdr = fixed(ctrl, kind, 0)?;
+            Ok(Frame::Atomic {
+                id: h.id,
+                op: h.op,
+                datatype: h.datatype,
+                count: h.count,
+                addr: h.addr,
+                key: h.key,
+                flags: p.flags,
+            })
+        }
+        Kind::AtomicResp => {
+            let h: StatusHdr = fixed(ctrl, kind, 0)?;
+            Ok(Frame::AtomicResp {
+                id: h.id,
+                status: h.status,
+            })
+        }
+    }
+}
+
+/// Decodes a whole frame held in `bytes` (prefix, control part, body): the frame and its
+/// body. For transports that carry a frame in one message, and for tests.
+pub fn decode_all(bytes: &[u8]) -> Result<(Frame, &[u8]), WireError> {
+    let p = prefix(bytes)?;
+    let ctrl_end = PREFIX + p.ctrl_len as usize;
+    let ctrl = bytes
+        .get(PREFIX..ctrl_end)
+        .ok_or(WireError::CtrlLen(p.ctrl_len))?;
+    let f = decode(&p, ctrl)?;
+    let body = &bytes[ctrl_end..];
+    if body.len() as u64 != p.body_len {
+        return Err(WireError::Body(
+            Kind::from_raw(p.kind).unwrap_or(Kind::Msg),
+            p.body_len,
+        ));
+    }
+    Ok((f, body))
+}
+
+impl Frame {
+    /// The frame's kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Frame::Msg { .. } => Kind::Msg,
+            Frame::Ack { .. } => Kind::Ack,
+            Frame::Write { .. } => Kind::Write,
+            Frame::Read { .. } => Kind::Read,
+            Frame::ReadResp { .. } => Kind::ReadResp,
+            Frame::Atomic { .. } => Kind::Atomic,
+            Frame::AtomicResp { .. } => Kind::AtomicResp,
+        }
+    }
+
+    /// Encodes the prefix and control part of this frame, announcing a body of `body_len`
+    /// bytes, onto the end of `out`.
+    pub fn encode(&self, body_len: u64, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(bytemuck::bytes_of(&Prefix::default()));
+        let fl = match *self {
+            Frame::Msg {
+                id,
+                tag,
+                data,
+                flags,
+            } => {
+                out.extend_from_slice(bytemuck::bytes_of(&MsgHdr {
+                    id,
+                    _pad: 0,
+                    tag,
+                    data,
+                }));
+                flags
+            }
+            Frame::Ack { id, status }
+            | Frame::ReadResp { id, status }
+            | Frame::AtomicResp { id, status } => {
+                out.extend_from_slice(bytemuck::bytes_of(&StatusHdr { id, status }));
+                0
+            }
+            Frame::Write {
+                id,
+                data,
+                flags,
+                ref segs,
+            } => {
+                put_rma(out, id, data, segs);
+                flags
+            }
+            Frame::Read { id, ref segs } => {
+                put_rma(out, id, 0, segs);
+                0
+            }
+            Frame::Atomic {
+                id,
+                op,
+                datatype,
+                count,
+                addr,
+                key,
+                flags,
+            } => {
+                out.extend_from_slice(bytemuck::bytes_of(&AtomicHdr {
+                    id,
+                    count,
+                    addr,
+                    key,
+                    op,
+                    datatype,
+                }));
+                flags
+            }
+        };
+        let p = Prefix {
+            magic: MAGIC,
+            kind: self.kind() as u8,
+            flags: fl,
+            ctrl_len: (out.len() - start - PREFIX) as u32,
+            body_len,
+        };
+        out[start..start + PREFIX].copy_from_slice(bytemuck::bytes_of(&p));
+    }
+
+    /// `encode` into a fresh vector.
+    pub fn to_vec(&self, body_len: u64) -> Vec<u8> {
+        let mut v = Vec::with_capacity(PREFIX + 48);
+        self.encode(body_len, &mut v);
+        v
+    }
+}
+
+fn put_rma(out: &mut Vec<u8>, id: u32, data: u64, segs: &RmaIovList) {
+    out.extend_from_slice(bytemuck::bytes_of(&RmaHdr {
+        id,
+        nsegs: segs.segs().len() as u32,
+        data,
+    }));
+    for s in segs.segs() {
+        out.extend_from_slice(bytemuck::bytes_of(&WireIov {
+            addr: s.addr,
+            len: s.len as u64,
+            key: s.key,
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn segs(n: usize) -> RmaIovList {
+        let v: Vec<RmaIov> = (0..n)
+            .map(|i| RmaIov {
+                addr: 0x1000 * i as u64,
+                len: 8 + i,
+                key: 77 + i as u64,
+            })
+            .collect();
+        RmaIovList::from_segs(&v).unwrap()
+    }
+
+    fn every_kind() -> Vec<(Frame, u64)> {
+        vec![
+            (
+                Frame::Msg {
+                    id: 7,
+                    tag: u64::MAX,
+                    data: 3,
+                    flags: flags::TAGGED | flags::CQ_DATA | flags::ACK,
+                },
+                4096,
+            ),
+            (Frame::Ack { id: 9, status: 13 }, 0),
+            (
+                Frame::Write {
+                    id: 1,
+                    data: 5,
+                    flags: flags::COMMIT,
+                    segs: segs(IOV_LIMIT),
+                },
+                100,
+            ),
+            (
+                Frame::Read {
+                    id: 2,
+                    segs: segs(1),
+                },
+                0,
+            ),
+            (Frame::ReadResp { id: 2, status: 0 }, 9),
+            (
+                Frame::Atomic {
+                    id: 3,
+                    op: 1,
+                    datatype: 9,
+                    count: 4,
+                    addr: 0xdead,
+                    key: 1,
+                    flags: flags::FETCH,
+                },
+                32,
+            ),
+            (Frame::AtomicResp { id: 3, status: 0 }, 32),
+        ]
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        for (f, body) in every_kind() {
+            let v = f.to_vec(body);
+            let p = prefix(&v).unwrap();
+            assert_eq!(p.body_len, body);
+            assert!(p.ctrl_len as usize <= MAX_CTRL);
+            assert_eq!(decode(&p, &v[PREFIX..]).unwrap(), f, "{f:?}");
+        }
+    }
+
+    #[test]
+    fn bodies_where_none_belong_are_refused() {
+        let v = Frame::Ack { id: 1, status: 0 }.to_vec(5);
+        let p = prefix(&v).unwrap();
+        assert_eq!(decode(&p, &v[PREFIX..]), Err(WireError::Body(Kind::Ack, 5)));
+    }
+
+    #[test]
+    fn counts_past_the_limit_are_refused() {
+        let mut v = Frame::Read {
+            id: 1,
+            segs: segs(1),
+        }
+        .to_vec(0);
+        // nsegs claims more ranges than follow.
+        v[PREFIX + 4..PREFIX + 8].copy_from_slice(&1000u32.to_le_bytes());
+        let p = prefix(&v).unwrap();
+        assert_eq!(
+            decode(&p, &v[PREFIX..]),
+            Err(WireError::Malformed(Kind::Read))
+        );
+        let mut big = Prefix {
+            magic: MAGIC,
+            kind: Kind::Msg as u8,
+            ctrl_len: MAX_CTRL as u32 + 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            prefix(bytemuck::bytes_of(&big)),
+            Err(WireError::CtrlLen(MAX_CTRL as u32 + 1))
+        );
+        big.ctrl_len = 0;
+        big.magic = 1;
+        assert_eq!(prefix(bytemuck::bytes_of(&big)), Err(WireError::Magic(1)));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 20_000, ..ProptestConfig::default() })]
+
+        /// The fuzzed decoder: any bytes give a frame or an error, never a panic.
+        #[test]
+        fn any_bytes_decode_or_fail_cleanly(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = decode_all(&bytes);
+            if let Ok(p) = prefix(&bytes) {
+                let end = (PREFIX + p.ctrl_len as usize).min(bytes.len());
+                let _ = decode(&p, &bytes[PREFIX..end]);
+            }
+        }
+
+        /// Valid prefixes with random control parts: the part the decoder trusts least.
+        #[test]
+        fn random_control_parts_decode_or_fail_cleanly(
+            kind in 0u8..10, fl in any::<u8>(), body in any::<u64>(),
+            ctrl in proptest::collection::vec(any::<u8>(), 0..(MAX_CTRL + 8)),
+        ) {
+            let p = Prefix { magic: MAGIC, kind, flags: fl, ctrl_len: ctrl.len() as u32, body_len: body };
+            if let Ok(f) = decode(&p, &ctrl) {
+                // What decodes re-encodes to a frame that decodes the same.
+                let v = f.to_vec(body);
+                let q = prefix(&v).unwrap();
+                prop_assert_eq!(decode(&q, &v[PREFIX..]).unwrap(), f);
+            }
+        }
+    }
+}
