@@ -12,7 +12,11 @@
 //! The types below are the contract with a transport: what it sends ([`Transmit`]) and where
 //! it puts what arrives ([`Sink`]).
 
+pub mod engine;
+pub mod target;
 pub mod wire;
+
+pub use engine::{report, Config, Done, Engine};
 
 use crate::rxq::IovList;
 

@@ -77,6 +77,12 @@ pub enum Kind {
     Atomic = 6,
     /// An atomic's answer (`Frame::AtomicResp`).
     AtomicResp = 7,
+    /// A large message's announcement (`Frame::Rts`).
+    Rts = 8,
+    /// The receiver's go-ahead for a large message (`Frame::Cts`).
+    Cts = 9,
+    /// A large message's data (`Frame::Data`).
+    Data = 10,
 }
 
 impl Kind {
@@ -89,6 +95,9 @@ impl Kind {
             5 => Kind::ReadResp,
             6 => Kind::Atomic,
             7 => Kind::AtomicResp,
+            8 => Kind::Rts,
+            9 => Kind::Cts,
+            10 => Kind::Data,
             _ => return None,
         })
     }
@@ -101,6 +110,23 @@ struct MsgHdr {
     _pad: u32,
     tag: u64,
     data: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct RtsHdr {
+    id: u32,
+    _pad: u32,
+    tag: u64,
+    data: u64,
+    len: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct CtsHdr {
+    id: u32,
+    rx: u32,
 }
 
 #[repr(C)]
@@ -208,6 +234,33 @@ pub enum Frame {
         id: u32,
         /// 0, or the errno the atomic failed with.
         status: i32,
+    },
+    /// A message of `len` bytes whose data waits at the sender until the receiver matches
+    /// it and answers `Cts` (no body).
+    Rts {
+        /// The sender's request id.
+        id: u32,
+        /// Tag (`flags::TAGGED`).
+        tag: u64,
+        /// Remote CQ data (`flags::CQ_DATA`).
+        data: u64,
+        /// The message's length.
+        len: u64,
+        /// `flags::*` bits.
+        flags: u8,
+    },
+    /// The receiver matched the sender's request `id` as its transfer `rx`: send the data
+    /// (or, with `len` 0 from a discarding receive, nothing but complete).
+    Cts {
+        /// The sender's request id.
+        id: u32,
+        /// The receiver's transfer id, echoed in `Data`.
+        rx: u32,
+    },
+    /// The data of a large message (the body) for the receiver's transfer `rx`.
+    Data {
+        /// The receiver's transfer id.
+        rx: u32,
     },
 }
 
@@ -350,6 +403,24 @@ pub fn decode(p: &Prefix, ctrl: &[u8]) -> Result<Frame, WireError> {
                 status: h.status,
             })
         }
+        Kind::Rts => {
+            let h: RtsHdr = fixed(ctrl, kind, 0)?;
+            no_body(Frame::Rts {
+                id: h.id,
+                tag: h.tag,
+                data: h.data,
+                len: h.len,
+                flags: p.flags,
+            })
+        }
+        Kind::Cts => {
+            let h: CtsHdr = fixed(ctrl, kind, 0)?;
+            no_body(Frame::Cts { id: h.id, rx: h.rx })
+        }
+        Kind::Data => {
+            let h: CtsHdr = fixed(ctrl, kind, 0)?;
+            Ok(Frame::Data { rx: h.rx })
+        }
     }
 }
 
@@ -383,6 +454,9 @@ impl Frame {
             Frame::ReadResp { .. } => Kind::ReadResp,
             Frame::Atomic { .. } => Kind::Atomic,
             Frame::AtomicResp { .. } => Kind::AtomicResp,
+            Frame::Rts { .. } => Kind::Rts,
+            Frame::Cts { .. } => Kind::Cts,
+            Frame::Data { .. } => Kind::Data,
         }
     }
 
@@ -443,6 +517,30 @@ impl Frame {
                     datatype,
                 }));
                 flags
+            }
+            Frame::Rts {
+                id,
+                tag,
+                data,
+                len,
+                flags,
+            } => {
+                out.extend_from_slice(bytemuck::bytes_of(&RtsHdr {
+                    id,
+                    _pad: 0,
+                    tag,
+                    data,
+                    len,
+                }));
+                flags
+            }
+            Frame::Cts { id, rx } => {
+                out.extend_from_slice(bytemuck::bytes_of(&CtsHdr { id, rx }));
+                0
+            }
+            Frame::Data { rx } => {
+                out.extend_from_slice(bytemuck::bytes_of(&CtsHdr { id: 0, rx }));
+                0
             }
         };
         let p = Prefix {
@@ -536,6 +634,18 @@ mod tests {
                 32,
             ),
             (Frame::AtomicResp { id: 3, status: 0 }, 32),
+            (
+                Frame::Rts {
+                    id: 4,
+                    tag: 1,
+                    data: 2,
+                    len: 1 << 40,
+                    flags: flags::TAGGED,
+                },
+                0,
+            ),
+            (Frame::Cts { id: 4, rx: 8 }, 0),
+            (Frame::Data { rx: 8 }, 1 << 20),
         ]
     }
 
@@ -602,7 +712,7 @@ mod tests {
         /// Valid prefixes with random control parts: the part the decoder trusts least.
         #[test]
         fn random_control_parts_decode_or_fail_cleanly(
-            kind in 0u8..10, fl in any::<u8>(), body in any::<u64>(),
+            kind in 0u8..13, fl in any::<u8>(), body in any::<u64>(),
             ctrl in proptest::collection::vec(any::<u8>(), 0..(MAX_CTRL + 8)),
         ) {
             let p = Prefix { magic: MAGIC, kind, flags: fl, ctrl_len: ctrl.len() as u32, body_len: body };

@@ -14,16 +14,14 @@
 //! - Regions registered as device memory (core's `hmem_stage` does the copies): a write lands
 //!   through a synchronous copy (a large one through a host buffer, `EpCore::land_remote`); a
 //!   read is served from a host copy taken when it arrives (kept until a split read's RDONE,
-//!   since the initiator pulls from it); an atomic updates a host copy under `ATOMIC_LOCK` and
+//!   since the initiator pulls from it); an atomic updates a host copy under core's `target::ATOMIC_LOCK` and
 //!   copies it back before answering. A failed device copy answers `FI_EIO`.
 
 use super::*;
 use xfabric_core::ep::INJECT_CALL;
 use xfabric_core::ep_rma::{RmaIov, RmaIovList, RmaOp};
-use xfabric_core::hmem_stage::{self, OwnedSeg};
-
-/// Checked local ranges, and their owners when some are device memory.
-type Resolved = (IovList, Option<Vec<OwnedSeg>>);
+use xfabric_core::hmem_stage;
+use xfabric_core::rdm::target::{self, Resolved};
 
 /// An operation held back by `FI_FENCE` (or queued behind one, to keep order), with a copy
 /// of inject data: the caller's buffer is only valid during the call, so the copy is what the
@@ -97,55 +95,12 @@ fn get_local(pl: &[u8]) -> Option<(i32, Vec<RawIov>)> {
     Some((pid, iov))
 }
 
-/// Flushes a file-backed range to its file (a no-op for anonymous memory).
-pub(super) fn commit(iov: &IovList) -> i32 {
-    const PAGE: usize = 4096;
-    for s in iov.segs() {
-        if s.len == 0 {
-            continue;
-        }
-        let start = s.addr & !(PAGE - 1);
-        let end = s.addr + s.len;
-        // SAFETY: msync only flushes pages of a mapping the range lies in; it reads nothing
-        // through the pointer from user space.
-        let r = unsafe { libc::msync(start as *mut libc::c_void, end - start, libc::MS_SYNC) };
-        if r != 0 {
-            let e = std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO);
-            // Anonymous memory is not file-backed: nothing to make durable.
-            if e != libc::ENOMEM {
-                return e;
-            }
-        }
-    }
-    0
-}
+pub(super) use xfabric_core::rdm::target::commit;
 
 impl ShmEndpoint {
-    /// The local ranges a request's remote ranges name, if every one passes the key check,
-    /// with their owners when some are device memory (registered with an `iface`).
+    /// The local ranges a request's remote ranges name (core's target-side check).
     fn resolve(&self, rma: &RmaIovList, access: u64) -> std::result::Result<Resolved, i32> {
-        let mut any_device = false;
-        let segs = rma
-            .segs()
-            .iter()
-            .map(|s| {
-                self.core
-                    .mr
-                    .check_owned(s.key, s.addr, s.len, access)
-                    .map(|(addr, owner)| {
-                        any_device |= owner.is_device();
-                        OwnedSeg {
-                            seg: RawIov { addr, len: s.len },
-                            owner,
-                        }
-                    })
-                    .map_err(|_| FI_EACCES)
-            })
-            .collect::<std::result::Result<Vec<_>, i32>>()?;
-        let iov = IovList::from_segs(segs.iter().map(|s| s.seg)).ok_or(FI_EINVAL)?;
-        Ok((iov, any_device.then_some(segs)))
+        target::resolve(&self.core, rma, access)
     }
 
     /// Holds `op` back if it is fenced and earlier operations to its peer are outstanding.
@@ -634,10 +589,6 @@ impl Peer {
     }
 }
 
-/// Every atomic this process executes as a target runs under this lock, so that requests from
-/// several peers (arriving on several endpoints) to the same memory never interleave.
-static ATOMIC_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 impl ShmEndpoint {
     /// Initiator: sends an atomic request.
     pub(super) fn post_atomic(&self, st: &mut State, req: &xfabric_core::AtomicReq) -> Result<()> {
@@ -695,119 +646,45 @@ impl ShmEndpoint {
         Ok(())
     }
 
-    /// Target: executes an atomic request from peer `p` and answers with the original values
-    /// (fetch, compare) or an ACK.
+    /// Target: executes an atomic request from peer `p` (core's `target::atomic`) and
+    /// answers with the original values (fetch, compare) or an ACK.
     pub(super) fn handle_atomic(&self, st: &mut State, p: usize, h: &Header, pl: &[u8]) {
-        use xfabric_core::atomic::{apply, AtomicOp, Datatype};
         let acked = h.flags & flag::ACK_DELIVERY != 0;
         let reply = |this: &Self, st: &mut State, e: i32| {
             if acked {
                 this.ack(st, p, h.aux, e);
             }
         };
-        let (Some(op), Some(dt)) = (
-            AtomicOp::from_raw((h.tag & 0xff) as i32),
-            Datatype::from_raw((h.tag >> 8 & 0xff) as i32),
-        ) else {
-            return reply(self, st, FI_EINVAL);
-        };
-        let count = (h.tag >> 16) as usize;
-        let n = count.saturating_mul(dt.size());
-        if n == 0 || n > xfabric_core::ATOMIC_MAX {
-            return reply(self, st, FI_EINVAL);
-        }
         let (Some(addr), Some(key)) = (u64_at(pl, 0), u64_at(pl, 8)) else {
             return reply(self, st, FI_EINVAL);
         };
-        let mut at = 16;
-        let mut take = |want: bool| -> Option<Option<&[u8]>> {
-            if !want {
-                return Some(None);
-            }
-            let b = pl.get(at..at + n)?;
-            at += n;
-            Some(Some(b))
+        let req = target::AtomicAt {
+            op: (h.tag & 0xff) as i32,
+            datatype: (h.tag >> 8 & 0xff) as i32,
+            count: (h.tag >> 16) as usize,
+            addr,
+            key,
+            fetch: h.flags & flag::FETCH != 0,
+            args: &pl[16..],
         };
-        let (Some(operand), Some(compare)) = (take(op != AtomicOp::Read), take(op.is_compare()))
-        else {
-            return reply(self, st, FI_EINVAL);
+        let done = match target::atomic(&self.core, &req) {
+            Ok(d) => d,
+            Err(e) => return reply(self, st, e),
         };
-        let fetch = h.flags & flag::FETCH != 0;
-        let access = match (op, fetch) {
-            (AtomicOp::Read, _) => FI_REMOTE_READ,
-            (_, true) => FI_REMOTE_READ | FI_REMOTE_WRITE,
-            _ => FI_REMOTE_WRITE,
-        };
-        let (target, owner) = match self.core.mr.check_owned(key, addr, n, access) {
-            Ok(t) => t,
-            Err(_) => return reply(self, st, FI_EACCES),
-        };
-        let device = match (owner.is_device(), self.core.hmem()) {
-            (false, _) => None,
-            (true, Some(hm)) => Some(hm),
-            (true, None) => return reply(self, st, FI_EOPNOTSUPP),
-        };
-        let mut result = vec![0u8; if fetch { n } else { 0 }];
-        let result_ptr = if fetch {
-            result.as_mut_ptr()
-        } else {
-            std::ptr::null_mut()
-        };
-        // SAFETY (of the closure's call): `target` is `n` bytes that only this lock's holder
-        // touches from the host; operand/compare are `n` bytes of the request; result is `n`
-        // bytes or unused.
-        let run = |target: *mut u8| unsafe {
-            apply(
-                op,
-                dt,
-                target,
-                operand.map_or(std::ptr::null(), |b| b.as_ptr()),
-                compare.map_or(std::ptr::null(), |b| b.as_ptr()),
-                result_ptr,
-                count,
-            )
-        };
-        let r = {
-            let _g = ATOMIC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-            match device {
-                // SAFETY: the range passed the key check: registered memory with this access.
-                None => run(target as *mut u8).map_err(|e| e.errno()),
-                // Device memory, as libfabric's shm provider does it: copied to the host,
-                // updated there, and copied back (synchronously: the device sees the new
-                // values before the reply) under the lock. Atomic with respect to other
-                // fabric atomics at this process, not to device kernels touching the memory
-                // meanwhile.
-                // SAFETY: the range passed the key check: registered memory of `owner`.
-                Some(hm) => match unsafe {
-                    hmem_stage::update(hm, owner, target, n, |b| run(b.as_mut_ptr()))
-                } {
-                    Ok(r) => r.map_err(|e| e.errno()),
-                    Err(_) => Err(FI_EIO),
-                },
-            }
-        };
-        if let Err(e) = r {
-            return reply(self, st, e);
-        }
-        if fetch {
+        if req.fetch {
             let h = Header {
                 kind: kind::ARESULT,
-                len: n as u32,
+                len: done.len as u32,
                 aux: h.aux,
                 ..Default::default()
             };
-            self.send_ctrl(st, p, h, &result);
+            self.send_ctrl(st, p, h, &done.result);
         } else {
             reply(self, st, 0);
         }
-        let dir = if op == AtomicOp::Read {
-            FI_READ
-        } else {
-            FI_WRITE
-        };
         st.done.push(Done::Remote {
-            flags: FI_ATOMIC | dir,
-            len: n,
+            flags: FI_ATOMIC | done.dir,
+            len: done.len,
             data: None,
         });
     }

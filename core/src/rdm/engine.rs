@@ -1,0 +1,1456 @@
+//! The engine proper: one per endpoint, driven by its provider under the provider's lock.
+//!
+//! Calls in: `post_send` / `post_recv` / `post_rma` / `post_atomic` / `cancel` from the
+//! application's side; `on_ctrl` / `on_body` / `on_sent` / `on_lost` from the transport;
+//! `close`. Work out: `poll_transmit` (frames to send, in order per peer) and `take_done`
+//! (completions, reported with [`report`] after the provider's lock is released, so that a
+//! counter the completion bumps may start a triggered operation on this endpoint).
+//!
+//! Protocols (per operation):
+//! - message up to `eager_max`: `Msg` with the data as its body. A matched receive takes the
+//!   body straight into its buffer (`Sink::Iov`); an unexpected one is buffered. Completes
+//!   when the transport has sent it, or on the target's `Ack` for delivery / match complete.
+//! - larger message: `Rts`; the receiver answers `Cts` once a receive matches (or a
+//!   discarding one drops it), the sender sends `Data` from the application's buffer into the
+//!   receive's buffer, the receiver `Ack`s. No large message is ever buffered unexpected.
+//! - RMA write: `Write` with the data; the target checks keys and ranges (`target::resolve`)
+//!   and takes the body straight into its memory, then `Ack`s (after `msync` for commit
+//!   complete). Read: `Read`; the target answers `ReadResp` with its memory as the body.
+//!   Atomic: `Atomic` with the operands; `target::atomic`; `AtomicResp` with the original
+//!   values, or an `Ack`.
+//! - `FI_FENCE`: the operation, and every later one to the same peer, waits until the peer
+//!   has answered every earlier request of this endpoint.
+//! - A lost peer fails every outstanding operation toward it with the transport's errno, and
+//!   every large message it was sending us; what it fully sent before is delivered.
+//!
+//! The transport must deliver frames to a peer in the order they were sent (a stream, or an
+//! ordered channel per peer) and keep a body's memory (`Body::Iov`) until `on_sent`.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use crate::consts::errno::*;
+use crate::consts::*;
+use crate::entry::Context;
+use crate::ep::{EpCore, TxOp, INJECT_CALL};
+use crate::ep_atomic::{AtomicReq, ATOMIC_MAX};
+use crate::ep_rma::RmaOp;
+use crate::error::{Error, Result};
+use crate::hmem_stage;
+use crate::rxq::{IovList, PostResult, PostedRecv, RecvQueue, RecvSlot, Unexpected};
+use crate::FiAddr;
+
+use super::target;
+use super::wire::{self, flags, Frame, Prefix, WireError};
+use super::{Body, PeerId, Sink, Transmit};
+
+/// Largest eager body any engine accepts, whatever its peer's `eager_max`: a `Msg` announcing
+/// more is garbage.
+pub const EAGER_LIMIT: usize = 1 << 20;
+/// `Cts::rx` of a discarding receive: complete, send nothing.
+const NO_RX: u32 = u32::MAX;
+/// Bookkeeping charged per buffered unexpected message on top of its payload.
+const UNEXP_OVERHEAD: usize = 128;
+
+/// What the engine is told at creation.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Messages up to this size go eagerly (capped at [`EAGER_LIMIT`]).
+    pub eager_max: usize,
+}
+
+/// A completion to report (`report`), gathered under the provider's lock.
+#[derive(Debug)]
+pub enum Done {
+    /// An initiated operation completed.
+    Tx {
+        /// Its context.
+        ctx: Context,
+        /// Its operation flags.
+        flags: u64,
+    },
+    /// An initiated operation failed.
+    TxErr {
+        /// Its context.
+        ctx: Context,
+        /// Its operation flags.
+        flags: u64,
+        /// Positive errno.
+        err: i32,
+    },
+    /// A receive completed.
+    Rx {
+        /// Where it landed.
+        slot: RecvSlot,
+        /// Bytes delivered.
+        len: usize,
+        /// Bytes that did not fit.
+        olen: usize,
+        /// Tag.
+        tag: u64,
+        /// Remote CQ data.
+        data: Option<u64>,
+        /// Source.
+        src: FiAddr,
+    },
+    /// A posted receive failed (canceled, no message for a peek, its sender lost).
+    RxErr {
+        /// Its context.
+        ctx: Context,
+        /// `FI_RECV` and its kind.
+        flags: u64,
+        /// Tag.
+        tag: u64,
+        /// Positive errno.
+        err: i32,
+    },
+    /// A matched receive failed; its slot is finished like a completed one.
+    SlotErr {
+        /// The slot.
+        slot: RecvSlot,
+        /// Tag.
+        tag: u64,
+        /// Positive errno.
+        err: i32,
+    },
+    /// A peer's RMA or atomic access to our memory.
+    Remote {
+        /// `FI_RMA` or `FI_ATOMIC`, with `FI_READ` or `FI_WRITE`.
+        flags: u64,
+        /// Bytes.
+        len: usize,
+        /// Remote CQ data.
+        data: Option<u64>,
+    },
+    /// A large remote write into device memory that arrived in a host buffer.
+    RemoteStaged {
+        /// The staging context (`EpCore::stage_remote`).
+        ctx: Context,
+        /// Bytes.
+        len: usize,
+        /// Remote CQ data.
+        data: Option<u64>,
+    },
+    /// A peek found a message.
+    Peek {
+        /// The peek's context.
+        ctx: Context,
+        /// The message's length.
+        len: usize,
+        /// Its tag.
+        tag: u64,
+        /// Its data.
+        data: Option<u64>,
+        /// Its source.
+        src: FiAddr,
+    },
+}
+
+/// Reports completions gathered by `Engine::take_done`, in order. Call it without holding
+/// the lock the engine is under.
+pub fn report(core: &EpCore, done: Vec<Done>) {
+    for d in done {
+        match d {
+            Done::Tx { ctx, flags } => core.complete_tx(ctx, flags),
+            Done::TxErr { ctx, flags, err } => core.fail_tx(ctx, flags, err),
+            Done::Rx {
+                slot,
+                len,
+                olen,
+                tag,
+                data,
+                src,
+            } => core.complete_rx(&slot, len, olen, tag, data, src, Vec::new),
+            Done::RxErr {
+                ctx,
+                flags,
+                tag,
+                err,
+            } => core.fail_rx(ctx, flags, tag, err),
+            Done::SlotErr { slot, tag, err } => core.fail_rx(slot.ctx, slot.flags, tag, err),
+            Done::Remote { flags, len, data } => core.complete_remote(flags, len, data),
+            Done::RemoteStaged { ctx, len, data } => {
+                // A write that did not reach the device is not reported as done; the
+                // driver's reason is kept (`EpCore::take_staging_errors`).
+                if core.land_remote(ctx, len).is_ok() {
+                    core.complete_remote(FI_RMA | FI_WRITE, len, data)
+                }
+            }
+            Done::Peek {
+                ctx,
+                len,
+                tag,
+                data,
+                src,
+            } => core.complete_peek(ctx, len, tag, data, src),
+        }
+    }
+}
+
+/// An operation this endpoint initiated, until its peer has answered.
+struct TxReq {
+    ctx: Context,
+    flags: u64,
+    peer: PeerId,
+    /// The send's data, the write's source, the read's destination, the fetch's result.
+    iov: IovList,
+    /// Bytes expected back (a read's length, a fetch's result length).
+    want: usize,
+    /// Bumped per slot reuse, so a stale token or id from a peer cannot reach a newer request.
+    gen: u32,
+    /// Frames of it still with the transport (their memory in use).
+    unsent: u8,
+    /// `Some(status)` once the peer answered (or no answer is awaited: `Some(0)` at post).
+    answer: Option<i32>,
+    /// A large message waiting for the receiver's `Cts`.
+    rts: bool,
+}
+
+/// A buffered unexpected message.
+enum Unexp {
+    Eager {
+        bytes: Vec<u8>,
+        /// Acknowledge to this peer's request on match (`FI_MATCH_COMPLETE`).
+        ack: Option<(PeerId, u32)>,
+    },
+    Rts {
+        peer: PeerId,
+        id: u32,
+        /// The peer's epoch when it arrived: a later loss fails it on match.
+        epoch: u64,
+    },
+}
+
+/// A matched large message waiting for its `Data`.
+struct RxPipe {
+    slot: RecvSlot,
+    peer: PeerId,
+    tx_id: u32,
+    len: usize,
+    tag: u64,
+    data: Option<u64>,
+    src: FiAddr,
+}
+
+/// What the body now arriving from a peer is for (`on_ctrl` to `on_body`).
+enum Pending {
+    Msg {
+        slot: Option<RecvSlot>,
+        tagged: bool,
+        tag: u64,
+        data: Option<u64>,
+        src: FiAddr,
+        len: usize,
+        id: u32,
+        fl: u8,
+    },
+    Data {
+        rx: usize,
+    },
+    Write {
+        id: u32,
+        fl: u8,
+        data: Option<u64>,
+        status: i32,
+        len: usize,
+        dest: IovList,
+        staged: Option<Context>,
+    },
+    ReadResp {
+        id: usize,
+        status: i32,
+    },
+    Atomic {
+        id: u32,
+        fl: u8,
+        op: u32,
+        datatype: u32,
+        count: u32,
+        addr: u64,
+        key: u64,
+    },
+    AtomicResp {
+        id: usize,
+        status: i32,
+    },
+    /// A frame without a body, or one dropped.
+    Nothing,
+}
+
+/// An operation held back by `FI_FENCE` (or queued behind one), with a copy of inject data.
+/// (Atomics are not held: a fenced one answers `Again` until its peer is drained.)
+enum Fenced {
+    Send(TxOp, Option<Vec<u8>>),
+    Rma(RmaOp, Option<Vec<u8>>),
+}
+
+#[derive(Default)]
+struct PeerState {
+    /// Requests to this peer not yet answered.
+    outstanding: usize,
+    fenced: VecDeque<Fenced>,
+    pending: Option<Pending>,
+    /// Bumped on every loss.
+    epoch: u64,
+    /// Ranges this peer wrote since its last commit (`FI_RMA_PMEM` endpoints).
+    dirty: Vec<(usize, usize)>,
+}
+
+/// The protocol state of one endpoint.
+pub struct Engine {
+    core: Arc<EpCore>,
+    cfg: Config,
+    rxq: RecvQueue<Unexp>,
+    tx: slab::Slab<TxReq>,
+    gen: u32,
+    rx: slab::Slab<RxPipe>,
+    peers: Vec<PeerState>,
+    out: VecDeque<Transmit>,
+    done: Vec<Done>,
+    /// Set while the fenced queue is being released, so a released op is not held again.
+    releasing: bool,
+    closed: bool,
+}
+
+fn token(id: usize, gen: u32) -> u64 {
+    (gen as u64) << 32 | id as u64
+}
+
+impl Engine {
+    /// An engine for the endpoint `core`.
+    pub fn new(core: Arc<EpCore>, cfg: Config) -> Self {
+        let directed = core.caps & FI_DIRECTED_RECV != 0;
+        Engine {
+            core,
+            cfg: Config {
+                eager_max: cfg.eager_max.min(EAGER_LIMIT),
+            },
+            rxq: RecvQueue::new(directed),
+            tx: slab::Slab::new(),
+            gen: 0,
+            rx: slab::Slab::new(),
+            peers: Vec::new(),
+            out: VecDeque::new(),
+            done: Vec::new(),
+            releasing: false,
+            closed: false,
+        }
+    }
+
+    fn peer(&mut self, p: PeerId) -> &mut PeerState {
+        if self.peers.len() <= p {
+            self.peers.resize_with(p + 1, PeerState::default);
+        }
+        &mut self.peers[p]
+    }
+
+    /// The next frame to send, if any.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.out.pop_front()
+    }
+
+    /// Completions gathered since the last call, to `report` without the provider's lock.
+    pub fn take_done(&mut self) -> Vec<Done> {
+        std::mem::take(&mut self.done)
+    }
+
+    /// Whether anything waits on a peer (for a provider deciding how hard to poll).
+    pub fn busy(&self) -> bool {
+        !self.tx.is_empty() || !self.rx.is_empty() || !self.out.is_empty()
+    }
+
+    /// What the endpoint buffers for messages no receive took yet.
+    pub fn buffered(&self) -> crate::ep::Buffered {
+        crate::ep::Buffered {
+            unexpected: self.rxq.unexpected_len(),
+            unexpected_bytes: self.rxq.unexpected_bytes(),
+            held: 0,
+        }
+    }
+
+    /// Sets `FI_OPT_MIN_MULTI_RECV`.
+    pub fn set_min_multi_recv(&mut self, v: usize) {
+        self.rxq.min_multi_recv = v;
+    }
+
+    fn frame(&mut self, peer: PeerId, f: Frame, body: Body, token: Option<u64>) {
+        let ctrl = f.to_vec(body.len() as u64);
+        self.out.push_back(Transmit {
+            peer,
+            ctrl,
+            body,
+            token,
+        });
+    }
+
+    fn ack(&mut self, peer: PeerId, id: u32, status: i32) {
+        self.frame(peer, Frame::Ack { id, status }, Body::None, None);
+    }
+
+    fn new_tx(&mut self, t: TxReq) -> (usize, u32) {
+        self.gen = self.gen.wrapping_add(1);
+        let gen = self.gen;
+        let peer = t.peer;
+        let id = self.tx.insert(TxReq { gen, ..t });
+        self.peer(peer).outstanding += 1;
+        (id, gen)
+    }
+
+    /// Completes request `id` if both its frames are sent and its answer is in.
+    fn maybe_complete(&mut self, id: usize) {
+        let Some(t) = self.tx.get(id) else { return };
+        let (Some(status), 0) = (t.answer, t.unsent) else {
+            return;
+        };
+        let t = self.tx.remove(id);
+        self.settle(t, status);
+    }
+
+    fn settle(&mut self, t: TxReq, status: i32) {
+        let ps = self.peer(t.peer);
+        ps.outstanding = ps.outstanding.saturating_sub(1);
+        let (ctx, flags) = (t.ctx, t.flags);
+        self.done.push(if status == 0 {
+            Done::Tx { ctx, flags }
+        } else {
+            Done::TxErr {
+                ctx,
+                flags,
+                err: status,
+            }
+        });
+        if self.peers[t.peer].outstanding == 0 && !self.peers[t.peer].fenced.is_empty() {
+            self.release_fenced(t.peer);
+        }
+    }
+
+    fn check_open(&self, what: &'static str) -> Result<()> {
+        if self.closed {
+            return Err(Error::OpBadState(format!("{what}: endpoint is closed")));
+        }
+        Ok(())
+    }
+
+    /// Holds an operation back if it is fenced (or others to its peer already wait).
+    fn fence(&mut self, peer: PeerId, flags: u64, f: impl FnOnce() -> Fenced) -> bool {
+        if self.releasing {
+            return false;
+        }
+        let ps = self.peer(peer);
+        let hold = !ps.fenced.is_empty() || (flags & FI_FENCE != 0 && ps.outstanding > 0);
+        if hold {
+            ps.fenced.push_back(f());
+        }
+        hold
+    }
+
+    fn release_fenced(&mut self, peer: PeerId) {
+        self.releasing = true;
+        while let Some(f) = self.peers[peer].fenced.front() {
+            let fenced = match f {
+                Fenced::Send(op, _) => op.flags & FI_FENCE != 0,
+                Fenced::Rma(op, _) => op.flags & FI_FENCE != 0,
+            };
+            if fenced && self.peers[peer].outstanding > 0 {
+                break;
+            }
+            let f = self.peers[peer].fenced.pop_front().expect("front exists");
+            // SAFETY: the held operation's memory is the caller's until it completes (or the
+            // engine's own copy of inject data, moved into the frame's body here).
+            let r = unsafe {
+                match f {
+                    Fenced::Send(op, copy) => self.send_now(peer, &op, copy),
+                    Fenced::Rma(op, copy) => self.rma_now(peer, &op, copy),
+                }
+            };
+            if let Err((ctx, flags, e)) = r {
+                self.done.push(Done::TxErr {
+                    ctx,
+                    flags,
+                    err: e.errno(),
+                });
+            }
+        }
+        self.releasing = false;
+    }
+
+    /// Starts a send to `peer`.
+    ///
+    /// # Safety
+    /// `op.iov` stays readable until the operation completes (during the call only with
+    /// `FI_INJECT`).
+    pub unsafe fn post_send(&mut self, peer: PeerId, op: &TxOp) -> Result<()> {
+        self.check_open("send")?;
+        let inject = op.flags & (FI_INJECT | INJECT_CALL) != 0;
+        let copy = |op: &TxOp| {
+            inject.then(|| {
+                let mut v = vec![0u8; op.iov.total()];
+                // SAFETY: the caller's contract keeps the iov readable during the call.
+                unsafe { op.iov.copy_out(0, &mut v) };
+                v
+            })
+        };
+        if self.fence(peer, op.flags, || Fenced::Send(*op, copy(op))) {
+            return Ok(());
+        }
+        let c = copy(op);
+        // SAFETY: forwarded.
+        unsafe { self.send_now(peer, op, c) }.map_err(|(_, _, e)| e)
+    }
+
+    unsafe fn send_now(
+        &mut self,
+        peer: PeerId,
+        op: &TxOp,
+        copy: Option<Vec<u8>>,
+    ) -> std::result::Result<(), (Context, u64, Error)> {
+        let len = op.iov.total();
+        let mut fl = 0u8;
+        if op.flags & FI_TAGGED != 0 {
+            fl |= flags::TAGGED;
+        }
+        if op.flags & FI_REMOTE_CQ_DATA != 0 {
+            fl |= flags::CQ_DATA;
+        }
+        let ack = op.flags & INJECT_CALL == 0
+            && op.flags & (FI_DELIVERY_COMPLETE | FI_MATCH_COMPLETE) != 0;
+        if ack {
+            fl |= flags::ACK;
+            if op.flags & FI_MATCH_COMPLETE != 0 {
+                fl |= flags::ACK_MATCH;
+            }
+        }
+        if len <= self.cfg.eager_max || copy.is_some() {
+            let body = match copy {
+                Some(v) => Body::Owned(v),
+                None => Body::Iov(op.iov),
+            };
+            let owned = matches!(body, Body::Owned(_));
+            let (id, gen) = self.new_tx(TxReq {
+                ctx: op.ctx,
+                flags: op.flags,
+                peer,
+                iov: op.iov,
+                want: 0,
+                gen: 0,
+                unsent: u8::from(!owned),
+                answer: (!ack).then_some(0),
+                rts: false,
+            });
+            let f = Frame::Msg {
+                id: id as u32,
+                tag: op.tag,
+                data: op.data,
+                flags: fl,
+            };
+            self.frame(peer, f, body, (!owned).then(|| token(id, gen)));
+            self.maybe_complete(id);
+            return Ok(());
+        }
+        let (id, _) = self.new_tx(TxReq {
+            ctx: op.ctx,
+            flags: op.flags,
+            peer,
+            iov: op.iov,
+            want: 0,
+            gen: 0,
+            unsent: 0,
+            answer: None,
+            rts: true,
+        });
+        let f = Frame::Rts {
+            id: id as u32,
+            tag: op.tag,
+            data: op.data,
+            len: len as u64,
+            flags: fl & (flags::TAGGED | flags::CQ_DATA),
+        };
+        self.frame(peer, f, Body::None, None);
+        Ok(())
+    }
+
+    /// Posts a receive.
+    ///
+    /// # Safety
+    /// `r.iov` stays writable, and untouched by anyone else, until the receive completes.
+    pub unsafe fn post_recv(&mut self, r: PostedRecv) -> Result<()> {
+        self.check_open("recv")?;
+        let (ctx, flags, tag) = (r.ctx, r.flags, r.tag);
+        match self.rxq.post(r) {
+            PostResult::Queued => {}
+            PostResult::Matched(list) => {
+                for (slot, u) in list {
+                    self.deliver_unexpected(slot, u);
+                }
+            }
+            PostResult::Peeked {
+                ctx,
+                len,
+                tag,
+                data,
+                has_data,
+                src,
+                discarded,
+            } => {
+                if let Some(u) = discarded {
+                    self.drop_unexpected(u);
+                }
+                self.done.push(Done::Peek {
+                    ctx,
+                    len,
+                    tag,
+                    data: has_data.then_some(data),
+                    src,
+                });
+            }
+            PostResult::NoMessage => self.done.push(Done::RxErr {
+                ctx,
+                flags: FI_RECV | (flags & (FI_MSG | FI_TAGGED)),
+                tag,
+                err: FI_ENOMSG,
+            }),
+        }
+        Ok(())
+    }
+
+    /// A discarded unexpected message: its sender still hears that it was taken.
+    fn drop_unexpected(&mut self, u: Unexpected<Unexp>) {
+        match u.payload {
+            Unexp::Eager {
+                ack: Some((p, id)), ..
+            } => self.ack(p, id, 0),
+            Unexp::Eager { .. } => {}
+            Unexp::Rts { peer, id, epoch } => {
+                if self.peer(peer).epoch == epoch {
+                    self.frame(peer, Frame::Cts { id, rx: NO_RX }, Body::None, None);
+                }
+            }
+        }
+    }
+
+    fn deliver_unexpected(&mut self, slot: RecvSlot, u: Unexpected<Unexp>) {
+        let data = u.has_data.then_some(u.data);
+        let discard = slot.op_flags & FI_DISCARD != 0;
+        match u.payload {
+            Unexp::Eager { bytes, ack } => {
+                let got = if discard {
+                    0
+                } else {
+                    // SAFETY: the receive's buffer is ours until it completes.
+                    unsafe { slot.iov.copy_in(0, &bytes) }
+                };
+                if let Some((p, id)) = ack {
+                    self.ack(p, id, 0);
+                }
+                self.push_rx(Done::Rx {
+                    slot,
+                    len: got,
+                    olen: if discard { 0 } else { u.len - got },
+                    tag: u.tag,
+                    data,
+                    src: u.src,
+                });
+            }
+            Unexp::Rts { peer, id, epoch } => {
+                if self.peer(peer).epoch != epoch {
+                    return self.push_rx(Done::SlotErr {
+                        slot,
+                        tag: u.tag,
+                        err: FI_ECONNRESET,
+                    });
+                }
+                if discard {
+                    self.frame(peer, Frame::Cts { id, rx: NO_RX }, Body::None, None);
+                    return self.push_rx(Done::Rx {
+                        slot,
+                        len: 0,
+                        olen: 0,
+                        tag: u.tag,
+                        data,
+                        src: u.src,
+                    });
+                }
+                self.start_pipe(RxPipe {
+                    slot,
+                    peer,
+                    tx_id: id,
+                    len: u.len,
+                    tag: u.tag,
+                    data,
+                    src: u.src,
+                });
+            }
+        }
+    }
+
+    fn start_pipe(&mut self, pipe: RxPipe) {
+        let (peer, id) = (pipe.peer, pipe.tx_id);
+        let rx = self.rx.insert(pipe) as u32;
+        self.frame(peer, Frame::Cts { id, rx }, Body::None, None);
+    }
+
+    fn push_rx(&mut self, mut d: Done) {
+        if let Done::Rx { slot, .. } | Done::SlotErr { slot, .. } = &mut d {
+            self.rxq.finish_slot(slot);
+        }
+        self.done.push(d);
+    }
+
+    /// Starts an RMA read or write toward `peer`.
+    ///
+    /// # Safety
+    /// `op.iov` stays valid until the operation completes (during the call only with
+    /// `FI_INJECT`).
+    pub unsafe fn post_rma(&mut self, peer: PeerId, op: &RmaOp) -> Result<()> {
+        self.check_open("rma")?;
+        let inject = op.flags & FI_WRITE != 0 && op.flags & (FI_INJECT | INJECT_CALL) != 0;
+        let copy = |op: &RmaOp| {
+            inject.then(|| {
+                let mut v = vec![0u8; op.iov.total()];
+                // SAFETY: the caller's contract keeps the iov readable during the call.
+                unsafe { op.iov.copy_out(0, &mut v) };
+                v
+            })
+        };
+        if self.fence(peer, op.flags, || Fenced::Rma(*op, copy(op))) {
+            return Ok(());
+        }
+        let c = copy(op);
+        // SAFETY: forwarded.
+        unsafe { self.rma_now(peer, op, c) }.map_err(|(_, _, e)| e)
+    }
+
+    unsafe fn rma_now(
+        &mut self,
+        peer: PeerId,
+        op: &RmaOp,
+        copy: Option<Vec<u8>>,
+    ) -> std::result::Result<(), (Context, u64, Error)> {
+        let len = op.iov.total();
+        if op.flags & FI_READ != 0 {
+            let (id, _) = self.new_tx(TxReq {
+                ctx: op.ctx,
+                flags: op.flags,
+                peer,
+                iov: op.iov,
+                want: len,
+                gen: 0,
+                unsent: 0,
+                answer: None,
+                rts: false,
+            });
+            let f = Frame::Read {
+                id: id as u32,
+                segs: op.rma,
+            };
+            self.frame(peer, f, Body::None, None);
+            return Ok(());
+        }
+        let mut fl = flags::ACK;
+        if op.flags & FI_REMOTE_CQ_DATA != 0 {
+            fl |= flags::CQ_DATA;
+        }
+        if op.flags & FI_COMMIT_COMPLETE != 0 {
+            fl |= flags::COMMIT;
+        }
+        let body = match copy {
+            Some(v) => Body::Owned(v),
+            None => Body::Iov(op.iov),
+        };
+        let owned = matches!(body, Body::Owned(_));
+        let (id, gen) = self.new_tx(TxReq {
+            ctx: op.ctx,
+            flags: op.flags,
+            peer,
+            iov: op.iov,
+            want: 0,
+            gen: 0,
+            unsent: u8::from(!owned),
+            answer: None,
+            rts: false,
+        });
+        let f = Frame::Write {
+            id: id as u32,
+            data: op.data,
+            flags: fl,
+            segs: op.rma,
+        };
+        self.frame(peer, f, body, (!owned).then(|| token(id, gen)));
+        Ok(())
+    }
+
+    /// Starts an atomic toward `peer`.
+    ///
+    /// # Safety
+    /// The operand and compare values stay readable, and the result buffer writable, until the
+    /// operation completes (the operand only during the call with `FI_INJECT`).
+    pub unsafe fn post_atomic(&mut self, peer: PeerId, req: &AtomicReq) -> Result<()> {
+        self.check_open("atomic")?;
+        if !self.releasing
+            && (!self.peer(peer).fenced.is_empty()
+                || (req.flags & FI_FENCE != 0 && self.peer(peer).outstanding > 0))
+        {
+            // Atomics are small: a fenced one waits as Again until its peer is drained.
+            return Err(Error::Again("atomic: fenced behind outstanding operations"));
+        }
+        // SAFETY: forwarded.
+        unsafe { self.atomic_now(peer, req) }.map_err(|(_, _, e)| e)
+    }
+
+    unsafe fn atomic_now(
+        &mut self,
+        peer: PeerId,
+        req: &AtomicReq,
+    ) -> std::result::Result<(), (Context, u64, Error)> {
+        let n = req.bytes();
+        let fetch = req.result != 0;
+        let mut args = Vec::with_capacity(2 * n);
+        // SAFETY: the caller's contract keeps operand and compare readable during the call.
+        unsafe {
+            if req.op != crate::AtomicOp::Read {
+                args.extend_from_slice(std::slice::from_raw_parts(req.operand as *const u8, n));
+            }
+            if req.compare != 0 {
+                args.extend_from_slice(std::slice::from_raw_parts(req.compare as *const u8, n));
+            }
+        }
+        let mut fl = flags::ACK;
+        if fetch {
+            fl |= flags::FETCH;
+        }
+        let (id, _) = self.new_tx(TxReq {
+            ctx: req.ctx,
+            flags: req.flags,
+            peer,
+            iov: IovList::one(req.result, if fetch { n } else { 0 }),
+            want: if fetch { n } else { 0 },
+            gen: 0,
+            unsent: 0,
+            answer: None,
+            rts: false,
+        });
+        let f = Frame::Atomic {
+            id: id as u32,
+            op: req.op as i32 as u32,
+            datatype: req.dt as i32 as u32,
+            count: req.count as u32,
+            addr: req.addr,
+            key: req.key,
+            flags: fl,
+        };
+        self.frame(peer, f, Body::Owned(args), None);
+        Ok(())
+    }
+
+    /// Cancels a posted receive, or an operation still held behind a fence.
+    pub fn cancel(&mut self, ctx: Context) -> Result<()> {
+        if let Some((r, released)) = self.rxq.cancel(ctx) {
+            let release = if released { r.flags & FI_MULTI_RECV } else { 0 };
+            self.done.push(Done::RxErr {
+                ctx: r.ctx,
+                flags: FI_RECV | (r.flags & (FI_MSG | FI_TAGGED)) | release,
+                tag: r.tag,
+                err: FI_ECANCELED,
+            });
+            return Ok(());
+        }
+        for ps in &mut self.peers {
+            let at = ps.fenced.iter().position(|f| match f {
+                Fenced::Send(op, _) => op.ctx == ctx,
+                Fenced::Rma(op, _) => op.ctx == ctx,
+            });
+            if let Some(i) = at {
+                let (ctx, flags) = fenced_ctx(&ps.fenced.remove(i).expect("found"));
+                self.done.push(Done::TxErr {
+                    ctx,
+                    flags,
+                    err: FI_ECANCELED,
+                });
+                return Ok(());
+            }
+        }
+        Err(Error::NoEntry(format!(
+            "cancel: no posted receive or held operation with context {ctx:#x}"
+        )))
+    }
+
+    /// The request a peer's answer names, if it is that peer's and still outstanding. (A
+    /// peer can only name its own requests; answers come once per request, so a slot reused
+    /// after its request completed is never named by a well-behaved peer.)
+    fn answered(&self, peer: PeerId, id: u32) -> Option<usize> {
+        let i = id as usize;
+        self.tx.get(i).filter(|t| t.peer == peer).map(|_| i)
+    }
+
+    /// A frame's prefix and control part arrived from `peer` (known to this endpoint's
+    /// address vector as `src`, or `FI_ADDR_NOTAVAIL`): where its body goes. `Err`: the peer
+    /// speaks garbage; the transport drops it (and reports `on_lost`).
+    pub fn on_ctrl(
+        &mut self,
+        peer: PeerId,
+        src: FiAddr,
+        prefix: &Prefix,
+        ctrl: &[u8],
+    ) -> std::result::Result<Sink, WireError> {
+        let f = wire::decode(prefix, ctrl)?;
+        let body = prefix.body_len;
+        let bad = || WireError::Malformed(f.kind());
+        let (sink, pending) = match f {
+            Frame::Msg {
+                id,
+                tag,
+                data,
+                flags: fl,
+            } => {
+                if body > EAGER_LIMIT as u64 {
+                    return Err(bad());
+                }
+                let len = body as usize;
+                let tagged = fl & flags::TAGGED != 0;
+                let data = (fl & flags::CQ_DATA != 0).then_some(data);
+                let slot = self.rxq.match_arrival(src, tag, tagged, len);
+                let sink = match slot {
+                    Some(s) => Sink::Iov(s.iov),
+                    None => Sink::Buffer(vec![0; len]),
+                };
+                let p = Pending::Msg {
+                    slot,
+                    tagged,
+                    tag,
+                    data,
+                    src,
+                    len,
+                    id,
+                    fl,
+                };
+                (sink, p)
+            }
+            Frame::Rts {
+                id,
+                tag,
+                data,
+                len,
+                flags: fl,
+            } => {
+                let len = usize::try_from(len).map_err(|_| bad())?;
+                let tagged = fl & flags::TAGGED != 0;
+                let data = (fl & flags::CQ_DATA != 0).then_some(data);
+                match self.rxq.match_arrival(src, tag, tagged, len) {
+                    Some(slot) => self.start_pipe(RxPipe {
+                        slot,
+                        peer,
+                        tx_id: id,
+                        len,
+                        tag,
+                        data,
+                        src,
+                    }),
+                    None => {
+                        let epoch = self.peer(peer).epoch;
+                        self.rxq.push_unexpected(
+                            tagged,
+                            Unexpected {
+                                src,
+                                tag,
+                                data: data.unwrap_or(0),
+                                has_data: data.is_some(),
+                                len,
+                                held: UNEXP_OVERHEAD,
+                                payload: Unexp::Rts { peer, id, epoch },
+                            },
+                        );
+                    }
+                }
+                (Sink::Discard, Pending::Nothing)
+            }
+            Frame::Cts { id, rx } => {
+                if let Some(i) = self.answered(peer, id).filter(|&i| self.tx[i].rts) {
+                    let t = &mut self.tx[i];
+                    t.rts = false;
+                    if rx == NO_RX {
+                        t.answer = Some(0);
+                        self.maybe_complete(i);
+                    } else {
+                        t.unsent = 1;
+                        let iov = t.iov;
+                        let gen = t.gen;
+                        self.frame(
+                            peer,
+                            Frame::Data { rx },
+                            Body::Iov(iov),
+                            Some(token(i, gen)),
+                        );
+                    }
+                }
+                (Sink::Discard, Pending::Nothing)
+            }
+            Frame::Data { rx } => match self.rx.get(rx as usize) {
+                Some(r) if r.peer == peer && body == r.len as u64 => {
+                    (Sink::Iov(r.slot.iov), Pending::Data { rx: rx as usize })
+                }
+                _ => return Err(bad()),
+            },
+            Frame::Ack { id, status } => {
+                if let Some(i) = self.answered(peer, id) {
+                    self.tx[i].answer = Some(status.max(0));
+                    self.maybe_complete(i);
+                }
+                (Sink::Discard, Pending::Nothing)
+            }
+            Frame::Write {
+                id,
+                data,
+                flags: fl,
+                segs,
+            } => {
+                let len = segs.total();
+                let data = (fl & flags::CQ_DATA != 0).then_some(data);
+                let mut p = Pending::Write {
+                    id,
+                    fl,
+                    data,
+                    status: 0,
+                    len,
+                    dest: IovList::default(),
+                    staged: None,
+                };
+                let sink = if body != len as u64 {
+                    Pending::set_status(&mut p, FI_EINVAL);
+                    Sink::Discard
+                } else {
+                    match target::resolve(&self.core, &segs, FI_REMOTE_WRITE) {
+                        Err(e) => {
+                            Pending::set_status(&mut p, e);
+                            Sink::Discard
+                        }
+                        Ok((iov, None)) => {
+                            if let Pending::Write { dest, .. } = &mut p {
+                                *dest = iov;
+                            }
+                            Sink::Iov(iov)
+                        }
+                        Ok((iov, Some(segs))) if self.core.hmem().is_some() => {
+                            let (ctx, bounce) = self.core.stage_remote(segs);
+                            if let Pending::Write { dest, staged, .. } = &mut p {
+                                *dest = iov;
+                                *staged = Some(ctx);
+                            }
+                            Sink::Iov(bounce)
+                        }
+                        Ok(_) => {
+                            Pending::set_status(&mut p, FI_EOPNOTSUPP);
+                            Sink::Discard
+                        }
+                    }
+                };
+                (sink, p)
+            }
+            Frame::Read { id, segs } => {
+                let (status, body) = match target::resolve(&self.core, &segs, FI_REMOTE_READ) {
+                    Err(e) => (e, Body::None),
+                    Ok((iov, None)) => (0, Body::Iov(iov)),
+                    Ok((_, Some(segs))) => match self.core.hmem() {
+                        None => (FI_EOPNOTSUPP, Body::None),
+                        // SAFETY: the ranges passed the key check: registered memory of
+                        // their owners.
+                        Some(hm) => match unsafe { hmem_stage::gather(hm, &segs) } {
+                            Ok(c) => (0, Body::Owned(c)),
+                            Err(_) => (FI_EIO, Body::None),
+                        },
+                    },
+                };
+                let len = body.len();
+                self.frame(peer, Frame::ReadResp { id, status }, body, None);
+                if status == 0 {
+                    self.done.push(Done::Remote {
+                        flags: FI_RMA | FI_READ,
+                        len,
+                        data: None,
+                    });
+                }
+                (Sink::Discard, Pending::Nothing)
+            }
+            Frame::ReadResp { id, status } => match self.answered(peer, id) {
+                Some(i) if self.tx[i].flags & (FI_RMA | FI_READ) == FI_RMA | FI_READ => {
+                    let t = &self.tx[i];
+                    if status == 0 && body != t.want as u64 {
+                        return Err(bad());
+                    }
+                    let sink = if status == 0 {
+                        Sink::Iov(t.iov)
+                    } else {
+                        Sink::Discard
+                    };
+                    (sink, Pending::ReadResp { id: i, status })
+                }
+                _ => (Sink::Discard, Pending::Nothing),
+            },
+            Frame::Atomic {
+                id,
+                op,
+                datatype,
+                count,
+                addr,
+                key,
+                flags: fl,
+            } => {
+                if body > 2 * ATOMIC_MAX as u64 {
+                    return Err(bad());
+                }
+                let p = Pending::Atomic {
+                    id,
+                    fl,
+                    op,
+                    datatype,
+                    count,
+                    addr,
+                    key,
+                };
+                (Sink::Buffer(vec![0; body as usize]), p)
+            }
+            Frame::AtomicResp { id, status } => match self.answered(peer, id) {
+                Some(i) if self.tx[i].flags & FI_ATOMIC != 0 => {
+                    let t = &self.tx[i];
+                    if status == 0 && body != t.want as u64 {
+                        return Err(bad());
+                    }
+                    let sink = if status == 0 {
+                        Sink::Iov(t.iov)
+                    } else {
+                        Sink::Discard
+                    };
+                    (sink, Pending::AtomicResp { id: i, status })
+                }
+                _ => (Sink::Discard, Pending::Nothing),
+            },
+        };
+        self.peer(peer).pending = Some(pending);
+        Ok(sink)
+    }
+
+    fn sink_status(&self, slot: &RecvSlot, len: usize) -> i32 {
+        // SAFETY: the slot is ours until the completion pushed after this acknowledgement,
+        // and it holds the received bytes.
+        if !unsafe { self.core.land_before_ack(slot, len) } {
+            FI_EIO
+        } else {
+            0
+        }
+    }
+
+    /// The body of the frame last announced by `peer` arrived into `sink`.
+    pub fn on_body(&mut self, peer: PeerId, sink: Sink) {
+        let Some(p) = self.peer(peer).pending.take() else {
+            return;
+        };
+        match p {
+            Pending::Nothing => {}
+            Pending::Msg {
+                slot,
+                tagged,
+                tag,
+                data,
+                src,
+                len,
+                id,
+                fl,
+            } => match slot {
+                Some(slot) => {
+                    let got = len.min(slot.iov.total());
+                    if fl & flags::ACK != 0 {
+                        let status = self.sink_status(&slot, got);
+                        self.ack(peer, id, status);
+                    }
+                    self.push_rx(Done::Rx {
+                        slot,
+                        len: got,
+                        olen: len - got,
+                        tag,
+                        data,
+                        src,
+                    });
+                }
+                None => {
+                    let Sink::Buffer(bytes) = sink else { return };
+                    let ack_match =
+                        fl & (flags::ACK | flags::ACK_MATCH) == flags::ACK | flags::ACK_MATCH;
+                    if fl & flags::ACK != 0 && !ack_match {
+                        self.ack(peer, id, 0);
+                    }
+                    let held = bytes.len() + UNEXP_OVERHEAD;
+                    self.rxq.push_unexpected(
+                        tagged,
+                        Unexpected {
+                            src,
+                            tag,
+                            data: data.unwrap_or(0),
+                            has_data: data.is_some(),
+                            len,
+                            held,
+                            payload: Unexp::Eager {
+                                bytes,
+                                ack: ack_match.then_some((peer, id)),
+                            },
+                        },
+                    );
+                }
+            },
+            Pending::Data { rx } => {
+                let Some(r) = self.rx.try_remove(rx) else {
+                    return;
+                };
+                let got = r.len.min(r.slot.iov.total());
+                let status = self.sink_status(&r.slot, got);
+                self.ack(r.peer, r.tx_id, status);
+                self.push_rx(Done::Rx {
+                    slot: r.slot,
+                    len: got,
+                    olen: r.len - got,
+                    tag: r.tag,
+                    data: r.data,
+                    src: r.src,
+                });
+            }
+            Pending::Write {
+                id,
+                fl,
+                data,
+                mut status,
+                len,
+                dest,
+                staged,
+            } => {
+                if status == 0 {
+                    if let Some(ctx) = staged {
+                        // Lands before the acknowledgement: delivery complete means the
+                        // device has the data.
+                        status = match self.core.land_remote(ctx, len) {
+                            Ok(()) => 0,
+                            Err(_) => FI_EIO,
+                        };
+                    }
+                }
+                if status == 0 && self.core.caps & FI_RMA_PMEM != 0 {
+                    status = self.note_written(peer, &dest, fl & flags::COMMIT != 0);
+                } else if status == 0 && fl & flags::COMMIT != 0 {
+                    status = target::commit(&dest);
+                }
+                if fl & flags::ACK != 0 {
+                    self.ack(peer, id, status);
+                }
+                if status == 0 {
+                    self.done.push(Done::Remote {
+                        flags: FI_RMA | FI_WRITE,
+                        len,
+                        data,
+                    });
+                }
+            }
+            Pending::ReadResp { id, status } => {
+                if let Some(t) = self.tx.get_mut(id) {
+                    t.answer = Some(status.max(0));
+                    self.maybe_complete(id);
+                }
+            }
+            Pending::Atomic {
+                id,
+                fl,
+                op,
+                datatype,
+                count,
+                addr,
+                key,
+            } => {
+                let Sink::Buffer(args) = sink else { return };
+                let req = target::AtomicAt {
+                    op: op as i32,
+                    datatype: datatype as i32,
+                    count: count as usize,
+                    addr,
+                    key,
+                    fetch: fl & flags::FETCH != 0,
+                    args: &args,
+                };
+                match target::atomic(&self.core, &req) {
+                    Err(e) => {
+                        self.frame(peer, Frame::AtomicResp { id, status: e }, Body::None, None)
+                    }
+                    Ok(d) => {
+                        if req.fetch {
+                            self.frame(
+                                peer,
+                                Frame::AtomicResp { id, status: 0 },
+                                Body::Owned(d.result),
+                                None,
+                            );
+                        } else if fl & flags::ACK != 0 {
+                            self.ack(peer, id, 0);
+                        }
+                        self.done.push(Done::Remote {
+                            flags: FI_ATOMIC | d.dir,
+                            len: d.len,
+                            data: None,
+                        });
+                    }
+                }
+            }
+            Pending::AtomicResp { id, status } => {
+                if let Some(t) = self.tx.get_mut(id) {
+                    t.answer = Some(status.max(0));
+                    self.maybe_complete(id);
+                }
+            }
+        }
+    }
+
+    /// Records ranges a peer wrote (persistent-memory endpoints); with `commit`, makes
+    /// everything it wrote so far durable. 0 or an errno.
+    fn note_written(&mut self, peer: PeerId, iov: &IovList, commit: bool) -> i32 {
+        let dirty = &mut self.peer(peer).dirty;
+        dirty.extend(iov.segs().iter().map(|s| (s.addr, s.len)));
+        if !commit && dirty.len() <= 4096 {
+            return 0;
+        }
+        let mut status = 0;
+        for (addr, len) in std::mem::take(dirty) {
+            let s = target::commit(&IovList::one(addr, len));
+            if status == 0 {
+                status = s;
+            }
+        }
+        status
+    }
+
+    /// The transport handed every byte of the frame with `token` over.
+    pub fn on_sent(&mut self, peer: PeerId, token: u64) {
+        let id = (token & 0xffff_ffff) as usize;
+        let gen = (token >> 32) as u32;
+        if let Some(t) = self
+            .tx
+            .get_mut(id)
+            .filter(|t| t.gen == gen && t.peer == peer)
+        {
+            t.unsent = t.unsent.saturating_sub(1);
+            self.maybe_complete(id);
+        }
+    }
+
+    /// The transport lost `peer` (errno `err`): its queued frames are gone. Every request
+    /// toward it fails, every large message from it that was still arriving fails; later
+    /// posts to it start afresh (the transport reconnects).
+    pub fn on_lost(&mut self, peer: PeerId, err: i32) {
+        let err = if err > 0 { err } else { FI_ECONNRESET };
+        let ps = self.peer(peer);
+        ps.epoch += 1;
+        let pending = ps.pending.take();
+        let fenced: Vec<Fenced> = ps.fenced.drain(..).collect();
+        if let Some(Pending::Msg {
+            slot: Some(slot),
+            tag,
+            ..
+        }) = pending
+        {
+            self.push_rx(Done::SlotErr { slot, tag, err });
+        }
+        // Requests in flight (their frames may have gone out: the transport keeps none).
+        let ids: Vec<usize> = self
+            .tx
+            .iter()
+            .filter(|(_, t)| t.peer == peer)
+            .map(|(i, _)| i)
+            .collect();
+        for i in ids {
+            let t = self.tx.remove(i);
+            self.settle(t, err);
+        }
+        for f in fenced {
+            let (ctx, flags) = fenced_ctx(&f);
+            self.done.push(Done::TxErr { ctx, flags, err });
+        }
+        let pipes: Vec<usize> = self
+            .rx
+            .iter()
+            .filter(|(_, r)| r.peer == peer)
+            .map(|(i, _)| i)
+            .collect();
+        for i in pipes {
+            let r = self.rx.remove(i);
+            self.push_rx(Done::SlotErr {
+                slot: r.slot,
+                tag: r.tag,
+                err,
+            });
+        }
+        self.peer(peer).outstanding = 0;
+        self.out.retain(|t| t.peer != peer);
+    }
+
+    /// Whether frames or answers are still owed to live peers (a closing provider flushes
+    /// until this is false or its deadline passes).
+    pub fn owes(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// Closes: every outstanding operation and posted receive ends with `FI_ECANCELED`;
+    /// buffered messages are dropped. Frames already queued stay for the transport to flush.
+    pub fn close(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        let txs: Vec<TxReq> = self.tx.drain().collect();
+        for t in txs {
+            self.done.push(Done::TxErr {
+                ctx: t.ctx,
+                flags: t.flags,
+                err: FI_ECANCELED,
+            });
+        }
+        for p in 0..self.peers.len() {
+            let fenced: Vec<Fenced> = self.peers[p].fenced.drain(..).collect();
+            for f in fenced {
+                let (ctx, flags) = fenced_ctx(&f);
+                self.done.push(Done::TxErr {
+                    ctx,
+                    flags,
+                    err: FI_ECANCELED,
+                });
+            }
+            self.peers[p].pending = None;
+        }
+        let pipes: Vec<RxPipe> = self.rx.drain().collect();
+        for r in pipes {
+            self.push_rx(Done::SlotErr {
+                slot: r.slot,
+                tag: r.tag,
+                err: FI_ECANCELED,
+            });
+        }
+        for r in self.rxq.drain_posted() {
+            self.done.push(Done::RxErr {
+                ctx: r.ctx,
+                flags: FI_RECV | (r.flags & (FI_MSG | FI_TAGGED | FI_MULTI_RECV)),
+                tag: r.tag,
+                err: FI_ECANCELED,
+            });
+        }
+        self.rxq.drain_unexpected();
+        // Data frames would read application memory that is being handed back.
+        self.out.retain(|t| !matches!(t.body, Body::Iov(_)));
+    }
+}
+
+impl Pending {
+    fn set_status(p: &mut Pending, e: i32) {
+        if let Pending::Write { status, .. } = p {
+            *status = e;
+        }
+    }
+}
+
+fn fenced_ctx(f: &Fenced) -> (Context, u64) {
+    match f {
+        Fenced::Send(op, _) => (op.ctx, op.flags),
+        Fenced::Rma(op, _) => (op.ctx, op.flags),
+    }
+}
