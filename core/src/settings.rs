@@ -251,6 +251,15 @@ pub static SHM_UNEXP_BYTES: Setting = Setting::new(
     "33554432",
     "Bytes the buffered unexpected messages of one shm endpoint may hold",
 );
+/// `XFABRIC_TCP_EAGER_MAX`: Largest message a tcp endpoint sends eagerly; larger ones wait for
+/// the receiver to match them (at most 1 MiB).
+pub static TCP_EAGER_MAX: Setting = Setting::new(
+    "XFABRIC_TCP_EAGER_MAX",
+    Kind::Size,
+    "65536",
+    "Largest message a tcp endpoint sends eagerly; larger ones wait for the receiver to match \
+     them (at most 1 MiB)",
+);
 /// `XFABRIC_ZE_LOADER`: The Level Zero loader library opened for FI_HMEM_ZE.
 pub static ZE_LOADER: Setting = Setting::new(
     "XFABRIC_ZE_LOADER",
@@ -311,6 +320,7 @@ pub static SETTINGS: &[&Setting] = &[
     &SHM_SPLIT_MIN,
     &SHM_UNEXP_MSGS,
     &SHM_UNEXP_BYTES,
+    &TCP_EAGER_MAX,
     &ZE_LOADER,
     &XDG_CACHE_HOME,
     &FI_PROVIDER,

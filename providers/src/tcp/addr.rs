@@ -1,0 +1,175 @@
+//! tcp addresses: `struct sockaddr_in` / `sockaddr_in6` bytes (`FI_SOCKADDR_IN` / `_IN6`, what
+//! `fi_getname` returns and an AV stores), or the strings `fi_sockaddr_in://1.2.3.4:5` and
+//! `fi_sockaddr_in6://[::1]:5` (`FI_ADDR_STR`). Everything from outside is parsed with checked
+//! lengths; the AV stores the sockaddr form, so both spellings of one address are one entry.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+
+use xfabric_core::av::AddrFormat;
+use xfabric_core::{Error, Result};
+
+/// Bytes of a `struct sockaddr_in`.
+pub const SOCKADDR_IN_LEN: usize = 16;
+/// Bytes of a `struct sockaddr_in6`.
+pub const SOCKADDR_IN6_LEN: usize = 28;
+
+/// The `sockaddr_in(6)` bytes of `a`.
+pub fn encode(a: &SocketAddr) -> Vec<u8> {
+    match a {
+        SocketAddr::V4(v4) => {
+            let mut b = vec![0u8; SOCKADDR_IN_LEN];
+            b[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+            b[2..4].copy_from_slice(&v4.port().to_be_bytes());
+            b[4..8].copy_from_slice(&v4.ip().octets());
+            b
+        }
+        SocketAddr::V6(v6) => {
+            let mut b = vec![0u8; SOCKADDR_IN6_LEN];
+            b[0..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+            b[2..4].copy_from_slice(&v6.port().to_be_bytes());
+            b[4..8].copy_from_slice(&v6.flowinfo().to_be_bytes());
+            b[8..24].copy_from_slice(&v6.ip().octets());
+            b[24..28].copy_from_slice(&v6.scope_id().to_ne_bytes());
+            b
+        }
+    }
+}
+
+/// Parses sockaddr bytes or the `FI_ADDR_STR` form (a trailing NUL allowed).
+pub fn decode(raw: &[u8]) -> Result<SocketAddr> {
+    let bad = |why: &str| Error::Inval(format!("tcp address: {why}"));
+    if let Some(s) = as_str(raw) {
+        return parse_str(s).ok_or_else(|| bad(&format!("{s:?} is not fi_sockaddr_in[6]://ip:port")));
+    }
+    let family = raw
+        .get(0..2)
+        .map(|f| u16::from_ne_bytes([f[0], f[1]]) as i32)
+        .ok_or_else(|| bad("shorter than a sockaddr"))?;
+    let port = |b: &[u8]| u16::from_be_bytes([b[2], b[3]]);
+    match (family, raw.len()) {
+        (libc::AF_INET, SOCKADDR_IN_LEN) => {
+            let ip = Ipv4Addr::new(raw[4], raw[5], raw[6], raw[7]);
+            Ok(SocketAddr::V4(SocketAddrV4::new(ip, port(raw))))
+        }
+        (libc::AF_INET6, SOCKADDR_IN6_LEN) => {
+            let mut o = [0u8; 16];
+            o.copy_from_slice(&raw[8..24]);
+            let flow = u32::from_be_bytes([raw[4], raw[5], raw[6], raw[7]]);
+            let scope = u32::from_ne_bytes([raw[24], raw[25], raw[26], raw[27]]);
+            Ok(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(o),
+                port(raw),
+                flow,
+                scope,
+            )))
+        }
+        (f, n) => Err(bad(&format!(
+            "family {f} with {n} bytes is neither sockaddr_in nor sockaddr_in6"
+        ))),
+    }
+}
+
+fn as_str(raw: &[u8]) -> Option<&str> {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    let s = std::str::from_utf8(&raw[..end]).ok()?;
+    s.starts_with("fi_sockaddr_in").then_some(s)
+}
+
+fn parse_str(s: &str) -> Option<SocketAddr> {
+    let rest = s
+        .strip_prefix("fi_sockaddr_in6://")
+        .or_else(|| s.strip_prefix("fi_sockaddr_in://"))?;
+    rest.parse().ok()
+}
+
+/// The `FI_ADDR_STR` spelling of `a`.
+pub fn to_str(a: &SocketAddr) -> String {
+    match a {
+        SocketAddr::V4(_) => format!("fi_sockaddr_in://{a}"),
+        SocketAddr::V6(_) => format!("fi_sockaddr_in6://{a}"),
+    }
+}
+
+/// The address an endpoint binds to when nothing names one: the host's first configured
+/// non-loopback IPv4 address (so peers on other hosts can reach it), else 127.0.0.1.
+pub fn default_ip() -> IpAddr {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we free below; we only read it.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return IpAddr::V4(Ipv4Addr::LOCALHOST);
+    }
+    let mut found = None;
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        let up = ifa.ifa_flags & libc::IFF_UP as u32 != 0;
+        let lo = ifa.ifa_flags & libc::IFF_LOOPBACK as u32 != 0;
+        if up && !lo && !ifa.ifa_addr.is_null() {
+            // SAFETY: a non-null ifa_addr points to a sockaddr whose family says its type.
+            let fam = unsafe { (*ifa.ifa_addr).sa_family } as i32;
+            if fam == libc::AF_INET {
+                // SAFETY: family AF_INET: the sockaddr is a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                found = Some(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+                break;
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    IpAddr::V4(found.unwrap_or(Ipv4Addr::LOCALHOST))
+}
+
+/// The AV's view of tcp addresses.
+pub struct TcpAddr;
+
+impl AddrFormat for TcpAddr {
+    fn validate(&self, addr: &[u8]) -> Result<()> {
+        decode(addr).map(|_| ())
+    }
+
+    fn to_string(&self, addr: &[u8]) -> String {
+        match decode(addr) {
+            Ok(a) => to_str(&a),
+            Err(_) => format!("(invalid tcp address of {} bytes)", addr.len()),
+        }
+    }
+
+    fn canonical(&self, addr: &[u8]) -> Vec<u8> {
+        decode(addr).map_or_else(|_| addr.to_vec(), |a| encode(&a))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_families_round_trip_through_bytes_and_strings() {
+        for s in ["127.0.0.1:5000", "[::1]:6000", "10.1.2.3:1"] {
+            let a: SocketAddr = s.parse().unwrap();
+            assert_eq!(decode(&encode(&a)).unwrap(), a);
+            let mut st = to_str(&a).into_bytes();
+            st.push(0);
+            assert_eq!(decode(&st).unwrap(), a);
+            assert_eq!(TcpAddr.canonical(&st), encode(&a));
+        }
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for raw in [
+            &b""[..],
+            &[2u8][..],
+            &[2, 0, 1, 1][..],
+            &[10u8; 16][..],
+            &[2u8; 28][..],
+            b"fi_sockaddr_in://nonsense",
+            b"fi_sockaddr_in6://[::1]",
+        ] {
+            assert!(decode(raw).is_err(), "{raw:?}");
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! The tcp endpoint: core's RDM engine over `net`'s connections. Everything protocol is the
+//! engine's; this file maps `fi_addr_t`s to peers, moves the engine's frames into the
+//! sockets and the sockets' frames into the engine, and reports completions after its lock is
+//! released (so that counters bumped by them may start triggered operations here).
+
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use xfabric_core::consts::*;
+use xfabric_core::ep::TxOp;
+use xfabric_core::rdm::wire::{Prefix, WireError};
+use xfabric_core::rdm::{self, Engine, PeerId, Sink};
+use xfabric_core::rxq::PostedRecv;
+use xfabric_core::settings;
+use xfabric_core::{
+    AtomicReq, Context, EndpointOps, EpCore, Error, FiAddr, ProgressSource, Result, RmaOp,
+};
+
+use super::addr;
+use super::net::{Handler, Net};
+
+struct State {
+    engine: Engine,
+    net: Net,
+    /// Peer by AV index, for the AV generation `av_gen`.
+    av_cache: Vec<Option<PeerId>>,
+    av_gen: u64,
+    /// Source `fi_addr_t` by peer, for the AV generation `src_gen`.
+    srcs: Vec<Option<FiAddr>>,
+    src_gen: u64,
+}
+
+/// A tcp endpoint.
+pub struct TcpEndpoint {
+    core: Arc<EpCore>,
+    name: Vec<u8>,
+    st: Mutex<State>,
+    /// The connections' readiness (an epoll fd), for `idle_wait` to sleep on unlocked.
+    net_fd: RawFd,
+    /// Written by `wake` to end an `idle_wait`.
+    wake_fd: RawFd,
+    /// Whether the last locked call left work the engine can advance without a peer (frames
+    /// queued, answers awaited): `progress` then does not skip on an idle socket set.
+    busy: AtomicBool,
+}
+
+/// The engine as `net`'s handler, with what it needs to name a peer's source address.
+struct Glue<'a> {
+    engine: &'a mut Engine,
+    core: &'a EpCore,
+    srcs: &'a mut Vec<Option<FiAddr>>,
+}
+
+impl Glue<'_> {
+    fn src(&mut self, peer: PeerId, addr: SocketAddr) -> FiAddr {
+        if let Some(Some(s)) = self.srcs.get(peer) {
+            return *s;
+        }
+        let s = self
+            .core
+            .bound()
+            .and_then(|b| b.av.as_ref())
+            .and_then(|av| av.reverse(&addr::encode(&addr)))
+            .unwrap_or(FI_ADDR_NOTAVAIL);
+        if self.srcs.len() <= peer {
+            self.srcs.resize(peer + 1, None);
+        }
+        self.srcs[peer] = Some(s);
+        s
+    }
+}
+
+impl Handler for Glue<'_> {
+    fn on_ctrl(
+        &mut self,
+        peer: PeerId,
+        addr: SocketAddr,
+        prefix: &Prefix,
+        ctrl: &[u8],
+    ) -> std::result::Result<Sink, WireError> {
+        let src = self.src(peer, addr);
+        self.engine.on_ctrl(peer, src, prefix, ctrl)
+    }
+
+    fn on_body(&mut self, peer: PeerId, sink: Sink) {
+        self.engine.on_body(peer, sink)
+    }
+
+    fn on_sent(&mut self, peer: PeerId, token: u64) {
+        self.engine.on_sent(peer, token)
+    }
+
+    fn on_lost(&mut self, peer: PeerId, errno: i32) {
+        self.engine.on_lost(peer, errno)
+    }
+}
+
+impl TcpEndpoint {
+    /// Listens on `bind` (port 0: any).
+    pub fn open(core: Arc<EpCore>, bind: SocketAddr) -> Result<Arc<Self>> {
+        let net =
+            Net::bind(bind).map_err(|e| Error::from_io(format!("tcp endpoint: listen on {bind}"), e))?;
+        let name = addr::encode(&net.local_addr());
+        let net_fd = net.wait_fd();
+        // SAFETY: plain syscall; the descriptor is owned by this endpoint and closed in Drop.
+        let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if wake_fd < 0 {
+            return Err(Error::last_os("tcp endpoint: eventfd"));
+        }
+        let engine = Engine::new(
+            core.clone(),
+            rdm::Config {
+                eager_max: settings::TCP_EAGER_MAX.usize(),
+            },
+        );
+        Ok(Arc::new(TcpEndpoint {
+            core,
+            name,
+            st: Mutex::new(State {
+                engine,
+                net,
+                av_cache: Vec::new(),
+                av_gen: u64::MAX,
+                srcs: Vec::new(),
+                src_gen: u64::MAX,
+            }),
+            net_fd,
+            wake_fd,
+            busy: AtomicBool::new(false),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hands the engine's frames to the sockets, then reports completions unlocked.
+    fn finish(&self, mut st: MutexGuard<'_, State>) {
+        let st_ref = &mut *st;
+        while let Some(t) = st_ref.engine.poll_transmit() {
+            st_ref.net.send(t);
+        }
+        let done = st_ref.engine.take_done();
+        self.busy.store(st_ref.engine.busy(), Ordering::Release);
+        drop(st);
+        if !done.is_empty() {
+            rdm::report(&self.core, done);
+        }
+    }
+
+    /// The peer an `fi_addr_t` names.
+    fn peer_for(&self, st: &mut State, dest: FiAddr) -> Result<PeerId> {
+        let b = self
+            .core
+            .bound()
+            .ok_or_else(|| Error::OpBadState("endpoint is not enabled".into()))?;
+        let av =
+            b.av.as_ref()
+                .ok_or_else(|| Error::NoAv("no address vector bound".into()))?;
+        let idx = av.decode(dest).ok_or_else(|| {
+            Error::Inval(format!(
+                "destination {dest:#x} is not an address of the bound AV"
+            ))
+        })?;
+        let gen = av.generation();
+        if gen != st.av_gen {
+            st.av_cache.clear();
+            st.av_gen = gen;
+        }
+        if let Some(Some(p)) = st.av_cache.get(idx) {
+            return Ok(*p);
+        }
+        let raw = av
+            .name(dest)
+            .ok_or_else(|| Error::Inval(format!("destination {dest:#x} is not in the AV")))?;
+        let p = st.net.peer(addr::decode(&raw)?);
+        if st.av_cache.len() <= idx {
+            st.av_cache.resize(idx + 1, None);
+        }
+        st.av_cache[idx] = Some(p);
+        Ok(p)
+    }
+
+    fn refresh_srcs(&self, st: &mut State) {
+        let gen = self
+            .core
+            .bound()
+            .and_then(|b| b.av.as_ref())
+            .map_or(0, |av| av.generation());
+        if gen != st.src_gen {
+            st.srcs.clear();
+            st.src_gen = gen;
+        }
+    }
+
+    fn do_progress(&self, st: &mut State) -> usize {
+        self.refresh_srcs(st);
+        let State {
+            engine, net, srcs, ..
+        } = st;
+        let mut glue = Glue {
+            engine,
+            core: &self.core,
+            srcs,
+        };
+        let n = net.progress(&mut glue);
+        // Answers the engine owes (ACKs, CTS, read data) go out in the same call.
+        while let Some(t) = st.engine.poll_transmit() {
+            st.net.send(t);
+        }
+        n
+    }
+}
+
+impl Drop for TcpEndpoint {
+    fn drop(&mut self) {
+        // SAFETY: our own eventfd, closed once.
+        unsafe { libc::close(self.wake_fd) };
+    }
+}
+
+impl ProgressSource for TcpEndpoint {
+    fn progress(&self) -> usize {
+        let Ok(mut st) = self.st.try_lock() else {
+            return 0;
+        };
+        let n = self.do_progress(&mut st);
+        self.finish(st);
+        n
+    }
+
+    fn idle_wait(&self, timeout: Duration) {
+        if self.busy.load(Ordering::Acquire) {
+            // Answers are awaited: sleep on the sockets, but not long.
+            let timeout = timeout.min(Duration::from_millis(1));
+            self.poll_fds(timeout);
+        } else {
+            self.poll_fds(timeout);
+        }
+    }
+
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a local to our eventfd.
+        unsafe { libc::write(self.wake_fd, (&one as *const u64).cast(), 8) };
+    }
+}
+
+impl TcpEndpoint {
+    fn poll_fds(&self, timeout: Duration) {
+        let mut fds = [
+            libc::pollfd {
+                fd: self.net_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.wake_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: two valid pollfd entries on the stack.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        if r > 0 && fds[1].revents != 0 {
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 bytes into a local from our non-blocking eventfd.
+            unsafe { libc::read(self.wake_fd, (&mut v as *mut u64).cast(), 8) };
+        }
+    }
+}
+
+impl EndpointOps for TcpEndpoint {
+    fn enable(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn name(&self) -> Vec<u8> {
+        self.name.clone()
+    }
+
+    unsafe fn send(&self, op: &TxOp) -> Result<()> {
+        let mut st = self.lock();
+        let p = self.peer_for(&mut st, op.dest)?;
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { st.engine.post_send(p, op) };
+        self.finish(st);
+        r
+    }
+
+    unsafe fn rma(&self, op: &RmaOp) -> Result<()> {
+        let mut st = self.lock();
+        let p = self.peer_for(&mut st, op.dest)?;
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { st.engine.post_rma(p, op) };
+        self.finish(st);
+        r
+    }
+
+    unsafe fn atomic(&self, req: &AtomicReq) -> Result<()> {
+        let mut st = self.lock();
+        let p = self.peer_for(&mut st, req.dest)?;
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { st.engine.post_atomic(p, req) };
+        self.finish(st);
+        r
+    }
+
+    unsafe fn recv(&self, r: PostedRecv) -> Result<()> {
+        let mut st = self.lock();
+        if r.flags & FI_PEEK != 0 {
+            // A peek looks only at what arrived: take it in first.
+            self.do_progress(&mut st);
+        }
+        // SAFETY: forwarded from the caller.
+        let res = unsafe { st.engine.post_recv(r) };
+        self.finish(st);
+        res
+    }
+
+    fn cancel(&self, ctx: Context) -> Result<()> {
+        let mut st = self.lock();
+        let r = st.engine.cancel(ctx);
+        self.finish(st);
+        r
+    }
+
+    fn setopt(&self, name: i32, value: usize) -> Result<()> {
+        match name {
+            FI_OPT_MIN_MULTI_RECV => {
+                self.lock().engine.set_min_multi_recv(value);
+                Ok(())
+            }
+            _ => Err(Error::NoSys(format!(
+                "setopt: option {name} is not supported by tcp"
+            ))),
+        }
+    }
+
+    fn buffered(&self) -> xfabric_core::Buffered {
+        self.lock().engine.buffered()
+    }
+
+    fn close(&self) {
+        let mut st = self.lock();
+        st.engine.close();
+        while let Some(t) = st.engine.poll_transmit() {
+            st.net.send(t);
+        }
+        // Answers peers wait for go out first, for a bounded time.
+        st.net.shutdown(Instant::now() + Duration::from_secs(1));
+        self.finish(st);
+    }
+}

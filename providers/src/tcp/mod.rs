@@ -1,0 +1,322 @@
+//! The tcp provider: RDM endpoints over TCP (IPv4 and IPv6), for peers on other hosts as well
+//! as this one. The protocol is core's engine (`xfabric_core::rdm`); this provider is the
+//! transport under it: a listening socket per endpoint, connections made on first use
+//! (`net`), and the glue that feeds frames between the two (`ep`).
+
+pub mod addr;
+mod ep;
+pub mod net;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+
+use xfabric_core::consts::*;
+use xfabric_core::info::*;
+use xfabric_core::{
+    DomainOps, DoorbellAlloc, EndpointOps, EpCore, Error, HmemOps, Provider, Result,
+};
+
+use crate::hmem::GlobalHmem;
+
+pub use ep::TcpEndpoint;
+
+/// Capabilities the tcp provider offers.
+pub const TCP_CAPS: u64 = FI_MSG
+    | FI_TAGGED
+    | FI_RMA
+    | FI_ATOMIC
+    | FI_READ
+    | FI_WRITE
+    | FI_REMOTE_READ
+    | FI_REMOTE_WRITE
+    | FI_RMA_EVENT
+    | FI_RMA_PMEM
+    | FI_FENCE
+    | FI_SEND
+    | FI_RECV
+    | FI_MULTI_RECV
+    | FI_SOURCE
+    | FI_DIRECTED_RECV
+    | FI_TRIGGER
+    | FI_XPU_TRIGGER
+    | FI_LOCAL_COMM
+    | FI_REMOTE_COMM;
+
+/// Largest inject (copied during the call).
+pub const INJECT_SIZE: usize = 4096;
+
+/// The tcp provider.
+#[derive(Debug, Default)]
+pub struct Tcp;
+
+fn family_format(a: &SocketAddr) -> u32 {
+    match a {
+        SocketAddr::V4(_) => FI_SOCKADDR_IN,
+        SocketAddr::V6(_) => FI_SOCKADDR_IN6,
+    }
+}
+
+/// `node`/`service` as getinfo takes them: a host name or address and a port (number or
+/// name), either may be absent.
+fn resolve(node: Option<&str>, service: Option<&str>, v6: bool) -> Result<Option<SocketAddr>> {
+    if node.is_none() && service.is_none() {
+        return Ok(None);
+    }
+    let port: u16 = match service {
+        None => 0,
+        Some(s) => s
+            .parse()
+            .map_err(|_| Error::NoData(format!("provider tcp: service {s:?} is not a port")))?,
+    };
+    let host = match node {
+        Some(n) => n.to_string(),
+        None if v6 => "::1".into(),
+        None => addr::default_ip().to_string(),
+    };
+    let mut all = (host.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| Error::NoData(format!("provider tcp: cannot resolve {host:?}: {e}")))?;
+    let pick = all.find(|a| a.is_ipv6() == v6 || node.is_some());
+    pick.map(Some)
+        .ok_or_else(|| Error::NoData(format!("provider tcp: {host:?} has no usable address")))
+}
+
+impl Provider for Tcp {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn version(&self) -> u32 {
+        fi_version(1, 0)
+    }
+
+    fn getinfo(
+        &self,
+        node: Option<&str>,
+        service: Option<&str>,
+        flags: u64,
+        hints: &Info,
+    ) -> Result<Vec<Info>> {
+        if hints.caps & FI_HMEM != 0 {
+            if let Some(why) = GlobalHmem::get().no_devices_reason() {
+                return Err(Error::NoData(format!(
+                    "provider tcp: FI_HMEM requested, but {why}"
+                )));
+            }
+        }
+        let v6 = hints.addr_format == FI_SOCKADDR_IN6;
+        let named = resolve(node, service, v6)?;
+        let mut out = Vec::new();
+        let mut why = None;
+        for mut i in self.info() {
+            let (src, dest) = if flags & FI_SOURCE != 0 {
+                (named, None)
+            } else {
+                (None, named)
+            };
+            let src = src.or_else(|| hints.src_addr.as_deref().and_then(|a| addr::decode(a).ok()));
+            if let Some(a) = src.or(dest) {
+                i.addr_format = family_format(&a);
+            } else if hints.addr_format == FI_SOCKADDR_IN6 || hints.addr_format == FI_ADDR_STR {
+                i.addr_format = hints.addr_format;
+            }
+            let want = hints.addr_format;
+            if want != FI_FORMAT_UNSPEC
+                && want != FI_ADDR_STR
+                && want != i.addr_format
+                && (src.is_some() || dest.is_some())
+            {
+                why = Some(Error::NoData(format!(
+                    "provider tcp: address format {want} does not fit {node:?}"
+                )));
+                continue;
+            }
+            i.src_addr = src.map(|a| encode_as(&a, i.addr_format));
+            i.dest_addr = dest.map(|a| encode_as(&a, i.addr_format));
+            let mut h = hints.clone();
+            // The addresses were dealt with above (fit would copy the hints' raw ones).
+            h.src_addr = None;
+            h.dest_addr = None;
+            if h.addr_format == FI_ADDR_STR {
+                h.addr_format = FI_FORMAT_UNSPEC;
+            }
+            match i.fit(&h) {
+                Ok(mut f) => {
+                    f.src_addr = i.src_addr.clone();
+                    f.dest_addr = i.dest_addr.clone();
+                    if hints.addr_format == FI_ADDR_STR {
+                        f.addr_format = FI_ADDR_STR;
+                    }
+                    out.push(f)
+                }
+                Err(e) => why = why.or(Some(e)),
+            }
+        }
+        if out.is_empty() {
+            return Err(
+                why.unwrap_or_else(|| Error::NoData("provider tcp: nothing offered".into()))
+            );
+        }
+        Ok(out)
+    }
+
+    fn info(&self) -> Vec<Info> {
+        let hmem = if GlobalHmem::get().no_devices_reason().is_none() {
+            FI_HMEM
+        } else {
+            0
+        };
+        // One ordered stream per peer and a target that handles frames in arrival order:
+        // the same guarantees as shm (see its comment), RMA orders included.
+        let order = FI_ORDER_SAS
+            | FI_ORDER_RAR
+            | FI_ORDER_RAW
+            | FI_ORDER_WAR
+            | FI_ORDER_WAW
+            | FI_ORDER_SAR
+            | FI_ORDER_SAW
+            | FI_ORDER_RMA_RAR
+            | FI_ORDER_RMA_RAW
+            | FI_ORDER_RMA_WAR
+            | FI_ORDER_RMA_WAW
+            | FI_ORDER_ATOMIC_RAR
+            | FI_ORDER_ATOMIC_RAW
+            | FI_ORDER_ATOMIC_WAR
+            | FI_ORDER_ATOMIC_WAW;
+        vec![Info {
+            caps: TCP_CAPS | hmem,
+            mode: 0,
+            addr_format: FI_SOCKADDR_IN,
+            src_addr: None,
+            dest_addr: None,
+            tx_attr: TxAttr {
+                caps: FI_MSG
+                    | FI_TAGGED
+                    | FI_RMA
+                    | FI_ATOMIC
+                    | FI_SEND
+                    | FI_READ
+                    | FI_WRITE
+                    | FI_FENCE
+                    | FI_TRIGGER
+                    | FI_XPU_TRIGGER
+                    | hmem,
+                mode: 0,
+                op_flags: 0,
+                msg_order: order,
+                comp_order: FI_ORDER_NONE,
+                inject_size: INJECT_SIZE,
+                size: 1024,
+                iov_limit: xfabric_core::rxq::IOV_LIMIT,
+                rma_iov_limit: xfabric_core::rxq::IOV_LIMIT,
+                tclass: 0,
+            },
+            rx_attr: RxAttr {
+                caps: FI_MSG
+                    | FI_TAGGED
+                    | FI_RMA
+                    | FI_ATOMIC
+                    | FI_REMOTE_READ
+                    | FI_REMOTE_WRITE
+                    | FI_RMA_EVENT
+                    | FI_RMA_PMEM
+                    | FI_RECV
+                    | FI_MULTI_RECV
+                    | FI_SOURCE
+                    | FI_DIRECTED_RECV
+                    | FI_TRIGGER
+                    | hmem,
+                mode: 0,
+                op_flags: 0,
+                msg_order: order,
+                comp_order: FI_ORDER_NONE,
+                total_buffered_recv: 0,
+                size: 1024,
+                iov_limit: xfabric_core::rxq::IOV_LIMIT,
+            },
+            ep_attr: EpAttr {
+                ep_type: EpType::Rdm,
+                protocol: FI_PROTO_SOCK_TCP,
+                protocol_version: 1,
+                max_msg_size: isize::MAX as usize,
+                mem_tag_format: 0xaaaa_aaaa_aaaa_aaaa,
+                tx_ctx_cnt: 1,
+                rx_ctx_cnt: 1,
+                ..Default::default()
+            },
+            domain_attr: DomainAttr {
+                name: Some("tcp".into()),
+                threading: Threading::Safe,
+                control_progress: Progress::Auto,
+                data_progress: Progress::Manual,
+                resource_mgmt: ResourceMgmt::Enabled,
+                av_type: AvType::Unspec,
+                mr_mode: 0,
+                mr_key_size: 8,
+                cq_data_size: 8,
+                cq_cnt: 1024,
+                ep_cnt: 256,
+                tx_ctx_cnt: 1024,
+                rx_ctx_cnt: 1024,
+                max_ep_tx_ctx: 1,
+                max_ep_rx_ctx: 1,
+                cntr_cnt: 1024,
+                mr_iov_limit: 1,
+                max_err_data: 256,
+                mr_cnt: 65536,
+                ..Default::default()
+            },
+            fabric_attr: FabricAttr {
+                name: Some("tcp".into()),
+                prov_name: Some("tcp".into()),
+                prov_version: fi_version(1, 0),
+                api_version: fi_version(FI_MAJOR_VERSION, FI_MINOR_VERSION),
+            },
+        }]
+    }
+
+    fn domain(&self, _info: &Info) -> Result<Arc<dyn DomainOps>> {
+        Ok(Arc::new(TcpDomain))
+    }
+}
+
+fn encode_as(a: &SocketAddr, format: u32) -> Vec<u8> {
+    if format == FI_ADDR_STR {
+        let mut s = addr::to_str(a).into_bytes();
+        s.push(0);
+        s
+    } else {
+        addr::encode(a)
+    }
+}
+
+struct TcpDomain;
+
+impl DomainOps for TcpDomain {
+    fn addr_format(&self) -> Arc<dyn xfabric_core::AddrFormat> {
+        Arc::new(addr::TcpAddr)
+    }
+
+    fn endpoint(&self, info: &Info, core: Arc<EpCore>) -> Result<Arc<dyn EndpointOps>> {
+        if info.caps & !(TCP_CAPS | FI_HMEM) != 0 {
+            return Err(Error::OpNotSupp(format!(
+                "tcp endpoint: capabilities {} are not supported",
+                caps_str(info.caps & !(TCP_CAPS | FI_HMEM))
+            )));
+        }
+        let bind = match info.src_addr.as_deref() {
+            Some(a) => addr::decode(a)?,
+            None if info.addr_format == FI_SOCKADDR_IN6 => "[::1]:0".parse().expect("literal"),
+            None => SocketAddr::new(addr::default_ip(), 0),
+        };
+        Ok(TcpEndpoint::open(core, bind)?)
+    }
+
+    fn hmem(&self) -> Option<Arc<dyn HmemOps>> {
+        Some(GlobalHmem::ops())
+    }
+
+    fn xpu_doorbells(&self) -> Option<Arc<dyn DoorbellAlloc>> {
+        Some(xfabric_xpu_trigger::doorbells())
+    }
+}
