@@ -25,7 +25,7 @@ use xfabric::hmem::{Hmem, HostMapped};
 use xfabric::*;
 
 mod common;
-use common::{hex, open, unhex, Node};
+use common::{hex, open_on, unhex, Node};
 
 const ROLE_ENV: &str = "XF_PIPELINE_ROLE";
 const CAPS: u64 = FI_MSG | FI_TRIGGER | FI_XPU_TRIGGER;
@@ -60,6 +60,13 @@ struct Opts {
     /// bucket's compute takes as long as its transfer)
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=MAX_PASSES as i64))]
     work: Option<u32>,
+    /// The provider both processes use (shm, or tcp to cross hosts)
+    #[arg(long, default_value = "shm")]
+    provider: String,
+    /// Start the peer process inside this network namespace (`ip netns exec NAME`), as
+    /// another host would be: with `--provider tcp`
+    #[arg(long, value_name = "NAME")]
+    peer_netns: Option<String>,
 }
 
 /// The most passes `--work` and the calibration pick.
@@ -121,7 +128,7 @@ fn fail(why: &str) -> ! {
 
 /// The peer: posts a round's receives, says so, then checks every byte of every bucket.
 fn receiver(o: &Opts) {
-    let n = open(FI_MSG, Progress::Manual);
+    let n = open_on(&o.provider, FI_MSG, Progress::Manual);
     println!("{}", hex(&n.ep.getname().expect("getname")));
     let mut lines = std::io::stdin().lock().lines();
     let mut line = || lines.next().and_then(|l| l.ok()).unwrap_or_default();
@@ -290,7 +297,15 @@ fn sender(o: &Opts) {
         Cores::pin_host();
     }
     let exe = std::env::current_exe().expect("current_exe");
-    let mut child = Command::new(exe)
+    let mut cmd = match &o.peer_netns {
+        None => Command::new(exe),
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(exe);
+            c
+        }
+    };
+    let mut child = cmd
         .args(std::env::args_os().skip(1))
         .env(ROLE_ENV, "rx")
         .stdin(Stdio::piped())
@@ -308,7 +323,7 @@ fn sender(o: &Opts) {
     };
 
     let xpu = ringer.xpu();
-    let n = open(CAPS, ringer.progress());
+    let n = open_on(&o.provider, CAPS, ringer.progress());
     let peer = n.av.insert_one(&unhex(&hear())).expect("av insert");
     writeln!(to_peer, "{}", hex(&n.ep.getname().expect("getname"))).expect("tell peer");
     let nvars =

@@ -1,4 +1,4 @@
-//! What the XPU examples share: opening an shm endpoint with its queues, and the hex form
+//! What the XPU examples share: opening an endpoint (shm unless told) with its queues, and the hex form
 //! addresses travel in between the example and its peer process.
 
 #![allow(dead_code)]
@@ -18,11 +18,17 @@ pub struct Node {
 
 /// Opens an shm endpoint with `caps` under `progress`; exits with the reason on failure.
 pub fn open(caps: u64, progress: Progress) -> Node {
+    open_on("shm", caps, progress)
+}
+
+/// Opens an endpoint of `provider` with `caps` under `progress`; exits with the reason on
+/// failure.
+pub fn open_on(provider: &str, caps: u64, progress: Progress) -> Node {
     let mut hints = Info {
         caps,
         ..Default::default()
     };
-    hints.fabric_attr.prov_name = Some("shm".into());
+    hints.fabric_attr.prov_name = Some(provider.into());
     hints.ep_attr.ep_type = EpType::Rdm;
     hints.domain_attr.data_progress = progress;
     let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints))

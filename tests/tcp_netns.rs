@@ -1,0 +1,176 @@
+//! xfabric across "machines": two network namespaces joined by a veth pair, one process in
+//! each, over the tcp provider. The test makes the namespaces and removes them (also when it
+//! fails); where namespaces cannot be made (not root, no `ip`), it says so and skips.
+//! Traffic stays between the two namespaces this test created.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::bounded;
+
+/// Two namespaces with one address each, removed on drop.
+struct Hosts {
+    a: String,
+    b: String,
+    ip_a: String,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Hosts {
+    fn make() -> Result<Hosts, String> {
+        let id = std::process::id();
+        let a = format!("xf{id}a");
+        let b = format!("xf{id}b");
+        // 10.233.N.0/24, N from our pid: two runs at once get different subnets.
+        let net = format!("10.233.{}", id % 250);
+        let hosts = Hosts {
+            a: a.clone(),
+            b: b.clone(),
+            ip_a: format!("{net}.1"),
+        };
+        ip(&["netns", "add", &a])?;
+        // From here on, drop removes whatever was made.
+        let h = hosts;
+        ip(&["netns", "add", &b])?;
+        let (va, vb) = (format!("{a}0"), format!("{b}0"));
+        ip(&[
+            "link", "add", &va, "netns", &a, "type", "veth", "peer", "name", &vb, "netns", &b,
+        ])?;
+        for (ns, dev, addr) in [(&a, &va, format!("{net}.1/24")), (&b, &vb, format!("{net}.2/24"))]
+        {
+            ip(&["-n", ns, "addr", "add", &addr, "dev", dev])?;
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(h)
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        // Deleting a namespace kills nothing by itself: our processes were reaped already
+        // (bounded waits); the veth pair goes with the namespace.
+        let _ = ip(&["netns", "del", &self.a]);
+        let _ = ip(&["netns", "del", &self.b]);
+    }
+}
+
+fn example(name: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let p = exe.parent()?.parent()?.join("examples").join(name);
+    if p.exists() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "examples are not built: run the suite as scripts/test.sh does"
+    );
+    eprintln!("skipped: the {name} example is not built (cargo build --examples)");
+    None
+}
+
+fn hosts_or_skip() -> Option<Hosts> {
+    match Hosts::make() {
+        Ok(h) => Some(h),
+        Err(why) => {
+            eprintln!("skipped: cannot make network namespaces here ({why})");
+            None
+        }
+    }
+}
+
+fn in_ns(ns: &str, exe: &PathBuf, args: &[&str]) -> std::process::Child {
+    Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start a process in a namespace")
+}
+
+fn finish(child: std::process::Child, what: &str) -> Output {
+    let pid = child.id();
+    let out = bounded(pid, Duration::from_secs(120), what, || {
+        child.wait_with_output()
+    })
+    .expect("wait");
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn pingpong_between_two_hosts_checks_every_byte() {
+    let Some(exe) = example("pingpong") else { return };
+    let Some(h) = hosts_or_skip() else { return };
+    for op in [None, Some("tagged")] {
+        for size in ["8", "64k", "4m"] {
+            let mut args = vec!["-p", "tcp", "-e", "rdm", "-c", "-I", "20", "-S", size];
+            if let Some(o) = op {
+                args.extend(["-o", o]);
+            }
+            let server = in_ns(&h.a, &exe, &args);
+            let mut cargs = args.clone();
+            cargs.push(&h.ip_a);
+            // The client retries a refused control connection while the server starts.
+            let client = in_ns(&h.b, &exe, &cargs);
+            let c = finish(client, "pingpong client");
+            let s = finish(server, "pingpong server");
+            let text = String::from_utf8_lossy(&c.stdout);
+            assert!(text.contains("usec/xfer"), "{text}");
+            let _ = s;
+        }
+    }
+}
+
+#[test]
+fn xpu_pipeline_between_two_hosts_checks_every_byte() {
+    let Some(exe) = example("xpu_pipeline") else {
+        return;
+    };
+    let Some(h) = hosts_or_skip() else { return };
+    let args = [
+        "--provider",
+        "tcp",
+        "--peer-netns",
+        &h.b,
+        "--xpu",
+        "cpu",
+        "--rounds",
+        "2",
+        "--buckets",
+        "16",
+    ];
+    let out = finish(in_ns(&h.a, &exe, &args), "xpu_pipeline");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("2 rounds, every byte checked by the peer"),
+        "{text}"
+    );
+}
