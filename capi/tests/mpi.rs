@@ -53,6 +53,28 @@ fn mpirun(ranks: u32, exe: &Path, args: &[&str]) -> String {
     run::success(&what, &common::output_within(cmd, LIMIT, &what))
 }
 
+/// `mpirun -np ranks exe args` through Open MPI's tagged path (`pml cm`, `mtl ofi`) over
+/// xfabric's tcp provider, as its users run it across nodes; asserts success and returns
+/// stdout.
+fn mpirun_mtl_tcp(ranks: u32, exe: &Path, args: &[&str]) -> String {
+    let mut cmd = Command::new("mpirun");
+    cmd.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        &ranks.to_string(),
+    ])
+    .args(["--mca", "pml", "cm", "--mca", "mtl", "ofi"])
+    .args(["--mca", "mtl_ofi_provider_include", "tcp"])
+    .args(["-x", "FI_PROVIDER=tcp", "-x", "LD_LIBRARY_PATH"])
+    .env("LD_LIBRARY_PATH", common::so1_dir())
+    .env("FI_PROVIDER", "tcp")
+    .arg(exe)
+    .args(args);
+    let what = format!("mpirun (mtl ofi, tcp) -np {ranks} {}", exe.display());
+    run::success(&what, &common::output_within(cmd, LIMIT, &what))
+}
+
 /// True where Open MPI is there; otherwise says why the test does nothing.
 fn open_mpi() -> bool {
     if run::have("mpicc") && run::have("mpirun") {
@@ -82,6 +104,22 @@ fn mpi_allreduce_two_and_four_ranks() {
     let exe = build("mpi_allreduce");
     for ranks in [2, 4] {
         let out = mpirun(ranks, &exe, &[]);
+        assert!(out.contains(&format!("allreduce ok {ranks}")), "{out}");
+    }
+}
+
+#[test]
+fn mpi_tagged_path_over_tcp_pingpong_and_allreduce() {
+    if !open_mpi() {
+        return;
+    }
+    let exe = build("mpi_pingpong");
+    let out = mpirun_mtl_tcp(2, &exe, &["20"]);
+    assert!(out.contains("pingpong ok"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("4194304 ")), "{out}");
+    let exe = build("mpi_allreduce");
+    for ranks in [2, 4] {
+        let out = mpirun_mtl_tcp(ranks, &exe, &[]);
         assert!(out.contains(&format!("allreduce ok {ranks}")), "{out}");
     }
 }
