@@ -1,0 +1,1272 @@
+//! The engine driven deterministically, as quinn-proto's tests drive theirs: two engines (A
+//! and B, each the other's peer 0) joined by an in-memory ordered queue per direction, with
+//! switches to hold back `on_sent` reports, to move frames one direction at a time, and to
+//! lose the peer midway. No threads, no clock. Completions go through `report` into the mock
+//! endpoints' CQs, and the tests look at those entries and at the bytes in the buffers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::engine::EAGER_LIMIT;
+use super::wire::{self, Frame, Kind, Prefix, WireError, PREFIX};
+use super::{report, Body, Config, Engine, Sink, Transmit};
+use crate::consts::errno::*;
+use crate::consts::*;
+use crate::entry::{Context, CqErrEntry, CqTaggedEntry};
+use crate::ep::{EpCore, TxOp};
+use crate::ep_atomic::AtomicReq;
+use crate::ep_rma::{RmaIov, RmaIovList, RmaOp};
+use crate::mr::MemoryRegion;
+use crate::rxq::{IovList, PostedRecv};
+use crate::trigger::testkit::{Ep, World};
+use crate::{AtomicOp, Datatype};
+
+/// Small, so that the large-message path runs with small buffers.
+const EAGER: usize = 64;
+/// Remote key of the region the tests register at B.
+const KEY: u64 = 0x77;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum S {
+    A,
+    B,
+}
+
+struct Side {
+    ep: Ep,
+    core: Arc<EpCore>,
+    eng: Engine,
+    /// Hold `on_sent` reports back (in `held`) instead of making them.
+    hold_sent: bool,
+    held: Vec<u64>,
+    /// What `on_ctrl` refused at this side.
+    refused: Vec<WireError>,
+}
+
+impl Side {
+    fn new(world: &World) -> Side {
+        let ep = world.ep();
+        let core = ep.ep.core().clone();
+        let eng = Engine::new(core.clone(), Config { eager_max: EAGER });
+        Side {
+            ep,
+            core,
+            eng,
+            hold_sent: false,
+            held: Vec::new(),
+            refused: Vec::new(),
+        }
+    }
+
+    fn report(&mut self) {
+        report(&self.core, self.eng.take_done());
+    }
+
+    fn send(&mut self, op: TxOp) {
+        // SAFETY: every test keeps its send buffers alive until the operation ends.
+        unsafe { self.eng.post_send(0, &op) }.unwrap();
+        self.report();
+    }
+
+    fn recv(&mut self, r: PostedRecv) {
+        // SAFETY: every test keeps its receive buffers alive, and reads them only after the
+        // receive ends.
+        unsafe { self.eng.post_recv(r) }.unwrap();
+        self.report();
+    }
+
+    fn rma(&mut self, op: RmaOp) {
+        // SAFETY: every test keeps its local RMA buffers alive until the operation ends.
+        unsafe { self.eng.post_rma(0, &op) }.unwrap();
+        self.report();
+    }
+
+    fn atomic(&mut self, req: AtomicReq) -> crate::error::Result<()> {
+        // SAFETY: every test keeps operand, compare and result alive until the operation
+        // ends.
+        let r = unsafe { self.eng.post_atomic(0, &req) };
+        self.report();
+        r
+    }
+
+    /// Every CQ entry now there: (successes, errors).
+    fn cq(&self) -> (Vec<CqTaggedEntry>, Vec<CqErrEntry>) {
+        let (mut ok, mut err) = (Vec::new(), Vec::new());
+        loop {
+            let (o, e) = (self.ep.entries(), self.ep.errors());
+            if o.is_empty() && e.is_empty() {
+                return (ok, err);
+            }
+            ok.extend(o);
+            err.extend(e);
+        }
+    }
+
+    /// Asserts the CQ is empty.
+    fn quiet(&self) {
+        let (ok, err) = self.cq();
+        assert!(ok.is_empty() && err.is_empty(), "{ok:?} {err:?}");
+    }
+
+    /// Asserts the CQ holds exactly one success, for `ctx`, and returns it.
+    fn one(&self, ctx: Context) -> CqTaggedEntry {
+        let (ok, err) = self.cq();
+        assert!(err.is_empty(), "{err:?}");
+        assert_eq!(ok.len(), 1, "{ok:?}");
+        assert_eq!(ok[0].op_context, ctx);
+        ok[0]
+    }
+
+    /// Asserts the CQ holds exactly one error, for `ctx`, and returns it.
+    fn one_err(&self, ctx: Context) -> CqErrEntry {
+        let (ok, err) = self.cq();
+        assert!(ok.is_empty(), "{ok:?}");
+        assert_eq!(err.len(), 1, "{err:?}");
+        assert_eq!(err[0].op_context, ctx);
+        err[0]
+    }
+}
+
+/// The bytes of a frame's body.
+fn body_bytes(b: &Body) -> Vec<u8> {
+    match b {
+        Body::None => Vec::new(),
+        Body::Owned(v) => v.clone(),
+        Body::Iov(iov) => {
+            let mut v = vec![0u8; iov.total()];
+            // SAFETY: a body's memory is valid until its frame is reported sent: the tests'
+            // buffers or registered memory, all alive.
+            unsafe { iov.copy_out(0, &mut v) };
+            v
+        }
+    }
+}
+
+/// Fills `sink` from `body` as a transport does: into memory (the rest dropped), a buffer,
+/// or nowhere.
+fn fill(sink: Sink, body: &[u8]) -> Sink {
+    match sink {
+        Sink::Discard => Sink::Discard,
+        Sink::Buffer(mut v) => {
+            let n = v.len().min(body.len());
+            v[..n].copy_from_slice(&body[..n]);
+            Sink::Buffer(v)
+        }
+        Sink::Iov(iov) => {
+            // SAFETY: the engine keeps a sink's memory valid until on_body; it is the tests'
+            // receive buffers or registered memory, not aliased by `body`.
+            unsafe { iov.copy_in(0, body) };
+            Sink::Iov(iov)
+        }
+    }
+}
+
+/// Hands `to` one frame from peer 0: control part, then body. The refusal, if any.
+fn arrive(to: &mut Side, ctrl: &[u8], body: &[u8]) -> Result<(), WireError> {
+    let p = wire::prefix(ctrl)?;
+    let end = (PREFIX + p.ctrl_len as usize).min(ctrl.len());
+    match to.eng.on_ctrl(0, 0, &p, &ctrl[PREFIX..end]) {
+        Ok(sink) => {
+            let sink = fill(sink, body);
+            to.eng.on_body(0, sink);
+            Ok(())
+        }
+        Err(e) => {
+            to.refused.push(e);
+            Err(e)
+        }
+    }
+}
+
+struct Net {
+    a: Side,
+    b: Side,
+    /// B's registered memory (`KEY`), when a test asked for it.
+    mr: Option<MemoryRegion>,
+    world: World,
+}
+
+impl Net {
+    fn new() -> Net {
+        let world = World::new();
+        Net {
+            a: Side::new(&world),
+            b: Side::new(&world),
+            mr: None,
+            world,
+        }
+    }
+
+    fn pair(&mut self, from: S) -> (&mut Side, &mut Side) {
+        match from {
+            S::A => (&mut self.a, &mut self.b),
+            S::B => (&mut self.b, &mut self.a),
+        }
+    }
+
+    fn report(&mut self) {
+        self.a.report();
+        self.b.report();
+    }
+
+    /// Moves one frame from `from` to the other side; its kind, or `None` if none was queued.
+    fn step(&mut self, from: S) -> Option<Kind> {
+        self.step_with(from, |t| t)
+    }
+
+    /// `step`, letting `edit` change the frame on the way.
+    fn step_with(&mut self, from: S, edit: impl FnOnce(Transmit) -> Transmit) -> Option<Kind> {
+        let (src, dst) = self.pair(from);
+        let t = edit(src.eng.poll_transmit()?);
+        let kind = wire::decode_all(&t.ctrl).ok().map(|(f, _)| f.kind());
+        let kind = kind.or_else(|| {
+            let p = wire::prefix(&t.ctrl).ok()?;
+            wire::decode(&p, &t.ctrl[PREFIX..]).ok().map(|f| f.kind())
+        });
+        let body = body_bytes(&t.body);
+        assert_eq!(
+            wire::prefix(&t.ctrl).map(|p| p.body_len),
+            Ok(body.len() as u64),
+            "a frame announces its body's length"
+        );
+        let _ = arrive(dst, &t.ctrl, &body);
+        if let Some(tok) = t.token {
+            if src.hold_sent {
+                src.held.push(tok);
+            } else {
+                src.eng.on_sent(0, tok);
+            }
+        }
+        self.report();
+        kind
+    }
+
+    /// Moves every frame `from` has queued (and those queued meanwhile).
+    fn flush(&mut self, from: S) -> Vec<Kind> {
+        let mut kinds = Vec::new();
+        while let Some(k) = self.step(from) {
+            kinds.push(k);
+            assert!(kinds.len() < 1000, "runaway");
+        }
+        kinds
+    }
+
+    /// Moves frames both ways until neither side has any.
+    fn pump(&mut self) {
+        for _ in 0..100 {
+            let a = self.flush(S::A);
+            let b = self.flush(S::B);
+            if a.is_empty() && b.is_empty() {
+                return;
+            }
+        }
+        panic!("the engines never went quiet");
+    }
+
+    /// Reports `from`'s held-back `on_sent`s.
+    fn release_sent(&mut self, from: S) {
+        let (s, _) = self.pair(from);
+        for tok in std::mem::take(&mut s.held) {
+            s.eng.on_sent(0, tok);
+        }
+        self.report();
+    }
+
+    /// Registers `buf` at B under `KEY` for remote read and write; the address of its byte
+    /// `off` as a peer names it.
+    fn register(&mut self, buf: &[u8]) {
+        // SAFETY: the tests' registered buffers outlive the region (kept in `self.mr`, and
+        // every test declares its buffer before its `Net`).
+        let mr = unsafe {
+            self.world
+                .domain
+                .mr_reg(buf, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, KEY)
+        }
+        .unwrap();
+        assert_eq!(mr.key(), KEY);
+        self.mr = Some(mr);
+    }
+
+    /// The remote address of byte `off` of the buffer registered at `base`.
+    fn raddr(&self, base: *const u8, off: usize) -> u64 {
+        if self.b.core.mr.mode() & FI_MR_VIRT_ADDR != 0 {
+            (base as usize + off) as u64
+        } else {
+            off as u64
+        }
+    }
+}
+
+fn iov(buf: &[u8]) -> IovList {
+    IovList::one(buf.as_ptr() as usize, buf.len())
+}
+
+fn iov_mut(buf: &mut [u8]) -> IovList {
+    IovList::one(buf.as_mut_ptr() as usize, buf.len())
+}
+
+fn send(ctx: Context, buf: &[u8], tag: Option<u64>, data: Option<u64>, flags: u64) -> TxOp {
+    let kind = if tag.is_some() { FI_TAGGED } else { FI_MSG };
+    let cq_data = if data.is_some() { FI_REMOTE_CQ_DATA } else { 0 };
+    TxOp {
+        ctx,
+        iov: iov(buf),
+        dest: 0,
+        tag: tag.unwrap_or(0),
+        data: data.unwrap_or(0),
+        flags: kind | cq_data | flags,
+    }
+}
+
+fn recv(ctx: Context, buf: &mut [u8], tag: Option<u64>, flags: u64) -> PostedRecv {
+    PostedRecv {
+        ctx,
+        iov: iov_mut(buf),
+        src: FI_ADDR_UNSPEC,
+        tag: tag.unwrap_or(0),
+        ignore: 0,
+        flags: (if tag.is_some() { FI_TAGGED } else { FI_MSG }) | flags,
+        used: 0,
+    }
+}
+
+fn rma(ctx: Context, local: IovList, segs: &[RmaIov], data: Option<u64>, flags: u64) -> RmaOp {
+    RmaOp {
+        ctx,
+        iov: local,
+        dest: 0,
+        rma: RmaIovList::from_segs(segs).unwrap(),
+        data: data.unwrap_or(0),
+        flags: FI_RMA | flags | if data.is_some() { FI_REMOTE_CQ_DATA } else { 0 },
+    }
+}
+
+fn seg(addr: u64, len: usize, key: u64) -> RmaIov {
+    RmaIov { addr, len, key }
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
+        .collect()
+}
+
+// 1. Eager messages.
+
+#[test]
+fn eager_posted_first_untagged() {
+    let data = pattern(20, 1);
+    let mut buf = vec![0u8; 32];
+    let mut net = Net::new();
+    net.b.recv(recv(10, &mut buf, None, 0));
+    net.a.send(send(1, &data, None, None, 0));
+    assert_eq!(net.flush(S::A), vec![Kind::Msg]);
+    let e = net.b.one(10);
+    assert_eq!(e.flags, FI_RECV | FI_MSG);
+    assert_eq!(e.len, 20);
+    assert_eq!(&buf[..20], &data[..]);
+    assert!(buf[20..].iter().all(|&b| b == 0));
+    let e = net.a.one(1);
+    assert_eq!(e.flags, FI_SEND | FI_MSG);
+    // Nothing answers a transmit-complete eager message.
+    assert_eq!(net.flush(S::B), vec![]);
+}
+
+#[test]
+fn eager_unexpected_tagged_with_data() {
+    let d1 = pattern(20, 2);
+    let d2 = pattern(7, 3);
+    let (mut b1, mut b2) = (vec![0u8; 64], vec![0u8; 64]);
+    let mut net = Net::new();
+    // A receive for tag 1 waits while a message for tag 2 arrives unexpected.
+    net.b.recv(recv(11, &mut b1, Some(1), 0));
+    net.a.send(send(1, &d2, Some(2), Some(0xd00d), 0));
+    net.pump();
+    net.b.quiet();
+    assert_eq!(net.b.eng.buffered().unexpected, 1);
+    net.a.one(1);
+    net.b.recv(recv(12, &mut b2, Some(2), 0));
+    let e = net.b.one(12);
+    assert_eq!(e.flags, FI_RECV | FI_TAGGED | FI_REMOTE_CQ_DATA);
+    assert_eq!((e.len, e.tag, e.data), (7, 2, 0xd00d));
+    assert_eq!(&b2[..7], &d2[..]);
+    assert_eq!(net.b.eng.buffered().unexpected, 0);
+    // The waiting receive takes the next message for its tag.
+    net.a.send(send(2, &d1, Some(1), None, 0));
+    net.pump();
+    let e = net.b.one(11);
+    assert_eq!((e.flags, e.len, e.tag), (FI_RECV | FI_TAGGED, 20, 1));
+    assert_eq!(&b1[..20], &d1[..]);
+    net.a.one(2);
+    // Tagged and untagged never match each other.
+    let mut b3 = vec![0u8; 8];
+    net.b.recv(recv(13, &mut b3, None, 0));
+    net.a.send(send(3, &d2, Some(0), None, 0));
+    net.pump();
+    net.b.quiet();
+}
+
+#[test]
+fn eager_truncation_posted_and_unexpected() {
+    let data = pattern(20, 4);
+    let (mut b1, mut b2) = (vec![0u8; 8], vec![0u8; 8]);
+    let mut net = Net::new();
+    net.b.recv(recv(10, &mut b1, None, 0));
+    net.a.send(send(1, &data, None, None, 0));
+    net.pump();
+    let e = net.b.one_err(10);
+    assert_eq!((e.err, e.len, e.olen), (FI_ETRUNC, 8, 12));
+    assert_eq!(&b1[..], &data[..8]);
+    net.a.one(1);
+    net.a.send(send(2, &data, Some(5), None, 0));
+    net.pump();
+    net.b.recv(recv(11, &mut b2, Some(5), 0));
+    let e = net.b.one_err(11);
+    assert_eq!((e.err, e.len, e.olen, e.tag), (FI_ETRUNC, 8, 12, 5));
+    assert_eq!(&b2[..], &data[..8]);
+}
+
+// 2. Large messages.
+
+#[test]
+fn large_posted_first_completes_sender_on_ack() {
+    let data = pattern(200, 5);
+    let mut buf = vec![0u8; 300];
+    let mut net = Net::new();
+    net.b.recv(recv(10, &mut buf, Some(9), 0));
+    net.a.send(send(1, &data, Some(9), Some(42), 0));
+    assert_eq!(net.flush(S::A), vec![Kind::Rts]);
+    net.b.quiet();
+    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
+    assert_eq!(net.step(S::A), Some(Kind::Data));
+    let e = net.b.one(10);
+    assert_eq!(e.flags, FI_RECV | FI_TAGGED | FI_REMOTE_CQ_DATA);
+    assert_eq!((e.len, e.tag, e.data), (200, 9, 42));
+    assert_eq!(&buf[..200], &data[..]);
+    // Sent, but not acknowledged: not complete.
+    net.a.quiet();
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    assert_eq!(net.a.one(1).flags, FI_SEND | FI_TAGGED);
+    assert!(!net.a.eng.busy() && !net.b.eng.busy());
+}
+
+#[test]
+fn large_unexpected_and_truncated() {
+    let data = pattern(200, 6);
+    let (mut b1, mut b2) = (vec![0u8; 200], vec![0u8; 100]);
+    let mut net = Net::new();
+    net.a.send(send(1, &data, None, None, 0));
+    assert_eq!(net.flush(S::A), vec![Kind::Rts]);
+    // Never buffered: only the announcement waits.
+    assert_eq!(net.flush(S::B), vec![]);
+    assert_eq!(net.b.eng.buffered().unexpected, 1);
+    net.b.recv(recv(10, &mut b1, None, 0));
+    net.pump();
+    assert_eq!(net.b.one(10).len, 200);
+    assert_eq!(&b1[..], &data[..]);
+    net.a.one(1);
+    // A smaller receive takes what fits.
+    net.a.send(send(2, &data, None, None, 0));
+    net.pump();
+    net.b.recv(recv(11, &mut b2, None, 0));
+    net.pump();
+    let e = net.b.one_err(11);
+    assert_eq!((e.err, e.len, e.olen), (FI_ETRUNC, 100, 100));
+    assert_eq!(&b2[..], &data[..100]);
+    net.a.one(2);
+}
+
+#[test]
+fn large_peek_claim_discard() {
+    let data = pattern(200, 7);
+    let other = pattern(150, 8);
+    let mut buf = vec![0u8; 256];
+    let mut none = [0u8; 0];
+    let mut net = Net::new();
+    net.a.send(send(1, &data, Some(7), Some(3), 0));
+    net.a.send(send(2, &other, Some(8), None, 0));
+    net.pump();
+    // Peek: found, left in place.
+    net.b.recv(recv(20, &mut none, Some(7), FI_PEEK));
+    let e = net.b.one(20);
+    assert_eq!((e.len, e.tag, e.data), (200, 7, 3));
+    assert_eq!(net.b.eng.buffered().unexpected, 2);
+    // Peek for a tag nobody sent: FI_ENOMSG.
+    net.b.recv(recv(21, &mut none, Some(99), FI_PEEK));
+    assert_eq!(net.b.one_err(21).err, FI_ENOMSG);
+    // Claim it, then receive the claimed message.
+    net.b.recv(recv(22, &mut none, Some(7), FI_PEEK | FI_CLAIM));
+    assert_eq!(net.b.one(22).len, 200);
+    // (A claimed message still counts as buffered.)
+    assert_eq!(net.b.eng.buffered().unexpected, 2);
+    net.b.recv(recv(22, &mut buf, Some(7), FI_CLAIM));
+    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
+    net.pump();
+    let e = net.b.one(22);
+    assert_eq!((e.len, e.tag, e.data), (200, 7, 3));
+    assert_eq!(&buf[..200], &data[..]);
+    net.a.one(1);
+    assert_eq!(net.b.eng.buffered().unexpected, 1);
+    // Discard: the sender completes, and no data moves.
+    net.b
+        .recv(recv(23, &mut none, Some(8), FI_PEEK | FI_DISCARD));
+    assert_eq!(net.b.one(23).len, 150);
+    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
+    assert_eq!(net.flush(S::A), vec![]);
+    net.a.one(2);
+    assert_eq!(net.b.eng.buffered().unexpected, 0);
+    assert!(!net.a.eng.busy() && !net.b.eng.busy());
+}
+
+// 3. Completion levels.
+
+#[test]
+fn transmit_complete_waits_for_on_sent() {
+    let data = pattern(30, 9);
+    let mut buf = vec![0u8; 30];
+    let mut net = Net::new();
+    net.a.hold_sent = true;
+    net.b.recv(recv(10, &mut buf, None, 0));
+    net.a.send(send(1, &data, None, None, FI_TRANSMIT_COMPLETE));
+    net.pump();
+    net.b.one(10);
+    net.a.quiet();
+    net.release_sent(S::A);
+    net.a.one(1);
+}
+
+#[test]
+fn delivery_complete_waits_for_ack() {
+    let data = pattern(30, 10);
+    let mut buf = vec![0u8; 30];
+    let mut net = Net::new();
+    net.b.recv(recv(10, &mut buf, None, 0));
+    net.a.send(send(1, &data, None, None, FI_DELIVERY_COMPLETE));
+    assert_eq!(net.flush(S::A), vec![Kind::Msg]);
+    net.b.one(10);
+    net.a.quiet();
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    net.a.one(1);
+    // Acknowledged but not yet reported sent: still not complete.
+    net.a.hold_sent = true;
+    net.b.recv(recv(11, &mut buf, None, 0));
+    net.a.send(send(2, &data, None, None, FI_DELIVERY_COMPLETE));
+    net.pump();
+    net.b.one(11);
+    net.a.quiet();
+    net.release_sent(S::A);
+    net.a.one(2);
+}
+
+#[test]
+fn match_complete_waits_for_the_receive() {
+    let data = pattern(30, 11);
+    let mut buf = vec![0u8; 30];
+    let mut net = Net::new();
+    net.a.send(send(1, &data, None, None, FI_MATCH_COMPLETE));
+    net.pump();
+    net.a.quiet();
+    net.b.recv(recv(10, &mut buf, None, 0));
+    net.b.one(10);
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    net.a.one(1);
+}
+
+// 4. RMA.
+
+#[test]
+fn rma_write_and_read() {
+    let mut tgt = vec![0u8; 128];
+    let src = pattern(16, 12);
+    let mut back = vec![0u8; 32];
+    let mut net = Net::new();
+    net.register(&tgt);
+    let base = net.raddr(tgt.as_mut_ptr(), 0);
+    let at = |off: u64| base + off;
+    let w = rma(1, iov(&src), &[seg(at(8), 16, KEY)], Some(0xabc), FI_WRITE);
+    let r = rma(2, iov_mut(&mut back), &[seg(at(0), 32, KEY)], None, FI_READ);
+    net.a.rma(w);
+    assert_eq!(net.flush(S::A), vec![Kind::Write]);
+    let e = net.b.one(0);
+    assert_eq!(e.flags, FI_REMOTE_WRITE | FI_RMA | FI_REMOTE_CQ_DATA);
+    assert_eq!((e.len, e.data), (16, 0xabc));
+    // The initiator completes on the target's acknowledgement.
+    net.a.quiet();
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    assert_eq!(net.a.one(1).flags, FI_RMA | FI_WRITE);
+    assert_eq!(&tgt[8..24], &src[..]);
+    net.a.rma(r);
+    net.pump();
+    assert_eq!(net.a.one(2).flags, FI_RMA | FI_READ);
+    assert_eq!(&back[..8], &[0u8; 8]);
+    assert_eq!(&back[8..24], &src[..]);
+    // A read carries no CQ data and the endpoint did not ask for FI_RMA_EVENT.
+    net.b.quiet();
+}
+
+#[test]
+fn rma_refused_leaves_the_target_untouched() {
+    let mut tgt = vec![0u8; 128];
+    let src = pattern(16, 13);
+    let mut back = vec![0xeeu8; 16];
+    let mut net = Net::new();
+    net.register(&tgt);
+    let base = net.raddr(tgt.as_mut_ptr(), 0);
+    let at = |off: u64| base + off;
+    let ops = [
+        rma(1, iov(&src), &[seg(at(0), 16, KEY + 1)], Some(1), FI_WRITE),
+        rma(2, iov(&src), &[seg(at(120), 16, KEY)], Some(1), FI_WRITE),
+        rma(
+            3,
+            iov_mut(&mut back),
+            &[seg(at(0), 16, KEY + 1)],
+            None,
+            FI_READ,
+        ),
+        rma(
+            4,
+            iov_mut(&mut back),
+            &[seg(at(120), 16, KEY)],
+            None,
+            FI_READ,
+        ),
+    ];
+    for op in ops {
+        let ctx = op.ctx;
+        net.a.rma(op);
+        net.pump();
+        assert_eq!(net.a.one_err(ctx).err, FI_EACCES, "op {ctx}");
+        net.b.quiet();
+    }
+    assert!(tgt.iter().all(|&b| b == 0));
+    assert!(back.iter().all(|&b| b == 0xee));
+    // A write whose body is longer than its ranges: refused whole.
+    net.a
+        .rma(rma(5, iov(&src), &[seg(at(0), 8, KEY)], Some(1), FI_WRITE));
+    net.pump();
+    assert_eq!(net.a.one_err(5).err, FI_EINVAL);
+    net.b.quiet();
+    assert!(tgt.iter().all(|&b| b == 0));
+}
+
+// 5. Atomics.
+
+fn atomic(ctx: Context, addr: u64, op: AtomicOp, args: (&u64, Option<&u64>)) -> AtomicReq {
+    AtomicReq {
+        ctx,
+        dest: 0,
+        addr,
+        key: KEY,
+        dt: Datatype::UInt64,
+        op,
+        count: 1,
+        operand: args.0 as *const u64 as usize,
+        compare: args.1.map_or(0, |c| c as *const u64 as usize),
+        result: 0,
+        flags: FI_ATOMIC | FI_WRITE,
+    }
+}
+
+fn fetching(mut req: AtomicReq, result: &mut u64) -> AtomicReq {
+    req.result = result as *mut u64 as usize;
+    req.flags = FI_ATOMIC | FI_READ;
+    req
+}
+
+#[test]
+fn atomics_execute_at_the_target() {
+    let mut tgt = Box::new([40u64, 0]);
+    let mut net = Net::new();
+    net.register(bytemuck::bytes_of(&*tgt));
+    let at = net.raddr(tgt.as_mut_ptr() as *const u8, 0);
+    let (two, five, hundred) = (2u64, 5u64, 100u64);
+    let (mut r1, mut r2, mut r3) = (0u64, 0u64, 0u64);
+    net.a
+        .atomic(fetching(
+            atomic(1, at, AtomicOp::Sum, (&two, None)),
+            &mut r1,
+        ))
+        .unwrap();
+    net.pump();
+    assert_eq!(net.a.one(1).flags, FI_ATOMIC | FI_READ);
+    assert_eq!((r1, tgt[0]), (40, 42));
+    net.a
+        .atomic(atomic(2, at, AtomicOp::Sum, (&five, None)))
+        .unwrap();
+    net.pump();
+    assert_eq!(net.a.one(2).flags, FI_ATOMIC | FI_WRITE);
+    assert_eq!(tgt[0], 47);
+    // Compare-swap: swaps when equal, not otherwise; the old value comes back either way.
+    let (c47, c1) = (47u64, 1u64);
+    let req = atomic(3, at, AtomicOp::Cswap, (&hundred, Some(&c47)));
+    net.a.atomic(fetching(req, &mut r2)).unwrap();
+    net.pump();
+    net.a.one(3);
+    assert_eq!((r2, tgt[0]), (47, 100));
+    let req = atomic(4, at, AtomicOp::Cswap, (&two, Some(&c1)));
+    net.a.atomic(fetching(req, &mut r3)).unwrap();
+    net.pump();
+    net.a.one(4);
+    assert_eq!((r3, tgt[0]), (100, 100));
+    assert_eq!(tgt[1], 0);
+    // B asked for no FI_RMA_EVENT: atomics leave no entry there.
+    net.b.quiet();
+}
+
+#[test]
+fn atomics_refused_touch_nothing() {
+    let mut tgt = Box::new([40u64, 0]);
+    let mut net = Net::new();
+    net.register(bytemuck::bytes_of(&*tgt));
+    let at = net.raddr(tgt.as_mut_ptr() as *const u8, 0);
+    let one = 1u64;
+    let mut res = 0xeeu64;
+    // A datatype and an op no peer may name, put into A's frame on the way.
+    for (ctx, field) in [(1, 28), (2, 24)] {
+        let req = fetching(atomic(ctx, at, AtomicOp::Sum, (&one, None)), &mut res);
+        net.a.atomic(req).unwrap();
+        let kind = net.step_with(S::A, |mut t| {
+            // AtomicHdr: id, count, addr, key, op (at 24), datatype (at 28).
+            t.ctrl[PREFIX + field..PREFIX + field + 4].copy_from_slice(&999u32.to_le_bytes());
+            t
+        });
+        assert_eq!(kind, Some(Kind::Atomic));
+        net.pump();
+        assert_eq!(net.a.one_err(ctx).err, FI_EINVAL);
+    }
+    // A bad key, an address past the region.
+    let mut req = fetching(atomic(3, at, AtomicOp::Sum, (&one, None)), &mut res);
+    req.key = KEY + 1;
+    net.a.atomic(req).unwrap();
+    net.pump();
+    assert_eq!(net.a.one_err(3).err, FI_EACCES);
+    let req = atomic(4, at + 16, AtomicOp::Sum, (&one, None));
+    net.a.atomic(req).unwrap();
+    net.pump();
+    assert_eq!(net.a.one_err(4).err, FI_EACCES);
+    assert_eq!((tgt[0], tgt[1], res), (40, 0, 0xee));
+    net.b.quiet();
+}
+
+// 6. Fences.
+
+#[test]
+fn fenced_read_waits_for_the_write() {
+    let mut tgt = vec![0u8; 64];
+    let src = pattern(16, 14);
+    let mut back = vec![0u8; 16];
+    let msg = pattern(10, 15);
+    let mut buf = vec![0u8; 10];
+    let mut net = Net::new();
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_mut_ptr(), 0);
+    net.b.recv(recv(10, &mut buf, None, 0));
+    net.a
+        .rma(rma(1, iov(&src), &[seg(at, 16, KEY)], None, FI_WRITE));
+    let read = rma(2, iov_mut(&mut back), &[seg(at, 16, KEY)], None, FI_READ);
+    net.a.rma(RmaOp {
+        flags: read.flags | FI_FENCE,
+        ..read
+    });
+    net.a.send(send(3, &msg, None, None, 0));
+    // A fenced atomic is refused while operations wait.
+    let one = 1u64;
+    let mut req = atomic(4, at, AtomicOp::Sum, (&one, None));
+    req.flags |= FI_FENCE;
+    assert!(matches!(
+        net.a.atomic(req),
+        Err(crate::error::Error::Again(_))
+    ));
+    assert_eq!(net.flush(S::A), vec![Kind::Write]);
+    net.a.quiet();
+    // The write's acknowledgement lets the read go, and the send after it, in order.
+    assert_eq!(net.step(S::B), Some(Kind::Ack));
+    assert_eq!(net.a.one(1).flags, FI_RMA | FI_WRITE);
+    assert_eq!(net.flush(S::A), vec![Kind::Read, Kind::Msg]);
+    net.pump();
+    let (ok, err) = net.a.cq();
+    assert!(err.is_empty(), "{err:?}");
+    let mut ctxs: Vec<_> = ok.iter().map(|e| e.op_context).collect();
+    ctxs.sort();
+    assert_eq!(ctxs, [2, 3]);
+    assert_eq!(&back[..], &src[..]);
+    assert_eq!(net.b.one(10).len, 10);
+    assert_eq!(&buf[..], &msg[..]);
+}
+
+#[test]
+fn fenced_send_waits_for_a_large_send() {
+    let big = pattern(200, 16);
+    let small = pattern(8, 17);
+    let (mut b1, mut b2) = (vec![0u8; 200], vec![0u8; 8]);
+    let mut net = Net::new();
+    net.b.recv(recv(10, &mut b1, None, 0));
+    net.b.recv(recv(11, &mut b2, None, 0));
+    net.a.send(send(1, &big, None, None, 0));
+    net.a.send(send(2, &small, None, None, FI_FENCE));
+    assert_eq!(net.flush(S::A), vec![Kind::Rts]);
+    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
+    assert_eq!(net.flush(S::A), vec![Kind::Data]);
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    assert_eq!(net.flush(S::A), vec![Kind::Msg]);
+    let (ok, _) = net.a.cq();
+    assert_eq!(ok.iter().map(|e| e.op_context).collect::<Vec<_>>(), [1, 2]);
+    let (ok, _) = net.b.cq();
+    assert_eq!(
+        ok.iter().map(|e| e.op_context).collect::<Vec<_>>(),
+        [10, 11]
+    );
+}
+
+// 7. Peer loss.
+
+#[test]
+fn lost_mid_rendezvous() {
+    let data = pattern(200, 18);
+    let mut buf = vec![0u8; 200];
+    let mut net = Net::new();
+    net.b.recv(recv(10, &mut buf, None, 0));
+    net.a.send(send(1, &data, None, None, 0));
+    assert_eq!(net.step(S::A), Some(Kind::Rts));
+    assert_eq!(net.step(S::B), Some(Kind::Cts));
+    // A has the Data queued; the connection goes.
+    net.b.eng.on_lost(0, FI_ECONNRESET);
+    net.a.eng.on_lost(0, FI_ECONNRESET);
+    net.report();
+    let e = net.b.one_err(10);
+    assert_eq!((e.err, e.flags), (FI_ECONNRESET, FI_RECV | FI_MSG));
+    assert_eq!(net.a.one_err(1).err, FI_ECONNRESET);
+    assert_eq!(net.flush(S::A), vec![]);
+    assert!(buf.iter().all(|&b| b == 0));
+    assert!(!net.a.eng.busy() && !net.b.eng.busy());
+    // The peer is back: messages flow again.
+    net.b.recv(recv(11, &mut buf, None, 0));
+    net.a.send(send(2, &data, None, None, 0));
+    net.pump();
+    net.b.one(11);
+    net.a.one(2);
+    assert_eq!(&buf[..], &data[..]);
+}
+
+#[test]
+fn lost_at_the_sender_fails_with_its_errno() {
+    let mut tgt = vec![0u8; 64];
+    let data = pattern(200, 19);
+    let mut back = vec![0u8; 16];
+    let mut net = Net::new();
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_mut_ptr(), 0);
+    net.a.send(send(1, &data, None, None, 0));
+    net.a.rma(rma(
+        2,
+        iov_mut(&mut back),
+        &[seg(at, 16, KEY)],
+        None,
+        FI_READ,
+    ));
+    net.a
+        .send(send(3, &data[..10], None, None, FI_DELIVERY_COMPLETE));
+    net.a.eng.on_lost(0, libc::EPIPE);
+    net.report();
+    let (ok, err) = net.a.cq();
+    assert!(ok.is_empty());
+    let mut got: Vec<_> = err.iter().map(|e| (e.op_context, e.err)).collect();
+    got.sort();
+    assert_eq!(got, [(1, libc::EPIPE), (2, libc::EPIPE), (3, libc::EPIPE)]);
+    assert_eq!(net.flush(S::A), vec![]);
+    net.a.rma(rma(
+        4,
+        iov_mut(&mut back),
+        &[seg(at, 16, KEY)],
+        None,
+        FI_READ,
+    ));
+    net.pump();
+    net.a.one(4);
+}
+
+#[test]
+fn lost_peer_unexpected_rts_fails_on_match() {
+    let data = pattern(200, 20);
+    let mut buf = vec![0u8; 200];
+    let mut net = Net::new();
+    net.a.send(send(1, &data, None, None, 0));
+    assert_eq!(net.flush(S::A), vec![Kind::Rts]);
+    net.b.eng.on_lost(0, FI_ECONNRESET);
+    net.a.eng.on_lost(0, FI_ECONNRESET);
+    net.report();
+    assert_eq!(net.a.one_err(1).err, FI_ECONNRESET);
+    net.b.recv(recv(10, &mut buf, None, 0));
+    assert_eq!(net.b.one_err(10).err, FI_ECONNRESET);
+    // No Cts goes to the new connection for the old announcement.
+    assert_eq!(net.flush(S::B), vec![]);
+}
+
+#[test]
+fn lost_peer_old_match_ack_cannot_complete_a_new_request() {
+    let data = pattern(10, 21);
+    let (mut b1, mut b2) = (vec![0u8; 10], vec![0u8; 10]);
+    let mut net = Net::new();
+    // A match-complete message waits unexpected at B; the connection goes.
+    net.a.send(send(1, &data, None, None, FI_MATCH_COMPLETE));
+    net.pump();
+    net.a.eng.on_lost(0, FI_ECONNRESET);
+    net.b.eng.on_lost(0, FI_ECONNRESET);
+    net.report();
+    assert_eq!(net.a.one_err(1).err, FI_ECONNRESET);
+    // A's next match-complete send reuses the old one's id and waits unexpected behind it.
+    net.a.send(send(2, &data, None, None, FI_MATCH_COMPLETE));
+    net.pump();
+    net.a.quiet();
+    // The old message is delivered; its acknowledgement would name the new request.
+    net.b.recv(recv(10, &mut b1, None, 0));
+    net.b.one(10);
+    assert_eq!(net.flush(S::B), vec![]);
+    net.a.quiet();
+    // The new message's own acknowledgement ends it.
+    net.b.recv(recv(11, &mut b2, None, 0));
+    net.b.one(11);
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    net.a.one(2);
+}
+
+// 8. Hostile frames.
+
+fn inject(to: &mut Side, f: Frame, body: &[u8]) -> Result<(), WireError> {
+    let r = arrive(to, &f.to_vec(body.len() as u64), body);
+    to.report();
+    r
+}
+
+#[test]
+fn hostile_frames_are_refused_or_ignored() {
+    let mut tgt = vec![0u8; 64];
+    let mut buf = vec![0u8; 64];
+    let mut back = vec![0xeeu8; 16];
+    let mut res = 0xeeu64;
+    let mut net = Net::new();
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_mut_ptr(), 0);
+    net.b.recv(recv(10, &mut buf, None, 0));
+    let b = &mut net.b;
+    assert!(inject(b, Frame::Data { rx: 5 }, &[1; 10]).is_err());
+    assert!(inject(b, Frame::Data { rx: u32::MAX }, &[]).is_err());
+    assert!(inject(b, Frame::ReadResp { id: 99, status: 0 }, &[1; 8]).is_ok());
+    assert!(inject(b, Frame::AtomicResp { id: 99, status: 0 }, &[1; 8]).is_ok());
+    assert!(inject(b, Frame::Ack { id: 99, status: 0 }, &[]).is_ok());
+    assert!(inject(b, Frame::Cts { id: 99, rx: 0 }, &[]).is_ok());
+    // A message announcing more than any engine takes eagerly.
+    let f = Frame::Msg {
+        id: 0,
+        tag: 0,
+        data: 0,
+        flags: 0,
+    };
+    let ctrl = f.to_vec(EAGER_LIMIT as u64 + 1);
+    let p = wire::prefix(&ctrl).unwrap();
+    assert!(b.eng.on_ctrl(0, 0, &p, &ctrl[PREFIX..]).is_err());
+    // A write with no ranges and a body: refused at the target, nothing written.
+    let w = Frame::Write {
+        id: 3,
+        data: 0,
+        flags: wire::flags::ACK,
+        segs: RmaIovList::from_segs(&[]).unwrap(),
+    };
+    assert!(inject(b, w, &[9; 8]).is_ok());
+    let t = b.eng.poll_transmit().expect("an answer");
+    assert_eq!(
+        wire::decode_all(&t.ctrl).unwrap().0,
+        Frame::Ack {
+            id: 3,
+            status: FI_EINVAL
+        }
+    );
+    assert!(b.eng.poll_transmit().is_none());
+    b.quiet();
+    assert!(tgt.iter().all(|&x| x == 0));
+    assert!(buf.iter().all(|&x| x == 0));
+    // Answers naming outstanding requests of the wrong kind, or a negative status, invent no
+    // success. (Frames from A's engine are moved by hand here: ids are A's.)
+    net.a.rma(rma(
+        1,
+        iov_mut(&mut back),
+        &[seg(at, 16, KEY)],
+        None,
+        FI_READ,
+    ));
+    let one = 1u64;
+    let req = fetching(atomic(2, at, AtomicOp::Sum, (&one, None)), &mut res);
+    net.a.atomic(req).unwrap();
+    while net.a.eng.poll_transmit().is_some() {}
+    let a = &mut net.a;
+    assert!(inject(a, Frame::Ack { id: 0, status: 0 }, &[]).is_ok());
+    assert!(inject(a, Frame::Ack { id: 1, status: 0 }, &[]).is_ok());
+    assert!(inject(a, Frame::AtomicResp { id: 0, status: 0 }, &[1; 16]).is_ok());
+    a.quiet();
+    assert!(inject(a, Frame::ReadResp { id: 0, status: -5 }, &[]).is_ok());
+    assert!(inject(a, Frame::AtomicResp { id: 1, status: -5 }, &[]).is_ok());
+    let (ok, err) = a.cq();
+    assert!(ok.is_empty(), "{ok:?}");
+    assert_eq!(err.len(), 2);
+    assert!(err.iter().all(|e| e.err > 0));
+    assert!(back.iter().all(|&x| x == 0xee));
+    assert_eq!(res, 0xee);
+}
+
+/// A frame for the fuzzer: structured (ids, keys and lengths near the engine's state) or raw.
+#[derive(Clone, Debug)]
+enum Input {
+    Frame(Frame),
+    Raw { kind: u8, flags: u8, ctrl: Vec<u8> },
+}
+
+fn any_key() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(KEY), Just(KEY + 1), any::<u64>()]
+}
+
+fn any_segs() -> impl Strategy<Value = RmaIovList> {
+    proptest::collection::vec((0u64..80, 0usize..80, any_key()), 0..3).prop_map(|v| {
+        let s: Vec<RmaIov> = v.into_iter().map(|(a, l, k)| seg(a, l, k)).collect();
+        RmaIovList::from_segs(&s).unwrap()
+    })
+}
+
+fn any_frame() -> impl Strategy<Value = Frame> {
+    let id = || prop_oneof![0u32..4, any::<u32>()];
+    let status = || prop_oneof![Just(0i32), -3i32..300];
+    let fl = || prop_oneof![0u8..64, any::<u8>()];
+    prop_oneof![
+        (id(), 0u64..3, any::<u64>(), fl()).prop_map(|(id, tag, data, flags)| Frame::Msg {
+            id,
+            tag,
+            data,
+            flags
+        }),
+        (id(), status()).prop_map(|(id, status)| Frame::Ack { id, status }),
+        (id(), any::<u64>(), fl(), any_segs()).prop_map(|(id, data, flags, segs)| {
+            Frame::Write {
+                id,
+                data,
+                flags,
+                segs,
+            }
+        }),
+        (id(), any_segs()).prop_map(|(id, segs)| Frame::Read { id, segs }),
+        (id(), status()).prop_map(|(id, status)| Frame::ReadResp { id, status }),
+        (
+            id(),
+            0u32..20,
+            prop_oneof![0u32..20, any::<u32>()],
+            0u32..4,
+            0u64..72,
+            any_key(),
+            fl()
+        )
+            .prop_map(
+                |(id, op, datatype, count, addr, key, flags)| Frame::Atomic {
+                    id,
+                    op,
+                    datatype,
+                    count,
+                    addr,
+                    key,
+                    flags
+                }
+            ),
+        (id(), status()).prop_map(|(id, status)| Frame::AtomicResp { id, status }),
+        (id(), 0u64..3, any::<u64>(), 0u64..400, fl()).prop_map(|(id, tag, data, len, flags)| {
+            Frame::Rts {
+                id,
+                tag,
+                data,
+                len,
+                flags,
+            }
+        }),
+        (id(), prop_oneof![0u32..3, Just(u32::MAX)]).prop_map(|(id, rx)| Frame::Cts { id, rx }),
+        prop_oneof![0u32..3, any::<u32>()].prop_map(|rx| Frame::Data { rx }),
+    ]
+}
+
+fn any_input() -> impl Strategy<Value = Input> {
+    prop_oneof![
+        4 => any_frame().prop_map(Input::Frame),
+        1 => (0u8..12, any::<u8>(), proptest::collection::vec(any::<u8>(), 0..120))
+            .prop_map(|(kind, flags, ctrl)| Input::Raw { kind, flags, ctrl }),
+    ]
+}
+
+/// Feeds `frames` (peer, input, body) into an engine with posted receives, outstanding
+/// requests and registered memory; every completion must name an operation posted, once.
+fn fuzz_engine(frames: &[(usize, Input, Vec<u8>)]) {
+    let mut tgt = vec![0u8; 64];
+    let mut bufs = vec![vec![0u8; 100]; 3];
+    let big = pattern(150, 22);
+    let mut back = vec![0u8; 16];
+    let mut res = 0u64;
+    let one = 1u64;
+    let mut net = Net::new();
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_mut_ptr(), 0);
+    let mut posted: Vec<Context> = Vec::new();
+    for (i, b) in bufs.iter_mut().enumerate() {
+        let tag = (i % 2 == 1).then_some(1);
+        net.b.recv(recv(10 + i, b, tag, 0));
+        posted.push(10 + i);
+    }
+    net.b.send(send(1, &big, None, None, 0));
+    net.b.rma(rma(
+        2,
+        iov_mut(&mut back),
+        &[seg(at, 16, KEY)],
+        None,
+        FI_READ,
+    ));
+    let req = fetching(atomic(3, at, AtomicOp::Sum, (&one, None)), &mut res);
+    net.b.atomic(req).unwrap();
+    net.b
+        .send(send(4, &big[..20], None, None, FI_DELIVERY_COMPLETE));
+    posted.extend([1, 2, 3, 4]);
+    let b = &mut net.b;
+    for (peer, input, body) in frames {
+        let ctrl = match input {
+            Input::Frame(f) => f.to_vec(body.len() as u64),
+            Input::Raw { kind, flags, ctrl } => {
+                let p = Prefix {
+                    magic: wire::MAGIC,
+                    kind: *kind,
+                    flags: *flags,
+                    ctrl_len: ctrl.len() as u32,
+                    body_len: body.len() as u64,
+                };
+                let mut v = bytemuck::bytes_of(&p).to_vec();
+                v.extend_from_slice(ctrl);
+                v
+            }
+        };
+        let Ok(p) = wire::prefix(&ctrl) else { continue };
+        match b.eng.on_ctrl(*peer, *peer as u64, &p, &ctrl[PREFIX..]) {
+            Ok(sink) => b.eng.on_body(*peer, fill(sink, body)),
+            // The transport drops a peer that speaks garbage.
+            Err(_) => b.eng.on_lost(*peer, FI_ECONNRESET),
+        }
+        while let Some(t) = b.eng.poll_transmit() {
+            let _ = body_bytes(&t.body);
+            if let Some(tok) = t.token {
+                b.eng.on_sent(t.peer, tok);
+            }
+        }
+        b.report();
+    }
+    b.eng.close();
+    b.report();
+    while b.eng.poll_transmit().is_some() {}
+    let (ok, err) = b.cq();
+    let mut seen: HashMap<Context, usize> = HashMap::new();
+    for ctx in ok
+        .iter()
+        .map(|e| e.op_context)
+        .chain(err.iter().map(|e| e.op_context))
+    {
+        if ctx == 0 {
+            continue; // a peer's RMA with CQ data
+        }
+        assert!(posted.contains(&ctx), "invented completion for {ctx}");
+        *seen.entry(ctx).or_default() += 1;
+    }
+    assert!(seen.values().all(|&n| n == 1), "{seen:?}");
+    // Everything ends, one way or another, by close.
+    assert_eq!(seen.len(), posted.len(), "{seen:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Random frames from two peers: never a panic, never a completion the engine was not
+    /// owed, every operation ended exactly once.
+    #[test]
+    fn random_frames_never_panic(
+        frames in proptest::collection::vec(
+            (0usize..2, any_input(), proptest::collection::vec(any::<u8>(), 0..160)),
+            1..8,
+        )
+    ) {
+        fuzz_engine(&frames);
+    }
+}
+
+// 9. Close.
+
+#[test]
+fn close_cancels_everything() {
+    let mut tgt = vec![0u8; 64];
+    let big = pattern(200, 23);
+    let small = pattern(10, 24);
+    let mut back = vec![0u8; 16];
+    let (mut b1, mut b2, mut b3) = (vec![0u8; 200], vec![0u8; 10], vec![0u8; 10]);
+    let mut net = Net::new();
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_mut_ptr(), 0);
+    // B: a pipe (a matched large message), a message whose body is arriving, a posted receive.
+    net.b.recv(recv(10, &mut b1, Some(1), 0));
+    net.b.recv(recv(11, &mut b2, Some(2), 0));
+    net.b.recv(recv(12, &mut b3, Some(3), 0));
+    net.a.send(send(1, &big, Some(1), None, 0));
+    assert_eq!(net.step(S::A), Some(Kind::Rts));
+    let msg = Frame::Msg {
+        id: 0,
+        tag: 2,
+        data: 0,
+        flags: wire::flags::TAGGED,
+    }
+    .to_vec(10);
+    let p = wire::prefix(&msg).unwrap();
+    assert!(matches!(
+        net.b.eng.on_ctrl(0, 0, &p, &msg[PREFIX..]),
+        Ok(Sink::Iov(_))
+    ));
+    // A: a large send waiting for Cts (above), a delivery-complete send, a read, a fenced
+    // write behind it.
+    net.a
+        .send(send(2, &small, None, None, FI_DELIVERY_COMPLETE));
+    net.a.rma(rma(
+        3,
+        iov_mut(&mut back),
+        &[seg(at, 16, KEY)],
+        None,
+        FI_READ,
+    ));
+    let w = rma(4, iov(&small), &[seg(at, 10, KEY)], None, FI_WRITE);
+    net.a.rma(RmaOp {
+        flags: w.flags | FI_FENCE,
+        ..w
+    });
+    net.a.eng.close();
+    net.b.eng.close();
+    net.report();
+    let ends = |s: &Side| {
+        let (ok, err) = s.cq();
+        assert!(ok.is_empty(), "{ok:?}");
+        assert!(err.iter().all(|e| e.err == FI_ECANCELED), "{err:?}");
+        let mut c: Vec<_> = err.iter().map(|e| e.op_context).collect();
+        c.sort();
+        c
+    };
+    assert_eq!(ends(&net.a), [1, 2, 3, 4]);
+    assert_eq!(ends(&net.b), [10, 11, 12]);
+    // No frame reads memory that was handed back.
+    for s in [&mut net.a, &mut net.b] {
+        while let Some(t) = s.eng.poll_transmit() {
+            assert!(!matches!(t.body, Body::Iov(_)));
+        }
+    }
+    // The body that was arriving lands nowhere; closed engines take nothing new.
+    net.b.eng.on_body(0, Sink::Discard);
+    net.report();
+    net.b.quiet();
+    // SAFETY: refused at once; nothing is kept.
+    assert!(unsafe { net.a.eng.post_send(0, &send(5, &small, None, None, 0)) }.is_err());
+    assert!(tgt.iter().all(|&x| x == 0));
+}
