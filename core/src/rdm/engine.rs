@@ -206,12 +206,34 @@ struct TxReq {
     rts: bool,
 }
 
+impl TxReq {
+    /// Whether an `Ack` answers it: not a read or a fetch (their answers carry data), not a
+    /// large message still waiting for `Cts`, not one answered already.
+    fn takes_ack(&self) -> bool {
+        self.answer.is_none()
+            && !self.rts
+            && self.want == 0
+            && self.flags & (FI_RMA | FI_READ) != FI_RMA | FI_READ
+    }
+}
+
+/// A peer's status as an errno: 0, or positive; a negative one (no engine sends it) is a
+/// failure too, never a success.
+fn peer_status(status: i32) -> i32 {
+    if status < 0 {
+        FI_EIO
+    } else {
+        status
+    }
+}
+
 /// A buffered unexpected message.
 enum Unexp {
     Eager {
         bytes: Vec<u8>,
-        /// Acknowledge to this peer's request on match (`FI_MATCH_COMPLETE`).
-        ack: Option<(PeerId, u32)>,
+        /// Acknowledge to this peer's request on match (`FI_MATCH_COMPLETE`), if the peer
+        /// is still in the epoch it was then (ids are reused across a loss).
+        ack: Option<(PeerId, u32, u64)>,
     },
     Rts {
         peer: PeerId,
@@ -385,6 +407,14 @@ impl Engine {
 
     fn ack(&mut self, peer: PeerId, id: u32, status: i32) {
         self.frame(peer, Frame::Ack { id, status }, Body::None, None);
+    }
+
+    /// A deferred acknowledgement of a message that arrived in the peer's `epoch`: dropped
+    /// if the peer was lost since (its request already failed, and its id may be reused).
+    fn ack_in(&mut self, peer: PeerId, id: u32, epoch: u64) {
+        if self.peer(peer).epoch == epoch {
+            self.ack(peer, id, 0);
+        }
     }
 
     fn new_tx(&mut self, t: TxReq) -> (usize, u32) {
@@ -617,8 +647,9 @@ impl Engine {
     fn drop_unexpected(&mut self, u: Unexpected<Unexp>) {
         match u.payload {
             Unexp::Eager {
-                ack: Some((p, id)), ..
-            } => self.ack(p, id, 0),
+                ack: Some((p, id, epoch)),
+                ..
+            } => self.ack_in(p, id, epoch),
             Unexp::Eager { .. } => {}
             Unexp::Rts { peer, id, epoch } => {
                 if self.peer(peer).epoch == epoch {
@@ -639,8 +670,8 @@ impl Engine {
                     // SAFETY: the receive's buffer is ours until it completes.
                     unsafe { slot.iov.copy_in(0, &bytes) }
                 };
-                if let Some((p, id)) = ack {
-                    self.ack(p, id, 0);
+                if let Some((p, id, epoch)) = ack {
+                    self.ack_in(p, id, epoch);
                 }
                 self.push_rx(Done::Rx {
                     slot,
@@ -991,8 +1022,8 @@ impl Engine {
                 _ => return Err(bad()),
             },
             Frame::Ack { id, status } => {
-                if let Some(i) = self.answered(peer, id) {
-                    self.tx[i].answer = Some(status.max(0));
+                if let Some(i) = self.answered(peer, id).filter(|&i| self.tx[i].takes_ack()) {
+                    self.tx[i].answer = Some(peer_status(status));
                     self.maybe_complete(i);
                 }
                 (Sink::Discard, Pending::Nothing)
@@ -1178,6 +1209,7 @@ impl Engine {
                         self.ack(peer, id, 0);
                     }
                     let held = bytes.len() + UNEXP_OVERHEAD;
+                    let epoch = self.peer(peer).epoch;
                     self.rxq.push_unexpected(
                         tagged,
                         Unexpected {
@@ -1189,7 +1221,7 @@ impl Engine {
                             held,
                             payload: Unexp::Eager {
                                 bytes,
-                                ack: ack_match.then_some((peer, id)),
+                                ack: ack_match.then_some((peer, id, epoch)),
                             },
                         },
                     );
@@ -1248,7 +1280,7 @@ impl Engine {
             }
             Pending::ReadResp { id, status } => {
                 if let Some(t) = self.tx.get_mut(id) {
-                    t.answer = Some(status.max(0));
+                    t.answer = Some(peer_status(status));
                     self.maybe_complete(id);
                 }
             }
@@ -1296,7 +1328,7 @@ impl Engine {
             }
             Pending::AtomicResp { id, status } => {
                 if let Some(t) = self.tx.get_mut(id) {
-                    t.answer = Some(status.max(0));
+                    t.answer = Some(peer_status(status));
                     self.maybe_complete(id);
                 }
             }
@@ -1416,7 +1448,18 @@ impl Engine {
                     err: FI_ECANCELED,
                 });
             }
-            self.peers[p].pending = None;
+            if let Some(Pending::Msg {
+                slot: Some(slot),
+                tag,
+                ..
+            }) = self.peers[p].pending.take()
+            {
+                self.push_rx(Done::SlotErr {
+                    slot,
+                    tag,
+                    err: FI_ECANCELED,
+                });
+            }
         }
         let pipes: Vec<RxPipe> = self.rx.drain().collect();
         for r in pipes {
