@@ -231,8 +231,9 @@ fn peer_status(status: i32) -> i32 {
 enum Unexp {
     Eager {
         bytes: Vec<u8>,
-        /// Acknowledge to this peer's request on match (`FI_MATCH_COMPLETE`), if the peer
-        /// is still in the epoch it was then (ids are reused across a loss).
+        /// Acknowledge to this peer's request once a receive takes it (`FI_MATCH_COMPLETE`,
+        /// `FI_DELIVERY_COMPLETE`), if the peer is still in the epoch it was then (ids are
+        /// reused across a loss).
         ack: Option<(PeerId, u32, u64)>,
     },
     Rts {
@@ -411,9 +412,9 @@ impl Engine {
 
     /// A deferred acknowledgement of a message that arrived in the peer's `epoch`: dropped
     /// if the peer was lost since (its request already failed, and its id may be reused).
-    fn ack_in(&mut self, peer: PeerId, id: u32, epoch: u64) {
+    fn ack_in(&mut self, peer: PeerId, id: u32, epoch: u64, status: i32) {
         if self.peer(peer).epoch == epoch {
-            self.ack(peer, id, 0);
+            self.ack(peer, id, status);
         }
     }
 
@@ -649,7 +650,7 @@ impl Engine {
             Unexp::Eager {
                 ack: Some((p, id, epoch)),
                 ..
-            } => self.ack_in(p, id, epoch),
+            } => self.ack_in(p, id, epoch, 0),
             Unexp::Eager { .. } => {}
             Unexp::Rts { peer, id, epoch } => {
                 if self.peer(peer).epoch == epoch {
@@ -671,7 +672,12 @@ impl Engine {
                     unsafe { slot.iov.copy_in(0, &bytes) }
                 };
                 if let Some((p, id, epoch)) = ack {
-                    self.ack_in(p, id, epoch);
+                    let status = if discard {
+                        0
+                    } else {
+                        self.sink_status(&slot, got)
+                    };
+                    self.ack_in(p, id, epoch, status);
                 }
                 self.push_rx(Done::Rx {
                     slot,
@@ -1203,11 +1209,9 @@ impl Engine {
                 }
                 None => {
                     let Sink::Buffer(bytes) = sink else { return };
-                    let ack_match =
-                        fl & (flags::ACK | flags::ACK_MATCH) == flags::ACK | flags::ACK_MATCH;
-                    if fl & flags::ACK != 0 && !ack_match {
-                        self.ack(peer, id, 0);
-                    }
+                    // Delivery complete, like match complete, is acknowledged once a receive
+                    // takes the message: a bounce buffer is not the receive's memory.
+                    let ack = fl & flags::ACK != 0;
                     let held = bytes.len() + UNEXP_OVERHEAD;
                     let epoch = self.peer(peer).epoch;
                     self.rxq.push_unexpected(
@@ -1221,7 +1225,7 @@ impl Engine {
                             held,
                             payload: Unexp::Eager {
                                 bytes,
-                                ack: ack_match.then_some((peer, id, epoch)),
+                                ack: ack.then_some((peer, id, epoch)),
                             },
                         },
                     );

@@ -574,6 +574,50 @@ fn match_complete_waits_for_the_receive() {
     net.a.one(1);
 }
 
+#[test]
+fn delivery_complete_unexpected_waits_for_the_receive() {
+    let data = pattern(30, 25);
+    let mut buf = vec![0u8; 30];
+    let mut net = Net::new();
+    net.a.send(send(1, &data, None, None, FI_DELIVERY_COMPLETE));
+    assert_eq!(net.flush(S::A), vec![Kind::Msg]);
+    // Buffered is not delivered: no acknowledgement yet.
+    assert_eq!(net.flush(S::B), vec![]);
+    net.a.quiet();
+    net.b.recv(recv(10, &mut buf, None, 0));
+    net.b.one(10);
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    net.a.one(1);
+    assert_eq!(&buf[..], &data[..]);
+}
+
+#[test]
+fn multi_recv_windows_and_release() {
+    let (m1, m2, m3) = (pattern(30, 26), pattern(80, 27), pattern(30, 28));
+    let mut buf = vec![0u8; 200];
+    let base = buf.as_ptr() as usize;
+    let mut net = Net::new();
+    net.b.eng.set_min_multi_recv(64);
+    net.b.recv(recv(10, &mut buf, None, FI_MULTI_RECV));
+    net.a.send(send(1, &m1, None, None, 0));
+    net.a.send(send(2, &m2, None, None, 0));
+    net.a.send(send(3, &m3, None, None, 0));
+    net.pump();
+    let (ok, err) = net.b.cq();
+    assert!(err.is_empty(), "{err:?}");
+    // The large one finishes last, and releases the buffer: 60 bytes left is under 64.
+    let got: Vec<_> = ok
+        .iter()
+        .map(|e| (e.op_context, e.len, e.buf - base))
+        .collect();
+    assert_eq!(got, [(10, 30, 0), (10, 30, 110), (10, 80, 30)]);
+    let released: Vec<_> = ok.iter().map(|e| e.flags & FI_MULTI_RECV != 0).collect();
+    assert_eq!(released, [false, false, true]);
+    assert_eq!(&buf[..30], &m1[..]);
+    assert_eq!(&buf[30..110], &m2[..]);
+    assert_eq!(&buf[110..140], &m3[..]);
+}
+
 // 4. RMA.
 
 #[test]
@@ -649,6 +693,25 @@ fn rma_refused_leaves_the_target_untouched() {
     assert_eq!(net.a.one_err(5).err, FI_EINVAL);
     net.b.quiet();
     assert!(tgt.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn rma_commit_complete_write() {
+    let mut tgt = vec![0u8; 64];
+    let src = pattern(16, 29);
+    let mut net = Net::new();
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_mut_ptr(), 0);
+    net.a.rma(rma(
+        1,
+        iov(&src),
+        &[seg(at, 16, KEY)],
+        None,
+        FI_WRITE | FI_COMMIT_COMPLETE,
+    ));
+    net.pump();
+    net.a.one(1);
+    assert_eq!(&tgt[..16], &src[..]);
 }
 
 // 5. Atomics.
@@ -818,6 +881,38 @@ fn fenced_send_waits_for_a_large_send() {
         ok.iter().map(|e| e.op_context).collect::<Vec<_>>(),
         [10, 11]
     );
+}
+
+#[test]
+fn canceled_fenced_op_lets_the_rest_go() {
+    let mut tgt = vec![0u8; 64];
+    let src = pattern(16, 30);
+    let mut back = vec![0u8; 16];
+    let msg = pattern(10, 31);
+    let mut buf = vec![0u8; 10];
+    let mut net = Net::new();
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_mut_ptr(), 0);
+    net.b.recv(recv(10, &mut buf, None, 0));
+    net.a
+        .rma(rma(1, iov(&src), &[seg(at, 16, KEY)], None, FI_WRITE));
+    let read = rma(2, iov_mut(&mut back), &[seg(at, 16, KEY)], None, FI_READ);
+    net.a.rma(RmaOp {
+        flags: read.flags | FI_FENCE,
+        ..read
+    });
+    net.a.send(send(3, &msg, None, None, 0));
+    net.a.eng.cancel(2).unwrap();
+    net.report();
+    assert_eq!(net.a.one_err(2).err, FI_ECANCELED);
+    assert!(net.a.eng.cancel(2).is_err());
+    assert_eq!(net.flush(S::A), vec![Kind::Write]);
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    assert_eq!(net.flush(S::A), vec![Kind::Msg]);
+    let (ok, _) = net.a.cq();
+    assert_eq!(ok.iter().map(|e| e.op_context).collect::<Vec<_>>(), [1, 3]);
+    net.b.one(10);
+    assert!(back.iter().all(|&x| x == 0));
 }
 
 // 7. Peer loss.
