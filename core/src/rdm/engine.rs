@@ -1380,14 +1380,7 @@ impl Engine {
         ps.epoch += 1;
         let pending = ps.pending.take();
         let fenced: Vec<Fenced> = ps.fenced.drain(..).collect();
-        if let Some(Pending::Msg {
-            slot: Some(slot),
-            tag,
-            ..
-        }) = pending
-        {
-            self.push_rx(Done::SlotErr { slot, tag, err });
-        }
+        self.abandon(pending, err);
         // Requests in flight (their frames may have gone out: the transport keeps none).
         let ids: Vec<usize> = self
             .tx
@@ -1421,6 +1414,22 @@ impl Engine {
         self.out.retain(|t| t.peer != peer);
     }
 
+    /// Ends, with `err`, what the body a peer was sending was for (a loss, close): a matched
+    /// receive fails; a staged write's bounce buffer is freed.
+    fn abandon(&mut self, p: Option<Pending>, err: i32) {
+        match p {
+            Some(Pending::Msg {
+                slot: Some(slot),
+                tag,
+                ..
+            }) => self.push_rx(Done::SlotErr { slot, tag, err }),
+            Some(Pending::Write {
+                staged: Some(ctx), ..
+            }) => self.core.drop_remote(ctx),
+            _ => {}
+        }
+    }
+
     /// Whether frames or answers are still owed to live peers (a closing provider flushes
     /// until this is false or its deadline passes).
     pub fn owes(&self) -> bool {
@@ -1452,18 +1461,8 @@ impl Engine {
                     err: FI_ECANCELED,
                 });
             }
-            if let Some(Pending::Msg {
-                slot: Some(slot),
-                tag,
-                ..
-            }) = self.peers[p].pending.take()
-            {
-                self.push_rx(Done::SlotErr {
-                    slot,
-                    tag,
-                    err: FI_ECANCELED,
-                });
-            }
+            let pending = self.peers[p].pending.take();
+            self.abandon(pending, FI_ECANCELED);
         }
         let pipes: Vec<RxPipe> = self.rx.drain().collect();
         for r in pipes {

@@ -20,9 +20,10 @@ use crate::entry::{Context, CqErrEntry, CqTaggedEntry};
 use crate::ep::{EpCore, TxOp};
 use crate::ep_atomic::AtomicReq;
 use crate::ep_rma::{RmaIov, RmaIovList, RmaOp};
-use crate::mr::MemoryRegion;
+use crate::hmem_iface::Iface;
+use crate::mr::{MemoryRegion, MrAttr};
 use crate::rxq::{IovList, PostedRecv};
-use crate::trigger::testkit::{Ep, World};
+use crate::trigger::testkit::{Ep, FakeHmem, World};
 use crate::{AtomicOp, Datatype};
 
 /// Small, so that the large-message path runs with small buffers.
@@ -192,7 +193,10 @@ struct Net {
 
 impl Net {
     fn new() -> Net {
-        let world = World::new();
+        Net::on(World::new())
+    }
+
+    fn on(world: World) -> Net {
         Net {
             a: Side::new(&world),
             b: Side::new(&world),
@@ -714,6 +718,75 @@ fn rma_commit_complete_write() {
     net.pump();
     net.a.one(1);
     assert_eq!(&tgt[..16], &src[..]);
+}
+
+#[test]
+fn rma_into_device_memory() {
+    let fake = Arc::new(FakeHmem::default());
+    let mut tgt = vec![0u8; 64];
+    fake.add(&tgt);
+    let src = pattern(16, 32);
+    let mut back = vec![0u8; 16];
+    let mut net = Net::on(World::with_hmem(fake.clone()));
+    let attr = MrAttr {
+        addr: tgt.as_ptr() as usize,
+        len: tgt.len(),
+        access: FI_REMOTE_READ | FI_REMOTE_WRITE,
+        requested_key: KEY,
+        iface: Iface::Cuda,
+        device: 0,
+        ..Default::default()
+    };
+    // SAFETY: `tgt` outlives the region (declared before `net`, which keeps it).
+    net.mr = Some(unsafe { net.world.domain.mr_regattr(&attr, 0) }.unwrap());
+    let at = net.raddr(tgt.as_mut_ptr(), 0);
+    net.a.rma(rma(
+        1,
+        iov(&src),
+        &[seg(at + 8, 16, KEY)],
+        Some(5),
+        FI_WRITE,
+    ));
+    net.pump();
+    net.a.one(1);
+    assert_eq!(net.b.one(0).data, 5);
+    assert_eq!(&tgt[8..24], &src[..]);
+    assert!(fake.from_host.load(std::sync::atomic::Ordering::Acquire) > 0);
+    net.a.rma(rma(
+        2,
+        iov_mut(&mut back),
+        &[seg(at + 8, 16, KEY)],
+        None,
+        FI_READ,
+    ));
+    net.pump();
+    net.a.one(2);
+    assert_eq!(&back[..], &src[..]);
+    // The device copy fails: the initiator hears FI_EIO, the target reports nothing.
+    fake.fail.store(true, std::sync::atomic::Ordering::Release);
+    net.a
+        .rma(rma(3, iov(&back), &[seg(at, 16, KEY)], Some(5), FI_WRITE));
+    net.pump();
+    assert_eq!(net.a.one_err(3).err, FI_EIO);
+    net.b.quiet();
+    assert!(!net.b.core.staging.any());
+    fake.fail.store(false, std::sync::atomic::Ordering::Release);
+    // A staged write whose body never comes (the peer is lost): its bounce buffer goes.
+    net.a
+        .rma(rma(4, iov(&src), &[seg(at, 16, KEY)], None, FI_WRITE));
+    let t = net.a.eng.poll_transmit().unwrap();
+    let p = wire::prefix(&t.ctrl).unwrap();
+    assert!(matches!(
+        net.b.eng.on_ctrl(0, 0, &p, &t.ctrl[PREFIX..]),
+        Ok(Sink::Iov(_))
+    ));
+    assert!(net.b.core.staging.any());
+    net.b.eng.on_lost(0, FI_ECONNRESET);
+    net.a.eng.on_lost(0, FI_ECONNRESET);
+    net.report();
+    assert!(!net.b.core.staging.any());
+    assert_eq!(net.a.one_err(4).err, FI_ECONNRESET);
+    net.b.quiet();
 }
 
 // 5. Atomics.
