@@ -206,12 +206,35 @@ struct TxReq {
     rts: bool,
 }
 
+impl TxReq {
+    /// Whether an `Ack` answers it: not a read or a fetch (their answers carry data), not a
+    /// large message still waiting for `Cts`, not one answered already.
+    fn takes_ack(&self) -> bool {
+        self.answer.is_none()
+            && !self.rts
+            && self.want == 0
+            && self.flags & (FI_RMA | FI_READ) != FI_RMA | FI_READ
+    }
+}
+
+/// A peer's status as an errno: 0, or positive; a negative one (no engine sends it) is a
+/// failure too, never a success.
+fn peer_status(status: i32) -> i32 {
+    if status < 0 {
+        FI_EIO
+    } else {
+        status
+    }
+}
+
 /// A buffered unexpected message.
 enum Unexp {
     Eager {
         bytes: Vec<u8>,
-        /// Acknowledge to this peer's request on match (`FI_MATCH_COMPLETE`).
-        ack: Option<(PeerId, u32)>,
+        /// Acknowledge to this peer's request once a receive takes it (`FI_MATCH_COMPLETE`,
+        /// `FI_DELIVERY_COMPLETE`), if the peer is still in the epoch it was then (ids are
+        /// reused across a loss).
+        ack: Option<(PeerId, u32, u64)>,
     },
     Rts {
         peer: PeerId,
@@ -385,6 +408,14 @@ impl Engine {
 
     fn ack(&mut self, peer: PeerId, id: u32, status: i32) {
         self.frame(peer, Frame::Ack { id, status }, Body::None, None);
+    }
+
+    /// A deferred acknowledgement of a message that arrived in the peer's `epoch`: dropped
+    /// if the peer was lost since (its request already failed, and its id may be reused).
+    fn ack_in(&mut self, peer: PeerId, id: u32, epoch: u64, status: i32) {
+        if self.peer(peer).epoch == epoch {
+            self.ack(peer, id, status);
+        }
     }
 
     fn new_tx(&mut self, t: TxReq) -> (usize, u32) {
@@ -617,8 +648,9 @@ impl Engine {
     fn drop_unexpected(&mut self, u: Unexpected<Unexp>) {
         match u.payload {
             Unexp::Eager {
-                ack: Some((p, id)), ..
-            } => self.ack(p, id, 0),
+                ack: Some((p, id, epoch)),
+                ..
+            } => self.ack_in(p, id, epoch, 0),
             Unexp::Eager { .. } => {}
             Unexp::Rts { peer, id, epoch } => {
                 if self.peer(peer).epoch == epoch {
@@ -639,8 +671,13 @@ impl Engine {
                     // SAFETY: the receive's buffer is ours until it completes.
                     unsafe { slot.iov.copy_in(0, &bytes) }
                 };
-                if let Some((p, id)) = ack {
-                    self.ack(p, id, 0);
+                if let Some((p, id, epoch)) = ack {
+                    let status = if discard {
+                        0
+                    } else {
+                        self.sink_status(&slot, got)
+                    };
+                    self.ack_in(p, id, epoch, status);
                 }
                 self.push_rx(Done::Rx {
                     slot,
@@ -991,8 +1028,8 @@ impl Engine {
                 _ => return Err(bad()),
             },
             Frame::Ack { id, status } => {
-                if let Some(i) = self.answered(peer, id) {
-                    self.tx[i].answer = Some(status.max(0));
+                if let Some(i) = self.answered(peer, id).filter(|&i| self.tx[i].takes_ack()) {
+                    self.tx[i].answer = Some(peer_status(status));
                     self.maybe_complete(i);
                 }
                 (Sink::Discard, Pending::Nothing)
@@ -1172,12 +1209,11 @@ impl Engine {
                 }
                 None => {
                     let Sink::Buffer(bytes) = sink else { return };
-                    let ack_match =
-                        fl & (flags::ACK | flags::ACK_MATCH) == flags::ACK | flags::ACK_MATCH;
-                    if fl & flags::ACK != 0 && !ack_match {
-                        self.ack(peer, id, 0);
-                    }
+                    // Delivery complete, like match complete, is acknowledged once a receive
+                    // takes the message: a bounce buffer is not the receive's memory.
+                    let ack = fl & flags::ACK != 0;
                     let held = bytes.len() + UNEXP_OVERHEAD;
+                    let epoch = self.peer(peer).epoch;
                     self.rxq.push_unexpected(
                         tagged,
                         Unexpected {
@@ -1189,7 +1225,7 @@ impl Engine {
                             held,
                             payload: Unexp::Eager {
                                 bytes,
-                                ack: ack_match.then_some((peer, id)),
+                                ack: ack.then_some((peer, id, epoch)),
                             },
                         },
                     );
@@ -1248,7 +1284,7 @@ impl Engine {
             }
             Pending::ReadResp { id, status } => {
                 if let Some(t) = self.tx.get_mut(id) {
-                    t.answer = Some(status.max(0));
+                    t.answer = Some(peer_status(status));
                     self.maybe_complete(id);
                 }
             }
@@ -1296,7 +1332,7 @@ impl Engine {
             }
             Pending::AtomicResp { id, status } => {
                 if let Some(t) = self.tx.get_mut(id) {
-                    t.answer = Some(status.max(0));
+                    t.answer = Some(peer_status(status));
                     self.maybe_complete(id);
                 }
             }
@@ -1344,14 +1380,7 @@ impl Engine {
         ps.epoch += 1;
         let pending = ps.pending.take();
         let fenced: Vec<Fenced> = ps.fenced.drain(..).collect();
-        if let Some(Pending::Msg {
-            slot: Some(slot),
-            tag,
-            ..
-        }) = pending
-        {
-            self.push_rx(Done::SlotErr { slot, tag, err });
-        }
+        self.abandon(pending, err);
         // Requests in flight (their frames may have gone out: the transport keeps none).
         let ids: Vec<usize> = self
             .tx
@@ -1385,6 +1414,22 @@ impl Engine {
         self.out.retain(|t| t.peer != peer);
     }
 
+    /// Ends, with `err`, what the body a peer was sending was for (a loss, close): a matched
+    /// receive fails; a staged write's bounce buffer is freed.
+    fn abandon(&mut self, p: Option<Pending>, err: i32) {
+        match p {
+            Some(Pending::Msg {
+                slot: Some(slot),
+                tag,
+                ..
+            }) => self.push_rx(Done::SlotErr { slot, tag, err }),
+            Some(Pending::Write {
+                staged: Some(ctx), ..
+            }) => self.core.drop_remote(ctx),
+            _ => {}
+        }
+    }
+
     /// Whether frames or answers are still owed to live peers (a closing provider flushes
     /// until this is false or its deadline passes).
     pub fn owes(&self) -> bool {
@@ -1416,7 +1461,8 @@ impl Engine {
                     err: FI_ECANCELED,
                 });
             }
-            self.peers[p].pending = None;
+            let pending = self.peers[p].pending.take();
+            self.abandon(pending, FI_ECANCELED);
         }
         let pipes: Vec<RxPipe> = self.rx.drain().collect();
         for r in pipes {

@@ -14,6 +14,8 @@
 
 pub mod engine;
 pub mod target;
+#[cfg(test)]
+mod tests;
 pub mod wire;
 
 pub use engine::{report, Config, Done, Engine};
