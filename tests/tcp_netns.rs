@@ -55,8 +55,10 @@ impl Hosts {
         ip(&[
             "link", "add", &va, "netns", &a, "type", "veth", "peer", "name", &vb, "netns", &b,
         ])?;
-        for (ns, dev, addr) in [(&a, &va, format!("{net}.1/24")), (&b, &vb, format!("{net}.2/24"))]
-        {
+        for (ns, dev, addr) in [
+            (&a, &va, format!("{net}.1/24")),
+            (&b, &vb, format!("{net}.2/24")),
+        ] {
             ip(&["-n", ns, "addr", "add", &addr, "dev", dev])?;
             ip(&["-n", ns, "link", "set", dev, "up"])?;
             ip(&["-n", ns, "link", "set", "lo", "up"])?;
@@ -127,7 +129,9 @@ fn finish(child: std::process::Child, what: &str) -> Output {
 
 #[test]
 fn pingpong_between_two_hosts_checks_every_byte() {
-    let Some(exe) = example("pingpong") else { return };
+    let Some(exe) = example("pingpong") else {
+        return;
+    };
     let Some(h) = hosts_or_skip() else { return };
     for op in [None, Some("tagged")] {
         for size in ["8", "64k", "4m"] {

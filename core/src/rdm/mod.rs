@@ -12,13 +12,15 @@
 //! The types below are the contract with a transport: what it sends ([`Transmit`]) and where
 //! it puts what arrives ([`Sink`]).
 
+pub mod done;
 pub mod engine;
 pub mod target;
 #[cfg(test)]
 mod tests;
 pub mod wire;
 
-pub use engine::{report, Config, Done, Engine};
+pub use done::{report, Done};
+pub use engine::{Config, Engine};
 
 use crate::rxq::IovList;
 

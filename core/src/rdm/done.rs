@@ -1,0 +1,136 @@
+//! Completions the engine gathers under its provider's lock, and their reporting through
+//! `EpCore` once the lock is released.
+
+use crate::consts::*;
+use crate::entry::Context;
+use crate::ep::EpCore;
+use crate::rxq::RecvSlot;
+use crate::FiAddr;
+
+/// A completion to report (`report`), gathered under the provider's lock.
+#[derive(Debug)]
+pub enum Done {
+    /// An initiated operation completed.
+    Tx {
+        /// Its context.
+        ctx: Context,
+        /// Its operation flags.
+        flags: u64,
+    },
+    /// An initiated operation failed.
+    TxErr {
+        /// Its context.
+        ctx: Context,
+        /// Its operation flags.
+        flags: u64,
+        /// Positive errno.
+        err: i32,
+    },
+    /// A receive completed.
+    Rx {
+        /// Where it landed.
+        slot: RecvSlot,
+        /// Bytes delivered.
+        len: usize,
+        /// Bytes that did not fit.
+        olen: usize,
+        /// Tag.
+        tag: u64,
+        /// Remote CQ data.
+        data: Option<u64>,
+        /// Source.
+        src: FiAddr,
+    },
+    /// A posted receive failed (canceled, no message for a peek, its sender lost).
+    RxErr {
+        /// Its context.
+        ctx: Context,
+        /// `FI_RECV` and its kind.
+        flags: u64,
+        /// Tag.
+        tag: u64,
+        /// Positive errno.
+        err: i32,
+    },
+    /// A matched receive failed; its slot is finished like a completed one.
+    SlotErr {
+        /// The slot.
+        slot: RecvSlot,
+        /// Tag.
+        tag: u64,
+        /// Positive errno.
+        err: i32,
+    },
+    /// A peer's RMA or atomic access to our memory.
+    Remote {
+        /// `FI_RMA` or `FI_ATOMIC`, with `FI_READ` or `FI_WRITE`.
+        flags: u64,
+        /// Bytes.
+        len: usize,
+        /// Remote CQ data.
+        data: Option<u64>,
+    },
+    /// A large remote write into device memory that arrived in a host buffer.
+    RemoteStaged {
+        /// The staging context (`EpCore::stage_remote`).
+        ctx: Context,
+        /// Bytes.
+        len: usize,
+        /// Remote CQ data.
+        data: Option<u64>,
+    },
+    /// A peek found a message.
+    Peek {
+        /// The peek's context.
+        ctx: Context,
+        /// The message's length.
+        len: usize,
+        /// Its tag.
+        tag: u64,
+        /// Its data.
+        data: Option<u64>,
+        /// Its source.
+        src: FiAddr,
+    },
+}
+
+/// Reports completions gathered by `Engine::take_done`, in order. Call it without holding
+/// the lock the engine is under.
+pub fn report(core: &EpCore, done: Vec<Done>) {
+    for d in done {
+        match d {
+            Done::Tx { ctx, flags } => core.complete_tx(ctx, flags),
+            Done::TxErr { ctx, flags, err } => core.fail_tx(ctx, flags, err),
+            Done::Rx {
+                slot,
+                len,
+                olen,
+                tag,
+                data,
+                src,
+            } => core.complete_rx(&slot, len, olen, tag, data, src, Vec::new),
+            Done::RxErr {
+                ctx,
+                flags,
+                tag,
+                err,
+            } => core.fail_rx(ctx, flags, tag, err),
+            Done::SlotErr { slot, tag, err } => core.fail_rx(slot.ctx, slot.flags, tag, err),
+            Done::Remote { flags, len, data } => core.complete_remote(flags, len, data),
+            Done::RemoteStaged { ctx, len, data } => {
+                // A write that did not reach the device is not reported as done; the
+                // driver's reason is kept (`EpCore::take_staging_errors`).
+                if core.land_remote(ctx, len).is_ok() {
+                    core.complete_remote(FI_RMA | FI_WRITE, len, data)
+                }
+            }
+            Done::Peek {
+                ctx,
+                len,
+                tag,
+                data,
+                src,
+            } => core.complete_peek(ctx, len, tag, data, src),
+        }
+    }
+}
