@@ -9,6 +9,7 @@ use xfabric_core::Provider;
 
 pub mod hmem;
 pub mod shm;
+pub mod tcp;
 
 /// Every provider this build has, in preference order.
 pub fn all() -> Vec<Arc<dyn Provider>> {
