@@ -531,3 +531,167 @@ fn sending_to_oneself() {
     assert!(ha.got.iter().all(|g| g.0 == me));
     assert!(ha.lost.is_empty());
 }
+
+/// A handler for measurements: bodies go straight into one reused buffer.
+struct Bench {
+    dst: Vec<u8>,
+    got: usize,
+    sent: usize,
+    lost: usize,
+}
+
+impl Handler for Bench {
+    fn on_ctrl(&mut self, _: PeerId, p: &Prefix, _: &[u8]) -> Result<Sink, WireError> {
+        let n = (p.body_len as usize).min(self.dst.len());
+        Ok(Sink::Iov(IovList::one(self.dst.as_mut_ptr() as usize, n)))
+    }
+    fn on_body(&mut self, _: PeerId, _: Sink) {
+        self.got += 1;
+    }
+    fn on_sent(&mut self, _: PeerId, _: u64) {
+        self.sent += 1;
+    }
+    fn on_lost(&mut self, _: PeerId, _: i32) {
+        self.lost += 1;
+    }
+}
+
+fn bench_pair() -> (Net, Net, PeerId, PeerId) {
+    let mut a = Net::bind(lo()).unwrap();
+    let mut b = Net::bind(lo()).unwrap();
+    let pb = a.peer(b.local_addr());
+    let pa = b.peer(a.local_addr());
+    (a, b, pb, pa)
+}
+
+/// Ping-pong of `size`-byte messages between two threads: microseconds per one-way transfer.
+fn pingpong(size: usize, iters: usize) -> f64 {
+    let (mut a, mut b, pb, pa) = bench_pair();
+    let src = vec![7u8; size];
+    let echo = std::thread::spawn(move || {
+        let src = vec![9u8; size];
+        let mut h = Bench {
+            dst: vec![0; size],
+            got: 0,
+            sent: 0,
+            lost: 0,
+        };
+        let start = Instant::now();
+        while h.got < iters + 1 {
+            let before = h.got;
+            b.progress(&mut h);
+            for _ in before..h.got {
+                let body = Body::Iov(IovList::one(src.as_ptr() as usize, size));
+                b.send(msg(pa, 0, body, None));
+            }
+            assert!(
+                start.elapsed() < 4 * LIMIT && h.lost == 0,
+                "echo side stuck"
+            );
+        }
+        b
+    });
+    let mut h = Bench {
+        dst: vec![0; size],
+        got: 0,
+        sent: 0,
+        lost: 0,
+    };
+    let mut t0 = Instant::now();
+    for i in 0..=iters {
+        if i == 1 {
+            t0 = Instant::now(); // the first round trip includes connecting
+        }
+        a.send(msg(
+            pb,
+            0,
+            Body::Iov(IovList::one(src.as_ptr() as usize, size)),
+            None,
+        ));
+        while h.got <= i {
+            a.progress(&mut h);
+            assert!(h.lost == 0, "lost");
+        }
+    }
+    let us = t0.elapsed().as_secs_f64() * 1e6 / (2 * iters) as f64;
+    echo.join().unwrap();
+    us
+}
+
+/// `count` messages of `size` bytes one way, at most `window` not yet handed to the kernel:
+/// GB/s at the receiver.
+fn stream(size: usize, count: usize, window: usize) -> f64 {
+    let (mut a, mut b, pb, _pa) = bench_pair();
+    let src = vec![7u8; size];
+    // Connect first.
+    a.send(msg(pb, 0, Body::None, None));
+    let rx = std::thread::spawn(move || {
+        let mut h = Bench {
+            dst: vec![0; size],
+            got: 0,
+            sent: 0,
+            lost: 0,
+        };
+        let mut t0 = Instant::now();
+        while h.got < count + 1 {
+            b.progress(&mut h);
+            if h.got == 1 && t0.elapsed() > Duration::ZERO {
+                t0 = Instant::now();
+            }
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        (b, dt)
+    });
+    let mut h = Bench {
+        dst: Vec::new(),
+        got: 0,
+        sent: 0,
+        lost: 0,
+    };
+    let mut posted = 0;
+    while posted < count || a.queued(pb) > 0 {
+        while posted < count && posted - h.sent < window {
+            let body = Body::Iov(IovList::one(src.as_ptr() as usize, size));
+            a.send(msg(pb, 1, body, Some(posted as u64)));
+            posted += 1;
+        }
+        a.progress(&mut h);
+    }
+    let (_b, dt) = rx.join().unwrap();
+    (size * count) as f64 / dt / 1e9
+}
+
+fn stats(mut v: Vec<f64>) -> String {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    format!(
+        "min {:.2} median {:.2} max {:.2}",
+        v[0],
+        v[v.len() / 2],
+        v[v.len() - 1]
+    )
+}
+
+/// `cargo test --release -p xfabric-providers --lib tcp::net::tests::measure -- --ignored --nocapture`
+#[test]
+#[ignore = "a measurement, not a test: run on demand in release"]
+fn measure() {
+    let iters: usize = std::env::var("XF_ITERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_000);
+    let runs: usize = std::env::var("XF_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    for size in [8usize, 4096] {
+        let v: Vec<f64> = (0..runs).map(|_| pingpong(size, iters)).collect();
+        println!("pingpong {size} B: us per one-way {}", stats(v));
+    }
+    if std::env::var("XF_NO_BW").is_ok() {
+        return;
+    }
+    for (size, count) in [(64usize << 10, 40_000usize), (4 << 20, 1000)] {
+        let v: Vec<f64> = (0..runs).map(|_| stream(size, count, 64)).collect();
+        println!("stream {} KiB: GB/s {}", size >> 10, stats(v));
+    }
+}
