@@ -618,6 +618,61 @@ fn pingpong(size: usize, iters: usize) -> f64 {
     us
 }
 
+/// Ping-pong with both Nets in one thread: the cost of the calls themselves, free of
+/// scheduling noise (loopback TCP delivers inside the sender's syscall).
+fn pingpong1(size: usize, iters: usize) -> f64 {
+    let (mut a, mut b, pb, pa) = bench_pair();
+    let src = vec![7u8; size];
+    let mk = |n: usize| Bench {
+        dst: vec![0; n],
+        got: 0,
+        sent: 0,
+        lost: 0,
+    };
+    let (mut ha, mut hb) = (mk(size), mk(size));
+    let mut t0 = Instant::now();
+    let start = Instant::now();
+    for i in 0..=iters {
+        if i == 1 {
+            t0 = Instant::now();
+        }
+        let body = || Body::Iov(IovList::one(src.as_ptr() as usize, size));
+        a.send(msg(pb, 0, body(), None));
+        while hb.got <= i {
+            b.progress(&mut hb);
+            if i == 0 {
+                a.progress(&mut ha);
+            }
+            assert!(start.elapsed() < LIMIT, "stuck");
+        }
+        b.send(msg(pa, 0, body(), None));
+        while ha.got <= i {
+            a.progress(&mut ha);
+            assert!(start.elapsed() < LIMIT, "stuck");
+        }
+    }
+    t0.elapsed().as_secs_f64() * 1e6 / (2 * iters) as f64
+}
+
+/// The floor for `pingpong1`: plain sockets, one write and one read per transfer.
+fn raw_pingpong1(size: usize, iters: usize) -> f64 {
+    let l = std::net::TcpListener::bind(lo()).unwrap();
+    let mut a = StdStream::connect(l.local_addr().unwrap()).unwrap();
+    let (mut b, _) = l.accept().unwrap();
+    a.set_nodelay(true).unwrap();
+    b.set_nodelay(true).unwrap();
+    let src = vec![7u8; size];
+    let mut dst = vec![0u8; size];
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        a.write_all(&src).unwrap();
+        b.read_exact(&mut dst).unwrap();
+        b.write_all(&src).unwrap();
+        a.read_exact(&mut dst).unwrap();
+    }
+    t0.elapsed().as_secs_f64() * 1e6 / (2 * iters) as f64
+}
+
 /// `count` messages of `size` bytes one way, at most `window` not yet handed to the kernel:
 /// GB/s at the receiver.
 fn stream(size: usize, count: usize, window: usize) -> f64 {
@@ -684,6 +739,13 @@ fn measure() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
     for size in [8usize, 4096] {
+        let v: Vec<f64> = (0..runs).map(|_| pingpong1(size, iters)).collect();
+        println!("pingpong {size} B, one thread: us per one-way {}", stats(v));
+        let v: Vec<f64> = (0..runs).map(|_| raw_pingpong1(size, iters)).collect();
+        println!("  plain sockets, one thread: us per one-way {}", stats(v));
+        if std::env::var("XF_ONE").is_ok() {
+            continue;
+        }
         let v: Vec<f64> = (0..runs).map(|_| pingpong(size, iters)).collect();
         println!("pingpong {size} B: us per one-way {}", stats(v));
     }
