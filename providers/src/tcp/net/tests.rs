@@ -716,6 +716,27 @@ fn stream(size: usize, count: usize, window: usize) -> f64 {
     (size * count) as f64 / dt / 1e9
 }
 
+/// The floor for `stream`: plain blocking sockets, two threads.
+fn raw_stream(size: usize, count: usize) -> f64 {
+    let l = std::net::TcpListener::bind(lo()).unwrap();
+    let mut a = StdStream::connect(l.local_addr().unwrap()).unwrap();
+    let (mut b, _) = l.accept().unwrap();
+    let rx = std::thread::spawn(move || {
+        let mut dst = vec![0u8; size];
+        let t0 = Instant::now();
+        for _ in 0..count {
+            b.read_exact(&mut dst).unwrap();
+        }
+        t0.elapsed().as_secs_f64()
+    });
+    let src = vec![7u8; size];
+    for _ in 0..count {
+        a.write_all(&src).unwrap();
+    }
+    let dt = rx.join().unwrap();
+    (size * count) as f64 / dt / 1e9
+}
+
 fn stats(mut v: Vec<f64>) -> String {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     format!(
@@ -755,5 +776,7 @@ fn measure() {
     for (size, count) in [(64usize << 10, 40_000usize), (4 << 20, 1000)] {
         let v: Vec<f64> = (0..runs).map(|_| stream(size, count, 64)).collect();
         println!("stream {} KiB: GB/s {}", size >> 10, stats(v));
+        let v: Vec<f64> = (0..runs).map(|_| raw_stream(size, count)).collect();
+        println!("  plain blocking sockets: GB/s {}", stats(v));
     }
 }
