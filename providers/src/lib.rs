@@ -9,8 +9,9 @@ use xfabric_core::Provider;
 
 pub mod hmem;
 pub mod shm;
+pub mod tcp;
 
 /// Every provider this build has, in preference order.
 pub fn all() -> Vec<Arc<dyn Provider>> {
-    vec![Arc::new(shm::Shm)]
+    vec![Arc::new(shm::Shm), Arc::new(tcp::Tcp)]
 }

@@ -1,0 +1,1252 @@
+//! The tcp provider's socket layer: moves the RDM engine's frames between endpoints over TCP,
+//! event-driven (mio, epoll). It knows nothing of messages, tags or RMA: a frame is a
+//! [`Prefix`], a control part and a body, and where a body goes is the [`Handler`]'s answer.
+//!
+//! One connection per pair of endpoints, whichever side opened it. Before any frame, a
+//! handshake of our own (`hello`): the connector names its listen address and incarnation;
+//! the acceptor answers ACCEPT or REJECT. When two endpoints connect to each other at once,
+//! the connection opened by the one with the lower listen address (`hello::key`) survives on
+//! both sides. Frames wait in a per-peer queue, not on a connection, and nothing is written
+//! on a connection before its handshake is done, so the loser's queue simply drains on the
+//! survivor: nothing lost, nothing duplicated.
+//!
+//! Small frames are read through a per-connection buffer (many per `read`); a large body
+//! goes straight from the socket into its sink with `readv`. Writes coalesce queued frames
+//! into one `sendmsg` (up to [`MAX_IOV`] segments), bodies written from application memory
+//! directly.
+
+mod hello;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+use slab::Slab;
+use tracing::{debug, warn};
+use xfabric_core::rdm::wire::{self, Prefix, WireError, MAX_CTRL, PREFIX};
+use xfabric_core::rdm::{Body, PeerId, Sink, Transmit};
+
+use hello::{reason, Hs, HsError};
+
+/// What the layer calls back with (the engine implements it).
+pub trait Handler {
+    /// A frame's prefix and control part (exactly `prefix.ctrl_len` bytes) arrived from
+    /// `peer`. Answer where its `prefix.body_len` body bytes go; `Err`: the peer speaks
+    /// garbage, its connection is dropped and `on_lost(peer, EPROTO)` follows.
+    fn on_ctrl(
+        &mut self,
+        peer: PeerId,
+        addr: SocketAddr,
+        prefix: &Prefix,
+        ctrl: &[u8],
+    ) -> Result<Sink, WireError>;
+    /// The body arrived into the sink `on_ctrl` gave (`Sink::Buffer` filled to its length,
+    /// or to the body's if shorter; `Sink::Iov`: its first `iov.total()` bytes written, any
+    /// rest read and dropped; `Discard`: read and dropped). Called even for `body_len` 0.
+    fn on_body(&mut self, peer: PeerId, sink: Sink);
+    /// Every byte of a `Transmit` that had a token was handed to the kernel.
+    fn on_sent(&mut self, peer: PeerId, token: u64);
+    /// The connection to `peer` failed (refused, reset, EOF, garbage, handshake failure):
+    /// `errno`. Queued transmits to it are dropped, and a body being received is abandoned
+    /// (its sink dropped). A later `send` to the same peer connects again.
+    fn on_lost(&mut self, peer: PeerId, errno: i32);
+}
+
+/// Bytes of each connection's read buffer.
+const RBUF: usize = 64 * 1024;
+/// What one read asks for after a frame with a large body: the next frame is likely large
+/// too, and its body should go to its sink, not through the buffer.
+const SMALL_READ: usize = 4096;
+/// A body at least this large makes the next read small (`SMALL_READ`).
+const LARGE_BODY: u64 = 16 * 1024;
+/// Most segments one `sendmsg` carries.
+pub const MAX_IOV: usize = 64;
+/// Most peers an inbound HELLO may add: strangers cannot grow the table without bound.
+const MAX_PEERS: usize = 1 << 16;
+/// Most connections in bring-up (connecting, or accepted and not yet greeted) at once.
+const MAX_UNSETTLED: usize = 256;
+/// How long a connection may take from accept or connect to a finished handshake, and how
+/// long the loser of a simultaneous connect waits for the winner's connection.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// See `Net::idle`.
+const FAST_IDLE: u32 = 16;
+/// The listener's token; connection `k` of the slab is `Token(k + 1)`.
+const LISTENER: Token = Token(0);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum St {
+    /// Outbound, TCP connect in progress.
+    Connecting,
+    /// Outbound, HELLO sent, waiting for ACCEPT or REJECT.
+    Hello,
+    /// Inbound, waiting for HELLO.
+    Greet,
+    /// Handshake done: frames flow.
+    Up,
+}
+
+/// Where the frame being read stands.
+enum Rx {
+    /// Between frames: the next prefix and control part go through the buffer.
+    Head,
+    /// `got` of the `p.body_len` body bytes arrived; the first `keep` go to `sink`.
+    Body {
+        p: Prefix,
+        sink: Sink,
+        got: u64,
+        keep: u64,
+    },
+}
+
+struct Conn {
+    sock: TcpStream,
+    /// Set from the start for outbound connections, at HELLO for inbound ones.
+    peer: Option<PeerId>,
+    st: St,
+    outbound: bool,
+    /// When bring-up began (for `HANDSHAKE_TIMEOUT`).
+    since: Instant,
+    /// Invariant: `rs <= re <= rbuf.len()`; `rbuf[rs..re]` arrived and is not consumed.
+    rbuf: Box<[u8]>,
+    rs: usize,
+    re: usize,
+    rx: Rx,
+    /// WRITABLE interest is registered (only while frames are queued behind a full socket).
+    writable: bool,
+    /// The last frame had a large body.
+    big: bool,
+}
+
+/// A queued frame, `off` of its `len` bytes (control part, then body) written.
+struct Out {
+    t: Transmit,
+    off: usize,
+    len: usize,
+}
+
+struct Peer {
+    addr: SocketAddr,
+    key: [u8; hello::KEY],
+    /// Its incarnation, learned in a handshake (tells a restarted peer from a duplicate).
+    nonce: Option<u64>,
+    /// The connection frames to it go on (in bring-up or up).
+    conn: Option<usize>,
+    queue: VecDeque<Out>,
+    /// Invariant: the sum of `len - off` over `queue`.
+    queued: usize,
+    /// Lost a simultaneous connect: its connection to us should arrive before this.
+    wait_until: Option<Instant>,
+}
+
+/// What `progress` reports through the handler, in the order it happened.
+enum Report {
+    Sent(PeerId, u64),
+    Lost(PeerId, i32),
+}
+
+/// An endpoint's TCP transport: a listener, a connection per peer, per-peer send queues.
+pub struct Net {
+    poll: Poll,
+    events: Events,
+    /// Scratch copy of the last poll's events (token, readable, writable).
+    ready: Vec<(Token, bool, bool)>,
+    listener: TcpListener,
+    local: SocketAddr,
+    key: [u8; hello::KEY],
+    nonce: u64,
+    peers: Vec<Peer>,
+    by_addr: HashMap<SocketAddr, PeerId>,
+    conns: Slab<Conn>,
+    /// Invariant: connections not `Up` plus peers with `wait_until` (timers to check).
+    settling: usize,
+    reports: VecDeque<Report>,
+    timeout: Duration,
+    /// The connection that came up last: with no other connection, `progress` reads it
+    /// directly instead of asking epoll first (one syscall per arrival instead of two).
+    last_up: usize,
+    /// Consecutive `progress` calls that read directly and found nothing; at `FAST_IDLE`
+    /// the next one polls (accepts, and the epoll fd's ready list drained for `wait_fd`).
+    idle: u32,
+}
+
+fn errno(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+fn last_errno() -> i32 {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// A listening socket without SO_REUSEADDR (std and mio set it), so a port in use is an
+/// error rather than shared with a socket in TIME_WAIT's company.
+fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let (family, len) = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in.
+            unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in, sin) };
+            (libc::AF_INET, std::mem::size_of::<libc::sockaddr_in>())
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in6, sin6) };
+            (libc::AF_INET6, std::mem::size_of::<libc::sockaddr_in6>())
+        }
+    };
+    // SAFETY: plain socket(2).
+    let fd = unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh socket nobody else owns; the listener closes it (also on error).
+    let l = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    // SAFETY: ss holds a sockaddr of `len` bytes.
+    if unsafe { libc::bind(fd, &ss as *const _ as *const libc::sockaddr, len as u32) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a bound socket.
+    if unsafe { libc::listen(fd, 1024) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(TcpListener::from_std(l))
+}
+
+/// A number that differs between two Nets with the same address (a restarted peer).
+fn incarnation() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one((
+        std::process::id(),
+        std::time::SystemTime::now(),
+        Instant::now(),
+    ))
+}
+
+/// `send(2)` of a small control message, without SIGPIPE. `Ok(false)`: not all of it fit.
+fn send_small(fd: RawFd, b: &[u8]) -> io::Result<bool> {
+    // SAFETY: b is valid for reads of b.len() bytes.
+    let n = unsafe {
+        libc::send(
+            fd,
+            b.as_ptr().cast(),
+            b.len(),
+            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize == b.len())
+}
+
+impl Net {
+    /// Listens on `addr` (port 0: any free port; IPv4 or IPv6), non-blocking; a port in use
+    /// is an error (`io::ErrorKind::AddrInUse`).
+    pub fn bind(addr: SocketAddr) -> io::Result<Net> {
+        let mut listener = listen(addr)?;
+        let local = listener.local_addr()?;
+        let poll = Poll::new()?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        Ok(Net {
+            poll,
+            events: Events::with_capacity(256),
+            ready: Vec::with_capacity(256),
+            listener,
+            local,
+            key: hello::key(&local),
+            nonce: incarnation(),
+            peers: Vec::new(),
+            by_addr: HashMap::new(),
+            conns: Slab::new(),
+            settling: 0,
+            reports: VecDeque::new(),
+            timeout: HANDSHAKE_TIMEOUT,
+            last_up: usize::MAX,
+            idle: 0,
+        })
+    }
+
+    /// The address peers reach this endpoint at (the bound one, with the real port).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// How long connection bring-up may take (default [`HANDSHAKE_TIMEOUT`]).
+    pub fn set_handshake_timeout(&mut self, d: Duration) {
+        self.timeout = d;
+    }
+
+    /// The id of the endpoint listening at `addr` (created on first use; no I/O yet).
+    /// Stable for the Net's life.
+    pub fn peer(&mut self, addr: SocketAddr) -> PeerId {
+        if let Some(&p) = self.by_addr.get(&addr) {
+            return p;
+        }
+        let p = self.peers.len();
+        self.peers.push(Peer {
+            addr,
+            key: hello::key(&addr),
+            nonce: None,
+            conn: None,
+            queue: VecDeque::new(),
+            queued: 0,
+            wait_until: None,
+        });
+        self.by_addr.insert(addr, p);
+        p
+    }
+
+    /// The listen address of peer `p`, if `p` exists.
+    pub fn peer_addr(&self, p: PeerId) -> Option<SocketAddr> {
+        self.peers.get(p).map(|x| x.addr)
+    }
+
+    /// Bytes queued for peer `p` and not yet written.
+    pub fn queued(&self, p: PeerId) -> usize {
+        self.peers.get(p).map_or(0, |x| x.queued)
+    }
+
+    /// A file descriptor (mio's epoll fd) that becomes readable when `progress` has
+    /// something to do, for a thread to poll(2) on without holding the Net.
+    pub fn wait_fd(&self) -> RawFd {
+        self.poll.as_raw_fd()
+    }
+
+    /// Queues a frame, in order with earlier ones to the same peer; connects on first use
+    /// (non-blocking); writes right away when the connection is up and nothing is queued
+    /// before it. A frame to an unknown peer is reported lost (`EINVAL`) by `progress`.
+    pub fn send(&mut self, t: Transmit) {
+        let p = t.peer;
+        let Some(peer) = self.peers.get_mut(p) else {
+            warn!(peer = p, "tcp: send to an unknown peer");
+            self.reports.push_back(Report::Lost(p, libc::EINVAL));
+            return;
+        };
+        let len = t.ctrl.len() + t.body.len();
+        peer.queue.push_back(Out { t, off: 0, len });
+        peer.queued += len;
+        match peer.conn {
+            None if peer.wait_until.is_none() => self.connect(p),
+            Some(c) if peer.queue.len() == 1 && self.conns[c].st == St::Up => {
+                self.flush(p);
+            }
+            _ => {}
+        }
+    }
+
+    /// Non-blocking progress: accepts, finishes connects and handshakes, reads whole frames
+    /// into the handler, writes queued frames, reports sent tokens and lost peers. Returns
+    /// how many things it handled (0: idle).
+    pub fn progress<H: Handler>(&mut self, h: &mut H) -> usize {
+        let mut n = self.report(h);
+        // One established connection and nothing else going on: read it directly. epoll
+        // still hears of accepts; every FAST_IDLE-th idle call asks it.
+        if self.conns.len() == 1 && self.settling == 0 && self.idle < FAST_IDLE {
+            let k = self.last_up;
+            if let Some(c) = self.conns.get_mut(k) {
+                if let (St::Up, false, Some(p)) = (c.st, c.writable, c.peer) {
+                    let addr = self.peers[p].addr;
+                    let (m, err) = c.pump(p, addr, h);
+                    if let Some(e) = err {
+                        self.fail_conn(k, e, "read");
+                    }
+                    if m > 0 || err.is_some() {
+                        self.idle = 0;
+                        return n + m + self.report(h);
+                    }
+                    self.idle += 1;
+                    return n + self.report(h);
+                }
+            }
+        }
+        self.idle = 0;
+        n += self.step(h, Some(Duration::ZERO));
+        n + self.report(h)
+    }
+
+    /// Tries, until `deadline`, to write out everything queued (frames arriving meanwhile
+    /// are dropped), then closes every connection. Reports still pending stay for a later
+    /// `progress`.
+    pub fn shutdown(&mut self, deadline: Instant) {
+        struct Drain;
+        impl Handler for Drain {
+            fn on_ctrl(
+                &mut self,
+                _: PeerId,
+                _: SocketAddr,
+                _: &Prefix,
+                _: &[u8],
+            ) -> Result<Sink, WireError> {
+                Ok(Sink::Discard)
+            }
+            fn on_body(&mut self, _: PeerId, _: Sink) {}
+            fn on_sent(&mut self, _: PeerId, _: u64) {}
+            fn on_lost(&mut self, _: PeerId, _: i32) {}
+        }
+        while self.peers.iter().any(|p| !p.queue.is_empty()) {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            self.step(
+                &mut Drain,
+                Some((deadline - now).min(Duration::from_millis(10))),
+            );
+        }
+        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+        for k in keys {
+            self.remove_conn(k);
+        }
+        for p in &mut self.peers {
+            p.conn = None;
+            p.queue.clear();
+            p.queued = 0;
+            p.wait_until = None;
+        }
+        self.settling = 0;
+    }
+
+    fn report<H: Handler>(&mut self, h: &mut H) -> usize {
+        let mut n = 0;
+        while let Some(r) = self.reports.pop_front() {
+            match r {
+                Report::Sent(p, t) => h.on_sent(p, t),
+                Report::Lost(p, e) => h.on_lost(p, e),
+            }
+            n += 1;
+        }
+        n
+    }
+
+    /// One poll (`timeout` as epoll_wait's) and the work its events call for.
+    fn step<H: Handler>(&mut self, h: &mut H, timeout: Option<Duration>) -> usize {
+        if let Err(e) = self.poll.poll(&mut self.events, timeout) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                warn!("tcp: epoll_wait failed: {e}");
+            }
+            return 0;
+        }
+        self.ready.clear();
+        for ev in self.events.iter() {
+            let err = ev.is_error();
+            self.ready.push((
+                ev.token(),
+                ev.is_readable() || ev.is_read_closed() || err,
+                ev.is_writable() || ev.is_write_closed() || err,
+            ));
+        }
+        let mut n = 0;
+        for i in 0..self.ready.len() {
+            let (tok, r, w) = self.ready[i];
+            n += if tok == LISTENER {
+                self.accept()
+            } else {
+                self.on_event(tok.0 - 1, r, w, h)
+            };
+        }
+        if self.settling > 0 {
+            n += self.expire();
+        }
+        n
+    }
+
+    fn on_event<H: Handler>(&mut self, k: usize, r: bool, w: bool, h: &mut H) -> usize {
+        let Some(c) = self.conns.get(k) else {
+            return 0;
+        };
+        match c.st {
+            St::Connecting => self.finish_connect(k, h),
+            St::Hello | St::Greet if r => self.read_handshake(k, h),
+            St::Up => {
+                let mut n = 0;
+                if let (true, Some(p)) = (w, c.peer) {
+                    if self.peers[p].conn == Some(k) {
+                        n += self.flush(p);
+                    }
+                }
+                if r && self.conns.contains(k) {
+                    n += self.read_frames(k, h);
+                }
+                n
+            }
+            _ => 0,
+        }
+    }
+
+    fn accept(&mut self) -> usize {
+        let mut n = 0;
+        loop {
+            match self.listener.accept() {
+                Ok((mut s, from)) => {
+                    if self.settling >= MAX_UNSETTLED {
+                        warn!(%from, "tcp: too many connections in bring-up; dropping one");
+                        continue;
+                    }
+                    let _ = s.set_nodelay(true);
+                    let e = self.conns.vacant_entry();
+                    let k = e.key();
+                    if let Err(err) =
+                        self.poll
+                            .registry()
+                            .register(&mut s, Token(k + 1), Interest::READABLE)
+                    {
+                        warn!(%from, "tcp: cannot register an accepted connection: {err}");
+                        continue;
+                    }
+                    e.insert(Conn::new(s, None, St::Greet));
+                    self.settling += 1;
+                    n += 1;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // EMFILE and the like: the listener stays readable; try again next time.
+                    warn!("tcp: accept failed: {e}");
+                    return n;
+                }
+            }
+        }
+    }
+
+    fn connect(&mut self, p: PeerId) {
+        let addr = self.peers[p].addr;
+        let mut s = match TcpStream::connect(addr) {
+            Ok(s) => s,
+            Err(e) => {
+                self.lose_peer(p, errno(&e), "connect");
+                return;
+            }
+        };
+        let _ = s.set_nodelay(true);
+        let e = self.conns.vacant_entry();
+        let k = e.key();
+        if let Err(err) = self.poll.registry().register(
+            &mut s,
+            Token(k + 1),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            self.lose_peer(p, errno(&err), "register");
+            return;
+        }
+        let mut c = Conn::new(s, Some(p), St::Connecting);
+        c.outbound = true;
+        c.writable = true;
+        e.insert(c);
+        self.settling += 1;
+        self.peers[p].conn = Some(k);
+    }
+
+    fn finish_connect<H: Handler>(&mut self, k: usize, h: &mut H) -> usize {
+        let c = &self.conns[k];
+        let err = match c.sock.take_error() {
+            Ok(None) => match c.sock.peer_addr() {
+                Ok(_) => None,
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => return 0,
+                Err(e) => Some(e),
+            },
+            Ok(Some(e)) | Err(e) => Some(e),
+        };
+        if let Some(e) = err {
+            self.fail_conn(k, errno(&e), "connect");
+            return 1;
+        }
+        let hello = Hs::Hello {
+            addr: self.local,
+            nonce: self.nonce,
+        };
+        match send_small(self.conns[k].sock.as_raw_fd(), &hello.encode()) {
+            Ok(true) => {}
+            Ok(false) => {
+                self.fail_conn(k, libc::EIO, "HELLO");
+                return 1;
+            }
+            Err(e) => {
+                self.fail_conn(k, errno(&e), "HELLO");
+                return 1;
+            }
+        }
+        self.conns[k].st = St::Hello;
+        self.set_writable(k, false);
+        // The answer may already be there (edge-triggered: its event may have come with this one).
+        1 + self.read_handshake(k, h)
+    }
+
+    fn read_handshake<H: Handler>(&mut self, k: usize, h: &mut H) -> usize {
+        let c = &mut self.conns[k];
+        let fd = c.sock.as_raw_fd();
+        loop {
+            let free = &mut c.rbuf[c.re..];
+            let asked = free.len();
+            // SAFETY: free is valid for writes of `asked` bytes.
+            let n = unsafe { libc::read(fd, free.as_mut_ptr().cast(), asked) };
+            if n < 0 {
+                match last_errno() {
+                    libc::EINTR => continue,
+                    libc::EAGAIN => break,
+                    e => {
+                        self.fail_conn(k, e, "handshake read");
+                        return 1;
+                    }
+                }
+            }
+            if n == 0 {
+                self.fail_conn(k, libc::ECONNRESET, "EOF in handshake");
+                return 1;
+            }
+            c.re += n as usize;
+            if let Err(e) = Hs::check_start(&c.rbuf[..c.re]) {
+                self.garbage(k, e);
+                return 1;
+            }
+            if c.re >= hello::LEN || (n as usize) < asked {
+                break;
+            }
+        }
+        if c.re < hello::LEN {
+            return 0;
+        }
+        let mut b = [0u8; hello::LEN];
+        b.copy_from_slice(&c.rbuf[..hello::LEN]);
+        c.rs = hello::LEN;
+        let msg = match Hs::decode(&b) {
+            Ok(m) => m,
+            Err(e) => {
+                self.garbage(k, e);
+                return 1;
+            }
+        };
+        match (c.st, msg) {
+            (St::Greet, Hs::Hello { addr, nonce }) => self.on_hello(k, addr, nonce, h),
+            (St::Hello, Hs::Accept { nonce }) => self.on_accept(k, nonce, h),
+            (St::Hello, Hs::Reject { reason }) => {
+                self.on_reject(k, reason);
+                1
+            }
+            (st, m) => {
+                warn!(?st, ?m, "tcp: handshake message out of place");
+                self.fail_conn(k, libc::EPROTO, "handshake");
+                1
+            }
+        }
+    }
+
+    fn garbage(&mut self, k: usize, e: HsError) {
+        let from = self.conns[k].sock.peer_addr().ok();
+        warn!(?from, "tcp: dropping a connection: {e}");
+        self.fail_conn(k, libc::EPROTO, "handshake");
+    }
+
+    fn on_hello<H: Handler>(&mut self, k: usize, addr: SocketAddr, nonce: u64, h: &mut H) -> usize {
+        if nonce == self.nonce && addr == self.local {
+            // Our own connection to ourselves: this end receives, the other sends.
+            let p = self.peer(addr);
+            return self.accept_hello(k, p, false, h);
+        }
+        let p = match self.by_addr.get(&addr) {
+            Some(&p) => p,
+            None if self.peers.len() >= MAX_PEERS => {
+                warn!(%addr, "tcp: peer table full; refusing a connection");
+                let fd = self.conns[k].sock.as_raw_fd();
+                let _ = send_small(
+                    fd,
+                    &Hs::Reject {
+                        reason: reason::FULL,
+                    }
+                    .encode(),
+                );
+                self.remove_conn(k);
+                return 1;
+            }
+            None => self.peer(addr),
+        };
+        if let Some(old) = self.peers[p].conn {
+            let (out, up) = (self.conns[old].outbound, self.conns[old].st == St::Up);
+            if out && !(up && self.peers[p].nonce != Some(nonce)) {
+                // Both connected at once: the connection opened by the lower address wins.
+                if self.key < self.peers[p].key {
+                    debug!(%addr, "tcp: simultaneous connect; ours wins");
+                    let fd = self.conns[k].sock.as_raw_fd();
+                    let _ = send_small(
+                        fd,
+                        &Hs::Reject {
+                            reason: reason::DUPLICATE,
+                        }
+                        .encode(),
+                    );
+                    self.remove_conn(k);
+                    return 1;
+                }
+                debug!(%addr, "tcp: simultaneous connect; theirs wins");
+                if up {
+                    self.lose_peer(p, libc::ECONNRESET, "replaced");
+                } else {
+                    // Nothing was written on it: the queue moves to the new connection.
+                    self.peers[p].conn = None;
+                    self.remove_conn(old);
+                }
+            } else {
+                // A restarted peer, or one that reconnects: the old connection is dead.
+                self.lose_peer(p, libc::ECONNRESET, "peer reconnected");
+            }
+        }
+        self.peers[p].nonce = Some(nonce);
+        self.accept_hello(k, p, true, h)
+    }
+
+    fn accept_hello<H: Handler>(&mut self, k: usize, p: PeerId, sends: bool, h: &mut H) -> usize {
+        let fd = self.conns[k].sock.as_raw_fd();
+        let ok = send_small(fd, &Hs::Accept { nonce: self.nonce }.encode());
+        if !matches!(ok, Ok(true)) {
+            warn!(
+                peer = p,
+                "tcp: cannot answer a HELLO; dropping the connection"
+            );
+            self.remove_conn(k);
+            if self.peers[p].conn.is_none() && !self.peers[p].queue.is_empty() {
+                self.connect(p);
+            }
+            return 1;
+        }
+        self.conns[k].peer = Some(p);
+        if sends {
+            if self.peers[p].wait_until.take().is_some() {
+                self.settling -= 1;
+            }
+            self.peers[p].conn = Some(k);
+        }
+        self.set_up(k);
+        let mut n = 1;
+        if sends {
+            n += self.flush(p);
+        }
+        if self.conns.contains(k) {
+            n += self.read_frames(k, h);
+        }
+        n
+    }
+
+    fn on_accept<H: Handler>(&mut self, k: usize, nonce: u64, h: &mut H) -> usize {
+        let Some(p) = self.conns[k].peer else {
+            self.remove_conn(k);
+            return 1;
+        };
+        if self.peers[p].conn != Some(k) {
+            self.remove_conn(k);
+            return 1;
+        }
+        self.peers[p].nonce = Some(nonce);
+        self.set_up(k);
+        let mut n = 1 + self.flush(p);
+        if self.conns.contains(k) {
+            n += self.read_frames(k, h);
+        }
+        n
+    }
+
+    fn on_reject(&mut self, k: usize, why: u32) {
+        let p = self.conns[k].peer;
+        let ours = p.is_some_and(|p| self.peers[p].conn == Some(k));
+        let Some(p) = p.filter(|_| ours) else {
+            self.remove_conn(k);
+            return;
+        };
+        if why == reason::DUPLICATE {
+            // The peer's own connection to us wins; wait for it (bounded).
+            self.remove_conn(k);
+            self.peers[p].conn = None;
+            self.peers[p].wait_until = Some(Instant::now() + self.timeout);
+            self.settling += 1;
+        } else {
+            self.lose_peer(p, libc::ECONNREFUSED, "rejected");
+        }
+    }
+
+    /// Reads what arrived on an established connection and hands whole frames over.
+    fn read_frames<H: Handler>(&mut self, k: usize, h: &mut H) -> usize {
+        let c = &mut self.conns[k];
+        let Some(p) = c.peer else { return 0 };
+        let addr = self.peers[p].addr;
+        let (n, err) = c.pump(p, addr, h);
+        if let Some(e) = err {
+            self.fail_conn(k, e, "read");
+        }
+        n
+    }
+
+    /// Writes as much of peer `p`'s queue as the socket takes.
+    fn flush(&mut self, p: PeerId) -> usize {
+        let Some(k) = self.peers[p].conn else {
+            return 0;
+        };
+        if self.conns[k].st != St::Up {
+            return 0;
+        }
+        let fd = self.conns[k].sock.as_raw_fd();
+        let mut done = 0;
+        loop {
+            let peer = &mut self.peers[p];
+            let mut v = Iovecs::default();
+            for o in peer.queue.iter() {
+                let cl = o.t.ctrl.len();
+                if o.off < cl {
+                    v.push(o.t.ctrl[o.off..].as_ptr() as usize, cl - o.off);
+                }
+                let boff = o.off.saturating_sub(cl);
+                match &o.t.body {
+                    Body::None => {}
+                    Body::Owned(b) => {
+                        if boff < b.len() {
+                            v.push(b[boff..].as_ptr() as usize, b.len() - boff);
+                        }
+                    }
+                    Body::Iov(l) => {
+                        for s in l.slice(boff, usize::MAX).segs() {
+                            v.push(s.addr, s.len);
+                        }
+                    }
+                }
+                if v.cnt == MAX_IOV {
+                    break;
+                }
+            }
+            let (cnt, want) = (v.cnt, v.want);
+            if cnt == 0 {
+                done += self.advance(p, 0);
+                self.set_writable(k, false);
+                return done;
+            }
+            // SAFETY: all-zero is a valid msghdr; the fields set below describe `iov`.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = v.iov.as_mut_ptr();
+            msg.msg_iovlen = cnt as _;
+            // SAFETY: every iovec points at a live Vec we own or at application memory the
+            // engine keeps readable until on_sent/on_lost (the Body::Iov contract).
+            let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+            if n < 0 {
+                match last_errno() {
+                    libc::EINTR => continue,
+                    libc::EAGAIN => {
+                        self.set_writable(k, true);
+                        return done;
+                    }
+                    e => {
+                        self.lose_peer(p, e, "write");
+                        return done + 1;
+                    }
+                }
+            }
+            let n = n as usize;
+            done += self.advance(p, n);
+            if n < want {
+                self.set_writable(k, true);
+                return done;
+            }
+            if self.peers[p].queue.is_empty() {
+                self.set_writable(k, false);
+                return done;
+            }
+        }
+    }
+
+    /// Accounts `n` more bytes of peer `p`'s queue written; reports finished tokens.
+    fn advance(&mut self, p: PeerId, mut n: usize) -> usize {
+        let peer = &mut self.peers[p];
+        let mut done = 0;
+        while let Some(o) = peer.queue.front_mut() {
+            let rem = o.len - o.off;
+            if n < rem {
+                o.off += n;
+                peer.queued -= n;
+                break;
+            }
+            n -= rem;
+            peer.queued -= rem;
+            done += 1;
+            if let Some(t) = peer.queue.pop_front().and_then(|o| o.t.token) {
+                self.reports.push_back(Report::Sent(p, t));
+            }
+        }
+        done
+    }
+
+    fn set_writable(&mut self, k: usize, on: bool) {
+        let c = &mut self.conns[k];
+        if c.writable == on {
+            return;
+        }
+        let i = if on {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        match self
+            .poll
+            .registry()
+            .reregister(&mut c.sock, Token(k + 1), i)
+        {
+            Ok(()) => c.writable = on,
+            Err(e) => warn!("tcp: epoll_ctl failed: {e}"),
+        }
+    }
+
+    fn set_up(&mut self, k: usize) {
+        let c = &mut self.conns[k];
+        if c.st != St::Up {
+            c.st = St::Up;
+            self.settling -= 1;
+        }
+        self.last_up = k;
+        // Bytes after the handshake message are frames.
+        c.rx = Rx::Head;
+    }
+
+    fn remove_conn(&mut self, k: usize) {
+        let Some(mut c) = self.conns.try_remove(k) else {
+            return;
+        };
+        if c.st != St::Up {
+            self.settling -= 1;
+        }
+        let _ = self.poll.registry().deregister(&mut c.sock);
+    }
+
+    /// A connection failed: its peer is lost if it carried the peer's frames either way.
+    fn fail_conn(&mut self, k: usize, e: i32, what: &str) {
+        let Some(c) = self.conns.get(k) else { return };
+        match c.peer {
+            Some(p) if c.st == St::Up || self.peers[p].conn == Some(k) => {
+                self.lose_peer(p, e, what)
+            }
+            _ => {
+                let from = c.sock.peer_addr().ok();
+                warn!(
+                    ?from,
+                    errno = e,
+                    "tcp: dropping a connection in bring-up ({what})"
+                );
+                self.remove_conn(k);
+            }
+        }
+    }
+
+    /// Peer `p` is gone: every connection to it closes, its queue is dropped, and the
+    /// handler hears it once.
+    fn lose_peer(&mut self, p: PeerId, e: i32, what: &str) {
+        warn!(peer = p, addr = %self.peers[p].addr, errno = e, "tcp: peer lost ({what})");
+        let keys: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.peer == Some(p))
+            .map(|(k, _)| k)
+            .collect();
+        for k in keys {
+            self.remove_conn(k);
+        }
+        let peer = &mut self.peers[p];
+        peer.conn = None;
+        peer.queue.clear();
+        peer.queued = 0;
+        if peer.wait_until.take().is_some() {
+            self.settling -= 1;
+        }
+        self.reports.push_back(Report::Lost(p, e));
+    }
+
+    /// Drops what took too long to come up.
+    fn expire(&mut self) -> usize {
+        let now = Instant::now();
+        let late: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.st != St::Up && now.duration_since(c.since) >= self.timeout)
+            .map(|(k, _)| k)
+            .collect();
+        let mut n = late.len();
+        for k in late {
+            let c = &self.conns[k];
+            if c.st == St::Greet {
+                warn!(from = ?c.sock.peer_addr().ok(), "tcp: no HELLO in time; dropping the connection");
+            }
+            self.fail_conn(k, libc::ETIMEDOUT, "handshake timeout");
+        }
+        for p in 0..self.peers.len() {
+            if self.peers[p].wait_until.is_some_and(|t| now >= t) {
+                self.lose_peer(p, libc::ETIMEDOUT, "its connection never came");
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+/// The segments of one `sendmsg`.
+struct Iovecs {
+    iov: [libc::iovec; MAX_IOV],
+    cnt: usize,
+    want: usize,
+}
+
+impl Default for Iovecs {
+    fn default() -> Self {
+        Iovecs {
+            iov: [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; MAX_IOV],
+            cnt: 0,
+            want: 0,
+        }
+    }
+}
+
+impl Iovecs {
+    fn push(&mut self, addr: usize, len: usize) {
+        if len > 0 && self.cnt < MAX_IOV {
+            self.iov[self.cnt] = libc::iovec {
+                iov_base: addr as *mut libc::c_void,
+                iov_len: len,
+            };
+            self.cnt += 1;
+            self.want += len;
+        }
+    }
+}
+
+impl Conn {
+    fn new(sock: TcpStream, peer: Option<PeerId>, st: St) -> Conn {
+        Conn {
+            sock,
+            peer,
+            st,
+            outbound: false,
+            since: Instant::now(),
+            rbuf: vec![0u8; RBUF].into_boxed_slice(),
+            rs: 0,
+            re: 0,
+            rx: Rx::Head,
+            writable: false,
+            big: false,
+        }
+    }
+
+    /// Reads until the socket is drained, handing whole frames to `h`; the error (an errno)
+    /// ends the connection.
+    fn pump<H: Handler>(
+        &mut self,
+        peer: PeerId,
+        addr: SocketAddr,
+        h: &mut H,
+    ) -> (usize, Option<i32>) {
+        let fd = self.sock.as_raw_fd();
+        let mut frames = 0;
+        loop {
+            match self.consume(peer, addr, h) {
+                Ok(n) => frames += n,
+                Err(e) => return (frames, Some(e)),
+            }
+            let (n, asked) = match self.read_more(fd) {
+                Ok(x) => x,
+                Err(libc::EINTR) => continue,
+                Err(libc::EAGAIN) => return (frames, None),
+                Err(e) => return (frames, Some(e)),
+            };
+            if n == 0 {
+                return (frames, Some(libc::ECONNRESET));
+            }
+            if n < asked {
+                // Drained: later bytes raise a new edge.
+                return match self.consume(peer, addr, h) {
+                    Ok(m) => (frames + m, None),
+                    Err(e) => (frames, Some(e)),
+                };
+            }
+        }
+    }
+
+    /// One read or readv: the rest of a body's kept part straight into its sink, then the
+    /// buffer. Returns (bytes read, bytes asked) or an errno.
+    fn read_more(&mut self, fd: RawFd) -> Result<(usize, usize), i32> {
+        if self.rs == self.re {
+            self.rs = 0;
+            self.re = 0;
+        } else if RBUF - self.re < PREFIX + MAX_CTRL {
+            self.rbuf.copy_within(self.rs..self.re, 0);
+            self.re -= self.rs;
+            self.rs = 0;
+        }
+        let iov_zero = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        let mut iov = [iov_zero; 1 + xfabric_core::rxq::IOV_LIMIT];
+        let mut cnt = 0;
+        let mut direct = 0usize;
+        let mut tail = if self.big { SMALL_READ } else { RBUF };
+        if let Rx::Body {
+            sink, got, keep, ..
+        } = &mut self.rx
+        {
+            if *got < *keep {
+                let (off, len) = (*got as usize, (*keep - *got) as usize);
+                match sink {
+                    Sink::Discard => {}
+                    Sink::Buffer(v) => {
+                        iov[0] = libc::iovec {
+                            iov_base: v[off..].as_mut_ptr().cast(),
+                            iov_len: len,
+                        };
+                        cnt = 1;
+                    }
+                    Sink::Iov(l) => {
+                        for s in l.slice(off, len).segs() {
+                            iov[cnt] = libc::iovec {
+                                iov_base: s.addr as *mut libc::c_void,
+                                iov_len: s.len,
+                            };
+                            cnt += 1;
+                        }
+                    }
+                }
+                direct = len;
+            } else {
+                // Dropping the rest of a body: as much at a time as the buffer takes.
+                tail = RBUF;
+            }
+        }
+        let tail = tail.min(RBUF - self.re);
+        iov[cnt] = libc::iovec {
+            iov_base: self.rbuf[self.re..].as_mut_ptr().cast(),
+            iov_len: tail,
+        };
+        cnt += 1;
+        // SAFETY: the iovecs describe our buffer's free part and the sink's unfilled part:
+        // a Vec we hold, or memory the engine keeps writable until on_body (the Sink::Iov
+        // contract), not overlapping each other.
+        let n = unsafe { libc::readv(fd, iov.as_ptr(), cnt as i32) };
+        if n < 0 {
+            return Err(last_errno());
+        }
+        let n = n as usize;
+        let into_sink = n.min(direct);
+        if let Rx::Body { got, .. } = &mut self.rx {
+            *got += into_sink as u64;
+        }
+        self.re += n - into_sink;
+        Ok((n, direct + tail))
+    }
+
+    /// Hands over every whole frame the buffer holds and moves buffered body bytes to their
+    /// sink. Returns frames finished, or an errno (EPROTO: garbage).
+    fn consume<H: Handler>(
+        &mut self,
+        peer: PeerId,
+        addr: SocketAddr,
+        h: &mut H,
+    ) -> Result<usize, i32> {
+        let mut frames = 0;
+        loop {
+            if let Rx::Body { p, got, .. } = &self.rx {
+                if *got == p.body_len {
+                    if let Rx::Body { sink, .. } = std::mem::replace(&mut self.rx, Rx::Head) {
+                        h.on_body(peer, sink);
+                    }
+                    frames += 1;
+                    continue;
+                }
+            }
+            let avail = self.re - self.rs;
+            let buf = &self.rbuf[self.rs..self.re];
+            match &mut self.rx {
+                Rx::Head => {
+                    if avail < PREFIX {
+                        break;
+                    }
+                    let p = wire::prefix(buf).map_err(|e| {
+                        warn!(peer, "tcp: garbage from a peer: {e}");
+                        libc::EPROTO
+                    })?;
+                    let need = PREFIX + p.ctrl_len as usize;
+                    if avail < need {
+                        break;
+                    }
+                    let sink = h.on_ctrl(peer, addr, &p, &buf[PREFIX..need]).map_err(|e| {
+                        warn!(peer, "tcp: refused frame from a peer: {e}");
+                        libc::EPROTO
+                    })?;
+                    self.rs += need;
+                    let keep = match &sink {
+                        Sink::Discard => 0,
+                        Sink::Buffer(v) => v.len() as u64,
+                        Sink::Iov(l) => l.total() as u64,
+                    }
+                    .min(p.body_len);
+                    self.big = p.body_len >= LARGE_BODY;
+                    self.rx = Rx::Body {
+                        p,
+                        sink,
+                        got: 0,
+                        keep,
+                    };
+                }
+                Rx::Body { p, sink, got, keep } => {
+                    if avail == 0 {
+                        break;
+                    }
+                    let take = (avail as u64).min(p.body_len - *got) as usize;
+                    if *got < *keep {
+                        let n = (take as u64).min(*keep - *got) as usize;
+                        let off = *got as usize;
+                        match sink {
+                            Sink::Discard => {}
+                            Sink::Buffer(v) => v[off..off + n].copy_from_slice(&buf[..n]),
+                            // SAFETY: the engine keeps the sink's memory writable until
+                            // on_body; it is application memory, not our buffer.
+                            Sink::Iov(l) => unsafe {
+                                l.copy_in(off, &buf[..n]);
+                            },
+                        }
+                    }
+                    *got += take as u64;
+                    self.rs += take;
+                }
+            }
+        }
+        if self.rs == self.re {
+            self.rs = 0;
+            self.re = 0;
+        }
+        Ok(frames)
+    }
+}
