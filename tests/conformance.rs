@@ -314,14 +314,16 @@ fn message_truncation_reports_overflow() {
 
 // ---- 2. Tagged ------------------------------------------------------------------------------
 
-/// Sends each (tag, len) with payload `pattern(len, tag)`, then a marker; waits for them all.
-fn tsend_all(e: &End, peer: FiAddr, plan: &[(u64, usize)]) {
+/// Sends each (tag, len) with payload `pattern(len, tag)`, then a marker; tells `posted` (large
+/// sends complete only once received); waits for them all.
+fn tsend_all(e: &End, peer: FiAddr, plan: &[(u64, usize)], ctl: &mut Ctl, posted: &str) {
     let bufs: Vec<Vec<u8>> = plan.iter().map(|&(t, l)| pattern(l, t)).collect();
     for (i, (&(tag, _), b)) in plan.iter().zip(&bufs).enumerate() {
         // SAFETY: bufs outlive the completions waited for below.
         e.retry(|| unsafe { e.ep.tsend(b, None, peer, tag, 1000 + i) });
     }
     send_marker(e, peer);
+    ctl.tell(posted);
     let done = e.wait_n(plan.len());
     assert!(
         done.iter().all(|c| c.flags == FI_SEND | FI_TAGGED),
@@ -372,6 +374,7 @@ fn tagged_out_of_order_and_ignore_bits() {
                 );
             }
             // Unexpected: all arrived, then received in reverse tag order.
+            ctl.expect("wild sent");
             ctl.expect("late sent");
             await_marker(e);
             for &(tag, len) in LATE.iter().rev() {
@@ -385,9 +388,8 @@ fn tagged_out_of_order_and_ignore_bits() {
         },
         |e, p, ctl| {
             ctl.expect("posted");
-            tsend_all(e, p, &WILD);
-            tsend_all(e, p, &LATE);
-            ctl.tell("late sent");
+            tsend_all(e, p, &WILD, ctl, "wild sent");
+            tsend_all(e, p, &LATE, ctl, "late sent");
         },
     );
 }
@@ -612,6 +614,8 @@ fn multi_recv_buffer_takes_several_messages() {
 // ---- 3. RMA ---------------------------------------------------------------------------------
 
 const WIN: usize = 2 << 20;
+/// Where the fenced write and read go: clear of the window's last 64 bytes.
+const FENCE_AT: usize = WIN / 2 - 8192;
 
 #[test]
 fn rma_write_read_writedata_access_and_fence() {
@@ -676,7 +680,7 @@ fn rma_write_read_writedata_access_and_fence() {
             // A fenced read after a large write sees the write.
             let big = pattern(1 << 20, 77);
             let mut seen = vec![0u8; 1 << 20];
-            let at = base + (WIN / 2) as u64;
+            let at = base + FENCE_AT as u64;
             let iov = [RawIov::of_mut(&mut seen)];
             let rma = [RmaIov {
                 addr: at,
@@ -725,7 +729,7 @@ fn rma_write_read_writedata_access_and_fence() {
             }
             ctl.tell(&format!("writes {w} reads {r} data {data:?}"));
             let now = snapshot(&win);
-            assert!(now[WIN / 2..WIN / 2 + (1 << 20)] == pattern(1 << 20, 77));
+            assert!(now[FENCE_AT..FENCE_AT + (1 << 20)] == pattern(1 << 20, 77));
             assert!(now[WIN - 64..] == [0u8; 64]);
             drop(mr);
         },
