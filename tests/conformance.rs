@@ -680,20 +680,18 @@ fn levels_sender(e: &End, p: FiAddr, ctl: &mut Ctl) {
     let bufs: Vec<Vec<u8>> = (0..4).map(|i| pattern(lens[i], i as u64 + 1)).collect();
     let iovs: Vec<[RawIov; 1]> = bufs.iter().map(|b| [RawIov::of(b)]).collect();
     ctl.expect("posted");
-    // SAFETY: bufs outlive the completions.
-    unsafe {
-        for i in 0..2 {
-            e.ep.sendmsg(&tmsg(&iovs[i], p, 1 + i, 0, 0), FI_DELIVERY_COMPLETE)
-                .unwrap();
-        }
+    // Delivery complete (messages 1 and 2, to posted receives), then match complete (3 and 4,
+    // tags 5 and 6, unexpected).
+    for (i, iov) in iovs.iter().enumerate().take(2) {
+        let m = tmsg(iov, p, 1 + i, 0, 0);
+        // SAFETY: bufs outlive the completions.
+        unsafe { e.ep.sendmsg(&m, FI_DELIVERY_COMPLETE) }.unwrap();
     }
     assert_eq!(sent(e, 2, FI_SEND | FI_MSG), [1, 2]);
-    // SAFETY: as above.
-    unsafe {
-        for i in 2..4 {
-            let m = tmsg(&iovs[i], p, 1 + i, 3 + i as u64, 0);
-            e.ep.tsendmsg(&m, FI_MATCH_COMPLETE).unwrap();
-        }
+    for (i, iov) in iovs.iter().enumerate().skip(2) {
+        let m = tmsg(iov, p, 1 + i, 3 + i as u64, 0);
+        // SAFETY: as above.
+        unsafe { e.ep.tsendmsg(&m, FI_MATCH_COMPLETE) }.unwrap();
     }
     ctl.tell("sent");
     ctl.expect("buffered");
