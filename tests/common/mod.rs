@@ -24,7 +24,7 @@ pub struct Node {
     pub info: Info,
 }
 
-/// Opens an shm endpoint with `caps`, a tagged-format CQ for both directions, and a table AV.
+/// Opens an endpoint of `test_provider()` with `caps`, a tagged-format CQ for both directions, and a table AV.
 pub fn node(caps: u64, progress: Progress) -> Node {
     node_with(caps, progress, |_| {})
 }
@@ -84,6 +84,12 @@ impl Node {
     pub fn add_peer(&self, raw: &[u8]) -> FiAddr {
         self.av.insert_one(raw).expect("av insert")
     }
+}
+
+/// The provider the tests run over: `XFABRIC_TEST_PROVIDER`, "shm" when unset. Children started
+/// by `spawn` inherit the environment, so both ends of a test use the same provider.
+pub fn test_provider() -> String {
+    std::env::var("XFABRIC_TEST_PROVIDER").unwrap_or_else(|_| "shm".into())
 }
 
 /// The role this process plays, when it is a child started by `spawn`.
@@ -281,7 +287,7 @@ pub fn node_custom(
         caps,
         ..Default::default()
     };
-    hints.fabric_attr.prov_name = Some("shm".into());
+    hints.fabric_attr.prov_name = Some(test_provider());
     hints.ep_attr.ep_type = EpType::Rdm;
     hints.domain_attr.data_progress = progress;
     adjust(&mut hints);
