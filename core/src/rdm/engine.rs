@@ -1244,6 +1244,23 @@ impl Engine {
         }
     }
 
+    /// The peer known as `src` in the address vector is gone: receives posted for it alone
+    /// (`FI_DIRECTED_RECV`) fail with `err`, as nothing will arrive for them.
+    pub fn source_lost(&mut self, src: FiAddr, err: i32) {
+        if src == FI_ADDR_NOTAVAIL || self.core.caps & FI_DIRECTED_RECV == 0 {
+            return;
+        }
+        let err = if err > 0 { err } else { FI_ECONNRESET };
+        for r in self.rxq.drain_from(src) {
+            self.done.push(Done::RxErr {
+                ctx: r.ctx,
+                flags: FI_RECV | (r.flags & (FI_MSG | FI_TAGGED | FI_MULTI_RECV)),
+                tag: r.tag,
+                err,
+            });
+        }
+    }
+
     /// The transport lost `peer` (errno `err`): its queued frames are gone. Every request
     /// toward it fails, every large message from it that was still arriving fails; later
     /// posts to it start afresh (the transport reconnects).

@@ -39,7 +39,8 @@ pub fn encode(a: &SocketAddr) -> Vec<u8> {
 pub fn decode(raw: &[u8]) -> Result<SocketAddr> {
     let bad = |why: &str| Error::Inval(format!("tcp address: {why}"));
     if let Some(s) = as_str(raw) {
-        return parse_str(s).ok_or_else(|| bad(&format!("{s:?} is not fi_sockaddr_in[6]://ip:port")));
+        return parse_str(s)
+            .ok_or_else(|| bad(&format!("{s:?} is not fi_sockaddr_in[6]://ip:port")));
     }
     let family = raw
         .get(0..2)

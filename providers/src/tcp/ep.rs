@@ -93,16 +93,21 @@ impl Handler for Glue<'_> {
         self.engine.on_sent(peer, token)
     }
 
-    fn on_lost(&mut self, peer: PeerId, errno: i32) {
-        self.engine.on_lost(peer, errno)
+    fn on_lost(&mut self, peer: PeerId, addr: Option<SocketAddr>, errno: i32) {
+        self.engine.on_lost(peer, errno);
+        if let Some(a) = addr {
+            // Receives directed at it alone would wait for nothing.
+            let src = self.src(peer, a);
+            self.engine.source_lost(src, errno);
+        }
     }
 }
 
 impl TcpEndpoint {
     /// Listens on `bind` (port 0: any).
     pub fn open(core: Arc<EpCore>, bind: SocketAddr) -> Result<Arc<Self>> {
-        let net =
-            Net::bind(bind).map_err(|e| Error::from_io(format!("tcp endpoint: listen on {bind}"), e))?;
+        let net = Net::bind(bind)
+            .map_err(|e| Error::from_io(format!("tcp endpoint: listen on {bind}"), e))?;
         let name = addr::encode(&net.local_addr());
         let net_fd = net.wait_fd();
         // SAFETY: plain syscall; the descriptor is owned by this endpoint and closed in Drop.

@@ -55,7 +55,7 @@ pub trait Handler {
     /// The connection to `peer` failed (refused, reset, EOF, garbage, handshake failure):
     /// `errno`. Queued transmits to it are dropped, and a body being received is abandoned
     /// (its sink dropped). A later `send` to the same peer connects again.
-    fn on_lost(&mut self, peer: PeerId, errno: i32);
+    fn on_lost(&mut self, peer: PeerId, addr: Option<SocketAddr>, errno: i32);
 }
 
 /// Bytes of each connection's read buffer.
@@ -413,7 +413,7 @@ impl Net {
             }
             fn on_body(&mut self, _: PeerId, _: Sink) {}
             fn on_sent(&mut self, _: PeerId, _: u64) {}
-            fn on_lost(&mut self, _: PeerId, _: i32) {}
+            fn on_lost(&mut self, _: PeerId, _: Option<SocketAddr>, _: i32) {}
         }
         while self.peers.iter().any(|p| !p.queue.is_empty()) {
             let now = Instant::now();
@@ -443,7 +443,7 @@ impl Net {
         while let Some(r) = self.reports.pop_front() {
             match r {
                 Report::Sent(p, t) => h.on_sent(p, t),
-                Report::Lost(p, e) => h.on_lost(p, e),
+                Report::Lost(p, e) => h.on_lost(p, self.peers.get(p).map(|x| x.addr), e),
             }
             n += 1;
         }

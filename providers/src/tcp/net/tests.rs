@@ -85,7 +85,7 @@ impl Handler for Rec {
     fn on_sent(&mut self, peer: PeerId, token: u64) {
         self.sent.push((peer, token));
     }
-    fn on_lost(&mut self, peer: PeerId, errno: i32) {
+    fn on_lost(&mut self, peer: PeerId, _: Option<SocketAddr>, errno: i32) {
         self.lost.push((peer, errno));
     }
 }
@@ -563,7 +563,7 @@ impl Handler for Bench {
     fn on_sent(&mut self, _: PeerId, _: u64) {
         self.sent += 1;
     }
-    fn on_lost(&mut self, _: PeerId, _: i32) {
+    fn on_lost(&mut self, _: PeerId, _: Option<SocketAddr>, _: i32) {
         self.lost += 1;
     }
 }
