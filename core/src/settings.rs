@@ -260,6 +260,22 @@ pub static TCP_EAGER_MAX: Setting = Setting::new(
     "Largest message a tcp endpoint sends eagerly; larger ones wait for the receiver to match \
      them (at most 1 MiB)",
 );
+/// `XFABRIC_TCP_UNEXP_MSGS`: Unexpected messages one tcp endpoint buffers before it stops
+/// reading the peer that sends more.
+pub static TCP_UNEXP_MSGS: Setting = Setting::new(
+    "XFABRIC_TCP_UNEXP_MSGS",
+    Kind::Size,
+    "16384",
+    "Unexpected messages one tcp endpoint buffers before it stops reading the peer that sends \
+     more",
+);
+/// `XFABRIC_TCP_UNEXP_BYTES`: Bytes the buffered unexpected messages of one tcp endpoint may hold.
+pub static TCP_UNEXP_BYTES: Setting = Setting::new(
+    "XFABRIC_TCP_UNEXP_BYTES",
+    Kind::Size,
+    "33554432",
+    "Bytes the buffered unexpected messages of one tcp endpoint may hold",
+);
 /// `XFABRIC_ZE_LOADER`: The Level Zero loader library opened for FI_HMEM_ZE.
 pub static ZE_LOADER: Setting = Setting::new(
     "XFABRIC_ZE_LOADER",
@@ -321,6 +337,8 @@ pub static SETTINGS: &[&Setting] = &[
     &SHM_UNEXP_MSGS,
     &SHM_UNEXP_BYTES,
     &TCP_EAGER_MAX,
+    &TCP_UNEXP_MSGS,
+    &TCP_UNEXP_BYTES,
     &ZE_LOADER,
     &XDG_CACHE_HOME,
     &FI_PROVIDER,

@@ -157,6 +157,9 @@ pub struct EpCore {
     pub rx_op_flags: u64,
     /// Largest inject.
     pub inject_size: usize,
+    /// Operations the transmit context holds at once (`tx_attr.size`): a provider may answer
+    /// `Again` past it.
+    pub tx_size: usize,
     /// Largest message.
     pub max_msg_size: usize,
     /// The domain's memory-region keys: where a target checks remote accesses.
@@ -192,6 +195,7 @@ impl EpCore {
             tx_op_flags: info.tx_attr.op_flags,
             rx_op_flags: info.rx_attr.op_flags,
             inject_size: info.tx_attr.inject_size,
+            tx_size: info.tx_attr.size,
             max_msg_size: info.ep_attr.max_msg_size,
             pending: Mutex::new(Bindings::default()),
             bound: OnceLock::new(),

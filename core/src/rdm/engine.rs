@@ -58,6 +58,25 @@ const UNEXP_OVERHEAD: usize = 128;
 pub struct Config {
     /// Messages up to this size go eagerly (capped at [`EAGER_LIMIT`]).
     pub eager_max: usize,
+    /// Most unexpected messages buffered at once; past it (or past `unexp_bytes`), a message
+    /// no posted receive takes is answered `Sink::Wait`: it stays with the transport, which
+    /// stops reading that peer until a receive takes it. Nothing is dropped.
+    pub unexp_msgs: usize,
+    /// Most bytes (payload and bookkeeping) the buffered unexpected messages may hold.
+    pub unexp_bytes: usize,
+    /// Most operations outstanding at once (`tx_attr.size`); past it posts answer `Again`.
+    pub tx_max: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            eager_max: 65536,
+            unexp_msgs: 16384,
+            unexp_bytes: 32 << 20,
+            tx_max: 1024,
+        }
+    }
 }
 
 /// An operation this endpoint initiated, until its peer has answered.
@@ -220,6 +239,7 @@ impl Engine {
             core,
             cfg: Config {
                 eager_max: cfg.eager_max.min(EAGER_LIMIT),
+                ..cfg
             },
             rxq: RecvQueue::new(directed),
             tx: slab::Slab::new(),
@@ -335,6 +355,16 @@ impl Engine {
         Ok(())
     }
 
+    /// `check_open`, and room for one more outstanding operation.
+    fn check_room(&self, what: &'static str) -> Result<()> {
+        self.check_open(what)?;
+        let held: usize = self.peers.iter().map(|p| p.fenced.len()).sum();
+        if self.tx.len() + held >= self.cfg.tx_max {
+            return Err(Error::Again(what));
+        }
+        Ok(())
+    }
+
     /// Holds an operation back if it is fenced (or others to its peer already wait).
     fn fence(&mut self, peer: PeerId, flags: u64, f: impl FnOnce() -> Fenced) -> bool {
         if self.releasing {
@@ -384,7 +414,7 @@ impl Engine {
     /// `op.iov` stays readable until the operation completes (during the call only with
     /// `FI_INJECT`).
     pub unsafe fn post_send(&mut self, peer: PeerId, op: &TxOp) -> Result<()> {
-        self.check_open("send")?;
+        self.check_room("send")?;
         let inject = op.flags & (FI_INJECT | INJECT_CALL) != 0;
         let copy = |op: &TxOp| {
             inject.then(|| {
@@ -612,7 +642,7 @@ impl Engine {
     /// `op.iov` stays valid until the operation completes (during the call only with
     /// `FI_INJECT`).
     pub unsafe fn post_rma(&mut self, peer: PeerId, op: &RmaOp) -> Result<()> {
-        self.check_open("rma")?;
+        self.check_room("rma")?;
         let inject = op.flags & FI_WRITE != 0 && op.flags & (FI_INJECT | INJECT_CALL) != 0;
         let copy = |op: &RmaOp| {
             inject.then(|| {
@@ -695,7 +725,7 @@ impl Engine {
     /// The operand and compare values stay readable, and the result buffer writable, until the
     /// operation completes (the operand only during the call with `FI_INJECT`).
     pub unsafe fn post_atomic(&mut self, peer: PeerId, req: &AtomicReq) -> Result<()> {
-        self.check_open("atomic")?;
+        self.check_room("atomic")?;
         if !self.releasing
             && (!self.peer(peer).fenced.is_empty()
                 || (req.flags & FI_FENCE != 0 && self.peer(peer).outstanding > 0))
@@ -821,6 +851,7 @@ impl Engine {
                 let slot = self.rxq.match_arrival(src, tag, tagged, len);
                 let sink = match slot {
                     Some(s) => Sink::Iov(s.iov),
+                    None if self.unexpected_full(len) => return Ok(Sink::Wait),
                     None => Sink::Buffer(vec![0; len]),
                 };
                 let p = Pending::Msg {
@@ -845,6 +876,9 @@ impl Engine {
                 let len = usize::try_from(len).map_err(|_| bad())?;
                 let tagged = fl & flags::TAGGED != 0;
                 let data = (fl & flags::CQ_DATA != 0).then_some(data);
+                if !self.rxq.would_match(src, tag, tagged) && self.unexpected_full(0) {
+                    return Ok(Sink::Wait);
+                }
                 match self.rxq.match_arrival(src, tag, tagged, len) {
                     Some(slot) => self.start_pipe(RxPipe {
                         slot,
@@ -1036,6 +1070,16 @@ impl Engine {
         };
         self.peer(peer).pending = Some(pending);
         Ok(sink)
+    }
+
+    /// Whether one more unexpected message of `len` bytes would pass the bounds.
+    fn unexpected_full(&self, len: usize) -> bool {
+        self.rxq.unexpected_len() >= self.cfg.unexp_msgs
+            || self
+                .rxq
+                .unexpected_bytes()
+                .saturating_add(len + UNEXP_OVERHEAD)
+                > self.cfg.unexp_bytes
     }
 
     fn sink_status(&self, slot: &RecvSlot, len: usize) -> i32 {

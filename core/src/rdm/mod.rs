@@ -85,4 +85,8 @@ pub enum Sink {
     /// Straight into memory the engine keeps valid until `Engine::on_body` (a posted receive,
     /// registered memory): the first `iov.total()` bytes go there, the rest is dropped.
     Iov(IovList),
+    /// Not now (flow control: the engine's buffer for unexpected messages is full): the
+    /// transport keeps the frame, reads nothing more from this peer, and offers the same
+    /// frame again (`on_ctrl`) on later progress calls until another answer comes.
+    Wait,
 }

@@ -20,6 +20,11 @@ use xfabric_core::{
 };
 
 use super::addr;
+
+/// Bytes one peer's queue may hold before posts to it answer `Again` (inject copies and
+/// frames the engine made; application buffers are not copied but count here too): a peer
+/// that stops reading holds back its senders instead of growing their memory.
+const QUEUE_MAX: usize = 64 << 20;
 use super::net::{Handler, Net};
 
 struct State {
@@ -119,6 +124,13 @@ impl TcpEndpoint {
             core.clone(),
             rdm::Config {
                 eager_max: settings::TCP_EAGER_MAX.usize(),
+                unexp_msgs: settings::TCP_UNEXP_MSGS.usize(),
+                unexp_bytes: settings::TCP_UNEXP_BYTES.usize(),
+                tx_max: if core.tx_size == 0 {
+                    1024
+                } else {
+                    core.tx_size
+                },
             },
         );
         Ok(Arc::new(TcpEndpoint {
@@ -154,6 +166,18 @@ impl TcpEndpoint {
         if !done.is_empty() {
             rdm::report(&self.core, done);
         }
+    }
+
+    /// The peer an `fi_addr_t` names, with room in its queue (progressing once if not).
+    fn sendable(&self, st: &mut State, dest: FiAddr, what: &'static str) -> Result<PeerId> {
+        let p = self.peer_for(st, dest)?;
+        if st.net.queued(p) > QUEUE_MAX {
+            self.do_progress(st);
+            if st.net.queued(p) > QUEUE_MAX {
+                return Err(Error::Again(what));
+            }
+        }
+        Ok(p)
     }
 
     /// The peer an `fi_addr_t` names.
@@ -290,7 +314,7 @@ impl EndpointOps for TcpEndpoint {
 
     unsafe fn send(&self, op: &TxOp) -> Result<()> {
         let mut st = self.lock();
-        let p = self.peer_for(&mut st, op.dest)?;
+        let p = self.sendable(&mut st, op.dest, "send")?;
         // SAFETY: forwarded from the caller.
         let r = unsafe { st.engine.post_send(p, op) };
         self.finish(st);
@@ -299,7 +323,7 @@ impl EndpointOps for TcpEndpoint {
 
     unsafe fn rma(&self, op: &RmaOp) -> Result<()> {
         let mut st = self.lock();
-        let p = self.peer_for(&mut st, op.dest)?;
+        let p = self.sendable(&mut st, op.dest, "rma")?;
         // SAFETY: forwarded from the caller.
         let r = unsafe { st.engine.post_rma(p, op) };
         self.finish(st);
@@ -308,7 +332,7 @@ impl EndpointOps for TcpEndpoint {
 
     unsafe fn atomic(&self, req: &AtomicReq) -> Result<()> {
         let mut st = self.lock();
-        let p = self.peer_for(&mut st, req.dest)?;
+        let p = self.sendable(&mut st, req.dest, "atomic")?;
         // SAFETY: forwarded from the caller.
         let r = unsafe { st.engine.post_atomic(p, req) };
         self.finish(st);

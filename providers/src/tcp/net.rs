@@ -74,8 +74,8 @@ const MAX_UNSETTLED: usize = 256;
 /// How long a connection may take from accept or connect to a finished handshake, and how
 /// long the loser of a simultaneous connect waits for the winner's connection.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// See `Net::idle`.
-const FAST_IDLE: u32 = 16;
+/// See `Net::last_epoll`.
+const EPOLL_EVERY: Duration = Duration::from_micros(50);
 /// The listener's token; connection `k` of the slab is `Token(k + 1)`.
 const LISTENER: Token = Token(0);
 
@@ -121,6 +121,10 @@ struct Conn {
     writable: bool,
     /// The last frame had a large body.
     big: bool,
+    /// The handler answered the frame at the buffer's head `Sink::Wait` (flow control):
+    /// nothing more is read from this connection until a later `progress` offers that frame
+    /// again and gets another answer.
+    waiting: bool,
 }
 
 /// A queued frame, `off` of its `len` bytes (control part, then body) written.
@@ -170,9 +174,11 @@ pub struct Net {
     /// The connection that came up last: with no other connection, `progress` reads it
     /// directly instead of asking epoll first (one syscall per arrival instead of two).
     last_up: usize,
-    /// Consecutive `progress` calls that read directly and found nothing; at `FAST_IDLE`
-    /// the next one polls (accepts, and the epoll fd's ready list drained for `wait_fd`).
-    idle: u32,
+    /// When `progress` last asked epoll. Reading the one connection directly, it still asks
+    /// once `EPOLL_EVERY` has passed, busy or idle: accepts and other events are noticed by
+    /// time, however often (or rarely) the application polls, and the epoll fd's ready list
+    /// is drained for `wait_fd`.
+    last_epoll: Instant,
 }
 
 fn errno(e: &io::Error) -> i32 {
@@ -294,7 +300,7 @@ impl Net {
             reports: VecDeque::new(),
             timeout: HANDSHAKE_TIMEOUT,
             last_up: usize::MAX,
-            idle: 0,
+            last_epoll: Instant::now(),
         })
     }
 
@@ -372,8 +378,12 @@ impl Net {
     pub fn progress<H: Handler>(&mut self, h: &mut H) -> usize {
         let mut n = self.report(h);
         // One established connection and nothing else going on: read it directly. epoll
-        // still hears of accepts; every FAST_IDLE-th idle call asks it.
-        if self.conns.len() == 1 && self.settling == 0 && self.idle < FAST_IDLE {
+        // still hears of accepts: asked once EPOLL_EVERY has passed.
+        let now = Instant::now();
+        if self.conns.len() == 1
+            && self.settling == 0
+            && now.duration_since(self.last_epoll) < EPOLL_EVERY
+        {
             let k = self.last_up;
             if let Some(c) = self.conns.get_mut(k) {
                 if let (St::Up, false, Some(p)) = (c.st, c.writable, c.peer) {
@@ -382,17 +392,22 @@ impl Net {
                     if let Some(e) = err {
                         self.fail_conn(k, e, "read");
                     }
-                    if m > 0 || err.is_some() {
-                        self.idle = 0;
-                        return n + m + self.report(h);
-                    }
-                    self.idle += 1;
-                    return n + self.report(h);
+                    return n + m + self.report(h);
                 }
             }
         }
-        self.idle = 0;
+        self.last_epoll = now;
         n += self.step(h, Some(Duration::ZERO));
+        // Connections held back by flow control raise no new event: offer their frame again.
+        let waiting: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.waiting)
+            .map(|(k, _)| k)
+            .collect();
+        for k in waiting {
+            n += self.read_frames(k, h);
+        }
         n + self.report(h)
     }
 
@@ -1058,6 +1073,7 @@ impl Conn {
             rx: Rx::Head,
             writable: false,
             big: false,
+            waiting: false,
         }
     }
 
@@ -1075,6 +1091,11 @@ impl Conn {
             match self.consume(peer, addr, h) {
                 Ok(n) => frames += n,
                 Err(e) => return (frames, Some(e)),
+            }
+            if self.waiting {
+                // Flow control: what the peer sends stays in the socket (and its sends
+                // back up) until the frame at our head is taken.
+                return (frames, None);
             }
             let (n, asked) = match self.read_more(fd) {
                 Ok(x) => x,
@@ -1121,7 +1142,7 @@ impl Conn {
             if *got < *keep {
                 let (off, len) = (*got as usize, (*keep - *got) as usize);
                 match sink {
-                    Sink::Discard => {}
+                    Sink::Discard | Sink::Wait => {}
                     Sink::Buffer(v) => {
                         iov[0] = libc::iovec {
                             iov_base: v[off..].as_mut_ptr().cast(),
@@ -1205,9 +1226,14 @@ impl Conn {
                         warn!(peer, "tcp: refused frame from a peer: {e}");
                         libc::EPROTO
                     })?;
+                    if matches!(sink, Sink::Wait) {
+                        self.waiting = true;
+                        break;
+                    }
+                    self.waiting = false;
                     self.rs += need;
                     let keep = match &sink {
-                        Sink::Discard => 0,
+                        Sink::Discard | Sink::Wait => 0,
                         Sink::Buffer(v) => v.len() as u64,
                         Sink::Iov(l) => l.total() as u64,
                     }
@@ -1229,7 +1255,7 @@ impl Conn {
                         let n = (take as u64).min(*keep - *got) as usize;
                         let off = *got as usize;
                         match sink {
-                            Sink::Discard => {}
+                            Sink::Discard | Sink::Wait => {}
                             Sink::Buffer(v) => v[off..off + n].copy_from_slice(&buf[..n]),
                             // SAFETY: the engine keeps the sink's memory writable until
                             // on_body; it is application memory, not our buffer.

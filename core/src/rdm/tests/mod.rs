@@ -52,7 +52,13 @@ impl Side {
     fn new(world: &World) -> Side {
         let ep = world.ep();
         let core = ep.ep.core().clone();
-        let eng = Engine::new(core.clone(), Config { eager_max: EAGER });
+        let eng = Engine::new(
+            core.clone(),
+            Config {
+                eager_max: EAGER,
+                ..Config::default()
+            },
+        );
         Side {
             ep,
             core,
@@ -152,6 +158,7 @@ fn body_bytes(b: &Body) -> Vec<u8> {
 fn fill(sink: Sink, body: &[u8]) -> Sink {
     match sink {
         Sink::Discard => Sink::Discard,
+        Sink::Wait => panic!("flow control in a test that does not expect it"),
         Sink::Buffer(mut v) => {
             let n = v.len().min(body.len());
             v[..n].copy_from_slice(&body[..n]);
@@ -1174,4 +1181,74 @@ fn close_cancels_everything() {
     // SAFETY: refused at once; nothing is kept.
     assert!(unsafe { net.a.eng.post_send(0, &send(5, &small, None, None, 0)) }.is_err());
     assert!(tgt.iter().all(|&x| x == 0));
+}
+
+/// Flow control: past the bound on unexpected messages, a message no receive takes is answered
+/// `Sink::Wait` (the transport keeps it) and nothing is buffered for it; once a receive takes a
+/// buffered one, the same frame offered again is taken. A message a posted receive takes, and a
+/// large message's announcement past the bound, are handled alike.
+#[test]
+fn unexpected_messages_past_the_bound_wait_with_the_transport() {
+    let world = World::new();
+    let mut a = Side::new(&world);
+    let mut b = Side::new(&world);
+    b.eng = Engine::new(
+        b.core.clone(),
+        Config {
+            eager_max: EAGER,
+            unexp_msgs: 2,
+            ..Config::default()
+        },
+    );
+    let msgs: Vec<Vec<u8>> = (0..3).map(|i| pattern(16, i as u8)).collect();
+    for (i, m) in msgs.iter().enumerate() {
+        a.send(send(i, m, None, None, 0));
+    }
+    let frames: Vec<Transmit> = std::iter::from_fn(|| a.eng.poll_transmit()).collect();
+    assert_eq!(frames.len(), 3);
+    let offer = |b: &mut Side, t: &Transmit| {
+        let p = wire::prefix(&t.ctrl).unwrap();
+        b.eng.on_ctrl(0, 0, &p, &t.ctrl[PREFIX..]).unwrap()
+    };
+    for t in &frames[..2] {
+        let sink = offer(&mut b, t);
+        b.eng.on_body(0, fill(sink, &body_bytes(&t.body)));
+    }
+    assert_eq!(b.eng.buffered().unexpected, 2);
+    // The third waits, again and again, and is not buffered.
+    for _ in 0..3 {
+        assert!(matches!(offer(&mut b, &frames[2]), Sink::Wait));
+    }
+    assert_eq!(b.eng.buffered().unexpected, 2);
+    // A large message's announcement waits too.
+    let big = pattern(EAGER + 1, 9);
+    a.send(send(9, &big, None, None, 0));
+    let rts = a.eng.poll_transmit().unwrap();
+    assert!(matches!(offer(&mut b, &rts), Sink::Wait));
+    // A receive takes the first buffered message: room for one more.
+    let mut r0 = vec![0u8; 16];
+    b.recv(recv(100, &mut r0, None, 0));
+    assert_eq!(b.one(100).len, 16);
+    assert_eq!(r0, msgs[0]);
+    let sink = offer(&mut b, &frames[2]);
+    assert!(matches!(sink, Sink::Buffer(_)));
+    b.eng.on_body(0, fill(sink, &body_bytes(&frames[2].body)));
+    assert_eq!(b.eng.buffered().unexpected, 2);
+    // With a receive posted, the waiting announcement is taken straight away.
+    let mut rb = vec![0u8; EAGER + 1];
+    let mut r1 = vec![0u8; 16];
+    let mut r2 = vec![0u8; 16];
+    b.recv(recv(101, &mut r1, None, 0));
+    b.recv(recv(102, &mut r2, None, 0));
+    b.recv(recv(103, &mut rb, None, 0));
+    assert_eq!((r1.clone(), r2.clone()), (msgs[1].clone(), msgs[2].clone()));
+    assert!(matches!(offer(&mut b, &rts), Sink::Discard));
+    b.eng.on_body(0, Sink::Discard);
+    // It answered with a clear-to-send for the pipe the receive now waits on.
+    let cts = b.eng.poll_transmit().unwrap();
+    let p = wire::prefix(&cts.ctrl).unwrap();
+    assert!(matches!(
+        wire::decode(&p, &cts.ctrl[PREFIX..]),
+        Ok(Frame::Cts { .. })
+    ));
 }
