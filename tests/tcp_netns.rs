@@ -36,12 +36,13 @@ fn ip(args: &[&str]) -> Result<(), String> {
 }
 
 impl Hosts {
-    fn make() -> Result<Hosts, String> {
+    /// `which` tells apart the pairs one test process makes (one per test).
+    fn make(which: u32) -> Result<Hosts, String> {
         let id = std::process::id();
-        let a = format!("xf{id}a");
-        let b = format!("xf{id}b");
-        // 10.233.N.0/24, N from our pid: two runs at once get different subnets.
-        let net = format!("10.233.{}", id % 250);
+        let a = format!("xf{id}{which}a");
+        let b = format!("xf{id}{which}b");
+        // 10.(200+which).N.0/24, N from our pid: runs at once get different subnets.
+        let net = format!("10.{}.{}", 200 + which, id % 250);
         let hosts = Hosts {
             a: a.clone(),
             b: b.clone(),
@@ -52,9 +53,12 @@ impl Hosts {
         let h = hosts;
         ip(&["netns", "add", &b])?;
         let (va, vb) = (format!("{a}0"), format!("{b}0"));
-        ip(&[
-            "link", "add", &va, "netns", &a, "type", "veth", "peer", "name", &vb, "netns", &b,
-        ])?;
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+        if let Err(e) = ip(&["link", "set", &va, "netns", &a]) {
+            let _ = ip(&["link", "del", &va]);
+            return Err(e);
+        }
+        ip(&["link", "set", &vb, "netns", &b])?;
         for (ns, dev, addr) in [
             (&a, &va, format!("{net}.1/24")),
             (&b, &vb, format!("{net}.2/24")),
@@ -90,8 +94,8 @@ fn example(name: &str) -> Option<PathBuf> {
     None
 }
 
-fn hosts_or_skip() -> Option<Hosts> {
-    match Hosts::make() {
+fn hosts_or_skip(which: u32) -> Option<Hosts> {
+    match Hosts::make(which) {
         Ok(h) => Some(h),
         Err(why) => {
             eprintln!("skipped: cannot make network namespaces here ({why})");
@@ -132,7 +136,7 @@ fn pingpong_between_two_hosts_checks_every_byte() {
     let Some(exe) = example("pingpong") else {
         return;
     };
-    let Some(h) = hosts_or_skip() else { return };
+    let Some(h) = hosts_or_skip(0) else { return };
     for op in [None, Some("tagged")] {
         for size in ["8", "64k", "4m"] {
             let mut args = vec!["-p", "tcp", "-e", "rdm", "-c", "-I", "20", "-S", size];
@@ -158,7 +162,7 @@ fn xpu_pipeline_between_two_hosts_checks_every_byte() {
     let Some(exe) = example("xpu_pipeline") else {
         return;
     };
-    let Some(h) = hosts_or_skip() else { return };
+    let Some(h) = hosts_or_skip(1) else { return };
     let args = [
         "--provider",
         "tcp",
