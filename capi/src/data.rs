@@ -411,6 +411,24 @@ unsafe extern "C" fn ep_trecv(
     })
 }
 
+/// The address a C caller passes at `p`: a sockaddr of the length its family says, or a
+/// NUL-terminated string (without the NUL), as the AV's provider writes them.
+///
+/// # Safety
+/// `p` points to an address of that layout, readable in full.
+unsafe fn c_addr<'a>(av: &AddressVector, p: *const u8) -> Result<&'a [u8], isize> {
+    if av.sockaddr() {
+        // SAFETY: a sockaddr starts with its two family bytes (caller).
+        let head = unsafe { [*p, *p.add(1)] };
+        let len = xfabric::av::sockaddr_len(head).ok_or(-(FI_EINVAL as isize))?;
+        // SAFETY: a sockaddr of that family is `len` bytes (caller).
+        Ok(unsafe { std::slice::from_raw_parts(p, len) })
+    } else {
+        // SAFETY: a NUL-terminated string (caller).
+        Ok(unsafe { std::ffi::CStr::from_ptr(p.cast::<c_char>()) }.to_bytes())
+    }
+}
+
 unsafe extern "C" fn av_insert(
     av: *mut c_void,
     addr: *const c_void,
@@ -425,19 +443,19 @@ unsafe extern "C" fn av_insert(
         if count == 0 {
             return Ok(0);
         }
-        // FI_ADDR_STR addresses, as libfabric's shm and its clients pass them: NUL-terminated
-        // strings back to back (what fi_getname wrote, then the next).
+        // Back to back, as fi_getname wrote them: FI_ADDR_STR strings (NUL-terminated), or
+        // sockaddrs whose family says their length.
         let mut addrs: Vec<&[u8]> = Vec::with_capacity(count.min(1024));
-        let mut p = addr.cast::<c_char>();
+        let mut p = addr.cast::<u8>();
         if p.is_null() {
             return Err(-(FI_EINVAL as isize));
         }
         for _ in 0..count {
-            // SAFETY: count NUL-terminated strings follow one another at addr (caller).
-            let s = unsafe { std::ffi::CStr::from_ptr(p) };
-            addrs.push(s.to_bytes());
-            // SAFETY: past this string's NUL: the next string, or just past the last.
-            p = unsafe { p.add(s.to_bytes_with_nul().len()) };
+            // SAFETY: count addresses of the AV's format follow one another at addr (caller).
+            let a = unsafe { c_addr(&av, p) }?;
+            addrs.push(a);
+            // SAFETY: past this address: the next one, or just past the last.
+            p = unsafe { p.add(a.len() + usize::from(!av.sockaddr())) };
         }
         let mut out = vec![FI_ADDR_UNSPEC; count];
         let n = av.insert(&addrs, &mut out, context as usize).map_err(neg)?;
@@ -511,8 +529,10 @@ unsafe extern "C" fn av_straddr(
         if buf.is_null() || len.is_null() || addr.is_null() {
             return std::ptr::null();
         }
-        // SAFETY: an FI_ADDR_STR address: a C string (caller).
-        let a = unsafe { std::ffi::CStr::from_ptr(addr.cast::<c_char>()) }.to_bytes();
+        // SAFETY: an address of the AV's format (caller).
+        let Ok(a) = (unsafe { c_addr(&av, addr.cast::<u8>()) }) else {
+            return std::ptr::null();
+        };
         let text = av.straddr(a);
         // SAFETY: len writable, buf writable for *len bytes (caller).
         unsafe {

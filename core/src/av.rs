@@ -43,6 +43,22 @@ pub trait AddrFormat: Send + Sync {
     fn canonical(&self, addr: &[u8]) -> Vec<u8> {
         addr.to_vec()
     }
+    /// Whether C callers pass this provider's addresses as `struct sockaddr`s (their length
+    /// told by the family) rather than NUL-terminated strings: `fi_av_insert` and
+    /// `fi_av_straddr` take no lengths.
+    fn sockaddr(&self) -> bool {
+        false
+    }
+}
+
+/// The length of the sockaddr starting with `head` (at least its two family bytes):
+/// `sockaddr_in` or `sockaddr_in6`, else `None`.
+pub fn sockaddr_len(head: [u8; 2]) -> Option<usize> {
+    match u16::from_ne_bytes(head) as i32 {
+        libc::AF_INET => Some(16),
+        libc::AF_INET6 => Some(28),
+        _ => None,
+    }
 }
 
 struct Table {
@@ -224,6 +240,11 @@ impl AddressVector {
         self.inner
             .name(fi_addr)
             .ok_or_else(|| Error::NoEntry(format!("av lookup: no address at {fi_addr:#x}")))
+    }
+
+    /// Whether C callers lay this AV's addresses out as sockaddrs (`AddrFormat::sockaddr`).
+    pub fn sockaddr(&self) -> bool {
+        self.inner.fmt.sockaddr()
     }
 
     /// `fi_av_straddr`.

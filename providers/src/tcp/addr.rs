@@ -141,6 +141,10 @@ impl AddrFormat for TcpAddr {
     fn canonical(&self, addr: &[u8]) -> Vec<u8> {
         decode(addr).map_or_else(|_| addr.to_vec(), |a| encode(&a))
     }
+
+    fn sockaddr(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]
