@@ -452,7 +452,7 @@ unsafe extern "C" fn av_insert(
         }
         for _ in 0..count {
             // SAFETY: count addresses of the AV's format follow one another at addr (caller).
-            let a = unsafe { c_addr(&av, p) }?;
+            let a = unsafe { c_addr(av, p) }?;
             addrs.push(a);
             // SAFETY: past this address: the next one, or just past the last.
             p = unsafe { p.add(a.len() + usize::from(!av.sockaddr())) };
@@ -530,7 +530,7 @@ unsafe extern "C" fn av_straddr(
             return std::ptr::null();
         }
         // SAFETY: an address of the AV's format (caller).
-        let Ok(a) = (unsafe { c_addr(&av, addr.cast::<u8>()) }) else {
+        let Ok(a) = (unsafe { c_addr(av, addr.cast::<u8>()) }) else {
             return std::ptr::null();
         };
         let text = av.straddr(a);

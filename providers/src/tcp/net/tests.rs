@@ -30,6 +30,8 @@ enum Mode {
     Iov {
         cap: usize,
     },
+    /// Flow control: `Sink::Wait` to every offer while `Rec::held` is set, then a buffer.
+    Hold,
 }
 
 #[derive(Default)]
@@ -43,6 +45,9 @@ struct Rec {
     iov_mem: VecDeque<Vec<u8>>,
     sent: Vec<(PeerId, u64)>,
     lost: Vec<(PeerId, i32)>,
+    /// With `Mode::Hold`: answer `Wait`, counting the offers in `offers`.
+    held: bool,
+    offers: usize,
 }
 
 impl Handler for Rec {
@@ -57,9 +62,13 @@ impl Handler for Rec {
         let Frame::Msg { id, .. } = f else {
             return Err(WireError::Kind(p.kind));
         };
+        if self.mode == Mode::Hold && self.held {
+            self.offers += 1;
+            return Ok(Sink::Wait);
+        }
         self.open.push_back((id, p.body_len));
         Ok(match self.mode {
-            Mode::Buffer => Sink::Buffer(vec![0; p.body_len as usize]),
+            Mode::Buffer | Mode::Hold => Sink::Buffer(vec![0; p.body_len as usize]),
             Mode::Discard => Sink::Discard,
             Mode::Iov { cap } => {
                 let mut v = vec![0u8; (p.body_len as usize).min(cap)];
@@ -74,6 +83,7 @@ impl Handler for Rec {
         let bytes = match sink {
             Sink::Buffer(v) => v,
             Sink::Discard => Vec::new(),
+            Sink::Wait => panic!("a waiting frame's body handed over"),
             Sink::Iov(l) => {
                 let v = self.iov_mem.pop_front().expect("iov memory");
                 assert_eq!(l.first_addr(), v.as_ptr() as usize, "the sink handed back");
@@ -199,6 +209,46 @@ fn frames_both_ways_small_and_large_owned_and_iov() {
     assert_eq!((up_conns(&a), up_conns(&b)), (1, 1));
     // Nothing to do: progress says so.
     assert_eq!(a.progress(&mut ha) + b.progress(&mut hb), 0);
+}
+
+/// A frame answered `Sink::Wait` stays at the head: nothing behind it is read (the sender's
+/// bytes stay in the socket), it is offered again on every progress call, and once taken it
+/// and everything behind it arrive in order.
+#[test]
+fn a_waiting_frame_holds_its_connection_until_taken() {
+    let mut a = Net::bind(lo()).unwrap();
+    let mut b = Net::bind(lo()).unwrap();
+    let mut ha = Rec::default();
+    let mut hb = Rec {
+        mode: Mode::Hold,
+        held: true,
+        ..Rec::default()
+    };
+    let pb = a.peer(b.local_addr());
+    let bodies: Vec<Vec<u8>> = (0..64u32).map(|i| pattern(i, 1000)).collect();
+    for (i, body) in bodies.iter().enumerate() {
+        a.send(msg(pb, i as u32, Body::Owned(body.clone()), None));
+    }
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "offers of the held frame",
+        |h| h[1].offers >= 1000,
+    );
+    assert!(
+        hb.got.is_empty(),
+        "nothing behind a waiting frame is handed over"
+    );
+    hb.held = false;
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "every frame",
+        |h| h[1].got.len() == bodies.len(),
+    );
+    for (i, (_, id, _, bytes)) in hb.got.iter().enumerate() {
+        assert_eq!(*id as usize, i);
+        assert!(*bytes == bodies[i]);
+    }
+    assert!(ha.lost.is_empty() && hb.lost.is_empty());
 }
 
 #[test]
