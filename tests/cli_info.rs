@@ -220,7 +220,18 @@ fn fi_provider_is_honoured() {
         !names.is_empty() && names.iter().all(|n| n == "shm"),
         "{names:?}"
     );
+    // Excluding shm leaves tcp; excluding both leaves nothing, which is a failure.
     let out = xfabric_os(&["info".into()], &[("FI_PROVIDER", OsStr::new("^shm"))]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let names = providers_in(&stdout(&out));
+    assert!(
+        !names.is_empty() && names.iter().all(|n| n == "tcp"),
+        "{names:?}"
+    );
+    let out = xfabric_os(
+        &["info".into()],
+        &[("FI_PROVIDER", OsStr::new("^shm,tcp"))],
+    );
     assert_one_line_failure(&out, "FI_PROVIDER");
 }
 
