@@ -124,11 +124,15 @@ fn fi_provider_and_caps_that_leave_nothing_are_no_data() {
     }
     let ok = fi_info(&[], &[("FI_PROVIDER", "shm")]);
     assert!(ok.status.success(), "{}", text(&ok));
+    // tcp is there, and reaches other hosts.
+    let tcp = fi_info(&["-p", "tcp", "-v"], &[]);
+    assert!(tcp.status.success(), "{}", text(&tcp));
+    assert!(text(&tcp).contains("FI_REMOTE_COMM"), "{}", text(&tcp));
     for (args, env) in [
-        (&[][..], &[("FI_PROVIDER", "^shm")][..]),
-        (&[][..], &[("FI_PROVIDER", "tcp")][..]),
-        (&["-p", "tcp"][..], &[][..]),
-        (&["-c", "FI_REMOTE_COMM"][..], &[][..]),
+        (&[][..], &[("FI_PROVIDER", "^shm,tcp")][..]),
+        (&[][..], &[("FI_PROVIDER", "verbs")][..]),
+        (&["-p", "verbs"][..], &[][..]),
+        (&["-c", "FI_REMOTE_COMM"][..], &[("FI_PROVIDER", "shm")][..]),
     ] {
         let out = fi_info(args, env);
         let t = text(&out);
