@@ -109,11 +109,18 @@ impl Handler for Glue<'_> {
 }
 
 impl TcpEndpoint {
-    /// Listens on `bind` (port 0: any).
-    pub fn open(core: Arc<EpCore>, bind: SocketAddr) -> Result<Arc<Self>> {
+    /// Listens on `bind` (port 0: any); its name is a sockaddr, or with `str_name` the
+    /// `FI_ADDR_STR` form.
+    pub fn open(core: Arc<EpCore>, bind: SocketAddr, str_name: bool) -> Result<Arc<Self>> {
         let net = Net::bind(bind)
             .map_err(|e| Error::from_io(format!("tcp endpoint: listen on {bind}"), e))?;
-        let name = addr::encode(&net.local_addr());
+        let name = if str_name {
+            let mut s = addr::to_str(&net.local_addr()).into_bytes();
+            s.push(0);
+            s
+        } else {
+            addr::encode(&net.local_addr())
+        };
         let net_fd = net.wait_fd();
         // SAFETY: plain syscall; the descriptor is owned by this endpoint and closed in Drop.
         let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };

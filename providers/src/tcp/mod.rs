@@ -115,17 +115,15 @@ impl Provider for Tcp {
                 (None, named)
             };
             let src = src.or_else(|| hints.src_addr.as_deref().and_then(|a| addr::decode(a).ok()));
-            if let Some(a) = src.or(dest) {
+            if hints.addr_format == FI_ADDR_STR {
+                i.addr_format = FI_ADDR_STR;
+            } else if let Some(a) = src.or(dest) {
                 i.addr_format = family_format(&a);
-            } else if hints.addr_format == FI_SOCKADDR_IN6 || hints.addr_format == FI_ADDR_STR {
-                i.addr_format = hints.addr_format;
+            } else if hints.addr_format == FI_SOCKADDR_IN6 {
+                i.addr_format = FI_SOCKADDR_IN6;
             }
             let want = hints.addr_format;
-            if want != FI_FORMAT_UNSPEC
-                && want != FI_ADDR_STR
-                && want != i.addr_format
-                && (src.is_some() || dest.is_some())
-            {
+            if want != FI_FORMAT_UNSPEC && want != i.addr_format {
                 why = Some(Error::NoData(format!(
                     "provider tcp: address format {want} does not fit {node:?}"
                 )));
@@ -142,11 +140,9 @@ impl Provider for Tcp {
             }
             match i.fit(&h) {
                 Ok(mut f) => {
+                    f.addr_format = i.addr_format;
                     f.src_addr = i.src_addr.clone();
                     f.dest_addr = i.dest_addr.clone();
-                    if hints.addr_format == FI_ADDR_STR {
-                        f.addr_format = FI_ADDR_STR;
-                    }
                     out.push(f)
                 }
                 Err(e) => why = why.or(Some(e)),
@@ -309,7 +305,11 @@ impl DomainOps for TcpDomain {
             None if info.addr_format == FI_SOCKADDR_IN6 => "[::1]:0".parse().expect("literal"),
             None => SocketAddr::new(addr::default_ip(), 0),
         };
-        Ok(TcpEndpoint::open(core, bind)?)
+        Ok(TcpEndpoint::open(
+            core,
+            bind,
+            info.addr_format == FI_ADDR_STR,
+        )?)
     }
 
     fn hmem(&self) -> Option<Arc<dyn HmemOps>> {
