@@ -8,6 +8,7 @@ use std::sync::Arc;
 use xfabric_core::Provider;
 
 pub mod hmem;
+mod info;
 pub mod shm;
 pub mod tcp;
 

@@ -19,6 +19,7 @@ use xfabric_core::{
 };
 
 use crate::hmem::GlobalHmem;
+use crate::info::{check_hmem, rdm_info, RdmDesc};
 
 pub use ep::{futex_wakes, EAGER_MAX, FRAG, INJECT_SIZE};
 
@@ -67,13 +68,7 @@ impl Provider for Shm {
         _flags: u64,
         hints: &Info,
     ) -> Result<Vec<Info>> {
-        if hints.caps & FI_HMEM != 0 {
-            if let Some(why) = GlobalHmem::get().no_devices_reason() {
-                return Err(Error::NoData(format!(
-                    "provider shm: FI_HMEM requested, but {why}"
-                )));
-            }
-        }
+        check_hmem("shm", hints)?;
         let info = self.info();
         let mut why = None;
         let mut out = Vec::new();
@@ -92,127 +87,13 @@ impl Provider for Shm {
     }
 
     fn info(&self) -> Vec<Info> {
-        // Device memory moves through host bounce buffers (core's hmem_stage), so FI_HMEM is
-        // offered wherever some device interface works; FI_MR_HMEM is not required (owners are
-        // looked up), so registering device buffers for local use is optional.
-        let hmem = if GlobalHmem::get().no_devices_reason().is_none() {
-            FI_HMEM
-        } else {
-            0
-        };
-        // One ring per peer, and the target carries out requests from one peer in ring
-        // order; a large RMA write still landing holds that peer's later requests until it has
-        // (so reads, writes, atomics and messages after it see it). Not claimed: RAS and WAS
-        // (an RMA against a large message's receive buffer before the message has landed).
-        // Completions may finish out of order at the initiator.
-        let order = FI_ORDER_SAS
-            | FI_ORDER_RAR
-            | FI_ORDER_RAW
-            | FI_ORDER_WAR
-            | FI_ORDER_WAW
-            | FI_ORDER_SAR
-            | FI_ORDER_SAW
-            | FI_ORDER_RMA_RAR
-            | FI_ORDER_RMA_RAW
-            | FI_ORDER_RMA_WAR
-            | FI_ORDER_RMA_WAW
-            | FI_ORDER_ATOMIC_RAR
-            | FI_ORDER_ATOMIC_RAW
-            | FI_ORDER_ATOMIC_WAR
-            | FI_ORDER_ATOMIC_WAW;
-        vec![Info {
-            caps: SHM_CAPS | hmem,
-            mode: 0,
+        vec![rdm_info(&RdmDesc {
+            name: "shm",
+            caps: SHM_CAPS,
             addr_format: FI_ADDR_STR,
-            src_addr: None,
-            dest_addr: None,
-            tx_attr: TxAttr {
-                caps: FI_MSG
-                    | FI_TAGGED
-                    | FI_RMA
-                    | FI_ATOMIC
-                    | FI_SEND
-                    | FI_READ
-                    | FI_WRITE
-                    | FI_FENCE
-                    | FI_TRIGGER
-                    | FI_XPU_TRIGGER
-                    | hmem,
-                mode: 0,
-                op_flags: 0,
-                msg_order: order,
-                comp_order: FI_ORDER_NONE,
-                inject_size: INJECT_SIZE,
-                size: 1024,
-                iov_limit: xfabric_core::rxq::IOV_LIMIT,
-                rma_iov_limit: xfabric_core::rxq::IOV_LIMIT,
-                tclass: 0,
-            },
-            rx_attr: RxAttr {
-                // The target side of RMA and atomics is receive-side too (fi_getinfo(3)):
-                // without them a -v listing says the endpoint accepts none.
-                caps: FI_MSG
-                    | FI_TAGGED
-                    | FI_RMA
-                    | FI_ATOMIC
-                    | FI_REMOTE_READ
-                    | FI_REMOTE_WRITE
-                    | FI_RMA_EVENT
-                    | FI_RMA_PMEM
-                    | FI_RECV
-                    | FI_MULTI_RECV
-                    | FI_SOURCE
-                    | FI_SOURCE_ERR
-                    | FI_DIRECTED_RECV
-                    | FI_TRIGGER
-                    | hmem,
-                mode: 0,
-                op_flags: 0,
-                msg_order: order,
-                comp_order: FI_ORDER_NONE,
-                total_buffered_recv: 0,
-                size: 1024,
-                iov_limit: xfabric_core::rxq::IOV_LIMIT,
-            },
-            ep_attr: EpAttr {
-                ep_type: EpType::Rdm,
-                protocol: FI_PROTO_SHM,
-                protocol_version: 1,
-                max_msg_size: isize::MAX as usize,
-                mem_tag_format: 0xaaaa_aaaa_aaaa_aaaa,
-                tx_ctx_cnt: 1,
-                rx_ctx_cnt: 1,
-                ..Default::default()
-            },
-            domain_attr: DomainAttr {
-                name: Some("shm".into()),
-                threading: Threading::Safe,
-                control_progress: Progress::Auto,
-                data_progress: Progress::Manual,
-                resource_mgmt: ResourceMgmt::Enabled,
-                av_type: AvType::Unspec,
-                mr_mode: 0,
-                mr_key_size: 8,
-                cq_data_size: 8,
-                cq_cnt: 1024,
-                ep_cnt: 256,
-                tx_ctx_cnt: 1024,
-                rx_ctx_cnt: 1024,
-                max_ep_tx_ctx: 1,
-                max_ep_rx_ctx: 1,
-                cntr_cnt: 1024,
-                mr_iov_limit: 1,
-                max_err_data: 256,
-                mr_cnt: 65536,
-                ..Default::default()
-            },
-            fabric_attr: FabricAttr {
-                name: Some("shm".into()),
-                prov_name: Some("shm".into()),
-                prov_version: fi_version(1, 0),
-                api_version: fi_version(FI_MAJOR_VERSION, FI_MINOR_VERSION),
-            },
-        }]
+            protocol: FI_PROTO_SHM,
+            inject_size: INJECT_SIZE,
+        })]
     }
 
     fn domain(&self, _info: &Info) -> Result<Arc<dyn DomainOps>> {

@@ -17,6 +17,7 @@ use xfabric_core::{
 };
 
 use crate::hmem::GlobalHmem;
+use crate::info::{check_hmem, rdm_info, RdmDesc};
 
 pub use ep::TcpEndpoint;
 
@@ -97,13 +98,7 @@ impl Provider for Tcp {
         flags: u64,
         hints: &Info,
     ) -> Result<Vec<Info>> {
-        if hints.caps & FI_HMEM != 0 {
-            if let Some(why) = GlobalHmem::get().no_devices_reason() {
-                return Err(Error::NoData(format!(
-                    "provider tcp: FI_HMEM requested, but {why}"
-                )));
-            }
-        }
+        check_hmem("tcp", hints)?;
         let v6 = hints.addr_format == FI_SOCKADDR_IN6;
         let named = resolve(node, service, v6)?;
         let mut out = Vec::new();
@@ -157,118 +152,15 @@ impl Provider for Tcp {
     }
 
     fn info(&self) -> Vec<Info> {
-        let hmem = if GlobalHmem::get().no_devices_reason().is_none() {
-            FI_HMEM
-        } else {
-            0
-        };
-        // One ordered stream per peer and a target that handles frames in arrival order:
-        // the same guarantees as shm (see its comment), RMA orders included.
-        let order = FI_ORDER_SAS
-            | FI_ORDER_RAR
-            | FI_ORDER_RAW
-            | FI_ORDER_WAR
-            | FI_ORDER_WAW
-            | FI_ORDER_SAR
-            | FI_ORDER_SAW
-            | FI_ORDER_RMA_RAR
-            | FI_ORDER_RMA_RAW
-            | FI_ORDER_RMA_WAR
-            | FI_ORDER_RMA_WAW
-            | FI_ORDER_ATOMIC_RAR
-            | FI_ORDER_ATOMIC_RAW
-            | FI_ORDER_ATOMIC_WAR
-            | FI_ORDER_ATOMIC_WAW;
-        vec![Info {
-            caps: TCP_CAPS | hmem,
-            mode: 0,
+        // One ordered stream per peer and a target that handles frames in arrival order: the
+        // same guarantees as shm (providers/src/info.rs).
+        vec![rdm_info(&RdmDesc {
+            name: "tcp",
+            caps: TCP_CAPS,
             addr_format: FI_SOCKADDR_IN,
-            src_addr: None,
-            dest_addr: None,
-            tx_attr: TxAttr {
-                caps: FI_MSG
-                    | FI_TAGGED
-                    | FI_RMA
-                    | FI_ATOMIC
-                    | FI_SEND
-                    | FI_READ
-                    | FI_WRITE
-                    | FI_FENCE
-                    | FI_TRIGGER
-                    | FI_XPU_TRIGGER
-                    | hmem,
-                mode: 0,
-                op_flags: 0,
-                msg_order: order,
-                comp_order: FI_ORDER_NONE,
-                inject_size: INJECT_SIZE,
-                size: 1024,
-                iov_limit: xfabric_core::rxq::IOV_LIMIT,
-                rma_iov_limit: xfabric_core::rxq::IOV_LIMIT,
-                tclass: 0,
-            },
-            rx_attr: RxAttr {
-                caps: FI_MSG
-                    | FI_TAGGED
-                    | FI_RMA
-                    | FI_ATOMIC
-                    | FI_REMOTE_READ
-                    | FI_REMOTE_WRITE
-                    | FI_RMA_EVENT
-                    | FI_RMA_PMEM
-                    | FI_RECV
-                    | FI_MULTI_RECV
-                    | FI_SOURCE
-                    | FI_DIRECTED_RECV
-                    | FI_TRIGGER
-                    | hmem,
-                mode: 0,
-                op_flags: 0,
-                msg_order: order,
-                comp_order: FI_ORDER_NONE,
-                total_buffered_recv: 0,
-                size: 1024,
-                iov_limit: xfabric_core::rxq::IOV_LIMIT,
-            },
-            ep_attr: EpAttr {
-                ep_type: EpType::Rdm,
-                protocol: FI_PROTO_SOCK_TCP,
-                protocol_version: 1,
-                max_msg_size: isize::MAX as usize,
-                mem_tag_format: 0xaaaa_aaaa_aaaa_aaaa,
-                tx_ctx_cnt: 1,
-                rx_ctx_cnt: 1,
-                ..Default::default()
-            },
-            domain_attr: DomainAttr {
-                name: Some("tcp".into()),
-                threading: Threading::Safe,
-                control_progress: Progress::Auto,
-                data_progress: Progress::Manual,
-                resource_mgmt: ResourceMgmt::Enabled,
-                av_type: AvType::Unspec,
-                mr_mode: 0,
-                mr_key_size: 8,
-                cq_data_size: 8,
-                cq_cnt: 1024,
-                ep_cnt: 256,
-                tx_ctx_cnt: 1024,
-                rx_ctx_cnt: 1024,
-                max_ep_tx_ctx: 1,
-                max_ep_rx_ctx: 1,
-                cntr_cnt: 1024,
-                mr_iov_limit: 1,
-                max_err_data: 256,
-                mr_cnt: 65536,
-                ..Default::default()
-            },
-            fabric_attr: FabricAttr {
-                name: Some("tcp".into()),
-                prov_name: Some("tcp".into()),
-                prov_version: fi_version(1, 0),
-                api_version: fi_version(FI_MAJOR_VERSION, FI_MINOR_VERSION),
-            },
-        }]
+            protocol: FI_PROTO_SOCK_TCP,
+            inject_size: INJECT_SIZE,
+        })]
     }
 
     fn domain(&self, _info: &Info) -> Result<Arc<dyn DomainOps>> {
