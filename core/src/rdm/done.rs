@@ -40,6 +40,8 @@ pub enum Done {
         data: Option<u64>,
         /// Source.
         src: FiAddr,
+        /// The sender's raw address, for `FI_SOURCE_ERR` when `src` is unknown.
+        raw: Option<Vec<u8>>,
     },
     /// A posted receive failed (canceled, no message for a peek, its sender lost).
     RxErr {
@@ -79,6 +81,11 @@ pub enum Done {
         /// Remote CQ data.
         data: Option<u64>,
     },
+    /// A failed remote write into device memory: its host buffer is freed.
+    DropStaged {
+        /// The staging context.
+        ctx: Context,
+    },
     /// A peek found a message.
     Peek {
         /// The peek's context.
@@ -94,10 +101,11 @@ pub enum Done {
     },
 }
 
-/// Reports completions gathered by `Engine::take_done`, in order. Call it without holding
-/// the lock the engine is under.
-pub fn report(core: &EpCore, done: Vec<Done>) {
-    for d in done {
+/// Reports completions gathered under a provider's lock (`Engine::take_done`), in order,
+/// leaving `done` empty (its allocation kept for the next round). Call it without holding the
+/// lock the engine is under.
+pub fn report(core: &EpCore, done: &mut Vec<Done>) {
+    for d in done.drain(..) {
         match d {
             Done::Tx { ctx, flags } => core.complete_tx(ctx, flags),
             Done::TxErr { ctx, flags, err } => core.fail_tx(ctx, flags, err),
@@ -108,7 +116,8 @@ pub fn report(core: &EpCore, done: Vec<Done>) {
                 tag,
                 data,
                 src,
-            } => core.complete_rx(&slot, len, olen, tag, data, src, Vec::new),
+                raw,
+            } => core.complete_rx(&slot, len, olen, tag, data, src, || raw.unwrap_or_default()),
             Done::RxErr {
                 ctx,
                 flags,
@@ -124,6 +133,7 @@ pub fn report(core: &EpCore, done: Vec<Done>) {
                     core.complete_remote(FI_RMA | FI_WRITE, len, data)
                 }
             }
+            Done::DropStaged { ctx } => core.drop_remote(ctx),
             Done::Peek {
                 ctx,
                 len,

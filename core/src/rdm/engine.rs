@@ -589,6 +589,7 @@ impl Engine {
                     tag: u.tag,
                     data,
                     src: u.src,
+                    raw: None,
                 });
             }
             Unexp::Rts { peer, id, epoch } => {
@@ -608,6 +609,7 @@ impl Engine {
                         tag: u.tag,
                         data,
                         src: u.src,
+                        raw: None,
                     });
                 }
                 self.start_pipe(RxPipe {
@@ -1122,6 +1124,7 @@ impl Engine {
                         tag,
                         data,
                         src,
+                        raw: None,
                     });
                 }
                 None => {
@@ -1162,6 +1165,7 @@ impl Engine {
                     tag: r.tag,
                     data: r.data,
                     src: r.src,
+                    raw: None,
                 });
             }
             Pending::Write {

@@ -167,11 +167,11 @@ impl TcpEndpoint {
         while let Some(t) = st_ref.engine.poll_transmit() {
             st_ref.net.send(t);
         }
-        let done = st_ref.engine.take_done();
+        let mut done = st_ref.engine.take_done();
         self.busy.store(st_ref.engine.busy(), Ordering::Release);
         drop(st);
         if !done.is_empty() {
-            rdm::report(&self.core, done);
+            rdm::report(&self.core, &mut done);
         }
     }
 

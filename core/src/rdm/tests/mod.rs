@@ -70,7 +70,7 @@ impl Side {
     }
 
     fn report(&mut self) {
-        report(&self.core, self.eng.take_done());
+        report(&self.core, &mut self.eng.take_done());
     }
 
     fn send(&mut self, op: TxOp) {

@@ -18,6 +18,7 @@ use slab::Slab;
 use xfabric_core::consts::errno::*;
 use xfabric_core::consts::*;
 use xfabric_core::ep::{TxOp, INJECT_CALL};
+use xfabric_core::rdm::Done;
 use xfabric_core::rxq::{PostResult, PostedRecv, RecvQueue, RecvSlot, Unexpected};
 use xfabric_core::settings;
 use xfabric_core::{
@@ -165,64 +166,9 @@ struct Split {
     err: i32,
 }
 
-/// Completion work gathered under the lock and reported after it is released, so that a
-/// completion's observers (counters triggering operations) may post to this endpoint.
-enum Done {
-    Tx {
-        ctx: Context,
-        flags: u64,
-    },
-    TxErr {
-        ctx: Context,
-        flags: u64,
-        err: i32,
-    },
-    Rx {
-        slot: RecvSlot,
-        len: usize,
-        olen: usize,
-        tag: u64,
-        data: Option<u64>,
-        src: FiAddr,
-        raw: Option<String>,
-    },
-    RxErr {
-        ctx: Context,
-        flags: u64,
-        tag: u64,
-        err: i32,
-    },
-    /// A peer's RMA or atomic access to our memory, reported at this (target) side.
-    Remote {
-        flags: u64,
-        len: usize,
-        data: Option<u64>,
-    },
-    /// A large remote write into device memory that arrived in a host buffer: copied in
-    /// (`EpCore::land_remote`) before it is reported.
-    RemoteStaged {
-        ctx: Context,
-        len: usize,
-        data: Option<u64>,
-    },
-    /// A failed remote write into device memory: its host buffer is freed.
-    DropStaged {
-        ctx: Context,
-    },
-    /// A matched receive that failed; its slot is finished like a completed one.
-    SlotErr {
-        slot: RecvSlot,
-        tag: u64,
-        err: i32,
-    },
-    Peek {
-        ctx: Context,
-        len: usize,
-        tag: u64,
-        data: Option<u64>,
-        src: FiAddr,
-    },
-}
+// Completions are core's `rdm::Done`, gathered under the lock and reported after it is
+// released (`finish`), so that a completion's observers (counters triggering operations) may
+// post to this endpoint.
 
 struct State {
     rxq: RecvQueue<Payload>,
@@ -389,51 +335,8 @@ impl ShmEndpoint {
         }
         let mut done = std::mem::take(&mut st.done);
         drop(st);
-        // In order, by popping from the back (cheaper than a `drain` here, and the vector's
-        // allocation is kept for the next round).
-        done.reverse();
-        while let Some(d) = done.pop() {
-            match d {
-                Done::Tx { ctx, flags } => self.core.complete_tx(ctx, flags),
-                Done::TxErr { ctx, flags, err } => self.core.fail_tx(ctx, flags, err),
-                Done::Rx {
-                    slot,
-                    len,
-                    olen,
-                    tag,
-                    data,
-                    src,
-                    raw,
-                } => self.core.complete_rx(&slot, len, olen, tag, data, src, || {
-                    raw.unwrap_or_default().into_bytes()
-                }),
-                Done::RxErr {
-                    ctx,
-                    flags,
-                    tag,
-                    err,
-                } => self.core.fail_rx(ctx, flags, tag, err),
-                Done::Remote { flags, len, data } => self.core.complete_remote(flags, len, data),
-                Done::RemoteStaged { ctx, len, data } => {
-                    // A write that did not reach the device is not reported as done; the
-                    // driver's reason is kept (`EpCore::take_staging_errors`).
-                    if self.core.land_remote(ctx, len).is_ok() {
-                        self.core.complete_remote(FI_RMA | FI_WRITE, len, data)
-                    }
-                }
-                Done::DropStaged { ctx } => self.core.drop_remote(ctx),
-                Done::SlotErr { slot, tag, err } => {
-                    self.core.fail_rx(slot.ctx, slot.flags, tag, err)
-                }
-                Done::Peek {
-                    ctx,
-                    len,
-                    tag,
-                    data,
-                    src,
-                } => self.core.complete_peek(ctx, len, tag, data, src),
-            }
-        }
+        // In order; the vector's allocation is kept for the next round.
+        xfabric_core::rdm::report(&self.core, &mut done);
         if let Ok(mut st) = self.st.try_lock() {
             if st.done.is_empty() {
                 st.done = done;
@@ -551,9 +454,9 @@ impl ShmEndpoint {
         peer.src
     }
 
-    fn raw_src(&self, st: &State, p: usize, src: FiAddr) -> Option<String> {
+    fn raw_src(&self, st: &State, p: usize, src: FiAddr) -> Option<Vec<u8>> {
         (src == FI_ADDR_NOTAVAIL && self.core.caps & FI_SOURCE_ERR != 0)
-            .then(|| format!("{ADDR_PREFIX}{}", st.peers[p].name))
+            .then(|| format!("{ADDR_PREFIX}{}", st.peers[p].name).into_bytes())
     }
 
     /// Makes sure we own a lane in peer `p`'s segment.
