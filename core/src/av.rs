@@ -371,3 +371,55 @@ mod tests {
         assert!(av.lookup(0).is_err());
     }
 }
+
+/// A provider's peers by AV index, valid for one AV generation: after the first send to an
+/// `fi_addr_t`, finding its peer is a vector lookup. Every provider keeps one per endpoint.
+#[derive(Debug)]
+pub struct PeerCache {
+    by_idx: Vec<Option<usize>>,
+    gen: u64,
+}
+
+impl Default for PeerCache {
+    fn default() -> Self {
+        PeerCache {
+            by_idx: Vec::new(),
+            gen: u64::MAX,
+        }
+    }
+}
+
+impl PeerCache {
+    /// The peer `dest` names in `av` (the endpoint's bound AV, if any): cached, or
+    /// `resolve`d from the address the AV holds for it and remembered.
+    pub fn lookup(
+        &mut self,
+        av: Option<&Arc<AvInner>>,
+        dest: FiAddr,
+        resolve: impl FnOnce(&[u8]) -> Result<usize>,
+    ) -> Result<usize> {
+        let av = av.ok_or_else(|| Error::NoAv("no address vector bound".into()))?;
+        let idx = av.decode(dest).ok_or_else(|| {
+            Error::Inval(format!(
+                "destination {dest:#x} is not an address of the bound AV"
+            ))
+        })?;
+        let gen = av.generation();
+        if gen != self.gen {
+            self.by_idx.clear();
+            self.gen = gen;
+        }
+        if let Some(Some(p)) = self.by_idx.get(idx) {
+            return Ok(*p);
+        }
+        let raw = av
+            .name(dest)
+            .ok_or_else(|| Error::Inval(format!("destination {dest:#x} is not in the AV")))?;
+        let p = resolve(&raw)?;
+        if self.by_idx.len() <= idx {
+            self.by_idx.resize(idx + 1, None);
+        }
+        self.by_idx[idx] = Some(p);
+        Ok(p)
+    }
+}

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use xfabric_core::av::PeerCache;
 use xfabric_core::consts::*;
 use xfabric_core::ep::TxOp;
 use xfabric_core::rdm::wire::{Prefix, WireError};
@@ -30,9 +31,8 @@ use super::net::{Handler, Net};
 struct State {
     engine: Engine,
     net: Net,
-    /// Peer by AV index, for the AV generation `av_gen`.
-    av_cache: Vec<Option<PeerId>>,
-    av_gen: u64,
+    /// Peer by AV index.
+    av_cache: PeerCache,
     /// Source `fi_addr_t` by peer, for the AV generation `src_gen`.
     srcs: Vec<Option<FiAddr>>,
     src_gen: u64,
@@ -146,8 +146,7 @@ impl TcpEndpoint {
             st: Mutex::new(State {
                 engine,
                 net,
-                av_cache: Vec::new(),
-                av_gen: u64::MAX,
+                av_cache: PeerCache::default(),
                 srcs: Vec::new(),
                 src_gen: u64::MAX,
             }),
@@ -193,31 +192,9 @@ impl TcpEndpoint {
             .core
             .bound()
             .ok_or_else(|| Error::OpBadState("endpoint is not enabled".into()))?;
-        let av =
-            b.av.as_ref()
-                .ok_or_else(|| Error::NoAv("no address vector bound".into()))?;
-        let idx = av.decode(dest).ok_or_else(|| {
-            Error::Inval(format!(
-                "destination {dest:#x} is not an address of the bound AV"
-            ))
-        })?;
-        let gen = av.generation();
-        if gen != st.av_gen {
-            st.av_cache.clear();
-            st.av_gen = gen;
-        }
-        if let Some(Some(p)) = st.av_cache.get(idx) {
-            return Ok(*p);
-        }
-        let raw = av
-            .name(dest)
-            .ok_or_else(|| Error::Inval(format!("destination {dest:#x} is not in the AV")))?;
-        let p = st.net.peer(addr::decode(&raw)?);
-        if st.av_cache.len() <= idx {
-            st.av_cache.resize(idx + 1, None);
-        }
-        st.av_cache[idx] = Some(p);
-        Ok(p)
+        let net = &mut st.net;
+        st.av_cache
+            .lookup(b.av.as_ref(), dest, |raw| Ok(net.peer(addr::decode(raw)?)))
     }
 
     fn refresh_srcs(&self, st: &mut State) {

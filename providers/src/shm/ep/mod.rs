@@ -174,8 +174,7 @@ struct State {
     rxq: RecvQueue<Payload>,
     peers: Vec<Peer>,
     by_name: HashMap<String, usize>,
-    av_cache: Vec<Option<usize>>,
-    av_gen: u64,
+    av_cache: xfabric_core::av::PeerCache,
     lane_peer: [Option<usize>; LANES],
     cons: [Consumer; LANES],
     known_active: u64,
@@ -306,8 +305,7 @@ impl ShmEndpoint {
                 rxq: RecvQueue::new(directed),
                 peers: Vec::new(),
                 by_name: HashMap::new(),
-                av_cache: Vec::new(),
-                av_gen: u64::MAX,
+                av_cache: Default::default(),
                 lane_peer: [None; LANES],
                 cons: [Consumer::default(); LANES],
                 known_active: 0,
@@ -360,38 +358,19 @@ impl ShmEndpoint {
             .core
             .bound()
             .ok_or_else(|| Error::OpBadState("endpoint is not enabled".into()))?;
-        let av =
-            b.av.as_ref()
-                .ok_or_else(|| Error::NoAv("no address vector bound".into()))?;
-        let idx = av.decode(dest).ok_or_else(|| {
-            Error::Inval(format!(
-                "destination {dest:#x} is not an address of the bound AV"
-            ))
-        })?;
-        let gen = av.generation();
-        if gen != st.av_gen {
-            st.av_cache.clear();
-            st.av_gen = gen;
+        let mut cache = std::mem::take(&mut st.av_cache);
+        let p = cache.lookup(b.av.as_ref(), dest, |raw| {
+            let name = seg_name(raw)?;
+            self.peer_by_name(st, &name)
+        });
+        st.av_cache = cache;
+        let p = p?;
+        if st.peers[p].dead {
+            return Err(Error::PeerLost(format!(
+                "peer {} is gone",
+                st.peers[p].name
+            )));
         }
-        if let Some(Some(p)) = st.av_cache.get(idx) {
-            let p = *p;
-            if st.peers[p].dead {
-                return Err(Error::PeerLost(format!(
-                    "peer {} is gone",
-                    st.peers[p].name
-                )));
-            }
-            return Ok(p);
-        }
-        let raw = av
-            .name(dest)
-            .ok_or_else(|| Error::Inval(format!("destination {dest:#x} is not in the AV")))?;
-        let name = seg_name(&raw)?;
-        let p = self.peer_by_name(st, &name)?;
-        if st.av_cache.len() <= idx {
-            st.av_cache.resize(idx + 1, None);
-        }
-        st.av_cache[idx] = Some(p);
         Ok(p)
     }
 
