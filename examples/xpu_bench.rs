@@ -115,6 +115,9 @@ struct Args {
     /// silence: how the XPU rings: `store` as a GPU does, `wake` as a CPU XPU can
     #[arg(long, value_enum, default_value_t = Ring::Store)]
     ring: Ring,
+    /// silence: also print every sample, in the order taken
+    #[arg(long)]
+    raw: bool,
     /// Filled from `samples` after parsing.
     #[arg(skip)]
     n: usize,
@@ -791,6 +794,11 @@ fn silence_sender(a: &Args) {
     for (g, gap) in a.gaps.iter().enumerate() {
         let (p50, p99, max) = stats(after_gap(g, 0));
         let (q50, _, qmax) = stats(after_gap(g, 1));
+        if a.raw {
+            let show = |v: Vec<f64>| v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>();
+            println!("  trig  {:?}", show(after_gap(g, 0)));
+            println!("  plain {:?}", show(after_gap(g, 1)));
+        }
         let cpu = if a.manual || cost[g].1 == 0.0 {
             "-".to_string()
         } else {

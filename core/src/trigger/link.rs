@@ -17,6 +17,10 @@ use crate::ep::{EndpointOps, EpCore};
 use crate::ep_start::StartError;
 use crate::wait::ProgressSource;
 
+/// Longest one spin on XPU doorbells lasts before the watcher drives the endpoint again (other
+/// traffic of the domain waits at most this long while the watcher spins).
+const SPIN_SLICE: Duration = Duration::from_micros(10);
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -311,7 +315,11 @@ impl ProgressSource for EpLink {
         // A doorbell an XPU stores to rings nothing: while operations are armed on one,
         // keep looking (spinning when a ring is likely, sleeps a CPU XPU's ring ends between).
         match self.xpu.as_ref().and_then(XpuWatch::nap) {
-            Some(Duration::ZERO) => std::thread::yield_now(),
+            Some(Duration::ZERO) => {
+                if let Some(x) = &self.xpu {
+                    x.spin(SPIN_SLICE.min(timeout));
+                }
+            }
             Some(d) => super::xpu_wake::sleep_until_ring(d.min(timeout)),
             None => self.ops.idle_wait(timeout),
         }

@@ -109,7 +109,8 @@ const VARS: [(Datatype, i32); 1] = [(Datatype::UInt64, 1)];
 /// One (endpoint, XPU) doorbell and the operations waiting on it.
 struct Bell {
     xpu: Xpu,
-    bell: Box<dyn Doorbell>,
+    /// Shared with a watcher spinning on it outside the lock (`XpuWatch::spin`).
+    bell: Arc<dyn Doorbell>,
     /// Last value handed out.
     armed: u64,
     /// Last value read from the doorbell.
@@ -250,7 +251,7 @@ impl XpuWatch {
             Some(i) => i,
             None => {
                 self.alloc.check(xpu)?;
-                let bell = self.alloc.alloc(xpu)?;
+                let bell: Arc<dyn Doorbell> = Arc::from(self.alloc.alloc(xpu)?);
                 let seen = bell.word().load(Ordering::Acquire);
                 bells.push(Bell {
                     xpu,
@@ -352,7 +353,16 @@ impl XpuWatch {
                 Finder::Watcher => {}
             }
             if let Some(p) = policy() {
-                b.timing.rang(now, !b.jobs.is_empty(), &p);
+                let window = b.timing.window(&p);
+                let hit = b.timing.rang(now, !b.jobs.is_empty(), &p);
+                tracing::trace!(
+                    now,
+                    ?window,
+                    ?hit,
+                    spinning,
+                    wakes = b.wakes,
+                    "xpu watcher: a ring started {n} operation(s)"
+                );
             }
         } else {
             b.timing.looked(now);
@@ -446,6 +456,45 @@ impl XpuWatch {
         drop(bells);
         // Armed but in no doorbell's list: a look in progress elsewhere just took it.
         Some(soonest.unwrap_or(Duration::ZERO).min(poll_sleep()))
+    }
+
+    /// The spin of a watcher told to keep looking (`nap` said zero): waits, at most `max`,
+    /// until a doorbell something waits on changes from what the watcher last saw, without
+    /// holding the lock (arming goes on meanwhile) and without a system call. With one such
+    /// doorbell and a CPU that offers a user-level monitor/wait, it waits on the doorbell's
+    /// cache line (a store, by the CPU or by a device, ends the wait); otherwise it reads the
+    /// doorbells with a pause between reads. The caller looks after it.
+    pub(crate) fn spin(&self, max: Duration) {
+        let Ok(bells) = self.bells.try_lock() else {
+            return;
+        };
+        let watched: Vec<(Arc<dyn Doorbell>, u64)> = bells
+            .iter()
+            .filter(|b| !b.jobs.is_empty())
+            .map(|b| (b.bell.clone(), b.seen))
+            .collect();
+        drop(bells);
+        match watched.as_slice() {
+            [] => {}
+            [(bell, seen)] => super::xpu_wake::wait_for_store(bell.word(), *seen, max),
+            many => {
+                let until = Instant::now() + max;
+                'spin: loop {
+                    for _ in 0..64 {
+                        if many
+                            .iter()
+                            .any(|(b, seen)| b.word().load(Ordering::Relaxed) != *seen)
+                        {
+                            break 'spin;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    if Instant::now() >= until {
+                        break;
+                    }
+                }
+            }
+        }
     }
 }
 

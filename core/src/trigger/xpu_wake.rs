@@ -9,9 +9,9 @@
 //! the word before the sleep (the kernel's compare fails and it returns at once) or wakes it.
 
 use std::cell::Cell;
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// An endpoint whose XPU doorbells a CPU ring should look at at once (`EpLink`).
 pub(crate) trait RingTarget: Send + Sync {
@@ -118,6 +118,133 @@ pub(crate) fn sleep_until_ring(timeout: Duration) {
         futex_wait(&RING_SEQ, seen, timeout);
     }
     SLEEPERS.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Waits, at most `max`, until `word` no longer reads `seen`: on the word's cache line with
+/// UMONITOR/UMWAIT or MONITORX/MWAITX where the CPU offers them (the thread stays on its core
+/// but the core idles until a store to the line, by a CPU or by a device's PCIe write, or the
+/// deadline), otherwise by reading it with a pause between reads. No system call either way:
+/// to the OS the thread is running.
+pub(crate) fn wait_for_store(word: &AtomicU64, seen: u64, max: Duration) {
+    let until = Instant::now() + max;
+    #[cfg(target_arch = "x86_64")]
+    if let Some(how) = monitor_wait() {
+        while word.load(Ordering::Acquire) == seen {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            let left = until - now;
+            // SAFETY: `word` is a live, aligned atomic for the whole call; the instructions
+            // only watch its line and idle the core (the CPU offers them: `monitor_wait`).
+            unsafe { how.wait(word, seen, left) };
+        }
+        return;
+    }
+    loop {
+        for _ in 0..64 {
+            if word.load(Ordering::Acquire) != seen {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        if Instant::now() >= until {
+            return;
+        }
+    }
+}
+
+/// A user-level monitor/wait pair, with which a thread idles its core until a line is written.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MonitorWait {
+    /// Intel's WAITPKG: UMONITOR / UMWAIT (deadline in TSC ticks, C0.2 requested).
+    Waitpkg,
+    /// AMD's MONITORX / MWAITX (a timer in TSC ticks, C1).
+    Monitorx,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl MonitorWait {
+    /// Idles until `word`'s line is written, about `left` passes, or an interrupt; returns at
+    /// once if `word` already changed from `seen` after the monitor was armed.
+    ///
+    /// # Safety
+    /// The CPU must offer the instructions (`monitor_wait` said so).
+    unsafe fn wait(self, word: &AtomicU64, seen: u64, left: Duration) {
+        use std::arch::asm;
+        use std::arch::x86_64::_rdtsc;
+        // Ticks are nanoseconds at 1 GHz or more: waking early only means one more pass.
+        let ticks = u64::try_from(left.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let addr = word.as_ptr();
+        match self {
+            MonitorWait::Waitpkg => {
+                // SAFETY: reading the TSC has no preconditions.
+                let deadline = unsafe { _rdtsc() }.saturating_add(ticks);
+                // SAFETY: UMONITOR arms on the line of a valid address (the caller's live
+                // word). The CPU has WAITPKG (the caller's contract).
+                unsafe { asm!("umonitor {0}", in(reg) addr, options(nostack, preserves_flags)) };
+                // Armed before the re-check: a store after it wakes the UMWAIT below.
+                if word.load(Ordering::Acquire) != seen {
+                    return;
+                }
+                // SAFETY: UMWAIT with ECX = 0 (C0.2) and EDX:EAX the TSC deadline; the OS
+                // caps the wait (IA32_UMWAIT_CONTROL). It sets CF, clobbered here.
+                unsafe {
+                    asm!(
+                        "umwait {0:e}",
+                        in(reg) 0u32,
+                        in("edx") (deadline >> 32) as u32,
+                        in("eax") deadline as u32,
+                        options(nostack),
+                    )
+                };
+            }
+            MonitorWait::Monitorx => {
+                // SAFETY: MONITORX arms on the line of RAX, a valid address (the caller's
+                // live word), with ECX = EDX = 0 (no extensions, no hints). The CPU has
+                // MONITORX (the caller's contract).
+                unsafe {
+                    asm!(
+                        "monitorx",
+                        in("rax") addr,
+                        in("ecx") 0u32,
+                        in("edx") 0u32,
+                        options(nostack, preserves_flags),
+                    )
+                };
+                if word.load(Ordering::Acquire) != seen {
+                    return;
+                }
+                let timer = u64::from(u32::try_from(ticks).unwrap_or(u32::MAX));
+                // SAFETY: MWAITX with ECX bit 1 (EBX holds a timer in TSC ticks) and EAX =
+                // 0 (C1 hint); it wakes on a write to the monitored line, the timer or an
+                // interrupt. RBX belongs to LLVM: swapped in and back out around it.
+                unsafe {
+                    asm!(
+                        "xchg {t}, rbx",
+                        "mwaitx",
+                        "xchg {t}, rbx",
+                        t = inout(reg) timer => _,
+                        in("eax") 0u32,
+                        in("ecx") 2u32,
+                        options(nostack, preserves_flags),
+                    )
+                };
+            }
+        }
+    }
+}
+
+/// The monitor/wait pair the watcher uses, detected once by cpuid.
+#[cfg(target_arch = "x86_64")]
+fn monitor_wait() -> Option<MonitorWait> {
+    static V: std::sync::OnceLock<Option<MonitorWait>> = std::sync::OnceLock::new();
+    *V.get_or_init(|| match user_monitor_wait() {
+        Some("waitpkg") => Some(MonitorWait::Waitpkg),
+        Some("monitorx") => Some(MonitorWait::Monitorx),
+        _ => None,
+    })
 }
 
 /// A user-level monitor/wait instruction pair this CPU offers, which could sleep a watcher until
