@@ -92,13 +92,25 @@ impl ProgressList {
             .filter_map(|p| p.next_look().map(|d| (d, p)))
             .min_by_key(|(d, _)| *d);
         if let Some((d, p)) = soonest {
-            return p.idle_wait(timeout.min(d).min(Duration::from_millis(1)));
+            // Zero: the source spins (for a slice of its own choosing) rather than sleeps.
+            let d = if d.is_zero() { timeout } else { timeout.min(d) };
+            return p.idle_wait(d.min(Duration::from_millis(1)));
         }
         match v.first() {
             Some(p) if v.len() > 1 => p.idle_wait(timeout.min(Duration::from_millis(1))),
             Some(p) => p.idle_wait(timeout),
             None => std::thread::sleep(timeout.min(Duration::from_millis(1))),
         }
+    }
+
+    /// The soonest any source must be looked at again whatever its doorbell says (an XPU
+    /// doorbell with something armed on it); `None` when their doorbells tell.
+    pub fn next_look(&self) -> Option<Duration> {
+        self.sources
+            .load()
+            .iter()
+            .filter_map(|p| p.next_look())
+            .min()
     }
 
     /// Number of sources.
