@@ -17,8 +17,9 @@ use crate::ep::{EndpointOps, EpCore};
 use crate::ep_start::StartError;
 use crate::wait::ProgressSource;
 
-/// Longest one spin on XPU doorbells lasts before the watcher drives the endpoint again (other
-/// traffic of the domain waits at most this long while the watcher spins).
+/// Longest one spin on XPU doorbells lasts before the watcher yields and drives the endpoint
+/// again (other traffic of the domain, and other threads of the core, wait at most this long
+/// while the watcher spins).
 const SPIN_SLICE: Duration = Duration::from_micros(10);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -319,6 +320,9 @@ impl ProgressSource for EpLink {
                 if let Some(x) = &self.xpu {
                     x.spin(SPIN_SLICE.min(timeout));
                 }
+                // Between slices, the core goes to any other thread that wants it (on a small
+                // machine, the very thread that is about to ring).
+                std::thread::yield_now();
             }
             Some(d) => super::xpu_wake::sleep_until_ring(d.min(timeout)),
             None => self.ops.idle_wait(timeout),
