@@ -607,7 +607,7 @@ mod tests {
         q.push_unexpected(true, unexp(0, 2, 20));
         q.push_unexpected(true, unexp(0, 3, 40));
         assert_eq!(q.unexpected_bytes(), 70);
-        assert!(q.would_match(0, 9, true) == false);
+        assert!(!q.would_match(0, 9, true));
         assert!(matches!(
             q.post(recv(1, 1, 0, FI_TAGGED, 100)),
             PostResult::Matched(_)
@@ -632,7 +632,7 @@ mod tests {
         q.push_unexpected(false, unexp(0, 0, 5));
         q.drain_unexpected();
         assert_eq!(q.unexpected_bytes(), 0);
-        assert!(q.would_match(0, 0, false) == false);
+        assert!(!q.would_match(0, 0, false));
         let _ = q.post(recv(4, 0, 0, 0, 100));
         assert!(q.would_match(0, 0, false));
     }

@@ -455,17 +455,30 @@ fn a_device_like_ring_past_the_spin_window_is_started_once_and_in_order() {
         assert_eq!(read_sends(&e.cq, 1), [ctx]);
         xpu.join().unwrap();
     }
-    let vars: Vec<_> = (rounds + 1..=rounds + 4).map(|ctx| xsend(&e.ep, ctx)).collect();
+    let vars: Vec<_> = (rounds + 1..=rounds + 4)
+        .map(|ctx| xsend(&e.ep, ctx))
+        .collect();
     let xpu = std::thread::spawn(move || {
         for (i, v) in vars.iter().enumerate() {
             std::thread::sleep(std::time::Duration::from_millis(2));
-            assert_eq!(sh.ctxs().len(), rounds + i, "nothing starts before its ring");
+            assert_eq!(
+                sh.ctxs().len(),
+                rounds + i,
+                "nothing starts before its ring"
+            );
             ring(v);
         }
     });
-    assert_eq!(read_sends(&e.cq, 4), (rounds + 1..=rounds + 4).collect::<Vec<_>>());
+    assert_eq!(
+        read_sends(&e.cq, 4),
+        (rounds + 1..=rounds + 4).collect::<Vec<_>>()
+    );
     xpu.join().unwrap();
-    assert_eq!(w.sh.ctxs(), (1..=rounds + 4).collect::<Vec<_>>(), "each once");
+    assert_eq!(
+        w.sh.ctxs(),
+        (1..=rounds + 4).collect::<Vec<_>>(),
+        "each once"
+    );
     assert!(e.errors().is_empty());
 }
 

@@ -317,8 +317,8 @@ impl XpuWatch {
             return 0;
         }
         // Whether the watcher was spinning on it (judged before what it starts leaves).
-        let spinning =
-            finder == Finder::Watcher && b.nap(now, self.last_fire.load(Ordering::Relaxed)) == Some(Duration::ZERO);
+        let spinning = finder == Finder::Watcher
+            && b.nap(now, self.last_fire.load(Ordering::Relaxed)) == Some(Duration::ZERO);
         if v < b.seen {
             *misuse = Some(Misuse {
                 value: v,

@@ -83,9 +83,7 @@ impl Predictor {
     /// (a hit narrows the margin again, a miss widens it). Returns whether it was a hit (`None`
     /// when no window was planned).
     pub(crate) fn rang(&mut self, now: u64, more: bool, p: &Policy) -> Option<bool> {
-        let hit = self
-            .window(p)
-            .map(|w| (w.from..=w.until).contains(&now));
+        let hit = self.window(p).map(|w| (w.from..=w.until).contains(&now));
         match hit {
             Some(true) => self.misses = self.misses.saturating_sub(1),
             Some(false) => self.misses = (self.misses + 1).min(MAX_WIDEN),
@@ -252,7 +250,10 @@ mod tests {
         let t = t + 100 * MS;
         p.armed(t);
         let w = p.window(&P).unwrap();
-        assert!(w.from <= t + 51 * MS && w.until >= t + 53 * MS + wide.min(MS), "{w:?}");
+        assert!(
+            w.from <= t + 51 * MS && w.until >= t + 53 * MS + wide.min(MS),
+            "{w:?}"
+        );
         // A hit narrows again.
         assert_eq!(p.rang(t + 53 * MS, false, &P), Some(true));
         assert!(p.margin(&P) < wide);
