@@ -119,9 +119,9 @@ struct Bell {
     jobs: VecDeque<(u64, Job)>,
     /// When its rings came: what the watcher predicts the next one from.
     timing: Predictor,
-    /// Its rings are announced (`notify_xpu_ring` found the last one, or the watcher found it
-    /// only while spinning): a sleeping watcher is woken, no prediction is needed. Cleared when
-    /// a periodic look finds a ring, which then woke no one.
+    /// Its rings are announced: a sleeping watcher is woken and no prediction is needed. Set
+    /// when `notify_xpu_ring`'s look finds a ring; cleared when a periodic look (not a spin)
+    /// does, since that ring woke no one; a ring found while spinning tells nothing.
     wakes: bool,
 }
 
