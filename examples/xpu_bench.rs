@@ -18,7 +18,8 @@
 //!   `--spin` busy-loops instead), stamps the slot and rings; latency from the store to the
 //!   peer's receive completion, p50 / p99 / max per gap against plain sends, and the process's
 //!   CPU during the gaps (the watcher's cost while the XPU is silent). Auto progress unless
-//!   `--manual` (then the sender's thread waits by reading its CQ: it is the watcher).
+//!   `--manual` (then the sender's thread waits by reading its CQ: it is the watcher; with
+//!   `--sread` it waits in `fi_cq_sread`, so the watcher sleeps between looks as under auto).
 //!   `--ring store` (the default) rings as a GPU does: a release store and nothing else, so
 //!   the watcher must find it; `--ring wake` also wakes a sleeping watcher, as a CPU XPU can
 //!   (`xfabric_kernels::cpu::ring`). Each gap starts with one trigger not counted in its
@@ -31,7 +32,7 @@
 //! cargo run --release --example xpu_bench -- idle [--secs S]
 //! cargo run --release --example xpu_bench -- silence [--gaps 0,5,50,200,1000] [--samples N]
 //!                                                    [--spin] [--manual] [--endpoints N]
-//!                                                    [--ring store|wake]
+//!                                                    [--ring store|wake] [--sread]
 //! ```
 
 use std::io::{BufRead, BufReader, Write};
@@ -47,6 +48,9 @@ use common::{hex, open, unhex, Node};
 const ROLE_ENV: &str = "XF_XPU_BENCH_ROLE";
 const TAG_XPU: u64 = 1;
 const TAG_PLAIN: u64 = 2;
+
+/// `--sread`: the sender waits in `fi_cq_sread` under manual progress too.
+static SREAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the machine.
 fn now_ns() -> u64 {
@@ -112,6 +116,10 @@ struct Args {
     /// stays silent, all watched at once)
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     endpoints: u32,
+    /// silence, with --manual: the sender waits in fi_cq_sread (the watcher then sleeps and
+    /// spins as its policy says) instead of polling fi_cq_read
+    #[arg(long)]
+    sread: bool,
     /// silence: how the XPU rings: `store` as a GPU does, `wake` as a CPU XPU can
     #[arg(long, value_enum, default_value_t = Ring::Store)]
     ring: Ring,
@@ -135,6 +143,7 @@ fn main() {
         .samples
         .unwrap_or(if a.mode == Mode::Silence { 5 } else { 2000 });
     let peer = std::env::var(ROLE_ENV).is_ok();
+    SREAD.store(a.sread && !peer, std::sync::atomic::Ordering::Relaxed);
     match (a.mode, peer) {
         (Mode::Lat, false) => lat_sender(&a),
         (Mode::Lat, true) => lat_peer(&a),
@@ -150,6 +159,7 @@ fn main() {
 impl Node {
     fn blocking(&self) -> bool {
         self.domain.info().domain_attr.data_progress == Progress::Auto
+            || SREAD.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Reads completions until one satisfies `want` (60 s at most); exits on an error entry.
@@ -767,7 +777,9 @@ fn silence_sender(a: &Args) {
     let warm = stats(f[f.len() - a.n..].to_vec());
     println!(
         "8 B trigger after a silence, {}, {} endpoint(s) armed (usec; doorbell store -> peer's receive completion; XPU {} through the gap, rings {})",
-        if a.manual {
+        if a.manual && a.sread {
+            "manual progress, the sender's fi_cq_sread is the watcher"
+        } else if a.manual {
             "manual progress, the sender's CQ reads are the watcher"
         } else {
             "sender under auto progress"
@@ -799,7 +811,7 @@ fn silence_sender(a: &Args) {
             println!("  trig  {:?}", show(after_gap(g, 0)));
             println!("  plain {:?}", show(after_gap(g, 1)));
         }
-        let cpu = if a.manual || cost[g].1 == 0.0 {
+        let cpu = if (a.manual && !a.sread) || cost[g].1 == 0.0 {
             "-".to_string()
         } else {
             format!("{:.2}", 100.0 * cost[g].0 / cost[g].1)

@@ -498,7 +498,7 @@ xpu_section() {
     echo "xfabric XPU triggers (CPU XPU), provider shm"
     echo
     for args in "lat --rounds $ROUNDS" "lat --rounds $ROUNDS --auto" "rate --rounds $((ROUNDS * 3))" "idle" \
-        "silence" "silence --manual" "silence --spin" "silence --endpoints 8" "silence --ring wake"; do
+        "silence" "silence --manual" "silence --manual --sread" "silence --spin" "silence --endpoints 8" "silence --ring wake"; do
         [[ $args == silence* ]] && args="$args --samples $samples --gaps $gaps"
         # shellcheck disable=SC2086
         timeout "$RUN_TIMEOUT" "$xb" $args || { echo "bench: xpu_bench $args failed" >&2; failures=$((failures + 1)); }
