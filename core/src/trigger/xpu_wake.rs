@@ -354,6 +354,36 @@ mod tests {
     }
 
     #[test]
+    fn waiting_for_a_store_ends_on_a_change_or_at_its_bound() {
+        // Already changed: returns at once (bounded by the harness, not asserted in time).
+        let w = AtomicU64::new(5);
+        wait_for_store(&w, 4, Duration::from_secs(3600));
+        // Unchanged: returns at its bound.
+        wait_for_store(&w, 5, Duration::from_millis(1));
+        // A store from another thread, as a device's, ends it.
+        let w = Arc::new(AtomicU64::new(0));
+        let w2 = w.clone();
+        let t = std::thread::spawn(move || wait_for_store(&w2, 0, Duration::from_secs(3600)));
+        while !t.is_finished() {
+            w.store(1, Ordering::Release);
+            std::thread::yield_now();
+        }
+        t.join().unwrap();
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_monitor_wait_used_is_the_one_cpuid_reports() {
+        // This VM hides both: only the mapping is checked here, the instructions never ran.
+        match (user_monitor_wait(), monitor_wait()) {
+            (Some("waitpkg"), Some(MonitorWait::Waitpkg))
+            | (Some("monitorx"), Some(MonitorWait::Monitorx))
+            | (None, None) => {}
+            other => panic!("cpuid and the watcher disagree: {other:?}"),
+        }
+    }
+
+    #[test]
     fn a_missed_look_does_not_sleep() {
         before_look();
         look_missed();
