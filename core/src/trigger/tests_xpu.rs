@@ -402,13 +402,17 @@ fn a_cpu_ring_starts_what_it_rang_in_the_ringing_thread() {
 /// An XPU-trigger endpoint whose CQ can be waited on (`sread` drives the endpoint and sleeps
 /// as its watcher decides).
 fn waiting_ep(w: &World) -> Ep {
+    waiting_ep_on(w, crate::consts::WaitObj::Unspec)
+}
+
+fn waiting_ep_on(w: &World, wait_obj: crate::consts::WaitObj) -> Ep {
     let ep = w.domain.endpoint(w.domain.info()).unwrap();
     let cq = w
         .domain
         .cq_open(&crate::cq::CqAttr {
             format: crate::consts::CqFormat::Tagged,
             size: 64,
-            wait_obj: crate::consts::WaitObj::Unspec,
+            wait_obj,
             ..Default::default()
         })
         .unwrap();
@@ -439,9 +443,15 @@ fn a_device_like_ring_past_the_spin_window_is_started_once_and_in_order() {
     // that follows each arm has passed, one ring at a time and then several armed at once.
     // The watcher (this thread's blocking CQ reads: it sleeps and spins as the predictor
     // says) finds every one, starts each exactly once, in order, and nothing before its ring.
+    for wait_obj in [crate::consts::WaitObj::Unspec, crate::consts::WaitObj::MutexCond] {
+        device_like_rings(wait_obj);
+    }
+}
+
+fn device_like_rings(wait_obj: crate::consts::WaitObj) {
     let w = World::new();
     w.sh.inline.store(true, Ordering::Release);
-    let e = waiting_ep(&w);
+    let e = waiting_ep_on(&w, wait_obj);
     let sh = w.sh.clone();
     let rounds = 6;
     for ctx in 1..=rounds {
