@@ -443,7 +443,10 @@ fn a_device_like_ring_past_the_spin_window_is_started_once_and_in_order() {
     // that follows each arm has passed, one ring at a time and then several armed at once.
     // The watcher (this thread's blocking CQ reads: it sleeps and spins as the predictor
     // says) finds every one, starts each exactly once, in order, and nothing before its ring.
-    for wait_obj in [crate::consts::WaitObj::Unspec, crate::consts::WaitObj::MutexCond] {
+    for wait_obj in [
+        crate::consts::WaitObj::Unspec,
+        crate::consts::WaitObj::MutexCond,
+    ] {
         device_like_rings(wait_obj);
     }
 }
