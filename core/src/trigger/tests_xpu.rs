@@ -474,10 +474,12 @@ fn device_like_rings(wait_obj: crate::consts::WaitObj) {
     let xpu = std::thread::spawn(move || {
         for (i, v) in vars.iter().enumerate() {
             std::thread::sleep(std::time::Duration::from_millis(2));
-            assert_eq!(
-                sh.ctxs().len(),
-                rounds + i,
-                "nothing starts before its ring"
+            // What was rung may not have started yet (the watcher's pace is not asserted);
+            // nothing beyond it has.
+            let started = sh.ctxs().len();
+            assert!(
+                started <= rounds + i,
+                "nothing starts before its ring: {started}"
             );
             ring(v);
         }
