@@ -32,7 +32,7 @@
 //! cargo run --release --example xpu_bench -- idle [--secs S]
 //! cargo run --release --example xpu_bench -- silence [--gaps 0,5,50,200,1000] [--samples N]
 //!                                                    [--spin] [--manual] [--endpoints N]
-//!                                                    [--ring store|wake] [--sread]
+//!                                                    [--ring store|wake] [--sread] [--raw]
 //! ```
 
 use std::io::{BufRead, BufReader, Write};
