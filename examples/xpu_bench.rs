@@ -18,21 +18,28 @@
 //!   `--spin` busy-loops instead), stamps the slot and rings; latency from the store to the
 //!   peer's receive completion, p50 / p99 / max per gap against plain sends, and the process's
 //!   CPU during the gaps (the watcher's cost while the XPU is silent). Auto progress unless
-//!   `--manual` (then the sender's thread waits by reading its CQ: it is the watcher).
+//!   `--manual` (then the sender's thread waits by reading its CQ: it is the watcher; with
+//!   `--sread` it waits in `fi_cq_sread`, so the watcher sleeps between looks as under auto).
+//!   `--ring store` (the default) rings as a GPU does: a release store and nothing else, so
+//!   the watcher must find it; `--ring wake` also wakes a sleeping watcher, as a CPU XPU can
+//!   (`xfabric_kernels::cpu::ring`). Each gap starts with one trigger not counted in its
+//!   samples, shown on its own ("first"): the first after a change of gap, which the watcher
+//!   could not predict.
 //!
 //! ```text
 //! cargo run --release --example xpu_bench -- lat [--samples N] [--rounds R] [--auto]
 //! cargo run --release --example xpu_bench -- rate [--count N] [--rounds R]
 //! cargo run --release --example xpu_bench -- idle [--secs S]
 //! cargo run --release --example xpu_bench -- silence [--gaps 0,5,50,200,1000] [--samples N]
-//!                                                    [--spin] [--manual]
+//!                                                    [--spin] [--manual] [--endpoints N]
+//!                                                    [--ring store|wake] [--sread] [--raw]
 //! ```
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use xfabric::kernels::cpu::ring;
+use xfabric::kernels::cpu::{ring, store};
 use xfabric::*;
 
 mod common;
@@ -41,6 +48,9 @@ use common::{hex, open, unhex, Node};
 const ROLE_ENV: &str = "XF_XPU_BENCH_ROLE";
 const TAG_XPU: u64 = 1;
 const TAG_PLAIN: u64 = 2;
+
+/// `--sread`: the sender waits in `fi_cq_sread` under manual progress too.
+static SREAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the machine.
 fn now_ns() -> u64 {
@@ -59,6 +69,15 @@ enum Mode {
     Rate,
     Idle,
     Silence,
+}
+
+/// How the XPU of `silence` rings.
+#[derive(Clone, Copy, Debug, PartialEq, clap::ValueEnum)]
+enum Ring {
+    /// A release store only, as a GPU's store to mapped host memory: it wakes no one.
+    Store,
+    /// The store, then a wake of a sleeping watcher, as a CPU XPU can.
+    Wake,
 }
 
 /// XPU-trigger benchmarks against a peer process.
@@ -97,6 +116,16 @@ struct Args {
     /// stays silent, all watched at once)
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     endpoints: u32,
+    /// silence, with --manual: the sender waits in fi_cq_sread (the watcher then sleeps and
+    /// spins as its policy says) instead of polling fi_cq_read
+    #[arg(long)]
+    sread: bool,
+    /// silence: how the XPU rings: `store` as a GPU does, `wake` as a CPU XPU can
+    #[arg(long, value_enum, default_value_t = Ring::Store)]
+    ring: Ring,
+    /// silence: also print every sample, in the order taken
+    #[arg(long)]
+    raw: bool,
     /// Filled from `samples` after parsing.
     #[arg(skip)]
     n: usize,
@@ -114,6 +143,7 @@ fn main() {
         .samples
         .unwrap_or(if a.mode == Mode::Silence { 5 } else { 2000 });
     let peer = std::env::var(ROLE_ENV).is_ok();
+    SREAD.store(a.sread && !peer, std::sync::atomic::Ordering::Relaxed);
     match (a.mode, peer) {
         (Mode::Lat, false) => lat_sender(&a),
         (Mode::Lat, true) => lat_peer(&a),
@@ -129,6 +159,7 @@ fn main() {
 impl Node {
     fn blocking(&self) -> bool {
         self.domain.info().domain_attr.data_progress == Progress::Auto
+            || SREAD.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Reads completions until one satisfies `want` (60 s at most); exits on an error entry.
@@ -565,10 +596,11 @@ fn silence_peer(a: &Args) {
     println!("{}", out.join(" "));
 }
 
-/// Samples the peer takes in `silence`: a warm-up pair, a trigger and a plain send after the
-/// same silence per gap and sample, and back-to-back plain sends.
+/// Samples the peer takes in `silence`: a warm-up pair; per gap, a first trigger after the
+/// change of gap, then a trigger and a plain send after the same silence per sample; and
+/// back-to-back plain sends.
 fn silence_samples(a: &Args) -> usize {
-    2 + 2 * a.gaps.len() * a.n + a.n
+    2 + a.gaps.len() * (1 + 2 * a.n) + a.n
 }
 
 /// Waits `gap` as the XPU does: asleep, or busy (`--spin`).
@@ -659,6 +691,7 @@ fn silence_sender(a: &Args) {
     let (to_xpu, jobs) = std::sync::mpsc::channel::<(TriggerVar, u64)>();
     let (rang_tx, rang) = std::sync::mpsc::channel::<(f64, Instant)>();
     let slot_at = slot.as_ptr() as usize;
+    let how = a.ring;
     std::thread::scope(|sc| {
         sc.spawn(move || {
             for (v, gap) in jobs {
@@ -668,8 +701,14 @@ fn silence_sender(a: &Args) {
                 // SAFETY: `slot` outlives the thread (the scope ends first) and its send is
                 // armed, not started: nothing reads it until the ring below.
                 unsafe { (slot_at as *mut u64).write_volatile(now_ns()) };
-                // SAFETY: a variable this endpoint filled for the CPU XPU.
-                unsafe { ring(std::slice::from_ref(&v)) }.expect("ring");
+                let v = std::slice::from_ref(&v);
+                match how {
+                    // SAFETY: a variable this endpoint filled for the CPU XPU.
+                    Ring::Store => unsafe { store(v) },
+                    // SAFETY: as above.
+                    Ring::Wake => unsafe { ring(v) },
+                }
+                .expect("ring");
             }
         });
         let mut trigger = |gap: u64, i: usize| {
@@ -702,6 +741,8 @@ fn silence_sender(a: &Args) {
         trigger(0, 0);
         plain(0, 0);
         for (g, &gap) in a.gaps.iter().enumerate() {
+            // The first after the change of gap: what the watcher learned no longer holds.
+            trigger(gap, 0);
             for i in 0..a.n {
                 let (cpu, wall) = trigger(gap, i);
                 cost[g].0 += cpu;
@@ -726,34 +767,51 @@ fn silence_sender(a: &Args) {
         v.sort_by(f64::total_cmp);
         (pct(&v, 0.5), pct(&v, 0.99), v[v.len() - 1])
     };
+    let per_gap = 1 + 2 * a.n;
+    let first = |g: usize| f[2 + g * per_gap];
     let after_gap = |g: usize, which: usize| -> Vec<f64> {
-        (0..a.n).map(|i| f[2 + 2 * (g * a.n + i) + which]).collect()
+        (0..a.n)
+            .map(|i| f[2 + g * per_gap + 1 + 2 * i + which])
+            .collect()
     };
     let warm = stats(f[f.len() - a.n..].to_vec());
     println!(
-        "8 B trigger after a silence, {} (usec; doorbell store -> peer's receive completion; XPU {} through the gap)",
-        if a.manual {
+        "8 B trigger after a silence, {}, {} endpoint(s) armed (usec; doorbell store -> peer's receive completion; XPU {} through the gap, rings {})",
+        if a.manual && a.sread {
+            "manual progress, the sender's fi_cq_sread is the watcher"
+        } else if a.manual {
             "manual progress, the sender's CQ reads are the watcher"
         } else {
             "sender under auto progress"
         },
-        if a.spin { "busy" } else { "asleep" }
+        a.endpoints,
+        if a.spin { "busy" } else { "asleep" },
+        match a.ring {
+            Ring::Store => "with a store only, as a GPU",
+            Ring::Wake => "and wakes the watcher, as a CPU can",
+        }
     );
     println!(
-        "user-level monitor/wait on this CPU: {} (a CPU ring wakes the watcher by futex)",
+        "user-level monitor/wait on this CPU: {}",
         user_monitor_wait().unwrap_or("none")
     );
     println!(
         "'plain+gap': a plain send from a thread that was silent for the same gap (alternating)"
     );
+    println!("'first': the gap's first trigger, after the change of gap (not in its samples)");
     println!(
-        "gap ms  samples  trig p50  trig p99  trig max  plain+gap p50  plain+gap max  trig-plain  cpu% in gap"
+        "gap ms  samples  trig p50  trig p99  trig max  plain+gap p50  plain+gap max  trig-plain  cpu% in gap  first"
     );
     let (mut ok_warm, mut ok_gap) = (true, true);
     for (g, gap) in a.gaps.iter().enumerate() {
         let (p50, p99, max) = stats(after_gap(g, 0));
         let (q50, _, qmax) = stats(after_gap(g, 1));
-        let cpu = if a.manual || cost[g].1 == 0.0 {
+        if a.raw {
+            let show = |v: Vec<f64>| v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>();
+            println!("  trig  {:?}", show(after_gap(g, 0)));
+            println!("  plain {:?}", show(after_gap(g, 1)));
+        }
+        let cpu = if (a.manual && !a.sread) || cost[g].1 == 0.0 {
             "-".to_string()
         } else {
             format!("{:.2}", 100.0 * cost[g].0 / cost[g].1)
@@ -761,7 +819,7 @@ fn silence_sender(a: &Args) {
         ok_warm &= p50 <= warm.0 + 1.0 && max <= 20.0;
         ok_gap &= p50 <= q50 + 1.0;
         println!(
-            "{:>6} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>14.2} {:>14.2} {:>11.2} {:>12}",
+            "{:>6} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>14.2} {:>14.2} {:>11.2} {:>12} {:>6.1}",
             gap,
             a.n,
             p50,
@@ -770,7 +828,8 @@ fn silence_sender(a: &Args) {
             q50,
             qmax,
             p50 - q50,
-            cpu
+            cpu,
+            first(g)
         );
     }
     println!(

@@ -28,9 +28,11 @@
 #   - a trigger after a silence: the XPU computes 0, 5, 50, 200 and 1000 ms after its send is
 #     armed, then rings; p50 / p99 / max per gap against a plain send after the same silence
 #     (alternating) and back-to-back plain sends, and the CPU used during the gaps (goal: p50
-#     <= plain + 1 us, max <= 20 us, < 5% of a core), under auto progress, manual progress, and
-#     with the XPU busy (--spin) instead of asleep; after each, the same gaps for a plain send
-#     through Debian's libfabric (scripts/probes/silence.c), the anchor.
+#     <= plain + 1 us, max <= 20 us, < 5% of a core), under auto progress, manual progress,
+#     with the XPU busy (--spin) instead of asleep, and with 8 endpoints armed; the XPU rings
+#     as a GPU does (a store that wakes no one) except in the last, --ring wake, where it
+#     wakes the watcher as a CPU XPU can; after each, the same gaps for a plain send through
+#     Debian's libfabric (scripts/probes/silence.c), the anchor.
 #
 # Environment:
 #   ROUNDS     runs of each implementation per size (3)
@@ -527,7 +529,7 @@ xpu_section() {
     echo "xfabric XPU triggers (CPU XPU), provider shm"
     echo
     for args in "lat --rounds $ROUNDS" "lat --rounds $ROUNDS --auto" "rate --rounds $((ROUNDS * 3))" "idle" \
-        "silence" "silence --manual" "silence --spin" "silence --endpoints 8"; do
+        "silence" "silence --manual" "silence --manual --sread" "silence --spin" "silence --endpoints 8" "silence --ring wake"; do
         [[ $args == silence* ]] && args="$args --samples $samples --gaps $gaps"
         # shellcheck disable=SC2086
         timeout "$RUN_TIMEOUT" "$xb" $args || { echo "bench: xpu_bench $args failed" >&2; failures=$((failures + 1)); }

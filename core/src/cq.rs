@@ -304,8 +304,16 @@ impl CompletionQueue {
             spins += 1;
             if spins < 64 {
                 std::hint::spin_loop();
-            } else if self.inner.progress.is_empty() || self.inner.wait_obj == WaitObj::MutexCond {
+            } else if self.inner.progress.is_empty() {
                 self.inner.sleep(left, want);
+            } else if self.inner.wait_obj == WaitObj::MutexCond {
+                // An armed XPU trigger is found only by looking: a sleep on the condition
+                // ends in time for the watcher's next look, and a spin is the watcher's.
+                match self.inner.progress.next_look() {
+                    Some(Duration::ZERO) => self.inner.progress.idle_wait(left),
+                    Some(d) => self.inner.sleep(left.min(d), want),
+                    None => self.inner.sleep(left, want),
+                }
             } else if self.inner.wait_obj == WaitObj::Yield {
                 std::thread::yield_now();
             } else {

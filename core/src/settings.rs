@@ -190,13 +190,13 @@ pub static XPU_SPIN_MS: Setting = Setting::new(
      doorbells without sleeping",
 );
 /// `XFABRIC_XPU_POLL_US`: Past the spin window, how long (us) the watcher sleeps between looks at a
-/// doorbell that armed operations wait on.
+/// doorbell that armed operations wait on; 0 makes it spin instead (a core given to the watcher).
 pub static XPU_POLL_US: Setting = Setting::new(
     "XFABRIC_XPU_POLL_US",
     Kind::Size,
     "1000",
     "Past the spin window, how long (us) the watcher sleeps between looks at a doorbell that \
-     armed operations wait on",
+     armed operations wait on; 0 makes it spin instead (a core given to the watcher)",
 );
 /// `XFABRIC_XPU_CPU_SPIN_US`: The spin window (us) instead, when every doorbell of the endpoint
 /// belongs to a CPU XPU, whose ring wakes a sleeping watcher.
@@ -206,6 +206,37 @@ pub static XPU_CPU_SPIN_US: Setting = Setting::new(
     "50",
     "The spin window (us) instead, when every doorbell of the endpoint belongs to a CPU XPU, \
      whose ring wakes a sleeping watcher",
+);
+/// `XFABRIC_XPU_PREDICT`: 1 lets the watcher learn when each doorbell that wakes no one (a GPU's)
+/// rings, sleep until shortly before the next ring is due and spin from there; 0 keeps the spin
+/// window then a look per XFABRIC_XPU_POLL_US.
+pub static XPU_PREDICT: Setting = Setting::new(
+    "XFABRIC_XPU_PREDICT",
+    Kind::Bool,
+    "1",
+    "1 lets the watcher learn when each doorbell that wakes no one (a GPU's) rings, sleep until \
+     shortly before the next ring is due and spin from there; 0 keeps the spin window then a \
+     look per XFABRIC_XPU_POLL_US",
+);
+/// `XFABRIC_XPU_MARGIN_US`: How long (us) before a doorbell's predicted ring the watcher starts
+/// to spin, and after it keeps spinning, at the least; twice the rings' observed jitter is added,
+/// and the sum doubles after each ring outside it.
+pub static XPU_MARGIN_US: Setting = Setting::new(
+    "XFABRIC_XPU_MARGIN_US",
+    Kind::Size,
+    "200",
+    "How long (us) before a doorbell's predicted ring the watcher starts to spin, and after it \
+     keeps spinning, at the least; twice the rings' observed jitter is added, and the sum \
+     doubles after each ring outside it",
+);
+/// `XFABRIC_XPU_MAX_SPIN_US`: Longest (us) the watcher spins for one predicted ring before it
+/// falls back to a look per XFABRIC_XPU_POLL_US.
+pub static XPU_MAX_SPIN_US: Setting = Setting::new(
+    "XFABRIC_XPU_MAX_SPIN_US",
+    Kind::Size,
+    "5000",
+    "Longest (us) the watcher spins for one predicted ring before it falls back to a look per \
+     XFABRIC_XPU_POLL_US",
 );
 /// `XFABRIC_SHM_CMA`: 0 turns off cross-memory attach (process_vm_readv) for large shm transfers; 1
 /// lets the provider try it.
@@ -331,6 +362,9 @@ pub static SETTINGS: &[&Setting] = &[
     &XPU_SPIN_MS,
     &XPU_POLL_US,
     &XPU_CPU_SPIN_US,
+    &XPU_PREDICT,
+    &XPU_MARGIN_US,
+    &XPU_MAX_SPIN_US,
     &SHM_CMA,
     &SHM_CMA_MIN,
     &SHM_SPLIT_MIN,

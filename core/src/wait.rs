@@ -24,10 +24,12 @@ pub trait ProgressSource: Send + Sync {
     /// Ends an `idle_wait` in progress (new work appeared that no peer will ring for, such as
     /// an operation armed on an XPU doorbell). The default does nothing: its waits are short.
     fn wake(&self) {}
-    /// True when this source must be looked at again soon whatever its doorbell says
-    /// (something it waits for rings no doorbell): an idle thread then waits on it.
-    fn urgent(&self) -> bool {
-        false
+    /// How soon this source must be looked at again whatever its doorbell says (something it
+    /// waits for rings no doorbell, such as an XPU's store): zero at once; `None` when its
+    /// doorbell tells. An idle thread driving several sources sleeps no longer than the
+    /// soonest.
+    fn next_look(&self) -> Option<Duration> {
+        None
     }
 }
 
@@ -83,14 +85,32 @@ impl ProgressList {
         // One source: sleep on its doorbell for the whole timeout. Several: on the first's for
         // at most a millisecond, so the others are looked at again soon. None: just sleep.
         let v = self.sources.load();
-        if let Some(p) = v.iter().find(|p| p.urgent()) {
-            return p.idle_wait(timeout.min(Duration::from_millis(1)));
+        // A source that must be looked at by a time: the soonest sets the sleep, on its own
+        // doorbell (`EpLink`'s wait ends at that time, or at a CPU XPU's ring).
+        let soonest = v
+            .iter()
+            .filter_map(|p| p.next_look().map(|d| (d, p)))
+            .min_by_key(|(d, _)| *d);
+        if let Some((d, p)) = soonest {
+            // Zero: the source spins (for a slice of its own choosing) rather than sleeps.
+            let d = if d.is_zero() { timeout } else { timeout.min(d) };
+            return p.idle_wait(d.min(Duration::from_millis(1)));
         }
         match v.first() {
             Some(p) if v.len() > 1 => p.idle_wait(timeout.min(Duration::from_millis(1))),
             Some(p) => p.idle_wait(timeout),
             None => std::thread::sleep(timeout.min(Duration::from_millis(1))),
         }
+    }
+
+    /// The soonest any source must be looked at again whatever its doorbell says (an XPU
+    /// doorbell with something armed on it); `None` when their doorbells tell.
+    pub fn next_look(&self) -> Option<Duration> {
+        self.sources
+            .load()
+            .iter()
+            .filter_map(|p| p.next_look())
+            .min()
     }
 
     /// Number of sources.

@@ -69,8 +69,9 @@ pub unsafe fn validate(vars: &[TriggerVar]) -> Result<(), KernelError> {
 }
 
 /// Rings a trigger list from this thread: each variable's value stored at its address with a
-/// release store of its exact width (bytes: copied, then a release fence), in order. Everything
-/// this thread wrote before the call is visible to whoever observes a variable's value.
+/// release store of its exact width (bytes: copied, then a release fence), in order, then a
+/// sleeping watcher is woken. Everything this thread wrote before the call is visible to whoever
+/// observes a variable's value.
 ///
 /// Nothing is stored unless every variable is well formed.
 ///
@@ -79,6 +80,20 @@ pub unsafe fn validate(vars: &[TriggerVar]) -> Result<(), KernelError> {
 /// only accessed atomically by others); for `FI_UINT8` with count > 1, `value.data` must point
 /// to `count` readable bytes and `addr` to `count` writable ones.
 pub unsafe fn ring(vars: &[TriggerVar]) -> Result<(), KernelError> {
+    // SAFETY: the caller's contract.
+    unsafe { store(vars) }?;
+    // A CPU can do what a GPU cannot: wake a watcher asleep past its spin window.
+    xfabric_xpu_trigger::notify_xpu_ring();
+    Ok(())
+}
+
+/// Rings a trigger list as a device does: the stores of [`ring`] and nothing else, so that no
+/// sleeping watcher is woken and the watcher must find the values by looking (what a GPU's
+/// store to mapped host memory, or another process's, looks like to the host).
+///
+/// # Safety
+/// As [`ring`].
+pub unsafe fn store(vars: &[TriggerVar]) -> Result<(), KernelError> {
     // SAFETY: the caller's contract.
     unsafe { validate(vars) }?;
     for v in vars {
@@ -108,8 +123,6 @@ pub unsafe fn ring(vars: &[TriggerVar]) -> Result<(), KernelError> {
             }
         }
     }
-    // A CPU can do what a GPU cannot: wake a watcher asleep past its spin window.
-    xfabric_xpu_trigger::notify_xpu_ring();
     Ok(())
 }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use super::queue::{TriggerQueue, Watch};
-use super::xpu::{DoorbellAlloc, XpuWatch};
+use super::xpu::{DoorbellAlloc, Finder, XpuWatch};
 use super::Job;
 use crate::cntr::CntrInner;
 use crate::consts::FI_COMPLETION;
@@ -16,6 +16,11 @@ use crate::entry::Context;
 use crate::ep::{EndpointOps, EpCore};
 use crate::ep_start::StartError;
 use crate::wait::ProgressSource;
+
+/// Longest one spin on XPU doorbells lasts before the watcher yields and drives the endpoint
+/// again (other traffic of the domain, and other threads of the core, wait at most this long
+/// while the watcher spins).
+const SPIN_SLICE: Duration = Duration::from_micros(10);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -283,7 +288,7 @@ impl EpLink {
 impl super::xpu_wake::RingTarget for EpLink {
     fn rung(&self) {
         if let Some(x) = &self.xpu {
-            x.poll(&self.core, |j| self.submit(j));
+            x.poll(&self.core, Finder::Ringer, |j| self.submit(j));
         }
     }
 }
@@ -292,7 +297,7 @@ impl ProgressSource for EpLink {
     fn progress(&self) -> usize {
         let mut n = self.ops.progress();
         if let Some(x) = &self.xpu {
-            n += x.poll(&self.core, |j| self.submit(j));
+            n += x.poll(&self.core, Finder::Watcher, |j| self.submit(j));
         }
         if self.has_stalled.load(Ordering::Acquire) {
             n + self.retry()
@@ -309,16 +314,26 @@ impl ProgressSource for EpLink {
             return;
         }
         // A doorbell an XPU stores to rings nothing: while operations are armed on one,
-        // keep looking (spinning just after a trigger, then sleeps a CPU XPU's ring ends).
+        // keep looking (spinning when a ring is likely, sleeps a CPU XPU's ring ends between).
         match self.xpu.as_ref().and_then(XpuWatch::nap) {
-            Some(Duration::ZERO) => std::thread::yield_now(),
+            Some(Duration::ZERO) => {
+                if let Some(x) = &self.xpu {
+                    x.spin(SPIN_SLICE.min(timeout));
+                }
+                // Between slices, the core goes to any other thread that wants it (on a small
+                // machine, the very thread that is about to ring).
+                std::thread::yield_now();
+            }
             Some(d) => super::xpu_wake::sleep_until_ring(d.min(timeout)),
             None => self.ops.idle_wait(timeout),
         }
     }
 
-    fn urgent(&self) -> bool {
-        self.has_stalled.load(Ordering::Acquire) || self.xpu.as_ref().is_some_and(XpuWatch::waiting)
+    fn next_look(&self) -> Option<Duration> {
+        if self.has_stalled.load(Ordering::Acquire) {
+            return Some(Duration::ZERO);
+        }
+        self.xpu.as_ref().and_then(XpuWatch::nap)
     }
 }
 

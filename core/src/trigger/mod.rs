@@ -33,6 +33,7 @@ mod tests_hmem;
 mod tests_xpu;
 mod xpu;
 mod xpu_abi;
+mod xpu_predict;
 mod xpu_wake;
 
 use std::sync::Arc;

@@ -398,3 +398,127 @@ fn a_cpu_ring_starts_what_it_rang_in_the_ringing_thread() {
     e.ep.progress();
     assert_eq!(w.sh.ctxs(), [41], "started once");
 }
+
+/// An XPU-trigger endpoint whose CQ can be waited on (`sread` drives the endpoint and sleeps
+/// as its watcher decides).
+fn waiting_ep(w: &World) -> Ep {
+    waiting_ep_on(w, crate::consts::WaitObj::Unspec)
+}
+
+fn waiting_ep_on(w: &World, wait_obj: crate::consts::WaitObj) -> Ep {
+    let ep = w.domain.endpoint(w.domain.info()).unwrap();
+    let cq = w
+        .domain
+        .cq_open(&crate::cq::CqAttr {
+            format: crate::consts::CqFormat::Tagged,
+            size: 64,
+            wait_obj,
+            ..Default::default()
+        })
+        .unwrap();
+    let av = w.domain.av_open(&crate::av::AvAttr::default()).unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    Ep { ep, cq }
+}
+
+/// Reads `cq` (the watcher, under manual progress) until `n` send completions came, each
+/// read waiting at most 10 s; returns their contexts in the order read.
+fn read_sends(cq: &crate::cq::CompletionQueue, n: usize) -> Vec<Context> {
+    let mut got = Vec::new();
+    let mut buf = [crate::entry::CqTaggedEntry::default(); 8];
+    while got.len() < n {
+        match cq.sread(&mut buf, 1, 10_000) {
+            Ok(k) => got.extend(buf[..k].iter().map(|e| e.op_context)),
+            Err(e) => panic!("after {} of {n} completions: {e}", got.len()),
+        }
+    }
+    got
+}
+
+#[test]
+fn a_device_like_ring_past_the_spin_window_is_started_once_and_in_order() {
+    // A device's ring: a store and nothing else (no notify_xpu_ring), after the spin window
+    // that follows each arm has passed, one ring at a time and then several armed at once.
+    // The watcher (this thread's blocking CQ reads: it sleeps and spins as the predictor
+    // says) finds every one, starts each exactly once, in order, and nothing before its ring.
+    for wait_obj in [
+        crate::consts::WaitObj::Unspec,
+        crate::consts::WaitObj::MutexCond,
+    ] {
+        device_like_rings(wait_obj);
+    }
+}
+
+fn device_like_rings(wait_obj: crate::consts::WaitObj) {
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let e = waiting_ep_on(&w, wait_obj);
+    let sh = w.sh.clone();
+    let rounds = 6;
+    for ctx in 1..=rounds {
+        let v = xsend(&e.ep, ctx);
+        let sh = sh.clone();
+        let xpu = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(3));
+            assert_eq!(sh.ctxs().len(), ctx - 1, "nothing starts before its ring");
+            ring(&v);
+        });
+        assert_eq!(read_sends(&e.cq, 1), [ctx]);
+        xpu.join().unwrap();
+    }
+    let vars: Vec<_> = (rounds + 1..=rounds + 4)
+        .map(|ctx| xsend(&e.ep, ctx))
+        .collect();
+    let xpu = std::thread::spawn(move || {
+        for (i, v) in vars.iter().enumerate() {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            // What was rung may not have started yet (the watcher's pace is not asserted);
+            // nothing beyond it has.
+            let started = sh.ctxs().len();
+            assert!(
+                started <= rounds + i,
+                "nothing starts before its ring: {started}"
+            );
+            ring(v);
+        }
+    });
+    assert_eq!(
+        read_sends(&e.cq, 4),
+        (rounds + 1..=rounds + 4).collect::<Vec<_>>()
+    );
+    xpu.join().unwrap();
+    assert_eq!(
+        w.sh.ctxs(),
+        (1..=rounds + 4).collect::<Vec<_>>(),
+        "each once"
+    );
+    assert!(e.errors().is_empty());
+}
+
+#[test]
+fn a_silent_endpoint_beside_does_not_hide_another_endpoints_ring() {
+    // Two endpoints on one CQ, each with a send armed; only the second's XPU rings, as a
+    // device does. The CQ's reads drive both and find it.
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let a = waiting_ep(&w);
+    let b = w.domain.endpoint(w.domain.info()).unwrap();
+    let av = w.domain.av_open(&crate::av::AvAttr::default()).unwrap();
+    b.bind_cq(&a.cq, FI_TRANSMIT | FI_RECV).unwrap();
+    b.bind_av(&av).unwrap();
+    b.enable().unwrap();
+    xsend(&a.ep, 1);
+    for ctx in 2..=4 {
+        let v = xsend(&b, ctx);
+        let xpu = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            ring(&v);
+        });
+        assert_eq!(read_sends(&a.cq, 1), [ctx]);
+        xpu.join().unwrap();
+    }
+    assert_eq!(w.sh.ctxs(), [2, 3, 4]);
+    b.close().unwrap();
+}

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::link::EpLink;
+use super::xpu_predict::{Policy, Predictor};
 use super::Job;
 use crate::atomic::Datatype;
 use crate::consts::errno::FI_EINVAL;
@@ -26,6 +27,7 @@ use crate::consts::*;
 use crate::entry::{Context, CqErrEntry};
 use crate::ep::EpCore;
 use crate::error::{Error, Result};
+use crate::hmem_iface::Iface;
 use crate::trigger::{TriggerVar, Xpu};
 
 /// Most operations one endpoint keeps armed; posting past it answers `Again`.
@@ -47,12 +49,35 @@ fn cpu_spin_window() -> Duration {
 }
 
 /// Past the spin window, how long the watcher sleeps between looks at a doorbell that armed
-/// operations wait on (`XFABRIC_XPU_POLL_US`, default 1000): what a late trigger from a GPU
-/// may wait, against what a silent XPU costs (each look is a wake-up of the progress thread).
-/// A CPU XPU's ring ends the sleep at once.
+/// operations wait on (`XFABRIC_XPU_POLL_US`, default 1000): what a trigger from a GPU that
+/// came when it was not predicted may wait, against what a silent XPU costs (each look is a
+/// wake-up of the thread, 10-20 us of CPU on a VM). A CPU XPU's ring ends the sleep at once.
+/// 0: the watcher never sleeps while something is armed.
 fn poll_sleep() -> Duration {
     static V: OnceLock<Duration> = OnceLock::new();
     *V.get_or_init(|| Duration::from_micros(crate::settings::XPU_POLL_US.size()))
+}
+
+/// How the watcher predicts rings of doorbells that wake no one (`XFABRIC_XPU_PREDICT`,
+/// `XFABRIC_XPU_MARGIN_US`, `XFABRIC_XPU_MAX_SPIN_US`); `None` when it does not.
+fn policy() -> Option<Policy> {
+    static V: OnceLock<Option<Policy>> = OnceLock::new();
+    *V.get_or_init(|| {
+        use crate::settings::{XPU_MARGIN_US, XPU_MAX_SPIN_US, XPU_PREDICT};
+        XPU_PREDICT.flag().then(|| Policy {
+            margin: XPU_MARGIN_US.size().saturating_mul(1_000),
+            max_spin: XPU_MAX_SPIN_US.size().saturating_mul(1_000),
+        })
+    })
+}
+
+/// Who found a doorbell's new value.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finder {
+    /// The watcher, looking (spinning, or a periodic look).
+    Watcher,
+    /// The ringing thread, through `notify_xpu_ring`: a CPU XPU that announces its rings.
+    Ringer,
 }
 
 /// `prov_errno` of an error entry: the XPU stored a value past the last one armed.
@@ -84,13 +109,54 @@ const VARS: [(Datatype, i32); 1] = [(Datatype::UInt64, 1)];
 /// One (endpoint, XPU) doorbell and the operations waiting on it.
 struct Bell {
     xpu: Xpu,
-    bell: Box<dyn Doorbell>,
+    /// Shared with a watcher spinning on it outside the lock (`XpuWatch::spin`).
+    bell: Arc<dyn Doorbell>,
     /// Last value handed out.
     armed: u64,
     /// Last value read from the doorbell.
     seen: u64,
     /// Armed operations by value, increasing.
     jobs: VecDeque<(u64, Job)>,
+    /// When its rings came: what the watcher predicts the next one from.
+    timing: Predictor,
+    /// Its rings are announced: a sleeping watcher is woken and no prediction is needed. Set
+    /// when `notify_xpu_ring`'s look finds a ring; cleared when a periodic look (not a spin)
+    /// does, since that ring woke no one; a ring found while spinning tells nothing.
+    wakes: bool,
+}
+
+impl Bell {
+    /// How long the watcher may wait before looking at this doorbell again, at `now` (ns
+    /// since the watch's epoch), `last_fire` being the watch's last arm or trigger: zero to
+    /// spin; `None` if nothing waits on it. Not capped by the poll period.
+    fn nap(&self, now: u64, last_fire: u64) -> Option<Duration> {
+        if self.jobs.is_empty() {
+            return None;
+        }
+        let device = self.xpu.iface != Iface::System;
+        let predicted = policy()
+            .filter(|_| device || !self.wakes)
+            .and_then(|p| self.timing.window(&p));
+        Some(match predicted {
+            Some(w) if now < w.from => Duration::from_nanos(w.from - now),
+            Some(w) if now <= w.until => Duration::ZERO,
+            // Past the window: the ring came later than predicted; periodic looks.
+            Some(_) => Duration::MAX,
+            // No history: spin for a while after an arm or a trigger, then periodic looks.
+            None => {
+                let window = if device {
+                    spin_window()
+                } else {
+                    cpu_spin_window()
+                };
+                if now.saturating_sub(last_fire) < window.as_nanos() as u64 {
+                    Duration::ZERO
+                } else {
+                    Duration::MAX
+                }
+            }
+        })
+    }
 }
 
 /// What an error entry reports about a doorbell.
@@ -107,8 +173,6 @@ pub(crate) struct XpuWatch {
     armed: AtomicUsize,
     /// A doorbell exists: the watcher has something to look at (read without the lock).
     has_bells: AtomicBool,
-    /// A doorbell belongs to an XPU other than the CPU: its ring wakes no one.
-    device_bells: AtomicBool,
     /// When a trigger last fired (nanoseconds since `epoch`), for the watcher's back-off.
     last_fire: AtomicU64,
     epoch: Instant,
@@ -121,7 +185,6 @@ impl XpuWatch {
             bells: Mutex::default(),
             armed: AtomicUsize::new(0),
             has_bells: AtomicBool::new(false),
-            device_bells: AtomicBool::new(false),
             last_fire: AtomicU64::new(0),
             epoch: Instant::now(),
         }
@@ -129,6 +192,11 @@ impl XpuWatch {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Bell>> {
         self.bells.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Nanoseconds since `epoch` (saturating: centuries away).
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// True while armed operations wait: the watcher must keep looking.
@@ -183,7 +251,7 @@ impl XpuWatch {
             Some(i) => i,
             None => {
                 self.alloc.check(xpu)?;
-                let bell = self.alloc.alloc(xpu)?;
+                let bell: Arc<dyn Doorbell> = Arc::from(self.alloc.alloc(xpu)?);
                 let seen = bell.word().load(Ordering::Acquire);
                 bells.push(Bell {
                     xpu,
@@ -191,10 +259,9 @@ impl XpuWatch {
                     armed: seen,
                     seen,
                     jobs: VecDeque::new(),
+                    timing: Predictor::default(),
+                    wakes: false,
                 });
-                if xpu.iface != crate::hmem_iface::Iface::System {
-                    self.device_bells.store(true, Ordering::Release);
-                }
                 self.has_bells.store(true, Ordering::Release);
                 bells.len() - 1
             }
@@ -203,11 +270,13 @@ impl XpuWatch {
         // Judge what the XPU stored since the watcher last looked before handing out a value:
         // a stray value stored while nothing was armed must not start what is armed now.
         let mut misuse = None;
-        let started = self.scan(b, &|j| link.submit(j), &mut misuse);
+        let now = self.now();
+        let started = self.scan(b, now, Finder::Watcher, &|j| link.submit(j), &mut misuse);
         let value = b.armed.checked_add(1);
         let armed = value.map(|value| {
             b.armed = value;
             b.jobs.push_back((value, job));
+            b.timing.armed(now);
             var.addr = b.bell.xpu_addr() as *mut std::ffi::c_void;
             var.value.val64 = value;
             self.armed.fetch_add(1, Ordering::AcqRel);
@@ -231,14 +300,25 @@ impl XpuWatch {
         })
     }
 
-    /// Reads `b`'s doorbell once: starts, in order and under the caller's lock, what its
-    /// value reached, and notes a misuse. Values saturate at u64::MAX. Returns how many
-    /// operations started.
-    fn scan(&self, b: &mut Bell, start: &impl Fn(Job), misuse: &mut Option<Misuse>) -> usize {
+    /// Reads `b`'s doorbell once, at `now`: starts, in order and under the caller's lock,
+    /// what its value reached, and notes a misuse. Values saturate at u64::MAX. Returns how
+    /// many operations started.
+    fn scan(
+        &self,
+        b: &mut Bell,
+        now: u64,
+        finder: Finder,
+        start: &impl Fn(Job),
+        misuse: &mut Option<Misuse>,
+    ) -> usize {
         let v = b.bell.word().load(Ordering::Acquire);
         if v == b.seen {
+            b.timing.looked(now);
             return 0;
         }
+        // Whether the watcher was spinning on it (judged before what it starts leaves).
+        let spinning = finder == Finder::Watcher
+            && b.nap(now, self.last_fire.load(Ordering::Relaxed)) == Some(Duration::ZERO);
         if v < b.seen {
             *misuse = Some(Misuse {
                 value: v,
@@ -264,6 +344,29 @@ impl XpuWatch {
             start(job);
             n += 1;
         }
+        if n > 0 {
+            // Who found it tells whether its rings wake a sleeper: a periodic look (not a
+            // spin) finding it means this one did not.
+            match finder {
+                Finder::Ringer => b.wakes = true,
+                Finder::Watcher if !spinning => b.wakes = false,
+                Finder::Watcher => {}
+            }
+            if let Some(p) = policy() {
+                let window = b.timing.window(&p);
+                let hit = b.timing.rang(now, !b.jobs.is_empty(), &p);
+                tracing::trace!(
+                    now,
+                    ?window,
+                    ?hit,
+                    spinning,
+                    wakes = b.wakes,
+                    "xpu watcher: a ring started {n} operation(s)"
+                );
+            }
+        } else {
+            b.timing.looked(now);
+        }
         n
     }
 
@@ -275,7 +378,7 @@ impl XpuWatch {
     /// Looks at every doorbell once: starts what its value reached, in order, and reports
     /// misuse. Returns how many operations started. Another thread already looking is left
     /// to it (one watcher at a time keeps the order).
-    pub(crate) fn poll(&self, core: &EpCore, start: impl Fn(Job)) -> usize {
+    pub(crate) fn poll(&self, core: &EpCore, finder: Finder, start: impl Fn(Job)) -> usize {
         // Looked at even with nothing armed, so that a stray store is reported when the
         // watcher next runs, not when something is armed after it.
         if !self.has_bells.load(Ordering::Acquire) {
@@ -288,9 +391,10 @@ impl XpuWatch {
         };
         let mut n = 0;
         let mut misuse = Vec::new();
+        let now = self.now();
         for b in bells.iter_mut() {
             let mut m = None;
-            n += self.scan(b, &start, &mut m);
+            n += self.scan(b, now, finder, &start, &mut m);
             misuse.extend(m);
         }
         drop(bells);
@@ -310,6 +414,9 @@ impl XpuWatch {
             if let Some(i) = b.jobs.iter().position(|(_, j)| j.ctx() == ctx) {
                 let (_, job) = b.jobs.remove(i)?;
                 self.armed.fetch_sub(1, Ordering::AcqRel);
+                if b.jobs.is_empty() {
+                    b.timing.disarmed();
+                }
                 return Some(job);
             }
         }
@@ -322,30 +429,71 @@ impl XpuWatch {
         let mut out = Vec::new();
         for b in bells.iter_mut() {
             out.extend(b.jobs.drain(..).map(|(_, j)| j));
+            b.timing.disarmed();
         }
         self.armed.store(0, Ordering::Release);
         out
     }
 
     /// How the watcher should wait when nothing is ready: `None` if nothing is armed (the
-    /// provider's doorbell may put it to sleep); otherwise keep spinning within the spin
-    /// window after the last arm or trigger, then sleep between looks until a CPU XPU rings
-    /// (`sleep_until_ring`) or the poll interval passes.
+    /// provider's doorbell may put it to sleep); zero to keep looking; otherwise how long it
+    /// may sleep (at most the poll interval) before it must look again, ended early by a CPU
+    /// XPU's ring (`sleep_until_ring`). Per doorbell: with a history of rings that woke no
+    /// one, until shortly before the next is due, then spin through the predicted window
+    /// (`xpu_predict`); without, spin within the spin window after the last arm or trigger;
+    /// past either, the poll interval. The soonest of its doorbells wins.
     pub(crate) fn nap(&self) -> Option<Duration> {
         if !self.waiting() {
             return None;
         }
-        let now = self.epoch.elapsed().as_nanos() as u64;
-        let since = now.saturating_sub(self.last_fire.load(Ordering::Relaxed));
-        let window = if self.device_bells.load(Ordering::Acquire) {
-            spin_window()
-        } else {
-            cpu_spin_window()
+        let Ok(bells) = self.bells.try_lock() else {
+            // Another thread is looking (or arming): look again soon.
+            return Some(Duration::ZERO);
         };
-        if since < window.as_nanos() as u64 {
-            Some(Duration::ZERO)
-        } else {
-            Some(poll_sleep())
+        let now = self.now();
+        let last_fire = self.last_fire.load(Ordering::Relaxed);
+        let soonest = bells.iter().filter_map(|b| b.nap(now, last_fire)).min();
+        drop(bells);
+        // Armed but in no doorbell's list: a look in progress elsewhere just took it.
+        Some(soonest.unwrap_or(Duration::ZERO).min(poll_sleep()))
+    }
+
+    /// The spin of a watcher told to keep looking (`nap` said zero): waits, at most `max`,
+    /// until a doorbell something waits on changes from what the watcher last saw, without
+    /// holding the lock (arming goes on meanwhile) and without a system call. With one such
+    /// doorbell and a CPU that offers a user-level monitor/wait, it waits on the doorbell's
+    /// cache line (a store, by the CPU or by a device, ends the wait); otherwise it reads the
+    /// doorbells with a pause between reads. The caller looks after it.
+    pub(crate) fn spin(&self, max: Duration) {
+        let Ok(bells) = self.bells.try_lock() else {
+            return;
+        };
+        let watched: Vec<(Arc<dyn Doorbell>, u64)> = bells
+            .iter()
+            .filter(|b| !b.jobs.is_empty())
+            .map(|b| (b.bell.clone(), b.seen))
+            .collect();
+        drop(bells);
+        match watched.as_slice() {
+            [] => {}
+            [(bell, seen)] => super::xpu_wake::wait_for_store(bell.word(), *seen, max),
+            many => {
+                let until = Instant::now() + max;
+                'spin: loop {
+                    for _ in 0..64 {
+                        if many
+                            .iter()
+                            .any(|(b, seen)| b.word().load(Ordering::Relaxed) != *seen)
+                        {
+                            break 'spin;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    if Instant::now() >= until {
+                        break;
+                    }
+                }
+            }
         }
     }
 }
