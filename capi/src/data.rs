@@ -641,6 +641,8 @@ unsafe extern "C" fn cq_read(cq: *mut c_void, buf: *mut c_void, count: usize) ->
         match cq.read(b) {
             // n <= count, which C gave as a size_t that fits an ssize_t return.
             Ok(n) => Ok(n as isize),
+            // The empty queue's answer, here rather than a call to `neg`.
+            Err(xfabric::Error::Again(_)) => Err(-(libc::EAGAIN as isize)),
             Err(e) => Err(neg(e)),
         }
     }
