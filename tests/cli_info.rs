@@ -228,10 +228,7 @@ fn fi_provider_is_honoured() {
         !names.is_empty() && names.iter().all(|n| n == "tcp"),
         "{names:?}"
     );
-    let out = xfabric_os(
-        &["info".into()],
-        &[("FI_PROVIDER", OsStr::new("^shm,tcp"))],
-    );
+    let out = xfabric_os(&["info".into()], &[("FI_PROVIDER", OsStr::new("^shm,tcp"))]);
     assert_one_line_failure(&out, "FI_PROVIDER");
 }
 
