@@ -641,8 +641,12 @@ unsafe extern "C" fn cq_read(cq: *mut c_void, buf: *mut c_void, count: usize) ->
         match cq.read(b) {
             // n <= count, which C gave as a size_t that fits an ssize_t return.
             Ok(n) => Ok(n as isize),
-            // The empty queue's answer, here rather than a call to `neg`.
-            Err(xfabric::Error::Again(_)) => Err(-(libc::EAGAIN as isize)),
+            // The empty queue, the polling loop's usual answer: `Again` owns nothing (a static
+            // str), so forgetting it skips the call to the enum's drop that `neg` would make.
+            Err(e @ xfabric::Error::Again(_)) => {
+                std::mem::forget(e);
+                Err(-(libc::EAGAIN as isize))
+            }
             Err(e) => Err(neg(e)),
         }
     }
