@@ -3,7 +3,8 @@
 # alternating run by run (libfabric, ours, libfabric, ours, ...) so that the machine's drift
 # hits both alike. Prints each size's medians and ratios as it goes, then a final table. A third
 # column runs the same fi_pingpong binary on xfabric's libfabric.so.1 (capi/): the C ABI's cost
-# over the Rust pingpong (goal: within 5%).
+# over the Rust pingpong (goal: within 5%). scripts/bench-mpi.sh does the same for Open MPI: its
+# ping-pong (btl ofi, shm) on xfabric's libfabric.so.1 against Debian's libfabric, alternating.
 #
 # Then "xfabric RMA": ours only (libfabric-bin has no fabtests, so no fi_rma_pingpong to set
 # against), RMA against our own message path, alternating the same way:

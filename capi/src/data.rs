@@ -112,12 +112,19 @@ pub fn ep_head(context: *mut c_void) -> EpHead {
 
 /// A call's body under [`guard`], its error as the negative code (no log: -FI_EAGAIN is the
 /// common answer of a polling loop).
+#[inline(always)]
 pub(crate) fn call(body: impl FnOnce() -> Result<isize, isize>) -> isize {
     guard(-(FI_EOTHER as isize), || body().unwrap_or_else(|e| e))
 }
 
+#[inline]
 pub(crate) fn neg(e: xfabric::Error) -> isize {
-    -(e.errno() as isize)
+    // The polling loop's answer first: `Again` owns nothing, so this arm drops nothing (the
+    // general arm calls the enum's out-of-line drop, a call per empty fi_cq_read otherwise).
+    match e {
+        xfabric::Error::Again(_) => -(libc::EAGAIN as isize),
+        e => -(e.errno() as isize),
+    }
 }
 
 fn int(r: isize) -> c_int {
@@ -126,6 +133,7 @@ fn int(r: isize) -> c_int {
 
 /// # Safety
 /// `fid` null or a readable fid.
+#[inline(always)]
 pub(crate) unsafe fn obj<'a, T: Class>(fid: *const c_void) -> Result<&'a T, isize> {
     // SAFETY: forwarded contract.
     unsafe { get::<T>(fid) }.map_err(|e| e as isize)
@@ -616,10 +624,48 @@ unsafe fn threshold(cond: *const c_void) -> usize {
     }
 }
 
+/// fi_cq_read, the call a polling loop makes (most often to hear -FI_EAGAIN): its own short
+/// path, each format's read inlined here rather than through [`read_into`]'s choices of source
+/// and wait.
 unsafe extern "C" fn cq_read(cq: *mut c_void, buf: *mut c_void, count: usize) -> isize {
+    /// # Safety
+    /// `buf` writable for `count` (> 0) entries of E, E the CQ's format.
+    #[inline(always)]
+    unsafe fn typed<E: CqFormatEntry>(
+        cq: &CompletionQueue,
+        buf: *mut c_void,
+        count: usize,
+    ) -> Result<isize, isize> {
+        // SAFETY: writable for count entries of E (caller); E is repr(C) as fi_eq.h's.
+        let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<E>(), count) };
+        match cq.read(b) {
+            // n <= count, which C gave as a size_t that fits an ssize_t return.
+            Ok(n) => Ok(n as isize),
+            // The empty queue, the polling loop's usual answer: `Again` owns nothing (a static
+            // str), so forgetting it skips the call to the enum's drop that `neg` would make.
+            Err(e @ xfabric::Error::Again(_)) => {
+                std::mem::forget(e);
+                Err(-(libc::EAGAIN as isize))
+            }
+            Err(e) => Err(neg(e)),
+        }
+    }
     call(|| {
-        // SAFETY: fid checked; buf per the CQ's format (caller).
-        unsafe { read_into(obj::<CompletionQueue>(cq)?, buf, count, null_mut(), None) }
+        // SAFETY: a fid from the caller, checked.
+        let cq = unsafe { obj::<CompletionQueue>(cq) }?;
+        if count == 0 || buf.is_null() {
+            // SAFETY: nothing is written for count 0; a null buf is refused there.
+            return unsafe { read_into(cq, buf, count, null_mut(), None) };
+        }
+        // SAFETY (each arm): buf writable for count entries of the CQ's own format (caller).
+        unsafe {
+            match cq.format() {
+                CqFormat::Unspec | CqFormat::Context => typed::<CqEntry>(cq, buf, count),
+                CqFormat::Msg => typed::<CqMsgEntry>(cq, buf, count),
+                CqFormat::Data => typed::<CqDataEntry>(cq, buf, count),
+                CqFormat::Tagged => typed::<CqTaggedEntry>(cq, buf, count),
+            }
+        }
     })
 }
 

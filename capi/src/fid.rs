@@ -86,6 +86,7 @@ pub fn fid_of<T: Class>(context: *mut c_void) -> Fid {
 /// # Safety
 /// `fid` must be null or point at a readable `struct fid`; if it is one of ours it must not
 /// be closed while the reference is used.
+#[inline(always)]
 pub unsafe fn get<'a, T: Class>(fid: *const c_void) -> Result<&'a T, c_int> {
     if fid.is_null() {
         return Err(-FI_EINVAL);

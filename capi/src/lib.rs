@@ -44,6 +44,7 @@ pub const FI_EOTHER: c_int = 256;
 
 /// Runs one export's body; a panic becomes `on_panic` instead of unwinding into C (undefined
 /// behaviour).
+#[inline(always)]
 fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or(on_panic)
 }

@@ -176,6 +176,7 @@ impl CompletionQueue {
         self.read_impl(buf, Some(src))
     }
 
+    #[inline]
     fn read_impl<E: CqFormatEntry>(
         &self,
         buf: &mut [E],
@@ -514,6 +515,7 @@ impl CqInner {
         self.sleepers.fetch_sub(1, Ordering::AcqRel);
     }
 
+    #[inline]
     fn take<E: CqFormatEntry>(
         &self,
         buf: &mut [E],

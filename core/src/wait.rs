@@ -70,7 +70,7 @@ impl ProgressList {
     }
 
     /// Drives every source once.
-    #[inline]
+    #[inline(always)]
     pub fn run(&self) -> usize {
         let v = self.sources.load();
         let mut n = 0;

@@ -1,6 +1,9 @@
 /* MPI ping-pong between ranks 0 and 1 with checked contents: rank 1 adds one to every byte it
- * receives and sends the buffer back; rank 0 checks each reply. Sizes 1 B to 4 MiB. Prints
- * "size usec" per size (one-way, half the round trip) and "pingpong ok" at the end. */
+ * receives and sends the buffer back; rank 0 checks each reply. Sizes 1 B to 4 MiB by powers of
+ * 4, or those given after the iteration count (each at most 4 MiB; scripts/bench-mpi.sh).
+ * Prints "size usec" per size (one-way, half the round trip) and "pingpong ok" at the end.
+ *
+ *   mpi_pingpong [ITERS [SIZE...]] */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +20,12 @@ int main(int argc, char **argv)
 	unsigned char *buf = malloc(MAX_LEN);
 	if (!buf || size < 2)
 		MPI_Abort(MPI_COMM_WORLD, 2);
-	for (int len = 1; len <= MAX_LEN; len *= 4) {
+	int nsizes = argc > 2 ? argc - 2 : 0;
+	for (int k = 0, len = 1; nsizes ? k < nsizes : len <= MAX_LEN; k++, len *= 4) {
+		if (nsizes)
+			len = atoi(argv[2 + k]);
+		if (len < 1 || len > MAX_LEN)
+			MPI_Abort(MPI_COMM_WORLD, 2);
 		double t0 = 0;
 		for (int it = 0; it < iters + 1; it++) {
 			if (it == 1)
