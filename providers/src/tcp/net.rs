@@ -132,7 +132,23 @@ struct Out {
     t: Transmit,
     off: usize,
     len: usize,
+    /// An answer to the peer's request (`owes`).
+    answer: bool,
 }
+
+/// Whether a frame answers a request of the peer's (an acknowledgement, read data, an atomic's
+/// result, a clear-to-send): what a peer that never reads can make us queue without limit.
+fn is_answer(t: &Transmit) -> bool {
+    use xfabric_core::rdm::wire::Kind;
+    t.ctrl.get(2).is_some_and(|&k| {
+        [Kind::Ack, Kind::ReadResp, Kind::AtomicResp, Kind::Cts]
+            .iter()
+            .any(|a| *a as u8 == k)
+    })
+}
+
+/// Answers one peer may owe us unwritten before we stop reading it (`Net::set_max_owed`).
+pub const MAX_OWED: usize = 65536;
 
 struct Peer {
     addr: SocketAddr,
@@ -144,6 +160,8 @@ struct Peer {
     queue: VecDeque<Out>,
     /// Invariant: the sum of `len - off` over `queue`.
     queued: usize,
+    /// Invariant: the number of answers (`Out::answer`) in `queue`.
+    owed: usize,
     /// Lost a simultaneous connect: its connection to us should arrive before this.
     wait_until: Option<Instant>,
 }
@@ -179,6 +197,8 @@ pub struct Net {
     /// time, however often (or rarely) the application polls, and the epoll fd's ready list
     /// is drained for `wait_fd`.
     last_epoll: Instant,
+    /// Answers one peer may owe before it is no longer read (`MAX_OWED`).
+    max_owed: usize,
 }
 
 fn errno(e: &io::Error) -> i32 {
@@ -301,6 +321,7 @@ impl Net {
             timeout: HANDSHAKE_TIMEOUT,
             last_up: usize::MAX,
             last_epoll: Instant::now(),
+            max_owed: MAX_OWED,
         })
     }
 
@@ -328,6 +349,7 @@ impl Net {
             conn: None,
             queue: VecDeque::new(),
             queued: 0,
+            owed: 0,
             wait_until: None,
         });
         self.by_addr.insert(addr, p);
@@ -342,6 +364,20 @@ impl Net {
     /// Bytes queued for peer `p` and not yet written.
     pub fn queued(&self, p: PeerId) -> usize {
         self.peers.get(p).map_or(0, |x| x.queued)
+    }
+
+    /// Answers to peer `p`'s requests (acknowledgements, read data, atomic results,
+    /// clear-to-send) queued and not yet written.
+    pub fn owed(&self, p: PeerId) -> usize {
+        self.peers.get(p).map_or(0, |x| x.owed)
+    }
+
+    /// How many answers a peer may owe us before we stop reading it (`MAX_OWED`, 65,536):
+    /// a peer that sends requests and never reads the answers is held back in its own socket
+    /// instead of growing our queue. An honest peer owes at most its outstanding requests
+    /// (`tx_attr.size`), so two of them never wait on each other this way.
+    pub fn set_max_owed(&mut self, n: usize) {
+        self.max_owed = n.max(1);
     }
 
     /// A file descriptor (mio's epoll fd) that becomes readable when `progress` has
@@ -361,7 +397,14 @@ impl Net {
             return;
         };
         let len = t.ctrl.len() + t.body.len();
-        peer.queue.push_back(Out { t, off: 0, len });
+        let answer = is_answer(&t);
+        peer.owed += usize::from(answer);
+        peer.queue.push_back(Out {
+            t,
+            off: 0,
+            len,
+            answer,
+        });
         peer.queued += len;
         match peer.conn {
             None if peer.wait_until.is_none() => self.connect(p),
@@ -386,7 +429,8 @@ impl Net {
         {
             let k = self.last_up;
             if let Some(c) = self.conns.get_mut(k) {
-                if let (St::Up, false, Some(p)) = (c.st, c.writable, c.peer) {
+                let owing = c.peer.is_some_and(|p| self.peers[p].owed >= self.max_owed);
+                if let (St::Up, false, Some(p), false) = (c.st, c.writable, c.peer, owing) {
                     let addr = self.peers[p].addr;
                     let (m, err) = c.pump(p, addr, h);
                     if let Some(e) = err {
@@ -448,6 +492,7 @@ impl Net {
             p.conn = None;
             p.queue.clear();
             p.queued = 0;
+            p.owed = 0;
             p.wait_until = None;
         }
         self.settling = 0;
@@ -812,6 +857,14 @@ impl Net {
     fn read_frames<H: Handler>(&mut self, k: usize, h: &mut H) -> usize {
         let c = &mut self.conns[k];
         let Some(p) = c.peer else { return 0 };
+        if self.peers[p].owed >= self.max_owed {
+            // It does not read our answers: read nothing more from it until they are written
+            // (its requests stay in its socket); looked at again on every progress call.
+            c.waiting = true;
+            return 0;
+        }
+        // Offered again below; consume sets it anew if the head frame still waits.
+        c.waiting = false;
         let addr = self.peers[p].addr;
         let (n, err) = c.pump(p, addr, h);
         if let Some(e) = err {
@@ -909,7 +962,11 @@ impl Net {
             n -= rem;
             peer.queued -= rem;
             done += 1;
-            if let Some(t) = peer.queue.pop_front().and_then(|o| o.t.token) {
+            let Some(o) = peer.queue.pop_front() else {
+                break;
+            };
+            peer.owed -= usize::from(o.answer);
+            if let Some(t) = o.t.token {
                 self.reports.push_back(Report::Sent(p, t));
             }
         }
@@ -993,6 +1050,7 @@ impl Net {
         peer.conn = None;
         peer.queue.clear();
         peer.queued = 0;
+        peer.owed = 0;
         if peer.wait_until.take().is_some() {
             self.settling -= 1;
         }

@@ -842,3 +842,111 @@ fn measure() {
         println!("  plain blocking sockets: GB/s {}", stats(v));
     }
 }
+
+/// A peer that sends requests and never reads our answers: once it owes `max_owed` answers
+/// we read nothing more from it (its frames stay in its socket), our queue stops growing, and
+/// another peer is served meanwhile; when it reads again, everything it sent is handled.
+#[test]
+fn a_peer_that_never_reads_its_answers_is_not_read_either() {
+    let mut a = Net::bind(lo()).unwrap();
+    a.set_max_owed(100);
+    let mut h = Rec::default();
+    // The hostile peer: a raw socket that greets properly, then only writes.
+    let me: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let mut s = StdStream::connect(a.local_addr()).unwrap();
+    s.write_all(
+        &Hs::Hello {
+            addr: me,
+            nonce: 77,
+        }
+        .encode(),
+    )
+    .unwrap();
+    let mut ans = [0u8; hello::LEN];
+    let start = Instant::now();
+    s.set_nonblocking(true).unwrap();
+    let mut got = 0;
+    while got < ans.len() {
+        a.progress(&mut h);
+        match s.read(&mut ans[got..]) {
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("handshake: {e}"),
+        }
+        assert!(start.elapsed() < LIMIT, "no ACCEPT");
+    }
+    // Requests (Msg frames), as many as the sockets take; each one we read is answered.
+    let frame = msg(0, 1, Body::Owned(pattern(1, 8)), None).ctrl;
+    let req: Vec<u8> = [frame.clone(), pattern(1, 8)].concat();
+    let mut pending: Vec<u8> = Vec::new();
+    let mut stuck = 0u32;
+    let mut answered = 0usize;
+    let peer = loop {
+        if pending.is_empty() {
+            for _ in 0..256 {
+                pending.extend_from_slice(&req);
+            }
+        }
+        match s.write(&pending) {
+            Ok(n) => {
+                pending.drain(..n);
+                stuck = 0;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => stuck += 1,
+            Err(e) => panic!("write: {e}"),
+        }
+        a.progress(&mut h);
+        while answered < h.got.len() {
+            let p = h.got[answered].0;
+            let ack = Frame::Ack { id: 1, status: 0 }.to_vec(0);
+            a.send(Transmit {
+                peer: p,
+                ctrl: ack,
+                body: Body::None,
+                token: None,
+            });
+            answered += 1;
+        }
+        // Settled: the peer's socket takes nothing more, and we owe it the bound.
+        if stuck > 2000 {
+            break h.got[0].0;
+        }
+        assert!(
+            start.elapsed() < 3 * LIMIT,
+            "never held back ({} read)",
+            h.got.len()
+        );
+    };
+    // At the bound, plus at most the frames of the one read that crossed it.
+    let owed = a.owed(peer);
+    let most = 100 + super::RBUF / req.len() + 1;
+    assert!(
+        (100..=most).contains(&owed),
+        "{owed} answers owed (bound 100, {most} at most)"
+    );
+    let read = h.got.len();
+    for _ in 0..10_000 {
+        a.progress(&mut h);
+    }
+    assert_eq!(h.got.len(), read, "nothing more is read from it");
+    assert_eq!(a.owed(peer), owed);
+    // Another peer is served meanwhile.
+    let mut b = Net::bind(lo()).unwrap();
+    let mut hb = Rec::default();
+    let pa = b.peer(a.local_addr());
+    b.send(msg(pa, 9, Body::Owned(pattern(9, 100)), None));
+    drive(
+        &mut [(&mut a, &mut h), (&mut b, &mut hb)],
+        "the other peer",
+        |x| x[0].got.iter().any(|g| g.1 == 9),
+    );
+    // It reads again: our answers drain and its requests are read again.
+    let mut sink = vec![0u8; 1 << 20];
+    let before = h.got.len();
+    let start = Instant::now();
+    while h.got.len() < before + 1000 {
+        let _ = s.read(&mut sink);
+        a.progress(&mut h);
+        assert!(start.elapsed() < LIMIT, "not read again");
+    }
+}
