@@ -25,38 +25,46 @@ fn build(name: &str) -> PathBuf {
     run::compile("mpicc", name, &[], false)
 }
 
-/// `mpirun -np ranks exe args` over xfabric's shm, as the module says; asserts success and
-/// returns stdout.
+/// `mpirun -np ranks exe args` over xfabric's shm through Open MPI's `btl ofi`, as the module
+/// says; asserts success and returns stdout.
 fn mpirun(ranks: u32, exe: &Path, args: &[&str]) -> String {
-    let mut cmd = Command::new("mpirun");
-    cmd.args([
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-np",
-        &ranks.to_string(),
-    ])
-    .args(["--mca", "pml", "ob1", "--mca", "btl", "self,ofi"])
-    .args([
+    let path = [
+        "--mca",
+        "pml",
+        "ob1",
+        "--mca",
+        "btl",
+        "self,ofi",
         "--mca",
         "btl_ofi_mode",
         "2",
         "--mca",
         "btl_ofi_provider_include",
         "shm",
-    ])
-    .args(["-x", "FI_PROVIDER=shm", "-x", "LD_LIBRARY_PATH"])
-    .env("LD_LIBRARY_PATH", common::so1_dir())
-    .env("FI_PROVIDER", "shm")
-    .arg(exe)
-    .args(args);
-    let what = format!("mpirun -np {ranks} {}", exe.display());
-    run::success(&what, &common::output_within(cmd, LIMIT, &what))
+    ];
+    mpirun_on("shm", &path, ranks, exe, args)
 }
 
 /// `mpirun -np ranks exe args` through Open MPI's tagged path (`pml cm`, `mtl ofi`) over
 /// xfabric's tcp provider, as its users run it across nodes; asserts success and returns
 /// stdout.
 fn mpirun_mtl_tcp(ranks: u32, exe: &Path, args: &[&str]) -> String {
+    let path = [
+        "--mca",
+        "pml",
+        "cm",
+        "--mca",
+        "mtl",
+        "ofi",
+        "--mca",
+        "mtl_ofi_provider_include",
+        "tcp",
+    ];
+    mpirun_on("tcp", &path, ranks, exe, args)
+}
+
+/// `mpirun` with Open MPI's `path` (its MCA choices) over xfabric's `provider`.
+fn mpirun_on(provider: &str, path: &[&str], ranks: u32, exe: &Path, args: &[&str]) -> String {
     let mut cmd = Command::new("mpirun");
     cmd.args([
         "--allow-run-as-root",
@@ -64,14 +72,18 @@ fn mpirun_mtl_tcp(ranks: u32, exe: &Path, args: &[&str]) -> String {
         "-np",
         &ranks.to_string(),
     ])
-    .args(["--mca", "pml", "cm", "--mca", "mtl", "ofi"])
-    .args(["--mca", "mtl_ofi_provider_include", "tcp"])
-    .args(["-x", "FI_PROVIDER=tcp", "-x", "LD_LIBRARY_PATH"])
+    .args(path)
+    .args([
+        "-x",
+        &format!("FI_PROVIDER={provider}"),
+        "-x",
+        "LD_LIBRARY_PATH",
+    ])
     .env("LD_LIBRARY_PATH", common::so1_dir())
-    .env("FI_PROVIDER", "tcp")
+    .env("FI_PROVIDER", provider)
     .arg(exe)
     .args(args);
-    let what = format!("mpirun (mtl ofi, tcp) -np {ranks} {}", exe.display());
+    let what = format!("mpirun ({provider}) -np {ranks} {}", exe.display());
     run::success(&what, &common::output_within(cmd, LIMIT, &what))
 }
 

@@ -190,6 +190,25 @@ impl Info {
         self.fabric_attr.prov_name.as_deref().unwrap_or("")
     }
 
+    /// `fit` for each of a provider's offers: those the hints allow, or (none fitting) the
+    /// first reason why not.
+    pub fn fit_each(prov: &str, offers: Vec<Info>, hints: &Info) -> Result<Vec<Info>> {
+        let mut out = Vec::new();
+        let mut why = None;
+        for i in offers {
+            match i.fit(hints) {
+                Ok(i) => out.push(i),
+                Err(e) => why = why.or(Some(e)),
+            }
+        }
+        if out.is_empty() {
+            return Err(
+                why.unwrap_or_else(|| Error::NoData(format!("provider {prov}: nothing offered")))
+            );
+        }
+        Ok(out)
+    }
+
     /// Narrows a provider's full description (`self`) to `hints`. Returns the info the caller
     /// gets, or `NoData` naming the first thing the provider cannot do.
     pub fn fit(&self, hints: &Info) -> Result<Info> {

@@ -37,20 +37,7 @@ pub trait Provider: Send + Sync + 'static {
         hints: &Info,
     ) -> Result<Vec<Info>> {
         let _ = (node, service, flags);
-        let mut out = Vec::new();
-        let mut why = None;
-        for i in self.info() {
-            match i.fit(hints) {
-                Ok(i) => out.push(i),
-                Err(e) => why = why.or(Some(e)),
-            }
-        }
-        if out.is_empty() {
-            return Err(why.unwrap_or_else(|| {
-                Error::NoData(format!("provider {}: nothing offered", self.name()))
-            }));
-        }
-        Ok(out)
+        Info::fit_each(self.name(), self.info(), hints)
     }
     /// Opens the provider's per-domain state.
     fn domain(&self, info: &Info) -> Result<Arc<dyn DomainOps>>;

@@ -416,18 +416,12 @@ impl Engine {
     pub unsafe fn post_send(&mut self, peer: PeerId, op: &TxOp) -> Result<()> {
         self.check_room("send")?;
         let inject = op.flags & (FI_INJECT | INJECT_CALL) != 0;
-        let copy = |op: &TxOp| {
-            inject.then(|| {
-                let mut v = vec![0u8; op.iov.total()];
-                // SAFETY: the caller's contract keeps the iov readable during the call.
-                unsafe { op.iov.copy_out(0, &mut v) };
-                v
-            })
-        };
-        if self.fence(peer, op.flags, || Fenced::Send(*op, copy(op))) {
+        // SAFETY: the caller's contract keeps the iov readable during the call.
+        let copy = || unsafe { inject_copy(inject, &op.iov) };
+        if self.fence(peer, op.flags, || Fenced::Send(*op, copy())) {
             return Ok(());
         }
-        let c = copy(op);
+        let c = copy();
         // SAFETY: forwarded.
         unsafe { self.send_now(peer, op, c) }.map_err(|(_, _, e)| e)
     }
@@ -646,18 +640,12 @@ impl Engine {
     pub unsafe fn post_rma(&mut self, peer: PeerId, op: &RmaOp) -> Result<()> {
         self.check_room("rma")?;
         let inject = op.flags & FI_WRITE != 0 && op.flags & (FI_INJECT | INJECT_CALL) != 0;
-        let copy = |op: &RmaOp| {
-            inject.then(|| {
-                let mut v = vec![0u8; op.iov.total()];
-                // SAFETY: the caller's contract keeps the iov readable during the call.
-                unsafe { op.iov.copy_out(0, &mut v) };
-                v
-            })
-        };
-        if self.fence(peer, op.flags, || Fenced::Rma(*op, copy(op))) {
+        // SAFETY: the caller's contract keeps the iov readable during the call.
+        let copy = || unsafe { inject_copy(inject, &op.iov) };
+        if self.fence(peer, op.flags, || Fenced::Rma(*op, copy())) {
             return Ok(());
         }
-        let c = copy(op);
+        let c = copy();
         // SAFETY: forwarded.
         unsafe { self.rma_now(peer, op, c) }.map_err(|(_, _, e)| e)
     }
@@ -1430,6 +1418,20 @@ impl Pending {
             *status = e;
         }
     }
+}
+
+/// The bytes of an inject's data, copied during the call (its buffer is the caller's only
+/// until the call returns); `None` when the operation is no inject.
+///
+/// # Safety
+/// `iov` is readable now.
+unsafe fn inject_copy(inject: bool, iov: &IovList) -> Option<Vec<u8>> {
+    inject.then(|| {
+        let mut v = vec![0u8; iov.total()];
+        // SAFETY: forwarded from the caller.
+        unsafe { iov.copy_out(0, &mut v) };
+        v
+    })
 }
 
 fn fenced_ctx(f: &Fenced) -> (Context, u64) {

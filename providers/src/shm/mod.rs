@@ -69,21 +69,7 @@ impl Provider for Shm {
         hints: &Info,
     ) -> Result<Vec<Info>> {
         check_hmem("shm", hints)?;
-        let info = self.info();
-        let mut why = None;
-        let mut out = Vec::new();
-        for i in info {
-            match i.fit(hints) {
-                Ok(i) => out.push(i),
-                Err(e) => why = why.or(Some(e)),
-            }
-        }
-        if out.is_empty() {
-            return Err(
-                why.unwrap_or_else(|| Error::NoData("provider shm: nothing offered".into()))
-            );
-        }
-        Ok(out)
+        Info::fit_each("shm", self.info(), hints)
     }
 
     fn info(&self) -> Vec<Info> {

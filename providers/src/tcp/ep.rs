@@ -4,7 +4,7 @@
 //! released (so that counters bumped by them may start triggered operations here).
 
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -46,7 +46,7 @@ pub struct TcpEndpoint {
     /// The connections' readiness (an epoll fd), for `idle_wait` to sleep on unlocked.
     net_fd: RawFd,
     /// Written by `wake` to end an `idle_wait`.
-    wake_fd: RawFd,
+    wake_fd: OwnedFd,
     /// Whether the last locked call left work the engine can advance without a peer (frames
     /// queued, answers awaited): `progress` then does not skip on an idle socket set.
     busy: AtomicBool,
@@ -127,6 +127,8 @@ impl TcpEndpoint {
         if wake_fd < 0 {
             return Err(Error::last_os("tcp endpoint: eventfd"));
         }
+        // SAFETY: a descriptor we just opened and own alone.
+        let wake_fd = unsafe { OwnedFd::from_raw_fd(wake_fd) };
         let engine = Engine::new(
             core.clone(),
             rdm::Config {
@@ -228,13 +230,6 @@ impl TcpEndpoint {
     }
 }
 
-impl Drop for TcpEndpoint {
-    fn drop(&mut self) {
-        // SAFETY: our own eventfd, closed once.
-        unsafe { libc::close(self.wake_fd) };
-    }
-}
-
 impl ProgressSource for TcpEndpoint {
     fn progress(&self) -> usize {
         let Ok(mut st) = self.st.try_lock() else {
@@ -246,19 +241,19 @@ impl ProgressSource for TcpEndpoint {
     }
 
     fn idle_wait(&self, timeout: Duration) {
-        if self.busy.load(Ordering::Acquire) {
-            // Answers are awaited: sleep on the sockets, but not long.
-            let timeout = timeout.min(Duration::from_millis(1));
-            self.poll_fds(timeout);
+        // While answers are awaited, sleep on the sockets, but not long.
+        let timeout = if self.busy.load(Ordering::Acquire) {
+            timeout.min(Duration::from_millis(1))
         } else {
-            self.poll_fds(timeout);
-        }
+            timeout
+        };
+        self.poll_fds(timeout);
     }
 
     fn wake(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a local to our eventfd.
-        unsafe { libc::write(self.wake_fd, (&one as *const u64).cast(), 8) };
+        unsafe { libc::write(self.wake_fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 }
 
@@ -271,7 +266,7 @@ impl TcpEndpoint {
                 revents: 0,
             },
             libc::pollfd {
-                fd: self.wake_fd,
+                fd: self.wake_fd.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -282,7 +277,7 @@ impl TcpEndpoint {
         if r > 0 && fds[1].revents != 0 {
             let mut v: u64 = 0;
             // SAFETY: reads 8 bytes into a local from our non-blocking eventfd.
-            unsafe { libc::read(self.wake_fd, (&mut v as *mut u64).cast(), 8) };
+            unsafe { libc::read(self.wake_fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
         }
     }
 }

@@ -101,52 +101,37 @@ impl Provider for Tcp {
         check_hmem("tcp", hints)?;
         let v6 = hints.addr_format == FI_SOCKADDR_IN6;
         let named = resolve(node, service, v6)?;
-        let mut out = Vec::new();
-        let mut why = None;
-        for mut i in self.info() {
-            let (src, dest) = if flags & FI_SOURCE != 0 {
-                (named, None)
-            } else {
-                (None, named)
-            };
-            let src = src.or_else(|| hints.src_addr.as_deref().and_then(|a| addr::decode(a).ok()));
-            if hints.addr_format == FI_ADDR_STR {
-                i.addr_format = FI_ADDR_STR;
-            } else if let Some(a) = src.or(dest) {
-                i.addr_format = family_format(&a);
-            } else if hints.addr_format == FI_SOCKADDR_IN6 {
-                i.addr_format = FI_SOCKADDR_IN6;
-            }
-            let want = hints.addr_format;
-            if want != FI_FORMAT_UNSPEC && want != i.addr_format {
-                why = Some(Error::NoData(format!(
-                    "provider tcp: address format {want} does not fit {node:?}"
-                )));
-                continue;
-            }
-            i.src_addr = src.map(|a| encode_as(&a, i.addr_format));
-            i.dest_addr = dest.map(|a| encode_as(&a, i.addr_format));
-            let mut h = hints.clone();
-            // The addresses were dealt with above (fit would copy the hints' raw ones).
-            h.src_addr = None;
-            h.dest_addr = None;
-            if h.addr_format == FI_ADDR_STR {
-                h.addr_format = FI_FORMAT_UNSPEC;
-            }
-            match i.fit(&h) {
-                Ok(mut f) => {
-                    f.addr_format = i.addr_format;
-                    f.src_addr = i.src_addr.clone();
-                    f.dest_addr = i.dest_addr.clone();
-                    out.push(f)
-                }
-                Err(e) => why = why.or(Some(e)),
-            }
+        let (src, dest) = if flags & FI_SOURCE != 0 {
+            (named, None)
+        } else {
+            (None, named)
+        };
+        let src = src.or_else(|| hints.src_addr.as_deref().and_then(|a| addr::decode(a).ok()));
+        let want = hints.addr_format;
+        let format = if want == FI_ADDR_STR {
+            FI_ADDR_STR
+        } else if let Some(a) = src.or(dest) {
+            family_format(&a)
+        } else if want == FI_SOCKADDR_IN6 {
+            FI_SOCKADDR_IN6
+        } else {
+            FI_SOCKADDR_IN
+        };
+        if want != FI_FORMAT_UNSPEC && want != format {
+            return Err(Error::NoData(format!(
+                "provider tcp: address format {want} does not fit {node:?}"
+            )));
         }
-        if out.is_empty() {
-            return Err(
-                why.unwrap_or_else(|| Error::NoData("provider tcp: nothing offered".into()))
-            );
+        // The addresses are dealt with here: fit would copy the hints' raw ones.
+        let mut h = hints.clone();
+        h.src_addr = None;
+        h.dest_addr = None;
+        h.addr_format = FI_FORMAT_UNSPEC;
+        let mut out = Info::fit_each("tcp", self.info(), &h)?;
+        for f in &mut out {
+            f.addr_format = format;
+            f.src_addr = src.map(|a| encode_as(&a, format));
+            f.dest_addr = dest.map(|a| encode_as(&a, format));
         }
         Ok(out)
     }
