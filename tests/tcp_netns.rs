@@ -9,13 +9,16 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::bounded;
+use common::*;
+use xfabric::*;
 
 /// Two namespaces with one address each, removed on drop.
 struct Hosts {
     a: String,
     b: String,
     ip_a: String,
+    /// B's end of the veth pair (inside B).
+    dev_b: String,
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -47,6 +50,7 @@ impl Hosts {
             a: a.clone(),
             b: b.clone(),
             ip_a: format!("{net}.1"),
+            dev_b: format!("{b}0"),
         };
         ip(&["netns", "add", &a])?;
         // From here on, drop removes whatever was made.
@@ -181,4 +185,83 @@ fn xpu_pipeline_between_two_hosts_checks_every_byte() {
         text.contains("2 rounds, every byte checked by the peer"),
         "{text}"
     );
+}
+
+const VANISH: &str = "a_host_that_vanishes_is_noticed_by_time_busy_or_idle";
+
+fn tcp_node() -> Node {
+    node_with(
+        FI_MSG | FI_TAGGED | FI_DIRECTED_RECV,
+        Progress::Manual,
+        |h| h.fabric_attr.prov_name = Some("tcp".into()),
+    )
+}
+
+/// Host B: takes one message from A, then only waits (its link is cut under it).
+fn vanishing_host() {
+    let n = tcp_node();
+    let a = connect_parent(&n);
+    let mut b = [0u8; 8];
+    // SAFETY: b outlives the completion waited for.
+    unsafe { n.ep.trecv(&mut b, None, a, 0, 0, 1) }.unwrap();
+    n.wait_one();
+    say("got");
+    // Until the parent kills us.
+    let _ = listen();
+}
+
+/// Host A: talks to B, then (after B's link is cut: no RST, no FIN, nothing) waits on a
+/// receive directed at B over an idle connection, then sends to B. Both must fail.
+fn surviving_host() {
+    let n = tcp_node();
+    let b = connect_parent(&n);
+    let m = [7u8; 8];
+    // SAFETY: m outlives the completion waited for.
+    unsafe { n.ep.tsend(&m, None, b, 0, 1) }.unwrap();
+    n.wait_one();
+    say("sent");
+    assert_eq!(listen(), "cut");
+    let mut r = [0u8; 8];
+    // SAFETY: r outlives the completion waited for.
+    unsafe { n.ep.trecv(&mut r, None, b, 0, 0, 2) }.unwrap();
+    let e = n.wait_err();
+    say(&format!("recv {} {}", e.op_context, e.err));
+    let big = vec![9u8; 1 << 20];
+    // SAFETY: big outlives the completion waited for.
+    unsafe { n.ep.tsend(&big, None, b, 0, 3) }.unwrap();
+    let e = n.wait_err();
+    say(&format!("send {} {}", e.op_context, e.err));
+}
+
+#[test]
+fn a_host_that_vanishes_is_noticed_by_time_busy_or_idle() {
+    match role().as_deref() {
+        Some("b") => return vanishing_host(),
+        Some("a") => return surviving_host(),
+        _ => {}
+    }
+    let Some(h) = hosts_or_skip(2) else { return };
+    // Two seconds of silence: 1 s idle, then probes a second apart; the test waits on the
+    // outcome, not on a clock (each wait is bounded at 60 s only to never hang).
+    let env = [("XFABRIC_TCP_DEAD_MS", "2000")];
+    let mut b = spawn_via(&["ip", "netns", "exec", &h.b], VANISH, "b", &env);
+    let mut a = spawn_via(&["ip", "netns", "exec", &h.a], VANISH, "a", &env);
+    let b_addr = b.hear();
+    a.tell(&b_addr);
+    let a_addr = a.hear();
+    b.tell(&a_addr);
+    assert_eq!(a.hear(), "sent");
+    assert_eq!(b.hear(), "got");
+    // B's host drops off the network without a word: A's packets go nowhere.
+    ip(&["-n", &h.b, "link", "set", &h.dev_b, "down"]).expect("cut B's link");
+    a.tell("cut");
+    // The idle connection: keepalive probes go unanswered.
+    assert_eq!(a.hear(), format!("recv 2 {}", errno::FI_ETIMEDOUT));
+    // A new connection to a host that is gone fails too (bring-up or the user timeout).
+    let sent = a.hear();
+    eprintln!("after the cut: {sent}");
+    let rest = sent.strip_prefix("send 3 ").expect(&sent);
+    assert_ne!(rest, "0", "{sent}");
+    a.join();
+    b.kill();
 }

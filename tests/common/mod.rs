@@ -106,8 +106,21 @@ pub struct Peer {
 
 /// Starts this test binary again, running only `test_name`, with `XF_ROLE=role` and `envs`.
 pub fn spawn(test_name: &str, role: &str, envs: &[(&str, &str)]) -> Peer {
+    spawn_via(&[], test_name, role, envs)
+}
+
+/// As `spawn`, started through the command `via` (e.g. `ip netns exec NS`), which must run
+/// its arguments with the environment it was given.
+pub fn spawn_via(via: &[&str], test_name: &str, role: &str, envs: &[(&str, &str)]) -> Peer {
     let exe = std::env::current_exe().expect("current_exe");
-    let mut cmd = Command::new(exe);
+    let mut cmd = match via.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
     // --include-ignored: the child must run its half even when the test is run with --ignored.
     cmd.args([
         "--exact",

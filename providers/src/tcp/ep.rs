@@ -112,8 +112,12 @@ impl TcpEndpoint {
     /// Listens on `bind` (port 0: any); its name is a sockaddr, or with `str_name` the
     /// `FI_ADDR_STR` form.
     pub fn open(core: Arc<EpCore>, bind: SocketAddr, str_name: bool) -> Result<Arc<Self>> {
-        let net = Net::bind(bind)
+        let mut net = Net::bind(bind)
             .map_err(|e| Error::from_io(format!("tcp endpoint: listen on {bind}"), e))?;
+        net.set_dead_after(match settings::TCP_DEAD_MS.usize() {
+            0 => None,
+            ms => Some(Duration::from_millis(ms as u64)),
+        });
         let name = if str_name {
             let mut s = addr::to_str(&net.local_addr()).into_bytes();
             s.push(0);

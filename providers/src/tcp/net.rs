@@ -199,6 +199,49 @@ pub struct Net {
     last_epoll: Instant,
     /// Answers one peer may owe before it is no longer read (`MAX_OWED`).
     max_owed: usize,
+    /// How long a peer may stay silent to the kernel (no ACK for our data, no answer to
+    /// keepalive probes) before its connection is declared dead (`set_dead_after`).
+    dead_after: Option<Duration>,
+}
+
+/// Arms the kernel's own liveness checks on a connection, so that a peer whose host
+/// vanished (powered off, cable pulled: no RST ever comes) is noticed by time, busy or
+/// idle: `TCP_USER_TIMEOUT` bounds how long written data may stay unacknowledged, and
+/// keepalive probes (half the time idle, then three probes over the other half) find an idle
+/// connection dead. Both end it with `ETIMEDOUT`, which the event loop reports as a lost peer.
+fn arm_liveness(sock: &TcpStream, d: Duration) {
+    let fd = sock.as_raw_fd();
+    let ms = u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1);
+    let secs = |v: u32| i32::try_from(v / 1000).unwrap_or(i32::MAX).max(1);
+    let opts: [(i32, i32, i32); 5] = [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs(ms / 2)),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, secs(ms / 6)),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            i32::try_from(ms).unwrap_or(i32::MAX),
+        ),
+    ];
+    for (level, name, v) in opts {
+        // SAFETY: setsockopt on a socket we own, with a pointer to an int and its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                &v as *const i32 as *const libc::c_void,
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            warn!(
+                "tcp: cannot arm liveness option {name}: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
 }
 
 fn errno(e: &io::Error) -> i32 {
@@ -322,6 +365,7 @@ impl Net {
             last_up: usize::MAX,
             last_epoll: Instant::now(),
             max_owed: MAX_OWED,
+            dead_after: None,
         })
     }
 
@@ -378,6 +422,14 @@ impl Net {
     /// (`tx_attr.size`), so two of them never wait on each other this way.
     pub fn set_max_owed(&mut self, n: usize) {
         self.max_owed = n.max(1);
+    }
+
+    /// How long a connected peer may stay silent to the kernel before it is declared lost
+    /// (`None`: only when the kernel gives up by itself, which for a vanished host may be
+    /// never on an idle connection and ~15 minutes with unacknowledged data). Applies to
+    /// connections made from now on.
+    pub fn set_dead_after(&mut self, d: Option<Duration>) {
+        self.dead_after = d;
     }
 
     /// A file descriptor (mio's epoll fd) that becomes readable when `progress` has
@@ -575,6 +627,9 @@ impl Net {
                         continue;
                     }
                     let _ = s.set_nodelay(true);
+                    if let Some(d) = self.dead_after {
+                        arm_liveness(&s, d);
+                    }
                     let e = self.conns.vacant_entry();
                     let k = e.key();
                     if let Err(err) =
@@ -610,6 +665,9 @@ impl Net {
             }
         };
         let _ = s.set_nodelay(true);
+        if let Some(d) = self.dead_after {
+            arm_liveness(&s, d);
+        }
         let e = self.conns.vacant_entry();
         let k = e.key();
         if let Err(err) = self.poll.registry().register(
