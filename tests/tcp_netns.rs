@@ -187,6 +187,55 @@ fn xpu_pipeline_between_two_hosts_checks_every_byte() {
     );
 }
 
+/// The conformance suite's test binary, built beside this one (cargo names it
+/// `conformance-HASH` in the same directory; the newest wins).
+fn conformance_binary() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let mut found: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("conformance-") && !n.contains('.'))
+        })
+        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+        .collect();
+    found.sort();
+    found.pop().map(|(_, p)| p)
+}
+
+#[test]
+fn the_conformance_suite_passes_between_two_hosts() {
+    let Some(bin) = conformance_binary() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the conformance test binary is not built: run the suite as scripts/test.sh does"
+        );
+        eprintln!("skipped: the conformance test binary is not built (cargo test --no-run)");
+        return;
+    };
+    let Some(h) = hosts_or_skip(3) else { return };
+    // The parent runs in A, every child it starts in B (common::spawn).
+    let child = Command::new("ip")
+        .args(["netns", "exec", &h.a])
+        .arg(&bin)
+        .args(["--test-threads=1"])
+        .env("XFABRIC_TEST_PROVIDER", "tcp")
+        .env("XFABRIC_TEST_PEER_NETNS", &h.b)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the conformance suite in namespace A");
+    let out = finish(child, "the conformance suite across namespaces");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("test result: ok"), "{text}");
+    assert!(!text.contains(" 0 passed"), "{text}");
+}
+
 const VANISH: &str = "a_host_that_vanishes_is_noticed_by_time_busy_or_idle";
 
 fn tcp_node() -> Node {

@@ -105,8 +105,13 @@ pub struct Peer {
 }
 
 /// Starts this test binary again, running only `test_name`, with `XF_ROLE=role` and `envs`.
+/// With `XFABRIC_TEST_PEER_NETNS=NS` the child runs in network namespace NS (another "host";
+/// tests/tcp_netns.rs runs the conformance suite that way).
 pub fn spawn(test_name: &str, role: &str, envs: &[(&str, &str)]) -> Peer {
-    spawn_via(&[], test_name, role, envs)
+    match std::env::var("XFABRIC_TEST_PEER_NETNS") {
+        Ok(ns) => spawn_via(&["ip", "netns", "exec", &ns], test_name, role, envs),
+        Err(_) => spawn_via(&[], test_name, role, envs),
+    }
 }
 
 /// As `spawn`, started through the command `via` (e.g. `ip netns exec NS`), which must run
