@@ -1,6 +1,8 @@
 //! Open MPI from Debian over xfabric's libfabric.so.1: an MPI ping-pong with checked contents
 //! on 2 ranks and an MPI_Allreduce with checked results on 2 and 4 ranks, through Open MPI's
-//! `btl ofi` on the shm provider, as the issue's users run it:
+//! `btl ofi` on the shm provider, as the issue's users run it (below); the same two over the
+//! tagged path (`mtl ofi`) on tcp; MPI one-sided communication (put, get, accumulate,
+//! fetch-and-op) through `osc rdma` on `btl ofi`, over shm and tcp:
 //!
 //! ```text
 //! mpirun --allow-run-as-root -np N --mca pml ob1 --mca btl self,ofi --mca btl_ofi_mode 2 \
@@ -25,10 +27,9 @@ fn build(name: &str) -> PathBuf {
     run::compile("mpicc", name, &[], false)
 }
 
-/// `mpirun -np ranks exe args` over xfabric's shm through Open MPI's `btl ofi`, as the module
-/// says; asserts success and returns stdout.
-fn mpirun(ranks: u32, exe: &Path, args: &[&str]) -> String {
-    let path = [
+/// Open MPI's MCA choices for its `btl ofi` path over xfabric's `provider`.
+fn btl_ofi(provider: &str) -> Vec<&str> {
+    vec![
         "--mca",
         "pml",
         "ob1",
@@ -40,9 +41,14 @@ fn mpirun(ranks: u32, exe: &Path, args: &[&str]) -> String {
         "2",
         "--mca",
         "btl_ofi_provider_include",
-        "shm",
-    ];
-    mpirun_on("shm", &path, ranks, exe, args)
+        provider,
+    ]
+}
+
+/// `mpirun -np ranks exe args` over xfabric's shm through Open MPI's `btl ofi`, as the module
+/// says; asserts success and returns stdout.
+fn mpirun(ranks: u32, exe: &Path, args: &[&str]) -> String {
+    mpirun_on("shm", &btl_ofi("shm"), ranks, exe, args)
 }
 
 /// `mpirun -np ranks exe args` through Open MPI's tagged path (`pml cm`, `mtl ofi`) over
@@ -133,5 +139,23 @@ fn mpi_tagged_path_over_tcp_pingpong_and_allreduce() {
     for ranks in [2, 4] {
         let out = mpirun_mtl_tcp(ranks, &exe, &[]);
         assert!(out.contains(&format!("allreduce ok {ranks}")), "{out}");
+    }
+}
+
+#[test]
+fn mpi_one_sided_through_osc_rdma_over_shm_and_tcp() {
+    if !open_mpi() {
+        return;
+    }
+    let exe = build("mpi_rma");
+    for provider in ["shm", "tcp"] {
+        // Open MPI's one-sided component on btl ofi: MPI_Put/Get become fi_write/fi_read,
+        // MPI_Accumulate and MPI_Fetch_and_op libfabric atomics.
+        let mut path = btl_ofi(provider);
+        path.extend(["--mca", "osc", "rdma"]);
+        for ranks in [2, 4] {
+            let out = mpirun_on(provider, &path, ranks, &exe, &[]);
+            assert!(out.contains(&format!("rma ok {ranks}")), "{out}");
+        }
     }
 }
