@@ -2,7 +2,7 @@
 //! on 2 ranks and an MPI_Allreduce with checked results on 2 and 4 ranks, through Open MPI's
 //! `btl ofi` on the shm provider, as the issue's users run it (below); the same two over the
 //! tagged path (`mtl ofi`) on tcp; MPI one-sided communication (put, get, accumulate,
-//! fetch-and-op) through `osc rdma` on `btl ofi`, over shm and tcp:
+//! fetch-and-op, compare-and-swap) through `osc rdma` on `btl ofi`, over shm and tcp:
 //!
 //! ```text
 //! mpirun --allow-run-as-root -np N --mca pml ob1 --mca btl self,ofi --mca btl_ofi_mode 2 \
@@ -150,7 +150,7 @@ fn mpi_one_sided_through_osc_rdma_over_shm_and_tcp() {
     let exe = build("mpi_rma");
     for provider in ["shm", "tcp"] {
         // Open MPI's one-sided component on btl ofi: MPI_Put/Get become fi_write/fi_read,
-        // MPI_Accumulate and MPI_Fetch_and_op libfabric atomics.
+        // MPI_Accumulate, MPI_Fetch_and_op and MPI_Compare_and_swap libfabric atomics.
         let mut path = btl_ofi(provider);
         path.extend(["--mca", "osc", "rdma"]);
         for ranks in [2, 4] {
