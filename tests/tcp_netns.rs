@@ -1,6 +1,7 @@
-//! xfabric across "machines": two network namespaces joined by a veth pair, one process in
-//! each, over the tcp provider. The test makes the namespaces and removes them (also when it
-//! fails); where namespaces cannot be made (not root, no `ip`), it says so and skips.
+//! xfabric across "machines": two network namespaces joined by a veth pair
+//! (tests/common/netns.rs), one process in each, over the tcp provider. The test makes the
+//! namespaces and removes them (also when it fails); where namespaces cannot be made (not
+//! root, no `ip`), it says so and skips.
 //! Traffic stays between the two namespaces this test created.
 
 mod common;
@@ -9,80 +10,9 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+use common::netns::*;
 use common::*;
 use xfabric::*;
-
-/// Two namespaces with one address each, removed on drop.
-struct Hosts {
-    a: String,
-    b: String,
-    ip_a: String,
-    /// B's end of the veth pair (inside B).
-    dev_b: String,
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-impl Hosts {
-    /// `which` tells apart the pairs one test process makes (one per test).
-    fn make(which: u32) -> Result<Hosts, String> {
-        let id = std::process::id();
-        let a = format!("xf{id}{which}a");
-        let b = format!("xf{id}{which}b");
-        // 10.(200+which).N.0/24, N from our pid: runs at once get different subnets.
-        let net = format!("10.{}.{}", 200 + which, id % 250);
-        let hosts = Hosts {
-            a: a.clone(),
-            b: b.clone(),
-            ip_a: format!("{net}.1"),
-            dev_b: format!("{b}0"),
-        };
-        ip(&["netns", "add", &a])?;
-        // From here on, drop removes whatever was made.
-        let h = hosts;
-        ip(&["netns", "add", &b])?;
-        let (va, vb) = (format!("{a}0"), format!("{b}0"));
-        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
-        if let Err(e) = ip(&["link", "set", &va, "netns", &a]) {
-            let _ = ip(&["link", "del", &va]);
-            return Err(e);
-        }
-        ip(&["link", "set", &vb, "netns", &b])?;
-        for (ns, dev, addr) in [
-            (&a, &va, format!("{net}.1/24")),
-            (&b, &vb, format!("{net}.2/24")),
-        ] {
-            ip(&["-n", ns, "addr", "add", &addr, "dev", dev])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(h)
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        // Deleting a namespace kills nothing by itself: our processes were reaped already
-        // (bounded waits); the veth pair goes with the namespace.
-        let _ = ip(&["netns", "del", &self.a]);
-        let _ = ip(&["netns", "del", &self.b]);
-    }
-}
 
 fn example(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
@@ -96,16 +26,6 @@ fn example(name: &str) -> Option<PathBuf> {
     );
     eprintln!("skipped: the {name} example is not built (cargo build --examples)");
     None
-}
-
-fn hosts_or_skip(which: u32) -> Option<Hosts> {
-    match Hosts::make(which) {
-        Ok(h) => Some(h),
-        Err(why) => {
-            eprintln!("skipped: cannot make network namespaces here ({why})");
-            None
-        }
-    }
 }
 
 fn in_ns(ns: &str, exe: &PathBuf, args: &[&str]) -> std::process::Child {

@@ -2,7 +2,9 @@
 //! on 2 ranks and an MPI_Allreduce with checked results on 2 and 4 ranks, through Open MPI's
 //! `btl ofi` on the shm provider, as the issue's users run it (below); the same two over the
 //! tagged path (`mtl ofi`) on tcp; MPI one-sided communication (put, get, accumulate,
-//! fetch-and-op, compare-and-swap) through `osc rdma` on `btl ofi`, over shm and tcp:
+//! fetch-and-op, compare-and-swap) through `osc rdma` on `btl ofi`, over shm and tcp; and both
+//! between two network namespaces (two "hosts", tests/common/netns.rs), mpirun starting the
+//! far rank through `ip netns exec` as it would through ssh:
 //!
 //! ```text
 //! mpirun --allow-run-as-root -np N --mca pml ob1 --mca btl self,ofi --mca btl_ofi_mode 2 \
@@ -12,6 +14,9 @@
 //! `scripts/setup.sh` installs Open MPI; where it is missing the tests say so and pass.
 
 mod common;
+#[path = "../../tests/common/netns.rs"]
+#[allow(dead_code)]
+mod netns;
 #[path = "common/run.rs"]
 mod run;
 
@@ -158,4 +163,76 @@ fn mpi_one_sided_through_osc_rdma_over_shm_and_tcp() {
             assert!(out.contains(&format!("rma ok {ranks}")), "{out}");
         }
     }
+}
+
+/// `ssh` for mpirun between namespaces: `agent HOST COMMAND...` runs COMMAND in network
+/// namespace HOST (mpirun's `plm_rsh_agent`), so mpirun in one namespace starts its daemon
+/// and ranks in the other as it would on another machine.
+fn netns_agent() -> PathBuf {
+    let dir = common::target_dir().join("mpi-netns");
+    std::fs::create_dir_all(&dir).expect("mkdir mpi-netns");
+    let agent = dir.join("agent.sh");
+    let script = "#!/bin/sh\nhost=$1; shift\nexec ip netns exec \"$host\" sh -c \"$*\"\n";
+    if std::fs::read_to_string(&agent).ok().as_deref() != Some(script) {
+        std::fs::write(&agent, script).expect("write the agent");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the agent");
+    }
+    agent
+}
+
+#[test]
+fn mpi_between_two_hosts_over_tcp() {
+    if !open_mpi() {
+        return;
+    }
+    let Some(h) = netns::hosts_or_skip(4) else {
+        return;
+    };
+    let agent = netns_agent();
+    let hostfile = agent.with_file_name(format!("hosts-{}", std::process::id()));
+    std::fs::write(&hostfile, format!("{} slots=1\n{} slots=1\n", h.a, h.b)).expect("hostfile");
+    let run = |exe: &Path, path: &[&str]| {
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &h.a,
+            "mpirun",
+            "--allow-run-as-root",
+            "-np",
+            "2",
+        ])
+        .args(["--hostfile", &hostfile.display().to_string()])
+        .args(["--mca", "plm_rsh_agent", &agent.display().to_string()])
+        .args(path)
+        .args(["-x", "FI_PROVIDER=tcp", "-x", "LD_LIBRARY_PATH"])
+        .env("LD_LIBRARY_PATH", common::so1_dir())
+        .env("FI_PROVIDER", "tcp")
+        .arg(exe);
+        let what = format!("mpirun between namespaces {}", exe.display());
+        run::success(&what, &common::output_within(cmd, LIMIT, &what))
+    };
+    // The tagged path (pml cm, mtl ofi): one rank per host.
+    let mtl = [
+        "--mca",
+        "pml",
+        "cm",
+        "--mca",
+        "mtl",
+        "ofi",
+        "--mca",
+        "mtl_ofi_provider_include",
+        "tcp",
+    ];
+    let out = run(&build("mpi_pingpong"), &mtl);
+    assert!(out.contains("pingpong ok"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("4194304 ")), "{out}");
+    // One-sided, through osc rdma on btl ofi.
+    let mut osc = btl_ofi("tcp");
+    osc.extend(["--mca", "osc", "rdma"]);
+    let out = run(&build("mpi_rma"), &osc);
+    assert!(out.contains("rma ok 2"), "{out}");
+    let _ = std::fs::remove_file(&hostfile);
 }
