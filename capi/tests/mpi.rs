@@ -60,7 +60,12 @@ fn mpirun(ranks: u32, exe: &Path, args: &[&str]) -> String {
 /// xfabric's tcp provider, as its users run it across nodes; asserts success and returns
 /// stdout.
 fn mpirun_mtl_tcp(ranks: u32, exe: &Path, args: &[&str]) -> String {
-    let path = [
+    mpirun_on("tcp", &mtl_ofi("tcp"), ranks, exe, args)
+}
+
+/// Open MPI's MCA choices for its tagged path (`pml cm`, `mtl ofi`) over xfabric's `provider`.
+fn mtl_ofi(provider: &str) -> [&str; 9] {
+    [
         "--mca",
         "pml",
         "cm",
@@ -69,9 +74,8 @@ fn mpirun_mtl_tcp(ranks: u32, exe: &Path, args: &[&str]) -> String {
         "ofi",
         "--mca",
         "mtl_ofi_provider_include",
-        "tcp",
-    ];
-    mpirun_on("tcp", &path, ranks, exe, args)
+        provider,
+    ]
 }
 
 /// `mpirun` with Open MPI's `path` (its MCA choices) over xfabric's `provider`.
@@ -215,18 +219,7 @@ fn mpi_between_two_hosts_over_tcp() {
         run::success(&what, &common::output_within(cmd, LIMIT, &what))
     };
     // The tagged path (pml cm, mtl ofi): one rank per host.
-    let mtl = [
-        "--mca",
-        "pml",
-        "cm",
-        "--mca",
-        "mtl",
-        "ofi",
-        "--mca",
-        "mtl_ofi_provider_include",
-        "tcp",
-    ];
-    let out = run(&build("mpi_pingpong"), &mtl);
+    let out = run(&build("mpi_pingpong"), &mtl_ofi("tcp"));
     assert!(out.contains("pingpong ok"), "{out}");
     assert!(out.lines().any(|l| l.starts_with("4194304 ")), "{out}");
     // One-sided, through osc rdma on btl ofi.
