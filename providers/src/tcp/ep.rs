@@ -50,6 +50,9 @@ pub struct TcpEndpoint {
     /// Whether the last locked call left work the engine can advance without a peer (frames
     /// queued, answers awaited): `progress` then does not skip on an idle socket set.
     busy: AtomicBool,
+    /// Whether the last locked call left bytes in a socket that no event will announce
+    /// (`Net::backlog`): `idle_wait` then does not sleep.
+    backlog: AtomicBool,
 }
 
 /// The engine as `net`'s handler, with what it needs to name a peer's source address.
@@ -159,6 +162,7 @@ impl TcpEndpoint {
             net_fd,
             wake_fd,
             busy: AtomicBool::new(false),
+            backlog: AtomicBool::new(false),
         }))
     }
 
@@ -174,6 +178,7 @@ impl TcpEndpoint {
         }
         let mut done = st_ref.engine.take_done();
         self.busy.store(st_ref.engine.busy(), Ordering::Release);
+        self.backlog.store(st_ref.net.backlog(), Ordering::Release);
         drop(st);
         if !done.is_empty() {
             rdm::report(&self.core, &mut done);
@@ -245,6 +250,10 @@ impl ProgressSource for TcpEndpoint {
     }
 
     fn idle_wait(&self, timeout: Duration) {
+        // Bytes already waiting in a socket: progress again at once.
+        if self.backlog.load(Ordering::Acquire) {
+            return;
+        }
         // While answers are awaited, sleep on the sockets, but not long.
         let timeout = if self.busy.load(Ordering::Acquire) {
             timeout.min(Duration::from_millis(1))

@@ -76,6 +76,10 @@ const MAX_UNSETTLED: usize = 256;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// See `Net::last_epoll`.
 const EPOLL_EVERY: Duration = Duration::from_micros(50);
+/// Frames one `progress` call hands over from one connection at most, then reads the next
+/// one: a flooding peer neither starves the others nor, since answers are queued only after
+/// `progress` returns, gets more than this past the bound of answers it may owe.
+pub const PUMP_FRAMES: usize = 1024;
 /// The listener's token; connection `k` of the slab is `Token(k + 1)`.
 const LISTENER: Token = Token(0);
 
@@ -125,6 +129,9 @@ struct Conn {
     /// nothing more is read from this connection until a later `progress` offers that frame
     /// again and gets another answer.
     waiting: bool,
+    /// The last read stopped at `PUMP_FRAMES` with bytes left in the socket: read again on
+    /// the next `progress` (they raise no new edge).
+    more: bool,
 }
 
 /// A queued frame, `off` of its `len` bytes (control part, then body) written.
@@ -432,6 +439,12 @@ impl Net {
         self.dead_after = d;
     }
 
+    /// Whether a connection has bytes left that no event will announce (read on the next
+    /// `progress`): sleeping on `wait_fd` now would not wake for them.
+    pub fn backlog(&self) -> bool {
+        self.conns.iter().any(|(_, c)| c.more)
+    }
+
     /// A file descriptor (mio's epoll fd) that becomes readable when `progress` has
     /// something to do, for a thread to poll(2) on without holding the Net.
     pub fn wait_fd(&self) -> RawFd {
@@ -494,11 +507,12 @@ impl Net {
         }
         self.last_epoll = now;
         n += self.step(h, Some(Duration::ZERO));
-        // Connections held back by flow control raise no new event: offer their frame again.
+        // Connections held back by flow control, or left unread at `PUMP_FRAMES`, raise no
+        // new event: read them again.
         let waiting: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.waiting)
+            .filter(|(_, c)| c.waiting || c.more)
             .map(|(k, _)| k)
             .collect();
         for k in waiting {
@@ -1190,11 +1204,12 @@ impl Conn {
             writable: false,
             big: false,
             waiting: false,
+            more: false,
         }
     }
 
-    /// Reads until the socket is drained, handing whole frames to `h`; the error (an errno)
-    /// ends the connection.
+    /// Reads until the socket is drained or `PUMP_FRAMES` frames were handed to `h` (then
+    /// `more` is set); the error (an errno) ends the connection.
     fn pump<H: Handler>(
         &mut self,
         peer: PeerId,
@@ -1203,10 +1218,15 @@ impl Conn {
     ) -> (usize, Option<i32>) {
         let fd = self.sock.as_raw_fd();
         let mut frames = 0;
+        self.more = false;
         loop {
             match self.consume(peer, addr, h) {
                 Ok(n) => frames += n,
                 Err(e) => return (frames, Some(e)),
+            }
+            if frames >= PUMP_FRAMES && !self.waiting {
+                self.more = true;
+                return (frames, None);
             }
             if self.waiting {
                 // Flow control: what the peer sends stays in the socket (and its sends
