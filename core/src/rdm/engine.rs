@@ -1,8 +1,9 @@
 //! The engine proper: one per endpoint, driven by its provider under the provider's lock.
 //!
 //! Calls in: `post_send` / `post_recv` / `post_rma` / `post_atomic` / `cancel` from the
-//! application's side; `on_ctrl` / `on_body` / `on_sent` / `on_lost` from the transport;
-//! `close`. Work out: `poll_transmit` (frames to send, in order per peer) and `take_done`
+//! application's side; `on_ctrl` / `on_body` / `on_sent` / `on_copied` / `on_lost` from the
+//! transport; `close`. Work out: `poll_transmit` (frames to send, in order per peer),
+//! `poll_copy` (one-sided copies for the transport to perform) and `take_done`
 //! (completions, reported with [`report`] after the provider's lock is released, so that a
 //! counter the completion bumps may start a triggered operation on this endpoint).
 //!
@@ -13,6 +14,10 @@
 //! - larger message: `Rts`; the receiver answers `Cts` once a receive matches (or a
 //!   discarding one drops it), the sender sends `Data` from the application's buffer into the
 //!   receive's buffer, the receiver `Ack`s. No large message is ever buffered unexpected.
+//!   Where the transports copy one-sidedly (`with_one_sided`), the `Rts` of a message from
+//!   their `pull_min` carries the sender's `Desc`, and on match the receiver's transport
+//!   copies it (`poll_copy`, `on_copied`) instead of `Cts`/`Data`; a refused copy falls back
+//!   to them.
 //! - RMA write: `Write` with the data; the target checks keys and ranges (`target::resolve`)
 //!   and takes the body straight into its memory, then `Ack`s (after `msync` for commit
 //!   complete). Read: `Read`; the target answers `ReadResp` with its memory as the body.
@@ -42,6 +47,7 @@ use crate::FiAddr;
 
 use super::done::Done;
 use super::target;
+use super::transport::{Copied, Desc, OneSided, Pull};
 use super::wire::{self, flags, Frame, Prefix, WireError};
 use super::{Body, PeerId, Sink, Transmit};
 
@@ -96,6 +102,9 @@ struct TxReq {
     answer: Option<i32>,
     /// A large message waiting for the receiver's `Cts`.
     rts: bool,
+    /// Its `Rts` offered a descriptor: the receiver may copy the data itself and answer
+    /// `Ack` instead of `Cts`.
+    pull: bool,
 }
 
 impl TxReq {
@@ -103,7 +112,7 @@ impl TxReq {
     /// large message still waiting for `Cts`, not one answered already.
     fn takes_ack(&self) -> bool {
         self.answer.is_none()
-            && !self.rts
+            && (!self.rts || self.pull)
             && self.want == 0
             && self.flags & (FI_RMA | FI_READ) != FI_RMA | FI_READ
     }
@@ -133,10 +142,11 @@ enum Unexp {
         id: u32,
         /// The peer's epoch when it arrived: a later loss fails it on match.
         epoch: u64,
+        desc: Desc,
     },
 }
 
-/// A matched large message waiting for its `Data`.
+/// A matched large message waiting for its `Data`, or for the transport's copy of it.
 struct RxPipe {
     slot: RecvSlot,
     peer: PeerId,
@@ -145,6 +155,16 @@ struct RxPipe {
     tag: u64,
     data: Option<u64>,
     src: FiAddr,
+    /// The sender's descriptor of its memory (empty: frames only).
+    desc: Desc,
+    /// Bumped per slot reuse, like `TxReq::gen`, for the copy's token.
+    gen: u32,
+    /// A copy of it is asked for or under way: the receive's buffer is the transport's until
+    /// `on_copied`.
+    copying: bool,
+    /// It ended (the peer was lost, the endpoint closed) while copying: the errno its receive
+    /// fails with once the copy reports.
+    ended: i32,
 }
 
 /// What the body now arriving from a peer is for (`on_ctrl` to `on_body`).
@@ -222,6 +242,12 @@ pub struct Engine {
     peers: Vec<PeerState>,
     out: VecDeque<Transmit>,
     done: Vec<Done>,
+    /// The transport's one-sided copies, if it has them.
+    one_sided: Option<Box<dyn OneSided>>,
+    /// Copies asked for and not yet taken by the transport.
+    pulls: VecDeque<Pull>,
+    /// A copy was refused: large messages go through frames from now on.
+    pull_refused: bool,
     /// Set while the fenced queue is being released, so a released op is not held again.
     releasing: bool,
     closed: bool,
@@ -248,9 +274,23 @@ impl Engine {
             peers: Vec::new(),
             out: VecDeque::new(),
             done: Vec::new(),
+            one_sided: None,
+            pulls: VecDeque::new(),
+            pull_refused: false,
             releasing: false,
             closed: false,
         }
+    }
+
+    /// Lets the engine use the transport's one-sided copies for large messages.
+    pub fn with_one_sided(mut self, t: Box<dyn OneSided>) -> Self {
+        self.one_sided = Some(t);
+        self
+    }
+
+    /// The next copy the transport is to perform, if any (see [`Pull`]).
+    pub fn poll_copy(&mut self) -> Option<Pull> {
+        self.pulls.pop_front()
     }
 
     fn peer(&mut self, p: PeerId) -> &mut PeerState {
@@ -273,6 +313,12 @@ impl Engine {
     /// Whether anything waits on a peer (for a provider deciding how hard to poll).
     pub fn busy(&self) -> bool {
         !self.tx.is_empty() || !self.rx.is_empty() || !self.out.is_empty()
+    }
+
+    /// Whether copies are still asked for or under way (a closing transport finishes them
+    /// and reports them before it goes).
+    pub fn copying(&self) -> bool {
+        self.rx.iter().any(|(_, r)| r.copying)
     }
 
     /// What the endpoint buffers for messages no receive took yet.
@@ -464,6 +510,7 @@ impl Engine {
                 unsent: u8::from(!owned),
                 answer: (!ack).then_some(0),
                 rts: false,
+                pull: false,
             });
             let f = Frame::Msg {
                 id: id as u32,
@@ -475,6 +522,10 @@ impl Engine {
             self.maybe_complete(id);
             return Ok(());
         }
+        let desc = match &self.one_sided {
+            Some(t) if len >= t.pull_min() => t.describe(peer, &op.iov).unwrap_or_default(),
+            _ => Desc::default(),
+        };
         let (id, _) = self.new_tx(TxReq {
             ctx: op.ctx,
             flags: op.flags,
@@ -485,6 +536,7 @@ impl Engine {
             unsent: 0,
             answer: None,
             rts: true,
+            pull: !desc.is_empty(),
         });
         let f = Frame::Rts {
             id: id as u32,
@@ -492,6 +544,7 @@ impl Engine {
             data: op.data,
             len: len as u64,
             flags: fl & (flags::TAGGED | flags::CQ_DATA),
+            desc,
         };
         self.frame(peer, f, Body::None, None);
         Ok(())
@@ -549,7 +602,9 @@ impl Engine {
                 ..
             } => self.ack_in(p, id, epoch, 0),
             Unexp::Eager { .. } => {}
-            Unexp::Rts { peer, id, epoch } => {
+            Unexp::Rts {
+                peer, id, epoch, ..
+            } => {
                 if self.peer(peer).epoch == epoch {
                     self.frame(peer, Frame::Cts { id, rx: NO_RX }, Body::None, None);
                 }
@@ -586,7 +641,12 @@ impl Engine {
                     raw: None,
                 });
             }
-            Unexp::Rts { peer, id, epoch } => {
+            Unexp::Rts {
+                peer,
+                id,
+                epoch,
+                desc,
+            } => {
                 if self.peer(peer).epoch != epoch {
                     return self.push_rx(Done::SlotErr {
                         slot,
@@ -614,15 +674,128 @@ impl Engine {
                     tag: u.tag,
                     data,
                     src: u.src,
+                    desc,
+                    gen: 0,
+                    copying: false,
+                    ended: 0,
                 });
             }
         }
     }
 
-    fn start_pipe(&mut self, pipe: RxPipe) {
+    /// A large message matched: the transport copies it where the sender offered its memory
+    /// and the transport can, else the sender is asked for its data (`Cts`).
+    fn start_pipe(&mut self, mut pipe: RxPipe) {
         let (peer, id) = (pipe.peer, pipe.tx_id);
-        let rx = self.rx.insert(pipe) as u32;
-        self.frame(peer, Frame::Cts { id, rx }, Body::None, None);
+        self.gen = self.gen.wrapping_add(1);
+        pipe.gen = self.gen;
+        pipe.copying = !pipe.desc.is_empty() && self.one_sided.is_some() && !self.pull_refused;
+        let (copying, remote, local, len, gen) = (
+            pipe.copying,
+            pipe.desc,
+            pipe.slot.iov,
+            pipe.len.min(pipe.slot.iov.total()),
+            pipe.gen,
+        );
+        let rx = self.rx.insert(pipe);
+        if copying {
+            self.pulls.push_back(Pull {
+                peer,
+                token: token(rx, gen),
+                remote,
+                local,
+                len,
+            });
+        } else {
+            self.frame(peer, Frame::Cts { id, rx: rx as u32 }, Body::None, None);
+        }
+    }
+
+    /// The transport performed (or could not perform) the copy with `token`.
+    pub fn on_copied(&mut self, token: u64, how: Copied) {
+        let i = (token & 0xffff_ffff) as usize;
+        let gen = (token >> 32) as u32;
+        let Some(r) = self.rx.get_mut(i).filter(|r| r.gen == gen && r.copying) else {
+            return;
+        };
+        r.copying = false;
+        let (peer, id, ended) = (r.peer, r.tx_id, r.ended);
+        let err = match how {
+            _ if ended != 0 => ended,
+            Copied::Done => 0,
+            Copied::Refused => {
+                // Never again on this endpoint; this message goes through frames.
+                self.pull_refused = true;
+                self.frame(peer, Frame::Cts { id, rx: i as u32 }, Body::None, None);
+                return;
+            }
+            Copied::Failed(e) => peer_status(e),
+        };
+        let r = self.rx.remove(i);
+        if err != 0 {
+            if ended == 0 {
+                self.ack(peer, id, err);
+            }
+            return self.push_rx(Done::SlotErr {
+                slot: r.slot,
+                tag: r.tag,
+                err,
+            });
+        }
+        self.pipe_done(r);
+    }
+
+    /// A large message is in its receive's buffer: acknowledged, completed.
+    fn pipe_done(&mut self, r: RxPipe) {
+        let got = r.len.min(r.slot.iov.total());
+        let status = self.sink_status(&r.slot, got);
+        self.ack(r.peer, r.tx_id, status);
+        self.push_rx(Done::Rx {
+            slot: r.slot,
+            len: got,
+            olen: r.len - got,
+            tag: r.tag,
+            data: r.data,
+            src: r.src,
+            raw: None,
+        });
+    }
+
+    /// Fails the large messages arriving from `peer` (every peer: `None`) with `err`: at
+    /// once, or, where the transport is copying one, when it reports the copy.
+    fn end_pipes(&mut self, peer: Option<PeerId>, err: i32) {
+        let of = |p: PeerId| peer.is_none_or(|q| q == p);
+        // Copies the transport never took will not be reported.
+        let untaken: Vec<u64> = self
+            .pulls
+            .iter()
+            .filter(|c| of(c.peer))
+            .map(|c| c.token)
+            .collect();
+        self.pulls.retain(|c| !of(c.peer));
+        for t in untaken {
+            if let Some(r) = self.rx.get_mut((t & 0xffff_ffff) as usize) {
+                r.copying = false;
+            }
+        }
+        let ids: Vec<usize> = self
+            .rx
+            .iter()
+            .filter(|(_, r)| of(r.peer))
+            .map(|(i, _)| i)
+            .collect();
+        for i in ids {
+            if self.rx[i].copying {
+                self.rx[i].ended = err;
+                continue;
+            }
+            let r = self.rx.remove(i);
+            self.push_rx(Done::SlotErr {
+                slot: r.slot,
+                tag: r.tag,
+                err,
+            });
+        }
     }
 
     fn push_rx(&mut self, mut d: Done) {
@@ -668,6 +841,7 @@ impl Engine {
                 unsent: 0,
                 answer: None,
                 rts: false,
+                pull: false,
             });
             let f = Frame::Read {
                 id: id as u32,
@@ -698,6 +872,7 @@ impl Engine {
             unsent: u8::from(!owned),
             answer: None,
             rts: false,
+            pull: false,
         });
         let f = Frame::Write {
             id: id as u32,
@@ -758,6 +933,7 @@ impl Engine {
             unsent: 0,
             answer: None,
             rts: false,
+            pull: false,
         });
         let f = Frame::Atomic {
             id: id as u32,
@@ -862,6 +1038,7 @@ impl Engine {
                 data,
                 len,
                 flags: fl,
+                desc,
             } => {
                 let len = usize::try_from(len).map_err(|_| bad())?;
                 let tagged = fl & flags::TAGGED != 0;
@@ -878,6 +1055,10 @@ impl Engine {
                         tag,
                         data,
                         src,
+                        desc,
+                        gen: 0,
+                        copying: false,
+                        ended: 0,
                     }),
                     None => {
                         let epoch = self.peer(peer).epoch;
@@ -890,7 +1071,12 @@ impl Engine {
                                 has_data: data.is_some(),
                                 len,
                                 held: UNEXP_OVERHEAD,
-                                payload: Unexp::Rts { peer, id, epoch },
+                                payload: Unexp::Rts {
+                                    peer,
+                                    id,
+                                    epoch,
+                                    desc,
+                                },
                             },
                         );
                     }
@@ -919,7 +1105,7 @@ impl Engine {
                 (Sink::Discard, Pending::Nothing)
             }
             Frame::Data { rx } => match self.rx.get(rx as usize) {
-                Some(r) if r.peer == peer && body == r.len as u64 => {
+                Some(r) if r.peer == peer && body == r.len as u64 && !r.copying => {
                     (Sink::Iov(r.slot.iov), Pending::Data { rx: rx as usize })
                 }
                 _ => return Err(bad()),
@@ -1140,21 +1326,9 @@ impl Engine {
                 }
             },
             Pending::Data { rx } => {
-                let Some(r) = self.rx.try_remove(rx) else {
-                    return;
-                };
-                let got = r.len.min(r.slot.iov.total());
-                let status = self.sink_status(&r.slot, got);
-                self.ack(r.peer, r.tx_id, status);
-                self.push_rx(Done::Rx {
-                    slot: r.slot,
-                    len: got,
-                    olen: r.len - got,
-                    tag: r.tag,
-                    data: r.data,
-                    src: r.src,
-                    raw: None,
-                });
+                if let Some(r) = self.rx.try_remove(rx) {
+                    self.pipe_done(r);
+                }
             }
             Pending::Write {
                 id,
@@ -1322,20 +1496,7 @@ impl Engine {
             let (ctx, flags) = fenced_ctx(&f);
             self.done.push(Done::TxErr { ctx, flags, err });
         }
-        let pipes: Vec<usize> = self
-            .rx
-            .iter()
-            .filter(|(_, r)| r.peer == peer)
-            .map(|(i, _)| i)
-            .collect();
-        for i in pipes {
-            let r = self.rx.remove(i);
-            self.push_rx(Done::SlotErr {
-                slot: r.slot,
-                tag: r.tag,
-                err,
-            });
-        }
+        self.end_pipes(Some(peer), err);
         self.peer(peer).outstanding = 0;
         self.out.retain(|t| t.peer != peer);
     }
@@ -1390,14 +1551,7 @@ impl Engine {
             let pending = self.peers[p].pending.take();
             self.abandon(pending, FI_ECANCELED);
         }
-        let pipes: Vec<RxPipe> = self.rx.drain().collect();
-        for r in pipes {
-            self.push_rx(Done::SlotErr {
-                slot: r.slot,
-                tag: r.tag,
-                err: FI_ECANCELED,
-            });
-        }
+        self.end_pipes(None, FI_ECANCELED);
         for r in self.rxq.drain_posted() {
             self.done.push(Done::RxErr {
                 ctx: r.ctx,

@@ -1,10 +1,12 @@
 //! The RDM protocol engine: what makes a reliable-datagram endpoint out of a transport that
 //! moves frames between peers. Written once, I/O-free, in the manner of quinn-proto: a
 //! transport feeds it (`Engine::post_*`, a frame's control part arrived, its body arrived, a
-//! frame was sent, a peer was lost) and drains it (frames to transmit, completions, which it
-//! writes through `EpCore`). It owns no socket, ring, thread or clock.
+//! frame was sent, a copy finished, a peer was lost) and drains it (frames to transmit, copies
+//! to perform, completions, which it writes through `EpCore`). It owns no socket, ring, thread or clock.
 //!
 //! - [`wire`]: every frame as one enum, one encoder, one fuzzed decoder.
+//! - [`transport`]: what a transport can copy one-sidedly ([`OneSided`]), and the copies the
+//!   engine asks of it ([`Pull`]).
 //! - [`engine`]: per-endpoint protocol state: matching (core's `RecvQueue`), the initiator's
 //!   outstanding requests, acknowledgements for the completion levels, fences, RMA and
 //!   atomics executed at the target after key checks ([`target`]), peer loss.
@@ -17,10 +19,12 @@ pub mod engine;
 pub mod target;
 #[cfg(test)]
 mod tests;
+pub mod transport;
 pub mod wire;
 
 pub use done::{report, Done};
 pub use engine::{Config, Engine};
+pub use transport::{Copied, Desc, OneSided, Pull};
 
 use crate::rxq::IovList;
 

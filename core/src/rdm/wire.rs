@@ -17,6 +17,8 @@ use bytemuck::{Pod, Zeroable};
 use crate::ep_rma::{RmaIov, RmaIovList};
 use crate::rxq::IOV_LIMIT;
 
+use super::transport::Desc;
+
 /// First two bytes of every frame ("XF").
 pub const MAGIC: u16 = 0x4658;
 /// Largest control part a peer may announce: the biggest kind (a write with `IOV_LIMIT`
@@ -236,7 +238,8 @@ pub enum Frame {
         status: i32,
     },
     /// A message of `len` bytes whose data waits at the sender until the receiver matches
-    /// it and answers `Cts` (no body).
+    /// it and answers `Cts`, or, with a descriptor of the sender's memory, copies it from
+    /// there and answers `Ack` (no body).
     Rts {
         /// The sender's request id.
         id: u32,
@@ -248,6 +251,9 @@ pub enum Frame {
         len: u64,
         /// `flags::*` bits.
         flags: u8,
+        /// Where the receiver's transport may copy the data from one-sidedly; empty: only
+        /// through `Cts` and `Data`.
+        desc: Desc,
     },
     /// The receiver matched the sender's request `id` as its transfer `rx`: send the data
     /// (or, with `len` 0 from a discarding receive, nothing but complete).
@@ -404,13 +410,17 @@ pub fn decode(p: &Prefix, ctrl: &[u8]) -> Result<Frame, WireError> {
             })
         }
         Kind::Rts => {
-            let h: RtsHdr = fixed(ctrl, kind, 0)?;
+            let n = std::mem::size_of::<RtsHdr>();
+            let extra = ctrl.len().saturating_sub(n);
+            let h: RtsHdr = fixed(ctrl, kind, extra)?;
+            let desc = Desc::new(&ctrl[n..]).ok_or(WireError::Malformed(kind))?;
             no_body(Frame::Rts {
                 id: h.id,
                 tag: h.tag,
                 data: h.data,
                 len: h.len,
                 flags: p.flags,
+                desc,
             })
         }
         Kind::Cts => {
@@ -524,6 +534,7 @@ impl Frame {
                 data,
                 len,
                 flags,
+                ref desc,
             } => {
                 out.extend_from_slice(bytemuck::bytes_of(&RtsHdr {
                     id,
@@ -532,6 +543,7 @@ impl Frame {
                     data,
                     len,
                 }));
+                out.extend_from_slice(desc.as_bytes());
                 flags
             }
             Frame::Cts { id, rx } => {
@@ -579,6 +591,7 @@ fn put_rma(out: &mut Vec<u8>, id: u32, data: u64, segs: &RmaIovList) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rdm::transport::MAX_DESC;
     use proptest::prelude::*;
 
     fn segs(n: usize) -> RmaIovList {
@@ -641,6 +654,18 @@ mod tests {
                     data: 2,
                     len: 1 << 40,
                     flags: flags::TAGGED,
+                    desc: Desc::default(),
+                },
+                0,
+            ),
+            (
+                Frame::Rts {
+                    id: 5,
+                    tag: 0,
+                    data: 0,
+                    len: 1 << 20,
+                    flags: 0,
+                    desc: Desc::new(&[7; MAX_DESC]).unwrap(),
                 },
                 0,
             ),

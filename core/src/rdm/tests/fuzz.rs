@@ -148,15 +148,22 @@ fn any_frame() -> impl Strategy<Value = Frame> {
                 }
             ),
         (id(), status()).prop_map(|(id, status)| Frame::AtomicResp { id, status }),
-        (id(), 0u64..3, any::<u64>(), 0u64..400, fl()).prop_map(|(id, tag, data, len, flags)| {
-            Frame::Rts {
+        (
+            id(),
+            0u64..3,
+            any::<u64>(),
+            0u64..400,
+            fl(),
+            proptest::collection::vec(any::<u8>(), 0..40)
+        )
+            .prop_map(|(id, tag, data, len, flags, desc)| Frame::Rts {
                 id,
                 tag,
                 data,
                 len,
                 flags,
-            }
-        }),
+                desc: Desc::new(&desc).expect("short"),
+            }),
         (id(), prop_oneof![0u32..3, Just(u32::MAX)]).prop_map(|(id, rx)| Frame::Cts { id, rx }),
         prop_oneof![0u32..3, any::<u32>()].prop_map(|rx| Frame::Data { rx }),
     ]

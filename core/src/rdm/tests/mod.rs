@@ -11,9 +11,10 @@ use proptest::prelude::*;
 
 use super::engine::EAGER_LIMIT;
 use super::wire::{self, Frame, Kind, Prefix, WireError, PREFIX};
-use super::{report, Body, Config, Engine, Sink, Transmit};
+use super::{report, Body, Config, Copied, Desc, Engine, OneSided, PeerId, Pull, Sink, Transmit};
 
 mod fuzz;
+mod pull;
 use crate::consts::errno::*;
 use crate::consts::*;
 use crate::entry::{Context, CqErrEntry, CqTaggedEntry};
@@ -48,17 +49,42 @@ struct Side {
     refused: Vec<WireError>,
 }
 
+/// A transport that copies one-sidedly from `PULL_MIN` bytes: within one process, from the
+/// memory a `Desc::of_iov` names.
+struct SameProcess;
+
+/// Where the test transport's one-sided copies start.
+const PULL_MIN: usize = 100;
+
+impl OneSided for SameProcess {
+    fn pull_min(&self) -> usize {
+        PULL_MIN
+    }
+
+    fn describe(&self, _peer: PeerId, iov: &IovList) -> Option<Desc> {
+        Some(Desc::of_iov(iov))
+    }
+}
+
 impl Side {
     fn new(world: &World) -> Side {
+        Side::with(world, false)
+    }
+
+    /// A side whose transport copies one-sidedly (`SameProcess`) when `one_sided`.
+    fn with(world: &World, one_sided: bool) -> Side {
         let ep = world.ep();
         let core = ep.ep.core().clone();
-        let eng = Engine::new(
+        let mut eng = Engine::new(
             core.clone(),
             Config {
                 eager_max: EAGER,
                 ..Config::default()
             },
         );
+        if one_sided {
+            eng = eng.with_one_sided(Box::new(SameProcess));
+        }
         Side {
             ep,
             core,
@@ -204,9 +230,14 @@ impl Net {
     }
 
     fn on(world: World) -> Net {
+        Net::sides(world, false, false)
+    }
+
+    /// A pair whose transports copy one-sidedly where `a` and `b` say.
+    fn sides(world: World, a: bool, b: bool) -> Net {
         Net {
-            a: Side::new(&world),
-            b: Side::new(&world),
+            a: Side::with(&world, a),
+            b: Side::with(&world, b),
             mr: None,
             world,
         }

@@ -1,0 +1,221 @@
+//! Large messages copied one-sidedly by the receiver's transport (a `Pull`): the copy, its
+//! refusal and the fallback to frames, its failure, and a peer lost or the endpoint closed
+//! while a copy is under way.
+
+use super::*;
+
+/// Performs `p` as a transport that reads its peer's memory would: from the memory the
+/// sender's `Desc::of_iov` names, into the receive's buffer.
+fn perform(p: &Pull) {
+    let remote = p.remote.to_iov().expect("a descriptor written by of_iov");
+    let mut v = vec![0u8; p.len];
+    // SAFETY: the descriptor names the test's send buffer, alive until the send ends, and the
+    // receive's buffer is the transport's until `on_copied`.
+    unsafe {
+        remote.copy_out(0, &mut v);
+        p.local.copy_in(0, &v);
+    }
+}
+
+fn pulling() -> Net {
+    Net::sides(World::new(), true, true)
+}
+
+#[test]
+fn pull_posted_first_copies_and_acks() {
+    let data = pattern(300, 30);
+    let mut buf = vec![0u8; 400];
+    let mut net = pulling();
+    net.b.recv(recv(10, &mut buf, Some(4), 0));
+    net.a.send(send(1, &data, Some(4), Some(9), 0));
+    assert_eq!(net.flush(S::A), vec![Kind::Rts]);
+    // No Cts: B's transport copies instead.
+    assert_eq!(net.flush(S::B), vec![]);
+    let p = net.b.eng.poll_copy().expect("a copy to perform");
+    assert!(net.b.eng.poll_copy().is_none());
+    assert_eq!((p.peer, p.len), (0, 300));
+    assert!(net.b.eng.copying());
+    net.b.quiet();
+    perform(&p);
+    net.b.eng.on_copied(p.token, Copied::Done);
+    net.report();
+    let e = net.b.one(10);
+    assert_eq!((e.len, e.tag, e.data), (300, 4, 9));
+    assert_eq!(&buf[..300], &data[..]);
+    // Acknowledged like a transfer through frames.
+    net.a.quiet();
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    assert_eq!(net.a.one(1).flags, FI_SEND | FI_TAGGED);
+    assert!(!net.a.eng.busy() && !net.b.eng.busy());
+    // A stale or repeated report changes nothing.
+    net.b.eng.on_copied(p.token, Copied::Done);
+    net.report();
+    net.b.quiet();
+    assert_eq!(net.flush(S::B), vec![]);
+}
+
+#[test]
+fn pull_unexpected_and_truncated() {
+    let data = pattern(300, 31);
+    let mut small = vec![0u8; 120];
+    let mut net = pulling();
+    net.a.send(send(1, &data, None, None, 0));
+    net.pump();
+    assert!(net.b.eng.poll_copy().is_none());
+    net.b.recv(recv(10, &mut small, None, 0));
+    let p = net.b.eng.poll_copy().expect("a copy on match");
+    assert_eq!(p.len, 120);
+    perform(&p);
+    net.b.eng.on_copied(p.token, Copied::Done);
+    net.report();
+    let e = net.b.one_err(10);
+    assert_eq!((e.err, e.len, e.olen), (FI_ETRUNC, 120, 180));
+    assert_eq!(&small[..], &data[..120]);
+    net.pump();
+    net.a.one(1);
+}
+
+#[test]
+fn pull_only_where_both_transports_can() {
+    let data = pattern(300, 32);
+    let small = pattern(PULL_MIN - 1, 33);
+    let mut buf = vec![0u8; 300];
+    // The sender offers nothing: frames.
+    let mut net = Net::sides(World::new(), false, true);
+    net.b.recv(recv(10, &mut buf, None, 0));
+    net.a.send(send(1, &data, None, None, 0));
+    net.flush(S::A);
+    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
+    assert!(net.b.eng.poll_copy().is_none());
+    net.pump();
+    net.b.one(10);
+    net.a.one(1);
+    // The receiver cannot copy: it ignores the offer.
+    let mut net = Net::sides(World::new(), true, false);
+    net.b.recv(recv(10, &mut buf, None, 0));
+    net.a.send(send(1, &data, None, None, 0));
+    net.flush(S::A);
+    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
+    net.pump();
+    net.b.one(10);
+    net.a.one(1);
+    assert_eq!(&buf[..], &data[..]);
+    // Below the transport's threshold (but above eager): no offer.
+    let mut net = pulling();
+    net.b.recv(recv(10, &mut buf, None, 0));
+    net.a.send(send(1, &small, None, None, 0));
+    net.flush(S::A);
+    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
+    net.pump();
+    net.b.one(10);
+    net.a.one(1);
+}
+
+#[test]
+fn pull_refused_falls_back_to_frames() {
+    let data = pattern(300, 34);
+    let (mut b1, mut b2) = (vec![0u8; 300], vec![0u8; 300]);
+    let mut net = pulling();
+    net.b.recv(recv(10, &mut b1, None, 0));
+    net.a.send(send(1, &data, None, None, 0));
+    net.flush(S::A);
+    let p = net.b.eng.poll_copy().expect("a copy");
+    net.b.eng.on_copied(p.token, Copied::Refused);
+    net.report();
+    net.b.quiet();
+    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
+    assert_eq!(net.flush(S::A), vec![Kind::Data]);
+    net.b.one(10);
+    assert_eq!(&b1[..], &data[..]);
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    net.a.one(1);
+    // Refused once, never asked again.
+    net.b.recv(recv(11, &mut b2, None, 0));
+    net.a.send(send(2, &data, None, None, 0));
+    net.flush(S::A);
+    assert!(net.b.eng.poll_copy().is_none());
+    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
+    net.pump();
+    net.b.one(11);
+    net.a.one(2);
+    assert_eq!(&b2[..], &data[..]);
+}
+
+#[test]
+fn pull_failed_fails_both_ends() {
+    let data = pattern(300, 35);
+    let mut buf = vec![0u8; 300];
+    let mut net = pulling();
+    net.b.recv(recv(10, &mut buf, None, 0));
+    net.a.send(send(1, &data, None, None, 0));
+    net.flush(S::A);
+    let p = net.b.eng.poll_copy().expect("a copy");
+    net.b.eng.on_copied(p.token, Copied::Failed(FI_EFAULT));
+    net.report();
+    assert_eq!(net.b.one_err(10).err, FI_EFAULT);
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    assert_eq!(net.a.one_err(1).err, FI_EFAULT);
+    // A Data frame for the ended transfer is garbage.
+    assert!(arrive(&mut net.b, &Frame::Data { rx: 0 }.to_vec(300), &data).is_err());
+}
+
+#[test]
+fn lost_mid_copy_waits_for_the_copy() {
+    let data = pattern(300, 36);
+    let (mut b1, mut b2) = (vec![0u8; 300], vec![0u8; 300]);
+    let mut net = pulling();
+    net.b.recv(recv(10, &mut b1, Some(1), 0));
+    net.b.recv(recv(11, &mut b2, Some(2), 0));
+    net.a.send(send(1, &data, Some(1), None, 0));
+    net.a.send(send(2, &data, Some(2), None, 0));
+    net.flush(S::A);
+    // The transport took the first copy; the second waits in the engine.
+    let p = net.b.eng.poll_copy().expect("a copy");
+    net.b.eng.on_lost(0, FI_ECONNRESET);
+    net.a.eng.on_lost(0, FI_ECONNRESET);
+    net.report();
+    let mut got: Vec<_> = net.a.cq().1.iter().map(|e| e.op_context).collect();
+    got.sort();
+    assert_eq!(got, [1, 2]);
+    // The one never taken fails at once; the one under way when its copy reports, whatever
+    // the copy did, and nothing is acknowledged.
+    assert_eq!(net.b.one_err(11).err, FI_ECONNRESET);
+    assert!(net.b.eng.poll_copy().is_none());
+    assert!(net.b.eng.copying());
+    net.b.eng.on_copied(p.token, Copied::Done);
+    net.report();
+    assert_eq!(net.b.one_err(10).err, FI_ECONNRESET);
+    assert_eq!(net.flush(S::B), vec![]);
+    assert!(!net.b.eng.busy());
+}
+
+#[test]
+fn close_during_a_copy_cancels_when_it_reports() {
+    let data = pattern(300, 37);
+    let (mut b1, mut b2) = (vec![0u8; 300], vec![0u8; 300]);
+    let mut net = pulling();
+    net.b.recv(recv(10, &mut b1, Some(1), 0));
+    net.b.recv(recv(11, &mut b2, Some(2), 0));
+    net.a.send(send(1, &data, Some(1), None, 0));
+    net.a.send(send(2, &data, Some(2), None, 0));
+    net.flush(S::A);
+    let p = net.b.eng.poll_copy().expect("a copy");
+    net.b.eng.close();
+    net.report();
+    // The receive whose buffer the transport is writing stays out until the copy reports.
+    assert_eq!(net.b.one_err(11).err, FI_ECANCELED);
+    assert!(net.b.eng.copying());
+    perform(&p);
+    net.b.eng.on_copied(p.token, Copied::Refused);
+    net.report();
+    assert_eq!(net.b.one_err(10).err, FI_ECANCELED);
+    assert!(!net.b.eng.copying() && net.b.eng.poll_copy().is_none());
+    // Nothing goes to the sender for a canceled receive.
+    assert_eq!(net.flush(S::B), vec![]);
+    // The sender closing while its data is being copied: its sends end canceled.
+    net.a.eng.close();
+    net.report();
+    let mut got: Vec<_> = net.a.cq().1.iter().map(|e| (e.op_context, e.err)).collect();
+    got.sort();
+    assert_eq!(got, [(1, FI_ECANCELED), (2, FI_ECANCELED)]);
+}

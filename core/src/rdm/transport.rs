@@ -1,0 +1,169 @@
+//! What a transport tells the engine about itself beyond moving frames: the one-sided copies
+//! it can do. A transport that can read a peer's memory without that peer's help (shm: cross
+//! memory attach; verbs: the NIC's RDMA read) hands the engine a [`OneSided`]. A large send
+//! then announces, in its `Rts`, an opaque [`Desc`] of the sender's memory that the sender's
+//! transport wrote; once a receive matches, the receiving engine asks its transport for a
+//! [`Pull`] (pull the bytes described there into the receive's buffer) instead of answering
+//! `Cts`, and acknowledges when the transport reports it done (`Engine::on_copied`). Where the
+//! transport cannot copy after all ([`Copied::Refused`]: the kernel forbids cross-memory attach,
+//! say), the message goes through frames (`Cts`, `Data`) as on a transport without one-sided
+//! copies, and the engine asks for no more copies.
+
+use crate::rxq::{IovList, RawIov, IOV_LIMIT};
+
+use super::PeerId;
+
+/// Longest descriptor a `Rts` carries: room for 32 bytes per segment of a largest iov (an
+/// address, a length, a key and a spare word).
+pub const MAX_DESC: usize = 32 * IOV_LIMIT;
+
+/// A transport's description of memory a peer may copy from one-sidedly: bytes only the
+/// transports read. From a peer it is untrusted input, and only as long as [`MAX_DESC`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Desc {
+    len: u8,
+    bytes: [u8; MAX_DESC],
+}
+
+impl Default for Desc {
+    fn default() -> Self {
+        Desc {
+            len: 0,
+            bytes: [0; MAX_DESC],
+        }
+    }
+}
+
+impl std::fmt::Debug for Desc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Desc({:02x?})", self.as_bytes())
+    }
+}
+
+impl Desc {
+    /// A descriptor holding `bytes`; `None` if they are longer than [`MAX_DESC`].
+    pub fn new(bytes: &[u8]) -> Option<Desc> {
+        let mut d = Desc::default();
+        d.push(bytes).then_some(d)
+    }
+
+    /// Appends `bytes`; false (and nothing appended) past [`MAX_DESC`].
+    pub fn push(&mut self, bytes: &[u8]) -> bool {
+        let at = self.len as usize;
+        let Some(dst) = self.bytes.get_mut(at..at + bytes.len()) else {
+            return false;
+        };
+        dst.copy_from_slice(bytes);
+        self.len += bytes.len() as u8;
+        true
+    }
+
+    /// Its bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    /// Whether it holds nothing (a send with nothing to pull from).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The plainest descriptor: `iov`'s segments as (address, length) pairs, for a transport
+    /// whose peers name memory by its address alone (shm, which knows each peer's process).
+    pub fn of_iov(iov: &IovList) -> Desc {
+        let mut d = Desc::default();
+        for s in iov.segs() {
+            // At most IOV_LIMIT segments of 16 bytes: always fits.
+            d.push(&(s.addr as u64).to_le_bytes());
+            d.push(&(s.len as u64).to_le_bytes());
+        }
+        d
+    }
+
+    /// The segments of a descriptor written by [`Desc::of_iov`], checked: `None` for bytes
+    /// that are not such a list.
+    pub fn to_iov(&self) -> Option<IovList> {
+        let b = self.as_bytes();
+        if b.is_empty() || !b.len().is_multiple_of(16) {
+            return None;
+        }
+        let word = |c: &[u8]| usize::try_from(u64::from_le_bytes(c.try_into().ok()?)).ok();
+        let segs: Option<Vec<RawIov>> = b
+            .chunks_exact(16)
+            .map(|c| {
+                Some(RawIov {
+                    addr: word(&c[..8])?,
+                    len: word(&c[8..])?,
+                })
+            })
+            .collect();
+        IovList::from_segs(segs?)
+    }
+}
+
+/// A transport's one-sided copies, as the engine uses them.
+pub trait OneSided: Send + Sync {
+    /// Messages of at least this many bytes are offered for pulling (when larger than the
+    /// engine's `eager_max` too).
+    fn pull_min(&self) -> usize;
+
+    /// Describes `iov`, memory of this process that a large send to `peer` offers, for that
+    /// peer's transport to copy from; `None`: not this memory (the send goes by frames).
+    fn describe(&self, peer: PeerId, iov: &IovList) -> Option<Desc>;
+}
+
+/// A copy for the transport to perform: `len` bytes from the peer's memory that `remote`
+/// describes into `local`. `local` is the engine's until the transport reports the copy with
+/// `Engine::on_copied(token, ..)`, which it must do exactly once for every copy it took from
+/// `Engine::poll_copy`, even after the peer was lost or the engine closed.
+#[derive(Clone, Copy, Debug)]
+pub struct Pull {
+    /// Whose memory.
+    pub peer: PeerId,
+    /// Named again in `on_copied`.
+    pub token: u64,
+    /// The peer's description of its memory (as its transport wrote it; untrusted).
+    pub remote: Desc,
+    /// Where the bytes go.
+    pub local: IovList,
+    /// How many (from the start of both).
+    pub len: usize,
+}
+
+/// How a copy ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Copied {
+    /// Every byte is in place.
+    Done,
+    /// The transport cannot copy one-sidedly here after all (cross-memory attach is
+    /// forbidden): the engine moves this message through frames, and asks for no more copies.
+    Refused,
+    /// The copy failed with this errno; the message fails at both ends.
+    Failed(i32),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iov_descriptors_round_trip_and_garbage_is_refused() {
+        let (a, b) = ([1u8; 10], [2u8; 30]);
+        let iov = IovList::from_segs([RawIov::of(&a), RawIov::of(&b)]).unwrap();
+        let d = Desc::of_iov(&iov);
+        let back = d.to_iov().unwrap();
+        assert_eq!(back.total(), 40);
+        assert_eq!(back.segs(), iov.segs());
+        assert_eq!(Desc::default().to_iov(), None);
+        assert_eq!(Desc::new(&[0; 15]).unwrap().to_iov(), None);
+        // More segments than an iov holds.
+        assert_eq!(
+            Desc::new(&[1; 16 * (IOV_LIMIT + 1)]).unwrap().to_iov(),
+            None
+        );
+        assert_eq!(Desc::new(&[0; MAX_DESC + 1]), None);
+        let mut d = Desc::new(&[0; MAX_DESC]).unwrap();
+        assert!(!d.push(&[1]));
+        assert_eq!(d.as_bytes().len(), MAX_DESC);
+    }
+}
