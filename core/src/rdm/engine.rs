@@ -215,8 +215,8 @@ enum Pending {
 /// An operation held back by `FI_FENCE` (or queued behind one), with a copy of inject data.
 /// (Atomics are not held: a fenced one answers `Again` until its peer is drained.)
 enum Fenced {
-    Send(TxOp, Option<Vec<u8>>),
-    Rma(RmaOp, Option<Vec<u8>>),
+    Send(TxOp, Option<Body>),
+    Rma(RmaOp, Option<Body>),
 }
 
 #[derive(Default)]
@@ -336,7 +336,7 @@ impl Engine {
     }
 
     fn frame(&mut self, peer: PeerId, f: Frame, body: Body, token: Option<u64>) {
-        let ctrl = f.to_vec(body.len() as u64);
+        let ctrl = f.ctrl(body.len() as u64);
         self.out.push_back(Transmit {
             peer,
             ctrl,
@@ -476,7 +476,7 @@ impl Engine {
         &mut self,
         peer: PeerId,
         op: &TxOp,
-        copy: Option<Vec<u8>>,
+        copy: Option<Body>,
     ) -> std::result::Result<(), (Context, u64, Error)> {
         let len = op.iov.total();
         let mut fl = 0u8;
@@ -495,11 +495,8 @@ impl Engine {
             }
         }
         if len <= self.cfg.eager_max || copy.is_some() {
-            let body = match copy {
-                Some(v) => Body::Owned(v),
-                None => Body::Iov(op.iov),
-            };
-            let owned = matches!(body, Body::Owned(_));
+            let body = copy.unwrap_or(Body::Iov(op.iov));
+            let owned = !matches!(body, Body::Iov(_));
             let (id, gen) = self.new_tx(TxReq {
                 ctx: op.ctx,
                 flags: op.flags,
@@ -827,7 +824,7 @@ impl Engine {
         &mut self,
         peer: PeerId,
         op: &RmaOp,
-        copy: Option<Vec<u8>>,
+        copy: Option<Body>,
     ) -> std::result::Result<(), (Context, u64, Error)> {
         let len = op.iov.total();
         if op.flags & FI_READ != 0 {
@@ -857,11 +854,8 @@ impl Engine {
         if op.flags & FI_COMMIT_COMPLETE != 0 {
             fl |= flags::COMMIT;
         }
-        let body = match copy {
-            Some(v) => Body::Owned(v),
-            None => Body::Iov(op.iov),
-        };
-        let owned = matches!(body, Body::Owned(_));
+        let body = copy.unwrap_or(Body::Iov(op.iov));
+        let owned = !matches!(body, Body::Iov(_));
         let (id, gen) = self.new_tx(TxReq {
             ctx: op.ctx,
             flags: op.flags,
@@ -909,16 +903,23 @@ impl Engine {
     ) -> std::result::Result<(), (Context, u64, Error)> {
         let n = req.bytes();
         let fetch = req.result != 0;
-        let mut args = Vec::with_capacity(2 * n);
         // SAFETY: the caller's contract keeps operand and compare readable during the call.
-        unsafe {
-            if req.op != crate::AtomicOp::Read {
-                args.extend_from_slice(std::slice::from_raw_parts(req.operand as *const u8, n));
-            }
-            if req.compare != 0 {
-                args.extend_from_slice(std::slice::from_raw_parts(req.compare as *const u8, n));
-            }
-        }
+        let (operand, compare) = unsafe {
+            let of = |p: usize| std::slice::from_raw_parts(p as *const u8, n);
+            (
+                if req.op != crate::AtomicOp::Read {
+                    of(req.operand)
+                } else {
+                    &[][..]
+                },
+                if req.compare != 0 {
+                    of(req.compare)
+                } else {
+                    &[][..]
+                },
+            )
+        };
+        let args = Body::concat(&[operand, compare]);
         let mut fl = flags::ACK;
         if fetch {
             fl |= flags::FETCH;
@@ -944,7 +945,7 @@ impl Engine {
             key: req.key,
             flags: fl,
         };
-        self.frame(peer, f, Body::Owned(args), None);
+        self.frame(peer, f, args, None);
         Ok(())
     }
 
@@ -1579,12 +1580,24 @@ impl Pending {
 ///
 /// # Safety
 /// `iov` is readable now.
-unsafe fn inject_copy(inject: bool, iov: &IovList) -> Option<Vec<u8>> {
-    inject.then(|| {
-        let mut v = vec![0u8; iov.total()];
-        // SAFETY: forwarded from the caller.
-        unsafe { iov.copy_out(0, &mut v) };
-        v
+unsafe fn inject_copy(inject: bool, iov: &IovList) -> Option<Body> {
+    if !inject {
+        return None;
+    }
+    let n = iov.total();
+    let mut small = [0u8; super::INLINE_BODY];
+    Some(match small.get_mut(..n) {
+        Some(b) => {
+            // SAFETY: forwarded from the caller.
+            unsafe { iov.copy_out(0, b) };
+            Body::concat(&[b])
+        }
+        None => {
+            let mut v = vec![0u8; n];
+            // SAFETY: forwarded from the caller.
+            unsafe { iov.copy_out(0, &mut v) };
+            Body::Owned(v)
+        }
     })
 }
 

@@ -11,6 +11,7 @@
 
 use crate::rxq::{IovList, RawIov, IOV_LIMIT};
 
+use super::inline::Inline;
 use super::PeerId;
 
 /// Longest descriptor a `Rts` carries: room for 32 bytes per segment of a largest iov (an
@@ -19,55 +20,9 @@ pub const MAX_DESC: usize = 32 * IOV_LIMIT;
 
 /// A transport's description of memory a peer may copy from one-sidedly: bytes only the
 /// transports read. From a peer it is untrusted input, and only as long as [`MAX_DESC`].
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Desc {
-    len: u8,
-    bytes: [u8; MAX_DESC],
-}
-
-impl Default for Desc {
-    fn default() -> Self {
-        Desc {
-            len: 0,
-            bytes: [0; MAX_DESC],
-        }
-    }
-}
-
-impl std::fmt::Debug for Desc {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Desc({:02x?})", self.as_bytes())
-    }
-}
+pub type Desc = Inline<MAX_DESC>;
 
 impl Desc {
-    /// A descriptor holding `bytes`; `None` if they are longer than [`MAX_DESC`].
-    pub fn new(bytes: &[u8]) -> Option<Desc> {
-        let mut d = Desc::default();
-        d.push(bytes).then_some(d)
-    }
-
-    /// Appends `bytes`; false (and nothing appended) past [`MAX_DESC`].
-    pub fn push(&mut self, bytes: &[u8]) -> bool {
-        let at = self.len as usize;
-        let Some(dst) = self.bytes.get_mut(at..at + bytes.len()) else {
-            return false;
-        };
-        dst.copy_from_slice(bytes);
-        self.len += bytes.len() as u8;
-        true
-    }
-
-    /// Its bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..self.len as usize]
-    }
-
-    /// Whether it holds nothing (a send with nothing to pull from).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// The plainest descriptor: `iov`'s segments as (address, length) pairs, for a transport
     /// whose peers name memory by its address alone (shm, which knows each peer's process).
     pub fn of_iov(iov: &IovList) -> Desc {

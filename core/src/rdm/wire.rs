@@ -17,7 +17,8 @@ use bytemuck::{Pod, Zeroable};
 use crate::ep_rma::{RmaIov, RmaIovList};
 use crate::rxq::IOV_LIMIT;
 
-use super::transport::Desc;
+use super::inline::Inline;
+use super::transport::{Desc, MAX_DESC};
 
 /// First two bytes of every frame ("XF").
 pub const MAGIC: u16 = 0x4658;
@@ -43,6 +44,17 @@ pub struct Prefix {
 
 /// Size of [`Prefix`] on the wire.
 pub const PREFIX: usize = std::mem::size_of::<Prefix>();
+
+/// Longest prefix and control part this engine encodes: a `Rts` with a full descriptor.
+pub const MAX_ENCODED: usize = PREFIX + std::mem::size_of::<RtsHdr>() + MAX_DESC;
+const _: () = assert!(
+    PREFIX + std::mem::size_of::<RmaHdr>() + IOV_LIMIT * std::mem::size_of::<WireIov>()
+        <= MAX_ENCODED
+        && MAX_ENCODED <= MAX_CTRL
+);
+
+/// An encoded prefix and control part, inline.
+pub type Ctrl = Inline<MAX_ENCODED>;
 
 /// Frame flag bits (`Prefix::flags`).
 pub mod flags {
@@ -470,11 +482,11 @@ impl Frame {
         }
     }
 
-    /// Encodes the prefix and control part of this frame, announcing a body of `body_len`
-    /// bytes, onto the end of `out`.
-    pub fn encode(&self, body_len: u64, out: &mut Vec<u8>) {
-        let start = out.len();
-        out.extend_from_slice(bytemuck::bytes_of(&Prefix::default()));
+    /// The prefix and control part of this frame, announcing a body of `body_len` bytes.
+    pub fn ctrl(&self, body_len: u64) -> Ctrl {
+        // Every push below fits: `MAX_ENCODED` bounds the largest kind.
+        let mut out = Ctrl::default();
+        out.push(bytemuck::bytes_of(&Prefix::default()));
         let fl = match *self {
             Frame::Msg {
                 id,
@@ -482,7 +494,7 @@ impl Frame {
                 data,
                 flags,
             } => {
-                out.extend_from_slice(bytemuck::bytes_of(&MsgHdr {
+                out.push(bytemuck::bytes_of(&MsgHdr {
                     id,
                     _pad: 0,
                     tag,
@@ -493,7 +505,7 @@ impl Frame {
             Frame::Ack { id, status }
             | Frame::ReadResp { id, status }
             | Frame::AtomicResp { id, status } => {
-                out.extend_from_slice(bytemuck::bytes_of(&StatusHdr { id, status }));
+                out.push(bytemuck::bytes_of(&StatusHdr { id, status }));
                 0
             }
             Frame::Write {
@@ -502,11 +514,11 @@ impl Frame {
                 flags,
                 ref segs,
             } => {
-                put_rma(out, id, data, segs);
+                put_rma(&mut out, id, data, segs);
                 flags
             }
             Frame::Read { id, ref segs } => {
-                put_rma(out, id, 0, segs);
+                put_rma(&mut out, id, 0, segs);
                 0
             }
             Frame::Atomic {
@@ -518,7 +530,7 @@ impl Frame {
                 key,
                 flags,
             } => {
-                out.extend_from_slice(bytemuck::bytes_of(&AtomicHdr {
+                out.push(bytemuck::bytes_of(&AtomicHdr {
                     id,
                     count,
                     addr,
@@ -536,22 +548,22 @@ impl Frame {
                 flags,
                 ref desc,
             } => {
-                out.extend_from_slice(bytemuck::bytes_of(&RtsHdr {
+                out.push(bytemuck::bytes_of(&RtsHdr {
                     id,
                     _pad: 0,
                     tag,
                     data,
                     len,
                 }));
-                out.extend_from_slice(desc.as_bytes());
+                out.push(desc.as_bytes());
                 flags
             }
             Frame::Cts { id, rx } => {
-                out.extend_from_slice(bytemuck::bytes_of(&CtsHdr { id, rx }));
+                out.push(bytemuck::bytes_of(&CtsHdr { id, rx }));
                 0
             }
             Frame::Data { rx } => {
-                out.extend_from_slice(bytemuck::bytes_of(&CtsHdr { id: 0, rx }));
+                out.push(bytemuck::bytes_of(&CtsHdr { id: 0, rx }));
                 0
             }
         };
@@ -559,28 +571,32 @@ impl Frame {
             magic: MAGIC,
             kind: self.kind() as u8,
             flags: fl,
-            ctrl_len: (out.len() - start - PREFIX) as u32,
+            ctrl_len: (out.len() - PREFIX) as u32,
             body_len,
         };
-        out[start..start + PREFIX].copy_from_slice(bytemuck::bytes_of(&p));
+        out[..PREFIX].copy_from_slice(bytemuck::bytes_of(&p));
+        out
     }
 
-    /// `encode` into a fresh vector.
+    /// `ctrl`, appended to `out`.
+    pub fn encode(&self, body_len: u64, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.ctrl(body_len));
+    }
+
+    /// `ctrl` in a fresh vector.
     pub fn to_vec(&self, body_len: u64) -> Vec<u8> {
-        let mut v = Vec::with_capacity(PREFIX + 48);
-        self.encode(body_len, &mut v);
-        v
+        self.ctrl(body_len).to_vec()
     }
 }
 
-fn put_rma(out: &mut Vec<u8>, id: u32, data: u64, segs: &RmaIovList) {
-    out.extend_from_slice(bytemuck::bytes_of(&RmaHdr {
+fn put_rma(out: &mut Ctrl, id: u32, data: u64, segs: &RmaIovList) {
+    out.push(bytemuck::bytes_of(&RmaHdr {
         id,
         nsegs: segs.segs().len() as u32,
         data,
     }));
     for s in segs.segs() {
-        out.extend_from_slice(bytemuck::bytes_of(&WireIov {
+        out.push(bytemuck::bytes_of(&WireIov {
             addr: s.addr,
             len: s.len as u64,
             key: s.key,
@@ -591,7 +607,6 @@ fn put_rma(out: &mut Vec<u8>, id: u32, data: u64, segs: &RmaIovList) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rdm::transport::MAX_DESC;
     use proptest::prelude::*;
 
     fn segs(n: usize) -> RmaIovList {

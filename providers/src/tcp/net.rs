@@ -892,16 +892,17 @@ impl Net {
                     v.push(o.t.ctrl[o.off..].as_ptr() as usize, cl - o.off);
                 }
                 let boff = o.off.saturating_sub(cl);
-                match &o.t.body {
-                    Body::None => {}
-                    Body::Owned(b) => {
+                match o.t.body.held() {
+                    Some(b) => {
                         if boff < b.len() {
                             v.push(b[boff..].as_ptr() as usize, b.len() - boff);
                         }
                     }
-                    Body::Iov(l) => {
-                        for s in l.slice(boff, usize::MAX).segs() {
-                            v.push(s.addr, s.len);
+                    None => {
+                        if let Body::Iov(l) = &o.t.body {
+                            for s in l.slice(boff, usize::MAX).segs() {
+                                v.push(s.addr, s.len);
+                            }
                         }
                     }
                 }

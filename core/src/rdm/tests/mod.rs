@@ -168,6 +168,7 @@ impl Side {
 fn body_bytes(b: &Body) -> Vec<u8> {
     match b {
         Body::None => Vec::new(),
+        Body::Inline(v) => v.to_vec(),
         Body::Owned(v) => v.clone(),
         Body::Iov(iov) => {
             let mut v = vec![0u8; iov.total()];
