@@ -39,7 +39,7 @@ use crate::consts::*;
 use crate::entry::Context;
 use crate::ep::{EpCore, TxOp, INJECT_CALL};
 use crate::ep_atomic::{AtomicReq, ATOMIC_MAX};
-use crate::ep_rma::RmaOp;
+use crate::ep_rma::{RmaIovList, RmaOp};
 use crate::error::{Error, Result};
 use crate::hmem_stage;
 use crate::rxq::{IovList, PostResult, PostedRecv, RecvQueue, RecvSlot, Unexpected};
@@ -47,9 +47,14 @@ use crate::FiAddr;
 
 use super::done::Done;
 use super::target;
-use super::transport::{Copied, Desc, OneSided, Pull};
+use super::transport::{Desc, OneSided};
+
 use super::wire::{self, flags, Frame, Prefix, WireError};
 use super::{Body, PeerId, Sink, Transmit};
+
+mod copy;
+mod rma;
+use copy::{Serve, SERVE};
 
 /// Largest eager body any engine accepts, whatever its peer's `eager_max`: a `Msg` announcing
 /// more is garbage.
@@ -245,7 +250,10 @@ pub struct Engine {
     /// The transport's one-sided copies, if it has them.
     one_sided: Option<Box<dyn OneSided>>,
     /// Copies asked for and not yet taken by the transport.
-    pulls: VecDeque<Pull>,
+    copies: VecDeque<super::transport::CopyReq>,
+    /// RMA requests of peers this endpoint serves through the transport's copies (or, where
+    /// it cannot copy, a write whose data it asked for with `Cts`).
+    served: slab::Slab<Serve>,
     /// A copy was refused: large messages go through frames from now on.
     pull_refused: bool,
     /// Set while the fenced queue is being released, so a released op is not held again.
@@ -275,7 +283,8 @@ impl Engine {
             out: VecDeque::new(),
             done: Vec::new(),
             one_sided: None,
-            pulls: VecDeque::new(),
+            copies: VecDeque::new(),
+            served: slab::Slab::new(),
             pull_refused: false,
             releasing: false,
             closed: false,
@@ -288,9 +297,11 @@ impl Engine {
         self
     }
 
-    /// The next copy the transport is to perform, if any (see [`Pull`]).
-    pub fn poll_copy(&mut self) -> Option<Pull> {
-        self.pulls.pop_front()
+    /// The next copy the transport is to perform, if any (see [`CopyReq`]).
+    ///
+    /// [`CopyReq`]: super::transport::CopyReq
+    pub fn poll_copy(&mut self) -> Option<super::transport::CopyReq> {
+        self.copies.pop_front()
     }
 
     fn peer(&mut self, p: PeerId) -> &mut PeerState {
@@ -312,13 +323,10 @@ impl Engine {
 
     /// Whether anything waits on a peer (for a provider deciding how hard to poll).
     pub fn busy(&self) -> bool {
-        !self.tx.is_empty() || !self.rx.is_empty() || !self.out.is_empty()
-    }
-
-    /// Whether copies are still asked for or under way (a closing transport finishes them
-    /// and reports them before it goes).
-    pub fn copying(&self) -> bool {
-        self.rx.iter().any(|(_, r)| r.copying)
+        !self.tx.is_empty()
+            || !self.rx.is_empty()
+            || !self.out.is_empty()
+            || !self.served.is_empty()
     }
 
     /// What the endpoint buffers for messages no receive took yet.
@@ -519,10 +527,7 @@ impl Engine {
             self.maybe_complete(id);
             return Ok(());
         }
-        let desc = match &self.one_sided {
-            Some(t) if len >= t.pull_min() => t.describe(peer, &op.iov).unwrap_or_default(),
-            _ => Desc::default(),
-        };
+        let desc = self.offer(peer, &op.iov);
         let (id, _) = self.new_tx(TxReq {
             ctx: op.ctx,
             flags: op.flags,
@@ -680,273 +685,11 @@ impl Engine {
         }
     }
 
-    /// A large message matched: the transport copies it where the sender offered its memory
-    /// and the transport can, else the sender is asked for its data (`Cts`).
-    fn start_pipe(&mut self, mut pipe: RxPipe) {
-        let (peer, id) = (pipe.peer, pipe.tx_id);
-        self.gen = self.gen.wrapping_add(1);
-        pipe.gen = self.gen;
-        pipe.copying = !pipe.desc.is_empty() && self.one_sided.is_some() && !self.pull_refused;
-        let (copying, remote, local, len, gen) = (
-            pipe.copying,
-            pipe.desc,
-            pipe.slot.iov,
-            pipe.len.min(pipe.slot.iov.total()),
-            pipe.gen,
-        );
-        let rx = self.rx.insert(pipe);
-        if copying {
-            self.pulls.push_back(Pull {
-                peer,
-                token: token(rx, gen),
-                remote,
-                local,
-                len,
-            });
-        } else {
-            self.frame(peer, Frame::Cts { id, rx: rx as u32 }, Body::None, None);
-        }
-    }
-
-    /// The transport performed (or could not perform) the copy with `token`.
-    pub fn on_copied(&mut self, token: u64, how: Copied) {
-        let i = (token & 0xffff_ffff) as usize;
-        let gen = (token >> 32) as u32;
-        let Some(r) = self.rx.get_mut(i).filter(|r| r.gen == gen && r.copying) else {
-            return;
-        };
-        r.copying = false;
-        let (peer, id, ended) = (r.peer, r.tx_id, r.ended);
-        let err = match how {
-            _ if ended != 0 => ended,
-            Copied::Done => 0,
-            Copied::Refused => {
-                // Never again on this endpoint; this message goes through frames.
-                self.pull_refused = true;
-                self.frame(peer, Frame::Cts { id, rx: i as u32 }, Body::None, None);
-                return;
-            }
-            Copied::Failed(e) => peer_status(e),
-        };
-        let r = self.rx.remove(i);
-        if err != 0 {
-            if ended == 0 {
-                self.ack(peer, id, err);
-            }
-            return self.push_rx(Done::SlotErr {
-                slot: r.slot,
-                tag: r.tag,
-                err,
-            });
-        }
-        self.pipe_done(r);
-    }
-
-    /// A large message is in its receive's buffer: acknowledged, completed.
-    fn pipe_done(&mut self, r: RxPipe) {
-        let got = r.len.min(r.slot.iov.total());
-        let status = self.sink_status(&r.slot, got);
-        self.ack(r.peer, r.tx_id, status);
-        self.push_rx(Done::Rx {
-            slot: r.slot,
-            len: got,
-            olen: r.len - got,
-            tag: r.tag,
-            data: r.data,
-            src: r.src,
-            raw: None,
-        });
-    }
-
-    /// Fails the large messages arriving from `peer` (every peer: `None`) with `err`: at
-    /// once, or, where the transport is copying one, when it reports the copy.
-    fn end_pipes(&mut self, peer: Option<PeerId>, err: i32) {
-        let of = |p: PeerId| peer.is_none_or(|q| q == p);
-        // Copies the transport never took will not be reported.
-        let untaken: Vec<u64> = self
-            .pulls
-            .iter()
-            .filter(|c| of(c.peer))
-            .map(|c| c.token)
-            .collect();
-        self.pulls.retain(|c| !of(c.peer));
-        for t in untaken {
-            if let Some(r) = self.rx.get_mut((t & 0xffff_ffff) as usize) {
-                r.copying = false;
-            }
-        }
-        let ids: Vec<usize> = self
-            .rx
-            .iter()
-            .filter(|(_, r)| of(r.peer))
-            .map(|(i, _)| i)
-            .collect();
-        for i in ids {
-            if self.rx[i].copying {
-                self.rx[i].ended = err;
-                continue;
-            }
-            let r = self.rx.remove(i);
-            self.push_rx(Done::SlotErr {
-                slot: r.slot,
-                tag: r.tag,
-                err,
-            });
-        }
-    }
-
     fn push_rx(&mut self, mut d: Done) {
         if let Done::Rx { slot, .. } | Done::SlotErr { slot, .. } = &mut d {
             self.rxq.finish_slot(slot);
         }
         self.done.push(d);
-    }
-
-    /// Starts an RMA read or write toward `peer`.
-    ///
-    /// # Safety
-    /// `op.iov` stays valid until the operation completes (during the call only with
-    /// `FI_INJECT`).
-    pub unsafe fn post_rma(&mut self, peer: PeerId, op: &RmaOp) -> Result<()> {
-        self.check_room("rma")?;
-        let inject = op.flags & FI_WRITE != 0 && op.flags & (FI_INJECT | INJECT_CALL) != 0;
-        // SAFETY: the caller's contract keeps the iov readable during the call.
-        let copy = || unsafe { inject_copy(inject, &op.iov) };
-        if self.fence(peer, op.flags, || Fenced::Rma(*op, copy())) {
-            return Ok(());
-        }
-        let c = copy();
-        // SAFETY: forwarded.
-        unsafe { self.rma_now(peer, op, c) }.map_err(|(_, _, e)| e)
-    }
-
-    unsafe fn rma_now(
-        &mut self,
-        peer: PeerId,
-        op: &RmaOp,
-        copy: Option<Body>,
-    ) -> std::result::Result<(), (Context, u64, Error)> {
-        let len = op.iov.total();
-        if op.flags & FI_READ != 0 {
-            let (id, _) = self.new_tx(TxReq {
-                ctx: op.ctx,
-                flags: op.flags,
-                peer,
-                iov: op.iov,
-                want: len,
-                gen: 0,
-                unsent: 0,
-                answer: None,
-                rts: false,
-                pull: false,
-            });
-            let f = Frame::Read {
-                id: id as u32,
-                segs: op.rma,
-            };
-            self.frame(peer, f, Body::None, None);
-            return Ok(());
-        }
-        let mut fl = flags::ACK;
-        if op.flags & FI_REMOTE_CQ_DATA != 0 {
-            fl |= flags::CQ_DATA;
-        }
-        if op.flags & FI_COMMIT_COMPLETE != 0 {
-            fl |= flags::COMMIT;
-        }
-        let body = copy.unwrap_or(Body::Iov(op.iov));
-        let owned = !matches!(body, Body::Iov(_));
-        let (id, gen) = self.new_tx(TxReq {
-            ctx: op.ctx,
-            flags: op.flags,
-            peer,
-            iov: op.iov,
-            want: 0,
-            gen: 0,
-            unsent: u8::from(!owned),
-            answer: None,
-            rts: false,
-            pull: false,
-        });
-        let f = Frame::Write {
-            id: id as u32,
-            data: op.data,
-            flags: fl,
-            segs: op.rma,
-        };
-        self.frame(peer, f, body, (!owned).then(|| token(id, gen)));
-        Ok(())
-    }
-
-    /// Starts an atomic toward `peer`.
-    ///
-    /// # Safety
-    /// The operand and compare values stay readable, and the result buffer writable, until the
-    /// operation completes (the operand only during the call with `FI_INJECT`).
-    pub unsafe fn post_atomic(&mut self, peer: PeerId, req: &AtomicReq) -> Result<()> {
-        self.check_room("atomic")?;
-        if !self.releasing
-            && (!self.peer(peer).fenced.is_empty()
-                || (req.flags & FI_FENCE != 0 && self.peer(peer).outstanding > 0))
-        {
-            // Atomics are small: a fenced one waits as Again until its peer is drained.
-            return Err(Error::Again("atomic: fenced behind outstanding operations"));
-        }
-        // SAFETY: forwarded.
-        unsafe { self.atomic_now(peer, req) }.map_err(|(_, _, e)| e)
-    }
-
-    unsafe fn atomic_now(
-        &mut self,
-        peer: PeerId,
-        req: &AtomicReq,
-    ) -> std::result::Result<(), (Context, u64, Error)> {
-        let n = req.bytes();
-        let fetch = req.result != 0;
-        // SAFETY: the caller's contract keeps operand and compare readable during the call.
-        let (operand, compare) = unsafe {
-            let of = |p: usize| std::slice::from_raw_parts(p as *const u8, n);
-            (
-                if req.op != crate::AtomicOp::Read {
-                    of(req.operand)
-                } else {
-                    &[][..]
-                },
-                if req.compare != 0 {
-                    of(req.compare)
-                } else {
-                    &[][..]
-                },
-            )
-        };
-        let args = Body::concat(&[operand, compare]);
-        let mut fl = flags::ACK;
-        if fetch {
-            fl |= flags::FETCH;
-        }
-        let (id, _) = self.new_tx(TxReq {
-            ctx: req.ctx,
-            flags: req.flags,
-            peer,
-            iov: IovList::one(req.result, if fetch { n } else { 0 }),
-            want: if fetch { n } else { 0 },
-            gen: 0,
-            unsent: 0,
-            answer: None,
-            rts: false,
-            pull: false,
-        });
-        let f = Frame::Atomic {
-            id: id as u32,
-            op: req.op as i32 as u32,
-            datatype: req.dt as i32 as u32,
-            count: req.count as u32,
-            addr: req.addr,
-            key: req.key,
-            flags: fl,
-        };
-        self.frame(peer, f, args, None);
-        Ok(())
     }
 
     /// Cancels a posted receive, or an operation still held behind a fence.
@@ -1002,6 +745,10 @@ impl Engine {
         let f = wire::decode(prefix, ctrl)?;
         let body = prefix.body_len;
         let bad = || WireError::Malformed(f.kind());
+        if !f.kind().is_answer() && self.holding(peer) {
+            // Ordering: what this peer asks next waits until its copies are done.
+            return Ok(Sink::Wait);
+        }
         let (sink, pending) = match f {
             Frame::Msg {
                 id,
@@ -1105,6 +852,7 @@ impl Engine {
                 }
                 (Sink::Discard, Pending::Nothing)
             }
+            Frame::Data { rx } if rx & SERVE != 0 => self.write_data(peer, rx, body)?,
             Frame::Data { rx } => match self.rx.get(rx as usize) {
                 Some(r) if r.peer == peer && body == r.len as u64 && !r.copying => {
                     (Sink::Iov(r.slot.iov), Pending::Data { rx: rx as usize })
@@ -1123,50 +871,19 @@ impl Engine {
                 data,
                 flags: fl,
                 segs,
+                desc,
             } => {
-                let len = segs.total();
-                let data = (fl & flags::CQ_DATA != 0).then_some(data);
-                let mut p = Pending::Write {
-                    id,
-                    fl,
-                    data,
-                    status: 0,
-                    len,
-                    dest: IovList::default(),
-                    staged: None,
-                };
-                let sink = if body != len as u64 {
-                    Pending::set_status(&mut p, FI_EINVAL);
-                    Sink::Discard
+                if !desc.is_empty() && body == 0 && segs.total() > 0 {
+                    self.serve_write(peer, id, data, fl, segs, desc);
+                    (Sink::Discard, Pending::Nothing)
                 } else {
-                    match target::resolve(&self.core, &segs, FI_REMOTE_WRITE) {
-                        Err(e) => {
-                            Pending::set_status(&mut p, e);
-                            Sink::Discard
-                        }
-                        Ok((iov, None)) => {
-                            if let Pending::Write { dest, .. } = &mut p {
-                                *dest = iov;
-                            }
-                            Sink::Iov(iov)
-                        }
-                        Ok((iov, Some(segs))) if self.core.hmem().is_some() => {
-                            let (ctx, bounce) = self.core.stage_remote(segs);
-                            if let Pending::Write { dest, staged, .. } = &mut p {
-                                *dest = iov;
-                                *staged = Some(ctx);
-                            }
-                            Sink::Iov(bounce)
-                        }
-                        Ok(_) => {
-                            Pending::set_status(&mut p, FI_EOPNOTSUPP);
-                            Sink::Discard
-                        }
-                    }
-                };
-                (sink, p)
+                    self.write_frame(id, data, fl, &segs, body)
+                }
             }
-            Frame::Read { id, segs } => {
+            Frame::Read { id, segs, desc } => {
+                if !desc.is_empty() && self.serve_read(peer, id, &segs, desc) {
+                    return Ok(Sink::Discard);
+                }
                 let (status, body) = match target::resolve(&self.core, &segs, FI_REMOTE_READ) {
                     Err(e) => (e, Body::None),
                     Ok((iov, None)) => (0, Body::Iov(iov)),
@@ -1194,7 +911,8 @@ impl Engine {
             Frame::ReadResp { id, status } => match self.answered(peer, id) {
                 Some(i) if self.tx[i].flags & (FI_RMA | FI_READ) == FI_RMA | FI_READ => {
                     let t = &self.tx[i];
-                    if status == 0 && body != t.want as u64 {
+                    // Empty where the target's transport copied the bytes in already.
+                    if status == 0 && body != t.want as u64 && !(body == 0 && t.pull) {
                         return Err(bad());
                     }
                     let sink = if status == 0 {
@@ -1335,37 +1053,11 @@ impl Engine {
                 id,
                 fl,
                 data,
-                mut status,
+                status,
                 len,
                 dest,
                 staged,
-            } => {
-                if status == 0 {
-                    if let Some(ctx) = staged {
-                        // Lands before the acknowledgement: delivery complete means the
-                        // device has the data.
-                        status = match self.core.land_remote(ctx, len) {
-                            Ok(()) => 0,
-                            Err(_) => FI_EIO,
-                        };
-                    }
-                }
-                if status == 0 && self.core.caps & FI_RMA_PMEM != 0 {
-                    status = self.note_written(peer, &dest, fl & flags::COMMIT != 0);
-                } else if status == 0 && fl & flags::COMMIT != 0 {
-                    status = target::commit(&dest);
-                }
-                if fl & flags::ACK != 0 {
-                    self.ack(peer, id, status);
-                }
-                if status == 0 {
-                    self.done.push(Done::Remote {
-                        flags: FI_RMA | FI_WRITE,
-                        len,
-                        data,
-                    });
-                }
-            }
+            } => self.write_landed(peer, id, fl, data, status, len, &dest, staged),
             Pending::ReadResp { id, status } => {
                 if let Some(t) = self.tx.get_mut(id) {
                     t.answer = Some(peer_status(status));
@@ -1421,24 +1113,6 @@ impl Engine {
                 }
             }
         }
-    }
-
-    /// Records ranges a peer wrote (persistent-memory endpoints); with `commit`, makes
-    /// everything it wrote so far durable. 0 or an errno.
-    fn note_written(&mut self, peer: PeerId, iov: &IovList, commit: bool) -> i32 {
-        let dirty = &mut self.peer(peer).dirty;
-        dirty.extend(iov.segs().iter().map(|s| (s.addr, s.len)));
-        if !commit && dirty.len() <= 4096 {
-            return 0;
-        }
-        let mut status = 0;
-        for (addr, len) in std::mem::take(dirty) {
-            let s = target::commit(&IovList::one(addr, len));
-            if status == 0 {
-                status = s;
-            }
-        }
-        status
     }
 
     /// The transport handed every byte of the frame with `token` over.
@@ -1497,7 +1171,7 @@ impl Engine {
             let (ctx, flags) = fenced_ctx(&f);
             self.done.push(Done::TxErr { ctx, flags, err });
         }
-        self.end_pipes(Some(peer), err);
+        self.end_copies(Some(peer), err);
         self.peer(peer).outstanding = 0;
         self.out.retain(|t| t.peer != peer);
     }
@@ -1552,7 +1226,7 @@ impl Engine {
             let pending = self.peers[p].pending.take();
             self.abandon(pending, FI_ECANCELED);
         }
-        self.end_pipes(None, FI_ECANCELED);
+        self.end_copies(None, FI_ECANCELED);
         for r in self.rxq.drain_posted() {
             self.done.push(Done::RxErr {
                 ctx: r.ctx,

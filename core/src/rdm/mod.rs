@@ -6,7 +6,7 @@
 //!
 //! - [`wire`]: every frame as one enum, one encoder, one fuzzed decoder.
 //! - [`transport`]: what a transport can copy one-sidedly ([`OneSided`]), and the copies the
-//!   engine asks of it ([`Pull`]).
+//!   engine asks of it ([`CopyReq`]).
 //! - [`engine`]: per-endpoint protocol state: matching (core's `RecvQueue`), the initiator's
 //!   outstanding requests, acknowledgements for the completion levels, fences, RMA and
 //!   atomics executed at the target after key checks ([`target`]), peer loss.
@@ -26,7 +26,7 @@ pub mod wire;
 pub use done::{report, Done};
 pub use engine::{Config, Engine};
 pub use inline::Inline;
-pub use transport::{Copied, Desc, OneSided, Pull};
+pub use transport::{Copied, CopyReq, Desc, Dir, OneSided};
 
 use crate::rxq::IovList;
 

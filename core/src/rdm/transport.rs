@@ -3,7 +3,7 @@
 //! memory attach; verbs: the NIC's RDMA read) hands the engine a [`OneSided`]. A large send
 //! then announces, in its `Rts`, an opaque [`Desc`] of the sender's memory that the sender's
 //! transport wrote; once a receive matches, the receiving engine asks its transport for a
-//! [`Pull`] (pull the bytes described there into the receive's buffer) instead of answering
+//! [`CopyReq`] (pull the bytes described there into the receive's buffer) instead of answering
 //! `Cts`, and acknowledges when the transport reports it done (`Engine::on_copied`). Where the
 //! transport cannot copy after all ([`Copied::Refused`]: the kernel forbids cross-memory attach,
 //! say), the message goes through frames (`Cts`, `Data`) as on a transport without one-sided
@@ -67,22 +67,38 @@ pub trait OneSided: Send + Sync {
     fn describe(&self, peer: PeerId, iov: &IovList) -> Option<Desc>;
 }
 
-/// A copy for the transport to perform: `len` bytes from the peer's memory that `remote`
-/// describes into `local`. `local` is the engine's until the transport reports the copy with
-/// `Engine::on_copied(token, ..)`, which it must do exactly once for every copy it took from
-/// `Engine::poll_copy`, even after the peer was lost or the engine closed.
+/// Which way a copy goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dir {
+    /// From the peer's memory into `local` (a large message's data, a write's data).
+    Read,
+    /// From `local` into the peer's memory (a read's data).
+    Write,
+}
+
+/// A copy for the transport to perform: `len` bytes between the peer's memory that `remote`
+/// describes and `local`, from the start of both, the way `dir` says. `local` is the engine's
+/// until the transport reports the copy with `Engine::on_copied(token, ..)`, which it must do
+/// exactly once for every copy it took from `Engine::poll_copy`, even after the peer was lost
+/// or the engine closed.
 #[derive(Clone, Copy, Debug)]
-pub struct Pull {
+pub struct CopyReq {
     /// Whose memory.
     pub peer: PeerId,
     /// Named again in `on_copied`.
     pub token: u64,
+    /// Which way.
+    pub dir: Dir,
     /// The peer's description of its memory (as its transport wrote it; untrusted).
     pub remote: Desc,
-    /// Where the bytes go.
+    /// This endpoint's side of the copy.
     pub local: IovList,
-    /// How many (from the start of both).
+    /// How many bytes.
     pub len: usize,
+    /// The peer's request the remote memory belongs to. A transport that shares the copy
+    /// with the peer's transport (shm's split copy) names it, and the peer's transport checks
+    /// with `Engine::offered` that it is a live offer of that memory before it copies.
+    pub offer: u32,
 }
 
 /// How a copy ended.

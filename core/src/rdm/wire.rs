@@ -45,12 +45,12 @@ pub struct Prefix {
 /// Size of [`Prefix`] on the wire.
 pub const PREFIX: usize = std::mem::size_of::<Prefix>();
 
-/// Longest prefix and control part this engine encodes: a `Rts` with a full descriptor.
-pub const MAX_ENCODED: usize = PREFIX + std::mem::size_of::<RtsHdr>() + MAX_DESC;
+/// Longest prefix and control part this engine encodes: a write or read with every range
+/// and a full descriptor.
+pub const MAX_ENCODED: usize =
+    PREFIX + std::mem::size_of::<RmaHdr>() + IOV_LIMIT * std::mem::size_of::<WireIov>() + MAX_DESC;
 const _: () = assert!(
-    PREFIX + std::mem::size_of::<RmaHdr>() + IOV_LIMIT * std::mem::size_of::<WireIov>()
-        <= MAX_ENCODED
-        && MAX_ENCODED <= MAX_CTRL
+    PREFIX + std::mem::size_of::<RtsHdr>() + MAX_DESC <= MAX_ENCODED && MAX_ENCODED <= MAX_CTRL
 );
 
 /// An encoded prefix and control part, inline.
@@ -100,6 +100,18 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Whether frames of this kind answer a request of the receiver's, or carry data it
+    /// asked for (`Ack`, `Cts`, `Data`, `ReadResp`, `AtomicResp`): never held back for
+    /// ordering. A transport that keeps a frame the engine answered `Sink::Wait` must still
+    /// hand over frames of these kinds that come after it from the same peer, when its
+    /// engine copies one-sidedly (a write it serves may wait for its `Data`).
+    pub fn is_answer(self) -> bool {
+        matches!(
+            self,
+            Kind::Ack | Kind::Cts | Kind::Data | Kind::ReadResp | Kind::AtomicResp
+        )
+    }
+
     fn from_raw(v: u8) -> Option<Kind> {
         Some(match v {
             1 => Kind::Msg,
@@ -199,7 +211,9 @@ pub enum Frame {
         /// 0, or the errno the request failed with at the target.
         status: i32,
     },
-    /// An RMA write of the body into `segs` of the target's registered memory.
+    /// An RMA write of the body into `segs` of the target's registered memory; or, with
+    /// no body and a descriptor of the initiator's memory, of the bytes the target's
+    /// transport copies from there (or asks for with `Cts` when it cannot).
     Write {
         /// The initiator's request id.
         id: u32,
@@ -209,6 +223,8 @@ pub enum Frame {
         flags: u8,
         /// Where the body goes at the target.
         segs: RmaIovList,
+        /// Where the target's transport may copy the data from; empty: the body is the data.
+        desc: Desc,
     },
     /// A request for the bytes of `segs` (no body).
     Read {
@@ -216,6 +232,9 @@ pub enum Frame {
         id: u32,
         /// What to read.
         segs: RmaIovList,
+        /// Where the target's transport may copy the bytes to one-sidedly (answering with
+        /// an empty `ReadResp`); empty: they come back as `ReadResp`'s body.
+        desc: Desc,
     },
     /// The bytes of read `id` (the body), or its failure (`status`, no body).
     ReadResp {
@@ -383,16 +402,27 @@ pub fn decode(p: &Prefix, ctrl: &[u8]) -> Result<Frame, WireError> {
                 return Err(WireError::Malformed(kind));
             }
             let h: RmaHdr = bytemuck::pod_read_unaligned(&ctrl[..n]);
-            let segs = ranges(&ctrl[n..], h.nsegs, kind)?;
+            if h.nsegs as usize > IOV_LIMIT {
+                return Err(WireError::Malformed(kind));
+            }
+            let end = n + h.nsegs as usize * std::mem::size_of::<WireIov>();
+            let raw = ctrl.get(n..end).ok_or(WireError::Malformed(kind))?;
+            let segs = ranges(raw, h.nsegs, kind)?;
+            let desc = Desc::new(&ctrl[end..]).ok_or(WireError::Malformed(kind))?;
             if kind == Kind::Write {
                 Ok(Frame::Write {
                     id: h.id,
                     data: h.data,
                     flags: p.flags,
                     segs,
+                    desc,
                 })
             } else {
-                no_body(Frame::Read { id: h.id, segs })
+                no_body(Frame::Read {
+                    id: h.id,
+                    segs,
+                    desc,
+                })
             }
         }
         Kind::ReadResp => {
@@ -513,12 +543,19 @@ impl Frame {
                 data,
                 flags,
                 ref segs,
+                ref desc,
             } => {
                 put_rma(&mut out, id, data, segs);
+                out.push(desc);
                 flags
             }
-            Frame::Read { id, ref segs } => {
+            Frame::Read {
+                id,
+                ref segs,
+                ref desc,
+            } => {
                 put_rma(&mut out, id, 0, segs);
+                out.push(desc);
                 0
             }
             Frame::Atomic {
@@ -638,13 +675,25 @@ mod tests {
                     data: 5,
                     flags: flags::COMMIT,
                     segs: segs(IOV_LIMIT),
+                    desc: Desc::default(),
                 },
                 100,
+            ),
+            (
+                Frame::Write {
+                    id: 1,
+                    data: 5,
+                    flags: 0,
+                    segs: segs(IOV_LIMIT),
+                    desc: Desc::new(&[3; MAX_DESC]).unwrap(),
+                },
+                0,
             ),
             (
                 Frame::Read {
                     id: 2,
                     segs: segs(1),
+                    desc: Desc::new(&[1; 16]).unwrap(),
                 },
                 0,
             ),
@@ -712,6 +761,7 @@ mod tests {
         let mut v = Frame::Read {
             id: 1,
             segs: segs(1),
+            desc: Desc::default(),
         }
         .to_vec(0);
         // nsegs claims more ranges than follow.

@@ -11,7 +11,9 @@ use proptest::prelude::*;
 
 use super::engine::EAGER_LIMIT;
 use super::wire::{self, Frame, Kind, Prefix, WireError, PREFIX};
-use super::{report, Body, Config, Copied, Desc, Engine, OneSided, PeerId, Pull, Sink, Transmit};
+use super::{
+    report, Body, Config, Copied, CopyReq, Desc, Dir, Engine, OneSided, PeerId, Sink, Transmit,
+};
 
 mod fuzz;
 mod pull;
@@ -197,6 +199,23 @@ fn fill(sink: Sink, body: &[u8]) -> Sink {
             unsafe { iov.copy_in(0, body) };
             Sink::Iov(iov)
         }
+    }
+}
+
+/// Performs `p` as a transport that reaches its peer's memory would: between the memory the
+/// peer's `Desc::of_iov` names and the local side, the way `p.dir` says.
+fn perform(p: &CopyReq) {
+    let remote = p.remote.to_iov().expect("a descriptor written by of_iov");
+    let (from, to) = match p.dir {
+        Dir::Read => (remote, p.local),
+        Dir::Write => (p.local, remote),
+    };
+    let mut v = vec![0u8; p.len];
+    // SAFETY: the descriptor names a test's buffer, alive until its operation ends, and the
+    // local side is the transport's until `on_copied`.
+    unsafe {
+        from.copy_out(0, &mut v);
+        to.copy_in(0, &v);
     }
 }
 

@@ -1,21 +1,10 @@
-//! Large messages copied one-sidedly by the receiver's transport (a `Pull`): the copy, its
-//! refusal and the fallback to frames, its failure, and a peer lost or the endpoint closed
-//! while a copy is under way.
+//! One-sided copies (`CopyReq`): large messages the receiver's transport pulls, RMA writes
+//! and reads the target's transport serves; each copy's refusal and the fallback to frames,
+//! its failure, a peer lost or the endpoint closed while a copy is under way, and the
+//! ordering of a peer's later requests behind its served ones.
 
 use super::*;
-
-/// Performs `p` as a transport that reads its peer's memory would: from the memory the
-/// sender's `Desc::of_iov` names, into the receive's buffer.
-fn perform(p: &Pull) {
-    let remote = p.remote.to_iov().expect("a descriptor written by of_iov");
-    let mut v = vec![0u8; p.len];
-    // SAFETY: the descriptor names the test's send buffer, alive until the send ends, and the
-    // receive's buffer is the transport's until `on_copied`.
-    unsafe {
-        remote.copy_out(0, &mut v);
-        p.local.copy_in(0, &v);
-    }
-}
+use crate::rdm::Dir;
 
 fn pulling() -> Net {
     Net::sides(World::new(), true, true)
@@ -218,4 +207,202 @@ fn close_during_a_copy_cancels_when_it_reports() {
     let mut got: Vec<_> = net.a.cq().1.iter().map(|e| (e.op_context, e.err)).collect();
     got.sort();
     assert_eq!(got, [(1, FI_ECANCELED), (2, FI_ECANCELED)]);
+}
+
+// RMA served by the target's transport.
+
+/// A pair that copies one-sidedly, with `tgt` registered at B; the remote address of its start.
+fn rma_pair(tgt: &[u8]) -> (Net, u64) {
+    let mut net = pulling();
+    net.register(tgt);
+    let at = net.raddr(tgt.as_ptr(), 0);
+    (net, at)
+}
+
+#[test]
+fn rma_write_pulled_by_the_target() {
+    let tgt = vec![0u8; 400];
+    let data = pattern(300, 40);
+    let (mut net, at) = rma_pair(&tgt);
+    net.a.rma(rma(
+        1,
+        iov(&data),
+        &[seg(at + 50, 300, KEY)],
+        Some(7),
+        FI_WRITE,
+    ));
+    // The frame carries no data.
+    assert_eq!(net.flush(S::A), vec![Kind::Write]);
+    let p = net.b.eng.poll_copy().expect("a copy");
+    assert_eq!((p.dir, p.len), (Dir::Read, 300));
+    assert_eq!(net.a.eng.offered(0, p.offer).map(|l| l.total()), Some(300));
+    perform(&p);
+    net.b.eng.on_copied(p.token, Copied::Done);
+    net.report();
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    net.a.one(1);
+    assert_eq!(net.a.eng.offered(0, p.offer), None);
+    assert_eq!(&tgt[50..350], &data[..]);
+    assert!(tgt[..50].iter().chain(&tgt[350..]).all(|&x| x == 0));
+    assert!(!net.b.eng.busy());
+}
+
+#[test]
+fn rma_write_refused_or_unservable_goes_through_frames() {
+    let tgt = vec![0u8; 300];
+    let data = pattern(300, 41);
+    let (mut net, at) = rma_pair(&tgt);
+    // A bad key: refused at once, nothing to copy.
+    net.a
+        .rma(rma(1, iov(&data), &[seg(at, 300, KEY + 1)], None, FI_WRITE));
+    net.flush(S::A);
+    assert!(net.b.eng.poll_copy().is_none());
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    assert_eq!(net.a.one_err(1).err, FI_EACCES);
+    // The transport refuses the copy: the target asks for the data.
+    net.a
+        .rma(rma(2, iov(&data), &[seg(at, 300, KEY)], None, FI_WRITE));
+    net.flush(S::A);
+    let p = net.b.eng.poll_copy().expect("a copy");
+    net.b.eng.on_copied(p.token, Copied::Refused);
+    net.report();
+    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
+    assert_eq!(net.flush(S::A), vec![Kind::Data]);
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    net.a.one(2);
+    assert_eq!(&tgt[..], &data[..]);
+    // Refused once, asked no more.
+    net.a.rma(rma(
+        3,
+        iov(&data[..200]),
+        &[seg(at, 200, KEY)],
+        None,
+        FI_WRITE,
+    ));
+    net.flush(S::A);
+    assert!(net.b.eng.poll_copy().is_none());
+    net.pump();
+    net.a.one(3);
+}
+
+#[test]
+fn rma_read_pushed_by_the_target() {
+    let tgt = pattern(300, 42);
+    let mut back = vec![0u8; 300];
+    let (mut net, at) = rma_pair(&tgt);
+    net.a.rma(rma(
+        1,
+        iov_mut(&mut back),
+        &[seg(at, 300, KEY)],
+        None,
+        FI_READ,
+    ));
+    net.flush(S::A);
+    let p = net.b.eng.poll_copy().expect("a copy");
+    assert_eq!((p.dir, p.len), (Dir::Write, 300));
+    perform(&p);
+    net.b.eng.on_copied(p.token, Copied::Done);
+    net.report();
+    assert_eq!(net.flush(S::B), vec![Kind::ReadResp]);
+    net.a.one(1);
+    assert_eq!(&back[..], &tgt[..]);
+    // Refused: the bytes come back as the answer's body.
+    back.fill(0);
+    net.a.rma(rma(
+        2,
+        iov_mut(&mut back),
+        &[seg(at, 300, KEY)],
+        None,
+        FI_READ,
+    ));
+    net.flush(S::A);
+    let p = net.b.eng.poll_copy().expect("a copy");
+    net.b.eng.on_copied(p.token, Copied::Refused);
+    net.report();
+    assert_eq!(net.flush(S::B), vec![Kind::ReadResp]);
+    net.a.one(2);
+    assert_eq!(&back[..], &tgt[..]);
+    // Failed: the read fails.
+    let mut net2 = pulling();
+    net2.register(&tgt);
+    net2.a.rma(rma(
+        3,
+        iov_mut(&mut back),
+        &[seg(at, 300, KEY)],
+        None,
+        FI_READ,
+    ));
+    net2.flush(S::A);
+    let p = net2.b.eng.poll_copy().expect("a copy");
+    net2.b.eng.on_copied(p.token, Copied::Failed(FI_EFAULT));
+    net2.report();
+    net2.flush(S::B);
+    assert_eq!(net2.a.one_err(3).err, FI_EFAULT);
+}
+
+#[test]
+fn later_requests_wait_behind_a_served_write() {
+    let tgt = vec![0u8; 300];
+    let data = pattern(300, 43);
+    let mut buf = vec![0u8; 8];
+    let (mut net, at) = rma_pair(&tgt);
+    net.b.recv(recv(10, &mut buf, None, 0));
+    net.a
+        .rma(rma(1, iov(&data), &[seg(at, 300, KEY)], None, FI_WRITE));
+    net.a.send(send(2, &data[..8], None, None, 0));
+    assert_eq!(net.step(S::A), Some(Kind::Write));
+    let p = net.b.eng.poll_copy().expect("a copy");
+    // The message behind it is kept by the transport until the write landed.
+    let t = net.a.eng.poll_transmit().expect("the message");
+    let pre = wire::prefix(&t.ctrl).unwrap();
+    let sink = net.b.eng.on_ctrl(0, 0, &pre, &t.ctrl[PREFIX..]).unwrap();
+    assert!(matches!(sink, Sink::Wait));
+    // Answers still pass: an acknowledgement naming nothing is dropped, not held.
+    let ack = Frame::Ack { id: 99, status: 0 }.ctrl(0);
+    let q = wire::prefix(&ack).unwrap();
+    assert!(matches!(
+        net.b.eng.on_ctrl(0, 0, &q, &ack[PREFIX..]),
+        Ok(Sink::Discard)
+    ));
+    net.b.eng.on_body(0, Sink::Discard);
+    perform(&p);
+    net.b.eng.on_copied(p.token, Copied::Done);
+    // Offered again, it is taken.
+    assert!(arrive(&mut net.b, &t.ctrl, &body_bytes(&t.body)).is_ok());
+    net.a.eng.on_sent(
+        0,
+        t.token.expect("the message's buffer is in use until sent"),
+    );
+    net.report();
+    net.b.one(10);
+    assert_eq!(&buf[..], &data[..8]);
+    net.pump();
+    let mut got: Vec<_> = net.a.cq().0.iter().map(|e| e.op_context).collect();
+    got.sort();
+    assert_eq!(got, [1, 2]);
+}
+
+#[test]
+fn served_copies_end_with_their_peer() {
+    let tgt = vec![0u8; 300];
+    let data = pattern(300, 44);
+    let (mut net, at) = rma_pair(&tgt);
+    net.a
+        .rma(rma(1, iov(&data), &[seg(at, 300, KEY)], None, FI_WRITE));
+    net.a
+        .rma(rma(2, iov(&data), &[seg(at, 300, KEY)], None, FI_WRITE));
+    assert_eq!(net.step(S::A), Some(Kind::Write));
+    let p = net.b.eng.poll_copy().expect("a copy");
+    net.b.eng.on_lost(0, FI_ECONNRESET);
+    net.a.eng.on_lost(0, FI_ECONNRESET);
+    net.report();
+    assert_eq!(net.a.cq().1.len(), 2);
+    // Still the transport's until it reports; then dropped without an answer.
+    assert!(net.b.eng.copying() && net.b.eng.busy());
+    net.b.eng.on_copied(p.token, Copied::Done);
+    net.report();
+    net.b.quiet();
+    assert_eq!(net.flush(S::B), vec![]);
+    assert!(!net.b.eng.busy());
+    assert!(tgt.iter().all(|&x| x == 0));
 }
