@@ -321,6 +321,12 @@ impl Engine {
         std::mem::take(&mut self.done)
     }
 
+    /// `take_done` onto the end of `out`: a provider that keeps `out` between calls, and
+    /// the engine its own vector, allocate nothing per completion.
+    pub fn take_done_into(&mut self, out: &mut Vec<Done>) {
+        out.append(&mut self.done);
+    }
+
     /// Whether anything waits on a peer (for a provider deciding how hard to poll).
     pub fn busy(&self) -> bool {
         !self.tx.is_empty()

@@ -36,6 +36,8 @@ struct State {
     /// Source `fi_addr_t` by peer, for the AV generation `src_gen`.
     srcs: Vec<Option<FiAddr>>,
     src_gen: u64,
+    /// Completions being reported, kept for its allocation.
+    done: Vec<rdm::Done>,
 }
 
 /// A tcp endpoint.
@@ -151,6 +153,7 @@ impl TcpEndpoint {
                 av_cache: PeerCache::default(),
                 srcs: Vec::new(),
                 src_gen: u64::MAX,
+                done: Vec::new(),
             }),
             net_fd,
             wake_fd,
@@ -168,11 +171,19 @@ impl TcpEndpoint {
         while let Some(t) = st_ref.engine.poll_transmit() {
             st_ref.net.send(t);
         }
-        let mut done = st_ref.engine.take_done();
+        let mut done = std::mem::take(&mut st_ref.done);
+        st_ref.engine.take_done_into(&mut done);
         self.busy.store(st_ref.engine.busy(), Ordering::Release);
         drop(st);
-        if !done.is_empty() {
-            rdm::report(&self.core, &mut done);
+        if done.is_empty() {
+            return;
+        }
+        rdm::report(&self.core, &mut done);
+        // The vector's allocation is kept for the next round.
+        if let Ok(mut st) = self.st.try_lock() {
+            if st.done.capacity() == 0 {
+                st.done = done;
+            }
         }
     }
 
