@@ -2,8 +2,9 @@
 //!
 //! Calls in: `post_send` / `post_recv` / `post_rma` / `post_atomic` / `cancel` from the
 //! application's side; `on_ctrl` / `on_body` / `on_sent` / `on_copied` / `on_lost` from the
-//! transport; `close`. Work out: `poll_transmit` (frames to send, in order per peer),
-//! `poll_copy` (one-sided copies for the transport to perform) and `take_done`
+//! transport; `close`. Work out: `transmit` (frames to send, in order per peer, to a
+//! `Transport` that may give a frame back when its peer is full; `poll_transmit` takes them
+//! one by one), `poll_copy` (one-sided copies for the transport to perform) and `take_done`
 //! (completions, reported with [`report`] after the provider's lock is released, so that a
 //! counter the completion bumps may start a triggered operation on this endpoint).
 //!
@@ -47,7 +48,7 @@ use crate::FiAddr;
 
 use super::done::Done;
 use super::target;
-use super::transport::{Desc, OneSided};
+use super::transport::{Desc, OneSided, Transport};
 
 use super::wire::{self, flags, Frame, Prefix, WireError};
 use super::{Body, PeerId, Sink, Transmit};
@@ -234,6 +235,9 @@ struct PeerState {
     epoch: u64,
     /// Ranges this peer wrote since its last commit (`FI_RMA_PMEM` endpoints).
     dirty: Vec<(usize, usize)>,
+    /// Frames the transport gave back (the peer could not take them then), and those to the
+    /// same peer queued after them, in order.
+    blocked: VecDeque<Transmit>,
 }
 
 /// The protocol state of one endpoint.
@@ -246,6 +250,8 @@ pub struct Engine {
     rx: slab::Slab<RxPipe>,
     peers: Vec<PeerState>,
     out: VecDeque<Transmit>,
+    /// Frames in the peers' `blocked` queues.
+    blocked: usize,
     done: Vec<Done>,
     /// The transport's one-sided copies, if it has them.
     one_sided: Option<Box<dyn OneSided>>,
@@ -281,6 +287,7 @@ impl Engine {
             rx: slab::Slab::new(),
             peers: Vec::new(),
             out: VecDeque::new(),
+            blocked: 0,
             done: Vec::new(),
             one_sided: None,
             copies: VecDeque::new(),
@@ -311,9 +318,59 @@ impl Engine {
         &mut self.peers[p]
     }
 
-    /// The next frame to send, if any.
+    /// The next frame to send, if any: frames to one peer come in the order they are to be
+    /// sent.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        if self.blocked > 0 {
+            if let Some(ps) = self.peers.iter_mut().find(|ps| !ps.blocked.is_empty()) {
+                self.blocked -= 1;
+                return ps.blocked.pop_front();
+            }
+        }
         self.out.pop_front()
+    }
+
+    /// Hands every frame it can to `tr`, in order per peer: a frame `tr` gives back stays
+    /// with the engine, with the later ones to the same peer, until a later call gets it
+    /// through (other peers' frames go on meanwhile). How many were handed over.
+    pub fn transmit(&mut self, tr: &mut impl Transport) -> usize {
+        let mut n = 0;
+        if self.blocked > 0 {
+            for ps in &mut self.peers {
+                while let Some(t) = ps.blocked.pop_front() {
+                    if let Err(t) = tr.send(t) {
+                        ps.blocked.push_front(t);
+                        break;
+                    }
+                    self.blocked -= 1;
+                    n += 1;
+                }
+            }
+        }
+        while let Some(t) = self.out.pop_front() {
+            let p = t.peer;
+            let ps = self.peer(p);
+            let t = if ps.blocked.is_empty() {
+                match tr.send(t) {
+                    Ok(()) => {
+                        n += 1;
+                        continue;
+                    }
+                    Err(t) => t,
+                }
+            } else {
+                t
+            };
+            self.peers[p].blocked.push_back(t);
+            self.blocked += 1;
+        }
+        n
+    }
+
+    /// Frames to `peer` the transport could not take yet (for a provider that answers
+    /// `Again` to posts toward a peer that stopped taking frames).
+    pub fn blocked(&self, peer: PeerId) -> usize {
+        self.peers.get(peer).map_or(0, |ps| ps.blocked.len())
     }
 
     /// Completions gathered since the last call, to `report` without the provider's lock.
@@ -332,6 +389,7 @@ impl Engine {
         !self.tx.is_empty()
             || !self.rx.is_empty()
             || !self.out.is_empty()
+            || self.blocked > 0
             || !self.served.is_empty()
     }
 
@@ -1180,6 +1238,8 @@ impl Engine {
         self.end_copies(Some(peer), err);
         self.peer(peer).outstanding = 0;
         self.out.retain(|t| t.peer != peer);
+        let gone = std::mem::take(&mut self.peers[peer].blocked);
+        self.blocked -= gone.len();
     }
 
     /// Ends, with `err`, what the body a peer was sending was for (a loss, close): a matched
@@ -1201,7 +1261,7 @@ impl Engine {
     /// Whether frames or answers are still owed to live peers (a closing provider flushes
     /// until this is false or its deadline passes).
     pub fn owes(&self) -> bool {
-        !self.out.is_empty()
+        !self.out.is_empty() || self.blocked > 0
     }
 
     /// Closes: every outstanding operation and posted receive ends with `FI_ECANCELED`;
@@ -1244,6 +1304,10 @@ impl Engine {
         self.rxq.drain_unexpected();
         // Data frames would read application memory that is being handed back.
         self.out.retain(|t| !matches!(t.body, Body::Iov(_)));
+        for ps in &mut self.peers {
+            ps.blocked.retain(|t| !matches!(t.body, Body::Iov(_)));
+        }
+        self.blocked = self.peers.iter().map(|ps| ps.blocked.len()).sum();
     }
 }
 

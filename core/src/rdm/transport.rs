@@ -56,6 +56,18 @@ impl Desc {
     }
 }
 
+/// How frames leave the engine (`Engine::transmit`): in order per peer, each handed over or,
+/// when that peer cannot take it now (a full ring), given back. The engine keeps a frame
+/// given back, and every later one to the same peer, and offers them again in order on the
+/// next `transmit`.
+pub trait Transport {
+    /// Hands `t` to its peer, or gives it back.
+    // The frame moves by value both ways, as a failed push hands its value back in
+    // crossbeam; boxing it would cost the allocation per frame that `Transmit` avoids.
+    #[allow(clippy::result_large_err)]
+    fn send(&mut self, t: super::Transmit) -> Result<(), super::Transmit>;
+}
+
 /// A transport's one-sided copies, as the engine uses them.
 pub trait OneSided: Send + Sync {
     /// Messages of at least this many bytes are offered for pulling (when larger than the

@@ -168,9 +168,7 @@ impl TcpEndpoint {
     /// Hands the engine's frames to the sockets, then reports completions unlocked.
     fn finish(&self, mut st: MutexGuard<'_, State>) {
         let st_ref = &mut *st;
-        while let Some(t) = st_ref.engine.poll_transmit() {
-            st_ref.net.send(t);
-        }
+        st_ref.engine.transmit(&mut st_ref.net);
         let mut done = std::mem::take(&mut st_ref.done);
         st_ref.engine.take_done_into(&mut done);
         self.busy.store(st_ref.engine.busy(), Ordering::Release);
@@ -234,9 +232,7 @@ impl TcpEndpoint {
         };
         let n = net.progress(&mut glue);
         // Answers the engine owes (ACKs, CTS, read data) go out in the same call.
-        while let Some(t) = st.engine.poll_transmit() {
-            st.net.send(t);
-        }
+        st.engine.transmit(&mut st.net);
         n
     }
 }
@@ -367,9 +363,8 @@ impl EndpointOps for TcpEndpoint {
     fn close(&self) {
         let mut st = self.lock();
         st.engine.close();
-        while let Some(t) = st.engine.poll_transmit() {
-            st.net.send(t);
-        }
+        let st_ref = &mut *st;
+        st_ref.engine.transmit(&mut st_ref.net);
         // Answers peers wait for go out first, for a bounded time.
         st.net.shutdown(Instant::now() + Duration::from_secs(1));
         self.finish(st);

@@ -296,6 +296,15 @@ fn send_small(fd: RawFd, b: &[u8]) -> io::Result<bool> {
     Ok(n as usize == b.len())
 }
 
+/// The engine's frames go into the peers' queues, which take everything (a peer that stops
+/// reading holds back its senders through `queued`, not here).
+impl xfabric_core::rdm::Transport for Net {
+    fn send(&mut self, t: Transmit) -> std::result::Result<(), Transmit> {
+        Net::send(self, t);
+        Ok(())
+    }
+}
+
 impl Net {
     /// Listens on `addr` (port 0: any free port; IPv4 or IPv6), non-blocking; a port in use
     /// is an error (`io::ErrorKind::AddrInUse`).

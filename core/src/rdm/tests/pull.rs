@@ -406,3 +406,79 @@ fn served_copies_end_with_their_peer() {
     assert!(!net.b.eng.busy());
     assert!(tgt.iter().all(|&x| x == 0));
 }
+
+// Frames given back by a full transport.
+
+/// A transport whose peers take `room[peer]` more frames; what it took, as (peer, tag).
+struct Rings {
+    room: [usize; 2],
+    took: Vec<(PeerId, u64)>,
+    tokens: Vec<(PeerId, u64)>,
+}
+
+impl crate::rdm::Transport for Rings {
+    fn send(&mut self, t: Transmit) -> Result<(), Transmit> {
+        if self.room[t.peer] == 0 {
+            return Err(t);
+        }
+        self.room[t.peer] -= 1;
+        let p = wire::prefix(&t.ctrl).unwrap();
+        let Ok(Frame::Msg { tag, .. }) = wire::decode(&p, &t.ctrl[PREFIX..]) else {
+            panic!("only messages here");
+        };
+        self.took.push((t.peer, tag));
+        self.tokens.extend(t.token.map(|k| (t.peer, k)));
+        Ok(())
+    }
+}
+
+#[test]
+fn a_full_peer_keeps_its_frames_in_order_and_others_go_on() {
+    let data = pattern(8, 45);
+    let mut net = Net::new();
+    let eng = &mut net.a.eng;
+    let post = |eng: &mut Engine, peer: PeerId, tag: u64| {
+        // SAFETY: `data` outlives the engine's use of it (every frame is taken below).
+        unsafe { eng.post_send(peer, &send(tag as usize + 1, &data, Some(tag), None, 0)) }.unwrap();
+    };
+    for (peer, tag) in [(0, 0), (1, 10), (0, 1), (0, 2), (1, 11)] {
+        post(eng, peer, tag);
+    }
+    let mut rings = Rings {
+        room: [1, 5],
+        took: Vec::new(),
+        tokens: Vec::new(),
+    };
+    assert_eq!(eng.transmit(&mut rings), 3);
+    assert_eq!(rings.took, [(0, 0), (1, 10), (1, 11)]);
+    assert_eq!((eng.blocked(0), eng.blocked(1)), (2, 0));
+    assert!(eng.owes());
+    // Room came, and another frame: the held ones first, in order.
+    post(eng, 0, 3);
+    rings.room[0] = 2;
+    assert_eq!(eng.transmit(&mut rings), 2);
+    rings.room[0] = 5;
+    assert_eq!(eng.transmit(&mut rings), 1);
+    let to0: Vec<u64> = rings
+        .took
+        .iter()
+        .filter(|t| t.0 == 0)
+        .map(|t| t.1)
+        .collect();
+    assert_eq!(to0, [0, 1, 2, 3]);
+    assert!(!eng.owes());
+    for (peer, tok) in std::mem::take(&mut rings.tokens) {
+        eng.on_sent(peer, tok);
+    }
+    net.a.report();
+    assert_eq!(net.a.cq().0.len(), 6);
+    // A lost peer's held frames go with it.
+    let eng = &mut net.a.eng;
+    post(eng, 0, 4);
+    rings.room[0] = 0;
+    eng.transmit(&mut rings);
+    assert_eq!(eng.blocked(0), 1);
+    eng.on_lost(0, FI_ECONNRESET);
+    assert_eq!(eng.blocked(0), 0);
+    assert!(!eng.busy() && eng.poll_transmit().is_none());
+}
