@@ -114,6 +114,23 @@ struct TxReq {
 }
 
 impl TxReq {
+    /// A request with nothing awaited yet beyond its answer: no bytes back, no frame with
+    /// the transport, no large message.
+    fn new(ctx: Context, flags: u64, peer: PeerId, iov: IovList) -> TxReq {
+        TxReq {
+            ctx,
+            flags,
+            peer,
+            iov,
+            want: 0,
+            gen: 0,
+            unsent: 0,
+            answer: None,
+            rts: false,
+            pull: false,
+        }
+    }
+
     /// Whether an `Ack` answers it: not a read or a fetch (their answers carry data), not a
     /// large message still waiting for `Cts`, not one answered already.
     fn takes_ack(&self) -> bool {
@@ -570,16 +587,9 @@ impl Engine {
             let body = copy.unwrap_or(Body::Iov(op.iov));
             let owned = !matches!(body, Body::Iov(_));
             let (id, gen) = self.new_tx(TxReq {
-                ctx: op.ctx,
-                flags: op.flags,
-                peer,
-                iov: op.iov,
-                want: 0,
-                gen: 0,
                 unsent: u8::from(!owned),
                 answer: (!ack).then_some(0),
-                rts: false,
-                pull: false,
+                ..TxReq::new(op.ctx, op.flags, peer, op.iov)
             });
             let f = Frame::Msg {
                 id: id as u32,
@@ -593,16 +603,9 @@ impl Engine {
         }
         let desc = self.offer(peer, &op.iov);
         let (id, _) = self.new_tx(TxReq {
-            ctx: op.ctx,
-            flags: op.flags,
-            peer,
-            iov: op.iov,
-            want: 0,
-            gen: 0,
-            unsent: 0,
-            answer: None,
             rts: true,
             pull: !desc.is_empty(),
+            ..TxReq::new(op.ctx, op.flags, peer, op.iov)
         });
         let f = Frame::Rts {
             id: id as u32,

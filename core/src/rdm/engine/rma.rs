@@ -32,16 +32,9 @@ impl Engine {
         if op.flags & FI_READ != 0 {
             let desc = self.offer(peer, &op.iov);
             let (id, _) = self.new_tx(TxReq {
-                ctx: op.ctx,
-                flags: op.flags,
-                peer,
-                iov: op.iov,
                 want: len,
-                gen: 0,
-                unsent: 0,
-                answer: None,
-                rts: false,
                 pull: !desc.is_empty(),
+                ..TxReq::new(op.ctx, op.flags, peer, op.iov)
             });
             let f = Frame::Read {
                 id: id as u32,
@@ -71,17 +64,11 @@ impl Engine {
         };
         let owned = !matches!(body, Body::Iov(_));
         let (id, gen) = self.new_tx(TxReq {
-            ctx: op.ctx,
-            flags: op.flags,
-            peer,
-            iov: op.iov,
-            want: 0,
-            gen: 0,
             unsent: u8::from(!owned),
-            answer: None,
             // Until the target copies, or asks for the data with `Cts`.
             rts: pull,
             pull,
+            ..TxReq::new(op.ctx, op.flags, peer, op.iov)
         });
         let f = Frame::Write {
             id: id as u32,
@@ -140,17 +127,10 @@ impl Engine {
         if fetch {
             fl |= flags::FETCH;
         }
+        let want = if fetch { n } else { 0 };
         let (id, _) = self.new_tx(TxReq {
-            ctx: req.ctx,
-            flags: req.flags,
-            peer,
-            iov: IovList::one(req.result, if fetch { n } else { 0 }),
-            want: if fetch { n } else { 0 },
-            gen: 0,
-            unsent: 0,
-            answer: None,
-            rts: false,
-            pull: false,
+            want,
+            ..TxReq::new(req.ctx, req.flags, peer, IovList::one(req.result, want))
         });
         let f = Frame::Atomic {
             id: id as u32,

@@ -148,18 +148,24 @@ fn pull_failed_fails_both_ends() {
     assert!(arrive(&mut net.b, &Frame::Data { rx: 0 }.to_vec(300), &data).is_err());
 }
 
+/// Two large messages (sends 1 and 2, receives 10 and 11) matched at B; the first copy
+/// taken by B's transport, the second left with the engine.
+fn two_large(net: &mut Net, data: &[u8], b1: &mut [u8], b2: &mut [u8]) -> CopyReq {
+    net.b.recv(recv(10, b1, Some(1), 0));
+    net.b.recv(recv(11, b2, Some(2), 0));
+    net.a.send(send(1, data, Some(1), None, 0));
+    net.a.send(send(2, data, Some(2), None, 0));
+    net.flush(S::A);
+    net.b.eng.poll_copy().expect("a copy")
+}
+
 #[test]
 fn lost_mid_copy_waits_for_the_copy() {
     let data = pattern(300, 36);
     let (mut b1, mut b2) = (vec![0u8; 300], vec![0u8; 300]);
     let mut net = pulling();
-    net.b.recv(recv(10, &mut b1, Some(1), 0));
-    net.b.recv(recv(11, &mut b2, Some(2), 0));
-    net.a.send(send(1, &data, Some(1), None, 0));
-    net.a.send(send(2, &data, Some(2), None, 0));
-    net.flush(S::A);
     // The transport took the first copy; the second waits in the engine.
-    let p = net.b.eng.poll_copy().expect("a copy");
+    let p = two_large(&mut net, &data, &mut b1, &mut b2);
     net.b.eng.on_lost(0, FI_ECONNRESET);
     net.a.eng.on_lost(0, FI_ECONNRESET);
     net.report();
@@ -183,12 +189,7 @@ fn close_during_a_copy_cancels_when_it_reports() {
     let data = pattern(300, 37);
     let (mut b1, mut b2) = (vec![0u8; 300], vec![0u8; 300]);
     let mut net = pulling();
-    net.b.recv(recv(10, &mut b1, Some(1), 0));
-    net.b.recv(recv(11, &mut b2, Some(2), 0));
-    net.a.send(send(1, &data, Some(1), None, 0));
-    net.a.send(send(2, &data, Some(2), None, 0));
-    net.flush(S::A);
-    let p = net.b.eng.poll_copy().expect("a copy");
+    let p = two_large(&mut net, &data, &mut b1, &mut b2);
     net.b.eng.close();
     net.report();
     // The receive whose buffer the transport is writing stays out until the copy reports.
@@ -285,59 +286,41 @@ fn rma_write_refused_or_unservable_goes_through_frames() {
     net.a.one(3);
 }
 
+/// A's read `ctx` of 300 bytes at `at` into `back`, which B's transport ends with `how`
+/// (performing it first when `Done`); B's answer moved to A.
+fn read_served(net: &mut Net, ctx: Context, back: &mut [u8], at: u64, how: Copied) {
+    net.a
+        .rma(rma(ctx, iov_mut(back), &[seg(at, 300, KEY)], None, FI_READ));
+    net.flush(S::A);
+    let p = net.b.eng.poll_copy().expect("a copy");
+    assert_eq!((p.dir, p.len), (Dir::Write, 300));
+    if how == Copied::Done {
+        perform(&p);
+    }
+    net.b.eng.on_copied(p.token, how);
+    net.report();
+    assert_eq!(net.flush(S::B), vec![Kind::ReadResp]);
+}
+
 #[test]
 fn rma_read_pushed_by_the_target() {
     let tgt = pattern(300, 42);
     let mut back = vec![0u8; 300];
     let (mut net, at) = rma_pair(&tgt);
-    net.a.rma(rma(
-        1,
-        iov_mut(&mut back),
-        &[seg(at, 300, KEY)],
-        None,
-        FI_READ,
-    ));
-    net.flush(S::A);
-    let p = net.b.eng.poll_copy().expect("a copy");
-    assert_eq!((p.dir, p.len), (Dir::Write, 300));
-    perform(&p);
-    net.b.eng.on_copied(p.token, Copied::Done);
-    net.report();
-    assert_eq!(net.flush(S::B), vec![Kind::ReadResp]);
+    read_served(&mut net, 1, &mut back, at, Copied::Done);
     net.a.one(1);
     assert_eq!(&back[..], &tgt[..]);
     // Refused: the bytes come back as the answer's body.
     back.fill(0);
-    net.a.rma(rma(
-        2,
-        iov_mut(&mut back),
-        &[seg(at, 300, KEY)],
-        None,
-        FI_READ,
-    ));
-    net.flush(S::A);
-    let p = net.b.eng.poll_copy().expect("a copy");
-    net.b.eng.on_copied(p.token, Copied::Refused);
-    net.report();
-    assert_eq!(net.flush(S::B), vec![Kind::ReadResp]);
+    read_served(&mut net, 2, &mut back, at, Copied::Refused);
     net.a.one(2);
     assert_eq!(&back[..], &tgt[..]);
-    // Failed: the read fails.
-    let mut net2 = pulling();
-    net2.register(&tgt);
-    net2.a.rma(rma(
-        3,
-        iov_mut(&mut back),
-        &[seg(at, 300, KEY)],
-        None,
-        FI_READ,
-    ));
-    net2.flush(S::A);
-    let p = net2.b.eng.poll_copy().expect("a copy");
-    net2.b.eng.on_copied(p.token, Copied::Failed(FI_EFAULT));
-    net2.report();
-    net2.flush(S::B);
-    assert_eq!(net2.a.one_err(3).err, FI_EFAULT);
+    // Failed: the read fails, nothing arrives.
+    back.fill(0);
+    let (mut net, at) = rma_pair(&tgt);
+    read_served(&mut net, 3, &mut back, at, Copied::Failed(FI_EFAULT));
+    assert_eq!(net.a.one_err(3).err, FI_EFAULT);
+    assert!(back.iter().all(|&x| x == 0));
 }
 
 #[test]
