@@ -1332,12 +1332,11 @@ unsafe fn inject_copy(inject: bool, iov: &IovList) -> Option<Body> {
         return None;
     }
     let n = iov.total();
-    let mut small = [0u8; super::INLINE_BODY];
-    Some(match small.get_mut(..n) {
-        Some(b) => {
+    Some(match super::Inline::zeroed(n) {
+        Some(mut b) => {
             // SAFETY: forwarded from the caller.
-            unsafe { iov.copy_out(0, b) };
-            Body::concat(&[b])
+            unsafe { iov.copy_out(0, &mut b) };
+            Body::Inline(b)
         }
         None => {
             let mut v = vec![0u8; n];

@@ -32,6 +32,14 @@ impl<const N: usize> Inline<N> {
         d.push(bytes).then_some(d)
     }
 
+    /// `n` zero bytes, to be filled in place; `None` past `N`.
+    pub fn zeroed(n: usize) -> Option<Self> {
+        (n <= N).then(|| Inline {
+            len: n as u16,
+            bytes: [0; N],
+        })
+    }
+
     /// Appends `bytes`; false (and nothing appended) past `N`.
     pub fn push(&mut self, bytes: &[u8]) -> bool {
         let at = self.len as usize;
@@ -76,6 +84,8 @@ mod tests {
         b[0] = 9;
         assert_eq!(b.as_bytes(), &[9, 2, 3, 4]);
         assert_eq!(Inline::<4>::new(&[0; 5]), None);
+        assert_eq!(Inline::<4>::zeroed(3).map(|z| z.len()), Some(3));
+        assert_eq!(Inline::<4>::zeroed(5), None);
         // Bodies: inline while small, owned past it.
         let small = [7u8; INLINE_BODY / 2];
         assert!(
