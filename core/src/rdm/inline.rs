@@ -34,7 +34,7 @@ impl<const N: usize> Inline<N> {
 
     /// `n` zero bytes, to be filled in place; `None` past `N`.
     pub fn zeroed(n: usize) -> Option<Self> {
-        (n <= N).then(|| Inline {
+        (n <= N).then_some(Inline {
             len: n as u16,
             bytes: [0; N],
         })
