@@ -583,6 +583,24 @@ impl Engine {
                 fl |= flags::ACK_MATCH;
             }
         }
+        match copy {
+            // An inject awaiting no answer: complete now, no request to keep.
+            Some(body) if !ack => {
+                let f = Frame::Msg {
+                    id: 0,
+                    tag: op.tag,
+                    data: op.data,
+                    flags: fl,
+                };
+                self.frame(peer, f, body, None);
+                self.done.push(Done::Tx {
+                    ctx: op.ctx,
+                    flags: op.flags,
+                });
+                return Ok(());
+            }
+            _ => {}
+        }
         if len <= self.cfg.eager_max || copy.is_some() {
             let body = copy.unwrap_or(Body::Iov(op.iov));
             let owned = !matches!(body, Body::Iov(_));
