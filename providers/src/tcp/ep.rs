@@ -36,6 +36,8 @@ struct State {
     /// Source `fi_addr_t` by peer, for the AV generation `src_gen`.
     srcs: Vec<Option<FiAddr>>,
     src_gen: u64,
+    /// Completions being reported, kept for its allocation.
+    done: Vec<rdm::Done>,
 }
 
 /// A tcp endpoint.
@@ -158,6 +160,7 @@ impl TcpEndpoint {
                 av_cache: PeerCache::default(),
                 srcs: Vec::new(),
                 src_gen: u64::MAX,
+                done: Vec::new(),
             }),
             net_fd,
             wake_fd,
@@ -173,15 +176,21 @@ impl TcpEndpoint {
     /// Hands the engine's frames to the sockets, then reports completions unlocked.
     fn finish(&self, mut st: MutexGuard<'_, State>) {
         let st_ref = &mut *st;
-        while let Some(t) = st_ref.engine.poll_transmit() {
-            st_ref.net.send(t);
-        }
-        let mut done = st_ref.engine.take_done();
+        st_ref.engine.transmit(&mut st_ref.net);
+        let mut done = std::mem::take(&mut st_ref.done);
+        st_ref.engine.take_done_into(&mut done);
         self.busy.store(st_ref.engine.busy(), Ordering::Release);
         self.backlog.store(st_ref.net.backlog(), Ordering::Release);
         drop(st);
-        if !done.is_empty() {
-            rdm::report(&self.core, &mut done);
+        if done.is_empty() {
+            return;
+        }
+        rdm::report(&self.core, &mut done);
+        // The vector's allocation is kept for the next round.
+        if let Ok(mut st) = self.st.try_lock() {
+            if st.done.capacity() == 0 {
+                st.done = done;
+            }
         }
     }
 
@@ -232,9 +241,7 @@ impl TcpEndpoint {
         };
         let n = net.progress(&mut glue);
         // Answers the engine owes (ACKs, CTS, read data) go out in the same call.
-        while let Some(t) = st.engine.poll_transmit() {
-            st.net.send(t);
-        }
+        st.engine.transmit(&mut st.net);
         n
     }
 }
@@ -369,9 +376,8 @@ impl EndpointOps for TcpEndpoint {
     fn close(&self) {
         let mut st = self.lock();
         st.engine.close();
-        while let Some(t) = st.engine.poll_transmit() {
-            st.net.send(t);
-        }
+        let st_ref = &mut *st;
+        st_ref.engine.transmit(&mut st_ref.net);
         // Answers peers wait for go out first, for a bounded time.
         st.net.shutdown(Instant::now() + Duration::from_secs(1));
         self.finish(st);

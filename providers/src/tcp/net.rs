@@ -346,6 +346,15 @@ fn send_small(fd: RawFd, b: &[u8]) -> io::Result<bool> {
     Ok(n as usize == b.len())
 }
 
+/// The engine's frames go into the peers' queues, which take everything (a peer that stops
+/// reading holds back its senders through `queued`, not here).
+impl xfabric_core::rdm::Transport for Net {
+    fn send(&mut self, t: Transmit) -> std::result::Result<(), Transmit> {
+        Net::send(self, t);
+        Ok(())
+    }
+}
+
 impl Net {
     /// Listens on `addr` (port 0: any free port; IPv4 or IPv6), non-blocking; a port in use
     /// is an error (`io::ErrorKind::AddrInUse`).
@@ -964,16 +973,17 @@ impl Net {
                     v.push(o.t.ctrl[o.off..].as_ptr() as usize, cl - o.off);
                 }
                 let boff = o.off.saturating_sub(cl);
-                match &o.t.body {
-                    Body::None => {}
-                    Body::Owned(b) => {
+                match o.t.body.held() {
+                    Some(b) => {
                         if boff < b.len() {
                             v.push(b[boff..].as_ptr() as usize, b.len() - boff);
                         }
                     }
-                    Body::Iov(l) => {
-                        for s in l.slice(boff, usize::MAX).segs() {
-                            v.push(s.addr, s.len);
+                    None => {
+                        if let Body::Iov(l) = &o.t.body {
+                            for s in l.slice(boff, usize::MAX).segs() {
+                                v.push(s.addr, s.len);
+                            }
                         }
                     }
                 }
