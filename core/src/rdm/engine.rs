@@ -281,6 +281,9 @@ pub struct Engine {
     pull_refused: bool,
     /// Set while the fenced queue is being released, so a released op is not held again.
     releasing: bool,
+    /// Operations in the peers' `fenced` queues, all peers together: they count against
+    /// `tx_max` like outstanding ones.
+    held: usize,
     closed: bool,
 }
 
@@ -311,6 +314,7 @@ impl Engine {
             served: slab::Slab::new(),
             pull_refused: false,
             releasing: false,
+            held: 0,
             closed: false,
         }
     }
@@ -493,8 +497,11 @@ impl Engine {
     /// `check_open`, and room for one more outstanding operation.
     fn check_room(&self, what: &'static str) -> Result<()> {
         self.check_open(what)?;
-        let held: usize = self.peers.iter().map(|p| p.fenced.len()).sum();
-        if self.tx.len() + held >= self.cfg.tx_max {
+        debug_assert_eq!(
+            self.held,
+            self.peers.iter().map(|p| p.fenced.len()).sum::<usize>()
+        );
+        if self.tx.len() + self.held >= self.cfg.tx_max {
             return Err(Error::Again(what));
         }
         Ok(())
@@ -509,6 +516,7 @@ impl Engine {
         let hold = !ps.fenced.is_empty() || (flags & FI_FENCE != 0 && ps.outstanding > 0);
         if hold {
             ps.fenced.push_back(f());
+            self.held += 1;
         }
         hold
     }
@@ -524,6 +532,7 @@ impl Engine {
                 break;
             }
             let f = self.peers[peer].fenced.pop_front().expect("front exists");
+            self.held -= 1;
             // SAFETY: the held operation's memory is the caller's until it completes (or the
             // engine's own copy of inject data, moved into the frame's body here).
             let r = unsafe {
@@ -796,6 +805,7 @@ impl Engine {
             });
             if let Some(i) = at {
                 let (ctx, flags) = fenced_ctx(&ps.fenced.remove(i).expect("found"));
+                self.held -= 1;
                 self.done.push(Done::TxErr {
                     ctx,
                     flags,
@@ -1240,6 +1250,7 @@ impl Engine {
         ps.epoch += 1;
         let pending = ps.pending.take();
         let fenced: Vec<Fenced> = ps.fenced.drain(..).collect();
+        self.held -= fenced.len();
         self.abandon(pending, err);
         // Requests in flight (their frames may have gone out: the transport keeps none).
         let ids: Vec<usize> = self
@@ -1302,6 +1313,7 @@ impl Engine {
         }
         for p in 0..self.peers.len() {
             let fenced: Vec<Fenced> = self.peers[p].fenced.drain(..).collect();
+            self.held -= fenced.len();
             for f in fenced {
                 let (ctx, flags) = fenced_ctx(&f);
                 self.done.push(Done::TxErr {
