@@ -15,6 +15,7 @@ mod net;
 mod sys;
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use xfabric_core::consts::*;
@@ -38,6 +39,19 @@ pub const INJECT_SIZE: usize = 4096;
 /// The verbs provider.
 #[derive(Debug, Default)]
 pub struct Verbs;
+
+static FAULTS: AtomicU64 = AtomicU64::new(0);
+
+/// Fault injection for tests: every verbs endpoint of this process moves its queue pairs to the
+/// error state at its next progress (`ibv_modify_qp` to `IBV_QPS_ERR`): what they had posted
+/// completes flushed, and the operations waiting on those peers fail.
+pub fn fault_queue_pairs() {
+    FAULTS.fetch_add(1, Ordering::SeqCst);
+}
+
+fn faults() -> u64 {
+    FAULTS.load(Ordering::SeqCst)
+}
 
 /// Why verbs cannot be used here, or `None` when a device is open.
 pub fn unavailable() -> Option<String> {

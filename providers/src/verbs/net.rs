@@ -139,6 +139,8 @@ pub struct Net {
     /// Connections lost this round, with their errno, reported at the end of progress.
     lost: Vec<(PeerId, i32)>,
     psn_seed: u32,
+    /// `super::faults()` last acted on.
+    faults: u64,
 }
 
 fn wr_id(link: usize, slot: usize) -> u64 {
@@ -168,6 +170,7 @@ impl Net {
             wc: vec![sys::ibv_wc::default(); 64],
             lost: Vec::new(),
             psn_seed: std::process::id().wrapping_mul(2_654_435_761),
+            faults: super::faults(),
         })
     }
 
@@ -360,6 +363,13 @@ impl Net {
 
     /// One round: accept, side channels, completions, sends. Returns events handled.
     pub fn progress<H: Handler>(&mut self, h: &mut H) -> usize {
+        let f = super::faults();
+        if f != self.faults {
+            self.faults = f;
+            for l in self.links.values() {
+                let _ = l.qp.to_error();
+            }
+        }
         let mut n = self.accept();
         n += self.side_channels();
         n += self.completions(h);
@@ -524,7 +534,10 @@ impl Net {
                 if wc.status != sys::IBV_WC_SUCCESS {
                     let errno = match wc.status {
                         sys::IBV_WC_REM_ACCESS_ERR => libc::EACCES,
-                        sys::IBV_WC_WR_FLUSH_ERR => libc::ECONNRESET,
+                        // The first error of a QP names the cause; a flush first means the QP
+                        // was moved to the error state here.
+                        sys::IBV_WC_WR_FLUSH_ERR => libc::ECANCELED,
+                        // Retry or RNR retry exceeded, and the rest: the peer is gone.
                         _ => libc::ECONNRESET,
                     };
                     self.fail_link(id, errno, "work completion error");

@@ -200,8 +200,8 @@ pub struct ibv_qp_init_attr {
     pub sq_sig_all: c_int,
 }
 
-/// `struct ibv_global_route`.
-#[repr(C)]
+/// `struct ibv_global_route` (8-aligned: its `union ibv_gid` holds two `__be64`).
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Default, Debug)]
 pub struct ibv_global_route {
     pub dgid: [u8; 16],

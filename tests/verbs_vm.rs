@@ -1,0 +1,299 @@
+//! The verbs provider on a real kernel RDMA device: Soft-RoCE (rdma_rxe) inside a QEMU VM
+//! (`scripts/rxe-vm.sh`), since these machines have no RDMA NIC and their kernel no InfiniBand.
+//!
+//! `in_the_soft_roce_vm` (the host half) boots the VM once and runs this same test binary
+//! inside it, selecting the `vm_*` tests, with `XFABRIC_RXE_VM=1` and the verbs provider; it
+//! skips with the reason where the VM cannot run. The `vm_*` tests do the work there and skip
+//! themselves on the host. Each is a two-process test (`common::spawn`), bounded in time.
+
+mod common;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use xfabric::errno::*;
+use xfabric::*;
+
+/// Whether this process runs inside the VM (set by the host half).
+fn inside() -> bool {
+    std::env::var_os("XFABRIC_RXE_VM").is_some()
+}
+
+/// The `vm_*` tests below, which the host half expects to see pass.
+const VM_TESTS: usize = 4;
+
+#[test]
+fn in_the_soft_roce_vm() {
+    if inside() || role().is_some() {
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let runner = root.join("scripts/rxe-vm.sh");
+    let check = Command::new(&runner).arg("--check").output();
+    match check {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            eprintln!("skipped: {}", String::from_utf8_lossy(&o.stdout).trim());
+            return;
+        }
+        Err(e) => {
+            eprintln!("skipped: cannot run {}: {e}", runner.display());
+            return;
+        }
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(&runner)
+        .args(["--timeout", "240", "--"])
+        .arg(&exe)
+        .args(["vm_", "--test-threads=1"])
+        .env("XFABRIC_RXE_VM", "1")
+        .env("XFABRIC_TEST_PROVIDER", "verbs")
+        .current_dir(root)
+        .output()
+        .expect("run scripts/rxe-vm.sh");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "the tests in the VM failed: {}",
+        out.status
+    );
+    let want = format!("test result: ok. {VM_TESTS} passed");
+    assert!(text.contains(&want), "expected \"{want}\" from the VM");
+}
+
+/// Skips (true) unless inside the VM.
+fn skip() -> bool {
+    if !inside() {
+        eprintln!("skipped: runs inside the Soft-RoCE VM only (see in_the_soft_roce_vm)");
+        return true;
+    }
+    false
+}
+
+fn send(n: &Node, b: &[u8], to: FiAddr, ctx: Context) {
+    // SAFETY: every caller keeps the buffer until the send's completion.
+    n.retry(|| unsafe { n.ep.send(b, None, to, ctx) });
+}
+
+fn recv(n: &Node, b: &mut [u8], from: FiAddr, ctx: Context) {
+    // SAFETY: every caller keeps the buffer until the receive's completion.
+    unsafe { n.ep.recv(b, None, from, ctx) }.unwrap();
+}
+
+const SIZES: [usize; 4] = [1, 4096, 100_000, 4 << 20];
+
+#[test]
+fn vm_two_processes_exchange_messages() {
+    if skip() {
+        return;
+    }
+    assert_eq!(
+        std::env::var("XFABRIC_TEST_PROVIDER").as_deref(),
+        Ok("verbs")
+    );
+    if role().is_some() {
+        let n = node(FI_MSG, Progress::Auto);
+        let p = connect_parent(&n);
+        let mut bufs: Vec<Vec<u8>> = SIZES.iter().map(|s| vec![0u8; *s]).collect();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            recv(&n, b, p, i);
+        }
+        let mut got: Vec<Context> = n.wait_n(SIZES.len()).iter().map(|c| c.op_context).collect();
+        got.sort_unstable();
+        assert_eq!(got, [0, 1, 2, 3]);
+        for (i, b) in bufs.iter().enumerate() {
+            assert!(*b == pattern(SIZES[i], i as u64), "message {i} differs");
+        }
+        let back = pattern(1000, 9);
+        send(&n, &back, p, 9);
+        n.wait_one();
+        say("done");
+        assert_eq!(listen(), "bye");
+        return;
+    }
+    let mut child = spawn("vm_two_processes_exchange_messages", "child", &[]);
+    let n = node(FI_MSG, Progress::Auto);
+    let c = connect(&mut child, &n);
+    let msgs: Vec<Vec<u8>> = (0..SIZES.len())
+        .map(|i| pattern(SIZES[i], i as u64))
+        .collect();
+    let mut back = vec![0u8; 1000];
+    recv(&n, &mut back, c, 9);
+    for (i, m) in msgs.iter().enumerate() {
+        send(&n, m, c, i);
+    }
+    // Four sends and the receive.
+    n.wait_n(SIZES.len() + 1);
+    assert!(back == pattern(1000, 9));
+    assert_eq!(child.hear(), "done");
+    child.tell("bye");
+    child.join();
+}
+
+/// The child's half of the RMA tests: a window, its key and base told to the parent.
+fn window_child(test: &str) {
+    let _ = test;
+    let n = node(FI_MSG | FI_RMA, Progress::Auto);
+    connect_parent(&n);
+    let win = vec![0u8; 4096];
+    let access = FI_REMOTE_READ | FI_REMOTE_WRITE;
+    // SAFETY: `win` outlives the region (dropped at the end of this function, after it).
+    let mr = unsafe { n.domain.mr_reg(&win, access, 0, 7) }.unwrap();
+    let virt = n.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0;
+    let base = if virt { win.as_ptr() as u64 } else { 0 };
+    say(&format!("{} {base}", mr.key()));
+    assert_eq!(listen(), "bye");
+    drop(mr);
+}
+
+fn remote(child: &mut Peer) -> (u64, u64) {
+    let v: Vec<u64> = child
+        .hear()
+        .split(' ')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    (v[0], v[1])
+}
+
+#[test]
+fn vm_wrong_rkey_fails_with_eacces() {
+    const T: &str = "vm_wrong_rkey_fails_with_eacces";
+    if skip() {
+        return;
+    }
+    if role().is_some() {
+        return window_child(T);
+    }
+    let mut child = spawn(T, "child", &[]);
+    let n = node(FI_MSG | FI_RMA, Progress::Auto);
+    let c = connect(&mut child, &n);
+    let (key, base) = remote(&mut child);
+    let data = pattern(512, 3);
+    let mut back = vec![0u8; 512];
+    // SAFETY: the buffers outlive the completions read below.
+    unsafe { n.ep.write(&data, None, c, base, key ^ 0x5a5a, 1) }.unwrap();
+    match n.next() {
+        Completion::Err(e, _) => assert_eq!((e.op_context, e.err), (1, FI_EACCES), "{e:?}"),
+        Completion::Ok(c, _) => panic!("a write with a wrong key succeeded: {c:?}"),
+    }
+    // SAFETY: as above.
+    unsafe { n.ep.read(&mut back, None, c, base, key.wrapping_add(1), 2) }.unwrap();
+    match n.next() {
+        Completion::Err(e, _) => assert_eq!((e.op_context, e.err), (2, FI_EACCES), "{e:?}"),
+        Completion::Ok(c, _) => panic!("a read with a wrong key succeeded: {c:?}"),
+    }
+    // The connection survives a refused access: the right key works.
+    // SAFETY: as above.
+    unsafe { n.ep.write(&data, None, c, base, key, 3) }.unwrap();
+    assert_eq!(n.wait_one().op_context, 3);
+    // SAFETY: as above.
+    unsafe { n.ep.read(&mut back, None, c, base, key, 4) }.unwrap();
+    assert_eq!(n.wait_one().op_context, 4);
+    assert!(back == data);
+    child.tell("bye");
+    child.join();
+}
+
+#[test]
+fn vm_queue_pairs_moved_to_error_fail_operations() {
+    const T: &str = "vm_queue_pairs_moved_to_error_fail_operations";
+    if skip() {
+        return;
+    }
+    if role().is_some() {
+        return window_child(T);
+    }
+    let mut child = spawn(T, "child", &[]);
+    let n = node(FI_MSG | FI_RMA, Progress::Auto);
+    let c = connect(&mut child, &n);
+    let (key, base) = remote(&mut child);
+    let mut back = vec![0u8; 4096];
+    // SAFETY: the buffer outlives the completion.
+    unsafe { n.ep.read(&mut back, None, c, base, key, 1) }.unwrap();
+    assert_eq!(n.wait_one().op_context, 1);
+    xfabric_providers::verbs::fault_queue_pairs();
+    // A read outstanding when the QPs fail, or posted after: it ends in an error, not a hang.
+    let mut reads = vec![vec![0u8; 4096]; 4];
+    for (i, r) in reads.iter_mut().enumerate() {
+        // SAFETY: the buffers outlive the completions.
+        match unsafe { n.ep.read(r, None, c, base, key, 10 + i) } {
+            Ok(()) => match n.next() {
+                Completion::Err(e, _) => {
+                    assert!(
+                        [FI_ECANCELED, FI_ECONNRESET].contains(&e.err),
+                        "unexpected error {e:?}"
+                    );
+                    return finish(child);
+                }
+                Completion::Ok(c, _) => {
+                    // Done before the fault reached the QP; the next one fails.
+                    assert_eq!(c.op_context, 10 + i);
+                }
+            },
+            Err(e) => panic!("posting a read after the fault: {e}"),
+        }
+    }
+    panic!("four reads succeeded after the QPs were moved to error");
+
+    fn finish(child: Peer) {
+        // The child lost us too; it ends when told (or is killed by Drop).
+        let mut child = child;
+        child.tell("bye");
+        child.join();
+    }
+}
+
+#[test]
+fn vm_peer_killed_mid_transfer_no_hang() {
+    const T: &str = "vm_peer_killed_mid_transfer_no_hang";
+    if skip() {
+        return;
+    }
+    if role().is_some() {
+        // Receives part of a long stream, then waits to be killed.
+        let n = node(FI_MSG, Progress::Auto);
+        let p = connect_parent(&n);
+        let mut b = vec![0u8; 1 << 20];
+        recv(&n, &mut b, p, 1);
+        n.wait_one();
+        say("one");
+        listen();
+        unreachable!("this child is killed");
+    }
+    let mut child = spawn(T, "child", &[]);
+    let n = node(FI_MSG, Progress::Auto);
+    let c = connect(&mut child, &n);
+    let big = pattern(1 << 20, 1);
+    send(&n, &big, c, 1);
+    assert_eq!(child.hear(), "one");
+    // Sends the peer never receives (no receive posted: they wait as unexpected or for a
+    // match), then the kill while they are in flight.
+    let mut hdl = Vec::new();
+    for i in 0..8usize {
+        // SAFETY: `big` outlives every completion below.
+        match unsafe { n.ep.senddata(&big, None, i as u64, c, 100 + i) } {
+            Ok(()) => hdl.push(100 + i),
+            Err(Error::Again(_)) => break,
+            Err(e) => panic!("send: {e}"),
+        }
+    }
+    child.kill();
+    // Every operation ends, one way or the other, within the bound: none hangs.
+    let started = std::time::Instant::now();
+    let mut ended = 0;
+    let mut errs = 0;
+    while ended < hdl.len() + 1 {
+        match n.next() {
+            Completion::Err(e, _) => {
+                assert_eq!(e.err, FI_ECONNRESET, "{e:?}");
+                errs += 1;
+            }
+            Completion::Ok(..) => {}
+        }
+        ended += 1;
+    }
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // Larger than the eager limit, unmatched: each waited for the peer, and failed with it.
+    assert_eq!(errs, hdl.len());
+}
