@@ -168,10 +168,8 @@ impl VerbsEndpoint {
 
     /// Hands the engine's frames to the sockets, then reports completions unlocked.
     fn finish(&self, mut st: MutexGuard<'_, State>) {
+        self.push(&mut st);
         let st_ref = &mut *st;
-        while let Some(t) = st_ref.engine.poll_transmit() {
-            st_ref.net.send(t);
-        }
         let mut done = st_ref.engine.take_done();
         self.busy
             .store(st_ref.engine.busy() || st_ref.net.busy(), Ordering::Release);
@@ -228,10 +226,34 @@ impl VerbsEndpoint {
         };
         let n = net.progress(&mut glue);
         // Answers the engine owes (ACKs, CTS, read data) go out in the same call.
-        while let Some(t) = st.engine.poll_transmit() {
-            st.net.send(t);
-        }
+        self.push(st);
         n
+    }
+
+    /// Hands the engine's frames to the connections and posts what credits allow, now: a
+    /// caller that posts and then waits elsewhere (on its own control channel) must not find
+    /// its frame still queued here.
+    fn push(&self, st: &mut State) {
+        // Sending can complete operations (on_sent), which can queue frames: a few rounds.
+        for _ in 0..4 {
+            let mut any = false;
+            while let Some(t) = st.engine.poll_transmit() {
+                st.net.send(t);
+                any = true;
+            }
+            if !any {
+                break;
+            }
+            let State {
+                engine, net, srcs, ..
+            } = st;
+            let mut glue = Glue {
+                engine,
+                core: &self.core,
+                srcs,
+            };
+            net.flush(&mut glue);
+        }
     }
 }
 

@@ -310,6 +310,7 @@ impl Net {
             return;
         };
         let len = t.ctrl.len() + t.body.len();
+        tracing::trace!(peer, len, tx = ?p.tx, "verbs: frame queued");
         p.queued += len;
         p.out.push_back(Out { t, pos: 0 });
         if self.peers[peer].tx.is_none() {
@@ -376,12 +377,17 @@ impl Net {
         for id in self.link_ids() {
             n += self.consume(id, h);
         }
+        self.flush(h);
+        n
+    }
+
+    /// Posts what queued frames credits and buffers allow, and reports connections lost.
+    pub fn flush<H: Handler>(&mut self, h: &mut H) {
         self.pump_all(h);
         for (peer, errno) in std::mem::take(&mut self.lost) {
             let addr = self.peers.get(peer).map(|p| p.addr);
             h.on_lost(peer, addr, errno);
         }
-        n
     }
 
     fn accept(&mut self) -> usize {
@@ -444,6 +450,7 @@ impl Net {
                 State::Connecting => self.on_answer(id, &got),
                 State::Accepting => self.on_hello(id, &got),
                 State::Answered if got[0] == READY => {
+                    debug!(link = id, peer = l.peer, "verbs: connected (acceptor)");
                     l.state = State::Up;
                     Ok(())
                 }
@@ -490,6 +497,7 @@ impl Net {
             .write_all(&[READY])
             .map_err(|_| "side channel: cannot send READY")?;
         l.state = State::Up;
+        debug!(link = id, peer = l.peer, "verbs: connected (connector)");
         Ok(())
     }
 
@@ -510,6 +518,7 @@ impl Net {
         let _ = l.stream.set_nonblocking(true);
         w.map_err(|_| "side channel: cannot answer")?;
         l.state = State::Answered;
+        debug!(link = id, peer, "verbs: answered a connection");
         if self.peers[peer].tx.is_none() {
             self.peers[peer].tx = Some(id);
         }
@@ -563,6 +572,7 @@ impl Net {
                             self.fail_link(id, libc::EIO, "cannot repost a receive");
                         }
                     } else {
+                        tracing::trace!(link = id, len, "verbs: chunk in");
                         l.held.push_back((slot, base + HDR, base + len));
                     }
                 } else {
@@ -601,6 +611,12 @@ impl Net {
                         Ok(s) => s,
                         Err(e) => break Some(format!("refused frame: {e}")),
                     };
+                    tracing::trace!(
+                        link = id,
+                        kind = p.kind,
+                        body = p.body_len,
+                        "verbs: frame in"
+                    );
                     if matches!(sink, Sink::Wait) {
                         // Flow control: the head stays, and so do the chunks behind it.
                         break None;
@@ -626,6 +642,7 @@ impl Net {
                     {
                         h.on_body(peer, sink);
                     }
+                    tracing::trace!(link = id, "verbs: body in");
                     frames += 1;
                     continue;
                 }
@@ -760,6 +777,12 @@ impl Net {
             }
             l.credits -= 1;
             write_hdr(l, base, KIND_DATA);
+            tracing::trace!(
+                link = id,
+                len = fill,
+                credits = l.credits,
+                "verbs: chunk out"
+            );
             if let Err(e) = post_send(l, id, slot, fill) {
                 warn!("verbs: {e}");
                 self.fail_link(id, libc::EIO, "cannot post a send");
