@@ -52,6 +52,11 @@ const MAGIC: u32 = 0x5846_5642; // "XFVB"
 const VERSION: u16 = 1;
 /// The connector's last word once its QP is ready to receive.
 const READY: u8 = 0x52;
+/// Most connections one endpoint holds: strangers cannot make it register memory without
+/// bound (each costs `(RQ + SQ) * CHUNK` bytes registered and a QP).
+const MAX_LINKS: usize = 1024;
+/// How long a connection may take to finish its hellos before it is dropped.
+const HELLO_TIME: Duration = Duration::from_secs(10);
 
 /// Connection state.
 enum State {
@@ -114,6 +119,8 @@ struct Link {
     rx: Rx,
     /// Sends posted and not completed.
     inflight: usize,
+    /// When the connection started (for `HELLO_TIME`).
+    born: std::time::Instant,
 }
 
 /// The peers: an address and, once there is one, the connection it sends on.
@@ -221,6 +228,9 @@ impl Net {
     }
 
     fn new_link(&mut self, peer: PeerId, stream: TcpStream, state: State) -> Result<usize> {
+        if self.links.len() >= MAX_LINKS {
+            return Err(Error::Again("verbs: connection table full"));
+        }
         let qp = Qp::new(&self.nic, &self.cq, RQ)?;
         let mut buf = vec![0u8; (RQ as usize + SQ) * CHUNK];
         // SAFETY: the Vec's heap block moves into the Link with the MR, and Link's field
@@ -254,6 +264,7 @@ impl Net {
             held: VecDeque::new(),
             rx: Rx::Head(Vec::new()),
             inflight: 0,
+            born: std::time::Instant::now(),
         };
         let id = self.next_link;
         self.next_link += 1;
@@ -430,7 +441,13 @@ impl Net {
                     continue;
                 }
                 Ok(k) => l.hello.extend_from_slice(&tmp[..k]),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if !matches!(l.state, State::Up) && l.born.elapsed() > HELLO_TIME {
+                        self.fail_link(id, libc::ETIMEDOUT, "hellos took too long");
+                        n += 1;
+                    }
+                    continue;
+                }
                 Err(e) => {
                     self.fail_link(
                         id,
@@ -860,4 +877,62 @@ fn head_need(v: &[u8]) -> std::result::Result<usize, wire::WireError> {
         return Ok(PREFIX);
     }
     Ok(PREFIX + wire::prefix(v)?.ctrl_len as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(qpn: u32, name: &SocketAddr) -> Vec<u8> {
+        let mut h = vec![0u8; HELLO];
+        h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        h[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        h[8..12].copy_from_slice(&qpn.to_le_bytes());
+        h[12..16].copy_from_slice(&7u32.to_le_bytes());
+        h[16..32].copy_from_slice(&[0xab; 16]);
+        h[32..48].copy_from_slice(&addr::encode(name));
+        h
+    }
+
+    #[test]
+    fn hello_round_trip_and_hostile_ones() {
+        let name: SocketAddr = "192.0.2.1:4000".parse().unwrap();
+        let (info, n) = Net::parse_hello(&hello(0x1234, &name)).unwrap();
+        assert_eq!(
+            (info.qpn, info.psn, info.gid, n),
+            (0x1234, 7, [0xab; 16], name)
+        );
+        // A QP number wider than 24 bits is cut to what the wire can name.
+        assert_eq!(
+            Net::parse_hello(&hello(u32::MAX, &name)).unwrap().0.qpn,
+            0xff_ffff
+        );
+        let mut bad = hello(1, &name);
+        bad[0] ^= 1;
+        assert!(Net::parse_hello(&bad).is_err());
+        let mut bad = hello(1, &name);
+        bad[4] = 9;
+        assert!(Net::parse_hello(&bad).is_err());
+        let mut bad = hello(1, &name);
+        bad[32..48].fill(0xff);
+        assert!(Net::parse_hello(&bad).is_err());
+        assert!(Net::parse_hello(&hello(1, &name)[..HELLO - 1]).is_err());
+        assert!(Net::parse_hello(&[]).is_err());
+    }
+
+    #[test]
+    fn head_need_reads_the_prefix_and_refuses_garbage() {
+        assert_eq!(head_need(&[]).unwrap(), PREFIX);
+        assert_eq!(head_need(&[0u8; 3]).unwrap(), PREFIX);
+        let prefix = |magic: u16, ctrl: u32| {
+            let mut v = magic.to_le_bytes().to_vec();
+            v.extend_from_slice(&[1, 0]);
+            v.extend_from_slice(&ctrl.to_le_bytes());
+            v.extend_from_slice(&5u64.to_le_bytes());
+            v
+        };
+        assert_eq!(head_need(&prefix(wire::MAGIC, 24)).unwrap(), PREFIX + 24);
+        assert!(head_need(&prefix(wire::MAGIC, u32::MAX)).is_err());
+        assert!(head_need(&prefix(0, 24)).is_err());
+    }
 }
