@@ -20,7 +20,7 @@ fn inside() -> bool {
 }
 
 /// The `vm_*` tests below, which the host half expects to see pass.
-const VM_TESTS: usize = 4;
+const VM_TESTS: usize = 5;
 
 #[test]
 fn in_the_soft_roce_vm() {
@@ -60,6 +60,44 @@ fn in_the_soft_roce_vm() {
     );
     let want = format!("test result: ok. {VM_TESTS} passed");
     assert!(text.contains(&want), "expected \"{want}\" from the VM");
+}
+
+/// On a machine without an RDMA device (or without rdma-core), verbs is not listed and
+/// `xfabric info -p verbs` says why; where there is one (the VM), it is listed.
+#[test]
+fn info_lists_verbs_in_the_vm_or_says_why_not() {
+    if role().is_some() {
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_xfabric"))
+        .args(["info", "-p", "verbs"])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if inside() || out.status.success() {
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("provider: verbs"), "{text}");
+        assert!(text.contains("FI_EP_RDM"), "{text}");
+    } else {
+        let why = text.split("provider verbs: ").nth(1).unwrap_or("");
+        assert!(
+            why.starts_with("libibverbs.so.1 not found")
+                || why.starts_with("no RDMA device")
+                || why.starts_with("no usable RDMA device"),
+            "{text}"
+        );
+        eprintln!("verbs unavailable here: {}", why.trim());
+        // Listing everything still works, without verbs.
+        let all = Command::new(env!("CARGO_BIN_EXE_xfabric"))
+            .args(["info", "-l"])
+            .output()
+            .unwrap();
+        assert!(all.status.success());
+    }
 }
 
 /// Skips (true) unless inside the VM.

@@ -340,15 +340,14 @@ pub struct Verbs {
 pub const LIBNAME: &str = "libibverbs.so.1";
 
 impl Verbs {
-    fn load() -> Result<Verbs, String> {
+    fn load(name: &str) -> Result<Verbs, String> {
         // SAFETY: loading libibverbs runs its constructors, which only set up its own state.
-        let lib =
-            unsafe { Library::new(LIBNAME) }.map_err(|e| format!("{LIBNAME} not found ({e})"))?;
+        let lib = unsafe { Library::new(name) }.map_err(|e| format!("{name} not found ({e})"))?;
         macro_rules! sym {
             ($name:literal) => {{
                 // SAFETY: the symbol's C type is the field's, declared from verbs.h above.
                 let s = unsafe { lib.get(concat!($name, "\0").as_bytes()) }
-                    .map_err(|e| format!("{LIBNAME}: {} missing ({e})", $name))?;
+                    .map_err(|e| format!("{name}: {} missing ({e})", $name))?;
                 *s
             }};
         }
@@ -380,13 +379,27 @@ impl Verbs {
 /// libibverbs, loaded on first use; the error says why it cannot be.
 pub fn verbs() -> Result<&'static Verbs, String> {
     static V: OnceLock<Result<Verbs, String>> = OnceLock::new();
-    V.get_or_init(Verbs::load).as_ref().map_err(Clone::clone)
+    V.get_or_init(|| Verbs::load(LIBNAME))
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::mem::offset_of;
+
+    #[test]
+    fn a_missing_library_is_a_reason_not_a_failure() {
+        let e = Verbs::load("libibverbs-absent.so.1")
+            .err()
+            .expect("no such library");
+        assert!(e.starts_with("libibverbs-absent.so.1 not found"), "{e}");
+        // A library without the verbs: the first missing symbol is named.
+        if let Err(e) = Verbs::load("libc.so.6") {
+            assert!(e.contains("ibv_get_device_list missing"), "{e}");
+        }
+    }
 
     /// Compiles a C program against the installed `<infiniband/verbs.h>` that prints the
     /// offsets and sizes this layer relies on, and compares. Skipped (with the reason) where
