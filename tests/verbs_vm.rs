@@ -1,7 +1,7 @@
 //! The verbs provider on a real kernel RDMA device: Soft-RoCE (rdma_rxe) inside a QEMU VM
 //! (`scripts/rxe-vm.sh`), since these machines have no RDMA NIC and their kernel no InfiniBand.
 //!
-//! `in_the_soft_roce_vm` (the host half) boots the VM once and runs this same test binary
+//! `boots_the_soft_roce_vm` (the host half) boots the VM once and runs this same test binary
 //! inside it, selecting the `vm_*` tests, with `XFABRIC_RXE_VM=1` and the verbs provider; it
 //! skips with the reason where the VM cannot run. The `vm_*` tests do the work there and skip
 //! themselves on the host. Each is a two-process test (`common::spawn`), bounded in time.
@@ -22,8 +22,26 @@ fn inside() -> bool {
 /// The `vm_*` tests below, which the host half expects to see pass.
 const VM_TESTS: usize = 5;
 
+/// The `pair_*` tests below, which run in a VM with two devices.
+const PAIR_TESTS: usize = 1;
+
+// The host halves' names must not contain "vm_" or "pair_" (the filters).
 #[test]
-fn in_the_soft_roce_vm() {
+fn boots_the_soft_roce_vm() {
+    boot(false, "vm_", VM_TESTS);
+}
+
+#[test]
+fn boots_the_soft_roce_pair() {
+    boot(true, "pair_", PAIR_TESTS);
+}
+
+/// One VM at a time: two would share this machine's cores.
+static ONE_VM: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Boots the VM (`--pair`: two devices on a veth pair) and runs the tests matching `filter`
+/// inside, expecting `count` to pass.
+fn boot(pair: bool, filter: &str, count: usize) {
     if inside() || role().is_some() {
         return;
     }
@@ -42,10 +60,15 @@ fn in_the_soft_roce_vm() {
         }
     }
     let exe = std::env::current_exe().unwrap();
-    let out = Command::new(&runner)
+    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cmd = Command::new(&runner);
+    if pair {
+        cmd.arg("--pair");
+    }
+    let out = cmd
         .args(["--timeout", "240", "--"])
         .arg(&exe)
-        .args(["vm_", "--test-threads=1"])
+        .args([filter, "--test-threads=1"])
         .env("XFABRIC_RXE_VM", "1")
         .env("XFABRIC_TEST_PROVIDER", "verbs")
         .current_dir(root)
@@ -58,7 +81,7 @@ fn in_the_soft_roce_vm() {
         "the tests in the VM failed: {}",
         out.status
     );
-    let want = format!("test result: ok. {VM_TESTS} passed");
+    let want = format!("test result: ok. {count} passed");
     assert!(text.contains(&want), "expected \"{want}\" from the VM");
 }
 
@@ -103,7 +126,7 @@ fn info_lists_verbs_in_the_vm_or_says_why_not() {
 /// Skips (true) unless inside the VM.
 fn skip() -> bool {
     if !inside() {
-        eprintln!("skipped: runs inside the Soft-RoCE VM only (see in_the_soft_roce_vm)");
+        eprintln!("skipped: runs inside the Soft-RoCE VM only (see boots_the_soft_roce_vm)");
         return true;
     }
     false
@@ -331,4 +354,67 @@ fn vm_peer_killed_mid_transfer_no_hang() {
     assert!(started.elapsed() < Duration::from_secs(30));
     // Larger than the eager limit, unmatched: each waited for the peer, and failed with it.
     assert_eq!(errs, hdl.len());
+}
+
+/// Bytes sent so far by a network interface of the VM.
+fn tx_bytes(dev: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/class/net/{dev}/statistics/tx_bytes"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Two processes on two devices (rxe0 on veth0, 192.0.2.1; rxe1 on veth1, 192.0.2.2), each
+/// choosing its device by its source address: the messages cross the veth pair (its byte
+/// counters say so), not rxe's internal loopback.
+#[test]
+fn pair_two_devices_exchange_messages_across_the_veth_pair() {
+    if !inside() || std::fs::metadata("/sys/class/net/veth0").is_err() {
+        eprintln!("skipped: runs inside the two-device Soft-RoCE VM only");
+        return;
+    }
+    let on = |ip: &str| {
+        let a: std::net::SocketAddr = format!("{ip}:0").parse().unwrap();
+        let raw = xfabric_providers::tcp::addr::encode(&a);
+        node_with(FI_MSG, Progress::Auto, move |h| h.src_addr = Some(raw))
+    };
+    if role().is_some() {
+        let n = on("192.0.2.2");
+        assert_eq!(n.info.domain_attr.name.as_deref(), Some("rxe1"));
+        let p = connect_parent(&n);
+        let mut bufs: Vec<Vec<u8>> = SIZES.iter().map(|s| vec![0u8; *s]).collect();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            recv(&n, b, p, i);
+        }
+        n.wait_n(SIZES.len());
+        for (i, b) in bufs.iter().enumerate() {
+            assert!(*b == pattern(SIZES[i], i as u64), "message {i} differs");
+        }
+        say("done");
+        assert_eq!(listen(), "bye");
+        return;
+    }
+    const T: &str = "pair_two_devices_exchange_messages_across_the_veth_pair";
+    let mut child = spawn(T, "child", &[]);
+    let n = on("192.0.2.1");
+    assert_eq!(n.info.domain_attr.name.as_deref(), Some("rxe0"));
+    let c = connect(&mut child, &n);
+    let before = tx_bytes("veth0");
+    let msgs: Vec<Vec<u8>> = (0..SIZES.len())
+        .map(|i| pattern(SIZES[i], i as u64))
+        .collect();
+    for (i, m) in msgs.iter().enumerate() {
+        send(&n, m, c, i);
+    }
+    n.wait_n(SIZES.len());
+    assert_eq!(child.hear(), "done");
+    let total: usize = SIZES.iter().sum();
+    let sent = tx_bytes("veth0") - before;
+    assert!(
+        sent >= total as u64,
+        "veth0 sent {sent} bytes for {total} of messages"
+    );
+    child.tell("bye");
+    child.join();
 }

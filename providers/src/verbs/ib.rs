@@ -46,14 +46,35 @@ impl Drop for Nic {
     }
 }
 
-/// The first device with an IPv4-mapped GID on port 1, opened once per process; the error
-/// says why there is none ("libibverbs.so.1 not found", "no RDMA device").
+/// The first device with an IPv4-mapped GID on port 1 (devices are opened once per
+/// process); the error says why there is none ("libibverbs.so.1 not found", "no RDMA device").
 pub fn nic() -> std::result::Result<Arc<Nic>, String> {
-    static N: OnceLock<std::result::Result<Arc<Nic>, String>> = OnceLock::new();
-    N.get_or_init(open_first).clone()
+    nics().map(|v| v[0].clone())
 }
 
-fn open_first() -> std::result::Result<Arc<Nic>, String> {
+/// Every usable device (at least one), opened once per process, in the library's order.
+pub fn nics() -> std::result::Result<Vec<Arc<Nic>>, String> {
+    static N: OnceLock<std::result::Result<Vec<Arc<Nic>>, String>> = OnceLock::new();
+    N.get_or_init(open_all).clone()
+}
+
+/// The device whose IPv4 GID is `ip`.
+pub fn nic_for(ip: Ipv4Addr) -> std::result::Result<Arc<Nic>, String> {
+    nics()?
+        .into_iter()
+        .find(|n| n.ip == ip)
+        .ok_or_else(|| format!("no RDMA device has address {ip}"))
+}
+
+/// The device named `name`.
+pub fn nic_named(name: &str) -> std::result::Result<Arc<Nic>, String> {
+    nics()?
+        .into_iter()
+        .find(|n| n.name == name)
+        .ok_or_else(|| format!("no RDMA device named {name:?}"))
+}
+
+fn open_all() -> std::result::Result<Vec<Arc<Nic>>, String> {
     let v = sys::verbs()?;
     let mut n: c_int = 0;
     // SAFETY: plain call; the list is freed below.
@@ -65,7 +86,7 @@ fn open_first() -> std::result::Result<Arc<Nic>, String> {
         ));
     }
     let mut why = Vec::new();
-    let mut found = None;
+    let mut found = Vec::new();
     for i in 0..usize::try_from(n).unwrap_or(0) {
         // SAFETY: the list holds n device pointers.
         let dev = unsafe { *list.add(i) };
@@ -74,19 +95,19 @@ fn open_first() -> std::result::Result<Arc<Nic>, String> {
             .to_string_lossy()
             .into_owned();
         match open_one(v, dev, &name) {
-            Ok(nic) => {
-                found = Some(nic);
-                break;
-            }
+            Ok(nic) => found.push(Arc::new(nic)),
             Err(e) => why.push(format!("{name}: {e}")),
         }
     }
     // SAFETY: the list from ibv_get_device_list, freed once; opened contexts stay valid.
     unsafe { (v.free_device_list)(list) };
-    match found {
-        Some(nic) => Ok(Arc::new(nic)),
-        None if why.is_empty() => Err("no RDMA device".into()),
-        None => Err(format!("no usable RDMA device ({})", why.join("; "))),
+    if !found.is_empty() {
+        return Ok(found);
+    }
+    if why.is_empty() {
+        Err("no RDMA device".into())
+    } else {
+        Err(format!("no usable RDMA device ({})", why.join("; ")))
     }
 }
 

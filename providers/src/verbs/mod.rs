@@ -101,7 +101,7 @@ impl Provider for Verbs {
                 )));
             }
         }
-        let nic = ib::nic().map_err(|why| Error::NoData(format!("provider verbs: {why}")))?;
+        let nics = ib::nics().map_err(|why| Error::NoData(format!("provider verbs: {why}")))?;
         check_hmem("verbs", hints)?;
         let want = hints.addr_format;
         if ![FI_FORMAT_UNSPEC, FI_SOCKADDR_IN, FI_ADDR_STR].contains(&want) {
@@ -109,7 +109,7 @@ impl Provider for Verbs {
                 "provider verbs: address format {want} (IPv4 only: FI_SOCKADDR_IN, FI_ADDR_STR)"
             )));
         }
-        let named = resolve(node, service, IpAddr::V4(nic.ip))?;
+        let named = resolve(node, service, IpAddr::V4(nics[0].ip))?;
         let (src, dest) = if flags & FI_SOURCE != 0 {
             (named, None)
         } else {
@@ -125,12 +125,38 @@ impl Provider for Verbs {
         h.src_addr = None;
         h.dest_addr = None;
         h.addr_format = FI_FORMAT_UNSPEC;
-        let mut out = Info::fit_each("verbs", self.info(), &h)?;
-        for f in &mut out {
-            f.addr_format = format;
-            f.src_addr = src.map(|a| encode_as(&a, format));
-            f.dest_addr = dest.map(|a| encode_as(&a, format));
-            f.domain_attr.name = Some(nic.name.clone());
+        // One answer per device (a domain is a device), or the one a source address names.
+        let devices: Vec<_> = match src {
+            Some(SocketAddr::V4(a)) => {
+                vec![ib::nic_for(*a.ip())
+                    .map_err(|why| Error::NoData(format!("provider verbs: {why}")))?]
+            }
+            Some(SocketAddr::V6(a)) => {
+                return Err(Error::NoData(format!(
+                    "provider verbs: {a} is IPv6 (RoCE v2 over IPv4 only)"
+                )))
+            }
+            None => nics,
+        };
+        let wanted = h.domain_attr.name.take();
+        let mut out = Vec::new();
+        for nic in devices {
+            if wanted.as_deref().is_some_and(|w| w != nic.name) {
+                continue;
+            }
+            for mut f in Info::fit_each("verbs", self.info(), &h)? {
+                f.addr_format = format;
+                f.src_addr = src.map(|a| encode_as(&a, format));
+                f.dest_addr = dest.map(|a| encode_as(&a, format));
+                f.domain_attr.name = Some(nic.name.clone());
+                out.push(f);
+            }
+        }
+        if out.is_empty() {
+            return Err(Error::NoData(format!(
+                "provider verbs: no device named {:?}",
+                wanted.unwrap_or_default()
+            )));
         }
         Ok(out)
     }
@@ -147,8 +173,12 @@ impl Provider for Verbs {
         })]
     }
 
-    fn domain(&self, _info: &Info) -> Result<Arc<dyn DomainOps>> {
-        let nic = ib::nic().map_err(|why| Error::NoData(format!("verbs domain: {why}")))?;
+    fn domain(&self, info: &Info) -> Result<Arc<dyn DomainOps>> {
+        let nic = match info.domain_attr.name.as_deref() {
+            Some(n) if n != "verbs" => ib::nic_named(n),
+            _ => ib::nic(),
+        }
+        .map_err(|why| Error::NoData(format!("verbs domain: {why}")))?;
         Ok(Arc::new(VerbsDomain { nic }))
     }
 }
@@ -180,7 +210,15 @@ impl DomainOps for VerbsDomain {
             )));
         }
         let bind = match info.src_addr.as_deref() {
-            Some(a) => addr::decode(a)?,
+            Some(a) => match addr::decode(a)? {
+                SocketAddr::V4(v4) if *v4.ip() == self.nic.ip => SocketAddr::V4(v4),
+                other => {
+                    return Err(Error::Inval(format!(
+                        "verbs endpoint: source address {other} is not device {}'s ({})",
+                        self.nic.name, self.nic.ip
+                    )))
+                }
+            },
             None => SocketAddr::new(IpAddr::V4(self.nic.ip), 0),
         };
         Ok(VerbsEndpoint::open(
