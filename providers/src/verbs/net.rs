@@ -40,8 +40,8 @@ const RESERVE: u32 = 4;
 const SQ: usize = 64;
 /// Data credits pending return that make a credit-only chunk worth sending.
 const RETURN_AT: u32 = (RQ - RESERVE) / 2;
-/// CQ entries per endpoint.
-pub const CQ_DEPTH: i32 = 8192;
+/// CQ entries per endpoint (rxe's most; hardware allows more).
+pub const CQ_DEPTH: i32 = 32767;
 
 const KIND_DATA: u8 = 0;
 const KIND_CREDIT: u8 = 1;
@@ -52,9 +52,11 @@ const MAGIC: u32 = 0x5846_5642; // "XFVB"
 const VERSION: u16 = 1;
 /// The connector's last word once its QP is ready to receive.
 const READY: u8 = 0x52;
-/// Most connections one endpoint holds: strangers cannot make it register memory without
-/// bound (each costs `(RQ + SQ) * CHUNK` bytes registered and a QP).
-const MAX_LINKS: usize = 1024;
+/// Most connections one endpoint holds. A connection can have `RQ` receives and `SQ` signaled
+/// sends completing at once, and they must all fit in the one CQ (an overflow would break
+/// every QP on it); this also keeps strangers from making an endpoint register memory without
+/// bound (each connection costs `(RQ + SQ) * CHUNK` bytes registered, 2 MiB, and a QP).
+const MAX_LINKS: usize = CQ_DEPTH as usize / (RQ as usize + SQ);
 /// How long a connection may take to finish its hellos before it is dropped.
 const HELLO_TIME: Duration = Duration::from_secs(10);
 
