@@ -272,7 +272,10 @@ impl Net {
         self.next_link += 1;
         let l = self.links.entry(id).or_insert(link);
         for s in 0..RQ as usize {
-            post_recv(l, id, s)?;
+            if let Err(e) = post_recv(l, id, s) {
+                self.links.remove(&id);
+                return Err(e);
+            }
         }
         Ok(id)
     }
