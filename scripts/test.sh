@@ -8,11 +8,13 @@ scripts/setup.sh
 # The examples as programs too: tests/examples_run.rs runs the ones that check themselves.
 cargo build --workspace --examples -j2
 cargo test --workspace --all-targets -j2 "$@"
-# The conformance suite again over tcp (the workspace run above covered the default, shm): the
-# same two-process tests, provider chosen by XFABRIC_TEST_PROVIDER, which the children inherit.
-XFABRIC_TEST_PROVIDER=tcp cargo test -j2 --test conformance "$@"
+# The conformance suite and the device-memory tests again over tcp (the workspace run above
+# covered the default, shm): the same two-process tests, provider chosen by
+# XFABRIC_TEST_PROVIDER, which the children inherit.
+XFABRIC_TEST_PROVIDER=tcp cargo test -j2 --test conformance --test hmem --test hmem_rma \
+    --test hmem_trigger --test hmem_ze "$@"
 # And over verbs, inside the Soft-RoCE VM (one boot; skipped with the reason where it cannot
-# run). tests/verbs_vm.rs, in the workspace run above, booted the VM once for the verbs-only tests.
+# run). tests/verbs_vm.rs, in the workspace run above, booted the VM for the verbs-only tests.
 scripts/test-verbs-vm.sh
 # Without the default features (`cuda`, `ze`): everything still builds, and the crates that hold
 # those features answer "built without ... support" (cheap: no cudarc, few crates rebuilt).

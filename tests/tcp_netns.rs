@@ -1,6 +1,7 @@
-//! xfabric across "machines": two network namespaces joined by a veth pair, one process in
-//! each, over the tcp provider. The test makes the namespaces and removes them (also when it
-//! fails); where namespaces cannot be made (not root, no `ip`), it says so and skips.
+//! xfabric across "machines": two network namespaces joined by a veth pair
+//! (tests/common/netns.rs), one process in each, over the tcp provider. The test makes the
+//! namespaces and removes them (also when it fails); where namespaces cannot be made (not
+//! root, no `ip`), it says so and skips.
 //! Traffic stays between the two namespaces this test created.
 
 mod common;
@@ -9,76 +10,9 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::bounded;
-
-/// Two namespaces with one address each, removed on drop.
-struct Hosts {
-    a: String,
-    b: String,
-    ip_a: String,
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-impl Hosts {
-    /// `which` tells apart the pairs one test process makes (one per test).
-    fn make(which: u32) -> Result<Hosts, String> {
-        let id = std::process::id();
-        let a = format!("xf{id}{which}a");
-        let b = format!("xf{id}{which}b");
-        // 10.(200+which).N.0/24, N from our pid: runs at once get different subnets.
-        let net = format!("10.{}.{}", 200 + which, id % 250);
-        let hosts = Hosts {
-            a: a.clone(),
-            b: b.clone(),
-            ip_a: format!("{net}.1"),
-        };
-        ip(&["netns", "add", &a])?;
-        // From here on, drop removes whatever was made.
-        let h = hosts;
-        ip(&["netns", "add", &b])?;
-        let (va, vb) = (format!("{a}0"), format!("{b}0"));
-        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
-        if let Err(e) = ip(&["link", "set", &va, "netns", &a]) {
-            let _ = ip(&["link", "del", &va]);
-            return Err(e);
-        }
-        ip(&["link", "set", &vb, "netns", &b])?;
-        for (ns, dev, addr) in [
-            (&a, &va, format!("{net}.1/24")),
-            (&b, &vb, format!("{net}.2/24")),
-        ] {
-            ip(&["-n", ns, "addr", "add", &addr, "dev", dev])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(h)
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        // Deleting a namespace kills nothing by itself: our processes were reaped already
-        // (bounded waits); the veth pair goes with the namespace.
-        let _ = ip(&["netns", "del", &self.a]);
-        let _ = ip(&["netns", "del", &self.b]);
-    }
-}
+use common::netns::*;
+use common::*;
+use xfabric::*;
 
 fn example(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
@@ -92,16 +26,6 @@ fn example(name: &str) -> Option<PathBuf> {
     );
     eprintln!("skipped: the {name} example is not built (cargo build --examples)");
     None
-}
-
-fn hosts_or_skip(which: u32) -> Option<Hosts> {
-    match Hosts::make(which) {
-        Ok(h) => Some(h),
-        Err(why) => {
-            eprintln!("skipped: cannot make network namespaces here ({why})");
-            None
-        }
-    }
 }
 
 fn in_ns(ns: &str, exe: &PathBuf, args: &[&str]) -> std::process::Child {
@@ -181,4 +105,132 @@ fn xpu_pipeline_between_two_hosts_checks_every_byte() {
         text.contains("2 rounds, every byte checked by the peer"),
         "{text}"
     );
+}
+
+/// The conformance suite's test binary, built beside this one (cargo names it
+/// `conformance-HASH` in the same directory; the newest wins).
+fn conformance_binary() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let mut found: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("conformance-") && !n.contains('.'))
+        })
+        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+        .collect();
+    found.sort();
+    found.pop().map(|(_, p)| p)
+}
+
+#[test]
+fn the_conformance_suite_passes_between_two_hosts() {
+    let Some(bin) = conformance_binary() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the conformance test binary is not built: run the suite as scripts/test.sh does"
+        );
+        eprintln!("skipped: the conformance test binary is not built (cargo test --no-run)");
+        return;
+    };
+    let Some(h) = hosts_or_skip(3) else { return };
+    // The parent runs in A, every child it starts in B (common::spawn).
+    let child = Command::new("ip")
+        .args(["netns", "exec", &h.a])
+        .arg(&bin)
+        .args(["--test-threads=1"])
+        .env("XFABRIC_TEST_PROVIDER", "tcp")
+        .env("XFABRIC_TEST_PEER_NETNS", &h.b)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the conformance suite in namespace A");
+    let out = finish(child, "the conformance suite across namespaces");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("test result: ok"), "{text}");
+    assert!(!text.contains(" 0 passed"), "{text}");
+}
+
+const VANISH: &str = "a_host_that_vanishes_is_noticed_by_time_busy_or_idle";
+
+fn tcp_node() -> Node {
+    node_with(
+        FI_MSG | FI_TAGGED | FI_DIRECTED_RECV,
+        Progress::Manual,
+        |h| h.fabric_attr.prov_name = Some("tcp".into()),
+    )
+}
+
+/// Host B: takes one message from A, then only waits (its link is cut under it).
+fn vanishing_host() {
+    let n = tcp_node();
+    let a = connect_parent(&n);
+    let mut b = [0u8; 8];
+    // SAFETY: b outlives the completion waited for.
+    unsafe { n.ep.trecv(&mut b, None, a, 0, 0, 1) }.unwrap();
+    n.wait_one();
+    say("got");
+    // Until the parent kills us.
+    let _ = listen();
+}
+
+/// Host A: talks to B, then (after B's link is cut: no RST, no FIN, nothing) waits on a
+/// receive directed at B over an idle connection, then sends to B. Both must fail.
+fn surviving_host() {
+    let n = tcp_node();
+    let b = connect_parent(&n);
+    let m = [7u8; 8];
+    // SAFETY: m outlives the completion waited for.
+    unsafe { n.ep.tsend(&m, None, b, 0, 1) }.unwrap();
+    n.wait_one();
+    say("sent");
+    assert_eq!(listen(), "cut");
+    let mut r = [0u8; 8];
+    // SAFETY: r outlives the completion waited for.
+    unsafe { n.ep.trecv(&mut r, None, b, 0, 0, 2) }.unwrap();
+    let e = n.wait_err();
+    say(&format!("recv {} {}", e.op_context, e.err));
+    let big = vec![9u8; 1 << 20];
+    // SAFETY: big outlives the completion waited for.
+    unsafe { n.ep.tsend(&big, None, b, 0, 3) }.unwrap();
+    let e = n.wait_err();
+    say(&format!("send {} {}", e.op_context, e.err));
+}
+
+#[test]
+fn a_host_that_vanishes_is_noticed_by_time_busy_or_idle() {
+    match role().as_deref() {
+        Some("b") => return vanishing_host(),
+        Some("a") => return surviving_host(),
+        _ => {}
+    }
+    let Some(h) = hosts_or_skip(2) else { return };
+    // Two seconds of silence: 1 s idle, then probes a second apart; the test waits on the
+    // outcome, not on a clock (each wait is bounded at 60 s only to never hang).
+    let env = [("XFABRIC_TCP_DEAD_MS", "2000")];
+    let mut b = spawn_via(&["ip", "netns", "exec", &h.b], VANISH, "b", &env);
+    let mut a = spawn_via(&["ip", "netns", "exec", &h.a], VANISH, "a", &env);
+    let b_addr = b.hear();
+    a.tell(&b_addr);
+    let a_addr = a.hear();
+    b.tell(&a_addr);
+    assert_eq!(a.hear(), "sent");
+    assert_eq!(b.hear(), "got");
+    // B's host drops off the network without a word: A's packets go nowhere.
+    ip(&["-n", &h.b, "link", "set", &h.dev_b, "down"]).expect("cut B's link");
+    a.tell("cut");
+    // The idle connection: keepalive probes go unanswered.
+    assert_eq!(a.hear(), format!("recv 2 {}", errno::FI_ETIMEDOUT));
+    // A new connection to a host that is gone fails too (bring-up or the user timeout).
+    let sent = a.hear();
+    eprintln!("after the cut: {sent}");
+    let rest = sent.strip_prefix("send 3 ").expect(&sent);
+    assert_ne!(rest, "0", "{sent}");
+    a.join();
+    b.kill();
 }

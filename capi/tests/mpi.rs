@@ -1,6 +1,10 @@
 //! Open MPI from Debian over xfabric's libfabric.so.1: an MPI ping-pong with checked contents
 //! on 2 ranks and an MPI_Allreduce with checked results on 2 and 4 ranks, through Open MPI's
-//! `btl ofi` on the shm provider, as the issue's users run it:
+//! `btl ofi` on the shm provider, as the issue's users run it (below); the same two over the
+//! tagged path (`mtl ofi`) on tcp; MPI one-sided communication (put, get, accumulate,
+//! fetch-and-op, compare-and-swap) through `osc rdma` on `btl ofi`, over shm and tcp; and both
+//! between two network namespaces (two "hosts", tests/common/netns.rs), mpirun starting the
+//! far rank through `ip netns exec` as it would through ssh:
 //!
 //! ```text
 //! mpirun --allow-run-as-root -np N --mca pml ob1 --mca btl self,ofi --mca btl_ofi_mode 2 \
@@ -10,6 +14,9 @@
 //! `scripts/setup.sh` installs Open MPI; where it is missing the tests say so and pass.
 
 mod common;
+#[path = "../../tests/common/netns.rs"]
+#[allow(dead_code)]
+mod netns;
 #[path = "common/run.rs"]
 mod run;
 
@@ -25,10 +32,9 @@ fn build(name: &str) -> PathBuf {
     run::compile("mpicc", name, &[], false)
 }
 
-/// `mpirun -np ranks exe args` over xfabric's shm through Open MPI's `btl ofi`, as the module
-/// says; asserts success and returns stdout.
-fn mpirun(ranks: u32, exe: &Path, args: &[&str]) -> String {
-    let path = [
+/// Open MPI's MCA choices for its `btl ofi` path over xfabric's `provider`.
+fn btl_ofi(provider: &str) -> Vec<&str> {
+    vec![
         "--mca",
         "pml",
         "ob1",
@@ -40,16 +46,26 @@ fn mpirun(ranks: u32, exe: &Path, args: &[&str]) -> String {
         "2",
         "--mca",
         "btl_ofi_provider_include",
-        "shm",
-    ];
-    mpirun_on("shm", &path, ranks, exe, args)
+        provider,
+    ]
+}
+
+/// `mpirun -np ranks exe args` over xfabric's shm through Open MPI's `btl ofi`, as the module
+/// says; asserts success and returns stdout.
+fn mpirun(ranks: u32, exe: &Path, args: &[&str]) -> String {
+    mpirun_on("shm", &btl_ofi("shm"), ranks, exe, args)
 }
 
 /// `mpirun -np ranks exe args` through Open MPI's tagged path (`pml cm`, `mtl ofi`) over
 /// xfabric's tcp provider, as its users run it across nodes; asserts success and returns
 /// stdout.
 fn mpirun_mtl_tcp(ranks: u32, exe: &Path, args: &[&str]) -> String {
-    let path = [
+    mpirun_on("tcp", &mtl_ofi("tcp"), ranks, exe, args)
+}
+
+/// Open MPI's MCA choices for its tagged path (`pml cm`, `mtl ofi`) over xfabric's `provider`.
+fn mtl_ofi(provider: &str) -> [&str; 9] {
+    [
         "--mca",
         "pml",
         "cm",
@@ -58,9 +74,8 @@ fn mpirun_mtl_tcp(ranks: u32, exe: &Path, args: &[&str]) -> String {
         "ofi",
         "--mca",
         "mtl_ofi_provider_include",
-        "tcp",
-    ];
-    mpirun_on("tcp", &path, ranks, exe, args)
+        provider,
+    ]
 }
 
 /// `mpirun` with Open MPI's `path` (its MCA choices) over xfabric's `provider`.
@@ -134,4 +149,83 @@ fn mpi_tagged_path_over_tcp_pingpong_and_allreduce() {
         let out = mpirun_mtl_tcp(ranks, &exe, &[]);
         assert!(out.contains(&format!("allreduce ok {ranks}")), "{out}");
     }
+}
+
+#[test]
+fn mpi_one_sided_through_osc_rdma_over_shm_and_tcp() {
+    if !open_mpi() {
+        return;
+    }
+    let exe = build("mpi_rma");
+    for provider in ["shm", "tcp"] {
+        // Open MPI's one-sided component on btl ofi: MPI_Put/Get become fi_write/fi_read,
+        // MPI_Accumulate, MPI_Fetch_and_op and MPI_Compare_and_swap libfabric atomics.
+        let mut path = btl_ofi(provider);
+        path.extend(["--mca", "osc", "rdma"]);
+        for ranks in [2, 4] {
+            let out = mpirun_on(provider, &path, ranks, &exe, &[]);
+            assert!(out.contains(&format!("rma ok {ranks}")), "{out}");
+        }
+    }
+}
+
+/// `ssh` for mpirun between namespaces: `agent HOST COMMAND...` runs COMMAND in network
+/// namespace HOST (mpirun's `plm_rsh_agent`), so mpirun in one namespace starts its daemon
+/// and ranks in the other as it would on another machine.
+fn netns_agent() -> PathBuf {
+    let dir = common::target_dir().join("mpi-netns");
+    std::fs::create_dir_all(&dir).expect("mkdir mpi-netns");
+    let agent = dir.join("agent.sh");
+    let script = "#!/bin/sh\nhost=$1; shift\nexec ip netns exec \"$host\" sh -c \"$*\"\n";
+    if std::fs::read_to_string(&agent).ok().as_deref() != Some(script) {
+        std::fs::write(&agent, script).expect("write the agent");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the agent");
+    }
+    agent
+}
+
+#[test]
+fn mpi_between_two_hosts_over_tcp() {
+    if !open_mpi() {
+        return;
+    }
+    let Some(h) = netns::hosts_or_skip(4) else {
+        return;
+    };
+    let agent = netns_agent();
+    let hostfile = agent.with_file_name(format!("hosts-{}", std::process::id()));
+    std::fs::write(&hostfile, format!("{} slots=1\n{} slots=1\n", h.a, h.b)).expect("hostfile");
+    let run = |exe: &Path, path: &[&str]| {
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &h.a,
+            "mpirun",
+            "--allow-run-as-root",
+            "-np",
+            "2",
+        ])
+        .args(["--hostfile", &hostfile.display().to_string()])
+        .args(["--mca", "plm_rsh_agent", &agent.display().to_string()])
+        .args(path)
+        .args(["-x", "FI_PROVIDER=tcp", "-x", "LD_LIBRARY_PATH"])
+        .env("LD_LIBRARY_PATH", common::so1_dir())
+        .env("FI_PROVIDER", "tcp")
+        .arg(exe);
+        let what = format!("mpirun between namespaces {}", exe.display());
+        run::success(&what, &common::output_within(cmd, LIMIT, &what))
+    };
+    // The tagged path (pml cm, mtl ofi): one rank per host.
+    let out = run(&build("mpi_pingpong"), &mtl_ofi("tcp"));
+    assert!(out.contains("pingpong ok"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("4194304 ")), "{out}");
+    // One-sided, through osc rdma on btl ofi.
+    let mut osc = btl_ofi("tcp");
+    osc.extend(["--mca", "osc", "rdma"]);
+    let out = run(&build("mpi_rma"), &osc);
+    assert!(out.contains("rma ok 2"), "{out}");
+    let _ = std::fs::remove_file(&hostfile);
 }

@@ -307,6 +307,16 @@ pub static TCP_UNEXP_BYTES: Setting = Setting::new(
     "33554432",
     "Bytes the buffered unexpected messages of one tcp endpoint may hold",
 );
+/// `XFABRIC_TCP_DEAD_MS`: Milliseconds a connected tcp peer may leave our data unacknowledged,
+/// or an idle connection unanswered, before it is declared lost (0: leave it to the kernel).
+pub static TCP_DEAD_MS: Setting = Setting::new(
+    "XFABRIC_TCP_DEAD_MS",
+    Kind::Size,
+    "30000",
+    "Milliseconds a connected tcp peer may leave our data unacknowledged, or an idle \
+     connection unanswered, before it is declared lost and its operations fail (0: leave it \
+     to the kernel, which may wait forever on an idle connection)",
+);
 /// `XFABRIC_ZE_LOADER`: The Level Zero loader library opened for FI_HMEM_ZE.
 pub static ZE_LOADER: Setting = Setting::new(
     "XFABRIC_ZE_LOADER",
@@ -371,6 +381,7 @@ pub static SETTINGS: &[&Setting] = &[
     &SHM_UNEXP_MSGS,
     &SHM_UNEXP_BYTES,
     &TCP_EAGER_MAX,
+    &TCP_DEAD_MS,
     &TCP_UNEXP_MSGS,
     &TCP_UNEXP_BYTES,
     &ZE_LOADER,

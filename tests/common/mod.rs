@@ -6,6 +6,7 @@
 
 pub mod cuda_double;
 pub mod doubles;
+pub mod netns;
 pub mod ze_double;
 
 use std::io::{BufRead, BufReader, Write};
@@ -105,9 +106,27 @@ pub struct Peer {
 }
 
 /// Starts this test binary again, running only `test_name`, with `XF_ROLE=role` and `envs`.
+/// With `XFABRIC_TEST_PEER_NETNS=NS` the child runs in network namespace NS (another "host";
+/// tests/tcp_netns.rs runs the conformance suite that way).
 pub fn spawn(test_name: &str, role: &str, envs: &[(&str, &str)]) -> Peer {
+    match std::env::var("XFABRIC_TEST_PEER_NETNS") {
+        Ok(ns) => spawn_via(&["ip", "netns", "exec", &ns], test_name, role, envs),
+        Err(_) => spawn_via(&[], test_name, role, envs),
+    }
+}
+
+/// As `spawn`, started through the command `via` (e.g. `ip netns exec NS`), which must run
+/// its arguments with the environment it was given.
+pub fn spawn_via(via: &[&str], test_name: &str, role: &str, envs: &[(&str, &str)]) -> Peer {
     let exe = std::env::current_exe().expect("current_exe");
-    let mut cmd = Command::new(exe);
+    let mut cmd = match via.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
     // --include-ignored: the child must run its half even when the test is run with --ignored.
     cmd.args([
         "--exact",

@@ -1,8 +1,10 @@
 //! The engine proper: one per endpoint, driven by its provider under the provider's lock.
 //!
 //! Calls in: `post_send` / `post_recv` / `post_rma` / `post_atomic` / `cancel` from the
-//! application's side; `on_ctrl` / `on_body` / `on_sent` / `on_lost` from the transport;
-//! `close`. Work out: `poll_transmit` (frames to send, in order per peer) and `take_done`
+//! application's side; `on_ctrl` / `on_body` / `on_sent` / `on_copied` / `on_lost` from the
+//! transport; `close`. Work out: `transmit` (frames to send, in order per peer, to a
+//! `Transport` that may give a frame back when its peer is full; `poll_transmit` takes them
+//! one by one), `poll_copy` (one-sided copies for the transport to perform) and `take_done`
 //! (completions, reported with [`report`] after the provider's lock is released, so that a
 //! counter the completion bumps may start a triggered operation on this endpoint).
 //!
@@ -13,6 +15,10 @@
 //! - larger message: `Rts`; the receiver answers `Cts` once a receive matches (or a
 //!   discarding one drops it), the sender sends `Data` from the application's buffer into the
 //!   receive's buffer, the receiver `Ack`s. No large message is ever buffered unexpected.
+//!   Where the transports copy one-sidedly (`with_one_sided`), the `Rts` of a message from
+//!   their `pull_min` carries the sender's `Desc`, and on match the receiver's transport
+//!   copies it (`poll_copy`, `on_copied`) instead of `Cts`/`Data`; a refused copy falls back
+//!   to them.
 //! - RMA write: `Write` with the data; the target checks keys and ranges (`target::resolve`)
 //!   and takes the body straight into its memory, then `Ack`s (after `msync` for commit
 //!   complete). Read: `Read`; the target answers `ReadResp` with its memory as the body.
@@ -34,7 +40,7 @@ use crate::consts::*;
 use crate::entry::Context;
 use crate::ep::{EpCore, TxOp, INJECT_CALL};
 use crate::ep_atomic::{AtomicReq, ATOMIC_MAX};
-use crate::ep_rma::RmaOp;
+use crate::ep_rma::{RmaIovList, RmaOp};
 use crate::error::{Error, Result};
 use crate::hmem_stage;
 use crate::rxq::{IovList, PostResult, PostedRecv, RecvQueue, RecvSlot, Unexpected};
@@ -42,8 +48,14 @@ use crate::FiAddr;
 
 use super::done::Done;
 use super::target;
+use super::transport::{Desc, OneSided, Transport};
+
 use super::wire::{self, flags, Frame, Prefix, WireError};
 use super::{Body, PeerId, Sink, Transmit};
+
+mod copy;
+mod rma;
+use copy::{Serve, SERVE};
 
 /// Largest eager body any engine accepts, whatever its peer's `eager_max`: a `Msg` announcing
 /// more is garbage.
@@ -96,14 +108,34 @@ struct TxReq {
     answer: Option<i32>,
     /// A large message waiting for the receiver's `Cts`.
     rts: bool,
+    /// Its `Rts` offered a descriptor: the receiver may copy the data itself and answer
+    /// `Ack` instead of `Cts`.
+    pull: bool,
 }
 
 impl TxReq {
+    /// A request with nothing awaited yet beyond its answer: no bytes back, no frame with
+    /// the transport, no large message.
+    fn new(ctx: Context, flags: u64, peer: PeerId, iov: IovList) -> TxReq {
+        TxReq {
+            ctx,
+            flags,
+            peer,
+            iov,
+            want: 0,
+            gen: 0,
+            unsent: 0,
+            answer: None,
+            rts: false,
+            pull: false,
+        }
+    }
+
     /// Whether an `Ack` answers it: not a read or a fetch (their answers carry data), not a
     /// large message still waiting for `Cts`, not one answered already.
     fn takes_ack(&self) -> bool {
         self.answer.is_none()
-            && !self.rts
+            && (!self.rts || self.pull)
             && self.want == 0
             && self.flags & (FI_RMA | FI_READ) != FI_RMA | FI_READ
     }
@@ -133,10 +165,11 @@ enum Unexp {
         id: u32,
         /// The peer's epoch when it arrived: a later loss fails it on match.
         epoch: u64,
+        desc: Desc,
     },
 }
 
-/// A matched large message waiting for its `Data`.
+/// A matched large message waiting for its `Data`, or for the transport's copy of it.
 struct RxPipe {
     slot: RecvSlot,
     peer: PeerId,
@@ -145,6 +178,16 @@ struct RxPipe {
     tag: u64,
     data: Option<u64>,
     src: FiAddr,
+    /// The sender's descriptor of its memory (empty: frames only).
+    desc: Desc,
+    /// Bumped per slot reuse, like `TxReq::gen`, for the copy's token.
+    gen: u32,
+    /// A copy of it is asked for or under way: the receive's buffer is the transport's until
+    /// `on_copied`.
+    copying: bool,
+    /// It ended (the peer was lost, the endpoint closed) while copying: the errno its receive
+    /// fails with once the copy reports.
+    ended: i32,
 }
 
 /// What the body now arriving from a peer is for (`on_ctrl` to `on_body`).
@@ -195,8 +238,8 @@ enum Pending {
 /// An operation held back by `FI_FENCE` (or queued behind one), with a copy of inject data.
 /// (Atomics are not held: a fenced one answers `Again` until its peer is drained.)
 enum Fenced {
-    Send(TxOp, Option<Vec<u8>>),
-    Rma(RmaOp, Option<Vec<u8>>),
+    Send(TxOp, Option<Body>),
+    Rma(RmaOp, Option<Body>),
 }
 
 #[derive(Default)]
@@ -209,6 +252,9 @@ struct PeerState {
     epoch: u64,
     /// Ranges this peer wrote since its last commit (`FI_RMA_PMEM` endpoints).
     dirty: Vec<(usize, usize)>,
+    /// Frames the transport gave back (the peer could not take them then), and those to the
+    /// same peer queued after them, in order.
+    blocked: VecDeque<Transmit>,
 }
 
 /// The protocol state of one endpoint.
@@ -221,7 +267,18 @@ pub struct Engine {
     rx: slab::Slab<RxPipe>,
     peers: Vec<PeerState>,
     out: VecDeque<Transmit>,
+    /// Frames in the peers' `blocked` queues.
+    blocked: usize,
     done: Vec<Done>,
+    /// The transport's one-sided copies, if it has them.
+    one_sided: Option<Box<dyn OneSided>>,
+    /// Copies asked for and not yet taken by the transport.
+    copies: VecDeque<super::transport::CopyReq>,
+    /// RMA requests of peers this endpoint serves through the transport's copies (or, where
+    /// it cannot copy, a write whose data it asked for with `Cts`).
+    served: slab::Slab<Serve>,
+    /// A copy was refused: large messages go through frames from now on.
+    pull_refused: bool,
     /// Set while the fenced queue is being released, so a released op is not held again.
     releasing: bool,
     closed: bool,
@@ -247,10 +304,28 @@ impl Engine {
             rx: slab::Slab::new(),
             peers: Vec::new(),
             out: VecDeque::new(),
+            blocked: 0,
             done: Vec::new(),
+            one_sided: None,
+            copies: VecDeque::new(),
+            served: slab::Slab::new(),
+            pull_refused: false,
             releasing: false,
             closed: false,
         }
+    }
+
+    /// Lets the engine use the transport's one-sided copies for large messages.
+    pub fn with_one_sided(mut self, t: Box<dyn OneSided>) -> Self {
+        self.one_sided = Some(t);
+        self
+    }
+
+    /// The next copy the transport is to perform, if any (see [`CopyReq`]).
+    ///
+    /// [`CopyReq`]: super::transport::CopyReq
+    pub fn poll_copy(&mut self) -> Option<super::transport::CopyReq> {
+        self.copies.pop_front()
     }
 
     fn peer(&mut self, p: PeerId) -> &mut PeerState {
@@ -260,9 +335,59 @@ impl Engine {
         &mut self.peers[p]
     }
 
-    /// The next frame to send, if any.
+    /// The next frame to send, if any: frames to one peer come in the order they are to be
+    /// sent.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        if self.blocked > 0 {
+            if let Some(ps) = self.peers.iter_mut().find(|ps| !ps.blocked.is_empty()) {
+                self.blocked -= 1;
+                return ps.blocked.pop_front();
+            }
+        }
         self.out.pop_front()
+    }
+
+    /// Hands every frame it can to `tr`, in order per peer: a frame `tr` gives back stays
+    /// with the engine, with the later ones to the same peer, until a later call gets it
+    /// through (other peers' frames go on meanwhile). How many were handed over.
+    pub fn transmit(&mut self, tr: &mut impl Transport) -> usize {
+        let mut n = 0;
+        if self.blocked > 0 {
+            for ps in &mut self.peers {
+                while let Some(t) = ps.blocked.pop_front() {
+                    if let Err(t) = tr.send(t) {
+                        ps.blocked.push_front(t);
+                        break;
+                    }
+                    self.blocked -= 1;
+                    n += 1;
+                }
+            }
+        }
+        while let Some(t) = self.out.pop_front() {
+            let p = t.peer;
+            let ps = self.peer(p);
+            let t = if ps.blocked.is_empty() {
+                match tr.send(t) {
+                    Ok(()) => {
+                        n += 1;
+                        continue;
+                    }
+                    Err(t) => t,
+                }
+            } else {
+                t
+            };
+            self.peers[p].blocked.push_back(t);
+            self.blocked += 1;
+        }
+        n
+    }
+
+    /// Frames to `peer` the transport could not take yet (for a provider that answers
+    /// `Again` to posts toward a peer that stopped taking frames).
+    pub fn blocked(&self, peer: PeerId) -> usize {
+        self.peers.get(peer).map_or(0, |ps| ps.blocked.len())
     }
 
     /// Completions gathered since the last call, to `report` without the provider's lock.
@@ -270,9 +395,19 @@ impl Engine {
         std::mem::take(&mut self.done)
     }
 
+    /// `take_done` onto the end of `out`: a provider that keeps `out` between calls, and
+    /// the engine its own vector, allocate nothing per completion.
+    pub fn take_done_into(&mut self, out: &mut Vec<Done>) {
+        out.append(&mut self.done);
+    }
+
     /// Whether anything waits on a peer (for a provider deciding how hard to poll).
     pub fn busy(&self) -> bool {
-        !self.tx.is_empty() || !self.rx.is_empty() || !self.out.is_empty()
+        !self.tx.is_empty()
+            || !self.rx.is_empty()
+            || !self.out.is_empty()
+            || self.blocked > 0
+            || !self.served.is_empty()
     }
 
     /// What the endpoint buffers for messages no receive took yet.
@@ -290,7 +425,7 @@ impl Engine {
     }
 
     fn frame(&mut self, peer: PeerId, f: Frame, body: Body, token: Option<u64>) {
-        let ctrl = f.to_vec(body.len() as u64);
+        let ctrl = f.ctrl(body.len() as u64);
         self.out.push_back(Transmit {
             peer,
             ctrl,
@@ -430,7 +565,7 @@ impl Engine {
         &mut self,
         peer: PeerId,
         op: &TxOp,
-        copy: Option<Vec<u8>>,
+        copy: Option<Body>,
     ) -> std::result::Result<(), (Context, u64, Error)> {
         let len = op.iov.total();
         let mut fl = 0u8;
@@ -448,22 +583,31 @@ impl Engine {
                 fl |= flags::ACK_MATCH;
             }
         }
+        match copy {
+            // An inject awaiting no answer: complete now, no request to keep.
+            Some(body) if !ack => {
+                let f = Frame::Msg {
+                    id: 0,
+                    tag: op.tag,
+                    data: op.data,
+                    flags: fl,
+                };
+                self.frame(peer, f, body, None);
+                self.done.push(Done::Tx {
+                    ctx: op.ctx,
+                    flags: op.flags,
+                });
+                return Ok(());
+            }
+            _ => {}
+        }
         if len <= self.cfg.eager_max || copy.is_some() {
-            let body = match copy {
-                Some(v) => Body::Owned(v),
-                None => Body::Iov(op.iov),
-            };
-            let owned = matches!(body, Body::Owned(_));
+            let body = copy.unwrap_or(Body::Iov(op.iov));
+            let owned = !matches!(body, Body::Iov(_));
             let (id, gen) = self.new_tx(TxReq {
-                ctx: op.ctx,
-                flags: op.flags,
-                peer,
-                iov: op.iov,
-                want: 0,
-                gen: 0,
                 unsent: u8::from(!owned),
                 answer: (!ack).then_some(0),
-                rts: false,
+                ..TxReq::new(op.ctx, op.flags, peer, op.iov)
             });
             let f = Frame::Msg {
                 id: id as u32,
@@ -475,16 +619,11 @@ impl Engine {
             self.maybe_complete(id);
             return Ok(());
         }
+        let desc = self.offer(peer, &op.iov);
         let (id, _) = self.new_tx(TxReq {
-            ctx: op.ctx,
-            flags: op.flags,
-            peer,
-            iov: op.iov,
-            want: 0,
-            gen: 0,
-            unsent: 0,
-            answer: None,
             rts: true,
+            pull: !desc.is_empty(),
+            ..TxReq::new(op.ctx, op.flags, peer, op.iov)
         });
         let f = Frame::Rts {
             id: id as u32,
@@ -492,6 +631,7 @@ impl Engine {
             data: op.data,
             len: len as u64,
             flags: fl & (flags::TAGGED | flags::CQ_DATA),
+            desc,
         };
         self.frame(peer, f, Body::None, None);
         Ok(())
@@ -549,7 +689,9 @@ impl Engine {
                 ..
             } => self.ack_in(p, id, epoch, 0),
             Unexp::Eager { .. } => {}
-            Unexp::Rts { peer, id, epoch } => {
+            Unexp::Rts {
+                peer, id, epoch, ..
+            } => {
                 if self.peer(peer).epoch == epoch {
                     self.frame(peer, Frame::Cts { id, rx: NO_RX }, Body::None, None);
                 }
@@ -586,7 +728,12 @@ impl Engine {
                     raw: None,
                 });
             }
-            Unexp::Rts { peer, id, epoch } => {
+            Unexp::Rts {
+                peer,
+                id,
+                epoch,
+                desc,
+            } => {
                 if self.peer(peer).epoch != epoch {
                     return self.push_rx(Done::SlotErr {
                         slot,
@@ -614,15 +761,13 @@ impl Engine {
                     tag: u.tag,
                     data,
                     src: u.src,
+                    desc,
+                    gen: 0,
+                    copying: false,
+                    ended: 0,
                 });
             }
         }
-    }
-
-    fn start_pipe(&mut self, pipe: RxPipe) {
-        let (peer, id) = (pipe.peer, pipe.tx_id);
-        let rx = self.rx.insert(pipe) as u32;
-        self.frame(peer, Frame::Cts { id, rx }, Body::None, None);
     }
 
     fn push_rx(&mut self, mut d: Done) {
@@ -630,146 +775,6 @@ impl Engine {
             self.rxq.finish_slot(slot);
         }
         self.done.push(d);
-    }
-
-    /// Starts an RMA read or write toward `peer`.
-    ///
-    /// # Safety
-    /// `op.iov` stays valid until the operation completes (during the call only with
-    /// `FI_INJECT`).
-    pub unsafe fn post_rma(&mut self, peer: PeerId, op: &RmaOp) -> Result<()> {
-        self.check_room("rma")?;
-        let inject = op.flags & FI_WRITE != 0 && op.flags & (FI_INJECT | INJECT_CALL) != 0;
-        // SAFETY: the caller's contract keeps the iov readable during the call.
-        let copy = || unsafe { inject_copy(inject, &op.iov) };
-        if self.fence(peer, op.flags, || Fenced::Rma(*op, copy())) {
-            return Ok(());
-        }
-        let c = copy();
-        // SAFETY: forwarded.
-        unsafe { self.rma_now(peer, op, c) }.map_err(|(_, _, e)| e)
-    }
-
-    unsafe fn rma_now(
-        &mut self,
-        peer: PeerId,
-        op: &RmaOp,
-        copy: Option<Vec<u8>>,
-    ) -> std::result::Result<(), (Context, u64, Error)> {
-        let len = op.iov.total();
-        if op.flags & FI_READ != 0 {
-            let (id, _) = self.new_tx(TxReq {
-                ctx: op.ctx,
-                flags: op.flags,
-                peer,
-                iov: op.iov,
-                want: len,
-                gen: 0,
-                unsent: 0,
-                answer: None,
-                rts: false,
-            });
-            let f = Frame::Read {
-                id: id as u32,
-                segs: op.rma,
-            };
-            self.frame(peer, f, Body::None, None);
-            return Ok(());
-        }
-        let mut fl = flags::ACK;
-        if op.flags & FI_REMOTE_CQ_DATA != 0 {
-            fl |= flags::CQ_DATA;
-        }
-        if op.flags & FI_COMMIT_COMPLETE != 0 {
-            fl |= flags::COMMIT;
-        }
-        let body = match copy {
-            Some(v) => Body::Owned(v),
-            None => Body::Iov(op.iov),
-        };
-        let owned = matches!(body, Body::Owned(_));
-        let (id, gen) = self.new_tx(TxReq {
-            ctx: op.ctx,
-            flags: op.flags,
-            peer,
-            iov: op.iov,
-            want: 0,
-            gen: 0,
-            unsent: u8::from(!owned),
-            answer: None,
-            rts: false,
-        });
-        let f = Frame::Write {
-            id: id as u32,
-            data: op.data,
-            flags: fl,
-            segs: op.rma,
-        };
-        self.frame(peer, f, body, (!owned).then(|| token(id, gen)));
-        Ok(())
-    }
-
-    /// Starts an atomic toward `peer`.
-    ///
-    /// # Safety
-    /// The operand and compare values stay readable, and the result buffer writable, until the
-    /// operation completes (the operand only during the call with `FI_INJECT`).
-    pub unsafe fn post_atomic(&mut self, peer: PeerId, req: &AtomicReq) -> Result<()> {
-        self.check_room("atomic")?;
-        if !self.releasing
-            && (!self.peer(peer).fenced.is_empty()
-                || (req.flags & FI_FENCE != 0 && self.peer(peer).outstanding > 0))
-        {
-            // Atomics are small: a fenced one waits as Again until its peer is drained.
-            return Err(Error::Again("atomic: fenced behind outstanding operations"));
-        }
-        // SAFETY: forwarded.
-        unsafe { self.atomic_now(peer, req) }.map_err(|(_, _, e)| e)
-    }
-
-    unsafe fn atomic_now(
-        &mut self,
-        peer: PeerId,
-        req: &AtomicReq,
-    ) -> std::result::Result<(), (Context, u64, Error)> {
-        let n = req.bytes();
-        let fetch = req.result != 0;
-        let mut args = Vec::with_capacity(2 * n);
-        // SAFETY: the caller's contract keeps operand and compare readable during the call.
-        unsafe {
-            if req.op != crate::AtomicOp::Read {
-                args.extend_from_slice(std::slice::from_raw_parts(req.operand as *const u8, n));
-            }
-            if req.compare != 0 {
-                args.extend_from_slice(std::slice::from_raw_parts(req.compare as *const u8, n));
-            }
-        }
-        let mut fl = flags::ACK;
-        if fetch {
-            fl |= flags::FETCH;
-        }
-        let (id, _) = self.new_tx(TxReq {
-            ctx: req.ctx,
-            flags: req.flags,
-            peer,
-            iov: IovList::one(req.result, if fetch { n } else { 0 }),
-            want: if fetch { n } else { 0 },
-            gen: 0,
-            unsent: 0,
-            answer: None,
-            rts: false,
-        });
-        let f = Frame::Atomic {
-            id: id as u32,
-            op: req.op as i32 as u32,
-            datatype: req.dt as i32 as u32,
-            count: req.count as u32,
-            addr: req.addr,
-            key: req.key,
-            flags: fl,
-        };
-        self.frame(peer, f, Body::Owned(args), None);
-        Ok(())
     }
 
     /// Cancels a posted receive, or an operation still held behind a fence.
@@ -825,6 +830,10 @@ impl Engine {
         let f = wire::decode(prefix, ctrl)?;
         let body = prefix.body_len;
         let bad = || WireError::Malformed(f.kind());
+        if !f.kind().is_answer() && self.holding(peer) {
+            // Ordering: what this peer asks next waits until its copies are done.
+            return Ok(Sink::Wait);
+        }
         let (sink, pending) = match f {
             Frame::Msg {
                 id,
@@ -862,6 +871,7 @@ impl Engine {
                 data,
                 len,
                 flags: fl,
+                desc,
             } => {
                 let len = usize::try_from(len).map_err(|_| bad())?;
                 let tagged = fl & flags::TAGGED != 0;
@@ -878,6 +888,10 @@ impl Engine {
                         tag,
                         data,
                         src,
+                        desc,
+                        gen: 0,
+                        copying: false,
+                        ended: 0,
                     }),
                     None => {
                         let epoch = self.peer(peer).epoch;
@@ -890,7 +904,12 @@ impl Engine {
                                 has_data: data.is_some(),
                                 len,
                                 held: UNEXP_OVERHEAD,
-                                payload: Unexp::Rts { peer, id, epoch },
+                                payload: Unexp::Rts {
+                                    peer,
+                                    id,
+                                    epoch,
+                                    desc,
+                                },
                             },
                         );
                     }
@@ -918,8 +937,9 @@ impl Engine {
                 }
                 (Sink::Discard, Pending::Nothing)
             }
+            Frame::Data { rx } if rx & SERVE != 0 => self.write_data(peer, rx, body)?,
             Frame::Data { rx } => match self.rx.get(rx as usize) {
-                Some(r) if r.peer == peer && body == r.len as u64 => {
+                Some(r) if r.peer == peer && body == r.len as u64 && !r.copying => {
                     (Sink::Iov(r.slot.iov), Pending::Data { rx: rx as usize })
                 }
                 _ => return Err(bad()),
@@ -936,50 +956,19 @@ impl Engine {
                 data,
                 flags: fl,
                 segs,
+                desc,
             } => {
-                let len = segs.total();
-                let data = (fl & flags::CQ_DATA != 0).then_some(data);
-                let mut p = Pending::Write {
-                    id,
-                    fl,
-                    data,
-                    status: 0,
-                    len,
-                    dest: IovList::default(),
-                    staged: None,
-                };
-                let sink = if body != len as u64 {
-                    Pending::set_status(&mut p, FI_EINVAL);
-                    Sink::Discard
+                if !desc.is_empty() && body == 0 && segs.total() > 0 {
+                    self.serve_write(peer, id, data, fl, segs, desc);
+                    (Sink::Discard, Pending::Nothing)
                 } else {
-                    match target::resolve(&self.core, &segs, FI_REMOTE_WRITE) {
-                        Err(e) => {
-                            Pending::set_status(&mut p, e);
-                            Sink::Discard
-                        }
-                        Ok((iov, None)) => {
-                            if let Pending::Write { dest, .. } = &mut p {
-                                *dest = iov;
-                            }
-                            Sink::Iov(iov)
-                        }
-                        Ok((iov, Some(segs))) if self.core.hmem().is_some() => {
-                            let (ctx, bounce) = self.core.stage_remote(segs);
-                            if let Pending::Write { dest, staged, .. } = &mut p {
-                                *dest = iov;
-                                *staged = Some(ctx);
-                            }
-                            Sink::Iov(bounce)
-                        }
-                        Ok(_) => {
-                            Pending::set_status(&mut p, FI_EOPNOTSUPP);
-                            Sink::Discard
-                        }
-                    }
-                };
-                (sink, p)
+                    self.write_frame(id, data, fl, &segs, body)
+                }
             }
-            Frame::Read { id, segs } => {
+            Frame::Read { id, segs, desc } => {
+                if !desc.is_empty() && self.serve_read(peer, id, &segs, desc) {
+                    return Ok(Sink::Discard);
+                }
                 let (status, body) = match target::resolve(&self.core, &segs, FI_REMOTE_READ) {
                     Err(e) => (e, Body::None),
                     Ok((iov, None)) => (0, Body::Iov(iov)),
@@ -1007,7 +996,8 @@ impl Engine {
             Frame::ReadResp { id, status } => match self.answered(peer, id) {
                 Some(i) if self.tx[i].flags & (FI_RMA | FI_READ) == FI_RMA | FI_READ => {
                     let t = &self.tx[i];
-                    if status == 0 && body != t.want as u64 {
+                    // Empty where the target's transport copied the bytes in already.
+                    if status == 0 && body != t.want as u64 && !(body == 0 && t.pull) {
                         return Err(bad());
                     }
                     let sink = if status == 0 {
@@ -1140,57 +1130,19 @@ impl Engine {
                 }
             },
             Pending::Data { rx } => {
-                let Some(r) = self.rx.try_remove(rx) else {
-                    return;
-                };
-                let got = r.len.min(r.slot.iov.total());
-                let status = self.sink_status(&r.slot, got);
-                self.ack(r.peer, r.tx_id, status);
-                self.push_rx(Done::Rx {
-                    slot: r.slot,
-                    len: got,
-                    olen: r.len - got,
-                    tag: r.tag,
-                    data: r.data,
-                    src: r.src,
-                    raw: None,
-                });
+                if let Some(r) = self.rx.try_remove(rx) {
+                    self.pipe_done(r);
+                }
             }
             Pending::Write {
                 id,
                 fl,
                 data,
-                mut status,
+                status,
                 len,
                 dest,
                 staged,
-            } => {
-                if status == 0 {
-                    if let Some(ctx) = staged {
-                        // Lands before the acknowledgement: delivery complete means the
-                        // device has the data.
-                        status = match self.core.land_remote(ctx, len) {
-                            Ok(()) => 0,
-                            Err(_) => FI_EIO,
-                        };
-                    }
-                }
-                if status == 0 && self.core.caps & FI_RMA_PMEM != 0 {
-                    status = self.note_written(peer, &dest, fl & flags::COMMIT != 0);
-                } else if status == 0 && fl & flags::COMMIT != 0 {
-                    status = target::commit(&dest);
-                }
-                if fl & flags::ACK != 0 {
-                    self.ack(peer, id, status);
-                }
-                if status == 0 {
-                    self.done.push(Done::Remote {
-                        flags: FI_RMA | FI_WRITE,
-                        len,
-                        data,
-                    });
-                }
-            }
+            } => self.write_landed(peer, id, fl, data, status, len, &dest, staged),
             Pending::ReadResp { id, status } => {
                 if let Some(t) = self.tx.get_mut(id) {
                     t.answer = Some(peer_status(status));
@@ -1246,24 +1198,6 @@ impl Engine {
                 }
             }
         }
-    }
-
-    /// Records ranges a peer wrote (persistent-memory endpoints); with `commit`, makes
-    /// everything it wrote so far durable. 0 or an errno.
-    fn note_written(&mut self, peer: PeerId, iov: &IovList, commit: bool) -> i32 {
-        let dirty = &mut self.peer(peer).dirty;
-        dirty.extend(iov.segs().iter().map(|s| (s.addr, s.len)));
-        if !commit && dirty.len() <= 4096 {
-            return 0;
-        }
-        let mut status = 0;
-        for (addr, len) in std::mem::take(dirty) {
-            let s = target::commit(&IovList::one(addr, len));
-            if status == 0 {
-                status = s;
-            }
-        }
-        status
     }
 
     /// The transport handed every byte of the frame with `token` over.
@@ -1322,22 +1256,11 @@ impl Engine {
             let (ctx, flags) = fenced_ctx(&f);
             self.done.push(Done::TxErr { ctx, flags, err });
         }
-        let pipes: Vec<usize> = self
-            .rx
-            .iter()
-            .filter(|(_, r)| r.peer == peer)
-            .map(|(i, _)| i)
-            .collect();
-        for i in pipes {
-            let r = self.rx.remove(i);
-            self.push_rx(Done::SlotErr {
-                slot: r.slot,
-                tag: r.tag,
-                err,
-            });
-        }
+        self.end_copies(Some(peer), err);
         self.peer(peer).outstanding = 0;
         self.out.retain(|t| t.peer != peer);
+        let gone = std::mem::take(&mut self.peers[peer].blocked);
+        self.blocked -= gone.len();
     }
 
     /// Ends, with `err`, what the body a peer was sending was for (a loss, close): a matched
@@ -1359,7 +1282,7 @@ impl Engine {
     /// Whether frames or answers are still owed to live peers (a closing provider flushes
     /// until this is false or its deadline passes).
     pub fn owes(&self) -> bool {
-        !self.out.is_empty()
+        !self.out.is_empty() || self.blocked > 0
     }
 
     /// Closes: every outstanding operation and posted receive ends with `FI_ECANCELED`;
@@ -1390,14 +1313,7 @@ impl Engine {
             let pending = self.peers[p].pending.take();
             self.abandon(pending, FI_ECANCELED);
         }
-        let pipes: Vec<RxPipe> = self.rx.drain().collect();
-        for r in pipes {
-            self.push_rx(Done::SlotErr {
-                slot: r.slot,
-                tag: r.tag,
-                err: FI_ECANCELED,
-            });
-        }
+        self.end_copies(None, FI_ECANCELED);
         for r in self.rxq.drain_posted() {
             self.done.push(Done::RxErr {
                 ctx: r.ctx,
@@ -1409,6 +1325,10 @@ impl Engine {
         self.rxq.drain_unexpected();
         // Data frames would read application memory that is being handed back.
         self.out.retain(|t| !matches!(t.body, Body::Iov(_)));
+        for ps in &mut self.peers {
+            ps.blocked.retain(|t| !matches!(t.body, Body::Iov(_)));
+        }
+        self.blocked = self.peers.iter().map(|ps| ps.blocked.len()).sum();
     }
 }
 
@@ -1425,12 +1345,23 @@ impl Pending {
 ///
 /// # Safety
 /// `iov` is readable now.
-unsafe fn inject_copy(inject: bool, iov: &IovList) -> Option<Vec<u8>> {
-    inject.then(|| {
-        let mut v = vec![0u8; iov.total()];
-        // SAFETY: forwarded from the caller.
-        unsafe { iov.copy_out(0, &mut v) };
-        v
+unsafe fn inject_copy(inject: bool, iov: &IovList) -> Option<Body> {
+    if !inject {
+        return None;
+    }
+    let n = iov.total();
+    Some(match super::Inline::zeroed(n) {
+        Some(mut b) => {
+            // SAFETY: forwarded from the caller.
+            unsafe { iov.copy_out(0, &mut b) };
+            Body::Inline(b)
+        }
+        None => {
+            let mut v = vec![0u8; n];
+            // SAFETY: forwarded from the caller.
+            unsafe { iov.copy_out(0, &mut v) };
+            Body::Owned(v)
+        }
     })
 }
 

@@ -1,10 +1,12 @@
 //! The RDM protocol engine: what makes a reliable-datagram endpoint out of a transport that
 //! moves frames between peers. Written once, I/O-free, in the manner of quinn-proto: a
 //! transport feeds it (`Engine::post_*`, a frame's control part arrived, its body arrived, a
-//! frame was sent, a peer was lost) and drains it (frames to transmit, completions, which it
-//! writes through `EpCore`). It owns no socket, ring, thread or clock.
+//! frame was sent, a copy finished, a peer was lost) and drains it (frames to transmit, copies
+//! to perform, completions, which it writes through `EpCore`). It owns no socket, ring, thread or clock.
 //!
 //! - [`wire`]: every frame as one enum, one encoder, one fuzzed decoder.
+//! - [`transport`]: what a transport can copy one-sidedly ([`OneSided`]), and the copies the
+//!   engine asks of it ([`CopyReq`]).
 //! - [`engine`]: per-endpoint protocol state: matching (core's `RecvQueue`), the initiator's
 //!   outstanding requests, acknowledgements for the completion levels, fences, RMA and
 //!   atomics executed at the target after key checks ([`target`]), peer loss.
@@ -14,13 +16,17 @@
 
 pub mod done;
 pub mod engine;
+pub mod inline;
 pub mod target;
 #[cfg(test)]
 mod tests;
+pub mod transport;
 pub mod wire;
 
 pub use done::{report, Done};
 pub use engine::{Config, Engine};
+pub use inline::Inline;
+pub use transport::{Copied, CopyReq, Desc, Dir, OneSided, Transport};
 
 use crate::rxq::IovList;
 
@@ -28,12 +34,17 @@ use crate::rxq::IovList;
 /// per-peer state by this number.
 pub type PeerId = usize;
 
+/// Bodies up to this many bytes that the engine copies (inject data) are kept inline.
+pub const INLINE_BODY: usize = 64;
+
 /// The bytes after a frame's control part.
 #[derive(Debug, Default)]
 pub enum Body {
     /// None.
     #[default]
     None,
+    /// A few bytes the frame holds inline.
+    Inline(Inline<INLINE_BODY>),
     /// Bytes the frame owns.
     Owned(Vec<u8>),
     /// Application memory (a send's buffer, the source of a write, a read's target range):
@@ -47,6 +58,7 @@ impl Body {
     pub fn len(&self) -> usize {
         match self {
             Body::None => 0,
+            Body::Inline(v) => v.len(),
             Body::Owned(v) => v.len(),
             Body::Iov(iov) => iov.total(),
         }
@@ -56,6 +68,29 @@ impl Body {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// A copy of `parts`, one after the other, that the frame holds: inline when small.
+    pub fn concat(parts: &[&[u8]]) -> Body {
+        let n: usize = parts.iter().map(|p| p.len()).sum();
+        if n > INLINE_BODY {
+            return Body::Owned(parts.concat());
+        }
+        let mut b = Inline::default();
+        for p in parts {
+            b.push(p);
+        }
+        Body::Inline(b)
+    }
+
+    /// Bytes it holds itself (not application memory).
+    pub fn held(&self) -> Option<&[u8]> {
+        match self {
+            Body::None => Some(&[]),
+            Body::Inline(b) => Some(b),
+            Body::Owned(v) => Some(v),
+            Body::Iov(_) => None,
+        }
+    }
 }
 
 /// One frame for the transport to send, in order with the others to the same peer.
@@ -63,8 +98,8 @@ impl Body {
 pub struct Transmit {
     /// To whom.
     pub peer: PeerId,
-    /// The frame's prefix and control part (`wire::Frame::encode`).
-    pub ctrl: Vec<u8>,
+    /// The frame's prefix and control part (`wire::Frame::ctrl`).
+    pub ctrl: wire::Ctrl,
     /// Its body.
     pub body: Body,
     /// When set, the transport calls `Engine::on_sent(peer, token)` once every byte of the

@@ -17,6 +17,9 @@ use bytemuck::{Pod, Zeroable};
 use crate::ep_rma::{RmaIov, RmaIovList};
 use crate::rxq::IOV_LIMIT;
 
+use super::inline::Inline;
+use super::transport::{Desc, MAX_DESC};
+
 /// First two bytes of every frame ("XF").
 pub const MAGIC: u16 = 0x4658;
 /// Largest control part a peer may announce: the biggest kind (a write with `IOV_LIMIT`
@@ -41,6 +44,17 @@ pub struct Prefix {
 
 /// Size of [`Prefix`] on the wire.
 pub const PREFIX: usize = std::mem::size_of::<Prefix>();
+
+/// Longest prefix and control part this engine encodes: a write or read with every range
+/// and a full descriptor.
+pub const MAX_ENCODED: usize =
+    PREFIX + std::mem::size_of::<RmaHdr>() + IOV_LIMIT * std::mem::size_of::<WireIov>() + MAX_DESC;
+const _: () = assert!(
+    PREFIX + std::mem::size_of::<RtsHdr>() + MAX_DESC <= MAX_ENCODED && MAX_ENCODED <= MAX_CTRL
+);
+
+/// An encoded prefix and control part, inline.
+pub type Ctrl = Inline<MAX_ENCODED>;
 
 /// Frame flag bits (`Prefix::flags`).
 pub mod flags {
@@ -86,6 +100,18 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Whether frames of this kind answer a request of the receiver's, or carry data it
+    /// asked for (`Ack`, `Cts`, `Data`, `ReadResp`, `AtomicResp`): never held back for
+    /// ordering. A transport that keeps a frame the engine answered `Sink::Wait` must still
+    /// hand over frames of these kinds that come after it from the same peer, when its
+    /// engine copies one-sidedly (a write it serves may wait for its `Data`).
+    pub fn is_answer(self) -> bool {
+        matches!(
+            self,
+            Kind::Ack | Kind::Cts | Kind::Data | Kind::ReadResp | Kind::AtomicResp
+        )
+    }
+
     fn from_raw(v: u8) -> Option<Kind> {
         Some(match v {
             1 => Kind::Msg,
@@ -185,7 +211,9 @@ pub enum Frame {
         /// 0, or the errno the request failed with at the target.
         status: i32,
     },
-    /// An RMA write of the body into `segs` of the target's registered memory.
+    /// An RMA write of the body into `segs` of the target's registered memory; or, with
+    /// no body and a descriptor of the initiator's memory, of the bytes the target's
+    /// transport copies from there (or asks for with `Cts` when it cannot).
     Write {
         /// The initiator's request id.
         id: u32,
@@ -195,6 +223,8 @@ pub enum Frame {
         flags: u8,
         /// Where the body goes at the target.
         segs: RmaIovList,
+        /// Where the target's transport may copy the data from; empty: the body is the data.
+        desc: Desc,
     },
     /// A request for the bytes of `segs` (no body).
     Read {
@@ -202,6 +232,9 @@ pub enum Frame {
         id: u32,
         /// What to read.
         segs: RmaIovList,
+        /// Where the target's transport may copy the bytes to one-sidedly (answering with
+        /// an empty `ReadResp`); empty: they come back as `ReadResp`'s body.
+        desc: Desc,
     },
     /// The bytes of read `id` (the body), or its failure (`status`, no body).
     ReadResp {
@@ -236,7 +269,8 @@ pub enum Frame {
         status: i32,
     },
     /// A message of `len` bytes whose data waits at the sender until the receiver matches
-    /// it and answers `Cts` (no body).
+    /// it and answers `Cts`, or, with a descriptor of the sender's memory, copies it from
+    /// there and answers `Ack` (no body).
     Rts {
         /// The sender's request id.
         id: u32,
@@ -248,6 +282,9 @@ pub enum Frame {
         len: u64,
         /// `flags::*` bits.
         flags: u8,
+        /// Where the receiver's transport may copy the data from one-sidedly; empty: only
+        /// through `Cts` and `Data`.
+        desc: Desc,
     },
     /// The receiver matched the sender's request `id` as its transfer `rx`: send the data
     /// (or, with `len` 0 from a discarding receive, nothing but complete).
@@ -365,16 +402,27 @@ pub fn decode(p: &Prefix, ctrl: &[u8]) -> Result<Frame, WireError> {
                 return Err(WireError::Malformed(kind));
             }
             let h: RmaHdr = bytemuck::pod_read_unaligned(&ctrl[..n]);
-            let segs = ranges(&ctrl[n..], h.nsegs, kind)?;
+            if h.nsegs as usize > IOV_LIMIT {
+                return Err(WireError::Malformed(kind));
+            }
+            let end = n + h.nsegs as usize * std::mem::size_of::<WireIov>();
+            let raw = ctrl.get(n..end).ok_or(WireError::Malformed(kind))?;
+            let segs = ranges(raw, h.nsegs, kind)?;
+            let desc = Desc::new(&ctrl[end..]).ok_or(WireError::Malformed(kind))?;
             if kind == Kind::Write {
                 Ok(Frame::Write {
                     id: h.id,
                     data: h.data,
                     flags: p.flags,
                     segs,
+                    desc,
                 })
             } else {
-                no_body(Frame::Read { id: h.id, segs })
+                no_body(Frame::Read {
+                    id: h.id,
+                    segs,
+                    desc,
+                })
             }
         }
         Kind::ReadResp => {
@@ -404,13 +452,17 @@ pub fn decode(p: &Prefix, ctrl: &[u8]) -> Result<Frame, WireError> {
             })
         }
         Kind::Rts => {
-            let h: RtsHdr = fixed(ctrl, kind, 0)?;
+            let n = std::mem::size_of::<RtsHdr>();
+            let extra = ctrl.len().saturating_sub(n);
+            let h: RtsHdr = fixed(ctrl, kind, extra)?;
+            let desc = Desc::new(&ctrl[n..]).ok_or(WireError::Malformed(kind))?;
             no_body(Frame::Rts {
                 id: h.id,
                 tag: h.tag,
                 data: h.data,
                 len: h.len,
                 flags: p.flags,
+                desc,
             })
         }
         Kind::Cts => {
@@ -460,11 +512,11 @@ impl Frame {
         }
     }
 
-    /// Encodes the prefix and control part of this frame, announcing a body of `body_len`
-    /// bytes, onto the end of `out`.
-    pub fn encode(&self, body_len: u64, out: &mut Vec<u8>) {
-        let start = out.len();
-        out.extend_from_slice(bytemuck::bytes_of(&Prefix::default()));
+    /// The prefix and control part of this frame, announcing a body of `body_len` bytes.
+    pub fn ctrl(&self, body_len: u64) -> Ctrl {
+        // Every push below fits: `MAX_ENCODED` bounds the largest kind.
+        let mut out = Ctrl::default();
+        out.push(bytemuck::bytes_of(&Prefix::default()));
         let fl = match *self {
             Frame::Msg {
                 id,
@@ -472,7 +524,7 @@ impl Frame {
                 data,
                 flags,
             } => {
-                out.extend_from_slice(bytemuck::bytes_of(&MsgHdr {
+                out.push(bytemuck::bytes_of(&MsgHdr {
                     id,
                     _pad: 0,
                     tag,
@@ -483,7 +535,7 @@ impl Frame {
             Frame::Ack { id, status }
             | Frame::ReadResp { id, status }
             | Frame::AtomicResp { id, status } => {
-                out.extend_from_slice(bytemuck::bytes_of(&StatusHdr { id, status }));
+                out.push(bytemuck::bytes_of(&StatusHdr { id, status }));
                 0
             }
             Frame::Write {
@@ -491,12 +543,19 @@ impl Frame {
                 data,
                 flags,
                 ref segs,
+                ref desc,
             } => {
-                put_rma(out, id, data, segs);
+                put_rma(&mut out, id, data, segs);
+                out.push(desc);
                 flags
             }
-            Frame::Read { id, ref segs } => {
-                put_rma(out, id, 0, segs);
+            Frame::Read {
+                id,
+                ref segs,
+                ref desc,
+            } => {
+                put_rma(&mut out, id, 0, segs);
+                out.push(desc);
                 0
             }
             Frame::Atomic {
@@ -508,7 +567,7 @@ impl Frame {
                 key,
                 flags,
             } => {
-                out.extend_from_slice(bytemuck::bytes_of(&AtomicHdr {
+                out.push(bytemuck::bytes_of(&AtomicHdr {
                     id,
                     count,
                     addr,
@@ -524,22 +583,24 @@ impl Frame {
                 data,
                 len,
                 flags,
+                ref desc,
             } => {
-                out.extend_from_slice(bytemuck::bytes_of(&RtsHdr {
+                out.push(bytemuck::bytes_of(&RtsHdr {
                     id,
                     _pad: 0,
                     tag,
                     data,
                     len,
                 }));
+                out.push(desc.as_bytes());
                 flags
             }
             Frame::Cts { id, rx } => {
-                out.extend_from_slice(bytemuck::bytes_of(&CtsHdr { id, rx }));
+                out.push(bytemuck::bytes_of(&CtsHdr { id, rx }));
                 0
             }
             Frame::Data { rx } => {
-                out.extend_from_slice(bytemuck::bytes_of(&CtsHdr { id: 0, rx }));
+                out.push(bytemuck::bytes_of(&CtsHdr { id: 0, rx }));
                 0
             }
         };
@@ -547,28 +608,32 @@ impl Frame {
             magic: MAGIC,
             kind: self.kind() as u8,
             flags: fl,
-            ctrl_len: (out.len() - start - PREFIX) as u32,
+            ctrl_len: (out.len() - PREFIX) as u32,
             body_len,
         };
-        out[start..start + PREFIX].copy_from_slice(bytemuck::bytes_of(&p));
+        out[..PREFIX].copy_from_slice(bytemuck::bytes_of(&p));
+        out
     }
 
-    /// `encode` into a fresh vector.
+    /// `ctrl`, appended to `out`.
+    pub fn encode(&self, body_len: u64, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.ctrl(body_len));
+    }
+
+    /// `ctrl` in a fresh vector.
     pub fn to_vec(&self, body_len: u64) -> Vec<u8> {
-        let mut v = Vec::with_capacity(PREFIX + 48);
-        self.encode(body_len, &mut v);
-        v
+        self.ctrl(body_len).to_vec()
     }
 }
 
-fn put_rma(out: &mut Vec<u8>, id: u32, data: u64, segs: &RmaIovList) {
-    out.extend_from_slice(bytemuck::bytes_of(&RmaHdr {
+fn put_rma(out: &mut Ctrl, id: u32, data: u64, segs: &RmaIovList) {
+    out.push(bytemuck::bytes_of(&RmaHdr {
         id,
         nsegs: segs.segs().len() as u32,
         data,
     }));
     for s in segs.segs() {
-        out.extend_from_slice(bytemuck::bytes_of(&WireIov {
+        out.push(bytemuck::bytes_of(&WireIov {
             addr: s.addr,
             len: s.len as u64,
             key: s.key,
@@ -610,13 +675,25 @@ mod tests {
                     data: 5,
                     flags: flags::COMMIT,
                     segs: segs(IOV_LIMIT),
+                    desc: Desc::default(),
                 },
                 100,
+            ),
+            (
+                Frame::Write {
+                    id: 1,
+                    data: 5,
+                    flags: 0,
+                    segs: segs(IOV_LIMIT),
+                    desc: Desc::new(&[3; MAX_DESC]).unwrap(),
+                },
+                0,
             ),
             (
                 Frame::Read {
                     id: 2,
                     segs: segs(1),
+                    desc: Desc::new(&[1; 16]).unwrap(),
                 },
                 0,
             ),
@@ -641,6 +718,18 @@ mod tests {
                     data: 2,
                     len: 1 << 40,
                     flags: flags::TAGGED,
+                    desc: Desc::default(),
+                },
+                0,
+            ),
+            (
+                Frame::Rts {
+                    id: 5,
+                    tag: 0,
+                    data: 0,
+                    len: 1 << 20,
+                    flags: 0,
+                    desc: Desc::new(&[7; MAX_DESC]).unwrap(),
                 },
                 0,
             ),
@@ -672,6 +761,7 @@ mod tests {
         let mut v = Frame::Read {
             id: 1,
             segs: segs(1),
+            desc: Desc::default(),
         }
         .to_vec(0);
         // nsegs claims more ranges than follow.

@@ -36,6 +36,8 @@ struct State {
     /// Source `fi_addr_t` by peer, for the AV generation `src_gen`.
     srcs: Vec<Option<FiAddr>>,
     src_gen: u64,
+    /// Completions being reported, kept for its allocation.
+    done: Vec<rdm::Done>,
 }
 
 /// A tcp endpoint.
@@ -50,6 +52,9 @@ pub struct TcpEndpoint {
     /// Whether the last locked call left work the engine can advance without a peer (frames
     /// queued, answers awaited): `progress` then does not skip on an idle socket set.
     busy: AtomicBool,
+    /// Whether the last locked call left bytes in a socket that no event will announce
+    /// (`Net::backlog`): `idle_wait` then does not sleep.
+    backlog: AtomicBool,
 }
 
 /// The engine as `net`'s handler, with what it needs to name a peer's source address.
@@ -112,8 +117,12 @@ impl TcpEndpoint {
     /// Listens on `bind` (port 0: any); its name is a sockaddr, or with `str_name` the
     /// `FI_ADDR_STR` form.
     pub fn open(core: Arc<EpCore>, bind: SocketAddr, str_name: bool) -> Result<Arc<Self>> {
-        let net = Net::bind(bind)
+        let mut net = Net::bind(bind)
             .map_err(|e| Error::from_io(format!("tcp endpoint: listen on {bind}"), e))?;
+        net.set_dead_after(match settings::TCP_DEAD_MS.usize() {
+            0 => None,
+            ms => Some(Duration::from_millis(ms as u64)),
+        });
         let name = if str_name {
             let mut s = addr::to_str(&net.local_addr()).into_bytes();
             s.push(0);
@@ -151,10 +160,12 @@ impl TcpEndpoint {
                 av_cache: PeerCache::default(),
                 srcs: Vec::new(),
                 src_gen: u64::MAX,
+                done: Vec::new(),
             }),
             net_fd,
             wake_fd,
             busy: AtomicBool::new(false),
+            backlog: AtomicBool::new(false),
         }))
     }
 
@@ -165,14 +176,21 @@ impl TcpEndpoint {
     /// Hands the engine's frames to the sockets, then reports completions unlocked.
     fn finish(&self, mut st: MutexGuard<'_, State>) {
         let st_ref = &mut *st;
-        while let Some(t) = st_ref.engine.poll_transmit() {
-            st_ref.net.send(t);
-        }
-        let mut done = st_ref.engine.take_done();
+        st_ref.engine.transmit(&mut st_ref.net);
+        let mut done = std::mem::take(&mut st_ref.done);
+        st_ref.engine.take_done_into(&mut done);
         self.busy.store(st_ref.engine.busy(), Ordering::Release);
+        self.backlog.store(st_ref.net.backlog(), Ordering::Release);
         drop(st);
-        if !done.is_empty() {
-            rdm::report(&self.core, &mut done);
+        if done.is_empty() {
+            return;
+        }
+        rdm::report(&self.core, &mut done);
+        // The vector's allocation is kept for the next round.
+        if let Ok(mut st) = self.st.try_lock() {
+            if st.done.capacity() == 0 {
+                st.done = done;
+            }
         }
     }
 
@@ -223,9 +241,7 @@ impl TcpEndpoint {
         };
         let n = net.progress(&mut glue);
         // Answers the engine owes (ACKs, CTS, read data) go out in the same call.
-        while let Some(t) = st.engine.poll_transmit() {
-            st.net.send(t);
-        }
+        st.engine.transmit(&mut st.net);
         n
     }
 }
@@ -241,6 +257,10 @@ impl ProgressSource for TcpEndpoint {
     }
 
     fn idle_wait(&self, timeout: Duration) {
+        // Bytes already waiting in a socket: progress again at once.
+        if self.backlog.load(Ordering::Acquire) {
+            return;
+        }
         // While answers are awaited, sleep on the sockets, but not long.
         let timeout = if self.busy.load(Ordering::Acquire) {
             timeout.min(Duration::from_millis(1))
@@ -356,9 +376,8 @@ impl EndpointOps for TcpEndpoint {
     fn close(&self) {
         let mut st = self.lock();
         st.engine.close();
-        while let Some(t) = st.engine.poll_transmit() {
-            st.net.send(t);
-        }
+        let st_ref = &mut *st;
+        st_ref.engine.transmit(&mut st_ref.net);
         // Answers peers wait for go out first, for a bounded time.
         st.net.shutdown(Instant::now() + Duration::from_secs(1));
         self.finish(st);

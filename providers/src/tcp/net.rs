@@ -76,6 +76,10 @@ const MAX_UNSETTLED: usize = 256;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// See `Net::last_epoll`.
 const EPOLL_EVERY: Duration = Duration::from_micros(50);
+/// Frames one `progress` call hands over from one connection at most, then reads the next
+/// one: a flooding peer neither starves the others nor, since answers are queued only after
+/// `progress` returns, gets more than this past the bound of answers it may owe.
+pub const PUMP_FRAMES: usize = 1024;
 /// The listener's token; connection `k` of the slab is `Token(k + 1)`.
 const LISTENER: Token = Token(0);
 
@@ -125,6 +129,9 @@ struct Conn {
     /// nothing more is read from this connection until a later `progress` offers that frame
     /// again and gets another answer.
     waiting: bool,
+    /// The last read stopped at `PUMP_FRAMES` with bytes left in the socket: read again on
+    /// the next `progress` (they raise no new edge).
+    more: bool,
 }
 
 /// A queued frame, `off` of its `len` bytes (control part, then body) written.
@@ -199,6 +206,49 @@ pub struct Net {
     last_epoll: Instant,
     /// Answers one peer may owe before it is no longer read (`MAX_OWED`).
     max_owed: usize,
+    /// How long a peer may stay silent to the kernel (no ACK for our data, no answer to
+    /// keepalive probes) before its connection is declared dead (`set_dead_after`).
+    dead_after: Option<Duration>,
+}
+
+/// Arms the kernel's own liveness checks on a connection, so that a peer whose host
+/// vanished (powered off, cable pulled: no RST ever comes) is noticed by time, busy or
+/// idle: `TCP_USER_TIMEOUT` bounds how long written data may stay unacknowledged, and
+/// keepalive probes (half the time idle, then three probes over the other half) find an idle
+/// connection dead. Both end it with `ETIMEDOUT`, which the event loop reports as a lost peer.
+fn arm_liveness(sock: &TcpStream, d: Duration) {
+    let fd = sock.as_raw_fd();
+    let ms = u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1);
+    let secs = |v: u32| i32::try_from(v / 1000).unwrap_or(i32::MAX).max(1);
+    let opts: [(i32, i32, i32); 5] = [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs(ms / 2)),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, secs(ms / 6)),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            i32::try_from(ms).unwrap_or(i32::MAX),
+        ),
+    ];
+    for (level, name, v) in opts {
+        // SAFETY: setsockopt on a socket we own, with a pointer to an int and its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                &v as *const i32 as *const libc::c_void,
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            warn!(
+                "tcp: cannot arm liveness option {name}: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
 }
 
 fn errno(e: &io::Error) -> i32 {
@@ -296,6 +346,15 @@ fn send_small(fd: RawFd, b: &[u8]) -> io::Result<bool> {
     Ok(n as usize == b.len())
 }
 
+/// The engine's frames go into the peers' queues, which take everything (a peer that stops
+/// reading holds back its senders through `queued`, not here).
+impl xfabric_core::rdm::Transport for Net {
+    fn send(&mut self, t: Transmit) -> std::result::Result<(), Transmit> {
+        Net::send(self, t);
+        Ok(())
+    }
+}
+
 impl Net {
     /// Listens on `addr` (port 0: any free port; IPv4 or IPv6), non-blocking; a port in use
     /// is an error (`io::ErrorKind::AddrInUse`).
@@ -322,6 +381,7 @@ impl Net {
             last_up: usize::MAX,
             last_epoll: Instant::now(),
             max_owed: MAX_OWED,
+            dead_after: None,
         })
     }
 
@@ -378,6 +438,20 @@ impl Net {
     /// (`tx_attr.size`), so two of them never wait on each other this way.
     pub fn set_max_owed(&mut self, n: usize) {
         self.max_owed = n.max(1);
+    }
+
+    /// How long a connected peer may stay silent to the kernel before it is declared lost
+    /// (`None`: only when the kernel gives up by itself, which for a vanished host may be
+    /// never on an idle connection and ~15 minutes with unacknowledged data). Applies to
+    /// connections made from now on.
+    pub fn set_dead_after(&mut self, d: Option<Duration>) {
+        self.dead_after = d;
+    }
+
+    /// Whether a connection has bytes left that no event will announce (read on the next
+    /// `progress`): sleeping on `wait_fd` now would not wake for them.
+    pub fn backlog(&self) -> bool {
+        self.conns.iter().any(|(_, c)| c.more)
     }
 
     /// A file descriptor (mio's epoll fd) that becomes readable when `progress` has
@@ -442,11 +516,12 @@ impl Net {
         }
         self.last_epoll = now;
         n += self.step(h, Some(Duration::ZERO));
-        // Connections held back by flow control raise no new event: offer their frame again.
+        // Connections held back by flow control, or left unread at `PUMP_FRAMES`, raise no
+        // new event: read them again.
         let waiting: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.waiting)
+            .filter(|(_, c)| c.waiting || c.more)
             .map(|(k, _)| k)
             .collect();
         for k in waiting {
@@ -575,6 +650,9 @@ impl Net {
                         continue;
                     }
                     let _ = s.set_nodelay(true);
+                    if let Some(d) = self.dead_after {
+                        arm_liveness(&s, d);
+                    }
                     let e = self.conns.vacant_entry();
                     let k = e.key();
                     if let Err(err) =
@@ -610,6 +688,9 @@ impl Net {
             }
         };
         let _ = s.set_nodelay(true);
+        if let Some(d) = self.dead_after {
+            arm_liveness(&s, d);
+        }
         let e = self.conns.vacant_entry();
         let k = e.key();
         if let Err(err) = self.poll.registry().register(
@@ -892,16 +973,17 @@ impl Net {
                     v.push(o.t.ctrl[o.off..].as_ptr() as usize, cl - o.off);
                 }
                 let boff = o.off.saturating_sub(cl);
-                match &o.t.body {
-                    Body::None => {}
-                    Body::Owned(b) => {
+                match o.t.body.held() {
+                    Some(b) => {
                         if boff < b.len() {
                             v.push(b[boff..].as_ptr() as usize, b.len() - boff);
                         }
                     }
-                    Body::Iov(l) => {
-                        for s in l.slice(boff, usize::MAX).segs() {
-                            v.push(s.addr, s.len);
+                    None => {
+                        if let Body::Iov(l) = &o.t.body {
+                            for s in l.slice(boff, usize::MAX).segs() {
+                                v.push(s.addr, s.len);
+                            }
                         }
                     }
                 }
@@ -1132,11 +1214,12 @@ impl Conn {
             writable: false,
             big: false,
             waiting: false,
+            more: false,
         }
     }
 
-    /// Reads until the socket is drained, handing whole frames to `h`; the error (an errno)
-    /// ends the connection.
+    /// Reads until the socket is drained or `PUMP_FRAMES` frames were handed to `h` (then
+    /// `more` is set); the error (an errno) ends the connection.
     fn pump<H: Handler>(
         &mut self,
         peer: PeerId,
@@ -1145,10 +1228,15 @@ impl Conn {
     ) -> (usize, Option<i32>) {
         let fd = self.sock.as_raw_fd();
         let mut frames = 0;
+        self.more = false;
         loop {
             match self.consume(peer, addr, h) {
                 Ok(n) => frames += n,
                 Err(e) => return (frames, Some(e)),
+            }
+            if frames >= PUMP_FRAMES && !self.waiting {
+                self.more = true;
+                return (frames, None);
             }
             if self.waiting {
                 // Flow control: what the peer sends stays in the socket (and its sends

@@ -777,14 +777,14 @@ impl Net {
                 if done < k {
                     let boff = o.pos + done - clen;
                     let dst = &mut dst[done..];
-                    match &o.t.body {
-                        Body::None => {}
-                        Body::Owned(v) => dst.copy_from_slice(&v[boff..boff + dst.len()]),
+                    match (&o.t.body, o.t.body.held()) {
+                        (_, Some(v)) => dst.copy_from_slice(&v[boff..boff + dst.len()]),
                         // SAFETY: the engine keeps a body's memory readable until on_sent or
                         // on_lost (the Body::Iov contract).
-                        Body::Iov(i) => unsafe {
+                        (Body::Iov(i), None) => unsafe {
                             i.copy_out(boff, dst);
                         },
+                        (_, None) => {}
                     }
                 }
                 o.pos += k;

@@ -45,6 +45,7 @@ fn hostile_frames_are_refused_or_ignored() {
         data: 0,
         flags: wire::flags::ACK,
         segs: RmaIovList::from_segs(&[]).unwrap(),
+        desc: Desc::default(),
     };
     assert!(inject(b, w, &[9; 8]).is_ok());
     let t = b.eng.poll_transmit().expect("an answer");
@@ -90,7 +91,7 @@ fn hostile_frames_are_refused_or_ignored() {
 /// A frame for the fuzzer: structured (ids, keys and lengths near the engine's state) or raw.
 #[derive(Clone, Debug)]
 enum Input {
-    Frame(Frame),
+    Frame(Box<Frame>),
     Raw { kind: u8, flags: u8, ctrl: Vec<u8> },
 }
 
@@ -105,6 +106,14 @@ fn any_segs() -> impl Strategy<Value = RmaIovList> {
     })
 }
 
+/// Descriptors: none, or bytes a hostile peer chose.
+fn any_desc() -> impl Strategy<Value = Desc> {
+    prop_oneof![
+        Just(Desc::default()),
+        proptest::collection::vec(any::<u8>(), 0..40).prop_map(|v| Desc::new(&v).expect("short")),
+    ]
+}
+
 fn any_frame() -> impl Strategy<Value = Frame> {
     let id = || prop_oneof![0u32..4, any::<u32>()];
     let status = || prop_oneof![Just(0i32), -3i32..300];
@@ -117,15 +126,16 @@ fn any_frame() -> impl Strategy<Value = Frame> {
             flags
         }),
         (id(), status()).prop_map(|(id, status)| Frame::Ack { id, status }),
-        (id(), any::<u64>(), fl(), any_segs()).prop_map(|(id, data, flags, segs)| {
-            Frame::Write {
+        (id(), any::<u64>(), fl(), any_segs(), any_desc()).prop_map(
+            |(id, data, flags, segs, desc)| Frame::Write {
                 id,
                 data,
                 flags,
                 segs,
+                desc
             }
-        }),
-        (id(), any_segs()).prop_map(|(id, segs)| Frame::Read { id, segs }),
+        ),
+        (id(), any_segs(), any_desc()).prop_map(|(id, segs, desc)| Frame::Read { id, segs, desc }),
         (id(), status()).prop_map(|(id, status)| Frame::ReadResp { id, status }),
         (
             id(),
@@ -148,15 +158,16 @@ fn any_frame() -> impl Strategy<Value = Frame> {
                 }
             ),
         (id(), status()).prop_map(|(id, status)| Frame::AtomicResp { id, status }),
-        (id(), 0u64..3, any::<u64>(), 0u64..400, fl()).prop_map(|(id, tag, data, len, flags)| {
-            Frame::Rts {
+        (id(), 0u64..3, any::<u64>(), 0u64..400, fl(), any_desc()).prop_map(
+            |(id, tag, data, len, flags, desc)| Frame::Rts {
                 id,
                 tag,
                 data,
                 len,
                 flags,
+                desc,
             }
-        }),
+        ),
         (id(), prop_oneof![0u32..3, Just(u32::MAX)]).prop_map(|(id, rx)| Frame::Cts { id, rx }),
         prop_oneof![0u32..3, any::<u32>()].prop_map(|rx| Frame::Data { rx }),
     ]
@@ -164,7 +175,7 @@ fn any_frame() -> impl Strategy<Value = Frame> {
 
 fn any_input() -> impl Strategy<Value = Input> {
     prop_oneof![
-        4 => any_frame().prop_map(Input::Frame),
+        4 => any_frame().prop_map(|f| Input::Frame(Box::new(f))),
         1 => (0u8..12, any::<u8>(), proptest::collection::vec(any::<u8>(), 0..120))
             .prop_map(|(kind, flags, ctrl)| Input::Raw { kind, flags, ctrl }),
     ]
@@ -282,6 +293,8 @@ enum Act {
     /// A's on_sent reports: start holding, or release those held.
     Hold,
     Release,
+    /// B's transport performs its next one-sided copy, or refuses it.
+    Copy(bool),
 }
 
 fn any_act() -> impl Strategy<Value = Act> {
@@ -300,6 +313,7 @@ fn any_act() -> impl Strategy<Value = Act> {
         3 => Just(Act::StepB),
         1 => Just(Act::Hold),
         1 => Just(Act::Release),
+        2 => any::<bool>().prop_map(Act::Copy),
     ]
 }
 
@@ -310,7 +324,10 @@ proptest! {
     /// frame moves and held on_sent reports: once everything is moved and reported, every
     /// send and receive completed exactly once, in order, with the right bytes.
     #[test]
-    fn random_schedules_deliver_in_order(acts in proptest::collection::vec(any_act(), 1..40)) {
+    fn random_schedules_deliver_in_order(
+        acts in proptest::collection::vec(any_act(), 1..40),
+        one_sided in any::<bool>(),
+    ) {
         let sends: Vec<Act> = acts.iter().copied().filter(|a| matches!(a, Act::Send(..))).collect();
         let msgs: Vec<Vec<u8>> = sends
             .iter()
@@ -321,8 +338,19 @@ proptest! {
             })
             .collect();
         let mut bufs = vec![vec![0u8; 300]; msgs.len()];
-        let mut net = Net::new();
+        let mut net = Net::sides(World::new(), one_sided, one_sided);
         let (mut next_send, mut next_recv) = (0, 0);
+        let copy = |net: &mut Net, refuse: bool| {
+            if let Some(p) = net.b.eng.poll_copy() {
+                if refuse {
+                    net.b.eng.on_copied(p.token, Copied::Refused);
+                } else {
+                    perform(&p);
+                    net.b.eng.on_copied(p.token, Copied::Done);
+                }
+                net.report();
+            }
+        };
         let post_recv = |net: &mut Net, bufs: &mut Vec<Vec<u8>>, next_recv: &mut usize| {
             if *next_recv < bufs.len() {
                 let i = *next_recv;
@@ -349,6 +377,7 @@ proptest! {
                     net.a.hold_sent = false;
                     net.release_sent(S::A);
                 }
+                Act::Copy(refuse) => copy(&mut net, refuse),
             }
         }
         while next_recv < bufs.len() {
@@ -358,6 +387,10 @@ proptest! {
         for _ in 0..4 {
             net.release_sent(S::A);
             net.pump();
+            while net.b.eng.copying() {
+                copy(&mut net, false);
+                net.pump();
+            }
         }
         let (ok, err) = net.a.cq();
         prop_assert!(err.is_empty(), "{:?}", err);

@@ -11,9 +11,12 @@ use proptest::prelude::*;
 
 use super::engine::EAGER_LIMIT;
 use super::wire::{self, Frame, Kind, Prefix, WireError, PREFIX};
-use super::{report, Body, Config, Engine, Sink, Transmit};
+use super::{
+    report, Body, Config, Copied, CopyReq, Desc, Dir, Engine, OneSided, PeerId, Sink, Transmit,
+};
 
 mod fuzz;
+mod pull;
 use crate::consts::errno::*;
 use crate::consts::*;
 use crate::entry::{Context, CqErrEntry, CqTaggedEntry};
@@ -46,19 +49,46 @@ struct Side {
     held: Vec<u64>,
     /// What `on_ctrl` refused at this side.
     refused: Vec<WireError>,
+    /// Completions being reported (kept for its allocation).
+    done: Vec<super::Done>,
+}
+
+/// A transport that copies one-sidedly from `PULL_MIN` bytes: within one process, from the
+/// memory a `Desc::of_iov` names.
+struct SameProcess;
+
+/// Where the test transport's one-sided copies start.
+const PULL_MIN: usize = 100;
+
+impl OneSided for SameProcess {
+    fn pull_min(&self) -> usize {
+        PULL_MIN
+    }
+
+    fn describe(&self, _peer: PeerId, iov: &IovList) -> Option<Desc> {
+        Some(Desc::of_iov(iov))
+    }
 }
 
 impl Side {
     fn new(world: &World) -> Side {
+        Side::with(world, false)
+    }
+
+    /// A side whose transport copies one-sidedly (`SameProcess`) when `one_sided`.
+    fn with(world: &World, one_sided: bool) -> Side {
         let ep = world.ep();
         let core = ep.ep.core().clone();
-        let eng = Engine::new(
+        let mut eng = Engine::new(
             core.clone(),
             Config {
                 eager_max: EAGER,
                 ..Config::default()
             },
         );
+        if one_sided {
+            eng = eng.with_one_sided(Box::new(SameProcess));
+        }
         Side {
             ep,
             core,
@@ -66,11 +96,13 @@ impl Side {
             hold_sent: false,
             held: Vec::new(),
             refused: Vec::new(),
+            done: Vec::new(),
         }
     }
 
     fn report(&mut self) {
-        report(&self.core, &mut self.eng.take_done());
+        self.eng.take_done_into(&mut self.done);
+        report(&self.core, &mut self.done);
     }
 
     fn send(&mut self, op: TxOp) {
@@ -142,6 +174,7 @@ impl Side {
 fn body_bytes(b: &Body) -> Vec<u8> {
     match b {
         Body::None => Vec::new(),
+        Body::Inline(v) => v.to_vec(),
         Body::Owned(v) => v.clone(),
         Body::Iov(iov) => {
             let mut v = vec![0u8; iov.total()];
@@ -170,6 +203,23 @@ fn fill(sink: Sink, body: &[u8]) -> Sink {
             unsafe { iov.copy_in(0, body) };
             Sink::Iov(iov)
         }
+    }
+}
+
+/// Performs `p` as a transport that reaches its peer's memory would: between the memory the
+/// peer's `Desc::of_iov` names and the local side, the way `p.dir` says.
+fn perform(p: &CopyReq) {
+    let remote = p.remote.to_iov().expect("a descriptor written by of_iov");
+    let (from, to) = match p.dir {
+        Dir::Read => (remote, p.local),
+        Dir::Write => (p.local, remote),
+    };
+    let mut v = vec![0u8; p.len];
+    // SAFETY: the descriptor names a test's buffer, alive until its operation ends, and the
+    // local side is the transport's until `on_copied`.
+    unsafe {
+        from.copy_out(0, &mut v);
+        to.copy_in(0, &v);
     }
 }
 
@@ -204,9 +254,14 @@ impl Net {
     }
 
     fn on(world: World) -> Net {
+        Net::sides(world, false, false)
+    }
+
+    /// A pair whose transports copy one-sidedly where `a` and `b` say.
+    fn sides(world: World, a: bool, b: bool) -> Net {
         Net {
-            a: Side::new(&world),
-            b: Side::new(&world),
+            a: Side::with(&world, a),
+            b: Side::with(&world, b),
             mr: None,
             world,
         }
@@ -1251,4 +1306,24 @@ fn unexpected_messages_past_the_bound_wait_with_the_transport() {
         wire::decode(&p, &cts.ctrl[PREFIX..]),
         Ok(Frame::Cts { .. })
     ));
+}
+
+/// What the engine costs per 8-byte injected message, both sides (post, transmit, arrival,
+/// completions), without a transport: run alone (`--ignored engine_cost_per_small_message`,
+/// release, under `valgrind --tool=callgrind` for instruction counts).
+#[test]
+#[ignore = "a measurement, not a check"]
+fn engine_cost_per_small_message() {
+    const N: usize = 100_000;
+    let data = [7u8; 8];
+    let mut buf = [0u8; 8];
+    let mut net = Net::new();
+    let t0 = std::time::Instant::now();
+    for _ in 0..N {
+        net.b.recv(recv(10, &mut buf, None, 0));
+        net.a.send(send(1, &data, None, None, FI_INJECT));
+        net.step(S::A);
+        assert_eq!(net.a.ep.entries().len() + net.b.ep.entries().len(), 2);
+    }
+    eprintln!("{:?} per message", t0.elapsed() / N as u32);
 }

@@ -1,11 +1,12 @@
-//! Reads and atomics on device memory between two real processes over shm: RMA reads of a
-//! peer's region registered as CUDA memory (every read path: inline data, cross-memory attach,
-//! split copy) into host and into local CUDA memory; atomics on the peer's CUDA region, with
-//! fetched values and the final device contents checked; atomics whose operand, compare or
-//! result buffers are local CUDA memory; and a failed device copy reported as `FI_EIO`.
+//! Reads and atomics on device memory between two real processes over the provider under test
+//! (`XFABRIC_TEST_PROVIDER`: shm, tcp): RMA reads of a peer's region registered as CUDA memory
+//! (every read path: inline data, cross-memory attach, split copy) into host and into local CUDA
+//! memory; atomics on the peer's CUDA region, with fetched values and the final device contents
+//! checked; atomics whose operand, compare or result buffers are local CUDA memory; and a failed
+//! device copy reported as `FI_EIO`.
 //!
 //! CUDA is the TEST DOUBLE (tests/common/cuda_double.rs) in the `cuda_double_*` tests, the real
-//! driver in `gpu_shm_rma_device_memory` (with `XFABRIC_GPU_TESTS=1`, skipped with a reason
+//! driver in `gpu_rma_device_memory` (with `XFABRIC_GPU_TESTS=1`, skipped with a reason
 //! otherwise). The parent starts the initiator, which starts the target.
 
 #![cfg(feature = "cuda")]
@@ -522,8 +523,8 @@ fn run_roles(test: &str) -> bool {
 }
 
 #[test]
-fn cuda_double_shm_rma_device_memory() {
-    const NAME: &str = "cuda_double_shm_rma_device_memory";
+fn cuda_double_rma_device_memory() {
+    const NAME: &str = "cuda_double_rma_device_memory";
     if run_roles(NAME) {
         return;
     }
@@ -532,8 +533,8 @@ fn cuda_double_shm_rma_device_memory() {
 
 /// Without cross-memory attach every read comes back through the ring (RDATA).
 #[test]
-fn cuda_double_shm_rma_device_memory_without_cma() {
-    const NAME: &str = "cuda_double_shm_rma_device_memory_without_cma";
+fn cuda_double_rma_device_memory_without_cma() {
+    const NAME: &str = "cuda_double_rma_device_memory_without_cma";
     if run_roles(NAME) {
         return;
     }
@@ -545,10 +546,10 @@ fn cuda_double_shm_rma_device_memory_without_cma() {
     );
 }
 
-const RAW_NAME: &str = "cuda_double_shm_device_read_after_write";
+const RAW_NAME: &str = "cuda_double_device_read_after_write";
 
 #[test]
-fn cuda_double_shm_device_read_after_write() {
+fn cuda_double_device_read_after_write() {
     if run_roles(RAW_NAME) {
         return;
     }
@@ -566,8 +567,8 @@ fn cuda_double_shm_device_read_after_write() {
     not(xfabric_gpu_tests),
     ignore = "needs an NVIDIA GPU (and libnvrtc): run with XFABRIC_GPU_TESTS=1 cargo test"
 )]
-fn gpu_shm_rma_device_memory() {
-    const NAME: &str = "gpu_shm_rma_device_memory";
+fn gpu_rma_device_memory() {
+    const NAME: &str = "gpu_rma_device_memory";
     if run_roles(NAME) {
         return;
     }

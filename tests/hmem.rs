@@ -1,7 +1,7 @@
-//! Device memory between two real processes over shm: a send from CUDA memory into a peer's
-//! host buffer, a receive into CUDA memory, and RMA writes into a peer's CUDA buffer
-//! registered with `iface` CUDA, data checked each time; registration checks; getinfo's
-//! FI_HMEM both ways.
+//! Device memory between two real processes over the provider under test (`XFABRIC_TEST_PROVIDER`:
+//! shm, tcp): a send from CUDA memory into a peer's host buffer, a receive into CUDA memory, and
+//! RMA writes into a peer's CUDA buffer registered with `iface` CUDA, data checked each time;
+//! registration checks; getinfo's FI_HMEM both ways.
 //!
 //! CUDA here is the TEST DOUBLE of libcuda (hmem/tests/doubles/cuda_double.c: "device memory"
 //! that is host memory the double tracks, and host-to-device copies that land only when their
@@ -266,7 +266,7 @@ fn initiator(test: &str) {
         assert_eq!(n.wait_one().op_context, 3);
     }
     assert_eq!(child.hear(), "written");
-    // Reading the peer's device memory back (tests/shm_hmem_rma.rs reads every size).
+    // Reading the peer's device memory back (tests/hmem_rma.rs reads every size).
     let mut back = [0u8; 64];
     // SAFETY: back outlives the completion.
     unsafe { n.ep.read(&mut back, None, peer, base, key, 4) }.unwrap();
@@ -475,8 +475,8 @@ fn run_roles(test: &str) -> bool {
 }
 
 #[test]
-fn cuda_double_shm_device_memory() {
-    const NAME: &str = "cuda_double_shm_device_memory";
+fn cuda_double_device_memory() {
+    const NAME: &str = "cuda_double_device_memory";
     if run_roles(NAME) {
         return;
     }
@@ -497,8 +497,8 @@ fn cuda_double_delivery_complete_means_on_the_device() {
     not(xfabric_gpu_tests),
     ignore = "needs an NVIDIA GPU (and libnvrtc): run with XFABRIC_GPU_TESTS=1 cargo test"
 )]
-fn gpu_shm_device_memory() {
-    const NAME: &str = "gpu_shm_device_memory";
+fn gpu_device_memory() {
+    const NAME: &str = "gpu_device_memory";
     if run_roles(NAME) {
         return;
     }

@@ -1,9 +1,10 @@
-//! Level Zero device memory between two real processes over shm: getinfo offers FI_HMEM and
-//! `xfabric info` reports FI_HMEM_ZE; registrations naming iface ZE are checked against the
-//! memory's owner; a send from ZE memory into a peer's host buffer and from host memory into a
-//! peer's ZE receive buffer; RMA writes with remote CQ data into a peer's ZE-registered window,
-//! read back into local ZE memory; a fetch-add on a word of that window. Every byte that lands
-//! in device memory is checked through the ZE interface.
+//! Level Zero device memory between two real processes over the provider under test
+//! (`XFABRIC_TEST_PROVIDER`: shm, tcp): getinfo offers FI_HMEM and `xfabric info` reports
+//! FI_HMEM_ZE; registrations naming iface ZE are checked against the memory's owner; a send from ZE
+//! memory into a peer's host buffer and from host memory into a peer's ZE receive buffer; RMA
+//! writes with remote CQ data into a peer's ZE-registered window, read back into local ZE memory; a
+//! fetch-add on a word of that window. Every byte that lands in device memory is checked through
+//! the ZE interface.
 //!
 //! Level Zero here is the TEST DOUBLE of the loader (hmem/tests/doubles/ze_double.c, loaded
 //! through XFABRIC_ZE_LOADER; see tests/common/ze_double.rs): two fake devices whose memory is
@@ -429,8 +430,8 @@ fn run_roles(test: &str) -> bool {
 }
 
 #[test]
-fn ze_double_shm_device_memory() {
-    const NAME: &str = "ze_double_shm_device_memory";
+fn ze_double_device_memory() {
+    const NAME: &str = "ze_double_device_memory";
     if run_roles(NAME) {
         return;
     }
@@ -440,8 +441,8 @@ fn ze_double_shm_device_memory() {
 /// Without cross-memory attach, large messages and writes come in fragments and reads come
 /// back through the ring.
 #[test]
-fn ze_double_shm_device_memory_without_cma() {
-    const NAME: &str = "ze_double_shm_device_memory_without_cma";
+fn ze_double_device_memory_without_cma() {
+    const NAME: &str = "ze_double_device_memory_without_cma";
     if run_roles(NAME) {
         return;
     }

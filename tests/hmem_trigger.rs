@@ -1,9 +1,9 @@
-//! Triggered operations on device memory between two real processes over shm: they are
-//! staged through host bounce buffers exactly as immediate ones are. The sender's CUDA
-//! buffers are zero when their sends are armed and the data is written to the device only
-//! afterwards, before each trigger, so a send that read its data when armed would carry
-//! zeros. Four kinds, each at eager (100 B) and rendezvous (100 KB, 1 MiB) sizes, the
-//! receiver checking every byte:
+//! Triggered operations on device memory between two real processes over the provider under test
+//! (`XFABRIC_TEST_PROVIDER`: shm, tcp): they are staged through host bounce buffers exactly as
+//! immediate ones are. The sender's CUDA buffers are zero when their sends are armed and the data
+//! is written to the device only afterwards, before each trigger, so a send that read its data when
+//! armed would carry zeros. Four kinds, each at eager (100 B) and rendezvous (100 KB, 1 MiB) sizes,
+//! the receiver checking every byte:
 //!
 //! 1. counter-triggered tagged sends from CUDA memory (`tsendmsg_triggered`);
 //! 2. triggered receives into CUDA memory, armed on the receiver's receive counter: at each
