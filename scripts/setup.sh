@@ -14,6 +14,15 @@ command -v fi_pingpong >/dev/null 2>&1 || need+=(libfabric-bin)
 # Open MPI: the real client of libfabric.so.1 that capi/tests/mpi.rs runs on xfabric.
 command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 command -v mpicc >/dev/null 2>&1 || need+=(libopenmpi-dev)
+# verbs: nothing is needed to build (libibverbs is opened at run time). The header lets the
+# layout test check our declarations; the rest is the Soft-RoCE VM that the verbs tests boot
+# (scripts/rxe-vm.sh: Debian's kernel has rdma_rxe, the host's may not) and ibv_rc_pingpong,
+# the reference scripts/bench-verbs.sh compares with.
+[ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
+for p in qemu-system-x86 linux-image-amd64 busybox-static cpio kmod iproute2 rdma-core \
+    ibverbs-providers ibverbs-utils rdmacm-utils; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || need+=("$p")
+done
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test of the workspace: unit tests, the C layout check, the CLI, and the
-# multi-process shm tests, and the documentation's examples. Hardware tests (GPU) skip themselves
-# with a printed reason.
+# Runs every test of the workspace: unit tests, the C layout check, the CLI, the multi-process
+# shm tests, the verbs tests in a Soft-RoCE VM, and the documentation's examples. Hardware
+# tests (GPU) and the VM (where it cannot boot) skip themselves with a printed reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -13,6 +13,9 @@ cargo test --workspace --all-targets -j2 "$@"
 # XFABRIC_TEST_PROVIDER, which the children inherit.
 XFABRIC_TEST_PROVIDER=tcp cargo test -j2 --test conformance --test hmem --test hmem_rma \
     --test hmem_trigger --test hmem_ze "$@"
+# And over verbs, inside the Soft-RoCE VM (one boot; skipped with the reason where it cannot
+# run). tests/verbs_vm.rs, in the workspace run above, booted the VM for the verbs-only tests.
+scripts/test-verbs-vm.sh
 # Without the default features (`cuda`, `ze`): everything still builds, and the crates that hold
 # those features answer "built without ... support" (cheap: no cudarc, few crates rebuilt).
 cargo check -p xfabric --no-default-features --all-targets -j2

@@ -11,8 +11,13 @@ pub mod hmem;
 mod info;
 pub mod shm;
 pub mod tcp;
+pub mod verbs;
 
 /// Every provider this build has, in preference order.
 pub fn all() -> Vec<Arc<dyn Provider>> {
-    vec![Arc::new(shm::Shm), Arc::new(tcp::Tcp)]
+    vec![
+        Arc::new(shm::Shm),
+        Arc::new(tcp::Tcp),
+        Arc::new(verbs::Verbs),
+    ]
 }

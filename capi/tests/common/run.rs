@@ -23,11 +23,16 @@ pub fn have(tool: &str) -> bool {
 pub fn compile(compiler: &str, name: &str, extra: &[&str], link: bool) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
     let exe = target_dir().join(format!("capi-{name}"));
+    // Written under a name of its own, then renamed: two tests compiling the same program at
+    // once must not run a file the other is rewriting (mpirun once failed to launch it so).
+    static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = target_dir().join(format!("capi-{name}.{}.{n}.tmp", std::process::id()));
     let mut cmd = Command::new(compiler);
     cmd.args(["-O2", "-Wall", "-Werror", "-I"])
         .arg(&dir)
         .arg("-o")
-        .arg(&exe)
+        .arg(&tmp)
         .arg(dir.join(format!("{name}.c")));
     if link {
         // The soname is libfabric.so.1 but the build leaves libfabric.so: link the file itself.
@@ -42,6 +47,7 @@ pub fn compile(compiler: &str, name: &str, extra: &[&str], link: bool) -> PathBu
         "{compiler} {name}.c: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    std::fs::rename(&tmp, &exe).unwrap_or_else(|e| panic!("rename {}: {e}", tmp.display()));
     exe
 }
 

@@ -1,0 +1,240 @@
+//! The verbs provider: RDM endpoints over RDMA RC queue pairs (InfiniBand, RoCE, iWARP NICs;
+//! tested on Soft-RoCE). The protocol is core's engine, as for tcp; this provider is the
+//! transport: RC connections set up through a TCP side channel and carrying the engine's
+//! frames in registered chunks (`net`), and the glue (`ep`).
+//!
+//! libibverbs is opened at run time (`sys`): a machine without rdma-core builds and runs the
+//! rest, and getinfo says why verbs is absent ("libibverbs.so.1 not found", "no RDMA device").
+//!
+//! Addresses are those of tcp (`FI_SOCKADDR_IN` or `FI_ADDR_STR`): the device's IPv4 address
+//! (its RoCE v2 GID) and the side channel's port.
+
+mod ep;
+mod ib;
+mod net;
+mod sys;
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use xfabric_core::consts::*;
+use xfabric_core::info::*;
+use xfabric_core::{
+    DomainOps, DoorbellAlloc, EndpointOps, EpCore, Error, HmemOps, Provider, Result,
+};
+
+use crate::hmem::GlobalHmem;
+use crate::info::{check_hmem, rdm_info, RdmDesc};
+use crate::tcp::addr;
+
+pub use ep::VerbsEndpoint;
+
+/// Capabilities the verbs provider offers (the engine's, as tcp).
+pub const VERBS_CAPS: u64 = crate::tcp::TCP_CAPS;
+
+/// Largest inject (copied during the call).
+pub const INJECT_SIZE: usize = 4096;
+
+/// The verbs provider.
+#[derive(Debug, Default)]
+pub struct Verbs;
+
+static FAULTS: AtomicU64 = AtomicU64::new(0);
+
+/// Fault injection for tests: every verbs endpoint of this process moves its queue pairs to the
+/// error state at its next progress (`ibv_modify_qp` to `IBV_QPS_ERR`): what they had posted
+/// completes flushed, and the operations waiting on those peers fail.
+pub fn fault_queue_pairs() {
+    FAULTS.fetch_add(1, Ordering::SeqCst);
+}
+
+fn faults() -> u64 {
+    FAULTS.load(Ordering::SeqCst)
+}
+
+/// Why verbs cannot be used here, or `None` when a device is open.
+pub fn unavailable() -> Option<String> {
+    ib::nic().err()
+}
+
+fn resolve(node: Option<&str>, service: Option<&str>, dflt: IpAddr) -> Result<Option<SocketAddr>> {
+    if node.is_none() && service.is_none() {
+        return Ok(None);
+    }
+    let port: u16 = match service {
+        None => 0,
+        Some(s) => s
+            .parse()
+            .map_err(|_| Error::NoData(format!("provider verbs: service {s:?} is not a port")))?,
+    };
+    let host = node.map_or_else(|| dflt.to_string(), str::to_string);
+    let found = (host.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| Error::NoData(format!("provider verbs: cannot resolve {host:?}: {e}")))?
+        .find(SocketAddr::is_ipv4);
+    found
+        .map(Some)
+        .ok_or_else(|| Error::NoData(format!("provider verbs: {host:?} has no IPv4 address")))
+}
+
+impl Provider for Verbs {
+    fn name(&self) -> &'static str {
+        "verbs"
+    }
+
+    fn version(&self) -> u32 {
+        fi_version(1, 0)
+    }
+
+    fn getinfo(
+        &self,
+        node: Option<&str>,
+        service: Option<&str>,
+        flags: u64,
+        hints: &Info,
+    ) -> Result<Vec<Info>> {
+        if let Some(p) = hints.fabric_attr.prov_name.as_deref() {
+            if !p.split([';', ',']).any(|x| x.eq_ignore_ascii_case("verbs")) {
+                return Err(Error::NoData(format!(
+                    "provider verbs: hints name provider {p:?}"
+                )));
+            }
+        }
+        let nics = ib::nics().map_err(|why| Error::NoData(format!("provider verbs: {why}")))?;
+        check_hmem("verbs", hints)?;
+        let want = hints.addr_format;
+        if ![FI_FORMAT_UNSPEC, FI_SOCKADDR_IN, FI_ADDR_STR].contains(&want) {
+            return Err(Error::NoData(format!(
+                "provider verbs: address format {want} (IPv4 only: FI_SOCKADDR_IN, FI_ADDR_STR)"
+            )));
+        }
+        let named = resolve(node, service, IpAddr::V4(nics[0].ip))?;
+        let (src, dest) = if flags & FI_SOURCE != 0 {
+            (named, None)
+        } else {
+            (None, named)
+        };
+        let src = src.or_else(|| hints.src_addr.as_deref().and_then(|a| addr::decode(a).ok()));
+        let format = if want == FI_ADDR_STR {
+            FI_ADDR_STR
+        } else {
+            FI_SOCKADDR_IN
+        };
+        let mut h = hints.clone();
+        h.src_addr = None;
+        h.dest_addr = None;
+        h.addr_format = FI_FORMAT_UNSPEC;
+        // One answer per device (a domain is a device), or the one a source address names.
+        let devices: Vec<_> = match src {
+            Some(SocketAddr::V4(a)) => {
+                vec![ib::nic_for(*a.ip())
+                    .map_err(|why| Error::NoData(format!("provider verbs: {why}")))?]
+            }
+            Some(SocketAddr::V6(a)) => {
+                return Err(Error::NoData(format!(
+                    "provider verbs: {a} is IPv6 (RoCE v2 over IPv4 only)"
+                )))
+            }
+            None => nics,
+        };
+        let wanted = h.domain_attr.name.take();
+        let mut out = Vec::new();
+        for nic in devices {
+            if wanted.as_deref().is_some_and(|w| w != nic.name) {
+                continue;
+            }
+            for mut f in Info::fit_each("verbs", self.info(), &h)? {
+                f.addr_format = format;
+                f.src_addr = src.map(|a| encode_as(&a, format));
+                f.dest_addr = dest.map(|a| encode_as(&a, format));
+                f.domain_attr.name = Some(nic.name.clone());
+                out.push(f);
+            }
+        }
+        if out.is_empty() {
+            return Err(Error::NoData(format!(
+                "provider verbs: no device named {:?}",
+                wanted.unwrap_or_default()
+            )));
+        }
+        Ok(out)
+    }
+
+    fn info(&self) -> Vec<Info> {
+        // One RC connection per direction of a peer pair, in order, and a target that handles
+        // frames in arrival order: the same guarantees as tcp.
+        vec![rdm_info(&RdmDesc {
+            name: "verbs",
+            caps: VERBS_CAPS,
+            addr_format: FI_SOCKADDR_IN,
+            protocol: FI_PROTO_UNSPEC,
+            inject_size: INJECT_SIZE,
+        })]
+    }
+
+    fn domain(&self, info: &Info) -> Result<Arc<dyn DomainOps>> {
+        let nic = match info.domain_attr.name.as_deref() {
+            Some(n) if n != "verbs" => ib::nic_named(n),
+            _ => ib::nic(),
+        }
+        .map_err(|why| Error::NoData(format!("verbs domain: {why}")))?;
+        Ok(Arc::new(VerbsDomain { nic }))
+    }
+}
+
+fn encode_as(a: &SocketAddr, format: u32) -> Vec<u8> {
+    if format == FI_ADDR_STR {
+        let mut s = addr::to_str(a).into_bytes();
+        s.push(0);
+        s
+    } else {
+        addr::encode(a)
+    }
+}
+
+struct VerbsDomain {
+    nic: Arc<ib::Nic>,
+}
+
+impl DomainOps for VerbsDomain {
+    fn addr_format(&self) -> Arc<dyn xfabric_core::AddrFormat> {
+        Arc::new(addr::TcpAddr)
+    }
+
+    fn endpoint(&self, info: &Info, core: Arc<EpCore>) -> Result<Arc<dyn EndpointOps>> {
+        if info.caps & !(VERBS_CAPS | FI_HMEM) != 0 {
+            return Err(Error::OpNotSupp(format!(
+                "verbs endpoint: capabilities {} are not supported",
+                caps_str(info.caps & !(VERBS_CAPS | FI_HMEM))
+            )));
+        }
+        let bind = match info.src_addr.as_deref() {
+            Some(a) => match addr::decode(a)? {
+                SocketAddr::V4(v4) if *v4.ip() == self.nic.ip => SocketAddr::V4(v4),
+                other => {
+                    return Err(Error::Inval(format!(
+                        "verbs endpoint: source address {other} is not device {}'s ({})",
+                        self.nic.name, self.nic.ip
+                    )))
+                }
+            },
+            None => SocketAddr::new(IpAddr::V4(self.nic.ip), 0),
+        };
+        Ok(VerbsEndpoint::open(
+            core,
+            &self.nic,
+            bind,
+            info.addr_format == FI_ADDR_STR,
+        )?)
+    }
+
+    fn hmem(&self) -> Option<Arc<dyn HmemOps>> {
+        // Device memory is staged through host buffers, as tcp does (see the README).
+        Some(GlobalHmem::ops())
+    }
+
+    fn xpu_doorbells(&self) -> Option<Arc<dyn DoorbellAlloc>> {
+        Some(xfabric_xpu_trigger::doorbells())
+    }
+}

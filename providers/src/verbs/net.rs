@@ -1,0 +1,943 @@
+//! The verbs transport under the engine: one RC queue pair per connection, set up through a
+//! side channel (a TCP connection between the endpoints' listening addresses carries each
+//! side's QP number, PSN and GID, and stays open so that a peer's death shows at once), and
+//! the engine's frames carried as a byte stream cut into chunks of registered buffers sent
+//! with `IBV_WR_SEND`.
+//!
+//! Flow control: each connection posts `RQ` receive buffers; a sender holds one credit per
+//! buffer the receiver has posted for it (`RQ - RESERVE` for data chunks, `RESERVE` for
+//! credit-only chunks), and every chunk's header returns the credits its sender freed since
+//! the last. A receiver therefore never runs out of posted buffers: RNR is not a path this
+//! relies on (the QP's RNR retry is kept small so that a bug would show as an error).
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{debug, warn};
+use xfabric_core::rdm::wire::{self, Prefix, PREFIX};
+use xfabric_core::rdm::{Body, PeerId, Sink, Transmit};
+use xfabric_core::{Error, Result};
+
+use super::ib::{Cq, Mr, Nic, Qp, QpInfo};
+use super::sys;
+use crate::tcp::addr;
+use crate::tcp::net::Handler;
+
+/// Bytes of every chunk buffer (header included).
+pub const CHUNK: usize = 16 * 1024;
+/// Chunk header: data credits returned (u16), reserve credits returned (u16), kind (u8), 3
+/// bytes zero.
+const HDR: usize = 8;
+/// Receive buffers each connection posts.
+const RQ: u32 = 64;
+/// Of those, how many only credit-only chunks may use.
+const RESERVE: u32 = 4;
+/// Send buffers per connection.
+const SQ: usize = 64;
+/// Data credits pending return that make a credit-only chunk worth sending.
+const RETURN_AT: u32 = (RQ - RESERVE) / 2;
+/// CQ entries per endpoint (rxe's most; hardware allows more).
+pub const CQ_DEPTH: i32 = 32767;
+
+const KIND_DATA: u8 = 0;
+const KIND_CREDIT: u8 = 1;
+
+/// The side channel's hello: magic, version, QP number, PSN, GID, the sender's own name.
+const HELLO: usize = 48;
+const MAGIC: u32 = 0x5846_5642; // "XFVB"
+const VERSION: u16 = 1;
+/// The connector's last word once its QP is ready to receive.
+const READY: u8 = 0x52;
+/// Most connections one endpoint holds. A connection can have `RQ` receives and `SQ` signaled
+/// sends completing at once, and they must all fit in the one CQ (an overflow would break
+/// every QP on it); this also keeps strangers from making an endpoint register memory without
+/// bound (each connection costs `(RQ + SQ) * CHUNK` bytes registered, 2 MiB, and a QP).
+const MAX_LINKS: usize = CQ_DEPTH as usize / (RQ as usize + SQ);
+/// How long a connection may take to finish its hellos before it is dropped.
+const HELLO_TIME: Duration = Duration::from_secs(10);
+
+/// Connection state.
+enum State {
+    /// We connected and sent our hello; the peer's hello is awaited.
+    Connecting,
+    /// We accepted; the peer's hello is awaited.
+    Accepting,
+    /// We answered the hello; the connector's READY is awaited before sending.
+    Answered,
+    Up,
+}
+
+/// A stream of frames being read out of chunks.
+enum Rx {
+    /// Collecting a prefix and control part.
+    Head(Vec<u8>),
+    /// The engine answered `sink` for a body of `p.body_len`, `got` bytes of it in.
+    Body {
+        p: Prefix,
+        sink: Sink,
+        got: u64,
+        keep: u64,
+    },
+}
+
+/// A transmit being cut into chunks.
+struct Out {
+    t: Transmit,
+    /// Bytes of ctrl and body already copied.
+    pos: usize,
+}
+
+impl Out {
+    fn len(&self) -> usize {
+        self.t.ctrl.len() + self.t.body.len()
+    }
+}
+
+/// One RC connection (a peer has one it sends on, and may receive on another too).
+struct Link {
+    peer: PeerId,
+    state: State,
+    stream: TcpStream,
+    /// Side-channel bytes read so far.
+    hello: Vec<u8>,
+    // Drop order: the QP, then the registration, then the memory.
+    qp: Qp,
+    mr: Mr,
+    /// Receive buffers, then send buffers, in one registered block.
+    buf: Vec<u8>,
+    psn: u32,
+    free_tx: Vec<usize>,
+    credits: u32,
+    reserve: u32,
+    /// Credits freed here, to return to the peer.
+    owe: u32,
+    owe_reserve: u32,
+    /// Received chunks not yet consumed (slot, start offset, end offset), oldest first.
+    held: VecDeque<(usize, usize, usize)>,
+    rx: Rx,
+    /// Sends posted and not completed.
+    inflight: usize,
+    /// When the connection started (for `HELLO_TIME`).
+    born: std::time::Instant,
+}
+
+/// The peers: an address and, once there is one, the connection it sends on.
+struct Peer {
+    addr: SocketAddr,
+    tx: Option<usize>,
+    out: VecDeque<Out>,
+    queued: usize,
+}
+
+/// Every connection of one endpoint.
+pub struct Net {
+    nic: Arc<Nic>,
+    listener: TcpListener,
+    name: SocketAddr,
+    // Drop order: links (QPs, MRs) before the CQ. Numbers are never reused, so that a
+    // completion of a connection gone cannot be taken for one of its successor.
+    links: HashMap<usize, Link>,
+    next_link: usize,
+    peers: Vec<Peer>,
+    cq: Cq,
+    wc: Vec<sys::ibv_wc>,
+    /// Connections lost this round, with their errno, reported at the end of progress.
+    lost: Vec<(PeerId, i32)>,
+    psn_seed: u32,
+    /// `super::faults()` last acted on.
+    faults: u64,
+}
+
+fn wr_id(link: usize, slot: usize) -> u64 {
+    ((link as u64) << 32) | slot as u64
+}
+
+impl Net {
+    /// Listens on `ip:port` of the device's address.
+    pub fn bind(nic: &Arc<Nic>, bind: SocketAddr) -> Result<Net> {
+        let listener = TcpListener::bind(bind)
+            .map_err(|e| Error::from_io(format!("verbs endpoint: listen on {bind}"), e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::from_io("verbs endpoint: listener", e))?;
+        let name = listener
+            .local_addr()
+            .map_err(|e| Error::from_io("verbs endpoint: local address", e))?;
+        let cq = Cq::new(nic, CQ_DEPTH)?;
+        Ok(Net {
+            nic: nic.clone(),
+            listener,
+            name,
+            links: HashMap::new(),
+            next_link: 0,
+            peers: Vec::new(),
+            cq,
+            wc: vec![sys::ibv_wc::default(); 64],
+            lost: Vec::new(),
+            psn_seed: std::process::id().wrapping_mul(2_654_435_761),
+            faults: super::faults(),
+        })
+    }
+
+    /// The endpoint's name.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.name
+    }
+
+    /// Descriptors that become readable when there is work: the CQ channel, the listener and
+    /// every side channel.
+    pub fn fds(&self) -> Vec<i32> {
+        let mut v = vec![self.cq.fd(), self.listener.as_raw_fd()];
+        v.extend(self.links.values().map(|l| l.stream.as_raw_fd()));
+        v
+    }
+
+    /// Arms the CQ's event for the next completion (before sleeping on `fds`).
+    pub fn arm(&mut self) {
+        self.cq.arm();
+    }
+
+    /// The peer number of `addr` (a new one if unknown).
+    pub fn peer(&mut self, addr: SocketAddr) -> PeerId {
+        if let Some(i) = self.peers.iter().position(|p| p.addr == addr) {
+            return i;
+        }
+        self.peers.push(Peer {
+            addr,
+            tx: None,
+            out: VecDeque::new(),
+            queued: 0,
+        });
+        self.peers.len() - 1
+    }
+
+    /// Bytes queued toward `peer`.
+    pub fn queued(&self, peer: PeerId) -> usize {
+        self.peers.get(peer).map_or(0, |p| p.queued)
+    }
+
+    /// Whether anything waits to be sent or completed.
+    pub fn busy(&self) -> bool {
+        self.peers.iter().any(|p| !p.out.is_empty())
+            || self
+                .links
+                .values()
+                .any(|l| l.inflight > 0 || !l.held.is_empty())
+    }
+
+    fn new_link(&mut self, peer: PeerId, stream: TcpStream, state: State) -> Result<usize> {
+        if self.links.len() >= MAX_LINKS {
+            return Err(Error::Again("verbs: connection table full"));
+        }
+        let qp = Qp::new(&self.nic, &self.cq, RQ)?;
+        let mut buf = vec![0u8; (RQ as usize + SQ) * CHUNK];
+        // SAFETY: the Vec's heap block moves into the Link with the MR, and Link's field
+        // order drops the QP, then the MR, then the memory.
+        let mr = unsafe {
+            Mr::new(
+                &self.nic,
+                buf.as_mut_ptr(),
+                buf.len(),
+                sys::IBV_ACCESS_LOCAL_WRITE,
+            )?
+        };
+        self.psn_seed = self
+            .psn_seed
+            .wrapping_mul(1_103_515_245)
+            .wrapping_add(12345);
+        let link = Link {
+            peer,
+            state,
+            stream,
+            hello: Vec::new(),
+            qp,
+            psn: self.psn_seed & 0xff_ffff,
+            mr,
+            buf,
+            free_tx: (0..SQ).map(|i| RQ as usize + i).collect(),
+            credits: RQ - RESERVE,
+            reserve: RESERVE,
+            owe: 0,
+            owe_reserve: 0,
+            held: VecDeque::new(),
+            rx: Rx::Head(Vec::new()),
+            inflight: 0,
+            born: std::time::Instant::now(),
+        };
+        let id = self.next_link;
+        self.next_link += 1;
+        let l = self.links.entry(id).or_insert(link);
+        for s in 0..RQ as usize {
+            if let Err(e) = post_recv(l, id, s) {
+                self.links.remove(&id);
+                return Err(e);
+            }
+        }
+        Ok(id)
+    }
+
+    fn hello_bytes(&self, l: &Link) -> [u8; HELLO] {
+        let mut h = [0u8; HELLO];
+        h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        h[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        h[8..12].copy_from_slice(&l.qp.num().to_le_bytes());
+        h[12..16].copy_from_slice(&l.psn.to_le_bytes());
+        h[16..32].copy_from_slice(&self.nic.gid);
+        let me = addr::encode(&self.name);
+        let n = me.len().min(16);
+        h[32..32 + n].copy_from_slice(&me[..n]);
+        h
+    }
+
+    /// Starts a connection toward `peer`.
+    fn connect(&mut self, peer: PeerId) -> std::result::Result<(), i32> {
+        let to = self.peers[peer].addr;
+        let stream = TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| {
+            debug!("verbs: connect to {to}: {e}");
+            e.raw_os_error().unwrap_or(libc::ECONNREFUSED)
+        })?;
+        let _ = stream.set_nodelay(true);
+        let id = self
+            .new_link(peer, stream, State::Connecting)
+            .map_err(|e| {
+                warn!("verbs: {e}");
+                libc::ENOMEM
+            })?;
+        let h = self.hello_bytes(&self.links[&id]);
+        let l = self.links.get_mut(&id).expect("just made");
+        // 48 bytes into a fresh socket's empty buffer: a blocking write finishes at once.
+        if let Err(e) = l.stream.write_all(&h) {
+            self.drop_link(id);
+            return Err(e.raw_os_error().unwrap_or(libc::ECONNRESET));
+        }
+        let _ = l.stream.set_nonblocking(true);
+        self.peers[peer].tx = Some(id);
+        Ok(())
+    }
+
+    /// Queues a frame; it goes out as credits and buffers allow.
+    pub fn send(&mut self, t: Transmit) {
+        let peer = t.peer;
+        let Some(p) = self.peers.get_mut(peer) else {
+            return;
+        };
+        let len = t.ctrl.len() + t.body.len();
+        tracing::trace!(peer, len, tx = ?p.tx, "verbs: frame queued");
+        p.queued += len;
+        p.out.push_back(Out { t, pos: 0 });
+        if self.peers[peer].tx.is_none() {
+            if let Err(e) = self.connect(peer) {
+                self.lose_peer(peer, e);
+            }
+        }
+    }
+
+    /// Drops a connection (its QP with it).
+    fn drop_link(&mut self, id: usize) {
+        if let Some(l) = self.links.remove(&id) {
+            let _ = l.qp.to_error();
+            if let Some(p) = self.peers.get_mut(l.peer) {
+                if p.tx == Some(id) {
+                    p.tx = None;
+                }
+            }
+        }
+    }
+
+    /// Forgets what was queued toward `peer` and reports its loss.
+    fn lose_peer(&mut self, peer: PeerId, errno: i32) {
+        if let Some(p) = self.peers.get_mut(peer) {
+            p.out.clear();
+            p.queued = 0;
+            if let Some(id) = p.tx.take() {
+                self.drop_link(id);
+            }
+        }
+        self.lost.push((peer, errno));
+    }
+
+    /// Drops a connection that failed; its peer (if it named itself) is lost: whatever it
+    /// owed us, on this connection or another, will not come.
+    fn fail_link(&mut self, id: usize, errno: i32, why: &str) {
+        let Some(l) = self.links.get(&id) else {
+            return;
+        };
+        let peer = l.peer;
+        debug!(peer, errno, "verbs: connection lost: {why}");
+        self.drop_link(id);
+        if peer < self.peers.len() {
+            self.lose_peer(peer, errno);
+        }
+    }
+
+    fn link_ids(&self) -> Vec<usize> {
+        self.links.keys().copied().collect()
+    }
+
+    /// One round: accept, side channels, completions, sends. Returns events handled.
+    pub fn progress<H: Handler>(&mut self, h: &mut H) -> usize {
+        let f = super::faults();
+        if f != self.faults {
+            self.faults = f;
+            for l in self.links.values() {
+                let _ = l.qp.to_error();
+            }
+        }
+        let mut n = self.accept();
+        n += self.side_channels();
+        n += self.completions(h);
+        for id in self.link_ids() {
+            n += self.consume(id, h);
+        }
+        self.flush(h);
+        n
+    }
+
+    /// Posts what queued frames credits and buffers allow, and reports connections lost.
+    pub fn flush<H: Handler>(&mut self, h: &mut H) {
+        self.pump_all(h);
+        for (peer, errno) in std::mem::take(&mut self.lost) {
+            let addr = self.peers.get(peer).map(|p| p.addr);
+            h.on_lost(peer, addr, errno);
+        }
+    }
+
+    fn accept(&mut self) -> usize {
+        let mut n = 0;
+        // A bounded number per round: a flood of connections cannot starve the rest.
+        for _ in 0..16 {
+            match self.listener.accept() {
+                Ok((s, _)) => {
+                    let _ = s.set_nonblocking(true);
+                    let _ = s.set_nodelay(true);
+                    // The peer is known once its hello names it; usize::MAX until then.
+                    match self.new_link(usize::MAX, s, State::Accepting) {
+                        Ok(_) => n += 1,
+                        Err(e) => warn!("verbs: cannot accept a connection: {e}"),
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        n
+    }
+
+    /// Advances every side channel: hellos, READY, EOF.
+    fn side_channels(&mut self) -> usize {
+        let mut n = 0;
+        for id in self.link_ids() {
+            let want = match self.links[&id].state {
+                State::Connecting | State::Accepting => HELLO,
+                State::Answered => 1,
+                State::Up => 1,
+            };
+            let l = self.links.get_mut(&id).expect("listed");
+            let mut tmp = [0u8; HELLO];
+            let have = l.hello.len().min(want);
+            let r = l.stream.read(&mut tmp[..want - have]);
+            match r {
+                Ok(0) => {
+                    self.fail_link(id, libc::ECONNRESET, "side channel closed");
+                    n += 1;
+                    continue;
+                }
+                Ok(k) => l.hello.extend_from_slice(&tmp[..k]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if !matches!(l.state, State::Up) && l.born.elapsed() > HELLO_TIME {
+                        self.fail_link(id, libc::ETIMEDOUT, "hellos took too long");
+                        n += 1;
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    self.fail_link(
+                        id,
+                        e.raw_os_error().unwrap_or(libc::ECONNRESET),
+                        "side channel",
+                    );
+                    n += 1;
+                    continue;
+                }
+            }
+            if l.hello.len() < want {
+                continue;
+            }
+            n += 1;
+            let got = std::mem::take(&mut l.hello);
+            let r = match l.state {
+                State::Connecting => self.on_answer(id, &got),
+                State::Accepting => self.on_hello(id, &got),
+                State::Answered if got[0] == READY => {
+                    debug!(link = id, peer = l.peer, "verbs: connected (acceptor)");
+                    l.state = State::Up;
+                    Ok(())
+                }
+                _ => Err("unexpected bytes on the side channel"),
+            };
+            if let Err(why) = r {
+                warn!("verbs: {why}");
+                self.fail_link(id, libc::EPROTO, why);
+            }
+        }
+        n
+    }
+
+    fn parse_hello(h: &[u8]) -> std::result::Result<(QpInfo, SocketAddr), &'static str> {
+        let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().expect("4 bytes"));
+        if h.len() != HELLO || u32_at(0) != MAGIC {
+            return Err("side channel: not an xfabric verbs hello");
+        }
+        if u16::from_le_bytes([h[4], h[5]]) != VERSION {
+            return Err("side channel: unknown version");
+        }
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&h[16..32]);
+        let name = addr::decode(&h[32..48]).map_err(|_| "side channel: bad name")?;
+        Ok((
+            QpInfo {
+                qpn: u32_at(8) & 0xff_ffff,
+                psn: u32_at(12) & 0xff_ffff,
+                gid,
+            },
+            name,
+        ))
+    }
+
+    /// Connector: the acceptor's answer came: connect the QP, say READY, start sending.
+    fn on_answer(&mut self, id: usize, h: &[u8]) -> std::result::Result<(), &'static str> {
+        let (info, _) = Self::parse_hello(h)?;
+        let l = self.links.get_mut(&id).expect("listed");
+        l.qp.connect(l.psn, &info).map_err(|e| {
+            warn!("verbs: {e}");
+            "cannot connect the queue pair"
+        })?;
+        l.stream
+            .write_all(&[READY])
+            .map_err(|_| "side channel: cannot send READY")?;
+        l.state = State::Up;
+        debug!(link = id, peer = l.peer, "verbs: connected (connector)");
+        Ok(())
+    }
+
+    /// Acceptor: a hello came: name the peer, connect our QP, answer.
+    fn on_hello(&mut self, id: usize, h: &[u8]) -> std::result::Result<(), &'static str> {
+        let (info, name) = Self::parse_hello(h)?;
+        let peer = self.peer(name);
+        let answer = self.hello_bytes(&self.links[&id]);
+        let l = self.links.get_mut(&id).expect("listed");
+        l.peer = peer;
+        l.qp.connect(l.psn, &info).map_err(|e| {
+            warn!("verbs: {e}");
+            "cannot connect the queue pair"
+        })?;
+        // 48 bytes on a connection that has carried 48: the socket buffer has room.
+        let _ = l.stream.set_nonblocking(false);
+        let w = l.stream.write_all(&answer);
+        let _ = l.stream.set_nonblocking(true);
+        w.map_err(|_| "side channel: cannot answer")?;
+        l.state = State::Answered;
+        debug!(link = id, peer, "verbs: answered a connection");
+        if self.peers[peer].tx.is_none() {
+            self.peers[peer].tx = Some(id);
+        }
+        Ok(())
+    }
+
+    fn completions<H: Handler>(&mut self, h: &mut H) -> usize {
+        let mut total = 0;
+        loop {
+            let n = self.cq.poll(&mut self.wc);
+            if n == 0 {
+                break;
+            }
+            total += n;
+            for i in 0..n {
+                let wc = self.wc[i];
+                let id = (wc.wr_id >> 32) as usize;
+                let slot = (wc.wr_id & 0xffff_ffff) as usize;
+                let Some(l) = self.links.get_mut(&id) else {
+                    continue;
+                };
+                if wc.status != sys::IBV_WC_SUCCESS {
+                    let errno = match wc.status {
+                        sys::IBV_WC_REM_ACCESS_ERR => libc::EACCES,
+                        // The first error of a QP names the cause; a flush first means the QP
+                        // was moved to the error state here.
+                        sys::IBV_WC_WR_FLUSH_ERR => libc::ECANCELED,
+                        // Retry or RNR retry exceeded, and the rest: the peer is gone.
+                        _ => libc::ECONNRESET,
+                    };
+                    self.fail_link(id, errno, "work completion error");
+                    continue;
+                }
+                if wc.opcode & sys::IBV_WC_RECV != 0 {
+                    let len = wc.byte_len as usize;
+                    if !(HDR..=CHUNK).contains(&len) {
+                        self.fail_link(id, libc::EPROTO, "chunk of a bad length");
+                        continue;
+                    }
+                    let base = slot * CHUNK;
+                    let hd = &l.buf[base..base + HDR];
+                    let dc = u32::from(u16::from_le_bytes([hd[0], hd[1]]));
+                    let rc = u32::from(u16::from_le_bytes([hd[2], hd[3]]));
+                    let kind = hd[4];
+                    l.credits = l.credits.saturating_add(dc).min(RQ - RESERVE);
+                    l.reserve = l.reserve.saturating_add(rc).min(RESERVE);
+                    if kind == KIND_CREDIT {
+                        l.owe_reserve += 1;
+                        if let Err(e) = post_recv(l, id, slot) {
+                            warn!("verbs: {e}");
+                            self.fail_link(id, libc::EIO, "cannot repost a receive");
+                        }
+                    } else {
+                        tracing::trace!(link = id, len, "verbs: chunk in");
+                        l.held.push_back((slot, base + HDR, base + len));
+                    }
+                } else {
+                    l.inflight -= 1;
+                    l.free_tx.push(slot);
+                }
+            }
+        }
+        let _ = h;
+        total
+    }
+
+    /// Feeds a connection's held chunks to the engine until done or the engine waits.
+    fn consume<H: Handler>(&mut self, id: usize, h: &mut H) -> usize {
+        let mut frames = 0;
+        let Some(l) = self.links.get_mut(&id) else {
+            return 0;
+        };
+        let peer = l.peer;
+        let Some(addr) = self.peers.get(peer).map(|p| p.addr) else {
+            return 0;
+        };
+        let bad = loop {
+            // A whole head: ask the engine where the body goes.
+            if let Rx::Head(v) = &l.rx {
+                let need = match head_need(v) {
+                    Ok(n) => n,
+                    Err(e) => break Some(format!("garbage from a peer: {e}")),
+                };
+                if v.len() >= PREFIX && v.len() == need {
+                    let p = match wire::prefix(v) {
+                        Ok(p) => p,
+                        Err(e) => break Some(format!("garbage from a peer: {e}")),
+                    };
+                    let sink = match h.on_ctrl(peer, addr, &p, &v[PREFIX..]) {
+                        Ok(s) => s,
+                        Err(e) => break Some(format!("refused frame: {e}")),
+                    };
+                    tracing::trace!(
+                        link = id,
+                        kind = p.kind,
+                        body = p.body_len,
+                        "verbs: frame in"
+                    );
+                    if matches!(sink, Sink::Wait) {
+                        // Flow control: the head stays, and so do the chunks behind it.
+                        break None;
+                    }
+                    let keep = match &sink {
+                        Sink::Discard | Sink::Wait => 0,
+                        Sink::Buffer(b) => b.len() as u64,
+                        Sink::Iov(i) => i.total() as u64,
+                    }
+                    .min(p.body_len);
+                    l.rx = Rx::Body {
+                        p,
+                        sink,
+                        got: 0,
+                        keep,
+                    };
+                }
+            }
+            if let Rx::Body { p, got, .. } = &l.rx {
+                if *got == p.body_len {
+                    if let Rx::Body { sink, .. } =
+                        std::mem::replace(&mut l.rx, Rx::Head(Vec::new()))
+                    {
+                        h.on_body(peer, sink);
+                    }
+                    tracing::trace!(link = id, "verbs: body in");
+                    frames += 1;
+                    continue;
+                }
+            }
+            let Some(&(slot, at, end)) = l.held.front() else {
+                break None;
+            };
+            let avail = end - at;
+            let took = match &mut l.rx {
+                Rx::Head(v) => {
+                    let need = match head_need(v) {
+                        Ok(n) => n,
+                        Err(e) => break Some(format!("garbage from a peer: {e}")),
+                    };
+                    let k = (need - v.len()).min(avail);
+                    v.extend_from_slice(&l.buf[at..at + k]);
+                    k
+                }
+                Rx::Body { p, sink, got, keep } => {
+                    let take = (avail as u64).min(p.body_len - *got) as usize;
+                    if *got < *keep {
+                        let n = (take as u64).min(*keep - *got) as usize;
+                        let off = *got as usize;
+                        let src = &l.buf[at..at + n];
+                        match sink {
+                            Sink::Discard | Sink::Wait => {}
+                            Sink::Buffer(b) => b[off..off + n].copy_from_slice(src),
+                            // SAFETY: the engine keeps the sink's memory writable until
+                            // on_body; it is application memory, not our buffer.
+                            Sink::Iov(i) => unsafe {
+                                i.copy_in(off, src);
+                            },
+                        }
+                    }
+                    *got += take as u64;
+                    take
+                }
+            };
+            if at + took < end {
+                l.held[0].1 = at + took;
+            } else {
+                l.held.pop_front();
+                l.owe += 1;
+                if let Err(e) = post_recv(l, id, slot) {
+                    break Some(format!("cannot repost a receive: {e}"));
+                }
+            }
+        };
+        if let Some(why) = bad {
+            warn!("verbs: {why}");
+            self.fail_link(id, libc::EPROTO, "bad data");
+        }
+        frames
+    }
+
+    fn pump_all<H: Handler>(&mut self, h: &mut H) {
+        for peer in 0..self.peers.len() {
+            self.pump(peer, h);
+        }
+        // Credit-only chunks where credits pile up and nothing else carries them.
+        for id in self.link_ids() {
+            let l = self.links.get_mut(&id).expect("listed");
+            if !matches!(l.state, State::Up) || l.owe < RETURN_AT {
+                continue;
+            }
+            if l.reserve == 0 || l.free_tx.is_empty() {
+                continue;
+            }
+            l.reserve -= 1;
+            let slot = l.free_tx.pop().expect("checked");
+            let base = slot * CHUNK;
+            write_hdr(l, base, KIND_CREDIT);
+            if let Err(e) = post_send(l, id, slot, HDR) {
+                warn!("verbs: {e}");
+                self.fail_link(id, libc::EIO, "cannot post a send");
+            }
+        }
+    }
+
+    /// Moves `peer`'s queued frames into chunks while its connection has buffers and credits.
+    fn pump<H: Handler>(&mut self, peer: PeerId, h: &mut H) {
+        let Some(id) = self.peers[peer].tx else {
+            return;
+        };
+        let Some(l) = self.links.get_mut(&id) else {
+            return;
+        };
+        if !matches!(l.state, State::Up) {
+            return;
+        }
+        let p = &mut self.peers[peer];
+        while !p.out.is_empty() && l.credits > 0 && !l.free_tx.is_empty() {
+            let slot = l.free_tx.pop().expect("checked");
+            let base = slot * CHUNK;
+            let mut fill = HDR;
+            while fill < CHUNK {
+                let Some(o) = p.out.front_mut() else {
+                    break;
+                };
+                let clen = o.t.ctrl.len();
+                let total = o.len();
+                let k = (total - o.pos).min(CHUNK - fill);
+                let dst = &mut l.buf[base + fill..base + fill + k];
+                let mut done = 0;
+                if o.pos < clen {
+                    let c = (clen - o.pos).min(k);
+                    dst[..c].copy_from_slice(&o.t.ctrl[o.pos..o.pos + c]);
+                    done = c;
+                }
+                if done < k {
+                    let boff = o.pos + done - clen;
+                    let dst = &mut dst[done..];
+                    match (&o.t.body, o.t.body.held()) {
+                        (_, Some(v)) => dst.copy_from_slice(&v[boff..boff + dst.len()]),
+                        // SAFETY: the engine keeps a body's memory readable until on_sent or
+                        // on_lost (the Body::Iov contract).
+                        (Body::Iov(i), None) => unsafe {
+                            i.copy_out(boff, dst);
+                        },
+                        (_, None) => {}
+                    }
+                }
+                o.pos += k;
+                fill += k;
+                p.queued = p.queued.saturating_sub(k);
+                if o.pos == total {
+                    let o = p.out.pop_front().expect("front");
+                    if let Some(tok) = o.t.token {
+                        h.on_sent(peer, tok);
+                    }
+                }
+            }
+            l.credits -= 1;
+            write_hdr(l, base, KIND_DATA);
+            tracing::trace!(
+                link = id,
+                len = fill,
+                credits = l.credits,
+                "verbs: chunk out"
+            );
+            if let Err(e) = post_send(l, id, slot, fill) {
+                warn!("verbs: {e}");
+                self.fail_link(id, libc::EIO, "cannot post a send");
+                return;
+            }
+        }
+    }
+
+    /// Ends every connection: sends already posted get a moment to complete.
+    pub fn shutdown(&mut self, until: std::time::Instant) {
+        while self.links.values().any(|l| l.inflight > 0) && std::time::Instant::now() < until {
+            let n = self.cq.poll(&mut self.wc);
+            for i in 0..n {
+                let wc = self.wc[i];
+                let id = (wc.wr_id >> 32) as usize;
+                if let Some(l) = self.links.get_mut(&id) {
+                    if wc.opcode & sys::IBV_WC_RECV == 0 {
+                        l.inflight = l.inflight.saturating_sub(1);
+                    }
+                }
+            }
+            if n == 0 {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        self.links.clear();
+    }
+}
+
+fn write_hdr(l: &mut Link, base: usize, kind: u8) {
+    let dc = l.owe.min(u32::from(u16::MAX));
+    let rc = l.owe_reserve.min(u32::from(u16::MAX));
+    l.owe -= dc;
+    l.owe_reserve -= rc;
+    let hd = &mut l.buf[base..base + HDR];
+    hd[0..2].copy_from_slice(&(dc as u16).to_le_bytes());
+    hd[2..4].copy_from_slice(&(rc as u16).to_le_bytes());
+    hd[4] = kind;
+    hd[5..8].fill(0);
+}
+
+fn post_recv(l: &mut Link, id: usize, slot: usize) -> Result<()> {
+    let mut sge = sys::ibv_sge {
+        addr: l.buf[slot * CHUNK..].as_mut_ptr() as u64,
+        length: CHUNK as u32,
+        lkey: l.mr.lkey(),
+    };
+    // SAFETY: the slot lies in the link's registered buffer, which outlives its QP.
+    unsafe { l.qp.post_recv(wr_id(id, slot), &mut sge) }
+}
+
+fn post_send(l: &mut Link, id: usize, slot: usize, len: usize) -> Result<()> {
+    let mut sge = sys::ibv_sge {
+        addr: l.buf[slot * CHUNK..].as_mut_ptr() as u64,
+        length: len as u32,
+        lkey: l.mr.lkey(),
+    };
+    let mut wr = sys::ibv_send_wr {
+        wr_id: wr_id(id, slot),
+        sg_list: &mut sge,
+        num_sge: 1,
+        opcode: sys::IBV_WR_SEND,
+        send_flags: sys::IBV_SEND_SIGNALED,
+        ..Default::default()
+    };
+    // SAFETY: as post_recv; the slot is not reused before its completion (free_tx).
+    unsafe { l.qp.post_send(&mut wr) }?;
+    l.inflight += 1;
+    Ok(())
+}
+
+/// Bytes of head (prefix and control part) a frame has, as far as `v` tells.
+fn head_need(v: &[u8]) -> std::result::Result<usize, wire::WireError> {
+    if v.len() < PREFIX {
+        return Ok(PREFIX);
+    }
+    Ok(PREFIX + wire::prefix(v)?.ctrl_len as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(qpn: u32, name: &SocketAddr) -> Vec<u8> {
+        let mut h = vec![0u8; HELLO];
+        h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        h[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        h[8..12].copy_from_slice(&qpn.to_le_bytes());
+        h[12..16].copy_from_slice(&7u32.to_le_bytes());
+        h[16..32].copy_from_slice(&[0xab; 16]);
+        h[32..48].copy_from_slice(&addr::encode(name));
+        h
+    }
+
+    #[test]
+    fn hello_round_trip_and_hostile_ones() {
+        let name: SocketAddr = "192.0.2.1:4000".parse().unwrap();
+        let (info, n) = Net::parse_hello(&hello(0x1234, &name)).unwrap();
+        assert_eq!(
+            (info.qpn, info.psn, info.gid, n),
+            (0x1234, 7, [0xab; 16], name)
+        );
+        // A QP number wider than 24 bits is cut to what the wire can name.
+        assert_eq!(
+            Net::parse_hello(&hello(u32::MAX, &name)).unwrap().0.qpn,
+            0xff_ffff
+        );
+        let mut bad = hello(1, &name);
+        bad[0] ^= 1;
+        assert!(Net::parse_hello(&bad).is_err());
+        let mut bad = hello(1, &name);
+        bad[4] = 9;
+        assert!(Net::parse_hello(&bad).is_err());
+        let mut bad = hello(1, &name);
+        bad[32..48].fill(0xff);
+        assert!(Net::parse_hello(&bad).is_err());
+        assert!(Net::parse_hello(&hello(1, &name)[..HELLO - 1]).is_err());
+        assert!(Net::parse_hello(&[]).is_err());
+    }
+
+    #[test]
+    fn head_need_reads_the_prefix_and_refuses_garbage() {
+        assert_eq!(head_need(&[]).unwrap(), PREFIX);
+        assert_eq!(head_need(&[0u8; 3]).unwrap(), PREFIX);
+        let prefix = |magic: u16, ctrl: u32| {
+            let mut v = magic.to_le_bytes().to_vec();
+            v.extend_from_slice(&[1, 0]);
+            v.extend_from_slice(&ctrl.to_le_bytes());
+            v.extend_from_slice(&5u64.to_le_bytes());
+            v
+        };
+        assert_eq!(head_need(&prefix(wire::MAGIC, 24)).unwrap(), PREFIX + 24);
+        assert!(head_need(&prefix(wire::MAGIC, u32::MAX)).is_err());
+        assert!(head_need(&prefix(0, 24)).is_err());
+    }
+}

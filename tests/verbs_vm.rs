@@ -1,0 +1,420 @@
+//! The verbs provider on a real kernel RDMA device: Soft-RoCE (rdma_rxe) inside a QEMU VM
+//! (`scripts/rxe-vm.sh`), since these machines have no RDMA NIC and their kernel no InfiniBand.
+//!
+//! `boots_the_soft_roce_vm` (the host half) boots the VM once and runs this same test binary
+//! inside it, selecting the `vm_*` tests, with `XFABRIC_RXE_VM=1` and the verbs provider; it
+//! skips with the reason where the VM cannot run. The `vm_*` tests do the work there and skip
+//! themselves on the host. Each is a two-process test (`common::spawn`), bounded in time.
+
+mod common;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use xfabric::errno::*;
+use xfabric::*;
+
+/// Whether this process runs inside the VM (set by the host half).
+fn inside() -> bool {
+    std::env::var_os("XFABRIC_RXE_VM").is_some()
+}
+
+/// The `vm_*` tests below, which the host half expects to see pass.
+const VM_TESTS: usize = 5;
+
+/// The `pair_*` tests below, which run in a VM with two devices.
+const PAIR_TESTS: usize = 1;
+
+// The host halves' names must not contain "vm_" or "pair_" (the filters).
+#[test]
+fn boots_the_soft_roce_vm() {
+    boot(false, "vm_", VM_TESTS);
+}
+
+#[test]
+fn boots_the_soft_roce_pair() {
+    boot(true, "pair_", PAIR_TESTS);
+}
+
+/// One VM at a time: two would share this machine's cores.
+static ONE_VM: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Boots the VM (`--pair`: two devices on a veth pair) and runs the tests matching `filter`
+/// inside, expecting `count` to pass.
+fn boot(pair: bool, filter: &str, count: usize) {
+    if inside() || role().is_some() {
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let runner = root.join("scripts/rxe-vm.sh");
+    let check = Command::new(&runner).arg("--check").output();
+    match check {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            eprintln!("skipped: {}", String::from_utf8_lossy(&o.stdout).trim());
+            return;
+        }
+        Err(e) => {
+            eprintln!("skipped: cannot run {}: {e}", runner.display());
+            return;
+        }
+    }
+    let exe = std::env::current_exe().unwrap();
+    let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cmd = Command::new(&runner);
+    if pair {
+        cmd.arg("--pair");
+    }
+    let out = cmd
+        .args(["--timeout", "240", "--"])
+        .arg(&exe)
+        .args([filter, "--test-threads=1"])
+        .env("XFABRIC_RXE_VM", "1")
+        .env("XFABRIC_TEST_PROVIDER", "verbs")
+        .current_dir(root)
+        .output()
+        .expect("run scripts/rxe-vm.sh");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "the tests in the VM failed: {}",
+        out.status
+    );
+    let want = format!("test result: ok. {count} passed");
+    assert!(text.contains(&want), "expected \"{want}\" from the VM");
+}
+
+/// On a machine without an RDMA device (or without rdma-core), verbs is not listed and
+/// `xfabric info -p verbs` says why; where there is one (the VM), it is listed.
+#[test]
+fn info_lists_verbs_in_the_vm_or_says_why_not() {
+    if role().is_some() {
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_xfabric"))
+        .args(["info", "-p", "verbs"])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if inside() || out.status.success() {
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("provider: verbs"), "{text}");
+        assert!(text.contains("FI_EP_RDM"), "{text}");
+    } else {
+        let why = text.split("provider verbs: ").nth(1).unwrap_or("");
+        assert!(
+            why.starts_with("libibverbs.so.1 not found")
+                || why.starts_with("no RDMA device")
+                || why.starts_with("no usable RDMA device"),
+            "{text}"
+        );
+        eprintln!("verbs unavailable here: {}", why.trim());
+        // Listing everything still works, without verbs.
+        let all = Command::new(env!("CARGO_BIN_EXE_xfabric"))
+            .args(["info", "-l"])
+            .output()
+            .unwrap();
+        assert!(all.status.success());
+    }
+}
+
+/// Skips (true) unless inside the VM.
+fn skip() -> bool {
+    if !inside() {
+        eprintln!("skipped: runs inside the Soft-RoCE VM only (see boots_the_soft_roce_vm)");
+        return true;
+    }
+    false
+}
+
+fn send(n: &Node, b: &[u8], to: FiAddr, ctx: Context) {
+    // SAFETY: every caller keeps the buffer until the send's completion.
+    n.retry(|| unsafe { n.ep.send(b, None, to, ctx) });
+}
+
+fn recv(n: &Node, b: &mut [u8], from: FiAddr, ctx: Context) {
+    // SAFETY: every caller keeps the buffer until the receive's completion.
+    unsafe { n.ep.recv(b, None, from, ctx) }.unwrap();
+}
+
+const SIZES: [usize; 4] = [1, 4096, 100_000, 4 << 20];
+
+#[test]
+fn vm_two_processes_exchange_messages() {
+    if skip() {
+        return;
+    }
+    assert_eq!(
+        std::env::var("XFABRIC_TEST_PROVIDER").as_deref(),
+        Ok("verbs")
+    );
+    if role().is_some() {
+        let n = node(FI_MSG, Progress::Auto);
+        let p = connect_parent(&n);
+        let mut bufs: Vec<Vec<u8>> = SIZES.iter().map(|s| vec![0u8; *s]).collect();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            recv(&n, b, p, i);
+        }
+        let mut got: Vec<Context> = n.wait_n(SIZES.len()).iter().map(|c| c.op_context).collect();
+        got.sort_unstable();
+        assert_eq!(got, [0, 1, 2, 3]);
+        for (i, b) in bufs.iter().enumerate() {
+            assert!(*b == pattern(SIZES[i], i as u64), "message {i} differs");
+        }
+        let back = pattern(1000, 9);
+        send(&n, &back, p, 9);
+        n.wait_one();
+        say("done");
+        assert_eq!(listen(), "bye");
+        return;
+    }
+    let mut child = spawn("vm_two_processes_exchange_messages", "child", &[]);
+    let n = node(FI_MSG, Progress::Auto);
+    let c = connect(&mut child, &n);
+    let msgs: Vec<Vec<u8>> = (0..SIZES.len())
+        .map(|i| pattern(SIZES[i], i as u64))
+        .collect();
+    let mut back = vec![0u8; 1000];
+    recv(&n, &mut back, c, 9);
+    for (i, m) in msgs.iter().enumerate() {
+        send(&n, m, c, i);
+    }
+    // Four sends and the receive.
+    n.wait_n(SIZES.len() + 1);
+    assert!(back == pattern(1000, 9));
+    assert_eq!(child.hear(), "done");
+    child.tell("bye");
+    child.join();
+}
+
+/// The child's half of the RMA tests: a window, its key and base told to the parent.
+fn window_child(test: &str) {
+    let _ = test;
+    let n = node(FI_MSG | FI_RMA, Progress::Auto);
+    connect_parent(&n);
+    let win = vec![0u8; 4096];
+    let access = FI_REMOTE_READ | FI_REMOTE_WRITE;
+    // SAFETY: `win` outlives the region (dropped at the end of this function, after it).
+    let mr = unsafe { n.domain.mr_reg(&win, access, 0, 7) }.unwrap();
+    let virt = n.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0;
+    let base = if virt { win.as_ptr() as u64 } else { 0 };
+    say(&format!("{} {base}", mr.key()));
+    assert_eq!(listen(), "bye");
+    drop(mr);
+}
+
+fn remote(child: &mut Peer) -> (u64, u64) {
+    let v: Vec<u64> = child
+        .hear()
+        .split(' ')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    (v[0], v[1])
+}
+
+#[test]
+fn vm_wrong_rkey_fails_with_eacces() {
+    const T: &str = "vm_wrong_rkey_fails_with_eacces";
+    if skip() {
+        return;
+    }
+    if role().is_some() {
+        return window_child(T);
+    }
+    let mut child = spawn(T, "child", &[]);
+    let n = node(FI_MSG | FI_RMA, Progress::Auto);
+    let c = connect(&mut child, &n);
+    let (key, base) = remote(&mut child);
+    let data = pattern(512, 3);
+    let mut back = vec![0u8; 512];
+    // SAFETY: the buffers outlive the completions read below.
+    unsafe { n.ep.write(&data, None, c, base, key ^ 0x5a5a, 1) }.unwrap();
+    match n.next() {
+        Completion::Err(e, _) => assert_eq!((e.op_context, e.err), (1, FI_EACCES), "{e:?}"),
+        Completion::Ok(c, _) => panic!("a write with a wrong key succeeded: {c:?}"),
+    }
+    // SAFETY: as above.
+    unsafe { n.ep.read(&mut back, None, c, base, key.wrapping_add(1), 2) }.unwrap();
+    match n.next() {
+        Completion::Err(e, _) => assert_eq!((e.op_context, e.err), (2, FI_EACCES), "{e:?}"),
+        Completion::Ok(c, _) => panic!("a read with a wrong key succeeded: {c:?}"),
+    }
+    // The connection survives a refused access: the right key works.
+    // SAFETY: as above.
+    unsafe { n.ep.write(&data, None, c, base, key, 3) }.unwrap();
+    assert_eq!(n.wait_one().op_context, 3);
+    // SAFETY: as above.
+    unsafe { n.ep.read(&mut back, None, c, base, key, 4) }.unwrap();
+    assert_eq!(n.wait_one().op_context, 4);
+    assert!(back == data);
+    child.tell("bye");
+    child.join();
+}
+
+#[test]
+fn vm_queue_pairs_moved_to_error_fail_operations() {
+    const T: &str = "vm_queue_pairs_moved_to_error_fail_operations";
+    if skip() {
+        return;
+    }
+    if role().is_some() {
+        // Progresses only until the first message is in (the connection is up), then never:
+        // the parent's reads stay unanswered until its QPs fail.
+        let n = node(FI_MSG | FI_RMA, Progress::Manual);
+        let p = connect_parent(&n);
+        let mut b = vec![0u8; 64];
+        recv(&n, &mut b, p, 1);
+        n.wait_one();
+        say("idle");
+        assert_eq!(listen(), "bye");
+        return;
+    }
+    let mut child = spawn(T, "child", &[]);
+    let n = node(FI_MSG | FI_RMA, Progress::Auto);
+    let c = connect(&mut child, &n);
+    send(&n, &[7u8; 64], c, 1);
+    assert_eq!(child.hear(), "idle");
+    assert_eq!(n.wait_one().op_context, 1);
+    let mut reads = vec![vec![0u8; 4096]; 4];
+    for (i, r) in reads.iter_mut().enumerate() {
+        // SAFETY: the buffers outlive the error completions read below.
+        unsafe { n.ep.read(r, None, c, 0, 1, 10 + i) }.unwrap();
+    }
+    xfabric_providers::verbs::fault_queue_pairs();
+    let mut ended = Vec::new();
+    for _ in 0..reads.len() {
+        match n.next() {
+            Completion::Err(e, _) => {
+                assert_eq!(e.err, FI_ECANCELED, "{e:?}");
+                ended.push(e.op_context);
+            }
+            Completion::Ok(c, _) => panic!("a read of a peer that never answers succeeded: {c:?}"),
+        }
+    }
+    ended.sort_unstable();
+    assert_eq!(ended, [10, 11, 12, 13]);
+    child.tell("bye");
+    child.join();
+}
+
+#[test]
+fn vm_peer_killed_mid_transfer_no_hang() {
+    const T: &str = "vm_peer_killed_mid_transfer_no_hang";
+    if skip() {
+        return;
+    }
+    if role().is_some() {
+        // Receives part of a long stream, then waits to be killed.
+        let n = node(FI_MSG, Progress::Auto);
+        let p = connect_parent(&n);
+        let mut b = vec![0u8; 1 << 20];
+        recv(&n, &mut b, p, 1);
+        n.wait_one();
+        say("one");
+        listen();
+        unreachable!("this child is killed");
+    }
+    let mut child = spawn(T, "child", &[]);
+    let n = node(FI_MSG, Progress::Auto);
+    let c = connect(&mut child, &n);
+    let big = pattern(1 << 20, 1);
+    send(&n, &big, c, 1);
+    assert_eq!(child.hear(), "one");
+    // Sends the peer never receives (no receive posted: they wait as unexpected or for a
+    // match), then the kill while they are in flight.
+    let mut hdl = Vec::new();
+    for i in 0..8usize {
+        // SAFETY: `big` outlives every completion below.
+        match unsafe { n.ep.senddata(&big, None, i as u64, c, 100 + i) } {
+            Ok(()) => hdl.push(100 + i),
+            Err(Error::Again(_)) => break,
+            Err(e) => panic!("send: {e}"),
+        }
+    }
+    child.kill();
+    // Every operation ends, one way or the other, within the bound: none hangs.
+    let started = std::time::Instant::now();
+    let mut ended = 0;
+    let mut errs = 0;
+    while ended < hdl.len() + 1 {
+        match n.next() {
+            Completion::Err(e, _) => {
+                assert_eq!(e.err, FI_ECONNRESET, "{e:?}");
+                errs += 1;
+            }
+            Completion::Ok(..) => {}
+        }
+        ended += 1;
+    }
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // Larger than the eager limit, unmatched: each waited for the peer, and failed with it.
+    assert_eq!(errs, hdl.len());
+}
+
+/// Bytes sent so far by a network interface of the VM.
+fn tx_bytes(dev: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/class/net/{dev}/statistics/tx_bytes"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Two processes on two devices (rxe0 on veth0, 192.0.2.1; rxe1 on veth1, 192.0.2.2), each
+/// choosing its device by its source address: the messages cross the veth pair (its byte
+/// counters say so), not rxe's internal loopback.
+#[test]
+fn pair_two_devices_exchange_messages_across_the_veth_pair() {
+    if !inside() || std::fs::metadata("/sys/class/net/veth0").is_err() {
+        eprintln!("skipped: runs inside the two-device Soft-RoCE VM only");
+        return;
+    }
+    let on = |ip: &str| {
+        let a: std::net::SocketAddr = format!("{ip}:0").parse().unwrap();
+        let raw = xfabric_providers::tcp::addr::encode(&a);
+        node_with(FI_MSG, Progress::Auto, move |h| h.src_addr = Some(raw))
+    };
+    if role().is_some() {
+        let n = on("192.0.2.2");
+        assert_eq!(n.info.domain_attr.name.as_deref(), Some("rxe1"));
+        let p = connect_parent(&n);
+        let mut bufs: Vec<Vec<u8>> = SIZES.iter().map(|s| vec![0u8; *s]).collect();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            recv(&n, b, p, i);
+        }
+        n.wait_n(SIZES.len());
+        for (i, b) in bufs.iter().enumerate() {
+            assert!(*b == pattern(SIZES[i], i as u64), "message {i} differs");
+        }
+        say("done");
+        assert_eq!(listen(), "bye");
+        return;
+    }
+    const T: &str = "pair_two_devices_exchange_messages_across_the_veth_pair";
+    let mut child = spawn(T, "child", &[]);
+    let n = on("192.0.2.1");
+    assert_eq!(n.info.domain_attr.name.as_deref(), Some("rxe0"));
+    let c = connect(&mut child, &n);
+    let before = tx_bytes("veth0");
+    let msgs: Vec<Vec<u8>> = (0..SIZES.len())
+        .map(|i| pattern(SIZES[i], i as u64))
+        .collect();
+    for (i, m) in msgs.iter().enumerate() {
+        send(&n, m, c, i);
+    }
+    n.wait_n(SIZES.len());
+    assert_eq!(child.hear(), "done");
+    let total: usize = SIZES.iter().sum();
+    let sent = tx_bytes("veth0") - before;
+    assert!(
+        sent >= total as u64,
+        "veth0 sent {sent} bytes for {total} of messages"
+    );
+    child.tell("bye");
+    child.join();
+}
