@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
-# The conformance suite over the verbs provider, inside the Soft-RoCE VM (scripts/rxe-vm.sh):
-# one boot running the prebuilt test binary with XFABRIC_TEST_PROVIDER=verbs. The verbs-only
-# tests (tests/verbs_vm.rs) boot their own VM from `cargo test`. Skips, saying why, where the
-# VM cannot run (no qemu, no kernel with rdma_rxe: scripts/setup.sh installs them on Debian).
+# The conformance suite and the device-memory tests over the verbs provider, inside the
+# Soft-RoCE VM (scripts/rxe-vm.sh): one boot running the prebuilt test binaries with
+# XFABRIC_TEST_PROVIDER=verbs, one after the other. The verbs-only tests (tests/verbs_vm.rs)
+# boot their own VM from `cargo test`. Skips, saying why, where the VM cannot run (no qemu, no
+# kernel with rdma_rxe: scripts/setup.sh installs them on Debian).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! why=$(scripts/rxe-vm.sh --check); then
     echo "test-verbs-vm: skipped: $why" >&2
     exit 0
 fi
-exe=$(cargo test -j2 --test conformance --no-run --message-format=json 2>/dev/null |
-    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
-[ -x "$exe" ] || { echo "test-verbs-vm: no conformance test binary" >&2; exit 1; }
+tests=(conformance hmem hmem_rma hmem_trigger hmem_ze)
+args=()
+for t in "${tests[@]}"; do args+=(--test "$t"); done
+# The test binaries only (cargo also lists the workspace's programs).
+mapfile -t exes < <(cargo test -j2 "${args[@]}" --no-run --message-format=json 2>/dev/null |
+    sed -n 's/.*"executable":"\([^"]*\/deps\/[^"]*\)".*/\1/p')
+[ "${#exes[@]}" -eq "${#tests[@]}" ] || {
+    echo "test-verbs-vm: expected ${#tests[@]} test binaries, found: ${exes[*]}" >&2
+    exit 1
+}
+run=""
+for e in "${exes[@]}"; do run+="$e --test-threads=2 && "; done
 start=$(date +%s)
-XFABRIC_TEST_PROVIDER=verbs scripts/rxe-vm.sh --timeout 500 -- "$exe" --test-threads=2
-echo "test-verbs-vm: conformance over verbs in the VM: $(($(date +%s) - start)) s" >&2
+XFABRIC_TEST_PROVIDER=verbs scripts/rxe-vm.sh --timeout 700 -- sh -c "${run}true"
+echo "test-verbs-vm: ${tests[*]} over verbs in the VM: $(($(date +%s) - start)) s" >&2
