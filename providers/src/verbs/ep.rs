@@ -297,12 +297,12 @@ impl ProgressSource for VerbsEndpoint {
 }
 
 impl VerbsEndpoint {
-    fn poll_fds(&self, net: &[RawFd], timeout: Duration) {
-        let mut fds: Vec<libc::pollfd> = std::iter::once(self.wake_fd.as_raw_fd())
+    fn poll_fds(&self, net: &[(RawFd, i16)], timeout: Duration) {
+        let mut fds: Vec<libc::pollfd> = std::iter::once((self.wake_fd.as_raw_fd(), libc::POLLIN))
             .chain(net.iter().copied())
-            .map(|fd| libc::pollfd {
+            .map(|(fd, events)| libc::pollfd {
                 fd,
-                events: libc::POLLIN,
+                events,
                 revents: 0,
             })
             .collect();

@@ -13,7 +13,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +62,9 @@ const HELLO_TIME: Duration = Duration::from_secs(10);
 
 /// Connection state.
 enum State {
+    /// Our side channel's TCP connect is in progress (non-blocking: posting never waits on
+    /// an unreachable peer); the hello goes once it is connected.
+    Dialing,
     /// We connected and sent our hello; the peer's hello is awaited.
     Connecting,
     /// We accepted; the peer's hello is awaited.
@@ -190,9 +193,20 @@ impl Net {
 
     /// Descriptors that become readable when there is work: the CQ channel, the listener and
     /// every side channel.
-    pub fn fds(&self) -> Vec<i32> {
-        let mut v = vec![self.cq.fd(), self.listener.as_raw_fd()];
-        v.extend(self.links.values().map(|l| l.stream.as_raw_fd()));
+    pub fn fds(&self) -> Vec<(i32, i16)> {
+        let mut v = vec![
+            (self.cq.fd(), libc::POLLIN),
+            (self.listener.as_raw_fd(), libc::POLLIN),
+        ];
+        v.extend(self.links.values().map(|l| {
+            // A dialing side channel becomes writable when its connect is done.
+            let ev = if matches!(l.state, State::Dialing) {
+                libc::POLLOUT
+            } else {
+                libc::POLLIN
+            };
+            (l.stream.as_raw_fd(), ev)
+        }));
         v
     }
 
@@ -296,27 +310,60 @@ impl Net {
     /// Starts a connection toward `peer`.
     fn connect(&mut self, peer: PeerId) -> std::result::Result<(), i32> {
         let to = self.peers[peer].addr;
-        let stream = TcpStream::connect_timeout(&to, Duration::from_secs(2)).map_err(|e| {
+        // A non-blocking connect: its outcome is seen by `side_channels` (`dial`).
+        let stream = mio::net::TcpStream::connect(to).map_err(|e| {
             debug!("verbs: connect to {to}: {e}");
             e.raw_os_error().unwrap_or(libc::ECONNREFUSED)
         })?;
+        // SAFETY: the descriptor moves from mio's stream, which gives it up, to std's.
+        let stream = unsafe { TcpStream::from_raw_fd(stream.into_raw_fd()) };
         let _ = stream.set_nodelay(true);
-        let id = self
-            .new_link(peer, stream, State::Connecting)
-            .map_err(|e| {
-                warn!("verbs: {e}");
-                libc::ENOMEM
-            })?;
-        let h = self.hello_bytes(&self.links[&id]);
-        let l = self.links.get_mut(&id).expect("just made");
-        // 48 bytes into a fresh socket's empty buffer: a blocking write finishes at once.
-        if let Err(e) = l.stream.write_all(&h) {
-            self.drop_link(id);
-            return Err(e.raw_os_error().unwrap_or(libc::ECONNRESET));
-        }
-        let _ = l.stream.set_nonblocking(true);
+        let id = self.new_link(peer, stream, State::Dialing).map_err(|e| {
+            warn!("verbs: {e}");
+            libc::ENOMEM
+        })?;
         self.peers[peer].tx = Some(id);
         Ok(())
+    }
+
+    /// A dialing side channel: once its connect is done, send our hello. Returns whether
+    /// something changed.
+    fn dial(&mut self, id: usize) -> bool {
+        let l = &self.links[&id];
+        let err = match l.stream.take_error() {
+            Ok(None) => match l.stream.peer_addr() {
+                Ok(_) => None,
+                Err(e) if e.kind() == ErrorKind::NotConnected => {
+                    if l.born.elapsed() > HELLO_TIME {
+                        self.fail_link(id, libc::ETIMEDOUT, "connect took too long");
+                        return true;
+                    }
+                    return false;
+                }
+                Err(e) => Some(e),
+            },
+            Ok(Some(e)) | Err(e) => Some(e),
+        };
+        if let Some(e) = err {
+            let errno = e.raw_os_error().unwrap_or(libc::ECONNREFUSED);
+            self.fail_link(id, errno, "connect");
+            return true;
+        }
+        let h = self.hello_bytes(&self.links[&id]);
+        let l = self.links.get_mut(&id).expect("listed");
+        // 48 bytes into a fresh connection's empty socket buffer: written whole at once.
+        match l.stream.write(&h) {
+            Ok(n) if n == h.len() => {
+                l.state = State::Connecting;
+            }
+            Ok(_) => self.fail_link(id, libc::EIO, "side channel: hello cut short"),
+            Err(e) => self.fail_link(
+                id,
+                e.raw_os_error().unwrap_or(libc::ECONNRESET),
+                "side channel: hello",
+            ),
+        }
+        true
     }
 
     /// Queues a frame; it goes out as credits and buffers allow.
@@ -431,6 +478,10 @@ impl Net {
         let mut n = 0;
         for id in self.link_ids() {
             let want = match self.links[&id].state {
+                State::Dialing => {
+                    n += usize::from(self.dial(id));
+                    continue;
+                }
                 State::Connecting | State::Accepting => HELLO,
                 State::Answered => 1,
                 State::Up => 1,
