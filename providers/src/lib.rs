@@ -9,6 +9,7 @@ use xfabric_core::Provider;
 
 pub mod hmem;
 mod info;
+mod rdm_ep;
 pub mod shm;
 pub mod tcp;
 pub mod verbs;

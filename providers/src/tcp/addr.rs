@@ -91,6 +91,18 @@ pub fn to_str(a: &SocketAddr) -> String {
     }
 }
 
+/// An endpoint's name (what `fi_getname` returns) for the address it listens at: a
+/// sockaddr, or with `str_name` the NUL-terminated `FI_ADDR_STR` form.
+pub fn name(a: &SocketAddr, str_name: bool) -> Vec<u8> {
+    if str_name {
+        let mut s = to_str(a).into_bytes();
+        s.push(0);
+        s
+    } else {
+        encode(a)
+    }
+}
+
 /// The address an endpoint binds to when nothing names one: the host's first configured
 /// non-loopback IPv4 address (so peers on other hosts can reach it), else 127.0.0.1.
 pub fn default_ip() -> IpAddr {

@@ -182,11 +182,7 @@ impl DomainOps for TcpDomain {
             None if info.addr_format == FI_SOCKADDR_IN6 => "[::1]:0".parse().expect("literal"),
             None => SocketAddr::new(addr::default_ip(), 0),
         };
-        Ok(TcpEndpoint::open(
-            core,
-            bind,
-            info.addr_format == FI_ADDR_STR,
-        )?)
+        Ok(ep::open(core, bind, info.addr_format == FI_ADDR_STR)?)
     }
 
     fn hmem(&self) -> Option<Arc<dyn HmemOps>> {

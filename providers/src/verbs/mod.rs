@@ -221,7 +221,7 @@ impl DomainOps for VerbsDomain {
             },
             None => SocketAddr::new(IpAddr::V4(self.nic.ip), 0),
         };
-        Ok(VerbsEndpoint::open(
+        Ok(ep::open(
             core,
             &self.nic,
             bind,

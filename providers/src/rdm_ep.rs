@@ -1,0 +1,424 @@
+//! An endpoint made of core's RDM engine and a transport under it (its `Wire`): the glue every
+//! provider on the engine shares (tcp, verbs). Everything protocol is the engine's; this maps
+//! `fi_addr_t`s to peers, moves the engine's frames into the wire and the wire's frames into
+//! the engine, and reports completions after its lock is released (so that counters bumped by
+//! them may start triggered operations here). A provider brings its wire, its endpoint name
+//! and its engine configuration (`RdmEndpoint::open`).
+
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use xfabric_core::av::PeerCache;
+use xfabric_core::consts::*;
+use xfabric_core::ep::TxOp;
+use xfabric_core::rdm::wire::{Prefix, WireError};
+use xfabric_core::rdm::{self, Engine, PeerId, Sink};
+use xfabric_core::rxq::PostedRecv;
+use xfabric_core::settings;
+use xfabric_core::{
+    AtomicReq, Context, EndpointOps, EpCore, Error, FiAddr, ProgressSource, Result, RmaOp,
+};
+
+use crate::tcp::addr;
+use crate::tcp::net::Handler;
+
+/// Bytes one peer's queue may hold before posts to it answer `Again` (inject copies and
+/// frames the engine made; application buffers are not copied but count here too): a peer
+/// that stops reading holds back its senders instead of growing their memory.
+const QUEUE_MAX: usize = 64 << 20;
+
+/// The transport under the engine: what a provider implements.
+pub trait Wire: Send + Sized + 'static {
+    /// The provider's name, for messages.
+    const PROVIDER: &'static str;
+    /// The peer listening at `addr` (its address as the AV holds it, decoded).
+    fn peer(&mut self, addr: SocketAddr) -> PeerId;
+    /// Bytes queued for peer `p` and not yet handed to the hardware or the kernel.
+    fn queued(&self, p: PeerId) -> usize;
+    /// Takes in what arrived, through `h`; returns how many things happened.
+    fn progress<H: Handler>(&mut self, h: &mut H) -> usize;
+    /// Hands the engine's frames (`g.engine`) over, and what that completes or loses to `g`.
+    fn push(&mut self, g: &mut Glue<'_>);
+    /// Whether it holds work that needs no peer to advance (progress should not sleep long).
+    fn busy(&self) -> bool {
+        false
+    }
+    /// Whether bytes wait that no descriptor will announce (progress must come before any
+    /// sleep).
+    fn backlog(&self) -> bool {
+        false
+    }
+    /// Before sleeping on `wait_fds`: ask for the events that will end the sleep.
+    fn arm(&mut self) {}
+    /// The descriptors (and poll(2) events) whose readiness means progress has work.
+    fn wait_fds(&self) -> Vec<(RawFd, i16)>;
+    /// Writes out what peers wait for until `deadline`, then closes every connection.
+    fn shutdown(&mut self, deadline: Instant);
+}
+
+/// The engine limits of an endpoint on `core` (the `XFABRIC_TCP_*` settings, for every wire:
+/// they describe the engine, not the transport).
+pub fn engine_config(core: &EpCore) -> rdm::Config {
+    rdm::Config {
+        eager_max: settings::TCP_EAGER_MAX.usize(),
+        unexp_msgs: settings::TCP_UNEXP_MSGS.usize(),
+        unexp_bytes: settings::TCP_UNEXP_BYTES.usize(),
+        tx_max: if core.tx_size == 0 {
+            1024
+        } else {
+            core.tx_size
+        },
+    }
+}
+
+struct State<W> {
+    engine: Engine,
+    net: W,
+    /// Peer by AV index.
+    av_cache: PeerCache,
+    /// Source `fi_addr_t` by peer, for the AV generation `src_gen`.
+    srcs: Vec<Option<FiAddr>>,
+    src_gen: u64,
+    /// Completions being reported, kept for its allocation.
+    done: Vec<rdm::Done>,
+}
+
+/// An endpoint of a provider on the engine.
+pub struct RdmEndpoint<W: Wire> {
+    core: Arc<EpCore>,
+    name: Vec<u8>,
+    st: Mutex<State<W>>,
+    /// Written by `wake` to end an `idle_wait`.
+    wake_fd: OwnedFd,
+    /// Whether the last locked call left work the engine or the wire can advance without a
+    /// peer (frames queued, answers awaited): `idle_wait` then sleeps at most 1 ms.
+    busy: AtomicBool,
+    /// Whether the last locked call left bytes no descriptor will announce (`Wire::backlog`):
+    /// `idle_wait` then does not sleep.
+    backlog: AtomicBool,
+}
+
+/// The engine as the wire's handler, with what it needs to name a peer's source address.
+pub struct Glue<'a> {
+    /// The endpoint's engine.
+    pub engine: &'a mut Engine,
+    core: &'a EpCore,
+    srcs: &'a mut Vec<Option<FiAddr>>,
+}
+
+impl Glue<'_> {
+    fn src(&mut self, peer: PeerId, addr: SocketAddr) -> FiAddr {
+        if let Some(Some(s)) = self.srcs.get(peer) {
+            return *s;
+        }
+        let s = self
+            .core
+            .bound()
+            .and_then(|b| b.av.as_ref())
+            .and_then(|av| av.reverse(&addr::encode(&addr)))
+            .unwrap_or(FI_ADDR_NOTAVAIL);
+        if self.srcs.len() <= peer {
+            self.srcs.resize(peer + 1, None);
+        }
+        self.srcs[peer] = Some(s);
+        s
+    }
+}
+
+impl Handler for Glue<'_> {
+    fn on_ctrl(
+        &mut self,
+        peer: PeerId,
+        addr: SocketAddr,
+        prefix: &Prefix,
+        ctrl: &[u8],
+    ) -> std::result::Result<Sink, WireError> {
+        let src = self.src(peer, addr);
+        self.engine.on_ctrl(peer, src, prefix, ctrl)
+    }
+
+    fn on_body(&mut self, peer: PeerId, sink: Sink) {
+        self.engine.on_body(peer, sink)
+    }
+
+    fn on_sent(&mut self, peer: PeerId, token: u64) {
+        self.engine.on_sent(peer, token)
+    }
+
+    fn on_lost(&mut self, peer: PeerId, addr: Option<SocketAddr>, errno: i32) {
+        self.engine.on_lost(peer, errno);
+        if let Some(a) = addr {
+            // Receives directed at it alone would wait for nothing.
+            let src = self.src(peer, a);
+            self.engine.source_lost(src, errno);
+        }
+    }
+}
+
+impl<W: Wire> RdmEndpoint<W> {
+    /// An endpoint named `name` (what `fi_getname` returns) on `net`, its engine configured
+    /// by `cfg`.
+    pub fn open(core: Arc<EpCore>, net: W, name: Vec<u8>, cfg: rdm::Config) -> Result<Arc<Self>> {
+        // SAFETY: plain syscall; the descriptor is owned by this endpoint and closed in Drop.
+        let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if wake_fd < 0 {
+            return Err(Error::last_os(format!("{} endpoint: eventfd", W::PROVIDER)));
+        }
+        // SAFETY: a descriptor we just opened and own alone.
+        let wake_fd = unsafe { OwnedFd::from_raw_fd(wake_fd) };
+        let engine = Engine::new(core.clone(), cfg);
+        Ok(Arc::new(RdmEndpoint {
+            core,
+            name,
+            st: Mutex::new(State {
+                engine,
+                net,
+                av_cache: PeerCache::default(),
+                srcs: Vec::new(),
+                src_gen: u64::MAX,
+                done: Vec::new(),
+            }),
+            wake_fd,
+            busy: AtomicBool::new(false),
+            backlog: AtomicBool::new(false),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<W>> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hands the engine's frames to the wire, then reports completions unlocked.
+    fn finish(&self, mut st: MutexGuard<'_, State<W>>) {
+        self.push(&mut st);
+        let st_ref = &mut *st;
+        let mut done = std::mem::take(&mut st_ref.done);
+        st_ref.engine.take_done_into(&mut done);
+        self.busy
+            .store(st_ref.engine.busy() || st_ref.net.busy(), Ordering::Release);
+        self.backlog.store(st_ref.net.backlog(), Ordering::Release);
+        drop(st);
+        if done.is_empty() {
+            return;
+        }
+        rdm::report(&self.core, &mut done);
+        // The vector's allocation is kept for the next round.
+        if let Ok(mut st) = self.st.try_lock() {
+            if st.done.capacity() == 0 {
+                st.done = done;
+            }
+        }
+    }
+
+    /// The peer an `fi_addr_t` names, with room in its queue (progressing once if not).
+    fn sendable(&self, st: &mut State<W>, dest: FiAddr, what: &'static str) -> Result<PeerId> {
+        let p = self.peer_for(st, dest)?;
+        if st.net.queued(p) > QUEUE_MAX {
+            self.do_progress(st);
+            if st.net.queued(p) > QUEUE_MAX {
+                return Err(Error::Again(what));
+            }
+        }
+        Ok(p)
+    }
+
+    /// The peer an `fi_addr_t` names.
+    fn peer_for(&self, st: &mut State<W>, dest: FiAddr) -> Result<PeerId> {
+        let b = self
+            .core
+            .bound()
+            .ok_or_else(|| Error::OpBadState("endpoint is not enabled".into()))?;
+        let net = &mut st.net;
+        st.av_cache
+            .lookup(b.av.as_ref(), dest, |raw| Ok(net.peer(addr::decode(raw)?)))
+    }
+
+    fn refresh_srcs(&self, st: &mut State<W>) {
+        let gen = self
+            .core
+            .bound()
+            .and_then(|b| b.av.as_ref())
+            .map_or(0, |av| av.generation());
+        if gen != st.src_gen {
+            st.srcs.clear();
+            st.src_gen = gen;
+        }
+    }
+
+    /// Hands the engine's frames to the wire now: a caller that posts and then waits
+    /// elsewhere (on its own control channel) must not find its frame still queued here.
+    fn push(&self, st: &mut State<W>) {
+        let State {
+            engine, net, srcs, ..
+        } = st;
+        net.push(&mut Glue {
+            engine,
+            core: &self.core,
+            srcs,
+        });
+    }
+
+    fn do_progress(&self, st: &mut State<W>) -> usize {
+        self.refresh_srcs(st);
+        let State {
+            engine, net, srcs, ..
+        } = st;
+        let mut glue = Glue {
+            engine,
+            core: &self.core,
+            srcs,
+        };
+        let n = net.progress(&mut glue);
+        // Answers the engine owes (ACKs, CTS, read data) go out in the same call.
+        net.push(&mut glue);
+        n
+    }
+
+    fn poll_fds(&self, net: &[(RawFd, i16)], timeout: Duration) {
+        let mut fds: Vec<libc::pollfd> = std::iter::once((self.wake_fd.as_raw_fd(), libc::POLLIN))
+            .chain(net.iter().copied())
+            .map(|(fd, events)| libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            })
+            .collect();
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: a valid pollfd array of its length. A descriptor closed since (a connection
+        // dropped by another thread's progress) reports POLLNVAL and ends the wait early.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if r > 0 && fds[0].revents != 0 {
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 bytes into a local from our non-blocking eventfd.
+            unsafe { libc::read(self.wake_fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        }
+    }
+}
+
+impl<W: Wire> ProgressSource for RdmEndpoint<W> {
+    fn progress(&self) -> usize {
+        let Ok(mut st) = self.st.try_lock() else {
+            return 0;
+        };
+        let n = self.do_progress(&mut st);
+        self.finish(st);
+        n
+    }
+
+    fn idle_wait(&self, timeout: Duration) {
+        // Bytes already waiting that nothing will announce: progress again at once.
+        if self.backlog.load(Ordering::Acquire) {
+            return;
+        }
+        // While answers are awaited, sleep, but not long.
+        let timeout = if self.busy.load(Ordering::Acquire) {
+            timeout.min(Duration::from_millis(1))
+        } else {
+            timeout
+        };
+        let Ok(mut st) = self.st.try_lock() else {
+            return;
+        };
+        // Armed first, then progressed once: what arrives after this raises an event, so the
+        // sleep below cannot miss it.
+        st.net.arm();
+        if self.do_progress(&mut st) > 0 {
+            self.finish(st);
+            return;
+        }
+        let fds = st.net.wait_fds();
+        self.finish(st);
+        self.poll_fds(&fds, timeout);
+    }
+
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a local to our eventfd.
+        unsafe { libc::write(self.wake_fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+impl<W: Wire> EndpointOps for RdmEndpoint<W> {
+    fn enable(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn name(&self) -> Vec<u8> {
+        self.name.clone()
+    }
+
+    unsafe fn send(&self, op: &TxOp) -> Result<()> {
+        let mut st = self.lock();
+        let p = self.sendable(&mut st, op.dest, "send")?;
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { st.engine.post_send(p, op) };
+        self.finish(st);
+        r
+    }
+
+    unsafe fn rma(&self, op: &RmaOp) -> Result<()> {
+        let mut st = self.lock();
+        let p = self.sendable(&mut st, op.dest, "rma")?;
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { st.engine.post_rma(p, op) };
+        self.finish(st);
+        r
+    }
+
+    unsafe fn atomic(&self, req: &AtomicReq) -> Result<()> {
+        let mut st = self.lock();
+        let p = self.sendable(&mut st, req.dest, "atomic")?;
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { st.engine.post_atomic(p, req) };
+        self.finish(st);
+        r
+    }
+
+    unsafe fn recv(&self, r: PostedRecv) -> Result<()> {
+        let mut st = self.lock();
+        if r.flags & FI_PEEK != 0 {
+            // A peek looks only at what arrived: take it in first.
+            self.do_progress(&mut st);
+        }
+        // SAFETY: forwarded from the caller.
+        let res = unsafe { st.engine.post_recv(r) };
+        self.finish(st);
+        res
+    }
+
+    fn cancel(&self, ctx: Context) -> Result<()> {
+        let mut st = self.lock();
+        let r = st.engine.cancel(ctx);
+        self.finish(st);
+        r
+    }
+
+    fn setopt(&self, name: i32, value: usize) -> Result<()> {
+        match name {
+            FI_OPT_MIN_MULTI_RECV => {
+                self.lock().engine.set_min_multi_recv(value);
+                Ok(())
+            }
+            _ => Err(Error::NoSys(format!(
+                "setopt: option {name} is not supported by {}",
+                W::PROVIDER
+            ))),
+        }
+    }
+
+    fn buffered(&self) -> xfabric_core::Buffered {
+        self.lock().engine.buffered()
+    }
+
+    fn close(&self) {
+        let mut st = self.lock();
+        st.engine.close();
+        self.push(&mut st);
+        // Answers peers wait for go out first, for a bounded time.
+        st.net.shutdown(Instant::now() + Duration::from_secs(1));
+        self.finish(st);
+    }
+}
