@@ -3,7 +3,7 @@
 //! `fi_sockaddr_in6://[::1]:5` (`FI_ADDR_STR`). Everything from outside is parsed with checked
 //! lengths; the AV stores the sockaddr form, so both spellings of one address are one entry.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, ToSocketAddrs};
 
 use xfabric_core::av::AddrFormat;
 use xfabric_core::{Error, Result};
@@ -101,6 +101,35 @@ pub fn name(a: &SocketAddr, str_name: bool) -> Vec<u8> {
     } else {
         encode(a)
     }
+}
+
+/// getinfo's `node`/`service` for provider `prov`: a host name or address (`default_host`
+/// when absent) and a port number (0 when absent), resolved to the first address `usable`
+/// accepts (`usable_what` names them in the error); `None` when both are absent.
+pub fn resolve(
+    prov: &str,
+    node: Option<&str>,
+    service: Option<&str>,
+    default_host: IpAddr,
+    usable: (&str, &dyn Fn(&SocketAddr) -> bool),
+) -> Result<Option<SocketAddr>> {
+    if node.is_none() && service.is_none() {
+        return Ok(None);
+    }
+    let port: u16 = match service {
+        None => 0,
+        Some(s) => s
+            .parse()
+            .map_err(|_| Error::NoData(format!("provider {prov}: service {s:?} is not a port")))?,
+    };
+    let host = node.map_or_else(|| default_host.to_string(), str::to_string);
+    let (what, ok) = usable;
+    (host.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| Error::NoData(format!("provider {prov}: cannot resolve {host:?}: {e}")))?
+        .find(|a| ok(a))
+        .map(Some)
+        .ok_or_else(|| Error::NoData(format!("provider {prov}: {host:?} has no {what} address")))
 }
 
 /// The address an endpoint binds to when nothing names one: the host's first configured

@@ -7,7 +7,7 @@ pub mod addr;
 mod ep;
 pub mod net;
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use xfabric_core::consts::*;
@@ -57,31 +57,6 @@ fn family_format(a: &SocketAddr) -> u32 {
     }
 }
 
-/// `node`/`service` as getinfo takes them: a host name or address and a port (number or
-/// name), either may be absent.
-fn resolve(node: Option<&str>, service: Option<&str>, v6: bool) -> Result<Option<SocketAddr>> {
-    if node.is_none() && service.is_none() {
-        return Ok(None);
-    }
-    let port: u16 = match service {
-        None => 0,
-        Some(s) => s
-            .parse()
-            .map_err(|_| Error::NoData(format!("provider tcp: service {s:?} is not a port")))?,
-    };
-    let host = match node {
-        Some(n) => n.to_string(),
-        None if v6 => "::1".into(),
-        None => addr::default_ip().to_string(),
-    };
-    let mut all = (host.as_str(), port)
-        .to_socket_addrs()
-        .map_err(|e| Error::NoData(format!("provider tcp: cannot resolve {host:?}: {e}")))?;
-    let pick = all.find(|a| a.is_ipv6() == v6 || node.is_some());
-    pick.map(Some)
-        .ok_or_else(|| Error::NoData(format!("provider tcp: {host:?} has no usable address")))
-}
-
 impl Provider for Tcp {
     fn name(&self) -> &'static str {
         "tcp"
@@ -100,7 +75,15 @@ impl Provider for Tcp {
     ) -> Result<Vec<Info>> {
         check_hmem("tcp", hints)?;
         let v6 = hints.addr_format == FI_SOCKADDR_IN6;
-        let named = resolve(node, service, v6)?;
+        // Without a node, the loopback of the family asked for, or our default address; a
+        // named host may answer in either family.
+        let dflt = if v6 {
+            IpAddr::V6(Ipv6Addr::LOCALHOST)
+        } else {
+            addr::default_ip()
+        };
+        let fits = |a: &SocketAddr| a.is_ipv6() == v6 || node.is_some();
+        let named = addr::resolve("tcp", node, service, dflt, ("usable", &fits))?;
         let (src, dest) = if flags & FI_SOURCE != 0 {
             (named, None)
         } else {

@@ -14,7 +14,7 @@ mod ib;
 mod net;
 mod sys;
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -58,26 +58,6 @@ pub fn unavailable() -> Option<String> {
     ib::nic().err()
 }
 
-fn resolve(node: Option<&str>, service: Option<&str>, dflt: IpAddr) -> Result<Option<SocketAddr>> {
-    if node.is_none() && service.is_none() {
-        return Ok(None);
-    }
-    let port: u16 = match service {
-        None => 0,
-        Some(s) => s
-            .parse()
-            .map_err(|_| Error::NoData(format!("provider verbs: service {s:?} is not a port")))?,
-    };
-    let host = node.map_or_else(|| dflt.to_string(), str::to_string);
-    let found = (host.as_str(), port)
-        .to_socket_addrs()
-        .map_err(|e| Error::NoData(format!("provider verbs: cannot resolve {host:?}: {e}")))?
-        .find(SocketAddr::is_ipv4);
-    found
-        .map(Some)
-        .ok_or_else(|| Error::NoData(format!("provider verbs: {host:?} has no IPv4 address")))
-}
-
 impl Provider for Verbs {
     fn name(&self) -> &'static str {
         "verbs"
@@ -109,7 +89,14 @@ impl Provider for Verbs {
                 "provider verbs: address format {want} (IPv4 only: FI_SOCKADDR_IN, FI_ADDR_STR)"
             )));
         }
-        let named = resolve(node, service, IpAddr::V4(nics[0].ip))?;
+        let v4 = |a: &SocketAddr| a.is_ipv4();
+        let named = addr::resolve(
+            "verbs",
+            node,
+            service,
+            IpAddr::V4(nics[0].ip),
+            ("IPv4", &v4),
+        )?;
         let (src, dest) = if flags & FI_SOURCE != 0 {
             (named, None)
         } else {
