@@ -195,8 +195,16 @@ fn mpi_between_two_hosts_over_tcp() {
         return;
     };
     let agent = netns_agent();
-    let hostfile = agent.with_file_name(format!("hosts-{}", std::process::id()));
-    std::fs::write(&hostfile, format!("{} slots=1\n{} slots=1\n", h.a, h.b)).expect("hostfile");
+    /// Removed when the test ends, passed or failed.
+    struct Hostfile(PathBuf);
+    impl Drop for Hostfile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let guard = Hostfile(agent.with_file_name(format!("hosts-{}", std::process::id())));
+    let hostfile = &guard.0;
+    std::fs::write(hostfile, format!("{} slots=1\n{} slots=1\n", h.a, h.b)).expect("hostfile");
     let run = |exe: &Path, path: &[&str]| {
         let mut cmd = Command::new("ip");
         cmd.args([
@@ -227,5 +235,4 @@ fn mpi_between_two_hosts_over_tcp() {
     osc.extend(["--mca", "osc", "rdma"]);
     let out = run(&build("mpi_rma"), &osc);
     assert!(out.contains("rma ok 2"), "{out}");
-    let _ = std::fs::remove_file(&hostfile);
 }

@@ -209,6 +209,16 @@ impl Info {
         Ok(out)
     }
 
+    /// Whether these hints let provider `prov` answer: they name no provider, or name it
+    /// among their `;`-separated names (a provider whose probing is costly asks this before
+    /// probing; `fit` asks it of every answer).
+    pub fn allows_provider(&self, prov: &str) -> bool {
+        self.fabric_attr
+            .prov_name
+            .as_deref()
+            .is_none_or(|p| p.split(';').any(|n| n.eq_ignore_ascii_case(prov)))
+    }
+
     /// Narrows a provider's full description (`self`) to `hints`. Returns the info the caller
     /// gets, or `NoData` naming the first thing the provider cannot do.
     pub fn fit(&self, hints: &Info) -> Result<Info> {
@@ -216,10 +226,9 @@ impl Info {
         let no = |what: String| Error::NoData(format!("provider {prov}: {what}"));
         let mut out = self.clone();
 
-        if let Some(p) = hints.fabric_attr.prov_name.as_deref() {
-            if !p.split(';').any(|n| n.eq_ignore_ascii_case(&prov)) {
-                return Err(no(format!("provider name {p:?} requested")));
-            }
+        if !hints.allows_provider(&prov) {
+            let p = hints.fabric_attr.prov_name.as_deref().unwrap_or_default();
+            return Err(no(format!("provider name {p:?} requested")));
         }
         if let Some(f) = hints.fabric_attr.name.as_deref() {
             if Some(f) != self.fabric_attr.name.as_deref() {

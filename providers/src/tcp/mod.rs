@@ -113,8 +113,8 @@ impl Provider for Tcp {
         let mut out = Info::fit_each("tcp", self.info(), &h)?;
         for f in &mut out {
             f.addr_format = format;
-            f.src_addr = src.map(|a| encode_as(&a, format));
-            f.dest_addr = dest.map(|a| encode_as(&a, format));
+            f.src_addr = src.map(|a| addr::name(&a, format == FI_ADDR_STR));
+            f.dest_addr = dest.map(|a| addr::name(&a, format == FI_ADDR_STR));
         }
         Ok(out)
     }
@@ -133,16 +133,6 @@ impl Provider for Tcp {
 
     fn domain(&self, _info: &Info) -> Result<Arc<dyn DomainOps>> {
         Ok(Arc::new(TcpDomain))
-    }
-}
-
-fn encode_as(a: &SocketAddr, format: u32) -> Vec<u8> {
-    if format == FI_ADDR_STR {
-        let mut s = addr::to_str(a).into_bytes();
-        s.push(0);
-        s
-    } else {
-        addr::encode(a)
     }
 }
 

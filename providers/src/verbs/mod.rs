@@ -74,12 +74,12 @@ impl Provider for Verbs {
         flags: u64,
         hints: &Info,
     ) -> Result<Vec<Info>> {
-        if let Some(p) = hints.fabric_attr.prov_name.as_deref() {
-            if !p.split([';', ',']).any(|x| x.eq_ignore_ascii_case("verbs")) {
-                return Err(Error::NoData(format!(
-                    "provider verbs: hints name provider {p:?}"
-                )));
-            }
+        // Before probing devices (loading libibverbs): hints that name another provider.
+        if !hints.allows_provider("verbs") {
+            let p = hints.fabric_attr.prov_name.as_deref().unwrap_or_default();
+            return Err(Error::NoData(format!(
+                "provider verbs: hints name provider {p:?}"
+            )));
         }
         let nics = ib::nics().map_err(|why| Error::NoData(format!("provider verbs: {why}")))?;
         check_hmem("verbs", hints)?;
@@ -133,8 +133,8 @@ impl Provider for Verbs {
             }
             for mut f in Info::fit_each("verbs", self.info(), &h)? {
                 f.addr_format = format;
-                f.src_addr = src.map(|a| encode_as(&a, format));
-                f.dest_addr = dest.map(|a| encode_as(&a, format));
+                f.src_addr = src.map(|a| addr::name(&a, format == FI_ADDR_STR));
+                f.dest_addr = dest.map(|a| addr::name(&a, format == FI_ADDR_STR));
                 f.domain_attr.name = Some(nic.name.clone());
                 out.push(f);
             }
@@ -167,16 +167,6 @@ impl Provider for Verbs {
         }
         .map_err(|why| Error::NoData(format!("verbs domain: {why}")))?;
         Ok(Arc::new(VerbsDomain { nic }))
-    }
-}
-
-fn encode_as(a: &SocketAddr, format: u32) -> Vec<u8> {
-    if format == FI_ADDR_STR {
-        let mut s = addr::to_str(a).into_bytes();
-        s.push(0);
-        s
-    } else {
-        addr::encode(a)
     }
 }
 

@@ -952,6 +952,31 @@ fn atomics_refused_touch_nothing() {
 
 // 6. Fences.
 
+/// Posts at A a write of `src` into B's registered `tgt` (ctx 1), then a fenced read of it
+/// into `back` (ctx 2), then a send of `msg` (ctx 3) that B's receive into `buf` (ctx 10)
+/// takes. Returns the write's remote address. Every buffer must outlive the operations.
+fn write_fenced_read_send(
+    net: &mut Net,
+    tgt: &mut [u8],
+    src: &[u8],
+    back: &mut [u8],
+    msg: &[u8],
+    buf: &mut [u8],
+) -> u64 {
+    net.register(tgt);
+    let at = net.raddr(tgt.as_mut_ptr(), 0);
+    net.b.recv(recv(10, buf, None, 0));
+    net.a
+        .rma(rma(1, iov(src), &[seg(at, 16, KEY)], None, FI_WRITE));
+    let read = rma(2, iov_mut(back), &[seg(at, 16, KEY)], None, FI_READ);
+    net.a.rma(RmaOp {
+        flags: read.flags | FI_FENCE,
+        ..read
+    });
+    net.a.send(send(3, msg, None, None, 0));
+    at
+}
+
 #[test]
 fn fenced_read_waits_for_the_write() {
     let mut tgt = vec![0u8; 64];
@@ -960,17 +985,7 @@ fn fenced_read_waits_for_the_write() {
     let msg = pattern(10, 15);
     let mut buf = vec![0u8; 10];
     let mut net = Net::new();
-    net.register(&tgt);
-    let at = net.raddr(tgt.as_mut_ptr(), 0);
-    net.b.recv(recv(10, &mut buf, None, 0));
-    net.a
-        .rma(rma(1, iov(&src), &[seg(at, 16, KEY)], None, FI_WRITE));
-    let read = rma(2, iov_mut(&mut back), &[seg(at, 16, KEY)], None, FI_READ);
-    net.a.rma(RmaOp {
-        flags: read.flags | FI_FENCE,
-        ..read
-    });
-    net.a.send(send(3, &msg, None, None, 0));
+    let at = write_fenced_read_send(&mut net, &mut tgt, &src, &mut back, &msg, &mut buf);
     // A fenced atomic is refused while operations wait.
     let one = 1u64;
     let mut req = atomic(4, at, AtomicOp::Sum, (&one, None));
@@ -1028,17 +1043,7 @@ fn canceled_fenced_op_lets_the_rest_go() {
     let msg = pattern(10, 31);
     let mut buf = vec![0u8; 10];
     let mut net = Net::new();
-    net.register(&tgt);
-    let at = net.raddr(tgt.as_mut_ptr(), 0);
-    net.b.recv(recv(10, &mut buf, None, 0));
-    net.a
-        .rma(rma(1, iov(&src), &[seg(at, 16, KEY)], None, FI_WRITE));
-    let read = rma(2, iov_mut(&mut back), &[seg(at, 16, KEY)], None, FI_READ);
-    net.a.rma(RmaOp {
-        flags: read.flags | FI_FENCE,
-        ..read
-    });
-    net.a.send(send(3, &msg, None, None, 0));
+    write_fenced_read_send(&mut net, &mut tgt, &src, &mut back, &msg, &mut buf);
     net.a.eng.cancel(2).unwrap();
     net.report();
     assert_eq!(net.a.one_err(2).err, FI_ECANCELED);

@@ -596,6 +596,18 @@ struct Bench {
     lost: usize,
 }
 
+impl Bench {
+    /// Receives bodies of up to `size` bytes.
+    fn new(size: usize) -> Bench {
+        Bench {
+            dst: vec![0; size],
+            got: 0,
+            sent: 0,
+            lost: 0,
+        }
+    }
+}
+
 impl Handler for Bench {
     fn on_ctrl(
         &mut self,
@@ -632,12 +644,7 @@ fn pingpong(size: usize, iters: usize) -> f64 {
     let src = vec![7u8; size];
     let echo = std::thread::spawn(move || {
         let src = vec![9u8; size];
-        let mut h = Bench {
-            dst: vec![0; size],
-            got: 0,
-            sent: 0,
-            lost: 0,
-        };
+        let mut h = Bench::new(size);
         let start = Instant::now();
         while h.got < iters + 1 {
             let before = h.got;
@@ -653,12 +660,7 @@ fn pingpong(size: usize, iters: usize) -> f64 {
         }
         b
     });
-    let mut h = Bench {
-        dst: vec![0; size],
-        got: 0,
-        sent: 0,
-        lost: 0,
-    };
+    let mut h = Bench::new(size);
     let mut t0 = Instant::now();
     for i in 0..=iters {
         if i == 1 {
@@ -685,13 +687,7 @@ fn pingpong(size: usize, iters: usize) -> f64 {
 fn pingpong1(size: usize, iters: usize) -> f64 {
     let (mut a, mut b, pb, pa) = bench_pair();
     let src = vec![7u8; size];
-    let mk = |n: usize| Bench {
-        dst: vec![0; n],
-        got: 0,
-        sent: 0,
-        lost: 0,
-    };
-    let (mut ha, mut hb) = (mk(size), mk(size));
+    let (mut ha, mut hb) = (Bench::new(size), Bench::new(size));
     let mut t0 = Instant::now();
     let start = Instant::now();
     for i in 0..=iters {
@@ -743,12 +739,7 @@ fn stream(size: usize, count: usize, window: usize) -> f64 {
     // Connect first.
     a.send(msg(pb, 0, Body::None, None));
     let rx = std::thread::spawn(move || {
-        let mut h = Bench {
-            dst: vec![0; size],
-            got: 0,
-            sent: 0,
-            lost: 0,
-        };
+        let mut h = Bench::new(size);
         let mut t0 = Instant::now();
         while h.got < count + 1 {
             b.progress(&mut h);
@@ -759,12 +750,7 @@ fn stream(size: usize, count: usize, window: usize) -> f64 {
         let dt = t0.elapsed().as_secs_f64();
         (b, dt)
     });
-    let mut h = Bench {
-        dst: Vec::new(),
-        got: 0,
-        sent: 0,
-        lost: 0,
-    };
+    let mut h = Bench::new(0);
     let mut posted = 0;
     while posted < count || a.queued(pb) > 0 {
         while posted < count && posted - h.sent < window {
