@@ -65,6 +65,14 @@ pub struct MrEntry {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct MrDesc(pub u64);
 
+/// A provider's own registration of a region (a NIC's memory registration), made when the
+/// `fi_mr` is registered (`DomainOps::mr_register`) and dropped when it closes, after the key
+/// left the domain's map. Its key becomes the region's key.
+pub trait ProviderMr: Send + Sync {
+    /// The key peers name the region by (for a NIC, one that carries its remote key).
+    fn key(&self) -> u64;
+}
+
 /// The domain's key → region map.
 pub struct MrMap {
     mode: u32,
@@ -87,7 +95,8 @@ impl MrMap {
         self.mode
     }
 
-    fn insert(&self, attr: &MrAttr) -> Result<u64> {
+    /// Adds `attr` under `key`, or under a key of the map's choosing (`None`).
+    fn insert(&self, attr: &MrAttr, key: Option<u64>) -> Result<u64> {
         if attr.access & !MR_ACCESS_BITS != 0 {
             return Err(Error::Inval(format!(
                 "mr_reg: access {:#x} has bits that are not access flags",
@@ -98,7 +107,14 @@ impl MrMap {
             return Err(Error::Inval("mr_reg: address range wraps".into()));
         }
         let mut m = self.map.write().unwrap_or_else(|e| e.into_inner());
-        let key = if self.mode & FI_MR_PROV_KEY != 0 {
+        let key = if let Some(k) = key {
+            if k == FI_KEY_NOTAVAIL || m.contains_key(&k) {
+                return Err(Error::NoKey(format!(
+                    "mr_reg: the provider's key {k:#x} is already registered in this domain"
+                )));
+            }
+            k
+        } else if self.mode & FI_MR_PROV_KEY != 0 {
             loop {
                 let k = self.next_key.fetch_add(1, Ordering::Relaxed);
                 if !m.contains_key(&k) {
@@ -177,22 +193,40 @@ impl MrMap {
     }
 }
 
-/// `fid_mr`: a registration, removed from the domain's map when dropped.
+/// `fid_mr`: a registration, removed from the domain's map when dropped (and then the
+/// provider's own registration, if it made one).
 pub struct MemoryRegion {
     key: u64,
     attr: MrAttr,
     map: Weak<MrMap>,
+    prov: Option<Box<dyn ProviderMr>>,
 }
 
 impl MemoryRegion {
     /// Registers `attr` in `map`.
     pub fn register(map: &Arc<MrMap>, attr: &MrAttr) -> Result<Self> {
-        let key = map.insert(attr)?;
+        Self::register_with(map, attr, None)
+    }
+
+    /// Registers `attr` in `map`; with `prov`, under the provider registration's key, which
+    /// lives as long as the region.
+    pub fn register_with(
+        map: &Arc<MrMap>,
+        attr: &MrAttr,
+        prov: Option<Box<dyn ProviderMr>>,
+    ) -> Result<Self> {
+        let key = map.insert(attr, prov.as_ref().map(|p| p.key()))?;
         Ok(MemoryRegion {
             key,
             attr: attr.clone(),
             map: Arc::downgrade(map),
+            prov,
         })
+    }
+
+    /// Whether the provider registered the region itself (its key is the provider's).
+    pub fn provider_registered(&self) -> bool {
+        self.prov.is_some()
     }
 
     /// `fi_mr_key`.
@@ -226,6 +260,9 @@ impl Drop for MemoryRegion {
         if let Some(m) = self.map.upgrade() {
             m.remove(self.key);
         }
+        // The key is gone from the map first: no engine-path access starts after the
+        // provider's registration ends.
+        self.prov.take();
     }
 }
 
@@ -286,5 +323,45 @@ mod tests {
         )
         .unwrap();
         assert_eq!(map.check(a.key(), 104, 4, FI_REMOTE_WRITE), Ok(0x1004));
+    }
+
+    struct Nic(u64, Arc<AtomicU64>);
+    impl ProviderMr for Nic {
+        fn key(&self) -> u64 {
+            self.0
+        }
+    }
+    impl Drop for Nic {
+        fn drop(&mut self) {
+            self.1.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_provider_registration_gives_the_key_and_ends_with_the_region() {
+        let map = Arc::new(MrMap::new(FI_MR_PROV_KEY | FI_MR_VIRT_ADDR));
+        let dropped = Arc::new(AtomicU64::new(0));
+        let attr = MrAttr {
+            addr: 0x2000,
+            len: 64,
+            access: FI_REMOTE_READ,
+            ..Default::default()
+        };
+        let nic = |k| Some(Box::new(Nic(k, dropped.clone())) as Box<dyn ProviderMr>);
+        let a = MemoryRegion::register_with(&map, &attr, nic(0xabcd_0000_0001)).unwrap();
+        assert_eq!(a.key(), 0xabcd_0000_0001);
+        assert!(a.provider_registered());
+        assert_eq!(map.check(a.key(), 0x2008, 8, FI_REMOTE_READ), Ok(0x2008));
+        // The same provider key twice is refused; the refused registration is dropped.
+        assert!(matches!(
+            MemoryRegion::register_with(&map, &attr, nic(0xabcd_0000_0001)),
+            Err(Error::NoKey(_))
+        ));
+        assert_eq!(dropped.load(Ordering::SeqCst), 1);
+        drop(a);
+        assert_eq!(dropped.load(Ordering::SeqCst), 2);
+        assert!(map
+            .check(0xabcd_0000_0001, 0x2008, 8, FI_REMOTE_READ)
+            .is_err());
     }
 }

@@ -16,7 +16,7 @@ use crate::eq::{EqAttr, EventQueue};
 use crate::error::{Error, Result};
 use crate::hmem_iface::{HmemOps, Owner};
 use crate::info::{FabricAttr, Info};
-use crate::mr::{MemoryRegion, MrAttr, MrMap};
+use crate::mr::{MemoryRegion, MrAttr, MrMap, ProviderMr};
 use crate::trigger::{DomainWork, DoorbellAlloc};
 use crate::wait::{ProgressList, WaitAttr, WaitSet};
 
@@ -58,6 +58,17 @@ pub trait DomainOps: Send + Sync {
     /// Where XPU-triggered operations' doorbells come from; `None` if this provider offers
     /// no `FI_XPU_TRIGGER`.
     fn xpu_doorbells(&self) -> Option<Arc<dyn DoorbellAlloc>> {
+        None
+    }
+
+    /// `fi_mr_reg` is registering `attr` (checked; `mr_mode` is the domain's): the
+    /// provider's own registration of it (a NIC's), whose key becomes the region's and which
+    /// is dropped when the region closes; `None` (the default): the region is core's alone.
+    ///
+    /// # Safety
+    /// As `Domain::mr_regattr`: the range stays valid memory while the region lives.
+    unsafe fn mr_register(&self, attr: &MrAttr, mr_mode: u32) -> Option<Box<dyn ProviderMr>> {
+        let _ = (attr, mr_mode);
         None
     }
 }
@@ -228,7 +239,10 @@ impl Domain {
             )));
         }
         let attr = self.check_owner(attr, flags)?;
-        MemoryRegion::register(&self.inner.mr, &attr)
+        let mode = self.inner.info.domain_attr.mr_mode;
+        // SAFETY: forwarded: the caller keeps the range valid while the region lives.
+        let prov = unsafe { self.inner.ops.mr_register(&attr, mode) };
+        MemoryRegion::register_with(&self.inner.mr, &attr, prov)
     }
 
     /// Checks a registration's (iface, device) against the domain's capabilities and against

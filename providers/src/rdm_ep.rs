@@ -156,12 +156,32 @@ impl Handler for Glue<'_> {
             self.engine.source_lost(src, errno);
         }
     }
+
+    fn on_native(&mut self, token: u64, status: i32) {
+        self.engine.on_native(token, status)
+    }
+
+    fn on_native_write(&mut self, _peer: PeerId, len: usize, data: Option<u64>) {
+        self.engine.on_native_write(len, data)
+    }
 }
 
 impl<W: Wire> RdmEndpoint<W> {
     /// An endpoint named `name` (what `fi_getname` returns) on `net`, its engine configured
     /// by `cfg`.
     pub fn open(core: Arc<EpCore>, net: W, name: Vec<u8>, cfg: rdm::Config) -> Result<Arc<Self>> {
+        Self::open_with(core, net, name, cfg, None)
+    }
+
+    /// As `open`, the engine using the wire's one-sided operations (`one_sided`) where it
+    /// has them.
+    pub fn open_with(
+        core: Arc<EpCore>,
+        net: W,
+        name: Vec<u8>,
+        cfg: rdm::Config,
+        one_sided: Option<Box<dyn rdm::OneSided>>,
+    ) -> Result<Arc<Self>> {
         // SAFETY: plain syscall; the descriptor is owned by this endpoint and closed in Drop.
         let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if wake_fd < 0 {
@@ -169,7 +189,10 @@ impl<W: Wire> RdmEndpoint<W> {
         }
         // SAFETY: a descriptor we just opened and own alone.
         let wake_fd = unsafe { OwnedFd::from_raw_fd(wake_fd) };
-        let engine = Engine::new(core.clone(), cfg);
+        let mut engine = Engine::new(core.clone(), cfg);
+        if let Some(t) = one_sided {
+            engine = engine.with_one_sided(t);
+        }
         Ok(Arc::new(RdmEndpoint {
             core,
             name,

@@ -54,6 +54,7 @@ use super::wire::{self, flags, Frame, Prefix, WireError};
 use super::{Body, PeerId, Sink, Transmit};
 
 mod copy;
+mod native;
 mod rma;
 use copy::{Serve, SERVE};
 
@@ -111,6 +112,9 @@ struct TxReq {
     /// Its `Rts` offered a descriptor: the receiver may copy the data itself and answer
     /// `Ack` instead of `Cts`.
     pull: bool,
+    /// The transport's NIC carries it out (`transport::Native`): only the transport
+    /// answers it (`on_native`), never a peer's frame.
+    native: bool,
 }
 
 impl TxReq {
@@ -128,6 +132,7 @@ impl TxReq {
             answer: None,
             rts: false,
             pull: false,
+            native: false,
         }
     }
 
@@ -246,6 +251,8 @@ enum Fenced {
 struct PeerState {
     /// Requests to this peer not yet answered.
     outstanding: usize,
+    /// Of those, the ones the transport's NIC carries out.
+    natives: usize,
     fenced: VecDeque<Fenced>,
     pending: Option<Pending>,
     /// Bumped on every loss.
@@ -274,6 +281,8 @@ pub struct Engine {
     one_sided: Option<Box<dyn OneSided>>,
     /// Copies asked for and not yet taken by the transport.
     copies: VecDeque<super::transport::CopyReq>,
+    /// Operations for the transport's NIC, not yet taken by the transport.
+    natives: VecDeque<super::transport::Native>,
     /// RMA requests of peers this endpoint serves through the transport's copies (or, where
     /// it cannot copy, a write whose data it asked for with `Cts`).
     served: slab::Slab<Serve>,
@@ -311,6 +320,7 @@ impl Engine {
             done: Vec::new(),
             one_sided: None,
             copies: VecDeque::new(),
+            natives: VecDeque::new(),
             served: slab::Slab::new(),
             pull_refused: false,
             releasing: false,
@@ -472,6 +482,9 @@ impl Engine {
     fn settle(&mut self, t: TxReq, status: i32) {
         let ps = self.peer(t.peer);
         ps.outstanding = ps.outstanding.saturating_sub(1);
+        if t.native {
+            ps.natives = ps.natives.saturating_sub(1);
+        }
         let (ctx, flags) = (t.ctx, t.flags);
         self.done.push(if status == 0 {
             Done::Tx { ctx, flags }
@@ -824,7 +837,10 @@ impl Engine {
     /// after its request completed is never named by a well-behaved peer.)
     fn answered(&self, peer: PeerId, id: u32) -> Option<usize> {
         let i = id as usize;
-        self.tx.get(i).filter(|t| t.peer == peer).map(|_| i)
+        self.tx
+            .get(i)
+            .filter(|t| t.peer == peer && !t.native)
+            .map(|_| i)
     }
 
     /// A frame's prefix and control part arrived from `peer` (known to this endpoint's
@@ -1268,7 +1284,9 @@ impl Engine {
             self.done.push(Done::TxErr { ctx, flags, err });
         }
         self.end_copies(Some(peer), err);
+        self.natives.retain(|n| n.peer != peer);
         self.peer(peer).outstanding = 0;
+        self.peer(peer).natives = 0;
         self.out.retain(|t| t.peer != peer);
         let gone = std::mem::take(&mut self.peers[peer].blocked);
         self.blocked -= gone.len();
@@ -1326,6 +1344,7 @@ impl Engine {
             self.abandon(pending, FI_ECANCELED);
         }
         self.end_copies(None, FI_ECANCELED);
+        self.natives.clear();
         for r in self.rxq.drain_posted() {
             self.done.push(Done::RxErr {
                 ctx: r.ctx,

@@ -26,7 +26,7 @@ pub mod wire;
 pub use done::{report, Done};
 pub use engine::{Config, Engine};
 pub use inline::Inline;
-pub use transport::{Copied, CopyReq, Desc, Dir, OneSided, Transport};
+pub use transport::{Copied, CopyReq, Desc, Dir, Native, NativeKind, OneSided, Transport};
 
 use crate::rxq::IovList;
 

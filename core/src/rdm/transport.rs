@@ -77,6 +77,71 @@ pub trait OneSided: Send + Sync {
     /// Describes `iov`, memory of this process that a large send to `peer` offers, for that
     /// peer's transport to copy from; `None`: not this memory (the send goes by frames).
     fn describe(&self, peer: PeerId, iov: &IovList) -> Option<Desc>;
+
+    /// An offer `describe` made has ended (its request completed, failed or was dropped): the
+    /// transport may release what it holds for it (a NIC registration).
+    fn offer_ended(&self, peer: PeerId, desc: &Desc) {
+        let _ = (peer, desc);
+    }
+
+    /// Whether the transport's NIC carries `req` out itself ([`Native`]): the engine then
+    /// sends no frame for it, hands it over (`Engine::poll_native`) and completes it when the
+    /// transport reports it (`Engine::on_native`). The default: never.
+    fn native(&self, peer: PeerId, req: &Native) -> bool {
+        let _ = (peer, req);
+        false
+    }
+}
+
+/// What a [`Native`] operation does at the peer's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NativeKind {
+    /// Writes `local` there; with remote CQ data for the target's completion.
+    Write {
+        /// `FI_REMOTE_CQ_DATA`'s value, if the operation carries it.
+        data: Option<u64>,
+    },
+    /// Reads it into `local`.
+    Read,
+    /// Adds `add` to the 8-byte word there; its old value into `local` (8 bytes; empty: not
+    /// wanted).
+    FetchAdd {
+        /// The addend.
+        add: u64,
+    },
+    /// Swaps in `swap` if the 8-byte word there equals `compare`; its old value into `local`
+    /// (as for `FetchAdd`).
+    CompareSwap {
+        /// The value compared with.
+        compare: u64,
+        /// The value stored where equal.
+        swap: u64,
+    },
+}
+
+/// An RMA or atomic operation the transport's NIC carries out itself, one-sided (RDMA write,
+/// read, the 8-byte atomics), named by the peer's key for the memory: `local` is the engine's
+/// (the application's) until the transport reports it with `Engine::on_native(token, ..)`,
+/// which it must do exactly once for every one it took from `Engine::poll_native`, unless the
+/// peer is lost first (`on_lost` ends it) or the engine closed.
+#[derive(Clone, Copy, Debug)]
+pub struct Native {
+    /// Whose memory.
+    pub peer: PeerId,
+    /// Named again in `on_native` (0 when the engine asks `OneSided::native`).
+    pub token: u64,
+    /// What it does.
+    pub kind: NativeKind,
+    /// This endpoint's side: the write's source, the read's destination, the fetched value's.
+    pub local: IovList,
+    /// The peer's address (virtual, or an offset: as the application named it).
+    pub addr: u64,
+    /// The peer's key for it (untrusted by the peer's NIC, which checks it).
+    pub key: u64,
+    /// Bytes at the peer.
+    pub len: usize,
+    /// The operation's flags (`FI_FENCE`, completion levels).
+    pub flags: u64,
 }
 
 /// Which way a copy goes.

@@ -56,6 +56,15 @@ pub trait Handler {
     /// `errno`. Queued transmits to it are dropped, and a body being received is abandoned
     /// (its sink dropped). A later `send` to the same peer connects again.
     fn on_lost(&mut self, peer: PeerId, addr: Option<SocketAddr>, errno: i32);
+    /// The NIC finished a one-sided operation the engine handed over (`Engine::poll_native`)
+    /// with `status` (0 or an errno). Transports without a NIC never call it.
+    fn on_native(&mut self, token: u64, status: i32) {
+        let _ = (token, status);
+    }
+    /// A peer's NIC wrote `len` bytes into our memory and said so (remote CQ data, or none).
+    fn on_native_write(&mut self, peer: PeerId, len: usize, data: Option<u64>) {
+        let _ = (peer, len, data);
+    }
 }
 
 /// Bytes of each connection's read buffer.

@@ -9,10 +9,12 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Instant;
 
-use xfabric_core::rdm::PeerId;
+use xfabric_core::rdm::{Copied, PeerId};
 use xfabric_core::{EpCore, Result};
 
 use super::ib::Nic;
+use super::mr::Registry;
+use super::net::native::{Shared, VerbsOneSided};
 use super::net::Net;
 use crate::rdm_ep::{self, Glue, RdmEndpoint, Wire};
 use crate::tcp::addr;
@@ -22,17 +24,21 @@ use crate::tcp::net::Handler;
 pub type VerbsEndpoint = RdmEndpoint<Net>;
 
 /// Listens on `bind` (device `nic`'s address; port 0: any); the endpoint's name is a
-/// sockaddr, or with `str_name` the `FI_ADDR_STR` form.
+/// sockaddr, or with `str_name` the `FI_ADDR_STR` form. `reg`: the domain's NIC
+/// registrations, which one-sided operations use in place.
 pub fn open(
     core: Arc<EpCore>,
     nic: &Arc<Nic>,
+    reg: &Arc<Registry>,
     bind: SocketAddr,
     str_name: bool,
 ) -> Result<Arc<VerbsEndpoint>> {
-    let net = Net::bind(nic, bind)?;
+    let shared = Shared::new(reg.clone());
+    let net = Net::bind(nic, bind, core.clone(), shared.clone())?;
     let name = addr::name(&net.local_addr(), str_name);
     let cfg = rdm_ep::engine_config(&core);
-    RdmEndpoint::open(core, net, name, cfg)
+    let one_sided = Box::new(VerbsOneSided::new(shared));
+    RdmEndpoint::open_with(core, net, name, cfg, Some(one_sided))
 }
 
 impl Wire for Net {
@@ -55,6 +61,18 @@ impl Wire for Net {
         // Sending can complete operations (on_sent), which can queue frames: a few rounds.
         for _ in 0..4 {
             let mut any = false;
+            // Copies of a peer's memory are not done here (no offers are made); a peer's
+            // request for one goes through frames.
+            while let Some(c) = g.engine.poll_copy() {
+                g.engine.on_copied(c.token, Copied::Refused);
+                any = true;
+            }
+            // One-sided operations first: the engine hands one over only when nothing
+            // framed to its peer is queued (see core's rdm::engine::native).
+            while let Some(n) = g.engine.poll_native() {
+                self.native(n);
+                any = true;
+            }
             while let Some(t) = g.engine.poll_transmit() {
                 self.send(t);
                 any = true;

@@ -297,12 +297,36 @@ impl Mr {
         })
     }
 
+    /// Registers `len` bytes at `addr` whose remote addresses start at `iova` (where the
+    /// library can; `None` where it is too old for that).
+    ///
+    /// # Safety
+    /// As `new`.
+    pub unsafe fn with_iova(
+        nic: &Arc<Nic>,
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: i32,
+    ) -> Option<Result<Mr>> {
+        let f = nic.v.reg_mr_iova2?;
+        // SAFETY: the caller keeps the range mapped.
+        let mr = unsafe { f(nic.pd.as_ptr(), addr.cast(), len, iova, access as u32) };
+        Some(
+            NonNull::new(mr)
+                .map(|mr| Mr {
+                    nic: nic.clone(),
+                    mr,
+                })
+                .ok_or_else(|| os_err("ibv_reg_mr_iova2")),
+        )
+    }
+
     pub fn lkey(&self) -> u32 {
         // SAFETY: ours, alive.
         unsafe { (*self.mr.as_ptr()).lkey }
     }
 
-    #[allow(dead_code)]
     pub fn rkey(&self) -> u32 {
         // SAFETY: ours, alive.
         unsafe { (*self.mr.as_ptr()).rkey }

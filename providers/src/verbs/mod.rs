@@ -11,6 +11,7 @@
 
 mod ep;
 mod ib;
+mod mr;
 mod net;
 mod sys;
 
@@ -21,7 +22,8 @@ use std::sync::Arc;
 use xfabric_core::consts::*;
 use xfabric_core::info::*;
 use xfabric_core::{
-    DomainOps, DoorbellAlloc, EndpointOps, EpCore, Error, HmemOps, Provider, Result,
+    DomainOps, DoorbellAlloc, EndpointOps, EpCore, Error, HmemOps, MrAttr, Provider, ProviderMr,
+    Result,
 };
 
 use crate::hmem::GlobalHmem;
@@ -166,12 +168,17 @@ impl Provider for Verbs {
             _ => ib::nic(),
         }
         .map_err(|why| Error::NoData(format!("verbs domain: {why}")))?;
-        Ok(Arc::new(VerbsDomain { nic }))
+        Ok(Arc::new(VerbsDomain {
+            nic,
+            reg: Arc::default(),
+        }))
     }
 }
 
 struct VerbsDomain {
     nic: Arc<ib::Nic>,
+    /// The NIC registrations of this domain's regions (`mr`).
+    reg: Arc<mr::Registry>,
 }
 
 impl DomainOps for VerbsDomain {
@@ -201,6 +208,7 @@ impl DomainOps for VerbsDomain {
         Ok(ep::open(
             core,
             &self.nic,
+            &self.reg,
             bind,
             info.addr_format == FI_ADDR_STR,
         )?)
@@ -213,5 +221,11 @@ impl DomainOps for VerbsDomain {
 
     fn xpu_doorbells(&self) -> Option<Arc<dyn DoorbellAlloc>> {
         Some(xfabric_xpu_trigger::doorbells())
+    }
+
+    unsafe fn mr_register(&self, attr: &MrAttr, mr_mode: u32) -> Option<Box<dyn ProviderMr>> {
+        // SAFETY: forwarded: the range stays valid while the region lives.
+        let m = unsafe { mr::register(&self.nic, &self.reg, attr, mr_mode) }?;
+        Some(Box::new(m))
     }
 }

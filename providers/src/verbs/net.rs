@@ -19,13 +19,16 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 use xfabric_core::rdm::wire::{self, Prefix, PREFIX};
-use xfabric_core::rdm::{Body, PeerId, Sink, Transmit};
-use xfabric_core::{Error, Result};
+use xfabric_core::rdm::{Body, Native, PeerId, Sink, Transmit};
+use xfabric_core::{EpCore, Error, Result};
 
 use super::ib::{Cq, Mr, Nic, Qp, QpInfo};
 use super::sys;
 use crate::tcp::addr;
 use crate::tcp::net::Handler;
+
+pub mod native;
+use native::{Inflight, Shared, NATIVE_MAX};
 
 /// Bytes of every chunk buffer (header included).
 pub const CHUNK: usize = 16 * 1024;
@@ -46,17 +49,25 @@ pub const CQ_DEPTH: i32 = 32767;
 const KIND_DATA: u8 = 0;
 const KIND_CREDIT: u8 = 1;
 
-/// The side channel's hello: magic, version, QP number, PSN, GID, the sender's own name.
+/// The side channel's hello: magic, version, flags, QP number, PSN, GID, the sender's own
+/// name.
 const HELLO: usize = 48;
 const MAGIC: u32 = 0x5846_5642; // "XFVB"
-const VERSION: u16 = 1;
+/// 2: writes with immediate data (the peer's NIC writes and tells), and the flags byte.
+const VERSION: u16 = 2;
+/// Hello flag: the sender reports remote reads and atomics (`FI_RMA_EVENT`, a remote
+/// counter): a peer's NIC must not read or add to its memory unseen.
+const HELLO_EVENTS: u8 = 1;
 /// The connector's last word once its QP is ready to receive.
 const READY: u8 = 0x52;
-/// Most connections one endpoint holds. A connection can have `RQ` receives and `SQ` signaled
-/// sends completing at once, and they must all fit in the one CQ (an overflow would break
-/// every QP on it); this also keeps strangers from making an endpoint register memory without
-/// bound (each connection costs `(RQ + SQ) * CHUNK` bytes registered, 2 MiB, and a QP).
-const MAX_LINKS: usize = CQ_DEPTH as usize / (RQ as usize + SQ);
+/// Most connections one endpoint holds. A connection can have `RQ` receives, `SQ` signaled
+/// sends and `NATIVE_MAX` one-sided operations completing at once, and they must all fit in
+/// the one CQ (an overflow would break every QP on it); this also keeps strangers from making
+/// an endpoint register memory without bound (each connection costs `(RQ + SQ) * CHUNK`
+/// bytes registered, 2 MiB, and a QP).
+const MAX_LINKS: usize = CQ_DEPTH as usize / (RQ as usize + SQ + NATIVE_MAX);
+/// `Link::held`'s slot for a peer's write with immediate data: (IMM, immediate, length).
+const IMM: usize = usize::MAX;
 /// How long a connection may take to finish its hellos before it is dropped.
 const HELLO_TIME: Duration = Duration::from_secs(10);
 
@@ -87,17 +98,16 @@ enum Rx {
     },
 }
 
-/// A transmit being cut into chunks.
-struct Out {
-    t: Transmit,
-    /// Bytes of ctrl and body already copied.
-    pos: usize,
-}
-
-impl Out {
-    fn len(&self) -> usize {
-        self.t.ctrl.len() + self.t.body.len()
-    }
+/// What waits to go to a peer, in order.
+enum Out {
+    /// A transmit being cut into chunks.
+    Frame {
+        t: Transmit,
+        /// Bytes of ctrl and body already copied.
+        pos: usize,
+    },
+    /// A one-sided operation for the NIC.
+    Native(Native),
 }
 
 /// One RC connection (a peer has one it sends on, and may receive on another too).
@@ -119,11 +129,18 @@ struct Link {
     /// Credits freed here, to return to the peer.
     owe: u32,
     owe_reserve: u32,
-    /// Received chunks not yet consumed (slot, start offset, end offset), oldest first.
+    /// Received chunks not yet consumed (slot, start offset, end offset), oldest first; a
+    /// peer's write with immediate data among them as (`IMM`, immediate, length).
     held: VecDeque<(usize, usize, usize)>,
     rx: Rx,
     /// Sends posted and not completed.
     inflight: usize,
+    /// One-sided operations posted and not completed, by number.
+    natives: HashMap<u32, Inflight>,
+    next_native: u32,
+    /// Of those, reads and atomics: what is posted after them waits for them
+    /// (`IBV_SEND_FENCE`), so that nothing later changes memory they have yet to read.
+    reads_out: usize,
     /// When the connection started (for `HELLO_TIME`).
     born: std::time::Instant,
 }
@@ -153,6 +170,10 @@ pub struct Net {
     psn_seed: u32,
     /// `super::faults()` last acted on.
     faults: u64,
+    /// The endpoint (whether it reports remote reads: the hello's flag).
+    core: Arc<EpCore>,
+    /// What the engine's `native` decisions read: registrations, peers' flags.
+    shared: Arc<Shared>,
 }
 
 fn wr_id(link: usize, slot: usize) -> u64 {
@@ -161,7 +182,12 @@ fn wr_id(link: usize, slot: usize) -> u64 {
 
 impl Net {
     /// Listens on `ip:port` of the device's address.
-    pub fn bind(nic: &Arc<Nic>, bind: SocketAddr) -> Result<Net> {
+    pub fn bind(
+        nic: &Arc<Nic>,
+        bind: SocketAddr,
+        core: Arc<EpCore>,
+        shared: Arc<Shared>,
+    ) -> Result<Net> {
         let listener = TcpListener::bind(bind)
             .map_err(|e| Error::from_io(format!("verbs endpoint: listen on {bind}"), e))?;
         listener
@@ -183,6 +209,8 @@ impl Net {
             lost: Vec::new(),
             psn_seed: std::process::id().wrapping_mul(2_654_435_761),
             faults: super::faults(),
+            core,
+            shared,
         })
     }
 
@@ -240,7 +268,7 @@ impl Net {
             || self
                 .links
                 .values()
-                .any(|l| l.inflight > 0 || !l.held.is_empty())
+                .any(|l| l.inflight > 0 || !l.natives.is_empty() || !l.held.is_empty())
     }
 
     fn new_link(&mut self, peer: PeerId, stream: TcpStream, state: State) -> Result<usize> {
@@ -280,6 +308,9 @@ impl Net {
             held: VecDeque::new(),
             rx: Rx::Head(Vec::new()),
             inflight: 0,
+            natives: HashMap::new(),
+            next_native: 0,
+            reads_out: 0,
             born: std::time::Instant::now(),
         };
         let id = self.next_link;
@@ -298,6 +329,11 @@ impl Net {
         let mut h = [0u8; HELLO];
         h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         h[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        h[6] = if native::reports_remote(&self.core) {
+            HELLO_EVENTS
+        } else {
+            0
+        };
         h[8..12].copy_from_slice(&l.qp.num().to_le_bytes());
         h[12..16].copy_from_slice(&l.psn.to_le_bytes());
         h[16..32].copy_from_slice(&self.nic.gid);
@@ -375,7 +411,12 @@ impl Net {
         let len = t.ctrl.len() + t.body.len();
         tracing::trace!(peer, len, tx = ?p.tx, "verbs: frame queued");
         p.queued += len;
-        p.out.push_back(Out { t, pos: 0 });
+        p.out.push_back(Out::Frame { t, pos: 0 });
+        self.connect_if_idle(peer);
+    }
+
+    /// Starts a connection to `peer` if it has none; a failure loses it.
+    fn connect_if_idle(&mut self, peer: PeerId) {
         if self.peers[peer].tx.is_none() {
             if let Err(e) = self.connect(peer) {
                 self.lose_peer(peer, e);
@@ -562,6 +603,7 @@ impl Net {
     fn on_answer(&mut self, id: usize, h: &[u8]) -> std::result::Result<(), &'static str> {
         let (info, _) = Self::parse_hello(h)?;
         let l = self.links.get_mut(&id).expect("listed");
+        self.shared.set_quiet(l.peer, h[6] & HELLO_EVENTS == 0);
         l.qp.connect(l.psn, &info).map_err(|e| {
             warn!("verbs: {e}");
             "cannot connect the queue pair"
@@ -578,6 +620,7 @@ impl Net {
     fn on_hello(&mut self, id: usize, h: &[u8]) -> std::result::Result<(), &'static str> {
         let (info, name) = Self::parse_hello(h)?;
         let peer = self.peer(name);
+        self.shared.set_quiet(peer, h[6] & HELLO_EVENTS == 0);
         let answer = self.hello_bytes(&self.links[&id]);
         let l = self.links.get_mut(&id).expect("listed");
         l.peer = peer;
@@ -613,6 +656,10 @@ impl Net {
                 let Some(l) = self.links.get_mut(&id) else {
                     continue;
                 };
+                if slot & native::NATIVE_BIT != 0 {
+                    self.native_done(id, slot, &wc, h);
+                    continue;
+                }
                 if wc.status != sys::IBV_WC_SUCCESS {
                     let errno = match wc.status {
                         sys::IBV_WC_REM_ACCESS_ERR => libc::EACCES,
@@ -623,6 +670,18 @@ impl Net {
                         _ => libc::ECONNRESET,
                     };
                     self.fail_link(id, errno, "work completion error");
+                    continue;
+                }
+                if wc.opcode == sys::IBV_WC_RECV_RDMA_WITH_IMM {
+                    // A peer's NIC wrote into our memory: its receive carried no bytes; the
+                    // buffer goes back at once, the report in order with the chunks.
+                    let imm = u32::from_be(wc.imm_data) as usize;
+                    l.held.push_back((IMM, imm, wc.byte_len as usize));
+                    l.owe += 1;
+                    if let Err(e) = post_recv(l, id, slot) {
+                        warn!("verbs: {e}");
+                        self.fail_link(id, libc::EIO, "cannot repost a receive");
+                    }
                     continue;
                 }
                 if wc.opcode & sys::IBV_WC_RECV != 0 {
@@ -654,7 +713,6 @@ impl Net {
                 }
             }
         }
-        let _ = h;
         total
     }
 
@@ -723,6 +781,12 @@ impl Net {
             let Some(&(slot, at, end)) = l.held.front() else {
                 break None;
             };
+            if slot == IMM {
+                l.held.pop_front();
+                h.on_native_write(peer, end, native::imm_data(at as u32));
+                frames += 1;
+                continue;
+            }
             let avail = end - at;
             let took = match &mut l.rx {
                 Rx::Head(v) => {
@@ -807,28 +871,52 @@ impl Net {
             return;
         }
         let p = &mut self.peers[peer];
-        while !p.out.is_empty() && l.credits > 0 && !l.free_tx.is_empty() {
+        loop {
+            match p.out.front() {
+                None => return,
+                Some(Out::Native(n)) => {
+                    let n = *n;
+                    match native::post(l, id, &n, &self.shared) {
+                        native::Posted::Yes => {}
+                        native::Posted::NoRoom => return,
+                        native::Posted::Failed(errno) => h.on_native(n.token, errno),
+                        native::Posted::Broken(e) => {
+                            p.out.pop_front();
+                            warn!("verbs: {e}");
+                            self.fail_link(id, libc::EIO, "cannot post a one-sided operation");
+                            return;
+                        }
+                    }
+                    p.out.pop_front();
+                    continue;
+                }
+                Some(Out::Frame { .. }) => {}
+            }
+            if l.credits == 0 || l.free_tx.is_empty() {
+                return;
+            }
             let slot = l.free_tx.pop().expect("checked");
             let base = slot * CHUNK;
             let mut fill = HDR;
             while fill < CHUNK {
-                let Some(o) = p.out.front_mut() else {
+                // Frames up to the next one-sided operation, which goes after this chunk.
+                let Some(Out::Frame { t, pos }) = p.out.front_mut() else {
                     break;
                 };
-                let clen = o.t.ctrl.len();
-                let total = o.len();
-                let k = (total - o.pos).min(CHUNK - fill);
+                let clen = t.ctrl.len();
+                let total = clen + t.body.len();
+                let k = (total - *pos).min(CHUNK - fill);
                 let dst = &mut l.buf[base + fill..base + fill + k];
                 let mut done = 0;
-                if o.pos < clen {
-                    let c = (clen - o.pos).min(k);
-                    dst[..c].copy_from_slice(&o.t.ctrl[o.pos..o.pos + c]);
+                if *pos < clen {
+                    let c = (clen - *pos).min(k);
+                    dst[..c].copy_from_slice(&t.ctrl[*pos..*pos + c]);
                     done = c;
                 }
                 if done < k {
-                    let boff = o.pos + done - clen;
+                    let boff = *pos + done - clen;
                     let dst = &mut dst[done..];
-                    match (&o.t.body, o.t.body.held()) {
+                    match (&t.body, t.body.held()) {
                         (_, Some(v)) => dst.copy_from_slice(&v[boff..boff + dst.len()]),
                         // SAFETY: the engine keeps a body's memory readable until on_sent or
                         // on_lost (the Body::Iov contract).
@@ -838,12 +926,13 @@ impl Net {
                         (_, None) => {}
                     }
                 }
-                o.pos += k;
+                *pos += k;
                 fill += k;
                 p.queued = p.queued.saturating_sub(k);
-                if o.pos == total {
-                    let o = p.out.pop_front().expect("front");
-                    if let Some(tok) = o.t.token {
+                if *pos == total {
+                    let token = t.token;
+                    p.out.pop_front();
+                    if let Some(tok) = token {
                         h.on_sent(peer, tok);
                     }
                 }
@@ -866,13 +955,21 @@ impl Net {
 
     /// Ends every connection: sends already posted get a moment to complete.
     pub fn shutdown(&mut self, until: std::time::Instant) {
-        while self.links.values().any(|l| l.inflight > 0) && std::time::Instant::now() < until {
+        while self
+            .links
+            .values()
+            .any(|l| l.inflight > 0 || !l.natives.is_empty())
+            && std::time::Instant::now() < until
+        {
             let n = self.cq.poll(&mut self.wc);
             for i in 0..n {
                 let wc = self.wc[i];
                 let id = (wc.wr_id >> 32) as usize;
                 if let Some(l) = self.links.get_mut(&id) {
-                    if wc.opcode & sys::IBV_WC_RECV == 0 {
+                    let slot = (wc.wr_id & 0xffff_ffff) as usize;
+                    if slot & native::NATIVE_BIT != 0 {
+                        l.natives.remove(&((slot & !native::NATIVE_BIT) as u32));
+                    } else if wc.opcode & sys::IBV_WC_RECV == 0 {
                         l.inflight = l.inflight.saturating_sub(1);
                     }
                 }
@@ -918,7 +1015,7 @@ fn post_send(l: &mut Link, id: usize, slot: usize, len: usize) -> Result<()> {
         sg_list: &mut sge,
         num_sge: 1,
         opcode: sys::IBV_WR_SEND,
-        send_flags: sys::IBV_SEND_SIGNALED,
+        send_flags: sys::IBV_SEND_SIGNALED | native::fence(l),
         ..Default::default()
     };
     // SAFETY: as post_recv; the slot is not reused before its completion (free_tx).

@@ -293,10 +293,13 @@ pub const IBV_WR_RDMA_READ: c_uint = 4;
 pub const IBV_WR_ATOMIC_CMP_AND_SWP: c_uint = 5;
 pub const IBV_WR_ATOMIC_FETCH_AND_ADD: c_uint = 6;
 
+pub const IBV_SEND_FENCE: c_uint = 1;
 pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;
 
 pub const IBV_WC_SUCCESS: c_uint = 0;
+pub const IBV_WC_LOC_PROT_ERR: c_uint = 4;
 pub const IBV_WC_WR_FLUSH_ERR: c_uint = 5;
+pub const IBV_WC_REM_INV_REQ_ERR: c_uint = 9;
 pub const IBV_WC_REM_ACCESS_ERR: c_uint = 10;
 pub const IBV_WC_RETRY_EXC_ERR: c_uint = 12;
 pub const IBV_WC_RNR_RETRY_EXC_ERR: c_uint = 13;
@@ -333,8 +336,15 @@ pub struct Verbs {
     pub create_qp: unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp,
     pub modify_qp: unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
     pub destroy_qp: unsafe extern "C" fn(*mut ibv_qp) -> c_int,
+    /// `ibv_reg_mr_iova2` (rdma-core 22 and later): a registration whose remote addresses
+    /// start at a chosen I/O virtual address; absent from older libraries.
+    pub reg_mr_iova2: Option<RegMrIova2>,
     _lib: Library,
 }
+
+/// `ibv_reg_mr_iova2(pd, addr, length, iova, access)`.
+pub type RegMrIova2 =
+    unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, u64, c_uint) -> *mut ibv_mr;
 
 /// The library's file name: the SONAME rdma-core has shipped since 2008.
 pub const LIBNAME: &str = "libibverbs.so.1";
@@ -371,6 +381,10 @@ impl Verbs {
             create_qp: sym!("ibv_create_qp"),
             modify_qp: sym!("ibv_modify_qp"),
             destroy_qp: sym!("ibv_destroy_qp"),
+            // SAFETY: as `sym!`; a missing symbol is an older library, not an error.
+            reg_mr_iova2: unsafe { lib.get::<RegMrIova2>(b"ibv_reg_mr_iova2\0") }
+                .ok()
+                .map(|s| *s),
             _lib: lib,
         })
     }

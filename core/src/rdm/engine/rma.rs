@@ -29,6 +29,9 @@ impl Engine {
         copy: Option<Body>,
     ) -> std::result::Result<(), (Context, u64, Error)> {
         let len = op.iov.total();
+        if copy.is_none() && self.native_rma(peer, op) {
+            return Ok(());
+        }
         if op.flags & FI_READ != 0 {
             let desc = self.offer(peer, &op.iov);
             let (id, _) = self.new_tx(TxReq {
@@ -104,6 +107,10 @@ impl Engine {
         peer: PeerId,
         req: &AtomicReq,
     ) -> std::result::Result<(), (Context, u64, Error)> {
+        // SAFETY: forwarded.
+        if unsafe { self.native_atomic(peer, req) } {
+            return Ok(());
+        }
         let n = req.bytes();
         let fetch = req.result != 0;
         // SAFETY: the caller's contract keeps operand and compare readable during the call.

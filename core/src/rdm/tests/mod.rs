@@ -16,6 +16,7 @@ use super::{
 };
 
 mod fuzz;
+mod native;
 mod pull;
 use crate::consts::errno::*;
 use crate::consts::*;

@@ -1,0 +1,305 @@
+//! Memory regions the NIC knows: `fi_mr_reg` in a verbs domain with `FI_MR_PROV_KEY` also
+//! registers the range with the device (`ibv_reg_mr`), and the region's key carries the
+//! device's remote key, so that a peer's NIC can write, read and add to it one-sidedly
+//! (`native`). The region is deregistered when the `fi_mr` closes.
+//!
+//! A key made here: the tag "XF" in bits 63..48, the region's remote access in bits 41..40
+//! (read, write), the rkey in bits 31..0. Core's own keys (small numbers, or the
+//! application's own with user-chosen keys) never carry the tag: operations naming them go
+//! through the engine. The bits come from a peer and are untrusted: they only choose the
+//! path; the NIC checks the rkey, the range and the access itself.
+//!
+//! What stays core's alone (the engine executes remote accesses to it): device memory (staged
+//! through host buffers), domains
+//! with application-chosen keys (no `FI_MR_PROV_KEY`: the key cannot be the rkey), offset
+//! addressing where the library cannot register at a chosen I/O address, and ranges the
+//! device refuses.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use xfabric_core::consts::*;
+use xfabric_core::{Iface, MrAttr, ProviderMr};
+
+use super::ib::{Mr, Nic};
+use super::sys;
+
+const TAG: u64 = 0x5846 << 48;
+const TAG_MASK: u64 = 0xffff << 48;
+const READ_BIT: u64 = 1 << 40;
+const WRITE_BIT: u64 = 1 << 41;
+
+/// A key as this provider makes them, decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NicKey {
+    pub rkey: u32,
+    /// The region allows remote reads (`FI_REMOTE_READ`).
+    pub read: bool,
+    /// The region allows remote writes and atomics (`FI_REMOTE_WRITE`).
+    pub write: bool,
+}
+
+impl NicKey {
+    pub fn encode(&self) -> u64 {
+        let mut k = TAG | u64::from(self.rkey);
+        if self.read {
+            k |= READ_BIT;
+        }
+        if self.write {
+            k |= WRITE_BIT;
+        }
+        k
+    }
+
+    /// The key's parts, if it is one of ours (by its tag and its unused bits being zero).
+    pub fn decode(key: u64) -> Option<NicKey> {
+        if key & TAG_MASK != TAG || key & !(TAG_MASK | READ_BIT | WRITE_BIT | 0xffff_ffff) != 0 {
+            return None;
+        }
+        Some(NicKey {
+            rkey: key as u32,
+            read: key & READ_BIT != 0,
+            write: key & WRITE_BIT != 0,
+        })
+    }
+}
+
+/// The device access a region with libfabric `access` needs. Local write is always asked
+/// for (the region may be a read's destination); remote atomics come with remote writes.
+pub fn ib_access(access: u64) -> i32 {
+    let mut a = sys::IBV_ACCESS_LOCAL_WRITE;
+    if access & FI_REMOTE_READ != 0 {
+        a |= sys::IBV_ACCESS_REMOTE_READ;
+    }
+    if access & FI_REMOTE_WRITE != 0 {
+        a |= sys::IBV_ACCESS_REMOTE_WRITE | sys::IBV_ACCESS_REMOTE_ATOMIC;
+    }
+    a
+}
+
+/// How a registration in a domain with `mr_mode` would be addressed by peers: the I/O
+/// virtual address the NIC is to know the region's start by. `None`: the NIC is not told of
+/// it (device memory, application-chosen keys).
+pub fn iova_for(attr: &MrAttr, mr_mode: u32) -> Option<u64> {
+    if mr_mode & FI_MR_PROV_KEY == 0 || attr.iface != Iface::System || attr.len == 0 {
+        return None;
+    }
+    Some(if mr_mode & FI_MR_VIRT_ADDR != 0 {
+        attr.addr as u64
+    } else {
+        attr.offset
+    })
+}
+
+/// A registered range as endpoints look it up for their local memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    len: usize,
+    lkey: u32,
+}
+
+/// The domain's NIC registrations by start address: where an operation's local memory is
+/// registered already, the NIC uses it in place (its lkey).
+#[derive(Default)]
+pub struct Registry {
+    map: RwLock<BTreeMap<(usize, u64), Entry>>,
+}
+
+/// How many registrations starting at or before an address are looked at for one covering
+/// a range (regions nest rarely; past this, the operation bounces or goes by frames).
+const LOOK: usize = 16;
+
+impl Registry {
+    fn add(&self, addr: usize, key: u64, e: Entry) {
+        self.map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((addr, key), e);
+    }
+
+    fn remove(&self, addr: usize, key: u64) {
+        self.map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(addr, key));
+    }
+
+    /// The lkey of a registration covering `len` bytes at `addr`.
+    pub fn lkey(&self, addr: usize, len: usize) -> Option<u32> {
+        let end = addr.checked_add(len)?;
+        let m = self.map.read().unwrap_or_else(|e| e.into_inner());
+        m.range(..=(addr, u64::MAX))
+            .rev()
+            .take(LOOK)
+            .find(|((a, _), e)| a.checked_add(e.len).is_some_and(|x| x >= end))
+            .map(|(_, e)| e.lkey)
+    }
+}
+
+/// A region the NIC knows, deregistered when dropped (after its key left core's map).
+pub struct NicMr {
+    key: u64,
+    addr: usize,
+    reg: Arc<Registry>,
+    _mr: Mr,
+}
+
+impl ProviderMr for NicMr {
+    fn key(&self) -> u64 {
+        self.key
+    }
+}
+
+impl Drop for NicMr {
+    fn drop(&mut self) {
+        self.reg.remove(self.addr, self.key);
+    }
+}
+
+/// Registers `attr` with `nic` where the domain's `mr_mode` lets its key be the NIC's (see
+/// the module); `None` leaves the region to core (and its remote accesses to the engine).
+///
+/// # Safety
+/// The range stays valid memory while the returned region lives.
+pub unsafe fn register(
+    nic: &Arc<Nic>,
+    reg: &Arc<Registry>,
+    attr: &MrAttr,
+    mr_mode: u32,
+) -> Option<NicMr> {
+    let iova = iova_for(attr, mr_mode)?;
+    let addr = attr.addr as *mut u8;
+    let mut access = ib_access(attr.access);
+    let attempt = |access: i32| {
+        if iova == attr.addr as u64 {
+            // SAFETY: the caller keeps the range mapped.
+            Some(unsafe { Mr::new(nic, addr, attr.len, access) })
+        } else {
+            // SAFETY: as above.
+            unsafe { Mr::with_iova(nic, addr, attr.len, iova, access) }
+        }
+    };
+    let mut r = attempt(access)?;
+    if r.is_err() && attr.access & FI_REMOTE_WRITE == 0 {
+        // Read-only pages refuse local write: a region only read remotely does without.
+        access &= !sys::IBV_ACCESS_LOCAL_WRITE;
+        r = attempt(access)?;
+    }
+    let mr = match r {
+        Ok(mr) => mr,
+        Err(e) => {
+            tracing::debug!("verbs: region left to the engine: {e}");
+            return None;
+        }
+    };
+    let key = NicKey {
+        rkey: mr.rkey(),
+        read: attr.access & FI_REMOTE_READ != 0,
+        write: attr.access & FI_REMOTE_WRITE != 0,
+    }
+    .encode();
+    if access & sys::IBV_ACCESS_LOCAL_WRITE != 0 {
+        reg.add(
+            attr.addr,
+            key,
+            Entry {
+                len: attr.len,
+                lkey: mr.lkey(),
+            },
+        );
+    }
+    Some(NicMr {
+        key,
+        addr: attr.addr,
+        reg: reg.clone(),
+        _mr: mr,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_and_core_keys_are_not_ours() {
+        let k = NicKey {
+            rkey: 0xdead_beef,
+            read: true,
+            write: false,
+        };
+        assert_eq!(NicKey::decode(k.encode()), Some(k));
+        let w = NicKey {
+            rkey: 1,
+            read: false,
+            write: true,
+        };
+        assert_eq!(NicKey::decode(w.encode()), Some(w));
+        for core_key in [0, 1, 7, 42, u64::MAX, FI_KEY_NOTAVAIL, 0xffff_ffff] {
+            assert_eq!(NicKey::decode(core_key), None, "{core_key:#x}");
+        }
+        // Stray bits outside the fields: not ours.
+        assert_eq!(NicKey::decode(k.encode() | 1 << 35), None);
+    }
+
+    #[test]
+    fn access_and_addressing_choices() {
+        assert_eq!(ib_access(0), sys::IBV_ACCESS_LOCAL_WRITE);
+        assert_eq!(
+            ib_access(FI_REMOTE_READ),
+            sys::IBV_ACCESS_LOCAL_WRITE | sys::IBV_ACCESS_REMOTE_READ
+        );
+        assert_eq!(
+            ib_access(FI_REMOTE_WRITE) & sys::IBV_ACCESS_REMOTE_ATOMIC,
+            sys::IBV_ACCESS_REMOTE_ATOMIC
+        );
+        let attr = MrAttr {
+            addr: 0x1000,
+            len: 64,
+            offset: 40,
+            ..Default::default()
+        };
+        assert_eq!(iova_for(&attr, 0), None, "application keys");
+        assert_eq!(iova_for(&attr, FI_MR_PROV_KEY), Some(40));
+        assert_eq!(
+            iova_for(&attr, FI_MR_PROV_KEY | FI_MR_VIRT_ADDR),
+            Some(0x1000)
+        );
+        let dev = MrAttr {
+            iface: Iface::Cuda,
+            ..attr.clone()
+        };
+        assert_eq!(iova_for(&dev, FI_MR_PROV_KEY | FI_MR_VIRT_ADDR), None);
+        let empty = MrAttr { len: 0, ..attr };
+        assert_eq!(iova_for(&empty, FI_MR_PROV_KEY), None);
+    }
+
+    #[test]
+    fn registry_finds_covering_regions_only() {
+        let r = Registry::default();
+        r.add(
+            0x1000,
+            1,
+            Entry {
+                len: 0x100,
+                lkey: 11,
+            },
+        );
+        r.add(
+            0x1080,
+            2,
+            Entry {
+                len: 0x10,
+                lkey: 22,
+            },
+        );
+        assert_eq!(r.lkey(0x1000, 0x100), Some(11));
+        assert_eq!(r.lkey(0x1080, 0x10), Some(22));
+        // Inside the large one, past the small one's end.
+        assert_eq!(r.lkey(0x1088, 0x20), Some(11));
+        assert_eq!(r.lkey(0x10f0, 0x20), None);
+        assert_eq!(r.lkey(0x0ff0, 0x20), None);
+        assert_eq!(r.lkey(usize::MAX - 4, 8), None);
+        r.remove(0x1000, 1);
+        assert_eq!(r.lkey(0x1088, 0x20), None);
+    }
+}

@@ -1,0 +1,428 @@
+//! The NIC's own one-sided operations on a connection: RDMA writes (always with immediate
+//! data, so the target reports them as the engine would), RDMA reads, and the two 8-byte
+//! atomics, posted on the connection's QP in order with the chunks that carry frames.
+//!
+//! Which operations come here is decided in two places: the engine (only when nothing framed
+//! toward the peer is outstanding: see `core::rdm::engine::native`) and [`VerbsOneSided`]
+//! (only where the key is one this provider made, with the access the operation needs, the
+//! local memory is registered or small enough to bounce through a send buffer, the remote CQ
+//! data fits the immediate, and, for reads and atomics, the peer said it does not report
+//! remote reads, which its NIC would do unseen).
+//!
+//! Completion levels: a write's work completion on RC means the target's NIC acknowledged
+//! the data placed in its memory, which is what `FI_DELIVERY_COMPLETE` (and, a fortiori,
+//! `FI_TRANSMIT_COMPLETE`) promise; `FI_COMMIT_COMPLETE` (durability) never comes here — the
+//! target's engine makes that write durable before it acknowledges. Reads and atomics complete
+//! when their data is here.
+//!
+//! Errors: the target's NIC refusing a key, a range or the access (a remote access error),
+//! or an invalid request, fails that operation with `FI_EACCES` (`FI_EINVAL`); the QP is then
+//! in the error state, so the connection is dropped and every other operation outstanding
+//! toward that peer ends with `FI_ECANCELED` (nothing is retried: a flushed atomic or write
+//! may be one the application wants to reconsider). The next operation to the peer connects
+//! again. Any other error is the peer lost, as for chunks.
+
+use std::sync::RwLock;
+
+use xfabric_core::consts::errno::*;
+use xfabric_core::consts::*;
+use xfabric_core::rdm::{Desc, NativeKind, OneSided};
+use xfabric_core::rxq::IovList;
+use xfabric_core::CntrClass;
+
+use super::super::mr::{NicKey, Registry};
+use super::*;
+
+/// One-sided operations one connection may have posted at once (`MAX_LINKS` counts them).
+pub const NATIVE_MAX: usize = 64;
+/// Set in a work request's slot number for one-sided operations.
+pub const NATIVE_BIT: usize = 1 << 31;
+/// Local memory not registered with the NIC bounces through a send buffer up to this size.
+pub const BOUNCE_MAX: usize = CHUNK;
+/// Bit 31 of the immediate: the write carries remote CQ data (in bits 30..0).
+const IMM_DATA: u32 = 1 << 31;
+
+/// What the endpoint's engine (its `native` decisions) and its connections share.
+#[derive(Default)]
+pub struct Shared {
+    /// The domain's NIC registrations.
+    pub reg: Arc<Registry>,
+    /// By peer: whether it said it does not report remote reads (its hello).
+    quiet: RwLock<Vec<bool>>,
+}
+
+impl Shared {
+    /// For the endpoints of a domain whose registrations are `reg`.
+    pub fn new(reg: Arc<Registry>) -> Arc<Shared> {
+        Arc::new(Shared {
+            reg,
+            quiet: RwLock::default(),
+        })
+    }
+
+    fn quiet(&self, peer: PeerId) -> bool {
+        let q = self.quiet.read().unwrap_or_else(|e| e.into_inner());
+        q.get(peer).copied().unwrap_or(false)
+    }
+
+    pub(super) fn set_quiet(&self, peer: PeerId, quiet: bool) {
+        let mut q = self.quiet.write().unwrap_or_else(|e| e.into_inner());
+        if q.len() <= peer {
+            if peer > 1 << 20 {
+                return;
+            }
+            q.resize(peer + 1, false);
+        }
+        q[peer] = quiet;
+    }
+}
+
+/// Whether `core` reports remote reads or atomics (`FI_RMA_EVENT`, a remote counter): its
+/// peers' NICs must then leave them to its engine.
+pub fn reports_remote(core: &EpCore) -> bool {
+    if core.caps & FI_RMA_EVENT != 0 {
+        return true;
+    }
+    core.bound().is_some_and(|b| {
+        b.cntr[CntrClass::RemoteRead as usize].is_some()
+            || b.cntr[CntrClass::RemoteWrite as usize].is_some()
+    })
+}
+
+/// The remote CQ data an immediate carries.
+pub fn imm_data(imm: u32) -> Option<u64> {
+    (imm & IMM_DATA != 0).then_some(u64::from(imm & !IMM_DATA))
+}
+
+/// The immediate for a write with `data`; `None`: it does not fit (bits above 30 set).
+fn imm_for(data: Option<u64>) -> Option<u32> {
+    match data {
+        None => Some(0),
+        Some(d) if d < u64::from(IMM_DATA) => Some(IMM_DATA | d as u32),
+        Some(_) => None,
+    }
+}
+
+/// Whether an operation's local memory can be handed to the NIC: registered, or small.
+fn local_ok(reg: &Registry, local: &IovList, len: usize) -> bool {
+    if len <= BOUNCE_MAX {
+        return true;
+    }
+    matches!(local.segs(), [s] if reg.lkey(s.addr, s.len).is_some())
+}
+
+/// The verbs transport's answer to the engine: which operations its NIC carries out.
+pub struct VerbsOneSided {
+    shared: Arc<Shared>,
+}
+
+impl VerbsOneSided {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        VerbsOneSided { shared }
+    }
+}
+
+impl OneSided for VerbsOneSided {
+    fn pull_min(&self) -> usize {
+        // Large messages are not offered for pulling (yet): they move as chunks.
+        usize::MAX
+    }
+
+    fn describe(&self, _peer: PeerId, _iov: &IovList) -> Option<Desc> {
+        None
+    }
+
+    fn native(&self, peer: PeerId, n: &Native) -> bool {
+        let Some(k) = NicKey::decode(n.key) else {
+            return false;
+        };
+        let kind_ok = match n.kind {
+            NativeKind::Write { data } => k.write && imm_for(data).is_some(),
+            NativeKind::Read => k.read && self.shared.quiet(peer),
+            NativeKind::FetchAdd { .. } | NativeKind::CompareSwap { .. } => {
+                // An atomic reads too where its old value is wanted (and an add of 0 is a
+                // read); the NIC needs the word aligned.
+                let reads =
+                    n.local.total() > 0 || matches!(n.kind, NativeKind::FetchAdd { add: 0 });
+                k.write && (k.read || !reads) && n.addr.is_multiple_of(8) && self.shared.quiet(peer)
+            }
+        };
+        kind_ok && u32::try_from(n.len).is_ok() && local_ok(&self.shared.reg, &n.local, n.len)
+    }
+}
+
+/// A one-sided operation posted on a connection.
+pub(super) struct Inflight {
+    token: u64,
+    kind: NativeKind,
+    local: IovList,
+    /// The send buffer it bounces through, if its memory is not registered.
+    bounce: Option<usize>,
+}
+
+/// What posting one operation came to.
+pub(super) enum Posted {
+    Yes,
+    /// Not now (the connection's budget, credits or buffers): it stays first in line.
+    NoRoom,
+    /// It cannot be done (its memory is no longer registered); it ends with this errno.
+    Failed(i32),
+    /// The QP refused the post: the connection is broken.
+    Broken(Error),
+}
+
+/// `IBV_SEND_FENCE` where reads or atomics are still outstanding on the connection: what is
+/// posted now must not pass them.
+pub(super) fn fence(l: &Link) -> u32 {
+    if l.reads_out > 0 {
+        sys::IBV_SEND_FENCE
+    } else {
+        0
+    }
+}
+
+/// Posts `n` on connection `id` (`l`), if it has room.
+pub(super) fn post(l: &mut Link, id: usize, n: &Native, shared: &Shared) -> Posted {
+    let write = matches!(n.kind, NativeKind::Write { .. });
+    if l.natives.len() >= NATIVE_MAX || (write && l.credits == 0) {
+        return Posted::NoRoom;
+    }
+    let Some(k) = NicKey::decode(n.key) else {
+        return Posted::Failed(FI_EINVAL);
+    };
+    let Ok(len32) = u32::try_from(n.len) else {
+        return Posted::Failed(FI_EINVAL);
+    };
+    let registered = match n.local.segs() {
+        [s] if s.len == n.len => shared.reg.lkey(s.addr, s.len).map(|lkey| (s.addr, lkey)),
+        _ => None,
+    };
+    let (mut sge, bounce) = match registered {
+        _ if n.len == 0 => (sys::ibv_sge::default(), None),
+        Some((addr, lkey)) => (
+            sys::ibv_sge {
+                addr: addr as u64,
+                length: len32,
+                lkey,
+            },
+            None,
+        ),
+        None if n.len > BOUNCE_MAX => return Posted::Failed(FI_EINVAL),
+        None => {
+            let Some(slot) = l.free_tx.pop() else {
+                return Posted::NoRoom;
+            };
+            let at = slot * CHUNK;
+            if write {
+                // SAFETY: the engine keeps a native operation's local memory valid until
+                // on_native (the `Native` contract); the slot is ours until its completion.
+                unsafe { n.local.copy_out(0, &mut l.buf[at..at + n.len]) };
+            }
+            (
+                sys::ibv_sge {
+                    addr: l.buf[at..].as_mut_ptr() as u64,
+                    length: len32,
+                    lkey: l.mr.lkey(),
+                },
+                Some(slot),
+            )
+        }
+    };
+    let seq = l.next_native & !(NATIVE_BIT as u32);
+    l.next_native = l.next_native.wrapping_add(1);
+    let mut wr = sys::ibv_send_wr {
+        wr_id: wr_id(id, NATIVE_BIT | seq as usize),
+        sg_list: &mut sge,
+        num_sge: i32::from(n.len > 0),
+        send_flags: sys::IBV_SEND_SIGNALED | fence(l),
+        ..Default::default()
+    };
+    match n.kind {
+        NativeKind::Write { data } => {
+            wr.opcode = sys::IBV_WR_RDMA_WRITE_WITH_IMM;
+            wr.imm_data = imm_for(data).unwrap_or(0).to_be();
+            wr.set_rdma(n.addr, k.rkey);
+        }
+        NativeKind::Read => {
+            wr.opcode = sys::IBV_WR_RDMA_READ;
+            wr.set_rdma(n.addr, k.rkey);
+        }
+        NativeKind::FetchAdd { add } => {
+            wr.opcode = sys::IBV_WR_ATOMIC_FETCH_AND_ADD;
+            wr.wr.remote_addr = n.addr;
+            wr.wr.compare_add = add;
+            wr.wr.rkey = k.rkey;
+        }
+        NativeKind::CompareSwap { compare, swap } => {
+            wr.opcode = sys::IBV_WR_ATOMIC_CMP_AND_SWP;
+            wr.wr.remote_addr = n.addr;
+            wr.wr.compare_add = compare;
+            wr.wr.swap = swap;
+            wr.wr.rkey = k.rkey;
+        }
+    }
+    // SAFETY: the scatter entry names registered memory that stays valid until the
+    // completion (the application's, kept by the engine; or our slot); the remote range is
+    // the peer's NIC's to check.
+    if let Err(e) = unsafe { l.qp.post_send(&mut wr) } {
+        if let Some(s) = bounce {
+            l.free_tx.push(s);
+        }
+        return Posted::Broken(e);
+    }
+    if write {
+        // Its immediate takes one of the peer's receive buffers.
+        l.credits -= 1;
+    } else {
+        l.reads_out += 1;
+    }
+    l.natives.insert(
+        seq,
+        Inflight {
+            token: n.token,
+            kind: n.kind,
+            local: n.local,
+            bounce,
+        },
+    );
+    Posted::Yes
+}
+
+impl Net {
+    /// Queues a one-sided operation for the NIC, in order with the frames to its peer.
+    pub fn native(&mut self, n: Native) {
+        let Some(p) = self.peers.get_mut(n.peer) else {
+            return;
+        };
+        p.out.push_back(Out::Native(n));
+        self.connect_if_idle(n.peer);
+    }
+
+    /// A one-sided operation's work completion (slot `slot` of connection `id`).
+    pub(super) fn native_done<H: Handler>(
+        &mut self,
+        id: usize,
+        slot: usize,
+        wc: &sys::ibv_wc,
+        h: &mut H,
+    ) {
+        let Some(l) = self.links.get_mut(&id) else {
+            return;
+        };
+        let Some(f) = l.natives.remove(&((slot & !NATIVE_BIT) as u32)) else {
+            return;
+        };
+        if !matches!(f.kind, NativeKind::Write { .. }) {
+            l.reads_out = l.reads_out.saturating_sub(1);
+        }
+        let ok = wc.status == sys::IBV_WC_SUCCESS;
+        if let Some(s) = f.bounce {
+            if ok && !matches!(f.kind, NativeKind::Write { .. }) && f.local.total() > 0 {
+                let at = s * CHUNK;
+                let n = f.local.total().min(CHUNK);
+                // SAFETY: the engine keeps the local memory writable until on_native.
+                unsafe { f.local.copy_in(0, &l.buf[at..at + n]) };
+            }
+            l.free_tx.push(s);
+        }
+        if ok {
+            h.on_native(f.token, 0);
+            return;
+        }
+        let refused = match wc.status {
+            sys::IBV_WC_REM_ACCESS_ERR => Some(FI_EACCES),
+            sys::IBV_WC_REM_INV_REQ_ERR => Some(FI_EINVAL),
+            _ => None,
+        };
+        match refused {
+            Some(errno) => {
+                // This operation was refused; the others toward the peer are canceled with
+                // the connection (the QP is in the error state now).
+                h.on_native(f.token, errno);
+                self.fail_link(id, libc::ECANCELED, "the peer's NIC refused an access");
+            }
+            None => {
+                let errno = match wc.status {
+                    sys::IBV_WC_WR_FLUSH_ERR => libc::ECANCELED,
+                    _ => libc::ECONNRESET,
+                };
+                self.fail_link(id, errno, "one-sided operation failed");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn immediates_carry_small_cq_data_only() {
+        assert_eq!(imm_for(None), Some(0));
+        assert_eq!(imm_data(0), None);
+        for d in [0u64, 1, 0x1234, (1 << 31) - 1] {
+            let imm = imm_for(Some(d)).unwrap();
+            assert_eq!(imm_data(imm), Some(d));
+        }
+        assert_eq!(imm_for(Some(1 << 31)), None);
+        assert_eq!(imm_for(Some(u64::MAX)), None);
+    }
+
+    #[test]
+    fn local_memory_registered_or_small() {
+        let reg = Registry::default();
+        let big = vec![0u8; BOUNCE_MAX + 1];
+        let iov = IovList::one(big.as_ptr() as usize, big.len());
+        assert!(local_ok(&reg, &iov, 64));
+        assert!(!local_ok(&reg, &iov, big.len()));
+        assert!(local_ok(&reg, &IovList::default(), 0));
+    }
+
+    #[test]
+    fn only_our_keys_with_the_access_go_to_the_nic() {
+        let shared = Shared::new(Arc::default());
+        let os = VerbsOneSided::new(shared.clone());
+        let mut word = 0u64;
+        let key = |read, write| {
+            NicKey {
+                rkey: 5,
+                read,
+                write,
+            }
+            .encode()
+        };
+        let op = |kind, key, local| Native {
+            peer: 0,
+            token: 0,
+            kind,
+            local,
+            addr: 64,
+            key,
+            len: 8,
+            flags: 0,
+        };
+        let here = IovList::one(&mut word as *mut u64 as usize, 8);
+        let w = |data| NativeKind::Write { data };
+        assert!(os.native(0, &op(w(None), key(false, true), here)));
+        assert!(os.native(0, &op(w(Some(7)), key(false, true), here)));
+        assert!(!os.native(0, &op(w(Some(1 << 40)), key(false, true), here)));
+        assert!(!os.native(0, &op(w(None), key(true, false), here)));
+        assert!(!os.native(0, &op(w(None), 7, here)), "a core key");
+        // Reads and atomics only once the peer said it does not report them.
+        let fa = NativeKind::FetchAdd { add: 1 };
+        assert!(!os.native(0, &op(NativeKind::Read, key(true, false), here)));
+        shared.set_quiet(0, true);
+        assert!(os.native(0, &op(NativeKind::Read, key(true, false), here)));
+        assert!(os.native(0, &op(fa, key(true, true), here)));
+        assert!(os.native(0, &op(fa, key(false, true), IovList::default())));
+        assert!(
+            !os.native(0, &op(fa, key(false, true), here)),
+            "fetch needs read"
+        );
+        let mut odd = op(fa, key(true, true), here);
+        odd.addr = 65;
+        assert!(!os.native(0, &odd));
+        shared.set_quiet(0, false);
+        assert!(!os.native(0, &op(fa, key(true, true), here)));
+    }
+}
