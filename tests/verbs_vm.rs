@@ -20,7 +20,7 @@ fn inside() -> bool {
 }
 
 /// The `vm_*` tests below, which the host half expects to see pass.
-const VM_TESTS: usize = 5;
+const VM_TESTS: usize = 8;
 
 /// The `pair_*` tests below, which run in a VM with two devices.
 const PAIR_TESTS: usize = 1;
@@ -192,19 +192,51 @@ fn vm_two_processes_exchange_messages() {
     child.join();
 }
 
-/// The child's half of the RMA tests: a window, its key and base told to the parent.
-fn window_child(test: &str) {
-    let _ = test;
-    let n = node(FI_MSG | FI_RMA, Progress::Auto);
+/// A node whose regions the NIC knows: provider keys (the rkeys) and virtual addresses, as
+/// verbs applications ask for them.
+fn nic_node(caps: u64) -> Node {
+    node_with(caps, Progress::Auto, |h| {
+        h.domain_attr.mr_mode = FI_MR_PROV_KEY | FI_MR_VIRT_ADDR
+    })
+}
+
+/// Bytes of the RMA tests' window.
+const WIN: usize = 1 << 20;
+
+/// The child's half of the RMA tests: a window, its key and base told to the parent; then,
+/// on "look LEN SEED", checks the window's first LEN bytes are `pattern(LEN, SEED)` and
+/// answers "ok" with the NIC writes it was told of; "bye" ends it.
+fn window_child() {
+    let n = nic_node(FI_MSG | FI_RMA | FI_ATOMIC);
     connect_parent(&n);
-    let win = vec![0u8; 4096];
+    let mut win = vec![0u8; WIN];
+    win[1024..1032].copy_from_slice(&40u64.to_ne_bytes());
     let access = FI_REMOTE_READ | FI_REMOTE_WRITE;
     // SAFETY: `win` outlives the region (dropped at the end of this function, after it).
     let mr = unsafe { n.domain.mr_reg(&win, access, 0, 7) }.unwrap();
-    let virt = n.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0;
-    let base = if virt { win.as_ptr() as u64 } else { 0 };
-    say(&format!("{} {base}", mr.key()));
-    assert_eq!(listen(), "bye");
+    assert!(mr.provider_registered(), "the NIC registered the window");
+    say(&format!("{} {}", mr.key(), win.as_ptr() as u64));
+    loop {
+        let line = listen();
+        let w: Vec<&str> = line.split(' ').collect();
+        match w[..] {
+            ["bye"] => break,
+            ["look", len, seed] => {
+                let (len, seed) = (len.parse().unwrap(), seed.parse().unwrap());
+                assert!(win[..len] == pattern(len, seed), "the window differs");
+                let c = xfabric_providers::verbs::native_counts();
+                say(&format!("ok {}", c.writes_in));
+            }
+            ["data", want] => {
+                // A remote write's CQ data, reported here.
+                let e = n.wait_one();
+                assert_eq!(e.flags, FI_REMOTE_WRITE | FI_RMA | FI_REMOTE_CQ_DATA);
+                assert_eq!(e.data, want.parse::<u64>().unwrap());
+                say("ok");
+            }
+            _ => panic!("child: unknown command {line:?}"),
+        }
+    }
     drop(mr);
 }
 
@@ -224,15 +256,21 @@ fn vm_wrong_rkey_fails_with_eacces() {
         return;
     }
     if role().is_some() {
-        return window_child(T);
+        return window_child();
     }
     let mut child = spawn(T, "child", &[]);
-    let n = node(FI_MSG | FI_RMA, Progress::Auto);
+    let n = nic_node(FI_MSG | FI_RMA | FI_ATOMIC);
     let c = connect(&mut child, &n);
     let (key, base) = remote(&mut child);
     let data = pattern(512, 3);
     let mut back = vec![0u8; 512];
+    let before = xfabric_providers::verbs::native_counts();
+    // The first write (connecting) learns whether the peer reports remote reads.
     // SAFETY: the buffers outlive the completions read below.
+    unsafe { n.ep.write(&data[..8], None, c, base + 8, key, 9) }.unwrap();
+    assert_eq!(n.wait_one().op_context, 9);
+    // A wrong rkey: the peer's NIC refuses it (a remote access error, the QP in error).
+    // SAFETY: as above.
     unsafe { n.ep.write(&data, None, c, base, key ^ 0x5a5a, 1) }.unwrap();
     match n.next() {
         Completion::Err(e, _) => assert_eq!((e.op_context, e.err), (1, FI_EACCES), "{e:?}"),
@@ -244,7 +282,7 @@ fn vm_wrong_rkey_fails_with_eacces() {
         Completion::Err(e, _) => assert_eq!((e.op_context, e.err), (2, FI_EACCES), "{e:?}"),
         Completion::Ok(c, _) => panic!("a read with a wrong key succeeded: {c:?}"),
     }
-    // The connection survives a refused access: the right key works.
+    // The connection is made again at the next use: the right key works.
     // SAFETY: as above.
     unsafe { n.ep.write(&data, None, c, base, key, 3) }.unwrap();
     assert_eq!(n.wait_one().op_context, 3);
@@ -252,8 +290,267 @@ fn vm_wrong_rkey_fails_with_eacces() {
     unsafe { n.ep.read(&mut back, None, c, base, key, 4) }.unwrap();
     assert_eq!(n.wait_one().op_context, 4);
     assert!(back == data);
+    // All five went to the NIC; the two wrong keys were refused there.
+    let after = xfabric_providers::verbs::native_counts();
+    assert_eq!(
+        (after.done - before.done, after.refused - before.refused),
+        (3, 2)
+    );
+    child.tell("look 512 3");
+    assert!(child.hear().starts_with("ok "));
     child.tell("bye");
     child.join();
+}
+
+fn u64_bytes(v: &u64) -> &[u8] {
+    // SAFETY: a u64's 8 bytes.
+    unsafe { std::slice::from_raw_parts(v as *const u64 as *const u8, 8) }
+}
+
+fn u64_bytes_mut(v: &mut u64) -> &mut [u8] {
+    // SAFETY: a u64's 8 bytes.
+    unsafe { std::slice::from_raw_parts_mut(v as *mut u64 as *mut u8, 8) }
+}
+
+/// RDMA write (with and without remote CQ data), read and the two atomics, through the
+/// NIC (its counts say so), with the contents checked at both ends; an atomic the NIC does
+/// not have goes through the engine, and the next read goes to the NIC again.
+#[test]
+fn vm_native_rma_and_atomics_go_through_the_nic() {
+    const T: &str = "vm_native_rma_and_atomics_go_through_the_nic";
+    if skip() {
+        return;
+    }
+    if role().is_some() {
+        return window_child();
+    }
+    let mut child = spawn(T, "child", &[]);
+    let n = nic_node(FI_MSG | FI_RMA | FI_ATOMIC);
+    let c = connect(&mut child, &n);
+    let (key, base) = remote(&mut child);
+    let before = xfabric_providers::verbs::native_counts();
+    let data = pattern(512, 5);
+    let mut back = vec![0u8; 512];
+    // SAFETY (every block below): the buffers outlive the completions waited for.
+    unsafe { n.ep.write(&data, None, c, base, key, 1) }.unwrap();
+    assert_eq!(n.wait_one().flags, FI_RMA | FI_WRITE);
+    let small = pattern(64, 6);
+    unsafe { n.ep.writedata(&small, None, 0x1234, c, base + 2048, key, 2) }.unwrap();
+    assert_eq!(n.wait_one().op_context, 2);
+    child.tell("data 4660");
+    assert_eq!(child.hear(), "ok");
+    unsafe { n.ep.read(&mut back, None, c, base, key, 3) }.unwrap();
+    assert_eq!(n.wait_one().flags, FI_RMA | FI_READ);
+    assert!(back == data);
+    let (two, c42, hundred) = (2u64, 42u64, 100u64);
+    let (mut r1, mut r2) = (0u64, 0u64);
+    let (at, dt) = (base + 1024, Datatype::UInt64);
+    unsafe {
+        n.ep.fetch_atomic(
+            u64_bytes(&two),
+            1,
+            u64_bytes_mut(&mut r1),
+            c,
+            at,
+            key,
+            dt,
+            AtomicOp::Sum,
+            4,
+        )
+    }
+    .unwrap();
+    n.wait_one();
+    unsafe {
+        n.ep.compare_atomic(
+            u64_bytes(&hundred),
+            1,
+            u64_bytes(&c42),
+            u64_bytes_mut(&mut r2),
+            c,
+            at,
+            key,
+            dt,
+            AtomicOp::Cswap,
+            5,
+        )
+    }
+    .unwrap();
+    n.wait_one();
+    assert_eq!((r1, r2), (40, 42));
+    let mid = xfabric_providers::verbs::native_counts();
+    assert_eq!(mid.done - before.done, 5, "five operations by the NIC");
+    // FI_MAX is not the NIC's: the target's engine does it; then a read by the NIC sees it.
+    let five = 5u64;
+    unsafe {
+        n.ep.atomic(
+            u64_bytes(&five),
+            1,
+            None,
+            c,
+            at + 8,
+            key,
+            dt,
+            AtomicOp::Max,
+            6,
+        )
+    }
+    .unwrap();
+    n.wait_one();
+    let mut words = [0u8; 16];
+    unsafe { n.ep.read(&mut words, None, c, at, key, 7) }.unwrap();
+    n.wait_one();
+    assert_eq!(u64::from_ne_bytes(words[..8].try_into().unwrap()), 100);
+    assert_eq!(u64::from_ne_bytes(words[8..].try_into().unwrap()), 5);
+    let after = xfabric_providers::verbs::native_counts();
+    assert_eq!(
+        after.done - mid.done,
+        1,
+        "FI_MAX went through the engine, the read not"
+    );
+    child.tell("look 512 5");
+    let got = child.hear();
+    // The child was told of both writes by their immediate data.
+    let writes_in: u64 = got.strip_prefix("ok ").unwrap().parse().unwrap();
+    assert_eq!(writes_in, 2, "{got}");
+    child.tell("bye");
+    child.join();
+}
+
+/// `FI_FENCE` across the two paths: a fenced send after an RDMA write reaches the target
+/// after the write is in place; a read after a write the engine carries (remote CQ data too
+/// wide for the immediate) goes behind it and sees its data.
+#[test]
+fn vm_native_fence_and_order_with_framed_operations() {
+    const T: &str = "vm_native_fence_and_order_with_framed_operations";
+    if skip() {
+        return;
+    }
+    if role().is_some() {
+        let n = nic_node(FI_MSG | FI_RMA);
+        let p = connect_parent(&n);
+        let win = vec![0u8; 4096];
+        let access = FI_REMOTE_READ | FI_REMOTE_WRITE;
+        // SAFETY: `win` outlives the region.
+        let mr = unsafe { n.domain.mr_reg(&win, access, 0, 0) }.unwrap();
+        say(&format!("{} {}", mr.key(), win.as_ptr() as u64));
+        let mut m = vec![0u8; 16];
+        recv(&n, &mut m, p, 1);
+        n.wait_one();
+        // The fenced send came after the write: the window holds it already.
+        assert!(
+            win[..1024] == pattern(1024, 8),
+            "the fenced send overtook the write"
+        );
+        // The wide CQ data's write, reported by the engine.
+        let e = n.wait_one();
+        assert_eq!(e.data, 1 << 40);
+        say("ok");
+        assert_eq!(listen(), "bye");
+        drop(mr);
+        return;
+    }
+    let mut child = spawn(T, "child", &[]);
+    let n = nic_node(FI_MSG | FI_RMA);
+    let c = connect(&mut child, &n);
+    let (key, base) = remote(&mut child);
+    let data = pattern(1024, 8);
+    let before = xfabric_providers::verbs::native_counts();
+    // SAFETY (every block below): the buffers outlive the completions waited for.
+    unsafe { n.ep.write(&data, None, c, base, key, 1) }.unwrap();
+    let note = [1u8; 16];
+    let iov = [RawIov::of(&note)];
+    let msg = Msg {
+        iov: &iov,
+        desc: &[],
+        addr: c,
+        context: 2,
+        data: 0,
+        tag: 0,
+        ignore: 0,
+    };
+    unsafe { n.ep.sendmsg(&msg, FI_FENCE) }.unwrap();
+    n.wait_n(2);
+    let wide = pattern(256, 9);
+    let mut back = vec![0u8; 256];
+    unsafe { n.ep.writedata(&wide, None, 1 << 40, c, base + 2048, key, 3) }.unwrap();
+    unsafe { n.ep.read(&mut back, None, c, base + 2048, key, 4) }.unwrap();
+    n.wait_n(2);
+    assert!(back == wide, "the read passed the write before it");
+    let after = xfabric_providers::verbs::native_counts();
+    // The first write by the NIC; the wide write and the read behind it by the engine.
+    assert_eq!(after.done - before.done, 1);
+    assert_eq!(child.hear(), "ok");
+    child.tell("bye");
+    child.join();
+}
+
+/// A peer killed while the NIC reads its memory: every read ends (done, or failed with the
+/// connection), none hangs; the next one fails too.
+#[test]
+fn vm_native_peer_killed_mid_rdma_no_hang() {
+    const T: &str = "vm_native_peer_killed_mid_rdma_no_hang";
+    if skip() {
+        return;
+    }
+    if role().is_some() {
+        let n = nic_node(FI_MSG | FI_RMA);
+        connect_parent(&n);
+        let win = vec![7u8; WIN];
+        // SAFETY: `win` outlives the region (this process is killed holding both).
+        let mr = unsafe { n.domain.mr_reg(&win, FI_REMOTE_READ, 0, 0) }.unwrap();
+        say(&format!("{} {}", mr.key(), win.as_ptr() as u64));
+        listen();
+        unreachable!("this child is killed");
+    }
+    let mut child = spawn(T, "child", &[]);
+    let n = nic_node(FI_MSG | FI_RMA);
+    let c = connect(&mut child, &n);
+    let (key, base) = remote(&mut child);
+    let mut local = vec![0u8; WIN];
+    // SAFETY: `local` outlives the region and every read.
+    let mr = unsafe { n.domain.mr_reg(&local, FI_READ, 0, 0) }.unwrap();
+    const PART: usize = 256 << 10;
+    let parts = WIN / PART;
+    let before = xfabric_providers::verbs::native_counts();
+    let read_all = |ctx: usize, local: &mut [u8]| {
+        for (i, b) in local.chunks_mut(PART).enumerate() {
+            // SAFETY: `local` outlives every read (waited for below).
+            unsafe {
+                n.ep.read(b, None, c, base + (i * PART) as u64, key, ctx + i)
+            }
+            .unwrap();
+        }
+    };
+    // A message first: once sent, the connection is up and the peer has said it does not
+    // report remote reads (its hello), so reads go to the NIC.
+    send(&n, &[1u8; 8], c, 50);
+    n.wait_one();
+    read_all(0, &mut local);
+    n.wait_n(parts);
+    assert!(local.iter().all(|b| *b == 7));
+    let first = xfabric_providers::verbs::native_counts();
+    assert_eq!(first.done - before.done, parts as u64, "the NIC read them");
+    // A second round, and the kill while it is in flight.
+    read_all(100, &mut local);
+    child.kill();
+    let started = std::time::Instant::now();
+    let end = |what: &str| match n.next() {
+        Completion::Err(e, _) => {
+            let ok = [FI_ECONNRESET, FI_ECANCELED, FI_ECONNREFUSED];
+            assert!(ok.contains(&e.err), "{what}: {e:?}");
+        }
+        Completion::Ok(..) => {}
+    };
+    for _ in 0..parts {
+        end("in flight");
+    }
+    // Afterwards: the peer is gone, the next read fails.
+    read_all(200, &mut local);
+    for _ in 0..parts {
+        end("after");
+    }
+    assert!(started.elapsed() < Duration::from_secs(30));
+    drop(mr);
 }
 
 #[test]

@@ -55,6 +55,31 @@ fn faults() -> u64 {
     FAULTS.load(Ordering::SeqCst)
 }
 
+static NATIVE_DONE: AtomicU64 = AtomicU64::new(0);
+static NATIVE_REFUSED: AtomicU64 = AtomicU64::new(0);
+static NATIVE_WRITES_IN: AtomicU64 = AtomicU64::new(0);
+
+/// What this process's NIC did one-sidedly: evidence, for tests and diagnostics, of which
+/// path operations took.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NativeCounts {
+    /// RDMA writes, reads and atomics carried out successfully.
+    pub done: u64,
+    /// Ones the peer's NIC refused (a bad key, range or access).
+    pub refused: u64,
+    /// Peers' NIC writes into this process's memory that it was told of (immediate data).
+    pub writes_in: u64,
+}
+
+/// The counts so far.
+pub fn native_counts() -> NativeCounts {
+    NativeCounts {
+        done: NATIVE_DONE.load(Ordering::Relaxed),
+        refused: NATIVE_REFUSED.load(Ordering::Relaxed),
+        writes_in: NATIVE_WRITES_IN.load(Ordering::Relaxed),
+    }
+}
+
 /// Why verbs cannot be used here, or `None` when a device is open.
 pub fn unavailable() -> Option<String> {
     ib::nic().err()

@@ -99,6 +99,8 @@ enum Rx {
 }
 
 /// What waits to go to a peer, in order.
+// Frames are the common case and are not boxed (an allocation per frame), as in `Transmit`.
+#[allow(clippy::large_enum_variant)]
 enum Out {
     /// A transmit being cut into chunks.
     Frame {
@@ -783,6 +785,7 @@ impl Net {
             };
             if slot == IMM {
                 l.held.pop_front();
+                super::NATIVE_WRITES_IN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 h.on_native_write(peer, end, native::imm_data(at as u32));
                 frames += 1;
                 continue;
