@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The conformance suite and the device-memory tests over the verbs provider, inside the
-# Soft-RoCE VM (scripts/rxe-vm.sh): one boot running the prebuilt test binaries with
-# XFABRIC_TEST_PROVIDER=verbs, one after the other. The verbs-only tests (tests/verbs_vm.rs)
+# The conformance suite (twice: core's keys, then the NIC's) and the device-memory tests over
+# the verbs provider, inside the Soft-RoCE VM (scripts/rxe-vm.sh): one boot running the
+# prebuilt test binaries with XFABRIC_TEST_PROVIDER=verbs, one after the other. The verbs-only tests (tests/verbs_vm.rs)
 # boot their own VM from `cargo test`. Skips, saying why, where the VM cannot run (no qemu, no
 # kernel with rdma_rxe: scripts/setup.sh installs them on Debian).
 set -euo pipefail
@@ -22,6 +22,10 @@ mapfile -t exes < <(cargo test -j2 "${args[@]}" --no-run --message-format=json 2
 }
 run=""
 for e in "${exes[@]}"; do run+="$e --test-threads=2 && "; done
+# The conformance suite once more with provider keys (XFABRIC_TEST_MR_MODE=nic): the keys are
+# the NIC's rkeys, and RMA and atomics go through the NIC where they can.
+conf=$(printf '%s\n' "${exes[@]}" | grep '/conformance-')
+run+="XFABRIC_TEST_MR_MODE=nic $conf --test-threads=2 && "
 start=$(date +%s)
 XFABRIC_TEST_PROVIDER=verbs scripts/rxe-vm.sh --timeout 700 -- sh -c "${run}true"
 echo "test-verbs-vm: ${tests[*]} over verbs in the VM: $(($(date +%s) - start)) s" >&2

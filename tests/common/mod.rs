@@ -309,6 +309,11 @@ pub fn node_custom(
     hints.fabric_attr.prov_name = Some(test_provider());
     hints.ep_attr.ep_type = EpType::Rdm;
     hints.domain_attr.data_progress = progress;
+    if std::env::var("XFABRIC_TEST_MR_MODE").as_deref() == Ok("nic") {
+        // Provider keys and virtual addresses, as verbs applications ask: with verbs, the
+        // keys are the NIC's and one-sided operations go through it.
+        hints.domain_attr.mr_mode = FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
+    }
     adjust(&mut hints);
     let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints)).expect("getinfo")[0].clone();
     let fabric = xfabric::fabric(&info.fabric_attr).expect("fabric");

@@ -145,6 +145,8 @@ struct Link {
     reads_out: usize,
     /// When the connection started (for `HELLO_TIME`).
     born: std::time::Instant,
+    /// When its side channel was seen closed while one-sided operations were outstanding.
+    closing: Option<std::time::Instant>,
 }
 
 /// The peers: an address and, once there is one, the connection it sends on.
@@ -314,6 +316,7 @@ impl Net {
             next_native: 0,
             reads_out: 0,
             born: std::time::Instant::now(),
+            closing: None,
         };
         let id = self.next_link;
         self.next_link += 1;
@@ -478,8 +481,10 @@ impl Net {
             }
         }
         let mut n = self.accept();
-        n += self.side_channels();
+        // Completions before side channels: a peer whose NIC refused our access closes its
+        // side channel after it answered, and the operation's own error comes first.
         n += self.completions(h);
+        n += self.side_channels();
         for id in self.link_ids() {
             n += self.consume(id, h);
         }
@@ -533,6 +538,14 @@ impl Net {
             let mut tmp = [0u8; HELLO];
             let have = l.hello.len().min(want);
             let r = l.stream.read(&mut tmp[..want - have]);
+            if matches!(r, Ok(0) | Err(_))
+                && !matches!(&r, Err(e) if e.kind() == ErrorKind::WouldBlock)
+                && native::nak_pending(l)
+            {
+                // One-sided operations are outstanding: give their completions (a refused
+                // access names the operation that caused the close) a moment first.
+                continue;
+            }
             match r {
                 Ok(0) => {
                     self.fail_link(id, libc::ECONNRESET, "side channel closed");

@@ -181,6 +181,20 @@ pub(super) fn fence(l: &Link) -> u32 {
     }
 }
 
+/// How long a closed side channel waits for outstanding one-sided operations' completions.
+const NAK_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Whether a connection whose side channel just closed should wait for its one-sided
+/// operations' completions first (at most `NAK_GRACE`): a peer whose NIC refused an access
+/// closes after answering, and the refusal names the operation that caused it.
+pub(super) fn nak_pending(l: &mut Link) -> bool {
+    if l.natives.is_empty() {
+        return false;
+    }
+    let since = *l.closing.get_or_insert_with(std::time::Instant::now);
+    since.elapsed() < NAK_GRACE
+}
+
 /// Posts `n` on connection `id` (`l`), if it has room.
 pub(super) fn post(l: &mut Link, id: usize, n: &Native, shared: &Shared) -> Posted {
     let write = matches!(n.kind, NativeKind::Write { .. });
