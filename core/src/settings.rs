@@ -291,6 +291,16 @@ pub static TCP_EAGER_MAX: Setting = Setting::new(
     "Largest message a tcp endpoint sends eagerly; larger ones wait for the receiver to match \
      them (at most 1 MiB)",
 );
+/// `XFABRIC_VERBS_PULL_MIN`: Messages of at least this many bytes (and above the eager
+/// limit) are read by the receiver's NIC (RDMA read) from the sender's memory instead of
+/// moving as chunks; 0: never.
+pub static VERBS_PULL_MIN: Setting = Setting::new(
+    "XFABRIC_VERBS_PULL_MIN",
+    Kind::Size,
+    "65536",
+    "Messages of at least this many bytes (and above the eager limit) are read by the \
+     receiver's NIC (RDMA read) from the sender's memory instead of moving as chunks; 0: never",
+);
 /// `XFABRIC_TCP_UNEXP_MSGS`: Unexpected messages one tcp endpoint buffers before it stops
 /// reading the peer that sends more.
 pub static TCP_UNEXP_MSGS: Setting = Setting::new(
@@ -384,6 +394,7 @@ pub static SETTINGS: &[&Setting] = &[
     &TCP_DEAD_MS,
     &TCP_UNEXP_MSGS,
     &TCP_UNEXP_BYTES,
+    &VERBS_PULL_MIN,
     &ZE_LOADER,
     &XDG_CACHE_HOME,
     &FI_PROVIDER,

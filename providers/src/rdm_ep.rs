@@ -161,6 +161,10 @@ impl Handler for Glue<'_> {
         self.engine.on_native(token, status)
     }
 
+    fn on_copied(&mut self, token: u64, how: rdm::Copied) {
+        self.engine.on_copied(token, how)
+    }
+
     fn on_native_write(&mut self, _peer: PeerId, len: usize, data: Option<u64>) {
         self.engine.on_native_write(len, data)
     }

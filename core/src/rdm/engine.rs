@@ -485,6 +485,7 @@ impl Engine {
         if t.native {
             ps.natives = ps.natives.saturating_sub(1);
         }
+        self.offer_ended(&t);
         let (ctx, flags) = (t.ctx, t.flags);
         self.done.push(if status == 0 {
             Done::Tx { ctx, flags }
@@ -497,6 +498,13 @@ impl Engine {
         });
         if self.peers[t.peer].outstanding == 0 && !self.peers[t.peer].fenced.is_empty() {
             self.release_fenced(t.peer);
+        }
+    }
+
+    /// Tells the transport that `t`'s offer of its memory (if it made one) has ended.
+    fn offer_ended(&self, t: &TxReq) {
+        if let (true, Some(os)) = (t.pull, &self.one_sided) {
+            os.offer_ended(t.peer, &t.iov);
         }
     }
 
@@ -1323,6 +1331,7 @@ impl Engine {
         self.closed = true;
         let txs: Vec<TxReq> = self.tx.drain().collect();
         for t in txs {
+            self.offer_ended(&t);
             self.done.push(Done::TxErr {
                 ctx: t.ctx,
                 flags: t.flags,

@@ -78,10 +78,11 @@ pub trait OneSided: Send + Sync {
     /// peer's transport to copy from; `None`: not this memory (the send goes by frames).
     fn describe(&self, peer: PeerId, iov: &IovList) -> Option<Desc>;
 
-    /// An offer `describe` made has ended (its request completed, failed or was dropped): the
-    /// transport may release what it holds for it (a NIC registration).
-    fn offer_ended(&self, peer: PeerId, desc: &Desc) {
-        let _ = (peer, desc);
+    /// An offer `describe` made of `iov` to `peer` has ended (its request completed, failed,
+    /// or was canceled): nobody copies from it any more, and the transport may release what
+    /// it holds for it (a NIC registration).
+    fn offer_ended(&self, peer: PeerId, iov: &IovList) {
+        let _ = (peer, iov);
     }
 
     /// Whether the transport's NIC carries `req` out itself ([`Native`]): the engine then

@@ -61,6 +61,11 @@ pub trait Handler {
     fn on_native(&mut self, token: u64, status: i32) {
         let _ = (token, status);
     }
+    /// A copy the engine asked for (`Engine::poll_copy`) ended. Transports without one-sided
+    /// copies never call it.
+    fn on_copied(&mut self, token: u64, how: xfabric_core::rdm::Copied) {
+        let _ = (token, how);
+    }
     /// A peer's NIC wrote `len` bytes into our memory and said so (remote CQ data, or none).
     fn on_native_write(&mut self, peer: PeerId, len: usize, data: Option<u64>) {
         let _ = (peer, len, data);

@@ -9,7 +9,7 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Instant;
 
-use xfabric_core::rdm::{Copied, PeerId};
+use xfabric_core::rdm::PeerId;
 use xfabric_core::{EpCore, Result};
 
 use super::ib::Nic;
@@ -37,7 +37,7 @@ pub fn open(
     let net = Net::bind(nic, bind, core.clone(), shared.clone())?;
     let name = addr::name(&net.local_addr(), str_name);
     let cfg = rdm_ep::engine_config(&core);
-    let one_sided = Box::new(VerbsOneSided::new(shared));
+    let one_sided = Box::new(VerbsOneSided::new(shared, nic));
     RdmEndpoint::open_with(core, net, name, cfg, Some(one_sided))
 }
 
@@ -61,10 +61,11 @@ impl Wire for Net {
         // Sending can complete operations (on_sent), which can queue frames: a few rounds.
         for _ in 0..4 {
             let mut any = false;
-            // Copies of a peer's memory are not done here (no offers are made); a peer's
-            // request for one goes through frames.
+            self.report_copies(g);
+            // Copies of a peer's memory (a large message it offered, an RMA it lets us
+            // serve), queued in order with the rest to that peer.
             while let Some(c) = g.engine.poll_copy() {
-                g.engine.on_copied(c.token, Copied::Refused);
+                self.copy(c);
                 any = true;
             }
             // One-sided operations first: the engine hands one over only when nothing

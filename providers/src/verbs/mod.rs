@@ -58,6 +58,7 @@ fn faults() -> u64 {
 static NATIVE_DONE: AtomicU64 = AtomicU64::new(0);
 static NATIVE_REFUSED: AtomicU64 = AtomicU64::new(0);
 static NATIVE_WRITES_IN: AtomicU64 = AtomicU64::new(0);
+static PULLS: AtomicU64 = AtomicU64::new(0);
 
 /// What this process's NIC did one-sidedly: evidence, for tests and diagnostics, of which
 /// path operations took.
@@ -69,6 +70,8 @@ pub struct NativeCounts {
     pub refused: u64,
     /// Peers' NIC writes into this process's memory that it was told of (immediate data).
     pub writes_in: u64,
+    /// Copies of a peer's memory the NIC made for the engine (large messages read by RDMA).
+    pub pulls: u64,
 }
 
 /// The counts so far.
@@ -77,6 +80,7 @@ pub fn native_counts() -> NativeCounts {
         done: NATIVE_DONE.load(Ordering::Relaxed),
         refused: NATIVE_REFUSED.load(Ordering::Relaxed),
         writes_in: NATIVE_WRITES_IN.load(Ordering::Relaxed),
+        pulls: PULLS.load(Ordering::Relaxed),
     }
 }
 

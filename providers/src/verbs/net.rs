@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 use xfabric_core::rdm::wire::{self, Prefix, PREFIX};
-use xfabric_core::rdm::{Body, Native, PeerId, Sink, Transmit};
+use xfabric_core::rdm::{Body, CopyReq, Native, PeerId, Sink, Transmit};
 use xfabric_core::{EpCore, Error, Result};
 
 use super::ib::{Cq, Mr, Nic, Qp, QpInfo};
@@ -28,6 +28,7 @@ use crate::tcp::addr;
 use crate::tcp::net::Handler;
 
 pub mod native;
+pub mod pull;
 use native::{Inflight, Shared, NATIVE_MAX};
 
 /// Bytes of every chunk buffer (header included).
@@ -110,6 +111,8 @@ enum Out {
     },
     /// A one-sided operation for the NIC.
     Native(Native),
+    /// A copy of the peer's memory (or into it) the engine asked for.
+    Copy(CopyReq),
 }
 
 /// One RC connection (a peer has one it sends on, and may receive on another too).
@@ -178,6 +181,11 @@ pub struct Net {
     core: Arc<EpCore>,
     /// What the engine's `native` decisions read: registrations, peers' flags.
     shared: Arc<Shared>,
+    /// Copies under way, by the engine's token.
+    copies: HashMap<u64, pull::CopyState>,
+    /// Copies that ended with their connection or could not start: reported at the next
+    /// `flush` or `push` (errno).
+    copy_failed: Vec<(u64, i32)>,
 }
 
 fn wr_id(link: usize, slot: usize) -> u64 {
@@ -215,6 +223,8 @@ impl Net {
             faults: super::faults(),
             core,
             shared,
+            copies: HashMap::new(),
+            copy_failed: Vec::new(),
         })
     }
 
@@ -431,6 +441,7 @@ impl Net {
 
     /// Drops a connection (its QP with it).
     fn drop_link(&mut self, id: usize) {
+        self.end_link_copies(id, libc::ECONNRESET);
         if let Some(l) = self.links.remove(&id) {
             let _ = l.qp.to_error();
             if let Some(p) = self.peers.get_mut(l.peer) {
@@ -444,7 +455,11 @@ impl Net {
     /// Forgets what was queued toward `peer` and reports its loss.
     fn lose_peer(&mut self, peer: PeerId, errno: i32) {
         if let Some(p) = self.peers.get_mut(peer) {
-            p.out.clear();
+            for o in p.out.drain(..) {
+                if let Out::Copy(c) = o {
+                    self.copy_failed.push((c.token, errno));
+                }
+            }
             p.queued = 0;
             if let Some(id) = p.tx.take() {
                 self.drop_link(id);
@@ -495,6 +510,7 @@ impl Net {
     /// Posts what queued frames credits and buffers allow, and reports connections lost.
     pub fn flush<H: Handler>(&mut self, h: &mut H) {
         self.pump_all(h);
+        self.report_copies(h);
         for (peer, errno) in std::mem::take(&mut self.lost) {
             let addr = self.peers.get(peer).map(|p| p.addr);
             h.on_lost(peer, addr, errno);
@@ -880,14 +896,14 @@ impl Net {
         let Some(id) = self.peers[peer].tx else {
             return;
         };
-        let Some(l) = self.links.get_mut(&id) else {
+        let Some(mut l) = self.links.get_mut(&id) else {
             return;
         };
         if !matches!(l.state, State::Up) {
             return;
         }
-        let p = &mut self.peers[peer];
         loop {
+            let p = &mut self.peers[peer];
             match p.out.front() {
                 None => return,
                 Some(Out::Native(n)) => {
@@ -904,6 +920,28 @@ impl Net {
                         }
                     }
                     p.out.pop_front();
+                    continue;
+                }
+                Some(Out::Copy(c)) => {
+                    let c = *c;
+                    match self.post_copy(id, &c) {
+                        native::Posted::Yes => {}
+                        native::Posted::NoRoom => return,
+                        native::Posted::Failed(errno) => {
+                            h.on_copied(c.token, xfabric_core::rdm::Copied::Failed(errno))
+                        }
+                        native::Posted::Broken(e) => {
+                            self.peers[peer].out.pop_front();
+                            warn!("verbs: {e}");
+                            self.fail_link(id, libc::EIO, "cannot post a copy");
+                            return;
+                        }
+                    }
+                    self.peers[peer].out.pop_front();
+                    l = match self.links.get_mut(&id) {
+                        Some(l) => l,
+                        None => return,
+                    };
                     continue;
                 }
                 Some(Out::Frame { .. }) => {}
@@ -994,7 +1032,18 @@ impl Net {
                 std::thread::sleep(Duration::from_micros(100));
             }
         }
+        for id in self.link_ids() {
+            self.end_link_copies(id, libc::ECANCELED);
+        }
         self.links.clear();
+        // Copies never posted end too; `push` reports them all.
+        for p in &mut self.peers {
+            for o in p.out.drain(..) {
+                if let Out::Copy(c) = o {
+                    self.copy_failed.push((c.token, libc::ECANCELED));
+                }
+            }
+        }
     }
 }
 

@@ -301,3 +301,70 @@ fn native_operations_end_with_a_lost_peer_or_a_close() {
     net.report();
     assert_eq!(net.a.one_err(3).err, FI_ECANCELED);
 }
+
+/// Counts the offers a transport is told have ended.
+struct Counting(Arc<std::sync::atomic::AtomicUsize>);
+
+impl OneSided for Counting {
+    fn pull_min(&self) -> usize {
+        PULL_MIN_OFFER
+    }
+
+    fn describe(&self, _peer: PeerId, iov: &IovList) -> Option<Desc> {
+        Some(Desc::of_iov(iov))
+    }
+
+    fn offer_ended(&self, _peer: PeerId, _iov: &IovList) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+const PULL_MIN_OFFER: usize = 100;
+
+#[test]
+fn an_offer_ends_once_with_its_request() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let ended = Arc::new(AtomicUsize::new(0));
+    let data = pattern(300, 44);
+    let mut buf = vec![0u8; 300];
+    let mut net = Net::sides(World::new(), false, true);
+    net.a.eng = Engine::new(
+        net.a.core.clone(),
+        Config {
+            eager_max: EAGER,
+            ..Config::default()
+        },
+    )
+    .with_one_sided(Box::new(Counting(ended.clone())));
+    // Pulled by B, acknowledged: the offer ends when the send completes.
+    net.b.recv(recv(10, &mut buf, None, 0));
+    net.a.send(send(1, &data, None, None, 0));
+    net.flush(S::A);
+    let p = net.b.eng.poll_copy().expect("a copy");
+    perform(&p);
+    net.b.eng.on_copied(p.token, Copied::Done);
+    assert_eq!(
+        ended.load(Ordering::SeqCst),
+        0,
+        "still offered until the answer"
+    );
+    net.pump();
+    net.a.one(1);
+    assert_eq!(ended.load(Ordering::SeqCst), 1);
+    // Lost before anyone pulls; canceled by a close: each offer ends once.
+    net.a.send(send(2, &data, None, None, 0));
+    net.a.eng.on_lost(0, FI_ECONNRESET);
+    assert_eq!(ended.load(Ordering::SeqCst), 2);
+    net.a.send(send(3, &data, None, None, 0));
+    net.a.eng.close();
+    assert_eq!(ended.load(Ordering::SeqCst), 3);
+    // A message below the transport's threshold offers nothing, and ends nothing.
+    let mut net = Net::new();
+    net.a.eng = Engine::new(net.a.core.clone(), Config::default())
+        .with_one_sided(Box::new(Counting(ended.clone())));
+    let small = pattern(PULL_MIN_OFFER - 1, 45);
+    net.a.send(send(4, &small, None, None, 0));
+    net.pump();
+    net.a.one(4);
+    assert_eq!(ended.load(Ordering::SeqCst), 3);
+}

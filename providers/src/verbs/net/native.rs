@@ -28,6 +28,7 @@ use xfabric_core::consts::errno::*;
 use xfabric_core::consts::*;
 use xfabric_core::rdm::{Desc, NativeKind, OneSided};
 use xfabric_core::rxq::IovList;
+use xfabric_core::settings;
 use xfabric_core::CntrClass;
 
 use super::super::mr::{NicKey, Registry};
@@ -111,25 +112,39 @@ fn local_ok(reg: &Registry, local: &IovList, len: usize) -> bool {
     matches!(local.segs(), [s] if reg.lkey(s.addr, s.len).is_some())
 }
 
-/// The verbs transport's answer to the engine: which operations its NIC carries out.
+/// The verbs transport's answer to the engine: which operations its NIC carries out, and
+/// the memory large messages offer for the peer's NIC to read (`pull`).
 pub struct VerbsOneSided {
     shared: Arc<Shared>,
+    offers: super::pull::Offers,
+    pull_min: usize,
 }
 
 impl VerbsOneSided {
-    pub fn new(shared: Arc<Shared>) -> Self {
-        VerbsOneSided { shared }
+    pub fn new(shared: Arc<Shared>, nic: &Arc<Nic>) -> Self {
+        let pull_min = match settings::VERBS_PULL_MIN.usize() {
+            0 => usize::MAX,
+            n => n,
+        };
+        VerbsOneSided {
+            shared,
+            offers: super::pull::Offers::new(nic),
+            pull_min,
+        }
     }
 }
 
 impl OneSided for VerbsOneSided {
     fn pull_min(&self) -> usize {
-        // Large messages are not offered for pulling (yet): they move as chunks.
-        usize::MAX
+        self.pull_min
     }
 
-    fn describe(&self, _peer: PeerId, _iov: &IovList) -> Option<Desc> {
-        None
+    fn describe(&self, _peer: PeerId, iov: &IovList) -> Option<Desc> {
+        self.offers.describe(iov)
+    }
+
+    fn offer_ended(&self, _peer: PeerId, iov: &IovList) {
+        self.offers.ended(iov)
     }
 
     fn native(&self, peer: PeerId, n: &Native) -> bool {
@@ -151,17 +166,36 @@ impl OneSided for VerbsOneSided {
     }
 }
 
-/// A one-sided operation posted on a connection.
+/// A one-sided operation posted on a connection (or a piece of a copy: `pull`).
 pub(super) struct Inflight {
     token: u64,
     kind: NativeKind,
     local: IovList,
     /// The send buffer it bounces through, if its memory is not registered.
     bounce: Option<usize>,
+    /// A piece of the engine's copy `token`, not an operation of its own.
+    copy: bool,
+}
+
+impl Inflight {
+    /// A piece of copy `token`: a read of the peer's memory, or a write into it.
+    pub(super) fn copy(token: u64, read: bool) -> Inflight {
+        Inflight {
+            token,
+            kind: if read {
+                NativeKind::Read
+            } else {
+                NativeKind::Write { data: None }
+            },
+            local: IovList::default(),
+            bounce: None,
+            copy: true,
+        }
+    }
 }
 
 /// What posting one operation came to.
-pub(super) enum Posted {
+pub enum Posted {
     Yes,
     /// Not now (the connection's budget, credits or buffers): it stays first in line.
     NoRoom,
@@ -297,6 +331,7 @@ pub(super) fn post(l: &mut Link, id: usize, n: &Native, shared: &Shared) -> Post
             kind: n.kind,
             local: n.local,
             bounce,
+            copy: false,
         },
     );
     Posted::Yes
@@ -330,6 +365,24 @@ impl Net {
             l.reads_out = l.reads_out.saturating_sub(1);
         }
         let ok = wc.status == sys::IBV_WC_SUCCESS;
+        let refused = match wc.status {
+            sys::IBV_WC_REM_ACCESS_ERR => Some(FI_EACCES),
+            sys::IBV_WC_REM_INV_REQ_ERR => Some(FI_EINVAL),
+            _ => None,
+        };
+        if f.copy {
+            let errno = match (ok, refused) {
+                (true, _) => 0,
+                (false, Some(e)) => e,
+                (false, None) => FI_ECONNRESET,
+            };
+            self.piece_done(f.token, errno, h);
+            if !ok {
+                let why = "a copy of the peer's memory failed";
+                self.fail_link(id, refused.map_or(errno, |_| libc::ECANCELED), why);
+            }
+            return;
+        }
         if let Some(s) = f.bounce {
             if ok && !matches!(f.kind, NativeKind::Write { .. }) && f.local.total() > 0 {
                 let at = s * CHUNK;
@@ -344,11 +397,6 @@ impl Net {
             h.on_native(f.token, 0);
             return;
         }
-        let refused = match wc.status {
-            sys::IBV_WC_REM_ACCESS_ERR => Some(FI_EACCES),
-            sys::IBV_WC_REM_INV_REQ_ERR => Some(FI_EINVAL),
-            _ => None,
-        };
         match refused {
             Some(errno) => {
                 // This operation was refused; the others toward the peer are canceled with
@@ -397,7 +445,11 @@ mod tests {
     #[test]
     fn only_our_keys_with_the_access_go_to_the_nic() {
         let shared = Shared::new(Arc::default());
-        let os = VerbsOneSided::new(shared.clone());
+        let os = VerbsOneSided {
+            shared: shared.clone(),
+            offers: super::super::pull::Offers::detached(),
+            pull_min: usize::MAX,
+        };
         let mut word = 0u64;
         let key = |read, write| {
             NicKey {
