@@ -291,6 +291,15 @@ pub static TCP_EAGER_MAX: Setting = Setting::new(
     "Largest message a tcp endpoint sends eagerly; larger ones wait for the receiver to match \
      them (at most 1 MiB)",
 );
+/// `XFABRIC_VERBS_NATIVE`: Whether RMA and atomics on regions the NIC knows go through the
+/// NIC (RDMA write, read, atomics); 0: through frames, executed by the target's CPU.
+pub static VERBS_NATIVE: Setting = Setting::new(
+    "XFABRIC_VERBS_NATIVE",
+    Kind::Bool,
+    "1",
+    "Whether RMA and atomics on regions the NIC knows go through the NIC (RDMA write, read, \
+     atomics); 0: through frames, executed by the target's CPU",
+);
 /// `XFABRIC_VERBS_PULL_MIN`: Messages of at least this many bytes (and above the eager
 /// limit) are read by the receiver's NIC (RDMA read) from the sender's memory instead of
 /// moving as chunks; 0: never.
@@ -394,6 +403,7 @@ pub static SETTINGS: &[&Setting] = &[
     &TCP_DEAD_MS,
     &TCP_UNEXP_MSGS,
     &TCP_UNEXP_BYTES,
+    &VERBS_NATIVE,
     &VERBS_PULL_MIN,
     &ZE_LOADER,
     &XDG_CACHE_HOME,

@@ -446,6 +446,9 @@ fn open(o: &Opts) -> Res<Node> {
     hints.domain_attr.name = o.domain.clone();
     hints.ep_attr.ep_type = o.ep_type;
     hints.domain_attr.data_progress = Progress::Manual;
+    // The registration modes fabtests accept: with provider keys the verbs provider's keys are
+    // the NIC's rkeys, and one-sided operations go through the NIC.
+    hints.domain_attr.mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
     let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints))
         .map_err(|e| format!("getinfo (provider {}, {:?}): {e}", o.provider, o.ep_type))?
         .swap_remove(0);
@@ -551,6 +554,12 @@ fn run(o: &Opts) -> Res<()> {
         .av
         .insert_one(&peer_name)
         .map_err(|e| format!("av insert of the peer's address: {e}"))?;
+    // The source of writes, registered as fabtests register theirs (dropped before `tx`).
+    let _tx_mr = if o.op.rma() {
+        Some(node.register_source(&tx)?)
+    } else {
+        None
+    };
     if o.op.rma() {
         let mine = node.register(&rx)?;
         ctl.send_blob(&mine.to_bytes())?;
@@ -627,6 +636,13 @@ impl Node {
         };
         self.mr = Some(mr);
         Ok(remote)
+    }
+
+    /// Registers `tx`, the source of the writes.
+    fn register_source(&mut self, tx: &[u8]) -> Res<MemoryRegion> {
+        // SAFETY: `run` makes `tx` before the region, which it drops first.
+        unsafe { self.domain.mr_reg(tx, FI_WRITE | FI_SEND, 0, MR_KEY + 1) }
+            .map_err(|e| format!("mr_reg of {} bytes: {e}", tx.len()))
     }
 
     /// One ping-pong run of `count` round trips: the first receive is posted before the

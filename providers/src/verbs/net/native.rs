@@ -118,6 +118,8 @@ pub struct VerbsOneSided {
     shared: Arc<Shared>,
     offers: super::pull::Offers,
     pull_min: usize,
+    /// `XFABRIC_VERBS_NATIVE`.
+    enabled: bool,
 }
 
 impl VerbsOneSided {
@@ -130,6 +132,7 @@ impl VerbsOneSided {
             shared,
             offers: super::pull::Offers::new(nic),
             pull_min,
+            enabled: settings::VERBS_NATIVE.flag(),
         }
     }
 }
@@ -148,6 +151,9 @@ impl OneSided for VerbsOneSided {
     }
 
     fn native(&self, peer: PeerId, n: &Native) -> bool {
+        if !self.enabled {
+            return false;
+        }
         let Some(k) = NicKey::decode(n.key) else {
             return false;
         };
@@ -449,6 +455,7 @@ mod tests {
             shared: shared.clone(),
             offers: super::super::pull::Offers::detached(),
             pull_min: usize::MAX,
+            enabled: true,
         };
         let mut word = 0u64;
         let key = |read, write| {
