@@ -26,6 +26,10 @@ fi
 
 # ---- inside the VM ----
 P=target/release/examples/pingpong
+# Iterations of a bandwidth run: windows of 16 operations, about 64 MiB in all.
+rma_iters_for() {
+    if (($1 >= 4194304)); then echo 1; elif (($1 >= 1048576)); then echo 4; else echo 16; fi
+}
 iters_for() {
     if (($1 >= 1048576)); then echo 20; elif (($1 >= 65536)); then echo 200; else echo 1000; fi
 }
@@ -67,7 +71,7 @@ two() {
     printf '%-8s %6s | %-28s | %-28s\n' bytes iters "$la MB/s min/med/max" "$lb MB/s"
     for size in $BIG; do
         local it a=() b=() x
-        it=$(iters_for "$size")
+        it=$(${ITERS:-iters_for} "$size")
         for ((r = 1; r <= ROUNDS; r++)); do
             x=$(OURS_ENV=$ea ours "$size" "$it" "$@") && [ -n "$x" ] && a+=("${x#* }")
             x=$(OURS_ENV=$eb ours "$size" "$it" "$@") && [ -n "$x" ] && b+=("${x#* }")
@@ -86,8 +90,9 @@ for section in $SECTIONS; do
         ;;
     rma)
         for op in write read; do
-            echo "# RMA $op bandwidth: the NIC vs the engine (window of 64)"
-            two XFABRIC_VERBS_NATIVE=1 XFABRIC_VERBS_NATIVE=0 "NIC" "engine" -o "$op"
+            echo "# RMA $op bandwidth: the NIC vs the engine (window of 16)"
+            ITERS=rma_iters_for two XFABRIC_VERBS_NATIVE=1 XFABRIC_VERBS_NATIVE=0 "NIC" "engine" \
+                -o "$op" -W 16
         done
         continue
         ;;

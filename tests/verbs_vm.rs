@@ -218,12 +218,22 @@ fn vm_large_messages_by_rdma_read() {
         let p = connect_parent(&n);
         let before = xfabric_providers::verbs::native_counts();
         let mut bufs: Vec<Vec<u8>> = BIG.iter().map(|s| vec![0u8; *s]).collect();
+        let mut again = vec![vec![0u8; 1 << 20]; 2];
         for (i, b) in bufs.iter_mut().enumerate() {
             recv(&n, b, p, i);
         }
-        n.wait_n(BIG.len());
+        for (i, b) in again.iter_mut().enumerate() {
+            recv(&n, b, p, 10 + i);
+        }
+        n.wait_n(BIG.len() + again.len());
         for (i, b) in bufs.iter().enumerate() {
             assert!(*b == pattern(BIG[i], 20 + i as u64), "message {i} differs");
+        }
+        for b in &again {
+            assert!(
+                *b == pattern(1 << 20, 22),
+                "a message sent twice at once differs"
+            );
         }
         let pulls = xfabric_providers::verbs::native_counts().pulls - before.pulls;
         say(&format!("pulls {pulls}"));
@@ -241,9 +251,12 @@ fn vm_large_messages_by_rdma_read() {
     for (i, m) in msgs.iter().enumerate() {
         send(&n, m, c, i);
     }
-    n.wait_n(BIG.len());
-    // Above the eager limit (64 KiB): three of the four were read by the receiver's NIC.
-    assert_eq!(child.hear(), "pulls 3");
+    // The same buffer offered twice more at once (one registration for both offers).
+    send(&n, &msgs[2], c, 10);
+    send(&n, &msgs[2], c, 11);
+    n.wait_n(BIG.len() + 2);
+    // Above the eager limit (64 KiB): all but the first were read by the receiver's NIC.
+    assert_eq!(child.hear(), "pulls 5");
     drop(mr);
     child.tell("bye");
     child.join();

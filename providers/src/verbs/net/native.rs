@@ -371,6 +371,15 @@ impl Net {
             l.reads_out = l.reads_out.saturating_sub(1);
         }
         let ok = wc.status == sys::IBV_WC_SUCCESS;
+        if !ok {
+            tracing::debug!(
+                link = id,
+                status = wc.status,
+                vendor_err = wc.vendor_err,
+                copy = f.copy,
+                "verbs: one-sided operation failed"
+            );
+        }
         let refused = match wc.status {
             sys::IBV_WC_REM_ACCESS_ERR => Some(FI_EACCES),
             sys::IBV_WC_REM_INV_REQ_ERR => Some(FI_EINVAL),

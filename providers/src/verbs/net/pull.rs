@@ -24,11 +24,13 @@ const SEG: usize = 24;
 /// Largest piece one work request moves.
 const PIECE_MAX: u64 = 1 << 30;
 
-/// The registrations of this endpoint's live offers, by segment.
+/// The registrations of this endpoint's live offers, by segment: one per segment however
+/// many offers name it at once (their descriptors carry the same rkey), with the count of
+/// those offers.
 pub struct Offers {
     /// `None` only in tests without a device: nothing is offered.
     nic: Option<Arc<Nic>>,
-    regs: Mutex<HashMap<(usize, usize), Vec<Mr>>>,
+    regs: Mutex<HashMap<(usize, usize), (Mr, usize)>>,
 }
 
 impl Offers {
@@ -54,53 +56,62 @@ impl Offers {
         let nic = self.nic.as_ref()?;
         let mut d = Desc::default();
         let mut made = Vec::new();
+        let mut regs = self.regs.lock().unwrap_or_else(|e| e.into_inner());
         for s in iov.segs() {
-            let writable = sys::IBV_ACCESS_LOCAL_WRITE
-                | sys::IBV_ACCESS_REMOTE_READ
-                | sys::IBV_ACCESS_REMOTE_WRITE;
-            // SAFETY: the engine keeps an offered buffer valid until the offer ends (`ended`),
-            // which drops the registration.
-            let mr = unsafe { Mr::new(nic, s.addr as *mut u8, s.len, writable) }.or_else(|_| {
-                // A read-only send buffer: readable remotely is enough.
-                // SAFETY: as above.
-                unsafe { Mr::new(nic, s.addr as *mut u8, s.len, sys::IBV_ACCESS_REMOTE_READ) }
-            });
-            let Ok(mr) = mr else {
-                // What was registered for this offer goes with it.
-                self.forget(&made);
-                return None;
+            let at = (s.addr, s.len);
+            let rkey = match regs.get_mut(&at) {
+                Some((mr, n)) => {
+                    *n += 1;
+                    mr.rkey()
+                }
+                None => {
+                    let writable = sys::IBV_ACCESS_LOCAL_WRITE
+                        | sys::IBV_ACCESS_REMOTE_READ
+                        | sys::IBV_ACCESS_REMOTE_WRITE;
+                    let addr = s.addr as *mut u8;
+                    // SAFETY: the engine keeps an offered buffer valid until the offer ends
+                    // (`ended`), and the last offer of it ending drops the registration.
+                    let mr = unsafe { Mr::new(nic, addr, s.len, writable) }.or_else(|_| {
+                        // A read-only send buffer: readable remotely is enough.
+                        // SAFETY: as above.
+                        unsafe { Mr::new(nic, addr, s.len, sys::IBV_ACCESS_REMOTE_READ) }
+                    });
+                    let Ok(mr) = mr else {
+                        // What this offer took goes with it.
+                        release(&mut regs, &made);
+                        return None;
+                    };
+                    let k = mr.rkey();
+                    regs.insert(at, (mr, 1));
+                    k
+                }
             };
             d.push(&(s.addr as u64).to_le_bytes());
             d.push(&(s.len as u64).to_le_bytes());
-            d.push(&mr.rkey().to_le_bytes());
+            d.push(&rkey.to_le_bytes());
             d.push(&[0; 4]);
-            self.keep((s.addr, s.len), mr);
-            made.push((s.addr, s.len));
+            made.push(at);
         }
         Some(d)
     }
 
-    fn keep(&self, at: (usize, usize), mr: Mr) {
-        let mut r = self.regs.lock().unwrap_or_else(|e| e.into_inner());
-        r.entry(at).or_default().push(mr);
-    }
-
-    fn forget(&self, segs: &[(usize, usize)]) {
-        let mut r = self.regs.lock().unwrap_or_else(|e| e.into_inner());
-        for at in segs {
-            if let Some(v) = r.get_mut(at) {
-                v.pop();
-                if v.is_empty() {
-                    r.remove(at);
-                }
-            }
-        }
-    }
-
-    /// The offer of `iov` ended: one registration of each of its segments goes.
+    /// The offer of `iov` ended: its segments' registrations go with their last offer.
     pub fn ended(&self, iov: &IovList) {
         let segs: Vec<(usize, usize)> = iov.segs().iter().map(|s| (s.addr, s.len)).collect();
-        self.forget(&segs);
+        let mut regs = self.regs.lock().unwrap_or_else(|e| e.into_inner());
+        release(&mut regs, &segs);
+    }
+}
+
+/// One offer fewer of each of `segs`; a registration no offer names any more is dropped.
+fn release(regs: &mut HashMap<(usize, usize), (Mr, usize)>, segs: &[(usize, usize)]) {
+    for at in segs {
+        if let Some((_, n)) = regs.get_mut(at) {
+            *n -= 1;
+            if *n == 0 {
+                regs.remove(at);
+            }
+        }
     }
 }
 
