@@ -200,6 +200,15 @@ fn nic_node(caps: u64) -> Node {
     })
 }
 
+/// Registers `win` with `access` and tells the parent "key base".
+fn tell_window(n: &Node, win: &[u8], access: u64) -> MemoryRegion {
+    // SAFETY: every caller keeps `win` alive (and unmoved) past the region's drop.
+    let mr = unsafe { n.domain.mr_reg(win, access, 0, 0) }.unwrap();
+    assert!(mr.provider_registered(), "the NIC registered the window");
+    say(&format!("{} {}", mr.key(), win.as_ptr() as u64));
+    mr
+}
+
 /// Bytes of the RMA tests' window.
 const WIN: usize = 1 << 20;
 
@@ -270,11 +279,7 @@ fn window_child() {
     connect_parent(&n);
     let mut win = vec![0u8; WIN];
     win[1024..1032].copy_from_slice(&40u64.to_ne_bytes());
-    let access = FI_REMOTE_READ | FI_REMOTE_WRITE;
-    // SAFETY: `win` outlives the region (dropped at the end of this function, after it).
-    let mr = unsafe { n.domain.mr_reg(&win, access, 0, 7) }.unwrap();
-    assert!(mr.provider_registered(), "the NIC registered the window");
-    say(&format!("{} {}", mr.key(), win.as_ptr() as u64));
+    let mr = tell_window(&n, &win, FI_REMOTE_READ | FI_REMOTE_WRITE);
     loop {
         let line = listen();
         let w: Vec<&str> = line.split(' ').collect();
@@ -488,10 +493,7 @@ fn vm_native_fence_and_order_with_framed_operations() {
         let n = nic_node(FI_MSG | FI_RMA);
         let p = connect_parent(&n);
         let win = vec![0u8; 4096];
-        let access = FI_REMOTE_READ | FI_REMOTE_WRITE;
-        // SAFETY: `win` outlives the region.
-        let mr = unsafe { n.domain.mr_reg(&win, access, 0, 0) }.unwrap();
-        say(&format!("{} {}", mr.key(), win.as_ptr() as u64));
+        let mr = tell_window(&n, &win, FI_REMOTE_READ | FI_REMOTE_WRITE);
         let mut m = vec![0u8; 16];
         recv(&n, &mut m, p, 1);
         n.wait_one();
@@ -555,9 +557,8 @@ fn vm_native_peer_killed_mid_rdma_no_hang() {
         let n = nic_node(FI_MSG | FI_RMA);
         connect_parent(&n);
         let win = vec![7u8; WIN];
-        // SAFETY: `win` outlives the region (this process is killed holding both).
-        let mr = unsafe { n.domain.mr_reg(&win, FI_REMOTE_READ, 0, 0) }.unwrap();
-        say(&format!("{} {}", mr.key(), win.as_ptr() as u64));
+        // (This process is killed holding both.)
+        let _mr = tell_window(&n, &win, FI_REMOTE_READ);
         listen();
         unreachable!("this child is killed");
     }

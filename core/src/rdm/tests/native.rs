@@ -25,9 +25,8 @@ impl OneSided for FakeNic {
     }
 }
 
-/// A pair whose A side has the fake NIC.
-fn nic_net() -> Net {
-    let mut net = Net::new();
+/// A pair whose A side's transport is `t`.
+fn net_with(mut net: Net, t: Box<dyn OneSided>) -> Net {
     net.a.eng = Engine::new(
         net.a.core.clone(),
         Config {
@@ -35,8 +34,13 @@ fn nic_net() -> Net {
             ..Config::default()
         },
     )
-    .with_one_sided(Box::new(FakeNic));
+    .with_one_sided(t);
     net
+}
+
+/// A pair whose A side has the fake NIC.
+fn nic_net() -> Net {
+    net_with(Net::new(), Box::new(FakeNic))
 }
 
 /// Carries `n` out as the NIC would, at absolute addresses.
@@ -327,15 +331,8 @@ fn an_offer_ends_once_with_its_request() {
     let ended = Arc::new(AtomicUsize::new(0));
     let data = pattern(300, 44);
     let mut buf = vec![0u8; 300];
-    let mut net = Net::sides(World::new(), false, true);
-    net.a.eng = Engine::new(
-        net.a.core.clone(),
-        Config {
-            eager_max: EAGER,
-            ..Config::default()
-        },
-    )
-    .with_one_sided(Box::new(Counting(ended.clone())));
+    let counting = Box::new(Counting(ended.clone()));
+    let mut net = net_with(Net::sides(World::new(), false, true), counting);
     // Pulled by B, acknowledged: the offer ends when the send completes.
     net.b.recv(recv(10, &mut buf, None, 0));
     net.a.send(send(1, &data, None, None, 0));
