@@ -6,9 +6,9 @@
 # min/median/max over the rounds of usec per transfer (half a round trip) and MB/s (both
 # directions' bytes, as both tools count them).
 #
-# Then, ours against ours: large messages as chunks (XFABRIC_VERBS_PULL_MIN=0) and read by the
-# receiver's NIC (RDMA read, the default), and RMA write/read bandwidth through the NIC (the
-# default) and through the engine (XFABRIC_VERBS_NATIVE=0), alternating per round.
+# Then, ours against ours: large messages as chunks (the default) and read by the receiver's
+# NIC (RDMA read, XFABRIC_VERBS_PULL_MIN=65536), and RMA write/read bandwidth through the NIC
+# (the default) and through the engine (XFABRIC_VERBS_NATIVE=0), alternating per round.
 # SECTIONS picks which run (default "pingpong pulls rma").
 set -euo pipefail
 cd "$(dirname "$0")/.."
