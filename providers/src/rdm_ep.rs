@@ -114,12 +114,17 @@ impl Glue<'_> {
         if let Some(Some(s)) = self.srcs.get(peer) {
             return *s;
         }
+        let raw = addr::encode(&addr);
         let s = self
             .core
             .bound()
             .and_then(|b| b.av.as_ref())
-            .and_then(|av| av.reverse(&addr::encode(&addr)))
+            .and_then(|av| av.reverse(&raw))
             .unwrap_or(FI_ADDR_NOTAVAIL);
+        if s == FI_ADDR_NOTAVAIL {
+            // Unknown to the AV: its completions carry the raw address (FI_SOURCE_ERR).
+            self.engine.name_peer(peer, raw);
+        }
         if self.srcs.len() <= peer {
             self.srcs.resize(peer + 1, None);
         }
@@ -227,10 +232,13 @@ impl<W: Wire> RdmEndpoint<W> {
         self.busy
             .store(st_ref.engine.busy() || st_ref.net.busy(), Ordering::Release);
         self.backlog.store(st_ref.net.backlog(), Ordering::Release);
-        drop(st);
         if done.is_empty() {
+            // Nothing to report: the vector goes back with its allocation (the engine's and
+            // this one trade theirs, so neither allocates per completion).
+            st_ref.done = done;
             return;
         }
+        drop(st);
         rdm::report(&self.core, &mut done);
         // The vector's allocation is kept for the next round.
         if let Ok(mut st) = self.st.try_lock() {

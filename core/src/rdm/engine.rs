@@ -63,6 +63,8 @@ use copy::{Serve, SERVE};
 pub const EAGER_LIMIT: usize = 1 << 20;
 /// `Cts::rx` of a discarding receive: complete, send nothing.
 const NO_RX: u32 = u32::MAX;
+/// The token of a read's answer whose body is the memory read (`Engine::read_resp`).
+const READ_SENT: u64 = u64::MAX;
 /// Bookkeeping charged per buffered unexpected message on top of its payload.
 const UNEXP_OVERHEAD: usize = 128;
 
@@ -160,6 +162,8 @@ fn peer_status(status: i32) -> i32 {
 enum Unexp {
     Eager {
         bytes: Vec<u8>,
+        /// Who sent it (for `FI_SOURCE_ERR`'s raw address).
+        from: PeerId,
         /// Acknowledge to this peer's request once a receive takes it (`FI_MATCH_COMPLETE`,
         /// `FI_DELIVERY_COMPLETE`), if the peer is still in the epoch it was then (ids are
         /// reused across a loss).
@@ -262,6 +266,10 @@ struct PeerState {
     /// Frames the transport gave back (the peer could not take them then), and those to the
     /// same peer queued after them, in order.
     blocked: VecDeque<Transmit>,
+    /// Its address, where the transport named it (`Engine::name_peer`).
+    raw: Option<Vec<u8>>,
+    /// Answers to its reads whose bodies (the memory read) the transport has not taken yet.
+    reading: usize,
 }
 
 /// The protocol state of one endpoint.
@@ -412,7 +420,15 @@ impl Engine {
     /// `take_done` onto the end of `out`: a provider that keeps `out` between calls, and
     /// the engine its own vector, allocate nothing per completion.
     pub fn take_done_into(&mut self, out: &mut Vec<Done>) {
-        out.append(&mut self.done);
+        if self.done.is_empty() {
+            return;
+        }
+        if out.is_empty() {
+            // The two vectors trade allocations: neither is lost.
+            std::mem::swap(out, &mut self.done);
+        } else {
+            out.append(&mut self.done);
+        }
     }
 
     /// Whether anything waits on a peer (for a provider deciding how hard to poll).
@@ -446,6 +462,19 @@ impl Engine {
             body,
             token,
         });
+    }
+
+    /// Answers a peer's read. Where the body is the memory read itself, the peer's later
+    /// requests wait until the transport has taken all of it (`on_sent`): a write it sends
+    /// next must not land in what is still being read.
+    fn read_resp(&mut self, peer: PeerId, id: u32, status: i32, body: Body) {
+        let token = if matches!(body, Body::Iov(_)) {
+            self.peer(peer).reading += 1;
+            Some(READ_SENT)
+        } else {
+            None
+        };
+        self.frame(peer, Frame::ReadResp { id, status }, body, token);
     }
 
     fn ack(&mut self, peer: PeerId, id: u32, status: i32) {
@@ -733,7 +762,7 @@ impl Engine {
         let data = u.has_data.then_some(u.data);
         let discard = slot.op_flags & FI_DISCARD != 0;
         match u.payload {
-            Unexp::Eager { bytes, ack } => {
+            Unexp::Eager { bytes, from, ack } => {
                 let got = if discard {
                     0
                 } else {
@@ -755,7 +784,7 @@ impl Engine {
                     tag: u.tag,
                     data,
                     src: u.src,
-                    raw: None,
+                    raw: self.raw_of(from, u.src),
                 });
             }
             Unexp::Rts {
@@ -780,7 +809,7 @@ impl Engine {
                         tag: u.tag,
                         data,
                         src: u.src,
-                        raw: None,
+                        raw: self.raw_of(peer, u.src),
                     });
                 }
                 self.start_pipe(RxPipe {
@@ -864,7 +893,7 @@ impl Engine {
         let f = wire::decode(prefix, ctrl)?;
         let body = prefix.body_len;
         let bad = || WireError::Malformed(f.kind());
-        if !f.kind().is_answer() && self.holding(peer) {
+        if self.must_wait(peer, f.kind()) {
             // Ordering: what this peer asks next waits until its copies are done.
             return Ok(Sink::Wait);
         }
@@ -1017,7 +1046,7 @@ impl Engine {
                     },
                 };
                 let len = body.len();
-                self.frame(peer, Frame::ReadResp { id, status }, body, None);
+                self.read_resp(peer, id, status, body);
                 if status == 0 {
                     self.done.push(Done::Remote {
                         flags: FI_RMA | FI_READ,
@@ -1086,6 +1115,22 @@ impl Engine {
         Ok(sink)
     }
 
+    /// Names `peer`'s address (as raw bytes), for the completions of its messages when the
+    /// address vector does not know it and the endpoint reports those (`FI_SOURCE_ERR`).
+    pub fn name_peer(&mut self, peer: PeerId, raw: Vec<u8>) {
+        if self.core.caps & FI_SOURCE_ERR != 0 {
+            self.peer(peer).raw = Some(raw);
+        }
+    }
+
+    /// The raw address a completion from `peer` known as `src` carries.
+    fn raw_of(&self, peer: PeerId, src: FiAddr) -> Option<Vec<u8>> {
+        if src != FI_ADDR_NOTAVAIL {
+            return None;
+        }
+        self.peers.get(peer).and_then(|ps| ps.raw.clone())
+    }
+
     /// Whether one more unexpected message of `len` bytes would pass the bounds.
     fn unexpected_full(&self, len: usize) -> bool {
         self.rxq.unexpected_len() >= self.cfg.unexp_msgs
@@ -1136,7 +1181,7 @@ impl Engine {
                         tag,
                         data,
                         src,
-                        raw: None,
+                        raw: self.raw_of(peer, src),
                     });
                 }
                 None => {
@@ -1157,6 +1202,7 @@ impl Engine {
                             held,
                             payload: Unexp::Eager {
                                 bytes,
+                                from: peer,
                                 ack: ack.then_some((peer, id, epoch)),
                             },
                         },
@@ -1236,6 +1282,11 @@ impl Engine {
 
     /// The transport handed every byte of the frame with `token` over.
     pub fn on_sent(&mut self, peer: PeerId, token: u64) {
+        if token == READ_SENT {
+            let ps = self.peer(peer);
+            ps.reading = ps.reading.saturating_sub(1);
+            return;
+        }
         let id = (token & 0xffff_ffff) as usize;
         let gen = (token >> 32) as u32;
         if let Some(t) = self
@@ -1296,6 +1347,7 @@ impl Engine {
         self.peer(peer).outstanding = 0;
         self.peer(peer).natives = 0;
         self.out.retain(|t| t.peer != peer);
+        self.peers[peer].reading = 0;
         let gone = std::mem::take(&mut self.peers[peer].blocked);
         self.blocked -= gone.len();
     }
@@ -1320,6 +1372,12 @@ impl Engine {
     /// until this is false or its deadline passes).
     pub fn owes(&self) -> bool {
         !self.out.is_empty() || self.blocked > 0
+    }
+
+    /// Whether `transmit` or `poll_copy` has anything to give (frames queued or held back,
+    /// copies asked for): a provider may skip its push round when not.
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty() || self.blocked > 0 || !self.copies.is_empty()
     }
 
     /// Closes: every outstanding operation and posted receive ends with `FI_ECANCELED`;

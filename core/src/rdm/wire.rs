@@ -112,7 +112,8 @@ impl Kind {
         )
     }
 
-    fn from_raw(v: u8) -> Option<Kind> {
+    /// The kind a prefix's `kind` byte names, if any.
+    pub fn from_raw(v: u8) -> Option<Kind> {
         Some(match v {
             1 => Kind::Msg,
             2 => Kind::Ack,

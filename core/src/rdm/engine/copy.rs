@@ -3,8 +3,9 @@
 //! their fallback to frames where the transport refuses, and their end on loss or close.
 //!
 //! Ordering: while the transport copies for a peer's RMA request (or a served write waits
-//! for its `Data`), that peer's next requests wait (`Sink::Wait`), so that nothing it asks
-//! later sees memory before the write landed, or changes it under a read.
+//! for its `Data`, or a read's answer still carries the memory read), that peer's next
+//! requests wait (`Sink::Wait`), so that nothing it asks later sees memory before the write
+//! landed, or changes it under a read.
 
 use super::*;
 use crate::rdm::transport::{Copied, CopyReq, Dir};
@@ -72,9 +73,34 @@ impl Engine {
         self.rx.iter().any(|(_, r)| r.copying) || self.served.iter().any(|(_, s)| s.copying)
     }
 
+    /// Whether frames from `peer` that this endpoint asked for are awaited: answers to its
+    /// requests, the data of a large message or of a served write. A transport that holds a
+    /// peer's requests back (flow control) gives way further while they are, since such
+    /// frames may come behind what it holds.
+    pub fn awaits(&self, peer: PeerId) -> bool {
+        self.peers.get(peer).is_some_and(|ps| ps.outstanding > 0)
+            || self.rx.iter().any(|(_, r)| r.peer == peer && !r.copying)
+            || self
+                .served
+                .iter()
+                .any(|(_, s)| s.peer == peer && !s.copying)
+    }
+
     /// Whether `peer`'s next requests wait for copies serving its earlier ones.
     pub(super) fn holding(&self, peer: PeerId) -> bool {
         !self.served.is_empty() && self.served.iter().any(|(_, s)| s.peer == peer)
+    }
+
+    /// Whether `peer`'s next request of `kind` waits: behind copies serving its earlier
+    /// ones, and a write or atomic also behind the answers to its reads that still carry
+    /// the memory read.
+    pub(super) fn must_wait(&self, peer: PeerId, kind: wire::Kind) -> bool {
+        if kind.is_answer() {
+            return false;
+        }
+        self.holding(peer)
+            || (matches!(kind, wire::Kind::Write | wire::Kind::Atomic)
+                && self.peers.get(peer).is_some_and(|ps| ps.reading > 0))
     }
 
     fn serve(&mut self, peer: PeerId, op: ServeOp, copy: Option<(Dir, Desc, IovList, usize)>) {
@@ -287,7 +313,7 @@ impl Engine {
                     Copied::Refused => Body::Iov(local),
                     _ => Body::None,
                 };
-                self.frame(peer, Frame::ReadResp { id, status }, body, None);
+                self.read_resp(peer, id, status, body);
                 if status == 0 {
                     self.done.push(Done::Remote {
                         flags: FI_RMA | FI_READ,
@@ -311,7 +337,7 @@ impl Engine {
             tag: r.tag,
             data: r.data,
             src: r.src,
-            raw: None,
+            raw: self.raw_of(r.peer, r.src),
         });
     }
 

@@ -719,6 +719,57 @@ fn rma_write_and_read() {
     net.b.quiet();
 }
 
+/// A write that follows a read from the same initiator waits while the read's answer, whose
+/// body is the target's memory itself, is still with the transport: it must not change what
+/// is being sent (FI_ORDER_WAR).
+#[test]
+fn write_waits_while_a_read_answer_carries_the_memory() {
+    let mut tgt = pattern(4096, 3);
+    let before = tgt.clone();
+    let mut back = vec![0u8; 4096];
+    let src = pattern(4096, 9);
+    let mut net = Net::new();
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_mut_ptr(), 0);
+    net.a.rma(rma(
+        1,
+        iov_mut(&mut back),
+        &[seg(at, 4096, KEY)],
+        None,
+        FI_READ,
+    ));
+    assert_eq!(net.flush(S::A), vec![Kind::Read]);
+    // The answer is with B's transport, its bytes not yet all taken.
+    let answer = net.b.eng.poll_transmit().expect("the read's answer");
+    assert!(
+        matches!(answer.body, Body::Iov(_)),
+        "the answer is the memory read"
+    );
+    net.a
+        .rma(rma(2, iov(&src), &[seg(at, 4096, KEY)], None, FI_WRITE));
+    let write = net.a.eng.poll_transmit().expect("the write");
+    let p = wire::prefix(&write.ctrl).unwrap();
+    let sink = net.b.eng.on_ctrl(0, 0, &p, &write.ctrl[PREFIX..]).unwrap();
+    assert!(matches!(sink, Sink::Wait), "the write waits for the answer");
+    assert_eq!(tgt, before);
+    // The transport takes the answer's last byte: the write goes ahead.
+    let _ = arrive(&mut net.a, &answer.ctrl, &body_bytes(&answer.body));
+    net.b
+        .eng
+        .on_sent(0, answer.token.expect("the answer's bytes are tracked"));
+    arrive(&mut net.b, &write.ctrl, &body_bytes(&write.body)).unwrap();
+    if let Some(t) = write.token {
+        net.a.eng.on_sent(0, t);
+    }
+    net.pump();
+    let (done, errs) = net.a.cq();
+    let flags: Vec<_> = done.iter().map(|e| (e.op_context, e.flags)).collect();
+    assert_eq!(flags, vec![(1, FI_RMA | FI_READ), (2, FI_RMA | FI_WRITE)]);
+    assert!(errs.is_empty());
+    assert_eq!(back, before);
+    assert_eq!(tgt, src);
+}
+
 #[test]
 fn rma_refused_leaves_the_target_untouched() {
     let mut tgt = vec![0u8; 128];
