@@ -24,7 +24,7 @@ const SEG: usize = 24;
 /// Largest piece one work request moves, where a copy's pieces allow (`piece_for`): a read
 /// of several MiB answered in one burst overflows a Soft-RoCE path (veth's backlog drops
 /// the responses, and rxe's requester then stalls without an error: the copy never ended).
-const PIECE: u64 = 256 << 10;
+pub const PIECE: u64 = 256 << 10;
 
 /// The piece size for a copy of `len` bytes: `PIECE`, or larger where `NATIVE_MAX` pieces
 /// of it would not cover `len`.
