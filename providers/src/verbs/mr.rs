@@ -192,8 +192,12 @@ pub unsafe fn register(
             return None;
         }
     };
+    // A region no peer may reach has no rkey on some NICs (rxe gives them all 0): its key,
+    // which only has to be unique in the domain, is then made from its lkey (a peer naming
+    // it is refused by the NIC, or by the engine, as for any region it may not reach).
+    let remote = attr.access & (FI_REMOTE_READ | FI_REMOTE_WRITE) != 0;
     let key = NicKey {
-        rkey: mr.rkey(),
+        rkey: if remote { mr.rkey() } else { mr.lkey() },
         read: attr.access & FI_REMOTE_READ != 0,
         write: attr.access & FI_REMOTE_WRITE != 0,
     }

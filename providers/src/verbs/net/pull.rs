@@ -21,8 +21,16 @@ use super::*;
 
 /// Bytes a descriptor gives one segment: address, length, rkey, 4 spare.
 const SEG: usize = 24;
-/// Largest piece one work request moves.
-const PIECE_MAX: u64 = 1 << 30;
+/// Largest piece one work request moves, where a copy's pieces allow (`piece_for`): a read
+/// of several MiB answered in one burst overflows a Soft-RoCE path (veth's backlog drops
+/// the responses, and rxe's requester then stalls without an error: the copy never ended).
+pub const PIECE: u64 = 256 << 10;
+
+/// The piece size for a copy of `len` bytes: `PIECE`, or larger where `NATIVE_MAX` pieces
+/// of it would not cover `len`.
+fn piece_for(len: usize) -> u64 {
+    (len as u64).div_ceil(NATIVE_MAX as u64).max(PIECE)
+}
 
 /// The registrations of this endpoint's live offers, by segment: one per segment however
 /// many offers name it at once (their descriptors carry the same rkey), with the count of
@@ -147,6 +155,7 @@ pub fn pieces(local: &IovList, remote: &[(u64, u64, u32)], len: usize) -> Option
     let (mut li, mut lo, mut ri, mut ro) = (0usize, 0u64, 0usize, 0u64);
     let mut left = len as u64;
     let ls = local.segs();
+    let most = piece_for(len);
     while left > 0 {
         let l = ls.get(li)?;
         let &(ra, rl, rk) = remote.get(ri)?;
@@ -160,7 +169,7 @@ pub fn pieces(local: &IovList, remote: &[(u64, u64, u32)], len: usize) -> Option
             (ri, ro) = (ri + 1, 0);
             continue;
         }
-        let n = lrem.min(rrem).min(left).min(PIECE_MAX);
+        let n = lrem.min(rrem).min(left).min(most);
         out.push((l.addr as u64 + lo, ra + ro, rk, n, li));
         lo += n;
         ro += n;
@@ -185,6 +194,7 @@ impl Net {
             self.copy_failed.push((c.token, FI_ECONNRESET));
             return;
         };
+        tracing::debug!(peer = c.peer, token = c.token, len = c.len, tx = ?p.tx, "verbs: copy queued");
         p.out.push_back(Out::Copy(c));
         self.connect_if_idle(c.peer);
     }
@@ -268,6 +278,16 @@ impl Net {
                 ..Default::default()
             };
             wr.set_rdma(raddr, rkey);
+            tracing::trace!(
+                link = id,
+                qpn = l.qp.num(),
+                laddr,
+                raddr,
+                rkey,
+                n,
+                read,
+                "verbs: copy piece posted"
+            );
             // SAFETY: the local range is registered and valid until on_copied; the remote one
             // is the peer's NIC's to check.
             if let Err(e) = unsafe { l.qp.post_send(&mut wr) } {
@@ -309,6 +329,7 @@ impl Net {
             return;
         };
         s.left -= 1;
+        tracing::trace!(token, errno, left = s.left, "verbs: copy piece done");
         if s.status == 0 {
             s.status = errno;
         }
