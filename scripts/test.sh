@@ -13,6 +13,9 @@ cargo test --workspace --all-targets -j2 "$@"
 # XFABRIC_TEST_PROVIDER, which the children inherit.
 XFABRIC_TEST_PROVIDER=tcp cargo test -j2 --test conformance --test hmem --test hmem_rma \
     --test hmem_trigger --test hmem_ze "$@"
+# shm_recv's FI_SOURCE / FI_SOURCE_ERR tests are provider-neutral too (its others rely on
+# shm's cross-memory attach pulling a rendezvous without the sender's progress).
+XFABRIC_TEST_PROVIDER=tcp cargo test -j2 --test shm_recv source_ "$@"
 # And over verbs, inside the Soft-RoCE VM (one boot; skipped with the reason where it cannot
 # run). tests/verbs_vm.rs, in the workspace run above, booted the VM for the verbs-only tests.
 scripts/test-verbs-vm.sh

@@ -383,40 +383,13 @@ fn u64_bytes_mut(v: &mut u64) -> &mut [u8] {
     // SAFETY: a u64's 8 bytes.
     unsafe { std::slice::from_raw_parts_mut(v as *mut u64 as *mut u8, 8) }
 }
-
-/// RDMA write (with and without remote CQ data), read and the two atomics, through the
-/// NIC (its counts say so), with the contents checked at both ends; an atomic the NIC does
-/// not have goes through the engine, and the next read goes to the NIC again.
-#[test]
-fn vm_native_rma_and_atomics_go_through_the_nic() {
-    const T: &str = "vm_native_rma_and_atomics_go_through_the_nic";
-    if skip() {
-        return;
-    }
-    if role().is_some() {
-        return window_child();
-    }
-    let mut child = spawn(T, "child", &[]);
-    let n = nic_node(FI_MSG | FI_RMA | FI_ATOMIC);
-    let c = connect(&mut child, &n);
-    let (key, base) = remote(&mut child);
-    let before = xfabric_providers::verbs::native_counts();
-    let data = pattern(512, 5);
-    let mut back = vec![0u8; 512];
-    // SAFETY (every block below): the buffers outlive the completions waited for.
-    unsafe { n.ep.write(&data, None, c, base, key, 1) }.unwrap();
-    assert_eq!(n.wait_one().flags, FI_RMA | FI_WRITE);
-    let small = pattern(64, 6);
-    unsafe { n.ep.writedata(&small, None, 0x1234, c, base + 2048, key, 2) }.unwrap();
-    assert_eq!(n.wait_one().op_context, 2);
-    child.tell("data 4660");
-    assert_eq!(child.hear(), "ok");
-    unsafe { n.ep.read(&mut back, None, c, base, key, 3) }.unwrap();
-    assert_eq!(n.wait_one().flags, FI_RMA | FI_READ);
-    assert!(back == data);
+/// On the word at `at` (40 before): a fetch-add of 2 (context 4), then a compare-swap of 42
+/// for 100 (context 5); checks what each fetched.
+fn fetch_add_then_cswap(n: &Node, c: FiAddr, at: u64, key: u64) {
     let (two, c42, hundred) = (2u64, 42u64, 100u64);
     let (mut r1, mut r2) = (0u64, 0u64);
-    let (at, dt) = (base + 1024, Datatype::UInt64);
+    let dt = Datatype::UInt64;
+    // SAFETY (both blocks): the operands and results outlive the completions waited for.
     unsafe {
         n.ep.fetch_atomic(
             u64_bytes(&two),
@@ -449,6 +422,40 @@ fn vm_native_rma_and_atomics_go_through_the_nic() {
     .unwrap();
     n.wait_one();
     assert_eq!((r1, r2), (40, 42));
+}
+
+/// RDMA write (with and without remote CQ data), read and the two atomics, through the
+/// NIC (its counts say so), with the contents checked at both ends; an atomic the NIC does
+/// not have goes through the engine, and the next read goes to the NIC again.
+#[test]
+fn vm_native_rma_and_atomics_go_through_the_nic() {
+    const T: &str = "vm_native_rma_and_atomics_go_through_the_nic";
+    if skip() {
+        return;
+    }
+    if role().is_some() {
+        return window_child();
+    }
+    let mut child = spawn(T, "child", &[]);
+    let n = nic_node(FI_MSG | FI_RMA | FI_ATOMIC);
+    let c = connect(&mut child, &n);
+    let (key, base) = remote(&mut child);
+    let before = xfabric_providers::verbs::native_counts();
+    let data = pattern(512, 5);
+    let mut back = vec![0u8; 512];
+    // SAFETY (every block below): the buffers outlive the completions waited for.
+    unsafe { n.ep.write(&data, None, c, base, key, 1) }.unwrap();
+    assert_eq!(n.wait_one().flags, FI_RMA | FI_WRITE);
+    let small = pattern(64, 6);
+    unsafe { n.ep.writedata(&small, None, 0x1234, c, base + 2048, key, 2) }.unwrap();
+    assert_eq!(n.wait_one().op_context, 2);
+    child.tell("data 4660");
+    assert_eq!(child.hear(), "ok");
+    unsafe { n.ep.read(&mut back, None, c, base, key, 3) }.unwrap();
+    assert_eq!(n.wait_one().flags, FI_RMA | FI_READ);
+    assert!(back == data);
+    let (at, dt) = (base + 1024, Datatype::UInt64);
+    fetch_add_then_cswap(&n, c, at, key);
     let mid = xfabric_providers::verbs::native_counts();
     assert_eq!(mid.done - before.done, 5, "five operations by the NIC");
     // FI_MAX is not the NIC's: the target's engine does it; then a read by the NIC sees it.
@@ -869,41 +876,8 @@ fn pair_native_rma_and_atomics_across_the_veth_pair() {
     let forty = 40u64;
     unsafe { n.ep.write(u64_bytes(&forty), None, c, base + 1024, key, 9) }.unwrap();
     n.wait_one();
-    let (two, c42, hundred) = (2u64, 42u64, 100u64);
-    let (mut r1, mut r2) = (0u64, 0u64);
-    let (at, dt) = (base + 1024, Datatype::UInt64);
-    unsafe {
-        n.ep.fetch_atomic(
-            u64_bytes(&two),
-            1,
-            u64_bytes_mut(&mut r1),
-            c,
-            at,
-            key,
-            dt,
-            AtomicOp::Sum,
-            4,
-        )
-    }
-    .unwrap();
-    n.wait_one();
-    unsafe {
-        n.ep.compare_atomic(
-            u64_bytes(&hundred),
-            1,
-            u64_bytes(&c42),
-            u64_bytes_mut(&mut r2),
-            c,
-            at,
-            key,
-            dt,
-            AtomicOp::Cswap,
-            5,
-        )
-    }
-    .unwrap();
-    n.wait_one();
-    assert_eq!((r1, r2), (40, 42));
+    let at = base + 1024;
+    fetch_add_then_cswap(&n, c, at, key);
     let mut word = 0u64;
     unsafe { n.ep.read(u64_bytes_mut(&mut word), None, c, at, key, 6) }.unwrap();
     n.wait_one();

@@ -37,6 +37,7 @@ pub const TCP_CAPS: u64 = FI_MSG
     | FI_RECV
     | FI_MULTI_RECV
     | FI_SOURCE
+    | FI_SOURCE_ERR
     | FI_DIRECTED_RECV
     | FI_TRIGGER
     | FI_XPU_TRIGGER
