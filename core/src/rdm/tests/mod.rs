@@ -753,7 +753,7 @@ fn write_waits_while_a_read_answer_carries_the_memory() {
     assert!(matches!(sink, Sink::Wait), "the write waits for the answer");
     assert_eq!(tgt, before);
     // The transport takes the answer's last byte: the write goes ahead.
-    let _ = arrive(&mut net.a, &answer.ctrl, &body_bytes(&answer.body));
+    arrive(&mut net.a, &answer.ctrl, &body_bytes(&answer.body)).unwrap();
     net.b
         .eng
         .on_sent(0, answer.token.expect("the answer's bytes are tracked"));
