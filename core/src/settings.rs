@@ -238,6 +238,15 @@ pub static XPU_MAX_SPIN_US: Setting = Setting::new(
     "Longest (us) the watcher spins for one predicted ring before it falls back to a look per \
      XFABRIC_XPU_POLL_US",
 );
+/// `XFABRIC_SHM_ENGINE`: 1 runs shm endpoints on core's RDM protocol engine (the rings as its
+/// transport); 0 on shm's own protocol.
+pub static SHM_ENGINE: Setting = Setting::new(
+    "XFABRIC_SHM_ENGINE",
+    Kind::Bool,
+    "0",
+    "1 runs shm endpoints on core's RDM protocol engine (the rings as its transport); 0 on \
+     shm's own protocol",
+);
 /// `XFABRIC_SHM_CMA`: 0 turns off cross-memory attach (process_vm_readv) for large shm transfers; 1
 /// lets the provider try it.
 pub static SHM_CMA: Setting = Setting::new(
@@ -394,6 +403,7 @@ pub static SETTINGS: &[&Setting] = &[
     &XPU_PREDICT,
     &XPU_MARGIN_US,
     &XPU_MAX_SPIN_US,
+    &SHM_ENGINE,
     &SHM_CMA,
     &SHM_CMA_MIN,
     &SHM_SPLIT_MIN,

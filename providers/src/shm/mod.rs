@@ -3,6 +3,9 @@
 
 mod cma;
 mod ep;
+mod eng;
+mod futex;
+mod net;
 #[doc(hidden)]
 pub mod raw;
 mod ring;
@@ -21,7 +24,8 @@ use xfabric_core::{
 use crate::hmem::GlobalHmem;
 use crate::info::{check_hmem, rdm_info, RdmDesc};
 
-pub use ep::{futex_wakes, EAGER_MAX, FRAG, INJECT_SIZE};
+pub use ep::{EAGER_MAX, FRAG, INJECT_SIZE};
+pub use futex::wakes as futex_wakes;
 
 /// Every shm address starts with this, followed by the endpoint's segment name.
 pub const ADDR_PREFIX: &str = "fi_shm://";
@@ -120,6 +124,9 @@ impl DomainOps for ShmDomain {
             )));
         }
         reclaim_now_and_then();
+        if xfabric_core::settings::SHM_ENGINE.flag() {
+            return Ok(eng::ShmEngineEndpoint::open(core)?);
+        }
         Ok(ep::ShmEndpoint::open(core)?)
     }
 

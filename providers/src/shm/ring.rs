@@ -98,6 +98,7 @@ pub mod kind {
     pub const RSPLIT: u8 = 16;
     /// The initiator finished its part of a split read: the target may run later requests.
     pub const RDONE: u8 = 17;
+    // 20 and 21: the engine's framing (`super::net::FRAME`, `PIECE`).
 }
 
 /// Message flags.
@@ -275,6 +276,140 @@ impl Producer {
         seq_of(p).store(self.head as u32 + 1, Ordering::Release);
         self.head += n as u64;
         true
+    }
+}
+
+impl Producer {
+    /// Writes one message of the engine's framing (`super::net`): `kind` and `flags` in the
+    /// slot header, then `len` bytes that `fill` produces, from byte `RAW_HDR` of the first
+    /// slot on. Leaves `spare` slots free (see `write_request`). False (nothing written) when
+    /// the ring has no room.
+    pub fn write_raw(
+        &mut self,
+        seg: &Segment,
+        kind: u8,
+        flags: u8,
+        len: usize,
+        spare: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> bool {
+        let n = raw_slots_for(len);
+        debug_assert!(n <= SLOTS / 2, "message of {n} slots does not fit a lane");
+        let idx = (self.head % SLOTS as u64) as usize;
+        let pad = if idx + n > SLOTS { SLOTS - idx } else { 0 };
+        if !self.free(seg, n + pad + spare) {
+            return false;
+        }
+        if pad > 0 {
+            let p = slot_ptr(seg, self.lane, idx);
+            // SAFETY: the slot is free (checked above) and ours to write until published.
+            unsafe { write_kind(p, kind::PAD, 0, pad) };
+            seq_of(p).store(self.head as u32 + 1, Ordering::Release);
+            self.head += pad as u64;
+        }
+        let idx = (self.head % SLOTS as u64) as usize;
+        let p = slot_ptr(seg, self.lane, idx);
+        // SAFETY: n free, contiguous slots start at p (no wrap, checked above); the consumer
+        // does not read them until the sequence word is published below.
+        unsafe {
+            write_kind(p, kind, flags, n);
+            fill(std::slice::from_raw_parts_mut(p.add(RAW_HDR), len));
+        }
+        seq_of(p).store(self.head as u32 + 1, Ordering::Release);
+        self.head += n as u64;
+        true
+    }
+}
+
+/// Bytes of a raw message's slot header: the sequence word, kind, flags, slot count.
+pub const RAW_HDR: usize = 8;
+
+/// Slots a raw message of `len` bytes needs.
+pub fn raw_slots_for(len: usize) -> usize {
+    (RAW_HDR + len).div_ceil(SLOT).max(1)
+}
+
+/// # Safety
+/// `p` must point at a slot the caller may write.
+unsafe fn write_kind(p: *mut u8, kind: u8, flags: u8, nslots: usize) {
+    // SAFETY: per the contract; fields at fixed offsets within the slot.
+    unsafe {
+        *p.add(4) = kind;
+        *p.add(5) = flags;
+        (p.add(6) as *mut u16).write(nslots as u16);
+    }
+}
+
+/// A published message as the consumer sees it before parsing any header beyond the slot's
+/// own: valid until the consumer advances past it.
+#[derive(Clone, Copy)]
+pub struct RawView {
+    /// Its kind byte.
+    pub kind: u8,
+    nslots: usize,
+    first: *const u8,
+}
+
+impl RawView {
+    /// Slots the message takes.
+    pub fn slots(&self) -> usize {
+        self.nslots
+    }
+
+    /// The bytes after the raw slot header, to the end of the message's slots (what the
+    /// sender wrote there and, past its length, whatever the slots held before).
+    ///
+    /// # Safety
+    /// Valid only until the consumer advances past this message.
+    pub unsafe fn bytes(&self) -> &[u8] {
+        // SAFETY: the message's slots, published and not reused before the consumer passes.
+        unsafe { std::slice::from_raw_parts(self.first.add(RAW_HDR), self.nslots * SLOT - RAW_HDR) }
+    }
+
+    /// As the old framing's view (its 32-byte header parsed), for the lane's first message
+    /// and its last (CONNECT, BYE).
+    pub fn header(&self) -> (Header, *const u8, usize) {
+        let p = self.first;
+        // SAFETY: published slot; fixed offsets inside it.
+        let h = unsafe {
+            Header {
+                kind: *p.add(4),
+                flags: *p.add(5),
+                len: (p.add(8) as *const u32).read(),
+                aux: (p.add(12) as *const u32).read(),
+                tag: (p.add(16) as *const u64).read(),
+                data: (p.add(24) as *const u64).read(),
+            }
+        };
+        // SAFETY: inside the same run of slots.
+        (h, unsafe { p.add(HDR) }, FIRST_PAYLOAD + (self.nslots - 1) * SLOT)
+    }
+}
+
+impl Consumer {
+    /// The message at this consumer's position, if published (padding included), without
+    /// parsing more than its slot header.
+    pub fn raw_at(&self, seg: &Segment, lane: usize, pos: u64) -> Option<RawView> {
+        if pos < self.pos || pos - self.pos >= SLOTS as u64 {
+            return None;
+        }
+        let idx = (pos % SLOTS as u64) as usize;
+        let p = slot_ptr(seg, lane, idx);
+        if seq_of(p).load(Ordering::Acquire) != pos as u32 + 1 {
+            return None;
+        }
+        // SAFETY: published with release after the slot header was written.
+        let (kind, nslots) = unsafe { (*p.add(4), (p.add(6) as *const u16).read() as usize) };
+        Some(RawView {
+            kind,
+            nslots: nslots.clamp(1, SLOTS - idx),
+            first: p,
+        })
+    }
+
+    /// Consumes `n` slots (a message `raw_at` showed, or padding).
+    pub fn advance_slots(&mut self, seg: &Segment, lane: usize, n: usize) {
+        self.advance_by(seg, lane, n);
     }
 }
 

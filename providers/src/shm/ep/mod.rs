@@ -348,7 +348,7 @@ impl ShmEndpoint {
         if ring::sleeping(seg).load(Ordering::Relaxed) != 0 {
             let db = ring::doorbell(seg);
             db.fetch_add(1, Ordering::SeqCst);
-            futex_wake(db);
+            super::futex::wake(db);
         }
     }
 
@@ -1185,7 +1185,7 @@ impl ProgressSource for ShmEndpoint {
         };
         sleepers.fetch_add(1, Ordering::SeqCst);
         if !self.has_work() {
-            futex_wait(db, seen, timeout);
+            super::futex::wait(db, seen, timeout);
         }
         sleepers.fetch_sub(1, Ordering::SeqCst);
         if let Ok(mut st) = self.st.try_lock() {
@@ -1457,49 +1457,4 @@ pub fn seg_name(raw: &[u8]) -> Result<String> {
         )));
     }
     Ok(name.to_string())
-}
-
-fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: a shared (non-private) futex wait on a live, aligned u32 with a valid timespec.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-            std::ptr::null::<u32>(),
-            0,
-        );
-    }
-}
-
-/// futex wake calls this process has made: a diagnostic (`shm::futex_wakes`). A sender pays
-/// a syscall only while a peer's thread sleeps; a count that grows while every peer busy-polls
-/// is a sleep flag left standing, a syscall on every send.
-static FUTEX_WAKES: AtomicU64 = AtomicU64::new(0);
-
-/// See `FUTEX_WAKES`.
-pub fn futex_wakes() -> u64 {
-    FUTEX_WAKES.load(Ordering::Relaxed)
-}
-
-fn futex_wake(word: &std::sync::atomic::AtomicU32) {
-    FUTEX_WAKES.fetch_add(1, Ordering::Relaxed);
-    // SAFETY: a shared futex wake on a live, aligned u32.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            0,
-            0,
-            0,
-        );
-    }
 }

@@ -1,0 +1,325 @@
+//! The shm endpoint on core's RDM engine (`XFABRIC_SHM_ENGINE=1`): the engine does the
+//! protocol (eager and rendezvous, acknowledgements, RMA and atomics at the target, fences,
+//! ordering, commit, peer loss); `net` moves its frames through the rings and copies by
+//! cross-memory attach. This file maps addresses to peers, keeps a lock-free check of whether
+//! a poll has anything to do, and reports completions after its lock is released.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use xfabric_core::av::PeerCache;
+use xfabric_core::consts::*;
+use xfabric_core::ep::TxOp;
+use xfabric_core::rdm::{self, Engine, PeerId};
+use xfabric_core::rxq::PostedRecv;
+use xfabric_core::settings;
+use xfabric_core::{
+    AtomicReq, Context, EndpointOps, EpCore, Error, FiAddr, ProgressSource, Result, RmaOp,
+};
+
+use super::net::{Net, ShmOneSided};
+use super::{ring, ADDR_PREFIX};
+
+/// Largest message sent eagerly. Larger ones go by rendezvous, whose data below the pull
+/// threshold (`XFABRIC_SHM_CMA_MIN`) crosses the ring just as an eager body would, after one
+/// more round trip: eager pays up to where cross-memory attach takes over.
+const EAGER_MAX: usize = 65536;
+/// Frames one peer may have queued in the engine (its ring full) before posts to it answer
+/// `Again`: a peer that stops reading holds back its senders.
+const BLOCKED_MAX: usize = 64;
+
+struct State {
+    engine: Engine,
+    net: Net,
+    av_cache: PeerCache,
+    /// Completions being reported, kept for its allocation.
+    done: Vec<rdm::Done>,
+}
+
+/// An shm endpoint on the engine.
+pub struct ShmEngineEndpoint {
+    core: Arc<EpCore>,
+    /// Our segment's name (the address is `fi_shm://` and it).
+    name: String,
+    /// A second mapping of our own segment and the lock-free mirrors, for `progress` and
+    /// `idle_wait` without the lock.
+    seg: super::segment::Segment,
+    idle: Arc<super::net::Idle>,
+    st: Mutex<State>,
+}
+
+impl ShmEngineEndpoint {
+    /// Creates the endpoint's segment and engine.
+    pub fn open(core: Arc<EpCore>) -> Result<Arc<Self>> {
+        let net = Net::open(core.caps & FI_DIRECTED_RECV != 0)?;
+        let name = net.name.clone();
+        let seg = super::segment::Segment::open(&name, ring::SEG_BYTES)?;
+        let idle = net.idle.clone();
+        let cfg = rdm::Config {
+            eager_max: EAGER_MAX,
+            unexp_msgs: settings::SHM_UNEXP_MSGS.usize(),
+            unexp_bytes: settings::SHM_UNEXP_BYTES.usize(),
+            tx_max: if core.tx_size == 0 {
+                1024
+            } else {
+                core.tx_size
+            },
+        };
+        let one_sided = ShmOneSided {
+            cma: net.cma.clone(),
+            pull_min: settings::SHM_CMA_MIN.usize(),
+        };
+        let engine = Engine::new(core.clone(), cfg).with_one_sided(Box::new(one_sided));
+        Ok(Arc::new(ShmEngineEndpoint {
+            core,
+            name,
+            seg,
+            idle,
+            st: Mutex::new(State {
+                engine,
+                net,
+                av_cache: PeerCache::default(),
+                done: Vec::new(),
+            }),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hands the engine's frames to the rings, then reports completions unlocked.
+    fn finish(&self, mut st: MutexGuard<'_, State>) {
+        let s = &mut *st;
+        s.net.push(&mut s.engine);
+        let mut done = std::mem::take(&mut s.done);
+        s.engine.take_done_into(&mut done);
+        s.net.publish(&s.engine);
+        if done.is_empty() {
+            s.done = done;
+            return;
+        }
+        drop(st);
+        rdm::report(&self.core, &mut done);
+        if let Ok(mut st) = self.st.try_lock() {
+            if st.done.capacity() == 0 {
+                st.done = done;
+            }
+        }
+    }
+
+    /// The peer an `fi_addr_t` names, mapping its segment on first use.
+    fn peer_for(&self, st: &mut State, dest: FiAddr) -> Result<PeerId> {
+        let b = self
+            .core
+            .bound()
+            .ok_or_else(|| Error::OpBadState("endpoint is not enabled".into()))?;
+        let net = &mut st.net;
+        st.av_cache.lookup(b.av.as_ref(), dest, |raw| {
+            let name = super::ep::seg_name(raw)?;
+            net.peer_by_name(&name)
+        })
+    }
+
+    /// The peer an operation goes to, with a lane claimed and room in its queue.
+    fn sendable(&self, st: &mut State, dest: FiAddr, what: &'static str) -> Result<PeerId> {
+        let p = self.peer_for(st, dest)?;
+        if st.net.dead(p) {
+            return Err(Error::PeerLost(format!(
+                "peer {} is gone",
+                st.net.peer_name(p)
+            )));
+        }
+        st.net.ensure_lane(p)?;
+        if st.engine.blocked(p) > BLOCKED_MAX {
+            self.do_progress(st);
+            if st.engine.blocked(p) > BLOCKED_MAX {
+                if st.net.sweep_due() {
+                    let State { engine, net, .. } = st;
+                    net.sweep(engine, &self.core);
+                    if net.dead(p) {
+                        return Err(Error::PeerLost(format!(
+                            "peer {} died",
+                            net.peer_name(p)
+                        )));
+                    }
+                }
+                return Err(Error::Again(what));
+            }
+        }
+        Ok(p)
+    }
+
+    fn do_progress(&self, st: &mut State) -> usize {
+        let State { engine, net, .. } = st;
+        let n = net.progress(engine, &self.core);
+        net.push(engine);
+        if net.sweep_due() {
+            net.sweep(engine, &self.core);
+        }
+        n
+    }
+}
+
+impl ProgressSource for ShmEngineEndpoint {
+    fn wake(&self) {
+        Net::wake(&self.seg);
+    }
+
+    fn progress(&self) -> usize {
+        // Idle, take the full path only when a sweep is due and something waits on a peer: a
+        // dead one must be noticed by time, however slowly (or fast) the application polls.
+        if !Net::has_work(&self.seg, &self.idle)
+            && !(self.idle.watch.load(std::sync::atomic::Ordering::Relaxed)
+                && super::futex::coarse_ms()
+                    >= self
+                        .idle
+                        .next_sweep
+                        .load(std::sync::atomic::Ordering::Relaxed))
+        {
+            return 0;
+        }
+        let Ok(mut st) = self.st.try_lock() else {
+            return 0;
+        };
+        let n = self.do_progress(&mut st);
+        self.finish(st);
+        n
+    }
+
+    fn idle_wait(&self, timeout: Duration) {
+        use std::sync::atomic::Ordering;
+        let sleepers = ring::sleeping(&self.seg);
+        let db = ring::doorbell(&self.seg);
+        let seen = db.load(Ordering::SeqCst);
+        // A dead peer rings no doorbell: while work waits on peers, wake in time to sweep.
+        let timeout = if self.idle.watch.load(Ordering::Relaxed) {
+            timeout.min(Duration::from_millis(super::net::SWEEP_EVERY_MS))
+        } else {
+            timeout
+        };
+        sleepers.fetch_add(1, Ordering::SeqCst);
+        if !Net::has_work(&self.seg, &self.idle) {
+            super::futex::wait(db, seen, timeout);
+        }
+        sleepers.fetch_sub(1, Ordering::SeqCst);
+        if let Ok(mut st) = self.st.try_lock() {
+            if st.net.sweep_due() {
+                let State { engine, net, .. } = &mut *st;
+                net.sweep(engine, &self.core);
+            }
+            self.finish(st);
+        }
+    }
+}
+
+impl EndpointOps for ShmEngineEndpoint {
+    fn enable(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn name(&self) -> Vec<u8> {
+        format!("{ADDR_PREFIX}{}", self.name).into_bytes()
+    }
+
+    unsafe fn send(&self, op: &TxOp) -> Result<()> {
+        let mut st = self.lock();
+        let p = self.sendable(&mut st, op.dest, "send")?;
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { st.engine.post_send(p, op) };
+        self.finish(st);
+        r
+    }
+
+    unsafe fn rma(&self, op: &RmaOp) -> Result<()> {
+        let mut st = self.lock();
+        let p = self.sendable(&mut st, op.dest, "rma")?;
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { st.engine.post_rma(p, op) };
+        self.finish(st);
+        r
+    }
+
+    unsafe fn atomic(&self, req: &AtomicReq) -> Result<()> {
+        let mut st = self.lock();
+        let p = self.sendable(&mut st, req.dest, "atomic")?;
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { st.engine.post_atomic(p, req) };
+        self.finish(st);
+        r
+    }
+
+    unsafe fn recv(&self, r: PostedRecv) -> Result<()> {
+        let mut st = self.lock();
+        if r.flags & FI_PEEK != 0 {
+            // A peek looks only at what arrived: take it in first.
+            self.do_progress(&mut st);
+        }
+        if self.core.caps & FI_DIRECTED_RECV != 0 && r.src != FI_ADDR_UNSPEC {
+            // Know the source as a peer, so that its death fails this receive.
+            let p = self.peer_for(&mut st, r.src)?;
+            if st.net.dead(p) {
+                return Err(Error::PeerLost(format!(
+                    "peer {} is gone",
+                    st.net.peer_name(p)
+                )));
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        let res = unsafe { st.engine.post_recv(r) };
+        if st.net.held() > 0 {
+            // Frames that waited for a receive may go on now.
+            self.do_progress(&mut st);
+        }
+        self.finish(st);
+        res
+    }
+
+    fn cancel(&self, ctx: Context) -> Result<()> {
+        let mut st = self.lock();
+        let r = st.engine.cancel(ctx);
+        self.finish(st);
+        r
+    }
+
+    fn setopt(&self, name: i32, value: usize) -> Result<()> {
+        match name {
+            FI_OPT_MIN_MULTI_RECV => {
+                self.lock().engine.set_min_multi_recv(value);
+                Ok(())
+            }
+            _ => Err(Error::NoSys(format!(
+                "setopt: option {name} is not supported by shm"
+            ))),
+        }
+    }
+
+    fn buffered(&self) -> xfabric_core::Buffered {
+        let st = self.lock();
+        xfabric_core::Buffered {
+            held: st.net.held(),
+            ..st.engine.buffered()
+        }
+    }
+
+    fn close(&self) {
+        let mut st = self.lock();
+        st.engine.close();
+        // Answers peers wait for go out first, for a bounded time.
+        let until = Instant::now() + Duration::from_secs(1);
+        loop {
+            let State { engine, net, .. } = &mut *st;
+            net.push(engine);
+            if !(engine.owes() || net.writing()) || Instant::now() >= until {
+                break;
+            }
+            net.progress(engine, &self.core);
+            if net.sweep_due() {
+                net.sweep(engine, &self.core);
+            }
+            std::thread::yield_now();
+        }
+        st.net.bye();
+        self.finish(st);
+    }
+}

@@ -1,0 +1,886 @@
+//! The rings as the transport of core's RDM engine (`XFABRIC_SHM_ENGINE`): frames go from
+//! one endpoint to another through the sender's lane in the receiver's segment (`ring`), the
+//! engine's encoded prefix and control part carried verbatim, so nothing is parsed twice.
+//!
+//! ```text
+//! FRAME: 0 seq:u32 | 4 kind:u8 | 5 flags:u8 | 6 nslots:u16 | 8 prefix and control part
+//!        (wire::Prefix then ctrl_len bytes) | first min(body_len, PIECE) body bytes
+//! PIECE: 0 seq:u32 | 4 kind:u8 | 5 flags:u8 | 6 nslots:u16 | 8 the next min(left, PIECE)
+//!        body bytes of the lane's current frame
+//! ```
+//!
+//! An 8-byte message (16-byte prefix, 24-byte control part, 8 body bytes after the 8-byte
+//! slot header) and an acknowledgement take one 64-byte slot each. A lane starts with the old
+//! framing's CONNECT (the sender's name) and ends with its BYE.
+//!
+//! Flow control: a frame the engine answers `Sink::Wait` (no room for an unexpected message,
+//! ordering behind a copy) and every later request from the same peer are copied into that
+//! peer's held queue, so that answers behind them (`Kind::is_answer`) still arrive; past
+//! `HELD_MAX` frames, or for a frame whose body is larger than `HELD_BODY_MAX`, the frame
+//! stays at the head of the lane and the lane is not read further until the engine takes it.
+//! A sender keeps `CTRL_SPARE` slots of every ring free for answers.
+//!
+//! Everything in a lane is the peer's: a frame that does not parse, or a message of a kind
+//! that cannot come there, drops the lane (with a log line) and the engine loses the peer.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use xfabric_core::consts::errno::*;
+use xfabric_core::consts::*;
+use xfabric_core::rdm::wire::{self, Kind, Prefix, PREFIX};
+use xfabric_core::rdm::{Body, Copied, CopyReq, Desc, Dir, Engine, OneSided, PeerId, Sink};
+use xfabric_core::rdm::{Transmit, Transport};
+use xfabric_core::{EpCore, Error, FiAddr, IovList, Result};
+
+use super::cma::{self, CmaResult, CmaState};
+use super::ring::{self, kind, Consumer, Header, Producer, CTRL_SPARE, LANES};
+use super::segment::Segment;
+use super::ADDR_PREFIX;
+
+/// Kind of a message that starts a frame.
+pub const FRAME: u8 = 20;
+/// Kind of a message that continues the current frame's body.
+pub const PIECE: u8 = 21;
+/// Body bytes per message.
+pub const PIECE_LEN: usize = 16384;
+/// Frames one peer may have in its held queue.
+pub const HELD_MAX: usize = 1024;
+/// Largest body a held frame is copied out of the ring with; larger ones stay there.
+const HELD_BODY_MAX: usize = 64 << 10;
+/// Messages taken per lane per progress call, so one busy sender cannot starve the rest.
+const BATCH: usize = 16;
+/// Milliseconds between looks for dead peers while anything could wait on one.
+pub const SWEEP_EVERY_MS: u64 = 20;
+
+/// A frame copied out of a lane, waiting for the engine to take it.
+struct Held {
+    prefix: Prefix,
+    ctrl: Vec<u8>,
+    body: Vec<u8>,
+}
+
+/// Where the body of the frame arriving on a lane goes.
+enum To {
+    Engine(Sink),
+    Hold(Held),
+}
+
+/// A frame whose body is still arriving in pieces.
+struct InFrame {
+    to: To,
+    /// Body bytes taken so far, of `len`.
+    off: usize,
+    len: usize,
+}
+
+/// One peer: our lane in its segment, its lane in ours.
+struct Link {
+    name: String,
+    /// Its segment; `None` for a peer already gone when its CONNECT was read.
+    seg: Option<Segment>,
+    prod: Option<Producer>,
+    rx_lane: Option<usize>,
+    /// Its pid, once cross-memory attach through it was shown to reach it.
+    pid: Option<i32>,
+    dead: bool,
+    /// A frame whose body is partly written, and how much of it.
+    out: Option<(Transmit, usize)>,
+    /// Whether we wrote to its ring since we last looked for a sleeper there.
+    wrote: bool,
+    held: VecDeque<Held>,
+    src: FiAddr,
+    src_gen: u64,
+}
+
+impl Link {
+    fn new(name: &str, seg: Option<Segment>, pid: Option<i32>) -> Link {
+        Link {
+            name: name.to_string(),
+            dead: seg.is_none(),
+            seg,
+            prod: None,
+            rx_lane: None,
+            pid,
+            out: None,
+            wrote: false,
+            held: VecDeque::new(),
+            src: FI_ADDR_NOTAVAIL,
+            src_gen: u64::MAX,
+        }
+    }
+}
+
+/// What the lock-free progress check reads (mirrors of the locked state).
+pub struct Idle {
+    /// Work this side can advance by itself is pending.
+    pub busy: AtomicBool,
+    /// Something could wait on a dead peer: sweeps are due by time.
+    pub watch: AtomicBool,
+    /// When the next sweep is due (`coarse_ms`).
+    pub next_sweep: AtomicU64,
+    pos: [AtomicU64; LANES],
+    known_active: AtomicU64,
+}
+
+/// The transport of one endpoint.
+pub struct Net {
+    pub seg: Segment,
+    id: u64,
+    pub name: String,
+    pub cma: Arc<CmaState>,
+    links: Vec<Link>,
+    by_name: HashMap<String, PeerId>,
+    lane_peer: [Option<PeerId>; LANES],
+    cons: [Consumer; LANES],
+    rx: [Option<InFrame>; LANES],
+    /// Lanes whose head frame waits for the engine (flow control): not read further.
+    stalled: u64,
+    known_active: u64,
+    /// Peers with a partly written frame.
+    pumping: Vec<PeerId>,
+    /// Tokens of frames handed over whole, for `Engine::on_sent`.
+    sent: Vec<(PeerId, u64)>,
+    directed: bool,
+    pub idle: Arc<Idle>,
+}
+
+/// A lane-claim id unique per segment name, never 0.
+pub fn ident(name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h | 1
+}
+
+fn bits(mask: u64) -> impl Iterator<Item = usize> {
+    let mut m = mask;
+    std::iter::from_fn(move || {
+        if m == 0 {
+            return None;
+        }
+        let i = m.trailing_zeros() as usize;
+        m &= m - 1;
+        Some(i)
+    })
+}
+
+/// Copies `dst.len()` bytes of `body` from `off` into `dst`.
+fn body_out(body: &Body, off: usize, dst: &mut [u8]) {
+    match body {
+        // SAFETY: the engine keeps a frame's application memory valid until it is reported
+        // sent or its peer lost.
+        Body::Iov(iov) => unsafe {
+            iov.copy_out(off, dst);
+        },
+        b => {
+            if let Some(src) = b.held().and_then(|h| h.get(off..off + dst.len())) {
+                dst.copy_from_slice(src);
+            }
+        }
+    }
+}
+
+/// Puts `b`, the body bytes from `off`, where `to` says.
+fn body_in(to: &mut To, off: usize, b: &[u8]) {
+    match to {
+        To::Engine(Sink::Buffer(v)) | To::Hold(Held { body: v, .. }) => {
+            if let Some(d) = v.get_mut(off..) {
+                let n = d.len().min(b.len());
+                d[..n].copy_from_slice(&b[..n]);
+            }
+        }
+        To::Engine(Sink::Iov(iov)) => {
+            // SAFETY: a sink's memory is the engine's to hand out until `on_body`.
+            unsafe { iov.copy_in(off, b) };
+        }
+        To::Engine(_) => {}
+    }
+}
+
+impl Net {
+    /// The transport of a new endpoint: creates its segment.
+    pub fn open(directed: bool) -> Result<Net> {
+        let name = super::segment::fresh_name();
+        let seg = Segment::create(&name, ring::SEG_BYTES)?;
+        ring::init_header(
+            &seg,
+            ident(&format!("{name}/{:?}", std::time::Instant::now())) ^ 0x9e37_79b9_7f4a_7c15,
+        );
+        Ok(Net {
+            id: ident(&name),
+            name,
+            seg,
+            cma: Arc::new(CmaState::new()),
+            links: Vec::new(),
+            by_name: HashMap::new(),
+            lane_peer: [None; LANES],
+            cons: [Consumer::default(); LANES],
+            rx: std::array::from_fn(|_| None),
+            stalled: 0,
+            known_active: 0,
+            pumping: Vec::new(),
+            sent: Vec::new(),
+            directed,
+            idle: Arc::new(Idle {
+                busy: AtomicBool::new(false),
+                watch: AtomicBool::new(false),
+                next_sweep: AtomicU64::new(0),
+                pos: std::array::from_fn(|_| AtomicU64::new(0)),
+                known_active: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The peer whose segment is `name`, mapping it on first use.
+    pub fn peer_by_name(&mut self, name: &str) -> Result<PeerId> {
+        if let Some(&p) = self.by_name.get(name) {
+            return Ok(p);
+        }
+        let seg = Segment::open(name, ring::SEG_BYTES)?;
+        if !ring::check_header(&seg) {
+            return Err(Error::PeerLost(format!(
+                "segment {name} is not an xfabric shm endpoint"
+            )));
+        }
+        let pid = if self.cma.usable() {
+            ring::verified_pid(&seg)
+        } else {
+            None
+        };
+        Ok(self.add_link(name, Some(seg), pid))
+    }
+
+    fn add_link(&mut self, name: &str, seg: Option<Segment>, pid: Option<i32>) -> PeerId {
+        self.links.push(Link::new(name, seg, pid));
+        let p = self.links.len() - 1;
+        self.by_name.insert(name.to_string(), p);
+        p
+    }
+
+    /// Whether `p` is known gone.
+    pub fn dead(&self, p: PeerId) -> bool {
+        self.links.get(p).is_none_or(|l| l.dead)
+    }
+
+    /// The peer's name, for messages.
+    pub fn peer_name(&self, p: PeerId) -> &str {
+        self.links.get(p).map_or("?", |l| &l.name)
+    }
+
+    /// Frames held back for ordering or flow control, all peers.
+    pub fn held(&self) -> usize {
+        self.links.iter().map(|l| l.held.len()).sum()
+    }
+
+    /// Makes sure we own a lane in `p`'s segment (the CONNECT written).
+    pub fn ensure_lane(&mut self, p: PeerId) -> Result<()> {
+        let id = self.id;
+        let me = self.name.as_bytes();
+        let link = &mut self.links[p];
+        if link.prod.is_some() {
+            return Ok(());
+        }
+        let Some(seg) = link.seg.as_ref() else {
+            return Err(Error::PeerLost(format!("peer {} is gone", link.name)));
+        };
+        let lane = ring::claim_lane(seg, id).ok_or_else(|| {
+            Error::Busy(format!(
+                "peer {} has no free lane ({LANES} senders)",
+                link.name
+            ))
+        })?;
+        let mut prod = Producer::new(seg, lane);
+        let h = Header {
+            kind: kind::CONNECT,
+            len: me.len() as u32,
+            ..Default::default()
+        };
+        // A freshly claimed lane is drained, so the connect message fits.
+        if !prod.write(seg, &h, me.len(), |b| b.copy_from_slice(me)) {
+            ring::release_lane(seg, lane);
+            return Err(Error::Again("shm connect"));
+        }
+        link.prod = Some(prod);
+        link.wrote = true;
+        Ok(())
+    }
+
+    /// Rings `seg`'s doorbell if one of its owner's threads sleeps.
+    pub fn wake(seg: &Segment) {
+        fence(Ordering::SeqCst);
+        if ring::sleeping(seg).load(Ordering::Relaxed) != 0 {
+            let db = ring::doorbell(seg);
+            db.fetch_add(1, Ordering::SeqCst);
+            super::futex::wake(db);
+        }
+    }
+
+    /// Hands the engine's frames and copies over, and reports what that finished.
+    pub fn push(&mut self, eng: &mut Engine) {
+        if !self.pumping.is_empty() {
+            self.pump();
+        }
+        if eng.has_output() {
+            eng.transmit(self);
+            while let Some(c) = eng.poll_copy() {
+                let how = self.copy(&c);
+                eng.on_copied(c.token, how);
+                // A copy's end sends an acknowledgement or a read's answer.
+                eng.transmit(self);
+            }
+        }
+        for (p, t) in self.sent.drain(..) {
+            eng.on_sent(p, t);
+        }
+        if eng.has_output() {
+            // What completing those queued (a fenced operation released).
+            eng.transmit(self);
+            for (p, t) in self.sent.drain(..) {
+                eng.on_sent(p, t);
+            }
+        }
+        for l in &mut self.links {
+            if l.wrote {
+                l.wrote = false;
+                if let Some(seg) = &l.seg {
+                    Self::wake(seg);
+                }
+            }
+        }
+    }
+
+    /// Writes what is left of partly written frames, as far as the rings take it.
+    fn pump(&mut self) {
+        let mut i = 0;
+        while i < self.pumping.len() {
+            let p = self.pumping[i];
+            if self.pump_one(p) {
+                self.pumping.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// True once `p` has no partly written frame.
+    fn pump_one(&mut self, p: PeerId) -> bool {
+        let link = &mut self.links[p];
+        let (Some((t, off)), Some(prod), Some(seg)) =
+            (link.out.as_mut(), link.prod.as_mut(), link.seg.as_ref())
+        else {
+            link.out = None;
+            return true;
+        };
+        let total = t.body.len();
+        let spare = spare_for(t.ctrl.as_bytes());
+        while *off < total {
+            let n = (total - *off).min(PIECE_LEN);
+            let at = *off;
+            if !prod.write_raw(seg, PIECE, 0, n, spare, |b| body_out(&t.body, at, b)) {
+                return false;
+            }
+            link.wrote = true;
+            *off += n;
+        }
+        let (t, _) = link.out.take().expect("checked above");
+        if let Some(tok) = t.token {
+            self.sent.push((p, tok));
+        }
+        true
+    }
+
+    /// Performs a copy the engine asked for, by cross-memory attach.
+    fn copy(&self, c: &CopyReq) -> Copied {
+        let Some(pid) = self.links.get(c.peer).and_then(|l| l.pid) else {
+            return Copied::Refused;
+        };
+        if !self.cma.usable() {
+            return Copied::Refused;
+        }
+        let Some(remote) = c.remote.to_iov() else {
+            return Copied::Failed(FI_EINVAL);
+        };
+        if c.len > remote.total() || c.len > c.local.total() {
+            return Copied::Failed(FI_EINVAL);
+        }
+        let r = match c.dir {
+            Dir::Read => cma::read(&self.cma, pid, &c.local, remote.segs(), c.len),
+            Dir::Write => cma::write(&self.cma, pid, &c.local, remote.segs(), c.len),
+        };
+        match r {
+            CmaResult::Done => Copied::Done,
+            CmaResult::Refused => Copied::Refused,
+            CmaResult::PeerGone => Copied::Failed(FI_ECONNRESET),
+            CmaResult::Failed(e) => Copied::Failed(e),
+        }
+    }
+
+    /// The source address of peer `p` (reverse AV lookup, cached per AV generation); an
+    /// unknown one is named to the engine for `FI_SOURCE_ERR`.
+    fn src_of(&mut self, eng: &mut Engine, core: &EpCore, p: PeerId) -> FiAddr {
+        let Some(av) = core.bound().and_then(|b| b.av.as_ref()) else {
+            return FI_ADDR_NOTAVAIL;
+        };
+        let gen = av.generation();
+        let link = &mut self.links[p];
+        if link.src_gen != gen {
+            let raw = format!("{ADDR_PREFIX}{}", link.name).into_bytes();
+            link.src = av.reverse(&raw).unwrap_or(FI_ADDR_NOTAVAIL);
+            link.src_gen = gen;
+            if link.src == FI_ADDR_NOTAVAIL {
+                eng.name_peer(p, raw);
+            }
+        }
+        link.src
+    }
+
+    /// Takes in what arrived on every lane; how many messages.
+    pub fn progress(&mut self, eng: &mut Engine, core: &EpCore) -> usize {
+        let mask = ring::active(&self.seg).load(Ordering::Acquire);
+        let fresh = mask & !self.known_active;
+        for i in bits(fresh) {
+            self.cons[i] = Consumer::attach(&self.seg, i);
+            self.lane_peer[i] = None;
+            self.rx[i] = None;
+            self.stalled &= !(1 << i);
+        }
+        self.known_active = mask;
+        let mut n = 0;
+        for p in 0..self.links.len() {
+            if !self.links[p].held.is_empty() {
+                n += self.replay(eng, core, p);
+            }
+        }
+        for lane in bits(mask) {
+            n += self.poll_lane(eng, core, lane, BATCH);
+        }
+        n
+    }
+
+    /// Offers `p`'s held frames to the engine again, in order, until one must still wait.
+    fn replay(&mut self, eng: &mut Engine, core: &EpCore, p: PeerId) -> usize {
+        let src = self.src_of(eng, core, p);
+        let mut n = 0;
+        while let Some(h) = self.links[p].held.front() {
+            match eng.on_ctrl(p, src, &h.prefix, &h.ctrl) {
+                Ok(Sink::Wait) => break,
+                Ok(sink) => {
+                    let h = self.links[p].held.pop_front().expect("front exists");
+                    let mut to = To::Engine(sink);
+                    body_in(&mut to, 0, &h.body);
+                    if let To::Engine(sink) = to {
+                        eng.on_body(p, sink);
+                    }
+                    n += 1;
+                }
+                Err(e) => {
+                    let lane = self.links[p].rx_lane;
+                    self.garbage(eng, p, lane, &format!("held frame: {e}"));
+                    break;
+                }
+            }
+        }
+        if self.links[p].held.is_empty() {
+            // Lanes that waited on the queue may go on.
+            if let Some(l) = self.links[p].rx_lane {
+                self.stalled &= !(1 << l);
+            }
+        }
+        n
+    }
+
+    /// Drops `p`'s lane in our segment: it sent garbage.
+    fn garbage(&mut self, eng: &mut Engine, p: PeerId, lane: Option<usize>, why: &str) {
+        tracing::warn!(
+            peer = %self.links[p].name,
+            "shm: dropping the lane of a peer that sent garbage ({why}); its operations fail"
+        );
+        if let Some(l) = lane {
+            self.drop_lane(l);
+        }
+        let link = &mut self.links[p];
+        link.held.clear();
+        link.rx_lane = None;
+        eng.on_lost(p, libc::EPROTO);
+    }
+
+    fn drop_lane(&mut self, lane: usize) {
+        if let Some(p) = self.lane_peer[lane].take() {
+            if self.links[p].rx_lane == Some(lane) {
+                self.links[p].rx_lane = None;
+            }
+        }
+        self.rx[lane] = None;
+        self.stalled &= !(1 << lane);
+        ring::release_lane(&self.seg, lane);
+        self.known_active &= !(1 << lane);
+    }
+
+    /// Takes up to `batch` messages from `lane`; how many.
+    fn poll_lane(&mut self, eng: &mut Engine, core: &EpCore, lane: usize, batch: usize) -> usize {
+        let mut n = 0;
+        while n < batch {
+            if self.stalled & (1 << lane) != 0 && !self.retry_head(lane) {
+                break;
+            }
+            let c = self.cons[lane];
+            let Some(v) = c.raw_at(&self.seg, lane, c.pos()) else {
+                break;
+            };
+            let slots = v.slots();
+            let take = match v.kind {
+                kind::PAD => true,
+                FRAME | PIECE => {
+                    let Some(p) = self.lane_peer[lane] else {
+                        self.lane_garbage(eng, lane, "a frame before CONNECT");
+                        return n;
+                    };
+                    // SAFETY: read before the consumer advances past the message.
+                    let bytes = unsafe { v.bytes() };
+                    let r = if v.kind == FRAME {
+                        self.on_frame(eng, core, lane, p, bytes)
+                    } else {
+                        self.on_piece(eng, lane, p, bytes).map(|()| true)
+                    };
+                    match r {
+                        Ok(t) => t,
+                        Err(why) => {
+                            self.garbage(eng, p, Some(lane), &why);
+                            return n;
+                        }
+                    }
+                }
+                kind::CONNECT => {
+                    let (h, pl, cap) = v.header();
+                    let len = (h.len as usize).min(cap);
+                    // SAFETY: the message's slots, before the consumer advances.
+                    let name = unsafe { std::slice::from_raw_parts(pl, len) };
+                    let name = String::from_utf8_lossy(name).into_owned();
+                    self.on_connect(lane, &name);
+                    true
+                }
+                kind::BYE => {
+                    let mut c = self.cons[lane];
+                    c.advance_slots(&self.seg, lane, slots);
+                    self.cons[lane] = c;
+                    self.drop_lane(lane);
+                    return n + 1;
+                }
+                k => {
+                    self.lane_garbage(eng, lane, &format!("a message of kind {k}"));
+                    return n;
+                }
+            };
+            if !take {
+                // The head frame waits: the lane is not read further for now.
+                self.stalled |= 1 << lane;
+                break;
+            }
+            let mut c = self.cons[lane];
+            c.advance_slots(&self.seg, lane, slots);
+            self.cons[lane] = c;
+            n += 1;
+        }
+        n
+    }
+
+    fn lane_garbage(&mut self, eng: &mut Engine, lane: usize, why: &str) {
+        match self.lane_peer[lane] {
+            Some(p) => self.garbage(eng, p, Some(lane), why),
+            None => {
+                tracing::warn!("shm: dropping a lane that sent garbage ({why})");
+                self.drop_lane(lane);
+            }
+        }
+    }
+
+    /// A stalled lane's head may be looked at again (false while frames before it wait).
+    fn retry_head(&mut self, lane: usize) -> bool {
+        if let Some(p) = self.lane_peer[lane] {
+            if !self.links[p].held.is_empty() {
+                return false;
+            }
+        }
+        self.stalled &= !(1 << lane);
+        true
+    }
+
+    fn on_connect(&mut self, lane: usize, name: &str) {
+        // Only names of xfabric segments: a peer must not make us open arbitrary paths.
+        let valid = super::ep::seg_name(format!("{ADDR_PREFIX}{name}").as_bytes())
+            .is_ok_and(|n| n == name);
+        if !valid {
+            return;
+        }
+        let p = match self.peer_by_name(name) {
+            Ok(p) => {
+                self.links[p].dead = false;
+                p
+            }
+            Err(_) => match self.by_name.get(name) {
+                Some(&p) => p,
+                // At most one gone peer per lane is remembered: CONNECTs naming no segment
+                // cannot grow the table.
+                None if self.links.iter().filter(|l| l.seg.is_none()).count() < LANES => {
+                    self.add_link(name, None, None)
+                }
+                None => return,
+            },
+        };
+        self.links[p].rx_lane = Some(lane);
+        self.lane_peer[lane] = Some(p);
+    }
+
+    /// A FRAME message: true when taken (its body under way or done), false when it stays at
+    /// the head of the lane; `Err`: garbage.
+    fn on_frame(
+        &mut self,
+        eng: &mut Engine,
+        core: &EpCore,
+        lane: usize,
+        p: PeerId,
+        bytes: &[u8],
+    ) -> std::result::Result<bool, String> {
+        if self.rx[lane].is_some() {
+            return Err("a frame inside another's body".into());
+        }
+        let pre = wire::prefix(bytes).map_err(|e| e.to_string())?;
+        let cl = pre.ctrl_len as usize;
+        let len = usize::try_from(pre.body_len).map_err(|_| "body length")?;
+        let first = len.min(PIECE_LEN);
+        let end = PREFIX + cl + first;
+        let (Some(ctrl), Some(piece)) = (
+            bytes.get(PREFIX..PREFIX + cl),
+            bytes.get(PREFIX + cl..end),
+        ) else {
+            return Err(format!("a frame of {end} bytes in {} slot bytes", bytes.len()));
+        };
+        let answer = Kind::from_raw(pre.kind).is_some_and(Kind::is_answer);
+        let link = &self.links[p];
+        let queue_full = link.held.len() >= HELD_MAX;
+        let mut to = if !link.held.is_empty() && !answer {
+            // Behind frames that wait: in order, without asking the engine yet.
+            if queue_full || len > HELD_BODY_MAX {
+                return Ok(false);
+            }
+            None
+        } else {
+            let src = self.src_of(eng, core, p);
+            match eng.on_ctrl(p, src, &pre, ctrl).map_err(|e| e.to_string())? {
+                Sink::Wait if queue_full || len > HELD_BODY_MAX => return Ok(false),
+                Sink::Wait => None,
+                s => Some(To::Engine(s)),
+            }
+        }
+        .unwrap_or_else(|| {
+            To::Hold(Held {
+                prefix: pre,
+                ctrl: ctrl.to_vec(),
+                body: vec![0; len],
+            })
+        });
+        body_in(&mut to, 0, piece);
+        self.arrived(eng, lane, p, to, first, len);
+        Ok(true)
+    }
+
+    /// A PIECE message for the lane's current frame.
+    fn on_piece(
+        &mut self,
+        eng: &mut Engine,
+        lane: usize,
+        p: PeerId,
+        bytes: &[u8],
+    ) -> std::result::Result<(), String> {
+        let Some(mut f) = self.rx[lane].take() else {
+            return Err("a piece with no frame".into());
+        };
+        let n = (f.len - f.off).min(PIECE_LEN);
+        let Some(b) = bytes.get(..n) else {
+            return Err(format!("a piece of {n} bytes in {} slot bytes", bytes.len()));
+        };
+        body_in(&mut f.to, f.off, b);
+        self.arrived(eng, lane, p, f.to, f.off + n, f.len);
+        Ok(())
+    }
+
+    /// `off` of a frame's `len` body bytes went to `to`: finished, or more pieces to come.
+    fn arrived(&mut self, eng: &mut Engine, lane: usize, p: PeerId, to: To, off: usize, len: usize) {
+        if off < len {
+            self.rx[lane] = Some(InFrame { to, off, len });
+            return;
+        }
+        match to {
+            To::Engine(sink) => eng.on_body(p, sink),
+            To::Hold(h) => self.links[p].held.push_back(h),
+        }
+    }
+
+    /// Whether a look for dead peers is due.
+    pub fn sweep_due(&self) -> bool {
+        super::futex::coarse_ms() >= self.idle.next_sweep.load(Ordering::Relaxed)
+    }
+
+    /// Looks for peers that died: what they wrote before is taken in, then the engine loses
+    /// them (their operations fail with `FI_ECONNRESET`).
+    pub fn sweep(&mut self, eng: &mut Engine, core: &EpCore) {
+        self.idle.next_sweep.store(
+            super::futex::coarse_ms().saturating_add(SWEEP_EVERY_MS),
+            Ordering::Relaxed,
+        );
+        for p in 0..self.links.len() {
+            let l = &self.links[p];
+            if l.dead || l.seg.as_ref().is_none_or(Segment::owner_alive) {
+                continue;
+            }
+            tracing::warn!(
+                peer = %l.name,
+                "shm: peer is gone (its segment's lock is free); its operations fail with \
+                 FI_ECONNRESET"
+            );
+            // Answers it wrote before it died come first: an operation it did complete
+            // completes here too.
+            if let Some(lane) = l.rx_lane {
+                self.poll_lane(eng, core, lane, usize::MAX);
+            }
+            let link = &mut self.links[p];
+            link.dead = true;
+            link.out = None;
+            self.pumping.retain(|&q| q != p);
+            eng.on_lost(p, FI_ECONNRESET);
+            let src = self.src_of(eng, core, p);
+            eng.source_lost(src, FI_ECONNRESET);
+        }
+    }
+
+    /// Refreshes the lock-free mirrors (at the end of each locked call).
+    pub fn publish(&self, eng: &Engine) {
+        for l in bits(self.known_active) {
+            self.idle.pos[l].store(self.cons[l].pos(), Ordering::Relaxed);
+        }
+        self.idle
+            .known_active
+            .store(self.known_active, Ordering::Relaxed);
+        let held = self.links.iter().any(|l| !l.held.is_empty());
+        let busy = !self.pumping.is_empty() || eng.has_output() || (held && self.stalled == 0);
+        self.idle.busy.store(busy, Ordering::Release);
+        let watch = busy
+            || held
+            || eng.busy()
+            || self.known_active != 0
+            || (self.directed && self.links.iter().any(|l| !l.dead));
+        self.idle.watch.store(watch, Ordering::Relaxed);
+    }
+
+    /// Lock-free: whether a progress call may find something to do.
+    pub fn has_work(seg: &Segment, idle: &Idle) -> bool {
+        if idle.busy.load(Ordering::Acquire) {
+            return true;
+        }
+        let mask = ring::active(seg).load(Ordering::Acquire);
+        if mask != idle.known_active.load(Ordering::Relaxed) {
+            return true;
+        }
+        bits(mask).any(|l| ring::published(seg, l, idle.pos[l].load(Ordering::Relaxed)))
+    }
+
+    /// Whether frames are still being written out.
+    pub fn writing(&self) -> bool {
+        !self.pumping.is_empty()
+    }
+
+    /// Says goodbye on every lane we hold in a peer's segment whose ring is not behind.
+    pub fn bye(&mut self) {
+        for l in &mut self.links {
+            if l.out.is_some() || l.dead {
+                continue;
+            }
+            if let (Some(prod), Some(seg)) = (l.prod.as_mut(), l.seg.as_ref()) {
+                let h = Header {
+                    kind: kind::BYE,
+                    ..Default::default()
+                };
+                // Best effort: if the ring is full the peer notices our segment's lock go.
+                if prod.write(seg, &h, 0, |_| {}) {
+                    Self::wake(seg);
+                }
+            }
+        }
+    }
+}
+
+/// Slots a frame leaves free in the peer's ring: none for an answer, `CTRL_SPARE` otherwise.
+fn spare_for(ctrl: &[u8]) -> usize {
+    let answer = ctrl
+        .get(2)
+        .and_then(|&k| Kind::from_raw(k))
+        .is_some_and(Kind::is_answer);
+    if answer {
+        0
+    } else {
+        CTRL_SPARE
+    }
+}
+
+impl Transport for Net {
+    fn send(&mut self, t: Transmit) -> std::result::Result<(), Transmit> {
+        let p = t.peer;
+        let Some(link) = self.links.get(p) else {
+            return Ok(());
+        };
+        if link.dead {
+            // Its operations failed with its loss; nothing more goes to it.
+            return Ok(());
+        }
+        if link.out.is_some() {
+            return Err(t);
+        }
+        if link.prod.is_none() && self.ensure_lane(p).is_err() {
+            return Err(t);
+        }
+        let link = &mut self.links[p];
+        let (Some(prod), Some(seg)) = (link.prod.as_mut(), link.seg.as_ref()) else {
+            return Err(t);
+        };
+        let ctrl = t.ctrl.as_bytes();
+        let cl = ctrl.len();
+        let total = t.body.len();
+        let first = total.min(PIECE_LEN);
+        let ok = prod.write_raw(seg, FRAME, 0, cl + first, spare_for(ctrl), |b| {
+            b[..cl].copy_from_slice(ctrl);
+            body_out(&t.body, 0, &mut b[cl..]);
+        });
+        if !ok {
+            return Err(t);
+        }
+        link.wrote = true;
+        if first < total {
+            link.out = Some((t, first));
+            self.pumping.push(p);
+            self.pump();
+        } else if let Some(tok) = t.token {
+            self.sent.push((p, tok));
+        }
+        Ok(())
+    }
+}
+
+/// shm's one-sided copies for the engine: large messages and RMA by cross-memory attach.
+pub struct ShmOneSided {
+    pub cma: Arc<CmaState>,
+    pub pull_min: usize,
+}
+
+impl OneSided for ShmOneSided {
+    fn pull_min(&self) -> usize {
+        self.pull_min
+    }
+
+    fn describe(&self, _peer: PeerId, iov: &IovList) -> Option<Desc> {
+        self.cma.usable().then(|| Desc::of_iov(iov))
+    }
+}
