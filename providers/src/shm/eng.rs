@@ -24,9 +24,6 @@ use super::{ring, ADDR_PREFIX};
 /// threshold (`XFABRIC_SHM_CMA_MIN`) crosses the ring just as an eager body would, after one
 /// more round trip: eager pays up to where cross-memory attach takes over.
 const EAGER_MAX: usize = 65536;
-/// Frames one peer may have queued in the engine (its ring full) before posts to it answer
-/// `Again`: a peer that stops reading holds back its senders.
-const BLOCKED_MAX: usize = 64;
 
 struct State {
     engine: Engine,
@@ -121,33 +118,41 @@ impl ShmEngineEndpoint {
         })
     }
 
-    /// The peer an operation goes to, with a lane claimed and room in its queue.
-    fn sendable(&self, st: &mut State, dest: FiAddr, what: &'static str) -> Result<PeerId> {
+    /// The peer an operation goes to, with a lane claimed and room in its ring for a request
+    /// of `len` body bytes: as on shm's own protocol, a post toward a full ring answers
+    /// `Again` (or `PeerLost` once the peer is found dead) rather than queueing.
+    fn sendable(
+        &self,
+        st: &mut State,
+        dest: FiAddr,
+        len: usize,
+        what: &'static str,
+    ) -> Result<PeerId> {
         let p = self.peer_for(st, dest)?;
+        let gone = |net: &Net| {
+            Error::PeerLost(format!("peer {} is gone", net.peer_name(p)))
+        };
         if st.net.dead(p) {
-            return Err(Error::PeerLost(format!(
-                "peer {} is gone",
-                st.net.peer_name(p)
-            )));
+            return Err(gone(&st.net));
         }
         st.net.ensure_lane(p)?;
-        if st.engine.blocked(p) > BLOCKED_MAX {
-            self.do_progress(st);
-            if st.engine.blocked(p) > BLOCKED_MAX {
-                if st.net.sweep_due() {
-                    let State { engine, net, .. } = st;
-                    net.sweep(engine, &self.core);
-                    if net.dead(p) {
-                        return Err(Error::PeerLost(format!(
-                            "peer {} died",
-                            net.peer_name(p)
-                        )));
-                    }
-                }
-                return Err(Error::Again(what));
-            }
+        let room = |st: &mut State| st.engine.blocked(p) == 0 && st.net.fits(p, len);
+        if room(st) {
+            return Ok(p);
         }
-        Ok(p)
+        self.do_progress(st);
+        if room(st) {
+            return Ok(p);
+        }
+        let State { engine, net, .. } = st;
+        if net.broken(p) {
+            net.lose(engine, &self.core, p, "its ring is corrupt");
+            return Err(gone(net));
+        }
+        if net.check(engine, &self.core, p) {
+            return Err(gone(net));
+        }
+        Err(Error::Again(what))
     }
 
     fn do_progress(&self, st: &mut State) -> usize {
@@ -224,7 +229,7 @@ impl EndpointOps for ShmEngineEndpoint {
 
     unsafe fn send(&self, op: &TxOp) -> Result<()> {
         let mut st = self.lock();
-        let p = self.sendable(&mut st, op.dest, "send")?;
+        let p = self.sendable(&mut st, op.dest, op.iov.total(), "send")?;
         // SAFETY: forwarded from the caller.
         let r = unsafe { st.engine.post_send(p, op) };
         self.finish(st);
@@ -233,7 +238,8 @@ impl EndpointOps for ShmEngineEndpoint {
 
     unsafe fn rma(&self, op: &RmaOp) -> Result<()> {
         let mut st = self.lock();
-        let p = self.sendable(&mut st, op.dest, "rma")?;
+        let len = if op.flags & FI_READ != 0 { 0 } else { op.iov.total() };
+        let p = self.sendable(&mut st, op.dest, len, "rma")?;
         // SAFETY: forwarded from the caller.
         let r = unsafe { st.engine.post_rma(p, op) };
         self.finish(st);
@@ -242,7 +248,7 @@ impl EndpointOps for ShmEngineEndpoint {
 
     unsafe fn atomic(&self, req: &AtomicReq) -> Result<()> {
         let mut st = self.lock();
-        let p = self.sendable(&mut st, req.dest, "atomic")?;
+        let p = self.sendable(&mut st, req.dest, 64, "atomic")?;
         // SAFETY: forwarded from the caller.
         let r = unsafe { st.engine.post_atomic(p, req) };
         self.finish(st);

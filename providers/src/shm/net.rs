@@ -51,6 +51,9 @@ pub const HELD_MAX: usize = 1024;
 const HELD_BODY_MAX: usize = 64 << 10;
 /// Messages taken per lane per progress call, so one busy sender cannot starve the rest.
 const BATCH: usize = 16;
+/// Control bytes `fits` allows for a request: a message's or an atomic's prefix and control
+/// part (an RMA request's ranges may take more; it is queued by the engine then).
+const REQUEST_CTRL: usize = 64;
 /// Milliseconds between looks for dead peers while anything could wait on one.
 pub const SWEEP_EVERY_MS: u64 = 20;
 
@@ -92,6 +95,8 @@ struct Link {
     held: VecDeque<Held>,
     src: FiAddr,
     src_gen: u64,
+    /// When `check` last looked at its lock.
+    checked: Option<std::time::Instant>,
 }
 
 impl Link {
@@ -108,6 +113,7 @@ impl Link {
             held: VecDeque::new(),
             src: FI_ADDR_NOTAVAIL,
             src_gen: u64::MAX,
+            checked: None,
         }
     }
 }
@@ -309,6 +315,26 @@ impl Net {
         Ok(())
     }
 
+    /// Whether a new request of `len` body bytes (and a control part of at most
+    /// `REQUEST_CTRL` bytes) to `p` fits its ring now, behind nothing queued.
+    pub fn fits(&mut self, p: PeerId, len: usize) -> bool {
+        let link = &mut self.links[p];
+        if link.out.is_some() {
+            return false;
+        }
+        match (link.prod.as_mut(), link.seg.as_ref()) {
+            (Some(prod), Some(seg)) => {
+                prod.fits_raw(seg, REQUEST_CTRL + len.min(PIECE_LEN), CTRL_SPARE)
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether our lane in `p`'s segment holds garbage the peer wrote over its tail.
+    pub fn broken(&self, p: PeerId) -> bool {
+        self.links[p].prod.as_ref().is_some_and(Producer::broken)
+    }
+
     /// Rings `seg`'s doorbell if one of its owner's threads sleeps.
     pub fn wake(seg: &Segment) {
         fence(Ordering::SeqCst);
@@ -451,14 +477,33 @@ impl Net {
         self.known_active = mask;
         let mut n = 0;
         for p in 0..self.links.len() {
-            if !self.links[p].held.is_empty() {
+            // Not while a body from the peer is under way: the engine takes one frame of a
+            // peer at a time, from its control part to its body.
+            let l = &self.links[p];
+            if !l.held.is_empty() && l.rx_lane.is_none_or(|lane| self.rx[lane].is_none()) {
                 n += self.replay(eng, core, p);
             }
         }
         for lane in bits(mask) {
             n += self.poll_lane(eng, core, lane, BATCH);
+            self.release_if_gone(lane);
         }
         n
+    }
+
+    /// Frees the lane of a dead peer once everything it wrote there was taken.
+    fn release_if_gone(&mut self, lane: usize) {
+        let Some(p) = self.lane_peer[lane] else {
+            return;
+        };
+        let c = self.cons[lane];
+        if self.links[p].dead
+            && self.rx[lane].is_none()
+            && self.stalled & (1 << lane) == 0
+            && c.raw_at(&self.seg, lane, c.pos()).is_none()
+        {
+            self.drop_lane(lane);
+        }
     }
 
     /// Offers `p`'s held frames to the engine again, in order, until one must still wait.
@@ -737,24 +782,52 @@ impl Net {
             if l.dead || l.seg.as_ref().is_none_or(Segment::owner_alive) {
                 continue;
             }
-            tracing::warn!(
-                peer = %l.name,
-                "shm: peer is gone (its segment's lock is free); its operations fail with \
-                 FI_ECONNRESET"
-            );
-            // Answers it wrote before it died come first: an operation it did complete
-            // completes here too.
-            if let Some(lane) = l.rx_lane {
-                self.poll_lane(eng, core, lane, usize::MAX);
-            }
-            let link = &mut self.links[p];
-            link.dead = true;
-            link.out = None;
-            self.pumping.retain(|&q| q != p);
-            eng.on_lost(p, FI_ECONNRESET);
-            let src = self.src_of(eng, core, p);
-            eng.source_lost(src, FI_ECONNRESET);
+            self.lose(eng, core, p, "its segment's lock is free");
         }
+    }
+
+    /// Looks whether `p` died, at most once a millisecond (a sender finding its ring full);
+    /// true when it did (and is now lost).
+    pub fn check(&mut self, eng: &mut Engine, core: &EpCore, p: PeerId) -> bool {
+        let l = &mut self.links[p];
+        if l.dead {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        if l.checked.is_some_and(|t| now.duration_since(t) < std::time::Duration::from_millis(1)) {
+            return false;
+        }
+        l.checked = Some(now);
+        if l.seg.as_ref().is_none_or(Segment::owner_alive) {
+            return false;
+        }
+        self.lose(eng, core, p, "its segment's lock is free");
+        true
+    }
+
+    /// Peer `p` is gone (or broke its ring): what it wrote before is taken in, then the
+    /// engine loses it (its operations fail with `FI_ECONNRESET`).
+    pub fn lose(&mut self, eng: &mut Engine, core: &EpCore, p: PeerId, why: &str) {
+        let l = &self.links[p];
+        if l.dead {
+            return;
+        }
+        tracing::warn!(
+            peer = %l.name,
+            "shm: peer is gone ({why}); its operations fail with FI_ECONNRESET"
+        );
+        // Answers it wrote before it died come first: an operation it did complete
+        // completes here too.
+        if let Some(lane) = l.rx_lane {
+            self.poll_lane(eng, core, lane, usize::MAX);
+        }
+        let link = &mut self.links[p];
+        link.dead = true;
+        link.out = None;
+        self.pumping.retain(|&q| q != p);
+        eng.on_lost(p, FI_ECONNRESET);
+        let src = self.src_of(eng, core, p);
+        eng.source_lost(src, FI_ECONNRESET);
     }
 
     /// Refreshes the lock-free mirrors (at the end of each locked call).

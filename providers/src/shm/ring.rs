@@ -321,6 +321,16 @@ impl Producer {
     }
 }
 
+impl Producer {
+    /// Whether `write_raw` of `len` bytes leaving `spare` slots free would succeed now.
+    pub fn fits_raw(&mut self, seg: &Segment, len: usize, spare: usize) -> bool {
+        let n = raw_slots_for(len);
+        let idx = (self.head % SLOTS as u64) as usize;
+        let pad = if idx + n > SLOTS { SLOTS - idx } else { 0 };
+        self.free(seg, n + pad + spare)
+    }
+}
+
 /// Bytes of a raw message's slot header: the sequence word, kind, flags, slot count.
 pub const RAW_HDR: usize = 8;
 
