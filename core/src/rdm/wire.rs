@@ -70,6 +70,13 @@ pub enum Ctrl {
     Large(Box<Inline<MAX_ENCODED>>),
 }
 
+impl Ctrl {
+    /// Its bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self
+    }
+}
+
 impl std::ops::Deref for Ctrl {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
