@@ -1,5 +1,6 @@
-//! Round trips through the shm provider between two endpoints of one process, driven by one
-//! thread that alternates between them. Nothing waits on another core, so the cost measured is
+//! Round trips through a provider (shm, or the one `XFABRIC_BENCH_PROVIDER` names: tcp runs
+//! over loopback) between two endpoints of one process, driven by one thread that alternates
+//! between them. Nothing waits on another core, so the cost measured is
 //! the software path alone (post, progress, completion), and an instruction count from
 //! callgrind is repeatable:
 //!
@@ -41,16 +42,21 @@ struct Pair {
     _fabric: Fabric,
 }
 
+/// The provider measured: `XFABRIC_BENCH_PROVIDER`, shm by default.
+fn provider() -> String {
+    std::env::var("XFABRIC_BENCH_PROVIDER").unwrap_or_else(|_| "shm".into())
+}
+
 fn open_pair(size: usize) -> Pair {
     let mut hints = Info {
         caps: FI_MSG,
         ..Default::default()
     };
-    hints.fabric_attr.prov_name = Some("shm".into());
+    hints.fabric_attr.prov_name = Some(provider());
     hints.ep_attr.ep_type = EpType::Rdm;
     hints.domain_attr.data_progress = Progress::Manual;
     let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints))
-        .expect("getinfo: shm with FI_MSG, RDM, manual progress")
+        .expect("getinfo: the provider with FI_MSG, RDM, manual progress")
         .swap_remove(0);
     let fabric = xfabric::fabric(&info.fabric_attr).expect("fabric");
     let domain = fabric.domain(&info).expect("domain");
@@ -164,8 +170,8 @@ fn round_trip(p: &mut Pair, inject: bool) {
     black_box(&p.a.rx);
 }
 
-fn shm_round_trip(c: &mut Criterion) {
-    let mut g = c.benchmark_group("shm_round_trip");
+fn provider_round_trip(c: &mut Criterion) {
+    let mut g = c.benchmark_group(format!("{}_round_trip", provider()));
     for (kind, size) in [("inject", 8usize), ("send", 8), ("send", 64 << 10)] {
         let mut pair = open_pair(size);
         // Both directions' bytes, as fi_pingpong counts them.
@@ -177,5 +183,5 @@ fn shm_round_trip(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, shm_round_trip);
+criterion_group!(benches, provider_round_trip);
 criterion_main!(benches);

@@ -53,8 +53,54 @@ const _: () = assert!(
     PREFIX + std::mem::size_of::<RtsHdr>() + MAX_DESC <= MAX_ENCODED && MAX_ENCODED <= MAX_CTRL
 );
 
-/// An encoded prefix and control part, inline.
-pub type Ctrl = Inline<MAX_ENCODED>;
+/// Encoded prefixes and control parts up to this many bytes are kept inline in a [`Ctrl`]:
+/// every frame of a message (an Rts with a one-segment descriptor included), every answer,
+/// an atomic, a one-range write or read.
+pub const SMALL_CTRL: usize = 64;
+
+/// An encoded prefix and control part: inline up to [`SMALL_CTRL`] bytes, boxed past it
+/// (multi-range RMA, long descriptors). Every frame the engine queues moves a few times on
+/// its way to the transport, so the common ones stay small instead of all carrying room for
+/// the largest.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Ctrl {
+    /// Up to `SMALL_CTRL` bytes.
+    Small(Inline<SMALL_CTRL>),
+    /// Up to `MAX_ENCODED` bytes.
+    Large(Box<Inline<MAX_ENCODED>>),
+}
+
+impl Ctrl {
+    /// Its bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl std::ops::Deref for Ctrl {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Ctrl::Small(b) => b,
+            Ctrl::Large(b) => b,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Ctrl {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Ctrl::Small(b) => b,
+            Ctrl::Large(b) => b,
+        }
+    }
+}
+
+impl std::fmt::Debug for Ctrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:02x?}", &self[..])
+    }
+}
 
 /// Frame flag bits (`Prefix::flags`).
 pub mod flags {
@@ -515,8 +561,38 @@ impl Frame {
 
     /// The prefix and control part of this frame, announcing a body of `body_len` bytes.
     pub fn ctrl(&self, body_len: u64) -> Ctrl {
-        // Every push below fits: `MAX_ENCODED` bounds the largest kind.
-        let mut out = Ctrl::default();
+        if PREFIX + self.ctrl_len() <= SMALL_CTRL {
+            let mut out = Inline::default();
+            self.fill(&mut out, body_len);
+            Ctrl::Small(out)
+        } else {
+            let mut out = Box::<Inline<MAX_ENCODED>>::default();
+            self.fill(&mut out, body_len);
+            Ctrl::Large(out)
+        }
+    }
+
+    /// The length of its control part (after the prefix).
+    fn ctrl_len(&self) -> usize {
+        use std::mem::size_of;
+        match self {
+            Frame::Msg { .. } => size_of::<MsgHdr>(),
+            Frame::Ack { .. } | Frame::ReadResp { .. } | Frame::AtomicResp { .. } => {
+                size_of::<StatusHdr>()
+            }
+            Frame::Write { segs, desc, .. } | Frame::Read { segs, desc, .. } => {
+                size_of::<RmaHdr>() + segs.segs().len() * size_of::<WireIov>() + desc.len()
+            }
+            Frame::Atomic { .. } => size_of::<AtomicHdr>(),
+            Frame::Rts { desc, .. } => size_of::<RtsHdr>() + desc.len(),
+            Frame::Cts { .. } | Frame::Data { .. } => size_of::<CtsHdr>(),
+        }
+    }
+
+    /// Encodes the prefix and control part into `out` (empty, with room for them).
+    fn fill<const N: usize>(&self, out: &mut Inline<N>, body_len: u64) {
+        // Every push below fits: `ctrl` chose `N` from `ctrl_len`, and `MAX_ENCODED` bounds
+        // the largest kind.
         out.push(bytemuck::bytes_of(&Prefix::default()));
         let fl = match *self {
             Frame::Msg {
@@ -546,7 +622,7 @@ impl Frame {
                 ref segs,
                 ref desc,
             } => {
-                put_rma(&mut out, id, data, segs);
+                put_rma(out, id, data, segs);
                 out.push(desc);
                 flags
             }
@@ -555,7 +631,7 @@ impl Frame {
                 ref segs,
                 ref desc,
             } => {
-                put_rma(&mut out, id, 0, segs);
+                put_rma(out, id, 0, segs);
                 out.push(desc);
                 0
             }
@@ -612,8 +688,8 @@ impl Frame {
             ctrl_len: (out.len() - PREFIX) as u32,
             body_len,
         };
+        debug_assert_eq!(out.len(), PREFIX + self.ctrl_len());
         out[..PREFIX].copy_from_slice(bytemuck::bytes_of(&p));
-        out
     }
 
     /// `ctrl`, appended to `out`.
@@ -627,7 +703,7 @@ impl Frame {
     }
 }
 
-fn put_rma(out: &mut Ctrl, id: u32, data: u64, segs: &RmaIovList) {
+fn put_rma<const N: usize>(out: &mut Inline<N>, id: u32, data: u64, segs: &RmaIovList) {
     out.push(bytemuck::bytes_of(&RmaHdr {
         id,
         nsegs: segs.segs().len() as u32,
@@ -748,6 +824,32 @@ mod tests {
             assert!(p.ctrl_len as usize <= MAX_CTRL);
             assert_eq!(decode(&p, &v[PREFIX..]).unwrap(), f, "{f:?}");
         }
+    }
+
+    #[test]
+    fn common_frames_are_encoded_inline_and_the_largest_boxed() {
+        for (f, body) in every_kind() {
+            let c = f.ctrl(body);
+            assert_eq!(matches!(c, Ctrl::Small(_)), c.len() <= SMALL_CTRL, "{f:?}");
+        }
+        let msg = Frame::Msg {
+            id: 1,
+            tag: 2,
+            data: 3,
+            flags: 0,
+        };
+        assert!(matches!(msg.ctrl(8), Ctrl::Small(_)));
+        let read = |n| Frame::Read {
+            id: 1,
+            segs: segs(n),
+            desc: Desc::default(),
+        };
+        assert!(matches!(read(1).ctrl(0), Ctrl::Small(_)));
+        let big = read(IOV_LIMIT).ctrl(0);
+        assert!(matches!(big, Ctrl::Large(_)));
+        assert_eq!(decode_all(&big).unwrap().0, read(IOV_LIMIT));
+        // What the engine queues per frame stays far below the largest control part.
+        assert!(std::mem::size_of::<crate::rdm::Transmit>() < MAX_ENCODED);
     }
 
     #[test]

@@ -21,6 +21,7 @@ mod tests;
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
+use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::time::{Duration, Instant};
@@ -1013,10 +1014,11 @@ impl Net {
             }
             // SAFETY: all-zero is a valid msghdr; the fields set below describe `iov`.
             let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_iov = v.iov.as_mut_ptr();
+            msg.msg_iov = v.as_mut_ptr();
             msg.msg_iovlen = cnt as _;
-            // SAFETY: every iovec points at a live Vec we own or at application memory the
-            // engine keeps readable until on_sent/on_lost (the Body::Iov contract).
+            // SAFETY: the first `cnt` iovecs are set (`Iovecs::push`), and each points at a
+            // live Vec we own or at application memory the engine keeps readable until
+            // on_sent/on_lost (the Body::Iov contract).
             let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
             if n < 0 {
                 match last_errno() {
@@ -1180,9 +1182,10 @@ impl Net {
     }
 }
 
-/// The segments of one `sendmsg`.
+/// The segments of one `sendmsg`: the first `cnt` are set. Left uninitialised past them, as
+/// zeroing all `MAX_IOV` (1 KiB) cost more than the rest of a small frame's write.
 struct Iovecs {
-    iov: [libc::iovec; MAX_IOV],
+    iov: [MaybeUninit<libc::iovec>; MAX_IOV],
     cnt: usize,
     want: usize,
 }
@@ -1190,10 +1193,7 @@ struct Iovecs {
 impl Default for Iovecs {
     fn default() -> Self {
         Iovecs {
-            iov: [libc::iovec {
-                iov_base: std::ptr::null_mut(),
-                iov_len: 0,
-            }; MAX_IOV],
+            iov: [const { MaybeUninit::uninit() }; MAX_IOV],
             cnt: 0,
             want: 0,
         }
@@ -1203,13 +1203,18 @@ impl Default for Iovecs {
 impl Iovecs {
     fn push(&mut self, addr: usize, len: usize) {
         if len > 0 && self.cnt < MAX_IOV {
-            self.iov[self.cnt] = libc::iovec {
+            self.iov[self.cnt] = MaybeUninit::new(libc::iovec {
                 iov_base: addr as *mut libc::c_void,
                 iov_len: len,
-            };
+            });
             self.cnt += 1;
             self.want += len;
         }
+    }
+
+    /// The set segments, for `msghdr::msg_iov` (`cnt` of them).
+    fn as_mut_ptr(&mut self) -> *mut libc::iovec {
+        self.iov.as_mut_ptr().cast()
     }
 }
 

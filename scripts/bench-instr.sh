@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Instructions per round trip of benches/pingpong.rs under callgrind: deterministic, so it
+# shows a change to the hot path on a machine too noisy for timings. One thread drives both
+# endpoints, so a round trip is two sends, two receives and their completions, every empty
+# poll in between included (over tcp the system calls' user-space side only).
+#
+#   scripts/bench-instr.sh [PROVIDER [CASE]]     # PROVIDER: shm (default) or tcp
+#                                                # CASE: send/8 (default), inject/8, send/65536
+#   OUT=/tmp/x scripts/bench-instr.sh tcp        # keeps the callgrind profile as /tmp/x
+#
+# Compare two trees by running it in each. Needs valgrind (installed here if missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+prov=${1:-shm}
+case_=${2:-send/8}
+command -v valgrind >/dev/null 2>&1 || {
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
+}
+bin=$(cargo bench -j2 --bench pingpong --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "pingpong" and m.get("executable"):
+        print(m["executable"])')
+out=${OUT:-$(mktemp /tmp/xfabric-instr.XXXXXX)}
+XFABRIC_BENCH_PROVIDER=$prov timeout 600 valgrind --tool=callgrind --callgrind-out-file="$out" \
+    --toggle-collect='*round_trip*' "$bin" --bench --profile-time 2 "${prov}_round_trip/$case_" \
+    >/dev/null 2>&1
+# Round trips: the calls into round_trip recorded in the profile; instructions: its summary.
+python3 - "$out" "$prov" "$case_" <<'EOF'
+import re, sys
+path, prov, case = sys.argv[1:]
+txt = open(path).read()
+names = {m.group(1): m.group(2) for m in re.finditer(r'^c?fn=\((\d+)\) (.*)$', txt, re.M)}
+ids = {k for k, v in names.items() if v.endswith('pingpong::round_trip')}
+lines = txt.split('\n')
+trips = 0
+for i, l in enumerate(lines[:-1]):
+    m = re.match(r'^cfn=\((\d+)\)', l)
+    if m and m.group(1) in ids and lines[i + 1].startswith('calls='):
+        trips += int(lines[i + 1].split('=')[1].split()[0])
+total = int(re.search(r'^summary: (\d+)', txt, re.M).group(1))
+if trips == 0:
+    sys.exit(f'{path}: no round trips recorded')
+print(f'{prov} {case}: {total // trips} instructions per round trip ({trips} trips)')
+EOF
+[ -n "${OUT:-}" ] || rm -f "$out"
