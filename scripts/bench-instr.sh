@@ -5,7 +5,8 @@
 # poll in between included (over tcp the system calls' user-space side only).
 #
 #   scripts/bench-instr.sh [PROVIDER [CASE]]     # PROVIDER: shm (default) or tcp
-#                                                # CASE: send/8 (default), inject/8, send/65536
+#                                                # CASE: send/8 (default), inject/8, send/4096,
+#                                                # send/65536
 #   OUT=/tmp/x scripts/bench-instr.sh tcp        # keeps the callgrind profile as /tmp/x
 #
 # Compare two trees by running it in each. Needs valgrind (installed here if missing).

@@ -141,6 +141,7 @@ impl ShmEngineEndpoint {
             return Ok(p);
         }
         self.do_progress(st);
+        st.net.push(&mut st.engine);
         if room(st) {
             return Ok(p);
         }
@@ -155,10 +156,10 @@ impl ShmEngineEndpoint {
         Err(Error::Again(what))
     }
 
+    /// Takes in what arrived (what that has to send goes out in `finish`).
     fn do_progress(&self, st: &mut State) -> usize {
         let State { engine, net, .. } = st;
         let n = net.progress(engine, &self.core);
-        net.push(engine);
         if net.sweep_due() {
             net.sweep(engine, &self.core);
         }

@@ -148,6 +148,8 @@ pub struct Net {
     pumping: Vec<PeerId>,
     /// Tokens of frames handed over whole, for `Engine::on_sent`.
     sent: Vec<(PeerId, u64)>,
+    /// Some link's `wrote` is set.
+    wrote: bool,
     directed: bool,
     pub idle: Arc<Idle>,
 }
@@ -193,17 +195,27 @@ fn body_out(body: &Body, off: usize, dst: &mut [u8]) {
 /// Puts `b`, the body bytes from `off`, where `to` says.
 fn body_in(to: &mut To, off: usize, b: &[u8]) {
     match to {
-        To::Engine(Sink::Buffer(v)) | To::Hold(Held { body: v, .. }) => {
-            if let Some(d) = v.get_mut(off..) {
-                let n = d.len().min(b.len());
-                d[..n].copy_from_slice(&b[..n]);
-            }
-        }
-        To::Engine(Sink::Iov(iov)) => {
+        To::Engine(sink) => sink_in(sink, off, b),
+        To::Hold(Held { body, .. }) => buf_in(body, off, b),
+    }
+}
+
+/// Puts `b`, the body bytes from `off`, into `sink` (what does not fit is dropped).
+fn sink_in(sink: &mut Sink, off: usize, b: &[u8]) {
+    match sink {
+        Sink::Buffer(v) => buf_in(v, off, b),
+        Sink::Iov(iov) => {
             // SAFETY: a sink's memory is the engine's to hand out until `on_body`.
             unsafe { iov.copy_in(off, b) };
         }
-        To::Engine(_) => {}
+        Sink::Discard | Sink::Wait => {}
+    }
+}
+
+fn buf_in(v: &mut [u8], off: usize, b: &[u8]) {
+    if let Some(d) = v.get_mut(off..) {
+        let n = d.len().min(b.len());
+        d[..n].copy_from_slice(&b[..n]);
     }
 }
 
@@ -230,6 +242,7 @@ impl Net {
             known_active: 0,
             pumping: Vec::new(),
             sent: Vec::new(),
+            wrote: false,
             directed,
             idle: Arc::new(Idle {
                 busy: AtomicBool::new(false),
@@ -312,6 +325,7 @@ impl Net {
         }
         link.prod = Some(prod);
         link.wrote = true;
+        self.wrote = true;
         Ok(())
     }
 
@@ -359,21 +373,29 @@ impl Net {
                 eng.transmit(self);
             }
         }
-        for (p, t) in self.sent.drain(..) {
-            eng.on_sent(p, t);
-        }
-        if eng.has_output() {
-            // What completing those queued (a fenced operation released).
-            eng.transmit(self);
-            for (p, t) in self.sent.drain(..) {
+        while !self.sent.is_empty() {
+            // Reporting may send more (what completing these released): those tokens come
+            // in the next round. The vector's allocation is kept.
+            let mut sent = std::mem::take(&mut self.sent);
+            for (p, t) in sent.drain(..) {
                 eng.on_sent(p, t);
             }
+            if self.sent.is_empty() {
+                self.sent = sent;
+            }
+            if eng.has_output() {
+                // What completing those queued (a fenced operation released).
+                eng.transmit(self);
+            }
         }
-        for l in &mut self.links {
-            if l.wrote {
-                l.wrote = false;
-                if let Some(seg) = &l.seg {
-                    Self::wake(seg);
+        if self.wrote {
+            self.wrote = false;
+            for l in &mut self.links {
+                if l.wrote {
+                    l.wrote = false;
+                    if let Some(seg) = &l.seg {
+                        Self::wake(seg);
+                    }
                 }
             }
         }
@@ -410,6 +432,7 @@ impl Net {
                 return false;
             }
             link.wrote = true;
+            self.wrote = true;
             *off += n;
         }
         let (t, _) = link.out.take().expect("checked above");
@@ -704,31 +727,39 @@ impl Net {
         ) else {
             return Err(format!("a frame of {end} bytes in {} slot bytes", bytes.len()));
         };
-        let answer = Kind::from_raw(pre.kind).is_some_and(Kind::is_answer);
         let link = &self.links[p];
-        let queue_full = link.held.len() >= HELD_MAX;
-        let mut to = if !link.held.is_empty() && !answer {
+        let behind = !link.held.is_empty() && !Kind::from_raw(pre.kind).is_some_and(Kind::is_answer);
+        let sink = if behind {
             // Behind frames that wait: in order, without asking the engine yet.
-            if queue_full || len > HELD_BODY_MAX {
-                return Ok(false);
-            }
-            None
+            Sink::Wait
         } else {
             let src = self.src_of(eng, core, p);
-            match eng.on_ctrl(p, src, &pre, ctrl).map_err(|e| e.to_string())? {
-                Sink::Wait if queue_full || len > HELD_BODY_MAX => return Ok(false),
-                Sink::Wait => None,
-                s => Some(To::Engine(s)),
+            eng.on_ctrl(p, src, &pre, ctrl).map_err(|e| e.to_string())?
+        };
+        let to = match sink {
+            Sink::Wait => {
+                if self.links[p].held.len() >= HELD_MAX || len > HELD_BODY_MAX {
+                    return Ok(false);
+                }
+                let mut body = vec![0; len];
+                body[..first].copy_from_slice(piece);
+                To::Hold(Held {
+                    prefix: pre,
+                    ctrl: ctrl.to_vec(),
+                    body,
+                })
             }
-        }
-        .unwrap_or_else(|| {
-            To::Hold(Held {
-                prefix: pre,
-                ctrl: ctrl.to_vec(),
-                body: vec![0; len],
-            })
-        });
-        body_in(&mut to, 0, piece);
+            mut sink if first == len => {
+                // The whole body is here (every small frame): straight to the engine.
+                sink_in(&mut sink, 0, piece);
+                eng.on_body(p, sink);
+                return Ok(true);
+            }
+            mut sink => {
+                sink_in(&mut sink, 0, piece);
+                To::Engine(sink)
+            }
+        };
         self.arrived(eng, lane, p, to, first, len);
         Ok(true)
     }
@@ -838,13 +869,13 @@ impl Net {
         self.idle
             .known_active
             .store(self.known_active, Ordering::Relaxed);
-        let held = self.links.iter().any(|l| !l.held.is_empty());
-        let busy = !self.pumping.is_empty() || eng.has_output() || (held && self.stalled == 0);
+        let held = || self.links.iter().any(|l| !l.held.is_empty());
+        let busy = !self.pumping.is_empty() || eng.has_output() || (self.stalled == 0 && held());
         self.idle.busy.store(busy, Ordering::Release);
         let watch = busy
-            || held
-            || eng.busy()
             || self.known_active != 0
+            || eng.busy()
+            || held()
             || (self.directed && self.links.iter().any(|l| !l.dead));
         self.idle.watch.store(watch, Ordering::Relaxed);
     }
@@ -931,6 +962,7 @@ impl Transport for Net {
             return Err(t);
         }
         link.wrote = true;
+        self.wrote = true;
         if first < total {
             link.out = Some((t, first));
             self.pumping.push(p);
