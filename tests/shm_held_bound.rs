@@ -19,6 +19,11 @@ fn le(v: &[u64]) -> Vec<u8> {
 
 #[test]
 fn requests_held_behind_a_landing_write_stay_within_the_bound() {
+    if xfabric::settings::SHM_ENGINE.flag() {
+        // This writes shm's own protocol's frames; tests/shm_engine_*.rs cover the engine's.
+        eprintln!("skipped: XFABRIC_SHM_ENGINE=1 (shm's own framing only)");
+        return;
+    }
     // Read once, at the first endpoint: this binary's only test sets it before any.
     std::env::set_var("XFABRIC_SHM_CMA_MIN", "0");
     let n = node(

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use xfabric_core::{Error, Result};
 
 use super::ring::{self, Header, Producer};
+pub use super::net::{FRAME, HELD_MAX, PIECE, PIECE_LEN};
 pub use super::ring::{flag, kind};
 use super::segment::{fresh_name, Segment};
 use super::ADDR_PREFIX;
@@ -17,6 +18,7 @@ pub struct RawPeer {
     own: Segment,
     target: Segment,
     prod: Producer,
+    lane: usize,
 }
 
 impl RawPeer {
@@ -42,6 +44,7 @@ impl RawPeer {
             own,
             prod: Producer::new(&target, lane),
             target,
+            lane,
         };
         let me = own_name.into_bytes();
         let h = Header {
@@ -82,6 +85,22 @@ impl RawPeer {
         self.prod.write(&self.target, &h, payload.len(), |b| {
             b.copy_from_slice(payload)
         })
+    }
+
+    /// Writes one message of the engine's framing (`XFABRIC_SHM_ENGINE=1`): `kind` (a frame
+    /// start, `FRAME`, or a body piece, `PIECE`, or anything else) in the slot header, then
+    /// `bytes` as given. False when the ring has no room for it and `spare` more slots.
+    pub fn send_raw(&mut self, kind: u8, bytes: &[u8], spare: usize) -> bool {
+        self.prod
+            .write_raw(&self.target, kind, 0, bytes.len(), spare, |b| {
+                b.copy_from_slice(bytes)
+            })
+    }
+
+    /// Whether the target still has our lane claimed (it drops the lane of a peer that sent
+    /// garbage).
+    pub fn lane_claimed(&self) -> bool {
+        ring::claim(&self.target, self.lane).load(Ordering::Acquire) != 0
     }
 
     /// Our segment's name (what the target maps).
