@@ -136,7 +136,11 @@ impl ShmEngineEndpoint {
             return Err(gone(&st.net));
         }
         st.net.ensure_lane(p)?;
-        let room = |st: &mut State| st.engine.blocked(p) == 0 && st.net.fits(p, len);
+        // Behind a frame still being written, posts queue in the engine (bounded by
+        // `tx_max`): they go out as its pieces do.
+        let room = |st: &mut State| {
+            st.net.writing_to(p) || (st.engine.blocked(p) == 0 && st.net.fits(p, len))
+        };
         if room(st) {
             return Ok(p);
         }

@@ -329,13 +329,15 @@ impl Net {
         Ok(())
     }
 
+    /// Whether a frame to `p` is partly written (its body still going out in pieces).
+    pub fn writing_to(&self, p: PeerId) -> bool {
+        self.links.get(p).is_some_and(|l| l.out.is_some())
+    }
+
     /// Whether a new request of `len` body bytes (and a control part of at most
-    /// `REQUEST_CTRL` bytes) to `p` fits its ring now, behind nothing queued.
+    /// `REQUEST_CTRL` bytes) to `p` fits its ring now.
     pub fn fits(&mut self, p: PeerId, len: usize) -> bool {
         let link = &mut self.links[p];
-        if link.out.is_some() {
-            return false;
-        }
         match (link.prod.as_mut(), link.seg.as_ref()) {
             (Some(prod), Some(seg)) => {
                 prod.fits_raw(seg, REQUEST_CTRL + len.min(PIECE_LEN), CTRL_SPARE)
@@ -635,7 +637,12 @@ impl Net {
                     let mut c = self.cons[lane];
                     c.advance_slots(&self.seg, lane, slots);
                     self.cons[lane] = c;
+                    let p = self.lane_peer[lane];
                     self.drop_lane(lane);
+                    if let Some(p) = p {
+                        // Its endpoint closed: nothing more comes from it, nothing goes to it.
+                        self.gone(eng, core, p, libc::ECONNRESET);
+                    }
                     return n + 1;
                 }
                 k => {
@@ -852,13 +859,21 @@ impl Net {
         if let Some(lane) = l.rx_lane {
             self.poll_lane(eng, core, lane, usize::MAX);
         }
+        self.gone(eng, core, p, FI_ECONNRESET);
+    }
+
+    /// Peer `p` will neither send nor take anything more: the engine loses it.
+    fn gone(&mut self, eng: &mut Engine, core: &EpCore, p: PeerId, err: i32) {
         let link = &mut self.links[p];
+        if link.dead {
+            return;
+        }
         link.dead = true;
         link.out = None;
         self.pumping.retain(|&q| q != p);
-        eng.on_lost(p, FI_ECONNRESET);
+        eng.on_lost(p, err);
         let src = self.src_of(eng, core, p);
-        eng.source_lost(src, FI_ECONNRESET);
+        eng.source_lost(src, err);
     }
 
     /// Refreshes the lock-free mirrors (at the end of each locked call).
@@ -897,10 +912,18 @@ impl Net {
         !self.pumping.is_empty()
     }
 
-    /// Says goodbye on every lane we hold in a peer's segment whose ring is not behind.
+    /// Says goodbye on every lane we hold in a peer's segment. A frame still being written
+    /// whose body is application memory (handed back at close) is abandoned: the peer drops
+    /// it with the lane when it reads the goodbye.
     pub fn bye(&mut self) {
+        self.pumping.clear();
         for l in &mut self.links {
-            if l.out.is_some() || l.dead {
+            if l.out.as_ref().is_some_and(|(t, _)| !matches!(t.body, Body::Iov(_))) {
+                // Bytes of its own: they may still go out, but not after a goodbye.
+                continue;
+            }
+            l.out = None;
+            if l.dead {
                 continue;
             }
             if let (Some(prod), Some(seg)) = (l.prod.as_mut(), l.seg.as_ref()) {
