@@ -202,14 +202,20 @@ fn garbage_drops_the_lane_with_a_log_line_and_the_endpoint_goes_on() {
     let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
     for f in [
         Frame::Ack { id: 77, status: 0 },
-        Frame::Cts { id: u32::MAX, rx: 0 },
+        Frame::Cts {
+            id: u32::MAX,
+            rx: 0,
+        },
         Frame::ReadResp { id: 3, status: 5 },
         Frame::AtomicResp { id: 9, status: 0 },
     ] {
         assert!(raw.send_raw(FRAME, &frame(&f, &[]), 0));
     }
     drain(&n);
-    assert!(raw.lane_claimed(), "answers naming nothing dropped the lane");
+    assert!(
+        raw.lane_claimed(),
+        "answers naming nothing dropped the lane"
+    );
 
     // Random messages: random kinds and prefixes, random bytes; a new raw peer whenever the
     // last one was dropped.
@@ -221,7 +227,7 @@ fn garbage_drops_the_lane_with_a_log_line_and_the_endpoint_goes_on() {
         for _ in 0..8 {
             let kind = [FRAME, FRAME, FRAME, PIECE, 1, 8][(rng.next() % 6) as usize];
             let p = Prefix {
-                magic: if rng.next() % 4 == 0 {
+                magic: if rng.next().is_multiple_of(4) {
                     rng.next() as u16
                 } else {
                     wire::MAGIC

@@ -129,9 +129,7 @@ impl ShmEngineEndpoint {
         what: &'static str,
     ) -> Result<PeerId> {
         let p = self.peer_for(st, dest)?;
-        let gone = |net: &Net| {
-            Error::PeerLost(format!("peer {} is gone", net.peer_name(p)))
-        };
+        let gone = |net: &Net| Error::PeerLost(format!("peer {} is gone", net.peer_name(p)));
         if st.net.dead(p) {
             return Err(gone(&st.net));
         }
@@ -179,14 +177,12 @@ impl ProgressSource for ShmEngineEndpoint {
     fn progress(&self) -> usize {
         // Idle, take the full path only when a sweep is due and something waits on a peer: a
         // dead one must be noticed by time, however slowly (or fast) the application polls.
-        if !Net::has_work(&self.seg, &self.idle)
-            && !(self.idle.watch.load(std::sync::atomic::Ordering::Relaxed)
-                && super::futex::coarse_ms()
-                    >= self
-                        .idle
-                        .next_sweep
-                        .load(std::sync::atomic::Ordering::Relaxed))
-        {
+        use std::sync::atomic::Ordering::Relaxed;
+        let sweep = || {
+            self.idle.watch.load(Relaxed)
+                && super::futex::coarse_ms() >= self.idle.next_sweep.load(Relaxed)
+        };
+        if !Net::has_work(&self.seg, &self.idle) && !sweep() {
             return 0;
         }
         let Ok(mut st) = self.st.try_lock() else {
@@ -243,7 +239,11 @@ impl EndpointOps for ShmEngineEndpoint {
 
     unsafe fn rma(&self, op: &RmaOp) -> Result<()> {
         let mut st = self.lock();
-        let len = if op.flags & FI_READ != 0 { 0 } else { op.iov.total() };
+        let len = if op.flags & FI_READ != 0 {
+            0
+        } else {
+            op.iov.total()
+        };
         let p = self.sendable(&mut st, op.dest, len, "rma")?;
         // SAFETY: forwarded from the caller.
         let r = unsafe { st.engine.post_rma(p, op) };

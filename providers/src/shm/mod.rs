@@ -2,8 +2,8 @@
 //! See `ring` for the wire layout and `ep` for the protocols.
 
 mod cma;
-mod ep;
 mod eng;
+mod ep;
 mod futex;
 mod net;
 #[doc(hidden)]

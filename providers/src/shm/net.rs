@@ -686,8 +686,8 @@ impl Net {
 
     fn on_connect(&mut self, lane: usize, name: &str) {
         // Only names of xfabric segments: a peer must not make us open arbitrary paths.
-        let valid = super::ep::seg_name(format!("{ADDR_PREFIX}{name}").as_bytes())
-            .is_ok_and(|n| n == name);
+        let valid =
+            super::ep::seg_name(format!("{ADDR_PREFIX}{name}").as_bytes()).is_ok_and(|n| n == name);
         if !valid {
             return;
         }
@@ -728,14 +728,17 @@ impl Net {
         let len = usize::try_from(pre.body_len).map_err(|_| "body length")?;
         let first = len.min(PIECE_LEN);
         let end = PREFIX + cl + first;
-        let (Some(ctrl), Some(piece)) = (
-            bytes.get(PREFIX..PREFIX + cl),
-            bytes.get(PREFIX + cl..end),
-        ) else {
-            return Err(format!("a frame of {end} bytes in {} slot bytes", bytes.len()));
+        let (Some(ctrl), Some(piece)) =
+            (bytes.get(PREFIX..PREFIX + cl), bytes.get(PREFIX + cl..end))
+        else {
+            return Err(format!(
+                "a frame of {end} bytes in {} slot bytes",
+                bytes.len()
+            ));
         };
         let link = &self.links[p];
-        let behind = !link.held.is_empty() && !Kind::from_raw(pre.kind).is_some_and(Kind::is_answer);
+        let behind =
+            !link.held.is_empty() && !Kind::from_raw(pre.kind).is_some_and(Kind::is_answer);
         let sink = if behind {
             // Behind frames that wait: in order, without asking the engine yet.
             Sink::Wait
@@ -784,7 +787,10 @@ impl Net {
         };
         let n = (f.len - f.off).min(PIECE_LEN);
         let Some(b) = bytes.get(..n) else {
-            return Err(format!("a piece of {n} bytes in {} slot bytes", bytes.len()));
+            return Err(format!(
+                "a piece of {n} bytes in {} slot bytes",
+                bytes.len()
+            ));
         };
         body_in(&mut f.to, f.off, b);
         self.arrived(eng, lane, p, f.to, f.off + n, f.len);
@@ -792,7 +798,15 @@ impl Net {
     }
 
     /// `off` of a frame's `len` body bytes went to `to`: finished, or more pieces to come.
-    fn arrived(&mut self, eng: &mut Engine, lane: usize, p: PeerId, to: To, off: usize, len: usize) {
+    fn arrived(
+        &mut self,
+        eng: &mut Engine,
+        lane: usize,
+        p: PeerId,
+        to: To,
+        off: usize,
+        len: usize,
+    ) {
         if off < len {
             self.rx[lane] = Some(InFrame { to, off, len });
             return;
@@ -832,7 +846,9 @@ impl Net {
             return true;
         }
         let now = std::time::Instant::now();
-        if l.checked.is_some_and(|t| now.duration_since(t) < std::time::Duration::from_millis(1)) {
+        if l.checked
+            .is_some_and(|t| now.duration_since(t) < std::time::Duration::from_millis(1))
+        {
             return false;
         }
         l.checked = Some(now);
@@ -918,7 +934,10 @@ impl Net {
     pub fn bye(&mut self) {
         self.pumping.clear();
         for l in &mut self.links {
-            if l.out.as_ref().is_some_and(|(t, _)| !matches!(t.body, Body::Iov(_))) {
+            if l.out
+                .as_ref()
+                .is_some_and(|(t, _)| !matches!(t.body, Body::Iov(_)))
+            {
                 // Bytes of its own: they may still go out, but not after a goodbye.
                 continue;
             }

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 
 use xfabric_core::{Error, Result};
 
-use super::ring::{self, Header, Producer};
 pub use super::net::{FRAME, HELD_MAX, PIECE, PIECE_LEN};
+use super::ring::{self, Header, Producer};
 pub use super::ring::{flag, kind};
 use super::segment::{fresh_name, Segment};
 use super::ADDR_PREFIX;

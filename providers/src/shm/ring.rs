@@ -392,7 +392,11 @@ impl RawView {
             }
         };
         // SAFETY: inside the same run of slots.
-        (h, unsafe { p.add(HDR) }, FIRST_PAYLOAD + (self.nslots - 1) * SLOT)
+        (
+            h,
+            unsafe { p.add(HDR) },
+            FIRST_PAYLOAD + (self.nslots - 1) * SLOT,
+        )
     }
 }
 
