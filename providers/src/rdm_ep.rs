@@ -149,6 +149,18 @@ impl Handler for Glue<'_> {
         self.engine.on_body(peer, sink)
     }
 
+    fn on_frame(
+        &mut self,
+        peer: PeerId,
+        addr: SocketAddr,
+        prefix: &Prefix,
+        ctrl: &[u8],
+        body: &[u8],
+    ) -> std::result::Result<bool, WireError> {
+        let src = self.src(peer, addr);
+        self.engine.on_frame(peer, src, prefix, ctrl, body)
+    }
+
     fn on_sent(&mut self, peer: PeerId, token: u64) {
         self.engine.on_sent(peer, token)
     }

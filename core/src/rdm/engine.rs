@@ -1,8 +1,8 @@
 //! The engine proper: one per endpoint, driven by its provider under the provider's lock.
 //!
 //! Calls in: `post_send` / `post_recv` / `post_rma` / `post_atomic` / `cancel` from the
-//! application's side; `on_ctrl` / `on_body` / `on_sent` / `on_copied` / `on_lost` from the
-//! transport; `close`. Work out: `transmit` (frames to send, in order per peer, to a
+//! application's side; `on_ctrl` / `on_body` (or `on_frame`, for a frame the transport holds
+//! whole) / `on_sent` / `on_copied` / `on_lost` from the transport; `close`. Work out: `transmit` (frames to send, in order per peer, to a
 //! `Transport` that may give a frame back when its peer is full; `poll_transmit` takes them
 //! one by one), `poll_copy` (one-sided copies for the transport to perform) and `take_done`
 //! (completions, reported with [`report`] after the provider's lock is released, so that a
@@ -54,9 +54,11 @@ use super::wire::{self, flags, Frame, Prefix, WireError};
 use super::{Body, PeerId, Sink, Transmit};
 
 mod copy;
+mod msg;
 mod native;
 mod rma;
 use copy::{Serve, SERVE};
+use msg::Landed;
 
 /// Largest eager body any engine accepts, whatever its peer's `eager_max`: a `Msg` announcing
 /// more is garbage.
@@ -1170,19 +1172,15 @@ impl Engine {
             } => match slot {
                 Some(slot) => {
                     let got = len.min(slot.iov.total());
-                    if fl & flags::ACK != 0 {
-                        let status = self.sink_status(&slot, got);
-                        self.ack(peer, id, status);
-                    }
-                    self.push_rx(Done::Rx {
-                        slot,
-                        len: got,
-                        olen: len - got,
+                    let m = Landed {
+                        id,
+                        fl,
                         tag,
                         data,
                         src,
-                        raw: self.raw_of(peer, src),
-                    });
+                        len,
+                    };
+                    self.msg_landed(peer, slot, got, m);
                 }
                 None => {
                     let Sink::Buffer(bytes) = sink else { return };
