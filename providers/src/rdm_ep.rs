@@ -71,6 +71,9 @@ pub fn engine_config(core: &EpCore) -> rdm::Config {
         } else {
             core.tx_size
         },
+        // Taken frames are queued in the provider, or in the kernel's socket buffer: not yet
+        // at the peer.
+        delivered_on_take: false,
     }
 }
 

@@ -58,7 +58,7 @@ mod msg;
 mod native;
 mod rma;
 use copy::{Serve, SERVE};
-use msg::Landed;
+use msg::{Landed, ON_TAKE};
 
 /// Largest eager body any engine accepts, whatever its peer's `eager_max`: a `Msg` announcing
 /// more is garbage.
@@ -83,6 +83,12 @@ pub struct Config {
     pub unexp_bytes: usize,
     /// Most operations outstanding at once (`tx_attr.size`); past it posts answer `Again`.
     pub tx_max: usize,
+    /// The transport's taking a frame (`Transport::send` answering `Ok`) puts it in the
+    /// peer's memory (shm's rings are in the receiver's segment): a message of at most
+    /// `INLINE_BODY` bytes is then copied into its frame and completes when taken, with no
+    /// request kept (`FI_TRANSMIT_COMPLETE` holds: it was delivered to the peer endpoint).
+    /// Off, it completes when the transport reports it sent (`on_sent`).
+    pub delivered_on_take: bool,
 }
 
 impl Default for Config {
@@ -92,6 +98,7 @@ impl Default for Config {
             unexp_msgs: 16384,
             unexp_bytes: 32 << 20,
             tx_max: 1024,
+            delivered_on_take: false,
         }
     }
 }
@@ -272,6 +279,9 @@ struct PeerState {
     raw: Option<Vec<u8>>,
     /// Answers to its reads whose bodies (the memory read) the transport has not taken yet.
     reading: usize,
+    /// Small messages that complete when the transport takes their frame (`ON_TAKE`), in
+    /// the order they were queued: their context and flags.
+    untaken: VecDeque<(Context, u64)>,
 }
 
 /// The protocol state of one endpoint.
@@ -362,13 +372,20 @@ impl Engine {
     /// The next frame to send, if any: frames to one peer come in the order they are to be
     /// sent.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        let mut t = None;
         if self.blocked > 0 {
             if let Some(ps) = self.peers.iter_mut().find(|ps| !ps.blocked.is_empty()) {
                 self.blocked -= 1;
-                return ps.blocked.pop_front();
+                t = ps.blocked.pop_front();
             }
         }
-        self.out.pop_front()
+        let mut t = t.or_else(|| self.out.pop_front())?;
+        // The caller takes it now.
+        if t.token == Some(ON_TAKE) {
+            t.token = None;
+            self.taken(t.peer);
+        }
+        Some(t)
     }
 
     /// Hands every frame it can to `tr`, in order per peer: a frame `tr` gives back stays
@@ -377,10 +394,10 @@ impl Engine {
     pub fn transmit(&mut self, tr: &mut impl Transport) -> usize {
         let mut n = 0;
         if self.blocked > 0 {
-            for ps in &mut self.peers {
-                while let Some(t) = ps.blocked.pop_front() {
-                    if let Err(t) = tr.send(t) {
-                        ps.blocked.push_front(t);
+            for p in 0..self.peers.len() {
+                while let Some(t) = self.peers[p].blocked.pop_front() {
+                    if let Err(t) = self.hand(tr, t) {
+                        self.peers[p].blocked.push_front(t);
                         break;
                     }
                     self.blocked -= 1;
@@ -392,7 +409,7 @@ impl Engine {
             let p = t.peer;
             let ps = self.peer(p);
             let t = if ps.blocked.is_empty() {
-                match tr.send(t) {
+                match self.hand(tr, t) {
                     Ok(()) => {
                         n += 1;
                         continue;
@@ -406,6 +423,34 @@ impl Engine {
             self.blocked += 1;
         }
         n
+    }
+
+    /// Offers `t` to the transport; a small message it takes completes (`ON_TAKE`).
+    #[allow(clippy::result_large_err)]
+    fn hand(
+        &mut self,
+        tr: &mut impl Transport,
+        mut t: Transmit,
+    ) -> std::result::Result<(), Transmit> {
+        let on_take = t.token == Some(ON_TAKE);
+        if on_take {
+            t.token = None;
+        }
+        let p = t.peer;
+        match tr.send(t) {
+            Ok(()) => {
+                if on_take {
+                    self.taken(p);
+                }
+                Ok(())
+            }
+            Err(mut t) => {
+                if on_take {
+                    t.token = Some(ON_TAKE);
+                }
+                Err(t)
+            }
+        }
     }
 
     /// Frames to `peer` the transport could not take yet (for a provider that answers
@@ -661,6 +706,11 @@ impl Engine {
                 return Ok(());
             }
             _ => {}
+        }
+        if self.cfg.delivered_on_take && !ack && len <= super::INLINE_BODY {
+            // SAFETY: the caller's contract keeps the iov readable during the call.
+            unsafe { self.send_small(peer, op, fl) };
+            return Ok(());
         }
         if len <= self.cfg.eager_max || copy.is_some() {
             let body = copy.unwrap_or(Body::Iov(op.iov));
@@ -1344,6 +1394,7 @@ impl Engine {
         self.natives.retain(|n| n.peer != peer);
         self.peer(peer).outstanding = 0;
         self.peer(peer).natives = 0;
+        self.fail_untaken(peer, err);
         self.out.retain(|t| t.peer != peer);
         self.peers[peer].reading = 0;
         let gone = std::mem::take(&mut self.peers[peer].blocked);
@@ -1407,6 +1458,7 @@ impl Engine {
             }
             let pending = self.peers[p].pending.take();
             self.abandon(pending, FI_ECANCELED);
+            self.fail_untaken(p, FI_ECANCELED);
         }
         self.end_copies(None, FI_ECANCELED);
         self.natives.clear();
@@ -1423,6 +1475,16 @@ impl Engine {
         self.out.retain(|t| !matches!(t.body, Body::Iov(_)));
         for ps in &mut self.peers {
             ps.blocked.retain(|t| !matches!(t.body, Body::Iov(_)));
+        }
+        // Small messages still queued were reported canceled above; they may still go out.
+        for t in self
+            .out
+            .iter_mut()
+            .chain(self.peers.iter_mut().flat_map(|ps| &mut ps.blocked))
+        {
+            if t.token == Some(ON_TAKE) {
+                t.token = None;
+            }
         }
         self.blocked = self.peers.iter().map(|ps| ps.blocked.len()).sum();
     }

@@ -1,14 +1,22 @@
-//! Frames a transport holds whole (a ring slot, a received chunk, a stream's buffer holding
-//! all of a small frame), handed over in one call; and messages, the commonest frames, taken
-//! straight into a matched receive without the two-step control / body exchange (no pending
-//! state kept, no sink built and handed back).
+//! The commonest frames, small messages, on a short path at both ends. Sending: the bytes
+//! are copied into the frame and the send completes when the transport takes it, with no
+//! request kept (nothing answers it). Receiving: a frame the transport holds whole (a ring
+//! slot, a received chunk, a stream's buffer holding all of it) is handed over in one call,
+//! and a message a posted receive matches goes straight into it, without the two-step
+//! control / body exchange.
 
+use crate::ep::TxOp;
 use crate::rdm::wire::{self, flags, Frame, Kind, Prefix, WireError};
-use crate::rdm::{PeerId, Sink};
+use crate::rdm::{Body, Inline, PeerId, Sink};
 use crate::rxq::RecvSlot;
 use crate::FiAddr;
 
 use super::{Done, Engine, EAGER_LIMIT};
+
+/// The token of a small message's frame (`Engine::send_small`): the engine completes the
+/// send when the transport takes the frame, and clears the token before it does, so no
+/// transport ever sees it.
+pub(super) const ON_TAKE: u64 = u64::MAX - 1;
 
 /// What a message that a receive took says about itself.
 pub(super) struct Landed {
@@ -22,6 +30,42 @@ pub(super) struct Landed {
 }
 
 impl Engine {
+    /// Sends a message of at most `INLINE_BODY` bytes that wants no acknowledgement: its
+    /// bytes go into the frame now, and it completes when the transport takes the frame (as
+    /// a larger one completes once sent), in order with the others to `peer`.
+    ///
+    /// # Safety
+    /// `op.iov` is readable now.
+    pub(super) unsafe fn send_small(&mut self, peer: PeerId, op: &TxOp, fl: u8) {
+        let mut b = Inline::zeroed(op.iov.total()).expect("at most INLINE_BODY bytes");
+        // SAFETY: forwarded from the caller.
+        unsafe { op.iov.copy_out(0, &mut b) };
+        self.peer(peer).untaken.push_back((op.ctx, op.flags));
+        let f = Frame::Msg {
+            id: 0,
+            tag: op.tag,
+            data: op.data,
+            flags: fl,
+        };
+        self.frame(peer, f, Body::Inline(b), Some(ON_TAKE));
+    }
+
+    /// The transport took the frame of `peer`'s oldest small message not yet taken: it
+    /// completes.
+    pub(super) fn taken(&mut self, peer: PeerId) {
+        if let Some((ctx, flags)) = self.peer(peer).untaken.pop_front() {
+            self.done.push(Done::Tx { ctx, flags });
+        }
+    }
+
+    /// Small messages to `peer` the transport never took fail with `err` (the peer was lost,
+    /// the endpoint closed).
+    pub(super) fn fail_untaken(&mut self, peer: PeerId, err: i32) {
+        while let Some((ctx, flags)) = self.peer(peer).untaken.pop_front() {
+            self.done.push(Done::TxErr { ctx, flags, err });
+        }
+    }
+
     /// A whole frame arrived from `peer` (known to the address vector as `src`, or
     /// `FI_ADDR_NOTAVAIL`): its prefix, exactly its control part, and its body. The same as
     /// `on_ctrl`, the body put where that answers, then `on_body`, in one call. `Ok(false)`:

@@ -13,11 +13,13 @@ use super::engine::EAGER_LIMIT;
 use super::wire::{self, Frame, Kind, Prefix, WireError, PREFIX};
 use super::{
     report, Body, Config, Copied, CopyReq, Desc, Dir, Engine, OneSided, PeerId, Sink, Transmit,
+    Transport,
 };
 
 mod fuzz;
 mod native;
 mod pull;
+mod small;
 use crate::consts::errno::*;
 use crate::consts::*;
 use crate::entry::{Context, CqErrEntry, CqTaggedEntry};
