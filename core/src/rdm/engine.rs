@@ -501,6 +501,7 @@ impl Engine {
         self.rxq.min_multi_recv = v;
     }
 
+    #[inline]
     fn frame(&mut self, peer: PeerId, f: Frame, body: Body, token: Option<u64>) {
         let ctrl = f.ctrl(body.len() as u64);
         self.out.push_back(Transmit {
