@@ -359,6 +359,9 @@ unsafe impl Send for Qp {}
 
 /// Send and receive queue depths of every QP.
 pub const SQ_DEPTH: u32 = 256;
+/// Reads and atomics a QP has outstanding at most, as initiator and as responder (what
+/// `connect` sets: rxe allows 128, common hardware 16).
+pub const RD_ATOMIC: u8 = 16;
 
 impl Qp {
     /// A new RC QP in INIT, its receive queue `rq_depth` deep.
@@ -429,7 +432,7 @@ impl Qp {
             path_mtu: sys::IBV_MTU_1024,
             dest_qp_num: remote.qpn,
             rq_psn: remote.psn,
-            max_dest_rd_atomic: 16,
+            max_dest_rd_atomic: RD_ATOMIC,
             min_rnr_timer: 12,
             ah_attr: sys::ibv_ah_attr {
                 grh: sys::ibv_global_route {
@@ -464,7 +467,7 @@ impl Qp {
             retry_cnt: 7,
             // Never relied on (credits keep receives posted): a bug shows as an error.
             rnr_retry: 3,
-            max_rd_atomic: 16,
+            max_rd_atomic: RD_ATOMIC,
             ..Default::default()
         };
         self.modify(

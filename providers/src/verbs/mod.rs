@@ -59,6 +59,7 @@ static NATIVE_DONE: AtomicU64 = AtomicU64::new(0);
 static NATIVE_REFUSED: AtomicU64 = AtomicU64::new(0);
 static NATIVE_WRITES_IN: AtomicU64 = AtomicU64::new(0);
 static PULLS: AtomicU64 = AtomicU64::new(0);
+static READ_PIECES: AtomicU64 = AtomicU64::new(0);
 
 /// What this process's NIC did one-sidedly: evidence, for tests and diagnostics, of which
 /// path operations took.
@@ -72,6 +73,9 @@ pub struct NativeCounts {
     pub writes_in: u64,
     /// Copies of a peer's memory the NIC made for the engine (large messages read by RDMA).
     pub pulls: u64,
+    /// Work requests the application's large RDMA reads were posted as (each of at most
+    /// 256 KiB; a read of up to 256 KiB is one work request and not counted here).
+    pub read_pieces: u64,
 }
 
 /// The counts so far.
@@ -81,6 +85,7 @@ pub fn native_counts() -> NativeCounts {
         refused: NATIVE_REFUSED.load(Ordering::Relaxed),
         writes_in: NATIVE_WRITES_IN.load(Ordering::Relaxed),
         pulls: PULLS.load(Ordering::Relaxed),
+        read_pieces: READ_PIECES.load(Ordering::Relaxed),
     }
 }
 
