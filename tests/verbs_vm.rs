@@ -362,11 +362,32 @@ fn vm_wrong_rkey_fails_with_eacces() {
     unsafe { n.ep.read(&mut back, None, c, base, key, 4) }.unwrap();
     assert_eq!(n.wait_one().op_context, 4);
     assert!(back == data);
-    // All five went to the NIC; the two wrong keys were refused there.
+    // A read in pieces running past the window's end: its first pieces are read, the fifth
+    // is refused, and the read fails once, with that refusal; the read after it (on a new
+    // connection) is the next completion.
+    let mut big = vec![0u8; 2 * WIN];
+    // SAFETY: `big` outlives the region and the completions read below.
+    let big_mr = unsafe { n.domain.mr_reg(&big, FI_READ, 0, 5) }.unwrap();
+    unsafe { n.ep.read(&mut big, None, c, base, key, 5) }.unwrap();
+    match n.next() {
+        Completion::Err(e, _) => assert_eq!((e.op_context, e.err), (5, FI_EACCES), "{e:?}"),
+        Completion::Ok(c, _) => panic!("a read past the window succeeded: {c:?}"),
+    }
+    back.fill(0);
+    // SAFETY: as above.
+    unsafe { n.ep.read(&mut back, None, c, base, key, 6) }.unwrap();
+    match n.next() {
+        Completion::Ok(e, _) => assert_eq!(e.op_context, 6),
+        Completion::Err(e, _) => panic!("after a refused read in pieces: {e:?}"),
+    }
+    assert!(back == data);
+    drop(big_mr);
+    // All seven went to the NIC; the two wrong keys and the read past the end were refused
+    // there.
     let after = xfabric_providers::verbs::native_counts();
     assert_eq!(
         (after.done - before.done, after.refused - before.refused),
-        (3, 2)
+        (4, 3)
     );
     child.tell("look 512 3");
     assert!(child.hear().starts_with("ok "));
