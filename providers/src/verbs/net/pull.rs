@@ -3,7 +3,8 @@
 //! (`Offers::describe`: one registration per segment, its rkey in the descriptor) and
 //! deregisters it when the engine says the offer ended (`Offers::ended`); the receiver's
 //! connection reads it into the receive's buffer with `IBV_WR_RDMA_READ` (one work request per
-//! piece where the two sides' segments overlap) and reports the copy once every piece is in.
+//! piece of at most `pieces::PIECE` where the two sides' segments overlap, posted as the
+//! connection's read depth allows: `pieces`) and reports the copy once every piece is in.
 //! The same path serves an RMA write the target pulls (a read) and an RMA read it pushes (an
 //! `IBV_WR_RDMA_WRITE` into the initiator's offered buffer).
 //!
