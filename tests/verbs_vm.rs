@@ -19,8 +19,9 @@ fn inside() -> bool {
     std::env::var_os("XFABRIC_RXE_VM").is_some()
 }
 
-/// The `vm_*` tests below, which the host half expects to see pass.
-const VM_TESTS: usize = 9;
+/// The `vm_*` tests below, which the host half expects to see pass (one needs the `cuda`
+/// feature: the CUDA test double).
+const VM_TESTS: usize = if cfg!(feature = "cuda") { 10 } else { 9 };
 
 /// The `pair_*` tests below, which run in a VM with two devices.
 const PAIR_TESTS: usize = 3;
@@ -1059,4 +1060,199 @@ fn rxe_counters() -> String {
         out += "\n";
     }
     out
+}
+
+/// The child's `MrAttr` for CUDA memory at `addr`: remote reads and writes.
+#[cfg(feature = "cuda")]
+fn cuda_window(addr: usize, len: usize) -> MrAttr {
+    MrAttr {
+        addr,
+        len,
+        access: FI_REMOTE_WRITE | FI_REMOTE_READ,
+        iface: Iface::Cuda,
+        device: 0,
+        ..Default::default()
+    }
+}
+
+/// The target half of the device-memory tests: CUDA memory of `len` bytes registered in a
+/// verbs domain with the NIC's keys; tells the parent "key base by_dmabuf staged why"; on
+/// "look SEED" checks the memory holds `pattern(len, SEED)` and answers "ok"; "bye" ends it.
+#[cfg(feature = "cuda")]
+fn cuda_window_child(len: usize) {
+    use common::cuda_double::*;
+    let n = node_with(FI_MSG | FI_RMA | FI_HMEM, Progress::Auto, |h| {
+        h.domain_attr.mr_mode = FI_MR_PROV_KEY | FI_MR_VIRT_ADDR | FI_MR_HMEM
+    });
+    connect_parent(&n);
+    let dev = cuda().alloc_device(0, len).expect("device memory");
+    to_device(&dev, &vec![0u8; len]);
+    let attr = cuda_window(dev.as_ptr() as usize, len);
+    // SAFETY: the memory outlives the registration (dropped first, below).
+    let mr = unsafe { n.domain.mr_regattr(&attr, 0) }.expect("register CUDA memory");
+    let d = xfabric_providers::verbs::device_memory();
+    say(&format!(
+        "{} {} {} {} {}",
+        mr.key(),
+        dev.as_ptr() as u64,
+        d.by_dmabuf,
+        d.staged,
+        d.why_staged.unwrap_or_default()
+    ));
+    loop {
+        let line = listen();
+        match line.split(' ').collect::<Vec<_>>()[..] {
+            ["bye"] => break,
+            ["look", seed] => {
+                let seed = seed.parse().unwrap();
+                assert!(
+                    from_device(&dev, len) == pattern(len, seed),
+                    "the device memory differs"
+                );
+                say("ok");
+            }
+            _ => panic!("child: unknown command {line:?}"),
+        }
+    }
+    drop(mr);
+    drop(dev);
+}
+
+/// The child's answer to `cuda_window_child`'s first line.
+#[cfg(feature = "cuda")]
+struct CudaWindow {
+    key: u64,
+    base: u64,
+    by_dmabuf: u64,
+    staged: u64,
+    why: String,
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_window_of(child: &mut Peer) -> CudaWindow {
+    let line = child.hear();
+    let w: Vec<&str> = line.splitn(5, ' ').collect();
+    let num = |i: usize| w[i].parse::<u64>().unwrap_or_else(|_| panic!("{line}"));
+    CudaWindow {
+        key: num(0),
+        base: num(1),
+        by_dmabuf: num(2),
+        staged: num(3),
+        why: w.get(4).unwrap_or(&"").to_string(),
+    }
+}
+
+/// CUDA memory in a verbs domain with the NIC's keys: registered by dma-buf where CUDA exports
+/// one and the device takes it, otherwise staged (the engine reaches it) with the reason
+/// kept (`verbs::device_memory`). The child runs on the CUDA test double; where the VM's
+/// kernel has vgem, the double's device memory is vgem dumb buffers and it exports their
+/// dma-bufs (real ones), which rxe refuses (`ibv_reg_dmabuf_mr`: EOPNOTSUPP, no dma-buf
+/// support in rxe); without vgem the double refuses to export (CUDA_ERROR_NOT_SUPPORTED). Either
+/// way the region still works, staged: an RMA write through the engine lands in the device
+/// memory, contents checked.
+#[cfg(feature = "cuda")]
+#[test]
+fn vm_cuda_memory_by_dmabuf_or_staged_with_the_reason() {
+    const T: &str = "vm_cuda_memory_by_dmabuf_or_staged_with_the_reason";
+    const LEN: usize = 256 << 10;
+    if skip() {
+        return;
+    }
+    if role().is_some() {
+        return cuda_window_child(LEN);
+    }
+    // vgem: a DRM device that makes dumb buffers, whose dma-bufs the double hands out.
+    let loaded = Command::new("modprobe").arg("vgem").status();
+    let card = (0..4)
+        .map(|i| format!("/dev/dri/card{i}"))
+        .find(|p| std::path::Path::new(p).exists());
+    eprintln!("modprobe vgem: {loaded:?}; DRM device: {card:?}");
+    let mut env = common::cuda_double::double_env();
+    if let Some(c) = &card {
+        env.push(("CUDA_DOUBLE_DMABUF", c.clone()));
+    }
+    let envs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut child = spawn(T, "child", &envs);
+    let n = nic_node(FI_MSG | FI_RMA);
+    let c = connect(&mut child, &n);
+    let w = cuda_window_of(&mut child);
+    eprintln!("CUDA memory staged because: {}", w.why);
+    assert_eq!((w.by_dmabuf, w.staged), (0, 1), "{}", w.why);
+    if card.is_some() {
+        assert!(
+            w.why
+                .starts_with("rxe0 refused the dma-buf: verbs: ibv_reg_dmabuf_mr")
+                && w.why.contains("os error 95"),
+            "{}",
+            w.why
+        );
+    } else {
+        assert!(
+            w.why.starts_with("CUDA exports no dma-buf for it")
+                && w.why.contains("CUDA_ERROR_NOT_SUPPORTED"),
+            "{}",
+            w.why
+        );
+    }
+    // Staged: the target's engine writes it (not the NIC).
+    let data = pattern(LEN, 9);
+    let before = xfabric_providers::verbs::native_counts();
+    // SAFETY: `data` outlives the completion.
+    unsafe { n.ep.write(&data, None, c, w.base, w.key, 1) }.unwrap();
+    assert_eq!(n.wait_one().op_context, 1);
+    let after = xfabric_providers::verbs::native_counts();
+    assert_eq!(after.done, before.done, "the write went through the engine");
+    child.tell("look 9");
+    assert_eq!(child.hear(), "ok");
+    child.tell("bye");
+    child.join();
+}
+
+/// On a machine with an NVIDIA GPU whose driver exports dma-bufs and an RDMA NIC that takes
+/// them: CUDA memory registered by dma-buf, then written and read back by the peer's NIC
+/// (RDMA write and read straight into and out of device memory), contents checked through
+/// CUDA. Run with `XFABRIC_GPU_TESTS=1 cargo test --test verbs_vm -- --ignored gpu_`.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs an NVIDIA GPU with dma-buf support (CUDA 11.7+, open kernel modules) and an \
+            RDMA NIC: neither exists on these machines or in the Soft-RoCE VM"]
+fn gpu_cuda_memory_by_dmabuf_through_the_nic() {
+    const T: &str = "gpu_cuda_memory_by_dmabuf_through_the_nic";
+    const LEN: usize = 4 << 20;
+    if role().is_some() {
+        return cuda_window_child(LEN);
+    }
+    if std::env::var(common::cuda_double::GPU_ENV).as_deref() != Ok("1") {
+        eprintln!("skipped: set XFABRIC_GPU_TESTS=1 on a machine with a GPU and an RDMA NIC");
+        return;
+    }
+    let mut child = spawn(T, "child", &[]);
+    let n = nic_node(FI_MSG | FI_RMA);
+    let c = connect(&mut child, &n);
+    let w = cuda_window_of(&mut child);
+    assert_eq!((w.by_dmabuf, w.staged), (1, 0), "staged: {}", w.why);
+    let data = pattern(LEN, 12);
+    let mut back = vec![0u8; LEN];
+    // SAFETY: both outlive their regions and the completions awaited.
+    let mrs = unsafe {
+        [
+            n.domain.mr_reg(&data, FI_WRITE, 0, 1).unwrap(),
+            n.domain.mr_reg(&back, FI_READ, 0, 2).unwrap(),
+        ]
+    };
+    let before = xfabric_providers::verbs::native_counts();
+    // SAFETY: as above.
+    unsafe { n.ep.write(&data, None, c, w.base, w.key, 1) }.unwrap();
+    n.wait_one();
+    child.tell("look 12");
+    assert_eq!(child.hear(), "ok");
+    // SAFETY: as above.
+    unsafe { n.ep.read(&mut back, None, c, w.base, w.key, 2) }.unwrap();
+    n.wait_one();
+    assert!(back == data, "the read from device memory differs");
+    let after = xfabric_providers::verbs::native_counts();
+    assert_eq!(after.done - before.done, 2, "both by the NIC");
+    drop(mrs);
+    child.tell("bye");
+    child.join();
 }

@@ -322,6 +322,35 @@ impl Mr {
         )
     }
 
+    /// Registers `len` bytes at `offset` of the dma-buf `fd` (device memory), known to peers
+    /// from `iova`. `None` where the library is too old for dma-bufs; the error is the
+    /// device's answer (rxe: `EOPNOTSUPP`).
+    ///
+    /// # Safety
+    /// The dma-buf's memory must stay allocated while the region lives (the registration
+    /// holds its own reference to the dma-buf, not to the allocation behind it).
+    pub unsafe fn from_dmabuf(
+        nic: &Arc<Nic>,
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: i32,
+    ) -> Option<Result<Mr>> {
+        use std::os::fd::AsRawFd;
+        let f = nic.v.reg_dmabuf_mr?;
+        // SAFETY: our PD and an open descriptor; the caller keeps the memory allocated.
+        let mr = unsafe { f(nic.pd.as_ptr(), offset, len, iova, fd.as_raw_fd(), access) };
+        Some(
+            NonNull::new(mr)
+                .map(|mr| Mr {
+                    nic: nic.clone(),
+                    mr,
+                })
+                .ok_or_else(|| os_err("ibv_reg_dmabuf_mr")),
+        )
+    }
+
     pub fn lkey(&self) -> u32 {
         // SAFETY: ours, alive.
         unsafe { (*self.mr.as_ptr()).lkey }

@@ -78,6 +78,27 @@ pub struct NativeCounts {
     pub read_pieces: u64,
 }
 
+/// How CUDA memory registered in verbs domains went in this process: by dma-buf (the NIC
+/// reaches it) or staged through host memory (the engine does), and why the last staged one
+/// was (the driver, the library or the device refusing).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// Regions registered with the NIC by dma-buf.
+    pub by_dmabuf: u64,
+    /// Regions left staged.
+    pub staged: u64,
+    /// Why the last staged one was.
+    pub why_staged: Option<String>,
+}
+
+/// The device-memory registrations so far.
+pub fn device_memory() -> DeviceMemory {
+    mr::DEVICE_MEMORY
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
+
 /// The counts so far.
 pub fn native_counts() -> NativeCounts {
     NativeCounts {
@@ -249,7 +270,8 @@ impl DomainOps for VerbsDomain {
     }
 
     fn hmem(&self) -> Option<Arc<dyn HmemOps>> {
-        // Device memory is staged through host buffers, as tcp does (see the README).
+        // Operations' device buffers are staged through host buffers, as tcp does; CUDA
+        // regions go to the NIC by dma-buf where it can (`mr`; see the README).
         Some(GlobalHmem::ops())
     }
 
