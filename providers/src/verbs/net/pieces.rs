@@ -104,7 +104,12 @@ pub(super) fn split(laddr: u64, lkey: u32, raddr: u64, rkey: u32, len: u64) -> V
 /// Whether a read of `len` bytes may be posted on `l` now: within its depth and, unless it
 /// is the only one, its window.
 pub(super) fn read_room(l: &Link, len: u64) -> bool {
-    l.reads_out < READ_DEPTH && (l.reads_out == 0 || l.read_bytes + len <= READ_WINDOW)
+    room(l.reads_out, l.read_bytes, len)
+}
+
+/// `read_room` for a connection with `out` reads and atomics outstanding, reading `bytes`.
+fn room(out: usize, bytes: u64, len: u64) -> bool {
+    out < READ_DEPTH && (out == 0 || bytes + len <= READ_WINDOW)
 }
 
 impl Net {
@@ -271,6 +276,16 @@ impl Net {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_in_flight_within_the_depth_and_the_window() {
+        assert!(room(0, 0, PIECE), "one piece on an idle connection");
+        assert!(room(0, 0, 2 * READ_WINDOW), "alone, whatever its size");
+        assert!(room(3, 3 * PIECE, PIECE), "the window's last piece");
+        assert!(!room(4, 4 * PIECE, PIECE), "past the window");
+        assert!(room(5, 0, 8), "atomics take depth, not window");
+        assert!(!room(READ_DEPTH, 0, 8), "past the depth");
+    }
 
     #[test]
     fn reads_split_into_pieces_covering_the_range() {
