@@ -19,8 +19,9 @@ fn inside() -> bool {
     std::env::var_os("XFABRIC_RXE_VM").is_some()
 }
 
-/// The `vm_*` tests below, which the host half expects to see pass.
-const VM_TESTS: usize = 9;
+/// The `vm_*` tests below, which the host half expects to see pass (one needs the `cuda`
+/// feature: the CUDA test double).
+const VM_TESTS: usize = if cfg!(feature = "cuda") { 10 } else { 9 };
 
 /// The `pair_*` tests below, which run in a VM with two devices.
 const PAIR_TESTS: usize = 3;
@@ -64,10 +65,6 @@ fn boot(pair: bool, filter: &str, count: usize) {
     let mut cmd = Command::new(&runner);
     if pair {
         cmd.arg("--pair");
-    } else {
-        // Large messages read by RDMA (off by default), on for the one-device tests, which
-        // cover them; the two-device test turns them on for its own processes.
-        cmd.env("XFABRIC_VERBS_PULL_MIN", "65536");
     }
     let out = cmd
         .args(["--timeout", "240", "--"])
@@ -362,11 +359,32 @@ fn vm_wrong_rkey_fails_with_eacces() {
     unsafe { n.ep.read(&mut back, None, c, base, key, 4) }.unwrap();
     assert_eq!(n.wait_one().op_context, 4);
     assert!(back == data);
-    // All five went to the NIC; the two wrong keys were refused there.
+    // A read in pieces running past the window's end: its first pieces are read, the fifth
+    // is refused, and the read fails once, with that refusal; the read after it (on a new
+    // connection) is the next completion.
+    let mut big = vec![0u8; 2 * WIN];
+    // SAFETY: `big` outlives the region and the completions read below.
+    let big_mr = unsafe { n.domain.mr_reg(&big, FI_READ, 0, 5) }.unwrap();
+    unsafe { n.ep.read(&mut big, None, c, base, key, 5) }.unwrap();
+    match n.next() {
+        Completion::Err(e, _) => assert_eq!((e.op_context, e.err), (5, FI_EACCES), "{e:?}"),
+        Completion::Ok(c, _) => panic!("a read past the window succeeded: {c:?}"),
+    }
+    back.fill(0);
+    // SAFETY: as above.
+    unsafe { n.ep.read(&mut back, None, c, base, key, 6) }.unwrap();
+    match n.next() {
+        Completion::Ok(e, _) => assert_eq!(e.op_context, 6),
+        Completion::Err(e, _) => panic!("after a refused read in pieces: {e:?}"),
+    }
+    assert!(back == data);
+    drop(big_mr);
+    // All seven went to the NIC; the two wrong keys and the read past the end were refused
+    // there.
     let after = xfabric_providers::verbs::native_counts();
     assert_eq!(
         (after.done - before.done, after.refused - before.refused),
-        (3, 2)
+        (4, 3)
     );
     child.tell("look 512 3");
     assert!(child.hear().starts_with("ok "));
@@ -424,6 +442,52 @@ fn fetch_add_then_cswap(n: &Node, c: FiAddr, at: u64, key: u64) {
     assert_eq!((r1, r2), (40, 42));
 }
 
+/// A 1 MiB and a 4 MiB RDMA read at once of the 4 MiB window at `base` (its first bytes
+/// `head`, the rest zero), `rounds` times, contents checked: each is one operation of the
+/// NIC's, posted in pieces of 256 KiB (4 and 16: the counts say so).
+fn large_reads_at_once(n: &Node, c: FiAddr, base: u64, key: u64, head: &[u8], rounds: u64) {
+    let mut big = vec![0u8; 4 << 20];
+    let mut big2 = vec![0u8; 1 << 20];
+    // SAFETY: both outlive their regions (dropped at the end).
+    let mrs = unsafe {
+        [
+            n.domain.mr_reg(&big, FI_READ, 0, 3).unwrap(),
+            n.domain.mr_reg(&big2, FI_READ, 0, 4).unwrap(),
+        ]
+    };
+    let same = |b: &[u8]| b[..head.len()] == *head && b[head.len()..].iter().all(|x| *x == 0);
+    let before = xfabric_providers::verbs::native_counts();
+    for round in 0..rounds {
+        // Not what the window holds: every byte must come from the read.
+        big.fill(0xee);
+        big2.fill(0xee);
+        // SAFETY: the buffers outlive the completions waited for.
+        unsafe { n.ep.read(&mut big2, None, c, base, key, 11) }.unwrap();
+        unsafe { n.ep.read(&mut big, None, c, base, key, 12) }.unwrap();
+        let mut ctx: Vec<Context> = n.wait_n(2).iter().map(|e| e.op_context).collect();
+        ctx.sort();
+        assert_eq!(ctx, [11, 12]);
+        assert!(
+            same(&big2),
+            "the 1 MiB read's contents differ (round {round})"
+        );
+        assert!(
+            same(&big),
+            "the 4 MiB read's contents differ (round {round})"
+        );
+    }
+    let after = xfabric_providers::verbs::native_counts();
+    assert_eq!(
+        (
+            after.done - before.done,
+            after.read_pieces - before.read_pieces
+        ),
+        (2 * rounds, 20 * rounds),
+        "each read went to the NIC, in pieces"
+    );
+    drop(mrs);
+}
+
 /// RDMA write (with and without remote CQ data), read and the two atomics, through the
 /// NIC (its counts say so), with the contents checked at both ends; an atomic the NIC does
 /// not have goes through the engine, and the next read goes to the NIC again.
@@ -434,7 +498,7 @@ fn vm_native_rma_and_atomics_go_through_the_nic() {
         return;
     }
     if role().is_some() {
-        return window_child();
+        return window_child_on(nic_node(FI_MSG | FI_RMA | FI_ATOMIC), 4 << 20);
     }
     let mut child = spawn(T, "child", &[]);
     let n = nic_node(FI_MSG | FI_RMA | FI_ATOMIC);
@@ -491,6 +555,13 @@ fn vm_native_rma_and_atomics_go_through_the_nic() {
     // The child was told of both writes by their immediate data.
     let writes_in: u64 = got.strip_prefix("ok ").unwrap().parse().unwrap();
     assert_eq!(writes_in, 2, "{got}");
+    // Reads above 256 KiB: one operation each, in pieces.
+    let mut head = vec![0u8; 2048 + 64];
+    head[..512].copy_from_slice(&data);
+    head[1024..1032].copy_from_slice(&100u64.to_ne_bytes());
+    head[1032..1040].copy_from_slice(&5u64.to_ne_bytes());
+    head[2048..].copy_from_slice(&small);
+    large_reads_at_once(&n, c, base, key, &head, 3);
     child.tell("bye");
     child.join();
 }
@@ -861,7 +932,7 @@ fn pair_native_rma_and_atomics_across_the_veth_pair() {
     assert_eq!(n.wait_one().op_context, 2);
     child.tell("data 48879");
     assert_eq!(child.hear(), "ok");
-    // 256 KiB: the largest read the NIC is given.
+    // 256 KiB: one work request.
     unsafe { n.ep.read(&mut back[..WIN / 4], None, c, base, key, 3) }.unwrap();
     assert_eq!(n.wait_one().flags, FI_RMA | FI_READ);
     let mut want = data.clone();
@@ -888,48 +959,19 @@ fn pair_native_rma_and_atomics_across_the_veth_pair() {
         (7, 0),
         "seven operations by the NIC"
     );
-    // Reads above 256 KiB go through the engine (two large reads at once by the NIC across
-    // two rxe devices never completed): a 1 MiB and a 4 MiB read at once, three times.
-    let mut big = vec![0u8; 4 << 20];
-    let mut big2 = vec![0u8; 1 << 20];
-    // SAFETY: both outlive their regions.
-    let (big_mr, big2_mr) = unsafe {
-        (
-            n.domain.mr_reg(&big, FI_READ, 0, 3).unwrap(),
-            n.domain.mr_reg(&big2, FI_READ, 0, 4).unwrap(),
-        )
-    };
-    want[1024..1032].copy_from_slice(&100u64.to_ne_bytes());
-    for _ in 0..3 {
-        big.fill(0);
-        big2.fill(0);
-        unsafe { n.ep.read(&mut big2, None, c, base, key, 11) }.unwrap();
-        unsafe { n.ep.read(&mut big, None, c, base, key, 12) }.unwrap();
-        n.wait_n(2);
-        assert!(
-            big[..WIN / 2] == want[..],
-            "the large read's contents differ"
-        );
-        assert!(
-            big2[..WIN / 2] == want[..],
-            "the large read's contents differ"
-        );
-    }
-    let last = xfabric_providers::verbs::native_counts();
-    assert_eq!(
-        last.done, after.done,
-        "the large reads went through the engine"
-    );
-    drop(big2_mr);
-    drop(big_mr);
+    // Reads above 256 KiB go to the NIC as one operation each, posted in pieces of 256 KiB
+    // (whole reads of 1 MiB and 4 MiB at once never completed across two rxe devices).
+    let mut head = want.clone();
+    head[1024..1032].copy_from_slice(&100u64.to_ne_bytes());
+    large_reads_at_once(&n, c, base, key, &head, 5);
     drop(mrs);
     child.tell("bye");
     child.join();
 }
 
 /// Large messages read by the receiver's NIC (rxe1) from the sender's memory (rxe0), with
-/// `XFABRIC_VERBS_PULL_MIN` set in both, contents checked. Both ends are children (the
-/// setting is read once per process): this process passes their addresses between them.
+/// `XFABRIC_VERBS_PULL_MIN` at its default (64 KiB), contents checked. Both ends are
+/// children: this process passes their addresses between them.
 #[test]
 fn pair_large_messages_by_rdma_read_across_the_veth_pair() {
     const T: &str = "pair_large_messages_by_rdma_read_across_the_veth_pair";
@@ -979,9 +1021,8 @@ fn pair_large_messages_by_rdma_read_across_the_veth_pair() {
     }
     let _show = Show;
     eprintln!("{}", rxe_counters());
-    let pull = [("XFABRIC_VERBS_PULL_MIN", "65536")];
-    let mut rx = spawn(T, "recv", &pull);
-    let mut tx = spawn(T, "send", &pull);
+    let mut rx = spawn(T, "recv", &[]);
+    let mut tx = spawn(T, "send", &[]);
     let (a, b) = (rx.hear(), tx.hear());
     rx.tell(&b);
     tx.tell(&a);
@@ -1019,4 +1060,199 @@ fn rxe_counters() -> String {
         out += "\n";
     }
     out
+}
+
+/// The child's `MrAttr` for CUDA memory at `addr`: remote reads and writes.
+#[cfg(feature = "cuda")]
+fn cuda_window(addr: usize, len: usize) -> MrAttr {
+    MrAttr {
+        addr,
+        len,
+        access: FI_REMOTE_WRITE | FI_REMOTE_READ,
+        iface: Iface::Cuda,
+        device: 0,
+        ..Default::default()
+    }
+}
+
+/// The target half of the device-memory tests: CUDA memory of `len` bytes registered in a
+/// verbs domain with the NIC's keys; tells the parent "key base by_dmabuf staged why"; on
+/// "look SEED" checks the memory holds `pattern(len, SEED)` and answers "ok"; "bye" ends it.
+#[cfg(feature = "cuda")]
+fn cuda_window_child(len: usize) {
+    use common::cuda_double::*;
+    let n = node_with(FI_MSG | FI_RMA | FI_HMEM, Progress::Auto, |h| {
+        h.domain_attr.mr_mode = FI_MR_PROV_KEY | FI_MR_VIRT_ADDR | FI_MR_HMEM
+    });
+    connect_parent(&n);
+    let dev = cuda().alloc_device(0, len).expect("device memory");
+    to_device(&dev, &vec![0u8; len]);
+    let attr = cuda_window(dev.as_ptr() as usize, len);
+    // SAFETY: the memory outlives the registration (dropped first, below).
+    let mr = unsafe { n.domain.mr_regattr(&attr, 0) }.expect("register CUDA memory");
+    let d = xfabric_providers::verbs::device_memory();
+    say(&format!(
+        "{} {} {} {} {}",
+        mr.key(),
+        dev.as_ptr() as u64,
+        d.by_dmabuf,
+        d.staged,
+        d.why_staged.unwrap_or_default()
+    ));
+    loop {
+        let line = listen();
+        match line.split(' ').collect::<Vec<_>>()[..] {
+            ["bye"] => break,
+            ["look", seed] => {
+                let seed = seed.parse().unwrap();
+                assert!(
+                    from_device(&dev, len) == pattern(len, seed),
+                    "the device memory differs"
+                );
+                say("ok");
+            }
+            _ => panic!("child: unknown command {line:?}"),
+        }
+    }
+    drop(mr);
+    drop(dev);
+}
+
+/// The child's answer to `cuda_window_child`'s first line.
+#[cfg(feature = "cuda")]
+struct CudaWindow {
+    key: u64,
+    base: u64,
+    by_dmabuf: u64,
+    staged: u64,
+    why: String,
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_window_of(child: &mut Peer) -> CudaWindow {
+    let line = child.hear();
+    let w: Vec<&str> = line.splitn(5, ' ').collect();
+    let num = |i: usize| w[i].parse::<u64>().unwrap_or_else(|_| panic!("{line}"));
+    CudaWindow {
+        key: num(0),
+        base: num(1),
+        by_dmabuf: num(2),
+        staged: num(3),
+        why: w.get(4).unwrap_or(&"").to_string(),
+    }
+}
+
+/// CUDA memory in a verbs domain with the NIC's keys: registered by dma-buf where CUDA exports
+/// one and the device takes it, otherwise staged (the engine reaches it) with the reason
+/// kept (`verbs::device_memory`). The child runs on the CUDA test double; where the VM's
+/// kernel has vgem, the double's device memory is vgem dumb buffers and it exports their
+/// dma-bufs (real ones), which rxe refuses (`ibv_reg_dmabuf_mr`: EOPNOTSUPP, no dma-buf
+/// support in rxe); without vgem the double refuses to export (CUDA_ERROR_NOT_SUPPORTED). Either
+/// way the region still works, staged: an RMA write through the engine lands in the device
+/// memory, contents checked.
+#[cfg(feature = "cuda")]
+#[test]
+fn vm_cuda_memory_by_dmabuf_or_staged_with_the_reason() {
+    const T: &str = "vm_cuda_memory_by_dmabuf_or_staged_with_the_reason";
+    const LEN: usize = 256 << 10;
+    if skip() {
+        return;
+    }
+    if role().is_some() {
+        return cuda_window_child(LEN);
+    }
+    // vgem: a DRM device that makes dumb buffers, whose dma-bufs the double hands out.
+    let loaded = Command::new("modprobe").arg("vgem").status();
+    let card = (0..4)
+        .map(|i| format!("/dev/dri/card{i}"))
+        .find(|p| std::path::Path::new(p).exists());
+    eprintln!("modprobe vgem: {loaded:?}; DRM device: {card:?}");
+    let mut env = common::cuda_double::double_env();
+    if let Some(c) = &card {
+        env.push(("CUDA_DOUBLE_DMABUF", c.clone()));
+    }
+    let envs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut child = spawn(T, "child", &envs);
+    let n = nic_node(FI_MSG | FI_RMA);
+    let c = connect(&mut child, &n);
+    let w = cuda_window_of(&mut child);
+    eprintln!("CUDA memory staged because: {}", w.why);
+    assert_eq!((w.by_dmabuf, w.staged), (0, 1), "{}", w.why);
+    if card.is_some() {
+        assert!(
+            w.why
+                .starts_with("rxe0 refused the dma-buf: verbs: ibv_reg_dmabuf_mr")
+                && w.why.contains("os error 95"),
+            "{}",
+            w.why
+        );
+    } else {
+        assert!(
+            w.why.starts_with("CUDA exports no dma-buf for it")
+                && w.why.contains("CUDA_ERROR_NOT_SUPPORTED"),
+            "{}",
+            w.why
+        );
+    }
+    // Staged: the target's engine writes it (not the NIC).
+    let data = pattern(LEN, 9);
+    let before = xfabric_providers::verbs::native_counts();
+    // SAFETY: `data` outlives the completion.
+    unsafe { n.ep.write(&data, None, c, w.base, w.key, 1) }.unwrap();
+    assert_eq!(n.wait_one().op_context, 1);
+    let after = xfabric_providers::verbs::native_counts();
+    assert_eq!(after.done, before.done, "the write went through the engine");
+    child.tell("look 9");
+    assert_eq!(child.hear(), "ok");
+    child.tell("bye");
+    child.join();
+}
+
+/// On a machine with an NVIDIA GPU whose driver exports dma-bufs and an RDMA NIC that takes
+/// them: CUDA memory registered by dma-buf, then written and read back by the peer's NIC
+/// (RDMA write and read straight into and out of device memory), contents checked through
+/// CUDA. Run with `XFABRIC_GPU_TESTS=1 cargo test --test verbs_vm -- --ignored gpu_`.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs an NVIDIA GPU with dma-buf support (CUDA 11.7+, open kernel modules) and an \
+            RDMA NIC: neither exists on these machines or in the Soft-RoCE VM"]
+fn gpu_cuda_memory_by_dmabuf_through_the_nic() {
+    const T: &str = "gpu_cuda_memory_by_dmabuf_through_the_nic";
+    const LEN: usize = 4 << 20;
+    if role().is_some() {
+        return cuda_window_child(LEN);
+    }
+    if std::env::var(common::cuda_double::GPU_ENV).as_deref() != Ok("1") {
+        eprintln!("skipped: set XFABRIC_GPU_TESTS=1 on a machine with a GPU and an RDMA NIC");
+        return;
+    }
+    let mut child = spawn(T, "child", &[]);
+    let n = nic_node(FI_MSG | FI_RMA);
+    let c = connect(&mut child, &n);
+    let w = cuda_window_of(&mut child);
+    assert_eq!((w.by_dmabuf, w.staged), (1, 0), "staged: {}", w.why);
+    let data = pattern(LEN, 12);
+    let mut back = vec![0u8; LEN];
+    // SAFETY: both outlive their regions and the completions awaited.
+    let mrs = unsafe {
+        [
+            n.domain.mr_reg(&data, FI_WRITE, 0, 1).unwrap(),
+            n.domain.mr_reg(&back, FI_READ, 0, 2).unwrap(),
+        ]
+    };
+    let before = xfabric_providers::verbs::native_counts();
+    // SAFETY: as above.
+    unsafe { n.ep.write(&data, None, c, w.base, w.key, 1) }.unwrap();
+    n.wait_one();
+    child.tell("look 12");
+    assert_eq!(child.hear(), "ok");
+    // SAFETY: as above.
+    unsafe { n.ep.read(&mut back, None, c, w.base, w.key, 2) }.unwrap();
+    n.wait_one();
+    assert!(back == data, "the read from device memory differs");
+    let after = xfabric_providers::verbs::native_counts();
+    assert_eq!(after.done - before.done, 2, "both by the NIC");
+    drop(mrs);
+    child.tell("bye");
+    child.join();
 }

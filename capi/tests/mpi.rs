@@ -171,12 +171,21 @@ fn mpi_one_sided_through_osc_rdma_over_shm_and_tcp() {
 
 /// `ssh` for mpirun between namespaces: `agent HOST COMMAND...` runs COMMAND in network
 /// namespace HOST (mpirun's `plm_rsh_agent`), so mpirun in one namespace starts its daemon
-/// and ranks in the other as it would on another machine.
+/// and ranks in the other as it would on another machine. Each host's daemon keeps its
+/// session files under a directory of its own: the "hosts" share one hostname and one /tmp,
+/// and two daemons of one job creating the same session directory at once failed the launch
+/// ("mkdir ... File exists") under load.
 fn netns_agent() -> PathBuf {
     let dir = common::target_dir().join("mpi-netns");
     std::fs::create_dir_all(&dir).expect("mkdir mpi-netns");
     let agent = dir.join("agent.sh");
-    let script = "#!/bin/sh\nhost=$1; shift\nexec ip netns exec \"$host\" sh -c \"$*\"\n";
+    let script = format!(
+        "#!/bin/sh\nhost=$1; shift\nbase={}/tmp-$host-$$\nmkdir -p \"$base\"\n\
+         ip netns exec \"$host\" env OMPI_MCA_orte_tmpdir_base=\"$base\" sh -c \"$*\"\n\
+         rc=$?\nrm -rf \"$base\"\nexit $rc\n",
+        dir.display()
+    );
+    let script = script.as_str();
     if std::fs::read_to_string(&agent).ok().as_deref() != Some(script) {
         std::fs::write(&agent, script).expect("write the agent");
         use std::os::unix::fs::PermissionsExt;

@@ -311,11 +311,11 @@ pub static VERBS_NATIVE: Setting = Setting::new(
 );
 /// `XFABRIC_VERBS_PULL_MIN`: Messages of at least this many bytes (and above the eager
 /// limit) are read by the receiver's NIC (RDMA read) from the sender's memory instead of
-/// moving as chunks; 0 (the default, until a hang between two devices is understood): never.
+/// moving as chunks; 0: never.
 pub static VERBS_PULL_MIN: Setting = Setting::new(
     "XFABRIC_VERBS_PULL_MIN",
     Kind::Size,
-    "0",
+    "65536",
     "Messages of at least this many bytes (and above the eager limit) are read by the \
      receiver's NIC (RDMA read) from the sender's memory instead of moving as chunks; 0: never",
 );

@@ -90,6 +90,10 @@ impl<T: Absent> HmemIface for T {
         Vec::new()
     }
 
+    fn dmabuf(&self, _addr: *const u8, _len: usize) -> Result<crate::Dmabuf> {
+        Err(self.error())
+    }
+
     fn owns(&self, _addr: *const u8) -> Result<Option<Owner>> {
         Err(self.error())
     }

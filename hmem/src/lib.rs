@@ -48,7 +48,7 @@ pub use absent::NotImplemented;
 pub use cuda::Cuda;
 pub use error::{HmemError, Unavailable};
 pub use iface::{DeviceInfo, Iface, Owner};
-pub use mem::{DeviceBuffer, HostMapped, IpcHandle, IpcMapping};
+pub use mem::{DeviceBuffer, Dmabuf, HostMapped, IpcHandle, IpcMapping};
 pub use registry::{Hmem, IfaceStatus};
 pub use system::System;
 pub use ze::Ze;
@@ -122,6 +122,17 @@ pub trait HmemIface: Send + Sync + std::fmt::Debug {
 
     /// Errors met while freeing allocations or closing mappings in `Drop`, since the last call.
     fn take_drop_errors(&self) -> Vec<HmemError>;
+
+    /// A dma-buf for `addr..addr + len`, memory of this interface, where its driver exports
+    /// one (see [`Dmabuf`]); otherwise why not. The default: this interface has none.
+    fn dmabuf(&self, addr: *const u8, len: usize) -> Result<Dmabuf> {
+        let _ = (addr, len);
+        Err(HmemError::unsupported(
+            self.iface(),
+            "dma-buf export",
+            "this interface exports none",
+        ))
+    }
 }
 
 /// `sysconf(_SC_PAGESIZE)`, 4096 if the call fails.

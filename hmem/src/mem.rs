@@ -214,6 +214,19 @@ impl DeviceBuffer {
     }
 }
 
+/// A dma-buf file descriptor exported for device memory (`cuMemGetHandleForAddressRange`),
+/// for a NIC to register (`ibv_reg_dmabuf_mr`): the NIC then reaches the device memory
+/// itself. The descriptor covers whole host pages around the range asked for; `offset` is
+/// where the range's first byte lies in it. Closed on drop (a registration made from it
+/// holds its own reference).
+#[derive(Debug)]
+pub struct Dmabuf {
+    /// The dma-buf.
+    pub fd: std::os::fd::OwnedFd,
+    /// Where the exported range starts in it.
+    pub offset: u64,
+}
+
 /// A handle another process (or another context) opens to map a device allocation. It names
 /// the whole allocation the address belongs to, plus the offset of that address in it, so the
 /// opener can find the same byte. `to_bytes`/`from_bytes` give a fixed wire form.

@@ -59,6 +59,7 @@ fn without_libcuda_cuda_is_unavailable_and_nothing_panics() {
     unavailable(cuda.alloc_device(0, 64).unwrap_err());
     unavailable(cuda.alloc_host_mapped(0, 64).unwrap_err());
     unavailable(cuda.ipc_get(host.as_ptr(), 1).unwrap_err());
+    unavailable(cuda.dmabuf(host.as_ptr(), 64).unwrap_err());
     let mut back = [0u8; 4];
     // SAFETY: the interface refuses before touching memory.
     unsafe {
@@ -96,6 +97,14 @@ fn gpu_cuda_memory() {
         cuda.devices()
     );
     exercise(&cuda, None);
+    // dma-buf export: what this GPU and driver answer (the verbs provider registers CUDA
+    // memory by dma-buf where they give one).
+    let buf = cuda.alloc_device(0, 2 << 20).unwrap();
+    match cuda.dmabuf(buf.as_ptr(), 2 << 20) {
+        Ok(d) => println!("dma-buf exported: fd {:?}, offset {}", d.fd, d.offset),
+        Err(e) => println!("no dma-buf: {e}"),
+    }
+    drop(buf);
 }
 
 #[test]
@@ -135,6 +144,22 @@ fn cuda_double_child() {
     );
 
     exercise(&cuda, Some(&lib));
+
+    // dma-buf export: the double, as a device without dma-buf support, refuses (it exports
+    // vgem dma-bufs only with CUDA_DOUBLE_DMABUF, which the verbs VM test uses); host memory
+    // and empty ranges are refused before any call.
+    let dev = cuda.alloc_device(0, 8192).unwrap();
+    let e = cuda.dmabuf(dev.as_ptr(), 8192).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("cuMemGetHandleForAddressRange failed: CUDA_ERROR_NOT_SUPPORTED"),
+        "{e}"
+    );
+    let host = [0u8; 64];
+    let e = cuda.dmabuf(host.as_ptr(), 64).unwrap_err();
+    assert!(e.to_string().contains("not CUDA device memory"), "{e}");
+    assert!(cuda.dmabuf(dev.as_ptr(), 0).is_err());
+    drop(dev);
 
     let hmem = Hmem::detect();
     assert!(hmem.device_ifaces().contains(&Iface::Cuda));

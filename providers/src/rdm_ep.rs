@@ -71,6 +71,9 @@ pub fn engine_config(core: &EpCore) -> rdm::Config {
         } else {
             core.tx_size
         },
+        // Taken frames are queued in the provider, or in the kernel's socket buffer: not yet
+        // at the peer.
+        delivered_on_take: false,
     }
 }
 
@@ -147,6 +150,18 @@ impl Handler for Glue<'_> {
 
     fn on_body(&mut self, peer: PeerId, sink: Sink) {
         self.engine.on_body(peer, sink)
+    }
+
+    fn on_frame(
+        &mut self,
+        peer: PeerId,
+        addr: SocketAddr,
+        prefix: &Prefix,
+        ctrl: &[u8],
+        body: &[u8],
+    ) -> std::result::Result<bool, WireError> {
+        let src = self.src(peer, addr);
+        self.engine.on_frame(peer, src, prefix, ctrl, body)
     }
 
     fn on_sent(&mut self, peer: PeerId, token: u64) {

@@ -1,8 +1,8 @@
 //! The engine proper: one per endpoint, driven by its provider under the provider's lock.
 //!
 //! Calls in: `post_send` / `post_recv` / `post_rma` / `post_atomic` / `cancel` from the
-//! application's side; `on_ctrl` / `on_body` / `on_sent` / `on_copied` / `on_lost` from the
-//! transport; `close`. Work out: `transmit` (frames to send, in order per peer, to a
+//! application's side; `on_ctrl` / `on_body` (or `on_frame`, for a frame the transport holds
+//! whole) / `on_sent` / `on_copied` / `on_lost` from the transport; `close`. Work out: `transmit` (frames to send, in order per peer, to a
 //! `Transport` that may give a frame back when its peer is full; `poll_transmit` takes them
 //! one by one), `poll_copy` (one-sided copies for the transport to perform) and `take_done`
 //! (completions, reported with [`report`] after the provider's lock is released, so that a
@@ -54,9 +54,11 @@ use super::wire::{self, flags, Frame, Prefix, WireError};
 use super::{Body, PeerId, Sink, Transmit};
 
 mod copy;
+mod msg;
 mod native;
 mod rma;
 use copy::{Serve, SERVE};
+use msg::{Landed, ON_TAKE};
 
 /// Largest eager body any engine accepts, whatever its peer's `eager_max`: a `Msg` announcing
 /// more is garbage.
@@ -81,6 +83,12 @@ pub struct Config {
     pub unexp_bytes: usize,
     /// Most operations outstanding at once (`tx_attr.size`); past it posts answer `Again`.
     pub tx_max: usize,
+    /// The transport's taking a frame (`Transport::send` answering `Ok`) puts it in the
+    /// peer's memory (shm's rings are in the receiver's segment): a message of at most
+    /// `INLINE_BODY` bytes is then copied into its frame and completes when taken, with no
+    /// request kept (`FI_TRANSMIT_COMPLETE` holds: it was delivered to the peer endpoint).
+    /// Off, it completes when the transport reports it sent (`on_sent`).
+    pub delivered_on_take: bool,
 }
 
 impl Default for Config {
@@ -90,6 +98,7 @@ impl Default for Config {
             unexp_msgs: 16384,
             unexp_bytes: 32 << 20,
             tx_max: 1024,
+            delivered_on_take: false,
         }
     }
 }
@@ -270,6 +279,9 @@ struct PeerState {
     raw: Option<Vec<u8>>,
     /// Answers to its reads whose bodies (the memory read) the transport has not taken yet.
     reading: usize,
+    /// Small messages that complete when the transport takes their frame (`ON_TAKE`), in
+    /// the order they were queued: their context and flags.
+    untaken: VecDeque<(Context, u64)>,
 }
 
 /// The protocol state of one endpoint.
@@ -360,13 +372,20 @@ impl Engine {
     /// The next frame to send, if any: frames to one peer come in the order they are to be
     /// sent.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        let mut t = None;
         if self.blocked > 0 {
             if let Some(ps) = self.peers.iter_mut().find(|ps| !ps.blocked.is_empty()) {
                 self.blocked -= 1;
-                return ps.blocked.pop_front();
+                t = ps.blocked.pop_front();
             }
         }
-        self.out.pop_front()
+        let mut t = t.or_else(|| self.out.pop_front())?;
+        // The caller takes it now.
+        if t.token == Some(ON_TAKE) {
+            t.token = None;
+            self.taken(t.peer);
+        }
+        Some(t)
     }
 
     /// Hands every frame it can to `tr`, in order per peer: a frame `tr` gives back stays
@@ -375,10 +394,10 @@ impl Engine {
     pub fn transmit(&mut self, tr: &mut impl Transport) -> usize {
         let mut n = 0;
         if self.blocked > 0 {
-            for ps in &mut self.peers {
-                while let Some(t) = ps.blocked.pop_front() {
-                    if let Err(t) = tr.send(t) {
-                        ps.blocked.push_front(t);
+            for p in 0..self.peers.len() {
+                while let Some(t) = self.peers[p].blocked.pop_front() {
+                    if let Err(t) = self.hand(tr, t) {
+                        self.peers[p].blocked.push_front(t);
                         break;
                     }
                     self.blocked -= 1;
@@ -390,7 +409,7 @@ impl Engine {
             let p = t.peer;
             let ps = self.peer(p);
             let t = if ps.blocked.is_empty() {
-                match tr.send(t) {
+                match self.hand(tr, t) {
                     Ok(()) => {
                         n += 1;
                         continue;
@@ -404,6 +423,34 @@ impl Engine {
             self.blocked += 1;
         }
         n
+    }
+
+    /// Offers `t` to the transport; a small message it takes completes (`ON_TAKE`).
+    #[allow(clippy::result_large_err)]
+    fn hand(
+        &mut self,
+        tr: &mut impl Transport,
+        mut t: Transmit,
+    ) -> std::result::Result<(), Transmit> {
+        let on_take = t.token == Some(ON_TAKE);
+        if on_take {
+            t.token = None;
+        }
+        let p = t.peer;
+        match tr.send(t) {
+            Ok(()) => {
+                if on_take {
+                    self.taken(p);
+                }
+                Ok(())
+            }
+            Err(mut t) => {
+                if on_take {
+                    t.token = Some(ON_TAKE);
+                }
+                Err(t)
+            }
+        }
     }
 
     /// Frames to `peer` the transport could not take yet (for a provider that answers
@@ -454,6 +501,7 @@ impl Engine {
         self.rxq.min_multi_recv = v;
     }
 
+    #[inline]
     fn frame(&mut self, peer: PeerId, f: Frame, body: Body, token: Option<u64>) {
         let ctrl = f.ctrl(body.len() as u64);
         self.out.push_back(Transmit {
@@ -659,6 +707,11 @@ impl Engine {
                 return Ok(());
             }
             _ => {}
+        }
+        if self.cfg.delivered_on_take && !ack && len <= super::INLINE_BODY {
+            // SAFETY: the caller's contract keeps the iov readable during the call.
+            unsafe { self.send_small(peer, op, fl) };
+            return Ok(());
         }
         if len <= self.cfg.eager_max || copy.is_some() {
             let body = copy.unwrap_or(Body::Iov(op.iov));
@@ -1170,19 +1223,15 @@ impl Engine {
             } => match slot {
                 Some(slot) => {
                     let got = len.min(slot.iov.total());
-                    if fl & flags::ACK != 0 {
-                        let status = self.sink_status(&slot, got);
-                        self.ack(peer, id, status);
-                    }
-                    self.push_rx(Done::Rx {
-                        slot,
-                        len: got,
-                        olen: len - got,
+                    let m = Landed {
+                        id,
+                        fl,
                         tag,
                         data,
                         src,
-                        raw: self.raw_of(peer, src),
-                    });
+                        len,
+                    };
+                    self.msg_landed(peer, slot, got, m);
                 }
                 None => {
                     let Sink::Buffer(bytes) = sink else { return };
@@ -1346,6 +1395,7 @@ impl Engine {
         self.natives.retain(|n| n.peer != peer);
         self.peer(peer).outstanding = 0;
         self.peer(peer).natives = 0;
+        self.fail_untaken(peer, err);
         self.out.retain(|t| t.peer != peer);
         self.peers[peer].reading = 0;
         let gone = std::mem::take(&mut self.peers[peer].blocked);
@@ -1409,6 +1459,7 @@ impl Engine {
             }
             let pending = self.peers[p].pending.take();
             self.abandon(pending, FI_ECANCELED);
+            self.fail_untaken(p, FI_ECANCELED);
         }
         self.end_copies(None, FI_ECANCELED);
         self.natives.clear();
@@ -1425,6 +1476,16 @@ impl Engine {
         self.out.retain(|t| !matches!(t.body, Body::Iov(_)));
         for ps in &mut self.peers {
             ps.blocked.retain(|t| !matches!(t.body, Body::Iov(_)));
+        }
+        // Small messages still queued were reported canceled above; they may still go out.
+        for t in self
+            .out
+            .iter_mut()
+            .chain(self.peers.iter_mut().flat_map(|ps| &mut ps.blocked))
+        {
+            if t.token == Some(ON_TAKE) {
+                t.token = None;
+            }
         }
         self.blocked = self.peers.iter().map(|ps| ps.blocked.len()).sum();
     }

@@ -93,6 +93,30 @@ impl Body {
     }
 }
 
+impl Sink {
+    /// Puts `body` (a frame's whole body, in hand) where this sink says: into the buffer (up
+    /// to its length), into the memory (up to its length), or nowhere. `Wait` stays `Wait`.
+    ///
+    /// # Safety
+    /// A `Sink::Iov` is the engine's answer to the frame, not yet handed back (`on_body`):
+    /// its memory is writable.
+    pub unsafe fn fill(self, body: &[u8]) -> Sink {
+        match self {
+            Sink::Buffer(mut v) => {
+                let n = v.len().min(body.len());
+                v[..n].copy_from_slice(&body[..n]);
+                Sink::Buffer(v)
+            }
+            Sink::Iov(iov) => {
+                // SAFETY: the caller's contract; `copy_in` writes no more than the iov holds.
+                unsafe { iov.copy_in(0, body) };
+                Sink::Iov(iov)
+            }
+            other => other,
+        }
+    }
+}
+
 /// One frame for the transport to send, in order with the others to the same peer.
 #[derive(Debug)]
 pub struct Transmit {
@@ -110,7 +134,8 @@ pub struct Transmit {
 
 /// Where an arriving frame's body goes: the engine's answer to its control part
 /// (`Engine::on_ctrl`), handed back filled (`Engine::on_body`). A stream transport has at most
-/// one body in flight per peer; a message transport calls both at once.
+/// one body in flight per peer; a transport holding a whole frame calls `Engine::on_frame`,
+/// which does both (and takes a message straight into a matched receive).
 #[derive(Debug)]
 pub enum Sink {
     /// Nowhere: the transport reads and drops the bytes.

@@ -560,6 +560,8 @@ impl Frame {
     }
 
     /// The prefix and control part of this frame, announcing a body of `body_len` bytes.
+    // Inlined where the frame is built, its kind known: the matches fold away.
+    #[inline]
     pub fn ctrl(&self, body_len: u64) -> Ctrl {
         if PREFIX + self.ctrl_len() <= SMALL_CTRL {
             let mut out = Inline::default();
@@ -573,6 +575,7 @@ impl Frame {
     }
 
     /// The length of its control part (after the prefix).
+    #[inline]
     fn ctrl_len(&self) -> usize {
         use std::mem::size_of;
         match self {
@@ -590,6 +593,7 @@ impl Frame {
     }
 
     /// Encodes the prefix and control part into `out` (empty, with room for them).
+    #[inline]
     fn fill<const N: usize>(&self, out: &mut Inline<N>, body_len: u64) {
         // Every push below fits: `ctrl` chose `N` from `ctrl_len`, and `MAX_ENCODED` bounds
         // the largest kind.

@@ -18,12 +18,22 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::sys;
 
 use crate::error::{DropErrors, HmemError, Unavailable};
-use crate::mem::{DeviceBuffer, HostMapped, IpcHandle, IpcMapping, Release};
+use crate::mem::{DeviceBuffer, Dmabuf, HostMapped, IpcHandle, IpcMapping, Release};
 use crate::{check_len, DeviceInfo, HmemIface, Iface, Owner, Result};
 use result::DriverError;
 
 /// `CU_MEMORYTYPE_DEVICE` (cuda.h).
 const CU_MEMORYTYPE_DEVICE: u32 = 2;
+
+/// The `page`-aligned span around `addr..addr + len`: its start and length, and where
+/// `addr` lies in it (`None`: the range wraps).
+fn page_span(addr: u64, len: usize, page: u64) -> Option<(u64, u64, u64)> {
+    let start = addr & !(page - 1);
+    let end = addr
+        .checked_add(len as u64)?
+        .checked_next_multiple_of(page)?;
+    Some((start, end - start, addr - start))
+}
 
 /// Wraps a driver error with the call that returned it.
 fn cuda_err(op: &'static str) -> impl FnOnce(DriverError) -> HmemError {
@@ -472,10 +482,46 @@ impl HmemIface for Cuda {
         ))
     }
 
+    fn dmabuf(&self, addr: *const u8, len: usize) -> Result<Dmabuf> {
+        const OP: &str = "cuMemGetHandleForAddressRange";
+        check_len(OP, len)?;
+        let state = self.state()?;
+        let Some(owner) = self.owns(addr)? else {
+            return Err(HmemError::inval(OP, "not CUDA device memory"));
+        };
+        if !result::has_symbol(OP) {
+            return Err(HmemError::unsupported(
+                Iface::Cuda,
+                OP,
+                "the driver has no cuMemGetHandleForAddressRange (older than CUDA 11.7)",
+            ));
+        }
+        let (start, span, offset) = page_span(addr as u64, len, crate::page_size() as u64)
+            .ok_or_else(|| HmemError::inval(OP, "the range wraps"))?;
+        let span = usize::try_from(span).map_err(|_| HmemError::inval(OP, "too long"))?;
+        state.with_ctx(OP, owner.device, |_| {
+            let fd = result::dmabuf_fd(start, span).map_err(cuda_err(OP))?;
+            Ok(Dmabuf { fd, offset })
+        })
+    }
+
     fn take_drop_errors(&self) -> Vec<HmemError> {
         match &self.state {
             Ok(s) => s.errors.take(),
             Err(_) => Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::page_span;
+
+    #[test]
+    fn dmabuf_spans_cover_whole_pages() {
+        assert_eq!(page_span(0x10000, 4096, 4096), Some((0x10000, 4096, 0)));
+        assert_eq!(page_span(0x10010, 4096, 4096), Some((0x10000, 8192, 0x10)));
+        assert_eq!(page_span(0x10fff, 1, 4096), Some((0x10000, 4096, 0xfff)));
+        assert_eq!(page_span(u64::MAX - 8, 16, 4096), None);
     }
 }

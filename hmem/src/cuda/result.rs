@@ -71,6 +71,36 @@ pub fn probe_library() -> Result<(), String> {
     Ok(())
 }
 
+/// Whether the loaded libcuda exports `name` (a call newer than [`REQUIRED_SYMBOLS`]: cudarc
+/// would panic calling it where it is missing). Only after [`probe_library`] succeeded.
+pub fn has_symbol(name: &str) -> bool {
+    // SAFETY: probe_library loaded the library; looking a symbol up runs no code.
+    let lib = unsafe { sys::culib() };
+    // SAFETY: as above; the pointer is not used.
+    unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_ok()
+}
+
+/// `cuMemGetHandleForAddressRange(DMA_BUF_FD)` (CUDA 11.7 and later, where the device and its
+/// kernel driver support dma-buf): a dma-buf for `size` bytes of device memory at `ptr`,
+/// both host-page aligned. Only where [`has_symbol`] says the driver has the call.
+pub fn dmabuf_fd(ptr: sys::CUdeviceptr, size: usize) -> Result<std::os::fd::OwnedFd, DriverError> {
+    use std::os::fd::FromRawFd;
+    let mut fd: c_int = -1;
+    // SAFETY: writes one int (the descriptor) on success.
+    unsafe {
+        sys::cuMemGetHandleForAddressRange(
+            (&mut fd as *mut c_int).cast(),
+            ptr,
+            size,
+            sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+            0,
+        )
+    }
+    .result()?;
+    // SAFETY: a new descriptor the driver made for us, owned once here.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
 /// `cuDriverGetVersion`, e.g. 13000 for CUDA 13.0.
 pub fn driver_version() -> Result<i32, DriverError> {
     let mut v = 0;

@@ -22,6 +22,12 @@
  * out of "device memory" the process could otherwise read directly). With
  * CUDA_DOUBLE_LAND_DELAY_US set, a synchronize waits that long before the held copies land,
  * as a busy device would (so a test can see who reports data before it is there).
+ *
+ * dma-buf: cuMemGetHandleForAddressRange answers CUDA_ERROR_NOT_SUPPORTED, as for a device
+ * without dma-buf support, unless CUDA_DOUBLE_DMABUF names a DRM device that makes dumb
+ * buffers (vgem's /dev/dri/card0): then every cuMemAlloc is such a buffer, mapped, and
+ * exported as a dma-buf (a real one: its pages are the "device memory"), and the call hands
+ * out a duplicate of that dma-buf for a whole allocation (the double cannot cut one).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -30,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -51,6 +58,7 @@ typedef struct { char reserved[64]; } CUipcMemHandle;
 #define CUDA_ERROR_INVALID_HANDLE 400
 #define CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED 712
 #define CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED 713
+#define CUDA_ERROR_NOT_SUPPORTED 801
 
 enum kind { DEVICE_ALLOC, HOST_ALLOC, HOST_REGISTERED, IPC_MAPPED };
 
@@ -59,7 +67,8 @@ struct region {
 	size_t len;
 	enum kind kind;
 	int device;
-	int fd; /* DEVICE_ALLOC only */
+	int fd; /* DEVICE_ALLOC only: a memfd, or the dma-buf of a DRM dumb buffer */
+	unsigned gem; /* that dumb buffer's handle, 0 for a memfd */
 };
 
 struct ctx { int magic; int device; int refs; };
@@ -103,7 +112,7 @@ static CUresult add(char *base, size_t len, enum kind kind, int device, int fd)
 {
 	if (nregions == MAX_REGIONS)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	regions[nregions++] = (struct region){ base, len, kind, device, fd };
+	regions[nregions++] = (struct region){ base, len, kind, device, fd, 0 };
 	return CUDA_SUCCESS;
 }
 
@@ -364,12 +373,79 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, struct strea
 	return r;
 }
 
+/* DRM's ioctls for dumb buffers and PRIME export (drm.h, drm_mode.h). */
+struct drm_create_dumb { uint32_t height, width, bpp, flags, handle, pitch; uint64_t size; };
+struct drm_map_dumb { uint32_t handle, pad; uint64_t offset; };
+struct drm_prime { uint32_t handle, flags; int32_t fd; };
+struct drm_gem_close { uint32_t handle, pad; };
+#define DRM_IOCTL_MODE_CREATE_DUMB _IOWR('d', 0xB2, struct drm_create_dumb)
+#define DRM_IOCTL_MODE_MAP_DUMB _IOWR('d', 0xB3, struct drm_map_dumb)
+#define DRM_IOCTL_PRIME_HANDLE_TO_FD _IOWR('d', 0x2d, struct drm_prime)
+#define DRM_IOCTL_GEM_CLOSE _IOW('d', 0x09, struct drm_gem_close)
+
+static int drm = -1;
+
+/* Device memory from the DRM device CUDA_DOUBLE_DMABUF names: a dumb buffer of whole pages,
+ * mapped, and its dma-buf. 0 on success. */
+static int alloc_dmabuf(const char *dev, size_t len, char **p, int *fd, unsigned *gem)
+{
+	pthread_mutex_lock(&lock);
+	if (drm < 0)
+		drm = open(dev, O_RDWR | O_CLOEXEC);
+	int card = drm;
+	pthread_mutex_unlock(&lock);
+	if (card < 0)
+		return -1;
+	/* Rows of 4096 bytes (1024 pixels of 32 bits). */
+	struct drm_create_dumb c = { .height = (uint32_t)((len + 4095) / 4096), .width = 1024, .bpp = 32 };
+	if (ioctl(card, DRM_IOCTL_MODE_CREATE_DUMB, &c) != 0)
+		return -1;
+	struct drm_gem_close g = { .handle = c.handle };
+	struct drm_map_dumb m = { .handle = c.handle };
+	struct drm_prime x = { .handle = c.handle, .flags = O_CLOEXEC | O_RDWR };
+	if (ioctl(card, DRM_IOCTL_MODE_MAP_DUMB, &m) != 0 || ioctl(card, DRM_IOCTL_PRIME_HANDLE_TO_FD, &x) != 0) {
+		ioctl(card, DRM_IOCTL_GEM_CLOSE, &g);
+		return -1;
+	}
+	*p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, card, (off_t)m.offset);
+	if (*p == MAP_FAILED) {
+		close(x.fd);
+		ioctl(card, DRM_IOCTL_GEM_CLOSE, &g);
+		return -1;
+	}
+	*fd = x.fd;
+	*gem = c.handle;
+	return 0;
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr *d, size_t len)
 {
 	if (!current())
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (len == 0)
 		return CUDA_ERROR_INVALID_VALUE;
+	const char *dev = getenv("CUDA_DOUBLE_DMABUF");
+	if (dev && *dev) {
+		char *p;
+		int fd;
+		unsigned gem;
+		if (alloc_dmabuf(dev, len, &p, &fd, &gem) != 0)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		pthread_mutex_lock(&lock);
+		CUresult r = add(p, len, DEVICE_ALLOC, current()->device, fd);
+		if (r == CUDA_SUCCESS)
+			regions[nregions - 1].gem = gem;
+		pthread_mutex_unlock(&lock);
+		if (r != CUDA_SUCCESS) {
+			struct drm_gem_close g = { .handle = gem };
+			munmap(p, len);
+			close(fd);
+			ioctl(drm, DRM_IOCTL_GEM_CLOSE, &g);
+			return r;
+		}
+		*d = (CUdeviceptr)(uintptr_t)p;
+		return CUDA_SUCCESS;
+	}
 	int fd = (int)syscall(SYS_memfd_create, "cuda-double", 0);
 	if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
 		if (fd >= 0)
@@ -406,6 +482,10 @@ static CUresult remove_region(const void *p, enum kind kind, CUresult missing)
 		munmap(r->base, r->len);
 	if (kind == DEVICE_ALLOC)
 		close(r->fd);
+	if (r->gem) {
+		struct drm_gem_close g = { .handle = r->gem };
+		ioctl(drm, DRM_IOCTL_GEM_CLOSE, &g);
+	}
 	*r = regions[--nregions];
 	pthread_mutex_unlock(&lock);
 	return CUDA_SUCCESS;
@@ -541,4 +621,34 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr d)
 	if (!current())
 		return CUDA_ERROR_INVALID_CONTEXT;
 	return remove_region((void *)(uintptr_t)d, IPC_MAPPED, CUDA_ERROR_INVALID_VALUE);
+}
+
+/* CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD (1): a dma-buf for a whole allocation, where it has one
+ * (see the top); the driver's own checks: page-aligned range, known device memory. */
+CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size, int type,
+				       unsigned long long flags)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	if (!current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!handle || type != 1 || flags != 0 || size == 0 || dptr % (CUdeviceptr)page != 0 ||
+	    size % (size_t)page != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&lock);
+	struct region *r = find((void *)(uintptr_t)dptr);
+	CUresult res = CUDA_SUCCESS;
+	size_t span = r ? (r->len + (size_t)page - 1) / (size_t)page * (size_t)page : 0;
+	if (!r || r->kind != DEVICE_ALLOC || dptr + size > (CUdeviceptr)(uintptr_t)r->base + span)
+		res = CUDA_ERROR_INVALID_VALUE;
+	else if (!r->gem || r->base != (char *)(uintptr_t)dptr)
+		res = CUDA_ERROR_NOT_SUPPORTED;
+	else {
+		int fd = fcntl(r->fd, F_DUPFD_CLOEXEC, 0);
+		if (fd < 0)
+			res = CUDA_ERROR_OUT_OF_MEMORY;
+		else
+			*(int *)handle = fd;
+	}
+	pthread_mutex_unlock(&lock);
+	return res;
 }

@@ -51,6 +51,28 @@ pub trait Handler {
     /// or to the body's if shorter; `Sink::Iov`: its first `iov.total()` bytes written, any
     /// rest read and dropped; `Discard`: read and dropped). Called even for `body_len` 0.
     fn on_body(&mut self, peer: PeerId, sink: Sink);
+    /// A whole frame arrived from `peer`: its prefix, exactly its control part, and its whole
+    /// body, in hand. What `on_ctrl` and then `on_body` do, with the body put where `on_ctrl`
+    /// answers; `Ok(false)`: `on_ctrl` answered `Sink::Wait`, nothing was taken, and the same
+    /// frame is offered again later. The engine takes a message this way without the
+    /// two-step exchange.
+    fn on_frame(
+        &mut self,
+        peer: PeerId,
+        addr: SocketAddr,
+        prefix: &Prefix,
+        ctrl: &[u8],
+        body: &[u8],
+    ) -> Result<bool, WireError> {
+        let sink = self.on_ctrl(peer, addr, prefix, ctrl)?;
+        if matches!(sink, Sink::Wait) {
+            return Ok(false);
+        }
+        // SAFETY: the sink is `on_ctrl`'s answer, handed back just below.
+        let sink = unsafe { sink.fill(body) };
+        self.on_body(peer, sink);
+        Ok(true)
+    }
     /// Every byte of a `Transmit` that had a token was handed to the kernel.
     fn on_sent(&mut self, peer: PeerId, token: u64);
     /// The connection to `peer` failed (refused, reset, EOF, garbage, handshake failure):
@@ -1386,6 +1408,25 @@ impl Conn {
                     let need = PREFIX + p.ctrl_len as usize;
                     if avail < need {
                         break;
+                    }
+                    // The whole frame is here (small frames usually are): handed over in
+                    // one call.
+                    if let Some(whole) =
+                        (p.body_len <= (avail - need) as u64).then(|| need + p.body_len as usize)
+                    {
+                        let taken = h
+                            .on_frame(peer, addr, &p, &buf[PREFIX..need], &buf[need..whole])
+                            .map_err(|e| {
+                                warn!(peer, "tcp: refused frame from a peer: {e}");
+                                libc::EPROTO
+                            })?;
+                        self.waiting = !taken;
+                        if !taken {
+                            break;
+                        }
+                        self.rs += whole;
+                        frames += 1;
+                        continue;
                     }
                     let sink = h.on_ctrl(peer, addr, &p, &buf[PREFIX..need]).map_err(|e| {
                         warn!(peer, "tcp: refused frame from a peer: {e}");

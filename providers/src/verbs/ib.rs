@@ -322,6 +322,35 @@ impl Mr {
         )
     }
 
+    /// Registers `len` bytes at `offset` of the dma-buf `fd` (device memory), known to peers
+    /// from `iova`. `None` where the library is too old for dma-bufs; the error is the
+    /// device's answer (rxe: `EOPNOTSUPP`).
+    ///
+    /// # Safety
+    /// The dma-buf's memory must stay allocated while the region lives (the registration
+    /// holds its own reference to the dma-buf, not to the allocation behind it).
+    pub unsafe fn from_dmabuf(
+        nic: &Arc<Nic>,
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: i32,
+    ) -> Option<Result<Mr>> {
+        use std::os::fd::AsRawFd;
+        let f = nic.v.reg_dmabuf_mr?;
+        // SAFETY: our PD and an open descriptor; the caller keeps the memory allocated.
+        let mr = unsafe { f(nic.pd.as_ptr(), offset, len, iova, fd.as_raw_fd(), access) };
+        Some(
+            NonNull::new(mr)
+                .map(|mr| Mr {
+                    nic: nic.clone(),
+                    mr,
+                })
+                .ok_or_else(|| os_err("ibv_reg_dmabuf_mr")),
+        )
+    }
+
     pub fn lkey(&self) -> u32 {
         // SAFETY: ours, alive.
         unsafe { (*self.mr.as_ptr()).lkey }
@@ -359,6 +388,9 @@ unsafe impl Send for Qp {}
 
 /// Send and receive queue depths of every QP.
 pub const SQ_DEPTH: u32 = 256;
+/// Reads and atomics a QP has outstanding at most, as initiator and as responder (what
+/// `connect` sets: rxe allows 128, common hardware 16).
+pub const RD_ATOMIC: u8 = 16;
 
 impl Qp {
     /// A new RC QP in INIT, its receive queue `rq_depth` deep.
@@ -429,7 +461,7 @@ impl Qp {
             path_mtu: sys::IBV_MTU_1024,
             dest_qp_num: remote.qpn,
             rq_psn: remote.psn,
-            max_dest_rd_atomic: 16,
+            max_dest_rd_atomic: RD_ATOMIC,
             min_rnr_timer: 12,
             ah_attr: sys::ibv_ah_attr {
                 grh: sys::ibv_global_route {
@@ -464,7 +496,7 @@ impl Qp {
             retry_cnt: 7,
             // Never relied on (credits keep receives posted): a bug shows as an error.
             rnr_retry: 3,
-            max_rd_atomic: 16,
+            max_rd_atomic: RD_ATOMIC,
             ..Default::default()
         };
         self.modify(

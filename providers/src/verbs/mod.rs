@@ -59,6 +59,7 @@ static NATIVE_DONE: AtomicU64 = AtomicU64::new(0);
 static NATIVE_REFUSED: AtomicU64 = AtomicU64::new(0);
 static NATIVE_WRITES_IN: AtomicU64 = AtomicU64::new(0);
 static PULLS: AtomicU64 = AtomicU64::new(0);
+static READ_PIECES: AtomicU64 = AtomicU64::new(0);
 
 /// What this process's NIC did one-sidedly: evidence, for tests and diagnostics, of which
 /// path operations took.
@@ -72,6 +73,30 @@ pub struct NativeCounts {
     pub writes_in: u64,
     /// Copies of a peer's memory the NIC made for the engine (large messages read by RDMA).
     pub pulls: u64,
+    /// Work requests the application's large RDMA reads were posted as (each of at most
+    /// 256 KiB; a read of up to 256 KiB is one work request and not counted here).
+    pub read_pieces: u64,
+}
+
+/// How CUDA memory registered in verbs domains went in this process: by dma-buf (the NIC
+/// reaches it) or staged through host memory (the engine does), and why the last staged one
+/// was (the driver, the library or the device refusing).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// Regions registered with the NIC by dma-buf.
+    pub by_dmabuf: u64,
+    /// Regions left staged.
+    pub staged: u64,
+    /// Why the last staged one was.
+    pub why_staged: Option<String>,
+}
+
+/// The device-memory registrations so far.
+pub fn device_memory() -> DeviceMemory {
+    mr::DEVICE_MEMORY
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
 }
 
 /// The counts so far.
@@ -81,6 +106,7 @@ pub fn native_counts() -> NativeCounts {
         refused: NATIVE_REFUSED.load(Ordering::Relaxed),
         writes_in: NATIVE_WRITES_IN.load(Ordering::Relaxed),
         pulls: PULLS.load(Ordering::Relaxed),
+        read_pieces: READ_PIECES.load(Ordering::Relaxed),
     }
 }
 
@@ -244,7 +270,8 @@ impl DomainOps for VerbsDomain {
     }
 
     fn hmem(&self) -> Option<Arc<dyn HmemOps>> {
-        // Device memory is staged through host buffers, as tcp does (see the README).
+        // Operations' device buffers are staged through host buffers, as tcp does; CUDA
+        // regions go to the NIC by dma-buf where it can (`mr`; see the README).
         Some(GlobalHmem::ops())
     }
 

@@ -9,14 +9,23 @@
 //! through the engine. The bits come from a peer and are untrusted: they only choose the
 //! path; the NIC checks the rkey, the range and the access itself.
 //!
-//! What stays core's alone (the engine executes remote accesses to it): device memory (staged
-//! through host buffers), domains
+//! CUDA memory is registered by dma-buf where the driver exports one
+//! (`cuMemGetHandleForAddressRange`, through hmem) and the device takes it
+//! (`ibv_reg_dmabuf_mr`): peers' NICs then read and write it themselves (GPUDirect RDMA).
+//! Where either refuses, the region stays core's: its remote accesses are the engine's,
+//! staged through host buffers as shm and tcp do, and the refusal is kept
+//! (`super::device_memory`). Operations' own local device buffers are staged by the endpoint
+//! either way.
+//!
+//! What else stays core's alone (the engine executes remote accesses to it): other device
+//! memory (Level Zero), domains
 //! with application-chosen keys (no `FI_MR_PROV_KEY`: the key cannot be the rkey), offset
 //! addressing where the library cannot register at a chosen I/O address, and ranges the
 //! device refuses.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::os::fd::AsFd;
+use std::sync::{Arc, Mutex, RwLock};
 
 use xfabric_core::consts::*;
 use xfabric_core::{Iface, MrAttr, ProviderMr};
@@ -81,7 +90,15 @@ pub fn ib_access(access: u64) -> i32 {
 /// virtual address the NIC is to know the region's start by. `None`: the NIC is not told of
 /// it (device memory, application-chosen keys).
 pub fn iova_for(attr: &MrAttr, mr_mode: u32) -> Option<u64> {
-    if mr_mode & FI_MR_PROV_KEY == 0 || attr.iface != Iface::System || attr.len == 0 {
+    if attr.iface != Iface::System {
+        return None;
+    }
+    iova(attr, mr_mode)
+}
+
+/// As `iova_for`, whoever owns the memory.
+fn iova(attr: &MrAttr, mr_mode: u32) -> Option<u64> {
+    if mr_mode & FI_MR_PROV_KEY == 0 || attr.len == 0 {
         return None;
     }
     Some(if mr_mode & FI_MR_VIRT_ADDR != 0 {
@@ -89,6 +106,54 @@ pub fn iova_for(attr: &MrAttr, mr_mode: u32) -> Option<u64> {
     } else {
         attr.offset
     })
+}
+
+/// How device memory registrations went in this process (`super::device_memory`).
+pub(super) static DEVICE_MEMORY: Mutex<super::DeviceMemory> = Mutex::new(super::DeviceMemory {
+    by_dmabuf: 0,
+    staged: 0,
+    why_staged: None,
+});
+
+fn device_outcome(r: &std::result::Result<Mr, String>) {
+    let mut d = DEVICE_MEMORY.lock().unwrap_or_else(|e| e.into_inner());
+    match r {
+        Ok(_) => d.by_dmabuf += 1,
+        Err(why) => {
+            tracing::info!("verbs: CUDA region staged through host memory: {why}");
+            d.staged += 1;
+            d.why_staged = Some(why.clone());
+        }
+    }
+}
+
+/// CUDA memory registered by dma-buf, or why not (see the module).
+///
+/// # Safety
+/// The range stays allocated device memory while the returned region lives.
+unsafe fn register_dmabuf(nic: &Arc<Nic>, attr: &MrAttr, mr_mode: u32) -> Option<Mr> {
+    let r = (|| {
+        let Some(iova) = iova(attr, mr_mode) else {
+            return Err("the domain's keys are the application's (no FI_MR_PROV_KEY)".into());
+        };
+        if nic.v.reg_dmabuf_mr.is_none() {
+            return Err("libibverbs has no ibv_reg_dmabuf_mr (rdma-core older than 34)".into());
+        }
+        let cuda = xfabric_hmem::Hmem::global().get(Iface::Cuda);
+        let d = cuda
+            .dmabuf(attr.addr as *const u8, attr.len)
+            .map_err(|e| format!("CUDA exports no dma-buf for it: {e}"))?;
+        let access = ib_access(attr.access);
+        // SAFETY: the caller keeps the device memory allocated while the region lives.
+        let mr = unsafe { Mr::from_dmabuf(nic, d.fd.as_fd(), d.offset, attr.len, iova, access) };
+        match mr {
+            Some(Ok(mr)) => Ok(mr),
+            Some(Err(e)) => Err(format!("{} refused the dma-buf: {e}", nic.name)),
+            None => Err("libibverbs has no ibv_reg_dmabuf_mr".into()),
+        }
+    })();
+    device_outcome(&r);
+    r.ok()
 }
 
 /// A registered range as endpoints look it up for their local memory.
@@ -167,6 +232,12 @@ pub unsafe fn register(
     attr: &MrAttr,
     mr_mode: u32,
 ) -> Option<NicMr> {
+    if attr.iface == Iface::Cuda && attr.len > 0 {
+        // SAFETY: the caller keeps the range valid while the region lives.
+        let mr = unsafe { register_dmabuf(nic, attr, mr_mode) }?;
+        // Not in the registry: operations' local device buffers reach the provider staged.
+        return Some(nic_mr(mr, attr, reg));
+    }
     let iova = iova_for(attr, mr_mode)?;
     let addr = attr.addr as *mut u8;
     let mut access = ib_access(attr.access);
@@ -192,6 +263,22 @@ pub unsafe fn register(
             return None;
         }
     };
+    let m = nic_mr(mr, attr, reg);
+    if access & sys::IBV_ACCESS_LOCAL_WRITE != 0 {
+        reg.add(
+            attr.addr,
+            m.key,
+            Entry {
+                len: attr.len,
+                lkey: m._mr.lkey(),
+            },
+        );
+    }
+    Some(m)
+}
+
+/// The region of registration `mr` of `attr`, with its key.
+fn nic_mr(mr: Mr, attr: &MrAttr, reg: &Arc<Registry>) -> NicMr {
     // A region no peer may reach has no rkey on some NICs (rxe gives them all 0): its key,
     // which only has to be unique in the domain, is then made from its lkey (a peer naming
     // it is refused by the NIC, or by the engine, as for any region it may not reach).
@@ -202,22 +289,12 @@ pub unsafe fn register(
         write: attr.access & FI_REMOTE_WRITE != 0,
     }
     .encode();
-    if access & sys::IBV_ACCESS_LOCAL_WRITE != 0 {
-        reg.add(
-            attr.addr,
-            key,
-            Entry {
-                len: attr.len,
-                lkey: mr.lkey(),
-            },
-        );
-    }
-    Some(NicMr {
+    NicMr {
         key,
         addr: attr.addr,
         reg: reg.clone(),
         _mr: mr,
-    })
+    }
 }
 
 #[cfg(test)]

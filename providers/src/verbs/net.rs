@@ -28,8 +28,10 @@ use crate::tcp::addr;
 use crate::tcp::net::Handler;
 
 pub mod native;
+pub mod pieces;
 pub mod pull;
 use native::{Inflight, Shared, NATIVE_MAX};
+use pieces::{Owner, Transfer};
 
 /// Bytes of every chunk buffer (header included).
 pub const CHUNK: usize = 16 * 1024;
@@ -144,8 +146,15 @@ struct Link {
     natives: HashMap<u32, Inflight>,
     next_native: u32,
     /// Of those, reads and atomics: what is posted after them waits for them
-    /// (`IBV_SEND_FENCE`), so that nothing later changes memory they have yet to read.
+    /// (`IBV_SEND_FENCE`), so that nothing later changes memory they have yet to read. At
+    /// most `pieces::READ_DEPTH`.
     reads_out: usize,
+    /// Of those, atomics: a read posted after them waits for them.
+    atomics_out: usize,
+    /// Bytes the outstanding reads move (`pieces::READ_WINDOW`).
+    read_bytes: u64,
+    /// A transfer whose pieces are not all posted yet: nothing else goes before them.
+    posting: Option<Owner>,
     /// When the connection started (for `HELLO_TIME`).
     born: std::time::Instant,
     /// When its side channel was seen closed while one-sided operations were outstanding.
@@ -181,8 +190,8 @@ pub struct Net {
     core: Arc<EpCore>,
     /// What the engine's `native` decisions read: registrations, peers' flags.
     shared: Arc<Shared>,
-    /// Copies under way, by the engine's token.
-    copies: HashMap<u64, pull::CopyState>,
+    /// Transfers of several work requests under way (large reads, copies), by owner.
+    transfers: HashMap<Owner, Transfer>,
     /// Copies that ended with their connection or could not start: reported at the next
     /// `flush` or `push` (errno).
     copy_failed: Vec<(u64, i32)>,
@@ -223,7 +232,7 @@ impl Net {
             faults: super::faults(),
             core,
             shared,
-            copies: HashMap::new(),
+            transfers: HashMap::new(),
             copy_failed: Vec::new(),
         })
     }
@@ -279,10 +288,9 @@ impl Net {
     /// Whether anything waits to be sent or completed.
     pub fn busy(&self) -> bool {
         self.peers.iter().any(|p| !p.out.is_empty())
-            || self
-                .links
-                .values()
-                .any(|l| l.inflight > 0 || !l.natives.is_empty() || !l.held.is_empty())
+            || self.links.values().any(|l| {
+                l.inflight > 0 || !l.natives.is_empty() || !l.held.is_empty() || l.posting.is_some()
+            })
     }
 
     fn new_link(&mut self, peer: PeerId, stream: TcpStream, state: State) -> Result<usize> {
@@ -325,6 +333,9 @@ impl Net {
             natives: HashMap::new(),
             next_native: 0,
             reads_out: 0,
+            atomics_out: 0,
+            read_bytes: 0,
+            posting: None,
             born: std::time::Instant::now(),
             closing: None,
         };
@@ -441,7 +452,7 @@ impl Net {
 
     /// Drops a connection (its QP with it).
     fn drop_link(&mut self, id: usize) {
-        self.end_link_copies(id, libc::ECONNRESET);
+        self.end_link_transfers(id, libc::ECONNRESET);
         if let Some(l) = self.links.remove(&id) {
             let _ = l.qp.to_error();
             if let Some(p) = self.peers.get_mut(l.peer) {
@@ -903,9 +914,45 @@ impl Net {
             return;
         }
         loop {
+            if l.posting.is_some() {
+                // The rest of a transfer's pieces go first.
+                match self.post_pieces(id) {
+                    native::Posted::Yes => {}
+                    native::Posted::NoRoom => return,
+                    native::Posted::Failed(_) | native::Posted::Broken(_) => {
+                        self.fail_link(id, libc::EIO, "cannot post a one-sided transfer");
+                        return;
+                    }
+                }
+                l = match self.links.get_mut(&id) {
+                    Some(l) => l,
+                    None => return,
+                };
+            }
             let p = &mut self.peers[peer];
             match p.out.front() {
                 None => return,
+                Some(Out::Native(n)) if native::in_pieces(n) => {
+                    let n = *n;
+                    p.out.pop_front();
+                    match native::read_transfer(id, &n, &self.shared) {
+                        Ok(t) => match self.start_transfer(id, Owner::Native(n.token), t, h) {
+                            native::Posted::Yes | native::Posted::NoRoom => {}
+                            native::Posted::Failed(errno) => h.on_native(n.token, errno),
+                            native::Posted::Broken(e) => {
+                                warn!("verbs: {e}");
+                                self.fail_link(id, libc::EIO, "cannot post a one-sided read");
+                                return;
+                            }
+                        },
+                        Err(errno) => h.on_native(n.token, errno),
+                    }
+                    l = match self.links.get_mut(&id) {
+                        Some(l) => l,
+                        None => return,
+                    };
+                    continue;
+                }
                 Some(Out::Native(n)) => {
                     let n = *n;
                     match native::post(l, id, &n, &self.shared) {
@@ -924,20 +971,19 @@ impl Net {
                 }
                 Some(Out::Copy(c)) => {
                     let c = *c;
-                    match self.post_copy(id, &c) {
-                        native::Posted::Yes => {}
-                        native::Posted::NoRoom => return,
+                    p.out.pop_front();
+                    match self.post_copy(id, &c, h) {
+                        native::Posted::Yes | native::Posted::NoRoom => {}
                         native::Posted::Failed(errno) => {
                             h.on_copied(c.token, xfabric_core::rdm::Copied::Failed(errno))
                         }
                         native::Posted::Broken(e) => {
-                            self.peers[peer].out.pop_front();
+                            // Its transfer ends with the connection (`end_link_transfers`).
                             warn!("verbs: {e}");
                             self.fail_link(id, libc::EIO, "cannot post a copy");
                             return;
                         }
                     }
-                    self.peers[peer].out.pop_front();
                     l = match self.links.get_mut(&id) {
                         Some(l) => l,
                         None => return,
@@ -1033,7 +1079,7 @@ impl Net {
             }
         }
         for id in self.link_ids() {
-            self.end_link_copies(id, libc::ECANCELED);
+            self.end_link_transfers(id, libc::ECANCELED);
         }
         self.links.clear();
         // Copies never posted end too; `push` reports them all.

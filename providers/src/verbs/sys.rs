@@ -339,8 +339,15 @@ pub struct Verbs {
     /// `ibv_reg_mr_iova2` (rdma-core 22 and later): a registration whose remote addresses
     /// start at a chosen I/O virtual address; absent from older libraries.
     pub reg_mr_iova2: Option<RegMrIova2>,
+    /// `ibv_reg_dmabuf_mr` (rdma-core 34 and later): a registration of a dma-buf's pages
+    /// (device memory a GPU driver exports); absent from older libraries.
+    pub reg_dmabuf_mr: Option<RegDmabufMr>,
     _lib: Library,
 }
+
+/// `ibv_reg_dmabuf_mr(pd, offset, length, iova, fd, access)`.
+pub type RegDmabufMr =
+    unsafe extern "C" fn(*mut ibv_pd, u64, usize, u64, c_int, c_int) -> *mut ibv_mr;
 
 /// `ibv_reg_mr_iova2(pd, addr, length, iova, access)`.
 pub type RegMrIova2 =
@@ -383,6 +390,10 @@ impl Verbs {
             destroy_qp: sym!("ibv_destroy_qp"),
             // SAFETY: as `sym!`; a missing symbol is an older library, not an error.
             reg_mr_iova2: unsafe { lib.get::<RegMrIova2>(b"ibv_reg_mr_iova2\0") }
+                .ok()
+                .map(|s| *s),
+            // SAFETY: as above.
+            reg_dmabuf_mr: unsafe { lib.get::<RegDmabufMr>(b"ibv_reg_dmabuf_mr\0") }
                 .ok()
                 .map(|s| *s),
             _lib: lib,

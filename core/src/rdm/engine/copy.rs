@@ -26,13 +26,15 @@ pub(super) struct Serve {
 }
 
 enum ServeOp {
-    /// A write of `len` bytes into `dest` (the checked `segs`).
+    /// A write of `len` bytes into `dest` (the checked `segs`); where `dest` is device
+    /// memory, copied into the bounce buffer of `staged` and landed from there.
     Write {
         id: u32,
         fl: u8,
         data: u64,
         segs: RmaIovList,
         dest: IovList,
+        staged: Option<Context>,
     },
     /// A read of `local`.
     Read { id: u32, local: IovList },
@@ -139,8 +141,12 @@ impl Engine {
     }
 
     /// A write whose initiator offered its memory (`desc`): the transport copies it into
-    /// the checked ranges, or, where it cannot (device memory, refused), the data is asked
-    /// for.
+    /// the checked ranges (device memory: into a bounce buffer, landed from there when the
+    /// copy is done), or, where it cannot (refused), the data is asked for.
+    ///
+    /// Device memory is copied through a bounce buffer rather than asked for: the peer's
+    /// later requests wait behind this write (`holding`), and a transport with one ordered
+    /// stream per peer keeps them at its head, so a `Data` behind them would never be read.
     pub(super) fn serve_write(
         &mut self,
         peer: PeerId,
@@ -150,9 +156,17 @@ impl Engine {
         segs: RmaIovList,
         desc: Desc,
     ) {
-        let (dest, host) = match target::resolve(&self.core, &segs, FI_REMOTE_WRITE) {
+        let (dest, device) = match target::resolve(&self.core, &segs, FI_REMOTE_WRITE) {
             Err(e) => return self.ack(peer, id, e),
-            Ok((iov, staged)) => (iov, staged.is_none()),
+            Ok(r) => r,
+        };
+        let (into, staged) = match device {
+            None => (Some(dest), None),
+            Some(owned) if self.can_copy() && self.core.hmem().is_some() => {
+                let (ctx, bounce) = self.core.stage_remote(owned);
+                (Some(bounce), Some(ctx))
+            }
+            Some(_) => (None, None),
         };
         let op = ServeOp::Write {
             id,
@@ -160,8 +174,11 @@ impl Engine {
             data,
             segs,
             dest,
+            staged,
         };
-        let copy = (host && self.can_copy()).then_some((Dir::Read, desc, dest, segs.total()));
+        let copy = into
+            .filter(|_| self.can_copy())
+            .map(|into| (Dir::Read, desc, into, segs.total()));
         self.serve(peer, op, copy);
     }
 
@@ -282,14 +299,23 @@ impl Engine {
         };
         s.copying = false;
         if s.ended {
-            self.served.remove(i);
+            if let ServeOp::Write {
+                staged: Some(ctx), ..
+            } = self.served.remove(i).op
+            {
+                self.core.drop_remote(ctx);
+            }
             return;
         }
         let peer = s.peer;
         if how == Copied::Refused {
             self.pull_refused = true;
-            if matches!(s.op, ServeOp::Write { .. }) {
-                // The data comes through frames; later requests keep waiting for it.
+            if let ServeOp::Write { staged, .. } = &mut s.op {
+                // The data comes through frames (staged again there, as any write's); later
+                // requests keep waiting for it.
+                if let Some(ctx) = staged.take() {
+                    self.core.drop_remote(ctx);
+                }
                 return self.ask_data(peer, i);
             }
         }
@@ -304,9 +330,18 @@ impl Engine {
                 data,
                 segs,
                 dest,
+                staged,
             } => {
                 let data = (fl & flags::CQ_DATA != 0).then_some(data);
-                self.write_landed(peer, id, fl, data, status, segs.total(), &dest, None);
+                // A copy that failed leaves nothing to land.
+                let staged = match staged {
+                    Some(ctx) if status != 0 => {
+                        self.core.drop_remote(ctx);
+                        None
+                    }
+                    s => s,
+                };
+                self.write_landed(peer, id, fl, data, status, segs.total(), &dest, staged);
             }
             ServeOp::Read { id, local } => {
                 let body = match how {

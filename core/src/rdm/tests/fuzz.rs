@@ -213,7 +213,7 @@ fn fuzz_engine(frames: &[(usize, Input, Vec<u8>)]) {
         .send(send(4, &big[..20], None, None, FI_DELIVERY_COMPLETE));
     posted.extend([1, 2, 3, 4]);
     let b = &mut net.b;
-    for (peer, input, body) in frames {
+    for (i, (peer, input, body)) in frames.iter().enumerate() {
         let ctrl = match input {
             Input::Frame(f) => f.to_vec(body.len() as u64),
             Input::Raw { kind, flags, ctrl } => {
@@ -230,10 +230,19 @@ fn fuzz_engine(frames: &[(usize, Input, Vec<u8>)]) {
             }
         };
         let Ok(p) = wire::prefix(&ctrl) else { continue };
-        match b.eng.on_ctrl(*peer, *peer as u64, &p, &ctrl[PREFIX..]) {
-            Ok(sink) => b.eng.on_body(*peer, fill(sink, body)),
+        // Every other frame whole, as a message transport hands it over.
+        let r = if i % 2 == 1 {
+            b.eng
+                .on_frame(*peer, *peer as u64, &p, &ctrl[PREFIX..], body)
+                .map(|_| ())
+        } else {
+            b.eng
+                .on_ctrl(*peer, *peer as u64, &p, &ctrl[PREFIX..])
+                .map(|sink| b.eng.on_body(*peer, fill(sink, body)))
+        };
+        if r.is_err() {
             // The transport drops a peer that speaks garbage.
-            Err(_) => b.eng.on_lost(*peer, FI_ECONNRESET),
+            b.eng.on_lost(*peer, FI_ECONNRESET);
         }
         while let Some(t) = b.eng.poll_transmit() {
             let _ = body_bytes(&t.body);

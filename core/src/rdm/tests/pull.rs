@@ -286,6 +286,84 @@ fn rma_write_refused_or_unservable_goes_through_frames() {
     net.a.one(3);
 }
 
+/// A write into device memory the target's transport copies into a bounce buffer (landed in
+/// the device memory before the acknowledgement), not asked for through frames: the peer's
+/// later requests wait behind the write, and a transport with one ordered stream per peer
+/// keeps them at its head, so a `Data` behind them would never be read (over verbs, a write
+/// into a staged window and a read at once hung). Refused, it goes through frames as any.
+#[test]
+fn rma_write_into_device_memory_pulled_through_a_bounce_buffer() {
+    let fake = Arc::new(FakeHmem::default());
+    let tgt = vec![0u8; 400];
+    fake.add(&tgt);
+    let data = pattern(300, 44);
+    let mut net = Net::sides(World::with_hmem(fake.clone()), true, true);
+    let attr = MrAttr {
+        addr: tgt.as_ptr() as usize,
+        len: tgt.len(),
+        access: FI_REMOTE_READ | FI_REMOTE_WRITE,
+        requested_key: KEY,
+        iface: Iface::Cuda,
+        device: 0,
+        ..Default::default()
+    };
+    // SAFETY: `tgt` outlives the region (declared before `net`, which keeps it).
+    net.mr = Some(unsafe { net.world.domain.mr_regattr(&attr, 0) }.unwrap());
+    let at = net.raddr(tgt.as_ptr(), 0);
+    net.a.rma(rma(
+        1,
+        iov(&data),
+        &[seg(at + 50, 300, KEY)],
+        Some(7),
+        FI_WRITE,
+    ));
+    assert_eq!(net.flush(S::A), vec![Kind::Write]);
+    let p = net.b.eng.poll_copy().expect("a copy, not a Cts");
+    assert_eq!((p.dir, p.len), (Dir::Read, 300));
+    let into = p.local.segs()[0].addr;
+    assert!(
+        !(tgt.as_ptr() as usize..tgt.as_ptr() as usize + tgt.len()).contains(&into),
+        "copied into a bounce buffer, not the device memory"
+    );
+    assert!(net.b.core.staging.any());
+    perform(&p);
+    assert!(
+        tgt.iter().all(|&x| x == 0),
+        "not landed before the copy is done"
+    );
+    net.b.eng.on_copied(p.token, Copied::Done);
+    net.report();
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    net.a.one(1);
+    assert_eq!(net.b.one(0).data, 7);
+    assert_eq!(&tgt[50..350], &data[..]);
+    assert!(fake.from_host.load(std::sync::atomic::Ordering::Acquire) > 0);
+    assert!(!net.b.core.staging.any());
+    // A copy that fails: nothing lands, the bounce buffer goes.
+    net.a
+        .rma(rma(2, iov(&data), &[seg(at, 300, KEY)], None, FI_WRITE));
+    net.flush(S::A);
+    let p = net.b.eng.poll_copy().expect("a copy");
+    net.b.eng.on_copied(p.token, Copied::Failed(FI_EFAULT));
+    net.report();
+    net.pump();
+    assert_eq!(net.a.one_err(2).err, FI_EFAULT);
+    assert!(!net.b.core.staging.any());
+    // Refused: the bounce buffer goes, the data comes through frames, staged as any write's.
+    net.a
+        .rma(rma(3, iov(&data), &[seg(at, 300, KEY)], None, FI_WRITE));
+    net.flush(S::A);
+    let p = net.b.eng.poll_copy().expect("a copy");
+    net.b.eng.on_copied(p.token, Copied::Refused);
+    net.report();
+    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
+    assert_eq!(net.flush(S::A), vec![Kind::Data]);
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    net.a.one(3);
+    assert_eq!(&tgt[..300], &data[..]);
+    assert!(!net.b.core.staging.any());
+}
+
 /// A's read `ctx` of 300 bytes at `at` into `back`, which B's transport ends with `how`
 /// (performing it first when `Done`); B's answer moved to A.
 fn read_served(net: &mut Net, ctx: Context, back: &mut [u8], at: u64, how: Copied) {

@@ -32,6 +32,7 @@ use xfabric_core::settings;
 use xfabric_core::CntrClass;
 
 use super::super::mr::{NicKey, Registry};
+use super::pieces::{read_room, split, Owner, Transfer, PIECE, READ_DEPTH};
 use super::*;
 
 /// One-sided operations one connection may have posted at once (`MAX_LINKS` counts them).
@@ -159,12 +160,8 @@ impl OneSided for VerbsOneSided {
         };
         let kind_ok = match n.kind {
             NativeKind::Write { data } => k.write && imm_for(data).is_some(),
-            // A larger read goes through the engine: across two rxe devices a 1 MiB and a
-            // 4 MiB read at once never completed (the responder's dropped responses, then
-            // nothing; see `pull::PIECE`).
-            NativeKind::Read => {
-                k.read && self.shared.quiet(peer) && n.len as u64 <= super::pull::PIECE
-            }
+            // A read above `pieces::PIECE` goes as several work requests (`pieces`).
+            NativeKind::Read => k.read && self.shared.quiet(peer),
             NativeKind::FetchAdd { .. } | NativeKind::CompareSwap { .. } => {
                 // An atomic reads too where its old value is wanted (and an add of 0 is a
                 // read); the NIC needs the word aligned.
@@ -177,22 +174,25 @@ impl OneSided for VerbsOneSided {
     }
 }
 
-/// A one-sided operation posted on a connection (or a piece of a copy: `pull`).
+/// A one-sided operation posted on a connection (or a piece of a larger one: `pieces`).
 pub(super) struct Inflight {
     token: u64,
     kind: NativeKind,
     local: IovList,
     /// The send buffer it bounces through, if its memory is not registered.
     bounce: Option<usize>,
-    /// A piece of the engine's copy `token`, not an operation of its own.
-    copy: bool,
+    /// A piece of this transfer, not an operation of its own.
+    part: Option<Owner>,
+    /// Bytes it reads (`Link::read_bytes`).
+    reads: u64,
 }
 
 impl Inflight {
-    /// A piece of copy `token`: a read of the peer's memory, or a write into it.
-    pub(super) fn copy(token: u64, read: bool) -> Inflight {
+    /// A piece of `owner`'s transfer: a read of `len` bytes of the peer's memory, or a write
+    /// into it.
+    pub(super) fn piece(owner: Owner, read: bool, len: u32) -> Inflight {
         Inflight {
-            token,
+            token: 0,
             kind: if read {
                 NativeKind::Read
             } else {
@@ -200,7 +200,8 @@ impl Inflight {
             },
             local: IovList::default(),
             bounce: None,
-            copy: true,
+            part: Some(owner),
+            reads: if read { u64::from(len) } else { 0 },
         }
     }
 }
@@ -217,13 +218,43 @@ pub enum Posted {
 }
 
 /// `IBV_SEND_FENCE` where reads or atomics are still outstanding on the connection: what is
-/// posted now must not pass them.
+/// posted now (a send, a write, an atomic) must not pass them.
 pub(super) fn fence(l: &Link) -> u32 {
     if l.reads_out > 0 {
         sys::IBV_SEND_FENCE
     } else {
         0
     }
+}
+
+/// `IBV_SEND_FENCE` for a read where atomics are outstanding: a read must see what an earlier
+/// atomic stored. Reads after reads change nothing and go unfenced, so that a large read's
+/// pieces are in flight together.
+pub(super) fn read_fence(l: &Link) -> u32 {
+    if l.atomics_out > 0 {
+        sys::IBV_SEND_FENCE
+    } else {
+        0
+    }
+}
+
+/// The transfer that posts a read of more than `PIECE` bytes into registered local memory.
+pub(super) fn read_transfer(id: usize, n: &Native, shared: &Shared) -> Result<Transfer, i32> {
+    let k = NicKey::decode(n.key).ok_or(FI_EINVAL)?;
+    let [s] = n.local.segs() else {
+        return Err(FI_EINVAL);
+    };
+    if s.len != n.len {
+        return Err(FI_EINVAL);
+    }
+    let lkey = shared.reg.lkey(s.addr, s.len).ok_or(FI_EINVAL)?;
+    let pieces = split(s.addr as u64, lkey, n.addr, k.rkey, n.len as u64);
+    Ok(Transfer::new(id, true, pieces, Vec::new()))
+}
+
+/// Whether `n` goes as a transfer of several work requests (`pieces`).
+pub(super) fn in_pieces(n: &Native) -> bool {
+    matches!(n.kind, NativeKind::Read) && n.len as u64 > PIECE
 }
 
 /// How long a closed side channel waits for outstanding one-sided operations' completions.
@@ -243,7 +274,11 @@ pub(super) fn nak_pending(l: &mut Link) -> bool {
 /// Posts `n` on connection `id` (`l`), if it has room.
 pub(super) fn post(l: &mut Link, id: usize, n: &Native, shared: &Shared) -> Posted {
     let write = matches!(n.kind, NativeKind::Write { .. });
+    let read = matches!(n.kind, NativeKind::Read);
     if l.natives.len() >= NATIVE_MAX || (write && l.credits == 0) {
+        return Posted::NoRoom;
+    }
+    if (read && !read_room(l, n.len as u64)) || (!write && l.reads_out >= READ_DEPTH) {
         return Posted::NoRoom;
     }
     let Some(k) = NicKey::decode(n.key) else {
@@ -293,7 +328,7 @@ pub(super) fn post(l: &mut Link, id: usize, n: &Native, shared: &Shared) -> Post
         wr_id: wr_id(id, NATIVE_BIT | seq as usize),
         sg_list: &mut sge,
         num_sge: i32::from(n.len > 0),
-        send_flags: sys::IBV_SEND_SIGNALED | fence(l),
+        send_flags: sys::IBV_SEND_SIGNALED | if read { read_fence(l) } else { fence(l) },
         ..Default::default()
     };
     match n.kind {
@@ -335,6 +370,11 @@ pub(super) fn post(l: &mut Link, id: usize, n: &Native, shared: &Shared) -> Post
     } else {
         l.reads_out += 1;
     }
+    if read {
+        l.read_bytes += n.len as u64;
+    } else if !write {
+        l.atomics_out += 1;
+    }
     l.natives.insert(
         seq,
         Inflight {
@@ -342,7 +382,8 @@ pub(super) fn post(l: &mut Link, id: usize, n: &Native, shared: &Shared) -> Post
             kind: n.kind,
             local: n.local,
             bounce,
-            copy: false,
+            part: None,
+            reads: if read { n.len as u64 } else { 0 },
         },
     );
     Posted::Yes
@@ -372,8 +413,16 @@ impl Net {
         let Some(f) = l.natives.remove(&((slot & !NATIVE_BIT) as u32)) else {
             return;
         };
-        if !matches!(f.kind, NativeKind::Write { .. }) {
-            l.reads_out = l.reads_out.saturating_sub(1);
+        match f.kind {
+            NativeKind::Write { .. } => {}
+            NativeKind::Read => {
+                l.reads_out = l.reads_out.saturating_sub(1);
+                l.read_bytes = l.read_bytes.saturating_sub(f.reads);
+            }
+            NativeKind::FetchAdd { .. } | NativeKind::CompareSwap { .. } => {
+                l.reads_out = l.reads_out.saturating_sub(1);
+                l.atomics_out = l.atomics_out.saturating_sub(1);
+            }
         }
         let ok = wc.status == sys::IBV_WC_SUCCESS;
         if !ok {
@@ -381,7 +430,7 @@ impl Net {
                 link = id,
                 status = wc.status,
                 vendor_err = wc.vendor_err,
-                copy = f.copy,
+                part = ?f.part,
                 "verbs: one-sided operation failed"
             );
         }
@@ -390,15 +439,18 @@ impl Net {
             sys::IBV_WC_REM_INV_REQ_ERR => Some(FI_EINVAL),
             _ => None,
         };
-        if f.copy {
-            let errno = match (ok, refused) {
-                (true, _) => 0,
-                (false, Some(e)) => e,
-                (false, None) => FI_ECONNRESET,
+        if let Some(owner) = f.part {
+            let errno = match (ok, refused, wc.status) {
+                (true, _, _) => 0,
+                (false, Some(e), _) => e,
+                (false, None, sys::IBV_WC_WR_FLUSH_ERR) => libc::ECANCELED,
+                (false, None, _) => FI_ECONNRESET,
             };
-            self.piece_done(f.token, errno, h);
+            self.piece_done(owner, errno, refused.is_some(), h);
             if !ok {
-                let why = "a copy of the peer's memory failed";
+                // The others toward the peer end with the connection (its QP is in the
+                // error state now).
+                let why = "a piece of a one-sided transfer failed";
                 self.fail_link(id, refused.map_or(errno, |_| libc::ECANCELED), why);
             }
             return;

@@ -3,7 +3,8 @@
 //! (`Offers::describe`: one registration per segment, its rkey in the descriptor) and
 //! deregisters it when the engine says the offer ended (`Offers::ended`); the receiver's
 //! connection reads it into the receive's buffer with `IBV_WR_RDMA_READ` (one work request per
-//! piece where the two sides' segments overlap) and reports the copy once every piece is in.
+//! piece of at most `pieces::PIECE` where the two sides' segments overlap, posted as the
+//! connection's read depth allows: `pieces`) and reports the copy once every piece is in.
 //! The same path serves an RMA write the target pulls (a read) and an RMA read it pushes (an
 //! `IBV_WR_RDMA_WRITE` into the initiator's offered buffer).
 //!
@@ -16,22 +17,12 @@ use xfabric_core::consts::errno::*;
 use xfabric_core::rdm::{Copied, CopyReq, Desc, Dir};
 use xfabric_core::rxq::{IovList, IOV_LIMIT};
 
-use super::native::{Inflight, Posted, NATIVE_BIT, NATIVE_MAX};
+use super::native::Posted;
+use super::pieces::{Owner, Piece, Transfer, PIECE};
 use super::*;
 
 /// Bytes a descriptor gives one segment: address, length, rkey, 4 spare.
 const SEG: usize = 24;
-/// Largest piece one work request moves, where a copy's pieces allow (`piece_for`): a read
-/// of several MiB answered in one burst overflows a Soft-RoCE path (veth's backlog drops
-/// the responses, and rxe's requester then stalls without an error: the copy never ended).
-pub const PIECE: u64 = 256 << 10;
-
-/// The piece size for a copy of `len` bytes: `PIECE`, or larger where `NATIVE_MAX` pieces
-/// of it would not cover `len`.
-fn piece_for(len: usize) -> u64 {
-    (len as u64).div_ceil(NATIVE_MAX as u64).max(PIECE)
-}
-
 /// The registrations of this endpoint's live offers, by segment: one per segment however
 /// many offers name it at once (their descriptors carry the same rkey), with the count of
 /// those offers.
@@ -146,16 +137,16 @@ pub fn parse_desc(d: &Desc) -> Option<Vec<(u64, u64, u32)>> {
 
 /// One work request of a copy: local address, remote address, rkey, length, and which local
 /// segment it lies in.
-type Piece = (u64, u64, u32, u64, usize);
+type Span = (u64, u64, u32, u64, usize);
 
 /// The pieces moving the first `len` bytes between `local` and the remote segments, where
 /// they overlap; `None` when either side is shorter than `len`.
-pub fn pieces(local: &IovList, remote: &[(u64, u64, u32)], len: usize) -> Option<Vec<Piece>> {
+pub fn pieces(local: &IovList, remote: &[(u64, u64, u32)], len: usize) -> Option<Vec<Span>> {
     let mut out = Vec::new();
     let (mut li, mut lo, mut ri, mut ro) = (0usize, 0u64, 0usize, 0u64);
     let mut left = len as u64;
     let ls = local.segs();
-    let most = piece_for(len);
+    let most = PIECE;
     while left > 0 {
         let l = ls.get(li)?;
         let &(ra, rl, rk) = remote.get(ri)?;
@@ -178,15 +169,6 @@ pub fn pieces(local: &IovList, remote: &[(u64, u64, u32)], len: usize) -> Option
     Some(out)
 }
 
-/// A copy under way on a connection: pieces left, the first failure, and registrations of
-/// local memory made for it.
-pub(super) struct CopyState {
-    link: usize,
-    left: usize,
-    status: i32,
-    _mrs: Vec<Mr>,
-}
-
 impl Net {
     /// Queues a copy the engine asks for, in order with what goes to its peer.
     pub fn copy(&mut self, c: CopyReq) {
@@ -206,36 +188,15 @@ impl Net {
         }
     }
 
-    /// Ends, with `errno`, the copies under way on connection `id` (it is gone).
-    pub(super) fn end_link_copies(&mut self, id: usize, errno: i32) {
-        let gone: Vec<u64> = self
-            .copies
-            .iter()
-            .filter(|(_, s)| s.link == id)
-            .map(|(t, _)| *t)
-            .collect();
-        for t in gone {
-            let s = self.copies.remove(&t).expect("listed");
-            let e = if s.status != 0 { s.status } else { errno };
-            self.copy_failed.push((t, e));
-        }
-    }
-
-    /// Posts copy `c` on connection `id`, if it has room for all its pieces.
-    pub(super) fn post_copy(&mut self, id: usize, c: &CopyReq) -> Posted {
+    /// Starts copy `c` on connection `id`: its pieces are posted as the connection's read
+    /// depth allows (`pieces`).
+    pub(super) fn post_copy<H: Handler>(&mut self, id: usize, c: &CopyReq, h: &mut H) -> Posted {
         let Some(remote) = parse_desc(&c.remote) else {
             return Posted::Failed(libc::EPROTO);
         };
-        let Some(pieces) = pieces(&c.local, &remote, c.len) else {
+        let Some(spans) = pieces(&c.local, &remote, c.len) else {
             return Posted::Failed(libc::EPROTO);
         };
-        let l = self.links.get_mut(&id).expect("the caller's connection");
-        if pieces.len() > NATIVE_MAX {
-            return Posted::Failed(FI_EMSGSIZE);
-        }
-        if l.natives.len() + pieces.len() > NATIVE_MAX {
-            return Posted::NoRoom;
-        }
         // Local memory: registered with the NIC already, or registered for this copy.
         let mut mrs = Vec::new();
         let mut lkeys = Vec::new();
@@ -245,7 +206,7 @@ impl Net {
                 continue;
             }
             // SAFETY: the engine keeps a copy's local memory valid until on_copied; the
-            // registration lives in the copy's state until then.
+            // registration lives in the copy's transfer until then.
             let access = sys::IBV_ACCESS_LOCAL_WRITE;
             match unsafe { Mr::new(&self.nic, s.addr as *mut u8, s.len, access) } {
                 Ok(mr) => {
@@ -255,95 +216,20 @@ impl Net {
                 Err(_) => return Posted::Failed(FI_EFAULT),
             }
         }
-        let (opcode, read) = match c.dir {
-            Dir::Read => (sys::IBV_WR_RDMA_READ, true),
-            Dir::Write => (sys::IBV_WR_RDMA_WRITE, false),
-        };
-        let mut posted = 0;
-        let mut broken = None;
-        for &(laddr, raddr, rkey, n, li) in &pieces {
-            let mut sge = sys::ibv_sge {
-                addr: laddr,
-                length: n as u32,
-                lkey: lkeys[li],
-            };
-            let seq = l.next_native & !(NATIVE_BIT as u32);
-            l.next_native = l.next_native.wrapping_add(1);
-            let mut wr = sys::ibv_send_wr {
-                wr_id: wr_id(id, NATIVE_BIT | seq as usize),
-                sg_list: &mut sge,
-                num_sge: 1,
-                opcode,
-                send_flags: sys::IBV_SEND_SIGNALED | native::fence(l),
-                ..Default::default()
-            };
-            wr.set_rdma(raddr, rkey);
-            tracing::trace!(
-                link = id,
-                qpn = l.qp.num(),
+        let pieces = spans
+            .iter()
+            .map(|&(laddr, raddr, rkey, n, li)| Piece {
                 laddr,
+                lkey: lkeys[li],
                 raddr,
                 rkey,
-                n,
-                read,
-                "verbs: copy piece posted"
-            );
-            // SAFETY: the local range is registered and valid until on_copied; the remote one
-            // is the peer's NIC's to check.
-            if let Err(e) = unsafe { l.qp.post_send(&mut wr) } {
-                broken = Some(e);
-                break;
-            }
-            if read {
-                l.reads_out += 1;
-            }
-            l.natives.insert(seq, Inflight::copy(c.token, read));
-            posted += 1;
-        }
-        if posted > 0 {
-            self.copies.insert(
-                c.token,
-                CopyState {
-                    link: id,
-                    left: posted,
-                    status: 0,
-                    _mrs: mrs,
-                },
-            );
-        }
-        match broken {
-            // Its pieces posted so far end with the connection (`end_link_copies`).
-            Some(e) if posted > 0 => Posted::Broken(e),
-            Some(e) => {
-                self.copy_failed.push((c.token, FI_EIO));
-                Posted::Broken(e)
-            }
-            None => Posted::Yes,
-        }
-    }
-
-    /// A piece of copy `token` completed (`errno` 0, or how it failed): reported once every
-    /// piece is.
-    pub(super) fn piece_done<H: Handler>(&mut self, token: u64, errno: i32, h: &mut H) {
-        let Some(s) = self.copies.get_mut(&token) else {
-            return;
-        };
-        s.left -= 1;
-        tracing::trace!(token, errno, left = s.left, "verbs: copy piece done");
-        if s.status == 0 {
-            s.status = errno;
-        }
-        if s.left == 0 {
-            let s = self.copies.remove(&token).expect("present");
-            let how = match s.status {
-                0 => {
-                    super::super::PULLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    Copied::Done
-                }
-                e => Copied::Failed(e),
-            };
-            h.on_copied(token, how);
-        }
+                // At most `PIECE`.
+                len: n as u32,
+            })
+            .collect();
+        let read = matches!(c.dir, Dir::Read);
+        let t = Transfer::new(id, read, pieces, mrs);
+        self.start_transfer(id, Owner::Copy(c.token), t, h)
     }
 }
 
