@@ -61,6 +61,8 @@ impl ShmEngineEndpoint {
             } else {
                 core.tx_size
             },
+            // A frame the ring takes is in the receiver's segment: delivered.
+            delivered_on_take: true,
         };
         let one_sided = ShmOneSided {
             cma: net.cma.clone(),

@@ -742,6 +742,16 @@ impl Net {
         let sink = if behind {
             // Behind frames that wait: in order, without asking the engine yet.
             Sink::Wait
+        } else if first == len {
+            // The whole frame is in the slots (every small one): handed over in one call.
+            let src = self.src_of(eng, core, p);
+            if eng
+                .on_frame(p, src, &pre, ctrl, piece)
+                .map_err(|e| e.to_string())?
+            {
+                return Ok(true);
+            }
+            Sink::Wait
         } else {
             let src = self.src_of(eng, core, p);
             eng.on_ctrl(p, src, &pre, ctrl).map_err(|e| e.to_string())?
@@ -758,12 +768,6 @@ impl Net {
                     ctrl: ctrl.to_vec(),
                     body,
                 })
-            }
-            mut sink if first == len => {
-                // The whole body is here (every small frame): straight to the engine.
-                sink_in(&mut sink, 0, piece);
-                eng.on_body(p, sink);
-                return Ok(true);
             }
             mut sink => {
                 sink_in(&mut sink, 0, piece);
