@@ -172,7 +172,12 @@ fn round_trip(p: &mut Pair, inject: bool) {
 
 fn provider_round_trip(c: &mut Criterion) {
     let mut g = c.benchmark_group(format!("{}_round_trip", provider()));
-    for (kind, size) in [("inject", 8usize), ("send", 8), ("send", 4096), ("send", 64 << 10)] {
+    for (kind, size) in [
+        ("inject", 8usize),
+        ("send", 8),
+        ("send", 4096),
+        ("send", 64 << 10),
+    ] {
         let mut pair = open_pair(size);
         // Both directions' bytes, as fi_pingpong counts them.
         g.throughput(Throughput::Bytes(2 * size as u64));
