@@ -242,40 +242,67 @@ impl Producer {
         fill: impl FnOnce(&mut [u8]),
     ) -> bool {
         let n = slots_for(payload_len);
-        debug_assert!(n <= SLOTS / 2, "message of {n} slots does not fit a lane");
-        let idx = (self.head % SLOTS as u64) as usize;
-        let pad = if idx + n > SLOTS { SLOTS - idx } else { 0 };
-        if !self.free(seg, n + pad + spare) {
+        let pad_msg = Header {
+            kind: kind::PAD,
+            ..Default::default()
+        };
+        // SAFETY: `claim` hands over free slots, ours to write until published.
+        let Some(p) = self.claim(seg, n, spare, |p, pad| unsafe {
+            write_header(p, &pad_msg, pad)
+        }) else {
             return false;
-        }
-        if pad > 0 {
-            let p = slot_ptr(seg, self.lane, idx);
-            // SAFETY: the slot is free (checked above) and ours to write until published.
-            unsafe {
-                write_header(
-                    p,
-                    &Header {
-                        kind: kind::PAD,
-                        ..Default::default()
-                    },
-                    pad,
-                )
-            };
-            seq_of(p).store(self.head as u32 + 1, Ordering::Release);
-            self.head += pad as u64;
-        }
-        let idx = (self.head % SLOTS as u64) as usize;
-        let p = slot_ptr(seg, self.lane, idx);
-        // SAFETY: n free, contiguous slots start at p (no wrap, checked above); the consumer
-        // does not read them until the sequence word is published below.
+        };
+        // SAFETY: n free, contiguous slots start at p (no wrap: `claim`); the consumer does
+        // not read them until the sequence word is published below.
         unsafe {
             write_header(p, h, n);
             let cap = FIRST_PAYLOAD + (n - 1) * SLOT;
             fill(&mut std::slice::from_raw_parts_mut(p.add(HDR), cap)[..payload_len]);
         }
+        self.publish(p, n);
+        true
+    }
+
+    /// Slots a message of `n` slots must skip first (a pad) so as not to wrap the ring.
+    fn pad_for(&self, n: usize) -> usize {
+        let idx = (self.head % SLOTS as u64) as usize;
+        if idx + n > SLOTS {
+            SLOTS - idx
+        } else {
+            0
+        }
+    }
+
+    /// Claims `n` contiguous free slots at the head, leaving `spare` more free, after padding
+    /// the end of the ring where the message would wrap (`write_pad` writes that pad
+    /// message's header, in the framing of the caller): the first slot, or `None` (nothing
+    /// written) when the ring has no room.
+    fn claim(
+        &mut self,
+        seg: &Segment,
+        n: usize,
+        spare: usize,
+        write_pad: impl FnOnce(*mut u8, usize),
+    ) -> Option<*mut u8> {
+        debug_assert!(n <= SLOTS / 2, "message of {n} slots does not fit a lane");
+        let pad = self.pad_for(n);
+        if !self.free(seg, n + pad + spare) {
+            return None;
+        }
+        if pad > 0 {
+            let idx = (self.head % SLOTS as u64) as usize;
+            let p = slot_ptr(seg, self.lane, idx);
+            write_pad(p, pad);
+            self.publish(p, pad);
+        }
+        let idx = (self.head % SLOTS as u64) as usize;
+        Some(slot_ptr(seg, self.lane, idx))
+    }
+
+    /// Publishes the message of `n` slots written at the head (`p`): its sequence word last.
+    fn publish(&mut self, p: *mut u8, n: usize) {
         seq_of(p).store(self.head as u32 + 1, Ordering::Release);
         self.head += n as u64;
-        true
     }
 }
 
@@ -294,29 +321,19 @@ impl Producer {
         fill: impl FnOnce(&mut [u8]),
     ) -> bool {
         let n = raw_slots_for(len);
-        debug_assert!(n <= SLOTS / 2, "message of {n} slots does not fit a lane");
-        let idx = (self.head % SLOTS as u64) as usize;
-        let pad = if idx + n > SLOTS { SLOTS - idx } else { 0 };
-        if !self.free(seg, n + pad + spare) {
+        // SAFETY: `claim` hands over free slots, ours to write until published.
+        let Some(p) = self.claim(seg, n, spare, |p, pad| unsafe {
+            write_kind(p, kind::PAD, 0, pad)
+        }) else {
             return false;
-        }
-        if pad > 0 {
-            let p = slot_ptr(seg, self.lane, idx);
-            // SAFETY: the slot is free (checked above) and ours to write until published.
-            unsafe { write_kind(p, kind::PAD, 0, pad) };
-            seq_of(p).store(self.head as u32 + 1, Ordering::Release);
-            self.head += pad as u64;
-        }
-        let idx = (self.head % SLOTS as u64) as usize;
-        let p = slot_ptr(seg, self.lane, idx);
-        // SAFETY: n free, contiguous slots start at p (no wrap, checked above); the consumer
-        // does not read them until the sequence word is published below.
+        };
+        // SAFETY: n free, contiguous slots start at p (no wrap: `claim`); the consumer does
+        // not read them until the sequence word is published below.
         unsafe {
             write_kind(p, kind, flags, n);
             fill(std::slice::from_raw_parts_mut(p.add(RAW_HDR), len));
         }
-        seq_of(p).store(self.head as u32 + 1, Ordering::Release);
-        self.head += n as u64;
+        self.publish(p, n);
         true
     }
 }
@@ -325,8 +342,7 @@ impl Producer {
     /// Whether `write_raw` of `len` bytes leaving `spare` slots free would succeed now.
     pub fn fits_raw(&mut self, seg: &Segment, len: usize, spare: usize) -> bool {
         let n = raw_slots_for(len);
-        let idx = (self.head % SLOTS as u64) as usize;
-        let pad = if idx + n > SLOTS { SLOTS - idx } else { 0 };
+        let pad = self.pad_for(n);
         self.free(seg, n + pad + spare)
     }
 }

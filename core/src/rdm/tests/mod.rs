@@ -363,6 +363,24 @@ impl Net {
         self.mr = Some(mr);
     }
 
+    /// Registers `buf`, device memory of the test's CUDA double, at B under `KEY` for remote
+    /// read and write; the address of its start as a peer names it.
+    fn register_device(&mut self, buf: &[u8]) -> u64 {
+        let attr = MrAttr {
+            addr: buf.as_ptr() as usize,
+            len: buf.len(),
+            access: FI_REMOTE_READ | FI_REMOTE_WRITE,
+            requested_key: KEY,
+            iface: Iface::Cuda,
+            device: 0,
+            ..Default::default()
+        };
+        // SAFETY: the tests' registered buffers outlive the region (kept in `self.mr`, and
+        // every test declares its buffer before its `Net`).
+        self.mr = Some(unsafe { self.world.domain.mr_regattr(&attr, 0) }.unwrap());
+        self.raddr(buf.as_ptr(), 0)
+    }
+
     /// The remote address of byte `off` of the buffer registered at `base`.
     fn raddr(&self, base: *const u8, off: usize) -> u64 {
         if self.b.core.mr.mode() & FI_MR_VIRT_ADDR != 0 {
@@ -842,23 +860,12 @@ fn rma_commit_complete_write() {
 #[test]
 fn rma_into_device_memory() {
     let fake = Arc::new(FakeHmem::default());
-    let mut tgt = vec![0u8; 64];
+    let tgt = vec![0u8; 64];
     fake.add(&tgt);
     let src = pattern(16, 32);
     let mut back = vec![0u8; 16];
     let mut net = Net::on(World::with_hmem(fake.clone()));
-    let attr = MrAttr {
-        addr: tgt.as_ptr() as usize,
-        len: tgt.len(),
-        access: FI_REMOTE_READ | FI_REMOTE_WRITE,
-        requested_key: KEY,
-        iface: Iface::Cuda,
-        device: 0,
-        ..Default::default()
-    };
-    // SAFETY: `tgt` outlives the region (declared before `net`, which keeps it).
-    net.mr = Some(unsafe { net.world.domain.mr_regattr(&attr, 0) }.unwrap());
-    let at = net.raddr(tgt.as_mut_ptr(), 0);
+    let at = net.register_device(&tgt);
     net.a.rma(rma(
         1,
         iov(&src),

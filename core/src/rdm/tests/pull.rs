@@ -298,18 +298,7 @@ fn rma_write_into_device_memory_pulled_through_a_bounce_buffer() {
     fake.add(&tgt);
     let data = pattern(300, 44);
     let mut net = Net::sides(World::with_hmem(fake.clone()), true, true);
-    let attr = MrAttr {
-        addr: tgt.as_ptr() as usize,
-        len: tgt.len(),
-        access: FI_REMOTE_READ | FI_REMOTE_WRITE,
-        requested_key: KEY,
-        iface: Iface::Cuda,
-        device: 0,
-        ..Default::default()
-    };
-    // SAFETY: `tgt` outlives the region (declared before `net`, which keeps it).
-    net.mr = Some(unsafe { net.world.domain.mr_regattr(&attr, 0) }.unwrap());
-    let at = net.raddr(tgt.as_ptr(), 0);
+    let at = net.register_device(&tgt);
     net.a.rma(rma(
         1,
         iov(&data),
