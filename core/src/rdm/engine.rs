@@ -87,7 +87,8 @@ pub struct Config {
     /// peer's memory (shm's rings are in the receiver's segment): a message of at most
     /// `INLINE_BODY` bytes is then copied into its frame and completes when taken, with no
     /// request kept (`FI_TRANSMIT_COMPLETE` holds: it was delivered to the peer endpoint).
-    /// Off, it completes when the transport reports it sent (`on_sent`).
+    /// Off, it completes when the transport reports it sent (`on_sent`). On, too, an eager
+    /// message that `post_send_via` has the transport write in place completes at once.
     pub delivered_on_take: bool,
 }
 
@@ -675,21 +676,7 @@ impl Engine {
         copy: Option<Body>,
     ) -> std::result::Result<(), (Context, u64, Error)> {
         let len = op.iov.total();
-        let mut fl = 0u8;
-        if op.flags & FI_TAGGED != 0 {
-            fl |= flags::TAGGED;
-        }
-        if op.flags & FI_REMOTE_CQ_DATA != 0 {
-            fl |= flags::CQ_DATA;
-        }
-        let ack = op.flags & INJECT_CALL == 0
-            && op.flags & (FI_DELIVERY_COMPLETE | FI_MATCH_COMPLETE) != 0;
-        if ack {
-            fl |= flags::ACK;
-            if op.flags & FI_MATCH_COMPLETE != 0 {
-                fl |= flags::ACK_MATCH;
-            }
-        }
+        let (fl, ack) = msg_flags(op.flags);
         match copy {
             // An inject awaiting no answer: complete now, no request to keep.
             Some(body) if !ack => {
@@ -1424,6 +1411,11 @@ impl Engine {
         !self.out.is_empty() || self.blocked > 0
     }
 
+    /// Whether completions wait to be taken (`take_done`).
+    pub fn has_done(&self) -> bool {
+        !self.done.is_empty()
+    }
+
     /// Whether `transmit` or `poll_copy` has anything to give (frames queued or held back,
     /// copies asked for): a provider may skip its push round when not.
     pub fn has_output(&self) -> bool {
@@ -1504,6 +1496,27 @@ impl Pending {
 ///
 /// # Safety
 /// `iov` is readable now.
+/// A message's frame flags for a send with `op_flags`, and whether it asks for an `Ack`.
+#[inline]
+fn msg_flags(op_flags: u64) -> (u8, bool) {
+    let mut fl = 0u8;
+    if op_flags & FI_TAGGED != 0 {
+        fl |= flags::TAGGED;
+    }
+    if op_flags & FI_REMOTE_CQ_DATA != 0 {
+        fl |= flags::CQ_DATA;
+    }
+    let ack =
+        op_flags & INJECT_CALL == 0 && op_flags & (FI_DELIVERY_COMPLETE | FI_MATCH_COMPLETE) != 0;
+    if ack {
+        fl |= flags::ACK;
+        if op_flags & FI_MATCH_COMPLETE != 0 {
+            fl |= flags::ACK_MATCH;
+        }
+    }
+    (fl, ack)
+}
+
 unsafe fn inject_copy(inject: bool, iov: &IovList) -> Option<Body> {
     if !inject {
         return None;

@@ -66,6 +66,16 @@ pub trait Transport {
     // crossbeam; boxing it would cost the allocation per frame that `Transmit` avoids.
     #[allow(clippy::result_large_err)]
     fn send(&mut self, t: super::Transmit) -> Result<(), super::Transmit>;
+
+    /// Writes a whole frame of `len` bytes to `peer` in the transport's own memory (a ring
+    /// slot): `fill` writes its prefix, control part and body there. False: not now (the
+    /// engine then queues the frame as a [`Transmit`](super::Transmit)). The engine asks only
+    /// when nothing to `peer` is queued ahead of the frame, and only where taking a frame
+    /// delivers it (`Config::delivered_on_take`). The default: never.
+    fn send_in_place(&mut self, peer: PeerId, len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
+        let _ = (peer, len, fill);
+        false
+    }
 }
 
 /// A transport's one-sided copies, as the engine uses them.

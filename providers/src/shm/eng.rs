@@ -233,8 +233,9 @@ impl EndpointOps for ShmEngineEndpoint {
     unsafe fn send(&self, op: &TxOp) -> Result<()> {
         let mut st = self.lock();
         let p = self.sendable(&mut st, op.dest, op.iov.total(), "send")?;
+        let State { engine, net, .. } = &mut *st;
         // SAFETY: forwarded from the caller.
-        let r = unsafe { st.engine.post_send(p, op) };
+        let r = unsafe { engine.post_send_via(p, op, net) };
         self.finish(st);
         r
     }
@@ -264,13 +265,19 @@ impl EndpointOps for ShmEngineEndpoint {
 
     unsafe fn recv(&self, r: PostedRecv) -> Result<()> {
         let mut st = self.lock();
+        // Whether the lock-free mirrors may be stale after this call (`finish` refreshes
+        // them).
+        let mut stale = false;
         if r.flags & FI_PEEK != 0 {
             // A peek looks only at what arrived: take it in first.
             self.do_progress(&mut st);
+            stale = true;
         }
         if self.core.caps & FI_DIRECTED_RECV != 0 && r.src != FI_ADDR_UNSPEC {
             // Know the source as a peer, so that its death fails this receive.
             let p = self.peer_for(&mut st, r.src)?;
+            // A peer now watched for its death (`publish`).
+            stale = true;
             if st.net.dead(p) {
                 return Err(Error::PeerLost(format!(
                     "peer {} is gone",
@@ -283,8 +290,12 @@ impl EndpointOps for ShmEngineEndpoint {
         if st.net.held() > 0 {
             // Frames that waited for a receive may go on now.
             self.do_progress(&mut st);
+            stale = true;
         }
-        self.finish(st);
+        // A receive that only queued changed nothing the rings or the mirrors show.
+        if stale || st.engine.has_output() || st.engine.has_done() {
+            self.finish(st);
+        }
         res
     }
 

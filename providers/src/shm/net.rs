@@ -1018,6 +1018,25 @@ impl Transport for Net {
         }
         Ok(())
     }
+
+    fn send_in_place(&mut self, p: PeerId, len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
+        let Some(link) = self.links.get_mut(p) else {
+            return false;
+        };
+        let (Some(prod), Some(seg)) = (link.prod.as_mut(), link.seg.as_ref()) else {
+            return false;
+        };
+        if link.dead || link.out.is_some() || len > PIECE_LEN {
+            return false;
+        }
+        // Only requests come this way (small messages): they leave the answers' room.
+        if !prod.write_raw(seg, FRAME, 0, len, CTRL_SPARE, fill) {
+            return false;
+        }
+        link.wrote = true;
+        self.wrote = true;
+        true
+    }
 }
 
 /// shm's one-sided copies for the engine: large messages and RMA by cross-memory attach.

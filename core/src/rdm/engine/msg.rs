@@ -11,7 +11,11 @@ use crate::rdm::{Body, Inline, PeerId, Sink};
 use crate::rxq::RecvSlot;
 use crate::FiAddr;
 
-use super::{Done, Engine, EAGER_LIMIT};
+use crate::consts::FI_FENCE;
+use crate::error::Result;
+use crate::rdm::transport::Transport;
+
+use super::{msg_flags, Done, Engine, EAGER_LIMIT};
 
 /// The token of a small message's frame (`Engine::send_small`): the engine completes the
 /// send when the transport takes the frame, and clears the token before it does, so no
@@ -30,6 +34,56 @@ pub(super) struct Landed {
 }
 
 impl Engine {
+    /// Starts a send to `peer` as `post_send` does, but an eager message that nothing to
+    /// `peer` waits ahead of goes straight into `tr`'s memory (`Transport::send_in_place`,
+    /// which refuses what it cannot take whole) and completes now, where taking a frame
+    /// delivers it: no frame is queued or moved, no request kept.
+    ///
+    /// # Safety
+    /// As for `post_send`.
+    pub unsafe fn post_send_via(
+        &mut self,
+        peer: PeerId,
+        op: &TxOp,
+        tr: &mut impl Transport,
+    ) -> Result<()> {
+        let len = op.iov.total();
+        let (fl, ack) = msg_flags(op.flags);
+        let direct = self.cfg.delivered_on_take
+            && !ack
+            && len <= self.cfg.eager_max
+            && op.flags & FI_FENCE == 0
+            && self.out.is_empty()
+            && self.peers.get(peer).is_none_or(|ps| {
+                ps.blocked.is_empty() && ps.fenced.is_empty() && ps.untaken.is_empty()
+            });
+        if direct {
+            self.check_room("send")?;
+            let ctrl = Frame::Msg {
+                id: 0,
+                tag: op.tag,
+                data: op.data,
+                flags: fl,
+            }
+            .ctrl(len as u64);
+            let cl = ctrl.len();
+            let sent = tr.send_in_place(peer, cl + len, |b| {
+                b[..cl].copy_from_slice(&ctrl);
+                // SAFETY: the caller's contract keeps the iov readable during the call.
+                unsafe { op.iov.copy_out(0, &mut b[cl..]) };
+            });
+            if sent {
+                self.done.push(Done::Tx {
+                    ctx: op.ctx,
+                    flags: op.flags,
+                });
+                return Ok(());
+            }
+        }
+        // SAFETY: forwarded.
+        unsafe { self.post_send(peer, op) }
+    }
+
     /// Sends a message of at most `INLINE_BODY` bytes that wants no acknowledgement: its
     /// bytes go into the frame now, and it completes when the transport takes the frame (as
     /// a larger one completes once sent), in order with the others to `peer`.

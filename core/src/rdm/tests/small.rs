@@ -145,3 +145,132 @@ fn closing_cancels_small_messages_never_taken_once() {
 
 /// `INLINE_BODY`, the largest small message.
 const INLINE_BODY_BYTES: usize = crate::rdm::INLINE_BODY;
+
+/// A transport that writes frames in place into slots of its own, up to `room` of them, and
+/// takes queued ones (`send`) only while it has room too.
+struct Slots {
+    room: usize,
+    frames: Vec<Vec<u8>>,
+    /// How many came in place.
+    in_place: usize,
+}
+
+impl Transport for Slots {
+    fn send(&mut self, t: Transmit) -> std::result::Result<(), Transmit> {
+        if self.frames.len() == self.room {
+            return Err(t);
+        }
+        let mut f = t.ctrl.to_vec();
+        f.extend_from_slice(&body_bytes(&t.body));
+        self.frames.push(f);
+        Ok(())
+    }
+
+    fn send_in_place(&mut self, _peer: PeerId, len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
+        if self.frames.len() == self.room {
+            return false;
+        }
+        let mut f = vec![0xee; len];
+        fill(&mut f);
+        self.frames.push(f);
+        self.in_place += 1;
+        true
+    }
+}
+
+#[test]
+fn small_messages_go_in_place_in_order_behind_queued_frames() {
+    let data = pattern(INLINE_BODY_BYTES, 8);
+    let mut bufs = [[0u8; INLINE_BODY_BYTES]; 6];
+    let mut net = Net::new();
+    taking(&mut net);
+    for (i, b) in bufs.iter_mut().enumerate() {
+        net.b.recv(recv(10 + i, b, Some(i as u64), 0));
+    }
+    let mut slots = Slots {
+        room: 1,
+        frames: Vec::new(),
+        in_place: 0,
+    };
+    let post = |net: &mut Net, slots: &mut Slots, ctx: Context, tag: u64, flags: u64| {
+        let op = send(ctx, &data, Some(tag), None, flags);
+        // SAFETY: `data` outlives the call and every frame holds its own copy.
+        unsafe { net.a.eng.post_send_via(0, &op, slots) }.unwrap();
+    };
+    // Written in place and complete at once: nothing queued, no token.
+    post(&mut net, &mut slots, 1, 0, 0);
+    assert_eq!(slots.in_place, 1);
+    assert!(!net.a.eng.has_output());
+    net.a.report();
+    net.a.one(1);
+    // The slots are full: the next one queues, and the one after it must not pass it.
+    post(&mut net, &mut slots, 2, 1, 0);
+    slots.room = 6;
+    post(&mut net, &mut slots, 3, 2, 0);
+    assert_eq!(
+        slots.in_place, 1,
+        "posted behind a queued frame, it queues too"
+    );
+    // Acknowledged, fenced or larger messages are never written in place.
+    post(&mut net, &mut slots, 4, 3, FI_FENCE);
+    net.a.eng.transmit(&mut slots);
+    post(&mut net, &mut slots, 5, 4, FI_DELIVERY_COMPLETE);
+    assert_eq!(slots.in_place, 1);
+    net.a.eng.transmit(&mut slots);
+    // Once nothing waits, in place again.
+    post(&mut net, &mut slots, 6, 5, 0);
+    assert_eq!(slots.in_place, 2);
+    assert_eq!(slots.frames.len(), 6);
+    net.a.report();
+    let done: Vec<_> = net.a.cq().0.iter().map(|e| e.op_context).collect();
+    assert_eq!(done, [2, 3, 4, 6], "5 waits for its Ack");
+    // Every frame decodes, and they arrive in posting order with their bytes.
+    for f in &slots.frames {
+        let (frame, body) = wire::decode_all(f).unwrap();
+        assert!(matches!(frame, Frame::Msg { .. }));
+        assert_eq!(body, &data[..]);
+        arrive(&mut net.b, &f[..f.len() - body.len()], body).unwrap();
+    }
+    net.b.report();
+    let got: Vec<_> = net.b.cq().0.iter().map(|e| (e.op_context, e.tag)).collect();
+    assert_eq!(got, [(10, 0), (11, 1), (12, 2), (13, 3), (14, 4), (15, 5)]);
+    assert!(bufs.iter().all(|b| b[..] == data[..]));
+}
+
+#[test]
+fn eager_messages_larger_than_small_ones_go_in_place_too() {
+    let mid = pattern(3 * INLINE_BODY_BYTES, 9);
+    let mut buf = vec![0u8; mid.len()];
+    let mut net = Net::new();
+    taking(&mut net);
+    net.b.recv(recv(10, &mut buf, None, 0));
+    let mut slots = Slots {
+        room: 4,
+        frames: Vec::new(),
+        in_place: 0,
+    };
+    let op = send(1, &mid, None, None, 0);
+    // SAFETY: `mid` outlives the call.
+    unsafe { net.a.eng.post_send_via(0, &op, &mut slots) }.unwrap();
+    assert_eq!(slots.in_place, 1);
+    net.a.report();
+    net.a.one(1);
+    // Past `eager_max`: a rendezvous, announced by a queued frame.
+    let large = pattern(4 * INLINE_BODY_BYTES + 1, 10);
+    let op = send(2, &large, None, None, 0);
+    // SAFETY: `large` outlives the operation (which waits for a Cts nobody sends).
+    unsafe { net.a.eng.post_send_via(0, &op, &mut slots) }.unwrap();
+    assert_eq!(slots.in_place, 1);
+    assert!(net.a.eng.has_output());
+    let (frame, body) = wire::decode_all(&slots.frames[0]).unwrap();
+    assert!(matches!(frame, Frame::Msg { .. }));
+    arrive(
+        &mut net.b,
+        &slots.frames[0][..slots.frames[0].len() - body.len()],
+        body,
+    )
+    .unwrap();
+    net.b.report();
+    net.b.one(10);
+    assert_eq!(buf, mid);
+}
