@@ -528,7 +528,8 @@ fn take_slot(
     let r = &mut q[i];
     let kind = if r.tagged() { FI_TAGGED } else { FI_MSG };
     if r.flags & FI_MULTI_RECV == 0 {
-        let r = q.remove(i).expect("index in range");
+        // The oldest receive takes most arrivals: popped, not shifted out.
+        let r = if i == 0 { q.pop_front() } else { q.remove(i) }.expect("index in range");
         return RecvSlot {
             ctx: r.ctx,
             iov: r.iov,
