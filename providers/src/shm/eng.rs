@@ -334,7 +334,8 @@ impl EndpointOps for ShmEngineEndpoint {
         loop {
             let State { engine, net, .. } = &mut *st;
             net.push(engine);
-            if !(engine.owes() || net.writing()) || Instant::now() >= until {
+            // A split copy's peer may still be writing into a buffer about to be handed back.
+            if !(engine.owes() || net.writing() || net.splitting()) || Instant::now() >= until {
                 break;
             }
             net.progress(engine, &self.core);
@@ -342,6 +343,11 @@ impl EndpointOps for ShmEngineEndpoint {
                 net.sweep(engine, &self.core);
             }
             std::thread::yield_now();
+        }
+        {
+            // Past the bound: a peer that neither answers nor dies is given up on.
+            let State { engine, net, .. } = &mut *st;
+            net.end_splits(engine, None, xfabric_core::consts::errno::FI_ECANCELED);
         }
         st.net.bye();
         self.finish(st);

@@ -22,6 +22,11 @@
 //!
 //! Everything in a lane is the peer's: a frame that does not parse, or a message of a kind
 //! that cannot come there, drops the lane (with a log line) and the engine loses the peer.
+//!
+//! Besides the engine's frames a lane carries the transport's own messages (`split`: the
+//! split copy of large messages), told apart by the slot's kind.
+
+mod split;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
@@ -38,6 +43,8 @@ use super::cma::{self, CmaResult, CmaState};
 use super::ring::{self, kind, Consumer, Header, Producer, CTRL_SPARE, LANES};
 use super::segment::Segment;
 use super::ADDR_PREFIX;
+
+pub use split::{counts as split_counts, SPLIT, SPLIT_DONE};
 
 /// Kind of a message that starts a frame.
 pub const FRAME: u8 = 20;
@@ -97,6 +104,9 @@ struct Link {
     src_gen: u64,
     /// When `check` last looked at its lock.
     checked: Option<std::time::Instant>,
+    /// Its transport answered a split copy with `FI_EPERM` (its kernel will not let it
+    /// write to us): copies from it are not split any more.
+    no_split: bool,
 }
 
 impl Link {
@@ -114,6 +124,7 @@ impl Link {
             src: FI_ADDR_NOTAVAIL,
             src_gen: u64::MAX,
             checked: None,
+            no_split: false,
         }
     }
 }
@@ -152,6 +163,15 @@ pub struct Net {
     wrote: bool,
     directed: bool,
     pub idle: Arc<Idle>,
+    /// Split copies waiting for the peer's answer (`split`).
+    splits: Vec<split::Pending>,
+    /// Copies of at least this many bytes are split (`XFABRIC_SHM_SPLIT_MIN`; only copies
+    /// from `XFABRIC_SHM_CMA_MIN` on are asked for).
+    split_min: usize,
+    /// Cross-memory attach as this endpoint writes peers' parts of their splits: a kernel
+    /// that forbids that (Yama's ptrace_scope lets a parent reach its child, not the other
+    /// way) must not stop this endpoint's own reads.
+    split_cma: CmaState,
 }
 
 /// A lane-claim id unique per segment name, never 0.
@@ -244,6 +264,9 @@ impl Net {
             sent: Vec::new(),
             wrote: false,
             directed,
+            splits: Vec::new(),
+            split_min: xfabric_core::settings::SHM_SPLIT_MIN.usize(),
+            split_cma: CmaState::new(),
             idle: Arc::new(Idle {
                 busy: AtomicBool::new(false),
                 watch: AtomicBool::new(false),
@@ -369,6 +392,10 @@ impl Net {
         if eng.has_output() {
             eng.transmit(self);
             while let Some(c) = eng.poll_copy() {
+                if self.start_split(&c) {
+                    // Reported when the peer's part is done too.
+                    continue;
+                }
                 let how = self.copy(&c);
                 eng.on_copied(c.token, how);
                 // A copy's end sends an acknowledgement or a read's answer.
@@ -513,6 +540,9 @@ impl Net {
             n += self.poll_lane(eng, core, lane, BATCH);
             self.release_if_gone(lane);
         }
+        if self.splits.iter().any(|s| !s.spun) {
+            self.spin_splits(eng, core);
+        }
         n
     }
 
@@ -576,6 +606,8 @@ impl Net {
         link.held.clear();
         link.rx_lane = None;
         eng.on_lost(p, libc::EPROTO);
+        // Its answers would come on the lane just dropped.
+        self.end_splits(eng, Some(p), libc::EPROTO);
     }
 
     fn drop_lane(&mut self, lane: usize) {
@@ -623,6 +655,20 @@ impl Net {
                             return n;
                         }
                     }
+                }
+                SPLIT | SPLIT_DONE => {
+                    let Some(p) = self.lane_peer[lane] else {
+                        self.lane_garbage(eng, lane, "a split copy message before CONNECT");
+                        return n;
+                    };
+                    // SAFETY: read before the consumer advances past the message.
+                    let bytes = unsafe { v.bytes() };
+                    if v.kind == SPLIT {
+                        self.serve_split(eng, p, bytes);
+                    } else {
+                        self.split_done(eng, p, bytes);
+                    }
+                    true
                 }
                 kind::CONNECT => {
                     let (h, pl, cap) = v.header();
@@ -892,6 +938,7 @@ impl Net {
         link.out = None;
         self.pumping.retain(|&q| q != p);
         eng.on_lost(p, err);
+        self.end_splits(eng, Some(p), err);
         let src = self.src_of(eng, core, p);
         eng.source_lost(src, err);
     }
@@ -905,9 +952,14 @@ impl Net {
             .known_active
             .store(self.known_active, Ordering::Relaxed);
         let held = || self.links.iter().any(|l| !l.held.is_empty());
-        let busy = !self.pumping.is_empty() || eng.has_output() || (self.stalled == 0 && held());
+        // A split just started: the next progress call spins for its answer.
+        let busy = !self.pumping.is_empty()
+            || eng.has_output()
+            || (self.stalled == 0 && held())
+            || self.splits.iter().any(|s| !s.spun);
         self.idle.busy.store(busy, Ordering::Release);
         let watch = busy
+            || !self.splits.is_empty()
             || self.known_active != 0
             || eng.busy()
             || held()

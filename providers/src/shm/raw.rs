@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 
 use xfabric_core::{Error, Result};
 
-pub use super::net::{FRAME, HELD_MAX, PIECE, PIECE_LEN};
-use super::ring::{self, Header, Producer};
+pub use super::net::{split_counts, FRAME, HELD_MAX, PIECE, PIECE_LEN, SPLIT, SPLIT_DONE};
+use super::ring::{self, Consumer, Header, Producer};
 pub use super::ring::{flag, kind};
 use super::segment::{fresh_name, Segment};
 use super::ADDR_PREFIX;
@@ -19,6 +19,8 @@ pub struct RawPeer {
     target: Segment,
     prod: Producer,
     lane: usize,
+    /// The lane the target writes to us on, once it claimed one, and our place in it.
+    rx: Option<(usize, Consumer)>,
 }
 
 impl RawPeer {
@@ -45,6 +47,7 @@ impl RawPeer {
             prod: Producer::new(&target, lane),
             target,
             lane,
+            rx: None,
         };
         let me = own_name.into_bytes();
         let h = Header {
@@ -101,6 +104,30 @@ impl RawPeer {
     /// garbage).
     pub fn lane_claimed(&self) -> bool {
         ring::claim(&self.target, self.lane).load(Ordering::Acquire) != 0
+    }
+
+    /// The next message the target wrote into our segment (its slot kind and the bytes after
+    /// the slot header, to the end of its slots), its CONNECT and padding skipped; `None`
+    /// while there is none.
+    pub fn recv_raw(&mut self) -> Option<(u8, Vec<u8>)> {
+        if self.rx.is_none() {
+            let mask = ring::active(&self.own).load(Ordering::Acquire);
+            if mask == 0 {
+                return None;
+            }
+            let lane = mask.trailing_zeros() as usize;
+            self.rx = Some((lane, Consumer::attach(&self.own, lane)));
+        }
+        let (lane, c) = self.rx.as_mut()?;
+        loop {
+            let v = c.raw_at(&self.own, *lane, c.pos())?;
+            // SAFETY: copied out before the consumer advances past the message.
+            let bytes = unsafe { v.bytes() }.to_vec();
+            c.advance_slots(&self.own, *lane, v.slots());
+            if v.kind != kind::PAD && v.kind != kind::CONNECT {
+                return Some((v.kind, bytes));
+            }
+        }
     }
 
     /// Our segment's name (what the target maps).

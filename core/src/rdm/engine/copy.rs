@@ -59,13 +59,15 @@ impl Engine {
         }
     }
 
-    /// The memory this endpoint offered `peer` for its request `offer` (a `CopyReq::offer`
-    /// the peer's transport names), while that request is outstanding; `None` for anything
-    /// else.
+    /// The memory this endpoint offered `peer` to copy from for its request `offer` (a
+    /// `CopyReq::offer` the peer's transport names: a large message's data, a write's
+    /// source), while that request is outstanding; `None` for anything else, a read's
+    /// destination included (offered to be written, not read).
     pub fn offered(&self, peer: PeerId, offer: u32) -> Option<IovList> {
         self.tx
             .get(offer as usize)
             .filter(|t| t.peer == peer && t.pull && t.answer.is_none())
+            .filter(|t| t.flags & (FI_RMA | FI_READ) != FI_RMA | FI_READ)
             .map(|t| t.iov)
     }
 

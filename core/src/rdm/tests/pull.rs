@@ -361,6 +361,8 @@ fn read_served(net: &mut Net, ctx: Context, back: &mut [u8], at: u64, how: Copie
     net.flush(S::A);
     let p = net.b.eng.poll_copy().expect("a copy");
     assert_eq!((p.dir, p.len), (Dir::Write, 300));
+    // Offered to be written, never to be read from (shm's split copy asks for the latter).
+    assert_eq!(net.a.eng.offered(0, p.offer), None);
     if how == Copied::Done {
         perform(&p);
     }
