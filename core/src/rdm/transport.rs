@@ -187,6 +187,10 @@ pub struct CopyReq {
     /// with the peer's transport (shm's split copy) names it, and the peer's transport checks
     /// with `Engine::offered` that it is a live offer of that memory before it copies.
     pub offer: u32,
+    /// The peer's later requests wait behind this copy (it serves the peer's RMA write or
+    /// read: see the engine's ordering). A transport must not let the copy's end wait on
+    /// anything that peer sends later, which may queue behind those requests.
+    pub holds: bool,
 }
 
 /// How a copy ended.

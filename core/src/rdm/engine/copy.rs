@@ -129,6 +129,7 @@ impl Engine {
                 local,
                 len,
                 offer,
+                holds: true,
             }),
             None => self.ask_data(peer, i),
         }
@@ -253,6 +254,7 @@ impl Engine {
                 local,
                 len,
                 offer: id,
+                holds: false,
             });
         } else {
             self.frame(peer, Frame::Cts { id, rx: rx as u32 }, Body::None, None);

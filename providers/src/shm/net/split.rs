@@ -1,5 +1,5 @@
-//! The split copy: a large message (or RMA write) that the receiving transport would pull
-//! alone by cross-memory attach is copied by both processes at once, so that two cores copy.
+//! The split copy: a large message that the receiving transport would pull alone by
+//! cross-memory attach is copied by both processes at once, so that two cores copy.
 //! The receiver's transport asks the sender's, with a message of the transport's own (its
 //! slot kind is neither `FRAME` nor `PIECE`: the engine never sees it), to write the tail of
 //! the offer into the receiver's memory; reads the head itself; and reports the copy to its
@@ -235,12 +235,16 @@ fn copied(r: CmaResult) -> Copied {
 }
 
 impl Net {
-    /// Starts copy `c` as a split, where it is one that splits (a pull of at least
-    /// `split_min` bytes from a peer whose memory cross-memory attach has reached, and whose
-    /// transport has not refused to write) and the request fits the peer's ring now: true
-    /// when started (reported when the answer comes), false to copy alone.
+    /// Starts copy `c` as a split, where it is one that splits (a large message's pull of
+    /// at least `split_min` bytes from a peer whose memory cross-memory attach has reached,
+    /// and whose transport has not refused to write) and the request fits the peer's ring
+    /// now: true when started (reported when the answer comes), false to copy alone.
+    ///
+    /// Copies serving a peer's RMA write are not split: that peer's later requests wait
+    /// behind them (`CopyReq::holds`), and past the held queue's bound they stay at the head
+    /// of its lane, where the answer would queue behind them for ever.
     pub(super) fn start_split(&mut self, c: &CopyReq) -> bool {
-        if c.dir != Dir::Read || c.len < self.split_min || !self.cma.known_working() {
+        if c.dir != Dir::Read || c.holds || c.len < self.split_min || !self.cma.known_working() {
             return false;
         }
         let Some(link) = self.links.get_mut(c.peer) else {
