@@ -11,6 +11,8 @@
 //! bytes alone.
 
 mod common;
+use std::io::Write;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -297,6 +299,29 @@ fn a_sender_killed_mid_split_fails_the_receive() {
     }
 }
 
+/// What xfabric logged in this process, captured by the hostile test's subscriber.
+static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+struct Capture;
+
+impl Write for Capture {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        LOG.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn refusals_logged() -> usize {
+    let log = LOG.lock().unwrap();
+    String::from_utf8_lossy(&log)
+        .matches("refusing a split copy request")
+        .count()
+}
+
 /// Drives `n` until `raw` has a message of `kind` from it (bounded); its bytes.
 fn await_msg(n: &Node, raw: &mut RawPeer, kind: u8) -> Vec<u8> {
     let start = Instant::now();
@@ -338,6 +363,13 @@ fn done_of(b: &[u8]) -> (u64, i32) {
 #[test]
 fn hostile_split_requests_are_refused_and_write_nothing() {
     engine();
+    let sub = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(|| Capture)
+        .finish();
+    // The only test of this binary that runs its endpoints in this process.
+    let _ = tracing::subscriber::set_global_default(sub);
     let n = node(CAPS, Progress::Manual);
     let addr = n.ep.getname().expect("getname");
     let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
@@ -358,6 +390,8 @@ fn hostile_split_requests_are_refused_and_write_nothing() {
     let mut dest = vec![0u8; 8192];
     let d = [RawIov::of_mut(&mut dest)];
     let dl = d[0].len as u64;
+    // Naming no live offer: canceled (as for an offer whose endpoint closed); a request that
+    // does not parse or fit its offer: invalid.
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("no such offer", split_req(1, id ^ 0x5555, 0, dl, &d)),
         (
@@ -385,9 +419,15 @@ fn hostile_split_requests_are_refused_and_write_nothing() {
         }),
     ];
     for (why, b) in &cases {
+        let before = refusals_logged();
         assert!(raw.send_raw(SPLIT, b, 0), "{why}: ring full");
         let (token, status) = done_of(&await_msg(&n, &mut raw, SPLIT_DONE));
-        assert_eq!(status, FI_EINVAL, "{why}");
+        let want = if why.starts_with("no such") {
+            FI_ECANCELED
+        } else {
+            FI_EINVAL
+        };
+        assert_eq!(status, want, "{why}");
         assert_eq!(
             token,
             u64::from_le_bytes(b[..8].try_into().unwrap()),
@@ -395,7 +435,17 @@ fn hostile_split_requests_are_refused_and_write_nothing() {
         );
         assert!(dest.iter().all(|&x| x == 0), "{why}: bytes were written");
         assert!(raw.lane_claimed(), "{why}: the lane was dropped");
+        assert!(refusals_logged() > before, "{why}: no log line");
     }
+    // The live offer, named by another peer than the one it was offered to.
+    let mut other = RawPeer::connect(&addr, None).expect("raw peer");
+    assert!(other.send_raw(SPLIT, &split_req(9, id, 0, dl, &d), 0));
+    let (token, status) = done_of(&await_msg(&n, &mut other, SPLIT_DONE));
+    assert_eq!((token, status), (9, FI_ECANCELED), "another peer's offer");
+    assert!(
+        dest.iter().all(|&x| x == 0),
+        "another peer's offer: bytes were written"
+    );
     // Answers naming no split are ignored.
     assert!(raw.send_raw(SPLIT_DONE, &[0xff; 12], 0));
 

@@ -302,14 +302,27 @@ impl Net {
     /// A SPLIT from `p`: its part written, or refused, and answered.
     pub(super) fn serve_split(&mut self, eng: &Engine, p: PeerId, bytes: &[u8]) {
         let (token, req) = Request::decode(bytes);
-        let src = req.and_then(|r| r.source(eng.offered(p, r.offer)).map(|s| (r, s)));
-        let status = match src {
-            Err(why) => {
+        let checked = match req {
+            Err(why) => Err((FI_EINVAL, why)),
+            Ok(r) => match eng.offered(p, r.offer) {
+                // Ended (this endpoint closed with the send outstanding), or never was.
+                None => Err((
+                    FI_ECANCELED,
+                    format!("offer {} is not a live offer", r.offer),
+                )),
+                Some(o) => r
+                    .source(Some(o))
+                    .map(|s| (r, s))
+                    .map_err(|why| (FI_EINVAL, why)),
+            },
+        };
+        let status = match checked {
+            Err((status, why)) => {
                 tracing::warn!(
                     peer = %self.links[p].name,
                     "shm: refusing a split copy request ({why})"
                 );
-                FI_EINVAL
+                status
             }
             Ok((r, src)) => match self.links[p].pid {
                 // The kernel would not let us reach it: the requester reads it all.
