@@ -26,7 +26,7 @@
 //! Besides the engine's frames a lane carries the transport's own messages (`split`: the
 //! split copy of large messages), told apart by the slot's kind.
 
-mod split;
+pub(super) mod split;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
@@ -44,7 +44,7 @@ use super::ring::{self, kind, Consumer, Header, Producer, CTRL_SPARE, LANES};
 use super::segment::Segment;
 use super::ADDR_PREFIX;
 
-pub use split::{counts as split_counts, SPLIT, SPLIT_DONE};
+pub use split::{counts as split_counts, Counts as SplitCounts, SPLIT, SPLIT_DONE};
 
 /// Kind of a message that starts a frame.
 pub const FRAME: u8 = 20;
@@ -392,11 +392,12 @@ impl Net {
         if eng.has_output() {
             eng.transmit(self);
             while let Some(c) = eng.poll_copy() {
-                if self.start_split(&c) {
+                let how = match self.split(&c) {
                     // Reported when the peer's part is done too.
-                    continue;
-                }
-                let how = self.copy(&c);
+                    split::Taken::Pending => continue,
+                    split::Taken::Done(how) => how,
+                    split::Taken::Alone => self.copy(&c),
+                };
                 eng.on_copied(c.token, how);
                 // A copy's end sends an acknowledgement or a read's answer.
                 eng.transmit(self);
@@ -661,12 +662,11 @@ impl Net {
                         self.lane_garbage(eng, lane, "a split copy message before CONNECT");
                         return n;
                     };
-                    // SAFETY: read before the consumer advances past the message.
-                    let bytes = unsafe { v.bytes() };
                     if v.kind == SPLIT {
-                        self.serve_split(eng, p, bytes);
+                        self.serve_split(eng, p, &v);
                     } else {
-                        self.split_done(eng, p, bytes);
+                        // SAFETY: read before the consumer advances past the message.
+                        self.split_done(eng, p, unsafe { v.bytes() });
                     }
                     true
                 }

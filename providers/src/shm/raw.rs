@@ -7,7 +7,10 @@ use std::sync::atomic::Ordering;
 
 use xfabric_core::{Error, Result};
 
-pub use super::net::{split_counts, FRAME, HELD_MAX, PIECE, PIECE_LEN, SPLIT, SPLIT_DONE};
+use super::net::split;
+pub use super::net::{
+    split_counts, SplitCounts, FRAME, HELD_MAX, PIECE, PIECE_LEN, SPLIT, SPLIT_DONE,
+};
 use super::ring::{self, Consumer, Header, Producer};
 pub use super::ring::{flag, kind};
 use super::segment::{fresh_name, Segment};
@@ -110,6 +113,16 @@ impl RawPeer {
     /// the slot header, to the end of its slots), its CONNECT and padding skipped; `None`
     /// while there is none.
     pub fn recv_raw(&mut self) -> Option<(u8, Vec<u8>)> {
+        self.next_raw(false)
+    }
+
+    /// As `recv_raw`, claiming a SPLIT (a split copy's request) as the sender's transport does
+    /// before it writes its part: the target then waits for the answer, which we never send.
+    pub fn recv_claiming(&mut self) -> Option<(u8, Vec<u8>)> {
+        self.next_raw(true)
+    }
+
+    fn next_raw(&mut self, claim: bool) -> Option<(u8, Vec<u8>)> {
         if self.rx.is_none() {
             let mask = ring::active(&self.own).load(Ordering::Acquire);
             if mask == 0 {
@@ -121,6 +134,16 @@ impl RawPeer {
         let (lane, c) = self.rx.as_mut()?;
         loop {
             let v = c.raw_at(&self.own, *lane, c.pos())?;
+            if claim && v.kind == SPLIT {
+                // SAFETY: before the consumer advances past the message.
+                let state = unsafe { v.word(split::STATE) };
+                let _ = state.compare_exchange(
+                    split::PENDING,
+                    split::CLAIMED,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+            }
             // SAFETY: copied out before the consumer advances past the message.
             let bytes = unsafe { v.bytes() }.to_vec();
             c.advance_slots(&self.own, *lane, v.slots());

@@ -392,6 +392,19 @@ impl RawView {
         unsafe { std::slice::from_raw_parts(self.first.add(RAW_HDR), self.nslots * SLOT - RAW_HDR) }
     }
 
+    /// The 4-byte word `off` bytes after the raw slot header, inside the message's first
+    /// slot, as an atomic: a word of the message that both ends may change after it is
+    /// published (`net`'s split requests, claimed by the consumer or revoked by the producer).
+    ///
+    /// # Safety
+    /// Valid only until the consumer advances past this message.
+    pub unsafe fn word(&self, off: usize) -> &AtomicU32 {
+        assert!(off.is_multiple_of(4) && RAW_HDR + off + 4 <= SLOT);
+        // SAFETY: inside the message's first slot (checked above), 64-byte aligned plus a
+        // multiple of 4; published and not reused before the consumer passes.
+        unsafe { &*self.first.add(RAW_HDR + off).cast::<AtomicU32>() }
+    }
+
     /// As the old framing's view (its 32-byte header parsed), for the lane's first message
     /// and its last (CONNECT, BYE).
     pub fn header(&self) -> (Header, *const u8, usize) {

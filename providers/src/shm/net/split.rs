@@ -8,31 +8,31 @@
 //!
 //! ```text
 //! SPLIT:      0 seq:u32 | 4 kind:u8 | 5 flags:u8 | 6 nslots:u16 | 8 token:u64 | 16 offer:u32
-//!             | 20 nsegs:u32 | 24 from:u64 | 32 to:u64 | 40 nsegs x (addr:u64, len:u64)
+//!             | 20 nsegs:u32 | 24 from:u64 | 32 to:u64 | 40 state:u32 | 44 0:u32
+//!             | 48 nsegs x (addr:u64, len:u64)
 //! SPLIT_DONE: 0 seq:u32 | 4 kind:u8 | 5 flags:u8 | 6 nslots:u16 | 8 token:u64 | 16 status:i32
 //! ```
 //!
 //! SPLIT asks: "write bytes `from..to` of your offer `offer` (`CopyReq::offer`) into my memory
-//! at these segments". The sender's transport checks that `offer` is live and offered to this
-//! peer to copy from (`Engine::offered`) and that the range lies in it, writes with
-//! `process_vm_writev` into the pid it verified for the peer (never one a message names), and
-//! answers SPLIT_DONE with 0 or the errno. Everything in a SPLIT is the peer's: one that does
-//! not parse or names anything else is answered with `FI_EINVAL` and a log line, and nothing
-//! is copied.
+//! at these segments". The sender's transport first claims it (`state`: `PENDING` to
+//! `CLAIMED`, an atomic in the ring slot, which both processes map), then checks that `offer`
+//! is live and offered to this peer to copy from (`Engine::offered`) and that the range lies
+//! in it, writes with `process_vm_writev` into the pid it verified for the peer (never one a
+//! message names), and answers SPLIT_DONE with 0 or the errno. Everything in a SPLIT is the
+//! peer's: one that does not parse or names anything else is answered with an error
+//! (`FI_EINVAL`; `FI_ECANCELED` for an offer that is not live) and a log line, and nothing is
+//! copied.
 //!
-//! What the receiver needs: the sender's progress. A receiver copying alone needs none, a
-//! split needs the sender's transport to read its ring. The sender of a large message is
-//! waiting for its completion and so normally polls or sleeps in `fi_cq_sread` (the SPLIT
-//! rings its doorbell); the receiver spins on its lanes for the answer once, briefly
-//! (`SPIN`), then leaves it to later progress calls, without holding the application's
-//! thread. A sender that stops calling into libfabric altogether (`FI_PROGRESS_MANUAL`, busy
-//! computing) delays the receive's completion until it calls again, as a rendezvous below
-//! `XFABRIC_SHM_CMA_MIN` (answered `Cts`, data through the ring) always did; one that dies
-//! fails it with `FI_ECONNRESET` when the sweep finds it gone. An application that wants
-//! receives independent of the sender's progress sets `XFABRIC_SHM_SPLIT_MIN` above its
-//! largest message. The request cannot be taken back once sent (the sender may be writing),
-//! so the receiver never gives up early and reads alone: a late write would land in a buffer
-//! already handed back.
+//! The sender's progress: a receiver copying alone needs none, and a split must not come to
+//! need it either (under `FI_PROGRESS_MANUAL` the sender may be computing, not calling into
+//! libfabric, for as long as it likes). So the receiver, once its own part is read, revokes
+//! the request (`PENDING` to `REVOKED`) unless the sender claimed it already, and then reads
+//! the sender's part too: exactly one of the two copies it. Revoked, the copy ends within
+//! the receiver's call, as an unsplit one does; claimed, the sender's transport is copying
+//! inside a progress call of its own and answers as soon as it is done, which the receiver
+//! spins for, once and briefly (`SPIN`), before leaving it to later progress calls. What
+//! still waits on the sender is only a copy under way, never its application: one that dies
+//! there fails the receive with `FI_ECONNRESET` when the sweep finds it gone.
 //!
 //! Device memory never reaches the transport: core stages it through host bounce buffers
 //! (`ep_start`, `EpCore::stage_remote`) before the engine offers or copies it, so the split
@@ -47,15 +47,21 @@ use xfabric_core::rxq::IOV_LIMIT;
 use xfabric_core::{EpCore, IovList, RawIov};
 
 use super::super::cma::{self, CmaResult};
-use super::super::ring::CTRL_SPARE;
+use super::super::ring::{RawView, CTRL_SPARE};
 use super::Net;
 
 /// Kind of a message asking the peer's transport to write part of its offer.
 pub const SPLIT: u8 = 22;
 /// Kind of its answer.
 pub const SPLIT_DONE: u8 = 23;
-/// Bytes of a SPLIT before its segments.
-const REQ_FIXED: usize = 32;
+/// Bytes of a SPLIT before its segments (after the slot header).
+const REQ_FIXED: usize = 40;
+/// Where its state word is (after the slot header).
+pub const STATE: usize = 32;
+/// States of a SPLIT: sent, nobody copies yet; the sender copies; the receiver copies.
+pub const PENDING: u32 = 0;
+pub const CLAIMED: u32 = 1;
+pub const REVOKED: u32 = 2;
 /// Bytes of a SPLIT_DONE.
 const DONE_LEN: usize = 12;
 /// How long a progress call spins on the lanes for the answer to a split it just started
@@ -63,17 +69,41 @@ const DONE_LEN: usize = 12;
 /// it normally finishes within microseconds of us.
 const SPIN: Duration = Duration::from_micros(200);
 
-/// Splits this process started, and of those the ones whose peer wrote its part: for tests,
-/// which must know a copy was split without timing it.
+/// Splits this process started, of those the ones it revoked (the sender had not claimed
+/// them), and the ones whose sender wrote its part: for tests, which must know how a copy
+/// went without timing it.
 static STARTED: AtomicU64 = AtomicU64::new(0);
+static REVOKES: AtomicU64 = AtomicU64::new(0);
 static SHARED: AtomicU64 = AtomicU64::new(0);
 
-/// (splits started, splits whose peer wrote its part), by every endpoint of this process.
-pub fn counts() -> (u64, u64) {
-    (
-        STARTED.load(Ordering::Relaxed),
-        SHARED.load(Ordering::Relaxed),
-    )
+/// What the splits of every endpoint of this process did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Requests sent.
+    pub started: u64,
+    /// Revoked before the sender claimed them: read alone.
+    pub revoked: u64,
+    /// Claimed, and the sender's part written by the sender.
+    pub shared: u64,
+}
+
+/// What the splits of every endpoint of this process did so far.
+pub fn counts() -> Counts {
+    Counts {
+        started: STARTED.load(Ordering::Relaxed),
+        revoked: REVOKES.load(Ordering::Relaxed),
+        shared: SHARED.load(Ordering::Relaxed),
+    }
+}
+
+/// How `Net::split` took a copy.
+pub(super) enum Taken {
+    /// Not split: the caller copies alone.
+    Alone,
+    /// Split, the sender copying its part: reported when its answer comes.
+    Pending,
+    /// Copied (split and revoked, the receiver reading it all): report this.
+    Done(Copied),
 }
 
 /// A SPLIT's content.
@@ -104,6 +134,7 @@ impl Request {
         b[12..16].copy_from_slice(&(segs.len() as u32).to_le_bytes());
         b[16..24].copy_from_slice(&(self.from as u64).to_le_bytes());
         b[24..32].copy_from_slice(&(self.to as u64).to_le_bytes());
+        b[STATE..STATE + 8].copy_from_slice(&[0; 8]);
         for (i, s) in segs.iter().enumerate() {
             let o = REQ_FIXED + 16 * i;
             b[o..o + 8].copy_from_slice(&(s.addr as u64).to_le_bytes());
@@ -235,34 +266,33 @@ fn copied(r: CmaResult) -> Copied {
 }
 
 impl Net {
-    /// Starts copy `c` as a split, where it is one that splits (a large message's pull of
-    /// at least `split_min` bytes from a peer whose memory cross-memory attach has reached,
-    /// and whose transport has not refused to write) and the request fits the peer's ring
-    /// now: true when started (reported when the answer comes), false to copy alone.
+    /// Copies `c` split, where it is one that splits (a large message's pull of at least
+    /// `split_min` bytes from a peer whose memory cross-memory attach has reached, and whose
+    /// transport has not refused to write) and the request fits the peer's ring now.
     ///
     /// Copies serving a peer's RMA write are not split: that peer's later requests wait
     /// behind them (`CopyReq::holds`), and past the held queue's bound they stay at the head
     /// of its lane, where the answer would queue behind them for ever.
-    pub(super) fn start_split(&mut self, c: &CopyReq) -> bool {
+    pub(super) fn split(&mut self, c: &CopyReq) -> Taken {
         if c.dir != Dir::Read || c.holds || c.len < self.split_min || !self.cma.known_working() {
-            return false;
+            return Taken::Alone;
         }
         let Some(link) = self.links.get_mut(c.peer) else {
-            return false;
+            return Taken::Alone;
         };
         let (Some(pid), Some(prod), Some(seg)) = (link.pid, link.prod.as_mut(), link.seg.as_ref())
         else {
-            return false;
+            return Taken::Alone;
         };
         if link.dead || link.no_split {
-            return false;
+            return Taken::Alone;
         }
         let Some(remote) = c.remote.to_iov() else {
-            return false;
+            return Taken::Alone;
         };
         if c.len > remote.total() || c.len > c.local.total() {
             // `copy` fails it.
-            return false;
+            return Taken::Alone;
         }
         let at = split_at(c.len);
         let req = Request {
@@ -272,14 +302,46 @@ impl Net {
             to: c.len,
             dest: c.local.slice(at, c.len - at),
         };
+        let mut state = std::ptr::null_mut::<u8>();
         // A request: it leaves the ring's spare slots to answers.
-        if !prod.write_raw(seg, SPLIT, 0, req.len(), CTRL_SPARE, |b| req.encode(b)) {
-            return false;
+        let sent = prod.write_raw(seg, SPLIT, 0, req.len(), CTRL_SPARE, |b| {
+            req.encode(b);
+            state = b[STATE..].as_mut_ptr();
+        });
+        if !sent {
+            return Taken::Alone;
         }
         // Now, not after our part: the sender copies while we do.
         Self::wake(seg);
-        let own = copied(cma::read(&self.cma, pid, &c.local, remote.segs(), at));
         STARTED.fetch_add(1, Ordering::Relaxed);
+        let own = copied(cma::read(&self.cma, pid, &c.local, remote.segs(), at));
+        // SAFETY: the request's state word, in its first slot in our lane of the peer's
+        // segment (mapped while the link is): nothing was written to the lane since, so the
+        // slot holds the request whether or not the peer consumed it yet; 4-aligned.
+        let state = unsafe { std::sync::atomic::AtomicU32::from_ptr(state.cast()) };
+        let revoked = state
+            .compare_exchange(PENDING, REVOKED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if revoked {
+            // The sender never started (not polling): its part is ours, and it will not
+            // answer.
+            REVOKES.fetch_add(1, Ordering::Relaxed);
+            let n = c.len - at;
+            let rest = || {
+                let local = c.local.slice(at, n);
+                copied(cma::read(
+                    &self.cma,
+                    pid,
+                    &local,
+                    remote.slice(at, n).segs(),
+                    n,
+                ))
+            };
+            return Taken::Done(match own {
+                Copied::Done => rest(),
+                o => o,
+            });
+        }
         self.splits.push(Pending {
             token: c.token,
             peer: c.peer,
@@ -291,7 +353,7 @@ impl Net {
             len: c.len,
             spun: false,
         });
-        true
+        Taken::Pending
     }
 
     /// Whether splits wait for their answers.
@@ -299,8 +361,20 @@ impl Net {
         !self.splits.is_empty()
     }
 
-    /// A SPLIT from `p`: its part written, or refused, and answered.
-    pub(super) fn serve_split(&mut self, eng: &Engine, p: PeerId, bytes: &[u8]) {
+    /// A SPLIT from `p`, `v` at the head of its lane: claimed, its part written or
+    /// refused, and answered; or, revoked already, passed over.
+    pub(super) fn serve_split(&mut self, eng: &Engine, p: PeerId, v: &RawView) {
+        // SAFETY: the consumer has not advanced past `v` (the caller's contract).
+        let state = unsafe { v.word(STATE) };
+        if state
+            .compare_exchange(PENDING, CLAIMED, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // Revoked (the requester read it all), or a state only garbage has: not ours.
+            return;
+        }
+        // SAFETY: as above; the requester no longer writes the message once it is claimed.
+        let bytes = unsafe { v.bytes() };
         let (token, req) = Request::decode(bytes);
         let checked = match req {
             Err(why) => Err((FI_EINVAL, why)),
@@ -502,7 +576,7 @@ mod tests {
         assert!(Request::decode(&b).1.is_err());
         // A segment that wraps the address space.
         let mut b = bytes(&r);
-        b[32..40].copy_from_slice(&u64::MAX.to_le_bytes());
+        b[REQ_FIXED..REQ_FIXED + 8].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(Request::decode(&b).1.is_err());
         // Short of the fixed part; the token is still read where it is there.
         assert_eq!(Request::decode(&b[..20]).0, r.token);
