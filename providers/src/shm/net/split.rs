@@ -32,7 +32,17 @@
 //! inside a progress call of its own and answers as soon as it is done, which the receiver
 //! spins for, once and briefly (`SPIN`), before leaving it to later progress calls. What
 //! still waits on the sender is only a copy under way, never its application: one that dies
-//! there fails the receive with `FI_ECONNRESET` when the sweep finds it gone.
+//! there fails the receive with `FI_ECONNRESET` when the sweep finds it gone. (A hostile
+//! peer that claims and never answers holds the receive until it dies or closes, as one that
+//! never acknowledges holds a send.)
+//!
+//! Which copies: a large message's pull (not a served RMA write: `Net::split`) of at least
+//! `XFABRIC_SHM_SPLIT_MIN` bytes, where the engine asks for pulls only from
+//! `XFABRIC_SHM_CMA_MIN` (512 KiB; smaller rendezvous messages stream through the ring), and
+//! once cross-memory attach has worked on this endpoint. Each side takes half, page-aligned
+//! (`split_at`). A sender whose kernel refuses it the write (Yama's ptrace_scope lets a parent
+//! reach its child, not the other way) answers `FI_EPERM`: the receiver reads that part too
+//! and asks that peer no more.
 //!
 //! Device memory never reaches the transport: core stages it through host bounce buffers
 //! (`ep_start`, `EpCore::stage_remote`) before the engine offers or copies it, so the split
@@ -64,9 +74,9 @@ pub const CLAIMED: u32 = 1;
 pub const REVOKED: u32 = 2;
 /// Bytes of a SPLIT_DONE.
 const DONE_LEN: usize = 12;
-/// How long a progress call spins on the lanes for the answer to a split it just started
-/// (once per split): the sender started its part one message hop after we started ours, so
-/// it normally finishes within microseconds of us.
+/// How long a progress call spins on the lanes for the answer to a claimed split (once per
+/// split): the sender claimed it while we read our part and copies as fast, so it normally
+/// finishes within microseconds of us.
 const SPIN: Duration = Duration::from_micros(200);
 
 /// Splits this process started, of those the ones it revoked (the sender had not claimed
