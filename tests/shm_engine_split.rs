@@ -268,17 +268,23 @@ fn a_stalled_sender_does_not_hold_up_a_split_receive() {
     }
 }
 
-/// Raw sender child: offers two messages of its memory (tags 1 and 2, the first to make
-/// cross-memory attach known to work at the receiver) through `Rts` frames, claims the split
-/// request for the second as a sender's transport would, says "claimed", and never answers:
-/// it is killed with its part claimed.
-fn claiming_sender() {
+/// The message whose split the raw sender claims: large, so that the receiver's own part
+/// (read before it revokes) gives that sender ample time to claim it.
+const BIG: usize = 16 << 20;
+
+/// Raw sender child: offers messages of its memory (tags 1 and 2, the first to make
+/// cross-memory attach known to work at the receiver; with `eperm` a third) through `Rts`
+/// frames, and claims the split request for the second as a sender's transport would. Then,
+/// without `eperm`, says "claimed" and never answers: it is killed with its part claimed;
+/// with it, answers `FI_EPERM` (its kernel refusing the write) and stays until told "bye".
+fn claiming_sender(eperm: bool) {
     let addr = unhex(&listen());
     let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
     say(&hex(format!("fi_shm://{}", raw.name()).as_bytes()));
     let warm = pattern(WARM, 1);
-    let big = pattern(4 << 20, 2);
-    for (id, tag, data) in [(0, 1, &warm), (1, 2, &big)] {
+    let big = pattern(BIG, 2);
+    let third = pattern(WARM + 5, 3);
+    let offer = |raw: &mut RawPeer, id: u32, tag: u64, data: &[u8]| {
         let iov = IovList::from_segs([RawIov::of(data)]).unwrap();
         let rts = Frame::Rts {
             id,
@@ -289,19 +295,32 @@ fn claiming_sender() {
             desc: Desc::of_iov(&iov),
         };
         assert!(raw.send_raw(FRAME, rts.ctrl(0).as_bytes(), 0), "ring full");
-    }
+    };
+    offer(&mut raw, 0, 1, &warm);
+    offer(&mut raw, 1, 2, &big);
     let start = Instant::now();
-    loop {
+    let (req, claimed) = loop {
         match raw.recv_claiming() {
-            Some((SPLIT, _)) => break,
+            Some((SPLIT, b, claimed)) => break (b, claimed),
             Some(_) => {}
             None => std::thread::yield_now(),
         }
         assert!(start.elapsed() < BOUND, "no split request came");
+    };
+    if !eperm {
+        say("claimed");
+        listen();
+        unreachable!("this child is killed");
     }
-    say("claimed");
-    listen();
-    unreachable!("this child is killed");
+    if claimed {
+        let mut done = req[..8].to_vec();
+        done.extend_from_slice(&FI_EPERM.to_le_bytes());
+        assert!(raw.send_raw(SPLIT_DONE, &done, 0), "ring full");
+    }
+    say(if claimed { "refused" } else { "revoked" });
+    assert_eq!(listen(), "third");
+    offer(&mut raw, 2, 3, &third);
+    assert_eq!(listen(), "bye");
 }
 
 /// Receiver child for the claiming sender: posts both receives, and polls (once a
@@ -311,7 +330,7 @@ fn receiver_of_claimed() {
     say(&hex(&n.ep.getname().unwrap()));
     let src = n.add_peer(&unhex(&listen()));
     let mut warm = vec![0u8; WARM];
-    let mut big = vec![0u8; 4 << 20];
+    let mut big = vec![0u8; BIG];
     // SAFETY: the buffers outlive the completions read below.
     unsafe {
         n.retry(|| n.ep.trecv(&mut warm, None, src, 1, 0, 1));
@@ -331,7 +350,7 @@ fn receiver_of_claimed() {
         match n.cq.read(&mut cq) {
             Ok(_) => {
                 assert_eq!(cq[0].op_context, 2);
-                assert!(big == pattern(4 << 20, 2), "bytes");
+                assert!(big == pattern(BIG, 2), "bytes");
                 assert_eq!(c.revoked, 1, "completed though claimed: {c:?}");
                 eprintln!("the split was revoked before the sender claimed it");
                 break;
@@ -362,7 +381,7 @@ fn a_sender_killed_with_its_part_claimed_fails_the_receive() {
     let t = "a_sender_killed_with_its_part_claimed_fails_the_receive";
     match role().as_deref() {
         Some("recv") => receiver_of_claimed(),
-        Some(_) => claiming_sender(),
+        Some(_) => claiming_sender(false),
         None => {
             let mut r = spawn(t, "recv", &[]);
             let mut s = spawn(t, "send", &[]);
@@ -379,6 +398,72 @@ fn a_sender_killed_with_its_part_claimed_fails_the_receive() {
             r.join();
             assert_eq!(segments_of(rpid), 0);
             xfabric::providers::shm::segment::reclaim_stale();
+            assert_eq!(segments_of(spid), 0);
+        }
+    }
+}
+
+/// Receiver child for the refusing sender: three messages, every byte checked; the second's
+/// split either refused (`FI_EPERM`: the receiver read the sender's part too, and splits
+/// nothing more from it) or revoked.
+fn receiver_of_refused() {
+    let n = node(CAPS, Progress::Manual);
+    say(&hex(&n.ep.getname().unwrap()));
+    let src = n.add_peer(&unhex(&listen()));
+    let lens = [WARM, BIG, WARM + 5];
+    let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l]).collect();
+    for (i, b) in bufs.iter_mut().enumerate() {
+        // SAFETY: the buffers outlive the completions read below.
+        n.retry(|| unsafe { n.ep.trecv(b, None, src, i as u64 + 1, 0, i as Context + 1) });
+    }
+    // The second completes once the sender's answer came (or at once, revoked).
+    n.wait_n(2);
+    say("two");
+    let how = listen();
+    n.wait_n(1);
+    for (i, b) in bufs.iter().enumerate() {
+        assert!(
+            *b == pattern(lens[i], i as u64 + 1),
+            "message {}: bytes",
+            i + 1
+        );
+    }
+    let c = split_counts();
+    eprintln!("the sender's part was {how}");
+    match how.as_str() {
+        // Not split again after the refusal.
+        "refused" => assert_eq!((c.started, c.revoked, c.shared), (1, 0, 0), "{c:?}"),
+        // The sender claims nothing more: the third is split and revoked too.
+        "revoked" => assert_eq!((c.started, c.revoked, c.shared), (2, 2, 0), "{c:?}"),
+        other => panic!("{other}"),
+    }
+    say("OK");
+    assert_eq!(listen(), "bye");
+}
+
+#[test]
+fn a_sender_refused_the_write_has_its_part_read_by_the_receiver() {
+    engine();
+    let t = "a_sender_refused_the_write_has_its_part_read_by_the_receiver";
+    match role().as_deref() {
+        Some("recv") => receiver_of_refused(),
+        Some(_) => claiming_sender(true),
+        None => {
+            let mut r = spawn(t, "recv", &[]);
+            let mut s = spawn(t, "send", &[]);
+            s.tell(&r.hear());
+            r.tell(&s.hear());
+            let how = s.hear();
+            assert_eq!(r.hear(), "two");
+            s.tell("third");
+            r.tell(&how);
+            assert_eq!(r.hear(), "OK");
+            r.tell("bye");
+            s.tell("bye");
+            let (rpid, spid) = (r.pid(), s.pid());
+            r.join();
+            s.join();
+            assert_eq!(segments_of(rpid), 0);
             assert_eq!(segments_of(spid), 0);
         }
     }

@@ -113,16 +113,17 @@ impl RawPeer {
     /// the slot header, to the end of its slots), its CONNECT and padding skipped; `None`
     /// while there is none.
     pub fn recv_raw(&mut self) -> Option<(u8, Vec<u8>)> {
-        self.next_raw(false)
+        self.next_raw(false).map(|(k, b, _)| (k, b))
     }
 
     /// As `recv_raw`, claiming a SPLIT (a split copy's request) as the sender's transport does
-    /// before it writes its part: the target then waits for the answer, which we never send.
-    pub fn recv_claiming(&mut self) -> Option<(u8, Vec<u8>)> {
+    /// before it writes its part: the target then waits for an answer (`SPLIT_DONE`). The
+    /// flag says whether the claim took (false: the target had revoked it, and reads alone).
+    pub fn recv_claiming(&mut self) -> Option<(u8, Vec<u8>, bool)> {
         self.next_raw(true)
     }
 
-    fn next_raw(&mut self, claim: bool) -> Option<(u8, Vec<u8>)> {
+    fn next_raw(&mut self, claim: bool) -> Option<(u8, Vec<u8>, bool)> {
         if self.rx.is_none() {
             let mask = ring::active(&self.own).load(Ordering::Acquire);
             if mask == 0 {
@@ -134,21 +135,23 @@ impl RawPeer {
         let (lane, c) = self.rx.as_mut()?;
         loop {
             let v = c.raw_at(&self.own, *lane, c.pos())?;
-            if claim && v.kind == SPLIT {
+            let claimed = claim && v.kind == SPLIT && {
                 // SAFETY: before the consumer advances past the message.
                 let state = unsafe { v.word(split::STATE) };
-                let _ = state.compare_exchange(
-                    split::PENDING,
-                    split::CLAIMED,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
-            }
+                state
+                    .compare_exchange(
+                        split::PENDING,
+                        split::CLAIMED,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .is_ok()
+            };
             // SAFETY: copied out before the consumer advances past the message.
             let bytes = unsafe { v.bytes() }.to_vec();
             c.advance_slots(&self.own, *lane, v.slots());
             if v.kind != kind::PAD && v.kind != kind::CONNECT {
-                return Some((v.kind, bytes));
+                return Some((v.kind, bytes, claimed));
             }
         }
     }
