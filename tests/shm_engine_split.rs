@@ -309,8 +309,9 @@ fn claiming_sender(eperm: bool) {
     };
     if !eperm {
         say("claimed");
-        listen();
-        unreachable!("this child is killed");
+        // Killed here, or told "bye" once the receiver closed.
+        assert_eq!(listen(), "bye");
+        return;
     }
     if claimed {
         let mut done = req[..8].to_vec();
@@ -457,6 +458,74 @@ fn a_sender_refused_the_write_has_its_part_read_by_the_receiver() {
             assert_eq!(r.hear(), "two");
             s.tell("third");
             r.tell(&how);
+            assert_eq!(r.hear(), "OK");
+            r.tell("bye");
+            s.tell("bye");
+            let (rpid, spid) = (r.pid(), s.pid());
+            r.join();
+            s.join();
+            assert_eq!(segments_of(rpid), 0);
+            assert_eq!(segments_of(spid), 0);
+        }
+    }
+}
+
+/// Receiver child that closes its endpoint while the sender holds its part claimed and never
+/// answers: the close waits for the answer (the sender may be writing into the receive's
+/// buffer) only a bounded time, and the receive ends canceled.
+fn receiver_closing() {
+    let n = node(CAPS, Progress::Manual);
+    say(&hex(&n.ep.getname().unwrap()));
+    let src = n.add_peer(&unhex(&listen()));
+    let mut warm = vec![0u8; WARM];
+    let mut big = vec![0u8; BIG];
+    // SAFETY: the buffers outlive the endpoint, closed below.
+    unsafe {
+        n.retry(|| n.ep.trecv(&mut warm, None, src, 1, 0, 1));
+        n.retry(|| n.ep.trecv(&mut big, None, src, 2, 0, 2));
+    }
+    assert_eq!(n.wait_one().op_context, 1);
+    say("ready");
+    assert_eq!(listen(), "close");
+    let c = split_counts();
+    let Node { ep, cq, .. } = n;
+    let start = Instant::now();
+    ep.close().expect("close");
+    assert!(start.elapsed() < BOUND, "close took {:?}", start.elapsed());
+    let mut buf = [CqTaggedEntry::default(); 1];
+    match cq.read(&mut buf) {
+        Err(Error::Avail) => {
+            let e = cq.readerr().expect("readerr after Avail");
+            assert_eq!((e.op_context, e.err), (2, FI_ECANCELED), "{e:?}");
+            assert_eq!((c.started, c.revoked), (1, 0), "{c:?}");
+        }
+        Ok(_) => {
+            // Revoked before the sender claimed it: read alone, done before the close.
+            assert_eq!(buf[0].op_context, 2);
+            assert!(big == pattern(BIG, 2), "bytes");
+            assert_eq!(c.revoked, 1, "{c:?}");
+        }
+        r => panic!("after the close: {r:?}"),
+    }
+    say("OK");
+    assert_eq!(listen(), "bye");
+}
+
+#[test]
+fn closing_with_a_claimed_split_is_bounded_and_cancels_the_receive() {
+    engine();
+    let t = "closing_with_a_claimed_split_is_bounded_and_cancels_the_receive";
+    match role().as_deref() {
+        Some("recv") => receiver_closing(),
+        Some(_) => claiming_sender(false),
+        None => {
+            let mut r = spawn(t, "recv", &[]);
+            let mut s = spawn(t, "send", &[]);
+            s.tell(&r.hear());
+            r.tell(&s.hear());
+            assert_eq!(r.hear(), "ready");
+            assert_eq!(s.hear(), "claimed");
+            r.tell("close");
             assert_eq!(r.hear(), "OK");
             r.tell("bye");
             s.tell("bye");
