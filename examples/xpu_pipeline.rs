@@ -45,9 +45,8 @@ struct Opts {
     /// Buckets per round
     #[arg(long, default_value_t = 64, value_parser = common::args::positive)]
     buckets: usize,
-    /// Size of each bucket in KiB (the default is under shm's split-copy size,
-    /// XFABRIC_SHM_SPLIT_MIN: the receiver then copies each bucket whole, and the sender's
-    /// core is left to its XPU)
+    /// Size of each bucket in KiB (the default is under shm's eager limit, 64 KiB: each bucket
+    /// crosses the peer's ring as it is posted, with no rendezvous round trip)
     #[arg(long = "bucket-kib", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
     bucket_kib: u32,
     /// Rounds to run

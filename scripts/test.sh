@@ -13,12 +13,6 @@ cargo test --workspace --all-targets -j2 "$@"
 # XFABRIC_TEST_PROVIDER, which the children inherit.
 XFABRIC_TEST_PROVIDER=tcp cargo test -j2 --test conformance --test hmem --test hmem_rma \
     --test hmem_trigger --test hmem_ze "$@"
-# shm on core's RDM engine (XFABRIC_SHM_ENGINE=1, off by default until it is as fast as shm's
-# own protocol): the conformance suite, every shm test and the device-memory tests again.
-shm_tests=()
-for f in tests/shm_*.rs; do shm_tests+=(--test "$(basename "$f" .rs)"); done
-XFABRIC_SHM_ENGINE=1 cargo test -j2 --test conformance "${shm_tests[@]}" --test hmem \
-    --test hmem_rma --test hmem_trigger --test hmem_ze "$@"
 # shm_recv's FI_SOURCE / FI_SOURCE_ERR tests are provider-neutral too (its others rely on
 # shm's cross-memory attach pulling a rendezvous without the sender's progress).
 XFABRIC_TEST_PROVIDER=tcp cargo test -j2 --test shm_recv source_ "$@"

@@ -118,13 +118,13 @@ fn info_e_lists_every_setting() {
     }
 }
 
-/// Runs this test in a child with `XFABRIC_SHM_SPLIT_MIN=value` and logging off; returns its
+/// Runs this test in a child with `XFABRIC_SHM_UNEXP_MSGS=value` and logging off; returns its
 /// stderr.
 fn child_stderr(test: &str, value: &str) -> String {
     let mut child = Command::new(std::env::current_exe().expect("current_exe"))
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env("XF_ROLE", "child")
-        .env("XFABRIC_SHM_SPLIT_MIN", value)
+        .env("XFABRIC_SHM_UNEXP_MSGS", value)
         .env_remove("FI_LOG_LEVEL")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
@@ -148,18 +148,18 @@ fn child_stderr(test: &str, value: &str) -> String {
 const OPENED: &str = "child: endpoints open";
 
 /// In the child: two shm endpoints open (each reads the setting), then the value is checked.
-fn child_reads_split_min(want: u64) {
+fn child_reads_unexp_msgs(want: u64) {
     let n = common::node(xfabric::FI_TAGGED, xfabric::Progress::Auto);
     let m = common::node(xfabric::FI_TAGGED, xfabric::Progress::Auto);
     eprintln!("{OPENED}");
-    assert_eq!(settings::SHM_SPLIT_MIN.size(), want);
+    assert_eq!(settings::SHM_UNEXP_MSGS.size(), want);
     drop((n, m));
 }
 
 #[test]
 fn a_bad_value_is_one_warning_and_the_default_applies() {
     if common::role().is_some() {
-        child_reads_split_min(65536);
+        child_reads_unexp_msgs(16384);
         return;
     }
     let err = child_stderr("a_bad_value_is_one_warning_and_the_default_applies", "lots");
@@ -168,23 +168,23 @@ fn a_bad_value_is_one_warning_and_the_default_applies() {
         .expect("the child opened its endpoints");
     let warnings: Vec<_> = err
         .lines()
-        .filter(|l| l.contains("XFABRIC_SHM_SPLIT_MIN"))
+        .filter(|l| l.contains("XFABRIC_SHM_UNEXP_MSGS"))
         .collect();
     assert!(
-        opening.contains("XFABRIC_SHM_SPLIT_MIN"),
+        opening.contains("XFABRIC_SHM_UNEXP_MSGS"),
         "the provider did not report it:\n{err}"
     );
     assert_eq!(warnings.len(), 1, "{err}");
     assert!(warnings[0].contains("\"lots\""), "{err}");
-    assert!(warnings[0].contains("65536"), "{err}");
+    assert!(warnings[0].contains("16384"), "{err}");
 }
 
 #[test]
 fn a_good_value_is_used_without_a_warning() {
     if common::role().is_some() {
-        child_reads_split_min(4096);
+        child_reads_unexp_msgs(4096);
         return;
     }
     let err = child_stderr("a_good_value_is_used_without_a_warning", "4096");
-    assert!(!err.contains("XFABRIC_SHM_SPLIT_MIN"), "{err}");
+    assert!(!err.contains("XFABRIC_SHM_UNEXP_MSGS"), "{err}");
 }

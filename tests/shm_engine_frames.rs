@@ -1,8 +1,10 @@
-//! Frames from a hostile peer over shm's engine framing (`XFABRIC_SHM_ENGINE=1`): a raw sender
-//! writes crafted and random messages into an endpoint's ring (bad prefixes, control and body
-//! lengths past the slots, pieces with no frame, unknown kinds, frames the engine refuses).
-//! The endpoint must neither panic (overflow checks are on) nor hang: it drops that sender's
-//! lane with a log line, and still serves a well-behaved peer afterwards.
+//! Frames from a hostile peer: a raw sender writes crafted and random messages into an
+//! endpoint's ring (bad prefixes, control and body lengths past the slots, pieces with no
+//! frame, unknown kinds, frames the engine refuses, descriptors and ranges that wrap the
+//! address space or name memory that is not there, a segment header that lies about its
+//! address). The endpoint must neither panic (overflow checks are on) nor hang: it drops that
+//! sender's lane with a log line where the frame is garbage, and still serves a well-behaved
+//! peer afterwards. The raw sender is `xfabric_providers::shm::raw`.
 
 mod common;
 
@@ -10,8 +12,11 @@ use std::io::Write;
 use std::sync::{Mutex, Once};
 
 use common::*;
+use xfabric::errno::*;
 use xfabric::*;
 use xfabric_core::rdm::wire::{self, Frame, Prefix};
+use xfabric_core::rdm::Desc;
+use xfabric_core::{RmaIov, RmaIovList};
 use xfabric_providers::shm::raw::{RawPeer, FRAME, PIECE};
 
 const CAPS: u64 = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV;
@@ -32,11 +37,10 @@ impl Write for Capture {
     }
 }
 
-/// The engine framing for every endpoint of this process, and warnings captured.
+/// Warnings captured.
 fn setup() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        std::env::set_var("XFABRIC_SHM_ENGINE", "1");
         let sub = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::WARN)
             .with_ansi(false)
@@ -115,6 +119,36 @@ fn prefix_bytes(p: Prefix) -> Vec<u8> {
     v.extend_from_slice(&p.ctrl_len.to_le_bytes());
     v.extend_from_slice(&p.body_len.to_le_bytes());
     v
+}
+
+/// A well-behaved peer's tagged message still reaches `n` (at `addr`).
+fn serves_a_good_peer(n: &Node, addr: &[u8]) {
+    let good = node(CAPS, Progress::Manual);
+    let dst = good.add_peer(addr);
+    let want = pattern(64, 3);
+    let mut m = [0u8; 64];
+    // SAFETY: m outlives the completion waited for below.
+    n.retry(|| unsafe { n.ep.trecv(&mut m, None, FI_ADDR_UNSPEC, 0xfeed, 0, 999) });
+    // SAFETY: want outlives its completion.
+    good.retry(|| unsafe { good.ep.tsend(&want, None, dst, 0xfeed, 1) });
+    let deadline = std::time::Instant::now() + BOUND;
+    let mut buf = [CqTaggedEntry::default(); 8];
+    let mut got = false;
+    while !got {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the good peer's message never came"
+        );
+        let _ = good.cq.read(&mut buf);
+        match n.cq.read(&mut buf) {
+            Ok(k) => got = buf[..k].iter().any(|e| e.op_context == 999),
+            Err(Error::Avail) => {
+                let _ = n.cq.readerr();
+            }
+            Err(_) => {}
+        }
+    }
+    assert!(m == want[..], "the good peer's bytes");
 }
 
 /// Progresses `n` until the target dropped `raw`'s lane (bounded).
@@ -253,32 +287,180 @@ fn garbage_drops_the_lane_with_a_log_line_and_the_endpoint_goes_on() {
         drain(&n);
     }
 
-    // A well-behaved peer is still served.
-    let good = node(CAPS, Progress::Manual);
-    let dst = good.add_peer(&addr);
-    let want = pattern(64, 3);
-    let mut m = [0u8; 64];
-    // SAFETY: m outlives the completion waited for below.
-    n.retry(|| unsafe { n.ep.trecv(&mut m, None, FI_ADDR_UNSPEC, 0xfeed, 0, 999) });
-    // SAFETY: want outlives its completion.
-    good.retry(|| unsafe { good.ep.tsend(&want, None, dst, 0xfeed, 1) });
+    serves_a_good_peer(&n, &addr);
+    drop(raw);
+}
+
+/// Drives the endpoint until `want` error entries came (bounded); their errnos.
+fn errors(n: &Node, want: usize) -> Vec<i32> {
+    let mut buf = [CqTaggedEntry::default(); 16];
+    let mut errs = Vec::new();
     let deadline = std::time::Instant::now() + BOUND;
-    let mut buf = [CqTaggedEntry::default(); 8];
-    let mut got = false;
-    while !got {
+    while errs.len() < want {
         assert!(
             std::time::Instant::now() < deadline,
-            "the good peer's message never came"
+            "{errs:?}: fewer than {want} errors"
         );
-        let _ = good.cq.read(&mut buf);
         match n.cq.read(&mut buf) {
-            Ok(k) => got = buf[..k].iter().any(|e| e.op_context == 999),
-            Err(Error::Avail) => {
-                let _ = n.cq.readerr();
-            }
-            Err(_) => {}
+            Err(Error::Avail) => errs.push(n.cq.readerr().expect("an error entry").err),
+            Ok(_) | Err(Error::Again(_)) | Err(Error::Overrun) => {}
+            Err(e) => panic!("cq read: {e}"),
         }
     }
-    assert!(m == want[..], "the good peer's bytes");
-    drop(raw);
+    errs
+}
+
+/// A descriptor of (address, length) pairs, as shm's `Desc::of_iov` writes them.
+fn desc(pairs: &[(u64, u64)]) -> Desc {
+    let b: Vec<u8> = pairs
+        .iter()
+        .flat_map(|&(a, l)| a.to_le_bytes().into_iter().chain(l.to_le_bytes()))
+        .collect();
+    Desc::new(&b).expect("a descriptor")
+}
+
+/// Messages, RMA requests and atomics whose descriptors and ranges wrap the address space,
+/// end at its very top or name memory that is not mapped, so that the target's matching,
+/// cross-memory-attach copies and range checks see them; `window` is a registered range
+/// (`base`, 64 KiB, `key`); `rx` is the address of a receive buffer. Returns the messages
+/// written.
+fn crafted(raw: &mut RawPeer, rx: u64, base: u64, key: u64) -> usize {
+    let descs = [
+        desc(&[(u64::MAX - 10, 100)]),
+        desc(&[(u64::MAX - 4095, 1 << 20), (rx, 64)]),
+        desc(&[(u64::MAX - (1 << 20), 1 << 20)]),
+        desc(&[(0x1000, 1 << 20)]),
+        desc(&[(rx, u64::MAX)]),
+    ];
+    let ranges = |addr: u64, len: usize| {
+        RmaIovList::from_segs(&[RmaIov { addr, len, key }]).expect("one range")
+    };
+    let window = ranges(base, 1 << 16);
+    let wrapping = ranges(u64::MAX - 10, 100);
+    let mut sent = 0;
+    for (i, d) in descs.into_iter().enumerate() {
+        let id = i as u32;
+        let frames = [
+            Frame::Rts {
+                id,
+                tag: 0,
+                data: 0,
+                len: [100, 1 << 20, u64::MAX][i % 3],
+                flags: wire::flags::ACK,
+                desc: d,
+            },
+            Frame::Write {
+                id,
+                data: 0,
+                flags: wire::flags::ACK,
+                segs: window,
+                desc: d,
+            },
+            Frame::Write {
+                id,
+                data: 0,
+                flags: wire::flags::ACK,
+                segs: wrapping,
+                desc: d,
+            },
+            Frame::Read {
+                id,
+                segs: window,
+                desc: d,
+            },
+            Frame::Read {
+                id,
+                segs: wrapping,
+                desc: d,
+            },
+        ];
+        for f in frames {
+            sent += raw.send_raw(FRAME, &frame(&f, &[]), 64) as usize;
+        }
+    }
+    // Atomics past the window's end and at the top of the address space.
+    for addr in [base + (1 << 16) - 4, u64::MAX - 3, u64::MAX] {
+        let f = Frame::Atomic {
+            id: 9,
+            op: 0,
+            datatype: 0,
+            count: 2,
+            addr,
+            key,
+            flags: wire::flags::ACK,
+        };
+        sent += raw.send_raw(FRAME, &frame(&f, &[1; 8]), 64) as usize;
+    }
+    sent
+}
+
+#[test]
+fn wrapping_descriptors_and_a_lying_header_neither_panic_nor_stop_the_endpoint() {
+    setup();
+    // Receives for the crafted rendezvous messages to match (tag 0, any source), and a large
+    // send's bytes; both outlive the endpoint.
+    let mut rx = vec![0u8; 1 << 20];
+    let big = vec![5u8; 1 << 20];
+    let n = node(CAPS | FI_REMOTE_READ | FI_REMOTE_WRITE, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let window = vec![0u8; 1 << 16];
+    // SAFETY: window outlives the registration (dropped after it at the end of the test).
+    let mr = unsafe {
+        n.domain
+            .mr_reg(&window, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 5)
+    }
+    .expect("mr_reg");
+    let base = if n.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0 {
+        window.as_ptr() as u64
+    } else {
+        0
+    };
+    for i in 0..8 {
+        // SAFETY: rx outlives the endpoint.
+        n.retry(|| unsafe { n.ep.recv(&mut rx, None, FI_ADDR_UNSPEC, i) });
+    }
+    let rx_at = rx.as_ptr() as u64;
+    // A peer whose segment header claims a mapping at the very top (verifying its pid must
+    // not wrap), and one with a true header, whose pid (this process) verifies, so the target
+    // does try cross-memory attach on the ranges it is given.
+    let mut liar = RawPeer::connect(&addr, Some(u64::MAX - 8)).expect("raw peer");
+    let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+    drain(&n);
+    // Each of the raw peer's five messages matches a receive, whose copy out of a range that
+    // wraps (refused before any copy) or is not mapped fails it; RMA requests naming such
+    // ranges are answered with errors (to a ring nobody reads).
+    assert!(crafted(&mut raw, rx_at, base, mr.key()) > 0);
+    let errs = errors(&n, 5);
+    assert!(
+        errs.iter().all(|&e| e == FI_EINVAL || e == FI_EFAULT),
+        "{errs:?}"
+    );
+    // The liar's pid does not verify, so nothing is copied through it: its messages wait for
+    // data through the ring (which never comes) instead.
+    assert!(crafted(&mut liar, rx_at, base, mr.key()) > 0);
+    drain(&n);
+
+    // The raw peer as a receiver: our large send to it (a rendezvous) is answered with
+    // clear-to-sends and acknowledgements naming it and naming nothing.
+    let to_raw = n.add_peer(format!("fi_shm://{}", raw.name()).as_bytes());
+    // SAFETY: big outlives the endpoint.
+    n.retry(|| unsafe { n.ep.send(&big, None, to_raw, 555) });
+    drain(&n);
+    for id in 0..4 {
+        for f in [
+            Frame::Cts { id, rx: u32::MAX },
+            Frame::Ack {
+                id,
+                status: i32::MIN,
+            },
+        ] {
+            let _ = raw.send_raw(FRAME, &frame(&f, &[]), 0);
+        }
+    }
+    drain(&n);
+    // Well-formed frames naming bad memory are refused, not garbage: both lanes stay.
+    assert!(liar.lane_claimed() && raw.lane_claimed());
+    serves_a_good_peer(&n, &addr);
+    drop((liar, raw));
+    drop(mr);
 }

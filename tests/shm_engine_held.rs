@@ -1,9 +1,9 @@
-//! Flow control over shm's engine framing (`XFABRIC_SHM_ENGINE=1`) is bounded and loses
-//! nothing: with the unexpected-message bound reached (4 here), the engine answers the next
-//! message `Sink::Wait`; that one and those behind it are copied into the sender's held queue,
-//! at most `HELD_MAX` (1,024) of them, and the rest stay in the sender's ring, which fills.
-//! Once receives are posted every message arrives, in order, with its bytes. The sender is a
-//! raw peer writing well-formed frames, so nothing but the target's bounds holds it back.
+//! Flow control over shm's rings is bounded and loses nothing: with the unexpected-message
+//! bound reached (4 here), the engine answers the next message `Sink::Wait`; that one and
+//! those behind it are copied into the sender's held queue, at most `HELD_MAX` (1,024) of
+//! them, and the rest stay in the sender's ring, which fills. Once receives are posted every
+//! message arrives, in order, with its bytes. The sender is a raw peer writing well-formed
+//! frames, so nothing but the target's bounds holds it back.
 //!
 //! This file holds one test: it sets the bound in its environment before the first endpoint
 //! opens, which no other test in the process may race.
@@ -19,7 +19,6 @@ const UNEXP: usize = 4;
 
 #[test]
 fn held_frames_stay_within_the_bound_and_arrive_in_order() {
-    std::env::set_var("XFABRIC_SHM_ENGINE", "1");
     std::env::set_var("XFABRIC_SHM_UNEXP_MSGS", UNEXP.to_string());
     let n = node(FI_MSG | FI_TAGGED | FI_SEND | FI_RECV, Progress::Manual);
     let mut raw = RawPeer::connect(&n.ep.getname().unwrap(), None).expect("raw peer");

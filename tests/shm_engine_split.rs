@@ -1,6 +1,6 @@
-//! shm's split copy on the engine path (`XFABRIC_SHM_ENGINE=1`): a large message the receiver
-//! would pull alone by cross-memory attach is copied half by the receiver, half by the sender
-//! (a transport message asks the sender's transport to write its half). Checked here between
+//! shm's split copy: a large message the receiver would pull alone by cross-memory attach is
+//! copied half by the receiver, half by the sender (a transport message asks the sender's
+//! transport to write its half). Checked here between
 //! real processes: every byte lands, tagged and untagged, at odd sizes and over several
 //! segments at both ends; a sender killed with a split outstanding fails the receive with
 //! `FI_ECONNRESET` (no hang); and split requests from a hostile peer, naming no offer or a
@@ -26,11 +26,6 @@ use xfabric_providers::shm::raw::{split_counts, RawPeer, FRAME, SPLIT, SPLIT_DON
 const CAPS: u64 = FI_MSG | FI_TAGGED;
 /// Enough to hold a split off until a test has looked: no copy below this splits.
 const WARM: usize = 1 << 20;
-
-/// The engine path for this process and the children it starts (they inherit it).
-fn engine() {
-    std::env::set_var("XFABRIC_SHM_ENGINE", "1");
-}
 
 /// One message: its length, whether tagged, where the sender's and receiver's segments end
 /// (cut points inside the buffer; none: one segment).
@@ -169,7 +164,6 @@ fn receiver() {
 
 #[test]
 fn split_copies_land_every_byte() {
-    engine();
     let t = "split_copies_land_every_byte";
     match role().as_deref() {
         Some("recv") => receiver(),
@@ -243,7 +237,6 @@ fn receiver_of_stalled() {
 
 #[test]
 fn a_stalled_sender_does_not_hold_up_a_split_receive() {
-    engine();
     let t = "a_stalled_sender_does_not_hold_up_a_split_receive";
     match role().as_deref() {
         Some("recv") => receiver_of_stalled(),
@@ -378,7 +371,6 @@ fn receiver_of_claimed() {
 
 #[test]
 fn a_sender_killed_with_its_part_claimed_fails_the_receive() {
-    engine();
     let t = "a_sender_killed_with_its_part_claimed_fails_the_receive";
     match role().as_deref() {
         Some("recv") => receiver_of_claimed(),
@@ -444,7 +436,6 @@ fn receiver_of_refused() {
 
 #[test]
 fn a_sender_refused_the_write_has_its_part_read_by_the_receiver() {
-    engine();
     let t = "a_sender_refused_the_write_has_its_part_read_by_the_receiver";
     match role().as_deref() {
         Some("recv") => receiver_of_refused(),
@@ -513,7 +504,6 @@ fn receiver_closing() {
 
 #[test]
 fn closing_with_a_claimed_split_is_bounded_and_cancels_the_receive() {
-    engine();
     let t = "closing_with_a_claimed_split_is_bounded_and_cancels_the_receive";
     match role().as_deref() {
         Some("recv") => receiver_closing(),
@@ -603,7 +593,6 @@ fn done_of(b: &[u8]) -> (u64, i32) {
 
 #[test]
 fn hostile_split_requests_are_refused_and_write_nothing() {
-    engine();
     let sub = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::WARN)
         .with_ansi(false)

@@ -2,8 +2,9 @@
 //! (`XFABRIC_SHM_UNEXP_MSGS`, 100 here), the sender is held back by flow control (its posts
 //! answer `Again` while its ring stays full), and once receives are posted every message
 //! arrives, in order, with its bytes. Nothing is dropped. A large message sent just before the
-//! flood, into a receive posted in advance, completes while the flood waits: its split copy's
-//! WDONE comes behind the flood, in room the flood leaves for such replies.
+//! flood, into a receive posted in advance, completes while the flood waits: what it needs
+//! from the sender behind the flood (its data, where cross-memory attach is refused) is an
+//! answer, handed over past the held messages, in room the flood leaves for answers.
 //!
 //! This file holds one test: the receiver sets the bound in its own environment before it
 //! opens its endpoint, which no other test in the process may race.

@@ -238,15 +238,6 @@ pub static XPU_MAX_SPIN_US: Setting = Setting::new(
     "Longest (us) the watcher spins for one predicted ring before it falls back to a look per \
      XFABRIC_XPU_POLL_US",
 );
-/// `XFABRIC_SHM_ENGINE`: 1 runs shm endpoints on core's RDM protocol engine (the rings as its
-/// transport); 0 on shm's own protocol.
-pub static SHM_ENGINE: Setting = Setting::new(
-    "XFABRIC_SHM_ENGINE",
-    Kind::Bool,
-    "0",
-    "1 runs shm endpoints on core's RDM protocol engine (the rings as its transport); 0 on \
-     shm's own protocol",
-);
 /// `XFABRIC_SHM_CMA`: 0 turns off cross-memory attach (process_vm_readv) for large shm transfers; 1
 /// lets the provider try it.
 pub static SHM_CMA: Setting = Setting::new(
@@ -256,19 +247,17 @@ pub static SHM_CMA: Setting = Setting::new(
     "0 turns off cross-memory attach (process_vm_readv) for large shm transfers; 1 lets the \
      provider try it",
 );
-/// `XFABRIC_SHM_CMA_MIN`: Of the shm messages whose copy needs the sender's progress (from
-/// XFABRIC_SHM_SPLIT_MIN), the smallest moved by cross-memory attach; smaller ones stream through
-/// the ring in fragments.
+/// `XFABRIC_SHM_CMA_MIN`: Smallest shm message, RMA write or read (bytes) that offers its memory
+/// for the other side to copy by cross-memory attach; smaller ones cross the ring.
 pub static SHM_CMA_MIN: Setting = Setting::new(
     "XFABRIC_SHM_CMA_MIN",
     Kind::Size,
     "524288",
-    "Of the shm messages whose copy needs the sender's progress (from XFABRIC_SHM_SPLIT_MIN), \
-     the smallest moved by cross-memory attach; smaller ones stream through the ring in \
-     fragments",
+    "Smallest shm message, RMA write or read (bytes) that offers its memory for the other side \
+     to copy by cross-memory attach; smaller ones cross the ring",
 );
-/// `XFABRIC_SHM_SPLIT_MIN`: Smallest shm message (bytes) whose copy is split between sender and
-/// receiver.
+/// `XFABRIC_SHM_SPLIT_MIN`: Smallest shm message (bytes) whose cross-memory-attach copy is split
+/// between sender and receiver (only copies from `XFABRIC_SHM_CMA_MIN` on exist).
 pub static SHM_SPLIT_MIN: Setting = Setting::new(
     "XFABRIC_SHM_SPLIT_MIN",
     Kind::Size,
@@ -403,7 +392,6 @@ pub static SETTINGS: &[&Setting] = &[
     &XPU_PREDICT,
     &XPU_MARGIN_US,
     &XPU_MAX_SPIN_US,
-    &SHM_ENGINE,
     &SHM_CMA,
     &SHM_CMA_MIN,
     &SHM_SPLIT_MIN,

@@ -1,8 +1,9 @@
-//! The shm provider: RDM endpoints between processes on one host through shared memory.
-//! See `ring` for the wire layout and `ep` for the protocols.
+//! The shm provider: RDM endpoints between processes on one host through shared memory. The
+//! protocol is core's RDM engine (`xfabric_core::rdm`); this provider is its transport: the
+//! segments (`segment`) and their rings (`ring`), cross-memory attach (`cma`), futex wake-ups
+//! (`futex`), and noticing dead peers (`net`). `ep` is the endpoint, `net` the transport.
 
 mod cma;
-mod eng;
 mod ep;
 mod futex;
 mod net;
@@ -24,11 +25,12 @@ use xfabric_core::{
 use crate::hmem::GlobalHmem;
 use crate::info::{check_hmem, rdm_info, RdmDesc};
 
-pub use ep::{EAGER_MAX, FRAG, INJECT_SIZE};
 pub use futex::wakes as futex_wakes;
 
 /// Every shm address starts with this, followed by the endpoint's segment name.
 pub const ADDR_PREFIX: &str = "fi_shm://";
+/// Largest inject (copied out of the caller's buffer during the call).
+pub const INJECT_SIZE: usize = 4096;
 
 /// Capabilities the shm provider offers.
 pub const SHM_CAPS: u64 = FI_MSG
@@ -124,9 +126,6 @@ impl DomainOps for ShmDomain {
             )));
         }
         reclaim_now_and_then();
-        if xfabric_core::settings::SHM_ENGINE.flag() {
-            return Ok(eng::ShmEngineEndpoint::open(core)?);
-        }
         Ok(ep::ShmEndpoint::open(core)?)
     }
 
@@ -143,7 +142,7 @@ struct ShmAddr;
 
 impl AddrFormat for ShmAddr {
     fn validate(&self, addr: &[u8]) -> Result<()> {
-        ep::seg_name(addr).map(|_| ())
+        seg_name(addr).map(|_| ())
     }
 
     fn to_string(&self, addr: &[u8]) -> String {
@@ -156,4 +155,22 @@ impl AddrFormat for ShmAddr {
         let end = addr.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
         addr[..end].to_vec()
     }
+}
+
+/// The segment name an shm address names, checked: an xfabric segment's name, never a path.
+pub(crate) fn seg_name(raw: &[u8]) -> Result<String> {
+    let s =
+        std::str::from_utf8(raw).map_err(|_| Error::Inval("shm address is not UTF-8".into()))?;
+    let s = s.trim_end_matches('\0');
+    let name = s.strip_prefix(ADDR_PREFIX).ok_or_else(|| {
+        Error::Inval(format!(
+            "shm address {s:?} does not start with {ADDR_PREFIX}"
+        ))
+    })?;
+    if !name.starts_with(segment::PREFIX) || name.contains('/') || name.len() > 200 {
+        return Err(Error::Inval(format!(
+            "shm address {s:?} does not name an xfabric segment"
+        )));
+    }
+    Ok(name.to_string())
 }

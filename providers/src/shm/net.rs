@@ -1,4 +1,4 @@
-//! The rings as the transport of core's RDM engine (`XFABRIC_SHM_ENGINE`): frames go from
+//! The rings as the transport of core's RDM engine for shm endpoints: frames go from
 //! one endpoint to another through the sender's lane in the receiver's segment (`ring`), the
 //! engine's encoded prefix and control part carried verbatim, so nothing is parsed twice.
 //!
@@ -10,8 +10,8 @@
 //! ```
 //!
 //! An 8-byte message (16-byte prefix, 24-byte control part, 8 body bytes after the 8-byte
-//! slot header) and an acknowledgement take one 64-byte slot each. A lane starts with the old
-//! framing's CONNECT (the sender's name) and ends with its BYE.
+//! slot header) and an acknowledgement take one 64-byte slot each. A lane starts with a CONNECT
+//! (the sender's name) and ends with a BYE (`ring::Header`).
 //!
 //! Flow control: a frame the engine answers `Sink::Wait` (no room for an unexpected message,
 //! ordering behind a copy) and every later request from the same peer are copied into that
@@ -339,7 +339,6 @@ impl Net {
         let h = Header {
             kind: kind::CONNECT,
             len: me.len() as u32,
-            ..Default::default()
         };
         // A freshly claimed lane is drained, so the connect message fits.
         if !prod.write(seg, &h, me.len(), |b| b.copy_from_slice(me)) {
@@ -733,7 +732,7 @@ impl Net {
     fn on_connect(&mut self, lane: usize, name: &str) {
         // Only names of xfabric segments: a peer must not make us open arbitrary paths.
         let valid =
-            super::ep::seg_name(format!("{ADDR_PREFIX}{name}").as_bytes()).is_ok_and(|n| n == name);
+            super::seg_name(format!("{ADDR_PREFIX}{name}").as_bytes()).is_ok_and(|n| n == name);
         if !valid {
             return;
         }

@@ -11,8 +11,7 @@ use super::net::split;
 pub use super::net::{
     split_counts, SplitCounts, FRAME, HELD_MAX, PIECE, PIECE_LEN, SPLIT, SPLIT_DONE,
 };
-use super::ring::{self, Consumer, Header, Producer};
-pub use super::ring::{flag, kind};
+use super::ring::{self, kind, Consumer, Header, Producer};
 use super::segment::{fresh_name, Segment};
 use super::ADDR_PREFIX;
 
@@ -56,7 +55,6 @@ impl RawPeer {
         let h = Header {
             kind: kind::CONNECT,
             len: me.len() as u32,
-            ..Default::default()
         };
         if !peer
             .prod
@@ -67,35 +65,9 @@ impl RawPeer {
         Ok(peer)
     }
 
-    /// Writes one frame: `h`'s fields as given (its `len` need not match the payload), then
-    /// `payload`. False when the ring is full.
-    #[allow(clippy::too_many_arguments)]
-    pub fn send(
-        &mut self,
-        kind: u8,
-        flags: u8,
-        len: u32,
-        aux: u32,
-        tag: u64,
-        data: u64,
-        payload: &[u8],
-    ) -> bool {
-        let h = Header {
-            kind,
-            flags,
-            len,
-            aux,
-            tag,
-            data,
-        };
-        self.prod.write(&self.target, &h, payload.len(), |b| {
-            b.copy_from_slice(payload)
-        })
-    }
-
-    /// Writes one message of the engine's framing (`XFABRIC_SHM_ENGINE=1`): `kind` (a frame
-    /// start, `FRAME`, or a body piece, `PIECE`, or anything else) in the slot header, then
-    /// `bytes` as given. False when the ring has no room for it and `spare` more slots.
+    /// Writes one message: `kind` (a frame start, `FRAME`, or a body piece, `PIECE`, or
+    /// anything else) in the slot header, then `bytes` as given. False when the ring has no
+    /// room for it and `spare` more slots.
     pub fn send_raw(&mut self, kind: u8, bytes: &[u8], spare: usize) -> bool {
         self.prod
             .write_raw(&self.target, kind, 0, bytes.len(), spare, |b| {

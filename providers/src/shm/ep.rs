@@ -1,8 +1,8 @@
-//! The shm endpoint on core's RDM engine (`XFABRIC_SHM_ENGINE=1`): the engine does the
-//! protocol (eager and rendezvous, acknowledgements, RMA and atomics at the target, fences,
-//! ordering, commit, peer loss); `net` moves its frames through the rings and copies by
-//! cross-memory attach. This file maps addresses to peers, keeps a lock-free check of whether
-//! a poll has anything to do, and reports completions after its lock is released.
+//! The shm endpoint, on core's RDM engine: the engine does the protocol (eager and
+//! rendezvous, acknowledgements, RMA and atomics at the target, fences, ordering, commit, peer
+//! loss); `net` moves its frames through the rings and copies by cross-memory attach. This
+//! file maps addresses to peers, keeps a lock-free check of whether a poll has anything to do,
+//! and reports completions after its lock is released.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -34,7 +34,7 @@ struct State {
 }
 
 /// An shm endpoint on the engine.
-pub struct ShmEngineEndpoint {
+pub struct ShmEndpoint {
     core: Arc<EpCore>,
     /// Our segment's name (the address is `fi_shm://` and it).
     name: String,
@@ -45,7 +45,7 @@ pub struct ShmEngineEndpoint {
     st: Mutex<State>,
 }
 
-impl ShmEngineEndpoint {
+impl ShmEndpoint {
     /// Creates the endpoint's segment and engine.
     pub fn open(core: Arc<EpCore>) -> Result<Arc<Self>> {
         let net = Net::open(core.caps & FI_DIRECTED_RECV != 0)?;
@@ -69,7 +69,7 @@ impl ShmEngineEndpoint {
             pull_min: settings::SHM_CMA_MIN.usize(),
         };
         let engine = Engine::new(core.clone(), cfg).with_one_sided(Box::new(one_sided));
-        Ok(Arc::new(ShmEngineEndpoint {
+        Ok(Arc::new(ShmEndpoint {
             core,
             name,
             seg,
@@ -115,14 +115,14 @@ impl ShmEngineEndpoint {
             .ok_or_else(|| Error::OpBadState("endpoint is not enabled".into()))?;
         let net = &mut st.net;
         st.av_cache.lookup(b.av.as_ref(), dest, |raw| {
-            let name = super::ep::seg_name(raw)?;
+            let name = super::seg_name(raw)?;
             net.peer_by_name(&name)
         })
     }
 
     /// The peer an operation goes to, with a lane claimed and room in its ring for a request
-    /// of `len` body bytes: as on shm's own protocol, a post toward a full ring answers
-    /// `Again` (or `PeerLost` once the peer is found dead) rather than queueing.
+    /// of `len` body bytes: a post toward a full ring answers `Again` (or `PeerLost` once the
+    /// peer is found dead) rather than queueing.
     fn sendable(
         &self,
         st: &mut State,
@@ -171,7 +171,7 @@ impl ShmEngineEndpoint {
     }
 }
 
-impl ProgressSource for ShmEngineEndpoint {
+impl ProgressSource for ShmEndpoint {
     fn wake(&self) {
         Net::wake(&self.seg);
     }
@@ -221,7 +221,7 @@ impl ProgressSource for ShmEngineEndpoint {
     }
 }
 
-impl EndpointOps for ShmEngineEndpoint {
+impl EndpointOps for ShmEndpoint {
     fn enable(&self) -> Result<()> {
         Ok(())
     }
