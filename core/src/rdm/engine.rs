@@ -283,6 +283,10 @@ struct PeerState {
     /// Small messages that complete when the transport takes their frame (`ON_TAKE`), in
     /// the order they were queued: their context and flags.
     untaken: VecDeque<(Context, u64)>,
+    /// The transport refused a copy with this peer (the kernel forbids reaching its
+    /// process, say): its large messages and RMA go through frames from now on. Per peer,
+    /// so that one peer the transport cannot reach costs no other peer its copies.
+    pull_refused: bool,
 }
 
 /// The protocol state of one endpoint.
@@ -307,8 +311,6 @@ pub struct Engine {
     /// RMA requests of peers this endpoint serves through the transport's copies (or, where
     /// it cannot copy, a write whose data it asked for with `Cts`).
     served: slab::Slab<Serve>,
-    /// A copy was refused: large messages go through frames from now on.
-    pull_refused: bool,
     /// Set while the fenced queue is being released, so a released op is not held again.
     releasing: bool,
     /// Operations in the peers' `fenced` queues, all peers together: they count against
@@ -343,7 +345,6 @@ impl Engine {
             copies: VecDeque::new(),
             natives: VecDeque::new(),
             served: slab::Slab::new(),
-            pull_refused: false,
             releasing: false,
             held: 0,
             closed: false,

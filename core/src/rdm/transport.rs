@@ -7,7 +7,7 @@
 //! `Cts`, and acknowledges when the transport reports it done (`Engine::on_copied`). Where the
 //! transport cannot copy after all ([`Copied::Refused`]: the kernel forbids cross-memory attach,
 //! say), the message goes through frames (`Cts`, `Data`) as on a transport without one-sided
-//! copies, and the engine asks for no more copies.
+//! copies, and the engine asks for no more copies with that peer.
 
 use crate::rxq::{IovList, RawIov, IOV_LIMIT};
 
@@ -199,7 +199,8 @@ pub enum Copied {
     /// Every byte is in place.
     Done,
     /// The transport cannot copy one-sidedly here after all (cross-memory attach is
-    /// forbidden): the engine moves this message through frames, and asks for no more copies.
+    /// forbidden): the engine moves this message through frames, and asks for no more copies
+    /// with this peer (others keep theirs).
     Refused,
     /// The copy failed with this errno; the message fails at both ends.
     Failed(i32),

@@ -45,9 +45,9 @@ fn split(token: u64) -> (usize, u32) {
 }
 
 impl Engine {
-    /// Whether the transport can be asked for a copy.
-    fn can_copy(&self) -> bool {
-        self.one_sided.is_some() && !self.pull_refused
+    /// Whether the transport can be asked for a copy with `peer`.
+    fn can_copy(&self, peer: PeerId) -> bool {
+        self.one_sided.is_some() && !self.peers.get(peer).is_some_and(|ps| ps.pull_refused)
     }
 
     /// A descriptor of `iov` for `peer`'s transport to copy from or into, where the transport
@@ -165,7 +165,7 @@ impl Engine {
         };
         let (into, staged) = match device {
             None => (Some(dest), None),
-            Some(owned) if self.can_copy() && self.core.hmem().is_some() => {
+            Some(owned) if self.can_copy(peer) && self.core.hmem().is_some() => {
                 let (ctx, bounce) = self.core.stage_remote(owned);
                 (Some(bounce), Some(ctx))
             }
@@ -180,7 +180,7 @@ impl Engine {
             staged,
         };
         let copy = into
-            .filter(|_| self.can_copy())
+            .filter(|_| self.can_copy(peer))
             .map(|into| (Dir::Read, desc, into, segs.total()));
         self.serve(peer, op, copy);
     }
@@ -217,7 +217,7 @@ impl Engine {
         segs: &RmaIovList,
         desc: Desc,
     ) -> bool {
-        if !self.can_copy() {
+        if !self.can_copy(peer) {
             return false;
         }
         match target::resolve(&self.core, segs, FI_REMOTE_READ) {
@@ -236,7 +236,7 @@ impl Engine {
         let (peer, id) = (pipe.peer, pipe.tx_id);
         self.gen = self.gen.wrapping_add(1);
         pipe.gen = self.gen;
-        pipe.copying = !pipe.desc.is_empty() && self.can_copy();
+        pipe.copying = !pipe.desc.is_empty() && self.can_copy(pipe.peer);
         let (copying, remote, local, len, gen) = (
             pipe.copying,
             pipe.desc,
@@ -276,8 +276,8 @@ impl Engine {
             _ if ended != 0 => ended,
             Copied::Done => 0,
             Copied::Refused => {
-                // Never again on this endpoint; this message goes through frames.
-                self.pull_refused = true;
+                // Never again with this peer; this message goes through frames.
+                self.peer(peer).pull_refused = true;
                 self.frame(peer, Frame::Cts { id, rx: i as u32 }, Body::None, None);
                 return;
             }
@@ -313,7 +313,9 @@ impl Engine {
         }
         let peer = s.peer;
         if how == Copied::Refused {
-            self.pull_refused = true;
+            if let Some(ps) = self.peers.get_mut(peer) {
+                ps.pull_refused = true;
+            }
             if let ServeOp::Write { staged, .. } = &mut s.op {
                 // The data comes through frames (staged again there, as any write's); later
                 // requests keep waiting for it.

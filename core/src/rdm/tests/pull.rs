@@ -118,7 +118,7 @@ fn pull_refused_falls_back_to_frames() {
     assert_eq!(&b1[..], &data[..]);
     assert_eq!(net.flush(S::B), vec![Kind::Ack]);
     net.a.one(1);
-    // Refused once, never asked again.
+    // Refused once, never asked again with that peer.
     net.b.recv(recv(11, &mut b2, None, 0));
     net.a.send(send(2, &data, None, None, 0));
     net.flush(S::A);
@@ -128,6 +128,28 @@ fn pull_refused_falls_back_to_frames() {
     net.b.one(11);
     net.a.one(2);
     assert_eq!(&b2[..], &data[..]);
+    // Another peer's large message (peer 1 at B, announced as A's was) is still pulled.
+    let mut b3 = vec![0u8; 300];
+    net.b.recv(recv(12, &mut b3, None, 0));
+    let rts = Frame::Rts {
+        id: 7,
+        tag: 0,
+        data: 0,
+        len: 300,
+        flags: 0,
+        desc: Desc::of_iov(&iov(&data)),
+    }
+    .ctrl(0);
+    let p = wire::prefix(&rts).unwrap();
+    let sink = net.b.eng.on_ctrl(1, 0, &p, &rts[PREFIX..]).unwrap();
+    net.b.eng.on_body(1, sink);
+    let c = net.b.eng.poll_copy().expect("peer 1 is still copied from");
+    assert_eq!((c.peer, c.offer, c.len), (1, 7, 300));
+    perform(&c);
+    net.b.eng.on_copied(c.token, Copied::Done);
+    net.b.report();
+    net.b.one(12);
+    assert_eq!(b3, data);
 }
 
 #[test]
