@@ -120,9 +120,22 @@ impl ShmEndpoint {
         })
     }
 
+    /// The live peer `dest` names, with a lane claimed in its segment.
+    fn reach(&self, st: &mut State, dest: FiAddr) -> Result<PeerId> {
+        let p = self.peer_for(st, dest)?;
+        if st.net.dead(p) {
+            return Err(Error::PeerLost(format!(
+                "peer {} is gone",
+                st.net.peer_name(p)
+            )));
+        }
+        st.net.ensure_lane(p)?;
+        Ok(p)
+    }
+
     /// The peer an operation goes to, with a lane claimed and room in its ring for a request
-    /// of `len` body bytes: a post toward a full ring answers `Again` (or `PeerLost` once the
-    /// peer is found dead) rather than queueing.
+    /// of `len` body bytes: as on shm's own protocol, a post toward a full ring answers
+    /// `Again` (or `PeerLost` once the peer is found dead) rather than queueing.
     fn sendable(
         &self,
         st: &mut State,
@@ -130,24 +143,28 @@ impl ShmEndpoint {
         len: usize,
         what: &'static str,
     ) -> Result<PeerId> {
-        let p = self.peer_for(st, dest)?;
+        let p = self.reach(st, dest)?;
+        self.room(st, p, len, what)?;
+        Ok(p)
+    }
+
+    /// Room in `p`'s ring for a request of `len` body bytes, after taking in what arrived if
+    /// there is none at first; `Again` (or `PeerLost` once the peer is found dead) if still
+    /// none.
+    fn room(&self, st: &mut State, p: PeerId, len: usize, what: &'static str) -> Result<()> {
         let gone = |net: &Net| Error::PeerLost(format!("peer {} is gone", net.peer_name(p)));
-        if st.net.dead(p) {
-            return Err(gone(&st.net));
-        }
-        st.net.ensure_lane(p)?;
         // Behind a frame still being written, posts queue in the engine (bounded by
         // `tx_max`): they go out as its pieces do.
         let room = |st: &mut State| {
             st.net.writing_to(p) || (st.engine.blocked(p) == 0 && st.net.fits(p, len))
         };
         if room(st) {
-            return Ok(p);
+            return Ok(());
         }
         self.do_progress(st);
         st.net.push(&mut st.engine);
         if room(st) {
-            return Ok(p);
+            return Ok(());
         }
         let State { engine, net, .. } = st;
         if net.broken(p) {
@@ -232,10 +249,20 @@ impl EndpointOps for ShmEndpoint {
 
     unsafe fn send(&self, op: &TxOp) -> Result<()> {
         let mut st = self.lock();
-        let p = self.sendable(&mut st, op.dest, op.iov.total(), "send")?;
+        let p = self.reach(&mut st, op.dest)?;
         let State { engine, net, .. } = &mut *st;
+        // A message the ring takes whole now is written there and done; otherwise it needs
+        // room as any request.
         // SAFETY: forwarded from the caller.
-        let r = unsafe { engine.post_send_via(p, op, net) };
+        let r = match unsafe { engine.send_in_place(p, op, net) } {
+            Ok(false) => self
+                .room(&mut st, p, op.iov.total(), "send")
+                .and_then(|()| {
+                    // SAFETY: forwarded from the caller.
+                    unsafe { st.engine.post_send(p, op) }
+                }),
+            r => r.map(|_| ()),
+        };
         self.finish(st);
         r
     }

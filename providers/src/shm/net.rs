@@ -594,6 +594,7 @@ impl Net {
     }
 
     /// Drops `p`'s lane in our segment: it sent garbage.
+    #[cold]
     fn garbage(&mut self, eng: &mut Engine, p: PeerId, lane: Option<usize>, why: &str) {
         tracing::warn!(
             peer = %self.links[p].name,
@@ -634,21 +635,12 @@ impl Net {
                 break;
             };
             let slots = v.slots();
-            let take = match v.kind {
-                kind::PAD => true,
-                FRAME | PIECE => {
-                    let Some(p) = self.lane_peer[lane] else {
-                        self.lane_garbage(eng, lane, "a frame before CONNECT");
-                        return n;
-                    };
+            let take = match (v.kind, self.lane_peer[lane]) {
+                // The common case, kept short: a frame from the lane's peer.
+                (FRAME, Some(p)) => {
                     // SAFETY: read before the consumer advances past the message.
                     let bytes = unsafe { v.bytes() };
-                    let r = if v.kind == FRAME {
-                        self.on_frame(eng, core, lane, p, bytes)
-                    } else {
-                        self.on_piece(eng, lane, p, bytes).map(|()| true)
-                    };
-                    match r {
+                    match self.on_frame(eng, core, lane, p, bytes) {
                         Ok(t) => t,
                         Err(why) => {
                             self.garbage(eng, p, Some(lane), &why);
@@ -656,44 +648,10 @@ impl Net {
                         }
                     }
                 }
-                SPLIT | SPLIT_DONE => {
-                    let Some(p) = self.lane_peer[lane] else {
-                        self.lane_garbage(eng, lane, "a split copy message before CONNECT");
-                        return n;
-                    };
-                    if v.kind == SPLIT {
-                        self.serve_split(eng, p, &v);
-                    } else {
-                        // SAFETY: read before the consumer advances past the message.
-                        self.split_done(eng, p, unsafe { v.bytes() });
-                    }
-                    true
-                }
-                kind::CONNECT => {
-                    let (h, pl, cap) = v.header();
-                    let len = (h.len as usize).min(cap);
-                    // SAFETY: the message's slots, before the consumer advances.
-                    let name = unsafe { std::slice::from_raw_parts(pl, len) };
-                    let name = String::from_utf8_lossy(name).into_owned();
-                    self.on_connect(lane, &name);
-                    true
-                }
-                kind::BYE => {
-                    let mut c = self.cons[lane];
-                    c.advance_slots(&self.seg, lane, slots);
-                    self.cons[lane] = c;
-                    let p = self.lane_peer[lane];
-                    self.drop_lane(lane);
-                    if let Some(p) = p {
-                        // Its endpoint closed: nothing more comes from it, nothing goes to it.
-                        self.gone(eng, core, p, libc::ECONNRESET);
-                    }
-                    return n + 1;
-                }
-                k => {
-                    self.lane_garbage(eng, lane, &format!("a message of kind {k}"));
-                    return n;
-                }
+                _ => match self.on_message(eng, core, lane, &v) {
+                    Ok(t) => t,
+                    Err(taken) => return n + taken,
+                },
             };
             if !take {
                 // The head frame waits: the lane is not read further for now.
@@ -708,6 +666,81 @@ impl Net {
         n
     }
 
+    /// Every other message at a lane's head: pieces, pads, split copy messages, CONNECT,
+    /// BYE, garbage. `Ok(take)` as for a frame; `Err(n)`: stop reading the lane (garbage
+    /// dropped it, or its peer said goodbye), `n` messages consumed.
+    #[inline(never)]
+    fn on_message(
+        &mut self,
+        eng: &mut Engine,
+        core: &EpCore,
+        lane: usize,
+        v: &ring::RawView,
+    ) -> std::result::Result<bool, usize> {
+        Ok(match v.kind {
+            kind::PAD => true,
+            FRAME | PIECE => {
+                let Some(p) = self.lane_peer[lane] else {
+                    self.lane_garbage(eng, lane, "a frame before CONNECT");
+                    return Err(0);
+                };
+                // SAFETY: read before the consumer advances past the message.
+                let bytes = unsafe { v.bytes() };
+                let r = if v.kind == FRAME {
+                    self.on_frame(eng, core, lane, p, bytes)
+                } else {
+                    self.on_piece(eng, lane, p, bytes).map(|()| true)
+                };
+                match r {
+                    Ok(t) => t,
+                    Err(why) => {
+                        self.garbage(eng, p, Some(lane), &why);
+                        return Err(0);
+                    }
+                }
+            }
+            SPLIT | SPLIT_DONE => {
+                let Some(p) = self.lane_peer[lane] else {
+                    self.lane_garbage(eng, lane, "a split copy message before CONNECT");
+                    return Err(0);
+                };
+                if v.kind == SPLIT {
+                    self.serve_split(eng, p, v);
+                } else {
+                    // SAFETY: read before the consumer advances past the message.
+                    self.split_done(eng, p, unsafe { v.bytes() });
+                }
+                true
+            }
+            kind::CONNECT => {
+                let (h, pl, cap) = v.header();
+                let len = (h.len as usize).min(cap);
+                // SAFETY: the message's slots, before the consumer advances.
+                let name = unsafe { std::slice::from_raw_parts(pl, len) };
+                let name = String::from_utf8_lossy(name).into_owned();
+                self.on_connect(lane, &name);
+                true
+            }
+            kind::BYE => {
+                let mut c = self.cons[lane];
+                c.advance_slots(&self.seg, lane, v.slots());
+                self.cons[lane] = c;
+                let p = self.lane_peer[lane];
+                self.drop_lane(lane);
+                if let Some(p) = p {
+                    // Its endpoint closed: nothing more comes from it, nothing goes to it.
+                    self.gone(eng, core, p, libc::ECONNRESET);
+                }
+                return Err(1);
+            }
+            k => {
+                self.lane_garbage(eng, lane, &format!("a message of kind {k}"));
+                return Err(0);
+            }
+        })
+    }
+
+    #[cold]
     fn lane_garbage(&mut self, eng: &mut Engine, lane: usize, why: &str) {
         match self.lane_peer[lane] {
             Some(p) => self.garbage(eng, p, Some(lane), why),

@@ -34,19 +34,19 @@ pub(super) struct Landed {
 }
 
 impl Engine {
-    /// Starts a send to `peer` as `post_send` does, but an eager message that nothing to
-    /// `peer` waits ahead of goes straight into `tr`'s memory (`Transport::send_in_place`,
-    /// which refuses what it cannot take whole) and completes now, where taking a frame
-    /// delivers it: no frame is queued or moved, no request kept.
+    /// Writes an eager message that nothing to `peer` waits ahead of straight into `tr`'s
+    /// memory (`Transport::send_in_place`, which refuses what it cannot take whole now), and
+    /// completes it at once, where taking a frame delivers it: no frame is queued or moved,
+    /// no request kept. `Ok(false)`: not sent (post it with `post_send`).
     ///
     /// # Safety
-    /// As for `post_send`.
-    pub unsafe fn post_send_via(
+    /// `op.iov` is readable during the call.
+    pub unsafe fn send_in_place(
         &mut self,
         peer: PeerId,
         op: &TxOp,
         tr: &mut impl Transport,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let len = op.iov.total();
         let (fl, ack) = msg_flags(op.flags);
         let direct = self.cfg.delivered_on_take
@@ -57,28 +57,45 @@ impl Engine {
             && self.peers.get(peer).is_none_or(|ps| {
                 ps.blocked.is_empty() && ps.fenced.is_empty() && ps.untaken.is_empty()
             });
-        if direct {
-            self.check_room("send")?;
-            let ctrl = Frame::Msg {
-                id: 0,
-                tag: op.tag,
-                data: op.data,
-                flags: fl,
-            }
-            .ctrl(len as u64);
-            let cl = ctrl.len();
-            let sent = tr.send_in_place(peer, cl + len, |b| {
-                b[..cl].copy_from_slice(&ctrl);
-                // SAFETY: the caller's contract keeps the iov readable during the call.
-                unsafe { op.iov.copy_out(0, &mut b[cl..]) };
+        if !direct {
+            return Ok(false);
+        }
+        self.check_room("send")?;
+        let ctrl = Frame::Msg {
+            id: 0,
+            tag: op.tag,
+            data: op.data,
+            flags: fl,
+        }
+        .ctrl(len as u64);
+        let cl = ctrl.len();
+        let sent = tr.send_in_place(peer, cl + len, |b| {
+            b[..cl].copy_from_slice(&ctrl);
+            // SAFETY: the caller's contract keeps the iov readable during the call.
+            unsafe { op.iov.copy_out(0, &mut b[cl..]) };
+        });
+        if sent {
+            self.done.push(Done::Tx {
+                ctx: op.ctx,
+                flags: op.flags,
             });
-            if sent {
-                self.done.push(Done::Tx {
-                    ctx: op.ctx,
-                    flags: op.flags,
-                });
-                return Ok(());
-            }
+        }
+        Ok(sent)
+    }
+
+    /// Starts a send to `peer` as `post_send` does, but first as `send_in_place`.
+    ///
+    /// # Safety
+    /// As for `post_send`.
+    pub unsafe fn post_send_via(
+        &mut self,
+        peer: PeerId,
+        op: &TxOp,
+        tr: &mut impl Transport,
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        if unsafe { self.send_in_place(peer, op, tr) }? {
+            return Ok(());
         }
         // SAFETY: forwarded.
         unsafe { self.post_send(peer, op) }
