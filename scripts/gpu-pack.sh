@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Packs the GPU checks for a machine with an NVIDIA GPU but no Rust toolchain: builds the test
+# binaries that hold GPU tests and the XPU pipeline demo here, strips them into .gpu/ (about
+# 25 MB, ignored by git through .git/info/exclude) with scripts/gpu-run.sh beside them. There:
+#   bash .gpu/gpu-run.sh        # the GPU tests, then xpu_pipeline with a GPU and a CPU XPU
+# Test logs go to $OUT when it is set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .git/info
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
+rm -rf .gpu && mkdir -p .gpu
+{
+    cargo test -j2 --no-run --message-format=json -p xfabric --test hmem --test hmem_rma \
+        --test hmem_trigger
+    cargo test -j2 --no-run --message-format=json -p xfabric-kernels --test gpu
+    cargo test -j2 --no-run --message-format=json -p xfabric-hmem --test cuda
+} 2>/dev/null | python3 -c 'import json, sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])' |
+    while read -r name exe; do cp "$exe" ".gpu/$name" && strip ".gpu/$name"; done
+cargo build -j2 --release --example xpu_pipeline
+cp target/release/examples/xpu_pipeline .gpu/ && strip .gpu/xpu_pipeline
+cp scripts/gpu-run.sh .gpu/
+du -sh .gpu
