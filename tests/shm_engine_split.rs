@@ -162,6 +162,16 @@ fn receiver() {
     assert_eq!(listen(), "bye");
 }
 
+/// Test `t`'s receiver and sender children, each told the other's address.
+fn pair(t: &str) -> (Peer, Peer) {
+    let mut r = spawn(t, "recv", &[]);
+    let mut s = spawn(t, "send", &[]);
+    // The receiver's first: some senders say theirs only once they know where to send.
+    s.tell(&r.hear());
+    r.tell(&s.hear());
+    (r, s)
+}
+
 #[test]
 fn split_copies_land_every_byte() {
     let t = "split_copies_land_every_byte";
@@ -169,11 +179,7 @@ fn split_copies_land_every_byte() {
         Some("recv") => receiver(),
         Some(_) => sender(),
         None => {
-            let mut r = spawn(t, "recv", &[]);
-            let mut s = spawn(t, "send", &[]);
-            let (ra, sa) = (r.hear(), s.hear());
-            r.tell(&sa);
-            s.tell(&ra);
+            let (mut r, mut s) = pair(t);
             assert_eq!(r.hear(), "OK");
             assert_eq!(s.hear(), "sent");
             let (rpid, spid) = (r.pid(), s.pid());
@@ -242,11 +248,7 @@ fn a_stalled_sender_does_not_hold_up_a_split_receive() {
         Some("recv") => receiver_of_stalled(),
         Some(_) => stalled_sender(),
         None => {
-            let mut r = spawn(t, "recv", &[]);
-            let mut s = spawn(t, "send", &[]);
-            let (ra, sa) = (r.hear(), s.hear());
-            r.tell(&sa);
-            s.tell(&ra);
+            let (mut r, mut s) = pair(t);
             assert_eq!(s.hear(), "posted");
             r.tell("posted");
             assert_eq!(r.hear(), "OK");
@@ -376,10 +378,7 @@ fn a_sender_killed_with_its_part_claimed_fails_the_receive() {
         Some("recv") => receiver_of_claimed(),
         Some(_) => claiming_sender(false),
         None => {
-            let mut r = spawn(t, "recv", &[]);
-            let mut s = spawn(t, "send", &[]);
-            s.tell(&r.hear());
-            r.tell(&s.hear());
+            let (mut r, mut s) = pair(t);
             assert_eq!(r.hear(), "ready");
             assert_eq!(s.hear(), "claimed");
             let spid = s.pid();
@@ -441,10 +440,7 @@ fn a_sender_refused_the_write_has_its_part_read_by_the_receiver() {
         Some("recv") => receiver_of_refused(),
         Some(_) => claiming_sender(true),
         None => {
-            let mut r = spawn(t, "recv", &[]);
-            let mut s = spawn(t, "send", &[]);
-            s.tell(&r.hear());
-            r.tell(&s.hear());
+            let (mut r, mut s) = pair(t);
             let how = s.hear();
             assert_eq!(r.hear(), "two");
             s.tell("third");
@@ -509,10 +505,7 @@ fn closing_with_a_claimed_split_is_bounded_and_cancels_the_receive() {
         Some("recv") => receiver_closing(),
         Some(_) => claiming_sender(false),
         None => {
-            let mut r = spawn(t, "recv", &[]);
-            let mut s = spawn(t, "send", &[]);
-            s.tell(&r.hear());
-            r.tell(&s.hear());
+            let (mut r, mut s) = pair(t);
             assert_eq!(r.hear(), "ready");
             assert_eq!(s.hear(), "claimed");
             r.tell("close");

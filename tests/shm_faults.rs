@@ -253,13 +253,20 @@ fn orphan_receiver() {
     assert_eq!(listen(), "bye");
 }
 
-fn killed_sender(test: &str, envs: &[(&str, &str)]) {
+/// Kills the sender once it posted, then has the receiver take what it left. With
+/// `reclaimed`, the dead sender's segment is removed first (as any endpoint opened on the
+/// host may do to a dead owner's segment): the receiver reads the sender's messages without
+/// ever having mapped its segment, and must still find it dead.
+fn killed_sender(test: &str, envs: &[(&str, &str)], reclaimed: bool) {
     let mut r = spawn(test, "recv", envs);
     let mut s = spawn(test, "send", &[]);
     introduce(&mut r, &mut s);
     assert_eq!(s.hear(), "posted");
     let pid = s.pid();
     s.kill();
+    if reclaimed {
+        reclaim(pid);
+    }
     r.tell("killed");
     assert_eq!(r.hear(), "ok");
     r.tell("bye");
@@ -274,7 +281,25 @@ fn killed_sender_leaves_eager_data_and_fails_rendezvous() {
         Some(_) => return orphan_receiver(),
         None => {}
     }
-    killed_sender("killed_sender_leaves_eager_data_and_fails_rendezvous", &[]);
+    killed_sender(
+        "killed_sender_leaves_eager_data_and_fails_rendezvous",
+        &[],
+        false,
+    );
+}
+
+#[test]
+fn killed_sender_whose_segment_is_gone_still_fails_rendezvous() {
+    match role().as_deref() {
+        Some("send") => return doomed_sender(),
+        Some(_) => return orphan_receiver(),
+        None => {}
+    }
+    killed_sender(
+        "killed_sender_whose_segment_is_gone_still_fails_rendezvous",
+        &[("XFABRIC_SHM_CMA", "0")],
+        true,
+    );
 }
 
 #[test]
@@ -287,6 +312,7 @@ fn killed_sender_leaves_eager_data_and_fails_rendezvous_pipelined() {
     killed_sender(
         "killed_sender_leaves_eager_data_and_fails_rendezvous_pipelined",
         &[("XFABRIC_SHM_CMA", "0")],
+        false,
     );
 }
 

@@ -155,15 +155,27 @@ pub fn spawn_via(via: &[&str], test_name: &str, role: &str, envs: &[(&str, &str)
 impl Peer {
     /// Reads the next line the child wrote with `say`, skipping the test harness's own lines.
     pub fn hear(&mut self) -> String {
-        loop {
-            let mut line = String::new();
-            let n = self.stdout.read_line(&mut line).expect("read from peer");
-            assert!(n > 0, "peer exited before saying anything");
-            // libtest may print "test name ... " without a newline just before our line.
-            if let Some(i) = line.find("XF> ") {
-                return line[i + 4..].trim_end().to_string();
-            }
-        }
+        let pid = self.child.id();
+        let out = &mut self.stdout;
+        // Bounded: a child that never says its line (a test's steps out of order, a hang) is
+        // killed, which ends the read.
+        let line = bounded(
+            pid,
+            Duration::from_secs(120),
+            "the peer's next line",
+            || loop {
+                let mut line = String::new();
+                let n = out.read_line(&mut line).expect("read from peer");
+                if n == 0 {
+                    return None;
+                }
+                // libtest may print "test name ... " without a newline just before our line.
+                if let Some(i) = line.find("XF> ") {
+                    return Some(line[i + 4..].trim_end().to_string());
+                }
+            },
+        );
+        line.expect("peer exited before saying anything")
     }
 
     /// Sends a line to the child (read with `listen`).

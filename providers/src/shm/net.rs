@@ -113,7 +113,10 @@ impl Link {
     fn new(name: &str, seg: Option<Segment>, pid: Option<i32>) -> Link {
         Link {
             name: name.to_string(),
-            dead: seg.is_none(),
+            // Even a peer whose segment is gone is not dead yet: what it wrote into our
+            // ring is still read, and the next sweep loses it (`sweep`), failing whatever
+            // that left waiting on it.
+            dead: false,
             seg,
             prod: None,
             rx_lane: None,
@@ -913,10 +916,17 @@ impl Net {
         );
         for p in 0..self.links.len() {
             let l = &self.links[p];
-            if l.dead || l.seg.as_ref().is_none_or(Segment::owner_alive) {
+            // A peer whose segment could not be opened when it connected (gone already, say)
+            // is lost too: nothing can answer it, and what waits on it must end.
+            if l.dead || l.seg.as_ref().is_some_and(Segment::owner_alive) {
                 continue;
             }
-            self.lose(eng, core, p, "its segment's lock is free");
+            let why = if l.seg.is_some() {
+                "its segment's lock is free"
+            } else {
+                "its segment is gone"
+            };
+            self.lose(eng, core, p, why);
         }
     }
 
@@ -934,10 +944,10 @@ impl Net {
             return false;
         }
         l.checked = Some(now);
-        if l.seg.as_ref().is_none_or(Segment::owner_alive) {
+        if l.seg.as_ref().is_some_and(Segment::owner_alive) {
             return false;
         }
-        self.lose(eng, core, p, "its segment's lock is free");
+        self.lose(eng, core, p, "its segment's lock is free or gone");
         true
     }
 
