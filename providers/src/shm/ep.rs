@@ -20,6 +20,12 @@ use xfabric_core::{
 use super::net::{Net, ShmOneSided};
 use super::{ring, ADDR_PREFIX};
 
+/// How long a closing endpoint keeps sending the answers its peers wait for.
+const CLOSE_FLUSH: Duration = Duration::from_secs(1);
+/// How long it waits for a peer that claimed its part of a split copy into one of its
+/// buffers to say it is done (or to die) before handing the buffer back.
+const CLOSE_SPLIT: Duration = Duration::from_secs(5);
+
 /// Largest message sent eagerly. Larger ones go by rendezvous, whose data below the pull
 /// threshold (`XFABRIC_SHM_CMA_MIN`) crosses the ring just as an eager body would, after one
 /// more round trip: eager pays up to where cross-memory attach takes over.
@@ -357,12 +363,16 @@ impl EndpointOps for ShmEndpoint {
         let mut st = self.lock();
         st.engine.close();
         // Answers peers wait for go out first, for a bounded time.
-        let until = Instant::now() + Duration::from_secs(1);
+        let start = Instant::now();
         loop {
             let State { engine, net, .. } = &mut *st;
             net.push(engine);
-            // A split copy's peer may still be writing into a buffer about to be handed back.
-            if !(engine.owes() || net.writing() || net.splitting()) || Instant::now() >= until {
+            let waited = start.elapsed();
+            // A split copy's peer may still be writing into a buffer about to be handed back:
+            // it is given longer (a claimed part is one system call away from done, but its
+            // process may not be scheduled), as shm's first protocol gave it.
+            let owing = (engine.owes() || net.writing()) && waited < CLOSE_FLUSH;
+            if !owing && !(net.splitting() && waited < CLOSE_SPLIT) {
                 break;
             }
             net.progress(engine, &self.core);
