@@ -372,7 +372,8 @@ impl EndpointOps for ShmEndpoint {
             // it is given longer (a claimed part is one system call away from done, but its
             // process may not be scheduled), as shm's first protocol gave it.
             let owing = (engine.owes() || net.writing()) && waited < CLOSE_FLUSH;
-            if !owing && !(net.splitting() && waited < CLOSE_SPLIT) {
+            let splitting = net.splitting() && waited < CLOSE_SPLIT;
+            if !(owing || splitting) {
                 break;
             }
             net.progress(engine, &self.core);
