@@ -447,16 +447,7 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
     }
 
     fn setopt(&self, name: i32, value: usize) -> Result<()> {
-        match name {
-            FI_OPT_MIN_MULTI_RECV => {
-                self.lock().engine.set_min_multi_recv(value);
-                Ok(())
-            }
-            _ => Err(Error::NoSys(format!(
-                "setopt: option {name} is not supported by {}",
-                W::PROVIDER
-            ))),
-        }
+        self.lock().engine.setopt(name, value, W::PROVIDER)
     }
 
     fn buffered(&self) -> xfabric_core::Buffered {

@@ -503,6 +503,20 @@ impl Engine {
         self.rxq.min_multi_recv = v;
     }
 
+    /// `fi_setopt` at the endpoint level, for a provider named `provider` (in the error): the
+    /// options the engine holds, `FI_OPT_MIN_MULTI_RECV`; any other is `NoSys`.
+    pub fn setopt(&mut self, name: i32, value: usize, provider: &str) -> Result<()> {
+        match name {
+            FI_OPT_MIN_MULTI_RECV => {
+                self.set_min_multi_recv(value);
+                Ok(())
+            }
+            _ => Err(Error::NoSys(format!(
+                "setopt: option {name} is not supported by {provider}"
+            ))),
+        }
+    }
+
     #[inline]
     fn frame(&mut self, peer: PeerId, f: Frame, body: Body, token: Option<u64>) {
         let ctrl = f.ctrl(body.len() as u64);

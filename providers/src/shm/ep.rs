@@ -340,15 +340,7 @@ impl EndpointOps for ShmEndpoint {
     }
 
     fn setopt(&self, name: i32, value: usize) -> Result<()> {
-        match name {
-            FI_OPT_MIN_MULTI_RECV => {
-                self.lock().engine.set_min_multi_recv(value);
-                Ok(())
-            }
-            _ => Err(Error::NoSys(format!(
-                "setopt: option {name} is not supported by shm"
-            ))),
-        }
+        self.lock().engine.setopt(name, value, "shm")
     }
 
     fn buffered(&self) -> xfabric_core::Buffered {
