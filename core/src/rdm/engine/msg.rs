@@ -182,7 +182,7 @@ impl Engine {
             tag,
             data,
             flags: fl,
-        } = wire::decode(prefix, ctrl)?
+        } = wire::decode_msg(prefix, ctrl)?
         else {
             return Ok(false);
         };
