@@ -8,9 +8,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Mutex, Once};
-
 use common::*;
 use xfabric::errno::*;
 use xfabric::*;
@@ -21,40 +18,13 @@ use xfabric_providers::shm::raw::{RawPeer, FRAME, PIECE};
 
 const CAPS: u64 = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV;
 
-/// What xfabric logged, captured by this test's own subscriber.
-static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl Write for Capture {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        LOG.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Warnings captured.
 fn setup() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let sub = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(false)
-            .with_writer(|| Capture)
-            .finish();
-        let _ = tracing::subscriber::set_global_default(sub);
-    });
+    warnings::capture();
 }
 
 fn drops_logged() -> usize {
-    let log = LOG.lock().unwrap();
-    String::from_utf8_lossy(&log)
-        .matches("dropping the lane")
-        .count()
+    warnings::count("dropping the lane")
 }
 
 /// A small xorshift generator: the cases are reproducible from the seed.

@@ -11,8 +11,6 @@
 //! bytes alone.
 
 mod common;
-use std::io::Write;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -521,27 +519,8 @@ fn closing_with_a_claimed_split_is_bounded_and_cancels_the_receive() {
     }
 }
 
-/// What xfabric logged in this process, captured by the hostile test's subscriber.
-static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl Write for Capture {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        LOG.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 fn refusals_logged() -> usize {
-    let log = LOG.lock().unwrap();
-    String::from_utf8_lossy(&log)
-        .matches("refusing a split copy request")
-        .count()
+    warnings::count("refusing a split copy request")
 }
 
 /// Drives `n` until `raw` has a message of `kind` from it (bounded); its bytes.
@@ -586,13 +565,8 @@ fn done_of(b: &[u8]) -> (u64, i32) {
 
 #[test]
 fn hostile_split_requests_are_refused_and_write_nothing() {
-    let sub = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(|| Capture)
-        .finish();
     // The only test of this binary that runs its endpoints in this process.
-    let _ = tracing::subscriber::set_global_default(sub);
+    warnings::capture();
     let n = node(CAPS, Progress::Manual);
     let addr = n.ep.getname().expect("getname");
     let mut raw = RawPeer::connect(&addr, None).expect("raw peer");

@@ -7,6 +7,7 @@
 pub mod cuda_double;
 pub mod doubles;
 pub mod netns;
+pub mod warnings;
 pub mod ze_double;
 
 use std::io::{BufRead, BufReader, Write};

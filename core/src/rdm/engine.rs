@@ -88,7 +88,7 @@ pub struct Config {
     /// `INLINE_BODY` bytes is then copied into its frame and completes when taken, with no
     /// request kept (`FI_TRANSMIT_COMPLETE` holds: it was delivered to the peer endpoint).
     /// Off, it completes when the transport reports it sent (`on_sent`). On, too, an eager
-    /// message that `post_send_via` has the transport write in place completes at once.
+    /// message that `send_in_place` has the transport write in place completes at once.
     pub delivered_on_take: bool,
 }
 

@@ -83,24 +83,6 @@ impl Engine {
         Ok(sent)
     }
 
-    /// Starts a send to `peer` as `post_send` does, but first as `send_in_place`.
-    ///
-    /// # Safety
-    /// As for `post_send`.
-    pub unsafe fn post_send_via(
-        &mut self,
-        peer: PeerId,
-        op: &TxOp,
-        tr: &mut impl Transport,
-    ) -> Result<()> {
-        // SAFETY: forwarded.
-        if unsafe { self.send_in_place(peer, op, tr) }? {
-            return Ok(());
-        }
-        // SAFETY: forwarded.
-        unsafe { self.post_send(peer, op) }
-    }
-
     /// Sends a message of at most `INLINE_BODY` bytes that wants no acknowledgement: its
     /// bytes go into the frame now, and it completes when the transport takes the frame (as
     /// a larger one completes once sent), in order with the others to `peer`.

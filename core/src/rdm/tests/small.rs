@@ -178,6 +178,18 @@ impl Transport for Slots {
     }
 }
 
+/// Posts `op` to peer 0 as shm's endpoint does: in place if `tr` takes it now, else queued.
+///
+/// # Safety
+/// As for `Engine::post_send`.
+unsafe fn post_via(eng: &mut Engine, op: &TxOp, tr: &mut impl Transport) {
+    // SAFETY: forwarded.
+    if !unsafe { eng.send_in_place(0, op, tr) }.unwrap() {
+        // SAFETY: forwarded.
+        unsafe { eng.post_send(0, op) }.unwrap();
+    }
+}
+
 #[test]
 fn small_messages_go_in_place_in_order_behind_queued_frames() {
     let data = pattern(INLINE_BODY_BYTES, 8);
@@ -195,7 +207,7 @@ fn small_messages_go_in_place_in_order_behind_queued_frames() {
     let post = |net: &mut Net, slots: &mut Slots, ctx: Context, tag: u64, flags: u64| {
         let op = send(ctx, &data, Some(tag), None, flags);
         // SAFETY: `data` outlives the call and every frame holds its own copy.
-        unsafe { net.a.eng.post_send_via(0, &op, slots) }.unwrap();
+        unsafe { post_via(&mut net.a.eng, &op, slots) };
     };
     // Written in place and complete at once: nothing queued, no token.
     post(&mut net, &mut slots, 1, 0, 0);
@@ -251,7 +263,7 @@ fn eager_messages_larger_than_small_ones_go_in_place_too() {
     };
     let op = send(1, &mid, None, None, 0);
     // SAFETY: `mid` outlives the call.
-    unsafe { net.a.eng.post_send_via(0, &op, &mut slots) }.unwrap();
+    unsafe { post_via(&mut net.a.eng, &op, &mut slots) };
     assert_eq!(slots.in_place, 1);
     net.a.report();
     net.a.one(1);
@@ -259,7 +271,7 @@ fn eager_messages_larger_than_small_ones_go_in_place_too() {
     let large = pattern(4 * INLINE_BODY_BYTES + 1, 10);
     let op = send(2, &large, None, None, 0);
     // SAFETY: `large` outlives the operation (which waits for a Cts nobody sends).
-    unsafe { net.a.eng.post_send_via(0, &op, &mut slots) }.unwrap();
+    unsafe { post_via(&mut net.a.eng, &op, &mut slots) };
     assert_eq!(slots.in_place, 1);
     assert!(net.a.eng.has_output());
     let (frame, body) = wire::decode_all(&slots.frames[0]).unwrap();
