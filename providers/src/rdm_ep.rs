@@ -241,26 +241,12 @@ impl<W: Wire> RdmEndpoint<W> {
     /// Hands the engine's frames to the wire, then reports completions unlocked.
     fn finish(&self, mut st: MutexGuard<'_, State<W>>) {
         self.push(&mut st);
-        let st_ref = &mut *st;
-        let mut done = std::mem::take(&mut st_ref.done);
-        st_ref.engine.take_done_into(&mut done);
+        let s = &mut *st;
+        s.engine.take_done_into(&mut s.done);
         self.busy
-            .store(st_ref.engine.busy() || st_ref.net.busy(), Ordering::Release);
-        self.backlog.store(st_ref.net.backlog(), Ordering::Release);
-        if done.is_empty() {
-            // Nothing to report: the vector goes back with its allocation (the engine's and
-            // this one trade theirs, so neither allocates per completion).
-            st_ref.done = done;
-            return;
-        }
-        drop(st);
-        rdm::report(&self.core, &mut done);
-        // The vector's allocation is kept for the next round.
-        if let Ok(mut st) = self.st.try_lock() {
-            if st.done.capacity() == 0 {
-                st.done = done;
-            }
-        }
+            .store(s.engine.busy() || s.net.busy(), Ordering::Release);
+        self.backlog.store(s.net.backlog(), Ordering::Release);
+        rdm::report_unlocked(&self.core, &self.st, st, |s| &mut s.done);
     }
 
     /// The peer an `fi_addr_t` names, with room in its queue (progressing once if not).

@@ -1,6 +1,8 @@
 //! Completions the engine gathers under its provider's lock, and their reporting through
 //! `EpCore` once the lock is released.
 
+use std::sync::{Mutex, MutexGuard};
+
 use crate::consts::*;
 use crate::entry::Context;
 use crate::ep::EpCore;
@@ -141,6 +143,32 @@ pub fn report(core: &EpCore, done: &mut Vec<Done>) {
                 data,
                 src,
             } => core.complete_peek(ctx, len, tag, data, src),
+        }
+    }
+}
+
+/// The end of a provider's locked call: the completions its state holds (`done_of`, filled by
+/// `Engine::take_done_into`) are reported once `st`, a guard of `lock`, is released, so that
+/// counters they bump may start triggered operations on this endpoint. The vector goes back
+/// with its allocation when the lock is free again (the engine's and the state's trade
+/// theirs, so neither allocates per completion).
+pub fn report_unlocked<S>(
+    core: &EpCore,
+    lock: &Mutex<S>,
+    mut st: MutexGuard<'_, S>,
+    done_of: fn(&mut S) -> &mut Vec<Done>,
+) {
+    let held = done_of(&mut st);
+    if held.is_empty() {
+        return;
+    }
+    let mut done = std::mem::take(held);
+    drop(st);
+    report(core, &mut done);
+    if let Ok(mut st) = lock.try_lock() {
+        let held = done_of(&mut st);
+        if held.capacity() == 0 {
+            *held = done;
         }
     }
 }

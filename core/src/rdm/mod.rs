@@ -23,7 +23,7 @@ mod tests;
 pub mod transport;
 pub mod wire;
 
-pub use done::{report, Done};
+pub use done::{report, report_unlocked, Done};
 pub use engine::{Config, Engine};
 pub use inline::Inline;
 pub use transport::{Copied, CopyReq, Desc, Dir, Native, NativeKind, OneSided, Transport};

@@ -97,20 +97,9 @@ impl ShmEndpoint {
     fn finish(&self, mut st: MutexGuard<'_, State>) {
         let s = &mut *st;
         s.net.push(&mut s.engine);
-        let mut done = std::mem::take(&mut s.done);
-        s.engine.take_done_into(&mut done);
+        s.engine.take_done_into(&mut s.done);
         s.net.publish(&s.engine);
-        if done.is_empty() {
-            s.done = done;
-            return;
-        }
-        drop(st);
-        rdm::report(&self.core, &mut done);
-        if let Ok(mut st) = self.st.try_lock() {
-            if st.done.capacity() == 0 {
-                st.done = done;
-            }
-        }
+        rdm::report_unlocked(&self.core, &self.st, st, |s| &mut s.done);
     }
 
     /// The peer an `fi_addr_t` names, mapping its segment on first use.
