@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use xfabric_core::Provider;
 
+mod clock;
 pub mod hmem;
 mod info;
 mod rdm_ep;

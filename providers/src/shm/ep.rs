@@ -194,7 +194,7 @@ impl ProgressSource for ShmEndpoint {
         use std::sync::atomic::Ordering::Relaxed;
         let sweep = || {
             self.idle.watch.load(Relaxed)
-                && super::futex::coarse_ms() >= self.idle.next_sweep.load(Relaxed)
+                && crate::clock::coarse_ms() >= self.idle.next_sweep.load(Relaxed)
         };
         if !Net::has_work(&self.seg, &self.idle) && !sweep() {
             return 0;

@@ -4,23 +4,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Milliseconds of a coarse monotonic clock (the kernel's tick, read from the vDSO without a
-/// TSC read): cheap enough for every idle progress call, fine enough for a 20 ms sweep.
-pub fn coarse_ms() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into the one we pass.
-    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
-        // Never fails for this clock on Linux; if it did, sweeping every time is the safe side.
-        return u64::MAX;
-    }
-    (ts.tv_sec as u64)
-        .saturating_mul(1000)
-        .saturating_add(ts.tv_nsec as u64 / 1_000_000)
-}
-
 /// Sleeps until `word` no longer holds `expected`, a wake, or `timeout`.
 pub fn wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout: Duration) {
     let ts = libc::timespec {

@@ -904,14 +904,14 @@ impl Net {
 
     /// Whether a look for dead peers is due.
     pub fn sweep_due(&self) -> bool {
-        super::futex::coarse_ms() >= self.idle.next_sweep.load(Ordering::Relaxed)
+        crate::clock::coarse_ms() >= self.idle.next_sweep.load(Ordering::Relaxed)
     }
 
     /// Looks for peers that died: what they wrote before is taken in, then the engine loses
     /// them (their operations fail with `FI_ECONNRESET`).
     pub fn sweep(&mut self, eng: &mut Engine, core: &EpCore) {
         self.idle.next_sweep.store(
-            super::futex::coarse_ms().saturating_add(SWEEP_EVERY_MS),
+            crate::clock::coarse_ms().saturating_add(SWEEP_EVERY_MS),
             Ordering::Relaxed,
         );
         for p in 0..self.links.len() {

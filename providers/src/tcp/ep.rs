@@ -56,6 +56,10 @@ impl Wire for Net {
         Net::backlog(self)
     }
 
+    fn arm(&mut self) {
+        Net::arm(self)
+    }
+
     fn wait_fds(&self) -> Vec<(RawFd, i16)> {
         // mio's epoll fd: readable when a connection or the listener has an event.
         vec![(self.wait_fd(), libc::POLLIN)]

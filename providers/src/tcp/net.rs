@@ -111,8 +111,11 @@ const MAX_UNSETTLED: usize = 256;
 /// How long a connection may take from accept or connect to a finished handshake, and how
 /// long the loser of a simultaneous connect waits for the winner's connection.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// See `Net::last_epoll`.
-const EPOLL_EVERY: Duration = Duration::from_micros(50);
+/// See `Net::last_epoll`, in milliseconds of the coarse clock (`clock::coarse_ms`, whose
+/// tick is 1 to 4 ms): what only epoll hears of (an accept, a second connection) is noticed
+/// within a tick or two, and a sleep always asks first (`arm`). Each ask is a system call
+/// an arrival may wait behind: every 50 us cost 0.5 of them per 8-byte round trip here.
+const EPOLL_EVERY_MS: u64 = 1;
 /// Frames one `progress` call hands over from one connection at most, then reads the next
 /// one: a flooding peer neither starves the others nor, since answers are queued only after
 /// `progress` returns, gets more than this past the bound of answers it may owe.
@@ -236,11 +239,13 @@ pub struct Net {
     /// The connection that came up last: with no other connection, `progress` reads it
     /// directly instead of asking epoll first (one syscall per arrival instead of two).
     last_up: usize,
-    /// When `progress` last asked epoll. Reading the one connection directly, it still asks
-    /// once `EPOLL_EVERY` has passed, busy or idle: accepts and other events are noticed by
+    /// When `progress` last asked epoll (`clock::coarse_ms`). Reading the one connection
+    /// directly, it still asks once `EPOLL_EVERY_MS` has passed, busy or idle: accepts and other events are noticed by
     /// time, however often (or rarely) the application polls, and the epoll fd's ready list
     /// is drained for `wait_fd`.
-    last_epoll: Instant,
+    last_epoll: u64,
+    /// The next `progress` asks epoll whatever the time (`arm`, before a sleep on `wait_fd`).
+    ask_epoll: bool,
     /// Answers one peer may owe before it is no longer read (`MAX_OWED`).
     max_owed: usize,
     /// How long a peer may stay silent to the kernel (no ACK for our data, no answer to
@@ -416,7 +421,8 @@ impl Net {
             reports: VecDeque::new(),
             timeout: HANDSHAKE_TIMEOUT,
             last_up: usize::MAX,
-            last_epoll: Instant::now(),
+            last_epoll: crate::clock::coarse_ms(),
+            ask_epoll: false,
             max_owed: MAX_OWED,
             dead_after: None,
         })
@@ -491,6 +497,13 @@ impl Net {
         self.conns.iter().any(|(_, c)| c.more)
     }
 
+    /// Before a sleep on `wait_fd`: the next `progress` asks epoll, draining its ready list
+    /// (edge-triggered events `progress` took by reading directly would otherwise leave the
+    /// descriptor readable, and the sleep would end at once until `EPOLL_EVERY_MS` passed).
+    pub fn arm(&mut self) {
+        self.ask_epoll = true;
+    }
+
     /// A file descriptor (mio's epoll fd) that becomes readable when `progress` has
     /// something to do, for a thread to poll(2) on without holding the Net.
     pub fn wait_fd(&self) -> RawFd {
@@ -532,11 +545,12 @@ impl Net {
     pub fn progress<H: Handler>(&mut self, h: &mut H) -> usize {
         let mut n = self.report(h);
         // One established connection and nothing else going on: read it directly. epoll
-        // still hears of accepts: asked once EPOLL_EVERY has passed.
-        let now = Instant::now();
+        // still hears of accepts: asked once EPOLL_EVERY_MS has passed.
+        let now = crate::clock::coarse_ms();
         if self.conns.len() == 1
             && self.settling == 0
-            && now.duration_since(self.last_epoll) < EPOLL_EVERY
+            && !self.ask_epoll
+            && now.saturating_sub(self.last_epoll) < EPOLL_EVERY_MS
         {
             let k = self.last_up;
             if let Some(c) = self.conns.get_mut(k) {
@@ -552,6 +566,7 @@ impl Net {
             }
         }
         self.last_epoll = now;
+        self.ask_epoll = false;
         n += self.step(h, Some(Duration::ZERO));
         // Connections held back by flow control, or left unread at `PUMP_FRAMES`, raise no
         // new event: read them again.
