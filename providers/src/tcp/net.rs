@@ -111,10 +111,11 @@ const MAX_UNSETTLED: usize = 256;
 /// How long a connection may take from accept or connect to a finished handshake, and how
 /// long the loser of a simultaneous connect waits for the winner's connection.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// See `Net::last_epoll`, in milliseconds of the coarse clock (`clock::coarse_ms`, whose
-/// tick is 1 to 4 ms): what only epoll hears of (an accept, a second connection) is noticed
-/// within a tick or two, and a sleep always asks first (`arm`). Each ask is a system call
-/// an arrival may wait behind: every 50 us cost 0.5 of them per 8-byte round trip here.
+/// See `Net::last_epoll`, in milliseconds of the coarse clock (`clock::coarse_ms`, which
+/// moves by the kernel's tick, 1 to 10 ms): what only epoll hears of (an accept, a second
+/// connection) is noticed within a tick or two, and a sleep always asks first (`arm`). Each
+/// ask is a system call an arrival may wait behind: every 50 us made 0.5 of them per 8-byte
+/// round trip here.
 const EPOLL_EVERY_MS: u64 = 1;
 /// Frames one `progress` call hands over from one connection at most, then reads the next
 /// one: a flooding peer neither starves the others nor, since answers are queued only after
@@ -240,9 +241,8 @@ pub struct Net {
     /// directly instead of asking epoll first (one syscall per arrival instead of two).
     last_up: usize,
     /// When `progress` last asked epoll (`clock::coarse_ms`). Reading the one connection
-    /// directly, it still asks once `EPOLL_EVERY_MS` has passed, busy or idle: accepts and other events are noticed by
-    /// time, however often (or rarely) the application polls, and the epoll fd's ready list
-    /// is drained for `wait_fd`.
+    /// directly, it still asks once `EPOLL_EVERY_MS` has passed, busy or idle: accepts and
+    /// other events are noticed by time, however often (or rarely) the application polls.
     last_epoll: u64,
     /// The next `progress` asks epoll whatever the time (`arm`, before a sleep on `wait_fd`).
     ask_epoll: bool,
