@@ -158,22 +158,31 @@ if [[ $PROVIDER == tcp ]] && cc -O2 -o "$WORK/tcp_stream" "$ROOT/scripts/probes/
     have_stream=1
 fi
 
-# True when something listens on TCP port $1 (IPv4 or IPv6), read from /proc so no tool is
-# needed.
-listening() {
+# The kernel's TCP socket tables there are (no tcp6 without IPv6: awk would stop at it).
+tcp_tables=()
+for t in /proc/net/tcp /proc/net/tcp6; do
+    [[ -r $t ]] && tcp_tables+=("$t")
+done
+
+# True when a socket in state $2 (a /proc/net/tcp code; "" for any state) has TCP port $1 as
+# its local port (IPv4 or IPv6), read from /proc so no tool is needed.
+port_has() {
     local hex
+    ((${#tcp_tables[@]})) || return 1 # awk with no file would read stdin
     hex=$(printf '%04X' "$1")
-    awk -v p=":$hex" 'FNR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p { f = 1 }
-        END { exit !f }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+    awk -v p=":$hex" -v st="$2" 'FNR > 1 && (st == "" || $4 == st) &&
+        substr($2, length($2) - 4) == p { f = 1 } END { exit !f }' "${tcp_tables[@]}"
 }
 
-# True when any socket has TCP port $1 as its local port, in any state: a connection of an
-# earlier run in TIME_WAIT on it makes fi_pingpong's bind fail (it sets no SO_REUSEADDR).
+# True when something listens on TCP port $1.
+listening() {
+    port_has "$1" 0A
+}
+
+# True when any socket has TCP port $1, in any state: a connection of an earlier run in
+# TIME_WAIT on it makes fi_pingpong's bind fail (it sets no SO_REUSEADDR).
 in_use() {
-    local hex
-    hex=$(printf '%04X' "$1")
-    awk -v p=":$hex" 'FNR > 1 && substr($2, length($2) - 4) == p { f = 1 }
-        END { exit !f }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+    port_has "$1" ""
 }
 
 next_port=$PORT_BASE

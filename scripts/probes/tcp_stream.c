@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -54,8 +56,16 @@ int main(int argc, char **argv) {
     }
     memset(buf, 0x5a, size);
     pid_t child = fork();
+    if (child < 0) {
+        perror("fork");
+        return 1;
+    }
     if (child == 0) {
-        /* The receiver: reads everything, then answers one byte. */
+        /* The receiver: reads everything, then answers one byte. Killed if the sender dies
+         * first, so that it never waits in accept or recv for nobody. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() == 1)
+            _exit(1);
         int fd = accept(ls, NULL, NULL);
         if (fd < 0) {
             perror("accept");
@@ -68,7 +78,10 @@ int main(int argc, char **argv) {
             ssize_t k = recv(fd, buf, want, MSG_DONTWAIT);
             if (k > 0)
                 left -= (size_t)k;
-            else if (k == 0 || (errno != EINTR && errno != EAGAIN)) {
+            else if (k == 0) {
+                fprintf(stderr, "the sender closed early\n");
+                _exit(1);
+            } else if (errno != EINTR && errno != EAGAIN) {
                 perror("recv");
                 _exit(1);
             }
@@ -79,11 +92,13 @@ int main(int argc, char **argv) {
         _exit(0);
     }
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    tune(fd);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
         perror("connect");
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
         return 1;
     }
+    tune(fd);
     double t0 = now();
     for (long i = 0; i < iters; i++) {
         size_t off = 0;

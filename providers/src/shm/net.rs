@@ -910,10 +910,14 @@ impl Net {
     /// Looks for peers that died: what they wrote before is taken in, then the engine loses
     /// them (their operations fail with `FI_ECONNRESET`).
     pub fn sweep(&mut self, eng: &mut Engine, core: &EpCore) {
-        self.idle.next_sweep.store(
-            crate::clock::coarse_ms().saturating_add(SWEEP_EVERY_MS),
-            Ordering::Relaxed,
-        );
+        // A failed clock read (u64::MAX) leaves the next sweep due at once, not never.
+        let now = crate::clock::coarse_ms();
+        let next = if now == u64::MAX {
+            0
+        } else {
+            now.saturating_add(SWEEP_EVERY_MS)
+        };
+        self.idle.next_sweep.store(next, Ordering::Relaxed);
         for p in 0..self.links.len() {
             let l = &self.links[p];
             // A peer whose segment could not be opened when it connected (gone already, say)

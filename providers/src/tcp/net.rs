@@ -547,11 +547,11 @@ impl Net {
         // One established connection and nothing else going on: read it directly. epoll
         // still hears of accepts: asked once EPOLL_EVERY_MS has passed.
         let now = crate::clock::coarse_ms();
-        if self.conns.len() == 1
-            && self.settling == 0
-            && !self.ask_epoll
-            && now.saturating_sub(self.last_epoll) < EPOLL_EVERY_MS
-        {
+        // A clock that failed (u64::MAX) or went back asks epoll, and is not kept as the last
+        // ask: the next reading that makes sense starts the interval again.
+        let recent =
+            now != u64::MAX && now >= self.last_epoll && now - self.last_epoll < EPOLL_EVERY_MS;
+        if self.conns.len() == 1 && self.settling == 0 && !self.ask_epoll && recent {
             let k = self.last_up;
             if let Some(c) = self.conns.get_mut(k) {
                 let owing = c.peer.is_some_and(|p| self.peers[p].owed >= self.max_owed);
@@ -565,7 +565,7 @@ impl Net {
                 }
             }
         }
-        self.last_epoll = now;
+        self.last_epoll = if now == u64::MAX { 0 } else { now };
         self.ask_epoll = false;
         n += self.step(h, Some(Duration::ZERO));
         // Connections held back by flow control, or left unread at `PUMP_FRAMES`, raise no
