@@ -180,13 +180,10 @@ fn split_copies_land_every_byte() {
             let (mut r, mut s) = pair(t);
             assert_eq!(r.hear(), "OK");
             assert_eq!(s.hear(), "sent");
-            let (rpid, spid) = (r.pid(), s.pid());
             r.tell("bye");
             s.tell("bye");
-            r.join();
-            s.join();
-            assert_eq!(segments_of(rpid), 0);
-            assert_eq!(segments_of(spid), 0);
+            r.join_leaving_nothing();
+            s.join_leaving_nothing();
         }
     }
 }
@@ -251,12 +248,10 @@ fn a_stalled_sender_does_not_hold_up_a_split_receive() {
             r.tell("posted");
             assert_eq!(r.hear(), "OK");
             r.tell("bye");
-            let (rpid, spid) = (r.pid(), s.pid());
-            r.join();
+            r.join_leaving_nothing();
+            let spid = s.pid();
             s.kill();
-            assert_eq!(segments_of(rpid), 0);
-            xfabric::providers::shm::segment::reclaim_stale();
-            assert_eq!(segments_of(spid), 0);
+            reclaim(spid);
         }
     }
 }
@@ -317,12 +312,19 @@ fn claiming_sender(eperm: bool) {
     assert_eq!(listen(), "bye");
 }
 
-/// Receiver child for the claiming sender: posts both receives, and polls (once a
-/// millisecond once the sender is killed) until the second ends.
-fn receiver_of_claimed() {
+/// A receiver's endpoint for `claiming_sender`, which connects to it: its address said
+/// first, then the raw sender's address heard and inserted.
+fn node_for_raw_sender() -> (Node, FiAddr) {
     let n = node(CAPS, Progress::Manual);
     say(&hex(&n.ep.getname().unwrap()));
     let src = n.add_peer(&unhex(&listen()));
+    (n, src)
+}
+
+/// Receiver child for the claiming sender: posts both receives, and polls (once a
+/// millisecond once the sender is killed) until the second ends.
+fn receiver_of_claimed() {
+    let (n, src) = node_for_raw_sender();
     let mut warm = vec![0u8; WARM];
     let mut big = vec![0u8; BIG];
     // SAFETY: the buffers outlive the completions read below.
@@ -384,11 +386,8 @@ fn a_sender_killed_with_its_part_claimed_fails_the_receive() {
             r.tell("killed");
             assert_eq!(r.hear(), "OK");
             r.tell("bye");
-            let rpid = r.pid();
-            r.join();
-            assert_eq!(segments_of(rpid), 0);
-            xfabric::providers::shm::segment::reclaim_stale();
-            assert_eq!(segments_of(spid), 0);
+            r.join_leaving_nothing();
+            reclaim(spid);
         }
     }
 }
@@ -397,9 +396,7 @@ fn a_sender_killed_with_its_part_claimed_fails_the_receive() {
 /// split either refused (`FI_EPERM`: the receiver read the sender's part too, and splits
 /// nothing more from it) or revoked.
 fn receiver_of_refused() {
-    let n = node(CAPS, Progress::Manual);
-    say(&hex(&n.ep.getname().unwrap()));
-    let src = n.add_peer(&unhex(&listen()));
+    let (n, src) = node_for_raw_sender();
     let lens = [WARM, BIG, WARM + 5];
     let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l]).collect();
     for (i, b) in bufs.iter_mut().enumerate() {
@@ -446,11 +443,8 @@ fn a_sender_refused_the_write_has_its_part_read_by_the_receiver() {
             assert_eq!(r.hear(), "OK");
             r.tell("bye");
             s.tell("bye");
-            let (rpid, spid) = (r.pid(), s.pid());
-            r.join();
-            s.join();
-            assert_eq!(segments_of(rpid), 0);
-            assert_eq!(segments_of(spid), 0);
+            r.join_leaving_nothing();
+            s.join_leaving_nothing();
         }
     }
 }
@@ -459,9 +453,7 @@ fn a_sender_refused_the_write_has_its_part_read_by_the_receiver() {
 /// answers: the close waits for the answer (the sender may be writing into the receive's
 /// buffer) only a bounded time, and the receive ends canceled.
 fn receiver_closing() {
-    let n = node(CAPS, Progress::Manual);
-    say(&hex(&n.ep.getname().unwrap()));
-    let src = n.add_peer(&unhex(&listen()));
+    let (n, src) = node_for_raw_sender();
     let mut warm = vec![0u8; WARM];
     let mut big = vec![0u8; BIG];
     // SAFETY: the buffers outlive the endpoint, closed below.
@@ -510,11 +502,8 @@ fn closing_with_a_claimed_split_is_bounded_and_cancels_the_receive() {
             assert_eq!(r.hear(), "OK");
             r.tell("bye");
             s.tell("bye");
-            let (rpid, spid) = (r.pid(), s.pid());
-            r.join();
-            s.join();
-            assert_eq!(segments_of(rpid), 0);
-            assert_eq!(segments_of(spid), 0);
+            r.join_leaving_nothing();
+            s.join_leaving_nothing();
         }
     }
 }

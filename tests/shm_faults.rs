@@ -11,13 +11,6 @@ use xfabric::*;
 
 const CAPS: u64 = FI_MSG | FI_TAGGED;
 
-/// Reclaims the segments of killed (and reaped) process `pid`. Its flock went with it, so one
-/// pass removes them (or another process's domain open already did).
-fn reclaim(pid: u32) {
-    reclaim_stale();
-    assert_eq!(segments_of(pid), 0, "stale segment of {pid} still there");
-}
-
 /// A child that connects, says "ready" and then does nothing at all (no progress) until it
 /// is killed or told "bye".
 fn idle_child() {

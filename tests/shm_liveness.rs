@@ -97,8 +97,7 @@ fn sends_to_killed_receiver(test: &str, progress: Progress, how: Poll) {
     peer.kill();
     let errs = wait_errors(&n, N + 1, how);
     assert_reset(&errs, (100..100 + N as Context).chain([200]));
-    xfabric::providers::shm::segment::reclaim_stale();
-    assert_eq!(segments_of(pid), 0);
+    reclaim(pid);
 }
 
 #[test]
@@ -144,8 +143,7 @@ fn receive_directed_at_killed_peer_fails_under_slow_manual_polling() {
     let pid = peer.pid();
     peer.kill();
     assert_reset(&wait_errors(&n, 1, Poll::EveryMs), [7]);
-    xfabric::providers::shm::segment::reclaim_stale();
-    assert_eq!(segments_of(pid), 0);
+    reclaim(pid);
 }
 
 /// Sender child: posts `N` 1 MiB sends (tags 0..N), says "posted", then makes no progress.
@@ -236,11 +234,8 @@ fn receives_from_killed_sender(test: &str, envs: &[(&str, &str)]) {
     r.tell("killed");
     assert_eq!(r.hear(), "OK");
     r.tell("bye");
-    let rpid = r.pid();
-    r.join();
-    assert_eq!(segments_of(rpid), 0);
-    xfabric::providers::shm::segment::reclaim_stale();
-    assert_eq!(segments_of(spid), 0);
+    r.join_leaving_nothing();
+    reclaim(spid);
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! application may make a million times a second.
 
 /// Milliseconds of a coarse monotonic clock (the kernel's tick, read from the vDSO without a
-/// TSC read): cheap enough for every idle progress call, fine enough for a 20 ms sweep.
+/// TSC read): cheap enough for every idle progress call, fine enough for shm's 20 ms sweep
+/// and tcp's look at epoll each millisecond (a tick is 1 to 10 ms).
 pub fn coarse_ms() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -460,6 +460,21 @@ impl Peer {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// `join`, then asserts the child left no shm segment behind.
+    pub fn join_leaving_nothing(self) {
+        let pid = self.pid();
+        self.join();
+        assert_eq!(segments_of(pid), 0, "process {pid} left a segment");
+    }
+}
+
+/// Reclaims the segments of killed (and reaped) process `pid`, as any endpoint's sweep would.
+/// Its flock went with it, so one pass removes them (or another process's domain open
+/// already did).
+pub fn reclaim(pid: u32) {
+    xfabric::providers::shm::segment::reclaim_stale();
+    assert_eq!(segments_of(pid), 0, "stale segment of {pid} still there");
 }
 
 /// A tagged message description over `iov` (`struct fi_msg_tagged`).

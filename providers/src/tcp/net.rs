@@ -243,9 +243,8 @@ pub struct Net {
     /// When `progress` last asked epoll (`clock::coarse_ms`). Reading the one connection
     /// directly, it still asks once `EPOLL_EVERY_MS` has passed, busy or idle: accepts and
     /// other events are noticed by time, however often (or rarely) the application polls.
+    /// `u64::MAX` (`arm`, or a clock read that failed): the next `progress` asks.
     last_epoll: u64,
-    /// The next `progress` asks epoll whatever the time (`arm`, before a sleep on `wait_fd`).
-    ask_epoll: bool,
     /// Answers one peer may owe before it is no longer read (`MAX_OWED`).
     max_owed: usize,
     /// How long a peer may stay silent to the kernel (no ACK for our data, no answer to
@@ -422,7 +421,6 @@ impl Net {
             timeout: HANDSHAKE_TIMEOUT,
             last_up: usize::MAX,
             last_epoll: crate::clock::coarse_ms(),
-            ask_epoll: false,
             max_owed: MAX_OWED,
             dead_after: None,
         })
@@ -501,7 +499,7 @@ impl Net {
     /// (edge-triggered events `progress` took by reading directly would otherwise leave the
     /// descriptor readable, and the sleep would end at once until `EPOLL_EVERY_MS` passed).
     pub fn arm(&mut self) {
-        self.ask_epoll = true;
+        self.last_epoll = u64::MAX;
     }
 
     /// A file descriptor (mio's epoll fd) that becomes readable when `progress` has
@@ -547,11 +545,11 @@ impl Net {
         // One established connection and nothing else going on: read it directly. epoll
         // still hears of accepts: asked once EPOLL_EVERY_MS has passed.
         let now = crate::clock::coarse_ms();
-        // A clock that failed (u64::MAX) or went back asks epoll, and is not kept as the last
-        // ask: the next reading that makes sense starts the interval again.
+        // Armed, or a clock that failed (u64::MAX) or went back: epoll is asked, and the next
+        // reading that makes sense starts the interval again.
         let recent =
             now != u64::MAX && now >= self.last_epoll && now - self.last_epoll < EPOLL_EVERY_MS;
-        if self.conns.len() == 1 && self.settling == 0 && !self.ask_epoll && recent {
+        if self.conns.len() == 1 && self.settling == 0 && recent {
             let k = self.last_up;
             if let Some(c) = self.conns.get_mut(k) {
                 let owing = c.peer.is_some_and(|p| self.peers[p].owed >= self.max_owed);
@@ -565,8 +563,7 @@ impl Net {
                 }
             }
         }
-        self.last_epoll = if now == u64::MAX { 0 } else { now };
-        self.ask_epoll = false;
+        self.last_epoll = now;
         n += self.step(h, Some(Duration::ZERO));
         // Connections held back by flow control, or left unread at `PUMP_FRAMES`, raise no
         // new event: read them again.
