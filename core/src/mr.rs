@@ -2,7 +2,6 @@
 //! check an incoming remote access (key, address range, access rights) in one place.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 
 use crate::consts::*;
@@ -76,7 +75,6 @@ pub trait ProviderMr: Send + Sync {
 /// The domain's key → region map.
 pub struct MrMap {
     mode: u32,
-    next_key: AtomicU64,
     map: RwLock<HashMap<u64, MrEntry>>,
 }
 
@@ -85,7 +83,6 @@ impl MrMap {
     pub fn new(mode: u32) -> Self {
         MrMap {
             mode,
-            next_key: AtomicU64::new(1),
             map: RwLock::new(HashMap::new()),
         }
     }
@@ -115,9 +112,13 @@ impl MrMap {
             }
             k
         } else if self.mode & FI_MR_PROV_KEY != 0 {
+            // A key is what a remote peer must present to reach the region: drawn from the
+            // OS's CSPRNG, so that nobody can guess one (a counter made the first region of
+            // every domain key 1). 0 and FI_KEY_NOTAVAIL are never handed out.
             loop {
-                let k = self.next_key.fetch_add(1, Ordering::Relaxed);
-                if !m.contains_key(&k) {
+                let k = getrandom::u64()
+                    .map_err(|e| Error::NoKey(format!("mr_reg: no random key from the OS: {e}")))?;
+                if k != 0 && k != FI_KEY_NOTAVAIL && !m.contains_key(&k) {
                     break k;
                 }
             }
@@ -269,6 +270,43 @@ impl Drop for MemoryRegion {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[test]
+    fn provider_keys_are_random_unique_and_never_reserved() {
+        let map = MrMap::new(FI_MR_VIRT_ADDR | FI_MR_PROV_KEY);
+        let buf = [0u8; 64];
+        let attr = MrAttr {
+            addr: buf.as_ptr() as usize,
+            len: 64,
+            access: FI_REMOTE_WRITE,
+            ..Default::default()
+        };
+        let keys: Vec<u64> = (0..1000)
+            .map(|_| map.insert(&attr, None).unwrap())
+            .collect();
+        let unique: std::collections::HashSet<u64> = keys.iter().copied().collect();
+        assert_eq!(unique.len(), keys.len());
+        assert!(keys.iter().all(|&k| k != 0 && k != FI_KEY_NOTAVAIL));
+        // Another domain's first key is not this one's: nothing to learn from a domain.
+        let other = MrMap::new(FI_MR_VIRT_ADDR | FI_MR_PROV_KEY);
+        assert_ne!(other.insert(&attr, None).unwrap(), keys[0]);
+        // Guesses land nothing: the first 4,096 keys a counter would give, and as many
+        // random ones, at the region's own address.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let guesses = (1..=4096u64).chain((0..4096).map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }));
+        for g in guesses.filter(|g| !unique.contains(g)) {
+            assert!(matches!(
+                map.check(g, buf.as_ptr() as u64, 8, FI_REMOTE_WRITE),
+                Err(Error::Access(_))
+            ));
+        }
+    }
 
     #[test]
     fn user_keys_are_unique_and_access_is_checked() {

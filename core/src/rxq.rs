@@ -217,6 +217,9 @@ pub struct Unexpected<U> {
     /// Bytes the provider holds for it (buffered payload and bookkeeping), counted against
     /// the endpoint's unexpected-message limit until a receive takes it.
     pub held: usize,
+    /// Who `held` is charged to (the sending peer, as the provider numbers peers): one peer's
+    /// share of the limit is bounded too (`RecvQueue::held_by`).
+    pub owner: usize,
     /// Provider's payload handle.
     pub payload: U,
 }
@@ -271,6 +274,8 @@ pub struct RecvQueue<U> {
     directed: bool,
     /// Sum of `held` over the buffered and claimed messages.
     held: usize,
+    /// The same sum per `owner` (owners holding nothing are not kept).
+    held_by: HashMap<usize, usize>,
     /// Smallest space a multi-receive buffer keeps before it is released (`FI_OPT_MIN_MULTI_RECV`).
     pub min_multi_recv: usize,
 }
@@ -287,6 +292,7 @@ impl<U> RecvQueue<U> {
             multi: HashMap::new(),
             directed,
             held: 0,
+            held_by: HashMap::new(),
             min_multi_recv: 64,
         }
     }
@@ -323,6 +329,8 @@ impl<U> RecvQueue<U> {
     /// Buffers an arrival no receive took.
     pub fn push_unexpected(&mut self, tagged: bool, u: Unexpected<U>) {
         self.held = self.held.saturating_add(u.held);
+        let by = self.held_by.entry(u.owner).or_insert(0);
+        *by = by.saturating_add(u.held);
         if tagged {
             self.unexp_tag.push_back(u);
         } else {
@@ -349,7 +357,7 @@ impl<U> RecvQueue<U> {
             if r.flags & (FI_CLAIM | FI_DISCARD) != 0 {
                 let u = q.remove(i).expect("index from position");
                 if r.flags & FI_DISCARD != 0 {
-                    self.held = self.held.saturating_sub(u.held);
+                    self.release(&u);
                     discarded = Some(u);
                 } else {
                     self.claimed.insert(r.ctx, u);
@@ -369,7 +377,7 @@ impl<U> RecvQueue<U> {
             let Some(u) = self.claimed.remove(&r.ctx) else {
                 return PostResult::NoMessage;
             };
-            self.held = self.held.saturating_sub(u.held);
+            self.release(&u);
             let slot = RecvSlot {
                 ctx: r.ctx,
                 iov: if r.flags & FI_DISCARD != 0 {
@@ -401,6 +409,7 @@ impl<U> RecvQueue<U> {
             };
             let u = unexp.remove(i).expect("index from position");
             self.held = self.held.saturating_sub(u.held);
+            release_owner(&mut self.held_by, &u);
             let before = posted.len();
             let slot = take_slot(posted, idx, u.len, min, &mut self.multi);
             matched.push((slot, u));
@@ -483,6 +492,7 @@ impl<U> RecvQueue<U> {
     /// Every buffered or claimed message, removed (endpoint close).
     pub fn drain_unexpected(&mut self) -> Vec<Unexpected<U>> {
         self.held = 0;
+        self.held_by.clear();
         let mut v: Vec<_> = self
             .unexp_msg
             .drain(..)
@@ -502,6 +512,17 @@ impl<U> RecvQueue<U> {
         self.held
     }
 
+    /// Bytes held for buffered unexpected messages charged to `owner`.
+    pub fn held_by(&self, owner: usize) -> usize {
+        self.held_by.get(&owner).copied().unwrap_or(0)
+    }
+
+    /// A buffered message leaves: its bytes are no longer charged.
+    fn release(&mut self, u: &Unexpected<U>) {
+        self.held = self.held.saturating_sub(u.held);
+        release_owner(&mut self.held_by, u);
+    }
+
     /// Number of posted receives.
     pub fn posted_len(&self) -> usize {
         self.posted_msg.len() + self.posted_tag.len()
@@ -513,6 +534,16 @@ impl<U> RecvQueue<U> {
             .iter_mut()
             .chain(self.unexp_tag.iter_mut())
             .chain(self.claimed.values_mut())
+    }
+}
+
+/// Takes `u`'s bytes off its owner's sum (a free function: `post` holds other fields borrowed).
+fn release_owner<U>(held_by: &mut HashMap<usize, usize>, u: &Unexpected<U>) {
+    if let Some(by) = held_by.get_mut(&u.owner) {
+        *by = by.saturating_sub(u.held);
+        if *by == 0 {
+            held_by.remove(&u.owner);
+        }
     }
 }
 
@@ -597,6 +628,7 @@ mod tests {
             has_data: false,
             len,
             held: len,
+            owner: (tag & 1) as usize,
             payload: tag as u32,
         }
     }
@@ -614,6 +646,7 @@ mod tests {
             PostResult::Matched(_)
         ));
         assert_eq!(q.unexpected_bytes(), 60);
+        assert_eq!((q.held_by(0), q.held_by(1)), (20, 40));
         // Claimed messages are still held; discarded ones are not.
         assert!(matches!(
             q.post(recv(2, 2, 0, FI_TAGGED | FI_PEEK | FI_CLAIM, 0)),
@@ -625,14 +658,16 @@ mod tests {
             PostResult::Matched(_)
         ));
         assert_eq!(q.unexpected_bytes(), 40);
+        assert_eq!((q.held_by(0), q.held_by(1)), (0, 40));
         assert!(matches!(
             q.post(recv(3, 3, 0, FI_TAGGED | FI_PEEK | FI_DISCARD, 0)),
             PostResult::Peeked { .. }
         ));
         assert_eq!(q.unexpected_bytes(), 0);
+        assert_eq!(q.held_by(1), 0);
         q.push_unexpected(false, unexp(0, 0, 5));
         q.drain_unexpected();
-        assert_eq!(q.unexpected_bytes(), 0);
+        assert_eq!((q.unexpected_bytes(), q.held_by(0)), (0, 0));
         assert!(!q.would_match(0, 0, false));
         let _ = q.post(recv(4, 0, 0, 0, 100));
         assert!(q.would_match(0, 0, false));

@@ -324,6 +324,26 @@ pub static TCP_UNEXP_BYTES: Setting = Setting::new(
     "33554432",
     "Bytes the buffered unexpected messages of one tcp endpoint may hold",
 );
+/// `XFABRIC_TCP_UNEXP_PEER_BYTES`: Bytes of buffered unexpected messages (and bodies still
+/// arriving) one peer of a tcp endpoint may hold.
+pub static TCP_UNEXP_PEER_BYTES: Setting = Setting::new(
+    "XFABRIC_TCP_UNEXP_PEER_BYTES",
+    Kind::Size,
+    "8388608",
+    "Bytes of buffered unexpected messages, and of bodies still arriving, that one peer of a \
+     tcp endpoint may hold; past it that peer is not read until a receive takes one",
+);
+/// `XFABRIC_AUTH_KEY`: The authentication key of tcp endpoints whose domain gives none
+/// (`domain_attr->auth_key`): peers prove they hold the same one before anything they send
+/// is taken.
+pub static AUTH_KEY: Setting = Setting::new(
+    "XFABRIC_AUTH_KEY",
+    Kind::Str,
+    "none",
+    "Authentication key of tcp endpoints whose domain gives none (domain_attr->auth_key): a \
+     peer must prove it holds the same key (HMAC-SHA-256 challenge) before anything it sends \
+     is taken; endpoints with different keys cannot talk. Not encryption",
+);
 /// `XFABRIC_TCP_DEAD_MS`: Milliseconds a connected tcp peer may leave our data unacknowledged,
 /// or an idle connection unanswered, before it is declared lost (0: leave it to the kernel).
 pub static TCP_DEAD_MS: Setting = Setting::new(
@@ -401,6 +421,8 @@ pub static SETTINGS: &[&Setting] = &[
     &TCP_DEAD_MS,
     &TCP_UNEXP_MSGS,
     &TCP_UNEXP_BYTES,
+    &TCP_UNEXP_PEER_BYTES,
+    &AUTH_KEY,
     &VERBS_NATIVE,
     &VERBS_PULL_MIN,
     &ZE_LOADER,

@@ -66,6 +66,7 @@ pub fn engine_config(core: &EpCore) -> rdm::Config {
         eager_max: settings::TCP_EAGER_MAX.usize(),
         unexp_msgs: settings::TCP_UNEXP_MSGS.usize(),
         unexp_bytes: settings::TCP_UNEXP_BYTES.usize(),
+        unexp_peer_bytes: settings::TCP_UNEXP_PEER_BYTES.usize(),
         tx_max: if core.tx_size == 0 {
             1024
         } else {

@@ -79,8 +79,13 @@ pub struct Config {
     /// no posted receive takes is answered `Sink::Wait`: it stays with the transport, which
     /// stops reading that peer until a receive takes it. Nothing is dropped.
     pub unexp_msgs: usize,
-    /// Most bytes (payload and bookkeeping) the buffered unexpected messages may hold.
+    /// Most bytes (payload and bookkeeping) the buffered unexpected messages may hold, with
+    /// the bodies still arriving into buffers: a body is charged when its header is
+    /// accepted, before its buffer is allocated.
     pub unexp_bytes: usize,
+    /// Most of those bytes one peer may hold, so that one peer (or a crowd of them, each at
+    /// its share) cannot take all of `unexp_bytes` from the others.
+    pub unexp_peer_bytes: usize,
     /// Most operations outstanding at once (`tx_attr.size`); past it posts answer `Again`.
     pub tx_max: usize,
     /// The transport's taking a frame (`Transport::send` answering `Ok`) puts it in the
@@ -98,6 +103,7 @@ impl Default for Config {
             eager_max: 65536,
             unexp_msgs: 16384,
             unexp_bytes: 32 << 20,
+            unexp_peer_bytes: 8 << 20,
             tx_max: 1024,
             delivered_on_take: false,
         }
@@ -278,6 +284,9 @@ struct PeerState {
     blocked: VecDeque<Transmit>,
     /// Its address, where the transport named it (`Engine::name_peer`).
     raw: Option<Vec<u8>>,
+    /// Bytes charged for the unexpected body now arriving from it into a buffer (0 or one
+    /// message's: a peer sends one body at a time).
+    inflight: usize,
     /// Answers to its reads whose bodies (the memory read) the transport has not taken yet.
     reading: usize,
     /// Small messages that complete when the transport takes their frame (`ON_TAKE`), in
@@ -316,6 +325,8 @@ pub struct Engine {
     /// Operations in the peers' `fenced` queues, all peers together: they count against
     /// `tx_max` like outstanding ones.
     held: usize,
+    /// The peers' `inflight` bytes, all together (charged against `unexp_bytes`).
+    inflight: usize,
     closed: bool,
 }
 
@@ -347,6 +358,7 @@ impl Engine {
             served: slab::Slab::new(),
             releasing: false,
             held: 0,
+            inflight: 0,
             closed: false,
         }
     }
@@ -968,8 +980,15 @@ impl Engine {
                 let slot = self.rxq.match_arrival(src, tag, tagged, len);
                 let sink = match slot {
                     Some(s) => Sink::Iov(s.iov),
-                    None if self.unexpected_full(len) => return Ok(Sink::Wait),
-                    None => Sink::Buffer(vec![0; len]),
+                    None if self.unexpected_full(peer, len) => return Ok(Sink::Wait),
+                    None => {
+                        // Charged now, before the buffer exists: a body that never finishes
+                        // holds no more than the bound allows.
+                        let c = len + UNEXP_OVERHEAD;
+                        self.inflight += c;
+                        self.peer(peer).inflight = c;
+                        Sink::Buffer(vec![0; len])
+                    }
                 };
                 let p = Pending::Msg {
                     slot,
@@ -994,7 +1013,7 @@ impl Engine {
                 let len = usize::try_from(len).map_err(|_| bad())?;
                 let tagged = fl & flags::TAGGED != 0;
                 let data = (fl & flags::CQ_DATA != 0).then_some(data);
-                if !self.rxq.would_match(src, tag, tagged) && self.unexpected_full(0) {
+                if !self.rxq.would_match(src, tag, tagged) && self.unexpected_full(peer, 0) {
                     return Ok(Sink::Wait);
                 }
                 match self.rxq.match_arrival(src, tag, tagged, len) {
@@ -1022,6 +1041,7 @@ impl Engine {
                                 has_data: data.is_some(),
                                 len,
                                 held: UNEXP_OVERHEAD,
+                                owner: peer,
                                 payload: Unexp::Rts {
                                     peer,
                                     id,
@@ -1186,14 +1206,31 @@ impl Engine {
         self.peers.get(peer).and_then(|ps| ps.raw.clone())
     }
 
-    /// Whether one more unexpected message of `len` bytes would pass the bounds.
-    fn unexpected_full(&self, len: usize) -> bool {
+    /// Whether one more unexpected message of `len` bytes from `peer` would pass the bounds:
+    /// the endpoint's, counting bodies still arriving, and the peer's share.
+    fn unexpected_full(&self, peer: PeerId, len: usize) -> bool {
+        let c = len.saturating_add(UNEXP_OVERHEAD);
+        let mine = self.peers.get(peer).map_or(0, |ps| ps.inflight);
         self.rxq.unexpected_len() >= self.cfg.unexp_msgs
             || self
                 .rxq
                 .unexpected_bytes()
-                .saturating_add(len + UNEXP_OVERHEAD)
+                .saturating_add(self.inflight)
+                .saturating_add(c)
                 > self.cfg.unexp_bytes
+            || self
+                .rxq
+                .held_by(peer)
+                .saturating_add(mine)
+                .saturating_add(c)
+                > self.cfg.unexp_peer_bytes
+    }
+
+    /// The unexpected body `peer` was sending ended (arrived, or was abandoned): its charge
+    /// leaves `inflight` (an arrived one is charged to the receive queue from then on).
+    fn end_inflight(&mut self, peer: PeerId) {
+        let c = std::mem::take(&mut self.peer(peer).inflight);
+        self.inflight -= c;
     }
 
     fn sink_status(&self, slot: &RecvSlot, len: usize) -> i32 {
@@ -1236,6 +1273,7 @@ impl Engine {
                     self.msg_landed(peer, slot, got, m);
                 }
                 None => {
+                    self.end_inflight(peer);
                     let Sink::Buffer(bytes) = sink else { return };
                     // Delivery complete, like match complete, is acknowledged once a receive
                     // takes the message: a bounce buffer is not the receive's memory.
@@ -1251,6 +1289,7 @@ impl Engine {
                             has_data: data.is_some(),
                             len,
                             held,
+                            owner: peer,
                             payload: Unexp::Eager {
                                 bytes,
                                 from: peer,
@@ -1377,7 +1416,7 @@ impl Engine {
         let pending = ps.pending.take();
         let fenced: Vec<Fenced> = ps.fenced.drain(..).collect();
         self.held -= fenced.len();
-        self.abandon(pending, err);
+        self.abandon(peer, pending, err);
         // Requests in flight (their frames may have gone out: the transport keeps none).
         let ids: Vec<usize> = self
             .tx
@@ -1406,7 +1445,8 @@ impl Engine {
 
     /// Ends, with `err`, what the body a peer was sending was for (a loss, close): a matched
     /// receive fails; a staged write's bounce buffer is freed.
-    fn abandon(&mut self, p: Option<Pending>, err: i32) {
+    fn abandon(&mut self, peer: PeerId, p: Option<Pending>, err: i32) {
+        self.end_inflight(peer);
         match p {
             Some(Pending::Msg {
                 slot: Some(slot),
@@ -1465,7 +1505,7 @@ impl Engine {
                 });
             }
             let pending = self.peers[p].pending.take();
-            self.abandon(pending, FI_ECANCELED);
+            self.abandon(p, pending, FI_ECANCELED);
             self.fail_untaken(p, FI_ECANCELED);
         }
         self.end_copies(None, FI_ECANCELED);

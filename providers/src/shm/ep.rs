@@ -62,6 +62,8 @@ impl ShmEndpoint {
             eager_max: EAGER_MAX,
             unexp_msgs: settings::SHM_UNEXP_MSGS.usize(),
             unexp_bytes: settings::SHM_UNEXP_BYTES.usize(),
+            // Peers on this host, each bounded by its ring: the endpoint's bound is theirs.
+            unexp_peer_bytes: settings::SHM_UNEXP_BYTES.usize(),
             tx_max: if core.tx_size == 0 {
                 1024
             } else {

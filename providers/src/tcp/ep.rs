@@ -20,10 +20,16 @@ use crate::rdm_ep::{self, Glue, RdmEndpoint, Wire};
 pub type TcpEndpoint = RdmEndpoint<Net>;
 
 /// Listens on `bind` (port 0: any); the endpoint's name is a sockaddr, or with `str_name` the
-/// `FI_ADDR_STR` form.
-pub fn open(core: Arc<EpCore>, bind: SocketAddr, str_name: bool) -> Result<Arc<TcpEndpoint>> {
+/// `FI_ADDR_STR` form. Peers must prove they hold `auth_key`, when there is one.
+pub fn open(
+    core: Arc<EpCore>,
+    bind: SocketAddr,
+    str_name: bool,
+    auth_key: Option<Vec<u8>>,
+) -> Result<Arc<TcpEndpoint>> {
     let mut net = Net::bind(bind)
         .map_err(|e| Error::from_io(format!("tcp endpoint: listen on {bind}"), e))?;
+    net.set_auth_key(auth_key);
     net.set_dead_after(match settings::TCP_DEAD_MS.usize() {
         0 => None,
         ms => Some(Duration::from_millis(ms as u64)),
@@ -54,6 +60,10 @@ impl Wire for Net {
 
     fn backlog(&self) -> bool {
         Net::backlog(self)
+    }
+
+    fn busy(&self) -> bool {
+        Net::busy(self)
     }
 
     fn arm(&mut self) {

@@ -139,6 +139,22 @@ impl Provider for Tcp {
 
 struct TcpDomain;
 
+/// The key peers must prove they hold: the endpoint's, else the domain's (fi_domain(3)'s
+/// `auth_key`), else `XFABRIC_AUTH_KEY`'s bytes; none when all are empty.
+fn auth_key(info: &Info) -> Option<Vec<u8>> {
+    [&info.ep_attr.auth_key, &info.domain_attr.auth_key]
+        .into_iter()
+        .flatten()
+        .find(|k| !k.is_empty())
+        .cloned()
+        .or_else(|| {
+            xfabric_core::settings::AUTH_KEY
+                .text()
+                .filter(|k| !k.is_empty())
+                .map(|k| k.as_bytes().to_vec())
+        })
+}
+
 impl DomainOps for TcpDomain {
     fn addr_format(&self) -> Arc<dyn xfabric_core::AddrFormat> {
         Arc::new(addr::TcpAddr)
@@ -156,7 +172,12 @@ impl DomainOps for TcpDomain {
             None if info.addr_format == FI_SOCKADDR_IN6 => "[::1]:0".parse().expect("literal"),
             None => SocketAddr::new(addr::default_ip(), 0),
         };
-        Ok(ep::open(core, bind, info.addr_format == FI_ADDR_STR)?)
+        Ok(ep::open(
+            core,
+            bind,
+            info.addr_format == FI_ADDR_STR,
+            auth_key(info),
+        )?)
     }
 
     fn hmem(&self) -> Option<Arc<dyn HmemOps>> {

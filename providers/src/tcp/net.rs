@@ -4,7 +4,9 @@
 //!
 //! One connection per pair of endpoints, whichever side opened it. Before any frame, a
 //! handshake of our own (`hello`): the connector names its listen address and incarnation;
-//! the acceptor answers ACCEPT or REJECT. When two endpoints connect to each other at once,
+//! the acceptor proves that claim (an authentication key's challenge, or a call-back to the
+//! claimed listener) and answers ACCEPT or REJECT. A claim never displaces a working
+//! connection unless it is proven. When two endpoints connect to each other at once,
 //! the connection opened by the one with the lower listen address (`hello::key`) survives on
 //! both sides. Frames wait in a per-peer queue, not on a connection, and nothing is written
 //! on a connection before its handshake is done, so the loser's queue simply drains on the
@@ -22,7 +24,7 @@ mod tests;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::mem::MaybeUninit;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -33,7 +35,7 @@ use tracing::{debug, warn};
 use xfabric_core::rdm::wire::{self, Prefix, WireError, MAX_CTRL, PREFIX};
 use xfabric_core::rdm::{Body, PeerId, Sink, Transmit};
 
-use hello::{reason, Hs, HsError};
+use hello::{reason, Hs, HsError, Side, Transcript, RAND};
 
 /// What the layer calls back with (the engine implements it).
 pub trait Handler {
@@ -106,11 +108,23 @@ const LARGE_BODY: u64 = 16 * 1024;
 pub const MAX_IOV: usize = 64;
 /// Most peers an inbound HELLO may add: strangers cannot grow the table without bound.
 const MAX_PEERS: usize = 1 << 16;
-/// Most connections in bring-up (connecting, or accepted and not yet greeted) at once.
+/// Most connections in bring-up (connecting, or accepted and not yet greeted) at once; at the
+/// bound, the oldest inbound one is dropped for a new one.
 const MAX_UNSETTLED: usize = 256;
+/// Most inbound connections in bring-up from one source address; at the bound, that source's
+/// oldest is dropped for its new one, so strangers at one address cannot crowd out others.
+const PER_SOURCE: usize = 32;
 /// How long a connection may take from accept or connect to a finished handshake, and how
 /// long the loser of a simultaneous connect waits for the winner's connection.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an accepted connection may stay silent before its HELLO (a real connector sends
+/// it as soon as it is connected): strangers holding connections open are dropped fast.
+pub const GREET_TIMEOUT: Duration = Duration::from_secs(3);
+/// After `accept` failed for lack of descriptors (with nothing in bring-up to make room),
+/// when the listener is looked at again.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+/// Least time between two warnings about running out of descriptors.
+const FD_WARN_EVERY: Duration = Duration::from_secs(5);
 /// See `Net::last_epoll`, in milliseconds of the coarse clock (`clock::coarse_ms`, which
 /// moves by the kernel's tick, 1 to 10 ms): what only epoll hears of (an accept, a second
 /// connection) is noticed within a tick or two, and a sleep always asks first (`arm`). Each
@@ -128,12 +142,26 @@ const LISTENER: Token = Token(0);
 enum St {
     /// Outbound, TCP connect in progress.
     Connecting,
-    /// Outbound, HELLO sent, waiting for ACCEPT or REJECT.
+    /// Outbound, HELLO sent, waiting for ACCEPT or REJECT (and, keyed, CHALLENGE first).
     Hello,
-    /// Inbound, waiting for HELLO.
+    /// Inbound, waiting for HELLO (or a call-back's VERIFY).
     Greet,
+    /// Inbound, keyed: CHALLENGE sent, waiting for the connector's PROOF.
+    Proof,
+    /// Inbound: its claim is being checked by a call-back to the claimed address.
+    Vetting,
+    /// Outbound call-back: VERIFY sent, waiting for VOUCH.
+    Asking,
     /// Handshake done: frames flow.
     Up,
+}
+
+/// What an inbound connection's HELLO claimed, until proven.
+#[derive(Clone, Copy)]
+struct Claim {
+    addr: SocketAddr,
+    nonce: u64,
+    rand: [u8; RAND],
 }
 
 /// Where the frame being read stands.
@@ -151,10 +179,22 @@ enum Rx {
 
 struct Conn {
     sock: TcpStream,
-    /// Set from the start for outbound connections, at HELLO for inbound ones.
+    /// Set from the start for outbound connections, once proven for inbound ones.
     peer: Option<PeerId>,
     st: St,
     outbound: bool,
+    /// Tells this connection from a later one at the same slab key.
+    serial: u64,
+    /// Inbound: the address it comes from (the per-source bound, and what a call-back asks).
+    from: Option<SocketAddr>,
+    /// Inbound: what its HELLO claimed, while that is being proven.
+    claim: Option<Claim>,
+    /// An outbound call-back: the inbound connection (key, serial) whose claim it checks.
+    vouch_for: Option<(usize, u64)>,
+    /// Our random challenge on it (HELLO's, or CHALLENGE's).
+    rand: [u8; RAND],
+    /// Outbound, keyed: the acceptor proved it holds the key (its CHALLENGE checked).
+    proved: bool,
     /// When bring-up began (for `HANDSHAKE_TIMEOUT`).
     since: Instant,
     /// Invariant: `rs <= re <= rbuf.len()`; `rbuf[rs..re]` arrived and is not consumed.
@@ -250,6 +290,17 @@ pub struct Net {
     /// How long a peer may stay silent to the kernel (no ACK for our data, no answer to
     /// keepalive probes) before its connection is declared dead (`set_dead_after`).
     dead_after: Option<Duration>,
+    /// The authentication key peers must prove they hold (`set_auth_key`); without one,
+    /// claims are proven by calling the claimed address back.
+    auth: Option<Vec<u8>>,
+    /// Inbound connections in bring-up, by source address (`PER_SOURCE`).
+    by_src: HashMap<IpAddr, usize>,
+    /// The next connection's `serial`.
+    serial: u64,
+    /// `accept` ran out of descriptors: when the listener is looked at again.
+    accept_retry: Option<Instant>,
+    /// When running out of descriptors was last logged.
+    fd_warned: Option<Instant>,
 }
 
 /// Arms the kernel's own liveness checks on a connection, so that a peer whose host
@@ -302,8 +353,10 @@ fn last_errno() -> i32 {
         .unwrap_or(libc::EIO)
 }
 
-/// A listening socket without SO_REUSEADDR (std and mio set it), so a port in use is an
-/// error rather than shared with a socket in TIME_WAIT's company.
+/// A listening socket with SO_REUSEADDR: a port whose last connections linger in TIME_WAIT
+/// (an endpoint closed, or its process killed, a moment ago) can be listened on again at
+/// once, as a restarted endpoint at its old address must. Linux still refuses a second live
+/// listener on the port (that would take SO_REUSEPORT), so a port in use is an error.
 fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
@@ -349,6 +402,20 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     }
     // SAFETY: fd is a fresh socket nobody else owns; the listener closes it (also on error).
     let l = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt on our socket with a pointer to an int and its size.
+    if unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            &one as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
     // SAFETY: ss holds a sockaddr of `len` bytes.
     if unsafe { libc::bind(fd, &ss as *const _ as *const libc::sockaddr, len as u32) } != 0 {
         return Err(io::Error::last_os_error());
@@ -360,14 +427,10 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     Ok(TcpListener::from_std(l))
 }
 
-/// A number that differs between two Nets with the same address (a restarted peer).
-fn incarnation() -> u64 {
-    use std::hash::BuildHasher;
-    std::collections::hash_map::RandomState::new().hash_one((
-        std::process::id(),
-        std::time::SystemTime::now(),
-        Instant::now(),
-    ))
+/// A number that differs between two Nets with the same address (a restarted peer), and that
+/// a stranger cannot guess: a call-back asks for it. From the OS's CSPRNG.
+fn incarnation() -> io::Result<u64> {
+    getrandom::u64().map_err(|e| io::Error::other(format!("no random number from the OS: {e}")))
 }
 
 /// `send(2)` of a small control message, without SIGPIPE. `Ok(false)`: not all of it fit.
@@ -411,8 +474,8 @@ impl Net {
             ready: Vec::with_capacity(256),
             listener,
             local,
-            key: hello::key(&local),
-            nonce: incarnation(),
+            key: hello::key_of(&local),
+            nonce: incarnation()?,
             peers: Vec::new(),
             by_addr: HashMap::new(),
             conns: Slab::new(),
@@ -423,7 +486,25 @@ impl Net {
             last_epoll: crate::clock::coarse_ms(),
             max_owed: MAX_OWED,
             dead_after: None,
+            auth: None,
+            by_src: HashMap::new(),
+            serial: 0,
+            accept_retry: None,
+            fd_warned: None,
         })
+    }
+
+    /// The authentication key peers must prove they hold (`None` or empty: none). With one,
+    /// a peer that has none, or another, is refused before anything it sends is taken, and we
+    /// refuse to talk to it. Applies to connections made from now on.
+    pub fn set_auth_key(&mut self, key: Option<Vec<u8>>) {
+        self.auth = key.filter(|k| !k.is_empty());
+    }
+
+    /// Whether timers are running (connections in bring-up, a listener to look at again): a
+    /// sleep should be short, since no descriptor announces a deadline.
+    pub fn busy(&self) -> bool {
+        self.settling > 0 || self.accept_retry.is_some()
     }
 
     /// The address peers reach this endpoint at (the bound one, with the real port).
@@ -445,7 +526,7 @@ impl Net {
         let p = self.peers.len();
         self.peers.push(Peer {
             addr,
-            key: hello::key(&addr),
+            key: hello::key_of(&addr),
             nonce: None,
             conn: None,
             queue: VecDeque::new(),
@@ -542,6 +623,9 @@ impl Net {
     /// how many things it handled (0: idle).
     pub fn progress<H: Handler>(&mut self, h: &mut H) -> usize {
         let mut n = self.report(h);
+        if self.accept_retry.is_some_and(|t| Instant::now() >= t) {
+            n += self.accept(h);
+        }
         // One established connection and nothing else going on: read it directly. epoll
         // still hears of accepts: asked once EPOLL_EVERY_MS has passed.
         let now = crate::clock::coarse_ms();
@@ -655,7 +739,7 @@ impl Net {
         for i in 0..self.ready.len() {
             let (tok, r, w) = self.ready[i];
             n += if tok == LISTENER {
-                self.accept()
+                self.accept(h)
             } else {
                 self.on_event(tok.0 - 1, r, w, h)
             };
@@ -672,7 +756,9 @@ impl Net {
         };
         match c.st {
             St::Connecting => self.finish_connect(k, h),
-            St::Hello | St::Greet if r => self.read_handshake(k, h),
+            St::Hello | St::Greet | St::Proof | St::Vetting | St::Asking if r => {
+                self.read_handshake(k, h)
+            }
             St::Up => {
                 let mut n = 0;
                 if let (true, Some(p)) = (w, c.peer) {
@@ -689,73 +775,132 @@ impl Net {
         }
     }
 
-    fn accept(&mut self) -> usize {
+    /// Takes what waits in the listen queue. Each new connection is read at once (a real
+    /// connector's HELLO is usually there already), so a flood of strangers that makes room
+    /// for itself by dropping the oldest in bring-up rarely drops a real peer.
+    fn accept<H: Handler>(&mut self, h: &mut H) -> usize {
+        self.accept_retry = None;
         let mut n = 0;
         loop {
             match self.listener.accept() {
-                Ok((mut s, from)) => {
-                    if self.settling >= MAX_UNSETTLED {
-                        warn!(%from, "tcp: too many connections in bring-up; dropping one");
-                        continue;
-                    }
-                    let _ = s.set_nodelay(true);
-                    if let Some(d) = self.dead_after {
-                        arm_liveness(&s, d);
-                    }
-                    let e = self.conns.vacant_entry();
-                    let k = e.key();
-                    if let Err(err) =
-                        self.poll
-                            .registry()
-                            .register(&mut s, Token(k + 1), Interest::READABLE)
-                    {
-                        warn!(%from, "tcp: cannot register an accepted connection: {err}");
-                        continue;
-                    }
-                    e.insert(Conn::new(s, None, St::Greet));
-                    self.settling += 1;
-                    n += 1;
-                }
+                Ok((s, from)) => n += self.admit(s, from, h),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    // EMFILE and the like: the listener stays readable; try again next time.
-                    warn!("tcp: accept failed: {e}");
+                    let fds = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+                    // Out of descriptors: the oldest stranger in bring-up makes room.
+                    if fds && self.evict(None) {
+                        continue;
+                    }
+                    // Nothing to drop (or another failure): the listener raises no new
+                    // edge for what waits in its queue, so it is looked at again by time.
+                    self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
+                    let now = Instant::now();
+                    if self
+                        .fd_warned
+                        .is_none_or(|t| now.duration_since(t) >= FD_WARN_EVERY)
+                    {
+                        self.fd_warned = Some(now);
+                        warn!(
+                            "tcp: accept failed: {e}; new connections wait in the listen queue \
+                             and are looked at again every {ACCEPT_RETRY:?}"
+                        );
+                    }
                     return n;
                 }
             }
         }
     }
 
-    fn connect(&mut self, p: PeerId) {
-        let addr = self.peers[p].addr;
-        let mut s = match TcpStream::connect(addr) {
-            Ok(s) => s,
-            Err(e) => {
-                self.lose_peer(p, errno(&e), "connect");
-                return;
-            }
-        };
+    /// One accepted connection: within the bounds on bring-up (dropping the oldest inbound
+    /// one in bring-up, from its source first, to make room), registered, and read.
+    fn admit<H: Handler>(&mut self, mut s: TcpStream, from: SocketAddr, h: &mut H) -> usize {
+        if self.by_src.get(&from.ip()).copied().unwrap_or(0) >= PER_SOURCE
+            && !self.evict(Some(from.ip()))
+        {
+            return 0;
+        }
+        if self.settling >= MAX_UNSETTLED && !self.evict(None) {
+            warn!(%from, "tcp: too many connections in bring-up; dropping a new one");
+            return 0;
+        }
         let _ = s.set_nodelay(true);
         if let Some(d) = self.dead_after {
             arm_liveness(&s, d);
         }
         let e = self.conns.vacant_entry();
         let k = e.key();
-        if let Err(err) = self.poll.registry().register(
+        if let Err(err) = self
+            .poll
+            .registry()
+            .register(&mut s, Token(k + 1), Interest::READABLE)
+        {
+            warn!(%from, "tcp: cannot register an accepted connection: {err}");
+            return 0;
+        }
+        self.serial += 1;
+        let mut c = Conn::new(s, None, St::Greet, self.serial);
+        c.from = Some(from);
+        e.insert(c);
+        self.settling += 1;
+        *self.by_src.entry(from.ip()).or_insert(0) += 1;
+        1 + self.read_handshake(k, h)
+    }
+
+    /// Drops the oldest inbound connection in bring-up (from `ip`, if given), one that has
+    /// not said HELLO first. False: there is none.
+    fn evict(&mut self, ip: Option<IpAddr>) -> bool {
+        let victim = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.st != St::Up && c.from.is_some_and(|f| ip.is_none_or(|ip| f.ip() == ip))
+            })
+            .min_by_key(|(_, c)| (c.st != St::Greet, c.since))
+            .map(|(k, c)| (k, c.from));
+        let Some((k, from)) = victim else {
+            return false;
+        };
+        warn!(
+            ?from,
+            "tcp: too many connections in bring-up; dropping the oldest"
+        );
+        self.remove_conn(k);
+        true
+    }
+
+    fn connect(&mut self, p: PeerId) {
+        let addr = self.peers[p].addr;
+        match self.dial(addr) {
+            Ok(k) => {
+                self.conns[k].peer = Some(p);
+                self.peers[p].conn = Some(k);
+            }
+            Err(e) => self.lose_peer(p, errno(&e), "connect"),
+        }
+    }
+
+    /// Starts a non-blocking connection to `addr` (in bring-up until its handshake is done).
+    fn dial(&mut self, addr: SocketAddr) -> io::Result<usize> {
+        let mut s = TcpStream::connect(addr)?;
+        let _ = s.set_nodelay(true);
+        if let Some(d) = self.dead_after {
+            arm_liveness(&s, d);
+        }
+        let e = self.conns.vacant_entry();
+        let k = e.key();
+        self.poll.registry().register(
             &mut s,
             Token(k + 1),
             Interest::READABLE | Interest::WRITABLE,
-        ) {
-            self.lose_peer(p, errno(&err), "register");
-            return;
-        }
-        let mut c = Conn::new(s, Some(p), St::Connecting);
+        )?;
+        self.serial += 1;
+        let mut c = Conn::new(s, None, St::Connecting, self.serial);
         c.outbound = true;
         c.writable = true;
         e.insert(c);
         self.settling += 1;
-        self.peers[p].conn = Some(k);
+        Ok(k)
     }
 
     fn finish_connect<H: Handler>(&mut self, k: usize, h: &mut H) -> usize {
@@ -772,82 +917,134 @@ impl Net {
             self.fail_conn(k, errno(&e), "connect");
             return 1;
         }
-        let hello = Hs::Hello {
-            addr: self.local,
-            nonce: self.nonce,
+        let (msg, st) = match self.conns[k].vouch_for {
+            // A call-back: ask about the claimant's source and nonce.
+            Some((ck, serial)) => match self.claimant(ck, serial) {
+                Some((from, claim)) => (
+                    Hs::Verify {
+                        src: from,
+                        nonce: claim.nonce,
+                    },
+                    St::Asking,
+                ),
+                None => {
+                    self.remove_conn(k);
+                    return 1;
+                }
+            },
+            None => (
+                Hs::Hello {
+                    addr: self.local,
+                    nonce: self.nonce,
+                    rand: self.conns[k].rand,
+                    keyed: self.auth.is_some(),
+                },
+                St::Hello,
+            ),
         };
-        match send_small(self.conns[k].sock.as_raw_fd(), &hello.encode()) {
-            Ok(true) => {}
-            Ok(false) => {
-                self.fail_conn(k, libc::EIO, "HELLO");
-                return 1;
-            }
-            Err(e) => {
-                self.fail_conn(k, errno(&e), "HELLO");
-                return 1;
-            }
+        if !self.send_hs(k, &msg) {
+            return 1;
         }
-        self.conns[k].st = St::Hello;
+        self.conns[k].st = st;
         self.set_writable(k, false);
         // The answer may already be there (edge-triggered: its event may have come with this one).
         1 + self.read_handshake(k, h)
     }
 
+    /// Sends a handshake message on connection `k`; false: it failed, and the connection with
+    /// it.
+    fn send_hs(&mut self, k: usize, m: &Hs) -> bool {
+        match send_small(self.conns[k].sock.as_raw_fd(), &m.encode()) {
+            Ok(true) => true,
+            Ok(false) => {
+                self.fail_conn(k, libc::EIO, "handshake write");
+                false
+            }
+            Err(e) => {
+                self.fail_conn(k, errno(&e), "handshake write");
+                false
+            }
+        }
+    }
+
+    /// Reads handshake messages on connection `k` and acts on each, until it is up (what
+    /// follows in the buffer is frames), gone, or waits for more bytes.
     fn read_handshake<H: Handler>(&mut self, k: usize, h: &mut H) -> usize {
-        let c = &mut self.conns[k];
-        let fd = c.sock.as_raw_fd();
+        let mut n = 0;
         loop {
-            let free = &mut c.rbuf[c.re..];
-            let asked = free.len();
-            // SAFETY: free is valid for writes of `asked` bytes.
-            let n = unsafe { libc::read(fd, free.as_mut_ptr().cast(), asked) };
-            if n < 0 {
-                match last_errno() {
-                    libc::EINTR => continue,
-                    libc::EAGAIN => break,
-                    e => {
-                        self.fail_conn(k, e, "handshake read");
-                        return 1;
+            let Some(c) = self.conns.get_mut(k) else {
+                return n;
+            };
+            if matches!(c.st, St::Up | St::Connecting) {
+                return n;
+            }
+            if c.re - c.rs < hello::LEN {
+                if c.rs > 0 {
+                    c.rbuf.copy_within(c.rs..c.re, 0);
+                    c.re -= c.rs;
+                    c.rs = 0;
+                }
+                let free = &mut c.rbuf[c.re..];
+                // SAFETY: free is valid for writes of its length.
+                let got =
+                    unsafe { libc::read(c.sock.as_raw_fd(), free.as_mut_ptr().cast(), free.len()) };
+                if got < 0 {
+                    match last_errno() {
+                        libc::EINTR => continue,
+                        libc::EAGAIN => return n,
+                        e => {
+                            self.fail_conn(k, e, "handshake read");
+                            return n + 1;
+                        }
                     }
                 }
+                if got == 0 {
+                    self.fail_conn(k, libc::ECONNRESET, "EOF in handshake");
+                    return n + 1;
+                }
+                c.re += got as usize;
+                if let Err(e) = Hs::check_start(&c.rbuf[c.rs..c.re]) {
+                    self.garbage(k, e);
+                    return n + 1;
+                }
+                continue;
             }
-            if n == 0 {
-                self.fail_conn(k, libc::ECONNRESET, "EOF in handshake");
-                return 1;
-            }
-            c.re += n as usize;
-            if let Err(e) = Hs::check_start(&c.rbuf[..c.re]) {
-                self.garbage(k, e);
-                return 1;
-            }
-            if c.re >= hello::LEN || (n as usize) < asked {
-                break;
-            }
-        }
-        if c.re < hello::LEN {
-            return 0;
-        }
-        let mut b = [0u8; hello::LEN];
-        b.copy_from_slice(&c.rbuf[..hello::LEN]);
-        c.rs = hello::LEN;
-        let msg = match Hs::decode(&b) {
-            Ok(m) => m,
-            Err(e) => {
-                self.garbage(k, e);
-                return 1;
-            }
-        };
-        match (c.st, msg) {
-            (St::Greet, Hs::Hello { addr, nonce }) => self.on_hello(k, addr, nonce, h),
-            (St::Hello, Hs::Accept { nonce }) => self.on_accept(k, nonce, h),
-            (St::Hello, Hs::Reject { reason }) => {
-                self.on_reject(k, reason);
-                1
-            }
-            (st, m) => {
-                warn!(?st, ?m, "tcp: handshake message out of place");
-                self.fail_conn(k, libc::EPROTO, "handshake");
-                1
+            let mut b = [0u8; hello::LEN];
+            b.copy_from_slice(&c.rbuf[c.rs..c.rs + hello::LEN]);
+            c.rs += hello::LEN;
+            let msg = match Hs::decode(&b) {
+                Ok(m) => m,
+                Err(e) => {
+                    self.garbage(k, e);
+                    return n + 1;
+                }
+            };
+            n += 1;
+            match (c.st, msg) {
+                (
+                    St::Greet,
+                    Hs::Hello {
+                        addr,
+                        nonce,
+                        rand,
+                        keyed,
+                    },
+                ) => {
+                    let claim = Claim { addr, nonce, rand };
+                    n += self.on_hello(k, claim, keyed, h);
+                }
+                (St::Greet, Hs::Verify { src, nonce }) => self.on_verify(k, src, nonce),
+                (St::Proof, Hs::Proof { mac }) => n += self.on_proof(k, &mac, h),
+                (St::Hello, Hs::Challenge { nonce, rand, mac }) => {
+                    self.on_challenge(k, nonce, &rand, &mac)
+                }
+                (St::Hello, Hs::Accept { nonce }) => n += self.on_accept(k, nonce, h),
+                (St::Hello, Hs::Reject { reason }) => self.on_reject(k, reason),
+                (St::Asking, Hs::Vouch { yes }) => n += self.on_vouch(k, yes, h),
+                (st, m) => {
+                    warn!(?st, ?m, "tcp: handshake message out of place");
+                    self.fail_conn(k, libc::EPROTO, "handshake");
+                }
             }
         }
     }
@@ -858,26 +1055,183 @@ impl Net {
         self.fail_conn(k, libc::EPROTO, "handshake");
     }
 
-    fn on_hello<H: Handler>(&mut self, k: usize, addr: SocketAddr, nonce: u64, h: &mut H) -> usize {
-        if nonce == self.nonce && addr == self.local {
-            // Our own connection to ourselves: this end receives, the other sends.
-            let p = self.peer(addr);
-            return self.accept_hello(k, p, false, h);
+    /// Refuses inbound connection `k` with `why`, and closes it.
+    fn reject(&mut self, k: usize, why: u32) -> usize {
+        let fd = self.conns[k].sock.as_raw_fd();
+        let _ = send_small(fd, &Hs::Reject { reason: why }.encode());
+        self.remove_conn(k);
+        1
+    }
+
+    /// An inbound connection claims to be the endpoint listening at `claim.addr`. Keyed, it
+    /// must first prove the key (CHALLENGE); either way the claim is then vetted.
+    fn on_hello<H: Handler>(&mut self, k: usize, claim: Claim, keyed: bool, h: &mut H) -> usize {
+        let from = self.conns[k].from;
+        match (&self.auth, keyed) {
+            (Some(_), false) => {
+                warn!(?from, claimed = %claim.addr, "tcp: refusing a connection without the authentication key this endpoint requires");
+                return self.reject(k, reason::AUTH_REQUIRED);
+            }
+            (None, true) => {
+                warn!(?from, claimed = %claim.addr, "tcp: refusing a connection that offers an authentication key: this endpoint has none");
+                return self.reject(k, reason::AUTH_UNEXPECTED);
+            }
+            _ => {}
         }
+        self.conns[k].claim = Some(claim);
+        let Some(key) = self.auth.clone() else {
+            return self.vet(k, false, h);
+        };
+        let Some(rand) = hello::random() else {
+            warn!("tcp: the OS gives no random challenge; refusing a connection");
+            return self.reject(k, reason::AUTH_FAILED);
+        };
+        let mac = Transcript {
+            conn_rand: &claim.rand,
+            acc_rand: &rand,
+            conn_addr: claim.addr,
+            acc_addr: self.local,
+            conn_nonce: claim.nonce,
+            acc_nonce: self.nonce,
+        }
+        .mac(&key, Side::Acceptor);
+        self.conns[k].rand = rand;
+        let m = Hs::Challenge {
+            nonce: self.nonce,
+            rand,
+            mac,
+        };
+        if self.send_hs(k, &m) {
+            self.conns[k].st = St::Proof;
+        }
+        1
+    }
+
+    /// A keyed connector's proof of the key.
+    fn on_proof<H: Handler>(&mut self, k: usize, mac: &[u8; hello::MAC], h: &mut H) -> usize {
+        let (Some(key), Some(claim)) = (self.auth.as_deref(), self.conns[k].claim) else {
+            self.fail_conn(k, libc::EPROTO, "handshake");
+            return 1;
+        };
+        let ok = Transcript {
+            conn_rand: &claim.rand,
+            acc_rand: &self.conns[k].rand,
+            conn_addr: claim.addr,
+            acc_addr: self.local,
+            conn_nonce: claim.nonce,
+            acc_nonce: self.nonce,
+        }
+        .check(key, Side::Connector, mac);
+        if !ok {
+            let from = self.conns[k].from;
+            warn!(?from, claimed = %claim.addr, "tcp: refusing a connection whose proof of the authentication key does not check (another key?)");
+            return self.reject(k, reason::AUTH_FAILED);
+        }
+        self.vet(k, true, h)
+    }
+
+    /// Decides whether inbound connection `k`'s claim needs a call-back: always without a
+    /// key (`trusted` false); with one, only when it would displace a working connection. A
+    /// claim to be this very endpoint is checked here, against our own connections.
+    fn vet<H: Handler>(&mut self, k: usize, trusted: bool, h: &mut H) -> usize {
+        let c = &self.conns[k];
+        let (Some(claim), Some(from)) = (c.claim, c.from) else {
+            self.fail_conn(k, libc::EPROTO, "handshake");
+            return 1;
+        };
+        if claim.addr == self.local {
+            if claim.nonce == self.nonce && self.opened_by_us(from) {
+                // Our own connection to ourselves: this end receives, the other sends.
+                let p = self.peer(claim.addr);
+                return self.accept_hello(k, p, false, h);
+            }
+            warn!(%from, "tcp: refusing a connection that claims to be this endpoint");
+            return self.reject(k, reason::UNVERIFIED);
+        }
+        let live = self
+            .by_addr
+            .get(&claim.addr)
+            .and_then(|&p| self.peers[p].conn)
+            .is_some_and(|old| self.conns.get(old).is_some_and(|o| o.st == St::Up));
+        if trusted && !live {
+            return self.settle(k, claim, h);
+        }
+        match self.dial(claim.addr) {
+            Ok(v) => {
+                self.conns[v].vouch_for = Some((k, self.conns[k].serial));
+                self.conns[k].st = St::Vetting;
+                1
+            }
+            Err(e) => {
+                warn!(%from, claimed = %claim.addr, "tcp: refusing a connection: its claimed address cannot be called back ({e})");
+                self.reject(k, reason::UNVERIFIED)
+            }
+        }
+    }
+
+    /// Whether one of our outbound connections still in its handshake leaves from `src`.
+    fn opened_by_us(&self, src: SocketAddr) -> bool {
+        self.conns.iter().any(|(_, c)| {
+            c.outbound
+                && c.vouch_for.is_none()
+                && c.st == St::Hello
+                && c.sock.local_addr().is_ok_and(|a| a == src)
+        })
+    }
+
+    /// A call-back asks whether our incarnation `nonce` opened a connection from `src`.
+    fn on_verify(&mut self, k: usize, src: SocketAddr, nonce: u64) {
+        let yes = nonce == self.nonce && self.opened_by_us(src);
+        if !yes {
+            debug!(%src, "tcp: a call-back asks about a connection this endpoint did not open");
+        }
+        let fd = self.conns[k].sock.as_raw_fd();
+        let _ = send_small(fd, &Hs::Vouch { yes }.encode());
+        self.remove_conn(k);
+    }
+
+    /// The inbound connection (key, serial) a call-back is for, if it still waits for it:
+    /// where it came from and what it claims.
+    fn claimant(&self, k: usize, serial: u64) -> Option<(SocketAddr, Claim)> {
+        let c = self.conns.get(k)?;
+        if c.serial != serial || c.st != St::Vetting {
+            return None;
+        }
+        Some((c.from?, c.claim?))
+    }
+
+    /// The answer to call-back `v`.
+    fn on_vouch<H: Handler>(&mut self, v: usize, yes: bool, h: &mut H) -> usize {
+        let target = self.conns[v].vouch_for;
+        self.remove_conn(v);
+        let Some((k, serial)) = target else { return 1 };
+        let Some((from, claim)) = self.claimant(k, serial) else {
+            return 1;
+        };
+        if yes {
+            return self.settle(k, claim, h);
+        }
+        warn!(%from, claimed = %claim.addr, "tcp: refusing a connection: the address it claims does not vouch for it");
+        self.reject(k, reason::UNVERIFIED)
+    }
+
+    /// A call-back ended without an answer: its claimant is refused.
+    fn unvouched(&mut self, target: (usize, u64), why: &str) {
+        if let Some((from, claim)) = self.claimant(target.0, target.1) {
+            warn!(%from, claimed = %claim.addr, "tcp: refusing a connection: its call-back failed ({why})");
+            self.reject(target.0, reason::UNVERIFIED);
+        }
+    }
+
+    /// Inbound connection `k`'s claim is proven: it becomes the peer's connection, unless
+    /// both connected at once and ours wins.
+    fn settle<H: Handler>(&mut self, k: usize, claim: Claim, h: &mut H) -> usize {
+        let (addr, nonce) = (claim.addr, claim.nonce);
         let p = match self.by_addr.get(&addr) {
             Some(&p) => p,
             None if self.peers.len() >= MAX_PEERS => {
                 warn!(%addr, "tcp: peer table full; refusing a connection");
-                let fd = self.conns[k].sock.as_raw_fd();
-                let _ = send_small(
-                    fd,
-                    &Hs::Reject {
-                        reason: reason::FULL,
-                    }
-                    .encode(),
-                );
-                self.remove_conn(k);
-                return 1;
+                return self.reject(k, reason::FULL);
             }
             None => self.peer(addr),
         };
@@ -887,16 +1241,7 @@ impl Net {
                 // Both connected at once: the connection opened by the lower address wins.
                 if self.key < self.peers[p].key {
                     debug!(%addr, "tcp: simultaneous connect; ours wins");
-                    let fd = self.conns[k].sock.as_raw_fd();
-                    let _ = send_small(
-                        fd,
-                        &Hs::Reject {
-                            reason: reason::DUPLICATE,
-                        }
-                        .encode(),
-                    );
-                    self.remove_conn(k);
-                    return 1;
+                    return self.reject(k, reason::DUPLICATE);
                 }
                 debug!(%addr, "tcp: simultaneous connect; theirs wins");
                 if up {
@@ -907,7 +1252,8 @@ impl Net {
                     self.remove_conn(old);
                 }
             } else {
-                // A restarted peer, or one that reconnects: the old connection is dead.
+                // A restarted peer, or one that reconnects, proven above: the old
+                // connection is dead to it.
                 self.lose_peer(p, libc::ECONNRESET, "peer reconnected");
             }
         }
@@ -947,6 +1293,36 @@ impl Net {
         n
     }
 
+    /// A keyed acceptor's challenge: its proof checked, ours sent.
+    fn on_challenge(&mut self, k: usize, nonce: u64, rand: &[u8; RAND], mac: &[u8; hello::MAC]) {
+        let p = self.conns[k].peer;
+        let (Some(key), Some(p)) = (self.auth.clone(), p) else {
+            self.fail_conn(k, libc::EPROTO, "unexpected CHALLENGE");
+            return;
+        };
+        let t = Transcript {
+            conn_rand: &self.conns[k].rand,
+            acc_rand: rand,
+            conn_addr: self.local,
+            acc_addr: self.peers[p].addr,
+            conn_nonce: self.nonce,
+            acc_nonce: nonce,
+        };
+        if !t.check(&key, Side::Acceptor, mac) {
+            let proof = Hs::Reject {
+                reason: reason::AUTH_FAILED,
+            };
+            let _ = send_small(self.conns[k].sock.as_raw_fd(), &proof.encode());
+            warn!(addr = %self.peers[p].addr, "tcp: the peer's proof of the authentication key does not check (another key?)");
+            self.fail_conn(k, libc::EACCES, "authentication failed");
+            return;
+        }
+        let mac = t.mac(&key, Side::Connector);
+        if self.send_hs(k, &Hs::Proof { mac }) {
+            self.conns[k].proved = true;
+        }
+    }
+
     fn on_accept<H: Handler>(&mut self, k: usize, nonce: u64, h: &mut H) -> usize {
         let Some(p) = self.conns[k].peer else {
             self.remove_conn(k);
@@ -954,6 +1330,11 @@ impl Net {
         };
         if self.peers[p].conn != Some(k) {
             self.remove_conn(k);
+            return 1;
+        }
+        if self.auth.is_some() && !self.conns[k].proved {
+            warn!(addr = %self.peers[p].addr, "tcp: the peer accepted without proving the authentication key");
+            self.fail_conn(k, libc::EACCES, "authentication skipped");
             return 1;
         }
         self.peers[p].nonce = Some(nonce);
@@ -972,14 +1353,31 @@ impl Net {
             self.remove_conn(k);
             return;
         };
-        if why == reason::DUPLICATE {
-            // The peer's own connection to us wins; wait for it (bounded).
-            self.remove_conn(k);
-            self.peers[p].conn = None;
-            self.peers[p].wait_until = Some(Instant::now() + self.timeout);
-            self.settling += 1;
-        } else {
-            self.lose_peer(p, libc::ECONNREFUSED, "rejected");
+        let addr = self.peers[p].addr;
+        match why {
+            reason::DUPLICATE => {
+                // The peer's own connection to us wins; wait for it (bounded).
+                self.remove_conn(k);
+                self.peers[p].conn = None;
+                self.peers[p].wait_until = Some(Instant::now() + self.timeout);
+                self.settling += 1;
+            }
+            reason::AUTH_REQUIRED => {
+                warn!(%addr, "tcp: the peer requires an authentication key; this endpoint has none (XFABRIC_AUTH_KEY, domain_attr->auth_key)");
+                self.lose_peer(p, libc::EACCES, "authentication required");
+            }
+            reason::AUTH_UNEXPECTED => {
+                warn!(%addr, "tcp: the peer takes no authentication key; this endpoint has one");
+                self.lose_peer(p, libc::EACCES, "peer has no authentication key");
+            }
+            reason::AUTH_FAILED => {
+                warn!(%addr, "tcp: the peer refused our proof of the authentication key (another key?)");
+                self.lose_peer(p, libc::EACCES, "authentication failed");
+            }
+            _ => {
+                warn!(%addr, reason = why, "tcp: the peer refused the connection");
+                self.lose_peer(p, libc::ECONNREFUSED, "rejected");
+            }
         }
     }
 
@@ -1129,7 +1527,11 @@ impl Net {
         let c = &mut self.conns[k];
         if c.st != St::Up {
             c.st = St::Up;
+            c.claim = None;
             self.settling -= 1;
+            if let Some(from) = c.from {
+                unsource(&mut self.by_src, from.ip());
+            }
         }
         self.last_up = k;
         // Bytes after the handshake message are frames.
@@ -1142,6 +1544,9 @@ impl Net {
         };
         if c.st != St::Up {
             self.settling -= 1;
+            if let Some(from) = c.from {
+                unsource(&mut self.by_src, from.ip());
+            }
         }
         let _ = self.poll.registry().deregister(&mut c.sock);
     }
@@ -1149,6 +1554,11 @@ impl Net {
     /// A connection failed: its peer is lost if it carried the peer's frames either way.
     fn fail_conn(&mut self, k: usize, e: i32, what: &str) {
         let Some(c) = self.conns.get(k) else { return };
+        if let Some(target) = c.vouch_for {
+            self.remove_conn(k);
+            self.unvouched(target, what);
+            return;
+        }
         match c.peer {
             Some(p) if c.st == St::Up || self.peers[p].conn == Some(k) => {
                 self.lose_peer(p, e, what)
@@ -1195,7 +1605,14 @@ impl Net {
         let late: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.st != St::Up && now.duration_since(c.since) >= self.timeout)
+            .filter(|(_, c)| {
+                let limit = if c.st == St::Greet {
+                    GREET_TIMEOUT.min(self.timeout)
+                } else {
+                    self.timeout
+                };
+                c.st != St::Up && now.duration_since(c.since) >= limit
+            })
             .map(|(k, _)| k)
             .collect();
         let mut n = late.len();
@@ -1213,6 +1630,16 @@ impl Net {
             }
         }
         n
+    }
+}
+
+/// One inbound connection from `ip` left bring-up.
+fn unsource(by_src: &mut HashMap<IpAddr, usize>, ip: IpAddr) {
+    if let Some(n) = by_src.get_mut(&ip) {
+        *n -= 1;
+        if *n == 0 {
+            by_src.remove(&ip);
+        }
     }
 }
 
@@ -1253,12 +1680,20 @@ impl Iovecs {
 }
 
 impl Conn {
-    fn new(sock: TcpStream, peer: Option<PeerId>, st: St) -> Conn {
+    fn new(sock: TcpStream, peer: Option<PeerId>, st: St, serial: u64) -> Conn {
         Conn {
             sock,
             peer,
             st,
             outbound: false,
+            serial,
+            from: None,
+            claim: None,
+            vouch_for: None,
+            // A connection whose challenge the OS cannot make random fails its handshake
+            // (all zeros is refused by no check, but a keyed peer's proof binds its own).
+            rand: hello::random().unwrap_or_default(),
+            proved: false,
             since: Instant::now(),
             rbuf: vec![0u8; RBUF].into_boxed_slice(),
             rs: 0,

@@ -1377,6 +1377,69 @@ fn unexpected_messages_past_the_bound_wait_with_the_transport() {
     ));
 }
 
+/// Every byte a peer makes the engine hold is charged before it is allocated: an unexpected
+/// body is charged when its header is accepted (not when it completes), against the
+/// endpoint's bound and the peer's share; past either, the header waits with the transport.
+/// A body abandoned by a lost peer gives its charge back.
+#[test]
+fn bodies_in_flight_are_charged_when_their_header_is_accepted() {
+    const LEN: u64 = 1000;
+    const ONE: usize = LEN as usize + 128; // payload and bookkeeping
+    let world = World::new();
+    let b = Side::new(&world);
+    let mut eng = Engine::new(
+        b.core.clone(),
+        Config {
+            eager_max: EAGER,
+            unexp_bytes: 4 * ONE,
+            unexp_peer_bytes: 2 * ONE,
+            ..Config::default()
+        },
+    );
+    let ctrl = Frame::Msg {
+        id: 1,
+        tag: 0,
+        data: 0,
+        flags: 0,
+    }
+    .ctrl(LEN);
+    let p = wire::prefix(&ctrl).unwrap();
+    let offer = |eng: &mut Engine, peer: PeerId| eng.on_ctrl(peer, 0, &p, &ctrl[PREFIX..]).unwrap();
+    // Peer 1 at its share: one body arrived, one arriving; a third waits.
+    let s = offer(&mut eng, 1);
+    eng.on_body(1, fill(s, &[1; LEN as usize]));
+    assert!(matches!(offer(&mut eng, 1), Sink::Buffer(_)));
+    // (its body never finishes; the transport offers nothing more from it meanwhile)
+    // Peers 2 and 3 start bodies that never finish: the endpoint's bound is reached with
+    // one body buffered and three in flight.
+    assert!(matches!(offer(&mut eng, 2), Sink::Buffer(_)));
+    assert!(matches!(offer(&mut eng, 3), Sink::Buffer(_)));
+    for peer in 4..64 {
+        assert!(matches!(offer(&mut eng, peer), Sink::Wait), "peer {peer}");
+    }
+    assert_eq!(eng.buffered().unexpected_bytes, ONE);
+    // A peer lost mid-body gives its charge back: one more header is taken.
+    eng.on_lost(2, FI_ECONNRESET);
+    assert!(matches!(offer(&mut eng, 4), Sink::Buffer(_)));
+    assert!(matches!(offer(&mut eng, 5), Sink::Wait));
+    // Peer 1's share, by itself: its finished body and the one arriving.
+    eng.on_body(
+        1,
+        fill(Sink::Buffer(vec![0; LEN as usize]), &[1; LEN as usize]),
+    );
+    eng.on_lost(3, FI_ECONNRESET);
+    eng.on_lost(4, FI_ECONNRESET);
+    assert_eq!(eng.buffered().unexpected_bytes, 2 * ONE);
+    assert!(
+        matches!(offer(&mut eng, 1), Sink::Wait),
+        "past peer 1's share"
+    );
+    assert!(
+        matches!(offer(&mut eng, 6), Sink::Buffer(_)),
+        "others still fit"
+    );
+}
+
 /// What the engine costs per 8-byte injected message, both sides (post, transmit, arrival,
 /// completions), without a transport: run alone (`--ignored engine_cost_per_small_message`,
 /// release, under `valgrind --tool=callgrind` for instruction counts).

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream as StdStream};
+use std::net::{SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
 use std::time::{Duration, Instant};
 
 use xfabric_core::rdm::wire::{Frame, Prefix, WireError};
@@ -139,6 +139,57 @@ fn drive(nets: &mut [(&mut Net, &mut Rec)], what: &str, mut done: impl FnMut(&[&
 
 fn up_conns(n: &Net) -> usize {
     n.conns.iter().filter(|(_, c)| c.st == St::Up).count()
+}
+
+fn hello(addr: SocketAddr, nonce: u64) -> [u8; hello::LEN] {
+    Hs::Hello {
+        addr,
+        nonce,
+        rand: [7; hello::RAND],
+        keyed: false,
+    }
+    .encode()
+}
+
+/// Reads one handshake message from a raw socket while `a` progresses.
+fn read_hs(a: &mut Net, ha: &mut Rec, s: &mut StdStream) -> Hs {
+    s.set_nonblocking(true).unwrap();
+    let mut ans = [0u8; hello::LEN];
+    let mut got = 0;
+    let start = Instant::now();
+    while got < ans.len() {
+        a.progress(ha);
+        match s.read(&mut ans[got..]) {
+            Ok(0) => panic!("closed before an answer ({got} bytes)"),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("handshake: {e}"),
+        }
+        assert!(start.elapsed() < LIMIT, "no answer to the handshake");
+    }
+    s.set_nonblocking(false).unwrap();
+    Hs::decode(&ans).expect("a handshake message")
+}
+
+/// A raw peer that `a` accepts: it listens (at the address it returns) and answers the
+/// call-back that proves its HELLO, as a real endpoint does. Returns its greeted connection.
+fn raw_peer(a: &mut Net, ha: &mut Rec, nonce: u64) -> (StdStream, SocketAddr) {
+    let l = StdListener::bind(lo()).unwrap();
+    let me = l.local_addr().unwrap();
+    let mut s = StdStream::connect(a.local_addr()).unwrap();
+    let src = s.local_addr().unwrap();
+    s.write_all(&hello(me, nonce)).unwrap();
+    let vouch = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        c.set_read_timeout(Some(LIMIT)).unwrap();
+        let mut b = [0u8; hello::LEN];
+        c.read_exact(&mut b).unwrap();
+        assert_eq!(Hs::decode(&b), Ok(Hs::Verify { src, nonce }));
+        c.write_all(&Hs::Vouch { yes: true }.encode()).unwrap();
+    });
+    assert!(matches!(read_hs(a, ha, &mut s), Hs::Accept { .. }));
+    vouch.join().unwrap();
+    (s, me)
 }
 
 #[test]
@@ -329,7 +380,7 @@ fn simultaneous_connect_leaves_one_connection_and_loses_nothing() {
         }
         assert_eq!((up_conns(&a), up_conns(&b)), (1, 1));
         // The survivor was opened by the lower address.
-        let lower_is_a = hello::key(&a.local_addr()) < hello::key(&b.local_addr());
+        let lower_is_a = hello::key_of(&a.local_addr()) < hello::key_of(&b.local_addr());
         let (_, ca) = a.conns.iter().next().unwrap();
         assert_eq!(ca.outbound, lower_is_a, "round {round}");
     }
@@ -382,34 +433,17 @@ fn strangers_are_dropped_and_others_unaffected() {
     s1.write_all(&pattern(99, 1000)).unwrap();
     // 2: a HELLO with a bad length field.
     let mut s2 = StdStream::connect(a.local_addr()).unwrap();
-    let mut bad = Hs::Hello {
-        addr: "127.0.0.1:9".parse().unwrap(),
-        nonce: 1,
-    }
-    .encode();
+    let mut bad = hello("127.0.0.1:9".parse().unwrap(), 1);
     bad[8] = 200;
     s2.write_all(&bad).unwrap();
-    // 3: a valid HELLO, then a garbage frame.
-    let fake: SocketAddr = "127.0.0.1:7".parse().unwrap();
-    let mut s3 = StdStream::connect(a.local_addr()).unwrap();
-    s3.write_all(
-        &Hs::Hello {
-            addr: fake,
-            nonce: 3,
-        }
-        .encode(),
-    )
-    .unwrap();
-    let mut ans = [0u8; hello::LEN];
-    // The answer comes once a progresses; meanwhile b talks to a.
     b.send(msg(pb, 1, Body::Owned(pattern(1, 10)), Some(1)));
     drive(
         &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
         "b's frame",
         |h| h[0].got.len() == 1,
     );
-    s3.read_exact(&mut ans).unwrap();
-    assert!(matches!(Hs::decode(&ans), Ok(Hs::Accept { .. })));
+    // 3: a peer that greets properly (and proves it), then sends a garbage frame.
+    let (mut s3, fake) = raw_peer(&mut a, &mut ha, 3);
     let mut garbage = Frame::Ack { id: 1, status: 0 }.to_vec(0);
     garbage[0] = 0;
     s3.write_all(&garbage).unwrap();
@@ -523,8 +557,9 @@ fn port_in_use() {
 }
 
 #[test]
-fn restarted_peer_replaces_its_old_connection() {
-    // A fake peer: a HELLO claiming b's address with a new nonce, while a is connected to b.
+fn a_stranger_claiming_a_peer_is_refused_and_the_peer_keeps_its_connection() {
+    // A stranger's HELLO claims b's address (with a nonce of its own, and with b's real one)
+    // while a is connected to b: the call-back to b's listener does not vouch for it.
     let mut a = Net::bind(lo()).unwrap();
     let mut b = Net::bind(lo()).unwrap();
     let (mut ha, mut hb) = (Rec::default(), Rec::default());
@@ -536,41 +571,78 @@ fn restarted_peer_replaces_its_old_connection() {
         |h| h[0].got.len() == 1,
     );
     let pb = ha.got[0].0;
-    let mut s = StdStream::connect(a.local_addr()).unwrap();
-    s.write_all(
-        &Hs::Hello {
-            addr: b.local_addr(),
-            nonce: 12345,
+    for nonce in [12345, b.nonce] {
+        let mut s = StdStream::connect(a.local_addr()).unwrap();
+        s.write_all(&hello(b.local_addr(), nonce)).unwrap();
+        // b must progress to answer the call-back.
+        let mut got = None;
+        s.set_nonblocking(true).unwrap();
+        let mut ans = [0u8; hello::LEN];
+        let mut n = 0;
+        let start = Instant::now();
+        while got.is_none() {
+            a.progress(&mut ha);
+            b.progress(&mut hb);
+            match s.read(&mut ans[n..]) {
+                Ok(0) => panic!("closed without an answer"),
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
+            }
+            if n == ans.len() {
+                got = Some(Hs::decode(&ans));
+            }
+            assert!(start.elapsed() < LIMIT, "no answer to the stranger");
         }
-        .encode(),
-    )
-    .unwrap();
+        assert_eq!(
+            got,
+            Some(Ok(Hs::Reject {
+                reason: hello::reason::UNVERIFIED
+            }))
+        );
+        assert!(ha.lost.is_empty(), "the live connection was displaced");
+    }
+    // a's frames still go to b, and nowhere else.
+    for i in 0..100 {
+        a.send(msg(pb, 10 + i, Body::Owned(vec![2; 10]), None));
+    }
     drive(
         &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
-        "old one lost",
-        |h| !h[0].lost.is_empty(),
+        "a's frames at b",
+        |h| h[1].got.len() == 100,
     );
-    assert_eq!(ha.lost, vec![(pb, libc::ECONNRESET)]);
-    let mut ans = [0u8; hello::LEN];
-    s.read_exact(&mut ans).unwrap();
-    assert_eq!(Hs::decode(&ans), Ok(Hs::Accept { nonce: a.nonce }));
-    // Frames from the "restarted" peer arrive as from the same peer id.
-    s.write_all(
-        &Frame::Msg {
-            id: 9,
-            tag: 0,
-            data: 0,
-            flags: 0,
-        }
-        .to_vec(0),
-    )
-    .unwrap();
+    assert!(ha.lost.is_empty() && hb.lost.is_empty());
+}
+
+#[test]
+fn restarted_peer_replaces_its_old_connection() {
+    // b goes away and a new endpoint comes up at its address: it reconnects, proven by the
+    // call-back, and is the same peer to a.
+    let mut a = Net::bind(lo()).unwrap();
+    let mut b = Net::bind(lo()).unwrap();
+    let (mut ha, mut hb) = (Rec::default(), Rec::default());
+    let pa = b.peer(a.local_addr());
+    b.send(msg(pa, 1, Body::Owned(vec![1; 10]), None));
     drive(
         &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
-        "frame via new conn",
+        "first frame",
+        |h| h[0].got.len() == 1,
+    );
+    let pb = ha.got[0].0;
+    let addr = b.local_addr();
+    drop(b);
+    let mut b2 = Net::bind(addr).expect("the address again (SO_REUSEADDR)");
+    let mut hb2 = Rec::default();
+    let pa2 = b2.peer(a.local_addr());
+    b2.send(msg(pa2, 9, Body::Owned(vec![3; 10]), None));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b2, &mut hb2)],
+        "frame from the restarted peer",
         |h| h[0].got.len() == 2,
     );
     assert_eq!((ha.got[1].0, ha.got[1].1), (pb, 9));
+    assert_eq!(ha.lost, vec![(pb, libc::ECONNRESET)]);
+    assert!(hb2.lost.is_empty());
 }
 
 #[test]
@@ -838,29 +910,9 @@ fn a_peer_that_never_reads_its_answers_is_not_read_either() {
     a.set_max_owed(100);
     let mut h = Rec::default();
     // The hostile peer: a raw socket that greets properly, then only writes.
-    let me: SocketAddr = "127.0.0.1:9".parse().unwrap();
-    let mut s = StdStream::connect(a.local_addr()).unwrap();
-    s.write_all(
-        &Hs::Hello {
-            addr: me,
-            nonce: 77,
-        }
-        .encode(),
-    )
-    .unwrap();
-    let mut ans = [0u8; hello::LEN];
+    let (mut s, _) = raw_peer(&mut a, &mut h, 77);
     let start = Instant::now();
     s.set_nonblocking(true).unwrap();
-    let mut got = 0;
-    while got < ans.len() {
-        a.progress(&mut h);
-        match s.read(&mut ans[got..]) {
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("handshake: {e}"),
-        }
-        assert!(start.elapsed() < LIMIT, "no ACCEPT");
-    }
     // Requests (Msg frames), as many as the sockets take; each one we read is answered.
     let frame = msg(0, 1, Body::Owned(pattern(1, 8)), None).ctrl;
     let req: Vec<u8> = [frame.to_vec(), pattern(1, 8)].concat();
