@@ -80,7 +80,22 @@ fn mtl_ofi(provider: &str) -> [&str; 9] {
 
 /// `mpirun` with Open MPI's `path` (its MCA choices) over xfabric's `provider`.
 fn mpirun_on(provider: &str, path: &[&str], ranks: u32, exe: &Path, args: &[&str]) -> String {
+    mpirun_env(provider, path, ranks, exe, args, &[])
+}
+
+/// As `mpirun_on`, with `env` set for every rank (`-x NAME`).
+fn mpirun_env(
+    provider: &str,
+    path: &[&str],
+    ranks: u32,
+    exe: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> String {
     let mut cmd = Command::new("mpirun");
+    for (k, v) in env {
+        cmd.args(["-x", k]).env(k, v);
+    }
     cmd.args([
         "--allow-run-as-root",
         "--oversubscribe",
@@ -149,6 +164,21 @@ fn mpi_tagged_path_over_tcp_pingpong_and_allreduce() {
         let out = mpirun_mtl_tcp(ranks, &exe, &[]);
         assert!(out.contains(&format!("allreduce ok {ranks}")), "{out}");
     }
+}
+
+#[test]
+fn mpi_tagged_path_over_tcp_with_an_auth_key_on_every_rank() {
+    if !open_mpi() {
+        return;
+    }
+    // Every rank proves the key to every peer (HMAC challenge in tcp's handshake).
+    let key = [("XFABRIC_AUTH_KEY", "mpi-test-key-1")];
+    let exe = build("mpi_pingpong");
+    let out = mpirun_env("tcp", &mtl_ofi("tcp"), 2, &exe, &["20"], &key);
+    assert!(out.contains("pingpong ok"), "{out}");
+    let exe = build("mpi_allreduce");
+    let out = mpirun_env("tcp", &mtl_ofi("tcp"), 4, &exe, &[], &key);
+    assert!(out.contains("allreduce ok 4"), "{out}");
 }
 
 #[test]

@@ -141,7 +141,8 @@ pub trait EndpointOps: ProgressSource {
 pub struct Buffered {
     /// Messages no posted receive has taken yet (`FI_CLAIM`ed ones included).
     pub unexpected: usize,
-    /// Bytes held for them (payload and bookkeeping).
+    /// Bytes held for them (payload and bookkeeping), with the bodies still arriving into
+    /// buffers of their own.
     pub unexpected_bytes: usize,
     /// Requests held back to keep a peer's order (behind its landing large writes).
     pub held: usize,

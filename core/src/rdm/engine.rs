@@ -505,7 +505,7 @@ impl Engine {
     pub fn buffered(&self) -> crate::ep::Buffered {
         crate::ep::Buffered {
             unexpected: self.rxq.unexpected_len(),
-            unexpected_bytes: self.rxq.unexpected_bytes(),
+            unexpected_bytes: self.rxq.unexpected_bytes() + self.inflight,
             held: 0,
         }
     }

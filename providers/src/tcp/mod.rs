@@ -113,6 +113,11 @@ impl Provider for Tcp {
         h.addr_format = FI_FORMAT_UNSPEC;
         let mut out = Info::fit_each("tcp", self.info(), &h)?;
         for f in &mut out {
+            // The key the caller will open the domain and endpoints with (fi_domain(3)).
+            f.domain_attr
+                .auth_key
+                .clone_from(&hints.domain_attr.auth_key);
+            f.ep_attr.auth_key.clone_from(&hints.ep_attr.auth_key);
             f.addr_format = format;
             f.src_addr = src.map(|a| addr::name(&a, format == FI_ADDR_STR));
             f.dest_addr = dest.map(|a| addr::name(&a, format == FI_ADDR_STR));

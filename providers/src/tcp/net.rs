@@ -17,7 +17,7 @@
 //! into one `sendmsg` (up to [`MAX_IOV`] segments), bodies written from application memory
 //! directly.
 
-mod hello;
+pub mod hello;
 #[cfg(test)]
 mod tests;
 
@@ -198,6 +198,8 @@ struct Conn {
     /// When bring-up began (for `HANDSHAKE_TIMEOUT`).
     since: Instant,
     /// Invariant: `rs <= re <= rbuf.len()`; `rbuf[rs..re]` arrived and is not consumed.
+    /// Room for two handshake messages until the connection is up, `RBUF` bytes from then on:
+    /// a stranger that never finishes its handshake makes us hold little.
     rbuf: Box<[u8]>,
     rs: usize,
     re: usize,
@@ -1041,6 +1043,11 @@ impl Net {
                 (St::Hello, Hs::Accept { nonce }) => n += self.on_accept(k, nonce, h),
                 (St::Hello, Hs::Reject { reason }) => self.on_reject(k, reason),
                 (St::Asking, Hs::Vouch { yes }) => n += self.on_vouch(k, yes, h),
+                (St::Proof, Hs::Reject { reason }) => {
+                    let from = self.conns[k].from;
+                    warn!(?from, reason, "tcp: a connector refused our proof of the authentication key (another key?)");
+                    self.remove_conn(k);
+                }
                 (st, m) => {
                     warn!(?st, ?m, "tcp: handshake message out of place");
                     self.fail_conn(k, libc::EPROTO, "handshake");
@@ -1156,7 +1163,14 @@ impl Net {
         if trusted && !live {
             return self.settle(k, claim, h);
         }
-        match self.dial(claim.addr) {
+        let mut dialed = self.dial(claim.addr);
+        while matches!(&dialed, Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)))
+            && self.evict(None)
+        {
+            // Out of descriptors: a silent stranger makes room for the call-back.
+            dialed = self.dial(claim.addr);
+        }
+        match dialed {
             Ok(v) => {
                 self.conns[v].vouch_for = Some((k, self.conns[k].serial));
                 self.conns[k].st = St::Vetting;
@@ -1534,7 +1548,14 @@ impl Net {
             }
         }
         self.last_up = k;
-        // Bytes after the handshake message are frames.
+        // Bytes after the handshake message are frames, read through the full buffer.
+        if c.rbuf.len() < RBUF {
+            let mut b = vec![0u8; RBUF].into_boxed_slice();
+            b[..c.re - c.rs].copy_from_slice(&c.rbuf[c.rs..c.re]);
+            c.re -= c.rs;
+            c.rs = 0;
+            c.rbuf = b;
+        }
         c.rx = Rx::Head;
     }
 
@@ -1695,7 +1716,7 @@ impl Conn {
             rand: hello::random().unwrap_or_default(),
             proved: false,
             since: Instant::now(),
-            rbuf: vec![0u8; RBUF].into_boxed_slice(),
+            rbuf: vec![0u8; 2 * hello::LEN].into_boxed_slice(),
             rs: 0,
             re: 0,
             rx: Rx::Head,

@@ -58,41 +58,70 @@ pub const KEYED: u32 = 1;
 pub enum Hs {
     /// Connector to acceptor: "I listen at `addr`; this incarnation of me is `nonce`".
     Hello {
+        /// The listen address it claims.
         addr: SocketAddr,
+        /// Its incarnation.
         nonce: u64,
+        /// Its challenge, fresh for this connection.
         rand: [u8; RAND],
+        /// Whether it holds an authentication key.
         keyed: bool,
     },
     /// Acceptor to a keyed connector: its incarnation, its challenge, and its proof of the key.
     Challenge {
+        /// The acceptor's incarnation.
         nonce: u64,
+        /// The acceptor's challenge, fresh for this connection.
         rand: [u8; RAND],
+        /// The acceptor's proof (`Transcript::mac` with `Side::Acceptor`).
         mac: [u8; MAC],
     },
     /// Keyed connector to acceptor: its proof of the key.
-    Proof { mac: [u8; MAC] },
+    Proof {
+        /// `Transcript::mac` with `Side::Connector`.
+        mac: [u8; MAC],
+    },
     /// Acceptor to connector: go ahead; the acceptor's incarnation is `nonce`.
-    Accept { nonce: u64 },
+    Accept {
+        /// The acceptor's incarnation.
+        nonce: u64,
+    },
     /// Acceptor to connector: no (`reason::*`); the acceptor closes the connection.
-    Reject { reason: u32 },
+    Reject {
+        /// One of `reason::*`.
+        reason: u32,
+    },
     /// Acceptor to a claimed address, on a connection of its own: "did your incarnation
     /// `nonce` open a connection to me from `src`?"
-    Verify { src: SocketAddr, nonce: u64 },
+    Verify {
+        /// The source address the claim came from.
+        src: SocketAddr,
+        /// The incarnation it claimed.
+        nonce: u64,
+    },
     /// The answer to `Verify`.
-    Vouch { yes: bool },
+    Vouch {
+        /// Whether this endpoint opened that connection.
+        yes: bool,
+    },
 }
 
 /// Why bytes are not a handshake message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum HsError {
+    /// Not our protocol at all.
     #[error("bad handshake magic {0:#010x}")]
     Magic(u32),
+    /// Another version of it.
     #[error("unsupported handshake version {0}")]
     Version(u16),
+    /// A length field that is not `LEN`.
     #[error("handshake message of {0} bytes (expected {LEN})")]
     Len(u16),
+    /// An unknown kind, or a known one with fields it does not use set.
     #[error("unknown or malformed handshake message (kind {0})")]
     Kind(u8),
+    /// An address that is none.
     #[error("malformed address in a handshake message (family {0})")]
     Addr(u8),
 }
@@ -262,18 +291,26 @@ impl Hs {
 /// one) and both incarnations. The label differs by direction, so that the acceptor's MAC is
 /// never a valid proof from the connector.
 pub struct Transcript<'a> {
+    /// The connector's challenge (HELLO's).
     pub conn_rand: &'a [u8; RAND],
+    /// The acceptor's challenge (CHALLENGE's).
     pub acc_rand: &'a [u8; RAND],
+    /// The connector's listen address, as its HELLO claims it.
     pub conn_addr: SocketAddr,
+    /// The acceptor's listen address, as the connector dialled it.
     pub acc_addr: SocketAddr,
+    /// The connector's incarnation.
     pub conn_nonce: u64,
+    /// The acceptor's incarnation.
     pub acc_nonce: u64,
 }
 
 /// Which side's proof.
 #[derive(Clone, Copy)]
 pub enum Side {
+    /// CHALLENGE's.
     Acceptor,
+    /// PROOF's.
     Connector,
 }
 

@@ -1,0 +1,415 @@
+//! tcp as a hostile host on the same network would try it, with real processes: a stranger
+//! claiming to be a connected peer (without and with an authentication key), endpoints whose
+//! keys differ, strangers that hold unexpected bodies open to pin our memory, and strangers
+//! that hold connections open to keep real peers out of an endpoint at its descriptor limit.
+//! The stranger speaks tcp's handshake itself (`providers::tcp::net::hello`), as an attacker
+//! who read the source would.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::*;
+use xfabric::errno::*;
+use xfabric::providers::tcp::addr;
+use xfabric::providers::tcp::net::hello::{self, reason, Hs};
+use xfabric::*;
+use xfabric_core::rdm::wire::Frame;
+
+const CAPS: u64 = FI_MSG | FI_TAGGED;
+const WAIT: Duration = Duration::from_secs(20);
+
+fn tcp(progress: Progress, key: Option<&str>) -> Node {
+    node_with(CAPS, progress, |h| {
+        h.fabric_attr.prov_name = Some("tcp".into());
+        h.domain_attr.auth_key = key.map(|k| k.as_bytes().to_vec());
+    })
+}
+
+fn listener_of(raw: &[u8]) -> SocketAddr {
+    addr::decode(raw).expect("a tcp address")
+}
+
+fn hello_msg(claimed: SocketAddr, keyed: bool) -> [u8; hello::LEN] {
+    Hs::Hello {
+        addr: claimed,
+        nonce: u64::from_le_bytes(pattern(8, 5).try_into().unwrap()),
+        rand: hello::random().unwrap(),
+        keyed,
+    }
+    .encode()
+}
+
+/// The next handshake message on `s`, or `None` at EOF (bounded by `WAIT`).
+fn next_hs(s: &mut TcpStream) -> Option<Hs> {
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut b = [0u8; hello::LEN];
+    match s.read_exact(&mut b) {
+        Ok(()) => Some(Hs::decode(&b).expect("a handshake message")),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => None,
+        Err(e) => panic!("stranger's read: {e}"),
+    }
+}
+
+/// Whatever else arrives on `s` until EOF: nothing, for a refused stranger.
+fn rest(s: &mut TcpStream) -> Vec<u8> {
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut v = Vec::new();
+    s.read_to_end(&mut v).expect("EOF after the refusal");
+    v
+}
+
+/// Child: a peer that receives `n` tagged messages from its parent and answers each.
+fn echo_peer(n: usize) {
+    let node = tcp(Progress::Manual, None);
+    let parent = connect_parent(&node);
+    echo(&node, parent, n);
+    say("done");
+}
+
+/// Sends back each of the `n` messages its parent sends (which checks what comes back).
+fn echo(node: &Node, parent: FiAddr, n: usize) {
+    for _ in 0..n {
+        let mut b = vec![0u8; 64];
+        // SAFETY: b outlives the completion waited for.
+        node.retry(|| unsafe { node.ep.trecv(&mut b, None, parent, 0, 0, 1) });
+        node.wait_one();
+        // SAFETY: as above.
+        node.retry(|| unsafe { node.ep.tsend(&b, None, parent, 0, 2) });
+        node.wait_one();
+    }
+}
+
+/// Parent half of `echo`: `n` messages there and back, each checked.
+fn exchange(node: &Node, peer: FiAddr, n: usize) {
+    for i in 0..n {
+        let out = pattern(64, i as u64);
+        let mut back = vec![0u8; 64];
+        // SAFETY: both buffers outlive the completions waited for.
+        unsafe { node.ep.trecv(&mut back, None, peer, 0, 0, 11) }.unwrap();
+        node.retry(|| unsafe { node.ep.tsend(&out, None, peer, 0, 10) });
+        node.wait_n(2);
+        assert!(back == out, "answer {i} changed");
+    }
+}
+
+#[test]
+fn a_stranger_claiming_a_peer_gets_nothing_and_the_peer_keeps_its_connection() {
+    if role().is_some() {
+        return echo_peer(101);
+    }
+    let t = "a_stranger_claiming_a_peer_gets_nothing_and_the_peer_keeps_its_connection";
+    let mut child = spawn(t, "peer", &[]);
+    // A: automatic progress, so that it answers the stranger while this thread reads.
+    let a = tcp(Progress::Auto, None);
+    let b_raw = unhex(&child.hear());
+    let b = a.add_peer(&b_raw);
+    child.tell(&hex(&a.ep.getname().unwrap()));
+    exchange(&a, b, 1);
+    // The stranger: a HELLO to A's listener naming B's address.
+    let mut s = TcpStream::connect(listener_of(&a.ep.getname().unwrap())).unwrap();
+    s.write_all(&hello_msg(listener_of(&b_raw), false)).unwrap();
+    assert_eq!(
+        next_hs(&mut s),
+        Some(Hs::Reject {
+            reason: reason::UNVERIFIED
+        })
+    );
+    // A's next 100 tagged sends all go to B, and the stranger hears nothing more.
+    exchange(&a, b, 100);
+    assert!(rest(&mut s).is_empty());
+    assert_eq!(child.hear(), "done");
+    child.join();
+}
+
+/// Child: an endpoint with `XFABRIC_AUTH_KEY` from its environment that echoes.
+fn keyed_peer() {
+    echo_peer(3);
+}
+
+#[test]
+fn with_an_auth_key_only_holders_get_in() {
+    if role().is_some() {
+        return keyed_peer();
+    }
+    let t = "with_an_auth_key_only_holders_get_in";
+    // The child takes its key from the setting, the parent from domain_attr->auth_key.
+    let mut child = spawn(t, "peer", &[("XFABRIC_AUTH_KEY", "the shared key")]);
+    let a = tcp(Progress::Auto, Some("the shared key"));
+    let b_raw = unhex(&child.hear());
+    let b = a.add_peer(&b_raw);
+    child.tell(&hex(&a.ep.getname().unwrap()));
+    exchange(&a, b, 1);
+    let listener = listener_of(&a.ep.getname().unwrap());
+    // A stranger without the key.
+    let mut s = TcpStream::connect(listener).unwrap();
+    s.write_all(&hello_msg(listener_of(&b_raw), false)).unwrap();
+    assert_eq!(
+        next_hs(&mut s),
+        Some(Hs::Reject {
+            reason: reason::AUTH_REQUIRED
+        })
+    );
+    assert!(rest(&mut s).is_empty());
+    // A stranger that says it has the key and cannot prove it.
+    let mut s = TcpStream::connect(listener).unwrap();
+    s.write_all(&hello_msg(listener_of(&b_raw), true)).unwrap();
+    assert!(matches!(next_hs(&mut s), Some(Hs::Challenge { .. })));
+    let forged = Hs::Proof {
+        mac: hello::random().unwrap(),
+    };
+    s.write_all(&forged.encode()).unwrap();
+    assert_eq!(
+        next_hs(&mut s),
+        Some(Hs::Reject {
+            reason: reason::AUTH_FAILED
+        })
+    );
+    assert!(rest(&mut s).is_empty());
+    // The holder still talks.
+    exchange(&a, b, 2);
+    assert_eq!(child.hear(), "done");
+    child.join();
+}
+
+/// Child: sends to its parent, which holds another key (or none), and reports the error.
+fn mismatched_peer() {
+    // Automatic progress: it must answer the parent's attempt while it waits on stdin.
+    let node = tcp(Progress::Auto, None);
+    let parent = connect_parent(&node);
+    let out = pattern(64, 1);
+    // SAFETY: out outlives the completion waited for.
+    node.retry(|| unsafe { node.ep.tsend(&out, None, parent, 0, 1) });
+    say(&format!("err {}", node.wait_err().err));
+    // Stay up until the parent's own attempt has failed.
+    assert_eq!(listen(), "bye");
+}
+
+#[test]
+fn endpoints_whose_keys_differ_cannot_talk_and_both_say_so() {
+    if role().is_some() {
+        return mismatched_peer();
+    }
+    let t = "endpoints_whose_keys_differ_cannot_talk_and_both_say_so";
+    for child_key in [Some("key two"), None] {
+        let env: Vec<(&str, &str)> = child_key
+            .map(|k| ("XFABRIC_AUTH_KEY", k))
+            .into_iter()
+            .collect();
+        let mut child = spawn(t, "peer", &env);
+        let a = tcp(Progress::Auto, Some("key one"));
+        let b = connect(&mut child, &a);
+        assert_eq!(child.hear(), format!("err {FI_EACCES}"), "{child_key:?}");
+        let out = pattern(64, 2);
+        // SAFETY: out outlives the completion waited for.
+        a.retry(|| unsafe { a.ep.tsend(&out, None, b, 0, 1) });
+        assert_eq!(a.wait_err().err, FI_EACCES, "{child_key:?}");
+        child.tell("bye");
+        child.join();
+    }
+}
+
+/// Resident memory of process `pid`, in bytes.
+fn rss(pid: u32) -> usize {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: usize = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// The bound the victim below runs with.
+const BOUND: usize = 16 << 20;
+/// Strangers, and the body each announces.
+const STRANGERS: usize = 128;
+const BODY: usize = 1 << 20;
+
+/// Child: an endpoint the strangers below try to pin memory in. Reports how much it held for
+/// unexpected messages at most, and how much its resident memory grew.
+fn pinned_victim() {
+    let node = tcp(Progress::Manual, None);
+    let before = rss(std::process::id());
+    say(&hex(&node.ep.getname().unwrap()));
+    let mut buf = [CqTaggedEntry::default(); 4];
+    // Until the strangers have filled the bound (a body less than it: the next would not fit),
+    // then 100,000 polls more: it holds however long this endpoint keeps reading.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut most, mut after) = (0usize, 0u32);
+    while after < 100_000 {
+        let _ = node.cq.read(&mut buf);
+        let now = node.ep.buffered().unexpected_bytes;
+        assert!(now <= BOUND, "{now} bytes held (bound {BOUND})");
+        most = most.max(now);
+        if most + BODY + 128 > BOUND {
+            after += 1;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the strangers never reached the bound ({most})"
+        );
+    }
+    let grew = rss(std::process::id()).saturating_sub(before);
+    say(&format!("{most} {grew}"));
+    assert_eq!(listen(), "bye");
+}
+
+/// Connects to `victim` as a greeted peer that proves its claim: it listens at the address it
+/// claims and answers the victim's call-back.
+fn greeted(victim: SocketAddr) -> TcpStream {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let me = l.local_addr().unwrap();
+    let mut s = TcpStream::connect(victim).unwrap();
+    let src = s.local_addr().unwrap();
+    let nonce = u64::from_le_bytes(hello::random().unwrap()[..8].try_into().unwrap());
+    let h = Hs::Hello {
+        addr: me,
+        nonce,
+        rand: hello::random().unwrap(),
+        keyed: false,
+    };
+    s.write_all(&h.encode()).unwrap();
+    let (mut c, _) = l.accept().unwrap();
+    assert_eq!(next_hs(&mut c), Some(Hs::Verify { src, nonce }));
+    c.write_all(&Hs::Vouch { yes: true }.encode()).unwrap();
+    assert!(matches!(next_hs(&mut s), Some(Hs::Accept { .. })));
+    s
+}
+
+#[test]
+fn partial_unexpected_bodies_cannot_pin_more_than_the_bound() {
+    if role().is_some() {
+        return pinned_victim();
+    }
+    let t = "partial_unexpected_bodies_cannot_pin_more_than_the_bound";
+    let bound = BOUND.to_string();
+    let mut child = spawn(t, "victim", &[("XFABRIC_TCP_UNEXP_BYTES", bound.as_str())]);
+    let victim = listener_of(&unhex(&child.hear()));
+    // Each greeted stranger announces an unexpected 1 MiB message and sends all of it but the
+    // last byte, as far as the victim reads it.
+    let head = Frame::Msg {
+        id: 1,
+        tag: 0,
+        data: 0,
+        flags: 0,
+    }
+    .to_vec(BODY as u64);
+    let body = vec![0x5au8; BODY - 1];
+    let mut held = Vec::new();
+    for _ in 0..STRANGERS {
+        let mut s = greeted(victim);
+        s.write_all(&head).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let mut off = 0;
+        while off < body.len() {
+            match s.write(&body[off..]) {
+                Ok(n) => off += n,
+                // The victim stopped reading this one (its body is not charged): the rest
+                // stays in the sockets.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("stranger's write: {e}"),
+            }
+        }
+        held.push(s);
+    }
+    let report = child.hear();
+    let (most, grew) = report.split_once(' ').expect("the victim's report");
+    let (most, grew): (usize, usize) = (most.parse().unwrap(), grew.parse().unwrap());
+    assert!(most <= BOUND && most + BODY + 128 > BOUND, "{report}");
+    // The bound, plus per connection its 64 KiB read buffer, plus slack for the allocator:
+    // without the charge at the header, 128 strangers grew it by 136 MiB.
+    let limit = BOUND + STRANGERS * (64 << 10) + (16 << 20);
+    assert!(
+        grew <= limit,
+        "resident memory grew {grew} bytes (limit {limit})"
+    );
+    child.tell("bye");
+    child.join();
+}
+
+/// Child: at a descriptor limit of 128, answers 1,000 messages from its parent while strangers
+/// hold connections to its listener.
+fn crowded_victim() {
+    let lim = libc::rlimit {
+        rlim_cur: 128,
+        rlim_max: 128,
+    };
+    // SAFETY: setrlimit with a valid struct.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+    let node = tcp(Progress::Manual, None);
+    let parent = connect_parent(&node);
+    echo(&node, parent, 1000);
+    say("done");
+}
+
+#[test]
+fn strangers_holding_connections_do_not_keep_a_real_peer_out() {
+    if role().is_some() {
+        return crowded_victim();
+    }
+    let t = "strangers_holding_connections_do_not_keep_a_real_peer_out";
+    let mut child = spawn(t, "victim", &[]);
+    let a = tcp(Progress::Auto, None);
+    let raw = unhex(&child.hear());
+    let victim = listener_of(&raw);
+    // 500 strangers connect and say nothing: half from another address of this host, half
+    // from the real peer's own.
+    let mut strangers = Vec::new();
+    for i in 0..500 {
+        let from = if i % 2 == 0 { "127.0.0.2" } else { "127.0.0.1" };
+        let sock = socket2_connect(from, victim);
+        strangers.push(sock);
+    }
+    let b = a.add_peer(&raw);
+    child.tell(&hex(&a.ep.getname().unwrap()));
+    exchange(&a, b, 1000);
+    assert_eq!(child.hear(), "done");
+    child.join();
+    drop(strangers);
+}
+
+/// A connection to `to` from address `from` (bound first), through libc: std cannot bind a
+/// client socket.
+fn socket2_connect(from: &str, to: SocketAddr) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    let sin = |a: SocketAddr| {
+        let SocketAddr::V4(a) = a else {
+            panic!("IPv4 only")
+        };
+        libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: a.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(a.ip().octets()),
+            },
+            sin_zero: [0; 8],
+        }
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: plain socket(2); the fd is owned by the TcpStream made from it below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+    // SAFETY: fd is ours; the stream closes it.
+    let s = unsafe { TcpStream::from_raw_fd(fd) };
+    let local = sin(SocketAddr::new(from.parse().unwrap(), 0));
+    let remote = sin(to);
+    // SAFETY: bind and connect with sockaddr_in values of `len` bytes.
+    unsafe {
+        assert_eq!(
+            libc::bind(fd, &local as *const _ as *const libc::sockaddr, len),
+            0,
+            "bind {from}: {}",
+            std::io::Error::last_os_error()
+        );
+        assert_eq!(
+            libc::connect(fd, &remote as *const _ as *const libc::sockaddr, len),
+            0,
+            "connect: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    s
+}
