@@ -413,3 +413,59 @@ fn socket2_connect(from: &str, to: SocketAddr) -> TcpStream {
     }
     s
 }
+
+const RMA: u64 = FI_MSG | FI_TAGGED | FI_RMA | FI_REMOTE_WRITE | FI_WRITE;
+
+/// Child: registers a region with a key the provider chooses and gives its address away (not
+/// its key); says whether anything changed it once the parent is done guessing.
+fn guessed_target() {
+    let node = node_with(RMA, Progress::Auto, |h| {
+        h.fabric_attr.prov_name = Some("tcp".into());
+        h.domain_attr.mr_mode = FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
+    });
+    let window = vec![0u8; 4096];
+    // SAFETY: window outlives the region (dropped below, before it).
+    let mr = unsafe { node.domain.mr_reg(&window, FI_REMOTE_WRITE, 0, 0) }.expect("mr_reg");
+    say(&hex(&node.ep.getname().unwrap()));
+    say(&format!("{}", window.as_ptr() as u64));
+    assert_eq!(listen(), "done");
+    say(&format!("untouched {}", window.iter().all(|&b| b == 0)));
+    drop(mr);
+}
+
+#[test]
+fn guessed_memory_keys_land_nothing() {
+    if role().is_some() {
+        return guessed_target();
+    }
+    let t = "guessed_memory_keys_land_nothing";
+    let mut child = spawn(t, "target", &[]);
+    // A stranger: a real endpoint that was never given the key.
+    let n = node_with(RMA, Progress::Manual, |h| {
+        h.fabric_attr.prov_name = Some("tcp".into());
+        h.domain_attr.mr_mode = FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
+    });
+    let peer = n.add_peer(&unhex(&child.hear()));
+    let base: u64 = child.hear().parse().unwrap();
+    let data = [0xffu8; 8];
+    let mut x = 0x853c_49e6_748f_ea9bu64;
+    let random = std::iter::repeat_with(move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    });
+    // What a counter would have handed out first, then as many random keys.
+    for (i, key) in (1..=4096u64).chain(random.take(4096)).enumerate() {
+        // At the region's address, and at offset 0 (what a domain without FI_MR_VIRT_ADDR
+        // would take).
+        let addr = if i % 2 == 0 { base } else { 0 };
+        // SAFETY: data outlives the completion waited for.
+        n.retry(|| unsafe { n.ep.write(&data, None, peer, addr, key, i) });
+        let e = n.wait_err();
+        assert_eq!((e.op_context, e.err), (i, FI_EACCES), "key {key:#x}");
+    }
+    child.tell("done");
+    assert_eq!(child.hear(), "untouched true");
+    child.join();
+}

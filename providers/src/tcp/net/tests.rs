@@ -989,3 +989,39 @@ fn a_peer_that_never_reads_its_answers_is_not_read_either() {
         assert!(start.elapsed() < LIMIT, "not read again");
     }
 }
+
+/// Time from a first frame to a peer never met to its arrival (connect, handshake, the frame),
+/// `n` fresh pairs: what proving a claim costs. Without a key (`key` None) the acceptor calls
+/// the connector back; with one, the challenge and proof go both ways.
+fn first_contact(n: usize, key: Option<&[u8]>) -> Vec<f64> {
+    (0..n)
+        .map(|_| {
+            let mut a = Net::bind(lo()).unwrap();
+            let mut b = Net::bind(lo()).unwrap();
+            a.set_auth_key(key.map(<[u8]>::to_vec));
+            b.set_auth_key(key.map(<[u8]>::to_vec));
+            let (mut ha, mut hb) = (Rec::default(), Rec::default());
+            let pa = b.peer(a.local_addr());
+            let t0 = Instant::now();
+            b.send(msg(pa, 1, Body::Owned(vec![1; 8]), None));
+            drive(
+                &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+                "first frame",
+                |h| h[0].got.len() == 1,
+            );
+            t0.elapsed().as_secs_f64() * 1e6
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "a measurement, not a test: run on demand in release"]
+fn handshake_cost() {
+    for round in 0..3 {
+        eprintln!(
+            "round {round}: first contact usec min/median/max: call-back {}, keyed {}",
+            stats(first_contact(200, None)),
+            stats(first_contact(200, Some(b"key")))
+        );
+    }
+}
