@@ -863,7 +863,8 @@ impl Net {
         let Some((k, from)) = victim else {
             return false;
         };
-        warn!(
+        // debug: a flood would write a line per connection.
+        debug!(
             ?from,
             "tcp: too many connections in bring-up; dropping the oldest"
         );
@@ -1163,6 +1164,9 @@ impl Net {
         if trusted && !live {
             return self.settle(k, claim, h);
         }
+        // Vetting from here: out of descriptors, silent strangers are dropped first.
+        self.conns[k].st = St::Vetting;
+        let serial = self.conns[k].serial;
         let mut dialed = self.dial(claim.addr);
         while matches!(&dialed, Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)))
             && self.evict(None)
@@ -1170,10 +1174,16 @@ impl Net {
             // Out of descriptors: a silent stranger makes room for the call-back.
             dialed = self.dial(claim.addr);
         }
+        if !self.conns.get(k).is_some_and(|c| c.serial == serial) {
+            // Dropped itself to make that room (it was the oldest in bring-up).
+            if let Ok(v) = dialed {
+                self.remove_conn(v);
+            }
+            return 1;
+        }
         match dialed {
             Ok(v) => {
-                self.conns[v].vouch_for = Some((k, self.conns[k].serial));
-                self.conns[k].st = St::Vetting;
+                self.conns[v].vouch_for = Some((k, serial));
                 1
             }
             Err(e) => {
