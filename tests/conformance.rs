@@ -856,6 +856,95 @@ fn xpu_receiver(e: &End, p: FiAddr, ctl: &mut Ctl) {
     ctl.tell("once");
 }
 
+// ---- 7b. Inject atomics: no completion, landed at the target ------------------------------
+
+/// Two non-fetching inject atomics (FI_SUM on an i64) from an endpoint the target never
+/// inserted into its AV, under manual progress at both ends and provider-chosen keys with
+/// virtual addresses (what an OpenSHMEM library does in basic MR mode), then the fetching
+/// and compare kinds with FI_INJECT: each lands in the target's memory, seen there while the
+/// target only reads its CQ.
+#[test]
+fn inject_atomics_land_at_a_target_that_only_reads_its_cq() {
+    let basic = |i: &mut Info| {
+        i.domain_attr.mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED;
+    };
+    let caps = FI_MSG | FI_ATOMIC;
+    let i64s = |b: &[u8]| -> Vec<i64> {
+        b.chunks(8)
+            .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    if role().is_some() {
+        let n = node_with(caps, Progress::Manual, basic);
+        say(&hex(&n.ep.getname().unwrap()));
+        let win = vec![0u8; 24];
+        let _mr = window(&n, &win, &mut Ctl::Child);
+        // Never posts, never inserts the initiator: reading the CQ is the only progress.
+        let deadline = Instant::now() + BOUND;
+        while i64s(&snapshot(&win)) != [7 + 35, 1, 9] {
+            let mut e = [CqTaggedEntry::default(); 1];
+            assert!(matches!(n.cq.read(&mut e), Err(Error::Again(_))));
+            assert!(
+                Instant::now() < deadline,
+                "the target's words are {:?}",
+                i64s(&snapshot(&win))
+            );
+        }
+        say("landed");
+        assert_eq!(listen(), "bye");
+        return;
+    }
+    let t = "inject_atomics_land_at_a_target_that_only_reads_its_cq";
+    let mut child = spawn(t, "target", &[]);
+    let mut put = None;
+    let n = node_custom(caps, Progress::Manual, basic, 64, |d, ep| {
+        let c = d.cntr_open(&CntrAttr::default()).unwrap();
+        ep.bind_cntr(&c, FI_WRITE | FI_READ).unwrap();
+        put = Some(c);
+    });
+    let put = put.unwrap();
+    let p = n.add_peer(&unhex(&child.hear()));
+    let (key, base) = remote(&mut Ctl::Parent(&mut child));
+    let dt = Datatype::Int64;
+    for x in [7i64, 35] {
+        let x = x.to_ne_bytes();
+        n.retry(|| n.ep.inject_atomic(&x, 1, p, base, key, dt, AtomicOp::Sum));
+    }
+    // FI_INJECT on the fetching kinds covers the operand and compare: gone before completion.
+    let mut old = [[0u8; 8]; 2];
+    let m = MsgAtomic::new(p, base + 8, key, dt, AtomicOp::Sum, 1);
+    {
+        let operand = 1i64.to_ne_bytes();
+        // SAFETY: the result outlives the completion awaited below; the operand only the call.
+        n.retry(|| unsafe {
+            n.ep.fetch_atomicmsg(&m, &operand, &mut old[0], 1, FI_INJECT)
+        });
+    }
+    let m = MsgAtomic::new(p, base + 16, key, dt, AtomicOp::Cswap, 2);
+    {
+        let (operand, compare) = (9i64.to_ne_bytes(), 0i64.to_ne_bytes());
+        // SAFETY: as above.
+        n.retry(|| unsafe {
+            n.ep.compare_atomicmsg(&m, &operand, &compare, &mut old[1], 1, FI_INJECT)
+        });
+    }
+    let got = n.wait_n(2);
+    assert_eq!(
+        got.iter()
+            .map(|c| (c.op_context, c.flags))
+            .collect::<Vec<_>>(),
+        [(1, FI_ATOMIC | FI_READ), (2, FI_ATOMIC | FI_READ)]
+    );
+    assert_eq!(old, [0i64.to_ne_bytes(); 2], "the fetched originals");
+    let deadline = Instant::now() + BOUND;
+    while put.read() < 4 {
+        assert!(Instant::now() < deadline, "counter at {}", put.read());
+    }
+    assert_eq!(child.hear(), "landed");
+    child.tell("bye");
+    child.join();
+}
+
 // ---- 8. Peer killed mid-transfer ------------------------------------------------------------
 
 #[test]
