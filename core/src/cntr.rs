@@ -221,8 +221,10 @@ impl CntrInner {
     }
 
     /// Undoes `bind`.
-    pub fn unbind(&self, p: &Arc<dyn ProgressSource>) {
-        self.progress.remove(p);
+    pub fn unbind(&self, p: Option<&Arc<dyn ProgressSource>>) {
+        if let Some(p) = p {
+            self.progress.remove(p);
+        }
         self.bound.fetch_sub(1, Ordering::AcqRel);
     }
 

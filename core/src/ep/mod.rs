@@ -627,10 +627,11 @@ impl Endpoint {
         Ok(())
     }
 
-    /// What the endpoint's queues and counters drive when read: the endpoint itself under
-    /// manual progress, nothing under auto progress (the domain's thread does it).
+    /// What the endpoint's queues and counters drive when read: under manual progress every
+    /// endpoint of its domain (the domain's list, this one included), nothing under auto
+    /// progress (the domain's thread does it).
     fn driven_by_readers(&self) -> Option<Arc<dyn ProgressSource>> {
-        (!self.core.auto_progress).then(|| self.progress_reg.clone())
+        (!self.core.auto_progress).then(|| self.domain_progress.clone() as Arc<dyn ProgressSource>)
     }
 
     /// What the endpoint buffers now for messages it could not handle yet ([`Buffered`]).
@@ -1180,11 +1181,12 @@ impl Endpoint {
                     cqs.push(cq);
                 }
             }
+            let driven = self.driven_by_readers();
             for cq in cqs {
-                cq.unbind(&self.progress_reg);
+                cq.unbind(driven.as_ref());
             }
             for c in b.cntr.iter().flatten() {
-                c.unbind(&self.progress_reg);
+                c.unbind(driven.as_ref());
             }
             if let Some(av) = &b.av {
                 av.unbind();
