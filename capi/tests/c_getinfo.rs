@@ -195,3 +195,30 @@ fn getparams_lists_the_settings_table() {
         assert_eq!(fabric::fi_getparams(null_mut(), null_mut()), -FI_EINVAL);
     }
 }
+
+#[test]
+fn old_mr_modes_are_answered_in_their_own_terms() {
+    const FI_MR_UNSPEC: c_int = 0;
+    const FI_MR_BASIC: c_int = 1;
+    const FI_MR_SCALABLE: c_int = 2;
+    // fabtests' mr_mode tests: FI_MR_BASIC and FI_MR_SCALABLE at 1.9 and 1.0; an unspecified
+    // mode at 1.0 (the old enumeration) gets one of the two.
+    for (minor, asked, answered) in [
+        (9, FI_MR_BASIC, FI_MR_BASIC),
+        (9, FI_MR_SCALABLE, FI_MR_SCALABLE),
+        (0, FI_MR_BASIC, FI_MR_BASIC),
+        (0, FI_MR_SCALABLE, FI_MR_SCALABLE),
+        (0, FI_MR_UNSPEC, FI_MR_SCALABLE),
+    ] {
+        let h = hints();
+        // SAFETY: h and the answer are lists of our own, freed once.
+        unsafe {
+            (*h).mode = 0;
+            (*(*h).domain_attr).mr_mode = asked;
+            let i = getinfo(version(minor), None, 0, h).expect("an answer");
+            assert_eq!((*(*i).domain_attr).mr_mode, answered, "1.{minor}, {asked}");
+            fi_freeinfo(i);
+            fi_freeinfo(h);
+        }
+    }
+}
