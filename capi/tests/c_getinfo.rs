@@ -164,6 +164,20 @@ fn tostr_prints_an_info_and_its_enums() {
             b""
         );
         assert_eq!(CStr::from_ptr(fi_tostr(null(), 0)).to_bytes(), b"");
+        // The atomic datatypes and operations, and the deferred work operation types
+        // (FI_TYPE_ATOMIC_TYPE 16, FI_TYPE_ATOMIC_OP 17, FI_TYPE_OP_TYPE 22).
+        for (value, ty, want) in [
+            (6, 16, "FI_INT64"),
+            (15, 16, "FI_UINT128"),
+            (2, 17, "FI_SUM"),
+            (12, 17, "FI_CSWAP"),
+            (1, 22, "FI_OP_SEND"),
+            (10, 22, "FI_OP_CNTR_ADD"),
+        ] {
+            let v: c_int = value;
+            let t = CStr::from_ptr(fi_tostr((&raw const v).cast(), ty));
+            assert_eq!(t.to_str().unwrap(), want);
+        }
         let mut buf = [0x7f_i8; 6];
         fabric::fi_tostr_r(buf.as_mut_ptr(), buf.len(), (&raw const ty).cast(), 1);
         assert_eq!(CStr::from_ptr(buf.as_ptr()).to_bytes(), b"FI_EP");
