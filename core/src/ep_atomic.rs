@@ -213,7 +213,7 @@ impl Endpoint {
             operand,
             compare: 0,
             result: 0,
-            flags: flags | FI_ATOMIC | (self.core().tx_op_flags & !FI_INJECT),
+            flags: flags | FI_ATOMIC | (self.tx_op_flags() & !FI_INJECT),
         }
     }
 
