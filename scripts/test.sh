@@ -11,7 +11,7 @@ cargo test --workspace --all-targets -j2 "$@"
 # The conformance suite and the device-memory tests again over tcp (the workspace run above
 # covered the default, shm): the same two-process tests, provider chosen by
 # XFABRIC_TEST_PROVIDER, which the children inherit.
-XFABRIC_TEST_PROVIDER=tcp cargo test -j2 --test conformance --test hmem --test hmem_rma \
+XFABRIC_TEST_PROVIDER=tcp cargo test -j2 --test conformance --test wait_fd --test hmem --test hmem_rma \
     --test hmem_trigger --test hmem_ze "$@"
 # shm_recv's FI_SOURCE / FI_SOURCE_ERR tests are provider-neutral too (its others rely on
 # shm's cross-memory attach pulling a rendezvous without the sender's progress).

@@ -178,7 +178,11 @@ pub fn getinfo(
     let mut reasons = Vec::new();
     for p in provider_list() {
         match p.getinfo(node, service, flags, hints) {
-            Ok(v) => out.extend(v),
+            // The version the caller asked for is the one its fabric will speak.
+            Ok(v) => out.extend(v.into_iter().map(|mut i| {
+                i.fabric_attr.api_version = version;
+                i
+            })),
             Err(Error::NoData(why)) => reasons.push(why),
             Err(e) => reasons.push(e.to_string()),
         }

@@ -856,6 +856,137 @@ fn xpu_receiver(e: &End, p: FiAddr, ctl: &mut Ctl) {
     ctl.tell("once");
 }
 
+// ---- 7b. Inject atomics, and progress across a domain's endpoints --------------------------
+
+/// What an OpenSHMEM library does (Sandia OpenSHMEM over libfabric, manual progress, basic MR
+/// mode): each process has a target endpoint whose CQ it reads while it waits, and initiator
+/// endpoints in the same domain that it never reads while waiting. Here the parent's initiator
+/// injects FI_SUMs (no completion) to the child, then the parent only reads its target
+/// endpoint's CQ until the child's acknowledging atomic lands there: reading one endpoint's CQ
+/// must progress the others of the domain (over tcp the initiator's connection finishes its
+/// handshake only so), as libfabric's providers do. Then the fetching and compare kinds with
+/// FI_INJECT, which covers their operand and compare buffers only.
+#[test]
+fn inject_atomics_progressed_by_another_endpoint_of_the_domain() {
+    let basic = |i: &mut Info| {
+        i.domain_attr.mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED;
+    };
+    let caps = FI_MSG | FI_ATOMIC;
+    let i64s = |b: &[u8]| -> Vec<i64> {
+        b.chunks(8)
+            .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let dt = Datatype::Int64;
+    if role().is_some() {
+        let n = node_with(caps, Progress::Manual, basic);
+        say(&hex(&n.ep.getname().unwrap()));
+        let t = n.add_peer(&unhex(&listen()));
+        let win = vec![0u8; 24];
+        let _mr = window(&n, &win, &mut Ctl::Child);
+        let (key, base) = remote(&mut Ctl::Child);
+        let settle = |want: &[i64]| {
+            let deadline = Instant::now() + BOUND;
+            while i64s(&snapshot(&win)) != want {
+                let mut e = [CqTaggedEntry::default(); 1];
+                assert!(matches!(n.cq.read(&mut e), Err(Error::Again(_))));
+                assert!(
+                    Instant::now() < deadline,
+                    "the child's words are {:?}, not {want:?}",
+                    i64s(&snapshot(&win))
+                );
+            }
+        };
+        settle(&[7 + 35, 0, 0]);
+        // The acknowledgement, into the parent's target endpoint.
+        assert_eq!(amo(&n, AtomicOp::Sum, 1, 0, t, base, key), 0);
+        settle(&[7 + 35, 1, 9]);
+        say("landed");
+        assert_eq!(listen(), "bye");
+        return;
+    }
+    let test = "inject_atomics_progressed_by_another_endpoint_of_the_domain";
+    let mut child = spawn(test, "target", &[]);
+    // The target endpoint: a node of its own; the initiator: a second endpoint of its domain.
+    let tn = node_with(caps, Progress::Manual, basic);
+    let cq = tn
+        .domain
+        .cq_open(&CqAttr {
+            format: CqFormat::Tagged,
+            ..Default::default()
+        })
+        .unwrap();
+    let ep = tn.domain.endpoint(&tn.info).unwrap();
+    let put = tn.domain.cntr_open(&CntrAttr::default()).unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&tn.av).unwrap();
+    ep.bind_cntr(&put, FI_WRITE | FI_READ).unwrap();
+    ep.enable().unwrap();
+    let p = tn.add_peer(&unhex(&child.hear()));
+    child.tell(&hex(&tn.ep.getname().unwrap()));
+    let (key, base) = remote(&mut Ctl::Parent(&mut child));
+    let win = vec![0u8; 8];
+    let _mr = window(&tn, &win, &mut Ctl::Parent(&mut child));
+    let again = |f: &mut dyn FnMut() -> Result<()>| loop {
+        match f() {
+            Err(Error::Again(_)) => {
+                ep.progress();
+            }
+            r => break r.unwrap(),
+        }
+    };
+    for x in [7i64, 35] {
+        let x = x.to_ne_bytes();
+        again(&mut || ep.inject_atomic(&x, 1, p, base, key, dt, AtomicOp::Sum));
+    }
+    let deadline = Instant::now() + BOUND;
+    while i64s(&snapshot(&win)) != [1] {
+        let mut e = [CqTaggedEntry::default(); 1];
+        assert!(matches!(tn.cq.read(&mut e), Err(Error::Again(_))));
+        assert!(
+            Instant::now() < deadline,
+            "no acknowledgement: the injects never reached the child"
+        );
+    }
+    let mut old = [[0xffu8; 8]; 2];
+    let m = MsgAtomic::new(p, base + 8, key, dt, AtomicOp::Sum, 1);
+    {
+        let operand = 1i64.to_ne_bytes();
+        // SAFETY: the result outlives the completion awaited below; the operand only the call.
+        again(&mut || unsafe { ep.fetch_atomicmsg(&m, &operand, &mut old[0], 1, FI_INJECT) });
+    }
+    let m = MsgAtomic::new(p, base + 16, key, dt, AtomicOp::Cswap, 2);
+    {
+        let (operand, compare) = (9i64.to_ne_bytes(), 0i64.to_ne_bytes());
+        // SAFETY: as above.
+        again(&mut || unsafe {
+            ep.compare_atomicmsg(&m, &operand, &compare, &mut old[1], 1, FI_INJECT)
+        });
+    }
+    let mut got = Vec::new();
+    let deadline = Instant::now() + BOUND;
+    while got.len() < 2 {
+        let mut e = [CqTaggedEntry::default(); 2];
+        match cq.read(&mut e) {
+            Ok(k) => got.extend(e[..k].iter().map(|c| (c.op_context, c.flags))),
+            Err(Error::Again(_)) => {}
+            Err(e) => panic!("cq read: {e}"),
+        }
+        assert!(Instant::now() < deadline, "completions: {got:?}");
+    }
+    assert_eq!(got, [(1, FI_ATOMIC | FI_READ), (2, FI_ATOMIC | FI_READ)]);
+    assert_eq!(old, [0i64.to_ne_bytes(); 2], "the fetched originals");
+    assert_eq!(
+        put.read(),
+        4,
+        "two injects and two fetching atomics counted"
+    );
+    assert_eq!(child.hear(), "landed");
+    child.tell("bye");
+    child.join();
+    drop(ep);
+}
+
 // ---- 8. Peer killed mid-transfer ------------------------------------------------------------
 
 #[test]

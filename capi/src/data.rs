@@ -17,6 +17,7 @@ use crate::ops::*;
 use crate::{guard, FI_EINVAL, FI_ENOSYS, FI_EOTHER};
 
 /// `FI_ENABLE`, fi_control's command.
+const FI_ALIAS: c_int = 4;
 const FI_ENABLE: c_int = 6;
 /// libfabric's `FI_ETOOSMALL`.
 const FI_ETOOSMALL: c_int = 257;
@@ -197,12 +198,35 @@ unsafe extern "C" fn ep_bind(fid: *mut c_void, bfid: *mut c_void, flags: u64) ->
     }))
 }
 
-unsafe extern "C" fn ep_control(fid: *mut c_void, command: c_int, _arg: *mut c_void) -> c_int {
+/// `struct fi_alias`.
+#[repr(C)]
+struct FiAlias {
+    fid: *mut *mut c_void,
+    flags: u64,
+}
+
+unsafe extern "C" fn ep_control(fid: *mut c_void, command: c_int, arg: *mut c_void) -> c_int {
     int(call(|| {
         // SAFETY: a fid from the caller, checked.
-        let ep = unsafe { ep_of(fid) }?;
+        let c = unsafe { obj::<CEndpoint>(fid) }?;
         match command {
-            FI_ENABLE => ep.enable().map(|()| 0).map_err(|e| code(&e) as isize),
+            FI_ENABLE => c.ep.enable().map(|()| 0).map_err(|e| code(&e) as isize),
+            FI_ALIAS => {
+                // SAFETY: null or a struct fi_alias (fi_alias's argument).
+                let a = unsafe { arg.cast::<FiAlias>().as_ref() }.ok_or(-(FI_EINVAL as isize))?;
+                if a.fid.is_null() {
+                    return Err(-(FI_EINVAL as isize));
+                }
+                let alias = CEndpoint {
+                    ep: c.ep.alias(a.flags).map_err(neg)?,
+                    addr_format: c.addr_format,
+                };
+                // The alias answers to the endpoint's context, as libfabric's do.
+                // SAFETY: fid is one of our endpoints (checked above), a struct fid first.
+                let context = unsafe { (*fid.cast::<Fid>()).context };
+                // SAFETY: a.fid checked non-null, writable (fi_alias's contract).
+                Ok(unsafe { publish(ep_head(context), alias, a.fid) } as isize)
+            }
             _ => Err(-(FI_ENOSYS as isize)),
         }
     }))

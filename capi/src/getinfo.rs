@@ -299,7 +299,7 @@ fn fill(d: &mut FiInfo, i: &Info, version: u32) -> Result<(), ()> {
 /// Callers before 1.5 read mr_mode as the old enum: FI_MR_BASIC where the provider needs any
 /// of the requirements it stands for, FI_MR_SCALABLE otherwise.
 fn old_mr_mode(mr_mode: u32, version: u32) -> u32 {
-    if version >= FI_VERSION_1_5 {
+    if version >= FI_VERSION_1_5 || mr_mode == FI_MR_BASIC || mr_mode == FI_MR_SCALABLE {
         mr_mode
     } else if mr_mode & (FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED) != 0 {
         FI_MR_BASIC

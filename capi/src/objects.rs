@@ -179,16 +179,103 @@ class!(
     FI_CLASS_CQ,
     OpsHead<FiOpsCq>,
     CQ_FI_OPS,
-    close = CompletionQueue::close
+    close = CompletionQueue::close,
+    control = cq_control
 );
 class!(
     Counter,
     FI_CLASS_CNTR,
     OpsHead<FiOpsCntr>,
     CNTR_FI_OPS,
-    close = Counter::close
+    close = Counter::close,
+    control = cntr_control
 );
-class!(EventQueue, FI_CLASS_EQ, OpsHead<FiOpsEq>, EQ_FI_OPS);
+class!(
+    EventQueue,
+    FI_CLASS_EQ,
+    OpsHead<FiOpsEq>,
+    EQ_FI_OPS,
+    control = eq_control
+);
+
+/// `fi_control` command: the object's wait object (an `int` fd for `FI_WAIT_FD`).
+const FI_GETWAIT: c_int = 5;
+
+/// `FI_GETWAIT`'s answer: the descriptor written to `*arg`.
+///
+/// # Safety
+/// `arg` null or writable as an `int` (fi_control(FI_GETWAIT)'s contract for FI_WAIT_FD).
+unsafe fn getwait(
+    command: c_int,
+    arg: *mut c_void,
+    fd: xfabric::Result<i32>,
+) -> Result<c_int, c_int> {
+    if command != FI_GETWAIT {
+        return Err(-FI_ENOSYS);
+    }
+    if arg.is_null() {
+        return Err(inval("fi_control(FI_GETWAIT): null argument"));
+    }
+    let fd = fd.map_err(|e| code(&e))?;
+    // SAFETY: checked non-null, writable (caller).
+    unsafe { *arg.cast::<c_int>() = fd };
+    Ok(0)
+}
+
+unsafe extern "C" fn cq_control(fid: *mut c_void, command: c_int, arg: *mut c_void) -> c_int {
+    run(|| {
+        // SAFETY: a fid from the caller, checked; arg per the command (caller).
+        unsafe { getwait(command, arg, get::<CompletionQueue>(fid)?.wait_fd()) }
+    })
+}
+
+unsafe extern "C" fn cntr_control(fid: *mut c_void, command: c_int, arg: *mut c_void) -> c_int {
+    run(|| {
+        // SAFETY: as cq_control.
+        unsafe { getwait(command, arg, get::<Counter>(fid)?.wait_fd()) }
+    })
+}
+
+unsafe extern "C" fn eq_control(fid: *mut c_void, command: c_int, arg: *mut c_void) -> c_int {
+    run(|| {
+        // SAFETY: as cq_control.
+        unsafe { getwait(command, arg, get::<EventQueue>(fid)?.wait_fd()) }
+    })
+}
+
+/// `fi_trywait`: 0 when the caller may block on every object's wait object, -FI_EAGAIN when
+/// one of them has something to read first.
+unsafe extern "C" fn fabric_trywait(
+    fabric: *mut c_void,
+    fids: *mut *mut c_void,
+    count: c_int,
+) -> c_int {
+    run(|| {
+        // SAFETY: a fid from the caller, checked.
+        unsafe { get::<Fabric>(fabric) }?;
+        if count < 0 || (count > 0 && fids.is_null()) {
+            return Err(inval("fi_trywait: fids"));
+        }
+        for i in 0..count as usize {
+            // SAFETY: fids holds count readable pointers (caller).
+            let fid = unsafe { *fids.add(i) };
+            // SAFETY (each get): a fid from the caller, its class checked before use.
+            let r = unsafe {
+                if let Ok(cq) = get::<CompletionQueue>(fid) {
+                    cq.trywait()
+                } else if let Ok(c) = get::<Counter>(fid) {
+                    c.trywait()
+                } else if let Ok(eq) = get::<EventQueue>(fid) {
+                    eq.trywait()
+                } else {
+                    return Err(inval("fi_trywait: not a CQ, counter or EQ of this library"));
+                }
+            };
+            r.map_err(|e| code(&e))?;
+        }
+        Ok(0)
+    })
+}
 class!(WaitSet, FI_CLASS_WAIT, OpsHead<FiOpsWait>, WAIT_FI_OPS);
 class!(MemoryRegion, FI_CLASS_MR, MrHead, MR_FI_OPS);
 /// An endpoint as C holds it: with its address format, which decides how its name is written
@@ -219,6 +306,7 @@ static FABRIC_OPS: FiOpsFabric = FiOpsFabric {
     domain: fabric_domain,
     eq_open: fabric_eq_open,
     wait_open: fabric_wait_open,
+    trywait: fabric_trywait,
     ..FiOpsFabric::ENOSYS
 };
 static DOMAIN_OPS: FiOpsDomain = FiOpsDomain {

@@ -4,7 +4,7 @@
 
 use std::ffi::c_void;
 
-use xfabric::{Endpoint, MsgRma, RmaIov};
+use xfabric::{Endpoint, MsgRma, RmaIov, FI_TRIGGER};
 
 use crate::data::{bytes, bytes_mut, call, ep_of, neg, segments};
 use crate::ops::FiOpsRma;
@@ -84,6 +84,24 @@ unsafe extern "C" fn rma_write(
     call(|| {
         // SAFETY: fid checked; buf readable for len and kept until completion.
         let (ep, b) = unsafe { (ep_of(ep)?, bytes(buf, len)?) };
+        // An alias whose default flags hold FI_TRIGGER (fi_ep_alias): its context is a
+        // triggered context, as writemsg with those flags reads it.
+        let defaults = ep.tx_op_flags();
+        if defaults & FI_TRIGGER != 0 {
+            let (iov, rma) = ([RawIov::of(b)], [RmaIov { addr, len, key }]);
+            let m = MsgRma {
+                iov: &iov,
+                desc: &[],
+                addr: dest,
+                rma_iov: &rma,
+                context: ctx as usize,
+                data: 0,
+            };
+            // SAFETY: as above; with FI_TRIGGER the context is a fi_triggered_context.
+            return unsafe { crate::trigger::writemsg(ep, &m, defaults) }
+                .map(|()| 0)
+                .map_err(neg);
+        }
         // SAFETY: as above.
         unsafe { ep.write(b, None, dest, addr, key, ctx as usize) }
             .map(|()| 0)

@@ -8,8 +8,8 @@ use std::sync::Mutex;
 
 use xfabric::settings::{Kind, Setting, SETTINGS};
 use xfabric::{
-    addr_format_str, caps_str, mode_str, mr_mode_str, order_str, protocol_str, AvType, EpType,
-    Progress, Threading,
+    addr_format_str, caps_str, mode_str, mr_mode_str, order_str, protocol_str, AtomicOp, AvType,
+    Datatype, EpType, Progress, Threading, WorkOpType,
 };
 
 use crate::getinfo::hints_from_c;
@@ -28,8 +28,11 @@ const FI_TYPE_PROTOCOL: c_int = 12;
 const FI_TYPE_MSG_ORDER: c_int = 13;
 const FI_TYPE_MODE: c_int = 14;
 const FI_TYPE_AV_TYPE: c_int = 15;
+const FI_TYPE_ATOMIC_TYPE: c_int = 16;
+const FI_TYPE_ATOMIC_OP: c_int = 17;
 const FI_TYPE_VERSION: c_int = 18;
 const FI_TYPE_MR_MODE: c_int = 21;
+const FI_TYPE_OP_TYPE: c_int = 22;
 
 /// The text of `*data` as `datatype`; `None` for a type without a text form here or a value
 /// that is not one of its enum's.
@@ -63,6 +66,9 @@ unsafe fn text_of(data: *const c_void, datatype: c_int) -> Option<String> {
         FI_TYPE_AV_TYPE => AvType::from_raw(int())?.c_name().into(),
         FI_TYPE_VERSION => xfabric::tostr::version_str(u32v()),
         FI_TYPE_MR_MODE => mr_mode_str(u32v()),
+        FI_TYPE_ATOMIC_TYPE => Datatype::from_raw(int())?.c_name().into(),
+        FI_TYPE_ATOMIC_OP => AtomicOp::from_raw(int())?.c_name().into(),
+        FI_TYPE_OP_TYPE => WorkOpType::from_raw(int())?.c_name().into(),
         _ => return None,
     })
 }

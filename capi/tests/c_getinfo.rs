@@ -164,6 +164,20 @@ fn tostr_prints_an_info_and_its_enums() {
             b""
         );
         assert_eq!(CStr::from_ptr(fi_tostr(null(), 0)).to_bytes(), b"");
+        // The atomic datatypes and operations, and the deferred work operation types
+        // (FI_TYPE_ATOMIC_TYPE 16, FI_TYPE_ATOMIC_OP 17, FI_TYPE_OP_TYPE 22).
+        for (value, ty, want) in [
+            (6, 16, "FI_INT64"),
+            (15, 16, "FI_UINT128"),
+            (2, 17, "FI_SUM"),
+            (12, 17, "FI_CSWAP"),
+            (1, 22, "FI_OP_SEND"),
+            (10, 22, "FI_OP_CNTR_ADD"),
+        ] {
+            let v: c_int = value;
+            let t = CStr::from_ptr(fi_tostr((&raw const v).cast(), ty));
+            assert_eq!(t.to_str().unwrap(), want);
+        }
         let mut buf = [0x7f_i8; 6];
         fabric::fi_tostr_r(buf.as_mut_ptr(), buf.len(), (&raw const ty).cast(), 1);
         assert_eq!(CStr::from_ptr(buf.as_ptr()).to_bytes(), b"FI_EP");
@@ -193,5 +207,32 @@ fn getparams_lists_the_settings_table() {
         assert!((*p.add(n)).name.is_null(), "terminated");
         fabric::fi_freeparams(p);
         assert_eq!(fabric::fi_getparams(null_mut(), null_mut()), -FI_EINVAL);
+    }
+}
+
+#[test]
+fn old_mr_modes_are_answered_in_their_own_terms() {
+    const FI_MR_UNSPEC: c_int = 0;
+    const FI_MR_BASIC: c_int = 1;
+    const FI_MR_SCALABLE: c_int = 2;
+    // fabtests' mr_mode tests: FI_MR_BASIC and FI_MR_SCALABLE at 1.9 and 1.0; an unspecified
+    // mode at 1.0 (the old enumeration) gets one of the two.
+    for (minor, asked, answered) in [
+        (9, FI_MR_BASIC, FI_MR_BASIC),
+        (9, FI_MR_SCALABLE, FI_MR_SCALABLE),
+        (0, FI_MR_BASIC, FI_MR_BASIC),
+        (0, FI_MR_SCALABLE, FI_MR_SCALABLE),
+        (0, FI_MR_UNSPEC, FI_MR_SCALABLE),
+    ] {
+        let h = hints();
+        // SAFETY: h and the answer are lists of our own, freed once.
+        unsafe {
+            (*h).mode = 0;
+            (*(*h).domain_attr).mr_mode = asked;
+            let i = getinfo(version(minor), None, 0, h).expect("an answer");
+            assert_eq!((*(*i).domain_attr).mr_mode, answered, "1.{minor}, {asked}");
+            fi_freeinfo(i);
+            fi_freeinfo(h);
+        }
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::consts::{CntrEvents, WaitObj};
 use crate::error::{Error, Result};
 use crate::trigger::TriggerQueue;
-use crate::wait::{deadline, remaining, ProgressList, ProgressSource, WaitSet, Waitable};
+use crate::wait::{deadline, remaining, EventFd, ProgressList, ProgressSource, WaitSet, Waitable};
 
 /// `struct fi_cntr_attr`.
 #[derive(Clone, Default)]
@@ -48,6 +48,10 @@ pub struct CntrInner {
     /// not for as long as its value is non-zero, else a waiter on a counter that ever counted
     /// would spin (fi_poll(3): a counter has events when it "changed since the last time").
     events: AtomicU64,
+    /// `FI_WAIT_FD`: readable after a change (success or error).
+    fd: Option<EventFd>,
+    /// `events` as the last `trywait` found it.
+    tried: AtomicU64,
     events_seen: AtomicU64,
     /// The domain it was opened in.
     pub domain: crate::object::DomainTag,
@@ -76,12 +80,16 @@ impl Counter {
                 "cntr_open: FI_WAIT_SET needs a wait_set".into(),
             ));
         }
-        if matches!(attr.wait_obj, WaitObj::Fd | WaitObj::PollFd) {
-            return Err(Error::OpNotSupp(format!(
-                "cntr_open: wait object {} is not supported for counters",
-                attr.wait_obj.c_name()
-            )));
+        if attr.wait_obj == WaitObj::PollFd {
+            return Err(Error::OpNotSupp(
+                "cntr_open: FI_WAIT_POLLFD is not supported; use FI_WAIT_FD".into(),
+            ));
         }
+        let fd = if attr.wait_obj == WaitObj::Fd {
+            Some(EventFd::new()?)
+        } else {
+            None
+        };
         let inner = Arc::new(CntrInner {
             value: AtomicU64::new(0),
             err: AtomicU64::new(0),
@@ -96,6 +104,8 @@ impl Counter {
             has_observers: Default::default(),
             events: AtomicU64::new(0),
             events_seen: AtomicU64::new(0),
+            fd,
+            tried: AtomicU64::new(0),
             domain: Default::default(),
             triggers: OnceLock::new(),
         });
@@ -103,6 +113,29 @@ impl Counter {
             ws.add(Arc::downgrade(&(inner.clone() as Arc<dyn Waitable>)));
         }
         Ok(Counter { inner })
+    }
+
+    /// `fi_control(FI_GETWAIT)` for `FI_WAIT_FD`: a descriptor that becomes readable when the
+    /// counter changes. Call `trywait` before blocking on it.
+    pub fn wait_fd(&self) -> Result<i32> {
+        self.inner.fd.as_ref().map(|f| f.raw()).ok_or_else(|| {
+            Error::OpBadState("cntr wait_fd: counter was not opened with FI_WAIT_FD".into())
+        })
+    }
+
+    /// `fi_trywait`: `Ok` when it is safe to block on the wait object (no change since the
+    /// last `trywait`), `Again` when the counter changed meanwhile (read it first).
+    pub fn trywait(&self) -> Result<()> {
+        self.inner.progress.run();
+        if let Some(fd) = &self.inner.fd {
+            fd.drain();
+        }
+        let now = self.inner.events.load(Ordering::Acquire);
+        if self.inner.tried.swap(now, Ordering::AcqRel) != now {
+            Err(Error::Again("cntr trywait"))
+        } else {
+            Ok(())
+        }
     }
 
     /// The shared state, for binding.
@@ -221,8 +254,10 @@ impl CntrInner {
     }
 
     /// Undoes `bind`.
-    pub fn unbind(&self, p: &Arc<dyn ProgressSource>) {
-        self.progress.remove(p);
+    pub fn unbind(&self, p: Option<&Arc<dyn ProgressSource>>) {
+        if let Some(p) = p {
+            self.progress.remove(p);
+        }
         self.bound.fetch_sub(1, Ordering::AcqRel);
     }
 
@@ -278,6 +313,9 @@ impl CntrInner {
         }
         if let Some(ws) = &self.wait_set {
             ws.signal();
+        }
+        if let Some(fd) = &self.fd {
+            fd.signal();
         }
     }
 

@@ -115,6 +115,38 @@ pub const FI_SECONDARY_CAPS: u64 = FI_MULTI_RECV
 pub const FI_OPT_IN_CAPS: u64 =
     FI_SOURCE_ERR | FI_RMA_EVENT | FI_RMA_PMEM | FI_TRIGGER | FI_XPU_TRIGGER;
 
+/// Capabilities getinfo returns only when the hints ask for them, even to empty hints:
+/// FI_HMEM makes an endpoint look up who owns every buffer it is given, and FI_XPU_TRIGGER is a
+/// primary capability no fabtests-era application expects unasked (fi_getinfo(3): primary
+/// capabilities are returned when requested).
+pub const FI_ASKED_ONLY_CAPS: u64 = FI_HMEM | FI_XPU_TRIGGER;
+
+/// Capabilities that describe a domain (`domain_attr->caps`).
+pub const FI_DOMAIN_CAPS: u64 = FI_LOCAL_COMM | FI_REMOTE_COMM | FI_SHARED_AV;
+
+/// The mr_mode bits `FI_MR_BASIC` stands for (fi_mr(3)): virtual addresses, provider keys,
+/// allocated memory. `FI_MR_SCALABLE` stands for none of them.
+pub const FI_MR_BASIC_MAP: u32 = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED;
+
+/// An `mr_mode` as bits: `FI_MR_BASIC` and `FI_MR_SCALABLE` (the 1.0 enumeration, still
+/// accepted) translated, anything else as is.
+pub fn mr_mode_bits(mode: u32) -> u32 {
+    match mode {
+        FI_MR_BASIC => FI_MR_BASIC_MAP,
+        FI_MR_SCALABLE => 0,
+        m => m,
+    }
+}
+
+/// Whether an address format asked for (`want`) accepts one a provider uses (`have`):
+/// `FI_FORMAT_UNSPEC` any, `FI_SOCKADDR` any socket address (fi_getinfo(3)), else the same.
+pub fn addr_format_fits(want: u32, have: u32) -> bool {
+    want == FI_FORMAT_UNSPEC
+        || want == have
+        || (want == FI_SOCKADDR
+            && matches!(have, FI_SOCKADDR_IN | FI_SOCKADDR_IN6 | FI_SOCKADDR_IB))
+}
+
 /// Special addresses and keys.
 pub const FI_ADDR_UNSPEC: u64 = u64::MAX;
 pub const FI_ADDR_NOTAVAIL: u64 = u64::MAX;

@@ -402,8 +402,10 @@ impl CqInner {
     }
 
     /// Undoes `bind` when the endpoint closes.
-    pub fn unbind(&self, p: &Arc<dyn ProgressSource>) {
-        self.progress.remove(p);
+    pub fn unbind(&self, p: Option<&Arc<dyn ProgressSource>>) {
+        if let Some(p) = p {
+            self.progress.remove(p);
+        }
         self.bound.fetch_sub(1, Ordering::AcqRel);
     }
 
@@ -719,7 +721,7 @@ mod tests {
         assert_eq!(cq.read(&mut buf), Ok(1));
         assert_eq!(buf[0].op_context, 9);
         assert_eq!(cq.read(&mut none), Err(Error::Again("cq read")));
-        cq.inner().unbind(&src);
+        cq.inner().unbind(Some(&src));
     }
 
     #[test]

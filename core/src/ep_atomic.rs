@@ -213,7 +213,7 @@ impl Endpoint {
             operand,
             compare: 0,
             result: 0,
-            flags: flags | FI_ATOMIC | (self.core().tx_op_flags & !FI_INJECT),
+            flags: flags | FI_ATOMIC | (self.tx_op_flags() & !FI_INJECT),
         }
     }
 
@@ -256,10 +256,12 @@ impl Endpoint {
         count: usize,
         flags: u64,
     ) -> Result<AtomicReq> {
-        if flags & !(ATOMIC_FLAGS & !FI_INJECT) != 0 {
+        // FI_INJECT covers the operand and compare buffers (copied before return); the result
+        // is still written when the operation completes, and a completion is still reported.
+        if flags & !ATOMIC_FLAGS != 0 {
             return Err(Error::BadFlags(format!(
                 "{what}: flags {}",
-                caps_str(flags)
+                caps_str(flags & !ATOMIC_FLAGS)
             )));
         }
         if m.op != AtomicOp::Read {
@@ -283,10 +285,12 @@ impl Endpoint {
         count: usize,
         flags: u64,
     ) -> Result<AtomicReq> {
-        if flags & !(ATOMIC_FLAGS & !FI_INJECT) != 0 {
+        // FI_INJECT covers the operand and compare buffers (copied before return); the result
+        // is still written when the operation completes, and a completion is still reported.
+        if flags & !ATOMIC_FLAGS != 0 {
             return Err(Error::BadFlags(format!(
                 "{what}: flags {}",
-                caps_str(flags)
+                caps_str(flags & !ATOMIC_FLAGS)
             )));
         }
         for b in [operand, compare, result] {
@@ -357,7 +361,8 @@ impl Endpoint {
     /// `fi_fetch_atomicmsg`: as `atomicmsg`, and the original target values land in `result`.
     ///
     /// # Safety
-    /// `operand` and `result` must stay valid until the completion; `result` is written.
+    /// `operand` and `result` must stay valid until the completion (the operand only during the
+    /// call with `FI_INJECT`); `result` is written.
     pub unsafe fn fetch_atomicmsg(
         &self,
         m: &MsgAtomic,
@@ -397,7 +402,8 @@ impl Endpoint {
     /// operand (or the masked swap, for `FI_MSWAP`); `result` gets the original values.
     ///
     /// # Safety
-    /// `operand`, `compare` and `result` must stay valid until the completion.
+    /// `operand`, `compare` and `result` must stay valid until the completion (operand and
+    /// compare only during the call with `FI_INJECT`).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn compare_atomicmsg(
         &self,

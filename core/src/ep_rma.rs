@@ -171,7 +171,7 @@ impl Endpoint {
             dest: peer,
             rma: RmaIovList::from_segs(&[rma]).expect("one segment"),
             data,
-            flags: flags | (self.core().tx_op_flags & !FI_INJECT),
+            flags: flags | (self.tx_op_flags() & !FI_INJECT),
         }
     }
 

@@ -291,12 +291,18 @@ impl EpCore {
         let r = match unsafe { crate::ep_atomic::stage(self, req) }.map_err(StartError::Stage)? {
             // SAFETY: forwarded.
             None => unsafe { ops.atomic(req) },
-            Some(s) => self.post_staged(s, req.flags & FI_INJECT != 0, |ctx, bounce| {
-                let req = req.in_bounce(ctx, bounce.first_addr());
-                // SAFETY: the bounce buffer lives until the operation completes (an inject's
-                // during the call, which is all an inject needs).
-                unsafe { ops.atomic(&req) }
-            }),
+            // An inject's bounce may go when the call returns, unless a fetched result is
+            // still to land in it (FI_INJECT on a fetching atomic covers only the operands).
+            Some(s) => self.post_staged(
+                s,
+                req.flags & FI_INJECT != 0 && req.result == 0,
+                |ctx, bounce| {
+                    let req = req.in_bounce(ctx, bounce.first_addr());
+                    // SAFETY: the bounce buffer lives until the operation completes (a non-fetching
+                    // inject's during the call, which is all it needs).
+                    unsafe { ops.atomic(&req) }
+                },
+            ),
         };
         r.map_err(StartError::Refused)
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::consts::{WaitObj, FI_PEEK};
 use crate::entry::Context;
 use crate::error::{Error, Result};
-use crate::wait::{deadline, remaining};
+use crate::wait::{deadline, remaining, EventFd};
 
 /// `struct fi_eq_attr`.
 #[derive(Clone, Debug, Default)]
@@ -60,6 +60,8 @@ pub struct EqInner {
     wait_obj: WaitObj,
     q: Mutex<Q>,
     cond: Condvar,
+    /// `FI_WAIT_FD`: readable after an event or error is queued.
+    fd: Option<EventFd>,
 }
 
 /// `fid_eq`.
@@ -71,12 +73,17 @@ pub struct EventQueue {
 impl EventQueue {
     /// `fi_eq_open`; `Fabric::eq_open` calls this.
     pub fn open(attr: &EqAttr) -> Result<Self> {
-        if matches!(attr.wait_obj, WaitObj::Set | WaitObj::Fd | WaitObj::PollFd) {
+        if matches!(attr.wait_obj, WaitObj::Set | WaitObj::PollFd) {
             return Err(Error::OpNotSupp(format!(
                 "eq_open: wait object {} is not supported for event queues",
                 attr.wait_obj.c_name()
             )));
         }
+        let fd = if attr.wait_obj == WaitObj::Fd {
+            Some(EventFd::new()?)
+        } else {
+            None
+        };
         Ok(EventQueue {
             inner: Arc::new(EqInner {
                 cap: if attr.size == 0 { 256 } else { attr.size },
@@ -86,8 +93,31 @@ impl EventQueue {
                     errs: VecDeque::new(),
                 }),
                 cond: Condvar::new(),
+                fd,
             }),
         })
+    }
+
+    /// `fi_control(FI_GETWAIT)` for `FI_WAIT_FD`: a descriptor that becomes readable when an
+    /// event arrives. Call `trywait` before blocking on it.
+    pub fn wait_fd(&self) -> Result<i32> {
+        self.inner.fd.as_ref().map(|f| f.raw()).ok_or_else(|| {
+            Error::OpBadState("eq wait_fd: queue was not opened with FI_WAIT_FD".into())
+        })
+    }
+
+    /// `fi_trywait`: `Ok` when it is safe to block on the wait object (nothing is queued),
+    /// `Again` when events are ready to read.
+    pub fn trywait(&self) -> Result<()> {
+        if let Some(fd) = &self.inner.fd {
+            fd.drain();
+        }
+        let q = self.inner.q.lock().unwrap_or_else(|e| e.into_inner());
+        if q.events.is_empty() && q.errs.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Again("eq trywait"))
+        }
     }
 
     /// The shared state.
@@ -163,6 +193,9 @@ impl EqInner {
         }
         q.events.push_back(e);
         self.cond.notify_all();
+        if let Some(fd) = &self.fd {
+            fd.signal();
+        }
         true
     }
 
@@ -171,6 +204,9 @@ impl EqInner {
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
         q.errs.push_back(e);
         self.cond.notify_all();
+        if let Some(fd) = &self.fd {
+            fd.signal();
+        }
     }
 }
 

@@ -240,6 +240,12 @@ impl Info {
                 return Err(no(format!("domain name {d:?} requested")));
             }
         }
+        if hints.domain_attr.caps & !self.domain_attr.caps != 0 {
+            return Err(no(format!(
+                "domain capabilities not supported: {}",
+                caps_str(hints.domain_attr.caps & !self.domain_attr.caps)
+            )));
+        }
         if hints.caps & !self.caps != 0 {
             return Err(no(format!(
                 "capabilities not supported: {}",
@@ -256,16 +262,13 @@ impl Info {
                 self.caps & FI_PRIMARY_CAPS
             };
             out.caps = prim | (self.caps & FI_SECONDARY_CAPS & !FI_OPT_IN_CAPS) | hints.caps;
-            out.tx_attr.caps &= out.caps | FI_SEND | FI_WRITE | FI_READ;
-            out.rx_attr.caps &= out.caps | FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE;
         }
-        // FI_HMEM makes an endpoint look up who owns every buffer it is given: like the
-        // opt-in secondary capabilities, it is returned only when asked for.
-        if hints.caps & FI_HMEM == 0 {
-            out.caps &= !FI_HMEM;
-            out.tx_attr.caps &= !FI_HMEM;
-            out.rx_attr.caps &= !FI_HMEM;
-        }
+        let unasked = FI_ASKED_ONLY_CAPS & !hints.caps;
+        out.caps &= !unasked;
+        // The transmit and receive sides describe the endpoint's capabilities, never more
+        // (fi_getinfo(3): the attributes' caps are subsets of fi_info's).
+        out.tx_attr.caps &= out.caps;
+        out.rx_attr.caps &= out.caps;
         // Mode bits the provider needs must be ones the caller can handle (0 = any).
         if hints.mode != 0 && self.mode & !hints.mode != 0 {
             return Err(no(format!(
@@ -273,7 +276,7 @@ impl Info {
                 mode_str(self.mode & !hints.mode)
             )));
         }
-        if hints.addr_format != FI_FORMAT_UNSPEC && hints.addr_format != self.addr_format {
+        if !addr_format_fits(hints.addr_format, self.addr_format) {
             return Err(no(format!(
                 "address format {} requested, provider uses {}",
                 addr_format_str(hints.addr_format),
@@ -308,19 +311,54 @@ impl Info {
                 hints.tx_attr.inject_size, self.tx_attr.inject_size
             )));
         }
-        if hints.tx_attr.msg_order & !self.tx_attr.msg_order != 0 {
-            return Err(no(format!(
-                "message ordering {} not provided",
-                order_str(hints.tx_attr.msg_order & !self.tx_attr.msg_order)
-            )));
+        for (side, want, have) in [
+            ("transmit", hints.tx_attr.msg_order, self.tx_attr.msg_order),
+            ("receive", hints.rx_attr.msg_order, self.rx_attr.msg_order),
+        ] {
+            if want & !have != 0 {
+                return Err(no(format!(
+                    "{side} message ordering {} not provided",
+                    order_str(want & !have)
+                )));
+            }
         }
-        // FI_MR_BASIC is the old spelling of virtual addresses and provider keys on allocated
-        // memory; FI_MR_SCALABLE of neither.
-        let mr = match hints.domain_attr.mr_mode {
-            FI_MR_BASIC => FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED,
-            m => m,
-        };
-        if mr != FI_MR_UNSPEC && mr != FI_MR_SCALABLE {
+        for (what, want, have) in [
+            (
+                "max_order_raw_size",
+                hints.ep_attr.max_order_raw_size,
+                self.ep_attr.max_order_raw_size,
+            ),
+            (
+                "max_order_war_size",
+                hints.ep_attr.max_order_war_size,
+                self.ep_attr.max_order_war_size,
+            ),
+            (
+                "max_order_waw_size",
+                hints.ep_attr.max_order_waw_size,
+                self.ep_attr.max_order_waw_size,
+            ),
+        ] {
+            if want > have {
+                return Err(no(format!(
+                    "{what} {want} requested, provider orders up to {have}"
+                )));
+            }
+        }
+        let mr = hints.domain_attr.mr_mode;
+        if mr == FI_MR_BASIC || mr == FI_MR_SCALABLE {
+            // The 1.0 enumeration: answered in its own terms (fi_mr(3)), when the provider's
+            // needs fit within it; FI_MR_SCALABLE then means offsets and the caller's keys.
+            let bits = mr_mode_bits(mr);
+            if self.domain_attr.mr_mode & !bits != 0 {
+                return Err(no(format!(
+                    "provider requires mr_mode {}, more than {} allows",
+                    mr_mode_str(self.domain_attr.mr_mode & !bits),
+                    mr_mode_str(mr)
+                )));
+            }
+            out.domain_attr.mr_mode = mr;
+        } else if mr != FI_MR_UNSPEC {
             // The provider's required mr_mode bits must all be ones the caller supports.
             if self.domain_attr.mr_mode & !mr != 0 {
                 return Err(no(format!(

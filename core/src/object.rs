@@ -142,7 +142,7 @@ impl Fabric {
                 info: info.clone(),
                 hmem,
                 ops,
-                mr: Arc::new(MrMap::new(info.domain_attr.mr_mode)),
+                mr: Arc::new(MrMap::new(mr_mode_bits(info.domain_attr.mr_mode))),
                 progress,
                 work: DomainWork::default(),
                 _auto: auto,
@@ -239,7 +239,7 @@ impl Domain {
             )));
         }
         let attr = self.check_owner(attr, flags)?;
-        let mode = self.inner.info.domain_attr.mr_mode;
+        let mode = mr_mode_bits(self.inner.info.domain_attr.mr_mode);
         // SAFETY: forwarded: the caller keeps the range valid while the region lives.
         let prov = unsafe { self.inner.ops.mr_register(&attr, mode) };
         MemoryRegion::register_with(&self.inner.mr, &attr, prov)

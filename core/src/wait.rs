@@ -36,11 +36,13 @@ pub trait ProgressSource: Send + Sync {
 /// The endpoints (or other progress sources) that a queue, counter or domain drives. Read on
 /// every poll of a queue, changed only when an endpoint is enabled or closed: the list is an
 /// immutable snapshot swapped whole, so a poll takes no lock and no reference count. Entries
-/// are strong references; an endpoint removes itself when it closes (which it always does,
-/// on drop at the latest), so no cycle outlives it.
+/// are strong references, counted: a source added twice (a domain's list, registered by each
+/// of its endpoints bound to one queue) is driven once and stays until removed as often. An
+/// endpoint removes what it added when it closes (which it always does, on drop at the
+/// latest), so no cycle outlives it.
 #[derive(Default)]
 pub struct ProgressList {
-    sources: ArcSwap<Vec<Arc<dyn ProgressSource>>>,
+    sources: ArcSwap<Vec<(Arc<dyn ProgressSource>, usize)>>,
 }
 
 fn same(a: &Arc<dyn ProgressSource>, b: &Arc<dyn ProgressSource>) -> bool {
@@ -48,23 +50,27 @@ fn same(a: &Arc<dyn ProgressSource>, b: &Arc<dyn ProgressSource>) -> bool {
 }
 
 impl ProgressList {
-    /// Adds a source (once).
+    /// Adds a source, or counts it once more.
     pub fn add(&self, p: Arc<dyn ProgressSource>) {
         self.sources.rcu(|v| {
             let mut v = Vec::clone(v);
-            if !v.iter().any(|x| same(x, &p)) {
-                v.push(p.clone());
+            match v.iter_mut().find(|(x, _)| same(x, &p)) {
+                Some((_, n)) => *n += 1,
+                None => v.push((p.clone(), 1)),
             }
             v
         });
     }
 
-    /// Removes a source.
+    /// Undoes one `add` of a source.
     pub fn remove(&self, p: &Arc<dyn ProgressSource>) {
         self.sources.rcu(|v| {
             v.iter()
-                .filter(|x| !same(x, p))
-                .cloned()
+                .filter_map(|(x, n)| match same(x, p) {
+                    false => Some((x.clone(), *n)),
+                    true if *n > 1 => Some((x.clone(), n - 1)),
+                    true => None,
+                })
                 .collect::<Vec<_>>()
         });
     }
@@ -74,7 +80,7 @@ impl ProgressList {
     pub fn run(&self) -> usize {
         let v = self.sources.load();
         let mut n = 0;
-        for p in v.iter() {
+        for (p, _) in v.iter() {
             n += p.progress();
         }
         n
@@ -89,7 +95,7 @@ impl ProgressList {
         // doorbell (`EpLink`'s wait ends at that time, or at a CPU XPU's ring).
         let soonest = v
             .iter()
-            .filter_map(|p| p.next_look().map(|d| (d, p)))
+            .filter_map(|(p, _)| p.next_look().map(|d| (d, p)))
             .min_by_key(|(d, _)| *d);
         if let Some((d, p)) = soonest {
             // Zero: the source spins (for a slice of its own choosing) rather than sleeps.
@@ -97,8 +103,8 @@ impl ProgressList {
             return p.idle_wait(d.min(Duration::from_millis(1)));
         }
         match v.first() {
-            Some(p) if v.len() > 1 => p.idle_wait(timeout.min(Duration::from_millis(1))),
-            Some(p) => p.idle_wait(timeout),
+            Some((p, _)) if v.len() > 1 => p.idle_wait(timeout.min(Duration::from_millis(1))),
+            Some((p, _)) => p.idle_wait(timeout),
             None => std::thread::sleep(timeout.min(Duration::from_millis(1))),
         }
     }
@@ -109,7 +115,7 @@ impl ProgressList {
         self.sources
             .load()
             .iter()
-            .filter_map(|p| p.next_look())
+            .filter_map(|(p, _)| p.next_look())
             .min()
     }
 
@@ -121,6 +127,31 @@ impl ProgressList {
     /// True when no source is registered.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// A domain's list of endpoints is itself a source: under manual progress a queue or counter
+/// drives every endpoint of its domain (as libfabric's providers progress a domain), so an
+/// application that reads only one endpoint's queue still moves the others' transfers — a
+/// connection another endpoint of the process opened completes its handshake, and what that
+/// endpoint queued behind it goes out.
+impl ProgressSource for ProgressList {
+    fn progress(&self) -> usize {
+        self.run()
+    }
+
+    fn idle_wait(&self, timeout: Duration) {
+        ProgressList::idle_wait(self, timeout)
+    }
+
+    fn wake(&self) {
+        for (p, _) in self.sources.load().iter() {
+            p.wake();
+        }
+    }
+
+    fn next_look(&self) -> Option<Duration> {
+        ProgressList::next_look(self)
     }
 }
 

@@ -130,6 +130,10 @@ pub(crate) fn rdm_info(d: &RdmDesc) -> Info {
             protocol_version: 1,
             max_msg_size: isize::MAX as usize,
             mem_tag_format: 0xaaaa_aaaa_aaaa_aaaa,
+            // RAW, WAR and WAW hold for RMA of any size (`ORDER`): up to the largest message.
+            max_order_raw_size: isize::MAX as usize,
+            max_order_war_size: isize::MAX as usize,
+            max_order_waw_size: isize::MAX as usize,
             tx_ctx_cnt: 1,
             rx_ctx_cnt: 1,
             ..Default::default()
@@ -154,6 +158,7 @@ pub(crate) fn rdm_info(d: &RdmDesc) -> Info {
             mr_iov_limit: 1,
             max_err_data: 256,
             mr_cnt: 65536,
+            caps: caps & FI_DOMAIN_CAPS,
             ..Default::default()
         },
         fabric_attr: FabricAttr {

@@ -441,8 +441,12 @@ pub struct Endpoint {
     link: Option<Arc<EpLink>>,
     progress_reg: Arc<dyn ProgressSource>,
     domain_progress: Arc<ProgressList>,
-    enabled: AtomicBool,
-    closed: AtomicBool,
+    /// Shared with the endpoint's aliases: they see it enabled and closed with it.
+    enabled: Arc<AtomicBool>,
+    closed: Arc<AtomicBool>,
+    /// An alias's own default operation flags (transmit, receive); `None` for the endpoint
+    /// itself, whose defaults are the core's.
+    alias: Option<(u64, u64)>,
 }
 
 impl Endpoint {
@@ -469,9 +473,49 @@ impl Endpoint {
             progress_reg: as_progress,
             ops,
             domain_progress,
-            enabled: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
+            enabled: Arc::new(AtomicBool::new(false)),
+            closed: Arc::new(AtomicBool::new(false)),
+            alias: None,
         }
+    }
+
+    /// `fi_ep_alias`: another handle on this endpoint whose operations use `flags` (less
+    /// `FI_TRANSMIT` and `FI_RECV`) as their default operation flags in the directions those
+    /// two name; the other direction keeps this endpoint's. It shares everything else (queues,
+    /// counters, address vector, state): closing it leaves the endpoint open, and closing the
+    /// endpoint ends its aliases' use.
+    pub fn alias(&self, flags: u64) -> Result<Endpoint> {
+        let dirs = flags & (FI_TRANSMIT | FI_RECV);
+        if dirs == 0 {
+            return Err(Error::Inval(
+                "ep_alias: flags name neither FI_TRANSMIT nor FI_RECV".into(),
+            ));
+        }
+        let ops = flags & !(FI_TRANSMIT | FI_RECV);
+        let (tx, rx) = (self.tx_op_flags(), self.rx_op_flags());
+        Ok(Endpoint {
+            core: self.core.clone(),
+            ops: self.ops.clone(),
+            link: self.link.clone(),
+            progress_reg: self.progress_reg.clone(),
+            domain_progress: self.domain_progress.clone(),
+            enabled: self.enabled.clone(),
+            closed: self.closed.clone(),
+            alias: Some((
+                if dirs & FI_TRANSMIT != 0 { ops } else { tx },
+                if dirs & FI_RECV != 0 { ops } else { rx },
+            )),
+        })
+    }
+
+    /// Default flags of transmit operations (this handle's, for an alias).
+    pub fn tx_op_flags(&self) -> u64 {
+        self.alias.map_or(self.core.tx_op_flags, |(tx, _)| tx)
+    }
+
+    /// Default flags of receive operations (this handle's, for an alias).
+    pub fn rx_op_flags(&self) -> u64 {
+        self.alias.map_or(self.core.rx_op_flags, |(_, rx)| rx)
     }
 
     /// The generic state (capabilities, bindings).
@@ -628,10 +672,11 @@ impl Endpoint {
         Ok(())
     }
 
-    /// What the endpoint's queues and counters drive when read: the endpoint itself under
-    /// manual progress, nothing under auto progress (the domain's thread does it).
+    /// What the endpoint's queues and counters drive when read: under manual progress every
+    /// endpoint of its domain (the domain's list, this one included), nothing under auto
+    /// progress (the domain's thread does it).
     fn driven_by_readers(&self) -> Option<Arc<dyn ProgressSource>> {
-        (!self.core.auto_progress).then(|| self.progress_reg.clone())
+        (!self.core.auto_progress).then(|| self.domain_progress.clone() as Arc<dyn ProgressSource>)
     }
 
     /// What the endpoint buffers now for messages it could not handle yet ([`Buffered`]).
@@ -763,7 +808,7 @@ impl Endpoint {
             dest,
             tag,
             data,
-            flags: flags | (self.core.tx_op_flags & !(FI_INJECT)),
+            flags: flags | (self.tx_op_flags() & !(FI_INJECT)),
         }
     }
 
@@ -910,7 +955,7 @@ impl Endpoint {
             src,
             tag: 0,
             ignore: 0,
-            flags: FI_MSG | (self.core.rx_op_flags & RECV_FLAGS),
+            flags: FI_MSG | (self.rx_op_flags() & RECV_FLAGS),
             used: 0,
         };
         self.post_rx("recv", r)
@@ -934,7 +979,7 @@ impl Endpoint {
             src,
             tag: 0,
             ignore: 0,
-            flags: FI_MSG | (self.core.rx_op_flags & RECV_FLAGS),
+            flags: FI_MSG | (self.rx_op_flags() & RECV_FLAGS),
             used: 0,
         };
         self.post_rx("recvv", r)
@@ -1089,7 +1134,7 @@ impl Endpoint {
             src,
             tag,
             ignore,
-            flags: FI_TAGGED | (self.core.rx_op_flags & FI_COMPLETION),
+            flags: FI_TAGGED | (self.rx_op_flags() & FI_COMPLETION),
             used: 0,
         };
         self.post_rx("trecv", r)
@@ -1114,7 +1159,7 @@ impl Endpoint {
             src,
             tag,
             ignore,
-            flags: FI_TAGGED | (self.core.rx_op_flags & FI_COMPLETION),
+            flags: FI_TAGGED | (self.rx_op_flags() & FI_COMPLETION),
             used: 0,
         };
         self.post_rx("trecvv", r)
@@ -1165,7 +1210,8 @@ impl Endpoint {
     }
 
     fn shutdown(&self) {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        // An alias owns nothing of the endpoint's.
+        if self.alias.is_some() || self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
         if let Some(l) = &self.link {
@@ -1181,11 +1227,12 @@ impl Endpoint {
                     cqs.push(cq);
                 }
             }
+            let driven = self.driven_by_readers();
             for cq in cqs {
-                cq.unbind(&self.progress_reg);
+                cq.unbind(driven.as_ref());
             }
             for c in b.cntr.iter().flatten() {
-                c.unbind(&self.progress_reg);
+                c.unbind(driven.as_ref());
             }
             if let Some(av) = &b.av {
                 av.unbind();

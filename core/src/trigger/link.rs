@@ -280,7 +280,7 @@ impl EpLink {
         }
         let me: Arc<dyn ProgressSource> = self.clone();
         for c in std::mem::take(&mut *lock(&self.drives)) {
-            c.unbind(&me);
+            c.unbind(Some(&me));
         }
     }
 }

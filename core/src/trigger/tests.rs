@@ -374,3 +374,40 @@ fn with_resource_management_a_fired_operation_waits_for_cq_room() {
     assert_eq!(ctxs, [1, 2, 3], "every completion, none lost");
     assert_eq!(w.sh.ctxs(), [1, 2, 3]);
 }
+
+#[test]
+fn an_alias_shares_the_endpoint_with_its_own_default_flags() {
+    let w = World::new();
+    let e = w.ep();
+    assert!(matches!(e.ep.alias(FI_COMPLETION), Err(Error::Inval(_))));
+    let a =
+        e.ep.alias(FI_TRANSMIT | FI_COMPLETION | FI_TRIGGER)
+            .unwrap();
+    assert_eq!(a.tx_op_flags(), FI_COMPLETION | FI_TRIGGER);
+    assert_eq!(a.rx_op_flags(), e.ep.rx_op_flags(), "receive defaults kept");
+    let r = e.ep.alias(FI_RECV | FI_MULTI_RECV).unwrap();
+    assert_eq!(r.rx_op_flags(), FI_MULTI_RECV);
+    assert_eq!(r.tx_op_flags(), e.ep.tx_op_flags());
+    // Triggered through the alias (what C's fi_write on an FI_TRIGGER alias does), then a
+    // plain send through the endpoint after the alias is gone.
+    let c = w.cntr();
+    let buf = [0u8; 8];
+    let iov = [RawIov::of(&buf)];
+    // SAFETY: the mock provider never reads the buffer.
+    unsafe { a.sendmsg_triggered(&msg(&iov, 1), 0, &TriggerContext::threshold(&c, 1)) }.unwrap();
+    drop(a);
+    drop(r);
+    c.add(1).unwrap();
+    tsend(&e.ep, &buf, 2, &TriggerContext::threshold(&c, 1));
+    assert_eq!(
+        w.sh.ctxs(),
+        [1, 2],
+        "the alias's operation ran on the endpoint"
+    );
+    // Closing the endpoint ends its aliases' use.
+    let a = e.ep.alias(FI_TRANSMIT).unwrap();
+    e.ep.close().unwrap();
+    // SAFETY: refused before anything is posted.
+    let r = unsafe { a.sendmsg(&msg(&iov, 3), 0) };
+    assert!(matches!(r, Err(Error::OpBadState(_))), "{r:?}");
+}

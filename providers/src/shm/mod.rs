@@ -69,13 +69,41 @@ impl Provider for Shm {
 
     fn getinfo(
         &self,
-        _node: Option<&str>,
-        _service: Option<&str>,
-        _flags: u64,
+        node: Option<&str>,
+        service: Option<&str>,
+        flags: u64,
         hints: &Info,
     ) -> Result<Vec<Info>> {
         check_hmem("shm", hints)?;
-        Info::fit_each("shm", self.info(), hints)
+        let mut out = Info::fit_each("shm", self.info(), hints)?;
+        // An endpoint's name is made when it opens (a fresh segment): what getinfo reports is
+        // this process's, for the caller to see which side is which. A node (and service)
+        // names a peer, or with FI_SOURCE this side, as written; an endpoint never binds to it.
+        let named = match (node, service) {
+            (None, None) => None,
+            (n, s) => Some([n, s].into_iter().flatten().collect::<Vec<_>>().join(":")),
+        };
+        let own = format!("{ADDR_PREFIX}{}{}", segment::PREFIX, std::process::id());
+        let c_string = |s: String| {
+            let mut b = s.into_bytes();
+            b.push(0);
+            b
+        };
+        for f in &mut out {
+            if flags & FI_SOURCE != 0 {
+                if let Some(n) = &named {
+                    f.src_addr = Some(c_string(format!("{ADDR_PREFIX}{n}")));
+                }
+            } else if f.dest_addr.is_none() {
+                f.dest_addr = named
+                    .as_ref()
+                    .map(|n| c_string(format!("{ADDR_PREFIX}{n}")));
+            }
+            if f.src_addr.is_none() {
+                f.src_addr = Some(c_string(own.clone()));
+            }
+        }
+        Ok(out)
     }
 
     fn info(&self) -> Vec<Info> {

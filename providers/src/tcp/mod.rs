@@ -58,6 +58,18 @@ fn family_format(a: &SocketAddr) -> u32 {
     }
 }
 
+/// The source an answer names when nothing else does: what an endpoint opened from it binds
+/// to (port 0, any). For an IPv6 peer other than the loopback, none: the kernel picks the
+/// source when connecting, and a name must be reachable.
+fn default_src(dest: Option<SocketAddr>, v6: bool) -> Option<SocketAddr> {
+    match dest {
+        Some(SocketAddr::V6(d)) if !d.ip().is_loopback() => None,
+        Some(SocketAddr::V6(_)) => Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 0)),
+        _ if v6 => Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 0)),
+        _ => Some(SocketAddr::new(addr::default_ip(), 0)),
+    }
+}
+
 impl Provider for Tcp {
     fn name(&self) -> &'static str {
         "tcp"
@@ -90,7 +102,9 @@ impl Provider for Tcp {
         } else {
             (None, named)
         };
-        let src = src.or_else(|| hints.src_addr.as_deref().and_then(|a| addr::decode(a).ok()));
+        let src = src
+            .or_else(|| hints.src_addr.as_deref().and_then(|a| addr::decode(a).ok()))
+            .or_else(|| default_src(dest, v6));
         let want = hints.addr_format;
         let format = if want == FI_ADDR_STR {
             FI_ADDR_STR
@@ -101,7 +115,7 @@ impl Provider for Tcp {
         } else {
             FI_SOCKADDR_IN
         };
-        if want != FI_FORMAT_UNSPEC && want != format {
+        if !addr_format_fits(want, format) {
             return Err(Error::NoData(format!(
                 "provider tcp: address format {want} does not fit {node:?}"
             )));

@@ -141,7 +141,7 @@ impl Provider for Verbs {
         let nics = ib::nics().map_err(|why| Error::NoData(format!("provider verbs: {why}")))?;
         check_hmem("verbs", hints)?;
         let want = hints.addr_format;
-        if ![FI_FORMAT_UNSPEC, FI_SOCKADDR_IN, FI_ADDR_STR].contains(&want) {
+        if ![FI_FORMAT_UNSPEC, FI_SOCKADDR, FI_SOCKADDR_IN, FI_ADDR_STR].contains(&want) {
             return Err(Error::NoData(format!(
                 "provider verbs: address format {want} (IPv4 only: FI_SOCKADDR_IN, FI_ADDR_STR)"
             )));
@@ -190,7 +190,10 @@ impl Provider for Verbs {
             }
             for mut f in Info::fit_each("verbs", self.info(), &h)? {
                 f.addr_format = format;
-                f.src_addr = src.map(|a| addr::name(&a, format == FI_ADDR_STR));
+                // Without a source named, the device's address (port 0: any), which is
+                // what an endpoint opened from this answer binds to.
+                let own = SocketAddr::new(IpAddr::V4(nic.ip), 0);
+                f.src_addr = Some(addr::name(&src.unwrap_or(own), format == FI_ADDR_STR));
                 f.dest_addr = dest.map(|a| addr::name(&a, format == FI_ADDR_STR));
                 f.domain_attr.name = Some(nic.name.clone());
                 out.push(f);
