@@ -207,7 +207,11 @@ pub fn write_verbose(out: &mut String, i: &Info) {
     w(2, "mr_iov_limit", &dom.mr_iov_limit);
     w(2, "caps", &list(caps_str(dom.caps)));
     w(2, "mode", &list(mode_str(dom.mode)));
-    w(2, "auth_key_size", &key_len(&dom.auth_key));
+    let dom_key = match &dom.auth_key {
+        Some(k) => k.len(),
+        None => dom.auth_key_size,
+    };
+    w(2, "auth_key_size", &dom_key);
     w(2, "max_err_data", &dom.max_err_data);
     w(2, "mr_cnt", &dom.mr_cnt);
     w(2, "tclass", &format_args!("{:#x}", dom.tclass));

@@ -158,6 +158,7 @@ pub unsafe fn hints_from_c(h: &FiInfo, version: u32) -> Result<Info, Bad> {
             mode: d.mode,
             // SAFETY: key readable for its stated length (caller).
             auth_key: unsafe { opt_bytes(d.auth_key.cast(), d.auth_key_size) },
+            auth_key_size: d.auth_key_size,
             max_err_data: d.max_err_data,
             mr_cnt: d.mr_cnt,
             tclass: d.tclass,
@@ -283,7 +284,8 @@ fn fill(d: &mut FiInfo, i: &Info, version: u32) -> Result<(), ()> {
         da.mode = dom.mode;
         let (k, n) = c_bytes(&dom.auth_key)?;
         da.auth_key = k.cast();
-        da.auth_key_size = n;
+        // Without a key, the size says whether the provider takes one.
+        da.auth_key_size = if k.is_null() { dom.auth_key_size } else { n };
         da.max_err_data = dom.max_err_data;
         da.mr_cnt = dom.mr_cnt;
         da.tclass = dom.tclass;

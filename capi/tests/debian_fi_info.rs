@@ -140,3 +140,21 @@ fn fi_provider_and_caps_that_leave_nothing_are_no_data() {
         assert!(t.contains("fi_getinfo: -61"), "{args:?} {env:?}: {t}");
     }
 }
+
+#[test]
+fn fi_info_verbose_shows_that_tcp_takes_an_auth_key() {
+    if !have_fi_info() {
+        return;
+    }
+    // fi_domain(3): auth_key_size is 0 where keys are not available.
+    for (prov, size) in [("tcp", 32), ("shm", 0)] {
+        let out = fi_info(&["-v", "-p", prov], &[]);
+        let t = text(&out);
+        assert!(out.status.success(), "{t}");
+        let dom = t.split("fi_domain_attr:").nth(1).expect("a domain section");
+        assert!(
+            dom.contains(&format!("auth_key_size: {size}")),
+            "{prov}: {dom}"
+        );
+    }
+}

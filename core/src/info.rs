@@ -133,6 +133,10 @@ pub struct DomainAttr {
     pub mode: u64,
     /// Default authorization key of the domain's endpoints; `None` for none.
     pub auth_key: Option<Vec<u8>>,
+    /// `auth_key_size` where no key is given: in a getinfo answer, nonzero says the provider
+    /// takes authorization keys, of this size as a suggestion (fi_domain(3): 0 when keys are
+    /// not available). With `auth_key`, its length is the size.
+    pub auth_key_size: usize,
     /// Largest provider error data, in bytes, an error completion can carry.
     pub max_err_data: usize,
     /// Number of memory regions the domain can register.

@@ -44,6 +44,10 @@ pub const TCP_CAPS: u64 = FI_MSG
     | FI_LOCAL_COMM
     | FI_REMOTE_COMM;
 
+/// The `auth_key_size` getinfo reports: tcp takes keys of any length, and HMAC-SHA-256's
+/// own (32 random bytes) is the one to use.
+pub const AUTH_KEY_SIZE: usize = 32;
+
 /// Largest inject (copied during the call).
 pub const INJECT_SIZE: usize = 4096;
 
@@ -132,6 +136,8 @@ impl Provider for Tcp {
                 .auth_key
                 .clone_from(&hints.domain_attr.auth_key);
             f.ep_attr.auth_key.clone_from(&hints.ep_attr.auth_key);
+            // Keys are taken (tcp's handshake proves them: docs/security.md), of any length.
+            f.domain_attr.auth_key_size = AUTH_KEY_SIZE;
             f.addr_format = format;
             f.src_addr = src.map(|a| addr::name(&a, format == FI_ADDR_STR));
             f.dest_addr = dest.map(|a| addr::name(&a, format == FI_ADDR_STR));
