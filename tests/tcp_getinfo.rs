@@ -4,7 +4,7 @@
 
 use std::net::{SocketAddr, TcpListener};
 
-use xfabric::providers::tcp::addr;
+use xfabric::providers::inet;
 use xfabric::*;
 
 fn hints(format: u32) -> Info {
@@ -39,9 +39,9 @@ fn node_and_service_name_the_peer_or_with_fi_source_ourselves() {
     )
     .unwrap();
     assert_eq!(v[0].addr_format, FI_SOCKADDR_IN);
-    assert_eq!(v[0].dest_addr.as_deref(), Some(&addr::encode(&want)[..]));
+    assert_eq!(v[0].dest_addr.as_deref(), Some(&inet::encode(&want)[..]));
     // The source is where an endpoint from this answer listens: any port.
-    let src = addr::decode(v[0].src_addr.as_deref().expect("a source")).unwrap();
+    let src = inet::decode(v[0].src_addr.as_deref().expect("a source")).unwrap();
     assert_eq!(src.port(), 0);
     assert!(v[0].caps & FI_REMOTE_COMM != 0);
 
@@ -54,13 +54,13 @@ fn node_and_service_name_the_peer_or_with_fi_source_ourselves() {
     )
     .unwrap();
     let info = v[0].clone();
-    assert_eq!(info.src_addr.as_deref(), Some(&addr::encode(&want)[..]));
+    assert_eq!(info.src_addr.as_deref(), Some(&inet::encode(&want)[..]));
     // An endpoint from that answer listens there: its name is that address, and the port is
     // taken.
     let fabric = xfabric::fabric(&info.fabric_attr).unwrap();
     let domain = fabric.domain(&info).unwrap();
     let ep = domain.endpoint(&info).unwrap();
-    assert_eq!(ep.getname().unwrap(), addr::encode(&want));
+    assert_eq!(ep.getname().unwrap(), inet::encode(&want));
     assert!(
         TcpListener::bind(want).is_err(),
         "the endpoint listens there"
@@ -83,7 +83,7 @@ fn ipv6_and_string_formats() {
     match v {
         Ok(v) => {
             assert_eq!(v[0].addr_format, FI_SOCKADDR_IN6);
-            let a = addr::decode(v[0].src_addr.as_deref().unwrap()).unwrap();
+            let a = inet::decode(v[0].src_addr.as_deref().unwrap()).unwrap();
             assert!(a.is_ipv6() && a.port().to_string() == port);
         }
         // Hosts without IPv6 loopback say so.

@@ -819,7 +819,7 @@ fn pair_two_devices_exchange_messages_across_the_veth_pair() {
     }
     let on = |ip: &str| {
         let a: std::net::SocketAddr = format!("{ip}:0").parse().unwrap();
-        let raw = xfabric_providers::tcp::addr::encode(&a);
+        let raw = xfabric_providers::inet::encode(&a);
         node_with(FI_MSG, Progress::Auto, move |h| h.src_addr = Some(raw))
     };
     if role().is_some() {
@@ -875,7 +875,7 @@ fn skip_pair() -> bool {
 /// `nic`, its regions have provider keys and virtual addresses (see `nic_node`).
 fn pair_node(ip: &str, caps: u64, nic: bool) -> Node {
     let a: std::net::SocketAddr = format!("{ip}:0").parse().unwrap();
-    let raw = xfabric_providers::tcp::addr::encode(&a);
+    let raw = xfabric_providers::inet::encode(&a);
     let n = node_with(caps, Progress::Auto, move |h| {
         h.src_addr = Some(raw);
         if nic {

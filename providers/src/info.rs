@@ -8,6 +8,29 @@ use xfabric_core::{Error, Result};
 
 use crate::hmem::GlobalHmem;
 
+/// Capabilities the engine gives an endpoint over any transport (a network transport adds
+/// `FI_REMOTE_COMM`; `FI_HMEM` is added where a device interface works).
+pub(crate) const RDM_CAPS: u64 = FI_MSG
+    | FI_TAGGED
+    | FI_RMA
+    | FI_ATOMIC
+    | FI_READ
+    | FI_WRITE
+    | FI_REMOTE_READ
+    | FI_REMOTE_WRITE
+    | FI_RMA_EVENT
+    | FI_RMA_PMEM
+    | FI_FENCE
+    | FI_SEND
+    | FI_RECV
+    | FI_MULTI_RECV
+    | FI_SOURCE
+    | FI_SOURCE_ERR
+    | FI_DIRECTED_RECV
+    | FI_TRIGGER
+    | FI_XPU_TRIGGER
+    | FI_LOCAL_COMM;
+
 /// Capabilities that describe a transmit context.
 const TX_CAPS: u64 = FI_MSG
     | FI_TAGGED

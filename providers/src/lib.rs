@@ -8,9 +8,11 @@ use std::sync::Arc;
 use xfabric_core::Provider;
 
 mod clock;
+mod domain;
 pub mod hmem;
+pub mod inet;
 mod info;
-mod rdm_ep;
+mod rdm;
 pub mod shm;
 pub mod tcp;
 pub mod verbs;

@@ -18,11 +18,9 @@ use std::time::{Duration, Instant};
 use xfabric_core::av::AddrFormat;
 use xfabric_core::consts::*;
 use xfabric_core::info::*;
-use xfabric_core::{
-    DomainOps, DoorbellAlloc, EndpointOps, EpCore, Error, HmemOps, Provider, Result,
-};
+use xfabric_core::{DomainOps, EndpointOps, EpCore, Error, Provider, Result};
 
-use crate::hmem::GlobalHmem;
+use crate::domain::{Domain, ProviderDomain};
 use crate::info::{check_hmem, rdm_info, RdmDesc};
 
 pub use futex::wakes as futex_wakes;
@@ -32,27 +30,8 @@ pub const ADDR_PREFIX: &str = "fi_shm://";
 /// Largest inject (copied out of the caller's buffer during the call).
 pub const INJECT_SIZE: usize = 4096;
 
-/// Capabilities the shm provider offers.
-pub const SHM_CAPS: u64 = FI_MSG
-    | FI_TAGGED
-    | FI_RMA
-    | FI_ATOMIC
-    | FI_READ
-    | FI_WRITE
-    | FI_REMOTE_READ
-    | FI_REMOTE_WRITE
-    | FI_RMA_EVENT
-    | FI_RMA_PMEM
-    | FI_FENCE
-    | FI_SEND
-    | FI_RECV
-    | FI_MULTI_RECV
-    | FI_SOURCE
-    | FI_SOURCE_ERR
-    | FI_DIRECTED_RECV
-    | FI_TRIGGER
-    | FI_XPU_TRIGGER
-    | FI_LOCAL_COMM;
+/// Capabilities the shm provider offers: what the engine gives any transport.
+pub const SHM_CAPS: u64 = crate::info::RDM_CAPS;
 
 /// The shm provider.
 #[derive(Debug, Default)]
@@ -118,7 +97,7 @@ impl Provider for Shm {
 
     fn domain(&self, _info: &Info) -> Result<Arc<dyn DomainOps>> {
         reclaim_now_and_then();
-        Ok(Arc::new(ShmDomain))
+        Ok(Domain::ops(ShmDomain))
     }
 }
 
@@ -141,28 +120,17 @@ fn reclaim_now_and_then() {
 
 struct ShmDomain;
 
-impl DomainOps for ShmDomain {
+impl ProviderDomain for ShmDomain {
+    const NAME: &'static str = "shm";
+    const CAPS: u64 = SHM_CAPS;
+
     fn addr_format(&self) -> Arc<dyn AddrFormat> {
         Arc::new(ShmAddr)
     }
 
-    fn endpoint(&self, info: &Info, core: Arc<EpCore>) -> Result<Arc<dyn EndpointOps>> {
-        if info.caps & !(SHM_CAPS | FI_HMEM) != 0 {
-            return Err(Error::OpNotSupp(format!(
-                "shm endpoint: capabilities {} are not supported",
-                caps_str(info.caps & !(SHM_CAPS | FI_HMEM))
-            )));
-        }
+    fn open(&self, _info: &Info, core: Arc<EpCore>) -> Result<Arc<dyn EndpointOps>> {
         reclaim_now_and_then();
         Ok(ep::ShmEndpoint::open(core)?)
-    }
-
-    fn hmem(&self) -> Option<Arc<dyn HmemOps>> {
-        Some(GlobalHmem::ops())
-    }
-
-    fn xpu_doorbells(&self) -> Option<Arc<dyn DoorbellAlloc>> {
-        Some(xfabric_xpu_trigger::doorbells())
     }
 }
 

@@ -1,5 +1,5 @@
 //! The tcp endpoint: core's RDM engine over `net`'s connections, through the glue every
-//! provider on the engine shares (crate::rdm_ep). What is tcp's here: the listening socket
+//! provider on the engine shares (crate::rdm). What is tcp's here: the listening socket
 //! the endpoint is named after, the connections' liveness setting, and how the socket layer
 //! takes frames and is waited on.
 
@@ -12,9 +12,9 @@ use xfabric_core::rdm::PeerId;
 use xfabric_core::settings;
 use xfabric_core::{EpCore, Error, Result};
 
-use super::addr;
-use super::net::{Handler, Net};
-use crate::rdm_ep::{self, Glue, RdmEndpoint, Wire};
+use super::net::Net;
+use crate::inet;
+use crate::rdm::{self as glue, Glue, Handler, RdmEndpoint, Wire};
 
 /// A tcp endpoint.
 pub type TcpEndpoint = RdmEndpoint<Net>;
@@ -34,8 +34,8 @@ pub fn open(
         0 => None,
         ms => Some(Duration::from_millis(ms as u64)),
     });
-    let name = addr::name(&net.local_addr(), str_name);
-    let cfg = rdm_ep::engine_config(&core);
+    let name = inet::name(&net.local_addr(), str_name);
+    let cfg = glue::engine_config(&core);
     RdmEndpoint::open(core, net, name, cfg)
 }
 

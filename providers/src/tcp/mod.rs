@@ -3,7 +3,6 @@
 //! transport under it: a listening socket per endpoint, connections made on first use
 //! (`net`), and the glue that feeds frames between the two (`ep`).
 
-pub mod addr;
 mod ep;
 pub mod net;
 
@@ -12,37 +11,16 @@ use std::sync::Arc;
 
 use xfabric_core::consts::*;
 use xfabric_core::info::*;
-use xfabric_core::{
-    DomainOps, DoorbellAlloc, EndpointOps, EpCore, Error, HmemOps, Provider, Result,
-};
+use xfabric_core::{DomainOps, EndpointOps, EpCore, Error, Provider, Result};
 
-use crate::hmem::GlobalHmem;
+use crate::domain::{Domain, ProviderDomain};
+use crate::inet;
 use crate::info::{check_hmem, rdm_info, RdmDesc};
 
 pub use ep::TcpEndpoint;
 
-/// Capabilities the tcp provider offers.
-pub const TCP_CAPS: u64 = FI_MSG
-    | FI_TAGGED
-    | FI_RMA
-    | FI_ATOMIC
-    | FI_READ
-    | FI_WRITE
-    | FI_REMOTE_READ
-    | FI_REMOTE_WRITE
-    | FI_RMA_EVENT
-    | FI_RMA_PMEM
-    | FI_FENCE
-    | FI_SEND
-    | FI_RECV
-    | FI_MULTI_RECV
-    | FI_SOURCE
-    | FI_SOURCE_ERR
-    | FI_DIRECTED_RECV
-    | FI_TRIGGER
-    | FI_XPU_TRIGGER
-    | FI_LOCAL_COMM
-    | FI_REMOTE_COMM;
+/// Capabilities the tcp provider offers: the engine's, to peers on other hosts too.
+pub const TCP_CAPS: u64 = crate::info::RDM_CAPS | FI_REMOTE_COMM;
 
 /// The `auth_key_size` getinfo reports: tcp takes keys of any length, and HMAC-SHA-256's
 /// own (32 random bytes) is the one to use.
@@ -70,7 +48,7 @@ fn default_src(dest: Option<SocketAddr>, v6: bool) -> Option<SocketAddr> {
         Some(SocketAddr::V6(d)) if !d.ip().is_loopback() => None,
         Some(SocketAddr::V6(_)) => Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 0)),
         _ if v6 => Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 0)),
-        _ => Some(SocketAddr::new(addr::default_ip(), 0)),
+        _ => Some(SocketAddr::new(inet::default_ip(), 0)),
     }
 }
 
@@ -97,17 +75,17 @@ impl Provider for Tcp {
         let dflt = if v6 {
             IpAddr::V6(Ipv6Addr::LOCALHOST)
         } else {
-            addr::default_ip()
+            inet::default_ip()
         };
         let fits = |a: &SocketAddr| a.is_ipv6() == v6 || node.is_some();
-        let named = addr::resolve("tcp", node, service, dflt, ("usable", &fits))?;
+        let named = inet::resolve("tcp", node, service, dflt, ("usable", &fits))?;
         let (src, dest) = if flags & FI_SOURCE != 0 {
             (named, None)
         } else {
             (None, named)
         };
         let src = src
-            .or_else(|| hints.src_addr.as_deref().and_then(|a| addr::decode(a).ok()))
+            .or_else(|| hints.src_addr.as_deref().and_then(|a| inet::decode(a).ok()))
             .or_else(|| default_src(dest, v6));
         let want = hints.addr_format;
         let format = if want == FI_ADDR_STR {
@@ -139,8 +117,8 @@ impl Provider for Tcp {
             // Keys are taken (tcp's handshake proves them: docs/security.md), of any length.
             f.domain_attr.auth_key_size = AUTH_KEY_SIZE;
             f.addr_format = format;
-            f.src_addr = src.map(|a| addr::name(&a, format == FI_ADDR_STR));
-            f.dest_addr = dest.map(|a| addr::name(&a, format == FI_ADDR_STR));
+            f.src_addr = src.map(|a| inet::name(&a, format == FI_ADDR_STR));
+            f.dest_addr = dest.map(|a| inet::name(&a, format == FI_ADDR_STR));
         }
         Ok(out)
     }
@@ -158,7 +136,7 @@ impl Provider for Tcp {
     }
 
     fn domain(&self, _info: &Info) -> Result<Arc<dyn DomainOps>> {
-        Ok(Arc::new(TcpDomain))
+        Ok(Domain::ops(TcpDomain))
     }
 }
 
@@ -180,22 +158,19 @@ fn auth_key(info: &Info) -> Option<Vec<u8>> {
         })
 }
 
-impl DomainOps for TcpDomain {
+impl ProviderDomain for TcpDomain {
+    const NAME: &'static str = "tcp";
+    const CAPS: u64 = TCP_CAPS;
+
     fn addr_format(&self) -> Arc<dyn xfabric_core::AddrFormat> {
-        Arc::new(addr::TcpAddr)
+        Arc::new(inet::SockAddr)
     }
 
-    fn endpoint(&self, info: &Info, core: Arc<EpCore>) -> Result<Arc<dyn EndpointOps>> {
-        if info.caps & !(TCP_CAPS | FI_HMEM) != 0 {
-            return Err(Error::OpNotSupp(format!(
-                "tcp endpoint: capabilities {} are not supported",
-                caps_str(info.caps & !(TCP_CAPS | FI_HMEM))
-            )));
-        }
+    fn open(&self, info: &Info, core: Arc<EpCore>) -> Result<Arc<dyn EndpointOps>> {
         let bind = match info.src_addr.as_deref() {
-            Some(a) => addr::decode(a)?,
+            Some(a) => inet::decode(a)?,
             None if info.addr_format == FI_SOCKADDR_IN6 => "[::1]:0".parse().expect("literal"),
-            None => SocketAddr::new(addr::default_ip(), 0),
+            None => SocketAddr::new(inet::default_ip(), 0),
         };
         Ok(ep::open(
             core,
@@ -203,13 +178,5 @@ impl DomainOps for TcpDomain {
             info.addr_format == FI_ADDR_STR,
             auth_key(info),
         )?)
-    }
-
-    fn hmem(&self) -> Option<Arc<dyn HmemOps>> {
-        Some(GlobalHmem::ops())
-    }
-
-    fn xpu_doorbells(&self) -> Option<Arc<dyn DoorbellAlloc>> {
-        Some(xfabric_xpu_trigger::doorbells())
     }
 }

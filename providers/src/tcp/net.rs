@@ -35,67 +35,8 @@ use tracing::{debug, warn};
 use xfabric_core::rdm::wire::{self, Prefix, WireError, MAX_CTRL, PREFIX};
 use xfabric_core::rdm::{Body, PeerId, Sink, Transmit};
 
+use crate::rdm::Handler;
 use hello::{reason, Hs, HsError, Side, Transcript, RAND};
-
-/// What the layer calls back with (the engine implements it).
-pub trait Handler {
-    /// A frame's prefix and control part (exactly `prefix.ctrl_len` bytes) arrived from
-    /// `peer`. Answer where its `prefix.body_len` body bytes go; `Err`: the peer speaks
-    /// garbage, its connection is dropped and `on_lost(peer, EPROTO)` follows.
-    fn on_ctrl(
-        &mut self,
-        peer: PeerId,
-        addr: SocketAddr,
-        prefix: &Prefix,
-        ctrl: &[u8],
-    ) -> Result<Sink, WireError>;
-    /// The body arrived into the sink `on_ctrl` gave (`Sink::Buffer` filled to its length,
-    /// or to the body's if shorter; `Sink::Iov`: its first `iov.total()` bytes written, any
-    /// rest read and dropped; `Discard`: read and dropped). Called even for `body_len` 0.
-    fn on_body(&mut self, peer: PeerId, sink: Sink);
-    /// A whole frame arrived from `peer`: its prefix, exactly its control part, and its whole
-    /// body, in hand. What `on_ctrl` and then `on_body` do, with the body put where `on_ctrl`
-    /// answers; `Ok(false)`: `on_ctrl` answered `Sink::Wait`, nothing was taken, and the same
-    /// frame is offered again later. The engine takes a message this way without the
-    /// two-step exchange.
-    fn on_frame(
-        &mut self,
-        peer: PeerId,
-        addr: SocketAddr,
-        prefix: &Prefix,
-        ctrl: &[u8],
-        body: &[u8],
-    ) -> Result<bool, WireError> {
-        let sink = self.on_ctrl(peer, addr, prefix, ctrl)?;
-        if matches!(sink, Sink::Wait) {
-            return Ok(false);
-        }
-        // SAFETY: the sink is `on_ctrl`'s answer, handed back just below.
-        let sink = unsafe { sink.fill(body) };
-        self.on_body(peer, sink);
-        Ok(true)
-    }
-    /// Every byte of a `Transmit` that had a token was handed to the kernel.
-    fn on_sent(&mut self, peer: PeerId, token: u64);
-    /// The connection to `peer` failed (refused, reset, EOF, garbage, handshake failure):
-    /// `errno`. Queued transmits to it are dropped, and a body being received is abandoned
-    /// (its sink dropped). A later `send` to the same peer connects again.
-    fn on_lost(&mut self, peer: PeerId, addr: Option<SocketAddr>, errno: i32);
-    /// The NIC finished a one-sided operation the engine handed over (`Engine::poll_native`)
-    /// with `status` (0 or an errno). Transports without a NIC never call it.
-    fn on_native(&mut self, token: u64, status: i32) {
-        let _ = (token, status);
-    }
-    /// A copy the engine asked for (`Engine::poll_copy`) ended. Transports without one-sided
-    /// copies never call it.
-    fn on_copied(&mut self, token: u64, how: xfabric_core::rdm::Copied) {
-        let _ = (token, how);
-    }
-    /// A peer's NIC wrote `len` bytes into our memory and said so (remote CQ data, or none).
-    fn on_native_write(&mut self, peer: PeerId, len: usize, data: Option<u64>) {
-        let _ = (peer, len, data);
-    }
-}
 
 /// Bytes of each connection's read buffer.
 const RBUF: usize = 64 * 1024;
@@ -1174,7 +1115,7 @@ impl Net {
             // Out of descriptors: a silent stranger makes room for the call-back.
             dialed = self.dial(claim.addr);
         }
-        if !self.conns.get(k).is_some_and(|c| c.serial == serial) {
+        if self.conns.get(k).is_none_or(|c| c.serial != serial) {
             // Dropped itself to make that room (it was the oldest in bring-up).
             if let Ok(v) = dialed {
                 self.remove_conn(v);

@@ -1,5 +1,5 @@
 //! The verbs endpoint: core's RDM engine over `net`'s RC connections, through the glue every
-//! provider on the engine shares (crate::rdm_ep). What is verbs' here: the device the
+//! provider on the engine shares (crate::rdm). What is verbs' here: the device the
 //! endpoint listens on, and how the connections take frames (queued, then posted as credits
 //! and buffers allow) and are waited on (the CQ armed, its completion channel, the side
 //! channels).
@@ -16,9 +16,8 @@ use super::ib::Nic;
 use super::mr::Registry;
 use super::net::native::{Shared, VerbsOneSided};
 use super::net::Net;
-use crate::rdm_ep::{self, Glue, RdmEndpoint, Wire};
-use crate::tcp::addr;
-use crate::tcp::net::Handler;
+use crate::inet;
+use crate::rdm::{self as glue, Glue, Handler, RdmEndpoint, Wire};
 
 /// A verbs endpoint.
 pub type VerbsEndpoint = RdmEndpoint<Net>;
@@ -35,8 +34,8 @@ pub fn open(
 ) -> Result<Arc<VerbsEndpoint>> {
     let shared = Shared::new(reg.clone());
     let net = Net::bind(nic, bind, core.clone(), shared.clone())?;
-    let name = addr::name(&net.local_addr(), str_name);
-    let cfg = rdm_ep::engine_config(&core);
+    let name = inet::name(&net.local_addr(), str_name);
+    let cfg = glue::engine_config(&core);
     let one_sided = Box::new(VerbsOneSided::new(shared, nic));
     RdmEndpoint::open_with(core, net, name, cfg, Some(one_sided))
 }

@@ -21,19 +21,16 @@ use std::sync::Arc;
 
 use xfabric_core::consts::*;
 use xfabric_core::info::*;
-use xfabric_core::{
-    DomainOps, DoorbellAlloc, EndpointOps, EpCore, Error, HmemOps, MrAttr, Provider, ProviderMr,
-    Result,
-};
+use xfabric_core::{DomainOps, EndpointOps, EpCore, Error, MrAttr, Provider, ProviderMr, Result};
 
-use crate::hmem::GlobalHmem;
+use crate::domain::{Domain, ProviderDomain};
+use crate::inet;
 use crate::info::{check_hmem, rdm_info, RdmDesc};
-use crate::tcp::addr;
 
 pub use ep::VerbsEndpoint;
 
 /// Capabilities the verbs provider offers (the engine's, as tcp).
-pub const VERBS_CAPS: u64 = crate::tcp::TCP_CAPS;
+pub const VERBS_CAPS: u64 = crate::info::RDM_CAPS | FI_REMOTE_COMM;
 
 /// Largest inject (copied during the call).
 pub const INJECT_SIZE: usize = 4096;
@@ -147,7 +144,7 @@ impl Provider for Verbs {
             )));
         }
         let v4 = |a: &SocketAddr| a.is_ipv4();
-        let named = addr::resolve(
+        let named = inet::resolve(
             "verbs",
             node,
             service,
@@ -159,7 +156,7 @@ impl Provider for Verbs {
         } else {
             (None, named)
         };
-        let src = src.or_else(|| hints.src_addr.as_deref().and_then(|a| addr::decode(a).ok()));
+        let src = src.or_else(|| hints.src_addr.as_deref().and_then(|a| inet::decode(a).ok()));
         let format = if want == FI_ADDR_STR {
             FI_ADDR_STR
         } else {
@@ -193,8 +190,8 @@ impl Provider for Verbs {
                 // Without a source named, the device's address (port 0: any), which is
                 // what an endpoint opened from this answer binds to.
                 let own = SocketAddr::new(IpAddr::V4(nic.ip), 0);
-                f.src_addr = Some(addr::name(&src.unwrap_or(own), format == FI_ADDR_STR));
-                f.dest_addr = dest.map(|a| addr::name(&a, format == FI_ADDR_STR));
+                f.src_addr = Some(inet::name(&src.unwrap_or(own), format == FI_ADDR_STR));
+                f.dest_addr = dest.map(|a| inet::name(&a, format == FI_ADDR_STR));
                 f.domain_attr.name = Some(nic.name.clone());
                 out.push(f);
             }
@@ -226,7 +223,7 @@ impl Provider for Verbs {
             _ => ib::nic(),
         }
         .map_err(|why| Error::NoData(format!("verbs domain: {why}")))?;
-        Ok(Arc::new(VerbsDomain {
+        Ok(Domain::ops(VerbsDomain {
             nic,
             reg: Arc::default(),
         }))
@@ -239,20 +236,17 @@ struct VerbsDomain {
     reg: Arc<mr::Registry>,
 }
 
-impl DomainOps for VerbsDomain {
+impl ProviderDomain for VerbsDomain {
+    const NAME: &'static str = "verbs";
+    const CAPS: u64 = VERBS_CAPS;
+
     fn addr_format(&self) -> Arc<dyn xfabric_core::AddrFormat> {
-        Arc::new(addr::TcpAddr)
+        Arc::new(inet::SockAddr)
     }
 
-    fn endpoint(&self, info: &Info, core: Arc<EpCore>) -> Result<Arc<dyn EndpointOps>> {
-        if info.caps & !(VERBS_CAPS | FI_HMEM) != 0 {
-            return Err(Error::OpNotSupp(format!(
-                "verbs endpoint: capabilities {} are not supported",
-                caps_str(info.caps & !(VERBS_CAPS | FI_HMEM))
-            )));
-        }
+    fn open(&self, info: &Info, core: Arc<EpCore>) -> Result<Arc<dyn EndpointOps>> {
         let bind = match info.src_addr.as_deref() {
-            Some(a) => match addr::decode(a)? {
+            Some(a) => match inet::decode(a)? {
                 SocketAddr::V4(v4) if *v4.ip() == self.nic.ip => SocketAddr::V4(v4),
                 other => {
                     return Err(Error::Inval(format!(
@@ -270,16 +264,6 @@ impl DomainOps for VerbsDomain {
             bind,
             info.addr_format == FI_ADDR_STR,
         )?)
-    }
-
-    fn hmem(&self) -> Option<Arc<dyn HmemOps>> {
-        // Operations' device buffers are staged through host buffers, as tcp does; CUDA
-        // regions go to the NIC by dma-buf where it can (`mr`; see the README).
-        Some(GlobalHmem::ops())
-    }
-
-    fn xpu_doorbells(&self) -> Option<Arc<dyn DoorbellAlloc>> {
-        Some(xfabric_xpu_trigger::doorbells())
     }
 
     unsafe fn mr_register(&self, attr: &MrAttr, mr_mode: u32) -> Option<Box<dyn ProviderMr>> {

@@ -24,8 +24,8 @@ use xfabric_core::{EpCore, Error, Result};
 
 use super::ib::{Cq, Mr, Nic, Qp, QpInfo};
 use super::sys;
-use crate::tcp::addr;
-use crate::tcp::net::Handler;
+use crate::inet;
+use crate::rdm::Handler;
 
 pub mod native;
 pub mod pieces;
@@ -363,7 +363,7 @@ impl Net {
         h[8..12].copy_from_slice(&l.qp.num().to_le_bytes());
         h[12..16].copy_from_slice(&l.psn.to_le_bytes());
         h[16..32].copy_from_slice(&self.nic.gid);
-        let me = addr::encode(&self.name);
+        let me = inet::encode(&self.name);
         let n = me.len().min(16);
         h[32..32 + n].copy_from_slice(&me[..n]);
         h
@@ -630,7 +630,7 @@ impl Net {
         }
         let mut gid = [0u8; 16];
         gid.copy_from_slice(&h[16..32]);
-        let name = addr::decode(&h[32..48]).map_err(|_| "side channel: bad name")?;
+        let name = inet::decode(&h[32..48]).map_err(|_| "side channel: bad name")?;
         Ok((
             QpInfo {
                 qpn: u32_at(8) & 0xff_ffff,
@@ -1154,7 +1154,7 @@ mod tests {
         h[8..12].copy_from_slice(&qpn.to_le_bytes());
         h[12..16].copy_from_slice(&7u32.to_le_bytes());
         h[16..32].copy_from_slice(&[0xab; 16]);
-        h[32..48].copy_from_slice(&addr::encode(name));
+        h[32..48].copy_from_slice(&inet::encode(name));
         h
     }
 

@@ -1,4 +1,5 @@
-//! tcp addresses: `struct sockaddr_in` / `sockaddr_in6` bytes (`FI_SOCKADDR_IN` / `_IN6`, what
+//! Socket addresses, as tcp and verbs name endpoints: `struct sockaddr_in` / `sockaddr_in6`
+//! bytes (`FI_SOCKADDR_IN` / `_IN6`, what
 //! `fi_getname` returns and an AV stores), or the strings `fi_sockaddr_in://1.2.3.4:5` and
 //! `fi_sockaddr_in6://[::1]:5` (`FI_ADDR_STR`). Everything from outside is parsed with checked
 //! lengths; the AV stores the sockaddr form, so both spellings of one address are one entry.
@@ -165,9 +166,9 @@ pub fn default_ip() -> IpAddr {
 }
 
 /// The AV's view of tcp addresses.
-pub struct TcpAddr;
+pub struct SockAddr;
 
-impl AddrFormat for TcpAddr {
+impl AddrFormat for SockAddr {
     fn validate(&self, addr: &[u8]) -> Result<()> {
         decode(addr).map(|_| ())
     }
@@ -200,7 +201,7 @@ mod tests {
             let mut st = to_str(&a).into_bytes();
             st.push(0);
             assert_eq!(decode(&st).unwrap(), a);
-            assert_eq!(TcpAddr.canonical(&st), encode(&a));
+            assert_eq!(SockAddr.canonical(&st), encode(&a));
         }
     }
 

@@ -22,42 +22,13 @@ use xfabric_core::{
     AtomicReq, Context, EndpointOps, EpCore, Error, FiAddr, ProgressSource, Result, RmaOp,
 };
 
-use crate::tcp::addr;
-use crate::tcp::net::Handler;
+use super::seam::{Handler, Wire};
+use crate::inet;
 
 /// Bytes one peer's queue may hold before posts to it answer `Again` (inject copies and
 /// frames the engine made; application buffers are not copied but count here too): a peer
 /// that stops reading holds back its senders instead of growing their memory.
 const QUEUE_MAX: usize = 64 << 20;
-
-/// The transport under the engine: what a provider implements.
-pub trait Wire: Send + Sized + 'static {
-    /// The provider's name, for messages.
-    const PROVIDER: &'static str;
-    /// The peer listening at `addr` (its address as the AV holds it, decoded).
-    fn peer(&mut self, addr: SocketAddr) -> PeerId;
-    /// Bytes queued for peer `p` and not yet handed to the hardware or the kernel.
-    fn queued(&self, p: PeerId) -> usize;
-    /// Takes in what arrived, through `h`; returns how many things happened.
-    fn progress<H: Handler>(&mut self, h: &mut H) -> usize;
-    /// Hands the engine's frames (`g.engine`) over, and what that completes or loses to `g`.
-    fn push(&mut self, g: &mut Glue<'_>);
-    /// Whether it holds work that needs no peer to advance (progress should not sleep long).
-    fn busy(&self) -> bool {
-        false
-    }
-    /// Whether bytes wait that no descriptor will announce (progress must come before any
-    /// sleep).
-    fn backlog(&self) -> bool {
-        false
-    }
-    /// Before sleeping on `wait_fds`: ask for the events that will end the sleep.
-    fn arm(&mut self) {}
-    /// The descriptors (and poll(2) events) whose readiness means progress has work.
-    fn wait_fds(&self) -> Vec<(RawFd, i16)>;
-    /// Writes out what peers wait for until `deadline`, then closes every connection.
-    fn shutdown(&mut self, deadline: Instant);
-}
 
 /// The engine limits of an endpoint on `core` (the `XFABRIC_TCP_*` settings, for every wire:
 /// they describe the engine, not the transport).
@@ -118,7 +89,7 @@ impl Glue<'_> {
         if let Some(Some(s)) = self.srcs.get(peer) {
             return *s;
         }
-        let raw = addr::encode(&addr);
+        let raw = inet::encode(&addr);
         let s = self
             .core
             .bound()
@@ -270,7 +241,7 @@ impl<W: Wire> RdmEndpoint<W> {
             .ok_or_else(|| Error::OpBadState("endpoint is not enabled".into()))?;
         let net = &mut st.net;
         st.av_cache
-            .lookup(b.av.as_ref(), dest, |raw| Ok(net.peer(addr::decode(raw)?)))
+            .lookup(b.av.as_ref(), dest, |raw| Ok(net.peer(inet::decode(raw)?)))
     }
 
     fn refresh_srcs(&self, st: &mut State<W>) {
