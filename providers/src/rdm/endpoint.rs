@@ -23,6 +23,7 @@ use xfabric_core::{
 };
 
 use super::seam::{Handler, Wire};
+use super::sources::Sources;
 use crate::inet;
 
 /// Bytes one peer's queue may hold before posts to it answer `Again` (inject copies and
@@ -54,9 +55,8 @@ struct State<W> {
     net: W,
     /// Peer by AV index.
     av_cache: PeerCache,
-    /// Source `fi_addr_t` by peer, for the AV generation `src_gen`.
-    srcs: Vec<Option<FiAddr>>,
-    src_gen: u64,
+    /// Peers' source addresses.
+    sources: Sources,
     /// Completions being reported, kept for its allocation.
     done: Vec<rdm::Done>,
 }
@@ -81,30 +81,13 @@ pub struct Glue<'a> {
     /// The endpoint's engine.
     pub engine: &'a mut Engine,
     core: &'a EpCore,
-    srcs: &'a mut Vec<Option<FiAddr>>,
+    sources: &'a mut Sources,
 }
 
 impl Glue<'_> {
     fn src(&mut self, peer: PeerId, addr: SocketAddr) -> FiAddr {
-        if let Some(Some(s)) = self.srcs.get(peer) {
-            return *s;
-        }
-        let raw = inet::encode(&addr);
-        let s = self
-            .core
-            .bound()
-            .and_then(|b| b.av.as_ref())
-            .and_then(|av| av.reverse(&raw))
-            .unwrap_or(FI_ADDR_NOTAVAIL);
-        if s == FI_ADDR_NOTAVAIL {
-            // Unknown to the AV: its completions carry the raw address (FI_SOURCE_ERR).
-            self.engine.name_peer(peer, raw);
-        }
-        if self.srcs.len() <= peer {
-            self.srcs.resize(peer + 1, None);
-        }
-        self.srcs[peer] = Some(s);
-        s
+        self.sources
+            .of(self.engine, self.core, peer, || inet::encode(&addr))
     }
 }
 
@@ -196,8 +179,7 @@ impl<W: Wire> RdmEndpoint<W> {
                 engine,
                 net,
                 av_cache: PeerCache::default(),
-                srcs: Vec::new(),
-                src_gen: u64::MAX,
+                sources: Sources::default(),
                 done: Vec::new(),
             }),
             wake_fd,
@@ -244,40 +226,33 @@ impl<W: Wire> RdmEndpoint<W> {
             .lookup(b.av.as_ref(), dest, |raw| Ok(net.peer(inet::decode(raw)?)))
     }
 
-    fn refresh_srcs(&self, st: &mut State<W>) {
-        let gen = self
-            .core
-            .bound()
-            .and_then(|b| b.av.as_ref())
-            .map_or(0, |av| av.generation());
-        if gen != st.src_gen {
-            st.srcs.clear();
-            st.src_gen = gen;
-        }
-    }
-
     /// Hands the engine's frames to the wire now: a caller that posts and then waits
     /// elsewhere (on its own control channel) must not find its frame still queued here.
     fn push(&self, st: &mut State<W>) {
         let State {
-            engine, net, srcs, ..
+            engine,
+            net,
+            sources,
+            ..
         } = st;
         net.push(&mut Glue {
             engine,
             core: &self.core,
-            srcs,
+            sources,
         });
     }
 
     fn do_progress(&self, st: &mut State<W>) -> usize {
-        self.refresh_srcs(st);
         let State {
-            engine, net, srcs, ..
+            engine,
+            net,
+            sources,
+            ..
         } = st;
         let mut glue = Glue {
             engine,
             core: &self.core,
-            srcs,
+            sources,
         };
         let n = net.progress(&mut glue);
         // Answers the engine owes (ACKs, CTS, read data) go out in the same call.

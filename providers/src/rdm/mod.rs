@@ -5,6 +5,8 @@
 
 pub mod endpoint;
 pub mod seam;
+pub mod sources;
 
 pub use endpoint::{engine_config, Glue, RdmEndpoint};
 pub use seam::{Handler, Wire};
+pub use sources::Sources;

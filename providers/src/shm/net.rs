@@ -33,7 +33,6 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use xfabric_core::consts::errno::*;
-use xfabric_core::consts::*;
 use xfabric_core::rdm::wire::{self, Kind, Prefix, PREFIX};
 use xfabric_core::rdm::{Body, Copied, CopyReq, Desc, Dir, Engine, OneSided, PeerId, Sink};
 use xfabric_core::rdm::{Transmit, Transport};
@@ -100,8 +99,6 @@ struct Link {
     /// Whether we wrote to its ring since we last looked for a sleeper there.
     wrote: bool,
     held: VecDeque<Held>,
-    src: FiAddr,
-    src_gen: u64,
     /// When `check` last looked at its lock.
     checked: Option<std::time::Instant>,
     /// Its transport answered a split copy with `FI_EPERM` (its kernel will not let it
@@ -124,8 +121,6 @@ impl Link {
             out: None,
             wrote: false,
             held: VecDeque::new(),
-            src: FI_ADDR_NOTAVAIL,
-            src_gen: u64::MAX,
             checked: None,
             no_split: false,
         }
@@ -151,6 +146,8 @@ pub struct Net {
     pub name: String,
     pub cma: Arc<CmaState>,
     links: Vec<Link>,
+    /// Peers' source addresses (`fi_addr_t`s in the bound AV).
+    sources: crate::rdm::Sources,
     by_name: HashMap<String, PeerId>,
     lane_peer: [Option<PeerId>; LANES],
     cons: [Consumer; LANES],
@@ -257,6 +254,7 @@ impl Net {
             seg,
             cma: Arc::new(CmaState::new()),
             links: Vec::new(),
+            sources: Default::default(),
             by_name: HashMap::new(),
             lane_peer: [None; LANES],
             cons: [Consumer::default(); LANES],
@@ -500,23 +498,11 @@ impl Net {
         }
     }
 
-    /// The source address of peer `p` (reverse AV lookup, cached per AV generation); an
-    /// unknown one is named to the engine for `FI_SOURCE_ERR`.
+    /// The source address of peer `p` (`Sources`).
     fn src_of(&mut self, eng: &mut Engine, core: &EpCore, p: PeerId) -> FiAddr {
-        let Some(av) = core.bound().and_then(|b| b.av.as_ref()) else {
-            return FI_ADDR_NOTAVAIL;
-        };
-        let gen = av.generation();
-        let link = &mut self.links[p];
-        if link.src_gen != gen {
-            let raw = format!("{ADDR_PREFIX}{}", link.name).into_bytes();
-            link.src = av.reverse(&raw).unwrap_or(FI_ADDR_NOTAVAIL);
-            link.src_gen = gen;
-            if link.src == FI_ADDR_NOTAVAIL {
-                eng.name_peer(p, raw);
-            }
-        }
-        link.src
+        let name = &self.links[p].name;
+        self.sources
+            .of(eng, core, p, || format!("{ADDR_PREFIX}{name}").into_bytes())
     }
 
     /// Takes in what arrived on every lane; how many messages.
