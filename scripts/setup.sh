@@ -14,6 +14,8 @@ command -v fi_pingpong >/dev/null 2>&1 || need+=(libfabric-bin)
 # Open MPI: the real client of libfabric.so.1 that capi/tests/mpi.rs runs on xfabric.
 command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 command -v mpicc >/dev/null 2>&1 || need+=(libopenmpi-dev)
+# pkg-config: the install step's test builds a C program with `pkg-config --libs libfabric`.
+command -v pkg-config >/dev/null 2>&1 || need+=(pkgconf)
 # verbs: nothing is needed to build (libibverbs is opened at run time). The header lets the
 # layout test check our declarations; the rest is the Soft-RoCE VM that the verbs tests boot
 # (scripts/rxe-vm.sh: Debian's kernel has rdma_rxe, the host's may not) and ibv_rc_pingpong,
