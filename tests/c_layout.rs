@@ -31,6 +31,18 @@ const NOT_IN_C_HEADERS: &[(&str, &str)] = &[
         "FI_OPT_IN_CAPS",
         "xfabric's own grouping: secondary caps getinfo returns only when asked",
     ),
+    (
+        "FI_ASKED_ONLY_CAPS",
+        "xfabric's own grouping: caps getinfo returns only when the hints ask, even empty ones",
+    ),
+    (
+        "FI_DOMAIN_CAPS",
+        "xfabric's own grouping: the caps that describe a domain (domain_attr->caps)",
+    ),
+    (
+        "FI_MR_BASIC_MAP",
+        "xfabric's own: the mr_mode bits FI_MR_BASIC stands for (fi_mr(3))",
+    ),
 ];
 
 /// One value to compare: a C expression (also the name it is reported by) and what Rust says.
