@@ -32,14 +32,14 @@
 //! The transport must deliver frames to a peer in the order they were sent (a stream, or an
 //! ordered channel per peer) and keep a body's memory (`Body::Iov`) until `on_sent`.
 //!
-//! Where each protocol's steps are: this file holds the state and the entry points from the
-//! transport (`on_ctrl` and `on_body` only decode and dispatch, one call per frame kind);
-//! `request` the operations this endpoint initiated, until they complete; `eager`
-//! messages and the eager protocol, `recv` posted receives and the unexpected buffer,
-//! `rndv` large messages and the one-sided copies; `rma` reads and writes at both ends,
-//! `rma_copy` those the target's transport copies, `atomic` atomics, `native` what
-//! the transport's NIC carries out; `order` fences and what a peer's requests wait behind;
-//! `loss` a lost peer and close; `transmit` the frames going out.
+//! Where each protocol's steps are: this file holds the state and the transport's entry
+//! points (`on_ctrl` and `on_body` only decode and dispatch, one call per frame kind).
+//! `request`: an operation this endpoint initiated, until it completes. `eager`: messages
+//! and the eager protocol. `recv`: posted receives and the unexpected buffer. `rndv`: large
+//! messages and the one-sided copies. `rma`: reads and writes at both ends; `rma_copy`: those
+//! the target's transport copies. `atomic`: atomics. `native`: what the transport's NIC
+//! carries out. `order`: fences, and what a peer's requests wait behind. `loss`: a lost peer,
+//! and close. `transmit`: the frames going out.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
