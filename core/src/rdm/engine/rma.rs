@@ -1,7 +1,28 @@
-//! RMA and atomics: the initiator's posts, and a write's landing at the target (checked by
-//! `target`, made durable for commit and persistent-memory endpoints, acknowledged).
+//! RMA at both ends. The initiator posts a `Write` with its data (or, where the target's
+//! transport can copy it, with a descriptor of it: `rma_copy`) or a `Read`. The target checks
+//! keys and ranges (`target::resolve`), takes a write's body straight into its memory, made
+//! durable for commit and persistent-memory endpoints, and `Ack`s; it answers a read with
+//! `ReadResp`, its memory as the body.
 
 use super::*;
+
+/// The token of a read's answer whose body is the memory read (`Engine::read_resp`).
+pub(super) const READ_SENT: u64 = u64::MAX;
+
+/// A peer's write whose data is arriving (or was refused: `status`), and where it lands.
+pub(super) struct WriteBody {
+    pub id: u32,
+    pub fl: u8,
+    /// Remote CQ data for the target's completion.
+    pub data: Option<u64>,
+    /// 0, or the errno the write failed its checks with (its body is discarded).
+    pub status: i32,
+    pub len: usize,
+    /// The checked ranges.
+    pub dest: IovList,
+    /// Device memory: the bounce buffer the body goes into first, landed from there.
+    pub staged: Option<Context>,
+}
 
 impl Engine {
     /// Starts an RMA read or write toward `peer`.
@@ -22,31 +43,47 @@ impl Engine {
         unsafe { self.rma_now(peer, op, c) }.map_err(|(_, _, e)| e)
     }
 
+    /// Starts an RMA operation that nothing holds back: through the NIC where it can go
+    /// there, else through frames.
+    ///
+    /// # Safety
+    /// As `post_rma`; `copy` is the inject data, copied already.
     pub(super) unsafe fn rma_now(
         &mut self,
         peer: PeerId,
         op: &RmaOp,
         copy: Option<Body>,
     ) -> std::result::Result<(), (Context, u64, Error)> {
-        let len = op.iov.total();
         if copy.is_none() && self.native_rma(peer, op) {
             return Ok(());
         }
         if op.flags & FI_READ != 0 {
-            let desc = self.offer(peer, &op.iov);
-            let (id, _) = self.new_tx(TxReq {
-                want: len,
-                pull: !desc.is_empty(),
-                ..TxReq::new(op.ctx, op.flags, peer, op.iov)
-            });
-            let f = Frame::Read {
-                id: id as u32,
-                segs: op.rma,
-                desc,
-            };
-            self.frame(peer, f, Body::None, None);
-            return Ok(());
+            self.send_read(peer, op);
+        } else {
+            self.send_write(peer, op, copy);
         }
+        Ok(())
+    }
+
+    /// A `Read`, offering the destination for the target's transport to copy into.
+    fn send_read(&mut self, peer: PeerId, op: &RmaOp) {
+        let desc = self.offer(peer, &op.iov);
+        let (id, _) = self.new_tx(TxReq {
+            want: op.iov.total(),
+            pull: !desc.is_empty(),
+            ..TxReq::new(op.ctx, op.flags, peer, op.iov)
+        });
+        let f = Frame::Read {
+            id: id as u32,
+            segs: op.rma,
+            desc,
+        };
+        self.frame(peer, f, Body::None, None);
+    }
+
+    /// A `Write` with its data as the body, or with a descriptor of it where the target's
+    /// transport may copy it itself.
+    fn send_write(&mut self, peer: PeerId, op: &RmaOp, copy: Option<Body>) {
         let mut fl = flags::ACK;
         if op.flags & FI_REMOTE_CQ_DATA != 0 {
             fl |= flags::CQ_DATA;
@@ -81,174 +118,112 @@ impl Engine {
             desc,
         };
         self.frame(peer, f, body, (!owned).then(|| token(id, gen)));
-        Ok(())
     }
 
-    /// Starts an atomic toward `peer`.
-    ///
-    /// # Safety
-    /// The operand and compare values stay readable, and the result buffer writable, until the
-    /// operation completes (the operand only during the call with `FI_INJECT`).
-    pub unsafe fn post_atomic(&mut self, peer: PeerId, req: &AtomicReq) -> Result<()> {
-        self.check_room("atomic")?;
-        if !self.releasing
-            && (!self.peer(peer).fenced.is_empty()
-                || (req.flags & FI_FENCE != 0 && self.peer(peer).outstanding > 0))
-        {
-            // Atomics are small: a fenced one waits as Again until its peer is drained.
-            return Err(Error::Again("atomic: fenced behind outstanding operations"));
-        }
-        // SAFETY: forwarded.
-        unsafe { self.atomic_now(peer, req) }.map_err(|(_, _, e)| e)
-    }
-
-    pub(super) unsafe fn atomic_now(
+    /// A `Write`: served through the transport's copies where the initiator offered its
+    /// memory instead of sending the data, else its body lands here.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn on_write(
         &mut self,
         peer: PeerId,
-        req: &AtomicReq,
-    ) -> std::result::Result<(), (Context, u64, Error)> {
-        // SAFETY: forwarded.
-        if unsafe { self.native_atomic(peer, req) } {
-            return Ok(());
+        id: u32,
+        data: u64,
+        fl: u8,
+        segs: RmaIovList,
+        desc: Desc,
+        body: u64,
+    ) -> Sink {
+        if !desc.is_empty() && body == 0 && segs.total() > 0 {
+            self.serve_write(peer, id, data, fl, segs, desc);
+            self.no_body(peer)
+        } else {
+            self.write_frame(peer, id, data, fl, &segs, body)
         }
-        let n = req.bytes();
-        let fetch = req.result != 0;
-        // SAFETY: the caller's contract keeps operand and compare readable during the call.
-        let (operand, compare) = unsafe {
-            let of = |p: usize| std::slice::from_raw_parts(p as *const u8, n);
-            (
-                if req.op != crate::AtomicOp::Read {
-                    of(req.operand)
-                } else {
-                    &[][..]
-                },
-                if req.compare != 0 {
-                    of(req.compare)
-                } else {
-                    &[][..]
-                },
-            )
-        };
-        let args = Body::concat(&[operand, compare]);
-        let mut fl = flags::ACK;
-        if fetch {
-            fl |= flags::FETCH;
-        }
-        let want = if fetch { n } else { 0 };
-        let (id, _) = self.new_tx(TxReq {
-            want,
-            ..TxReq::new(req.ctx, req.flags, peer, IovList::one(req.result, want))
-        });
-        let f = Frame::Atomic {
-            id: id as u32,
-            op: req.op as i32 as u32,
-            datatype: req.dt as i32 as u32,
-            count: req.count as u32,
-            addr: req.addr,
-            key: req.key,
-            flags: fl,
-        };
-        self.frame(peer, f, args, None);
-        Ok(())
     }
 
     /// A write whose data is `body` bytes after its control part (or a `Data` frame
     /// bringing it): where they go.
     pub(super) fn write_frame(
         &mut self,
+        peer: PeerId,
         id: u32,
         data: u64,
         fl: u8,
         segs: &RmaIovList,
         body: u64,
-    ) -> (Sink, Pending) {
+    ) -> Sink {
         let len = segs.total();
-        let data = (fl & flags::CQ_DATA != 0).then_some(data);
-        let mut p = Pending::Write {
+        let mut w = WriteBody {
             id,
             fl,
-            data,
+            data: (fl & flags::CQ_DATA != 0).then_some(data),
             status: 0,
             len,
             dest: IovList::default(),
             staged: None,
         };
         let sink = if body != len as u64 {
-            Pending::set_status(&mut p, FI_EINVAL);
+            w.status = FI_EINVAL;
             Sink::Discard
         } else {
             match target::resolve(&self.core, segs, FI_REMOTE_WRITE) {
                 Err(e) => {
-                    Pending::set_status(&mut p, e);
+                    w.status = e;
                     Sink::Discard
                 }
                 Ok((iov, None)) => {
-                    if let Pending::Write { dest, .. } = &mut p {
-                        *dest = iov;
-                    }
+                    w.dest = iov;
                     Sink::Iov(iov)
                 }
                 Ok((iov, Some(segs))) if self.core.hmem().is_some() => {
                     let (ctx, bounce) = self.core.stage_remote(segs);
-                    if let Pending::Write { dest, staged, .. } = &mut p {
-                        *dest = iov;
-                        *staged = Some(ctx);
-                    }
+                    w.dest = iov;
+                    w.staged = Some(ctx);
                     Sink::Iov(bounce)
                 }
                 Ok(_) => {
-                    Pending::set_status(&mut p, FI_EOPNOTSUPP);
+                    w.status = FI_EOPNOTSUPP;
                     Sink::Discard
                 }
             }
         };
-        (sink, p)
+        self.expect(peer, sink, Pending::Write(w))
     }
 
-    /// A peer's write landed in `dest` (status 0), or failed: made durable where asked,
+    /// A peer's write landed in `w.dest` (status 0), or failed: made durable where asked,
     /// acknowledged, reported.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn write_landed(
-        &mut self,
-        peer: PeerId,
-        id: u32,
-        fl: u8,
-        data: Option<u64>,
-        mut status: i32,
-        len: usize,
-        dest: &IovList,
-        staged: Option<Context>,
-    ) {
+    pub(super) fn write_landed(&mut self, peer: PeerId, w: WriteBody) {
+        let mut status = w.status;
         if status == 0 {
-            if let Some(ctx) = staged {
+            if let Some(ctx) = w.staged {
                 // Lands before the acknowledgement: delivery complete means the device has
                 // the data.
-                status = match self.core.land_remote(ctx, len) {
+                status = match self.core.land_remote(ctx, w.len) {
                     Ok(()) => 0,
                     Err(_) => FI_EIO,
                 };
             }
         }
         if status == 0 && self.core.caps & FI_RMA_PMEM != 0 {
-            status = self.note_written(peer, dest, fl & flags::COMMIT != 0);
-        } else if status == 0 && fl & flags::COMMIT != 0 {
-            status = target::commit(dest);
+            status = self.note_written(peer, &w.dest, w.fl & flags::COMMIT != 0);
+        } else if status == 0 && w.fl & flags::COMMIT != 0 {
+            status = target::commit(&w.dest);
         }
-        if fl & flags::ACK != 0 {
-            self.ack(peer, id, status);
+        if w.fl & flags::ACK != 0 {
+            self.ack(peer, w.id, status);
         }
         if status == 0 {
             self.done.push(Done::Remote {
                 flags: FI_RMA | FI_WRITE,
-                len,
-                data,
+                len: w.len,
+                data: w.data,
             });
         }
     }
 
     /// Records ranges a peer wrote (persistent-memory endpoints); with `commit`, makes
     /// everything it wrote so far durable. 0 or an errno.
-    pub(super) fn note_written(&mut self, peer: PeerId, iov: &IovList, commit: bool) -> i32 {
+    fn note_written(&mut self, peer: PeerId, iov: &IovList, commit: bool) -> i32 {
         let dirty = &mut self.peer(peer).dirty;
         dirty.extend(iov.segs().iter().map(|s| (s.addr, s.len)));
         if !commit && dirty.len() <= 4096 {
@@ -262,5 +237,85 @@ impl Engine {
             }
         }
         status
+    }
+
+    /// A `Read`: the target's transport copies the checked ranges into the initiator's
+    /// offered memory where it can (`rma_copy`); else they are answered as `ReadResp`'s body
+    /// (device memory gathered into a buffer first).
+    pub(super) fn on_read(&mut self, peer: PeerId, id: u32, segs: &RmaIovList, desc: Desc) -> Sink {
+        if !desc.is_empty() && self.serve_read(peer, id, segs, desc) {
+            return Sink::Discard;
+        }
+        let (status, body) = match target::resolve(&self.core, segs, FI_REMOTE_READ) {
+            Err(e) => (e, Body::None),
+            Ok((iov, None)) => (0, Body::Iov(iov)),
+            Ok((_, Some(segs))) => match self.core.hmem() {
+                None => (FI_EOPNOTSUPP, Body::None),
+                // SAFETY: the ranges passed the key check: registered memory of their
+                // owners.
+                Some(hm) => match unsafe { hmem_stage::gather(hm, &segs) } {
+                    Ok(c) => (0, Body::Owned(c)),
+                    Err(_) => (FI_EIO, Body::None),
+                },
+            },
+        };
+        let len = body.len();
+        self.read_resp(peer, id, status, body);
+        if status == 0 {
+            self.done.push(Done::Remote {
+                flags: FI_RMA | FI_READ,
+                len,
+                data: None,
+            });
+        }
+        self.no_body(peer)
+    }
+
+    /// Answers a peer's read. Where the body is the memory read itself, the peer's later
+    /// requests wait until the transport has taken all of it (`on_sent`): a write it sends
+    /// next must not land in what is still being read.
+    pub(super) fn read_resp(&mut self, peer: PeerId, id: u32, status: i32, body: Body) {
+        let token = if matches!(body, Body::Iov(_)) {
+            self.peer(peer).reading += 1;
+            Some(READ_SENT)
+        } else {
+            None
+        };
+        self.frame(peer, Frame::ReadResp { id, status }, body, token);
+    }
+
+    /// The transport took all of an answer to `peer`'s read (`READ_SENT`): one fewer for
+    /// its later writes and atomics to wait behind.
+    pub(super) fn read_sent(&mut self, peer: PeerId) {
+        let ps = self.peer(peer);
+        ps.reading = ps.reading.saturating_sub(1);
+    }
+
+    /// A `ReadResp` to our read `id`: its body, the bytes read, goes into the read's
+    /// destination (none where the target's transport copied them in already).
+    pub(super) fn on_read_resp(
+        &mut self,
+        peer: PeerId,
+        id: u32,
+        status: i32,
+        body: u64,
+    ) -> std::result::Result<Sink, WireError> {
+        let (sink, p) = match self.answered(peer, id) {
+            Some(i) if self.tx[i].flags & (FI_RMA | FI_READ) == FI_RMA | FI_READ => {
+                let t = &self.tx[i];
+                // Empty where the target's transport copied the bytes in already.
+                if status == 0 && body != t.want as u64 && !(body == 0 && t.pull) {
+                    return Err(WireError::Malformed(Kind::ReadResp));
+                }
+                let sink = if status == 0 {
+                    Sink::Iov(t.iov)
+                } else {
+                    Sink::Discard
+                };
+                (sink, Pending::ReadResp { id: i, status })
+            }
+            _ => (Sink::Discard, Pending::Nothing),
+        };
+        Ok(self.expect(peer, sink, p))
     }
 }

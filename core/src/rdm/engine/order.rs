@@ -1,0 +1,146 @@
+//! Ordering. At the initiator, `FI_FENCE`: the operation, and every later one to the same
+//! peer, is held until the peer has answered every earlier request of this endpoint. At the
+//! target: a peer's next requests wait (`Sink::Wait`) behind copies serving its earlier ones
+//! (`rma_copy`), and its writes and atomics behind answers to its reads that still carry the
+//! memory read.
+
+use super::*;
+
+/// An operation held back by `FI_FENCE` (or queued behind one), with a copy of inject data.
+/// (Atomics are not held: a fenced one answers `Again` until its peer is drained.)
+pub(super) enum Fenced {
+    Send(TxOp, Option<Body>),
+    Rma(RmaOp, Option<Body>),
+}
+
+impl Engine {
+    /// Holds an operation back if it is fenced (or others to its peer already wait).
+    pub(super) fn fence(&mut self, peer: PeerId, flags: u64, f: impl FnOnce() -> Fenced) -> bool {
+        if self.releasing {
+            return false;
+        }
+        let ps = self.peer(peer);
+        let hold = !ps.fenced.is_empty() || (flags & FI_FENCE != 0 && ps.outstanding > 0);
+        if hold {
+            ps.fenced.push_back(f());
+            self.held += 1;
+        }
+        hold
+    }
+
+    /// Whether an atomic with `flags` would be held (as `fence` decides): it is not kept,
+    /// the caller answers `Again` instead.
+    pub(super) fn atomic_fenced(&mut self, peer: PeerId, flags: u64) -> bool {
+        !self.releasing
+            && (!self.peer(peer).fenced.is_empty()
+                || (flags & FI_FENCE != 0 && self.peer(peer).outstanding > 0))
+    }
+
+    /// `peer` has no request outstanding any more: the operations held for it start, in
+    /// order, up to the next fenced one while others are outstanding again.
+    pub(super) fn release_fenced(&mut self, peer: PeerId) {
+        self.releasing = true;
+        while let Some(f) = self.peers[peer].fenced.front() {
+            let fenced = match f {
+                Fenced::Send(op, _) => op.flags & FI_FENCE != 0,
+                Fenced::Rma(op, _) => op.flags & FI_FENCE != 0,
+            };
+            if fenced && self.peers[peer].outstanding > 0 {
+                break;
+            }
+            let f = self.peers[peer].fenced.pop_front().expect("front exists");
+            self.held -= 1;
+            // SAFETY: the held operation's memory is the caller's until it completes (or the
+            // engine's own copy of inject data, moved into the frame's body here).
+            let r = unsafe {
+                match f {
+                    Fenced::Send(op, copy) => self.send_now(peer, &op, copy),
+                    Fenced::Rma(op, copy) => self.rma_now(peer, &op, copy),
+                }
+            };
+            if let Err((ctx, flags, e)) = r {
+                self.done.push(Done::TxErr {
+                    ctx,
+                    flags,
+                    err: e.errno(),
+                });
+            }
+        }
+        self.releasing = false;
+    }
+
+    /// Cancels the held operation with context `ctx`, if there is one.
+    pub(super) fn cancel_held(&mut self, ctx: Context) -> bool {
+        for ps in &mut self.peers {
+            let at = ps.fenced.iter().position(|f| match f {
+                Fenced::Send(op, _) => op.ctx == ctx,
+                Fenced::Rma(op, _) => op.ctx == ctx,
+            });
+            if let Some(i) = at {
+                let (ctx, flags) = fenced_ctx(&ps.fenced.remove(i).expect("found"));
+                self.held -= 1;
+                self.done.push(Done::TxErr {
+                    ctx,
+                    flags,
+                    err: FI_ECANCELED,
+                });
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Takes every operation held for `peer` out of the fenced queue (the peer was lost, the
+    /// endpoint closed): no later release starts them.
+    pub(super) fn take_held(&mut self, peer: PeerId) -> Vec<Fenced> {
+        let fenced: Vec<Fenced> = self.peers[peer].fenced.drain(..).collect();
+        self.held -= fenced.len();
+        fenced
+    }
+
+    /// Ends operations taken by `take_held` with `err`.
+    pub(super) fn fail_held(&mut self, fenced: Vec<Fenced>, err: i32) {
+        for f in fenced {
+            let (ctx, flags) = fenced_ctx(&f);
+            self.done.push(Done::TxErr { ctx, flags, err });
+        }
+    }
+
+    /// Whether `peer`'s next requests wait for copies serving its earlier ones.
+    fn holding(&self, peer: PeerId) -> bool {
+        !self.served.is_empty() && self.served.iter().any(|(_, s)| s.peer == peer)
+    }
+
+    /// Whether `peer`'s next request of `kind` waits: behind copies serving its earlier
+    /// ones, and a write or atomic also behind the answers to its reads that still carry
+    /// the memory read.
+    pub(super) fn must_wait(&self, peer: PeerId, kind: Kind) -> bool {
+        if kind.is_answer() {
+            return false;
+        }
+        self.holding(peer)
+            || (matches!(kind, Kind::Write | Kind::Atomic)
+                && self.peers.get(peer).is_some_and(|ps| ps.reading > 0))
+    }
+
+    /// Whether frames from `peer` that this endpoint asked for are awaited: answers to its
+    /// requests, the data of a large message or of a served write. A transport that holds a
+    /// peer's requests back (flow control) gives way further while they are, since such
+    /// frames may come behind what it holds.
+    pub fn awaits(&self, peer: PeerId) -> bool {
+        self.peers.get(peer).is_some_and(|ps| ps.outstanding > 0)
+            || self.rx.iter().any(|(_, r)| r.peer == peer && !r.copying)
+            || self
+                .served
+                .iter()
+                .any(|(_, s)| s.peer == peer && !s.copying)
+    }
+}
+
+/// A held operation's context and flags, for its completion.
+fn fenced_ctx(f: &Fenced) -> (Context, u64) {
+    match f {
+        Fenced::Send(op, _) => (op.ctx, op.flags),
+        Fenced::Rma(op, _) => (op.ctx, op.flags),
+    }
+}
