@@ -8,10 +8,12 @@ scripts/setup.sh
 # The examples as programs too: tests/examples_run.rs runs the ones that check themselves.
 cargo build --workspace --examples -j2
 cargo test --workspace --all-targets -j2 "$@"
-# The conformance suite and the device-memory tests again over tcp (the workspace run above
-# covered the default, shm): the same two-process tests, provider chosen by
-# XFABRIC_TEST_PROVIDER, which the children inherit.
-XFABRIC_TEST_PROVIDER=tcp cargo test -j2 --test conformance --test wait_fd --test hmem --test hmem_rma \
+# The conformance suite, the cross-process semantic tests (tagged matching, completion
+# machinery and levels, atomics, RMA) and the device-memory tests again over tcp (the
+# workspace run above covered the default, shm): the same two-process tests, provider chosen
+# by XFABRIC_TEST_PROVIDER, which the children inherit.
+XFABRIC_TEST_PROVIDER=tcp cargo test -j2 --test conformance --test tagged --test cq \
+    --test completion --test atomic --test rma --test wait_fd --test hmem --test hmem_rma \
     --test hmem_trigger --test hmem_ze "$@"
 # shm_recv's FI_SOURCE / FI_SOURCE_ERR tests are provider-neutral too (its others rely on
 # shm's cross-memory attach pulling a rendezvous without the sender's progress).

@@ -1,6 +1,9 @@
 //! Tagged matching between two real processes: ignore bits, tags arriving out of posting
 //! order, unexpected messages of both protocols, remote CQ data, and FI_PEEK / FI_CLAIM /
 //! FI_DISCARD.
+//!
+//! Written once for every provider: shm by default, tcp and verbs (in the Soft-RoCE VM) through
+//! `XFABRIC_TEST_PROVIDER` in scripts/test.sh.
 
 mod common;
 use common::*;

@@ -2,6 +2,9 @@
 //! each path (inline, cross-memory attach, split copy, and without CMA), remote CQ data and
 //! RMA events at the target, access checks that leave the target untouched, both addressing
 //! modes and key modes, and fences.
+//!
+//! Written once for every provider: shm by default, tcp and verbs (in the Soft-RoCE VM) through
+//! `XFABRIC_TEST_PROVIDER` in scripts/test.sh.
 
 mod common;
 use common::*;

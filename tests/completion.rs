@@ -2,6 +2,9 @@
 //! for a matching receive, delivery complete for the peer to take the message in, inject writes
 //! no entry but counts, selective completion writes only what was asked for; and multi-segment
 //! I/O vectors on both sides.
+//!
+//! Written once for every provider: shm by default, tcp and verbs (in the Soft-RoCE VM) through
+//! `XFABRIC_TEST_PROVIDER` in scripts/test.sh.
 
 mod common;
 use common::*;

@@ -2,6 +2,9 @@
 //! atomic (every fetched value is distinct and the sum is exact), and every (operation,
 //! datatype) pair the valid-queries accept executes remotely with the effect the local engine
 //! gives on a copy.
+//!
+//! Written once for every provider: shm by default, tcp and verbs (in the Soft-RoCE VM) through
+//! `XFABRIC_TEST_PROVIDER` in scripts/test.sh.
 
 mod common;
 use common::*;
