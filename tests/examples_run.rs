@@ -1,7 +1,8 @@
 //! Runs the built examples that check themselves: `deferred_allreduce` sums a vector across 4
 //! processes using deferred work only and asserts the exact sum on every rank; `xpu_pipeline`
-//! sends XPU-triggered buckets to a peer process that checks every byte. scripts/test.sh
-//! (what CI runs) builds the examples before the tests.
+//! sends XPU-triggered buckets to a peer process that checks every byte; `first`, the README's
+//! first program, sends "hello" between two shm endpoints. scripts/test.sh (what CI runs)
+//! builds the examples before the tests.
 
 mod common;
 
@@ -202,5 +203,12 @@ fn xpu_bench_silence_mode_runs_with_tiny_gaps() {
             assert!(text.contains("plain back to back: p50"), "{text}");
             assert!(text.contains("user-level monitor/wait"), "{text}");
         }
+    }
+}
+
+#[test]
+fn readme_first_program_sends_hello() {
+    if let Some(text) = run_example("first", &[]) {
+        assert_eq!(text.trim(), "received \"hello\"", "{text}");
     }
 }
