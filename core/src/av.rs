@@ -77,7 +77,7 @@ pub struct AvInner {
     bound: AtomicUsize,
     eq: RwLock<Option<Arc<EqInner>>>,
     /// The domain it was opened in.
-    pub domain: crate::object::DomainTag,
+    pub domain: crate::tag::DomainTag,
 }
 
 /// `fid_av`.

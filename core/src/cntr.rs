@@ -54,7 +54,7 @@ pub struct CntrInner {
     tried: AtomicU64,
     events_seen: AtomicU64,
     /// The domain it was opened in.
-    pub domain: crate::object::DomainTag,
+    pub domain: crate::tag::DomainTag,
     /// Operations waiting for this counter's thresholds (triggered operations and deferred
     /// work); created by the first one queued.
     triggers: OnceLock<Arc<TriggerQueue>>,

@@ -74,7 +74,7 @@ pub struct CqInner {
     fd: Option<EventFd>,
     wait_set: Option<WaitSet>,
     /// The domain it was opened in.
-    pub domain: crate::object::DomainTag,
+    pub domain: crate::tag::DomainTag,
 }
 
 /// `fid_cq`: a handle to a completion queue. Cloning shares the queue.

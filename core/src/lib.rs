@@ -12,10 +12,14 @@ pub mod consts;
 pub mod cq;
 pub mod entry;
 pub mod ep;
-pub mod ep_atomic;
-mod ep_credit;
-pub mod ep_rma;
-mod ep_start;
+/// The old path of `ep::atomic` (atomic operations on an endpoint).
+pub mod ep_atomic {
+    pub use crate::ep::atomic::*;
+}
+/// The old path of `ep::rma` (RMA operations on an endpoint).
+pub mod ep_rma {
+    pub use crate::ep::rma::*;
+}
 pub mod eq;
 pub mod error;
 pub mod hmem_iface;
@@ -24,11 +28,14 @@ pub mod info;
 pub mod log;
 pub mod mr;
 pub mod object;
+pub(crate) mod op;
 pub mod rdm;
 pub mod rxq;
 pub mod settings;
+mod tag;
 pub mod trigger;
 pub mod wait;
+pub mod work;
 
 pub use atomic::{AtomicOp, Datatype};
 pub use av::{AddrFormat, AddressVector, AvAttr};
@@ -50,8 +57,8 @@ pub use trigger::{
     notify_xpu_ring, user_monitor_wait, Doorbell, DoorbellAlloc, Signal, TriggerValue, TriggerVar,
     TriggerXpu, Xpu, XpuDevice, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED,
 };
-pub use trigger::{
-    DeferredWork, OpAtomic, OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, TriggerContext,
-    WorkId, WorkOp,
-};
+pub use trigger::{TriggerContext, WorkId};
 pub use wait::{ProgressSource, WaitAttr, WaitSet};
+pub use work::{
+    DeferredWork, OpAtomic, OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, WorkOp,
+};

@@ -20,6 +20,8 @@ use crate::mr::{MemoryRegion, MrAttr, MrMap, ProviderMr};
 use crate::trigger::{DomainWork, DoorbellAlloc};
 use crate::wait::{ProgressList, WaitAttr, WaitSet};
 
+pub use crate::tag::DomainTag;
+
 /// A provider: a transport and the description of what it can do.
 pub trait Provider: Send + Sync + 'static {
     /// Short name (`shm`).
@@ -444,33 +446,5 @@ impl Drop for AutoProgress {
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
-    }
-}
-
-/// The domain an object (CQ, counter, AV) was opened in: fi_domain(3) resources serve
-/// endpoints and operations of their own domain only. 0 means "opened outside any domain"
-/// (`CompletionQueue::open` directly, as unit tests do), which any domain may use.
-#[derive(Default)]
-pub struct DomainTag(std::sync::atomic::AtomicU64);
-
-impl DomainTag {
-    pub(crate) fn set(&self, domain: u64) {
-        self.0.store(domain, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The domain's number, 0 if none.
-    pub fn get(&self) -> u64 {
-        self.0.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Refuses the object (a `kind` such as "counter") for use by domain `user` in `what`.
-    pub(crate) fn check(&self, what: &str, kind: &str, user: u64) -> Result<()> {
-        let own = self.get();
-        if own != 0 && user != 0 && own != user {
-            return Err(Error::Inval(format!(
-                "{what}: the {kind} belongs to domain {own}, but is used in domain {user}"
-            )));
-        }
-        Ok(())
     }
 }

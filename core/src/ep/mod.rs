@@ -12,24 +12,39 @@ use crate::consts::errno::*;
 use crate::consts::*;
 use crate::cq::{CompletionQueue, CqInner};
 use crate::entry::*;
-use crate::ep_credit::Dir;
 use crate::eq::{EqInner, EventQueue};
 use crate::error::{Error, Result};
 use crate::hmem_iface::HmemOps;
 use crate::hmem_stage::{self, OwnedSeg, Staged, StagingRegistry};
 use crate::info::Info;
 use crate::mr::{MrDesc, MrMap};
+pub use crate::op::TxOp;
+use crate::op::{AtomicReq, RmaOp};
 use crate::rxq::{IovList, PostedRecv, RawIov, RecvSlot, IOV_LIMIT};
 use crate::trigger::{DeferredRegistry, DoorbellAlloc, EpLink};
 use crate::wait::{ProgressList, ProgressSource};
 
+pub mod atomic;
 mod complete;
+mod credit;
+pub mod rma;
+mod start;
+mod trigger;
 
 /// xfabric's own operation flag (no libfabric flag uses bit 63): set by the inject calls
 /// (`inject`, `tinject`, `inject_write`, `inject_atomic`, ...), which write no completion entry.
 /// `FI_INJECT` alone, given to `sendmsg` and the like, only means "copy the data now": that
 /// operation still completes, at the completion level it asked for.
 pub const INJECT_CALL: u64 = 1 << 63;
+
+/// The CQ of an endpoint that an operation completes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dir {
+    /// The transmit CQ: sends, RMA and atomics initiated here.
+    Tx = 0,
+    /// The receive CQ: receives, peeks, remote accesses that report.
+    Rx = 1,
+}
 
 /// Counter classes an endpoint can bind (`fi_ep_bind` flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,23 +83,6 @@ pub struct Bindings {
     pub eq: Option<Arc<EqInner>>,
 }
 
-/// One transmit operation, reduced from whichever call posted it.
-#[derive(Clone, Copy, Debug)]
-pub struct TxOp {
-    /// Completion context.
-    pub ctx: Context,
-    /// The data (raw; valid until completion, or only during the call with `FI_INJECT`).
-    pub iov: IovList,
-    /// Destination.
-    pub dest: FiAddr,
-    /// Tag (`FI_TAGGED`).
-    pub tag: u64,
-    /// Remote CQ data (`FI_REMOTE_CQ_DATA`).
-    pub data: u64,
-    /// `FI_MSG` or `FI_TAGGED`, plus operation flags.
-    pub flags: u64,
-}
-
 /// The provider's half of an endpoint: moving bytes. Everything else is `Endpoint`'s.
 pub trait EndpointOps: ProgressSource {
     /// Called once bindings are frozen; the provider may now use `EpCore::bound`.
@@ -108,7 +106,7 @@ pub trait EndpointOps: ProgressSource {
     /// # Safety
     /// `op.iov` must stay valid (readable for writes, writable for reads) until the operation
     /// completes, unless `FI_INJECT` is set, in which case only for the duration of the call.
-    unsafe fn rma(&self, op: &crate::ep_rma::RmaOp) -> Result<()> {
+    unsafe fn rma(&self, op: &RmaOp) -> Result<()> {
         let _ = op;
         Err(Error::OpNotSupp("this provider has no RMA".into()))
     }
@@ -117,7 +115,7 @@ pub trait EndpointOps: ProgressSource {
     /// # Safety
     /// The operand and compare values must stay readable, and the result buffer writable,
     /// until the operation completes (the operand only during the call with `FI_INJECT`).
-    unsafe fn atomic(&self, req: &crate::ep_atomic::AtomicReq) -> Result<()> {
+    unsafe fn atomic(&self, req: &AtomicReq) -> Result<()> {
         let _ = req;
         Err(Error::OpNotSupp("this provider has no atomics".into()))
     }
@@ -169,7 +167,7 @@ pub struct EpCore {
     pub auto_progress: bool,
     /// The domain's number (`Domain::id`); 0 for an endpoint built outside a domain.
     pub domain: u64,
-    /// `FI_RM_ENABLED`: operations reserve their CQ entries (`ep_credit`), counted here.
+    /// `FI_RM_ENABLED`: operations reserve their CQ entries (`credit`), counted here.
     pub rm: bool,
     pub(crate) credits: [std::sync::atomic::AtomicUsize; 2],
     pending: Mutex<Bindings>,
@@ -461,8 +459,13 @@ impl Endpoint {
         // operations the provider could not take at once (a full ring) and watches the
         // doorbells of XPU-triggered ones.
         let doorbells = doorbells.filter(|_| core.caps & FI_XPU_TRIGGER != 0);
-        let link = (core.caps & FI_TRIGGER != 0)
-            .then(|| EpLink::new(core.clone(), ops.clone(), doorbells));
+        let link = (core.caps & FI_TRIGGER != 0).then(|| {
+            let port = trigger::EpPort {
+                core: core.clone(),
+                ops: ops.clone(),
+            };
+            EpLink::new(Arc::new(port), doorbells)
+        });
         let as_progress: Arc<dyn ProgressSource> = match &link {
             Some(l) => l.clone(),
             None => ops.clone(),

@@ -7,9 +7,9 @@
 use crate::atomic::{apply, AtomicOp, Datatype};
 use crate::consts::errno::*;
 use crate::consts::*;
+use crate::ep::atomic::ATOMIC_MAX;
+use crate::ep::rma::RmaIovList;
 use crate::ep::EpCore;
-use crate::ep_atomic::ATOMIC_MAX;
-use crate::ep_rma::RmaIovList;
 use crate::hmem_stage::{self, OwnedSeg};
 use crate::rxq::{IovList, RawIov};
 

@@ -14,7 +14,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::ep_rma::{RmaIov, RmaIovList};
+use crate::ep::rma::{RmaIov, RmaIovList};
 use crate::rxq::IOV_LIMIT;
 
 use super::inline::Inline;

@@ -7,14 +7,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use super::port::{Port, StartError};
 use super::queue::{TriggerQueue, Watch};
-use super::xpu::{DoorbellAlloc, Finder, XpuWatch};
+use super::xpu::{DoorbellAlloc, Finder, Owner, XpuWatch};
 use super::Job;
 use crate::cntr::CntrInner;
 use crate::consts::FI_COMPLETION;
 use crate::entry::Context;
-use crate::ep::{EndpointOps, EpCore};
-use crate::ep_start::StartError;
 use crate::wait::ProgressSource;
 
 /// Longest one spin on XPU doorbells lasts before the watcher yields and drives the endpoint
@@ -29,8 +28,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// A trigger-able endpoint's link (`Endpoint::link`). It is also the endpoint's progress
 /// source, so that driving the endpoint retries operations waiting for room.
 pub(crate) struct EpLink {
-    pub(crate) core: Arc<EpCore>,
-    ops: Arc<dyn EndpointOps>,
+    /// The endpoint's core and provider.
+    pub(crate) port: Arc<dyn Port>,
     pub(super) closed: AtomicBool,
     /// Started operations the provider refused with `Again`, oldest first. While it is not
     /// empty, newly started operations queue behind it, so the endpoint keeps their order.
@@ -47,15 +46,10 @@ pub(crate) struct EpLink {
 }
 
 impl EpLink {
-    pub(crate) fn new(
-        core: Arc<EpCore>,
-        ops: Arc<dyn EndpointOps>,
-        doorbells: Option<Arc<dyn DoorbellAlloc>>,
-    ) -> Arc<Self> {
+    pub(crate) fn new(port: Arc<dyn Port>, doorbells: Option<Arc<dyn DoorbellAlloc>>) -> Arc<Self> {
         let link = Arc::new(EpLink {
             xpu: doorbells.map(XpuWatch::new),
-            core,
-            ops,
+            port,
             closed: AtomicBool::new(false),
             stalled: Mutex::default(),
             has_stalled: AtomicBool::new(false),
@@ -112,8 +106,8 @@ impl EpLink {
         })?;
         let n = x.arm(what, xpu, vars, job, self)?;
         // A progress thread asleep on the provider's doorbell must start watching this one.
-        if self.core.auto_progress {
-            self.ops.wake();
+        if self.port.auto_progress() {
+            self.port.wake();
         }
         Ok(n)
     }
@@ -127,7 +121,7 @@ impl EpLink {
             return;
         }
         let me: Arc<dyn ProgressSource> = self.clone();
-        cntr.bind((!self.core.auto_progress).then_some(me));
+        cntr.bind((!self.port.auto_progress()).then_some(me));
         d.push(cntr.clone());
     }
 
@@ -154,7 +148,7 @@ impl EpLink {
     fn start(&self, mut job: Job) -> Option<Job> {
         let user_ctx = job.ctx();
         let key = job.work.as_ref().map(|w| {
-            self.core.deferred.insert(Pending {
+            self.port.deferred().insert(Pending {
                 user_ctx,
                 ep_completion: job.flags() & FI_COMPLETION != 0,
                 completion: w.completion.clone(),
@@ -165,19 +159,19 @@ impl EpLink {
         }
         // SAFETY: the contract of the call that posted the job (or queued the work) keeps its
         // buffers valid until it completes or is canceled; it has done neither yet.
-        match unsafe { job.post(&self.core, &*self.ops) } {
+        match unsafe { self.port.start(&job.action) } {
             Ok(()) => None,
             // Its device memory could not be staged (the copy out of the device, say): the
             // operation fails as a transfer whose data could not be read (FI_EIO), and the
             // driver's reason is kept for `take_staging_errors`.
             Err(StartError::Stage(e)) => {
-                self.core.staging.record_error(e);
-                job.fail(&self.core, crate::consts::errno::FI_EIO);
+                self.port.staging_failed(e);
+                job.fail(&*self.port, crate::consts::errno::FI_EIO);
                 None
             }
             Err(StartError::Refused(e)) if e.is_again() => {
                 if let Some(k) = key {
-                    self.core.deferred.remove(k);
+                    self.port.deferred().remove(k);
                     job.set_ctx(user_ctx);
                 }
                 Some(job)
@@ -192,7 +186,7 @@ impl EpLink {
                 } else {
                     e.errno()
                 };
-                job.fail(&self.core, err);
+                job.fail(&*self.port, err);
                 None
             }
         }
@@ -285,19 +279,33 @@ impl EpLink {
     }
 }
 
+impl Owner for EpLink {
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn submit(&self, job: Job) {
+        EpLink::submit(self, job);
+    }
+
+    fn port(&self) -> &dyn Port {
+        &*self.port
+    }
+}
+
 impl super::xpu_wake::RingTarget for EpLink {
     fn rung(&self) {
         if let Some(x) = &self.xpu {
-            x.poll(&self.core, Finder::Ringer, |j| self.submit(j));
+            x.poll(&*self.port, Finder::Ringer, |j| self.submit(j));
         }
     }
 }
 
 impl ProgressSource for EpLink {
     fn progress(&self) -> usize {
-        let mut n = self.ops.progress();
+        let mut n = self.port.progress();
         if let Some(x) = &self.xpu {
-            n += x.poll(&self.core, Finder::Watcher, |j| self.submit(j));
+            n += x.poll(&*self.port, Finder::Watcher, |j| self.submit(j));
         }
         if self.has_stalled.load(Ordering::Acquire) {
             n + self.retry()
@@ -325,7 +333,7 @@ impl ProgressSource for EpLink {
                 std::thread::yield_now();
             }
             Some(d) => super::xpu_wake::sleep_until_ring(d.min(timeout)),
-            None => self.ops.idle_wait(timeout),
+            None => self.port.idle_wait(timeout),
         }
     }
 

@@ -18,8 +18,8 @@
 //! trigger), and a staging copy that fails completes the operation with `FI_EIO`.
 
 mod dwq;
-mod ep;
 mod link;
+mod port;
 mod queue;
 #[cfg(test)]
 pub(crate) mod testkit;
@@ -42,18 +42,15 @@ use crate::cntr::{CntrInner, Counter};
 use crate::consts::errno::FI_ECANCELED;
 use crate::consts::*;
 use crate::entry::Context;
-use crate::ep::{EndpointOps, EpCore, TxOp};
-use crate::ep_atomic::AtomicReq;
-use crate::ep_rma::RmaOp;
-use crate::ep_start::StartError;
+use crate::op::{AtomicReq, RmaOp, TxOp};
 use crate::rxq::PostedRecv;
 
 pub(crate) use dwq::DomainWork;
-pub use dwq::{
-    DeferredWork, OpAtomic, OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, WorkId, WorkOp,
-};
+pub use dwq::WorkId;
 pub(crate) use link::{DeferredRegistry, EpLink, Pending};
+pub(crate) use port::{Port, StartError};
 pub(crate) use queue::TriggerQueue;
+pub(crate) use queue::Watch;
 pub use xpu::{Doorbell, DoorbellAlloc, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED};
 pub use xpu_abi::{Signal, TriggerValue, TriggerVar, TriggerXpu, Xpu, XpuDevice};
 pub use xpu_wake::{notify_xpu_ring, user_monitor_wait};
@@ -166,35 +163,15 @@ impl Job {
         }
     }
 
-    /// Hands the transfer to the provider through `core`, as an immediate post of it would
-    /// be: device memory is staged now (a send's data is gathered at the trigger, not when it
-    /// was armed).
-    ///
-    /// # Safety
-    /// The buffers it names must be valid as the posting call's contract states; that
-    /// contract runs until the operation completes or is canceled, and it has done neither.
-    unsafe fn post(&self, core: &EpCore, ops: &dyn EndpointOps) -> Result<(), StartError> {
-        // SAFETY: forwarded from this function's contract.
-        unsafe {
-            match &self.action {
-                Action::Send(o) => core.start_send(ops, o),
-                Action::Recv(r) => core.start_recv(ops, r.clone()),
-                Action::Rma(o) => core.start_rma(ops, o),
-                Action::Atomic(a) => core.start_atomic(ops, a),
-                Action::CntrSet(..) | Action::CntrAdd(..) => Ok(()),
-            }
-        }
-    }
-
     /// Reports the transfer failed with `err`, under its current context.
-    fn fail(&self, core: &EpCore, err: i32) {
+    fn fail(&self, port: &dyn Port, err: i32) {
         match &self.action {
             Action::Recv(r) => {
                 let flags = FI_RECV | (r.flags & (FI_MSG | FI_TAGGED));
-                core.fail_rx(r.ctx, flags, r.tag, err);
+                port.fail_rx(r.ctx, flags, r.tag, err);
             }
             Action::CntrSet(..) | Action::CntrAdd(..) => {}
-            _ => core.fail_tx(self.ctx(), self.flags(), err),
+            _ => port.fail_tx(self.ctx(), self.flags(), err),
         }
     }
 
@@ -203,7 +180,7 @@ impl Job {
     pub(crate) fn cancel(self) {
         let wants = self.work.is_none() || self.flags() & FI_COMPLETION != 0;
         if let (Some(l), true) = (&self.ep, wants) {
-            self.fail(&l.core, FI_ECANCELED);
+            self.fail(&*l.port, FI_ECANCELED);
         }
     }
 }

@@ -8,8 +8,8 @@ use super::TriggerContext;
 use crate::consts::errno::FI_ECANCELED;
 use crate::consts::*;
 use crate::entry::Context;
+use crate::ep::rma::{MsgRma, RmaIov};
 use crate::ep::Endpoint;
-use crate::ep_rma::{MsgRma, RmaIov};
 use crate::error::Error;
 use crate::rxq::RawIov;
 
@@ -123,7 +123,7 @@ fn every_kind_of_transfer_can_be_triggered() {
     let mut buf = [0u8; 8];
     let mut res = [0u8; 8];
     let t = |n| TriggerContext::threshold(&c, n);
-    let m = crate::ep_atomic::MsgAtomic {
+    let m = crate::ep::atomic::MsgAtomic {
         addr: 0,
         rma_addr: 0,
         key: 1,
@@ -154,10 +154,10 @@ fn every_kind_of_transfer_can_be_triggered() {
         e.ep.writemsg_triggered(&r(5), 0, &t(2)).unwrap();
         let op = [0u8; 8];
         e.ep.atomicmsg_triggered(&m, &op, 1, 0, &t(1)).unwrap();
-        let fm = crate::ep_atomic::MsgAtomic { context: 7, ..m };
+        let fm = crate::ep::atomic::MsgAtomic { context: 7, ..m };
         e.ep.fetch_atomicmsg_triggered(&fm, &op, &mut res, 1, 0, &t(1))
             .unwrap();
-        let cm = crate::ep_atomic::MsgAtomic {
+        let cm = crate::ep::atomic::MsgAtomic {
             context: 8,
             op: crate::atomic::AtomicOp::Cswap,
             ..m

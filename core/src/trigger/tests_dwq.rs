@@ -9,6 +9,7 @@ use crate::entry::FiAddr;
 use crate::ep::Msg;
 use crate::error::Error;
 use crate::rxq::RawIov;
+use crate::work::*;
 
 fn msg(iov: &[RawIov], ctx: Context) -> Msg<'_> {
     Msg {
@@ -166,7 +167,7 @@ fn requests_are_checked_when_queued() {
         assert!(matches!(r, Err(Error::Inval(_))), "{r:?}");
         let r = w.domain.queue_work(&send(&e.ep, &iov, FI_PEEK));
         assert!(matches!(r, Err(Error::NoSys(_))), "{r:?}");
-        let m = crate::ep_atomic::MsgAtomic {
+        let m = crate::ep::atomic::MsgAtomic {
             addr: 0,
             rma_addr: 0,
             key: 0,

@@ -6,10 +6,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::testkit::*;
-use super::{DeferredWork, OpMsg, TriggerContext, TriggerVar, WorkOp, Xpu};
+use super::{TriggerContext, TriggerVar, Xpu};
 use crate::consts::errno::{FI_ECANCELED, FI_EIO};
 use crate::consts::*;
 use crate::rxq::RawIov;
+use crate::work::{DeferredWork, OpMsg, WorkOp};
 
 fn data(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -342,7 +343,7 @@ fn triggered_atomics_on_device_memory_are_staged_when_they_fire() {
     let mut result = vec![0xffu8; 8];
     fake.add(&operand);
     fake.add(&result);
-    let m = crate::ep_atomic::MsgAtomic {
+    let m = crate::ep::atomic::MsgAtomic {
         addr: 0,
         rma_addr: 0,
         key: 1,

@@ -18,14 +18,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::link::EpLink;
+use super::port::Port;
 use super::xpu_predict::{Policy, Predictor};
 use super::Job;
 use crate::atomic::Datatype;
-use crate::consts::errno::FI_EINVAL;
-use crate::consts::*;
-use crate::entry::{Context, CqErrEntry};
-use crate::ep::EpCore;
+use crate::entry::Context;
 use crate::error::{Error, Result};
 use crate::hmem_iface::Iface;
 use crate::trigger::{TriggerVar, Xpu};
@@ -159,6 +156,17 @@ impl Bell {
     }
 }
 
+/// The endpoint's link as an `XpuWatch` sees it while arming (`EpLink`): whether it closed,
+/// where an operation whose doorbell already rang starts, and whom misuse is reported to.
+pub(crate) trait Owner {
+    /// The endpoint is closing: nothing may be armed any more.
+    fn closed(&self) -> bool;
+    /// Starts an operation (behind any waiting for room).
+    fn submit(&self, job: Job);
+    /// The endpoint.
+    fn port(&self) -> &dyn Port;
+}
+
 /// What an error entry reports about a doorbell.
 struct Misuse {
     value: u64,
@@ -223,7 +231,7 @@ impl XpuWatch {
         xpu: Xpu,
         vars: &mut [TriggerVar],
         job: Job,
-        link: &EpLink,
+        link: &dyn Owner,
     ) -> Result<usize> {
         let Some(var) = vars.first_mut() else {
             return Err(Error::Inval(format!(
@@ -239,7 +247,7 @@ impl XpuWatch {
         }
         let mut bells = self.lock();
         // Checked under the lock close takes to release what is armed: nothing armed after.
-        if link.closed.load(Ordering::Acquire) {
+        if link.closed() {
             return Err(Error::OpBadState(format!("{what}: endpoint is closed")));
         }
         if self.armed.load(Ordering::Acquire) >= XPU_ARMED_MAX {
@@ -287,7 +295,7 @@ impl XpuWatch {
             self.touch();
         }
         if let Some(m) = misuse {
-            report_misuse(&link.core, m);
+            link.port().xpu_misuse(m.code, m.value);
         }
         armed.map(|()| 1).ok_or_else(|| {
             // Values only grow, and the XPU's stores are untrusted: one of u64::MAX leaves no
@@ -378,7 +386,7 @@ impl XpuWatch {
     /// Looks at every doorbell once: starts what its value reached, in order, and reports
     /// misuse. Returns how many operations started. Another thread already looking is left
     /// to it (one watcher at a time keeps the order).
-    pub(crate) fn poll(&self, core: &EpCore, finder: Finder, start: impl Fn(Job)) -> usize {
+    pub(crate) fn poll(&self, port: &dyn Port, finder: Finder, start: impl Fn(Job)) -> usize {
         // Looked at even with nothing armed, so that a stray store is reported when the
         // watcher next runs, not when something is armed after it.
         if !self.has_bells.load(Ordering::Acquire) {
@@ -402,7 +410,7 @@ impl XpuWatch {
             self.touch();
         }
         for m in misuse {
-            report_misuse(core, m);
+            port.xpu_misuse(m.code, m.value);
         }
         n
     }
@@ -495,24 +503,5 @@ impl XpuWatch {
                 }
             }
         }
-    }
-}
-
-/// An error entry for a doorbell the XPU misused: `FI_EINVAL` with flags `FI_TRIGGER`, no
-/// context, `prov_errno` saying which misuse, and `data` the value it stored.
-fn report_misuse(core: &EpCore, m: Misuse) {
-    let Some(b) = core.bound() else { return };
-    if let Some(cq) = &b.tx_cq {
-        cq.push_err(CqErrEntry {
-            op_context: 0,
-            flags: FI_TRIGGER,
-            err: FI_EINVAL,
-            prov_errno: m.code,
-            data: m.value,
-            ..Default::default()
-        });
-    } else if let Some(c) = &b.cntr[crate::ep::CntrClass::Send as usize] {
-        c.inc_err();
-        c.notify_observers();
     }
 }

@@ -7,69 +7,8 @@ use crate::entry::{Context, FiAddr};
 use crate::ep::{Endpoint, INJECT_CALL};
 use crate::error::{Error, Result};
 use crate::mr::MrDesc;
+pub use crate::op::{RmaIov, RmaIovList, RmaOp};
 use crate::rxq::{IovList, RawIov, IOV_LIMIT};
-
-/// `struct fi_rma_iov`: a range of a peer's registered memory.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RmaIov {
-    /// Virtual address with `FI_MR_VIRT_ADDR`, else an offset into the region.
-    pub addr: u64,
-    /// Length in bytes.
-    pub len: usize,
-    /// The region's key.
-    pub key: u64,
-}
-
-/// Up to `IOV_LIMIT` remote ranges; copying one never allocates.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RmaIovList {
-    segs: [RmaIov; IOV_LIMIT],
-    n: u8,
-}
-
-impl RmaIovList {
-    /// The list of `segs`, or `None` past `IOV_LIMIT`.
-    pub fn from_segs(segs: &[RmaIov]) -> Option<Self> {
-        if segs.len() > IOV_LIMIT {
-            return None;
-        }
-        let mut l = RmaIovList::default();
-        l.segs[..segs.len()].copy_from_slice(segs);
-        l.n = segs.len() as u8;
-        Some(l)
-    }
-
-    /// The ranges.
-    pub fn segs(&self) -> &[RmaIov] {
-        &self.segs[..self.n as usize]
-    }
-
-    /// Total length.
-    pub fn total(&self) -> usize {
-        // Saturating: lengths can come from a peer, and a sum that wrapped must not pass a check.
-        self.segs()
-            .iter()
-            .fold(0usize, |a, s| a.saturating_add(s.len))
-    }
-}
-
-/// One RMA operation, reduced from whichever call posted it.
-#[derive(Clone, Copy, Debug)]
-pub struct RmaOp {
-    /// Completion context.
-    pub ctx: Context,
-    /// Local memory: the source of a write, the destination of a read.
-    pub iov: IovList,
-    /// The peer.
-    pub dest: FiAddr,
-    /// The peer's memory.
-    pub rma: RmaIovList,
-    /// Remote CQ data (`FI_REMOTE_CQ_DATA`).
-    pub data: u64,
-    /// `FI_RMA | FI_READ` or `FI_RMA | FI_WRITE`, plus operation flags.
-    pub flags: u64,
-}
 
 /// `struct fi_msg_rma`.
 #[derive(Clone, Copy, Debug)]

@@ -7,40 +7,40 @@
 //! triggered send that is when its trigger fires, which is when its data is ready. Incoming
 //! data lands when the completion calls of `EpCore` see the staging context.
 //!
-//! Under `FI_RM_ENABLED` an operation reserves its CQ entry here first (`ep_credit`), so a
+//! Under `FI_RM_ENABLED` an operation reserves its CQ entry here first (`credit`), so a
 //! full CQ refuses immediate posts with `Again` and makes fired operations wait their turn.
 
 use crate::consts::*;
-use crate::ep::{EndpointOps, EpCore, TxOp};
-use crate::ep_atomic::AtomicReq;
-use crate::ep_credit::Dir;
-use crate::ep_rma::RmaOp;
-use crate::error::{Error, Result};
+use crate::ep::atomic::AtomicReq;
+use crate::ep::rma::RmaOp;
+use crate::ep::{Dir, EndpointOps, EpCore, TxOp};
+use crate::error::Result;
 use crate::hmem_stage::Staged;
 use crate::rxq::PostedRecv;
-
-/// Why an operation did not start.
-#[derive(Debug)]
-pub(crate) enum StartError {
-    /// Staging its device memory failed (an owner lookup or the copy out of the device);
-    /// the provider never saw the operation. A fired operation reports it as `FI_EIO`.
-    Stage(Error),
-    /// The provider refused it (`Again`: no room now), or it cannot be staged as asked.
-    Refused(Error),
-}
-
-impl From<StartError> for Error {
-    #[inline]
-    fn from(e: StartError) -> Error {
-        match e {
-            StartError::Stage(e) | StartError::Refused(e) => e,
-        }
-    }
-}
+pub(crate) use crate::trigger::StartError;
 
 impl EpCore {
-    /// `start_send_provider` once the operation's CQ entry is reserved (`ep_credit`); a refused
-    /// start gives the reservation back.
+    /// Runs `start` (one operation handed to the provider) once the operation's CQ entry in
+    /// direction `dir` is reserved (`credit`); a refused start gives the reservation back.
+    /// Every start below goes through here: reserve, provider, release written once.
+    #[inline]
+    fn reserved(
+        &self,
+        dir: Dir,
+        flags: u64,
+        start: impl FnOnce() -> Result<(), StartError>,
+    ) -> Result<(), StartError> {
+        let reserved = self
+            .reserve_entry(dir, flags)
+            .map_err(StartError::Refused)?;
+        let r = start();
+        if r.is_err() && reserved {
+            self.release_entry(dir);
+        }
+        r
+    }
+
+    /// `start_send_provider` with its CQ entry reserved.
     ///
     /// # Safety
     /// As `start_send_provider`.
@@ -50,19 +50,13 @@ impl EpCore {
         ops: &dyn EndpointOps,
         op: &TxOp,
     ) -> Result<(), StartError> {
-        let reserved = self
-            .reserve_entry(Dir::Tx, op.flags)
-            .map_err(StartError::Refused)?;
         // SAFETY: forwarded.
-        let r = unsafe { self.start_send_provider(ops, op) };
-        if r.is_err() && reserved {
-            self.release_entry(Dir::Tx);
-        }
-        r
+        self.reserved(Dir::Tx, op.flags, || unsafe {
+            self.start_send_provider(ops, op)
+        })
     }
 
-    /// `start_recv_provider` once the operation's CQ entry is reserved (`ep_credit`); a refused
-    /// start gives the reservation back.
+    /// `start_recv_provider` with its CQ entry reserved.
     ///
     /// # Safety
     /// As `start_recv_provider`.
@@ -72,19 +66,13 @@ impl EpCore {
         ops: &dyn EndpointOps,
         r: PostedRecv,
     ) -> Result<(), StartError> {
-        let reserved = self
-            .reserve_entry(Dir::Rx, r.flags)
-            .map_err(StartError::Refused)?;
         // SAFETY: forwarded.
-        let r = unsafe { self.start_recv_provider(ops, r) };
-        if r.is_err() && reserved {
-            self.release_entry(Dir::Rx);
-        }
-        r
+        self.reserved(Dir::Rx, r.flags, || unsafe {
+            self.start_recv_provider(ops, r)
+        })
     }
 
-    /// `start_rma_provider` once the operation's CQ entry is reserved (`ep_credit`); a refused
-    /// start gives the reservation back.
+    /// `start_rma_provider` with its CQ entry reserved.
     ///
     /// # Safety
     /// As `start_rma_provider`.
@@ -94,19 +82,13 @@ impl EpCore {
         ops: &dyn EndpointOps,
         op: &RmaOp,
     ) -> Result<(), StartError> {
-        let reserved = self
-            .reserve_entry(Dir::Tx, op.flags)
-            .map_err(StartError::Refused)?;
         // SAFETY: forwarded.
-        let r = unsafe { self.start_rma_provider(ops, op) };
-        if r.is_err() && reserved {
-            self.release_entry(Dir::Tx);
-        }
-        r
+        self.reserved(Dir::Tx, op.flags, || unsafe {
+            self.start_rma_provider(ops, op)
+        })
     }
 
-    /// `start_atomic_provider` once the operation's CQ entry is reserved (`ep_credit`); a refused
-    /// start gives the reservation back.
+    /// `start_atomic_provider` with its CQ entry reserved.
     ///
     /// # Safety
     /// As `start_atomic_provider`.
@@ -116,15 +98,10 @@ impl EpCore {
         ops: &dyn EndpointOps,
         req: &AtomicReq,
     ) -> Result<(), StartError> {
-        let reserved = self
-            .reserve_entry(Dir::Tx, req.flags)
-            .map_err(StartError::Refused)?;
         // SAFETY: forwarded.
-        let r = unsafe { self.start_atomic_provider(ops, req) };
-        if r.is_err() && reserved {
-            self.release_entry(Dir::Tx);
-        }
-        r
+        self.reserved(Dir::Tx, req.flags, || unsafe {
+            self.start_atomic_provider(ops, req)
+        })
     }
 
     /// Starts a send; device memory in `op.iov` is gathered into a bounce buffer first.
@@ -256,7 +233,7 @@ impl EpCore {
     }
 
     /// Starts an atomic; device memory among its operand, compare and result buffers goes
-    /// through one bounce buffer (`ep_atomic::stage`), fetched values landing before the
+    /// through one bounce buffer (`atomic::stage`), fetched values landing before the
     /// completion is reported.
     ///
     /// Endpoints without `FI_HMEM` go straight to the provider: one flag test.
@@ -288,7 +265,7 @@ impl EpCore {
         req: &AtomicReq,
     ) -> Result<(), StartError> {
         // SAFETY: the caller's contract: operand and compare are readable now.
-        let r = match unsafe { crate::ep_atomic::stage(self, req) }.map_err(StartError::Stage)? {
+        let r = match unsafe { crate::ep::atomic::stage(self, req) }.map_err(StartError::Stage)? {
             // SAFETY: forwarded.
             None => unsafe { ops.atomic(req) },
             // An inject's bounce may go when the call returns, unless a fetched result is

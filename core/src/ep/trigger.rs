@@ -1,19 +1,100 @@
-//! Posting triggered operations on an endpoint: the `*msg` calls with `FI_TRIGGER` and a
-//! `TriggerContext`. Each is checked exactly as its untriggered form is, then waits on the
-//! trigger's counter instead of starting.
+//! The endpoint's half of triggered operations. Posting: the `*msg` calls with `FI_TRIGGER`
+//! and a `TriggerContext` (or an XPU's trigger), each checked exactly as its untriggered form
+//! is, then left to wait in the trigger machinery instead of starting. Starting: `EpPort`,
+//! the narrow interface (`trigger::Port`) through which the machinery starts, fails and
+//! reports what waited, without importing the endpoint.
 
 use std::sync::Arc;
 
-use super::link::EpLink;
-use super::queue::Watch;
-use super::{Action, Job, TriggerContext};
+use super::atomic::MsgAtomic;
+use super::rma::MsgRma;
+use super::{CntrClass, Endpoint, EndpointOps, EpCore, Msg};
+use crate::consts::errno::FI_EINVAL;
 use crate::consts::*;
-use crate::ep::{Endpoint, Msg};
-use crate::ep_atomic::MsgAtomic;
-use crate::ep_rma::MsgRma;
+use crate::entry::{Context, CqErrEntry};
 use crate::error::{Error, Result};
 use crate::rxq::RawIov;
-use crate::trigger::{TriggerVar, TriggerXpu, Xpu};
+use crate::trigger::{Action, DeferredRegistry, EpLink, Job, Port, StartError, Watch};
+use crate::trigger::{TriggerContext, TriggerVar, TriggerXpu, Xpu};
+use crate::wait::ProgressSource;
+
+/// A trigger-able endpoint as its `EpLink` holds it: the core, to start operations as an
+/// immediate post does and to report them, and the provider, to drive.
+pub(crate) struct EpPort {
+    pub(crate) core: Arc<EpCore>,
+    pub(crate) ops: Arc<dyn EndpointOps>,
+}
+
+impl Port for EpPort {
+    unsafe fn start(&self, action: &Action) -> Result<(), StartError> {
+        let (core, ops) = (&*self.core, &*self.ops);
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            match action {
+                Action::Send(o) => core.start_send(ops, o),
+                Action::Recv(r) => core.start_recv(ops, r.clone()),
+                Action::Rma(o) => core.start_rma(ops, o),
+                Action::Atomic(a) => core.start_atomic(ops, a),
+                Action::CntrSet(..) | Action::CntrAdd(..) => Ok(()),
+            }
+        }
+    }
+
+    fn fail_tx(&self, ctx: Context, flags: u64, err: i32) {
+        self.core.fail_tx(ctx, flags, err);
+    }
+
+    fn fail_rx(&self, ctx: Context, flags: u64, tag: u64, err: i32) {
+        self.core.fail_rx(ctx, flags, tag, err);
+    }
+
+    fn staging_failed(&self, e: Error) {
+        self.core.staging.record_error(e);
+    }
+
+    fn deferred(&self) -> &DeferredRegistry {
+        &self.core.deferred
+    }
+
+    fn auto_progress(&self) -> bool {
+        self.core.auto_progress
+    }
+
+    fn xpu_misuse(&self, prov_errno: i32, value: u64) {
+        let Some(b) = self.core.bound() else { return };
+        if let Some(cq) = &b.tx_cq {
+            cq.push_err(CqErrEntry {
+                op_context: 0,
+                flags: FI_TRIGGER,
+                err: FI_EINVAL,
+                prov_errno,
+                data: value,
+                ..Default::default()
+            });
+        } else if let Some(c) = &b.cntr[CntrClass::Send as usize] {
+            c.inc_err();
+            c.notify_observers();
+        }
+    }
+}
+
+impl ProgressSource for EpPort {
+    fn progress(&self) -> usize {
+        self.ops.progress()
+    }
+
+    fn idle_wait(&self, timeout: std::time::Duration) {
+        self.ops.idle_wait(timeout);
+    }
+
+    fn wake(&self) {
+        self.ops.wake();
+    }
+
+    fn next_look(&self) -> Option<std::time::Duration> {
+        self.ops.next_look()
+    }
+}
 
 impl Endpoint {
     /// The endpoint's link, if it may take triggered operations with these flags.

@@ -14,82 +14,11 @@ use crate::ep::{Endpoint, EpCore, INJECT_CALL};
 use crate::error::{Error, Result};
 use crate::hmem_stage::{self, Staged};
 use crate::mr::MrDesc;
+pub use crate::op::AtomicReq;
 use crate::rxq::{IovList, RawIov};
 
 /// Largest operand of one atomic request, in bytes (so `count * datatype size` at most this).
 pub const ATOMIC_MAX: usize = 4096;
-
-/// One atomic request, reduced from whichever call posted it.
-#[derive(Clone, Copy, Debug)]
-pub struct AtomicReq {
-    /// Completion context.
-    pub ctx: Context,
-    /// The peer.
-    pub dest: FiAddr,
-    /// Target address (virtual, or offset) and key.
-    pub addr: u64,
-    /// The region's key.
-    pub key: u64,
-    /// Element type.
-    pub dt: Datatype,
-    /// Operation.
-    pub op: AtomicOp,
-    /// Elements.
-    pub count: usize,
-    /// Operand values (`count` elements; absent for `FI_ATOMIC_READ`).
-    pub operand: usize,
-    /// Compare values for compare atomics, else 0.
-    pub compare: usize,
-    /// Where the original target values go for fetch and compare atomics, else 0.
-    pub result: usize,
-    /// `FI_ATOMIC | FI_WRITE` (plain) or `FI_ATOMIC | FI_READ` (fetch, compare), plus
-    /// operation flags.
-    pub flags: u64,
-}
-
-impl AtomicReq {
-    /// Bytes of operand (and of compare and result values).
-    pub fn bytes(&self) -> usize {
-        self.count * self.dt.size()
-    }
-
-    /// The result, operand and compare buffers, in that order; an absent one (no result, no
-    /// operand for `FI_ATOMIC_READ`, no compare) is empty. A staged request's bounce holds
-    /// them in this order, so that landing its first bytes lands exactly the fetched values.
-    fn buffers(&self) -> [RawIov; 3] {
-        let n = self.bytes();
-        let buf = |addr: usize, present: bool| RawIov {
-            addr,
-            len: if present { n } else { 0 },
-        };
-        [
-            buf(self.result, self.result != 0),
-            buf(self.operand, self.op != AtomicOp::Read),
-            buf(self.compare, self.compare != 0),
-        ]
-    }
-
-    /// This request posted as `ctx` with its buffers in the bounce at `base` (laid out as
-    /// `buffers` says).
-    pub(crate) fn in_bounce(&self, ctx: Context, base: usize) -> AtomicReq {
-        let [result, operand, compare] = self.buffers();
-        let mut at = base;
-        let mut place = |b: RawIov, unstaged: usize| {
-            if b.len == 0 {
-                return unstaged;
-            }
-            at += b.len;
-            at - b.len
-        };
-        AtomicReq {
-            ctx,
-            result: place(result, self.result),
-            operand: place(operand, self.operand),
-            compare: place(compare, self.compare),
-            ..*self
-        }
-    }
-}
 
 /// Stages `req` if any of its buffers is device memory: `Ok(None)` for host memory (post as
 /// is), else the record whose bounce holds [result space | operand | compare] and lands the

@@ -19,18 +19,9 @@ use std::sync::atomic::Ordering;
 
 use crate::consts::*;
 use crate::entry::{Context, CqErrEntry, CqTaggedEntry, FiAddr};
-use crate::ep::{EpCore, INJECT_CALL};
+use crate::ep::{Dir, EpCore, INJECT_CALL};
 use crate::error::{Error, Result};
 use crate::trigger::Pending;
-
-/// The CQ of an endpoint that an operation completes to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Dir {
-    /// The transmit CQ: sends, RMA and atomics initiated here.
-    Tx = 0,
-    /// The receive CQ: receives, peeks, remote accesses that report.
-    Rx = 1,
-}
 
 impl EpCore {
     /// Reserves the entry an operation with `op_flags` will write, if the domain manages

@@ -1,0 +1,58 @@
+//! The endpoint as the trigger machinery sees it. A waiting operation starts, fails and is
+//! counted through this trait, which the endpoint implements (`ep::trigger`), so that the
+//! machinery sits below the endpoint instead of importing it back.
+
+use super::{Action, DeferredRegistry};
+use crate::entry::Context;
+use crate::error::Error;
+use crate::wait::ProgressSource;
+
+/// Why an operation did not start.
+#[derive(Debug)]
+pub(crate) enum StartError {
+    /// Staging its device memory failed (an owner lookup or the copy out of the device);
+    /// the provider never saw the operation. A fired operation reports it as `FI_EIO`.
+    Stage(Error),
+    /// The provider refused it (`Again`: no room now), or it cannot be staged as asked.
+    Refused(Error),
+}
+
+impl From<StartError> for Error {
+    #[inline]
+    fn from(e: StartError) -> Error {
+        match e {
+            StartError::Stage(e) | StartError::Refused(e) => e,
+        }
+    }
+}
+
+/// A trigger-able endpoint: its core and its provider. As a `ProgressSource` it is the
+/// provider's (`progress`, `idle_wait`, `wake`).
+pub(crate) trait Port: ProgressSource {
+    /// Hands a transfer to the provider as an immediate post of it would: its CQ entry
+    /// reserved, device memory staged now. Counter updates are not transfers: `Ok`.
+    ///
+    /// # Safety
+    /// The buffers it names must be valid as the posting call's contract states.
+    unsafe fn start(&self, action: &Action) -> Result<(), StartError>;
+
+    /// Reports a transmit operation (send, RMA, atomic) failed with `err`.
+    fn fail_tx(&self, ctx: Context, flags: u64, err: i32);
+
+    /// Reports a receive failed with `err`.
+    fn fail_rx(&self, ctx: Context, flags: u64, tag: u64, err: i32);
+
+    /// Keeps the reason a fired operation's staging failed (`take_staging_errors`).
+    fn staging_failed(&self, e: Error);
+
+    /// Started deferred transfers of this endpoint.
+    fn deferred(&self) -> &DeferredRegistry;
+
+    /// The endpoint runs under `FI_PROGRESS_AUTO`.
+    fn auto_progress(&self) -> bool;
+
+    /// An XPU misused a doorbell: an error entry (`FI_EINVAL`, flags `FI_TRIGGER`, no
+    /// context, `prov_errno` saying which misuse, `data` the value stored) on the transmit
+    /// CQ, or an error on the send counter without one.
+    fn xpu_misuse(&self, prov_errno: i32, value: u64);
+}
