@@ -3,8 +3,8 @@
 //! no entry but counts, selective completion writes only what was asked for; and multi-segment
 //! I/O vectors on both sides.
 //!
-//! Written once for every provider: shm by default, tcp and verbs (in the Soft-RoCE VM) through
-//! `XFABRIC_TEST_PROVIDER` in scripts/test.sh.
+//! Written once for every provider: shm by default, tcp through `XFABRIC_TEST_PROVIDER` in
+//! scripts/test.sh (verbs in the Soft-RoCE VM: not yet, see scripts/test-verbs-vm.sh).
 
 mod common;
 use common::*;

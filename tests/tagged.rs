@@ -2,8 +2,8 @@
 //! order, unexpected messages of both protocols, remote CQ data, and FI_PEEK / FI_CLAIM /
 //! FI_DISCARD.
 //!
-//! Written once for every provider: shm by default, tcp and verbs (in the Soft-RoCE VM) through
-//! `XFABRIC_TEST_PROVIDER` in scripts/test.sh.
+//! Written once for every provider: shm by default, tcp through `XFABRIC_TEST_PROVIDER` in
+//! scripts/test.sh (verbs in the Soft-RoCE VM: not yet, see scripts/test-verbs-vm.sh).
 
 mod common;
 use common::*;
