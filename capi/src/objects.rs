@@ -140,9 +140,10 @@ pub struct FiMrAttr {
 }
 
 macro_rules! class {
-    ($t:ty, $class:expr, $head:ty, $fi_ops:ident $(, close = $close:expr)? $(, control = $control:expr)?) => {
+    ($t:ty, $class:expr, $head:ty, $fi_ops:ident $(, close = $close:expr)? $(, bind = $bind:expr)? $(, control = $control:expr)?) => {
         static $fi_ops: FiOps = FiOps {
             close: close::<$t>,
+            $(bind: $bind,)?
             $(control: $control,)?
             ..FiOps::ENOSYS
         };
@@ -172,7 +173,8 @@ class!(
     FI_CLASS_AV,
     OpsHead<FiOpsAv>,
     AV_FI_OPS,
-    close = AddressVector::close
+    close = AddressVector::close,
+    bind = crate::data::av_bind
 );
 class!(
     CompletionQueue,

@@ -91,3 +91,11 @@ fn c_atomics_on_a_peers_registered_u64s() {
     assert!(out.contains("target: every atomic landed"), "{out}");
     assert!(out.contains("fenced read back"), "{out}");
 }
+
+#[test]
+fn c_av_insert_counts_bad_addresses_and_reports_through_the_eq() {
+    for prov in ["tcp", "shm"] {
+        let out = run_c_with("av_insert", &[], &[("FI_PROVIDER", prov)]);
+        assert!(out.contains("av_insert: ok"), "{prov}: {out}");
+    }
+}
