@@ -31,6 +31,20 @@ pub trait ProgressSource: Send + Sync {
     fn next_look(&self) -> Option<Duration> {
         None
     }
+    /// Adds the descriptors, each with the poll(2) events it waits for, that become ready
+    /// when this source has work (a frame arrived) to `out`, for a thread sleeping on an
+    /// `FI_WAIT_FD` wait object to watch. The default has none: such a source's work must be
+    /// announced otherwise (its completions signal the object's own eventfd, or `next_look`
+    /// says it must be looked at by time).
+    fn wait_fds(&self, out: &mut Vec<(RawFd, i16)>) {
+        let _ = out;
+    }
+    /// Before a sleep on those descriptors (`fi_trywait`): takes in what is ready and readies
+    /// the descriptors to announce what comes next. True when nothing was ready and nothing is
+    /// due by time, so that a sleep until one of them is readable misses nothing.
+    fn prepare_fd_sleep(&self) -> bool {
+        self.progress() == 0 && self.next_look().is_none()
+    }
 }
 
 /// The endpoints (or other progress sources) that a queue, counter or domain drives. Read on
@@ -152,6 +166,118 @@ impl ProgressSource for ProgressList {
 
     fn next_look(&self) -> Option<Duration> {
         ProgressList::next_look(self)
+    }
+
+    fn wait_fds(&self, out: &mut Vec<(RawFd, i16)>) {
+        for (p, _) in self.sources.load().iter() {
+            p.wait_fds(out);
+        }
+    }
+
+    fn prepare_fd_sleep(&self) -> bool {
+        // Every source is readied, even after one says no: the next sleep needs them all.
+        let mut idle = true;
+        for (p, _) in self.sources.load().iter() {
+            idle &= p.prepare_fd_sleep();
+        }
+        idle
+    }
+}
+
+/// The wait object of `FI_WAIT_FD` on a CQ or counter, as libfabric's util wait makes it: an
+/// epoll set holding the object's own eventfd (signaled by each completion or change) and the
+/// descriptors of the endpoints that feed it, so that under manual progress the descriptor an
+/// application sleeps on becomes readable when a frame arrives, although nothing progresses
+/// while it sleeps. `prepare` (called by `fi_trywait`) brings the set up to date with the
+/// object's progress sources and readies them.
+pub struct FdWait {
+    own: EventFd,
+    epoll: OwnedFd,
+    /// The sources' descriptors now in the set, with their poll(2) events.
+    watched: Mutex<Vec<(RawFd, i16)>>,
+}
+
+impl FdWait {
+    /// An epoll set holding a fresh eventfd.
+    pub fn new() -> Result<Self> {
+        let own = EventFd::new()?;
+        // SAFETY: no pointer arguments; a negative return is checked.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::last_os("epoll_create1"));
+        }
+        // SAFETY: a fresh descriptor we own.
+        let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
+        let w = FdWait {
+            own,
+            epoll,
+            watched: Mutex::new(Vec::new()),
+        };
+        w.ctl(libc::EPOLL_CTL_ADD, w.own.raw(), libc::POLLIN)
+            .map_err(|e| Error::from_io("epoll_ctl(eventfd)", e))?;
+        Ok(w)
+    }
+
+    /// `epoll_ctl` with poll(2) `events` (Linux gives POLLIN/POLLOUT the EPOLL values).
+    fn ctl(&self, op: i32, fd: RawFd, events: i16) -> std::io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: events as u16 as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: our epoll descriptor and a valid event; a bad `fd` is an error return.
+        let r = unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut ev) };
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The descriptor the application sleeps on (`fi_control(FI_GETWAIT)`).
+    pub fn raw(&self) -> RawFd {
+        self.epoll.as_raw_fd()
+    }
+
+    /// Makes the descriptor readable: the object has something.
+    pub fn signal(&self) {
+        self.own.signal();
+    }
+
+    /// For `fi_trywait`: watches what `sources` name now (descriptors of endpoints gone
+    /// leave the set), readies them, and clears the object's own signal. True when the
+    /// sources have nothing ready; the caller then checks its own contents, which a
+    /// completion after this call signals anew.
+    pub fn prepare(&self, sources: &ProgressList) -> bool {
+        let mut now = Vec::new();
+        ProgressSource::wait_fds(sources, &mut now);
+        now.sort_unstable();
+        now.dedup();
+        {
+            let mut watched = self.watched.lock().unwrap_or_else(|e| e.into_inner());
+            for &(fd, _) in watched.iter() {
+                if !now.iter().any(|&(f, _)| f == fd) {
+                    // A descriptor already closed left the set by itself.
+                    let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, 0);
+                }
+            }
+            for &(fd, events) in &now {
+                // Added anew each time (a number closed and reused since names another
+                // file); one still there has its events brought up to date.
+                let r = match self.ctl(libc::EPOLL_CTL_ADD, fd, events) {
+                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                        self.ctl(libc::EPOLL_CTL_MOD, fd, events)
+                    }
+                    r => r,
+                };
+                if let Err(e) = r {
+                    tracing::warn!("fi_trywait: watching descriptor {fd}: {e}");
+                }
+            }
+            *watched = now;
+        }
+        let idle = sources.prepare_fd_sleep();
+        self.own.drain();
+        idle
     }
 }
 
