@@ -57,6 +57,16 @@ struct FdEnd {
 }
 
 fn fd_end(progress: Progress) -> FdEnd {
+    fd_end_on(progress, None)
+}
+
+/// As `fd_end`; with a wait set, the CQ and counter wait on it (`FI_WAIT_SET`) instead.
+fn fd_end_on(progress: Progress, ws: Option<&WaitSet>) -> FdEnd {
+    let wait_obj = if ws.is_some() {
+        WaitObj::Set
+    } else {
+        WaitObj::Fd
+    };
     let mut hints = Info {
         caps: FI_MSG,
         ..Default::default()
@@ -72,13 +82,15 @@ fn fd_end(progress: Progress) -> FdEnd {
     let cq = domain
         .cq_open(&CqAttr {
             format: CqFormat::Tagged,
-            wait_obj: WaitObj::Fd,
+            wait_obj,
+            wait_set: ws.cloned(),
             ..Default::default()
         })
         .unwrap();
     let rx = domain
         .cntr_open(&CntrAttr {
-            wait_obj: WaitObj::Fd,
+            wait_obj,
+            wait_set: ws.cloned(),
             ..Default::default()
         })
         .unwrap();
@@ -241,19 +253,52 @@ impl Drop for Watchdog {
 /// a transport descriptor in a CQ's or counter's epoll set can wake it.
 #[test]
 fn manual_progress_epoll_loop_wakes_on_frames() {
+    manual_loop(None);
+}
+
+/// As above, with a's and b's CQs and counters in one wait set opened with `FI_WAIT_FD`:
+/// the loop sleeps on the set's descriptor alone and asks only the set's trywait.
+#[test]
+fn manual_progress_wait_set_fd_wakes_on_frames() {
+    let ws = WaitSet::open(&WaitAttr {
+        wait_obj: WaitObj::Fd,
+        flags: 0,
+    })
+    .unwrap();
+    manual_loop(Some(ws));
+}
+
+fn manual_loop(ws: Option<WaitSet>) {
     use std::os::fd::AsRawFd;
     const ROUNDS: usize = 20;
-    let (a, b) = (fd_end(Progress::Manual), fd_end(Progress::Manual));
+    let (a, b) = (
+        fd_end_on(Progress::Manual, ws.as_ref()),
+        fd_end_on(Progress::Manual, ws.as_ref()),
+    );
     let c = fd_end(Progress::Manual);
     let dog = Watchdog::new(BOUND * 3);
-    let fds = [
-        a.cq.wait_fd().unwrap(),
-        b.cq.wait_fd().unwrap(),
-        a.rx.wait_fd().unwrap(),
-        b.rx.wait_fd().unwrap(),
-        dog.fd.as_raw_fd(),
-    ];
-    let ep = Epoll::new(&fds);
+    let fds = match &ws {
+        None => vec![
+            a.cq.wait_fd().unwrap(),
+            b.cq.wait_fd().unwrap(),
+            a.rx.wait_fd().unwrap(),
+            b.rx.wait_fd().unwrap(),
+        ],
+        Some(ws) => vec![ws.wait_fd().unwrap()],
+    };
+    let dog_at = fds.len();
+    let ep = Epoll::new(&[&fds[..], &[dog.fd.as_raw_fd()]].concat());
+    let trywait = || match &ws {
+        None => [
+            a.cq.trywait(),
+            b.cq.trywait(),
+            a.rx.trywait(),
+            b.rx.trywait(),
+        ]
+        .iter()
+        .all(|r| r.is_ok()),
+        Some(ws) => ws.trywait().is_ok(),
+    };
     let ca = c.av.insert_one(&a.ep.getname().unwrap()).unwrap();
     let cb = c.av.insert_one(&b.ep.getname().unwrap()).unwrap();
     let ac = a.av.insert_one(&c.ep.getname().unwrap()).unwrap();
@@ -314,16 +359,10 @@ fn manual_progress_epoll_loop_wakes_on_frames() {
     let rounds = ROUNDS as u64;
     let (mut a_sent, mut b_sent, mut a_done, mut b_done, mut sleeps) = (0, 0, 0, 0, 0);
     while a_done < 2 * rounds || b_done < 2 * rounds {
-        let may_sleep = [
-            a.cq.trywait(),
-            b.cq.trywait(),
-            a.rx.trywait(),
-            b.rx.trywait(),
-        ];
-        if may_sleep.iter().all(|r| r.is_ok()) {
+        if trywait() {
             let woke = ep.wait(-1);
             assert!(
-                !woke.contains(&4),
+                !woke.contains(&dog_at),
                 "asleep past the deadline: a answered {a_sent}, b {b_sent} of {ROUNDS} rounds"
             );
             sleeps += 1;

@@ -245,6 +245,13 @@ unsafe extern "C" fn eq_control(fid: *mut c_void, command: c_int, arg: *mut c_vo
     })
 }
 
+unsafe extern "C" fn wait_control(fid: *mut c_void, command: c_int, arg: *mut c_void) -> c_int {
+    run(|| {
+        // SAFETY: as cq_control.
+        unsafe { getwait(command, arg, get::<WaitSet>(fid)?.wait_fd()) }
+    })
+}
+
 /// `fi_trywait`: 0 when the caller may block on every object's wait object, -FI_EAGAIN when
 /// one of them has something to read first.
 unsafe extern "C" fn fabric_trywait(
@@ -269,8 +276,12 @@ unsafe extern "C" fn fabric_trywait(
                     c.trywait()
                 } else if let Ok(eq) = get::<EventQueue>(fid) {
                     eq.trywait()
+                } else if let Ok(w) = get::<WaitSet>(fid) {
+                    w.trywait()
                 } else {
-                    return Err(inval("fi_trywait: not a CQ, counter or EQ of this library"));
+                    return Err(inval(
+                        "fi_trywait: not a CQ, counter, EQ or wait set of this library",
+                    ));
                 }
             };
             r.map_err(|e| code(&e))?;
@@ -278,7 +289,13 @@ unsafe extern "C" fn fabric_trywait(
         Ok(0)
     })
 }
-class!(WaitSet, FI_CLASS_WAIT, OpsHead<FiOpsWait>, WAIT_FI_OPS);
+class!(
+    WaitSet,
+    FI_CLASS_WAIT,
+    OpsHead<FiOpsWait>,
+    WAIT_FI_OPS,
+    control = wait_control
+);
 class!(MemoryRegion, FI_CLASS_MR, MrHead, MR_FI_OPS);
 /// An endpoint as C holds it: with its address format, which decides how its name is written
 /// (an `FI_ADDR_STR` name is a C string, NUL included).

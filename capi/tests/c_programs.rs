@@ -99,3 +99,9 @@ fn c_av_insert_counts_bad_addresses_and_reports_through_the_eq() {
         assert!(out.contains("av_insert: ok"), "{prov}: {out}");
     }
 }
+
+#[test]
+fn c_wait_set_fd_readable_on_a_members_change() {
+    let out = run_c("wait_set_fd", &[]);
+    assert!(out.contains("wait_set_fd: ok"), "{out}");
+}

@@ -129,7 +129,7 @@ impl Counter {
     /// meanwhile (read it first) or progress found work.
     pub fn trywait(&self) -> Result<()> {
         let idle = match &self.inner.fd {
-            Some(fd) => fd.prepare(&self.inner.progress),
+            Some(fd) => fd.prepare(&[&self.inner.progress]),
             None => {
                 self.inner.progress.run();
                 true
@@ -379,6 +379,9 @@ impl Waitable for CntrInner {
     }
     fn drive(&self) {
         self.progress.run();
+    }
+    fn sources(&self) -> Option<&ProgressList> {
+        Some(&self.progress)
     }
 }
 

@@ -350,7 +350,7 @@ impl CompletionQueue {
     /// found work.
     pub fn trywait(&self) -> Result<()> {
         let idle = match &self.inner.fd {
-            Some(fd) => fd.prepare(&self.inner.progress),
+            Some(fd) => fd.prepare(&[&self.inner.progress]),
             None => {
                 self.inner.progress.run();
                 true
@@ -565,6 +565,9 @@ impl Waitable for CqInner {
     }
     fn drive(&self) {
         self.progress.run();
+    }
+    fn sources(&self) -> Option<&ProgressList> {
+        Some(&self.progress)
     }
 }
 

@@ -247,9 +247,11 @@ impl FdWait {
     /// leave the set), readies them, and clears the object's own signal. True when the
     /// sources have nothing ready; the caller then checks its own contents, which a
     /// completion after this call signals anew.
-    pub fn prepare(&self, sources: &ProgressList) -> bool {
+    pub fn prepare(&self, sources: &[&dyn ProgressSource]) -> bool {
         let mut now = Vec::new();
-        ProgressSource::wait_fds(sources, &mut now);
+        for s in sources {
+            s.wait_fds(&mut now);
+        }
         now.sort_unstable();
         now.dedup();
         {
@@ -275,7 +277,11 @@ impl FdWait {
             }
             *watched = now;
         }
-        let idle = sources.prepare_fd_sleep();
+        // Every source is readied, even after one says no: the next sleep needs them all.
+        let mut idle = true;
+        for s in sources {
+            idle &= s.prepare_fd_sleep();
+        }
         self.own.drain();
         idle
     }
@@ -351,6 +357,11 @@ pub trait Waitable: Send + Sync {
     /// edge (a counter's new events) marks them reported. Queues are level: their entries
     /// stay until read.
     fn consume(&self) {}
+    /// The progress sources it drives, whose descriptors a wait set's `FI_WAIT_FD`
+    /// descriptor watches.
+    fn sources(&self) -> Option<&ProgressList> {
+        None
+    }
 }
 
 /// `fid_wait`: one place to block until any of several queues or counters has events.
@@ -363,12 +374,15 @@ pub(crate) struct WaitSetInner {
     lock: Mutex<u64>,
     cond: Condvar,
     members: Mutex<Vec<Weak<dyn Waitable>>>,
+    /// `FI_WAIT_FD`: signaled with every member's change; holds the members' endpoints'
+    /// descriptors.
+    fd: Option<FdWait>,
 }
 
 /// Attributes of a wait set (`struct fi_wait_attr`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct WaitAttr {
-    /// The kind of wait object; `Unspec` and `MutexCond` are supported.
+    /// The kind of wait object; `Unspec`, `MutexCond`, `Yield` and `Fd` are supported.
     pub wait_obj: WaitObj,
     /// Reserved; must be 0.
     pub flags: u64,
@@ -385,20 +399,80 @@ impl WaitSet {
         }
         match attr.wait_obj {
             WaitObj::None | WaitObj::Unspec | WaitObj::MutexCond | WaitObj::Yield => {}
+            WaitObj::Fd => {}
             other => {
                 return Err(Error::OpNotSupp(format!(
-                "wait set of kind {}: only FI_WAIT_UNSPEC, FI_WAIT_MUTEX_COND and FI_WAIT_YIELD",
-                other.c_name()
-            )))
+                    "wait set of kind {}: only FI_WAIT_UNSPEC, FI_WAIT_MUTEX_COND, \
+                     FI_WAIT_YIELD and FI_WAIT_FD",
+                    other.c_name()
+                )))
             }
         }
+        let fd = if attr.wait_obj == WaitObj::Fd {
+            Some(FdWait::new()?)
+        } else {
+            None
+        };
         Ok(WaitSet {
             inner: Arc::new(WaitSetInner {
                 lock: Mutex::new(0),
                 cond: Condvar::new(),
                 members: Mutex::new(Vec::new()),
+                fd,
             }),
         })
+    }
+
+    /// `fi_control(FI_GETWAIT)` on a wait set opened with `FI_WAIT_FD`: a descriptor that
+    /// becomes readable when a member has something or, under manual progress, a frame
+    /// arrives for an endpoint a member drives. Call `trywait` before blocking on it.
+    pub fn wait_fd(&self) -> Result<i32> {
+        self.inner.fd.as_ref().map(|f| f.raw()).ok_or_else(|| {
+            Error::OpBadState("wait set wait_fd: set was not opened with FI_WAIT_FD".into())
+        })
+    }
+
+    /// `fi_trywait` on a wait set: progresses its members' endpoints; `Ok` when it is safe
+    /// to block on its wait object, `Again` when a member has something (a counter's change
+    /// is reported once) or progress found work.
+    pub fn trywait(&self) -> Result<()> {
+        let members = self.members();
+        let idle = match &self.inner.fd {
+            Some(fd) => {
+                let lists: Vec<&dyn ProgressSource> = members
+                    .iter()
+                    .filter_map(|m| m.sources())
+                    .map(|l| l as &dyn ProgressSource)
+                    .collect();
+                fd.prepare(&lists)
+            }
+            None => {
+                members.iter().for_each(|m| m.drive());
+                true
+            }
+        };
+        let mut ready = false;
+        for m in &members {
+            if m.ready() {
+                m.consume();
+                ready = true;
+            }
+        }
+        if ready || !idle {
+            Err(Error::Again("wait set trywait"))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn members(&self) -> Vec<Arc<dyn Waitable>> {
+        self.inner
+            .members
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .collect()
     }
 
     pub(crate) fn add(&self, w: Weak<dyn Waitable>) {
@@ -413,20 +487,16 @@ impl WaitSet {
         let mut g = self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
         *g += 1;
         self.inner.cond.notify_all();
+        if let Some(fd) = &self.inner.fd {
+            fd.signal();
+        }
     }
 
     /// `fi_wait`: returns once any member has events, or `TimedOut` (timeout in ms, -1 forever).
     pub fn wait(&self, timeout_ms: i32) -> Result<()> {
         let dl = deadline(timeout_ms);
         loop {
-            let members: Vec<Arc<dyn Waitable>> = self
-                .inner
-                .members
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .filter_map(|w| w.upgrade())
-                .collect();
+            let members = self.members();
             // Taken before looking, so a signal after the look is not slept through.
             let seen = *self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
             for m in &members {
