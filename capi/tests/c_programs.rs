@@ -101,6 +101,14 @@ fn c_av_insert_counts_bad_addresses_and_reports_through_the_eq() {
 }
 
 #[test]
+fn c_ep_alias_has_its_own_default_flags() {
+    for prov in ["shm", "tcp"] {
+        let out = run_c_with("ep_alias", &[], &[("FI_PROVIDER", prov)]);
+        assert!(out.contains("ep_alias: ok"), "{prov}: {out}");
+    }
+}
+
+#[test]
 fn c_wait_set_fd_readable_on_a_members_change() {
     let out = run_c("wait_set_fd", &[]);
     assert!(out.contains("wait_set_fd: ok"), "{out}");
