@@ -522,3 +522,98 @@ impl WaitSet {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A source whose "transport" is a pipe: readable when written, progress drains it.
+    struct PipeSource {
+        rd: OwnedFd,
+        wr: OwnedFd,
+        prepared: AtomicUsize,
+    }
+
+    impl PipeSource {
+        fn new() -> Arc<Self> {
+            let mut fds = [0; 2];
+            // SAFETY: a writable array of two descriptors; the result is checked.
+            assert_eq!(
+                unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) },
+                0
+            );
+            // SAFETY: fresh descriptors we own.
+            let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+            Arc::new(PipeSource {
+                rd,
+                wr,
+                prepared: AtomicUsize::new(0),
+            })
+        }
+
+        fn frame(&self) {
+            // SAFETY: one byte from a local to our pipe.
+            assert_eq!(
+                unsafe { libc::write(self.wr.as_raw_fd(), [1u8].as_ptr().cast(), 1) },
+                1
+            );
+        }
+    }
+
+    impl ProgressSource for PipeSource {
+        fn progress(&self) -> usize {
+            let mut b = [0u8; 64];
+            // SAFETY: reads into a local buffer of its length from our non-blocking pipe.
+            let n = unsafe { libc::read(self.rd.as_raw_fd(), b.as_mut_ptr().cast(), 64) };
+            n.max(0) as usize
+        }
+        fn wait_fds(&self, out: &mut Vec<(RawFd, i16)>) {
+            out.push((self.rd.as_raw_fd(), libc::POLLIN));
+        }
+        fn prepare_fd_sleep(&self) -> bool {
+            self.prepared.fetch_add(1, Ordering::Relaxed);
+            self.progress() == 0
+        }
+    }
+
+    fn readable(fd: RawFd) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn fd_wait_watches_its_sources_and_its_own_signal() {
+        let w = FdWait::new().unwrap();
+        let list = ProgressList::default();
+        let src = PipeSource::new();
+        list.add(src.clone());
+        // Not watched before the first prepare; idle, nothing readable after it.
+        src.frame();
+        assert!(!readable(w.raw()));
+        assert!(!w.prepare(&[&list]), "the frame is progressed: no sleep");
+        assert!(w.prepare(&[&list]));
+        assert!(!readable(w.raw()));
+        // A frame while "asleep" makes the set readable; prepare takes it and says so.
+        src.frame();
+        assert!(readable(w.raw()));
+        assert!(!w.prepare(&[&list]));
+        assert!(!readable(w.raw()));
+        // The object's own signal, cleared by prepare.
+        w.signal();
+        assert!(readable(w.raw()));
+        assert!(w.prepare(&[&list]));
+        assert!(!readable(w.raw()));
+        // A source removed leaves the set.
+        list.remove(&(src.clone() as Arc<dyn ProgressSource>));
+        assert!(w.prepare(&[&list]));
+        src.frame();
+        assert!(!readable(w.raw()));
+        assert_eq!(src.prepared.load(Ordering::Relaxed), 4);
+    }
+}
