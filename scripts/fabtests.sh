@@ -27,36 +27,40 @@ else
     cargo build -q -j2 -p xfabric-capi || exit 1
     libpath=$(mktemp -d)
     trap 'rm -rf "$libpath"' EXIT
-    ln -s "$PWD/target/debug/libfabric.so" "$libpath/libfabric.so.1"
+    cp "$PWD/target/debug/libfabric.so" "$libpath/libfabric.so.1"
 fi
 
-# name | arguments | unit or pair | expected on shm | expected on tcp   (xfabric's results)
+# name | arguments | unit or pair | expected on shm | expected on tcp   (xfabric's results;
+# "any": either result is accepted, for the reason given below)
 # Failing on purpose, with the reason:
 #   fi_msg              FI_EP_MSG: xfabric has RDM endpoints only (Debian's shm has none either).
 #   fi_rdm_shared_av    FI_SHARED_AV is not offered (Debian's shm and tcp do not either).
 #   fi_rdm_deferred_wq  with -E its counters never reach the threshold it waits for, on every
 #                       provider and library (the test's own defect).
-#   fi_av_xfer (tcp)    reopens its port at once: needs the tcp listener's SO_REUSEADDR.
-#   fi_av_test          shm: a bad FI_ADDR_STR address finds no provider (Debian's shm: the
-#                       same). tcp (xfabric only): fi_av_insert of a bad address fails the
-#                       whole call with -FI_EINVAL instead of counting it not inserted.
+#   fi_av_test (shm)    a bad FI_ADDR_STR address finds no provider (Debian's shm: the same).
 #   fi_multi_mr         -FI_ENOSYS on shm and FI_ENODATA on tcp, as with Debian's library.
 #   fi_rdm_stress       needs a JSON job file (-j); without one it exits with its usage, on
 #                       every library.
+# Either result:
+#   fi_rdm_rma_trigger  both writes land, in order; the server then checks the received text's
+#                       length with strlen, but neither write carries a NUL: byte 19 of its
+#                       buffer is what the key exchange left there, the fourth byte of the MR
+#                       key. xfabric's provider keys are random 64-bit values (a counter's small
+#                       keys leave it 0), so the check passes one time in 256.
 tests=(
     "fi_getinfo_test|-s 127.0.0.1 127.0.0.1|unit|pass|pass"
-    "fi_av_test|-g 127.0.0.1 -n 1 -s 127.0.0.1 -e rdm|unit|fail|fail"
+    "fi_av_test|-g 127.0.0.1 -n 1 -s 127.0.0.1 -e rdm|unit|fail|pass"
     "fi_dom_test|-n 2|unit|pass|pass"
     "fi_eq_test||unit|pass|pass"
     "fi_cq_test||unit|pass|pass"
     "fi_mr_test||unit|pass|pass"
     "fi_cntr_test||unit|pass|pass"
-    "fi_av_xfer|-e rdm|pair|pass|fail"
+    "fi_av_xfer|-e rdm|pair|pass|pass"
     "fi_cq_data|-e rdm|pair|pass|pass"
     "fi_msg||pair|fail|fail"
     "fi_rdm||pair|pass|pass"
     "fi_rdm_rma_event||pair|pass|pass"
-    "fi_rdm_rma_trigger||pair|pass|pass"
+    "fi_rdm_rma_trigger||pair|any|any"
     "fi_rdm_tagged_peek||pair|pass|pass"
     "fi_rdm_shared_av||pair|fail|fail"
     "fi_multi_mr|-e rdm -V|pair|fail|fail"
@@ -106,7 +110,7 @@ for prov in shm tcp; do
         ran=$((ran + 1))
         [[ $got == pass ]] && passed=$((passed + 1))
         mark=ok
-        if [[ $got != "$want" ]]; then
+        if [[ $want != any && $got != "$want" ]]; then
             mark="UNEXPECTED (expected $want)"
             bad=$((bad + 1))
         fi

@@ -1,8 +1,10 @@
 //! FI_WAIT_FD: completion queues, counters and event queues opened with it hand out a
 //! descriptor (`wait_fd`, C's fi_control(FI_GETWAIT)) that becomes readable when the object
 //! has something, and `trywait` (fi_trywait) says when sleeping on it is safe. One epoll loop
-//! drives two endpoints of `XFABRIC_TEST_PROVIDER` (auto progress: the domain's thread writes
-//! the entries whose arrival wakes the loop).
+//! drives two endpoints of `XFABRIC_TEST_PROVIDER`: under auto progress (the domain's thread
+//! writes the entries whose arrival wakes the loop), and under manual progress, where nothing
+//! moves while the loop sleeps: the CQ's and counter's descriptors must become readable when a
+//! frame reaches an endpoint's transport.
 
 mod common;
 use std::time::Instant;
@@ -55,6 +57,16 @@ struct FdEnd {
 }
 
 fn fd_end(progress: Progress) -> FdEnd {
+    fd_end_on(progress, None)
+}
+
+/// As `fd_end`; with a wait set, the CQ and counter wait on it (`FI_WAIT_SET`) instead.
+fn fd_end_on(progress: Progress, ws: Option<&WaitSet>) -> FdEnd {
+    let wait_obj = if ws.is_some() {
+        WaitObj::Set
+    } else {
+        WaitObj::Fd
+    };
     let mut hints = Info {
         caps: FI_MSG,
         ..Default::default()
@@ -70,13 +82,15 @@ fn fd_end(progress: Progress) -> FdEnd {
     let cq = domain
         .cq_open(&CqAttr {
             format: CqFormat::Tagged,
-            wait_obj: WaitObj::Fd,
+            wait_obj,
+            wait_set: ws.cloned(),
             ..Default::default()
         })
         .unwrap();
     let rx = domain
         .cntr_open(&CntrAttr {
-            wait_obj: WaitObj::Fd,
+            wait_obj,
+            wait_set: ws.cloned(),
             ..Default::default()
         })
         .unwrap();
@@ -188,4 +202,186 @@ fn one_epoll_loop_drives_two_endpoints() {
     assert!(ep.wait(1000).contains(&2));
     assert_eq!(a.rx.trywait(), Err(Error::Again("cntr trywait")));
     assert_eq!(a.rx.trywait(), Ok(()));
+}
+
+/// An eventfd another thread signals when the test's deadline passes: in the epoll set of a
+/// loop that sleeps without a timeout, its wake-up is a failure, not a poll.
+struct Watchdog {
+    fd: std::os::fd::OwnedFd,
+    stop: std::sync::mpsc::Sender<()>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    fn new(after: std::time::Duration) -> Watchdog {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: plain eventfd; the result is checked.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: a fresh descriptor we own.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        let ring = fd.try_clone().unwrap();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            if stopped.recv_timeout(after).is_err() {
+                let one = 1u64;
+                // SAFETY: writes 8 bytes from a local to our eventfd.
+                unsafe { libc::write(ring.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            }
+        });
+        Watchdog {
+            fd,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        let _ = self.stop.send(());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Manual progress: one thread drives two endpoints, a and b, sleeping in epoll_wait (no
+/// timeout) whenever every object's trywait allows. A peer endpoint in another thread sends
+/// each of them a message per round, a few milliseconds after the loop answered the last
+/// round's, so the loop is asleep when they arrive: nothing progresses a or b then, and only
+/// a transport descriptor in a CQ's or counter's epoll set can wake it.
+#[test]
+fn manual_progress_epoll_loop_wakes_on_frames() {
+    manual_loop(None);
+}
+
+/// As above, with a's and b's CQs and counters in one wait set opened with `FI_WAIT_FD`:
+/// the loop sleeps on the set's descriptor alone and asks only the set's trywait.
+#[test]
+fn manual_progress_wait_set_fd_wakes_on_frames() {
+    let ws = WaitSet::open(&WaitAttr {
+        wait_obj: WaitObj::Fd,
+        flags: 0,
+    })
+    .unwrap();
+    manual_loop(Some(ws));
+}
+
+fn manual_loop(ws: Option<WaitSet>) {
+    use std::os::fd::AsRawFd;
+    const ROUNDS: usize = 20;
+    let (a, b) = (
+        fd_end_on(Progress::Manual, ws.as_ref()),
+        fd_end_on(Progress::Manual, ws.as_ref()),
+    );
+    let c = fd_end(Progress::Manual);
+    let dog = Watchdog::new(BOUND * 3);
+    let fds = match &ws {
+        None => vec![
+            a.cq.wait_fd().unwrap(),
+            b.cq.wait_fd().unwrap(),
+            a.rx.wait_fd().unwrap(),
+            b.rx.wait_fd().unwrap(),
+        ],
+        Some(ws) => vec![ws.wait_fd().unwrap()],
+    };
+    let dog_at = fds.len();
+    let ep = Epoll::new(&[&fds[..], &[dog.fd.as_raw_fd()]].concat());
+    let trywait = || match &ws {
+        None => [
+            a.cq.trywait(),
+            b.cq.trywait(),
+            a.rx.trywait(),
+            b.rx.trywait(),
+        ]
+        .iter()
+        .all(|r| r.is_ok()),
+        Some(ws) => ws.trywait().is_ok(),
+    };
+    let ca = c.av.insert_one(&a.ep.getname().unwrap()).unwrap();
+    let cb = c.av.insert_one(&b.ep.getname().unwrap()).unwrap();
+    let ac = a.av.insert_one(&c.ep.getname().unwrap()).unwrap();
+    let bc = b.av.insert_one(&c.ep.getname().unwrap()).unwrap();
+    let peer = std::thread::spawn(move || {
+        let msg = [5u8; 8];
+        let mut back = vec![[0u8; 16]; 2 * ROUNDS];
+        let deadline = Instant::now() + BOUND * 3;
+        let mut done = 0;
+        for (i, pair) in back.chunks_mut(2).enumerate() {
+            let [x, y] = pair else { unreachable!() };
+            // SAFETY: `back` outlives the receives, waited for below.
+            unsafe {
+                c.ep.recv(x, None, ca, i).unwrap();
+                c.ep.recv(y, None, cb, i).unwrap();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            for to in [ca, cb] {
+                // SAFETY: `msg` outlives its sends (completions read below).
+                while let Err(e) = unsafe { c.ep.send(&msg, None, to, 1) } {
+                    assert!(matches!(e, Error::Again(_)), "{e}");
+                    done += drain(&c.cq);
+                }
+            }
+            // Both answers before the next round (c's own reads progress it).
+            while c.rx.read() < 2 * (i as u64 + 1) {
+                assert!(Instant::now() < deadline, "peer: no answers to round {i}");
+                done += drain(&c.cq);
+                std::thread::yield_now();
+            }
+        }
+        // Every completion (2 receives and 2 sends a round), so that closing loses nothing.
+        while done < 4 * ROUNDS as u64 {
+            assert!(Instant::now() < deadline, "peer: {done} completions");
+            done += drain(&c.cq);
+            std::thread::yield_now();
+        }
+        back
+    });
+    let mut ra = [[0u8; 8]; ROUNDS];
+    let mut rb = [[0u8; 8]; ROUNDS];
+    for i in 0..ROUNDS {
+        // SAFETY: the buffers outlive the loop, which waits for every receive.
+        unsafe {
+            a.ep.recv(&mut ra[i], None, ac, i).unwrap();
+            b.ep.recv(&mut rb[i], None, bc, i).unwrap();
+        }
+    }
+    let answer = [9u8; 16];
+    let send = |from: &FdEnd, to: FiAddr| {
+        // SAFETY: `answer` outlives the loop, which reads every send's completion.
+        while let Err(e) = unsafe { from.ep.send(&answer, None, to, 7) } {
+            assert!(matches!(e, Error::Again(_)), "{e}");
+            drain(&from.cq);
+        }
+    };
+    // Each of a and b: a receive and an answer's send completion per round.
+    let rounds = ROUNDS as u64;
+    let (mut a_sent, mut b_sent, mut a_done, mut b_done, mut sleeps) = (0, 0, 0, 0, 0);
+    while a_done < 2 * rounds || b_done < 2 * rounds {
+        if trywait() {
+            let woke = ep.wait(-1);
+            assert!(
+                !woke.contains(&dog_at),
+                "asleep past the deadline: a answered {a_sent}, b {b_sent} of {ROUNDS} rounds"
+            );
+            sleeps += 1;
+        }
+        a_done += drain(&a.cq);
+        b_done += drain(&b.cq);
+        while a_sent < a.rx.read() {
+            send(&a, ac);
+            a_sent += 1;
+        }
+        while b_sent < b.rx.read() {
+            send(&b, bc);
+            b_sent += 1;
+        }
+    }
+    let back = peer.join().unwrap();
+    assert!(ra.iter().chain(&rb).all(|m| *m == [5u8; 8]));
+    assert!(back.iter().all(|m| *m == answer));
+    // At least one sleep per round: each round's messages came while the loop slept.
+    assert!(sleeps >= ROUNDS, "{sleeps} sleeps for {ROUNDS} rounds");
+    eprintln!("{ROUNDS} rounds, {sleeps} sleeps in epoll_wait");
 }

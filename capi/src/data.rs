@@ -444,58 +444,99 @@ unsafe extern "C" fn ep_trecv(
 }
 
 /// The address a C caller passes at `p`: a sockaddr of the length its family says, or a
-/// NUL-terminated string (without the NUL), as the AV's provider writes them.
+/// NUL-terminated string (without the NUL), as the AV's provider writes them. A sockaddr of a
+/// family no provider writes is taken as `stride` bytes (the previous address's length, as
+/// libfabric strides a whole insert by one length), for the AV to refuse on its own.
 ///
 /// # Safety
-/// `p` points to an address of that layout, readable in full.
-unsafe fn c_addr<'a>(av: &AddressVector, p: *const u8) -> Result<&'a [u8], isize> {
+/// `p` points to an address of that layout, readable in full (`stride` bytes for a sockaddr
+/// whose family is unknown).
+unsafe fn c_addr<'a>(av: &AddressVector, p: *const u8, stride: usize) -> &'a [u8] {
     if av.sockaddr() {
         // SAFETY: a sockaddr starts with its two family bytes (caller).
         let head = unsafe { [*p, *p.add(1)] };
-        let len = xfabric::av::sockaddr_len(head).ok_or(-(FI_EINVAL as isize))?;
+        let len = xfabric::av::sockaddr_len(head).unwrap_or(stride);
         // SAFETY: a sockaddr of that family is `len` bytes (caller).
-        Ok(unsafe { std::slice::from_raw_parts(p, len) })
+        unsafe { std::slice::from_raw_parts(p, len) }
     } else {
         // SAFETY: a NUL-terminated string (caller).
-        Ok(unsafe { std::ffi::CStr::from_ptr(p.cast::<c_char>()) }.to_bytes())
+        unsafe { std::ffi::CStr::from_ptr(p.cast::<c_char>()) }.to_bytes()
     }
 }
+
+/// fi_av_insert's flags (fi_domain.h).
+const FI_MORE: u64 = 1 << 18;
+const FI_SYNC_ERR: u64 = 1 << 58;
+/// libfabric's `FI_EBADFLAGS`.
+const FI_EBADFLAGS: isize = 260;
+/// `sizeof(struct sockaddr_in)`: the stride of an insert whose first address has a family
+/// that says no length.
+const SOCKADDR_IN_LEN: usize = 16;
 
 unsafe extern "C" fn av_insert(
     av: *mut c_void,
     addr: *const c_void,
     count: usize,
     fi_addr: *mut c_void,
-    _flags: u64,
+    flags: u64,
     context: *mut c_void,
 ) -> c_int {
     int(call(|| {
         // SAFETY: a fid from the caller, checked.
         let av = unsafe { obj::<AddressVector>(av) }?;
-        if count == 0 {
-            return Ok(0);
+        if flags & !(FI_MORE | FI_SYNC_ERR) != 0 {
+            return Err(-FI_EBADFLAGS);
+        }
+        let sync_err = flags & FI_SYNC_ERR != 0;
+        if sync_err && context.is_null() {
+            return Err(-(FI_EINVAL as isize));
         }
         // Back to back, as fi_getname wrote them: FI_ADDR_STR strings (NUL-terminated), or
         // sockaddrs whose family says their length.
         let mut addrs: Vec<&[u8]> = Vec::with_capacity(count.min(1024));
         let mut p = addr.cast::<u8>();
-        if p.is_null() {
+        if p.is_null() && count > 0 {
             return Err(-(FI_EINVAL as isize));
         }
+        let mut stride = SOCKADDR_IN_LEN;
         for _ in 0..count {
             // SAFETY: count addresses of the AV's format follow one another at addr (caller).
-            let a = unsafe { c_addr(av, p) }?;
+            let a = unsafe { c_addr(av, p, stride) };
+            stride = a.len();
             addrs.push(a);
             // SAFETY: past this address: the next one, or just past the last.
             p = unsafe { p.add(a.len() + usize::from(!av.sockaddr())) };
         }
         let mut out = vec![FI_ADDR_UNSPEC; count];
-        let n = av.insert(&addrs, &mut out, context as usize).map_err(neg)?;
+        let n = if sync_err {
+            let mut errs = vec![0i32; count];
+            let n = av
+                .insert_sync_err(&addrs, &mut out, &mut errs)
+                .map_err(neg)?;
+            // SAFETY: with FI_SYNC_ERR, context is an int array of count entries (caller).
+            unsafe { std::ptr::copy_nonoverlapping(errs.as_ptr(), context.cast(), count) };
+            n
+        } else {
+            av.insert(&addrs, &mut out, context as usize).map_err(neg)?
+        };
         if !fi_addr.is_null() {
             // SAFETY: fi_addr writable for count entries (caller).
             unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), fi_addr.cast(), count) };
         }
         Ok(isize::try_from(n).unwrap_or(isize::MAX))
+    }))
+}
+
+/// `fi_av_bind(av, eq, flags)`: an AV opened with `FI_EVENT` completes its inserts through
+/// the EQ, whose entries name the AV by its fid.
+pub(crate) unsafe extern "C" fn av_bind(fid: *mut c_void, bfid: *mut c_void, flags: u64) -> c_int {
+    int(call(|| {
+        // SAFETY: fids from the caller, checked.
+        let (av, eq) = unsafe { (obj::<AddressVector>(fid)?, obj::<EventQueue>(bfid)?) };
+        if flags != 0 {
+            return Err(-(FI_EINVAL as isize));
+        }
+        av.bind_eq(eq, fid as usize).map(|()| 0).map_err(neg)
     }))
 }
 
@@ -561,10 +602,9 @@ unsafe extern "C" fn av_straddr(
         if buf.is_null() || len.is_null() || addr.is_null() {
             return std::ptr::null();
         }
-        // SAFETY: an address of the AV's format (caller).
-        let Ok(a) = (unsafe { c_addr(av, addr.cast::<u8>()) }) else {
-            return std::ptr::null();
-        };
+        // SAFETY: an address of the AV's format (caller); one of an unknown family is
+        // printed as invalid.
+        let a = unsafe { c_addr(av, addr.cast::<u8>(), SOCKADDR_IN_LEN) };
         let text = av.straddr(a);
         // SAFETY: len writable, buf writable for *len bytes (caller).
         unsafe {

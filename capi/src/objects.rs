@@ -140,9 +140,10 @@ pub struct FiMrAttr {
 }
 
 macro_rules! class {
-    ($t:ty, $class:expr, $head:ty, $fi_ops:ident $(, close = $close:expr)? $(, control = $control:expr)?) => {
+    ($t:ty, $class:expr, $head:ty, $fi_ops:ident $(, close = $close:expr)? $(, bind = $bind:expr)? $(, control = $control:expr)?) => {
         static $fi_ops: FiOps = FiOps {
             close: close::<$t>,
+            $(bind: $bind,)?
             $(control: $control,)?
             ..FiOps::ENOSYS
         };
@@ -172,7 +173,8 @@ class!(
     FI_CLASS_AV,
     OpsHead<FiOpsAv>,
     AV_FI_OPS,
-    close = AddressVector::close
+    close = AddressVector::close,
+    bind = crate::data::av_bind
 );
 class!(
     CompletionQueue,
@@ -243,6 +245,13 @@ unsafe extern "C" fn eq_control(fid: *mut c_void, command: c_int, arg: *mut c_vo
     })
 }
 
+unsafe extern "C" fn wait_control(fid: *mut c_void, command: c_int, arg: *mut c_void) -> c_int {
+    run(|| {
+        // SAFETY: as cq_control.
+        unsafe { getwait(command, arg, get::<WaitSet>(fid)?.wait_fd()) }
+    })
+}
+
 /// `fi_trywait`: 0 when the caller may block on every object's wait object, -FI_EAGAIN when
 /// one of them has something to read first.
 unsafe extern "C" fn fabric_trywait(
@@ -267,8 +276,12 @@ unsafe extern "C" fn fabric_trywait(
                     c.trywait()
                 } else if let Ok(eq) = get::<EventQueue>(fid) {
                     eq.trywait()
+                } else if let Ok(w) = get::<WaitSet>(fid) {
+                    w.trywait()
                 } else {
-                    return Err(inval("fi_trywait: not a CQ, counter or EQ of this library"));
+                    return Err(inval(
+                        "fi_trywait: not a CQ, counter, EQ or wait set of this library",
+                    ));
                 }
             };
             r.map_err(|e| code(&e))?;
@@ -276,7 +289,13 @@ unsafe extern "C" fn fabric_trywait(
         Ok(0)
     })
 }
-class!(WaitSet, FI_CLASS_WAIT, OpsHead<FiOpsWait>, WAIT_FI_OPS);
+class!(
+    WaitSet,
+    FI_CLASS_WAIT,
+    OpsHead<FiOpsWait>,
+    WAIT_FI_OPS,
+    control = wait_control
+);
 class!(MemoryRegion, FI_CLASS_MR, MrHead, MR_FI_OPS);
 /// An endpoint as C holds it: with its address format, which decides how its name is written
 /// (an `FI_ADDR_STR` name is a C string, NUL included).

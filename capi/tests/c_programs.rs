@@ -91,3 +91,25 @@ fn c_atomics_on_a_peers_registered_u64s() {
     assert!(out.contains("target: every atomic landed"), "{out}");
     assert!(out.contains("fenced read back"), "{out}");
 }
+
+#[test]
+fn c_av_insert_counts_bad_addresses_and_reports_through_the_eq() {
+    for prov in ["tcp", "shm"] {
+        let out = run_c_with("av_insert", &[], &[("FI_PROVIDER", prov)]);
+        assert!(out.contains("av_insert: ok"), "{prov}: {out}");
+    }
+}
+
+#[test]
+fn c_ep_alias_has_its_own_default_flags() {
+    for prov in ["shm", "tcp"] {
+        let out = run_c_with("ep_alias", &[], &[("FI_PROVIDER", prov)]);
+        assert!(out.contains("ep_alias: ok"), "{prov}: {out}");
+    }
+}
+
+#[test]
+fn c_wait_set_fd_readable_on_a_members_change() {
+    let out = run_c("wait_set_fd", &[]);
+    assert!(out.contains("wait_set_fd: ok"), "{out}");
+}

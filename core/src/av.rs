@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 
 use crate::consts::*;
 use crate::entry::{Context, FiAddr};
-use crate::eq::{EqEntry, EqInner};
+use crate::eq::{EqEntry, EqErrEntry, EqInner};
 use crate::error::{Error, Result};
 
 /// Marks map-type addresses so that a table index passed to a map AV (or a stale value) is caught.
@@ -75,7 +75,8 @@ pub struct AvInner {
     t: RwLock<Table>,
     generation: AtomicU64,
     bound: AtomicUsize,
-    eq: RwLock<Option<Arc<EqInner>>>,
+    /// The EQ of an `FI_EVENT` AV, with the fid its events carry.
+    eq: RwLock<Option<(Arc<EqInner>, usize)>>,
     /// The domain it was opened in.
     pub domain: crate::tag::DomainTag,
 }
@@ -133,16 +134,86 @@ impl AddressVector {
         &self.inner
     }
 
-    /// `fi_av_bind` to an event queue: needed when the AV was opened with `FI_EVENT`.
-    pub fn bind_eq(&self, eq: &crate::eq::EventQueue) -> Result<()> {
-        *self.inner.eq.write().unwrap_or_else(|e| e.into_inner()) = Some(eq.inner().clone());
+    /// `fi_av_bind` to an event queue. Only an AV opened with `FI_EVENT` takes one (as
+    /// libfabric's): its inserts then complete through the EQ. `fid` is what the EQ's entries
+    /// name the AV by (C: its `struct fid`; 0 when the caller has no use for it).
+    pub fn bind_eq(&self, eq: &crate::eq::EventQueue, fid: usize) -> Result<()> {
+        if self.inner.flags & FI_EVENT == 0 {
+            return Err(Error::Inval(
+                "av bind: an EQ binds only to an AV opened with FI_EVENT".into(),
+            ));
+        }
+        *self.inner.eq.write().unwrap_or_else(|e| e.into_inner()) = Some((eq.inner().clone(), fid));
         Ok(())
     }
 
-    /// `fi_av_insert`: inserts each raw address, writing its `fi_addr_t` into `out` (or
-    /// `FI_ADDR_NOTAVAIL` for an address that is malformed). Returns how many were inserted.
-    /// With `FI_EVENT` on the AV, the count is also reported as `FI_AV_COMPLETE` on the EQ.
+    /// `fi_av_insert`: inserts each raw address, writing its `fi_addr_t` into `out`
+    /// (`FI_ADDR_NOTAVAIL` for an address that is not valid). Synchronous AV: returns how many
+    /// were inserted. AV opened with `FI_EVENT` (fi_av(3)'s asynchronous mode): each failed
+    /// address is an error event on the bound EQ (its index as data, its errno), then one
+    /// `FI_AV_COMPLETE` event carries the count, and the call returns 0; without a bound EQ
+    /// it is `NoEq` and nothing is inserted.
     pub fn insert(&self, addrs: &[&[u8]], out: &mut [FiAddr], context: Context) -> Result<usize> {
+        let eq = self.event_eq()?;
+        let (n, failed) = self.insert_each(addrs, out)?;
+        let Some((eq, fid)) = eq else {
+            return Ok(n);
+        };
+        for (index, e) in failed {
+            eq.push_err(EqErrEntry {
+                fid,
+                context,
+                data: index as u64,
+                err: e.errno(),
+                prov_errno: 0,
+            });
+        }
+        let done = EqEntry {
+            event: FI_AV_COMPLETE,
+            fid,
+            context,
+            data: n as u64,
+        };
+        // fi_av(3): every insert has its completion, so a full queue still takes it.
+        eq.push_past_cap(done);
+        Ok(0)
+    }
+
+    /// `fi_av_insert` with `FI_SYNC_ERR`: as the synchronous `insert`, and each address's
+    /// outcome written to `errs` (0 inserted, else a positive errno). An AV opened with
+    /// `FI_EVENT` refuses it (`BadFlags`), as fi_av(3) makes the flag synchronous only.
+    pub fn insert_sync_err(
+        &self,
+        addrs: &[&[u8]],
+        out: &mut [FiAddr],
+        errs: &mut [i32],
+    ) -> Result<usize> {
+        if self.inner.flags & FI_EVENT != 0 {
+            return Err(Error::BadFlags(
+                "av insert: FI_SYNC_ERR on an AV opened with FI_EVENT".into(),
+            ));
+        }
+        if errs.len() < addrs.len() {
+            return Err(Error::Inval(format!(
+                "av insert: {} error slots for {} addresses",
+                errs.len(),
+                addrs.len()
+            )));
+        }
+        let (n, failed) = self.insert_each(addrs, out)?;
+        errs[..addrs.len()].fill(0);
+        for (index, e) in failed {
+            errs[index] = e.errno();
+        }
+        Ok(n)
+    }
+
+    /// Inserts what is valid; the count inserted and each failure with its index.
+    fn insert_each(
+        &self,
+        addrs: &[&[u8]],
+        out: &mut [FiAddr],
+    ) -> Result<(usize, Vec<(usize, Error)>)> {
         if out.len() < addrs.len() {
             return Err(Error::Inval(format!(
                 "av insert: {} output slots for {} addresses",
@@ -150,13 +221,14 @@ impl AddressVector {
                 addrs.len()
             )));
         }
-        let eq = self.event_eq()?;
         let mut n = 0;
+        let mut failed = Vec::new();
         {
             let mut t = self.inner.t.write().unwrap_or_else(|e| e.into_inner());
             for (i, a) in addrs.iter().enumerate() {
-                if self.inner.fmt.validate(a).is_err() {
+                if let Err(e) = self.inner.fmt.validate(a) {
                     out[i] = FI_ADDR_NOTAVAIL;
+                    failed.push((i, e));
                     continue;
                 }
                 let canon = self.inner.fmt.canonical(a);
@@ -185,26 +257,20 @@ impl AddressVector {
             // Inserts change what reverse lookups find: cached misses must be retried.
             self.inner.generation.fetch_add(1, Ordering::Release);
         }
-        if let Some(eq) = eq {
-            eq.push(EqEntry {
-                event: FI_AV_COMPLETE,
-                fid: 0,
-                context,
-                data: n as u64,
-            });
-        }
-        Ok(n)
+        Ok((n, failed))
     }
 
-    /// Inserts one address, returning its `fi_addr_t` or the reason it is not valid.
+    /// Inserts one address, returning its `fi_addr_t` or the reason it is not valid. On an AV
+    /// opened with `FI_EVENT` the bound EQ also gets the insert's events.
     pub fn insert_one(&self, addr: &[u8]) -> Result<FiAddr> {
         self.inner.fmt.validate(addr)?;
-        let mut out = [0u64];
+        let mut out = [FI_ADDR_NOTAVAIL];
         self.insert(&[addr], &mut out, 0)?;
         Ok(out[0])
     }
 
-    fn event_eq(&self) -> Result<Option<Arc<EqInner>>> {
+    /// The EQ and fid events go to, for an AV opened with `FI_EVENT`.
+    fn event_eq(&self) -> Result<Option<(Arc<EqInner>, usize)>> {
         if self.inner.flags & FI_EVENT == 0 {
             return Ok(None);
         }
@@ -352,6 +418,62 @@ mod tests {
         assert!(matches!(av.remove(&[0]), Err(Error::NoEntry(_))));
         assert_eq!(av.insert_one(b"ok:c").unwrap(), 0);
         assert_eq!(av.straddr(b"ok:c"), "ok:c");
+    }
+
+    #[test]
+    fn sync_err_writes_each_status() {
+        let av = AddressVector::open(&Default::default(), Arc::new(Plain)).unwrap();
+        let mut out = [0u64; 3];
+        let mut errs = [-1i32; 3];
+        let n = av
+            .insert_sync_err(&[b"bad", b"ok:a", b"worse"], &mut out, &mut errs)
+            .unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(out, [FI_ADDR_NOTAVAIL, 0, FI_ADDR_NOTAVAIL]);
+        assert_eq!(errs[1], 0);
+        assert!(errs[0] > 0 && errs[2] > 0);
+    }
+
+    #[test]
+    fn event_av_reports_failures_then_the_count() {
+        use crate::eq::{EqAttr, EventQueue};
+        let eq = EventQueue::open(&EqAttr {
+            size: 1,
+            ..Default::default()
+        })
+        .unwrap();
+        let plain = AddressVector::open(&Default::default(), Arc::new(Plain)).unwrap();
+        assert!(matches!(plain.bind_eq(&eq, 1), Err(Error::Inval(_))));
+        let attr = AvAttr {
+            flags: FI_EVENT,
+            ..Default::default()
+        };
+        let av = AddressVector::open(&attr, Arc::new(Plain)).unwrap();
+        let mut out = [0u64; 2];
+        assert!(matches!(
+            av.insert(&[b"ok:a"], &mut out, 5),
+            Err(Error::NoEq(_))
+        ));
+        assert_eq!(av.count(), 0, "nothing inserted without an EQ");
+        av.bind_eq(&eq, 0xf1d).unwrap();
+        assert!(matches!(
+            av.insert_sync_err(&[b"ok:a"], &mut out, &mut [0]),
+            Err(Error::BadFlags(_))
+        ));
+        assert_eq!(av.insert(&[b"bad", b"ok:a"], &mut out, 5), Ok(0));
+        assert_eq!(out, [FI_ADDR_NOTAVAIL, 0]);
+        assert_eq!(eq.read(0), Err(Error::Avail));
+        let e = eq.readerr().unwrap();
+        assert_eq!((e.fid, e.context, e.data), (0xf1d, 5, 0));
+        assert!(e.err > 0);
+        // The queue holds one event; a second insert's completion is kept beyond it.
+        assert_eq!(av.insert(&[b"ok:b"], &mut out, 6), Ok(0));
+        for (ctx, n) in [(5, 1), (6, 1)] {
+            let done = eq.read(0).unwrap();
+            assert_eq!(done.event, FI_AV_COMPLETE);
+            assert_eq!((done.fid, done.context, done.data), (0xf1d, ctx, n));
+        }
+        assert!(eq.read(0).is_err());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::consts::{CntrEvents, WaitObj};
 use crate::error::{Error, Result};
 use crate::trigger::TriggerQueue;
-use crate::wait::{deadline, remaining, EventFd, ProgressList, ProgressSource, WaitSet, Waitable};
+use crate::wait::{deadline, remaining, FdWait, ProgressList, ProgressSource, WaitSet, Waitable};
 
 /// `struct fi_cntr_attr`.
 #[derive(Clone, Default)]
@@ -49,7 +49,7 @@ pub struct CntrInner {
     /// would spin (fi_poll(3): a counter has events when it "changed since the last time").
     events: AtomicU64,
     /// `FI_WAIT_FD`: readable after a change (success or error).
-    fd: Option<EventFd>,
+    fd: Option<FdWait>,
     /// `events` as the last `trywait` found it.
     tried: AtomicU64,
     events_seen: AtomicU64,
@@ -86,7 +86,7 @@ impl Counter {
             ));
         }
         let fd = if attr.wait_obj == WaitObj::Fd {
-            Some(EventFd::new()?)
+            Some(FdWait::new()?)
         } else {
             None
         };
@@ -116,22 +116,27 @@ impl Counter {
     }
 
     /// `fi_control(FI_GETWAIT)` for `FI_WAIT_FD`: a descriptor that becomes readable when the
-    /// counter changes. Call `trywait` before blocking on it.
+    /// counter changes or, under manual progress, when a frame arrives for an endpoint it
+    /// drives (an epoll set, see [`FdWait`]). Call `trywait` before blocking on it.
     pub fn wait_fd(&self) -> Result<i32> {
         self.inner.fd.as_ref().map(|f| f.raw()).ok_or_else(|| {
             Error::OpBadState("cntr wait_fd: counter was not opened with FI_WAIT_FD".into())
         })
     }
 
-    /// `fi_trywait`: `Ok` when it is safe to block on the wait object (no change since the
-    /// last `trywait`), `Again` when the counter changed meanwhile (read it first).
+    /// `fi_trywait`: progresses the endpoints it drives; `Ok` when it is safe to block on the
+    /// wait object (no change since the last `trywait`), `Again` when the counter changed
+    /// meanwhile (read it first) or progress found work.
     pub fn trywait(&self) -> Result<()> {
-        self.inner.progress.run();
-        if let Some(fd) = &self.inner.fd {
-            fd.drain();
-        }
+        let idle = match &self.inner.fd {
+            Some(fd) => fd.prepare(&[&self.inner.progress]),
+            None => {
+                self.inner.progress.run();
+                true
+            }
+        };
         let now = self.inner.events.load(Ordering::Acquire);
-        if self.inner.tried.swap(now, Ordering::AcqRel) != now {
+        if self.inner.tried.swap(now, Ordering::AcqRel) != now || !idle {
             Err(Error::Again("cntr trywait"))
         } else {
             Ok(())
@@ -374,6 +379,9 @@ impl Waitable for CntrInner {
     }
     fn drive(&self) {
         self.progress.run();
+    }
+    fn sources(&self) -> Option<&ProgressList> {
+        Some(&self.progress)
     }
 }
 

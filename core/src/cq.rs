@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::consts::*;
 use crate::entry::*;
 use crate::error::{Error, Result};
-use crate::wait::{deadline, remaining, EventFd, ProgressList, ProgressSource, WaitSet, Waitable};
+use crate::wait::{deadline, remaining, FdWait, ProgressList, ProgressSource, WaitSet, Waitable};
 
 /// Default number of entries when `CqAttr::size` is 0.
 pub const DEFAULT_CQ_SIZE: usize = 1024;
@@ -71,7 +71,7 @@ pub struct CqInner {
     used: AtomicUsize,
     progress: ProgressList,
     bound: AtomicUsize,
-    fd: Option<EventFd>,
+    fd: Option<FdWait>,
     wait_set: Option<WaitSet>,
     /// The domain it was opened in.
     pub domain: crate::tag::DomainTag,
@@ -112,7 +112,7 @@ impl CompletionQueue {
             attr.size
         };
         let fd = if attr.wait_obj == WaitObj::Fd {
-            Some(EventFd::new()?)
+            Some(FdWait::new()?)
         } else {
             None
         };
@@ -337,21 +337,26 @@ impl CompletionQueue {
     }
 
     /// `fi_control(FI_GETWAIT)` for `FI_WAIT_FD`: the descriptor that becomes readable when an
-    /// entry arrives. Call `trywait` before blocking on it.
+    /// entry arrives or, under manual progress, when a frame arrives for an endpoint this
+    /// queue drives (an epoll set, see [`FdWait`]). Call `trywait` before blocking on it.
     pub fn wait_fd(&self) -> Result<i32> {
         self.inner.fd.as_ref().map(|f| f.raw()).ok_or_else(|| {
             Error::OpBadState("cq wait_fd: queue was not opened with FI_WAIT_FD".into())
         })
     }
 
-    /// `fi_trywait`: `Ok` when it is safe to block on the wait object (nothing is pending),
-    /// `Again` when entries are ready to read.
+    /// `fi_trywait`: progresses the endpoints it drives; `Ok` when it is safe to block on the
+    /// wait object (nothing is pending), `Again` when entries are ready to read or progress
+    /// found work.
     pub fn trywait(&self) -> Result<()> {
-        self.inner.progress.run();
-        if let Some(fd) = &self.inner.fd {
-            fd.drain();
-        }
-        if self.inner.ready() {
+        let idle = match &self.inner.fd {
+            Some(fd) => fd.prepare(&[&self.inner.progress]),
+            None => {
+                self.inner.progress.run();
+                true
+            }
+        };
+        if !idle || self.inner.ready() {
             Err(Error::Again("cq trywait"))
         } else {
             Ok(())
@@ -560,6 +565,9 @@ impl Waitable for CqInner {
     }
     fn drive(&self) {
         self.progress.run();
+    }
+    fn sources(&self) -> Option<&ProgressList> {
+        Some(&self.progress)
     }
 }
 

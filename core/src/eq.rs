@@ -199,6 +199,17 @@ impl EqInner {
         true
     }
 
+    /// Provider side: queues an event that must not be lost (an AV insert's completion),
+    /// past the capacity if the queue is full.
+    pub fn push_past_cap(&self, e: EqEntry) {
+        let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
+        q.events.push_back(e);
+        self.cond.notify_all();
+        if let Some(fd) = &self.fd {
+            fd.signal();
+        }
+    }
+
     /// Provider side: queues an asynchronous error (never dropped).
     pub fn push_err(&self, e: EqErrEntry) {
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());

@@ -31,6 +31,20 @@ pub trait ProgressSource: Send + Sync {
     fn next_look(&self) -> Option<Duration> {
         None
     }
+    /// Adds the descriptors, each with the poll(2) events it waits for, that become ready
+    /// when this source has work (a frame arrived) to `out`, for a thread sleeping on an
+    /// `FI_WAIT_FD` wait object to watch. The default has none: such a source's work must be
+    /// announced otherwise (its completions signal the object's own eventfd, or `next_look`
+    /// says it must be looked at by time).
+    fn wait_fds(&self, out: &mut Vec<(RawFd, i16)>) {
+        let _ = out;
+    }
+    /// Before a sleep on those descriptors (`fi_trywait`): takes in what is ready and readies
+    /// the descriptors to announce what comes next. True when nothing was ready and nothing is
+    /// due by time, so that a sleep until one of them is readable misses nothing.
+    fn prepare_fd_sleep(&self) -> bool {
+        self.progress() == 0 && self.next_look().is_none()
+    }
 }
 
 /// The endpoints (or other progress sources) that a queue, counter or domain drives. Read on
@@ -153,6 +167,124 @@ impl ProgressSource for ProgressList {
     fn next_look(&self) -> Option<Duration> {
         ProgressList::next_look(self)
     }
+
+    fn wait_fds(&self, out: &mut Vec<(RawFd, i16)>) {
+        for (p, _) in self.sources.load().iter() {
+            p.wait_fds(out);
+        }
+    }
+
+    fn prepare_fd_sleep(&self) -> bool {
+        // Every source is readied, even after one says no: the next sleep needs them all.
+        let mut idle = true;
+        for (p, _) in self.sources.load().iter() {
+            idle &= p.prepare_fd_sleep();
+        }
+        idle
+    }
+}
+
+/// The wait object of `FI_WAIT_FD` on a CQ or counter, as libfabric's util wait makes it: an
+/// epoll set holding the object's own eventfd (signaled by each completion or change) and the
+/// descriptors of the endpoints that feed it, so that under manual progress the descriptor an
+/// application sleeps on becomes readable when a frame arrives, although nothing progresses
+/// while it sleeps. `prepare` (called by `fi_trywait`) brings the set up to date with the
+/// object's progress sources and readies them.
+pub struct FdWait {
+    own: EventFd,
+    epoll: OwnedFd,
+    /// The sources' descriptors now in the set, with their poll(2) events.
+    watched: Mutex<Vec<(RawFd, i16)>>,
+}
+
+impl FdWait {
+    /// An epoll set holding a fresh eventfd.
+    pub fn new() -> Result<Self> {
+        let own = EventFd::new()?;
+        // SAFETY: no pointer arguments; a negative return is checked.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::last_os("epoll_create1"));
+        }
+        // SAFETY: a fresh descriptor we own.
+        let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
+        let w = FdWait {
+            own,
+            epoll,
+            watched: Mutex::new(Vec::new()),
+        };
+        w.ctl(libc::EPOLL_CTL_ADD, w.own.raw(), libc::POLLIN)
+            .map_err(|e| Error::from_io("epoll_ctl(eventfd)", e))?;
+        Ok(w)
+    }
+
+    /// `epoll_ctl` with poll(2) `events` (Linux gives POLLIN/POLLOUT the EPOLL values).
+    fn ctl(&self, op: i32, fd: RawFd, events: i16) -> std::io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: events as u16 as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: our epoll descriptor and a valid event; a bad `fd` is an error return.
+        let r = unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut ev) };
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The descriptor the application sleeps on (`fi_control(FI_GETWAIT)`).
+    pub fn raw(&self) -> RawFd {
+        self.epoll.as_raw_fd()
+    }
+
+    /// Makes the descriptor readable: the object has something.
+    pub fn signal(&self) {
+        self.own.signal();
+    }
+
+    /// For `fi_trywait`: watches what `sources` name now (descriptors of endpoints gone
+    /// leave the set), readies them, and clears the object's own signal. True when the
+    /// sources have nothing ready; the caller then checks its own contents, which a
+    /// completion after this call signals anew.
+    pub fn prepare(&self, sources: &[&dyn ProgressSource]) -> bool {
+        let mut now = Vec::new();
+        for s in sources {
+            s.wait_fds(&mut now);
+        }
+        now.sort_unstable();
+        now.dedup();
+        {
+            let mut watched = self.watched.lock().unwrap_or_else(|e| e.into_inner());
+            for &(fd, _) in watched.iter() {
+                if !now.iter().any(|&(f, _)| f == fd) {
+                    // A descriptor already closed left the set by itself.
+                    let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, 0);
+                }
+            }
+            for &(fd, events) in &now {
+                // Added anew each time (a number closed and reused since names another
+                // file); one still there has its events brought up to date.
+                let r = match self.ctl(libc::EPOLL_CTL_ADD, fd, events) {
+                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                        self.ctl(libc::EPOLL_CTL_MOD, fd, events)
+                    }
+                    r => r,
+                };
+                if let Err(e) = r {
+                    tracing::warn!("fi_trywait: watching descriptor {fd}: {e}");
+                }
+            }
+            *watched = now;
+        }
+        // Every source is readied, even after one says no: the next sleep needs them all.
+        let mut idle = true;
+        for s in sources {
+            idle &= s.prepare_fd_sleep();
+        }
+        self.own.drain();
+        idle
+    }
 }
 
 /// A libfabric timeout in milliseconds (negative: wait forever) as a deadline.
@@ -225,6 +357,11 @@ pub trait Waitable: Send + Sync {
     /// edge (a counter's new events) marks them reported. Queues are level: their entries
     /// stay until read.
     fn consume(&self) {}
+    /// The progress sources it drives, whose descriptors a wait set's `FI_WAIT_FD`
+    /// descriptor watches.
+    fn sources(&self) -> Option<&ProgressList> {
+        None
+    }
 }
 
 /// `fid_wait`: one place to block until any of several queues or counters has events.
@@ -237,12 +374,15 @@ pub(crate) struct WaitSetInner {
     lock: Mutex<u64>,
     cond: Condvar,
     members: Mutex<Vec<Weak<dyn Waitable>>>,
+    /// `FI_WAIT_FD`: signaled with every member's change; holds the members' endpoints'
+    /// descriptors.
+    fd: Option<FdWait>,
 }
 
 /// Attributes of a wait set (`struct fi_wait_attr`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct WaitAttr {
-    /// The kind of wait object; `Unspec` and `MutexCond` are supported.
+    /// The kind of wait object; `Unspec`, `MutexCond`, `Yield` and `Fd` are supported.
     pub wait_obj: WaitObj,
     /// Reserved; must be 0.
     pub flags: u64,
@@ -259,20 +399,80 @@ impl WaitSet {
         }
         match attr.wait_obj {
             WaitObj::None | WaitObj::Unspec | WaitObj::MutexCond | WaitObj::Yield => {}
+            WaitObj::Fd => {}
             other => {
                 return Err(Error::OpNotSupp(format!(
-                "wait set of kind {}: only FI_WAIT_UNSPEC, FI_WAIT_MUTEX_COND and FI_WAIT_YIELD",
-                other.c_name()
-            )))
+                    "wait set of kind {}: only FI_WAIT_UNSPEC, FI_WAIT_MUTEX_COND, \
+                     FI_WAIT_YIELD and FI_WAIT_FD",
+                    other.c_name()
+                )))
             }
         }
+        let fd = if attr.wait_obj == WaitObj::Fd {
+            Some(FdWait::new()?)
+        } else {
+            None
+        };
         Ok(WaitSet {
             inner: Arc::new(WaitSetInner {
                 lock: Mutex::new(0),
                 cond: Condvar::new(),
                 members: Mutex::new(Vec::new()),
+                fd,
             }),
         })
+    }
+
+    /// `fi_control(FI_GETWAIT)` on a wait set opened with `FI_WAIT_FD`: a descriptor that
+    /// becomes readable when a member has something or, under manual progress, a frame
+    /// arrives for an endpoint a member drives. Call `trywait` before blocking on it.
+    pub fn wait_fd(&self) -> Result<i32> {
+        self.inner.fd.as_ref().map(|f| f.raw()).ok_or_else(|| {
+            Error::OpBadState("wait set wait_fd: set was not opened with FI_WAIT_FD".into())
+        })
+    }
+
+    /// `fi_trywait` on a wait set: progresses its members' endpoints; `Ok` when it is safe
+    /// to block on its wait object, `Again` when a member has something (a counter's change
+    /// is reported once) or progress found work.
+    pub fn trywait(&self) -> Result<()> {
+        let members = self.members();
+        let idle = match &self.inner.fd {
+            Some(fd) => {
+                let lists: Vec<&dyn ProgressSource> = members
+                    .iter()
+                    .filter_map(|m| m.sources())
+                    .map(|l| l as &dyn ProgressSource)
+                    .collect();
+                fd.prepare(&lists)
+            }
+            None => {
+                members.iter().for_each(|m| m.drive());
+                true
+            }
+        };
+        let mut ready = false;
+        for m in &members {
+            if m.ready() {
+                m.consume();
+                ready = true;
+            }
+        }
+        if ready || !idle {
+            Err(Error::Again("wait set trywait"))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn members(&self) -> Vec<Arc<dyn Waitable>> {
+        self.inner
+            .members
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .collect()
     }
 
     pub(crate) fn add(&self, w: Weak<dyn Waitable>) {
@@ -287,20 +487,16 @@ impl WaitSet {
         let mut g = self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
         *g += 1;
         self.inner.cond.notify_all();
+        if let Some(fd) = &self.inner.fd {
+            fd.signal();
+        }
     }
 
     /// `fi_wait`: returns once any member has events, or `TimedOut` (timeout in ms, -1 forever).
     pub fn wait(&self, timeout_ms: i32) -> Result<()> {
         let dl = deadline(timeout_ms);
         loop {
-            let members: Vec<Arc<dyn Waitable>> = self
-                .inner
-                .members
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .filter_map(|w| w.upgrade())
-                .collect();
+            let members = self.members();
             // Taken before looking, so a signal after the look is not slept through.
             let seen = *self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
             for m in &members {
@@ -324,5 +520,100 @@ impl WaitSet {
                 let _ = self.inner.cond.wait_timeout(g, left);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A source whose "transport" is a pipe: readable when written, progress drains it.
+    struct PipeSource {
+        rd: OwnedFd,
+        wr: OwnedFd,
+        prepared: AtomicUsize,
+    }
+
+    impl PipeSource {
+        fn new() -> Arc<Self> {
+            let mut fds = [0; 2];
+            // SAFETY: a writable array of two descriptors; the result is checked.
+            assert_eq!(
+                unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) },
+                0
+            );
+            // SAFETY: fresh descriptors we own.
+            let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+            Arc::new(PipeSource {
+                rd,
+                wr,
+                prepared: AtomicUsize::new(0),
+            })
+        }
+
+        fn frame(&self) {
+            // SAFETY: one byte from a local to our pipe.
+            assert_eq!(
+                unsafe { libc::write(self.wr.as_raw_fd(), [1u8].as_ptr().cast(), 1) },
+                1
+            );
+        }
+    }
+
+    impl ProgressSource for PipeSource {
+        fn progress(&self) -> usize {
+            let mut b = [0u8; 64];
+            // SAFETY: reads into a local buffer of its length from our non-blocking pipe.
+            let n = unsafe { libc::read(self.rd.as_raw_fd(), b.as_mut_ptr().cast(), 64) };
+            n.max(0) as usize
+        }
+        fn wait_fds(&self, out: &mut Vec<(RawFd, i16)>) {
+            out.push((self.rd.as_raw_fd(), libc::POLLIN));
+        }
+        fn prepare_fd_sleep(&self) -> bool {
+            self.prepared.fetch_add(1, Ordering::Relaxed);
+            self.progress() == 0
+        }
+    }
+
+    fn readable(fd: RawFd) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn fd_wait_watches_its_sources_and_its_own_signal() {
+        let w = FdWait::new().unwrap();
+        let list = ProgressList::default();
+        let src = PipeSource::new();
+        list.add(src.clone());
+        // Not watched before the first prepare; idle, nothing readable after it.
+        src.frame();
+        assert!(!readable(w.raw()));
+        assert!(!w.prepare(&[&list]), "the frame is progressed: no sleep");
+        assert!(w.prepare(&[&list]));
+        assert!(!readable(w.raw()));
+        // A frame while "asleep" makes the set readable; prepare takes it and says so.
+        src.frame();
+        assert!(readable(w.raw()));
+        assert!(!w.prepare(&[&list]));
+        assert!(!readable(w.raw()));
+        // The object's own signal, cleared by prepare.
+        w.signal();
+        assert!(readable(w.raw()));
+        assert!(w.prepare(&[&list]));
+        assert!(!readable(w.raw()));
+        // A source removed leaves the set.
+        list.remove(&(src.clone() as Arc<dyn ProgressSource>));
+        assert!(w.prepare(&[&list]));
+        src.frame();
+        assert!(!readable(w.raw()));
+        assert_eq!(src.prepared.load(Ordering::Relaxed), 4);
     }
 }

@@ -343,6 +343,23 @@ impl ProgressSource for EpLink {
         }
         self.xpu.as_ref().and_then(XpuWatch::nap)
     }
+
+    fn wait_fds(&self, out: &mut Vec<(std::os::fd::RawFd, i16)>) {
+        self.ops.wait_fds(out);
+    }
+
+    fn prepare_fd_sleep(&self) -> bool {
+        // The provider readies its descriptors; what this link adds (XPU doorbells, retries
+        // of stalled operations) announces itself through no descriptor.
+        let mut idle = self.ops.prepare_fd_sleep();
+        if let Some(x) = &self.xpu {
+            idle &= x.poll(&self.core, Finder::Watcher, |j| self.submit(j)) == 0;
+        }
+        if self.has_stalled.load(Ordering::Acquire) {
+            idle &= self.retry() == 0;
+        }
+        idle && self.next_look().is_none()
+    }
 }
 
 /// A started deferred transfer, found again by the context it was handed to the provider with.

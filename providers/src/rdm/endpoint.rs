@@ -322,6 +322,26 @@ impl<W: Wire> ProgressSource for RdmEndpoint<W> {
         // SAFETY: writes 8 bytes from a local to our eventfd.
         unsafe { libc::write(self.wake_fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
+
+    fn wait_fds(&self, out: &mut Vec<(RawFd, i16)>) {
+        // Asked by fi_trywait before a sleep: tcp's is its epoll set, fixed for its life;
+        // verbs' change with its side channels, and each trywait asks again.
+        if let Ok(st) = self.st.lock() {
+            out.extend(st.net.wait_fds());
+        }
+    }
+
+    fn prepare_fd_sleep(&self) -> bool {
+        // Another thread progressing now: it may leave work behind, so do not sleep yet.
+        let Ok(mut st) = self.st.try_lock() else {
+            return false;
+        };
+        // As idle_wait: armed first, then progressed, so what arrives after raises an event.
+        st.net.arm();
+        let n = self.do_progress(&mut st);
+        self.finish(st);
+        n == 0 && !self.backlog.load(Ordering::Acquire)
+    }
 }
 
 impl<W: Wire> EndpointOps for RdmEndpoint<W> {

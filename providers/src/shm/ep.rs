@@ -4,7 +4,8 @@
 //! file maps addresses to peers, keeps a lock-free check of whether a poll has anything to do,
 //! and reports completions after its lock is released.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use xfabric_core::av::PeerCache;
@@ -49,6 +50,9 @@ pub struct ShmEndpoint {
     seg: super::segment::Segment,
     idle: Arc<super::net::Idle>,
     st: Mutex<State>,
+    /// Bound when a wait object first asks for this endpoint's descriptors (`None` if that
+    /// failed: such a sleeper is then woken only by its completions).
+    wake_sock: OnceLock<Option<super::fdwake::WakeSock>>,
 }
 
 impl ShmEndpoint {
@@ -82,6 +86,7 @@ impl ShmEndpoint {
             name,
             seg,
             idle,
+            wake_sock: OnceLock::new(),
             st: Mutex::new(State {
                 engine,
                 net,
@@ -174,6 +179,42 @@ impl ShmEndpoint {
         Err(Error::Again(what))
     }
 
+    /// `progress` without clearing the fd-sleep flag; `None` when another thread holds the
+    /// endpoint.
+    fn progress_awake(&self) -> Option<usize> {
+        // Idle, take the full path only when a sweep is due and something waits on a peer: a
+        // dead one must be noticed by time, however slowly (or fast) the application polls.
+        use std::sync::atomic::Ordering::Relaxed;
+        let sweep = || {
+            self.idle.watch.load(Relaxed)
+                && crate::clock::coarse_ms() >= self.idle.next_sweep.load(Relaxed)
+        };
+        if !Net::has_work(&self.seg, &self.idle) && !sweep() {
+            return Some(0);
+        }
+        let Ok(mut st) = self.st.try_lock() else {
+            return None;
+        };
+        let n = self.do_progress(&mut st);
+        self.finish(st);
+        Some(n)
+    }
+
+    /// The wake socket, bound on first use.
+    fn wake_sock(&self) -> Option<&super::fdwake::WakeSock> {
+        self.wake_sock
+            .get_or_init(|| match super::fdwake::WakeSock::bind(&self.name) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(
+                        "shm: no wake socket, fd sleepers wake on completions only: {e}"
+                    );
+                    None
+                }
+            })
+            .as_ref()
+    }
+
     /// Takes in what arrived (what that has to send goes out in `finish`).
     fn do_progress(&self, st: &mut State) -> usize {
         let State { engine, net, .. } = st;
@@ -191,22 +232,34 @@ impl ProgressSource for ShmEndpoint {
     }
 
     fn progress(&self) -> usize {
-        // Idle, take the full path only when a sweep is due and something waits on a peer: a
-        // dead one must be noticed by time, however slowly (or fast) the application polls.
-        use std::sync::atomic::Ordering::Relaxed;
-        let sweep = || {
-            self.idle.watch.load(Relaxed)
-                && crate::clock::coarse_ms() >= self.idle.next_sweep.load(Relaxed)
-        };
-        if !Net::has_work(&self.seg, &self.idle) && !sweep() {
-            return 0;
+        // Awake: senders need not ring the wake socket until the next fd sleep.
+        let fd_sleeping = ring::fd_sleeping(&self.seg);
+        if fd_sleeping.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+            fd_sleeping.store(0, std::sync::atomic::Ordering::Relaxed);
         }
-        let Ok(mut st) = self.st.try_lock() else {
-            return 0;
+        self.progress_awake().unwrap_or(0)
+    }
+
+    fn wait_fds(&self, out: &mut Vec<(RawFd, i16)>) {
+        if let Some(s) = self.wake_sock() {
+            out.push((s.raw(), libc::POLLIN));
+        }
+    }
+
+    fn prepare_fd_sleep(&self) -> bool {
+        use std::sync::atomic::{fence, Ordering};
+        let Some(s) = self.wake_sock() else {
+            return self.progress_awake() == Some(0);
         };
-        let n = self.do_progress(&mut st);
-        self.finish(st);
-        n
+        // Flag, then drain, then look: a sender that wrote after the look saw the flag (the
+        // fences pair with `Net::wake`'s) and rings after the drain.
+        ring::fd_sleeping(&self.seg).store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        s.drain();
+        // A peer that dies while we sleep is noticed at the next wake-up: no descriptor
+        // announces it (idle_wait sleeps by time for that).
+        // Another thread progressing now (None) may leave work behind: do not sleep yet.
+        self.progress_awake() == Some(0) && !Net::has_work(&self.seg, &self.idle)
     }
 
     fn idle_wait(&self, timeout: Duration) {

@@ -1,10 +1,11 @@
 //! The shm provider: RDM endpoints between processes on one host through shared memory. The
 //! protocol is core's RDM engine (`xfabric_core::rdm`); this provider is its transport: the
 //! segments (`segment`) and their rings (`ring`), cross-memory attach (`cma`), futex wake-ups
-//! (`futex`), and noticing dead peers (`net`). `ep` is the endpoint, `net` the transport.
+//! (`futex`; `fdwake` for a sleeper on a descriptor), and noticing dead peers (`net`). `ep` is the endpoint, `net` the transport.
 
 mod cma;
 mod ep;
+mod fdwake;
 mod futex;
 mod net;
 #[doc(hidden)]

@@ -374,13 +374,17 @@ impl Net {
         self.links[p].prod.as_ref().is_some_and(Producer::broken)
     }
 
-    /// Rings `seg`'s doorbell if one of its owner's threads sleeps.
+    /// Rings `seg`'s doorbell if one of its owner's threads sleeps, and its wake socket if
+    /// its owner may sleep on a descriptor.
     pub fn wake(seg: &Segment) {
         fence(Ordering::SeqCst);
         if ring::sleeping(seg).load(Ordering::Relaxed) != 0 {
             let db = ring::doorbell(seg);
             db.fetch_add(1, Ordering::SeqCst);
             super::futex::wake(db);
+        }
+        if ring::fd_sleeping(seg).load(Ordering::Relaxed) != 0 {
+            super::fdwake::ring(seg.name());
         }
     }
 

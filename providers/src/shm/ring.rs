@@ -55,6 +55,9 @@ pub const OFF_PID: usize = 72;
 pub const OFF_BASE: usize = 80;
 /// See `OFF_PID`.
 pub const OFF_COOKIE: usize = 88;
+/// Non-zero while the owner may sleep on its wake socket (`super::fdwake`) rather than the
+/// futex: a sender then rings the socket too.
+pub const OFF_FD_SLEEPING: usize = 96;
 /// Bit i set: lane i is claimed and may hold messages.
 pub const OFF_ACTIVE: usize = 128;
 /// Lane claims: the claiming sender's id, 0 when free.
@@ -379,6 +382,12 @@ pub fn published(seg: &Segment, lane: usize, pos: u64) -> bool {
 pub fn sleeping(seg: &Segment) -> &AtomicU32 {
     // SAFETY: fixed aligned offset in the header.
     unsafe { seg.u32_at(OFF_SLEEPING) }
+}
+
+/// The segment header's `OFF_FD_SLEEPING` word.
+pub fn fd_sleeping(seg: &Segment) -> &AtomicU32 {
+    // SAFETY: fixed aligned offset in the header.
+    unsafe { seg.u32_at(OFF_FD_SLEEPING) }
 }
 
 /// The segment header's doorbell (futex) word.

@@ -1,0 +1,139 @@
+//! Waking a process that sleeps on a descriptor rather than on the segment's futex: an
+//! application asleep in epoll on an `FI_WAIT_FD` object under manual progress. The owner of
+//! a segment binds a datagram socket in the abstract namespace named after the segment and
+//! sets the segment header's `fd_sleeping` word before it sleeps; a sender that sees the word
+//! sends it one empty datagram after writing, which makes the socket readable. The word is
+//! cleared by the owner's next progress, so senders pay the system call only while it sleeps.
+//!
+//! Anyone on the host may send to the socket: a datagram carries nothing, and at worst wakes
+//! the owner for nothing (it drains the socket before each sleep). Peers must share the
+//! network namespace for the abstract name to reach (a peer in another one wakes the owner
+//! only through its completions); the futex wake-up stays for every other sleeper.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::OnceLock;
+
+use xfabric_core::{Error, Result};
+
+/// The socket address for segment `seg`: `\0xfabric-wake/<seg>`, or `None` when the name is
+/// too long for one.
+fn addr_of(seg: &str) -> Option<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let name = format!("xfabric-wake/{seg}");
+    // Byte 0 stays NUL: the abstract namespace, no file on disk.
+    if name.len() + 1 > a.sun_path.len() {
+        return None;
+    }
+    for (d, &b) in a.sun_path[1..].iter_mut().zip(name.as_bytes()) {
+        *d = b as libc::c_char;
+    }
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
+    Some((a, len as libc::socklen_t))
+}
+
+fn socket() -> Result<OwnedFd> {
+    // SAFETY: no pointer arguments; a negative return is checked.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(Error::last_os("shm: wake socket"));
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The owner's side: readable after a sender rang it.
+#[derive(Debug)]
+pub struct WakeSock(OwnedFd);
+
+impl WakeSock {
+    /// Binds the socket of segment `seg`.
+    pub fn bind(seg: &str) -> Result<Self> {
+        let (a, len) = addr_of(seg)
+            .ok_or_else(|| Error::Inval(format!("shm: segment name {seg} is too long")))?;
+        let fd = socket()?;
+        // SAFETY: a valid sockaddr_un of `len` bytes.
+        let r = unsafe { libc::bind(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len) };
+        if r < 0 {
+            return Err(Error::last_os(format!("shm: bind wake socket of {seg}")));
+        }
+        Ok(WakeSock(fd))
+    }
+
+    /// The descriptor to sleep on.
+    pub fn raw(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    /// Takes every datagram queued, leaving the socket unreadable.
+    pub fn drain(&self) {
+        let mut b = [0u8; 1];
+        loop {
+            // SAFETY: reads at most 1 byte into a local from our non-blocking socket.
+            let r = unsafe { libc::recv(self.0.as_raw_fd(), b.as_mut_ptr().cast(), 1, 0) };
+            if r < 0 {
+                return;
+            }
+        }
+    }
+}
+
+/// The sender's side: rings the socket of segment `seg` (best effort: a full socket is
+/// readable already, an absent one has no sleeper).
+pub fn ring(seg: &str) {
+    static SENDER: OnceLock<Option<OwnedFd>> = OnceLock::new();
+    let Some(fd) = SENDER.get_or_init(|| socket().ok()) else {
+        return;
+    };
+    let Some((a, len)) = addr_of(seg) else {
+        return;
+    };
+    // SAFETY: sends nothing (a zero-length datagram) to a valid sockaddr_un of `len` bytes.
+    unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            std::ptr::null(),
+            0,
+            libc::MSG_DONTWAIT,
+            (&a as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readable(fd: RawFd) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    #[test]
+    fn ring_makes_the_socket_readable_until_drained() {
+        let name = format!("fdwake-test-{}", std::process::id());
+        let s = WakeSock::bind(&name).unwrap();
+        assert!(!readable(s.raw()));
+        ring(&name);
+        ring(&name);
+        assert!(readable(s.raw()));
+        s.drain();
+        assert!(!readable(s.raw()));
+        // Nobody bound: nothing happens.
+        ring("fdwake-test-nobody");
+        assert!(addr_of(&"x".repeat(200)).is_none());
+    }
+}
