@@ -94,6 +94,14 @@ impl ProgressSource for EpPort {
     fn next_look(&self) -> Option<std::time::Duration> {
         self.ops.next_look()
     }
+
+    fn wait_fds(&self, out: &mut Vec<(std::os::fd::RawFd, i16)>) {
+        self.ops.wait_fds(out);
+    }
+
+    fn prepare_fd_sleep(&self) -> bool {
+        self.ops.prepare_fd_sleep()
+    }
 }
 
 impl Endpoint {

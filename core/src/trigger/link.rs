@@ -345,15 +345,15 @@ impl ProgressSource for EpLink {
     }
 
     fn wait_fds(&self, out: &mut Vec<(std::os::fd::RawFd, i16)>) {
-        self.ops.wait_fds(out);
+        self.port.wait_fds(out);
     }
 
     fn prepare_fd_sleep(&self) -> bool {
         // The provider readies its descriptors; what this link adds (XPU doorbells, retries
         // of stalled operations) announces itself through no descriptor.
-        let mut idle = self.ops.prepare_fd_sleep();
+        let mut idle = self.port.prepare_fd_sleep();
         if let Some(x) = &self.xpu {
-            idle &= x.poll(&self.core, Finder::Watcher, |j| self.submit(j)) == 0;
+            idle &= x.poll(&*self.port, Finder::Watcher, |j| self.submit(j)) == 0;
         }
         if self.has_stalled.load(Ordering::Acquire) {
             idle &= self.retry() == 0;
