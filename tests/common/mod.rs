@@ -179,6 +179,19 @@ impl Peer {
         line.expect("peer exited before saying anything")
     }
 
+    /// `hear`, progressing `n`'s endpoint meanwhile (no CQ read: entries stay where they are):
+    /// over a transport whose connection setup needs this side's progress (tcp's handshake),
+    /// the child's sends would otherwise wait for it while it waits for them.
+    pub fn hear_progressing(&mut self, n: &Node) -> String {
+        std::thread::scope(|s| {
+            let line = s.spawn(|| self.hear());
+            while !line.is_finished() {
+                n.ep.progress();
+            }
+            line.join().expect("hear")
+        })
+    }
+
     /// Sends a line to the child (read with `listen`).
     pub fn tell(&mut self, s: &str) {
         writeln!(self.stdin, "{s}").expect("write to peer");
