@@ -14,6 +14,13 @@ pub const SOCKADDR_IN_LEN: usize = 16;
 /// Bytes of a `struct sockaddr_in6`.
 pub const SOCKADDR_IN6_LEN: usize = 28;
 
+/// A peer named by its socket address: the AV holds its `sockaddr_in(6)` bytes.
+impl crate::rdm::PeerName for SocketAddr {
+    fn raw(&self) -> Vec<u8> {
+        encode(self)
+    }
+}
+
 /// The `sockaddr_in(6)` bytes of `a`.
 pub fn encode(a: &SocketAddr) -> Vec<u8> {
     match a {

@@ -1,13 +1,11 @@
-//! An endpoint made of core's RDM engine and a transport under it (its `Wire`): the glue every
-//! provider on the engine shares (tcp, verbs). Everything protocol is the engine's; this maps
-//! `fi_addr_t`s to peers, moves the engine's frames into the wire and the wire's frames into
-//! the engine, and reports completions after its lock is released (so that counters bumped by
-//! them may start triggered operations here). A provider brings its wire, its endpoint name
-//! and its engine configuration (`RdmEndpoint::open`).
+//! An endpoint made of core's RDM engine and a transport under it (its `Wire`): the one
+//! endpoint of every provider on the engine (shm, tcp, verbs). Everything protocol is the
+//! engine's; this maps `fi_addr_t`s to peers, moves the engine's frames into the wire and the
+//! wire's frames into the engine, and reports completions after its lock is released (so that
+//! counters bumped by them may start triggered operations here). A provider brings its wire,
+//! its endpoint name and its engine configuration (`RdmEndpoint::open`).
 
-use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -22,31 +20,33 @@ use xfabric_core::{
     AtomicReq, Context, EndpointOps, EpCore, Error, FiAddr, ProgressSource, Result, RmaOp,
 };
 
-use super::seam::{Handler, Wire};
+use super::seam::{Bell, Handler, PeerName, Wire};
 use super::sources::Sources;
-use crate::inet;
 
-/// Bytes one peer's queue may hold before posts to it answer `Again` (inject copies and
-/// frames the engine made; application buffers are not copied but count here too): a peer
-/// that stops reading holds back its senders instead of growing their memory.
-const QUEUE_MAX: usize = 64 << 20;
+/// How long a closing endpoint keeps sending the answers its peers wait for.
+const CLOSE_FLUSH: Duration = Duration::from_secs(1);
 
-/// The engine limits of an endpoint on `core` (the `XFABRIC_TCP_*` settings, for every wire:
-/// they describe the engine, not the transport).
+/// The engine limits of an endpoint on `core` (the `XFABRIC_TCP_*` settings, for tcp and
+/// verbs: they describe the engine, not the transport).
 pub fn engine_config(core: &EpCore) -> rdm::Config {
     rdm::Config {
         eager_max: settings::TCP_EAGER_MAX.usize(),
         unexp_msgs: settings::TCP_UNEXP_MSGS.usize(),
         unexp_bytes: settings::TCP_UNEXP_BYTES.usize(),
         unexp_peer_bytes: settings::TCP_UNEXP_PEER_BYTES.usize(),
-        tx_max: if core.tx_size == 0 {
-            1024
-        } else {
-            core.tx_size
-        },
+        tx_max: tx_max(core),
         // Taken frames are queued in the provider, or in the kernel's socket buffer: not yet
         // at the peer.
         delivered_on_take: false,
+    }
+}
+
+/// Operations the engine queues before posts answer `Again`: the endpoint's `tx_size`.
+pub fn tx_max(core: &EpCore) -> usize {
+    if core.tx_size == 0 {
+        1024
+    } else {
+        core.tx_size
     }
 }
 
@@ -66,14 +66,8 @@ pub struct RdmEndpoint<W: Wire> {
     core: Arc<EpCore>,
     name: Vec<u8>,
     st: Mutex<State<W>>,
-    /// Written by `wake` to end an `idle_wait`.
-    wake_fd: OwnedFd,
-    /// Whether the last locked call left work the engine or the wire can advance without a
-    /// peer (frames queued, answers awaited): `idle_wait` then sleeps at most 1 ms.
-    busy: AtomicBool,
-    /// Whether the last locked call left bytes no descriptor will announce (`Wire::backlog`):
-    /// `idle_wait` then does not sleep.
-    backlog: AtomicBool,
+    /// The wire's lock-free side: whether progress has work, and sleeping.
+    bell: W::Bell,
 }
 
 /// The engine as the wire's handler, with what it needs to name a peer's source address.
@@ -85,9 +79,8 @@ pub struct Glue<'a> {
 }
 
 impl Glue<'_> {
-    fn src(&mut self, peer: PeerId, addr: SocketAddr) -> FiAddr {
-        self.sources
-            .of(self.engine, self.core, peer, || inet::encode(&addr))
+    fn src(&mut self, peer: PeerId, addr: &dyn PeerName) -> FiAddr {
+        self.sources.of(self.engine, self.core, peer, || addr.raw())
     }
 }
 
@@ -95,7 +88,7 @@ impl Handler for Glue<'_> {
     fn on_ctrl(
         &mut self,
         peer: PeerId,
-        addr: SocketAddr,
+        addr: &dyn PeerName,
         prefix: &Prefix,
         ctrl: &[u8],
     ) -> std::result::Result<Sink, WireError> {
@@ -110,7 +103,7 @@ impl Handler for Glue<'_> {
     fn on_frame(
         &mut self,
         peer: PeerId,
-        addr: SocketAddr,
+        addr: &dyn PeerName,
         prefix: &Prefix,
         ctrl: &[u8],
         body: &[u8],
@@ -123,7 +116,7 @@ impl Handler for Glue<'_> {
         self.engine.on_sent(peer, token)
     }
 
-    fn on_lost(&mut self, peer: PeerId, addr: Option<SocketAddr>, errno: i32) {
+    fn on_lost(&mut self, peer: PeerId, addr: Option<&dyn PeerName>, errno: i32) {
         self.engine.on_lost(peer, errno);
         if let Some(a) = addr {
             // Receives directed at it alone would wait for nothing.
@@ -145,29 +138,37 @@ impl Handler for Glue<'_> {
     }
 }
 
+/// The glue over a locked state's engine.
+macro_rules! glue {
+    ($self:ident, $st:expr) => {{
+        let State {
+            engine,
+            net,
+            sources,
+            ..
+        } = $st;
+        (
+            net,
+            Glue {
+                engine,
+                core: &$self.core,
+                sources,
+            },
+        )
+    }};
+}
+
 impl<W: Wire> RdmEndpoint<W> {
     /// An endpoint named `name` (what `fi_getname` returns) on `net`, its engine configured
-    /// by `cfg`.
-    pub fn open(core: Arc<EpCore>, net: W, name: Vec<u8>, cfg: rdm::Config) -> Result<Arc<Self>> {
-        Self::open_with(core, net, name, cfg, None)
-    }
-
-    /// As `open`, the engine using the wire's one-sided operations (`one_sided`) where it
-    /// has them.
-    pub fn open_with(
+    /// by `cfg` and using the wire's one-sided operations (`one_sided`) where it has them.
+    pub fn open(
         core: Arc<EpCore>,
         net: W,
         name: Vec<u8>,
         cfg: rdm::Config,
         one_sided: Option<Box<dyn rdm::OneSided>>,
     ) -> Result<Arc<Self>> {
-        // SAFETY: plain syscall; the descriptor is owned by this endpoint and closed in Drop.
-        let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if wake_fd < 0 {
-            return Err(Error::last_os(format!("{} endpoint: eventfd", W::PROVIDER)));
-        }
-        // SAFETY: a descriptor we just opened and own alone.
-        let wake_fd = unsafe { OwnedFd::from_raw_fd(wake_fd) };
+        let bell = net.bell()?;
         let mut engine = Engine::new(core.clone(), cfg);
         if let Some(t) = one_sided {
             engine = engine.with_one_sided(t);
@@ -182,9 +183,7 @@ impl<W: Wire> RdmEndpoint<W> {
                 sources: Sources::default(),
                 done: Vec::new(),
             }),
-            wake_fd,
-            busy: AtomicBool::new(false),
-            backlog: AtomicBool::new(false),
+            bell,
         }))
     }
 
@@ -197,22 +196,8 @@ impl<W: Wire> RdmEndpoint<W> {
         self.push(&mut st);
         let s = &mut *st;
         s.engine.take_done_into(&mut s.done);
-        self.busy
-            .store(s.engine.busy() || s.net.busy(), Ordering::Release);
-        self.backlog.store(s.net.backlog(), Ordering::Release);
+        s.net.publish(&s.engine, &self.bell);
         rdm::report_unlocked(&self.core, &self.st, st, |s| &mut s.done);
-    }
-
-    /// The peer an `fi_addr_t` names, with room in its queue (progressing once if not).
-    fn sendable(&self, st: &mut State<W>, dest: FiAddr, what: &'static str) -> Result<PeerId> {
-        let p = self.peer_for(st, dest)?;
-        if st.net.queued(p) > QUEUE_MAX {
-            self.do_progress(st);
-            if st.net.queued(p) > QUEUE_MAX {
-                return Err(Error::Again(what));
-            }
-        }
-        Ok(p)
     }
 
     /// The peer an `fi_addr_t` names.
@@ -222,67 +207,67 @@ impl<W: Wire> RdmEndpoint<W> {
             .bound()
             .ok_or_else(|| Error::OpBadState("endpoint is not enabled".into()))?;
         let net = &mut st.net;
-        st.av_cache
-            .lookup(b.av.as_ref(), dest, |raw| Ok(net.peer(inet::decode(raw)?)))
+        st.av_cache.lookup(b.av.as_ref(), dest, |raw| net.peer(raw))
+    }
+
+    /// The peer an operation to `dest` goes to, reachable.
+    fn reach(&self, st: &mut State<W>, dest: FiAddr) -> Result<PeerId> {
+        let p = self.peer_for(st, dest)?;
+        st.net.reach(p)?;
+        Ok(p)
+    }
+
+    /// The peer an operation goes to, reachable and with room for a request of `len` body
+    /// bytes.
+    fn sendable(
+        &self,
+        st: &mut State<W>,
+        dest: FiAddr,
+        len: usize,
+        what: &'static str,
+    ) -> Result<PeerId> {
+        let p = self.reach(st, dest)?;
+        self.room(st, p, len, what)?;
+        Ok(p)
+    }
+
+    /// Room for a request of `len` body bytes to `p`, after taking in what arrived and
+    /// handing over what waits if there is none at first; `Again` (or `PeerLost` once the
+    /// peer is found gone) if still none.
+    fn room(&self, st: &mut State<W>, p: PeerId, len: usize, what: &'static str) -> Result<()> {
+        if st.net.room(&st.engine, p, len) {
+            return Ok(());
+        }
+        self.do_progress(st);
+        self.push(st);
+        if st.net.room(&st.engine, p, len) {
+            return Ok(());
+        }
+        let (net, mut g) = glue!(self, st);
+        net.stuck(&mut g, p)?;
+        Err(Error::Again(what))
     }
 
     /// Hands the engine's frames to the wire now: a caller that posts and then waits
     /// elsewhere (on its own control channel) must not find its frame still queued here.
     fn push(&self, st: &mut State<W>) {
-        let State {
-            engine,
-            net,
-            sources,
-            ..
-        } = st;
-        net.push(&mut Glue {
-            engine,
-            core: &self.core,
-            sources,
-        });
+        let (net, mut g) = glue!(self, st);
+        net.push(&mut g);
     }
 
+    /// Takes in what arrived (what that has to send goes out in `finish`).
     fn do_progress(&self, st: &mut State<W>) -> usize {
-        let State {
-            engine,
-            net,
-            sources,
-            ..
-        } = st;
-        let mut glue = Glue {
-            engine,
-            core: &self.core,
-            sources,
-        };
-        let n = net.progress(&mut glue);
-        // Answers the engine owes (ACKs, CTS, read data) go out in the same call.
-        net.push(&mut glue);
-        n
-    }
-
-    fn poll_fds(&self, net: &[(RawFd, i16)], timeout: Duration) {
-        let mut fds: Vec<libc::pollfd> = std::iter::once((self.wake_fd.as_raw_fd(), libc::POLLIN))
-            .chain(net.iter().copied())
-            .map(|(fd, events)| libc::pollfd {
-                fd,
-                events,
-                revents: 0,
-            })
-            .collect();
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: a valid pollfd array of its length. A descriptor closed since (a connection
-        // dropped by another thread's progress) reports POLLNVAL and ends the wait early.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-        if r > 0 && fds[0].revents != 0 {
-            let mut v: u64 = 0;
-            // SAFETY: reads 8 bytes into a local from our non-blocking eventfd.
-            unsafe { libc::read(self.wake_fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-        }
+        let (net, mut g) = glue!(self, st);
+        net.progress(&mut g)
     }
 }
 
 impl<W: Wire> ProgressSource for RdmEndpoint<W> {
     fn progress(&self) -> usize {
+        self.bell.awake();
+        if !self.bell.has_work() {
+            return 0;
+        }
         let Ok(mut st) = self.st.try_lock() else {
             return 0;
         };
@@ -292,21 +277,15 @@ impl<W: Wire> ProgressSource for RdmEndpoint<W> {
     }
 
     fn idle_wait(&self, timeout: Duration) {
-        // Bytes already waiting that nothing will announce: progress again at once.
-        if self.backlog.load(Ordering::Acquire) {
+        let Some(timeout) = self.bell.nap(timeout) else {
             return;
-        }
-        // While answers are awaited, sleep, but not long.
-        let timeout = if self.busy.load(Ordering::Acquire) {
-            timeout.min(Duration::from_millis(1))
-        } else {
-            timeout
         };
+        let ticket = self.bell.ticket();
         let Ok(mut st) = self.st.try_lock() else {
             return;
         };
-        // Armed first, then progressed once: what arrives after this raises an event, so the
-        // sleep below cannot miss it.
+        // Armed first, then progressed once: what arrives after this raises an event (or
+        // moves the ticket), so the sleep below cannot miss it.
         st.net.arm();
         if self.do_progress(&mut st) > 0 {
             self.finish(st);
@@ -314,24 +293,24 @@ impl<W: Wire> ProgressSource for RdmEndpoint<W> {
         }
         let fds = st.net.wait_fds();
         self.finish(st);
-        self.poll_fds(&fds, timeout);
+        self.bell.sleep(ticket, timeout, &fds);
     }
 
     fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a local to our eventfd.
-        unsafe { libc::write(self.wake_fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        self.bell.wake();
     }
 
     fn wait_fds(&self, out: &mut Vec<(RawFd, i16)>) {
         // Asked by fi_trywait before a sleep: tcp's is its epoll set, fixed for its life;
         // verbs' change with its side channels, and each trywait asks again.
+        self.bell.wait_fds(out);
         if let Ok(st) = self.st.lock() {
             out.extend(st.net.wait_fds());
         }
     }
 
     fn prepare_fd_sleep(&self) -> bool {
+        self.bell.arm_fds();
         // Another thread progressing now: it may leave work behind, so do not sleep yet.
         let Ok(mut st) = self.st.try_lock() else {
             return false;
@@ -340,7 +319,7 @@ impl<W: Wire> ProgressSource for RdmEndpoint<W> {
         st.net.arm();
         let n = self.do_progress(&mut st);
         self.finish(st);
-        n == 0 && !self.backlog.load(Ordering::Acquire)
+        n == 0 && self.bell.quiet()
     }
 }
 
@@ -355,16 +334,33 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
 
     unsafe fn send(&self, op: &TxOp) -> Result<()> {
         let mut st = self.lock();
-        let p = self.sendable(&mut st, op.dest, "send")?;
+        let p = self.reach(&mut st, op.dest)?;
+        let State { engine, net, .. } = &mut *st;
+        // A message the wire takes whole now is written there and done; otherwise it needs
+        // room as any request.
         // SAFETY: forwarded from the caller.
-        let r = unsafe { st.engine.post_send(p, op) };
+        let r = match unsafe { net.send_in_place(engine, p, op) } {
+            Ok(false) => self
+                .room(&mut st, p, op.iov.total(), "send")
+                .and_then(|()| {
+                    // SAFETY: forwarded from the caller.
+                    unsafe { st.engine.post_send(p, op) }
+                }),
+            r => r.map(|_| ()),
+        };
         self.finish(st);
         r
     }
 
     unsafe fn rma(&self, op: &RmaOp) -> Result<()> {
         let mut st = self.lock();
-        let p = self.sendable(&mut st, op.dest, "rma")?;
+        // A read's request carries no body.
+        let len = if op.flags & FI_READ != 0 {
+            0
+        } else {
+            op.iov.total()
+        };
+        let p = self.sendable(&mut st, op.dest, len, "rma")?;
         // SAFETY: forwarded from the caller.
         let r = unsafe { st.engine.post_rma(p, op) };
         self.finish(st);
@@ -373,7 +369,8 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
 
     unsafe fn atomic(&self, req: &AtomicReq) -> Result<()> {
         let mut st = self.lock();
-        let p = self.sendable(&mut st, req.dest, "atomic")?;
+        // Its operands travel in the control part.
+        let p = self.sendable(&mut st, req.dest, 64, "atomic")?;
         // SAFETY: forwarded from the caller.
         let r = unsafe { st.engine.post_atomic(p, req) };
         self.finish(st);
@@ -382,13 +379,32 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
 
     unsafe fn recv(&self, r: PostedRecv) -> Result<()> {
         let mut st = self.lock();
+        // Whether the wire or the bell may be stale after this call (`finish` refreshes
+        // them).
+        let mut stale = false;
         if r.flags & FI_PEEK != 0 {
             // A peek looks only at what arrived: take it in first.
             self.do_progress(&mut st);
+            stale = true;
+        }
+        if W::WATCHES_SOURCES && self.core.caps & FI_DIRECTED_RECV != 0 && r.src != FI_ADDR_UNSPEC {
+            // Know the source as a peer, so that its death fails this receive.
+            let p = self.peer_for(&mut st, r.src)?;
+            // A peer now watched for its death (`publish`).
+            stale = true;
+            st.net.alive(p)?;
         }
         // SAFETY: forwarded from the caller.
         let res = unsafe { st.engine.post_recv(r) };
-        self.finish(st);
+        if st.net.held() > 0 {
+            // Frames that waited for a receive may go on now.
+            self.do_progress(&mut st);
+            stale = true;
+        }
+        // A receive that only queued changed nothing the wire or the bell shows.
+        if stale || st.engine.has_output() || st.engine.has_done() {
+            self.finish(st);
+        }
         res
     }
 
@@ -404,7 +420,11 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
     }
 
     fn buffered(&self) -> xfabric_core::Buffered {
-        self.lock().engine.buffered()
+        let st = self.lock();
+        xfabric_core::Buffered {
+            held: st.net.held(),
+            ..st.engine.buffered()
+        }
     }
 
     fn close(&self) {
@@ -412,7 +432,8 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
         st.engine.close();
         self.push(&mut st);
         // Answers peers wait for go out first, for a bounded time.
-        st.net.shutdown(Instant::now() + Duration::from_secs(1));
+        let (net, mut g) = glue!(self, &mut *st);
+        net.shutdown(&mut g, Instant::now() + CLOSE_FLUSH);
         self.finish(st);
     }
 }

@@ -1,12 +1,13 @@
 //! Every provider on core's RDM engine is one endpoint over its own transport: `endpoint` is
 //! that endpoint (address mapping, the engine's lock, completions reported unlocked, sleeping
-//! on the transport's descriptors), `seam` the one trait pair a transport implements and calls
-//! back through.
+//! through the transport's bell), `seam` the one trait pair a transport implements and calls
+//! back through, `bell` the bell of transports that sleep on descriptors.
 
+pub mod bell;
 pub mod endpoint;
 pub mod seam;
 pub mod sources;
 
-pub use endpoint::{engine_config, Glue, RdmEndpoint};
-pub use seam::{Handler, Wire};
-pub use sources::Sources;
+pub use bell::FdBell;
+pub use endpoint::{engine_config, tx_max, Glue, RdmEndpoint};
+pub use seam::{Bell, Handler, PeerName, Wire};

@@ -1,44 +1,143 @@
 //! The seam between the engine's endpoint and a transport: the one trait pair. A transport
-//! (`Wire`: tcp's sockets, verbs' queue pairs) moves frames and calls back into the endpoint
-//! (`Handler`, implemented by the endpoint's glue over core's engine) with what arrived, what
-//! was sent and what was lost. Neither side knows the other's insides.
+//! (`Wire`: shm's rings, tcp's sockets, verbs' queue pairs) moves frames and calls back into
+//! the endpoint (`Handler`, implemented by the endpoint's glue over core's engine) with what
+//! arrived, what was sent and what was lost. Neither side knows the other's insides.
+//!
+//! Most of `Wire` is optional: what one transport needs and another does not has a default
+//! that does nothing. shm's rings use them all: a frame written in place in a ring slot
+//! (`send_in_place`), a room check before a post (`room`, `stuck`), and a `Bell` of its own,
+//! a lock-free "has work" and a futex sleep; tcp and verbs sleep on descriptors (`FdBell`).
 
-use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use xfabric_core::ep::TxOp;
 use xfabric_core::rdm::wire::{Prefix, WireError};
-use xfabric_core::rdm::{PeerId, Sink};
+use xfabric_core::rdm::{Engine, PeerId, Sink};
+use xfabric_core::Result;
 
 use super::endpoint::Glue;
+
+/// Bytes one peer's queue may hold before posts to it answer `Again` (inject copies and
+/// frames the engine made; application buffers are not copied but count here too): a peer
+/// that stops reading holds back its senders instead of growing their memory. The default
+/// `Wire::room`.
+pub const QUEUE_MAX: usize = 64 << 20;
 
 /// The transport under the engine: what a provider implements.
 pub trait Wire: Send + Sized + 'static {
     /// The provider's name, for messages.
     const PROVIDER: &'static str;
-    /// The peer listening at `addr` (its address as the AV holds it, decoded).
-    fn peer(&mut self, addr: SocketAddr) -> PeerId;
+    /// Whether a directed receive makes its source a known peer, so that the source's loss
+    /// fails it (a transport that notices a peer's death without talking to it: shm).
+    const WATCHES_SOURCES: bool = false;
+    /// What the endpoint uses without its lock: a check for work and a way to sleep.
+    type Bell: Bell;
+
+    /// The bell of this transport's endpoint (made once, when it opens).
+    fn bell(&self) -> Result<Self::Bell>;
+    /// The peer whose address, as the AV holds it, is `raw`.
+    fn peer(&mut self, raw: &[u8]) -> Result<PeerId>;
+    /// Fails if `p` is known gone (`PeerLost`).
+    fn alive(&self, p: PeerId) -> Result<()> {
+        let _ = p;
+        Ok(())
+    }
+    /// Makes `p` reachable before an operation goes to it (shm: a lane claimed in its
+    /// segment); fails if it is gone.
+    fn reach(&mut self, p: PeerId) -> Result<()> {
+        self.alive(p)
+    }
     /// Bytes queued for peer `p` and not yet handed to the hardware or the kernel.
-    fn queued(&self, p: PeerId) -> usize;
-    /// Takes in what arrived, through `h`; returns how many things happened.
-    fn progress<H: Handler>(&mut self, h: &mut H) -> usize;
+    fn queued(&self, p: PeerId) -> usize {
+        let _ = p;
+        0
+    }
+    /// Whether a new request of `len` body bytes to `p` may be posted now (the engine's
+    /// state included). The default: while `p`'s queue holds at most `QUEUE_MAX` bytes.
+    fn room(&mut self, engine: &Engine, p: PeerId, len: usize) -> bool {
+        let _ = (engine, len);
+        self.queued(p) <= QUEUE_MAX
+    }
+    /// Still no `room` for `p` after progress: whether that is because `p` is gone (then
+    /// lost through `g`, and `PeerLost`), rather than only slow (`Ok`: the post answers
+    /// `Again`).
+    fn stuck(&mut self, g: &mut Glue<'_>, p: PeerId) -> Result<()> {
+        let _ = (g, p);
+        Ok(())
+    }
+    /// Writes `op` to `p` whole in the transport's own memory now, if it can
+    /// (`Engine::send_in_place`); `Ok(false)`: it goes the ordinary way.
+    ///
+    /// # Safety
+    /// As `Engine::post_send`: `op`'s memory is valid as the caller of `fi_send` promised.
+    unsafe fn send_in_place(&mut self, engine: &mut Engine, p: PeerId, op: &TxOp) -> Result<bool> {
+        let _ = (engine, p, op);
+        Ok(false)
+    }
+    /// Takes in what arrived, through `g`; returns how many things happened.
+    fn progress(&mut self, g: &mut Glue<'_>) -> usize;
     /// Hands the engine's frames (`g.engine`) over, and what that completes or loses to `g`.
     fn push(&mut self, g: &mut Glue<'_>);
-    /// Whether it holds work that needs no peer to advance (progress should not sleep long).
-    fn busy(&self) -> bool {
-        false
-    }
-    /// Whether bytes wait that no descriptor will announce (progress must come before any
-    /// sleep).
-    fn backlog(&self) -> bool {
-        false
+    /// At the end of each locked call: refreshes what `bell` reads without the lock.
+    fn publish(&self, engine: &Engine, bell: &Self::Bell);
+    /// Frames held back for ordering or flow control (`Buffered::held`).
+    fn held(&self) -> usize {
+        0
     }
     /// Before sleeping on `wait_fds`: ask for the events that will end the sleep.
     fn arm(&mut self) {}
     /// The descriptors (and poll(2) events) whose readiness means progress has work.
-    fn wait_fds(&self) -> Vec<(RawFd, i16)>;
-    /// Writes out what peers wait for until `deadline`, then closes every connection.
-    fn shutdown(&mut self, deadline: Instant);
+    fn wait_fds(&self) -> Vec<(RawFd, i16)> {
+        Vec::new()
+    }
+    /// The endpoint closes: writes out what peers wait for until `deadline` (the engine
+    /// closed already), then lets every peer go.
+    fn shutdown(&mut self, g: &mut Glue<'_>, deadline: Instant);
+}
+
+/// What an endpoint uses without its lock: whether a progress call may have work, waking a
+/// sleeper, and sleeping. Made by the transport (`Wire::bell`), refreshed at the end of each
+/// locked call (`Wire::publish`).
+pub trait Bell: Send + Sync + 'static {
+    /// Whether a progress call may find something to do (false: it returns at once, without
+    /// the lock). The default: always.
+    fn has_work(&self) -> bool {
+        true
+    }
+    /// A progress call began (the thread is awake).
+    fn awake(&self) {}
+    /// How long an idle wait of `timeout` may sleep now: `None`, not at all (work waits that
+    /// nothing will announce).
+    fn nap(&self, timeout: Duration) -> Option<Duration>;
+    /// Taken before the last look for work: a `sleep` on it ends at once if work arrived
+    /// since.
+    fn ticket(&self) -> u64 {
+        0
+    }
+    /// Sleeps at most `timeout`, until `wake`, or work (since `ticket`, or on the wire's
+    /// descriptors `fds`).
+    fn sleep(&self, ticket: u64, timeout: Duration, fds: &[(RawFd, i16)]);
+    /// Ends a `sleep`.
+    fn wake(&self);
+    /// Descriptors of the bell's own a sleeper on descriptors (fi_trywait) polls besides
+    /// the wire's.
+    fn wait_fds(&self, out: &mut Vec<(RawFd, i16)>) {
+        let _ = out;
+    }
+    /// Before a sleep on descriptors: whatever arrives from now on makes one of them ready.
+    fn arm_fds(&self) {}
+    /// After a last progress that found nothing: whether a sleep on descriptors may begin.
+    fn quiet(&self) -> bool {
+        true
+    }
+}
+
+/// An address as the AV holds it, made when the endpoint needs to name a peer (its source
+/// address): tcp and verbs give a `SocketAddr`, shm a segment's name.
+pub trait PeerName {
+    /// The bytes the AV holds for it.
+    fn raw(&self) -> Vec<u8>;
 }
 
 /// What a transport calls back with (the endpoint's glue over the engine implements it).
@@ -49,10 +148,10 @@ pub trait Handler {
     fn on_ctrl(
         &mut self,
         peer: PeerId,
-        addr: SocketAddr,
+        addr: &dyn PeerName,
         prefix: &Prefix,
         ctrl: &[u8],
-    ) -> Result<Sink, WireError>;
+    ) -> std::result::Result<Sink, WireError>;
     /// The body arrived into the sink `on_ctrl` gave (`Sink::Buffer` filled to its length,
     /// or to the body's if shorter; `Sink::Iov`: its first `iov.total()` bytes written, any
     /// rest read and dropped; `Discard`: read and dropped). Called even for `body_len` 0.
@@ -65,11 +164,11 @@ pub trait Handler {
     fn on_frame(
         &mut self,
         peer: PeerId,
-        addr: SocketAddr,
+        addr: &dyn PeerName,
         prefix: &Prefix,
         ctrl: &[u8],
         body: &[u8],
-    ) -> Result<bool, WireError> {
+    ) -> std::result::Result<bool, WireError> {
         let sink = self.on_ctrl(peer, addr, prefix, ctrl)?;
         if matches!(sink, Sink::Wait) {
             return Ok(false);
@@ -84,7 +183,7 @@ pub trait Handler {
     /// The connection to `peer` failed (refused, reset, EOF, garbage, handshake failure):
     /// `errno`. Queued transmits to it are dropped, and a body being received is abandoned
     /// (its sink dropped). A later `send` to the same peer connects again.
-    fn on_lost(&mut self, peer: PeerId, addr: Option<SocketAddr>, errno: i32);
+    fn on_lost(&mut self, peer: PeerId, addr: Option<&dyn PeerName>, errno: i32);
     /// The NIC finished a one-sided operation the engine handed over (`Engine::poll_native`)
     /// with `status` (0 or an errno). Transports without a NIC never call it.
     fn on_native(&mut self, token: u64, status: i32) {

@@ -131,7 +131,7 @@ impl ProviderDomain for ShmDomain {
 
     fn open(&self, _info: &Info, core: Arc<EpCore>) -> Result<Arc<dyn EndpointOps>> {
         reclaim_now_and_then();
-        Ok(ep::ShmEndpoint::open(core)?)
+        Ok(ep::open(core)?)
     }
 }
 

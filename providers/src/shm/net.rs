@@ -36,12 +36,13 @@ use xfabric_core::consts::errno::*;
 use xfabric_core::rdm::wire::{self, Kind, Prefix, PREFIX};
 use xfabric_core::rdm::{Body, Copied, CopyReq, Desc, Dir, Engine, OneSided, PeerId, Sink};
 use xfabric_core::rdm::{Transmit, Transport};
-use xfabric_core::{EpCore, Error, FiAddr, IovList, Result};
+use xfabric_core::{Error, IovList, Result};
 
 use super::cma::{self, CmaResult, CmaState};
 use super::ring::{self, kind, Consumer, Header, Producer, CTRL_SPARE, LANES};
 use super::segment::Segment;
 use super::ADDR_PREFIX;
+use crate::rdm::{Glue, Handler, PeerName};
 
 pub use split::{counts as split_counts, Counts as SplitCounts, SPLIT, SPLIT_DONE};
 
@@ -146,8 +147,6 @@ pub struct Net {
     pub name: String,
     pub cma: Arc<CmaState>,
     links: Vec<Link>,
-    /// Peers' source addresses (`fi_addr_t`s in the bound AV).
-    sources: crate::rdm::Sources,
     by_name: HashMap<String, PeerId>,
     lane_peer: [Option<PeerId>; LANES],
     cons: [Consumer; LANES],
@@ -172,6 +171,15 @@ pub struct Net {
     /// that forbids that (Yama's ptrace_scope lets a parent reach its child, not the other
     /// way) must not stop this endpoint's own reads.
     split_cma: CmaState,
+}
+
+/// A peer named by its segment (the AV holds `fi_shm://` and the name).
+pub struct Seg<'a>(pub &'a str);
+
+impl PeerName for Seg<'_> {
+    fn raw(&self) -> Vec<u8> {
+        format!("{ADDR_PREFIX}{}", self.0).into_bytes()
+    }
 }
 
 /// A lane-claim id unique per segment name, never 0.
@@ -254,7 +262,6 @@ impl Net {
             seg,
             cma: Arc::new(CmaState::new()),
             links: Vec::new(),
-            sources: Default::default(),
             by_name: HashMap::new(),
             lane_peer: [None; LANES],
             cons: [Consumer::default(); LANES],
@@ -389,22 +396,22 @@ impl Net {
     }
 
     /// Hands the engine's frames and copies over, and reports what that finished.
-    pub fn push(&mut self, eng: &mut Engine) {
+    pub fn push(&mut self, g: &mut Glue<'_>) {
         if !self.pumping.is_empty() {
             self.pump();
         }
-        if eng.has_output() {
-            eng.transmit(self);
-            while let Some(c) = eng.poll_copy() {
+        if g.engine.has_output() {
+            g.engine.transmit(self);
+            while let Some(c) = g.engine.poll_copy() {
                 let how = match self.split(&c) {
                     // Reported when the peer's part is done too.
                     split::Taken::Pending => continue,
                     split::Taken::Done(how) => how,
                     split::Taken::Alone => self.copy(&c),
                 };
-                eng.on_copied(c.token, how);
+                g.engine.on_copied(c.token, how);
                 // A copy's end sends an acknowledgement or a read's answer.
-                eng.transmit(self);
+                g.engine.transmit(self);
             }
         }
         while !self.sent.is_empty() {
@@ -412,14 +419,14 @@ impl Net {
             // in the next round. The vector's allocation is kept.
             let mut sent = std::mem::take(&mut self.sent);
             for (p, t) in sent.drain(..) {
-                eng.on_sent(p, t);
+                g.engine.on_sent(p, t);
             }
             if self.sent.is_empty() {
                 self.sent = sent;
             }
-            if eng.has_output() {
+            if g.engine.has_output() {
                 // What completing those queued (a fenced operation released).
-                eng.transmit(self);
+                g.engine.transmit(self);
             }
         }
         if self.wrote {
@@ -502,15 +509,8 @@ impl Net {
         }
     }
 
-    /// The source address of peer `p` (`Sources`).
-    fn src_of(&mut self, eng: &mut Engine, core: &EpCore, p: PeerId) -> FiAddr {
-        let name = &self.links[p].name;
-        self.sources
-            .of(eng, core, p, || format!("{ADDR_PREFIX}{name}").into_bytes())
-    }
-
     /// Takes in what arrived on every lane; how many messages.
-    pub fn progress(&mut self, eng: &mut Engine, core: &EpCore) -> usize {
+    pub fn progress(&mut self, g: &mut Glue<'_>) -> usize {
         let mask = ring::active(&self.seg).load(Ordering::Acquire);
         let fresh = mask & !self.known_active;
         for i in bits(fresh) {
@@ -526,15 +526,15 @@ impl Net {
             // peer at a time, from its control part to its body.
             let l = &self.links[p];
             if !l.held.is_empty() && l.rx_lane.is_none_or(|lane| self.rx[lane].is_none()) {
-                n += self.replay(eng, core, p);
+                n += self.replay(g, p);
             }
         }
         for lane in bits(mask) {
-            n += self.poll_lane(eng, core, lane, BATCH);
+            n += self.poll_lane(g, lane, BATCH);
             self.release_if_gone(lane);
         }
         if self.splits.iter().any(|s| !s.spun) {
-            self.spin_splits(eng, core);
+            self.spin_splits(g);
         }
         n
     }
@@ -555,24 +555,23 @@ impl Net {
     }
 
     /// Offers `p`'s held frames to the engine again, in order, until one must still wait.
-    fn replay(&mut self, eng: &mut Engine, core: &EpCore, p: PeerId) -> usize {
-        let src = self.src_of(eng, core, p);
+    fn replay(&mut self, g: &mut Glue<'_>, p: PeerId) -> usize {
         let mut n = 0;
         while let Some(h) = self.links[p].held.front() {
-            match eng.on_ctrl(p, src, &h.prefix, &h.ctrl) {
+            match g.on_ctrl(p, &Seg(&self.links[p].name), &h.prefix, &h.ctrl) {
                 Ok(Sink::Wait) => break,
                 Ok(sink) => {
                     let h = self.links[p].held.pop_front().expect("front exists");
                     let mut to = To::Engine(sink);
                     body_in(&mut to, 0, &h.body);
                     if let To::Engine(sink) = to {
-                        eng.on_body(p, sink);
+                        g.on_body(p, sink);
                     }
                     n += 1;
                 }
                 Err(e) => {
                     let lane = self.links[p].rx_lane;
-                    self.garbage(eng, p, lane, &format!("held frame: {e}"));
+                    self.garbage(g, p, lane, &format!("held frame: {e}"));
                     break;
                 }
             }
@@ -588,7 +587,7 @@ impl Net {
 
     /// Drops `p`'s lane in our segment: it sent garbage.
     #[cold]
-    fn garbage(&mut self, eng: &mut Engine, p: PeerId, lane: Option<usize>, why: &str) {
+    fn garbage(&mut self, g: &mut Glue<'_>, p: PeerId, lane: Option<usize>, why: &str) {
         tracing::warn!(
             peer = %self.links[p].name,
             "shm: dropping the lane of a peer that sent garbage ({why}); its operations fail"
@@ -599,9 +598,9 @@ impl Net {
         let link = &mut self.links[p];
         link.held.clear();
         link.rx_lane = None;
-        eng.on_lost(p, libc::EPROTO);
+        g.on_lost(p, None, libc::EPROTO);
         // Its answers would come on the lane just dropped.
-        self.end_splits(eng, Some(p), libc::EPROTO);
+        self.end_splits(g.engine, Some(p), libc::EPROTO);
     }
 
     fn drop_lane(&mut self, lane: usize) {
@@ -617,7 +616,7 @@ impl Net {
     }
 
     /// Takes up to `batch` messages from `lane`; how many.
-    fn poll_lane(&mut self, eng: &mut Engine, core: &EpCore, lane: usize, batch: usize) -> usize {
+    fn poll_lane(&mut self, g: &mut Glue<'_>, lane: usize, batch: usize) -> usize {
         let mut n = 0;
         while n < batch {
             if self.stalled & (1 << lane) != 0 && !self.retry_head(lane) {
@@ -633,15 +632,15 @@ impl Net {
                 (FRAME, Some(p)) => {
                     // SAFETY: read before the consumer advances past the message.
                     let bytes = unsafe { v.bytes() };
-                    match self.on_frame(eng, core, lane, p, bytes) {
+                    match self.on_frame(g, lane, p, bytes) {
                         Ok(t) => t,
                         Err(why) => {
-                            self.garbage(eng, p, Some(lane), &why);
+                            self.garbage(g, p, Some(lane), &why);
                             return n;
                         }
                     }
                 }
-                _ => match self.on_message(eng, core, lane, &v) {
+                _ => match self.on_message(g, lane, &v) {
                     Ok(t) => t,
                     Err(taken) => return n + taken,
                 },
@@ -665,8 +664,7 @@ impl Net {
     #[inline(never)]
     fn on_message(
         &mut self,
-        eng: &mut Engine,
-        core: &EpCore,
+        g: &mut Glue<'_>,
         lane: usize,
         v: &ring::RawView,
     ) -> std::result::Result<bool, usize> {
@@ -674,34 +672,34 @@ impl Net {
             kind::PAD => true,
             FRAME | PIECE => {
                 let Some(p) = self.lane_peer[lane] else {
-                    self.lane_garbage(eng, lane, "a frame before CONNECT");
+                    self.lane_garbage(g, lane, "a frame before CONNECT");
                     return Err(0);
                 };
                 // SAFETY: read before the consumer advances past the message.
                 let bytes = unsafe { v.bytes() };
                 let r = if v.kind == FRAME {
-                    self.on_frame(eng, core, lane, p, bytes)
+                    self.on_frame(g, lane, p, bytes)
                 } else {
-                    self.on_piece(eng, lane, p, bytes).map(|()| true)
+                    self.on_piece(g, lane, p, bytes).map(|()| true)
                 };
                 match r {
                     Ok(t) => t,
                     Err(why) => {
-                        self.garbage(eng, p, Some(lane), &why);
+                        self.garbage(g, p, Some(lane), &why);
                         return Err(0);
                     }
                 }
             }
             SPLIT | SPLIT_DONE => {
                 let Some(p) = self.lane_peer[lane] else {
-                    self.lane_garbage(eng, lane, "a split copy message before CONNECT");
+                    self.lane_garbage(g, lane, "a split copy message before CONNECT");
                     return Err(0);
                 };
                 if v.kind == SPLIT {
-                    self.serve_split(eng, p, v);
+                    self.serve_split(g.engine, p, v);
                 } else {
                     // SAFETY: read before the consumer advances past the message.
-                    self.split_done(eng, p, unsafe { v.bytes() });
+                    self.split_done(g.engine, p, unsafe { v.bytes() });
                 }
                 true
             }
@@ -722,21 +720,21 @@ impl Net {
                 self.drop_lane(lane);
                 if let Some(p) = p {
                     // Its endpoint closed: nothing more comes from it, nothing goes to it.
-                    self.gone(eng, core, p, libc::ECONNRESET);
+                    self.gone(g, p, libc::ECONNRESET);
                 }
                 return Err(1);
             }
             k => {
-                self.lane_garbage(eng, lane, &format!("a message of kind {k}"));
+                self.lane_garbage(g, lane, &format!("a message of kind {k}"));
                 return Err(0);
             }
         })
     }
 
     #[cold]
-    fn lane_garbage(&mut self, eng: &mut Engine, lane: usize, why: &str) {
+    fn lane_garbage(&mut self, g: &mut Glue<'_>, lane: usize, why: &str) {
         match self.lane_peer[lane] {
-            Some(p) => self.garbage(eng, p, Some(lane), why),
+            Some(p) => self.garbage(g, p, Some(lane), why),
             None => {
                 tracing::warn!("shm: dropping a lane that sent garbage ({why})");
                 self.drop_lane(lane);
@@ -785,8 +783,7 @@ impl Net {
     /// the head of the lane; `Err`: garbage.
     fn on_frame(
         &mut self,
-        eng: &mut Engine,
-        core: &EpCore,
+        g: &mut Glue<'_>,
         lane: usize,
         p: PeerId,
         bytes: &[u8],
@@ -815,17 +812,15 @@ impl Net {
             Sink::Wait
         } else if first == len {
             // The whole frame is in the slots (every small one): handed over in one call.
-            let src = self.src_of(eng, core, p);
-            if eng
-                .on_frame(p, src, &pre, ctrl, piece)
+            if g.on_frame(p, &Seg(&self.links[p].name), &pre, ctrl, piece)
                 .map_err(|e| e.to_string())?
             {
                 return Ok(true);
             }
             Sink::Wait
         } else {
-            let src = self.src_of(eng, core, p);
-            eng.on_ctrl(p, src, &pre, ctrl).map_err(|e| e.to_string())?
+            g.on_ctrl(p, &Seg(&self.links[p].name), &pre, ctrl)
+                .map_err(|e| e.to_string())?
         };
         let to = match sink {
             Sink::Wait => {
@@ -845,14 +840,14 @@ impl Net {
                 To::Engine(sink)
             }
         };
-        self.arrived(eng, lane, p, to, first, len);
+        self.arrived(g, lane, p, to, first, len);
         Ok(true)
     }
 
     /// A PIECE message for the lane's current frame.
     fn on_piece(
         &mut self,
-        eng: &mut Engine,
+        g: &mut Glue<'_>,
         lane: usize,
         p: PeerId,
         bytes: &[u8],
@@ -868,14 +863,14 @@ impl Net {
             ));
         };
         body_in(&mut f.to, f.off, b);
-        self.arrived(eng, lane, p, f.to, f.off + n, f.len);
+        self.arrived(g, lane, p, f.to, f.off + n, f.len);
         Ok(())
     }
 
     /// `off` of a frame's `len` body bytes went to `to`: finished, or more pieces to come.
     fn arrived(
         &mut self,
-        eng: &mut Engine,
+        g: &mut Glue<'_>,
         lane: usize,
         p: PeerId,
         to: To,
@@ -887,7 +882,7 @@ impl Net {
             return;
         }
         match to {
-            To::Engine(sink) => eng.on_body(p, sink),
+            To::Engine(sink) => g.on_body(p, sink),
             To::Hold(h) => self.links[p].held.push_back(h),
         }
     }
@@ -899,7 +894,7 @@ impl Net {
 
     /// Looks for peers that died: what they wrote before is taken in, then the engine loses
     /// them (their operations fail with `FI_ECONNRESET`).
-    pub fn sweep(&mut self, eng: &mut Engine, core: &EpCore) {
+    pub fn sweep(&mut self, g: &mut Glue<'_>) {
         // A failed clock read (u64::MAX) leaves the next sweep due at once, not never.
         let now = crate::clock::coarse_ms();
         let next = if now == u64::MAX {
@@ -920,13 +915,13 @@ impl Net {
             } else {
                 "its segment is gone"
             };
-            self.lose(eng, core, p, why);
+            self.lose(g, p, why);
         }
     }
 
     /// Looks whether `p` died, at most once a millisecond (a sender finding its ring full);
     /// true when it did (and is now lost).
-    pub fn check(&mut self, eng: &mut Engine, core: &EpCore, p: PeerId) -> bool {
+    pub fn check(&mut self, g: &mut Glue<'_>, p: PeerId) -> bool {
         let l = &mut self.links[p];
         if l.dead {
             return true;
@@ -941,13 +936,13 @@ impl Net {
         if l.seg.as_ref().is_some_and(Segment::owner_alive) {
             return false;
         }
-        self.lose(eng, core, p, "its segment's lock is free or gone");
+        self.lose(g, p, "its segment's lock is free or gone");
         true
     }
 
     /// Peer `p` is gone (or broke its ring): what it wrote before is taken in, then the
     /// engine loses it (its operations fail with `FI_ECONNRESET`).
-    pub fn lose(&mut self, eng: &mut Engine, core: &EpCore, p: PeerId, why: &str) {
+    pub fn lose(&mut self, g: &mut Glue<'_>, p: PeerId, why: &str) {
         let l = &self.links[p];
         if l.dead {
             return;
@@ -959,13 +954,13 @@ impl Net {
         // Answers it wrote before it died come first: an operation it did complete
         // completes here too.
         if let Some(lane) = l.rx_lane {
-            self.poll_lane(eng, core, lane, usize::MAX);
+            self.poll_lane(g, lane, usize::MAX);
         }
-        self.gone(eng, core, p, FI_ECONNRESET);
+        self.gone(g, p, FI_ECONNRESET);
     }
 
     /// Peer `p` will neither send nor take anything more: the engine loses it.
-    fn gone(&mut self, eng: &mut Engine, core: &EpCore, p: PeerId, err: i32) {
+    fn gone(&mut self, g: &mut Glue<'_>, p: PeerId, err: i32) {
         let link = &mut self.links[p];
         if link.dead {
             return;
@@ -973,10 +968,8 @@ impl Net {
         link.dead = true;
         link.out = None;
         self.pumping.retain(|&q| q != p);
-        eng.on_lost(p, err);
-        self.end_splits(eng, Some(p), err);
-        let src = self.src_of(eng, core, p);
-        eng.source_lost(src, err);
+        g.on_lost(p, Some(&Seg(&self.links[p].name)), err);
+        self.end_splits(g.engine, Some(p), err);
     }
 
     /// Refreshes the lock-free mirrors (at the end of each locked call).

@@ -8,13 +8,13 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use xfabric_core::rdm::PeerId;
+use xfabric_core::rdm::{Engine, PeerId};
 use xfabric_core::settings;
 use xfabric_core::{EpCore, Error, Result};
 
 use super::net::Net;
 use crate::inet;
-use crate::rdm::{self as glue, Glue, Handler, RdmEndpoint, Wire};
+use crate::rdm::{self as glue, FdBell, Glue, RdmEndpoint, Wire};
 
 /// A tcp endpoint.
 pub type TcpEndpoint = RdmEndpoint<Net>;
@@ -36,34 +36,35 @@ pub fn open(
     });
     let name = inet::name(&net.local_addr(), str_name);
     let cfg = glue::engine_config(&core);
-    RdmEndpoint::open(core, net, name, cfg)
+    RdmEndpoint::open(core, net, name, cfg, None)
 }
 
 impl Wire for Net {
     const PROVIDER: &'static str = "tcp";
+    type Bell = FdBell;
 
-    fn peer(&mut self, addr: SocketAddr) -> PeerId {
-        Net::peer(self, addr)
+    fn bell(&self) -> Result<FdBell> {
+        FdBell::new(Self::PROVIDER)
+    }
+
+    fn peer(&mut self, raw: &[u8]) -> Result<PeerId> {
+        Ok(Net::peer(self, inet::decode(raw)?))
     }
 
     fn queued(&self, p: PeerId) -> usize {
         Net::queued(self, p)
     }
 
-    fn progress<H: Handler>(&mut self, h: &mut H) -> usize {
-        Net::progress(self, h)
+    fn progress(&mut self, g: &mut Glue<'_>) -> usize {
+        Net::progress(self, g)
     }
 
     fn push(&mut self, g: &mut Glue<'_>) {
         g.engine.transmit(self);
     }
 
-    fn backlog(&self) -> bool {
-        Net::backlog(self)
-    }
-
-    fn busy(&self) -> bool {
-        Net::busy(self)
+    fn publish(&self, engine: &Engine, bell: &FdBell) {
+        bell.set(engine.busy() || Net::busy(self), Net::backlog(self));
     }
 
     fn arm(&mut self) {
@@ -75,7 +76,7 @@ impl Wire for Net {
         vec![(self.wait_fd(), libc::POLLIN)]
     }
 
-    fn shutdown(&mut self, deadline: Instant) {
+    fn shutdown(&mut self, _: &mut Glue<'_>, deadline: Instant) {
         Net::shutdown(self, deadline)
     }
 }

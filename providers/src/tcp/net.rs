@@ -35,7 +35,7 @@ use tracing::{debug, warn};
 use xfabric_core::rdm::wire::{self, Prefix, WireError, MAX_CTRL, PREFIX};
 use xfabric_core::rdm::{Body, PeerId, Sink, Transmit};
 
-use crate::rdm::Handler;
+use crate::rdm::{Handler, PeerName};
 use hello::{reason, Hs, HsError, Side, Transcript, RAND};
 
 /// Bytes of each connection's read buffer.
@@ -615,7 +615,7 @@ impl Net {
             fn on_ctrl(
                 &mut self,
                 _: PeerId,
-                _: SocketAddr,
+                _: &dyn PeerName,
                 _: &Prefix,
                 _: &[u8],
             ) -> Result<Sink, WireError> {
@@ -623,7 +623,7 @@ impl Net {
             }
             fn on_body(&mut self, _: PeerId, _: Sink) {}
             fn on_sent(&mut self, _: PeerId, _: u64) {}
-            fn on_lost(&mut self, _: PeerId, _: Option<SocketAddr>, _: i32) {}
+            fn on_lost(&mut self, _: PeerId, _: Option<&dyn PeerName>, _: i32) {}
         }
         while self.peers.iter().any(|p| !p.queue.is_empty()) {
             let now = Instant::now();
@@ -654,7 +654,10 @@ impl Net {
         while let Some(r) = self.reports.pop_front() {
             match r {
                 Report::Sent(p, t) => h.on_sent(p, t),
-                Report::Lost(p, e) => h.on_lost(p, self.peers.get(p).map(|x| x.addr), e),
+                Report::Lost(p, e) => {
+                    let addr = self.peers.get(p).map(|x| &x.addr as &dyn PeerName);
+                    h.on_lost(p, addr, e)
+                }
             }
             n += 1;
         }
@@ -1834,7 +1837,7 @@ impl Conn {
                         (p.body_len <= (avail - need) as u64).then(|| need + p.body_len as usize)
                     {
                         let taken = h
-                            .on_frame(peer, addr, &p, &buf[PREFIX..need], &buf[need..whole])
+                            .on_frame(peer, &addr, &p, &buf[PREFIX..need], &buf[need..whole])
                             .map_err(|e| {
                                 warn!(peer, "tcp: refused frame from a peer: {e}");
                                 libc::EPROTO
@@ -1847,10 +1850,12 @@ impl Conn {
                         frames += 1;
                         continue;
                     }
-                    let sink = h.on_ctrl(peer, addr, &p, &buf[PREFIX..need]).map_err(|e| {
-                        warn!(peer, "tcp: refused frame from a peer: {e}");
-                        libc::EPROTO
-                    })?;
+                    let sink = h
+                        .on_ctrl(peer, &addr, &p, &buf[PREFIX..need])
+                        .map_err(|e| {
+                            warn!(peer, "tcp: refused frame from a peer: {e}");
+                            libc::EPROTO
+                        })?;
                     if matches!(sink, Sink::Wait) {
                         self.waiting = true;
                         break;

@@ -9,7 +9,7 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Instant;
 
-use xfabric_core::rdm::PeerId;
+use xfabric_core::rdm::{Engine, PeerId};
 use xfabric_core::{EpCore, Result};
 
 use super::ib::Nic;
@@ -17,7 +17,7 @@ use super::mr::Registry;
 use super::net::native::{Shared, VerbsOneSided};
 use super::net::Net;
 use crate::inet;
-use crate::rdm::{self as glue, Glue, Handler, RdmEndpoint, Wire};
+use crate::rdm::{self as glue, FdBell, Glue, RdmEndpoint, Wire};
 
 /// A verbs endpoint.
 pub type VerbsEndpoint = RdmEndpoint<Net>;
@@ -37,22 +37,27 @@ pub fn open(
     let name = inet::name(&net.local_addr(), str_name);
     let cfg = glue::engine_config(&core);
     let one_sided = Box::new(VerbsOneSided::new(shared, nic));
-    RdmEndpoint::open_with(core, net, name, cfg, Some(one_sided))
+    RdmEndpoint::open(core, net, name, cfg, Some(one_sided))
 }
 
 impl Wire for Net {
     const PROVIDER: &'static str = "verbs";
+    type Bell = FdBell;
 
-    fn peer(&mut self, addr: SocketAddr) -> PeerId {
-        Net::peer(self, addr)
+    fn bell(&self) -> Result<FdBell> {
+        FdBell::new(Self::PROVIDER)
+    }
+
+    fn peer(&mut self, raw: &[u8]) -> Result<PeerId> {
+        Ok(Net::peer(self, inet::decode(raw)?))
     }
 
     fn queued(&self, p: PeerId) -> usize {
         Net::queued(self, p)
     }
 
-    fn progress<H: Handler>(&mut self, h: &mut H) -> usize {
-        Net::progress(self, h)
+    fn progress(&mut self, g: &mut Glue<'_>) -> usize {
+        Net::progress(self, g)
     }
 
     /// Queues the engine's frames and posts what credits and buffers allow, now.
@@ -84,8 +89,8 @@ impl Wire for Net {
         }
     }
 
-    fn busy(&self) -> bool {
-        Net::busy(self)
+    fn publish(&self, engine: &Engine, bell: &FdBell) {
+        bell.set(engine.busy() || Net::busy(self), false);
     }
 
     fn arm(&mut self) {
@@ -96,7 +101,7 @@ impl Wire for Net {
         self.fds()
     }
 
-    fn shutdown(&mut self, deadline: Instant) {
+    fn shutdown(&mut self, _: &mut Glue<'_>, deadline: Instant) {
         Net::shutdown(self, deadline)
     }
 }

@@ -25,7 +25,7 @@ use xfabric_core::{EpCore, Error, Result};
 use super::ib::{Cq, Mr, Nic, Qp, QpInfo};
 use super::sys;
 use crate::inet;
-use crate::rdm::Handler;
+use crate::rdm::{Handler, PeerName};
 
 pub mod native;
 pub mod pieces;
@@ -524,7 +524,7 @@ impl Net {
         self.report_copies(h);
         for (peer, errno) in std::mem::take(&mut self.lost) {
             let addr = self.peers.get(peer).map(|p| p.addr);
-            h.on_lost(peer, addr, errno);
+            h.on_lost(peer, addr.as_ref().map(|a| a as &dyn PeerName), errno);
         }
     }
 
@@ -780,7 +780,7 @@ impl Net {
                         Ok(p) => p,
                         Err(e) => break Some(format!("garbage from a peer: {e}")),
                     };
-                    let sink = match h.on_ctrl(peer, addr, &p, &v[PREFIX..]) {
+                    let sink = match h.on_ctrl(peer, &addr, &p, &v[PREFIX..]) {
                         Ok(s) => s,
                         Err(e) => break Some(format!("refused frame: {e}")),
                     };

@@ -54,7 +54,9 @@ use std::time::{Duration, Instant};
 use xfabric_core::consts::errno::*;
 use xfabric_core::rdm::{Copied, CopyReq, Dir, Engine, PeerId};
 use xfabric_core::rxq::IOV_LIMIT;
-use xfabric_core::{EpCore, IovList, RawIov};
+use xfabric_core::{IovList, RawIov};
+
+use crate::rdm::Glue;
 
 use super::super::cma::{self, CmaResult};
 use super::super::ring::{RawView, CTRL_SPARE};
@@ -495,7 +497,7 @@ impl Net {
 
     /// Spins a little on the lanes of peers whose answer to a split just started is due,
     /// taking in what arrives, until no such split is left or `SPIN` has passed.
-    pub(super) fn spin_splits(&mut self, eng: &mut Engine, core: &EpCore) {
+    pub(super) fn spin_splits(&mut self, g: &mut Glue<'_>) {
         let mut lanes = 0u64;
         for s in self.splits.iter_mut().filter(|s| !s.spun) {
             s.spun = true;
@@ -508,7 +510,7 @@ impl Net {
             for l in super::bits(lanes) {
                 let c = self.cons[l];
                 if c.raw_at(&self.seg, l, c.pos()).is_some() {
-                    self.poll_lane(eng, core, l, super::BATCH);
+                    self.poll_lane(g, l, super::BATCH);
                 }
             }
             // Lanes whose splits were all answered (or dropped) are not watched further.

@@ -11,7 +11,7 @@ use xfabric_core::rdm::{Body, PeerId, Sink, Transmit};
 use xfabric_core::IovList;
 
 use super::hello::{self, Hs};
-use super::{Handler, Net, St};
+use super::{Handler, Net, PeerName, St};
 
 const LIMIT: Duration = Duration::from_secs(10);
 
@@ -54,7 +54,7 @@ impl Handler for Rec {
     fn on_ctrl(
         &mut self,
         _: PeerId,
-        _: SocketAddr,
+        _: &dyn PeerName,
         p: &Prefix,
         ctrl: &[u8],
     ) -> Result<Sink, WireError> {
@@ -95,7 +95,7 @@ impl Handler for Rec {
     fn on_sent(&mut self, peer: PeerId, token: u64) {
         self.sent.push((peer, token));
     }
-    fn on_lost(&mut self, peer: PeerId, _: Option<SocketAddr>, errno: i32) {
+    fn on_lost(&mut self, peer: PeerId, _: Option<&dyn PeerName>, errno: i32) {
         self.lost.push((peer, errno));
     }
 }
@@ -684,7 +684,7 @@ impl Handler for Bench {
     fn on_ctrl(
         &mut self,
         _: PeerId,
-        _: SocketAddr,
+        _: &dyn PeerName,
         p: &Prefix,
         _: &[u8],
     ) -> Result<Sink, WireError> {
@@ -697,7 +697,7 @@ impl Handler for Bench {
     fn on_sent(&mut self, _: PeerId, _: u64) {
         self.sent += 1;
     }
-    fn on_lost(&mut self, _: PeerId, _: Option<SocketAddr>, _: i32) {
+    fn on_lost(&mut self, _: PeerId, _: Option<&dyn PeerName>, _: i32) {
         self.lost += 1;
     }
 }

@@ -1,0 +1,89 @@
+//! The bell of transports whose arrivals raise descriptors (tcp's epoll set, verbs'
+//! completion channel and side channels): a sleeper polls those and an eventfd that `wake`
+//! writes.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use xfabric_core::{Error, Result};
+
+use super::seam::Bell;
+
+/// Sleeping on descriptors.
+pub struct FdBell {
+    /// Written by `wake` to end a `sleep`.
+    wake_fd: OwnedFd,
+    /// Whether the last locked call left work the engine or the wire can advance without a
+    /// peer (frames queued, answers awaited): a sleep then lasts at most 1 ms.
+    busy: AtomicBool,
+    /// Whether the last locked call left bytes no descriptor will announce: no sleep then.
+    backlog: AtomicBool,
+}
+
+impl FdBell {
+    /// A bell for an endpoint of `provider` (named in the error if the eventfd fails).
+    pub fn new(provider: &str) -> Result<FdBell> {
+        // SAFETY: plain syscall; the descriptor is owned by the bell and closed with it.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::last_os(format!("{provider} endpoint: eventfd")));
+        }
+        Ok(FdBell {
+            // SAFETY: a descriptor we just opened and own alone.
+            wake_fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            busy: AtomicBool::new(false),
+            backlog: AtomicBool::new(false),
+        })
+    }
+
+    /// What the last locked call left (`Wire::publish`).
+    pub fn set(&self, busy: bool, backlog: bool) {
+        self.busy.store(busy, Ordering::Release);
+        self.backlog.store(backlog, Ordering::Release);
+    }
+}
+
+impl Bell for FdBell {
+    fn nap(&self, timeout: Duration) -> Option<Duration> {
+        if self.backlog.load(Ordering::Acquire) {
+            // Bytes already waiting that nothing will announce: progress again at once.
+            None
+        } else if self.busy.load(Ordering::Acquire) {
+            // While answers are awaited, sleep, but not long.
+            Some(timeout.min(Duration::from_millis(1)))
+        } else {
+            Some(timeout)
+        }
+    }
+
+    fn sleep(&self, _ticket: u64, timeout: Duration, fds: &[(RawFd, i16)]) {
+        let mut all: Vec<libc::pollfd> = std::iter::once((self.wake_fd.as_raw_fd(), libc::POLLIN))
+            .chain(fds.iter().copied())
+            .map(|(fd, events)| libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            })
+            .collect();
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: a valid pollfd array of its length. A descriptor closed since (a connection
+        // dropped by another thread's progress) reports POLLNVAL and ends the wait early.
+        let r = unsafe { libc::poll(all.as_mut_ptr(), all.len() as libc::nfds_t, ms) };
+        if r > 0 && all[0].revents != 0 {
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 bytes into a local from our non-blocking eventfd.
+            unsafe { libc::read(self.wake_fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        }
+    }
+
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a local to our eventfd.
+        unsafe { libc::write(self.wake_fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    fn quiet(&self) -> bool {
+        !self.backlog.load(Ordering::Acquire)
+    }
+}
