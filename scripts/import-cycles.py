@@ -15,7 +15,7 @@ string literals are skipped.
 
 Prints each strongly connected component of more than one file, with the edges inside it, and
 `no cycles` when there is none. With --edges, the whole graph first. Exits 1 when it found a
-cycle, so a check can use it.
+cycle, so a check can use it; 2 when it could not read the crate.
 """
 
 import os
@@ -23,6 +23,11 @@ import re
 import sys
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def fail(message):
+    print(message, file=sys.stderr)
+    sys.exit(2)
 
 
 def strip(text):
@@ -81,6 +86,23 @@ def tokens(code):
     return re.findall(r"[A-Za-z_][A-Za-z0-9_]*|::|\S", code)
 
 
+def inline_scopes(toks):
+    """For each token, the names of the inline modules (`mod x { .. }`) it stands in."""
+    scopes, stack, depth = [], [], 0  # stack: (name, the brace depth its `}` returns to)
+    for i, t in enumerate(toks):
+        scopes.append(tuple(name for name, _ in stack))
+        if t == "{":
+            depth += 1
+        elif t == "}":
+            depth -= 1
+            if stack and stack[-1][1] == depth:
+                stack.pop()
+        elif t == "mod" and i + 2 < len(toks) and IDENT.fullmatch(toks[i + 1]):
+            if toks[i + 2] == "{":
+                stack.append((toks[i + 1], depth))
+    return scopes
+
+
 def use_paths(toks, i):
     """Parses the use tree starting at toks[i] (just after `use`); returns (paths, next index)."""
 
@@ -114,43 +136,33 @@ class Crate:
     def __init__(self, src):
         self.src = os.path.abspath(src)
         self.modules = {}  # module path (tuple) -> file
-        self.files = {}  # file -> stripped code
+        self.files = {}  # file -> (tokens, inline_scopes of them)
         root = next(
             (os.path.join(self.src, f) for f in ("lib.rs", "main.rs")
              if os.path.exists(os.path.join(self.src, f))),
             None,
         )
         if root is None:
-            sys.exit(f"{src}: no lib.rs or main.rs")
-        self.root = root
+            fail(f"{src}: no lib.rs or main.rs")
         self._load((), root)
 
     def _load(self, modpath, path):
         with open(path, encoding="utf-8") as f:
-            code = strip(f.read())
-        self.files[path] = code
+            toks = tokens(strip(f.read()))
+        scopes = inline_scopes(toks)
+        self.files[path] = (toks, scopes)
         self.modules[modpath] = path
         if os.path.basename(path) in ("lib.rs", "main.rs", "mod.rs"):
             child_dir = os.path.dirname(path)
         else:
             child_dir = path[: -len(".rs")]
-        toks = tokens(code)
-        stack = []  # (inline module name, brace depth at which it closes)
-        depth = 0
         for i, t in enumerate(toks):
-            if t == "{":
-                depth += 1
-            elif t == "}":
-                depth -= 1
-                if stack and stack[-1][1] == depth:
-                    stack.pop()
-            elif t == "mod" and i + 2 < len(toks) and IDENT.fullmatch(toks[i + 1]):
+            if t == "mod" and i + 2 < len(toks) and IDENT.fullmatch(toks[i + 1]):
                 name, after = toks[i + 1], toks[i + 2]
-                inner = modpath + tuple(s for s, _ in stack) + (name,)
+                inner = modpath + scopes[i] + (name,)
                 if after == "{":
                     self.modules[inner] = path
-                    stack.append((name, depth))
-                elif after == ";" and not stack:
+                elif after == ";" and not scopes[i]:
                     for cand in (
                         os.path.join(child_dir, name + ".rs"),
                         os.path.join(child_dir, name, "mod.rs"),
@@ -197,20 +209,12 @@ class Crate:
         return graph
 
     def _scan(self, modpath, path, out):
-        toks = tokens(self.files[path])
-        stack, depth, i = [], 0, 0
+        toks, scopes = self.files[path]
+        i = 0
         while i < len(toks):
             t = toks[i]
-            here = list(modpath) + [s for s, _ in stack]
-            if t == "{":
-                depth += 1
-            elif t == "}":
-                depth -= 1
-                if stack and stack[-1][1] == depth:
-                    stack.pop()
-            elif t == "mod" and i + 2 < len(toks) and toks[i + 2] == "{":
-                stack.append((toks[i + 1], depth))
-            elif t == "use" and (i == 0 or toks[i - 1] != "::"):
+            here = list(modpath + scopes[i])
+            if t == "use" and (i == 0 or toks[i - 1] != "::"):
                 paths, i = use_paths(toks, i + 1)
                 for p in paths:
                     self._edge(here, p, path, out)
@@ -280,7 +284,7 @@ def sccs(graph):
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     if len(args) != 1:
-        sys.exit(__doc__)
+        fail(__doc__)
     crate = Crate(args[0])
     graph = crate.edges()
     rel = lambda f: os.path.relpath(f, crate.src)
