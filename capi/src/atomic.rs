@@ -8,83 +8,19 @@ use std::ffi::{c_int, c_void};
 
 use xfabric::atomic::{compare_valid, count_limit, fetch_valid, valid};
 use xfabric::{
-    AtomicOp, Datatype, Endpoint, MsgAtomic, OpAtomic, OpCompareAtomic, OpFetchAtomic, RawIov,
-    WorkOp, ATOMIC_MAX, FI_TRIGGER,
+    AtomicOp, Datatype, Domain, Endpoint, MsgAtomic, OpAtomic, OpCompareAtomic, OpFetchAtomic,
+    RawIov, WorkOp, ATOMIC_MAX, FI_TRIGGER,
 };
 
-use crate::data::{bytes, bytes_mut, call, ep_of, neg, obj};
-use crate::ops::FiOpsAtomic;
-use crate::trigger::{armed, Armed};
-use crate::FI_EINVAL;
-use xfabric::Domain;
-
-/// libfabric's `FI_EOPNOTSUPP`.
-const FI_EOPNOTSUPP: c_int = libc::EOPNOTSUPP;
+use crate::consts::{FI_EINVAL, FI_EOPNOTSUPP};
+use crate::ffi::{armed, bytes, bytes_mut, call, ep_of, neg, obj, Armed};
+use crate::header::{
+    FiAtomicAttr, FiIoc, FiMsgAtomic, FiMsgIoc, FiOpAtomic, FiOpCompareAtomic, FiOpFetchAtomic,
+};
 
 /// `FI_FETCH_ATOMIC` and `FI_COMPARE_ATOMIC`, query_atomic's flags.
 const FI_FETCH_ATOMIC: u64 = 1 << 58;
 const FI_COMPARE_ATOMIC: u64 = 1 << 59;
-
-/// The endpoint's atomic ops table.
-pub static ATOMIC_OPS: FiOpsAtomic = FiOpsAtomic {
-    write: atomic_write,
-    writev: atomic_writev,
-    writemsg: atomic_writemsg,
-    inject: atomic_inject,
-    readwrite: atomic_readwrite,
-    readwritev: atomic_readwritev,
-    readwritemsg: atomic_readwritemsg,
-    compwrite: atomic_compwrite,
-    compwritev: atomic_compwritev,
-    compwritemsg: atomic_compwritemsg,
-    writevalid: atomic_writevalid,
-    readwritevalid: atomic_readwritevalid,
-    compwritevalid: atomic_compwritevalid,
-    ..FiOpsAtomic::ENOSYS
-};
-
-/// `struct fi_ioc`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct FiIoc {
-    pub addr: *mut c_void,
-    pub count: usize,
-}
-
-/// `struct fi_rma_ioc`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct FiRmaIoc {
-    pub addr: u64,
-    pub count: usize,
-    pub key: u64,
-}
-
-/// `struct fi_msg_atomic`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiMsgAtomic {
-    pub msg_iov: *const FiIoc,
-    pub desc: *mut *mut c_void,
-    pub iov_count: usize,
-    pub addr: u64,
-    pub rma_iov: *const FiRmaIoc,
-    pub rma_iov_count: usize,
-    pub datatype: c_int,
-    pub op: c_int,
-    pub context: *mut c_void,
-    pub data: u64,
-}
-
-/// `struct fi_atomic_attr`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiAtomicAttr {
-    pub count: usize,
-    pub size: usize,
-}
 
 const EINVAL: isize = -(FI_EINVAL as isize);
 
@@ -190,7 +126,7 @@ unsafe fn atomicmsg(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn atomic_write(
+pub(crate) unsafe extern "C" fn atomic_write(
     ep: *mut c_void,
     buf: *const c_void,
     count: usize,
@@ -213,7 +149,7 @@ unsafe extern "C" fn atomic_write(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn atomic_writev(
+pub(crate) unsafe extern "C" fn atomic_writev(
     ep: *mut c_void,
     iov: *const c_void,
     desc: *mut *mut c_void,
@@ -246,7 +182,11 @@ unsafe extern "C" fn atomic_writev(
     }
 }
 
-unsafe extern "C" fn atomic_writemsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
+pub(crate) unsafe extern "C" fn atomic_writemsg(
+    ep: *mut c_void,
+    msg: *const c_void,
+    flags: u64,
+) -> isize {
     call(|| {
         // SAFETY: fid checked; the message is valid (caller).
         let (e, (m, ioc)) = unsafe { (ep_of(ep)?, msg_of(msg)?) };
@@ -258,7 +198,7 @@ unsafe extern "C" fn atomic_writemsg(ep: *mut c_void, msg: *const c_void, flags:
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn atomic_inject(
+pub(crate) unsafe extern "C" fn atomic_inject(
     ep: *mut c_void,
     buf: *const c_void,
     count: usize,
@@ -302,7 +242,7 @@ unsafe fn fetch(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn atomic_readwrite(
+pub(crate) unsafe extern "C" fn atomic_readwrite(
     ep: *mut c_void,
     buf: *const c_void,
     count: usize,
@@ -325,7 +265,7 @@ unsafe extern "C" fn atomic_readwrite(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn atomic_readwritev(
+pub(crate) unsafe extern "C" fn atomic_readwritev(
     ep: *mut c_void,
     iov: *const c_void,
     _desc: *mut *mut c_void,
@@ -353,7 +293,7 @@ unsafe extern "C" fn atomic_readwritev(
     })
 }
 
-unsafe extern "C" fn atomic_readwritemsg(
+pub(crate) unsafe extern "C" fn atomic_readwritemsg(
     ep: *mut c_void,
     msg: *const c_void,
     resultv: *mut c_void,
@@ -400,7 +340,7 @@ unsafe fn compare(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn atomic_compwrite(
+pub(crate) unsafe extern "C" fn atomic_compwrite(
     ep: *mut c_void,
     buf: *const c_void,
     count: usize,
@@ -425,7 +365,7 @@ unsafe extern "C" fn atomic_compwrite(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn atomic_compwritev(
+pub(crate) unsafe extern "C" fn atomic_compwritev(
     ep: *mut c_void,
     iov: *const c_void,
     _desc: *mut *mut c_void,
@@ -463,7 +403,7 @@ unsafe extern "C" fn atomic_compwritev(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn atomic_compwritemsg(
+pub(crate) unsafe extern "C" fn atomic_compwritemsg(
     ep: *mut c_void,
     msg: *const c_void,
     comparev: *const c_void,
@@ -518,7 +458,7 @@ unsafe fn valid_query(
     c_int::try_from(r).unwrap_or(-(FI_EINVAL))
 }
 
-unsafe extern "C" fn atomic_writevalid(
+pub(crate) unsafe extern "C" fn atomic_writevalid(
     ep: *mut c_void,
     dt: c_int,
     op: c_int,
@@ -528,7 +468,7 @@ unsafe extern "C" fn atomic_writevalid(
     unsafe { valid_query(ep, dt, op, count, Endpoint::atomicvalid) }
 }
 
-unsafe extern "C" fn atomic_readwritevalid(
+pub(crate) unsafe extern "C" fn atomic_readwritevalid(
     ep: *mut c_void,
     dt: c_int,
     op: c_int,
@@ -538,7 +478,7 @@ unsafe extern "C" fn atomic_readwritevalid(
     unsafe { valid_query(ep, dt, op, count, Endpoint::fetch_atomicvalid) }
 }
 
-unsafe extern "C" fn atomic_compwritevalid(
+pub(crate) unsafe extern "C" fn atomic_compwritevalid(
     ep: *mut c_void,
     dt: c_int,
     op: c_int,
@@ -585,45 +525,6 @@ pub(crate) unsafe extern "C" fn domain_query_atomic(
         Ok(0)
     });
     c_int::try_from(r).unwrap_or(-(FI_EINVAL))
-}
-
-/// `struct fi_msg_fetch` and `struct fi_msg_compare` (the same members).
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiMsgIoc {
-    pub msg_iov: *const FiIoc,
-    pub desc: *mut *mut c_void,
-    pub iov_count: usize,
-}
-
-/// `struct fi_op_atomic`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiOpAtomic {
-    pub ep: *mut c_void,
-    pub msg: FiMsgAtomic,
-    pub flags: u64,
-}
-
-/// `struct fi_op_fetch_atomic`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiOpFetchAtomic {
-    pub ep: *mut c_void,
-    pub msg: FiMsgAtomic,
-    pub fetch: FiMsgIoc,
-    pub flags: u64,
-}
-
-/// `struct fi_op_compare_atomic`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiOpCompareAtomic {
-    pub ep: *mut c_void,
-    pub msg: FiMsgAtomic,
-    pub fetch: FiMsgIoc,
-    pub compare: FiMsgIoc,
-    pub flags: u64,
 }
 
 /// `FI_OP_ATOMIC`, `FI_OP_FETCH_ATOMIC`, `FI_OP_COMPARE_ATOMIC` of `enum fi_trigger_op`.

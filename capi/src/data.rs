@@ -1,7 +1,7 @@
 //! The data path through C: endpoint bind/enable/getname, message and tagged sends and
-//! receives, address vector inserts, completion queue reads in every format, counters. Each
-//! call checks its fid and hands the core call its arguments; matching, queues and progress are
-//! the core's.
+//! receives (the `*msg` calls with `FI_TRIGGER` armed from their context), address vector
+//! inserts, completion queue reads in every format, counters. Each call checks its fid and
+//! hands the core call its arguments; matching, queues and progress are the core's.
 
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr::null_mut;
@@ -9,175 +9,21 @@ use std::ptr::null_mut;
 use xfabric::{
     AddressVector, CompletionQueue, Counter, CqDataEntry, CqEntry, CqFormat, CqFormatEntry,
     CqMsgEntry, CqTaggedEntry, Endpoint, EventQueue, Msg, RawIov, FI_ADDR_STR, FI_ADDR_UNSPEC,
+    FI_TRIGGER,
 };
 
-use crate::fid::*;
-use crate::objects::{CEndpoint, EpHead};
-use crate::ops::*;
-use crate::{guard, FI_EINVAL, FI_ENOSYS, FI_EOTHER};
+use crate::consts::*;
+use crate::ffi::{
+    armed, bytes, bytes_mut, call, code, ep_of, guard, int, neg, no_xpu, obj, publish, segments,
+    Armed, CEndpoint, Class,
+};
+use crate::header::{FiAlias, FiMsg, FiMsgTagged, Fid};
 
-/// `FI_ENABLE`, fi_control's command.
+/// `FI_ALIAS` and `FI_ENABLE`, fi_control's commands.
 const FI_ALIAS: c_int = 4;
 const FI_ENABLE: c_int = 6;
-/// libfabric's `FI_ETOOSMALL`.
-const FI_ETOOSMALL: c_int = 257;
 
-/// The address vector's ops table.
-pub static AV_OPS: FiOpsAv = FiOpsAv {
-    insert: av_insert,
-    remove: av_remove,
-    lookup: av_lookup,
-    straddr: av_straddr,
-    ..FiOpsAv::ENOSYS
-};
-/// The completion queue's ops table.
-pub static CQ_OPS: FiOpsCq = FiOpsCq {
-    read: cq_read,
-    readfrom: cq_readfrom,
-    readerr: cq_readerr,
-    sread: cq_sread,
-    sreadfrom: cq_sreadfrom,
-    signal: cq_signal,
-    strerror: crate::eq::cq_strerror,
-    ..FiOpsCq::ENOSYS
-};
-/// The counter's ops table.
-pub static CNTR_OPS: FiOpsCntr = FiOpsCntr {
-    read: cntr_read,
-    readerr: cntr_readerr,
-    add: cntr_add,
-    set: cntr_set,
-    wait: cntr_wait,
-    adderr: cntr_adderr,
-    seterr: cntr_seterr,
-    ..FiOpsCntr::ENOSYS
-};
-/// The endpoint's `fi_ops`: its own (bind and control, besides close), unlike the other
-/// classes'.
-pub static EP_FID_OPS: FiOps = FiOps {
-    close: close::<CEndpoint>,
-    bind: ep_bind,
-    control: ep_control,
-    ..FiOps::ENOSYS
-};
-static EP_OPS: FiOpsEp = FiOpsEp {
-    cancel: ep_cancel,
-    getopt: crate::trigger::ep_getopt,
-    setopt: crate::trigger::ep_setopt,
-    ..FiOpsEp::ENOSYS
-};
-static CM_OPS: FiOpsCm = FiOpsCm {
-    getname: ep_getname,
-    ..FiOpsCm::ENOSYS
-};
-static MSG_OPS: FiOpsMsg = FiOpsMsg {
-    recv: ep_recv,
-    recvv: ep_recvv,
-    recvmsg: ep_recvmsg,
-    send: ep_send,
-    sendv: ep_sendv,
-    sendmsg: ep_sendmsg,
-    inject: ep_inject,
-    senddata: ep_senddata,
-    injectdata: ep_injectdata,
-    ..FiOpsMsg::ENOSYS
-};
-static TAGGED_OPS: FiOpsTagged = FiOpsTagged {
-    recv: ep_trecv,
-    recvv: ep_trecvv,
-    recvmsg: ep_trecvmsg,
-    send: ep_tsend,
-    sendv: ep_tsendv,
-    sendmsg: ep_tsendmsg,
-    inject: ep_tinject,
-    senddata: ep_tsenddata,
-    injectdata: ep_tinjectdata,
-    ..FiOpsTagged::ENOSYS
-};
-use crate::atomic::ATOMIC_OPS;
-use crate::rma::RMA_OPS;
-
-/// A new endpoint's head.
-pub fn ep_head(context: *mut c_void) -> EpHead {
-    EpHead {
-        fid: fid_of::<CEndpoint>(context),
-        ops: &EP_OPS,
-        cm: &CM_OPS,
-        msg: &MSG_OPS,
-        rma: &RMA_OPS,
-        tagged: &TAGGED_OPS,
-        atomic: &ATOMIC_OPS,
-        collective: std::ptr::null(),
-    }
-}
-
-/// A call's body under [`guard`], its error as the negative code (no log: -FI_EAGAIN is the
-/// common answer of a polling loop).
-#[inline(always)]
-pub(crate) fn call(body: impl FnOnce() -> Result<isize, isize>) -> isize {
-    guard(-(FI_EOTHER as isize), || body().unwrap_or_else(|e| e))
-}
-
-#[inline]
-pub(crate) fn neg(e: xfabric::Error) -> isize {
-    // The polling loop's answer first: `Again` owns nothing, so this arm drops nothing (the
-    // general arm calls the enum's out-of-line drop, a call per empty fi_cq_read otherwise).
-    match e {
-        xfabric::Error::Again(_) => -(libc::EAGAIN as isize),
-        e => -(e.errno() as isize),
-    }
-}
-
-fn int(r: isize) -> c_int {
-    c_int::try_from(r).unwrap_or(-FI_EOTHER)
-}
-
-/// # Safety
-/// `fid` null or a readable fid.
-#[inline(always)]
-pub(crate) unsafe fn obj<'a, T: Class>(fid: *const c_void) -> Result<&'a T, isize> {
-    // SAFETY: forwarded contract.
-    unsafe { get::<T>(fid) }.map_err(|e| e as isize)
-}
-
-/// The endpoint behind `fid`, if it is one of ours.
-///
-/// # Safety
-/// `fid` null or a readable fid.
-pub(crate) unsafe fn ep_of<'a>(fid: *const c_void) -> Result<&'a Endpoint, isize> {
-    // SAFETY: forwarded contract.
-    unsafe { obj::<CEndpoint>(fid) }.map(|c| &c.ep)
-}
-
-/// `len` bytes at `buf` (empty for a zero length, whatever the pointer).
-///
-/// # Safety
-/// `buf` readable for `len` bytes when `len > 0`.
-pub(crate) unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], isize> {
-    if len == 0 {
-        return Ok(&[]);
-    }
-    if buf.is_null() {
-        return Err(-(FI_EINVAL as isize));
-    }
-    // SAFETY: readable for len (caller), checked non-null.
-    Ok(unsafe { std::slice::from_raw_parts(buf.cast(), len) })
-}
-
-/// # Safety
-/// `buf` writable for `len` bytes when `len > 0`, and not otherwise referenced meanwhile.
-pub(crate) unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Result<&'a mut [u8], isize> {
-    if len == 0 {
-        return Ok(&mut []);
-    }
-    if buf.is_null() {
-        return Err(-(FI_EINVAL as isize));
-    }
-    // SAFETY: writable for len (caller), checked non-null.
-    Ok(unsafe { std::slice::from_raw_parts_mut(buf.cast(), len) })
-}
-
-unsafe extern "C" fn ep_bind(fid: *mut c_void, bfid: *mut c_void, flags: u64) -> c_int {
+pub(crate) unsafe extern "C" fn ep_bind(fid: *mut c_void, bfid: *mut c_void, flags: u64) -> c_int {
     int(call(|| {
         // SAFETY: fids from the caller, checked.
         let ep = unsafe { ep_of(fid) }?;
@@ -198,14 +44,11 @@ unsafe extern "C" fn ep_bind(fid: *mut c_void, bfid: *mut c_void, flags: u64) ->
     }))
 }
 
-/// `struct fi_alias`.
-#[repr(C)]
-struct FiAlias {
-    fid: *mut *mut c_void,
-    flags: u64,
-}
-
-unsafe extern "C" fn ep_control(fid: *mut c_void, command: c_int, arg: *mut c_void) -> c_int {
+pub(crate) unsafe extern "C" fn ep_control(
+    fid: *mut c_void,
+    command: c_int,
+    arg: *mut c_void,
+) -> c_int {
     int(call(|| {
         // SAFETY: a fid from the caller, checked.
         let c = unsafe { obj::<CEndpoint>(fid) }?;
@@ -225,14 +68,14 @@ unsafe extern "C" fn ep_control(fid: *mut c_void, command: c_int, arg: *mut c_vo
                 // SAFETY: fid is one of our endpoints (checked above), a struct fid first.
                 let context = unsafe { (*fid.cast::<Fid>()).context };
                 // SAFETY: a.fid checked non-null, writable (fi_alias's contract).
-                Ok(unsafe { publish(ep_head(context), alias, a.fid) } as isize)
+                Ok(unsafe { publish(CEndpoint::new_head(context), alias, a.fid) } as isize)
             }
             _ => Err(-(FI_ENOSYS as isize)),
         }
     }))
 }
 
-unsafe extern "C" fn ep_cancel(fid: *mut c_void, context: *mut c_void) -> isize {
+pub(crate) unsafe extern "C" fn ep_cancel(fid: *mut c_void, context: *mut c_void) -> isize {
     call(|| {
         // SAFETY: a fid from the caller, checked.
         let ep = unsafe { ep_of(fid) }?;
@@ -240,7 +83,7 @@ unsafe extern "C" fn ep_cancel(fid: *mut c_void, context: *mut c_void) -> isize 
     })
 }
 
-unsafe extern "C" fn ep_getname(
+pub(crate) unsafe extern "C" fn ep_getname(
     fid: *mut c_void,
     addr: *mut c_void,
     addrlen: *mut c_void,
@@ -271,7 +114,7 @@ unsafe extern "C" fn ep_getname(
     }))
 }
 
-unsafe extern "C" fn ep_send(
+pub(crate) unsafe extern "C" fn ep_send(
     ep: *mut c_void,
     buf: *const c_void,
     len: usize,
@@ -289,7 +132,7 @@ unsafe extern "C" fn ep_send(
     })
 }
 
-unsafe extern "C" fn ep_senddata(
+pub(crate) unsafe extern "C" fn ep_senddata(
     ep: *mut c_void,
     buf: *const c_void,
     len: usize,
@@ -308,7 +151,7 @@ unsafe extern "C" fn ep_senddata(
     })
 }
 
-unsafe extern "C" fn ep_inject(
+pub(crate) unsafe extern "C" fn ep_inject(
     ep: *mut c_void,
     buf: *const c_void,
     len: usize,
@@ -321,7 +164,7 @@ unsafe extern "C" fn ep_inject(
     })
 }
 
-unsafe extern "C" fn ep_injectdata(
+pub(crate) unsafe extern "C" fn ep_injectdata(
     ep: *mut c_void,
     buf: *const c_void,
     len: usize,
@@ -335,7 +178,7 @@ unsafe extern "C" fn ep_injectdata(
     })
 }
 
-unsafe extern "C" fn ep_recv(
+pub(crate) unsafe extern "C" fn ep_recv(
     ep: *mut c_void,
     buf: *mut c_void,
     len: usize,
@@ -353,7 +196,7 @@ unsafe extern "C" fn ep_recv(
     })
 }
 
-unsafe extern "C" fn ep_tsend(
+pub(crate) unsafe extern "C" fn ep_tsend(
     ep: *mut c_void,
     buf: *const c_void,
     len: usize,
@@ -373,7 +216,7 @@ unsafe extern "C" fn ep_tsend(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn ep_tsenddata(
+pub(crate) unsafe extern "C" fn ep_tsenddata(
     ep: *mut c_void,
     buf: *const c_void,
     len: usize,
@@ -393,7 +236,7 @@ unsafe extern "C" fn ep_tsenddata(
     })
 }
 
-unsafe extern "C" fn ep_tinject(
+pub(crate) unsafe extern "C" fn ep_tinject(
     ep: *mut c_void,
     buf: *const c_void,
     len: usize,
@@ -407,7 +250,7 @@ unsafe extern "C" fn ep_tinject(
     })
 }
 
-unsafe extern "C" fn ep_tinjectdata(
+pub(crate) unsafe extern "C" fn ep_tinjectdata(
     ep: *mut c_void,
     buf: *const c_void,
     len: usize,
@@ -423,7 +266,7 @@ unsafe extern "C" fn ep_tinjectdata(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn ep_trecv(
+pub(crate) unsafe extern "C" fn ep_trecv(
     ep: *mut c_void,
     buf: *mut c_void,
     len: usize,
@@ -467,13 +310,11 @@ unsafe fn c_addr<'a>(av: &AddressVector, p: *const u8, stride: usize) -> &'a [u8
 /// fi_av_insert's flags (fi_domain.h).
 const FI_MORE: u64 = 1 << 18;
 const FI_SYNC_ERR: u64 = 1 << 58;
-/// libfabric's `FI_EBADFLAGS`.
-const FI_EBADFLAGS: isize = 260;
 /// `sizeof(struct sockaddr_in)`: the stride of an insert whose first address has a family
 /// that says no length.
 const SOCKADDR_IN_LEN: usize = 16;
 
-unsafe extern "C" fn av_insert(
+pub(crate) unsafe extern "C" fn av_insert(
     av: *mut c_void,
     addr: *const c_void,
     count: usize,
@@ -485,7 +326,7 @@ unsafe extern "C" fn av_insert(
         // SAFETY: a fid from the caller, checked.
         let av = unsafe { obj::<AddressVector>(av) }?;
         if flags & !(FI_MORE | FI_SYNC_ERR) != 0 {
-            return Err(-FI_EBADFLAGS);
+            return Err(-(FI_EBADFLAGS as isize));
         }
         let sync_err = flags & FI_SYNC_ERR != 0;
         if sync_err && context.is_null() {
@@ -540,7 +381,7 @@ pub(crate) unsafe extern "C" fn av_bind(fid: *mut c_void, bfid: *mut c_void, fla
     }))
 }
 
-unsafe extern "C" fn av_remove(
+pub(crate) unsafe extern "C" fn av_remove(
     av: *mut c_void,
     fi_addr: *mut c_void,
     count: usize,
@@ -560,7 +401,7 @@ unsafe extern "C" fn av_remove(
     }))
 }
 
-unsafe extern "C" fn av_lookup(
+pub(crate) unsafe extern "C" fn av_lookup(
     av: *mut c_void,
     fi_addr: u64,
     addr: *mut c_void,
@@ -587,7 +428,7 @@ unsafe extern "C" fn av_lookup(
     }))
 }
 
-unsafe extern "C" fn av_straddr(
+pub(crate) unsafe extern "C" fn av_straddr(
     av: *mut c_void,
     addr: *const c_void,
     buf: *mut c_void,
@@ -691,7 +532,7 @@ unsafe fn threshold(cond: *const c_void) -> usize {
 /// fi_cq_read, the call a polling loop makes (most often to hear -FI_EAGAIN): its own short
 /// path, each format's read inlined here rather than through [`read_into`]'s choices of source
 /// and wait.
-unsafe extern "C" fn cq_read(cq: *mut c_void, buf: *mut c_void, count: usize) -> isize {
+pub(crate) unsafe extern "C" fn cq_read(cq: *mut c_void, buf: *mut c_void, count: usize) -> isize {
     /// # Safety
     /// `buf` writable for `count` (> 0) entries of E, E the CQ's format.
     #[inline(always)]
@@ -733,7 +574,7 @@ unsafe extern "C" fn cq_read(cq: *mut c_void, buf: *mut c_void, count: usize) ->
     })
 }
 
-unsafe extern "C" fn cq_readfrom(
+pub(crate) unsafe extern "C" fn cq_readfrom(
     cq: *mut c_void,
     buf: *mut c_void,
     count: usize,
@@ -748,7 +589,7 @@ unsafe extern "C" fn cq_readfrom(
     })
 }
 
-unsafe extern "C" fn cq_sread(
+pub(crate) unsafe extern "C" fn cq_sread(
     cq: *mut c_void,
     buf: *mut c_void,
     count: usize,
@@ -764,7 +605,7 @@ unsafe extern "C" fn cq_sread(
     })
 }
 
-unsafe extern "C" fn cq_sreadfrom(
+pub(crate) unsafe extern "C" fn cq_sreadfrom(
     cq: *mut c_void,
     buf: *mut c_void,
     count: usize,
@@ -785,7 +626,11 @@ unsafe extern "C" fn cq_sreadfrom(
 }
 
 /// `struct fi_cq_err_entry`: the core's entry (same layout) as C fills it.
-unsafe extern "C" fn cq_readerr(cq: *mut c_void, buf: *mut c_void, _flags: u64) -> isize {
+pub(crate) unsafe extern "C" fn cq_readerr(
+    cq: *mut c_void,
+    buf: *mut c_void,
+    _flags: u64,
+) -> isize {
     call(|| {
         // SAFETY: a fid from the caller, checked.
         let cq = unsafe { obj::<CompletionQueue>(cq) }?;
@@ -816,7 +661,7 @@ unsafe extern "C" fn cq_readerr(cq: *mut c_void, buf: *mut c_void, _flags: u64) 
     })
 }
 
-unsafe extern "C" fn cq_signal(cq: *mut c_void) -> c_int {
+pub(crate) unsafe extern "C" fn cq_signal(cq: *mut c_void) -> c_int {
     int(call(|| {
         // SAFETY: a fid from the caller, checked.
         let cq = unsafe { obj::<CompletionQueue>(cq) }?;
@@ -824,7 +669,7 @@ unsafe extern "C" fn cq_signal(cq: *mut c_void) -> c_int {
     }))
 }
 
-unsafe extern "C" fn cntr_read(cntr: *mut c_void) -> u64 {
+pub(crate) unsafe extern "C" fn cntr_read(cntr: *mut c_void) -> u64 {
     // A counter's read has no error return: a bad fid reads 0.
     // SAFETY: a fid from the caller, checked.
     guard(0, || {
@@ -832,7 +677,7 @@ unsafe extern "C" fn cntr_read(cntr: *mut c_void) -> u64 {
     })
 }
 
-unsafe extern "C" fn cntr_readerr(cntr: *mut c_void) -> u64 {
+pub(crate) unsafe extern "C" fn cntr_readerr(cntr: *mut c_void) -> u64 {
     // SAFETY: as cntr_read.
     guard(0, || {
         unsafe { obj::<Counter>(cntr) }.map_or(0, |c| c.readerr())
@@ -851,80 +696,33 @@ unsafe fn cntr_op(cntr: *mut c_void, op: impl FnOnce(&Counter) -> xfabric::Resul
     }))
 }
 
-unsafe extern "C" fn cntr_add(cntr: *mut c_void, v: u64) -> c_int {
+pub(crate) unsafe extern "C" fn cntr_add(cntr: *mut c_void, v: u64) -> c_int {
     // SAFETY: forwarded.
     unsafe { cntr_op(cntr, |c| c.add(v)) }
 }
 
-unsafe extern "C" fn cntr_set(cntr: *mut c_void, v: u64) -> c_int {
+pub(crate) unsafe extern "C" fn cntr_set(cntr: *mut c_void, v: u64) -> c_int {
     // SAFETY: forwarded.
     unsafe { cntr_op(cntr, |c| c.set(v)) }
 }
 
-unsafe extern "C" fn cntr_adderr(cntr: *mut c_void, v: u64) -> c_int {
+pub(crate) unsafe extern "C" fn cntr_adderr(cntr: *mut c_void, v: u64) -> c_int {
     // SAFETY: forwarded.
     unsafe { cntr_op(cntr, |c| c.adderr(v)) }
 }
 
-unsafe extern "C" fn cntr_seterr(cntr: *mut c_void, v: u64) -> c_int {
+pub(crate) unsafe extern "C" fn cntr_seterr(cntr: *mut c_void, v: u64) -> c_int {
     // SAFETY: forwarded.
     unsafe { cntr_op(cntr, |c| c.seterr(v)) }
 }
 
-unsafe extern "C" fn cntr_wait(cntr: *mut c_void, threshold: u64, timeout: c_int) -> c_int {
+pub(crate) unsafe extern "C" fn cntr_wait(
+    cntr: *mut c_void,
+    threshold: u64,
+    timeout: c_int,
+) -> c_int {
     // SAFETY: forwarded.
     unsafe { cntr_op(cntr, |c| c.wait(threshold, timeout)) }
-}
-
-/// `struct fi_msg` and `struct fi_msg_tagged`'s common shape: segments, descriptors, count,
-/// address, then (tagged) tag and ignore, then context and data.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiMsg {
-    pub msg_iov: *const libc::iovec,
-    pub desc: *mut *mut c_void,
-    pub iov_count: usize,
-    pub addr: u64,
-    pub context: *mut c_void,
-    pub data: u64,
-}
-
-/// `struct fi_msg_tagged`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiMsgTagged {
-    pub msg_iov: *const libc::iovec,
-    pub desc: *mut *mut c_void,
-    pub iov_count: usize,
-    pub addr: u64,
-    pub tag: u64,
-    pub ignore: u64,
-    pub context: *mut c_void,
-    pub data: u64,
-}
-
-/// More segments than any provider takes: refused before anything is read.
-const IOV_MAX: usize = 1 << 10;
-
-/// The segments of a C message (the core checks them against the endpoint's iov_limit).
-///
-/// # Safety
-/// `iov` readable for `count` iovecs.
-pub(crate) unsafe fn segments(iov: *const libc::iovec, count: usize) -> Result<Vec<RawIov>, isize> {
-    if count > IOV_MAX || (count > 0 && iov.is_null()) {
-        return Err(-(FI_EINVAL as isize));
-    }
-    if count == 0 {
-        return Ok(Vec::new());
-    }
-    // SAFETY: readable for count (caller), checked non-null.
-    let v = unsafe { std::slice::from_raw_parts(iov, count) };
-    Ok(v.iter()
-        .map(|s| RawIov {
-            addr: s.iov_base as usize,
-            len: s.iov_len,
-        })
-        .collect())
 }
 
 /// Posts a C message through `post` (one of the core's *msg calls).
@@ -960,7 +758,73 @@ unsafe fn post_msg<M>(
     })
 }
 
-unsafe extern "C" fn ep_sendmsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
+/// The post of `fi_sendmsg` ([`ep_sendmsg`]), triggered or not.
+///
+/// # Safety
+/// As `Endpoint::sendmsg` and [`armed`].
+unsafe fn sendmsg(e: &Endpoint, m: &Msg<'_>, flags: u64) -> xfabric::Result<()> {
+    let f = flags & !FI_TRIGGER;
+    // SAFETY (each arm): the caller's contract.
+    unsafe {
+        match armed(m.context, flags)? {
+            None => e.sendmsg(m, flags),
+            Some(Armed::Threshold(t)) => e.sendmsg_triggered(m, f, &t),
+            Some(Armed::Xpu(x, v)) => e.sendmsg_xpu(m, f, x, v).map(drop),
+        }
+    }
+}
+
+/// The post of `fi_tsendmsg` ([`ep_tsendmsg`]), triggered or not.
+///
+/// # Safety
+/// As `Endpoint::tsendmsg` and [`armed`].
+unsafe fn tsendmsg(e: &Endpoint, m: &Msg<'_>, flags: u64) -> xfabric::Result<()> {
+    let f = flags & !FI_TRIGGER;
+    // SAFETY (each arm): the caller's contract.
+    unsafe {
+        match armed(m.context, flags)? {
+            None => e.tsendmsg(m, flags),
+            Some(Armed::Threshold(t)) => e.tsendmsg_triggered(m, f, &t),
+            Some(Armed::Xpu(x, v)) => e.tsendmsg_xpu(m, f, x, v).map(drop),
+        }
+    }
+}
+
+/// The post of `fi_recvmsg` ([`ep_recvmsg`]), triggered or not.
+///
+/// # Safety
+/// As `Endpoint::recvmsg` and [`armed`].
+unsafe fn recvmsg(e: &Endpoint, m: &Msg<'_>, flags: u64) -> xfabric::Result<()> {
+    // SAFETY (each arm): the caller's contract.
+    unsafe {
+        match armed(m.context, flags)? {
+            None => e.recvmsg(m, flags),
+            Some(Armed::Threshold(t)) => e.recvmsg_triggered(m, flags & !FI_TRIGGER, &t),
+            Some(Armed::Xpu(..)) => Err(no_xpu("fi_recvmsg")),
+        }
+    }
+}
+
+/// The post of `fi_trecvmsg` ([`ep_trecvmsg`]), triggered or not.
+///
+/// # Safety
+/// As `Endpoint::trecvmsg` and [`armed`].
+unsafe fn trecvmsg(e: &Endpoint, m: &Msg<'_>, flags: u64) -> xfabric::Result<()> {
+    // SAFETY (each arm): the caller's contract.
+    unsafe {
+        match armed(m.context, flags)? {
+            None => e.trecvmsg(m, flags),
+            Some(Armed::Threshold(t)) => e.trecvmsg_triggered(m, flags & !FI_TRIGGER, &t),
+            Some(Armed::Xpu(..)) => Err(no_xpu("fi_trecvmsg")),
+        }
+    }
+}
+
+pub(crate) unsafe extern "C" fn ep_sendmsg(
+    ep: *mut c_void,
+    msg: *const c_void,
+    flags: u64,
+) -> isize {
     // SAFETY: forwarded; the segments stay valid until completion (fi_msg(3)).
     unsafe {
         post_msg(
@@ -968,24 +832,32 @@ unsafe extern "C" fn ep_sendmsg(ep: *mut c_void, msg: *const c_void, flags: u64)
             msg.cast::<FiMsg>(),
             |m| (m.msg_iov, m.iov_count, m.addr, m.context, m.data, 0, 0),
             // A triggered context stays the caller's until completion (fi_trigger(3)).
-            |e, m| crate::trigger::sendmsg(e, m, flags),
+            |e, m| sendmsg(e, m, flags),
         )
     }
 }
 
-unsafe extern "C" fn ep_recvmsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
+pub(crate) unsafe extern "C" fn ep_recvmsg(
+    ep: *mut c_void,
+    msg: *const c_void,
+    flags: u64,
+) -> isize {
     // SAFETY: as ep_sendmsg.
     unsafe {
         post_msg(
             ep,
             msg.cast::<FiMsg>(),
             |m| (m.msg_iov, m.iov_count, m.addr, m.context, m.data, 0, 0),
-            |e, m| crate::trigger::recvmsg(e, m, flags),
+            |e, m| recvmsg(e, m, flags),
         )
     }
 }
 
-unsafe extern "C" fn ep_tsendmsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
+pub(crate) unsafe extern "C" fn ep_tsendmsg(
+    ep: *mut c_void,
+    msg: *const c_void,
+    flags: u64,
+) -> isize {
     // SAFETY: as ep_sendmsg.
     unsafe {
         post_msg(
@@ -1002,12 +874,16 @@ unsafe extern "C" fn ep_tsendmsg(ep: *mut c_void, msg: *const c_void, flags: u64
                     m.ignore,
                 )
             },
-            |e, m| crate::trigger::tsendmsg(e, m, flags),
+            |e, m| tsendmsg(e, m, flags),
         )
     }
 }
 
-unsafe extern "C" fn ep_trecvmsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
+pub(crate) unsafe extern "C" fn ep_trecvmsg(
+    ep: *mut c_void,
+    msg: *const c_void,
+    flags: u64,
+) -> isize {
     // SAFETY: as ep_sendmsg.
     unsafe {
         post_msg(
@@ -1024,7 +900,7 @@ unsafe extern "C" fn ep_trecvmsg(ep: *mut c_void, msg: *const c_void, flags: u64
                     m.ignore,
                 )
             },
-            |e, m| crate::trigger::trecvmsg(e, m, flags),
+            |e, m| trecvmsg(e, m, flags),
         )
     }
 }
@@ -1047,7 +923,7 @@ unsafe fn post_iov(
     })
 }
 
-unsafe extern "C" fn ep_sendv(
+pub(crate) unsafe extern "C" fn ep_sendv(
     ep: *mut c_void,
     iov: *const c_void,
     _desc: *mut *mut c_void,
@@ -1059,7 +935,7 @@ unsafe extern "C" fn ep_sendv(
     unsafe { post_iov(ep, iov, count, |e, s| e.sendv(s, &[], dest, ctx as usize)) }
 }
 
-unsafe extern "C" fn ep_recvv(
+pub(crate) unsafe extern "C" fn ep_recvv(
     ep: *mut c_void,
     iov: *const c_void,
     _desc: *mut *mut c_void,
@@ -1072,7 +948,7 @@ unsafe extern "C" fn ep_recvv(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn ep_tsendv(
+pub(crate) unsafe extern "C" fn ep_tsendv(
     ep: *mut c_void,
     iov: *const c_void,
     _desc: *mut *mut c_void,
@@ -1090,7 +966,7 @@ unsafe extern "C" fn ep_tsendv(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn ep_trecvv(
+pub(crate) unsafe extern "C" fn ep_trecvv(
     ep: *mut c_void,
     iov: *const c_void,
     _desc: *mut *mut c_void,

@@ -7,50 +7,9 @@ use std::ffi::{c_char, c_int, c_void};
 
 use xfabric::{CompletionQueue, EqEntry, EventQueue, WaitSet};
 
-use crate::data::{call, neg, obj};
-use crate::fid::get;
-use crate::ops::{FiOpsEq, FiOpsWait};
-use crate::FI_EINVAL;
-
-/// libfabric's `FI_ETOOSMALL`.
-const FI_ETOOSMALL: isize = 257;
-
-/// The event queue's ops table.
-pub static EQ_OPS: FiOpsEq = FiOpsEq {
-    read: eq_read,
-    write: eq_write,
-    sread: eq_sread,
-    readerr: eq_readerr,
-    strerror: eq_strerror,
-    ..FiOpsEq::ENOSYS
-};
-/// The wait set's ops table.
-pub static WAIT_OPS: FiOpsWait = FiOpsWait {
-    wait: wait_wait,
-    ..FiOpsWait::ENOSYS
-};
-
-/// `struct fi_eq_entry`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiEqEntry {
-    pub fid: *mut c_void,
-    pub context: *mut c_void,
-    pub data: u64,
-}
-
-/// `struct fi_eq_err_entry`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiEqErrEntry {
-    pub fid: *mut c_void,
-    pub context: *mut c_void,
-    pub data: u64,
-    pub err: c_int,
-    pub prov_errno: c_int,
-    pub err_data: *mut c_void,
-    pub err_data_size: usize,
-}
+use crate::consts::{FI_EINVAL, FI_ETOOSMALL};
+use crate::ffi::{call, get, guard, int, neg, obj, strerror};
+use crate::header::{FiEqEntry, FiEqErrEntry};
 
 const ENTRY: usize = size_of::<FiEqEntry>();
 
@@ -87,7 +46,7 @@ unsafe fn read_with(
             return Err(-(FI_EINVAL as isize));
         }
         if len < ENTRY {
-            return Err(-FI_ETOOSMALL);
+            return Err(-(FI_ETOOSMALL as isize));
         }
         let e = read(q).map_err(neg)?;
         // SAFETY: event and buf writable (caller), buf for len >= ENTRY bytes.
@@ -95,7 +54,7 @@ unsafe fn read_with(
     })
 }
 
-unsafe extern "C" fn eq_read(
+pub(crate) unsafe extern "C" fn eq_read(
     eq: *mut c_void,
     event: *mut c_void,
     buf: *mut c_void,
@@ -106,7 +65,7 @@ unsafe extern "C" fn eq_read(
     unsafe { read_with(eq, event, buf, len, |q| q.read(flags)) }
 }
 
-unsafe extern "C" fn eq_sread(
+pub(crate) unsafe extern "C" fn eq_sread(
     eq: *mut c_void,
     event: *mut c_void,
     buf: *mut c_void,
@@ -118,7 +77,7 @@ unsafe extern "C" fn eq_sread(
     unsafe { read_with(eq, event, buf, len, |q| q.sread(flags, timeout)) }
 }
 
-unsafe extern "C" fn eq_write(
+pub(crate) unsafe extern "C" fn eq_write(
     eq: *mut c_void,
     event: u32,
     buf: *const c_void,
@@ -144,7 +103,11 @@ unsafe extern "C" fn eq_write(
     })
 }
 
-unsafe extern "C" fn eq_readerr(eq: *mut c_void, buf: *mut c_void, _flags: u64) -> isize {
+pub(crate) unsafe extern "C" fn eq_readerr(
+    eq: *mut c_void,
+    buf: *mut c_void,
+    _flags: u64,
+) -> isize {
     call(|| {
         // SAFETY: a fid from the caller, checked.
         let q = unsafe { obj::<EventQueue>(eq) }?;
@@ -180,7 +143,7 @@ unsafe fn strerror_into(
     buf: *mut c_void,
     len: usize,
 ) -> *const c_char {
-    let fallback = crate::fi_strerror(prov_errno);
+    let fallback = strerror(prov_errno);
     let (Some(t), false, true) = (text, buf.is_null(), len > 0) else {
         return fallback;
     };
@@ -193,14 +156,14 @@ unsafe fn strerror_into(
     buf.cast_const().cast()
 }
 
-unsafe extern "C" fn eq_strerror(
+pub(crate) unsafe extern "C" fn eq_strerror(
     eq: *mut c_void,
     prov_errno: c_int,
     _err_data: *const c_void,
     buf: *mut c_void,
     len: usize,
 ) -> *const c_char {
-    crate::guard(crate::fi_strerror(prov_errno), || {
+    guard(strerror(prov_errno), || {
         // SAFETY: a fid from the caller, checked; a foreign one still gets the static text.
         let text = unsafe { get::<EventQueue>(eq) }
             .ok()
@@ -217,7 +180,7 @@ pub(crate) unsafe extern "C" fn cq_strerror(
     buf: *mut c_void,
     len: usize,
 ) -> *const c_char {
-    crate::guard(crate::fi_strerror(prov_errno), || {
+    guard(strerror(prov_errno), || {
         // SAFETY: a fid from the caller, checked; a foreign one still gets the static text.
         let text = unsafe { get::<CompletionQueue>(cq) }
             .ok()
@@ -227,11 +190,10 @@ pub(crate) unsafe extern "C" fn cq_strerror(
     })
 }
 
-unsafe extern "C" fn wait_wait(waitset: *mut c_void, timeout: c_int) -> c_int {
-    let r = call(|| {
+pub(crate) unsafe extern "C" fn wait_wait(waitset: *mut c_void, timeout: c_int) -> c_int {
+    int(call(|| {
         // SAFETY: a fid from the caller, checked.
         let w = unsafe { obj::<WaitSet>(waitset) }?;
         w.wait(timeout).map(|()| 0).map_err(neg)
-    });
-    c_int::try_from(r).unwrap_or(-crate::FI_EOTHER)
+    }))
 }

@@ -2,92 +2,53 @@
 //!
 //! The library's identity is Debian's (file name, soname, the exported symbols and their
 //! version nodes, see `fabric.map`), and every export follows one discipline: no panic crosses
-//! the C boundary ([`guard`] turns one into `-FI_EOTHER`), and null required pointers are
+//! the C boundary (`ffi::guard` turns one into `-FI_EOTHER`), and null required pointers are
 //! `-FI_EINVAL`. fi_getinfo, fi_tostr and the parameter calls are translated onto the facade
-//! (`getinfo`, `text`); fabric, domain and the objects opened from them are fids
-//! (`fid`, `objects`) whose ops tables (`ops`) answer `-FI_ENOSYS` except where `objects` and
-//! `data` translate a call. fi_open answers `-FI_ENOSYS`.
+//! (`getinfo`, `text`); fabric, domain and the objects opened from them are fids whose ops
+//! tables (`tables`, laid out as `ops`) answer `-FI_ENOSYS` except where a translation
+//! (`objects`, `data`, `eq`, `rma`, `atomic`, `trigger`) takes the call. fi_open answers
+//! `-FI_ENOSYS`.
+//!
+//! The modules import downwards only, each from those below it: `consts`, `info` and `ops`;
+//! `header` (the C layouts); `ffi` (the helpers every entry point uses); `getinfo` and
+//! `text`; the translations; `tables`, which names the translations' entry points; and this
+//! file, which exports the calls C reaches by name. `scripts/import-cycles.py capi/src`
+//! checks it.
 
 #![warn(missing_docs)]
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub mod atomic;
+pub mod consts;
 pub mod data;
 pub mod eq;
-pub mod fid;
+mod ffi;
 pub mod getinfo;
+pub mod header;
 pub mod info;
 pub mod objects;
 #[allow(missing_docs)] // generated from the headers: every member is the header's
 pub mod ops;
 pub mod rma;
+mod tables;
 pub mod text;
 pub mod trigger;
+
+pub use consts::{FI_EINVAL, FI_ENODATA, FI_ENOMEM, FI_ENOSYS, FI_EOTHER, FI_VERSION_1_17};
+use ffi::guard;
 use info::FiInfo;
 use text::FiParam;
-
-/// `FI_VERSION(1, 17)`: the API this library implements.
-pub const FI_VERSION_1_17: u32 = (1 << 16) | 17;
-
-/// `FI_EINVAL`: an argument was wrong.
-pub const FI_EINVAL: c_int = libc::EINVAL;
-/// `FI_ENOSYS`: xfabric does not do this.
-pub const FI_ENOSYS: c_int = libc::ENOSYS;
-/// `FI_ENODATA`: nothing matched (getinfo).
-pub const FI_ENODATA: c_int = libc::ENODATA;
-/// `FI_ENOMEM`: an allocation failed.
-pub const FI_ENOMEM: c_int = libc::ENOMEM;
-/// `FI_EOTHER`: an unspecified error (and what a caught panic becomes).
-pub const FI_EOTHER: c_int = 256;
-
-/// Runs one export's body; a panic becomes `on_panic` instead of unwinding into C (undefined
-/// behaviour).
-#[inline(always)]
-fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
-    catch_unwind(AssertUnwindSafe(body)).unwrap_or(on_panic)
-}
 
 /// `fi_version`: the API version this library implements, 1.17.
 pub extern "C" fn fi_version() -> u32 {
     FI_VERSION_1_17
 }
 
-/// Messages for libfabric's own codes (FI_ERRNO_OFFSET = 256 onwards), in fi_errno.h's order.
-const FI_MESSAGES: [&CStr; 14] = [
-    c"Unspecified error",
-    c"Provided buffer is too small",
-    c"Operation not permitted in current state",
-    c"Error available",
-    c"Flags not supported",
-    c"Missing or unavailable event queue",
-    c"Invalid resource domain",
-    c"Missing or unavailable completion queue",
-    c"CRC error",
-    c"Truncation error",
-    c"Required key not available",
-    c"Missing or unavailable address vector",
-    c"Queue has been overrun",
-    c"Receiver not ready, no receive buffers available",
-];
-
-/// Callers pass either sign (`fi_strerror(-ret)` and `fi_strerror(ret)` both occur).
+/// Callers pass either sign (`fi_strerror(-ret)` and `fi_strerror(ret)` both occur). The text
+/// is static: the system's for an errno value, fi_errno.h's for libfabric's own codes.
 pub extern "C" fn fi_strerror(errnum: c_int) -> *const c_char {
-    guard(c"Unspecified error".as_ptr(), || {
-        let code = errnum.checked_abs().unwrap_or(FI_EOTHER);
-        if code < FI_EOTHER {
-            // SAFETY: strerror accepts any int and returns a valid C string (possibly
-            // "Unknown error N"); its buffer is static or thread-local in glibc.
-            return unsafe { libc::strerror(code) }.cast_const();
-        }
-        let idx = usize::try_from(code - FI_EOTHER).unwrap_or(0);
-        FI_MESSAGES
-            .get(idx)
-            .copied()
-            .unwrap_or(c"Unspecified error")
-            .as_ptr()
-    })
+    ffi::strerror(errnum)
 }
 
 /// Text for the types fi_info prints (`FI_TYPE_INFO` for `-v`); an empty string, never null,

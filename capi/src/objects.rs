@@ -1,204 +1,24 @@
 //! The control objects through C: fabric, domain, address vector, completion queue, counter,
 //! event queue, wait set, memory region and endpoint opened and closed, each C attribute
-//! structure translated onto the core's. Every ops table is [`crate::ops`]'s all-ENOSYS one
-//! with the members xfabric translates filled in.
+//! structure translated onto the core's, and the wait objects of the ones that have one
+//! (`fi_control(FI_GETWAIT)`, `fi_trywait`). A new object's head, with its ops tables, is its
+//! class's (`ffi::Class::new_head`).
 
 use std::ffi::{c_char, c_int, c_void};
 
 use xfabric::{
     AddressVector, AvAttr, AvType, CntrAttr, CntrEvents, CompletionQueue, Counter, CqAttr,
-    CqFormat, CqWaitCond, Domain, Endpoint, EqAttr, Error, EventQueue, Fabric, FabricAttr, Iface,
-    MemoryRegion, MrAttr, WaitAttr, WaitObj, WaitSet,
+    CqFormat, CqWaitCond, Domain, EqAttr, EventQueue, Fabric, FabricAttr, Iface, MemoryRegion,
+    MrAttr, WaitAttr, WaitObj, WaitSet,
 };
 
-use crate::fid::*;
+use crate::consts::{FI_ENOSYS, FI_VERSION_1_17};
+use crate::ffi::{code, enum_of, get, head, inval, out_ok, publish, run, CEndpoint, Class, Obj};
 use crate::getinfo::hints_from_c;
+use crate::header::{
+    FabricHead, FiAvAttr, FiCntrAttr, FiCqAttr, FiEqAttr, FiMrAttr, FiWaitAttr, MrHead,
+};
 use crate::info::{FiFabricAttr, FiInfo};
-use crate::ops::*;
-use crate::{guard, FI_EINVAL, FI_ENOSYS, FI_EOTHER, FI_VERSION_1_17};
-
-/// `struct fid_fabric`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FabricHead {
-    pub fid: Fid,
-    pub ops: *const FiOpsFabric,
-    pub api_version: u32,
-}
-
-/// `struct fid_domain`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct DomainHead {
-    pub fid: Fid,
-    pub ops: *const FiOpsDomain,
-    pub mr: *const FiOpsMr,
-}
-
-/// `struct fid_ep`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct EpHead {
-    pub fid: Fid,
-    pub ops: *const FiOpsEp,
-    pub cm: *const FiOpsCm,
-    pub msg: *const FiOpsMsg,
-    pub rma: *const FiOpsRma,
-    pub tagged: *const FiOpsTagged,
-    pub atomic: *const FiOpsAtomic,
-    /// Collectives are not part of xfabric: null, which fi_collective.h's calls check for.
-    pub collective: *const c_void,
-}
-
-/// `struct fid_av`, `fid_cq`, `fid_cntr`, `fid_eq`, `fid_wait`: the fid and one ops table.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct OpsHead<O: 'static> {
-    pub fid: Fid,
-    pub ops: *const O,
-}
-
-/// `struct fid_mr`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct MrHead {
-    pub fid: Fid,
-    /// What `fi_mr_desc` hands out and data calls give back: the region's own fid.
-    pub mem_desc: *mut c_void,
-    pub key: u64,
-}
-
-/// `struct fi_cq_attr`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiCqAttr {
-    pub size: usize,
-    pub flags: u64,
-    pub format: c_int,
-    pub wait_obj: c_int,
-    pub signaling_vector: c_int,
-    pub wait_cond: c_int,
-    pub wait_set: *mut c_void,
-}
-
-/// `struct fi_cntr_attr`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiCntrAttr {
-    pub events: c_int,
-    pub wait_obj: c_int,
-    pub wait_set: *mut c_void,
-    pub flags: u64,
-}
-
-/// `struct fi_av_attr`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiAvAttr {
-    pub type_: c_int,
-    pub rx_ctx_bits: c_int,
-    pub count: usize,
-    pub ep_per_node: usize,
-    pub name: *const c_char,
-    pub map_addr: *mut c_void,
-    pub flags: u64,
-}
-
-/// `struct fi_eq_attr`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiEqAttr {
-    pub size: usize,
-    pub flags: u64,
-    pub wait_obj: c_int,
-    pub signaling_vector: c_int,
-    pub wait_set: *mut c_void,
-}
-
-/// `struct fi_wait_attr`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiWaitAttr {
-    pub wait_obj: c_int,
-    pub flags: u64,
-}
-
-/// `struct fi_mr_attr` (the device union read as its widest member).
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiMrAttr {
-    pub mr_iov: *const libc::iovec,
-    pub iov_count: usize,
-    pub access: u64,
-    pub offset: u64,
-    pub requested_key: u64,
-    pub context: *mut c_void,
-    pub auth_key_size: usize,
-    pub auth_key: *mut u8,
-    pub iface: c_int,
-    pub device: u64,
-}
-
-macro_rules! class {
-    ($t:ty, $class:expr, $head:ty, $fi_ops:ident $(, close = $close:expr)? $(, bind = $bind:expr)? $(, control = $control:expr)?) => {
-        static $fi_ops: FiOps = FiOps {
-            close: close::<$t>,
-            $(bind: $bind,)?
-            $(control: $control,)?
-            ..FiOps::ENOSYS
-        };
-        impl Class for $t {
-            const FCLASS: usize = $class;
-            type Head = $head;
-            fn fi_ops() -> &'static FiOps {
-                &$fi_ops
-            }
-            $(fn close(self) -> Result<(), (Self, Error)> {
-                ($close)(self)
-            })?
-        }
-    };
-}
-
-class!(Fabric, FI_CLASS_FABRIC, FabricHead, FABRIC_FI_OPS);
-class!(
-    Domain,
-    FI_CLASS_DOMAIN,
-    DomainHead,
-    DOMAIN_FI_OPS,
-    control = crate::trigger::domain_control
-);
-class!(
-    AddressVector,
-    FI_CLASS_AV,
-    OpsHead<FiOpsAv>,
-    AV_FI_OPS,
-    close = AddressVector::close,
-    bind = crate::data::av_bind
-);
-class!(
-    CompletionQueue,
-    FI_CLASS_CQ,
-    OpsHead<FiOpsCq>,
-    CQ_FI_OPS,
-    close = CompletionQueue::close,
-    control = cq_control
-);
-class!(
-    Counter,
-    FI_CLASS_CNTR,
-    OpsHead<FiOpsCntr>,
-    CNTR_FI_OPS,
-    close = Counter::close,
-    control = cntr_control
-);
-class!(
-    EventQueue,
-    FI_CLASS_EQ,
-    OpsHead<FiOpsEq>,
-    EQ_FI_OPS,
-    control = eq_control
-);
 
 /// `fi_control` command: the object's wait object (an `int` fd for `FI_WAIT_FD`).
 const FI_GETWAIT: c_int = 5;
@@ -224,28 +44,44 @@ unsafe fn getwait(
     Ok(0)
 }
 
-unsafe extern "C" fn cq_control(fid: *mut c_void, command: c_int, arg: *mut c_void) -> c_int {
+pub(crate) unsafe extern "C" fn cq_control(
+    fid: *mut c_void,
+    command: c_int,
+    arg: *mut c_void,
+) -> c_int {
     run(|| {
         // SAFETY: a fid from the caller, checked; arg per the command (caller).
         unsafe { getwait(command, arg, get::<CompletionQueue>(fid)?.wait_fd()) }
     })
 }
 
-unsafe extern "C" fn cntr_control(fid: *mut c_void, command: c_int, arg: *mut c_void) -> c_int {
+pub(crate) unsafe extern "C" fn cntr_control(
+    fid: *mut c_void,
+    command: c_int,
+    arg: *mut c_void,
+) -> c_int {
     run(|| {
         // SAFETY: as cq_control.
         unsafe { getwait(command, arg, get::<Counter>(fid)?.wait_fd()) }
     })
 }
 
-unsafe extern "C" fn eq_control(fid: *mut c_void, command: c_int, arg: *mut c_void) -> c_int {
+pub(crate) unsafe extern "C" fn eq_control(
+    fid: *mut c_void,
+    command: c_int,
+    arg: *mut c_void,
+) -> c_int {
     run(|| {
         // SAFETY: as cq_control.
         unsafe { getwait(command, arg, get::<EventQueue>(fid)?.wait_fd()) }
     })
 }
 
-unsafe extern "C" fn wait_control(fid: *mut c_void, command: c_int, arg: *mut c_void) -> c_int {
+pub(crate) unsafe extern "C" fn wait_control(
+    fid: *mut c_void,
+    command: c_int,
+    arg: *mut c_void,
+) -> c_int {
     run(|| {
         // SAFETY: as cq_control.
         unsafe { getwait(command, arg, get::<WaitSet>(fid)?.wait_fd()) }
@@ -254,7 +90,7 @@ unsafe extern "C" fn wait_control(fid: *mut c_void, command: c_int, arg: *mut c_
 
 /// `fi_trywait`: 0 when the caller may block on every object's wait object, -FI_EAGAIN when
 /// one of them has something to read first.
-unsafe extern "C" fn fabric_trywait(
+pub(crate) unsafe extern "C" fn fabric_trywait(
     fabric: *mut c_void,
     fids: *mut *mut c_void,
     count: c_int,
@@ -288,81 +124,6 @@ unsafe extern "C" fn fabric_trywait(
         }
         Ok(0)
     })
-}
-class!(
-    WaitSet,
-    FI_CLASS_WAIT,
-    OpsHead<FiOpsWait>,
-    WAIT_FI_OPS,
-    control = wait_control
-);
-class!(MemoryRegion, FI_CLASS_MR, MrHead, MR_FI_OPS);
-/// An endpoint as C holds it: with its address format, which decides how its name is written
-/// (an `FI_ADDR_STR` name is a C string, NUL included).
-pub struct CEndpoint {
-    /// The endpoint.
-    pub ep: Endpoint,
-    /// `fi_info.addr_format` it was opened with.
-    pub addr_format: u32,
-}
-
-impl Class for CEndpoint {
-    const FCLASS: usize = FI_CLASS_EP;
-    type Head = EpHead;
-    fn fi_ops() -> &'static FiOps {
-        &crate::data::EP_FID_OPS
-    }
-    // An endpoint's close always finishes (it shuts the endpoint down first).
-    fn close(self) -> Result<(), (Self, Error)> {
-        if let Err(e) = self.ep.close() {
-            tracing::warn!("fi_close(ep): {e}");
-        }
-        Ok(())
-    }
-}
-
-static FABRIC_OPS: FiOpsFabric = FiOpsFabric {
-    domain: fabric_domain,
-    eq_open: fabric_eq_open,
-    wait_open: fabric_wait_open,
-    trywait: fabric_trywait,
-    ..FiOpsFabric::ENOSYS
-};
-static DOMAIN_OPS: FiOpsDomain = FiOpsDomain {
-    av_open: domain_av_open,
-    cq_open: domain_cq_open,
-    endpoint: domain_endpoint,
-    cntr_open: domain_cntr_open,
-    query_atomic: crate::atomic::domain_query_atomic,
-    ..FiOpsDomain::ENOSYS
-};
-static MR_OPS: FiOpsMr = FiOpsMr {
-    reg: mr_reg,
-    regv: mr_regv,
-    regattr: mr_regattr,
-    ..FiOpsMr::ENOSYS
-};
-
-/// Runs a C entry point's body: a panic is `-FI_EOTHER`, an error its negative code.
-fn run(body: impl FnOnce() -> Result<c_int, c_int>) -> c_int {
-    guard(-FI_EOTHER, || body().unwrap_or_else(|e| e))
-}
-
-fn inval(what: &str) -> c_int {
-    tracing::debug!("C call: {what}");
-    -FI_EINVAL
-}
-
-fn out_ok<T>(out: *mut T) -> Result<(), c_int> {
-    if out.is_null() {
-        Err(inval("null result pointer"))
-    } else {
-        Ok(())
-    }
-}
-
-fn enum_of<T>(raw: c_int, from: fn(i32) -> Option<T>, what: &str) -> Result<T, c_int> {
-    from(raw).ok_or_else(|| inval(&format!("{what} {raw} is not a value of its enum")))
 }
 
 /// The wait set a C attribute names, if any.
@@ -406,20 +167,19 @@ pub unsafe fn fabric_open(
         };
         let f = xfabric::fabric(&attr).map_err(|e| code(&e))?;
         let head = FabricHead {
-            fid: fid_of::<Fabric>(context),
-            ops: &FABRIC_OPS,
             api_version: if a.api_version == 0 {
                 FI_VERSION_1_17
             } else {
                 a.api_version
             },
+            ..Fabric::new_head(context)
         };
         // SAFETY: fabric checked non-null, writable (caller).
         Ok(unsafe { publish(head, f, fabric) })
     })
 }
 
-unsafe extern "C" fn fabric_domain(
+pub(crate) unsafe extern "C" fn fabric_domain(
     fabric: *mut c_void,
     info: *mut c_void,
     domain: *mut *mut c_void,
@@ -437,17 +197,12 @@ unsafe extern "C" fn fabric_domain(
         // SAFETY: as above.
         let info = unsafe { hints_from_c(info, version) }.map_err(|w| inval(&w))?;
         let d = f.domain(&info).map_err(|e| code(&e))?;
-        let head = DomainHead {
-            fid: fid_of::<Domain>(context),
-            ops: &DOMAIN_OPS,
-            mr: &MR_OPS,
-        };
         // SAFETY: domain checked non-null.
-        Ok(unsafe { publish(head, d, domain) })
+        Ok(unsafe { publish(Domain::new_head(context), d, domain) })
     })
 }
 
-unsafe extern "C" fn fabric_eq_open(
+pub(crate) unsafe extern "C" fn fabric_eq_open(
     fabric: *mut c_void,
     attr: *mut c_void,
     eq: *mut *mut c_void,
@@ -469,16 +224,12 @@ unsafe extern "C" fn fabric_eq_open(
             wait_obj: enum_of(a.wait_obj, WaitObj::from_raw, "eq wait_obj")?,
         };
         let q = f.eq_open(&attr).map_err(|e| code(&e))?;
-        let head = OpsHead {
-            fid: fid_of::<EventQueue>(context),
-            ops: &crate::eq::EQ_OPS,
-        };
         // SAFETY: eq checked non-null.
-        Ok(unsafe { publish(head, q, eq) })
+        Ok(unsafe { publish(EventQueue::new_head(context), q, eq) })
     })
 }
 
-unsafe extern "C" fn fabric_wait_open(
+pub(crate) unsafe extern "C" fn fabric_wait_open(
     fabric: *mut c_void,
     attr: *mut c_void,
     waitset: *mut *mut c_void,
@@ -495,16 +246,13 @@ unsafe extern "C" fn fabric_wait_open(
             flags: a.flags,
         };
         let w = f.wait_open(&attr).map_err(|e| code(&e))?;
-        let head = OpsHead {
-            fid: fid_of::<WaitSet>(std::ptr::null_mut()),
-            ops: &crate::eq::WAIT_OPS,
-        };
+        let head = WaitSet::new_head(std::ptr::null_mut());
         // SAFETY: waitset checked non-null.
         Ok(unsafe { publish(head, w, waitset) })
     })
 }
 
-unsafe extern "C" fn domain_av_open(
+pub(crate) unsafe extern "C" fn domain_av_open(
     domain: *mut c_void,
     attr: *mut c_void,
     av: *mut *mut c_void,
@@ -536,16 +284,12 @@ unsafe extern "C" fn domain_av_open(
             flags: a.flags,
         };
         let v = d.av_open(&attr).map_err(|e| code(&e))?;
-        let head = OpsHead {
-            fid: fid_of::<AddressVector>(context),
-            ops: &crate::data::AV_OPS,
-        };
         // SAFETY: av checked non-null.
-        Ok(unsafe { publish(head, v, av) })
+        Ok(unsafe { publish(AddressVector::new_head(context), v, av) })
     })
 }
 
-unsafe extern "C" fn domain_cq_open(
+pub(crate) unsafe extern "C" fn domain_cq_open(
     domain: *mut c_void,
     attr: *mut c_void,
     cq: *mut *mut c_void,
@@ -569,16 +313,12 @@ unsafe extern "C" fn domain_cq_open(
             wait_set: unsafe { wait_set(a.wait_set) }?,
         };
         let q = d.cq_open(&attr).map_err(|e| code(&e))?;
-        let head = OpsHead {
-            fid: fid_of::<CompletionQueue>(context),
-            ops: &crate::data::CQ_OPS,
-        };
         // SAFETY: cq checked non-null.
-        Ok(unsafe { publish(head, q, cq) })
+        Ok(unsafe { publish(CompletionQueue::new_head(context), q, cq) })
     })
 }
 
-unsafe extern "C" fn domain_cntr_open(
+pub(crate) unsafe extern "C" fn domain_cntr_open(
     domain: *mut c_void,
     attr: *mut c_void,
     cntr: *mut *mut c_void,
@@ -599,16 +339,12 @@ unsafe extern "C" fn domain_cntr_open(
             flags: a.flags,
         };
         let c = d.cntr_open(&attr).map_err(|e| code(&e))?;
-        let head = OpsHead {
-            fid: fid_of::<Counter>(context),
-            ops: &crate::data::CNTR_OPS,
-        };
         // SAFETY: cntr checked non-null.
-        Ok(unsafe { publish(head, c, cntr) })
+        Ok(unsafe { publish(Counter::new_head(context), c, cntr) })
     })
 }
 
-unsafe extern "C" fn domain_endpoint(
+pub(crate) unsafe extern "C" fn domain_endpoint(
     domain: *mut c_void,
     info: *mut c_void,
     ep: *mut *mut c_void,
@@ -627,9 +363,8 @@ unsafe extern "C" fn domain_endpoint(
             ep: d.endpoint(&info).map_err(|e| code(&e))?,
             addr_format: info.addr_format,
         };
-        let head = crate::data::ep_head(context);
         // SAFETY: ep checked non-null.
-        Ok(unsafe { publish(head, e, ep) })
+        Ok(unsafe { publish(CEndpoint::new_head(context), e, ep) })
     })
 }
 
@@ -646,9 +381,8 @@ unsafe fn register(fid: *mut c_void, attr: &MrAttr, flags: u64, out: *mut *mut c
         // SAFETY: the caller keeps the memory valid while registered (fi_mr(3)).
         let mr = unsafe { d.mr_regattr(attr, flags) }.map_err(|e| code(&e))?;
         let head = MrHead {
-            fid: fid_of::<MemoryRegion>(attr.context as *mut c_void),
-            mem_desc: std::ptr::null_mut(),
             key: mr.key(),
+            ..MemoryRegion::new_head(attr.context as *mut c_void)
         };
         // SAFETY: out checked non-null.
         unsafe { publish(head, mr, out) };
@@ -662,7 +396,7 @@ unsafe fn register(fid: *mut c_void, attr: &MrAttr, flags: u64, out: *mut *mut c
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn mr_reg(
+pub(crate) unsafe extern "C" fn mr_reg(
     fid: *mut c_void,
     buf: *const c_void,
     len: usize,
@@ -687,7 +421,7 @@ unsafe extern "C" fn mr_reg(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn mr_regv(
+pub(crate) unsafe extern "C" fn mr_regv(
     fid: *mut c_void,
     iov: *const c_void,
     count: usize,
@@ -720,7 +454,7 @@ unsafe extern "C" fn mr_regv(
     }
 }
 
-unsafe extern "C" fn mr_regattr(
+pub(crate) unsafe extern "C" fn mr_regattr(
     fid: *mut c_void,
     attr: *const c_void,
     flags: u64,

@@ -4,7 +4,7 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use crate::FI_ENOSYS;
+use crate::consts::FI_ENOSYS;
 
 /// A function of the given signature that ignores its arguments and answers `$v`.
 macro_rules! stub {

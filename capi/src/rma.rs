@@ -4,53 +4,16 @@
 
 use std::ffi::c_void;
 
-use xfabric::{Endpoint, MsgRma, RmaIov, FI_TRIGGER};
+use xfabric::{Endpoint, MsgRma, RawIov, RmaIov, FI_TRIGGER};
 
-use crate::data::{bytes, bytes_mut, call, ep_of, neg, segments};
-use crate::ops::FiOpsRma;
-use crate::FI_EINVAL;
-use xfabric::RawIov;
-
-/// The endpoint's RMA ops table.
-pub static RMA_OPS: FiOpsRma = FiOpsRma {
-    read: rma_read,
-    readv: rma_readv,
-    readmsg: rma_readmsg,
-    write: rma_write,
-    writev: rma_writev,
-    writemsg: rma_writemsg,
-    inject: rma_inject,
-    writedata: rma_writedata,
-    injectdata: rma_injectdata,
-    ..FiOpsRma::ENOSYS
+use crate::consts::FI_EINVAL;
+use crate::ffi::{
+    armed, bytes, bytes_mut, call, ep_of, neg, no_xpu, rma_segments, segments, Armed,
 };
-
-/// `struct fi_rma_iov`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct FiRmaIov {
-    pub addr: u64,
-    pub len: usize,
-    pub key: u64,
-}
-
-/// `struct fi_msg_rma`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiMsgRma {
-    pub msg_iov: *const libc::iovec,
-    pub desc: *mut *mut c_void,
-    pub iov_count: usize,
-    pub addr: u64,
-    pub rma_iov: *const FiRmaIov,
-    pub rma_iov_count: usize,
-    pub context: *mut c_void,
-    pub data: u64,
-}
+use crate::header::FiMsgRma;
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn rma_read(
+pub(crate) unsafe extern "C" fn rma_read(
     ep: *mut c_void,
     buf: *mut c_void,
     len: usize,
@@ -71,7 +34,7 @@ unsafe extern "C" fn rma_read(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn rma_write(
+pub(crate) unsafe extern "C" fn rma_write(
     ep: *mut c_void,
     buf: *const c_void,
     len: usize,
@@ -98,7 +61,7 @@ unsafe extern "C" fn rma_write(
                 data: 0,
             };
             // SAFETY: as above; with FI_TRIGGER the context is a fi_triggered_context.
-            return unsafe { crate::trigger::writemsg(ep, &m, defaults) }
+            return unsafe { writemsg(ep, &m, defaults) }
                 .map(|()| 0)
                 .map_err(neg);
         }
@@ -110,7 +73,7 @@ unsafe extern "C" fn rma_write(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn rma_writedata(
+pub(crate) unsafe extern "C" fn rma_writedata(
     ep: *mut c_void,
     buf: *const c_void,
     len: usize,
@@ -131,7 +94,7 @@ unsafe extern "C" fn rma_writedata(
     })
 }
 
-unsafe extern "C" fn rma_inject(
+pub(crate) unsafe extern "C" fn rma_inject(
     ep: *mut c_void,
     buf: *const c_void,
     len: usize,
@@ -146,7 +109,7 @@ unsafe extern "C" fn rma_inject(
     })
 }
 
-unsafe extern "C" fn rma_injectdata(
+pub(crate) unsafe extern "C" fn rma_injectdata(
     ep: *mut c_void,
     buf: *const c_void,
     len: usize,
@@ -166,32 +129,6 @@ unsafe extern "C" fn rma_injectdata(
 
 /// Posts a C RMA message through `post` (the core's readmsg or writemsg).
 ///
-/// The target segments of a C RMA message, bounded as the local ones (`data::segments`):
-/// nothing is read past the bound.
-///
-/// # Safety
-/// `rma_iov` readable for `count` entries.
-pub(crate) unsafe fn rma_segments(
-    rma_iov: *const FiRmaIov,
-    count: usize,
-) -> Result<Vec<RmaIov>, isize> {
-    if count == 0 {
-        return Ok(Vec::new());
-    }
-    if rma_iov.is_null() || count > 1 << 10 {
-        return Err(-(FI_EINVAL as isize));
-    }
-    // SAFETY: readable for count (caller), checked non-null.
-    Ok(unsafe { std::slice::from_raw_parts(rma_iov, count) }
-        .iter()
-        .map(|r| RmaIov {
-            addr: r.addr,
-            len: r.len,
-            key: r.key,
-        })
-        .collect())
-}
-
 /// # Safety
 /// `ep` null or a readable fid; `msg` null or a valid `struct fi_msg_rma` whose segments stay
 /// valid as the core call requires.
@@ -221,18 +158,58 @@ unsafe fn post_rma(
     })
 }
 
-unsafe extern "C" fn rma_readmsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
+pub(crate) unsafe extern "C" fn rma_readmsg(
+    ep: *mut c_void,
+    msg: *const c_void,
+    flags: u64,
+) -> isize {
     // SAFETY: forwarded; segments valid until completion (fi_rma(3)).
-    unsafe { post_rma(ep, msg, |e, m| crate::trigger::readmsg(e, m, flags)) }
+    unsafe { post_rma(ep, msg, |e, m| readmsg(e, m, flags)) }
 }
 
-unsafe extern "C" fn rma_writemsg(ep: *mut c_void, msg: *const c_void, flags: u64) -> isize {
+pub(crate) unsafe extern "C" fn rma_writemsg(
+    ep: *mut c_void,
+    msg: *const c_void,
+    flags: u64,
+) -> isize {
     // SAFETY: as rma_readmsg.
-    unsafe { post_rma(ep, msg, |e, m| crate::trigger::writemsg(e, m, flags)) }
+    unsafe { post_rma(ep, msg, |e, m| writemsg(e, m, flags)) }
+}
+
+/// The post of `fi_readmsg` ([`rma_readmsg`]), triggered or not.
+///
+/// # Safety
+/// As `Endpoint::readmsg` and [`armed`].
+unsafe fn readmsg(e: &Endpoint, m: &MsgRma<'_>, flags: u64) -> xfabric::Result<()> {
+    // SAFETY (each arm): the caller's contract.
+    unsafe {
+        match armed(m.context, flags)? {
+            None => e.readmsg(m, flags),
+            Some(Armed::Threshold(t)) => e.readmsg_triggered(m, flags & !FI_TRIGGER, &t),
+            Some(Armed::Xpu(..)) => Err(no_xpu("fi_readmsg")),
+        }
+    }
+}
+
+/// The post of `fi_writemsg` ([`rma_writemsg`], and [`rma_write`] on an alias whose default
+/// flags hold `FI_TRIGGER`), triggered or not.
+///
+/// # Safety
+/// As `Endpoint::writemsg` and [`armed`].
+unsafe fn writemsg(e: &Endpoint, m: &MsgRma<'_>, flags: u64) -> xfabric::Result<()> {
+    let f = flags & !FI_TRIGGER;
+    // SAFETY (each arm): the caller's contract.
+    unsafe {
+        match armed(m.context, flags)? {
+            None => e.writemsg(m, flags),
+            Some(Armed::Threshold(t)) => e.writemsg_triggered(m, f, &t),
+            Some(Armed::Xpu(x, v)) => e.writemsg_xpu(m, f, x, v).map(drop),
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn rma_readv(
+pub(crate) unsafe extern "C" fn rma_readv(
     ep: *mut c_void,
     iov: *const c_void,
     _desc: *mut *mut c_void,
@@ -251,7 +228,7 @@ unsafe extern "C" fn rma_readv(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn rma_writev(
+pub(crate) unsafe extern "C" fn rma_writev(
     ep: *mut c_void,
     iov: *const c_void,
     _desc: *mut *mut c_void,

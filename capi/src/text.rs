@@ -12,9 +12,9 @@ use xfabric::{
     Datatype, EpType, Progress, Threading, WorkOpType,
 };
 
+use crate::consts::{FI_EINVAL, FI_ENODATA, FI_ENOMEM, FI_VERSION_1_17};
 use crate::getinfo::hints_from_c;
 use crate::info::FiInfo;
-use crate::{FI_EINVAL, FI_ENODATA, FI_VERSION_1_17};
 
 // `enum fi_type`'s values that have a text form here.
 const FI_TYPE_INFO: c_int = 0;
@@ -171,7 +171,7 @@ pub unsafe fn getparams(params: *mut *mut FiParam, count: *mut c_int) -> c_int {
     // SAFETY: calloc of n + 1 entries; all-zero is a valid FiParam (null pointers).
     let list: *mut FiParam = unsafe { libc::calloc(n + 1, size_of::<FiParam>()) }.cast();
     if list.is_null() {
-        return -crate::FI_ENOMEM;
+        return -FI_ENOMEM;
     }
     for (i, s) in SETTINGS.iter().enumerate() {
         let help = format!("{} (default: {})", s.meaning, s.default);
@@ -185,7 +185,7 @@ pub unsafe fn getparams(params: *mut *mut FiParam, count: *mut c_int) -> c_int {
         if p.name.is_null() || p.help_string.is_null() || (value.is_some() && p.value.is_null()) {
             // SAFETY: the list is ours, ended by the zeroed entries after i.
             unsafe { freeparams(list) };
-            return -crate::FI_ENOMEM;
+            return -FI_ENOMEM;
         }
     }
     // SAFETY: both writable (caller), checked non-null.

@@ -1,25 +1,22 @@
-//! Triggered operations through C (fi_trigger(3)): an operation posted with `FI_TRIGGER` whose
-//! context is a `struct fi_triggered_context` (threshold or XPU), `fi_getopt(FI_OPT_XPU_TRIGGER)`,
-//! and the domain's deferred work queue (`fi_control` with `FI_QUEUE_WORK`, `FI_CANCEL_WORK`,
-//! `FI_FLUSH_WORK` and `struct fi_deferred_work`). Each is a translation onto the core's
-//! triggered calls; the queues, thresholds and doorbells are the core's.
+//! Triggered operations through C (fi_trigger(3)) other than the posts themselves:
+//! `fi_getopt(FI_OPT_XPU_TRIGGER)` (with `fi_setopt`, the endpoint's options), and the domain's
+//! deferred work queue (`fi_control` with `FI_QUEUE_WORK`, `FI_CANCEL_WORK`, `FI_FLUSH_WORK`
+//! and `struct fi_deferred_work`). An operation posted with `FI_TRIGGER` is its entry point's
+//! (data, rma, atomic), its `struct fi_triggered_context` read by `ffi::armed`. Each is a
+//! translation onto the core's triggered calls; the queues, thresholds and doorbells are the
+//! core's.
 
 use std::ffi::{c_int, c_void};
 use std::sync::Mutex;
 
 use xfabric::{
-    Counter, DeferredWork, Domain, Endpoint, Error, Msg, MsgRma, OpCntr, OpMsg, OpRma,
-    TriggerContext, TriggerVar, TriggerXpu, WorkId, WorkOp, Xpu, FI_TRIGGER,
+    Counter, DeferredWork, Domain, Msg, MsgRma, OpCntr, OpMsg, OpRma, TriggerXpu, WorkId, WorkOp,
 };
 
-use crate::data::{call, ep_of, neg, obj, segments, FiMsg, FiMsgTagged};
-use crate::fid::get;
-use crate::rma::{rma_segments, FiMsgRma};
-use crate::{FI_EINVAL, FI_ENOSYS, FI_EOTHER};
-
-/// `enum fi_trigger_event`.
-const FI_TRIGGER_THRESHOLD: c_int = 0;
-const FI_TRIGGER_XPU: c_int = 1;
+use crate::atomic::{self, FI_OP_ATOMIC, FI_OP_COMPARE_ATOMIC};
+use crate::consts::{FI_EINVAL, FI_ENOSYS, FI_ETOOSMALL};
+use crate::ffi::{call, ep_of, int, neg, obj, rma_segments, segments};
+use crate::header::{FiDeferredWork, FiMsg, FiMsgTagged, FiOpCntr, FiOpMsg, FiOpRma};
 
 /// `enum fi_op_type`.
 const FI_OP_RECV: c_int = 0;
@@ -40,201 +37,6 @@ const FI_FLUSH_WORK: c_int = 13;
 const FI_OPT_ENDPOINT: c_int = 0;
 const FI_OPT_MIN_MULTI_RECV: c_int = 0;
 const FI_OPT_XPU_TRIGGER: c_int = 9;
-
-/// `FI_ETOOSMALL`: the option buffer is too small.
-const FI_ETOOSMALL: isize = 257;
-
-/// `struct fi_trigger_threshold`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct FiTriggerThreshold {
-    pub cntr: *mut c_void,
-    pub threshold: usize,
-}
-
-/// The union of `struct fi_triggered_context` (the `fi_context`-sized one; the `2` variant has
-/// the same members at the same offsets, only more room after them).
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub union FiTrigger {
-    pub threshold: FiTriggerThreshold,
-    pub xpu: TriggerXpu,
-    pub internal: [*mut c_void; 3],
-}
-
-/// `struct fi_triggered_context`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct FiTriggeredContext {
-    pub event_type: c_int,
-    pub trigger: FiTrigger,
-}
-
-/// What an operation posted with `FI_TRIGGER` waits for.
-pub(crate) enum Armed<'a> {
-    Threshold(TriggerContext),
-    Xpu(Xpu, &'a mut [TriggerVar]),
-}
-
-/// The trigger of an operation posted with `flags`: `None` without `FI_TRIGGER`; otherwise
-/// read from the operation's context, which must be a `struct fi_triggered_context`.
-///
-/// # Safety
-/// With `FI_TRIGGER`, `context` must be null or point to a readable `struct
-/// fi_triggered_context` whose `var` array (for an XPU trigger) is writable for `count`
-/// variables and not otherwise referenced during the call.
-pub(crate) unsafe fn armed<'a>(context: usize, flags: u64) -> xfabric::Result<Option<Armed<'a>>> {
-    if flags & FI_TRIGGER == 0 {
-        return Ok(None);
-    }
-    let ctx = context as *mut FiTriggeredContext;
-    if ctx.is_null() {
-        return Err(Error::Inval(
-            "FI_TRIGGER: the context must be a struct fi_triggered_context, not null".into(),
-        ));
-    }
-    // SAFETY: readable (caller).
-    let c = unsafe { &mut *ctx };
-    match c.event_type {
-        FI_TRIGGER_THRESHOLD => {
-            // SAFETY: the member event_type names.
-            let t = unsafe { c.trigger.threshold };
-            // SAFETY: null or a fid (caller); get checks it is one of our counters.
-            let cntr = unsafe { get::<Counter>(t.cntr) }.map_err(|_| {
-                Error::Inval("FI_TRIGGER_THRESHOLD: cntr is not a counter of this library".into())
-            })?;
-            Ok(Some(Armed::Threshold(TriggerContext::threshold(
-                cntr,
-                t.threshold as u64,
-            ))))
-        }
-        FI_TRIGGER_XPU => {
-            // SAFETY: the member event_type names; it lives in the caller's context.
-            let x = unsafe { &mut c.trigger.xpu };
-            let xpu = x.xpu().ok_or_else(|| {
-                Error::Inval(format!(
-                    "FI_TRIGGER_XPU: iface {} is not an enum fi_hmem_iface value",
-                    x.iface
-                ))
-            })?;
-            if x.count < 0 || (x.count > 0 && x.var.is_null()) {
-                return Err(Error::Inval(format!(
-                    "FI_TRIGGER_XPU: count {} with var {:p}",
-                    x.count, x.var
-                )));
-            }
-            // SAFETY: var writable for count (caller), checked above.
-            Ok(Some(Armed::Xpu(xpu, unsafe { x.vars_mut() })))
-        }
-        other => Err(Error::Inval(format!(
-            "FI_TRIGGER: event_type {other} is not FI_TRIGGER_THRESHOLD or FI_TRIGGER_XPU"
-        ))),
-    }
-}
-
-/// An operation XPU triggers do not start.
-fn no_xpu(what: &str) -> Error {
-    Error::OpNotSupp(format!(
-        "{what} with FI_TRIGGER_XPU: XPU triggers start sends, tagged sends, RMA writes and \
-         atomics"
-    ))
-}
-
-/// `fi_sendmsg`, triggered or not.
-///
-/// # Safety
-/// As `Endpoint::sendmsg` and [`armed`].
-pub(crate) unsafe fn sendmsg(e: &Endpoint, m: &Msg<'_>, flags: u64) -> xfabric::Result<()> {
-    let f = flags & !FI_TRIGGER;
-    // SAFETY (each arm): the caller's contract.
-    unsafe {
-        match armed(m.context, flags)? {
-            None => e.sendmsg(m, flags),
-            Some(Armed::Threshold(t)) => e.sendmsg_triggered(m, f, &t),
-            Some(Armed::Xpu(x, v)) => e.sendmsg_xpu(m, f, x, v).map(drop),
-        }
-    }
-}
-
-/// `fi_tsendmsg`, triggered or not.
-///
-/// # Safety
-/// As `Endpoint::tsendmsg` and [`armed`].
-pub(crate) unsafe fn tsendmsg(e: &Endpoint, m: &Msg<'_>, flags: u64) -> xfabric::Result<()> {
-    let f = flags & !FI_TRIGGER;
-    // SAFETY (each arm): the caller's contract.
-    unsafe {
-        match armed(m.context, flags)? {
-            None => e.tsendmsg(m, flags),
-            Some(Armed::Threshold(t)) => e.tsendmsg_triggered(m, f, &t),
-            Some(Armed::Xpu(x, v)) => e.tsendmsg_xpu(m, f, x, v).map(drop),
-        }
-    }
-}
-
-/// `fi_recvmsg`, triggered or not.
-///
-/// # Safety
-/// As `Endpoint::recvmsg` and [`armed`].
-pub(crate) unsafe fn recvmsg(e: &Endpoint, m: &Msg<'_>, flags: u64) -> xfabric::Result<()> {
-    // SAFETY (each arm): the caller's contract.
-    unsafe {
-        match armed(m.context, flags)? {
-            None => e.recvmsg(m, flags),
-            Some(Armed::Threshold(t)) => e.recvmsg_triggered(m, flags & !FI_TRIGGER, &t),
-            Some(Armed::Xpu(..)) => Err(no_xpu("fi_recvmsg")),
-        }
-    }
-}
-
-/// `fi_trecvmsg`, triggered or not.
-///
-/// # Safety
-/// As `Endpoint::trecvmsg` and [`armed`].
-pub(crate) unsafe fn trecvmsg(e: &Endpoint, m: &Msg<'_>, flags: u64) -> xfabric::Result<()> {
-    // SAFETY (each arm): the caller's contract.
-    unsafe {
-        match armed(m.context, flags)? {
-            None => e.trecvmsg(m, flags),
-            Some(Armed::Threshold(t)) => e.trecvmsg_triggered(m, flags & !FI_TRIGGER, &t),
-            Some(Armed::Xpu(..)) => Err(no_xpu("fi_trecvmsg")),
-        }
-    }
-}
-
-/// `fi_readmsg`, triggered or not.
-///
-/// # Safety
-/// As `Endpoint::readmsg` and [`armed`].
-pub(crate) unsafe fn readmsg(e: &Endpoint, m: &MsgRma<'_>, flags: u64) -> xfabric::Result<()> {
-    // SAFETY (each arm): the caller's contract.
-    unsafe {
-        match armed(m.context, flags)? {
-            None => e.readmsg(m, flags),
-            Some(Armed::Threshold(t)) => e.readmsg_triggered(m, flags & !FI_TRIGGER, &t),
-            Some(Armed::Xpu(..)) => Err(no_xpu("fi_readmsg")),
-        }
-    }
-}
-
-/// `fi_writemsg`, triggered or not.
-///
-/// # Safety
-/// As `Endpoint::writemsg` and [`armed`].
-pub(crate) unsafe fn writemsg(e: &Endpoint, m: &MsgRma<'_>, flags: u64) -> xfabric::Result<()> {
-    let f = flags & !FI_TRIGGER;
-    // SAFETY (each arm): the caller's contract.
-    unsafe {
-        match armed(m.context, flags)? {
-            None => e.writemsg(m, flags),
-            Some(Armed::Threshold(t)) => e.writemsg_triggered(m, f, &t),
-            Some(Armed::Xpu(x, v)) => e.writemsg_xpu(m, f, x, v).map(drop),
-        }
-    }
-}
 
 /// `fi_getopt` of an endpoint: `FI_OPT_XPU_TRIGGER` (`struct fi_trigger_xpu`); other options
 /// answer -FI_ENOPROTOOPT.
@@ -259,7 +61,7 @@ pub(crate) unsafe extern "C" fn ep_getopt(
             FI_OPT_XPU_TRIGGER => {
                 // SAFETY: readable (checked non-null); the caller passes a struct fi_trigger_xpu.
                 if unsafe { *optlen } < std::mem::size_of::<TriggerXpu>() {
-                    return Err(-FI_ETOOSMALL);
+                    return Err(-(FI_ETOOSMALL as isize));
                 }
                 // SAFETY: a struct fi_trigger_xpu whose var holds count variables (caller).
                 let t = unsafe { &mut *optval.cast::<TriggerXpu>() };
@@ -298,46 +100,7 @@ pub(crate) unsafe extern "C" fn ep_setopt(
     }))
 }
 
-fn int(r: isize) -> c_int {
-    c_int::try_from(r).unwrap_or(-FI_EOTHER)
-}
-
 // ---- deferred work ----
-
-/// `struct fi_deferred_work`.
-#[allow(missing_docs)] // the C header's members, one for one
-#[repr(C)]
-pub struct FiDeferredWork {
-    pub context: [*mut c_void; 8],
-    pub threshold: u64,
-    pub triggering_cntr: *mut c_void,
-    pub completion_cntr: *mut c_void,
-    pub op_type: c_int,
-    pub op: *mut c_void,
-}
-
-/// `struct fi_op_msg` (and, with the tagged message, `struct fi_op_tagged`).
-#[repr(C)]
-struct FiOpMsg<M> {
-    ep: *mut c_void,
-    msg: M,
-    flags: u64,
-}
-
-/// `struct fi_op_rma`.
-#[repr(C)]
-struct FiOpRma {
-    ep: *mut c_void,
-    msg: FiMsgRma,
-    flags: u64,
-}
-
-/// `struct fi_op_cntr`.
-#[repr(C)]
-struct FiOpCntr {
-    cntr: *mut c_void,
-    value: u64,
-}
 
 /// The requests C queued, by (domain, `struct fi_deferred_work` address): what
 /// `FI_CANCEL_WORK` names. A request that started stays until its domain flushes or its
@@ -468,9 +231,9 @@ unsafe fn queue(d: &Domain, dom: usize, w: *const FiDeferredWork) -> Result<isiz
                 WorkOp::CntrAdd(oc)
             }
         }
-        crate::atomic::FI_OP_ATOMIC..=crate::atomic::FI_OP_COMPARE_ATOMIC => {
+        FI_OP_ATOMIC..=FI_OP_COMPARE_ATOMIC => {
             // SAFETY: op is the structure op_type names (caller).
-            unsafe { crate::atomic::deferred(w.op_type, w.op.cast()) }?
+            unsafe { atomic::deferred(w.op_type, w.op.cast()) }?
         }
         _ => return Err(-(FI_EINVAL as isize)),
     };

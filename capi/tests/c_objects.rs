@@ -6,14 +6,7 @@ use std::ffi::{c_int, c_void};
 use std::mem::{offset_of, size_of};
 use std::ptr::{null, null_mut};
 
-use fabric::atomic::{
-    FiAtomicAttr, FiIoc, FiMsgAtomic, FiMsgIoc, FiOpAtomic, FiOpCompareAtomic, FiOpFetchAtomic,
-    FiRmaIoc,
-};
-use fabric::data::{FiMsg, FiMsgTagged};
-use fabric::eq::FiEqErrEntry;
-use fabric::fid::Fid;
-use fabric::objects::*;
+use fabric::header::*;
 use fabric::ops::*;
 
 mod common;

@@ -49,7 +49,7 @@ for n in names:
 # emit
 r=[]
 r.append('// Generated from the fi_ops_* declarations of libfabric 1.17\'s headers (member order and\n// C types); regenerate rather than edit. Every member defaults to a function of its signature\n// answering -FI_ENOSYS (null or an empty string where it returns a pointer).\n')
-r.append('use std::ffi::{c_char, c_int, c_void};\n\nuse crate::FI_ENOSYS;\n')
+r.append('use std::ffi::{c_char, c_int, c_void};\n\nuse crate::consts::FI_ENOSYS;\n')
 r.append('''/// A function of the given signature that ignores its arguments and answers `$v`.
 macro_rules! stub {
     (($($a:ty),*) -> $r:ty = $v:expr) => {{

@@ -1,6 +1,8 @@
-/* Two processes, one RDM endpoint each, through the libfabric C API: what the C tests of
- * capi share. The parent forks; each side opens a fabric, domain, CQ, AV and endpoint with the
- * caps asked for, and the two swap endpoint names (and any blob a test adds) over pipes. */
+/* What the C tests of capi share, through the libfabric C API: failing with a message, one
+ * process's fabric and domain on the provider FI_PROVIDER names, and two processes with one
+ * RDM endpoint each. For two, the parent forks; each side opens a fabric, domain, CQ, AV and
+ * endpoint with the caps asked for, and the two swap endpoint names (and any blob a test
+ * adds) over pipes. */
 #ifndef XFABRIC_TWO_H
 #define XFABRIC_TWO_H
 
@@ -46,6 +48,44 @@ struct side {
 			FAIL("%s: %s (%lld)", #call, fi_strerror((int)-_r), _r);            \
 	} while (0)
 
+/* Fails the test when `cond` does not hold, naming its line and the condition. */
+#define REQUIRE(cond)                                                                       \
+	do {                                                                                \
+		if (!(cond))                                                                \
+			FAIL("line %d: %s", __LINE__, #cond);                               \
+	} while (0)
+
+/* Opens a fabric and domain for RDM endpoints with `caps`, `mode` and `mr_mode` on the
+ * provider FI_PROVIDER names (getinfo's first answer when it is unset). */
+static inline void open_domain(uint64_t caps, uint64_t mode, int mr_mode, struct fi_info **info,
+			       struct fid_fabric **fabric, struct fid_domain **domain)
+{
+	struct fi_info *hints = fi_allocinfo();
+	if (!hints)
+		FAIL("fi_allocinfo");
+	hints->ep_attr->type = FI_EP_RDM;
+	hints->caps = caps;
+	hints->mode = mode;
+	hints->domain_attr->mr_mode = mr_mode;
+	const char *prov = getenv("FI_PROVIDER");
+	if (prov)
+		hints->fabric_attr->prov_name = strdup(prov);
+	CHECK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, info));
+	fi_freeinfo(hints);
+	CHECK(fi_fabric((*info)->fabric_attr, fabric, NULL));
+	CHECK(fi_domain(*fabric, *info, domain, NULL));
+}
+
+/* Closes what open_domain opened; a domain or fabric that refuses (something of it still
+ * open) fails the test. */
+static inline void close_domain(struct fi_info *info, struct fid_fabric *fabric,
+				struct fid_domain *domain)
+{
+	CHECK(fi_close(&domain->fid));
+	CHECK(fi_close(&fabric->fid));
+	fi_freeinfo(info);
+}
+
 static inline void swap_blob(struct side *s, const void *mine, size_t len, void *theirs,
 			     size_t cap)
 {
@@ -76,19 +116,9 @@ static inline void two_sides(struct side *s, uint64_t caps)
 	s->in = s->child ? down[0] : up[0];
 	s->out = s->child ? up[1] : down[1];
 
-	struct fi_info *hints = fi_allocinfo();
-	hints->ep_attr->type = FI_EP_RDM;
-	hints->caps = caps;
-	hints->mode = FI_CONTEXT | FI_CONTEXT2;
-	hints->domain_attr->mr_mode =
-		FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
-	const char *prov = getenv("FI_PROVIDER");
-	if (prov)
-		hints->fabric_attr->prov_name = strdup(prov);
-	CHECK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &s->info));
-	fi_freeinfo(hints);
-	CHECK(fi_fabric(s->info->fabric_attr, &s->fabric, NULL));
-	CHECK(fi_domain(s->fabric, s->info, &s->domain, NULL));
+	open_domain(caps, FI_CONTEXT | FI_CONTEXT2,
+		    FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY, &s->info,
+		    &s->fabric, &s->domain);
 	struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_DATA, .size = 256 };
 	CHECK(fi_cq_open(s->domain, &cq_attr, &s->cq, NULL));
 	struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
