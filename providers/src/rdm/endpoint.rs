@@ -12,15 +12,14 @@ use std::time::{Duration, Instant};
 use xfabric_core::av::PeerCache;
 use xfabric_core::consts::*;
 use xfabric_core::ep::TxOp;
-use xfabric_core::rdm::wire::{Prefix, WireError};
-use xfabric_core::rdm::{self, Engine, PeerId, Sink};
+use xfabric_core::rdm::{self, Engine, PeerId};
 use xfabric_core::rxq::PostedRecv;
 use xfabric_core::settings;
 use xfabric_core::{
     AtomicReq, Context, EndpointOps, EpCore, Error, FiAddr, ProgressSource, Result, RmaOp,
 };
 
-use super::seam::{Bell, Handler, PeerName, Wire};
+use super::seam::{Bell, Glue, Wire};
 use super::sources::Sources;
 
 /// How long a closing endpoint keeps sending the answers its peers wait for.
@@ -70,74 +69,6 @@ pub struct RdmEndpoint<W: Wire> {
     bell: W::Bell,
 }
 
-/// The engine as the wire's handler, with what it needs to name a peer's source address.
-pub struct Glue<'a> {
-    /// The endpoint's engine.
-    pub engine: &'a mut Engine,
-    core: &'a EpCore,
-    sources: &'a mut Sources,
-}
-
-impl Glue<'_> {
-    fn src(&mut self, peer: PeerId, addr: &dyn PeerName) -> FiAddr {
-        self.sources.of(self.engine, self.core, peer, || addr.raw())
-    }
-}
-
-impl Handler for Glue<'_> {
-    fn on_ctrl(
-        &mut self,
-        peer: PeerId,
-        addr: &dyn PeerName,
-        prefix: &Prefix,
-        ctrl: &[u8],
-    ) -> std::result::Result<Sink, WireError> {
-        let src = self.src(peer, addr);
-        self.engine.on_ctrl(peer, src, prefix, ctrl)
-    }
-
-    fn on_body(&mut self, peer: PeerId, sink: Sink) {
-        self.engine.on_body(peer, sink)
-    }
-
-    fn on_frame(
-        &mut self,
-        peer: PeerId,
-        addr: &dyn PeerName,
-        prefix: &Prefix,
-        ctrl: &[u8],
-        body: &[u8],
-    ) -> std::result::Result<bool, WireError> {
-        let src = self.src(peer, addr);
-        self.engine.on_frame(peer, src, prefix, ctrl, body)
-    }
-
-    fn on_sent(&mut self, peer: PeerId, token: u64) {
-        self.engine.on_sent(peer, token)
-    }
-
-    fn on_lost(&mut self, peer: PeerId, addr: Option<&dyn PeerName>, errno: i32) {
-        self.engine.on_lost(peer, errno);
-        if let Some(a) = addr {
-            // Receives directed at it alone would wait for nothing.
-            let src = self.src(peer, a);
-            self.engine.source_lost(src, errno);
-        }
-    }
-
-    fn on_native(&mut self, token: u64, status: i32) {
-        self.engine.on_native(token, status)
-    }
-
-    fn on_copied(&mut self, token: u64, how: rdm::Copied) {
-        self.engine.on_copied(token, how)
-    }
-
-    fn on_native_write(&mut self, _peer: PeerId, len: usize, data: Option<u64>) {
-        self.engine.on_native_write(len, data)
-    }
-}
-
 /// The glue over a locked state's engine.
 macro_rules! glue {
     ($self:ident, $st:expr) => {{
@@ -147,14 +78,7 @@ macro_rules! glue {
             sources,
             ..
         } = $st;
-        (
-            net,
-            Glue {
-                engine,
-                core: &$self.core,
-                sources,
-            },
-        )
+        (net, Glue::new(engine, &$self.core, sources))
     }};
 }
 

@@ -9,5 +9,5 @@ pub mod seam;
 pub mod sources;
 
 pub use bell::FdBell;
-pub use endpoint::{engine_config, tx_max, Glue, RdmEndpoint};
-pub use seam::{Bell, Handler, PeerName, Wire};
+pub use endpoint::{engine_config, tx_max, RdmEndpoint};
+pub use seam::{Bell, Glue, Handler, PeerName, Wire};

@@ -16,10 +16,11 @@ use xfabric_core::rdm::{self, Engine, PeerId};
 use xfabric_core::settings;
 use xfabric_core::{EpCore, Error, Result};
 
+use super::addr::{seg_name, ADDR_PREFIX};
 use super::fdwake::WakeSock;
 use super::net::{Idle, Net, ShmOneSided, SWEEP_EVERY_MS};
+use super::ring;
 use super::segment::Segment;
-use super::{ring, ADDR_PREFIX};
 use crate::rdm::{Bell, Glue, RdmEndpoint, Wire};
 
 /// An shm endpoint.
@@ -166,7 +167,7 @@ impl Wire for Net {
     }
 
     fn peer(&mut self, raw: &[u8]) -> Result<PeerId> {
-        let name = super::seg_name(raw)?;
+        let name = seg_name(raw)?;
         self.peer_by_name(&name)
     }
 

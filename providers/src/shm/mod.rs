@@ -1,8 +1,11 @@
 //! The shm provider: RDM endpoints between processes on one host through shared memory. The
 //! protocol is core's RDM engine (`xfabric_core::rdm`); this provider is its transport: the
 //! segments (`segment`) and their rings (`ring`), cross-memory attach (`cma`), futex wake-ups
-//! (`futex`; `fdwake` for a sleeper on a descriptor), and noticing dead peers (`net`). `ep` is the endpoint, `net` the transport.
+//! (`futex`; `fdwake` for a sleeper on a descriptor), and noticing dead peers (`net`); `ep`
+//! puts `net` under the endpoint every provider on the engine shares (crate::rdm), `addr` checks
+//! addresses.
 
+mod addr;
 mod cma;
 mod ep;
 mod fdwake;
@@ -19,15 +22,16 @@ use std::time::{Duration, Instant};
 use xfabric_core::av::AddrFormat;
 use xfabric_core::consts::*;
 use xfabric_core::info::*;
-use xfabric_core::{DomainOps, EndpointOps, EpCore, Error, Provider, Result};
+use xfabric_core::{DomainOps, EndpointOps, EpCore, Provider, Result};
 
 use crate::domain::{Domain, ProviderDomain};
 use crate::info::{check_hmem, rdm_info, RdmDesc};
 
+pub use addr::ADDR_PREFIX;
 pub use futex::wakes as futex_wakes;
 
-/// Every shm address starts with this, followed by the endpoint's segment name.
-pub const ADDR_PREFIX: &str = "fi_shm://";
+use addr::ShmAddr;
+
 /// Largest inject (copied out of the caller's buffer during the call).
 pub const INJECT_SIZE: usize = 4096;
 
@@ -133,41 +137,4 @@ impl ProviderDomain for ShmDomain {
         reclaim_now_and_then();
         Ok(ep::open(core)?)
     }
-}
-
-struct ShmAddr;
-
-impl AddrFormat for ShmAddr {
-    fn validate(&self, addr: &[u8]) -> Result<()> {
-        seg_name(addr).map(|_| ())
-    }
-
-    fn to_string(&self, addr: &[u8]) -> String {
-        String::from_utf8_lossy(addr)
-            .trim_end_matches('\0')
-            .to_string()
-    }
-
-    fn canonical(&self, addr: &[u8]) -> Vec<u8> {
-        let end = addr.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-        addr[..end].to_vec()
-    }
-}
-
-/// The segment name an shm address names, checked: an xfabric segment's name, never a path.
-pub(crate) fn seg_name(raw: &[u8]) -> Result<String> {
-    let s =
-        std::str::from_utf8(raw).map_err(|_| Error::Inval("shm address is not UTF-8".into()))?;
-    let s = s.trim_end_matches('\0');
-    let name = s.strip_prefix(ADDR_PREFIX).ok_or_else(|| {
-        Error::Inval(format!(
-            "shm address {s:?} does not start with {ADDR_PREFIX}"
-        ))
-    })?;
-    if !name.starts_with(segment::PREFIX) || name.contains('/') || name.len() > 200 {
-        return Err(Error::Inval(format!(
-            "shm address {s:?} does not name an xfabric segment"
-        )));
-    }
-    Ok(name.to_string())
 }

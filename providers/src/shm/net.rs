@@ -38,10 +38,10 @@ use xfabric_core::rdm::{Body, Copied, CopyReq, Desc, Dir, Engine, OneSided, Peer
 use xfabric_core::rdm::{Transmit, Transport};
 use xfabric_core::{Error, IovList, Result};
 
+use super::addr::ADDR_PREFIX;
 use super::cma::{self, CmaResult, CmaState};
 use super::ring::{self, kind, Consumer, Header, Producer, CTRL_SPARE, LANES};
 use super::segment::Segment;
-use super::ADDR_PREFIX;
 use crate::rdm::{Glue, Handler, PeerName};
 
 pub use split::{counts as split_counts, Counts as SplitCounts, SPLIT, SPLIT_DONE};
@@ -755,8 +755,8 @@ impl Net {
 
     fn on_connect(&mut self, lane: usize, name: &str) {
         // Only names of xfabric segments: a peer must not make us open arbitrary paths.
-        let valid =
-            super::seg_name(format!("{ADDR_PREFIX}{name}").as_bytes()).is_ok_and(|n| n == name);
+        let valid = super::addr::seg_name(format!("{ADDR_PREFIX}{name}").as_bytes())
+            .is_ok_and(|n| n == name);
         if !valid {
             return;
         }

@@ -7,13 +7,13 @@ use std::sync::atomic::Ordering;
 
 use xfabric_core::{Error, Result};
 
+use super::addr::ADDR_PREFIX;
 use super::net::split;
 pub use super::net::{
     split_counts, SplitCounts, FRAME, HELD_MAX, PIECE, PIECE_LEN, SPLIT, SPLIT_DONE,
 };
 use super::ring::{self, kind, Consumer, Header, Producer};
 use super::segment::{fresh_name, Segment};
-use super::ADDR_PREFIX;
 
 /// A peer made of a segment that looks like an endpoint's and one lane in the target's.
 pub struct RawPeer {
