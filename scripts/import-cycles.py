@@ -227,7 +227,7 @@ def scan_file(root, rel, modpath, test, modules, refs):
                     continue
                 if alias == "*":
                     cur.globs.append(segs)
-                    refs.append((rel, cur.path, segs, line, test_only))
+                    refs.append((rel, cur.path, segs + ["*"], line, test_only))
                     continue
                 local = alias or segs[-1]
                 if local in ("self", "super", "crate"):
@@ -375,7 +375,8 @@ def build(root, keep_tests):
     for rel, modpath, segs, line, test_only in refs:
         if test_only and not keep_tests:
             continue
-        path = crate.absolute(modpath, segs)
+        glob = segs[-1] == "*"  # `use x::*` names x's file
+        path = crate.absolute(modpath, segs[:-1] if glob else segs)
         if path is None:
             continue
         target, _ = crate.resolve(path)
