@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::consts::{CntrEvents, WaitObj};
 use crate::error::{Error, Result};
-use crate::trigger::TriggerQueue;
+use crate::trigger::{CntrPort, TriggerQueue};
 use crate::wait::{deadline, remaining, FdWait, ProgressList, ProgressSource, WaitSet, Waitable};
 
 /// `struct fi_cntr_attr`.
@@ -366,6 +366,43 @@ impl CntrInner {
         self.sleepers.fetch_add(1, Ordering::AcqRel);
         let _ = self.cond.wait_timeout(g, left);
         self.sleepers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The trigger machinery updates counters and reads their values through `CntrPort`, below
+/// the counter that holds its queue.
+impl CntrPort for CntrInner {
+    fn value(&self) -> u64 {
+        CntrInner::value(self)
+    }
+
+    fn err_value(&self) -> u64 {
+        CntrInner::err_value(self)
+    }
+
+    fn set(self: Arc<Self>, v: u64) {
+        self.set_value(v);
+    }
+
+    fn add(self: Arc<Self>, v: u64) {
+        self.add_value(v);
+    }
+
+    fn count(self: Arc<Self>, ok: bool) {
+        if ok {
+            self.inc();
+        } else {
+            self.inc_err();
+        }
+        self.notify_observers();
+    }
+
+    fn bind(&self, p: Option<Arc<dyn ProgressSource>>) {
+        CntrInner::bind(self, p);
+    }
+
+    fn unbind(&self, p: Option<&Arc<dyn ProgressSource>>) {
+        CntrInner::unbind(self, p);
     }
 }
 

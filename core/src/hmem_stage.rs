@@ -450,7 +450,7 @@ mod tests {
     use super::*;
     use crate::hmem_iface::Iface;
 
-    use crate::trigger::testkit::FakeHmem as Fake;
+    use crate::hmem_fake::FakeHmem as Fake;
 
     #[test]
     fn gather_and_land_mixed_segments() {

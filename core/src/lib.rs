@@ -22,6 +22,8 @@ pub mod ep_rma {
 }
 pub mod eq;
 pub mod error;
+#[cfg(test)]
+pub(crate) mod hmem_fake;
 pub mod hmem_iface;
 pub mod hmem_stage;
 pub mod info;

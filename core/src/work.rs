@@ -23,7 +23,7 @@ use crate::ep::{Endpoint, Msg};
 use crate::error::{Error, Result};
 use crate::object::Domain;
 use crate::rxq::RawIov;
-use crate::trigger::{Action, EpLink, Job, TriggerQueue, Watch, WorkId, WorkTag};
+use crate::trigger::{Action, CntrPort, EpLink, Job, Owner, TriggerQueue, Watch, WorkId, WorkTag};
 
 /// `struct fi_deferred_work`.
 pub struct DeferredWork<'a> {
@@ -290,13 +290,16 @@ impl Domain {
         let (action, link) = self.work_action(&work.op)?;
         let dw = self.work();
         let id = dw.next.fetch_add(1, Ordering::Relaxed);
+        let completion = work
+            .completion_cntr
+            .map(|c| c.inner().clone() as Arc<dyn CntrPort>);
         let job = Job {
             action,
-            ep: link.clone(),
+            ep: link.clone().map(|l| l as Arc<dyn Owner>),
             work: Some(Box::new(WorkTag {
                 domain: dw.id,
                 id,
-                completion: work.completion_cntr.map(|c| c.inner().clone()),
+                completion,
             })),
         };
         let cntr = work.triggering_cntr.inner();
@@ -311,7 +314,7 @@ impl Domain {
                 if let Some(c) = work.completion_cntr {
                     l.drive_with(c.inner());
                 }
-                l.arm(cntr, Watch::Total, work.threshold, job)
+                l.arm(q, cntr, Watch::Total, work.threshold, job)
             }
             None => {
                 q.push(Watch::Total, work.threshold, job);

@@ -458,14 +458,7 @@ impl Endpoint {
         // A trigger-able endpoint is driven through its link, which also restarts triggered
         // operations the provider could not take at once (a full ring) and watches the
         // doorbells of XPU-triggered ones.
-        let doorbells = doorbells.filter(|_| core.caps & FI_XPU_TRIGGER != 0);
-        let link = (core.caps & FI_TRIGGER != 0).then(|| {
-            let port = trigger::EpPort {
-                core: core.clone(),
-                ops: ops.clone(),
-            };
-            EpLink::new(Arc::new(port), doorbells)
-        });
+        let link = Self::new_link(&core, &ops, doorbells);
         let as_progress: Arc<dyn ProgressSource> = match &link {
             Some(l) => l.clone(),
             None => ops.clone(),

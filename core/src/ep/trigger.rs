@@ -14,15 +14,15 @@ use crate::consts::*;
 use crate::entry::{Context, CqErrEntry};
 use crate::error::{Error, Result};
 use crate::rxq::RawIov;
-use crate::trigger::{Action, DeferredRegistry, EpLink, Job, Port, StartError, Watch};
-use crate::trigger::{TriggerContext, TriggerVar, TriggerXpu, Xpu};
+use crate::trigger::{Action, DeferredRegistry, DoorbellAlloc, EpLink, Job, Port, StartError};
+use crate::trigger::{TriggerContext, TriggerVar, TriggerXpu, Watch, Xpu};
 use crate::wait::ProgressSource;
 
 /// A trigger-able endpoint as its `EpLink` holds it: the core, to start operations as an
 /// immediate post does and to report them, and the provider, to drive.
-pub(crate) struct EpPort {
-    pub(crate) core: Arc<EpCore>,
-    pub(crate) ops: Arc<dyn EndpointOps>,
+struct EpPort {
+    core: Arc<EpCore>,
+    ops: Arc<dyn EndpointOps>,
 }
 
 impl Port for EpPort {
@@ -105,6 +105,24 @@ impl ProgressSource for EpPort {
 }
 
 impl Endpoint {
+    /// The link through which triggered operations wait for and start on a new endpoint
+    /// (`Endpoint::new`), for one opened with `FI_TRIGGER`; it watches `doorbells` for
+    /// XPU-triggered ones where the endpoint has `FI_XPU_TRIGGER` too.
+    pub(super) fn new_link(
+        core: &Arc<EpCore>,
+        ops: &Arc<dyn EndpointOps>,
+        doorbells: Option<Arc<dyn DoorbellAlloc>>,
+    ) -> Option<Arc<EpLink>> {
+        let doorbells = doorbells.filter(|_| core.caps & FI_XPU_TRIGGER != 0);
+        (core.caps & FI_TRIGGER != 0).then(|| {
+            let port = EpPort {
+                core: core.clone(),
+                ops: ops.clone(),
+            };
+            EpLink::new(Arc::new(port), doorbells)
+        })
+    }
+
     /// The endpoint's link, if it may take triggered operations with these flags.
     fn trigger_link(&self, what: &'static str, flags: u64) -> Result<Arc<EpLink>> {
         let link = self.link().ok_or_else(|| {
@@ -131,7 +149,8 @@ impl Endpoint {
                     ep: Some(link.clone()),
                     work: None,
                 };
-                link.arm(cntr.inner(), Watch::Success, *threshold, job);
+                let c = cntr.inner();
+                link.arm(c.trigger_queue(), c, Watch::Success, *threshold, job);
                 Ok(())
             }
         }

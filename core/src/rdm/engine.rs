@@ -133,12 +133,9 @@ enum Pending {
         rx: usize,
     },
     Write(WriteBody),
-    ReadResp {
-        id: usize,
-        status: i32,
-    },
     Atomic(AtomicBody),
-    AtomicResp {
+    /// The answer with data (`ReadResp`, `AtomicResp`) to request `id`.
+    Answer {
         id: usize,
         status: i32,
     },
@@ -397,9 +394,8 @@ impl Engine {
             Pending::Msg(m) => self.msg_arrived(peer, m, sink),
             Pending::Data { rx } => self.data_arrived(rx),
             Pending::Write(w) => self.write_landed(peer, w),
-            Pending::ReadResp { id, status } => self.answer(id, status),
             Pending::Atomic(a) => self.atomic_arrived(peer, a, sink),
-            Pending::AtomicResp { id, status } => self.answer(id, status),
+            Pending::Answer { id, status } => self.answer(id, status),
         }
     }
 

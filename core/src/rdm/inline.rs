@@ -73,7 +73,6 @@ impl<const N: usize> DerefMut for Inline<N> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rdm::{Body, INLINE_BODY};
 
     #[test]
     fn holds_up_to_its_size_and_no_more() {
@@ -86,13 +85,5 @@ mod tests {
         assert_eq!(Inline::<4>::new(&[0; 5]), None);
         assert_eq!(Inline::<4>::zeroed(3).map(|z| z.len()), Some(3));
         assert_eq!(Inline::<4>::zeroed(5), None);
-        // Bodies: inline while small, owned past it.
-        let small = [7u8; INLINE_BODY / 2];
-        assert!(
-            matches!(Body::concat(&[&small, &small]), Body::Inline(b) if b.len() == INLINE_BODY)
-        );
-        let big = Body::concat(&[&small, &small, &[1]]);
-        assert!(matches!(&big, Body::Owned(v) if v.len() == INLINE_BODY + 1));
-        assert_eq!(big.held().map(|h| h[INLINE_BODY]), Some(1));
     }
 }

@@ -1,5 +1,9 @@
-//! What a transport tells the engine about itself beyond moving frames: the one-sided copies
-//! it can do. A transport that can read a peer's memory without that peer's help (shm: cross
+//! The contract between the engine and a transport: what the transport sends for the engine
+//! ([`Transmit`], in order per peer, or given back when the peer is full: [`Transport`]), where
+//! it puts what arrives ([`Sink`]), and what it tells the engine about itself beyond moving
+//! frames: the one-sided copies it can do.
+//!
+//! A transport that can read a peer's memory without that peer's help (shm: cross
 //! memory attach; verbs: the NIC's RDMA read) hands the engine a [`OneSided`]. A large send
 //! then announces, in its `Rts`, an opaque [`Desc`] of the sender's memory that the sender's
 //! transport wrote; once a receive matches, the receiving engine asks its transport for a
@@ -9,51 +13,131 @@
 //! say), the message goes through frames (`Cts`, `Data`) as on a transport without one-sided
 //! copies, and the engine asks for no more copies with that peer.
 
-use crate::rxq::{IovList, RawIov, IOV_LIMIT};
+use crate::rxq::IovList;
 
+pub use super::desc::{Desc, MAX_DESC};
 use super::inline::Inline;
-use super::PeerId;
+use super::wire;
 
-/// Longest descriptor a `Rts` carries: room for 32 bytes per segment of a largest iov (an
-/// address, a length, a key and a spare word).
-pub const MAX_DESC: usize = 32 * IOV_LIMIT;
+/// A peer, as the transport numbers them (an index into its own table). The engine keeps
+/// per-peer state by this number.
+pub type PeerId = usize;
 
-/// A transport's description of memory a peer may copy from one-sidedly: bytes only the
-/// transports read. From a peer it is untrusted input, and only as long as [`MAX_DESC`].
-pub type Desc = Inline<MAX_DESC>;
+/// Bodies up to this many bytes that the engine copies (inject data) are kept inline.
+pub const INLINE_BODY: usize = 64;
 
-impl Desc {
-    /// The plainest descriptor: `iov`'s segments as (address, length) pairs, for a transport
-    /// whose peers name memory by its address alone (shm, which knows each peer's process).
-    pub fn of_iov(iov: &IovList) -> Desc {
-        let mut d = Desc::default();
-        for s in iov.segs() {
-            // At most IOV_LIMIT segments of 16 bytes: always fits.
-            d.push(&(s.addr as u64).to_le_bytes());
-            d.push(&(s.len as u64).to_le_bytes());
+/// The bytes after a frame's control part.
+#[derive(Debug, Default)]
+pub enum Body {
+    /// None.
+    #[default]
+    None,
+    /// A few bytes the frame holds inline.
+    Inline(Inline<INLINE_BODY>),
+    /// Bytes the frame owns.
+    Owned(Vec<u8>),
+    /// Application memory (a send's buffer, the source of a write, a read's target range):
+    /// the engine keeps it valid until the transport reports the frame sent (`Transmit::token`)
+    /// or the peer lost.
+    Iov(IovList),
+}
+
+impl Body {
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Body::None => 0,
+            Body::Inline(v) => v.len(),
+            Body::Owned(v) => v.len(),
+            Body::Iov(iov) => iov.total(),
         }
-        d
     }
 
-    /// The segments of a descriptor written by [`Desc::of_iov`], checked: `None` for bytes
-    /// that are not such a list.
-    pub fn to_iov(&self) -> Option<IovList> {
-        let b = self.as_bytes();
-        if b.is_empty() || !b.len().is_multiple_of(16) {
-            return None;
-        }
-        let word = |c: &[u8]| usize::try_from(u64::from_le_bytes(c.try_into().ok()?)).ok();
-        let segs: Option<Vec<RawIov>> = b
-            .chunks_exact(16)
-            .map(|c| {
-                Some(RawIov {
-                    addr: word(&c[..8])?,
-                    len: word(&c[8..])?,
-                })
-            })
-            .collect();
-        IovList::from_segs(segs?)
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
+
+    /// A copy of `parts`, one after the other, that the frame holds: inline when small.
+    pub fn concat(parts: &[&[u8]]) -> Body {
+        let n: usize = parts.iter().map(|p| p.len()).sum();
+        if n > INLINE_BODY {
+            return Body::Owned(parts.concat());
+        }
+        let mut b = Inline::default();
+        for p in parts {
+            b.push(p);
+        }
+        Body::Inline(b)
+    }
+
+    /// Bytes it holds itself (not application memory).
+    pub fn held(&self) -> Option<&[u8]> {
+        match self {
+            Body::None => Some(&[]),
+            Body::Inline(b) => Some(b),
+            Body::Owned(v) => Some(v),
+            Body::Iov(_) => None,
+        }
+    }
+}
+
+impl Sink {
+    /// Puts `body` (a frame's whole body, in hand) where this sink says: into the buffer (up
+    /// to its length), into the memory (up to its length), or nowhere. `Wait` stays `Wait`.
+    ///
+    /// # Safety
+    /// A `Sink::Iov` is the engine's answer to the frame, not yet handed back (`on_body`):
+    /// its memory is writable.
+    pub unsafe fn fill(self, body: &[u8]) -> Sink {
+        match self {
+            Sink::Buffer(mut v) => {
+                let n = v.len().min(body.len());
+                v[..n].copy_from_slice(&body[..n]);
+                Sink::Buffer(v)
+            }
+            Sink::Iov(iov) => {
+                // SAFETY: the caller's contract; `copy_in` writes no more than the iov holds.
+                unsafe { iov.copy_in(0, body) };
+                Sink::Iov(iov)
+            }
+            other => other,
+        }
+    }
+}
+
+/// One frame for the transport to send, in order with the others to the same peer.
+#[derive(Debug)]
+pub struct Transmit {
+    /// To whom.
+    pub peer: PeerId,
+    /// The frame's prefix and control part (`wire::Frame::ctrl`).
+    pub ctrl: wire::Ctrl,
+    /// Its body.
+    pub body: Body,
+    /// When set, the transport calls `Engine::on_sent(peer, token)` once every byte of the
+    /// frame is handed over (a stream's kernel buffer, a ring): the engine then releases the
+    /// body's memory or completes the operation.
+    pub token: Option<u64>,
+}
+
+/// Where an arriving frame's body goes: the engine's answer to its control part
+/// (`Engine::on_ctrl`), handed back filled (`Engine::on_body`). A stream transport has at most
+/// one body in flight per peer; a transport holding a whole frame calls `Engine::on_frame`,
+/// which does both (and takes a message straight into a matched receive).
+#[derive(Debug)]
+pub enum Sink {
+    /// Nowhere: the transport reads and drops the bytes.
+    Discard,
+    /// A buffer of exactly the body's length, handed back in `Engine::on_body`.
+    Buffer(Vec<u8>),
+    /// Straight into memory the engine keeps valid until `Engine::on_body` (a posted receive,
+    /// registered memory): the first `iov.total()` bytes go there, the rest is dropped.
+    Iov(IovList),
+    /// Not now (flow control: the engine's buffer for unexpected messages is full): the
+    /// transport keeps the frame, reads nothing more from this peer, and offers the same
+    /// frame again (`on_ctrl`) on later progress calls until another answer comes.
+    Wait,
 }
 
 /// How frames leave the engine (`Engine::transmit`): in order per peer, each handed over or,
@@ -65,11 +149,11 @@ pub trait Transport {
     // The frame moves by value both ways, as a failed push hands its value back in
     // crossbeam; boxing it would cost the allocation per frame that `Transmit` avoids.
     #[allow(clippy::result_large_err)]
-    fn send(&mut self, t: super::Transmit) -> Result<(), super::Transmit>;
+    fn send(&mut self, t: Transmit) -> Result<(), Transmit>;
 
     /// Writes a whole frame of `len` bytes to `peer` in the transport's own memory (a ring
     /// slot): `fill` writes its prefix, control part and body there. False: not now (the
-    /// engine then queues the frame as a [`Transmit`](super::Transmit)). The engine asks only
+    /// engine then queues the frame as a [`Transmit`]). The engine asks only
     /// when nothing to `peer` is queued ahead of the frame, and only where taking a frame
     /// delivers it (`Config::delivered_on_take`). The default: never.
     fn send_in_place(&mut self, peer: PeerId, len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
@@ -211,23 +295,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn iov_descriptors_round_trip_and_garbage_is_refused() {
-        let (a, b) = ([1u8; 10], [2u8; 30]);
-        let iov = IovList::from_segs([RawIov::of(&a), RawIov::of(&b)]).unwrap();
-        let d = Desc::of_iov(&iov);
-        let back = d.to_iov().unwrap();
-        assert_eq!(back.total(), 40);
-        assert_eq!(back.segs(), iov.segs());
-        assert_eq!(Desc::default().to_iov(), None);
-        assert_eq!(Desc::new(&[0; 15]).unwrap().to_iov(), None);
-        // More segments than an iov holds.
-        assert_eq!(
-            Desc::new(&[1; 16 * (IOV_LIMIT + 1)]).unwrap().to_iov(),
-            None
+    fn bodies_inline_while_small_owned_past_it() {
+        let small = [7u8; INLINE_BODY / 2];
+        assert!(
+            matches!(Body::concat(&[&small, &small]), Body::Inline(b) if b.len() == INLINE_BODY)
         );
-        assert_eq!(Desc::new(&[0; MAX_DESC + 1]), None);
-        let mut d = Desc::new(&[0; MAX_DESC]).unwrap();
-        assert!(!d.push(&[1]));
-        assert_eq!(d.as_bytes().len(), MAX_DESC);
+        let big = Body::concat(&[&small, &small, &[1]]);
+        assert!(matches!(&big, Body::Owned(v) if v.len() == INLINE_BODY + 1));
+        assert_eq!(big.held().map(|h| h[INLINE_BODY]), Some(1));
+    }
+
+    #[test]
+    fn a_queued_frame_stays_far_below_the_largest_control_part() {
+        assert!(std::mem::size_of::<Transmit>() < wire::MAX_ENCODED);
     }
 }

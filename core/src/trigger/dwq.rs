@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+use super::job::Job;
 use super::queue::TriggerQueue;
-use super::Job;
 
 /// A queued request, for `Domain::cancel_work` (C identifies it by its structure's address).
 #[derive(Clone, Debug)]

@@ -1,19 +1,22 @@
 //! An endpoint's side of triggered operations: where its operations start, wait when the
-//! provider says `Again`, and are found again to be canceled; and the record of started
-//! deferred work whose completions are redirected to a completion counter.
+//! provider says `Again`, and are found again to be canceled.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use super::cntr_port::CntrPort;
+use super::deferred::Pending;
+use super::job::{Job, Owner};
 use super::port::{Port, StartError};
 use super::queue::{TriggerQueue, Watch};
-use super::xpu::{DoorbellAlloc, Finder, Owner, XpuWatch};
-use super::Job;
-use crate::cntr::CntrInner;
+use super::xpu::{DoorbellAlloc, Finder, XpuWatch};
+use super::xpu_abi::{TriggerVar, Xpu};
+use crate::consts::errno::{FI_ECANCELED, FI_EIO};
 use crate::consts::FI_COMPLETION;
 use crate::entry::Context;
+use crate::error::{Error, Result};
 use crate::wait::ProgressSource;
 
 /// Longest one spin on XPU doorbells lasts before the watcher yields and drives the endpoint
@@ -40,7 +43,7 @@ pub(crate) struct EpLink {
     queues: Mutex<Vec<Weak<TriggerQueue>>>,
     /// Completion counters of deferred work on this endpoint: reading one drives the
     /// endpoint, as reading a counter bound to it does; released when it closes.
-    drives: Mutex<Vec<Arc<CntrInner>>>,
+    drives: Mutex<Vec<Arc<dyn CntrPort>>>,
     /// XPU-triggered operations (`FI_XPU_TRIGGER` endpoints only).
     pub(crate) xpu: Option<XpuWatch>,
 }
@@ -65,15 +68,19 @@ impl EpLink {
     }
 
     fn owns(&self, job: &Job) -> bool {
-        job.ep
-            .as_ref()
-            .is_some_and(|l| std::ptr::eq(Arc::as_ptr(l), self))
+        job.starts_on(self)
     }
 
-    /// Queues `job` (an operation of this endpoint) on `cntr` and starts it if the threshold
-    /// is already met.
-    pub(crate) fn arm(&self, cntr: &Arc<CntrInner>, watch: Watch, threshold: u64, job: Job) {
-        let q = cntr.trigger_queue();
+    /// Queues `job` (an operation of this endpoint) on `q`, the threshold queue of `cntr`,
+    /// and starts it if the threshold is already met.
+    pub(crate) fn arm<C: CntrPort>(
+        &self,
+        q: &Arc<TriggerQueue>,
+        cntr: &Arc<C>,
+        watch: Watch,
+        threshold: u64,
+        job: Job,
+    ) {
         {
             let mut qs = lock(&self.queues);
             if !qs.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(q))) {
@@ -95,12 +102,12 @@ impl EpLink {
     pub(crate) fn arm_xpu(
         &self,
         what: &'static str,
-        xpu: crate::trigger::Xpu,
-        vars: &mut [crate::trigger::TriggerVar],
+        xpu: Xpu,
+        vars: &mut [TriggerVar],
         job: Job,
-    ) -> crate::error::Result<usize> {
+    ) -> Result<usize> {
         let x = self.xpu.as_ref().ok_or_else(|| {
-            crate::error::Error::OpNotSupp(format!(
+            Error::OpNotSupp(format!(
                 "{what}: endpoint was opened without FI_XPU_TRIGGER"
             ))
         })?;
@@ -115,9 +122,10 @@ impl EpLink {
     /// Makes reading `cntr` (a deferred transfer's completion counter) drive this endpoint
     /// under manual progress, so that waiting on it cannot wait forever; under auto
     /// progress it only counts the use, as binding does.
-    pub(crate) fn drive_with(self: &Arc<Self>, cntr: &Arc<CntrInner>) {
+    pub(crate) fn drive_with<C: CntrPort>(self: &Arc<Self>, cntr: &Arc<C>) {
         let mut d = lock(&self.drives);
-        if self.closed.load(Ordering::Acquire) || d.iter().any(|c| Arc::ptr_eq(c, cntr)) {
+        let known = |c: &Arc<dyn CntrPort>| std::ptr::addr_eq(Arc::as_ptr(c), Arc::as_ptr(cntr));
+        if self.closed.load(Ordering::Acquire) || d.iter().any(known) {
             return;
         }
         let me: Arc<dyn ProgressSource> = self.clone();
@@ -166,7 +174,7 @@ impl EpLink {
             // driver's reason is kept for `take_staging_errors`.
             Err(StartError::Stage(e)) => {
                 self.port.staging_failed(e);
-                job.fail(&*self.port, crate::consts::errno::FI_EIO);
+                job.fail(&*self.port, FI_EIO);
                 None
             }
             Err(StartError::Refused(e)) if e.is_again() => {
@@ -179,13 +187,9 @@ impl EpLink {
             // Reported under the job's current context: deferred work's record routes it. An
             // endpoint that closed while the job was on its way cancels it, as close promises.
             Err(StartError::Refused(e)) => {
-                let closing = self.closed.load(Ordering::Acquire)
-                    && matches!(e, crate::error::Error::OpBadState(_));
-                let err = if closing {
-                    crate::consts::errno::FI_ECANCELED
-                } else {
-                    e.errno()
-                };
+                let closing =
+                    self.closed.load(Ordering::Acquire) && matches!(e, Error::OpBadState(_));
+                let err = if closing { FI_ECANCELED } else { e.errno() };
                 job.fail(&*self.port, err);
                 None
             }
@@ -359,70 +363,5 @@ impl ProgressSource for EpLink {
             idle &= self.retry() == 0;
         }
         idle && self.next_look().is_none()
-    }
-}
-
-/// A started deferred transfer, found again by the context it was handed to the provider with.
-pub(crate) struct Pending {
-    /// The context the application gave the transfer.
-    pub(crate) user_ctx: Context,
-    /// It carries `FI_COMPLETION`: the endpoint's CQ and counters report it too.
-    pub(crate) ep_completion: bool,
-    completion: Option<Arc<CntrInner>>,
-}
-
-impl Pending {
-    /// The transfer completed (`ok`) or failed: one more on the completion counter's success
-    /// or error value, unless the endpoint's own reporting already counted it there (the
-    /// completion counter is the endpoint's bound counter for this class: `counted`).
-    pub(crate) fn finish(self, ok: bool, counted: Option<&Arc<CntrInner>>) {
-        if let Some(c) = &self.completion {
-            if counted.is_some_and(|k| Arc::ptr_eq(k, c)) {
-                return;
-            }
-            if ok {
-                c.inc();
-            } else {
-                c.inc_err();
-            }
-            c.notify_observers();
-        }
-    }
-}
-
-/// Started deferred transfers of one endpoint, by the context the provider was given: the
-/// address of their `Pending` record, unique while it lives and never a context the
-/// application could have been handed back.
-#[derive(Default)]
-pub(crate) struct DeferredRegistry {
-    live: AtomicUsize,
-    map: Mutex<HashMap<usize, Box<Pending>>>,
-}
-
-impl DeferredRegistry {
-    fn insert(&self, p: Pending) -> Context {
-        let b = Box::new(p);
-        let key = &*b as *const Pending as usize;
-        lock(&self.map).insert(key, b);
-        self.live.fetch_add(1, Ordering::AcqRel);
-        key
-    }
-
-    fn remove(&self, key: Context) -> Option<Box<Pending>> {
-        let p = lock(&self.map).remove(&key);
-        if p.is_some() {
-            self.live.fetch_sub(1, Ordering::AcqRel);
-        }
-        p
-    }
-
-    /// The deferred transfer a completion with context `ctx` belongs to, if it is one. One
-    /// load when none is in flight: the provider's own locking orders a transfer's start
-    /// before its completion.
-    pub(crate) fn claim(&self, ctx: Context) -> Option<Box<Pending>> {
-        if self.live.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        self.remove(ctx)
     }
 }

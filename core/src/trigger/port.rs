@@ -1,11 +1,27 @@
 //! The endpoint as the trigger machinery sees it. A waiting operation starts, fails and is
 //! counted through this trait, which the endpoint implements (`ep::trigger`), so that the
-//! machinery sits below the endpoint instead of importing it back.
+//! machinery sits below the endpoint instead of importing it back; what it starts is an
+//! `Action`.
 
-use super::{Action, DeferredRegistry};
+use std::sync::Arc;
+
+use super::cntr_port::CntrPort;
+use super::deferred::DeferredRegistry;
 use crate::entry::Context;
 use crate::error::Error;
+use crate::op::{AtomicReq, RmaOp, TxOp};
+use crate::rxq::PostedRecv;
 use crate::wait::ProgressSource;
+
+/// What a waiting operation does when it starts.
+pub(crate) enum Action {
+    Send(TxOp),
+    Recv(PostedRecv),
+    Rma(Box<RmaOp>),
+    Atomic(Box<AtomicReq>),
+    CntrSet(Arc<dyn CntrPort>, u64),
+    CntrAdd(Arc<dyn CntrPort>, u64),
+}
 
 /// Why an operation did not start.
 #[derive(Debug)]

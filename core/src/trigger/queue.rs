@@ -12,8 +12,8 @@ use std::cell::{Cell, RefCell};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::Job;
-use crate::cntr::CntrInner;
+use super::cntr_port::CntrPort;
+use super::job::Job;
 
 /// Which value of the counter a waiting operation compares with its threshold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,7 +161,7 @@ struct Heaps {
     seq: u64,
 }
 
-/// The operations waiting on one counter (`CntrInner::trigger_queue`).
+/// The operations waiting on one counter (the counter holds it: `CntrInner::trigger_queue`).
 pub struct TriggerQueue {
     heaps: Mutex<Heaps>,
     /// Smallest threshold in each heap (`u64::MAX` when empty), readable without the lock:
@@ -199,11 +199,14 @@ impl Drop for TriggerQueue {
     }
 }
 
+/// A queue to drain later, and the counter it waits on.
+type Later = (Arc<TriggerQueue>, Arc<dyn CntrPort>);
+
 thread_local! {
     /// Whether this thread is inside `kick` already.
     static DRAINING: Cell<bool> = const { Cell::new(false) };
     /// Queues this thread was told about while draining, drained when the current one is done.
-    static LATER: RefCell<Vec<(Arc<TriggerQueue>, Arc<CntrInner>)>> = const { RefCell::new(Vec::new()) };
+    static LATER: RefCell<Vec<Later>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Clears `DRAINING` when the outermost `kick` returns (or unwinds).
@@ -266,39 +269,40 @@ impl TriggerQueue {
         self.publish(&h);
     }
 
-    fn ready(&self, cntr: &CntrInner) -> bool {
+    fn ready(&self, cntr: &impl CntrPort) -> bool {
         let v = cntr.value();
         self.min_success.load(Ordering::Acquire) <= v
             || self.min_total.load(Ordering::Acquire) <= v.saturating_add(cntr.err_value())
     }
 
-    /// The counter changed (or an operation was queued): starts every operation whose
-    /// threshold is now met, in order.
-    pub(crate) fn kick(q: &Arc<Self>, cntr: &Arc<CntrInner>) {
+    /// `cntr`, the counter this queue waits on, changed (or an operation was queued):
+    /// starts every operation whose threshold is now met, in order.
+    pub(crate) fn kick<C: CntrPort>(q: &Arc<Self>, cntr: &Arc<C>) {
         // Pairs with the fence a poster passes between queueing and reading the counter (and
         // the counter's own update before this call): one side always sees the other.
         fence(Ordering::SeqCst);
-        if q.requests.load(Ordering::Acquire) == 0 && !q.ready(cntr) {
+        if q.requests.load(Ordering::Acquire) == 0 && !q.ready(&**cntr) {
             return;
         }
         if DRAINING.with(Cell::get) {
             if !q.later.swap(true, Ordering::AcqRel) {
-                LATER.with(|l| l.borrow_mut().push((q.clone(), cntr.clone())));
+                let cntr: Arc<dyn CntrPort> = cntr.clone();
+                LATER.with(|l| l.borrow_mut().push((q.clone(), cntr)));
             }
             return;
         }
         DRAINING.with(|d| d.set(true));
         let _scope = DrainScope;
-        q.drain(cntr);
+        q.drain(&**cntr);
         while let Some((q, c)) = LATER.with(|l| l.borrow_mut().pop()) {
             // A swap, not a store: reading the flag another thread set (when it left this queue
             // to us) orders its counter update before the drain below.
             q.later.swap(false, Ordering::AcqRel);
-            q.drain(&c);
+            q.drain(&*c);
         }
     }
 
-    fn drain(&self, cntr: &CntrInner) {
+    fn drain(&self, cntr: &dyn CntrPort) {
         if self.requests.fetch_add(1, Ordering::AcqRel) != 0 {
             return;
         }
@@ -345,7 +349,7 @@ impl TriggerQueue {
 
     /// Takes the operation due first (smallest (threshold, sequence) across both heaps), and
     /// says whether another one is due too, so that the last one costs no second look.
-    fn pop_ready(&self, cntr: &CntrInner) -> (Option<Job>, bool) {
+    fn pop_ready(&self, cntr: &dyn CntrPort) -> (Option<Job>, bool) {
         let v = cntr.value();
         let total = v.saturating_add(cntr.err_value());
         let mut h = self.lock();

@@ -1,13 +1,14 @@
 //! A provider that moves no bytes, for testing triggered operations in one process: it
 //! records every operation it is handed, can refuse the next few with `Again`, completes
 //! transfers at once when asked to, and keeps posted receives for the test to complete (or
-//! cancel). `FakeHmem` plays a device whose memory is host memory, for `FI_HMEM` endpoints.
+//! cancel). `FakeHmem` (`crate::hmem_fake`) plays a device whose memory is host memory, for
+//! `FI_HMEM` endpoints.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::av::{AddrFormat, AvAttr};
-use crate::cntr::{CntrInner, Counter};
+use crate::cntr::Counter;
 use crate::consts::*;
 use crate::cq::{CompletionQueue, CqAttr};
 use crate::entry::{Context, CqErrEntry, CqTaggedEntry};
@@ -15,7 +16,8 @@ use crate::ep::atomic::AtomicReq;
 use crate::ep::rma::RmaOp;
 use crate::ep::{Endpoint, EndpointOps, EpCore, Msg, TxOp};
 use crate::error::{Error, Result};
-use crate::hmem_iface::{HmemOps, Iface, Owner};
+pub use crate::hmem_fake::FakeHmem;
+use crate::hmem_iface::{HmemOps, Iface};
 use crate::info::{FabricAttr, Info};
 use crate::object::{Domain, DomainOps, Fabric, Provider};
 use crate::rxq::{PostedRecv, RawIov, RecvSlot};
@@ -209,83 +211,6 @@ pub fn msg(iov: &[RawIov], ctx: Context) -> Msg<'_> {
         data: 0,
         tag: 0,
         ignore: 0,
-    }
-}
-
-/// "Device" memory that is host memory: ranges marked with `add` are CUDA device 0's. Copies
-/// are counted, can be made to fail, and copies into the device record the value `watch`
-/// had then (so a test sees whether data landed before a completion was counted).
-#[derive(Default)]
-pub struct FakeHmem {
-    dev: Mutex<Vec<(usize, usize)>>,
-    pub to_host: AtomicUsize,
-    pub from_host: AtomicUsize,
-    pub fail: AtomicBool,
-    pub watch: Mutex<Option<Arc<CntrInner>>>,
-    pub seen: Mutex<Vec<u64>>,
-}
-
-impl FakeHmem {
-    /// Marks `buf` as device memory.
-    pub fn add(&self, buf: &[u8]) {
-        self.add_range(buf.as_ptr() as usize, buf.len());
-    }
-
-    /// Marks `len` bytes at `addr` as device memory.
-    pub fn add_range(&self, addr: usize, len: usize) {
-        self.dev.lock().unwrap().push((addr, len));
-    }
-
-    /// Copies made so far, both ways.
-    pub fn copies(&self) -> usize {
-        self.to_host.load(Ordering::Acquire) + self.from_host.load(Ordering::Acquire)
-    }
-
-    fn check(&self, what: &str) -> Result<()> {
-        if self.fail.load(Ordering::Acquire) {
-            return Err(Error::Os {
-                op: format!("fake {what}"),
-                source: crate::error::OsError {
-                    code: crate::consts::errno::FI_EIO,
-                    text: "device copy failed".into(),
-                },
-            });
-        }
-        Ok(())
-    }
-}
-
-impl HmemOps for FakeHmem {
-    fn check_iface(&self, _iface: Iface) -> Result<()> {
-        Ok(())
-    }
-    fn owner(&self, addr: usize) -> Result<Owner> {
-        let d = self.dev.lock().unwrap();
-        Ok(if d.iter().any(|&(a, l)| addr >= a && addr < a + l) {
-            Owner {
-                iface: Iface::Cuda,
-                device: 0,
-            }
-        } else {
-            Owner::SYSTEM
-        })
-    }
-    unsafe fn copy_to_host(&self, _o: Owner, dst: &mut [u8], src: usize) -> Result<()> {
-        self.check("copy_to_host")?;
-        self.to_host.fetch_add(1, Ordering::AcqRel);
-        // SAFETY: the caller's contract: `src` is readable for `dst.len()` bytes.
-        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(src as *const u8, dst.len()) });
-        Ok(())
-    }
-    unsafe fn copy_from_host(&self, _o: Owner, dst: usize, src: &[u8]) -> Result<()> {
-        self.check("copy_from_host")?;
-        self.from_host.fetch_add(1, Ordering::AcqRel);
-        if let Some(c) = &*self.watch.lock().unwrap() {
-            self.seen.lock().unwrap().push(c.value());
-        }
-        // SAFETY: the caller's contract: `dst` is writable for `src.len()` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
-        Ok(())
     }
 }
 

@@ -4,8 +4,10 @@ use std::sync::atomic::Ordering;
 
 use super::testkit::*;
 use super::*;
+use crate::cntr::Counter;
 use crate::consts::errno::FI_ECANCELED;
-use crate::entry::FiAddr;
+use crate::consts::*;
+use crate::entry::{Context, FiAddr};
 use crate::ep::Msg;
 use crate::error::Error;
 use crate::rxq::RawIov;

@@ -168,7 +168,8 @@ fn triggered_receives_into_device_memory_land_before_their_completion() {
     let (w, fake) = device_world();
     let rcv = w.cntr();
     let e = w.ep_with(HCAPS, 64, &[(&rcv, FI_RECV)]);
-    *fake.watch.lock().unwrap() = Some(rcv.inner().clone());
+    let watched = rcv.inner().clone();
+    fake.watch(move || watched.value());
     let c = w.cntr();
     let mut dev = vec![0u8; 80];
     fake.add(&dev);
@@ -204,7 +205,8 @@ fn triggered_receives_into_device_memory_land_before_their_completion() {
     // A deferred receive into device memory lands before its completion counter counts it.
     let trig = w.cntr();
     let done = w.cntr();
-    *fake.watch.lock().unwrap() = Some(done.inner().clone());
+    let watched = done.inner().clone();
+    fake.watch(move || watched.value());
     let iov = [RawIov::of_mut(&mut dev)];
     let work = DeferredWork {
         threshold: 1,

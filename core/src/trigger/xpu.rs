@@ -18,14 +18,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::job::{Job, Owner};
 use super::port::Port;
+use super::xpu_abi::{TriggerVar, Xpu};
 use super::xpu_predict::{Policy, Predictor};
-use super::Job;
 use crate::atomic::Datatype;
 use crate::entry::Context;
 use crate::error::{Error, Result};
 use crate::hmem_iface::Iface;
-use crate::trigger::{TriggerVar, Xpu};
 
 /// Most operations one endpoint keeps armed; posting past it answers `Again`.
 pub const XPU_ARMED_MAX: usize = 1 << 16;
@@ -154,17 +154,6 @@ impl Bell {
             }
         })
     }
-}
-
-/// The endpoint's link as an `XpuWatch` sees it while arming (`EpLink`): whether it closed,
-/// where an operation whose doorbell already rang starts, and whom misuse is reported to.
-pub(crate) trait Owner {
-    /// The endpoint is closing: nothing may be armed any more.
-    fn closed(&self) -> bool;
-    /// Starts an operation (behind any waiting for room).
-    fn submit(&self, job: Job);
-    /// The endpoint.
-    fn port(&self) -> &dyn Port;
 }
 
 /// What an error entry reports about a doorbell.

@@ -145,21 +145,7 @@ impl Engine {
         status: i32,
         body: u64,
     ) -> std::result::Result<Sink, WireError> {
-        let (sink, p) = match self.answered(peer, id) {
-            Some(i) if self.tx[i].flags & FI_ATOMIC != 0 => {
-                let t = &self.tx[i];
-                if status == 0 && body != t.want as u64 {
-                    return Err(WireError::Malformed(Kind::AtomicResp));
-                }
-                let sink = if status == 0 {
-                    Sink::Iov(t.iov)
-                } else {
-                    Sink::Discard
-                };
-                (sink, Pending::AtomicResp { id: i, status })
-            }
-            _ => (Sink::Discard, Pending::Nothing),
-        };
-        Ok(self.expect(peer, sink, p))
+        let atomic = |t: &TxReq| t.flags & FI_ATOMIC != 0;
+        self.on_data_answer(peer, Kind::AtomicResp, id, status, body, atomic)
     }
 }

@@ -152,6 +152,38 @@ impl Engine {
             .map(|_| i)
     }
 
+    /// An answer that brings data back (`ReadResp`, `AtomicResp`, as `kind`) to our request
+    /// `id`, if `asked` says that request is one it answers: its body, the bytes read or a
+    /// fetch's original values, goes into the request's memory when the status is 0. A body
+    /// of another length than the request wants back is garbage, but for an empty one where
+    /// the request offered its memory for the target's transport to copy into (`pull`).
+    pub(super) fn on_data_answer(
+        &mut self,
+        peer: PeerId,
+        kind: Kind,
+        id: u32,
+        status: i32,
+        body: u64,
+        asked: impl Fn(&TxReq) -> bool,
+    ) -> std::result::Result<Sink, WireError> {
+        let (sink, p) = match self.answered(peer, id) {
+            Some(i) if asked(&self.tx[i]) => {
+                let t = &self.tx[i];
+                if status == 0 && body != t.want as u64 && !(body == 0 && t.pull) {
+                    return Err(WireError::Malformed(kind));
+                }
+                let sink = if status == 0 {
+                    Sink::Iov(t.iov)
+                } else {
+                    Sink::Discard
+                };
+                (sink, Pending::Answer { id: i, status })
+            }
+            _ => (Sink::Discard, Pending::Nothing),
+        };
+        Ok(self.expect(peer, sink, p))
+    }
+
     /// An `Ack`: the peer's answer to a send (delivery, match complete), a large message, a
     /// write or an atomic without fetch.
     pub(super) fn on_ack(&mut self, peer: PeerId, id: u32, status: i32) -> Sink {

@@ -300,22 +300,7 @@ impl Engine {
         status: i32,
         body: u64,
     ) -> std::result::Result<Sink, WireError> {
-        let (sink, p) = match self.answered(peer, id) {
-            Some(i) if self.tx[i].flags & (FI_RMA | FI_READ) == FI_RMA | FI_READ => {
-                let t = &self.tx[i];
-                // Empty where the target's transport copied the bytes in already.
-                if status == 0 && body != t.want as u64 && !(body == 0 && t.pull) {
-                    return Err(WireError::Malformed(Kind::ReadResp));
-                }
-                let sink = if status == 0 {
-                    Sink::Iov(t.iov)
-                } else {
-                    Sink::Discard
-                };
-                (sink, Pending::ReadResp { id: i, status })
-            }
-            _ => (Sink::Discard, Pending::Nothing),
-        };
-        Ok(self.expect(peer, sink, p))
+        let read = |t: &TxReq| t.flags & (FI_RMA | FI_READ) == FI_RMA | FI_READ;
+        self.on_data_answer(peer, Kind::ReadResp, id, status, body, read)
     }
 }

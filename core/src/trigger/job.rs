@@ -1,0 +1,117 @@
+//! A waiting operation (`Job`): what it does when it starts, the endpoint it starts on, and
+//! for deferred work, the request it was queued as. The threshold queues and the XPU
+//! watchers hold jobs and start them; the endpoint they start on is reached through `Owner`.
+
+use std::sync::Arc;
+
+use super::cntr_port::CntrPort;
+use super::port::{Action, Port};
+use crate::consts::errno::FI_ECANCELED;
+use crate::consts::*;
+use crate::entry::Context;
+
+/// The endpoint's link as its jobs and its XPU watcher see it (`EpLink`): whether it closed,
+/// where a job whose condition was met starts, and whom failures and misuse are reported to.
+pub(crate) trait Owner: Send + Sync {
+    /// The endpoint is closing: nothing may be armed any more.
+    fn closed(&self) -> bool;
+    /// Starts an operation (behind any waiting for room).
+    fn submit(&self, job: Job);
+    /// The endpoint.
+    fn port(&self) -> &dyn Port;
+}
+
+/// Deferred-work bookkeeping of a waiting operation.
+pub(crate) struct WorkTag {
+    /// `DomainWork::id` of the domain it was queued on.
+    pub(crate) domain: u64,
+    /// Its number within that domain (`WorkId`).
+    pub(crate) id: u64,
+    /// Incremented by one when the transfer completes (its error value if it fails).
+    pub(crate) completion: Option<Arc<dyn CntrPort>>,
+}
+
+/// A waiting operation.
+pub(crate) struct Job {
+    pub(crate) action: Action,
+    /// The endpoint a data transfer starts on; `None` for counter operations.
+    pub(crate) ep: Option<Arc<dyn Owner>>,
+    /// Set for deferred work.
+    pub(crate) work: Option<Box<WorkTag>>,
+}
+
+impl Job {
+    /// Starts the operation: a counter update at once, a transfer through its endpoint.
+    pub(super) fn fire(self) {
+        if let Some(l) = self.ep.clone() {
+            l.submit(self);
+            return;
+        }
+        match self.action {
+            Action::CntrSet(c, v) => c.set(v),
+            Action::CntrAdd(c, v) => c.add(v),
+            // Validation gives every transfer an endpoint.
+            _ => {}
+        }
+    }
+
+    /// Whether it starts on the endpoint whose link is `owner`.
+    pub(super) fn starts_on(&self, owner: &dyn Owner) -> bool {
+        self.ep
+            .as_ref()
+            .is_some_and(|l| std::ptr::addr_eq(Arc::as_ptr(l), owner))
+    }
+
+    /// The transfer's completion context (0 for counter operations).
+    pub(crate) fn ctx(&self) -> Context {
+        match &self.action {
+            Action::Send(o) => o.ctx,
+            Action::Recv(r) => r.ctx,
+            Action::Rma(o) => o.ctx,
+            Action::Atomic(a) => a.ctx,
+            Action::CntrSet(..) | Action::CntrAdd(..) => 0,
+        }
+    }
+
+    pub(super) fn set_ctx(&mut self, ctx: Context) {
+        match &mut self.action {
+            Action::Send(o) => o.ctx = ctx,
+            Action::Recv(r) => r.ctx = ctx,
+            Action::Rma(o) => o.ctx = ctx,
+            Action::Atomic(a) => a.ctx = ctx,
+            Action::CntrSet(..) | Action::CntrAdd(..) => {}
+        }
+    }
+
+    /// The transfer's operation flags.
+    pub(crate) fn flags(&self) -> u64 {
+        match &self.action {
+            Action::Send(o) => o.flags,
+            Action::Recv(r) => r.flags,
+            Action::Rma(o) => o.flags,
+            Action::Atomic(a) => a.flags,
+            Action::CntrSet(..) | Action::CntrAdd(..) => 0,
+        }
+    }
+
+    /// Reports the transfer failed with `err`, under its current context.
+    pub(super) fn fail(&self, port: &dyn Port, err: i32) {
+        match &self.action {
+            Action::Recv(r) => {
+                let flags = FI_RECV | (r.flags & (FI_MSG | FI_TAGGED));
+                port.fail_rx(r.ctx, flags, r.tag, err);
+            }
+            Action::CntrSet(..) | Action::CntrAdd(..) => {}
+            _ => port.fail_tx(self.ctx(), self.flags(), err),
+        }
+    }
+
+    /// Releases an operation that never started: a triggered transfer, or deferred work that
+    /// asked for endpoint completions (`FI_COMPLETION`), reports `FI_ECANCELED`.
+    pub(crate) fn cancel(self) {
+        let wants = self.work.is_none() || self.flags() & FI_COMPLETION != 0;
+        if let (Some(l), true) = (&self.ep, wants) {
+            self.fail(l.port(), FI_ECANCELED);
+        }
+    }
+}
