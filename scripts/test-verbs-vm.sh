@@ -1,20 +1,18 @@
 #!/usr/bin/env bash
-# The conformance suite (twice: core's keys, then the NIC's) and the device-memory tests over
-# the verbs provider, inside the Soft-RoCE VM (scripts/rxe-vm.sh): one boot running the
-# prebuilt test binaries with XFABRIC_TEST_PROVIDER=verbs, one after the other. The verbs-only tests (tests/verbs_vm.rs)
-# boot their own VM from `cargo test`. Skips, saying why, where the VM cannot run (no qemu, no
-# kernel with rdma_rxe: scripts/setup.sh installs them on Debian).
+# The conformance suite (twice: core's keys, then the NIC's), the cross-process semantic tests
+# (tagged matching, completion machinery and levels, atomics, RMA) and the device-memory tests
+# over the verbs provider, inside the Soft-RoCE VM (scripts/rxe-vm.sh): one boot running the
+# prebuilt test binaries with XFABRIC_TEST_PROVIDER=verbs, one after the other, each one's time
+# printed. The verbs-only tests (tests/verbs_vm.rs) boot their own VM from `cargo test`. Skips,
+# saying why, where the VM cannot run (no qemu, no kernel with rdma_rxe: scripts/setup.sh
+# installs them on Debian).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! why=$(scripts/rxe-vm.sh --check); then
     echo "test-verbs-vm: skipped: $why" >&2
     exit 0
 fi
-# The cross-process semantic tests (tagged, cq, completion, atomic, rma) are not run here yet:
-# over verbs in the VM, completion's match_complete_waits_for_a_matching_receive once did not
-# finish in 8 minutes (2026-11-28: its sender blocked on its control channel without
-# progressing; fixed since, not yet rerun in the VM).
-tests=(conformance hmem hmem_rma hmem_trigger hmem_ze)
+tests=(conformance tagged cq completion atomic rma hmem hmem_rma hmem_trigger hmem_ze)
 args=()
 for t in "${tests[@]}"; do args+=(--test "$t"); done
 # The test binaries only (cargo also lists the workspace's programs).
@@ -24,12 +22,19 @@ mapfile -t exes < <(cargo test -j2 "${args[@]}" --no-run --message-format=json 2
     echo "test-verbs-vm: expected ${#tests[@]} test binaries, found: ${exes[*]}" >&2
     exit 1
 }
+# Each binary as "NAME: N s" on stderr once it passed (the VM has a shell and date).
+timed() {
+    printf 's=$(date +%%s) && %s --test-threads=2 && echo "test-verbs-vm: %s: $(($(date +%%s) - s)) s" >&2 && ' "$2" "$1"
+}
 run=""
-for e in "${exes[@]}"; do run+="$e --test-threads=2 && "; done
+for e in "${exes[@]}"; do
+    name=$(basename "$e")
+    run+=$(timed "${name%-*}" "$e")
+done
 # The conformance suite once more with provider keys (XFABRIC_TEST_MR_MODE=nic): the keys are
 # the NIC's rkeys, and RMA and atomics go through the NIC where they can.
 conf=$(printf '%s\n' "${exes[@]}" | grep '/conformance-')
-run+="XFABRIC_TEST_MR_MODE=nic $conf --test-threads=2 && "
+run+=$(timed "conformance (NIC keys)" "XFABRIC_TEST_MR_MODE=nic $conf")
 start=$(date +%s)
-XFABRIC_TEST_PROVIDER=verbs scripts/rxe-vm.sh --timeout 700 -- sh -c "${run}true"
+XFABRIC_TEST_PROVIDER=verbs scripts/rxe-vm.sh --timeout 1200 -- sh -c "${run}true"
 echo "test-verbs-vm: ${tests[*]} over verbs in the VM: $(($(date +%s) - start)) s" >&2

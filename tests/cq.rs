@@ -2,7 +2,7 @@
 //! automatic progress.
 //!
 //! Written once for every provider: shm by default, tcp through `XFABRIC_TEST_PROVIDER` in
-//! scripts/test.sh (verbs in the Soft-RoCE VM: not yet, see scripts/test-verbs-vm.sh).
+//! scripts/test.sh, verbs in the Soft-RoCE VM (scripts/test-verbs-vm.sh).
 
 mod common;
 use std::time::{Duration, Instant};
@@ -56,7 +56,7 @@ fn cq_overrun_keeps_valid_entries_then_reports_overrun() {
     assert_eq!(peer.hear_progressing(&n), "sent");
     let mut got = Vec::new();
     let mut buf = [CqTaggedEntry::default(); 8];
-    let deadline = Instant::now() + BOUND;
+    let deadline = Instant::now() + completion_bound();
     loop {
         match n.cq.read(&mut buf) {
             Ok(k) => got.extend_from_slice(&buf[..k]),
@@ -99,7 +99,7 @@ fn post_all(
     count: usize,
     mut post: impl FnMut(usize) -> Result<()>,
 ) -> Vec<CqTaggedEntry> {
-    let deadline = Instant::now() + BOUND;
+    let deadline = Instant::now() + completion_bound();
     let mut got = Vec::new();
     let mut refused = 0usize;
     for i in 0..count {
@@ -213,7 +213,7 @@ fn send_and_recv_counters_count_completions() {
             unsafe { n.ep.trecv(b, None, parent, i as u64, 0, i) }.unwrap();
         }
         say("posted");
-        assert_eq!(rx.wait(N as u64, 5000), Ok(()));
+        assert_eq!(rx.wait(N as u64, completion_ms()), Ok(()));
         assert_eq!((rx.read(), rx.readerr(), tx.read()), (N as u64, 0, 0));
         for (i, b) in bufs.iter().enumerate() {
             assert!(*b == pattern(len_of(i), i as u64), "message {i}");
@@ -223,7 +223,7 @@ fn send_and_recv_counters_count_completions() {
         // SAFETY: small outlives its completion.
         unsafe { n.ep.trecv(&mut small, None, parent, 99, 0, 99) }.unwrap();
         say("posted small");
-        assert_eq!(rx.wait(N as u64 + 1, 5000), Err(Error::Avail));
+        assert_eq!(rx.wait(N as u64 + 1, completion_ms()), Err(Error::Avail));
         assert_eq!((rx.read(), rx.readerr()), (N as u64, 1));
         assert_eq!(listen(), "bye");
         return;
@@ -237,7 +237,7 @@ fn send_and_recv_counters_count_completions() {
         // SAFETY: bufs outlive the completions counted below.
         n.retry(|| unsafe { n.ep.tsend(b, None, dst, i as u64, i) });
     }
-    assert_eq!(tx.wait(N as u64, 5000), Ok(()));
+    assert_eq!(tx.wait(N as u64, completion_ms()), Ok(()));
     assert_eq!((tx.read(), tx.readerr(), rx.read()), (N as u64, 0, 0));
     // Nothing more is coming: a higher threshold times out, in about the time asked.
     let t = Instant::now();
@@ -251,7 +251,7 @@ fn send_and_recv_counters_count_completions() {
     let long = pattern(100, 99);
     // SAFETY: long outlives its completion.
     unsafe { n.ep.tsend(&long, None, dst, 99, 99) }.unwrap();
-    assert_eq!(tx.wait(N as u64 + 1, 5000), Ok(()));
+    assert_eq!(tx.wait(N as u64 + 1, completion_ms()), Ok(()));
     assert_eq!(tx.readerr(), 0, "truncation is the receiver's error");
     peer.tell("bye");
     peer.join();
@@ -298,7 +298,9 @@ fn auto_progress_receiver_blocks_in_sread() {
     peer.tell("go");
     let mut got = Vec::new();
     while got.len() < 2 {
-        let k = n.cq.sread(&mut buf, 1, 5000).expect("sread within 5 s");
+        let k =
+            n.cq.sread(&mut buf, 1, completion_ms())
+                .expect("sread within the bound");
         got.extend_from_slice(&buf[..k]);
     }
     got.sort_by_key(|c| c.op_context);
@@ -342,7 +344,7 @@ fn auto_progress_streams_while_application_waits_elsewhere() {
     // This thread makes no libfabric call until the receiver has everything.
     assert_eq!(peer.hear(), "received");
     let mut buf = [CqTaggedEntry::default(); 1];
-    assert_eq!(n.cq.sread(&mut buf, 1, 5000), Ok(1));
+    assert_eq!(n.cq.sread(&mut buf, 1, completion_ms()), Ok(1));
     assert_eq!((buf[0].op_context, buf[0].flags), (55, FI_SEND | FI_TAGGED));
     peer.tell("bye");
     peer.join();
@@ -365,7 +367,7 @@ fn unsolicited_entries_are_kept_beyond_a_managed_cq() {
         let virt = n.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0;
         let base = if virt { window.as_ptr() as u64 } else { 0 };
         say(&format!("{} {base}", mr.key()));
-        let deadline = Instant::now() + BOUND;
+        let deadline = Instant::now() + completion_bound();
         while n.cq.len() < N as usize {
             n.ep.progress();
             assert!(Instant::now() < deadline, "{} of {N} entries", n.cq.len());
