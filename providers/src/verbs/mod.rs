@@ -13,10 +13,10 @@ mod ep;
 mod ib;
 mod mr;
 mod net;
+mod stats;
 mod sys;
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use xfabric_core::consts::*;
@@ -28,6 +28,7 @@ use crate::inet;
 use crate::info::{check_hmem, rdm_info, RdmDesc};
 
 pub use ep::VerbsEndpoint;
+pub use stats::{fault_queue_pairs, native_counts, DeviceMemory, NativeCounts};
 
 /// Capabilities the verbs provider offers (the engine's, as tcp).
 pub const VERBS_CAPS: u64 = crate::info::RDM_CAPS | FI_REMOTE_COMM;
@@ -39,72 +40,12 @@ pub const INJECT_SIZE: usize = 4096;
 #[derive(Debug, Default)]
 pub struct Verbs;
 
-static FAULTS: AtomicU64 = AtomicU64::new(0);
-
-/// Fault injection for tests: every verbs endpoint of this process moves its queue pairs to the
-/// error state at its next progress (`ibv_modify_qp` to `IBV_QPS_ERR`): what they had posted
-/// completes flushed, and the operations waiting on those peers fail.
-pub fn fault_queue_pairs() {
-    FAULTS.fetch_add(1, Ordering::SeqCst);
-}
-
-fn faults() -> u64 {
-    FAULTS.load(Ordering::SeqCst)
-}
-
-static NATIVE_DONE: AtomicU64 = AtomicU64::new(0);
-static NATIVE_REFUSED: AtomicU64 = AtomicU64::new(0);
-static NATIVE_WRITES_IN: AtomicU64 = AtomicU64::new(0);
-static PULLS: AtomicU64 = AtomicU64::new(0);
-static READ_PIECES: AtomicU64 = AtomicU64::new(0);
-
-/// What this process's NIC did one-sidedly: evidence, for tests and diagnostics, of which
-/// path operations took.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NativeCounts {
-    /// RDMA writes, reads and atomics carried out successfully.
-    pub done: u64,
-    /// Ones the peer's NIC refused (a bad key, range or access).
-    pub refused: u64,
-    /// Peers' NIC writes into this process's memory that it was told of (immediate data).
-    pub writes_in: u64,
-    /// Copies of a peer's memory the NIC made for the engine (large messages read by RDMA).
-    pub pulls: u64,
-    /// Work requests the application's large RDMA reads were posted as (each of at most
-    /// 256 KiB; a read of up to 256 KiB is one work request and not counted here).
-    pub read_pieces: u64,
-}
-
-/// How CUDA memory registered in verbs domains went in this process: by dma-buf (the NIC
-/// reaches it) or staged through host memory (the engine does), and why the last staged one
-/// was (the driver, the library or the device refusing).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeviceMemory {
-    /// Regions registered with the NIC by dma-buf.
-    pub by_dmabuf: u64,
-    /// Regions left staged.
-    pub staged: u64,
-    /// Why the last staged one was.
-    pub why_staged: Option<String>,
-}
-
 /// The device-memory registrations so far.
 pub fn device_memory() -> DeviceMemory {
     mr::DEVICE_MEMORY
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone()
-}
-
-/// The counts so far.
-pub fn native_counts() -> NativeCounts {
-    NativeCounts {
-        done: NATIVE_DONE.load(Ordering::Relaxed),
-        refused: NATIVE_REFUSED.load(Ordering::Relaxed),
-        writes_in: NATIVE_WRITES_IN.load(Ordering::Relaxed),
-        pulls: PULLS.load(Ordering::Relaxed),
-        read_pieces: READ_PIECES.load(Ordering::Relaxed),
-    }
 }
 
 /// Why verbs cannot be used here, or `None` when a device is open.

@@ -109,11 +109,12 @@ fn iova(attr: &MrAttr, mr_mode: u32) -> Option<u64> {
 }
 
 /// How device memory registrations went in this process (`super::device_memory`).
-pub(super) static DEVICE_MEMORY: Mutex<super::DeviceMemory> = Mutex::new(super::DeviceMemory {
-    by_dmabuf: 0,
-    staged: 0,
-    why_staged: None,
-});
+pub(super) static DEVICE_MEMORY: Mutex<super::stats::DeviceMemory> =
+    Mutex::new(super::stats::DeviceMemory {
+        by_dmabuf: 0,
+        staged: 0,
+        why_staged: None,
+    });
 
 fn device_outcome(r: &std::result::Result<Mr, String>) {
     let mut d = DEVICE_MEMORY.lock().unwrap_or_else(|e| e.into_inner());

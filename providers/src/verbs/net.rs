@@ -184,7 +184,7 @@ pub struct Net {
     /// Connections lost this round, with their errno, reported at the end of progress.
     lost: Vec<(PeerId, i32)>,
     psn_seed: u32,
-    /// `super::faults()` last acted on.
+    /// `super::stats::faults()` last acted on.
     faults: u64,
     /// The endpoint (whether it reports remote reads: the hello's flag).
     core: Arc<EpCore>,
@@ -229,7 +229,7 @@ impl Net {
             wc: vec![sys::ibv_wc::default(); 64],
             lost: Vec::new(),
             psn_seed: std::process::id().wrapping_mul(2_654_435_761),
-            faults: super::faults(),
+            faults: super::stats::faults(),
             core,
             shared,
             transfers: HashMap::new(),
@@ -499,7 +499,7 @@ impl Net {
 
     /// One round: accept, side channels, completions, sends. Returns events handled.
     pub fn progress<H: Handler>(&mut self, h: &mut H) -> usize {
-        let f = super::faults();
+        let f = super::stats::faults();
         if f != self.faults {
             self.faults = f;
             for l in self.links.values() {
@@ -825,7 +825,7 @@ impl Net {
             };
             if slot == IMM {
                 l.held.pop_front();
-                super::NATIVE_WRITES_IN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                super::stats::NATIVE_WRITES_IN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 h.on_native_write(peer, end, native::imm_data(at as u32));
                 frames += 1;
                 continue;

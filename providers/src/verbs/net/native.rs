@@ -465,7 +465,7 @@ impl Net {
             l.free_tx.push(s);
         }
         if ok {
-            super::super::NATIVE_DONE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            super::super::stats::NATIVE_DONE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             h.on_native(f.token, 0);
             return;
         }
@@ -473,7 +473,8 @@ impl Net {
             Some(errno) => {
                 // This operation was refused; the others toward the peer are canceled with
                 // the connection (the QP is in the error state now).
-                super::super::NATIVE_REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                super::super::stats::NATIVE_REFUSED
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 h.on_native(f.token, errno);
                 self.fail_link(id, libc::ECANCELED, "the peer's NIC refused an access");
             }

@@ -188,7 +188,7 @@ impl Net {
             t.next += 1;
             t.out += 1;
             if matches!(owner, Owner::Native(_)) {
-                super::super::READ_PIECES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                super::super::stats::READ_PIECES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             tracing::trace!(
                 link = id,
@@ -233,7 +233,8 @@ impl Net {
             Owner::Copy(token) => {
                 let how = match t.status {
                     0 => {
-                        super::super::PULLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        super::super::stats::PULLS
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         Copied::Done
                     }
                     e => Copied::Failed(e),
@@ -241,11 +242,12 @@ impl Net {
                 h.on_copied(token, how);
             }
             Owner::Native(token) if t.status == 0 => {
-                super::super::NATIVE_DONE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                super::super::stats::NATIVE_DONE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 h.on_native(token, 0);
             }
             Owner::Native(token) if refused => {
-                super::super::NATIVE_REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                super::super::stats::NATIVE_REFUSED
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 h.on_native(token, t.status);
             }
             // Any other failure is the connection's: the engine ends the read with the
