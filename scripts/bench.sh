@@ -20,9 +20,10 @@
 #   C ABI    at 8 B, on shm and on tcp: Debian's fi_pingpong on xfabric's libfabric.so.1
 #            (capi/) within 1.05x the Rust pingpong's median;
 #   XPU demo examples/xpu_pipeline --xpu cpu --rounds 9: triggered/ordinary <= 0.75 and
-#            within 0.1 of the bound overlap allows; the example's own "verdict:" line is
-#            shown beside it when it prints one. The demo is not pinned: it starts its own
-#            peer process and XPU thread.
+#            within 0.1 of the bound overlap allows, on either side (far below it, the
+#            ordinary way was measured slow); the example's own "verdict:" line is shown
+#            beside it when it prints one. The demo is not pinned: it starts its own peer
+#            process and XPU thread.
 #
 # A goal not met does not fail the script (a busy machine misses them: judge figures only from
 # a quiet one); a run that fails does (exit 1).
@@ -543,7 +544,7 @@ table_header() {
     row bytes iters "lf usec min/med/max" "our usec min/med/max" ratio "lf x" "our x" \
         "lf MB/s" "our MB/s" ratio
     ((have_capi)) && row_c_abi "C-ABI usec min/med/max" "C/us"
-    [[ $1 == tcp ]] && row_probes "limit usec min/med/max" "us/lm" "stream MB" "us/st"
+    [[ $1 == tcp ]] && row_probes "limit usec min/med/max" "us/lm" "strm MB/s" "us/st"
     echo
 }
 
@@ -695,7 +696,9 @@ demo_figures() {
         }' "$1"
 }
 
-# The XPU demo, its goal judged from its last lines: ratio <= 0.75 and within 0.1 of the bound.
+# The XPU demo, its goal judged from its last lines: ratio <= 0.75 and within 0.1 of the bound,
+# on either side: the bound is the best that overlap can do, so a ratio far below it says the
+# ordinary way was measured slow, not that the triggered one is fast.
 demo_section() {
     local bin=$TARGET_DIR/release/examples/xpu_pipeline out=$WORK/demo verdict v r b status
     local args=(--xpu cpu --rounds "$DEMO_ROUNDS")
@@ -711,7 +714,9 @@ demo_section() {
     v=${verdict,,}
     read -r r b < <(demo_figures "$out")
     if [[ $r != - && $b != - ]]; then
-        status=$(awk -v r="$r" -v b="$b" 'BEGIN { print (r <= 0.75 && r - b <= 0.1) ? "met" : "NOT met" }')
+        status=$(awk -v r="$r" -v b="$b" \
+            'BEGIN { d = r - b; if (d < 0) d = -d   # 1e-9: 0.65 - 0.55 is 0.1 and a bit in binary
+                     print (r <= 0.75 && d <= 0.1 + 1e-9) ? "met" : "NOT met" }')
     elif [[ $v =~ (^|[^a-z])(not[[:space:]]+met|unmet|fail|failed)([^a-z]|$) ]]; then
         status="NOT met"
     elif [[ $v =~ (^|[^a-z])(met|pass|passed)([^a-z]|$) ]]; then
@@ -721,7 +726,7 @@ demo_section() {
     else
         status="no figure"
     fi
-    local line="XPU demo (${args[*]}): triggered/ordinary <= 0.75 and <= its bound + 0.1: ratio $r, bound $b"
+    local line="XPU demo (${args[*]}): triggered/ordinary <= 0.75 and within 0.1 of its bound: ratio $r, bound $b"
     [[ -n $verdict ]] && line+="; the example's own line: $verdict"
     GOALS+=("$status"$'\t'"$line")
 }
