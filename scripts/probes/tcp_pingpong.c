@@ -1,7 +1,11 @@
 /* The physical limit for the tcp provider on this machine: two processes ping-ponging SIZE
  * bytes over loopback TCP, busy-polling non-blocking sockets (TCP_NODELAY), no library.
- * Prints usec per one-way transfer (half a round trip) and MB/s, as fi_pingpong does.
- *   cc -O2 -o tcp_pingpong scripts/probes/tcp_pingpong.c && ./tcp_pingpong SIZE ITERS */
+ * Prints usec per one-way transfer (half a round trip) and MB/s, as fi_pingpong does. With
+ * SERVER_CPU and CLIENT_CPU, the echoing process runs on the first, the timing one on the second.
+ *   cc -O2 -o tcp_pingpong scripts/probes/tcp_pingpong.c &&
+ *   ./tcp_pingpong SIZE ITERS [SERVER_CPU CLIENT_CPU] */
+#define _GNU_SOURCE
+#include "pin.h"
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -41,6 +45,11 @@ static void tune(int fd) {
 int main(int argc, char **argv) {
     size_t size = argc > 1 ? strtoul(argv[1], 0, 0) : 8;
     long iters = argc > 2 ? strtol(argv[2], 0, 0) : 10000;
+    if (argc == 4 || argc > 5) {
+        fprintf(stderr, "usage: %s [SIZE [ITERS [SERVER_CPU CLIENT_CPU]]]\n", argv[0]);
+        return 2;
+    }
+    const char *server_cpu = argc == 5 ? argv[3] : NULL, *client_cpu = argc == 5 ? argv[4] : NULL;
     char *buf = malloc(size ? size : 1);
     memset(buf, 0xa5, size);
     int ls = socket(AF_INET, SOCK_STREAM, 0);
@@ -50,11 +59,13 @@ int main(int argc, char **argv) {
         getsockname(ls, (struct sockaddr *)&a, &al)) { perror("listen"); return 1; }
     pid_t pid = fork();
     if (pid == 0) {
+        pin_to(server_cpu);
         int fd = accept(ls, 0, 0);
         tune(fd);
         for (long i = 0; i < iters; i++) { full_recv(fd, buf, size); full_send(fd, buf, size); }
         return 0;
     }
+    pin_to(client_cpu);
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (connect(fd, (struct sockaddr *)&a, sizeof a)) { perror("connect"); return 1; }
     tune(fd);

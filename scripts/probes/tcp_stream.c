@@ -3,8 +3,12 @@
  * protocol, no waiting for answers, so no ping-pong of any library can move SIZE bytes one way
  * faster. Busy-polled non-blocking calls (MSG_DONTWAIT: no sleep and wake-up per buffer, as
  * the providers poll), TCP_NODELAY, the kernel's buffer autotuning.
- * Prints usec per message and MB/s.
- *   cc -O2 -o tcp_stream scripts/probes/tcp_stream.c && ./tcp_stream SIZE ITERS */
+ * Prints usec per message and MB/s. With SERVER_CPU and CLIENT_CPU, the receiver runs on the
+ * first, the sender on the second.
+ *   cc -O2 -o tcp_stream scripts/probes/tcp_stream.c &&
+ *   ./tcp_stream SIZE ITERS [SERVER_CPU CLIENT_CPU] */
+#define _GNU_SOURCE
+#include "pin.h"
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -31,10 +35,11 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s SIZE ITERS\n", argv[0]);
+    if (argc != 3 && argc != 5) {
+        fprintf(stderr, "usage: %s SIZE ITERS [SERVER_CPU CLIENT_CPU]\n", argv[0]);
         return 2;
     }
+    const char *server_cpu = argc == 5 ? argv[3] : NULL, *client_cpu = argc == 5 ? argv[4] : NULL;
     size_t size = strtoull(argv[1], NULL, 10);
     long iters = strtol(argv[2], NULL, 10);
     if (size == 0 || iters <= 0) {
@@ -66,6 +71,7 @@ int main(int argc, char **argv) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() == 1)
             _exit(1);
+        pin_to(server_cpu);
         int fd = accept(ls, NULL, NULL);
         if (fd < 0) {
             perror("accept");
@@ -91,6 +97,7 @@ int main(int argc, char **argv) {
             _exit(1);
         _exit(0);
     }
+    pin_to(client_cpu);
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
         perror("connect");
