@@ -204,16 +204,24 @@ impl Release for Exported {
     }
 }
 
+/// The entry of `map` holding `addr..addr + len`, with its base.
+fn holding(map: &BTreeMap<usize, Export>, addr: usize, len: usize) -> Option<(usize, &Export)> {
+    let end = addr.checked_add(len)?;
+    let (&base, e) = map.range(..=addr).next_back()?;
+    (end <= base.checked_add(e.len)?).then_some((base, e))
+}
+
+/// Whether a shareable allocation holds `addr..addr + len` (no system call).
+pub(crate) fn holds(addr: *const u8, len: usize) -> bool {
+    holding(&exports(), addr as usize, len).is_some()
+}
+
 /// The handle of the shareable allocation holding `addr..addr + len`, if one does (no
 /// allocation, no lock held beyond the lookup: a sender asks this per large message).
 pub(crate) fn find(addr: *const u8, len: usize) -> Option<IpcHandle> {
     let a = addr as usize;
-    let end = a.checked_add(len)?;
     let map = exports();
-    let (&base, e) = map.range(..=a).next_back()?;
-    if end > base.checked_add(e.len)? {
-        return None;
-    }
+    let (base, e) = holding(&map, a, len)?;
     Some(IpcHandle {
         iface: Iface::System,
         pid: std::process::id(),

@@ -92,6 +92,11 @@ impl System {
         }
         memfd::find(addr, len)
     }
+
+    /// Whether `export` would give a handle for `addr..addr + len` (cheaper: no handle made).
+    pub fn exportable(&self, addr: *const u8, len: usize) -> bool {
+        len != 0 && memfd::holds(addr, len)
+    }
 }
 
 impl HmemIface for System {

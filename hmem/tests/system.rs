@@ -178,6 +178,7 @@ fn host_mapped_memory_exports_and_maps_in_this_process() {
         (m.as_ptr() as u64, 5000, 4 * 4096)
     );
     assert_eq!(sys.export(at, 100), Some(h.clone()));
+    assert!(sys.exportable(at, 100) && !sys.exportable(at, 0));
     assert_eq!(IpcHandle::from_bytes(&h.to_bytes()).unwrap(), h);
 
     let mapped = sys.ipc_open(0, &h).unwrap();
@@ -194,6 +195,7 @@ fn host_mapped_memory_exports_and_maps_in_this_process() {
     let e = sys.ipc_get(m.as_ptr(), 4 * 4096 + 1).unwrap_err();
     assert!(matches!(e, HmemError::Inval { .. }), "{e}");
     assert!(sys.export(m.as_ptr(), 4 * 4096 + 1).is_none());
+    assert!(!sys.exportable(m.as_ptr(), 4 * 4096 + 1));
     assert!(matches!(sys.ipc_get(at, 0), Err(HmemError::Inval { .. })));
 
     let heap = vec![0u8; 64];

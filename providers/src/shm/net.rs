@@ -1192,7 +1192,7 @@ impl OneSided for ShmOneSided {
             return None;
         };
         self.sys
-            .export(s.addr as *const u8, s.len)
-            .map(|_| self.map_min)
+            .exportable(s.addr as *const u8, s.len)
+            .then_some(self.map_min)
     }
 }

@@ -248,9 +248,109 @@ impl Net {
         // SAFETY: `src..src + c.len` lies inside a live read-only mapping of a file sealed
         // against shrinking (no access faults); the peer may write those bytes meanwhile, as
         // it may under cross-memory attach (its data, its race). `c.local` is the engine's
-        // to write until `on_copied`.
-        unsafe { c.local.copy_in(0, std::slice::from_raw_parts(src, c.len)) };
+        // to write until `on_copied`, at least `c.len` bytes (checked above).
+        unsafe { copy_into(&c.local, src, c.len) };
         COPIES.fetch_add(1, Ordering::Relaxed);
         Ok(Copied::Done)
+    }
+}
+
+/// Below this many bytes glibc's `memcpy` copies with vector loads and stores, never with
+/// `rep movsb` (its `rep_movsb_threshold` is 2,048 bytes or more).
+const SHORT_COPY: usize = 2048;
+
+/// Copies `len` bytes from `src` into the segments of `dst`, in order.
+///
+/// `rep movsb`, which glibc's `memcpy` uses from about 2 KiB to 512 KiB, runs some twenty
+/// times slower on AMD Zen (measured on this project's machines: 1.6 GB/s against 35 GB/s for
+/// 32 KiB) when the destination lies 1 to 31 bytes past the source modulo 4 KiB, which is
+/// what a heap buffer (16 bytes into its page) receiving from page-aligned shared memory
+/// gives. Such copies go in pieces short enough for the vector loop.
+///
+/// # Safety
+/// `src..src + len` is readable; `dst`'s segments are writable, not overlapping it, and hold
+/// at least `len` bytes.
+unsafe fn copy_into(dst: &IovList, src: *const u8, len: usize) {
+    let mut done = 0;
+    for s in dst.segs() {
+        let n = s.len.min(len - done);
+        if n == 0 {
+            break;
+        }
+        let (to, from) = (s.addr as *mut u8, src.wrapping_add(done));
+        let near = (to as usize).wrapping_sub(from as usize) % 4096;
+        let step = if (1..64).contains(&near) {
+            SHORT_COPY
+        } else {
+            n
+        };
+        let mut at = 0;
+        while at < n {
+            let k = step.min(n - at);
+            // SAFETY: `at + k <= n`, inside both ranges by the caller's contract.
+            unsafe { std::ptr::copy_nonoverlapping(from.add(at), to.add(at), k) };
+            at += k;
+        }
+        done += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xfabric_core::RawIov;
+    use xfabric_hmem::Iface;
+
+    #[test]
+    fn copies_land_whatever_the_alignment() {
+        let src: Vec<u8> = (0..40_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        for off in [0usize, 1, 8, 16, 31, 64, 4000] {
+            let mut a = vec![0u8; 5000 + off];
+            let mut b = vec![0u8; 40_000];
+            let dst =
+                IovList::from_segs([RawIov::of_mut(&mut a[off..]), RawIov::of_mut(&mut b[..])])
+                    .unwrap();
+            // SAFETY: `src` holds 40,000 bytes; `a` and `b` hold 45,000 between them.
+            unsafe { copy_into(&dst, src.as_ptr(), 40_000) };
+            assert_eq!(&a[off..], &src[..5000], "offset {off}");
+            assert_eq!(&b[..35_000], &src[5000..], "offset {off}");
+            assert!(b[35_000..].iter().all(|&x| x == 0));
+        }
+    }
+
+    #[test]
+    fn descriptors_round_trip_and_others_are_not_mapped_ones() {
+        let h = IpcHandle {
+            iface: Iface::System,
+            pid: 77,
+            device: 0,
+            base: 0x7000_0000,
+            alloc_len: 1 << 20,
+            offset: 4096,
+            raw: [3; 64],
+        };
+        let d = desc_of(&h, 1000);
+        assert_eq!(d.as_bytes().len(), DESC_LEN);
+        let n = decode(&d).unwrap().unwrap();
+        assert_eq!((n.handle, n.len), (h.clone(), 1000));
+        // What cross-memory attach reads from it: nothing.
+        assert!(d.to_iov().is_none());
+        // A plain descriptor, even one starting with the tag, is not a mapped one.
+        let plain = Desc::of_iov(&IovList::one(TAG as usize, 10));
+        assert!(decode(&plain).is_none());
+        // The tag and length, but a handle that does not parse or a range past the end.
+        let mut b = d.as_bytes().to_vec();
+        b[1] ^= 1;
+        assert!(decode(&Desc::new(&b).unwrap()).unwrap().is_err());
+        let past = desc_of(&h, (1 << 20) - 4095);
+        assert!(decode(&past).unwrap().is_err());
+        let n = decode(&desc_of(&h, 10)).unwrap().unwrap();
+        assert_eq!(
+            n.iov().map(|l| l.segs()[0]),
+            Some(RawIov {
+                addr: 0x7000_1000,
+                len: 10
+            })
+        );
     }
 }
