@@ -119,7 +119,8 @@ fn fstat(op: &'static str, fd: RawFd) -> Result<libc::stat> {
 }
 
 /// A memfd mapping of `map_len` bytes (a multiple of the page size), sealed and registered; `None`
-/// where this kernel or its sandbox gives no memfds (the caller then uses anonymous pages).
+/// where no sealed memfd can be had (no memfds in this kernel or sandbox, no descriptor left,
+/// no sealing): the caller then uses anonymous pages, which only lack an IPC handle.
 pub(crate) fn alloc(op: &'static str, map_len: usize) -> Result<Option<Pages>> {
     let Ok(size) = libc::off_t::try_from(map_len) else {
         return Err(HmemError::inval(
@@ -135,24 +136,17 @@ pub(crate) fn alloc(op: &'static str, map_len: usize) -> Result<Option<Pages>> {
         )
     };
     if raw < 0 {
-        let e = std::io::Error::last_os_error().raw_os_error();
-        if matches!(
-            e,
-            Some(libc::ENOSYS | libc::EPERM | libc::EINVAL | libc::EACCES)
-        ) {
-            return Ok(None);
-        }
-        return Err(os_err(op, "memfd_create"));
+        return Ok(None);
     }
     // SAFETY: `raw` is a descriptor just created and owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     // SAFETY: plain calls on a descriptor we own.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
-        return Err(os_err(op, "ftruncate"));
-    }
-    // SAFETY: as above.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0 {
-        return Err(os_err(op, "F_ADD_SEALS"));
+    let sealed = unsafe {
+        libc::ftruncate(fd.as_raw_fd(), size) == 0
+            && libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) == 0
+    };
+    if !sealed {
+        return Ok(None);
     }
     let st = fstat(op, fd.as_raw_fd())?;
     // SAFETY: a shared mapping of the whole file at an address of the kernel's choosing

@@ -7,6 +7,8 @@
 //! `ipc_open` maps another process's read-only, for shm to copy a message straight out of the
 //! sender's buffer. Other host memory (the heap, `alloc_device`'s staging pages, anonymous
 //! pages where the kernel gives no memfds) has none: shm reaches it by cross-memory attach.
+//! Being a shared mapping, such an allocation is shared with a child the process forks, not
+//! copied on write.
 
 use std::ptr::NonNull;
 use std::sync::Arc;
