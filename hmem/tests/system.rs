@@ -198,7 +198,7 @@ fn host_mapped_memory_exports_and_maps_in_this_process() {
     assert!(!sys.exportable(m.as_ptr(), 4 * 4096 + 1));
     assert!(matches!(sys.ipc_get(at, 0), Err(HmemError::Inval { .. })));
 
-    let heap = vec![0u8; 64];
+    let heap = [0u8; 64];
     let e = sys.ipc_get(heap.as_ptr(), 64).unwrap_err();
     assert_eq!(e.errno(), libc::EOPNOTSUPP, "{e}");
     // Staging pages are not shared either.
