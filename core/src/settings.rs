@@ -256,6 +256,16 @@ pub static SHM_CMA_MIN: Setting = Setting::new(
     "Smallest shm message, RMA write or read (bytes) that offers its memory for the other side \
      to copy by cross-memory attach; smaller ones cross the ring",
 );
+/// `XFABRIC_SHM_MAP_MIN`: Smallest shm message or RMA write (bytes) from memory allocated to be
+/// shared (hmem's device-visible host memory) that offers it for the receiver to copy from a
+/// mapping, instead of sending it eagerly through the ring.
+pub static SHM_MAP_MIN: Setting = Setting::new(
+    "XFABRIC_SHM_MAP_MIN",
+    Kind::Size,
+    "16384",
+    "Smallest shm message or RMA write (bytes) from shared host memory (alloc_host_mapped) that \
+     the receiver copies from a mapping of the sender's memory instead of through the ring",
+);
 /// `XFABRIC_SHM_SPLIT_MIN`: Smallest shm message (bytes) whose cross-memory-attach copy is split
 /// between sender and receiver (only copies from `XFABRIC_SHM_CMA_MIN` on exist).
 pub static SHM_SPLIT_MIN: Setting = Setting::new(
@@ -414,6 +424,7 @@ pub static SETTINGS: &[&Setting] = &[
     &XPU_MAX_SPIN_US,
     &SHM_CMA,
     &SHM_CMA_MIN,
+    &SHM_MAP_MIN,
     &SHM_SPLIT_MIN,
     &SHM_UNEXP_MSGS,
     &SHM_UNEXP_BYTES,

@@ -135,6 +135,8 @@ struct Opts {
     window: usize,
     verbose: bool,
     ipv6: bool,
+    /// Send from shared host memory (`-H`).
+    shared_tx: bool,
     /// The server's host: present on the client only.
     server: Option<String>,
 }
@@ -189,6 +191,10 @@ struct Cli {
     /// Use IPv6 address
     #[arg(short = '6')]
     ipv6: bool,
+    /// Send from shared host memory (hmem's alloc_host_mapped on FI_HMEM_SYSTEM, which shm
+    /// reads from a mapping of the sender's memory) instead of the heap (xfabric only)
+    #[arg(short = 'H')]
+    shared_tx: bool,
     /// The server to connect to (client only)
     srv_addr: Option<String>,
 }
@@ -223,6 +229,7 @@ impl Cli {
             window: self.window,
             verbose: self.verbose,
             ipv6: self.ipv6,
+            shared_tx: self.shared_tx,
             server: self.srv_addr,
         })
     }
@@ -515,8 +522,8 @@ fn open(o: &Opts) -> Res<Node> {
 /// What both sides must agree on, so a mismatch is an error and not a hang.
 fn settings(o: &Opts) -> Vec<u8> {
     format!(
-        "xfabric-pingpong/2 iters={} sizes={:?} op={:?} window={} check={} ep={:?}",
-        o.iterations, o.sizes, o.op, o.window, o.check, o.ep_type
+        "xfabric-pingpong/2 iters={} sizes={:?} op={:?} window={} check={} ep={:?} shared={}",
+        o.iterations, o.sizes, o.op, o.window, o.check, o.ep_type, o.shared_tx
     )
     .into_bytes()
 }
@@ -529,7 +536,20 @@ fn run(o: &Opts) -> Res<()> {
     // Every page written now, as fi_pingpong's memset does: a zeroed allocation is left
     // untouched by calloc, and reading untouched pages reads the kernel's one zero page,
     // always in cache, which made large transfers look faster than they are.
-    let mut tx = vec![0xa5u8; max];
+    let (mut heap, shared);
+    let tx: &mut [u8] = if o.shared_tx {
+        shared = hmem::Hmem::global()
+            .get(hmem::Iface::System)
+            .alloc_host_mapped(0, max.max(1))
+            .map_err(|e| format!("-H: {e}"))?;
+        // SAFETY: `shared` owns `max` bytes or more and outlives `tx`; nothing else reaches
+        // them but the transfers this program posts.
+        unsafe { std::slice::from_raw_parts_mut(shared.as_ptr(), max) }
+    } else {
+        heap = vec![0u8; max];
+        &mut heap
+    };
+    tx.fill(0xa5);
     // Receives, the peer's writes and atomics, and reads' and fetches' results land here.
     let mut rx = LandingBuf::new(max.max(8 * o.window));
     let mut node = open(o)?;
@@ -556,7 +576,7 @@ fn run(o: &Opts) -> Res<()> {
         .map_err(|e| format!("av insert of the peer's address: {e}"))?;
     // The source of writes, registered as fabtests register theirs (dropped before `tx`).
     let _tx_mr = if o.op.rma() {
-        Some(node.register_source(&tx)?)
+        Some(node.register_source(tx)?)
     } else {
         None
     };
@@ -590,9 +610,9 @@ fn run(o: &Opts) -> Res<()> {
         for (phase, count) in [(0, warmup), (1, o.iterations)] {
             elapsed = match (o.op.one_sided(), client) {
                 (false, _) => {
-                    node.timed_pingpong(&mut ctl, client, size, count, phase, &mut tx, &mut rx)?
+                    node.timed_pingpong(&mut ctl, client, size, count, phase, tx, &mut rx)?
                 }
-                (true, true) => node.stream(&mut ctl, size, count, phase, &mut tx, &mut rx)?,
+                (true, true) => node.stream(&mut ctl, size, count, phase, tx, &mut rx)?,
                 (true, false) => node.serve(&mut ctl, size, count, phase, &mut rx)?,
             };
         }

@@ -5,7 +5,8 @@
 //! device memory, host-memory registration, device-visible host allocations (where XPU
 //! doorbells live) and IPC handles. Implementations:
 //!
-//! - [`System`]: host memory; always available.
+//! - [`System`]: host memory; always available. Its device-visible allocations are sealed
+//!   memfds with IPC handles another process maps read-only.
 //! - [`Cuda`]: the CUDA driver API through `cudarc`, loaded at run time. `libcuda` is probed
 //!   before any call, so a machine without it reports CUDA unavailable instead of panicking.
 //! - [`Ze`]: oneAPI Level Zero through `libze_loader.so.1` opened at run time with a
@@ -36,6 +37,7 @@ pub mod cuda;
 pub mod error;
 pub mod iface;
 pub mod mem;
+mod memfd;
 pub mod registry;
 pub mod system;
 #[cfg(feature = "ze")]

@@ -56,7 +56,8 @@ impl std::fmt::Debug for Releaser {
 
 /// Host memory a device can read and write directly, page-aligned and zero-filled: where XPU
 /// doorbells live. CUDA: `cuMemHostAlloc(PORTABLE | DEVICEMAP)`; Level Zero: `zeMemAllocHost`;
-/// system: anonymous pages. Freed on drop.
+/// system: a sealed memfd another process can map (`ipc_get`), or anonymous pages where the
+/// kernel gives no memfds. Freed on drop.
 #[derive(Debug)]
 pub struct HostMapped {
     // Invariant: `host` points to `len` bytes that stay mapped until `releaser` runs.
@@ -244,7 +245,8 @@ pub struct IpcHandle {
     pub alloc_len: u64,
     /// Offset of the exported address from `base`.
     pub offset: u64,
-    /// The driver's opaque handle (`CUipcMemHandle`, `ze_ipc_mem_handle_t`: 64 bytes each).
+    /// The driver's opaque handle (`CUipcMemHandle`, `ze_ipc_mem_handle_t`: 64 bytes each;
+    /// for host memory, the memfd's descriptor in the exporter and its inode and device).
     pub raw: [u8; 64],
 }
 
@@ -317,9 +319,7 @@ impl IpcHandle {
     }
 
     /// Checks that `offset..offset + len` lies inside the allocation.
-    // Only device interfaces export handles; a build with neither leaves this unused.
-    #[cfg_attr(not(any(feature = "cuda", feature = "ze")), allow(dead_code))]
-    pub(crate) fn check_range(&self, op: &'static str, len: usize) -> Result<(), HmemError> {
+    pub fn check_range(&self, op: &'static str, len: usize) -> Result<(), HmemError> {
         let end = self.offset.checked_add(len as u64);
         match end {
             Some(end) if end <= self.alloc_len => Ok(()),
@@ -348,7 +348,6 @@ pub struct IpcMapping {
 impl IpcMapping {
     /// `release` is `None` where nothing was mapped (a CUDA handle opened by the process that
     /// exported it refers to its own allocation).
-    #[cfg_attr(not(any(feature = "cuda", feature = "ze")), allow(dead_code))]
     pub(crate) fn new(
         base: u64,
         handle: &IpcHandle,

@@ -18,7 +18,8 @@
 //!   Where the transports copy one-sidedly (`with_one_sided`), the `Rts` of a message from
 //!   their `pull_min` carries the sender's `Desc`, and on match the receiver's transport
 //!   copies it (`poll_copy`, `on_copied`) instead of `Cts`/`Data`; a refused copy falls back
-//!   to them.
+//!   to them. A message in memory the transports copy cheaply (`OneSided::offer_min`: shm
+//!   maps the sender's allocation) is announced so from that size on, below `eager_max` too.
 //! - RMA write: `Write` with the data; the target checks keys and ranges (`target::resolve`)
 //!   and takes the body straight into its memory, then `Ack`s (after `msync` for commit
 //!   complete). Read: `Read`; the target answers `ReadResp` with its memory as the body.

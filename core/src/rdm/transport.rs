@@ -172,6 +172,20 @@ pub trait OneSided: Send + Sync {
     /// peer's transport to copy from; `None`: not this memory (the send goes by frames).
     fn describe(&self, peer: PeerId, iov: &IovList) -> Option<Desc>;
 
+    /// Whether `iov` is memory the peer's transport copies from cheaply (shm: it maps the
+    /// sender's allocation and copies with plain loads, no system call per copy), and from
+    /// how many bytes it is then offered: `Some(n)` offers a send (or an RMA write's source)
+    /// of at least `n` bytes even below `pull_min` and the engine's `eager_max`, for one copy
+    /// by the receiver instead of an eager message's two (into the frame and out of it), and
+    /// the sender writes only the announcement. `None` (the default): not such memory.
+    ///
+    /// Asked about every message a send would otherwise send eagerly: an implementation
+    /// answers `None` for an `iov` shorter than its threshold without looking further.
+    fn offer_min(&self, iov: &IovList) -> Option<usize> {
+        let _ = iov;
+        None
+    }
+
     /// An offer `describe` made of `iov` to `peer` has ended (its request completed, failed,
     /// or was canceled): nobody copies from it any more, and the transport may release what
     /// it holds for it (a NIC registration).

@@ -32,6 +32,13 @@ impl CmaState {
         self.0.load(Ordering::Relaxed) == WORKS
     }
 
+    /// It worked outside `read`/`write` (a peer's pid checked by reading its memory).
+    pub fn seen_working(&self) {
+        let _ = self
+            .0
+            .compare_exchange(UNKNOWN, WORKS, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
     fn set(&self, v: u8) {
         self.0.store(v, Ordering::Relaxed);
     }

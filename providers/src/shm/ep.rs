@@ -49,10 +49,7 @@ pub fn open(core: Arc<EpCore>) -> Result<Arc<ShmEndpoint>> {
         // A frame the ring takes is in the receiver's segment: delivered.
         delivered_on_take: true,
     };
-    let one_sided = ShmOneSided {
-        cma: net.cma.clone(),
-        pull_min: settings::SHM_CMA_MIN.usize(),
-    };
+    let one_sided = ShmOneSided::new(net.cma.clone());
     RdmEndpoint::open(core, net, name, cfg, Some(Box::new(one_sided)))
 }
 

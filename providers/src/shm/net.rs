@@ -25,7 +25,12 @@
 //!
 //! Besides the engine's frames a lane carries the transport's own messages (`split`: the
 //! split copy of large messages), told apart by the slot's kind.
+//!
+//! The engine's one-sided copies are cross-memory attach (`cma`, split between the two
+//! processes when large: `split`), or, for memory the sender allocated to be shared (hmem's
+//! device-visible host memory), plain loads from a mapping of it (`mapped`).
 
+pub(super) mod mapped;
 pub(super) mod split;
 
 use std::collections::{HashMap, VecDeque};
@@ -44,6 +49,7 @@ use super::ring::{self, kind, Consumer, Header, Producer, CTRL_SPARE, LANES};
 use super::segment::Segment;
 use crate::rdm::{Glue, Handler, PeerName};
 
+pub use mapped::{counts as mapped_counts, desc_of as mapped_desc, Counts as MappedCounts};
 pub use split::{counts as split_counts, Counts as SplitCounts, SPLIT, SPLIT_DONE};
 
 /// Kind of a message that starts a frame.
@@ -171,6 +177,8 @@ pub struct Net {
     /// that forbids that (Yama's ptrace_scope lets a parent reach its child, not the other
     /// way) must not stop this endpoint's own reads.
     split_cma: CmaState,
+    /// Peers' shared allocations mapped for copies (`mapped`).
+    maps: mapped::Cache,
 }
 
 /// A peer named by its segment (the AV holds `fi_shm://` and the name).
@@ -275,6 +283,7 @@ impl Net {
             splits: Vec::new(),
             split_min: xfabric_core::settings::SHM_SPLIT_MIN.usize(),
             split_cma: CmaState::new(),
+            maps: mapped::Cache::default(),
             idle: Arc::new(Idle {
                 busy: AtomicBool::new(false),
                 watch: AtomicBool::new(false),
@@ -301,6 +310,10 @@ impl Net {
         } else {
             None
         };
+        if pid.is_some() {
+            // The check read the peer's memory by cross-memory attach.
+            self.cma.seen_working();
+        }
         Ok(self.add_link(name, Some(seg), pid))
     }
 
@@ -483,15 +496,24 @@ impl Net {
         true
     }
 
-    /// Performs a copy the engine asked for, by cross-memory attach.
-    fn copy(&self, c: &CopyReq) -> Copied {
+    /// Performs a copy the engine asked for: from a mapping of the peer's memory where it
+    /// described a shared allocation and the mapping serves, else by cross-memory attach.
+    fn copy(&mut self, c: &CopyReq) -> Copied {
+        let remote = match mapped::decode(&c.remote) {
+            Some(named) => match self.copy_mapped(c, named) {
+                Ok(how) => return how,
+                Err(Some(remote)) => Some(remote),
+                Err(None) => return Copied::Refused,
+            },
+            None => None,
+        };
         let Some(pid) = self.links.get(c.peer).and_then(|l| l.pid) else {
             return Copied::Refused;
         };
         if !self.cma.usable() {
             return Copied::Refused;
         }
-        let Some(remote) = c.remote.to_iov() else {
+        let Some(remote) = remote.or_else(|| c.remote.to_iov()) else {
             return Copied::Failed(FI_EINVAL);
         };
         if c.len > remote.total() || c.len > c.local.total() {
@@ -598,6 +620,7 @@ impl Net {
         let link = &mut self.links[p];
         link.held.clear();
         link.rx_lane = None;
+        self.maps.drop_peer(p);
         g.on_lost(p, None, libc::EPROTO);
         // Its answers would come on the lane just dropped.
         self.end_splits(g.engine, Some(p), libc::EPROTO);
@@ -968,6 +991,7 @@ impl Net {
         link.dead = true;
         link.out = None;
         self.pumping.retain(|&q| q != p);
+        self.maps.drop_peer(p);
         g.on_lost(p, Some(&Seg(&self.links[p].name)), err);
         self.end_splits(g.engine, Some(p), err);
     }
@@ -1120,10 +1144,29 @@ impl Transport for Net {
     }
 }
 
-/// shm's one-sided copies for the engine: large messages and RMA by cross-memory attach.
+/// shm's one-sided copies for the engine: large messages and RMA by cross-memory attach, and
+/// messages from shared host allocations from a mapping of them (`mapped`).
 pub struct ShmOneSided {
     pub cma: Arc<CmaState>,
+    /// `XFABRIC_SHM_CMA_MIN`.
     pub pull_min: usize,
+    /// `XFABRIC_SHM_MAP_MIN`.
+    pub map_min: usize,
+    /// Finds the shared allocation holding a buffer.
+    pub sys: xfabric_hmem::System,
+}
+
+impl ShmOneSided {
+    /// The copies of an endpoint whose cross-memory attach is `cma`, with the thresholds the
+    /// settings say.
+    pub fn new(cma: Arc<CmaState>) -> Self {
+        ShmOneSided {
+            cma,
+            pull_min: xfabric_core::settings::SHM_CMA_MIN.usize(),
+            map_min: xfabric_core::settings::SHM_MAP_MIN.usize(),
+            sys: xfabric_hmem::System::new(),
+        }
+    }
 }
 
 impl OneSided for ShmOneSided {
@@ -1132,6 +1175,24 @@ impl OneSided for ShmOneSided {
     }
 
     fn describe(&self, _peer: PeerId, iov: &IovList) -> Option<Desc> {
-        self.cma.usable().then(|| Desc::of_iov(iov))
+        if !self.cma.usable() {
+            return None;
+        }
+        mapped::describe(&self.sys, iov).or_else(|| Some(Desc::of_iov(iov)))
+    }
+
+    fn offer_min(&self, iov: &IovList) -> Option<usize> {
+        // Only where this endpoint reached a peer by cross-memory attach: the receiver maps
+        // only for a peer whose pid it verified that way, and otherwise gets the message
+        // through frames after a round trip an eager message does not pay.
+        if iov.total() < self.map_min || !self.cma.known_working() {
+            return None;
+        }
+        let [s] = iov.segs() else {
+            return None;
+        };
+        self.sys
+            .exportable(s.addr as *const u8, s.len)
+            .then_some(self.map_min)
     }
 }

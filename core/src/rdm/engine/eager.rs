@@ -1,5 +1,6 @@
 //! Messages, and the eager protocol: a message up to `eager_max` goes as one `Msg` frame with
-//! its data as the body (a larger one is announced instead: `rndv`).
+//! its data as the body (a larger one is announced instead: `rndv`, as is one whose memory
+//! the transports copy cheaply, from the size the transport says: `OneSided::offer_min`).
 //!
 //! The commonest frames, small messages, take a short path at both ends. Sending: the bytes
 //! are copied into the frame and the send completes when the transport takes it, with no
@@ -72,10 +73,18 @@ impl Engine {
                 // SAFETY: the caller's contract keeps the iov readable during the call.
                 unsafe { self.send_small(peer, op, fl) }
             }
+            // Memory the transports copy cheaply is offered rather than copied twice.
+            None if len <= self.cfg.eager_max => match self.early_offer(peer, &op.iov) {
+                Some(desc) => self.send_rts(peer, op, fl, desc),
+                None => self.send_eager(peer, op, fl, ack, None),
+            },
             copy if len <= self.cfg.eager_max || copy.is_some() => {
                 self.send_eager(peer, op, fl, ack, copy)
             }
-            _ => self.send_rts(peer, op, fl),
+            _ => {
+                let desc = self.offer(peer, &op.iov, true);
+                self.send_rts(peer, op, fl, desc)
+            }
         }
         Ok(())
     }

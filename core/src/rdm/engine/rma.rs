@@ -67,7 +67,7 @@ impl Engine {
 
     /// A `Read`, offering the destination for the target's transport to copy into.
     fn send_read(&mut self, peer: PeerId, op: &RmaOp) {
-        let desc = self.offer(peer, &op.iov);
+        let desc = self.offer(peer, &op.iov, false);
         let (id, _) = self.new_tx(TxReq {
             want: op.iov.total(),
             pull: !desc.is_empty(),
@@ -93,7 +93,7 @@ impl Engine {
         }
         // The target's transport may copy the data itself (no inject: its copy is ours).
         let desc = match copy {
-            None => self.offer(peer, &op.iov),
+            None => self.offer(peer, &op.iov, true),
             Some(_) => Desc::default(),
         };
         let pull = !desc.is_empty();

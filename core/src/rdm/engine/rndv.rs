@@ -35,11 +35,10 @@ pub(super) struct RxPipe {
 }
 
 impl Engine {
-    /// Announces a message larger than `eager_max` (`Rts`), offering its memory for the
-    /// receiver's transport to copy where it can; it waits for `Cts`, or an `Ack` once
-    /// copied.
-    pub(super) fn send_rts(&mut self, peer: PeerId, op: &TxOp, fl: u8) {
-        let desc = self.offer(peer, &op.iov);
+    /// Announces a message (`Rts`) larger than `eager_max`, or one whose memory the
+    /// transports copy cheaply (`early_offer`), offering its memory (`desc`, where not empty)
+    /// for the receiver's transport to copy; it waits for `Cts`, or an `Ack` once copied.
+    pub(super) fn send_rts(&mut self, peer: PeerId, op: &TxOp, fl: u8, desc: Desc) {
         let (id, _) = self.new_tx(TxReq {
             rts: true,
             pull: !desc.is_empty(),
@@ -291,13 +290,28 @@ impl Engine {
         self.one_sided.is_some() && !self.peers.get(peer).is_some_and(|ps| ps.pull_refused)
     }
 
-    /// A descriptor of `iov` for `peer`'s transport to copy from or into, where the transport
-    /// copies one-sidedly and `iov` is large enough to be worth it; empty otherwise.
-    pub(super) fn offer(&self, peer: PeerId, iov: &IovList) -> Desc {
+    /// A descriptor of `iov` for `peer`'s transport to copy from (`pulled`) or into, where
+    /// the transport copies one-sidedly and `iov` is large enough to be worth it; empty
+    /// otherwise. Memory the peer pulls is worth offering from the transport's `offer_min`
+    /// too, where it has one for it (`early_offer`).
+    pub(super) fn offer(&self, peer: PeerId, iov: &IovList, pulled: bool) -> Desc {
         match &self.one_sided {
             Some(t) if iov.total() >= t.pull_min() => t.describe(peer, iov).unwrap_or_default(),
+            Some(_) if pulled => self.early_offer(peer, iov).unwrap_or_default(),
             _ => Desc::default(),
         }
+    }
+
+    /// A descriptor of `iov` for `peer`'s transport to pull from, where the transport copies
+    /// such memory cheaply from `iov`'s size on (`OneSided::offer_min`) and can copy with
+    /// that peer: the message is then announced, whatever its size, rather than sent eagerly.
+    pub(super) fn early_offer(&self, peer: PeerId, iov: &IovList) -> Option<Desc> {
+        let t = self.one_sided.as_ref()?;
+        let min = t.offer_min(iov)?;
+        if iov.total() < min || !self.can_copy(peer) {
+            return None;
+        }
+        t.describe(peer, iov).filter(|d| !d.is_empty())
     }
 
     /// The memory this endpoint offered `peer` to copy from for its request `offer` (a

@@ -16,6 +16,7 @@ use super::{
     Transport,
 };
 
+mod early;
 mod fuzz;
 mod native;
 mod pull;

@@ -1,0 +1,370 @@
+//! Host memory another process can map: the system interface's device-visible allocations are
+//! sealed memfds, kept in a process-wide table so that `ipc_get` finds the one holding a range,
+//! and `ipc_open` maps a peer's through `/proc/<pid>/fd/<fd>`.
+//!
+//! The seals (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`) are what make a peer's mapping safe
+//! to read: the file can never become shorter than what was mapped, so no access through the
+//! mapping can raise SIGBUS, whatever the exporter does later. The opener checks them, and
+//! treats everything else in a handle as hostile too: the descriptor is first opened with
+//! `O_PATH` (no open of a device or FIFO with its side effects, never blocking) and must be a
+//! regular file with the handle's inode and device and at least its length; only then is it
+//! reopened read-only and mapped `PROT_READ`.
+//!
+//! A handle's `raw` bytes (little-endian): `0 fd:i32 | 4 0:u32 | 8 inode:u64 | 16 dev:u64 |
+//! 24 zeros`. Opening needs what reading `/proc/<pid>/fd` needs: the ptrace read access that
+//! cross-memory attach needs too (same user, Yama permitting).
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::Mutex;
+
+use xfabric_core::error::OsError;
+
+use crate::error::HmemError;
+use crate::mem::{IpcHandle, Release};
+use crate::{Iface, Result};
+
+/// Pages mapped here, and what unmaps them.
+pub(crate) type Pages = (NonNull<u8>, Box<dyn Release>);
+
+/// The seals every export carries; an opener needs at least `F_SEAL_SHRINK`.
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// One shareable allocation of this process.
+struct Export {
+    /// Bytes mapped (the file's size, whole pages).
+    len: usize,
+    /// Kept open for peers to find through `/proc/<pid>/fd`.
+    fd: OwnedFd,
+    ino: u64,
+    dev: u64,
+}
+
+/// Every shareable allocation of this process, by base address. Invariant: the ranges do not
+/// overlap (each is a live mapping of its own), and an entry is removed before its mapping goes.
+static EXPORTS: Mutex<BTreeMap<usize, Export>> = Mutex::new(BTreeMap::new());
+
+fn exports() -> std::sync::MutexGuard<'static, BTreeMap<usize, Export>> {
+    // A poisoned lock only means a thread panicked while inserting or removing; the map is
+    // still a map.
+    EXPORTS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The file identity a system handle names, as its `raw` bytes hold it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FileId {
+    pub fd: RawFd,
+    pub ino: u64,
+    pub dev: u64,
+}
+
+impl FileId {
+    pub fn to_raw(self) -> [u8; 64] {
+        let mut r = [0u8; 64];
+        r[0..4].copy_from_slice(&self.fd.to_le_bytes());
+        r[8..16].copy_from_slice(&self.ino.to_le_bytes());
+        r[16..24].copy_from_slice(&self.dev.to_le_bytes());
+        r
+    }
+
+    /// Parses a peer's `raw` bytes: a non-negative descriptor and zeros where zeros belong.
+    pub fn from_raw(op: &'static str, r: &[u8; 64]) -> Result<FileId> {
+        let word = |o: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&r[o..o + 8]);
+            u64::from_le_bytes(w)
+        };
+        let fd = i32::from_le_bytes([r[0], r[1], r[2], r[3]]);
+        if fd < 0 {
+            return Err(HmemError::inval(
+                op,
+                format!("descriptor {fd} in the handle"),
+            ));
+        }
+        if r[4..8] != [0; 4] || r[24..].iter().any(|&b| b != 0) {
+            return Err(HmemError::inval(
+                op,
+                "a system handle's reserved bytes are not zero",
+            ));
+        }
+        Ok(FileId {
+            fd,
+            ino: word(8),
+            dev: word(16),
+        })
+    }
+}
+
+fn os_err(op: &'static str, what: impl std::fmt::Display) -> HmemError {
+    let e = std::io::Error::last_os_error();
+    HmemError::Os {
+        op,
+        source: OsError {
+            code: e.raw_os_error().unwrap_or(libc::EIO),
+            text: format!("{what}: {e}"),
+        },
+    }
+}
+
+fn fstat(op: &'static str, fd: RawFd) -> Result<libc::stat> {
+    // SAFETY: an all-zero `stat` is a valid value of the plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is writable and sized for fstat; a bad descriptor is an error, not UB.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(os_err(op, "fstat"));
+    }
+    Ok(st)
+}
+
+/// A memfd mapping of `map_len` bytes (a multiple of the page size), sealed and registered; `None`
+/// where no sealed memfd can be had (no memfds in this kernel or sandbox, no descriptor left,
+/// no sealing): the caller then uses anonymous pages, which only lack an IPC handle.
+pub(crate) fn alloc(op: &'static str, map_len: usize) -> Result<Option<Pages>> {
+    let Ok(size) = libc::off_t::try_from(map_len) else {
+        return Err(HmemError::inval(
+            op,
+            format!("{map_len} bytes is too large"),
+        ));
+    };
+    // SAFETY: a valid NUL-terminated name and flags; the result is checked.
+    let raw = unsafe {
+        libc::memfd_create(
+            c"xfabric-hmem".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if raw < 0 {
+        return Ok(None);
+    }
+    // SAFETY: `raw` is a descriptor just created and owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: plain calls on a descriptor we own.
+    let sealed = unsafe {
+        libc::ftruncate(fd.as_raw_fd(), size) == 0
+            && libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) == 0
+    };
+    if !sealed {
+        return Ok(None);
+    }
+    let st = fstat(op, fd.as_raw_fd())?;
+    // SAFETY: a shared mapping of the whole file at an address of the kernel's choosing
+    // touches no existing memory.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            map_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(os_err(op, "mmap"));
+    }
+    let Some(ptr) = NonNull::new(p.cast::<u8>()) else {
+        return Err(HmemError::inval(op, "mmap gave null"));
+    };
+    let base = ptr.as_ptr() as usize;
+    exports().insert(
+        base,
+        Export {
+            len: map_len,
+            fd,
+            ino: st.st_ino,
+            dev: st.st_dev,
+        },
+    );
+    Ok(Some((ptr, Box::new(Exported { base, len: map_len }))))
+}
+
+/// An allocation from `alloc`: removed from the table, then unmapped (the descriptor closes
+/// with its entry; a peer's mapping keeps the pages until it goes too).
+struct Exported {
+    base: usize,
+    len: usize,
+}
+
+impl Release for Exported {
+    fn release(&mut self) -> Result<()> {
+        drop(exports().remove(&self.base));
+        // SAFETY: `base..base + len` is the mapping `alloc` made, released once.
+        if unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) } != 0 {
+            return Err(HmemError::last_os("munmap"));
+        }
+        Ok(())
+    }
+}
+
+/// The entry of `map` holding `addr..addr + len`, with its base.
+fn holding(map: &BTreeMap<usize, Export>, addr: usize, len: usize) -> Option<(usize, &Export)> {
+    let end = addr.checked_add(len)?;
+    let (&base, e) = map.range(..=addr).next_back()?;
+    (end <= base.checked_add(e.len)?).then_some((base, e))
+}
+
+/// Whether a shareable allocation holds `addr..addr + len` (no system call).
+pub(crate) fn holds(addr: *const u8, len: usize) -> bool {
+    holding(&exports(), addr as usize, len).is_some()
+}
+
+/// The handle of the shareable allocation holding `addr..addr + len`, if one does (no
+/// allocation, no lock held beyond the lookup: a sender asks this per large message).
+pub(crate) fn find(addr: *const u8, len: usize) -> Option<IpcHandle> {
+    let a = addr as usize;
+    let map = exports();
+    let (base, e) = holding(&map, a, len)?;
+    Some(IpcHandle {
+        iface: Iface::System,
+        pid: std::process::id(),
+        device: 0,
+        base: base as u64,
+        alloc_len: e.len as u64,
+        offset: (a - base) as u64,
+        raw: FileId {
+            fd: e.fd.as_raw_fd(),
+            ino: e.ino,
+            dev: e.dev,
+        }
+        .to_raw(),
+    })
+}
+
+/// Whether some shareable allocation overlaps `addr..addr + len` (for a precise error when
+/// `find` says no).
+pub(crate) fn overlaps(addr: *const u8, len: usize) -> bool {
+    let a = addr as usize;
+    let end = a.saturating_add(len);
+    exports()
+        .range(..end)
+        .next_back()
+        .is_some_and(|(&base, e)| base.saturating_add(e.len) > a)
+}
+
+/// Maps the allocation `h` names, read-only: `(base, bytes mapped)`, unmapped by the release.
+pub(crate) fn open(h: &IpcHandle) -> Result<Pages> {
+    const OP: &str = "ipc_open";
+    let id = FileId::from_raw(OP, &h.raw)?;
+    let pid = i32::try_from(h.pid)
+        .ok()
+        .filter(|&p| p > 0)
+        .ok_or_else(|| HmemError::inval(OP, format!("pid {} in the handle", h.pid)))?;
+    let len = usize::try_from(h.alloc_len)
+        .ok()
+        .filter(|&l| l > 0)
+        .ok_or_else(|| HmemError::inval(OP, format!("length {} in the handle", h.alloc_len)))?;
+    if h.offset > h.alloc_len {
+        return Err(HmemError::inval(
+            OP,
+            format!(
+                "offset {} lies past the {}-byte allocation",
+                h.offset, h.alloc_len
+            ),
+        ));
+    }
+    let path = format!("/proc/{pid}/fd/{}", id.fd);
+    // `O_PATH`: the link is followed without opening what it names, so a descriptor that
+    // names a FIFO, a socket or a device has no effect and cannot block us.
+    let opath = open_path(OP, &path, libc::O_PATH | libc::O_CLOEXEC)?;
+    check_file(OP, &path, opath.as_raw_fd(), id, h.alloc_len)?;
+    // Now known to be the regular file the handle names; reopened through our own
+    // descriptor, so it is the same file whatever the exporter does meanwhile.
+    let fd = open_path(
+        OP,
+        &format!("/proc/self/fd/{}", opath.as_raw_fd()),
+        libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK,
+    )?;
+    check_file(OP, &path, fd.as_raw_fd(), id, h.alloc_len)?;
+    // SAFETY: F_GET_SEALS reads the file's seals; a file without sealing support answers an
+    // error.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return Err(HmemError::inval(
+            OP,
+            format!("{path} is not sealed against shrinking: mapping it could fault"),
+        ));
+    }
+    // SAFETY: a read-only shared mapping of at most the file's (sealed) size, at an address of
+    // the kernel's choosing.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(os_err(OP, format_args!("mmap {path}")));
+    }
+    let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| HmemError::inval(OP, "mmap gave null"))?;
+    Ok((
+        ptr,
+        Box::new(Unmap {
+            addr: ptr.as_ptr() as usize,
+            len,
+        }),
+    ))
+}
+
+fn open_path(op: &'static str, path: &str, flags: libc::c_int) -> Result<OwnedFd> {
+    let c = CString::new(path).map_err(|_| HmemError::inval(op, "a path with a NUL"))?;
+    // SAFETY: a NUL-terminated path and flags that create nothing; the result is checked.
+    let fd = unsafe { libc::open(c.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(os_err(op, format_args!("open {path}")));
+    }
+    // SAFETY: a descriptor just opened, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fd` is a regular file with `id`'s inode and device, at least `len` bytes long.
+fn check_file(op: &'static str, path: &str, fd: RawFd, id: FileId, len: u64) -> Result<()> {
+    let st = fstat(op, fd)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(HmemError::inval(
+            op,
+            format!("{path} is not a regular file"),
+        ));
+    }
+    if (st.st_ino, st.st_dev) != (id.ino, id.dev) {
+        return Err(HmemError::inval(
+            op,
+            format!(
+                "{path} is inode {} on device {:#x}, not the handle's {} on {:#x}",
+                st.st_ino, st.st_dev, id.ino, id.dev
+            ),
+        ));
+    }
+    if u64::try_from(st.st_size).map_or(true, |s| s < len) {
+        return Err(HmemError::inval(
+            op,
+            format!(
+                "{path} holds {} bytes, less than the handle's {len}",
+                st.st_size
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Pages this crate mapped (anonymous ones, a peer's allocation), unmapped on release.
+pub(crate) struct Unmap {
+    pub addr: usize,
+    pub len: usize,
+}
+
+impl Release for Unmap {
+    fn release(&mut self) -> Result<()> {
+        // SAFETY: `addr..addr + len` is a mapping this crate made for this value alone,
+        // released once.
+        if unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) } != 0 {
+            return Err(HmemError::last_os("munmap"));
+        }
+        Ok(())
+    }
+}
