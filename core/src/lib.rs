@@ -9,6 +9,7 @@ pub mod atomic;
 pub mod av;
 pub mod cntr;
 pub mod consts;
+pub mod copy;
 pub mod cq;
 pub mod entry;
 pub mod ep;

@@ -95,7 +95,7 @@ impl IovList {
             let n = (s.len - offset).min(src.len());
             // SAFETY: the caller guarantees the segment is writable for s.len bytes and that
             // it does not overlap src; offset + n <= s.len.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), (s.addr + offset) as *mut u8, n) };
+            unsafe { crate::copy::copy_bytes(src.as_ptr(), (s.addr + offset) as *mut u8, n) };
             src = &src[n..];
             done += n;
             offset = 0;
@@ -121,11 +121,7 @@ impl IovList {
             // SAFETY: the caller guarantees the segment is readable; offset + n <= s.len and
             // done + n <= dst.len().
             unsafe {
-                std::ptr::copy_nonoverlapping(
-                    (s.addr + offset) as *const u8,
-                    dst[done..].as_mut_ptr(),
-                    n,
-                )
+                crate::copy::copy_bytes((s.addr + offset) as *const u8, dst[done..].as_mut_ptr(), n)
             };
             done += n;
             offset = 0;

@@ -93,7 +93,7 @@ impl Sink {
         match self {
             Sink::Buffer(mut v) => {
                 let n = v.len().min(body.len());
-                v[..n].copy_from_slice(&body[..n]);
+                crate::copy::copy_slice(&mut v[..n], &body[..n]);
                 Sink::Buffer(v)
             }
             Sink::Iov(iov) => {

@@ -38,6 +38,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use xfabric_core::consts::errno::*;
+use xfabric_core::copy::copy_slice;
 use xfabric_core::rdm::wire::{self, Kind, Prefix, PREFIX};
 use xfabric_core::rdm::{Body, Copied, CopyReq, Desc, Dir, Engine, OneSided, PeerId, Sink};
 use xfabric_core::rdm::{Transmit, Transport};
@@ -222,7 +223,7 @@ fn body_out(body: &Body, off: usize, dst: &mut [u8]) {
         },
         b => {
             if let Some(src) = b.held().and_then(|h| h.get(off..off + dst.len())) {
-                dst.copy_from_slice(src);
+                copy_slice(dst, src);
             }
         }
     }
@@ -251,7 +252,7 @@ fn sink_in(sink: &mut Sink, off: usize, b: &[u8]) {
 fn buf_in(v: &mut [u8], off: usize, b: &[u8]) {
     if let Some(d) = v.get_mut(off..) {
         let n = d.len().min(b.len());
-        d[..n].copy_from_slice(&b[..n]);
+        copy_slice(&mut d[..n], &b[..n]);
     }
 }
 
@@ -851,7 +852,7 @@ impl Net {
                     return Ok(false);
                 }
                 let mut body = vec![0; len];
-                body[..first].copy_from_slice(piece);
+                copy_slice(&mut body[..first], piece);
                 To::Hold(Held {
                     prefix: pre,
                     ctrl: ctrl.to_vec(),
