@@ -170,8 +170,10 @@ pub fn report_unlocked<S>(
     if held.is_empty() {
         return;
     }
-    let mut done = std::mem::replace(held, SPARE.take());
+    // A thread being torn down has no spare: allocations are then made and freed.
+    let spare = SPARE.try_with(Cell::take).unwrap_or_default();
+    let mut done = std::mem::replace(held, spare);
     drop(st);
     report(core, &mut done);
-    SPARE.set(done);
+    let _ = SPARE.try_with(|s| s.set(done));
 }
