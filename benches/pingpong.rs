@@ -188,5 +188,24 @@ fn provider_round_trip(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, provider_round_trip);
+/// One CQ read that finds nothing, a receive posted and the peers connected (after a round
+/// trip, as in a ping-pong between messages): what a side waiting for a message repeats,
+/// so its length adds to the latency of every message that arrives while it runs. Never
+/// inlined, so callgrind can count it alone (`--toggle-collect='*idle_poll*'`).
+#[inline(never)]
+fn idle_poll(p: &Pair) {
+    let (mut rx, mut tx) = (0, 0);
+    p.a.poll(&mut rx, &mut tx);
+    assert_eq!(rx + tx, 0, "a completion with nothing sent");
+}
+
+fn provider_idle_poll(c: &mut Criterion) {
+    let mut pair = open_pair(8);
+    round_trip(&mut pair, false);
+    c.bench_function(&format!("{}_idle_poll", provider()), |bch| {
+        bch.iter(|| idle_poll(&pair))
+    });
+}
+
+criterion_group!(benches, provider_round_trip, provider_idle_poll);
 criterion_main!(benches);

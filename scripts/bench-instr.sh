@@ -6,7 +6,8 @@
 #
 #   scripts/bench-instr.sh [PROVIDER [CASE]]     # PROVIDER: shm (default) or tcp
 #                                                # CASE: send/8 (default), inject/8, send/4096,
-#                                                # send/65536
+#                                                # send/65536, or idle: one CQ read that finds
+#                                                # nothing (per read, not per round trip)
 #   OUT=/tmp/x scripts/bench-instr.sh tcp        # keeps the callgrind profile as /tmp/x
 #
 # Compare two trees by running it in each. Needs valgrind (installed here if missing).
@@ -23,26 +24,30 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "pingpong" and m.get("executable"):
         print(m["executable"])')
+if [[ $case_ == idle ]]; then
+    fn=idle_poll bench=${prov}_idle_poll unit=read
+else
+    fn=round_trip bench=${prov}_round_trip/$case_ unit="round trip"
+fi
 out=${OUT:-$(mktemp /tmp/xfabric-instr.XXXXXX)}
 XFABRIC_BENCH_PROVIDER=$prov timeout 600 valgrind --tool=callgrind --callgrind-out-file="$out" \
-    --toggle-collect='*round_trip*' "$bin" --bench --profile-time 2 "${prov}_round_trip/$case_" \
-    >/dev/null 2>&1
-# Round trips: the calls into round_trip recorded in the profile; instructions: its summary.
-python3 - "$out" "$prov" "$case_" <<'EOF'
+    --toggle-collect="*$fn*" "$bin" --bench --profile-time 2 "$bench" >/dev/null 2>&1
+# Calls: those into the function measured recorded in the profile; instructions: its summary.
+python3 - "$out" "$prov" "$case_" "$fn" "$unit" <<'EOF'
 import re, sys
-path, prov, case = sys.argv[1:]
+path, prov, case, fn, unit = sys.argv[1:]
 txt = open(path).read()
 names = {m.group(1): m.group(2) for m in re.finditer(r'^c?fn=\((\d+)\) (.*)$', txt, re.M)}
-ids = {k for k, v in names.items() if v.endswith('pingpong::round_trip')}
+ids = {k for k, v in names.items() if v.endswith('pingpong::' + fn)}
 lines = txt.split('\n')
-trips = 0
+calls = 0
 for i, l in enumerate(lines[:-1]):
     m = re.match(r'^cfn=\((\d+)\)', l)
     if m and m.group(1) in ids and lines[i + 1].startswith('calls='):
-        trips += int(lines[i + 1].split('=')[1].split()[0])
+        calls += int(lines[i + 1].split('=')[1].split()[0])
 total = int(re.search(r'^summary: (\d+)', txt, re.M).group(1))
-if trips == 0:
-    sys.exit(f'{path}: no round trips recorded')
-print(f'{prov} {case}: {total // trips} instructions per round trip ({trips} trips)')
+if calls == 0:
+    sys.exit(f'{path}: no calls of {fn} recorded')
+print(f'{prov} {case}: {total // calls} instructions per {unit} ({calls} calls)')
 EOF
 [ -n "${OUT:-}" ] || rm -f "$out"

@@ -45,56 +45,153 @@ pub trait ProgressSource: Send + Sync {
     fn prepare_fd_sleep(&self) -> bool {
         self.progress() == 0 && self.next_look().is_none()
     }
+    /// The list this source is, if it is one: a list added to another is flattened into it
+    /// (`ProgressList`).
+    fn as_list(&self) -> Option<&ProgressList> {
+        None
+    }
 }
 
 /// The endpoints (or other progress sources) that a queue, counter or domain drives. Read on
-/// every poll of a queue, changed only when an endpoint is enabled or closed: the list is an
-/// immutable snapshot swapped whole, so a poll takes no lock and no reference count. Entries
-/// are strong references, counted: a source added twice (a domain's list, registered by each
-/// of its endpoints bound to one queue) is driven once and stays until removed as often. An
-/// endpoint removes what it added when it closes (which it always does, on drop at the
-/// latest), so no cycle outlives it.
+/// every poll of a queue, changed only when an endpoint is enabled or closed: what a poll
+/// drives is an immutable snapshot swapped whole, so a poll takes no lock and no reference
+/// count. Entries are strong references, counted: a source added twice (a domain's list,
+/// registered by each of its endpoints bound to one queue) is driven once and stays until
+/// removed as often. An endpoint removes what it added when it closes (which it always does,
+/// on drop at the latest), so no cycle outlives it.
+///
+/// A list added to another (a domain's list to a queue's) is flattened into it: the queue's
+/// snapshot holds the domain's endpoints themselves, rebuilt whenever the domain's list
+/// changes, so that a poll loads one snapshot rather than one per level. Lists are only ever
+/// added to lists that are not themselves added anywhere (queues' and counters'), so the
+/// nesting is one level deep and never circular.
+pub struct ProgressList(Arc<ListInner>);
+
+struct ListInner {
+    /// What `run` drives: every source added and every source of the lists added, once each.
+    flat: ArcSwap<Vec<Arc<dyn ProgressSource>>>,
+    /// What was added, counted; `flat` is rebuilt from it under this lock.
+    added: Mutex<Added>,
+    /// The lists this one was added to: each change here rebuilds theirs.
+    parents: Mutex<Vec<Weak<ListInner>>>,
+}
+
 #[derive(Default)]
-pub struct ProgressList {
-    sources: ArcSwap<Vec<(Arc<dyn ProgressSource>, usize)>>,
+struct Added {
+    sources: Vec<(Arc<dyn ProgressSource>, usize)>,
+    /// Lists, kept as the sources they were added as (which keeps them alive).
+    lists: Vec<(Arc<dyn ProgressSource>, usize)>,
+}
+
+impl Default for ProgressList {
+    fn default() -> Self {
+        ProgressList(Arc::new(ListInner {
+            flat: ArcSwap::default(),
+            added: Mutex::new(Added::default()),
+            parents: Mutex::new(Vec::new()),
+        }))
+    }
 }
 
 fn same(a: &Arc<dyn ProgressSource>, b: &Arc<dyn ProgressSource>) -> bool {
     std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ListInner {
+    /// Rebuilds `flat` from what was added, then the lists this one was added to. No lock is
+    /// held across the parents' rebuilds; each loads this list's newest snapshot, so the
+    /// last rebuild after a change sees it.
+    fn rebuild(&self) {
+        {
+            let added = lock(&self.added);
+            let mut flat: Vec<Arc<dyn ProgressSource>> = Vec::new();
+            let mut put = |p: &Arc<dyn ProgressSource>| {
+                if !flat.iter().any(|x| same(x, p)) {
+                    flat.push(p.clone());
+                }
+            };
+            added.sources.iter().for_each(|(p, _)| put(p));
+            for (l, _) in &added.lists {
+                if let Some(l) = l.as_list() {
+                    l.0.flat.load().iter().for_each(&mut put);
+                }
+            }
+            self.flat.store(Arc::new(flat));
+        }
+        let parents: Vec<Arc<ListInner>> = lock(&self.parents)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for p in parents {
+            p.rebuild();
+        }
+    }
+}
+
 impl ProgressList {
     /// Adds a source, or counts it once more.
     pub fn add(&self, p: Arc<dyn ProgressSource>) {
-        self.sources.rcu(|v| {
-            let mut v = Vec::clone(v);
+        if let Some(child) = p.as_list() {
+            if Arc::ptr_eq(&child.0, &self.0) {
+                return;
+            }
+            // Known as a parent first: a change of the child from now on rebuilds this list,
+            // and the rebuild below sees what changed before.
+            let mut parents = lock(&child.0.parents);
+            parents.retain(|w| w.strong_count() > 0);
+            if !parents
+                .iter()
+                .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.0)))
+            {
+                parents.push(Arc::downgrade(&self.0));
+            }
+        }
+        {
+            let mut added = lock(&self.0.added);
+            let v = if p.as_list().is_some() {
+                &mut added.lists
+            } else {
+                &mut added.sources
+            };
             match v.iter_mut().find(|(x, _)| same(x, &p)) {
                 Some((_, n)) => *n += 1,
-                None => v.push((p.clone(), 1)),
+                None => v.push((p, 1)),
             }
-            v
-        });
+        }
+        self.0.rebuild();
     }
 
     /// Undoes one `add` of a source.
     pub fn remove(&self, p: &Arc<dyn ProgressSource>) {
-        self.sources.rcu(|v| {
-            v.iter()
-                .filter_map(|(x, n)| match same(x, p) {
-                    false => Some((x.clone(), *n)),
-                    true if *n > 1 => Some((x.clone(), n - 1)),
-                    true => None,
-                })
-                .collect::<Vec<_>>()
-        });
+        let gone = {
+            let mut added = lock(&self.0.added);
+            let v = if p.as_list().is_some() {
+                &mut added.lists
+            } else {
+                &mut added.sources
+            };
+            let Some(i) = v.iter().position(|(x, _)| same(x, p)) else {
+                return;
+            };
+            v[i].1 -= 1;
+            (v[i].1 == 0).then(|| v.remove(i))
+        };
+        if let Some(child) = gone.as_ref().and_then(|(l, _)| l.as_list()) {
+            lock(&child.0.parents).retain(|w| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.0)));
+        }
+        self.0.rebuild();
     }
 
     /// Drives every source once.
     #[inline(always)]
     pub fn run(&self) -> usize {
-        let v = self.sources.load();
+        let v = self.0.flat.load();
         let mut n = 0;
-        for (p, _) in v.iter() {
+        for p in v.iter() {
             n += p.progress();
         }
         n
@@ -104,12 +201,12 @@ impl ProgressList {
     pub fn idle_wait(&self, timeout: Duration) {
         // One source: sleep on its doorbell for the whole timeout. Several: on the first's for
         // at most a millisecond, so the others are looked at again soon. None: just sleep.
-        let v = self.sources.load();
+        let v = self.0.flat.load();
         // A source that must be looked at by a time: the soonest sets the sleep, on its own
         // doorbell (`EpLink`'s wait ends at that time, or at a CPU XPU's ring).
         let soonest = v
             .iter()
-            .filter_map(|(p, _)| p.next_look().map(|d| (d, p)))
+            .filter_map(|p| p.next_look().map(|d| (d, p)))
             .min_by_key(|(d, _)| *d);
         if let Some((d, p)) = soonest {
             // Zero: the source spins (for a slice of its own choosing) rather than sleeps.
@@ -117,8 +214,8 @@ impl ProgressList {
             return p.idle_wait(d.min(Duration::from_millis(1)));
         }
         match v.first() {
-            Some((p, _)) if v.len() > 1 => p.idle_wait(timeout.min(Duration::from_millis(1))),
-            Some((p, _)) => p.idle_wait(timeout),
+            Some(p) if v.len() > 1 => p.idle_wait(timeout.min(Duration::from_millis(1))),
+            Some(p) => p.idle_wait(timeout),
             None => std::thread::sleep(timeout.min(Duration::from_millis(1))),
         }
     }
@@ -126,16 +223,17 @@ impl ProgressList {
     /// The soonest any source must be looked at again whatever its doorbell says (an XPU
     /// doorbell with something armed on it); `None` when their doorbells tell.
     pub fn next_look(&self) -> Option<Duration> {
-        self.sources
+        self.0
+            .flat
             .load()
             .iter()
-            .filter_map(|(p, _)| p.next_look())
+            .filter_map(|p| p.next_look())
             .min()
     }
 
-    /// Number of sources.
+    /// Number of sources (those of the lists added counted one by one).
     pub fn len(&self) -> usize {
-        self.sources.load().len()
+        self.0.flat.load().len()
     }
 
     /// True when no source is registered.
@@ -159,7 +257,7 @@ impl ProgressSource for ProgressList {
     }
 
     fn wake(&self) {
-        for (p, _) in self.sources.load().iter() {
+        for p in self.0.flat.load().iter() {
             p.wake();
         }
     }
@@ -169,7 +267,7 @@ impl ProgressSource for ProgressList {
     }
 
     fn wait_fds(&self, out: &mut Vec<(RawFd, i16)>) {
-        for (p, _) in self.sources.load().iter() {
+        for p in self.0.flat.load().iter() {
             p.wait_fds(out);
         }
     }
@@ -177,10 +275,14 @@ impl ProgressSource for ProgressList {
     fn prepare_fd_sleep(&self) -> bool {
         // Every source is readied, even after one says no: the next sleep needs them all.
         let mut idle = true;
-        for (p, _) in self.sources.load().iter() {
+        for p in self.0.flat.load().iter() {
             idle &= p.prepare_fd_sleep();
         }
         idle
+    }
+
+    fn as_list(&self) -> Option<&ProgressList> {
+        Some(self)
     }
 }
 
@@ -615,5 +717,43 @@ mod tests {
         src.frame();
         assert!(!readable(w.raw()));
         assert_eq!(src.prepared.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn a_list_added_to_another_is_driven_through_it_as_it_changes() {
+        let domain = Arc::new(ProgressList::default());
+        let queue = ProgressList::default();
+        let (a, b) = (PipeSource::new(), PipeSource::new());
+        domain.add(a.clone());
+        // Added twice (two endpoints bound to the queue), driven once.
+        queue.add(domain.clone());
+        queue.add(domain.clone());
+        a.frame();
+        assert_eq!(queue.run(), 1);
+        // A source the domain gains after is driven through the queue too, once although the
+        // queue also has it as its own.
+        domain.add(b.clone());
+        queue.add(b.clone());
+        assert_eq!(queue.len(), 2);
+        b.frame();
+        a.frame();
+        assert_eq!(queue.run(), 2);
+        // One the domain drops is held by the queue no more (an endpoint's last reference goes
+        // when it closes), unless the queue has it as its own.
+        domain.remove(&(a.clone() as Arc<dyn ProgressSource>));
+        assert_eq!(Arc::strong_count(&a), 1);
+        assert_eq!(queue.len(), 1);
+        queue.remove(&(b.clone() as Arc<dyn ProgressSource>));
+        assert_eq!(queue.len(), 1, "still the domain's");
+        // The domain leaves the queue only when removed as often as added.
+        let d = domain.clone() as Arc<dyn ProgressSource>;
+        queue.remove(&d);
+        assert_eq!(queue.len(), 1);
+        queue.remove(&d);
+        assert!(queue.is_empty());
+        domain.remove(&(b.clone() as Arc<dyn ProgressSource>));
+        assert_eq!(Arc::strong_count(&b), 1);
+        drop(d);
+        assert_eq!(Arc::strong_count(&domain), 1);
     }
 }

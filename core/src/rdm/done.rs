@@ -1,7 +1,8 @@
 //! Completions the engine gathers under its provider's lock, and their reporting through
 //! `EpCore` once the lock is released.
 
-use std::sync::{Mutex, MutexGuard};
+use std::cell::Cell;
+use std::sync::MutexGuard;
 
 use crate::consts::*;
 use crate::entry::Context;
@@ -147,14 +148,21 @@ pub fn report(core: &EpCore, done: &mut Vec<Done>) {
     }
 }
 
+thread_local! {
+    /// The emptied vector of the last batch this thread reported: the next batch taken out of
+    /// a provider's state leaves it there, so that no lock is taken again to hand the
+    /// allocation back and none is made per completion.
+    static SPARE: Cell<Vec<Done>> = const { Cell::new(Vec::new()) };
+}
+
 /// The end of a provider's locked call: the completions its state holds (`done_of`, filled by
-/// `Engine::take_done_into`) are reported once `st`, a guard of `lock`, is released, so that
-/// counters they bump may start triggered operations on this endpoint. The vector goes back
-/// with its allocation when the lock is free again (the engine's and the state's trade
-/// theirs, so neither allocates per completion).
+/// `Engine::take_done_into`) are reported once `st`, a guard of the provider's lock, is
+/// released, so that counters they bump may start triggered operations on this endpoint. The
+/// state keeps an empty vector with its allocation (this thread's spare); the reported one
+/// becomes the spare. A report nested in another (a triggered operation completing at once)
+/// works alike; the outer one's vector is the spare kept at the end.
 pub fn report_unlocked<S>(
     core: &EpCore,
-    lock: &Mutex<S>,
     mut st: MutexGuard<'_, S>,
     done_of: fn(&mut S) -> &mut Vec<Done>,
 ) {
@@ -162,13 +170,10 @@ pub fn report_unlocked<S>(
     if held.is_empty() {
         return;
     }
-    let mut done = std::mem::take(held);
+    // A thread being torn down has no spare: allocations are then made and freed.
+    let spare = SPARE.try_with(Cell::take).unwrap_or_default();
+    let mut done = std::mem::replace(held, spare);
     drop(st);
     report(core, &mut done);
-    if let Ok(mut st) = lock.try_lock() {
-        let held = done_of(&mut st);
-        if held.capacity() == 0 {
-            *held = done;
-        }
-    }
+    let _ = SPARE.try_with(|s| s.set(done));
 }

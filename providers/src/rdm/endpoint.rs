@@ -121,7 +121,7 @@ impl<W: Wire> RdmEndpoint<W> {
         let s = &mut *st;
         s.engine.take_done_into(&mut s.done);
         s.net.publish(&s.engine, &self.bell);
-        rdm::report_unlocked(&self.core, &self.st, st, |s| &mut s.done);
+        rdm::report_unlocked(&self.core, st, |s| &mut s.done);
     }
 
     /// The peer an `fi_addr_t` names.

@@ -358,11 +358,16 @@ impl Consumer {
 
     /// Consumes `n` slots (a message `raw_at` showed, or padding).
     pub fn advance_slots(&mut self, seg: &Segment, lane: usize, n: usize) {
-        // Clear the sequence word of every slot handed back: a slot that was the middle of a
-        // longer message holds payload there, which could equal a future position's value and
-        // be taken for a published message. So every slot at or past the consumer is either 0
-        // or freshly published.
-        for i in 0..n as u64 {
+        // Every slot handed back but the first has its sequence word cleared: the later slots
+        // of a longer message hold payload there, and those of a pad an older lap's word, which
+        // could equal a future position's value and be taken for a published message. The
+        // first slot keeps this lap's position, which no later position of the slot equals
+        // (each lap every slot is either the first of a message, written anew, or cleared
+        // here, so what the consumer finds there is 0 or the previous lap's word, SLOTS
+        // behind). So the consumer writes nothing into the line of a one-slot message, which
+        // the producer's next write there then need not take back from the consumer's core,
+        // and no store of the consumer's waits on that line while it goes on.
+        for i in 1..n as u64 {
             let p = slot_ptr(seg, lane, ((self.pos + i) % SLOTS as u64) as usize);
             seq_of(p).store(0, Ordering::Relaxed);
         }
@@ -518,6 +523,40 @@ mod tests {
             }
         }
         assert!(sent > 200 && got > 100);
+    }
+
+    #[test]
+    fn consumed_slots_never_read_as_published() {
+        let seg = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
+        init_header(&seg, 1);
+        let lane = claim_lane(&seg, 7).unwrap();
+        let mut p = Producer::new(&seg, lane);
+        let mut c = Consumer::attach(&seg, lane);
+        // One-slot messages (whose first slot keeps its word) between longer ones and pads,
+        // over several laps; each later slot's word holds what the next lap will look for
+        // there. Once drained, the next position is never taken for a published message.
+        for round in 0..5 * SLOTS {
+            let len = [1, 56, 57, 1000, 120, 8][round % 6];
+            let at = p.head + p.pad_for(raw_slots_for(len)) as u64;
+            let lap = |j: usize| ((at + j as u64 + SLOTS as u64) as u32 + 1).to_le_bytes();
+            assert!(p.write_raw(&seg, 20, 0, len, 0, |b| {
+                for j in 1..raw_slots_for(len) {
+                    if let Some(w) = b.get_mut(j * SLOT - RAW_HDR..j * SLOT - RAW_HDR + 4) {
+                        w.copy_from_slice(&lap(j));
+                    }
+                }
+            }));
+            let mut got = 0;
+            while let Some(v) = c.raw_at(&seg, lane, c.pos()) {
+                if v.kind != kind::PAD {
+                    assert_eq!(v.kind, 20);
+                    got += 1;
+                }
+                c.advance_slots(&seg, lane, v.slots());
+            }
+            assert_eq!(got, 1);
+            assert!(c.raw_at(&seg, lane, c.pos()).is_none());
+        }
     }
 
     #[test]
