@@ -407,8 +407,9 @@ fn sender(o: &Opts) {
              (first post to last completion)"
         );
         println!(
-            "  on 2 cores the XPU thread computes on one while the receiver process and this \
-             process's progress share the other"
+            "  on 2 cores the XPU thread computes on one while the receiver process spins on the \
+             other; this process's main thread shares the XPU's core, running only while the \
+             XPU does not"
         );
         println!("round   triggered us   ordinary us   compute us   transfer us   ratio   bound");
     } else {
