@@ -660,6 +660,7 @@ fn triggered_round(
 /// One ordinary pass: a CPU XPU thread computes every bucket, the host joins it, then posts
 /// the sends. Returns (compute, transfer): the join's time from the thread's start, and from
 /// the first post to the last completion.
+#[allow(clippy::too_many_arguments)]
 fn ordinary_round(
     n: &Node,
     ringer: &Ringer,
