@@ -428,6 +428,7 @@ fn sender(o: &Opts) {
     let mut computes = Vec::new();
     let mut transfers = Vec::new();
     let mut ratios = Vec::new();
+    let mut rings = Vec::new();
     for round in 0..o.rounds() {
         // Alternate which way goes first, so neither always runs on a warmer cache.
         let order: &[bool] = match (ordinary, round % 2) {
@@ -442,6 +443,9 @@ fn sender(o: &Opts) {
                 dt = triggered_round(
                     &n, &ringer, &mem, o, xpu, nvars, peer, &mut hear, seed, passes,
                 );
+                if let Ringer::Cpu(Some(s)) = &ringer {
+                    rings.extend(s.last_rings().map(|p| p.ring));
+                }
             } else {
                 stages = Some(ordinary_round(
                     &n, &ringer, &mem, o, peer, &mut hear, seed, passes,
@@ -501,6 +505,22 @@ fn sender(o: &Opts) {
             ratios[0],
             ratios[ratios.len() - 1],
         );
+        if !rings.is_empty() {
+            // The CPU XPU's ring starts the send it reached on the XPU's own thread: the
+            // host's share of each transfer (the post, and its completion's processing when
+            // the post finds the ring full) runs on the core the XPU computes on, where a GPU
+            // leaves it to the host's cores. Shown so that a distance to the bound can be
+            // read: that work cannot overlap the compute on this machine.
+            let r = median(&mut rings);
+            println!("  rings      {}", spread(&mut rings));
+            println!(
+                "the XPU's core also rings: {:.2} us per bucket (the send it starts, on its own \
+                 thread); with that on the XPU's core the bound is max(compute + rings, \
+                 transfer)/(compute + transfer) {:.2}",
+                us(r) / o.buckets() as f64,
+                (c + r).max(t).as_secs_f64() / (c + t).as_secs_f64()
+            );
+        }
         println!("{}", verdict(ratio, bound));
     } else {
         println!("the ordinary way is measured with the CPU XPU only (--xpu cpu)");

@@ -236,6 +236,17 @@ struct StreamState {
     launched: u64,
     finished: u64,
     error: Option<KernelError>,
+    last_rings: Option<RingProfile>,
+}
+
+/// Where the thread of a [`CpuXpuStream::compute_and_trigger`] kernel spent its time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingProfile {
+    /// Computing the buckets.
+    pub compute: std::time::Duration,
+    /// Ringing their variables: the stores, and what a CPU XPU's ring does on its own thread
+    /// (it starts the operations it reached: host work that a GPU leaves to the host's cores).
+    pub ring: std::time::Duration,
 }
 
 /// One launched kernel: what it runs on the stream's thread.
@@ -310,6 +321,14 @@ impl CpuXpuStream {
         s.error.take().map_or(Ok(()), Err)
     }
 
+    /// Where the last [`compute_and_trigger`](Self::compute_and_trigger) kernel that ran to
+    /// its end spent its time (`None` before the first). Call after
+    /// [`synchronize`](Self::synchronize).
+    pub fn last_rings(&self) -> Option<RingProfile> {
+        let (m, _) = &*self.state;
+        m.lock().unwrap_or_else(|e| e.into_inner()).last_rings
+    }
+
     /// [`CpuXpu::compute_and_trigger`]'s kernel, launched on this stream: for each bucket k in
     /// order, compute it `passes` times over, then ring `vars[k]`.
     ///
@@ -332,17 +351,25 @@ impl CpuXpuStream {
         // SAFETY: the caller's contract.
         unsafe { validate(&vars) }?;
         let out = SendPtr(out);
+        let state = self.state.clone();
         self.launch(move || {
             let out = out;
             let n = bucket_elems as usize;
+            let mut p = RingProfile::default();
+            let mut t = std::time::Instant::now();
             for (k, var) in vars.iter().enumerate() {
                 let base = k * n;
                 // SAFETY: the caller's contract: this bucket is ours to write.
                 let bucket = unsafe { std::slice::from_raw_parts_mut(out.0.add(base), n) };
                 compute_bucket(bucket, base as u64, seed, passes);
+                let computed = std::time::Instant::now();
+                p.compute += computed - t;
                 // SAFETY: the caller's contract; ring's release store publishes the bucket.
                 unsafe { ring(std::slice::from_ref(var)) }?;
+                t = std::time::Instant::now();
+                p.ring += t - computed;
             }
+            state.0.lock().unwrap_or_else(|e| e.into_inner()).last_rings = Some(p);
             Ok(())
         })
     }
@@ -680,7 +707,10 @@ mod tests {
         // SAFETY: `out` is 2 x 4 u32s, untouched until the synchronize below.
         unsafe { s.compute(out.as_mut_ptr(), 4, 2, 7, 3) }.unwrap();
         s.synchronize().unwrap();
-        assert!(out.iter().enumerate().all(|(i, &v)| v == pattern(i as u64, 7)));
+        assert!(out
+            .iter()
+            .enumerate()
+            .all(|(i, &v)| v == pattern(i as u64, 7)));
         // SAFETY: never run: the bad shape is refused first.
         assert!(unsafe { s.compute(out.as_mut_ptr(), 0, 2, 7, 1) }.is_err());
         drop(s);
