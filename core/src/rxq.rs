@@ -559,14 +559,20 @@ fn take_slot(
     let r = &mut q[i];
     let kind = if r.tagged() { FI_TAGGED } else { FI_MSG };
     if r.flags & FI_MULTI_RECV == 0 {
-        // The oldest receive takes most arrivals: popped, not shifted out.
-        let r = if i == 0 { q.pop_front() } else { q.remove(i) }.expect("index in range");
-        return RecvSlot {
+        // Read in place (the receive is not moved out whole, only its slot's fields).
+        let slot = RecvSlot {
             ctx: r.ctx,
             iov: r.iov,
             flags: FI_RECV | kind,
             op_flags: r.flags,
         };
+        // The oldest receive takes most arrivals: popped, not shifted out.
+        if i == 0 {
+            q.pop_front();
+        } else {
+            q.remove(i);
+        }
+        return slot;
     }
     let total = r.iov.total();
     let n = len.min(total - r.used);
