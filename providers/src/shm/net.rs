@@ -400,7 +400,17 @@ impl Net {
     }
 
     /// Hands the engine's frames and copies over, and reports what that finished.
+    #[inline]
     pub fn push(&mut self, g: &mut Glue<'_>) {
+        // After most calls (a receive, a send written in place) there is nothing to do.
+        if self.pumping.is_empty() && !g.engine.has_output() && self.sent.is_empty() && !self.wrote
+        {
+            return;
+        }
+        self.push_some(g);
+    }
+
+    fn push_some(&mut self, g: &mut Glue<'_>) {
         if !self.pumping.is_empty() {
             self.pump();
         }
