@@ -555,14 +555,20 @@ fn take_slot(
     let r = &mut q[i];
     let kind = if r.tagged() { FI_TAGGED } else { FI_MSG };
     if r.flags & FI_MULTI_RECV == 0 {
-        // The oldest receive takes most arrivals: popped, not shifted out.
-        let r = if i == 0 { q.pop_front() } else { q.remove(i) }.expect("index in range");
-        return RecvSlot {
+        // Read in place (the receive is not moved out whole, only its slot's fields).
+        let slot = RecvSlot {
             ctx: r.ctx,
             iov: r.iov,
             flags: FI_RECV | kind,
             op_flags: r.flags,
         };
+        // The oldest receive takes most arrivals: popped, not shifted out.
+        if i == 0 {
+            q.pop_front();
+        } else {
+            q.remove(i);
+        }
+        return slot;
     }
     let total = r.iov.total();
     let n = len.min(total - r.used);
@@ -585,6 +591,21 @@ fn take_slot(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn copies_of_every_small_size_are_exact() {
+        let src: Vec<u8> = (1..=48).collect();
+        for n in 0..=40 {
+            let mut dst = [0u8; 48];
+            // SAFETY: both buffers hold at least n bytes and do not overlap.
+            unsafe { crate::copy::copy_bytes(src.as_ptr(), dst.as_mut_ptr(), n) };
+            assert_eq!(&dst[..n], &src[..n], "{n} bytes");
+            assert!(
+                dst[n..].iter().all(|&b| b == 0),
+                "{n} bytes: none past the end"
+            );
+        }
+    }
 
     #[test]
     fn no_segment_wraps_the_address_space() {

@@ -412,6 +412,9 @@ struct Node {
     remote_writes: usize,
     remote_data: u64,
     stall: Duration,
+    /// Where CQ reads land: kept, so a poll does not zero a fresh array each time (fabtests
+    /// read into an uninitialized entry).
+    entries: [CqDataEntry; 8],
 }
 
 /// Where the peer's registered buffer is: the address to aim at (its virtual address under
@@ -516,6 +519,7 @@ fn open(o: &Opts) -> Res<Node> {
         remote_writes: 0,
         remote_data: 0,
         stall,
+        entries: [CqDataEntry::default(); 8],
     })
 }
 
@@ -854,10 +858,9 @@ impl Node {
 
     /// One non-blocking CQ read (which drives progress); true when it returned something.
     fn poll(&mut self) -> Res<bool> {
-        let mut entries = [CqDataEntry::default(); 8];
-        match self.cq.read(&mut entries) {
+        match self.cq.read(&mut self.entries) {
             Ok(n) => {
-                for e in &entries[..n] {
+                for e in &self.entries[..n] {
                     if e.flags & FI_REMOTE_CQ_DATA != 0 {
                         self.remote_writes += 1;
                         self.remote_data = e.data;

@@ -108,10 +108,12 @@ pub enum Done {
 /// leaving `done` empty (its allocation kept for the next round). Call it without holding the
 /// lock the engine is under.
 pub fn report(core: &EpCore, done: &mut Vec<Done>) {
-    for d in done.drain(..) {
+    // Each completion is reported from where it lies (moving one out is a copy of its whole
+    // variant); the vector is cleared at the end, keeping its allocation.
+    for d in done.iter_mut() {
         match d {
-            Done::Tx { ctx, flags } => core.complete_tx(ctx, flags),
-            Done::TxErr { ctx, flags, err } => core.fail_tx(ctx, flags, err),
+            Done::Tx { ctx, flags } => core.complete_tx(*ctx, *flags),
+            Done::TxErr { ctx, flags, err } => core.fail_tx(*ctx, *flags, *err),
             Done::Rx {
                 slot,
                 len,
@@ -120,32 +122,35 @@ pub fn report(core: &EpCore, done: &mut Vec<Done>) {
                 data,
                 src,
                 raw,
-            } => core.complete_rx(&slot, len, olen, tag, data, src, || raw.unwrap_or_default()),
+            } => core.complete_rx(slot, *len, *olen, *tag, *data, *src, || {
+                raw.take().unwrap_or_default()
+            }),
             Done::RxErr {
                 ctx,
                 flags,
                 tag,
                 err,
-            } => core.fail_rx(ctx, flags, tag, err),
-            Done::SlotErr { slot, tag, err } => core.fail_rx(slot.ctx, slot.flags, tag, err),
-            Done::Remote { flags, len, data } => core.complete_remote(flags, len, data),
+            } => core.fail_rx(*ctx, *flags, *tag, *err),
+            Done::SlotErr { slot, tag, err } => core.fail_rx(slot.ctx, slot.flags, *tag, *err),
+            Done::Remote { flags, len, data } => core.complete_remote(*flags, *len, *data),
             Done::RemoteStaged { ctx, len, data } => {
                 // A write that did not reach the device is not reported as done; the
                 // driver's reason is kept (`EpCore::take_staging_errors`).
-                if core.land_remote(ctx, len).is_ok() {
-                    core.complete_remote(FI_RMA | FI_WRITE, len, data)
+                if core.land_remote(*ctx, *len).is_ok() {
+                    core.complete_remote(FI_RMA | FI_WRITE, *len, *data)
                 }
             }
-            Done::DropStaged { ctx } => core.drop_remote(ctx),
+            Done::DropStaged { ctx } => core.drop_remote(*ctx),
             Done::Peek {
                 ctx,
                 len,
                 tag,
                 data,
                 src,
-            } => core.complete_peek(ctx, len, tag, data, src),
+            } => core.complete_peek(*ctx, *len, *tag, *data, *src),
         }
     }
+    done.clear();
 }
 
 thread_local! {

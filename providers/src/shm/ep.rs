@@ -85,8 +85,14 @@ impl Bell for ShmBell {
         // Idle, take the full path only when a sweep is due and something waits on a peer: a
         // dead one must be noticed by time, however slowly (or fast) the application polls.
         let sweep = || {
-            self.idle.watch.load(Ordering::Relaxed)
-                && crate::clock::coarse_ms() >= self.idle.next_sweep.load(Ordering::Relaxed)
+            if !self.idle.watch.load(Ordering::Relaxed) {
+                return false;
+            }
+            // This look pays one a progress call that took messages in left owed.
+            if self.idle.clock_owed.load(Ordering::Relaxed) {
+                self.idle.clock_owed.store(false, Ordering::Relaxed);
+            }
+            crate::clock::coarse_ms() >= self.idle.next_sweep.load(Ordering::Relaxed)
         };
         Net::has_work(&self.seg, &self.idle) || sweep()
     }
@@ -206,7 +212,7 @@ impl Wire for Net {
 
     fn progress(&mut self, g: &mut Glue<'_>) -> usize {
         let n = Net::progress(self, g);
-        if self.sweep_due() {
+        if self.sweep_look(n) {
             self.sweep(g);
         }
         n

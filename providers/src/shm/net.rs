@@ -143,6 +143,9 @@ pub struct Idle {
     pub watch: AtomicBool,
     /// When the next sweep is due (`coarse_ms`).
     pub next_sweep: AtomicU64,
+    /// A progress call took messages in without looking at the clock: the next look is owed
+    /// (any, the bell's idle one included).
+    pub clock_owed: AtomicBool,
     pos: [AtomicU64; LANES],
     known_active: AtomicU64,
 }
@@ -289,6 +292,7 @@ impl Net {
                 busy: AtomicBool::new(false),
                 watch: AtomicBool::new(false),
                 next_sweep: AtomicU64::new(0),
+                clock_owed: AtomicBool::new(false),
                 pos: std::array::from_fn(|_| AtomicU64::new(0)),
                 known_active: AtomicU64::new(0),
             }),
@@ -410,7 +414,17 @@ impl Net {
     }
 
     /// Hands the engine's frames and copies over, and reports what that finished.
+    #[inline]
     pub fn push(&mut self, g: &mut Glue<'_>) {
+        // After most calls (a receive, a send written in place) there is nothing to do.
+        if self.pumping.is_empty() && !g.engine.has_output() && self.sent.is_empty() && !self.wrote
+        {
+            return;
+        }
+        self.push_some(g);
+    }
+
+    fn push_some(&mut self, g: &mut Glue<'_>) {
         if !self.pumping.is_empty() {
             self.pump();
         }
@@ -914,6 +928,23 @@ impl Net {
     /// Whether a look for dead peers is due.
     pub fn sweep_due(&self) -> bool {
         crate::clock::coarse_ms() >= self.idle.next_sweep.load(Ordering::Relaxed)
+    }
+
+    /// Whether a progress call that took in `n` messages looks at the clock for a sweep: one
+    /// that took some leaves it to the next look (the next call's, whatever it finds, or an
+    /// idle poll's), so the clock is not read between a message's arrival and its completion,
+    /// and of two calls one at least still looks, however often (or seldom) the application
+    /// polls.
+    pub fn sweep_look(&mut self, n: usize) -> bool {
+        let owed = self.idle.clock_owed.load(Ordering::Relaxed);
+        if n > 0 && !owed {
+            self.idle.clock_owed.store(true, Ordering::Relaxed);
+            return false;
+        }
+        if owed {
+            self.idle.clock_owed.store(false, Ordering::Relaxed);
+        }
+        self.sweep_due()
     }
 
     /// Looks for peers that died: what they wrote before is taken in, then the engine loses

@@ -8,6 +8,14 @@
 //! meaning (the engine's frames). The producer writes the bytes and slot header first and the sequence word
 //! last (release); the consumer polls only the sequence word of its next slot (acquire).
 //!
+//! The consumer never writes a slot: a slot's line goes from the producer's core to the
+//! consumer's and back only with the messages themselves. So the producer keeps what the
+//! consumer will poll meaningful: the later slots of a longer message hold its bytes where a
+//! sequence word would be, which could equal the position the consumer looks for there in a
+//! later lap; the producer remembers such slots (`Producer::dirty`) and, before it publishes
+//! a message, clears the word of the slot after it if that slot is one. Every slot the consumer
+//! polls is then 0, published, or an older lap's sequence word.
+//!
 //! ```text
 //! first slot: 0 seq:u32 | 4 kind:u8 | 5 flags:u8 | 6 nslots:u16 | 8.. the message's bytes
 //! next slots: 64 bytes each
@@ -114,6 +122,10 @@ pub struct Producer {
     head: u64,
     cached_tail: u64,
     broken: bool,
+    /// One bit per slot: its sequence word may hold bytes other than an older lap's sequence
+    /// word (a later slot of a message written here, or anything before this producer: every
+    /// slot at first). Cleared where a message starts, or when the word is cleared.
+    dirty: [u64; SLOTS / 64],
 }
 
 impl Producer {
@@ -126,6 +138,24 @@ impl Producer {
             head: tail,
             cached_tail: tail,
             broken: false,
+            // A lane a previous sender used may hold its messages' bytes anywhere.
+            dirty: [u64::MAX; SLOTS / 64],
+        }
+    }
+
+    /// Marks slots `from..to` (within one lap) dirty.
+    #[inline(never)]
+    fn mark_dirty(&mut self, from: usize, to: usize) {
+        let mut i = from;
+        while i < to {
+            let (w, b) = (i / 64, i % 64);
+            let n = (64 - b).min(to - i);
+            self.dirty[w] |= if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << b
+            };
+            i += n;
         }
     }
 
@@ -194,7 +224,7 @@ impl Producer {
             write_kind(p, kind, flags, n);
             fill(std::slice::from_raw_parts_mut(p.add(RAW_HDR), len));
         }
-        self.publish(p, n);
+        self.publish(seg, p, n, true);
         true
     }
 
@@ -235,14 +265,30 @@ impl Producer {
             let idx = (self.head % SLOTS as u64) as usize;
             let p = slot_ptr(seg, self.lane, idx);
             write_pad(p, pad);
-            self.publish(p, pad);
+            // A pad's later slots are not written: they hold what they held.
+            self.publish(seg, p, pad, false);
         }
         let idx = (self.head % SLOTS as u64) as usize;
         Some(slot_ptr(seg, self.lane, idx))
     }
 
-    /// Publishes the message of `n` slots written at the head (`p`): its sequence word last.
-    fn publish(&mut self, p: *mut u8, n: usize) {
+    /// Publishes the run of `n` slots written at the head (`p`), whose later slots hold its
+    /// bytes (`bytes`; a pad's do not): the word of the slot after it is cleared first if it
+    /// may hold bytes (the consumer polls it next), the sequence word written last.
+    #[inline]
+    fn publish(&mut self, seg: &Segment, p: *mut u8, n: usize, bytes: bool) {
+        let idx = (self.head % SLOTS as u64) as usize;
+        self.dirty[idx / 64] &= !(1 << (idx % 64));
+        if bytes && n > 1 {
+            self.mark_dirty(idx + 1, idx + n);
+        }
+        let next = (idx + n) % SLOTS;
+        if self.dirty[next / 64] & (1 << (next % 64)) != 0 {
+            // Free: it starts no message still unread (the first slot of one is clean), and
+            // a later slot of one cannot follow this run's end.
+            seq_of(slot_ptr(seg, self.lane, next)).store(0, Ordering::Relaxed);
+            self.dirty[next / 64] &= !(1 << (next % 64));
+        }
         seq_of(p).store(self.head as u32 + 1, Ordering::Release);
         self.head += n as u64;
     }
@@ -358,19 +404,9 @@ impl Consumer {
 
     /// Consumes `n` slots (a message `raw_at` showed, or padding).
     pub fn advance_slots(&mut self, seg: &Segment, lane: usize, n: usize) {
-        // Every slot handed back but the first has its sequence word cleared: the later slots
-        // of a longer message hold payload there, and those of a pad an older lap's word, which
-        // could equal a future position's value and be taken for a published message. The
-        // first slot keeps this lap's position, which no later position of the slot equals
-        // (each lap every slot is either the first of a message, written anew, or cleared
-        // here, so what the consumer finds there is 0 or the previous lap's word, SLOTS
-        // behind). So the consumer writes nothing into the line of a one-slot message, which
-        // the producer's next write there then need not take back from the consumer's core,
-        // and no store of the consumer's waits on that line while it goes on.
-        for i in 1..n as u64 {
-            let p = slot_ptr(seg, lane, ((self.pos + i) % SLOTS as u64) as usize);
-            seq_of(p).store(0, Ordering::Relaxed);
-        }
+        // Nothing is written into the slots handed back (the producer keeps what will be
+        // polled there meaningful): their lines stay where they are until the producer
+        // writes them again.
         self.pos += n as u64;
         // SAFETY: the tail word is 8-aligned inside the lane header.
         unsafe { seg.u64_at(tail_off(lane)) }.store(self.pos, Ordering::Release);
@@ -532,11 +568,20 @@ mod tests {
         let lane = claim_lane(&seg, 7).unwrap();
         let mut p = Producer::new(&seg, lane);
         let mut c = Consumer::attach(&seg, lane);
-        // One-slot messages (whose first slot keeps its word) between longer ones and pads,
-        // over several laps; each later slot's word holds what the next lap will look for
-        // there. Once drained, the next position is never taken for a published message.
-        for round in 0..5 * SLOTS {
-            let len = [1, 56, 57, 1000, 120, 8][round % 6];
+        // One-slot messages between longer ones and pads, over several laps, the consumer
+        // writing nothing into the slots; each later slot's word holds what the next lap will
+        // look for there. Once drained, the next position is never taken for a published
+        // message, also after a new producer takes the lane over and writes one-slot messages
+        // where the last lap had later slots of longer ones.
+        for round in 0..4 * SLOTS {
+            if round == 2 * SLOTS {
+                p = Producer::new(&seg, lane);
+            }
+            let len = if round < 2 * SLOTS {
+                [1, 56, 57, 1000, 120, 1000, 8][round % 7]
+            } else {
+                8
+            };
             let at = p.head + p.pad_for(raw_slots_for(len)) as u64;
             let lap = |j: usize| ((at + j as u64 + SLOTS as u64) as u32 + 1).to_le_bytes();
             assert!(p.write_raw(&seg, 20, 0, len, 0, |b| {

@@ -335,19 +335,22 @@ impl Engine {
 
     /// A message landed in `slot` (`got` of its bytes): acknowledged if its sender asked,
     /// and completed.
-    pub(super) fn msg_landed(&mut self, peer: PeerId, slot: RecvSlot, got: usize, m: Landed) {
+    pub(super) fn msg_landed(&mut self, peer: PeerId, mut slot: RecvSlot, got: usize, m: Landed) {
         if m.fl & flags::ACK != 0 {
             let status = self.sink_status(&slot, got);
             self.ack(peer, m.id, status);
         }
-        self.push_rx(Done::Rx {
+        // As `push_rx`, the completion written straight into the vector.
+        self.rxq.finish_slot(&mut slot);
+        let raw = self.raw_of(peer, m.src);
+        self.done.push(Done::Rx {
             slot,
             len: got,
             olen: m.len - got,
             tag: m.tag,
             data: m.data,
             src: m.src,
-            raw: self.raw_of(peer, m.src),
+            raw,
         });
     }
 }
