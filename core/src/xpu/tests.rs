@@ -1,0 +1,1 @@
+// unit tests come next
