@@ -96,6 +96,9 @@ use std::sync::Arc;
 // `provider_api`, so an application's view of the crate is libfabric's, not xfabric's insides.
 pub use xfabric_core::consts::*;
 pub use xfabric_core::entry::*;
+/// The device API's exported handles (`Endpoint::export_xpu`, `CompletionQueue::export_xpu`,
+/// `Counter::export_xpu`); the device calls are in `xpu::device`.
+pub use xfabric_core::xpu::{XpuCntr, XpuCq, XpuEp};
 pub use xfabric_core::{atomic, av, consts, entry, error, log, settings, xpu};
 pub use xfabric_core::{
     notify_xpu_ring, strerror, user_monitor_wait, AddrFormat, AddressVector, AtomicOp, AvAttr,
@@ -106,9 +109,6 @@ pub use xfabric_core::{
     TriggerContext, TriggerValue, TriggerVar, TriggerXpu, TxAttr, WaitAttr, WaitSet, WorkId,
     WorkOp, Xpu, XpuDevice, ATOMIC_MAX, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED,
 };
-/// The device API's exported handles (`Endpoint::export_xpu`, `CompletionQueue::export_xpu`,
-/// `Counter::export_xpu`); the device calls are in `xpu::device`.
-pub use xfabric_core::xpu::{XpuCntr, XpuCq, XpuEp};
 pub use xfabric_hmem as hmem;
 pub use xfabric_kernels as kernels;
 pub use xfabric_providers as providers;

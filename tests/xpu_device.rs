@@ -48,7 +48,10 @@ fn drive_until<T>(n: &Node, t: std::thread::JoinHandle<T>) -> T {
     let deadline = std::time::Instant::now() + completion_bound();
     while !t.is_finished() {
         n.ep.progress();
-        assert!(std::time::Instant::now() < deadline, "XPU thread still running");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "XPU thread still running"
+        );
     }
     t.join().expect("XPU thread")
 }
@@ -201,7 +204,9 @@ fn xpu_posts_receives_and_reads_them_from_its_cq() {
                         assert!(e.flags & FI_RECV != 0);
                         assert!(*s == src || *s == FI_ADDR_NOTAVAIL);
                         // SAFETY: the receive completed: its slot of `inbox` is written.
-                        let b = unsafe { std::slice::from_raw_parts((base + i * LEN) as *const u8, LEN) };
+                        let b = unsafe {
+                            std::slice::from_raw_parts((base + i * LEN) as *const u8, LEN)
+                        };
                         assert!(b == pattern(LEN, 1000 + i as u64), "bytes of {i}");
                     }
                     got += k as usize;
@@ -276,7 +281,11 @@ fn xpu_put_with_signal_that_the_peers_xpu_waits_on() {
     if role().is_some() {
         return put_target();
     }
-    let mut peer = spawn("xpu_put_with_signal_that_the_peers_xpu_waits_on", "target", &[]);
+    let mut peer = spawn(
+        "xpu_put_with_signal_that_the_peers_xpu_waits_on",
+        "target",
+        &[],
+    );
     let n = xnode(Progress::Manual);
     let to = connect(&mut peer, &n);
     let line = peer.hear();
@@ -313,7 +322,9 @@ fn xpu_put_with_signal_that_the_peers_xpu_waits_on() {
     });
     let done = n.wait_n(PN);
     xpu.join().unwrap();
-    assert!(done.iter().all(|e| e.flags & (FI_RMA | FI_WRITE) == FI_RMA | FI_WRITE));
+    assert!(done
+        .iter()
+        .all(|e| e.flags & (FI_RMA | FI_WRITE) == FI_RMA | FI_WRITE));
     assert_eq!(peer.hear_progressing(&n), "ok");
     peer.tell("bye");
     peer.join();
@@ -329,7 +340,11 @@ fn rma_target() {
     let mut region = pattern(RD * 16, 77);
     region.extend_from_slice(&[0u8; 24]);
     // SAFETY: `region` outlives the registration.
-    let mr = unsafe { n.domain.mr_reg(&region, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0) }.unwrap();
+    let mr = unsafe {
+        n.domain
+            .mr_reg(&region, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0)
+    }
+    .unwrap();
     say(&format!("{} {}", region.as_ptr() as usize, mr.key()));
     let done = listen_in_background();
     while !done.is_finished() {
@@ -359,13 +374,24 @@ fn xpu_reads_and_atomics() {
     let x = n.ep.export_xpu(Xpu::CPU).unwrap();
     let dest = n.av.get_xpu_addr(to).unwrap();
     let into = vec![0u8; RD * 16];
-    let operands: Vec<u8> = [3u64, 1, 0, 42].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let operands: Vec<u8> = [3u64, 1, 0, 42]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     let results = vec![0u8; (AM + 1) * 8];
     let (m1, d_into) = xreg(&n, &into, FI_READ);
     let (m2, d_ops) = xreg(&n, &operands, FI_WRITE);
     let (m3, d_res) = xreg(&n, &results, FI_READ);
-    let (ib, ob, rb) = (into.as_ptr() as usize, operands.as_ptr() as usize, results.as_ptr() as usize);
-    let (u64t, sum, cswap) = (Datatype::UInt64 as i32, AtomicOp::Sum as i32, AtomicOp::Cswap as i32);
+    let (ib, ob, rb) = (
+        into.as_ptr() as usize,
+        operands.as_ptr() as usize,
+        results.as_ptr() as usize,
+    );
+    let (u64t, sum, cswap) = (
+        Datatype::UInt64 as i32,
+        AtomicOp::Sum as i32,
+        AtomicOp::Cswap as i32,
+    );
     let words = rbase + (RD * 16) as u64;
     let total = 16 + 2 * AM + 1;
     let xpu = std::thread::spawn(move || {
@@ -383,14 +409,46 @@ fn xpu_reads_and_atomics() {
             let one = (ob + 8) as *const c_void;
             let res = (rb + k * 8) as *mut c_void;
             until_taken(|| {
-                dev::fetch_atomic(&x, one, 1, d_ops, res, d_res, dest, words + 8, key, u64t, sum, ctx, 0, W)
+                dev::fetch_atomic(
+                    &x,
+                    one,
+                    1,
+                    d_ops,
+                    res,
+                    d_res,
+                    dest,
+                    words + 8,
+                    key,
+                    u64t,
+                    sum,
+                    ctx,
+                    0,
+                    W,
+                )
             });
             ctx += 1;
         }
         let (cmp, swap) = ((ob + 16) as *const c_void, (ob + 24) as *const c_void);
         let res = (rb + AM * 8) as *mut c_void;
         until_taken(|| {
-            dev::compare_atomic(&x, swap, 1, d_ops, cmp, d_ops, res, d_res, dest, words + 16, key, u64t, cswap, ctx, 0, W)
+            dev::compare_atomic(
+                &x,
+                swap,
+                1,
+                d_ops,
+                cmp,
+                d_ops,
+                res,
+                d_res,
+                dest,
+                words + 16,
+                key,
+                u64t,
+                cswap,
+                ctx,
+                0,
+                W,
+            )
         });
     });
     let done = n.wait_n(total);
@@ -401,8 +459,16 @@ fn xpu_reads_and_atomics() {
         .map(|k| u64::from_le_bytes(results[k * 8..k * 8 + 8].try_into().unwrap()))
         .collect();
     fetched.sort_unstable();
-    assert_eq!(fetched, (0..AM as u64).collect::<Vec<_>>(), "each fetch saw a distinct value");
-    assert_eq!(u64::from_le_bytes(results[AM * 8..].try_into().unwrap()), 0, "compare found 0");
+    assert_eq!(
+        fetched,
+        (0..AM as u64).collect::<Vec<_>>(),
+        "each fetch saw a distinct value"
+    );
+    assert_eq!(
+        u64::from_le_bytes(results[AM * 8..].try_into().unwrap()),
+        0,
+        "compare found 0"
+    );
     peer.tell("done");
     assert_eq!(peer.hear(), "ok");
     peer.join();
@@ -461,7 +527,11 @@ fn many_rx(per: usize) {
             Err(Error::Again(_)) => {}
             Err(e) => panic!("cq read: {e} {:?}", n.cq.readerr()),
         }
-        assert!(std::time::Instant::now() < deadline, "{got} of {}", THREADS * per);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{got} of {}",
+            THREADS * per
+        );
     }
     say("ok");
 }
@@ -490,7 +560,9 @@ fn many(test: &str, all: usize) {
                     // SAFETY: this thread's slot i, read by nothing before its send.
                     unsafe { std::ptr::write(slot as *mut u64, i as u64) };
                     let buf = slot as *const c_void;
-                    until_taken(|| dev::tsend(&x, buf, 8, desc, 0, dest, t as u64, (t << 32) | i, 0, W));
+                    until_taken(|| {
+                        dev::tsend(&x, buf, 8, desc, 0, dest, t as u64, (t << 32) | i, 0, W)
+                    });
                 }
             })
         })
@@ -504,7 +576,11 @@ fn many(test: &str, all: usize) {
             Err(Error::Again(_)) => {}
             Err(e) => panic!("cq read: {e} {:?}", n.cq.readerr()),
         }
-        assert!(std::time::Instant::now() < deadline, "{got} of {}", THREADS * per);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{got} of {}",
+            THREADS * per
+        );
     }
     for t in xpus {
         t.join().unwrap();
@@ -556,7 +632,11 @@ fn hostile_descriptors_full_ring_dead_xpu_and_close() {
     if role().is_some() {
         return hostile_rx();
     }
-    let mut peer = spawn("hostile_descriptors_full_ring_dead_xpu_and_close", "rx", &[]);
+    let mut peer = spawn(
+        "hostile_descriptors_full_ring_dead_xpu_and_close",
+        "rx",
+        &[],
+    );
     let n = xnode(Progress::Manual);
     let to = connect(&mut peer, &n);
     let x = n.ep.export_xpu_slots(Xpu::CPU, 8).unwrap();
@@ -591,18 +671,64 @@ fn hostile_descriptors_full_ring_dead_xpu_and_close() {
         ..Default::default()
     };
     let hostile = [
-        (XpuDesc { opcode: 4242, context: 101, ..base }, XPU_FAULT_OPCODE),
-        (XpuDesc { peer: dest + 1000, context: 102, ..base }, XPU_FAULT_ADDR),
-        (XpuDesc { desc: hidden.key(), context: 103, ..base }, XPU_FAULT_DESC),
-        (XpuDesc { len: 17, context: 104, ..base }, XPU_FAULT_RANGE),
-        (XpuDesc { flags: FI_INJECT, context: 105, ..base }, XPU_FAULT_FLAGS),
-        (XpuDesc { opcode: opcode::ATOMIC, datatype: 1234, context: 106, ..base }, XPU_FAULT_ARGS),
+        (
+            XpuDesc {
+                opcode: 4242,
+                context: 101,
+                ..base
+            },
+            XPU_FAULT_OPCODE,
+        ),
+        (
+            XpuDesc {
+                peer: dest + 1000,
+                context: 102,
+                ..base
+            },
+            XPU_FAULT_ADDR,
+        ),
+        (
+            XpuDesc {
+                desc: hidden.key(),
+                context: 103,
+                ..base
+            },
+            XPU_FAULT_DESC,
+        ),
+        (
+            XpuDesc {
+                len: 17,
+                context: 104,
+                ..base
+            },
+            XPU_FAULT_RANGE,
+        ),
+        (
+            XpuDesc {
+                flags: FI_INJECT,
+                context: 105,
+                ..base
+            },
+            XPU_FAULT_FLAGS,
+        ),
+        (
+            XpuDesc {
+                opcode: opcode::ATOMIC,
+                datatype: 1234,
+                context: 106,
+                ..base
+            },
+            XPU_FAULT_ARGS,
+        ),
     ];
     for (d, _) in &hostile {
         assert_eq!(dev::post_raw(&x, d), 0);
     }
     let torn = dev::claim(&x).unwrap();
-    torn.write(&XpuDesc { context: 107, ..base });
+    torn.write(&XpuDesc {
+        context: 107,
+        ..base
+    });
     torn.store_word(2, u64::MAX);
     torn.publish();
     assert_eq!(dev::send(&x, g(8), 8, dg, 0, dest, 8, 0, W), 0);
@@ -610,14 +736,20 @@ fn hostile_descriptors_full_ring_dead_xpu_and_close() {
         match n.next() {
             Completion::Err(err, why) => {
                 let why = String::from_utf8_lossy(&why.unwrap_or_default()).into_owned();
-                assert_eq!((err.op_context as u64, err.prov_errno), (d.context, *code), "{why}");
+                assert_eq!(
+                    (err.op_context as u64, err.prov_errno),
+                    (d.context, *code),
+                    "{why}"
+                );
                 assert!(!why.is_empty());
             }
             other => panic!("expected the error of {}: {other:?}", d.context),
         }
     }
     match n.next() {
-        Completion::Err(err, _) => assert_eq!((err.op_context, err.prov_errno), (0, XPU_FAULT_TORN)),
+        Completion::Err(err, _) => {
+            assert_eq!((err.op_context, err.prov_errno), (0, XPU_FAULT_TORN))
+        }
         other => panic!("expected the torn slot's error: {other:?}"),
     }
     match n.next() {
@@ -659,8 +791,14 @@ fn hostile_descriptors_full_ring_dead_xpu_and_close() {
         ]
     );
     let mut none = [CqTaggedEntry::default(); 1];
-    assert!(cq.read(&mut none).is_err(), "nothing past the dead slot completed");
-    assert_eq!(dev::send(&x, g(0), 8, dg, 0, dest, 300, 0, W), -(errno::FI_ESHUTDOWN));
+    assert!(
+        cq.read(&mut none).is_err(),
+        "nothing past the dead slot completed"
+    );
+    assert_eq!(
+        dev::send(&x, g(0), 8, dg, 0, dest, 300, 0, W),
+        -(errno::FI_ESHUTDOWN)
+    );
     peer.join();
     drop((mg, me, hidden));
 }

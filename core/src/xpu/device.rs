@@ -398,7 +398,7 @@ pub fn cntr_wait(cntr: &XpuCntr, threshold: u64, timeout: i32, scope: i32) -> i3
         spins = spins.wrapping_add(1);
         // A CPU XPU shares cores with the watcher that changes the counter: give it the core
         // now and then.
-        if spins % 64 == 0 {
+        if spins.is_multiple_of(64) {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
