@@ -32,14 +32,17 @@ fn xreg(n: &Node, buf: &[u8], access: u64) -> (MemoryRegion, u64) {
     (mr, desc)
 }
 
-/// Posts until the ring takes it (a CPU XPU's retry on `-FI_EAGAIN`).
+/// Posts until the ring takes it (a CPU XPU's retry on `-FI_EAGAIN`), bounded by
+/// `completion_bound`.
 fn until_taken(mut post: impl FnMut() -> i32) {
+    let deadline = std::time::Instant::now() + completion_bound();
     loop {
         match post() {
             0 => return,
             EAGAIN => std::thread::yield_now(),
             e => panic!("device call: {e}"),
         }
+        assert!(std::time::Instant::now() < deadline, "the ring stayed full");
     }
 }
 

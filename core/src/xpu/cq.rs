@@ -21,6 +21,11 @@ use crate::trigger::Xpu;
 pub(crate) struct CqExport {
     header: Box<CqRingHeader>,
     slots: Box<[CqSlot]>,
+    /// The next position the host writes: its own copy (the header's is written from it for
+    /// the XPU, never read back). Changed only under the queue's lock.
+    tail: AtomicU64,
+    /// Slots - 1, the host's own copy (a device may write its header).
+    mask: u64,
 }
 
 impl CqExport {
@@ -29,7 +34,12 @@ impl CqExport {
             .map(|_| CqSlot(std::array::from_fn(|_| AtomicU64::new(0))))
             .collect();
         let header = Box::new(CqRingHeader::new(mem.as_ptr() as u64, slots as u64));
-        Arc::new(CqExport { header, slots: mem })
+        Arc::new(CqExport {
+            header,
+            slots: mem,
+            tail: AtomicU64::new(0),
+            mask: slots as u64 - 1,
+        })
     }
 
     pub(crate) fn header(&self) -> &CqRingHeader {
@@ -43,22 +53,23 @@ impl CqExport {
     /// Free slots. Host only (its `tail`); the XPU's `head` is read with acquire, so a slot
     /// counted free was copied out before it is written again.
     pub(crate) fn room(&self) -> u64 {
-        let tail = self.header.tail.load(Ordering::Relaxed);
+        let tail = self.tail.load(Ordering::Relaxed);
         let head = self.header.head.load(Ordering::Acquire);
         // A head past the tail is an XPU's bug (or hostility): no room, rather than a wrap.
         let used = tail.checked_sub(head).unwrap_or(u64::MAX);
-        (self.header.mask + 1).saturating_sub(used)
+        (self.mask + 1).saturating_sub(used)
     }
 
     fn put(&self, mut e: XpuCqEntry) {
-        let tail = self.header.tail.load(Ordering::Relaxed);
+        let tail = self.tail.load(Ordering::Relaxed);
         e.seq = tail.wrapping_add(1);
-        let slot = &self.slots[(tail & self.header.mask) as usize];
+        let slot = &self.slots[(tail & self.mask) as usize];
         let w = e.to_words();
         for (i, v) in w.iter().enumerate().take(CQ_WORDS).skip(1) {
             slot.0[i].store(*v, Ordering::Relaxed);
         }
         slot.0[0].store(e.seq, Ordering::Release);
+        self.tail.store(e.seq, Ordering::Relaxed);
         self.header.tail.store(e.seq, Ordering::Release);
     }
 

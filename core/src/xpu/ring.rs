@@ -34,6 +34,11 @@ pub const RING_DEFAULT_SLOTS: usize = 1024;
 pub(crate) struct DescRing {
     header: Box<RingHeader>,
     slots: Box<[DescSlot]>,
+    /// The next position the consumer takes: the host's own copy. The header's `head` is
+    /// written from it for the XPU to see, never read back (an XPU can write anything there).
+    head: AtomicU64,
+    /// Slots - 1, the host's own copy (a device may write its header).
+    mask: u64,
 }
 
 /// What the consumer found at the head.
@@ -70,6 +75,8 @@ impl DescRing {
         Ok(Arc::new(DescRing {
             header,
             slots: slots_mem,
+            head: AtomicU64::new(0),
+            mask: slots as u64 - 1,
         }))
     }
 
@@ -85,12 +92,12 @@ impl DescRing {
 
     fn slot(&self, pos: u64) -> &DescSlot {
         // The mask keeps the index within the slots (their number is mask + 1).
-        &self.slots[(pos & self.header.mask) as usize]
+        &self.slots[(pos & self.mask) as usize]
     }
 
     /// The next position the consumer takes.
     pub(crate) fn head(&self) -> u64 {
-        self.header.head.load(Ordering::Relaxed)
+        self.head.load(Ordering::Relaxed)
     }
 
     /// The word that publishes position `pos` (the watcher's spin waits for a store to it).
@@ -100,13 +107,13 @@ impl DescRing {
 
     /// Whether the next slot is published (a look without taking it).
     pub(crate) fn ready(&self) -> bool {
-        let head = self.header.head.load(Ordering::Relaxed);
+        let head = self.head();
         self.slot(head).0[0].load(Ordering::Acquire) == head.wrapping_add(1)
     }
 
     /// Takes the slot at the head if it is published. Consumer only (one at a time).
     pub(crate) fn take(&self) -> Option<Taken> {
-        let head = self.header.head.load(Ordering::Relaxed);
+        let head = self.head();
         let want = head.wrapping_add(1);
         let slot = self.slot(head);
         if slot.0[0].load(Ordering::Acquire) != want {
@@ -114,6 +121,7 @@ impl DescRing {
         }
         let words: [u64; DESC_WORDS] = std::array::from_fn(|i| slot.0[i].load(Ordering::Relaxed));
         // Copied out: the slot and its credit go back to the producers.
+        self.head.store(want, Ordering::Relaxed);
         self.header.head.store(want, Ordering::Release);
         self.header.credits.fetch_add(1, Ordering::Release);
         let d = XpuDesc::from_words(words);
@@ -124,15 +132,17 @@ impl DescRing {
         })
     }
 
-    /// Closes the ring to producers and returns what lies between the head and the tail.
-    /// Consumer only.
+    /// Closes the ring to producers and returns what lies between the head and the tail
+    /// (at most one lap: `tail` is the XPU's to write, and is not trusted further). Consumer
+    /// only.
     pub(crate) fn close(&self) -> Vec<Left> {
         self.header.state.store(RING_CLOSED, Ordering::Release);
-        let head = self.header.head.load(Ordering::Relaxed);
+        let head = self.head();
         let tail = self.header.tail.load(Ordering::Acquire);
+        let end = tail.clamp(head, head.saturating_add(self.mask + 1));
         let mut out = Vec::new();
         let mut pos = head;
-        while pos < tail {
+        while pos < end {
             let slot = self.slot(pos);
             let want = pos.wrapping_add(1);
             if slot.0[0].load(Ordering::Acquire) == want {
@@ -143,7 +153,8 @@ impl DescRing {
             }
             pos = want;
         }
-        self.header.head.store(tail.max(head), Ordering::Release);
+        self.head.store(end, Ordering::Relaxed);
+        self.header.head.store(end, Ordering::Release);
         out
     }
 }

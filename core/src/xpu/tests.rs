@@ -648,6 +648,7 @@ fn four_xpu_threads_keep_each_threads_order() {
         .map(|t| {
             let x = x.clone();
             std::thread::spawn(move || {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
                 for i in 0..PER {
                     let ctx = (t << 32) | i;
                     while dev::tsend(
@@ -663,6 +664,7 @@ fn four_xpu_threads_keep_each_threads_order() {
                         W,
                     ) != 0
                     {
+                        assert!(std::time::Instant::now() < deadline, "the ring stayed full");
                         std::thread::yield_now();
                     }
                 }
@@ -670,9 +672,15 @@ fn four_xpu_threads_keep_each_threads_order() {
         })
         .collect();
     let mut done = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while done < 4 * PER {
         n.ep.progress();
         done = w.sh.log.lock().unwrap().len();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{done} of {}",
+            4 * PER
+        );
     }
     for t in threads {
         t.join().unwrap();
@@ -768,4 +776,43 @@ fn an_exported_cq_keeps_what_does_not_fit_and_loses_nothing() {
     assert_eq!(dev::cq_readerr(&q, &mut e, 0, W), -(FI_EAGAIN as isize));
     let mut one = [crate::entry::CqEntry::default(); 1];
     assert_eq!(dev::cq_read(&q, &mut one, W), -(FI_EAGAIN as isize));
+}
+
+#[test]
+fn words_an_xpu_may_scribble_on_bound_what_the_host_does() {
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let n = node(&w);
+    let x = n.ep.export_xpu_slots(Xpu::CPU, 4).unwrap();
+    let q = n.cq.export_xpu_slots(Xpu::CPU, 2).unwrap();
+    let buf = vec![0u8; 8];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    // A head far ahead of the host's tail: the CQ ring has no room, entries stay on the host.
+    q.shared()
+        .header()
+        .head
+        .store(u64::MAX / 2, Ordering::Release);
+    // The ring's head and tail as a hostile XPU leaves them: the host keeps its own head, and
+    // close looks at one lap at most.
+    x.ring().header().head.store(12345, Ordering::Release);
+    assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 1, 0, W), 0);
+    while n.ep.progress() > 0 {}
+    assert_eq!(w.sh.ctxs(), vec![1]);
+    let mut one = [CqTaggedEntry::default(); 1];
+    assert_eq!(dev::cq_read(&q, &mut one, W), -(FI_EAGAIN as isize));
+    assert_eq!(
+        entries(&n.cq)
+            .iter()
+            .map(|e| e.op_context)
+            .collect::<Vec<_>>(),
+        vec![1]
+    );
+    x.ring().header().tail.store(u64::MAX, Ordering::Release);
+    let Node { ep, cq, av: _av } = n;
+    ep.close().unwrap();
+    assert_eq!(
+        errors(&cq).len(),
+        4,
+        "one lap of unpublished positions, no more"
+    );
 }
