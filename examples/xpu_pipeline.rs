@@ -271,7 +271,9 @@ static CORES: std::sync::OnceLock<Option<Cores>> = std::sync::OnceLock::new();
 
 /// Who rings the doorbells.
 enum Ringer {
-    Cpu,
+    /// The CPU XPU's stream: its one thread computes and rings, round after round (created
+    /// once the main thread is on the XPU's core, so it computes there too).
+    Cpu(Option<xfabric::kernels::CpuXpuStream>),
     Gpu(xfabric_kernels::GpuXpu),
 }
 
@@ -286,11 +288,11 @@ impl Ringer {
                 }
                 Err(e) if want == Want::Gpu => fail(&format!("--xpu gpu: {e}")),
                 Err(e) => {
-                    return (Ringer::Cpu, format!("CPU thread (no GPU XPU: {e})"));
+                    return (Ringer::Cpu(None), format!("CPU thread (no GPU XPU: {e})"));
                 }
             }
         }
-        (Ringer::Cpu, "CPU thread".into())
+        (Ringer::Cpu(None), "CPU thread".into())
     }
 
     /// A CPU XPU starts each send it rings in its own thread, so the sender needs no progress
@@ -299,14 +301,14 @@ impl Ringer {
     /// nothing more: the domain's progress thread watches it (auto progress).
     fn progress(&self) -> Progress {
         match self {
-            Ringer::Cpu => Progress::Manual,
+            Ringer::Cpu(_) => Progress::Manual,
             Ringer::Gpu(_) => Progress::Auto,
         }
     }
 
     fn xpu(&self) -> Xpu {
         match self {
-            Ringer::Cpu => Xpu::CPU,
+            Ringer::Cpu(_) => Xpu::CPU,
             Ringer::Gpu(g) => Xpu {
                 iface: Iface::Cuda,
                 device: g.device() as u64,
@@ -317,8 +319,8 @@ impl Ringer {
 
 fn sender(o: &Opts) {
     // Before the peer starts: a refused `--xpu gpu` must not leave it writing to a closed pipe.
-    let (ringer, what) = Ringer::pick(o.xpu);
-    if matches!(ringer, Ringer::Cpu) {
+    let (mut ringer, what) = Ringer::pick(o.xpu);
+    if matches!(ringer, Ringer::Cpu(_)) {
         // The peer inherits the host's cores; this thread moves to the XPU's once it started.
         let _ = CORES.set(Cores::split());
         Cores::pin_host();
@@ -340,6 +342,12 @@ fn sender(o: &Opts) {
         .spawn()
         .expect("start the peer process");
     Cores::pin_xpu();
+    if let Ringer::Cpu(stream) = &mut ringer {
+        *stream = Some(
+            xfabric::kernels::CpuXpuStream::new("xfabric-cpu-xpu")
+                .unwrap_or_else(|e| fail(&format!("start the CPU XPU: {e}"))),
+        );
+    }
     let mut to_peer = child.stdin.take().expect("stdin");
     let mut from_peer = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let mut hear = || {
@@ -368,7 +376,7 @@ fn sender(o: &Opts) {
         o.buckets(),
         o.bucket_bytes() >> 10
     );
-    let ordinary = matches!(ringer, Ringer::Cpu);
+    let ordinary = matches!(ringer, Ringer::Cpu(_));
     let mut pass = 0u32;
     let mut go = |pass: &mut u32| {
         writeln!(to_peer, "go").expect("tell peer");
@@ -384,7 +392,7 @@ fn sender(o: &Opts) {
             // The first pass warms up (page faults, the peer's first receives) and is not kept.
             for i in 0..=CALIBRATION_PASSES {
                 let seed = go(&mut pass);
-                let stages = ordinary_round(&n, &mem, o, peer, &mut hear, seed, 1);
+                let stages = ordinary_round(&n, &ringer, &mem, o, peer, &mut hear, seed, 1);
                 if i > 0 {
                     cal.push(stages);
                 }
@@ -420,6 +428,7 @@ fn sender(o: &Opts) {
     let mut computes = Vec::new();
     let mut transfers = Vec::new();
     let mut ratios = Vec::new();
+    let mut rings = Vec::new();
     for round in 0..o.rounds() {
         // Alternate which way goes first, so neither always runs on a warmer cache.
         let order: &[bool] = match (ordinary, round % 2) {
@@ -434,8 +443,13 @@ fn sender(o: &Opts) {
                 dt = triggered_round(
                     &n, &ringer, &mem, o, xpu, nvars, peer, &mut hear, seed, passes,
                 );
+                if let Ringer::Cpu(Some(s)) = &ringer {
+                    rings.extend(s.last_rings().map(|p| p.ring));
+                }
             } else {
-                stages = Some(ordinary_round(&n, &mem, o, peer, &mut hear, seed, passes));
+                stages = Some(ordinary_round(
+                    &n, &ringer, &mem, o, peer, &mut hear, seed, passes,
+                ));
             }
         }
         times.push(dt);
@@ -491,6 +505,22 @@ fn sender(o: &Opts) {
             ratios[0],
             ratios[ratios.len() - 1],
         );
+        if !rings.is_empty() {
+            // The CPU XPU's ring starts the send it reached on the XPU's own thread: the
+            // host's share of each transfer (the post, and its completion's processing when
+            // the post finds the ring full) runs on the core the XPU computes on, where a GPU
+            // leaves it to the host's cores. Shown so that a distance to the bound can be
+            // read: that work cannot overlap the compute on this machine.
+            let r = median(&mut rings);
+            println!("  rings      {}", spread(&mut rings));
+            println!(
+                "the XPU's core also rings: {:.2} us per bucket (the send it starts, on its own \
+                 thread); with that on the XPU's core the bound is max(compute + rings, \
+                 transfer)/(compute + transfer) {:.2}",
+                us(r) / o.buckets() as f64,
+                (c + r).max(t).as_secs_f64() / (c + t).as_secs_f64()
+            );
+        }
         println!("{}", verdict(ratio, bound));
     } else {
         println!("the ordinary way is measured with the CPU XPU only (--xpu cpu)");
@@ -614,7 +644,15 @@ fn triggered_round(
     assert_eq!(hear(), "ready");
     let t0 = Instant::now();
     match ringer {
-        Ringer::Cpu => cpu_compute_and_ring(mem, o, seed, &vars, nvars, passes),
+        Ringer::Cpu(stream) => cpu_compute_and_ring(
+            stream.as_ref().expect("the CPU XPU's stream"),
+            mem,
+            o,
+            seed,
+            &vars,
+            nvars,
+            passes,
+        ),
         Ringer::Gpu(g) => {
             // SAFETY: the variables this endpoint filled for this GPU: doorbells in its
             // mapped memory, alive as long as the endpoint; `mem` is the mapped buffer of
@@ -642,8 +680,10 @@ fn triggered_round(
 /// One ordinary pass: a CPU XPU thread computes every bucket, the host joins it, then posts
 /// the sends. Returns (compute, transfer): the join's time from the thread's start, and from
 /// the first post to the last completion.
+#[allow(clippy::too_many_arguments)]
 fn ordinary_round(
     n: &Node,
+    ringer: &Ringer,
     mem: &HostMapped,
     o: &Opts,
     peer: FiAddr,
@@ -651,29 +691,28 @@ fn ordinary_round(
     seed: u32,
     passes: u32,
 ) -> (Duration, Duration) {
+    let Ringer::Cpu(Some(stream)) = ringer else {
+        fail("the ordinary way runs with a CPU XPU only");
+    };
     let total = o.buckets() * o.bucket_bytes();
-    // SAFETY: no send of the previous pass is in flight, and no XPU thread runs.
+    // SAFETY: no send of the previous pass is in flight, and the XPU is idle.
     unsafe { std::ptr::write_bytes(mem.as_ptr(), 0, total) };
     assert_eq!(hear(), "ready");
     let t0 = Instant::now();
-    let addr = mem.as_ptr() as usize;
-    let words = total / 4;
-    let bucket = o.bucket_bytes() / 4;
-    std::thread::Builder::new()
-        .name("xpu-pipeline-ordinary".into())
-        .spawn(move || {
-            Cores::pin_xpu();
-            // SAFETY: `mem` holds `words` u32s that only this thread touches until it is
-            // joined (just below), and it outlives the join.
-            let out = unsafe { std::slice::from_raw_parts_mut(addr as *mut u32, words) };
-            // Bucket by bucket with the same passes as the triggered XPU: the same work.
-            for (k, b) in out.chunks_mut(bucket).enumerate() {
-                xfabric::kernels::cpu::compute_bucket(b, (k * bucket) as u64, seed, passes);
-            }
-        })
-        .expect("start the ordinary XPU thread")
-        .join()
-        .expect("ordinary XPU thread");
+    // Bucket by bucket with the same passes as the triggered XPU: the same work.
+    // SAFETY: `mem` holds `total` bytes that only the XPU touches until the synchronize just
+    // below, and it outlives it.
+    unsafe {
+        stream.compute(
+            mem.as_ptr().cast(),
+            (o.bucket_bytes() / 4) as u32,
+            o.buckets() as u32,
+            seed,
+            passes,
+        )
+    }
+    .and_then(|()| stream.synchronize())
+    .unwrap_or_else(|e| fail(&format!("the CPU XPU: {e}")));
     let compute = t0.elapsed();
     let t1 = Instant::now();
     for k in 0..o.buckets() {
@@ -722,8 +761,10 @@ fn vars_template(ep: &Endpoint, xpu: Xpu, nvars: usize) -> Vec<TriggerVar> {
     v
 }
 
-/// The CPU XPU: a thread computes each bucket, then rings its trigger, bucket by bucket.
+/// The CPU XPU: its stream's thread computes each bucket, then rings its trigger, bucket by
+/// bucket; returns once it has rung the last.
 fn cpu_compute_and_ring(
+    stream: &xfabric::kernels::CpuXpuStream,
     mem: &HostMapped,
     o: &Opts,
     seed: u32,
@@ -732,20 +773,19 @@ fn cpu_compute_and_ring(
     passes: u32,
 ) {
     assert_eq!(nvars, 1, "one variable per trigger on this provider");
-    let xpu = xfabric::kernels::cpu::CpuXpu::with_passes(passes);
-    // The XPU's thread inherits the core this thread is on (the XPU's: `Cores`).
-    // SAFETY: `mem` holds buckets x words u32s that nothing else writes until the thread is
-    // joined (below); the armed sends read a bucket only after its doorbell. The variables
-    // are this endpoint's, whose doorbells outlive the thread.
-    let t = unsafe {
-        xpu.compute_and_trigger(
+    // SAFETY: `mem` holds buckets x words u32s that nothing else writes until the
+    // synchronize (below); the armed sends read a bucket only after its doorbell. The
+    // variables are this endpoint's, whose doorbells outlive the stream's work.
+    unsafe {
+        stream.compute_and_trigger(
             mem.as_ptr().cast(),
             (o.bucket_bytes() / 4) as u32,
             o.buckets() as u32,
             seed,
+            passes,
             vars.to_vec(),
         )
     }
-    .expect("start the CPU XPU");
-    t.join().expect("CPU XPU thread").expect("CPU XPU");
+    .and_then(|()| stream.synchronize())
+    .unwrap_or_else(|e| fail(&format!("the CPU XPU: {e}")));
 }

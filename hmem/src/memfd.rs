@@ -218,7 +218,7 @@ pub(crate) fn find(addr: *const u8, len: usize) -> Option<IpcHandle> {
     let (base, e) = holding(&map, a, len)?;
     Some(IpcHandle {
         iface: Iface::System,
-        pid: std::process::id(),
+        pid: this_pid(),
         device: 0,
         base: base as u64,
         alloc_len: e.len as u64,
@@ -366,5 +366,62 @@ impl Release for Unmap {
             return Err(HmemError::last_os("munmap"));
         }
         Ok(())
+    }
+}
+
+/// This process's id without a system call per use (`std::process::id` makes one each time,
+/// and a sender asks per large message): read once, and forgotten in a forked child (whose
+/// id differs), which reads its own on first use.
+pub(crate) fn this_pid() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Once;
+    static PID: AtomicU32 = AtomicU32::new(0);
+    static AT_FORK: Once = Once::new();
+    extern "C" fn forget() {
+        PID.store(0, Ordering::Relaxed);
+    }
+    /// `PID` once the fork handler could not be registered: never cached.
+    const UNCACHED: u32 = u32::MAX;
+    match PID.load(Ordering::Relaxed) {
+        0 => {}
+        UNCACHED => return std::process::id(),
+        p => return p,
+    }
+    AT_FORK.call_once(|| {
+        // SAFETY: registers a handler that only stores to an atomic, which is
+        // async-signal-safe in a forked child.
+        if unsafe { libc::pthread_atfork(None, None, Some(forget)) } != 0 {
+            PID.store(UNCACHED, Ordering::Relaxed);
+        }
+    });
+    let p = std::process::id();
+    let _ = PID.compare_exchange(0, p, Ordering::Relaxed, Ordering::Relaxed);
+    p
+}
+
+#[cfg(test)]
+mod pid_tests {
+    use super::this_pid;
+
+    #[test]
+    fn the_cached_pid_is_the_processs_own_in_a_forked_child_too() {
+        assert_eq!(this_pid(), std::process::id());
+        // SAFETY: the child only calls async-signal-safe functions (getpid, _exit) and reads
+        // an atomic.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork");
+        if child == 0 {
+            let ok = this_pid() == unsafe { libc::getpid() } as u32;
+            // SAFETY: ends the child without running the parent's destructors or test harness.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "{status:#x}"
+        );
+        assert_eq!(this_pid(), std::process::id());
     }
 }

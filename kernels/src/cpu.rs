@@ -212,6 +212,212 @@ impl CpuXpu {
     }
 }
 
+/// A CPU XPU that keeps its thread, as a GPU keeps its stream: [`launch`](Self::launch) queues
+/// work and returns, [`synchronize`](Self::synchronize) waits for everything launched. What
+/// [`CpuXpu::compute_and_trigger`] pays per call and this does not: a thread's creation (its
+/// stack mapped and faulted in) and exit (the stack given back, the joiner woken by the
+/// kernel's child-tid futex), tens of microseconds each on a VM, on the core the XPU computes
+/// on. The thread is created on the caller's CPU affinity and ends when this is dropped.
+pub struct CpuXpuStream {
+    work: Option<std::sync::mpsc::Sender<Kernel>>,
+    state: std::sync::Arc<(std::sync::Mutex<StreamState>, std::sync::Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for CpuXpuStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuXpuStream").finish_non_exhaustive()
+    }
+}
+
+/// Launched and finished kernels, and the first error not yet reported.
+#[derive(Default)]
+struct StreamState {
+    launched: u64,
+    finished: u64,
+    error: Option<KernelError>,
+    last_rings: Option<RingProfile>,
+}
+
+/// Where the thread of a [`CpuXpuStream::compute_and_trigger`] kernel spent its time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingProfile {
+    /// Computing the buckets.
+    pub compute: std::time::Duration,
+    /// Ringing their variables: the stores, and what a CPU XPU's ring does on its own thread
+    /// (it starts the operations it reached: host work that a GPU leaves to the host's cores).
+    pub ring: std::time::Duration,
+}
+
+/// One launched kernel: what it runs on the stream's thread.
+type Kernel = Box<dyn FnOnce() -> Result<(), KernelError> + Send>;
+
+impl CpuXpuStream {
+    /// Starts the stream's thread (named `name`).
+    pub fn new(name: &str) -> Result<Self, KernelError> {
+        let (tx, rx) = std::sync::mpsc::channel::<Kernel>();
+        let state: std::sync::Arc<(std::sync::Mutex<StreamState>, std::sync::Condvar)> =
+            Default::default();
+        let st = state.clone();
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                // Ends when the stream is dropped (its sender with it).
+                for k in rx {
+                    // A kernel that panics is an error of that launch, not the stream's end.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(k))
+                        .unwrap_or_else(|_| {
+                            Err(KernelError::inval(
+                                "CpuXpuStream",
+                                "a launched kernel panicked",
+                            ))
+                        });
+                    let (m, cv) = &*st;
+                    let mut s = m.lock().unwrap_or_else(|e| e.into_inner());
+                    s.finished += 1;
+                    if let Err(e) = r {
+                        s.error.get_or_insert(e);
+                    }
+                    if s.finished == s.launched {
+                        cv.notify_all();
+                    }
+                }
+            })
+            .map_err(|e| KernelError::inval("CpuXpuStream::new", e.to_string()))?;
+        Ok(CpuXpuStream {
+            work: Some(tx),
+            state,
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues `kernel` to run on the stream's thread after everything launched before it.
+    pub fn launch(
+        &self,
+        kernel: impl FnOnce() -> Result<(), KernelError> + Send + 'static,
+    ) -> Result<(), KernelError> {
+        let (m, _) = &*self.state;
+        m.lock().unwrap_or_else(|e| e.into_inner()).launched += 1;
+        let sent = self.work.as_ref().map(|w| w.send(Box::new(kernel)));
+        if !matches!(sent, Some(Ok(()))) {
+            let mut s = m.lock().unwrap_or_else(|e| e.into_inner());
+            s.launched -= 1;
+            return Err(KernelError::inval(
+                "CpuXpuStream::launch",
+                "the stream's thread is gone",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Waits until everything launched has run; returns the first error any of it gave since
+    /// the last call (and clears it).
+    pub fn synchronize(&self) -> Result<(), KernelError> {
+        let (m, cv) = &*self.state;
+        let mut s = m.lock().unwrap_or_else(|e| e.into_inner());
+        while s.finished != s.launched {
+            s = cv.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        s.error.take().map_or(Ok(()), Err)
+    }
+
+    /// Where the last [`compute_and_trigger`](Self::compute_and_trigger) kernel that ran to
+    /// its end spent its time (`None` before the first). Call after
+    /// [`synchronize`](Self::synchronize).
+    pub fn last_rings(&self) -> Option<RingProfile> {
+        let (m, _) = &*self.state;
+        m.lock().unwrap_or_else(|e| e.into_inner()).last_rings
+    }
+
+    /// [`CpuXpu::compute_and_trigger`]'s kernel, launched on this stream: for each bucket k in
+    /// order, compute it `passes` times over, then ring `vars[k]`.
+    ///
+    /// # Safety
+    /// As [`CpuXpu::compute_and_trigger`], until [`synchronize`](Self::synchronize) returns.
+    pub unsafe fn compute_and_trigger(
+        &self,
+        out: *mut u32,
+        bucket_elems: u32,
+        nbuckets: u32,
+        seed: u32,
+        passes: u32,
+        vars: Vec<TriggerVar>,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "CpuXpuStream::compute_and_trigger";
+        check_buckets(OP, bucket_elems, nbuckets, vars.len())?;
+        if out.is_null() {
+            return Err(KernelError::inval(OP, "out is null"));
+        }
+        // SAFETY: the caller's contract.
+        unsafe { validate(&vars) }?;
+        let out = SendPtr(out);
+        let state = self.state.clone();
+        self.launch(move || {
+            let out = out;
+            let n = bucket_elems as usize;
+            let mut p = RingProfile::default();
+            let mut t = std::time::Instant::now();
+            for (k, var) in vars.iter().enumerate() {
+                let base = k * n;
+                // SAFETY: the caller's contract: this bucket is ours to write.
+                let bucket = unsafe { std::slice::from_raw_parts_mut(out.0.add(base), n) };
+                compute_bucket(bucket, base as u64, seed, passes);
+                let computed = std::time::Instant::now();
+                p.compute += computed - t;
+                // SAFETY: the caller's contract; ring's release store publishes the bucket.
+                unsafe { ring(std::slice::from_ref(var)) }?;
+                t = std::time::Instant::now();
+                p.ring += t - computed;
+            }
+            state.0.lock().unwrap_or_else(|e| e.into_inner()).last_rings = Some(p);
+            Ok(())
+        })
+    }
+
+    /// The same computation without rings (what an ordinary pipeline's kernel does before
+    /// the host posts the sends).
+    ///
+    /// # Safety
+    /// `out` must point to `bucket_elems * nbuckets` writable `u32`s that nothing else touches
+    /// until [`synchronize`](Self::synchronize) returns.
+    pub unsafe fn compute(
+        &self,
+        out: *mut u32,
+        bucket_elems: u32,
+        nbuckets: u32,
+        seed: u32,
+        passes: u32,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "CpuXpuStream::compute";
+        check_buckets(OP, bucket_elems, nbuckets, nbuckets as usize)?;
+        if out.is_null() {
+            return Err(KernelError::inval(OP, "out is null"));
+        }
+        let out = SendPtr(out);
+        self.launch(move || {
+            let out = out;
+            let n = bucket_elems as usize;
+            for k in 0..nbuckets as usize {
+                let base = k * n;
+                // SAFETY: the caller's contract: the buffer is ours to write.
+                let bucket = unsafe { std::slice::from_raw_parts_mut(out.0.add(base), n) };
+                compute_bucket(bucket, base as u64, seed, passes);
+            }
+            Ok(())
+        })
+    }
+}
+
+impl Drop for CpuXpuStream {
+    fn drop(&mut self) {
+        // The thread ends once what was launched has run and the channel is closed.
+        drop(self.work.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// The shape checks both XPUs apply: at least one element and one bucket, one variable per
 /// bucket, and an element count that fits.
 pub(crate) fn check_buckets(
@@ -471,5 +677,42 @@ mod tests {
                 Err(KernelError::InvalidVar { index: 0, .. })
             ));
         }
+    }
+
+    #[test]
+    fn a_stream_runs_launches_in_order_and_reports_the_first_error_once() {
+        use std::sync::{Arc, Mutex};
+        let s = CpuXpuStream::new("test-stream").unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        for i in 0..5 {
+            let seen = seen.clone();
+            s.launch(move || {
+                seen.lock().unwrap().push(i);
+                if i == 2 {
+                    return Err(KernelError::inval("k", "two"));
+                }
+                if i == 3 {
+                    panic!("a kernel's panic");
+                }
+                Ok(())
+            })
+            .unwrap();
+        }
+        let e = s.synchronize().unwrap_err();
+        assert!(e.to_string().contains("two"), "{e}");
+        assert_eq!(*seen.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+        // Reported once; the panic was a launch's error, not the stream's end.
+        s.synchronize().unwrap();
+        let mut out = vec![0u32; 8];
+        // SAFETY: `out` is 2 x 4 u32s, untouched until the synchronize below.
+        unsafe { s.compute(out.as_mut_ptr(), 4, 2, 7, 3) }.unwrap();
+        s.synchronize().unwrap();
+        assert!(out
+            .iter()
+            .enumerate()
+            .all(|(i, &v)| v == pattern(i as u64, 7)));
+        // SAFETY: never run: the bad shape is refused first.
+        assert!(unsafe { s.compute(out.as_mut_ptr(), 0, 2, 7, 1) }.is_err());
+        drop(s);
     }
 }

@@ -27,7 +27,7 @@ pub mod gpu;
 pub mod nvrtc;
 
 pub use cache::cache_dir;
-pub use cpu::CpuXpu;
+pub use cpu::{CpuXpu, CpuXpuStream, RingProfile};
 pub use error::KernelError;
 pub use gpu::{DeviceVars, GpuXpu};
 pub use nvrtc::{compile, CompileOptions, Header, Ptx, PtxOrigin};

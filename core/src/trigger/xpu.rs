@@ -410,17 +410,29 @@ impl XpuWatch {
                 Finder::Watcher if !spinning => b.wakes = false,
                 Finder::Watcher => {}
             }
-            if let Some(p) = policy() {
-                let window = b.timing.window(&p);
-                let hit = b.timing.rang(now, !b.jobs.is_empty(), &p);
-                tracing::trace!(
-                    now,
-                    ?window,
-                    ?hit,
-                    spinning,
-                    wakes = b.wakes,
-                    "xpu watcher: a ring started {n} operation(s)"
-                );
+            let more = !b.jobs.is_empty();
+            match policy() {
+                // A CPU XPU's announced ring needs no prediction (`Bell::nap` makes none while
+                // its rings wake the watcher): the next wait starts, no history is kept, and
+                // the ringing thread, which pays for this look, goes back to its work sooner.
+                Some(_) if finder == Finder::Ringer && b.xpu.iface == Iface::System => {
+                    b.timing.restart(now, more);
+                }
+                Some(p) => {
+                    let window = tracing::enabled!(tracing::Level::TRACE)
+                        .then(|| b.timing.window(&p))
+                        .flatten();
+                    let hit = b.timing.rang(now, more, &p);
+                    tracing::trace!(
+                        now,
+                        ?window,
+                        ?hit,
+                        spinning,
+                        wakes = b.wakes,
+                        "xpu watcher: a ring started {n} operation(s)"
+                    );
+                }
+                None => {}
             }
         } else {
             b.timing.looked(now);
@@ -457,7 +469,7 @@ impl XpuWatch {
         }
         drop(bells);
         if n > 0 {
-            self.touch();
+            self.last_fire.store(now, Ordering::Relaxed);
         }
         for m in misuse {
             port.xpu_misuse(m.code, m.value);

@@ -101,6 +101,14 @@ impl Predictor {
         hit
     }
 
+    /// A ring at `now` that no wait was planned for and whose time teaches nothing (a CPU
+    /// XPU's announced ring): the next wait starts now if `more` stays armed; the history is
+    /// left as it was.
+    pub(crate) fn restart(&mut self, now: u64, more: bool) {
+        self.since = more.then_some(now);
+        self.last_look = now;
+    }
+
     fn push(&mut self, s: Sample) {
         self.samples[self.next] = s;
         self.next = (self.next + 1) % HISTORY;

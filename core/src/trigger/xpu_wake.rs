@@ -28,7 +28,13 @@ pub(crate) fn register(t: Weak<dyn RingTarget>) {
     let mut v = TARGETS.lock().unwrap_or_else(|e| e.into_inner());
     v.retain(|w| w.strong_count() > 0);
     v.push(t);
+    // Under the lock: a thread that reads the new generation copies a list holding `t`.
+    TARGETS_GEN.fetch_add(1, Ordering::Release);
 }
+
+/// Bumped by every `register`: a ringing thread's copy of `TARGETS` older than this is
+/// refreshed before it is used.
+static TARGETS_GEN: AtomicU64 = AtomicU64::new(1);
 
 /// Bumped by every CPU ring; the futex word watchers sleep on.
 static RING_SEQ: AtomicU32 = AtomicU32::new(0);
@@ -36,6 +42,10 @@ static RING_SEQ: AtomicU32 = AtomicU32::new(0);
 static SLEEPERS: AtomicU32 = AtomicU32::new(0);
 
 thread_local! {
+    /// This thread's copy of `TARGETS` and the generation it was copied at (0: never). Its
+    /// dead entries hold only their allocation, until the next `register` refreshes it.
+    static SEEN_TARGETS: std::cell::RefCell<(u64, Vec<Weak<dyn RingTarget>>)> =
+        const { std::cell::RefCell::new((0, Vec::new())) };
     /// `RING_SEQ` as this thread read it before the first doorbell look since it last slept:
     /// the oldest view it has, so that no ring after any of its looks is slept through.
     static LOOKED_AT: Cell<Option<u32>> = const { Cell::new(None) };
@@ -67,14 +77,34 @@ pub fn notify_xpu_ring() {
     // watcher (a futex wake of a sleeping thread costs tens of microseconds on a VM, and the
     // watcher may have no core to run on). A watcher looking at the same moment holds the
     // doorbells and starts it instead; the wake below covers a watcher about to sleep.
-    let live: Vec<Arc<dyn RingTarget>> = TARGETS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .filter_map(Weak::upgrade)
-        .collect();
-    for t in live {
-        t.rung();
+    // The endpoints from this thread's copy of the list, refreshed only when an endpoint
+    // was added since: a ring takes no lock shared with other XPU threads and allocates
+    // nothing. A ring from inside a ring (none today) reads the list under its lock.
+    let gen = TARGETS_GEN.load(Ordering::Acquire);
+    let done = SEEN_TARGETS.with(|c| {
+        let Ok(mut c) = c.try_borrow_mut() else {
+            return false;
+        };
+        if c.0 != gen {
+            let v = TARGETS.lock().unwrap_or_else(|e| e.into_inner());
+            c.1.clone_from(&v);
+            c.0 = gen;
+        }
+        for t in c.1.iter().filter_map(Weak::upgrade) {
+            t.rung();
+        }
+        true
+    });
+    if !done {
+        let live: Vec<Arc<dyn RingTarget>> = TARGETS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for t in live {
+            t.rung();
+        }
     }
     RING_SEQ.fetch_add(1, Ordering::SeqCst);
     // Orders the doorbell stores and the bump before reading SLEEPERS, against the sleeper's

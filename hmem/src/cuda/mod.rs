@@ -433,7 +433,7 @@ impl HmemIface for Cuda {
         })?;
         let handle = IpcHandle {
             iface: Iface::Cuda,
-            pid: std::process::id(),
+            pid: crate::memfd::this_pid(),
             device: owner.device,
             base: base.0,
             alloc_len: base.1 as u64,

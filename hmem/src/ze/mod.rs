@@ -397,7 +397,7 @@ impl HmemIface for Ze {
         let raw = unsafe { result::ipc_get(&s.api, s.ctx, base) }?;
         let handle = IpcHandle {
             iface: Iface::Ze,
-            pid: std::process::id(),
+            pid: crate::memfd::this_pid(),
             device: owner.device,
             base: base as u64,
             alloc_len: size as u64,
