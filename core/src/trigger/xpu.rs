@@ -539,8 +539,16 @@ impl XpuWatch {
                     Finder::Watcher if !spinning => r.wakes = false,
                     Finder::Watcher => {}
                 }
-                if let Some(p) = policy() {
-                    r.timing.rang(now, true, &p);
+                match policy() {
+                    // Announced by a CPU XPU (`tx_flush`): no prediction needed, as for a
+                    // doorbell's announced ring.
+                    Some(_) if finder == Finder::Ringer && r.xpu.iface == Iface::System => {
+                        r.timing.restart(now, true);
+                    }
+                    Some(p) => {
+                        r.timing.rang(now, true, &p);
+                    }
+                    None => {}
                 }
             } else {
                 r.timing.looked(now);
