@@ -162,7 +162,6 @@ impl DescRing {
 /// A position claimed on a ring, not yet published. Dropping it unpublished leaves the slot
 /// as an XPU that died while writing it would.
 pub struct Claim<'a> {
-    header: &'a RingHeader,
     slot: &'a DescSlot,
     pos: u64,
 }
@@ -192,7 +191,6 @@ impl<'a> Claim<'a> {
     /// Publishes the slot: its `seq`, with release, after everything written.
     pub fn publish(self) {
         self.slot.0[0].store(self.pos.wrapping_add(1), Ordering::Release);
-        let _ = self.header;
     }
 }
 
@@ -214,11 +212,7 @@ pub(crate) unsafe fn claim(h: &RingHeader) -> std::result::Result<Claim<'_>, i32
     let idx = (pos & h.mask) as usize;
     // SAFETY: the caller's contract: `slots` holds mask + 1 live slots, and idx <= mask.
     let slot = unsafe { &*(h.slots as *const DescSlot).add(idx) };
-    Ok(Claim {
-        header: h,
-        slot,
-        pos,
-    })
+    Ok(Claim { slot, pos })
 }
 
 /// Claims, writes and publishes `d` (what every device call does).

@@ -588,9 +588,9 @@ fn closing_cancels_what_the_rings_hold_and_an_unpublished_slot_is_named() {
     let (_mr, desc) = reg(&w, &buf, 0);
     assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 1, 0, W), 0);
     // An XPU that died mid-descriptor: claimed, half written, never published.
-    let dead = dev::claim(&x).unwrap();
-    dead.store_word(1, u64::from(opcode::SEND));
-    drop(dead);
+    dev::claim(&x)
+        .unwrap()
+        .store_word(1, u64::from(opcode::SEND));
     // Published behind it: never taken (the ring keeps its order), canceled at close.
     assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 3, 0, W), 0);
     assert_eq!(
