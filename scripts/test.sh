@@ -14,7 +14,7 @@ cargo test --workspace --all-targets -j2 "$@"
 # by XFABRIC_TEST_PROVIDER, which the children inherit.
 XFABRIC_TEST_PROVIDER=tcp cargo test -j2 --test conformance --test tagged --test cq \
     --test completion --test atomic --test rma --test wait_fd --test hmem --test hmem_rma \
-    --test hmem_trigger --test hmem_ze "$@"
+    --test hmem_trigger --test hmem_ze --test xpu_device "$@"
 # shm_recv's FI_SOURCE / FI_SOURCE_ERR tests are provider-neutral too (its others rely on
 # shm's cross-memory attach pulling a rendezvous without the sender's progress).
 XFABRIC_TEST_PROVIDER=tcp cargo test -j2 --test shm_recv source_ "$@"

@@ -96,7 +96,10 @@ use std::sync::Arc;
 // `provider_api`, so an application's view of the crate is libfabric's, not xfabric's insides.
 pub use xfabric_core::consts::*;
 pub use xfabric_core::entry::*;
-pub use xfabric_core::{atomic, av, consts, entry, error, log, settings};
+/// The device API's exported handles (`Endpoint::export_xpu`, `CompletionQueue::export_xpu`,
+/// `Counter::export_xpu`); the device calls are in `xpu::device`.
+pub use xfabric_core::xpu::{XpuCntr, XpuCq, XpuEp};
+pub use xfabric_core::{atomic, av, consts, entry, error, log, settings, xpu};
 pub use xfabric_core::{
     notify_xpu_ring, strerror, user_monitor_wait, AddrFormat, AddressVector, AtomicOp, AvAttr,
     Buffered, CntrAttr, CompletionQueue, Counter, CqAttr, Datatype, DeferredWork, Domain,

@@ -58,6 +58,8 @@ pub struct CntrInner {
     /// Operations waiting for this counter's thresholds (triggered operations and deferred
     /// work); created by the first one queued.
     triggers: OnceLock<Arc<TriggerQueue>>,
+    /// The device-readable mirror of the values, once exported (`export_xpu`).
+    pub(crate) xpu: OnceLock<Arc<crate::xpu::cntr::CntrExport>>,
 }
 
 /// `fid_cntr`: a handle to a counter. Cloning shares it.
@@ -108,6 +110,7 @@ impl Counter {
             tried: AtomicU64::new(0),
             domain: Default::default(),
             triggers: OnceLock::new(),
+            xpu: OnceLock::new(),
         });
         if let Some(ws) = &inner.wait_set {
             ws.add(Arc::downgrade(&(inner.clone() as Arc<dyn Waitable>)));
@@ -292,6 +295,20 @@ impl CntrInner {
         self.notify_observers();
     }
 
+    /// `fi_cntr_adderr` on the shared state (an XPU's `fi_xpu_cntr_adderr`).
+    pub(crate) fn add_err_value(self: &Arc<Self>, v: u64) {
+        self.err.fetch_add(v, Ordering::AcqRel);
+        self.changed();
+        self.notify_observers();
+    }
+
+    /// `fi_cntr_seterr` on the shared state (an XPU's `fi_xpu_cntr_seterr`).
+    pub(crate) fn set_err_value(self: &Arc<Self>, v: u64) {
+        self.err.store(v, Ordering::Release);
+        self.changed();
+        self.notify_observers();
+    }
+
     /// The success value without driving progress.
     pub fn value(&self) -> u64 {
         self.value.load(Ordering::Acquire)
@@ -312,6 +329,9 @@ impl CntrInner {
 
     fn changed(self: &CntrInner) {
         self.events.fetch_add(1, Ordering::AcqRel);
+        if let Some(x) = self.xpu.get() {
+            x.mirror(|| (self.value(), self.err_value()));
+        }
         if self.sleepers.load(Ordering::Acquire) > 0 {
             let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
             self.cond.notify_all();

@@ -75,6 +75,8 @@ pub struct CqInner {
     wait_set: Option<WaitSet>,
     /// The domain it was opened in.
     pub domain: crate::tag::DomainTag,
+    /// The ring an XPU reads this queue's entries from, once exported (`export_xpu`).
+    pub(crate) xpu: std::sync::OnceLock<Arc<crate::xpu::cq::CqExport>>,
 }
 
 /// `fid_cq`: a handle to a completion queue. Cloning shares the queue.
@@ -138,6 +140,7 @@ impl CompletionQueue {
             fd,
             wait_set: attr.wait_set.clone(),
             domain: Default::default(),
+            xpu: std::sync::OnceLock::new(),
         });
         if let Some(ws) = &inner.wait_set {
             let w: Weak<dyn Waitable> = Arc::downgrade(&(inner.clone() as Arc<dyn Waitable>));
@@ -500,6 +503,9 @@ impl CqInner {
     }
 
     fn notify(&self) {
+        if self.xpu.get().is_some() {
+            self.pump_xpu();
+        }
         if self.sleepers.load(Ordering::Acquire) > 0 {
             let _g = self.lock();
             self.cond.notify_all();
@@ -510,6 +516,40 @@ impl CqInner {
         if let Some(ws) = &self.wait_set {
             ws.signal();
         }
+    }
+
+    /// Entries the queue holds at most.
+    pub(crate) fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Moves entries into the exported ring while it has room (errors first, as a read finds
+    /// them first); what does not fit stays here, in order, for the next pump. Returns
+    /// whether entries stay behind.
+    pub(crate) fn pump_xpu(&self) -> bool {
+        let Some(x) = self.xpu.get() else {
+            return false;
+        };
+        let mut q = self.lock();
+        let mut moved = 0;
+        while x.room() > 0 {
+            if let Some((e, _data)) = q.errs.pop_front() {
+                // Error data lives in host memory an XPU may not reach: not carried.
+                x.put_err(&e);
+            } else if let Some(s) = q.ring.pop_front() {
+                x.put_ok(&s.entry, s.src);
+            } else {
+                break;
+            }
+            moved += 1;
+        }
+        if moved > 0 {
+            self.release_room(moved);
+            self.has_errors.store(!q.errs.is_empty(), Ordering::Relaxed);
+            self.ready_hint
+                .store(q.ring.len() + q.overrun as usize, Ordering::Release);
+        }
+        !q.ring.is_empty() || !q.errs.is_empty()
     }
 
     fn sleep(&self, left: Duration, want: usize) {

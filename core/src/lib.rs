@@ -39,6 +39,7 @@ mod tag;
 pub mod trigger;
 pub mod wait;
 pub mod work;
+pub mod xpu;
 
 pub use atomic::{AtomicOp, Datatype};
 pub use av::{AddrFormat, AddressVector, AvAttr};

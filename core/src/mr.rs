@@ -1,7 +1,7 @@
 //! Memory regions: fi_mr(3). The domain keeps a map from key to region so that providers can
 //! check an incoming remote access (key, address range, access rights) in one place.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock, Weak};
 
 use crate::consts::*;
@@ -76,6 +76,9 @@ pub trait ProviderMr: Send + Sync {
 pub struct MrMap {
     mode: u32,
     map: RwLock<HashMap<u64, MrEntry>>,
+    /// Keys of regions whose descriptor was handed to an XPU (`get_xpu_desc`): the only ones a
+    /// descriptor an XPU posts may name as its local memory.
+    xpu: RwLock<HashSet<u64>>,
 }
 
 impl MrMap {
@@ -84,6 +87,7 @@ impl MrMap {
         MrMap {
             mode,
             map: RwLock::new(HashMap::new()),
+            xpu: RwLock::new(HashSet::new()),
         }
     }
 
@@ -148,6 +152,10 @@ impl MrMap {
     }
 
     fn remove(&self, key: u64) {
+        self.xpu
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
         self.map
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -191,6 +199,72 @@ impl MrMap {
             )));
         }
         Ok((e.addr + start, e.owner))
+    }
+}
+
+/// Why local memory an XPU named was refused (`MrMap::check_xpu_local`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum XpuMrFault {
+    /// The descriptor names no region exported to an XPU (never exported, or closed since).
+    NotExported(String),
+    /// The range lies outside the region, wraps, or the region lacks the access.
+    Range(String),
+}
+
+impl MrMap {
+    /// Marks the region with key `key` as one an XPU may name (`MemoryRegion::get_xpu_desc`).
+    fn export_xpu(&self, key: u64) {
+        self.xpu
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key);
+    }
+
+    /// Checks local memory an XPU's descriptor names: `desc` must be a region exported with
+    /// `get_xpu_desc`, and `addr..addr + len` (virtual addresses) must lie inside it with
+    /// `access` (`FI_SEND`, `FI_RECV`, `FI_READ`, `FI_WRITE`; a region registered with none of
+    /// them allows them all, as fi_mr(3) says).
+    pub fn check_xpu_local(
+        &self,
+        desc: u64,
+        addr: u64,
+        len: u64,
+        access: u64,
+    ) -> std::result::Result<(), XpuMrFault> {
+        if !self
+            .xpu
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&desc)
+        {
+            return Err(XpuMrFault::NotExported(format!(
+                "descriptor {desc:#x} names no memory region exported to an XPU (get_xpu_desc)"
+            )));
+        }
+        let m = self.map.read().unwrap_or_else(|e| e.into_inner());
+        let Some(e) = m.get(&desc) else {
+            return Err(XpuMrFault::NotExported(format!(
+                "descriptor {desc:#x}: its memory region is closed"
+            )));
+        };
+        const LOCAL: u64 = FI_SEND | FI_RECV | FI_READ | FI_WRITE;
+        if e.access & LOCAL != 0 && e.access & access != access {
+            return Err(XpuMrFault::Range(format!(
+                "descriptor {desc:#x}: region registered with access {:#x}, not {}",
+                e.access,
+                caps_str(access)
+            )));
+        }
+        let start = addr.checked_sub(e.addr as u64);
+        let end = addr.checked_add(len);
+        let region_end = (e.addr as u64).checked_add(e.len as u64);
+        match (start, end, region_end) {
+            (Some(_), Some(end), Some(rend)) if end <= rend => Ok(()),
+            _ => Err(XpuMrFault::Range(format!(
+                "range {addr:#x}+{len} is outside descriptor {desc:#x}'s region {:#x}+{}",
+                e.addr, e.len
+            ))),
+        }
     }
 }
 
@@ -238,6 +312,18 @@ impl MemoryRegion {
     /// `fi_mr_desc`.
     pub fn desc(&self) -> MrDesc {
         MrDesc(self.key)
+    }
+
+    /// `fi_mr_get_xpu_desc`: the raw descriptor an XPU names this region by in the descriptors
+    /// it posts (its local memory). From this call on, the watcher accepts the region as
+    /// local memory of XPU-posted operations (range and access checked at each use), until
+    /// the region closes. The region's registration contract covers the memory.
+    pub fn get_xpu_desc(&self) -> Result<u64> {
+        let map = self.map.upgrade().ok_or_else(|| {
+            Error::OpBadState("mr_get_xpu_desc: the region's domain is closed".into())
+        })?;
+        map.export_xpu(self.key);
+        Ok(self.key)
     }
 
     /// The registered range and access.

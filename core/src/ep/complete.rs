@@ -254,6 +254,36 @@ impl EpCore {
         }
     }
 
+    /// Reports a descriptor an XPU posted that never started (refused by validation, or
+    /// canceled when the endpoint closed): an error entry under `ctx` on the CQ of its
+    /// direction, `prov_errno` the fault's code and, as error data, the reason in words; the
+    /// error value of its class's counter.
+    pub(crate) fn fail_xpu(&self, ctx: Context, opcode: u32, f: &crate::xpu::Fault) {
+        let Some(b) = self.bound() else { return };
+        let rx = crate::xpu::is_recv(opcode);
+        let flags = crate::xpu::entry_flags(opcode);
+        let (dir, class) = if rx {
+            (Dir::Rx, CntrClass::Recv)
+        } else {
+            (Dir::Tx, initiator_kind(flags).1)
+        };
+        self.write_err(
+            dir,
+            CqErrEntry {
+                op_context: ctx,
+                flags,
+                err: f.err,
+                prov_errno: f.code,
+                ..Default::default()
+            },
+            Some(f.why.as_bytes().into()),
+        );
+        if let Some(c) = &b.cntr[class as usize] {
+            c.inc_err();
+            c.notify_observers();
+        }
+    }
+
     /// Reports a receive-side error (`FI_ECANCELED`, `FI_ENOMSG`, a lost peer...).
     pub fn fail_rx(&self, ctx: Context, flags: u64, tag: u64, err: i32) {
         let slot = RecvSlot {

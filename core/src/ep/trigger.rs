@@ -60,6 +60,25 @@ impl Port for EpPort {
         self.core.auto_progress
     }
 
+    fn xpu_action(&self, d: &crate::xpu::XpuDesc) -> Result<Action, crate::xpu::Fault> {
+        crate::xpu::action(&self.core, d)
+    }
+
+    fn xpu_fault(&self, ctx: Context, opcode: u32, f: &crate::xpu::Fault) {
+        self.core.fail_xpu(ctx, opcode, f);
+    }
+
+    fn xpu_pump(&self) -> bool {
+        let Some(b) = self.core.bound() else {
+            return false;
+        };
+        let mut left = false;
+        for cq in [&b.tx_cq, &b.rx_cq].into_iter().flatten() {
+            left |= cq.pump_xpu();
+        }
+        left
+    }
+
     fn xpu_misuse(&self, prov_errno: i32, value: u64) {
         let Some(b) = self.core.bound() else { return };
         if let Some(cq) = &b.tx_cq {

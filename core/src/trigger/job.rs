@@ -19,6 +19,8 @@ pub(crate) trait Owner: Send + Sync {
     fn submit(&self, job: Job);
     /// The endpoint.
     fn port(&self) -> &dyn Port;
+    /// Operations wait for room at the endpoint: an XPU's ring is not drained meanwhile.
+    fn backlog(&self) -> bool;
 }
 
 /// Deferred-work bookkeeping of a waiting operation.

@@ -44,13 +44,17 @@ pub(crate) struct EpLink {
     /// Completion counters of deferred work on this endpoint: reading one drives the
     /// endpoint, as reading a counter bound to it does; released when it closes.
     drives: Mutex<Vec<Arc<dyn CntrPort>>>,
-    /// XPU-triggered operations (`FI_XPU_TRIGGER` endpoints only).
+    /// XPU-triggered operations and exported descriptor rings (`FI_XPU_TRIGGER` endpoints
+    /// only).
     pub(crate) xpu: Option<XpuWatch>,
+    /// This link, for the jobs an XPU's descriptors become.
+    me: Weak<EpLink>,
 }
 
 impl EpLink {
     pub(crate) fn new(port: Arc<dyn Port>, doorbells: Option<Arc<dyn DoorbellAlloc>>) -> Arc<Self> {
-        let link = Arc::new(EpLink {
+        let link = Arc::new_cyclic(|me| EpLink {
+            me: me.clone(),
             xpu: doorbells.map(XpuWatch::new),
             port,
             closed: AtomicBool::new(false),
@@ -117,6 +121,42 @@ impl EpLink {
             self.port.wake();
         }
         Ok(n)
+    }
+
+    /// The descriptor ring of (this endpoint, `xpu`) (`Endpoint::export_xpu_slots`).
+    pub(crate) fn export_ring(
+        &self,
+        what: &'static str,
+        xpu: Xpu,
+        slots: usize,
+    ) -> Result<Arc<crate::xpu::ring::DescRing>> {
+        let x = self.xpu.as_ref().ok_or_else(|| {
+            Error::OpNotSupp(format!(
+                "{what}: endpoint was opened without FI_XPU_TRIGGER"
+            ))
+        })?;
+        let ring = x.export_ring(what, xpu, slots, self)?;
+        // A progress thread asleep on the provider's doorbell must start watching this ring.
+        if self.port.auto_progress() {
+            self.port.wake();
+        }
+        Ok(ring)
+    }
+
+    /// The device API's part of a look: drains exported descriptor rings (this endpoint's,
+    /// and every exported counter's), and moves completions into exported CQs' rings.
+    /// Returns how many descriptors were taken.
+    fn drain_xpu(&self, x: &XpuWatch, finder: Finder) -> usize {
+        let mut n = 0;
+        if x.has_rings() {
+            if let Some(me) = self.me.upgrade() {
+                let link: Arc<dyn Owner> = me;
+                n += x.drain(self, &link, finder);
+            }
+        }
+        n += crate::xpu::cntr::drain_all();
+        x.set_cq_backlog(self.port.xpu_pump());
+        n
     }
 
     /// Makes reading `cntr` (a deferred transfer's completion counter) drive this endpoint
@@ -263,6 +303,9 @@ impl EpLink {
     /// The endpoint is closing: every operation of it that has not started is canceled.
     pub(crate) fn close(self: &Arc<Self>) {
         self.closed.store(true, Ordering::Release);
+        if let Some(x) = &self.xpu {
+            x.close_rings(&*self.port);
+        }
         let queues = std::mem::take(&mut *lock(&self.queues));
         for q in queues.iter().filter_map(Weak::upgrade) {
             for j in q.remove(|j| self.owns(j), false) {
@@ -295,12 +338,17 @@ impl Owner for EpLink {
     fn port(&self) -> &dyn Port {
         &*self.port
     }
+
+    fn backlog(&self) -> bool {
+        self.has_stalled.load(Ordering::Acquire)
+    }
 }
 
 impl super::xpu_wake::RingTarget for EpLink {
     fn rung(&self) {
         if let Some(x) = &self.xpu {
             x.poll(&*self.port, Finder::Ringer, |j| self.submit(j));
+            self.drain_xpu(x, Finder::Ringer);
         }
     }
 }
@@ -310,6 +358,7 @@ impl ProgressSource for EpLink {
         let mut n = self.port.progress();
         if let Some(x) = &self.xpu {
             n += x.poll(&*self.port, Finder::Watcher, |j| self.submit(j));
+            n += self.drain_xpu(x, Finder::Watcher);
         }
         if self.has_stalled.load(Ordering::Acquire) {
             n + self.retry()
@@ -358,6 +407,7 @@ impl ProgressSource for EpLink {
         let mut idle = self.port.prepare_fd_sleep();
         if let Some(x) = &self.xpu {
             idle &= x.poll(&*self.port, Finder::Watcher, |j| self.submit(j)) == 0;
+            idle &= self.drain_xpu(x, Finder::Watcher) == 0;
         }
         if self.has_stalled.load(Ordering::Acquire) {
             idle &= self.retry() == 0;

@@ -67,6 +67,19 @@ pub(crate) trait Port: ProgressSource {
     /// The endpoint runs under `FI_PROGRESS_AUTO`.
     fn auto_progress(&self) -> bool;
 
+    /// The operation a descriptor an XPU posted on this endpoint's ring asks for, checked as
+    /// the host call would check it, or what is wrong with it.
+    fn xpu_action(&self, d: &crate::xpu::XpuDesc) -> Result<Action, crate::xpu::Fault>;
+
+    /// Reports a descriptor that did not start (refused, or canceled by close): an error
+    /// entry under `ctx` on the CQ of its direction (`opcode`), `prov_errno` the fault's code
+    /// and the reason as error data, and the error value of its counter.
+    fn xpu_fault(&self, ctx: Context, opcode: u32, f: &crate::xpu::Fault);
+
+    /// Moves entries of this endpoint's exported CQs into their rings; whether some had to
+    /// stay behind (the XPU has not made room yet).
+    fn xpu_pump(&self) -> bool;
+
     /// An XPU misused a doorbell: an error entry (`FI_EINVAL`, flags `FI_TRIGGER`, no
     /// context, `prov_errno` saying which misuse, `data` the value stored) on the transmit
     /// CQ, or an error on the send counter without one.

@@ -26,6 +26,7 @@ use crate::atomic::Datatype;
 use crate::entry::Context;
 use crate::error::{Error, Result};
 use crate::hmem_iface::Iface;
+use crate::xpu::ring::DescRing;
 
 /// Most operations one endpoint keeps armed; posting past it answers `Again`.
 pub const XPU_ARMED_MAX: usize = 1 << 16;
@@ -122,39 +123,89 @@ struct Bell {
     wakes: bool,
 }
 
+/// How long the watcher may wait before looking again at something an XPU stores to without
+/// waking anyone (a doorbell with armed operations, a descriptor ring), at `now` (ns since the
+/// watch's epoch), `last_fire` being the watch's last arm, trigger or post: zero to spin. With
+/// a history of stores that woke no one, until shortly before the next is due, then through
+/// the predicted window; without, spin within the spin window after the last activity; past
+/// either, `Duration::MAX` (the caller's periodic look). Not capped by the poll period.
+fn nap_of(device: bool, wakes: bool, timing: &Predictor, now: u64, last_fire: u64) -> Duration {
+    let predicted = policy()
+        .filter(|_| device || !wakes)
+        .and_then(|p| timing.window(&p));
+    match predicted {
+        Some(w) if now < w.from => Duration::from_nanos(w.from - now),
+        Some(w) if now <= w.until => Duration::ZERO,
+        // Past the window: the ring came later than predicted; periodic looks.
+        Some(_) => Duration::MAX,
+        // No history: spin for a while after an arm or a trigger, then periodic looks.
+        None => {
+            let window = if device {
+                spin_window()
+            } else {
+                cpu_spin_window()
+            };
+            if now.saturating_sub(last_fire) < window.as_nanos() as u64 {
+                Duration::ZERO
+            } else {
+                Duration::MAX
+            }
+        }
+    }
+}
+
 impl Bell {
-    /// How long the watcher may wait before looking at this doorbell again, at `now` (ns
-    /// since the watch's epoch), `last_fire` being the watch's last arm or trigger: zero to
-    /// spin; `None` if nothing waits on it. Not capped by the poll period.
+    /// How long the watcher may wait before looking at this doorbell again (`nap_of`); `None`
+    /// if nothing waits on it.
     fn nap(&self, now: u64, last_fire: u64) -> Option<Duration> {
         if self.jobs.is_empty() {
             return None;
         }
         let device = self.xpu.iface != Iface::System;
-        let predicted = policy()
-            .filter(|_| device || !self.wakes)
-            .and_then(|p| self.timing.window(&p));
-        Some(match predicted {
-            Some(w) if now < w.from => Duration::from_nanos(w.from - now),
-            Some(w) if now <= w.until => Duration::ZERO,
-            // Past the window: the ring came later than predicted; periodic looks.
-            Some(_) => Duration::MAX,
-            // No history: spin for a while after an arm or a trigger, then periodic looks.
-            None => {
-                let window = if device {
-                    spin_window()
-                } else {
-                    cpu_spin_window()
-                };
-                if now.saturating_sub(last_fire) < window.as_nanos() as u64 {
-                    Duration::ZERO
-                } else {
-                    Duration::MAX
-                }
-            }
-        })
+        Some(nap_of(device, self.wakes, &self.timing, now, last_fire))
     }
 }
+
+/// One exported (endpoint, XPU) descriptor ring (`Endpoint::export_xpu`) and how its
+/// descriptors have come: watched as a doorbell with something armed always is, since an XPU
+/// may post at any time.
+struct RingWatch {
+    xpu: Xpu,
+    ring: Arc<DescRing>,
+    timing: Predictor,
+    /// Its posts are announced (`fi_xpu_tx_flush` of a CPU XPU); as `Bell::wakes`.
+    wakes: bool,
+}
+
+impl RingWatch {
+    fn nap(&self, now: u64, last_fire: u64) -> Duration {
+        if self.ring.ready() {
+            return Duration::ZERO;
+        }
+        let device = self.xpu.iface != Iface::System;
+        nap_of(device, self.wakes, &self.timing, now, last_fire)
+    }
+}
+
+/// The publishing word of a ring's next slot, watched as a doorbell while the watcher spins.
+struct NextSlot {
+    ring: Arc<DescRing>,
+    pos: u64,
+}
+
+impl Doorbell for NextSlot {
+    fn word(&self) -> &AtomicU64 {
+        self.ring.seq_word(self.pos)
+    }
+
+    fn xpu_addr(&self) -> usize {
+        self.word() as *const AtomicU64 as usize
+    }
+}
+
+/// Most descriptors one look takes from one ring (other work of the endpoint waits at most
+/// that long).
+const DRAIN_MAX: usize = 256;
 
 /// What an error entry reports about a doorbell.
 struct Misuse {
@@ -173,6 +224,13 @@ pub(crate) struct XpuWatch {
     /// When a trigger last fired (nanoseconds since `epoch`), for the watcher's back-off.
     last_fire: AtomicU64,
     epoch: Instant,
+    /// Exported descriptor rings (`Endpoint::export_xpu`).
+    rings: Mutex<Vec<RingWatch>>,
+    /// A ring exists (read without the lock).
+    has_rings: AtomicBool,
+    /// An exported CQ of the endpoint holds entries its ring had no room for: the watcher
+    /// keeps looking so that they move once the XPU makes room.
+    cq_backlog: AtomicBool,
 }
 
 impl XpuWatch {
@@ -184,6 +242,9 @@ impl XpuWatch {
             has_bells: AtomicBool::new(false),
             last_fire: AtomicU64::new(0),
             epoch: Instant::now(),
+            rings: Mutex::default(),
+            has_rings: AtomicBool::new(false),
+            cq_backlog: AtomicBool::new(false),
         }
     }
 
@@ -416,6 +477,108 @@ impl XpuWatch {
         n
     }
 
+    /// The descriptor ring of (this endpoint, `xpu`), made with `slots` slots if there is
+    /// none yet.
+    pub(crate) fn export_ring(
+        &self,
+        what: &'static str,
+        xpu: Xpu,
+        slots: usize,
+        link: &dyn Owner,
+    ) -> Result<Arc<DescRing>> {
+        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        // Checked under the lock close takes to cancel what rings hold: nothing made after.
+        if link.closed() {
+            return Err(Error::OpBadState(format!("{what}: endpoint is closed")));
+        }
+        if let Some(r) = rings.iter().find(|r| r.xpu == xpu) {
+            return Ok(r.ring.clone());
+        }
+        let ring = DescRing::new(slots)?;
+        let mut timing = Predictor::default();
+        timing.armed(self.now());
+        rings.push(RingWatch {
+            xpu,
+            ring: ring.clone(),
+            timing,
+            wakes: false,
+        });
+        self.has_rings.store(true, Ordering::Release);
+        drop(rings);
+        self.touch();
+        Ok(ring)
+    }
+
+    /// Whether a descriptor ring was exported.
+    #[inline]
+    pub(crate) fn has_rings(&self) -> bool {
+        self.has_rings.load(Ordering::Acquire)
+    }
+
+    /// Takes what every ring holds (up to `DRAIN_MAX` each) and starts it through `owner`
+    /// (`link` is the same link as an `Arc`, for the jobs). Another thread draining is left to
+    /// it (one drainer keeps each ring's order). Returns how many descriptors were taken.
+    pub(crate) fn drain(&self, owner: &dyn Owner, link: &Arc<dyn Owner>, finder: Finder) -> usize {
+        if !self.has_rings() {
+            return 0;
+        }
+        super::xpu_wake::before_look();
+        let Ok(mut rings) = self.rings.try_lock() else {
+            super::xpu_wake::look_missed();
+            return 0;
+        };
+        let now = self.now();
+        let last_fire = self.last_fire.load(Ordering::Relaxed);
+        let mut n = 0;
+        for r in rings.iter_mut() {
+            let spinning = finder == Finder::Watcher && r.nap(now, last_fire) == Duration::ZERO;
+            let k = crate::xpu::ep::drain(&r.ring, DRAIN_MAX, owner, link);
+            if k > 0 {
+                match finder {
+                    Finder::Ringer => r.wakes = true,
+                    Finder::Watcher if !spinning => r.wakes = false,
+                    Finder::Watcher => {}
+                }
+                match policy() {
+                    // Announced by a CPU XPU (`tx_flush`): no prediction needed, as for a
+                    // doorbell's announced ring.
+                    Some(_) if finder == Finder::Ringer && r.xpu.iface == Iface::System => {
+                        r.timing.restart(now, true);
+                    }
+                    Some(p) => {
+                        r.timing.rang(now, true, &p);
+                    }
+                    None => {}
+                }
+            } else {
+                r.timing.looked(now);
+            }
+            n += k;
+        }
+        drop(rings);
+        if n > 0 {
+            self.touch();
+        }
+        n
+    }
+
+    /// The endpoint is closing: every ring is closed to its XPU, and what it held is
+    /// reported canceled (`xpu::ep::cancel_all`).
+    pub(crate) fn close_rings(&self, port: &dyn Port) {
+        let rings = std::mem::take(&mut *self.rings.lock().unwrap_or_else(|e| e.into_inner()));
+        self.has_rings.store(false, Ordering::Release);
+        for r in rings {
+            crate::xpu::ep::cancel_all(&r.ring, port);
+        }
+    }
+
+    /// Records whether an exported CQ of the endpoint holds entries its ring had no room for.
+    pub(crate) fn set_cq_backlog(&self, left: bool) {
+        if self.cq_backlog.load(Ordering::Relaxed) != left {
+            self.cq_backlog.store(left, Ordering::Release);
+        }
+    }
+
     /// Removes the armed operation with context `ctx`, if there is one.
     pub(crate) fn take(&self, ctx: Context) -> Option<Job> {
         let mut bells = self.lock();
@@ -452,19 +615,39 @@ impl XpuWatch {
     /// (`xpu_predict`); without, spin within the spin window after the last arm or trigger;
     /// past either, the poll interval. The soonest of its doorbells wins.
     pub(crate) fn nap(&self) -> Option<Duration> {
-        if !self.waiting() {
+        let armed = self.waiting();
+        let rings = self.has_rings.load(Ordering::Acquire);
+        let others = crate::xpu::cntr::any() || self.cq_backlog.load(Ordering::Acquire);
+        if !armed && !rings && !others {
             return None;
         }
-        let Ok(bells) = self.bells.try_lock() else {
-            // Another thread is looking (or arming): look again soon.
-            return Some(Duration::ZERO);
-        };
         let now = self.now();
         let last_fire = self.last_fire.load(Ordering::Relaxed);
-        let soonest = bells.iter().filter_map(|b| b.nap(now, last_fire)).min();
-        drop(bells);
-        // Armed but in no doorbell's list: a look in progress elsewhere just took it.
-        Some(soonest.unwrap_or(Duration::ZERO).min(poll_sleep()))
+        let mut soonest = Duration::MAX;
+        if armed {
+            let Ok(bells) = self.bells.try_lock() else {
+                // Another thread is looking (or arming): look again soon.
+                return Some(Duration::ZERO);
+            };
+            // Armed but in no doorbell's list: a look in progress elsewhere just took it.
+            soonest = bells
+                .iter()
+                .filter_map(|b| b.nap(now, last_fire))
+                .min()
+                .unwrap_or(Duration::ZERO);
+        }
+        if rings {
+            let Ok(rs) = self.rings.try_lock() else {
+                return Some(Duration::ZERO);
+            };
+            for r in rs.iter() {
+                soonest = soonest.min(r.nap(now, last_fire));
+            }
+        }
+        if others && crate::xpu::cntr::any_ready() {
+            soonest = Duration::ZERO;
+        }
+        Some(soonest.min(poll_sleep()))
     }
 
     /// The spin of a watcher told to keep looking (`nap` said zero): waits, at most `max`,
@@ -477,12 +660,30 @@ impl XpuWatch {
         let Ok(bells) = self.bells.try_lock() else {
             return;
         };
-        let watched: Vec<(Arc<dyn Doorbell>, u64)> = bells
+        let mut watched: Vec<(Arc<dyn Doorbell>, u64)> = bells
             .iter()
             .filter(|b| !b.jobs.is_empty())
             .map(|b| (b.bell.clone(), b.seen))
             .collect();
         drop(bells);
+        if self.has_rings.load(Ordering::Acquire) {
+            let Ok(rs) = self.rings.try_lock() else {
+                return;
+            };
+            for r in rs.iter() {
+                let pos = r.ring.head();
+                let word = r.ring.seq_word(pos).load(Ordering::Acquire);
+                if word == pos.wrapping_add(1) {
+                    // Published already: look now.
+                    return;
+                }
+                let next: Arc<dyn Doorbell> = Arc::new(NextSlot {
+                    ring: r.ring.clone(),
+                    pos,
+                });
+                watched.push((next, word));
+            }
+        }
         match watched.as_slice() {
             [] => {}
             [(bell, seen)] => super::xpu_wake::wait_for_store(bell.word(), *seen, max),

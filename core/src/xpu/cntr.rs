@@ -1,0 +1,193 @@
+//! An exported counter: its values mirrored where an XPU reads them, and a descriptor ring
+//! through which the XPU adds and sets.
+//!
+//! Every change of the counter (a completion, the application's add or set, the XPU's own)
+//! stores both values into the mirror, under a small lock that reads the values inside it, so
+//! the last store is always the newest values. `fi_xpu_cntr_wait` spins on the mirror in the
+//! XPU's own memory. `fi_xpu_cntr_add` and friends post a descriptor on the counter's ring,
+//! which the watcher drains as it drains endpoints' rings: any endpoint opened with
+//! `FI_XPU_TRIGGER` in the process looks at every exported counter's ring when it runs.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use super::abi::{opcode, CntrMirror, FidXpu, FI_CLASS_CNTR, FI_XPU_PROV_XFABRIC};
+use super::ring::{DescRing, Taken, RING_DEFAULT_SLOTS};
+use crate::cntr::{CntrInner, Counter};
+use crate::error::{Error, Result};
+use crate::hmem_iface::Iface;
+use crate::trigger::Xpu;
+
+/// The host's side of an exported counter.
+pub(crate) struct CntrExport {
+    mirror: Box<CntrMirror>,
+    ring: Arc<DescRing>,
+    /// Orders mirror stores (see the module's comment).
+    lock: Mutex<()>,
+    /// One drainer at a time.
+    drain: Mutex<()>,
+    cntr: Weak<CntrInner>,
+}
+
+/// Every exported counter of the process, for the watchers to drain.
+static EXPORTED: Mutex<Vec<Weak<CntrExport>>> = Mutex::new(Vec::new());
+/// How many exported counters live (a watcher skips the registry when none does).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+impl Drop for CntrExport {
+    fn drop(&mut self) {
+        LIVE.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl CntrExport {
+    /// Stores the values `read` returns into the mirror (read under the lock).
+    pub(crate) fn mirror(&self, read: impl Fn() -> (u64, u64)) {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let (v, e) = read();
+        self.mirror.value.store(v, Ordering::Release);
+        self.mirror.err.store(e, Ordering::Release);
+    }
+
+    pub(crate) fn shared(&self) -> &CntrMirror {
+        &self.mirror
+    }
+
+    /// Applies what the XPU posted on the counter's ring; returns how many descriptors.
+    fn drain(&self) -> usize {
+        let Ok(_g) = self.drain.try_lock() else {
+            return 0;
+        };
+        let Some(c) = self.cntr.upgrade() else {
+            self.ring.close();
+            return 0;
+        };
+        let mut n = 0;
+        while let Some(t) = self.ring.take() {
+            n += 1;
+            match t {
+                Taken::Desc(d) if d.opcode == opcode::CNTR_ADD => c.add_value(d.data),
+                Taken::Desc(d) if d.opcode == opcode::CNTR_SET => c.set_value(d.data),
+                Taken::Desc(d) if d.opcode == opcode::CNTR_ADDERR => c.add_err_value(d.data),
+                Taken::Desc(d) if d.opcode == opcode::CNTR_SETERR => c.set_err_value(d.data),
+                // A counter has no completion queue: a descriptor it cannot take counts as an
+                // error, which ends any fi_xpu_cntr_wait, and is logged with what it was.
+                other => {
+                    tracing::warn!(?other, "exported counter: descriptor refused");
+                    c.add_err_value(1);
+                }
+            }
+        }
+        n
+    }
+}
+
+/// Whether any exported counter lives (the watcher then keeps looking).
+pub(crate) fn any() -> bool {
+    LIVE.load(Ordering::Acquire) > 0
+}
+
+/// Drains every exported counter's ring; returns how many descriptors were applied.
+pub(crate) fn drain_all() -> usize {
+    if !any() {
+        return 0;
+    }
+    let live: Vec<Arc<CntrExport>> = {
+        let mut v = EXPORTED.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        v.iter().filter_map(Weak::upgrade).collect()
+    };
+    live.iter().map(|x| x.drain()).sum()
+}
+
+/// The next slot's publishing words of every exported counter's ring, for a watcher's spin.
+pub(crate) fn any_ready() -> bool {
+    if !any() {
+        return false;
+    }
+    let v = EXPORTED.lock().unwrap_or_else(|e| e.into_inner());
+    v.iter().filter_map(Weak::upgrade).any(|x| x.ring.ready())
+}
+
+/// `struct fid_xpu_cntr` and what keeps its shared memory alive. Its head is `struct fid_xpu`
+/// exactly; `prov_ctx` is the address of its `CntrMirror`.
+#[repr(C)]
+pub struct XpuCntr {
+    fid: FidXpu,
+    shared: Arc<CntrExport>,
+    xpu: Xpu,
+}
+
+impl XpuCntr {
+    /// The `struct fid_xpu` a device's header reads.
+    pub fn fid(&self) -> &FidXpu {
+        &self.fid
+    }
+
+    /// The XPU it was exported to.
+    pub fn xpu(&self) -> Xpu {
+        self.xpu
+    }
+
+    pub(crate) fn mirror(&self) -> &CntrMirror {
+        self.shared.shared()
+    }
+
+    pub(crate) fn ring(&self) -> &DescRing {
+        &self.shared.ring
+    }
+}
+
+impl Counter {
+    /// `fi_cntr_export_xpu`: a handle through which `xpu` reads this counter's values from
+    /// its own memory (`xpu::device::cntr_read`, `cntr_wait`) and adds or sets them
+    /// (`cntr_add`, `cntr_set`...). Exporting again returns another handle on the same mirror.
+    pub fn export_xpu(&self, xpu: Xpu) -> Result<XpuCntr> {
+        if xpu.iface != Iface::System {
+            return Err(Error::OpNotSupp(format!(
+                "cntr_export_xpu: {:?}: only the CPU XPU (FI_HMEM_SYSTEM) has a device API so far",
+                xpu.iface
+            )));
+        }
+        let inner = self.inner();
+        let shared = match inner.xpu.get() {
+            Some(x) => x.clone(),
+            None => {
+                let ring = DescRing::new(RING_DEFAULT_SLOTS)?;
+                let mut fresh = None;
+                let x = inner
+                    .xpu
+                    .get_or_init(|| {
+                        let x = Arc::new(CntrExport {
+                            mirror: Box::new(CntrMirror::new(ring.ctx())),
+                            ring,
+                            lock: Mutex::new(()),
+                            drain: Mutex::new(()),
+                            cntr: Arc::downgrade(inner),
+                        });
+                        fresh = Some(x.clone());
+                        x
+                    })
+                    .clone();
+                if let Some(f) = fresh {
+                    LIVE.fetch_add(1, Ordering::AcqRel);
+                    EXPORTED
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(Arc::downgrade(&f));
+                }
+                x
+            }
+        };
+        shared.mirror(|| (inner.value(), inner.err_value()));
+        Ok(XpuCntr {
+            fid: FidXpu {
+                fclass: FI_CLASS_CNTR,
+                prov_id: FI_XPU_PROV_XFABRIC,
+                prov_ctx: &*shared.mirror as *const CntrMirror as u64,
+            },
+            shared,
+            xpu,
+        })
+    }
+}

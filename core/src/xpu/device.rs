@@ -1,0 +1,560 @@
+//! The device side of the device API for the CPU XPU: what a thread calls, mirroring
+//! fi_xpu_device.h's `fi_xpu_*` calls argument for argument (minus the handle's C type). Each
+//! call reads and writes only the shared blocks its handle's `prov_ctx` names, exactly what
+//! the CUDA header of a later step will do from a kernel, so these are also its reference.
+//!
+//! Return values are libfabric's: 0 or a count on success, a negative `FI_E*` otherwise
+//! (`-FI_EAGAIN`: the ring is full, or nothing to read; call again). No call blocks, except
+//! `cntr_wait`, which spins on the counter's mirror until its threshold or its timeout.
+//!
+//! Buffers are addresses the XPU reaches; nothing here reads or writes them. The host checks
+//! each against the memory regions exported with `get_xpu_desc` before anything starts, so a
+//! wrong address is an error completion, never a stray access.
+//!
+//! `scope` (`FI_XPU_WORK_ITEM`, `FI_XPU_SUBGROUP`, `FI_XPU_WORK_GROUP`, `FI_XPU_DEVICE`):
+//! on a GPU every thread of the scope makes the call, one lane posts, and all return its
+//! result. A CPU thread is a group of one: it posts. A value outside the four is `-FI_EINVAL`.
+//!
+//! A CPU XPU may announce what it posted (`tx_flush`, which wakes a sleeping watcher and lets
+//! this thread start what it posted at once); it need not: a watcher that is not told finds
+//! the descriptors by looking, as it finds a GPU's.
+
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::abi::{opcode, CqRingHeader, CqSlot, XpuCqEntry, XpuDesc, CQ_KIND_ERR, CQ_WORDS};
+use super::abi::{RingHeader, FI_XPU_DEVICE, FI_XPU_WORK_ITEM};
+use super::cntr::XpuCntr;
+use super::cq::XpuCq;
+use super::ep::XpuEp;
+use super::ring::{self, Claim};
+use crate::consts::errno::{FI_EAGAIN, FI_EAVAIL, FI_EINVAL, FI_ETIMEDOUT};
+use crate::entry::{CqErrEntry, CqFormatEntry, CqTaggedEntry, FiAddr};
+
+fn scope_ok(scope: i32) -> bool {
+    (FI_XPU_WORK_ITEM..=FI_XPU_DEVICE).contains(&scope)
+}
+
+fn ring_of(ep: &XpuEp) -> &RingHeader {
+    ep.ring().header()
+}
+
+fn post(h: &RingHeader, d: &XpuDesc, scope: i32) -> i32 {
+    if !scope_ok(scope) {
+        return -FI_EINVAL;
+    }
+    // SAFETY: `h` is the header of a ring its handle keeps alive, with its own slots.
+    unsafe { ring::post(h, d) }
+}
+
+fn addr(p: *const c_void) -> u64 {
+    p as usize as u64
+}
+
+/// `fi_xpu_send`.
+#[allow(clippy::too_many_arguments)]
+pub fn send(
+    ep: &XpuEp,
+    buf: *const c_void,
+    len: usize,
+    desc: u64,
+    data: u64,
+    dest_addr: u64,
+    context: usize,
+    flags: u64,
+    scope: i32,
+) -> i32 {
+    let d = XpuDesc {
+        opcode: opcode::SEND,
+        flags,
+        len: len as u64,
+        buf: addr(buf),
+        desc,
+        peer: dest_addr,
+        context: context as u64,
+        data,
+        ..Default::default()
+    };
+    post(ring_of(ep), &d, scope)
+}
+
+/// `fi_xpu_tsend`.
+#[allow(clippy::too_many_arguments)]
+pub fn tsend(
+    ep: &XpuEp,
+    buf: *const c_void,
+    len: usize,
+    desc: u64,
+    data: u64,
+    dest_addr: u64,
+    tag: u64,
+    context: usize,
+    flags: u64,
+    scope: i32,
+) -> i32 {
+    let d = XpuDesc {
+        opcode: opcode::TSEND,
+        flags,
+        len: len as u64,
+        buf: addr(buf),
+        desc,
+        peer: dest_addr,
+        context: context as u64,
+        data,
+        tag,
+        ..Default::default()
+    };
+    post(ring_of(ep), &d, scope)
+}
+
+/// `fi_xpu_recv`. `src_addr` `FI_ADDR_UNSPEC` receives from anyone.
+#[allow(clippy::too_many_arguments)]
+pub fn recv(
+    ep: &XpuEp,
+    buf: *mut c_void,
+    len: usize,
+    desc: u64,
+    src_addr: u64,
+    context: usize,
+    flags: u64,
+    scope: i32,
+) -> i32 {
+    let d = XpuDesc {
+        opcode: opcode::RECV,
+        flags,
+        len: len as u64,
+        buf: addr(buf),
+        desc,
+        peer: src_addr,
+        context: context as u64,
+        ..Default::default()
+    };
+    post(ring_of(ep), &d, scope)
+}
+
+/// `fi_xpu_trecv`.
+#[allow(clippy::too_many_arguments)]
+pub fn trecv(
+    ep: &XpuEp,
+    buf: *mut c_void,
+    len: usize,
+    desc: u64,
+    src_addr: u64,
+    tag: u64,
+    ignore: u64,
+    context: usize,
+    flags: u64,
+    scope: i32,
+) -> i32 {
+    let d = XpuDesc {
+        opcode: opcode::TRECV,
+        flags,
+        len: len as u64,
+        buf: addr(buf),
+        desc,
+        peer: src_addr,
+        context: context as u64,
+        tag,
+        ignore,
+        ..Default::default()
+    };
+    post(ring_of(ep), &d, scope)
+}
+
+/// `fi_xpu_write`; with `FI_REMOTE_CQ_DATA` in `flags` the target's CQ gets `data`.
+#[allow(clippy::too_many_arguments)]
+pub fn write(
+    ep: &XpuEp,
+    buf: *const c_void,
+    len: usize,
+    desc: u64,
+    data: u64,
+    dest_addr: u64,
+    raddr: u64,
+    key: u64,
+    context: usize,
+    flags: u64,
+    scope: i32,
+) -> i32 {
+    let d = XpuDesc {
+        opcode: opcode::WRITE,
+        flags,
+        len: len as u64,
+        buf: addr(buf),
+        desc,
+        peer: dest_addr,
+        context: context as u64,
+        data,
+        raddr,
+        rkey: key,
+        ..Default::default()
+    };
+    post(ring_of(ep), &d, scope)
+}
+
+/// `fi_xpu_read`.
+#[allow(clippy::too_many_arguments)]
+pub fn read(
+    ep: &XpuEp,
+    buf: *mut c_void,
+    len: usize,
+    desc: u64,
+    src_addr: u64,
+    raddr: u64,
+    key: u64,
+    context: usize,
+    flags: u64,
+    scope: i32,
+) -> i32 {
+    let d = XpuDesc {
+        opcode: opcode::READ,
+        flags,
+        len: len as u64,
+        buf: addr(buf),
+        desc,
+        peer: src_addr,
+        context: context as u64,
+        raddr,
+        rkey: key,
+        ..Default::default()
+    };
+    post(ring_of(ep), &d, scope)
+}
+
+/// `fi_xpu_atomic`: `count` elements of `datatype` (`enum fi_datatype`), `op` an `enum fi_op`.
+#[allow(clippy::too_many_arguments)]
+pub fn atomic(
+    ep: &XpuEp,
+    buf: *const c_void,
+    count: usize,
+    desc: u64,
+    dest_addr: u64,
+    raddr: u64,
+    key: u64,
+    datatype: i32,
+    op: i32,
+    context: usize,
+    flags: u64,
+    scope: i32,
+) -> i32 {
+    let d = XpuDesc {
+        opcode: opcode::ATOMIC,
+        op,
+        datatype,
+        flags,
+        len: count as u64,
+        buf: addr(buf),
+        desc,
+        peer: dest_addr,
+        context: context as u64,
+        raddr,
+        rkey: key,
+        ..Default::default()
+    };
+    post(ring_of(ep), &d, scope)
+}
+
+/// `fi_xpu_fetch_atomic`: the target's original values land in `result`.
+#[allow(clippy::too_many_arguments)]
+pub fn fetch_atomic(
+    ep: &XpuEp,
+    buf: *const c_void,
+    count: usize,
+    desc: u64,
+    result: *mut c_void,
+    result_desc: u64,
+    dest_addr: u64,
+    raddr: u64,
+    key: u64,
+    datatype: i32,
+    op: i32,
+    context: usize,
+    flags: u64,
+    scope: i32,
+) -> i32 {
+    let d = XpuDesc {
+        opcode: opcode::FETCH_ATOMIC,
+        op,
+        datatype,
+        flags,
+        len: count as u64,
+        buf: addr(buf),
+        desc,
+        peer: dest_addr,
+        context: context as u64,
+        raddr,
+        rkey: key,
+        result: addr(result),
+        result_desc,
+        ..Default::default()
+    };
+    post(ring_of(ep), &d, scope)
+}
+
+/// `fi_xpu_compare_atomic`.
+#[allow(clippy::too_many_arguments)]
+pub fn compare_atomic(
+    ep: &XpuEp,
+    buf: *const c_void,
+    count: usize,
+    desc: u64,
+    compare: *const c_void,
+    compare_desc: u64,
+    result: *mut c_void,
+    result_desc: u64,
+    dest_addr: u64,
+    raddr: u64,
+    key: u64,
+    datatype: i32,
+    op: i32,
+    context: usize,
+    flags: u64,
+    scope: i32,
+) -> i32 {
+    let d = XpuDesc {
+        opcode: opcode::COMPARE_ATOMIC,
+        op,
+        datatype,
+        flags,
+        len: count as u64,
+        buf: addr(buf),
+        desc,
+        peer: dest_addr,
+        context: context as u64,
+        raddr,
+        rkey: key,
+        compare: addr(compare),
+        compare_desc,
+        result: addr(result),
+        result_desc,
+        ..Default::default()
+    };
+    post(ring_of(ep), &d, scope)
+}
+
+/// `fi_xpu_tx_flush`: every descriptor this XPU published is visible to the watcher already
+/// (each publish is a release store); a CPU XPU's flush also announces them, so a sleeping
+/// watcher wakes and this thread starts what it can at once (`notify_xpu_ring`). `flags`
+/// must be 0.
+pub fn tx_flush(ep: &XpuEp, flags: u64, scope: i32) -> i32 {
+    if flags != 0 || !scope_ok(scope) {
+        return -FI_EINVAL;
+    }
+    if ep.xpu().iface == crate::hmem_iface::Iface::System {
+        crate::trigger::notify_xpu_ring();
+    }
+    0
+}
+
+/// Posts a descriptor exactly as given, but for its `seq` and `check` (which the ring sets):
+/// what any XPU can write into its ring, for tests of what the host does with hostile ones.
+pub fn post_raw(ep: &XpuEp, d: &XpuDesc) -> i32 {
+    post(ring_of(ep), d, FI_XPU_WORK_ITEM)
+}
+
+/// Claims a slot without writing or publishing it (`Claim`): what an XPU that dies while
+/// writing a descriptor leaves behind, or one that writes a torn descriptor
+/// (`Claim::store_word` then `publish`). `Err` holds `-FI_EAGAIN` or `-FI_ESHUTDOWN`.
+pub fn claim(ep: &XpuEp) -> Result<Claim<'_>, i32> {
+    // SAFETY: the header of a ring its handle keeps alive, with its own slots.
+    unsafe { ring::claim(ring_of(ep)) }
+}
+
+/// `fi_xpu_cntr_read`: the success value as last mirrored.
+pub fn cntr_read(cntr: &XpuCntr, _scope: i32) -> u64 {
+    cntr.mirror().value.load(Ordering::Acquire)
+}
+
+/// `fi_xpu_cntr_readerr`: the error value as last mirrored.
+pub fn cntr_readerr(cntr: &XpuCntr, _scope: i32) -> u64 {
+    cntr.mirror().err.load(Ordering::Acquire)
+}
+
+/// `fi_xpu_cntr_wait`: spins on the mirror until the success value reaches `threshold`
+/// (0), the error value changes from what it was at the call (`-FI_EAVAIL`), or `timeout`
+/// ms pass (`-FI_ETIMEDOUT`; a negative `timeout` waits without limit). Upstream's call
+/// returns nothing; this one says which of the three ended it.
+pub fn cntr_wait(cntr: &XpuCntr, threshold: u64, timeout: i32, scope: i32) -> i32 {
+    if !scope_ok(scope) {
+        return -FI_EINVAL;
+    }
+    let m = cntr.mirror();
+    let err0 = m.err.load(Ordering::Acquire);
+    let until = u64::try_from(timeout)
+        .ok()
+        .map(|ms| Instant::now() + Duration::from_millis(ms));
+    let mut spins = 0u32;
+    loop {
+        if m.value.load(Ordering::Acquire) >= threshold {
+            return 0;
+        }
+        if m.err.load(Ordering::Acquire) != err0 {
+            return -FI_EAVAIL;
+        }
+        if until.is_some_and(|u| Instant::now() >= u) {
+            return -FI_ETIMEDOUT;
+        }
+        spins = spins.wrapping_add(1);
+        // A CPU XPU shares cores with the watcher that changes the counter: give it the core
+        // now and then.
+        if spins.is_multiple_of(64) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+fn cntr_op(cntr: &XpuCntr, op: u32, value: u64, scope: i32) -> i32 {
+    let d = XpuDesc {
+        opcode: op,
+        data: value,
+        ..Default::default()
+    };
+    post(cntr.ring().header(), &d, scope)
+}
+
+/// `fi_xpu_cntr_add`: posted on the counter's ring; the watcher adds it.
+pub fn cntr_add(cntr: &XpuCntr, value: u64, scope: i32) -> i32 {
+    cntr_op(cntr, opcode::CNTR_ADD, value, scope)
+}
+
+/// `fi_xpu_cntr_set`.
+pub fn cntr_set(cntr: &XpuCntr, value: u64, scope: i32) -> i32 {
+    cntr_op(cntr, opcode::CNTR_SET, value, scope)
+}
+
+/// `fi_xpu_cntr_adderr`.
+pub fn cntr_adderr(cntr: &XpuCntr, value: u64, scope: i32) -> i32 {
+    cntr_op(cntr, opcode::CNTR_ADDERR, value, scope)
+}
+
+/// `fi_xpu_cntr_seterr`.
+pub fn cntr_seterr(cntr: &XpuCntr, value: u64, scope: i32) -> i32 {
+    cntr_op(cntr, opcode::CNTR_SETERR, value, scope)
+}
+
+fn cq_slot(h: &CqRingHeader, pos: u64) -> &CqSlot {
+    // SAFETY: `slots` holds mask + 1 live slots of a ring its handle keeps alive; the index is
+    // masked.
+    unsafe { &*(h.slots as *const CqSlot).add((pos & h.mask) as usize) }
+}
+
+/// Copies published entries from the head, success entries only (`want_err`: exactly one
+/// error entry), then claims them by advancing the head; retried when another thread claimed
+/// first. Returns how many.
+fn cq_take(
+    h: &CqRingHeader,
+    max: usize,
+    want_err: bool,
+    mut put: impl FnMut(usize, &XpuCqEntry),
+) -> isize {
+    if max == 0 {
+        return -(FI_EINVAL as isize);
+    }
+    loop {
+        let head = h.head.load(Ordering::Acquire);
+        let mut n = 0usize;
+        while n < max {
+            let pos = head.wrapping_add(n as u64);
+            let slot = cq_slot(h, pos);
+            if slot.0[0].load(Ordering::Acquire) != pos.wrapping_add(1) {
+                break;
+            }
+            let words: [u64; CQ_WORDS] = std::array::from_fn(|i| slot.0[i].load(Ordering::Relaxed));
+            let e = XpuCqEntry::from_words(words);
+            let is_err = e.kind == CQ_KIND_ERR;
+            if is_err != want_err {
+                if n == 0 && !want_err {
+                    return -(FI_EAVAIL as isize);
+                }
+                break;
+            }
+            put(n, &e);
+            n += 1;
+            if want_err {
+                break;
+            }
+        }
+        if n == 0 {
+            return -(FI_EAGAIN as isize);
+        }
+        // Claimed only if no other thread moved the head meanwhile (then the host may have
+        // rewritten what was copied: copy again).
+        if h.head
+            .compare_exchange(
+                head,
+                head.wrapping_add(n as u64),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            return n as isize;
+        }
+    }
+}
+
+fn tagged(e: &XpuCqEntry) -> CqTaggedEntry {
+    CqTaggedEntry {
+        op_context: e.op_context as usize,
+        flags: e.flags,
+        len: e.len as usize,
+        buf: e.buf as usize,
+        data: e.data,
+        tag: e.tag,
+    }
+}
+
+/// `fi_xpu_cq_read`: up to `buf.len()` success entries, in the CQ's format `E`; `-FI_EAGAIN`
+/// when none is there, `-FI_EAVAIL` when an error entry is next (`cq_readerr` takes it).
+pub fn cq_read<E: CqFormatEntry>(cq: &XpuCq, buf: &mut [E], scope: i32) -> isize {
+    if !scope_ok(scope) {
+        return -(FI_EINVAL as isize);
+    }
+    cq_take(cq.shared().header(), buf.len(), false, |i, e| {
+        buf[i] = E::from_tagged(&tagged(e))
+    })
+}
+
+/// `fi_xpu_cq_readfrom`: as `cq_read`, with each entry's source address in `src_addr`
+/// (`FI_ADDR_NOTAVAIL` when unknown); at most `src_addr.len()` entries.
+pub fn cq_readfrom<E: CqFormatEntry>(
+    cq: &XpuCq,
+    buf: &mut [E],
+    src_addr: &mut [FiAddr],
+    scope: i32,
+) -> isize {
+    if !scope_ok(scope) {
+        return -(FI_EINVAL as isize);
+    }
+    let max = buf.len().min(src_addr.len());
+    cq_take(cq.shared().header(), max, false, |i, e| {
+        buf[i] = E::from_tagged(&tagged(e));
+        src_addr[i] = e.src;
+    })
+}
+
+/// `fi_xpu_cq_readerr`: the next entry if it is an error (1), `-FI_EAGAIN` otherwise. Error
+/// data is not carried to an XPU: `err_data` is 0. `flags` must be 0.
+pub fn cq_readerr(cq: &XpuCq, buf: &mut CqErrEntry, flags: u64, scope: i32) -> isize {
+    if flags != 0 || !scope_ok(scope) {
+        return -(FI_EINVAL as isize);
+    }
+    cq_take(cq.shared().header(), 1, true, |_, e| {
+        *buf = CqErrEntry {
+            op_context: e.op_context as usize,
+            flags: e.flags,
+            len: e.len as usize,
+            buf: e.buf as usize,
+            data: e.data,
+            tag: e.tag,
+            olen: e.olen as usize,
+            err: e.err,
+            prov_errno: e.prov_errno,
+            err_data: 0,
+            err_data_size: 0,
+        };
+    })
+}

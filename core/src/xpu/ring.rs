@@ -1,0 +1,232 @@
+//! A descriptor ring: many XPU threads produce, the host's watcher consumes.
+//!
+//! Producer (`post`, what device code does): take a credit from `credits` with a fetch-and-sub
+//! (none left: give it back and answer `-FI_EAGAIN`), claim a position with a fetch-and-add on
+//! `tail`, write the slot's words, then store its `seq` (position + 1) with release. A credit
+//! is taken before the position so that a full ring never hands out a position it would have
+//! to take back: the claim always succeeds, and positions stay dense.
+//!
+//! Consumer (`take`, the watcher, one at a time under its lock): the slot at `head` is taken
+//! only when its `seq` is `head + 1`; its words are copied out, `head` advances, and its credit
+//! is given back (release), so a producer that takes that credit writes the slot only after the
+//! copy. A claimed slot whose `seq` never comes (an XPU that died mid-descriptor) is never
+//! taken: what follows it waits, and closing the ring reports each of them.
+//!
+//! The memory is ordinary host memory here (a CPU XPU reaches it). A GPU's ring lives in
+//! mapped page-locked host memory with the same layout (a later step allocates it through
+//! xfabric-hmem); nothing here depends on where it is.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::abi::{DescSlot, RingHeader, XpuDesc, DESC_WORDS, RING_CLOSED, RING_OPEN};
+use crate::consts::errno::{FI_EAGAIN, FI_ESHUTDOWN};
+use crate::error::{Error, Result};
+
+/// Fewest and most slots a ring may have.
+pub const RING_MIN_SLOTS: usize = 2;
+/// Most slots a ring may have (48 MiB of descriptors).
+pub const RING_MAX_SLOTS: usize = 1 << 18;
+/// Slots of a ring exported without a size.
+pub const RING_DEFAULT_SLOTS: usize = 1024;
+
+/// The host's side of one ring: it owns the shared memory.
+pub(crate) struct DescRing {
+    header: Box<RingHeader>,
+    slots: Box<[DescSlot]>,
+    /// The next position the consumer takes: the host's own copy. The header's `head` is
+    /// written from it for the XPU to see, never read back (an XPU can write anything there).
+    head: AtomicU64,
+    /// Slots - 1, the host's own copy (a device may write its header).
+    mask: u64,
+}
+
+/// What the consumer found at the head.
+#[derive(Debug)]
+pub(crate) enum Taken {
+    /// A published descriptor (not yet validated).
+    Desc(XpuDesc),
+    /// A published slot whose `check` disagrees with its `seq`: its words are not one
+    /// descriptor's.
+    Torn(XpuDesc),
+}
+
+/// What closing found between the head and the tail.
+#[derive(Debug)]
+pub(crate) enum Left {
+    /// A published descriptor never taken.
+    Published(XpuDesc),
+    /// A claimed position whose descriptor was never published.
+    Unpublished(u64),
+}
+
+impl DescRing {
+    /// A ring of `slots` slots (a power of two within the limits).
+    pub(crate) fn new(slots: usize) -> Result<Arc<DescRing>> {
+        if !(RING_MIN_SLOTS..=RING_MAX_SLOTS).contains(&slots) || !slots.is_power_of_two() {
+            return Err(Error::Inval(format!(
+                "export_xpu: {slots} ring slots; a power of two from {RING_MIN_SLOTS} to {RING_MAX_SLOTS}"
+            )));
+        }
+        let slots_mem: Box<[DescSlot]> = (0..slots)
+            .map(|_| DescSlot(std::array::from_fn(|_| AtomicU64::new(0))))
+            .collect();
+        let header = Box::new(RingHeader::new(slots_mem.as_ptr() as u64, slots as u64));
+        Ok(Arc::new(DescRing {
+            header,
+            slots: slots_mem,
+            head: AtomicU64::new(0),
+            mask: slots as u64 - 1,
+        }))
+    }
+
+    /// The shared header (what `prov_ctx` names).
+    pub(crate) fn header(&self) -> &RingHeader {
+        &self.header
+    }
+
+    /// The header's address, as a CPU XPU sees it.
+    pub(crate) fn ctx(&self) -> u64 {
+        &*self.header as *const RingHeader as u64
+    }
+
+    fn slot(&self, pos: u64) -> &DescSlot {
+        // The mask keeps the index within the slots (their number is mask + 1).
+        &self.slots[(pos & self.mask) as usize]
+    }
+
+    /// The next position the consumer takes.
+    pub(crate) fn head(&self) -> u64 {
+        self.head.load(Ordering::Relaxed)
+    }
+
+    /// The word that publishes position `pos` (the watcher's spin waits for a store to it).
+    pub(crate) fn seq_word(&self, pos: u64) -> &AtomicU64 {
+        &self.slot(pos).0[0]
+    }
+
+    /// Whether the next slot is published (a look without taking it).
+    pub(crate) fn ready(&self) -> bool {
+        let head = self.head();
+        self.slot(head).0[0].load(Ordering::Acquire) == head.wrapping_add(1)
+    }
+
+    /// Takes the slot at the head if it is published. Consumer only (one at a time).
+    pub(crate) fn take(&self) -> Option<Taken> {
+        let head = self.head();
+        let want = head.wrapping_add(1);
+        let slot = self.slot(head);
+        if slot.0[0].load(Ordering::Acquire) != want {
+            return None;
+        }
+        let words: [u64; DESC_WORDS] = std::array::from_fn(|i| slot.0[i].load(Ordering::Relaxed));
+        // Copied out: the slot and its credit go back to the producers.
+        self.head.store(want, Ordering::Relaxed);
+        self.header.head.store(want, Ordering::Release);
+        self.header.credits.fetch_add(1, Ordering::Release);
+        let d = XpuDesc::from_words(words);
+        Some(if d.check == want as u32 {
+            Taken::Desc(d)
+        } else {
+            Taken::Torn(d)
+        })
+    }
+
+    /// Closes the ring to producers and returns what lies between the head and the tail
+    /// (at most one lap: `tail` is the XPU's to write, and is not trusted further). Consumer
+    /// only.
+    pub(crate) fn close(&self) -> Vec<Left> {
+        self.header.state.store(RING_CLOSED, Ordering::Release);
+        let head = self.head();
+        let tail = self.header.tail.load(Ordering::Acquire);
+        let end = tail.clamp(head, head.saturating_add(self.mask + 1));
+        let mut out = Vec::new();
+        let mut pos = head;
+        while pos < end {
+            let slot = self.slot(pos);
+            let want = pos.wrapping_add(1);
+            if slot.0[0].load(Ordering::Acquire) == want {
+                let words = std::array::from_fn(|i| slot.0[i].load(Ordering::Relaxed));
+                out.push(Left::Published(XpuDesc::from_words(words)));
+            } else {
+                out.push(Left::Unpublished(pos));
+            }
+            pos = want;
+        }
+        self.head.store(end, Ordering::Relaxed);
+        self.header.head.store(end, Ordering::Release);
+        out
+    }
+}
+
+/// A position claimed on a ring, not yet published. Dropping it unpublished leaves the slot
+/// as an XPU that died while writing it would.
+pub struct Claim<'a> {
+    slot: &'a DescSlot,
+    pos: u64,
+}
+
+impl<'a> Claim<'a> {
+    /// The position claimed.
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Stores word `i` (1 to 23; word 0 is `seq`, stored by `publish`) of the slot.
+    pub fn store_word(&self, i: usize, v: u64) {
+        if (1..DESC_WORDS).contains(&i) {
+            self.slot.0[i].store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// Writes every word of `d` but `seq`, with `check` set for this position.
+    pub fn write(&self, d: &XpuDesc) {
+        let mut d = *d;
+        d.check = self.pos.wrapping_add(1) as u32;
+        for (i, w) in d.to_words().into_iter().enumerate().skip(1) {
+            self.slot.0[i].store(w, Ordering::Relaxed);
+        }
+    }
+
+    /// Publishes the slot: its `seq`, with release, after everything written.
+    pub fn publish(self) {
+        self.slot.0[0].store(self.pos.wrapping_add(1), Ordering::Release);
+    }
+}
+
+/// Claims a position on the ring whose header is `h`: `-FI_EAGAIN` when the ring is full,
+/// `-FI_ESHUTDOWN` when it closed.
+///
+/// # Safety
+/// `h` must be a live ring header whose `slots` and `mask` describe its live slots (an
+/// exported handle's, while the handle lives).
+pub(crate) unsafe fn claim(h: &RingHeader) -> std::result::Result<Claim<'_>, i32> {
+    if h.state.load(Ordering::Acquire) != RING_OPEN {
+        return Err(-FI_ESHUTDOWN);
+    }
+    if h.credits.fetch_sub(1, Ordering::Acquire) <= 0 {
+        h.credits.fetch_add(1, Ordering::Relaxed);
+        return Err(-FI_EAGAIN);
+    }
+    let pos = h.tail.fetch_add(1, Ordering::Relaxed);
+    let idx = (pos & h.mask) as usize;
+    // SAFETY: the caller's contract: `slots` holds mask + 1 live slots, and idx <= mask.
+    let slot = unsafe { &*(h.slots as *const DescSlot).add(idx) };
+    Ok(Claim { slot, pos })
+}
+
+/// Claims, writes and publishes `d` (what every device call does).
+///
+/// # Safety
+/// As `claim`.
+pub(crate) unsafe fn post(h: &RingHeader, d: &XpuDesc) -> i32 {
+    // SAFETY: forwarded.
+    match unsafe { claim(h) } {
+        Ok(c) => {
+            c.write(d);
+            c.publish();
+            0
+        }
+        Err(e) => e,
+    }
+}

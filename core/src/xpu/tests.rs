@@ -1,0 +1,818 @@
+//! The device API against the mock provider (`trigger::testkit`), with test threads as CPU
+//! XPUs: descriptors become the provider calls a host post makes, hostile ones become error
+//! completions naming the fault, full rings answer again, close cancels, exported counters
+//! and CQs are read from their mirrors.
+
+use std::ffi::c_void;
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::Ordering;
+
+use super::abi::*;
+use super::device as dev;
+use super::*;
+use crate::av::{AddressVector, AvAttr};
+use crate::consts::errno::*;
+use crate::consts::*;
+use crate::cq::{CompletionQueue, CqAttr};
+use crate::entry::{CqErrEntry, CqTaggedEntry};
+use crate::ep::Endpoint;
+use crate::mr::MemoryRegion;
+use crate::trigger::testkit::{World, XPU_CAPS};
+use crate::trigger::Xpu;
+
+const W: i32 = FI_XPU_WORK_ITEM;
+const U64: i32 = crate::atomic::Datatype::UInt64 as i32;
+const CSWAP: i32 = crate::atomic::AtomicOp::Cswap as i32;
+
+struct Node {
+    ep: Endpoint,
+    cq: CompletionQueue,
+    av: AddressVector,
+}
+
+fn node(w: &World) -> Node {
+    node_sized(w, 1024)
+}
+
+fn node_sized(w: &World, cq_size: usize) -> Node {
+    let mut info = w.domain.info().clone();
+    info.caps = XPU_CAPS;
+    let ep = w.domain.endpoint(&info).unwrap();
+    let cq = w
+        .domain
+        .cq_open(&CqAttr {
+            format: CqFormat::Tagged,
+            size: cq_size,
+            ..Default::default()
+        })
+        .unwrap();
+    let av = w.domain.av_open(&AvAttr::default()).unwrap();
+    av.insert_one(b"peer").unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    Node { ep, cq, av }
+}
+
+fn errors(cq: &CompletionQueue) -> Vec<(CqErrEntry, String)> {
+    let mut out = Vec::new();
+    while let Ok((e, d)) = cq.readerr_data() {
+        out.push((
+            e,
+            String::from_utf8_lossy(&d.unwrap_or_default()).into_owned(),
+        ));
+    }
+    out
+}
+
+fn entries(cq: &CompletionQueue) -> Vec<CqTaggedEntry> {
+    let mut out = Vec::new();
+    let mut buf = [CqTaggedEntry::default(); 16];
+    while let Ok(n) = cq.read(&mut buf) {
+        out.extend_from_slice(&buf[..n]);
+    }
+    out
+}
+
+fn reg(w: &World, buf: &[u8], access: u64) -> (MemoryRegion, u64) {
+    // SAFETY: every test keeps its buffers alive past its regions.
+    static KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0x1000);
+    let key = KEY.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: every test keeps its buffers alive past its regions.
+    let mr = unsafe { w.domain.mr_reg(buf, access, 0, key) }.unwrap();
+    let desc = mr.get_xpu_desc().unwrap();
+    (mr, desc)
+}
+
+fn p(b: &[u8]) -> *const c_void {
+    b.as_ptr().cast()
+}
+
+#[test]
+fn layouts_are_what_the_device_header_will_say() {
+    assert_eq!(size_of::<FidXpu>(), 16);
+    assert_eq!(offset_of!(FidXpu, prov_id), 4);
+    assert_eq!(offset_of!(FidXpu, prov_ctx), 8);
+    let d = XpuDesc {
+        seq: 1,
+        opcode: 2,
+        op: -3,
+        datatype: 4,
+        check: 5,
+        flags: 6,
+        len: 7,
+        result_desc: 8,
+        reserved: [9; 6],
+        ..Default::default()
+    };
+    let w = d.to_words();
+    assert_eq!(
+        w[1],
+        2 | ((-3i32 as u32 as u64) << 32),
+        "opcode then op in word 1"
+    );
+    assert_eq!(w[17], 8);
+    assert_eq!(XpuDesc::from_words(w), d);
+    let e = XpuCqEntry {
+        kind: 1,
+        prov_errno: 7,
+        ..Default::default()
+    };
+    assert_eq!(XpuCqEntry::from_words(e.to_words()), e);
+}
+
+#[test]
+fn exported_handles_carry_xfabrics_provider_id_and_shared_block() {
+    let w = World::new();
+    let n = node(&w);
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    assert_eq!(x.fid().fclass, FI_CLASS_EP);
+    assert_eq!(x.fid().prov_id, FI_XPU_PROV_XFABRIC);
+    // SAFETY: prov_ctx is the live ring header's address while `x` lives.
+    let h = unsafe { &*(x.fid().prov_ctx as *const RingHeader) };
+    assert_eq!(
+        (h.magic, h.version, h.mask),
+        (RING_MAGIC, ABI_VERSION, 1023)
+    );
+    // Same XPU: the same ring.
+    let again = n.ep.export_xpu_slots(Xpu::CPU, 8).unwrap();
+    assert_eq!(again.fid().prov_ctx, x.fid().prov_ctx);
+    let gpu = Xpu {
+        iface: crate::hmem_iface::Iface::Cuda,
+        device: 0,
+    };
+    assert!(matches!(
+        n.ep.export_xpu(gpu),
+        Err(crate::error::Error::OpNotSupp(_))
+    ));
+    assert!(
+        n.ep.export_xpu_slots(
+            Xpu {
+                iface: crate::hmem_iface::Iface::System,
+                device: 1
+            },
+            3
+        )
+        .is_err(),
+        "not a power of two"
+    );
+    let c = w.cntr().export_xpu(Xpu::CPU).unwrap();
+    assert_eq!(
+        (c.fid().fclass, c.fid().prov_id),
+        (FI_CLASS_CNTR, FI_XPU_PROV_XFABRIC)
+    );
+    let q = n.cq.export_xpu(Xpu::CPU).unwrap();
+    assert_eq!(
+        (q.fid().fclass, q.fid().prov_id),
+        (FI_CLASS_CQ, FI_XPU_PROV_XFABRIC)
+    );
+}
+
+#[test]
+fn descriptors_start_as_the_host_calls_would() {
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let n = node(&w);
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let peer = n.av.get_xpu_addr(0).unwrap();
+    assert!(n.av.get_xpu_addr(7).is_err());
+    let buf = vec![1u8; 256];
+    let res = vec![0u8; 64];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    let (_mr2, rdesc) = reg(&w, &res, 0);
+    assert_eq!(dev::send(&x, p(&buf), 16, desc, 0, peer, 1, 0, W), 0);
+    assert_eq!(dev::tsend(&x, p(&buf), 16, desc, 0, peer, 99, 2, 0, W), 0);
+    assert_eq!(
+        dev::write(
+            &x,
+            p(&buf),
+            32,
+            desc,
+            7,
+            peer,
+            0x10,
+            5,
+            3,
+            FI_REMOTE_CQ_DATA,
+            W
+        ),
+        0
+    );
+    assert_eq!(
+        dev::read(
+            &x,
+            buf.as_ptr() as *mut c_void,
+            32,
+            desc,
+            peer,
+            0x10,
+            5,
+            4,
+            0,
+            W
+        ),
+        0
+    );
+    let (dt, add, cswap) = (
+        crate::atomic::Datatype::UInt64 as i32,
+        crate::atomic::AtomicOp::Sum as i32,
+        crate::atomic::AtomicOp::Cswap as i32,
+    );
+    assert_eq!(
+        dev::atomic(&x, p(&buf), 2, desc, peer, 0, 5, dt, add, 5, 0, W),
+        0
+    );
+    let r = res.as_ptr() as *mut c_void;
+    assert_eq!(
+        dev::fetch_atomic(&x, p(&buf), 1, desc, r, rdesc, peer, 0, 5, dt, add, 6, 0, W),
+        0
+    );
+    assert_eq!(
+        dev::compare_atomic(
+            &x,
+            p(&buf),
+            1,
+            desc,
+            p(&buf[8..]),
+            desc,
+            r,
+            rdesc,
+            peer,
+            0,
+            5,
+            dt,
+            cswap,
+            7,
+            0,
+            W
+        ),
+        0
+    );
+    let rb = buf.as_ptr() as *mut c_void;
+    assert_eq!(dev::recv(&x, rb, 64, desc, FI_ADDR_UNSPEC, 8, 0, W), 0);
+    assert_eq!(dev::trecv(&x, rb, 64, desc, peer, 5, 0, 9, 0, W), 0);
+    assert_eq!(dev::tx_flush(&x, 0, W), 0);
+    while n.ep.progress() > 0 {}
+    let log: Vec<_> = w.sh.log.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        vec![
+            ('s', 1),
+            ('s', 2),
+            ('m', 3),
+            ('m', 4),
+            ('a', 5),
+            ('a', 6),
+            ('a', 7),
+            ('r', 8),
+            ('r', 9)
+        ]
+    );
+    let ctxs: Vec<usize> = entries(&n.cq).iter().map(|e| e.op_context).collect();
+    assert_eq!(
+        ctxs,
+        vec![1, 2, 3, 4, 5, 6, 7],
+        "transmits complete as the host's do"
+    );
+    assert!(errors(&n.cq).is_empty());
+    let r = w.sh.recvs.lock().unwrap();
+    assert_eq!(
+        (r[1].1.tag, r[1].1.src, r[0].1.src),
+        (5, peer, FI_ADDR_UNSPEC)
+    );
+}
+
+#[test]
+fn every_hostile_descriptor_is_an_error_naming_its_fault_and_starts_nothing() {
+    let w = World::new();
+    let n = node(&w);
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let buf = vec![0u8; 128];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    let secret = vec![0u8; 64];
+    // SAFETY: `secret` outlives the region.
+    let hidden = unsafe { w.domain.mr_reg(&secret, 0, 0, 77) }.unwrap();
+    let ok = XpuDesc {
+        opcode: opcode::SEND,
+        len: 8,
+        buf: buf.as_ptr() as u64,
+        desc,
+        peer: 0,
+        ..Default::default()
+    };
+    let cases: Vec<(XpuDesc, i32, &str)> = vec![
+        (
+            XpuDesc {
+                opcode: 77,
+                context: 1,
+                ..ok
+            },
+            XPU_FAULT_OPCODE,
+            "opcode 77",
+        ),
+        (
+            XpuDesc {
+                opcode: 0,
+                context: 2,
+                ..ok
+            },
+            XPU_FAULT_OPCODE,
+            "opcode 0",
+        ),
+        (
+            XpuDesc {
+                peer: 5,
+                context: 3,
+                ..ok
+            },
+            XPU_FAULT_ADDR,
+            "AV",
+        ),
+        (
+            XpuDesc {
+                peer: u64::MAX - 1,
+                context: 4,
+                ..ok
+            },
+            XPU_FAULT_ADDR,
+            "AV",
+        ),
+        (
+            XpuDesc {
+                desc: hidden.key(),
+                context: 5,
+                ..ok
+            },
+            XPU_FAULT_DESC,
+            "exported",
+        ),
+        (
+            XpuDesc {
+                desc: 0xdead,
+                context: 6,
+                ..ok
+            },
+            XPU_FAULT_DESC,
+            "exported",
+        ),
+        (
+            XpuDesc {
+                len: 129,
+                context: 7,
+                ..ok
+            },
+            XPU_FAULT_RANGE,
+            "outside",
+        ),
+        (
+            XpuDesc {
+                buf: ok.buf + 121,
+                context: 8,
+                ..ok
+            },
+            XPU_FAULT_RANGE,
+            "outside",
+        ),
+        (
+            XpuDesc {
+                buf: u64::MAX - 2,
+                context: 9,
+                ..ok
+            },
+            XPU_FAULT_RANGE,
+            "outside",
+        ),
+        (
+            XpuDesc {
+                buf: ok.buf - 1,
+                context: 10,
+                ..ok
+            },
+            XPU_FAULT_RANGE,
+            "outside",
+        ),
+        (
+            XpuDesc {
+                flags: FI_INJECT,
+                context: 11,
+                ..ok
+            },
+            XPU_FAULT_FLAGS,
+            "flags",
+        ),
+        (
+            XpuDesc {
+                flags: FI_TRIGGER,
+                context: 12,
+                ..ok
+            },
+            XPU_FAULT_FLAGS,
+            "flags",
+        ),
+        (
+            XpuDesc {
+                flags: 1 << 63,
+                context: 13,
+                ..ok
+            },
+            XPU_FAULT_FLAGS,
+            "flags",
+        ),
+        (
+            XpuDesc {
+                opcode: opcode::RECV,
+                flags: FI_MULTI_RECV,
+                context: 14,
+                ..ok
+            },
+            XPU_FAULT_FLAGS,
+            "flags",
+        ),
+        (
+            XpuDesc {
+                len: 1 << 40,
+                context: 15,
+                ..ok
+            },
+            XPU_FAULT_ARGS,
+            "max_msg_size",
+        ),
+        (
+            XpuDesc {
+                opcode: opcode::ATOMIC,
+                datatype: 99,
+                context: 16,
+                ..ok
+            },
+            XPU_FAULT_ARGS,
+            "fi_datatype",
+        ),
+        (
+            XpuDesc {
+                opcode: opcode::ATOMIC,
+                len: 0,
+                context: 17,
+                ..ok
+            },
+            XPU_FAULT_ARGS,
+            "count",
+        ),
+        (
+            XpuDesc {
+                opcode: opcode::COMPARE_ATOMIC,
+                datatype: U64,
+                op: CSWAP,
+                len: 1,
+                compare_desc: 5,
+                context: 18,
+                ..ok
+            },
+            XPU_FAULT_DESC,
+            "exported",
+        ),
+        (
+            XpuDesc {
+                opcode: opcode::CNTR_ADD,
+                context: 19,
+                ..ok
+            },
+            XPU_FAULT_OPCODE,
+            "opcode 32",
+        ),
+    ];
+    for (d, _, _) in &cases {
+        assert_eq!(dev::post_raw(&x, d), 0);
+    }
+    // A torn slot: published, but its check word is another position's.
+    let c = dev::claim(&x).unwrap();
+    c.write(&XpuDesc { context: 20, ..ok });
+    c.store_word(2, (c.position() + 9) << 32);
+    c.publish();
+    while n.ep.progress() > 0 {}
+    assert!(w.sh.log.lock().unwrap().is_empty(), "nothing started");
+    let errs = errors(&n.cq);
+    assert_eq!(errs.len(), cases.len() + 1);
+    for ((e, why), (d, code, says)) in errs.iter().zip(&cases) {
+        assert_eq!(
+            (e.op_context as u64, e.prov_errno),
+            (d.context, *code),
+            "{why}"
+        );
+        assert!(
+            why.contains(says),
+            "context {}: {why:?} should say {says:?}",
+            d.context
+        );
+        assert!(e.err != 0);
+    }
+    let (torn, why) = errs.last().unwrap();
+    assert_eq!(
+        (torn.op_context, torn.prov_errno, torn.err),
+        (0, XPU_FAULT_TORN, FI_EINVAL)
+    );
+    assert!(why.contains("torn"), "{why}");
+    // A receive's fault is on the receive side.
+    let multi = &errs[13].0;
+    assert_eq!(multi.flags, FI_RECV | FI_MSG);
+    // A region closed after export is refused from then on.
+    drop(_mr);
+    assert_eq!(dev::post_raw(&x, &XpuDesc { context: 21, ..ok }), 0);
+    while n.ep.progress() > 0 {}
+    let errs = errors(&n.cq);
+    assert_eq!(
+        (errs[0].0.op_context, errs[0].0.prov_errno),
+        (21, XPU_FAULT_DESC)
+    );
+    assert!(w.sh.log.lock().unwrap().is_empty());
+}
+
+#[test]
+fn a_full_ring_answers_again_until_the_watcher_drains_it() {
+    let w = World::new();
+    let n = node(&w);
+    let x = n.ep.export_xpu_slots(Xpu::CPU, 4).unwrap();
+    let buf = vec![0u8; 8];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    for i in 0..4 {
+        assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, i, 0, W), 0);
+    }
+    assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 4, 0, W), -FI_EAGAIN);
+    assert_eq!(
+        dev::send(&x, p(&buf), 8, desc, 0, 0, 4, 0, 9),
+        -FI_EINVAL,
+        "bad scope"
+    );
+    n.ep.progress();
+    assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 4, 0, W), 0);
+    n.ep.progress();
+    assert_eq!(w.sh.ctxs(), vec![0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn a_refusing_provider_holds_the_ring_back_and_keeps_the_order() {
+    let w = World::new();
+    let n = node(&w);
+    let x = n.ep.export_xpu_slots(Xpu::CPU, 4).unwrap();
+    let buf = vec![0u8; 8];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    w.sh.again.store(1000, Ordering::Release);
+    let mut posted = 0;
+    let mut refused = 0;
+    // The provider refuses: the first descriptor waits for room, the ring is not drained
+    // behind it, fills, and the XPU is told again.
+    while posted < 6 {
+        match dev::send(&x, p(&buf), 8, desc, 0, 0, posted, 0, W) {
+            0 => posted += 1,
+            e => {
+                assert_eq!(e, -FI_EAGAIN);
+                refused += 1;
+                if refused == 3 {
+                    w.sh.again.store(0, Ordering::Release);
+                }
+                n.ep.progress();
+            }
+        }
+        n.ep.progress();
+    }
+    while n.ep.progress() > 0 {}
+    assert!(refused >= 3);
+    assert_eq!(w.sh.ctxs(), (0..6).collect::<Vec<_>>());
+}
+
+#[test]
+fn closing_cancels_what_the_rings_hold_and_an_unpublished_slot_is_named() {
+    let w = World::new();
+    let n = node(&w);
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let buf = vec![0u8; 8];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 1, 0, W), 0);
+    // An XPU that died mid-descriptor: claimed, half written, never published.
+    dev::claim(&x)
+        .unwrap()
+        .store_word(1, u64::from(opcode::SEND));
+    // Published behind it: never taken (the ring keeps its order), canceled at close.
+    assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 3, 0, W), 0);
+    assert_eq!(
+        dev::recv(
+            &x,
+            buf.as_ptr() as *mut c_void,
+            8,
+            desc,
+            FI_ADDR_UNSPEC,
+            4,
+            0,
+            W
+        ),
+        0
+    );
+    n.ep.progress();
+    assert_eq!(
+        w.sh.ctxs(),
+        vec![1],
+        "nothing past the unpublished slot started"
+    );
+    let Node { ep, cq, av: _av } = n;
+    ep.close().unwrap();
+    let errs = errors(&cq);
+    let got: Vec<_> = errs
+        .iter()
+        .map(|(e, _)| (e.op_context, e.err, e.prov_errno))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (0, FI_ECANCELED, XPU_FAULT_UNPUBLISHED),
+            (3, FI_ECANCELED, FI_ECANCELED),
+            (4, FI_ECANCELED, FI_ECANCELED),
+        ]
+    );
+    assert_eq!(errs[2].0.flags, FI_RECV | FI_MSG);
+    assert_eq!(
+        dev::send(&x, p(&buf), 8, desc, 0, 0, 5, 0, W),
+        -FI_ESHUTDOWN
+    );
+}
+
+#[test]
+fn four_xpu_threads_keep_each_threads_order() {
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let n = node_sized(&w, 1 << 20);
+    let x = std::sync::Arc::new(n.ep.export_xpu_slots(Xpu::CPU, 64).unwrap());
+    let buf = vec![0u8; 8];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    const PER: usize = 20_000;
+    let addr = buf.as_ptr() as usize;
+    let threads: Vec<_> = (0..4usize)
+        .map(|t| {
+            let x = x.clone();
+            std::thread::spawn(move || {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+                for i in 0..PER {
+                    let ctx = (t << 32) | i;
+                    while dev::tsend(
+                        &x,
+                        addr as *const c_void,
+                        8,
+                        desc,
+                        0,
+                        0,
+                        i as u64,
+                        ctx,
+                        0,
+                        W,
+                    ) != 0
+                    {
+                        assert!(std::time::Instant::now() < deadline, "the ring stayed full");
+                        std::thread::yield_now();
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut done = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while done < 4 * PER {
+        n.ep.progress();
+        done = w.sh.log.lock().unwrap().len();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{done} of {}",
+            4 * PER
+        );
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut next = [0usize; 4];
+    for (k, ctx) in w.sh.log.lock().unwrap().iter() {
+        assert_eq!(*k, 's');
+        let (t, i) = (ctx >> 32, ctx & 0xffff_ffff);
+        assert_eq!(i, next[t], "thread {t}'s order");
+        next[t] += 1;
+    }
+    assert_eq!(entries(&n.cq).len(), 4 * PER);
+}
+
+#[test]
+fn an_exported_counter_is_mirrored_and_takes_the_xpus_adds() {
+    let w = World::new();
+    let n = node(&w);
+    let _x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let c = w.cntr();
+    c.add(5).unwrap();
+    let xc = c.export_xpu(Xpu::CPU).unwrap();
+    assert_eq!(dev::cntr_read(&xc, W), 5, "mirrored at export");
+    c.add(2).unwrap();
+    assert_eq!(dev::cntr_read(&xc, W), 7);
+    c.adderr(1).unwrap();
+    assert_eq!(dev::cntr_readerr(&xc, W), 1);
+    assert_eq!(dev::cntr_wait(&xc, 7, 0, W), 0);
+    assert_eq!(dev::cntr_wait(&xc, 8, 0, W), -FI_ETIMEDOUT);
+    assert_eq!(dev::cntr_add(&xc, 3, W), 0);
+    assert_eq!(dev::cntr_adderr(&xc, 2, W), 0);
+    n.ep.progress();
+    assert_eq!((c.read(), c.readerr()), (10, 3));
+    assert_eq!((dev::cntr_read(&xc, W), dev::cntr_readerr(&xc, W)), (10, 3));
+    assert_eq!(dev::cntr_set(&xc, 1, W), 0);
+    assert_eq!(dev::cntr_seterr(&xc, 0, W), 0);
+    n.ep.progress();
+    assert_eq!((c.read(), c.readerr()), (1, 0));
+    // A wait on another thread ends when the host's change is mirrored.
+    let waiter = std::thread::spawn(move || dev::cntr_wait(&xc, 4, -1, W));
+    c.add(3).unwrap();
+    assert_eq!(waiter.join().unwrap(), 0);
+}
+
+#[test]
+fn an_exported_cq_keeps_what_does_not_fit_and_loses_nothing() {
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let n = node(&w);
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let q = n.cq.export_xpu_slots(Xpu::CPU, 2).unwrap();
+    let buf = vec![0u8; 8];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    for i in 0..5 {
+        assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 100 + i, 0, W), 0);
+    }
+    // One hostile descriptor: its error entry comes through the ring too.
+    assert_eq!(
+        dev::post_raw(
+            &x,
+            &XpuDesc {
+                opcode: 99,
+                context: 7,
+                ..Default::default()
+            }
+        ),
+        0
+    );
+    while n.ep.progress() > 0 {}
+    let mut got = Vec::new();
+    let mut errs = Vec::new();
+    let mut buf3 = [CqTaggedEntry::default(); 3];
+    let mut src = [0u64; 3];
+    for _ in 0..100 {
+        match dev::cq_readfrom(&q, &mut buf3, &mut src, W) {
+            k if k > 0 => {
+                assert!(k <= 2, "never more than the ring holds");
+                got.extend(buf3[..k as usize].iter().map(|e| e.op_context));
+                assert_eq!(src[0], FI_ADDR_NOTAVAIL);
+            }
+            k if k == -(FI_EAVAIL as isize) => {
+                let mut e = CqErrEntry::default();
+                assert_eq!(dev::cq_readerr(&q, &mut e, 0, W), 1);
+                errs.push((e.op_context, e.prov_errno));
+            }
+            k => assert_eq!(k, -(FI_EAGAIN as isize)),
+        }
+        n.ep.progress();
+    }
+    assert_eq!(got, vec![100, 101, 102, 103, 104]);
+    assert_eq!(errs, vec![(7, XPU_FAULT_OPCODE)]);
+    let mut e = CqErrEntry::default();
+    assert_eq!(dev::cq_readerr(&q, &mut e, 0, W), -(FI_EAGAIN as isize));
+    let mut one = [crate::entry::CqEntry::default(); 1];
+    assert_eq!(dev::cq_read(&q, &mut one, W), -(FI_EAGAIN as isize));
+}
+
+#[test]
+fn words_an_xpu_may_scribble_on_bound_what_the_host_does() {
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let n = node(&w);
+    let x = n.ep.export_xpu_slots(Xpu::CPU, 4).unwrap();
+    let q = n.cq.export_xpu_slots(Xpu::CPU, 2).unwrap();
+    let buf = vec![0u8; 8];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    // A head far ahead of the host's tail: the CQ ring has no room, entries stay on the host.
+    q.shared()
+        .header()
+        .head
+        .store(u64::MAX / 2, Ordering::Release);
+    // The ring's head and tail as a hostile XPU leaves them: the host keeps its own head, and
+    // close looks at one lap at most.
+    x.ring().header().head.store(12345, Ordering::Release);
+    assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 1, 0, W), 0);
+    while n.ep.progress() > 0 {}
+    assert_eq!(w.sh.ctxs(), vec![1]);
+    let mut one = [CqTaggedEntry::default(); 1];
+    assert_eq!(dev::cq_read(&q, &mut one, W), -(FI_EAGAIN as isize));
+    assert_eq!(
+        entries(&n.cq)
+            .iter()
+            .map(|e| e.op_context)
+            .collect::<Vec<_>>(),
+        vec![1]
+    );
+    x.ring().header().tail.store(u64::MAX, Ordering::Release);
+    let Node { ep, cq, av: _av } = n;
+    ep.close().unwrap();
+    assert_eq!(
+        errors(&cq).len(),
+        4,
+        "one lap of unpublished positions, no more"
+    );
+}

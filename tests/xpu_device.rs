@@ -1,0 +1,807 @@
+//! The device API (`FI_XPU`, core/src/xpu) across two real processes, with CPU threads as the
+//! XPUs: they choose sizes, peers and tags at run time and post through exported endpoints
+//! (`xpu::device::send`...), read exported CQs and wait on exported counters, while the
+//! host only drives progress. Written once for every provider: shm by default, tcp through
+//! `XFABRIC_TEST_PROVIDER=tcp` (scripts/test.sh).
+
+mod common;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use common::*;
+use xfabric::xpu::abi::opcode;
+use xfabric::xpu::device as dev;
+use xfabric::xpu::*;
+use xfabric::*;
+
+const CAPS: u64 = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_TRIGGER | FI_XPU_TRIGGER;
+const W: i32 = FI_XPU_WORK_ITEM;
+const EAGAIN: i32 = -(errno::FI_EAGAIN);
+
+fn xnode(progress: Progress) -> Node {
+    node_with(CAPS, progress, |i| {
+        i.domain_attr.mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+    })
+}
+
+/// Registers `buf` with `access` and exports it to the XPU: (region, its XPU descriptor).
+fn xreg(n: &Node, buf: &[u8], access: u64) -> (MemoryRegion, u64) {
+    // SAFETY: each test keeps its buffers alive past their regions (dropped first).
+    let mr = unsafe { n.domain.mr_reg(buf, access, 0, 0) }.expect("mr_reg");
+    let desc = mr.get_xpu_desc().expect("get_xpu_desc");
+    (mr, desc)
+}
+
+/// Posts until the ring takes it (a CPU XPU's retry on `-FI_EAGAIN`), bounded by
+/// `completion_bound`.
+fn until_taken(mut post: impl FnMut() -> i32) {
+    let deadline = std::time::Instant::now() + completion_bound();
+    loop {
+        match post() {
+            0 => return,
+            EAGAIN => std::thread::yield_now(),
+            e => panic!("device call: {e}"),
+        }
+        assert!(std::time::Instant::now() < deadline, "the ring stayed full");
+    }
+}
+
+/// Drives `n` until `t` ends (its XPU thread), then joins it.
+fn drive_until<T>(n: &Node, t: std::thread::JoinHandle<T>) -> T {
+    let deadline = std::time::Instant::now() + completion_bound();
+    while !t.is_finished() {
+        n.ep.progress();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "XPU thread still running"
+        );
+    }
+    t.join().expect("XPU thread")
+}
+
+/// A thread reading the parent's next line while this process drives progress.
+fn listen_in_background() -> std::thread::JoinHandle<String> {
+    std::thread::spawn(listen)
+}
+
+fn tag_of(i: usize) -> u64 {
+    (i as u64).wrapping_mul(0x9e37_79b9) ^ 0x55
+}
+
+const N: usize = 2000;
+const LEN: usize = 64;
+
+/// Receiver of the send test: untagged receives for odd messages in order, tagged ones for
+/// even messages posted in reverse (only the tags the XPU chose match them).
+fn sends_rx(progress: Progress) {
+    let n = xnode(progress);
+    let peer = connect_parent(&n);
+    let mut bufs: Vec<Vec<u8>> = (0..N).map(|_| vec![0u8; LEN]).collect();
+    let ptrs: Vec<usize> = bufs.iter_mut().map(|b| b.as_mut_ptr() as usize).collect();
+    for i in (0..N).filter(|i| i % 2 == 1) {
+        // SAFETY: `bufs` outlives every receive (all complete below).
+        let b = unsafe { std::slice::from_raw_parts_mut(ptrs[i] as *mut u8, LEN) };
+        n.retry(|| unsafe { n.ep.recv(&mut *b, None, peer, i) });
+    }
+    for i in (0..N).filter(|i| i % 2 == 0).rev() {
+        // SAFETY: as above.
+        let b = unsafe { std::slice::from_raw_parts_mut(ptrs[i] as *mut u8, LEN) };
+        n.retry(|| unsafe { n.ep.trecv(&mut *b, None, peer, tag_of(i), 0, i) });
+    }
+    say("ready");
+    let got = n.wait_n(N);
+    for e in &got {
+        let i = e.op_context;
+        if i % 2 == 0 {
+            assert_eq!(e.tag, tag_of(i), "tag of message {i}");
+        }
+        assert!(bufs[i] == pattern(LEN, i as u64), "bytes of message {i}");
+    }
+    say("ok");
+}
+
+fn sends(test: &str, progress: Progress) {
+    if role().is_some() {
+        return sends_rx(progress);
+    }
+    let mut peer = spawn(test, "rx", &[]);
+    let n = xnode(progress);
+    let to = connect(&mut peer, &n);
+    let x = n.ep.export_xpu(Xpu::CPU).expect("export ep");
+    let dest = n.av.get_xpu_addr(to).expect("xpu addr");
+    let data = vec![0u8; N * LEN];
+    let (mr, desc) = xreg(&n, &data, FI_SEND);
+    assert_eq!(peer.hear(), "ready");
+    let base = data.as_ptr() as usize;
+    let xpu = std::thread::spawn(move || {
+        for i in 0..N {
+            let slot = base + i * LEN;
+            let bytes = pattern(LEN, i as u64);
+            // SAFETY: slot i of `data`, alive until every send completed; nothing reads it
+            // before the descriptor that names it is published below.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot as *mut u8, LEN) };
+            let buf = slot as *const c_void;
+            until_taken(|| {
+                if i % 2 == 0 {
+                    dev::tsend(&x, buf, LEN, desc, 0, dest, tag_of(i), i, 0, W)
+                } else {
+                    dev::send(&x, buf, LEN, desc, 0, dest, i, 0, W)
+                }
+            });
+            if i % 100 == 99 {
+                assert_eq!(dev::tx_flush(&x, 0, W), 0);
+            }
+        }
+    });
+    let done = n.wait_n(N);
+    xpu.join().unwrap();
+    let mut ctxs: Vec<usize> = done.iter().map(|e| e.op_context).collect();
+    ctxs.sort_unstable();
+    assert_eq!(ctxs, (0..N).collect::<Vec<_>>(), "each send completed once");
+    assert_eq!(peer.hear(), "ok");
+    peer.join();
+    drop(mr);
+}
+
+#[test]
+fn xpu_sends_and_tagged_sends_with_tags_chosen_at_run_time() {
+    sends(
+        "xpu_sends_and_tagged_sends_with_tags_chosen_at_run_time",
+        Progress::Manual,
+    );
+}
+
+#[test]
+fn xpu_sends_under_auto_progress() {
+    sends("xpu_sends_under_auto_progress", Progress::Auto);
+}
+
+const RN: usize = 500;
+
+fn recvs_tx() {
+    let n = xnode(Progress::Manual);
+    let peer = connect_parent(&n);
+    let data: Vec<Vec<u8>> = (0..RN).map(|i| pattern(LEN, 1000 + i as u64)).collect();
+    for (i, d) in data.iter().enumerate() {
+        // SAFETY: `data` outlives the sends (completions waited for).
+        n.retry(|| unsafe { n.ep.tsend(d, None, peer, tag_of(i), i) });
+    }
+    n.wait_n(RN);
+    say("sent");
+    assert_eq!(listen(), "bye");
+}
+
+/// The XPU posts every receive (tags of its choosing) and reads their completions from the
+/// exported CQ, whose ring holds far fewer than arrive: the rest wait in the host CQ.
+#[test]
+fn xpu_posts_receives_and_reads_them_from_its_cq() {
+    if role().is_some() {
+        return recvs_tx();
+    }
+    let mut peer = spawn("xpu_posts_receives_and_reads_them_from_its_cq", "tx", &[]);
+    let n = xnode(Progress::Manual);
+    let from = connect(&mut peer, &n);
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let q = n.cq.export_xpu_slots(Xpu::CPU, 16).unwrap();
+    let src = n.av.get_xpu_addr(from).unwrap();
+    let inbox = vec![0u8; RN * LEN];
+    let (mr, desc) = xreg(&n, &inbox, FI_RECV);
+    let base = inbox.as_ptr() as usize;
+    let xpu = std::thread::spawn(move || {
+        for i in (0..RN).rev() {
+            let buf = (base + i * LEN) as *mut c_void;
+            until_taken(|| dev::trecv(&x, buf, LEN, desc, src, tag_of(i), 0, i, 0, W));
+        }
+        let mut seen = vec![false; RN];
+        let mut got = 0;
+        let mut batch = [CqTaggedEntry::default(); 8];
+        let mut srcs = [0u64; 8];
+        while got < RN {
+            match dev::cq_readfrom(&q, &mut batch, &mut srcs, W) {
+                k if k > 0 => {
+                    for (e, s) in batch[..k as usize].iter().zip(&srcs) {
+                        let i = e.op_context;
+                        assert!(!seen[i], "receive {i} completed twice");
+                        seen[i] = true;
+                        assert_eq!((e.tag, e.len), (tag_of(i), LEN));
+                        assert!(e.flags & FI_RECV != 0);
+                        assert!(*s == src || *s == FI_ADDR_NOTAVAIL);
+                        // SAFETY: the receive completed: its slot of `inbox` is written.
+                        let b = unsafe {
+                            std::slice::from_raw_parts((base + i * LEN) as *const u8, LEN)
+                        };
+                        assert!(b == pattern(LEN, 1000 + i as u64), "bytes of {i}");
+                    }
+                    got += k as usize;
+                }
+                k if k == -(errno::FI_EAGAIN as isize) => std::thread::yield_now(),
+                k => {
+                    let mut e = CqErrEntry::default();
+                    dev::cq_readerr(&q, &mut e, 0, W);
+                    panic!("cq_read {k}: {e:?}");
+                }
+            }
+        }
+    });
+    drive_until(&n, xpu);
+    assert_eq!(peer.hear(), "sent");
+    peer.tell("bye");
+    peer.join();
+    drop(mr);
+}
+
+const PN: usize = 1000;
+const PW: usize = 48;
+
+/// Target of the put-with-signal test: its XPU waits on the exported remote-write counter,
+/// then checks every byte the writes placed; the host reads the remote CQ data.
+fn put_target() {
+    let mut counter = None;
+    let n = node_custom(
+        CAPS,
+        Progress::Manual,
+        |i| i.domain_attr.mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY,
+        4096,
+        |d, ep| {
+            let c = d.cntr_open(&CntrAttr::default()).unwrap();
+            ep.bind_cntr(&c, FI_REMOTE_WRITE).unwrap();
+            counter = Some(c);
+        },
+    );
+    let c = counter.expect("the remote-write counter");
+    let peer = connect_parent(&n);
+    let region = vec![0u8; PN * PW];
+    // SAFETY: `region` outlives the registration.
+    let mr = unsafe { n.domain.mr_reg(&region, FI_REMOTE_WRITE, 0, 0) }.unwrap();
+    let xc = c.export_xpu(Xpu::CPU).unwrap();
+    let base = region.as_ptr() as usize;
+    let xpu = std::thread::spawn(move || {
+        assert_eq!(dev::cntr_wait(&xc, PN as u64, 60_000, W), 0, "the signal");
+        for i in 0..PN {
+            // SAFETY: every write landed (the counter counts placed writes); `region` lives.
+            let b = unsafe { std::slice::from_raw_parts((base + i * PW) as *const u8, PW) };
+            assert!(b == pattern(PW, i as u64), "bytes of write {i}");
+        }
+        dev::cntr_read(&xc, W)
+    });
+    say(&format!("{} {}", base, mr.key()));
+    let got = n.wait_n(PN);
+    let mut data: Vec<u64> = got
+        .iter()
+        .inspect(|e| assert!(e.flags & FI_REMOTE_CQ_DATA != 0))
+        .map(|e| e.data)
+        .collect();
+    data.sort_unstable();
+    assert_eq!(data, (0..PN as u64).collect::<Vec<_>>());
+    assert_eq!(drive_until(&n, xpu), PN as u64);
+    let _ = peer;
+    say("ok");
+    assert_eq!(listen(), "bye");
+}
+
+#[test]
+fn xpu_put_with_signal_that_the_peers_xpu_waits_on() {
+    if role().is_some() {
+        return put_target();
+    }
+    let mut peer = spawn(
+        "xpu_put_with_signal_that_the_peers_xpu_waits_on",
+        "target",
+        &[],
+    );
+    let n = xnode(Progress::Manual);
+    let to = connect(&mut peer, &n);
+    let line = peer.hear();
+    let mut it = line.split(' ').map(|v| v.parse::<u64>().unwrap());
+    let (rbase, key) = (it.next().unwrap(), it.next().unwrap());
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let dest = n.av.get_xpu_addr(to).unwrap();
+    let local = vec![0u8; PN * PW];
+    let (mr, desc) = xreg(&n, &local, FI_WRITE);
+    let base = local.as_ptr() as usize;
+    let xpu = std::thread::spawn(move || {
+        for i in 0..PN {
+            let slot = base + i * PW;
+            let bytes = pattern(PW, i as u64);
+            // SAFETY: slot i of `local`, alive until every write completed.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot as *mut u8, PW) };
+            let raddr = rbase + (i * PW) as u64;
+            until_taken(|| {
+                dev::write(
+                    &x,
+                    slot as *const c_void,
+                    PW,
+                    desc,
+                    i as u64,
+                    dest,
+                    raddr,
+                    key,
+                    i,
+                    FI_REMOTE_CQ_DATA | FI_DELIVERY_COMPLETE,
+                    W,
+                )
+            });
+        }
+    });
+    let done = n.wait_n(PN);
+    xpu.join().unwrap();
+    assert!(done
+        .iter()
+        .all(|e| e.flags & (FI_RMA | FI_WRITE) == FI_RMA | FI_WRITE));
+    assert_eq!(peer.hear_progressing(&n), "ok");
+    peer.tell("bye");
+    peer.join();
+    drop(mr);
+}
+
+const RD: usize = 64;
+const AM: usize = 200;
+
+fn rma_target() {
+    let n = xnode(Progress::Manual);
+    let _peer = connect_parent(&n);
+    let mut region = pattern(RD * 16, 77);
+    region.extend_from_slice(&[0u8; 24]);
+    // SAFETY: `region` outlives the registration.
+    let mr = unsafe {
+        n.domain
+            .mr_reg(&region, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0)
+    }
+    .unwrap();
+    say(&format!("{} {}", region.as_ptr() as usize, mr.key()));
+    let done = listen_in_background();
+    while !done.is_finished() {
+        n.ep.progress();
+    }
+    assert_eq!(done.join().unwrap(), "done");
+    let word = |k: usize| {
+        let at = RD * 16 + k * 8;
+        u64::from_le_bytes(region[at..at + 8].try_into().unwrap())
+    };
+    assert_eq!((word(0), word(1), word(2)), (AM as u64 * 3, AM as u64, 42));
+    say("ok");
+}
+
+/// Reads, atomics, fetching atomics and a compare-and-swap, all posted by the XPU.
+#[test]
+fn xpu_reads_and_atomics() {
+    if role().is_some() {
+        return rma_target();
+    }
+    let mut peer = spawn("xpu_reads_and_atomics", "target", &[]);
+    let n = xnode(Progress::Manual);
+    let to = connect(&mut peer, &n);
+    let line = peer.hear();
+    let mut it = line.split(' ').map(|v| v.parse::<u64>().unwrap());
+    let (rbase, key) = (it.next().unwrap(), it.next().unwrap());
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let dest = n.av.get_xpu_addr(to).unwrap();
+    let into = vec![0u8; RD * 16];
+    let operands: Vec<u8> = [3u64, 1, 0, 42]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let results = vec![0u8; (AM + 1) * 8];
+    let (m1, d_into) = xreg(&n, &into, FI_READ);
+    let (m2, d_ops) = xreg(&n, &operands, FI_WRITE);
+    let (m3, d_res) = xreg(&n, &results, FI_READ);
+    let (ib, ob, rb) = (
+        into.as_ptr() as usize,
+        operands.as_ptr() as usize,
+        results.as_ptr() as usize,
+    );
+    let (u64t, sum, cswap) = (
+        Datatype::UInt64 as i32,
+        AtomicOp::Sum as i32,
+        AtomicOp::Cswap as i32,
+    );
+    let words = rbase + (RD * 16) as u64;
+    let total = 16 + 2 * AM + 1;
+    let xpu = std::thread::spawn(move || {
+        let mut ctx = 0;
+        for k in 0..16 {
+            let buf = (ib + k * RD) as *mut c_void;
+            let raddr = rbase + (k * RD) as u64;
+            until_taken(|| dev::read(&x, buf, RD, d_into, dest, raddr, key, ctx, 0, W));
+            ctx += 1;
+        }
+        for k in 0..AM {
+            let op = ob as *const c_void;
+            until_taken(|| dev::atomic(&x, op, 1, d_ops, dest, words, key, u64t, sum, ctx, 0, W));
+            ctx += 1;
+            let one = (ob + 8) as *const c_void;
+            let res = (rb + k * 8) as *mut c_void;
+            until_taken(|| {
+                dev::fetch_atomic(
+                    &x,
+                    one,
+                    1,
+                    d_ops,
+                    res,
+                    d_res,
+                    dest,
+                    words + 8,
+                    key,
+                    u64t,
+                    sum,
+                    ctx,
+                    0,
+                    W,
+                )
+            });
+            ctx += 1;
+        }
+        let (cmp, swap) = ((ob + 16) as *const c_void, (ob + 24) as *const c_void);
+        let res = (rb + AM * 8) as *mut c_void;
+        until_taken(|| {
+            dev::compare_atomic(
+                &x,
+                swap,
+                1,
+                d_ops,
+                cmp,
+                d_ops,
+                res,
+                d_res,
+                dest,
+                words + 16,
+                key,
+                u64t,
+                cswap,
+                ctx,
+                0,
+                W,
+            )
+        });
+    });
+    let done = n.wait_n(total);
+    xpu.join().unwrap();
+    assert_eq!(done.len(), total);
+    assert!(into == pattern(RD * 16, 77), "read bytes");
+    let mut fetched: Vec<u64> = (0..AM)
+        .map(|k| u64::from_le_bytes(results[k * 8..k * 8 + 8].try_into().unwrap()))
+        .collect();
+    fetched.sort_unstable();
+    assert_eq!(
+        fetched,
+        (0..AM as u64).collect::<Vec<_>>(),
+        "each fetch saw a distinct value"
+    );
+    assert_eq!(
+        u64::from_le_bytes(results[AM * 8..].try_into().unwrap()),
+        0,
+        "compare found 0"
+    );
+    peer.tell("done");
+    assert_eq!(peer.hear(), "ok");
+    peer.join();
+    drop((m1, m2, m3));
+}
+
+/// Messages each of the four XPU threads sends: `XFABRIC_XPU_TEST_N` in all (100,000 by
+/// default, a few seconds in a debug build; the ignored test below runs 1,000,000).
+fn total() -> usize {
+    std::env::var("XFABRIC_XPU_TEST_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000)
+}
+
+const THREADS: usize = 4;
+/// Receives each tag keeps posted.
+const WINDOW: usize = 256;
+
+fn many_rx(per: usize) {
+    let n = xnode(Progress::Manual);
+    let peer = connect_parent(&n);
+    let mut slots = vec![0u8; THREADS * WINDOW * 8];
+    let base = slots.as_mut_ptr() as usize;
+    let post = |t: usize, k: usize| {
+        let at = base + (t * WINDOW + k % WINDOW) * 8;
+        // SAFETY: the slot belongs to receive k of tag t alone until it completes.
+        let b = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, 8) };
+        n.retry(|| unsafe { n.ep.trecv(&mut *b, None, peer, t as u64, 0, (t << 32) | k) });
+    };
+    for t in 0..THREADS {
+        for k in 0..WINDOW.min(per) {
+            post(t, k);
+        }
+    }
+    say("ready");
+    let mut got = 0;
+    let mut buf = [CqTaggedEntry::default(); 64];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    while got < THREADS * per {
+        match n.cq.read(&mut buf) {
+            Ok(k) => {
+                for e in &buf[..k] {
+                    let (t, k) = (e.op_context >> 32, e.op_context & 0xffff_ffff);
+                    assert_eq!(e.tag, t as u64);
+                    let at = (t * WINDOW + k % WINDOW) * 8;
+                    let i = u64::from_le_bytes(slots[at..at + 8].try_into().unwrap());
+                    // Receive k of tag t holds message k of thread t: each thread's order kept.
+                    assert_eq!(i, k as u64, "thread {t}'s message order");
+                    if k + WINDOW < per {
+                        post(t, k + WINDOW);
+                    }
+                }
+                got += k;
+            }
+            Err(Error::Again(_)) => {}
+            Err(e) => panic!("cq read: {e} {:?}", n.cq.readerr()),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{got} of {}",
+            THREADS * per
+        );
+    }
+    say("ok");
+}
+
+fn many(test: &str, all: usize) {
+    let per = all / THREADS;
+    if role().is_some() {
+        return many_rx(per);
+    }
+    let env = all.to_string();
+    let mut peer = spawn(test, "rx", &[("XFABRIC_XPU_TEST_N", &env)]);
+    let n = xnode(Progress::Manual);
+    let to = connect(&mut peer, &n);
+    let x = Arc::new(n.ep.export_xpu(Xpu::CPU).unwrap());
+    let dest = n.av.get_xpu_addr(to).unwrap();
+    let data = vec![0u8; THREADS * per * 8];
+    let (mr, desc) = xreg(&n, &data, FI_SEND);
+    let base = data.as_ptr() as usize;
+    assert_eq!(peer.hear(), "ready");
+    let xpus: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let x = x.clone();
+            std::thread::spawn(move || {
+                for i in 0..per {
+                    let slot = base + (t * per + i) * 8;
+                    // SAFETY: this thread's slot i, read by nothing before its send.
+                    unsafe { std::ptr::write(slot as *mut u64, i as u64) };
+                    let buf = slot as *const c_void;
+                    until_taken(|| {
+                        dev::tsend(&x, buf, 8, desc, 0, dest, t as u64, (t << 32) | i, 0, W)
+                    });
+                }
+            })
+        })
+        .collect();
+    let mut got = 0;
+    let mut buf = [CqTaggedEntry::default(); 64];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    while got < THREADS * per {
+        match n.cq.read(&mut buf) {
+            Ok(k) => got += k,
+            Err(Error::Again(_)) => {}
+            Err(e) => panic!("cq read: {e} {:?}", n.cq.readerr()),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{got} of {}",
+            THREADS * per
+        );
+    }
+    for t in xpus {
+        t.join().unwrap();
+    }
+    assert_eq!(peer.hear(), "ok");
+    peer.join();
+    drop(mr);
+}
+
+#[test]
+fn four_xpu_threads_keep_each_threads_order() {
+    many("four_xpu_threads_keep_each_threads_order", total());
+}
+
+#[test]
+#[ignore = "1,000,000 descriptors: about 35 s in a debug build over shm (cargo test --test xpu_device -- --ignored)"]
+fn four_xpu_threads_a_million_descriptors() {
+    many("four_xpu_threads_a_million_descriptors", 1_000_000);
+}
+
+fn hostile_rx() {
+    let n = xnode(Progress::Manual);
+    let peer = connect_parent(&n);
+    let mut inbox = vec![[0u8; 8]; 9];
+    let base = inbox.as_mut_ptr() as usize;
+    for i in 0..9 {
+        // SAFETY: `inbox` outlives the receives (all complete below).
+        let b = unsafe { std::slice::from_raw_parts_mut((base + i * 8) as *mut u8, 8) };
+        n.retry(|| unsafe { n.ep.recv(&mut *b, None, peer, i) });
+    }
+    say("ready");
+    let got = n.wait_n(9);
+    let mut ctxs: Vec<_> = got.iter().map(|e| e.op_context).collect();
+    ctxs.sort_unstable();
+    assert_eq!(ctxs, (0..9).collect::<Vec<_>>());
+    for (i, m) in inbox.iter().enumerate().take(8) {
+        assert_eq!(m, format!("good{i:04}").as_bytes(), "message {i}");
+    }
+    // Had a hostile descriptor started, its bytes would have come before this one.
+    assert_eq!(&inbox[8], b"goodlast");
+    say("ok");
+}
+
+/// A full ring answers again, then drains; every kind of hostile descriptor is an error
+/// completion naming its fault while nothing of it reaches the peer; an XPU thread that dies
+/// mid-descriptor holds back what follows it, and closing reports each canceled.
+#[test]
+fn hostile_descriptors_full_ring_dead_xpu_and_close() {
+    if role().is_some() {
+        return hostile_rx();
+    }
+    let mut peer = spawn(
+        "hostile_descriptors_full_ring_dead_xpu_and_close",
+        "rx",
+        &[],
+    );
+    let n = xnode(Progress::Manual);
+    let to = connect(&mut peer, &n);
+    let x = n.ep.export_xpu_slots(Xpu::CPU, 8).unwrap();
+    let dest = n.av.get_xpu_addr(to).unwrap();
+    let mut good = Vec::new();
+    for i in 0..8 {
+        good.extend_from_slice(format!("good{i:04}").as_bytes());
+    }
+    good.extend_from_slice(b"goodlast");
+    let evil = b"EVILEVILEVILEVIL".to_vec();
+    let (mg, dg) = xreg(&n, &good, FI_SEND);
+    let (me, de) = xreg(&n, &evil, FI_SEND);
+    // SAFETY: `evil` outlives the region; never exported to the XPU.
+    let hidden = unsafe { n.domain.mr_reg(&evil, FI_SEND, 0, 0) }.unwrap();
+    assert_eq!(peer.hear(), "ready");
+    // Under manual progress nothing drains the ring until this thread drives the endpoint:
+    // eight descriptors fill it, the ninth is told again.
+    let g = |i: usize| (good.as_ptr() as usize + i * 8) as *const c_void;
+    for i in 0..8 {
+        assert_eq!(dev::send(&x, g(i), 8, dg, 0, dest, i, 0, W), 0);
+    }
+    assert_eq!(dev::send(&x, g(8), 8, dg, 0, dest, 8, 0, W), EAGAIN);
+    let first = n.wait_n(8);
+    assert_eq!(first.len(), 8);
+    let e = evil.as_ptr() as u64;
+    let base = XpuDesc {
+        opcode: opcode::SEND,
+        len: 8,
+        buf: e,
+        desc: de,
+        peer: dest,
+        ..Default::default()
+    };
+    let hostile = [
+        (
+            XpuDesc {
+                opcode: 4242,
+                context: 101,
+                ..base
+            },
+            XPU_FAULT_OPCODE,
+        ),
+        (
+            XpuDesc {
+                peer: dest + 1000,
+                context: 102,
+                ..base
+            },
+            XPU_FAULT_ADDR,
+        ),
+        (
+            XpuDesc {
+                desc: hidden.key(),
+                context: 103,
+                ..base
+            },
+            XPU_FAULT_DESC,
+        ),
+        (
+            XpuDesc {
+                len: 17,
+                context: 104,
+                ..base
+            },
+            XPU_FAULT_RANGE,
+        ),
+        (
+            XpuDesc {
+                flags: FI_INJECT,
+                context: 105,
+                ..base
+            },
+            XPU_FAULT_FLAGS,
+        ),
+        (
+            XpuDesc {
+                opcode: opcode::ATOMIC,
+                datatype: 1234,
+                context: 106,
+                ..base
+            },
+            XPU_FAULT_ARGS,
+        ),
+    ];
+    for (d, _) in &hostile {
+        assert_eq!(dev::post_raw(&x, d), 0);
+    }
+    let torn = dev::claim(&x).unwrap();
+    torn.write(&XpuDesc {
+        context: 107,
+        ..base
+    });
+    torn.store_word(2, u64::MAX);
+    torn.publish();
+    assert_eq!(dev::send(&x, g(8), 8, dg, 0, dest, 8, 0, W), 0);
+    for (d, code) in &hostile {
+        match n.next() {
+            Completion::Err(err, why) => {
+                let why = String::from_utf8_lossy(&why.unwrap_or_default()).into_owned();
+                assert_eq!(
+                    (err.op_context as u64, err.prov_errno),
+                    (d.context, *code),
+                    "{why}"
+                );
+                assert!(!why.is_empty());
+            }
+            other => panic!("expected the error of {}: {other:?}", d.context),
+        }
+    }
+    match n.next() {
+        Completion::Err(err, _) => {
+            assert_eq!((err.op_context, err.prov_errno), (0, XPU_FAULT_TORN))
+        }
+        other => panic!("expected the torn slot's error: {other:?}"),
+    }
+    match n.next() {
+        Completion::Ok(e, _) => assert_eq!(e.op_context, 8),
+        other => panic!("expected the last good send: {other:?}"),
+    }
+    assert_eq!(peer.hear_progressing(&n), "ok");
+    // An XPU thread that dies after claiming a slot and writing half of it.
+    let dead = std::thread::scope(|s| {
+        s.spawn(|| {
+            let c = dev::claim(&x).unwrap();
+            c.store_word(1, u64::from(opcode::SEND));
+            c.position()
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(dev::send(&x, g(0), 8, dg, 0, dest, 200, 0, W), 0);
+    assert_eq!(dev::send(&x, g(1), 8, dg, 0, dest, 201, 0, W), 0);
+    for _ in 0..100 {
+        n.ep.progress();
+    }
+    let Node { ep, cq, .. } = n;
+    ep.close().unwrap();
+    let mut canceled = Vec::new();
+    while let Ok((e, why)) = cq.readerr_data() {
+        canceled.push((e.op_context, e.err, e.prov_errno));
+        if e.prov_errno == XPU_FAULT_UNPUBLISHED {
+            let why = String::from_utf8_lossy(&why.unwrap_or_default()).into_owned();
+            assert!(why.contains(&format!("position {dead}")), "{why}");
+        }
+    }
+    assert_eq!(
+        canceled,
+        vec![
+            (0, errno::FI_ECANCELED, XPU_FAULT_UNPUBLISHED),
+            (200, errno::FI_ECANCELED, errno::FI_ECANCELED),
+            (201, errno::FI_ECANCELED, errno::FI_ECANCELED),
+        ]
+    );
+    let mut none = [CqTaggedEntry::default(); 1];
+    assert!(
+        cq.read(&mut none).is_err(),
+        "nothing past the dead slot completed"
+    );
+    assert_eq!(
+        dev::send(&x, g(0), 8, dg, 0, dest, 300, 0, W),
+        -(errno::FI_ESHUTDOWN)
+    );
+    peer.join();
+    drop((mg, me, hidden));
+}
