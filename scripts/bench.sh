@@ -24,6 +24,9 @@
 #            ordinary way was measured slow); the example's own "verdict:" line is shown
 #            beside it when it prints one. The demo is not pinned: it starts its own peer
 #            process and XPU thread.
+#   MoE      examples/moe_dispatch --ranks 4 --rounds 9 (issue 31): each XPU routes its tokens
+#            at run time and posts them itself, against the host posting them after it
+#            synchronizes: device/host <= 0.70.
 #
 # A goal not met does not fail the script (a busy machine misses them: judge figures only from
 # a quiet one); a run that fails does (exit 1).
@@ -83,7 +86,7 @@
 #   FI_PINGPONG  the libfabric binary (fi_pingpong from PATH)
 #   COMPARE    0 skips the comparison with libfabric (1)
 #   C_ABI      0 leaves fi_pingpong on xfabric's libfabric.so.1 out of it (1)
-#   DEMO       0 skips the XPU demo (1)
+#   DEMO       0 skips the XPU demo and the MoE dispatch (1)
 #   DEMO_ROUNDS  the demo's --rounds (9)
 #   DEMO_TIMEOUT  seconds before the demo is killed (600)
 #   RMA        0 skips the xfabric RMA section (1; 0 with QUICK=1)
@@ -245,7 +248,7 @@ fi
 
 examples=(pingpong)
 ((XPU)) && examples+=(xpu_bench)
-((DEMO)) && examples+=(xpu_pipeline)
+((DEMO)) && examples+=(xpu_pipeline moe_dispatch)
 build_args=()
 for e in "${examples[@]}"; do
     build_args+=(--example "$e")
@@ -731,6 +734,27 @@ demo_section() {
     GOALS+=("$status"$'\t'"$line")
 }
 
+# The MoE dispatch (issue 31): device-posted over host-posted, 4 processes, its verdict's ratio.
+moe_section() {
+    local bin=$TARGET_DIR/release/examples/moe_dispatch out=$WORK/moe r status
+    local args=(--ranks 4 --rounds "$DEMO_ROUNDS")
+    echo
+    echo "MoE dispatch: examples/moe_dispatch ${args[*]} (not pinned: 4 processes, each with an"
+    echo "XPU thread)"
+    echo
+    if ! timeout "$DEMO_TIMEOUT" "$bin" "${args[@]}" 2>&1 | tee "$out"; then
+        echo "bench: moe_dispatch ${args[*]} failed" >&2
+        failures=$((failures + 1))
+    fi
+    r=$(sed -n 's/^verdict: device\/host \([0-9.]*\).*/\1/p' "$out" | tail -n 1)
+    if [[ -n $r ]]; then
+        status=$(awk -v r="$r" 'BEGIN { print (r <= 0.70) ? "met" : "NOT met" }')
+    else
+        status="no figure"
+    fi
+    GOALS+=("$status"$'\t'"MoE dispatch (${args[*]}): device-posted / host-posted <= 0.70: ${r:--}")
+}
+
 # The goals, last: how many are met, and each one.
 goals_summary() {
     local g met=0
@@ -882,6 +906,7 @@ if ((COMPARE)); then
     compare_goals
 fi
 ((DEMO)) && demo_section
+((DEMO)) && moe_section
 ((RMA)) && rma_section
 ((XPU)) && xpu_section
 ((${#GOALS[@]})) && goals_summary

@@ -1,7 +1,8 @@
 //! Runs the built examples that check themselves: `deferred_allreduce` sums a vector across 4
 //! processes using deferred work only and asserts the exact sum on every rank; `xpu_pipeline`
 //! sends XPU-triggered buckets to a peer process that checks every byte; `first`, the README's
-//! first program, sends "hello" between two shm endpoints. scripts/test.sh (what CI runs)
+//! first program, sends "hello" between two shm endpoints; `moe_dispatch` routes tokens among
+//! 4 processes at run time, each receiver checking every byte. scripts/test.sh (what CI runs)
 //! builds the examples before the tests.
 
 mod common;
@@ -89,6 +90,20 @@ fn xpu_pipeline_delivers_every_bucket_checked() {
     }
 }
 
+#[test]
+fn moe_dispatch_checks_every_token_across_four_processes() {
+    let args = [
+        "--ranks", "4", "--tokens", "64", "--rounds", "2", "--work", "1",
+    ];
+    if let Some(text) = run_example("moe_dispatch", &args) {
+        assert!(
+            text.contains("2 rounds, every byte checked by its receiver"),
+            "{text}"
+        );
+        assert!(text.contains("verdict: device/host"), "{text}");
+    }
+}
+
 /// Runs example `name` with `args`, bounded, with all its output captured.
 fn run_raw(name: &str, args: &[OsString]) -> Option<Output> {
     let exe = built(name)?;
@@ -108,11 +123,12 @@ fn run_raw(name: &str, args: &[OsString]) -> Option<Output> {
     )
 }
 
-const EXAMPLES: [&str; 4] = [
+const EXAMPLES: [&str; 5] = [
     "pingpong",
     "deferred_allreduce",
     "xpu_pipeline",
     "xpu_bench",
+    "moe_dispatch",
 ];
 
 #[test]
@@ -132,11 +148,12 @@ fn every_example_answers_help() {
 #[test]
 fn every_example_refuses_bad_arguments_in_one_line() {
     let not_utf8 = OsStr::from_bytes(b"\xff\xfe").to_os_string();
-    let cases: [(&str, Vec<&str>); 4] = [
+    let cases: [(&str, Vec<&str>); 5] = [
         ("pingpong", vec!["-I"]),
         ("deferred_allreduce", vec![]),
         ("xpu_pipeline", vec!["--rounds"]),
         ("xpu_bench", vec!["lat", "--samples"]),
+        ("moe_dispatch", vec!["--rounds"]),
     ];
     for (name, number_flag) in cases {
         let with = |last: OsString| -> Vec<OsString> {

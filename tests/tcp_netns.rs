@@ -107,6 +107,43 @@ fn xpu_pipeline_between_two_hosts_checks_every_byte() {
     );
 }
 
+#[test]
+fn moe_dispatch_across_two_hosts_checks_every_token() {
+    let Some(exe) = example("moe_dispatch") else {
+        return;
+    };
+    let Some(h) = hosts_or_skip(5) else { return };
+    // Two ranks on each host: each routes tokens over loopback and across the link.
+    let netns = format!("{},{},{},{}", h.a, h.a, h.b, h.b);
+    let args = [
+        "--provider",
+        "tcp",
+        "--netns",
+        &netns,
+        "--ranks",
+        "4",
+        "--tokens",
+        "64",
+        "--rounds",
+        "2",
+        "--work",
+        "1",
+    ];
+    let child = Command::new(&exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start moe_dispatch");
+    let out = finish(child, "moe_dispatch");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("2 rounds, every byte checked by its receiver"),
+        "{text}"
+    );
+}
+
 /// The conformance suite's test binary, built beside this one (cargo names it
 /// `conformance-HASH` in the same directory; the newest wins).
 fn conformance_binary() -> Option<PathBuf> {
