@@ -3,7 +3,8 @@
 //! The library's identity is Debian's (file name, soname, the exported symbols and their
 //! version nodes, see `fabric.map`), and every export follows one discipline: no panic crosses
 //! the C boundary (`ffi::guard` turns one into `-FI_EOTHER`), and null required pointers are
-//! `-FI_EINVAL`. fi_getinfo, fi_tostr and the parameter calls are translated onto the facade
+//! `-FI_EINVAL`. The device API's host calls (`xpu`: fi_ep_export_xpu and the others of
+//! fi_xpu(3)) are xfabric's own symbols, in node `XFABRIC_1.0` of `fabric.map`. fi_getinfo, fi_tostr and the parameter calls are translated onto the facade
 //! (`getinfo`, `text`); fabric, domain and the objects opened from them are fids whose ops
 //! tables (`tables`, laid out as `ops`) answer `-FI_ENOSYS` except where a translation
 //! (`objects`, `data`, `eq`, `rma`, `atomic`, `trigger`) takes the call. fi_open answers
@@ -34,6 +35,7 @@ pub mod rma;
 mod tables;
 pub mod text;
 pub mod trigger;
+pub mod xpu;
 
 pub use consts::{FI_EINVAL, FI_ENODATA, FI_ENOMEM, FI_ENOSYS, FI_EOTHER, FI_VERSION_1_17};
 use ffi::guard;
@@ -270,4 +272,21 @@ export_c!(
     fi_tostr_r,
     fi_open,
     fi_log_ready,
+);
+
+// The device API's host calls (fi_xpu(3)), xfabric's own symbols: 1.17 has no slot for them.
+pub use xpu::{
+    fi_av_get_xpu_addr, fi_cntr_export_xpu, fi_cq_export_xpu, fi_ep_export_xpu,
+    fi_mr_get_xpu_desc, xf_cntr_export_xpu, xf_cq_export_xpu, xf_ep_export_xpu,
+};
+
+export_c!(
+    fi_ep_export_xpu,
+    fi_cq_export_xpu,
+    fi_cntr_export_xpu,
+    fi_av_get_xpu_addr,
+    fi_mr_get_xpu_desc,
+    xf_ep_export_xpu,
+    xf_cq_export_xpu,
+    xf_cntr_export_xpu,
 );
