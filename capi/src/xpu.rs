@@ -90,19 +90,15 @@ fn no_flags(what: &str, flags: u64) -> Result<(), c_int> {
 }
 
 /// `fi_ep_export_xpu`: exports an enabled endpoint opened with `FI_TRIGGER | FI_XPU_TRIGGER`
-/// to the CPU XPU (see [`xf_ep_export_xpu`]). 0, `-FI_EINVAL` for a null or foreign fid or a
+/// to the CPU XPU (see [`ep_export_attr`]). 0, `-FI_EINVAL` for a null or foreign fid or a
 /// null handle, `-FI_EBADFLAGS` for any flag, `-FI_EOPNOTSUPP` for an endpoint without the
 /// capabilities, `-FI_EOPBADSTATE` for one not enabled or closing.
 ///
 /// # Safety
 /// `ep` null or a readable fid; `xpu_ep` null or writable for a `struct fid_xpu_ep`.
-pub unsafe extern "C" fn fi_ep_export_xpu(
-    ep: *mut c_void,
-    flags: u64,
-    xpu_ep: *mut FidXpu,
-) -> c_int {
+pub unsafe fn ep_export(ep: *mut c_void, flags: u64, xpu_ep: *mut FidXpu) -> c_int {
     // SAFETY: forwarded contract.
-    unsafe { xf_ep_export_xpu(ep, std::ptr::null(), flags, xpu_ep) }
+    unsafe { ep_export_attr(ep, std::ptr::null(), flags, xpu_ep) }
 }
 
 /// xfabric's `fi_ep_export_xpu` for the XPU `attr` names (null: the CPU XPU), with a ring of
@@ -112,7 +108,7 @@ pub unsafe extern "C" fn fi_ep_export_xpu(
 ///
 /// # Safety
 /// `ep` null or a readable fid; `attr` null or readable; `xpu_ep` null or writable.
-pub unsafe extern "C" fn xf_ep_export_xpu(
+pub unsafe fn ep_export_attr(
     ep: *mut c_void,
     attr: *const XfXpuAttr,
     flags: u64,
@@ -135,17 +131,13 @@ pub unsafe extern "C" fn xf_ep_export_xpu(
     })
 }
 
-/// `fi_cq_export_xpu`: exports a completion queue to the CPU XPU (see [`xf_cq_export_xpu`]).
+/// `fi_cq_export_xpu`: exports a completion queue to the CPU XPU (see [`cq_export_attr`]).
 ///
 /// # Safety
 /// `cq` null or a readable fid; `xpu_cq` null or writable for a `struct fid_xpu_cq`.
-pub unsafe extern "C" fn fi_cq_export_xpu(
-    cq: *mut c_void,
-    flags: u64,
-    xpu_cq: *mut FidXpu,
-) -> c_int {
+pub unsafe fn cq_export(cq: *mut c_void, flags: u64, xpu_cq: *mut FidXpu) -> c_int {
     // SAFETY: forwarded contract.
-    unsafe { xf_cq_export_xpu(cq, std::ptr::null(), flags, xpu_cq) }
+    unsafe { cq_export_attr(cq, std::ptr::null(), flags, xpu_cq) }
 }
 
 /// xfabric's `fi_cq_export_xpu` for the XPU `attr` names, with a ring of `attr->slots` entries
@@ -154,7 +146,7 @@ pub unsafe extern "C" fn fi_cq_export_xpu(
 ///
 /// # Safety
 /// `cq` null or a readable fid; `attr` null or readable; `xpu_cq` null or writable.
-pub unsafe extern "C" fn xf_cq_export_xpu(
+pub unsafe fn cq_export_attr(
     cq: *mut c_void,
     attr: *const XfXpuAttr,
     flags: u64,
@@ -178,17 +170,13 @@ pub unsafe extern "C" fn xf_cq_export_xpu(
     })
 }
 
-/// `fi_cntr_export_xpu`: exports a counter to the CPU XPU (see [`xf_cntr_export_xpu`]).
+/// `fi_cntr_export_xpu`: exports a counter to the CPU XPU (see [`cntr_export_attr`]).
 ///
 /// # Safety
 /// `cntr` null or a readable fid; `xpu_cntr` null or writable for a `struct fid_xpu_cntr`.
-pub unsafe extern "C" fn fi_cntr_export_xpu(
-    cntr: *mut c_void,
-    flags: u64,
-    xpu_cntr: *mut FidXpu,
-) -> c_int {
+pub unsafe fn cntr_export(cntr: *mut c_void, flags: u64, xpu_cntr: *mut FidXpu) -> c_int {
     // SAFETY: forwarded contract.
-    unsafe { xf_cntr_export_xpu(cntr, std::ptr::null(), flags, xpu_cntr) }
+    unsafe { cntr_export_attr(cntr, std::ptr::null(), flags, xpu_cntr) }
 }
 
 /// xfabric's `fi_cntr_export_xpu` for the XPU `attr` names (`slots` must be 0: a counter's
@@ -196,7 +184,7 @@ pub unsafe extern "C" fn fi_cntr_export_xpu(
 ///
 /// # Safety
 /// `cntr` null or a readable fid; `attr` null or readable; `xpu_cntr` null or writable.
-pub unsafe extern "C" fn xf_cntr_export_xpu(
+pub unsafe fn cntr_export_attr(
     cntr: *mut c_void,
     attr: *const XfXpuAttr,
     flags: u64,
@@ -249,7 +237,7 @@ unsafe fn put_key(what: &str, buf: *mut c_void, len: *mut usize, v: u64) -> Resu
 /// # Safety
 /// `av` null or a readable fid; `len` null or readable and writable; `buf` null or writable
 /// for `*len` bytes.
-pub unsafe extern "C" fn fi_av_get_xpu_addr(
+pub unsafe fn av_get_xpu_addr(
     av: *mut c_void,
     fi_addr: u64,
     buf: *mut c_void,
@@ -267,16 +255,12 @@ pub unsafe extern "C" fn fi_av_get_xpu_addr(
 
 /// `fi_mr_get_xpu_desc`: the raw descriptor (8 bytes) an XPU names the region by; from then on
 /// the region is local memory XPU-posted operations may use (range and access checked at each
-/// use). Buffer sizes as [`fi_av_get_xpu_addr`].
+/// use). Buffer sizes as [`av_get_xpu_addr`].
 ///
 /// # Safety
 /// `mr` null or a readable fid; `len` null or readable and writable; `buf` null or writable
 /// for `*len` bytes.
-pub unsafe extern "C" fn fi_mr_get_xpu_desc(
-    mr: *mut c_void,
-    buf: *mut c_void,
-    len: *mut usize,
-) -> c_int {
+pub unsafe fn mr_get_xpu_desc(mr: *mut c_void, buf: *mut c_void, len: *mut usize) -> c_int {
     run(|| {
         out_ok(len)?;
         // SAFETY: a fid from the caller, checked.
