@@ -74,7 +74,10 @@ fn c_xpu_triggered_send_rung_by_a_cpu_thread() {
 fn c_xpu_device_api_from_a_cpu_thread_with_the_installed_headers() {
     let headers = concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/cuda");
     let out = run_c("xpu_device", &["-lpthread", "-I", headers]);
-    assert!(out.contains("parent: full ring, hostile descriptors"), "{out}");
+    assert!(
+        out.contains("parent: full ring, hostile descriptors"),
+        "{out}"
+    );
     assert!(out.contains("its XPU waited on the counter"), "{out}");
 }
 

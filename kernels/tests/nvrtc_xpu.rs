@@ -82,7 +82,10 @@ fn device_header_compiles_with_nvrtc() {
         assert_eq!(ptx.entry_points(), ["xpu_calls"]);
         let text = ptx.as_str();
         // Credit, tail and the CQ head's claim: system-scope atomics.
-        assert!(text.contains("atom.sys") || text.contains(".sys.global"), "sm_{major}{minor}");
+        assert!(
+            text.contains("atom.sys") || text.contains(".sys.global"),
+            "sm_{major}{minor}"
+        );
         assert!(text.contains("cas"), "the CQ head's compare-and-swap");
         // The publishing store's fence, the scopes' shuffle and barrier, the wait's clock.
         assert!(text.contains("membar.sys") || text.contains("fence.sc.sys"));
