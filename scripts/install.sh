@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # scripts/install.sh [PREFIX] - installs xfabric for C users under PREFIX (default /usr/local):
 #   PREFIX/lib/libfabric.so.1.17.0, its soname link libfabric.so.1 and the link libfabric.so
-#   PREFIX/include/xfabric/...       xfabric's own headers (the CUDA trigger device functions)
+#   PREFIX/include/xfabric/...       xfabric's own headers: the CUDA trigger device functions
+#                                    (xfabric_trigger.cuh) and the device API (fi_xpu.h for the
+#                                    host calls, fi_xpu_device.h for the device calls, both
+#                                    including fi_xpu_abi.h); rdma/ stays libfabric-dev's
 #   PREFIX/lib/pkgconfig/libfabric.pc so that `pkg-config --cflags --libs libfabric` finds them
 # The libfabric 1.17 API headers (rdma/fabric.h, ...) are libfabric-dev's: the ABI is theirs,
 # and a program compiles against them as it would for Debian's library (scripts/setup.sh
@@ -25,7 +28,7 @@ mkdir -p "$prefix/lib/pkgconfig" "$prefix/include/xfabric"
 install -m 0755 "$lib" "$prefix/lib/libfabric.so.1.17.0"
 ln -sfn libfabric.so.1.17.0 "$prefix/lib/libfabric.so.1"
 ln -sfn libfabric.so.1 "$prefix/lib/libfabric.so"
-install -m 0644 kernels/cuda/*.cuh "$prefix/include/xfabric/"
+install -m 0644 kernels/cuda/*.cuh kernels/cuda/xfabric/*.h "$prefix/include/xfabric/"
 url=$(sed -n 's/^repository = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 sed -e "s|@PREFIX@|$prefix|" -e "s|@URL@|$url|" capi/pkgconfig/libfabric.pc.in \
     > "$prefix/lib/pkgconfig/libfabric.pc"

@@ -3,7 +3,8 @@
 //! The library's identity is Debian's (file name, soname, the exported symbols and their
 //! version nodes, see `fabric.map`), and every export follows one discipline: no panic crosses
 //! the C boundary (`ffi::guard` turns one into `-FI_EOTHER`), and null required pointers are
-//! `-FI_EINVAL`. fi_getinfo, fi_tostr and the parameter calls are translated onto the facade
+//! `-FI_EINVAL`. The device API's host calls (`xpu`: fi_ep_export_xpu and the others of
+//! fi_xpu(3)) are xfabric's own symbols, in node `XFABRIC_1.0` of `fabric.map`. fi_getinfo, fi_tostr and the parameter calls are translated onto the facade
 //! (`getinfo`, `text`); fabric, domain and the objects opened from them are fids whose ops
 //! tables (`tables`, laid out as `ops`) answer `-FI_ENOSYS` except where a translation
 //! (`objects`, `data`, `eq`, `rma`, `atomic`, `trigger`) takes the call. fi_open answers
@@ -34,11 +35,13 @@ pub mod rma;
 mod tables;
 pub mod text;
 pub mod trigger;
+pub mod xpu;
 
 pub use consts::{FI_EINVAL, FI_ENODATA, FI_ENOMEM, FI_ENOSYS, FI_EOTHER, FI_VERSION_1_17};
 use ffi::guard;
 use info::FiInfo;
 use text::FiParam;
+use xfabric::xpu::FidXpu;
 
 /// `fi_version`: the API version this library implements, 1.17.
 pub extern "C" fn fi_version() -> u32 {
@@ -270,4 +273,128 @@ export_c!(
     fi_tostr_r,
     fi_open,
     fi_log_ready,
+);
+
+// ---- the device API's host calls (fi_xpu(3); `xpu`), xfabric's own symbols ----
+
+/// `fi_ep_export_xpu` (fi_xpu(3)): fills the caller's `struct fid_xpu_ep` for the CPU XPU.
+///
+/// # Safety
+/// `ep` null or a readable fid; `xpu_ep` null or writable for a `struct fid_xpu_ep`.
+pub unsafe extern "C" fn fi_ep_export_xpu(
+    ep: *mut c_void,
+    flags: u64,
+    xpu_ep: *mut FidXpu,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { xpu::ep_export(ep, flags, xpu_ep) }
+}
+
+/// `fi_cq_export_xpu` (fi_xpu(3)): fills the caller's `struct fid_xpu_cq` for the CPU XPU.
+///
+/// # Safety
+/// `cq` null or a readable fid; `xpu_cq` null or writable for a `struct fid_xpu_cq`.
+pub unsafe extern "C" fn fi_cq_export_xpu(
+    cq: *mut c_void,
+    flags: u64,
+    xpu_cq: *mut FidXpu,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { xpu::cq_export(cq, flags, xpu_cq) }
+}
+
+/// `fi_cntr_export_xpu` (fi_xpu(3)): fills the caller's `struct fid_xpu_cntr` for the CPU XPU.
+///
+/// # Safety
+/// `cntr` null or a readable fid; `xpu_cntr` null or writable for a `struct fid_xpu_cntr`.
+pub unsafe extern "C" fn fi_cntr_export_xpu(
+    cntr: *mut c_void,
+    flags: u64,
+    xpu_cntr: *mut FidXpu,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { xpu::cntr_export(cntr, flags, xpu_cntr) }
+}
+
+/// `fi_av_get_xpu_addr` (fi_xpu(3)): the 8-byte raw address an XPU names `fi_addr` by.
+///
+/// # Safety
+/// `av` null or a readable fid; `len` null or readable and writable; `buf` null or writable
+/// for `*len` bytes.
+pub unsafe extern "C" fn fi_av_get_xpu_addr(
+    av: *mut c_void,
+    fi_addr: u64,
+    buf: *mut c_void,
+    len: *mut usize,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { xpu::av_get_xpu_addr(av, fi_addr, buf, len) }
+}
+
+/// `fi_mr_get_xpu_desc` (fi_xpu(3)): the 8-byte raw descriptor an XPU names the region by.
+///
+/// # Safety
+/// `mr` null or a readable fid; `len` null or readable and writable; `buf` null or writable
+/// for `*len` bytes.
+pub unsafe extern "C" fn fi_mr_get_xpu_desc(
+    mr: *mut c_void,
+    buf: *mut c_void,
+    len: *mut usize,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { xpu::mr_get_xpu_desc(mr, buf, len) }
+}
+
+/// xfabric's `fi_ep_export_xpu` for the XPU and ring size `attr` names (null: as
+/// [`fi_ep_export_xpu`]).
+///
+/// # Safety
+/// As [`fi_ep_export_xpu`]; `attr` null or readable.
+pub unsafe extern "C" fn xf_ep_export_xpu(
+    ep: *mut c_void,
+    attr: *const xpu::XfXpuAttr,
+    flags: u64,
+    xpu_ep: *mut FidXpu,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { xpu::ep_export_attr(ep, attr, flags, xpu_ep) }
+}
+
+/// xfabric's `fi_cq_export_xpu` for the XPU and ring size `attr` names.
+///
+/// # Safety
+/// As [`fi_cq_export_xpu`]; `attr` null or readable.
+pub unsafe extern "C" fn xf_cq_export_xpu(
+    cq: *mut c_void,
+    attr: *const xpu::XfXpuAttr,
+    flags: u64,
+    xpu_cq: *mut FidXpu,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { xpu::cq_export_attr(cq, attr, flags, xpu_cq) }
+}
+
+/// xfabric's `fi_cntr_export_xpu` for the XPU `attr` names.
+///
+/// # Safety
+/// As [`fi_cntr_export_xpu`]; `attr` null or readable.
+pub unsafe extern "C" fn xf_cntr_export_xpu(
+    cntr: *mut c_void,
+    attr: *const xpu::XfXpuAttr,
+    flags: u64,
+    xpu_cntr: *mut FidXpu,
+) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { xpu::cntr_export_attr(cntr, attr, flags, xpu_cntr) }
+}
+
+export_c!(
+    fi_ep_export_xpu,
+    fi_cq_export_xpu,
+    fi_cntr_export_xpu,
+    fi_av_get_xpu_addr,
+    fi_mr_get_xpu_desc,
+    xf_ep_export_xpu,
+    xf_cq_export_xpu,
+    xf_cntr_export_xpu,
 );

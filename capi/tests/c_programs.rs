@@ -2,7 +2,8 @@
 //! libfabric.so, exercising the headline features through the C API over shm: a chain of
 //! counter-triggered sends across two processes, deferred work (counter add, an RMA write,
 //! cancel, flush), an XPU-triggered send rung by a CPU thread with the variables from
-//! fi_getopt(FI_OPT_XPU_TRIGGER), and device-memory registration refused with -FI_ENOSYS where
+//! fi_getopt(FI_OPT_XPU_TRIGGER), the device API (fi_xpu(3)) posted from a CPU thread with
+//! xfabric's headers (kernels/cuda/xfabric/), and device-memory registration refused with -FI_ENOSYS where
 //! no device exists. Each program checks what it received and exits non-zero otherwise.
 
 mod common;
@@ -67,6 +68,17 @@ fn c_xpu_triggered_send_rung_by_a_cpu_thread() {
         "{out}"
     );
     assert!(out.contains("rung by a CPU thread"), "{out}");
+}
+
+#[test]
+fn c_xpu_device_api_from_a_cpu_thread_with_the_installed_headers() {
+    let headers = concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/cuda");
+    let out = run_c("xpu_device", &["-lpthread", "-I", headers]);
+    assert!(
+        out.contains("parent: full ring, hostile descriptors"),
+        "{out}"
+    );
+    assert!(out.contains("its XPU waited on the counter"), "{out}");
 }
 
 #[test]

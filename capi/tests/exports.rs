@@ -1,12 +1,13 @@
 //! The export table of libfabric.so must be Debian's libfabric 1.17.0's (FABRIC_1.x nodes),
-//! or programs linked against Debian's library fail to resolve their versioned symbols.
+//! or programs linked against Debian's library fail to resolve their versioned symbols; xfabric's
+//! own symbols (the device API's host calls) are in a node of their own, XFABRIC_1.0.
 
 use std::process::Command;
 
 mod common;
 use common::cdylib;
 
-const EXPECTED: [(&str, &str); 16] = [
+const EXPECTED: [(&str, &str); 24] = [
     ("fi_version", "FABRIC_1.0"),
     ("fi_strerror", "FABRIC_1.0"),
     ("fi_tostr", "FABRIC_1.0"),
@@ -23,6 +24,15 @@ const EXPECTED: [(&str, &str); 16] = [
     ("fi_tostr_r", "FABRIC_1.4"),
     ("fi_open", "FABRIC_1.5"),
     ("fi_log_ready", "FABRIC_1.6"),
+    // xfabric's own (the device API's host calls), in a node Debian does not have.
+    ("fi_ep_export_xpu", "XFABRIC_1.0"),
+    ("fi_cq_export_xpu", "XFABRIC_1.0"),
+    ("fi_cntr_export_xpu", "XFABRIC_1.0"),
+    ("fi_av_get_xpu_addr", "XFABRIC_1.0"),
+    ("fi_mr_get_xpu_desc", "XFABRIC_1.0"),
+    ("xf_ep_export_xpu", "XFABRIC_1.0"),
+    ("xf_cq_export_xpu", "XFABRIC_1.0"),
+    ("xf_cntr_export_xpu", "XFABRIC_1.0"),
 ];
 
 fn tool(name: &str, args: &[&str]) -> Option<String> {

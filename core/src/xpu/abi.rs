@@ -341,7 +341,10 @@ pub struct CqRingHeader {
     pub slots: u64,
     /// Slots - 1 (a power of two less one).
     pub mask: u64,
-    _pad0: [u8; 40],
+    /// The queue's `enum fi_cq_format`: what a device's `fi_xpu_cq_read` writes (its header
+    /// cannot know the format otherwise; C device code reads it, the host never does).
+    pub format: u32,
+    _pad0: [u8; 36],
     /// Next position the host writes (host only).
     pub tail: AtomicU64,
     _pad1: [u8; 56],
@@ -354,18 +357,20 @@ const _: () = {
     assert!(size_of::<CqRingHeader>() == 192);
     assert!(offset_of!(CqRingHeader, slots) == 8);
     assert!(offset_of!(CqRingHeader, mask) == 16);
+    assert!(offset_of!(CqRingHeader, format) == 24);
     assert!(offset_of!(CqRingHeader, tail) == 64);
     assert!(offset_of!(CqRingHeader, head) == 128);
 };
 
 impl CqRingHeader {
-    pub(crate) fn new(slots: u64, capacity: u64) -> CqRingHeader {
+    pub(crate) fn new(slots: u64, capacity: u64, format: u32) -> CqRingHeader {
         CqRingHeader {
             magic: CQ_RING_MAGIC,
             version: ABI_VERSION,
             slots,
             mask: capacity - 1,
-            _pad0: [0; 40],
+            format,
+            _pad0: [0; 36],
             tail: AtomicU64::new(0),
             _pad1: [0; 56],
             head: AtomicU64::new(0),

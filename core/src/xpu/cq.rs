@@ -29,11 +29,11 @@ pub(crate) struct CqExport {
 }
 
 impl CqExport {
-    fn new(slots: usize) -> Arc<CqExport> {
+    fn new(slots: usize, format: u32) -> Arc<CqExport> {
         let mem: Box<[CqSlot]> = (0..slots)
             .map(|_| CqSlot(std::array::from_fn(|_| AtomicU64::new(0))))
             .collect();
-        let header = Box::new(CqRingHeader::new(mem.as_ptr() as u64, slots as u64));
+        let header = Box::new(CqRingHeader::new(mem.as_ptr() as u64, slots as u64, format));
         Arc::new(CqExport {
             header,
             slots: mem,
@@ -160,7 +160,10 @@ impl CompletionQueue {
             )));
         }
         let inner = self.inner();
-        let shared = inner.xpu.get_or_init(|| CqExport::new(slots)).clone();
+        let shared = inner
+            .xpu
+            .get_or_init(|| CqExport::new(slots, self.format() as u32))
+            .clone();
         // What is queued already moves now.
         inner.pump_xpu();
         Ok(XpuCq {
