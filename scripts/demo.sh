@@ -9,11 +9,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-cargo build --release -q --example pingpong --example xpu_pipeline --example deferred_allreduce
+cargo build --release -q --example pingpong --example xpu_pipeline --example deferred_allreduce \
+    --example moe_dispatch
 echo "XPU-triggered pipeline: host posts, the XPU rings each bucket's send as soon as it is computed"
 # The CPU XPU, whatever the machine has: each round also runs the ordinary way beside it, with
 # the XPU's work per bucket calibrated at start-up to take as long as a bucket's transfer.
 target/release/examples/xpu_pipeline --xpu cpu
+echo
+echo "Mixture-of-experts dispatch across 4 processes: each XPU routes its tokens at run time and"
+echo "posts them itself (the FI_XPU device API), beside the host posting them after it synchronizes"
+target/release/examples/moe_dispatch --ranks 4
 echo
 pp=target/release/examples/pingpong
 port=$((40000 + RANDOM % 20000))

@@ -20,7 +20,7 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])' |
     while read -r name exe; do cp "$exe" ".gpu/$name" && strip ".gpu/$name"; done
-cargo build -j2 --release --example xpu_pipeline
-cp target/release/examples/xpu_pipeline .gpu/ && strip .gpu/xpu_pipeline
+cargo build -j2 --release --example xpu_pipeline --example moe_dispatch
+for e in xpu_pipeline moe_dispatch; do cp "target/release/examples/$e" .gpu/ && strip ".gpu/$e"; done
 cp scripts/gpu-run.sh .gpu/
 du -sh .gpu
