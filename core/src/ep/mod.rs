@@ -188,7 +188,7 @@ pub struct EpCore {
     /// Sends of at least this many bytes from one segment of CUDA device memory are posted
     /// unstaged and offered to the peer (`DEVICE_OFFER`): set by a provider whose transport
     /// copies such memory itself (shm: CUDA IPC); `usize::MAX`, the default, never.
-    pub device_offer_min: usize,
+    pub device_offer_min: std::sync::atomic::AtomicUsize,
 }
 
 impl EpCore {
@@ -211,7 +211,7 @@ impl EpCore {
             deferred: DeferredRegistry::default(),
             hmem: None,
             staging: StagingRegistry::default(),
-            device_offer_min: usize::MAX,
+            device_offer_min: std::sync::atomic::AtomicUsize::new(usize::MAX),
         }
     }
 
@@ -376,7 +376,7 @@ impl EpCore {
     /// of CUDA memory of at least `device_offer_min` bytes, not injected.
     pub(crate) fn device_offer(&self, hmem: &dyn HmemOps, flags: u64, iov: &IovList) -> bool {
         let [s] = iov.segs() else { return false };
-        s.len >= self.device_offer_min
+        s.len >= self.device_offer_min.load(Ordering::Relaxed)
             && flags & (FI_INJECT | INJECT_CALL) == 0
             && hmem
                 .owner(s.addr)

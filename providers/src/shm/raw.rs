@@ -10,7 +10,7 @@ use xfabric_core::{Error, Result};
 use super::addr::ADDR_PREFIX;
 use super::net::split;
 pub use super::net::{
-    mapped_counts, mapped_desc, split_counts, MappedCounts, SplitCounts, FRAME, HELD_MAX, PIECE,
+    ipc_counts, ipc_desc, IpcCounts, mapped_counts, mapped_desc, split_counts, MappedCounts, SplitCounts, FRAME, HELD_MAX, PIECE,
     PIECE_LEN, SPLIT, SPLIT_DONE,
 };
 use super::ring::{self, kind, Consumer, Header, Producer};
