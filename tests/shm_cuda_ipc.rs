@@ -41,7 +41,7 @@ fn receiver() {
     let peer = connect_parent(&n);
     let refused = std::env::var("CUDA_DOUBLE_IPC_REFUSE").is_ok_and(|v| v == "1");
     let rx = cuda().alloc_device(0, BIG).expect("device receive buffer");
-    let mut got = |seed: u64, len: usize, into_device: bool| {
+    let got = |seed: u64, len: usize, into_device: bool| {
         let before = ipc_counts();
         let mut host = vec![0u8; len];
         if into_device {
@@ -151,17 +151,8 @@ fn killer(test: &str) {
     let live = double_counter("cuda_double_live");
     let pid = child.pid();
     child.kill();
-    // The peer is found gone (a send to it fails), and its mapping closed with it.
-    let buf = [1u8; 8];
+    // The peer is found gone by progress's sweep, and its mapping closed with it.
     let deadline = std::time::Instant::now() + completion_bound();
-    // SAFETY: `buf` outlives the completion awaited below.
-    match unsafe { n.ep.send(&buf, None, peer, 10) } {
-        Ok(()) => {
-            let e = n.wait_err();
-            assert_eq!(e.op_context, 10);
-        }
-        Err(e) => println!("send to the killed peer refused at once: {e}"),
-    }
     while std::time::Instant::now() < deadline {
         n.ep.progress();
         if double_counter("cuda_double_live") != live {
