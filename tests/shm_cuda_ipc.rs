@@ -29,10 +29,14 @@ const CAPS: u64 = FI_MSG | FI_HMEM;
 const BIG: usize = 1 << 20;
 const SMALL: usize = 1000;
 
-fn dev_view(b: &xfabric::hmem::DeviceBuffer, len: usize) -> &mut [u8] {
-    // SAFETY: the buffer outlives every operation posted with the view, which is only handed
-    // to the endpoint (never read or written by the host as a slice).
-    unsafe { std::slice::from_raw_parts_mut(b.as_ptr(), len) }
+/// A view of `len` bytes of device memory at `p`, only to hand to the endpoint.
+///
+/// # Safety
+/// `p` is a device allocation of at least `len` bytes that outlives every operation posted
+/// with the view; the host never reads or writes the view as a slice.
+unsafe fn dev_view<'a>(p: *mut u8, len: usize) -> &'a mut [u8] {
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts_mut(p, len) }
 }
 
 /// Receives messages from the initiator and checks how each came.
@@ -47,7 +51,7 @@ fn receiver() {
         if into_device {
             to_device(&rx, &vec![0u8; len]);
             // SAFETY: `rx` outlives the completion awaited below.
-            unsafe { n.ep.recv(dev_view(&rx, len), None, peer, 7) }.unwrap();
+            unsafe { n.ep.recv(dev_view(rx.as_ptr(), len), None, peer, 7) }.unwrap();
         } else {
             // SAFETY: `host` outlives the completion awaited below.
             unsafe { n.ep.recv(&mut host, None, peer, 7) }.unwrap();
@@ -91,7 +95,11 @@ fn receiver() {
     let same = listen() == "same";
     let (copies, direct, opens, stale, _) = got(5, BIG, true);
     assert_eq!((copies, direct, opens), (1, 1, 1));
-    assert_eq!(stale, u64::from(same), "a stale mapping closed where the address repeats");
+    assert_eq!(
+        stale,
+        u64::from(same),
+        "a stale mapping closed where the address repeats"
+    );
     assert!(offer_counts().direct >= 3);
     say("received");
     assert_eq!(listen(), "done");
@@ -108,7 +116,7 @@ fn sender(test: &str, child_env: &[(&str, &str)]) {
     let send = |src: &xfabric::hmem::DeviceBuffer, seed: u64, len: usize| {
         to_device(src, &pattern(len, seed));
         // SAFETY: `src` outlives the completion awaited below.
-        unsafe { n.ep.send(dev_view(src, len), None, peer, 3) }.unwrap();
+        unsafe { n.ep.send(dev_view(src.as_ptr(), len), None, peer, 3) }.unwrap();
         assert_eq!(n.wait_one().op_context, 3);
     };
     if refused {
@@ -116,7 +124,10 @@ fn sender(test: &str, child_env: &[(&str, &str)]) {
         send(&src, 2, BIG);
         assert_eq!(child.hear(), "received");
         let c = offer_counts();
-        assert_eq!((c.offered - before.offered, c.staged - before.staged), (2, 2));
+        assert_eq!(
+            (c.offered - before.offered, c.staged - before.staged),
+            (2, 2)
+        );
     } else {
         for (seed, len) in [(1, BIG), (2, BIG), (3, BIG), (4, SMALL)] {
             send(&src, seed, len);
@@ -129,7 +140,10 @@ fn sender(test: &str, child_env: &[(&str, &str)]) {
         send(&src, 5, BIG);
         assert_eq!(child.hear(), "received");
         let c = offer_counts();
-        assert_eq!((c.offered - before.offered, c.staged - before.staged), (4, 0));
+        assert_eq!(
+            (c.offered - before.offered, c.staged - before.staged),
+            (4, 0)
+        );
     }
     child.tell("done");
     child.join_leaving_nothing();
@@ -144,7 +158,7 @@ fn killer(test: &str) {
     let peer = connect(&mut child, &n);
     let rx = cuda().alloc_device(0, BIG).unwrap();
     // SAFETY: `rx` outlives the completion awaited below.
-    unsafe { n.ep.recv(dev_view(&rx, BIG), None, peer, 9) }.unwrap();
+    unsafe { n.ep.recv(dev_view(rx.as_ptr(), BIG), None, peer, 9) }.unwrap();
     assert_eq!(n.wait_one().op_context, 9);
     assert!(from_device(&rx, BIG) == pattern(BIG, 9));
     assert_eq!(ipc_counts().opens, 1);
@@ -177,7 +191,7 @@ fn victim() {
     let src = cuda().alloc_device(0, BIG).unwrap();
     to_device(&src, &pattern(BIG, 9));
     // SAFETY: `src` outlives the completion awaited below.
-    unsafe { n.ep.send(dev_view(&src, BIG), None, peer, 1) }.unwrap();
+    unsafe { n.ep.send(dev_view(src.as_ptr(), BIG), None, peer, 1) }.unwrap();
     assert_eq!(n.wait_one().op_context, 1);
     // Killed here by the receiver; bounded should it never come.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);

@@ -262,6 +262,7 @@ impl Wire for Net {
         }
         // Past the bound: a peer that neither answers nor dies is given up on.
         self.end_splits(g.engine, None, errno::FI_ECANCELED);
+        self.abandon_ipc(g.engine);
         self.bye();
     }
 }

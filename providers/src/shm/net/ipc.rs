@@ -27,9 +27,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use xfabric_core::consts::errno::{FI_EINVAL, FI_EIO};
+use xfabric_core::consts::errno::{FI_ECANCELED, FI_EINVAL, FI_EIO};
 use xfabric_core::rdm::{Copied, CopyReq, Desc, Dir, PeerId};
-use xfabric_core::{IovList, Iface};
+use xfabric_core::{Iface, IovList};
 use xfabric_hmem::{AsyncCopy, HmemIface, IpcHandle, IpcMapping};
 
 use super::Net;
@@ -154,6 +154,9 @@ struct InFlight {
     /// The staged receive it lands directly in (0: into `local`, the engine's memory).
     direct: xfabric_core::Context,
     copies: Vec<AsyncCopy>,
+    /// A later segment's copy did not start: once the queued ones are done (they write
+    /// memory about to be handed back), the copy fails.
+    failed: bool,
     /// Keeps the peer's allocation mapped until the copy is done.
     _map: Arc<IpcMapping>,
 }
@@ -175,7 +178,11 @@ impl Cache {
             offset: 0,
             ..h.clone()
         };
-        if let Some(i) = self.entries.iter().position(|e| e.peer == peer && e.key == key) {
+        if let Some(i) = self
+            .entries
+            .iter()
+            .position(|e| e.peer == peer && e.key == key)
+        {
             let e = &mut self.entries[i];
             e.used = self.clock;
             return Ok(e.map.clone());
@@ -258,10 +265,10 @@ impl Net {
             // SAFETY: the receive's device memory holds `c.len` bytes (`direct_landing`) and
             // is the engine's until `on_copied`; the source lies in the peer's mapped
             // allocation, kept mapped by `_map` until the copy is done.
-            Some(seg) => unsafe {
-                cuda.copy_async(0, seg.seg.addr as *mut u8, src as *const u8, c.len)
+            Some(seg) => {
+                unsafe { cuda.copy_async(0, seg.seg.addr as *mut u8, src as *const u8, c.len) }
+                    .map(|a| copies.push(a))
             }
-            .map(|a| copies.push(a)),
             None => {
                 let mut r = Ok(());
                 let mut done = 0;
@@ -286,6 +293,7 @@ impl Net {
                 r
             }
         };
+        let failed = started.is_err();
         if let Err(e) = started {
             tracing::warn!("shm: a CUDA IPC copy did not start: {e}");
             // Copies already queued still run into memory about to be handed back: let them
@@ -299,9 +307,24 @@ impl Net {
             token: c.token,
             direct: ctx,
             copies,
+            failed,
             _map: map,
         });
         None
+    }
+
+    /// The endpoint closes with CUDA IPC copies still under way past its bound: each is
+    /// reported failed (`FI_ECANCELED`), as the engine needs every copy reported once.
+    pub fn abandon_ipc(&mut self, engine: &mut xfabric_core::rdm::Engine) {
+        for f in std::mem::take(&mut self.ipc.flight) {
+            tracing::warn!("shm: closing with a CUDA IPC copy under way: reported canceled");
+            if f.direct != 0 {
+                if let Some(core) = &self.core {
+                    core.landed_direct(f.direct, false);
+                }
+            }
+            engine.on_copied(f.token, Copied::Failed(FI_ECANCELED));
+        }
     }
 
     /// Reports the CUDA IPC copies whose events completed; never waits. How many did.
@@ -325,6 +348,7 @@ impl Net {
             }
             let f = self.ipc.flight.swap_remove(i);
             let how = match failed {
+                None if f.failed => Copied::Failed(FI_EIO),
                 None => {
                     COPIES.fetch_add(1, Ordering::Relaxed);
                     Copied::Done
@@ -373,7 +397,10 @@ mod tests {
         assert_eq!(d.as_bytes().len(), DESC_LEN);
         let n = decode(&d).unwrap().unwrap();
         assert_eq!((n.handle, n.len), (h.clone(), 1000));
-        assert!(d.to_iov().is_none(), "nothing cross-memory attach would read");
+        assert!(
+            d.to_iov().is_none(),
+            "nothing cross-memory attach would read"
+        );
         // A mapped (host) descriptor is not a CUDA one, nor a plain one.
         assert!(decode(&super::super::mapped::desc_of(&h, 10)).is_none());
         assert!(decode(&Desc::of_iov(&IovList::one(TAG as usize, 10))).is_none());
