@@ -23,7 +23,10 @@ use common::cuda_double::*;
 use common::*;
 use xfabric::*;
 use xfabric_core::hmem_stage::offer_counts;
-use xfabric_providers::shm::raw::ipc_counts;
+use xfabric_core::rdm::wire::{self, Frame};
+use xfabric_core::rdm::Desc;
+use xfabric_hmem::{Iface, IpcHandle};
+use xfabric_providers::shm::raw::{ipc_counts, ipc_desc, RawPeer, FRAME, PIECE, PIECE_LEN};
 
 const CAPS: u64 = FI_MSG | FI_HMEM;
 const BIG: usize = 1 << 20;
@@ -266,4 +269,139 @@ fn gpu_cuda_ipc() {
         return;
     }
     run_child(NAME, "sender", &[], &[]);
+}
+
+/// Waits (bounded) for a frame from the endpoint that `want` accepts, reading the CQ
+/// meanwhile (which drives progress).
+fn await_frame(n: &Node, raw: &mut RawPeer, want: impl Fn(&Frame) -> bool) -> Frame {
+    let start = std::time::Instant::now();
+    let mut buf = [CqTaggedEntry::default(); 4];
+    loop {
+        let _ = n.cq.read(&mut buf);
+        while let Some((k, b)) = raw.recv_raw() {
+            let Ok(pre) = wire::prefix(&b) else { continue };
+            let end = wire::PREFIX + pre.ctrl_len as usize;
+            match wire::decode(&pre, &b[wire::PREFIX..end]) {
+                Ok(f) if k == FRAME && want(&f) => return f,
+                _ => {}
+            }
+        }
+        assert!(start.elapsed() < BOUND, "no such frame came");
+    }
+}
+
+#[test]
+fn forged_cuda_descriptors_are_refused_and_the_data_comes_through_frames() {
+    if role().is_some() || skip_not_shm() {
+        return;
+    }
+    // The only test of this binary whose endpoints run in this process (the others run
+    // theirs in children): the IPC counters are this test's. No CUDA is needed: whether
+    // or not a driver is here, nothing forged may be opened. (A handle that is well formed
+    // and the peer's but does not open: `cuda_double_ipc_refused_goes_staged`.)
+    const LEN: usize = 40_000;
+    let n = node(FI_MSG | FI_TAGGED, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let good = IpcHandle {
+        iface: Iface::Cuda,
+        pid: std::process::id(),
+        device: 0,
+        alloc_id: 7,
+        base: 0x7000_0000,
+        alloc_len: 1 << 20,
+        offset: 0,
+        raw: [9; 64],
+    };
+    let mut past_end = ipc_desc(&good, 1 << 20).as_bytes().to_vec();
+    past_end[1 + 40..1 + 48].copy_from_slice(&4096u64.to_le_bytes()); // offset 4096
+    let mut garbage = ipc_desc(&good, LEN).as_bytes().to_vec();
+    garbage[1] ^= 0xff;
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("does not parse", garbage),
+        ("runs past its allocation", past_end),
+        (
+            "names another process",
+            ipc_desc(
+                &IpcHandle {
+                    pid: std::process::id() + 1,
+                    ..good.clone()
+                },
+                LEN,
+            )
+            .as_bytes()
+            .to_vec(),
+        ),
+        (
+            "has no allocation id",
+            ipc_desc(
+                &IpcHandle {
+                    alloc_id: 0,
+                    ..good.clone()
+                },
+                LEN,
+            )
+            .as_bytes()
+            .to_vec(),
+        ),
+        (
+            "is not a CUDA handle",
+            ipc_desc(
+                &IpcHandle {
+                    iface: Iface::System,
+                    ..good.clone()
+                },
+                LEN,
+            )
+            .as_bytes()
+            .to_vec(),
+        ),
+        // Well formed, but naming this very process (the raw peer lives here): never taken
+        // as an address here, whatever the driver would say.
+        (
+            "names this very process",
+            ipc_desc(&good, LEN).as_bytes().to_vec(),
+        ),
+    ];
+    let before = ipc_counts();
+    for (i, (what, desc)) in cases.iter().enumerate() {
+        // A fresh peer each time: after a refusal the engine asks no more copies of a peer.
+        let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+        let src = n.add_peer(format!("fi_shm://{}", raw.name()).as_bytes());
+        let tag = i as u64 + 1;
+        let mut buf = vec![0u8; LEN];
+        // SAFETY: `buf` outlives the receive's completion, awaited below.
+        n.retry(|| unsafe { n.ep.trecv(&mut buf, None, src, tag, 0, tag as Context) });
+        let rts = Frame::Rts {
+            id: 1,
+            tag,
+            data: 0,
+            len: LEN as u64,
+            flags: wire::flags::TAGGED,
+            desc: Desc::new(desc).unwrap(),
+        };
+        assert!(raw.send_raw(FRAME, rts.ctrl(0).as_bytes(), 0), "ring full");
+        let Frame::Cts { rx, .. } =
+            await_frame(&n, &mut raw, |f| matches!(f, Frame::Cts { id: 1, .. }))
+        else {
+            unreachable!()
+        };
+        let body = pattern(LEN, tag);
+        let ctrl = Frame::Data { rx }.ctrl(LEN as u64);
+        let mut first = ctrl.as_bytes().to_vec();
+        first.extend_from_slice(&body[..PIECE_LEN]);
+        assert!(raw.send_raw(FRAME, &first, 0));
+        for chunk in body[PIECE_LEN..].chunks(PIECE_LEN) {
+            assert!(raw.send_raw(PIECE, chunk, 0));
+        }
+        let e = n.wait_one();
+        assert_eq!((e.op_context, e.len), (tag as Context, LEN), "{what}");
+        assert!(buf == body, "{what}: bytes");
+        let c = ipc_counts();
+        assert_eq!(
+            (c.refused - before.refused, c.opens - before.opens),
+            (tag, 0),
+            "a descriptor that {what} is refused, never opened"
+        );
+    }
+    assert_eq!(ipc_counts().copies, before.copies);
 }

@@ -241,6 +241,11 @@ impl Net {
         if c.len > m.len || c.len > c.local.total() {
             return Some(Copied::Failed(FI_EINVAL));
         }
+        if m.handle.pid == std::process::id() {
+            // hmem's `ipc_open` gives a handle of this process back as the address it names,
+            // unchecked: a peer in this process (a loopback endpoint) goes staged instead.
+            return refuse("a handle of this very process");
+        }
         let pid = self.links.get(c.peer).and_then(|l| l.pid);
         if pid.is_none_or(|p| i64::from(p) != i64::from(m.handle.pid)) {
             return refuse(&format!(
