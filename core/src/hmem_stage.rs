@@ -585,6 +585,35 @@ mod tests {
     }
 
     #[test]
+    fn a_direct_landing_skips_the_bounce() {
+        let fake = Fake::default();
+        let mut dev = vec![0u8; 32];
+        let dev_addr = dev.as_mut_ptr() as usize;
+        fake.add_range(dev_addr, 32);
+        let iov = IovList::one(dev_addr, 32);
+        let segs = owners(&fake, &iov).unwrap().unwrap();
+        let reg = StagingRegistry::default();
+        assert!(reg.direct_landing(5, 32).is_none(), "nothing staged");
+        let key = reg.insert(Staged::incoming(1, iov, segs));
+        assert!(reg.direct_landing(key, 33).is_none(), "too short");
+        let seg = reg.direct_landing(key, 32).expect("one device segment");
+        assert_eq!((seg.seg.addr, seg.seg.len), (dev_addr, 32));
+        reg.landed_direct(key, true);
+        assert!(reg.direct_landing(key, 32).is_none(), "landed already");
+        let s = reg.claim(key).unwrap();
+        assert_eq!(s.landed_early(), Some(true));
+        assert_eq!(fake.copies(), 0, "the bounce was never copied");
+        // Host memory, and a multi-receive buffer, are never landed directly.
+        let host = IovList::one(dev.as_ptr() as usize + 64, 8);
+        let key = reg.insert(Staged::incoming(2, host, Vec::new()));
+        assert!(reg.direct_landing(key, 8).is_none());
+        let multi = Staged::incoming_multi(3, iov, owners(&fake, &iov).unwrap().unwrap());
+        let key = reg.insert(multi);
+        assert!(reg.direct_landing(key, 8).is_none());
+        drop(dev);
+    }
+
+    #[test]
     fn multi_receive_windows_land_one_by_one() {
         let fake = Fake::default();
         let mut dev = vec![0u8; 64];
