@@ -47,6 +47,8 @@ impl AsyncCopy {
         AsyncCopy { pending: None }
     }
 
+    // Only the CUDA interface makes pending copies so far.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn pending(p: Box<dyn Pending>) -> Self {
         AsyncCopy { pending: Some(p) }
     }
