@@ -11,7 +11,7 @@ grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exc
 rm -rf .gpu && mkdir -p .gpu
 {
     cargo test -j2 --no-run --message-format=json -p xfabric --test hmem --test hmem_rma \
-        --test hmem_trigger
+        --test hmem_trigger --test shm_cuda_ipc
     cargo test -j2 --no-run --message-format=json -p xfabric-kernels --test gpu
     cargo test -j2 --no-run --message-format=json -p xfabric-hmem --test cuda
 } 2>/dev/null | python3 -c 'import json, sys

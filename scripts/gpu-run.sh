@@ -12,7 +12,7 @@ echo "libnvrtc: ${nvrtc:-not found}"
 export RUST_BACKTRACE=1
 out=${OUT:-.}
 rc=0
-for t in gpu cuda hmem hmem_rma hmem_trigger; do
+for t in gpu cuda hmem hmem_rma hmem_trigger shm_cuda_ipc; do
     echo "=== $t"
     timeout 120 "./$t" --ignored gpu_ --test-threads=1 2>&1 | tee "$out/$t.log" | tail -25 || rc=1
 done
