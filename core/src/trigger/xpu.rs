@@ -210,6 +210,11 @@ impl RingWatch {
         if self.ring.ready() {
             return Duration::ZERO;
         }
+        self.planned(now, last_fire)
+    }
+
+    /// The wait the watcher planned, whatever the ring holds now: zero while it spins.
+    fn planned(&self, now: u64, last_fire: u64) -> Duration {
         let device = self.xpu.iface != Iface::System;
         nap_of(device, self.wakes, &self.timing, now, last_fire)
     }
@@ -559,9 +564,14 @@ impl XpuWatch {
         let last_fire = self.last_fire.load(Ordering::Relaxed);
         let mut n = 0;
         for r in rings.iter_mut() {
-            let spinning = finder == Finder::Watcher && r.nap(now, last_fire) == Duration::ZERO;
             let k = crate::xpu::ep::drain(&r.ring, DRAIN_MAX, owner, link);
             if k > 0 {
+                // Judged by the plan, not by what the ring holds (a descriptor waiting makes
+                // any nap zero), and only when something was found (a look that finds nothing
+                // pays for no prediction): a periodic look finding one means its XPU woke no
+                // one. What was taken changes neither `timing` nor `last_fire`.
+                let spinning =
+                    finder == Finder::Watcher && r.planned(now, last_fire) == Duration::ZERO;
                 match finder {
                     Finder::Ringer => r.wakes = true,
                     Finder::Watcher if !spinning => r.wakes = false,
@@ -574,7 +584,18 @@ impl XpuWatch {
                         r.timing.restart(now, true);
                     }
                     Some(p) => {
-                        r.timing.rang(now, true, &p);
+                        let window = tracing::enabled!(tracing::Level::TRACE)
+                            .then(|| r.timing.window(&p))
+                            .flatten();
+                        let hit = r.timing.rang(now, true, &p);
+                        tracing::trace!(
+                            now,
+                            ?window,
+                            ?hit,
+                            spinning,
+                            wakes = r.wakes,
+                            "xpu watcher: took {k} descriptor(s)"
+                        );
                     }
                     None => {}
                 }
