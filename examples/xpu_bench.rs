@@ -1121,7 +1121,17 @@ fn silence_sender(a: &Args) {
     println!(
         "goal (issue 31, {} silence{}: after 0-200 ms of quiet p50 <= plain after the same quiet + 5 usec, max <= 2x its max): {}",
         if a.device { "device API" } else { "doorbell" },
-        if a.manual { " --manual" } else { "" },
+        [
+            (a.manual, " --manual"),
+            (a.sread, " --sread"),
+            (a.spin, " --spin"),
+            (a.endpoints > 1, " --endpoints N"),
+            (a.ring == Ring::Wake, " --ring wake"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, s)| *s)
+        .collect::<String>(),
         match quiet_goal {
             None => "no figure".to_string(),
             Some(ok) => format!(

@@ -455,6 +455,53 @@ mod tests {
         }
     }
 
+    /// A target whose watcher sleeps on a doorbell of its own (as `sleep_with` over a
+    /// provider's): `wake_watcher` rings it.
+    struct OwnBell(AtomicBool);
+
+    impl RingTarget for OwnBell {
+        fn rung(&self) {}
+
+        fn wake_watcher(&self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_ring_ends_a_sleep_on_the_providers_doorbell() {
+        let t = Arc::new(OwnBell(AtomicBool::new(false)));
+        let weak: Weak<dyn RingTarget> = Arc::downgrade(&t) as _;
+        register(weak);
+        let asleep = Arc::new(AtomicBool::new(false));
+        let (a, bell) = (asleep.clone(), t.clone());
+        let sleeper = std::thread::spawn(move || {
+            before_look();
+            sleep_with(Duration::from_secs(3600), |_| {
+                a.store(true, Ordering::SeqCst);
+                // The provider's sleep: until its doorbell rings (bounded by the harness).
+                while !bell.0.load(Ordering::SeqCst) {
+                    std::thread::yield_now();
+                }
+            });
+        });
+        // (A ring from a test running beside this one may come before the sleep and prevent
+        // it: the sleeper then ends on its own.)
+        while !asleep.load(Ordering::SeqCst) && !sleeper.is_finished() {
+            std::thread::yield_now();
+        }
+        // Asleep on its own doorbell, not on the ring word: only `wake_watcher` ends it.
+        notify_xpu_ring();
+        sleeper.join().unwrap();
+        assert!(t.0.load(Ordering::SeqCst) || !asleep.load(Ordering::SeqCst));
+
+        // A ring between the look and the sleep: no sleep at all.
+        before_look();
+        notify_xpu_ring();
+        sleep_with(Duration::from_secs(3600), |_| {
+            panic!("slept through a ring")
+        });
+    }
+
     #[test]
     fn a_missed_look_does_not_sleep() {
         before_look();
