@@ -362,11 +362,15 @@ impl super::xpu_wake::RingTarget for EpLink {
 
 impl ProgressSource for EpLink {
     fn progress(&self) -> usize {
-        let mut n = self.port.progress();
+        // What an XPU posted or rang is started before the provider's own progress: its
+        // operations are the ones waiting to begin, where the provider's progress only
+        // finishes what began.
+        let mut n = 0;
         if let Some(x) = &self.xpu {
             n += x.poll(&*self.port, Finder::Watcher, |j| self.submit(j));
             n += self.drain_xpu(x, Finder::Watcher);
         }
+        n += self.port.progress();
         if self.has_stalled.load(Ordering::Acquire) {
             n + self.retry()
         } else {
