@@ -46,6 +46,7 @@
 //!                                                    [--spin] [--manual] [--endpoints N]
 //!                                                    [--ring store|wake] [--sread] [--raw]
 //! cargo run --release --example xpu_bench -- MODE --device [--ring store|wake] ...
+//! cargo run --release --example xpu_bench -- MODE ... --cpus 0 --peer-cpus 1
 //! ```
 
 use std::io::{BufRead, BufReader, Write};
@@ -144,9 +145,40 @@ struct Args {
     /// silence: also print every sample, in the order taken
     #[arg(long)]
     raw: bool,
+    /// Pins this process (its threads: the XPU's and the watcher's too) to these CPUs, and
+    /// the peer process to `--peer-cpus` (each a comma-separated list)
+    #[arg(long, value_delimiter = ',')]
+    cpus: Vec<usize>,
+    /// The peer process's CPUs (see `--cpus`)
+    #[arg(long, value_delimiter = ',')]
+    peer_cpus: Vec<usize>,
     /// Filled from `samples` after parsing.
     #[arg(skip)]
     n: usize,
+}
+
+/// Pins the calling thread, and so every thread it starts after, to `cpus` (none: unpinned).
+fn pin(cpus: &[usize]) {
+    if cpus.is_empty() {
+        return;
+    }
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes inside it (indices checked
+    // against its size below).
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        if c >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+            fail(&format!("CPU {c} is past what a cpu_set_t holds"));
+        }
+        // SAFETY: `c` is inside the set (checked above).
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: pid 0 is this thread; `set` is a valid set of its size.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        fail(&format!(
+            "sched_setaffinity {cpus:?}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
 }
 
 fn fail(why: &str) -> ! {
@@ -161,6 +193,7 @@ fn main() {
         .samples
         .unwrap_or(if a.mode == Mode::Silence { 5 } else { 2000 });
     let peer = std::env::var(ROLE_ENV).is_ok();
+    pin(if peer { &a.peer_cpus } else { &a.cpus });
     SREAD.store(a.sread && !peer, std::sync::atomic::Ordering::Relaxed);
     match (a.mode, peer) {
         (Mode::Lat, false) => lat_sender(&a),
