@@ -55,6 +55,12 @@
 #     as a GPU does (a store that wakes no one) except in the last, --ring wake, where it
 #     wakes the watcher as a CPU XPU can; after each, the same gaps for a plain send through
 #     Debian's libfabric (scripts/probes/silence.c), the anchor.
+#   - the device API (issue 31; the same runs with --device: each send a descriptor the XPU
+#     posts on an exported endpoint): latency, goal p50 <= host send + 0.5 us and p99 <= + 2
+#     us; one XPU thread through one watcher, goal >= 0.6x the host's tinject rate on the same
+#     endpoint; exported rings quiet for a second, goal < 1% of a core; after 0-200 ms of
+#     quiet, a descriptor or doorbell written as a GPU writes it, goal p50 <= a plain send
+#     after the same quiet + 5 us and max <= 2x its max. Each judged in the goals at the end.
 #
 #   scripts/bench.sh                       # all of it: 10 rounds, shm then tcp
 #   QUICK=1 scripts/bench.sh               # issue 30's goals only, 3 rounds
@@ -764,7 +770,7 @@ goals_summary() {
     echo
     local how=""
     ((COMPARE)) && how="; ping-pongs: $ROUNDS round(s), $PINNING"
-    echo "Goals (issue 30): $met of ${#GOALS[@]} met$how;"
+    echo "Goals (issues 30 and 31): $met of ${#GOALS[@]} met$how;"
     echo "load average $load_at_start at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
     for g in "${GOALS[@]}"; do
         printf '  %-9s %s\n' "${g%%$'\t'*}" "${g#*$'\t'}"
@@ -882,12 +888,34 @@ xpu_section() {
     echo
     echo "xfabric XPU triggers (CPU XPU), provider shm"
     echo
-    for args in "lat --rounds $XPU_ROUNDS" "lat --rounds $XPU_ROUNDS --auto" \
-        "rate --rounds $((XPU_ROUNDS * 3))" "idle" \
-        "silence" "silence --manual" "silence --manual --sread" "silence --spin" "silence --endpoints 8" "silence --ring wake"; do
+    # The device API's runs (--device: descriptors on an exported endpoint) follow each
+    # doorbell run they mirror; every run that prints a "goal (issue 31, ...)" line has it
+    # judged below, and a device run that printed none is "no figure".
+    local out=$WORK/xpu-run line status
+    for args in "lat --rounds $XPU_ROUNDS" "lat --rounds $XPU_ROUNDS --device" \
+        "lat --rounds $XPU_ROUNDS --auto" "lat --rounds $XPU_ROUNDS --auto --device" \
+        "rate --rounds $((XPU_ROUNDS * 3))" "rate --rounds $((XPU_ROUNDS * 3)) --count 20000 --device" \
+        "idle" "idle --device" \
+        "silence" "silence --device" "silence --manual" "silence --manual --device" \
+        "silence --manual --sread" "silence --spin" "silence --endpoints 8" \
+        "silence --endpoints 8 --device" "silence --ring wake"; do
         [[ $args == silence* ]] && args="$args --samples $samples --gaps $gaps"
         # shellcheck disable=SC2086
-        timeout "$RUN_TIMEOUT" "$xb" $args || { echo "bench: xpu_bench $args failed" >&2; failures=$((failures + 1)); }
+        timeout "$RUN_TIMEOUT" "$xb" $args 2>&1 | tee "$out" ||
+            { echo "bench: xpu_bench $args failed" >&2; failures=$((failures + 1)); }
+        if grep -q '^goal (issue 31, ' "$out"; then
+            while IFS= read -r line; do
+                status=${line#*): }
+                case $status in
+                    met*) status=met ;;
+                    "NOT met"*) status="NOT met" ;;
+                    *) status="no figure" ;;
+                esac
+                GOALS+=("$status"$'\t'"xpu_bench $args: ${line#goal }")
+            done < <(grep '^goal (issue 31, ' "$out")
+        elif [[ $args == *--device* ]]; then
+            GOALS+=("no figure"$'\t'"xpu_bench $args: the run printed no goal line")
+        fi
         echo
         if [[ $args == silence* && -n $probe ]]; then
             echo "libfabric (Debian) shm, same run:"

@@ -198,6 +198,17 @@ pub static XPU_POLL_US: Setting = Setting::new(
     "Past the spin window, how long (us) the watcher sleeps between looks at a doorbell that \
      armed operations wait on; 0 makes it spin instead (a core given to the watcher)",
 );
+/// `XFABRIC_XPU_POLL_MAX_US`: After a long quiet (no arm, ring or post for 256 ms and more), the
+/// watcher's periodic looks space out from XFABRIC_XPU_POLL_US, doubling each time the quiet
+/// doubles, up to this (us); at most XFABRIC_XPU_POLL_US keeps them fixed.
+pub static XPU_POLL_MAX_US: Setting = Setting::new(
+    "XFABRIC_XPU_POLL_MAX_US",
+    Kind::Size,
+    "8000",
+    "After a long quiet (no arm, ring or post for 256 ms and more), the watcher's periodic looks \
+     space out from XFABRIC_XPU_POLL_US, doubling each time the quiet doubles, up to this (us); \
+     at most XFABRIC_XPU_POLL_US keeps them fixed",
+);
 /// `XFABRIC_XPU_CPU_SPIN_US`: The spin window (us) instead, when every doorbell of the endpoint
 /// belongs to a CPU XPU, whose ring wakes a sleeping watcher.
 pub static XPU_CPU_SPIN_US: Setting = Setting::new(
@@ -429,6 +440,7 @@ pub static GPU_TESTS: Setting = Setting::new(
 pub static SETTINGS: &[&Setting] = &[
     &XPU_SPIN_MS,
     &XPU_POLL_US,
+    &XPU_POLL_MAX_US,
     &XPU_CPU_SPIN_US,
     &XPU_PREDICT,
     &XPU_MARGIN_US,

@@ -211,7 +211,14 @@ impl ProgressList {
         if let Some((d, p)) = soonest {
             // Zero: the source spins (for a slice of its own choosing) rather than sleeps.
             let d = if d.is_zero() { timeout } else { timeout.min(d) };
-            return p.idle_wait(d.min(Duration::from_millis(1)));
+            // Alone, it sleeps as long as it said (an XPU watcher's looks space out after a
+            // long quiet); with others, no longer than a millisecond on its doorbell.
+            let d = if v.len() > 1 {
+                d.min(Duration::from_millis(1))
+            } else {
+                d
+            };
+            return p.idle_wait(d);
         }
         match v.first() {
             Some(p) if v.len() > 1 => p.idle_wait(timeout.min(Duration::from_millis(1))),

@@ -24,6 +24,9 @@ use crate::wait::ProgressSource;
 /// while the watcher spins).
 const SPIN_SLICE: Duration = Duration::from_micros(10);
 
+/// Shortest sleep of an XPU watcher taken on the provider's doorbell (`EpLink::idle_wait`).
+const PORT_SLEEP_MIN: Duration = Duration::from_millis(1);
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -351,15 +354,23 @@ impl super::xpu_wake::RingTarget for EpLink {
             self.drain_xpu(x, Finder::Ringer);
         }
     }
+
+    fn wake_watcher(&self) {
+        self.port.wake();
+    }
 }
 
 impl ProgressSource for EpLink {
     fn progress(&self) -> usize {
-        let mut n = self.port.progress();
+        // What an XPU posted or rang is started before the provider's own progress: its
+        // operations are the ones waiting to begin, where the provider's progress only
+        // finishes what began.
+        let mut n = 0;
         if let Some(x) = &self.xpu {
             n += x.poll(&*self.port, Finder::Watcher, |j| self.submit(j));
             n += self.drain_xpu(x, Finder::Watcher);
         }
+        n += self.port.progress();
         if self.has_stalled.load(Ordering::Acquire) {
             n + self.retry()
         } else {
@@ -384,6 +395,14 @@ impl ProgressSource for EpLink {
                 // Between slices, the core goes to any other thread that wants it (on a small
                 // machine, the very thread that is about to ring).
                 std::thread::yield_now();
+            }
+            // A sleep of a millisecond or more is taken on the provider's doorbell, so that a
+            // peer's message ends it (a watcher asleep on the ring word alone would leave an
+            // exported endpoint's traffic for its next look); a CPU XPU's ring ends it too
+            // (`RingTarget::wake_watcher`). Shorter ones, toward a predicted window, on the
+            // ring word: a provider that sleeps in whole milliseconds (poll) would spin them.
+            Some(d) if d.min(timeout) >= PORT_SLEEP_MIN => {
+                super::xpu_wake::sleep_with(d.min(timeout), |t| self.port.idle_wait(t));
             }
             Some(d) => super::xpu_wake::sleep_until_ring(d.min(timeout)),
             None => self.port.idle_wait(timeout),

@@ -56,6 +56,34 @@ fn poll_sleep() -> Duration {
     *V.get_or_init(|| Duration::from_micros(crate::settings::XPU_POLL_US.size()))
 }
 
+/// The longest the periodic looks space out to after a long quiet (`XFABRIC_XPU_POLL_MAX_US`,
+/// default 8000), never below `poll_sleep`.
+fn poll_max() -> Duration {
+    static V: OnceLock<Duration> = OnceLock::new();
+    *V.get_or_init(|| {
+        Duration::from_micros(crate::settings::XPU_POLL_MAX_US.size()).max(poll_sleep())
+    })
+}
+
+/// Quiet (ns) up to which the periodic look keeps its base interval; past it the interval
+/// doubles each time the quiet doubles.
+const QUIET_START: u64 = 256_000_000;
+
+/// The periodic look's interval after `quiet` ns without an arm, ring or post: `base` up to
+/// `QUIET_START`, then doubled each time the quiet doubles, up to `max`. What a store nobody
+/// predicted waits for grows with the silence before it, and an armed or exported endpoint
+/// left quiet costs less and less (each look is a wake-up: 10-20 us of CPU on a VM). `base`
+/// zero (the watcher never sleeps) stays zero.
+pub(crate) fn poll_interval(base: Duration, max: Duration, quiet: u64) -> Duration {
+    if base.is_zero() || quiet < QUIET_START {
+        return base;
+    }
+    // quiet / QUIET_START >= 1: doublings of the quiet past the start.
+    let doublings = (quiet / QUIET_START).ilog2() + 1;
+    base.saturating_mul(1u32 << doublings.min(16))
+        .min(max.max(base))
+}
+
 /// How the watcher predicts rings of doorbells that wake no one (`XFABRIC_XPU_PREDICT`,
 /// `XFABRIC_XPU_MARGIN_US`, `XFABRIC_XPU_MAX_SPIN_US`); `None` when it does not.
 fn policy() -> Option<Policy> {
@@ -182,6 +210,11 @@ impl RingWatch {
         if self.ring.ready() {
             return Duration::ZERO;
         }
+        self.planned(now, last_fire)
+    }
+
+    /// The wait the watcher planned, whatever the ring holds now: zero while it spins.
+    fn planned(&self, now: u64, last_fire: u64) -> Duration {
         let device = self.xpu.iface != Iface::System;
         nap_of(device, self.wakes, &self.timing, now, last_fire)
     }
@@ -531,9 +564,14 @@ impl XpuWatch {
         let last_fire = self.last_fire.load(Ordering::Relaxed);
         let mut n = 0;
         for r in rings.iter_mut() {
-            let spinning = finder == Finder::Watcher && r.nap(now, last_fire) == Duration::ZERO;
             let k = crate::xpu::ep::drain(&r.ring, DRAIN_MAX, owner, link);
             if k > 0 {
+                // Judged by the plan, not by what the ring holds (a descriptor waiting makes
+                // any nap zero), and only when something was found (a look that finds nothing
+                // pays for no prediction): a periodic look finding one means its XPU woke no
+                // one. What was taken changes neither `timing` nor `last_fire`.
+                let spinning =
+                    finder == Finder::Watcher && r.planned(now, last_fire) == Duration::ZERO;
                 match finder {
                     Finder::Ringer => r.wakes = true,
                     Finder::Watcher if !spinning => r.wakes = false,
@@ -546,7 +584,18 @@ impl XpuWatch {
                         r.timing.restart(now, true);
                     }
                     Some(p) => {
-                        r.timing.rang(now, true, &p);
+                        let window = tracing::enabled!(tracing::Level::TRACE)
+                            .then(|| r.timing.window(&p))
+                            .flatten();
+                        let hit = r.timing.rang(now, true, &p);
+                        tracing::trace!(
+                            now,
+                            ?window,
+                            ?hit,
+                            spinning,
+                            wakes = r.wakes,
+                            "xpu watcher: took {k} descriptor(s)"
+                        );
                     }
                     None => {}
                 }
@@ -647,7 +696,8 @@ impl XpuWatch {
         if others && crate::xpu::cntr::any_ready() {
             soonest = Duration::ZERO;
         }
-        Some(soonest.min(poll_sleep()))
+        let quiet = now.saturating_sub(last_fire);
+        Some(soonest.min(poll_interval(poll_sleep(), poll_max(), quiet)))
     }
 
     /// The spin of a watcher told to keep looking (`nap` said zero): waits, at most `max`,
@@ -705,5 +755,30 @@ impl XpuWatch {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn periodic_looks_space_out_only_after_a_long_quiet() {
+        let (base, max) = (Duration::from_millis(1), Duration::from_millis(8));
+        // Up to 256 ms of quiet (every gap the device API's goals name): the base interval.
+        for quiet in [0, 5 * MS, 200 * MS, QUIET_START - 1] {
+            assert_eq!(poll_interval(base, max, quiet), base, "{quiet}");
+        }
+        // Then doubled each time the quiet doubles, up to the cap.
+        assert_eq!(poll_interval(base, max, QUIET_START), 2 * base);
+        assert_eq!(poll_interval(base, max, 600 * MS), 4 * base);
+        assert_eq!(poll_interval(base, max, 1_000 * MS), 4 * base);
+        assert_eq!(poll_interval(base, max, 1_100 * MS), max);
+        assert_eq!(poll_interval(base, max, u64::MAX), max);
+        // A watcher that never sleeps keeps never sleeping; a cap below the base keeps it.
+        assert_eq!(poll_interval(Duration::ZERO, max, u64::MAX), Duration::ZERO);
+        assert_eq!(poll_interval(base, Duration::ZERO, u64::MAX), base);
     }
 }

@@ -82,8 +82,17 @@ impl Predictor {
     /// now. Records when the ring came, and whether it came within the window planned for it
     /// (a hit narrows the margin again, a miss widens it). Returns whether it was a hit (`None`
     /// when no window was planned).
+    ///
+    /// A hit needs the look before this one inside the window too: a ring found by the first
+    /// look of a window may have come before it opened, while the watcher slept toward it
+    /// (found late by up to the sleep), which is a miss. Judged by the finding look alone, a
+    /// ring that comes early every time would count as a hit forever and keep the window
+    /// where it is, each ring waiting for the window to open.
     pub(crate) fn rang(&mut self, now: u64, more: bool, p: &Policy) -> Option<bool> {
-        let hit = self.window(p).map(|w| (w.from..=w.until).contains(&now));
+        let last_look = self.last_look;
+        let hit = self
+            .window(p)
+            .map(|w| (w.from..=w.until).contains(&now) && last_look >= w.from);
         match hit {
             Some(true) => self.misses = self.misses.saturating_sub(1),
             Some(false) => self.misses = (self.misses + 1).min(MAX_WIDEN),
@@ -262,9 +271,28 @@ mod tests {
             w.from <= t + 51 * MS && w.until >= t + 53 * MS + wide.min(MS),
             "{w:?}"
         );
-        // A hit narrows again.
+        // A hit (the watcher spinning through the window: a look inside it found nothing,
+        // the next found the ring) narrows again.
+        p.looked(t + 53 * MS - US);
         assert_eq!(p.rang(t + 53 * MS, false, &P), Some(true));
         assert!(p.margin(&P) < wide);
+    }
+
+    #[test]
+    fn a_ring_found_by_the_first_look_of_its_window_is_a_miss() {
+        // Rings every 50 ms, then one comes 2 ms early, while the watcher sleeps toward its
+        // window: the window's first look finds it. It may have come any time since the last
+        // look before the window, so it is a miss, and the next window starts from there.
+        let (mut p, t) = seen(&[50 * MS, 50 * MS]);
+        p.armed(t);
+        let w = p.window(&P).unwrap();
+        p.looked(t + 45 * MS);
+        let narrow = p.margin(&P);
+        assert_eq!(p.rang(w.from, false, &P), Some(false));
+        assert!(p.margin(&P) >= 2 * narrow);
+        let t = t + 100 * MS;
+        p.armed(t);
+        assert!(p.window(&P).unwrap().from <= t + 45 * MS);
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub(crate) trait RingTarget: Send + Sync {
     /// Looks at the endpoint's doorbells and starts what they reached (never blocks: a
     /// watcher looking at that moment is left to it).
     fn rung(&self);
+    /// Ends a watcher's sleep on the endpoint's own doorbell (`sleep_with`).
+    fn wake_watcher(&self);
 }
 
 /// Every endpoint with XPU doorbells in this process, weakly.
@@ -114,6 +116,27 @@ pub fn notify_xpu_ring() {
     // (the provider said Again) is the watcher's to retry.
     if SLEEPERS.load(Ordering::SeqCst) > 0 {
         futex_wake(&RING_SEQ);
+        // And those asleep on their provider's doorbell (`sleep_with`).
+        let done = SEEN_TARGETS.with(|c| {
+            let Ok(c) = c.try_borrow() else {
+                return false;
+            };
+            for t in c.1.iter().filter_map(Weak::upgrade) {
+                t.wake_watcher();
+            }
+            true
+        });
+        if !done {
+            let live: Vec<Arc<dyn RingTarget>> = TARGETS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .filter_map(Weak::upgrade)
+                .collect();
+            for t in live {
+                t.wake_watcher();
+            }
+        }
     }
 }
 
@@ -146,6 +169,25 @@ pub(crate) fn sleep_until_ring(timeout: Duration) {
     fence(Ordering::SeqCst);
     if RING_SEQ.load(Ordering::SeqCst) == seen {
         futex_wait(&RING_SEQ, seen, timeout);
+    }
+    SLEEPERS.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// As `sleep_until_ring`, but the sleep is `sleep` (the provider's own, on its doorbell, so
+/// that a peer's message ends it too), for at most `timeout`; a CPU XPU's ring after this
+/// thread's looks ends it through `RingTarget::wake_watcher`. A ring that comes after the
+/// check here but before the provider counts its sleeper may find no one to wake: the sleep
+/// then lasts its timeout, and only what the ringing thread could not start itself (it starts
+/// what it rang) waits that long.
+pub(crate) fn sleep_with(timeout: Duration, sleep: impl FnOnce(Duration)) {
+    let Some(seen) = LOOKED_AT.with(Cell::take) else {
+        return;
+    };
+    fine_timer_slack();
+    SLEEPERS.fetch_add(1, Ordering::SeqCst);
+    fence(Ordering::SeqCst);
+    if RING_SEQ.load(Ordering::SeqCst) == seen {
+        sleep(timeout);
     }
     SLEEPERS.fetch_sub(1, Ordering::SeqCst);
 }
@@ -411,6 +453,53 @@ mod tests {
             | (None, None) => {}
             other => panic!("cpuid and the watcher disagree: {other:?}"),
         }
+    }
+
+    /// A target whose watcher sleeps on a doorbell of its own (as `sleep_with` over a
+    /// provider's): `wake_watcher` rings it.
+    struct OwnBell(AtomicBool);
+
+    impl RingTarget for OwnBell {
+        fn rung(&self) {}
+
+        fn wake_watcher(&self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_ring_ends_a_sleep_on_the_providers_doorbell() {
+        let t = Arc::new(OwnBell(AtomicBool::new(false)));
+        let weak: Weak<dyn RingTarget> = Arc::downgrade(&t) as _;
+        register(weak);
+        let asleep = Arc::new(AtomicBool::new(false));
+        let (a, bell) = (asleep.clone(), t.clone());
+        let sleeper = std::thread::spawn(move || {
+            before_look();
+            sleep_with(Duration::from_secs(3600), |_| {
+                a.store(true, Ordering::SeqCst);
+                // The provider's sleep: until its doorbell rings (bounded by the harness).
+                while !bell.0.load(Ordering::SeqCst) {
+                    std::thread::yield_now();
+                }
+            });
+        });
+        // (A ring from a test running beside this one may come before the sleep and prevent
+        // it: the sleeper then ends on its own.)
+        while !asleep.load(Ordering::SeqCst) && !sleeper.is_finished() {
+            std::thread::yield_now();
+        }
+        // Asleep on its own doorbell, not on the ring word: only `wake_watcher` ends it.
+        notify_xpu_ring();
+        sleeper.join().unwrap();
+        assert!(t.0.load(Ordering::SeqCst) || !asleep.load(Ordering::SeqCst));
+
+        // A ring between the look and the sleep: no sleep at all.
+        before_look();
+        notify_xpu_ring();
+        sleep_with(Duration::from_secs(3600), |_| {
+            panic!("slept through a ring")
+        });
     }
 
     #[test]
