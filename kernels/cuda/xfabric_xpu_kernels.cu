@@ -86,7 +86,12 @@ extern "C" __global__ void xf_xpu_send_burst(xf_ull ep_ctx, char *buf, xf_ull de
 					 (void *)(size_t)i, 0, FI_XPU_WORK_ITEM)) == -XF_XPU_EAGAIN &&
 		       xf_now() < until)
 			;
-		xf_note(&rc[blockIdx.x], r);
+		if (r != 0) {
+			/* Stop at the first error: a ring that never drains must not hold the
+			 * kernel for every message's retry bound. */
+			xf_note(&rc[blockIdx.x], r);
+			return;
+		}
 	}
 }
 
@@ -122,8 +127,10 @@ extern "C" __global__ void xf_xpu_put_signal(xf_ull ep_ctx, char *src, xf_ull de
 				       -XF_XPU_EAGAIN &&
 			       xf_now() < until)
 				;
-			if (r != 0 && first == 0)
+			if (r != 0) {
 				first = r;
+				break;
+			}
 		}
 		out[0] = first;
 	} else if (blockIdx.x == 1) {
@@ -173,7 +180,10 @@ extern "C" __global__ void xf_xpu_rate(xf_ull ep_ctx, char *src, xf_ull desc, xf
 			if (xf_now() >= until)
 				break;
 		}
-		xf_note(&first, r);
+		if (r != 0) {
+			xf_note(&first, r);
+			break;
+		}
 	}
 	atomicAdd(&again, my_again);
 	__syncthreads();

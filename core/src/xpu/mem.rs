@@ -101,7 +101,8 @@ impl XpuMem for HeapMem {
 
 /// A shared block: its memory, checked once when made.
 pub(crate) struct Block {
-    mem: Box<dyn XpuMem>,
+    /// Owns the allocation (dropping the block frees it).
+    _mem: Box<dyn XpuMem>,
     /// The host address (`mem.host_ptr()`, kept: the allocator is not asked again).
     host: NonNull<u8>,
     /// The XPU's address of the first byte.
@@ -153,7 +154,7 @@ impl Block {
             )));
         }
         Ok(Block {
-            mem,
+            _mem: mem,
             host,
             xpu: dev,
             len,
@@ -186,17 +187,5 @@ impl Block {
     /// addressing): only then may the host follow the addresses a block holds for the XPU.
     pub(crate) fn host_reachable(&self) -> bool {
         self.xpu == self.host.as_ptr() as usize as u64
-    }
-
-    /// Bytes asked for.
-    #[allow(dead_code)]
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Keeps the allocation alive (dropping the block frees it).
-    #[allow(dead_code)]
-    pub(crate) fn mem(&self) -> &dyn XpuMem {
-        &*self.mem
     }
 }
