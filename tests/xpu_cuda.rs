@@ -1,16 +1,17 @@
-//! The device API with a CUDA XPU across two real processes over the provider under test
+//! The device API with a GPU XPU across two real processes over the provider under test
 //! (shm by default). The sender exports its endpoint, its CQ and its send counter to CUDA
-//! device 0: their shared blocks must be mapped page-locked memory (`cuMemHostAlloc`), each
-//! handle's `prov_ctx` and every address inside a block the device follows the driver's
-//! device address of that memory. A thread then plays the GPU: it stores descriptors through
+//! device 0 (or Level Zero device 0): their shared blocks must be mapped page-locked memory
+//! (`cuMemHostAlloc`; `zeMemAllocHost`), each handle's `prov_ctx` and every address inside a
+//! block the device follows the driver's device address of that memory. A thread then plays the GPU: it stores descriptors through
 //! those device addresses (tagged sends, sizes and tags computed as it goes), waits on the
 //! counter's mirror and reads every completion from the exported CQ's ring, while the host
 //! only drives progress; the receiver checks every tag, length and byte. Closing frees every
 //! block (the double's count of live allocations).
 //!
-//! CUDA is the test double (hmem/tests/doubles/cuda_double.c): device addresses of mapped
-//! memory are the host's there (unified addressing, as on every 64-bit CUDA platform), so the
-//! thread's stores through them are exactly a GPU's as the host sees them.
+//! CUDA and Level Zero are the test doubles (hmem/tests/doubles/cuda_double.c, ze_double.c):
+//! device addresses of mapped memory are the host's there (unified addressing, as on every
+//! 64-bit CUDA platform; one address for a Level Zero host allocation), so the thread's stores
+//! through them are exactly a GPU's as the host sees them.
 
 #![cfg(feature = "cuda")]
 
@@ -18,8 +19,10 @@ mod common;
 
 use std::ffi::{c_void, CString};
 
-use common::cuda_double::*;
+use common::cuda_double::{cuda, double_counter, double_env, DOUBLE_ENV};
+use common::ze_double::{ze, ze_counter, ze_double_env};
 use common::*;
+use xfabric::hmem::HmemIface;
 use xfabric::xpu::abi::{CntrMirror, RingHeader, CNTR_MAGIC, CQ_RING_MAGIC, RING_MAGIC};
 use xfabric::xpu::device as dev;
 use xfabric::xpu::*;
@@ -28,10 +31,25 @@ use xfabric::*;
 const CAPS: u64 = FI_MSG | FI_TAGGED | FI_TRIGGER | FI_XPU_TRIGGER;
 const W: i32 = FI_XPU_WORK_ITEM;
 const EAGAIN: i32 = -(errno::FI_EAGAIN);
-const CUDA0: Xpu = Xpu {
-    iface: Iface::Cuda,
-    device: 0,
-};
+/// The XPU the sender exports to: `XF_XPU` is "cuda" or "ze".
+fn gpu_xpu() -> Xpu {
+    let iface = match std::env::var("XF_XPU").as_deref() {
+        Ok("ze") => Iface::Ze,
+        _ => Iface::Cuda,
+    };
+    Xpu { iface, device: 0 }
+}
+
+/// The double's interface and its count of live allocations.
+fn double_of(xpu: Xpu) -> (&'static dyn HmemIface, i32) {
+    match xpu.iface {
+        Iface::Ze => (ze(), ze_counter("ze_double_live").expect("on the double")),
+        _ => (
+            cuda(),
+            double_counter("cuda_double_live").expect("on the double"),
+        ),
+    }
+}
 const N: usize = 600;
 const MAX: usize = 256;
 
@@ -74,8 +92,12 @@ fn double_device_pointer(host: u64) -> Option<u64> {
     }
 }
 
-/// Checks that `addr` is the device address of mapped page-locked memory.
-fn is_mapped(what: &str, addr: u64) {
+/// Checks that `addr` is the device address of mapped page-locked memory (CUDA: the driver
+/// says so; Level Zero's host allocations have one address, counted by `live` instead).
+fn is_mapped(xpu: Xpu, what: &str, addr: u64) {
+    if xpu.iface != Iface::Cuda {
+        return;
+    }
     assert_eq!(
         double_device_pointer(addr),
         Some(addr),
@@ -117,37 +139,43 @@ fn sender(test: &str) {
     });
     let c = counter.expect("the send counter");
     let to = connect(&mut peer, &n);
-    let live = || double_counter("cuda_double_live").expect("on the double");
-    // Device 0's context and stream are the interface's for the process: made first, so
+    let gpu = gpu_xpu();
+    let live = || double_of(gpu).1;
+    // Device 0's context (and stream) are the interface's for the process: made first, so
     // that what is counted from here is the blocks.
-    drop(cuda().alloc_host_mapped(0, 4096).expect("mapped memory"));
+    drop(
+        double_of(gpu)
+            .0
+            .alloc_host_mapped(0, 4096)
+            .expect("mapped memory"),
+    );
     let live_before = live();
 
-    let x = n.ep.export_xpu(CUDA0).expect("export the endpoint to CUDA");
-    let q = n.cq.export_xpu(CUDA0).expect("export the CQ to CUDA");
-    let xc = c.export_xpu(CUDA0).expect("export the counter to CUDA");
-    assert_eq!(x.xpu(), CUDA0);
+    let x = n.ep.export_xpu(gpu).expect("export the endpoint");
+    let q = n.cq.export_xpu(gpu).expect("export the CQ");
+    let xc = c.export_xpu(gpu).expect("export the counter");
+    assert_eq!(x.xpu(), gpu);
     assert_eq!(x.fid().fclass, 3);
     assert_eq!(x.fid().prov_id, FI_XPU_PROV_XFABRIC);
     // Every handle names mapped memory by its device address, and so does every address
     // inside a block that the device follows.
     let ring = x.fid().prov_ctx;
-    is_mapped("the ring header", ring);
+    is_mapped(gpu, "the ring header", ring);
     // SAFETY: on the double the device address is the host's; the handle keeps it alive.
     let h = unsafe { &*(ring as usize as *const RingHeader) };
     assert_eq!((h.magic, h.mask), (RING_MAGIC, 1023));
     assert_eq!(h.slots, ring + 256, "slots right after the header");
-    is_mapped("the ring's slots", h.slots);
+    is_mapped(gpu, "the ring's slots", h.slots);
     let cq = q.fid().prov_ctx;
-    is_mapped("the CQ ring header", cq);
+    is_mapped(gpu, "the CQ ring header", cq);
     // SAFETY: as above; the magic is the header's first word.
     assert_eq!(unsafe { *(cq as usize as *const u32) }, CQ_RING_MAGIC);
     let mirror = xc.fid().prov_ctx;
-    is_mapped("the counter mirror", mirror);
+    is_mapped(gpu, "the counter mirror", mirror);
     // SAFETY: as above.
     let m = unsafe { &*(mirror as usize as *const CntrMirror) };
     assert_eq!(m.magic, CNTR_MAGIC);
-    is_mapped("the counter's ring", m.ring);
+    is_mapped(gpu, "the counter's ring", m.ring);
     // The endpoint's ring, the CQ's, the counter's mirror and its ring.
     assert_eq!(
         live(),
@@ -155,20 +183,20 @@ fn sender(test: &str) {
         "the blocks are the double's allocations"
     );
     // Exporting again: the same blocks. To another XPU: refused.
-    assert_eq!(n.ep.export_xpu(CUDA0).unwrap().fid(), x.fid());
+    assert_eq!(n.ep.export_xpu(gpu).unwrap().fid(), x.fid());
     let e = n.cq.export_xpu(Xpu::CPU).err().expect("one XPU per CQ");
     assert!(matches!(e, Error::Inval(_)), "{e}");
     let e = c.export_xpu(Xpu::CPU).err().expect("one XPU per counter");
     assert!(matches!(e, Error::Inval(_)), "{e}");
-    let ze = Xpu {
-        iface: Iface::Ze,
+    let rocr = Xpu {
+        iface: Iface::Rocr,
         device: 0,
     };
-    let e = n.ep.export_xpu(ze).err().expect("no Level Zero device API");
+    let e = n.ep.export_xpu(rocr).err().expect("no ROCr device API");
     assert!(matches!(e, Error::OpNotSupp(_)), "{e}");
     let e =
         n.ep.export_xpu(Xpu {
-            iface: Iface::Cuda,
+            iface: gpu.iface,
             device: 7,
         })
         .err()
@@ -182,7 +210,7 @@ fn sender(test: &str) {
     let desc = mr.get_xpu_desc().unwrap();
     assert_eq!(peer.hear(), "ready");
     let base = data.as_ptr() as usize;
-    let gpu = std::thread::spawn(move || {
+    let thread = std::thread::spawn(move || {
         let deadline = std::time::Instant::now() + completion_bound();
         for i in 0..N {
             let slot = base + i * MAX;
@@ -237,14 +265,14 @@ fn sender(test: &str) {
         (x, q, xc)
     });
     let deadline = std::time::Instant::now() + completion_bound();
-    while !gpu.is_finished() {
+    while !thread.is_finished() {
         n.ep.progress();
         assert!(
             std::time::Instant::now() < deadline,
             "XPU thread still running"
         );
     }
-    let (x, q, xc) = gpu.join().expect("XPU thread");
+    let (x, q, xc) = thread.join().expect("XPU thread");
     assert_eq!(peer.hear_progressing(&n), "ok");
     peer.join();
     drop((x, q, xc, mr));
@@ -263,6 +291,20 @@ fn cuda_double_xpu_exports_in_mapped_memory_and_drain_as_the_cpus() {
         }
         Some("rx") => rx(),
         Some(r) => panic!("unknown role {r}"),
-        None => run_child(NAME, "sender", &double_env(), &[]),
+        None => run_child(NAME, "sender", &double_env(), &[("XF_XPU", "cuda")]),
+    }
+}
+
+#[test]
+fn ze_double_xpu_exports_in_host_memory_and_drain_as_the_cpus() {
+    const NAME: &str = "ze_double_xpu_exports_in_host_memory_and_drain_as_the_cpus";
+    match role().as_deref() {
+        Some("sender") => {
+            sender(NAME);
+            say("OK");
+        }
+        Some("rx") => rx(),
+        Some(r) => panic!("unknown role {r}"),
+        None => run_child(NAME, "sender", &ze_double_env(), &[("XF_XPU", "ze")]),
     }
 }

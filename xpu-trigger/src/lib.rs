@@ -159,7 +159,7 @@ mod tests {
     }
 
     #[test]
-    fn cpu_xpu_memory_is_not_asked_for_but_refused_nowhere() {
+    fn memory_for_an_unsupported_xpu_says_why() {
         // The CPU XPU's blocks are core's heap memory; the allocator serves GPUs, and says
         // why where none is.
         let m = doorbells().memory().expect("hmem doorbells supply memory");

@@ -184,8 +184,8 @@ impl Counter {
     /// `fi_cntr_export_xpu`: a handle through which `xpu` reads this counter's values from
     /// its own memory (`xpu::device::cntr_read`, `cntr_wait`) and adds or sets them
     /// (`cntr_add`, `cntr_set`...). Exporting again returns another handle on the same mirror.
-    /// The CPU XPU's mirror and ring are heap memory; a CUDA XPU's are mapped page-locked
-    /// memory from the domain's doorbell source (`prov_ctx` and the mirror's `ring` are device
+    /// The CPU XPU's mirror and ring are heap memory; a CUDA or Level Zero XPU's are
+    /// device-visible host memory from the domain's doorbell source (`prov_ctx` and the mirror's `ring` are device
     /// addresses). One XPU per counter.
     pub fn export_xpu(&self, xpu: Xpu) -> Result<XpuCntr> {
         let what = "cntr_export_xpu";

@@ -172,9 +172,9 @@ impl CompletionQueue {
     }
 
     /// `fi_cq_export_xpu` with a ring of `slots` slots (a power of two, 2 to 65536), in
-    /// heap memory for the CPU XPU, in mapped page-locked memory from the domain's doorbell
-    /// source for a CUDA XPU (`prov_ctx` is then its device address; a queue opened outside a
-    /// domain has no such source: `OpNotSupp`). One XPU per queue. From
+    /// heap memory for the CPU XPU, in device-visible host memory from the domain's doorbell
+    /// source for a CUDA or Level Zero XPU (`prov_ctx` is then its device address; a queue
+    /// opened outside a domain has no such source: `OpNotSupp`). One XPU per queue. From
     /// then on, entries move to the ring as they come, while it has room; the rest wait here,
     /// in order, and move as the XPU makes room (an exported endpoint's watcher looks). Host
     /// reads still work but see only what has not moved: read from one side. Error data is

@@ -54,9 +54,9 @@ impl Endpoint {
     /// must be enabled and opened with `FI_TRIGGER | FI_XPU_TRIGGER` (its XPU watcher drains
     /// the ring). One ring per (endpoint, XPU): exporting again for the same XPU returns
     /// another handle on the same ring (`slots` is then ignored). The CPU XPU's ring is heap
-    /// memory; a CUDA XPU's is mapped page-locked host memory from the domain's doorbell
-    /// source (`DoorbellAlloc::memory`), and `prov_ctx` is its device address. Level Zero
-    /// and other XPUs answer `OpNotSupp`.
+    /// memory; a CUDA or Level Zero XPU's is device-visible host memory from the domain's
+    /// doorbell source (`DoorbellAlloc::memory`), and `prov_ctx` is its device address. Other
+    /// XPUs answer `OpNotSupp`.
     pub fn export_xpu_slots(&self, xpu: Xpu, slots: usize) -> Result<XpuEp> {
         let what = "ep_export_xpu";
         self.check_live(what)?;

@@ -18,15 +18,14 @@ use crate::trigger::Xpu;
 /// Alignment every shared block has at least (a cache line: the layouts in `abi` ask for it).
 pub const XPU_MEM_ALIGN: usize = 64;
 
-/// `Ok` if objects may be exported to `xpu`'s interface: the CPU XPU, and CUDA (its blocks
-/// in mapped page-locked memory). Level Zero and the rest answer `OpNotSupp`: their memory
-/// would come the same way, but nothing here tests it yet.
+/// `Ok` if objects may be exported to `xpu`'s interface: the CPU XPU, CUDA and Level Zero
+/// (their blocks in device-visible host memory). The rest answer `OpNotSupp`.
 pub(crate) fn exportable(what: &str, xpu: Xpu) -> Result<()> {
     match xpu.iface {
-        Iface::System | Iface::Cuda => Ok(()),
+        Iface::System | Iface::Cuda | Iface::Ze => Ok(()),
         other => Err(Error::OpNotSupp(format!(
-            "{what}: {other:?}: the device API serves the CPU XPU (FI_HMEM_SYSTEM) and CUDA \
-             (FI_HMEM_CUDA) so far"
+            "{what}: {other:?}: the device API serves the CPU XPU (FI_HMEM_SYSTEM), CUDA \
+             (FI_HMEM_CUDA) and Level Zero (FI_HMEM_ZE)"
         ))),
     }
 }

@@ -25,8 +25,9 @@
 //!
 //! The layouts are in `abi`, asserted field by field for the CUDA header to be checked
 //! against. Shared blocks live where both sides reach them (`mem`): heap memory for the CPU
-//! XPU (`FI_HMEM_SYSTEM`), mapped page-locked host memory for a CUDA XPU, from the domain's
-//! allocator; handles carry the XPU's addresses. docs/xpu-device-api.md says what is tested.
+//! XPU (`FI_HMEM_SYSTEM`), device-visible host memory for a CUDA or Level Zero XPU, from the
+//! domain's allocator; handles carry the XPU's addresses. docs/xpu-device-api.md says what is
+//! tested.
 
 pub mod abi;
 pub(crate) mod cntr;
