@@ -188,3 +188,80 @@ impl Block {
         self.xpu == self.host.as_ptr() as usize as u64
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An allocator handing back what it is told to, over one real heap block.
+    struct Liar {
+        host_off: usize,
+        xpu: u64,
+        len: usize,
+    }
+
+    struct LiarMem(HeapMem, usize, u64, usize);
+
+    impl XpuMem for LiarMem {
+        fn host_ptr(&self) -> NonNull<u8> {
+            // SAFETY: within the 256-byte heap block (offsets used are < 64).
+            unsafe { NonNull::new_unchecked(self.0.ptr.as_ptr().add(self.1)) }
+        }
+        fn xpu_addr(&self) -> u64 {
+            self.2
+        }
+        fn len(&self) -> usize {
+            self.3
+        }
+    }
+
+    impl XpuMemAlloc for Liar {
+        fn alloc(&self, _xpu: Xpu, _len: usize) -> Result<Box<dyn XpuMem>> {
+            let h = HeapMem::new("test", 256)?;
+            Ok(Box::new(LiarMem(h, self.host_off, self.xpu, self.len)))
+        }
+    }
+
+    const GPU: Xpu = Xpu {
+        iface: Iface::Cuda,
+        device: 0,
+    };
+
+    #[test]
+    fn what_an_allocator_hands_back_is_checked() {
+        let ok = Liar {
+            host_off: 0,
+            xpu: 1 << 40,
+            len: 256,
+        };
+        let b = Block::new("t", GPU, Some(&ok), 256).unwrap();
+        assert_eq!(b.xpu_at(64), (1 << 40) + 64);
+        assert!(!b.host_reachable());
+        for bad in [
+            Liar { len: 128, ..ok },
+            Liar { host_off: 8, ..ok },
+            Liar {
+                xpu: (1 << 40) + 8,
+                ..ok
+            },
+            Liar { xpu: 0, ..ok },
+            Liar {
+                xpu: u64::MAX - 63,
+                ..ok
+            },
+        ] {
+            assert!(matches!(
+                Block::new("t", GPU, Some(&bad), 256),
+                Err(Error::Inval(_))
+            ));
+        }
+        // No allocator: only the CPU XPU; nothing empty.
+        assert!(matches!(
+            Block::new("t", GPU, None, 64),
+            Err(Error::OpNotSupp(_))
+        ));
+        let cpu = Block::new("t", Xpu::CPU, None, 64).unwrap();
+        assert!(cpu.host_reachable());
+        assert!(Block::new("t", Xpu::CPU, None, 0).is_err());
+    }
+}

@@ -114,7 +114,7 @@ impl DescRing {
         self.mem.host_reachable()
     }
 
-    fn slot(&self, pos: u64) -> &DescSlot {
+    pub(crate) fn slot(&self, pos: u64) -> &DescSlot {
         // The mask keeps the index within the slots (their number is mask + 1).
         let idx = (pos & self.mask) as usize;
         // SAFETY: slot `idx` <= mask lies inside the block (`new` sized it), 64-aligned; its
