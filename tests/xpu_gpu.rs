@@ -237,7 +237,7 @@ fn pingpong_on_double() {
     let (mra, da) = register(&a.n, &scratch, FI_SEND | FI_RECV);
     let (mrb, db) = register(&b.n, &scratch, FI_SEND | FI_RECV);
     // As many receives as the GPU test posts: the provider takes them all.
-    let h = pingpong_setup(&a, &b, 2000, &scratch);
+    let h = pingpong_setup(&a, &b, 1000, &scratch);
     let peers = (
         a.n.av.get_xpu_addr(to_b).unwrap(),
         b.n.av.get_xpu_addr(to_a).unwrap(),
@@ -417,7 +417,7 @@ fn gpu_xpu_put_with_signal() {
 )]
 fn gpu_xpu_latency() {
     let (_g, api) = gpu();
-    const ITERS: usize = 2000;
+    const ITERS: usize = 1000;
     const WARM: usize = 100;
     let (a, b, to_b, to_a) = pair(8192);
     let scratch = mapped(4096);
