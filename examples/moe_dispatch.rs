@@ -77,6 +77,33 @@ struct Opts {
     /// Namespaces to start the ranks in, one per rank, comma-separated
     #[arg(long, value_delimiter = ',')]
     netns: Vec<String>,
+    /// How each rank's host thread waits for its completions: `spin` (reading its queue
+    /// without sleeping: it is also the watcher that drains its XPU's ring at once), `sleep`
+    /// (in sread; the XPU announces its posts every 16 tokens, which starts them on the XPU's
+    /// own thread), or `auto`: spin where the machine has a core for each rank's two threads
+    #[arg(long, value_enum, default_value_t = HostWait::Auto)]
+    host_wait: HostWait,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, clap::ValueEnum)]
+enum HostWait {
+    Auto,
+    Spin,
+    Sleep,
+}
+
+impl Opts {
+    /// Whether the host threads spin (`--host-wait`, resolved).
+    fn spin(&self) -> bool {
+        match self.host_wait {
+            HostWait::Spin => true,
+            HostWait::Sleep => false,
+            HostWait::Auto => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                cores >= 2 * self.ranks as usize
+            }
+        }
+    }
 }
 
 fn main() {
@@ -204,8 +231,16 @@ fn coordinate(o: &Opts) {
     }
     println!(
         "moe_dispatch: {} ranks over {}, {} tokens of {MIN_TOKEN}..{MAX_TOKEN} B per rank per \
-         round, each routed at run time, {} pass(es) of compute each (--work)",
-        o.ranks, o.provider, o.tokens, o.work
+         round, each routed at run time, {} pass(es) of compute each (--work); host threads {}",
+        o.ranks,
+        o.provider,
+        o.tokens,
+        o.work,
+        if o.spin() {
+            "spin (a core each)"
+        } else {
+            "sleep between completions"
+        }
     );
     println!(
         "  device: each XPU posts its tokens' sends itself as it computes them (fi_xpu_tsend)"
@@ -515,6 +550,7 @@ impl Me {
     /// then each peer's count.
     fn launch_device(&mut self, seed: u64, sent: Arc<AtomicU64>) {
         let (ranks, me, tokens, work) = (self.o.ranks, self.rank, self.o.tokens, self.o.work);
+        let spin = self.o.spin();
         let x = self.xep.clone();
         let peers = self.xpu_peers.clone();
         let desc = self.send_desc;
@@ -560,7 +596,9 @@ impl Me {
                             dev_scope(),
                         )
                     });
-                    if n.is_multiple_of(FLUSH_EVERY as u64) {
+                    // A spinning host finds the descriptors as they are published; a sleeping
+                    // one is told.
+                    if !spin && n.is_multiple_of(FLUSH_EVERY as u64) {
                         dev::tx_flush(&x, 0, dev_scope());
                     }
                 }
@@ -585,7 +623,9 @@ impl Me {
                         )
                     });
                 }
-                dev::tx_flush(&x, 0, dev_scope());
+                if !spin {
+                    dev::tx_flush(&x, 0, dev_scope());
+                }
                 sent.store(n, Ordering::Release);
                 Ok(())
             })
@@ -721,7 +761,7 @@ impl Me {
             if sends_ok && recvs_ok {
                 return;
             }
-            self.take(tally, arrived, true);
+            self.take(tally, arrived, !self.o.spin());
             if Instant::now() > deadline {
                 die(&format!(
                     "round not done after 60 s: {} of {} sends, tokens {:?} of {:?}",

@@ -12,7 +12,7 @@ grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exc
 rm -rf .gpu && mkdir -p .gpu
 {
     cargo test -j2 --no-run --message-format=json -p xfabric --test hmem --test hmem_rma \
-        --test hmem_trigger
+        --test hmem_trigger --test shm_cuda_ipc
     # The device API's kernels measure latency and rate: the host side built optimized.
     cargo test -j2 --release --no-run --message-format=json -p xfabric --test xpu_gpu
     cargo test -j2 --no-run --message-format=json -p xfabric-kernels --test gpu

@@ -13,7 +13,7 @@ export RUST_BACKTRACE=1
 out=${OUT:-.}
 rc=0
 # XPU_GPU_ONLY=1: only the device API's kernels (xpu_gpu, below).
-for t in gpu cuda hmem hmem_rma hmem_trigger; do
+for t in gpu cuda hmem hmem_rma hmem_trigger shm_cuda_ipc; do
     [ -x "./$t" ] && [ -z "${XPU_GPU_ONLY:-}" ] || continue
     echo "=== $t"
     timeout 120 "./$t" --ignored gpu_ --test-threads=1 2>&1 | tee "$out/$t.log" | tail -25 || rc=1
@@ -33,10 +33,10 @@ fi
 [ -n "${XPU_GPU_ONLY:-}" ] && exit $rc
 for x in gpu cpu; do
     echo "=== xpu_pipeline --xpu $x"
-    timeout 60 ./xpu_pipeline --xpu "$x" 2>&1 | tail -15 || rc=1
+    timeout 60 ./xpu_pipeline --xpu "$x" 2>&1 | tee "$out/xpu_pipeline_$x.log" | tail -15 || rc=1
 done
 # The MoE dispatch with CPU XPUs: on a machine with a core for each rank's XPU and host
 # threads, the device way's overlap has idle time to reclaim (issue 31's goal: <= 0.70).
 echo "=== moe_dispatch --ranks 4"
-timeout 60 ./moe_dispatch --ranks 4 --rounds 9 2>&1 | tail -4 || rc=1
+timeout 60 ./moe_dispatch --ranks 4 --rounds 9 2>&1 | tee "$out/moe_dispatch.log" | tail -14 || rc=1
 exit $rc

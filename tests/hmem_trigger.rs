@@ -75,9 +75,12 @@ fn check_contexts(done: &[CqTaggedEntry], tag: u64) {
     assert_eq!(got, want, "the application's contexts, once each");
 }
 
-/// Device-to-host copies so far (the double's count; `None` on a real GPU).
+/// Device-to-host copies so far (the double's count; `None` on a real GPU), plus the sends
+/// from device memory offered to the peer by CUDA IPC (over shm, from
+/// `XFABRIC_SHM_IPC_MIN`): the peer copies those out of device memory itself.
 fn dtoh() -> Option<i32> {
-    double_counter("cuda_double_dtoh_copies")
+    let offered = xfabric_core::hmem_stage::offer_counts().offered;
+    double_counter("cuda_double_dtoh_copies").map(|n| n + offered as i32)
 }
 
 /// Checks that the sends of kind `tag` since `before` were gathered out of device memory

@@ -17,13 +17,49 @@
 //! the lookup is one atomic load, and endpoints without `FI_HMEM` never query owners.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::entry::Context;
 use crate::error::{Error, Result};
 use crate::hmem_iface::{HmemOps, Owner};
 use crate::rxq::{IovList, RawIov};
+
+static OFFERED: AtomicU64 = AtomicU64::new(0);
+static OFFER_STAGED: AtomicU64 = AtomicU64::new(0);
+static DIRECT: AtomicU64 = AtomicU64::new(0);
+
+/// What device-memory offers did in this process (every endpoint): a send from device memory
+/// that the transport's peer may copy itself (CUDA IPC over shm) is posted unstaged and
+/// offered; where the peer does not copy it, it is staged when the peer asks for its data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OfferCounts {
+    /// Sends from device memory posted unstaged, offered to the peer.
+    pub offered: u64,
+    /// Of those, the ones staged after all (the peer refused or could not copy): the
+    /// fallback.
+    pub staged: u64,
+    /// Receives into staged device memory that a transport copied into directly
+    /// (`EpCore::direct_landing`), skipping the host bounce.
+    pub direct: u64,
+}
+
+/// What device-memory offers did so far, in this process.
+pub fn offer_counts() -> OfferCounts {
+    OfferCounts {
+        offered: OFFERED.load(Ordering::Relaxed),
+        staged: OFFER_STAGED.load(Ordering::Relaxed),
+        direct: DIRECT.load(Ordering::Relaxed),
+    }
+}
+
+pub(crate) fn count_offered() {
+    OFFERED.fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn count_offer_staged() {
+    OFFER_STAGED.fetch_add(1, Ordering::Relaxed);
+}
 
 /// One segment of the application's memory and who owns it.
 #[derive(Clone, Copy, Debug)]
@@ -433,6 +469,32 @@ impl StagingRegistry {
         Some((user_ctx, user, ok))
     }
 
+    /// The device memory a staged incoming operation (not a multi-receive) lands in, when it
+    /// is one segment of at least `len` bytes: a transport that copies there itself skips
+    /// the bounce, and then calls `landed_direct`.
+    pub fn direct_landing(&self, ctx: Context, len: usize) -> Option<OwnedSeg> {
+        if self.live.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let map = self.lock();
+        let s = map.get(&ctx).filter(|s| !s.multi && !s.remote)?;
+        match s.land.as_slice() {
+            [seg] if seg.owner.is_device() && seg.seg.len >= len && s.early.is_none() => Some(*seg),
+            _ => None,
+        }
+    }
+
+    /// The bytes of staged operation `ctx` were copied into its device memory directly
+    /// (`ok`), or that copy failed: its completion does not land the bounce.
+    pub fn landed_direct(&self, ctx: Context, ok: bool) {
+        if let Some(s) = self.lock().get_mut(&ctx) {
+            s.early = Some(ok);
+            if ok {
+                DIRECT.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// The provider-side context of the staged operation the application posted as `user`.
     pub fn key_of(&self, user: Context) -> Option<Context> {
         if self.live.load(Ordering::Acquire) == 0 {
@@ -520,6 +582,35 @@ mod tests {
         assert_eq!(fake.copies(), 1, "landed once");
         let s = reg.claim(key).unwrap();
         assert_eq!(s.landed_early(), Some(true));
+    }
+
+    #[test]
+    fn a_direct_landing_skips_the_bounce() {
+        let fake = Fake::default();
+        let mut dev = vec![0u8; 32];
+        let dev_addr = dev.as_mut_ptr() as usize;
+        fake.add_range(dev_addr, 32);
+        let iov = IovList::one(dev_addr, 32);
+        let segs = owners(&fake, &iov).unwrap().unwrap();
+        let reg = StagingRegistry::default();
+        assert!(reg.direct_landing(5, 32).is_none(), "nothing staged");
+        let key = reg.insert(Staged::incoming(1, iov, segs));
+        assert!(reg.direct_landing(key, 33).is_none(), "too short");
+        let seg = reg.direct_landing(key, 32).expect("one device segment");
+        assert_eq!((seg.seg.addr, seg.seg.len), (dev_addr, 32));
+        reg.landed_direct(key, true);
+        assert!(reg.direct_landing(key, 32).is_none(), "landed already");
+        let s = reg.claim(key).unwrap();
+        assert_eq!(s.landed_early(), Some(true));
+        assert_eq!(fake.copies(), 0, "the bounce was never copied");
+        // Host memory, and a multi-receive buffer, are never landed directly.
+        let host = IovList::one(dev.as_ptr() as usize + 64, 8);
+        let key = reg.insert(Staged::incoming(2, host, Vec::new()));
+        assert!(reg.direct_landing(key, 8).is_none());
+        let multi = Staged::incoming_multi(3, iov, owners(&fake, &iov).unwrap().unwrap());
+        let key = reg.insert(multi);
+        assert!(reg.direct_landing(key, 8).is_none());
+        drop(dev);
     }
 
     #[test]

@@ -266,6 +266,17 @@ pub static SHM_MAP_MIN: Setting = Setting::new(
     "Smallest shm message or RMA write (bytes) from shared host memory (alloc_host_mapped) that \
      the receiver copies from a mapping of the sender's memory instead of through the ring",
 );
+/// `XFABRIC_SHM_IPC_MIN`: Smallest shm send (bytes) from CUDA device memory that is offered to
+/// the receiver to copy by CUDA IPC (device to device, or device to host) instead of staged
+/// through host bounce buffers. Below it, staging. The crossover is to be measured on a GPU
+/// machine; until then the default keeps every eager-sized message staged.
+pub static SHM_IPC_MIN: Setting = Setting::new(
+    "XFABRIC_SHM_IPC_MIN",
+    Kind::Size,
+    "65536",
+    "Smallest shm send (bytes) from CUDA device memory that the receiver copies by CUDA IPC \
+     instead of through host staging buffers",
+);
 /// `XFABRIC_SHM_SPLIT_MIN`: Smallest shm message (bytes) whose cross-memory-attach copy is split
 /// between sender and receiver (only copies from `XFABRIC_SHM_CMA_MIN` on exist).
 pub static SHM_SPLIT_MIN: Setting = Setting::new(
@@ -425,6 +436,7 @@ pub static SETTINGS: &[&Setting] = &[
     &SHM_CMA,
     &SHM_CMA_MIN,
     &SHM_MAP_MIN,
+    &SHM_IPC_MIN,
     &SHM_SPLIT_MIN,
     &SHM_UNEXP_MSGS,
     &SHM_UNEXP_BYTES,

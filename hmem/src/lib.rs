@@ -50,7 +50,7 @@ pub use absent::NotImplemented;
 pub use cuda::Cuda;
 pub use error::{HmemError, Unavailable};
 pub use iface::{DeviceInfo, Iface, Owner};
-pub use mem::{DeviceBuffer, Dmabuf, HostMapped, IpcHandle, IpcMapping};
+pub use mem::{AsyncCopy, DeviceBuffer, Dmabuf, HostMapped, IpcHandle, IpcMapping};
 pub use registry::{Hmem, IfaceStatus};
 pub use system::System;
 pub use ze::Ze;
@@ -121,6 +121,29 @@ pub trait HmemIface: Send + Sync + std::fmt::Debug {
     /// Maps an exported allocation on `device`; the mapping is closed on drop
     /// ([`IpcMapping::close`] reports the driver's answer).
     fn ipc_open(&self, device: u64, handle: &IpcHandle) -> Result<IpcMapping>;
+
+    /// Starts copying `len` bytes from `src` to `dst` on `device`'s copy stream and returns
+    /// at once: either side may be memory of this interface (an IPC mapping included) or
+    /// host memory. [`AsyncCopy::poll`] says when the bytes are in place; nothing here
+    /// waits on the device. The default: this interface has no such copies.
+    ///
+    /// # Safety
+    /// `src..src + len` must stay readable and `dst..dst + len` writable, not otherwise
+    /// accessed, until the copy is done (`poll` answered `Ok(true)`).
+    unsafe fn copy_async(
+        &self,
+        device: u64,
+        dst: *mut u8,
+        src: *const u8,
+        len: usize,
+    ) -> Result<AsyncCopy> {
+        let _ = (device, dst, src, len);
+        Err(HmemError::unsupported(
+            self.iface(),
+            "asynchronous copy",
+            "this interface has none",
+        ))
+    }
 
     /// Errors met while freeing allocations or closing mappings in `Drop`, since the last call.
     fn take_drop_errors(&self) -> Vec<HmemError>;

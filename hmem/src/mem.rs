@@ -17,6 +17,56 @@ pub(crate) trait Release: Send + Sync {
     fn release(&mut self) -> Result<(), HmemError>;
 }
 
+/// A copy under way on a device's stream: asked whether it is done, it never waits.
+pub(crate) trait Pending: Send {
+    /// `Ok(true)` once every byte is in place; `Ok(false)` while it is still moving.
+    fn query(&mut self) -> Result<bool, HmemError>;
+}
+
+/// A copy started by `HmemIface::copy_async`: [`poll`](AsyncCopy::poll) says when it is
+/// done, without blocking (a progress loop polls it with everything else). Dropping it
+/// before then does not stop the copy; the memory it reads and writes must stay valid until
+/// `poll` answered `Ok(true)` (or the interface's stream was drained).
+pub struct AsyncCopy {
+    pending: Option<Box<dyn Pending>>,
+}
+
+impl std::fmt::Debug for AsyncCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.pending.is_some() {
+            "AsyncCopy(moving)"
+        } else {
+            "AsyncCopy(done)"
+        })
+    }
+}
+
+impl AsyncCopy {
+    /// A copy that was finished before it was handed out (a synchronous interface's).
+    pub fn done() -> Self {
+        AsyncCopy { pending: None }
+    }
+
+    // Only the CUDA interface makes pending copies so far.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn pending(p: Box<dyn Pending>) -> Self {
+        AsyncCopy { pending: Some(p) }
+    }
+
+    /// `Ok(true)` once the copy is done (and every later call); `Ok(false)` while not yet;
+    /// `Err`: the device reported a failure (the bytes are not to be trusted).
+    pub fn poll(&mut self) -> Result<bool, HmemError> {
+        let Some(p) = self.pending.as_mut() else {
+            return Ok(true);
+        };
+        if p.query()? {
+            self.pending = None;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+}
+
 /// The release half shared by every resource type: runs once, by `close` or by `Drop`.
 struct Releaser {
     release: Option<Box<dyn Release>>,
@@ -239,6 +289,11 @@ pub struct IpcHandle {
     pub pid: u32,
     /// The device the allocation lives on.
     pub device: u64,
+    /// Which allocation this is, as the exporting process's driver numbers them
+    /// (`CU_POINTER_ATTRIBUTE_BUFFER_ID`: never reused within a process, so an allocation freed
+    /// and another made at the same address differ here); 0 where the interface has none.
+    /// An opener keys what it caches by it and never uses a mapping made for another id.
+    pub alloc_id: u64,
     /// The allocation's base address in the exporting process.
     pub base: u64,
     /// The allocation's length.
@@ -255,14 +310,17 @@ impl IpcHandle {
     pub const WIRE_LEN: usize = 112;
     const MAGIC: u32 = u32::from_le_bytes(*b"XFIH");
 
-    /// The wire form: little-endian `magic, iface, pid, 0u32, device, base, alloc_len,
-    /// offset`, then the 64 raw bytes.
+    /// The wire form: little-endian `magic:u32, iface:u32, pid:u32, device:u32, alloc_id,
+    /// base, alloc_len, offset`, then the 64 raw bytes. A device number past `u32` (none
+    /// exists) is written as `u32::MAX`, which no interface has.
     pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
         let mut b = [0u8; Self::WIRE_LEN];
         b[0..4].copy_from_slice(&Self::MAGIC.to_le_bytes());
         b[4..8].copy_from_slice(&self.iface.as_raw().to_le_bytes());
         b[8..12].copy_from_slice(&self.pid.to_le_bytes());
-        b[16..24].copy_from_slice(&self.device.to_le_bytes());
+        let device = u32::try_from(self.device).unwrap_or(u32::MAX);
+        b[12..16].copy_from_slice(&device.to_le_bytes());
+        b[16..24].copy_from_slice(&self.alloc_id.to_le_bytes());
         b[24..32].copy_from_slice(&self.base.to_le_bytes());
         b[32..40].copy_from_slice(&self.alloc_len.to_le_bytes());
         b[40..48].copy_from_slice(&self.offset.to_le_bytes());
@@ -310,7 +368,8 @@ impl IpcHandle {
         Ok(IpcHandle {
             iface,
             pid: u32_at(8),
-            device: u64_at(16),
+            device: u64::from(u32_at(12)),
+            alloc_id: u64_at(16),
             base: u64_at(24),
             alloc_len,
             offset,
@@ -418,6 +477,7 @@ mod tests {
             iface: Iface::Ze,
             pid: 4242,
             device: 1,
+            alloc_id: 99,
             base: 0x7f00_0000_0000,
             alloc_len: 1 << 20,
             offset: 4096,

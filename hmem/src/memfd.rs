@@ -220,6 +220,7 @@ pub(crate) fn find(addr: *const u8, len: usize) -> Option<IpcHandle> {
         iface: Iface::System,
         pid: this_pid(),
         device: 0,
+        alloc_id: 0,
         base: base as u64,
         alloc_len: e.len as u64,
         offset: (a - base) as u64,

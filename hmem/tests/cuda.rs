@@ -263,8 +263,41 @@ fn exercise(cuda: &Cuda, double: Option<&Path>) {
         assert!(cuda.host_unregister(host.as_mut_ptr()).is_err());
     }
 
+    // Asynchronous copies, device to device and device to host, polled to completion: the
+    // double holds them until an event recorded after them is found complete.
+    let other = cuda.alloc_device(0, 8192).unwrap();
+    let mut host_back = vec![0u8; 4096];
+    // SAFETY: `inner` has 4096 readable bytes; `other` and `host_back` are written only by
+    // the copies, which are polled to completion before anything reads them.
+    unsafe {
+        let mut d2d = cuda.copy_async(0, other.as_ptr(), inner, 4096).unwrap();
+        let mut d2h = cuda
+            .copy_async(0, host_back.as_mut_ptr(), other.as_ptr(), 4096)
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !(d2d.poll().unwrap() & d2h.poll().unwrap()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "copies never completed"
+            );
+            std::thread::yield_now();
+        }
+        assert!(d2d.poll().unwrap(), "done stays done");
+        assert!(cuda
+            .copy_async(0, other.as_ptr(), inner, 0)
+            .unwrap()
+            .poll()
+            .unwrap());
+    }
+    assert_eq!(host_back, data[4096..8192]);
+    // Each allocation has its own id, which its IPC handles carry.
+    let id_other = cuda.ipc_get(other.as_ptr(), 1).unwrap().alloc_id;
+    drop(other);
+
     // IPC: a handle to the allocation, with the offset of the exported address.
     let h = cuda.ipc_get(inner, 100).unwrap();
+    assert_ne!(h.alloc_id, 0);
+    assert_ne!(h.alloc_id, id_other);
     assert_eq!(
         (h.iface, h.device, h.base, h.offset),
         (Iface::Cuda, 0, buf.addr(), 4096)

@@ -246,6 +246,7 @@ fn handle_of(fd: i32, alloc_len: u64) -> IpcHandle {
         iface: Iface::System,
         pid: std::process::id(),
         device: 0,
+        alloc_id: 0,
         base: 0x1000,
         alloc_len,
         offset: 0,

@@ -37,6 +37,12 @@ mod trigger;
 /// operation still completes, at the completion level it asked for.
 pub const INJECT_CALL: u64 = 1 << 63;
 
+/// xfabric's own operation flag (bit 62, unused by libfabric): a send from device memory
+/// posted unstaged (`EpCore::device_offer_min`). The engine never puts its memory into a
+/// frame itself: it offers it to the peer's transport (CUDA IPC over shm) and stages it only
+/// if the peer asks for the data instead.
+pub const DEVICE_OFFER: u64 = 1 << 62;
+
 /// The CQ of an endpoint that an operation completes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Dir {
@@ -179,6 +185,10 @@ pub struct EpCore {
     pub hmem: Option<Arc<dyn HmemOps>>,
     /// Operations whose device buffers go through host bounce buffers (`hmem_stage`).
     pub(crate) staging: StagingRegistry,
+    /// Sends of at least this many bytes from one segment of CUDA device memory are posted
+    /// unstaged and offered to the peer (`DEVICE_OFFER`): set by a provider whose transport
+    /// copies such memory itself (shm: CUDA IPC); `usize::MAX`, the default, never.
+    pub device_offer_min: std::sync::atomic::AtomicUsize,
 }
 
 impl EpCore {
@@ -201,6 +211,7 @@ impl EpCore {
             deferred: DeferredRegistry::default(),
             hmem: None,
             staging: StagingRegistry::default(),
+            device_offer_min: std::sync::atomic::AtomicUsize::new(usize::MAX),
         }
     }
 
@@ -344,6 +355,32 @@ impl EpCore {
                 .finish_window(self.hmem(), slot.ctx, &slot.iov, len, release)
         };
         window.or_else(|| self.unstage_staged(slot.ctx, len))
+    }
+
+    /// The device memory a receive staged as `ctx` lands in, where a transport may copy
+    /// `len` bytes into it directly (`CopyReq::ctx`); it then calls `landed_direct`.
+    pub fn direct_landing(&self, ctx: Context, len: usize) -> Option<OwnedSeg> {
+        if ctx == 0 || !self.staging.any() {
+            return None;
+        }
+        self.staging.direct_landing(ctx, len)
+    }
+
+    /// The transport copied the bytes of staged receive `ctx` into its device memory itself
+    /// (`ok`), or that copy failed (its completion then reports `FI_EIO`).
+    pub fn landed_direct(&self, ctx: Context, ok: bool) {
+        self.staging.landed_direct(ctx, ok);
+    }
+
+    /// Whether a send of `iov` is posted unstaged and offered (`DEVICE_OFFER`): one segment
+    /// of CUDA memory of at least `device_offer_min` bytes, not injected.
+    pub(crate) fn device_offer(&self, hmem: &dyn HmemOps, flags: u64, iov: &IovList) -> bool {
+        let [s] = iov.segs() else { return false };
+        s.len >= self.device_offer_min.load(Ordering::Relaxed)
+            && flags & (FI_INJECT | INJECT_CALL) == 0
+            && hmem
+                .owner(s.addr)
+                .is_ok_and(|o| o.iface == crate::hmem_iface::Iface::Cuda)
     }
 
     /// Errors of staging copies into device memory (each also failed its operation with

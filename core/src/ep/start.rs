@@ -130,6 +130,17 @@ impl EpCore {
     /// As `start_send`.
     #[inline(never)]
     unsafe fn start_send_staged(&self, ops: &dyn EndpointOps, op: &TxOp) -> Result<(), StartError> {
+        if let Some(hm) = self.stager() {
+            if self.device_offer(hm, op.flags, &op.iov) {
+                crate::hmem_stage::count_offered();
+                let op = TxOp {
+                    flags: op.flags | crate::ep::DEVICE_OFFER,
+                    ..*op
+                };
+                // SAFETY: forwarded; the engine never reads the device memory itself.
+                return unsafe { ops.send(&op) }.map_err(StartError::Refused);
+            }
+        }
         // SAFETY: the caller's contract: the data is readable now.
         let staged = unsafe { self.stage_out(op.ctx, &op.iov) }.map_err(StartError::Stage)?;
         let r = match staged {

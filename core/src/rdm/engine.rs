@@ -50,7 +50,7 @@ use crate::consts::*;
 use crate::entry::Context;
 use crate::ep::atomic::{AtomicReq, ATOMIC_MAX};
 use crate::ep::rma::{RmaIovList, RmaOp};
-use crate::ep::{EpCore, TxOp, INJECT_CALL};
+use crate::ep::{EpCore, TxOp, DEVICE_OFFER, INJECT_CALL};
 use crate::error::{Error, Result};
 use crate::hmem_stage;
 use crate::rxq::{IovList, PostResult, PostedRecv, RecvQueue, RecvSlot, Unexpected};

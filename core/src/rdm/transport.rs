@@ -289,6 +289,11 @@ pub struct CopyReq {
     /// read: see the engine's ordering). A transport must not let the copy's end wait on
     /// anything that peer sends later, which may queue behind those requests.
     pub holds: bool,
+    /// The context the provider posted the receive that `local` belongs to (0 where the
+    /// copy serves no receive). Where the receive's memory is device memory staged through
+    /// a host buffer, `local` is that buffer, and a transport that can copy into the device
+    /// memory itself asks `EpCore::direct_landing` for it (then `local` is left untouched).
+    pub ctx: crate::entry::Context,
 }
 
 /// How a copy ended.

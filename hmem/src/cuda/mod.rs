@@ -18,7 +18,8 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::sys;
 
 use crate::error::{DropErrors, HmemError, Unavailable};
-use crate::mem::{DeviceBuffer, Dmabuf, HostMapped, IpcHandle, IpcMapping, Release};
+use crate::mem::Release;
+use crate::mem::{AsyncCopy, DeviceBuffer, Dmabuf, HostMapped, IpcHandle, IpcMapping, Pending};
 use crate::{check_len, DeviceInfo, HmemIface, Iface, Owner, Result};
 use result::DriverError;
 
@@ -270,6 +271,32 @@ impl Release for IpcOpened {
     }
 }
 
+/// A copy's completion event (`cuEventRecord` after `cuMemcpyAsync`), destroyed on drop.
+struct CopyEvent {
+    state: Arc<CudaState>,
+    ev: sys::CUevent,
+}
+
+// SAFETY: an event handle is usable from any thread; the driver serialises access to it.
+unsafe impl Send for CopyEvent {}
+
+impl Pending for CopyEvent {
+    fn query(&mut self) -> Result<bool> {
+        // SAFETY: the event lives until this value drops.
+        unsafe { result::async_copy::query(self.ev) }.map_err(cuda_err("cuEventQuery"))
+    }
+}
+
+impl Drop for CopyEvent {
+    fn drop(&mut self) {
+        // SAFETY: created by `record`, destroyed once here; destroying an event whose work
+        // is still queued is allowed (its resources go once the work is done).
+        if let Err(e) = unsafe { result::async_copy::destroy(self.ev) } {
+            self.state.errors.record(cuda_err("cuEventDestroy")(e));
+        }
+    }
+}
+
 impl HmemIface for Cuda {
     fn iface(&self) -> Iface {
         Iface::Cuda
@@ -424,17 +451,20 @@ impl HmemIface for Cuda {
                 format!("{addr:p} is not CUDA device memory"),
             ));
         };
-        let (base, raw) = state.with_ctx(OP, owner.device, |_| {
+        let (base, raw, alloc_id) = state.with_ctx(OP, owner.device, |_| {
             let (base, size) = result::pointer::address_range(addr as u64)
                 .map_err(cuda_err("cuMemGetAddressRange"))?;
+            let id = result::pointer::buffer_id(base)
+                .map_err(cuda_err("cuPointerGetAttribute(BUFFER_ID)"))?;
             // SAFETY: `base` is the base of the live allocation holding `addr`.
             let raw = unsafe { result::ipc::get(base) }.map_err(cuda_err("cuIpcGetMemHandle"))?;
-            Ok(((base, size), raw))
+            Ok(((base, size), raw, id))
         })?;
         let handle = IpcHandle {
             iface: Iface::Cuda,
             pid: crate::memfd::this_pid(),
             device: owner.device,
+            alloc_id,
             base: base.0,
             alloc_len: base.1 as u64,
             offset: (addr as u64).saturating_sub(base.0),
@@ -480,6 +510,31 @@ impl HmemIface for Cuda {
             Some(Box::new(release)),
             state.errors.clone(),
         ))
+    }
+
+    unsafe fn copy_async(
+        &self,
+        device: u64,
+        dst: *mut u8,
+        src: *const u8,
+        len: usize,
+    ) -> Result<AsyncCopy> {
+        if len == 0 {
+            return Ok(AsyncCopy::done());
+        }
+        let state = self.state()?;
+        let ev = state.with_ctx("copy_async", device, |dc| {
+            // SAFETY: the caller keeps both ranges valid until the event says the copy is
+            // done; the stream belongs to this context.
+            unsafe { result::async_copy::memcpy(dst as u64, src as u64, len, dc.stream) }
+                .map_err(cuda_err("cuMemcpyAsync"))?;
+            // SAFETY: as above.
+            unsafe { result::async_copy::record(dc.stream) }.map_err(cuda_err("cuEventRecord"))
+        })?;
+        Ok(AsyncCopy::pending(Box::new(CopyEvent {
+            state: state.clone(),
+            ev,
+        })))
     }
 
     fn dmabuf(&self, addr: *const u8, len: usize) -> Result<Dmabuf> {

@@ -41,6 +41,11 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuIpcGetMemHandle",
     "cuIpcOpenMemHandle_v2",
     "cuIpcCloseMemHandle",
+    "cuMemcpyAsync",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventDestroy_v2",
 ];
 
 /// Checks that libcuda loads and exports every symbol in [`REQUIRED_SYMBOLS`]; otherwise says
@@ -178,6 +183,22 @@ pub mod pointer {
         Ok(v)
     }
 
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`: the allocation's id, unique for the life of the
+    /// process (an allocation made later at the same address has another).
+    pub fn buffer_id(ptr: sys::CUdeviceptr) -> Result<u64, DriverError> {
+        let mut v: u64 = 0;
+        // SAFETY: BUFFER_ID writes one unsigned long long.
+        unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut v as *mut u64).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                ptr,
+            )
+        }
+        .result()?;
+        Ok(v)
+    }
+
     /// Base and size of the allocation holding `ptr`.
     pub fn address_range(ptr: sys::CUdeviceptr) -> Result<(sys::CUdeviceptr, usize), DriverError> {
         let (mut base, mut size) = (0, 0);
@@ -258,5 +279,68 @@ pub mod ipc {
     pub unsafe fn close(mapped: sys::CUdeviceptr) -> Result<(), DriverError> {
         // SAFETY: the caller's contract.
         unsafe { sys::cuIpcCloseMemHandle(mapped) }.result()
+    }
+}
+
+/// Copies ordered on a stream, and the events that say when they are done.
+pub mod async_copy {
+    use super::*;
+
+    /// `cuMemcpyAsync`: `n` bytes from `src` to `dst` (either host or device memory, under
+    /// unified addressing) on `stream`, returning before they move.
+    ///
+    /// # Safety
+    /// Both ranges must stay valid, and `dst` otherwise untouched, until the copy is done.
+    pub unsafe fn memcpy(
+        dst: sys::CUdeviceptr,
+        src: sys::CUdeviceptr,
+        n: usize,
+        stream: sys::CUstream,
+    ) -> Result<(), DriverError> {
+        // SAFETY: the caller's contract.
+        unsafe { sys::cuMemcpyAsync(dst, src, n, stream) }.result()
+    }
+
+    /// `cuEventCreate(DISABLE_TIMING)` then `cuEventRecord` on `stream`: an event that
+    /// completes once everything queued on `stream` so far has.
+    ///
+    /// # Safety
+    /// `stream` must be live, in the current context.
+    pub unsafe fn record(stream: sys::CUstream) -> Result<sys::CUevent, DriverError> {
+        let mut ev = MaybeUninit::uninit();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
+        // SAFETY: writes one event handle.
+        unsafe { sys::cuEventCreate(ev.as_mut_ptr(), flags) }.result()?;
+        // SAFETY: initialised on success.
+        let ev = unsafe { ev.assume_init() };
+        // SAFETY: both live; on failure the event is destroyed here, once.
+        if let Err(e) = unsafe { sys::cuEventRecord(ev, stream) }.result() {
+            let _ = unsafe { sys::cuEventDestroy_v2(ev) };
+            return Err(e);
+        }
+        Ok(ev)
+    }
+
+    /// `cuEventQuery`: `Ok(true)` once done, `Ok(false)` while `CUDA_ERROR_NOT_READY`;
+    /// never waits.
+    ///
+    /// # Safety
+    /// `ev` must be a live event.
+    pub unsafe fn query(ev: sys::CUevent) -> Result<bool, DriverError> {
+        // SAFETY: the caller's contract.
+        match unsafe { sys::cuEventQuery(ev) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(DriverError(e)),
+        }
+    }
+
+    /// `cuEventDestroy`.
+    ///
+    /// # Safety
+    /// `ev` must be a live event, destroyed once.
+    pub unsafe fn destroy(ev: sys::CUevent) -> Result<(), DriverError> {
+        // SAFETY: the caller's contract.
+        unsafe { sys::cuEventDestroy_v2(ev) }.result()
     }
 }

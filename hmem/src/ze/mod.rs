@@ -399,6 +399,7 @@ impl HmemIface for Ze {
             iface: Iface::Ze,
             pid: crate::memfd::this_pid(),
             device: owner.device,
+            alloc_id: 0,
             base: base as u64,
             alloc_len: size as u64,
             offset: (addr as u64).saturating_sub(base as u64),

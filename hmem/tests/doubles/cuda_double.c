@@ -23,6 +23,19 @@
  * CUDA_DOUBLE_LAND_DELAY_US set, a synchronize waits that long before the held copies land,
  * as a busy device would (so a test can see who reports data before it is there).
  *
+ * IPC across processes: each cuMemAlloc memfd is named for the allocation's id (the driver's
+ * CU_POINTER_ATTRIBUTE_BUFFER_ID, never reused in a process), and the handle carries it; an
+ * open checks that /proc/<pid>/fd/<fd> is still that allocation's memfd and refuses a stale
+ * handle (the allocation freed, its descriptor number reused) with CUDA_ERROR_INVALID_HANDLE,
+ * as the driver refuses a handle to freed memory. CUDA_DOUBLE_IPC_REFUSE=1 makes every open
+ * answer CUDA_ERROR_NOT_SUPPORTED (a driver or container without IPC).
+ *
+ * Asynchronous copies (cuMemcpyAsync) are held on their stream like host-to-device ones and
+ * land when an event recorded after them is found complete (cuEventQuery) or the stream is
+ * synchronized. An event answers CUDA_ERROR_NOT_READY to its first CUDA_DOUBLE_EVENT_POLLS
+ * queries (default 2), so a caller that reports a copy before polling it to completion is
+ * caught. cuda_double_async_copies() counts the copies that landed so.
+ *
  * dma-buf: cuMemGetHandleForAddressRange answers CUDA_ERROR_NOT_SUPPORTED, as for a device
  * without dma-buf support, unless CUDA_DOUBLE_DMABUF names a DRM device that makes dumb
  * buffers (vgem's /dev/dri/card0): then every cuMemAlloc is such a buffer, mapped, and
@@ -69,13 +82,14 @@ struct region {
 	int device;
 	int fd; /* DEVICE_ALLOC only: a memfd, or the dma-buf of a DRM dumb buffer */
 	unsigned gem; /* that dumb buffer's handle, 0 for a memfd */
+	unsigned long long id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
 };
 
 struct ctx { int magic; int device; int refs; };
 /* Host-to-device copies are held until the stream is synchronized, as a device would do
  * them later: data reported before cuStreamSynchronize returns is not there yet. */
 #define MAX_PENDING 32
-struct pending { void *dst; const void *src; size_t n; };
+struct pending { void *dst; const void *src; size_t n; int htod; };
 struct stream { int magic; int device; struct pending pend[MAX_PENDING]; int npend; };
 #define CTX_MAGIC 0x0c7c7c7c
 #define STREAM_MAGIC 0x5743a3
@@ -87,6 +101,9 @@ static int live_streams;
 static int htod_landed;
 static int htod_pending;
 static int dtoh_copies;
+static int async_copies;
+static int live_events;
+static unsigned long long next_id = 1;
 static struct ctx contexts[CUDA_DOUBLE_DEVICES];
 static int initialized;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -112,7 +129,7 @@ static CUresult add(char *base, size_t len, enum kind kind, int device, int fd)
 {
 	if (nregions == MAX_REGIONS)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	regions[nregions++] = (struct region){ base, len, kind, device, fd, 0 };
+	regions[nregions++] = (struct region){ base, len, kind, device, fd, 0, next_id++ };
 	return CUDA_SUCCESS;
 }
 
@@ -120,7 +137,7 @@ static CUresult add(char *base, size_t len, enum kind kind, int device, int fd)
 int cuda_double_live(void)
 {
 	pthread_mutex_lock(&lock);
-	int n = nregions + live_streams;
+	int n = nregions + live_streams + live_events;
 	for (int i = 0; i < CUDA_DOUBLE_DEVICES; i++)
 		n += contexts[i].refs;
 	pthread_mutex_unlock(&lock);
@@ -245,11 +262,15 @@ static void land(struct stream *s)
 	const char *delay = getenv("CUDA_DOUBLE_LAND_DELAY_US");
 	if (delay && s->npend > 0)
 		usleep((useconds_t)strtoul(delay, NULL, 10));
-	for (int i = 0; i < s->npend; i++)
+	int htod = 0;
+	for (int i = 0; i < s->npend; i++) {
 		memcpy(s->pend[i].dst, s->pend[i].src, s->pend[i].n);
+		htod += s->pend[i].htod;
+	}
 	pthread_mutex_lock(&lock);
-	htod_landed += s->npend;
-	htod_pending -= s->npend;
+	htod_landed += htod;
+	htod_pending -= htod;
+	async_copies += s->npend - htod;
 	pthread_mutex_unlock(&lock);
 	s->npend = 0;
 }
@@ -310,6 +331,8 @@ CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
 		*(unsigned *)data = (r->kind == DEVICE_ALLOC || r->kind == IPC_MAPPED) ? 2 : 1;
 	else if (attr == 9) /* DEVICE_ORDINAL */
 		*(int *)data = r->device;
+	else if (attr == 7 && (r->kind == DEVICE_ALLOC || r->kind == IPC_MAPPED)) /* BUFFER_ID */
+		*(unsigned long long *)data = r->id;
 	else
 		res = CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_unlock(&lock);
@@ -350,7 +373,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, struct
 		return r;
 	if (s->npend == MAX_PENDING)
 		land(s);
-	s->pend[s->npend++] = (struct pending){ (void *)(uintptr_t)dst, src, n };
+	s->pend[s->npend++] = (struct pending){ (void *)(uintptr_t)dst, src, n, 1 };
 	pthread_mutex_lock(&lock);
 	htod_pending++;
 	pthread_mutex_unlock(&lock);
@@ -446,7 +469,12 @@ CUresult cuMemAlloc_v2(CUdeviceptr *d, size_t len)
 		*d = (CUdeviceptr)(uintptr_t)p;
 		return CUDA_SUCCESS;
 	}
-	int fd = (int)syscall(SYS_memfd_create, "cuda-double", 0);
+	char name[64];
+	pthread_mutex_lock(&lock);
+	unsigned long long id = next_id++; /* reserved: the memfd is named for it */
+	pthread_mutex_unlock(&lock);
+	snprintf(name, sizeof name, "cuda-double-%llu", id);
+	int fd = (int)syscall(SYS_memfd_create, name, 0);
 	if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
 		if (fd >= 0)
 			close(fd);
@@ -459,6 +487,8 @@ CUresult cuMemAlloc_v2(CUdeviceptr *d, size_t len)
 	}
 	pthread_mutex_lock(&lock);
 	CUresult r = add(p, len, DEVICE_ALLOC, current()->device, fd);
+	if (r == CUDA_SUCCESS)
+		regions[nregions - 1].id = id;
 	pthread_mutex_unlock(&lock);
 	if (r != CUDA_SUCCESS) {
 		munmap(p, len);
@@ -561,7 +591,7 @@ CUresult cuMemHostUnregister(void *p)
 	return remove_region(p, HOST_REGISTERED, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
 }
 
-/* Handle layout (the double's own): pid, fd, length, device, magic. */
+/* Handle layout (the double's own): pid, fd, length, device, magic, allocation id at 32. */
 CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr base)
 {
 	pthread_mutex_lock(&lock);
@@ -569,8 +599,9 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr base)
 	int ok = r && r->base == (char *)(uintptr_t)base && r->kind == DEVICE_ALLOC;
 	if (ok) {
 		int32_t pid = getpid(), fd = r->fd, dev = r->device;
-		uint64_t len = r->len;
+		uint64_t len = r->len, id = r->gem ? 0 : r->id;
 		memset(h, 0, sizeof *h);
+		memcpy(h->reserved + 32, &id, 8);
 		memcpy(h->reserved, &pid, 4);
 		memcpy(h->reserved + 4, &fd, 4);
 		memcpy(h->reserved + 8, &len, 8);
@@ -589,15 +620,30 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *d, CUipcMemHandle h, unsigned flags)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (memcmp(h.reserved + 20, "CUDBL", 5) != 0)
 		return CUDA_ERROR_INVALID_VALUE;
+	const char *refuse = getenv("CUDA_DOUBLE_IPC_REFUSE");
+	if (refuse && *refuse == '1')
+		return CUDA_ERROR_NOT_SUPPORTED;
 	int32_t pid, fd;
-	uint64_t len;
+	uint64_t len, id;
 	memcpy(&pid, h.reserved, 4);
 	memcpy(&fd, h.reserved + 4, 4);
 	memcpy(&len, h.reserved + 8, 8);
+	memcpy(&id, h.reserved + 32, 8);
 	if (pid == getpid()) /* the driver refuses to open a handle where it was made */
 		return CUDA_ERROR_INVALID_CONTEXT;
 	char path[64];
 	snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd);
+	if (id != 0) {
+		/* Still that allocation's memfd? A freed one's number may name another file now. */
+		char want[96], got[96];
+		snprintf(want, sizeof want, "/memfd:cuda-double-%llu (deleted)", (unsigned long long)id);
+		ssize_t n = readlink(path, got, sizeof got - 1);
+		if (n < 0)
+			return CUDA_ERROR_INVALID_HANDLE;
+		got[n] = 0;
+		if (strcmp(want, got) != 0)
+			return CUDA_ERROR_INVALID_HANDLE;
+	}
 	int local = open(path, O_RDWR);
 	if (local < 0)
 		return CUDA_ERROR_INVALID_HANDLE;
@@ -651,4 +697,93 @@ CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t si
 	}
 	pthread_mutex_unlock(&lock);
 	return res;
+}
+
+/* Asynchronous copies between any two addresses (unified addressing): held on the stream,
+ * landed when an event recorded after them completes or the stream is synchronized. */
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, struct stream *s)
+{
+	if (!current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!s || s->magic != STREAM_MAGIC)
+		return CUDA_ERROR_INVALID_HANDLE;
+	pthread_mutex_lock(&lock);
+	struct region *d = find((void *)(uintptr_t)dst), *r = find((void *)(uintptr_t)src);
+	/* A range starting in known memory must end inside it. */
+	int ok = (!d || (char *)(uintptr_t)dst + n <= d->base + d->len) &&
+		 (!r || (char *)(uintptr_t)src + n <= r->base + r->len) && dst && src;
+	pthread_mutex_unlock(&lock);
+	if (!ok)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (s->npend == MAX_PENDING)
+		land(s);
+	s->pend[s->npend++] = (struct pending){ (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, 0 };
+	return CUDA_SUCCESS;
+}
+
+#define EVENT_MAGIC 0xe7e7e7
+struct event { int magic; struct stream *stream; int polls_left; int recorded; };
+
+CUresult cuEventCreate(struct event **e, unsigned flags)
+{
+	(void)flags;
+	struct event *ev = calloc(1, sizeof *ev);
+	if (!ev)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	ev->magic = EVENT_MAGIC;
+	pthread_mutex_lock(&lock);
+	live_events++;
+	pthread_mutex_unlock(&lock);
+	*e = ev;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuEventRecord(struct event *e, struct stream *s)
+{
+	if (!e || e->magic != EVENT_MAGIC || !s || s->magic != STREAM_MAGIC)
+		return CUDA_ERROR_INVALID_HANDLE;
+	const char *polls = getenv("CUDA_DOUBLE_EVENT_POLLS");
+	e->stream = s;
+	e->polls_left = polls ? atoi(polls) : 2;
+	e->recorded = 1;
+	return CUDA_SUCCESS;
+}
+
+#define CUDA_ERROR_NOT_READY 600
+
+CUresult cuEventQuery(struct event *e)
+{
+	if (!e || e->magic != EVENT_MAGIC)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (!e->recorded)
+		return CUDA_SUCCESS;
+	if (e->polls_left > 0) {
+		e->polls_left--;
+		return CUDA_ERROR_NOT_READY;
+	}
+	if (e->stream) {
+		land(e->stream);
+		e->stream = NULL;
+	}
+	return CUDA_SUCCESS;
+}
+
+CUresult cuEventDestroy_v2(struct event *e)
+{
+	if (!e || e->magic != EVENT_MAGIC)
+		return CUDA_ERROR_INVALID_HANDLE;
+	e->magic = 0;
+	free(e);
+	pthread_mutex_lock(&lock);
+	live_events--;
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
+}
+
+int cuda_double_async_copies(void)
+{
+	pthread_mutex_lock(&lock);
+	int n = async_copies;
+	pthread_mutex_unlock(&lock);
+	return n;
 }

@@ -49,7 +49,20 @@ pub fn open(core: Arc<EpCore>) -> Result<Arc<ShmEndpoint>> {
         // A frame the ring takes is in the receiver's segment: delivered.
         delivered_on_take: true,
     };
-    let one_sided = ShmOneSided::new(net.cma.clone());
+    let mut net = net;
+    let mut one_sided = ShmOneSided::new(net.cma.clone());
+    // CUDA IPC: sends from device memory offered unstaged, copied by the receiver (net::ipc).
+    if core.caps & FI_HMEM != 0 && core.hmem.is_some() {
+        let cuda = xfabric_hmem::Hmem::global().get(xfabric_core::Iface::Cuda);
+        if cuda.available().is_ok() {
+            one_sided.cuda_ipc = true;
+            core.device_offer_min.store(
+                settings::SHM_IPC_MIN.usize(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+    }
+    net.core = Some(core.clone());
     RdmEndpoint::open(core, net, name, cfg, Some(Box::new(one_sided)))
 }
 
@@ -239,7 +252,7 @@ impl Wire for Net {
             // it is given longer (a claimed part is one system call away from done, but its
             // process may not be scheduled), as shm's first protocol gave it.
             let now = Instant::now();
-            let owing = (g.engine.owes() || self.writing()) && now < deadline;
+            let owing = (g.engine.owes() || self.writing() || self.ipc_busy()) && now < deadline;
             let splitting = self.splitting() && now.duration_since(start) < CLOSE_SPLIT;
             if !(owing || splitting) {
                 break;
@@ -249,6 +262,7 @@ impl Wire for Net {
         }
         // Past the bound: a peer that neither answers nor dies is given up on.
         self.end_splits(g.engine, None, errno::FI_ECANCELED);
+        self.abandon_ipc(g.engine);
         self.bye();
     }
 }

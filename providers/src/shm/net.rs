@@ -30,6 +30,7 @@
 //! processes when large: `split`), or, for memory the sender allocated to be shared (hmem's
 //! device-visible host memory), plain loads from a mapping of it (`mapped`).
 
+pub(super) mod ipc;
 pub(super) mod mapped;
 pub(super) mod split;
 
@@ -50,6 +51,7 @@ use super::ring::{self, kind, Consumer, Header, Producer, CTRL_SPARE, LANES};
 use super::segment::Segment;
 use crate::rdm::{Glue, Handler, PeerName};
 
+pub use ipc::{counts as ipc_counts, desc_of as ipc_desc, Counts as IpcCounts};
 pub use mapped::{counts as mapped_counts, desc_of as mapped_desc, Counts as MappedCounts};
 pub use split::{counts as split_counts, Counts as SplitCounts, SPLIT, SPLIT_DONE};
 
@@ -183,6 +185,10 @@ pub struct Net {
     split_cma: CmaState,
     /// Peers' shared allocations mapped for copies (`mapped`).
     maps: mapped::Cache,
+    /// Peers' CUDA allocations opened by IPC, and the copies from them under way (`ipc`).
+    ipc: ipc::Cache,
+    /// The endpoint's core, for landing staged device receives directly (`ipc`).
+    pub core: Option<Arc<xfabric_core::EpCore>>,
 }
 
 /// A peer named by its segment (the AV holds `fi_shm://` and the name).
@@ -288,6 +294,8 @@ impl Net {
             split_min: xfabric_core::settings::SHM_SPLIT_MIN.usize(),
             split_cma: CmaState::new(),
             maps: mapped::Cache::default(),
+            ipc: ipc::Cache::default(),
+            core: None,
             idle: Arc::new(Idle {
                 busy: AtomicBool::new(false),
                 watch: AtomicBool::new(false),
@@ -435,7 +443,14 @@ impl Net {
                     // Reported when the peer's part is done too.
                     split::Taken::Pending => continue,
                     split::Taken::Done(how) => how,
-                    split::Taken::Alone => self.copy(&c),
+                    split::Taken::Alone => match ipc::decode(&c.remote) {
+                        // Reported by `poll_ipc` once its event completes.
+                        Some(named) => match self.copy_ipc(&c, named) {
+                            None => continue,
+                            Some(how) => how,
+                        },
+                        None => self.copy(&c),
+                    },
                 };
                 g.engine.on_copied(c.token, how);
                 // A copy's end sends an acknowledgement or a read's answer.
@@ -573,7 +588,15 @@ impl Net {
         if self.splits.iter().any(|s| !s.spun) {
             self.spin_splits(g);
         }
+        if self.ipc.busy() {
+            n += self.poll_ipc(g.engine);
+        }
         n
+    }
+
+    /// CUDA IPC copies are under way (a closing endpoint lets them finish).
+    pub fn ipc_busy(&self) -> bool {
+        self.ipc.busy()
     }
 
     /// Frees the lane of a dead peer once everything it wrote there was taken.
@@ -636,6 +659,7 @@ impl Net {
         link.held.clear();
         link.rx_lane = None;
         self.maps.drop_peer(p);
+        self.ipc.drop_peer(p);
         g.on_lost(p, None, libc::EPROTO);
         // Its answers would come on the lane just dropped.
         self.end_splits(g.engine, Some(p), libc::EPROTO);
@@ -1024,6 +1048,7 @@ impl Net {
         link.out = None;
         self.pumping.retain(|&q| q != p);
         self.maps.drop_peer(p);
+        self.ipc.drop_peer(p);
         g.on_lost(p, Some(&Seg(&self.links[p].name)), err);
         self.end_splits(g.engine, Some(p), err);
     }
@@ -1041,7 +1066,8 @@ impl Net {
         let busy = !self.pumping.is_empty()
             || eng.has_output()
             || (self.stalled == 0 && held())
-            || self.splits.iter().any(|s| !s.spun);
+            || self.splits.iter().any(|s| !s.spun)
+            || self.ipc.busy();
         self.idle.busy.store(busy, Ordering::Release);
         let watch = busy
             || !self.splits.is_empty()
@@ -1186,6 +1212,9 @@ pub struct ShmOneSided {
     pub map_min: usize,
     /// Finds the shared allocation holding a buffer.
     pub sys: xfabric_hmem::System,
+    /// CUDA device memory is described by IPC handles (an `FI_HMEM` endpoint where CUDA is
+    /// available: `ipc`).
+    pub cuda_ipc: bool,
 }
 
 impl ShmOneSided {
@@ -1197,6 +1226,7 @@ impl ShmOneSided {
             pull_min: xfabric_core::settings::SHM_CMA_MIN.usize(),
             map_min: xfabric_core::settings::SHM_MAP_MIN.usize(),
             sys: xfabric_hmem::System::new(),
+            cuda_ipc: false,
         }
     }
 }
@@ -1207,6 +1237,11 @@ impl OneSided for ShmOneSided {
     }
 
     fn describe(&self, _peer: PeerId, iov: &IovList) -> Option<Desc> {
+        if self.cuda_ipc {
+            if let Some(d) = ipc::describe(iov) {
+                return Some(d);
+            }
+        }
         if !self.cma.usable() {
             return None;
         }

@@ -10,8 +10,8 @@ use xfabric_core::{Error, Result};
 use super::addr::ADDR_PREFIX;
 use super::net::split;
 pub use super::net::{
-    mapped_counts, mapped_desc, split_counts, MappedCounts, SplitCounts, FRAME, HELD_MAX, PIECE,
-    PIECE_LEN, SPLIT, SPLIT_DONE,
+    ipc_counts, ipc_desc, mapped_counts, mapped_desc, split_counts, IpcCounts, MappedCounts,
+    SplitCounts, FRAME, HELD_MAX, PIECE, PIECE_LEN, SPLIT, SPLIT_DONE,
 };
 use super::ring::{self, kind, Consumer, Header, Producer};
 use super::segment::{fresh_name, Segment};

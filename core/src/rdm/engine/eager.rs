@@ -68,6 +68,8 @@ impl Engine {
         let len = op.iov.total();
         let (fl, ack) = msg_flags(op.flags);
         match copy {
+            // Device memory offered to the peer's transport: never read here.
+            None if op.flags & DEVICE_OFFER != 0 => self.send_device_offer(peer, op, fl),
             Some(body) if !ack => self.send_inject(peer, op, fl, body),
             None if self.cfg.delivered_on_take && !ack && len <= crate::rdm::INLINE_BODY => {
                 // SAFETY: the caller's contract keeps the iov readable during the call.
@@ -142,6 +144,7 @@ impl Engine {
         let (fl, ack) = msg_flags(op.flags);
         let direct = self.cfg.delivered_on_take
             && !ack
+            && op.flags & DEVICE_OFFER == 0
             && len <= self.cfg.eager_max
             && op.flags & FI_FENCE == 0
             && self.out.is_empty()

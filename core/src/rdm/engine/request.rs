@@ -28,6 +28,9 @@ pub(super) struct TxReq {
     /// The transport's NIC carries it out (`transport::Native`): only the transport
     /// answers it (`on_native`), never a peer's frame.
     pub native: bool,
+    /// A send from device memory offered unstaged (`DEVICE_OFFER`): its data never goes
+    /// into a frame from `iov` itself; where the peer does not copy it, it is staged then.
+    pub device: bool,
 }
 
 impl TxReq {
@@ -46,6 +49,7 @@ impl TxReq {
             rts: false,
             pull: false,
             native: false,
+            device: false,
         }
     }
 

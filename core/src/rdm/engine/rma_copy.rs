@@ -65,6 +65,7 @@ impl Engine {
                 len,
                 offer,
                 holds: true,
+                ctx: 0,
             }),
             None => self.ask_data(peer, i),
         }

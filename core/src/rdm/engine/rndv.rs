@@ -55,6 +55,31 @@ impl Engine {
         self.frame(peer, f, Body::None, None);
     }
 
+    /// Announces a send from device memory (`DEVICE_OFFER`), whatever its size, offering the
+    /// memory where the transport describes it (CUDA IPC) and the peer copies with us; its
+    /// data is staged only if the peer answers `Cts` (`on_cts`).
+    pub(super) fn send_device_offer(&mut self, peer: PeerId, op: &TxOp, fl: u8) {
+        let desc = match &self.one_sided {
+            Some(t) if self.can_copy(peer) => t.describe(peer, &op.iov).unwrap_or_default(),
+            _ => Desc::default(),
+        };
+        let (id, _) = self.new_tx(TxReq {
+            rts: true,
+            pull: !desc.is_empty(),
+            device: true,
+            ..TxReq::new(op.ctx, op.flags & !DEVICE_OFFER, peer, op.iov)
+        });
+        let f = Frame::Rts {
+            id: id as u32,
+            tag: op.tag,
+            data: op.data,
+            len: op.iov.total() as u64,
+            flags: fl & (flags::TAGGED | flags::CQ_DATA),
+            desc,
+        };
+        self.frame(peer, f, Body::None, None);
+    }
+
     /// An `Rts`: the message starts on its way if a receive matches, else its announcement
     /// is kept unexpected (while the bounds allow: `Sink::Wait` past them).
     #[allow(clippy::too_many_arguments)]
@@ -154,6 +179,7 @@ impl Engine {
             pipe.len.min(pipe.slot.iov.total()),
             pipe.gen,
         );
+        let ctx = pipe.slot.ctx;
         let rx = self.rx.insert(pipe);
         if copying {
             self.copies.push_back(CopyReq {
@@ -165,6 +191,7 @@ impl Engine {
                 len,
                 offer: id,
                 holds: false,
+                ctx,
             });
         } else {
             self.frame(peer, Frame::Cts { id, rx: rx as u32 }, Body::None, None);
@@ -180,6 +207,31 @@ impl Engine {
             if rx == NO_RX {
                 t.answer = Some(0);
                 self.maybe_complete(i);
+            } else if t.device {
+                // Offered from device memory and not copied by the peer (it could not open
+                // the memory, or copies no more with us): its data is staged now, counted
+                // and logged (`hmem_stage::offer_counts`), and goes through frames.
+                let iov = t.iov;
+                match self.stage_device_data(&iov) {
+                    Ok(body) => {
+                        hmem_stage::count_offer_staged();
+                        tracing::info!(
+                            peer,
+                            len = iov.total(),
+                            "a device-memory send its peer did not copy goes staged"
+                        );
+                        self.frame(peer, Frame::Data { rx }, body, None);
+                    }
+                    Err(e) => {
+                        // The device did not give its bytes: the send fails here. The
+                        // receiver has no frame to learn it by; its receive waits until this
+                        // endpoint closes or is lost (docs/hmem.md).
+                        tracing::warn!(peer, "staging a device-memory send failed: {e}");
+                        self.core.staging.record_error(e);
+                        self.tx[i].answer = Some(FI_EIO);
+                        self.maybe_complete(i);
+                    }
+                }
             } else {
                 t.unsent = 1;
                 let iov = t.iov;
@@ -193,6 +245,25 @@ impl Engine {
             }
         }
         self.no_body(peer)
+    }
+
+    /// The bytes of `iov`, device memory gathered through the hmem layer, in a buffer the
+    /// frame owns.
+    fn stage_device_data(&self, iov: &IovList) -> Result<Body> {
+        let hm = self.core.hmem().ok_or_else(|| {
+            Error::Inval("a device-memory send on an endpoint without hmem".into())
+        })?;
+        let v = match hmem_stage::owners(hm, iov)? {
+            // SAFETY: the send's memory is readable until it completes (`post_send`).
+            Some(segs) => unsafe { hmem_stage::gather(hm, &segs) }?,
+            None => {
+                let mut v = vec![0u8; iov.total()];
+                // SAFETY: as above: host memory after all.
+                unsafe { iov.copy_out(0, &mut v) };
+                v
+            }
+        };
+        Ok(Body::Owned(v))
     }
 
     /// A `Data`: a large message's bytes, straight into its receive; or, marked `SERVE`, the

@@ -619,3 +619,62 @@ fn a_full_peer_keeps_its_frames_in_order_and_others_go_on() {
     assert_eq!(eng.blocked(0), 0);
     assert!(!eng.busy() && eng.poll_transmit().is_none());
 }
+
+/// A send from device memory offered unstaged (`DEVICE_OFFER`): announced whatever its size
+/// (here below the eager limit), never read by the engine; pulled by the peer's transport,
+/// the sender gathers nothing; refused, the sender stages it when asked (`Cts`) and the data
+/// comes through frames.
+#[test]
+fn device_offer_is_announced_pulled_or_staged_when_refused() {
+    use crate::ep::DEVICE_OFFER;
+    use std::sync::atomic::Ordering;
+    let fake = Arc::new(FakeHmem::default());
+    let src = pattern(40, 61);
+    fake.add(&src);
+    let mut buf = vec![0u8; 64];
+    let mut net = Net::sides(World::with_hmem(fake.clone()), true, true);
+    net.b.recv(recv(10, &mut buf, Some(4), 0));
+    net.a.send(send(1, &src, Some(4), None, DEVICE_OFFER));
+    assert_eq!(
+        net.flush(S::A),
+        vec![Kind::Rts],
+        "announced, not sent eagerly"
+    );
+    let p = net.b.eng.poll_copy().expect("a copy");
+    assert_eq!((p.dir, p.len, p.ctx), (Dir::Read, 40, 10));
+    perform(&p);
+    net.b.eng.on_copied(p.token, Copied::Done);
+    net.report();
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    let done = net.a.one(1);
+    assert_eq!(
+        done.flags & DEVICE_OFFER,
+        0,
+        "the internal flag is not reported"
+    );
+    assert_eq!(net.b.one(10).len, 40);
+    assert_eq!(&buf[..40], &src[..]);
+    assert_eq!(fake.to_host.load(Ordering::Acquire), 0, "nothing gathered");
+
+    // Refused by the receiver's transport: the sender stages it when asked.
+    let staged = crate::hmem_stage::offer_counts().staged;
+    let mut buf2 = vec![0u8; 64];
+    net.b.recv(recv(11, &mut buf2, Some(5), 0));
+    net.a.send(send(2, &src, Some(5), None, DEVICE_OFFER));
+    net.flush(S::A);
+    let p = net.b.eng.poll_copy().expect("a copy");
+    net.b.eng.on_copied(p.token, Copied::Refused);
+    net.report();
+    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
+    assert_eq!(net.flush(S::A), vec![Kind::Data]);
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    net.a.one(2);
+    assert_eq!(net.b.one(11).len, 40);
+    assert_eq!(&buf2[..40], &src[..]);
+    assert_eq!(
+        fake.to_host.load(Ordering::Acquire),
+        1,
+        "gathered once, when asked"
+    );
+    assert!(crate::hmem_stage::offer_counts().staged > staged);
+}

@@ -311,6 +311,7 @@ mod tests {
             iface: Iface::System,
             pid: 77,
             device: 0,
+            alloc_id: 0,
             base: 0x7000_0000,
             alloc_len: 1 << 20,
             offset: 4096,

@@ -1,0 +1,428 @@
+//! CUDA IPC: a large send from CUDA device memory (`EpCore::device_offer_min`, the setting
+//! `XFABRIC_SHM_IPC_MIN`) is offered unstaged, described by a CUDA IPC handle
+//! (`cuIpcGetMemHandle` through hmem's `ipc_get`), and the receiver opens the handle
+//! (`cuIpcOpenMemHandle`) and copies with `cuMemcpyAsync` on its own copy stream: device to
+//! device where the receive is device memory (straight into it: `EpCore::direct_landing`,
+//! skipping the receive's host bounce), device to host otherwise. The copy's event is polled
+//! by progress (`Net::poll_ipc`); nothing here waits on a stream.
+//!
+//! ```text
+//! DESC: 0 TAG:u8 | 1 IpcHandle wire form (112 bytes, its allocation id included) | 113 len:u64
+//! ```
+//!
+//! Everything in it is the peer's: the handle must be a CUDA one, its pid the peer's verified
+//! one (`Link::pid`), its range inside the allocation, the copy no longer than what it
+//! offers; only then is it opened. Opened mappings are cached per peer and allocation (at
+//! most `CACHE_MAX`, the least recently used closing first; a lost peer's all close). An
+//! allocation is named by its id as well as its address: a cached mapping for the same
+//! address with another id (the peer freed the allocation and made another there) is stale,
+//! closed and never used. The driver refuses a handle to freed memory itself.
+//!
+//! A handle that does not open (a driver or container without IPC, a stale handle, a peer
+//! whose pid is not verified) is logged and counted (`counts`), and the copy answers
+//! `Copied::Refused`: the engine asks the sender for the data through frames and the sender
+//! stages it (`hmem_stage::offer_counts().staged`). The engine then asks no more copies of
+//! that peer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use xfabric_core::consts::errno::{FI_ECANCELED, FI_EINVAL, FI_EIO};
+use xfabric_core::rdm::{Copied, CopyReq, Desc, Dir, PeerId};
+use xfabric_core::{Iface, IovList};
+use xfabric_hmem::{AsyncCopy, HmemIface, IpcHandle, IpcMapping};
+
+use super::Net;
+
+/// First byte of a CUDA IPC descriptor.
+pub const TAG: u8 = 0xC5;
+/// Its length.
+pub const DESC_LEN: usize = 1 + IpcHandle::WIRE_LEN + 8;
+/// Mappings one endpoint keeps open.
+pub const CACHE_MAX: usize = 16;
+
+static COPIES: AtomicU64 = AtomicU64::new(0);
+static DIRECT: AtomicU64 = AtomicU64::new(0);
+static OPENS: AtomicU64 = AtomicU64::new(0);
+static STALE: AtomicU64 = AtomicU64::new(0);
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// What the CUDA IPC copies of every endpoint of this process did (tests must know how a
+/// message came without timing it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Copies completed from an opened peer allocation.
+    pub copies: u64,
+    /// Of those, copies straight into device memory (device to device).
+    pub direct: u64,
+    /// Handles opened (a cached mapping is not opened again).
+    pub opens: u64,
+    /// Cached mappings found stale (another allocation id at the same address) and closed.
+    pub stale: u64,
+    /// Descriptors refused (not opened, or not the peer's): the message went staged.
+    pub refused: u64,
+}
+
+/// What the CUDA IPC copies of this process did so far.
+pub fn counts() -> Counts {
+    Counts {
+        copies: COPIES.load(Ordering::Relaxed),
+        direct: DIRECT.load(Ordering::Relaxed),
+        opens: OPENS.load(Ordering::Relaxed),
+        stale: STALE.load(Ordering::Relaxed),
+        refused: REFUSED.load(Ordering::Relaxed),
+    }
+}
+
+/// The CUDA interface of this process.
+fn cuda() -> &'static dyn HmemIface {
+    xfabric_hmem::Hmem::global().get(Iface::Cuda)
+}
+
+/// The descriptor of `len` bytes from where `h` points.
+pub fn desc_of(h: &IpcHandle, len: usize) -> Desc {
+    let mut d = Desc::default();
+    // 121 bytes: always fits (`MAX_DESC` is 128).
+    d.push(&[TAG]);
+    d.push(&h.to_bytes());
+    d.push(&(len as u64).to_le_bytes());
+    d
+}
+
+/// A CUDA IPC descriptor of `iov`, where it is one segment of CUDA device memory.
+pub fn describe(iov: &IovList) -> Option<Desc> {
+    let [s] = iov.segs() else {
+        return None;
+    };
+    let cuda = cuda();
+    cuda.available().ok()?;
+    cuda.owns(s.addr as *const u8).ok()??;
+    match cuda.ipc_get(s.addr as *const u8, s.len) {
+        Ok(h) => Some(desc_of(&h, s.len)),
+        Err(e) => {
+            tracing::info!("shm: no CUDA IPC handle for a device send ({e}): it goes staged");
+            None
+        }
+    }
+}
+
+/// What a CUDA IPC descriptor names.
+pub struct Named {
+    pub handle: IpcHandle,
+    pub len: usize,
+}
+
+/// `Some` for a CUDA IPC descriptor (`Err`: one that does not parse or names no CUDA
+/// memory), `None` for any other.
+pub fn decode(d: &Desc) -> Option<Result<Named, String>> {
+    let b = d.as_bytes();
+    if b.len() != DESC_LEN || b[0] != TAG {
+        return None;
+    }
+    let w = IpcHandle::WIRE_LEN;
+    Some((|| {
+        let handle = IpcHandle::from_bytes(&b[1..1 + w]).map_err(|e| e.to_string())?;
+        if handle.iface != Iface::Cuda {
+            return Err(format!("a {} handle in a CUDA descriptor", handle.iface));
+        }
+        if handle.alloc_id == 0 {
+            return Err("a CUDA handle without an allocation id".into());
+        }
+        let mut n = [0u8; 8];
+        n.copy_from_slice(&b[1 + w..]);
+        let len = usize::try_from(u64::from_le_bytes(n)).map_err(|_| "a length past usize")?;
+        handle
+            .check_range("CUDA IPC copy", len)
+            .map_err(|e| e.to_string())?;
+        Ok(Named { handle, len })
+    })())
+}
+
+/// One opened peer allocation. Shared with the copies reading it: a mapping the cache lets
+/// go (a lost peer, eviction) closes only when the last copy from it is done.
+struct Entry {
+    peer: PeerId,
+    /// The handle it was opened from, less its offset.
+    key: IpcHandle,
+    map: Arc<IpcMapping>,
+    used: u64,
+}
+
+/// A copy under way.
+struct InFlight {
+    token: u64,
+    /// The staged receive it lands directly in (0: into `local`, the engine's memory).
+    direct: xfabric_core::Context,
+    copies: Vec<AsyncCopy>,
+    /// A later segment's copy did not start: once the queued ones are done (they write
+    /// memory about to be handed back), the copy fails.
+    failed: bool,
+    /// Keeps the peer's allocation mapped until the copy is done.
+    _map: Arc<IpcMapping>,
+}
+
+/// The mappings one endpoint keeps, and its copies under way.
+#[derive(Default)]
+pub struct Cache {
+    entries: Vec<Entry>,
+    clock: u64,
+    flight: Vec<InFlight>,
+}
+
+impl Cache {
+    /// The mapping `h` names for `peer`, opened now if not cached; a cached one of the same
+    /// address but another allocation is stale: closed, never used.
+    fn get(&mut self, peer: PeerId, h: &IpcHandle) -> Result<Arc<IpcMapping>, String> {
+        self.clock += 1;
+        let key = IpcHandle {
+            offset: 0,
+            ..h.clone()
+        };
+        if let Some(i) = self
+            .entries
+            .iter()
+            .position(|e| e.peer == peer && e.key == key)
+        {
+            let e = &mut self.entries[i];
+            e.used = self.clock;
+            return Ok(e.map.clone());
+        }
+        let before = self.entries.len();
+        self.entries
+            .retain(|e| !(e.peer == peer && e.key.base == key.base && e.key.pid == key.pid));
+        let stale = (before - self.entries.len()) as u64;
+        if stale > 0 {
+            STALE.fetch_add(stale, Ordering::Relaxed);
+            tracing::debug!("shm: a peer's cached CUDA mapping was stale (a new allocation)");
+        }
+        let map = Arc::new(cuda().ipc_open(0, &key).map_err(|e| e.to_string())?);
+        OPENS.fetch_add(1, Ordering::Relaxed);
+        if self.entries.len() >= CACHE_MAX {
+            if let Some(old) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used) {
+                self.entries.swap_remove(old);
+            }
+        }
+        self.entries.push(Entry {
+            peer,
+            key,
+            map: map.clone(),
+            used: self.clock,
+        });
+        Ok(map)
+    }
+
+    /// `peer` is gone: its mappings close (each once its copies under way are done).
+    pub fn drop_peer(&mut self, peer: PeerId) {
+        self.entries.retain(|e| e.peer != peer);
+    }
+
+    /// Copies under way.
+    pub fn busy(&self) -> bool {
+        !self.flight.is_empty()
+    }
+}
+
+impl Net {
+    /// Starts copy `c`, whose descriptor is a CUDA IPC one: `None` when it is under way
+    /// (reported by `poll_ipc`), else how it ended now.
+    pub(super) fn copy_ipc(&mut self, c: &CopyReq, named: Result<Named, String>) -> Option<Copied> {
+        let refuse = |why: &str| {
+            REFUSED.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("shm: CUDA IPC refused ({why}); the message goes staged");
+            Some(Copied::Refused)
+        };
+        let m = match named {
+            Ok(m) => m,
+            Err(why) => return refuse(&why),
+        };
+        if c.dir != Dir::Read {
+            return refuse("only reads of a peer's device memory are done by IPC");
+        }
+        if c.len > m.len || c.len > c.local.total() {
+            return Some(Copied::Failed(FI_EINVAL));
+        }
+        if m.handle.pid == std::process::id() {
+            // hmem's `ipc_open` gives a handle of this process back as the address it names,
+            // unchecked: a peer in this process (a loopback endpoint) goes staged instead.
+            return refuse("a handle of this very process");
+        }
+        let pid = self.links.get(c.peer).and_then(|l| l.pid);
+        if pid.is_none_or(|p| i64::from(p) != i64::from(m.handle.pid)) {
+            return refuse(&format!(
+                "handle of pid {}, not the peer's verified {pid:?}",
+                m.handle.pid
+            ));
+        }
+        let map = match self.ipc.get(c.peer, &m.handle) {
+            Ok(map) => map,
+            Err(why) => return refuse(&format!("the handle does not open: {why}")),
+        };
+        // In bounds: `check_range` held at decoding, `c.len <= m.len`, and the mapping
+        // covers the whole allocation.
+        let src = (map.base() as usize).wrapping_add(m.handle.offset as usize);
+        let direct = self
+            .core
+            .as_ref()
+            .and_then(|core| core.direct_landing(c.ctx, c.len));
+        let cuda = cuda();
+        let mut copies = Vec::new();
+        let started = match direct {
+            // SAFETY: the receive's device memory holds `c.len` bytes (`direct_landing`) and
+            // is the engine's until `on_copied`; the source lies in the peer's mapped
+            // allocation, kept mapped by `_map` until the copy is done.
+            Some(seg) => {
+                unsafe { cuda.copy_async(0, seg.seg.addr as *mut u8, src as *const u8, c.len) }
+                    .map(|a| copies.push(a))
+            }
+            None => {
+                let mut r = Ok(());
+                let mut done = 0;
+                for s in c.local.segs() {
+                    let n = s.len.min(c.len - done);
+                    if n == 0 {
+                        break;
+                    }
+                    // SAFETY: as above, `c.local` being the engine's memory of at least
+                    // `c.len` bytes (checked above).
+                    match unsafe {
+                        cuda.copy_async(0, s.addr as *mut u8, (src + done) as *const u8, n)
+                    } {
+                        Ok(a) => copies.push(a),
+                        Err(e) => {
+                            r = Err(e);
+                            break;
+                        }
+                    }
+                    done += n;
+                }
+                r
+            }
+        };
+        let failed = started.is_err();
+        if let Err(e) = started {
+            tracing::warn!("shm: a CUDA IPC copy did not start: {e}");
+            // Copies already queued still run into memory about to be handed back: let them
+            // finish before reporting (they are polled like any other).
+            if copies.is_empty() {
+                return Some(Copied::Failed(FI_EIO));
+            }
+        }
+        let ctx = direct.map_or(0, |_| c.ctx);
+        self.ipc.flight.push(InFlight {
+            token: c.token,
+            direct: ctx,
+            copies,
+            failed,
+            _map: map,
+        });
+        None
+    }
+
+    /// The endpoint closes with CUDA IPC copies still under way past its bound: each is
+    /// reported failed (`FI_ECANCELED`), as the engine needs every copy reported once.
+    pub fn abandon_ipc(&mut self, engine: &mut xfabric_core::rdm::Engine) {
+        for f in std::mem::take(&mut self.ipc.flight) {
+            tracing::warn!("shm: closing with a CUDA IPC copy under way: reported canceled");
+            if f.direct != 0 {
+                if let Some(core) = &self.core {
+                    core.landed_direct(f.direct, false);
+                }
+            }
+            engine.on_copied(f.token, Copied::Failed(FI_ECANCELED));
+        }
+    }
+
+    /// Reports the CUDA IPC copies whose events completed; never waits. How many did.
+    pub(super) fn poll_ipc(&mut self, engine: &mut xfabric_core::rdm::Engine) -> usize {
+        let mut n = 0;
+        let mut i = 0;
+        while i < self.ipc.flight.len() {
+            let f = &mut self.ipc.flight[i];
+            let mut failed = None;
+            let mut all = true;
+            for a in &mut f.copies {
+                match a.poll() {
+                    Ok(true) => {}
+                    Ok(false) => all = false,
+                    Err(e) => failed = Some(e),
+                }
+            }
+            if !all {
+                i += 1;
+                continue;
+            }
+            let f = self.ipc.flight.swap_remove(i);
+            let how = match failed {
+                None if f.failed => Copied::Failed(FI_EIO),
+                None => {
+                    COPIES.fetch_add(1, Ordering::Relaxed);
+                    Copied::Done
+                }
+                Some(e) => {
+                    tracing::warn!("shm: a CUDA IPC copy failed: {e}");
+                    Copied::Failed(FI_EIO)
+                }
+            };
+            if f.direct != 0 {
+                if how == Copied::Done {
+                    DIRECT.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Some(core) = &self.core {
+                    core.landed_direct(f.direct, how == Copied::Done);
+                }
+            }
+            engine.on_copied(f.token, how);
+            n += 1;
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle() -> IpcHandle {
+        IpcHandle {
+            iface: Iface::Cuda,
+            pid: 77,
+            device: 0,
+            alloc_id: 5,
+            base: 0x7000_0000,
+            alloc_len: 1 << 20,
+            offset: 4096,
+            raw: [3; 64],
+        }
+    }
+
+    #[test]
+    fn descriptors_round_trip_and_hostile_ones_are_refused() {
+        let h = handle();
+        let d = desc_of(&h, 1000);
+        assert_eq!(d.as_bytes().len(), DESC_LEN);
+        let n = decode(&d).unwrap().unwrap();
+        assert_eq!((n.handle, n.len), (h.clone(), 1000));
+        assert!(
+            d.to_iov().is_none(),
+            "nothing cross-memory attach would read"
+        );
+        // A mapped (host) descriptor is not a CUDA one, nor a plain one.
+        assert!(decode(&super::super::mapped::desc_of(&h, 10)).is_none());
+        assert!(decode(&Desc::of_iov(&IovList::one(TAG as usize, 10))).is_none());
+        // Past the allocation's end, another interface, no allocation id, garbage.
+        assert!(decode(&desc_of(&h, (1 << 20) - 4095)).unwrap().is_err());
+        let sys = IpcHandle {
+            iface: Iface::System,
+            ..h.clone()
+        };
+        assert!(decode(&desc_of(&sys, 10)).unwrap().is_err());
+        let anon = IpcHandle {
+            alloc_id: 0,
+            ..h.clone()
+        };
+        assert!(decode(&desc_of(&anon, 10)).unwrap().is_err());
+        let mut b = d.as_bytes().to_vec();
+        b[1] ^= 1;
+        assert!(decode(&Desc::new(&b).unwrap()).unwrap().is_err());
+    }
+}

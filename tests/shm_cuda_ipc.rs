@@ -1,0 +1,407 @@
+//! CUDA IPC over shm between real processes: a large send from CUDA device memory is offered
+//! unstaged, the receiver opens the sender's allocation (cuIpcOpenMemHandle) and copies it
+//! with cuMemcpyAsync, device to device into a device receive (skipping its host bounce) or
+//! device to host, the copy's event polled by progress. Checked here: the data, the opened
+//! handle cached per (peer, allocation) across messages, a stale handle (the allocation freed
+//! and another made, at the same address where the allocator gives it) never served from the
+//! old mapping, small messages staged (below XFABRIC_SHM_IPC_MIN), a receiver whose driver
+//! refuses IPC (the messages go staged, counted), and a sender killed while the receiver
+//! holds its allocation open (the peer is lost, the mapping closed).
+//!
+//! CUDA here is the TEST DOUBLE of libcuda (hmem/tests/doubles/cuda_double.c: device memory is
+//! a memfd per allocation, an IPC handle names it through /proc/<pid>/fd with the allocation's
+//! id, asynchronous copies land when their event is polled complete). Processes that load it
+//! are children started with the double first on LD_LIBRARY_PATH. The same roles run on a real
+//! GPU with `XFABRIC_GPU_TESTS=1` (ignored with the reason otherwise); the double's own
+//! counters are skipped there.
+
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use common::cuda_double::*;
+use common::*;
+use xfabric::*;
+use xfabric_core::hmem_stage::offer_counts;
+use xfabric_core::rdm::wire::{self, Frame};
+use xfabric_core::rdm::Desc;
+use xfabric_hmem::{Iface, IpcHandle};
+use xfabric_providers::shm::raw::{ipc_counts, ipc_desc, RawPeer, FRAME, PIECE, PIECE_LEN};
+
+const CAPS: u64 = FI_MSG | FI_HMEM;
+const BIG: usize = 1 << 20;
+const SMALL: usize = 1000;
+
+/// A view of `len` bytes of device memory at `p`, only to hand to the endpoint.
+///
+/// # Safety
+/// `p` is a device allocation of at least `len` bytes that outlives every operation posted
+/// with the view; the host never reads or writes the view as a slice.
+unsafe fn dev_view<'a>(p: *mut u8, len: usize) -> &'a mut [u8] {
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts_mut(p, len) }
+}
+
+/// Receives messages from the initiator and checks how each came.
+fn receiver() {
+    let n = node(CAPS, Progress::Manual);
+    let peer = connect_parent(&n);
+    let refused = std::env::var("CUDA_DOUBLE_IPC_REFUSE").is_ok_and(|v| v == "1");
+    let rx = cuda().alloc_device(0, BIG).expect("device receive buffer");
+    let got = |seed: u64, len: usize, into_device: bool| {
+        let before = ipc_counts();
+        let mut host = vec![0u8; len];
+        if into_device {
+            to_device(&rx, &vec![0u8; len]);
+            // SAFETY: `rx` outlives the completion awaited below.
+            unsafe { n.ep.recv(dev_view(rx.as_ptr(), len), None, peer, 7) }.unwrap();
+        } else {
+            // SAFETY: `host` outlives the completion awaited below.
+            unsafe { n.ep.recv(&mut host, None, peer, 7) }.unwrap();
+        }
+        let c = n.wait_one();
+        assert_eq!((c.op_context, c.len), (7, len));
+        let data = if into_device {
+            from_device(&rx, len)
+        } else {
+            host
+        };
+        assert!(data == pattern(len, seed), "message {seed} differs");
+        let after = ipc_counts();
+        (
+            after.copies - before.copies,
+            after.direct - before.direct,
+            after.opens - before.opens,
+            after.stale - before.stale,
+            after.refused - before.refused,
+        )
+    };
+    if refused {
+        // The driver will not open the handle: the first message is refused and staged by
+        // its sender; the engine then asks that peer for no more copies (no second refusal).
+        assert_eq!(got(1, BIG, true), (0, 0, 0, 0, 1));
+        assert_eq!(got(2, BIG, false), (0, 0, 0, 0, 0));
+        say("received");
+        assert_eq!(listen(), "done");
+        return;
+    }
+    // Three messages from one allocation: opened once, device to device.
+    assert_eq!(got(1, BIG, true), (1, 1, 1, 0, 0));
+    assert_eq!(got(2, BIG, true), (1, 1, 0, 0, 0));
+    // Device to host, from the cached mapping.
+    assert_eq!(got(3, BIG, false), (1, 0, 0, 0, 0));
+    // Small: staged, no IPC.
+    assert_eq!(got(4, SMALL, true), (0, 0, 0, 0, 0));
+    say("phase1");
+    // The sender freed its allocation and made another; same address or not, the new one is
+    // opened and the old mapping never serves it.
+    let same = listen() == "same";
+    let (copies, direct, opens, stale, _) = got(5, BIG, true);
+    assert_eq!((copies, direct, opens), (1, 1, 1));
+    assert_eq!(
+        stale,
+        u64::from(same),
+        "a stale mapping closed where the address repeats"
+    );
+    assert!(offer_counts().direct >= 3);
+    say("received");
+    assert_eq!(listen(), "done");
+}
+
+/// Sends the messages `receiver` expects from device memory.
+fn sender(test: &str, child_env: &[(&str, &str)]) {
+    let n = node(CAPS, Progress::Manual);
+    let mut child = spawn(test, "receiver", child_env);
+    let peer = connect(&mut child, &n);
+    let refused = child_env.contains(&("CUDA_DOUBLE_IPC_REFUSE", "1"));
+    let mut src = cuda().alloc_device(0, BIG).unwrap();
+    let before = offer_counts();
+    let send = |src: &xfabric::hmem::DeviceBuffer, seed: u64, len: usize| {
+        to_device(src, &pattern(len, seed));
+        // SAFETY: `src` outlives the completion awaited below.
+        unsafe { n.ep.send(dev_view(src.as_ptr(), len), None, peer, 3) }.unwrap();
+        assert_eq!(n.wait_one().op_context, 3);
+    };
+    if refused {
+        send(&src, 1, BIG);
+        send(&src, 2, BIG);
+        assert_eq!(child.hear(), "received");
+        let c = offer_counts();
+        assert_eq!(
+            (c.offered - before.offered, c.staged - before.staged),
+            (2, 2)
+        );
+    } else {
+        for (seed, len) in [(1, BIG), (2, BIG), (3, BIG), (4, SMALL)] {
+            send(&src, seed, len);
+        }
+        assert_eq!(child.hear(), "phase1");
+        let old = src.addr();
+        drop(src);
+        src = cuda().alloc_device(0, BIG).unwrap();
+        child.tell(if src.addr() == old { "same" } else { "moved" });
+        send(&src, 5, BIG);
+        assert_eq!(child.hear(), "received");
+        let c = offer_counts();
+        assert_eq!(
+            (c.offered - before.offered, c.staged - before.staged),
+            (4, 0)
+        );
+    }
+    child.tell("done");
+    child.join_leaving_nothing();
+    drop(src);
+    assert!(cuda().take_drop_errors().is_empty());
+}
+
+/// Receives one message by IPC, then kills its sender while holding the mapping open.
+fn killer(test: &str) {
+    let n = node(CAPS, Progress::Manual);
+    let mut child = spawn(test, "victim", &[]);
+    let peer = connect(&mut child, &n);
+    let rx = cuda().alloc_device(0, BIG).unwrap();
+    // SAFETY: `rx` outlives the completion awaited below.
+    unsafe { n.ep.recv(dev_view(rx.as_ptr(), BIG), None, peer, 9) }.unwrap();
+    assert_eq!(n.wait_one().op_context, 9);
+    assert!(from_device(&rx, BIG) == pattern(BIG, 9));
+    assert_eq!(ipc_counts().opens, 1);
+    let live = double_counter("cuda_double_live");
+    let pid = child.pid();
+    child.kill();
+    // The peer is found gone by progress's sweep, and its mapping closed with it.
+    let deadline = std::time::Instant::now() + completion_bound();
+    while std::time::Instant::now() < deadline {
+        n.ep.progress();
+        if double_counter("cuda_double_live") != live {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    if let Some(live) = live {
+        assert_eq!(
+            double_counter("cuda_double_live"),
+            Some(live - 1),
+            "the dead peer's mapping is closed"
+        );
+    }
+    reclaim(pid);
+}
+
+/// Sends one message from device memory, then waits to be killed.
+fn victim() {
+    let n = node(CAPS, Progress::Manual);
+    let peer = connect_parent(&n);
+    let src = cuda().alloc_device(0, BIG).unwrap();
+    to_device(&src, &pattern(BIG, 9));
+    // SAFETY: `src` outlives the completion awaited below.
+    unsafe { n.ep.send(dev_view(src.as_ptr(), BIG), None, peer, 1) }.unwrap();
+    assert_eq!(n.wait_one().op_context, 1);
+    // Killed here by the receiver; bounded should it never come.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        n.ep.progress();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    panic!("never killed");
+}
+
+fn run_roles(test: &str) -> bool {
+    match role().as_deref() {
+        Some("sender") => sender(test, &[]),
+        Some("refused-sender") => sender(test, &[("CUDA_DOUBLE_IPC_REFUSE", "1")]),
+        Some("receiver") => receiver(),
+        Some("killer") => killer(test),
+        Some("victim") => {
+            victim();
+            return true;
+        }
+        Some(r) => panic!("unknown role {r}"),
+        None => return false,
+    }
+    say("OK");
+    true
+}
+
+fn skip_not_shm() -> bool {
+    if test_provider() != "shm" {
+        eprintln!("skipped: CUDA IPC is shm's");
+        return true;
+    }
+    false
+}
+
+#[test]
+fn cuda_double_ipc_device_to_device_cached_and_stale() {
+    const NAME: &str = "cuda_double_ipc_device_to_device_cached_and_stale";
+    if run_roles(NAME) || skip_not_shm() {
+        return;
+    }
+    run_child(NAME, "sender", &double_env(), &[]);
+}
+
+#[test]
+fn cuda_double_ipc_refused_goes_staged() {
+    const NAME: &str = "cuda_double_ipc_refused_goes_staged";
+    if run_roles(NAME) || skip_not_shm() {
+        return;
+    }
+    run_child(NAME, "refused-sender", &double_env(), &[]);
+}
+
+#[test]
+fn cuda_double_ipc_peer_killed_with_handle_open() {
+    const NAME: &str = "cuda_double_ipc_peer_killed_with_handle_open";
+    if run_roles(NAME) || skip_not_shm() {
+        return;
+    }
+    run_child(NAME, "killer", &double_env(), &[]);
+}
+
+#[test]
+#[cfg_attr(
+    not(xfabric_gpu_tests),
+    ignore = "needs an NVIDIA GPU: run with XFABRIC_GPU_TESTS=1 cargo test (the CUDA double \
+              variants run everywhere)"
+)]
+fn gpu_cuda_ipc() {
+    const NAME: &str = "gpu_cuda_ipc";
+    if run_roles(NAME) || skip_not_shm() {
+        return;
+    }
+    run_child(NAME, "sender", &[], &[]);
+}
+
+/// Waits (bounded) for a frame from the endpoint that `want` accepts, reading the CQ
+/// meanwhile (which drives progress).
+fn await_frame(n: &Node, raw: &mut RawPeer, want: impl Fn(&Frame) -> bool) -> Frame {
+    let start = std::time::Instant::now();
+    let mut buf = [CqTaggedEntry::default(); 4];
+    loop {
+        let _ = n.cq.read(&mut buf);
+        while let Some((k, b)) = raw.recv_raw() {
+            let Ok(pre) = wire::prefix(&b) else { continue };
+            let end = wire::PREFIX + pre.ctrl_len as usize;
+            match wire::decode(&pre, &b[wire::PREFIX..end]) {
+                Ok(f) if k == FRAME && want(&f) => return f,
+                _ => {}
+            }
+        }
+        assert!(start.elapsed() < BOUND, "no such frame came");
+    }
+}
+
+#[test]
+fn forged_cuda_descriptors_are_refused_and_the_data_comes_through_frames() {
+    if role().is_some() || skip_not_shm() {
+        return;
+    }
+    // The only test of this binary whose endpoints run in this process (the others run
+    // theirs in children): the IPC counters are this test's. No CUDA is needed: whether
+    // or not a driver is here, nothing forged may be opened. (A handle that is well formed
+    // and the peer's but does not open: `cuda_double_ipc_refused_goes_staged`.)
+    const LEN: usize = 40_000;
+    let n = node(FI_MSG | FI_TAGGED, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let good = IpcHandle {
+        iface: Iface::Cuda,
+        pid: std::process::id(),
+        device: 0,
+        alloc_id: 7,
+        base: 0x7000_0000,
+        alloc_len: 1 << 20,
+        offset: 0,
+        raw: [9; 64],
+    };
+    let mut past_end = ipc_desc(&good, 1 << 20).as_bytes().to_vec();
+    past_end[1 + 40..1 + 48].copy_from_slice(&4096u64.to_le_bytes()); // offset 4096
+    let mut garbage = ipc_desc(&good, LEN).as_bytes().to_vec();
+    garbage[1] ^= 0xff;
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("does not parse", garbage),
+        ("runs past its allocation", past_end),
+        (
+            "names another process",
+            ipc_desc(
+                &IpcHandle {
+                    pid: std::process::id() + 1,
+                    ..good.clone()
+                },
+                LEN,
+            )
+            .as_bytes()
+            .to_vec(),
+        ),
+        (
+            "has no allocation id",
+            ipc_desc(
+                &IpcHandle {
+                    alloc_id: 0,
+                    ..good.clone()
+                },
+                LEN,
+            )
+            .as_bytes()
+            .to_vec(),
+        ),
+        (
+            "is not a CUDA handle",
+            ipc_desc(
+                &IpcHandle {
+                    iface: Iface::System,
+                    ..good.clone()
+                },
+                LEN,
+            )
+            .as_bytes()
+            .to_vec(),
+        ),
+        // Well formed, but naming this very process (the raw peer lives here): never taken
+        // as an address here, whatever the driver would say.
+        (
+            "names this very process",
+            ipc_desc(&good, LEN).as_bytes().to_vec(),
+        ),
+    ];
+    let before = ipc_counts();
+    for (i, (what, desc)) in cases.iter().enumerate() {
+        // A fresh peer each time: after a refusal the engine asks no more copies of a peer.
+        let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+        let src = n.add_peer(format!("fi_shm://{}", raw.name()).as_bytes());
+        let tag = i as u64 + 1;
+        let mut buf = vec![0u8; LEN];
+        // SAFETY: `buf` outlives the receive's completion, awaited below.
+        n.retry(|| unsafe { n.ep.trecv(&mut buf, None, src, tag, 0, tag as Context) });
+        let rts = Frame::Rts {
+            id: 1,
+            tag,
+            data: 0,
+            len: LEN as u64,
+            flags: wire::flags::TAGGED,
+            desc: Desc::new(desc).unwrap(),
+        };
+        assert!(raw.send_raw(FRAME, rts.ctrl(0).as_bytes(), 0), "ring full");
+        let Frame::Cts { rx, .. } =
+            await_frame(&n, &mut raw, |f| matches!(f, Frame::Cts { id: 1, .. }))
+        else {
+            unreachable!()
+        };
+        let body = pattern(LEN, tag);
+        let ctrl = Frame::Data { rx }.ctrl(LEN as u64);
+        let mut first = ctrl.as_bytes().to_vec();
+        first.extend_from_slice(&body[..PIECE_LEN]);
+        assert!(raw.send_raw(FRAME, &first, 0));
+        for chunk in body[PIECE_LEN..].chunks(PIECE_LEN) {
+            assert!(raw.send_raw(PIECE, chunk, 0));
+        }
+        let e = n.wait_one();
+        assert_eq!((e.op_context, e.len), (tag as Context, LEN), "{what}");
+        assert!(buf == body, "{what}: bytes");
+        let c = ipc_counts();
+        assert_eq!(
+            (c.refused - before.refused, c.opens - before.opens),
+            (tag, 0),
+            "a descriptor that {what} is refused, never opened"
+        );
+    }
+    assert_eq!(ipc_counts().copies, before.copies);
+}
