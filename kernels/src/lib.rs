@@ -8,7 +8,11 @@
 //! - [`GpuXpu`]: xfabric's own kernels (`xf_signal`, `xf_compute_and_trigger`) compiled at run
 //!   time by NVRTC (cached in memory and on disk), loaded and launched on a CUDA device. Needs
 //!   libcuda and libnvrtc at run time only; without them it reports `Unavailable`;
-//! - [`cpu`]: the same, done by a host thread, wherever no GPU is.
+//! - [`cpu`]: the same, done by a host thread, wherever no GPU is;
+//! - `GpuXpuApi` (`GpuXpu::device_api`): kernels calling the device API (`fi_xpu_tsend`,
+//!   `fi_xpu_write`, `fi_xpu_cntr_wait`... from `xfabric/fi_xpu_device.h`) on endpoints,
+//!   counters and CQs exported to the GPU: a send burst, put with signal, a rate and a
+//!   ping-pong, for the GPU tests and as examples.
 //!
 //! The GPU side is the cargo feature `cuda`, on by default. Built without it, cudarc is left
 //! out, and [`GpuXpu::open`], [`nvrtc::probe`] and [`compile`] answer
