@@ -3,6 +3,7 @@
 # binaries that hold GPU tests and the XPU pipeline demo here, strips them into .gpu/ (about
 # 25 MB, ignored by git through .git/info/exclude) with scripts/gpu-run.sh beside them. There:
 #   bash .gpu/gpu-run.sh        # the GPU tests, then xpu_pipeline with a GPU and a CPU XPU
+# (xpu_gpu, the device API's kernels, prints its figures: FIGURE lines, also in $OUT/figures.txt)
 # Test logs go to $OUT when it is set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,8 @@ rm -rf .gpu && mkdir -p .gpu
 {
     cargo test -j2 --no-run --message-format=json -p xfabric --test hmem --test hmem_rma \
         --test hmem_trigger --test shm_cuda_ipc
+    # The device API's kernels measure latency and rate: the host side built optimized.
+    cargo test -j2 --release --no-run --message-format=json -p xfabric --test xpu_gpu
     cargo test -j2 --no-run --message-format=json -p xfabric-kernels --test gpu
     cargo test -j2 --no-run --message-format=json -p xfabric-hmem --test cuda
 } 2>/dev/null | python3 -c 'import json, sys

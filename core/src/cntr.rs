@@ -60,6 +60,8 @@ pub struct CntrInner {
     triggers: OnceLock<Arc<TriggerQueue>>,
     /// The device-readable mirror of the values, once exported (`export_xpu`).
     pub(crate) xpu: OnceLock<Arc<crate::xpu::cntr::CntrExport>>,
+    /// Where an export to a GPU XPU takes its memory: the domain's (`Domain::cntr_open`).
+    pub(crate) xpu_mem: OnceLock<Arc<dyn crate::xpu::XpuMemAlloc>>,
 }
 
 /// `fid_cntr`: a handle to a counter. Cloning shares it.
@@ -111,6 +113,7 @@ impl Counter {
             domain: Default::default(),
             triggers: OnceLock::new(),
             xpu: OnceLock::new(),
+            xpu_mem: OnceLock::new(),
         });
         if let Some(ws) = &inner.wait_set {
             ws.add(Arc::downgrade(&(inner.clone() as Arc<dyn Waitable>)));

@@ -77,6 +77,8 @@ pub struct CqInner {
     pub domain: crate::tag::DomainTag,
     /// The ring an XPU reads this queue's entries from, once exported (`export_xpu`).
     pub(crate) xpu: std::sync::OnceLock<Arc<crate::xpu::cq::CqExport>>,
+    /// Where an export to a GPU XPU takes its memory: the domain's (`Domain::cq_open`).
+    pub(crate) xpu_mem: std::sync::OnceLock<Arc<dyn crate::xpu::XpuMemAlloc>>,
 }
 
 /// `fid_cq`: a handle to a completion queue. Cloning shares the queue.
@@ -141,6 +143,7 @@ impl CompletionQueue {
             wait_set: attr.wait_set.clone(),
             domain: Default::default(),
             xpu: std::sync::OnceLock::new(),
+            xpu_mem: std::sync::OnceLock::new(),
         });
         if let Some(ws) = &inner.wait_set {
             let w: Weak<dyn Waitable> = Arc::downgrade(&(inner.clone() as Arc<dyn Waitable>));

@@ -198,10 +198,19 @@ impl Domain {
         &self.inner.info
     }
 
+    /// Where the device API's shared blocks for GPU XPUs come from (the provider's doorbell
+    /// source), for the CQs and counters opened here.
+    fn xpu_memory(&self) -> Option<Arc<dyn crate::xpu::XpuMemAlloc>> {
+        self.inner.ops.xpu_doorbells().and_then(|d| d.memory())
+    }
+
     /// `fi_cq_open`.
     pub fn cq_open(&self, attr: &CqAttr) -> Result<CompletionQueue> {
         let cq = CompletionQueue::open(attr)?;
         cq.inner().domain.set(self.id());
+        if let Some(m) = self.xpu_memory() {
+            let _ = cq.inner().xpu_mem.set(m);
+        }
         Ok(cq)
     }
 
@@ -209,6 +218,9 @@ impl Domain {
     pub fn cntr_open(&self, attr: &CntrAttr) -> Result<Counter> {
         let c = Counter::open(attr)?;
         c.inner().domain.set(self.id());
+        if let Some(m) = self.xpu_memory() {
+            let _ = c.inner().xpu_mem.set(m);
+        }
         Ok(c)
     }
 

@@ -101,7 +101,10 @@ fn probe_driver() -> Result<(), KernelError> {
 }
 
 /// Runs `f`, turning a panic inside cudarc into `Unavailable`.
-fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, KernelError>) -> Result<T, KernelError> {
+pub(crate) fn guarded<T>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, KernelError>,
+) -> Result<T, KernelError> {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
         let msg = p
             .downcast_ref::<String>()
@@ -175,6 +178,10 @@ impl GpuXpu {
             stream,
             ctx,
         })
+    }
+
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
     }
 
     /// The device ordinal.

@@ -94,3 +94,33 @@ fn device_header_compiles_with_nvrtc() {
         assert!(text.contains("globaltimer"));
     }
 }
+
+/// xfabric's own device-API kernels (what `GpuXpuApi` launches): they compile for the oldest
+/// architecture and for Hopper, every entry point is there, and their posts are the header's
+/// (system-scope atomics, the fence before publishing, the clock for retries and waits).
+#[test]
+fn device_api_kernels_compile_with_nvrtc() {
+    if let Err(e) = nvrtc::probe() {
+        println!("skipped: {e}");
+        return;
+    }
+    for (major, minor) in [(7, 5), (9, 0)] {
+        let opts = CompileOptions::for_compute_capability(major, minor);
+        let ptx = nvrtc::compile(
+            xfabric_kernels::XPU_KERNELS_SOURCE_NAME,
+            xfabric_kernels::XPU_KERNELS_SOURCE,
+            &xfabric_kernels::device_api_headers(),
+            &opts,
+        )
+        .unwrap_or_else(|e| panic!("sm_{major}{minor}: {e}"));
+        let mut entries = ptx.entry_points();
+        entries.sort_unstable();
+        let mut want = xfabric_kernels::XPU_ENTRY_POINTS.to_vec();
+        want.sort_unstable();
+        assert_eq!(entries, want, "sm_{major}{minor}");
+        let text = ptx.as_str();
+        assert!(text.contains("atom.sys") || text.contains(".sys.global"));
+        assert!(text.contains("membar.sys") || text.contains("fence.sc.sys"));
+        assert!(text.contains("globaltimer"));
+    }
+}

@@ -14,9 +14,11 @@
 
 #![warn(missing_docs)]
 
+use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
+use xfabric_core::xpu::{XpuMem, XpuMemAlloc, XPU_MEM_ALIGN};
 use xfabric_core::{Error, Result};
 use xfabric_hmem::{Hmem, HostMapped};
 
@@ -73,6 +75,60 @@ impl DoorbellAlloc for HmemDoorbells {
             .ok_or_else(|| Error::NoMem("XPU trigger: doorbell allocation too small".into()))?;
         Ok(Box::new(MappedBell(mem)))
     }
+
+    fn memory(&self) -> Option<Arc<dyn XpuMemAlloc>> {
+        static ONE: OnceLock<Arc<dyn XpuMemAlloc>> = OnceLock::new();
+        Some(ONE.get_or_init(|| Arc::new(HmemXpuMem)).clone())
+    }
+}
+
+/// The device API's shared blocks (descriptor rings, exported CQs' rings, counter mirrors)
+/// for GPU XPUs: xfabric-hmem's device-visible host memory, as for doorbells. The host reads
+/// through the host address; handles carry the device address.
+#[derive(Debug, Default)]
+pub struct HmemXpuMem;
+
+impl XpuMemAlloc for HmemXpuMem {
+    fn alloc(&self, xpu: Xpu, len: usize) -> Result<Box<dyn XpuMem>> {
+        HmemDoorbells.check(xpu)?;
+        let mem = Hmem::global()
+            .get(xpu.iface)
+            .alloc_host_mapped(xpu.device, len)?;
+        let host = NonNull::new(mem.as_ptr())
+            .ok_or_else(|| Error::NoMem("XPU shared block: null allocation".into()))?;
+        // Page-aligned by contract; checked, since the layouts need it.
+        if !(host.as_ptr() as usize).is_multiple_of(XPU_MEM_ALIGN) || mem.len() < len {
+            return Err(Error::NoMem(format!(
+                "XPU shared block: {} bytes at {:p}, wanted {len} aligned to {XPU_MEM_ALIGN}",
+                mem.len(),
+                host.as_ptr()
+            )));
+        }
+        Ok(Box::new(MappedBlock { mem, host }))
+    }
+}
+
+/// A shared block in device-visible host memory.
+struct MappedBlock {
+    mem: HostMapped,
+    host: NonNull<u8>,
+}
+
+// SAFETY: `host` is `mem`'s own address (HostMapped is Send + Sync), valid while `mem` lives.
+unsafe impl Send for MappedBlock {}
+// SAFETY: as above.
+unsafe impl Sync for MappedBlock {}
+
+impl XpuMem for MappedBlock {
+    fn host_ptr(&self) -> NonNull<u8> {
+        self.host
+    }
+    fn xpu_addr(&self) -> u64 {
+        self.mem.device_addr()
+    }
+    fn len(&self) -> usize {
+        self.mem.len()
+    }
 }
 
 /// A doorbell: the first word of a device-visible host page.
@@ -100,6 +156,19 @@ mod tests {
         let b = d.alloc(Xpu::CPU).unwrap();
         assert_eq!(b.word().load(Ordering::Acquire), 0);
         assert_eq!(b.xpu_addr(), b.word() as *const AtomicU64 as usize);
+    }
+
+    #[test]
+    fn memory_for_an_unsupported_xpu_says_why() {
+        // The CPU XPU's blocks are core's heap memory; the allocator serves GPUs, and says
+        // why where none is.
+        let m = doorbells().memory().expect("hmem doorbells supply memory");
+        let rocr = Xpu {
+            iface: Iface::Rocr,
+            device: 0,
+        };
+        let e = m.alloc(rocr, 4096).err().expect("no ROCr here");
+        assert!(matches!(e, Error::OpNotSupp(_)), "{e}");
     }
 
     #[test]

@@ -23,6 +23,7 @@ use crate::object::{Domain, DomainOps, Fabric, Provider};
 use crate::rxq::{PostedRecv, RawIov, RecvSlot};
 use crate::trigger::{Doorbell, DoorbellAlloc, Xpu};
 use crate::wait::ProgressSource;
+use crate::xpu::{XpuMem, XpuMemAlloc};
 
 /// What the provider was handed, in order: (kind, context).
 #[derive(Default)]
@@ -228,9 +229,20 @@ impl Doorbell for HeapBell {
     }
 }
 
+/// The mock's GPU: CUDA device 1 (device 0 stays refused, as on a machine without one), whose
+/// shared blocks are heap memory at device addresses `FAKE_DEVICE_OFFSET` above the host's:
+/// what follows a device address from the host reads nothing of it.
+pub const FAKE_GPU: Xpu = Xpu {
+    iface: Iface::Cuda,
+    device: 1,
+};
+
+/// How far the mock GPU's device addresses lie from the host's.
+pub const FAKE_DEVICE_OFFSET: u64 = 1 << 60;
+
 impl DoorbellAlloc for HeapBells {
     fn check(&self, xpu: Xpu) -> Result<()> {
-        if xpu.iface == Iface::System && xpu.device < 2 {
+        if (xpu.iface == Iface::System && xpu.device < 2) || xpu == FAKE_GPU {
             Ok(())
         } else {
             Err(Error::OpNotSupp(format!("mock: no XPU {xpu:?}")))
@@ -238,6 +250,63 @@ impl DoorbellAlloc for HeapBells {
     }
     fn alloc(&self, _xpu: Xpu) -> Result<Box<dyn Doorbell>> {
         Ok(Box::new(HeapBell(Box::default())))
+    }
+    fn memory(&self) -> Option<Arc<dyn XpuMemAlloc>> {
+        Some(Arc::new(FakeGpuMem))
+    }
+}
+
+/// The mock GPU's shared blocks (`FAKE_GPU`).
+struct FakeGpuMem;
+
+impl XpuMemAlloc for FakeGpuMem {
+    fn alloc(&self, xpu: Xpu, len: usize) -> Result<Box<dyn XpuMem>> {
+        if xpu != FAKE_GPU {
+            return Err(Error::OpNotSupp(format!("mock: no memory for {xpu:?}")));
+        }
+        Ok(Box::new(AlignedBlock::new(len)))
+    }
+}
+
+/// Zeroed heap memory aligned to 64 bytes, at `FAKE_DEVICE_OFFSET` for the device.
+struct AlignedBlock {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: owned heap memory, accessed through atomics by the blocks' users.
+unsafe impl Send for AlignedBlock {}
+// SAFETY: as above.
+unsafe impl Sync for AlignedBlock {}
+
+impl AlignedBlock {
+    fn new(len: usize) -> AlignedBlock {
+        let layout = std::alloc::Layout::from_size_align(len.max(64), 64).expect("layout");
+        // SAFETY: non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        AlignedBlock {
+            ptr: std::ptr::NonNull::new(p).expect("mock allocation"),
+            layout,
+        }
+    }
+}
+
+impl Drop for AlignedBlock {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+impl XpuMem for AlignedBlock {
+    fn host_ptr(&self) -> std::ptr::NonNull<u8> {
+        self.ptr
+    }
+    fn xpu_addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64 + FAKE_DEVICE_OFFSET
+    }
+    fn len(&self) -> usize {
+        self.layout.size()
     }
 }
 

@@ -127,6 +127,12 @@ pub trait DoorbellAlloc: Send + Sync {
     fn check(&self, xpu: Xpu) -> Result<()>;
     /// A new doorbell for `xpu`, reading 0.
     fn alloc(&self, xpu: Xpu) -> Result<Box<dyn Doorbell>>;
+    /// Where the device API's shared blocks (descriptor rings, exported CQs' rings, counter
+    /// mirrors) for XPUs other than the CPU one come from; `None` (the default): only the
+    /// CPU XPU may be exported to.
+    fn memory(&self) -> Option<Arc<dyn crate::xpu::XpuMemAlloc>> {
+        None
+    }
 }
 
 /// The variables a trigger needs: one 64-bit value.
@@ -527,7 +533,11 @@ impl XpuWatch {
         if let Some(r) = rings.iter().find(|r| r.xpu == xpu) {
             return Ok(r.ring.clone());
         }
-        let ring = DescRing::new(slots)?;
+        if xpu.iface != Iface::System {
+            self.alloc.check(xpu)?;
+        }
+        let mem = self.alloc.memory();
+        let ring = DescRing::new(slots, xpu, mem.as_deref())?;
         let mut timing = Predictor::default();
         timing.armed(self.now());
         rings.push(RingWatch {

@@ -8,20 +8,24 @@
 //! which the watcher drains as it drains endpoints' rings: any endpoint opened with
 //! `FI_XPU_TRIGGER` in the process looks at every exported counter's ring when it runs.
 
+use std::mem::size_of;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::abi::{opcode, CntrMirror, FidXpu, FI_CLASS_CNTR, FI_XPU_PROV_XFABRIC};
+use super::mem::Block;
 use super::ring::{DescRing, Taken, RING_DEFAULT_SLOTS};
 use crate::cntr::{CntrInner, Counter};
 use crate::error::{Error, Result};
-use crate::hmem_iface::Iface;
 use crate::trigger::Xpu;
 
 /// The host's side of an exported counter.
 pub(crate) struct CntrExport {
-    mirror: Box<CntrMirror>,
+    /// One `CntrMirror`, where the XPU reads it.
+    mirror: Block,
     ring: Arc<DescRing>,
+    /// The XPU it was exported to (one per counter).
+    xpu: Xpu,
     /// Orders mirror stores (see the module's comment).
     lock: Mutex<()>,
     /// One drainer at a time.
@@ -45,12 +49,46 @@ impl CntrExport {
     pub(crate) fn mirror(&self, read: impl Fn() -> (u64, u64)) {
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let (v, e) = read();
-        self.mirror.value.store(v, Ordering::Release);
-        self.mirror.err.store(e, Ordering::Release);
+        let m = self.shared();
+        m.value.store(v, Ordering::Release);
+        m.err.store(e, Ordering::Release);
     }
 
+    /// The mirror, through the host's address.
     pub(crate) fn shared(&self) -> &CntrMirror {
-        &self.mirror
+        // SAFETY: written in `make`, alive and aligned as long as `self`; its shared words are
+        // atomics.
+        unsafe { &*self.mirror.host_at(0).cast::<CntrMirror>() }
+    }
+
+    /// Whether the XPU's addresses (the mirror's and its ring's) are the host's.
+    pub(crate) fn host_reachable(&self) -> bool {
+        self.mirror.host_reachable() && self.ring.host_reachable()
+    }
+
+    /// The export of `inner` to `xpu`: a mirror and a ring in memory `xpu` reaches.
+    fn make(inner: &Arc<CntrInner>, xpu: Xpu) -> Result<CntrExport> {
+        let what = "cntr_export_xpu";
+        let alloc = inner.xpu_mem.get().cloned();
+        let ring = DescRing::new(RING_DEFAULT_SLOTS, xpu, alloc.as_deref())?;
+        let mirror = Block::new(what, xpu, alloc.as_deref(), size_of::<CntrMirror>())?;
+        // SAFETY: zero-filled, 64 bytes, 64-aligned (Block checks), not shared yet.
+        unsafe {
+            mirror
+                .host_at(0)
+                .cast::<CntrMirror>()
+                .write(CntrMirror::new(ring.ctx()))
+        };
+        // Counted from here: its drop uncounts it, also when another export came first.
+        LIVE.fetch_add(1, Ordering::AcqRel);
+        Ok(CntrExport {
+            mirror,
+            ring,
+            xpu,
+            lock: Mutex::new(()),
+            drain: Mutex::new(()),
+            cntr: Arc::downgrade(inner),
+        })
     }
 
     /// Applies what the XPU posted on the counter's ring; returns how many descriptors.
@@ -136,41 +174,37 @@ impl XpuCntr {
     pub(crate) fn ring(&self) -> &DescRing {
         &self.shared.ring
     }
+
+    pub(crate) fn host_reachable(&self) -> bool {
+        self.shared.host_reachable()
+    }
 }
 
 impl Counter {
     /// `fi_cntr_export_xpu`: a handle through which `xpu` reads this counter's values from
     /// its own memory (`xpu::device::cntr_read`, `cntr_wait`) and adds or sets them
     /// (`cntr_add`, `cntr_set`...). Exporting again returns another handle on the same mirror.
+    /// The CPU XPU's mirror and ring are heap memory; a CUDA or Level Zero XPU's are
+    /// device-visible host memory from the domain's doorbell source (`prov_ctx` and the mirror's `ring` are device
+    /// addresses). One XPU per counter.
     pub fn export_xpu(&self, xpu: Xpu) -> Result<XpuCntr> {
-        if xpu.iface != Iface::System {
-            return Err(Error::OpNotSupp(format!(
-                "cntr_export_xpu: {:?}: only the CPU XPU (FI_HMEM_SYSTEM) has a device API so far",
-                xpu.iface
-            )));
-        }
+        let what = "cntr_export_xpu";
+        super::mem::exportable(what, xpu)?;
         let inner = self.inner();
         let shared = match inner.xpu.get() {
             Some(x) => x.clone(),
             None => {
-                let ring = DescRing::new(RING_DEFAULT_SLOTS)?;
+                let made = CntrExport::make(inner, xpu)?;
                 let mut fresh = None;
                 let x = inner
                     .xpu
                     .get_or_init(|| {
-                        let x = Arc::new(CntrExport {
-                            mirror: Box::new(CntrMirror::new(ring.ctx())),
-                            ring,
-                            lock: Mutex::new(()),
-                            drain: Mutex::new(()),
-                            cntr: Arc::downgrade(inner),
-                        });
+                        let x = Arc::new(made);
                         fresh = Some(x.clone());
                         x
                     })
                     .clone();
                 if let Some(f) = fresh {
-                    LIVE.fetch_add(1, Ordering::AcqRel);
                     EXPORTED
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
@@ -179,12 +213,18 @@ impl Counter {
                 x
             }
         };
+        if shared.xpu != xpu {
+            return Err(Error::Inval(format!(
+                "{what}: the counter is exported to {:?} already (one XPU per counter)",
+                shared.xpu
+            )));
+        }
         shared.mirror(|| (inner.value(), inner.err_value()));
         Ok(XpuCntr {
             fid: FidXpu {
                 fclass: FI_CLASS_CNTR,
                 prov_id: FI_XPU_PROV_XFABRIC,
-                prov_ctx: &*shared.mirror as *const CntrMirror as u64,
+                prov_ctx: shared.mirror.xpu_at(0),
             },
             shared,
             xpu,

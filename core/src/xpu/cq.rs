@@ -11,16 +11,21 @@ use std::sync::Arc;
 
 use super::abi::{CqRingHeader, CqSlot, FidXpu, XpuCqEntry, CQ_KIND_ERR, CQ_KIND_OK, CQ_WORDS};
 use super::abi::{FI_CLASS_CQ, FI_XPU_PROV_XFABRIC};
+use super::mem::{Block, XpuMemAlloc};
 use crate::cq::CompletionQueue;
 use crate::entry::{CqErrEntry, CqTaggedEntry, FiAddr};
 use crate::error::{Error, Result};
-use crate::hmem_iface::Iface;
 use crate::trigger::Xpu;
 
-/// The host's side of an exported CQ's ring: it owns the shared memory.
+/// Where the slots start in an exported CQ's block: right after the header.
+const SLOTS_AT: usize = std::mem::size_of::<CqRingHeader>();
+
+/// The host's side of an exported CQ's ring: it owns the shared memory (one block: the
+/// header, then the slots; the host reads and writes it through its own address only).
 pub(crate) struct CqExport {
-    header: Box<CqRingHeader>,
-    slots: Box<[CqSlot]>,
+    mem: Block,
+    /// The XPU it was exported to (one per queue).
+    xpu: Xpu,
     /// The next position the host writes: its own copy (the header's is written from it for
     /// the XPU, never read back). Changed only under the queue's lock.
     tail: AtomicU64,
@@ -29,32 +34,56 @@ pub(crate) struct CqExport {
 }
 
 impl CqExport {
-    fn new(slots: usize, format: u32) -> Arc<CqExport> {
-        let mem: Box<[CqSlot]> = (0..slots)
-            .map(|_| CqSlot(std::array::from_fn(|_| AtomicU64::new(0))))
-            .collect();
-        let header = Box::new(CqRingHeader::new(mem.as_ptr() as u64, slots as u64, format));
-        Arc::new(CqExport {
-            header,
-            slots: mem,
+    /// `slots` is a power of two within 2..=65536 (checked by the caller).
+    fn new(
+        slots: usize,
+        format: u32,
+        xpu: Xpu,
+        alloc: Option<&dyn XpuMemAlloc>,
+    ) -> Result<Arc<CqExport>> {
+        let len = SLOTS_AT + slots * std::mem::size_of::<CqSlot>();
+        let mem = Block::new("cq_export_xpu", xpu, alloc, len)?;
+        let header = CqRingHeader::new(mem.xpu_at(SLOTS_AT), slots as u64, format);
+        // SAFETY: the block is zero-filled, 64-aligned, `len` bytes, not yet shared: the
+        // header is written before anyone reads it; zeroed slots are valid atomics.
+        unsafe { mem.host_at(0).cast::<CqRingHeader>().write(header) };
+        Ok(Arc::new(CqExport {
+            mem,
+            xpu,
             tail: AtomicU64::new(0),
             mask: slots as u64 - 1,
-        })
+        }))
     }
 
+    /// The shared header, through the host's address.
     pub(crate) fn header(&self) -> &CqRingHeader {
-        &self.header
+        // SAFETY: written in `new`, alive and aligned as long as `self`; shared words are
+        // atomics.
+        unsafe { &*self.mem.host_at(0).cast::<CqRingHeader>() }
     }
 
+    /// Whether the XPU's addresses are the host's (`xpu::device` follows them).
+    pub(crate) fn host_reachable(&self) -> bool {
+        self.mem.host_reachable()
+    }
+
+    fn slot(&self, pos: u64) -> &CqSlot {
+        let idx = (pos & self.mask) as usize;
+        // SAFETY: slot `idx` <= mask lies inside the block (`new` sized it), aligned; its
+        // words are atomics.
+        unsafe { &*self.mem.host_at(SLOTS_AT).cast::<CqSlot>().add(idx) }
+    }
+
+    /// The header's address as the XPU sees it (what `prov_ctx` names).
     fn ctx(&self) -> u64 {
-        &*self.header as *const CqRingHeader as u64
+        self.mem.xpu_at(0)
     }
 
     /// Free slots. Host only (its `tail`); the XPU's `head` is read with acquire, so a slot
     /// counted free was copied out before it is written again.
     pub(crate) fn room(&self) -> u64 {
         let tail = self.tail.load(Ordering::Relaxed);
-        let head = self.header.head.load(Ordering::Acquire);
+        let head = self.header().head.load(Ordering::Acquire);
         // A head past the tail is an XPU's bug (or hostility): no room, rather than a wrap.
         let used = tail.checked_sub(head).unwrap_or(u64::MAX);
         (self.mask + 1).saturating_sub(used)
@@ -63,14 +92,14 @@ impl CqExport {
     fn put(&self, mut e: XpuCqEntry) {
         let tail = self.tail.load(Ordering::Relaxed);
         e.seq = tail.wrapping_add(1);
-        let slot = &self.slots[(tail & self.mask) as usize];
+        let slot = self.slot(tail);
         let w = e.to_words();
         for (i, v) in w.iter().enumerate().take(CQ_WORDS).skip(1) {
             slot.0[i].store(*v, Ordering::Relaxed);
         }
         slot.0[0].store(e.seq, Ordering::Release);
         self.tail.store(e.seq, Ordering::Relaxed);
-        self.header.tail.store(e.seq, Ordering::Release);
+        self.header().tail.store(e.seq, Ordering::Release);
     }
 
     /// Appends a success entry (the caller checked `room`, under the queue's lock).
@@ -142,28 +171,38 @@ impl CompletionQueue {
         self.export_xpu_slots(xpu, slots)
     }
 
-    /// `fi_cq_export_xpu` with a ring of `slots` slots (a power of two, 2 to 65536). From
+    /// `fi_cq_export_xpu` with a ring of `slots` slots (a power of two, 2 to 65536), in
+    /// heap memory for the CPU XPU, in device-visible host memory from the domain's doorbell
+    /// source for a CUDA or Level Zero XPU (`prov_ctx` is then its device address; a queue
+    /// opened outside a domain has no such source: `OpNotSupp`). One XPU per queue. From
     /// then on, entries move to the ring as they come, while it has room; the rest wait here,
     /// in order, and move as the XPU makes room (an exported endpoint's watcher looks). Host
     /// reads still work but see only what has not moved: read from one side. Error data is
     /// not carried to the ring. Exporting again returns another handle on the same ring.
     pub fn export_xpu_slots(&self, xpu: Xpu, slots: usize) -> Result<XpuCq> {
-        if xpu.iface != Iface::System {
-            return Err(Error::OpNotSupp(format!(
-                "cq_export_xpu: {:?}: only the CPU XPU (FI_HMEM_SYSTEM) has a device API so far",
-                xpu.iface
-            )));
-        }
+        let what = "cq_export_xpu";
+        super::mem::exportable(what, xpu)?;
         if !(2..=65536).contains(&slots) || !slots.is_power_of_two() {
             return Err(Error::Inval(format!(
                 "cq_export_xpu: {slots} slots; a power of two from 2 to 65536"
             )));
         }
         let inner = self.inner();
-        let shared = inner
-            .xpu
-            .get_or_init(|| CqExport::new(slots, self.format() as u32))
-            .clone();
+        let shared = match inner.xpu.get() {
+            Some(x) => x.clone(),
+            None => {
+                let alloc = inner.xpu_mem.get().cloned();
+                let fresh = CqExport::new(slots, self.format() as u32, xpu, alloc.as_deref())?;
+                // Another thread's export may have come first: its ring is the one.
+                inner.xpu.get_or_init(|| fresh).clone()
+            }
+        };
+        if shared.xpu != xpu {
+            return Err(Error::Inval(format!(
+                "{what}: the queue is exported to {:?} already (one XPU per queue)",
+                shared.xpu
+            )));
+        }
         // What is queued already moves now.
         inner.pump_xpu();
         Ok(XpuCq {

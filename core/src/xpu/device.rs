@@ -26,24 +26,35 @@ use std::time::{Duration, Instant};
 use super::abi::{opcode, CqRingHeader, CqSlot, XpuCqEntry, XpuDesc, CQ_KIND_ERR, CQ_WORDS};
 use super::abi::{RingHeader, FI_XPU_DEVICE, FI_XPU_WORK_ITEM};
 use super::cntr::XpuCntr;
-use super::cq::XpuCq;
+use super::cq::{CqExport, XpuCq};
 use super::ep::XpuEp;
 use super::ring::{self, Claim};
-use crate::consts::errno::{FI_EAGAIN, FI_EAVAIL, FI_EINVAL, FI_ETIMEDOUT};
+use crate::consts::errno::{FI_EAGAIN, FI_EAVAIL, FI_EINVAL, FI_EOPNOTSUPP, FI_ETIMEDOUT};
 use crate::entry::{CqErrEntry, CqFormatEntry, CqTaggedEntry, FiAddr};
 
 fn scope_ok(scope: i32) -> bool {
     (FI_XPU_WORK_ITEM..=FI_XPU_DEVICE).contains(&scope)
 }
 
-fn ring_of(ep: &XpuEp) -> &RingHeader {
-    ep.ring().header()
+/// The ring's header, if this thread may follow the addresses it holds for the XPU (always
+/// for a CPU XPU; for a GPU's ring only under unified addressing, where its device addresses
+/// are the host's): `-FI_EOPNOTSUPP` otherwise.
+fn ring_of(ep: &XpuEp) -> Result<&RingHeader, i32> {
+    if ep.ring().host_reachable() {
+        Ok(ep.ring().header())
+    } else {
+        Err(-FI_EOPNOTSUPP)
+    }
 }
 
-fn post(h: &RingHeader, d: &XpuDesc, scope: i32) -> i32 {
+fn post(h: Result<&RingHeader, i32>, d: &XpuDesc, scope: i32) -> i32 {
     if !scope_ok(scope) {
         return -FI_EINVAL;
     }
+    let h = match h {
+        Ok(h) => h,
+        Err(e) => return e,
+    };
     // SAFETY: `h` is the header of a ring its handle keeps alive, with its own slots.
     unsafe { ring::post(h, d) }
 }
@@ -357,8 +368,9 @@ pub fn post_raw(ep: &XpuEp, d: &XpuDesc) -> i32 {
 /// writing a descriptor leaves behind, or one that writes a torn descriptor
 /// (`Claim::store_word` then `publish`). `Err` holds `-FI_EAGAIN` or `-FI_ESHUTDOWN`.
 pub fn claim(ep: &XpuEp) -> Result<Claim<'_>, i32> {
-    // SAFETY: the header of a ring its handle keeps alive, with its own slots.
-    unsafe { ring::claim(ring_of(ep)) }
+    // SAFETY: the header of a ring its handle keeps alive, with its own slots, at addresses
+    // this thread reaches (`ring_of`).
+    unsafe { ring::claim(ring_of(ep)?) }
 }
 
 /// `fi_xpu_cntr_read`: the success value as last mirrored.
@@ -412,7 +424,12 @@ fn cntr_op(cntr: &XpuCntr, op: u32, value: u64, scope: i32) -> i32 {
         data: value,
         ..Default::default()
     };
-    post(cntr.ring().header(), &d, scope)
+    let h = if cntr.host_reachable() {
+        Ok(cntr.ring().header())
+    } else {
+        Err(-FI_EOPNOTSUPP)
+    };
+    post(h, &d, scope)
 }
 
 /// `fi_xpu_cntr_add`: posted on the counter's ring; the watcher adds it.
@@ -445,7 +462,7 @@ fn cq_slot(h: &CqRingHeader, pos: u64) -> &CqSlot {
 /// error entry), then claims them by advancing the head; retried when another thread claimed
 /// first. Returns how many.
 fn cq_take(
-    h: &CqRingHeader,
+    cq: &CqExport,
     max: usize,
     want_err: bool,
     mut put: impl FnMut(usize, &XpuCqEntry),
@@ -453,6 +470,11 @@ fn cq_take(
     if max == 0 {
         return -(FI_EINVAL as isize);
     }
+    // The slots are followed through the header's XPU address.
+    if !cq.host_reachable() {
+        return -(FI_EOPNOTSUPP as isize);
+    }
+    let h = cq.header();
     loop {
         let head = h.head.load(Ordering::Acquire);
         let mut n = 0usize;
@@ -513,7 +535,7 @@ pub fn cq_read<E: CqFormatEntry>(cq: &XpuCq, buf: &mut [E], scope: i32) -> isize
     if !scope_ok(scope) {
         return -(FI_EINVAL as isize);
     }
-    cq_take(cq.shared().header(), buf.len(), false, |i, e| {
+    cq_take(cq.shared(), buf.len(), false, |i, e| {
         buf[i] = E::from_tagged(&tagged(e))
     })
 }
@@ -530,7 +552,7 @@ pub fn cq_readfrom<E: CqFormatEntry>(
         return -(FI_EINVAL as isize);
     }
     let max = buf.len().min(src_addr.len());
-    cq_take(cq.shared().header(), max, false, |i, e| {
+    cq_take(cq.shared(), max, false, |i, e| {
         buf[i] = E::from_tagged(&tagged(e));
         src_addr[i] = e.src;
     })
@@ -542,7 +564,7 @@ pub fn cq_readerr(cq: &XpuCq, buf: &mut CqErrEntry, flags: u64, scope: i32) -> i
     if flags != 0 || !scope_ok(scope) {
         return -(FI_EINVAL as isize);
     }
-    cq_take(cq.shared().header(), 1, true, |_, e| {
+    cq_take(cq.shared(), 1, true, |_, e| {
         *buf = CqErrEntry {
             op_context: e.op_context as usize,
             flags: e.flags,

@@ -14,7 +14,6 @@ use crate::consts::errno::{FI_ECANCELED, FI_EINVAL};
 use crate::entry::FiAddr;
 use crate::ep::Endpoint;
 use crate::error::{Error, Result};
-use crate::hmem_iface::Iface;
 use crate::trigger::{Job, Owner, Port, Xpu};
 
 /// `struct fid_xpu_ep` and what keeps its ring alive: the handle device calls take
@@ -54,16 +53,14 @@ impl Endpoint {
     /// `fi_ep_export_xpu` with a ring of `slots` descriptors (a power of two). The endpoint
     /// must be enabled and opened with `FI_TRIGGER | FI_XPU_TRIGGER` (its XPU watcher drains
     /// the ring). One ring per (endpoint, XPU): exporting again for the same XPU returns
-    /// another handle on the same ring (`slots` is then ignored). Only the CPU XPU so far.
+    /// another handle on the same ring (`slots` is then ignored). The CPU XPU's ring is heap
+    /// memory; a CUDA or Level Zero XPU's is device-visible host memory from the domain's
+    /// doorbell source (`DoorbellAlloc::memory`), and `prov_ctx` is its device address. Other
+    /// XPUs answer `OpNotSupp`.
     pub fn export_xpu_slots(&self, xpu: Xpu, slots: usize) -> Result<XpuEp> {
         let what = "ep_export_xpu";
         self.check_live(what)?;
-        if xpu.iface != Iface::System {
-            return Err(Error::OpNotSupp(format!(
-                "{what}: {:?}: only the CPU XPU (FI_HMEM_SYSTEM) has a device API so far",
-                xpu.iface
-            )));
-        }
+        super::mem::exportable(what, xpu)?;
         let link = self.link().ok_or_else(|| {
             Error::OpNotSupp(format!(
                 "{what}: endpoint was opened without FI_TRIGGER | FI_XPU_TRIGGER"

@@ -24,14 +24,17 @@
 //!   fit waits in the host queue until the XPU makes room.
 //!
 //! The layouts are in `abi`, asserted field by field for the CUDA header to be checked
-//! against. Only the CPU XPU (host memory, `FI_HMEM_SYSTEM`) is served so far; docs/
-//! xpu-device-api.md says what comes next.
+//! against. Shared blocks live where both sides reach them (`mem`): heap memory for the CPU
+//! XPU (`FI_HMEM_SYSTEM`), device-visible host memory for a CUDA or Level Zero XPU, from the
+//! domain's allocator; handles carry the XPU's addresses. docs/xpu-device-api.md says what is
+//! tested.
 
 pub mod abi;
 pub(crate) mod cntr;
 pub(crate) mod cq;
 pub mod device;
 pub(crate) mod ep;
+pub mod mem;
 pub(crate) mod ring;
 mod validate;
 
@@ -43,6 +46,7 @@ pub use abi::{FI_XPU_DEVICE, FI_XPU_SUBGROUP, FI_XPU_WORK_GROUP, FI_XPU_WORK_ITE
 pub use cntr::XpuCntr;
 pub use cq::XpuCq;
 pub use ep::XpuEp;
+pub use mem::{XpuMem, XpuMemAlloc, XPU_MEM_ALIGN};
 pub use ring::{Claim, RING_DEFAULT_SLOTS, RING_MAX_SLOTS, RING_MIN_SLOTS};
 pub(crate) use validate::{action, entry_flags, is_recv, Fault};
 pub use validate::{

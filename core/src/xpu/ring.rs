@@ -12,16 +12,23 @@
 //! copy. A claimed slot whose `seq` never comes (an XPU that died mid-descriptor) is never
 //! taken: what follows it waits, and closing the ring reports each of them.
 //!
-//! The memory is ordinary host memory here (a CPU XPU reaches it). A GPU's ring lives in
-//! mapped page-locked host memory with the same layout (a later step allocates it through
-//! xfabric-hmem); nothing here depends on where it is.
+//! The ring is one shared block (`mem::Block`): the header, then the slots. A CPU XPU's is
+//! ordinary heap memory; a GPU's is mapped page-locked host memory from the domain's
+//! allocator. The host reads and writes through the block's host address only; the header's
+//! `slots` and the handle's `prov_ctx` carry the XPU's addresses, and the host never follows
+//! what the header holds (an XPU can write anything there).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::abi::{DescSlot, RingHeader, XpuDesc, DESC_WORDS, RING_CLOSED, RING_OPEN};
+use super::mem::{Block, XpuMemAlloc};
 use crate::consts::errno::{FI_EAGAIN, FI_ESHUTDOWN};
 use crate::error::{Error, Result};
+use crate::trigger::Xpu;
+
+/// Where the slots start in a ring's block: right after the header.
+const SLOTS_AT: usize = std::mem::size_of::<RingHeader>();
 
 /// Fewest and most slots a ring may have.
 pub const RING_MIN_SLOTS: usize = 2;
@@ -32,8 +39,8 @@ pub const RING_DEFAULT_SLOTS: usize = 1024;
 
 /// The host's side of one ring: it owns the shared memory.
 pub(crate) struct DescRing {
-    header: Box<RingHeader>,
-    slots: Box<[DescSlot]>,
+    /// The header at offset 0, `mask + 1` slots at `SLOTS_AT`.
+    mem: Block,
     /// The next position the consumer takes: the host's own copy. The header's `head` is
     /// written from it for the XPU to see, never read back (an XPU can write anything there).
     head: AtomicU64,
@@ -61,38 +68,58 @@ pub(crate) enum Left {
 }
 
 impl DescRing {
-    /// A ring of `slots` slots (a power of two within the limits).
-    pub(crate) fn new(slots: usize) -> Result<Arc<DescRing>> {
+    /// A ring of `slots` slots (a power of two within the limits) for `xpu`, in memory from
+    /// `alloc` (heap memory for the CPU XPU).
+    pub(crate) fn new(
+        slots: usize,
+        xpu: Xpu,
+        alloc: Option<&dyn XpuMemAlloc>,
+    ) -> Result<Arc<DescRing>> {
+        let what = "export_xpu";
         if !(RING_MIN_SLOTS..=RING_MAX_SLOTS).contains(&slots) || !slots.is_power_of_two() {
             return Err(Error::Inval(format!(
-                "export_xpu: {slots} ring slots; a power of two from {RING_MIN_SLOTS} to {RING_MAX_SLOTS}"
+                "{what}: {slots} ring slots; a power of two from {RING_MIN_SLOTS} to {RING_MAX_SLOTS}"
             )));
         }
-        let slots_mem: Box<[DescSlot]> = (0..slots)
-            .map(|_| DescSlot(std::array::from_fn(|_| AtomicU64::new(0))))
-            .collect();
-        let header = Box::new(RingHeader::new(slots_mem.as_ptr() as u64, slots as u64));
+        // Within RING_MAX_SLOTS: 48 MiB and a header, no overflow.
+        let len = SLOTS_AT + slots * std::mem::size_of::<DescSlot>();
+        let mem = Block::new(what, xpu, alloc, len)?;
+        let header = RingHeader::new(mem.xpu_at(SLOTS_AT), slots as u64);
+        // SAFETY: the block is zero-filled, `len` bytes, 64-aligned (checked by Block), and
+        // no one else knows it yet: the header is written before it is shared. Zeroed slots
+        // are valid atomics.
+        unsafe { mem.host_at(0).cast::<RingHeader>().write(header) };
         Ok(Arc::new(DescRing {
-            header,
-            slots: slots_mem,
+            mem,
             head: AtomicU64::new(0),
             mask: slots as u64 - 1,
         }))
     }
 
-    /// The shared header (what `prov_ctx` names).
+    /// The shared header, through the host's address.
     pub(crate) fn header(&self) -> &RingHeader {
-        &self.header
+        // SAFETY: written in `new`, alive and 64-aligned as long as `self`; its shared words
+        // are atomics.
+        unsafe { &*self.mem.host_at(0).cast::<RingHeader>() }
     }
 
-    /// The header's address, as a CPU XPU sees it.
+    /// The header's address as the XPU sees it (what `prov_ctx` names).
     pub(crate) fn ctx(&self) -> u64 {
-        &*self.header as *const RingHeader as u64
+        self.mem.xpu_at(0)
     }
 
-    fn slot(&self, pos: u64) -> &DescSlot {
+    /// Whether the XPU's addresses are valid host addresses too (the host's device calls on
+    /// a handle follow them: `xpu::device`).
+    pub(crate) fn host_reachable(&self) -> bool {
+        self.mem.host_reachable()
+    }
+
+    pub(crate) fn slot(&self, pos: u64) -> &DescSlot {
         // The mask keeps the index within the slots (their number is mask + 1).
-        &self.slots[(pos & self.mask) as usize]
+        let idx = (pos & self.mask) as usize;
+        // SAFETY: slot `idx` <= mask lies inside the block (`new` sized it), 64-aligned; its
+        // words are atomics.
+        unsafe { &*self.mem.host_at(SLOTS_AT).cast::<DescSlot>().add(idx) }
     }
 
     /// The next position the consumer takes.
@@ -122,8 +149,9 @@ impl DescRing {
         let words: [u64; DESC_WORDS] = std::array::from_fn(|i| slot.0[i].load(Ordering::Relaxed));
         // Copied out: the slot and its credit go back to the producers.
         self.head.store(want, Ordering::Relaxed);
-        self.header.head.store(want, Ordering::Release);
-        self.header.credits.fetch_add(1, Ordering::Release);
+        let h = self.header();
+        h.head.store(want, Ordering::Release);
+        h.credits.fetch_add(1, Ordering::Release);
         let d = XpuDesc::from_words(words);
         Some(if d.check == want as u32 {
             Taken::Desc(d)
@@ -136,9 +164,10 @@ impl DescRing {
     /// (at most one lap: `tail` is the XPU's to write, and is not trusted further). Consumer
     /// only.
     pub(crate) fn close(&self) -> Vec<Left> {
-        self.header.state.store(RING_CLOSED, Ordering::Release);
+        let h = self.header();
+        h.state.store(RING_CLOSED, Ordering::Release);
         let head = self.head();
-        let tail = self.header.tail.load(Ordering::Acquire);
+        let tail = h.tail.load(Ordering::Acquire);
         let end = tail.clamp(head, head.saturating_add(self.mask + 1));
         let mut out = Vec::new();
         let mut pos = head;
@@ -154,7 +183,7 @@ impl DescRing {
             pos = want;
         }
         self.head.store(end, Ordering::Relaxed);
-        self.header.head.store(end, Ordering::Release);
+        h.head.store(end, Ordering::Release);
         out
     }
 }

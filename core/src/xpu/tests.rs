@@ -816,3 +816,118 @@ fn words_an_xpu_may_scribble_on_bound_what_the_host_does() {
         "one lap of unpublished positions, no more"
     );
 }
+
+/// A GPU's blocks (the mock's `FAKE_GPU`, whose device addresses lie far from the host's):
+/// every address the device follows is the device's, the host reads and writes through its own
+/// (a device address followed from the host would fault here), descriptors stored as a GPU
+/// stores them are started as the CPU XPU's are, and the host's device calls refuse a handle
+/// whose addresses they cannot follow.
+#[test]
+fn a_gpus_blocks_carry_device_addresses_and_the_host_reads_its_own() {
+    use crate::trigger::testkit::{FAKE_DEVICE_OFFSET, FAKE_GPU};
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let n = node(&w);
+    let x = n.ep.export_xpu_slots(FAKE_GPU, 4).unwrap();
+    let ring = x.ring();
+    let host = ring.header() as *const RingHeader as u64;
+    assert_eq!(x.fid().prov_ctx, host + FAKE_DEVICE_OFFSET, "prov_ctx");
+    assert_eq!(
+        ring.header().slots,
+        x.fid().prov_ctx + size_of::<RingHeader>() as u64,
+        "the header's slots: the device's address of slot 0"
+    );
+    assert_eq!(ring.slot(0) as *const DescSlot as u64, host + 256);
+    // The host cannot follow the device's addresses: its device calls say so.
+    let buf = vec![7u8; 64];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    let peer = n.av.get_xpu_addr(0).unwrap();
+    assert_eq!(
+        dev::send(&x, p(&buf), 8, desc, 0, peer, 1, 0, W),
+        -FI_EOPNOTSUPP
+    );
+    assert_eq!(dev::claim(&x).err(), Some(-FI_EOPNOTSUPP));
+    // A GPU's posts, as the host sees its stores: credit, position, the slot's words, then seq.
+    let h = ring.header();
+    for i in 0..6u64 {
+        if i == 4 {
+            // The ring (4 slots) is full until the watcher drains it.
+            assert!(h.credits.load(Ordering::Acquire) <= 0);
+            while n.ep.progress() > 0 {}
+        }
+        assert!(
+            h.credits.fetch_sub(1, Ordering::AcqRel) > 0,
+            "a credit for {i}"
+        );
+        let pos = h.tail.fetch_add(1, Ordering::AcqRel);
+        let d = XpuDesc {
+            opcode: opcode::TSEND,
+            check: pos as u32 + 1,
+            len: 8,
+            buf: buf.as_ptr() as u64,
+            desc,
+            peer,
+            context: 10 + i,
+            tag: 100 + i,
+            ..Default::default()
+        };
+        let slot = ring.slot(pos);
+        for (k, v) in d.to_words().into_iter().enumerate().skip(1) {
+            slot.0[k].store(v, Ordering::Relaxed);
+        }
+        slot.0[0].store(pos + 1, Ordering::Release);
+    }
+    while n.ep.progress() > 0 {}
+    let ctxs: Vec<usize> = entries(&n.cq).iter().map(|e| e.op_context).collect();
+    assert_eq!(
+        ctxs,
+        (10..16).collect::<Vec<_>>(),
+        "started as the CPU XPU's"
+    );
+    assert!(errors(&n.cq).is_empty());
+
+    // The CQ's ring and the counter's mirror and ring: device addresses inside, host reads.
+    let q = n.cq.export_xpu(FAKE_GPU).unwrap();
+    let qh = q.shared().header() as *const CqRingHeader as u64;
+    assert_eq!(q.fid().prov_ctx, qh + FAKE_DEVICE_OFFSET);
+    assert_eq!(q.shared().header().slots, q.fid().prov_ctx + 192);
+    let mut e = [CqTaggedEntry::default(); 1];
+    assert_eq!(dev::cq_read(&q, &mut e, W), -(FI_EOPNOTSUPP as isize));
+    let cntr = w.cntr();
+    let c = cntr.export_xpu(FAKE_GPU).unwrap();
+    let m = c.mirror();
+    assert_eq!(
+        c.fid().prov_ctx,
+        m as *const CntrMirror as u64 + FAKE_DEVICE_OFFSET
+    );
+    assert_eq!(
+        m.ring,
+        c.ring().ctx(),
+        "the mirror names its ring by device address"
+    );
+    assert_eq!(
+        c.ring().ctx(),
+        c.ring().header() as *const RingHeader as u64 + FAKE_DEVICE_OFFSET
+    );
+    cntr.add(3).unwrap();
+    assert_eq!(
+        dev::cntr_read(&c, W),
+        3,
+        "the mirror, read through the host's view"
+    );
+    assert_eq!(dev::cntr_add(&c, 1, W), -FI_EOPNOTSUPP);
+    // One XPU per CQ and counter; a queue opened outside a domain has no GPU memory.
+    assert!(matches!(
+        n.cq.export_xpu(Xpu::CPU),
+        Err(crate::error::Error::Inval(_))
+    ));
+    assert!(matches!(
+        cntr.export_xpu(Xpu::CPU),
+        Err(crate::error::Error::Inval(_))
+    ));
+    let lone = CompletionQueue::open(&CqAttr::default()).unwrap();
+    assert!(matches!(
+        lone.export_xpu(FAKE_GPU),
+        Err(crate::error::Error::OpNotSupp(_))
+    ));
+}

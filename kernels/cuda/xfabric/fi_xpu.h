@@ -10,7 +10,9 @@
  *     endpoint, CQ and counter attributes, fi_xpu_ctx), which 1.17's structures lack.
  *     xfabric names it at export: fi_*_export_xpu export to the CPU XPU (FI_HMEM_SYSTEM, a
  *     thread of this process) with the default ring size; xf_*_export_xpu take a
- *     struct xf_xpu_attr (XPU and ring size). Other XPUs answer -FI_EOPNOTSUPP for now.
+ *     struct xf_xpu_attr (XPU and ring size). FI_HMEM_CUDA and FI_HMEM_ZE XPUs get their
+ *     shared blocks in device-visible host memory, prov_ctx being its device address; other
+ *     XPUs answer -FI_EOPNOTSUPP.
  *   - The capability: 1.17 calls bit 44 FI_XPU_TRIGGER, upstream's main branch FI_XPU.
  *     xfabric keeps one bit with both meanings; FI_XPU is defined here as an alias of
  *     FI_XPU_TRIGGER. An endpoint to export is opened with FI_TRIGGER | FI_XPU_TRIGGER (or
@@ -51,7 +53,7 @@ extern "C" {
 
 /* The XPU an xf_*_export_xpu call exports to, and its ring's size. */
 struct xf_xpu_attr {
-	enum fi_hmem_iface iface; /* FI_HMEM_SYSTEM: a CPU thread of this process */
+	enum fi_hmem_iface iface; /* FI_HMEM_SYSTEM (a CPU thread), FI_HMEM_CUDA, FI_HMEM_ZE */
 	uint32_t reserved;        /* 0 */
 	uint64_t device;          /* device of iface (0 for a CPU) */
 	uint64_t slots;           /* ring slots, a power of two; 0: the default */
