@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs in .gpu/ on a machine with an NVIDIA GPU (packed by scripts/gpu-pack.sh): every GPU
-# test, then the XPU pipeline demo with a GPU kernel ringing the doorbells and with a CPU XPU,
-# then the MoE dispatch with CPU XPUs.
+# test, then the XPU pipeline demo with a GPU kernel and with a CPU XPU (both ways each round),
+# then the MoE dispatch with CPU XPUs. The whole run stays within 8 minutes: each step's
+# timeout is cut to what is left of them. Logs and $OUT/gpu-figures.txt (the card, the driver,
+# the date, each figure with its goal and met / NOT met) go to $OUT when it is set.
 set -o pipefail
 cd "$(dirname "$0")"
 nvidia-smi -L
@@ -11,17 +13,50 @@ echo "libnvrtc: ${nvrtc:-not found}"
 [ -n "$nvrtc" ] && export LD_LIBRARY_PATH="$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export RUST_BACKTRACE=1
 out=${OUT:-.}
+budget=480
 rc=0
+# A step's timeout: its own, or what is left of the budget if that is less (at least 1 s).
+limit() {
+    local left=$((budget - SECONDS))
+    [ "$left" -lt 1 ] && left=1
+    [ "$1" -lt "$left" ] && echo "$1" || echo "$left"
+}
+figures="$out/gpu-figures.txt"
+{
+    echo "xfabric GPU figures"
+    echo "date:   $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "card:   $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+    echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
+    echo "nvrtc:  ${nvrtc:-not found}"
+} >"$figures"
+# figure NAME LOG: the log's verdict line, met where it says the goal was reached.
+figure() {
+    local v
+    v=$(grep -m1 '^verdict:' "$2" | sed 's/^verdict: //')
+    if [ -z "$v" ]; then
+        echo "$1: no figure (the run failed or timed out: see $(basename "$2"))"
+    elif grep -q 'NOT shown' <<<"$v"; then
+        echo "$1: $v [NOT met]"
+    else
+        echo "$1: $v [met]"
+    fi >>"$figures"
+}
 for t in gpu cuda hmem hmem_rma hmem_trigger shm_cuda_ipc; do
     echo "=== $t"
-    timeout 120 "./$t" --ignored gpu_ --test-threads=1 2>&1 | tee "$out/$t.log" | tail -25 || rc=1
+    timeout "$(limit 90)" "./$t" --ignored gpu_ --test-threads=1 2>&1 | tee "$out/$t.log" | tail -25 || rc=1
+    echo "test $t: $(grep -m1 '^test result:' "$out/$t.log" || echo 'no result (failed or timed out)')" >>"$figures"
 done
 for x in gpu cpu; do
     echo "=== xpu_pipeline --xpu $x"
-    timeout 60 ./xpu_pipeline --xpu "$x" 2>&1 | tee "$out/xpu_pipeline_$x.log" | tail -15 || rc=1
+    timeout "$(limit 60)" ./xpu_pipeline --xpu "$x" --rounds 9 2>&1 | tee "$out/xpu_pipeline_$x.log" | tail -20 || rc=1
+    figure "xpu_pipeline --xpu $x (triggered/ordinary)" "$out/xpu_pipeline_$x.log"
 done
 # The MoE dispatch with CPU XPUs: on a machine with a core for each rank's XPU and host
 # threads, the device way's overlap has idle time to reclaim (issue 31's goal: <= 0.70).
 echo "=== moe_dispatch --ranks 4"
-timeout 60 ./moe_dispatch --ranks 4 --rounds 9 2>&1 | tee "$out/moe_dispatch.log" | tail -14 || rc=1
+timeout "$(limit 60)" ./moe_dispatch --ranks 4 --rounds 9 2>&1 | tee "$out/moe_dispatch.log" | tail -14 || rc=1
+figure "moe_dispatch --ranks 4 (device/host, CPU XPUs)" "$out/moe_dispatch.log"
+echo "elapsed: ${SECONDS} s of ${budget}" >>"$figures"
+echo "=== figures ($figures)"
+cat "$figures"
 exit $rc
