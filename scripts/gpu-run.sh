@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs in .gpu/ on a machine with an NVIDIA GPU (packed by scripts/gpu-pack.sh): every GPU
 # test, then the XPU pipeline demo with a GPU kernel and with a CPU XPU (both ways each round),
-# then the MoE dispatch with CPU XPUs. The whole run stays within 8 minutes: each step's
+# the GPU IPC bench (two processes over shm, device memory on both sides), then the MoE
+# dispatch with CPU XPUs. The whole run stays within 8 minutes: each step's
 # timeout is cut to what is left of them. Logs and $OUT/gpu-figures.txt (the card, the driver,
 # the date, each figure with its goal and met / NOT met) go to $OUT when it is set.
 set -o pipefail
@@ -51,6 +52,11 @@ for x in gpu cpu; do
     timeout "$(limit 60)" ./xpu_pipeline --xpu "$x" --rounds 9 2>&1 | tee "$out/xpu_pipeline_$x.log" | tail -20 || rc=1
     figure "xpu_pipeline --xpu $x (triggered/ordinary)" "$out/xpu_pipeline_$x.log"
 done
+# CUDA IPC over shm between two processes on this GPU: its three figures, each with its goal.
+echo "=== gpu_ipc_bench"
+timeout "$(limit 90)" ./gpu_ipc_bench 2>&1 | tee "$out/gpu_ipc_bench.log" | tail -8 || rc=1
+grep '^figure: ' "$out/gpu_ipc_bench.log" | sed 's/^figure: /gpu_ipc_bench: /' >>"$figures" ||
+    echo "gpu_ipc_bench: no figures (the run failed or timed out: see gpu_ipc_bench.log)" >>"$figures"
 # The MoE dispatch with CPU XPUs: on a machine with a core for each rank's XPU and host
 # threads, the device way's overlap has idle time to reclaim (issue 31's goal: <= 0.70).
 echo "=== moe_dispatch --ranks 4"
