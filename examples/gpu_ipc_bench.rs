@@ -12,8 +12,8 @@
 //! - the latency: 8 B device to device, ping-pong, one way = half the round trip, p50; goal: at
 //!   most 10 us.
 //!
-//! The receiver checks the bytes of every single message and of each round's last. Without a
-//! GPU it fails in one line.
+//! The receiver checks the bytes of every single message and of each round's last (after its
+//! answer: the check is not timed). Without a GPU it fails in one line.
 //!
 //! ```text
 //! cargo run --release --example gpu_ipc_bench [-- [--rounds R] [--pings N]]
@@ -198,8 +198,11 @@ fn receiver(o: &Opts, cuda: &dyn HmemIface) {
             &lines.next().and_then(|l| l.ok()).unwrap_or_default(),
         ))
         .expect("av insert");
-    let big = alloc(cuda, BIG);
-    let small_rx = alloc(cuda, SMALL);
+    // Two of each receive buffer: the next batch's receives are posted (into the other) before
+    // the answer goes, and the bytes are checked after it, so that neither the check nor a late
+    // post is inside the sender's time.
+    let big = [alloc(cuda, BIG), alloc(cuda, BIG)];
+    let small_rx = [alloc(cuda, SMALL), alloc(cuda, SMALL)];
     let small_tx = alloc(cuda, SMALL);
     fill(cuda, &small_tx, &pattern(SMALL, 0));
     let mut sends = 0usize;
@@ -209,23 +212,21 @@ fn receiver(o: &Opts, cuda: &dyn HmemIface) {
         unsafe { n.send_raw(small_tx.as_ptr(), SMALL, from, SMALL_CTX) };
         *sends += 1;
     };
-    for i in 0..SINGLES {
-        // SAFETY: `big` is only this receive's until its completion, awaited just below.
-        unsafe { n.recv_raw(big.as_ptr(), BIG, from, i) };
-        n.spin_for(i, &mut sends);
-        if read(cuda, &big, BIG) != pattern(BIG, i as u64) {
-            fail(&format!("message {i} differs"));
+    // Batch b (seed b): the single messages one by one, then the rounds of WINDOW.
+    let batches: Vec<usize> = std::iter::repeat_n(1, SINGLES)
+        .chain(std::iter::repeat_n(WINDOW, o.rounds))
+        .collect();
+    let post = |b: usize| {
+        for k in 0..batches[b] {
+            // SAFETY: `big[b % 2]` is only this batch's until its completions, and read only
+            // after them (every message of a round lands there; the last one is checked).
+            unsafe { n.recv_raw(big[b % 2].as_ptr(), BIG, from, k) };
         }
-        answer(&n, &mut sends);
-    }
-    for r in 0..o.rounds {
-        for k in 0..WINDOW {
-            // SAFETY: as above; every receive of the round lands in `big` (the last one's
-            // bytes are checked), none is read before the round's completions.
-            unsafe { n.recv_raw(big.as_ptr(), BIG, from, k) };
-        }
+    };
+    post(0);
+    for (b, &count) in batches.iter().enumerate() {
         let mut got = 0;
-        while got < WINDOW {
+        while got < count {
             for e in n.spin(1) {
                 if e.op_context < WINDOW {
                     got += 1;
@@ -234,16 +235,24 @@ fn receiver(o: &Opts, cuda: &dyn HmemIface) {
                 }
             }
         }
-        let seed = (SINGLES + r) as u64;
-        if read(cuda, &big, BIG) != pattern(BIG, seed) {
-            fail(&format!("round {r}'s last message differs"));
+        if b + 1 < batches.len() {
+            post(b + 1);
         }
         answer(&n, &mut sends);
+        if read(cuda, &big[b % 2], BIG) != pattern(BIG, b as u64) {
+            fail(&format!("batch {b} (of {count} message(s)) differs"));
+        }
     }
-    for _ in 0..100 + o.pings {
-        // SAFETY: `small_rx` is only this receive's until its completion.
-        unsafe { n.recv_raw(small_rx.as_ptr(), SMALL, from, SMALL_CTX + 1) };
+    // SAFETY: each small receive buffer is only its receive's until its completion; the next
+    // ping's receive goes to the other one, posted before the answer.
+    unsafe { n.recv_raw(small_rx[0].as_ptr(), SMALL, from, SMALL_CTX + 1) };
+    let pings = 100 + o.pings;
+    for p in 0..pings {
         n.spin_for(SMALL_CTX + 1, &mut sends);
+        if p + 1 < pings {
+            // SAFETY: as above.
+            unsafe { n.recv_raw(small_rx[(p + 1) % 2].as_ptr(), SMALL, from, SMALL_CTX + 1) };
+        }
         answer(&n, &mut sends);
     }
     n.spin(sends);
