@@ -8,10 +8,12 @@
 //! work. The buckets live in device-visible host memory (`cuMemHostAlloc` mapped memory on a
 //! GPU), which the send reads directly.
 //!
-//! With the CPU XPU, every round also runs the ordinary way (compute every bucket, join, then
-//! post the sends), and the two are printed side by side with the bound overlap allows. What
+//! Every round also runs the ordinary way (compute every bucket, wait for the XPU, then post
+//! the sends), and the two are printed side by side with the bound overlap allows. What
 //! overlap can save depends on the workload: a bucket's compute (`--work` passes over it) is
 //! calibrated at start-up to take as long as a bucket's transfer, where overlap matters most.
+//! On a GPU every block runs at once, so bucket k gets `--work` x (k + 1) passes: it is ready
+//! k + 1 bucket-times after the launch, as on an XPU computing the buckets in order.
 //!
 //! ```text
 //! cargo run --release --example xpu_pipeline [-- [--buckets N] [--bucket-kib K] [--rounds R] [--xpu auto|cpu|gpu] [--work P]]
@@ -55,8 +57,8 @@ struct Opts {
     /// What rings the doorbells
     #[arg(long, value_enum, default_value_t = Want::Auto)]
     xpu: Want,
-    /// CPU XPU: passes of compute over each bucket (default: calibrated at start-up so that a
-    /// bucket's compute takes as long as its transfer)
+    /// Passes of compute over each bucket (default: calibrated at start-up so that a bucket's
+    /// compute takes as long as its transfer; on a GPU, bucket k gets k + 1 times as many)
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=MAX_PASSES as i64))]
     work: Option<u32>,
     /// The provider both processes use (shm, or tcp to cross hosts)
@@ -376,7 +378,6 @@ fn sender(o: &Opts) {
         o.buckets(),
         o.bucket_bytes() >> 10
     );
-    let ordinary = matches!(ringer, Ringer::Cpu(_));
     let mut pass = 0u32;
     let mut go = |pass: &mut u32| {
         writeln!(to_peer, "go").expect("tell peer");
@@ -384,10 +385,9 @@ fn sender(o: &Opts) {
         *pass += 1;
         seed
     };
-    let passes = match (ordinary, o.work) {
-        (false, _) => 1,
-        (true, Some(p)) => p,
-        (true, None) => {
+    let passes = match o.work {
+        Some(p) => p,
+        None => {
             let mut cal = Vec::new();
             // The first pass warms up (page faults, the peer's first receives) and is not kept.
             for i in 0..=CALIBRATION_PASSES {
@@ -397,32 +397,39 @@ fn sender(o: &Opts) {
                     cal.push(stages);
                 }
             }
-            calibrate(o, &mut cal)
+            match &ringer {
+                Ringer::Cpu(_) => calibrate(o, &mut cal),
+                Ringer::Gpu(g) => calibrate_gpu(g, &mem, o, &cal),
+            }
         }
     };
-    if ordinary {
+    println!(
+        "each round runs both ways, alternating which goes first; the XPU computes every \
+         bucket {passes} time(s) over (--work {passes})"
+    );
+    println!(
+        "  triggered: sends armed in advance, the XPU rings each bucket's send when it is \
+         done; time from the start of the compute to the last send completion"
+    );
+    println!(
+        "  ordinary:  the XPU computes every bucket, the host waits for it, then posts the \
+         sends; the same time, the sum of two stages: compute (XPU start to the wait's end) \
+         and transfer (first post to last completion)"
+    );
+    if let Ringer::Gpu(_) = ringer {
         println!(
-            "each round runs both ways, alternating which goes first; the XPU computes every \
-             bucket {passes} time(s) over (--work {passes})"
+            "  the GPU runs every bucket's block at once: bucket k is computed {passes} x \
+             (k + 1) times over, so that it is ready k + 1 bucket-times after the launch, \
+             as on an XPU computing the buckets in order (the same kernel both ways)"
         );
-        println!(
-            "  triggered: sends armed in advance, the XPU rings each bucket's send when it is \
-             done; time from the start of the compute to the last send completion"
-        );
-        println!(
-            "  ordinary:  the XPU computes every bucket, the host joins it, then posts the sends; \
-             the same time, the sum of two stages: compute (XPU start to join) and transfer \
-             (first post to last completion)"
-        );
-        println!(
-            "  on 2 cores the XPU thread computes on one while the receiver process spins on the \
-             other; this process's main thread shares the XPU's core, running only while the \
-             XPU does not"
-        );
-        println!("round   triggered us   ordinary us   compute us   transfer us   ratio   bound");
     } else {
-        println!("round   start-of-compute-to-last-completion   GB/s   every byte checked");
+        println!(
+            "  on 2 cores the XPU thread computes on one while the receiver process spins on \
+             the other; this process's main thread shares the XPU's core, running only while \
+             the XPU does not"
+        );
     }
+    println!("round   triggered us   ordinary us   compute us   transfer us   ratio   bound");
     let mut times = Vec::new();
     let mut ords = Vec::new();
     let mut computes = Vec::new();
@@ -431,12 +438,11 @@ fn sender(o: &Opts) {
     let mut rings = Vec::new();
     for round in 0..o.rounds() {
         // Alternate which way goes first, so neither always runs on a warmer cache.
-        let order: &[bool] = match (ordinary, round % 2) {
-            (false, _) => &[true],
-            (true, 0) => &[false, true],
-            (true, _) => &[true, false],
+        let order: &[bool] = match round % 2 {
+            0 => &[false, true],
+            _ => &[true, false],
         };
-        let (mut dt, mut stages) = (Duration::ZERO, None);
+        let (mut dt, mut c, mut t) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
         for &triggered in order {
             let seed = go(&mut pass);
             if triggered {
@@ -447,36 +453,25 @@ fn sender(o: &Opts) {
                     rings.extend(s.last_rings().map(|p| p.ring));
                 }
             } else {
-                stages = Some(ordinary_round(
-                    &n, &ringer, &mem, o, peer, &mut hear, seed, passes,
-                ));
+                (c, t) = ordinary_round(&n, &ringer, &mem, o, peer, &mut hear, seed, passes);
             }
         }
         times.push(dt);
-        match stages {
-            Some((c, t)) => {
-                let ord = c + t;
-                let ratio = dt.as_secs_f64() / ord.as_secs_f64();
-                println!(
-                    "{round:>5}   {:>12.1}   {:>11.1}   {:>10.1}   {:>11.1}   {:>5.2}   {:>5.2}",
-                    us(dt),
-                    us(ord),
-                    us(c),
-                    us(t),
-                    ratio,
-                    bound(c, t)
-                );
-                ords.push(ord);
-                computes.push(c);
-                transfers.push(t);
-                ratios.push(ratio);
-            }
-            None => println!(
-                "{round:>5}   {:>31.1} us   {:>5.2}   yes",
-                us(dt),
-                total as f64 / dt.as_secs_f64() / 1e9
-            ),
-        }
+        let ord = c + t;
+        let ratio = dt.as_secs_f64() / ord.as_secs_f64();
+        println!(
+            "{round:>5}   {:>12.1}   {:>11.1}   {:>10.1}   {:>11.1}   {:>5.2}   {:>5.2}",
+            us(dt),
+            us(ord),
+            us(c),
+            us(t),
+            ratio,
+            bound(c, t)
+        );
+        ords.push(ord);
+        computes.push(c);
+        transfers.push(t);
+        ratios.push(ratio);
     }
     drop(to_peer);
     let status = child.wait().expect("peer exit");
@@ -490,41 +485,37 @@ fn sender(o: &Opts) {
         us(med),
         total as f64 / med.as_secs_f64() / 1e9
     );
-    if ordinary {
-        let (c, t) = (median(&mut computes), median(&mut transfers));
-        println!("min / median / max over the rounds, us:");
-        println!("  triggered  {}", spread(&mut times));
-        println!("  ordinary   {}", spread(&mut ords));
-        println!("  compute    {}", spread(&mut computes));
-        println!("  transfer   {}", spread(&mut transfers));
-        ratios.sort_by(f64::total_cmp);
-        let (ratio, bound) = (ratios[ratios.len() / 2], bound(c, t));
+    let (c, t) = (median(&mut computes), median(&mut transfers));
+    println!("min / median / max over the rounds, us:");
+    println!("  triggered  {}", spread(&mut times));
+    println!("  ordinary   {}", spread(&mut ords));
+    println!("  compute    {}", spread(&mut computes));
+    println!("  transfer   {}", spread(&mut transfers));
+    ratios.sort_by(f64::total_cmp);
+    let (ratio, bound) = (ratios[ratios.len() / 2], bound(c, t));
+    println!(
+        "triggered/ordinary {ratio:.2} (min {:.2}, max {:.2}); overlap's bound \
+         max(compute, transfer)/(compute + transfer) {bound:.2}, from the median stage times",
+        ratios[0],
+        ratios[ratios.len() - 1],
+    );
+    if !rings.is_empty() {
+        // The CPU XPU's ring starts the send it reached on the XPU's own thread: the
+        // host's share of each transfer (the post, and its completion's processing when
+        // the post finds the ring full) runs on the core the XPU computes on, where a GPU
+        // leaves it to the host's cores. Shown so that a distance to the bound can be
+        // read: that work cannot overlap the compute on this machine.
+        let r = median(&mut rings);
+        println!("  rings      {}", spread(&mut rings));
         println!(
-            "triggered/ordinary {ratio:.2} (min {:.2}, max {:.2}); overlap's bound \
-             max(compute, transfer)/(compute + transfer) {bound:.2}, from the median stage times",
-            ratios[0],
-            ratios[ratios.len() - 1],
+            "the XPU's core also rings: {:.2} us per bucket (the send it starts, on its own \
+             thread); with that on the XPU's core the bound is max(compute + rings, \
+             transfer)/(compute + transfer) {:.2}",
+            us(r) / o.buckets() as f64,
+            (c + r).max(t).as_secs_f64() / (c + t).as_secs_f64()
         );
-        if !rings.is_empty() {
-            // The CPU XPU's ring starts the send it reached on the XPU's own thread: the
-            // host's share of each transfer (the post, and its completion's processing when
-            // the post finds the ring full) runs on the core the XPU computes on, where a GPU
-            // leaves it to the host's cores. Shown so that a distance to the bound can be
-            // read: that work cannot overlap the compute on this machine.
-            let r = median(&mut rings);
-            println!("  rings      {}", spread(&mut rings));
-            println!(
-                "the XPU's core also rings: {:.2} us per bucket (the send it starts, on its own \
-                 thread); with that on the XPU's core the bound is max(compute + rings, \
-                 transfer)/(compute + transfer) {:.2}",
-                us(r) / o.buckets() as f64,
-                (c + r).max(t).as_secs_f64() / (c + t).as_secs_f64()
-            );
-        }
-        println!("{}", verdict(ratio, bound));
-    } else {
-        println!("the ordinary way is measured with the CPU XPU only (--xpu cpu)");
     }
+    println!("{}", verdict(ratio, bound));
 }
 
 /// Ordinary passes run with one pass of compute at start-up to calibrate `--work` (after one
@@ -664,6 +655,7 @@ fn triggered_round(
                     (o.bucket_bytes() / 4) as u32,
                     o.buckets() as u32,
                     seed,
+                    gpu_work(passes),
                     &dv,
                 )
                 .expect("launch compute-then-trigger kernel");
@@ -677,9 +669,10 @@ fn triggered_round(
     dt
 }
 
-/// One ordinary pass: a CPU XPU thread computes every bucket, the host joins it, then posts
-/// the sends. Returns (compute, transfer): the join's time from the thread's start, and from
-/// the first post to the last completion.
+/// One ordinary pass: the XPU computes every bucket (the CPU XPU's thread, or the GPU kernel
+/// without the trigger), the host waits for it, then posts the sends. Returns (compute,
+/// transfer): the wait's end from the XPU's start, and from the first post to the last
+/// completion.
 #[allow(clippy::too_many_arguments)]
 fn ordinary_round(
     n: &Node,
@@ -691,28 +684,13 @@ fn ordinary_round(
     seed: u32,
     passes: u32,
 ) -> (Duration, Duration) {
-    let Ringer::Cpu(Some(stream)) = ringer else {
-        fail("the ordinary way runs with a CPU XPU only");
-    };
     let total = o.buckets() * o.bucket_bytes();
     // SAFETY: no send of the previous pass is in flight, and the XPU is idle.
     unsafe { std::ptr::write_bytes(mem.as_ptr(), 0, total) };
     assert_eq!(hear(), "ready");
     let t0 = Instant::now();
     // Bucket by bucket with the same passes as the triggered XPU: the same work.
-    // SAFETY: `mem` holds `total` bytes that only the XPU touches until the synchronize just
-    // below, and it outlives it.
-    unsafe {
-        stream.compute(
-            mem.as_ptr().cast(),
-            (o.bucket_bytes() / 4) as u32,
-            o.buckets() as u32,
-            seed,
-            passes,
-        )
-    }
-    .and_then(|()| stream.synchronize())
-    .unwrap_or_else(|e| fail(&format!("the CPU XPU: {e}")));
+    xpu_compute(ringer, mem, o, seed, passes);
     let compute = t0.elapsed();
     let t1 = Instant::now();
     for k in 0..o.buckets() {
@@ -743,6 +721,85 @@ fn ordinary_round(
     let transfer = t1.elapsed();
     assert_eq!(hear(), format!("ok {seed}"));
     (compute, transfer)
+}
+
+/// The GPU's work for `passes`: staggered, so that bucket k is ready k + 1 bucket-times after
+/// the launch (every block runs at once).
+fn gpu_work(passes: u32) -> xfabric_kernels::Work {
+    xfabric_kernels::Work {
+        passes,
+        staggered: true,
+    }
+}
+
+/// The ordinary way's compute: every bucket, no trigger; returns once the XPU is done.
+fn xpu_compute(ringer: &Ringer, mem: &HostMapped, o: &Opts, seed: u32, passes: u32) {
+    let (elems, buckets) = ((o.bucket_bytes() / 4) as u32, o.buckets() as u32);
+    match ringer {
+        // SAFETY: `mem` holds `buckets x elems` u32s that only the XPU touches until the
+        // synchronize just below, and it outlives it.
+        Ringer::Cpu(Some(stream)) => {
+            unsafe { stream.compute(mem.as_ptr().cast(), elems, buckets, seed, passes) }
+                .and_then(|()| stream.synchronize())
+                .unwrap_or_else(|e| fail(&format!("the CPU XPU: {e}")))
+        }
+        Ringer::Cpu(None) => fail("the CPU XPU's stream was not started"),
+        // SAFETY: as above, at the buffer's device address.
+        Ringer::Gpu(g) => {
+            unsafe { g.compute(mem.device_addr(), elems, buckets, seed, gpu_work(passes)) }
+                .and_then(|()| g.synchronize())
+                .unwrap_or_else(|e| fail(&format!("the GPU kernel: {e}")))
+        }
+    }
+}
+
+/// `--work` on a GPU such that the kernel's compute takes as long as the transfer of every
+/// bucket, so a bucket's as long as its transfer (bucket k is ready k + 1 bucket-times after
+/// the launch). The transfer and one pass's compute come from the calibration passes (the
+/// fastest of each); the time each further pass adds is measured with 33 passes, timed as the
+/// ordinary way times its compute (launch to the synchronize's end), the fastest of 3.
+fn calibrate_gpu(
+    g: &xfabric_kernels::GpuXpu,
+    mem: &HostMapped,
+    o: &Opts,
+    cal: &[(Duration, Duration)],
+) -> u32 {
+    const N: u32 = 33;
+    let first = cal.iter().map(|s| s.0).min().unwrap_or_default();
+    let transfer = cal.iter().map(|s| s.1).min().unwrap_or_default();
+    let with_n = (0..3)
+        .map(|_| {
+            let t0 = Instant::now();
+            // SAFETY: no send is in flight between passes, and the kernel ends before the
+            // buffer is used again (the synchronize).
+            unsafe {
+                g.compute(
+                    mem.device_addr(),
+                    (o.bucket_bytes() / 4) as u32,
+                    o.buckets() as u32,
+                    0,
+                    gpu_work(N),
+                )
+            }
+            .and_then(|()| g.synchronize())
+            .unwrap_or_else(|e| fail(&format!("the GPU kernel: {e}")));
+            t0.elapsed()
+        })
+        .min()
+        .unwrap_or_default();
+    let per_pass = ((with_n.as_secs_f64() - first.as_secs_f64()) / (N - 1) as f64).max(1e-9);
+    let extra = ((transfer.as_secs_f64() - first.as_secs_f64()).max(0.0) / per_pass).round();
+    let passes = (1.0 + extra).min(MAX_PASSES as f64) as u32;
+    println!(
+        "calibration ({CALIBRATION_PASSES} ordinary passes): the transfer {:.1} us, the kernel \
+         with one pass {:.1} us (fastest of each), each further pass {:.2} us \
+         ({} staggered buckets): --work {passes}",
+        us(transfer),
+        us(first),
+        per_pass * 1e6,
+        o.buckets()
+    );
+    passes
 }
 
 /// Bucket `k` of `mem`.

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Packs the GPU checks for a machine with an NVIDIA GPU but no Rust toolchain: builds the test
-# binaries that hold GPU tests and the XPU pipeline demo here, strips them into .gpu/ (about
-# 25 MB, ignored by git through .git/info/exclude) with scripts/gpu-run.sh beside them. There:
-#   bash .gpu/gpu-run.sh        # the GPU tests, then xpu_pipeline with a GPU and a CPU XPU
-# (xpu_gpu, the device API's kernels, prints its figures: FIGURE lines, also in $OUT/figures.txt)
+# binaries that hold GPU tests, the XPU pipeline demo, the GPU IPC bench and the MoE dispatch
+# here, strips them into .gpu/ (about 25 MB, ignored by git through .git/info/exclude) with
+# scripts/gpu-run.sh beside them. There:
+#   bash .gpu/gpu-run.sh   # the GPU tests, xpu_pipeline with a GPU and a CPU XPU, gpu_ipc_bench,
+#                          # moe_dispatch (8 minutes at most); figures in $OUT/gpu-figures.txt
+# (xpu_gpu, the device API's kernels, prints FIGURE lines, also in $OUT/figures.txt)
 # Test logs go to $OUT when it is set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +25,7 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])' |
     while read -r name exe; do cp "$exe" ".gpu/$name" && strip ".gpu/$name"; done
-cargo build -j2 --release --example xpu_pipeline --example moe_dispatch
-for e in xpu_pipeline moe_dispatch; do cp "target/release/examples/$e" .gpu/ && strip ".gpu/$e"; done
+cargo build -j2 --release --example xpu_pipeline --example moe_dispatch --example gpu_ipc_bench
+for e in xpu_pipeline moe_dispatch gpu_ipc_bench; do cp "target/release/examples/$e" .gpu/ && strip ".gpu/$e"; done
 cp scripts/gpu-run.sh .gpu/
 du -sh .gpu

@@ -106,9 +106,15 @@ fn moe_dispatch_checks_every_token_across_four_processes() {
 
 /// Runs example `name` with `args`, bounded, with all its output captured.
 fn run_raw(name: &str, args: &[OsString]) -> Option<Output> {
+    run_raw_env(name, args, &[])
+}
+
+/// [`run_raw`] with `env` added to the example's environment.
+fn run_raw_env(name: &str, args: &[OsString], env: &[(&str, String)]) -> Option<Output> {
     let exe = built(name)?;
     let child = Command::new(exe)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -123,12 +129,13 @@ fn run_raw(name: &str, args: &[OsString]) -> Option<Output> {
     )
 }
 
-const EXAMPLES: [&str; 5] = [
+const EXAMPLES: [&str; 6] = [
     "pingpong",
     "deferred_allreduce",
     "xpu_pipeline",
     "xpu_bench",
     "moe_dispatch",
+    "gpu_ipc_bench",
 ];
 
 #[test]
@@ -148,12 +155,13 @@ fn every_example_answers_help() {
 #[test]
 fn every_example_refuses_bad_arguments_in_one_line() {
     let not_utf8 = OsStr::from_bytes(b"\xff\xfe").to_os_string();
-    let cases: [(&str, Vec<&str>); 5] = [
+    let cases: [(&str, Vec<&str>); 6] = [
         ("pingpong", vec!["-I"]),
         ("deferred_allreduce", vec![]),
         ("xpu_pipeline", vec!["--rounds"]),
         ("xpu_bench", vec!["lat", "--samples"]),
         ("moe_dispatch", vec!["--rounds"]),
+        ("gpu_ipc_bench", vec!["--rounds"]),
     ];
     for (name, number_flag) in cases {
         let with = |last: OsString| -> Vec<OsString> {
@@ -228,4 +236,44 @@ fn readme_first_program_sends_hello() {
     if let Some(text) = run_example("first", &[]) {
         assert_eq!(text.trim(), "received \"hello\"", "{text}");
     }
+}
+
+/// gpu_ipc_bench where no CUDA is usable: one line saying why and a non-zero status.
+#[test]
+fn gpu_ipc_bench_refuses_a_missing_gpu_in_one_line() {
+    let Some(out) = run_raw("gpu_ipc_bench", &["--rounds".into(), "1".into()]) else {
+        return;
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        println!("skipped: a GPU is usable here, so the bench ran");
+        return;
+    }
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("gpu_ipc_bench: no CUDA"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// gpu_ipc_bench against the CUDA double (functional only: the double has no real timing):
+/// every message checked by the receiver, the 4 MiB ones copied by IPC with one handle
+/// opened, and the three figures printed.
+#[cfg(feature = "cuda")]
+#[test]
+fn gpu_ipc_bench_runs_against_the_cuda_double() {
+    let args: Vec<OsString> = ["--rounds", "1", "--pings", "20"]
+        .iter()
+        .map(OsString::from)
+        .collect();
+    let env = common::cuda_double::double_env();
+    let Some(out) = run_raw_env("gpu_ipc_bench", &args, &env) else {
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}{err}");
+    assert_eq!(text.matches("figure: ").count(), 3, "{text}");
+    assert!(
+        err.contains("by CUDA IPC (18 device to device), opened 1 handle(s), 0 refused"),
+        "{err}"
+    );
 }

@@ -71,30 +71,67 @@ static __device__ void xf_ring_ready_in_order(const struct fi_trigger_var *vars,
 }
 
 /*
- * Compute then trigger. Block k computes bucket k:
+ * Bucket k's compute: each of the block's threads writes its elements of bucket k,
  *     out[i] = (uint32_t)(i * 2654435761u) ^ seed   for i in [k*bucket_elems, (k+1)*bucket_elems)
- * (global index i; the host checks the same formula), then bucket k's doorbell variable
- * vars[k] is rung, buckets strictly in order. `out` is pinned host memory mapped into the device,
- * so the host-side send reads it in place. `ready` (nbuckets words) and `ring_state` ([lock,
- * next]) are device memory, zeroed before the launch.
+ * (global index i; the host checks the same formula), computing each one `passes` times over,
+ * times k + 1 when `staggered`. The extra passes are work and nothing else (a xorshift chain
+ * the compiler cannot fold, whose state is never 0, so the bytes stored are the pattern's):
+ * they give a bucket a compute time of the caller's choosing. Staggered, bucket k is ready
+ * k + 1 bucket-times after the launch, as on an XPU that computes the buckets one after the
+ * other (layers in order), although every block runs at once and none waits for another.
+ */
+static __device__ __forceinline__ void xf_compute_bucket(xf_u32 *out, unsigned k,
+                                                         unsigned bucket_elems, xf_u32 seed,
+                                                         unsigned passes, unsigned staggered)
+{
+    const xf_u64 base = (xf_u64)k * bucket_elems;
+    const xf_u64 rounds = (xf_u64)(passes > 0u ? passes : 1u) * (staggered ? (xf_u64)k + 1 : 1);
+    for (unsigned j = threadIdx.x; j < bucket_elems; j += blockDim.x) {
+        const xf_u64 i = base + j;
+        const xf_u32 v = (xf_u32)(i * 2654435761ull) ^ seed;
+        xf_u32 x = v | 1u;
+        for (xf_u64 p = 1; p < rounds; p++) {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+        }
+        out[i] = x != 0u ? v : ~v; /* always v: xorshift keeps a non-zero state non-zero */
+    }
+}
+
+/*
+ * Compute then trigger. Block k computes bucket k (xf_compute_bucket), then bucket k's doorbell
+ * variable vars[k] is rung, buckets strictly in order. `out` is pinned host memory mapped into
+ * the device, so the host-side send reads it in place. `ready` (nbuckets words) and
+ * `ring_state` ([lock, next]) are device memory, zeroed before the launch.
  */
 extern "C" __global__ void xf_compute_and_trigger(xf_u32 *out, unsigned bucket_elems,
                                                   unsigned nbuckets, xf_u32 seed,
+                                                  unsigned passes, unsigned staggered,
                                                   const struct fi_trigger_var *vars,
                                                   unsigned *ready, unsigned *ring_state)
 {
     const unsigned k = blockIdx.x;
     if (k >= nbuckets)
         return;
-    const xf_u64 base = (xf_u64)k * bucket_elems;
-    for (unsigned j = threadIdx.x; j < bucket_elems; j += blockDim.x) {
-        const xf_u64 i = base + j;
-        out[i] = (xf_u32)(i * 2654435761ull) ^ seed;
-    }
+    xf_compute_bucket(out, k, bucket_elems, seed, passes, staggered);
     xf_publish_block();
     if (threadIdx.x != 0)
         return;
     atomicExch(&ready[k], 1u);
     __threadfence(); /* ready[k] before the lock attempt (the argument above) */
     xf_ring_ready_in_order(vars, nbuckets, ready, ring_state);
+}
+
+/*
+ * The same compute with no trigger (the ordinary way: the host waits for the kernel, then
+ * posts the sends). Block k computes bucket k.
+ */
+extern "C" __global__ void xf_compute(xf_u32 *out, unsigned bucket_elems, unsigned nbuckets,
+                                      xf_u32 seed, unsigned passes, unsigned staggered)
+{
+    const unsigned k = blockIdx.x;
+    if (k >= nbuckets)
+        return;
+    xf_compute_bucket(out, k, bucket_elems, seed, passes, staggered);
 }

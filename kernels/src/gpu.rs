@@ -18,7 +18,7 @@ use xfabric_xpu_trigger::{Signal, TriggerVar};
 use crate::cpu::{check_buckets, validate};
 use crate::nvrtc::{self, CompileOptions, Header, Ptx};
 use crate::{
-    KernelError, KERNELS_SOURCE, KERNELS_SOURCE_NAME, TRIGGER_HEADER, TRIGGER_HEADER_NAME,
+    KernelError, Work, KERNELS_SOURCE, KERNELS_SOURCE_NAME, TRIGGER_HEADER, TRIGGER_HEADER_NAME,
 };
 
 /// Driver symbols the safe layer calls beyond the ones xfabric-hmem's probe checks.
@@ -36,8 +36,28 @@ const EXTRA_DRIVER_SYMBOLS: &[&str] = &[
     "cuMemsetD8Async",
 ];
 
-/// Threads per block of `xf_compute_and_trigger`.
+/// Threads per block of `xf_compute_and_trigger` and `xf_compute`.
 const BLOCK: u32 = 256;
+
+/// The launch shape both compute kernels use: one block per bucket.
+fn bucket_grid(bucket_elems: u32, nbuckets: u32) -> LaunchConfig {
+    let block = bucket_elems.div_ceil(32).saturating_mul(32).min(BLOCK);
+    LaunchConfig {
+        grid_dim: (nbuckets, 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn check_out(op: &'static str, out_dev_ptr: u64) -> Result<(), KernelError> {
+    if out_dev_ptr == 0 || !out_dev_ptr.is_multiple_of(4) {
+        return Err(KernelError::inval(
+            op,
+            "out must be a non-null, 4-byte aligned address",
+        ));
+    }
+    Ok(())
+}
 
 /// One CUDA device as an XPU: its primary context, a stream, xfabric's kernels loaded.
 pub struct GpuXpu {
@@ -47,6 +67,7 @@ pub struct GpuXpu {
     // Field order is drop order: functions and module before the stream and context.
     signal_fn: CudaFunction,
     compute_fn: CudaFunction,
+    compute_only_fn: CudaFunction,
     _module: Arc<CudaModule>,
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
@@ -165,6 +186,9 @@ impl GpuXpu {
         let compute_fn = module
             .load_function("xf_compute_and_trigger")
             .map_err(|e| KernelError::cuda("cuModuleGetFunction(xf_compute_and_trigger)", e))?;
+        let compute_only_fn = module
+            .load_function("xf_compute")
+            .map_err(|e| KernelError::cuda("cuModuleGetFunction(xf_compute)", e))?;
         let stream = ctx
             .new_stream()
             .map_err(|e| KernelError::cuda("cuStreamCreate", e))?;
@@ -174,6 +198,7 @@ impl GpuXpu {
             ptx,
             signal_fn,
             compute_fn,
+            compute_only_fn,
             _module: module,
             stream,
             ctx,
@@ -301,8 +326,9 @@ impl GpuXpu {
     }
 
     /// Launches `xf_compute_and_trigger`: block k writes `pattern(i, seed)` for bucket k's
-    /// elements of `out` (at device address `out_dev_ptr`), then bucket k's variable `vars[k]`
-    /// is rung, buckets strictly in order whatever order the blocks finish in. Asynchronous.
+    /// elements of `out` (at device address `out_dev_ptr`), computing them as `work` says, then
+    /// bucket k's variable `vars[k]` is rung, buckets strictly in order whatever order the
+    /// blocks finish in. Asynchronous.
     ///
     /// # Safety
     /// `out_dev_ptr` must be the device address of `bucket_elems * nbuckets` writable `u32`s
@@ -315,17 +341,14 @@ impl GpuXpu {
         bucket_elems: u32,
         nbuckets: u32,
         seed: u32,
+        work: Work,
         vars: &DeviceVars,
     ) -> Result<(), KernelError> {
         const OP: &str = "compute_and_trigger";
         self.check_vars(OP, vars)?;
         check_buckets(OP, bucket_elems, nbuckets, vars.count)?;
-        if out_dev_ptr == 0 || !out_dev_ptr.is_multiple_of(4) {
-            return Err(KernelError::inval(
-                OP,
-                "out must be a non-null, 4-byte aligned address",
-            ));
-        }
+        check_out(OP, out_dev_ptr)?;
+        let staggered = u32::from(work.staggered);
         guarded(OP, || {
             // Scratch for the in-order ringing; dropping these slices right after the launch is
             // safe: cudarc makes their frees wait for the kernel.
@@ -337,25 +360,58 @@ impl GpuXpu {
                 .stream
                 .alloc_zeros::<u32>(2)
                 .map_err(|e| KernelError::cuda("cuMemAlloc(ring_state)", e))?;
-            let block = bucket_elems.div_ceil(32).saturating_mul(32).min(BLOCK);
-            let cfg = LaunchConfig {
-                grid_dim: (nbuckets, 1, 1),
-                block_dim: (block, 1, 1),
-                shared_mem_bytes: 0,
-            };
             let mut launch = self.stream.launch_builder(&self.compute_fn);
             launch
                 .arg(&out_dev_ptr)
                 .arg(&bucket_elems)
                 .arg(&nbuckets)
                 .arg(&seed)
+                .arg(&work.passes)
+                .arg(&staggered)
                 .arg(&vars.buf)
                 .arg(&ready)
                 .arg(&state);
             // SAFETY: the argument list matches xf_compute_and_trigger's; `out` and the
             // variables' addresses are the caller's contract.
-            unsafe { launch.launch(cfg) }
+            unsafe { launch.launch(bucket_grid(bucket_elems, nbuckets)) }
                 .map_err(|e| KernelError::cuda("cuLaunchKernel(xf_compute_and_trigger)", e))?;
+            Ok(())
+        })
+    }
+
+    /// Launches `xf_compute`: the compute of [`compute_and_trigger`](Self::compute_and_trigger)
+    /// with no trigger, for a host that waits for the kernel ([`synchronize`](Self::synchronize))
+    /// and then posts the sends itself. Asynchronous.
+    ///
+    /// # Safety
+    /// `out_dev_ptr` must be the device address of `bucket_elems * nbuckets` writable `u32`s
+    /// that nothing else touches until the kernel has run, and valid until then.
+    pub unsafe fn compute(
+        &self,
+        out_dev_ptr: u64,
+        bucket_elems: u32,
+        nbuckets: u32,
+        seed: u32,
+        work: Work,
+    ) -> Result<(), KernelError> {
+        const OP: &str = "compute";
+        if bucket_elems == 0 || nbuckets == 0 {
+            return Err(KernelError::inval(OP, "no elements to compute"));
+        }
+        check_out(OP, out_dev_ptr)?;
+        let staggered = u32::from(work.staggered);
+        guarded(OP, || {
+            let mut launch = self.stream.launch_builder(&self.compute_only_fn);
+            launch
+                .arg(&out_dev_ptr)
+                .arg(&bucket_elems)
+                .arg(&nbuckets)
+                .arg(&seed)
+                .arg(&work.passes)
+                .arg(&staggered);
+            // SAFETY: the argument list matches xf_compute's; `out` is the caller's contract.
+            unsafe { launch.launch(bucket_grid(bucket_elems, nbuckets)) }
+                .map_err(|e| KernelError::cuda("cuLaunchKernel(xf_compute)", e))?;
             Ok(())
         })
     }

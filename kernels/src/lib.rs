@@ -5,7 +5,7 @@
 //!
 //! - [`trigger_header`]: `xfabric_trigger.cuh`, the device function (`xf_ring`) a user kernel
 //!   includes to ring a list, for nvcc or for NVRTC through [`nvrtc::compile`];
-//! - [`GpuXpu`]: xfabric's own kernels (`xf_signal`, `xf_compute_and_trigger`) compiled at run
+//! - [`GpuXpu`]: xfabric's own kernels (`xf_signal`, `xf_compute_and_trigger`, `xf_compute`) compiled at run
 //!   time by NVRTC (cached in memory and on disk), loaded and launched on a CUDA device. Needs
 //!   libcuda and libnvrtc at run time only; without them it reports `Unavailable`;
 //! - [`cpu`]: the same, done by a host thread, wherever no GPU is;
@@ -40,6 +40,26 @@ pub use gpu::{DeviceVars, GpuXpu};
 pub use gpu_xpu::{DeviceOut, GpuXpuApi};
 pub use nvrtc::{compile, CompileOptions, Header, Ptx, PtxOrigin};
 
+/// How much compute a bucket gets from [`GpuXpu::compute_and_trigger`] and
+/// `GpuXpu::compute`: the same bytes whatever the work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Work {
+    /// Times each element is computed over (at least once; 0 counts as 1).
+    pub passes: u32,
+    /// Bucket k computed `passes * (k + 1)` times over: bucket k is ready k + 1 bucket-times
+    /// after the launch, as on an XPU computing the buckets one after the other, although
+    /// every block runs at once.
+    pub staggered: bool,
+}
+
+impl Work {
+    /// One pass, not staggered: the pattern and nothing more.
+    pub const ONCE: Work = Work {
+        passes: 1,
+        staggered: false,
+    };
+}
+
 /// The name `#include` uses for [`TRIGGER_HEADER`].
 pub const TRIGGER_HEADER_NAME: &str = "xfabric_trigger.cuh";
 
@@ -49,11 +69,11 @@ pub const TRIGGER_HEADER: &str = include_str!("../cuda/xfabric_trigger.cuh");
 /// The name NVRTC gives [`KERNELS_SOURCE`] in diagnostics.
 pub const KERNELS_SOURCE_NAME: &str = "xfabric_kernels.cu";
 
-/// xfabric's kernels: `xf_signal` and `xf_compute_and_trigger`.
+/// xfabric's kernels: `xf_signal`, `xf_compute_and_trigger` and `xf_compute`.
 pub const KERNELS_SOURCE: &str = include_str!("../cuda/xfabric_kernels.cu");
 
 /// The kernels [`KERNELS_SOURCE`] defines.
-pub const ENTRY_POINTS: &[&str] = &["xf_signal", "xf_compute_and_trigger"];
+pub const ENTRY_POINTS: &[&str] = &["xf_signal", "xf_compute_and_trigger", "xf_compute"];
 
 /// The name `#include` uses for [`DEVICE_API_HEADER`].
 pub const DEVICE_API_HEADER_NAME: &str = "xfabric/fi_xpu_device.h";

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use xfabric_core::{Datatype, TriggerValue, TriggerVar};
 use xfabric_hmem::{Cuda, HmemIface};
 use xfabric_kernels::cpu::pattern;
-use xfabric_kernels::{GpuXpu, KernelError};
+use xfabric_kernels::{GpuXpu, KernelError, Work};
 
 const GPU_ENV: &str = "XFABRIC_GPU_TESTS";
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -150,7 +150,8 @@ fn gpu_compute_and_trigger_rings_buckets_in_order_after_their_data() {
     let dv = unsafe { gpu.upload_vars(&vars) }.unwrap();
     // SAFETY: `out` holds BUCKETS * ELEMS u32s and is read only per rung bucket; the doorbell
     // outlives the synchronize below.
-    unsafe { gpu.compute_and_trigger(out.device_addr(), ELEMS, BUCKETS, SEED, &dv) }.unwrap();
+    unsafe { gpu.compute_and_trigger(out.device_addr(), ELEMS, BUCKETS, SEED, Work::ONCE, &dv) }
+        .unwrap();
 
     let host = out.as_ptr().cast::<u32>();
     let start = Instant::now();
@@ -201,7 +202,17 @@ fn gpu_compute_and_trigger_rings_buckets_in_order_after_their_data() {
     // SAFETY: as above.
     let dv2 = unsafe { gpu.upload_vars(&vars2) }.unwrap();
     // SAFETY: as above.
-    unsafe { gpu.compute_and_trigger(out.device_addr(), ELEMS, BUCKETS, SEED ^ 1, &dv2) }.unwrap();
+    unsafe {
+        gpu.compute_and_trigger(
+            out.device_addr(),
+            ELEMS,
+            BUCKETS,
+            SEED ^ 1,
+            Work::ONCE,
+            &dv2,
+        )
+    }
+    .unwrap();
     gpu.synchronize().unwrap();
     assert_eq!(bell.load(Ordering::Acquire), 2 * BUCKETS as u64);
     drop((dv, dv2));
@@ -212,6 +223,53 @@ fn gpu_compute_and_trigger_rings_buckets_in_order_after_their_data() {
     // SAFETY: no byte arrays.
     let one = unsafe { gpu.upload_vars(&vars[..1]) }.unwrap();
     // SAFETY: refused before launching.
-    let e = unsafe { gpu.compute_and_trigger(4096, ELEMS, 2, SEED, &one) }.unwrap_err();
+    let e = unsafe { gpu.compute_and_trigger(4096, ELEMS, 2, SEED, Work::ONCE, &one) }.unwrap_err();
     assert!(matches!(e, KernelError::Inval { .. }), "{e}");
+}
+
+#[test]
+#[cfg_attr(
+    not(xfabric_gpu_tests),
+    ignore = "needs an NVIDIA GPU (and libnvrtc): run with XFABRIC_GPU_TESTS=1 cargo test"
+)]
+fn gpu_compute_passes_write_the_same_bytes_and_take_longer() {
+    const BUCKETS: u32 = 16;
+    const ELEMS: u32 = 2048;
+    const SEED: u32 = 0x5eed;
+    let (gpu, cuda) = open();
+    let out = cuda
+        .alloc_host_mapped(0, (BUCKETS * ELEMS) as usize * 4)
+        .unwrap();
+    let host = out.as_ptr().cast::<u32>();
+    let mut times = Vec::new();
+    for work in [
+        Work::ONCE,
+        Work {
+            passes: 64,
+            staggered: false,
+        },
+        Work {
+            passes: 64,
+            staggered: true,
+        },
+    ] {
+        // SAFETY: nothing else touches `out` until the kernel ran; it outlives the synchronize.
+        unsafe { std::ptr::write_bytes(host, 0, (BUCKETS * ELEMS) as usize) };
+        let t0 = Instant::now();
+        // SAFETY: as above.
+        unsafe { gpu.compute(out.device_addr(), ELEMS, BUCKETS, SEED, work) }.unwrap();
+        gpu.synchronize().unwrap();
+        times.push(t0.elapsed());
+        for i in 0..(BUCKETS * ELEMS) as usize {
+            // SAFETY: the kernel finished.
+            let x = unsafe { host.add(i).read_volatile() };
+            assert_eq!(x, pattern(i as u64, SEED), "{work:?}: element {i}");
+        }
+    }
+    println!("xf_compute once / 64 passes / 64 staggered: {times:?}");
+    assert!(
+        times[2] > times[1],
+        "the staggered passes took no longer: {times:?}"
+    );
+    out.free().unwrap();
 }

@@ -46,6 +46,15 @@ fn sources_compile_with_nvrtc() {
         // The system-scope fences and the lock's atomics made it through.
         assert!(text.contains("membar.sys") || text.contains("fence.sc.sys"));
         assert!(text.contains("atom.global.cas") || text.contains("atom.cas"));
+        // The compute's extra passes (a xorshift chain) were not folded away.
+        for (name, body) in kernel_bodies(text) {
+            if name.starts_with("xf_compute") {
+                assert!(
+                    body.contains("shl.b32") && body.contains("shr.u32"),
+                    "sm_{major}{minor}: {name} lost its passes"
+                );
+            }
+        }
         let again = compile(
             KERNELS_SOURCE_NAME,
             KERNELS_SOURCE,
@@ -153,4 +162,23 @@ fn without_libnvrtc_compile_is_unavailable_and_nothing_panics() {
 
 fn libc_enosys() -> i32 {
     xfabric_core::consts::errno::FI_ENOSYS
+}
+
+/// Each `.entry` of the PTX with its text up to the next one.
+fn kernel_bodies(ptx: &str) -> Vec<(String, &str)> {
+    let starts: Vec<usize> = ptx.match_indices(".entry ").map(|(i, _)| i).collect();
+    starts
+        .iter()
+        .enumerate()
+        .map(|(n, &at)| {
+            let end = starts.get(n + 1).copied().unwrap_or(ptx.len());
+            let body = &ptx[at..end];
+            let name = body[".entry ".len()..]
+                .split(|c: char| c == '(' || c.is_whitespace())
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            (name, body)
+        })
+        .collect()
 }

@@ -8,7 +8,7 @@ use std::convert::Infallible;
 use xfabric_xpu_trigger::TriggerVar;
 
 use crate::nvrtc::Ptx;
-use crate::KernelError;
+use crate::{KernelError, Work};
 
 /// One CUDA device as an XPU; this build has none (feature `cuda` off).
 #[derive(Debug)]
@@ -81,7 +81,23 @@ impl GpuXpu {
         _bucket_elems: u32,
         _nbuckets: u32,
         _seed: u32,
+        _work: Work,
         _vars: &DeviceVars,
+    ) -> Result<(), KernelError> {
+        match self.never {}
+    }
+
+    /// Launches `xf_compute`.
+    ///
+    /// # Safety
+    /// As in a build with the `cuda` feature; no value of `GpuXpu` exists here.
+    pub unsafe fn compute(
+        &self,
+        _out_dev_ptr: u64,
+        _bucket_elems: u32,
+        _nbuckets: u32,
+        _seed: u32,
+        _work: Work,
     ) -> Result<(), KernelError> {
         match self.never {}
     }
