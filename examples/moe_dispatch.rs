@@ -363,7 +363,7 @@ struct Me {
     o: Opts,
     rank: u32,
     _fabric: Fabric,
-    domain: Domain,
+    _domain: Domain,
     cq: CompletionQueue,
     ep: Endpoint,
     /// Every rank's address in this rank's AV.
@@ -381,32 +381,15 @@ struct Me {
 }
 
 fn rank(o: &Opts, me: u32) {
-    let mut hints = Info {
-        caps: CAPS,
-        ..Default::default()
-    };
-    hints.fabric_attr.prov_name = Some(o.provider.clone());
-    hints.ep_attr.ep_type = EpType::Rdm;
-    hints.domain_attr.data_progress = Progress::Manual;
-    hints.domain_attr.mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
-    let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints))
-        .unwrap_or_else(|e| die(&format!("getinfo: {e}")))[0]
-        .clone();
-    let fabric = xfabric::fabric(&info.fabric_attr).expect("fabric");
-    let domain = fabric.domain(&info).expect("domain");
-    let cq = domain
-        .cq_open(&CqAttr {
-            format: CqFormat::Tagged,
-            size: 1 << 16,
-            wait_obj: WaitObj::Unspec,
-            ..Default::default()
-        })
-        .expect("cq");
-    let av = domain.av_open(&AvAttr::default()).expect("av");
-    let ep = domain.endpoint(&info).expect("endpoint");
-    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).expect("bind cq");
-    ep.bind_av(&av).expect("bind av");
-    ep.enable().expect("enable");
+    let common::Node {
+        fabric,
+        domain,
+        cq,
+        av,
+        ep,
+    } = common::open_with(&o.provider, CAPS, Progress::Manual, |h| {
+        h.domain_attr.mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+    });
     println!("{}", hex(&ep.getname().expect("getname")));
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
@@ -437,7 +420,7 @@ fn rank(o: &Opts, me: u32) {
         o: o.clone(),
         rank: me,
         _fabric: fabric,
-        domain,
+        _domain: domain,
         cq,
         ep,
         peers,
@@ -469,7 +452,6 @@ fn rank(o: &Opts, me: u32) {
             _ => die(&format!("the coordinator said {l:?}")),
         }
     }
-    let _ = &m.domain;
 }
 
 /// What a round's completions tell the host.

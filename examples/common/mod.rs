@@ -24,6 +24,16 @@ pub fn open(caps: u64, progress: Progress) -> Node {
 /// Opens an endpoint of `provider` with `caps` under `progress`; exits with the reason on
 /// failure.
 pub fn open_on(provider: &str, caps: u64, progress: Progress) -> Node {
+    open_with(provider, caps, progress, |_| {})
+}
+
+/// As `open_on`, with `adjust` changing the hints last (a memory-registration mode, say).
+pub fn open_with(
+    provider: &str,
+    caps: u64,
+    progress: Progress,
+    adjust: impl FnOnce(&mut Info),
+) -> Node {
     let mut hints = Info {
         caps,
         ..Default::default()
@@ -31,6 +41,7 @@ pub fn open_on(provider: &str, caps: u64, progress: Progress) -> Node {
     hints.fabric_attr.prov_name = Some(provider.into());
     hints.ep_attr.ep_type = EpType::Rdm;
     hints.domain_attr.data_progress = progress;
+    adjust(&mut hints);
     let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints))
         .unwrap_or_else(|e| die(&format!("getinfo: {e}")))[0]
         .clone();

@@ -197,19 +197,43 @@ impl CpuXpu {
             .name("xfabric-cpu-xpu".into())
             .spawn(move || {
                 let out = out;
-                let n = bucket_elems as usize;
-                for (k, var) in vars.iter().enumerate() {
-                    let base = k * n;
-                    // SAFETY: the caller's contract: this bucket is ours to write.
-                    let bucket = unsafe { std::slice::from_raw_parts_mut(out.0.add(base), n) };
-                    compute_bucket(bucket, base as u64, seed, passes);
-                    // SAFETY: the caller's contract; ring's release store publishes the bucket.
-                    unsafe { ring(std::slice::from_ref(var)) }?;
-                }
-                Ok(())
+                // SAFETY: the caller's contract, checked shape.
+                unsafe { compute_and_ring(out.0, bucket_elems as usize, seed, passes, &vars) }
+                    .map(|_| ())
             });
         spawned.map_err(|e| KernelError::inval("CpuXpu::compute_and_trigger", e.to_string()))
     }
+}
+
+/// The compute-and-trigger kernel's body, on the calling thread: for each bucket k in order,
+/// compute it (`passes` times over), then ring `vars[k]`. Returns where the time went; stops
+/// at the first variable that cannot be rung.
+///
+/// # Safety
+/// `out` points to `n * vars.len()` writable `u32`s nothing else touches meanwhile, read only
+/// after their bucket's variable is seen rung; `vars` as for [`ring`].
+unsafe fn compute_and_ring(
+    out: *mut u32,
+    n: usize,
+    seed: u32,
+    passes: u32,
+    vars: &[TriggerVar],
+) -> Result<RingProfile, KernelError> {
+    let mut p = RingProfile::default();
+    let mut t = std::time::Instant::now();
+    for (k, var) in vars.iter().enumerate() {
+        let base = k * n;
+        // SAFETY: the caller's contract: this bucket is ours to write.
+        let bucket = unsafe { std::slice::from_raw_parts_mut(out.add(base), n) };
+        compute_bucket(bucket, base as u64, seed, passes);
+        let computed = std::time::Instant::now();
+        p.compute += computed - t;
+        // SAFETY: the caller's contract; ring's release store publishes the bucket.
+        unsafe { ring(std::slice::from_ref(var)) }?;
+        t = std::time::Instant::now();
+        p.ring += t - computed;
+    }
+    Ok(p)
 }
 
 /// A CPU XPU that keeps its thread, as a GPU keeps its stream: [`launch`](Self::launch) queues
@@ -354,21 +378,8 @@ impl CpuXpuStream {
         let state = self.state.clone();
         self.launch(move || {
             let out = out;
-            let n = bucket_elems as usize;
-            let mut p = RingProfile::default();
-            let mut t = std::time::Instant::now();
-            for (k, var) in vars.iter().enumerate() {
-                let base = k * n;
-                // SAFETY: the caller's contract: this bucket is ours to write.
-                let bucket = unsafe { std::slice::from_raw_parts_mut(out.0.add(base), n) };
-                compute_bucket(bucket, base as u64, seed, passes);
-                let computed = std::time::Instant::now();
-                p.compute += computed - t;
-                // SAFETY: the caller's contract; ring's release store publishes the bucket.
-                unsafe { ring(std::slice::from_ref(var)) }?;
-                t = std::time::Instant::now();
-                p.ring += t - computed;
-            }
+            // SAFETY: the caller's contract, checked shape.
+            let p = unsafe { compute_and_ring(out.0, bucket_elems as usize, seed, passes, &vars) }?;
             state.0.lock().unwrap_or_else(|e| e.into_inner()).last_rings = Some(p);
             Ok(())
         })
