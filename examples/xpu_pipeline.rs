@@ -188,7 +188,17 @@ fn receiver(o: &Opts) {
         // The peer has a core of its own (the host's): it spins while a round is under way,
         // as a NIC would, so that no bucket waits for its wake-up, nor pays the sender a
         // futex wake (a system call on the XPU's thread, between two buckets' compute).
-        let got = n.spin(o.buckets());
+        // When the first and the last bucket arrived (this machine's monotonic clock, which
+        // the sender reads too): the sender sets them against its XPU's start and end.
+        let mut got = Vec::with_capacity(o.buckets());
+        let mut first = 0;
+        while got.len() < o.buckets() {
+            got.extend(n.spin(1));
+            if first == 0 {
+                first = mono_ns();
+            }
+        }
+        let last = mono_ns();
         let seed = round as u32;
         for (w, word) in buf.chunks_exact(4).enumerate() {
             let v = u32::from_ne_bytes(word.try_into().expect("4 bytes"));
@@ -200,7 +210,7 @@ fn receiver(o: &Opts) {
             }
         }
         assert!(got.iter().all(|e| e.len == o.bucket_bytes()));
-        println!("ok {round}");
+        println!("ok {round} {first} {last}");
         round += 1;
     }
 }
@@ -436,6 +446,7 @@ fn sender(o: &Opts) {
     let mut transfers = Vec::new();
     let mut ratios = Vec::new();
     let mut rings = Vec::new();
+    let mut timelines = Vec::new();
     for round in 0..o.rounds() {
         // Alternate which way goes first, so neither always runs on a warmer cache.
         let order: &[bool] = match round % 2 {
@@ -446,9 +457,11 @@ fn sender(o: &Opts) {
         for &triggered in order {
             let seed = go(&mut pass);
             if triggered {
-                dt = triggered_round(
+                let tl;
+                (dt, tl) = triggered_round(
                     &n, &ringer, &mem, o, xpu, nvars, peer, &mut hear, seed, passes,
                 );
+                timelines.push(tl);
                 if let Ringer::Cpu(Some(s)) = &ringer {
                     rings.extend(s.last_rings().map(|p| p.ring));
                 }
@@ -515,7 +528,37 @@ fn sender(o: &Opts) {
             (c + r).max(t).as_secs_f64() / (c + t).as_secs_f64()
         );
     }
+    timeline_line(&mut timelines, o.buckets());
     println!("{}", verdict(ratio, bound));
+}
+
+/// Prints when a triggered pass's transfers ran against its compute (medians over the
+/// rounds), and says so where they waited for the XPU to finish: the first bucket is ready
+/// after about 1/buckets of the compute, so its arrival past half of it means its doorbell was
+/// not seen while the XPU ran (a watcher asleep, a store not yet visible).
+fn timeline_line(tls: &mut [Timeline], buckets: usize) {
+    if tls.is_empty() {
+        return;
+    }
+    let pick = |f: fn(&Timeline) -> Duration| {
+        let mut v: Vec<Duration> = tls.iter().map(f).collect();
+        median(&mut v)
+    };
+    let (done, first, last) = (pick(|t| t.xpu_done), pick(|t| t.first), pick(|t| t.last));
+    println!(
+        "  triggered, from the XPU's start (medians): the XPU done at {:.1} us; the peer's \
+         first bucket in at {:.1} us, its last at {:.1} us",
+        us(done),
+        us(first),
+        us(last)
+    );
+    if buckets > 1 && first * 2 > done {
+        println!(
+            "  NOTE: the first bucket arrived past half the compute, though it is ready after \
+             about 1/{buckets} of it: the transfers waited for the XPU to finish (its \
+             doorbells were not seen while it ran)"
+        );
+    }
 }
 
 /// Ordinary passes run with one pass of compute at start-up to calibrate `--work` (after one
@@ -595,7 +638,7 @@ fn median(v: &mut [Duration]) -> Duration {
 }
 
 /// One triggered pass: every bucket's send armed, then the XPU computes and rings. Returns the
-/// time from the XPU's start to the last send completion.
+/// time from the XPU's start to the last send completion, and the pass's timeline.
 #[allow(clippy::too_many_arguments)]
 fn triggered_round(
     n: &Node,
@@ -608,7 +651,7 @@ fn triggered_round(
     hear: &mut impl FnMut() -> String,
     seed: u32,
     passes: u32,
-) -> Duration {
+) -> (Duration, Timeline) {
     let total = o.buckets() * o.bucket_bytes();
     // SAFETY: no send of the previous pass is in flight (all completed), and the XPU
     // finished with the buffer.
@@ -634,6 +677,7 @@ fn triggered_round(
     }
     assert_eq!(hear(), "ready");
     let t0 = Instant::now();
+    let t0_ns = mono_ns();
     match ringer {
         Ringer::Cpu(stream) => cpu_compute_and_ring(
             stream.as_ref().expect("the CPU XPU's stream"),
@@ -663,10 +707,55 @@ fn triggered_round(
             g.synchronize().expect("kernel");
         }
     }
+    let xpu_done = t0.elapsed();
     n.wait(o.buckets());
     let dt = t0.elapsed();
-    assert_eq!(hear(), format!("ok {seed}"));
-    dt
+    let (first, last) = peer_ok(&hear(), seed);
+    let since = |ns: u64| Duration::from_nanos(ns.saturating_sub(t0_ns));
+    let timeline = Timeline {
+        xpu_done,
+        first: since(first),
+        last: since(last),
+    };
+    (dt, timeline)
+}
+
+/// When a triggered pass's work happened, from the start of the XPU's compute: the XPU done
+/// (its kernel or thread returned), and the first and the last bucket in at the peer. Shows
+/// whether the transfers ran during the compute, which is the whole point, or after it.
+#[derive(Clone, Copy, Debug)]
+struct Timeline {
+    xpu_done: Duration,
+    first: Duration,
+    last: Duration,
+}
+
+/// This machine's monotonic clock (ns), which both processes read: the peer's arrival times
+/// against the sender's start.
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// The peer's "ok SEED FIRST LAST" after checking a pass: its first and last arrival times.
+fn peer_ok(line: &str, seed: u32) -> (u64, u64) {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    match w[..] {
+        ["ok", s, first, last] if s == seed.to_string() => match (first.parse(), last.parse()) {
+            (Ok(f), Ok(l)) => (f, l),
+            _ => fail(&format!("the peer's answer {line:?} has no arrival times")),
+        },
+        _ => fail(&format!(
+            "the peer answered {line:?}, want \"ok {seed} FIRST LAST\""
+        )),
+    }
 }
 
 /// One ordinary pass: the XPU computes every bucket (the CPU XPU's thread, or the GPU kernel
@@ -719,7 +808,7 @@ fn ordinary_round(
     }
     n.wait(o.buckets());
     let transfer = t1.elapsed();
-    assert_eq!(hear(), format!("ok {seed}"));
+    peer_ok(&hear(), seed);
     (compute, transfer)
 }
 

@@ -42,6 +42,8 @@ figure() {
     else
         echo "$1: $v [met]"
     fi >>"$figures"
+    # When the transfers ran against the compute (and the note if they waited for its end).
+    grep -E '^  (triggered, from the XPU|NOTE: )' "$2" | sed "s|^ *|$1: |" >>"$figures" || true
 }
 for t in gpu cuda hmem hmem_rma hmem_trigger shm_cuda_ipc; do
     [ -x "./$t" ] && [ -z "${XPU_GPU_ONLY:-}" ] || continue
@@ -73,6 +75,14 @@ echo "=== gpu_ipc_bench"
 timeout "$(limit 90)" ./gpu_ipc_bench 2>&1 | tee "$out/gpu_ipc_bench.log" | tail -8 || rc=1
 grep '^figure: ' "$out/gpu_ipc_bench.log" | sed 's/^figure: /gpu_ipc_bench: /' >>"$figures" ||
     echo "gpu_ipc_bench: no figures (the run failed or timed out: see gpu_ipc_bench.log)" >>"$figures"
+# Small messages by IPC too (the threshold down to 8 B) against the staging above: which is
+# faster below XFABRIC_SHM_IPC_MIN is decided by this pair of latency figures.
+echo "=== gpu_ipc_bench, IPC from 8 B"
+XFABRIC_SHM_IPC_MIN=8 timeout "$(limit 60)" ./gpu_ipc_bench --rounds 1 2>&1 |
+    tee "$out/gpu_ipc_bench_small.log" | tail -3 || rc=1
+grep '^figure: 8 B' "$out/gpu_ipc_bench_small.log" |
+    sed 's/^figure: /gpu_ipc_bench, XFABRIC_SHM_IPC_MIN=8: /' >>"$figures" ||
+    echo "gpu_ipc_bench, XFABRIC_SHM_IPC_MIN=8: no figure (see gpu_ipc_bench_small.log)" >>"$figures"
 # The MoE dispatch with CPU XPUs: on a machine with a core for each rank's XPU and host
 # threads, the device way's overlap has idle time to reclaim (issue 31's goal: <= 0.70).
 echo "=== moe_dispatch --ranks 4"
