@@ -403,3 +403,98 @@ fn write_after_split_read_does_not_leak_into_it() {
     assert_eq!(child.hear(), "[]");
     child.join();
 }
+
+/// Writes each side of `writes_with_remote_cq_data_both_ways_and_nothing_else` makes.
+const WN: usize = 2000;
+const WL: usize = 32;
+
+/// One side of it: registers a window, trades its key and address with the other side
+/// (`trade`), then posts `WN` writes with remote CQ data into the other's window while
+/// taking its own completions and the other's data; checks the bytes that landed.
+fn writes_both_ways(n: &Node, peer: FiAddr, seed: u64, trade: impl FnOnce(String) -> String) {
+    let window = vec![0u8; WN * WL];
+    // SAFETY: the window outlives the registration (dropped below, first).
+    let mr = unsafe { n.domain.mr_reg(&window, FI_REMOTE_WRITE, 0, 0) }.unwrap();
+    let theirs = trade(format!("{} {}", mr.key(), window.as_ptr() as usize));
+    let f: Vec<u64> = theirs.split(' ').map(|x| x.parse().unwrap()).collect();
+    let (key, base) = (f[0], f[1]);
+    let out: Vec<Vec<u8>> = (0..WN).map(|i| pattern(WL, seed + i as u64)).collect();
+    let (mut done, mut data) = (0, Vec::with_capacity(WN));
+    let mut buf = [CqTaggedEntry::default(); 64];
+    let deadline = std::time::Instant::now() + completion_bound();
+    let mut i = 0;
+    while done < WN || data.len() < WN {
+        if i < WN {
+            let at = base + (i * WL) as u64;
+            // SAFETY: `out` outlives the completions (all taken in this loop).
+            match unsafe { n.ep.writedata(&out[i], None, i as u64, peer, at, key, i) } {
+                Ok(()) => i += 1,
+                Err(Error::Again(_)) => {}
+                Err(e) => panic!("write {i}: {e}"),
+            }
+        }
+        match n.cq.read(&mut buf) {
+            Ok(k) => {
+                for e in &buf[..k] {
+                    if e.flags & FI_REMOTE_CQ_DATA != 0 {
+                        data.push(e.data);
+                    } else {
+                        assert_eq!(e.flags, FI_RMA | FI_WRITE, "{e:?}");
+                        done += 1;
+                    }
+                }
+            }
+            Err(Error::Again(_)) => {}
+            Err(e) => panic!("cq read: {e} {:?}", n.cq.readerr()),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{i} posted, {done} completed, {} of the peer's arrived",
+            data.len()
+        );
+    }
+    data.sort_unstable();
+    assert_eq!(data, (0..WN as u64).collect::<Vec<_>>());
+    let peer_seed = seed ^ 1_000_000;
+    for (i, w) in window.chunks(WL).enumerate() {
+        assert!(w == pattern(WL, peer_seed + i as u64), "bytes of write {i}");
+    }
+    drop(mr);
+}
+
+/// Both sides write into each other at once, with remote CQ data, and send nothing else: over
+/// verbs (provider keys) every write is the NIC's, each taking one of the target's receive
+/// buffers, whose credits must come back without any frame to carry them.
+#[test]
+fn writes_with_remote_cq_data_both_ways_and_nothing_else() {
+    let caps = FI_MSG | FI_RMA;
+    let mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+    if role().is_some() {
+        let n = node_with(caps, Progress::Manual, |h| h.domain_attr.mr_mode = mode);
+        let parent = connect_parent(&n);
+        writes_both_ways(&n, parent, 1_000_000, |mine| {
+            say(&mine);
+            listen()
+        });
+        // The parent may still need this side's progress (a transport's acknowledgements).
+        say("done");
+        let bye = std::thread::spawn(listen);
+        while !bye.is_finished() {
+            n.ep.progress();
+        }
+        assert_eq!(bye.join().unwrap(), "bye");
+        return;
+    }
+    let test = "writes_with_remote_cq_data_both_ways_and_nothing_else";
+    let mut child = spawn(test, "peer", &[]);
+    let n = node_with(caps, Progress::Manual, |h| h.domain_attr.mr_mode = mode);
+    let peer = connect(&mut child, &n);
+    writes_both_ways(&n, peer, 0, |mine| {
+        let theirs = child.hear();
+        child.tell(&mine);
+        theirs
+    });
+    assert_eq!(child.hear_progressing(&n), "done");
+    child.tell("bye");
+    child.join();
+}

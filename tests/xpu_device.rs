@@ -2,7 +2,8 @@
 //! XPUs: they choose sizes, peers and tags at run time and post through exported endpoints
 //! (`xpu::device::send`...), read exported CQs and wait on exported counters, while the
 //! host only drives progress. Written once for every provider: shm by default, tcp through
-//! `XFABRIC_TEST_PROVIDER=tcp` (scripts/test.sh).
+//! `XFABRIC_TEST_PROVIDER=tcp` (scripts/test.sh), verbs in the Soft-RoCE VM
+//! (scripts/test-verbs-vm.sh, with `XFABRIC_XPU_TEST_N=8000`: emulated, it is slow).
 
 mod common;
 use std::ffi::c_void;

@@ -9,6 +9,14 @@
 //! credit-only chunks), and every chunk's header returns the credits its sender freed since
 //! the last. A receiver therefore never runs out of posted buffers: RNR is not a path this
 //! relies on (the QP's RNR retry is kept small so that a bug would show as an error).
+//!
+//! Credit-only chunks spend reserve credits, which come back in the peer's chunks. A peer
+//! may send none of its own (all it sends may be the NIC's writes, each taking one of our
+//! data buffers), so it returns reserve credits in a credit-only chunk of its own once
+//! `RESERVE_RETURN_AT` pile up; it keeps its last reserve credit for that (data credits go
+//! back only while two are left), so that two peers returning to each other at once cannot
+//! both end at zero, each owing the other all of its reserve. Each such return answers at
+//! least `RESERVE_RETURN_AT` (2) chunks with one, so returns of returns die out.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
@@ -46,6 +54,9 @@ const RESERVE: u32 = 4;
 const SQ: usize = 64;
 /// Data credits pending return that make a credit-only chunk worth sending.
 const RETURN_AT: u32 = (RQ - RESERVE) / 2;
+/// Reserve credits pending return that make a credit-only chunk worth sending (more than
+/// one, so that two peers cannot keep returning one credit to each other forever).
+const RESERVE_RETURN_AT: u32 = RESERVE / 2;
 /// CQ entries per endpoint (rxe's most; hardware allows more).
 pub const CQ_DEPTH: i32 = 32767;
 
@@ -882,15 +893,23 @@ impl Net {
         for peer in 0..self.peers.len() {
             self.pump(peer, h);
         }
-        // Credit-only chunks where credits pile up and nothing else carries them.
+        // Credit-only chunks where credits pile up and nothing else carries them: data
+        // credits while two reserve credits are left, reserve credits with the last one
+        // (the module's flow control).
         for id in self.link_ids() {
             let l = self.links.get_mut(&id).expect("listed");
-            if !matches!(l.state, State::Up) || l.owe < RETURN_AT {
+            if !matches!(l.state, State::Up) || l.free_tx.is_empty() {
                 continue;
             }
-            if l.reserve == 0 || l.free_tx.is_empty() {
+            if !credit_only_due(l.owe, l.owe_reserve, l.reserve) {
                 continue;
             }
+            tracing::trace!(
+                link = id,
+                data = l.owe,
+                reserve = l.owe_reserve,
+                "verbs: credit-only chunk out"
+            );
             l.reserve -= 1;
             let slot = l.free_tx.pop().expect("checked");
             let base = slot * CHUNK;
@@ -1093,6 +1112,14 @@ impl Net {
     }
 }
 
+/// Whether a connection that owes `owe` data credits and `owe_reserve` reserve credits and
+/// holds `reserve` sends a credit-only chunk: data credits once `RETURN_AT` pile up while two
+/// reserve credits are left, reserve credits once `RESERVE_RETURN_AT` do, with the last one
+/// (the module's flow control).
+fn credit_only_due(owe: u32, owe_reserve: u32, reserve: u32) -> bool {
+    (owe >= RETURN_AT && reserve >= 2) || (owe_reserve >= RESERVE_RETURN_AT && reserve >= 1)
+}
+
 fn write_hdr(l: &mut Link, base: usize, kind: u8) {
     let dc = l.owe.min(u32::from(u16::MAX));
     let rc = l.owe_reserve.min(u32::from(u16::MAX));
@@ -1182,6 +1209,63 @@ mod tests {
         assert!(Net::parse_hello(&bad).is_err());
         assert!(Net::parse_hello(&hello(1, &name)[..HELLO - 1]).is_err());
         assert!(Net::parse_hello(&[]).is_err());
+    }
+
+    /// Two connected peers that send nothing but credit-only chunks (their other traffic the
+    /// NIC's writes, which need data credits only), explored exhaustively: every order of
+    /// sends and arrivals, either side owing data credits or not at any moment. Nowhere does
+    /// a peer that owes data credits wait forever: once nothing is in flight, it can return
+    /// them, or one side returns reserve credits. And with no data credits owed, returns of
+    /// reserve credits die out (each answers `RESERVE_RETURN_AT` chunks or more).
+    #[test]
+    fn credit_only_chunks_never_leave_both_peers_without_reserve() {
+        use std::collections::HashSet;
+        // Per side: reserve credits held, reserve credits owed; per direction: the reserve
+        // credits each chunk in flight returns, oldest first.
+        type State = ([u32; 2], [u32; 2], [Vec<u32>; 2]);
+        let start: State = ([RESERVE; 2], [0; 2], [Vec::new(), Vec::new()]);
+        let mut seen = HashSet::from([start.clone()]);
+        let mut todo = vec![start];
+        while let Some((r, o, flight)) = todo.pop() {
+            let mut next = Vec::new();
+            for s in 0..2 {
+                // A credit-only chunk, whether or not data credits are owed.
+                let due = [RETURN_AT, 0]
+                    .iter()
+                    .any(|&owe| credit_only_due(owe, o[s], r[s]));
+                if due {
+                    assert!(r[s] >= 1, "a chunk without a reserve credit");
+                    let (mut r2, mut o2, mut w2) = (r, o, flight.clone());
+                    r2[s] -= 1;
+                    w2[s].push(o2[s]);
+                    o2[s] = 0;
+                    next.push((r2, o2, w2));
+                }
+                // The oldest chunk toward the other side arrives.
+                if let Some(&back) = flight[s].first() {
+                    let (mut r2, mut o2, mut w2) = (r, o, flight.clone());
+                    w2[s].remove(0);
+                    r2[1 - s] += back;
+                    o2[1 - s] += 1;
+                    assert!(r2[1 - s] <= RESERVE, "more reserve credits than buffers");
+                    next.push((r2, o2, w2));
+                }
+            }
+            if flight.iter().all(Vec::is_empty) {
+                for s in 0..2 {
+                    let can = credit_only_due(RETURN_AT, o[s], r[s]);
+                    let returns = (0..2).any(|p| credit_only_due(0, o[p], r[p]));
+                    assert!(can || returns, "side {s} stuck: reserve {r:?}, owed {o:?}");
+                }
+            }
+            for n in next {
+                if seen.insert(n.clone()) {
+                    todo.push(n);
+                }
+            }
+        }
+        assert!(seen.len() > 100, "explored {} states", seen.len());
+        const { assert!(RESERVE_RETURN_AT >= 2 && RESERVE_RETURN_AT < RESERVE) };
     }
 
     #[test]
