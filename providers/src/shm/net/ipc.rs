@@ -510,6 +510,18 @@ mod tests {
     }
 
     #[test]
+    fn a_vmm_handle_whose_descriptor_never_came_is_not_opened() {
+        let mut c = Cache::default();
+        let h = IpcHandle {
+            raw: IpcHandle::VMM_RAW,
+            ..handle()
+        };
+        let e = c.get(0, &h, None).err().expect("refused");
+        assert!(e.contains("descriptor was not passed"), "{e}");
+        assert!(c.entries.is_empty());
+    }
+
+    #[test]
     fn descriptors_round_trip_and_hostile_ones_are_refused() {
         let h = handle();
         let d = desc_of(&h, 1000);
