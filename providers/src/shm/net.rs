@@ -1004,6 +1004,7 @@ impl Net {
             now.saturating_add(SWEEP_EVERY_MS)
         };
         self.idle.next_sweep.store(next, Ordering::Relaxed);
+        self.drain_fds();
         for p in 0..self.links.len() {
             let l = &self.links[p];
             // A peer whose segment could not be opened when it connected (gone already, say)

@@ -268,7 +268,7 @@ impl Inbox {
             while !h.is_null() {
                 if (*h).cmsg_level == libc::SOL_SOCKET && (*h).cmsg_type == libc::SCM_RIGHTS {
                     let data = libc::CMSG_DATA(h);
-                    let bytes = (*h).cmsg_len as usize - (data as usize - h as usize);
+                    let bytes = ((*h).cmsg_len as usize).saturating_sub(data as usize - h as usize);
                     for i in 0..bytes / std::mem::size_of::<RawFd>() {
                         let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
                         fds.push(OwnedFd::from_raw_fd(fd));

@@ -421,7 +421,19 @@ impl Net {
     /// The descriptor peer `pid` passed for allocation `alloc_id`, taking in what is queued on
     /// the endpoint's descriptor socket first (only from peers' verified pids). Never waits.
     fn passed_fd(&mut self, pid: i32, alloc_id: u64) -> Option<OwnedFd> {
-        let inbox = self.fds.as_mut()?;
+        self.drain_fds();
+        self.fds.as_mut()?.take(pid, alloc_id)
+    }
+
+    /// Takes in what is queued on the endpoint's descriptor socket (only from peers' verified
+    /// pids; at most `fdpass::PER_PID_MAX` held per peer). Also done by the sweep, so that
+    /// descriptors a peer keeps passing for offers this endpoint no longer copies (it asks no
+    /// more copies of a peer after a refusal) are closed rather than left queued, each
+    /// holding the peer's allocation. Never waits.
+    pub(super) fn drain_fds(&mut self) {
+        let Some(inbox) = self.fds.as_mut() else {
+            return;
+        };
         let known: Vec<i32> = self
             .links
             .iter()
@@ -429,7 +441,6 @@ impl Net {
             .filter_map(|l| l.pid)
             .collect();
         inbox.drain(|p| known.contains(&p));
-        inbox.take(pid, alloc_id)
     }
 
     /// The endpoint closes with CUDA IPC copies still under way past its bound: each is
