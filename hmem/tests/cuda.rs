@@ -60,6 +60,8 @@ fn without_libcuda_cuda_is_unavailable_and_nothing_panics() {
     unavailable(cuda.alloc_host_mapped(0, 64).unwrap_err());
     unavailable(cuda.ipc_get(host.as_ptr(), 1).unwrap_err());
     unavailable(cuda.dmabuf(host.as_ptr(), 64).unwrap_err());
+    unavailable(cuda.alloc_device_vmm(0, 64, true).unwrap_err());
+    unavailable(cuda.vmm_export(host.as_ptr(), 1).unwrap_err());
     let mut back = [0u8; 4];
     // SAFETY: the interface refuses before touching memory.
     unsafe {
