@@ -8,6 +8,15 @@
 //! refuses IPC (the messages go staged, counted), and a sender killed while the receiver
 //! holds its allocation open (the peer is lost, the mapping closed).
 //!
+//! The same for virtual-memory-management allocations (cuMemCreate, mapped into a reserved
+//! range; no legacy IPC handle): the sender exports the allocation as a file descriptor
+//! (cuMemExportToShareableHandle), passes it over the receiver's descriptor socket
+//! (SCM_RIGHTS, the receiver checking the connection's SO_PEERCRED pid), and the receiver
+//! imports and maps it (cuMemImportFromShareableHandle, reserve, map, set access): cached,
+//! stale, refused and killed as above, plus memory that cannot be exported that way (not
+//! created shareable, a driver without the POSIX descriptor handle type) going staged,
+//! counted on the sender.
+//!
 //! CUDA here is the TEST DOUBLE of libcuda (hmem/tests/doubles/cuda_double.c: device memory is
 //! a memfd per allocation, an IPC handle names it through /proc/<pid>/fd with the allocation's
 //! id, asynchronous copies land when their event is polled complete). Processes that load it
@@ -29,6 +38,29 @@ use xfabric_hmem::{Iface, IpcHandle};
 use xfabric_providers::shm::raw::{ipc_counts, ipc_desc, RawPeer, FRAME, PIECE, PIECE_LEN};
 
 const CAPS: u64 = FI_MSG | FI_HMEM;
+/// Which memory the sender sends from: `legacy` (cuMemAlloc), `vmm` (cuMemCreate, exportable
+/// as a descriptor), `vmm-plain` (cuMemCreate, not exportable). The receiver is told.
+const MEM_ENV: &str = "XFABRIC_TEST_CUDA_MEM";
+
+/// Device memory of the kind `mem` names.
+fn alloc(mem: &str, len: usize) -> xfabric::hmem::DeviceBuffer {
+    match mem {
+        "vmm" => cuda().alloc_device_vmm(0, len, true).unwrap(),
+        "vmm-plain" => cuda().alloc_device_vmm(0, len, false).unwrap(),
+        _ => cuda().alloc_device(0, len).unwrap(),
+    }
+}
+
+fn mem() -> String {
+    std::env::var(MEM_ENV).unwrap_or_else(|_| "legacy".into())
+}
+
+/// Whether the sender's memory cannot be exported as a descriptor: not created so, or (the
+/// double's switch, which the receiver inherits) a driver without the handle type.
+fn unexportable(mem: &str) -> bool {
+    mem == "vmm-plain"
+        || (mem == "vmm" && std::env::var("CUDA_DOUBLE_VMM_NO_FD").is_ok_and(|v| v == "1"))
+}
 const BIG: usize = 1 << 20;
 const SMALL: usize = 1000;
 
@@ -47,7 +79,15 @@ fn receiver() {
     let n = node(CAPS, Progress::Manual);
     let peer = connect_parent(&n);
     let refused = std::env::var("CUDA_DOUBLE_IPC_REFUSE").is_ok_and(|v| v == "1");
+    let mem = mem();
+    let vmm = mem.starts_with("vmm");
     let rx = cuda().alloc_device(0, BIG).expect("device receive buffer");
+    let mut taken = ipc_counts().taken;
+    // Descriptors taken from the sender since the last look (one per VMM offer).
+    let mut passed = move || {
+        let now = ipc_counts().taken;
+        std::mem::replace(&mut taken, now).abs_diff(now)
+    };
     let got = |seed: u64, len: usize, into_device: bool| {
         let before = ipc_counts();
         let mut host = vec![0u8; len];
@@ -81,6 +121,34 @@ fn receiver() {
         // its sender; the engine then asks that peer for no more copies (no second refusal).
         assert_eq!(got(1, BIG, true), (0, 0, 0, 0, 1));
         assert_eq!(got(2, BIG, false), (0, 0, 0, 0, 0));
+        if vmm {
+            // A VMM allocation's descriptor came with each offer: the first's was taken by
+            // the copy (whose import the driver refused); the second's, never used (no more
+            // copies are asked of that peer), is taken in by progress's sweep rather than
+            // left queued, holding the peer's allocation.
+            let deadline = std::time::Instant::now() + completion_bound();
+            let mut seen = passed();
+            while seen < 2 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the descriptor stays queued"
+                );
+                n.ep.progress();
+                std::thread::yield_now();
+                seen += passed();
+            }
+            assert_eq!(seen, 2);
+        }
+        say("received");
+        assert_eq!(listen(), "done");
+        return;
+    }
+    if unexportable(&mem) {
+        // Never offered (the sender could not export the memory): staged, nothing refused,
+        // nothing passed.
+        assert_eq!(got(1, BIG, true), (0, 0, 0, 0, 0));
+        assert_eq!(got(2, BIG, false), (0, 0, 0, 0, 0));
+        assert_eq!(passed(), 0);
         say("received");
         assert_eq!(listen(), "done");
         return;
@@ -92,6 +160,10 @@ fn receiver() {
     assert_eq!(got(3, BIG, false), (1, 0, 0, 0, 0));
     // Small: staged, no IPC.
     assert_eq!(got(4, SMALL, true), (0, 0, 0, 0, 0));
+    // A VMM allocation's descriptor came with each offer (closed where the mapping was
+    // cached); nothing was refused on the descriptor socket.
+    assert_eq!(passed(), if vmm { 3 } else { 0 });
+    assert_eq!(ipc_counts().fd_refused, 0);
     say("phase1");
     // The sender freed its allocation and made another; same address or not, the new one is
     // opened and the old mapping never serves it.
@@ -104,6 +176,7 @@ fn receiver() {
         "a stale mapping closed where the address repeats"
     );
     assert!(offer_counts().direct >= 3);
+    assert_eq!(passed(), u64::from(vmm));
     say("received");
     assert_eq!(listen(), "done");
 }
@@ -111,11 +184,15 @@ fn receiver() {
 /// Sends the messages `receiver` expects from device memory.
 fn sender(test: &str, child_env: &[(&str, &str)]) {
     let n = node(CAPS, Progress::Manual);
-    let mut child = spawn(test, "receiver", child_env);
+    let mem = mem();
+    let mut env = child_env.to_vec();
+    env.push((MEM_ENV, &mem));
+    let mut child = spawn(test, "receiver", &env);
     let peer = connect(&mut child, &n);
     let refused = child_env.contains(&("CUDA_DOUBLE_IPC_REFUSE", "1"));
-    let mut src = cuda().alloc_device(0, BIG).unwrap();
+    let mut src = alloc(&mem, BIG);
     let before = offer_counts();
+    let ipc_before = ipc_counts();
     let send = |src: &xfabric::hmem::DeviceBuffer, seed: u64, len: usize| {
         to_device(src, &pattern(len, seed));
         // SAFETY: `src` outlives the completion awaited below.
@@ -131,6 +208,26 @@ fn sender(test: &str, child_env: &[(&str, &str)]) {
             (c.offered - before.offered, c.staged - before.staged),
             (2, 2)
         );
+        // The sender still offers (and passes a VMM allocation's descriptor) each time; the
+        // receiver, which copies no more from it, leaves the second one queued, unread.
+        let i = ipc_counts();
+        assert_eq!(i.passed - ipc_before.passed, 2 * u64::from(mem == "vmm"));
+    } else if unexportable(&mem) {
+        // Not exportable as a descriptor (not created so, or the driver lacks the handle
+        // type): not offered, staged, counted here.
+        send(&src, 1, BIG);
+        send(&src, 2, BIG);
+        assert_eq!(child.hear(), "received");
+        let c = offer_counts();
+        assert_eq!(c.staged - before.staged, 2);
+        let i = ipc_counts();
+        assert_eq!(
+            (
+                i.passed - ipc_before.passed,
+                i.unexported - ipc_before.unexported
+            ),
+            (0, 2)
+        );
     } else {
         for (seed, len) in [(1, BIG), (2, BIG), (3, BIG), (4, SMALL)] {
             send(&src, seed, len);
@@ -138,7 +235,7 @@ fn sender(test: &str, child_env: &[(&str, &str)]) {
         assert_eq!(child.hear(), "phase1");
         let old = src.addr();
         drop(src);
-        src = cuda().alloc_device(0, BIG).unwrap();
+        src = alloc(&mem, BIG);
         child.tell(if src.addr() == old { "same" } else { "moved" });
         send(&src, 5, BIG);
         assert_eq!(child.hear(), "received");
@@ -146,6 +243,15 @@ fn sender(test: &str, child_env: &[(&str, &str)]) {
         assert_eq!(
             (c.offered - before.offered, c.staged - before.staged),
             (4, 0)
+        );
+        let i = ipc_counts();
+        let vmm = u64::from(mem == "vmm");
+        assert_eq!(
+            (
+                i.passed - ipc_before.passed,
+                i.unexported - ipc_before.unexported
+            ),
+            (4 * vmm, 0)
         );
     }
     child.tell("done");
@@ -157,14 +263,19 @@ fn sender(test: &str, child_env: &[(&str, &str)]) {
 /// Receives one message by IPC, then kills its sender while holding the mapping open.
 fn killer(test: &str) {
     let n = node(CAPS, Progress::Manual);
-    let mut child = spawn(test, "victim", &[]);
+    let mem = mem();
+    let mut child = spawn(test, "victim", &[(MEM_ENV, &mem)]);
     let peer = connect(&mut child, &n);
     let rx = cuda().alloc_device(0, BIG).unwrap();
+    // What is live before the peer's allocation is opened: all of that opening made
+    // (a VMM one: the imported allocation, the reservation, the mapping) goes with the peer.
+    let unopened = double_counter("cuda_double_live");
     // SAFETY: `rx` outlives the completion awaited below.
     unsafe { n.ep.recv(dev_view(rx.as_ptr(), BIG), None, peer, 9) }.unwrap();
     assert_eq!(n.wait_one().op_context, 9);
     assert!(from_device(&rx, BIG) == pattern(BIG, 9));
     assert_eq!(ipc_counts().opens, 1);
+    assert_eq!(ipc_counts().taken, u64::from(mem == "vmm"));
     let live = double_counter("cuda_double_live");
     let pid = child.pid();
     child.kill();
@@ -180,9 +291,10 @@ fn killer(test: &str) {
     if let Some(live) = live {
         assert_eq!(
             double_counter("cuda_double_live"),
-            Some(live - 1),
+            unopened,
             "the dead peer's mapping is closed"
         );
+        assert!(unopened < Some(live));
     }
     reclaim(pid);
 }
@@ -191,7 +303,7 @@ fn killer(test: &str) {
 fn victim() {
     let n = node(CAPS, Progress::Manual);
     let peer = connect_parent(&n);
-    let src = cuda().alloc_device(0, BIG).unwrap();
+    let src = alloc(&mem(), BIG);
     to_device(&src, &pattern(BIG, 9));
     // SAFETY: `src` outlives the completion awaited below.
     unsafe { n.ep.send(dev_view(src.as_ptr(), BIG), None, peer, 1) }.unwrap();
@@ -255,6 +367,64 @@ fn cuda_double_ipc_peer_killed_with_handle_open() {
         return;
     }
     run_child(NAME, "killer", &double_env(), &[]);
+}
+
+#[test]
+fn cuda_double_vmm_fd_passed_cached_and_stale() {
+    const NAME: &str = "cuda_double_vmm_fd_passed_cached_and_stale";
+    if run_roles(NAME) || skip_not_shm() {
+        return;
+    }
+    run_child(NAME, "sender", &double_env(), &[(MEM_ENV, "vmm")]);
+}
+
+#[test]
+fn cuda_double_vmm_import_refused_goes_staged() {
+    const NAME: &str = "cuda_double_vmm_import_refused_goes_staged";
+    if run_roles(NAME) || skip_not_shm() {
+        return;
+    }
+    run_child(NAME, "refused-sender", &double_env(), &[(MEM_ENV, "vmm")]);
+}
+
+#[test]
+fn cuda_double_vmm_not_exportable_goes_staged() {
+    const NAME: &str = "cuda_double_vmm_not_exportable_goes_staged";
+    if run_roles(NAME) || skip_not_shm() {
+        return;
+    }
+    // An allocation not created with the POSIX descriptor handle type ...
+    run_child(NAME, "sender", &double_env(), &[(MEM_ENV, "vmm-plain")]);
+    // ... and a driver whose device lacks it.
+    run_child(
+        NAME,
+        "sender",
+        &double_env(),
+        &[(MEM_ENV, "vmm"), ("CUDA_DOUBLE_VMM_NO_FD", "1")],
+    );
+}
+
+#[test]
+fn cuda_double_vmm_peer_killed_with_mapping_open() {
+    const NAME: &str = "cuda_double_vmm_peer_killed_with_mapping_open";
+    if run_roles(NAME) || skip_not_shm() {
+        return;
+    }
+    run_child(NAME, "killer", &double_env(), &[(MEM_ENV, "vmm")]);
+}
+
+#[test]
+#[cfg_attr(
+    not(xfabric_gpu_tests),
+    ignore = "needs an NVIDIA GPU: run with XFABRIC_GPU_TESTS=1 cargo test (the CUDA double \
+              variants run everywhere)"
+)]
+fn gpu_cuda_vmm_ipc() {
+    const NAME: &str = "gpu_cuda_vmm_ipc";
+    if run_roles(NAME) || skip_not_shm() {
+        return;
+    }
+    run_child(NAME, "sender", &[], &[(MEM_ENV, "vmm")]);
 }
 
 #[test]

@@ -130,6 +130,32 @@ impl<T: Absent> HmemIface for T {
         Err(self.error())
     }
 
+    fn alloc_device_vmm(
+        &self,
+        _device: u64,
+        _len: usize,
+        _shareable: bool,
+    ) -> Result<DeviceBuffer> {
+        Err(self.error())
+    }
+
+    fn vmm_export(
+        &self,
+        _addr: *const u8,
+        _len: usize,
+    ) -> Result<(IpcHandle, std::os::fd::OwnedFd)> {
+        Err(self.error())
+    }
+
+    fn vmm_open(
+        &self,
+        _device: u64,
+        _handle: &IpcHandle,
+        _fd: std::os::fd::OwnedFd,
+    ) -> Result<IpcMapping> {
+        Err(self.error())
+    }
+
     fn take_drop_errors(&self) -> Vec<HmemError> {
         Vec::new()
     }

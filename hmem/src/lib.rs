@@ -55,6 +55,8 @@ pub use registry::{Hmem, IfaceStatus};
 pub use system::System;
 pub use ze::Ze;
 
+use std::os::fd::OwnedFd;
+
 /// Result alias of this crate.
 pub type Result<T, E = HmemError> = std::result::Result<T, E>;
 
@@ -121,6 +123,47 @@ pub trait HmemIface: Send + Sync + std::fmt::Debug {
     /// Maps an exported allocation on `device`; the mapping is closed on drop
     /// ([`IpcMapping::close`] reports the driver's answer).
     fn ipc_open(&self, device: u64, handle: &IpcHandle) -> Result<IpcMapping>;
+
+    /// Memory on `device` from the virtual-memory-management calls (CUDA's `cuMemCreate`,
+    /// reserved, mapped and made accessible: memory `ipc_get` refuses), of whole granules
+    /// (the buffer's length is `len`), exportable as a POSIX descriptor where `shareable`
+    /// ([`vmm_export`](Self::vmm_export)). The default: this interface has none.
+    fn alloc_device_vmm(&self, device: u64, len: usize, shareable: bool) -> Result<DeviceBuffer> {
+        let _ = (device, len, shareable);
+        Err(HmemError::unsupported(
+            self.iface(),
+            "virtual-memory-management allocation",
+            "this interface has none",
+        ))
+    }
+
+    /// Exports the virtual-memory-management allocation holding `addr..addr + len` as a file
+    /// descriptor (CUDA: `cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)`), with a handle
+    /// describing it ([`IpcHandle::is_vmm`]); the descriptor is what another process needs,
+    /// passed to it by the caller (SCM_RIGHTS), to [`vmm_open`](Self::vmm_open) it.
+    /// `Inval`: not such an allocation; `Unsupported`: one that cannot be exported so (the
+    /// driver or the allocation lacks the handle type), with the reason. The default: none.
+    fn vmm_export(&self, addr: *const u8, len: usize) -> Result<(IpcHandle, OwnedFd)> {
+        let _ = (addr, len);
+        Err(HmemError::unsupported(
+            self.iface(),
+            "virtual-memory-management export",
+            "this interface has none",
+        ))
+    }
+
+    /// Imports the allocation another process exported with
+    /// [`vmm_export`](Self::vmm_export), given its descriptor (`fd`, consumed) and handle, and
+    /// maps the whole of it on `device`; the mapping is unmapped on drop. The driver refuses
+    /// a descriptor that names no allocation, or one smaller than the handle says.
+    fn vmm_open(&self, device: u64, handle: &IpcHandle, fd: OwnedFd) -> Result<IpcMapping> {
+        let _ = (device, handle, fd);
+        Err(HmemError::unsupported(
+            self.iface(),
+            "virtual-memory-management import",
+            "this interface has none",
+        ))
+    }
 
     /// Starts copying `len` bytes from `src` to `dst` on `device`'s copy stream and returns
     /// at once: either side may be memory of this interface (an IPC mapping included) or

@@ -377,6 +377,25 @@ impl IpcHandle {
         })
     }
 
+    /// `raw` of a handle that [`HmemIface::vmm_export`](crate::HmemIface::vmm_export) made:
+    /// it names a virtual-memory-management allocation, opened from a file descriptor passed
+    /// beside it, not by the driver's IPC handle.
+    pub const VMM_RAW: [u8; 64] = {
+        let mut r = [0u8; 64];
+        let tag = *b"XFVMMFD1";
+        let mut i = 0;
+        while i < tag.len() {
+            r[i] = tag[i];
+            i += 1;
+        }
+        r
+    };
+
+    /// Whether this handle names a virtual-memory-management allocation ([`Self::VMM_RAW`]).
+    pub fn is_vmm(&self) -> bool {
+        self.raw == Self::VMM_RAW
+    }
+
     /// Checks that `offset..offset + len` lies inside the allocation.
     pub fn check_range(&self, op: &'static str, len: usize) -> Result<(), HmemError> {
         let end = self.offset.checked_add(len as u64);

@@ -60,6 +60,8 @@ fn without_libcuda_cuda_is_unavailable_and_nothing_panics() {
     unavailable(cuda.alloc_host_mapped(0, 64).unwrap_err());
     unavailable(cuda.ipc_get(host.as_ptr(), 1).unwrap_err());
     unavailable(cuda.dmabuf(host.as_ptr(), 64).unwrap_err());
+    unavailable(cuda.alloc_device_vmm(0, 64, true).unwrap_err());
+    unavailable(cuda.vmm_export(host.as_ptr(), 1).unwrap_err());
     let mut back = [0u8; 4];
     // SAFETY: the interface refuses before touching memory.
     unsafe {
@@ -209,6 +211,81 @@ fn cuda_ipc_child() {
     println!("CHILD OK");
 }
 
+/// Virtual-memory-management allocations: made of whole granules, device memory to queries and
+/// copies, refused by legacy IPC; exported as a descriptor where made shareable (and not
+/// otherwise), imported and mapped from it (here in the same process: the descriptor would
+/// travel by SCM_RIGHTS to another; `tests/shm_cuda_ipc.rs` does that), the mapping seeing the
+/// same bytes; a descriptor of anything else refused.
+fn vmm(cuda: &Cuda) {
+    let len = (1 << 20) + 5;
+    let buf = cuda.alloc_device_vmm(0, len, true).unwrap();
+    assert_eq!(buf.len(), len);
+    assert_eq!(
+        cuda.owns(buf.as_ptr()).unwrap(),
+        Some(Owner {
+            iface: Iface::Cuda,
+            device: 0
+        })
+    );
+    let data = pattern(len, 11);
+    // SAFETY: `buf` is CUDA memory on device 0 of `len` bytes.
+    unsafe { cuda.copy_from_host(0, buf.as_ptr(), &data).unwrap() };
+    assert!(
+        cuda.ipc_get(buf.as_ptr(), len).is_err(),
+        "legacy IPC refuses VMM memory"
+    );
+    // SAFETY: only the address is formed, inside the allocation.
+    let inner = unsafe { buf.as_ptr().add(8192) };
+    let (h, fd) = cuda.vmm_export(inner, 100).unwrap();
+    assert!(h.is_vmm());
+    assert_eq!((h.base, h.offset), (buf.addr(), 8192));
+    assert!(h.alloc_len >= len as u64);
+    assert_ne!(h.alloc_id, 0);
+    assert!(
+        cuda.vmm_export(inner, h.alloc_len as usize).is_err(),
+        "past its end"
+    );
+    assert!(cuda.ipc_open(0, &h).is_err(), "not a legacy handle");
+    let m = cuda.vmm_open(0, &h, fd).unwrap();
+    assert_ne!(m.base(), h.base, "mapped anew");
+    let mut seen = vec![0u8; 100];
+    // SAFETY: the mapping is CUDA memory with at least 100 bytes from its address.
+    unsafe { cuda.copy_to_host(0, &mut seen, m.as_ptr()).unwrap() };
+    assert_eq!(seen, data[8192..8292]);
+    m.close().unwrap();
+    // The exporter's memory outlives the importer's mapping, and the other way round.
+    let (h, fd) = cuda.vmm_export(buf.as_ptr(), len).unwrap();
+    buf.free().unwrap();
+    let m = cuda.vmm_open(0, &h, fd).unwrap();
+    // SAFETY: as above.
+    unsafe { cuda.copy_to_host(0, &mut seen, m.as_ptr()).unwrap() };
+    assert_eq!(seen, data[..100]);
+    drop(m);
+
+    // Not made shareable: not exported, and why.
+    let plain = cuda.alloc_device_vmm(0, 4096, false).unwrap();
+    let e = cuda.vmm_export(plain.as_ptr(), 1).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"),
+        "{e}"
+    );
+    drop(plain);
+    // cuMemAlloc memory is no VMM allocation.
+    let legacy = cuda.alloc_device(0, 4096).unwrap();
+    let e = cuda.vmm_export(legacy.as_ptr(), 1).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("not a virtual-memory-management allocation"),
+        "{e}"
+    );
+    drop(legacy);
+    // A descriptor of anything else: the driver refuses it.
+    let null = std::fs::File::open("/dev/null").unwrap();
+    assert!(cuda.vmm_open(0, &h, null.into()).is_err());
+    assert!(cuda.take_drop_errors().is_empty());
+}
+
 /// Every CUDA operation, on a GPU or on the double (`double` is its path, for leak counts).
 fn exercise(cuda: &Cuda, double: Option<&Path>) {
     let len = (1 << 20) + 3;
@@ -316,6 +393,8 @@ fn exercise(cuda: &Cuda, double: Option<&Path>) {
     // SAFETY: `inner` is CUDA memory with at least 8 bytes after it.
     unsafe { cuda.copy_to_host(0, &mut seen, inner).unwrap() };
     assert_eq!(&seen, b"child!!!");
+
+    vmm(cuda);
 
     buf.free().unwrap();
     assert!(cuda.take_drop_errors().is_empty());

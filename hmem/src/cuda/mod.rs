@@ -12,6 +12,7 @@
 pub mod result;
 
 use std::ffi::c_void;
+use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 
@@ -59,6 +60,8 @@ struct CudaState {
     driver_version: i32,
     devices: Vec<CudaDevice>,
     errors: Arc<DropErrors>,
+    /// `Err(why)` where the driver lacks the virtual-memory-management calls.
+    vmm: OnceLock<Result<(), String>>,
 }
 
 #[derive(Debug)]
@@ -136,6 +139,7 @@ impl CudaState {
             driver_version,
             devices,
             errors: Arc::default(),
+            vmm: OnceLock::new(),
         })
     }
 
@@ -149,6 +153,25 @@ impl CudaState {
                     format!("no CUDA device {device} ({} present)", self.devices.len()),
                 )
             })
+    }
+
+    /// `Unsupported` (saying which calls are missing) where the driver lacks the
+    /// virtual-memory-management calls.
+    fn check_vmm(&self, op: &'static str) -> Result<()> {
+        self.vmm
+            .get_or_init(|| {
+                let missing = result::vmm::missing();
+                if missing.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "the driver lacks {} (older than CUDA 11?)",
+                        missing.join(", ")
+                    ))
+                }
+            })
+            .clone()
+            .map_err(|why| HmemError::unsupported(Iface::Cuda, op, why))
     }
 
     /// Runs `f` with `device`'s primary context current, then restores the caller's.
@@ -269,6 +292,62 @@ impl Release for IpcOpened {
                 unsafe { result::ipc::close(self.dptr) }.map_err(cuda_err("cuIpcCloseMemHandle"))
             })
     }
+}
+
+/// A virtual-memory-management mapping: `len` bytes of a reservation at `ptr`, mapped and
+/// accessible; unmapped, then the reservation freed. The allocation handle was released once
+/// mapped (the mapping holds the allocation), so it goes with the mapping.
+struct VmmMapped {
+    state: Arc<CudaState>,
+    device: u64,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+}
+
+impl Release for VmmMapped {
+    fn release(&mut self) -> Result<()> {
+        self.state.with_ctx("cuMemUnmap", self.device, |_| {
+            // SAFETY: mapped by `vmm_map` and unmapped once, here; nothing uses it now.
+            unsafe { result::vmm::unmap(self.ptr, self.len) }.map_err(cuda_err("cuMemUnmap"))?;
+            // SAFETY: the reservation `vmm_map` made, with nothing mapped in it now.
+            unsafe { result::vmm::free_address(self.ptr, self.len) }
+                .map_err(cuda_err("cuMemAddressFree"))
+        })
+    }
+}
+
+/// Reserves `len` bytes (a multiple of the granularity), maps allocation `h` there and gives
+/// `device` access; releases `h` in every case (the mapping holds the allocation). In
+/// `device`'s context.
+fn vmm_map(
+    state: &Arc<CudaState>,
+    device: u64,
+    dev: sys::CUdevice,
+    h: sys::CUmemGenericAllocationHandle,
+    len: usize,
+    gran: usize,
+) -> Result<VmmMapped> {
+    let mapped = (|| {
+        let ptr = result::vmm::reserve(len, gran).map_err(cuda_err("cuMemAddressReserve"))?;
+        // SAFETY: `ptr..ptr + len` was just reserved, nothing is mapped there.
+        if let Err(e) = unsafe { result::vmm::map(ptr, len, h, dev) } {
+            // SAFETY: the reservation just made, empty.
+            let _ = unsafe { result::vmm::free_address(ptr, len) };
+            return Err(cuda_err("cuMemMap/cuMemSetAccess")(e));
+        }
+        Ok(ptr)
+    })();
+    // SAFETY: our reference to `h`, released once; a mapping keeps its own.
+    let released = unsafe { result::vmm::release(h) }.map_err(cuda_err("cuMemRelease"));
+    let ptr = mapped?;
+    let m = VmmMapped {
+        state: state.clone(),
+        device,
+        ptr,
+        len,
+    };
+    released?;
+    Ok(m)
 }
 
 /// A copy's completion event (`cuEventRecord` after `cuMemcpyAsync`), destroyed on drop.
@@ -483,6 +562,12 @@ impl HmemIface for Cuda {
                 format!("a {} handle given to CUDA", handle.iface),
             ));
         }
+        if handle.is_vmm() {
+            return Err(HmemError::inval(
+                OP,
+                "a virtual-memory-management handle opens with vmm_open and its descriptor",
+            ));
+        }
         state.device(OP, device)?;
         if handle.pid == std::process::id() {
             // CUDA refuses to open a handle in the process that exported it; the allocation is
@@ -508,6 +593,137 @@ impl HmemIface for Cuda {
             handle,
             device,
             Some(Box::new(release)),
+            state.errors.clone(),
+        ))
+    }
+
+    fn alloc_device_vmm(&self, device: u64, len: usize, shareable: bool) -> Result<DeviceBuffer> {
+        const OP: &str = "alloc_device_vmm";
+        check_len(OP, len)?;
+        let state = self.state()?;
+        state.check_vmm(OP)?;
+        let dev = state.device(OP, device)?.dev;
+        let mapped = state.with_ctx(OP, device, |_| {
+            let gran =
+                result::vmm::granularity(dev).map_err(cuda_err("cuMemGetAllocationGranularity"))?;
+            let size = len
+                .checked_next_multiple_of(gran.max(1))
+                .ok_or_else(|| HmemError::inval(OP, "too long"))?;
+            let h = result::vmm::create(dev, size, shareable).map_err(cuda_err("cuMemCreate"))?;
+            vmm_map(state, device, dev, h, size, gran)
+        })?;
+        let ptr = mapped.ptr;
+        Ok(DeviceBuffer::new(
+            ptr,
+            len,
+            (Iface::Cuda, device),
+            Box::new(mapped),
+            state.errors.clone(),
+        ))
+    }
+
+    fn vmm_export(&self, addr: *const u8, len: usize) -> Result<(IpcHandle, OwnedFd)> {
+        const OP: &str = "vmm_export";
+        let state = self.state()?;
+        let Some(owner) = self.owns(addr)? else {
+            return Err(HmemError::inval(
+                OP,
+                format!("{addr:p} is not CUDA device memory"),
+            ));
+        };
+        state.check_vmm(OP)?;
+        let dev = state.device(OP, owner.device)?.dev;
+        let (fd, (base, size), alloc_id) = state.with_ctx(OP, owner.device, |_| {
+            let h = result::vmm::retain(addr as u64).map_err(|e| {
+                HmemError::inval(
+                    OP,
+                    format!("not a virtual-memory-management allocation ({:?})", e.0),
+                )
+            })?;
+            let fd = (|| {
+                let supported = result::vmm::posix_fd_supported(dev).map_err(cuda_err(
+                    "cuDeviceGetAttribute(HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)",
+                ))?;
+                if !supported {
+                    return Err(HmemError::unsupported(
+                        Iface::Cuda,
+                        OP,
+                        "the device has no POSIX file descriptor handles \
+                         (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0)",
+                    ));
+                }
+                // SAFETY: `h` was retained above and is released below.
+                let exportable = unsafe { result::vmm::exportable_as_fd(h) }
+                    .map_err(cuda_err("cuMemGetAllocationPropertiesFromHandle"))?;
+                if !exportable {
+                    return Err(HmemError::unsupported(
+                        Iface::Cuda,
+                        OP,
+                        "the allocation was not created with \
+                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR among its handle types",
+                    ));
+                }
+                // SAFETY: as above.
+                unsafe { result::vmm::export_fd(h) }
+                    .map_err(cuda_err("cuMemExportToShareableHandle"))
+            })();
+            // SAFETY: the reference retained above, released once.
+            let released = unsafe { result::vmm::release(h) }.map_err(cuda_err("cuMemRelease"));
+            let fd = fd?;
+            released?;
+            let range = result::pointer::address_range(addr as u64)
+                .map_err(cuda_err("cuMemGetAddressRange"))?;
+            let id = result::pointer::buffer_id(range.0)
+                .map_err(cuda_err("cuPointerGetAttribute(BUFFER_ID)"))?;
+            Ok((fd, range, id))
+        })?;
+        let handle = IpcHandle {
+            iface: Iface::Cuda,
+            pid: crate::memfd::this_pid(),
+            device: owner.device,
+            alloc_id,
+            base,
+            alloc_len: size as u64,
+            offset: (addr as u64).saturating_sub(base),
+            raw: IpcHandle::VMM_RAW,
+        };
+        handle.check_range(OP, len)?;
+        Ok((handle, fd))
+    }
+
+    fn vmm_open(&self, device: u64, handle: &IpcHandle, fd: OwnedFd) -> Result<IpcMapping> {
+        const OP: &str = "vmm_open";
+        let state = self.state()?;
+        if handle.iface != Iface::Cuda || !handle.is_vmm() {
+            return Err(HmemError::inval(
+                OP,
+                "not a CUDA virtual-memory-management handle",
+            ));
+        }
+        state.check_vmm(OP)?;
+        let dev = state.device(OP, device)?.dev;
+        let mapped = state.with_ctx(OP, device, |_| {
+            let gran =
+                result::vmm::granularity(dev).map_err(cuda_err("cuMemGetAllocationGranularity"))?;
+            // The peer's word: the driver maps no more than the allocation holds.
+            let size = usize::try_from(handle.alloc_len)
+                .ok()
+                .filter(|&n| n > 0)
+                .and_then(|n| n.checked_next_multiple_of(gran.max(1)))
+                .ok_or_else(|| {
+                    HmemError::inval(OP, format!("an allocation of {} bytes", handle.alloc_len))
+                })?;
+            let h = result::vmm::import_fd(fd.as_fd())
+                .map_err(cuda_err("cuMemImportFromShareableHandle"))?;
+            drop(fd);
+            vmm_map(state, device, dev, h, size, gran)
+        })?;
+        let ptr = mapped.ptr;
+        Ok(IpcMapping::new(
+            ptr,
+            handle,
+            device,
+            Some(Box::new(mapped)),
             state.errors.clone(),
         ))
     }

@@ -344,3 +344,205 @@ pub mod async_copy {
         unsafe { sys::cuEventDestroy_v2(ev) }.result()
     }
 }
+
+/// The virtual-memory-management calls (`cuMemCreate` and its family, CUDA 10.2 and later)
+/// and the shareable handles of their allocations (`cuMemExportToShareableHandle`, CUDA 11
+/// and later for the POSIX descriptor type). Not in [`REQUIRED_SYMBOLS`]: a driver without
+/// them still serves everything else, and these answer `Unsupported` there ([`has_vmm`]).
+pub mod vmm {
+    use super::*;
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+    /// Every driver symbol the calls below use.
+    pub const SYMBOLS: &[&str] = &[
+        "cuDeviceGetAttribute",
+        "cuMemCreate",
+        "cuMemRelease",
+        "cuMemAddressReserve",
+        "cuMemAddressFree",
+        "cuMemMap",
+        "cuMemUnmap",
+        "cuMemSetAccess",
+        "cuMemGetAllocationGranularity",
+        "cuMemRetainAllocationHandle",
+        "cuMemGetAllocationPropertiesFromHandle",
+        "cuMemExportToShareableHandle",
+        "cuMemImportFromShareableHandle",
+    ];
+
+    /// The symbols of [`SYMBOLS`] the loaded libcuda lacks (empty: the calls below are safe
+    /// to make). Only after [`probe_library`] succeeded.
+    pub fn missing() -> Vec<&'static str> {
+        SYMBOLS.iter().copied().filter(|s| !has_symbol(s)).collect()
+    }
+
+    fn device_prop(device: sys::CUdevice, posix_fd: bool) -> sys::CUmemAllocationProp {
+        // SAFETY: plain data (integers and a null pointer); all zeroes is valid.
+        let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        p.location.id = device;
+        if posix_fd {
+            p.requestedHandleTypes =
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        }
+        p
+    }
+
+    /// `cuDeviceGetAttribute`.
+    pub fn attribute(
+        device: sys::CUdevice,
+        attr: sys::CUdevice_attribute,
+    ) -> Result<i32, DriverError> {
+        let mut v: c_int = 0;
+        // SAFETY: writes one int.
+        unsafe { sys::cuDeviceGetAttribute(&mut v, attr, device) }.result()?;
+        Ok(v)
+    }
+
+    /// Whether `device` can export allocations as POSIX file descriptors.
+    pub fn posix_fd_supported(device: sys::CUdevice) -> Result<bool, DriverError> {
+        let a = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED;
+        Ok(attribute(device, a)? != 0)
+    }
+
+    /// `cuMemGetAllocationGranularity(MINIMUM)` for pinned memory on `device`.
+    pub fn granularity(device: sys::CUdevice) -> Result<usize, DriverError> {
+        let p = device_prop(device, false);
+        let mut g = 0usize;
+        let opt = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
+        // SAFETY: reads one property struct, writes one size.
+        unsafe { sys::cuMemGetAllocationGranularity(&mut g, &p, opt) }.result()?;
+        Ok(g)
+    }
+
+    /// `cuMemCreate`: `len` bytes (a multiple of the granularity) of pinned memory on `device`,
+    /// exportable as a POSIX descriptor where `posix_fd`.
+    pub fn create(
+        device: sys::CUdevice,
+        len: usize,
+        posix_fd: bool,
+    ) -> Result<sys::CUmemGenericAllocationHandle, DriverError> {
+        let p = device_prop(device, posix_fd);
+        let mut h = 0;
+        // SAFETY: reads one property struct, writes one handle.
+        unsafe { sys::cuMemCreate(&mut h, len, &p, 0) }.result()?;
+        Ok(h)
+    }
+
+    /// `cuMemRelease`.
+    ///
+    /// # Safety
+    /// `h` must be a live handle, released once per reference.
+    pub unsafe fn release(h: sys::CUmemGenericAllocationHandle) -> Result<(), DriverError> {
+        // SAFETY: the caller's contract.
+        unsafe { sys::cuMemRelease(h) }.result()
+    }
+
+    /// `cuMemAddressReserve`: `len` bytes of device address space.
+    pub fn reserve(len: usize, align: usize) -> Result<sys::CUdeviceptr, DriverError> {
+        let mut p = 0;
+        // SAFETY: writes one device pointer.
+        unsafe { sys::cuMemAddressReserve(&mut p, len, align, 0, 0) }.result()?;
+        Ok(p)
+    }
+
+    /// `cuMemAddressFree`.
+    ///
+    /// # Safety
+    /// `p, len` must be a reservation with nothing mapped in it any more.
+    pub unsafe fn free_address(p: sys::CUdeviceptr, len: usize) -> Result<(), DriverError> {
+        // SAFETY: the caller's contract.
+        unsafe { sys::cuMemAddressFree(p, len) }.result()
+    }
+
+    /// `cuMemMap` of the whole of `h` (from its start) at `p`, then `cuMemSetAccess` giving
+    /// `device` read and write access. On failure nothing stays mapped.
+    ///
+    /// # Safety
+    /// `p..p + len` must lie in a reservation of this process with nothing mapped there.
+    pub unsafe fn map(
+        p: sys::CUdeviceptr,
+        len: usize,
+        h: sys::CUmemGenericAllocationHandle,
+        device: sys::CUdevice,
+    ) -> Result<(), DriverError> {
+        // SAFETY: the caller's contract; the driver checks `len` against the allocation.
+        unsafe { sys::cuMemMap(p, len, 0, h, 0) }.result()?;
+        // SAFETY: plain data; all zeroes is valid.
+        let mut d: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+        d.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        d.location.id = device;
+        d.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        // SAFETY: reads one access descriptor; the range was just mapped.
+        if let Err(e) = unsafe { sys::cuMemSetAccess(p, len, &d, 1) }.result() {
+            // SAFETY: unmaps what was just mapped, once.
+            let _ = unsafe { sys::cuMemUnmap(p, len) };
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// `cuMemUnmap`.
+    ///
+    /// # Safety
+    /// `p, len` must be a mapping made by [`map`] that nothing uses any more.
+    pub unsafe fn unmap(p: sys::CUdeviceptr, len: usize) -> Result<(), DriverError> {
+        // SAFETY: the caller's contract.
+        unsafe { sys::cuMemUnmap(p, len) }.result()
+    }
+
+    /// `cuMemRetainAllocationHandle`: the allocation mapped at `addr` (an error for memory
+    /// that is not a VMM mapping). Release it with [`release`].
+    pub fn retain(
+        addr: sys::CUdeviceptr,
+    ) -> Result<sys::CUmemGenericAllocationHandle, DriverError> {
+        let mut h = 0;
+        // SAFETY: writes one handle; the address is only looked up.
+        unsafe { sys::cuMemRetainAllocationHandle(&mut h, addr as usize as *mut c_void) }
+            .result()?;
+        Ok(h)
+    }
+
+    /// Whether allocation `h` was created exportable as a POSIX descriptor
+    /// (`cuMemGetAllocationPropertiesFromHandle`).
+    ///
+    /// # Safety
+    /// `h` must be a live handle.
+    pub unsafe fn exportable_as_fd(
+        h: sys::CUmemGenericAllocationHandle,
+    ) -> Result<bool, DriverError> {
+        // SAFETY: plain data; all zeroes is valid, overwritten on success.
+        let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        // SAFETY: writes one property struct.
+        unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut p, h) }.result()?;
+        let fd = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        Ok(p.requestedHandleTypes.0 & fd.0 != 0)
+    }
+
+    /// `cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)`: a new descriptor for `h`.
+    ///
+    /// # Safety
+    /// `h` must be a live handle.
+    pub unsafe fn export_fd(h: sys::CUmemGenericAllocationHandle) -> Result<OwnedFd, DriverError> {
+        let mut fd: c_int = -1;
+        let t = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        // SAFETY: writes one int (the descriptor).
+        unsafe { sys::cuMemExportToShareableHandle((&mut fd as *mut c_int).cast(), h, t, 0) }
+            .result()?;
+        // SAFETY: a new descriptor the driver made for us, owned once here.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// `cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)`: the allocation `fd` names (the
+    /// driver refuses a descriptor that names none). `fd` stays the caller's.
+    pub fn import_fd(fd: BorrowedFd<'_>) -> Result<sys::CUmemGenericAllocationHandle, DriverError> {
+        let mut h = 0;
+        let t = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        // The descriptor travels as the pointer's value, as cuda.h asks.
+        let os = fd.as_raw_fd() as isize as *mut c_void;
+        // SAFETY: writes one handle; the descriptor is only read by the driver.
+        unsafe { sys::cuMemImportFromShareableHandle(&mut h, os, t) }.result()?;
+        Ok(h)
+    }
+}

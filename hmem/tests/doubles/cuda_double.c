@@ -73,7 +73,7 @@ typedef struct { char reserved[64]; } CUipcMemHandle;
 #define CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED 713
 #define CUDA_ERROR_NOT_SUPPORTED 801
 
-enum kind { DEVICE_ALLOC, HOST_ALLOC, HOST_REGISTERED, IPC_MAPPED };
+enum kind { DEVICE_ALLOC, HOST_ALLOC, HOST_REGISTERED, IPC_MAPPED, VMM_MAPPED };
 
 struct region {
 	char *base;
@@ -83,6 +83,7 @@ struct region {
 	int fd; /* DEVICE_ALLOC only: a memfd, or the dma-buf of a DRM dumb buffer */
 	unsigned gem; /* that dumb buffer's handle, 0 for a memfd */
 	unsigned long long id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
+	unsigned long long vh; /* VMM_MAPPED only: the allocation handle mapped there */
 };
 
 struct ctx { int magic; int device; int refs; };
@@ -104,6 +105,7 @@ static int dtoh_copies;
 static int async_copies;
 static int live_events;
 static unsigned long long next_id = 1;
+static int live_vmm(void);
 static struct ctx contexts[CUDA_DOUBLE_DEVICES];
 static int initialized;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -129,7 +131,7 @@ static CUresult add(char *base, size_t len, enum kind kind, int device, int fd)
 {
 	if (nregions == MAX_REGIONS)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	regions[nregions++] = (struct region){ base, len, kind, device, fd, 0, next_id++ };
+	regions[nregions++] = (struct region){ base, len, kind, device, fd, 0, next_id++, 0 };
 	return CUDA_SUCCESS;
 }
 
@@ -137,7 +139,7 @@ static CUresult add(char *base, size_t len, enum kind kind, int device, int fd)
 int cuda_double_live(void)
 {
 	pthread_mutex_lock(&lock);
-	int n = nregions + live_streams + live_events;
+	int n = nregions + live_streams + live_events + live_vmm();
 	for (int i = 0; i < CUDA_DOUBLE_DEVICES; i++)
 		n += contexts[i].refs;
 	pthread_mutex_unlock(&lock);
@@ -328,10 +330,10 @@ CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
 	if (!r)
 		res = CUDA_ERROR_INVALID_VALUE;
 	else if (attr == 2) /* MEMORY_TYPE: 1 host, 2 device */
-		*(unsigned *)data = (r->kind == DEVICE_ALLOC || r->kind == IPC_MAPPED) ? 2 : 1;
+		*(unsigned *)data = (r->kind == DEVICE_ALLOC || r->kind == IPC_MAPPED || r->kind == VMM_MAPPED) ? 2 : 1;
 	else if (attr == 9) /* DEVICE_ORDINAL */
 		*(int *)data = r->device;
-	else if (attr == 7 && (r->kind == DEVICE_ALLOC || r->kind == IPC_MAPPED)) /* BUFFER_ID */
+	else if (attr == 7 && (r->kind == DEVICE_ALLOC || r->kind == IPC_MAPPED || r->kind == VMM_MAPPED)) /* BUFFER_ID */
 		*(unsigned long long *)data = r->id;
 	else
 		res = CUDA_ERROR_INVALID_VALUE;
@@ -343,7 +345,7 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
 {
 	pthread_mutex_lock(&lock);
 	struct region *r = find((void *)(uintptr_t)p);
-	int ok = r && (r->kind == DEVICE_ALLOC || r->kind == IPC_MAPPED);
+	int ok = r && (r->kind == DEVICE_ALLOC || r->kind == IPC_MAPPED || r->kind == VMM_MAPPED);
 	if (ok) {
 		*base = (CUdeviceptr)(uintptr_t)r->base;
 		*size = r->len;
@@ -356,7 +358,7 @@ static CUresult device_range(CUdeviceptr p, size_t n)
 {
 	pthread_mutex_lock(&lock);
 	struct region *r = find((void *)(uintptr_t)p);
-	int ok = r && (r->kind == DEVICE_ALLOC || r->kind == IPC_MAPPED) &&
+	int ok = r && (r->kind == DEVICE_ALLOC || r->kind == IPC_MAPPED || r->kind == VMM_MAPPED) &&
 		 (char *)(uintptr_t)p + n <= r->base + r->len;
 	pthread_mutex_unlock(&lock);
 	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
@@ -786,4 +788,356 @@ int cuda_double_async_copies(void)
 	int n = async_copies;
 	pthread_mutex_unlock(&lock);
 	return n;
+}
+
+/*
+ * Virtual memory management (cuMemCreate and its family). An allocation is a memfd named
+ * cuda-double-vmm-<id>, of whole granules (VMM_GRANULE); its handle is VMM_HANDLE | id. A
+ * reservation is an anonymous PROT_NONE mapping; cuMemMap maps the memfd over part of one
+ * (still PROT_NONE, as the driver gives no access before cuMemSetAccess), cuMemSetAccess
+ * makes it readable and writable, cuMemUnmap puts PROT_NONE anonymous memory back. Mapped
+ * ranges are device memory to every other call (pointer queries, copies), and
+ * cuIpcGetMemHandle refuses them, as the driver does. cuMemExportToShareableHandle
+ * (POSIX_FILE_DESCRIPTOR only, and only for an allocation created asking for it) hands out
+ * a duplicate of the memfd; cuMemImportFromShareableHandle takes only such a memfd (what else
+ * a peer passes is refused) and makes a new allocation of it, its size the memfd's.
+ * CUDA_DOUBLE_VMM_NO_FD=1 makes the device answer 0 for
+ * CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED (a driver without the
+ * handle type); CUDA_DOUBLE_IPC_REFUSE=1 makes every import answer CUDA_ERROR_NOT_SUPPORTED.
+ * cuda_double_live() counts allocations and reservations too.
+ */
+#include <sys/stat.h>
+
+#define VMM_GRANULE (2u << 20)
+#define VMM_HANDLE 0x7d00000000000000ULL
+#define MAX_VMM 64
+#define MAX_RESV 64
+
+struct memloc { int type; int id; };
+struct allocprop { int type; unsigned handle_types; struct memloc loc; void *win32; unsigned char flags[8]; };
+struct accessdesc { struct memloc loc; int flags; };
+
+struct vmm { int used; int fd; size_t len; int device; unsigned handle_types; unsigned long long id; int refs; };
+static struct vmm vmms[MAX_VMM];
+struct resv { char *base; size_t len; };
+static struct resv resvs[MAX_RESV];
+
+static int live_vmm(void) /* under the lock */
+{
+	int n = 0;
+	for (int i = 0; i < MAX_VMM; i++)
+		n += vmms[i].used;
+	for (int i = 0; i < MAX_RESV; i++)
+		n += resvs[i].base != NULL;
+	return n;
+}
+
+static struct vmm *vmm_of(unsigned long long h) /* under the lock */
+{
+	if ((h & 0xff00000000000000ULL) != VMM_HANDLE)
+		return NULL;
+	for (int i = 0; i < MAX_VMM; i++)
+		if (vmms[i].used && VMM_HANDLE + vmms[i].id == h)
+			return &vmms[i];
+	return NULL;
+}
+
+static void vmm_put(struct vmm *v) /* under the lock */
+{
+	if (--v->refs == 0) {
+		close(v->fd);
+		v->used = 0;
+	}
+}
+
+static CUresult vmm_new(int fd, size_t len, int device, unsigned types, unsigned long long id,
+			unsigned long long *h) /* under the lock */
+{
+	for (int i = 0; i < MAX_VMM; i++)
+		if (!vmms[i].used) {
+			vmms[i] = (struct vmm){ 1, fd, len, device, types, id, 1 };
+			*h = VMM_HANDLE + id;
+			return CUDA_SUCCESS;
+		}
+	return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
+{
+	if (d < 0 || d >= CUDA_DOUBLE_DEVICES)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (attr == 102) { /* VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+		*v = 1;
+		return CUDA_SUCCESS;
+	}
+	if (attr == 103) { /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
+		const char *no = getenv("CUDA_DOUBLE_VMM_NO_FD");
+		*v = !(no && *no == '1');
+		return CUDA_SUCCESS;
+	}
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemGetAllocationGranularity(size_t *g, const struct allocprop *p, int option)
+{
+	if (!g || !p || p->loc.type != 1 || p->loc.id < 0 || p->loc.id >= CUDA_DOUBLE_DEVICES ||
+	    (option != 0 && option != 1))
+		return CUDA_ERROR_INVALID_VALUE;
+	*g = VMM_GRANULE;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemCreate(unsigned long long *h, size_t len, const struct allocprop *p, unsigned long long flags)
+{
+	if (!h || !p || flags != 0 || len == 0 || len % VMM_GRANULE != 0 || p->type != 1 ||
+	    p->loc.type != 1 || p->loc.id < 0 || p->loc.id >= CUDA_DOUBLE_DEVICES)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (p->handle_types & ~1u) /* only POSIX_FILE_DESCRIPTOR (1) is known here */
+		return CUDA_ERROR_NOT_SUPPORTED;
+	pthread_mutex_lock(&lock);
+	unsigned long long id = next_id++;
+	pthread_mutex_unlock(&lock);
+	char name[64];
+	snprintf(name, sizeof name, "cuda-double-vmm-%llu", id);
+	int fd = (int)syscall(SYS_memfd_create, name, MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	pthread_mutex_lock(&lock);
+	CUresult r = vmm_new(fd, len, p->loc.id, p->handle_types, id, h);
+	pthread_mutex_unlock(&lock);
+	if (r != CUDA_SUCCESS)
+		close(fd);
+	return r;
+}
+
+CUresult cuMemRelease(unsigned long long h)
+{
+	pthread_mutex_lock(&lock);
+	struct vmm *v = vmm_of(h);
+	if (v)
+		vmm_put(v);
+	pthread_mutex_unlock(&lock);
+	return v ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *p, size_t len, size_t align, CUdeviceptr addr, unsigned long long flags)
+{
+	(void)addr;
+	if (!p || len == 0 || len % VMM_GRANULE != 0 || flags != 0 || (align & (align - 1)) != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	char *m = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (m == MAP_FAILED)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&lock);
+	int i = 0;
+	while (i < MAX_RESV && resvs[i].base)
+		i++;
+	if (i < MAX_RESV)
+		resvs[i] = (struct resv){ m, len };
+	pthread_mutex_unlock(&lock);
+	if (i == MAX_RESV) {
+		munmap(m, len);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*p = (CUdeviceptr)(uintptr_t)m;
+	return CUDA_SUCCESS;
+}
+
+/* The reservation holding p..p+len, or NULL. Under the lock. */
+static struct resv *resv_of(CUdeviceptr p, size_t len)
+{
+	char *a = (char *)(uintptr_t)p;
+	for (int i = 0; i < MAX_RESV; i++)
+		if (resvs[i].base && a >= resvs[i].base && len <= resvs[i].len &&
+		    (size_t)(a - resvs[i].base) <= resvs[i].len - len)
+			return &resvs[i];
+	return NULL;
+}
+
+/* Whether a VMM mapping overlaps p..p+len. Under the lock. */
+static int vmm_mapped_in(CUdeviceptr p, size_t len)
+{
+	char *a = (char *)(uintptr_t)p;
+	for (int i = 0; i < nregions; i++)
+		if (regions[i].kind == VMM_MAPPED && regions[i].base < a + len && a < regions[i].base + regions[i].len)
+			return 1;
+	return 0;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr p, size_t len)
+{
+	pthread_mutex_lock(&lock);
+	struct resv *r = resv_of(p, len);
+	CUresult res = CUDA_SUCCESS;
+	if (!r || r->base != (char *)(uintptr_t)p || r->len != len || vmm_mapped_in(p, len))
+		res = CUDA_ERROR_INVALID_VALUE;
+	else {
+		munmap(r->base, r->len);
+		r->base = NULL;
+	}
+	pthread_mutex_unlock(&lock);
+	return res;
+}
+
+CUresult cuMemMap(CUdeviceptr p, size_t len, size_t offset, unsigned long long h, unsigned long long flags)
+{
+	if (offset != 0 || flags != 0 || len == 0 || len % VMM_GRANULE != 0 || p % VMM_GRANULE != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&lock);
+	struct vmm *v = vmm_of(h);
+	CUresult res = CUDA_SUCCESS;
+	if (!v)
+		res = CUDA_ERROR_INVALID_HANDLE;
+	else if (len > v->len || !resv_of(p, len) || vmm_mapped_in(p, len))
+		res = CUDA_ERROR_INVALID_VALUE;
+	else if (mmap((void *)(uintptr_t)p, len, PROT_NONE, MAP_SHARED | MAP_FIXED, v->fd, 0) == MAP_FAILED)
+		res = CUDA_ERROR_OUT_OF_MEMORY;
+	else {
+		res = add((char *)(uintptr_t)p, len, VMM_MAPPED, v->device, -1);
+		if (res == CUDA_SUCCESS) {
+			regions[nregions - 1].id = v->id;
+			regions[nregions - 1].vh = h;
+			v->refs++;
+		} else
+			mmap((void *)(uintptr_t)p, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+	}
+	pthread_mutex_unlock(&lock);
+	return res;
+}
+
+/* The VMM mapping based at p of exactly len bytes, or NULL. Under the lock. */
+static struct region *vmm_region(CUdeviceptr p, size_t len)
+{
+	struct region *r = find((void *)(uintptr_t)p);
+	if (!r || r->kind != VMM_MAPPED || r->base != (char *)(uintptr_t)p || r->len != len)
+		return NULL;
+	return r;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr p, size_t len, const struct accessdesc *d, size_t count)
+{
+	if (!d || count == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	int prot = PROT_NONE;
+	for (size_t i = 0; i < count; i++) {
+		if (d[i].loc.type != 1 || d[i].loc.id < 0 || d[i].loc.id >= CUDA_DOUBLE_DEVICES)
+			return CUDA_ERROR_INVALID_DEVICE;
+		if (d[i].flags == 3)
+			prot = PROT_READ | PROT_WRITE;
+		else if (d[i].flags == 1 && prot == PROT_NONE)
+			prot = PROT_READ;
+		else if (d[i].flags != 0 && d[i].flags != 1)
+			return CUDA_ERROR_INVALID_VALUE;
+	}
+	pthread_mutex_lock(&lock);
+	CUresult res = vmm_region(p, len) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+	if (res == CUDA_SUCCESS && mprotect((void *)(uintptr_t)p, len, prot) != 0)
+		res = CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_unlock(&lock);
+	return res;
+}
+
+CUresult cuMemUnmap(CUdeviceptr p, size_t len)
+{
+	pthread_mutex_lock(&lock);
+	struct region *r = vmm_region(p, len);
+	if (r) {
+		mmap((void *)(uintptr_t)p, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+		struct vmm *v = vmm_of(r->vh);
+		if (v)
+			vmm_put(v);
+		*r = regions[--nregions];
+	}
+	pthread_mutex_unlock(&lock);
+	return r ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemRetainAllocationHandle(unsigned long long *h, void *addr)
+{
+	pthread_mutex_lock(&lock);
+	struct region *r = find(addr);
+	struct vmm *v = r && r->kind == VMM_MAPPED ? vmm_of(r->vh) : NULL;
+	if (v) {
+		v->refs++;
+		*h = r->vh;
+	}
+	pthread_mutex_unlock(&lock);
+	return v ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemGetAllocationPropertiesFromHandle(struct allocprop *p, unsigned long long h)
+{
+	pthread_mutex_lock(&lock);
+	struct vmm *v = vmm_of(h);
+	if (v) {
+		memset(p, 0, sizeof *p);
+		p->type = 1;
+		p->handle_types = v->handle_types;
+		p->loc = (struct memloc){ 1, v->device };
+	}
+	pthread_mutex_unlock(&lock);
+	return v ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuMemExportToShareableHandle(void *out, unsigned long long h, int type, unsigned long long flags)
+{
+	if (!out || type != 1 || flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	const char *no = getenv("CUDA_DOUBLE_VMM_NO_FD");
+	if (no && *no == '1')
+		return CUDA_ERROR_NOT_SUPPORTED;
+	pthread_mutex_lock(&lock);
+	struct vmm *v = vmm_of(h);
+	CUresult res = CUDA_SUCCESS;
+	if (!v)
+		res = CUDA_ERROR_INVALID_HANDLE;
+	else if (!(v->handle_types & 1)) /* not created shareable that way */
+		res = CUDA_ERROR_INVALID_VALUE;
+	else {
+		int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+		if (fd < 0)
+			res = CUDA_ERROR_OUT_OF_MEMORY;
+		else
+			*(int *)out = fd;
+	}
+	pthread_mutex_unlock(&lock);
+	return res;
+}
+
+/* The descriptor is the caller's still: the driver takes a reference of its own. */
+CUresult cuMemImportFromShareableHandle(unsigned long long *h, void *os, int type)
+{
+	if (!h || type != 1)
+		return CUDA_ERROR_INVALID_VALUE;
+	const char *refuse = getenv("CUDA_DOUBLE_IPC_REFUSE");
+	if (refuse && *refuse == '1')
+		return CUDA_ERROR_NOT_SUPPORTED;
+	int fd = (int)(intptr_t)os;
+	char path[64], got[128];
+	snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+	ssize_t n = readlink(path, got, sizeof got - 1);
+	if (n < 0)
+		return CUDA_ERROR_INVALID_HANDLE;
+	got[n] = 0;
+	unsigned long long their_id;
+	char tail[16];
+	/* Only the double's allocations: anything else a peer passes is not one. */
+	if (sscanf(got, "/memfd:cuda-double-vmm-%llu %15s", &their_id, tail) != 2 || strcmp(tail, "(deleted)") != 0)
+		return CUDA_ERROR_INVALID_HANDLE;
+	struct stat st;
+	if (fstat(fd, &st) != 0 || st.st_size <= 0 || (size_t)st.st_size % VMM_GRANULE != 0)
+		return CUDA_ERROR_INVALID_HANDLE;
+	int local = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (local < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&lock);
+	unsigned long long id = next_id++;
+	CUresult r = vmm_new(local, (size_t)st.st_size, 0, 1, id, h);
+	pthread_mutex_unlock(&lock);
+	if (r != CUDA_SUCCESS)
+		close(local);
+	return r;
 }

@@ -56,6 +56,15 @@ pub fn open(core: Arc<EpCore>) -> Result<Arc<ShmEndpoint>> {
         let cuda = xfabric_hmem::Hmem::global().get(xfabric_core::Iface::Cuda);
         if cuda.available().is_ok() {
             one_sided.cuda_ipc = true;
+            one_sided.book = net.book.clone();
+            // Where peers pass their VMM allocations' descriptors; without it they send
+            // from such memory staged.
+            match super::net::fdpass_inbox(&net.name) {
+                Ok(inbox) => net.fds = Some(inbox),
+                Err(why) => tracing::warn!(
+                    "shm: no descriptor socket ({why}): peers' CUDA VMM memory comes staged"
+                ),
+            }
             core.device_offer_min.store(
                 settings::SHM_IPC_MIN.usize(),
                 std::sync::atomic::Ordering::Relaxed,

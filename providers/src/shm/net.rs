@@ -30,6 +30,7 @@
 //! processes when large: `split`), or, for memory the sender allocated to be shared (hmem's
 //! device-visible host memory), plain loads from a mapping of it (`mapped`).
 
+pub(super) mod fdpass;
 pub(super) mod ipc;
 pub(super) mod mapped;
 pub(super) mod split;
@@ -189,6 +190,16 @@ pub struct Net {
     ipc: ipc::Cache,
     /// The endpoint's core, for landing staged device receives directly (`ipc`).
     pub core: Option<Arc<xfabric_core::EpCore>>,
+    /// Where peers pass descriptors of their VMM allocations (`fdpass`), for an endpoint
+    /// that takes CUDA IPC.
+    pub fds: Option<fdpass::Inbox>,
+    /// Each peer's segment name and verified pid, for describing VMM memory to it (`ipc`).
+    pub book: ipc::PeerBook,
+}
+
+/// The descriptor socket of the endpoint whose segment is `seg` (`fdpass`).
+pub fn fdpass_inbox(seg: &str) -> std::result::Result<fdpass::Inbox, String> {
+    fdpass::Inbox::bind(seg)
 }
 
 /// A peer named by its segment (the AV holds `fi_shm://` and the name).
@@ -296,6 +307,8 @@ impl Net {
             maps: mapped::Cache::default(),
             ipc: ipc::Cache::default(),
             core: None,
+            fds: None,
+            book: ipc::PeerBook::default(),
             idle: Arc::new(Idle {
                 busy: AtomicBool::new(false),
                 watch: AtomicBool::new(false),
@@ -333,6 +346,12 @@ impl Net {
     fn add_link(&mut self, name: &str, seg: Option<Segment>, pid: Option<i32>) -> PeerId {
         self.links.push(Link::new(name, seg, pid));
         let p = self.links.len() - 1;
+        let mut book = self.book.lock().unwrap_or_else(|e| e.into_inner());
+        // Indexed as the links are (both only grow).
+        if book.len() == p {
+            book.push((name.to_string(), pid));
+        }
+        drop(book);
         self.by_name.insert(name.to_string(), p);
         p
     }
@@ -660,6 +679,9 @@ impl Net {
         link.rx_lane = None;
         self.maps.drop_peer(p);
         self.ipc.drop_peer(p);
+        if let (Some(f), Some(pid)) = (self.fds.as_mut(), self.links[p].pid) {
+            f.drop_pid(pid);
+        }
         g.on_lost(p, None, libc::EPROTO);
         // Its answers would come on the lane just dropped.
         self.end_splits(g.engine, Some(p), libc::EPROTO);
@@ -982,6 +1004,7 @@ impl Net {
             now.saturating_add(SWEEP_EVERY_MS)
         };
         self.idle.next_sweep.store(next, Ordering::Relaxed);
+        self.drain_fds();
         for p in 0..self.links.len() {
             let l = &self.links[p];
             // A peer whose segment could not be opened when it connected (gone already, say)
@@ -1049,6 +1072,9 @@ impl Net {
         self.pumping.retain(|&q| q != p);
         self.maps.drop_peer(p);
         self.ipc.drop_peer(p);
+        if let (Some(f), Some(pid)) = (self.fds.as_mut(), self.links[p].pid) {
+            f.drop_pid(pid);
+        }
         g.on_lost(p, Some(&Seg(&self.links[p].name)), err);
         self.end_splits(g.engine, Some(p), err);
     }
@@ -1215,6 +1241,8 @@ pub struct ShmOneSided {
     /// CUDA device memory is described by IPC handles (an `FI_HMEM` endpoint where CUDA is
     /// available: `ipc`).
     pub cuda_ipc: bool,
+    /// The endpoint's peers, for passing VMM allocations' descriptors to them (`ipc`).
+    pub book: ipc::PeerBook,
 }
 
 impl ShmOneSided {
@@ -1227,6 +1255,7 @@ impl ShmOneSided {
             map_min: xfabric_core::settings::SHM_MAP_MIN.usize(),
             sys: xfabric_hmem::System::new(),
             cuda_ipc: false,
+            book: ipc::PeerBook::default(),
         }
     }
 }
@@ -1236,10 +1265,16 @@ impl OneSided for ShmOneSided {
         self.pull_min
     }
 
-    fn describe(&self, _peer: PeerId, iov: &IovList) -> Option<Desc> {
+    fn describe(&self, peer: PeerId, iov: &IovList) -> Option<Desc> {
         if self.cuda_ipc {
-            if let Some(d) = ipc::describe(iov) {
-                return Some(d);
+            let who = || {
+                let book = self.book.lock().unwrap_or_else(|e| e.into_inner());
+                book.get(peer).cloned()
+            };
+            if let Some(d) = ipc::describe(iov, who) {
+                // Device memory: by IPC, or staged (never a cross-memory attach descriptor,
+                // which cannot read it).
+                return d;
             }
         }
         if !self.cma.usable() {

@@ -23,7 +23,25 @@
 //! `Copied::Refused`: the engine asks the sender for the data through frames and the sender
 //! stages it (`hmem_stage::offer_counts().staged`). The engine then asks no more copies of
 //! that peer.
+//!
+//! Virtual-memory-management allocations (`cuMemCreate`, mapped into a reserved range) have
+//! no legacy IPC handle. Where `cuIpcGetMemHandle` refuses the memory, the sender exports the
+//! allocation as a POSIX file descriptor (hmem's `vmm_export`: the device's and the
+//! allocation's handle types checked, then `cuMemExportToShareableHandle`), passes the
+//! descriptor to the peer over its descriptor socket (`fdpass`, the peer's identity checked
+//! there), and offers the send with a VMM descriptor (`TAG_VMM`, the same layout; the
+//! handle's `raw` is `IpcHandle::VMM_RAW`). The receiver takes the descriptor its peer passed
+//! for that allocation id (`fdpass::Inbox`: only from the peer's verified pid) and imports and
+//! maps it (hmem's `vmm_open`: `cuMemImportFromShareableHandle`, reserve, map, set access),
+//! cached per peer and allocation exactly as a legacy handle's mapping, stale ones closed
+//! alike. The sender passes the descriptor with every offer (the receiver closes it where the
+//! mapping is cached), so a receiver that evicted the mapping still gets one. Memory that
+//! cannot be exported that way (the driver lacks the VMM calls or the POSIX descriptor handle
+//! type, the allocation was not created with it, the peer's socket is missing or not the
+//! peer's) is not offered: the send goes staged, logged and counted (`Counts::unexported`). A
+//! VMM descriptor whose descriptor never came is refused like any handle that does not open.
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -32,10 +50,16 @@ use xfabric_core::rdm::{Copied, CopyReq, Desc, Dir, PeerId};
 use xfabric_core::{Iface, IovList};
 use xfabric_hmem::{AsyncCopy, HmemIface, IpcHandle, IpcMapping};
 
-use super::Net;
+use super::{fdpass, Net};
+
+/// Each peer's segment name and verified pid, by peer id: what a sender needs to pass a
+/// descriptor (`Net` adds each link; the endpoint's `ShmOneSided` reads it when describing).
+pub type PeerBook = Arc<std::sync::Mutex<Vec<(String, Option<i32>)>>>;
 
 /// First byte of a CUDA IPC descriptor.
 pub const TAG: u8 = 0xC5;
+/// First byte of a CUDA VMM descriptor (its allocation's descriptor passed by `fdpass`).
+pub const TAG_VMM: u8 = 0xC6;
 /// Its length.
 pub const DESC_LEN: usize = 1 + IpcHandle::WIRE_LEN + 8;
 /// Mappings one endpoint keeps open.
@@ -46,6 +70,8 @@ static DIRECT: AtomicU64 = AtomicU64::new(0);
 static OPENS: AtomicU64 = AtomicU64::new(0);
 static STALE: AtomicU64 = AtomicU64::new(0);
 static REFUSED: AtomicU64 = AtomicU64::new(0);
+static PASSED: AtomicU64 = AtomicU64::new(0);
+static UNEXPORTED: AtomicU64 = AtomicU64::new(0);
 
 /// What the CUDA IPC copies of every endpoint of this process did (tests must know how a
 /// message came without timing it).
@@ -61,6 +87,16 @@ pub struct Counts {
     pub stale: u64,
     /// Descriptors refused (not opened, or not the peer's): the message went staged.
     pub refused: u64,
+    /// VMM allocations' descriptors passed to peers (sender side).
+    pub passed: u64,
+    /// Sends from VMM memory not offered (not exportable as a descriptor, or not passed):
+    /// they went staged (sender side).
+    pub unexported: u64,
+    /// Descriptors taken from peers' connections (receiver side).
+    pub taken: u64,
+    /// Descriptor connections or messages refused: not from a peer's verified pid, or
+    /// malformed (receiver side).
+    pub fd_refused: u64,
 }
 
 /// What the CUDA IPC copies of this process did so far.
@@ -71,6 +107,10 @@ pub fn counts() -> Counts {
         opens: OPENS.load(Ordering::Relaxed),
         stale: STALE.load(Ordering::Relaxed),
         refused: REFUSED.load(Ordering::Relaxed),
+        passed: PASSED.load(Ordering::Relaxed),
+        unexported: UNEXPORTED.load(Ordering::Relaxed),
+        taken: fdpass::TAKEN.load(Ordering::Relaxed),
+        fd_refused: fdpass::REFUSED.load(Ordering::Relaxed),
     }
 }
 
@@ -83,26 +123,65 @@ fn cuda() -> &'static dyn HmemIface {
 pub fn desc_of(h: &IpcHandle, len: usize) -> Desc {
     let mut d = Desc::default();
     // 121 bytes: always fits (`MAX_DESC` is 128).
-    d.push(&[TAG]);
+    d.push(&[if h.is_vmm() { TAG_VMM } else { TAG }]);
     d.push(&h.to_bytes());
     d.push(&(len as u64).to_le_bytes());
     d
 }
 
-/// A CUDA IPC descriptor of `iov`, where it is one segment of CUDA device memory.
-pub fn describe(iov: &IovList) -> Option<Desc> {
-    let [s] = iov.segs() else {
-        return None;
-    };
+/// A CUDA IPC descriptor of `iov`, where it is one segment of CUDA device memory; for a
+/// virtual-memory-management allocation, its descriptor is passed to `peer` (segment name and
+/// verified pid) first. `None`: not CUDA device memory; `Some(None)`: device memory that
+/// cannot be offered (it goes staged: no other descriptor of it may be made, as
+/// cross-memory attach cannot read device memory).
+pub fn describe(
+    iov: &IovList,
+    peer: impl FnOnce() -> Option<(String, Option<i32>)>,
+) -> Option<Option<Desc>> {
     let cuda = cuda();
     cuda.available().ok()?;
-    cuda.owns(s.addr as *const u8).ok()??;
-    match cuda.ipc_get(s.addr as *const u8, s.len) {
-        Ok(h) => Some(desc_of(&h, s.len)),
-        Err(e) => {
-            tracing::info!("shm: no CUDA IPC handle for a device send ({e}): it goes staged");
-            None
+    let device = |a: usize| cuda.owns(a as *const u8).ok().flatten().is_some();
+    let s = match iov.segs() {
+        [s] if device(s.addr) => s,
+        // Several segments: described only where none is device memory.
+        segs => return segs.iter().any(|s| device(s.addr)).then_some(None),
+    };
+    Some(describe_device(cuda, s.addr, s.len, peer))
+}
+
+/// `describe` of `len` bytes of CUDA device memory at `addr`.
+fn describe_device(
+    cuda: &dyn HmemIface,
+    addr: usize,
+    len: usize,
+    peer: impl FnOnce() -> Option<(String, Option<i32>)>,
+) -> Option<Desc> {
+    let legacy = match cuda.ipc_get(addr as *const u8, len) {
+        Ok(h) => return Some(desc_of(&h, len)),
+        Err(e) => e,
+    };
+    let unexported = |why: String| {
+        UNEXPORTED.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!("shm: a send from CUDA VMM memory is not offered ({why}): it goes staged");
+        None
+    };
+    let (h, fd) = match cuda.vmm_export(addr as *const u8, len) {
+        Ok(x) => x,
+        Err(xfabric_hmem::HmemError::Inval { .. }) => {
+            tracing::info!("shm: no CUDA IPC handle for a device send ({legacy}): it goes staged");
+            return None;
         }
+        Err(e) => return unexported(e.to_string()),
+    };
+    let Some((name, Some(pid))) = peer() else {
+        return unexported("the peer's pid is not verified".into());
+    };
+    match fdpass::send(&name, pid, h.alloc_id, fd.as_fd()) {
+        Ok(()) => {
+            PASSED.fetch_add(1, Ordering::Relaxed);
+            Some(desc_of(&h, len))
+        }
+        Err(why) => unexported(format!("the descriptor was not passed: {why}")),
     }
 }
 
@@ -116,7 +195,7 @@ pub struct Named {
 /// memory), `None` for any other.
 pub fn decode(d: &Desc) -> Option<Result<Named, String>> {
     let b = d.as_bytes();
-    if b.len() != DESC_LEN || b[0] != TAG {
+    if b.len() != DESC_LEN || (b[0] != TAG && b[0] != TAG_VMM) {
         return None;
     }
     let w = IpcHandle::WIRE_LEN;
@@ -127,6 +206,9 @@ pub fn decode(d: &Desc) -> Option<Result<Named, String>> {
         }
         if handle.alloc_id == 0 {
             return Err("a CUDA handle without an allocation id".into());
+        }
+        if handle.is_vmm() != (b[0] == TAG_VMM) {
+            return Err("a VMM handle under the legacy tag, or the other way round".into());
         }
         let mut n = [0u8; 8];
         n.copy_from_slice(&b[1 + w..]);
@@ -172,7 +254,14 @@ pub struct Cache {
 impl Cache {
     /// The mapping `h` names for `peer`, opened now if not cached; a cached one of the same
     /// address but another allocation is stale: closed, never used.
-    fn get(&mut self, peer: PeerId, h: &IpcHandle) -> Result<Arc<IpcMapping>, String> {
+    /// A VMM handle opens from `fd`, the descriptor its peer passed (closed here when the
+    /// mapping is cached).
+    fn get(
+        &mut self,
+        peer: PeerId,
+        h: &IpcHandle,
+        fd: Option<OwnedFd>,
+    ) -> Result<Arc<IpcMapping>, String> {
         self.clock += 1;
         let key = IpcHandle {
             offset: 0,
@@ -195,7 +284,13 @@ impl Cache {
             STALE.fetch_add(stale, Ordering::Relaxed);
             tracing::debug!("shm: a peer's cached CUDA mapping was stale (a new allocation)");
         }
-        let map = Arc::new(cuda().ipc_open(0, &key).map_err(|e| e.to_string())?);
+        let opened = if key.is_vmm() {
+            let fd = fd.ok_or("its allocation's descriptor was not passed")?;
+            cuda().vmm_open(0, &key, fd)
+        } else {
+            cuda().ipc_open(0, &key)
+        };
+        let map = Arc::new(opened.map_err(|e| e.to_string())?);
         OPENS.fetch_add(1, Ordering::Relaxed);
         if self.entries.len() >= CACHE_MAX {
             if let Some(old) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used) {
@@ -253,7 +348,12 @@ impl Net {
                 m.handle.pid
             ));
         }
-        let map = match self.ipc.get(c.peer, &m.handle) {
+        let fd = if m.handle.is_vmm() {
+            self.passed_fd(m.handle.pid as i32, m.handle.alloc_id)
+        } else {
+            None
+        };
+        let map = match self.ipc.get(c.peer, &m.handle, fd) {
             Ok(map) => map,
             Err(why) => return refuse(&format!("the handle does not open: {why}")),
         };
@@ -316,6 +416,31 @@ impl Net {
             _map: map,
         });
         None
+    }
+
+    /// The descriptor peer `pid` passed for allocation `alloc_id`, taking in what is queued on
+    /// the endpoint's descriptor socket first (only from peers' verified pids). Never waits.
+    fn passed_fd(&mut self, pid: i32, alloc_id: u64) -> Option<OwnedFd> {
+        self.drain_fds();
+        self.fds.as_mut()?.take(pid, alloc_id)
+    }
+
+    /// Takes in what is queued on the endpoint's descriptor socket (only from peers' verified
+    /// pids; at most `fdpass::PER_PID_MAX` held per peer). Also done by the sweep, so that
+    /// descriptors a peer keeps passing for offers this endpoint no longer copies (it asks no
+    /// more copies of a peer after a refusal) are closed rather than left queued, each
+    /// holding the peer's allocation. Never waits.
+    pub(super) fn drain_fds(&mut self) {
+        let Some(inbox) = self.fds.as_mut() else {
+            return;
+        };
+        let known: Vec<i32> = self
+            .links
+            .iter()
+            .filter(|l| !l.dead)
+            .filter_map(|l| l.pid)
+            .collect();
+        inbox.drain(|p| known.contains(&p));
     }
 
     /// The endpoint closes with CUDA IPC copies still under way past its bound: each is
@@ -396,6 +521,18 @@ mod tests {
     }
 
     #[test]
+    fn a_vmm_handle_whose_descriptor_never_came_is_not_opened() {
+        let mut c = Cache::default();
+        let h = IpcHandle {
+            raw: IpcHandle::VMM_RAW,
+            ..handle()
+        };
+        let e = c.get(0, &h, None).err().expect("refused");
+        assert!(e.contains("descriptor was not passed"), "{e}");
+        assert!(c.entries.is_empty());
+    }
+
+    #[test]
     fn descriptors_round_trip_and_hostile_ones_are_refused() {
         let h = handle();
         let d = desc_of(&h, 1000);
@@ -423,6 +560,20 @@ mod tests {
         assert!(decode(&desc_of(&anon, 10)).unwrap().is_err());
         let mut b = d.as_bytes().to_vec();
         b[1] ^= 1;
+        assert!(decode(&Desc::new(&b).unwrap()).unwrap().is_err());
+        // A VMM handle goes under its own tag; either under the other's is refused.
+        let vmm = IpcHandle {
+            raw: IpcHandle::VMM_RAW,
+            ..h.clone()
+        };
+        let dv = desc_of(&vmm, 1000);
+        assert_eq!(dv.as_bytes()[0], TAG_VMM);
+        assert_eq!(decode(&dv).unwrap().unwrap().handle, vmm);
+        let mut b = dv.as_bytes().to_vec();
+        b[0] = TAG;
+        assert!(decode(&Desc::new(&b).unwrap()).unwrap().is_err());
+        let mut b = d.as_bytes().to_vec();
+        b[0] = TAG_VMM;
         assert!(decode(&Desc::new(&b).unwrap()).unwrap().is_err());
     }
 }

@@ -1,0 +1,411 @@
+//! The file descriptor of a CUDA virtual-memory-management allocation, passed to a peer over
+//! a Unix socket (SCM_RIGHTS), for `ipc`'s VMM descriptors: such memory has no
+//! `cuIpcGetMemHandle` handle, only a descriptor (`cuMemExportToShareableHandle`), and a
+//! descriptor means nothing in another process unless passed to it.
+//!
+//! Each endpoint that takes CUDA IPC (`FI_HMEM`, CUDA available) listens on a
+//! `SOCK_SEQPACKET` socket in the abstract namespace named after its segment
+//! (`\0xfabric-fd/<segment>`; peers must share the network namespace, as for `fdwake`).
+//!
+//! The sender, describing VMM memory to a peer, connects to the peer's socket (non-blocking:
+//! a full backlog fails at once), checks that the listener is that peer (its `SO_PEERCRED`
+//! pid is the pid the sender verified for the peer by cross-memory attach: anyone could have
+//! bound the name, and a descriptor of our device memory must not go to them), sends one
+//! message, `magic:u32 | alloc_id:u64` with the descriptor, and closes. It does this before
+//! the announcement that names the allocation is written to the peer's ring, so when the
+//! receiver reads the announcement the message is already queued on its socket: the
+//! receiver takes what is queued and never waits.
+//!
+//! The receiver, when a VMM descriptor names an allocation it has not mapped, accepts what is
+//! queued (the listener and every accepted connection non-blocking), keeps only connections
+//! whose `SO_PEERCRED` pid is one of its peers' verified pids (a claim inside the message
+//! would be no identity), reads exactly one message of exactly that form with exactly one
+//! descriptor (anything else is closed and counted), and holds the descriptor under (pid,
+//! allocation id) until an announcement names it. What a peer makes it hold is bounded:
+//! `PER_PID_MAX` descriptors per peer (the oldest closed first), `ACCEPT_MAX` connections
+//! taken per look, and a lost peer's descriptors close with it.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Descriptors taken from peers, in every endpoint of this process.
+pub static TAKEN: AtomicU64 = AtomicU64::new(0);
+/// Connections and messages refused (not a peer's, malformed), in every endpoint.
+pub static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// First word of a message.
+const MAGIC: u32 = u32::from_le_bytes(*b"XFVF");
+/// Its length: magic, allocation id.
+const MSG_LEN: usize = 12;
+/// Descriptors one peer may have waiting.
+pub const PER_PID_MAX: usize = 16;
+/// Connections taken per look (the rest wait for the next).
+const ACCEPT_MAX: usize = 64;
+/// The listener's backlog.
+const BACKLOG: i32 = 64;
+
+/// The socket address of the endpoint whose segment is `seg`, or `None` when the name is
+/// too long for one.
+fn addr_of(seg: &str) -> Option<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let name = format!("xfabric-fd/{seg}");
+    // Byte 0 stays NUL: the abstract namespace, no file on disk.
+    if name.len() + 1 > a.sun_path.len() {
+        return None;
+    }
+    for (d, &b) in a.sun_path[1..].iter_mut().zip(name.as_bytes()) {
+        *d = b as libc::c_char;
+    }
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
+    Some((a, len as libc::socklen_t))
+}
+
+fn os_err(what: &str) -> String {
+    format!("{what}: {}", std::io::Error::last_os_error())
+}
+
+fn socket() -> Result<OwnedFd, String> {
+    // SAFETY: no pointer arguments; a negative return is checked.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(os_err("socket"));
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The pid of the process at the other end of connected socket `fd` (`SO_PEERCRED`: the
+/// kernel's record, taken when it connected or listened).
+fn peer_pid(fd: RawFd) -> Result<i32, String> {
+    // SAFETY: plain data; all zeroes is valid.
+    let mut c: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: writes at most `len` bytes into `c`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut c as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 || len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(os_err("SO_PEERCRED"));
+    }
+    Ok(c.pid)
+}
+
+/// Room for one descriptor's control message.
+#[repr(C, align(8))]
+struct Cmsg([u8; 64]);
+
+/// Sends `fd`, the descriptor of allocation `alloc_id`, to the endpoint whose segment is
+/// `seg` and whose owner's verified pid is `pid`. Never waits.
+pub fn send(seg: &str, pid: i32, alloc_id: u64, fd: BorrowedFd<'_>) -> Result<(), String> {
+    let (a, alen) = addr_of(seg).ok_or("the segment name is too long for a socket name")?;
+    let s = socket()?;
+    // SAFETY: `a` is a valid address of `alen` bytes.
+    let r = unsafe { libc::connect(s.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), alen) };
+    if r != 0 {
+        return Err(os_err("connecting to the peer's descriptor socket"));
+    }
+    let theirs = peer_pid(s.as_raw_fd())?;
+    if theirs != pid {
+        return Err(format!(
+            "the peer's descriptor socket is held by pid {theirs}, not the peer's verified {pid}"
+        ));
+    }
+    let mut body = [0u8; MSG_LEN];
+    body[..4].copy_from_slice(&MAGIC.to_le_bytes());
+    body[4..].copy_from_slice(&alloc_id.to_le_bytes());
+    let mut iov = libc::iovec {
+        iov_base: body.as_mut_ptr().cast(),
+        iov_len: MSG_LEN,
+    };
+    let mut cm = Cmsg([0; 64]);
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    // SAFETY: plain data; all zeroes is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cm.0.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: `msg` points at `cm`, which has room for one header and one descriptor
+    // (`space` <= 64); the header is written in bounds.
+    unsafe {
+        let h = libc::CMSG_FIRSTHDR(&msg);
+        (*h).cmsg_level = libc::SOL_SOCKET;
+        (*h).cmsg_type = libc::SCM_RIGHTS;
+        (*h).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(h).cast::<RawFd>(), fd.as_raw_fd());
+    }
+    // SAFETY: every pointer in `msg` is valid for the call.
+    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if n != MSG_LEN as isize {
+        return Err(os_err("sending the descriptor"));
+    }
+    Ok(())
+}
+
+/// A descriptor a peer passed, waiting for the announcement that names it.
+struct Waiting {
+    pid: i32,
+    alloc_id: u64,
+    fd: OwnedFd,
+}
+
+/// The receiving side: the listener, and the descriptors taken from it.
+pub struct Inbox {
+    listener: OwnedFd,
+    waiting: Vec<Waiting>,
+}
+
+impl Inbox {
+    /// Listens for the endpoint whose segment is `seg`.
+    pub fn bind(seg: &str) -> Result<Inbox, String> {
+        let (a, alen) = addr_of(seg).ok_or("the segment name is too long for a socket name")?;
+        let s = socket()?;
+        // SAFETY: `a` is a valid address of `alen` bytes.
+        if unsafe { libc::bind(s.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), alen) } != 0
+        {
+            return Err(os_err("binding the descriptor socket"));
+        }
+        // SAFETY: no pointer arguments.
+        if unsafe { libc::listen(s.as_raw_fd(), BACKLOG) } != 0 {
+            return Err(os_err("listening on the descriptor socket"));
+        }
+        Ok(Inbox {
+            listener: s,
+            waiting: Vec::new(),
+        })
+    }
+
+    /// Takes in what is queued on the listener, keeping what comes from a pid `known`
+    /// accepts. Never waits.
+    pub fn drain(&mut self, known: impl Fn(i32) -> bool) {
+        for _ in 0..ACCEPT_MAX {
+            // SAFETY: no address is asked for; a negative return is checked.
+            let c = unsafe {
+                libc::accept4(
+                    self.listener.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                )
+            };
+            if c < 0 {
+                // EAGAIN: nothing more queued; any other error ends this look as well.
+                return;
+            }
+            // SAFETY: a fresh descriptor we own; closed when `c` drops.
+            let c = unsafe { OwnedFd::from_raw_fd(c) };
+            match self.take_one(&c, &known) {
+                Ok(w) => {
+                    TAKEN.fetch_add(1, Ordering::Relaxed);
+                    let mine = self.waiting.iter().filter(|x| x.pid == w.pid).count();
+                    if mine >= PER_PID_MAX {
+                        if let Some(i) = self.waiting.iter().position(|x| x.pid == w.pid) {
+                            // The oldest goes: a peer cannot make us hold more.
+                            self.waiting.remove(i);
+                        }
+                    }
+                    self.waiting.push(w);
+                }
+                Err(why) => {
+                    REFUSED.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("shm: a passed CUDA descriptor refused: {why}");
+                }
+            }
+        }
+    }
+
+    /// Reads the one message of connection `c`.
+    fn take_one(&self, c: &OwnedFd, known: &impl Fn(i32) -> bool) -> Result<Waiting, String> {
+        let pid = peer_pid(c.as_raw_fd())?;
+        if !known(pid) {
+            return Err(format!(
+                "a connection from pid {pid}, no peer's verified pid"
+            ));
+        }
+        let mut body = [0u8; MSG_LEN + 1];
+        let mut iov = libc::iovec {
+            iov_base: body.as_mut_ptr().cast(),
+            iov_len: body.len(),
+        };
+        let mut cm = Cmsg([0; 64]);
+        // SAFETY: plain data; all zeroes is valid.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cm.0.as_mut_ptr().cast();
+        msg.msg_controllen = cm.0.len() as _;
+        // SAFETY: every pointer in `msg` is valid for the call.
+        let n = unsafe {
+            libc::recvmsg(
+                c.as_raw_fd(),
+                &mut msg,
+                libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+            )
+        };
+        if n < 0 {
+            return Err(os_err(&format!("reading pid {pid}'s message")));
+        }
+        // Every descriptor that came is owned (and so closed) before anything is judged.
+        let mut fds = Vec::new();
+        // SAFETY: the kernel filled `msg_controllen` bytes of `cm`; the walk stays in them.
+        unsafe {
+            let mut h = libc::CMSG_FIRSTHDR(&msg);
+            while !h.is_null() {
+                if (*h).cmsg_level == libc::SOL_SOCKET && (*h).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(h);
+                    let bytes = ((*h).cmsg_len as usize).saturating_sub(data as usize - h as usize);
+                    for i in 0..bytes / std::mem::size_of::<RawFd>() {
+                        let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
+                        fds.push(OwnedFd::from_raw_fd(fd));
+                    }
+                }
+                h = libc::CMSG_NXTHDR(&msg, h);
+            }
+        }
+        if msg.msg_flags & (libc::MSG_CTRUNC | libc::MSG_TRUNC) != 0 || n as usize != MSG_LEN {
+            return Err(format!(
+                "pid {pid} sent a message of {n} bytes, or too much"
+            ));
+        }
+        if fds.len() != 1 {
+            return Err(format!("pid {pid} sent {} descriptors, not one", fds.len()));
+        }
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&body[..4]);
+        if u32::from_le_bytes(w) != MAGIC {
+            return Err(format!("pid {pid} sent no descriptor message"));
+        }
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&body[4..MSG_LEN]);
+        Ok(Waiting {
+            pid,
+            alloc_id: u64::from_le_bytes(id),
+            fd: fds.pop().expect("one, checked"),
+        })
+    }
+
+    /// The descriptor `pid` passed for allocation `alloc_id`, if it came (the latest, should
+    /// it have come more than once: the others close).
+    pub fn take(&mut self, pid: i32, alloc_id: u64) -> Option<OwnedFd> {
+        let mut got = None;
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let w = &self.waiting[i];
+            if w.pid == pid && w.alloc_id == alloc_id {
+                // A later one replaces (and closes) an earlier one.
+                got = Some(self.waiting.remove(i).fd);
+            } else {
+                i += 1;
+            }
+        }
+        got
+    }
+
+    /// `pid` is gone: what it passed closes.
+    pub fn drop_pid(&mut self, pid: i32) {
+        self.waiting.retain(|w| w.pid != pid);
+    }
+
+    /// Descriptors waiting.
+    #[cfg(test)]
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+
+    fn inode(fd: BorrowedFd<'_>) -> u64 {
+        let f = std::fs::File::from(fd.try_clone_to_owned().unwrap());
+        f.metadata().unwrap().ino()
+    }
+
+    fn name(what: &str) -> String {
+        format!("fdpass-test-{}-{what}", std::process::id())
+    }
+
+    #[test]
+    fn a_descriptor_passes_to_the_verified_pid_only_and_what_waits_is_bounded() {
+        let me = std::process::id() as i32;
+        let seg = name("pass");
+        let mut inbox = Inbox::bind(&seg).unwrap();
+        let file = tempfile_fd();
+        // Passed and taken under (pid, allocation id); the same file arrives.
+        send(&seg, me, 7, file.as_fd()).unwrap();
+        inbox.drain(|p| p == me);
+        assert!(inbox.take(me, 8).is_none(), "another allocation's");
+        let got = inbox.take(me, 7).expect("passed");
+        assert_eq!(inode(got.as_fd()), inode(file.as_fd()));
+        assert!(inbox.take(me, 7).is_none(), "taken once");
+        // The listener is not the pid the sender expects: nothing is sent (the empty
+        // connection it left is refused by the next look).
+        let before = REFUSED.load(Ordering::Relaxed);
+        let e = send(&seg, me + 1, 7, file.as_fd()).unwrap_err();
+        assert!(e.contains("not the peer's verified"), "{e}");
+        inbox.drain(|p| p == me);
+        assert_eq!(inbox.waiting(), 0);
+        assert_eq!(REFUSED.load(Ordering::Relaxed), before + 1);
+        // Nobody listens there.
+        assert!(send(&name("nobody"), me, 7, file.as_fd()).is_err());
+        // From a pid that is no peer's: refused, nothing held.
+        let before = REFUSED.load(Ordering::Relaxed);
+        send(&seg, me, 9, file.as_fd()).unwrap();
+        inbox.drain(|_| false);
+        assert_eq!(inbox.waiting(), 0);
+        assert_eq!(REFUSED.load(Ordering::Relaxed), before + 1);
+        // A message without a descriptor, and one of another form: refused.
+        for body in [&[0u8; MSG_LEN][..], b"hello"] {
+            let s = socket().unwrap();
+            let (a, alen) = addr_of(&seg).unwrap();
+            // SAFETY: a valid address; `body` is readable.
+            unsafe {
+                assert_eq!(
+                    libc::connect(s.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), alen),
+                    0
+                );
+                assert!(libc::send(s.as_raw_fd(), body.as_ptr().cast(), body.len(), 0) > 0);
+            }
+            inbox.drain(|p| p == me);
+        }
+        assert_eq!(inbox.waiting(), 0);
+        assert_eq!(REFUSED.load(Ordering::Relaxed), before + 3);
+        // A peer cannot make us hold more than PER_PID_MAX; a lost one's all close.
+        for id in 0..PER_PID_MAX as u64 + 3 {
+            send(&seg, me, 100 + id, file.as_fd()).unwrap();
+        }
+        inbox.drain(|p| p == me);
+        assert_eq!(inbox.waiting(), PER_PID_MAX);
+        assert!(inbox.take(me, 100).is_none(), "the oldest went first");
+        inbox.drop_pid(me);
+        assert_eq!(inbox.waiting(), 0);
+        // Nothing queued: a look returns at once.
+        inbox.drain(|_| true);
+    }
+
+    fn tempfile_fd() -> OwnedFd {
+        // SAFETY: a NUL-terminated name; a negative return is checked.
+        let fd = unsafe { libc::memfd_create(c"fdpass-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh descriptor we own.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+}
