@@ -21,7 +21,9 @@
 //! whose `SO_PEERCRED` pid is one of its peers' verified pids (a claim inside the message
 //! would be no identity), reads exactly one message of exactly that form with exactly one
 //! descriptor (anything else is closed and counted), and holds the descriptor under (pid,
-//! allocation id) until an announcement names it. What a peer makes it hold is bounded:
+//! allocation id) until an announcement names it. A connection accepted before its message
+//! came (a look between the sender's connect and its send) is read again at later looks, for
+//! `UNREAD_AGE` at most. What a peer makes it hold is bounded:
 //! `PER_PID_MAX` descriptors per peer (the oldest closed first), `ACCEPT_MAX` connections
 //! taken per look, and a lost peer's descriptors close with it.
 
@@ -43,6 +45,11 @@ pub const PER_PID_MAX: usize = 16;
 const ACCEPT_MAX: usize = 64;
 /// The listener's backlog.
 const BACKLOG: i32 = 64;
+/// Connections from peers whose message had not come when they were accepted (a look between
+/// the sender's connect and its send), kept to be read at later looks: at most this many ...
+const UNREAD_MAX: usize = 16;
+/// ... and for at most this long, after which the sender is taken to have given up.
+const UNREAD_AGE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The socket address of the endpoint whose segment is `seg`, or `None` when the name is
 /// too long for one.
@@ -124,6 +131,11 @@ pub fn send(seg: &str, pid: i32, alloc_id: u64, fd: BorrowedFd<'_>) -> Result<()
             "the peer's descriptor socket is held by pid {theirs}, not the peer's verified {pid}"
         ));
     }
+    send_on(&s, alloc_id, fd)
+}
+
+/// Sends the one message of a connection: `alloc_id` and `fd`.
+fn send_on(s: &OwnedFd, alloc_id: u64, fd: BorrowedFd<'_>) -> Result<(), String> {
     let mut body = [0u8; MSG_LEN];
     body[..4].copy_from_slice(&MAGIC.to_le_bytes());
     body[4..].copy_from_slice(&alloc_id.to_le_bytes());
@@ -168,6 +180,8 @@ struct Waiting {
 pub struct Inbox {
     listener: OwnedFd,
     waiting: Vec<Waiting>,
+    /// Accepted connections of known pids with nothing to read yet, and when they came.
+    unread: Vec<(OwnedFd, i32, std::time::Instant)>,
 }
 
 impl Inbox {
@@ -187,12 +201,36 @@ impl Inbox {
         Ok(Inbox {
             listener: s,
             waiting: Vec::new(),
+            unread: Vec::new(),
         })
     }
 
     /// Takes in what is queued on the listener, keeping what comes from a pid `known`
     /// accepts. Never waits.
     pub fn drain(&mut self, known: impl Fn(i32) -> bool) {
+        // First the connections whose message had not come at an earlier look.
+        let now = std::time::Instant::now();
+        for (c, pid, since) in std::mem::take(&mut self.unread) {
+            if !known(pid) {
+                continue;
+            }
+            match self.read_one(&c, pid) {
+                Ok(Some(w)) => self.keep(w),
+                Ok(None) if now.duration_since(since) < UNREAD_AGE => {
+                    self.unread.push((c, pid, since))
+                }
+                Ok(None) => {
+                    REFUSED.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        "shm: pid {pid} connected to pass a CUDA descriptor and sent nothing"
+                    );
+                }
+                Err(why) => {
+                    REFUSED.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("shm: a passed CUDA descriptor refused: {why}");
+                }
+            }
+        }
         for _ in 0..ACCEPT_MAX {
             // SAFETY: no address is asked for; a negative return is checked.
             let c = unsafe {
@@ -209,17 +247,25 @@ impl Inbox {
             }
             // SAFETY: a fresh descriptor we own; closed when `c` drops.
             let c = unsafe { OwnedFd::from_raw_fd(c) };
-            match self.take_one(&c, &known) {
-                Ok(w) => {
-                    TAKEN.fetch_add(1, Ordering::Relaxed);
-                    let mine = self.waiting.iter().filter(|x| x.pid == w.pid).count();
-                    if mine >= PER_PID_MAX {
-                        if let Some(i) = self.waiting.iter().position(|x| x.pid == w.pid) {
-                            // The oldest goes: a peer cannot make us hold more.
-                            self.waiting.remove(i);
-                        }
+            let got = peer_pid(c.as_raw_fd()).and_then(|pid| {
+                if known(pid) {
+                    Ok(pid)
+                } else {
+                    Err(format!(
+                        "a connection from pid {pid}, no peer's verified pid"
+                    ))
+                }
+            });
+            match got.and_then(|pid| self.read_one(&c, pid).map(|w| (w, pid))) {
+                Ok((Some(w), _)) => self.keep(w),
+                // Accepted between the peer's connect and its send: read at a later look
+                // (bounded in number and in time; the oldest goes first).
+                Ok((None, pid)) => {
+                    if self.unread.len() >= UNREAD_MAX {
+                        self.unread.remove(0);
+                        REFUSED.fetch_add(1, Ordering::Relaxed);
                     }
-                    self.waiting.push(w);
+                    self.unread.push((c, pid, now));
                 }
                 Err(why) => {
                     REFUSED.fetch_add(1, Ordering::Relaxed);
@@ -229,14 +275,22 @@ impl Inbox {
         }
     }
 
-    /// Reads the one message of connection `c`.
-    fn take_one(&self, c: &OwnedFd, known: &impl Fn(i32) -> bool) -> Result<Waiting, String> {
-        let pid = peer_pid(c.as_raw_fd())?;
-        if !known(pid) {
-            return Err(format!(
-                "a connection from pid {pid}, no peer's verified pid"
-            ));
+    /// Holds a descriptor a peer passed, at most `PER_PID_MAX` per peer.
+    fn keep(&mut self, w: Waiting) {
+        TAKEN.fetch_add(1, Ordering::Relaxed);
+        let mine = self.waiting.iter().filter(|x| x.pid == w.pid).count();
+        if mine >= PER_PID_MAX {
+            if let Some(i) = self.waiting.iter().position(|x| x.pid == w.pid) {
+                // The oldest goes: a peer cannot make us hold more.
+                self.waiting.remove(i);
+            }
         }
+        self.waiting.push(w);
+    }
+
+    /// Reads the one message of connection `c` from `pid` (its `SO_PEERCRED` pid, checked by
+    /// the caller); `None` while nothing has come on it yet.
+    fn read_one(&self, c: &OwnedFd, pid: i32) -> Result<Option<Waiting>, String> {
         let mut body = [0u8; MSG_LEN + 1];
         let mut iov = libc::iovec {
             iov_base: body.as_mut_ptr().cast(),
@@ -258,7 +312,11 @@ impl Inbox {
             )
         };
         if n < 0 {
-            return Err(os_err(&format!("reading pid {pid}'s message")));
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                return Ok(None);
+            }
+            return Err(format!("reading pid {pid}'s message: {e}"));
         }
         // Every descriptor that came is owned (and so closed) before anything is judged.
         let mut fds = Vec::new();
@@ -292,11 +350,11 @@ impl Inbox {
         }
         let mut id = [0u8; 8];
         id.copy_from_slice(&body[4..MSG_LEN]);
-        Ok(Waiting {
+        Ok(Some(Waiting {
             pid,
             alloc_id: u64::from_le_bytes(id),
             fd: fds.pop().expect("one, checked"),
-        })
+        }))
     }
 
     /// The descriptor `pid` passed for allocation `alloc_id`, if it came (the latest, should
@@ -319,6 +377,7 @@ impl Inbox {
     /// `pid` is gone: what it passed closes.
     pub fn drop_pid(&mut self, pid: i32) {
         self.waiting.retain(|w| w.pid != pid);
+        self.unread.retain(|(_, p, _)| *p != pid);
     }
 
     /// Descriptors waiting.
@@ -339,12 +398,16 @@ mod tests {
         f.metadata().unwrap().ino()
     }
 
+    /// The tests count `REFUSED`, which every inbox of the process adds to: one at a time.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     fn name(what: &str) -> String {
         format!("fdpass-test-{}-{what}", std::process::id())
     }
 
     #[test]
     fn a_descriptor_passes_to_the_verified_pid_only_and_what_waits_is_bounded() {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let me = std::process::id() as i32;
         let seg = name("pass");
         let mut inbox = Inbox::bind(&seg).unwrap();
@@ -399,6 +462,57 @@ mod tests {
         assert_eq!(inbox.waiting(), 0);
         // Nothing queued: a look returns at once.
         inbox.drain(|_| true);
+    }
+
+    #[test]
+    fn a_connection_accepted_before_its_message_is_read_at_a_later_look_until_it_ages() {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let me = std::process::id() as i32;
+        let seg = name("early");
+        let mut inbox = Inbox::bind(&seg).unwrap();
+        let file = tempfile_fd();
+        let connect = || {
+            let s = socket().unwrap();
+            let (a, alen) = addr_of(&seg).unwrap();
+            // SAFETY: a valid address of `alen` bytes.
+            let r = unsafe {
+                libc::connect(s.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), alen)
+            };
+            assert_eq!(r, 0);
+            s
+        };
+        // A look between the peer's connect and its send: nothing refused, nothing held.
+        let before = REFUSED.load(Ordering::Relaxed);
+        let s = connect();
+        inbox.drain(|p| p == me);
+        assert_eq!((inbox.waiting(), inbox.unread.len()), (0, 1));
+        // The message comes: the next look takes it.
+        send_on(&s, 5, file.as_fd()).unwrap();
+        inbox.drain(|p| p == me);
+        assert_eq!((inbox.waiting(), inbox.unread.len()), (1, 0));
+        assert!(inbox.take(me, 5).is_some());
+        assert_eq!(REFUSED.load(Ordering::Relaxed), before);
+        // A connection that never sends is dropped once it is older than UNREAD_AGE, and
+        // no more than UNREAD_MAX wait at once.
+        let silent: Vec<OwnedFd> = (0..UNREAD_MAX + 2).map(|_| connect()).collect();
+        inbox.drain(|p| p == me);
+        assert_eq!(inbox.unread.len(), UNREAD_MAX);
+        for u in &mut inbox.unread {
+            u.2 -= UNREAD_AGE;
+        }
+        inbox.drain(|p| p == me);
+        assert_eq!((inbox.waiting(), inbox.unread.len()), (0, 0));
+        assert_eq!(
+            REFUSED.load(Ordering::Relaxed),
+            before + UNREAD_MAX as u64 + 2
+        );
+        drop(silent);
+        // A lost peer's unread connections close with it.
+        let _s = connect();
+        inbox.drain(|p| p == me);
+        assert_eq!(inbox.unread.len(), 1);
+        inbox.drop_pid(me);
+        assert_eq!(inbox.unread.len(), 0);
     }
 
     fn tempfile_fd() -> OwnedFd {

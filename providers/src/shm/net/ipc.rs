@@ -527,7 +527,9 @@ mod tests {
             raw: IpcHandle::VMM_RAW,
             ..handle()
         };
-        let e = c.get(0, &h, None).err().expect("refused");
+        let Err(e) = c.get(0, &h, None) else {
+            panic!("refused")
+        };
         assert!(e.contains("descriptor was not passed"), "{e}");
         assert!(c.entries.is_empty());
     }
