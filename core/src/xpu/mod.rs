@@ -40,6 +40,8 @@ mod validate;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_gpu_ring;
 
 pub use abi::{FidXpu, XpuCqEntry, XpuDesc, FI_XPU_PROV_XFABRIC};
 pub use abi::{FI_XPU_DEVICE, FI_XPU_SUBGROUP, FI_XPU_WORK_GROUP, FI_XPU_WORK_ITEM};

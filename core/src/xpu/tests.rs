@@ -792,12 +792,13 @@ fn words_an_xpu_may_scribble_on_bound_what_the_host_does() {
         .header()
         .head
         .store(u64::MAX / 2, Ordering::Release);
-    // The ring's head and tail as a hostile XPU leaves them: the host keeps its own head, and
-    // close looks at one lap at most.
-    x.ring().header().head.store(12345, Ordering::Release);
+    // The ring's head and tail as a hostile XPU leaves them: the host keeps its own head (and
+    // writes it back over the scribble), and close looks at one lap at most.
     assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 1, 0, W), 0);
+    x.ring().header().head.store(12345, Ordering::Release);
     while n.ep.progress() > 0 {}
     assert_eq!(w.sh.ctxs(), vec![1]);
+    assert_eq!(x.ring().header().head.load(Ordering::Acquire), 1);
     let mut one = [CqTaggedEntry::default(); 1];
     assert_eq!(dev::cq_read(&q, &mut one, W), -(FI_EAGAIN as isize));
     assert_eq!(
@@ -847,19 +848,16 @@ fn a_gpus_blocks_carry_device_addresses_and_the_host_reads_its_own() {
         -FI_EOPNOTSUPP
     );
     assert_eq!(dev::claim(&x).err(), Some(-FI_EOPNOTSUPP));
-    // A GPU's posts, as the host sees its stores: credit, position, the slot's words, then seq.
+    // A GPU's posts, as the host sees its stores: room reserved, position, the slot's words,
+    // then seq.
     let h = ring.header();
     for i in 0..6u64 {
         if i == 4 {
             // The ring (4 slots) is full until the watcher drains it.
-            assert!(h.credits.load(Ordering::Acquire) <= 0);
+            assert_eq!(ring::reserve(h, &ring::Native), Err(-FI_EAGAIN));
             while n.ep.progress() > 0 {}
         }
-        assert!(
-            h.credits.fetch_sub(1, Ordering::AcqRel) > 0,
-            "a credit for {i}"
-        );
-        let pos = h.tail.fetch_add(1, Ordering::AcqRel);
+        let pos = ring::reserve(h, &ring::Native).expect("room");
         let d = XpuDesc {
             opcode: opcode::TSEND,
             check: pos as u32 + 1,
