@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::abi::{FidXpu, FI_CLASS_EP, FI_XPU_PROV_XFABRIC};
 use super::ring::{DescRing, Left, Taken, RING_DEFAULT_SLOTS};
-use super::validate::{Fault, XPU_FAULT_TORN, XPU_FAULT_UNPUBLISHED};
+use super::validate::{Checked, Fault, XPU_FAULT_TORN, XPU_FAULT_UNPUBLISHED};
 use crate::av::AddressVector;
 use crate::consts::errno::{FI_ECANCELED, FI_EINVAL};
 use crate::entry::FiAddr;
@@ -100,6 +100,7 @@ impl AddressVector {
 /// Returns how many descriptors were taken.
 pub(crate) fn drain(
     ring: &DescRing,
+    seen: &mut Checked,
     max: usize,
     owner: &dyn Owner,
     link: &Arc<dyn Owner>,
@@ -124,7 +125,7 @@ pub(crate) fn drain(
                 // Nothing in a torn slot is trusted, its context included.
                 port.xpu_fault(0, 0, &f);
             }
-            Taken::Desc(d) => match port.xpu_action(&d) {
+            Taken::Desc(d) => match port.xpu_action(&d, seen) {
                 Ok(action) => owner.submit(Job {
                     action,
                     ep: Some(link.clone()),

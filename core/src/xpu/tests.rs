@@ -929,3 +929,46 @@ fn a_gpus_blocks_carry_device_addresses_and_the_host_reads_its_own() {
         Err(crate::error::Error::OpNotSupp(_))
     ));
 }
+
+/// What the watcher caches of a region or a peer it validated (`xpu::Checked`) never outlives
+/// them: a region closed, an address removed, after descriptors used them, refuse the next;
+/// the range and access are checked on every descriptor, the cached region's too.
+#[test]
+fn a_region_or_peer_validated_before_is_refused_once_closed_or_removed() {
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let n = node(&w);
+    n.av.insert_one(b"other").unwrap();
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let buf = vec![0u8; 64];
+    let (mr, desc) = reg(&w, &buf, FI_SEND);
+    let (a0, a1) = (n.av.get_xpu_addr(0).unwrap(), n.av.get_xpu_addr(1).unwrap());
+    let send = |ctx: usize, peer: u64, at: usize, len: usize| {
+        // SAFETY: within `buf` or past it; only the watcher's checks look at the range.
+        let p = buf.as_ptr().wrapping_add(at).cast::<c_void>();
+        assert_eq!(dev::send(&x, p, len, desc, 0, peer, ctx, 0, W), 0);
+        while n.ep.progress() > 0 {}
+    };
+    send(1, a0, 0, 8);
+    send(2, a1, 8, 8);
+    // Cached region, range past its end: refused.
+    send(3, a1, 60, 8);
+    n.av.remove(&[a1]).unwrap();
+    send(4, a1, 0, 8);
+    send(5, a0, 0, 8);
+    drop(mr);
+    send(6, a0, 0, 8);
+    assert_eq!(w.sh.ctxs(), vec![1, 2, 5]);
+    let faults: Vec<_> = errors(&n.cq)
+        .iter()
+        .map(|(e, _)| (e.op_context, e.prov_errno))
+        .collect();
+    assert_eq!(
+        faults,
+        vec![
+            (3, XPU_FAULT_RANGE),
+            (4, XPU_FAULT_ADDR),
+            (6, XPU_FAULT_DESC)
+        ]
+    );
+}
