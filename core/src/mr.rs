@@ -244,6 +244,7 @@ impl MrMap {
     /// As `check_xpu_local`, through `cache`, what the same caller found last: its region is
     /// looked up again only when `desc` differs or a region was closed since (the map's
     /// generation moved). The range and access are checked every time.
+    #[inline]
     pub fn check_xpu_local_cached(
         &self,
         cache: &mut Option<XpuRegion>,
@@ -308,6 +309,7 @@ pub struct XpuRegion {
 
 impl XpuRegion {
     /// `addr..addr + len` inside the region, with `access`.
+    #[inline]
     fn check(&self, addr: u64, len: u64, access: u64) -> std::result::Result<(), XpuMrFault> {
         let desc = self.desc;
         const LOCAL: u64 = FI_SEND | FI_RECV | FI_READ | FI_WRITE;

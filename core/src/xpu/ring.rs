@@ -67,8 +67,17 @@ pub(crate) enum Taken {
     /// A published descriptor (not yet validated).
     Desc(XpuDesc),
     /// A published slot whose `check` disagrees with its `seq`: its words are not one
-    /// descriptor's.
-    Torn(XpuDesc),
+    /// descriptor's (read only by the log of a counter that refuses it).
+    Torn(#[allow(dead_code)] XpuDesc),
+}
+
+/// What `take_into` found at the head (the descriptor is in its argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Took {
+    /// A published descriptor (not yet validated).
+    Desc,
+    /// A published slot whose `check` disagrees with its `seq`.
+    Torn,
 }
 
 /// What closing found between the head and the tail.
@@ -153,6 +162,15 @@ impl DescRing {
 
     /// Takes the slot at the head if it is published. Consumer only (one at a time).
     pub(crate) fn take(&self) -> Option<Taken> {
+        let mut d = XpuDesc::default();
+        Some(match self.take_into(&mut d)? {
+            Took::Desc => Taken::Desc(d),
+            Took::Torn => Taken::Torn(d),
+        })
+    }
+
+    /// `take` into `d` (the watcher's loop reuses one, copying each descriptor once).
+    pub(crate) fn take_into(&self, d: &mut XpuDesc) -> Option<Took> {
         let head = self.head();
         let want = head.wrapping_add(1);
         let slot = self.slot(head);
@@ -163,11 +181,11 @@ impl DescRing {
         // Copied out: the slot goes back to the producers (the head is their room).
         self.head.store(want, Ordering::Relaxed);
         self.header().head.store(want, Ordering::Release);
-        let d = XpuDesc::from_words(words);
+        *d = XpuDesc::from_words(words);
         Some(if d.check == want as u32 {
-            Taken::Desc(d)
+            Took::Desc
         } else {
-            Taken::Torn(d)
+            Took::Torn
         })
     }
 

@@ -98,6 +98,7 @@ fn mr_fault(f: XpuMrFault, what: &str) -> Fault {
 }
 
 /// Checks local memory a descriptor names; an empty range names none.
+#[inline]
 fn local(
     core: &EpCore,
     seen: &mut Checked,
@@ -117,6 +118,7 @@ fn local(
 
 /// Checks the peer: an entry of the endpoint's AV; `FI_ADDR_UNSPEC` only where `any` (a
 /// receive from anyone).
+#[inline]
 fn peer(core: &EpCore, seen: &mut Checked, peer: u64, any: bool) -> Result<FiAddrChecked, Fault> {
     if any && peer == FI_ADDR_UNSPEC {
         return Ok(FiAddrChecked(peer));
