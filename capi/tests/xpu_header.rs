@@ -60,7 +60,7 @@ fn checks() -> Vec<(String, u64)> {
         mask,
         state,
         tail,
-        credits,
+        claimed,
         head
     );
     off!(

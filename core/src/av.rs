@@ -356,6 +356,15 @@ impl AvInner {
         }
     }
 
+    /// Whether `fi_addr` names an address in use (`name` without the copy).
+    pub fn contains(&self, a: FiAddr) -> bool {
+        let Some(idx) = self.decode(a) else {
+            return false;
+        };
+        let t = self.t.read().unwrap_or_else(|e| e.into_inner());
+        t.slots.get(idx).is_some_and(|s| s.is_some())
+    }
+
     /// The raw address at `fi_addr`.
     pub fn name(&self, a: FiAddr) -> Option<Vec<u8>> {
         let idx = self.decode(a)?;

@@ -2,6 +2,7 @@
 //! check an incoming remote access (key, address range, access rights) in one place.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 
 use crate::consts::*;
@@ -79,6 +80,9 @@ pub struct MrMap {
     /// Keys of regions whose descriptor was handed to an XPU (`get_xpu_desc`): the only ones a
     /// descriptor an XPU posts may name as its local memory.
     xpu: RwLock<HashSet<u64>>,
+    /// Bumped after every removal: what a watcher found of an exported region
+    /// (`XpuRegion`) holds while it has not moved.
+    generation: AtomicU64,
 }
 
 impl MrMap {
@@ -88,6 +92,7 @@ impl MrMap {
             mode,
             map: RwLock::new(HashMap::new()),
             xpu: RwLock::new(HashSet::new()),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -160,6 +165,8 @@ impl MrMap {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&key);
+        // After the removal: a check that still sees the old generation ran before it ended.
+        self.generation.fetch_add(1, Ordering::Release);
     }
 
     /// Checks a remote access and returns the local address it lands at. `addr` is a virtual
@@ -231,6 +238,38 @@ impl MrMap {
         len: u64,
         access: u64,
     ) -> std::result::Result<(), XpuMrFault> {
+        self.xpu_region(desc)?.check(addr, len, access)
+    }
+
+    /// As `check_xpu_local`, through `cache`, what the same caller found last: its region is
+    /// looked up again only when `desc` differs or a region was closed since (the map's
+    /// generation moved). The range and access are checked every time.
+    #[inline]
+    pub fn check_xpu_local_cached(
+        &self,
+        cache: &mut Option<XpuRegion>,
+        desc: u64,
+        addr: u64,
+        len: u64,
+        access: u64,
+    ) -> std::result::Result<(), XpuMrFault> {
+        let gen = self.generation.load(Ordering::Acquire);
+        match cache {
+            Some(r) if r.desc == desc && r.generation == gen => r.check(addr, len, access),
+            _ => {
+                // The generation is read before the lookup: a removal after it moves it.
+                let r = self.xpu_region(desc)?;
+                *cache = Some(XpuRegion {
+                    generation: gen,
+                    ..r
+                });
+                r.check(addr, len, access)
+            }
+        }
+    }
+
+    /// The region exported to an XPU under `desc`, as registered now.
+    fn xpu_region(&self, desc: u64) -> std::result::Result<XpuRegion, XpuMrFault> {
         if !self
             .xpu
             .read()
@@ -247,22 +286,48 @@ impl MrMap {
                 "descriptor {desc:#x}: its memory region is closed"
             )));
         };
+        Ok(XpuRegion {
+            desc,
+            generation: 0,
+            addr: e.addr as u64,
+            len: e.len as u64,
+            access: e.access,
+        })
+    }
+}
+
+/// A region exported to an XPU as a watcher found it (`MrMap::check_xpu_local_cached`).
+#[derive(Clone, Copy, Debug)]
+pub struct XpuRegion {
+    desc: u64,
+    /// The map's generation when it was found.
+    generation: u64,
+    addr: u64,
+    len: u64,
+    access: u64,
+}
+
+impl XpuRegion {
+    /// `addr..addr + len` inside the region, with `access`.
+    #[inline]
+    fn check(&self, addr: u64, len: u64, access: u64) -> std::result::Result<(), XpuMrFault> {
+        let desc = self.desc;
         const LOCAL: u64 = FI_SEND | FI_RECV | FI_READ | FI_WRITE;
-        if e.access & LOCAL != 0 && e.access & access != access {
+        if self.access & LOCAL != 0 && self.access & access != access {
             return Err(XpuMrFault::Range(format!(
                 "descriptor {desc:#x}: region registered with access {:#x}, not {}",
-                e.access,
+                self.access,
                 caps_str(access)
             )));
         }
-        let start = addr.checked_sub(e.addr as u64);
+        let start = addr.checked_sub(self.addr);
         let end = addr.checked_add(len);
-        let region_end = (e.addr as u64).checked_add(e.len as u64);
+        let region_end = self.addr.checked_add(self.len);
         match (start, end, region_end) {
             (Some(_), Some(end), Some(rend)) if end <= rend => Ok(()),
             _ => Err(XpuMrFault::Range(format!(
                 "range {addr:#x}+{len} is outside descriptor {desc:#x}'s region {:#x}+{}",
-                e.addr, e.len
+                self.addr, self.len
             ))),
         }
     }

@@ -60,8 +60,12 @@ impl Port for EpPort {
         self.core.auto_progress
     }
 
-    fn xpu_action(&self, d: &crate::xpu::XpuDesc) -> Result<Action, crate::xpu::Fault> {
-        crate::xpu::action(&self.core, d)
+    fn xpu_action(
+        &self,
+        d: &crate::xpu::XpuDesc,
+        seen: &mut crate::xpu::Checked,
+    ) -> Result<Action, crate::xpu::Fault> {
+        crate::xpu::action(&self.core, seen, d)
     }
 
     fn xpu_fault(&self, ctx: Context, opcode: u32, f: &crate::xpu::Fault) {

@@ -21,6 +21,16 @@ pub(crate) trait Owner: Send + Sync {
     fn port(&self) -> &dyn Port;
     /// Operations wait for room at the endpoint: an XPU's ring is not drained meanwhile.
     fn backlog(&self) -> bool;
+    /// Starts an operation an XPU's descriptor asked for, as `submit` would start it as a job
+    /// on `link` (this owner as an `Arc`); an owner may start it without making the job
+    /// unless it has to wait.
+    fn submit_action(&self, action: Action, link: &Arc<dyn Owner>) {
+        self.submit(Job {
+            action,
+            ep: Some(link.clone()),
+            work: None,
+        });
+    }
 }
 
 /// Deferred-work bookkeeping of a waiting operation.

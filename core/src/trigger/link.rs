@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::cntr_port::CntrPort;
 use super::deferred::Pending;
 use super::job::{Job, Owner};
-use super::port::{Port, StartError};
+use super::port::{Action, Port, StartError};
 use super::queue::{TriggerQueue, Watch};
 use super::xpu::{DoorbellAlloc, Finder, XpuWatch};
 use super::xpu_abi::{TriggerVar, Xpu};
@@ -195,6 +195,30 @@ impl EpLink {
         }
     }
 
+    /// `submit` of a job without deferred work that is not made unless it has to wait: what
+    /// an XPU's descriptors start as (`Owner::submit_action`).
+    fn submit_action(&self, action: Action, link: &Arc<dyn Owner>) {
+        let job = |action| Job {
+            action,
+            ep: Some(link.clone()),
+            work: None,
+        };
+        if self.closed.load(Ordering::Acquire) || self.has_stalled.load(Ordering::Acquire) {
+            self.submit(job(action));
+            return;
+        }
+        // SAFETY: as `start`'s: the descriptor's memory lies in regions exported to the XPU,
+        // which keeps it valid until the operation completes.
+        let Err(e) = (unsafe { self.port.start(&action) }) else {
+            return;
+        };
+        let job = job(action);
+        if let Some(job) = self.refused(job, None, e) {
+            lock(&self.stalled).push_back(job);
+            self.has_stalled.store(true, Ordering::Release);
+        }
+    }
+
     /// Hands `job` to the provider; gives it back if the provider says `Again`.
     fn start(&self, mut job: Job) -> Option<Job> {
         let user_ctx = job.ctx();
@@ -212,16 +236,27 @@ impl EpLink {
         // buffers valid until it completes or is canceled; it has done neither yet.
         match unsafe { self.port.start(&job.action) } {
             Ok(()) => None,
+            Err(e) => {
+                let key = key.map(|k| (k, user_ctx));
+                self.refused(job, key, e)
+            }
+        }
+    }
+
+    /// What follows a start the provider refused (`e`): the job back on `Again` (its deferred
+    /// record `key`, with the user's context, undone), reported failed otherwise.
+    fn refused(&self, mut job: Job, key: Option<(usize, Context)>, e: StartError) -> Option<Job> {
+        match e {
             // Its device memory could not be staged (the copy out of the device, say): the
             // operation fails as a transfer whose data could not be read (FI_EIO), and the
             // driver's reason is kept for `take_staging_errors`.
-            Err(StartError::Stage(e)) => {
+            StartError::Stage(e) => {
                 self.port.staging_failed(e);
                 job.fail(&*self.port, FI_EIO);
                 None
             }
-            Err(StartError::Refused(e)) if e.is_again() => {
-                if let Some(k) = key {
+            StartError::Refused(e) if e.is_again() => {
+                if let Some((k, user_ctx)) = key {
                     self.port.deferred().remove(k);
                     job.set_ctx(user_ctx);
                 }
@@ -229,7 +264,7 @@ impl EpLink {
             }
             // Reported under the job's current context: deferred work's record routes it. An
             // endpoint that closed while the job was on its way cancels it, as close promises.
-            Err(StartError::Refused(e)) => {
+            StartError::Refused(e) => {
                 let closing =
                     self.closed.load(Ordering::Acquire) && matches!(e, Error::OpBadState(_));
                 let err = if closing { FI_ECANCELED } else { e.errno() };
@@ -344,6 +379,10 @@ impl Owner for EpLink {
 
     fn backlog(&self) -> bool {
         self.has_stalled.load(Ordering::Acquire)
+    }
+
+    fn submit_action(&self, action: Action, link: &Arc<dyn Owner>) {
+        EpLink::submit_action(self, action, link);
     }
 }
 

@@ -68,8 +68,13 @@ pub(crate) trait Port: ProgressSource {
     fn auto_progress(&self) -> bool;
 
     /// The operation a descriptor an XPU posted on this endpoint's ring asks for, checked as
-    /// the host call would check it, or what is wrong with it.
-    fn xpu_action(&self, d: &crate::xpu::XpuDesc) -> Result<Action, crate::xpu::Fault>;
+    /// the host call would check it, or what is wrong with it. `seen`: what this ring's
+    /// watcher validated before (`xpu::Checked`).
+    fn xpu_action(
+        &self,
+        d: &crate::xpu::XpuDesc,
+        seen: &mut crate::xpu::Checked,
+    ) -> Result<Action, crate::xpu::Fault>;
 
     /// Reports a descriptor that did not start (refused, or canceled by close): an error
     /// entry under `ctx` on the CQ of its direction (`opcode`), `prov_errno` the fault's code

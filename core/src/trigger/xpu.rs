@@ -209,6 +209,8 @@ struct RingWatch {
     timing: Predictor,
     /// Its posts are announced (`fi_xpu_tx_flush` of a CPU XPU); as `Bell::wakes`.
     wakes: bool,
+    /// What its descriptors' validation found last (regions, peer), reused while valid.
+    checked: crate::xpu::Checked,
 }
 
 impl RingWatch {
@@ -545,6 +547,7 @@ impl XpuWatch {
             ring: ring.clone(),
             timing,
             wakes: false,
+            checked: Default::default(),
         });
         self.has_rings.store(true, Ordering::Release);
         drop(rings);
@@ -574,7 +577,7 @@ impl XpuWatch {
         let last_fire = self.last_fire.load(Ordering::Relaxed);
         let mut n = 0;
         for r in rings.iter_mut() {
-            let k = crate::xpu::ep::drain(&r.ring, DRAIN_MAX, owner, link);
+            let k = crate::xpu::ep::drain(&r.ring, &mut r.checked, DRAIN_MAX, owner, link);
             if k > 0 {
                 // Judged by the plan, not by what the ring holds (a descriptor waiting makes
                 // any nap zero), and only when something was found (a look that finds nothing

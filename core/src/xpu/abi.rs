@@ -8,7 +8,7 @@
 //! publishes with one release store; the host never trusts what it reads.
 
 use std::mem::{offset_of, size_of};
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// `enum fi_xpu_provider` value of xfabric: `"xf"` in ASCII. Upstream's range starts at 1
 /// (`FI_XPU_PROV_EFA`) and is meant to stay small and dense; 0x7866 is far outside it, so a
@@ -186,7 +186,7 @@ pub const CQ_RING_MAGIC: u32 = 0x5846_5143; // "XFQC"
 /// Value of `CntrMirror::magic`.
 pub const CNTR_MAGIC: u32 = 0x5846_4e43; // "XFCN"
 /// Layout version of every shared block here.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// `RingHeader::state`: the ring takes descriptors.
 pub const RING_OPEN: u32 = 0;
@@ -194,10 +194,12 @@ pub const RING_OPEN: u32 = 0;
 pub const RING_CLOSED: u32 = 1;
 
 /// The shared block of a descriptor ring (an exported endpoint's `prov_ctx` points here; an
-/// exported counter's `CntrMirror::ring` does). Producers, many XPU threads, take a credit
-/// (`credits`, a fetch-and-add that is given back when none was left), claim a position with a
-/// fetch-and-add on `tail`, write the slot at position & `mask` and publish it. The host, the
-/// one consumer, copies a published slot out, advances `head` and gives the credit back.
+/// exported counter's `CntrMirror::ring` does). Producers, many XPU threads, reserve room
+/// (`claimed`, a fetch-and-add given back when it reaches `head` + slots), claim a position
+/// with a fetch-and-add on `tail`, write the slot at position & `mask` and publish it. The
+/// host, the one consumer, copies a published slot out and advances `head`, which frees it.
+/// No word is read-modify-written by both sides: a GPU's atomics on mapped host memory are
+/// not atomic against the host's where the link has no native host atomics (PCIe).
 #[repr(C, align(64))]
 pub struct RingHeader {
     /// `RING_MAGIC`.
@@ -214,8 +216,9 @@ pub struct RingHeader {
     /// Next position to claim (producers).
     pub tail: AtomicU64,
     _pad1: [u8; 56],
-    /// Free slots (producers take, the host gives back).
-    pub credits: AtomicI64,
+    /// Reservations taken (producers only: fetch-and-add; the host never writes it). A
+    /// producer holding value `c` has room while `c - head` < slots.
+    pub claimed: AtomicU64,
     _pad2: [u8; 56],
     /// Next position the host takes (written by the host only).
     pub head: AtomicU64,
@@ -228,7 +231,7 @@ const _: () = {
     assert!(offset_of!(RingHeader, mask) == 16);
     assert!(offset_of!(RingHeader, state) == 24);
     assert!(offset_of!(RingHeader, tail) == 64);
-    assert!(offset_of!(RingHeader, credits) == 128);
+    assert!(offset_of!(RingHeader, claimed) == 128);
     assert!(offset_of!(RingHeader, head) == 192);
 };
 
@@ -243,7 +246,7 @@ impl RingHeader {
             _pad0: [0; 36],
             tail: AtomicU64::new(0),
             _pad1: [0; 56],
-            credits: AtomicI64::new(capacity as i64),
+            claimed: AtomicU64::new(0),
             _pad2: [0; 56],
             head: AtomicU64::new(0),
             _pad3: [0; 56],

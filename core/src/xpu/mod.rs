@@ -40,6 +40,8 @@ mod validate;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_gpu_ring;
 
 pub use abi::{FidXpu, XpuCqEntry, XpuDesc, FI_XPU_PROV_XFABRIC};
 pub use abi::{FI_XPU_DEVICE, FI_XPU_SUBGROUP, FI_XPU_WORK_GROUP, FI_XPU_WORK_ITEM};
@@ -48,7 +50,7 @@ pub use cq::XpuCq;
 pub use ep::XpuEp;
 pub use mem::{XpuMem, XpuMemAlloc, XPU_MEM_ALIGN};
 pub use ring::{Claim, RING_DEFAULT_SLOTS, RING_MAX_SLOTS, RING_MIN_SLOTS};
-pub(crate) use validate::{action, entry_flags, is_recv, Fault};
+pub(crate) use validate::{action, entry_flags, is_recv, Checked, Fault};
 pub use validate::{
     XPU_FAULT_ADDR, XPU_FAULT_ARGS, XPU_FAULT_DESC, XPU_FAULT_FLAGS, XPU_FAULT_OPCODE,
     XPU_FAULT_RANGE, XPU_FAULT_TORN, XPU_FAULT_UNPUBLISHED,

@@ -1,16 +1,29 @@
 //! A descriptor ring: many XPU threads produce, the host's watcher consumes.
 //!
-//! Producer (`post`, what device code does): take a credit from `credits` with a fetch-and-sub
-//! (none left: give it back and answer `-FI_EAGAIN`), claim a position with a fetch-and-add on
-//! `tail`, write the slot's words, then store its `seq` (position + 1) with release. A credit
-//! is taken before the position so that a full ring never hands out a position it would have
-//! to take back: the claim always succeeds, and positions stay dense.
+//! Producer (`post`, what device code does): read `head` (acquire), reserve room with a
+//! fetch-and-add on `claimed` (its old value `c`; `c - head` >= slots: the ring is full, give
+//! the reservation back and answer `-FI_EAGAIN`), claim a position with a fetch-and-add on
+//! `tail`, write the slot's words, then store its `seq` (position + 1) with release. Room is
+//! reserved before the position so that a full ring never hands out a position it would have
+//! to take back: the claim always succeeds, and positions stay dense. A reservation that
+//! succeeded left `claimed`'s successes at most `head + slots`, and positions are handed out
+//! one per success, so position `p` < `head + slots`: position `p - slots`, the slot's last
+//! occupant, was copied out before `head` passed it.
 //!
 //! Consumer (`take`, the watcher, one at a time under its lock): the slot at `head` is taken
-//! only when its `seq` is `head + 1`; its words are copied out, `head` advances, and its credit
-//! is given back (release), so a producer that takes that credit writes the slot only after the
-//! copy. A claimed slot whose `seq` never comes (an XPU that died mid-descriptor) is never
-//! taken: what follows it waits, and closing the ring reports each of them.
+//! only when its `seq` is `head + 1`; its words are copied out and `head` advances (release),
+//! so a producer that saw the new `head` writes the slot only after the copy. A claimed slot
+//! whose `seq` never comes (an XPU that died mid-descriptor) is never taken: what follows it
+//! waits, and closing the ring reports each of them.
+//!
+//! Each shared word has one writer side: `claimed` and `tail` are the producers' (their
+//! read-modify-writes), `head` and `state` the host's (stores). A GPU's atomics on mapped host
+//! memory are atomic among its own threads but, over a link without native host atomics
+//! (PCIe: `hostNativeAtomicSupported` 0), a read then a write as the host sees them: a host
+//! read-modify-write of the same word landing between the two is lost. The first protocol
+//! had the host give credits back with a fetch-and-add on the word the GPU took them from;
+//! under a block's pressure the host's returns were lost until the ring read full while
+//! empty (`tests_gpu_ring`).
 //!
 //! The ring is one shared block (`mem::Block`): the header, then the slots. A CPU XPU's is
 //! ordinary heap memory; a GPU's is mapped page-locked host memory from the domain's
@@ -54,8 +67,17 @@ pub(crate) enum Taken {
     /// A published descriptor (not yet validated).
     Desc(XpuDesc),
     /// A published slot whose `check` disagrees with its `seq`: its words are not one
-    /// descriptor's.
-    Torn(XpuDesc),
+    /// descriptor's (read only by the log of a counter that refuses it).
+    Torn(#[allow(dead_code)] XpuDesc),
+}
+
+/// What `take_into` found at the head (the descriptor is in its argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Took {
+    /// A published descriptor (not yet validated).
+    Desc,
+    /// A published slot whose `check` disagrees with its `seq`.
+    Torn,
 }
 
 /// What closing found between the head and the tail.
@@ -140,6 +162,15 @@ impl DescRing {
 
     /// Takes the slot at the head if it is published. Consumer only (one at a time).
     pub(crate) fn take(&self) -> Option<Taken> {
+        let mut d = XpuDesc::default();
+        Some(match self.take_into(&mut d)? {
+            Took::Desc => Taken::Desc(d),
+            Took::Torn => Taken::Torn(d),
+        })
+    }
+
+    /// `take` into `d` (the watcher's loop reuses one, copying each descriptor once).
+    pub(crate) fn take_into(&self, d: &mut XpuDesc) -> Option<Took> {
         let head = self.head();
         let want = head.wrapping_add(1);
         let slot = self.slot(head);
@@ -147,16 +178,14 @@ impl DescRing {
             return None;
         }
         let words: [u64; DESC_WORDS] = std::array::from_fn(|i| slot.0[i].load(Ordering::Relaxed));
-        // Copied out: the slot and its credit go back to the producers.
+        // Copied out: the slot goes back to the producers (the head is their room).
         self.head.store(want, Ordering::Relaxed);
-        let h = self.header();
-        h.head.store(want, Ordering::Release);
-        h.credits.fetch_add(1, Ordering::Release);
-        let d = XpuDesc::from_words(words);
+        self.header().head.store(want, Ordering::Release);
+        *d = XpuDesc::from_words(words);
         Some(if d.check == want as u32 {
-            Taken::Desc(d)
+            Took::Desc
         } else {
-            Taken::Torn(d)
+            Took::Torn
         })
     }
 
@@ -223,6 +252,40 @@ impl<'a> Claim<'a> {
     }
 }
 
+/// How a producer's read-modify-writes reach a ring's shared words. A CPU thread's are the
+/// CPU's atomics (`Native`); a GPU's on mapped host memory are atomic among the GPU's own
+/// threads only where the link has no native atomics (PCIe: the RMW is a read, then a write),
+/// which the tests model.
+pub(crate) trait ProducerRmw {
+    /// Adds `v` to `w` (wrapping) and returns the value before, with acquire.
+    fn fetch_add(&self, w: &AtomicU64, v: u64) -> u64;
+}
+
+/// The CPU's own atomics.
+pub(crate) struct Native;
+
+impl ProducerRmw for Native {
+    fn fetch_add(&self, w: &AtomicU64, v: u64) -> u64 {
+        w.fetch_add(v, Ordering::Acquire)
+    }
+}
+
+/// Reserves a position on the ring whose header is `h` (the producer protocol, up to the
+/// slot's words): `-FI_EAGAIN` when the ring is full, `-FI_ESHUTDOWN` when it closed.
+pub(crate) fn reserve(h: &RingHeader, rmw: &impl ProducerRmw) -> std::result::Result<u64, i32> {
+    if h.state.load(Ordering::Acquire) != RING_OPEN {
+        return Err(-FI_ESHUTDOWN);
+    }
+    // Read before the reservation: a head read earlier is only smaller (room underestimated).
+    let head = h.head.load(Ordering::Acquire);
+    let c = rmw.fetch_add(&h.claimed, 1);
+    if c.wrapping_sub(head) > h.mask {
+        rmw.fetch_add(&h.claimed, u64::MAX);
+        return Err(-FI_EAGAIN);
+    }
+    Ok(rmw.fetch_add(&h.tail, 1))
+}
+
 /// Claims a position on the ring whose header is `h`: `-FI_EAGAIN` when the ring is full,
 /// `-FI_ESHUTDOWN` when it closed.
 ///
@@ -230,14 +293,7 @@ impl<'a> Claim<'a> {
 /// `h` must be a live ring header whose `slots` and `mask` describe its live slots (an
 /// exported handle's, while the handle lives).
 pub(crate) unsafe fn claim(h: &RingHeader) -> std::result::Result<Claim<'_>, i32> {
-    if h.state.load(Ordering::Acquire) != RING_OPEN {
-        return Err(-FI_ESHUTDOWN);
-    }
-    if h.credits.fetch_sub(1, Ordering::Acquire) <= 0 {
-        h.credits.fetch_add(1, Ordering::Relaxed);
-        return Err(-FI_EAGAIN);
-    }
-    let pos = h.tail.fetch_add(1, Ordering::Relaxed);
+    let pos = reserve(h, &Native)?;
     let idx = (pos & h.mask) as usize;
     // SAFETY: the caller's contract: `slots` holds mask + 1 live slots, and idx <= mask.
     let slot = unsafe { &*(h.slots as *const DescSlot).add(idx) };

@@ -792,12 +792,13 @@ fn words_an_xpu_may_scribble_on_bound_what_the_host_does() {
         .header()
         .head
         .store(u64::MAX / 2, Ordering::Release);
-    // The ring's head and tail as a hostile XPU leaves them: the host keeps its own head, and
-    // close looks at one lap at most.
-    x.ring().header().head.store(12345, Ordering::Release);
+    // The ring's head and tail as a hostile XPU leaves them: the host keeps its own head (and
+    // writes it back over the scribble), and close looks at one lap at most.
     assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 1, 0, W), 0);
+    x.ring().header().head.store(12345, Ordering::Release);
     while n.ep.progress() > 0 {}
     assert_eq!(w.sh.ctxs(), vec![1]);
+    assert_eq!(x.ring().header().head.load(Ordering::Acquire), 1);
     let mut one = [CqTaggedEntry::default(); 1];
     assert_eq!(dev::cq_read(&q, &mut one, W), -(FI_EAGAIN as isize));
     assert_eq!(
@@ -847,19 +848,16 @@ fn a_gpus_blocks_carry_device_addresses_and_the_host_reads_its_own() {
         -FI_EOPNOTSUPP
     );
     assert_eq!(dev::claim(&x).err(), Some(-FI_EOPNOTSUPP));
-    // A GPU's posts, as the host sees its stores: credit, position, the slot's words, then seq.
+    // A GPU's posts, as the host sees its stores: room reserved, position, the slot's words,
+    // then seq.
     let h = ring.header();
     for i in 0..6u64 {
         if i == 4 {
             // The ring (4 slots) is full until the watcher drains it.
-            assert!(h.credits.load(Ordering::Acquire) <= 0);
+            assert_eq!(ring::reserve(h, &ring::Native), Err(-FI_EAGAIN));
             while n.ep.progress() > 0 {}
         }
-        assert!(
-            h.credits.fetch_sub(1, Ordering::AcqRel) > 0,
-            "a credit for {i}"
-        );
-        let pos = h.tail.fetch_add(1, Ordering::AcqRel);
+        let pos = ring::reserve(h, &ring::Native).expect("room");
         let d = XpuDesc {
             opcode: opcode::TSEND,
             check: pos as u32 + 1,
@@ -930,4 +928,47 @@ fn a_gpus_blocks_carry_device_addresses_and_the_host_reads_its_own() {
         lone.export_xpu(FAKE_GPU),
         Err(crate::error::Error::OpNotSupp(_))
     ));
+}
+
+/// What the watcher caches of a region or a peer it validated (`xpu::Checked`) never outlives
+/// them: a region closed, an address removed, after descriptors used them, refuse the next;
+/// the range and access are checked on every descriptor, the cached region's too.
+#[test]
+fn a_region_or_peer_validated_before_is_refused_once_closed_or_removed() {
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let n = node(&w);
+    n.av.insert_one(b"other").unwrap();
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let buf = vec![0u8; 64];
+    let (mr, desc) = reg(&w, &buf, FI_SEND);
+    let (a0, a1) = (n.av.get_xpu_addr(0).unwrap(), n.av.get_xpu_addr(1).unwrap());
+    let send = |ctx: usize, peer: u64, at: usize, len: usize| {
+        // SAFETY: within `buf` or past it; only the watcher's checks look at the range.
+        let p = buf.as_ptr().wrapping_add(at).cast::<c_void>();
+        assert_eq!(dev::send(&x, p, len, desc, 0, peer, ctx, 0, W), 0);
+        while n.ep.progress() > 0 {}
+    };
+    send(1, a0, 0, 8);
+    send(2, a1, 8, 8);
+    // Cached region, range past its end: refused.
+    send(3, a1, 60, 8);
+    n.av.remove(&[a1]).unwrap();
+    send(4, a1, 0, 8);
+    send(5, a0, 0, 8);
+    drop(mr);
+    send(6, a0, 0, 8);
+    assert_eq!(w.sh.ctxs(), vec![1, 2, 5]);
+    let faults: Vec<_> = errors(&n.cq)
+        .iter()
+        .map(|(e, _)| (e.op_context, e.prov_errno))
+        .collect();
+    assert_eq!(
+        faults,
+        vec![
+            (3, XPU_FAULT_RANGE),
+            (4, XPU_FAULT_ADDR),
+            (6, XPU_FAULT_DESC)
+        ]
+    );
 }

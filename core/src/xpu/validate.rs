@@ -9,7 +9,7 @@ use crate::consts::errno::{FI_EACCES, FI_EINVAL, FI_EMSGSIZE, FI_EOPNOTSUPP};
 use crate::consts::*;
 use crate::ep::atomic::ATOMIC_MAX;
 use crate::ep::EpCore;
-use crate::mr::XpuMrFault;
+use crate::mr::{XpuMrFault, XpuRegion};
 use crate::op::{AtomicReq, RmaIov, RmaIovList, RmaOp, TxOp};
 use crate::rxq::{IovList, PostedRecv};
 use crate::trigger::Action;
@@ -79,6 +79,17 @@ const TX_FLAGS: u64 = FI_COMPLETION
 /// Flags a receive descriptor may carry.
 const RX_FLAGS: u64 = FI_COMPLETION | FI_MORE;
 
+/// What one ring's watcher validated last, reused while what it depends on has not changed:
+/// the last local region (by exported descriptor, for one generation of the domain's
+/// registrations: a region closed since is looked up again) and the last peer (for one
+/// generation of the endpoint's AV: an address removed since is looked up again). Every
+/// other check runs on every descriptor; a region's range and access too.
+#[derive(Default)]
+pub(crate) struct Checked {
+    mr: Option<XpuRegion>,
+    peer: Option<(u64, u64)>,
+}
+
 fn mr_fault(f: XpuMrFault, what: &str) -> Fault {
     match f {
         XpuMrFault::NotExported(s) => fault(XPU_FAULT_DESC, FI_EACCES, format!("{what}: {s}")),
@@ -87,8 +98,10 @@ fn mr_fault(f: XpuMrFault, what: &str) -> Fault {
 }
 
 /// Checks local memory a descriptor names; an empty range names none.
+#[inline]
 fn local(
     core: &EpCore,
+    seen: &mut Checked,
     what: &str,
     desc: u64,
     addr: u64,
@@ -99,18 +112,28 @@ fn local(
         return Ok(());
     }
     core.mr
-        .check_xpu_local(desc, addr, len, access)
+        .check_xpu_local_cached(&mut seen.mr, desc, addr, len, access)
         .map_err(|f| mr_fault(f, what))
 }
 
 /// Checks the peer: an entry of the endpoint's AV; `FI_ADDR_UNSPEC` only where `any` (a
 /// receive from anyone).
-fn peer(core: &EpCore, peer: u64, any: bool) -> Result<FiAddrChecked, Fault> {
+#[inline]
+fn peer(core: &EpCore, seen: &mut Checked, peer: u64, any: bool) -> Result<FiAddrChecked, Fault> {
     if any && peer == FI_ADDR_UNSPEC {
         return Ok(FiAddrChecked(peer));
     }
     let av = core.bound().and_then(|b| b.av.as_ref());
-    let known = av.is_some_and(|av| av.decode(peer).is_some() && av.name(peer).is_some());
+    let known = av.is_some_and(|av| {
+        // Read before the lookup: a removal after it moves the generation.
+        let gen = av.generation();
+        if seen.peer == Some((peer, gen)) {
+            return true;
+        }
+        let known = av.contains(peer);
+        seen.peer = known.then_some((peer, gen));
+        known
+    });
     if !known {
         return Err(fault(
             XPU_FAULT_ADDR,
@@ -177,7 +200,7 @@ fn msg_len(core: &EpCore, d: &XpuDesc, what: &str) -> Result<usize, Fault> {
 
 /// The operation descriptor `d` asks of the endpoint whose core is `core`, or what is wrong
 /// with it.
-pub(crate) fn action(core: &EpCore, d: &XpuDesc) -> Result<Action, Fault> {
+pub(crate) fn action(core: &EpCore, seen: &mut Checked, d: &XpuDesc) -> Result<Action, Fault> {
     match d.opcode {
         opcode::SEND | opcode::TSEND => {
             let tagged = d.opcode == opcode::TSEND;
@@ -194,8 +217,8 @@ pub(crate) fn action(core: &EpCore, d: &XpuDesc) -> Result<Action, Fault> {
             flags_ok(d, allowed, what)?;
             need_caps(core, kind, what)?;
             let len = msg_len(core, d, what)?;
-            let dest = peer(core, d.peer, false)?;
-            local(core, what, d.desc, d.buf, d.len, FI_SEND)?;
+            let dest = peer(core, seen, d.peer, false)?;
+            local(core, seen, what, d.desc, d.buf, d.len, FI_SEND)?;
             Ok(Action::Send(TxOp {
                 ctx: d.context as usize,
                 iov: IovList::one(usize_of(d.buf, "buffer")?, len),
@@ -216,8 +239,8 @@ pub(crate) fn action(core: &EpCore, d: &XpuDesc) -> Result<Action, Fault> {
             flags_ok(d, RX_FLAGS, what)?;
             need_caps(core, kind, what)?;
             let len = usize_of(d.len, "length")?;
-            let src = peer(core, d.peer, true)?;
-            local(core, what, d.desc, d.buf, d.len, FI_RECV)?;
+            let src = peer(core, seen, d.peer, true)?;
+            local(core, seen, what, d.desc, d.buf, d.len, FI_RECV)?;
             Ok(Action::Recv(PostedRecv {
                 ctx: d.context as usize,
                 iov: IovList::one(usize_of(d.buf, "buffer")?, len),
@@ -243,9 +266,9 @@ pub(crate) fn action(core: &EpCore, d: &XpuDesc) -> Result<Action, Fault> {
                 need_caps(core, dir, what)?;
             }
             let len = msg_len(core, d, what)?;
-            let dest = peer(core, d.peer, false)?;
+            let dest = peer(core, seen, d.peer, false)?;
             // A write reads the local range (FI_WRITE access), a read fills it (FI_READ).
-            local(core, what, d.desc, d.buf, d.len, dir)?;
+            local(core, seen, what, d.desc, d.buf, d.len, dir)?;
             let rma = RmaIov {
                 addr: d.raddr,
                 len,
@@ -310,15 +333,15 @@ pub(crate) fn action(core: &EpCore, d: &XpuDesc) -> Result<Action, Fault> {
                     ),
                 ));
             };
-            let dest = peer(core, d.peer, false)?;
+            let dest = peer(core, seen, d.peer, false)?;
             let b = bytes as u64;
             let fetch = d.opcode != opcode::ATOMIC;
             if op != AtomicOp::Read {
-                local(core, what, d.desc, d.buf, b, FI_WRITE)?;
+                local(core, seen, what, d.desc, d.buf, b, FI_WRITE)?;
             }
             let mut compare = 0;
             if d.opcode == opcode::COMPARE_ATOMIC {
-                local(core, what, d.compare_desc, d.compare, b, FI_WRITE)?;
+                local(core, seen, what, d.compare_desc, d.compare, b, FI_WRITE)?;
                 compare = usize_of(d.compare, "compare buffer")?;
                 if compare == 0 {
                     return Err(fault(
@@ -330,7 +353,7 @@ pub(crate) fn action(core: &EpCore, d: &XpuDesc) -> Result<Action, Fault> {
             }
             let mut result = 0;
             if fetch {
-                local(core, what, d.result_desc, d.result, b, FI_READ)?;
+                local(core, seen, what, d.result_desc, d.result, b, FI_READ)?;
                 result = usize_of(d.result, "result buffer")?;
                 if result == 0 {
                     return Err(fault(

@@ -130,7 +130,7 @@ struct fid_xpu_cntr {
 #define XF_XPU_RING_MAGIC 0x58465852u    /* "XFXR" */
 #define XF_XPU_CQ_RING_MAGIC 0x58465143u /* "XFQC" */
 #define XF_XPU_CNTR_MAGIC 0x58464e43u    /* "XFCN" */
-#define XF_XPU_ABI_VERSION 1u
+#define XF_XPU_ABI_VERSION 2u
 
 /* struct xf_xpu_ring.state. */
 #define XF_XPU_RING_OPEN 0u
@@ -179,7 +179,8 @@ struct xf_xpu_desc {
 #define XF_XPU_DESC_WORDS 24
 
 /* A descriptor ring's shared header (an exported endpoint's prov_ctx; a counter mirror's
- * ring). tail, credits and head each have a cache line. */
+ * ring). tail, claimed and head each have a cache line. Each word has one writing side:
+ * tail and claimed the producers' (read-modify-writes), head and state the host's (stores). */
 struct XF_XPU_ALIGN64 xf_xpu_ring {
 	xf_u32 magic;   /* XF_XPU_RING_MAGIC */
 	xf_u32 version; /* XF_XPU_ABI_VERSION */
@@ -189,7 +190,7 @@ struct XF_XPU_ALIGN64 xf_xpu_ring {
 	xf_u8 pad0[36];
 	xf_u64 tail; /* next position to claim (producers: fetch-add) */
 	xf_u8 pad1[56];
-	xf_i64 credits; /* free slots (producers take one, the host gives it back) */
+	xf_u64 claimed; /* reservations taken (producers only); room while claimed - head < slots */
 	xf_u8 pad2[56];
 	xf_u64 head; /* next position the host takes (host only) */
 	xf_u8 pad3[56];
@@ -303,7 +304,7 @@ XF_XPU_ASSERT_OFFSET(struct xf_xpu_ring, slots, 8, "xf_xpu_ring.slots");
 XF_XPU_ASSERT_OFFSET(struct xf_xpu_ring, mask, 16, "xf_xpu_ring.mask");
 XF_XPU_ASSERT_OFFSET(struct xf_xpu_ring, state, 24, "xf_xpu_ring.state");
 XF_XPU_ASSERT_OFFSET(struct xf_xpu_ring, tail, 64, "xf_xpu_ring.tail");
-XF_XPU_ASSERT_OFFSET(struct xf_xpu_ring, credits, 128, "xf_xpu_ring.credits");
+XF_XPU_ASSERT_OFFSET(struct xf_xpu_ring, claimed, 128, "xf_xpu_ring.claimed");
 XF_XPU_ASSERT_OFFSET(struct xf_xpu_ring, head, 192, "xf_xpu_ring.head");
 
 XF_XPU_ASSERT(sizeof(struct xf_xpu_cq_entry) == XF_XPU_CQ_WORDS * 8, "struct xf_xpu_cq_entry");

@@ -26,10 +26,12 @@
  * Not here: fi_xpu_wr_* (work requests), fi_xpu_recv_flush / trecv_flush and
  * fi_xpu_cq_sread / sreadfrom answer -FI_ENOSYS.
  *
- * The producer protocol is core/src/xpu/ring.rs's: take a credit (a fetch-and-add of -1 on
- * credits; none left: give it back, -FI_EAGAIN), claim a position (fetch-and-add on tail),
- * write every word of the slot but seq (check included), then store seq = position + 1 with
- * release.
+ * The producer protocol is core/src/xpu/ring.rs's: read head, reserve room (a fetch-and-add
+ * of 1 on claimed; its old value - head >= slots: give it back, -FI_EAGAIN), claim a position
+ * (fetch-and-add on tail), write every word of the slot but seq (check included), then store
+ * seq = position + 1 with release. The device read-modify-writes only words the host never
+ * writes (claimed, tail): over PCIe a GPU's atomics on host memory are not atomic against the
+ * host's.
  */
 #ifndef XFABRIC_FI_XPU_DEVICE_H
 #define XFABRIC_FI_XPU_DEVICE_H
@@ -78,12 +80,6 @@ XF_XPU_FN void xf_xpu_st_rel(xf_u64 *p, xf_u64 v)
 XF_XPU_FN xf_u64 xf_xpu_fadd(xf_u64 *p, xf_u64 v)
 {
 	return (xf_u64)atomicAdd_system((unsigned long long *)p, (unsigned long long)v);
-}
-XF_XPU_FN xf_i64 xf_xpu_fadd_acq_i64(xf_i64 *p, xf_i64 v)
-{
-	xf_i64 old = (xf_i64)atomicAdd_system((unsigned long long *)p, (unsigned long long)v);
-	__threadfence_system();
-	return old;
 }
 XF_XPU_FN int xf_xpu_cas(xf_u64 *p, xf_u64 expect, xf_u64 want)
 {
@@ -179,10 +175,6 @@ XF_XPU_FN void xf_xpu_st_rel(xf_u64 *p, xf_u64 v)
 XF_XPU_FN xf_u64 xf_xpu_fadd(xf_u64 *p, xf_u64 v)
 {
 	return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
-}
-XF_XPU_FN xf_i64 xf_xpu_fadd_acq_i64(xf_i64 *p, xf_i64 v)
-{
-	return __atomic_fetch_add(p, v, __ATOMIC_ACQUIRE);
 }
 XF_XPU_FN int xf_xpu_cas(xf_u64 *p, xf_u64 expect, xf_u64 want)
 {
@@ -320,8 +312,10 @@ XF_XPU_FN int xf_xpu_ring_post(struct xf_xpu_ring *r, const struct xf_xpu_desc *
 {
 	if (xf_xpu_ld_acq32(&r->state) != XF_XPU_RING_OPEN)
 		return -XF_XPU_ESHUTDOWN;
-	if (xf_xpu_fadd_acq_i64(&r->credits, -1) <= 0) {
-		xf_xpu_fadd_acq_i64(&r->credits, 1);
+	/* The host frees slots by storing head; a head read early only underestimates room. */
+	xf_u64 head = xf_xpu_ld_acq(&r->head);
+	if (xf_xpu_fadd(&r->claimed, 1) - head > xf_xpu_ld(&r->mask)) {
+		xf_xpu_fadd(&r->claimed, (xf_u64)-1);
 		return -XF_XPU_EAGAIN;
 	}
 	xf_u64 pos = xf_xpu_fadd(&r->tail, 1);
