@@ -115,6 +115,9 @@ struct Link {
     /// Its transport answered a split copy with `FI_EPERM` (its kernel will not let it
     /// write to us): copies from it are not split any more.
     no_split: bool,
+    /// A copy from it was refused, after which the engine asks none of it: the descriptors
+    /// it passes with its VMM offers (`fdpass`) would never be used, and are not kept.
+    no_fds: bool,
 }
 
 impl Link {
@@ -134,6 +137,7 @@ impl Link {
             held: VecDeque::new(),
             checked: None,
             no_split: false,
+            no_fds: false,
         }
     }
 }
@@ -471,6 +475,9 @@ impl Net {
                         None => self.copy(&c),
                     },
                 };
+                if how == Copied::Refused {
+                    self.copies_refused(c.peer);
+                }
                 g.engine.on_copied(c.token, how);
                 // A copy's end sends an acknowledgement or a read's answer.
                 g.engine.transmit(self);

@@ -34,6 +34,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub static TAKEN: AtomicU64 = AtomicU64::new(0);
 /// Connections and messages refused (not a peer's, malformed), in every endpoint.
 pub static REFUSED: AtomicU64 = AtomicU64::new(0);
+/// Connections from peers whose descriptors are no longer kept (`Verdict::Discard`), closed
+/// unread, in every endpoint.
+pub static DISCARDED: AtomicU64 = AtomicU64::new(0);
+
+/// What an inbox does with a connection, by its `SO_PEERCRED` pid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// A peer's: its message is read and its descriptor kept.
+    Keep,
+    /// A peer whose descriptors would never be used (the endpoint copies no more from it):
+    /// closed unread (the descriptor in it closes with it), quietly, counted in `DISCARDED`.
+    Discard,
+    /// No peer's: closed, counted in `REFUSED` and logged.
+    Refuse,
+}
 
 /// First word of a message.
 const MAGIC: u32 = u32::from_le_bytes(*b"XFVF");
@@ -205,14 +220,19 @@ impl Inbox {
         })
     }
 
-    /// Takes in what is queued on the listener, keeping what comes from a pid `known`
-    /// accepts. Never waits.
-    pub fn drain(&mut self, known: impl Fn(i32) -> bool) {
+    /// Takes in what is queued on the listener, keeping what comes from a pid `verdict` says
+    /// to keep. Never waits.
+    pub fn drain(&mut self, verdict: impl Fn(i32) -> Verdict) {
         // First the connections whose message had not come at an earlier look.
         let now = std::time::Instant::now();
         for (c, pid, since) in std::mem::take(&mut self.unread) {
-            if !known(pid) {
-                continue;
+            match verdict(pid) {
+                Verdict::Keep => {}
+                Verdict::Discard => {
+                    DISCARDED.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                Verdict::Refuse => continue,
             }
             match self.read_one(&c, pid) {
                 Ok(Some(w)) => self.keep(w),
@@ -247,15 +267,22 @@ impl Inbox {
             }
             // SAFETY: a fresh descriptor we own; closed when `c` drops.
             let c = unsafe { OwnedFd::from_raw_fd(c) };
-            let got = peer_pid(c.as_raw_fd()).and_then(|pid| {
-                if known(pid) {
-                    Ok(pid)
-                } else {
-                    Err(format!(
-                        "a connection from pid {pid}, no peer's verified pid"
-                    ))
-                }
+            let got = peer_pid(c.as_raw_fd()).and_then(|pid| match verdict(pid) {
+                Verdict::Keep => Ok(Some(pid)),
+                Verdict::Discard => Ok(None),
+                Verdict::Refuse => Err(format!(
+                    "a connection from pid {pid}, no peer's verified pid"
+                )),
             });
+            let got = match got {
+                // Closed unread, with whatever it carries.
+                Ok(None) => {
+                    DISCARDED.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                Ok(Some(pid)) => Ok(pid),
+                Err(why) => Err(why),
+            };
             match got.and_then(|pid| self.read_one(&c, pid).map(|w| (w, pid))) {
                 Ok((Some(w), _)) => self.keep(w),
                 // Accepted between the peer's connect and its send: read at a later look
@@ -405,6 +432,66 @@ mod tests {
         format!("fdpass-test-{}-{what}", std::process::id())
     }
 
+    /// Keeps what `me` passes, refuses the rest.
+    fn only(me: i32) -> impl Fn(i32) -> Verdict {
+        move |p| {
+            if p == me {
+                Verdict::Keep
+            } else {
+                Verdict::Refuse
+            }
+        }
+    }
+
+    /// Descriptors of this process open on `file`'s inode.
+    fn open_on(file: BorrowedFd<'_>) -> usize {
+        let ino = inode(file);
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::metadata(e.ok()?.path()).ok())
+            .filter(|m| m.ino() == ino)
+            .count()
+    }
+
+    #[test]
+    fn a_discarded_peers_connections_close_unread_with_what_they_carry() {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let me = std::process::id() as i32;
+        let seg = name("discard");
+        let mut inbox = Inbox::bind(&seg).unwrap();
+        let file = tempfile_fd();
+        let (refused, discarded) = (
+            REFUSED.load(Ordering::Relaxed),
+            DISCARDED.load(Ordering::Relaxed),
+        );
+        // Two messages queued, and a connection accepted before its message came.
+        send(&seg, me, 1, file.as_fd()).unwrap();
+        send(&seg, me, 2, file.as_fd()).unwrap();
+        let s = socket().unwrap();
+        let (a, alen) = addr_of(&seg).unwrap();
+        // SAFETY: a valid address of `alen` bytes.
+        let r =
+            unsafe { libc::connect(s.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), alen) };
+        assert_eq!(r, 0);
+        inbox.drain(only(me));
+        assert_eq!((inbox.waiting(), inbox.unread.len()), (2, 1));
+        // The endpoint copies no more from that peer: what comes later (the unread
+        // connection's late message, a new one) is closed unread, quietly, and what it held
+        // of the peer closes.
+        send_on(&s, 3, file.as_fd()).unwrap();
+        send(&seg, me, 4, file.as_fd()).unwrap();
+        inbox.drain(|_| Verdict::Discard);
+        assert_eq!((inbox.waiting(), inbox.unread.len()), (2, 0));
+        assert_eq!(DISCARDED.load(Ordering::Relaxed), discarded + 2);
+        inbox.drop_pid(me);
+        assert_eq!(inbox.waiting(), 0);
+        drop(s);
+        // Our own descriptor of the file is the only one left open (the one in flight on the
+        // unread connection closed with it).
+        assert_eq!(open_on(file.as_fd()), 1);
+        assert_eq!(REFUSED.load(Ordering::Relaxed), refused);
+    }
+
     #[test]
     fn a_descriptor_passes_to_the_verified_pid_only_and_what_waits_is_bounded() {
         let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -414,7 +501,7 @@ mod tests {
         let file = tempfile_fd();
         // Passed and taken under (pid, allocation id); the same file arrives.
         send(&seg, me, 7, file.as_fd()).unwrap();
-        inbox.drain(|p| p == me);
+        inbox.drain(only(me));
         assert!(inbox.take(me, 8).is_none(), "another allocation's");
         let got = inbox.take(me, 7).expect("passed");
         assert_eq!(inode(got.as_fd()), inode(file.as_fd()));
@@ -424,7 +511,7 @@ mod tests {
         let before = REFUSED.load(Ordering::Relaxed);
         let e = send(&seg, me + 1, 7, file.as_fd()).unwrap_err();
         assert!(e.contains("not the peer's verified"), "{e}");
-        inbox.drain(|p| p == me);
+        inbox.drain(only(me));
         assert_eq!(inbox.waiting(), 0);
         assert_eq!(REFUSED.load(Ordering::Relaxed), before + 1);
         // Nobody listens there.
@@ -432,7 +519,7 @@ mod tests {
         // From a pid that is no peer's: refused, nothing held.
         let before = REFUSED.load(Ordering::Relaxed);
         send(&seg, me, 9, file.as_fd()).unwrap();
-        inbox.drain(|_| false);
+        inbox.drain(|_| Verdict::Refuse);
         assert_eq!(inbox.waiting(), 0);
         assert_eq!(REFUSED.load(Ordering::Relaxed), before + 1);
         // A message without a descriptor, and one of another form: refused.
@@ -447,7 +534,7 @@ mod tests {
                 );
                 assert!(libc::send(s.as_raw_fd(), body.as_ptr().cast(), body.len(), 0) > 0);
             }
-            inbox.drain(|p| p == me);
+            inbox.drain(only(me));
         }
         assert_eq!(inbox.waiting(), 0);
         assert_eq!(REFUSED.load(Ordering::Relaxed), before + 3);
@@ -455,13 +542,13 @@ mod tests {
         for id in 0..PER_PID_MAX as u64 + 3 {
             send(&seg, me, 100 + id, file.as_fd()).unwrap();
         }
-        inbox.drain(|p| p == me);
+        inbox.drain(only(me));
         assert_eq!(inbox.waiting(), PER_PID_MAX);
         assert!(inbox.take(me, 100).is_none(), "the oldest went first");
         inbox.drop_pid(me);
         assert_eq!(inbox.waiting(), 0);
         // Nothing queued: a look returns at once.
-        inbox.drain(|_| true);
+        inbox.drain(|_| Verdict::Keep);
     }
 
     #[test]
@@ -484,23 +571,23 @@ mod tests {
         // A look between the peer's connect and its send: nothing refused, nothing held.
         let before = REFUSED.load(Ordering::Relaxed);
         let s = connect();
-        inbox.drain(|p| p == me);
+        inbox.drain(only(me));
         assert_eq!((inbox.waiting(), inbox.unread.len()), (0, 1));
         // The message comes: the next look takes it.
         send_on(&s, 5, file.as_fd()).unwrap();
-        inbox.drain(|p| p == me);
+        inbox.drain(only(me));
         assert_eq!((inbox.waiting(), inbox.unread.len()), (1, 0));
         assert!(inbox.take(me, 5).is_some());
         assert_eq!(REFUSED.load(Ordering::Relaxed), before);
         // A connection that never sends is dropped once it is older than UNREAD_AGE, and
         // no more than UNREAD_MAX wait at once.
         let silent: Vec<OwnedFd> = (0..UNREAD_MAX + 2).map(|_| connect()).collect();
-        inbox.drain(|p| p == me);
+        inbox.drain(only(me));
         assert_eq!(inbox.unread.len(), UNREAD_MAX);
         for u in &mut inbox.unread {
             u.2 -= UNREAD_AGE;
         }
-        inbox.drain(|p| p == me);
+        inbox.drain(only(me));
         assert_eq!((inbox.waiting(), inbox.unread.len()), (0, 0));
         assert_eq!(
             REFUSED.load(Ordering::Relaxed),
@@ -509,7 +596,7 @@ mod tests {
         drop(silent);
         // A lost peer's unread connections close with it.
         let _s = connect();
-        inbox.drain(|p| p == me);
+        inbox.drain(only(me));
         assert_eq!(inbox.unread.len(), 1);
         inbox.drop_pid(me);
         assert_eq!(inbox.unread.len(), 0);

@@ -97,6 +97,9 @@ pub struct Counts {
     /// Descriptor connections or messages refused: not from a peer's verified pid, or
     /// malformed (receiver side).
     pub fd_refused: u64,
+    /// Descriptor connections closed unread: from a peer whose copies were refused, whose
+    /// descriptors would never be used (receiver side).
+    pub fd_discarded: u64,
 }
 
 /// What the CUDA IPC copies of this process did so far.
@@ -111,6 +114,7 @@ pub fn counts() -> Counts {
         unexported: UNEXPORTED.load(Ordering::Relaxed),
         taken: fdpass::TAKEN.load(Ordering::Relaxed),
         fd_refused: fdpass::REFUSED.load(Ordering::Relaxed),
+        fd_discarded: fdpass::DISCARDED.load(Ordering::Relaxed),
     }
 }
 
@@ -428,19 +432,36 @@ impl Net {
     /// Takes in what is queued on the endpoint's descriptor socket (only from peers' verified
     /// pids; at most `fdpass::PER_PID_MAX` held per peer). Also done by the sweep, so that
     /// descriptors a peer keeps passing for offers this endpoint no longer copies (it asks no
-    /// more copies of a peer after a refusal) are closed rather than left queued, each
-    /// holding the peer's allocation. Never waits.
+    /// more copies of a peer after a refusal: `copies_refused`) are closed rather than left
+    /// queued, each holding the peer's allocation. Never waits.
     pub(super) fn drain_fds(&mut self) {
         let Some(inbox) = self.fds.as_mut() else {
             return;
         };
-        let known: Vec<i32> = self
+        let known: Vec<(i32, bool)> = self
             .links
             .iter()
             .filter(|l| !l.dead)
-            .filter_map(|l| l.pid)
+            .filter_map(|l| Some((l.pid?, l.no_fds)))
             .collect();
-        inbox.drain(|p| known.contains(&p));
+        inbox.drain(|p| match known.iter().find(|k| k.0 == p) {
+            Some((_, false)) => fdpass::Verdict::Keep,
+            Some((_, true)) => fdpass::Verdict::Discard,
+            None => fdpass::Verdict::Refuse,
+        });
+    }
+
+    /// A copy from `p` was refused: the engine asks no more of it (`pull_refused`), so the
+    /// descriptors it passed for its VMM offers, and those it will pass, would only be held,
+    /// each keeping the peer's allocation alive: they close, and later ones are closed unread.
+    pub(super) fn copies_refused(&mut self, p: PeerId) {
+        let Some(link) = self.links.get_mut(p) else {
+            return;
+        };
+        link.no_fds = true;
+        if let (Some(f), Some(pid)) = (self.fds.as_mut(), link.pid) {
+            f.drop_pid(pid);
+        }
     }
 
     /// The endpoint closes with CUDA IPC copies still under way past its bound: each is

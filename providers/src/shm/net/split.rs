@@ -478,6 +478,9 @@ impl Net {
             // Ours failed (refused: the message goes through frames, over what it wrote).
             (own, _) => own,
         };
+        if how == Copied::Refused {
+            self.copies_refused(p);
+        }
         eng.on_copied(s.token, how);
     }
 
