@@ -207,6 +207,23 @@ fn cuda_ipc_child() {
     }
     assert_eq!(seen, pattern(1 << 20, 5)[4096..4196]);
     m.close().unwrap();
+    // The same allocation claimed longer than it is (a hostile peer's `alloc_len`, the
+    // driver's bytes untouched): a copy within the claim would read past the mapping, so the
+    // open is refused, nothing left open.
+    let long = IpcHandle {
+        alloc_len: h.alloc_len * 2,
+        ..h.clone()
+    };
+    let e = cuda.ipc_open(0, &long).unwrap_err();
+    assert!(e.to_string().contains("holds"), "{e}");
+    if std::env::var_os(DOUBLE_ENV).is_some() {
+        // The double's own handle bytes forged longer too (its length at 8..16): it maps no
+        // more than the allocation's memfd holds.
+        let mut raw = long.raw;
+        raw[8..16].copy_from_slice(&long.alloc_len.to_le_bytes());
+        let forged = IpcHandle { raw, ..long };
+        assert!(cuda.ipc_open(0, &forged).is_err(), "mapped past the memfd");
+    }
     assert!(cuda.take_drop_errors().is_empty());
     println!("CHILD OK");
 }
@@ -261,6 +278,49 @@ fn vmm(cuda: &Cuda) {
     unsafe { cuda.copy_to_host(0, &mut seen, m.as_ptr()).unwrap() };
     assert_eq!(seen, data[..100]);
     drop(m);
+
+    // A hostile exporter keeps a copy of the descriptor it passed and, once the importer has
+    // mapped it, shrinks what it names: it cannot (a driver's allocation has a fixed size; the
+    // double's are sealed so), and the importer's copies still read the bytes. A claim longer
+    // than what the descriptor names is refused.
+    let buf = cuda.alloc_device_vmm(0, len, true).unwrap();
+    // SAFETY: `buf` is CUDA memory on device 0 of `len` bytes.
+    unsafe { cuda.copy_from_host(0, buf.as_ptr(), &data).unwrap() };
+    let (h, fd) = cuda.vmm_export(buf.as_ptr(), len).unwrap();
+    let kept = fd.try_clone().unwrap();
+    let m = cuda.vmm_open(0, &h, fd).unwrap();
+    let shrunk = std::fs::File::from(kept.try_clone().unwrap()).set_len(0);
+    assert!(shrunk.is_err(), "the allocation's descriptor shrank");
+    // SAFETY: as above.
+    unsafe {
+        cuda.copy_to_host(0, &mut seen, m.as_ptr().add(len - 100))
+            .unwrap()
+    };
+    assert_eq!(seen, data[len - 100..]);
+    drop(m);
+    let long = IpcHandle {
+        alloc_len: h.alloc_len * 2,
+        ..h.clone()
+    };
+    assert!(
+        cuda.vmm_open(0, &long, kept).is_err(),
+        "a claim past its end"
+    );
+    drop(buf);
+    if std::env::var_os(DOUBLE_ENV).is_some() {
+        // The double's own: a memfd named as its allocations are but made by the peer (not
+        // sealed), which it could shrink under the importer, is refused.
+        // SAFETY: a NUL-terminated name; the descriptor is owned at once.
+        let forged = unsafe {
+            use std::os::fd::FromRawFd;
+            let fd = libc::memfd_create(c"cuda-double-vmm-999999".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0);
+            std::os::fd::OwnedFd::from_raw_fd(fd)
+        };
+        let f = std::fs::File::from(forged);
+        f.set_len(h.alloc_len).unwrap();
+        assert!(cuda.vmm_open(0, &h, f.into()).is_err(), "an unsealed memfd");
+    }
 
     // Not made shareable: not exported, and why.
     let plain = cuda.alloc_device_vmm(0, 4096, false).unwrap();

@@ -581,7 +581,32 @@ impl HmemIface for Cuda {
             ));
         }
         let dptr = state.with_ctx(OP, device, |_| {
-            result::ipc::open(&handle.raw).map_err(cuda_err("cuIpcOpenMemHandle"))
+            let dptr = result::ipc::open(&handle.raw).map_err(cuda_err("cuIpcOpenMemHandle"))?;
+            // The handle's length is the peer's word, and copies are bounded by it: the
+            // allocation the driver opened must hold that much (a copy past its mapping would
+            // fault on the device, the context's error sticky).
+            let holds = result::pointer::address_range(dptr)
+                .map_err(cuda_err("cuMemGetAddressRange"))
+                .and_then(|(base, size)| {
+                    if base == dptr && size as u64 >= handle.alloc_len {
+                        Ok(())
+                    } else {
+                        Err(HmemError::inval(
+                            OP,
+                            format!(
+                                "the allocation opened holds {size} bytes from {base:#x}, \
+                                 not the {} the handle claims from {dptr:#x}",
+                                handle.alloc_len
+                            ),
+                        ))
+                    }
+                });
+            if let Err(e) = holds {
+                // SAFETY: just opened, never handed out, closed once.
+                let _ = unsafe { result::ipc::close(dptr) };
+                return Err(e);
+            }
+            Ok(dptr)
         })?;
         let release = IpcOpened {
             state: state.clone(),

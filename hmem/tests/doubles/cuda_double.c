@@ -51,6 +51,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -133,6 +134,13 @@ static CUresult add(char *base, size_t len, enum kind kind, int device, int fd)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	regions[nregions++] = (struct region){ base, len, kind, device, fd, 0, next_id++, 0 };
 	return CUDA_SUCCESS;
+}
+
+/* Seals memfd `fd` at its size (no shrinking, no growing, no more seals), as a driver's
+ * allocation is fixed: 1 where done. */
+static int seal_size(int fd)
+{
+	return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0;
 }
 
 /* Exported for tests only. */
@@ -476,8 +484,10 @@ CUresult cuMemAlloc_v2(CUdeviceptr *d, size_t len)
 	unsigned long long id = next_id++; /* reserved: the memfd is named for it */
 	pthread_mutex_unlock(&lock);
 	snprintf(name, sizeof name, "cuda-double-%llu", id);
-	int fd = (int)syscall(SYS_memfd_create, name, 0);
-	if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
+	int fd = (int)syscall(SYS_memfd_create, name, MFD_ALLOW_SEALING);
+	/* Of a fixed size, as the driver's: sealed, so that no holder of it (an importer's
+	 * peer) can shrink it under a mapping. */
+	if (fd < 0 || ftruncate(fd, (off_t)len) != 0 || !seal_size(fd)) {
 		if (fd >= 0)
 			close(fd);
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -649,6 +659,15 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *d, CUipcMemHandle h, unsigned flags)
 	int local = open(path, O_RDWR);
 	if (local < 0)
 		return CUDA_ERROR_INVALID_HANDLE;
+	/* The handle's length is the exporter's word: no more is mapped than the file holds,
+	 * and a memfd must be sealed against shrinking (else pages could vanish under us). */
+	struct stat st;
+	int seals = fcntl(local, F_GET_SEALS);
+	if (fstat(local, &st) != 0 || st.st_size < 0 || (uint64_t)st.st_size < len ||
+	    (seals >= 0 && !(seals & F_SEAL_SHRINK))) {
+		close(local);
+		return CUDA_ERROR_INVALID_HANDLE;
+	}
 	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, local, 0);
 	close(local);
 	if (p == MAP_FAILED)
@@ -899,8 +918,8 @@ CUresult cuMemCreate(unsigned long long *h, size_t len, const struct allocprop *
 	pthread_mutex_unlock(&lock);
 	char name[64];
 	snprintf(name, sizeof name, "cuda-double-vmm-%llu", id);
-	int fd = (int)syscall(SYS_memfd_create, name, MFD_CLOEXEC);
-	if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
+	int fd = (int)syscall(SYS_memfd_create, name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0 || ftruncate(fd, (off_t)len) != 0 || !seal_size(fd)) {
 		if (fd >= 0)
 			close(fd);
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1126,6 +1145,11 @@ CUresult cuMemImportFromShareableHandle(unsigned long long *h, void *os, int typ
 	char tail[16];
 	/* Only the double's allocations: anything else a peer passes is not one. */
 	if (sscanf(got, "/memfd:cuda-double-vmm-%llu %15s", &their_id, tail) != 2 || strcmp(tail, "(deleted)") != 0)
+		return CUDA_ERROR_INVALID_HANDLE;
+	/* Sealed at its size, as the double's allocations are: one the peer made (or could still
+	 * shrink under our mapping) is not an allocation. */
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK) || !(seals & F_SEAL_GROW))
 		return CUDA_ERROR_INVALID_HANDLE;
 	struct stat st;
 	if (fstat(fd, &st) != 0 || st.st_size <= 0 || (size_t)st.st_size % VMM_GRANULE != 0)
