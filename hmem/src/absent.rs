@@ -151,7 +151,7 @@ impl<T: Absent> HmemIface for T {
         &self,
         _device: u64,
         _handle: &IpcHandle,
-        _fd: std::os::fd::OwnedFd,
+        _fd: std::os::fd::BorrowedFd<'_>,
     ) -> Result<IpcMapping> {
         Err(self.error())
     }

@@ -153,10 +153,16 @@ pub trait HmemIface: Send + Sync + std::fmt::Debug {
     }
 
     /// Imports the allocation another process exported with
-    /// [`vmm_export`](Self::vmm_export), given its descriptor (`fd`, consumed) and handle, and
+    /// [`vmm_export`](Self::vmm_export), given its descriptor (`fd`, only used: the caller
+    /// closes it, where it chooses, as closing another's descriptor may wait) and handle, and
     /// maps the whole of it on `device`; the mapping is unmapped on drop. The driver refuses
     /// a descriptor that names no allocation, or one smaller than the handle says.
-    fn vmm_open(&self, device: u64, handle: &IpcHandle, fd: OwnedFd) -> Result<IpcMapping> {
+    fn vmm_open(
+        &self,
+        device: u64,
+        handle: &IpcHandle,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<IpcMapping> {
         let _ = (device, handle, fd);
         Err(HmemError::unsupported(
             self.iface(),

@@ -14,6 +14,7 @@
 
 mod common;
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use common::{double, hex, is_child, live_objects, pattern, spawn_child_test, unhex};
@@ -263,7 +264,7 @@ fn vmm(cuda: &Cuda) {
         "past its end"
     );
     assert!(cuda.ipc_open(0, &h).is_err(), "not a legacy handle");
-    let m = cuda.vmm_open(0, &h, fd).unwrap();
+    let m = cuda.vmm_open(0, &h, fd.as_fd()).unwrap();
     assert_ne!(m.base(), h.base, "mapped anew");
     let mut seen = vec![0u8; 100];
     // SAFETY: the mapping is CUDA memory with at least 100 bytes from its address.
@@ -273,7 +274,7 @@ fn vmm(cuda: &Cuda) {
     // The exporter's memory outlives the importer's mapping, and the other way round.
     let (h, fd) = cuda.vmm_export(buf.as_ptr(), len).unwrap();
     buf.free().unwrap();
-    let m = cuda.vmm_open(0, &h, fd).unwrap();
+    let m = cuda.vmm_open(0, &h, fd.as_fd()).unwrap();
     // SAFETY: as above.
     unsafe { cuda.copy_to_host(0, &mut seen, m.as_ptr()).unwrap() };
     assert_eq!(seen, data[..100]);
@@ -288,7 +289,7 @@ fn vmm(cuda: &Cuda) {
     unsafe { cuda.copy_from_host(0, buf.as_ptr(), &data).unwrap() };
     let (h, fd) = cuda.vmm_export(buf.as_ptr(), len).unwrap();
     let kept = fd.try_clone().unwrap();
-    let m = cuda.vmm_open(0, &h, fd).unwrap();
+    let m = cuda.vmm_open(0, &h, fd.as_fd()).unwrap();
     let shrunk = std::fs::File::from(kept.try_clone().unwrap()).set_len(0);
     assert!(shrunk.is_err(), "the allocation's descriptor shrank");
     // SAFETY: as above.
@@ -303,7 +304,7 @@ fn vmm(cuda: &Cuda) {
         ..h.clone()
     };
     assert!(
-        cuda.vmm_open(0, &long, kept).is_err(),
+        cuda.vmm_open(0, &long, kept.as_fd()).is_err(),
         "a claim past its end"
     );
     drop(buf);
@@ -319,7 +320,10 @@ fn vmm(cuda: &Cuda) {
         };
         let f = std::fs::File::from(forged);
         f.set_len(h.alloc_len).unwrap();
-        assert!(cuda.vmm_open(0, &h, f.into()).is_err(), "an unsealed memfd");
+        assert!(
+            cuda.vmm_open(0, &h, f.as_fd()).is_err(),
+            "an unsealed memfd"
+        );
     }
 
     // Not made shareable: not exported, and why.
@@ -342,7 +346,7 @@ fn vmm(cuda: &Cuda) {
     drop(legacy);
     // A descriptor of anything else: the driver refuses it.
     let null = std::fs::File::open("/dev/null").unwrap();
-    assert!(cuda.vmm_open(0, &h, null.into()).is_err());
+    assert!(cuda.vmm_open(0, &h, null.as_fd()).is_err());
     assert!(cuda.take_drop_errors().is_empty());
 }
 

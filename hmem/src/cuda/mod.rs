@@ -12,7 +12,7 @@
 pub mod result;
 
 use std::ffi::c_void;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 
@@ -716,7 +716,7 @@ impl HmemIface for Cuda {
         Ok((handle, fd))
     }
 
-    fn vmm_open(&self, device: u64, handle: &IpcHandle, fd: OwnedFd) -> Result<IpcMapping> {
+    fn vmm_open(&self, device: u64, handle: &IpcHandle, fd: BorrowedFd<'_>) -> Result<IpcMapping> {
         const OP: &str = "vmm_open";
         let state = self.state()?;
         if handle.iface != Iface::Cuda || !handle.is_vmm() {
@@ -738,9 +738,8 @@ impl HmemIface for Cuda {
                 .ok_or_else(|| {
                     HmemError::inval(OP, format!("an allocation of {} bytes", handle.alloc_len))
                 })?;
-            let h = result::vmm::import_fd(fd.as_fd())
-                .map_err(cuda_err("cuMemImportFromShareableHandle"))?;
-            drop(fd);
+            let h =
+                result::vmm::import_fd(fd).map_err(cuda_err("cuMemImportFromShareableHandle"))?;
             vmm_map(state, device, dev, h, size, gran)
         })?;
         let ptr = mapped.ptr;

@@ -26,9 +26,16 @@
 //! `UNREAD_AGE` at most. What a peer makes it hold is bounded:
 //! `PER_PID_MAX` descriptors per peer (the oldest closed first), `ACCEPT_MAX` connections
 //! taken per look, and a lost peer's descriptors close with it.
+//!
+//! Closing the last descriptor of a file may wait on what the file is (a socket with
+//! `SO_LINGER` whose queue cannot drain, a file whose filesystem answers its flush late or
+//! never), and anyone who can connect chooses what it passes, its identity unchecked until
+//! after: every accepted connection and every descriptor that came over one is closed on the
+//! process's closer thread (`Foreign`, `close_later`), never on the caller's. While more than
+//! `CLOSING_MAX` wait there (a closer stuck on such files), no more connections are accepted.
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Descriptors taken from peers, in every endpoint of this process.
 pub static TAKEN: AtomicU64 = AtomicU64::new(0);
@@ -188,7 +195,77 @@ fn send_on(s: &OwnedFd, alloc_id: u64, fd: BorrowedFd<'_>) -> Result<(), String>
 struct Waiting {
     pid: i32,
     alloc_id: u64,
-    fd: OwnedFd,
+    fd: Foreign,
+}
+
+/// Descriptors handed to the closer and not closed yet, in every endpoint.
+static CLOSING: AtomicUsize = AtomicUsize::new(0);
+/// Past this many waiting to be closed, an inbox accepts no more connections (they wait in the
+/// backlog; once it is full their senders' connects fail and they send staged): what strangers
+/// pass cannot pile up behind a close that never ends.
+const CLOSING_MAX: usize = 256;
+
+/// The closer's queue; `None` where its thread could not be started.
+static CLOSER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<OwnedFd>>> =
+    std::sync::OnceLock::new();
+
+/// Closes `fd`, a descriptor someone else made (a connection to our socket, what it passed),
+/// on the process's closer thread: closing the last descriptor of a file may wait (a socket
+/// with `SO_LINGER` whose queue cannot drain, a file whose filesystem answers its flush late
+/// or never), and whoever passed it chose what it is. Never waits. Where no closer thread
+/// could be started, closed here.
+pub fn close_later(fd: OwnedFd) {
+    let closer = CLOSER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<OwnedFd>();
+        std::thread::Builder::new()
+            .name("xfabric-fd-close".into())
+            .spawn(move || {
+                for fd in rx {
+                    drop(fd);
+                    CLOSING.fetch_sub(1, Ordering::Relaxed);
+                }
+            })
+            .map_err(|e| tracing::warn!("shm: no descriptor closer thread ({e})"))
+            .ok()
+            .map(|_| tx)
+    });
+    let Some(tx) = closer else {
+        drop(fd);
+        return;
+    };
+    CLOSING.fetch_add(1, Ordering::Relaxed);
+    if let Err(back) = tx.send(fd) {
+        CLOSING.fetch_sub(1, Ordering::Relaxed);
+        drop(back.0);
+    }
+}
+
+/// A descriptor someone else made (an accepted connection, a descriptor passed over one):
+/// closed by the closer thread when dropped (`close_later`).
+pub struct Foreign(Option<OwnedFd>);
+
+impl Foreign {
+    fn new(fd: OwnedFd) -> Foreign {
+        Foreign(Some(fd))
+    }
+
+    /// The descriptor, for a call that only uses it.
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.0.as_ref().expect("taken only by drop").as_fd()
+    }
+
+    fn as_raw_fd(&self) -> RawFd {
+        self.as_fd().as_raw_fd()
+    }
+}
+
+impl Drop for Foreign {
+    fn drop(&mut self) {
+        if let Some(fd) = self.0.take() {
+            close_later(fd);
+        }
+    }
 }
 
 /// The receiving side: the listener, and the descriptors taken from it.
@@ -196,7 +273,7 @@ pub struct Inbox {
     listener: OwnedFd,
     waiting: Vec<Waiting>,
     /// Accepted connections of known pids with nothing to read yet, and when they came.
-    unread: Vec<(OwnedFd, i32, std::time::Instant)>,
+    unread: Vec<(Foreign, i32, std::time::Instant)>,
 }
 
 impl Inbox {
@@ -252,6 +329,11 @@ impl Inbox {
             }
         }
         for _ in 0..ACCEPT_MAX {
+            // One look closes at most a connection, what it carried and a descriptor it
+            // displaces: the queue stays within a few of its bound.
+            if CLOSING.load(Ordering::Relaxed) >= CLOSING_MAX {
+                return;
+            }
             // SAFETY: no address is asked for; a negative return is checked.
             let c = unsafe {
                 libc::accept4(
@@ -266,7 +348,7 @@ impl Inbox {
                 return;
             }
             // SAFETY: a fresh descriptor we own; closed when `c` drops.
-            let c = unsafe { OwnedFd::from_raw_fd(c) };
+            let c = Foreign::new(unsafe { OwnedFd::from_raw_fd(c) });
             let got = peer_pid(c.as_raw_fd()).and_then(|pid| match verdict(pid) {
                 Verdict::Keep => Ok(Some(pid)),
                 Verdict::Discard => Ok(None),
@@ -317,7 +399,7 @@ impl Inbox {
 
     /// Reads the one message of connection `c` from `pid` (its `SO_PEERCRED` pid, checked by
     /// the caller); `None` while nothing has come on it yet.
-    fn read_one(&self, c: &OwnedFd, pid: i32) -> Result<Option<Waiting>, String> {
+    fn read_one(&self, c: &Foreign, pid: i32) -> Result<Option<Waiting>, String> {
         let mut body = [0u8; MSG_LEN + 1];
         let mut iov = libc::iovec {
             iov_base: body.as_mut_ptr().cast(),
@@ -356,7 +438,7 @@ impl Inbox {
                     let bytes = ((*h).cmsg_len as usize).saturating_sub(data as usize - h as usize);
                     for i in 0..bytes / std::mem::size_of::<RawFd>() {
                         let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
-                        fds.push(OwnedFd::from_raw_fd(fd));
+                        fds.push(Foreign::new(OwnedFd::from_raw_fd(fd)));
                     }
                 }
                 h = libc::CMSG_NXTHDR(&msg, h);
@@ -386,7 +468,7 @@ impl Inbox {
 
     /// The descriptor `pid` passed for allocation `alloc_id`, if it came (the latest, should
     /// it have come more than once: the others close).
-    pub fn take(&mut self, pid: i32, alloc_id: u64) -> Option<OwnedFd> {
+    pub fn take(&mut self, pid: i32, alloc_id: u64) -> Option<Foreign> {
         let mut got = None;
         let mut i = 0;
         while i < self.waiting.len() {
@@ -443,6 +525,15 @@ mod tests {
         }
     }
 
+    /// Waits (bounded) until the closer has closed all it was handed.
+    fn settled() {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while CLOSING.load(Ordering::Relaxed) != 0 {
+            assert!(std::time::Instant::now() < deadline, "the closer is stuck");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Descriptors of this process open on `file`'s inode.
     fn open_on(file: BorrowedFd<'_>) -> usize {
         let ino = inode(file);
@@ -487,7 +578,8 @@ mod tests {
         assert_eq!(inbox.waiting(), 0);
         drop(s);
         // Our own descriptor of the file is the only one left open (the one in flight on the
-        // unread connection closed with it).
+        // unread connection closed with it, by the closer).
+        settled();
         assert_eq!(open_on(file.as_fd()), 1);
         assert_eq!(REFUSED.load(Ordering::Relaxed), refused);
     }
@@ -600,6 +692,97 @@ mod tests {
         assert_eq!(inbox.unread.len(), 1);
         inbox.drop_pid(me);
         assert_eq!(inbox.unread.len(), 0);
+    }
+
+    /// A loopback TCP connection whose last close waits `secs` seconds: its send queue full
+    /// (the listener never accepts nor reads), `SO_LINGER` set. The listener goes with it.
+    fn lingering_socket(secs: i32) -> (OwnedFd, std::net::TcpListener) {
+        use std::io::Write;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let buf = vec![0u8; 1 << 16];
+        while (&s).write(&buf).is_ok() {}
+        let lg = libc::linger {
+            l_onoff: 1,
+            l_linger: secs,
+        };
+        // SAFETY: reads one linger struct.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&lg as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0);
+        (s.into(), l)
+    }
+
+    /// Closing what someone passed may wait (a socket lingering, a file whose filesystem
+    /// answers its flush late or never): whatever a peer or a stranger passed is closed off
+    /// the caller's thread, whichever way it goes (a stranger's connection, a malformed
+    /// message, a lost peer's, the descriptor `take` gives for the caller to close).
+    #[test]
+    fn closing_what_someone_passed_never_waits() {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let me = std::process::id() as i32;
+        let seg = name("linger");
+        let mut inbox = Inbox::bind(&seg).unwrap();
+        let quick = std::time::Duration::from_millis(500);
+        let timed = |what: &str, f: &mut dyn FnMut()| {
+            let t = std::time::Instant::now();
+            f();
+            assert!(t.elapsed() < quick, "{what} took {:?}", t.elapsed());
+        };
+        let mut listeners = Vec::new();
+        // A stranger's connection.
+        let (sock, l) = lingering_socket(3);
+        listeners.push(l);
+        send(&seg, me, 1, sock.as_fd()).unwrap();
+        drop(sock);
+        timed("a stranger's connection", &mut || {
+            inbox.drain(|_| Verdict::Refuse)
+        });
+        // A peer's descriptor, held, then its peer lost.
+        let (sock, l) = lingering_socket(3);
+        listeners.push(l);
+        send(&seg, me, 2, sock.as_fd()).unwrap();
+        drop(sock);
+        inbox.drain(only(me));
+        assert_eq!(inbox.waiting(), 1);
+        timed("a lost peer's", &mut || inbox.drop_pid(me));
+        // Taken, and handed back to be closed.
+        let (sock, l) = lingering_socket(3);
+        listeners.push(l);
+        send(&seg, me, 3, sock.as_fd()).unwrap();
+        drop(sock);
+        inbox.drain(only(me));
+        let mut got = inbox.take(me, 3);
+        timed("a taken one", &mut || drop(got.take()));
+        // The closer waits on each in turn: read what they sent, so that their closes end
+        // (and the closer is free for the other tests).
+        for l in listeners {
+            use std::io::Read;
+            let (mut c, _) = l.accept().unwrap();
+            c.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+                .unwrap();
+            let mut sink = Vec::new();
+            c.read_to_end(&mut sink).unwrap();
+        }
+        settled();
+        // A closer with too much on hand (stuck on what strangers passed): nothing more is
+        // accepted, which would only add to it; the connection waits in the backlog.
+        CLOSING.fetch_add(CLOSING_MAX, Ordering::Relaxed);
+        let file = tempfile_fd();
+        send(&seg, me, 4, file.as_fd()).unwrap();
+        inbox.drain(only(me));
+        assert_eq!(inbox.waiting(), 0);
+        CLOSING.fetch_sub(CLOSING_MAX, Ordering::Relaxed);
+        inbox.drain(only(me));
+        assert!(inbox.take(me, 4).is_some());
     }
 
     fn tempfile_fd() -> OwnedFd {

@@ -41,7 +41,7 @@
 //! peer's) is not offered: the send goes staged, logged and counted (`Counts::unexported`). A
 //! VMM descriptor whose descriptor never came is refused like any handle that does not open.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -264,7 +264,7 @@ impl Cache {
         &mut self,
         peer: PeerId,
         h: &IpcHandle,
-        fd: Option<OwnedFd>,
+        fd: Option<fdpass::Foreign>,
     ) -> Result<Arc<IpcMapping>, String> {
         self.clock += 1;
         let key = IpcHandle {
@@ -290,7 +290,8 @@ impl Cache {
         }
         let opened = if key.is_vmm() {
             let fd = fd.ok_or("its allocation's descriptor was not passed")?;
-            cuda().vmm_open(0, &key, fd)
+            // Only used: closed (off this thread) when `fd` drops.
+            cuda().vmm_open(0, &key, fd.as_fd())
         } else {
             cuda().ipc_open(0, &key)
         };
@@ -424,7 +425,7 @@ impl Net {
 
     /// The descriptor peer `pid` passed for allocation `alloc_id`, taking in what is queued on
     /// the endpoint's descriptor socket first (only from peers' verified pids). Never waits.
-    fn passed_fd(&mut self, pid: i32, alloc_id: u64) -> Option<OwnedFd> {
+    fn passed_fd(&mut self, pid: i32, alloc_id: u64) -> Option<fdpass::Foreign> {
         self.drain_fds();
         self.fds.as_mut()?.take(pid, alloc_id)
     }
