@@ -270,7 +270,9 @@ impl Drop for Foreign {
 
 /// The receiving side: the listener, and the descriptors taken from it.
 pub struct Inbox {
-    listener: OwnedFd,
+    /// Ours, but the connections queued on it, and what they carry, are anyone's: closed as
+    /// theirs are (`Foreign`).
+    listener: Foreign,
     waiting: Vec<Waiting>,
     /// Accepted connections of known pids with nothing to read yet, and when they came.
     unread: Vec<(Foreign, i32, std::time::Instant)>,
@@ -291,7 +293,7 @@ impl Inbox {
             return Err(os_err("listening on the descriptor socket"));
         }
         Ok(Inbox {
-            listener: s,
+            listener: Foreign::new(s),
             waiting: Vec::new(),
             unread: Vec::new(),
         })
@@ -489,6 +491,12 @@ impl Inbox {
         self.unread.retain(|(_, p, _)| *p != pid);
     }
 
+    /// The listener, as dropping the inbox would close it (the test times it alone).
+    #[cfg(test)]
+    fn take_listener(&mut self) -> Foreign {
+        std::mem::replace(&mut self.listener, Foreign(None))
+    }
+
     /// Descriptors waiting.
     #[cfg(test)]
     pub fn waiting(&self) -> usize {
@@ -523,6 +531,17 @@ mod tests {
                 Verdict::Refuse
             }
         }
+    }
+
+    /// Reads all that the connection `lingering_socket` made to `l` sent, so that its close
+    /// ends.
+    fn drain_peer(l: std::net::TcpListener) {
+        use std::io::Read;
+        let (mut c, _) = l.accept().unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .unwrap();
+        let mut sink = Vec::new();
+        c.read_to_end(&mut sink).unwrap();
     }
 
     /// Waits (bounded) until the closer has closed all it was handed.
@@ -764,14 +783,7 @@ mod tests {
         timed("a taken one", &mut || drop(got.take()));
         // The closer waits on each in turn: read what they sent, so that their closes end
         // (and the closer is free for the other tests).
-        for l in listeners {
-            use std::io::Read;
-            let (mut c, _) = l.accept().unwrap();
-            c.set_read_timeout(Some(std::time::Duration::from_secs(20)))
-                .unwrap();
-            let mut sink = Vec::new();
-            c.read_to_end(&mut sink).unwrap();
-        }
+        listeners.into_iter().for_each(drain_peer);
         settled();
         // A closer with too much on hand (stuck on what strangers passed): nothing more is
         // accepted, which would only add to it; the connection waits in the backlog.
@@ -783,6 +795,14 @@ mod tests {
         CLOSING.fetch_sub(CLOSING_MAX, Ordering::Relaxed);
         inbox.drain(only(me));
         assert!(inbox.take(me, 4).is_some());
+        // The endpoint closes with a connection never accepted, carrying such a socket:
+        // closing the listener closes it, and what it carries, off this thread too.
+        let (sock, l) = lingering_socket(3);
+        send(&seg, me, 5, sock.as_fd()).unwrap();
+        drop(sock);
+        timed("closing the inbox", &mut || drop(inbox.take_listener()));
+        drain_peer(l);
+        settled();
     }
 
     fn tempfile_fd() -> OwnedFd {
