@@ -67,9 +67,10 @@ pub const PER_PID_MAX: usize = 16;
 const ACCEPT_MAX: usize = 64;
 /// The listener's backlog.
 const BACKLOG: i32 = 64;
-/// Connections from peers whose message had not come when they were accepted (a look between
-/// the sender's connect and its send), kept to be read at later looks: at most this many ...
-const UNREAD_MAX: usize = 16;
+/// Connections from a peer whose message had not come when they were accepted (a look between
+/// the sender's connect and its send), kept to be read at later looks: at most this many per
+/// peer (one peer's cannot push out another's) ...
+const UNREAD_MAX: usize = 4;
 /// ... and for at most this long, after which the sender is taken to have given up.
 const UNREAD_AGE: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -372,9 +373,12 @@ impl Inbox {
                 // Accepted between the peer's connect and its send: read at a later look
                 // (bounded in number and in time; the oldest goes first).
                 Ok((None, pid)) => {
-                    if self.unread.len() >= UNREAD_MAX {
-                        self.unread.remove(0);
-                        REFUSED.fetch_add(1, Ordering::Relaxed);
+                    let mine = self.unread.iter().filter(|u| u.1 == pid).count();
+                    if mine >= UNREAD_MAX {
+                        if let Some(i) = self.unread.iter().position(|u| u.1 == pid) {
+                            self.unread.remove(i);
+                            REFUSED.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     self.unread.push((c, pid, now));
                 }
@@ -691,7 +695,7 @@ mod tests {
         assert!(inbox.take(me, 5).is_some());
         assert_eq!(REFUSED.load(Ordering::Relaxed), before);
         // A connection that never sends is dropped once it is older than UNREAD_AGE, and
-        // no more than UNREAD_MAX wait at once.
+        // no more than UNREAD_MAX of one peer wait at once.
         let silent: Vec<OwnedFd> = (0..UNREAD_MAX + 2).map(|_| connect()).collect();
         inbox.drain(only(me));
         assert_eq!(inbox.unread.len(), UNREAD_MAX);
