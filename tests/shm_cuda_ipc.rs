@@ -63,6 +63,10 @@ fn unexportable(mem: &str) -> bool {
 }
 const BIG: usize = 1 << 20;
 const SMALL: usize = 1000;
+/// VMM offers from as many allocations sent before the receiver looks: more than the 16
+/// descriptors it holds per peer (`fdpass::PER_PID_MAX`).
+const BURST: u64 = 20;
+const HELD_PER_PEER: u64 = 16;
 
 /// A view of `len` bytes of device memory at `p`, only to hand to the endpoint.
 ///
@@ -195,6 +199,31 @@ fn receiver() {
     );
     assert!(offer_counts().direct >= 3);
     assert_eq!(passed(), u64::from(vmm));
+    if vmm {
+        // A burst of offers from more allocations than the descriptors held per peer, all
+        // queued before this side looks: the oldest descriptors close under the bound, their
+        // messages go staged (declined), the rest are copied, nothing is refused, and copies
+        // with the peer go on (a refusal would have ended them for good).
+        say("burst");
+        assert_eq!(listen(), "sent");
+        let before = ipc_counts();
+        for seed in 0..BURST {
+            got(100 + seed, BIG, false);
+        }
+        let after = ipc_counts();
+        assert_eq!(
+            (
+                after.declined - before.declined,
+                after.copies - before.copies,
+                after.refused - before.refused
+            ),
+            (BURST - HELD_PER_PEER, HELD_PER_PEER, 0)
+        );
+        say("again");
+        let (copies, _, opens, _, refused) = got(200, BIG, false);
+        assert_eq!((copies, opens, refused), (1, 1, 0));
+        passed();
+    }
     say("received");
     assert_eq!(listen(), "done");
 }
@@ -256,20 +285,39 @@ fn sender(test: &str, child_env: &[(&str, &str)]) {
         src = alloc(&mem, BIG);
         child.tell(if src.addr() == old { "same" } else { "moved" });
         send(&src, 5, BIG);
+        let vmm = u64::from(mem == "vmm");
+        if vmm == 1 {
+            // The burst: every send posted before the receiver looks, from its own allocation.
+            assert_eq!(child.hear(), "burst");
+            let bufs: Vec<_> = (0..BURST).map(|_| alloc(&mem, BIG)).collect();
+            for (seed, b) in (100..).zip(&bufs) {
+                to_device(b, &pattern(BIG, seed));
+                // SAFETY: `b` outlives the completions awaited below.
+                unsafe { n.ep.send(dev_view(b.as_ptr(), BIG), None, peer, 3) }.unwrap();
+            }
+            child.tell("sent");
+            for _ in 0..BURST {
+                assert_eq!(n.wait_one().op_context, 3);
+            }
+            assert_eq!(child.hear(), "again");
+            let b = alloc(&mem, BIG);
+            send(&b, 200, BIG);
+            drop(bufs);
+        }
         assert_eq!(child.hear(), "received");
         let c = offer_counts();
+        let burst = (BURST + 1) * vmm;
         assert_eq!(
             (c.offered - before.offered, c.staged - before.staged),
-            (4, 0)
+            (4 + burst, (BURST - HELD_PER_PEER) * vmm)
         );
         let i = ipc_counts();
-        let vmm = u64::from(mem == "vmm");
         assert_eq!(
             (
                 i.passed - ipc_before.passed,
                 i.unexported - ipc_before.unexported
             ),
-            (4 * vmm, 0)
+            (4 * vmm + burst, 0)
         );
     }
     child.tell("done");

@@ -305,6 +305,10 @@ pub enum Copied {
     /// forbidden): the engine moves this message through frames, and asks for no more copies
     /// with this peer (others keep theirs).
     Refused,
+    /// Not this one (a transport's resource for it is missing now, for a reason that says
+    /// nothing of the next: a descriptor the peer passed was dropped under a bound): the
+    /// engine moves this message through frames, and keeps asking copies with this peer.
+    Declined,
     /// The copy failed with this errno; the message fails at both ends.
     Failed(i32),
 }

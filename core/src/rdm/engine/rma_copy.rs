@@ -183,9 +183,11 @@ impl Engine {
             return;
         }
         let peer = s.peer;
-        if how == Copied::Refused {
-            if let Some(ps) = self.peers.get_mut(peer) {
-                ps.pull_refused = true;
+        if matches!(how, Copied::Refused | Copied::Declined) {
+            if how == Copied::Refused {
+                if let Some(ps) = self.peers.get_mut(peer) {
+                    ps.pull_refused = true;
+                }
             }
             if let ServeOp::Write { staged, .. } = &mut s.op {
                 // The data comes through frames (staged again there, as any write's); later
@@ -230,7 +232,7 @@ impl Engine {
             }
             ServeOp::Read { id, local } => {
                 let body = match how {
-                    Copied::Refused => Body::Iov(local),
+                    Copied::Refused | Copied::Declined => Body::Iov(local),
                     _ => Body::None,
                 };
                 self.read_resp(peer, id, status, body);

@@ -328,9 +328,11 @@ impl Engine {
         let err = match how {
             _ if ended != 0 => ended,
             Copied::Done => 0,
-            Copied::Refused => {
-                // Never again with this peer; this message goes through frames.
-                self.peer(peer).pull_refused = true;
+            Copied::Refused | Copied::Declined => {
+                // This message goes through frames; refused, never again with this peer.
+                if how == Copied::Refused {
+                    self.peer(peer).pull_refused = true;
+                }
                 self.frame(peer, Frame::Cts { id, rx: i as u32 }, Body::None, None);
                 return;
             }

@@ -101,6 +101,37 @@ fn pull_only_where_both_transports_can() {
 }
 
 #[test]
+fn a_declined_pull_goes_through_frames_and_the_next_is_still_pulled() {
+    let data = pattern(300, 35);
+    let (mut b1, mut b2) = (vec![0u8; 300], vec![0u8; 300]);
+    let mut net = pulling();
+    net.b.recv(recv(10, &mut b1, None, 0));
+    net.a.send(send(1, &data, None, None, 0));
+    net.flush(S::A);
+    let p = net.b.eng.poll_copy().expect("a copy");
+    net.b.eng.on_copied(p.token, Copied::Declined);
+    net.report();
+    net.b.quiet();
+    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
+    assert_eq!(net.flush(S::A), vec![Kind::Data]);
+    net.b.one(10);
+    assert_eq!(&b1[..], &data[..]);
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    net.a.one(1);
+    // Declined says nothing of the next: it is pulled again.
+    net.b.recv(recv(11, &mut b2, None, 0));
+    net.a.send(send(2, &data, None, None, 0));
+    net.flush(S::A);
+    let p = net.b.eng.poll_copy().expect("asked again");
+    perform(&p);
+    net.b.eng.on_copied(p.token, Copied::Done);
+    net.pump();
+    net.b.one(11);
+    net.a.one(2);
+    assert_eq!(&b2[..], &data[..]);
+}
+
+#[test]
 fn pull_refused_falls_back_to_frames() {
     let data = pattern(300, 34);
     let (mut b1, mut b2) = (vec![0u8; 300], vec![0u8; 300]);

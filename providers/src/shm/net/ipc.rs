@@ -70,6 +70,7 @@ static DIRECT: AtomicU64 = AtomicU64::new(0);
 static OPENS: AtomicU64 = AtomicU64::new(0);
 static STALE: AtomicU64 = AtomicU64::new(0);
 static REFUSED: AtomicU64 = AtomicU64::new(0);
+static DECLINED: AtomicU64 = AtomicU64::new(0);
 static PASSED: AtomicU64 = AtomicU64::new(0);
 static UNEXPORTED: AtomicU64 = AtomicU64::new(0);
 
@@ -87,6 +88,9 @@ pub struct Counts {
     pub stale: u64,
     /// Descriptors refused (not opened, or not the peer's): the message went staged.
     pub refused: u64,
+    /// VMM offers whose descriptor was not here (closed under the per-peer bound, or never
+    /// passed): that message went staged, the next is copied again.
+    pub declined: u64,
     /// VMM allocations' descriptors passed to peers (sender side).
     pub passed: u64,
     /// Sends from VMM memory not offered (not exportable as a descriptor, or not passed):
@@ -110,6 +114,7 @@ pub fn counts() -> Counts {
         opens: OPENS.load(Ordering::Relaxed),
         stale: STALE.load(Ordering::Relaxed),
         refused: REFUSED.load(Ordering::Relaxed),
+        declined: DECLINED.load(Ordering::Relaxed),
         passed: PASSED.load(Ordering::Relaxed),
         unexported: UNEXPORTED.load(Ordering::Relaxed),
         taken: fdpass::TAKEN.load(Ordering::Relaxed),
@@ -256,6 +261,15 @@ pub struct Cache {
 }
 
 impl Cache {
+    /// Whether the mapping `h` names for `peer` is cached (opens with no descriptor).
+    fn has(&self, peer: PeerId, h: &IpcHandle) -> bool {
+        let key = IpcHandle {
+            offset: 0,
+            ..h.clone()
+        };
+        self.entries.iter().any(|e| e.peer == peer && e.key == key)
+    }
+
     /// The mapping `h` names for `peer`, opened now if not cached; a cached one of the same
     /// address but another allocation is stale: closed, never used.
     /// A VMM handle opens from `fd`, the descriptor its peer passed (closed here when the
@@ -358,6 +372,15 @@ impl Net {
         } else {
             None
         };
+        if m.handle.is_vmm() && fd.is_none() && !self.ipc.has(c.peer, &m.handle) {
+            // Its descriptor is not here: closed under the per-peer bound (a burst of offers
+            // from more allocations than it holds), or never passed. This message goes
+            // staged; the next is offered a copy again (a refusal would end copies with the
+            // peer for good).
+            DECLINED.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("shm: a VMM offer whose descriptor is not here goes staged");
+            return Some(Copied::Declined);
+        }
         let map = match self.ipc.get(c.peer, &m.handle, fd) {
             Ok(map) => map,
             Err(why) => return refuse(&format!("the handle does not open: {why}")),
