@@ -340,13 +340,18 @@ fn vmm_map(
     // SAFETY: our reference to `h`, released once; a mapping keeps its own.
     let released = unsafe { result::vmm::release(h) }.map_err(cuda_err("cuMemRelease"));
     let ptr = mapped?;
-    let m = VmmMapped {
+    let mut m = VmmMapped {
         state: state.clone(),
         device,
         ptr,
         len,
     };
-    released?;
+    if let Err(e) = released {
+        // Not handed out, so nobody else would unmap it: undone here (its own error, if any,
+        // says less than the release's).
+        let _ = m.release();
+        return Err(e);
+    }
     Ok(m)
 }
 
