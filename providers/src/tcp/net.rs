@@ -516,6 +516,12 @@ impl Net {
     /// Whether a connection has bytes left that no event will announce (read on the next
     /// `progress`): sleeping on `wait_fd` now would not wake for them.
     pub fn backlog(&self) -> bool {
+        // Asked after every locked call: with one connection, that one is looked at alone.
+        if self.conns.len() == 1 {
+            if let Some(c) = self.conns.get(self.last_up) {
+                return c.more;
+            }
+        }
         self.conns.iter().any(|(_, c)| c.more)
     }
 
@@ -542,6 +548,14 @@ impl Net {
             self.reports.push_back(Report::Lost(p, libc::EINVAL));
             return;
         };
+        if peer.queue.is_empty() {
+            if let Some(k) = peer.conn {
+                let c = &self.conns[k];
+                if c.st == St::Up && !c.writable {
+                    return self.send_now(p, k, t);
+                }
+            }
+        }
         let len = t.ctrl.len() + t.body.len();
         let answer = is_answer(&t);
         peer.owed += usize::from(answer);
@@ -558,6 +572,57 @@ impl Net {
                 self.flush(p);
             }
             _ => {}
+        }
+    }
+
+    /// `send` of a frame with nothing queued before it on established connection `k` (no
+    /// WRITABLE interest): written from here in one `sendmsg`, as `flush` would write it had
+    /// it been queued; only what the socket does not take is queued (and waits for WRITABLE).
+    fn send_now(&mut self, p: PeerId, k: usize, t: Transmit) {
+        let fd = self.conns[k].sock.as_raw_fd();
+        let mut v = Iovecs::default();
+        v.push_frame(&t, 0);
+        let len = t.ctrl.len() + t.body.len();
+        let n = loop {
+            // SAFETY: as in `flush`: the iovecs point at `t`'s bytes, which live until the
+            // call returns, or at application memory the engine keeps readable until
+            // on_sent/on_lost (the Body::Iov contract).
+            let n = unsafe { v.sendmsg(fd) };
+            if n >= 0 {
+                break n as usize;
+            }
+            match last_errno() {
+                libc::EINTR => continue,
+                libc::EAGAIN => break 0,
+                e => {
+                    // As a queued frame's: the peer is lost, the frame dropped unreported.
+                    self.lose_peer(p, e, "write");
+                    return;
+                }
+            }
+        };
+        if n >= len {
+            if let Some(tok) = t.token {
+                self.reports.push_back(Report::Sent(p, tok));
+            }
+            return;
+        }
+        let answer = is_answer(&t);
+        let peer = &mut self.peers[p];
+        peer.owed += usize::from(answer);
+        peer.queued += len - n;
+        peer.queue.push_back(Out {
+            t,
+            off: n,
+            len,
+            answer,
+        });
+        if n < v.want {
+            // The socket is full: the rest goes when it is writable.
+            self.set_writable(k, true);
+        } else {
+            // More segments than one sendmsg carries: the rest the ordinary way.
+            self.flush(p);
         }
     }
 
@@ -581,8 +646,7 @@ impl Net {
             if let Some(c) = self.conns.get_mut(k) {
                 let owing = c.peer.is_some_and(|p| self.peers[p].owed >= self.max_owed);
                 if let (St::Up, false, Some(p), false) = (c.st, c.writable, c.peer, owing) {
-                    let addr = self.peers[p].addr;
-                    let (m, err) = c.pump(p, addr, h);
+                    let (m, err) = c.pump(p, &self.peers[p].addr, h);
                     if let Some(e) = err {
                         self.fail_conn(k, e, "read");
                     }
@@ -649,7 +713,17 @@ impl Net {
         self.settling = 0;
     }
 
+    /// Hands what happened to the handler (`report_all`); inline, as most calls find nothing.
+    #[inline]
     fn report<H: Handler>(&mut self, h: &mut H) -> usize {
+        if self.reports.is_empty() {
+            return 0;
+        }
+        self.report_all(h)
+    }
+
+    #[inline(never)]
+    fn report_all<H: Handler>(&mut self, h: &mut H) -> usize {
         let mut n = 0;
         while let Some(r) = self.reports.pop_front() {
             match r {
@@ -1361,8 +1435,7 @@ impl Net {
         }
         // Offered again below; consume sets it anew if the head frame still waits.
         c.waiting = false;
-        let addr = self.peers[p].addr;
-        let (n, err) = c.pump(p, addr, h);
+        let (n, err) = c.pump(p, &self.peers[p].addr, h);
         if let Some(e) = err {
             self.fail_conn(k, e, "read");
         }
@@ -1383,25 +1456,7 @@ impl Net {
             let peer = &mut self.peers[p];
             let mut v = Iovecs::default();
             for o in peer.queue.iter() {
-                let cl = o.t.ctrl.len();
-                if o.off < cl {
-                    v.push(o.t.ctrl[o.off..].as_ptr() as usize, cl - o.off);
-                }
-                let boff = o.off.saturating_sub(cl);
-                match o.t.body.held() {
-                    Some(b) => {
-                        if boff < b.len() {
-                            v.push(b[boff..].as_ptr() as usize, b.len() - boff);
-                        }
-                    }
-                    None => {
-                        if let Body::Iov(l) = &o.t.body {
-                            for s in l.slice(boff, usize::MAX).segs() {
-                                v.push(s.addr, s.len);
-                            }
-                        }
-                    }
-                }
+                v.push_frame(&o.t, o.off);
                 if v.cnt == MAX_IOV {
                     break;
                 }
@@ -1412,14 +1467,9 @@ impl Net {
                 self.set_writable(k, false);
                 return done;
             }
-            // SAFETY: all-zero is a valid msghdr; the fields set below describe `iov`.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_iov = v.as_mut_ptr();
-            msg.msg_iovlen = cnt as _;
-            // SAFETY: the first `cnt` iovecs are set (`Iovecs::push`), and each points at a
-            // live Vec we own or at application memory the engine keeps readable until
-            // on_sent/on_lost (the Body::Iov contract).
-            let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+            // SAFETY: each iovec points at a live Vec we own or at application memory the
+            // engine keeps readable until on_sent/on_lost (the Body::Iov contract).
+            let n = unsafe { v.sendmsg(fd) };
             if n < 0 {
                 match last_errno() {
                     libc::EINTR => continue,
@@ -1648,9 +1698,41 @@ impl Iovecs {
         }
     }
 
-    /// The set segments, for `msghdr::msg_iov` (`cnt` of them).
-    fn as_mut_ptr(&mut self) -> *mut libc::iovec {
-        self.iov.as_mut_ptr().cast()
+    /// The bytes of frame `t` from its byte `off` on (control part, then body), as far as
+    /// the segments go.
+    fn push_frame(&mut self, t: &Transmit, off: usize) {
+        let cl = t.ctrl.len();
+        if off < cl {
+            self.push(t.ctrl[off..].as_ptr() as usize, cl - off);
+        }
+        let boff = off.saturating_sub(cl);
+        match t.body.held() {
+            Some(b) => {
+                if boff < b.len() {
+                    self.push(b[boff..].as_ptr() as usize, b.len() - boff);
+                }
+            }
+            None => {
+                if let Body::Iov(l) = &t.body {
+                    for s in l.slice(boff, usize::MAX).segs() {
+                        self.push(s.addr, s.len);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One `sendmsg` of the set segments, without SIGPIPE or blocking: its return value.
+    ///
+    /// # Safety
+    /// Every segment set must be readable for its length.
+    unsafe fn sendmsg(&mut self, fd: RawFd) -> isize {
+        // SAFETY: all-zero is a valid msghdr; the fields set below describe `iov`.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = self.iov.as_mut_ptr().cast();
+        msg.msg_iovlen = self.cnt as _;
+        // SAFETY: the first `cnt` iovecs are set (`push`), readable as the caller promised.
+        unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) }
     }
 }
 
@@ -1686,16 +1768,20 @@ impl Conn {
     fn pump<H: Handler>(
         &mut self,
         peer: PeerId,
-        addr: SocketAddr,
+        addr: &SocketAddr,
         h: &mut H,
     ) -> (usize, Option<i32>) {
         let fd = self.sock.as_raw_fd();
         let mut frames = 0;
         self.more = false;
         loop {
-            match self.consume(peer, addr, h) {
-                Ok(n) => frames += n,
-                Err(e) => return (frames, Some(e)),
+            // Between frames with less than a prefix buffered, `consume` would find nothing
+            // (the common case of a poll: straight to the read).
+            if !matches!(self.rx, Rx::Head) || self.re - self.rs >= PREFIX {
+                match self.consume(peer, addr, h) {
+                    Ok(n) => frames += n,
+                    Err(e) => return (frames, Some(e)),
+                }
             }
             if frames >= PUMP_FRAMES && !self.waiting {
                 self.more = true;
@@ -1736,6 +1822,29 @@ impl Conn {
             self.re -= self.rs;
             self.rs = 0;
         }
+        let into_sink = match &self.rx {
+            Rx::Head => false,
+            Rx::Body { got, keep, .. } => got < keep,
+        };
+        if !into_sink {
+            // Only the buffer: one read(2). After a large body the next frame is likely large
+            // too (a small read, so that its body goes to its sink); dropping the rest of a
+            // body, as much at a time as the buffer takes.
+            let tail = if self.big && matches!(self.rx, Rx::Head) {
+                SMALL_READ
+            } else {
+                RBUF
+            }
+            .min(RBUF - self.re);
+            let free = &mut self.rbuf[self.re..self.re + tail];
+            // SAFETY: free is our buffer's free part, valid for writes of its length.
+            let n = unsafe { libc::read(fd, free.as_mut_ptr().cast(), free.len()) };
+            if n < 0 {
+                return Err(last_errno());
+            }
+            self.re += n as usize;
+            return Ok((n as usize, tail));
+        }
         let iov_zero = libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
@@ -1743,7 +1852,7 @@ impl Conn {
         let mut iov = [iov_zero; 1 + xfabric_core::rxq::IOV_LIMIT];
         let mut cnt = 0;
         let mut direct = 0usize;
-        let mut tail = if self.big { SMALL_READ } else { RBUF };
+        // The body's kept part straight into its sink, then the buffer.
         if let Rx::Body {
             sink, got, keep, ..
         } = &mut self.rx
@@ -1770,12 +1879,9 @@ impl Conn {
                     }
                 }
                 direct = len;
-            } else {
-                // Dropping the rest of a body: as much at a time as the buffer takes.
-                tail = RBUF;
             }
         }
-        let tail = tail.min(RBUF - self.re);
+        let tail = if self.big { SMALL_READ } else { RBUF }.min(RBUF - self.re);
         iov[cnt] = libc::iovec {
             iov_base: self.rbuf[self.re..].as_mut_ptr().cast(),
             iov_len: tail,
@@ -1802,7 +1908,7 @@ impl Conn {
     fn consume<H: Handler>(
         &mut self,
         peer: PeerId,
-        addr: SocketAddr,
+        addr: &SocketAddr,
         h: &mut H,
     ) -> Result<usize, i32> {
         let mut frames = 0;
@@ -1837,7 +1943,7 @@ impl Conn {
                         (p.body_len <= (avail - need) as u64).then(|| need + p.body_len as usize)
                     {
                         let taken = h
-                            .on_frame(peer, &addr, &p, &buf[PREFIX..need], &buf[need..whole])
+                            .on_frame(peer, addr, &p, &buf[PREFIX..need], &buf[need..whole])
                             .map_err(|e| {
                                 warn!(peer, "tcp: refused frame from a peer: {e}");
                                 libc::EPROTO
@@ -1850,12 +1956,10 @@ impl Conn {
                         frames += 1;
                         continue;
                     }
-                    let sink = h
-                        .on_ctrl(peer, &addr, &p, &buf[PREFIX..need])
-                        .map_err(|e| {
-                            warn!(peer, "tcp: refused frame from a peer: {e}");
-                            libc::EPROTO
-                        })?;
+                    let sink = h.on_ctrl(peer, addr, &p, &buf[PREFIX..need]).map_err(|e| {
+                        warn!(peer, "tcp: refused frame from a peer: {e}");
+                        libc::EPROTO
+                    })?;
                     if matches!(sink, Sink::Wait) {
                         self.waiting = true;
                         break;
