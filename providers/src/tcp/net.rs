@@ -47,6 +47,8 @@ const SMALL_READ: usize = 4096;
 const LARGE_BODY: u64 = 16 * 1024;
 /// Most segments one `sendmsg` carries.
 pub const MAX_IOV: usize = 64;
+// A frame's segments (its control part and body) fit one sendmsg (`Net::send_now`).
+const _: () = assert!(1 + xfabric_core::rxq::IOV_LIMIT <= MAX_IOV);
 /// Most peers an inbound HELLO may add: strangers cannot grow the table without bound.
 const MAX_PEERS: usize = 1 << 16;
 /// Most connections in bring-up (connecting, or accepted and not yet greeted) at once; at the
@@ -290,10 +292,12 @@ fn errno(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(libc::EIO)
 }
 
+/// The calling thread's `errno` (read directly: an `io::Error` made and dropped for it cost
+/// a fifth of an empty poll).
+#[inline]
 fn last_errno() -> i32 {
-    io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
+    // SAFETY: __errno_location returns the calling thread's errno, always valid.
+    unsafe { *libc::__errno_location() }
 }
 
 /// A listening socket with SO_REUSEADDR: a port whose last connections linger in TIME_WAIT
@@ -548,24 +552,37 @@ impl Net {
             self.reports.push_back(Report::Lost(p, libc::EINVAL));
             return;
         };
+        // Nothing queued before it on an established connection: written from here, and
+        // queued only if the socket does not take all of it.
+        let mut tried = None;
         if peer.queue.is_empty() {
             if let Some(k) = peer.conn {
                 let c = &self.conns[k];
                 if c.st == St::Up && !c.writable {
-                    return self.send_now(p, k, t);
+                    match self.send_now(p, k, &t) {
+                        None => return,
+                        Some(n) => tried = Some((k, n)),
+                    }
                 }
             }
         }
+        let peer = &mut self.peers[p];
+        let off = tried.map_or(0, |(_, n)| n);
         let len = t.ctrl.len() + t.body.len();
         let answer = is_answer(&t);
         peer.owed += usize::from(answer);
         peer.queue.push_back(Out {
             t,
-            off: 0,
+            off,
             len,
             answer,
         });
-        peer.queued += len;
+        peer.queued += len - off;
+        if let Some((k, _)) = tried {
+            // The socket is full: the rest goes when it is writable.
+            self.set_writable(k, true);
+            return;
+        }
         match peer.conn {
             None if peer.wait_until.is_none() => self.connect(p),
             Some(c) if peer.queue.len() == 1 && self.conns[c].st == St::Up => {
@@ -575,64 +592,54 @@ impl Net {
         }
     }
 
-    /// `send` of a frame with nothing queued before it on established connection `k` (no
+    /// `send` of frame `t` with nothing queued before it on established connection `k` (no
     /// WRITABLE interest): written from here in one `sendmsg`, as `flush` would write it had
-    /// it been queued; only what the socket does not take is queued (and waits for WRITABLE).
-    fn send_now(&mut self, p: PeerId, k: usize, t: Transmit) {
+    /// it been queued. `None`: done (all of it written, its token reported; or the peer lost
+    /// on an error, the frame dropped unreported as a queued one's would be); `Some(n)`: the
+    /// socket took only its first `n` bytes (0: none, it was full), the rest is to be queued.
+    fn send_now(&mut self, p: PeerId, k: usize, t: &Transmit) -> Option<usize> {
         let fd = self.conns[k].sock.as_raw_fd();
         let mut v = Iovecs::default();
-        v.push_frame(&t, 0);
-        let len = t.ctrl.len() + t.body.len();
+        v.push_frame(t, 0);
         let n = loop {
-            // SAFETY: as in `flush`: the iovecs point at `t`'s bytes, which live until the
-            // call returns, or at application memory the engine keeps readable until
-            // on_sent/on_lost (the Body::Iov contract).
+            // SAFETY: as in `flush`: the iovecs point at `t`'s bytes, which outlive the call,
+            // or at application memory the engine keeps readable until on_sent/on_lost (the
+            // Body::Iov contract).
             let n = unsafe { v.sendmsg(fd) };
             if n >= 0 {
                 break n as usize;
             }
             match last_errno() {
                 libc::EINTR => continue,
-                libc::EAGAIN => break 0,
+                libc::EAGAIN => return Some(0),
                 e => {
-                    // As a queued frame's: the peer is lost, the frame dropped unreported.
                     self.lose_peer(p, e, "write");
-                    return;
+                    return None;
                 }
             }
         };
-        if n >= len {
+        // One frame's segments (its control part and at most IOV_LIMIT) all fit one sendmsg,
+        // so `want` is the frame's length.
+        if n >= v.want {
             if let Some(tok) = t.token {
                 self.reports.push_back(Report::Sent(p, tok));
             }
-            return;
+            return None;
         }
-        let answer = is_answer(&t);
-        let peer = &mut self.peers[p];
-        peer.owed += usize::from(answer);
-        peer.queued += len - n;
-        peer.queue.push_back(Out {
-            t,
-            off: n,
-            len,
-            answer,
-        });
-        if n < v.want {
-            // The socket is full: the rest goes when it is writable.
-            self.set_writable(k, true);
-        } else {
-            // More segments than one sendmsg carries: the rest the ordinary way.
-            self.flush(p);
-        }
+        Some(n)
     }
 
     /// Non-blocking progress: accepts, finishes connects and handshakes, reads whole frames
     /// into the handler, writes queued frames, reports sent tokens and lost peers. Returns
     /// how many things it handled (0: idle).
+    ///
+    /// Inline, as its callers poll it in a loop: the common case (one established connection,
+    /// epoll asked recently) reads that connection; the rest is `progress_epoll`'s.
+    #[inline(always)]
     pub fn progress<H: Handler>(&mut self, h: &mut H) -> usize {
         let mut n = self.report(h);
-        if self.accept_retry.is_some_and(|t| Instant::now() >= t) {
-            n += self.accept(h);
+        if self.accept_retry.is_some() {
+            n += self.retry_accept(h);
         }
         // One established connection and nothing else going on: read it directly. epoll
         // still hears of accepts: asked once EPOLL_EVERY_MS has passed.
@@ -654,8 +661,25 @@ impl Net {
                 }
             }
         }
+        n + self.progress_epoll(now, h)
+    }
+
+    /// `accept` again once `accept_retry` has come.
+    #[inline(never)]
+    fn retry_accept<H: Handler>(&mut self, h: &mut H) -> usize {
+        if self.accept_retry.is_some_and(|t| Instant::now() >= t) {
+            self.accept(h)
+        } else {
+            0
+        }
+    }
+
+    /// `progress` through epoll (at coarse time `now`): every event, then the connections no
+    /// event announces.
+    #[inline(never)]
+    fn progress_epoll<H: Handler>(&mut self, now: u64, h: &mut H) -> usize {
         self.last_epoll = now;
-        n += self.step(h, Some(Duration::ZERO));
+        let mut n = self.step(h, Some(Duration::ZERO));
         // Connections held back by flow control, or left unread at `PUMP_FRAMES`, raise no
         // new event: read them again.
         let waiting: Vec<usize> = self
@@ -1701,6 +1725,23 @@ impl Iovecs {
     /// The bytes of frame `t` from its byte `off` on (control part, then body), as far as
     /// the segments go.
     fn push_frame(&mut self, t: &Transmit, off: usize) {
+        if off == 0 {
+            // A frame not yet begun (nearly every one): its parts whole, nothing to slice.
+            self.push(t.ctrl.as_ptr() as usize, t.ctrl.len());
+            match &t.body {
+                Body::Iov(l) => {
+                    for s in l.segs() {
+                        self.push(s.addr, s.len);
+                    }
+                }
+                b => {
+                    if let Some(b) = b.held() {
+                        self.push(b.as_ptr() as usize, b.len());
+                    }
+                }
+            }
+            return;
+        }
         let cl = t.ctrl.len();
         if off < cl {
             self.push(t.ctrl[off..].as_ptr() as usize, cl - off);
@@ -1765,6 +1806,7 @@ impl Conn {
 
     /// Reads until the socket is drained or `PUMP_FRAMES` frames were handed to `h` (then
     /// `more` is set); the error (an errno) ends the connection.
+    #[inline(never)]
     fn pump<H: Handler>(
         &mut self,
         peer: PeerId,
@@ -1813,6 +1855,7 @@ impl Conn {
 
     /// One read or readv: the rest of a body's kept part straight into its sink, then the
     /// buffer. Returns (bytes read, bytes asked) or an errno.
+    #[inline(always)]
     fn read_more(&mut self, fd: RawFd) -> Result<(usize, usize), i32> {
         if self.rs == self.re {
             self.rs = 0;
@@ -1822,29 +1865,29 @@ impl Conn {
             self.re -= self.rs;
             self.rs = 0;
         }
-        let into_sink = match &self.rx {
-            Rx::Head => false,
-            Rx::Body { got, keep, .. } => got < keep,
+        let head = match &self.rx {
+            Rx::Head => true,
+            Rx::Body { got, keep, .. } if got < keep => return self.read_into_sink(fd),
+            Rx::Body { .. } => false,
         };
-        if !into_sink {
-            // Only the buffer: one read(2). After a large body the next frame is likely large
-            // too (a small read, so that its body goes to its sink); dropping the rest of a
-            // body, as much at a time as the buffer takes.
-            let tail = if self.big && matches!(self.rx, Rx::Head) {
-                SMALL_READ
-            } else {
-                RBUF
-            }
-            .min(RBUF - self.re);
-            let free = &mut self.rbuf[self.re..self.re + tail];
-            // SAFETY: free is our buffer's free part, valid for writes of its length.
-            let n = unsafe { libc::read(fd, free.as_mut_ptr().cast(), free.len()) };
-            if n < 0 {
-                return Err(last_errno());
-            }
-            self.re += n as usize;
-            return Ok((n as usize, tail));
+        // Only the buffer: one read(2). After a large body the next frame is likely large too
+        // (a small read, so that its body goes to its sink); dropping the rest of a body, as
+        // much at a time as the buffer takes.
+        let tail = if self.big && head { SMALL_READ } else { RBUF }.min(RBUF - self.re);
+        let free = &mut self.rbuf[self.re..self.re + tail];
+        // SAFETY: free is our buffer's free part, valid for writes of its length.
+        let n = unsafe { libc::read(fd, free.as_mut_ptr().cast(), free.len()) };
+        if n < 0 {
+            return Err(last_errno());
         }
+        self.re += n as usize;
+        Ok((n as usize, tail))
+    }
+
+    /// `read_more` while a body's kept part is coming: one readv, straight into its sink,
+    /// then the buffer.
+    #[inline(never)]
+    fn read_into_sink(&mut self, fd: RawFd) -> Result<(usize, usize), i32> {
         let iov_zero = libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
