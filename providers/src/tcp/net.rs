@@ -48,7 +48,7 @@ const LARGE_BODY: u64 = 16 * 1024;
 /// Most segments one `sendmsg` carries.
 pub const MAX_IOV: usize = 64;
 // A frame's segments (its control part and body) fit one sendmsg (`Net::send_now`).
-const _: () = assert!(1 + xfabric_core::rxq::IOV_LIMIT <= MAX_IOV);
+const _: () = assert!(xfabric_core::rxq::IOV_LIMIT < MAX_IOV);
 /// Most peers an inbound HELLO may add: strangers cannot grow the table without bound.
 const MAX_PEERS: usize = 1 << 16;
 /// Most connections in bring-up (connecting, or accepted and not yet greeted) at once; at the
