@@ -55,14 +55,21 @@ impl Wire for Net {
         Net::queued(self, p)
     }
 
+    #[inline(always)]
     fn progress(&mut self, g: &mut Glue<'_>) -> usize {
         Net::progress(self, g)
     }
 
+    #[inline(always)]
     fn push(&mut self, g: &mut Glue<'_>) {
-        g.engine.transmit(self);
+        // After every locked call, mostly with nothing to give (`has_output`: what
+        // `transmit` would hand over).
+        if g.engine.has_output() {
+            g.engine.transmit(self);
+        }
     }
 
+    #[inline(always)]
     fn publish(&self, engine: &Engine, bell: &FdBell) {
         bell.set(engine.busy() || Net::busy(self), Net::backlog(self));
     }

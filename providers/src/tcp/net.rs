@@ -47,6 +47,8 @@ const SMALL_READ: usize = 4096;
 const LARGE_BODY: u64 = 16 * 1024;
 /// Most segments one `sendmsg` carries.
 pub const MAX_IOV: usize = 64;
+// A frame's segments (its control part and body) fit one sendmsg (`Net::send_now`).
+const _: () = assert!(xfabric_core::rxq::IOV_LIMIT < MAX_IOV);
 /// Most peers an inbound HELLO may add: strangers cannot grow the table without bound.
 const MAX_PEERS: usize = 1 << 16;
 /// Most connections in bring-up (connecting, or accepted and not yet greeted) at once; at the
@@ -290,10 +292,12 @@ fn errno(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(libc::EIO)
 }
 
+/// The calling thread's `errno` (read directly: an `io::Error` made and dropped for it cost
+/// a fifth of an empty poll).
+#[inline]
 fn last_errno() -> i32 {
-    io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
+    // SAFETY: __errno_location returns the calling thread's errno, always valid.
+    unsafe { *libc::__errno_location() }
 }
 
 /// A listening socket with SO_REUSEADDR: a port whose last connections linger in TIME_WAIT
@@ -516,6 +520,12 @@ impl Net {
     /// Whether a connection has bytes left that no event will announce (read on the next
     /// `progress`): sleeping on `wait_fd` now would not wake for them.
     pub fn backlog(&self) -> bool {
+        // Asked after every locked call: with one connection, that one is looked at alone.
+        if self.conns.len() == 1 {
+            if let Some(c) = self.conns.get(self.last_up) {
+                return c.more;
+            }
+        }
         self.conns.iter().any(|(_, c)| c.more)
     }
 
@@ -542,16 +552,37 @@ impl Net {
             self.reports.push_back(Report::Lost(p, libc::EINVAL));
             return;
         };
+        // Nothing queued before it on an established connection: written from here, and
+        // queued only if the socket does not take all of it.
+        let mut tried = None;
+        if peer.queue.is_empty() {
+            if let Some(k) = peer.conn {
+                let c = &self.conns[k];
+                if c.st == St::Up && !c.writable {
+                    match self.send_now(p, k, &t) {
+                        None => return,
+                        Some(n) => tried = Some((k, n)),
+                    }
+                }
+            }
+        }
+        let peer = &mut self.peers[p];
+        let off = tried.map_or(0, |(_, n)| n);
         let len = t.ctrl.len() + t.body.len();
         let answer = is_answer(&t);
         peer.owed += usize::from(answer);
         peer.queue.push_back(Out {
             t,
-            off: 0,
+            off,
             len,
             answer,
         });
-        peer.queued += len;
+        peer.queued += len - off;
+        if let Some((k, _)) = tried {
+            // The socket is full: the rest goes when it is writable.
+            self.set_writable(k, true);
+            return;
+        }
         match peer.conn {
             None if peer.wait_until.is_none() => self.connect(p),
             Some(c) if peer.queue.len() == 1 && self.conns[c].st == St::Up => {
@@ -561,13 +592,54 @@ impl Net {
         }
     }
 
+    /// `send` of frame `t` with nothing queued before it on established connection `k` (no
+    /// WRITABLE interest): written from here in one `sendmsg`, as `flush` would write it had
+    /// it been queued. `None`: done (all of it written, its token reported; or the peer lost
+    /// on an error, the frame dropped unreported as a queued one's would be); `Some(n)`: the
+    /// socket took only its first `n` bytes (0: none, it was full), the rest is to be queued.
+    fn send_now(&mut self, p: PeerId, k: usize, t: &Transmit) -> Option<usize> {
+        let fd = self.conns[k].sock.as_raw_fd();
+        let mut v = Iovecs::default();
+        v.push_frame(t, 0);
+        let n = loop {
+            // SAFETY: as in `flush`: the iovecs point at `t`'s bytes, which outlive the call,
+            // or at application memory the engine keeps readable until on_sent/on_lost (the
+            // Body::Iov contract).
+            let n = unsafe { v.sendmsg(fd) };
+            if n >= 0 {
+                break n as usize;
+            }
+            match last_errno() {
+                libc::EINTR => continue,
+                libc::EAGAIN => return Some(0),
+                e => {
+                    self.lose_peer(p, e, "write");
+                    return None;
+                }
+            }
+        };
+        // One frame's segments (its control part and at most IOV_LIMIT) all fit one sendmsg,
+        // so `want` is the frame's length.
+        if n >= v.want {
+            if let Some(tok) = t.token {
+                self.reports.push_back(Report::Sent(p, tok));
+            }
+            return None;
+        }
+        Some(n)
+    }
+
     /// Non-blocking progress: accepts, finishes connects and handshakes, reads whole frames
     /// into the handler, writes queued frames, reports sent tokens and lost peers. Returns
     /// how many things it handled (0: idle).
+    ///
+    /// Inline, as its callers poll it in a loop: the common case (one established connection,
+    /// epoll asked recently) reads that connection; the rest is `progress_epoll`'s.
+    #[inline(always)]
     pub fn progress<H: Handler>(&mut self, h: &mut H) -> usize {
         let mut n = self.report(h);
-        if self.accept_retry.is_some_and(|t| Instant::now() >= t) {
-            n += self.accept(h);
+        if self.accept_retry.is_some() {
+            n += self.retry_accept(h);
         }
         // One established connection and nothing else going on: read it directly. epoll
         // still hears of accepts: asked once EPOLL_EVERY_MS has passed.
@@ -581,8 +653,7 @@ impl Net {
             if let Some(c) = self.conns.get_mut(k) {
                 let owing = c.peer.is_some_and(|p| self.peers[p].owed >= self.max_owed);
                 if let (St::Up, false, Some(p), false) = (c.st, c.writable, c.peer, owing) {
-                    let addr = self.peers[p].addr;
-                    let (m, err) = c.pump(p, addr, h);
+                    let (m, err) = c.pump(p, &self.peers[p].addr, h);
                     if let Some(e) = err {
                         self.fail_conn(k, e, "read");
                     }
@@ -590,8 +661,25 @@ impl Net {
                 }
             }
         }
+        n + self.progress_epoll(now, h)
+    }
+
+    /// `accept` again once `accept_retry` has come.
+    #[inline(never)]
+    fn retry_accept<H: Handler>(&mut self, h: &mut H) -> usize {
+        if self.accept_retry.is_some_and(|t| Instant::now() >= t) {
+            self.accept(h)
+        } else {
+            0
+        }
+    }
+
+    /// `progress` through epoll (at coarse time `now`): every event, then the connections no
+    /// event announces.
+    #[inline(never)]
+    fn progress_epoll<H: Handler>(&mut self, now: u64, h: &mut H) -> usize {
         self.last_epoll = now;
-        n += self.step(h, Some(Duration::ZERO));
+        let mut n = self.step(h, Some(Duration::ZERO));
         // Connections held back by flow control, or left unread at `PUMP_FRAMES`, raise no
         // new event: read them again.
         let waiting: Vec<usize> = self
@@ -649,7 +737,17 @@ impl Net {
         self.settling = 0;
     }
 
+    /// Hands what happened to the handler (`report_all`); inline, as most calls find nothing.
+    #[inline]
     fn report<H: Handler>(&mut self, h: &mut H) -> usize {
+        if self.reports.is_empty() {
+            return 0;
+        }
+        self.report_all(h)
+    }
+
+    #[inline(never)]
+    fn report_all<H: Handler>(&mut self, h: &mut H) -> usize {
         let mut n = 0;
         while let Some(r) = self.reports.pop_front() {
             match r {
@@ -1361,8 +1459,7 @@ impl Net {
         }
         // Offered again below; consume sets it anew if the head frame still waits.
         c.waiting = false;
-        let addr = self.peers[p].addr;
-        let (n, err) = c.pump(p, addr, h);
+        let (n, err) = c.pump(p, &self.peers[p].addr, h);
         if let Some(e) = err {
             self.fail_conn(k, e, "read");
         }
@@ -1383,25 +1480,7 @@ impl Net {
             let peer = &mut self.peers[p];
             let mut v = Iovecs::default();
             for o in peer.queue.iter() {
-                let cl = o.t.ctrl.len();
-                if o.off < cl {
-                    v.push(o.t.ctrl[o.off..].as_ptr() as usize, cl - o.off);
-                }
-                let boff = o.off.saturating_sub(cl);
-                match o.t.body.held() {
-                    Some(b) => {
-                        if boff < b.len() {
-                            v.push(b[boff..].as_ptr() as usize, b.len() - boff);
-                        }
-                    }
-                    None => {
-                        if let Body::Iov(l) = &o.t.body {
-                            for s in l.slice(boff, usize::MAX).segs() {
-                                v.push(s.addr, s.len);
-                            }
-                        }
-                    }
-                }
+                v.push_frame(&o.t, o.off);
                 if v.cnt == MAX_IOV {
                     break;
                 }
@@ -1412,14 +1491,9 @@ impl Net {
                 self.set_writable(k, false);
                 return done;
             }
-            // SAFETY: all-zero is a valid msghdr; the fields set below describe `iov`.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_iov = v.as_mut_ptr();
-            msg.msg_iovlen = cnt as _;
-            // SAFETY: the first `cnt` iovecs are set (`Iovecs::push`), and each points at a
-            // live Vec we own or at application memory the engine keeps readable until
-            // on_sent/on_lost (the Body::Iov contract).
-            let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+            // SAFETY: each iovec points at a live Vec we own or at application memory the
+            // engine keeps readable until on_sent/on_lost (the Body::Iov contract).
+            let n = unsafe { v.sendmsg(fd) };
             if n < 0 {
                 match last_errno() {
                     libc::EINTR => continue,
@@ -1648,9 +1722,58 @@ impl Iovecs {
         }
     }
 
-    /// The set segments, for `msghdr::msg_iov` (`cnt` of them).
-    fn as_mut_ptr(&mut self) -> *mut libc::iovec {
-        self.iov.as_mut_ptr().cast()
+    /// The bytes of frame `t` from its byte `off` on (control part, then body), as far as
+    /// the segments go.
+    fn push_frame(&mut self, t: &Transmit, off: usize) {
+        if off == 0 {
+            // A frame not yet begun (nearly every one): its parts whole, nothing to slice.
+            self.push(t.ctrl.as_ptr() as usize, t.ctrl.len());
+            match &t.body {
+                Body::Iov(l) => {
+                    for s in l.segs() {
+                        self.push(s.addr, s.len);
+                    }
+                }
+                b => {
+                    if let Some(b) = b.held() {
+                        self.push(b.as_ptr() as usize, b.len());
+                    }
+                }
+            }
+            return;
+        }
+        let cl = t.ctrl.len();
+        if off < cl {
+            self.push(t.ctrl[off..].as_ptr() as usize, cl - off);
+        }
+        let boff = off.saturating_sub(cl);
+        match t.body.held() {
+            Some(b) => {
+                if boff < b.len() {
+                    self.push(b[boff..].as_ptr() as usize, b.len() - boff);
+                }
+            }
+            None => {
+                if let Body::Iov(l) = &t.body {
+                    for s in l.slice(boff, usize::MAX).segs() {
+                        self.push(s.addr, s.len);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One `sendmsg` of the set segments, without SIGPIPE or blocking: its return value.
+    ///
+    /// # Safety
+    /// Every segment set must be readable for its length.
+    unsafe fn sendmsg(&mut self, fd: RawFd) -> isize {
+        // SAFETY: all-zero is a valid msghdr; the fields set below describe `iov`.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = self.iov.as_mut_ptr().cast();
+        msg.msg_iovlen = self.cnt as _;
+        // SAFETY: the first `cnt` iovecs are set (`push`), readable as the caller promised.
+        unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) }
     }
 }
 
@@ -1683,19 +1806,24 @@ impl Conn {
 
     /// Reads until the socket is drained or `PUMP_FRAMES` frames were handed to `h` (then
     /// `more` is set); the error (an errno) ends the connection.
+    #[inline(never)]
     fn pump<H: Handler>(
         &mut self,
         peer: PeerId,
-        addr: SocketAddr,
+        addr: &SocketAddr,
         h: &mut H,
     ) -> (usize, Option<i32>) {
         let fd = self.sock.as_raw_fd();
         let mut frames = 0;
         self.more = false;
         loop {
-            match self.consume(peer, addr, h) {
-                Ok(n) => frames += n,
-                Err(e) => return (frames, Some(e)),
+            // Between frames with less than a prefix buffered, `consume` would find nothing
+            // (the common case of a poll: straight to the read).
+            if !matches!(self.rx, Rx::Head) || self.re - self.rs >= PREFIX {
+                match self.consume(peer, addr, h) {
+                    Ok(n) => frames += n,
+                    Err(e) => return (frames, Some(e)),
+                }
             }
             if frames >= PUMP_FRAMES && !self.waiting {
                 self.more = true;
@@ -1727,6 +1855,7 @@ impl Conn {
 
     /// One read or readv: the rest of a body's kept part straight into its sink, then the
     /// buffer. Returns (bytes read, bytes asked) or an errno.
+    #[inline(always)]
     fn read_more(&mut self, fd: RawFd) -> Result<(usize, usize), i32> {
         if self.rs == self.re {
             self.rs = 0;
@@ -1736,6 +1865,29 @@ impl Conn {
             self.re -= self.rs;
             self.rs = 0;
         }
+        let head = match &self.rx {
+            Rx::Head => true,
+            Rx::Body { got, keep, .. } if got < keep => return self.read_into_sink(fd),
+            Rx::Body { .. } => false,
+        };
+        // Only the buffer: one read(2). After a large body the next frame is likely large too
+        // (a small read, so that its body goes to its sink); dropping the rest of a body, as
+        // much at a time as the buffer takes.
+        let tail = if self.big && head { SMALL_READ } else { RBUF }.min(RBUF - self.re);
+        let free = &mut self.rbuf[self.re..self.re + tail];
+        // SAFETY: free is our buffer's free part, valid for writes of its length.
+        let n = unsafe { libc::read(fd, free.as_mut_ptr().cast(), free.len()) };
+        if n < 0 {
+            return Err(last_errno());
+        }
+        self.re += n as usize;
+        Ok((n as usize, tail))
+    }
+
+    /// `read_more` while a body's kept part is coming: one readv, straight into its sink,
+    /// then the buffer.
+    #[inline(never)]
+    fn read_into_sink(&mut self, fd: RawFd) -> Result<(usize, usize), i32> {
         let iov_zero = libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
@@ -1743,7 +1895,7 @@ impl Conn {
         let mut iov = [iov_zero; 1 + xfabric_core::rxq::IOV_LIMIT];
         let mut cnt = 0;
         let mut direct = 0usize;
-        let mut tail = if self.big { SMALL_READ } else { RBUF };
+        // The body's kept part straight into its sink, then the buffer.
         if let Rx::Body {
             sink, got, keep, ..
         } = &mut self.rx
@@ -1770,12 +1922,9 @@ impl Conn {
                     }
                 }
                 direct = len;
-            } else {
-                // Dropping the rest of a body: as much at a time as the buffer takes.
-                tail = RBUF;
             }
         }
-        let tail = tail.min(RBUF - self.re);
+        let tail = if self.big { SMALL_READ } else { RBUF }.min(RBUF - self.re);
         iov[cnt] = libc::iovec {
             iov_base: self.rbuf[self.re..].as_mut_ptr().cast(),
             iov_len: tail,
@@ -1802,7 +1951,7 @@ impl Conn {
     fn consume<H: Handler>(
         &mut self,
         peer: PeerId,
-        addr: SocketAddr,
+        addr: &SocketAddr,
         h: &mut H,
     ) -> Result<usize, i32> {
         let mut frames = 0;
@@ -1837,7 +1986,7 @@ impl Conn {
                         (p.body_len <= (avail - need) as u64).then(|| need + p.body_len as usize)
                     {
                         let taken = h
-                            .on_frame(peer, &addr, &p, &buf[PREFIX..need], &buf[need..whole])
+                            .on_frame(peer, addr, &p, &buf[PREFIX..need], &buf[need..whole])
                             .map_err(|e| {
                                 warn!(peer, "tcp: refused frame from a peer: {e}");
                                 libc::EPROTO
@@ -1850,12 +1999,10 @@ impl Conn {
                         frames += 1;
                         continue;
                     }
-                    let sink = h
-                        .on_ctrl(peer, &addr, &p, &buf[PREFIX..need])
-                        .map_err(|e| {
-                            warn!(peer, "tcp: refused frame from a peer: {e}");
-                            libc::EPROTO
-                        })?;
+                    let sink = h.on_ctrl(peer, addr, &p, &buf[PREFIX..need]).map_err(|e| {
+                        warn!(peer, "tcp: refused frame from a peer: {e}");
+                        libc::EPROTO
+                    })?;
                     if matches!(sink, Sink::Wait) {
                         self.waiting = true;
                         break;

@@ -262,6 +262,49 @@ fn frames_both_ways_small_and_large_owned_and_iov() {
     assert_eq!(a.progress(&mut ha) + b.progress(&mut hb), 0);
 }
 
+/// On an established connection, frames with nothing queued before them are written from
+/// `send`; once the peer stops reading, the socket takes part of one (or none) and the rest
+/// queues behind it. Everything arrives whole and in order, every token once, in order.
+#[test]
+fn frames_written_from_send_then_queued_behind_a_full_socket() {
+    let mut a = Net::bind(lo()).unwrap();
+    let mut b = Net::bind(lo()).unwrap();
+    let (mut ha, mut hb) = (Rec::default(), Rec::default());
+    let pb = a.peer(b.local_addr());
+    let pa = b.peer(a.local_addr());
+    a.send(msg(pb, 0, Body::Owned(pattern(0, 10)), Some(0)));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "the connection",
+        |h| h[1].got.len() == 1 && h[0].sent.len() == 1,
+    );
+    // b does not read while a sends: a's socket (and b's) fill up.
+    let bodies: Vec<Vec<u8>> = (1..=200u32).map(|i| pattern(i, 64 << 10)).collect();
+    for (i, body) in bodies.iter().enumerate() {
+        let id = i as u32 + 1;
+        let body = if i % 2 == 0 {
+            Body::Owned(body.clone())
+        } else {
+            Body::Iov(IovList::one(body.as_ptr() as usize, body.len()))
+        };
+        a.send(msg(pb, id, body, Some(id as u64)));
+        a.progress(&mut ha);
+    }
+    assert!(a.queued(pb) > 0, "the socket never filled");
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "every frame",
+        |h| h[1].got.len() == 201 && h[0].sent.len() == 201,
+    );
+    for (i, (peer, id, len, bytes)) in hb.got.iter().enumerate().skip(1) {
+        assert_eq!((*peer, *id as usize, *len as usize), (pa, i, 64 << 10));
+        assert!(bytes == &bodies[i - 1], "body of frame {id}");
+    }
+    assert_eq!(ha.sent, (0..=200).map(|t| (pb, t)).collect::<Vec<_>>());
+    assert_eq!(a.queued(pb), 0);
+    assert!(ha.lost.is_empty() && hb.lost.is_empty());
+}
+
 /// A frame answered `Sink::Wait` stays at the head: nothing behind it is read (the sender's
 /// bytes stay in the socket), it is offered again on every progress call, and once taken it
 /// and everything behind it arrive in order.
