@@ -523,7 +523,30 @@ impl Default for PeerCache {
 impl PeerCache {
     /// The peer `dest` names in `av` (the endpoint's bound AV, if any): cached, or
     /// `resolve`d from the address the AV holds for it and remembered.
+    #[inline]
     pub fn lookup(
+        &mut self,
+        av: Option<&Arc<AvInner>>,
+        dest: FiAddr,
+        resolve: impl FnOnce(&[u8]) -> Result<usize>,
+    ) -> Result<usize> {
+        // Every operation but the first to a destination in a generation: the cached peer,
+        // inline.
+        if let Some(av) = av {
+            if let Some(idx) = av.decode(dest) {
+                if av.generation() == self.gen {
+                    if let Some(Some(p)) = self.by_idx.get(idx) {
+                        return Ok(*p);
+                    }
+                }
+            }
+        }
+        self.resolve(av, dest, resolve)
+    }
+
+    /// `lookup` of a destination not cached: checked, named by the AV, resolved and kept.
+    #[inline(never)]
+    fn resolve(
         &mut self,
         av: Option<&Arc<AvInner>>,
         dest: FiAddr,

@@ -15,7 +15,9 @@ pub fn coarse_ms() -> u64 {
         // Never fails for this clock on Linux; if it did, sweeping every time is the safe side.
         return u64::MAX;
     }
+    // A monotonic clock's seconds (time since boot) are far from overflowing here: no
+    // saturation checks, which this call, made on every idle poll, would pay for.
     (ts.tv_sec as u64)
-        .saturating_mul(1000)
-        .saturating_add(ts.tv_nsec as u64 / 1_000_000)
+        .wrapping_mul(1000)
+        .wrapping_add(ts.tv_nsec as u64 / 1_000_000)
 }

@@ -23,7 +23,9 @@ impl EpCore {
     /// Runs `start` (one operation handed to the provider) once the operation's CQ entry in
     /// direction `dir` is reserved (`credit`); a refused start gives the reservation back.
     /// Every start below goes through here: reserve, provider, release written once.
-    #[inline]
+    /// Always inlined: a call of its own would copy the operation into the closure and the
+    /// result out of it on every post.
+    #[inline(always)]
     fn reserved(
         &self,
         dir: Dir,
@@ -44,7 +46,7 @@ impl EpCore {
     ///
     /// # Safety
     /// As `start_send_provider`.
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn start_send(
         &self,
         ops: &dyn EndpointOps,
@@ -60,7 +62,7 @@ impl EpCore {
     ///
     /// # Safety
     /// As `start_recv_provider`.
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn start_recv(
         &self,
         ops: &dyn EndpointOps,
@@ -110,7 +112,7 @@ impl EpCore {
     ///
     /// # Safety
     /// As `EndpointOps::send`; the data must also be readable now.
-    #[inline]
+    #[inline(always)]
     unsafe fn start_send_provider(
         &self,
         ops: &dyn EndpointOps,
@@ -161,7 +163,7 @@ impl EpCore {
     ///
     /// # Safety
     /// As `EndpointOps::recv`.
-    #[inline]
+    #[inline(always)]
     unsafe fn start_recv_provider(
         &self,
         ops: &dyn EndpointOps,

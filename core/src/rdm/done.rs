@@ -110,6 +110,12 @@ pub enum Done {
 pub fn report(core: &EpCore, done: &mut Vec<Done>) {
     // Each completion is reported from where it lies (moving one out is a copy of its whole
     // variant); the vector is cleared at the end, keeping its allocation.
+    report_each(core, done);
+    done.clear();
+}
+
+/// Reports each of `done`, in order (what `report` does before clearing its vector).
+fn report_each(core: &EpCore, done: &mut [Done]) {
     for d in done.iter_mut() {
         match d {
             Done::Tx { ctx, flags } => core.complete_tx(*ctx, *flags),
@@ -150,7 +156,6 @@ pub fn report(core: &EpCore, done: &mut Vec<Done>) {
             } => core.complete_peek(*ctx, *len, *tag, *data, *src),
         }
     }
-    done.clear();
 }
 
 thread_local! {
@@ -172,7 +177,13 @@ pub fn report_unlocked<S>(
     done_of: fn(&mut S) -> &mut Vec<Done>,
 ) {
     let held = done_of(&mut st);
-    if held.is_empty() {
+    if held.len() <= 1 {
+        // None, or one (most calls' completion): taken out, the state keeping its vector.
+        let Some(mut one) = held.pop() else {
+            return;
+        };
+        drop(st);
+        report_each(core, std::slice::from_mut(&mut one));
         return;
     }
     // A thread being torn down has no spare: allocations are then made and freed.

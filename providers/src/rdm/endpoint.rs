@@ -124,6 +124,30 @@ impl<W: Wire> RdmEndpoint<W> {
         rdm::report_unlocked(&self.core, st, |s| &mut s.done);
     }
 
+    /// `finish` after `op` was written in place (`Wire::send_in_place`): complete, its
+    /// completion reported here once the lock is released. Alone (the common case) it goes
+    /// straight to the CQ, without a trip through the completion list; with others that
+    /// came of this call it goes first, as it happened first.
+    fn finish_sent(&self, mut st: MutexGuard<'_, State<W>>, op: &TxOp) {
+        let current = st.net.published_current(&st.engine);
+        self.push(&mut st);
+        let s = &mut *st;
+        if !current {
+            s.net.publish(&s.engine, &self.bell);
+        }
+        if s.engine.has_done() || !s.done.is_empty() {
+            s.done.push(rdm::Done::Tx {
+                ctx: op.ctx,
+                flags: op.flags,
+            });
+            s.engine.take_done_into(&mut s.done);
+            rdm::report_unlocked(&self.core, st, |s| &mut s.done);
+        } else {
+            drop(st);
+            self.core.complete_tx(op.ctx, op.flags);
+        }
+    }
+
     /// The peer an `fi_addr_t` names.
     fn peer_for(&self, st: &mut State<W>, dest: FiAddr) -> Result<PeerId> {
         let b = self
@@ -179,6 +203,25 @@ impl<W: Wire> RdmEndpoint<W> {
         net.push(&mut g);
     }
 
+    /// A progress call that has work, behind a bell that looks (`Bell::LOOKS`): apart, so
+    /// that the many that find none (most of a polling loop's) do not pay for this one's
+    /// frame.
+    #[inline(never)]
+    fn progress_apart(&self) -> usize {
+        self.progress_locked()
+    }
+
+    /// A progress call's work.
+    #[inline(always)]
+    fn progress_locked(&self) -> usize {
+        let Ok(mut st) = self.st.try_lock() else {
+            return 0;
+        };
+        let n = self.do_progress(&mut st);
+        self.finish(st);
+        n
+    }
+
     /// Takes in what arrived (what that has to send goes out in `finish`).
     fn do_progress(&self, st: &mut State<W>) -> usize {
         let (net, mut g) = glue!(self, st);
@@ -192,12 +235,11 @@ impl<W: Wire> ProgressSource for RdmEndpoint<W> {
         if !self.bell.has_work() {
             return 0;
         }
-        let Ok(mut st) = self.st.try_lock() else {
-            return 0;
-        };
-        let n = self.do_progress(&mut st);
-        self.finish(st);
-        n
+        if <W::Bell as Bell>::LOOKS {
+            self.progress_apart()
+        } else {
+            self.progress_locked()
+        }
     }
 
     fn idle_wait(&self, timeout: Duration) {
@@ -264,13 +306,17 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
         // room as any request.
         // SAFETY: forwarded from the caller.
         let r = match unsafe { net.send_in_place(engine, p, op) } {
+            Ok(true) => {
+                self.finish_sent(st, op);
+                return Ok(());
+            }
             Ok(false) => self
                 .room(&mut st, p, op.iov.total(), "send")
                 .and_then(|()| {
                     // SAFETY: forwarded from the caller.
                     unsafe { st.engine.post_send(p, op) }
                 }),
-            r => r.map(|_| ()),
+            Err(e) => Err(e),
         };
         self.finish(st);
         r

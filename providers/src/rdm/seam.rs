@@ -67,13 +67,22 @@ pub trait Wire: Send + Sized + 'static {
         Ok(())
     }
     /// Writes `op` to `p` whole in the transport's own memory now, if it can
-    /// (`Engine::send_in_place`); `Ok(false)`: it goes the ordinary way.
+    /// (`Engine::write_in_place`); `Ok(true)`: written and complete, its completion the
+    /// caller's to report; `Ok(false)`: it goes the ordinary way.
     ///
     /// # Safety
     /// As `Engine::post_send`: `op`'s memory is valid as the caller of `fi_send` promised.
     unsafe fn send_in_place(&mut self, engine: &mut Engine, p: PeerId, op: &TxOp) -> Result<bool> {
         let _ = (engine, p, op);
         Ok(false)
+    }
+    /// Asked after a send written in place (`send_in_place`) and before the `push` that
+    /// follows it: whether what the last `publish` showed is still current once that push
+    /// is done, so that `publish` may be skipped. True only when the push has nothing to
+    /// hand over and nothing the mirrors show changed in the call. The default: never.
+    fn published_current(&self, engine: &Engine) -> bool {
+        let _ = engine;
+        false
     }
     /// Takes in what arrived, through `g`; returns how many things happened.
     fn progress(&mut self, g: &mut Glue<'_>) -> usize;
@@ -100,6 +109,11 @@ pub trait Wire: Send + Sized + 'static {
 /// sleeper, and sleeping. Made by the transport (`Wire::bell`), refreshed at the end of each
 /// locked call (`Wire::publish`).
 pub trait Bell: Send + Sync + 'static {
+    /// Whether `has_work` looks (may answer false): then the progress calls that find
+    /// nothing, most of a polling loop's, are kept short, and the work of one that finds
+    /// some is done apart. The default: no (it answers true, and progress does its work
+    /// inline).
+    const LOOKS: bool = false;
     /// Whether a progress call may find something to do (false: it returns at once, without
     /// the lock). The default: always.
     fn has_work(&self) -> bool {

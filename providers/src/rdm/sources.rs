@@ -16,6 +16,7 @@ pub struct Sources {
 impl Sources {
     /// Peer `p`'s source address; `raw` gives its address as the AV stores it, called only
     /// when the cache is stale.
+    #[inline]
     pub fn of(
         &mut self,
         eng: &mut Engine,
@@ -26,19 +27,34 @@ impl Sources {
         let av = core.bound().and_then(|b| b.av.as_ref());
         // Without an AV nothing is ever known: one lookup (and one naming) per peer.
         let gen = av.map_or(0, |av| av.generation());
+        // Every message but a peer's first in a generation: the cached answer, inline.
+        match self.by_peer.get(p) {
+            Some(&(g, addr)) if g == gen => addr,
+            _ => self.look_up(eng, core, p, gen, raw()),
+        }
+    }
+
+    /// `of` when the cache has no answer for `p` in generation `gen`: asks the AV.
+    #[inline(never)]
+    fn look_up(
+        &mut self,
+        eng: &mut Engine,
+        core: &EpCore,
+        p: PeerId,
+        gen: u64,
+        raw: Vec<u8>,
+    ) -> FiAddr {
+        let av = core.bound().and_then(|b| b.av.as_ref());
         if self.by_peer.len() <= p {
             self.by_peer.resize(p + 1, (u64::MAX, FI_ADDR_NOTAVAIL));
         }
         let e = &mut self.by_peer[p];
-        if e.0 != gen {
-            let raw = raw();
-            e.1 = av
-                .and_then(|av| av.reverse(&raw))
-                .unwrap_or(FI_ADDR_NOTAVAIL);
-            e.0 = gen;
-            if e.1 == FI_ADDR_NOTAVAIL {
-                eng.name_peer(p, raw);
-            }
+        e.1 = av
+            .and_then(|av| av.reverse(&raw))
+            .unwrap_or(FI_ADDR_NOTAVAIL);
+        e.0 = gen;
+        if e.1 == FI_ADDR_NOTAVAIL {
+            eng.name_peer(p, raw);
         }
         e.1
     }

@@ -103,6 +103,8 @@ impl ShmBell {
 }
 
 impl Bell for ShmBell {
+    const LOOKS: bool = true;
+
     fn has_work(&self) -> bool {
         // Idle, take the full path only when a sweep is due and something waits on a peer: a
         // dead one must be noticed by time, however slowly (or fast) the application polls.
@@ -229,7 +231,7 @@ impl Wire for Net {
 
     unsafe fn send_in_place(&mut self, engine: &mut Engine, p: PeerId, op: &TxOp) -> Result<bool> {
         // SAFETY: forwarded from the caller.
-        unsafe { engine.send_in_place(p, op, self) }
+        unsafe { engine.write_in_place(p, op, self) }
     }
 
     fn progress(&mut self, g: &mut Glue<'_>) -> usize {
@@ -242,6 +244,10 @@ impl Wire for Net {
 
     fn push(&mut self, g: &mut Glue<'_>) {
         Net::push(self, g)
+    }
+
+    fn published_current(&self, engine: &Engine) -> bool {
+        Net::published_current(self, engine)
     }
 
     fn publish(&self, engine: &Engine, _: &ShmBell) {

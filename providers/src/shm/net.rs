@@ -177,6 +177,11 @@ pub struct Net {
     sent: Vec<(PeerId, u64)>,
     /// Some link's `wrote` is set.
     wrote: bool,
+    /// Frames held, every link's together (`Link::held`): counted where they are held and
+    /// let go, so that each locked call's `publish` and each receive need not add them up.
+    held_frames: usize,
+    /// How many links there were at the last `publish` (`published_current`).
+    links_published: std::cell::Cell<usize>,
     directed: bool,
     pub idle: Arc<Idle>,
     /// Split copies waiting for the peer's answer (`split`).
@@ -304,6 +309,8 @@ impl Net {
             pumping: Vec::new(),
             sent: Vec::new(),
             wrote: false,
+            held_frames: 0,
+            links_published: std::cell::Cell::new(usize::MAX),
             directed,
             splits: Vec::new(),
             split_min: xfabric_core::settings::SHM_SPLIT_MIN.usize(),
@@ -372,17 +379,29 @@ impl Net {
 
     /// Frames held back for ordering or flow control, all peers.
     pub fn held(&self) -> usize {
-        self.links.iter().map(|l| l.held.len()).sum()
+        debug_assert_eq!(
+            self.held_frames,
+            self.links.iter().map(|l| l.held.len()).sum::<usize>()
+        );
+        self.held_frames
     }
 
     /// Makes sure we own a lane in `p`'s segment (the CONNECT written).
+    #[inline]
     pub fn ensure_lane(&mut self, p: PeerId) -> Result<()> {
+        // Every operation to a peer after its first: the lane is there.
+        if self.links[p].prod.is_some() {
+            return Ok(());
+        }
+        self.claim_lane(p)
+    }
+
+    /// `ensure_lane`'s first time for `p`: claims a lane in its segment and says who we are.
+    #[inline(never)]
+    fn claim_lane(&mut self, p: PeerId) -> Result<()> {
         let id = self.id;
         let me = self.name.as_bytes();
         let link = &mut self.links[p];
-        if link.prod.is_some() {
-            return Ok(());
-        }
         let Some(seg) = link.seg.as_ref() else {
             return Err(Error::PeerLost(format!("peer {} is gone", link.name)));
         };
@@ -432,6 +451,7 @@ impl Net {
 
     /// Rings `seg`'s doorbell if one of its owner's threads sleeps, and its wake socket if
     /// its owner may sleep on a descriptor.
+    #[inline]
     pub fn wake(seg: &Segment) {
         fence(Ordering::SeqCst);
         if ring::sleeping(seg).load(Ordering::Relaxed) != 0 {
@@ -445,16 +465,20 @@ impl Net {
     }
 
     /// Hands the engine's frames and copies over, and reports what that finished.
-    #[inline]
+    #[inline(always)]
     pub fn push(&mut self, g: &mut Glue<'_>) {
-        // After most calls (a receive, a send written in place) there is nothing to do.
-        if self.pumping.is_empty() && !g.engine.has_output() && self.sent.is_empty() && !self.wrote
-        {
+        // After most calls (a receive, a send written in place) there is nothing to do but,
+        // after a send, ring the peer's doorbell: both without the frame of the whole round.
+        if self.pumping.is_empty() && !g.engine.has_output() && self.sent.is_empty() {
+            if self.wrote {
+                self.wake_written();
+            }
             return;
         }
         self.push_some(g);
     }
 
+    #[inline(never)]
     fn push_some(&mut self, g: &mut Glue<'_>) {
         if !self.pumping.is_empty() {
             self.pump();
@@ -499,13 +523,18 @@ impl Net {
             }
         }
         if self.wrote {
-            self.wrote = false;
-            for l in &mut self.links {
-                if l.wrote {
-                    l.wrote = false;
-                    if let Some(seg) = &l.seg {
-                        Self::wake(seg);
-                    }
+            self.wake_written();
+        }
+    }
+
+    /// Rings the doorbell of every peer written to since the last ring.
+    fn wake_written(&mut self) {
+        self.wrote = false;
+        for l in &mut self.links {
+            if l.wrote {
+                l.wrote = false;
+                if let Some(seg) = &l.seg {
+                    Self::wake(seg);
                 }
             }
         }
@@ -648,6 +677,7 @@ impl Net {
                 Ok(Sink::Wait) => break,
                 Ok(sink) => {
                     let h = self.links[p].held.pop_front().expect("front exists");
+                    self.held_frames -= 1;
                     let mut to = To::Engine(sink);
                     body_in(&mut to, 0, &h.body);
                     if let To::Engine(sink) = to {
@@ -682,6 +712,7 @@ impl Net {
             self.drop_lane(l);
         }
         let link = &mut self.links[p];
+        self.held_frames -= link.held.len();
         link.held.clear();
         link.rx_lane = None;
         self.maps.drop_peer(p);
@@ -974,7 +1005,10 @@ impl Net {
         }
         match to {
             To::Engine(sink) => g.on_body(p, sink),
-            To::Hold(h) => self.links[p].held.push_back(h),
+            To::Hold(h) => {
+                self.links[p].held.push_back(h);
+                self.held_frames += 1;
+            }
         }
     }
 
@@ -1086,15 +1120,29 @@ impl Net {
         self.end_splits(g.engine, Some(p), err);
     }
 
+    /// Whether the mirrors `publish` last refreshed are still current after a send written
+    /// in place, once `push` has run (`Wire::published_current`). Such a send takes nothing
+    /// in, holds nothing and keeps no request: what it may change that the mirrors show is a
+    /// new link (a peer first named, which `watch` counts when receives are directed), and
+    /// whatever the push hands over (partly written frames, queued frames and copies, tokens
+    /// of frames sent). With none of those, the push only rings doorbells.
+    pub fn published_current(&self, eng: &Engine) -> bool {
+        self.pumping.is_empty()
+            && !eng.has_output()
+            && self.sent.is_empty()
+            && self.links.len() == self.links_published.get()
+    }
+
     /// Refreshes the lock-free mirrors (at the end of each locked call).
     pub fn publish(&self, eng: &Engine) {
+        self.links_published.set(self.links.len());
         for l in bits(self.known_active) {
             self.idle.pos[l].store(self.cons[l].pos(), Ordering::Relaxed);
         }
         self.idle
             .known_active
             .store(self.known_active, Ordering::Relaxed);
-        let held = || self.links.iter().any(|l| !l.held.is_empty());
+        let held = || self.held() > 0;
         // A split just started: the next progress call spins for its answer.
         let busy = !self.pumping.is_empty()
             || eng.has_output()

@@ -140,6 +140,31 @@ impl Engine {
         op: &TxOp,
         tr: &mut impl Transport,
     ) -> Result<bool> {
+        // SAFETY: forwarded from the caller.
+        let sent = unsafe { self.write_in_place(peer, op, tr) }?;
+        if sent {
+            self.done.push(Done::Tx {
+                ctx: op.ctx,
+                flags: op.flags,
+            });
+        }
+        Ok(sent)
+    }
+
+    /// `send_in_place` without its completion: `Ok(true)` when written, and then the
+    /// message is complete and the caller reports it (`EpCore::complete_tx` with `op`'s
+    /// context and flags), ahead of anything the engine gathers after this call. A provider
+    /// that reports it straight after its lock saves the completion's trip through the
+    /// engine's list.
+    ///
+    /// # Safety
+    /// As `send_in_place`.
+    pub unsafe fn write_in_place(
+        &mut self,
+        peer: PeerId,
+        op: &TxOp,
+        tr: &mut impl Transport,
+    ) -> Result<bool> {
         let len = op.iov.total();
         let (fl, ack) = msg_flags(op.flags);
         let direct = self.cfg.delivered_on_take
@@ -168,12 +193,6 @@ impl Engine {
             // SAFETY: the caller's contract keeps the iov readable during the call.
             unsafe { op.iov.copy_out(0, &mut b[cl..]) };
         });
-        if sent {
-            self.done.push(Done::Tx {
-                ctx: op.ctx,
-                flags: op.flags,
-            });
-        }
         Ok(sent)
     }
 
