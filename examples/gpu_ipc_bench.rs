@@ -148,34 +148,11 @@ impl Node {
         unsafe { self.ep.recvmsg(&m, 0) }.unwrap_or_else(|e| fail(&format!("recv: {e}")));
     }
 
-    /// Spins on the CQ (driving progress) until `n` completions arrived; 60 s at most.
-    fn spin(&self, n: usize) -> Vec<CqTaggedEntry> {
-        let mut out = Vec::with_capacity(n);
-        let mut buf = [CqTaggedEntry::default(); 64];
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut idle = 0u32;
-        while out.len() < n {
-            let want = &mut buf[..(n - out.len()).min(64)];
-            match self.cq.read(want) {
-                Ok(k) => out.extend_from_slice(&buf[..k]),
-                Err(Error::Again(_)) => {
-                    idle += 1;
-                    if idle.is_multiple_of(4096) && Instant::now() > deadline {
-                        fail(&format!("timed out: {} of {n} completions", out.len()));
-                    }
-                    std::hint::spin_loop();
-                }
-                Err(e) => fail(&format!("completion: {e}: {:?}", self.cq.readerr())),
-            }
-        }
-        out
-    }
-
     /// Spins until the receive with `context` completed; any other completion is a send's
     /// (the contexts of sends and receives differ) and counted off `pending_sends`.
     fn spin_for(&self, context: usize, pending_sends: &mut usize) {
         loop {
-            for e in self.spin(1) {
+            for e in self.spin(1, fail) {
                 if e.op_context == context {
                     return;
                 }
@@ -229,7 +206,7 @@ fn receiver(o: &Opts, cuda: &dyn HmemIface) {
     for (b, &count) in batches.iter().enumerate() {
         let mut got = std::mem::take(&mut early);
         while got < count {
-            for e in n.spin(1) {
+            for e in n.spin(1, fail) {
                 if e.op_context < WINDOW {
                     got += 1;
                 } else {
@@ -247,7 +224,7 @@ fn receiver(o: &Opts, cuda: &dyn HmemIface) {
         // would hold the answer back inside the sender's time. So it goes first, to its
         // completion; the next batch's messages that complete meanwhile are counted for it.
         while sends > 0 {
-            for e in n.spin(1) {
+            for e in n.spin(1, fail) {
                 if e.op_context < WINDOW {
                     early += 1;
                 } else {
@@ -271,7 +248,7 @@ fn receiver(o: &Opts, cuda: &dyn HmemIface) {
         }
         answer(&n, &mut sends);
     }
-    n.spin(sends);
+    n.spin(sends, fail);
     // How the messages came: by IPC (device to device), or staged where IPC was refused.
     let c = xfabric::providers::shm::raw::ipc_counts();
     eprintln!(
@@ -349,13 +326,13 @@ fn sender(o: &Opts, cuda: &dyn HmemIface) {
     for i in 0..SINGLES {
         fill(cuda, &big, &pattern(BIG, i as u64));
         singles.push(exchange(1, &mut sends));
-        n.spin(std::mem::take(&mut sends));
+        n.spin(std::mem::take(&mut sends), fail);
     }
     let mut ipc_bw = Vec::new();
     for r in 0..o.rounds {
         fill(cuda, &big, &pattern(BIG, (SINGLES + r) as u64));
         let dt = exchange(WINDOW, &mut sends);
-        n.spin(std::mem::take(&mut sends));
+        n.spin(std::mem::take(&mut sends), fail);
         ipc_bw.push((WINDOW * BIG) as f64 / dt.as_secs_f64() / 1e9);
     }
     // The same bytes device to device in this process, copies as shm's are made.
@@ -393,7 +370,7 @@ fn sender(o: &Opts, cuda: &dyn HmemIface) {
             one_way.push(us(t0.elapsed()) / 2.0);
         }
     }
-    n.spin(sends);
+    n.spin(sends, fail);
     drop(to_peer);
     let status = child.wait().expect("peer exit");
     if !status.success() {

@@ -122,36 +122,6 @@ impl Node {
     }
 }
 
-impl Node {
-    /// Waits for `n` completions (60 s at most) reading the CQ without sleeping. Exits on an
-    /// error entry.
-    fn spin(&self, n: usize) -> Vec<CqTaggedEntry> {
-        let mut out = Vec::with_capacity(n);
-        let mut buf = [CqTaggedEntry::default(); 64];
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut idle = 0u32;
-        while out.len() < n {
-            let want = &mut buf[..(n - out.len()).min(64)];
-            match self.cq.read(want) {
-                Ok(k) => {
-                    out.extend_from_slice(&buf[..k]);
-                    idle = 0;
-                }
-                Err(Error::Again(_)) => {
-                    idle += 1;
-                    // The clock is read now and then, not on every empty poll.
-                    if idle.is_multiple_of(4096) && Instant::now() > deadline {
-                        fail(&format!("timed out: {} of {n} completions", out.len()));
-                    }
-                    std::hint::spin_loop();
-                }
-                Err(e) => fail(&format!("completion: {e}: {:?}", self.cq.readerr())),
-            }
-        }
-        out
-    }
-}
-
 fn fail(why: &str) -> ! {
     eprintln!("xpu_pipeline: {why}");
     std::process::exit(1)
@@ -193,7 +163,7 @@ fn receiver(o: &Opts) {
         let mut got = Vec::with_capacity(o.buckets());
         let mut first = 0;
         while got.len() < o.buckets() {
-            got.extend(n.spin(1));
+            got.extend(n.spin(1, fail));
             if first == 0 {
                 first = mono_ns();
             }

@@ -69,6 +69,36 @@ pub fn open_with(
     }
 }
 
+impl Node {
+    /// Waits for `n` completions (60 s at most) reading the CQ without sleeping (each read
+    /// drives progress). Calls `fail` on an error entry or past the bound.
+    pub fn spin(&self, n: usize, fail: fn(&str) -> !) -> Vec<CqTaggedEntry> {
+        let mut out = Vec::with_capacity(n);
+        let mut buf = [CqTaggedEntry::default(); 64];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut idle = 0u32;
+        while out.len() < n {
+            let want = &mut buf[..(n - out.len()).min(64)];
+            match self.cq.read(want) {
+                Ok(k) => {
+                    out.extend_from_slice(&buf[..k]);
+                    idle = 0;
+                }
+                Err(Error::Again(_)) => {
+                    idle += 1;
+                    // The clock is read now and then, not on every empty poll.
+                    if idle.is_multiple_of(4096) && std::time::Instant::now() > deadline {
+                        fail(&format!("timed out: {} of {n} completions", out.len()));
+                    }
+                    std::hint::spin_loop();
+                }
+                Err(e) => fail(&format!("completion: {e}: {:?}", self.cq.readerr())),
+            }
+        }
+        out
+    }
+}
+
 pub fn die(why: &str) -> ! {
     let prog = std::env::args_os().next().unwrap_or_default();
     eprintln!("{}: {why}", prog.to_string_lossy());

@@ -100,24 +100,30 @@ fn pull_only_where_both_transports_can() {
     net.a.one(1);
 }
 
-#[test]
-fn a_declined_pull_goes_through_frames_and_the_next_is_still_pulled() {
-    let data = pattern(300, 35);
-    let (mut b1, mut b2) = (vec![0u8; 300], vec![0u8; 300]);
-    let mut net = pulling();
-    net.b.recv(recv(10, &mut b1, None, 0));
-    net.a.send(send(1, &data, None, None, 0));
+/// A's first large message to B, whose copy B's transport answers `how` (refused or
+/// declined): it comes through frames instead (Cts, Data), whole, and both ends complete.
+fn first_pull_answered(net: &mut Net, how: Copied, data: &[u8], b1: &mut [u8]) {
+    net.b.recv(recv(10, b1, None, 0));
+    net.a.send(send(1, data, None, None, 0));
     net.flush(S::A);
     let p = net.b.eng.poll_copy().expect("a copy");
-    net.b.eng.on_copied(p.token, Copied::Declined);
+    net.b.eng.on_copied(p.token, how);
     net.report();
     net.b.quiet();
     assert_eq!(net.flush(S::B), vec![Kind::Cts]);
     assert_eq!(net.flush(S::A), vec![Kind::Data]);
     net.b.one(10);
-    assert_eq!(&b1[..], &data[..]);
+    assert_eq!(&b1[..], data);
     assert_eq!(net.flush(S::B), vec![Kind::Ack]);
     net.a.one(1);
+}
+
+#[test]
+fn a_declined_pull_goes_through_frames_and_the_next_is_still_pulled() {
+    let data = pattern(300, 35);
+    let (mut b1, mut b2) = (vec![0u8; 300], vec![0u8; 300]);
+    let mut net = pulling();
+    first_pull_answered(&mut net, Copied::Declined, &data, &mut b1);
     // Declined says nothing of the next: it is pulled again.
     net.b.recv(recv(11, &mut b2, None, 0));
     net.a.send(send(2, &data, None, None, 0));
@@ -136,19 +142,7 @@ fn pull_refused_falls_back_to_frames() {
     let data = pattern(300, 34);
     let (mut b1, mut b2) = (vec![0u8; 300], vec![0u8; 300]);
     let mut net = pulling();
-    net.b.recv(recv(10, &mut b1, None, 0));
-    net.a.send(send(1, &data, None, None, 0));
-    net.flush(S::A);
-    let p = net.b.eng.poll_copy().expect("a copy");
-    net.b.eng.on_copied(p.token, Copied::Refused);
-    net.report();
-    net.b.quiet();
-    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
-    assert_eq!(net.flush(S::A), vec![Kind::Data]);
-    net.b.one(10);
-    assert_eq!(&b1[..], &data[..]);
-    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
-    net.a.one(1);
+    first_pull_answered(&mut net, Copied::Refused, &data, &mut b1);
     // Refused once, never asked again with that peer.
     net.b.recv(recv(11, &mut b2, None, 0));
     net.a.send(send(2, &data, None, None, 0));
