@@ -94,6 +94,42 @@ static void xpu_completions(struct xpu_args *a, int n, uint64_t flags)
 	REQUIRE(got == n);
 }
 
+/* Handles whose shared blocks are copies of the real ones with another layout version (as a
+ * library built with other headers would export) or no magic: every call answers -FI_ENOSYS
+ * (a counter read 0) and follows none of their addresses. */
+static void other_layouts(struct xpu_args *a)
+{
+	static struct xf_xpu_ring ring;
+	static struct xf_xpu_cq_ring cqr;
+	static struct xf_xpu_cntr_mirror mirror;
+	memcpy(&ring, (void *)(uintptr_t)a->ep.fid.prov_ctx, sizeof ring);
+	memcpy(&cqr, (void *)(uintptr_t)a->cq.fid.prov_ctx, sizeof cqr);
+	memcpy(&mirror, (void *)(uintptr_t)a->cntr.fid.prov_ctx, sizeof mirror);
+	REQUIRE(ring.magic == XF_XPU_RING_MAGIC && ring.version == XF_XPU_ABI_VERSION);
+	REQUIRE(cqr.magic == XF_XPU_CQ_RING_MAGIC && cqr.version == XF_XPU_ABI_VERSION);
+	REQUIRE(mirror.magic == XF_XPU_CNTR_MAGIC && mirror.version == XF_XPU_ABI_VERSION);
+	ring.slots = cqr.slots = mirror.ring = 8; /* never followed */
+	struct fid_xpu_ep ep = a->ep;
+	struct fid_xpu_cq cq = a->cq;
+	struct fid_xpu_cntr cntr = a->cntr;
+	ep.fid.prov_ctx = (uint64_t)(uintptr_t)&ring;
+	cq.fid.prov_ctx = (uint64_t)(uintptr_t)&cqr;
+	cntr.fid.prov_ctx = (uint64_t)(uintptr_t)&mirror;
+	for (int i = 0; i < 2; i++) {
+		ring.version = cqr.version = mirror.version = XF_XPU_ABI_VERSION + (i ? 0 : 1);
+		ring.magic = i ? 0 : XF_XPU_RING_MAGIC;
+		cqr.magic = i ? 0 : XF_XPU_CQ_RING_MAGIC;
+		mirror.magic = i ? 0 : XF_XPU_CNTR_MAGIC;
+		mirror.value = 7;
+		REQUIRE(fi_xpu_send(&ep, a->buf, 1, &a->desc, 0, &a->peer, NULL, 0,
+				    FI_XPU_WORK_ITEM) == -FI_ENOSYS);
+		REQUIRE(fi_xpu_cq_read(&cq, a->buf, 1, FI_XPU_WORK_ITEM) == -FI_ENOSYS);
+		REQUIRE(fi_xpu_cntr_read(&cntr, FI_XPU_WORK_ITEM) == 0);
+		REQUIRE(fi_xpu_cntr_wait(&cntr, 1, -1, FI_XPU_WORK_ITEM) == -FI_ENOSYS);
+		REQUIRE(fi_xpu_cntr_add(&cntr, 1, FI_XPU_WORK_ITEM) == -FI_ENOSYS);
+	}
+}
+
 static void *xpu_parent(void *arg)
 {
 	struct xpu_args *a = arg;
@@ -105,6 +141,7 @@ static void *xpu_parent(void *arg)
 	foreign.fid.prov_id = 1;
 	REQUIRE(fi_xpu_send(&foreign, a->buf, 1, &a->desc, 0, &a->peer, NULL, 0,
 			    FI_XPU_WORK_ITEM) == -FI_ENOSYS);
+	other_layouts(a);
 	REQUIRE(fi_xpu_cq_read(&a->cq, NULL, 0, FI_XPU_WORK_ITEM) == -FI_EINVAL);
 	REQUIRE(fi_xpu_cq_read(&a->cq, a->buf, 1, FI_XPU_WORK_ITEM) == -FI_EAGAIN);
 

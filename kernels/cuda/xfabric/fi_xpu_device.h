@@ -261,6 +261,16 @@ XF_XPU_FN void *xf_xpu_block(const struct fid_xpu *f, xf_u32 fclass)
 	return (void *)(size_t)f->prov_ctx;
 }
 
+/* 1 when the 64-bit word at `w` holds `magic` then XF_XPU_ABI_VERSION (the first two words
+ * of a ring's or CQ ring's header, the mirror's third and fourth): a shared block whose layout
+ * this header describes. A block from a library built with other headers is refused
+ * (-FI_ENOSYS) before any of its other words is followed. Read by the scope's leader only,
+ * one load beside the ones its call makes anyway. */
+XF_XPU_FN int xf_xpu_layout_ok(const void *w, xf_u32 magic)
+{
+	return xf_xpu_ld((const xf_u64 *)w) == (((xf_u64)XF_XPU_ABI_VERSION << 32) | magic);
+}
+
 /* Word `i` of `d` in a slot (little-endian, as x86-64, aarch64 and every GPU), `check` the
  * position's. */
 XF_XPU_FN xf_u64 xf_xpu_desc_word(const struct xf_xpu_desc *d, int i, xf_u32 check)
@@ -307,9 +317,12 @@ XF_XPU_FN xf_u64 xf_xpu_desc_word(const struct xf_xpu_desc *d, int i, xf_u32 che
 	}
 }
 
-/* Posts `d` on ring `r`: one thread. 0, -FI_EAGAIN (full), -FI_ESHUTDOWN (closed). */
+/* Posts `d` on ring `r`: one thread. 0, -FI_EAGAIN (full), -FI_ESHUTDOWN (closed),
+ * -FI_ENOSYS (not a ring of this layout). */
 XF_XPU_FN int xf_xpu_ring_post(struct xf_xpu_ring *r, const struct xf_xpu_desc *d)
 {
+	if (!xf_xpu_layout_ok(&r->magic, XF_XPU_RING_MAGIC))
+		return -XF_XPU_ENOSYS;
 	if (xf_xpu_ld_acq32(&r->state) != XF_XPU_RING_OPEN)
 		return -XF_XPU_ESHUTDOWN;
 	/* The host frees slots by storing head; a head read early only underestimates room. */
@@ -554,7 +567,7 @@ XF_XPU_FN struct xf_xpu_cntr_mirror *xf_xpu_mirror(struct fid_xpu_cntr *cntr)
 }
 
 /* The value (`err` 0) or the error value as last mirrored, read by the scope's leader; 0 for
- * a handle that is not xfabric's or a bad scope. */
+ * a handle that is not xfabric's (or whose block has another layout) or a bad scope. */
 XF_XPU_FN xf_u64 xf_xpu_cntr_value(struct fid_xpu_cntr *cntr, int err, int scope)
 {
 	struct xf_xpu_cntr_mirror *m = xf_xpu_mirror(cntr);
@@ -563,7 +576,9 @@ XF_XPU_FN xf_u64 xf_xpu_cntr_value(struct fid_xpu_cntr *cntr, int err, int scope
 	struct xf_xpu_team t;
 	xf_i64 v = 0;
 	if (xf_xpu_team_begin(scope, &t))
-		v = (xf_i64)xf_xpu_ld_acq(err ? &m->err : &m->value);
+		v = xf_xpu_layout_ok(&m->magic, XF_XPU_CNTR_MAGIC) ?
+			    (xf_i64)xf_xpu_ld_acq(err ? &m->err : &m->value) :
+			    0;
 	return (xf_u64)xf_xpu_team_end(scope, &t, v);
 }
 
@@ -575,6 +590,27 @@ FI_XPU_FUNC xf_u64 fi_xpu_cntr_read(struct fid_xpu_cntr *cntr, int scope)
 FI_XPU_FUNC xf_u64 fi_xpu_cntr_readerr(struct fid_xpu_cntr *cntr, int scope)
 {
 	return xf_xpu_cntr_value(cntr, 1, scope);
+}
+
+/* The leader's wait on mirror `m`: 0 when the value reaches `threshold`, -FI_EAVAIL when the
+ * error value moves, -FI_ETIMEDOUT after `timeout` ms (negative: no limit), -FI_ENOSYS for a
+ * block of another layout. */
+XF_XPU_FN xf_i64 xf_xpu_cntr_spin(struct xf_xpu_cntr_mirror *m, xf_u64 threshold, int timeout)
+{
+	if (!xf_xpu_layout_ok(&m->magic, XF_XPU_CNTR_MAGIC))
+		return -XF_XPU_ENOSYS;
+	xf_u64 err0 = xf_xpu_ld_acq(&m->err);
+	xf_u64 start = timeout >= 0 ? xf_xpu_now_ns() : 0;
+	xf_u64 limit = timeout >= 0 ? (xf_u64)timeout * 1000000u : 0;
+	for (unsigned spins = 0;; spins++) {
+		if (xf_xpu_ld_acq(&m->value) >= threshold)
+			return 0;
+		if (xf_xpu_ld_acq(&m->err) != err0)
+			return -XF_XPU_EAVAIL;
+		if (timeout >= 0 && xf_xpu_now_ns() - start >= limit)
+			return -XF_XPU_ETIMEDOUT;
+		xf_xpu_relax(spins);
+	}
 }
 
 /* Spins on the mirror until the value reaches `threshold` (0), the error value moves
@@ -589,26 +625,8 @@ FI_XPU_FUNC int fi_xpu_cntr_wait(struct fid_xpu_cntr *cntr, xf_u64 threshold, in
 		return XF_XPU_SCOPE_ERR(scope);
 	struct xf_xpu_team t;
 	xf_i64 rc = 0;
-	if (xf_xpu_team_begin(scope, &t)) {
-		xf_u64 err0 = xf_xpu_ld_acq(&m->err);
-		xf_u64 start = timeout >= 0 ? xf_xpu_now_ns() : 0;
-		xf_u64 limit = timeout >= 0 ? (xf_u64)timeout * 1000000u : 0;
-		for (unsigned spins = 0;; spins++) {
-			if (xf_xpu_ld_acq(&m->value) >= threshold) {
-				rc = 0;
-				break;
-			}
-			if (xf_xpu_ld_acq(&m->err) != err0) {
-				rc = -XF_XPU_EAVAIL;
-				break;
-			}
-			if (timeout >= 0 && xf_xpu_now_ns() - start >= limit) {
-				rc = -XF_XPU_ETIMEDOUT;
-				break;
-			}
-			xf_xpu_relax(spins);
-		}
-	}
+	if (xf_xpu_team_begin(scope, &t))
+		rc = xf_xpu_cntr_spin(m, threshold, timeout);
 	return (int)xf_xpu_team_end(scope, &t, rc);
 }
 
@@ -616,7 +634,8 @@ XF_XPU_FN int xf_xpu_cntr_post(struct fid_xpu_cntr *cntr, xf_u32 opcode, xf_u64 
 			       int scope)
 {
 	struct xf_xpu_cntr_mirror *m = xf_xpu_mirror(cntr);
-	if (!m)
+	/* Every thread reads the mirror's ring address, so every thread checks its layout. */
+	if (!m || !xf_xpu_layout_ok(&m->magic, XF_XPU_CNTR_MAGIC))
 		return -XF_XPU_ENOSYS;
 	struct xf_xpu_desc d = xf_xpu_desc_zero();
 	d.opcode = opcode;
@@ -672,6 +691,8 @@ XF_XPU_FN unsigned xf_xpu_cq_words(xf_u32 format)
 XF_XPU_FN xf_i64 xf_xpu_cq_take(struct xf_xpu_cq_ring *h, void *buf, size_t max, void *src,
 				int want_err)
 {
+	if (!xf_xpu_layout_ok(&h->magic, XF_XPU_CQ_RING_MAGIC))
+		return -XF_XPU_ENOSYS;
 	unsigned words = want_err ? 0 : xf_xpu_cq_words(h->format);
 	if (max == 0 || !buf || (!want_err && words == 0))
 		return -XF_XPU_EINVAL;
