@@ -42,12 +42,20 @@ const CAPS: u64 = FI_MSG | FI_HMEM;
 /// as a descriptor), `vmm-plain` (cuMemCreate, not exportable). The receiver is told.
 const MEM_ENV: &str = "XFABRIC_TEST_CUDA_MEM";
 
-/// Device memory of the kind `mem` names.
+/// The device both sides allocate on (0 unless set; the receiver inherits it).
+const DEVICE_ENV: &str = "XFABRIC_TEST_CUDA_DEVICE";
+
+fn device() -> u64 {
+    std::env::var(DEVICE_ENV).map_or(0, |v| v.parse().expect(DEVICE_ENV))
+}
+
+/// Device memory of the kind `mem` names, on `device()`.
 fn alloc(mem: &str, len: usize) -> xfabric::hmem::DeviceBuffer {
+    let d = device();
     match mem {
-        "vmm" => cuda().alloc_device_vmm(0, len, true).unwrap(),
-        "vmm-plain" => cuda().alloc_device_vmm(0, len, false).unwrap(),
-        _ => cuda().alloc_device(0, len).unwrap(),
+        "vmm" => cuda().alloc_device_vmm(d, len, true).unwrap(),
+        "vmm-plain" => cuda().alloc_device_vmm(d, len, false).unwrap(),
+        _ => cuda().alloc_device(d, len).unwrap(),
     }
 }
 
@@ -97,7 +105,9 @@ fn receiver() {
     let refused = std::env::var("CUDA_DOUBLE_IPC_REFUSE").is_ok_and(|v| v == "1");
     let mem = mem();
     let vmm = mem.starts_with("vmm");
-    let rx = cuda().alloc_device(0, BIG).expect("device receive buffer");
+    let rx = cuda()
+        .alloc_device(device(), BIG)
+        .expect("device receive buffer");
     let mut taken = ipc_counts().taken;
     // Descriptors taken from the sender since the last look (one per VMM offer).
     let mut passed = move || {
@@ -468,6 +478,29 @@ fn cuda_double_vmm_not_exportable_goes_staged() {
         &double_env(),
         &[(MEM_ENV, "vmm"), ("CUDA_DOUBLE_VMM_NO_FD", "1")],
     );
+}
+
+/// Both sides on the second device of GPUs that cannot reach each other's memory: the handle
+/// is opened, and the copy made, on the receive's device (the sender's for a receive into
+/// host memory), never on the first device, whose copy would fail.
+#[test]
+fn cuda_double_ipc_on_the_receives_device_without_peer_access() {
+    const NAME: &str = "cuda_double_ipc_on_the_receives_device_without_peer_access";
+    if run_roles(NAME) || skip_not_shm() {
+        return;
+    }
+    for mem in ["legacy", "vmm"] {
+        run_child(
+            NAME,
+            "sender",
+            &double_env(),
+            &[
+                (MEM_ENV, mem),
+                (DEVICE_ENV, "1"),
+                ("CUDA_DOUBLE_NO_PEER", "1"),
+            ],
+        );
+    }
 }
 
 #[test]

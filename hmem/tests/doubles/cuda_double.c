@@ -36,6 +36,11 @@
  * queries (default 2), so a caller that reports a copy before polling it to completion is
  * caught. cuda_double_async_copies() counts the copies that landed so.
  *
+ * Devices without peer access: with CUDA_DOUBLE_NO_PEER=1, an asynchronous copy on one
+ * device's stream to or from memory of another device (an allocation, an opened IPC handle:
+ * the device whose context opened it, a VMM mapping: the device last given access) answers
+ * CUDA_ERROR_INVALID_VALUE, as on GPUs that cannot reach each other's memory.
+ *
  * dma-buf: cuMemGetHandleForAddressRange answers CUDA_ERROR_NOT_SUPPORTED, as for a device
  * without dma-buf support, unless CUDA_DOUBLE_DMABUF names a DRM device that makes dumb
  * buffers (vgem's /dev/dri/card0): then every cuMemAlloc is such a buffer, mapped, and
@@ -722,17 +727,27 @@ CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t si
 
 /* Asynchronous copies between any two addresses (unified addressing): held on the stream,
  * landed when an event recorded after them completes or the stream is synchronized. */
+/* Memory a device reaches as its own (not host memory). */
+static int on_device(const struct region *g)
+{
+	return g->kind == DEVICE_ALLOC || g->kind == IPC_MAPPED || g->kind == VMM_MAPPED;
+}
+
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, struct stream *s)
 {
 	if (!current())
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (!s || s->magic != STREAM_MAGIC)
 		return CUDA_ERROR_INVALID_HANDLE;
+	const char *no_peer = getenv("CUDA_DOUBLE_NO_PEER");
 	pthread_mutex_lock(&lock);
 	struct region *d = find((void *)(uintptr_t)dst), *r = find((void *)(uintptr_t)src);
 	/* A range starting in known memory must end inside it. */
 	int ok = (!d || (char *)(uintptr_t)dst + n <= d->base + d->len) &&
 		 (!r || (char *)(uintptr_t)src + n <= r->base + r->len) && dst && src;
+	if (no_peer && *no_peer == '1')
+		ok = ok && (!d || !on_device(d) || d->device == s->device) &&
+		     (!r || !on_device(r) || r->device == s->device);
 	pthread_mutex_unlock(&lock);
 	if (!ok)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -1040,8 +1055,9 @@ CUresult cuMemSetAccess(CUdeviceptr p, size_t len, const struct accessdesc *d, s
 {
 	if (!d || count == 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	int prot = PROT_NONE;
+	int prot = PROT_NONE, device = 0;
 	for (size_t i = 0; i < count; i++) {
+		device = d[i].loc.id;
 		if (d[i].loc.type != 1 || d[i].loc.id < 0 || d[i].loc.id >= CUDA_DOUBLE_DEVICES)
 			return CUDA_ERROR_INVALID_DEVICE;
 		if (d[i].flags == 3)
@@ -1052,9 +1068,12 @@ CUresult cuMemSetAccess(CUdeviceptr p, size_t len, const struct accessdesc *d, s
 			return CUDA_ERROR_INVALID_VALUE;
 	}
 	pthread_mutex_lock(&lock);
-	CUresult res = vmm_region(p, len) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+	struct region *g = vmm_region(p, len);
+	CUresult res = g ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 	if (res == CUDA_SUCCESS && mprotect((void *)(uintptr_t)p, len, prot) != 0)
 		res = CUDA_ERROR_INVALID_VALUE;
+	if (res == CUDA_SUCCESS)
+		g->device = device;
 	pthread_mutex_unlock(&lock);
 	return res;
 }

@@ -10,6 +10,10 @@
 //! DESC: 0 TAG:u8 | 1 IpcHandle wire form (112 bytes, its allocation id included) | 113 len:u64
 //! ```
 //!
+//! A receiver opens the handle and copies on the receive's device where it is CUDA memory,
+//! else on the device of the sender's ordinal where it has one (else its first); mappings are
+//! cached per device too (docs/hmem.md, "Which device").
+//!
 //! Everything in it is the peer's: the handle must be a CUDA one, its pid the peer's verified
 //! one (`Link::pid`), its range inside the allocation, the copy no longer than what it
 //! offers; only then is it opened. Opened mappings are cached per peer and allocation (at
@@ -235,6 +239,8 @@ struct Entry {
     peer: PeerId,
     /// The handle it was opened from, less its offset.
     key: IpcHandle,
+    /// The device (this process's ordinal) it was opened on, whose stream copies from it.
+    device: u64,
     map: Arc<IpcMapping>,
     used: u64,
 }
@@ -270,33 +276,44 @@ impl Cache {
         self.entries.iter().any(|e| e.peer == peer && e.key == key)
     }
 
-    /// The mapping `h` names for `peer`, opened now if not cached; a cached one of the same
-    /// address but another allocation is stale: closed, never used.
-    /// A VMM handle opens from `fd`, the descriptor its peer passed (closed here when the
-    /// mapping is cached).
+    /// The mapping `h` names for `peer` and the device it is opened on: opened now on
+    /// `device` if not cached. A mapping cached on another device serves when there is none
+    /// on `device` and no descriptor to open one (a VMM handle's was taken by the first open):
+    /// its device copies then, as it did before. A cached one of the same address but another
+    /// allocation is stale: closed, never used. A VMM handle opens from `fd`, the descriptor
+    /// its peer passed (closed here when the mapping is cached).
     fn get(
         &mut self,
         peer: PeerId,
         h: &IpcHandle,
+        device: u64,
         fd: Option<fdpass::Foreign>,
-    ) -> Result<Arc<IpcMapping>, String> {
+    ) -> Result<(Arc<IpcMapping>, u64), String> {
         self.clock += 1;
         let key = IpcHandle {
             offset: 0,
             ..h.clone()
         };
-        if let Some(i) = self
+        let same = |e: &Entry| e.peer == peer && e.key == key;
+        let hit = self
             .entries
             .iter()
-            .position(|e| e.peer == peer && e.key == key)
-        {
+            .position(|e| same(e) && e.device == device)
+            .or_else(|| {
+                let reopen = !key.is_vmm() || fd.is_some();
+                (!reopen)
+                    .then(|| self.entries.iter().position(same))
+                    .flatten()
+            });
+        if let Some(i) = hit {
             let e = &mut self.entries[i];
             e.used = self.clock;
-            return Ok(e.map.clone());
+            return Ok((e.map.clone(), e.device));
         }
         let before = self.entries.len();
-        self.entries
-            .retain(|e| !(e.peer == peer && e.key.base == key.base && e.key.pid == key.pid));
+        self.entries.retain(|e| {
+            !(e.peer == peer && e.key.base == key.base && e.key.pid == key.pid && e.key != key)
+        });
         let stale = (before - self.entries.len()) as u64;
         if stale > 0 {
             STALE.fetch_add(stale, Ordering::Relaxed);
@@ -305,9 +322,9 @@ impl Cache {
         let opened = if key.is_vmm() {
             let fd = fd.ok_or("its allocation's descriptor was not passed")?;
             // Only used: closed (off this thread) when `fd` drops.
-            cuda().vmm_open(0, &key, fd.as_fd())
+            cuda().vmm_open(device, &key, fd.as_fd())
         } else {
-            cuda().ipc_open(0, &key)
+            cuda().ipc_open(device, &key)
         };
         let map = Arc::new(opened.map_err(|e| e.to_string())?);
         OPENS.fetch_add(1, Ordering::Relaxed);
@@ -319,10 +336,11 @@ impl Cache {
         self.entries.push(Entry {
             peer,
             key,
+            device,
             map: map.clone(),
             used: self.clock,
         });
-        Ok(map)
+        Ok((map, device))
     }
 
     /// `peer` is gone: its mappings close (each once its copies under way are done).
@@ -381,25 +399,40 @@ impl Net {
             tracing::debug!("shm: a VMM offer whose descriptor is not here goes staged");
             return Some(Copied::Declined);
         }
-        let map = match self.ipc.get(c.peer, &m.handle, fd) {
-            Ok(map) => map,
+        let direct = self
+            .core
+            .as_ref()
+            .and_then(|core| core.direct_landing(c.ctx, c.len))
+            .filter(|seg| seg.owner.iface == Iface::Cuda);
+        // Opened and copied on the receive's device where it is CUDA memory, so that the
+        // copy needs no peer access between devices; else on the device of the sender's
+        // ordinal where this process has one (the same GPU where both see the same ones).
+        let cuda = cuda();
+        let device = direct.as_ref().map_or_else(
+            || {
+                let here = cuda.devices().len() as u64;
+                if m.handle.device < here {
+                    m.handle.device
+                } else {
+                    0
+                }
+            },
+            |seg| seg.owner.device,
+        );
+        let (map, device) = match self.ipc.get(c.peer, &m.handle, device, fd) {
+            Ok(got) => got,
             Err(why) => return refuse(&format!("the handle does not open: {why}")),
         };
         // In bounds: `check_range` held at decoding, `c.len <= m.len`, and the mapping
         // covers the whole allocation.
         let src = (map.base() as usize).wrapping_add(m.handle.offset as usize);
-        let direct = self
-            .core
-            .as_ref()
-            .and_then(|core| core.direct_landing(c.ctx, c.len));
-        let cuda = cuda();
         let mut copies = Vec::new();
         let started = match direct {
             // SAFETY: the receive's device memory holds `c.len` bytes (`direct_landing`) and
             // is the engine's until `on_copied`; the source lies in the peer's mapped
             // allocation, kept mapped by `_map` until the copy is done.
             Some(seg) => {
-                unsafe { cuda.copy_async(0, seg.seg.addr as *mut u8, src as *const u8, c.len) }
+                unsafe { cuda.copy_async(device, seg.seg.addr as *mut u8, src as *const u8, c.len) }
                     .map(|a| copies.push(a))
             }
             None => {
@@ -413,7 +446,7 @@ impl Net {
                     // SAFETY: as above, `c.local` being the engine's memory of at least
                     // `c.len` bytes (checked above).
                     match unsafe {
-                        cuda.copy_async(0, s.addr as *mut u8, (src + done) as *const u8, n)
+                        cuda.copy_async(device, s.addr as *mut u8, (src + done) as *const u8, n)
                     } {
                         Ok(a) => copies.push(a),
                         Err(e) => {
@@ -572,7 +605,7 @@ mod tests {
             raw: IpcHandle::VMM_RAW,
             ..handle()
         };
-        let Err(e) = c.get(0, &h, None) else {
+        let Err(e) = c.get(0, &h, 0, None) else {
             panic!("refused")
         };
         assert!(e.contains("descriptor was not passed"), "{e}");
