@@ -342,25 +342,31 @@ impl Net {
                 "segment {name} is not an xfabric shm endpoint"
             )));
         }
-        let pid = if self.cma.usable() {
-            ring::verified_pid(&seg)
+        let who = if self.cma.usable() {
+            ring::verified(&seg).map(|(pid, pidfd)| fdpass::Verified::new(pid, pidfd))
         } else {
             None
         };
-        if pid.is_some() {
+        if who.is_some() {
             // The check read the peer's memory by cross-memory attach.
             self.cma.seen_working();
         }
-        Ok(self.add_link(name, Some(seg), pid))
+        Ok(self.add_link(name, Some(seg), who))
     }
 
-    fn add_link(&mut self, name: &str, seg: Option<Segment>, pid: Option<i32>) -> PeerId {
-        self.links.push(Link::new(name, seg, pid));
+    fn add_link(
+        &mut self,
+        name: &str,
+        seg: Option<Segment>,
+        who: Option<fdpass::Verified>,
+    ) -> PeerId {
+        self.links
+            .push(Link::new(name, seg, who.as_ref().map(|v| v.pid)));
         let p = self.links.len() - 1;
         let mut book = self.book.lock().unwrap_or_else(|e| e.into_inner());
         // Indexed as the links are (both only grow).
         if book.len() == p {
-            book.push((name.to_string(), pid));
+            book.push((name.to_string(), who));
         }
         drop(book);
         self.by_name.insert(name.to_string(), p);

@@ -10,7 +10,10 @@
 //! The sender, describing VMM memory to a peer, connects to the peer's socket (non-blocking:
 //! a full backlog fails at once), checks that the listener is that peer (its `SO_PEERCRED`
 //! pid is the pid the sender verified for the peer by cross-memory attach: anyone could have
-//! bound the name, and a descriptor of our device memory must not go to them), sends one
+//! bound the name, and a descriptor of our device memory must not go to them), and, a pid
+//! being reusable, that it is that very process (`Verified`: the pidfd opened when the pid
+//! was verified has not exited, and where pidfds have identities of their own, Linux 6.9's
+//! pidfs, the listener's `SO_PEERPIDFD` names the same process), sends one
 //! message, `magic:u32 | alloc_id:u64` with the descriptor, and closes. It does this before
 //! the announcement that names the allocation is written to the peer's ring, so when the
 //! receiver reads the announcement the message is already queued on its socket: the
@@ -36,6 +39,7 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Descriptors taken from peers, in every endpoint of this process.
 pub static TAKEN: AtomicU64 = AtomicU64::new(0);
@@ -134,13 +138,120 @@ fn peer_pid(fd: RawFd) -> Result<i32, String> {
     Ok(c.pid)
 }
 
+/// A peer process as the sender verified it: its pid, and a pidfd opened before the
+/// verification (`ring::verified`), so naming that very process, where the kernel has them.
+#[derive(Clone, Debug)]
+pub struct Verified {
+    pub pid: i32,
+    pidfd: Option<Arc<OwnedFd>>,
+}
+
+impl Verified {
+    pub fn new(pid: i32, pidfd: Option<OwnedFd>) -> Self {
+        Verified {
+            pid,
+            pidfd: pidfd.map(Arc::new),
+        }
+    }
+
+    /// Whether the process at the other end of connected socket `s`, whose `SO_PEERCRED`
+    /// pid is `self.pid`, is the one verified, as far as the kernel tells: the verified
+    /// process has not exited (its pid cannot have gone to another), and where pidfds carry
+    /// an identity (pidfs: an inode number per process, never reused), the listener's
+    /// `SO_PEERPIDFD` has the same one (a listening socket another process with this pid
+    /// made before, and handed on, is not the peer's).
+    fn check(&self, s: RawFd) -> Result<(), String> {
+        let Some(ours) = &self.pidfd else {
+            return Ok(());
+        };
+        let mut p = libc::pollfd {
+            fd: ours.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; no wait.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        if r != 0 {
+            return Err(format!(
+                "the verified process {} has exited (its pid may be another's now)",
+                self.pid
+            ));
+        }
+        let Some(theirs) = peer_pidfd(s) else {
+            return Ok(()); // a kernel without SO_PEERPIDFD (before 6.5): the pid check stands
+        };
+        match (pidfs_ino(ours.as_raw_fd()), pidfs_ino(theirs.as_raw_fd())) {
+            (Some(a), Some(b)) if a != b => Err(format!(
+                "the listener of pid {} is another process than the one verified",
+                self.pid
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A pidfd of process `pid` (`pidfd_open`), or `None` where the kernel has none (before 5.3)
+/// or the process is gone.
+pub fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: no pointers; the result is a fresh descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: a fresh descriptor we own.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// A pidfd of the process at the other end of connected socket `fd` as the kernel recorded
+/// it (`SO_PEERPIDFD`, Linux 6.5), or `None`.
+fn peer_pidfd(fd: RawFd) -> Option<OwnedFd> {
+    let mut pidfd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: writes at most `len` bytes into `pidfd`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERPIDFD,
+            (&mut pidfd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: a fresh descriptor the kernel gave us.
+    (r == 0 && pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) })
+}
+
+/// The process identity of pidfd `fd`: its inode number where pidfds live on pidfs (Linux
+/// 6.9: one inode per process, never reused), `None` where they share one anonymous inode.
+fn pidfs_ino(fd: RawFd) -> Option<u64> {
+    static PIDFS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let stat = |fd: RawFd| {
+        // SAFETY: plain data; all zeroes is valid.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: writes into `st` only.
+        (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st)
+    };
+    let pidfs = *PIDFS.get_or_init(|| {
+        // Anonymous-inode pidfds (before pidfs) all share one inode: two processes' differ
+        // only on pidfs.
+        let me = pidfd_open(std::process::id() as i32);
+        let init = pidfd_open(1);
+        match (
+            me.and_then(|f| stat(f.as_raw_fd())),
+            init.and_then(|f| stat(f.as_raw_fd())),
+        ) {
+            (Some(a), Some(b)) => a.st_ino != b.st_ino,
+            _ => false,
+        }
+    });
+    pidfs.then(|| stat(fd).map(|st| st.st_ino))?
+}
+
 /// Room for one descriptor's control message.
 #[repr(C, align(8))]
 struct Cmsg([u8; 64]);
 
 /// Sends `fd`, the descriptor of allocation `alloc_id`, to the endpoint whose segment is
-/// `seg` and whose owner's verified pid is `pid`. Never waits.
-pub fn send(seg: &str, pid: i32, alloc_id: u64, fd: BorrowedFd<'_>) -> Result<(), String> {
+/// `seg` and whose owner is the process `who`. Never waits.
+pub fn send(seg: &str, who: &Verified, alloc_id: u64, fd: BorrowedFd<'_>) -> Result<(), String> {
+    let pid = who.pid;
     let (a, alen) = addr_of(seg).ok_or("the segment name is too long for a socket name")?;
     let s = socket()?;
     // SAFETY: `a` is a valid address of `alen` bytes.
@@ -154,6 +265,7 @@ pub fn send(seg: &str, pid: i32, alloc_id: u64, fd: BorrowedFd<'_>) -> Result<()
             "the peer's descriptor socket is held by pid {theirs}, not the peer's verified {pid}"
         ));
     }
+    who.check(s.as_raw_fd())?;
     send_on(&s, alloc_id, fd)
 }
 
@@ -548,6 +660,12 @@ mod tests {
         c.read_to_end(&mut sink).unwrap();
     }
 
+    /// This process, verified as a peer would be.
+    fn this() -> Verified {
+        let me = std::process::id() as i32;
+        Verified::new(me, pidfd_open(me))
+    }
+
     /// Waits (bounded) until the closer has closed all it was handed.
     fn settled() {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -567,6 +685,44 @@ mod tests {
             .count()
     }
 
+    /// A pid is reusable: a descriptor goes to the process verified, not to whoever holds its
+    /// pid now. The verified process exited: refused. A listener of the right pid that is
+    /// another process than the one verified (here: this process's listener, the identity
+    /// verified being a child's): refused where pidfds carry identities (pidfs).
+    #[test]
+    fn a_descriptor_goes_to_the_verified_process_not_to_its_pid() {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let me = std::process::id() as i32;
+        let seg = name("identity");
+        let mut inbox = Inbox::bind(&seg).unwrap();
+        let file = tempfile_fd();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let theirs = pidfd_open(child.id() as i32).expect("pidfd_open (Linux 5.3)");
+        let other = Verified::new(me, Some(theirs));
+        let pidfs = pidfs_ino(other.pidfd.as_ref().unwrap().as_raw_fd()).is_some();
+        let r = send(&seg, &other, 1, file.as_fd());
+        if pidfs {
+            let e = r.unwrap_err();
+            assert!(e.contains("another process than the one verified"), "{e}");
+        } else {
+            eprintln!("no pidfs here (Linux before 6.9): only the exit check is made");
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let e = send(&seg, &other, 2, file.as_fd()).unwrap_err();
+        assert!(e.contains("has exited"), "{e}");
+        // The verified process itself passes.
+        send(&seg, &this(), 3, file.as_fd()).unwrap();
+        inbox.drain(only(me));
+        assert_eq!(inbox.waiting(), 1 + usize::from(!pidfs));
+        assert!(inbox.take(me, 3).is_some());
+        drop(inbox);
+        settled();
+    }
+
     #[test]
     fn a_discarded_peers_connections_close_unread_with_what_they_carry() {
         let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -579,8 +735,8 @@ mod tests {
             DISCARDED.load(Ordering::Relaxed),
         );
         // Two messages queued, and a connection accepted before its message came.
-        send(&seg, me, 1, file.as_fd()).unwrap();
-        send(&seg, me, 2, file.as_fd()).unwrap();
+        send(&seg, &this(), 1, file.as_fd()).unwrap();
+        send(&seg, &this(), 2, file.as_fd()).unwrap();
         let s = socket().unwrap();
         let (a, alen) = addr_of(&seg).unwrap();
         // SAFETY: a valid address of `alen` bytes.
@@ -593,7 +749,7 @@ mod tests {
         // connection's late message, a new one) is closed unread, quietly, and what it held
         // of the peer closes.
         send_on(&s, 3, file.as_fd()).unwrap();
-        send(&seg, me, 4, file.as_fd()).unwrap();
+        send(&seg, &this(), 4, file.as_fd()).unwrap();
         inbox.drain(|_| Verdict::Discard);
         assert_eq!((inbox.waiting(), inbox.unread.len()), (2, 0));
         assert_eq!(DISCARDED.load(Ordering::Relaxed), discarded + 2);
@@ -615,7 +771,7 @@ mod tests {
         let mut inbox = Inbox::bind(&seg).unwrap();
         let file = tempfile_fd();
         // Passed and taken under (pid, allocation id); the same file arrives.
-        send(&seg, me, 7, file.as_fd()).unwrap();
+        send(&seg, &this(), 7, file.as_fd()).unwrap();
         inbox.drain(only(me));
         assert!(inbox.take(me, 8).is_none(), "another allocation's");
         let got = inbox.take(me, 7).expect("passed");
@@ -624,16 +780,16 @@ mod tests {
         // The listener is not the pid the sender expects: nothing is sent (the empty
         // connection it left is refused by the next look).
         let before = REFUSED.load(Ordering::Relaxed);
-        let e = send(&seg, me + 1, 7, file.as_fd()).unwrap_err();
+        let e = send(&seg, &Verified::new(me + 1, None), 7, file.as_fd()).unwrap_err();
         assert!(e.contains("not the peer's verified"), "{e}");
         inbox.drain(only(me));
         assert_eq!(inbox.waiting(), 0);
         assert_eq!(REFUSED.load(Ordering::Relaxed), before + 1);
         // Nobody listens there.
-        assert!(send(&name("nobody"), me, 7, file.as_fd()).is_err());
+        assert!(send(&name("nobody"), &this(), 7, file.as_fd()).is_err());
         // From a pid that is no peer's: refused, nothing held.
         let before = REFUSED.load(Ordering::Relaxed);
-        send(&seg, me, 9, file.as_fd()).unwrap();
+        send(&seg, &this(), 9, file.as_fd()).unwrap();
         inbox.drain(|_| Verdict::Refuse);
         assert_eq!(inbox.waiting(), 0);
         assert_eq!(REFUSED.load(Ordering::Relaxed), before + 1);
@@ -655,7 +811,7 @@ mod tests {
         assert_eq!(REFUSED.load(Ordering::Relaxed), before + 3);
         // A peer cannot make us hold more than PER_PID_MAX; a lost one's all close.
         for id in 0..PER_PID_MAX as u64 + 3 {
-            send(&seg, me, 100 + id, file.as_fd()).unwrap();
+            send(&seg, &this(), 100 + id, file.as_fd()).unwrap();
         }
         inbox.drain(only(me));
         assert_eq!(inbox.waiting(), PER_PID_MAX);
@@ -764,7 +920,7 @@ mod tests {
         // A stranger's connection.
         let (sock, l) = lingering_socket(3);
         listeners.push(l);
-        send(&seg, me, 1, sock.as_fd()).unwrap();
+        send(&seg, &this(), 1, sock.as_fd()).unwrap();
         drop(sock);
         timed("a stranger's connection", &mut || {
             inbox.drain(|_| Verdict::Refuse)
@@ -772,7 +928,7 @@ mod tests {
         // A peer's descriptor, held, then its peer lost.
         let (sock, l) = lingering_socket(3);
         listeners.push(l);
-        send(&seg, me, 2, sock.as_fd()).unwrap();
+        send(&seg, &this(), 2, sock.as_fd()).unwrap();
         drop(sock);
         inbox.drain(only(me));
         assert_eq!(inbox.waiting(), 1);
@@ -780,7 +936,7 @@ mod tests {
         // Taken, and handed back to be closed.
         let (sock, l) = lingering_socket(3);
         listeners.push(l);
-        send(&seg, me, 3, sock.as_fd()).unwrap();
+        send(&seg, &this(), 3, sock.as_fd()).unwrap();
         drop(sock);
         inbox.drain(only(me));
         let mut got = inbox.take(me, 3);
@@ -793,7 +949,7 @@ mod tests {
         // accepted, which would only add to it; the connection waits in the backlog.
         CLOSING.fetch_add(CLOSING_MAX, Ordering::Relaxed);
         let file = tempfile_fd();
-        send(&seg, me, 4, file.as_fd()).unwrap();
+        send(&seg, &this(), 4, file.as_fd()).unwrap();
         inbox.drain(only(me));
         assert_eq!(inbox.waiting(), 0);
         CLOSING.fetch_sub(CLOSING_MAX, Ordering::Relaxed);
@@ -802,7 +958,7 @@ mod tests {
         // The endpoint closes with a connection never accepted, carrying such a socket:
         // closing the listener closes it, and what it carries, off this thread too.
         let (sock, l) = lingering_socket(3);
-        send(&seg, me, 5, sock.as_fd()).unwrap();
+        send(&seg, &this(), 5, sock.as_fd()).unwrap();
         drop(sock);
         timed("closing the inbox", &mut || drop(inbox.take_listener()));
         drain_peer(l);

@@ -58,7 +58,7 @@ use super::{fdpass, Net};
 
 /// Each peer's segment name and verified pid, by peer id: what a sender needs to pass a
 /// descriptor (`Net` adds each link; the endpoint's `ShmOneSided` reads it when describing).
-pub type PeerBook = Arc<std::sync::Mutex<Vec<(String, Option<i32>)>>>;
+pub type PeerBook = Arc<std::sync::Mutex<Vec<(String, Option<fdpass::Verified>)>>>;
 
 /// First byte of a CUDA IPC descriptor.
 pub const TAG: u8 = 0xC5;
@@ -149,7 +149,7 @@ pub fn desc_of(h: &IpcHandle, len: usize) -> Desc {
 /// cross-memory attach cannot read device memory).
 pub fn describe(
     iov: &IovList,
-    peer: impl FnOnce() -> Option<(String, Option<i32>)>,
+    peer: impl FnOnce() -> Option<(String, Option<fdpass::Verified>)>,
 ) -> Option<Option<Desc>> {
     let cuda = cuda();
     cuda.available().ok()?;
@@ -167,7 +167,7 @@ fn describe_device(
     cuda: &dyn HmemIface,
     addr: usize,
     len: usize,
-    peer: impl FnOnce() -> Option<(String, Option<i32>)>,
+    peer: impl FnOnce() -> Option<(String, Option<fdpass::Verified>)>,
 ) -> Option<Desc> {
     let legacy = match cuda.ipc_get(addr as *const u8, len) {
         Ok(h) => return Some(desc_of(&h, len)),
@@ -186,10 +186,10 @@ fn describe_device(
         }
         Err(e) => return unexported(e.to_string()),
     };
-    let Some((name, Some(pid))) = peer() else {
+    let Some((name, Some(who))) = peer() else {
         return unexported("the peer's pid is not verified".into());
     };
-    match fdpass::send(&name, pid, h.alloc_id, fd.as_fd()) {
+    match fdpass::send(&name, &who, h.alloc_id, fd.as_fd()) {
         Ok(()) => {
             PASSED.fetch_add(1, Ordering::Relaxed);
             Some(desc_of(&h, len))
