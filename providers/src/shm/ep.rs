@@ -57,6 +57,7 @@ pub fn open(core: Arc<EpCore>) -> Result<Arc<ShmEndpoint>> {
         if cuda.available().is_ok() {
             one_sided.cuda_ipc = true;
             one_sided.book = net.book.clone();
+            net.keep_pidfds = true;
             // Where peers pass their VMM allocations' descriptors; without it they send
             // from such memory staged.
             match super::net::fdpass_inbox(&net.name) {

@@ -202,6 +202,9 @@ pub struct Net {
     /// Where peers pass descriptors of their VMM allocations (`fdpass`), for an endpoint
     /// that takes CUDA IPC.
     pub fds: Option<fdpass::Inbox>,
+    /// Peers are verified with a pidfd kept (one descriptor each): this endpoint passes them
+    /// its CUDA VMM allocations' descriptors, which must reach the very process verified.
+    pub keep_pidfds: bool,
     /// Each peer's segment name and verified pid, for describing VMM memory to it (`ipc`).
     pub book: ipc::PeerBook,
 }
@@ -319,6 +322,7 @@ impl Net {
             ipc: ipc::Cache::default(),
             core: None,
             fds: None,
+            keep_pidfds: false,
             book: ipc::PeerBook::default(),
             idle: Arc::new(Idle {
                 busy: AtomicBool::new(false),
@@ -343,7 +347,8 @@ impl Net {
             )));
         }
         let who = if self.cma.usable() {
-            ring::verified(&seg).map(|(pid, pidfd)| fdpass::Verified::new(pid, pidfd))
+            ring::verified(&seg, self.keep_pidfds)
+                .map(|(pid, pidfd)| fdpass::Verified::new(pid, pidfd))
         } else {
             None
         };

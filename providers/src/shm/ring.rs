@@ -463,14 +463,14 @@ pub fn init_header(seg: &Segment, cookie: u64) {
 }
 
 /// The owner's pid if cross-memory attach through it reaches this very segment: the cookie
-/// read through the pid at the owner's address equals the cookie as we see it. With it, a
-/// pidfd of that very process where the kernel has them (opened before the check: a pid
-/// that held the cookie after the pidfd was opened held it when it was, since a process
-/// keeps its pid from birth and the owner was born before its segment).
-pub fn verified(seg: &Segment) -> Option<(i32, Option<std::os::fd::OwnedFd>)> {
+/// read through the pid at the owner's address equals the cookie as we see it. With it, if
+/// `pidfd`, a pidfd of that very process where the kernel has them (opened before the
+/// check: a pid that held the cookie after the pidfd was opened held it when it was, since a
+/// process keeps its pid from birth and the owner was born before its segment).
+pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::OwnedFd>)> {
     // SAFETY: fixed aligned offset in the header.
     let pid = unsafe { seg.u32_at(OFF_PID) }.load(Ordering::Relaxed) as i32;
-    let pidfd = super::net::fdpass::pidfd_open(pid);
+    let pidfd = pidfd.then(|| super::net::fdpass::pidfd_open(pid)).flatten();
     let checked = verified_pid(seg)?;
     (checked == pid).then_some((pid, pidfd))
 }
