@@ -148,8 +148,9 @@ fn receiver() {
         assert_eq!(got(1, BIG, true), (0, 0, 0, 0, 1));
         assert_eq!(got(2, BIG, false), (0, 0, 0, 0, 0));
         if vmm {
-            // A VMM allocation's descriptor came with each offer: the first's was taken by
-            // the copy (whose import the driver refused); the second's, never used (no more
+            // A VMM allocation's descriptor came with both offers (the refusal answered Cts,
+            // so the sender passed it again): the first's was taken by the copy (whose import
+            // the driver refused); the second's, never used (no more
             // copies are asked of that peer), is closed unread by progress's sweep rather
             // than left queued or kept: nothing here holds the peer's allocation.
             let deadline = std::time::Instant::now() + completion_bound();
@@ -192,9 +193,9 @@ fn receiver() {
     assert_eq!(got(3, BIG, false), (1, 0, 0, 0, 0));
     // Small: staged, no IPC.
     assert_eq!(got(4, SMALL, true), (0, 0, 0, 0, 0));
-    // A VMM allocation's descriptor came with each offer (closed where the mapping was
-    // cached); nothing was refused on the descriptor socket.
-    assert_eq!(passed(), if vmm { 3 } else { 0 });
+    // A VMM allocation's descriptor came with its first offer only (the sender knows it
+    // passed it); nothing was refused on the descriptor socket.
+    assert_eq!(passed(), u64::from(vmm));
     assert_eq!(ipc_counts().fd_refused, 0);
     say("phase1");
     // The sender freed its allocation and made another; same address or not, the new one is
@@ -233,6 +234,19 @@ fn receiver() {
         let (copies, _, opens, _, refused) = got(200, BIG, false);
         assert_eq!((copies, opens, refused), (1, 1, 0));
         passed();
+        // A burst allocation whose offer was declined: its sender was told (the Cts) and
+        // passes its descriptor again. Then the phase-1 allocation, whose mapping the
+        // burst evicted from the cache: its sender, which passed it before, passes nothing;
+        // that offer is declined (staged), and the next passes it again and is copied.
+        say("evicted");
+        let declined = || ipc_counts().declined;
+        let d0 = declined();
+        assert_eq!(got(300, BIG, false), (1, 0, 1, 0, 0));
+        assert_eq!((passed(), declined() - d0), (1, 0));
+        assert_eq!(got(301, BIG, false), (0, 0, 0, 0, 0));
+        assert_eq!((passed(), declined() - d0), (0, 1));
+        assert_eq!(got(302, BIG, false), (1, 0, 1, 0, 0));
+        assert_eq!((passed(), declined() - d0), (1, 1));
     }
     say("received");
     assert_eq!(listen(), "done");
@@ -312,22 +326,31 @@ fn sender(test: &str, child_env: &[(&str, &str)]) {
             assert_eq!(child.hear(), "again");
             let b = alloc(&mem, BIG);
             send(&b, 200, BIG);
+            assert_eq!(child.hear(), "evicted");
+            send(&bufs[0], 300, BIG);
+            send(&src, 301, BIG);
+            send(&src, 302, BIG);
             drop(bufs);
         }
         assert_eq!(child.hear(), "received");
         let c = offer_counts();
-        let burst = (BURST + 1) * vmm;
+        // The burst, the allocation after it, and the three sends after the eviction.
+        let later = (BURST + 4) * vmm;
         assert_eq!(
             (c.offered - before.offered, c.staged - before.staged),
-            (4 + burst, (BURST - HELD_PER_PEER) * vmm)
+            (4 + later, (BURST - HELD_PER_PEER + 1) * vmm)
         );
+        // Passed: each allocation once (phase 1's two, the burst's, the one after it), then
+        // again after a decline (bufs[0], src); not passed: the second and third sends of
+        // phase 1's first allocation, and src's first send after the eviction.
         let i = ipc_counts();
         assert_eq!(
             (
                 i.passed - ipc_before.passed,
+                i.not_repassed - ipc_before.not_repassed,
                 i.unexported - ipc_before.unexported
             ),
-            (4 * vmm + burst, 0)
+            ((BURST + 5) * vmm, 3 * vmm, 0)
         );
     }
     child.tell("done");

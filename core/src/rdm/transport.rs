@@ -186,6 +186,13 @@ pub trait OneSided: Send + Sync {
         None
     }
 
+    /// `peer` declined to copy an offer `describe` made of device memory `iov` and asked for
+    /// its data through frames (`Cts`): whatever the transport assumed the peer holds for it
+    /// (a descriptor passed before) is not there. The default does nothing.
+    fn offer_declined(&self, peer: PeerId, iov: &IovList) {
+        let _ = (peer, iov);
+    }
+
     /// An offer `describe` made of `iov` to `peer` has ended (its request completed, failed,
     /// or was canceled): nobody copies from it any more, and the transport may release what
     /// it holds for it (a NIC registration).

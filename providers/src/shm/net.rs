@@ -1309,6 +1309,8 @@ pub struct ShmOneSided {
     pub cuda_ipc: bool,
     /// The endpoint's peers, for passing VMM allocations' descriptors to them (`ipc`).
     pub book: ipc::PeerBook,
+    /// The VMM allocations whose descriptors went to each peer already (`ipc`).
+    pub passed: ipc::Passed,
 }
 
 impl ShmOneSided {
@@ -1322,6 +1324,7 @@ impl ShmOneSided {
             sys: xfabric_hmem::System::new(),
             cuda_ipc: false,
             book: ipc::PeerBook::default(),
+            passed: ipc::Passed::default(),
         }
     }
 }
@@ -1337,7 +1340,7 @@ impl OneSided for ShmOneSided {
                 let book = self.book.lock().unwrap_or_else(|e| e.into_inner());
                 book.get(peer).cloned()
             };
-            if let Some(d) = ipc::describe(iov, who) {
+            if let Some(d) = ipc::describe(iov, peer, &self.passed, who) {
                 // Device memory: by IPC, or staged (never a cross-memory attach descriptor,
                 // which cannot read it).
                 return d;
@@ -1347,6 +1350,12 @@ impl OneSided for ShmOneSided {
             return None;
         }
         mapped::describe(&self.sys, iov).or_else(|| Some(Desc::of_iov(iov)))
+    }
+
+    fn offer_declined(&self, peer: PeerId, iov: &IovList) {
+        if let [s] = iov.segs() {
+            self.passed.forget(peer, s.addr as u64);
+        }
     }
 
     fn offer_min(&self, iov: &IovList) -> Option<usize> {

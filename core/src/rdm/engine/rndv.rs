@@ -212,6 +212,9 @@ impl Engine {
                 // the memory, or copies no more with us): its data is staged now, counted
                 // and logged (`hmem_stage::offer_counts`), and goes through frames.
                 let iov = t.iov;
+                if let Some(os) = self.one_sided.as_ref() {
+                    os.offer_declined(peer, &iov);
+                }
                 match self.stage_device_data(&iov) {
                     Ok(body) => {
                         hmem_stage::count_offer_staged();

@@ -38,8 +38,9 @@
 //! for that allocation id (`fdpass::Inbox`: only from the peer's verified pid) and imports and
 //! maps it (hmem's `vmm_open`: `cuMemImportFromShareableHandle`, reserve, map, set access),
 //! cached per peer and allocation exactly as a legacy handle's mapping, stale ones closed
-//! alike. The sender passes the descriptor with every offer (the receiver closes it where the
-//! mapping is cached), so a receiver that evicted the mapping still gets one. Memory that
+//! alike. The sender passes an allocation's descriptor to a peer once (`Passed`); a receiver
+//! that evicted the mapping since declines the next offer (`Copied::Declined`, answered `Cts`),
+//! upon which the sender forgets the allocation and passes its descriptor with the offer after. Memory that
 //! cannot be exported that way (the driver lacks the VMM calls or the POSIX descriptor handle
 //! type, the allocation was not created with it, the peer's socket is missing or not the
 //! peer's) is not offered: the send goes staged, logged and counted (`Counts::unexported`). A
@@ -76,6 +77,7 @@ static STALE: AtomicU64 = AtomicU64::new(0);
 static REFUSED: AtomicU64 = AtomicU64::new(0);
 static DECLINED: AtomicU64 = AtomicU64::new(0);
 static PASSED: AtomicU64 = AtomicU64::new(0);
+static NOT_REPASSED: AtomicU64 = AtomicU64::new(0);
 static UNEXPORTED: AtomicU64 = AtomicU64::new(0);
 
 /// What the CUDA IPC copies of every endpoint of this process did (tests must know how a
@@ -97,6 +99,9 @@ pub struct Counts {
     pub declined: u64,
     /// VMM allocations' descriptors passed to peers (sender side).
     pub passed: u64,
+    /// VMM offers that passed no descriptor: the peer was given that allocation's already
+    /// (sender side).
+    pub not_repassed: u64,
     /// Sends from VMM memory not offered (not exportable as a descriptor, or not passed):
     /// they went staged (sender side).
     pub unexported: u64,
@@ -120,6 +125,7 @@ pub fn counts() -> Counts {
         refused: REFUSED.load(Ordering::Relaxed),
         declined: DECLINED.load(Ordering::Relaxed),
         passed: PASSED.load(Ordering::Relaxed),
+        not_repassed: NOT_REPASSED.load(Ordering::Relaxed),
         unexported: UNEXPORTED.load(Ordering::Relaxed),
         taken: fdpass::TAKEN.load(Ordering::Relaxed),
         fd_refused: fdpass::REFUSED.load(Ordering::Relaxed),
@@ -142,13 +148,62 @@ pub fn desc_of(h: &IpcHandle, len: usize) -> Desc {
     d
 }
 
+/// Allocations remembered per peer in `Passed`.
+pub const PASSED_MAX: usize = 64;
+
+/// The VMM allocations whose descriptors this endpoint passed to each peer (sender side), as
+/// (base, length, allocation id), at most `PASSED_MAX` per peer (the oldest forgotten first).
+/// An offer from one of them passes nothing: the peer has its mapping cached. Where the peer
+/// has neither (it evicted the mapping, or closed the descriptor under its bound), it declines
+/// the copy and answers `Cts`; the engine says so (`OneSided::offer_declined`) and the
+/// allocation is forgotten here, so its next offer passes the descriptor again.
+#[derive(Default)]
+pub struct Passed(std::sync::Mutex<Vec<Vec<(u64, u64, u64)>>>);
+
+impl Passed {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Vec<(u64, u64, u64)>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn has(&self, peer: PeerId, id: u64) -> bool {
+        self.lock()
+            .get(peer)
+            .is_some_and(|v| v.iter().any(|e| e.2 == id))
+    }
+
+    fn add(&self, peer: PeerId, h: &IpcHandle) {
+        let mut all = self.lock();
+        if all.len() <= peer {
+            all.resize_with(peer + 1, Vec::new);
+        }
+        let v = &mut all[peer];
+        // An allocation at the same place is another one now (the peer's cached mapping of
+        // the old one is stale there, and the new one's descriptor was passed).
+        v.retain(|e| e.0 != h.base);
+        if v.len() >= PASSED_MAX {
+            v.remove(0);
+        }
+        v.push((h.base, h.alloc_len, h.alloc_id));
+    }
+
+    /// The peer declined a copy of memory at `addr`: the allocation holding it passes its
+    /// descriptor again at its next offer.
+    pub fn forget(&self, peer: PeerId, addr: u64) {
+        if let Some(v) = self.lock().get_mut(peer) {
+            v.retain(|e| !(e.0 <= addr && addr - e.0 < e.1));
+        }
+    }
+}
+
 /// A CUDA IPC descriptor of `iov`, where it is one segment of CUDA device memory; for a
 /// virtual-memory-management allocation, its descriptor is passed to `peer` (segment name and
-/// verified pid) first. `None`: not CUDA device memory; `Some(None)`: device memory that
+/// verified pid) first, unless `passed` says it was already. `None`: not CUDA device memory; `Some(None)`: device memory that
 /// cannot be offered (it goes staged: no other descriptor of it may be made, as
 /// cross-memory attach cannot read device memory).
 pub fn describe(
     iov: &IovList,
+    to: PeerId,
+    passed: &Passed,
     peer: impl FnOnce() -> Option<(String, Option<fdpass::Verified>)>,
 ) -> Option<Option<Desc>> {
     let cuda = cuda();
@@ -159,7 +214,7 @@ pub fn describe(
         // Several segments: described only where none is device memory.
         segs => return segs.iter().any(|s| device(s.addr)).then_some(None),
     };
-    Some(describe_device(cuda, s.addr, s.len, peer))
+    Some(describe_device(cuda, s.addr, s.len, to, passed, peer))
 }
 
 /// `describe` of `len` bytes of CUDA device memory at `addr`.
@@ -167,6 +222,8 @@ fn describe_device(
     cuda: &dyn HmemIface,
     addr: usize,
     len: usize,
+    to: PeerId,
+    passed: &Passed,
     peer: impl FnOnce() -> Option<(String, Option<fdpass::Verified>)>,
 ) -> Option<Desc> {
     let legacy = match cuda.ipc_get(addr as *const u8, len) {
@@ -186,12 +243,18 @@ fn describe_device(
         }
         Err(e) => return unexported(e.to_string()),
     };
+    if passed.has(to, h.alloc_id) {
+        // `fd`, a fresh export, closes unused.
+        NOT_REPASSED.fetch_add(1, Ordering::Relaxed);
+        return Some(desc_of(&h, len));
+    }
     let Some((name, Some(who))) = peer() else {
         return unexported("the peer's pid is not verified".into());
     };
     match fdpass::send(&name, &who, h.alloc_id, fd.as_fd()) {
         Ok(()) => {
             PASSED.fetch_add(1, Ordering::Relaxed);
+            passed.add(to, &h);
             Some(desc_of(&h, len))
         }
         Err(why) => unexported(format!("the descriptor was not passed: {why}")),
