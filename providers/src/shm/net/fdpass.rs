@@ -116,26 +116,32 @@ fn socket() -> Result<OwnedFd, String> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// The pid of the process at the other end of connected socket `fd` (`SO_PEERCRED`: the
-/// kernel's record, taken when it connected or listened).
-fn peer_pid(fd: RawFd) -> Result<i32, String> {
-    // SAFETY: plain data; all zeroes is valid.
-    let mut c: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: writes at most `len` bytes into `c`.
+/// Socket option `opt` (`SOL_SOCKET` level) of `fd`, a value of exactly `T`'s size.
+///
+/// `T` must be plain data, valid all zeroes (a `ucred`, an `int`).
+fn sockopt<T: Copy>(fd: RawFd, opt: libc::c_int) -> Option<T> {
+    // SAFETY: `T` is plain data, valid all zeroes (the caller's types).
+    let mut v: T = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: writes at most `len` bytes into `v`.
     let r = unsafe {
         libc::getsockopt(
             fd,
             libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut c as *mut libc::ucred).cast(),
+            opt,
+            (&mut v as *mut T).cast(),
             &mut len,
         )
     };
-    if r != 0 || len as usize != std::mem::size_of::<libc::ucred>() {
-        return Err(os_err("SO_PEERCRED"));
-    }
-    Ok(c.pid)
+    (r == 0 && len as usize == std::mem::size_of::<T>()).then_some(v)
+}
+
+/// The pid of the process at the other end of connected socket `fd` (`SO_PEERCRED`: the
+/// kernel's record, taken when it connected or listened).
+fn peer_pid(fd: RawFd) -> Result<i32, String> {
+    sockopt::<libc::ucred>(fd, libc::SO_PEERCRED)
+        .map(|c| c.pid)
+        .ok_or_else(|| os_err("SO_PEERCRED"))
 }
 
 /// A peer process as the sender verified it: its pid, and a pidfd opened before the
@@ -202,20 +208,9 @@ pub fn pidfd_open(pid: i32) -> Option<OwnedFd> {
 /// A pidfd of the process at the other end of connected socket `fd` as the kernel recorded
 /// it (`SO_PEERPIDFD`, Linux 6.5), or `None`.
 fn peer_pidfd(fd: RawFd) -> Option<OwnedFd> {
-    let mut pidfd: libc::c_int = -1;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: writes at most `len` bytes into `pidfd`.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_PEERPIDFD,
-            (&mut pidfd as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
+    let pidfd = sockopt::<libc::c_int>(fd, libc::SO_PEERPIDFD).filter(|&p| p >= 0)?;
     // SAFETY: a fresh descriptor the kernel gave us.
-    (r == 0 && pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) })
+    Some(unsafe { OwnedFd::from_raw_fd(pidfd) })
 }
 
 /// The process identity of pidfd `fd`: its inode number where pidfds live on pidfs (Linux
@@ -696,11 +691,21 @@ mod tests {
         let seg = name("identity");
         let mut inbox = Inbox::bind(&seg).unwrap();
         let file = tempfile_fd();
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let theirs = pidfd_open(child.id() as i32).expect("pidfd_open (Linux 5.3)");
+        /// Killed and reaped however the test ends.
+        struct Child(std::process::Child);
+        impl Drop for Child {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let child = Child(
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap(),
+        );
+        let theirs = pidfd_open(child.0.id() as i32).expect("pidfd_open (Linux 5.3)");
         let other = Verified::new(me, Some(theirs));
         let pidfs = pidfs_ino(other.pidfd.as_ref().unwrap().as_raw_fd()).is_some();
         let r = send(&seg, &other, 1, file.as_fd());
@@ -710,8 +715,7 @@ mod tests {
         } else {
             eprintln!("no pidfs here (Linux before 6.9): only the exit check is made");
         }
-        child.kill().unwrap();
-        child.wait().unwrap();
+        drop(child);
         let e = send(&seg, &other, 2, file.as_fd()).unwrap_err();
         assert!(e.contains("has exited"), "{e}");
         // The verified process itself passes.
