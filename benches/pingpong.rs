@@ -175,6 +175,7 @@ fn provider_round_trip(c: &mut Criterion) {
     for (kind, size) in [
         ("inject", 8usize),
         ("send", 8),
+        ("send", 256),
         ("send", 4096),
         ("send", 64 << 10),
     ] {

@@ -5,7 +5,7 @@
 # poll in between included (over tcp the system calls' user-space side only).
 #
 #   scripts/bench-instr.sh [PROVIDER [CASE]]     # PROVIDER: shm (default) or tcp
-#                                                # CASE: send/8 (default), inject/8, send/4096,
+#                                                # CASE: send/8 (default), inject/8, send/256, send/4096,
 #                                                # send/65536, or idle: one CQ read that finds
 #                                                # nothing (per read, not per round trip)
 #   OUT=/tmp/x scripts/bench-instr.sh tcp        # keeps the callgrind profile as /tmp/x

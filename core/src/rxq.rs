@@ -82,7 +82,30 @@ impl IovList {
     ///
     /// # Safety
     /// Every segment must be writable memory of its stated length, not aliased by `src`.
-    pub unsafe fn copy_in(&self, mut offset: usize, mut src: &[u8]) -> usize {
+    #[inline]
+    pub unsafe fn copy_in(&self, offset: usize, src: &[u8]) -> usize {
+        // One segment, from its start (every small message into a plain receive): one copy,
+        // without the walk over segments.
+        if self.n == 1 && offset == 0 {
+            let s = self.segs[0];
+            let n = s.len.min(src.len());
+            if n == 0 {
+                // An empty buffer may be null: nothing to copy, nowhere.
+                return 0;
+            }
+            // SAFETY: as below, with offset 0.
+            unsafe { crate::copy::copy_bytes(src.as_ptr(), s.addr as *mut u8, n) };
+            return n;
+        }
+        // SAFETY: forwarded.
+        unsafe { self.copy_in_walk(offset, src) }
+    }
+
+    /// `copy_in` over any segments.
+    ///
+    /// # Safety
+    /// As `copy_in`.
+    unsafe fn copy_in_walk(&self, mut offset: usize, mut src: &[u8]) -> usize {
         let mut done = 0;
         for s in self.segs() {
             if src.is_empty() {
@@ -107,7 +130,29 @@ impl IovList {
     ///
     /// # Safety
     /// Every segment must be readable memory of its stated length.
-    pub unsafe fn copy_out(&self, mut offset: usize, dst: &mut [u8]) -> usize {
+    #[inline]
+    pub unsafe fn copy_out(&self, offset: usize, dst: &mut [u8]) -> usize {
+        // One segment, from its start (every small send): one copy.
+        if self.n == 1 && offset == 0 {
+            let s = self.segs[0];
+            let n = s.len.min(dst.len());
+            if n == 0 {
+                // An empty buffer may be null: nothing to copy, nowhere.
+                return 0;
+            }
+            // SAFETY: as below, with offset 0.
+            unsafe { crate::copy::copy_bytes(s.addr as *const u8, dst.as_mut_ptr(), n) };
+            return n;
+        }
+        // SAFETY: forwarded.
+        unsafe { self.copy_out_walk(offset, dst) }
+    }
+
+    /// `copy_out` over any segments.
+    ///
+    /// # Safety
+    /// As `copy_out`.
+    unsafe fn copy_out_walk(&self, mut offset: usize, dst: &mut [u8]) -> usize {
         let mut done = 0;
         for s in self.segs() {
             if done == dst.len() {
@@ -308,7 +353,12 @@ impl<U> RecvQueue<U> {
         } else {
             &mut self.posted_msg
         };
-        let i = q.iter().position(|r| r.accepts(src, tag, directed))?;
+        // The oldest receive takes most arrivals: looked at first, without the search.
+        let i = if q.front()?.accepts(src, tag, directed) {
+            0
+        } else {
+            q.iter().position(|r| r.accepts(src, tag, directed))?
+        };
         Some(take_slot(q, i, len, min, &mut self.multi))
     }
 
@@ -392,6 +442,11 @@ impl<U> RecvQueue<U> {
         } else {
             (&mut self.posted_msg, &mut self.unexp_msg)
         };
+        if unexp.is_empty() {
+            // Nothing waits for it (a ping-pong's every receive): queued, no search.
+            posted.push_back(r);
+            return PostResult::Queued;
+        }
         let multi = r.flags & FI_MULTI_RECV != 0;
         let mut matched = Vec::new();
         // Queue it first so that take_slot's multi-receive bookkeeping is the one used for

@@ -53,6 +53,9 @@ const _: () = assert!(
     PREFIX + std::mem::size_of::<RtsHdr>() + MAX_DESC <= MAX_ENCODED && MAX_ENCODED <= MAX_CTRL
 );
 
+/// Bytes of a `Msg` frame's prefix and control part (`Frame::msg_ctrl`).
+pub const MSG_CTRL: usize = PREFIX + std::mem::size_of::<MsgHdr>();
+
 /// Encoded prefixes and control parts up to this many bytes are kept inline in a [`Ctrl`]:
 /// every frame of a message (an Rts with a one-segment descriptor included), every answer,
 /// an atomic, a one-range write or read.
@@ -567,6 +570,30 @@ impl Frame {
         }
     }
 
+    /// A `Msg` frame's prefix and control part, announcing a body of `body_len` bytes, as
+    /// `ctrl` encodes them (which it does with this), built in place: a transport writes a
+    /// small message's frame straight into its own memory with no `Ctrl` in between.
+    #[inline]
+    pub fn msg_ctrl(id: u32, tag: u64, data: u64, flags: u8, body_len: u64) -> [u8; MSG_CTRL] {
+        let p = Prefix {
+            magic: MAGIC,
+            kind: Kind::Msg as u8,
+            flags,
+            ctrl_len: std::mem::size_of::<MsgHdr>() as u32,
+            body_len,
+        };
+        let h = MsgHdr {
+            id,
+            _pad: 0,
+            tag,
+            data,
+        };
+        let mut out = [0u8; MSG_CTRL];
+        out[..PREFIX].copy_from_slice(bytemuck::bytes_of(&p));
+        out[PREFIX..].copy_from_slice(bytemuck::bytes_of(&h));
+        out
+    }
+
     /// The prefix and control part of this frame, announcing a body of `body_len` bytes.
     // Inlined where the frame is built, its kind known: the matches fold away.
     #[inline]
@@ -603,24 +630,22 @@ impl Frame {
     /// Encodes the prefix and control part into `out` (empty, with room for them).
     #[inline]
     fn fill<const N: usize>(&self, out: &mut Inline<N>, body_len: u64) {
+        if let Frame::Msg {
+            id,
+            tag,
+            data,
+            flags,
+        } = *self
+        {
+            out.push(&Frame::msg_ctrl(id, tag, data, flags, body_len));
+            return;
+        }
         // Every push below fits: `ctrl` chose `N` from `ctrl_len`, and `MAX_ENCODED` bounds
         // the largest kind.
         out.push(bytemuck::bytes_of(&Prefix::default()));
         let fl = match *self {
-            Frame::Msg {
-                id,
-                tag,
-                data,
-                flags,
-            } => {
-                out.push(bytemuck::bytes_of(&MsgHdr {
-                    id,
-                    _pad: 0,
-                    tag,
-                    data,
-                }));
-                flags
-            }
+            // Encoded whole above.
+            Frame::Msg { .. } => return,
             Frame::Ack { id, status }
             | Frame::ReadResp { id, status }
             | Frame::AtomicResp { id, status } => {

@@ -180,13 +180,7 @@ impl Engine {
             return Ok(false);
         }
         self.check_room("send")?;
-        let ctrl = Frame::Msg {
-            id: 0,
-            tag: op.tag,
-            data: op.data,
-            flags: fl,
-        }
-        .ctrl(len as u64);
+        let ctrl = Frame::msg_ctrl(0, op.tag, op.data, fl, len as u64);
         let cl = ctrl.len();
         let sent = tr.send_in_place(peer, cl + len, |b| {
             b[..cl].copy_from_slice(&ctrl);
