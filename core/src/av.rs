@@ -380,6 +380,7 @@ impl AvInner {
     }
 
     /// Changes whenever addresses are inserted or removed, so cached resolutions can be checked.
+    #[inline]
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }

@@ -182,7 +182,10 @@ impl CompletionQueue {
         self.read_impl(buf, Some(src))
     }
 
-    #[inline]
+    // Always inlined, `take` too: a C program's fi_cq_read is a call into libfabric.so that
+    // lands here, and a poll that finds nothing should cost no more frames than the Rust
+    // caller's, into which these inline anyway.
+    #[inline(always)]
     fn read_impl<E: CqFormatEntry>(
         &self,
         buf: &mut [E],
@@ -193,15 +196,22 @@ impl CompletionQueue {
         self.inner.take(buf, src)
     }
 
+    #[inline]
     fn check_format<E: CqFormatEntry>(&self) -> Result<()> {
         if E::FORMAT != self.inner.format {
-            return Err(Error::Inval(format!(
-                "cq read: queue was opened with {} but read as {}",
-                self.inner.format.c_name(),
-                E::FORMAT.c_name()
-            )));
+            return Err(self.format_mismatch(E::FORMAT));
         }
         Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn format_mismatch(&self, read_as: CqFormat) -> Error {
+        Error::Inval(format!(
+            "cq read: queue was opened with {} but read as {}",
+            self.inner.format.c_name(),
+            read_as.c_name()
+        ))
     }
 
     /// `fi_cq_readerr`: the oldest error entry, or `Again` if there is none. `err_data` (the
@@ -398,6 +408,7 @@ impl CompletionQueue {
 }
 
 impl CqInner {
+    #[inline]
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.q.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -459,6 +470,7 @@ impl CqInner {
 
     /// `n` entries' room is free again (read, or a reservation given back). Saturating: a
     /// bookkeeping slip must not wrap into a queue that looks full forever.
+    #[inline]
     fn release_room(&self, n: usize) {
         let _ = self
             .used
@@ -579,7 +591,7 @@ impl CqInner {
         self.sleepers.fetch_sub(1, Ordering::AcqRel);
     }
 
-    #[inline]
+    #[inline(always)]
     fn take<E: CqFormatEntry>(
         &self,
         buf: &mut [E],

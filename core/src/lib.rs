@@ -32,6 +32,7 @@ pub mod log;
 pub mod mr;
 pub mod object;
 pub(crate) mod op;
+mod rcu;
 pub mod rdm;
 pub mod rxq;
 pub mod settings;

@@ -38,6 +38,7 @@ pub struct IovList {
 impl IovList {
     /// One segment (its length cut where it would wrap the address space, which no real
     /// buffer does).
+    #[inline]
     pub fn one(addr: usize, len: usize) -> Self {
         let mut l = IovList::default();
         let len = len.min(usize::MAX - addr);
@@ -61,11 +62,13 @@ impl IovList {
     }
 
     /// The segments.
+    #[inline]
     pub fn segs(&self) -> &[RawIov] {
         &self.segs[..self.n as usize]
     }
 
     /// Total length.
+    #[inline]
     pub fn total(&self) -> usize {
         // Saturating: lengths can come from a peer, and a sum that wrapped must not pass a check.
         self.segs()

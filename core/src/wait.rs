@@ -4,11 +4,11 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 
-use arc_swap::ArcSwap;
 use std::time::{Duration, Instant};
 
 use crate::consts::WaitObj;
 use crate::error::{Error, Result};
+use crate::rcu::Rcu;
 
 /// Something that moves data when asked: an endpoint under manual progress. Queues and counters
 /// hold these (weakly) so that reading them drives the endpoints bound to them.
@@ -54,8 +54,9 @@ pub trait ProgressSource: Send + Sync {
 
 /// The endpoints (or other progress sources) that a queue, counter or domain drives. Read on
 /// every poll of a queue, changed only when an endpoint is enabled or closed: what a poll
-/// drives is an immutable snapshot swapped whole, so a poll takes no lock and no reference
-/// count. Entries are strong references, counted: a source added twice (a domain's list,
+/// drives is an immutable snapshot replaced whole ([`Rcu`]), so a poll takes no lock, no
+/// reference count and no thread-local (a call in libfabric.so), only the snapshot's count
+/// of readers. Entries are strong references, counted: a source added twice (a domain's list,
 /// registered by each of its endpoints bound to one queue) is driven once and stays until
 /// removed as often. An endpoint removes what it added when it closes (which it always does,
 /// on drop at the latest), so no cycle outlives it.
@@ -69,7 +70,7 @@ pub struct ProgressList(Arc<ListInner>);
 
 struct ListInner {
     /// What `run` drives: every source added and every source of the lists added, once each.
-    flat: ArcSwap<Vec<Arc<dyn ProgressSource>>>,
+    flat: Rcu<Vec<Arc<dyn ProgressSource>>>,
     /// What was added, counted; `flat` is rebuilt from it under this lock.
     added: Mutex<Added>,
     /// The lists this one was added to: each change here rebuilds theirs.
@@ -86,7 +87,7 @@ struct Added {
 impl Default for ProgressList {
     fn default() -> Self {
         ProgressList(Arc::new(ListInner {
-            flat: ArcSwap::default(),
+            flat: Rcu::default(),
             added: Mutex::new(Added::default()),
             parents: Mutex::new(Vec::new()),
         }))
@@ -106,7 +107,7 @@ impl ListInner {
     /// held across the parents' rebuilds; each loads this list's newest snapshot, so the
     /// last rebuild after a change sees it.
     fn rebuild(&self) {
-        {
+        let children = {
             let added = lock(&self.added);
             let mut flat: Vec<Arc<dyn ProgressSource>> = Vec::new();
             let mut put = |p: &Arc<dyn ProgressSource>| {
@@ -117,10 +118,22 @@ impl ListInner {
             added.sources.iter().for_each(|(p, _)| put(p));
             for (l, _) in &added.lists {
                 if let Some(l) = l.as_list() {
-                    l.0.flat.load().iter().for_each(&mut put);
+                    // Under this list's lock: what the child retired is freed below.
+                    l.0.flat.read_holding_locks().iter().for_each(&mut put);
                 }
             }
-            self.flat.store(Arc::new(flat));
+            self.flat.replace(flat);
+            added
+                .lists
+                .iter()
+                .map(|(l, _)| l.clone())
+                .collect::<Vec<_>>()
+        };
+        // With no lock held: a snapshot freed here may hold the last reference to an endpoint,
+        // whose close takes these lists' locks.
+        self.flat.reclaim();
+        for l in children.iter().filter_map(|l| l.as_list()) {
+            l.0.flat.reclaim();
         }
         let parents: Vec<Arc<ListInner>> = lock(&self.parents)
             .iter()
@@ -189,7 +202,7 @@ impl ProgressList {
     /// Drives every source once.
     #[inline(always)]
     pub fn run(&self) -> usize {
-        let v = self.0.flat.load();
+        let v = self.0.flat.read();
         let mut n = 0;
         for p in v.iter() {
             n += p.progress();
@@ -201,7 +214,7 @@ impl ProgressList {
     pub fn idle_wait(&self, timeout: Duration) {
         // One source: sleep on its doorbell for the whole timeout. Several: on the first's for
         // at most a millisecond, so the others are looked at again soon. None: just sleep.
-        let v = self.0.flat.load();
+        let v = self.0.flat.read();
         // A source that must be looked at by a time: the soonest sets the sleep, on its own
         // doorbell (`EpLink`'s wait ends at that time, or at a CPU XPU's ring).
         let soonest = v
@@ -232,7 +245,7 @@ impl ProgressList {
     pub fn next_look(&self) -> Option<Duration> {
         self.0
             .flat
-            .load()
+            .read()
             .iter()
             .filter_map(|p| p.next_look())
             .min()
@@ -240,7 +253,7 @@ impl ProgressList {
 
     /// Number of sources (those of the lists added counted one by one).
     pub fn len(&self) -> usize {
-        self.0.flat.load().len()
+        self.0.flat.read().len()
     }
 
     /// True when no source is registered.
@@ -264,7 +277,7 @@ impl ProgressSource for ProgressList {
     }
 
     fn wake(&self) {
-        for p in self.0.flat.load().iter() {
+        for p in self.0.flat.read().iter() {
             p.wake();
         }
     }
@@ -274,7 +287,7 @@ impl ProgressSource for ProgressList {
     }
 
     fn wait_fds(&self, out: &mut Vec<(RawFd, i16)>) {
-        for p in self.0.flat.load().iter() {
+        for p in self.0.flat.read().iter() {
             p.wait_fds(out);
         }
     }
@@ -282,7 +295,7 @@ impl ProgressSource for ProgressList {
     fn prepare_fd_sleep(&self) -> bool {
         // Every source is readied, even after one says no: the next sleep needs them all.
         let mut idle = true;
-        for p in self.0.flat.load().iter() {
+        for p in self.0.flat.read().iter() {
             idle &= p.prepare_fd_sleep();
         }
         idle

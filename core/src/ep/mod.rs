@@ -542,11 +542,13 @@ impl Endpoint {
     }
 
     /// Default flags of transmit operations (this handle's, for an alias).
+    #[inline]
     pub fn tx_op_flags(&self) -> u64 {
         self.alias.map_or(self.core.tx_op_flags, |(tx, _)| tx)
     }
 
     /// Default flags of receive operations (this handle's, for an alias).
+    #[inline]
     pub fn rx_op_flags(&self) -> u64 {
         self.alias.map_or(self.core.rx_op_flags, |(_, rx)| rx)
     }
@@ -743,17 +745,28 @@ impl Endpoint {
         self.progress_reg.progress()
     }
 
+    // The checks every post makes are inlined into it (two loads and compares each); the
+    // errors they may build are out of line, so that the check stays small enough to inline
+    // into every caller, libfabric.so's exports included.
+
     #[inline]
     pub(crate) fn check_live(&self, what: &'static str) -> Result<()> {
+        if self.enabled.load(Ordering::Acquire) && !self.closed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Err(self.not_live(what))
+    }
+
+    /// Why `check_live` refused.
+    #[cold]
+    #[inline(never)]
+    fn not_live(&self, what: &'static str) -> Error {
         if !self.enabled.load(Ordering::Acquire) {
-            return Err(Error::OpBadState(format!(
+            return Error::OpBadState(format!(
                 "{what}: endpoint is not enabled (bind an AV and CQs, then call enable)"
-            )));
+            ));
         }
-        if self.closed.load(Ordering::Acquire) {
-            return Err(Error::OpBadState(format!("{what}: endpoint is closed")));
-        }
-        Ok(())
+        Error::OpBadState(format!("{what}: endpoint is closed"))
     }
 
     pub(crate) fn iov(&self, what: &'static str, iov: &[RawIov]) -> Result<IovList> {
@@ -779,29 +792,47 @@ impl Endpoint {
     }
 
     /// Checks a send against the endpoint's state, sizes and capabilities.
+    #[inline]
     pub(crate) fn check_tx(&self, what: &'static str, op: &TxOp) -> Result<()> {
         self.check_live(what)?;
         let len = op.iov.total();
-        if len > self.core.max_msg_size {
-            return Err(Error::MsgSize(format!(
-                "{what}: {len} bytes, max_msg_size is {}",
-                self.core.max_msg_size
-            )));
-        }
-        if op.flags & FI_INJECT != 0 && len > self.core.inject_size {
-            return Err(Error::MsgSize(format!(
-                "{what}: inject of {len} bytes, inject_size is {}",
-                self.core.inject_size
-            )));
-        }
-        let need = op.flags & (FI_MSG | FI_TAGGED);
-        if self.core.caps & need == 0 {
-            return Err(Error::OpNotSupp(format!(
-                "{what}: endpoint was opened without {}",
-                caps_str(need)
-            )));
+        if len > self.core.max_msg_size
+            || (op.flags & FI_INJECT != 0 && len > self.core.inject_size)
+            || self.core.caps & op.flags & (FI_MSG | FI_TAGGED) == 0
+        {
+            return Err(self.tx_refused(what, op));
         }
         Ok(())
+    }
+
+    /// Why `check_tx` refused a live endpoint's send.
+    #[cold]
+    #[inline(never)]
+    fn tx_refused(&self, what: &'static str, op: &TxOp) -> Error {
+        let len = op.iov.total();
+        if len > self.core.max_msg_size {
+            return Error::MsgSize(format!(
+                "{what}: {len} bytes, max_msg_size is {}",
+                self.core.max_msg_size
+            ));
+        }
+        if op.flags & FI_INJECT != 0 && len > self.core.inject_size {
+            return Error::MsgSize(format!(
+                "{what}: inject of {len} bytes, inject_size is {}",
+                self.core.inject_size
+            ));
+        }
+        self.without_caps(what, op.flags)
+    }
+
+    /// An operation of kind `flags` (`FI_MSG` or `FI_TAGGED`) on an endpoint opened without it.
+    #[cold]
+    #[inline(never)]
+    fn without_caps(&self, what: &'static str, flags: u64) -> Error {
+        Error::OpNotSupp(format!(
+            "{what}: endpoint was opened without {}",
+            caps_str(flags & (FI_MSG | FI_TAGGED))
+        ))
     }
 
     fn post_rx(&self, what: &'static str, r: PostedRecv) -> Result<()> {
@@ -811,14 +842,11 @@ impl Endpoint {
     }
 
     /// Checks a receive against the endpoint's state and capabilities.
+    #[inline]
     pub(crate) fn check_rx(&self, what: &'static str, r: &PostedRecv) -> Result<()> {
         self.check_live(what)?;
-        let need = r.flags & (FI_MSG | FI_TAGGED);
-        if self.core.caps & need == 0 {
-            return Err(Error::OpNotSupp(format!(
-                "{what}: endpoint was opened without {}",
-                caps_str(need)
-            )));
+        if self.core.caps & r.flags & (FI_MSG | FI_TAGGED) == 0 {
+            return Err(self.without_caps(what, r.flags));
         }
         if r.src != FI_ADDR_UNSPEC && self.core.caps & FI_DIRECTED_RECV == 0 {
             // Without FI_DIRECTED_RECV the source is ignored, as libfabric specifies.
@@ -826,6 +854,7 @@ impl Endpoint {
         Ok(())
     }
 
+    #[inline]
     fn tx(
         &self,
         ctx: Context,
@@ -849,6 +878,7 @@ impl Endpoint {
     ///
     /// # Safety
     /// `buf` must stay valid and unmodified until the send's completion is reported.
+    #[inline]
     pub unsafe fn send(
         &self,
         buf: &[u8],
@@ -871,6 +901,7 @@ impl Endpoint {
     ///
     /// # Safety
     /// As `send`.
+    #[inline]
     pub unsafe fn senddata(
         &self,
         buf: &[u8],
@@ -945,6 +976,7 @@ impl Endpoint {
     }
 
     /// `fi_inject`: the data is copied before return; no completion entry is written.
+    #[inline]
     pub fn inject(&self, buf: &[u8], dest: FiAddr) -> Result<()> {
         let op = TxOp {
             ctx: 0,
@@ -958,6 +990,7 @@ impl Endpoint {
     }
 
     /// `fi_injectdata`.
+    #[inline]
     pub fn injectdata(&self, buf: &[u8], data: u64, dest: FiAddr) -> Result<()> {
         let op = TxOp {
             ctx: 0,
@@ -975,6 +1008,7 @@ impl Endpoint {
     /// # Safety
     /// `buf` must stay valid and untouched by anything else until the receive completes or is
     /// canceled.
+    #[inline]
     pub unsafe fn recv(
         &self,
         buf: &mut [u8],
@@ -1055,6 +1089,7 @@ impl Endpoint {
     ///
     /// # Safety
     /// As `send`.
+    #[inline]
     pub unsafe fn tsend(
         &self,
         buf: &[u8],
@@ -1078,6 +1113,7 @@ impl Endpoint {
     ///
     /// # Safety
     /// As `send`.
+    #[inline]
     pub unsafe fn tsenddata(
         &self,
         buf: &[u8],
@@ -1123,6 +1159,7 @@ impl Endpoint {
     }
 
     /// `fi_tinject`.
+    #[inline]
     pub fn tinject(&self, buf: &[u8], dest: FiAddr, tag: u64) -> Result<()> {
         let op = TxOp {
             ctx: 0,
@@ -1136,6 +1173,7 @@ impl Endpoint {
     }
 
     /// `fi_tinjectdata`.
+    #[inline]
     pub fn tinjectdata(&self, buf: &[u8], data: u64, dest: FiAddr, tag: u64) -> Result<()> {
         let op = TxOp {
             ctx: 0,
@@ -1152,6 +1190,7 @@ impl Endpoint {
     ///
     /// # Safety
     /// As `recv`.
+    #[inline]
     pub unsafe fn trecv(
         &self,
         buf: &mut [u8],

@@ -82,6 +82,7 @@ impl Ctrl {
 
 impl std::ops::Deref for Ctrl {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         match self {
             Ctrl::Small(b) => b,
@@ -91,6 +92,7 @@ impl std::ops::Deref for Ctrl {
 }
 
 impl std::ops::DerefMut for Ctrl {
+    #[inline]
     fn deref_mut(&mut self) -> &mut [u8] {
         match self {
             Ctrl::Small(b) => b,
@@ -375,6 +377,7 @@ pub enum WireError {
 }
 
 /// Reads the prefix from the start of `bytes` and checks it (magic, kind, control length).
+#[inline]
 pub fn prefix(bytes: &[u8]) -> Result<Prefix, WireError> {
     let raw = bytes.get(..PREFIX).ok_or(WireError::Short)?;
     let p: Prefix = bytemuck::pod_read_unaligned(raw);

@@ -232,6 +232,7 @@ impl<'a> Glue<'a> {
         }
     }
 
+    #[inline]
     fn src(&mut self, peer: PeerId, addr: &dyn PeerName) -> FiAddr {
         self.sources.of(self.engine, self.core, peer, || addr.raw())
     }
@@ -253,6 +254,7 @@ impl Handler for Glue<'_> {
         self.engine.on_body(peer, sink)
     }
 
+    #[inline]
     fn on_frame(
         &mut self,
         peer: PeerId,

@@ -16,7 +16,7 @@ pub struct Sources {
 impl Sources {
     /// Peer `p`'s source address; `raw` gives its address as the AV stores it, called only
     /// when the cache is stale.
-    #[inline]
+    #[inline(always)]
     pub fn of(
         &mut self,
         eng: &mut Engine,
@@ -30,11 +30,14 @@ impl Sources {
         // Every message but a peer's first in a generation: the cached answer, inline.
         match self.by_peer.get(p) {
             Some(&(g, addr)) if g == gen => addr,
-            _ => self.look_up(eng, core, p, gen, raw()),
+            // Out of line with the naming: what stays inline is the lookup alone, small
+            // enough to be inlined into every frame handler (libfabric.so's too).
+            _ => self.look_up(eng, core, p, gen, raw),
         }
     }
 
     /// `of` when the cache has no answer for `p` in generation `gen`: asks the AV.
+    #[cold]
     #[inline(never)]
     fn look_up(
         &mut self,
@@ -42,8 +45,9 @@ impl Sources {
         core: &EpCore,
         p: PeerId,
         gen: u64,
-        raw: Vec<u8>,
+        raw: impl FnOnce() -> Vec<u8>,
     ) -> FiAddr {
+        let raw = raw();
         let av = core.bound().and_then(|b| b.av.as_ref());
         if self.by_peer.len() <= p {
             self.by_peer.resize(p + 1, (u64::MAX, FI_ADDR_NOTAVAIL));

@@ -73,6 +73,13 @@ pub(super) fn peer_status(status: i32) -> i32 {
     }
 }
 
+/// `check_open`'s refusal, out of line so that the check inlines into each post.
+#[cold]
+#[inline(never)]
+fn closed(what: &'static str) -> Error {
+    Error::OpBadState(format!("{what}: endpoint is closed"))
+}
+
 impl Engine {
     /// Keeps `t` as outstanding toward its peer: its slot and generation (see `token`).
     pub(super) fn new_tx(&mut self, t: TxReq) -> (usize, u32) {
@@ -125,14 +132,16 @@ impl Engine {
         }
     }
 
+    #[inline]
     pub(super) fn check_open(&self, what: &'static str) -> Result<()> {
         if self.closed {
-            return Err(Error::OpBadState(format!("{what}: endpoint is closed")));
+            return Err(closed(what));
         }
         Ok(())
     }
 
     /// `check_open`, and room for one more outstanding operation.
+    #[inline]
     pub(super) fn check_room(&self, what: &'static str) -> Result<()> {
         self.check_open(what)?;
         debug_assert_eq!(
