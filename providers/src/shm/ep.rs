@@ -230,6 +230,7 @@ impl Wire for Net {
         self.alive(p)
     }
 
+    #[inline]
     unsafe fn send_in_place(&mut self, engine: &mut Engine, p: PeerId, op: &TxOp) -> Result<bool> {
         // SAFETY: forwarded from the caller.
         unsafe { engine.write_in_place(p, op, self) }
