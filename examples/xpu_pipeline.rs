@@ -515,12 +515,16 @@ fn timeline_line(tls: &mut [Timeline], buckets: usize) {
         median(&mut v)
     };
     let (done, first, last) = (pick(|t| t.xpu_done), pick(|t| t.first), pick(|t| t.last));
+    let host = pick(|t| t.host_done);
     println!(
         "  triggered, from the XPU's start (medians): the XPU done at {:.1} us; the peer's \
-         first bucket in at {:.1} us, its last at {:.1} us",
+         first bucket in at {:.1} us, its last at {:.1} us; the host's last completion at \
+         {:.1} us ({:.1} us after the XPU: the sends' acknowledgements it takes on waking)",
         us(done),
         us(first),
-        us(last)
+        us(last),
+        us(host),
+        us(host.saturating_sub(done))
     );
     if buckets > 1 && first * 2 > done {
         println!(
@@ -684,6 +688,7 @@ fn triggered_round(
     let since = |ns: u64| Duration::from_nanos(ns.saturating_sub(t0_ns));
     let timeline = Timeline {
         xpu_done,
+        host_done: dt,
         first: since(first),
         last: since(last),
     };
@@ -691,11 +696,14 @@ fn triggered_round(
 }
 
 /// When a triggered pass's work happened, from the start of the XPU's compute: the XPU done
-/// (its kernel or thread returned), and the first and the last bucket in at the peer. Shows
-/// whether the transfers ran during the compute, which is the whole point, or after it.
+/// (its kernel or thread returned), the host's last completion, and the first and the last
+/// bucket in at the peer. Shows whether the transfers ran during the compute, which is the
+/// whole point, or after it, and what the host still had to do once the XPU was done.
 #[derive(Clone, Copy, Debug)]
 struct Timeline {
     xpu_done: Duration,
+    /// The host's last completion (the triggered way's time).
+    host_done: Duration,
     first: Duration,
     last: Duration,
 }
