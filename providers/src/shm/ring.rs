@@ -468,15 +468,6 @@ pub fn init_header(seg: &Segment, cookie: u64) {
 /// check: a pid that held the cookie after the pidfd was opened held it when it was, since a
 /// process keeps its pid from birth and the owner was born before its segment).
 pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::OwnedFd>)> {
-    // SAFETY: fixed aligned offset in the header.
-    let pid = unsafe { seg.u32_at(OFF_PID) }.load(Ordering::Relaxed) as i32;
-    let pidfd = pidfd.then(|| super::net::fdpass::pidfd_open(pid)).flatten();
-    let checked = verified_pid(seg)?;
-    (checked == pid).then_some((pid, pidfd))
-}
-
-/// `verified` without the pidfd.
-pub fn verified_pid(seg: &Segment) -> Option<i32> {
     // SAFETY: fixed aligned offsets in the header.
     let (pid, base, cookie) = unsafe {
         (
@@ -485,6 +476,7 @@ pub fn verified_pid(seg: &Segment) -> Option<i32> {
             seg.u64_at(OFF_COOKIE).load(Ordering::Relaxed),
         )
     };
+    let pidfd = pidfd.then(|| super::net::fdpass::pidfd_open(pid)).flatten();
     let mut seen = 0u64;
     let local = libc::iovec {
         iov_base: (&mut seen as *mut u64).cast(),
@@ -499,7 +491,7 @@ pub fn verified_pid(seg: &Segment) -> Option<i32> {
     // SAFETY: writes 8 bytes into `seen`; the remote address is only dereferenced by the
     // kernel, in `pid`.
     let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-    (n == 8 && seen == cookie && cookie != 0).then_some(pid)
+    (n == 8 && seen == cookie && cookie != 0).then_some((pid, pidfd))
 }
 
 /// Whether a mapped segment has this layout.

@@ -148,11 +148,14 @@ fn peer_pid(fd: RawFd) -> Result<i32, String> {
 /// verification (`ring::verified`), so naming that very process, where the kernel has them.
 #[derive(Clone, Debug)]
 pub struct Verified {
+    /// The pid cross-memory attach verified.
     pub pid: i32,
+    /// That process, where the kernel has pidfds and the endpoint keeps them.
     pidfd: Option<Arc<OwnedFd>>,
 }
 
 impl Verified {
+    /// Process `pid`, verified with `pidfd` opened before the check (`ring::verified`).
     pub fn new(pid: i32, pidfd: Option<OwnedFd>) -> Self {
         Verified {
             pid,

@@ -40,8 +40,8 @@
 //! cached per peer and allocation exactly as a legacy handle's mapping, stale ones closed
 //! alike. The sender passes an allocation's descriptor to a peer once (`Passed`); a receiver
 //! that evicted the mapping since declines the next offer (`Copied::Declined`, answered `Cts`),
-//! upon which the sender forgets the allocation and passes its descriptor with the offer after. Memory that
-//! cannot be exported that way (the driver lacks the VMM calls or the POSIX descriptor handle
+//! upon which the sender forgets the allocation and passes its descriptor with the offer
+//! after. Memory that cannot be exported that way (the driver lacks the VMM calls or the POSIX descriptor handle
 //! type, the allocation was not created with it, the peer's socket is missing or not the
 //! peer's) is not offered: the send goes staged, logged and counted (`Counts::unexported`). A
 //! VMM descriptor whose descriptor never came is refused like any handle that does not open.
@@ -197,9 +197,9 @@ impl Passed {
 
 /// A CUDA IPC descriptor of `iov`, where it is one segment of CUDA device memory; for a
 /// virtual-memory-management allocation, its descriptor is passed to `peer` (segment name and
-/// verified pid) first, unless `passed` says it was already. `None`: not CUDA device memory; `Some(None)`: device memory that
-/// cannot be offered (it goes staged: no other descriptor of it may be made, as
-/// cross-memory attach cannot read device memory).
+/// verified pid) first, unless `passed` says it was already. `None`: not CUDA device memory;
+/// `Some(None)`: device memory that cannot be offered (it goes staged: no other descriptor of
+/// it may be made, as cross-memory attach cannot read device memory).
 pub fn describe(
     iov: &IovList,
     to: PeerId,
@@ -327,6 +327,8 @@ pub struct Cache {
     entries: Vec<Entry>,
     clock: u64,
     flight: Vec<InFlight>,
+    /// CUDA devices in this process, counted at the first copy.
+    devices: Option<u64>,
 }
 
 impl Cache {
@@ -473,7 +475,10 @@ impl Net {
         let cuda = cuda();
         let device = direct.as_ref().map_or_else(
             || {
-                let here = cuda.devices().len() as u64;
+                let here = *self
+                    .ipc
+                    .devices
+                    .get_or_insert_with(|| cuda.devices().len() as u64);
                 if m.handle.device < here {
                     m.handle.device
                 } else {
