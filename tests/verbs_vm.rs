@@ -569,6 +569,10 @@ fn vm_native_rma_and_atomics_go_through_the_nic() {
 /// `FI_FENCE` across the two paths: a fenced send after an RDMA write reaches the target
 /// after the write is in place; a read after a write the engine carries (remote CQ data too
 /// wide for the immediate) goes behind it and sees its data.
+///
+/// The target progresses only when it reads its CQ (manual progress), and it does not until
+/// the parent has posted the read: the engine's write is then still unanswered when the read
+/// is posted, whatever the scheduling, so the read must take the engine's path behind it.
 #[test]
 fn vm_native_fence_and_order_with_framed_operations() {
     const T: &str = "vm_native_fence_and_order_with_framed_operations";
@@ -576,7 +580,9 @@ fn vm_native_fence_and_order_with_framed_operations() {
         return;
     }
     if role().is_some() {
-        let n = nic_node(FI_MSG | FI_RMA);
+        let n = node_with(FI_MSG | FI_RMA, Progress::Manual, |h| {
+            h.domain_attr.mr_mode = FI_MR_PROV_KEY | FI_MR_VIRT_ADDR
+        });
         let p = connect_parent(&n);
         let win = vec![0u8; 4096];
         let mr = tell_window(&n, &win, FI_REMOTE_READ | FI_REMOTE_WRITE);
@@ -588,6 +594,8 @@ fn vm_native_fence_and_order_with_framed_operations() {
             win[..1024] == pattern(1024, 8),
             "the fenced send overtook the write"
         );
+        // No progress here until the parent has posted the wide write and the read.
+        assert_eq!(listen(), "go");
         // The wide CQ data's write, reported by the engine.
         let e = n.wait_one();
         assert_eq!(e.data, 1 << 40);
@@ -621,6 +629,7 @@ fn vm_native_fence_and_order_with_framed_operations() {
     let mut back = vec![0u8; 256];
     unsafe { n.ep.writedata(&wide, None, 1 << 40, c, base + 2048, key, 3) }.unwrap();
     unsafe { n.ep.read(&mut back, None, c, base + 2048, key, 4) }.unwrap();
+    child.tell("go");
     n.wait_n(2);
     assert!(back == wide, "the read passed the write before it");
     let after = xfabric_providers::verbs::native_counts();
