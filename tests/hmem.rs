@@ -112,17 +112,7 @@ fn target() {
     }
     say("written");
     // Serve (the peer's read back) until told to stop.
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            assert_eq!(listen(), "done");
-            stop.store(true, std::sync::atomic::Ordering::Release);
-        });
-        let mut buf = [CqTaggedEntry::default(); 4];
-        while !stop.load(std::sync::atomic::Ordering::Acquire) {
-            let _ = n.cq.read(&mut buf);
-        }
-    });
+    serve_until(&n, "done");
     drop(mr);
     drop(dev);
     assert!(cuda().take_drop_errors().is_empty());

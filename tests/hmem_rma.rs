@@ -127,17 +127,7 @@ fn target() {
         mr_words.key()
     ));
     // Serve until the initiator is done.
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            assert_eq!(listen(), "done");
-            stop.store(true, std::sync::atomic::Ordering::Release);
-        });
-        let mut buf = [CqTaggedEntry::default(); 4];
-        while !stop.load(std::sync::atomic::Ordering::Acquire) {
-            let _ = n.cq.read(&mut buf);
-        }
-    });
+    serve_until(&n, "done");
     // What the atomics left on the device.
     say(&hex(&from_device(&words, AREA)));
     drop((mr_win, mr_words, short_mr));

@@ -164,17 +164,7 @@ fn target() {
     say("written");
 
     // 4: serve the peer's reads and its fetch-add until it is done.
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            assert_eq!(listen(), "done");
-            stop.store(true, std::sync::atomic::Ordering::Release);
-        });
-        let mut buf = [CqTaggedEntry::default(); 4];
-        while !stop.load(std::sync::atomic::Ordering::Acquire) {
-            let _ = n.cq.read(&mut buf);
-        }
-    });
+    serve_until(&n, "done");
     assert_eq!(
         word(&from_device_at(&win, word_off(), 8)),
         WORD_START + ADD,

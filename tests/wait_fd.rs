@@ -303,6 +303,13 @@ fn manual_loop(ws: Option<WaitSet>) {
     let cb = c.av.insert_one(&b.ep.getname().unwrap()).unwrap();
     let ac = a.av.insert_one(&c.ep.getname().unwrap()).unwrap();
     let bc = b.av.insert_one(&c.ep.getname().unwrap()).unwrap();
+    // Set by the loop just before each `epoll_wait`: 1 + the answers it had sent by then. The
+    // peer sends round i only once the loop has gone to sleep with round i - 1 answered, so
+    // every round's messages find it asleep or about to be, whatever the scheduling (a frame
+    // that lands between the store and `epoll_wait` makes the level-triggered wait return at
+    // once): each round has a sleep of its own.
+    let slept_after = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let asleep = slept_after.clone();
     let peer = std::thread::spawn(move || {
         let msg = [5u8; 8];
         let mut back = vec![[0u8; 16]; 2 * ROUNDS];
@@ -315,7 +322,13 @@ fn manual_loop(ws: Option<WaitSet>) {
                 c.ep.recv(x, None, ca, i).unwrap();
                 c.ep.recv(y, None, cb, i).unwrap();
             }
-            std::thread::sleep(std::time::Duration::from_millis(5));
+            while asleep.load(std::sync::atomic::Ordering::Acquire) < 2 * i as u64 + 1 {
+                assert!(
+                    Instant::now() < deadline,
+                    "peer: the loop never slept (round {i})"
+                );
+                std::thread::yield_now();
+            }
             for to in [ca, cb] {
                 // SAFETY: `msg` outlives its sends (completions read below).
                 while let Err(e) = unsafe { c.ep.send(&msg, None, to, 1) } {
@@ -360,6 +373,7 @@ fn manual_loop(ws: Option<WaitSet>) {
     let (mut a_sent, mut b_sent, mut a_done, mut b_done, mut sleeps) = (0, 0, 0, 0, 0);
     while a_done < 2 * rounds || b_done < 2 * rounds {
         if trywait() {
+            slept_after.store(a_sent + b_sent + 1, std::sync::atomic::Ordering::Release);
             let woke = ep.wait(-1);
             assert!(
                 !woke.contains(&dog_at),
@@ -381,7 +395,7 @@ fn manual_loop(ws: Option<WaitSet>) {
     let back = peer.join().unwrap();
     assert!(ra.iter().chain(&rb).all(|m| *m == [5u8; 8]));
     assert!(back.iter().all(|m| *m == answer));
-    // At least one sleep per round: each round's messages came while the loop slept.
+    // At least one sleep per round: each round's messages came after the loop went to sleep.
     assert!(sleeps >= ROUNDS, "{sleeps} sleeps for {ROUNDS} rounds");
     eprintln!("{ROUNDS} rounds, {sleeps} sleeps in epoll_wait");
 }

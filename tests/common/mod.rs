@@ -269,6 +269,23 @@ pub fn say(s: &str) {
     out.flush().expect("flush");
 }
 
+/// In a child: drives `n`'s progress (reading its CQ, the entries dropped) until the parent
+/// says `word`, so that what the parent still waits for (a read of this side's memory, an
+/// answer) is served whenever it arrives.
+pub fn serve_until(n: &Node, word: &str) {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            assert_eq!(listen(), word);
+            stop.store(true, std::sync::atomic::Ordering::Release);
+        });
+        let mut buf = [CqTaggedEntry::default(); 4];
+        while !stop.load(std::sync::atomic::Ordering::Acquire) {
+            let _ = n.cq.read(&mut buf);
+        }
+    });
+}
+
 /// In a child: reads a line the parent sent with `tell`.
 pub fn listen() -> String {
     let mut line = String::new();
