@@ -14,7 +14,7 @@ use xfabric::*;
 use xfabric_core::rdm::wire::{self, Frame, Prefix};
 use xfabric_core::rdm::Desc;
 use xfabric_core::{RmaIov, RmaIovList};
-use xfabric_providers::shm::raw::{RawPeer, FRAME, PIECE};
+use xfabric_providers::shm::raw::{RawPeer, FRAME, PIECE, RELEASE};
 
 const CAPS: u64 = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV;
 
@@ -130,6 +130,58 @@ fn dropped(n: &Node, raw: &RawPeer) -> bool {
         }
     }
     false
+}
+
+/// An armed send's release (`RELEASE`: take the frame in armed slot k of the sender's
+/// segment) is the peer's word, and so is the slot: a good one delivers the slot's frame and
+/// keeps the lane; a slot out of range, a length past the slot, garbage in it, each drop the
+/// lane with a log line, and the endpoint goes on.
+#[test]
+fn armed_slot_releases_are_checked() {
+    setup();
+    let n = node(CAPS, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let good = frame(
+        &Frame::Msg {
+            id: 0,
+            tag: 5,
+            data: 0,
+            flags: wire::flags::TAGGED,
+        },
+        &[7; 8],
+    );
+    let deliver = |slot: u32| {
+        let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+        raw.put_armed(slot as usize, good.len() as u64, &good);
+        assert!(raw.send_raw(RELEASE, &slot.to_le_bytes(), 0));
+        drain(&n);
+        assert!(raw.lane_claimed(), "a good release dropped the lane");
+    };
+    deliver(3);
+    assert_eq!(n.ep.buffered().unexpected, 1);
+    // (slot written, length word, its bytes, the release's slot number)
+    let cases: Vec<(&str, usize, u64, Vec<u8>, u32)> = vec![
+        ("a slot out of range", 0, 0, vec![], 9999),
+        ("a slot number past u32's sign", 0, 0, vec![], u32::MAX),
+        ("a length past the slot", 4, 5000, vec![], 4),
+        ("a length of u64::MAX", 6, u64::MAX, vec![], 6),
+        ("garbage in the slot", 5, 40, vec![0xee; 40], 5),
+        ("an empty slot", 7, 0, vec![], 7),
+    ];
+    for (why, slot, len, bytes, rel) in cases {
+        let before = drops_logged();
+        let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+        raw.put_armed(slot, len, &bytes);
+        assert!(
+            raw.send_raw(RELEASE, &rel.to_le_bytes(), 0),
+            "{why}: ring full"
+        );
+        assert!(dropped(&n, &raw), "{why}: the lane was not dropped");
+        assert!(drops_logged() > before, "{why}: no log line");
+    }
+    // The endpoint goes on.
+    deliver(9);
+    assert_eq!(n.ep.buffered().unexpected, 2);
 }
 
 #[test]

@@ -249,6 +249,16 @@ pub static XPU_MAX_SPIN_US: Setting = Setting::new(
     "Longest (us) the watcher spins for one predicted ring before it falls back to a look per \
      XFABRIC_XPU_POLL_US",
 );
+/// `XFABRIC_XPU_PREARM`: 1 lets a provider that can (shm) make an XPU-triggered send ready when
+/// it is armed, so that its firing only releases it to the peer; 0 starts every one as a post
+/// when it fires.
+pub static XPU_PREARM: Setting = Setting::new(
+    "XFABRIC_XPU_PREARM",
+    Kind::Bool,
+    "1",
+    "1 lets a provider that can (shm) make an XPU-triggered send ready when it is armed, so \
+     that its firing only releases it to the peer; 0 starts every one as a post when it fires",
+);
 /// `XFABRIC_SHM_CMA`: 0 turns off cross-memory attach (process_vm_readv) for large shm transfers; 1
 /// lets the provider try it.
 pub static SHM_CMA: Setting = Setting::new(
@@ -445,6 +455,7 @@ pub static SETTINGS: &[&Setting] = &[
     &XPU_PREDICT,
     &XPU_MARGIN_US,
     &XPU_MAX_SPIN_US,
+    &XPU_PREARM,
     &SHM_CMA,
     &SHM_CMA_MIN,
     &SHM_MAP_MIN,

@@ -135,6 +135,26 @@ pub trait EndpointOps: ProgressSource {
     fn buffered(&self) -> Buffered {
         Buffered::default()
     }
+    /// Arms `op`, an XPU-triggered send, ahead in the provider where it can (its
+    /// announcement made now, for the peer to take when it fires): a token for
+    /// `xpu_fired` and `xpu_disarm`, or `None` (the trigger then starts `op` as a post).
+    ///
+    /// # Safety
+    /// As `send`: `op.iov` stays readable until the send completes or is disarmed.
+    unsafe fn xpu_prearm(&self, op: &TxOp) -> Option<u64> {
+        let _ = op;
+        None
+    }
+    /// The armed send `token` fired: it starts now.
+    fn xpu_fired(&self, token: u64) {
+        let _ = token;
+    }
+    /// Ends the armed send `token`, which has not fired: `true` if it ended so (nothing
+    /// started, and no completion is reported for it here).
+    fn xpu_disarm(&self, token: u64) -> bool {
+        let _ = token;
+        false
+    }
 }
 
 /// What an endpoint holds for messages that arrived before they could be handled: a

@@ -8,13 +8,14 @@ use std::sync::Arc;
 
 use super::atomic::MsgAtomic;
 use super::rma::MsgRma;
-use super::{CntrClass, Endpoint, EndpointOps, EpCore, Msg};
+use super::{CntrClass, Dir, Endpoint, EndpointOps, EpCore, Msg};
 use crate::consts::errno::FI_EINVAL;
 use crate::consts::*;
 use crate::entry::{Context, CqErrEntry};
 use crate::error::{Error, Result};
 use crate::rxq::RawIov;
-use crate::trigger::{Action, DeferredRegistry, DoorbellAlloc, EpLink, Job, Port, StartError};
+use crate::trigger::StartError;
+use crate::trigger::{Action, Armed, DeferredRegistry, DoorbellAlloc, EpLink, Job, Port};
 use crate::trigger::{TriggerContext, TriggerVar, TriggerXpu, Watch, Xpu};
 use crate::wait::ProgressSource;
 
@@ -35,9 +36,49 @@ impl Port for EpPort {
                 Action::Recv(r) => core.start_recv(ops, r.clone()),
                 Action::Rma(o) => core.start_rma(ops, o),
                 Action::Atomic(a) => core.start_atomic(ops, a),
+                Action::Armed(a) => {
+                    ops.xpu_fired(a.token);
+                    Ok(())
+                }
                 Action::CntrSet(..) | Action::CntrAdd(..) => Ok(()),
             }
         }
+    }
+
+    fn prearm(&self, action: &Action) -> Option<Armed> {
+        // A send only, of host memory (a device buffer is staged when the send starts),
+        // with its CQ entry reserved now as a start would.
+        let Action::Send(op) = action else {
+            return None;
+        };
+        if self.core.caps & FI_HMEM != 0 || !crate::settings::XPU_PREARM.flag() {
+            return None;
+        }
+        let reserved = self.core.reserve_entry(Dir::Tx, op.flags).ok()?;
+        // SAFETY: the posting call's contract keeps the buffers valid until the send
+        // completes or is canceled, which disarms it.
+        match unsafe { self.ops.xpu_prearm(op) } {
+            Some(token) => Some(Armed {
+                token,
+                ctx: op.ctx,
+                flags: op.flags,
+            }),
+            None => {
+                if reserved {
+                    self.core.release_entry(Dir::Tx);
+                }
+                None
+            }
+        }
+    }
+
+    fn disarm(&self, a: &Armed) -> bool {
+        if !self.ops.xpu_disarm(a.token) {
+            return false;
+        }
+        // Its reservation: the cancel's error entry takes none.
+        self.core.release_entry(Dir::Tx);
+        true
     }
 
     fn fail_tx(&self, ctx: Context, flags: u64, err: i32) {

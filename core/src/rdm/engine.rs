@@ -63,6 +63,7 @@ use super::transport::{Desc, OneSided, Transport};
 use super::wire::{self, flags, Frame, Kind, Prefix, WireError};
 use super::{Body, PeerId, Sink, Transmit};
 
+mod armed;
 mod atomic;
 mod eager;
 mod loss;
@@ -74,6 +75,7 @@ mod rma;
 mod rma_copy;
 mod rndv;
 mod transmit;
+pub use armed::Fired;
 use atomic::AtomicBody;
 use eager::{MsgBody, ON_TAKE};
 use order::Fenced;
@@ -204,6 +206,10 @@ pub struct Engine {
     held: usize,
     /// The peers' `inflight` bytes, all together (charged against `unexp_bytes`).
     inflight: usize,
+    /// The `Rts` of each armed send, by its request's slot (`armed`): sent by the engine
+    /// where the transport cannot release its own copy. Kept past the firing (dropped when
+    /// the slot is armed again, or with the engine), so that no firing frees memory.
+    armed: Vec<Option<wire::Ctrl>>,
     closed: bool,
 }
 
@@ -243,6 +249,7 @@ impl Engine {
             releasing: false,
             held: 0,
             inflight: 0,
+            armed: Vec::new(),
             closed: false,
         }
     }

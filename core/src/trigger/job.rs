@@ -81,6 +81,7 @@ impl Job {
             Action::Recv(r) => r.ctx,
             Action::Rma(o) => o.ctx,
             Action::Atomic(a) => a.ctx,
+            Action::Armed(a) => a.ctx,
             Action::CntrSet(..) | Action::CntrAdd(..) => 0,
         }
     }
@@ -91,6 +92,7 @@ impl Job {
             Action::Recv(r) => r.ctx = ctx,
             Action::Rma(o) => o.ctx = ctx,
             Action::Atomic(a) => a.ctx = ctx,
+            Action::Armed(a) => a.ctx = ctx,
             Action::CntrSet(..) | Action::CntrAdd(..) => {}
         }
     }
@@ -102,6 +104,7 @@ impl Job {
             Action::Recv(r) => r.flags,
             Action::Rma(o) => o.flags,
             Action::Atomic(a) => a.flags,
+            Action::Armed(a) => a.flags,
             Action::CntrSet(..) | Action::CntrAdd(..) => 0,
         }
     }
@@ -123,6 +126,13 @@ impl Job {
     pub(crate) fn cancel(self) {
         let wants = self.work.is_none() || self.flags() & FI_COMPLETION != 0;
         if let (Some(l), true) = (&self.ep, wants) {
+            // An armed send ends in its provider first: one already under way completes
+            // as it will (its completion is not this cancel's to report).
+            if let Action::Armed(a) = &self.action {
+                if !l.port().disarm(a) {
+                    return;
+                }
+            }
             self.fail(l.port(), FI_ECANCELED);
         }
     }

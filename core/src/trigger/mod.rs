@@ -54,7 +54,7 @@ pub(crate) use dwq::DomainWork;
 pub use dwq::WorkId;
 pub(crate) use job::{Job, Owner, WorkTag};
 pub(crate) use link::EpLink;
-pub(crate) use port::{Action, Port, StartError};
+pub(crate) use port::{Action, Armed, Port, StartError};
 pub(crate) use queue::{TriggerQueue, Watch};
 pub use xpu::{Doorbell, DoorbellAlloc, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED};
 pub use xpu_abi::{Signal, TriggerValue, TriggerVar, TriggerXpu, Xpu, XpuDevice};

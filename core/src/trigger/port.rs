@@ -21,6 +21,17 @@ pub(crate) enum Action {
     Atomic(Box<AtomicReq>),
     CntrSet(Arc<dyn CntrPort>, u64),
     CntrAdd(Arc<dyn CntrPort>, u64),
+    /// A send the endpoint armed in advance (`Port::prearm`): starting it fires it.
+    Armed(Armed),
+}
+
+/// A send armed in the endpoint's provider (`Port::prearm`), as its trigger holds it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Armed {
+    /// The provider's name for it.
+    pub(crate) token: u64,
+    pub(crate) ctx: Context,
+    pub(crate) flags: u64,
 }
 
 /// Why an operation did not start.
@@ -89,4 +100,20 @@ pub(crate) trait Port: ProgressSource {
     /// context, `prov_errno` saying which misuse, `data` the value stored) on the transmit
     /// CQ, or an error on the send counter without one.
     fn xpu_misuse(&self, prov_errno: i32, value: u64);
+
+    /// Arms `action`, an XPU-triggered operation just armed, in the provider where it can
+    /// be made ready ahead (`EndpointOps::xpu_prearm`): its CQ entry reserved now, and what
+    /// the trigger then starts is `Action::Armed`. `None`: it stays as it is.
+    fn prearm(&self, action: &Action) -> Option<Armed> {
+        let _ = action;
+        None
+    }
+
+    /// Ends an armed operation that has not fired (a cancel, a close): `true` if it ended
+    /// so (nothing started; the caller reports `FI_ECANCELED`), `false` if it is under way
+    /// or has ended already (its completion is or was reported).
+    fn disarm(&self, a: &Armed) -> bool {
+        let _ = a;
+        false
+    }
 }

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::job::{Job, Owner};
-use super::port::Port;
+use super::port::{Action, Port};
 use super::xpu_abi::{TriggerVar, Xpu};
 use super::xpu_predict::{Policy, Predictor};
 use crate::atomic::Datatype;
@@ -374,6 +374,14 @@ impl XpuWatch {
         let value = b.armed.checked_add(1);
         let armed = value.map(|value| {
             b.armed = value;
+            // Made ready in the provider now where it can be: firing it then only releases it.
+            let job = match link.port().prearm(&job.action) {
+                Some(a) => Job {
+                    action: Action::Armed(a),
+                    ..job
+                },
+                None => job,
+            };
             b.jobs.push_back((value, job));
             b.timing.armed(now);
             var.addr = b.bell.xpu_addr() as *mut std::ffi::c_void;

@@ -58,6 +58,9 @@ struct State<W> {
     sources: Sources,
     /// Completions being reported, kept for its allocation.
     done: Vec<rdm::Done>,
+    /// Armed sends (`EndpointOps::xpu_prearm`), by their request's slot in the engine (a
+    /// token's low half): the token and the wire's slot holding their announcement.
+    armed: Vec<Option<(u64, u32)>>,
 }
 
 /// An endpoint of a provider on the engine.
@@ -67,6 +70,23 @@ pub struct RdmEndpoint<W: Wire> {
     st: Mutex<State<W>>,
     /// The wire's lock-free side: whether progress has work, and sleeping.
     bell: W::Bell,
+}
+
+/// Where an armed send's token is kept (`State::armed`): its request's slot in the engine.
+fn armed_at(token: u64) -> usize {
+    (token & 0xffff_ffff) as usize
+}
+
+/// Takes the wire's slot of the armed send `token` out of `armed`, if it is there.
+fn take_armed(armed: &mut [Option<(u64, u32)>], token: u64) -> Option<u32> {
+    let e = armed.get_mut(armed_at(token))?;
+    match *e {
+        Some((t, slot)) if t == token => {
+            *e = None;
+            Some(slot)
+        }
+        _ => None,
+    }
 }
 
 /// The glue over a locked state's engine.
@@ -106,6 +126,7 @@ impl<W: Wire> RdmEndpoint<W> {
                 av_cache: PeerCache::default(),
                 sources: Sources::default(),
                 done: Vec::new(),
+                armed: Vec::new(),
             }),
             bell,
         }))
@@ -397,9 +418,71 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
         }
     }
 
+    unsafe fn xpu_prearm(&self, op: &TxOp) -> Option<u64> {
+        let mut st = self.lock();
+        let token = self.reach(&mut st, op.dest).ok().and_then(|p| {
+            let State {
+                engine, net, armed, ..
+            } = &mut *st;
+            let (token, ctrl) = engine.arm_send(p, op)?;
+            let Some(slot) = net.prearm(p, ctrl.as_bytes()) else {
+                engine.disarm(token);
+                return None;
+            };
+            let at = armed_at(token);
+            if armed.len() <= at {
+                armed.resize(at + 1, None);
+            }
+            // A send armed before in this request slot that ended without firing (its peer
+            // lost): its announcement is not needed any more.
+            if let Some((_, old)) = armed[at].replace((token, slot)) {
+                net.unarm(old);
+            }
+            Some(token)
+        });
+        self.finish(st);
+        token
+    }
+
+    fn xpu_fired(&self, token: u64) {
+        let mut st = self.lock();
+        let slot = take_armed(&mut st.armed, token);
+        match st.engine.fire_armed(token) {
+            rdm::Fired::Release(p) => {
+                if !slot.is_some_and(|s| st.net.release(p, s)) {
+                    // The wire cannot tell the peer now: the frame goes as any other.
+                    if let Some(s) = slot {
+                        st.net.unarm(s);
+                    }
+                    st.engine.send_armed(token);
+                }
+            }
+            rdm::Fired::Queued | rdm::Fired::Stale => {
+                if let Some(s) = slot {
+                    st.net.unarm(s);
+                }
+            }
+        }
+        self.finish(st);
+    }
+
+    fn xpu_disarm(&self, token: u64) -> bool {
+        let mut st = self.lock();
+        if let Some(s) = take_armed(&mut st.armed, token) {
+            st.net.unarm(s);
+        }
+        let ended = st.engine.disarm(token);
+        self.finish(st);
+        ended
+    }
+
     fn close(&self) {
         let mut st = self.lock();
         st.engine.close();
+        // The armed sends ended with the engine's other requests.
+        for (_, s) in std::mem::take(&mut st.armed).into_iter().flatten() {
+            st.net.unarm(s);
+        }
         self.push(&mut st);
         // Answers peers wait for go out first, for a bounded time.
         let (net, mut g) = glue!(self, &mut *st);

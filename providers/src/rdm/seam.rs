@@ -84,6 +84,24 @@ pub trait Wire: Send + Sized + 'static {
         let _ = engine;
         false
     }
+    /// Keeps `ctrl` (an encoded frame without a body: an armed send's announcement to `p`,
+    /// `Engine::arm_send`) where `p` can take it when the send fires (`release`): its slot,
+    /// or `None` where the wire cannot (the engine sends the frame when the send fires).
+    fn prearm(&mut self, p: PeerId, ctrl: &[u8]) -> Option<u32> {
+        let _ = (p, ctrl);
+        None
+    }
+    /// The armed send in `slot` fired: tells `p` to take its announcement, in order with
+    /// what went to `p` before. `false` if it cannot now (the caller sends the frame instead
+    /// and `unarm`s the slot).
+    fn release(&mut self, p: PeerId, slot: u32) -> bool {
+        let _ = (p, slot);
+        false
+    }
+    /// Forgets the announcement in `slot`: never released (disarmed), or sent another way.
+    fn unarm(&mut self, slot: u32) {
+        let _ = slot;
+    }
     /// Takes in what arrived, through `g`; returns how many things happened.
     fn progress(&mut self, g: &mut Glue<'_>) -> usize;
     /// Hands the engine's frames (`g.engine`) over, and what that completes or loses to `g`.

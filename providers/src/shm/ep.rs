@@ -236,6 +236,18 @@ impl Wire for Net {
         unsafe { engine.write_in_place(p, op, self) }
     }
 
+    fn prearm(&mut self, p: PeerId, ctrl: &[u8]) -> Option<u32> {
+        Net::prearm(self, p, ctrl)
+    }
+
+    fn release(&mut self, p: PeerId, slot: u32) -> bool {
+        Net::release(self, p, slot)
+    }
+
+    fn unarm(&mut self, slot: u32) {
+        Net::unarm(self, slot)
+    }
+
     fn progress(&mut self, g: &mut Glue<'_>) -> usize {
         let n = Net::progress(self, g);
         if self.sweep_look(n) {

@@ -30,6 +30,7 @@
 //! processes when large: `split`), or, for memory the sender allocated to be shared (hmem's
 //! device-visible host memory), plain loads from a mapping of it (`mapped`).
 
+mod armed;
 pub(super) mod fdpass;
 pub(super) mod ipc;
 pub(super) mod mapped;
@@ -52,6 +53,7 @@ use super::ring::{self, kind, Consumer, Header, Producer, CTRL_SPARE, LANES};
 use super::segment::Segment;
 use crate::rdm::{Glue, Handler, PeerName};
 
+pub use armed::{counts as armed_counts, Counts as ArmedCounts, RELEASE};
 pub use ipc::{counts as ipc_counts, desc_of as ipc_desc, Counts as IpcCounts};
 pub use mapped::{counts as mapped_counts, desc_of as mapped_desc, Counts as MappedCounts};
 pub use split::{counts as split_counts, Counts as SplitCounts, SPLIT, SPLIT_DONE};
@@ -207,6 +209,8 @@ pub struct Net {
     pub keep_pidfds: bool,
     /// Each peer's segment name and verified pid, for describing VMM memory to it (`ipc`).
     pub book: ipc::PeerBook,
+    /// Armed sends' announcements in our segment's armed slots (`armed`).
+    armed: armed::Slots,
 }
 
 /// The descriptor socket of the endpoint whose segment is `seg` (`fdpass`).
@@ -324,6 +328,7 @@ impl Net {
             fds: None,
             keep_pidfds: false,
             book: ipc::PeerBook::default(),
+            armed: armed::Slots::default(),
             idle: Arc::new(Idle {
                 busy: AtomicBool::new(false),
                 watch: AtomicBool::new(false),
@@ -803,6 +808,20 @@ impl Net {
     ) -> std::result::Result<bool, usize> {
         Ok(match v.kind {
             kind::PAD => true,
+            RELEASE => match self.lane_peer[lane] {
+                // SAFETY: read before the consumer advances past the message.
+                Some(p) => match self.on_release(g, lane, p, unsafe { v.bytes() }) {
+                    Ok(t) => t,
+                    Err(why) => {
+                        self.garbage(g, p, Some(lane), &why);
+                        return Err(0);
+                    }
+                },
+                None => {
+                    self.lane_garbage(g, lane, "a release before CONNECT");
+                    return Err(0);
+                }
+            },
             FRAME | PIECE => {
                 let Some(p) = self.lane_peer[lane] else {
                     self.lane_garbage(g, lane, "a frame before CONNECT");

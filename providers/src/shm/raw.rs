@@ -10,8 +10,9 @@ use xfabric_core::{Error, Result};
 use super::addr::ADDR_PREFIX;
 use super::net::split;
 pub use super::net::{
-    ipc_counts, ipc_desc, mapped_counts, mapped_desc, split_counts, IpcCounts, MappedCounts,
-    SplitCounts, FRAME, HELD_MAX, PIECE, PIECE_LEN, SPLIT, SPLIT_DONE,
+    armed_counts, ipc_counts, ipc_desc, mapped_counts, mapped_desc, split_counts, ArmedCounts,
+    IpcCounts, MappedCounts, SplitCounts, FRAME, HELD_MAX, PIECE, PIECE_LEN, RELEASE, SPLIT,
+    SPLIT_DONE,
 };
 use super::ring::{self, kind, Consumer, Header, Producer};
 use super::segment::{fresh_name, Segment};
@@ -74,6 +75,22 @@ impl RawPeer {
             .write_raw(&self.target, kind, 0, bytes.len(), spare, |b| {
                 b.copy_from_slice(bytes)
             })
+    }
+
+    /// Writes `len` (as the length word) and `bytes` into armed slot `slot` of our own
+    /// segment, as a sender arming a send would, but unchecked: the length may lie.
+    pub fn put_armed(&mut self, slot: usize, len: u64, bytes: &[u8]) {
+        assert!(slot < ring::ARMED_SLOTS && bytes.len() <= ring::ARMED_MAX);
+        ring::write_armed(&self.own, slot, bytes);
+        // SAFETY: the slot's length word, inside our segment, 8-aligned.
+        unsafe {
+            (self
+                .own
+                .base()
+                .add(ring::SEG_BYTES - (ring::ARMED_SLOTS - slot) * ring::ARMED_SLOT)
+                as *mut u64)
+                .write(len)
+        };
     }
 
     /// Whether the target still has our lane claimed (it drops the lane of a peer that sent

@@ -45,8 +45,18 @@ const LANE_HDR: usize = 128;
 const LANE_BYTES: usize = LANE_HDR + SLOTS * SLOT;
 /// Bytes before the first lane.
 pub const SEG_HDR: usize = 4096;
+/// Armed sends' announcements the owner keeps for their receivers, after the lanes: slots
+/// the owner writes when it arms a send and a receiver reads once told to (`super::net`'s
+/// RELEASE message), each a length word then the frame.
+pub const ARMED_SLOTS: usize = 128;
+/// Bytes per armed slot.
+pub const ARMED_SLOT: usize = 256;
+/// Largest frame an armed slot holds.
+pub const ARMED_MAX: usize = ARMED_SLOT - 8;
+/// Where the armed slots start.
+const ARMED_OFF: usize = SEG_HDR + LANES * LANE_BYTES;
 /// Total segment size.
-pub const SEG_BYTES: usize = SEG_HDR + LANES * LANE_BYTES;
+pub const SEG_BYTES: usize = ARMED_OFF + ARMED_SLOTS * ARMED_SLOT;
 
 /// Header offsets.
 pub const OFF_MAGIC: usize = 0;
@@ -71,7 +81,7 @@ pub const OFF_ACTIVE: usize = 128;
 /// Lane claims: the claiming sender's id, 0 when free.
 pub const OFF_CLAIM: usize = 192;
 /// Identifies a segment of this layout.
-pub const MAGIC: u64 = 0x3130_4d48_5346_5846; // "XFSHM01" little-endian-ish
+pub const MAGIC: u64 = 0x3230_4d48_5346_5846; // "XFSHM02" little-endian-ish
 
 /// Message kinds of the ring itself.
 pub mod kind {
@@ -82,7 +92,8 @@ pub mod kind {
     /// The sender is closing this lane.
     pub const BYE: u8 = 8;
     // 3 to 7 and 9 to 17: shm's first protocol, retired for the engine's; 20 and 21: the
-    // engine's framing (`super::net::FRAME`, `PIECE`).
+    // engine's framing (`super::net::FRAME`, `PIECE`); 22 and 23: split copies
+    // (`super::net::SPLIT`, `SPLIT_DONE`); 24: an armed slot released (`super::net::RELEASE`).
 }
 
 /// The header of a lane's CONNECT and BYE messages.
@@ -101,6 +112,38 @@ pub fn lane_off(i: usize) -> usize {
 /// Offset of the lane's tail word (slots consumed, written by the consumer).
 fn tail_off(i: usize) -> usize {
     lane_off(i)
+}
+
+/// Writes `frame` into armed slot `slot` of our own segment (`frame.len() <= ARMED_MAX`,
+/// `slot < ARMED_SLOTS`). A receiver reads it only after the RELEASE message naming it,
+/// published after this.
+pub fn write_armed(seg: &Segment, slot: usize, frame: &[u8]) {
+    assert!(slot < ARMED_SLOTS && frame.len() <= ARMED_MAX);
+    // SAFETY: the slot lies inside SEG_BYTES (checked above); it is ours to write until a
+    // receiver is told to read it, and 8-aligned (ARMED_OFF and ARMED_SLOT are).
+    unsafe {
+        let p = seg.base().add(ARMED_OFF + slot * ARMED_SLOT);
+        (p as *mut u64).write(frame.len() as u64);
+        std::ptr::copy_nonoverlapping(frame.as_ptr(), p.add(8), frame.len());
+    }
+}
+
+/// Copies armed slot `slot` of a peer's segment into `out`: its frame's length, or `None`
+/// for a slot out of range or a length past `ARMED_MAX` (the peer's bytes, all of them).
+pub fn read_armed(seg: &Segment, slot: usize, out: &mut [u8; ARMED_MAX]) -> Option<usize> {
+    if slot >= ARMED_SLOTS || seg.len() < SEG_BYTES {
+        return None;
+    }
+    // SAFETY: the slot lies inside the segment (checked above), 8-aligned. The peer may
+    // write it while we read (a broken or hostile one): it is copied once, then parsed from
+    // the copy.
+    unsafe {
+        let p = seg.base().add(ARMED_OFF + slot * ARMED_SLOT);
+        let len = (p as *const u64).read_volatile();
+        let len = usize::try_from(len).ok().filter(|n| *n <= ARMED_MAX)?;
+        std::ptr::copy_nonoverlapping(p.add(8), out.as_mut_ptr(), len);
+        Some(len)
+    }
 }
 
 fn slot_ptr(seg: &Segment, lane: usize, idx: usize) -> *mut u8 {
@@ -178,6 +221,17 @@ impl Producer {
     /// Whether the peer's tail word made no sense (the lane cannot be used any more).
     pub fn broken(&self) -> bool {
         self.broken
+    }
+
+    /// Where the next message will start (a count of slots written, every lap).
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// How far the consumer has read (its tail word, now).
+    pub fn consumed(&self, seg: &Segment) -> u64 {
+        // SAFETY: as in new().
+        unsafe { seg.u64_at(tail_off(self.lane)) }.load(Ordering::Acquire)
     }
 
     /// Writes a CONNECT or BYE message: `h`, then `payload_len` bytes that `fill` produces.

@@ -11,6 +11,9 @@ use super::*;
 pub(super) enum Fenced {
     Send(TxOp, Option<Body>),
     Rma(RmaOp, Option<Body>),
+    /// The `Rts` of an armed send that fired while operations to its peer were held
+    /// (`armed`): its request is outstanding already, only its frame waits here.
+    Armed(Box<wire::Ctrl>),
 }
 
 impl Engine {
@@ -44,6 +47,7 @@ impl Engine {
             let fenced = match f {
                 Fenced::Send(op, _) => op.flags & FI_FENCE != 0,
                 Fenced::Rma(op, _) => op.flags & FI_FENCE != 0,
+                Fenced::Armed(..) => false,
             };
             if fenced && self.peers[peer].outstanding > 0 {
                 break;
@@ -56,6 +60,11 @@ impl Engine {
                 match f {
                     Fenced::Send(op, copy) => self.send_now(peer, &op, copy),
                     Fenced::Rma(op, copy) => self.rma_now(peer, &op, copy),
+                    Fenced::Armed(ctrl) => {
+                        self.peers[peer].outstanding += 1;
+                        self.send_ctrl(peer, *ctrl);
+                        Ok(())
+                    }
                 }
             };
             if let Err((ctx, flags, e)) = r {
@@ -72,9 +81,11 @@ impl Engine {
     /// Cancels the held operation with context `ctx`, if there is one.
     pub(super) fn cancel_held(&mut self, ctx: Context) -> bool {
         for ps in &mut self.peers {
+            // An armed send's frame is not canceled here: its request is under way.
             let at = ps.fenced.iter().position(|f| match f {
                 Fenced::Send(op, _) => op.ctx == ctx,
                 Fenced::Rma(op, _) => op.ctx == ctx,
+                Fenced::Armed(..) => false,
             });
             if let Some(i) = at {
                 let (ctx, flags) = fenced_ctx(&ps.fenced.remove(i).expect("found"));
@@ -101,6 +112,10 @@ impl Engine {
     /// Ends operations taken by `take_held` with `err`.
     pub(super) fn fail_held(&mut self, fenced: Vec<Fenced>, err: i32) {
         for f in fenced {
+            // An armed send's request ends with the others outstanding to its peer.
+            if matches!(f, Fenced::Armed(..)) {
+                continue;
+            }
             let (ctx, flags) = fenced_ctx(&f);
             self.done.push(Done::TxErr { ctx, flags, err });
         }
@@ -142,5 +157,6 @@ fn fenced_ctx(f: &Fenced) -> (Context, u64) {
     match f {
         Fenced::Send(op, _) => (op.ctx, op.flags),
         Fenced::Rma(op, _) => (op.ctx, op.flags),
+        Fenced::Armed(..) => (0, 0),
     }
 }

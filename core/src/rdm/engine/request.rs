@@ -31,6 +31,9 @@ pub(super) struct TxReq {
     /// A send from device memory offered unstaged (`DEVICE_OFFER`): its data never goes
     /// into a frame from `iov` itself; where the peer does not copy it, it is staged then.
     pub device: bool,
+    /// An armed send (`armed`) that has not fired: its `Rts` waits in the transport (and in
+    /// `Engine::armed`); not outstanding till then, and no answer is taken for it.
+    pub armed: bool,
 }
 
 impl TxReq {
@@ -50,6 +53,7 @@ impl TxReq {
             pull: false,
             native: false,
             device: false,
+            armed: false,
         }
     }
 
@@ -104,7 +108,7 @@ impl Engine {
     /// The peer answered request `id` (if still there) with `status`, its data (a read's,
     /// a fetch's) already in place.
     pub(super) fn answer(&mut self, id: usize, status: i32) {
-        if let Some(t) = self.tx.get_mut(id) {
+        if let Some(t) = self.tx.get_mut(id).filter(|t| !t.armed) {
             t.answer = Some(peer_status(status));
             self.maybe_complete(id);
         }
@@ -161,7 +165,7 @@ impl Engine {
         let i = id as usize;
         self.tx
             .get(i)
-            .filter(|t| t.peer == peer && !t.native)
+            .filter(|t| t.peer == peer && !t.native && !t.armed)
             .map(|_| i)
     }
 
