@@ -53,25 +53,13 @@ fn fill_and_ring(m: &HostMapped, i: usize, seed: u64, var: TriggerVar) {
     unsafe { ring(&[var]) }.expect("ring");
 }
 
-fn msg(iov: &[RawIov], addr: FiAddr, ctx: Context, tag: u64) -> Msg<'_> {
-    Msg {
-        iov,
-        desc: &[],
-        addr,
-        context: ctx,
-        data: 0,
-        tag,
-        ignore: 0,
-    }
-}
-
 /// Arms buffer `i` of `m` as a send to `to` with `ctx` and `tag`: its trigger variable.
 fn arm(n: &Node, m: &HostMapped, i: usize, to: FiAddr, ctx: Context, tag: u64) -> TriggerVar {
     let iov = [RawIov::of(buf(m, i))];
     let mut v = [TriggerVar::default()];
     // SAFETY: `m` outlives the send (each test waits for its completion, or cancels it).
     let k = unsafe {
-        n.ep.tsendmsg_xpu(&msg(&iov, to, ctx, tag), 0, Xpu::CPU, &mut v)
+        n.ep.tsendmsg_xpu(&tmsg(&iov, to, ctx, tag, 0), 0, Xpu::CPU, &mut v)
     };
     assert_eq!(k.expect("arm"), 1);
     v[0]
@@ -91,7 +79,7 @@ fn post(
     let b = keep.last().expect("pushed");
     let iov = [RawIov::of(b)];
     // SAFETY: `keep` outlives the send (each test waits for its completion).
-    n.retry(|| unsafe { n.ep.tsendmsg(&msg(&iov, to, ctx, tag), flags) });
+    n.retry(|| unsafe { n.ep.tsendmsg(&tmsg(&iov, to, ctx, tag, 0), flags) });
 }
 
 fn since(before: ArmedCounts) -> ArmedCounts {
@@ -116,7 +104,7 @@ fn receiver() {
     for (i, b) in bufs.iter_mut().enumerate() {
         let iov = [RawIov::of_mut(b)];
         // SAFETY: `bufs` outlives the receives (all completed below).
-        n.retry(|| unsafe { n.ep.trecvmsg(&msg(&iov, peer, i, 0), 0) });
+        n.retry(|| unsafe { n.ep.trecvmsg(&tmsg(&iov, peer, i, 0, 0), 0) });
     }
     let before = armed_counts();
     say("ready");
@@ -164,14 +152,69 @@ fn receiver() {
     assert_eq!(listen(), "bye");
 }
 
-/// Starts the receiver for `count` messages: the parent's node, the address and the child.
-fn start(test: &str, count: usize) -> (Node, FiAddr, Peer) {
+/// A test's sender side, its receiver started for `count` messages (`run`).
+struct Run {
+    n: Node,
+    to: FiAddr,
+    child: Peer,
+    m: HostMapped,
+    before: ArmedCounts,
+    /// "collect" told already.
+    collecting: bool,
+    _one: std::sync::MutexGuard<'static, ()>,
+}
+
+/// In the parent: starts the receiver for `count` messages and opens the sender. In the
+/// child: runs the receiver, and `None`.
+fn run(test: &str, count: usize) -> Option<Run> {
+    if role().is_some() {
+        receiver();
+        return None;
+    }
+    let _one = serial();
     let mut child = spawn(test, "rx", &[]);
     let n = node(CAPS, Progress::Manual);
     let to = connect(&mut child, &n);
     child.tell(&count.to_string());
     assert_eq!(child.hear(), "ready");
-    (n, to, child)
+    Some(Run {
+        n,
+        to,
+        child,
+        m: shared(),
+        before: armed_counts(),
+        collecting: false,
+        _one,
+    })
+}
+
+impl Run {
+    /// Arms buffer `i` as a send with `ctx` and `tag` (`arm`).
+    fn arm(&self, i: usize, ctx: Context, tag: u64) -> TriggerVar {
+        arm(&self.n, &self.m, i, self.to, ctx, tag)
+    }
+
+    /// Tells the receiver to collect every message (before the sender waits for its sends:
+    /// a message the receiver copies completes only once it has), once.
+    fn collect(&mut self) {
+        if !std::mem::replace(&mut self.collecting, true) {
+            self.child.tell("collect");
+        }
+    }
+
+    /// The receiver collects; the sender's completions are `ctxs`; the receiver got the
+    /// messages of seeds `want` in this order (among `sent`) and took `taken` armed slots.
+    /// What the armed sends did meanwhile.
+    fn end(mut self, ctxs: &[Context], sent: &[u64], want: &str, taken: u64) -> ArmedCounts {
+        self.collect();
+        assert_eq!(contexts(&self.n, ctxs.len()), ctxs);
+        let (seeds, took) = collected(&mut self.child, sent.iter().copied());
+        assert_eq!(seeds, want, "the messages the receiver got, in order");
+        assert_eq!(took, taken, "armed slots the receiver took");
+        self.child.tell("bye");
+        self.child.join();
+        since(self.before)
+    }
 }
 
 /// A message's bytes, summed up (FNV-1a): which message a receive got, told in a line.
@@ -210,145 +253,99 @@ fn contexts(n: &Node, count: usize) -> Vec<Context> {
 
 #[test]
 fn armed_sends_are_released_in_order_with_posted_ones() {
-    const T: &str = "armed_sends_are_released_in_order_with_posted_ones";
-    if role().is_some() {
-        return receiver();
-    }
-    let _one = serial();
-    let (n, to, mut child) = start(T, 6);
-    let m = shared();
-    let before = armed_counts();
-    let a0 = arm(&n, &m, 0, to, 10, 0);
-    let a1 = arm(&n, &m, 1, to, 11, 0);
-    let a2 = arm(&n, &m, 2, to, 12, 0);
-    assert_eq!(since(before).prearmed, 3, "each armed send announced ahead");
+    let Some(r) = run("armed_sends_are_released_in_order_with_posted_ones", 6) else {
+        return;
+    };
+    let (a0, a1, a2) = (r.arm(0, 10, 0), r.arm(1, 11, 0), r.arm(2, 12, 0));
+    assert_eq!(
+        since(r.before).prearmed,
+        3,
+        "each armed send announced ahead"
+    );
     let mut keep = Vec::new();
     // Posted after the arming, before the ring: ahead of it.
-    post(&n, to, 20, 0, 20, 0, &mut keep);
-    fill_and_ring(&m, 0, 10, a0);
-    post(&n, to, 21, 0, 21, 0, &mut keep);
+    post(&r.n, r.to, 20, 0, 20, 0, &mut keep);
+    fill_and_ring(&r.m, 0, 10, a0);
+    post(&r.n, r.to, 21, 0, 21, 0, &mut keep);
     // Two rings in a row, then a post behind both.
-    fill_and_ring(&m, 1, 11, a1);
-    fill_and_ring(&m, 2, 12, a2);
-    post(&n, to, 22, 0, 22, 0, &mut keep);
-    child.tell("collect");
-    assert_eq!(contexts(&n, 6), [10, 11, 12, 20, 21, 22]);
-    assert_eq!(since(before).released, 3, "each released by a message");
-    let (seeds, taken) = collected(&mut child, [10, 11, 12, 20, 21, 22]);
-    assert_eq!(seeds, "20 10 21 11 12 22");
-    assert_eq!(taken, 3);
-    child.tell("bye");
-    child.join();
+    fill_and_ring(&r.m, 1, 11, a1);
+    fill_and_ring(&r.m, 2, 12, a2);
+    post(&r.n, r.to, 22, 0, 22, 0, &mut keep);
+    let sent = [10, 11, 12, 20, 21, 22];
+    let c = r.end(&[10, 11, 12, 20, 21, 22], &sent, "20 10 21 11 12 22", 3);
+    assert_eq!(c.released, 3, "each released by a message");
 }
 
 #[test]
 fn an_armed_send_waits_for_its_trigger() {
-    const T: &str = "an_armed_send_waits_for_its_trigger";
-    if role().is_some() {
-        return receiver();
-    }
-    let _one = serial();
-    let (n, to, mut child) = start(T, 1);
-    let m = shared();
-    let before = armed_counts();
-    let a = arm(&n, &m, 3, to, 30, 0);
+    let Some(mut r) = run("an_armed_send_waits_for_its_trigger", 1) else {
+        return;
+    };
+    let a = r.arm(3, 30, 0);
     // The receiver looks for it many times over: nothing comes before the trigger.
-    child.tell("poll");
-    assert_eq!(child.hear(), "seen 0");
+    r.child.tell("poll");
+    assert_eq!(r.child.hear(), "seen 0");
     let mut e = [CqTaggedEntry::default(); 1];
-    assert!(matches!(n.cq.read(&mut e), Err(Error::Again(_))));
-    assert_eq!(since(before).released, 0);
-    fill_and_ring(&m, 3, 30, a);
-    child.tell("collect");
-    assert_eq!(contexts(&n, 1), [30]);
-    let (seeds, taken) = collected(&mut child, [30]);
-    assert_eq!(seeds, "30", "the bytes the XPU wrote before its ring");
-    assert_eq!(taken, 1);
-    child.tell("bye");
-    child.join();
+    assert!(matches!(r.n.cq.read(&mut e), Err(Error::Again(_))));
+    assert_eq!(since(r.before).released, 0);
+    fill_and_ring(&r.m, 3, 30, a);
+    // The bytes the XPU wrote before its ring.
+    r.end(&[30], &[30], "30", 1);
 }
 
 #[test]
 fn a_canceled_armed_send_never_arrives() {
-    const T: &str = "a_canceled_armed_send_never_arrives";
-    if role().is_some() {
-        return receiver();
-    }
-    let _one = serial();
-    let (n, to, mut child) = start(T, 1);
-    let m = shared();
-    let before = armed_counts();
-    let a = arm(&n, &m, 4, to, 40, 0);
-    n.ep.cancel(40).expect("cancel");
-    match n.next() {
+    let Some(r) = run("a_canceled_armed_send_never_arrives", 1) else {
+        return;
+    };
+    let a = r.arm(4, 40, 0);
+    r.n.ep.cancel(40).expect("cancel");
+    match r.n.next() {
         Completion::Err(e, _) => assert_eq!((e.op_context, e.err), (40, FI_ECANCELED)),
         Completion::Ok(c, _) => panic!("a canceled send completed: {c:?}"),
     }
     // Its doorbell rung all the same: nothing starts.
-    fill_and_ring(&m, 4, 40, a);
+    fill_and_ring(&r.m, 4, 40, a);
     let mut keep = Vec::new();
-    post(&n, to, 41, 0, 41, 0, &mut keep);
-    child.tell("collect");
-    assert_eq!(contexts(&n, 1), [41]);
-    let (seeds, _) = collected(&mut child, [40, 41]);
-    assert_eq!(seeds, "41", "the canceled send's bytes arrived");
-    let c = since(before);
+    post(&r.n, r.to, 41, 0, 41, 0, &mut keep);
+    let c = r.end(&[41], &[40, 41], "41", 0);
     assert_eq!((c.prearmed, c.released), (1, 0));
-    child.tell("bye");
-    child.join();
 }
 
 #[test]
 fn a_fired_armed_send_waits_behind_a_fence() {
-    const T: &str = "a_fired_armed_send_waits_behind_a_fence";
-    if role().is_some() {
-        return receiver();
-    }
-    let _one = serial();
-    let (n, to, mut child) = start(T, 2);
-    let m = shared();
-    let before = armed_counts();
-    let a = arm(&n, &m, 5, to, 50, 0);
+    let Some(mut r) = run("a_fired_armed_send_waits_behind_a_fence", 2) else {
+        return;
+    };
+    let a = r.arm(5, 50, 0);
     // A large message the receiver matches only later: outstanding until then.
     let big = pattern(1 << 20, 99);
     // SAFETY: `big` outlives the send (waited for below).
-    n.retry(|| unsafe { n.ep.tsend(&big, None, to, 1, 1000) });
-    // Fenced behind it, then the armed send fires: it goes behind the fenced one.
+    r.n.retry(|| unsafe { r.n.ep.tsend(&big, None, r.to, 1, 1000) });
+    // Fenced behind it, then the armed send fires: it goes behind the fenced one, as the
+    // engine's frame rather than by its slot.
     let mut keep = Vec::new();
-    post(&n, to, 51, 0, 51, FI_FENCE, &mut keep);
-    fill_and_ring(&m, 5, 50, a);
-    child.tell("tag1");
-    child.tell("collect");
-    assert_eq!(contexts(&n, 3), [50, 51, 1000]);
-    let (seeds, taken) = collected(&mut child, [50, 51]);
-    assert_eq!(seeds, "51 50");
-    // It went as the engine's frame, not by its slot.
-    assert_eq!(taken, 0);
-    let c = since(before);
+    post(&r.n, r.to, 51, 0, 51, FI_FENCE, &mut keep);
+    fill_and_ring(&r.m, 5, 50, a);
+    r.child.tell("tag1");
+    let c = r.end(&[50, 51, 1000], &[50, 51], "51 50", 0);
     assert_eq!((c.prearmed, c.released), (1, 0));
-    child.tell("bye");
-    child.join();
 }
 
 #[test]
 fn armed_sends_to_a_peer_that_died_fail() {
-    const T: &str = "armed_sends_to_a_peer_that_died_fail";
-    if role().is_some() {
-        return receiver();
-    }
-    let _one = serial();
-    let (n, to, child) = start(T, 2);
-    let m = shared();
-    let a = arm(&n, &m, 6, to, 60, 0);
-    let b = arm(&n, &m, 7, to, 61, 0);
-    fill_and_ring(&m, 6, 60, a);
-    child.kill();
+    let Some(r) = run("armed_sends_to_a_peer_that_died_fail", 2) else {
+        return;
+    };
+    let (a, b) = (r.arm(6, 60, 0), r.arm(7, 61, 0));
+    fill_and_ring(&r.m, 6, 60, a);
+    r.child.kill();
     // Whether the loss is noticed before or after the second ring, both end, within the
     // bound, and the first may have been delivered before the kill.
-    fill_and_ring(&m, 7, 61, b);
+    fill_and_ring(&r.m, 7, 61, b);
     let mut ended = Vec::new();
     for _ in 0..2 {
-        match n.next() {
+        match r.n.next() {
             Completion::Err(e, _) => {
                 assert!([FI_ECONNRESET, FI_ECANCELED].contains(&e.err), "{e:?}");
                 ended.push(e.op_context);
@@ -365,42 +362,32 @@ fn armed_sends_to_a_peer_that_died_fail() {
 /// their release, and every message arrives once, in order.
 #[test]
 fn more_armed_sends_than_slots() {
-    const T: &str = "more_armed_sends_than_slots";
-    if role().is_some() {
-        return receiver();
-    }
-    let _one = serial();
-    let (n, to, mut child) = start(T, 2 * BUFS);
-    let m = shared();
-    let before = armed_counts();
+    let Some(mut r) = run("more_armed_sends_than_slots", 2 * BUFS) else {
+        return;
+    };
     for round in 0..2 {
-        let vars: Vec<TriggerVar> = (0..BUFS)
-            .map(|i| arm(&n, &m, i, to, i + BUFS * round, 0))
-            .collect();
-        let c = since(before);
+        let vars: Vec<TriggerVar> = (0..BUFS).map(|i| r.arm(i, i + BUFS * round, 0)).collect();
+        let c = since(r.before);
         assert_eq!(
             c.prearmed,
             128 * (round as u64 + 1),
             "every armed slot in use, no more"
         );
         for (i, v) in vars.into_iter().enumerate() {
-            fill_and_ring(&m, i, (1000 * round + i) as u64, v);
+            fill_and_ring(&r.m, i, (1000 * round + i) as u64, v);
         }
         if round == 0 {
-            child.tell("collect");
+            // The second round rings only once the first's sends completed: the buffers are
+            // the same. The receiver collects from here on.
+            r.collect();
+            assert_eq!(contexts(&r.n, BUFS), (0..BUFS).collect::<Vec<_>>());
         }
-        // Every send of the round completed: the buffers are free for the next one.
-        assert_eq!(contexts(&n, BUFS).len(), BUFS);
     }
-    let c = since(before);
-    assert_eq!((c.prearmed, c.released), (256, 256));
-    let want: Vec<u64> = (0..2u64)
+    let sent: Vec<u64> = (0..2u64)
         .flat_map(|r| (0..BUFS as u64).map(move |i| 1000 * r + i))
         .collect();
-    let (seeds, taken) = collected(&mut child, want.iter().copied());
-    let want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
-    assert_eq!(seeds, want.join(" "));
-    assert_eq!(taken, 256);
-    child.tell("bye");
-    child.join();
+    let want: Vec<String> = sent.iter().map(|s| s.to_string()).collect();
+    let ctxs: Vec<Context> = (BUFS..2 * BUFS).collect();
+    let c = r.end(&ctxs, &sent, &want.join(" "), 256);
+    assert_eq!((c.prearmed, c.released), (256, 256));
 }
