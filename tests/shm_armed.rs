@@ -135,6 +135,14 @@ fn receiver() {
                 }
                 assert!(big == pattern(1 << 20, 99), "the tag 1 message's bytes");
             }
+            "sleep" => {
+                // Asleep in the CQ (the provider's futex) until a message arrives.
+                say("sleeping");
+                let mut e = [CqTaggedEntry::default(); 1];
+                let k = n.cq.sread(&mut e, 1, 30_000).expect("sread");
+                got.extend_from_slice(&e[..k]);
+                say(&format!("woke {k}"));
+            }
             "collect" => break,
             other => panic!("receiver: {other}?"),
         }
@@ -291,6 +299,23 @@ fn an_armed_send_waits_for_its_trigger() {
     fill_and_ring(&r.m, 3, 30, a);
     // The bytes the XPU wrote before its ring.
     r.end(&[30], &[30], "30", 1);
+}
+
+/// A receiver asleep in `sread` when the armed send fires is woken by its release, as by
+/// any message. (Whether it is asleep yet when the trigger fires is the scheduler's: the
+/// outcome is the same either way.)
+#[test]
+fn an_armed_send_wakes_a_sleeping_receiver() {
+    let Some(mut r) = run("an_armed_send_wakes_a_sleeping_receiver", 1) else {
+        return;
+    };
+    let a = r.arm(3, 35, 0);
+    r.child.tell("sleep");
+    assert_eq!(r.child.hear(), "sleeping");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fill_and_ring(&r.m, 3, 35, a);
+    assert_eq!(r.child.hear(), "woke 1");
+    r.end(&[35], &[35], "35", 1);
 }
 
 #[test]

@@ -73,12 +73,8 @@ impl Port for EpPort {
     }
 
     fn disarm(&self, a: &Armed) -> bool {
-        if !self.ops.xpu_disarm(a.token) {
-            return false;
-        }
-        // Its reservation: the cancel's error entry takes none.
-        self.core.release_entry(Dir::Tx);
-        true
+        // Its reservation goes with the cancel's error entry (`write_err`).
+        self.ops.xpu_disarm(a.token)
     }
 
     fn fail_tx(&self, ctx: Context, flags: u64, err: i32) {
