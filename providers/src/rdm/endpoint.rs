@@ -419,6 +419,9 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
     }
 
     unsafe fn xpu_prearm(&self, op: &TxOp) -> Option<u64> {
+        if !W::PREARMS {
+            return None;
+        }
         let mut st = self.lock();
         let token = self.reach(&mut st, op.dest).ok().and_then(|p| {
             let State {

@@ -31,6 +31,8 @@ pub trait Wire: Send + Sized + 'static {
     /// Whether a directed receive makes its source a known peer, so that the source's loss
     /// fails it (a transport that notices a peer's death without talking to it: shm).
     const WATCHES_SOURCES: bool = false;
+    /// Whether this wire keeps armed sends' announcements (`prearm`).
+    const PREARMS: bool = false;
     /// What the endpoint uses without its lock: a check for work and a way to sleep.
     type Bell: Bell;
 

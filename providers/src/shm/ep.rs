@@ -184,6 +184,7 @@ impl Bell for ShmBell {
 impl Wire for Net {
     const PROVIDER: &'static str = "shm";
     const WATCHES_SOURCES: bool = true;
+    const PREARMS: bool = true;
     type Bell = ShmBell;
 
     fn bell(&self) -> Result<ShmBell> {
