@@ -39,8 +39,9 @@
 //! and the eager protocol. `recv`: posted receives and the unexpected buffer. `rndv`: large
 //! messages and the one-sided copies. `rma`: reads and writes at both ends; `rma_copy`: those
 //! the target's transport copies. `atomic`: atomics. `native`: what the transport's NIC
-//! carries out. `order`: fences, and what a peer's requests wait behind. `loss`: a lost peer,
-//! and close. `transmit`: the frames going out.
+//! carries out. `armed`: sends made ready when armed, released when they fire. `order`:
+//! fences, and what a peer's requests wait behind. `loss`: a lost peer, and close.
+//! `transmit`: the frames going out.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
