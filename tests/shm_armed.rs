@@ -380,6 +380,59 @@ fn armed_sends_to_a_peer_that_died_fail() {
     }
     ended.sort_unstable();
     assert_eq!(ended, [60, 61]);
+    // The second's job still waits for its doorbell value. A send armed later under the same
+    // context (to another peer) is the one `fi_cancel` cancels.
+    let other = node(CAPS, Progress::Manual);
+    let to = r.n.add_peer(&other.ep.getname().expect("getname"));
+    let _c = arm(&r.n, &r.m, 0, to, 61, 0);
+    r.n.ep.cancel(61).expect("cancel");
+    match r.n.next() {
+        Completion::Err(e, _) => assert_eq!((e.op_context, e.err), (61, FI_ECANCELED)),
+        Completion::Ok(c, _) => panic!("a canceled send completed: {c:?}"),
+    }
+}
+
+/// Armed sends hold no CQ room before they fire: the host's own posts go on beside many of
+/// them (at most half of `tx_size` are armed ahead: the engine's test). Cancel ends every
+/// one, armed ahead or not.
+#[test]
+fn armed_sends_leave_room_for_the_hosts_posts() {
+    let _one = serial();
+    let rx = node(CAPS, Progress::Manual);
+    let n = node_custom(CAPS, Progress::Manual, |_| {}, 16, |_, _| {});
+    let to = n.add_peer(&rx.ep.getname().expect("getname"));
+    let m = shared();
+    let before = armed_counts();
+    let _vars: Vec<TriggerVar> = (0..64).map(|i| arm(&n, &m, i, to, i, 0)).collect();
+    assert_eq!(since(before).prearmed, 64, "each armed ahead");
+    // A CQ of 16 entries, 64 sends armed: a receive and a send still post.
+    let mut b = vec![0u8; 64];
+    // SAFETY: `b` outlives the receive (canceled below).
+    unsafe { n.ep.recv(&mut b, None, to, 1000) }.expect("a receive beside armed sends");
+    let x = pattern(64, 1);
+    // SAFETY: `x` outlives the send (waited for below).
+    unsafe { n.ep.tsend(&x, None, to, 5, 1001) }.expect("a send beside armed sends");
+    for i in (0..64).chain([1000]) {
+        n.ep.cancel(i).expect("cancel");
+    }
+    let mut canceled = Vec::new();
+    let mut sent = false;
+    for _ in 0..66 {
+        match n.next() {
+            Completion::Err(e, _) => {
+                assert_eq!(e.err, FI_ECANCELED, "{e:?}");
+                canceled.push(e.op_context);
+            }
+            Completion::Ok(c, _) => {
+                assert_eq!(c.op_context, 1001);
+                sent = true;
+            }
+        }
+    }
+    canceled.sort_unstable();
+    assert_eq!(canceled, (0..64).chain([1000]).collect::<Vec<_>>());
+    assert!(sent);
+    assert_eq!(since(before).released, 0);
 }
 
 /// More armed sends at once than the sender's segment has armed slots: those past the slots

@@ -42,6 +42,19 @@ impl EpCore {
         r
     }
 
+    /// Fires an armed send (`Action::Armed`, `EndpointOps::xpu_prearm`) with its CQ entry
+    /// reserved now: a full CQ makes it wait its turn (`Again`), as any fired operation.
+    pub(crate) fn start_armed(
+        &self,
+        ops: &dyn EndpointOps,
+        a: &crate::trigger::Armed,
+    ) -> Result<(), StartError> {
+        self.reserved(Dir::Tx, a.flags, || {
+            ops.xpu_fired(a.token);
+            Ok(())
+        })
+    }
+
     /// `start_send_provider` with its CQ entry reserved.
     ///
     /// # Safety

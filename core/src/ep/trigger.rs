@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::atomic::MsgAtomic;
 use super::rma::MsgRma;
-use super::{CntrClass, Dir, Endpoint, EndpointOps, EpCore, Msg};
+use super::{CntrClass, Endpoint, EndpointOps, EpCore, Msg};
 use crate::consts::errno::FI_EINVAL;
 use crate::consts::*;
 use crate::entry::{Context, CqErrEntry};
@@ -36,44 +36,32 @@ impl Port for EpPort {
                 Action::Recv(r) => core.start_recv(ops, r.clone()),
                 Action::Rma(o) => core.start_rma(ops, o),
                 Action::Atomic(a) => core.start_atomic(ops, a),
-                Action::Armed(a) => {
-                    ops.xpu_fired(a.token);
-                    Ok(())
-                }
+                Action::Armed(a) => core.start_armed(ops, a),
                 Action::CntrSet(..) | Action::CntrAdd(..) => Ok(()),
             }
         }
     }
 
     fn prearm(&self, action: &Action) -> Option<Armed> {
-        // A send only, of host memory (a device buffer is staged when the send starts),
-        // with its CQ entry reserved now as a start would.
+        // A send only, of host memory (a device buffer is staged when the send starts). Its
+        // CQ entry is reserved when it fires, as any triggered operation's.
         let Action::Send(op) = action else {
             return None;
         };
         if self.core.caps & FI_HMEM != 0 || !crate::settings::XPU_PREARM.flag() {
             return None;
         }
-        let reserved = self.core.reserve_entry(Dir::Tx, op.flags).ok()?;
         // SAFETY: the posting call's contract keeps the buffers valid until the send
         // completes or is canceled, which disarms it.
-        match unsafe { self.ops.xpu_prearm(op) } {
-            Some(token) => Some(Armed {
-                token,
-                ctx: op.ctx,
-                flags: op.flags,
-            }),
-            None => {
-                if reserved {
-                    self.core.release_entry(Dir::Tx);
-                }
-                None
-            }
-        }
+        let token = unsafe { self.ops.xpu_prearm(op) }?;
+        Some(Armed {
+            token,
+            ctx: op.ctx,
+            flags: op.flags,
+        })
     }
 
     fn disarm(&self, a: &Armed) -> bool {
-        // Its reservation goes with the cancel's error entry (`write_err`).
         self.ops.xpu_disarm(a.token)
     }
 

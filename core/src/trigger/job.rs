@@ -122,18 +122,20 @@ impl Job {
     }
 
     /// Releases an operation that never started: a triggered transfer, or deferred work that
-    /// asked for endpoint completions (`FI_COMPLETION`), reports `FI_ECANCELED`.
-    pub(crate) fn cancel(self) {
+    /// asked for endpoint completions (`FI_COMPLETION`), reports `FI_ECANCELED`. False for an
+    /// armed send that had ended already (its peer lost): nothing was left to cancel.
+    pub(crate) fn cancel(self) -> bool {
         let wants = self.work.is_none() || self.flags() & FI_COMPLETION != 0;
         if let (Some(l), true) = (&self.ep, wants) {
-            // An armed send ends in its provider first: one already under way completes
-            // as it will (its completion is not this cancel's to report).
+            // An armed send ends in its provider first; one that ended already was
+            // reported then.
             if let Action::Armed(a) = &self.action {
                 if !l.port().disarm(a) {
-                    return;
+                    return false;
                 }
             }
             self.fail(l.port(), FI_ECANCELED);
         }
+        true
     }
 }

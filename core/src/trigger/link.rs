@@ -321,9 +321,12 @@ impl EpLink {
                 return true;
             }
         }
-        if let Some(j) = self.xpu.as_ref().and_then(|x| x.take(ctx)) {
-            j.cancel();
-            return true;
+        // An armed send that ended with its peer still waits for its doorbell: taken out and
+        // passed over, so that a later send under the same context is the one canceled.
+        while let Some(j) = self.xpu.as_ref().and_then(|x| x.take(ctx)) {
+            if j.cancel() {
+                return true;
+            }
         }
         let found = {
             let mut s = lock(&self.stalled);

@@ -428,19 +428,37 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
                 engine, net, armed, ..
             } = &mut *st;
             let (token, ctrl) = engine.arm_send(p, op)?;
-            let Some(slot) = net.prearm(p, ctrl.as_bytes()) else {
-                engine.disarm(token);
-                return None;
-            };
             let at = armed_at(token);
             if armed.len() <= at {
                 armed.resize(at + 1, None);
             }
             // A send armed before in this request slot that ended without firing (its peer
             // lost): its announcement is not needed any more.
-            if let Some((_, old)) = armed[at].replace((token, slot)) {
+            if let Some((_, old)) = armed[at].take() {
                 net.unarm(old);
             }
+            let slot = net.prearm(p, ctrl.as_bytes()).or_else(|| {
+                // Every slot in use: those of sends that ended without firing are freed.
+                let mut freed = false;
+                for e in armed.iter_mut() {
+                    if let Some((t, s)) = *e {
+                        if !engine.is_armed(t) {
+                            *e = None;
+                            net.unarm(s);
+                            freed = true;
+                        }
+                    }
+                }
+                if !freed {
+                    return None;
+                }
+                net.prearm(p, engine.armed_frame(token)?.as_bytes())
+            });
+            let Some(slot) = slot else {
+                engine.disarm(token);
+                return None;
+            };
+            armed[at] = Some((token, slot));
             Some(token)
         });
         self.finish(st);

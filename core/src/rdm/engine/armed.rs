@@ -39,7 +39,12 @@ impl Engine {
         if op.flags & (FI_FENCE | FI_INJECT | INJECT_CALL | DEVICE_OFFER) != 0 {
             return None;
         }
-        self.check_room("send").ok()?;
+        // Armed sends hold their requests from arming on: at most half of `tx_max`, so that
+        // the host's own posts keep room while armed ones wait for their triggers.
+        self.check_open("send").ok()?;
+        if self.tx.len() + self.held >= self.cfg.tx_max / 2 {
+            return None;
+        }
         let len = op.iov.total();
         let desc = if len <= self.cfg.eager_max {
             self.early_offer(peer, &op.iov)?
@@ -74,26 +79,53 @@ impl Engine {
     /// The armed send `token` fired: it is outstanding from now on. See [`Fired`].
     pub fn fire_armed(&mut self, token: u64) -> Fired {
         let (id, gen) = split(token);
-        let Some(t) = self.tx.get_mut(id).filter(|t| t.gen == gen && t.armed) else {
+        let Some(peer) = self
+            .tx
+            .get(id)
+            .filter(|t| t.gen == gen && t.armed)
+            .map(|t| t.peer)
+        else {
             return Fired::Stale;
         };
-        t.armed = false;
-        let peer = t.peer;
         if !self.peer(peer).fenced.is_empty() {
-            // Outstanding once its frame goes (`release_fenced`), as a held send is.
-            let ctrl = self.armed_ctrl(id);
-            self.peers[peer]
-                .fenced
-                .push_back(Fenced::Armed(Box::new(ctrl)));
-            self.held += 1;
+            // Behind the held operations, still armed (taking no answer) until its frame goes.
+            self.peers[peer].fenced.push_back(Fenced::Armed(token));
             return Fired::Queued;
         }
+        self.tx[id].armed = false;
         self.peers[peer].outstanding += 1;
         if !self.peers[peer].blocked.is_empty() || self.out.iter().any(|q| q.peer == peer) {
             self.send_armed(token);
             return Fired::Queued;
         }
         Fired::Release(peer)
+    }
+
+    /// An armed send whose firing waited behind held operations (`Fenced::Armed`) starts:
+    /// outstanding, its `Rts` sent as a frame. Nothing if it ended meanwhile.
+    pub(super) fn release_armed(&mut self, token: u64) {
+        let (id, gen) = split(token);
+        let Some(t) = self.tx.get_mut(id).filter(|t| t.gen == gen && t.armed) else {
+            return;
+        };
+        t.armed = false;
+        let peer = t.peer;
+        self.peers[peer].outstanding += 1;
+        self.send_armed(token);
+    }
+
+    /// The `Rts` of the armed send `token`, while it has not fired.
+    pub fn armed_frame(&self, token: u64) -> Option<&wire::Ctrl> {
+        let (id, _) = split(token);
+        self.is_armed(token)
+            .then(|| self.armed.get(id)?.as_ref())
+            .flatten()
+    }
+
+    /// Whether `token` names an armed send that has not fired.
+    pub fn is_armed(&self, token: u64) -> bool {
+        let (id, gen) = split(token);
+        self.tx.get(id).is_some_and(|t| t.gen == gen && t.armed)
     }
 
     /// Sends the `Rts` of the armed send `token`, which fired (`Fired::Release`), as a frame
@@ -129,8 +161,8 @@ impl Engine {
     /// Ends the armed send `token` that has not fired, with no completion: `true` if there
     /// was one (its reservations are the caller's to give back).
     pub fn disarm(&mut self, token: u64) -> bool {
-        let (id, gen) = split(token);
-        if !self.tx.get(id).is_some_and(|t| t.gen == gen && t.armed) {
+        let (id, _) = split(token);
+        if !self.is_armed(token) {
             return false;
         }
         let t = self.tx.remove(id);

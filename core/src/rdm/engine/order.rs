@@ -11,9 +11,10 @@ use super::*;
 pub(super) enum Fenced {
     Send(TxOp, Option<Body>),
     Rma(RmaOp, Option<Body>),
-    /// The `Rts` of an armed send that fired while operations to its peer were held
-    /// (`armed`): its request is outstanding already, only its frame waits here.
-    Armed(Box<wire::Ctrl>),
+    /// An armed send (its request's token) that fired while operations to its peer were
+    /// held (`armed`): its request stays armed (taking no answer) until its `Rts` goes. Its
+    /// request counts against `tx_max` already: not in `held`.
+    Armed(u64),
 }
 
 impl Engine {
@@ -53,16 +54,15 @@ impl Engine {
                 break;
             }
             let f = self.peers[peer].fenced.pop_front().expect("front exists");
-            self.held -= 1;
+            self.held -= usize::from(!matches!(f, Fenced::Armed(_)));
             // SAFETY: the held operation's memory is the caller's until it completes (or the
             // engine's own copy of inject data, moved into the frame's body here).
             let r = unsafe {
                 match f {
                     Fenced::Send(op, copy) => self.send_now(peer, &op, copy),
                     Fenced::Rma(op, copy) => self.rma_now(peer, &op, copy),
-                    Fenced::Armed(ctrl) => {
-                        self.peers[peer].outstanding += 1;
-                        self.send_ctrl(peer, *ctrl);
+                    Fenced::Armed(token) => {
+                        self.release_armed(token);
                         Ok(())
                     }
                 }
@@ -105,7 +105,10 @@ impl Engine {
     /// endpoint closed): no later release starts them.
     pub(super) fn take_held(&mut self, peer: PeerId) -> Vec<Fenced> {
         let fenced: Vec<Fenced> = self.peers[peer].fenced.drain(..).collect();
-        self.held -= fenced.len();
+        self.held -= fenced
+            .iter()
+            .filter(|f| !matches!(f, Fenced::Armed(_)))
+            .count();
         fenced
     }
 

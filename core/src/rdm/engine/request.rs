@@ -150,7 +150,11 @@ impl Engine {
         self.check_open(what)?;
         debug_assert_eq!(
             self.held,
-            self.peers.iter().map(|p| p.fenced.len()).sum::<usize>()
+            self.peers
+                .iter()
+                .flat_map(|p| &p.fenced)
+                .filter(|f| !matches!(f, Fenced::Armed(_)))
+                .count()
         );
         if self.tx.len() + self.held >= self.cfg.tx_max {
             return Err(Error::Again(what));

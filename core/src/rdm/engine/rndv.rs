@@ -397,7 +397,7 @@ impl Engine {
     pub fn offered(&self, peer: PeerId, offer: u32) -> Option<IovList> {
         self.tx
             .get(offer as usize)
-            .filter(|t| t.peer == peer && t.pull && t.answer.is_none())
+            .filter(|t| t.peer == peer && t.pull && t.answer.is_none() && !t.armed)
             .filter(|t| t.flags & (FI_RMA | FI_READ) != FI_RMA | FI_READ)
             .map(|t| t.iov)
     }

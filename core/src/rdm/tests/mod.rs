@@ -16,6 +16,7 @@ use super::{
     Transport,
 };
 
+mod armed;
 mod early;
 mod fuzz;
 mod native;
