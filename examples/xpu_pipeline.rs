@@ -483,17 +483,17 @@ fn sender(o: &Opts) {
         ratios[ratios.len() - 1],
     );
     if !rings.is_empty() {
-        // The CPU XPU's ring starts the send it reached on the XPU's own thread: the
-        // host's share of each transfer (the post, and its completion's processing when
-        // the post finds the ring full) runs on the core the XPU computes on, where a GPU
-        // leaves it to the host's cores. Shown so that a distance to the bound can be
-        // read: that work cannot overlap the compute on this machine.
+        // The CPU XPU's ring starts what it reached on the XPU's own thread: the release
+        // of a send armed ahead (docs/xpu-triggers.md, "Armed sends"), or else the post of
+        // the send. That share of each transfer runs on the core the XPU computes on,
+        // where a GPU leaves it to the host's cores. Shown so that a distance to the bound
+        // can be read: that work cannot overlap the compute on this machine.
         let r = median(&mut rings);
         println!("  rings      {}", spread(&mut rings));
         println!(
-            "the XPU's core also rings: {:.2} us per bucket (the send it starts, on its own \
-             thread); with that on the XPU's core the bound is max(compute + rings, \
-             transfer)/(compute + transfer) {:.2}",
+            "the XPU's core also rings: {:.2} us per bucket (on its own thread: the release \
+             of a send armed ahead, or the send it starts); with that on the XPU's core the \
+             bound is max(compute + rings, transfer)/(compute + transfer) {:.2}",
             us(r) / o.buckets() as f64,
             (c + r).max(t).as_secs_f64() / (c + t).as_secs_f64()
         );
