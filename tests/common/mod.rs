@@ -274,16 +274,23 @@ pub fn say(s: &str) {
 /// answer) is served whenever it arrives.
 pub fn serve_until(n: &Node, word: &str) {
     let stop = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            assert_eq!(listen(), word);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let heard = std::thread::scope(|s| {
+        // Any line ends the serving (a parent gone reads as an empty one): the check is
+        // after, so that a wrong word fails the test instead of leaving this loop spinning.
+        let h = s.spawn(|| {
+            let got = listen();
             stop.store(true, std::sync::atomic::Ordering::Release);
+            got
         });
         let mut buf = [CqTaggedEntry::default(); 4];
         while !stop.load(std::sync::atomic::Ordering::Acquire) {
+            assert!(Instant::now() < deadline, "served 120 s without a word");
             let _ = n.cq.read(&mut buf);
         }
+        h.join().expect("listen")
     });
+    assert_eq!(heard, word);
 }
 
 /// In a child: reads a line the parent sent with `tell`.

@@ -80,17 +80,7 @@ impl RawPeer {
     /// Writes `len` (as the length word) and `bytes` into armed slot `slot` of our own
     /// segment, as a sender arming a send would, but unchecked: the length may lie.
     pub fn put_armed(&mut self, slot: usize, len: u64, bytes: &[u8]) {
-        assert!(slot < ring::ARMED_SLOTS && bytes.len() <= ring::ARMED_MAX);
-        ring::write_armed(&self.own, slot, bytes);
-        // SAFETY: the slot's length word, inside our segment, 8-aligned.
-        unsafe {
-            (self
-                .own
-                .base()
-                .add(ring::SEG_BYTES - (ring::ARMED_SLOTS - slot) * ring::ARMED_SLOT)
-                as *mut u64)
-                .write(len)
-        };
+        ring::write_armed_as(&self.own, slot, len, bytes);
     }
 
     /// Whether the target still has our lane claimed (it drops the lane of a peer that sent

@@ -118,12 +118,18 @@ fn tail_off(i: usize) -> usize {
 /// `slot < ARMED_SLOTS`). A receiver reads it only after the RELEASE message naming it,
 /// published after this.
 pub fn write_armed(seg: &Segment, slot: usize, frame: &[u8]) {
-    assert!(slot < ARMED_SLOTS && frame.len() <= ARMED_MAX);
+    write_armed_as(seg, slot, frame.len() as u64, frame);
+}
+
+/// `write_armed` with `len` as the slot's length word, whatever `frame` holds (a raw peer's,
+/// which may lie).
+pub fn write_armed_as(seg: &Segment, slot: usize, len: u64, frame: &[u8]) {
+    assert!(slot < ARMED_SLOTS && frame.len() <= ARMED_MAX && seg.len() >= SEG_BYTES);
     // SAFETY: the slot lies inside SEG_BYTES (checked above); it is ours to write until a
     // receiver is told to read it, and 8-aligned (ARMED_OFF and ARMED_SLOT are).
     unsafe {
         let p = seg.base().add(ARMED_OFF + slot * ARMED_SLOT);
-        (p as *mut u64).write(frame.len() as u64);
+        (p as *mut u64).write(len);
         std::ptr::copy_nonoverlapping(frame.as_ptr(), p.add(8), frame.len());
     }
 }
