@@ -19,7 +19,9 @@ use xfabric::*;
 use xfabric_core::rdm::wire::{self, Frame};
 use xfabric_core::rdm::Desc;
 use xfabric_core::IovList;
-use xfabric_providers::shm::raw::{split_counts, RawPeer, FRAME, SPLIT, SPLIT_DONE};
+use xfabric_providers::shm::raw::{
+    armed_counts, split_counts, RawPeer, ARMED_SLOTS, FRAME, RELEASE, SPLIT, SPLIT_DONE,
+};
 
 const CAPS: u64 = FI_MSG | FI_TAGGED;
 /// Enough to hold a split off until a test has looked: no copy below this splits.
@@ -554,7 +556,8 @@ fn done_of(b: &[u8]) -> (u64, i32) {
 
 #[test]
 fn hostile_split_requests_are_refused_and_write_nothing() {
-    // The only test of this binary that runs its endpoints in this process.
+    // One of two tests of this binary that run their endpoints in this process (each counts
+    // the refusals it causes as "more than before", which the other's cannot undo).
     warnings::capture();
     let n = node(CAPS, Progress::Manual);
     let addr = n.ep.getname().expect("getname");
@@ -643,6 +646,79 @@ fn hostile_split_requests_are_refused_and_write_nothing() {
         eprintln!("cross-memory attach is refused here: the served request is not checked");
     } else {
         assert_eq!((token, status), (8, 0));
+        assert!(dest[..] == data[from as usize..], "the served bytes");
+    }
+    assert!(raw.lane_claimed());
+}
+
+/// A send armed for an XPU's trigger (docs/xpu-triggers.md, "Armed sends") is announced in an
+/// armed slot of the sender's segment, which every peer maps: a hostile peer can read its `Rts`
+/// before the trigger fires. A split request naming it then is refused and writes nothing
+/// (the sender offers nothing before the firing); once the trigger fired and the release
+/// came, the same request is served.
+#[test]
+fn a_split_request_for_an_armed_send_is_refused_until_it_fires() {
+    warnings::capture();
+    let n = node(CAPS | FI_TRIGGER | FI_XPU_TRIGGER, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+    let dst = n.add_peer(format!("fi_shm://{}", raw.name()).as_bytes());
+    let len = 1 << 20;
+    let data = pattern(len, 11);
+    let iov = [RawIov::of(&data)];
+    let mut var = [TriggerVar::default()];
+    let before = armed_counts();
+    // SAFETY: data outlives the endpoint (closed at the end of the test, the send canceled).
+    let k = unsafe {
+        n.ep.tsendmsg_xpu(&tmsg(&iov, dst, 5, 5, 0), 0, Xpu::CPU, &mut var)
+    };
+    assert_eq!(k.expect("arm"), 1);
+    if armed_counts().prearmed == before.prearmed {
+        // A send past the eager limit is armed only with an offer by cross-memory attach.
+        eprintln!("cross-memory attach is refused here: the send was not armed, nothing to check");
+        return;
+    }
+    // Its announcement, read by the hostile peer from the sender's armed slots.
+    let id = (0..ARMED_SLOTS)
+        .filter_map(|s| raw.target_armed(s))
+        .find_map(|f| {
+            let pre = wire::prefix(&f).ok()?;
+            let ctrl = f.get(wire::PREFIX..wire::PREFIX + pre.ctrl_len as usize)?;
+            match wire::decode(&pre, ctrl).ok()? {
+                Frame::Rts { id, len: l, .. } if l == len as u64 => Some(id),
+                _ => None,
+            }
+        })
+        .expect("the armed send's Rts in an armed slot");
+    let mut dest = vec![0u8; 8192];
+    let d = [RawIov::of_mut(&mut dest)];
+    let dl = d[0].len as u64;
+    let from = len as u64 - dl;
+    let refused = refusals_logged();
+    assert!(raw.send_raw(SPLIT, &split_req(1, id, from, len as u64, &d), 0));
+    let (token, status) = done_of(&await_msg(&n, &mut raw, SPLIT_DONE));
+    assert_eq!(
+        (token, status),
+        (1, FI_ECANCELED),
+        "an armed send's offer before its trigger"
+    );
+    assert!(
+        dest.iter().all(|&x| x == 0),
+        "bytes were written before the trigger"
+    );
+    assert!(refusals_logged() > refused, "no log line");
+    assert!(raw.lane_claimed(), "the lane was dropped");
+
+    // The XPU rings: the release names the slot, and the offer is live from then on.
+    // SAFETY: a variable the endpoint filled for the CPU XPU, its doorbell alive with it.
+    unsafe { xfabric::kernels::cpu::ring(&var) }.expect("ring");
+    let _ = await_msg(&n, &mut raw, RELEASE);
+    assert!(raw.send_raw(SPLIT, &split_req(2, id, from, len as u64, &d), 0));
+    let (token, status) = done_of(&await_msg(&n, &mut raw, SPLIT_DONE));
+    if status == FI_EPERM {
+        eprintln!("cross-memory attach is refused here: the served request is not checked");
+    } else {
+        assert_eq!((token, status), (2, 0), "the fired send's offer");
         assert!(dest[..] == data[from as usize..], "the served bytes");
     }
     assert!(raw.lane_claimed());

@@ -14,6 +14,7 @@ pub use super::net::{
     IpcCounts, MappedCounts, SplitCounts, FRAME, HELD_MAX, PIECE, PIECE_LEN, RELEASE, SPLIT,
     SPLIT_DONE,
 };
+pub use super::ring::ARMED_SLOTS;
 use super::ring::{self, kind, Consumer, Header, Producer};
 use super::segment::{fresh_name, Segment};
 
@@ -81,6 +82,15 @@ impl RawPeer {
     /// segment, as a sender arming a send would, but unchecked: the length may lie.
     pub fn put_armed(&mut self, slot: usize, len: u64, bytes: &[u8]) {
         ring::write_armed_as(&self.own, slot, len, bytes);
+    }
+
+    /// The frame the target keeps in its armed slot `slot` (a send armed to one of its
+    /// peers), as a receiver would read it once released; `None` for an empty slot. A
+    /// hostile peer can read it before the release: what it names must be of no use then.
+    pub fn target_armed(&self, slot: usize) -> Option<Vec<u8>> {
+        let mut frame = [0u8; ring::ARMED_MAX];
+        let len = ring::read_armed(&self.target, slot, &mut frame)?;
+        (len > 0).then(|| frame[..len].to_vec())
     }
 
     /// Whether the target still has our lane claimed (it drops the lane of a peer that sent
