@@ -183,13 +183,21 @@ struct Run {
 /// In the parent: starts the receiver for `count` messages and opens the sender. In the
 /// child: runs the receiver, and `None`.
 fn run(test: &str, count: usize) -> Option<Run> {
+    run_cq(test, count, None)
+}
+
+/// `run` with the sender's CQ of `cq` entries (`None`: the default).
+fn run_cq(test: &str, count: usize, cq: Option<usize>) -> Option<Run> {
     if role().is_some() {
         receiver();
         return None;
     }
     let _one = serial();
     let mut child = spawn(test, "rx", &[]);
-    let n = node(CAPS, Progress::Manual);
+    let n = match cq {
+        Some(size) => node_custom(CAPS, Progress::Manual, |_| {}, size, |_, _| {}),
+        None => node(CAPS, Progress::Manual),
+    };
     let to = connect(&mut child, &n);
     child.tell(&count.to_string());
     assert_eq!(child.hear(), "ready");
@@ -395,6 +403,114 @@ fn armed_sends_to_a_peer_that_died_fail() {
     let _c = arm(&r.n, &r.m, 0, to, 61, 0);
     r.n.ep.cancel(61).expect("cancel");
     canceled(&r.n, 61);
+}
+
+/// Armed sends whose peer died end then; their doorbells, rung afterwards, start nothing and
+/// hold no CQ room: a CQ as small as the number of them still takes as many posts after.
+#[test]
+fn armed_sends_rung_after_their_peer_died_hold_no_cq_room() {
+    const N: usize = 16;
+    let Some(r) = run_cq(
+        "armed_sends_rung_after_their_peer_died_hold_no_cq_room",
+        N,
+        Some(N),
+    ) else {
+        return;
+    };
+    let vars: Vec<TriggerVar> = (0..N).map(|i| r.arm(i, 100 + i, 0)).collect();
+    assert_eq!(since(r.before).prearmed, N as u64, "each armed ahead");
+    let pid = r.child.pid();
+    r.child.kill();
+    reclaim(pid);
+    let mut ended: Vec<Context> = (0..N)
+        .map(|_| match r.n.next() {
+            Completion::Err(e, _) => {
+                assert_eq!(e.err, FI_ECONNRESET, "{e:?}");
+                e.op_context
+            }
+            Completion::Ok(c, _) => panic!("a send to a dead peer completed: {c:?}"),
+        })
+        .collect();
+    ended.sort_unstable();
+    assert_eq!(ended, (100..100 + N).collect::<Vec<_>>());
+    // The XPU rings every one of them now: nothing starts, nothing is reported.
+    for (i, v) in vars.into_iter().enumerate() {
+        fill_and_ring(&r.m, i, i as u64, v);
+    }
+    // The CQ's N entries are all free: N receives post (none refused with `Again`).
+    let other = node(CAPS, Progress::Manual);
+    let to = r.n.add_peer(&other.ep.getname().expect("getname"));
+    let mut bufs = [[0u8; 8]; N];
+    for (i, b) in bufs.iter_mut().enumerate() {
+        // SAFETY: `bufs` outlives the receives (canceled and reported below).
+        unsafe { r.n.ep.recv(b, None, to, 200 + i) }
+            .unwrap_or_else(|e| panic!("receive {i} of {N} after the stale rings: {e}"));
+    }
+    for i in 0..N {
+        r.n.ep.cancel(200 + i).expect("cancel");
+    }
+    for _ in 0..N {
+        match r.n.next() {
+            Completion::Err(e, _) => assert_eq!(e.err, FI_ECANCELED, "{e:?}"),
+            Completion::Ok(c, _) => panic!("a receive completed: {c:?}"),
+        }
+    }
+    assert_eq!(since(r.before).released, 0, "a release after the peer died");
+}
+
+/// An armed send that fired into a full CQ waits for room; if its peer dies meanwhile it ends
+/// then, and `fi_cancel` of its context passes over it to a later send armed under the same
+/// context, waiting behind it.
+#[test]
+fn cancel_passes_over_a_waiting_armed_send_whose_peer_died() {
+    const N: usize = 4;
+    let Some(r) = run_cq(
+        "cancel_passes_over_a_waiting_armed_send_whose_peer_died",
+        1,
+        Some(N),
+    ) else {
+        return;
+    };
+    let s = r.arm(0, 7, 0);
+    let other = node(CAPS, Progress::Manual);
+    let to = r.n.add_peer(&other.ep.getname().expect("getname"));
+    // Every entry of the CQ reserved by a receive.
+    let mut bufs = [[0u8; 8]; N];
+    for (i, b) in bufs.iter_mut().enumerate() {
+        // SAFETY: `bufs` outlives the receives (canceled and reported below).
+        unsafe { r.n.ep.recv(b, None, to, 300 + i) }.expect("receive");
+    }
+    let pid = r.child.pid();
+    r.child.kill();
+    reclaim(pid);
+    match r.n.next() {
+        Completion::Err(e, _) => assert_eq!((e.op_context, e.err), (7, FI_ECONNRESET)),
+        Completion::Ok(c, _) => panic!("a send to a dead peer completed: {c:?}"),
+    }
+    // A later send under the same context, to a live peer; both rung while the CQ is full:
+    // both wait for room, the ended one first.
+    let s2 = arm(&r.n, &r.m, 1, to, 7, 0);
+    fill_and_ring(&r.m, 0, 0, s);
+    fill_and_ring(&r.m, 1, 1, s2);
+    r.n.ep.cancel(7).expect("cancel");
+    for i in 0..N {
+        r.n.ep.cancel(300 + i).expect("cancel");
+    }
+    let mut got: Vec<Context> = (0..=N)
+        .map(|_| match r.n.next() {
+            Completion::Err(e, _) => {
+                assert_eq!(e.err, FI_ECANCELED, "{e:?}");
+                e.op_context
+            }
+            Completion::Ok(c, _) => panic!("completed: {c:?}"),
+        })
+        .collect();
+    got.sort_unstable();
+    assert_eq!(
+        got,
+        [7, 300, 301, 302, 303],
+        "the later send and the receives canceled"
+    );
 }
 
 /// Armed sends hold no CQ room before they fire: the host's own posts go on beside many of

@@ -145,9 +145,11 @@ pub trait EndpointOps: ProgressSource {
         let _ = op;
         None
     }
-    /// The armed send `token` fired: it starts now.
-    fn xpu_fired(&self, token: u64) {
+    /// The armed send `token` fired: it starts now. `false` when it had ended already (its
+    /// peer lost, say): nothing starts, and no completion will be reported for this firing.
+    fn xpu_fired(&self, token: u64) -> bool {
         let _ = token;
+        false
     }
     /// Ends the armed send `token`, which has not fired: `true` if it ended so (nothing
     /// started, and no completion is reported for it here).

@@ -43,16 +43,21 @@ impl EpCore {
     }
 
     /// Fires an armed send (`Action::Armed`, `EndpointOps::xpu_prearm`) with its CQ entry
-    /// reserved now: a full CQ makes it wait its turn (`Again`), as any fired operation.
+    /// reserved now: a full CQ makes it wait its turn (`Again`), as any fired operation. One
+    /// that had ended before its firing (reported then, as a lost peer's) gives the entry
+    /// back: no completion will take it.
     pub(crate) fn start_armed(
         &self,
         ops: &dyn EndpointOps,
         a: &crate::trigger::Armed,
     ) -> Result<(), StartError> {
-        self.reserved(Dir::Tx, a.flags, || {
-            ops.xpu_fired(a.token);
-            Ok(())
-        })
+        let reserved = self
+            .reserve_entry(Dir::Tx, a.flags)
+            .map_err(StartError::Refused)?;
+        if !ops.xpu_fired(a.token) && reserved {
+            self.release_entry(Dir::Tx);
+        }
+        Ok(())
     }
 
     /// `start_send_provider` with its CQ entry reserved.

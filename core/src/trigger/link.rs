@@ -328,16 +328,18 @@ impl EpLink {
                 return true;
             }
         }
-        let found = {
-            let mut s = lock(&self.stalled);
-            s.iter().position(mine).and_then(|i| s.remove(i))
-        };
-        match found {
-            Some(j) => {
-                j.cancel();
-                true
+        // The same among those waiting for room: an armed send that fired into a full CQ
+        // and ended with its peer meanwhile is passed over too.
+        loop {
+            let found = {
+                let mut s = lock(&self.stalled);
+                s.iter().position(mine).and_then(|i| s.remove(i))
+            };
+            match found.map(Job::cancel) {
+                Some(true) => return true,
+                Some(false) => {}
+                None => return false,
             }
-            None => false,
         }
     }
 

@@ -465,10 +465,12 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
         token
     }
 
-    fn xpu_fired(&self, token: u64) {
+    fn xpu_fired(&self, token: u64) -> bool {
         let mut st = self.lock();
         let slot = take_armed(&mut st.armed, token);
-        match st.engine.fire_armed(token) {
+        let fired = st.engine.fire_armed(token);
+        let started = !matches!(fired, rdm::Fired::Stale);
+        match fired {
             rdm::Fired::Release(p) => {
                 if !slot.is_some_and(|s| st.net.release(p, s)) {
                     // The wire cannot tell the peer now: the frame goes as any other.
@@ -485,6 +487,7 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
             }
         }
         self.finish(st);
+        started
     }
 
     fn xpu_disarm(&self, token: u64) -> bool {
