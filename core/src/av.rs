@@ -284,10 +284,12 @@ impl AddressVector {
             .ok_or_else(|| Error::NoEq("av insert: AV opened with FI_EVENT but no EQ bound".into()))
     }
 
-    /// `fi_av_remove`.
+    /// `fi_av_remove`. The addresses before a bad one are removed all the same (as
+    /// libfabric's providers do), and every cache of this AV's peers learns of it.
     pub fn remove(&self, addrs: &[FiAddr]) -> Result<()> {
         let mut t = self.inner.t.write().unwrap_or_else(|e| e.into_inner());
-        for &a in addrs {
+        let mut removed = false;
+        let r = addrs.iter().try_for_each(|&a| {
             let idx = self.inner.decode(a).ok_or_else(|| {
                 Error::Inval(format!("av remove: {a:#x} is not an address of this AV"))
             })?;
@@ -296,9 +298,14 @@ impl AddressVector {
             })?;
             t.by_name.remove(&name);
             t.free.push(idx);
+            removed = true;
+            Ok(())
+        });
+        if removed {
+            // Under the write lock: a cache that reads the old generation read the old slots.
+            self.inner.generation.fetch_add(1, Ordering::Release);
         }
-        self.inner.generation.fetch_add(1, Ordering::Release);
-        Ok(())
+        r
     }
 
     /// `fi_av_lookup`: the raw address stored for `fi_addr`.
@@ -428,6 +435,26 @@ mod tests {
         assert!(matches!(av.remove(&[0]), Err(Error::NoEntry(_))));
         assert_eq!(av.insert_one(b"ok:c").unwrap(), 0);
         assert_eq!(av.straddr(b"ok:c"), "ok:c");
+    }
+
+    /// A remove that fails part way removed what came before the bad address, and the
+    /// generation moved: a cache of this AV's peers (`PeerCache`) drops the removed one.
+    #[test]
+    fn a_partly_failed_remove_moves_the_generation() {
+        let av = AddressVector::open(&Default::default(), Arc::new(Plain)).unwrap();
+        let a = av.insert_one(b"ok:a").unwrap();
+        let mut cache = PeerCache::default();
+        let peer = |c: &mut PeerCache| c.lookup(Some(av.inner()), a, |_| Ok(7));
+        assert_eq!(peer(&mut cache).unwrap(), 7);
+        let gen = av.inner().generation();
+        assert!(av.remove(&[a, 0x55]).is_err(), "0x55 is not in use");
+        assert!(av.lookup(a).is_err(), "the address before the bad one stays removed");
+        assert_ne!(av.inner().generation(), gen);
+        assert!(peer(&mut cache).is_err(), "the cache still names the removed peer");
+        // Nothing removed: the generation stays.
+        let gen = av.inner().generation();
+        assert!(av.remove(&[0x55]).is_err());
+        assert_eq!(av.inner().generation(), gen);
     }
 
     #[test]
