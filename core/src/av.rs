@@ -448,9 +448,15 @@ mod tests {
         assert_eq!(peer(&mut cache).unwrap(), 7);
         let gen = av.inner().generation();
         assert!(av.remove(&[a, 0x55]).is_err(), "0x55 is not in use");
-        assert!(av.lookup(a).is_err(), "the address before the bad one stays removed");
+        assert!(
+            av.lookup(a).is_err(),
+            "the address before the bad one stays removed"
+        );
         assert_ne!(av.inner().generation(), gen);
-        assert!(peer(&mut cache).is_err(), "the cache still names the removed peer");
+        assert!(
+            peer(&mut cache).is_err(),
+            "the cache still names the removed peer"
+        );
         // Nothing removed: the generation stays.
         let gen = av.inner().generation();
         assert!(av.remove(&[0x55]).is_err());

@@ -56,6 +56,7 @@ pub(crate) use job::{Job, Owner, WorkTag};
 pub(crate) use link::EpLink;
 pub(crate) use port::{Action, Armed, Port, StartError};
 pub(crate) use queue::{TriggerQueue, Watch};
+pub(crate) use xpu::DRAIN_MAX;
 pub use xpu::{Doorbell, DoorbellAlloc, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED};
 pub use xpu_abi::{Signal, TriggerValue, TriggerVar, TriggerXpu, Xpu, XpuDevice};
 pub use xpu_wake::{notify_xpu_ring, user_monitor_wait};

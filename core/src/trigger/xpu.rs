@@ -246,7 +246,7 @@ impl Doorbell for NextSlot {
 
 /// Most descriptors one look takes from one ring (other work of the endpoint waits at most
 /// that long).
-const DRAIN_MAX: usize = 256;
+pub(crate) const DRAIN_MAX: usize = 256;
 
 /// What an error entry reports about a doorbell.
 struct Misuse {

@@ -18,6 +18,7 @@ use super::ring::{DescRing, Taken, RING_DEFAULT_SLOTS};
 use crate::cntr::{CntrInner, Counter};
 use crate::error::{Error, Result};
 use crate::trigger::Xpu;
+use crate::trigger::DRAIN_MAX;
 
 /// The host's side of an exported counter.
 pub(crate) struct CntrExport {
@@ -91,7 +92,9 @@ impl CntrExport {
         })
     }
 
-    /// Applies what the XPU posted on the counter's ring; returns how many descriptors.
+    /// Applies what the XPU posted on the counter's ring, at most `DRAIN_MAX` descriptors
+    /// a call (an XPU adding as fast as they are taken must not hold the drainer, whose
+    /// progress serves every endpoint); returns how many.
     fn drain(&self) -> usize {
         let Ok(_g) = self.drain.try_lock() else {
             return 0;
@@ -101,7 +104,8 @@ impl CntrExport {
             return 0;
         };
         let mut n = 0;
-        while let Some(t) = self.ring.take() {
+        while n < DRAIN_MAX {
+            let Some(t) = self.ring.take() else { break };
             n += 1;
             match t {
                 Taken::Desc(d) if d.opcode == opcode::CNTR_ADD => c.add_value(d.data),
@@ -157,6 +161,12 @@ pub struct XpuCntr {
 }
 
 impl XpuCntr {
+    /// One drain of this counter's ring, as a watcher's.
+    #[cfg(test)]
+    pub(crate) fn drain_once(&self) -> usize {
+        self.shared.drain()
+    }
+
     /// The `struct fid_xpu` a device's header reads.
     pub fn fid(&self) -> &FidXpu {
         &self.fid

@@ -725,6 +725,28 @@ fn an_exported_counter_is_mirrored_and_takes_the_xpus_adds() {
     assert_eq!(waiter.join().unwrap(), 0);
 }
 
+/// A drain of a counter's ring takes a bounded number of descriptors: an XPU adding as fast
+/// as they are taken cannot keep the watcher (and every endpoint it serves) in one drain.
+#[test]
+fn a_counter_drain_is_bounded() {
+    let w = World::new();
+    let c = w.cntr();
+    let xc = c.export_xpu(Xpu::CPU).unwrap();
+    let max = crate::trigger::DRAIN_MAX;
+    let posted = 3 * max + 1;
+    for i in 0..posted {
+        assert_eq!(dev::cntr_add(&xc, 1, W), 0, "add {i}");
+    }
+    // Whatever the posting drained on the way, no drain takes more than its bound.
+    let mut left = posted - c.read() as usize;
+    while left > 0 {
+        let k = xc.drain_once();
+        assert!(k > 0 && k <= max, "one drain took {k} of {left}");
+        left -= k;
+    }
+    assert_eq!(c.read(), posted as u64);
+}
+
 #[test]
 fn an_exported_cq_keeps_what_does_not_fit_and_loses_nothing() {
     let w = World::new();
