@@ -548,6 +548,19 @@ impl CqInner {
     }
 
     /// Entries the queue holds at most.
+    /// Whether as many error entries wait to be read as the queue holds entries: what an
+    /// XPU's faulty descriptors may fill before its ring stops being drained. One atomic
+    /// load while no error waits.
+    pub(crate) fn errors_full(&self) -> bool {
+        self.has_errors.load(Ordering::Relaxed) && self.lock().errs.len() >= self.cap
+    }
+
+    /// Error entries waiting to be read.
+    #[cfg(test)]
+    pub(crate) fn errors_waiting(&self) -> usize {
+        self.lock().errs.len()
+    }
+
     pub(crate) fn cap(&self) -> usize {
         self.cap
     }

@@ -97,6 +97,16 @@ impl Port for EpPort {
         self.core.fail_xpu(ctx, opcode, f);
     }
 
+    fn xpu_faults_full(&self) -> bool {
+        let Some(b) = self.core.bound() else {
+            return false;
+        };
+        [&b.tx_cq, &b.rx_cq]
+            .into_iter()
+            .flatten()
+            .any(|cq| cq.errors_full())
+    }
+
     fn xpu_pump(&self) -> bool {
         let Some(b) = self.core.bound() else {
             return false;

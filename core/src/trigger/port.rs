@@ -92,6 +92,12 @@ pub(crate) trait Port: ProgressSource {
     /// and the reason as error data, and the error value of its counter.
     fn xpu_fault(&self, ctx: Context, opcode: u32, f: &crate::xpu::Fault);
 
+    /// Whether a CQ faults are reported to holds as many unread errors as its size: the
+    /// XPU's rings are then not drained until the application reads them (its ring fills
+    /// and its posts are answered `-FI_EAGAIN`), so that faulty descriptors posted at any
+    /// rate cannot make the host keep error entries without bound.
+    fn xpu_faults_full(&self) -> bool;
+
     /// Moves entries of this endpoint's exported CQs into their rings; whether some had to
     /// stay behind (the XPU has not made room yet).
     fn xpu_pump(&self) -> bool;

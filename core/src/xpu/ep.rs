@@ -96,8 +96,9 @@ impl AddressVector {
 }
 
 /// Takes and starts what `ring` holds, at most `max` descriptors, stopping while operations
-/// wait for room at the endpoint (the ring then fills and the XPU is answered `-FI_EAGAIN`:
-/// the back-pressure). `link` is the endpoint's link, `owner` the same as a trait object.
+/// wait for room at the endpoint, or while the CQ faults go to holds as many unread errors
+/// as its size (the ring then fills and the XPU is answered `-FI_EAGAIN`: the
+/// back-pressure). `link` is the endpoint's link, `owner` the same as a trait object.
 /// Returns how many descriptors were taken.
 // Out of line: one call per look, and callgrind can then attribute the watcher's cost per
 // descriptor (inclusive cost of `xpu::ep::drain` against its calls and the descriptors taken).
@@ -112,7 +113,9 @@ pub(crate) fn drain(
     let port = owner.port();
     let mut n = 0;
     let mut d = XpuDesc::default();
-    while n < max && !owner.closed() && !owner.backlog() {
+    // Checked again after each fault only: nothing else adds errors here.
+    let mut faults_full = port.xpu_faults_full();
+    while n < max && !owner.closed() && !owner.backlog() && !faults_full {
         let Some(t) = ring.take_into(&mut d) else {
             break;
         };
@@ -131,10 +134,14 @@ pub(crate) fn drain(
                 };
                 // Nothing in a torn slot is trusted, its context included.
                 port.xpu_fault(0, 0, &f);
+                faults_full = port.xpu_faults_full();
             }
             Took::Desc => match port.xpu_action(&d, seen) {
                 Ok(action) => owner.submit_action(action, link),
-                Err(f) => port.xpu_fault(d.context as usize, d.opcode, &f),
+                Err(f) => {
+                    port.xpu_fault(d.context as usize, d.opcode, &f);
+                    faults_full = port.xpu_faults_full();
+                }
             },
         }
     }

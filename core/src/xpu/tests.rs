@@ -526,6 +526,49 @@ fn every_hostile_descriptor_is_an_error_naming_its_fault_and_starts_nothing() {
     assert!(w.sh.log.lock().unwrap().is_empty());
 }
 
+/// Faulty descriptors fill the CQ's errors at most to its size: the ring is not drained
+/// further, so that it fills and the XPU is answered `-FI_EAGAIN`, until the application reads
+/// them; then every one is reported, once, in order.
+#[test]
+fn faulty_descriptors_stop_at_the_cqs_size_until_their_errors_are_read() {
+    const CQ: usize = 8;
+    let w = World::new();
+    let n = node_sized(&w, CQ);
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let bad = |ctx: u64| XpuDesc {
+        opcode: 77,
+        context: ctx,
+        ..Default::default()
+    };
+    // Posted until the XPU is told to wait (a ring's worth and the CQ's at most).
+    let mut posted = 0u64;
+    loop {
+        match dev::post_raw(&x, &bad(100 + posted)) {
+            0 => posted += 1,
+            r => {
+                assert_eq!(r, -FI_EAGAIN);
+                break;
+            }
+        }
+        assert!(posted < 1 << 16, "the ring never filled");
+    }
+    while n.ep.progress() > 0 {}
+    assert_eq!(
+        n.cq.inner().errors_waiting(),
+        CQ,
+        "errors kept for a CQ of {CQ}"
+    );
+    assert!(posted > CQ as u64);
+    // Read (each read drives progress, which drains on as room is made): all, in order.
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        got.extend(errors(&n.cq).iter().map(|(e, _)| e.op_context as u64));
+        while n.ep.progress() > 0 {}
+    }
+    assert_eq!(got, (100..100 + posted).collect::<Vec<_>>());
+    assert!(w.sh.log.lock().unwrap().is_empty(), "nothing started");
+}
+
 #[test]
 fn a_full_ring_answers_again_until_the_watcher_drains_it() {
     let w = World::new();
