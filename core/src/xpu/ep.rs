@@ -149,7 +149,8 @@ pub(crate) fn drain(
 }
 
 /// Closes `ring` (its endpoint is closing) and reports what it still held: each published
-/// descriptor `FI_ECANCELED` under its context; each position claimed but never published one
+/// descriptor `FI_ECANCELED` under its context; each torn slot as `drain` reports one (no
+/// context: nothing in it is trusted); each position claimed but never published one
 /// `FI_ECANCELED` entry without context (`XPU_FAULT_UNPUBLISHED`).
 pub(crate) fn cancel_all(ring: &DescRing, port: &dyn Port) {
     for left in ring.close() {
@@ -161,6 +162,17 @@ pub(crate) fn cancel_all(ring: &DescRing, port: &dyn Port) {
                     code: FI_ECANCELED,
                     err: FI_ECANCELED,
                     why: "endpoint closed before the descriptor was taken".into(),
+                },
+            ),
+            Left::Torn(pos) => port.xpu_fault(
+                0,
+                0,
+                &Fault {
+                    code: XPU_FAULT_TORN,
+                    err: FI_EINVAL,
+                    why: format!(
+                        "endpoint closed; torn descriptor at position {pos}: its check word is not this position's"
+                    ),
                 },
             ),
             Left::Unpublished(pos) => port.xpu_fault(

@@ -85,6 +85,9 @@ pub(crate) enum Took {
 pub(crate) enum Left {
     /// A published descriptor never taken.
     Published(XpuDesc),
+    /// A published slot whose check word is another position's (as `Took::Torn`): nothing
+    /// in it is trusted.
+    Torn(u64),
     /// A claimed position whose descriptor was never published.
     Unpublished(u64),
 }
@@ -205,7 +208,12 @@ impl DescRing {
             let want = pos.wrapping_add(1);
             if slot.0[0].load(Ordering::Acquire) == want {
                 let words = std::array::from_fn(|i| slot.0[i].load(Ordering::Relaxed));
-                out.push(Left::Published(XpuDesc::from_words(words)));
+                let d = XpuDesc::from_words(words);
+                out.push(if d.check == want as u32 {
+                    Left::Published(d)
+                } else {
+                    Left::Torn(pos)
+                });
             } else {
                 out.push(Left::Unpublished(pos));
             }

@@ -636,6 +636,16 @@ fn closing_cancels_what_the_rings_hold_and_an_unpublished_slot_is_named() {
         .store_word(1, u64::from(opcode::SEND));
     // Published behind it: never taken (the ring keeps its order), canceled at close.
     assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 3, 0, W), 0);
+    // A torn slot among them: reported as the drain would (no context), not under the
+    // context it claims.
+    let c = dev::claim(&x).unwrap();
+    c.write(&XpuDesc {
+        opcode: opcode::SEND,
+        context: 99,
+        ..Default::default()
+    });
+    c.store_word(2, (c.position() + 9) << 32);
+    c.publish();
     assert_eq!(
         dev::recv(
             &x,
@@ -667,10 +677,12 @@ fn closing_cancels_what_the_rings_hold_and_an_unpublished_slot_is_named() {
         vec![
             (0, FI_ECANCELED, XPU_FAULT_UNPUBLISHED),
             (3, FI_ECANCELED, FI_ECANCELED),
+            (0, FI_EINVAL, XPU_FAULT_TORN),
             (4, FI_ECANCELED, FI_ECANCELED),
         ]
     );
-    assert_eq!(errs[2].0.flags, FI_RECV | FI_MSG);
+    assert!(errs[2].1.contains("torn"), "{}", errs[2].1);
+    assert_eq!(errs[3].0.flags, FI_RECV | FI_MSG);
     assert_eq!(
         dev::send(&x, p(&buf), 8, desc, 0, 0, 5, 0, W),
         -FI_ESHUTDOWN
