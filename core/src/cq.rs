@@ -568,6 +568,12 @@ impl CqInner {
     /// Moves entries into the exported ring while it has room (errors first, as a read finds
     /// them first); what does not fit stays here, in order, for the next pump. Returns
     /// whether entries stay behind.
+    /// Whether entries may wait in the host queue (two loads; no lock): what an exported
+    /// ring's reader checks before it moves them itself.
+    pub(crate) fn may_hold_entries(&self) -> bool {
+        self.ready_hint.load(Ordering::Acquire) > 0 || self.has_errors.load(Ordering::Acquire)
+    }
+
     pub(crate) fn pump_xpu(&self) -> bool {
         let Some(x) = self.xpu.get() else {
             return false;

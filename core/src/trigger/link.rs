@@ -158,7 +158,8 @@ impl EpLink {
             }
         }
         n += crate::xpu::cntr::drain_all();
-        x.set_cq_backlog(self.port.xpu_pump());
+        let backlog = self.port.xpu_pump();
+        x.set_cq_backlog(crate::xpu::cq::pump_all() | backlog);
         n
     }
 

@@ -6,13 +6,13 @@
 //! in the host queue, in order, bounded by the queue's own size as always: nothing is lost,
 //! and the next pump after the XPU made room moves them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use super::abi::{CqRingHeader, CqSlot, FidXpu, XpuCqEntry, CQ_KIND_ERR, CQ_KIND_OK, CQ_WORDS};
 use super::abi::{FI_CLASS_CQ, FI_XPU_PROV_XFABRIC};
 use super::mem::{Block, XpuMemAlloc};
-use crate::cq::CompletionQueue;
+use crate::cq::{CompletionQueue, CqInner};
 use crate::entry::{CqErrEntry, CqTaggedEntry, FiAddr};
 use crate::error::{Error, Result};
 use crate::trigger::Xpu;
@@ -31,11 +31,42 @@ pub(crate) struct CqExport {
     tail: AtomicU64,
     /// Slots - 1, the host's own copy (a device may write its header).
     mask: u64,
+    /// The queue whose entries move here: a CPU XPU that finds the ring empty moves what
+    /// waits there itself (`xpu::device::cq_read`).
+    cq: Weak<CqInner>,
+}
+
+/// Every exported queue of the process, for the watchers to move what waits in them into
+/// their rings once the XPU made room (a queue bound to no exported endpoint has no watcher
+/// of its own).
+static EXPORTED: Mutex<Vec<Weak<CqInner>>> = Mutex::new(Vec::new());
+/// How many exported queues live (a watcher skips the registry when none does).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+impl Drop for CqExport {
+    fn drop(&mut self) {
+        LIVE.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Moves what waits in every exported queue into its ring, as far as each has room; whether
+/// some had to stay (the watcher then keeps looking).
+pub(crate) fn pump_all() -> bool {
+    if LIVE.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let live: Vec<Arc<CqInner>> = {
+        let mut v = EXPORTED.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        v.iter().filter_map(Weak::upgrade).collect()
+    };
+    live.iter().fold(false, |left, c| c.pump_xpu() | left)
 }
 
 impl CqExport {
     /// `slots` is a power of two within 2..=65536 (checked by the caller).
     fn new(
+        cq: &Arc<CqInner>,
         slots: usize,
         format: u32,
         xpu: Xpu,
@@ -47,12 +78,23 @@ impl CqExport {
         // SAFETY: the block is zero-filled, 64-aligned, `len` bytes, not yet shared: the
         // header is written before anyone reads it; zeroed slots are valid atomics.
         unsafe { mem.host_at(0).cast::<CqRingHeader>().write(header) };
+        // Counted from here: its drop uncounts it, also when another export came first.
+        LIVE.fetch_add(1, Ordering::AcqRel);
         Ok(Arc::new(CqExport {
             mem,
             xpu,
             tail: AtomicU64::new(0),
             mask: slots as u64 - 1,
+            cq: Arc::downgrade(cq),
         }))
+    }
+
+    /// Moves what waits in the host queue into the ring (`CqInner::pump_xpu`), if the queue
+    /// is still open.
+    pub(crate) fn pump(&self) {
+        if let Some(c) = self.cq.upgrade().filter(|c| c.may_hold_entries()) {
+            c.pump_xpu();
+        }
     }
 
     /// The shared header, through the host's address.
@@ -192,9 +234,23 @@ impl CompletionQueue {
             Some(x) => x.clone(),
             None => {
                 let alloc = inner.xpu_mem.get().cloned();
-                let fresh = CqExport::new(slots, self.format() as u32, xpu, alloc.as_deref())?;
+                let fresh =
+                    CqExport::new(inner, slots, self.format() as u32, xpu, alloc.as_deref())?;
                 // Another thread's export may have come first: its ring is the one.
-                inner.xpu.get_or_init(|| fresh).clone()
+                let mut first = false;
+                let shared = inner
+                    .xpu
+                    .get_or_init(|| {
+                        first = true;
+                        fresh
+                    })
+                    .clone();
+                if first {
+                    let mut v = EXPORTED.lock().unwrap_or_else(|e| e.into_inner());
+                    v.retain(|w| w.strong_count() > 0);
+                    v.push(Arc::downgrade(inner));
+                }
+                shared
             }
         };
         if shared.xpu != xpu {

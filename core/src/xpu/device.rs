@@ -475,6 +475,7 @@ fn cq_take(
         return -(FI_EOPNOTSUPP as isize);
     }
     let h = cq.header();
+    let mut pumped = false;
     loop {
         let head = h.head.load(Ordering::Acquire);
         let mut n = 0usize;
@@ -500,6 +501,13 @@ fn cq_take(
             }
         }
         if n == 0 {
+            // Nothing in the ring: what waits in the host queue (it did not fit when it
+            // came) is moved now, once, by this thread, a host thread like any CPU XPU, so
+            // that it does not wait for a watcher or for the next completion.
+            if !std::mem::replace(&mut pumped, true) {
+                cq.pump();
+                continue;
+            }
             return -(FI_EAGAIN as isize);
         }
         // Claimed only if no other thread moved the head meanwhile (then the host may have

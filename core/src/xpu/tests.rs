@@ -802,6 +802,46 @@ fn a_counter_drain_is_bounded() {
     assert_eq!(c.read(), posted as u64);
 }
 
+/// A queue exported but bound to no exported endpoint (no watcher looks at it): what did
+/// not fit its ring when it came is moved by the CPU XPU's own read once the ring is empty,
+/// with no host call and no later completion.
+#[test]
+fn an_exported_cq_without_a_watcher_delivers_what_did_not_fit() {
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let mut info = w.domain.info().clone();
+    info.caps = crate::trigger::testkit::ALL_CAPS;
+    let ep = w.domain.endpoint(&info).unwrap();
+    let cq = w
+        .domain
+        .cq_open(&CqAttr {
+            format: CqFormat::Tagged,
+            size: 64,
+            ..Default::default()
+        })
+        .unwrap();
+    let av = w.domain.av_open(&AvAttr::default()).unwrap();
+    let peer = av.insert_one(b"peer").unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    let q = cq.export_xpu_slots(Xpu::CPU, 2).unwrap();
+    let buf = vec![0u8; 8];
+    for i in 0..5 {
+        // SAFETY: `buf` outlives the sends (completed inline).
+        unsafe { ep.send(&buf, None, peer, 100 + i) }.unwrap();
+    }
+    let mut got = Vec::new();
+    let mut two = [CqTaggedEntry::default(); 2];
+    for _ in 0..10 {
+        match dev::cq_read(&q, &mut two, W) {
+            k if k > 0 => got.extend(two[..k as usize].iter().map(|e| e.op_context)),
+            k => assert_eq!(k, -(FI_EAGAIN as isize)),
+        }
+    }
+    assert_eq!(got, vec![100, 101, 102, 103, 104]);
+}
+
 #[test]
 fn an_exported_cq_keeps_what_does_not_fit_and_loses_nothing() {
     let w = World::new();
