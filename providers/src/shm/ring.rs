@@ -158,6 +158,13 @@ fn slot_ptr(seg: &Segment, lane: usize, idx: usize) -> *mut u8 {
     unsafe { seg.base().add(lane_off(lane) + LANE_HDR + idx * SLOT) }
 }
 
+/// The sequence word that publishes the message at position `pos`: never 0 (what a cleared
+/// word holds), and never the value the same slot held a lap before. Positions are counted
+/// from a lane's tail word, which a peer writes: the arithmetic wraps instead of trusting it.
+fn seq_at(pos: u64) -> u32 {
+    (pos % u64::from(u32::MAX)) as u32 + 1
+}
+
 fn seq_of(p: *mut u8) -> &'static AtomicU32 {
     // SAFETY: slots are 64-byte aligned inside a live mapping; callers keep the segment alive
     // for as long as they use the reference (it never escapes a method call).
@@ -349,8 +356,8 @@ impl Producer {
             seq_of(slot_ptr(seg, self.lane, next)).store(0, Ordering::Relaxed);
             self.dirty[next / 64] &= !(1 << (next % 64));
         }
-        seq_of(p).store(self.head as u32 + 1, Ordering::Release);
-        self.head += n as u64;
+        seq_of(p).store(seq_at(self.head), Ordering::Release);
+        self.head = self.head.wrapping_add(n as u64);
     }
 }
 
@@ -440,12 +447,12 @@ impl Consumer {
     /// The message at `pos`, at or past this consumer's position, if published (padding
     /// included), without parsing more than its slot header.
     pub fn raw_at(&self, seg: &Segment, lane: usize, pos: u64) -> Option<RawView> {
-        if pos < self.pos || pos - self.pos >= SLOTS as u64 {
+        if pos.wrapping_sub(self.pos) >= SLOTS as u64 {
             return None;
         }
         let idx = (pos % SLOTS as u64) as usize;
         let p = slot_ptr(seg, lane, idx);
-        if seq_of(p).load(Ordering::Acquire) != pos as u32 + 1 {
+        if seq_of(p).load(Ordering::Acquire) != seq_at(pos) {
             return None;
         }
         // SAFETY: published with release after the slot header was written.
@@ -467,7 +474,7 @@ impl Consumer {
         // Nothing is written into the slots handed back (the producer keeps what will be
         // polled there meaningful): their lines stay where they are until the producer
         // writes them again.
-        self.pos += n as u64;
+        self.pos = self.pos.wrapping_add(n as u64);
         // SAFETY: the tail word is 8-aligned inside the lane header.
         unsafe { seg.u64_at(tail_off(lane)) }.store(self.pos, Ordering::Release);
     }
@@ -476,7 +483,7 @@ impl Consumer {
 /// Whether the message at position `pos` of `lane` is published.
 pub fn published(seg: &Segment, lane: usize, pos: u64) -> bool {
     let p = slot_ptr(seg, lane, (pos % SLOTS as u64) as usize);
-    seq_of(p).load(Ordering::Acquire) == pos as u32 + 1
+    seq_of(p).load(Ordering::Acquire) == seq_at(pos)
 }
 
 /// The segment header's futex word.
@@ -625,6 +632,45 @@ mod tests {
         assert!(sent > 200 && got > 100);
     }
 
+    /// A lane whose tail word says 2^32 - 3 or 2^64 - 3 slots were read (a long life, or a
+    /// peer that wrote it): messages cross the sequence word's and the position's wrap, in
+    /// order, with no overflow and no stale slot taken for a published one.
+    #[test]
+    fn positions_wrap_past_the_sequence_and_the_counter() {
+        for start in [u64::from(u32::MAX) - 2, u64::MAX - 2] {
+            let seg = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
+            init_header(&seg, 1);
+            let lane = claim_lane(&seg, 7).unwrap();
+            // SAFETY: the tail word is 8-aligned inside the lane header.
+            unsafe { seg.u64_at(tail_off(lane)) }.store(start, Ordering::Release);
+            let mut p = Producer::new(&seg, lane);
+            let mut c = Consumer::attach(&seg, lane);
+            for i in 0u32..3 * SLOTS as u32 {
+                let len = [8, 100, 8, 1000][i as usize % 4];
+                assert!(p.write_raw(&seg, 20, 0, len, 0, |b| {
+                    b[..4].copy_from_slice(&i.to_le_bytes())
+                }));
+                loop {
+                    let v = c.raw_at(&seg, lane, c.pos()).expect("published");
+                    let pad = v.kind == kind::PAD;
+                    if !pad {
+                        assert_eq!(v.kind, 20);
+                        // SAFETY: before the consumer advances.
+                        assert_eq!(unsafe { &v.bytes()[..4] }, i.to_le_bytes(), "from {start}");
+                    }
+                    c.advance_slots(&seg, lane, v.slots());
+                    if !pad {
+                        break;
+                    }
+                }
+                assert!(
+                    c.raw_at(&seg, lane, c.pos()).is_none(),
+                    "a stale slot at {i}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn consumed_slots_never_read_as_published() {
         let seg = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
@@ -647,7 +693,7 @@ mod tests {
                 8
             };
             let at = p.head + p.pad_for(raw_slots_for(len)) as u64;
-            let lap = |j: usize| ((at + j as u64 + SLOTS as u64) as u32 + 1).to_le_bytes();
+            let lap = |j: usize| seq_at(at + j as u64 + SLOTS as u64).to_le_bytes();
             assert!(p.write_raw(&seg, 20, 0, len, 0, |b| {
                 for j in 1..raw_slots_for(len) {
                     if let Some(w) = b.get_mut(j * SLOT - RAW_HDR..j * SLOT - RAW_HDR + 4) {
