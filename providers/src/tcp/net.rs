@@ -1651,22 +1651,30 @@ impl Net {
     /// Drops what took too long to come up.
     fn expire(&mut self) -> usize {
         let now = Instant::now();
+        let timeout = self.timeout;
+        let is_late = |c: &Conn| {
+            let limit = if c.st == St::Greet {
+                GREET_TIMEOUT.min(timeout)
+            } else {
+                timeout
+            };
+            c.st != St::Up && now.duration_since(c.since) >= limit
+        };
         let late: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| {
-                let limit = if c.st == St::Greet {
-                    GREET_TIMEOUT.min(self.timeout)
-                } else {
-                    self.timeout
-                };
-                c.st != St::Up && now.duration_since(c.since) >= limit
-            })
+            .filter(|(_, c)| is_late(c))
             .map(|(k, _)| k)
             .collect();
-        let mut n = late.len();
+        let mut n = 0;
         for k in late {
-            let c = &self.conns[k];
+            // Failing one connection may have removed another of the list (a call-back
+            // failing rejects the connection it checked), and its key may hold a new one by
+            // now: each is looked at again.
+            let Some(c) = self.conns.get(k).filter(|c| is_late(c)) else {
+                continue;
+            };
+            n += 1;
             if c.st == St::Greet {
                 warn!(from = ?c.sock.peer_addr().ok(), "tcp: no HELLO in time; dropping the connection");
             }

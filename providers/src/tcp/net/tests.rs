@@ -535,6 +535,53 @@ fn silent_connections_time_out() {
     assert_eq!(a.conns.len(), 0);
 }
 
+/// A stranger's HELLO claims an address that takes the call-back's connection and never
+/// answers it; both the stranger's connection and the call-back time out together. Two
+/// connections opened and closed first leave the call-back a lower key than the connection it
+/// checks, so that failing the call-back (which refuses the stranger) comes first: the
+/// stranger's connection, already gone, is passed over, not looked up.
+#[test]
+fn a_call_back_and_its_claimant_timing_out_together() {
+    let mut a = Net::bind(lo()).unwrap();
+    a.set_handshake_timeout(Duration::from_millis(100));
+    let mut ha = Rec::default();
+    // Whether both are late in one look depends on the timing: tried ten times.
+    for _ in 0..10 {
+        let mut dummies: Vec<StdStream> = (0..2)
+            .map(|_| StdStream::connect(a.local_addr()).unwrap())
+            .collect();
+        let start = Instant::now();
+        while a.conns.len() < 2 {
+            a.progress(&mut ha);
+            assert!(start.elapsed() < LIMIT, "dummies not accepted");
+        }
+        // Closed in order, each gone before the next: the last freed key is taken first.
+        for d in dummies.drain(..) {
+            let before = a.conns.len();
+            drop(d);
+            while a.conns.len() == before {
+                a.progress(&mut ha);
+                assert!(start.elapsed() < LIMIT, "a dummy kept");
+            }
+        }
+        // A listener that takes the call-back's connection (the kernel does) and says
+        // nothing.
+        let mute = StdListener::bind(lo()).unwrap();
+        let mut s = StdStream::connect(a.local_addr()).unwrap();
+        s.write_all(&hello(mute.local_addr().unwrap(), 99)).unwrap();
+        s.set_nonblocking(true).unwrap();
+        while !closed(&mut s) {
+            a.progress(&mut ha);
+            assert!(start.elapsed() < LIMIT, "the stranger kept");
+        }
+        let start = Instant::now();
+        while !a.conns.is_empty() {
+            a.progress(&mut ha);
+            assert!(start.elapsed() < LIMIT, "the call-back kept");
+        }
+    }
+}
+
 #[test]
 fn refused_then_reconnects() {
     let gone = Net::bind(lo()).unwrap().local_addr();
