@@ -197,6 +197,11 @@ struct Peer {
     owed: usize,
     /// Lost a simultaneous connect: its connection to us should arrive before this.
     wait_until: Option<Instant>,
+    /// Losses reported to the handler's queue (`Report::Lost`) and not yet handed to it:
+    /// until then the engine still counts frames to this peer as its own to fail, so none
+    /// is taken (a frame taken now would go out on a new connection after the engine
+    /// reported its operation failed, its memory maybe the application's again).
+    losing: u32,
 }
 
 /// What `progress` reports through the handler, in the order it happened.
@@ -401,6 +406,9 @@ fn send_small(fd: RawFd, b: &[u8]) -> io::Result<bool> {
 /// reading holds back its senders through `queued`, not here).
 impl xfabric_core::rdm::Transport for Net {
     fn send(&mut self, t: Transmit) -> std::result::Result<(), Transmit> {
+        if self.peers.get(t.peer).is_some_and(|p| p.losing > 0) {
+            return Err(t);
+        }
         Net::send(self, t);
         Ok(())
     }
@@ -480,6 +488,7 @@ impl Net {
             queued: 0,
             owed: 0,
             wait_until: None,
+            losing: 0,
         });
         self.by_addr.insert(addr, p);
         p
@@ -754,7 +763,10 @@ impl Net {
                 Report::Sent(p, t) => h.on_sent(p, t),
                 Report::Lost(p, e) => {
                     let addr = self.peers.get(p).map(|x| &x.addr as &dyn PeerName);
-                    h.on_lost(p, addr, e)
+                    h.on_lost(p, addr, e);
+                    if let Some(x) = self.peers.get_mut(p) {
+                        x.losing = x.losing.saturating_sub(1);
+                    }
                 }
             }
             n += 1;
@@ -1645,6 +1657,7 @@ impl Net {
         if peer.wait_until.take().is_some() {
             self.settling -= 1;
         }
+        peer.losing += 1;
         self.reports.push_back(Report::Lost(p, e));
     }
 

@@ -582,6 +582,43 @@ fn a_call_back_and_its_claimant_timing_out_together() {
     }
 }
 
+/// A write that finds the peer reset loses it; until the loss is handed to the engine, the
+/// transport takes no frame for that peer (the engine keeps it, and fails it with the rest),
+/// so that nothing goes out on a new connection after its operation was reported failed.
+#[test]
+fn no_frame_is_taken_for_a_peer_lost_and_not_yet_reported() {
+    use xfabric_core::rdm::Transport;
+    let mut a = Net::bind(lo()).unwrap();
+    let mut b = Net::bind(lo()).unwrap();
+    let (mut ha, mut hb) = (Rec::default(), Rec::default());
+    let pb = a.peer(b.local_addr());
+    a.send(msg(pb, 0, Body::Owned(vec![1; 10]), None));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "first frame",
+        |h| h[1].got.len() == 1,
+    );
+    drop(b);
+    let start = Instant::now();
+    let mut id = 1;
+    while a.peers[pb].losing == 0 {
+        // Written at once on the connection (nothing queued): the write finds the reset.
+        assert!(Transport::send(&mut a, msg(pb, id, Body::Owned(vec![2; 64 << 10]), None)).is_ok());
+        id += 1;
+        assert!(start.elapsed() < LIMIT, "the reset never found");
+    }
+    let back = Transport::send(&mut a, msg(pb, id, Body::Owned(vec![3; 10]), None));
+    assert!(
+        back.is_err(),
+        "a frame taken for a peer lost and not yet reported"
+    );
+    assert!(a.peers[pb].queue.is_empty(), "frames kept for a lost peer");
+    a.progress(&mut ha);
+    assert!(ha.lost.iter().any(|&(p, _)| p == pb), "the loss reported");
+    assert_eq!(a.peers[pb].losing, 0);
+    assert!(Transport::send(&mut a, msg(pb, id + 1, Body::Owned(vec![4; 10]), None)).is_ok());
+}
+
 #[test]
 fn refused_then_reconnects() {
     let gone = Net::bind(lo()).unwrap().local_addr();
