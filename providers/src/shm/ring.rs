@@ -530,10 +530,14 @@ pub fn init_header(seg: &Segment, cookie: u64) {
 }
 
 /// The owner's pid if cross-memory attach through it reaches this very segment: the cookie
-/// read through the pid at the owner's address equals the cookie as we see it. With it, if
-/// `pidfd`, a pidfd of that very process where the kernel has them (opened before the
-/// check: a pid that held the cookie after the pidfd was opened held it when it was, since a
-/// process keeps its pid from birth and the owner was born before its segment).
+/// read through the pid at the owner's address equals the cookie as we see it, and that
+/// process maps this very file (device and inode) at that address, from its start. The
+/// header's words are the peer's: a segment that copies another process's pid, base and
+/// cookie (this process's own included) names memory of that process, not itself, and
+/// would make our copies write there. With it, if `pidfd`, a pidfd of that very process
+/// where the kernel has them (opened before the checks: a pid that held the cookie after
+/// the pidfd was opened held it when it was, since a process keeps its pid from birth and
+/// the owner was born before its segment).
 pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::OwnedFd>)> {
     // SAFETY: fixed aligned offsets in the header.
     let (pid, base, cookie) = unsafe {
@@ -558,7 +562,42 @@ pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::
     // SAFETY: writes 8 bytes into `seen`; the remote address is only dereferenced by the
     // kernel, in `pid`.
     let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-    (n == 8 && seen == cookie && cookie != 0).then_some((pid, pidfd))
+    let cookie_ok = n == 8 && seen == cookie && cookie != 0;
+    (cookie_ok && maps_at(pid, base, seg.file_id()?)).then_some((pid, pidfd))
+}
+
+/// Whether process `pid` maps the file `(dev, ino)` at `base`, from the file's start
+/// (`/proc/<pid>/maps`, readable for a process of the same user; ptrace restrictions on
+/// attaching do not apply to it).
+fn maps_at(pid: i32, base: u64, (dev, ino): (u64, u64)) -> bool {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    let (major, minor) = (libc::major(dev) as u64, libc::minor(dev) as u64);
+    maps.lines().any(|l| {
+        // start-end perms offset major:minor inode [path]
+        let mut f = l.split_ascii_whitespace();
+        let (Some(range), Some(_), Some(off), Some(mm), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            return false;
+        };
+        let hex = |s: &str| u64::from_str_radix(s, 16).ok();
+        let (Some((start, end)), Some(off), Some((ma, mi)), Ok(inode)) = (
+            range
+                .split_once('-')
+                .and_then(|(a, b)| Some((hex(a)?, hex(b)?))),
+            hex(off),
+            mm.split_once(':')
+                .and_then(|(a, b)| Some((hex(a)?, hex(b)?))),
+            inode.parse::<u64>(),
+        ) else {
+            return false;
+        };
+        (start..end).contains(&base)
+            && off.checked_add(base - start) == Some(0)
+            && (ma, mi, inode) == (major, minor, ino)
+    })
 }
 
 /// Whether a mapped segment has this layout.
@@ -671,6 +710,35 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A segment's header is its owner's word for who it is: one that copies another
+    /// segment's pid, base and cookie (here this process's own, which cross-memory attach
+    /// always reaches) is not verified as that process; the real one is.
+    #[test]
+    fn a_copied_header_is_not_verified_as_its_owner() {
+        let real = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
+        init_header(&real, 0x1234_5678);
+        let seen = Segment::open(real.name(), SEG_BYTES).unwrap();
+        let Some((pid, _)) = verified(&seen, false) else {
+            eprintln!("cross-memory attach is refused here: nothing to check");
+            return;
+        };
+        assert_eq!(pid, std::process::id() as i32);
+        let fake = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
+        init_header(&fake, 1);
+        for off in [OFF_BASE, OFF_COOKIE] {
+            // SAFETY: fixed aligned offsets in the headers.
+            unsafe { fake.u64_at(off) }.store(
+                unsafe { real.u64_at(off) }.load(Ordering::Relaxed),
+                Ordering::Relaxed,
+            );
+        }
+        let fake_seen = Segment::open(fake.name(), SEG_BYTES).unwrap();
+        assert!(
+            verified(&fake_seen, false).is_none(),
+            "a copied header verified"
+        );
     }
 
     #[test]
