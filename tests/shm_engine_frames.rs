@@ -14,7 +14,7 @@ use xfabric::*;
 use xfabric_core::rdm::wire::{self, Frame, Prefix};
 use xfabric_core::rdm::Desc;
 use xfabric_core::{RmaIov, RmaIovList};
-use xfabric_providers::shm::raw::{RawPeer, FRAME, PIECE, RELEASE};
+use xfabric_providers::shm::raw::{NamelessClaim, RawPeer, FRAME, PIECE, RELEASE};
 
 const CAPS: u64 = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV;
 
@@ -485,4 +485,34 @@ fn wrapping_descriptors_and_a_lying_header_neither_panic_nor_stop_the_endpoint()
     serves_a_good_peer(&n, &addr);
     drop((liar, raw));
     drop(mr);
+}
+
+/// Every lane of an endpoint claimed by a process that never names itself: new peers are
+/// refused a lane meanwhile, and get one once the endpoint has released the nameless lanes
+/// (after `NAMELESS_LANE_MS` of its progress, by time), while a lane that named its peer
+/// stays.
+#[test]
+fn lanes_claimed_without_a_name_are_released_by_time() {
+    setup();
+    let n = node(CAPS, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let named = RawPeer::connect(&addr, None).expect("raw peer");
+    let mut claims = Vec::new();
+    while let Some(c) = NamelessClaim::claim(&addr).expect("claim") {
+        claims.push(c);
+    }
+    assert!(!claims.is_empty());
+    assert!(RawPeer::connect(&addr, None).is_err(), "a lane left free");
+    let start = std::time::Instant::now();
+    while claims.iter().any(NamelessClaim::claimed) {
+        drain(&n);
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "nameless lanes kept"
+        );
+    }
+    assert!(named.lane_claimed(), "the named peer's lane was released");
+    let again = RawPeer::connect(&addr, None).expect("a lane after the release");
+    drain(&n);
+    assert!(again.lane_claimed());
 }

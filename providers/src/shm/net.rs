@@ -76,6 +76,11 @@ const REQUEST_CTRL: usize = 64;
 /// Milliseconds between looks for dead peers while anything could wait on one.
 pub const SWEEP_EVERY_MS: u64 = 20;
 
+/// How long a lane may stay claimed with no CONNECT taken from it: a sender that died between
+/// claiming a lane and naming itself, or a process that claims lanes and never says who it
+/// is, holds no lane longer (a live sender names itself right after it claims).
+pub const NAMELESS_LANE_MS: u64 = 1000;
+
 /// A frame copied out of a lane, waiting for the engine to take it.
 struct Held {
     prefix: Prefix,
@@ -173,6 +178,9 @@ pub struct Net {
     /// Lanes whose head frame waits for the engine (flow control): not read further.
     stalled: u64,
     known_active: u64,
+    /// When each lane was first seen claimed with no CONNECT taken from it (coarse ms; 0:
+    /// not such a lane): one left so for `NAMELESS_LANE_MS` is released by a sweep.
+    nameless_since: [u64; LANES],
     /// Peers with a partly written frame.
     pumping: Vec<PeerId>,
     /// Tokens of frames handed over whole, for `Engine::on_sent`.
@@ -313,6 +321,7 @@ impl Net {
             rx: std::array::from_fn(|_| None),
             stalled: 0,
             known_active: 0,
+            nameless_since: [0; LANES],
             pumping: Vec::new(),
             sent: Vec::new(),
             wrote: false,
@@ -1076,6 +1085,7 @@ impl Net {
         };
         self.idle.next_sweep.store(next, Ordering::Relaxed);
         self.drain_fds();
+        self.release_nameless(now);
         for p in 0..self.links.len() {
             let l = &self.links[p];
             // A peer whose segment could not be opened when it connected (gone already, say)
@@ -1089,6 +1099,26 @@ impl Net {
                 "its segment is gone"
             };
             self.lose(g, p, why);
+        }
+    }
+
+    /// Releases the lanes claimed for `NAMELESS_LANE_MS` with no CONNECT taken from them
+    /// (`now`: the coarse clock; u64::MAX when it could not be read, and nothing is released).
+    fn release_nameless(&mut self, now: u64) {
+        if now == u64::MAX {
+            return;
+        }
+        for lane in 0..LANES {
+            let nameless = self.known_active & (1 << lane) != 0 && self.lane_peer[lane].is_none();
+            if !nameless {
+                self.nameless_since[lane] = 0;
+            } else if self.nameless_since[lane] == 0 {
+                self.nameless_since[lane] = now.max(1);
+            } else if now.saturating_sub(self.nameless_since[lane]) >= NAMELESS_LANE_MS {
+                tracing::warn!(lane, "shm: releasing a lane claimed without a CONNECT");
+                self.nameless_since[lane] = 0;
+                self.drop_lane(lane);
+            }
         }
     }
 

@@ -18,6 +18,32 @@ pub use super::ring::ARMED_SLOTS;
 use super::ring::{self, kind, Consumer, Header, Producer};
 use super::segment::{fresh_name, Segment};
 
+/// A lane claimed in another endpoint's segment with nothing ever written into it, as by a
+/// sender that died right after claiming, or a process that claims lanes and never names
+/// itself.
+pub struct NamelessClaim {
+    target: Segment,
+    lane: usize,
+}
+
+impl NamelessClaim {
+    /// Claims a free lane of the segment `addr` names; `None` when none is free.
+    pub fn claim(addr: &[u8]) -> Result<Option<NamelessClaim>> {
+        let name = std::str::from_utf8(addr)
+            .ok()
+            .and_then(|s| s.strip_prefix(ADDR_PREFIX))
+            .ok_or_else(|| Error::Inval("raw peer: not an shm address".into()))?;
+        let target = Segment::open(name, ring::SEG_BYTES)?;
+        let id = 0xdead_0000 | u64::from(std::process::id());
+        Ok(ring::claim_lane(&target, id).map(|lane| NamelessClaim { target, lane }))
+    }
+
+    /// Whether the target still has the lane claimed.
+    pub fn claimed(&self) -> bool {
+        ring::claim(&self.target, self.lane).load(Ordering::Acquire) != 0
+    }
+}
+
 /// A peer made of a segment that looks like an endpoint's and one lane in the target's.
 pub struct RawPeer {
     own: Segment,
