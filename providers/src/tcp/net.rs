@@ -1610,6 +1610,21 @@ impl Net {
             }
         }
         let _ = self.poll.registry().deregister(&mut c.sock);
+        if c.st == St::Vetting {
+            // Its call-back goes with it: a stranger closing (or evicted) while its claim is
+            // checked must not leave our connection to the address it named behind, one more
+            // each time it comes back.
+            let target = Some((k, c.serial));
+            let orphans: Vec<usize> = self
+                .conns
+                .iter()
+                .filter(|(_, x)| x.vouch_for == target)
+                .map(|(v, _)| v)
+                .collect();
+            for v in orphans {
+                self.remove_conn(v);
+            }
+        }
     }
 
     /// A connection failed: its peer is lost if it carried the peer's frames either way.

@@ -619,6 +619,72 @@ fn no_frame_is_taken_for_a_peer_lost_and_not_yet_reported() {
     assert!(Transport::send(&mut a, msg(pb, id + 1, Body::Owned(vec![4; 10]), None)).is_ok());
 }
 
+/// A listening socket whose accept queue is full: a connection to it hangs (its SYNs are
+/// dropped), as to an address that black-holes them. Its address, and what keeps it full.
+fn black_hole() -> (SocketAddr, Vec<StdStream>, std::os::fd::OwnedFd) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor this function owns; `sa` is a valid
+    // sockaddr_in for 127.0.0.1, port 0.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        let owned = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let mut sa: libc::sockaddr_in = std::mem::zeroed();
+        sa.sin_family = libc::AF_INET as libc::sa_family_t;
+        sa.sin_addr.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        assert_eq!(
+            libc::bind(fd, (&sa as *const libc::sockaddr_in).cast(), len),
+            0
+        );
+        assert_eq!(libc::listen(fd, 0), 0);
+        let mut got: libc::sockaddr_in = std::mem::zeroed();
+        let mut glen = len;
+        assert_eq!(
+            libc::getsockname(fd, (&mut got as *mut libc::sockaddr_in).cast(), &mut glen),
+            0
+        );
+        let addr = SocketAddr::from(([127, 0, 0, 1], u16::from_be(got.sin_port)));
+        // A backlog of 0 takes one connection; a second fills the queue past it.
+        let fill = (0..2)
+            .filter_map(|_| StdStream::connect_timeout(&addr, Duration::from_millis(200)).ok())
+            .collect();
+        (addr, fill, owned)
+    }
+}
+
+/// A stranger whose claim is being checked closes its connection while the call-back to
+/// the address it named still hangs: the call-back goes with it, at once, not when the
+/// handshake's time runs out (a stranger coming back again and again would otherwise leave
+/// one more each time).
+#[test]
+fn a_call_back_goes_with_the_connection_it_checks() {
+    let mut a = Net::bind(lo()).unwrap();
+    a.set_handshake_timeout(Duration::from_secs(600));
+    let mut ha = Rec::default();
+    let (hole, _fill, _keep) = black_hole();
+    for round in 0..3 {
+        let mut s = StdStream::connect(a.local_addr()).unwrap();
+        s.write_all(&hello(hole, 99)).unwrap();
+        let start = Instant::now();
+        // The stranger's connection and its call-back.
+        while a.conns.len() < 2 {
+            a.progress(&mut ha);
+            assert!(start.elapsed() < LIMIT, "round {round}: no call-back");
+        }
+        drop(s);
+        while !a.conns.is_empty() {
+            a.progress(&mut ha);
+            assert!(
+                start.elapsed() < LIMIT,
+                "round {round}: {} connection(s) left",
+                a.conns.len()
+            );
+        }
+        assert_eq!(a.settling, 0);
+    }
+}
+
 #[test]
 fn refused_then_reconnects() {
     let gone = Net::bind(lo()).unwrap().local_addr();
