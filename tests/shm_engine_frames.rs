@@ -516,3 +516,38 @@ fn lanes_claimed_without_a_name_are_released_by_time() {
     drain(&n);
     assert!(again.lane_claimed());
 }
+
+/// Mappings of this process of segments since removed from /dev/shm.
+fn deleted_segment_maps() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .expect("/proc/self/maps")
+        .lines()
+        .filter(|l| l.contains("/dev/shm/") && l.ends_with("(deleted)"))
+        .count()
+}
+
+/// Peers that connect and go, one after another (a process naming a new segment each time,
+/// or peers that crash): each one's segment is unmapped once what it wrote was read, so the
+/// endpoint does not keep one more mapping per peer that ever came.
+#[test]
+fn gone_peers_segments_are_unmapped() {
+    setup();
+    let n = node(CAPS, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let before = deleted_segment_maps();
+    const PEERS: usize = 40;
+    for _ in 0..PEERS {
+        let raw = RawPeer::connect(&addr, None).expect("raw peer");
+        drain(&n);
+        drop(raw);
+    }
+    let start = std::time::Instant::now();
+    while deleted_segment_maps() > before {
+        drain(&n);
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "{} mappings of gone peers' segments kept",
+            deleted_segment_maps() - before
+        );
+    }
+}

@@ -76,6 +76,11 @@ const REQUEST_CTRL: usize = 64;
 /// Milliseconds between looks for dead peers while anything could wait on one.
 pub const SWEEP_EVERY_MS: u64 = 20;
 
+/// Most peers an endpoint knows (dead ones included: their ids stay the engine's). Far past
+/// the processes of one host; a bound on what CONNECTs naming ever new segments can make us
+/// keep.
+pub const MAX_LINKS: usize = 4096;
+
 /// How long a lane may stay claimed with no CONNECT taken from it: a sender that died between
 /// claiming a lane and naming itself, or a process that claims lanes and never says who it
 /// is, holds no lane longer (a live sender names itself right after it claims).
@@ -353,6 +358,11 @@ impl Net {
     pub fn peer_by_name(&mut self, name: &str) -> Result<PeerId> {
         if let Some(&p) = self.by_name.get(name) {
             return Ok(p);
+        }
+        if self.links.len() >= MAX_LINKS {
+            // Peers are never forgotten (the engine keeps their ids): a process naming new
+            // segments over and over must not make us map without end.
+            return Err(Error::Again("shm: peer table full"));
         }
         let seg = Segment::open(name, ring::SEG_BYTES)?;
         if !ring::check_header(&seg) {
@@ -691,6 +701,17 @@ impl Net {
             && c.raw_at(&self.seg, lane, c.pos()).is_none()
         {
             self.drop_lane(lane);
+            self.unmap_dead(p);
+        }
+    }
+
+    /// Unmaps the segment of `p`, dead, once nothing it wrote is left to read: a peer that
+    /// died (or closed) pins no memory here until our endpoint closes.
+    fn unmap_dead(&mut self, p: PeerId) {
+        let l = &mut self.links[p];
+        if l.dead && l.rx_lane.is_none() {
+            l.prod = None;
+            l.seg = None;
         }
     }
 
@@ -1178,6 +1199,9 @@ impl Net {
         }
         g.on_lost(p, Some(&Seg(&self.links[p].name)), err);
         self.end_splits(g.engine, Some(p), err);
+        // With no lane from it, nothing of it is left to read (one still being read is
+        // unmapped once drained: `release_if_gone`).
+        self.unmap_dead(p);
     }
 
     /// Whether the mirrors `publish` last refreshed are still current after a send written
