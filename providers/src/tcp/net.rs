@@ -835,9 +835,11 @@ impl Net {
     /// connector's HELLO is usually there already), so a flood of strangers that makes room
     /// for itself by dropping the oldest in bring-up rarely drops a real peer.
     fn accept<H: Handler>(&mut self, h: &mut H) -> usize {
+        /// Most connections one call accepts.
+        const ACCEPT_BATCH: usize = 64;
         self.accept_retry = None;
         let mut n = 0;
-        loop {
+        for _ in 0..ACCEPT_BATCH {
             match self.listener.accept() {
                 Ok((s, from)) => n += self.admit(s, from, h),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return n,
@@ -866,6 +868,11 @@ impl Net {
                 }
             }
         }
+        // A flood keeps the queue full: the rest waits for the next call (the listener raises
+        // no new edge for it, so it is looked at again by time, at once), and one call stays
+        // bounded.
+        self.accept_retry = Some(Instant::now());
+        n
     }
 
     /// One accepted connection: within the bounds on bring-up (dropping the oldest inbound

@@ -685,6 +685,26 @@ fn a_call_back_goes_with_the_connection_it_checks() {
     }
 }
 
+/// A burst of connections waiting in the listen queue is taken a bounded number per call:
+/// one progress call is not held by a flood, and the rest are taken by the next calls.
+#[test]
+fn accepts_are_bounded_per_call() {
+    let mut a = Net::bind(lo()).unwrap();
+    let mut ha = Rec::default();
+    let clients: Vec<StdStream> = (0..100)
+        .map(|_| StdStream::connect(a.local_addr()).unwrap())
+        .collect();
+    let first = a.accept(&mut ha);
+    assert!(first <= 64, "one call admitted {first}");
+    assert!(a.accept_retry.is_some(), "the rest is not looked at again");
+    let start = Instant::now();
+    while a.accept_retry.is_some() {
+        a.progress(&mut ha);
+        assert!(start.elapsed() < LIMIT, "the listen queue never drained");
+    }
+    drop(clients);
+}
+
 #[test]
 fn refused_then_reconnects() {
     let gone = Net::bind(lo()).unwrap().local_addr();
