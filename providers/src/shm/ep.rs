@@ -189,7 +189,8 @@ impl Wire for Net {
 
     fn bell(&self) -> Result<ShmBell> {
         Ok(ShmBell {
-            seg: Segment::open(&self.name, ring::SEG_BYTES)?,
+            // The file we own, not what has its name by now.
+            seg: self.seg.reopen()?,
             idle: self.idle.clone(),
             wake_sock: OnceLock::new(),
         })

@@ -109,6 +109,16 @@ impl Segment {
         Self::map(name, file, len, false)
     }
 
+    /// Another mapping of this very file (not of whatever has its name now: the name is in a
+    /// world-writable directory), never the owner's (dropping it unlinks nothing).
+    pub fn reopen(&self) -> Result<Self> {
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|e| Error::from_io(format!("shm: dup {}", self.name), e))?;
+        Self::map(&self.name, file, self.len, false)
+    }
+
     fn map(name: &str, file: File, len: usize, owner: bool) -> Result<Self> {
         if len == 0 {
             return Err(Error::PeerLost(format!(
@@ -346,6 +356,28 @@ mod tests {
         drop(own);
         assert!(!peer.owner_alive());
         assert!(!path_of(&name).exists());
+    }
+
+    /// A second mapping of an endpoint's own segment is of the file it holds, whatever was
+    /// put under its name since; and dropping it unlinks nothing.
+    #[test]
+    fn reopen_maps_the_file_held_not_the_name() {
+        let name = fresh_name();
+        let own = Segment::create(&name, 8192).unwrap();
+        // SAFETY: offset 64 is aligned and inside the mapping.
+        unsafe { own.u64_at(64) }.store(42, Ordering::Release);
+        // Someone swaps the file under the name.
+        std::fs::remove_file(path_of(&name)).unwrap();
+        std::fs::write(path_of(&name), [7u8; 8192]).unwrap();
+        let again = own.reopen().unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { again.u64_at(64) }.load(Ordering::Acquire), 42);
+        drop(again);
+        assert!(
+            path_of(&name).exists(),
+            "a second mapping unlinked the name"
+        );
+        std::fs::remove_file(path_of(&name)).unwrap();
     }
 
     #[test]
