@@ -9,10 +9,11 @@
 //! `FI_XPU_TRIGGER` in the process looks at every exported counter's ring when it runs.
 
 use std::mem::size_of;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
 use super::abi::{opcode, CntrMirror, FidXpu, FI_CLASS_CNTR, FI_XPU_PROV_XFABRIC};
+use super::exports::Exports;
 use super::mem::Block;
 use super::ring::{DescRing, Taken, RING_DEFAULT_SLOTS};
 use crate::cntr::{CntrInner, Counter};
@@ -35,13 +36,11 @@ pub(crate) struct CntrExport {
 }
 
 /// Every exported counter of the process, for the watchers to drain.
-static EXPORTED: Mutex<Vec<Weak<CntrExport>>> = Mutex::new(Vec::new());
-/// How many exported counters live (a watcher skips the registry when none does).
-static LIVE: AtomicUsize = AtomicUsize::new(0);
+static EXPORTED: Exports<CntrExport> = Exports::new();
 
 impl Drop for CntrExport {
     fn drop(&mut self) {
-        LIVE.fetch_sub(1, Ordering::AcqRel);
+        EXPORTED.gone();
     }
 }
 
@@ -81,7 +80,7 @@ impl CntrExport {
                 .write(CntrMirror::new(ring.ctx()))
         };
         // Counted from here: its drop uncounts it, also when another export came first.
-        LIVE.fetch_add(1, Ordering::AcqRel);
+        EXPORTED.born();
         Ok(CntrExport {
             mirror,
             ring,
@@ -126,29 +125,17 @@ impl CntrExport {
 
 /// Whether any exported counter lives (the watcher then keeps looking).
 pub(crate) fn any() -> bool {
-    LIVE.load(Ordering::Acquire) > 0
+    EXPORTED.any()
 }
 
 /// Drains every exported counter's ring; returns how many descriptors were applied.
 pub(crate) fn drain_all() -> usize {
-    if !any() {
-        return 0;
-    }
-    let live: Vec<Arc<CntrExport>> = {
-        let mut v = EXPORTED.lock().unwrap_or_else(|e| e.into_inner());
-        v.retain(|w| w.strong_count() > 0);
-        v.iter().filter_map(Weak::upgrade).collect()
-    };
-    live.iter().map(|x| x.drain()).sum()
+    EXPORTED.alive().iter().map(|x| x.drain()).sum()
 }
 
 /// The next slot's publishing words of every exported counter's ring, for a watcher's spin.
 pub(crate) fn any_ready() -> bool {
-    if !any() {
-        return false;
-    }
-    let v = EXPORTED.lock().unwrap_or_else(|e| e.into_inner());
-    v.iter().filter_map(Weak::upgrade).any(|x| x.ring.ready())
+    EXPORTED.any_where(|x| x.ring.ready())
 }
 
 /// `struct fid_xpu_cntr` and what keeps its shared memory alive. Its head is `struct fid_xpu`
@@ -215,10 +202,7 @@ impl Counter {
                     })
                     .clone();
                 if let Some(f) = fresh {
-                    EXPORTED
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(Arc::downgrade(&f));
+                    EXPORTED.add(Arc::downgrade(&f));
                 }
                 x
             }

@@ -1,16 +1,17 @@
 //! An exported completion queue: its entries copied into a ring an XPU reads.
 //!
 //! The host queue stays what providers write to. Every time an entry is added (and every time
-//! an exported endpoint's watcher runs) entries move, errors first, into the ring while it has
+//! a watcher runs, or a CPU XPU's read finds the ring empty) entries move, errors first, into the ring while it has
 //! room. The XPU consumes them and writes its `head` back. When the ring is full, entries stay
 //! in the host queue, in order, bounded by the queue's own size as always: nothing is lost,
 //! and the next pump after the XPU made room moves them.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 use super::abi::{CqRingHeader, CqSlot, FidXpu, XpuCqEntry, CQ_KIND_ERR, CQ_KIND_OK, CQ_WORDS};
 use super::abi::{FI_CLASS_CQ, FI_XPU_PROV_XFABRIC};
+use super::exports::Exports;
 use super::mem::{Block, XpuMemAlloc};
 use crate::cq::{CompletionQueue, CqInner};
 use crate::entry::{CqErrEntry, CqTaggedEntry, FiAddr};
@@ -37,30 +38,23 @@ pub(crate) struct CqExport {
 }
 
 /// Every exported queue of the process, for the watchers to move what waits in them into
-/// their rings once the XPU made room (a queue bound to no exported endpoint has no watcher
+/// their rings once the XPU made room (a queue bound to no endpoint with a watcher has none
 /// of its own).
-static EXPORTED: Mutex<Vec<Weak<CqInner>>> = Mutex::new(Vec::new());
-/// How many exported queues live (a watcher skips the registry when none does).
-static LIVE: AtomicUsize = AtomicUsize::new(0);
+static EXPORTED: Exports<CqInner> = Exports::new();
 
 impl Drop for CqExport {
     fn drop(&mut self) {
-        LIVE.fetch_sub(1, Ordering::AcqRel);
+        EXPORTED.gone();
     }
 }
 
 /// Moves what waits in every exported queue into its ring, as far as each has room; whether
 /// some had to stay (the watcher then keeps looking).
 pub(crate) fn pump_all() -> bool {
-    if LIVE.load(Ordering::Acquire) == 0 {
-        return false;
-    }
-    let live: Vec<Arc<CqInner>> = {
-        let mut v = EXPORTED.lock().unwrap_or_else(|e| e.into_inner());
-        v.retain(|w| w.strong_count() > 0);
-        v.iter().filter_map(Weak::upgrade).collect()
-    };
-    live.iter().fold(false, |left, c| c.pump_xpu() | left)
+    EXPORTED
+        .alive()
+        .iter()
+        .fold(false, |left, c| c.pump_xpu() | left)
 }
 
 impl CqExport {
@@ -79,7 +73,7 @@ impl CqExport {
         // header is written before anyone reads it; zeroed slots are valid atomics.
         unsafe { mem.host_at(0).cast::<CqRingHeader>().write(header) };
         // Counted from here: its drop uncounts it, also when another export came first.
-        LIVE.fetch_add(1, Ordering::AcqRel);
+        EXPORTED.born();
         Ok(Arc::new(CqExport {
             mem,
             xpu,
@@ -218,7 +212,8 @@ impl CompletionQueue {
     /// source for a CUDA or Level Zero XPU (`prov_ctx` is then its device address; a queue
     /// opened outside a domain has no such source: `OpNotSupp`). One XPU per queue. From
     /// then on, entries move to the ring as they come, while it has room; the rest wait here,
-    /// in order, and move as the XPU makes room (an exported endpoint's watcher looks). Host
+    /// in order, and move as the XPU makes room (any `FI_XPU_TRIGGER` endpoint's watcher
+    /// looks, or a CPU XPU's read finds the ring empty). Host
     /// reads still work but see only what has not moved: read from one side. Error data is
     /// not carried to the ring. Exporting again returns another handle on the same ring.
     pub fn export_xpu_slots(&self, xpu: Xpu, slots: usize) -> Result<XpuCq> {
@@ -246,9 +241,7 @@ impl CompletionQueue {
                     })
                     .clone();
                 if first {
-                    let mut v = EXPORTED.lock().unwrap_or_else(|e| e.into_inner());
-                    v.retain(|w| w.strong_count() > 0);
-                    v.push(Arc::downgrade(inner));
+                    EXPORTED.add(Arc::downgrade(inner));
                 }
                 shared
             }

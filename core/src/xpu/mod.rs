@@ -34,6 +34,7 @@ pub(crate) mod cntr;
 pub(crate) mod cq;
 pub mod device;
 pub(crate) mod ep;
+mod exports;
 pub mod mem;
 pub(crate) mod ring;
 mod validate;
