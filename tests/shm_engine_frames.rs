@@ -517,12 +517,12 @@ fn lanes_claimed_without_a_name_are_released_by_time() {
     assert!(again.lane_claimed());
 }
 
-/// Mappings of this process of segments since removed from /dev/shm.
-fn deleted_segment_maps() -> usize {
+/// Mappings of this process of the segments named in `names`.
+fn maps_of(names: &[String]) -> usize {
     std::fs::read_to_string("/proc/self/maps")
         .expect("/proc/self/maps")
         .lines()
-        .filter(|l| l.contains("/dev/shm/") && l.ends_with("(deleted)"))
+        .filter(|l| names.iter().any(|n| l.contains(&format!("/dev/shm/{n}"))))
         .count()
 }
 
@@ -534,20 +534,21 @@ fn gone_peers_segments_are_unmapped() {
     setup();
     let n = node(CAPS, Progress::Manual);
     let addr = n.ep.getname().expect("getname");
-    let before = deleted_segment_maps();
     const PEERS: usize = 40;
+    let mut names = Vec::new();
     for _ in 0..PEERS {
         let raw = RawPeer::connect(&addr, None).expect("raw peer");
+        names.push(raw.name().to_string());
         drain(&n);
         drop(raw);
     }
     let start = std::time::Instant::now();
-    while deleted_segment_maps() > before {
+    while maps_of(&names) > 0 {
         drain(&n);
         assert!(
             start.elapsed() < std::time::Duration::from_secs(30),
             "{} mappings of gone peers' segments kept",
-            deleted_segment_maps() - before
+            maps_of(&names)
         );
     }
 }

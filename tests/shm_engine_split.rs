@@ -566,7 +566,7 @@ fn hostile_split_requests_are_refused_and_write_nothing() {
     let dst = n.add_peer(format!("fi_shm://{}", raw.name()).as_bytes());
     let len = 1 << 20;
     let data = pattern(len, 9);
-    // SAFETY: data outlives the endpoint (closed at the end of the test, the send canceled).
+    // SAFETY: data outlives the endpoint (dropped before it, the send canceled).
     n.retry(|| unsafe { n.ep.tsend(&data, None, dst, 3, 3) });
     let rts = await_msg(&n, &mut raw, FRAME);
     // The slot's bytes run past the frame: its prefix says where the control part ends.
@@ -649,6 +649,8 @@ fn hostile_split_requests_are_refused_and_write_nothing() {
         assert!(dest[..] == data[from as usize..], "the served bytes");
     }
     assert!(raw.lane_claimed());
+    // Closed before `data` goes: the send still pending is canceled first.
+    drop(n);
 }
 
 /// A send armed for an XPU's trigger (docs/xpu-triggers.md, "Armed sends") is announced in an
@@ -668,7 +670,7 @@ fn a_split_request_for_an_armed_send_is_refused_until_it_fires() {
     let iov = [RawIov::of(&data)];
     let mut var = [TriggerVar::default()];
     let before = armed_counts();
-    // SAFETY: data outlives the endpoint (closed at the end of the test, the send canceled).
+    // SAFETY: data outlives the endpoint (dropped before it, the send canceled).
     let k = unsafe {
         n.ep.tsendmsg_xpu(&tmsg(&iov, dst, 5, 5, 0), 0, Xpu::CPU, &mut var)
     };
@@ -676,6 +678,7 @@ fn a_split_request_for_an_armed_send_is_refused_until_it_fires() {
     if armed_counts().prearmed == before.prearmed {
         // A send past the eager limit is armed only with an offer by cross-memory attach.
         eprintln!("cross-memory attach is refused here: the send was not armed, nothing to check");
+        drop(n);
         return;
     }
     // Its announcement, read by the hostile peer from the sender's armed slots.
@@ -722,4 +725,6 @@ fn a_split_request_for_an_armed_send_is_refused_until_it_fires() {
         assert!(dest[..] == data[from as usize..], "the served bytes");
     }
     assert!(raw.lane_claimed());
+    // Closed before `data` goes: the send still pending is canceled first.
+    drop(n);
 }

@@ -547,7 +547,6 @@ impl CqInner {
         }
     }
 
-    /// Entries the queue holds at most.
     /// Whether as many error entries wait to be read as the queue holds entries: what an
     /// XPU's faulty descriptors may fill before its ring stops being drained. One atomic
     /// load while no error waits.
@@ -561,19 +560,20 @@ impl CqInner {
         self.lock().errs.len()
     }
 
+    /// Entries the queue holds at most.
     pub(crate) fn cap(&self) -> usize {
         self.cap
+    }
+
+    /// Whether entries may wait in the host queue (two loads; no lock): what a pump checks
+    /// before it takes the lock.
+    pub(crate) fn may_hold_entries(&self) -> bool {
+        self.ready_hint.load(Ordering::Acquire) > 0 || self.has_errors.load(Ordering::Acquire)
     }
 
     /// Moves entries into the exported ring while it has room (errors first, as a read finds
     /// them first); what does not fit stays here, in order, for the next pump. Returns
     /// whether entries stay behind.
-    /// Whether entries may wait in the host queue (two loads; no lock): what an exported
-    /// ring's reader checks before it moves them itself.
-    pub(crate) fn may_hold_entries(&self) -> bool {
-        self.ready_hint.load(Ordering::Acquire) > 0 || self.has_errors.load(Ordering::Acquire)
-    }
-
     pub(crate) fn pump_xpu(&self) -> bool {
         let Some(x) = self.xpu.get() else {
             return false;

@@ -107,17 +107,6 @@ impl Port for EpPort {
             .any(|cq| cq.errors_full())
     }
 
-    fn xpu_pump(&self) -> bool {
-        let Some(b) = self.core.bound() else {
-            return false;
-        };
-        let mut left = false;
-        for cq in [&b.tx_cq, &b.rx_cq].into_iter().flatten() {
-            left |= cq.pump_xpu();
-        }
-        left
-    }
-
     fn xpu_misuse(&self, prov_errno: i32, value: u64) {
         let Some(b) = self.core.bound() else { return };
         if let Some(cq) = &b.tx_cq {

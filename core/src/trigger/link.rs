@@ -158,8 +158,7 @@ impl EpLink {
             }
         }
         n += crate::xpu::cntr::drain_all();
-        let backlog = self.port.xpu_pump();
-        x.set_cq_backlog(crate::xpu::cq::pump_all() | backlog);
+        x.set_cq_backlog(crate::xpu::cq::pump_all());
         n
     }
 

@@ -98,10 +98,6 @@ pub(crate) trait Port: ProgressSource {
     /// rate cannot make the host keep error entries without bound.
     fn xpu_faults_full(&self) -> bool;
 
-    /// Moves entries of this endpoint's exported CQs into their rings; whether some had to
-    /// stay behind (the XPU has not made room yet).
-    fn xpu_pump(&self) -> bool;
-
     /// An XPU misused a doorbell: an error entry (`FI_EINVAL`, flags `FI_TRIGGER`, no
     /// context, `prov_errno` saying which misuse, `data` the value stored) on the transmit
     /// CQ, or an error on the send counter without one.

@@ -51,9 +51,13 @@ impl Drop for CqExport {
 /// Moves what waits in every exported queue into its ring, as far as each has room; whether
 /// some had to stay (the watcher then keeps looking).
 pub(crate) fn pump_all() -> bool {
+    if !EXPORTED.any() {
+        return false;
+    }
     EXPORTED
         .alive()
         .iter()
+        .filter(|c| c.may_hold_entries())
         .fold(false, |left, c| c.pump_xpu() | left)
 }
 

@@ -76,9 +76,8 @@ const REQUEST_CTRL: usize = 64;
 /// Milliseconds between looks for dead peers while anything could wait on one.
 pub const SWEEP_EVERY_MS: u64 = 20;
 
-/// Most peers an endpoint knows (dead ones included: their ids stay the engine's). Far past
-/// the processes of one host; a bound on what CONNECTs naming ever new segments can make us
-/// keep.
+/// Most peers' segments an endpoint maps at once (a dead peer's is unmapped). Far past the
+/// processes of one host; a bound on what CONNECTs naming ever new segments can make us map.
 pub const MAX_LINKS: usize = 4096;
 
 /// How long a lane may stay claimed with no CONNECT taken from it: a sender that died between
@@ -110,8 +109,11 @@ struct InFrame {
 /// One peer: our lane in its segment, its lane in ours.
 struct Link {
     name: String,
-    /// Its segment; `None` for a peer already gone when its CONNECT was read.
+    /// Its segment; `None` for a peer already gone when its CONNECT was read
+    /// (`never_mapped`), or dead and unmapped since.
     seg: Option<Segment>,
+    /// Already gone when its CONNECT was read: never mapped.
+    never_mapped: bool,
     prod: Option<Producer>,
     rx_lane: Option<usize>,
     /// Its pid, once cross-memory attach through it was shown to reach it.
@@ -140,6 +142,7 @@ impl Link {
             // ring is still read, and the next sweep loses it (`sweep`), failing whatever
             // that left waiting on it.
             dead: false,
+            never_mapped: seg.is_none(),
             seg,
             prod: None,
             rx_lane: None,
@@ -359,10 +362,12 @@ impl Net {
         if let Some(&p) = self.by_name.get(name) {
             return Ok(p);
         }
-        if self.links.len() >= MAX_LINKS {
-            // Peers are never forgotten (the engine keeps their ids): a process naming new
-            // segments over and over must not make us map without end.
-            return Err(Error::Again("shm: peer table full"));
+        if self.links.iter().filter(|l| l.seg.is_some()).count() >= MAX_LINKS {
+            // A process naming new segments over and over must not make us map without end
+            // (a peer that goes is unmapped: room comes back as peers go).
+            return Err(Error::Again(
+                "shm: as many peers' segments mapped as allowed",
+            ));
         }
         let seg = Segment::open(name, ring::SEG_BYTES)?;
         if !ring::check_header(&seg) {
@@ -455,6 +460,13 @@ impl Net {
         if !prod.write(seg, &h, me.len(), |b| b.copy_from_slice(me)) {
             ring::release_lane(seg, lane);
             return Err(Error::Again("shm connect"));
+        }
+        // A receiver releases a lane left nameless for a second (`NAMELESS_LANE_MS`), never
+        // one with a message at its head: still ours once the CONNECT is there, it stays so.
+        // Not ours any more (we stalled that long between the claim and the write): claimed
+        // again on the next call.
+        if ring::claim(seg, lane).load(Ordering::Acquire) != id {
+            return Err(Error::Again("shm connect: the lane was released meanwhile"));
         }
         link.prod = Some(prod);
         link.wrote = true;
@@ -951,7 +963,7 @@ impl Net {
                 Some(&p) => p,
                 // At most one gone peer per lane is remembered: CONNECTs naming no segment
                 // cannot grow the table.
-                None if self.links.iter().filter(|l| l.seg.is_none()).count() < LANES => {
+                None if self.links.iter().filter(|l| l.never_mapped).count() < LANES => {
                     self.add_link(name, None, None)
                 }
                 None => return,
@@ -1123,6 +1135,12 @@ impl Net {
         }
     }
 
+    /// Whether a message waits at the head of `lane` (a CONNECT just written, say).
+    fn head_published(&self, lane: usize) -> bool {
+        let c = self.cons[lane];
+        c.raw_at(&self.seg, lane, c.pos()).is_some()
+    }
+
     /// Releases the lanes claimed for `NAMELESS_LANE_MS` with no CONNECT taken from them
     /// (`now`: the coarse clock; u64::MAX when it could not be read, and nothing is released).
     fn release_nameless(&mut self, now: u64) {
@@ -1135,7 +1153,9 @@ impl Net {
                 self.nameless_since[lane] = 0;
             } else if self.nameless_since[lane] == 0 {
                 self.nameless_since[lane] = now.max(1);
-            } else if now.saturating_sub(self.nameless_since[lane]) >= NAMELESS_LANE_MS {
+            } else if now.saturating_sub(self.nameless_since[lane]) >= NAMELESS_LANE_MS
+                && !self.head_published(lane)
+            {
                 tracing::warn!(lane, "shm: releasing a lane claimed without a CONNECT");
                 self.nameless_since[lane] = 0;
                 self.drop_lane(lane);

@@ -31,6 +31,9 @@ pub struct Segment {
     base: *mut u8,
     len: usize,
     owner: bool,
+    /// A second mapping of our own segment (`reopen`): its descriptor shares the owner's
+    /// open file description, and with it the owner's lock.
+    reopened: bool,
 }
 
 // SAFETY: the mapping is process-wide memory; all shared fields are accessed through atomics
@@ -116,7 +119,9 @@ impl Segment {
             .file
             .try_clone()
             .map_err(|e| Error::from_io(format!("shm: dup {}", self.name), e))?;
-        Self::map(&self.name, file, self.len, false)
+        let mut s = Self::map(&self.name, file, self.len, false)?;
+        s.reopened = true;
+        Ok(s)
     }
 
     fn map(name: &str, file: File, len: usize, owner: bool) -> Result<Self> {
@@ -145,6 +150,7 @@ impl Segment {
             base: base.cast(),
             len,
             owner,
+            reopened: false,
         })
     }
 
@@ -199,7 +205,9 @@ impl Segment {
 
     /// Whether the segment's owner is still alive (holds its lock). Always true for our own.
     pub fn owner_alive(&self) -> bool {
-        if self.owner {
+        // A lock taken through a reopened mapping's descriptor would be the owner's own,
+        // changed: our owner is alive.
+        if self.owner || self.reopened {
             return true;
         }
         owner_alive(&self.file)
@@ -366,9 +374,16 @@ mod tests {
         let own = Segment::create(&name, 8192).unwrap();
         // SAFETY: offset 64 is aligned and inside the mapping.
         unsafe { own.u64_at(64) }.store(42, Ordering::Release);
-        // Someone swaps the file under the name.
+        // Someone swaps the file under the name (locked, as a live owner's: the sweep of
+        // another test must not take it).
         std::fs::remove_file(path_of(&name)).unwrap();
         std::fs::write(path_of(&name), [7u8; 8192]).unwrap();
+        let planted = File::open(path_of(&name)).unwrap();
+        // SAFETY: flock on a descriptor we own.
+        assert_eq!(
+            unsafe { libc::flock(planted.as_raw_fd(), libc::LOCK_EX) },
+            0
+        );
         let again = own.reopen().unwrap();
         // SAFETY: as above.
         assert_eq!(unsafe { again.u64_at(64) }.load(Ordering::Acquire), 42);
