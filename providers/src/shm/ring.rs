@@ -161,8 +161,11 @@ fn slot_ptr(seg: &Segment, lane: usize, idx: usize) -> *mut u8 {
 /// The sequence word that publishes the message at position `pos`: never 0 (what a cleared
 /// word holds), and never the value the same slot held a lap before. Positions are counted
 /// from a lane's tail word, which a peer writes: the arithmetic wraps instead of trusting it.
+/// The low 32 bits plus one, with the one position where that wraps to 0 (the last slot,
+/// every 2^32 positions) given 1: its slot's other values are multiples of `SLOTS`.
+#[inline(always)]
 fn seq_at(pos: u64) -> u32 {
-    (pos % u64::from(u32::MAX)) as u32 + 1
+    (pos as u32).wrapping_add(1).max(1)
 }
 
 fn seq_of(p: *mut u8) -> &'static AtomicU32 {
