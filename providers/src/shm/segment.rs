@@ -161,11 +161,7 @@ impl Segment {
 
     /// The device and inode of the file this mapping is of (`None` if fstat fails).
     pub fn file_id(&self) -> Option<(u64, u64)> {
-        // SAFETY: all-zero is a valid stat; fstat fills it for our own open descriptor.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let r = unsafe { libc::fstat(self.file.as_raw_fd(), &mut st) };
-        (r == 0).then_some((st.st_dev, st.st_ino))
+        self.file.metadata().ok().map(|m| (m.dev(), m.ino()))
     }
 
     /// Start of the mapping.
