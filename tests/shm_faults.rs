@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use common::*;
 use xfabric::errno::*;
-use xfabric::providers::shm::segment::reclaim_stale;
+use xfabric::providers::shm::raw::guard_faults;
+use xfabric::providers::shm::segment::{reclaim_stale, PREFIX, SHM_DIR};
 use xfabric::*;
 
 const CAPS: u64 = FI_MSG | FI_TAGGED;
@@ -417,4 +418,84 @@ fn receive_directed_at_a_killed_peer_fails() {
     let e = n.wait_err();
     assert_eq!((e.op_context, e.err), (7, FI_ECONNRESET), "{e:?}");
     reclaim(pid);
+}
+
+/// A child that connects, then on "shrink" truncates its own segment to nothing while it lives
+/// on (holding its lock, so it looks alive), says "shrunk", and waits for "bye".
+fn shrinking_child() {
+    let n = node(CAPS, Progress::Manual);
+    connect_parent(&n);
+    say("ready");
+    assert_eq!(listen(), "shrink");
+    let mine = format!("{PREFIX}{}-", std::process::id());
+    let mut shrunk = 0;
+    for e in std::fs::read_dir(SHM_DIR).unwrap().flatten() {
+        if e.file_name().to_string_lossy().starts_with(&mine) {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(e.path())
+                .unwrap();
+            f.set_len(0).unwrap();
+            shrunk += 1;
+        }
+    }
+    assert!(shrunk > 0, "no segment of mine in {SHM_DIR}");
+    say("shrunk");
+    assert_eq!(listen(), "bye");
+    drop(n);
+}
+
+/// A peer that truncates its segment after we mapped it: the next write into its ring would
+/// be a SIGBUS, which killed this process. Now the write lands in memory no one shares, the
+/// peer is lost (later sends fail with `PeerLost`) although its process lives on, and another
+/// peer goes on working.
+#[test]
+fn a_peer_truncating_its_segment_neither_kills_us_nor_takes_our_sends() {
+    if role().is_some() {
+        return shrinking_child();
+    }
+    let mut peer = spawn(
+        "a_peer_truncating_its_segment_neither_kills_us_nor_takes_our_sends",
+        "shrink",
+        &[],
+    );
+    let n = node(CAPS, Progress::Manual);
+    let dst = connect(&mut peer, &n);
+    assert_eq!(peer.hear(), "ready");
+    // Maps the child's segment and claims a lane in it.
+    n.ep.tinject(b"hello", dst, 1).unwrap();
+    peer.tell("shrink");
+    assert_eq!(peer.hear(), "shrunk");
+    let faults = guard_faults();
+    let deadline = Instant::now() + BOUND;
+    let lost = loop {
+        match n.ep.tinject(b"after", dst, 2) {
+            Ok(()) | Err(Error::Again(_)) => n.ep.progress(),
+            r => break r,
+        };
+        assert!(Instant::now() < deadline, "the shrunk peer was never lost");
+    };
+    assert!(matches!(lost, Err(Error::PeerLost(_))), "{lost:?}");
+    assert!(guard_faults() > faults, "no fault was taken");
+    // Another peer, in this process, is untouched.
+    let other = node(CAPS, Progress::Manual);
+    let to_other = n.add_peer(&other.ep.getname().unwrap());
+    let mut buf = [0u8; 5];
+    // SAFETY: `buf` outlives the receive, which completes before it is read.
+    unsafe { other.ep.trecv(&mut buf, None, FI_ADDR_UNSPEC, 3, 0, 9) }.unwrap();
+    n.ep.tinject(b"still", to_other, 3).unwrap();
+    let deadline = Instant::now() + BOUND;
+    let got = loop {
+        n.ep.progress();
+        let mut e = [CqTaggedEntry::default(); 1];
+        if let Ok(1) = other.cq.read(&mut e) {
+            break e[0];
+        }
+        assert!(Instant::now() < deadline, "the other peer got nothing");
+    };
+    assert_eq!((got.len, &buf), (5, b"still"));
+    let pid = peer.pid();
+    peer.tell("bye");
+    peer.join();
+    assert_eq!(segments_of(pid), 0);
 }

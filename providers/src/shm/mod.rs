@@ -10,6 +10,7 @@ mod cma;
 mod ep;
 mod fdwake;
 mod futex;
+mod guard;
 mod net;
 #[doc(hidden)]
 pub mod raw;

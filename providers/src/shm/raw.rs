@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use xfabric_core::{Error, Result};
 
 use super::addr::ADDR_PREFIX;
+pub use super::guard::faults as guard_faults;
 use super::net::split;
 pub use super::net::{
     armed_counts, ipc_counts, ipc_desc, mapped_counts, mapped_desc, split_counts, ArmedCounts,

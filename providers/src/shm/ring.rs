@@ -219,6 +219,11 @@ impl Producer {
     }
 
     fn free(&mut self, seg: &Segment, need: usize) -> bool {
+        if seg.faulted() {
+            // Truncated under us (`super::guard`): what we would write reaches no one.
+            self.broken = true;
+            return false;
+        }
         let used = self.head.wrapping_sub(self.cached_tail);
         if used <= SLOTS as u64 && SLOTS as u64 - used >= need as u64 {
             return true;

@@ -19,6 +19,8 @@ use std::time::{Duration, SystemTime};
 
 use xfabric_core::{Error, Result};
 
+use super::guard::{self, Guard};
+
 /// Directory the segments live in.
 pub const SHM_DIR: &str = "/dev/shm";
 /// File-name prefix of every xfabric segment.
@@ -34,6 +36,8 @@ pub struct Segment {
     /// A second mapping of our own segment (`reopen`): its descriptor shares the owner's
     /// open file description, and with it the owner's lock.
     reopened: bool,
+    /// The mapping's registration against a truncated file's SIGBUS (`super::guard`).
+    guard: Option<Guard>,
 }
 
 // SAFETY: the mapping is process-wide memory; all shared fields are accessed through atomics
@@ -151,6 +155,7 @@ impl Segment {
             len,
             owner,
             reopened: false,
+            guard: guard::guard(base.cast(), len),
         })
     }
 
@@ -199,19 +204,29 @@ impl Segment {
         unsafe { &*(self.base.add(off) as *const AtomicU32) }
     }
 
-    /// Whether the segment's owner is still alive (holds its lock). Always true for our own.
+    /// Whether an access faulted because the file was truncated under the mapping (which is
+    /// anonymous memory since, shared with no one: `super::guard`).
+    pub fn faulted(&self) -> bool {
+        self.guard.as_ref().is_some_and(Guard::faulted)
+    }
+
+    /// Whether the segment's owner is still alive (holds its lock) and its file still backs
+    /// the mapping. Always true for our own.
     pub fn owner_alive(&self) -> bool {
         // A lock taken through a reopened mapping's descriptor would be the owner's own,
         // changed: our owner is alive.
         if self.owner || self.reopened {
             return true;
         }
-        owner_alive(&self.file)
+        !self.faulted() && owner_alive(&self.file)
     }
 }
 
 impl Drop for Segment {
     fn drop(&mut self) {
+        if let Some(g) = self.guard.take() {
+            guard::unguard(g);
+        }
         // SAFETY: unmaps exactly what map() mapped.
         unsafe { libc::munmap(self.base.cast(), self.len) };
         if self.owner {
