@@ -35,6 +35,7 @@ impl EpCore {
         }
     }
 
+    #[inline]
     fn complete_tx_ep(&self, ctx: Context, op_flags: u64) {
         let Some(b) = self.bound() else { return };
         let (flags, class) = initiator_kind(op_flags);

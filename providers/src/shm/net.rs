@@ -675,12 +675,15 @@ impl Net {
         }
         self.known_active = mask;
         let mut n = 0;
-        for p in 0..self.links.len() {
-            // Not while a body from the peer is under way: the engine takes one frame of a
-            // peer at a time, from its control part to its body.
-            let l = &self.links[p];
-            if !l.held.is_empty() && l.rx_lane.is_none_or(|lane| self.rx[lane].is_none()) {
-                n += self.replay(g, p);
+        // The links are walked only while one holds frames (`held_frames` counts them all).
+        if self.held_frames > 0 {
+            for p in 0..self.links.len() {
+                // Not while a body from the peer is under way: the engine takes one frame of
+                // a peer at a time, from its control part to its body.
+                let l = &self.links[p];
+                if !l.held.is_empty() && l.rx_lane.is_none_or(|lane| self.rx[lane].is_none()) {
+                    n += self.replay(g, p);
+                }
             }
         }
         for lane in bits(mask) {
