@@ -272,10 +272,13 @@ if ((have_libfabric && C_ABI)); then
     have_capi=1
 fi
 [[ -x $OURS ]] || die "no binary at $OURS (is CARGO_TARGET_DIR set as for the build?)"
-have_probe=0 have_stream=0
+have_probe=0 have_stream=0 have_line=0
 if ((COMPARE)) && [[ " $PROVIDERS " == *" tcp "* ]]; then
     cc -O2 -o "$WORK/tcp_pingpong" "$ROOT/scripts/probes/tcp_pingpong.c" && have_probe=1
     cc -O2 -o "$WORK/tcp_stream" "$ROOT/scripts/probes/tcp_stream.c" && have_stream=1
+fi
+if ((COMPARE)) && [[ " $PROVIDERS " == *" shm "* ]]; then
+    cc -O2 -o "$WORK/line_pingpong" "$ROOT/scripts/probes/line_pingpong.c" && have_line=1
 fi
 
 
@@ -382,7 +385,8 @@ run_pair() {
     return 0
 }
 
-# probe_run PROBE SIZE ITERS: one run of tcp_pingpong or tcp_stream (scripts/probes), its two
+# probe_run PROBE SIZE ITERS: one run of tcp_pingpong, tcp_stream or line_pingpong
+# (scripts/probes), its two
 # processes pinned as a pair's are; sets usec and mbps, or returns 1 with its output on stderr.
 probe_run() {
     local out
@@ -393,17 +397,17 @@ probe_run() {
     fi
     case $1 in
         # "SIZE bytes: USEC usec/xfer MBPS MB/s"
-        tcp_pingpong) read -r _ _ usec _ mbps _ <<<"$out" ;;
+        tcp_pingpong | line_pingpong) read -r _ _ usec _ mbps _ <<<"$out" ;;
         # "SIZE bytes x ITERS: usec/msg USEC MB/s MBPS"
         tcp_stream) read -r _ _ _ _ _ usec _ mbps <<<"$out" ;;
     esac
 }
 
 # measure IMPL SIZE ITERS: one run of the comparison; IMPL is libfabric, ours, c-abi, or a
-# probe: limit (tcp_pingpong) or stream (tcp_stream).
+# probe: limit (tcp_pingpong over tcp, line_pingpong over shm) or stream (tcp_stream).
 measure() {
     case $1 in
-        limit) probe_run tcp_pingpong "$2" "$3" ;;
+        limit) probe_run "$([[ $PROV == tcp ]] && echo tcp_pingpong || echo line_pingpong)" "$2" "$3" ;;
         stream) probe_run tcp_stream "$2" "$3" ;;
         *) run_pair "$@" ;;
     esac
@@ -554,6 +558,7 @@ table_header() {
         "lf MB/s" "our MB/s" ratio
     ((have_capi)) && row_c_abi "C-ABI usec min/med/max" "C/us"
     [[ $1 == tcp ]] && row_probes "limit usec min/med/max" "us/lm" "strm MB/s" "us/st"
+    [[ $1 == shm ]] && ((have_line)) && row_probes "limit usec min/med/max" "us/lm" "" ""
     echo
 }
 
@@ -571,6 +576,8 @@ size_row() {
         sm=$(on CMBPS "$st" median)
         row_probes "$(on CUSEC "$lim" spread)" "$(ratio "$ou" "$(on CUSEC "$lim" median)")" \
             "$sm" "$(ratio "$om" "$sm")"
+    elif ((have_line)); then
+        row_probes "$(on CUSEC "$lim" spread)" "$(ratio "$ou" "$(on CUSEC "$lim" median)")" "" ""
     fi
     echo
 }
@@ -586,6 +593,8 @@ compare_section() {
     if [[ $PROV == tcp ]]; then
         ((have_stream)) && probes+=(stream)
         ((have_probe)) && probes+=(limit)
+    elif ((have_line)); then
+        probes+=(limit)
     fi
     echo "bench: provider $PROV, $ROUNDS round(s), sizes: $sizes; $PINNING" >&2
     for size in $sizes; do
@@ -594,6 +603,8 @@ compare_section() {
             for impl in "${probes[@]}" "${impls[@]}"; do
                 # From 64 KiB, the one-way stream: a ping-pong's bandwidth limit.
                 [[ $impl == stream ]] && ((size < 65536)) && continue
+                # Over shm, the one-line hand-off: a floor for a message that fits one slot.
+                [[ $impl == limit && $PROV == shm ]] && ((size > 56)) && continue
                 key="$PROV $impl $size"
                 if measure "$impl" "$size" "$iters"; then
                     CUSEC[$key]+=" $usec" CMBPS[$key]+=" $mbps"
@@ -625,6 +636,8 @@ compare_section() {
     if [[ $PROV == tcp ]]; then
         ((have_probe)) && echo "limit: scripts/probes/tcp_pingpong.c, plain busy-polled loopback sockets in two processes; us/lm: our median usec over its"
         ((have_stream)) && echo "stream: scripts/probes/tcp_stream.c, the same messages streamed one way with no answers (a ping-pong's bandwidth limit), median MB/s; us/st: our median MB/s over its"
+    elif ((have_line)); then
+        echo "limit: scripts/probes/line_pingpong.c, the bytes handed through shared memory with no library (one cache line each way at 8 B), in the same rounds; us/lm: our median usec over its"
     fi
     ((have_libfabric)) || echo "(libfabric's fi_pingpong is missing: its columns are empty)"
     table_header "$PROV"
