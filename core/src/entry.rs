@@ -8,6 +8,13 @@ use crate::consts::CqFormat;
 /// its completion (`void *op_context` in C).
 pub type Context = usize;
 
+/// The bit that marks a context as one of the endpoint's own keys: the contexts it hands a
+/// provider for its records (a started deferred transfer, a staged device-memory operation)
+/// are such a record's address with this bit set. No user-space address has it, so a pointer
+/// the application posts never looks like one; an XPU's descriptor carrying it is refused
+/// (its completion would otherwise be taken for the record's).
+pub const INTERNAL_CTX: Context = 1 << (usize::BITS - 1);
+
 /// A fabric address as an address vector hands it out (`fi_addr_t`).
 pub type FiAddr = u64;
 

@@ -353,7 +353,8 @@ impl StagingRegistry {
     /// Keeps `s` until its operation ends; returns the context to post it with.
     pub fn insert(&self, s: Staged) -> Context {
         let b = Box::new(s);
-        let key = &*b as *const Staged as Context;
+        // Never dereferenced: only told apart from the application's contexts.
+        let key = (&*b as *const Staged as Context) | crate::entry::INTERNAL_CTX;
         self.lock().insert(key, b);
         self.live.fetch_add(1, Ordering::AcqRel);
         key
@@ -547,6 +548,11 @@ mod tests {
         let s = Staged::incoming(42, iov, segs);
         let b = s.bounce_iov();
         let key = reg.insert(s);
+        assert_ne!(
+            key & crate::entry::INTERNAL_CTX,
+            0,
+            "a key looks like a context"
+        );
         assert_eq!(reg.key_of(42), Some(key));
         let data: Vec<u8> = (0..20).collect();
         // SAFETY: the bounce is live until claimed.

@@ -32,8 +32,8 @@ impl Pending {
 }
 
 /// Started deferred transfers of one endpoint, by the context the provider was given: the
-/// address of their `Pending` record, unique while it lives and never a context the
-/// application could have been handed back.
+/// address of their `Pending` record with `INTERNAL_CTX` set, unique while it lives and never a
+/// context the application or an XPU could have posted.
 #[derive(Default)]
 pub(crate) struct DeferredRegistry {
     live: AtomicUsize,
@@ -47,7 +47,8 @@ impl DeferredRegistry {
 
     pub(super) fn insert(&self, p: Pending) -> Context {
         let b = Box::new(p);
-        let key = &*b as *const Pending as usize;
+        // Never dereferenced: only told apart from the application's contexts.
+        let key = (&*b as *const Pending as usize) | crate::entry::INTERNAL_CTX;
         self.map().insert(key, b);
         self.live.fetch_add(1, Ordering::AcqRel);
         key
@@ -69,5 +70,23 @@ impl DeferredRegistry {
             return None;
         }
         self.remove(ctx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_never_contexts_an_application_or_an_xpu_posts() {
+        let r = DeferredRegistry::default();
+        let key = r.insert(Pending {
+            user_ctx: 7,
+            ep_completion: false,
+            completion: None,
+        });
+        assert_ne!(key & crate::entry::INTERNAL_CTX, 0);
+        assert!(r.claim(key & !crate::entry::INTERNAL_CTX).is_none());
+        assert_eq!(r.claim(key).map(|p| p.user_ctx), Some(7));
     }
 }

@@ -14,6 +14,7 @@ use crate::av::{AddressVector, AvAttr};
 use crate::consts::errno::*;
 use crate::consts::*;
 use crate::cq::{CompletionQueue, CqAttr};
+use crate::entry::INTERNAL_CTX;
 use crate::entry::{CqErrEntry, CqTaggedEntry};
 use crate::ep::Endpoint;
 use crate::mr::MemoryRegion;
@@ -478,6 +479,16 @@ fn every_hostile_descriptor_is_an_error_naming_its_fault_and_starts_nothing() {
             },
             XPU_FAULT_OPCODE,
             "opcode 32",
+        ),
+        // A context in the endpoint's own namespace: the completion of what it started would
+        // be taken for a deferred transfer's or a staged operation's record.
+        (
+            XpuDesc {
+                context: INTERNAL_CTX as u64 | 0x40,
+                ..ok
+            },
+            XPU_FAULT_ARGS,
+            "reserved",
         ),
     ];
     for (d, _, _) in &cases {

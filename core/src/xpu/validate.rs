@@ -201,6 +201,17 @@ fn msg_len(core: &EpCore, d: &XpuDesc, what: &str) -> Result<usize, Fault> {
 /// The operation descriptor `d` asks of the endpoint whose core is `core`, or what is wrong
 /// with it.
 pub(crate) fn action(core: &EpCore, seen: &mut Checked, d: &XpuDesc) -> Result<Action, Fault> {
+    if d.context as usize & crate::entry::INTERNAL_CTX != 0 {
+        return Err(fault(
+            XPU_FAULT_ARGS,
+            FI_EINVAL,
+            format!(
+                "context {:#x}: a context with bit {} set is reserved for the endpoint's own keys",
+                d.context,
+                usize::BITS - 1
+            ),
+        ));
+    }
     match d.opcode {
         opcode::SEND | opcode::TSEND => {
             let tagged = d.opcode == opcode::TSEND;
