@@ -10,10 +10,11 @@
 //! ring size, `xf_*_export_xpu` to the XPU and ring size the attribute gives.
 //!
 //! The caller owns the `struct fid_xpu_*` and the call fills it (upstream's contract). What its
-//! `prov_ctx` points at belongs to the exported object, not to the handle: it lives until the
-//! endpoint, CQ or counter is closed, and exporting again returns the same `prov_ctx`. So an
-//! export needs no release of its own; the XPU must stop using a handle before the host closes
-//! its object.
+//! `prov_ctx` points at belongs to the exported object, not to the handle, and exporting again
+//! returns the same `prov_ctx`. So an export needs no release of its own; the XPU should stop
+//! using a handle before the host closes its object, and a late call still reaches memory that
+//! is there: the blocks are kept until the domain closes (`xfabric::xpu::Retired`), their rings
+//! closed.
 
 use std::ffi::{c_int, c_void};
 

@@ -3,8 +3,8 @@
 //! counter-triggered sends across two processes, deferred work (counter add, an RMA write,
 //! cancel, flush), an XPU-triggered send rung by a CPU thread with the variables from
 //! fi_getopt(FI_OPT_XPU_TRIGGER), the device API (fi_xpu(3)) posted from a CPU thread with
-//! xfabric's headers (kernels/cuda/xfabric/), and device-memory registration refused with -FI_ENOSYS where
-//! no device exists. Each program checks what it received and exits non-zero otherwise.
+//! xfabric's headers (kernels/cuda/xfabric/) and through its handles after their objects
+//! closed, and device-memory registration refused with -FI_ENOSYS where no device exists. Each program checks what it received and exits non-zero otherwise.
 
 mod common;
 #[path = "common/run.rs"]
@@ -79,6 +79,13 @@ fn c_xpu_device_api_from_a_cpu_thread_with_the_installed_headers() {
         "{out}"
     );
     assert!(out.contains("its XPU waited on the counter"), "{out}");
+}
+
+#[test]
+fn c_xpu_handles_used_after_their_objects_closed_reach_kept_memory() {
+    let headers = concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/cuda");
+    let out = run_c("xpu_late", &["-I", headers]);
+    assert!(out.contains("late calls after close"), "{out}");
 }
 
 #[test]

@@ -62,6 +62,21 @@ pub struct CntrInner {
     pub(crate) xpu: OnceLock<Arc<crate::xpu::cntr::CntrExport>>,
     /// Where an export to a GPU XPU takes its memory: the domain's (`Domain::cntr_open`).
     pub(crate) xpu_mem: OnceLock<Arc<dyn crate::xpu::XpuMemAlloc>>,
+    /// Where the exported mirror and ring go when the counter goes: its domain's
+    /// (`xpu::Retired`).
+    pub(crate) retired: OnceLock<Arc<crate::xpu::Retired>>,
+}
+
+impl Drop for CntrInner {
+    fn drop(&mut self) {
+        // An XPU may still read or add through its handle: its memory outlives the counter,
+        // until the domain closes.
+        if let (Some(x), Some(r)) = (self.xpu.get(), self.retired.get()) {
+            for block in x.retire() {
+                r.keep(block);
+            }
+        }
+    }
 }
 
 /// `fid_cntr`: a handle to a counter. Cloning shares it.
@@ -114,6 +129,7 @@ impl Counter {
             triggers: OnceLock::new(),
             xpu: OnceLock::new(),
             xpu_mem: OnceLock::new(),
+            retired: OnceLock::new(),
         });
         if let Some(ws) = &inner.wait_set {
             ws.add(Arc::downgrade(&(inner.clone() as Arc<dyn Waitable>)));

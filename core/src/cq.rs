@@ -79,6 +79,18 @@ pub struct CqInner {
     pub(crate) xpu: std::sync::OnceLock<Arc<crate::xpu::cq::CqExport>>,
     /// Where an export to a GPU XPU takes its memory: the domain's (`Domain::cq_open`).
     pub(crate) xpu_mem: std::sync::OnceLock<Arc<dyn crate::xpu::XpuMemAlloc>>,
+    /// Where the exported ring goes when the queue goes: its domain's (`xpu::Retired`).
+    pub(crate) retired: std::sync::OnceLock<Arc<crate::xpu::Retired>>,
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        // An XPU may still read through its handle: the ring outlives the queue, until the
+        // domain closes.
+        if let (Some(x), Some(r)) = (self.xpu.get(), self.retired.get()) {
+            r.keep(x.memory());
+        }
+    }
 }
 
 /// `fid_cq`: a handle to a completion queue. Cloning shares the queue.
@@ -144,6 +156,7 @@ impl CompletionQueue {
             domain: Default::default(),
             xpu: std::sync::OnceLock::new(),
             xpu_mem: std::sync::OnceLock::new(),
+            retired: std::sync::OnceLock::new(),
         });
         if let Some(ws) = &inner.wait_set {
             let w: Weak<dyn Waitable> = Arc::downgrade(&(inner.clone() as Arc<dyn Waitable>));

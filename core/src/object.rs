@@ -147,6 +147,7 @@ impl Fabric {
                 mr: Arc::new(MrMap::new(mr_mode_bits(info.domain_attr.mr_mode))),
                 progress,
                 work: DomainWork::default(),
+                retired: Arc::default(),
                 _auto: auto,
             }),
         })
@@ -179,6 +180,8 @@ struct DomainInner {
     progress: Arc<ProgressList>,
     /// Deferred work queued on this domain (released when it closes).
     work: DomainWork,
+    /// The device API's shared blocks of objects closed in this domain (`xpu::Retired`).
+    retired: Arc<crate::xpu::Retired>,
     _auto: Option<AutoProgress>,
 }
 
@@ -208,6 +211,7 @@ impl Domain {
     pub fn cq_open(&self, attr: &CqAttr) -> Result<CompletionQueue> {
         let cq = CompletionQueue::open(attr)?;
         cq.inner().domain.set(self.id());
+        let _ = cq.inner().retired.set(self.inner.retired.clone());
         if let Some(m) = self.xpu_memory() {
             let _ = cq.inner().xpu_mem.set(m);
         }
@@ -218,6 +222,7 @@ impl Domain {
     pub fn cntr_open(&self, attr: &CntrAttr) -> Result<Counter> {
         let c = Counter::open(attr)?;
         c.inner().domain.set(self.id());
+        let _ = c.inner().retired.set(self.inner.retired.clone());
         if let Some(m) = self.xpu_memory() {
             let _ = c.inner().xpu_mem.set(m);
         }
@@ -401,6 +406,7 @@ impl Domain {
         let mut core = EpCore::new(info, self.inner.mr.clone());
         core.hmem = self.inner.hmem.clone();
         core.domain = self.id();
+        core.retired = self.inner.retired.clone();
         let core = Arc::new(core);
         let ops = self.inner.ops.endpoint(info, core.clone())?;
         Ok(Endpoint::new(

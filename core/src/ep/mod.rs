@@ -211,6 +211,9 @@ pub struct EpCore {
     /// unstaged and offered to the peer (`DEVICE_OFFER`): set by a provider whose transport
     /// copies such memory itself (shm: CUDA IPC); `usize::MAX`, the default, never.
     pub device_offer_min: std::sync::atomic::AtomicUsize,
+    /// Where this endpoint's descriptor rings go when it closes: its domain's (`Retired`), so
+    /// that an XPU still posting reaches a closed ring, not freed memory.
+    pub retired: Arc<crate::xpu::Retired>,
 }
 
 impl EpCore {
@@ -234,6 +237,7 @@ impl EpCore {
             hmem: None,
             staging: StagingRegistry::default(),
             device_offer_min: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            retired: Arc::default(),
         }
     }
 

@@ -97,6 +97,10 @@ impl Port for EpPort {
         self.core.fail_xpu(ctx, opcode, f);
     }
 
+    fn retire(&self, block: Arc<dyn std::any::Any + Send + Sync>) {
+        self.core.retired.keep(block);
+    }
+
     fn xpu_faults_full(&self) -> bool {
         let Some(b) = self.core.bound() else {
             return false;

@@ -118,4 +118,11 @@ pub(crate) trait Port: ProgressSource {
         let _ = a;
         false
     }
+
+    /// Keeps `block`, shared memory an XPU may still reach after the endpoint closed (a
+    /// descriptor ring), until the endpoint's domain closes (`xpu::Retired`); by default it
+    /// goes with its last owner.
+    fn retire(&self, block: Arc<dyn std::any::Any + Send + Sync>) {
+        let _ = block;
+    }
 }

@@ -639,6 +639,8 @@ impl XpuWatch {
         self.has_rings.store(false, Ordering::Release);
         for r in rings {
             crate::xpu::ep::cancel_all(&r.ring, port);
+            // Closed: a late post finds it so, in memory that is still there.
+            port.retire(r.ring);
         }
     }
 

@@ -24,7 +24,7 @@ use crate::trigger::DRAIN_MAX;
 /// The host's side of an exported counter.
 pub(crate) struct CntrExport {
     /// One `CntrMirror`, where the XPU reads it.
-    mirror: Block,
+    mirror: Arc<Block>,
     ring: Arc<DescRing>,
     /// The XPU it was exported to (one per counter).
     xpu: Xpu,
@@ -71,7 +71,12 @@ impl CntrExport {
         let what = "cntr_export_xpu";
         let alloc = inner.xpu_mem.get().cloned();
         let ring = DescRing::new(RING_DEFAULT_SLOTS, xpu, alloc.as_deref())?;
-        let mirror = Block::new(what, xpu, alloc.as_deref(), size_of::<CntrMirror>())?;
+        let mirror = Arc::new(Block::new(
+            what,
+            xpu,
+            alloc.as_deref(),
+            size_of::<CntrMirror>(),
+        )?);
         // SAFETY: zero-filled, 64 bytes, 64-aligned (Block checks), not shared yet.
         unsafe {
             mirror
@@ -94,6 +99,17 @@ impl CntrExport {
     /// Applies what the XPU posted on the counter's ring, at most `DRAIN_MAX` descriptors
     /// a call (an XPU adding as fast as they are taken must not hold the drainer, whose
     /// progress serves every endpoint); returns how many.
+    /// The mirror's and the ring's memory, for the counter's domain to keep once the counter
+    /// is gone (`Retired`), the ring closed (a late add answers `-FI_ESHUTDOWN`): the export
+    /// itself goes, so no watcher looks at it again.
+    pub(crate) fn retire(&self) -> [Arc<dyn std::any::Any + Send + Sync>; 2] {
+        // The ring's consumer is whoever holds `drain`: one that found the counter gone closes
+        // it too.
+        let _g = self.drain.lock().unwrap_or_else(|e| e.into_inner());
+        self.ring.close();
+        [self.mirror.clone(), self.ring.clone()]
+    }
+
     fn drain(&self) -> usize {
         let Ok(_g) = self.drain.try_lock() else {
             return 0;

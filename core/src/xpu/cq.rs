@@ -24,7 +24,7 @@ const SLOTS_AT: usize = std::mem::size_of::<CqRingHeader>();
 /// The host's side of an exported CQ's ring: it owns the shared memory (one block: the
 /// header, then the slots; the host reads and writes it through its own address only).
 pub(crate) struct CqExport {
-    mem: Block,
+    mem: Arc<Block>,
     /// The XPU it was exported to (one per queue).
     xpu: Xpu,
     /// The next position the host writes: its own copy (the header's is written from it for
@@ -62,6 +62,14 @@ pub(crate) fn pump_all() -> bool {
 }
 
 impl CqExport {
+    /// The ring's memory, for its domain to keep once the queue is gone (`Retired`): the
+    /// export itself goes, so no watcher looks at it again.
+    pub(crate) fn memory(&self) -> Arc<dyn std::any::Any + Send + Sync> {
+        self.mem.clone()
+    }
+}
+
+impl CqExport {
     /// `slots` is a power of two within 2..=65536 (checked by the caller).
     fn new(
         cq: &Arc<CqInner>,
@@ -71,7 +79,7 @@ impl CqExport {
         alloc: Option<&dyn XpuMemAlloc>,
     ) -> Result<Arc<CqExport>> {
         let len = SLOTS_AT + slots * std::mem::size_of::<CqSlot>();
-        let mem = Block::new("cq_export_xpu", xpu, alloc, len)?;
+        let mem = Arc::new(Block::new("cq_export_xpu", xpu, alloc, len)?);
         let header = CqRingHeader::new(mem.xpu_at(SLOTS_AT), slots as u64, format);
         // SAFETY: the block is zero-filled, 64-aligned, `len` bytes, not yet shared: the
         // header is written before anyone reads it; zeroed slots are valid atomics.

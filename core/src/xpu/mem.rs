@@ -9,7 +9,9 @@
 //! a block that the XPU follows carry.
 
 use std::alloc::Layout;
+use std::any::Any;
 use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::hmem_iface::Iface;
@@ -43,6 +45,39 @@ pub trait XpuMem: Send + Sync {
     fn len(&self) -> usize;
     /// Never: empty allocations are refused.
     fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The shared blocks of a domain's closed objects (an endpoint's descriptor rings, an exported
+/// CQ's ring, an exported counter's mirror), kept until the domain and everything opened in it
+/// are gone. fi_xpu(3) asks the XPU to stop using a handle before the host closes its object;
+/// a kernel still running when the host tears down does not, and its calls must then reach
+/// memory that is still there (a closed ring answers `-FI_ESHUTDOWN`, a CQ's ring holds what it
+/// held), never memory given back to the allocator or unmapped. What an application that
+/// opens and closes endpoints in one long-lived domain pays: each export's block (64 KiB for
+/// a default ring) until that domain closes.
+#[derive(Default)]
+pub struct Retired {
+    blocks: Mutex<Vec<Arc<dyn Any + Send + Sync>>>,
+}
+
+impl Retired {
+    /// Keeps `block` (an `Arc` of what owns the memory) until this domain goes.
+    pub(crate) fn keep(&self, block: Arc<dyn Any + Send + Sync>) {
+        self.blocks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(block);
+    }
+
+    /// Blocks kept.
+    pub fn len(&self) -> usize {
+        self.blocks.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// None kept.
+    pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

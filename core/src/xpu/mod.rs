@@ -49,7 +49,7 @@ pub use abi::{FI_XPU_DEVICE, FI_XPU_SUBGROUP, FI_XPU_WORK_GROUP, FI_XPU_WORK_ITE
 pub use cntr::XpuCntr;
 pub use cq::XpuCq;
 pub use ep::XpuEp;
-pub use mem::{XpuMem, XpuMemAlloc, XPU_MEM_ALIGN};
+pub use mem::{Retired, XpuMem, XpuMemAlloc, XPU_MEM_ALIGN};
 pub use ring::{Claim, RING_DEFAULT_SLOTS, RING_MAX_SLOTS, RING_MIN_SLOTS};
 pub(crate) use validate::{action, entry_flags, is_recv, Checked, Fault};
 pub use validate::{

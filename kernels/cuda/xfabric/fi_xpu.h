@@ -22,9 +22,10 @@
  *   - fi_xpu_ctx, fi_xpu_ctx_query and fi_ep_export_xpu_wr are not provided.
  *
  * Handles: the caller owns the struct fid_xpu_* and the export call fills it. What its
- * prov_ctx points at belongs to the exported object: it lives until the endpoint, CQ or
- * counter is closed (no release call of its own), and exporting again fills in the same
- * prov_ctx. Stop the XPU's use of a handle before closing its object.
+ * prov_ctx points at belongs to the exported object (no release call of its own), and
+ * exporting again fills in the same prov_ctx. Stop the XPU's use of a handle before closing
+ * its object; a call through it afterwards still reaches memory that is there (kept until the
+ * domain closes): a post or counter add answers -FI_ESHUTDOWN, a CQ read what its ring held.
  */
 #ifndef XFABRIC_FI_XPU_HOST_H
 #define XFABRIC_FI_XPU_HOST_H
