@@ -387,14 +387,16 @@ pub static AUTH_KEY: Setting = Setting::new(
      is taken; endpoints with different keys cannot talk. Not encryption",
 );
 /// `XFABRIC_TCP_DEAD_MS`: Milliseconds a connected tcp peer may leave our data unacknowledged,
-/// or an idle connection unanswered, before it is declared lost (0: leave it to the kernel).
+/// leave an idle connection unanswered, or stop in the middle of a frame, before it is declared
+/// lost (0: leave it to the kernel).
 pub static TCP_DEAD_MS: Setting = Setting::new(
     "XFABRIC_TCP_DEAD_MS",
     Kind::Size,
     "30000",
-    "Milliseconds a connected tcp peer may leave our data unacknowledged, or an idle \
-     connection unanswered, before it is declared lost and its operations fail (0: leave it \
-     to the kernel, which may wait forever on an idle connection)",
+    "Milliseconds a connected tcp peer may leave our data unacknowledged, leave an idle \
+     connection unanswered, or stop in the middle of a frame, before it is declared lost and \
+     its operations fail (0: leave it to the kernel, which may wait forever on an idle \
+     connection or a frame never finished)",
 );
 /// `XFABRIC_ZE_LOADER`: The Level Zero loader library opened for FI_HMEM_ZE.
 pub static ZE_LOADER: Setting = Setting::new(

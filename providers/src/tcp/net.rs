@@ -158,6 +158,13 @@ struct Conn {
     /// The last read stopped at `PUMP_FRAMES` with bytes left in the socket: read again on
     /// the next `progress` (they raise no new edge).
     more: bool,
+    /// Coarse time (`clock::coarse_ms`) of the last byte that came while a frame was only
+    /// partly here and we wanted the rest: `None` between frames and while we hold back
+    /// ourselves. A peer that stops mid-frame for `dead_after` loses the connection
+    /// (`look_for_stalls`); until then it holds a receive and the bytes charged to it.
+    stalled_since: Option<u64>,
+    /// Bytes came since `note_stall` last looked.
+    fed: bool,
 }
 
 /// A queued frame, `off` of its `len` bytes (control part, then body) written.
@@ -238,8 +245,11 @@ pub struct Net {
     /// Answers one peer may owe before it is no longer read (`MAX_OWED`).
     max_owed: usize,
     /// How long a peer may stay silent to the kernel (no ACK for our data, no answer to
-    /// keepalive probes) before its connection is declared dead (`set_dead_after`).
+    /// keepalive probes), or stop in the middle of a frame, before its connection is declared
+    /// dead (`set_dead_after`).
     dead_after: Option<Duration>,
+    /// When `look_for_stalls` is next due (coarse ms).
+    next_stall_look: u64,
     /// The authentication key peers must prove they hold (`set_auth_key`); without one,
     /// claims are proven by calling the claimed address back.
     auth: Option<Vec<u8>>,
@@ -441,6 +451,7 @@ impl Net {
             last_epoll: crate::clock::coarse_ms(),
             max_owed: MAX_OWED,
             dead_after: None,
+            next_stall_look: 0,
             auth: None,
             by_src: HashMap::new(),
             serial: 0,
@@ -689,6 +700,9 @@ impl Net {
     fn progress_epoll<H: Handler>(&mut self, now: u64, h: &mut H) -> usize {
         self.last_epoll = now;
         let mut n = self.step(h, Some(Duration::ZERO));
+        if now >= self.next_stall_look {
+            n += self.look_for_stalls(now);
+        }
         // Connections held back by flow control, or left unread at `PUMP_FRAMES`, raise no
         // new event: read them again.
         let waiting: Vec<usize> = self
@@ -1683,6 +1697,47 @@ impl Net {
         self.reports.push_back(Report::Lost(p, e));
     }
 
+    /// Ends the connections whose peer stopped in the middle of a frame for `dead_after`
+    /// (a body it announced and never finished holds the receive it matched, and the bytes
+    /// charged to it, for as long as the connection lives: a peer that keeps its connection
+    /// alive could hold them forever). Looked at every tenth of `dead_after` at most.
+    #[inline(never)]
+    fn look_for_stalls(&mut self, now: u64) -> usize {
+        let Some(d) = self.dead_after else {
+            self.next_stall_look = u64::MAX;
+            return 0;
+        };
+        let limit = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        // A failed clock read (u64::MAX) looks again at the next call.
+        self.next_stall_look = if now == u64::MAX {
+            0
+        } else {
+            now.saturating_add((limit / 10).max(1))
+        };
+        let stalled: Vec<usize> = self
+            .conns
+            .iter_mut()
+            .filter_map(|(k, c)| {
+                if c.waiting || c.more {
+                    // We hold back, not the peer.
+                    c.stalled_since = None;
+                    return None;
+                }
+                let since = c.stalled_since?;
+                (now != u64::MAX && now.saturating_sub(since) >= limit).then_some(k)
+            })
+            .collect();
+        let n = stalled.len();
+        for k in stalled {
+            self.fail_conn(
+                k,
+                libc::ETIMEDOUT,
+                "the peer stopped in the middle of a frame",
+            );
+        }
+        n
+    }
+
     /// Drops what took too long to come up.
     fn expire(&mut self) -> usize {
         let now = Instant::now();
@@ -1844,6 +1899,8 @@ impl Conn {
             big: false,
             waiting: false,
             more: false,
+            stalled_since: None,
+            fed: false,
         }
     }
 
@@ -1851,6 +1908,31 @@ impl Conn {
     /// `more` is set); the error (an errno) ends the connection.
     #[inline(never)]
     fn pump<H: Handler>(
+        &mut self,
+        peer: PeerId,
+        addr: &SocketAddr,
+        h: &mut H,
+    ) -> (usize, Option<i32>) {
+        let r = self.pump_frames(peer, addr, h);
+        self.note_stall();
+        r
+    }
+
+    /// Keeps `stalled_since` after a read: cleared between frames (the common case of small
+    /// messages: no clock is read) and while we hold back ourselves, restarted when bytes of
+    /// a partial frame came.
+    #[inline(always)]
+    fn note_stall(&mut self) {
+        let mid = !matches!(self.rx, Rx::Head) || self.re > self.rs;
+        if !mid || self.waiting || self.more {
+            self.stalled_since = None;
+        } else if self.fed || self.stalled_since.is_none() {
+            self.stalled_since = Some(crate::clock::coarse_ms());
+        }
+        self.fed = false;
+    }
+
+    fn pump_frames<H: Handler>(
         &mut self,
         peer: PeerId,
         addr: &SocketAddr,
@@ -1924,6 +2006,7 @@ impl Conn {
             return Err(last_errno());
         }
         self.re += n as usize;
+        self.fed |= n > 0;
         Ok((n as usize, tail))
     }
 
@@ -1986,6 +2069,7 @@ impl Conn {
             *got += into_sink as u64;
         }
         self.re += n - into_sink;
+        self.fed |= n > 0;
         Ok((n, direct + tail))
     }
 

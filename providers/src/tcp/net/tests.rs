@@ -1238,3 +1238,49 @@ fn handshake_cost() {
         );
     }
 }
+
+/// A peer that announces a body and stops in the middle of it, its connection kept alive (the
+/// kernel answers keepalives for it): the receive it matched and the bytes charged to it were
+/// held for as long as the connection lived. Now it is lost once it has sent nothing of the
+/// frame for `dead_after`, and a peer that finishes its frames slowly, but within it, is not.
+#[test]
+fn a_peer_stopping_mid_frame_is_lost_after_dead_after() {
+    let mut a = Net::bind(lo()).unwrap();
+    // Far above the pauses of the slow part below, so that a loaded machine cannot make them
+    // look like a stall.
+    a.set_dead_after(Some(Duration::from_secs(3)));
+    let mut h = Rec::default();
+    let (mut s, _) = raw_peer(&mut a, &mut h, 78);
+    s.set_nonblocking(true).unwrap();
+    let body = pattern(3, 64 << 10);
+    // The control part announces the whole body.
+    let ctrl = msg(0, 1, Body::Owned(body.clone()), None).ctrl;
+    let frame = [ctrl.to_vec(), body].concat();
+    let half = frame.len() / 2;
+    // Slow but steady: a piece every 100 ms, a thirtieth of the limit, is never a stall.
+    let pieces = 10;
+    let step = half / pieces;
+    for i in 0..pieces {
+        s.write_all(&frame[i * step..(i + 1) * step]).unwrap();
+        let until = Instant::now() + Duration::from_millis(100);
+        while Instant::now() < until {
+            a.progress(&mut h);
+        }
+    }
+    assert!(h.lost.is_empty(), "a slow peer was lost: {:?}", h.lost);
+    assert!(h.got.is_empty());
+    // Then nothing more of the frame: lost, by time.
+    let start = Instant::now();
+    while h.lost.is_empty() {
+        a.progress(&mut h);
+        assert!(start.elapsed() < LIMIT, "a peer stalled mid-frame was kept");
+    }
+    assert!(start.elapsed() >= Duration::from_secs(2), "lost too early");
+    assert_eq!(h.lost[0].1, libc::ETIMEDOUT);
+    assert!(h.got.is_empty(), "no frame is handed over half");
+    let start = Instant::now();
+    while !closed(&mut s) {
+        a.progress(&mut h);
+        assert!(start.elapsed() < LIMIT, "the connection was kept");
+    }
+}
