@@ -108,10 +108,11 @@ pub fn notify_xpu_ring() {
             t.rung();
         }
     }
+    // The bump and the read of SLEEPERS below, both SeqCst, against the sleeper's SeqCst
+    // increment then re-read of RING_SEQ: a Dekker pair, so one of the two sees the other
+    // (the four are in one total order; no fence is needed besides). The doorbell stores come
+    // before the bump, which releases them to a watcher that reads it.
     RING_SEQ.fetch_add(1, Ordering::SeqCst);
-    // Orders the doorbell stores and the bump before reading SLEEPERS, against the sleeper's
-    // increment then re-read of RING_SEQ (a Dekker pair: one of the two sees the other).
-    fence(Ordering::SeqCst);
     // The watcher is woken all the same: an operation the ringing thread could not start
     // (the provider said Again) is the watcher's to retry.
     if SLEEPERS.load(Ordering::SeqCst) > 0 {
