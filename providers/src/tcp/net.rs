@@ -1163,7 +1163,7 @@ impl Net {
         }
         self.conns[k].claim = Some(claim);
         let Some(key) = self.auth.clone() else {
-            return self.vet(k, false, h);
+            return self.vet(k, h);
         };
         let Some(rand) = hello::random() else {
             warn!("tcp: the OS gives no random challenge; refusing a connection");
@@ -1210,13 +1210,15 @@ impl Net {
             warn!(?from, claimed = %claim.addr, "tcp: refusing a connection whose proof of the authentication key does not check (another key?)");
             return self.reject(k, reason::AUTH_FAILED);
         }
-        self.vet(k, true, h)
+        self.vet(k, h)
     }
 
-    /// Decides whether inbound connection `k`'s claim needs a call-back: always without a
-    /// key (`trusted` false); with one, only when it would displace a working connection. A
-    /// claim to be this very endpoint is checked here, against our own connections.
-    fn vet<H: Handler>(&mut self, k: usize, trusted: bool, h: &mut H) -> usize {
+    /// Checks inbound connection `k`'s claim with a call-back to the address it claims, with
+    /// a key as without one: proving the key says the connector is one of the key's holders,
+    /// not which one, and a holder claiming another's address (before that one ever
+    /// connected) would otherwise receive what is sent to it. A claim to be this very
+    /// endpoint is checked here, against our own connections.
+    fn vet<H: Handler>(&mut self, k: usize, h: &mut H) -> usize {
         let c = &self.conns[k];
         let (Some(claim), Some(from)) = (c.claim, c.from) else {
             self.fail_conn(k, libc::EPROTO, "handshake");
@@ -1230,14 +1232,6 @@ impl Net {
             }
             warn!(%from, "tcp: refusing a connection that claims to be this endpoint");
             return self.reject(k, reason::UNVERIFIED);
-        }
-        let live = self
-            .by_addr
-            .get(&claim.addr)
-            .and_then(|&p| self.peers[p].conn)
-            .is_some_and(|old| self.conns.get(old).is_some_and(|o| o.st == St::Up));
-        if trusted && !live {
-            return self.settle(k, claim, h);
         }
         // Vetting from here: out of descriptors, silent strangers are dropped first.
         self.conns[k].st = St::Vetting;

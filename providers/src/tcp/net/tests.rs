@@ -1284,3 +1284,83 @@ fn a_peer_stopping_mid_frame_is_lost_after_dead_after() {
         assert!(start.elapsed() < LIMIT, "the connection was kept");
     }
 }
+
+/// Reads one handshake message from a raw socket while every net of `nets` progresses.
+fn read_hs_all(nets: &mut [(&mut Net, &mut Rec)], s: &mut StdStream) -> Hs {
+    s.set_nonblocking(true).unwrap();
+    let mut ans = [0u8; hello::LEN];
+    let mut got = 0;
+    let start = Instant::now();
+    while got < ans.len() {
+        for (n, h) in nets.iter_mut() {
+            n.progress(*h);
+        }
+        match s.read(&mut ans[got..]) {
+            Ok(0) => panic!("closed before an answer ({got} bytes)"),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("handshake: {e}"),
+        }
+        assert!(start.elapsed() < LIMIT, "no answer to the handshake");
+    }
+    Hs::decode(&ans).expect("a handshake message")
+}
+
+/// A holder of the key that claims another holder's address, before that one ever connected:
+/// its proof of the key says it is one of the holders, not which. The call-back to the
+/// address it claims (whose endpoint opened no such connection) refuses it; the real holder
+/// then connects, and its frames arrive.
+#[test]
+fn a_key_holder_claiming_another_holders_address_is_refused() {
+    let key = b"a key both holders and the impostor have".to_vec();
+    let mut a = Net::bind(lo()).unwrap();
+    let mut c = Net::bind(lo()).unwrap();
+    a.set_auth_key(Some(key.clone()));
+    c.set_auth_key(Some(key.clone()));
+    let (mut ha, mut hc) = (Rec::default(), Rec::default());
+    let claimed = c.local_addr();
+    let (nonce, rand) = (4242, [5u8; hello::RAND]);
+    let mut s = StdStream::connect(a.local_addr()).unwrap();
+    let greet = Hs::Hello {
+        addr: claimed,
+        nonce,
+        rand,
+        keyed: true,
+    };
+    s.write_all(&greet.encode()).unwrap();
+    let Hs::Challenge {
+        nonce: a_nonce,
+        rand: a_rand,
+        ..
+    } = read_hs_all(&mut [(&mut a, &mut ha), (&mut c, &mut hc)], &mut s)
+    else {
+        panic!("no challenge");
+    };
+    let mac = hello::Transcript {
+        conn_rand: &rand,
+        acc_rand: &a_rand,
+        conn_addr: claimed,
+        acc_addr: a.local_addr(),
+        conn_nonce: nonce,
+        acc_nonce: a_nonce,
+    }
+    .mac(&key, hello::Side::Connector);
+    s.write_all(&Hs::Proof { mac }.encode()).unwrap();
+    let ans = read_hs_all(&mut [(&mut a, &mut ha), (&mut c, &mut hc)], &mut s);
+    assert_eq!(
+        ans,
+        Hs::Reject {
+            reason: hello::reason::UNVERIFIED
+        }
+    );
+    assert_eq!(up_conns(&a), 0, "the impostor's connection is up");
+    // The real holder of that address.
+    let pa = c.peer(a.local_addr());
+    c.send(msg(pa, 1, Body::Owned(vec![1; 10]), None));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut c, &mut hc)],
+        "the real holder's frame",
+        |h| h[0].got.len() == 1,
+    );
+    assert!(ha.lost.is_empty() && hc.lost.is_empty());
+}
