@@ -153,22 +153,7 @@ fn hello(addr: SocketAddr, nonce: u64) -> [u8; hello::LEN] {
 
 /// Reads one handshake message from a raw socket while `a` progresses.
 fn read_hs(a: &mut Net, ha: &mut Rec, s: &mut StdStream) -> Hs {
-    s.set_nonblocking(true).unwrap();
-    let mut ans = [0u8; hello::LEN];
-    let mut got = 0;
-    let start = Instant::now();
-    while got < ans.len() {
-        a.progress(ha);
-        match s.read(&mut ans[got..]) {
-            Ok(0) => panic!("closed before an answer ({got} bytes)"),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("handshake: {e}"),
-        }
-        assert!(start.elapsed() < LIMIT, "no answer to the handshake");
-    }
-    s.set_nonblocking(false).unwrap();
-    Hs::decode(&ans).expect("a handshake message")
+    read_hs_all(&mut [(a, ha)], s)
 }
 
 /// A raw peer that `a` accepts: it listens (at the address it returns) and answers the
@@ -1303,6 +1288,7 @@ fn read_hs_all(nets: &mut [(&mut Net, &mut Rec)], s: &mut StdStream) -> Hs {
         }
         assert!(start.elapsed() < LIMIT, "no answer to the handshake");
     }
+    s.set_nonblocking(false).unwrap();
     Hs::decode(&ans).expect("a handshake message")
 }
 
