@@ -78,8 +78,7 @@ impl Wire for Net {
                 self.native(n);
                 any = true;
             }
-            while let Some(t) = g.engine.poll_transmit() {
-                self.send(t);
+            if g.engine.transmit(self) > 0 {
                 any = true;
             }
             if !any {

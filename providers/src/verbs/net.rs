@@ -178,6 +178,10 @@ struct Peer {
     tx: Option<usize>,
     out: VecDeque<Out>,
     queued: usize,
+    /// Losses of this peer not yet reported (`lose_peer`, then `flush`): until the engine
+    /// hears of them, frames to it are refused (`Transport::send`), so that none can leave on
+    /// a later connection after the engine failed its operation.
+    losing: u32,
 }
 
 /// Every connection of one endpoint.
@@ -210,6 +214,18 @@ pub struct Net {
 
 fn wr_id(link: usize, slot: usize) -> u64 {
     ((link as u64) << 32) | slot as u64
+}
+
+/// The engine's frames go into the peers' queues, which take everything but frames to a peer
+/// lost and not yet reported (the engine keeps those and fails them when it hears).
+impl xfabric_core::rdm::Transport for Net {
+    fn send(&mut self, t: Transmit) -> std::result::Result<(), Transmit> {
+        if self.peers.get(t.peer).is_some_and(|p| p.losing > 0) {
+            return Err(t);
+        }
+        Net::send(self, t);
+        Ok(())
+    }
 }
 
 impl Net {
@@ -287,6 +303,7 @@ impl Net {
             tx: None,
             out: VecDeque::new(),
             queued: 0,
+            losing: 0,
         });
         self.peers.len() - 1
     }
@@ -439,7 +456,8 @@ impl Net {
         true
     }
 
-    /// Queues a frame; it goes out as credits and buffers allow.
+    /// Queues a frame; it goes out as credits and buffers allow. The engine hands frames over
+    /// through `Transport::send`, which refuses those to a peer whose loss is not yet reported.
     pub fn send(&mut self, t: Transmit) {
         let peer = t.peer;
         let Some(p) = self.peers.get_mut(peer) else {
@@ -483,6 +501,7 @@ impl Net {
                 }
             }
             p.queued = 0;
+            p.losing += 1;
             if let Some(id) = p.tx.take() {
                 self.drop_link(id);
             }
@@ -536,6 +555,9 @@ impl Net {
         for (peer, errno) in std::mem::take(&mut self.lost) {
             let addr = self.peers.get(peer).map(|p| p.addr);
             h.on_lost(peer, addr.as_ref().map(|a| a as &dyn PeerName), errno);
+            if let Some(p) = self.peers.get_mut(peer) {
+                p.losing = p.losing.saturating_sub(1);
+            }
         }
     }
 
