@@ -74,6 +74,8 @@ const FD_WARN_EVERY: Duration = Duration::from_secs(5);
 /// ask is a system call an arrival may wait behind: every 50 us made 0.5 of them per 8-byte
 /// round trip here.
 const EPOLL_EVERY_MS: u64 = 1;
+/// How often `Net::look_at_connections` looks, at most (ms of the coarse clock).
+const LOOK_EVERY_MS: u64 = 1000;
 /// Frames one `progress` call hands over from one connection at most, then reads the next
 /// one: a flooding peer neither starves the others nor, since answers are queued only after
 /// `progress` returns, gets more than this past the bound of answers it may owe.
@@ -141,8 +143,10 @@ struct Conn {
     /// When bring-up began (for `HANDSHAKE_TIMEOUT`).
     since: Instant,
     /// Invariant: `rs <= re <= rbuf.len()`; `rbuf[rs..re]` arrived and is not consumed.
-    /// Room for two handshake messages until the connection is up, `RBUF` bytes from then on:
-    /// a stranger that never finishes its handshake makes us hold little.
+    /// Room for two handshake messages until the connection is up, `RBUF` bytes from then on
+    /// while it is read, none once it has been idle and empty a while (`look_at_connections`:
+    /// what many peers' idle connections hold stays small): a stranger that never finishes
+    /// its handshake makes us hold little, and so do peers that connected and went quiet.
     rbuf: Box<[u8]>,
     rs: usize,
     re: usize,
@@ -165,6 +169,8 @@ struct Conn {
     stalled_since: Option<u64>,
     /// Bytes came since `note_stall` last looked.
     fed: bool,
+    /// Bytes came since `look_at_connections` last looked.
+    read_lately: bool,
 }
 
 /// A queued frame, `off` of its `len` bytes (control part, then body) written.
@@ -248,8 +254,9 @@ pub struct Net {
     /// keepalive probes), or stop in the middle of a frame, before its connection is declared
     /// dead (`set_dead_after`).
     dead_after: Option<Duration>,
-    /// When `look_for_stalls` is next due (coarse ms).
-    next_stall_look: u64,
+    /// When `look_at_connections` is next due (coarse ms), and how often it looks at most.
+    next_look: u64,
+    look_every: u64,
     /// The authentication key peers must prove they hold (`set_auth_key`); without one,
     /// claims are proven by calling the claimed address back.
     auth: Option<Vec<u8>>,
@@ -451,7 +458,8 @@ impl Net {
             last_epoll: crate::clock::coarse_ms(),
             max_owed: MAX_OWED,
             dead_after: None,
-            next_stall_look: 0,
+            next_look: 0,
+            look_every: LOOK_EVERY_MS,
             auth: None,
             by_src: HashMap::new(),
             serial: 0,
@@ -535,6 +543,12 @@ impl Net {
     /// connections made from now on.
     pub fn set_dead_after(&mut self, d: Option<Duration>) {
         self.dead_after = d;
+    }
+
+    /// How often, at most, connections are looked at (`look_at_connections`; tests).
+    #[cfg(test)]
+    pub fn set_look_every(&mut self, d: Duration) {
+        self.look_every = u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
     }
 
     /// Whether a connection has bytes left that no event will announce (read on the next
@@ -700,8 +714,8 @@ impl Net {
     fn progress_epoll<H: Handler>(&mut self, now: u64, h: &mut H) -> usize {
         self.last_epoll = now;
         let mut n = self.step(h, Some(Duration::ZERO));
-        if now >= self.next_stall_look {
-            n += self.look_for_stalls(now);
+        if now >= self.next_look {
+            n += self.look_at_connections(now);
         }
         // Connections held back by flow control, or left unread at `PUMP_FRAMES`, raise no
         // new event: read them again.
@@ -1691,36 +1705,50 @@ impl Net {
         self.reports.push_back(Report::Lost(p, e));
     }
 
-    /// Ends the connections whose peer stopped in the middle of a frame for `dead_after`
+    /// Looks at every connection, at most every `LOOK_EVERY_MS` (and every tenth of
+    /// `dead_after`): ends those whose peer stopped in the middle of a frame for `dead_after`
     /// (a body it announced and never finished holds the receive it matched, and the bytes
     /// charged to it, for as long as the connection lives: a peer that keeps its connection
-    /// alive could hold them forever). Looked at every tenth of `dead_after` at most.
+    /// alive could hold them forever), and takes back the read buffer of those idle since the
+    /// last look with nothing in it (64 KiB each: many peers that connected once and went
+    /// quiet would otherwise hold it all; the next read makes it again).
     #[inline(never)]
-    fn look_for_stalls(&mut self, now: u64) -> usize {
-        let Some(d) = self.dead_after else {
-            self.next_stall_look = u64::MAX;
-            return 0;
-        };
-        let limit = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    fn look_at_connections(&mut self, now: u64) -> usize {
+        let limit = self
+            .dead_after
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let every = limit.map_or(self.look_every, |l| (l / 10).clamp(1, self.look_every));
         // A failed clock read (u64::MAX) looks again at the next call.
-        self.next_stall_look = if now == u64::MAX {
+        self.next_look = if now == u64::MAX {
             0
         } else {
-            now.saturating_add((limit / 10).max(1))
+            now.saturating_add(every)
         };
-        let stalled: Vec<usize> = self
-            .conns
-            .iter_mut()
-            .filter_map(|(k, c)| {
-                if c.waiting || c.more {
-                    // We hold back, not the peer.
-                    c.stalled_since = None;
-                    return None;
-                }
-                let since = c.stalled_since?;
-                (now != u64::MAX && now.saturating_sub(since) >= limit).then_some(k)
-            })
-            .collect();
+        let mut stalled = Vec::new();
+        for (k, c) in self.conns.iter_mut() {
+            if c.st == St::Up
+                && !c.read_lately
+                && c.rs == c.re
+                && matches!(c.rx, Rx::Head)
+                && !c.rbuf.is_empty()
+            {
+                c.rbuf = Box::default();
+                c.rs = 0;
+                c.re = 0;
+            }
+            c.read_lately = false;
+            if c.waiting || c.more {
+                // We hold back, not the peer.
+                c.stalled_since = None;
+                continue;
+            }
+            let (Some(limit), Some(since)) = (limit, c.stalled_since) else {
+                continue;
+            };
+            if now != u64::MAX && now.saturating_sub(since) >= limit {
+                stalled.push(k);
+            }
+        }
         let n = stalled.len();
         for k in stalled {
             self.fail_conn(
@@ -1895,6 +1923,7 @@ impl Conn {
             more: false,
             stalled_since: None,
             fed: false,
+            read_lately: false,
         }
     }
 
@@ -1979,6 +2008,10 @@ impl Conn {
         if self.rs == self.re {
             self.rs = 0;
             self.re = 0;
+            if self.rbuf.len() < RBUF {
+                // Given back while the connection was idle (`look_at_connections`).
+                self.rbuf = vec![0u8; RBUF].into_boxed_slice();
+            }
         } else if RBUF - self.re < PREFIX + MAX_CTRL {
             self.rbuf.copy_within(self.rs..self.re, 0);
             self.re -= self.rs;
@@ -2001,6 +2034,7 @@ impl Conn {
         }
         self.re += n as usize;
         self.fed |= n > 0;
+        self.read_lately |= n > 0;
         Ok((n as usize, tail))
     }
 
@@ -2064,6 +2098,7 @@ impl Conn {
         }
         self.re += n - into_sink;
         self.fed |= n > 0;
+        self.read_lately |= n > 0;
         Ok((n, direct + tail))
     }
 

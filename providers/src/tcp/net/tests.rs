@@ -1350,3 +1350,41 @@ fn a_key_holder_claiming_another_holders_address_is_refused() {
     );
     assert!(ha.lost.is_empty() && hc.lost.is_empty());
 }
+
+/// Many peers that connect once and go quiet would each hold a 64 KiB read buffer for as long
+/// as their connection lives. A connection idle since the last look, with nothing buffered,
+/// gives its buffer back; its next frame arrives whole all the same.
+#[test]
+fn an_idle_connection_gives_its_read_buffer_back() {
+    let mut a = Net::bind(lo()).unwrap();
+    let mut b = Net::bind(lo()).unwrap();
+    a.set_look_every(Duration::from_millis(20));
+    let (mut ha, mut hb) = (Rec::default(), Rec::default());
+    let pa = b.peer(a.local_addr());
+    b.send(msg(pa, 1, Body::Owned(pattern(1, 100)), None));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "the first frame",
+        |h| h[0].got.len() == 1,
+    );
+    let held = |n: &Net| n.conns.iter().map(|(_, c)| c.rbuf.len()).sum::<usize>();
+    assert_eq!(held(&a), super::RBUF);
+    // Quiet: two looks at least (the first sees the frame's read), by time.
+    let start = Instant::now();
+    while held(&a) > 0 {
+        a.progress(&mut ha);
+        b.progress(&mut hb);
+        assert!(
+            start.elapsed() < LIMIT,
+            "an idle connection kept its buffer"
+        );
+    }
+    b.send(msg(pa, 2, Body::Owned(pattern(2, 3000)), None));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "a frame after the buffer went",
+        |h| h[0].got.len() == 2,
+    );
+    assert_eq!(ha.got[1].3, pattern(2, 3000));
+    assert!(ha.lost.is_empty() && hb.lost.is_empty());
+}
