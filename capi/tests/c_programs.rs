@@ -82,6 +82,12 @@ fn c_xpu_device_api_from_a_cpu_thread_with_the_installed_headers() {
 }
 
 #[test]
+fn c_a_sigbus_sent_by_a_process_is_not_taken_for_a_segment_fault() {
+    let out = run_c("sigbus_sent", &[]);
+    assert!(out.contains("a SIGBUS sent ends the process"), "{out}");
+}
+
+#[test]
 fn c_xpu_handles_used_after_their_objects_closed_reach_kept_memory() {
     let headers = concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/cuda");
     let out = run_c("xpu_late", &["-I", headers]);

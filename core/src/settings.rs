@@ -387,16 +387,26 @@ pub static AUTH_KEY: Setting = Setting::new(
      is taken; endpoints with different keys cannot talk. Not encryption",
 );
 /// `XFABRIC_TCP_DEAD_MS`: Milliseconds a connected tcp peer may leave our data unacknowledged,
-/// leave an idle connection unanswered, or stop in the middle of a frame, before it is declared
-/// lost (0: leave it to the kernel).
+/// or an idle connection unanswered, before it is declared lost (0: leave it to the kernel).
 pub static TCP_DEAD_MS: Setting = Setting::new(
     "XFABRIC_TCP_DEAD_MS",
     Kind::Size,
     "30000",
-    "Milliseconds a connected tcp peer may leave our data unacknowledged, leave an idle \
-     connection unanswered, or stop in the middle of a frame, before it is declared lost and \
-     its operations fail (0: leave it to the kernel, which may wait forever on an idle \
-     connection or a frame never finished)",
+    "Milliseconds a connected tcp peer may leave our data unacknowledged, or an idle \
+     connection unanswered, before it is declared lost and its operations fail (0: leave it \
+     to the kernel, which may wait forever on an idle connection)",
+);
+/// `XFABRIC_TCP_STALL_MS`: Milliseconds a tcp peer may send nothing more of a frame it began
+/// before it is declared lost (0: never).
+pub static TCP_STALL_MS: Setting = Setting::new(
+    "XFABRIC_TCP_STALL_MS",
+    Kind::Size,
+    "600000",
+    "Milliseconds a tcp peer may send nothing more of a frame it began (a body announced and \
+     not finished) before it is declared lost and its operations fail: until then the frame \
+     holds the receive it matched and the bytes charged to the peer. Long, because a peer \
+     under manual progress writes the rest only when its application calls progress \
+     (0: never)",
 );
 /// `XFABRIC_ZE_LOADER`: The Level Zero loader library opened for FI_HMEM_ZE.
 pub static ZE_LOADER: Setting = Setting::new(
@@ -467,6 +477,7 @@ pub static SETTINGS: &[&Setting] = &[
     &SHM_UNEXP_BYTES,
     &TCP_EAGER_MAX,
     &TCP_DEAD_MS,
+    &TCP_STALL_MS,
     &TCP_UNEXP_MSGS,
     &TCP_UNEXP_BYTES,
     &TCP_UNEXP_PEER_BYTES,

@@ -111,10 +111,14 @@ impl CntrExport {
     }
 
     fn drain(&self) -> usize {
+        // Taken before the lock, so that it is dropped after it: where this is the counter's
+        // last reference (its handle closed meanwhile), the counter's drop retires this
+        // export (`retire`), which takes the lock itself.
+        let counter = self.cntr.upgrade();
         let Ok(_g) = self.drain.try_lock() else {
             return 0;
         };
-        let Some(c) = self.cntr.upgrade() else {
+        let Some(c) = counter.as_ref() else {
             self.ring.close();
             return 0;
         };

@@ -49,6 +49,9 @@ pub trait XpuMem: Send + Sync {
     }
 }
 
+/// Blocks kept at which `Retired` says so, once.
+const RETIRED_SAID: usize = 1024;
+
 /// The shared blocks of a domain's closed objects (an endpoint's descriptor rings, an exported
 /// CQ's ring, an exported counter's mirror), kept until the domain and everything opened in it
 /// are gone. fi_xpu(3) asks the XPU to stop using a handle before the host closes its object;
@@ -65,10 +68,13 @@ pub struct Retired {
 impl Retired {
     /// Keeps `block` (an `Arc` of what owns the memory) until this domain goes.
     pub(crate) fn keep(&self, block: Arc<dyn Any + Send + Sync>) {
-        self.blocks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(block);
+        let mut b = self.blocks.lock().unwrap_or_else(|e| e.into_inner());
+        b.push(block);
+        if b.len() == RETIRED_SAID {
+            tracing::warn!(
+                "xpu: {RETIRED_SAID} shared blocks of closed objects kept until their domain closes (an application opening and closing exported objects in one domain); they go with the domain"
+            );
+        }
     }
 
     /// Blocks kept.

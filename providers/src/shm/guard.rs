@@ -124,8 +124,14 @@ fn install() -> bool {
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo for a SA_SIGINFO handler.
-    let addr = unsafe { (*info).si_addr() } as usize;
-    let high = HIGH.load(Ordering::Acquire).min(SLOTS);
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    // Only a fault the kernel raised for an access (si_code > 0) is looked up: a SIGBUS another
+    // process sent (kill, sigqueue: si_code <= 0, with any si_addr it likes) goes on as before.
+    let high = if code > 0 {
+        HIGH.load(Ordering::Acquire).min(SLOTS)
+    } else {
+        0
+    };
     for s in &TABLE[..high] {
         let start = s.start.load(Ordering::Acquire);
         if start == 0 || addr < start {
@@ -163,6 +169,10 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             Some(prev)
                 if prev.sa_sigaction != libc::SIG_DFL && prev.sa_sigaction != libc::SIG_IGN =>
             {
+                if prev.sa_flags & libc::SA_RESETHAND as libc::c_int != 0 {
+                    // One-shot, as the kernel would have made it.
+                    restore_default();
+                }
                 if prev.sa_flags & libc::SA_SIGINFO != 0 {
                     let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
                         std::mem::transmute(prev.sa_sigaction);
@@ -172,15 +182,29 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                     f(sig);
                 }
             }
-            // The default action (a fault's SIGBUS cannot be ignored): put it back; the access
-            // is retried on return, faults again, and ends the process as it would have.
+            // The default action: put it back. A fault's access is retried on return, faults
+            // again, and ends the process as it would have; a signal sent is raised again.
+            // (A fault's SIGBUS cannot be ignored; one sent to a process ignoring it was
+            // ignored before us, and is now.)
+            Some(prev) if prev.sa_sigaction == libc::SIG_IGN && code <= 0 => {}
             _ => {
-                let mut dfl: libc::sigaction = std::mem::zeroed();
-                dfl.sa_sigaction = libc::SIG_DFL;
-                libc::sigemptyset(&mut dfl.sa_mask);
-                libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+                restore_default();
+                if code <= 0 {
+                    libc::raise(sig);
+                }
             }
         }
+    }
+}
+
+/// Puts SIGBUS's default action back (async-signal-safe: sigaction only).
+fn restore_default() {
+    // SAFETY: sigaction with a zeroed, default-action structure of our own.
+    unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut dfl.sa_mask);
+        libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
     }
 }
 

@@ -189,6 +189,8 @@ pub struct Net {
     /// When each lane was first seen claimed with no CONNECT taken from it (coarse ms; 0:
     /// not such a lane): one left so for `NAMELESS_LANE_MS` is released by a sweep.
     nameless_since: [u64; LANES],
+    /// Our own segment's truncation was logged (`sweep`).
+    own_fault_said: bool,
     /// Peers with a partly written frame.
     pumping: Vec<PeerId>,
     /// Tokens of frames handed over whole, for `Engine::on_sent`.
@@ -330,6 +332,7 @@ impl Net {
             stalled: 0,
             known_active: 0,
             nameless_since: [0; LANES],
+            own_fault_said: false,
             pumping: Vec::new(),
             sent: Vec::new(),
             wrote: false,
@@ -1120,6 +1123,15 @@ impl Net {
             now.saturating_add(SWEEP_EVERY_MS)
         };
         self.idle.next_sweep.store(next, Ordering::Relaxed);
+        if self.seg.faulted() && !self.own_fault_said {
+            // Another process of this user truncated our own segment: the guard kept us
+            // alive, but nothing a peer writes reaches us any more.
+            self.own_fault_said = true;
+            tracing::error!(
+                segment = %self.name,
+                "shm: this endpoint's own segment was truncated by another process; it receives nothing more (close it and open another)"
+            );
+        }
         self.drain_fds();
         self.release_nameless(now);
         for p in 0..self.links.len() {

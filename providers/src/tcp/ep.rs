@@ -34,6 +34,10 @@ pub fn open(
         0 => None,
         ms => Some(Duration::from_millis(ms as u64)),
     });
+    net.set_stall_after(match settings::TCP_STALL_MS.usize() {
+        0 => None,
+        ms => Some(Duration::from_millis(ms as u64)),
+    });
     let name = inet::name(&net.local_addr(), str_name);
     let cfg = glue::engine_config(&core);
     RdmEndpoint::open(core, net, name, cfg, None)

@@ -164,8 +164,8 @@ struct Conn {
     more: bool,
     /// Coarse time (`clock::coarse_ms`) of the last byte that came while a frame was only
     /// partly here and we wanted the rest: `None` between frames and while we hold back
-    /// ourselves. A peer that stops mid-frame for `dead_after` loses the connection
-    /// (`look_for_stalls`); until then it holds a receive and the bytes charged to it.
+    /// ourselves. A peer that stops mid-frame for `stall_after` loses the connection
+    /// (`look_at_connections`); until then it holds a receive and the bytes charged to it.
     stalled_since: Option<u64>,
     /// Bytes came since `note_stall` last looked.
     fed: bool,
@@ -251,9 +251,11 @@ pub struct Net {
     /// Answers one peer may owe before it is no longer read (`MAX_OWED`).
     max_owed: usize,
     /// How long a peer may stay silent to the kernel (no ACK for our data, no answer to
-    /// keepalive probes), or stop in the middle of a frame, before its connection is declared
-    /// dead (`set_dead_after`).
+    /// keepalive probes) before its connection is declared dead (`set_dead_after`).
     dead_after: Option<Duration>,
+    /// How long a peer may send nothing more of a frame it began before it is lost
+    /// (`set_stall_after`, `look_at_connections`).
+    stall_after: Option<Duration>,
     /// When `look_at_connections` is next due (coarse ms), and how often it looks at most.
     next_look: u64,
     look_every: u64,
@@ -458,6 +460,7 @@ impl Net {
             last_epoll: crate::clock::coarse_ms(),
             max_owed: MAX_OWED,
             dead_after: None,
+            stall_after: None,
             next_look: 0,
             look_every: LOOK_EVERY_MS,
             auth: None,
@@ -543,6 +546,13 @@ impl Net {
     /// connections made from now on.
     pub fn set_dead_after(&mut self, d: Option<Duration>) {
         self.dead_after = d;
+    }
+
+    /// How long a peer may send nothing more of a frame it began before it is lost (`None`:
+    /// never). Far longer than `dead_after` is right: a peer under manual progress writes the
+    /// rest of a frame only when its application calls progress.
+    pub fn set_stall_after(&mut self, d: Option<Duration>) {
+        self.stall_after = d;
     }
 
     /// How often, at most, connections are looked at (`look_at_connections`; tests).
@@ -1705,8 +1715,8 @@ impl Net {
         self.reports.push_back(Report::Lost(p, e));
     }
 
-    /// Looks at every connection, at most every `LOOK_EVERY_MS` (and every tenth of
-    /// `dead_after`): ends those whose peer stopped in the middle of a frame for `dead_after`
+    /// Looks at every connection, at most every `LOOK_EVERY_MS`: ends those whose peer sent
+    /// nothing more of a frame it began for `stall_after`
     /// (a body it announced and never finished holds the receive it matched, and the bytes
     /// charged to it, for as long as the connection lives: a peer that keeps its connection
     /// alive could hold them forever), and takes back the read buffer of those idle since the
@@ -1715,14 +1725,13 @@ impl Net {
     #[inline(never)]
     fn look_at_connections(&mut self, now: u64) -> usize {
         let limit = self
-            .dead_after
+            .stall_after
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let every = limit.map_or(self.look_every, |l| (l / 10).clamp(1, self.look_every));
         // A failed clock read (u64::MAX) looks again at the next call.
         self.next_look = if now == u64::MAX {
             0
         } else {
-            now.saturating_add(every)
+            now.saturating_add(self.look_every)
         };
         let mut stalled = Vec::new();
         for (k, c) in self.conns.iter_mut() {

@@ -1227,13 +1227,14 @@ fn handshake_cost() {
 /// A peer that announces a body and stops in the middle of it, its connection kept alive (the
 /// kernel answers keepalives for it): the receive it matched and the bytes charged to it were
 /// held for as long as the connection lived. Now it is lost once it has sent nothing of the
-/// frame for `dead_after`, and a peer that finishes its frames slowly, but within it, is not.
+/// frame for `stall_after`, and a peer that finishes its frames slowly, but within it, is not.
 #[test]
-fn a_peer_stopping_mid_frame_is_lost_after_dead_after() {
+fn a_peer_stopping_mid_frame_is_lost_after_stall_after() {
     let mut a = Net::bind(lo()).unwrap();
     // Far above the pauses of the slow part below, so that a loaded machine cannot make them
     // look like a stall.
-    a.set_dead_after(Some(Duration::from_secs(3)));
+    a.set_stall_after(Some(Duration::from_secs(3)));
+    a.set_look_every(Duration::from_millis(100));
     let mut h = Rec::default();
     let (mut s, _) = raw_peer(&mut a, &mut h, 78);
     s.set_nonblocking(true).unwrap();

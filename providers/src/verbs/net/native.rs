@@ -392,7 +392,9 @@ pub(super) fn post(l: &mut Link, id: usize, n: &Native, shared: &Shared) -> Post
 impl Net {
     /// Queues a one-sided operation for the NIC, in order with the frames to its peer.
     pub fn native(&mut self, n: Native) {
-        let Some(p) = self.peers.get_mut(n.peer) else {
+        // A peer lost and not yet reported takes nothing more (see `Transport::send`): the
+        // engine fails the operation with the rest when it hears.
+        let Some(p) = self.peers.get_mut(n.peer).filter(|p| p.losing == 0) else {
             return;
         };
         p.out.push_back(Out::Native(n));

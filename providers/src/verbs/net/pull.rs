@@ -172,7 +172,8 @@ pub fn pieces(local: &IovList, remote: &[(u64, u64, u32)], len: usize) -> Option
 impl Net {
     /// Queues a copy the engine asks for, in order with what goes to its peer.
     pub fn copy(&mut self, c: CopyReq) {
-        let Some(p) = self.peers.get_mut(c.peer) else {
+        // A peer lost and not yet reported takes nothing more (see `Transport::send`).
+        let Some(p) = self.peers.get_mut(c.peer).filter(|p| p.losing == 0) else {
             self.copy_failed.push((c.token, FI_ECONNRESET));
             return;
         };
