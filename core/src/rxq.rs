@@ -342,6 +342,7 @@ impl<U> RecvQueue<U> {
     }
 
     /// An arrival: the slot it lands in, if a posted receive takes it.
+    #[inline]
     pub fn match_arrival(
         &mut self,
         src: FiAddr,
@@ -350,18 +351,38 @@ impl<U> RecvQueue<U> {
         len: usize,
     ) -> Option<RecvSlot> {
         let directed = self.directed;
+        let q = if tagged {
+            &mut self.posted_tag
+        } else {
+            &mut self.posted_msg
+        };
+        // The oldest receive takes most arrivals, whole: its slot is read in place and the
+        // receive popped, with no search and no call.
+        let front = q.front()?;
+        if front.accepts(src, tag, directed) && front.flags & FI_MULTI_RECV == 0 {
+            let slot = RecvSlot {
+                ctx: front.ctx,
+                iov: front.iov,
+                flags: FI_RECV | if front.tagged() { FI_TAGGED } else { FI_MSG },
+                op_flags: front.flags,
+            };
+            q.pop_front();
+            return Some(slot);
+        }
+        self.match_later(src, tag, tagged, len)
+    }
+
+    /// `match_arrival` past its common case: a later receive, or a multi-receive buffer.
+    #[inline(never)]
+    fn match_later(&mut self, src: FiAddr, tag: u64, tagged: bool, len: usize) -> Option<RecvSlot> {
+        let directed = self.directed;
         let min = self.min_multi_recv;
         let q = if tagged {
             &mut self.posted_tag
         } else {
             &mut self.posted_msg
         };
-        // The oldest receive takes most arrivals: looked at first, without the search.
-        let i = if q.front()?.accepts(src, tag, directed) {
-            0
-        } else {
-            q.iter().position(|r| r.accepts(src, tag, directed))?
-        };
+        let i = q.iter().position(|r| r.accepts(src, tag, directed))?;
         Some(take_slot(q, i, len, min, &mut self.multi))
     }
 
@@ -480,10 +501,16 @@ impl<U> RecvQueue<U> {
 
     /// Call for every slot before reporting its completion (success or error): adds
     /// `FI_MULTI_RECV` when this is the last message of an exhausted multi-receive buffer.
+    #[inline]
     pub fn finish_slot(&mut self, slot: &mut RecvSlot) {
-        if slot.op_flags & FI_MULTI_RECV == 0 {
-            return;
+        if slot.op_flags & FI_MULTI_RECV != 0 {
+            self.finish_multi(slot);
         }
+    }
+
+    /// `finish_slot` for a window of a multi-receive buffer.
+    #[inline(never)]
+    fn finish_multi(&mut self, slot: &mut RecvSlot) {
         let Some(m) = self.multi.get_mut(&slot.ctx) else {
             return;
         };

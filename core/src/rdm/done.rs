@@ -117,44 +117,50 @@ pub fn report(core: &EpCore, done: &mut Vec<Done>) {
 /// Reports each of `done`, in order (what `report` does before clearing its vector).
 fn report_each(core: &EpCore, done: &mut [Done]) {
     for d in done.iter_mut() {
-        match d {
-            Done::Tx { ctx, flags } => core.complete_tx(*ctx, *flags),
-            Done::TxErr { ctx, flags, err } => core.fail_tx(*ctx, *flags, *err),
-            Done::Rx {
-                slot,
-                len,
-                olen,
-                tag,
-                data,
-                src,
-                raw,
-            } => core.complete_rx(slot, *len, *olen, *tag, *data, *src, || {
-                raw.take().unwrap_or_default()
-            }),
-            Done::RxErr {
-                ctx,
-                flags,
-                tag,
-                err,
-            } => core.fail_rx(*ctx, *flags, *tag, *err),
-            Done::SlotErr { slot, tag, err } => core.fail_rx(slot.ctx, slot.flags, *tag, *err),
-            Done::Remote { flags, len, data } => core.complete_remote(*flags, *len, *data),
-            Done::RemoteStaged { ctx, len, data } => {
-                // A write that did not reach the device is not reported as done; the
-                // driver's reason is kept (`EpCore::take_staging_errors`).
-                if core.land_remote(*ctx, *len).is_ok() {
-                    core.complete_remote(FI_RMA | FI_WRITE, *len, *data)
-                }
+        report_one(core, d);
+    }
+}
+
+/// Reports `d` (taking its raw source address out, where it has one).
+#[inline(always)]
+fn report_one(core: &EpCore, d: &mut Done) {
+    match d {
+        Done::Tx { ctx, flags } => core.complete_tx(*ctx, *flags),
+        Done::TxErr { ctx, flags, err } => core.fail_tx(*ctx, *flags, *err),
+        Done::Rx {
+            slot,
+            len,
+            olen,
+            tag,
+            data,
+            src,
+            raw,
+        } => core.complete_rx(slot, *len, *olen, *tag, *data, *src, || {
+            raw.take().unwrap_or_default()
+        }),
+        Done::RxErr {
+            ctx,
+            flags,
+            tag,
+            err,
+        } => core.fail_rx(*ctx, *flags, *tag, *err),
+        Done::SlotErr { slot, tag, err } => core.fail_rx(slot.ctx, slot.flags, *tag, *err),
+        Done::Remote { flags, len, data } => core.complete_remote(*flags, *len, *data),
+        Done::RemoteStaged { ctx, len, data } => {
+            // A write that did not reach the device is not reported as done; the
+            // driver's reason is kept (`EpCore::take_staging_errors`).
+            if core.land_remote(*ctx, *len).is_ok() {
+                core.complete_remote(FI_RMA | FI_WRITE, *len, *data)
             }
-            Done::DropStaged { ctx } => core.drop_remote(*ctx),
-            Done::Peek {
-                ctx,
-                len,
-                tag,
-                data,
-                src,
-            } => core.complete_peek(*ctx, *len, *tag, *data, *src),
         }
+        Done::DropStaged { ctx } => core.drop_remote(*ctx),
+        Done::Peek {
+            ctx,
+            len,
+            tag,
+            data,
+            src,
+        } => core.complete_peek(*ctx, *len, *tag, *data, *src),
     }
 }
 
@@ -183,7 +189,7 @@ pub fn report_unlocked<S>(
             return;
         };
         drop(st);
-        report_each(core, std::slice::from_mut(&mut one));
+        report_one(core, &mut one);
         return;
     }
     // A thread being torn down has no spare: allocations are then made and freed.

@@ -351,6 +351,7 @@ impl Engine {
 
     /// A message landed in `slot` (`got` of its bytes): acknowledged if its sender asked,
     /// and completed.
+    #[inline]
     pub(super) fn msg_landed(&mut self, peer: PeerId, mut slot: RecvSlot, got: usize, m: Landed) {
         if m.fl & flags::ACK != 0 {
             let status = self.sink_status(&slot, got);
