@@ -261,11 +261,19 @@ impl Engine {
         self
     }
 
+    #[inline]
     fn peer(&mut self, p: PeerId) -> &mut PeerState {
         if self.peers.len() <= p {
-            self.peers.resize_with(p + 1, PeerState::default);
+            self.grow_peers(p);
         }
         &mut self.peers[p]
+    }
+
+    /// `peer`'s first look at `p`: room for its state.
+    #[cold]
+    #[inline(never)]
+    fn grow_peers(&mut self, p: PeerId) {
+        self.peers.resize_with(p + 1, PeerState::default);
     }
 
     /// Completions gathered since the last call, to `report` without the provider's lock.
@@ -434,8 +442,13 @@ impl Engine {
         if matches!(sink, Sink::Wait) {
             return Ok(false);
         }
-        // SAFETY: the engine keeps a sink's memory writable until `on_body`, just below.
-        let sink = unsafe { sink.fill(body) };
+        // A frame with no body (an acknowledgement, most answers) has nothing to fill in.
+        let sink = if body.is_empty() {
+            sink
+        } else {
+            // SAFETY: the engine keeps a sink's memory writable until `on_body`, just below.
+            unsafe { sink.fill(body) }
+        };
         self.on_body(peer, sink);
         Ok(true)
     }
