@@ -176,7 +176,9 @@ impl EpLink {
         d.push(cntr.clone());
     }
 
-    /// Starts a job whose threshold was reached, behind any that wait for room.
+    /// Starts a job whose threshold was reached, behind any that wait for room. Inline: a
+    /// job is large, and each call it went through copied it.
+    #[inline]
     pub(crate) fn submit(&self, job: Job) {
         if self.closed.load(Ordering::Acquire) {
             job.cancel();
@@ -220,6 +222,7 @@ impl EpLink {
     }
 
     /// Hands `job` to the provider; gives it back if the provider says `Again`.
+    #[inline]
     fn start(&self, mut job: Job) -> Option<Job> {
         let user_ctx = job.ctx();
         let key = job.work.as_ref().map(|w| {
