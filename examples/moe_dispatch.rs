@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use xfabric::clock::mono_ns as now_ns;
 use xfabric::kernels::CpuXpuStream;
 use xfabric::xpu::device as dev;
 use xfabric::*;
@@ -112,18 +113,6 @@ fn main() {
         Ok(r) => rank(&o, r.parse().unwrap_or_else(|_| die("bad rank"))),
         Err(_) => coordinate(&o),
     }
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the machine (and in
-/// every network namespace of it).
-fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// A 64-bit mix (splitmix64's finalizer): the router's hash.

@@ -53,6 +53,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use xfabric::clock::mono_ns as now_ns;
 use xfabric::kernels::cpu::{ring, store};
 use xfabric::*;
 
@@ -65,17 +66,6 @@ const TAG_PLAIN: u64 = 2;
 
 /// `--sread`: the sender waits in `fi_cq_sread` under manual progress too.
 static SREAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the machine.
-fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, clap::ValueEnum)]
 enum Mode {

@@ -23,6 +23,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use xfabric::clock::mono_ns;
 use xfabric::hmem::{Hmem, HostMapped};
 use xfabric::*;
 
@@ -706,20 +707,6 @@ struct Timeline {
     host_done: Duration,
     first: Duration,
     last: Duration,
-}
-
-/// This machine's monotonic clock (ns), which both processes read: the peer's arrival times
-/// against the sender's start.
-fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// The peer's "ok SEED FIRST LAST" after checking a pass: its first and last arrival times.

@@ -99,7 +99,7 @@ pub use xfabric_core::entry::*;
 /// The device API's exported handles (`Endpoint::export_xpu`, `CompletionQueue::export_xpu`,
 /// `Counter::export_xpu`); the device calls are in `xpu::device`.
 pub use xfabric_core::xpu::{XpuCntr, XpuCq, XpuEp};
-pub use xfabric_core::{atomic, av, consts, entry, error, log, settings, xpu};
+pub use xfabric_core::{atomic, av, clock, consts, entry, error, log, settings, xpu};
 pub use xfabric_core::{
     notify_xpu_ring, strerror, user_monitor_wait, AddrFormat, AddressVector, AtomicOp, AvAttr,
     Buffered, CntrAttr, CompletionQueue, Counter, CqAttr, Datatype, DeferredWork, Domain,

@@ -7,6 +7,7 @@
 
 pub mod atomic;
 pub mod av;
+pub mod clock;
 pub mod cntr;
 pub mod consts;
 pub mod copy;

@@ -84,21 +84,6 @@ pub(crate) fn poll_interval(base: Duration, max: Duration, quiet: u64) -> Durati
         .min(max.max(base))
 }
 
-/// Nanoseconds of the monotonic clock (`Instant`'s, read directly: a ring reads it once, and
-/// `Instant::elapsed`'s checked subtraction of two timespecs cost it as much again).
-fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into the one we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    // The monotonic clock counts from boot: centuries from overflowing.
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
-}
-
 /// How the watcher predicts rings of doorbells that wake no one (`XFABRIC_XPU_PREDICT`,
 /// `XFABRIC_XPU_MARGIN_US`, `XFABRIC_XPU_MAX_SPIN_US`); `None` when it does not.
 fn policy() -> Option<Policy> {
@@ -279,7 +264,7 @@ pub(crate) struct XpuWatch {
     has_bells: AtomicBool,
     /// When a trigger last fired (nanoseconds since `epoch`), for the watcher's back-off.
     last_fire: AtomicU64,
-    /// The monotonic clock's reading (`mono_ns`) when the watch was made.
+    /// The monotonic clock's reading (`clock::mono_ns`) when the watch was made.
     epoch: u64,
     /// Exported descriptor rings (`Endpoint::export_xpu`).
     rings: Mutex<Vec<RingWatch>>,
@@ -298,7 +283,7 @@ impl XpuWatch {
             armed: AtomicUsize::new(0),
             has_bells: AtomicBool::new(false),
             last_fire: AtomicU64::new(0),
-            epoch: mono_ns(),
+            epoch: crate::clock::mono_ns(),
             rings: Mutex::default(),
             has_rings: AtomicBool::new(false),
             cq_backlog: AtomicBool::new(false),
@@ -311,7 +296,7 @@ impl XpuWatch {
 
     /// Nanoseconds since `epoch` (saturating: centuries away).
     fn now(&self) -> u64 {
-        mono_ns().saturating_sub(self.epoch)
+        crate::clock::mono_ns().saturating_sub(self.epoch)
     }
 
     /// True while armed operations wait: the watcher must keep looking.

@@ -76,16 +76,6 @@ impl Retired {
             );
         }
     }
-
-    /// Blocks kept.
-    pub fn len(&self) -> usize {
-        self.blocks.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// None kept.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Makes shared blocks for XPUs other than the CPU one; a domain supplies it

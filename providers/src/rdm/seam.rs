@@ -312,3 +312,21 @@ impl Handler for Glue<'_> {
         self.engine.on_native_write(len, data)
     }
 }
+
+/// The rule every transport's `rdm::Transport::send` keeps: a frame to a peer whose loss the
+/// transport found but has not reported yet (`losing`) is given back, and the engine keeps it
+/// and fails it with the rest when it hears, so that none leaves on a later connection after
+/// its operation failed; any other frame goes to `queue`.
+// The frame moves by value both ways, as `Transport::send`'s does.
+#[allow(clippy::result_large_err)]
+pub(crate) fn unless_losing(
+    losing: bool,
+    t: rdm::Transmit,
+    queue: impl FnOnce(rdm::Transmit),
+) -> std::result::Result<(), rdm::Transmit> {
+    if losing {
+        return Err(t);
+    }
+    queue(t);
+    Ok(())
+}

@@ -422,14 +422,12 @@ fn send_small(fd: RawFd, b: &[u8]) -> io::Result<bool> {
 }
 
 /// The engine's frames go into the peers' queues, which take everything (a peer that stops
-/// reading holds back its senders through `queued`, not here).
+/// reading holds back its senders through `queued`, not here) but frames to a peer lost and
+/// not yet reported (`seam::unless_losing`).
 impl xfabric_core::rdm::Transport for Net {
     fn send(&mut self, t: Transmit) -> std::result::Result<(), Transmit> {
-        if self.peers.get(t.peer).is_some_and(|p| p.losing > 0) {
-            return Err(t);
-        }
-        Net::send(self, t);
-        Ok(())
+        let losing = self.peers.get(t.peer).is_some_and(|p| p.losing > 0);
+        crate::rdm::seam::unless_losing(losing, t, |t| Net::send(self, t))
     }
 }
 

@@ -217,14 +217,11 @@ fn wr_id(link: usize, slot: usize) -> u64 {
 }
 
 /// The engine's frames go into the peers' queues, which take everything but frames to a peer
-/// lost and not yet reported (the engine keeps those and fails them when it hears).
+/// lost and not yet reported (`seam::unless_losing`).
 impl xfabric_core::rdm::Transport for Net {
     fn send(&mut self, t: Transmit) -> std::result::Result<(), Transmit> {
-        if self.peers.get(t.peer).is_some_and(|p| p.losing > 0) {
-            return Err(t);
-        }
-        Net::send(self, t);
-        Ok(())
+        let losing = self.peers.get(t.peer).is_some_and(|p| p.losing > 0);
+        crate::rdm::seam::unless_losing(losing, t, |t| Net::send(self, t))
     }
 }
 
