@@ -33,7 +33,10 @@
 //! also calls `tx_flush`, as a CPU XPU can. `lat`, `silence`: the same measurements, from
 //! the descriptor's publication to the peer's completion, against the host-posted send in
 //! the same run. `rate`: one XPU thread posting through one watcher (this process's CQ
-//! reads), against the host's own `tinject` rate on the same endpoint. `idle`: the progress
+//! reads, in `fi_cq_sread`: on two cores the watcher shares a core with the XPU thread, and a
+//! watcher spinning in `fi_cq_read` would keep it for whole scheduler slices, so the XPU could
+//! refill its ring once a slice, 0.25 M/s at 1,024 slots), against the host's own `tinject`
+//! rate on the same endpoint. `idle`: the progress
 //! thread's CPU with a ring exported and never posted to, then quiet for a second after
 //! posts. Each prints its goal's verdict on a line starting `goal (issue 31, `, as `silence`
 //! does for doorbells and descriptors alike.
@@ -64,7 +67,8 @@ const ROLE_ENV: &str = "XF_XPU_BENCH_ROLE";
 const TAG_XPU: u64 = 1;
 const TAG_PLAIN: u64 = 2;
 
-/// `--sread`: the sender waits in `fi_cq_sread` under manual progress too.
+/// `--sread` (and `rate --device`): the sender waits in `fi_cq_sread` under manual progress
+/// too.
 static SREAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 #[derive(Clone, Copy, Debug, PartialEq, clap::ValueEnum)]
@@ -184,7 +188,9 @@ fn main() {
         .unwrap_or(if a.mode == Mode::Silence { 5 } else { 2000 });
     let peer = std::env::var(ROLE_ENV).is_ok();
     pin(if peer { &a.peer_cpus } else { &a.cpus });
-    SREAD.store(a.sread && !peer, std::sync::atomic::Ordering::Relaxed);
+    // `rate --device` always: its watcher shares a core with the XPU thread (see above).
+    let sread = a.sread || (a.mode == Mode::Rate && a.device);
+    SREAD.store(sread && !peer, std::sync::atomic::Ordering::Relaxed);
     match (a.mode, peer) {
         (Mode::Lat, false) => lat_sender(&a),
         (Mode::Lat, true) => lat_peer(&a),
