@@ -57,7 +57,8 @@
 #     Debian's libfabric (scripts/probes/silence.c), the anchor.
 #   - the device API (issue 31; the same runs with --device: each send a descriptor the XPU
 #     posts on an exported endpoint): latency, goal p50 <= host send + 0.5 us and p99 <= + 2
-#     us; one XPU thread through one watcher, goal >= 0.6x the host's tinject rate on the same
+#     us; one XPU thread through one watcher (which waits in fi_cq_sread: it shares a core with
+#     the XPU thread on two cores), goal >= 0.6x the host's tinject rate on the same
 #     endpoint; exported rings quiet for a second, goal < 1% of a core; after 0-200 ms of
 #     quiet, a descriptor or doorbell written as a GPU writes it, goal p50 <= a plain send
 #     after the same quiet + 5 us and max <= 2x its max. Each judged in the goals at the end.
