@@ -231,6 +231,26 @@ fn xpu_bench_silence_mode_runs_with_tiny_gaps() {
     }
 }
 
+/// `rate --device`: one XPU thread posts every send as a descriptor while the watcher waits in
+/// `fi_cq_sread`; every send completes at the peer (the peer counts them) in each round, and
+/// the figures and the goal's verdict are printed. No figure is asserted.
+#[test]
+fn xpu_bench_rate_through_the_device_api_completes() {
+    let args = ["rate", "--device", "--count", "3000", "--rounds", "2"];
+    if let Some(text) = run_example("xpu_bench", &args) {
+        assert!(
+            text.contains("3000 per round, 2 rounds"),
+            "the header names the count and rounds: {text}"
+        );
+        assert!(
+            text.contains("xpu-device (one XPU thread, one watcher): "),
+            "{text}"
+        );
+        assert!(text.contains("host tinject: "), "{text}");
+        assert!(text.contains("goal (issue 31, device API rate: "), "{text}");
+    }
+}
+
 #[test]
 fn readme_first_program_sends_hello() {
     if let Some(text) = run_example("first", &[]) {
