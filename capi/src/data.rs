@@ -481,6 +481,7 @@ unsafe fn read_into(
         src: *mut u64,
         wait: Option<(usize, c_int)>,
     ) -> Result<usize, xfabric::Error> {
+        let count = entries_max::<E>(count);
         // SAFETY: writable for count entries of E (caller); E is repr(C) as fi_eq.h's.
         let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<E>(), count) };
         if src.is_null() {
@@ -516,17 +517,19 @@ unsafe fn read_into(
     Ok(isize::try_from(n).unwrap_or(isize::MAX))
 }
 
-/// fi_cq_sread's `cond` is a threshold with FI_CQ_COND_THRESHOLD; the CQ knows its wait_cond.
-///
-/// # Safety
-/// `cond` null or a readable size_t.
-unsafe fn threshold(cond: *const c_void) -> usize {
-    if cond.is_null() {
-        1
-    } else {
-        // SAFETY: a readable size_t (caller).
-        unsafe { *cond.cast::<usize>() }.max(1)
-    }
+/// A read's `count`, bounded to what one slice of `E` may span (`isize::MAX` bytes): `count`
+/// is only the most entries the caller takes, so a larger one (`(size_t)-1`, say) reads as
+/// many as there are, never a slice past the address space.
+fn entries_max<E>(count: usize) -> usize {
+    count.min(isize::MAX as usize / std::mem::size_of::<E>().max(1))
+}
+
+/// fi_cq_sread's `cond`: under FI_CQ_COND_THRESHOLD the threshold itself, a size_t passed in
+/// the pointer's place (fi_cq(3): "the cond field is interpreted as a size_t threshold
+/// value"; libfabric's providers read `(uintptr_t)cond`), never read through. The CQ knows its
+/// wait_cond and ignores the value under FI_CQ_COND_NONE; NULL (0) means 1.
+fn threshold(cond: *const c_void) -> usize {
+    (cond as usize).max(1)
 }
 
 /// fi_cq_read, the call a polling loop makes (most often to hear -FI_EAGAIN): its own short
@@ -541,6 +544,7 @@ pub(crate) unsafe extern "C" fn cq_read(cq: *mut c_void, buf: *mut c_void, count
         buf: *mut c_void,
         count: usize,
     ) -> Result<isize, isize> {
+        let count = entries_max::<E>(count);
         // SAFETY: writable for count entries of E (caller); E is repr(C) as fi_eq.h's.
         let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<E>(), count) };
         match cq.read(b) {
@@ -597,11 +601,9 @@ pub(crate) unsafe extern "C" fn cq_sread(
     timeout: c_int,
 ) -> isize {
     call(|| {
-        // SAFETY: as cq_read; cond null or a size_t.
-        unsafe {
-            let wait = Some((threshold(cond), timeout));
-            read_into(obj::<CompletionQueue>(cq)?, buf, count, null_mut(), wait)
-        }
+        let wait = Some((threshold(cond), timeout));
+        // SAFETY: as cq_read.
+        unsafe { read_into(obj::<CompletionQueue>(cq)?, buf, count, null_mut(), wait) }
     })
 }
 
@@ -617,11 +619,9 @@ pub(crate) unsafe extern "C" fn cq_sreadfrom(
         if src.is_null() {
             return Err(-(FI_EINVAL as isize));
         }
-        // SAFETY: as cq_readfrom; cond null or a size_t.
-        unsafe {
-            let wait = Some((threshold(cond), timeout));
-            read_into(obj::<CompletionQueue>(cq)?, buf, count, src.cast(), wait)
-        }
+        let wait = Some((threshold(cond), timeout));
+        // SAFETY: as cq_readfrom.
+        unsafe { read_into(obj::<CompletionQueue>(cq)?, buf, count, src.cast(), wait) }
     })
 }
 

@@ -133,8 +133,19 @@ pub(crate) unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8
     if buf.is_null() {
         return Err(-(FI_EINVAL as isize));
     }
-    // SAFETY: readable for len (caller), checked non-null.
+    span_ok(len)?;
+    // SAFETY: readable for len (caller), checked non-null, at most isize::MAX.
     Ok(unsafe { std::slice::from_raw_parts(buf.cast(), len) })
+}
+
+/// A buffer length no object can have (past `isize::MAX` bytes, half the address space):
+/// `-FI_EMSGSIZE`, before a slice is made of it.
+fn span_ok(len: usize) -> Result<(), isize> {
+    if isize::try_from(len).is_err() {
+        tracing::debug!("C call: a buffer of {len} bytes is longer than any object can be");
+        return Err(-(libc::EMSGSIZE as isize));
+    }
+    Ok(())
 }
 
 /// # Safety
@@ -146,7 +157,8 @@ pub(crate) unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Result<&'a m
     if buf.is_null() {
         return Err(-(FI_EINVAL as isize));
     }
-    // SAFETY: writable for len (caller), checked non-null.
+    span_ok(len)?;
+    // SAFETY: writable for len (caller), checked non-null, at most isize::MAX.
     Ok(unsafe { std::slice::from_raw_parts_mut(buf.cast(), len) })
 }
 

@@ -34,14 +34,26 @@ unsafe fn opt_str(s: *const c_char, what: &str) -> Result<Option<String>, Bad> {
         .map_err(|_| format!("{what} is not UTF-8"))
 }
 
+/// Longest address or key a hint may carry. Every address format is far shorter (a
+/// `sockaddr_storage` is 128 bytes); a length past it is a caller's mistake, refused before
+/// it is copied (copying a length of 2^45 aborted the process in the allocator).
+const HINT_BYTES_MAX: usize = 4096;
+
 /// # Safety
 /// `p`, if not null, must be readable for `len` bytes.
-unsafe fn opt_bytes(p: *const c_void, len: usize) -> Option<Vec<u8>> {
+unsafe fn opt_bytes(p: *const c_void, len: usize, what: &str) -> Result<Option<Vec<u8>>, Bad> {
     if p.is_null() || len == 0 {
-        return None;
+        return Ok(None);
     }
-    // SAFETY: readable for len bytes (caller).
-    Some(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) }.to_vec())
+    if len > HINT_BYTES_MAX {
+        return Err(format!(
+            "{what} of {len} bytes: longer than any address or key ({HINT_BYTES_MAX} at most)"
+        ));
+    }
+    // SAFETY: readable for len bytes (caller), len bounded above.
+    Ok(Some(
+        unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) }.to_vec(),
+    ))
 }
 
 fn enum_of<T>(raw: c_int, from: fn(i32) -> Option<T>, what: &str) -> Result<T, Bad> {
@@ -59,8 +71,8 @@ pub unsafe fn hints_from_c(h: &FiInfo, version: u32) -> Result<Info, Bad> {
         mode: h.mode,
         addr_format: h.addr_format,
         // SAFETY (both): lengths as the caller states them.
-        src_addr: unsafe { opt_bytes(h.src_addr, h.src_addrlen) },
-        dest_addr: unsafe { opt_bytes(h.dest_addr, h.dest_addrlen) },
+        src_addr: unsafe { opt_bytes(h.src_addr, h.src_addrlen, "src_addr") }?,
+        dest_addr: unsafe { opt_bytes(h.dest_addr, h.dest_addrlen, "dest_addr") }?,
         ..Default::default()
     };
     // SAFETY: attribute pointers null or valid (caller).
@@ -106,7 +118,7 @@ pub unsafe fn hints_from_c(h: &FiInfo, version: u32) -> Result<Info, Bad> {
             tx_ctx_cnt: e.tx_ctx_cnt,
             rx_ctx_cnt: e.rx_ctx_cnt,
             // SAFETY: key readable for its stated length (caller).
-            auth_key: unsafe { opt_bytes(e.auth_key.cast(), e.auth_key_size) },
+            auth_key: unsafe { opt_bytes(e.auth_key.cast(), e.auth_key_size, "ep_attr auth_key") }?,
         };
     }
     // SAFETY: as above.
@@ -157,7 +169,9 @@ pub unsafe fn hints_from_c(h: &FiInfo, version: u32) -> Result<Info, Bad> {
             caps: d.caps,
             mode: d.mode,
             // SAFETY: key readable for its stated length (caller).
-            auth_key: unsafe { opt_bytes(d.auth_key.cast(), d.auth_key_size) },
+            auth_key: unsafe {
+                opt_bytes(d.auth_key.cast(), d.auth_key_size, "domain_attr auth_key")
+            }?,
             auth_key_size: d.auth_key_size,
             max_err_data: d.max_err_data,
             mr_cnt: d.mr_cnt,

@@ -61,6 +61,9 @@ pub(crate) unsafe extern "C" fn ep_getopt(
             FI_OPT_XPU_TRIGGER => {
                 // SAFETY: readable (checked non-null); the caller passes a struct fi_trigger_xpu.
                 if unsafe { *optlen } < std::mem::size_of::<TriggerXpu>() {
+                    // The size it takes, as fi_getopt(3) asks of a value that does not fit.
+                    // SAFETY: writable (checked non-null).
+                    unsafe { *optlen = std::mem::size_of::<TriggerXpu>() };
                     return Err(-(FI_ETOOSMALL as isize));
                 }
                 // SAFETY: a struct fi_trigger_xpu whose var holds count variables (caller).

@@ -4,7 +4,7 @@
 //! cancel, flush), an XPU-triggered send rung by a CPU thread with the variables from
 //! fi_getopt(FI_OPT_XPU_TRIGGER), the device API (fi_xpu(3)) posted from a CPU thread with
 //! xfabric's headers (kernels/cuda/xfabric/) and through its handles after their objects
-//! closed, and device-memory registration refused with -FI_ENOSYS where no device exists. Each program checks what it received and exits non-zero otherwise.
+//! closed, and device-memory registration refused with -FI_ENOSYS where no device exists, and calls a careless caller makes (a threshold passed as cond's value, lengths past any buffer, a NULL region) answered with error codes. Each program checks what it received and exits non-zero otherwise.
 
 mod common;
 #[path = "common/run.rs"]
@@ -79,6 +79,15 @@ fn c_xpu_device_api_from_a_cpu_thread_with_the_installed_headers() {
         "{out}"
     );
     assert!(out.contains("its XPU waited on the counter"), "{out}");
+}
+
+#[test]
+fn c_careless_calls_get_error_codes_not_crashes() {
+    let out = run_c("careless_calls", &[]);
+    assert!(
+        out.contains("careless calls answered without a crash"),
+        "{out}"
+    );
 }
 
 #[test]

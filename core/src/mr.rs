@@ -112,6 +112,14 @@ impl MrMap {
         if attr.len > 0 && attr.addr.checked_add(attr.len).is_none() {
             return Err(Error::Inval("mr_reg: address range wraps".into()));
         }
+        // Host memory at address 0 is never a caller's: registered, a peer's write with its
+        // key would land in the first page and take the process down.
+        if attr.len > 0 && attr.addr == 0 && attr.iface == Iface::System {
+            return Err(Error::Inval(format!(
+                "mr_reg: a null address with a length of {} bytes",
+                attr.len
+            )));
+        }
         let mut m = self.map.write().unwrap_or_else(|e| e.into_inner());
         let key = if let Some(k) = key {
             if k == FI_KEY_NOTAVAIL || m.contains_key(&k) {

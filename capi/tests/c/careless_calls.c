@@ -1,0 +1,114 @@
+/* Calls a careless or hostile C caller makes, each answered with an error code or the right
+ * result instead of a crash:
+ * - fi_cq_sread with its threshold passed as the value of `cond`, as fi_cq(3) says and
+ *   libfabric's providers read it ((void *)1, (void *)4): it was read through as a pointer,
+ *   a SIGSEGV at address 1;
+ * - lengths and counts no buffer can have (SIZE_MAX for a send, (size_t)-1 entries for a CQ
+ *   read): a slice past isize::MAX aborted the process before any check ran;
+ * - hints whose src_addrlen is 2^45: the copy's allocation aborted the process;
+ * - fi_mr_reg of a NULL buffer with a length, for remote write: it was accepted, and a
+ *   peer's write with its key would have landed at address 0;
+ * - fi_getopt(FI_OPT_XPU_TRIGGER) with a short optlen: -FI_ETOOSMALL, and the size it takes
+ *   written back. */
+#include "two.h"
+#include <netinet/in.h>
+#include <rdma/fi_trigger.h>
+
+int main(void)
+{
+	alarm(60);
+	struct fi_info *info;
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	open_domain(FI_MSG | FI_RMA | FI_TRIGGER | FI_XPU_TRIGGER, FI_CONTEXT | FI_CONTEXT2,
+		    FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY, &info, &fabric,
+		    &domain);
+
+	/* A CQ with a threshold condition, and one without, each with a wait object. */
+	struct fid_cq *cq, *cq_none;
+	struct fi_cq_attr attr = { .format = FI_CQ_FORMAT_CONTEXT,
+				   .size = 64,
+				   .wait_obj = FI_WAIT_UNSPEC,
+				   .wait_cond = FI_CQ_COND_THRESHOLD };
+	CHECK(fi_cq_open(domain, &attr, &cq, NULL));
+	attr.wait_cond = FI_CQ_COND_NONE;
+	CHECK(fi_cq_open(domain, &attr, &cq_none, NULL));
+	struct fid_av *av;
+	struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
+	CHECK(fi_av_open(domain, &av_attr, &av, NULL));
+	struct fid_ep *ep;
+	CHECK(fi_endpoint(domain, info, &ep, NULL));
+	CHECK(fi_ep_bind(ep, &av->fid, 0));
+	CHECK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
+	CHECK(fi_enable(ep));
+	char name[64];
+	size_t len = sizeof name;
+	CHECK(fi_getname(&ep->fid, name, &len));
+	fi_addr_t self;
+	REQUIRE(fi_av_insert(av, name, 1, &self, 0, NULL) == 1);
+
+	/* Two messages to itself, then a blocking read with a threshold of 1, then of 4 with
+	 * one left (it returns at the timeout with what there is). */
+	struct fi_context2 ctx[4];
+	char rx[2][8], tx[2][8] = { "one", "two" };
+	for (int i = 0; i < 2; i++)
+		CHECK(fi_recv(ep, rx[i], sizeof rx[i], NULL, FI_ADDR_UNSPEC, &ctx[i]));
+	for (int i = 0; i < 2; i++)
+		CHECK(fi_send(ep, tx[i], sizeof tx[i], NULL, self, &ctx[2 + i]));
+	struct fi_cq_entry e[8];
+	int got = 0;
+	while (got < 4) {
+		ssize_t n = fi_cq_sread(cq, e, 1, (void *)1, 1000);
+		REQUIRE(n == 1 || n == -FI_EAGAIN);
+		if (n > 0)
+			got += (int)n;
+	}
+	/* Nothing left: a threshold of 4 passed as a value waits its 10 ms and says so. */
+	ssize_t n = fi_cq_sread(cq, e, 8, (void *)4, 10);
+	REQUIRE(n == -FI_EAGAIN);
+	/* Under FI_CQ_COND_NONE cond is ignored, whatever it holds. */
+	n = fi_cq_sread(cq_none, e, 1, (void *)0x10, 10);
+	REQUIRE(n == -FI_EAGAIN);
+
+	/* Counts and lengths past any buffer. */
+	n = fi_cq_read(cq, e, (size_t)-1);
+	REQUIRE(n == -FI_EAGAIN);
+	n = fi_send(ep, tx[0], SIZE_MAX, NULL, self, &ctx[0]);
+	REQUIRE(n == -FI_EMSGSIZE);
+	n = fi_recv(ep, rx[0], SIZE_MAX, NULL, FI_ADDR_UNSPEC, &ctx[0]);
+	REQUIRE(n == -FI_EMSGSIZE);
+	REQUIRE(fi_av_remove(av, &self, (size_t)1 << 60, 0) < 0);
+
+	/* Hints with an address length no address has. */
+	struct fi_info *hints = fi_allocinfo(), *out = NULL;
+	REQUIRE(hints);
+	struct sockaddr_in sin = { .sin_family = AF_INET };
+	hints->ep_attr->type = FI_EP_RDM;
+	hints->addr_format = FI_SOCKADDR_IN;
+	hints->src_addr = malloc(sizeof sin);
+	memcpy(hints->src_addr, &sin, sizeof sin);
+	hints->src_addrlen = (size_t)1 << 45;
+	REQUIRE(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &out) == -FI_EINVAL);
+	hints->src_addrlen = sizeof sin;
+	fi_freeinfo(hints);
+
+	/* A NULL buffer with a length, for a peer to write. */
+	struct fid_mr *mr = NULL;
+	REQUIRE(fi_mr_reg(domain, NULL, 4096, FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL) == -FI_EINVAL);
+	REQUIRE(mr == NULL);
+
+	/* fi_getopt with a short optlen: the size it takes comes back. */
+	struct fi_trigger_xpu t;
+	size_t optlen = 1;
+	REQUIRE(fi_getopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_XPU_TRIGGER, &t, &optlen) ==
+		-FI_ETOOSMALL);
+	REQUIRE(optlen == sizeof t);
+
+	CHECK(fi_close(&ep->fid));
+	CHECK(fi_close(&av->fid));
+	CHECK(fi_close(&cq->fid));
+	CHECK(fi_close(&cq_none->fid));
+	close_domain(info, fabric, domain);
+	printf("careless calls answered without a crash\n");
+	return 0;
+}
