@@ -334,7 +334,20 @@ impl Engine {
         prefix: &Prefix,
         ctrl: &[u8],
     ) -> std::result::Result<Sink, WireError> {
+        self.not_inside_a_body(peer)?;
         let f = wire::decode(prefix, ctrl)?;
+        // Memory offered for a copy (a descriptor) only between engines whose transports
+        // copy one-sidedly: ours never offers it otherwise, and a peer that does would have
+        // us ask for its data and then wait for it behind frames that hold the stream.
+        if self.one_sided.is_none() {
+            if let Frame::Rts { desc, .. } | Frame::Write { desc, .. } | Frame::Read { desc, .. } =
+                &f
+            {
+                if !desc.is_empty() {
+                    return Err(WireError::Malformed(f.kind()));
+                }
+            }
+        }
         let body = prefix.body_len;
         if self.must_wait(peer, f.kind()) {
             // Ordering: what this peer asks next waits until its copies are done.
@@ -391,6 +404,19 @@ impl Engine {
         }
     }
 
+    /// `Err` while the body of `peer`'s previous frame is still expected (`on_body` not yet
+    /// called): a second frame now would take the first one's place, and the first's sink
+    /// (a receive's memory) would be written after that receive completed. A transport
+    /// hands each peer's frames over one at a time; only a peer writing two streams at once
+    /// (two shm lanes naming one segment) or a transport's own mistake gets here.
+    #[inline]
+    fn not_inside_a_body(&self, peer: PeerId) -> std::result::Result<(), WireError> {
+        match self.peers.get(peer) {
+            Some(p) if p.pending.is_some() => Err(WireError::Interleaved),
+            _ => Ok(()),
+        }
+    }
+
     /// The body now arriving from `peer` goes into `sink`, for `p` (`on_body`).
     fn expect(&mut self, peer: PeerId, sink: Sink, p: Pending) -> Sink {
         self.peer(peer).pending = Some(p);
@@ -435,6 +461,7 @@ impl Engine {
             return Err(WireError::Body(kind, prefix.body_len));
         }
         // The commonest frame, a message a posted receive takes, skips the sink's round trip.
+        self.not_inside_a_body(peer)?;
         if prefix.kind == Kind::Msg as u8 && self.take_msg(peer, src, prefix, ctrl, body)? {
             return Ok(true);
         }

@@ -374,6 +374,10 @@ pub enum WireError {
     /// A kind that carries no body announced one.
     #[error("{0:?} frame carries a body of {1} bytes")]
     Body(Kind, u64),
+    /// A frame began while the body of the peer's previous one was still arriving: one peer's
+    /// frames come one after the other, never interleaved.
+    #[error("a frame began inside the body of the peer's previous frame")]
+    Interleaved,
 }
 
 /// Reads the prefix from the start of `bytes` and checks it (magic, kind, control length).

@@ -421,3 +421,91 @@ proptest! {
         prop_assert_eq!(net.b.eng.buffered().unexpected, 0);
     }
 }
+
+/// A frame that begins while the body of the peer's previous one is still expected (two
+/// streams from one peer, interleaved) is refused, whole or in two steps, and takes nothing:
+/// the first frame's body still lands where it was going, and its receive completes with it.
+#[test]
+fn a_frame_inside_another_frames_body_is_refused() {
+    let mut first = vec![0u8; 64];
+    let mut second = vec![0u8; 64];
+    let mut net = Net::new();
+    net.b.recv(recv(1, &mut first, None, 0));
+    net.b.recv(recv(2, &mut second, None, 0));
+    let b = &mut net.b;
+    let f = Frame::Msg {
+        id: 0,
+        tag: 0,
+        data: 0,
+        flags: 0,
+    };
+    let ctrl = f.to_vec(64);
+    let p = wire::prefix(&ctrl).unwrap();
+    // The first frame's control part: its body is now expected.
+    let sink = b
+        .eng
+        .on_ctrl(0, 0, &p, &ctrl[PREFIX..])
+        .expect("the first frame");
+    // A second frame, in two steps and whole: refused, nothing taken.
+    assert_eq!(
+        b.eng.on_ctrl(0, 0, &p, &ctrl[PREFIX..]).err(),
+        Some(WireError::Interleaved)
+    );
+    assert_eq!(
+        b.eng.on_frame(0, 0, &p, &ctrl[PREFIX..], &[7; 64]).err(),
+        Some(WireError::Interleaved)
+    );
+    b.report();
+    b.quiet();
+    // The first body arrives: the first receive completes with it; the second still waits.
+    let sink = fill(sink, &[5; 64]);
+    b.eng.on_body(0, sink);
+    b.report();
+    assert_eq!(b.one(1).len, 64);
+    assert!(first.iter().all(|&x| x == 5));
+    assert!(second.iter().all(|&x| x == 0));
+}
+
+/// An engine whose transport does not copy one-sidedly (tcp's) never offers memory, so a
+/// frame offering it (an `Rts`, a `Write` or a `Read` with a descriptor) is refused: served,
+/// it had the target ask for the data with a `Cts` and then wait for it behind whatever the
+/// peer sent next, which held the stream the data was to come on.
+#[test]
+fn memory_offered_to_an_engine_that_does_not_copy_is_refused() {
+    let mut tgt = vec![0u8; 64];
+    let mut buf = vec![0u8; 64];
+    let mut net = Net::new();
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_mut_ptr(), 0);
+    net.b.recv(recv(1, &mut buf, None, 0));
+    let offer = Desc::of_iov(&iov(&[3; 64]));
+    let b = &mut net.b;
+    let rts = Frame::Rts {
+        id: 1,
+        tag: 0,
+        data: 0,
+        len: 64,
+        flags: 0,
+        desc: offer.clone(),
+    };
+    let write = Frame::Write {
+        id: 2,
+        data: 0,
+        flags: wire::flags::ACK,
+        segs: RmaIovList::from_segs(&[seg(at, 64, KEY)]).unwrap(),
+        desc: offer.clone(),
+    };
+    let read = Frame::Read {
+        id: 3,
+        segs: RmaIovList::from_segs(&[seg(at, 64, KEY)]).unwrap(),
+        desc: offer,
+    };
+    for f in [rts, write, read] {
+        let kind = f.kind();
+        assert_eq!(inject(b, f, &[]), Err(WireError::Malformed(kind)));
+    }
+    assert!(b.eng.poll_transmit().is_none(), "nothing asked of the peer");
+    b.quiet();
+    assert!(tgt.iter().all(|&x| x == 0));
+    assert!(buf.iter().all(|&x| x == 0));
+}

@@ -79,16 +79,17 @@ fn pull_only_where_both_transports_can() {
     net.pump();
     net.b.one(10);
     net.a.one(1);
-    // The receiver cannot copy: it ignores the offer.
+    // A receiver whose transport never copies (tcp's) refuses an offer: no engine it talks
+    // to makes one (a provider's endpoints all copy or none does), so one is a hostile
+    // peer's. A receiver that can copy but not now answers frames instead
+    // (`first_pull_answered`).
     let mut net = Net::sides(World::new(), true, false);
     net.b.recv(recv(10, &mut buf, None, 0));
     net.a.send(send(1, &data, None, None, 0));
     net.flush(S::A);
-    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
-    net.pump();
-    net.b.one(10);
-    net.a.one(1);
-    assert_eq!(&buf[..], &data[..]);
+    assert_eq!(net.b.refused, vec![WireError::Malformed(Kind::Rts)]);
+    assert!(net.flush(S::B).is_empty());
+    net.b.quiet();
     // Below the transport's threshold (but above eager): no offer.
     let mut net = pulling();
     net.b.recv(recv(10, &mut buf, None, 0));
