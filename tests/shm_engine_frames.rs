@@ -14,7 +14,7 @@ use xfabric::*;
 use xfabric_core::rdm::wire::{self, Frame, Prefix};
 use xfabric_core::rdm::Desc;
 use xfabric_core::{RmaIov, RmaIovList};
-use xfabric_providers::shm::raw::{NamelessClaim, RawPeer, FRAME, PIECE, RELEASE};
+use xfabric_providers::shm::raw::{NamelessClaim, RawPeer, FRAME, PIECE, PIECE_LEN, RELEASE};
 
 const CAPS: u64 = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV;
 
@@ -551,4 +551,164 @@ fn gone_peers_segments_are_unmapped() {
             maps_of(&names)
         );
     }
+}
+
+/// A message of `len` body bytes whose FRAME carries only the first piece of `body`.
+fn frame_start(len: usize, body: &[u8]) -> Vec<u8> {
+    let f = Frame::Msg {
+        id: 1,
+        tag: 0,
+        data: 0,
+        flags: 0,
+    };
+    let mut v = f.ctrl(len as u64).as_bytes().to_vec();
+    v.extend_from_slice(&body[..PIECE_LEN]);
+    v
+}
+
+/// Writes the pieces of `body` after its first.
+fn rest(raw: &mut RawPeer, body: &[u8]) {
+    for piece in body[PIECE_LEN..].chunks(PIECE_LEN) {
+        assert!(raw.send_raw(PIECE, piece, 0), "room for a piece");
+    }
+}
+
+/// How each receive ended (by context): Ok(len) or Err(errno).
+type Ends = std::collections::HashMap<usize, std::result::Result<usize, i32>>;
+
+/// Drives `n` a while, noting how receives ended.
+fn note(n: &Node, ends: &mut Ends) {
+    let mut buf = [CqTaggedEntry::default(); 8];
+    for _ in 0..64 {
+        match n.cq.read(&mut buf) {
+            Ok(k) => {
+                for e in &buf[..k] {
+                    ends.insert(e.op_context, Ok(e.len));
+                }
+            }
+            Err(Error::Avail) => {
+                let e = n.cq.readerr().expect("an error entry");
+                ends.insert(e.op_context, Err(e.err));
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Drives `n` until receive `ctx` ended; how.
+fn ended(n: &Node, ends: &mut Ends, ctx: usize) -> std::result::Result<usize, i32> {
+    let deadline = std::time::Instant::now() + BOUND;
+    loop {
+        if let Some(&r) = ends.get(&ctx) {
+            return r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "receive {ctx} never ended"
+        );
+        note(n, ends);
+    }
+}
+
+/// Two lanes naming one peer, a message half arrived on each: the second lane takes the
+/// first's place (the first goes with the peer's operations, as for a peer lost), and no
+/// body is finished by the other lane's pieces. Before, the second frame took the first's
+/// place in the engine, the first lane's pieces completed the second's receive with 16 of
+/// its 64 KiB, and the second lane's pieces then wrote into that completed receive.
+#[test]
+fn a_second_lane_for_one_peer_never_finishes_the_firsts_body() {
+    setup();
+    let n = node(CAPS, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let mut ends = Ends::new();
+    const LEN: usize = 4 * PIECE_LEN;
+    let (a, b) = (pattern(LEN, 1), pattern(LEN, 2));
+    let mut r1 = vec![0u8; LEN];
+    let mut r2 = vec![0u8; LEN];
+    // SAFETY: both buffers outlive the receives (each ends below before they go).
+    n.retry(|| unsafe { n.ep.recv(&mut r1, None, FI_ADDR_UNSPEC, 1) });
+    // SAFETY: as above.
+    n.retry(|| unsafe { n.ep.recv(&mut r2, None, FI_ADDR_UNSPEC, 2) });
+    let mut l1 = RawPeer::connect(&addr, None).expect("raw peer");
+    assert!(l1.send_raw(FRAME, &frame_start(LEN, &a), 0));
+    note(&n, &mut ends);
+    let mut l2 = l1.another_lane().expect("a second lane");
+    assert!(l2.send_raw(FRAME, &frame_start(LEN, &b), 0));
+    note(&n, &mut ends);
+    rest(&mut l1, &a);
+    note(&n, &mut ends);
+    rest(&mut l2, &b);
+    // The first lane's receive fails with its lane; the second's gets its whole message.
+    assert!(
+        ended(&n, &mut ends, 1).is_err(),
+        "the first lane's receive failed"
+    );
+    assert_eq!(
+        ended(&n, &mut ends, 2),
+        Ok(LEN),
+        "the second lane's receive"
+    );
+    assert!(
+        r2 == b,
+        "the second receive holds the second lane's message, all of it"
+    );
+    assert!(!l1.lane_claimed(), "the first lane was dropped");
+    // Nothing either lane writes now reaches a completed receive.
+    let snapshot = r2.clone();
+    let _ = l1.send_raw(PIECE, &a[..PIECE_LEN], 0);
+    let _ = l2.send_raw(PIECE, &a[..PIECE_LEN], 0);
+    note(&n, &mut ends);
+    assert!(r2 == snapshot, "a completed receive changed");
+    serves_a_good_peer(&n, &addr);
+}
+
+/// A second CONNECT on a lane already named drops the lane (its frames would be taken for
+/// another peer's).
+#[test]
+fn a_second_connect_on_a_named_lane_drops_it() {
+    setup();
+    let n = node(CAPS, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+    drain(&n);
+    let other = RawPeer::connect(&addr, None).expect("another raw peer");
+    drain(&n);
+    let before = drops_logged();
+    assert!(raw.connect_again(other.name()));
+    assert!(dropped(&n, &raw), "the renamed lane was dropped");
+    assert!(drops_logged() > before);
+    assert!(other.lane_claimed(), "the peer it named keeps its own lane");
+    serves_a_good_peer(&n, &addr);
+}
+
+/// A peer found gone (its lock free) while a message of it was half arrived: the receive
+/// fails, and the pieces it writes afterwards land nowhere. Before, the lane kept its frame's
+/// sink into the failed receive's memory and wrote each later piece there.
+#[test]
+fn pieces_after_a_peer_is_gone_land_nowhere() {
+    setup();
+    let n = node(CAPS, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let mut ends = Ends::new();
+    const LEN: usize = 4 * PIECE_LEN;
+    let a = pattern(LEN, 5);
+    let mut r = vec![0u8; LEN];
+    // SAFETY: r outlives the receive (it ends below).
+    n.retry(|| unsafe { n.ep.recv(&mut r, None, FI_ADDR_UNSPEC, 7) });
+    let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+    assert!(raw.send_raw(FRAME, &frame_start(LEN, &a), 0));
+    note(&n, &mut ends);
+    raw.play_dead();
+    let err = ended(&n, &mut ends, 7).expect_err("the receive of a gone peer's message fails");
+    assert_eq!(err, FI_ECONNRESET, "errno");
+    let snapshot = r.clone();
+    rest(&mut raw, &a);
+    for _ in 0..4 {
+        note(&n, &mut ends);
+    }
+    assert!(
+        r == snapshot,
+        "pieces written after the loss reached the failed receive"
+    );
+    serves_a_good_peer(&n, &addr);
 }

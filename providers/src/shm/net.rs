@@ -909,7 +909,9 @@ impl Net {
                 // SAFETY: the message's slots, before the consumer advances.
                 let name = unsafe { std::slice::from_raw_parts(pl, len) };
                 let name = String::from_utf8_lossy(name).into_owned();
-                self.on_connect(lane, &name);
+                if !self.on_connect(g, lane, &name) {
+                    return Err(0);
+                }
                 true
             }
             kind::BYE => {
@@ -953,12 +955,35 @@ impl Net {
         true
     }
 
-    fn on_connect(&mut self, lane: usize, name: &str) {
+    /// A CONNECT on `lane` naming segment `name`: the lane is that peer's from now on. False
+    /// when the lane was dropped instead (a second CONNECT on a lane already named).
+    fn on_connect(&mut self, g: &mut Glue<'_>, lane: usize, name: &str) -> bool {
         // Only names of xfabric segments: a peer must not make us open arbitrary paths.
         let valid = super::addr::seg_name(format!("{ADDR_PREFIX}{name}").as_bytes())
             .is_ok_and(|n| n == name);
         if !valid {
-            return;
+            return true;
+        }
+        // A lane names its peer once: renamed, a frame half read from one peer would be
+        // finished by another.
+        if self.lane_peer[lane].is_some() {
+            self.lane_garbage(g, lane, "a second CONNECT on a lane already named");
+            return false;
+        }
+        // One peer writes us on one lane. A second lane naming it would interleave its frames
+        // with the first's (a body half arrived on one lane finished by the other's, into a
+        // receive that already completed): the first lane goes, with the peer's operations,
+        // as for a peer lost, and the peer starts afresh on this one (as a peer that lost us
+        // and came back does).
+        if let Some(&p) = self.by_name.get(name) {
+            if let Some(old) = self.links[p].rx_lane.filter(|&l| l != lane) {
+                self.garbage(
+                    g,
+                    p,
+                    Some(old),
+                    "a second lane claimed for a peer that has one",
+                );
+            }
         }
         let p = match self.peer_by_name(name) {
             Ok(p) => {
@@ -972,11 +997,12 @@ impl Net {
                 None if self.links.iter().filter(|l| l.never_mapped).count() < LANES => {
                     self.add_link(name, None, None)
                 }
-                None => return,
+                None => return true,
             },
         };
         self.links[p].rx_lane = Some(lane);
         self.lane_peer[lane] = Some(p);
+        true
     }
 
     /// A FRAME message: true when taken (its body under way or done), false when it stays at
@@ -1212,8 +1238,10 @@ impl Net {
         );
         // Answers it wrote before it died come first: an operation it did complete
         // completes here too.
+        // At most what the lane holds: a peer still writing as it goes must not keep this
+        // call reading.
         if let Some(lane) = l.rx_lane {
-            self.poll_lane(g, lane, usize::MAX);
+            self.poll_lane(g, lane, ring::SLOTS);
         }
         self.gone(g, p, FI_ECONNRESET);
     }
@@ -1233,6 +1261,11 @@ impl Net {
             f.drop_pid(pid);
         }
         g.on_lost(p, Some(&Seg(&self.links[p].name)), err);
+        // A frame of it half arrived goes with it: the engine failed the receive its body was
+        // going to, and a piece written after must find no memory to land in.
+        if let Some(lane) = self.links[p].rx_lane {
+            self.rx[lane] = None;
+        }
         self.end_splits(g.engine, Some(p), err);
         // With no lane from it, nothing of it is left to read (one still being read is
         // unmapped once drained: `release_if_gone`).

@@ -74,14 +74,30 @@ impl RawPeer {
         }
         let lane = ring::claim_lane(&target, 0xbad0_0000 | u64::from(std::process::id()))
             .ok_or_else(|| Error::Busy("raw peer: no free lane".into()))?;
+        RawPeer::on_lane(own, target, lane)
+    }
+
+    /// Claims another lane of the same target and names this peer's segment there too, as a
+    /// process writing two streams under one name would (or one that lost the target and
+    /// came back without saying goodbye).
+    pub fn another_lane(&self) -> Result<RawPeer> {
+        let target = Segment::open(self.target.name(), ring::SEG_BYTES)?;
+        let own = Segment::open(self.own.name(), ring::SEG_BYTES)?;
+        let lane = ring::claim_lane(&target, 0xbad1_0000 | u64::from(std::process::id()))
+            .ok_or_else(|| Error::Busy("raw peer: no free lane".into()))?;
+        RawPeer::on_lane(own, target, lane)
+    }
+
+    /// Writes the CONNECT naming `own` on `lane` of `target` (claimed).
+    fn on_lane(own: Segment, target: Segment, lane: usize) -> Result<RawPeer> {
         let mut peer = RawPeer {
-            own,
             prod: Producer::new(&target, lane),
             target,
             lane,
             rx: None,
+            own,
         };
-        let me = own_name.into_bytes();
+        let me = peer.own.name().as_bytes().to_vec();
         let h = Header {
             kind: kind::CONNECT,
             len: me.len() as u32,
@@ -93,6 +109,23 @@ impl RawPeer {
             return Err(Error::Again("raw peer: connect"));
         }
         Ok(peer)
+    }
+
+    /// Lets go of our segment's lock while we keep writing: the target then counts us gone
+    /// (as a process that died), and anything we write after must land nowhere.
+    pub fn play_dead(&self) {
+        self.own.unlock();
+    }
+
+    /// Writes a second CONNECT on this peer's lane, naming `name`.
+    pub fn connect_again(&mut self, name: &str) -> bool {
+        let h = Header {
+            kind: kind::CONNECT,
+            len: name.len() as u32,
+        };
+        self.prod.write(&self.target, &h, name.len(), |b| {
+            b.copy_from_slice(name.as_bytes())
+        })
     }
 
     /// Writes one message: `kind` (a frame start, `FRAME`, or a body piece, `PIECE`, or

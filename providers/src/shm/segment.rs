@@ -222,6 +222,15 @@ impl Segment {
     }
 }
 
+impl Segment {
+    /// Lets go of the owner's lock while the mapping stays (for tests' raw peers: a process
+    /// whose lock is free counts as gone, whatever it still writes).
+    pub(super) fn unlock(&self) {
+        // SAFETY: flock on a descriptor we own.
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
 impl Drop for Segment {
     fn drop(&mut self) {
         if let Some(g) = self.guard.take() {
