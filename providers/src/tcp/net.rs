@@ -1398,7 +1398,10 @@ impl Net {
             self.peers[p].conn = Some(k);
         }
         self.set_up(k);
-        let mut n = 1;
+        // The loss of the connection this one replaces reaches the engine before any frame of
+        // this one: a frame read first would find the old connection's half-arrived body
+        // still expected (and its charge still held), and be taken for a second stream.
+        let mut n = 1 + self.report(h);
         if sends {
             n += self.flush(p);
         }
@@ -1454,7 +1457,8 @@ impl Net {
         }
         self.peers[p].nonce = Some(nonce);
         self.set_up(k);
-        let mut n = 1 + self.flush(p);
+        // As in `accept_hello`: a replaced connection's loss first.
+        let mut n = 1 + self.report(h) + self.flush(p);
         if self.conns.contains(k) {
             n += self.read_frames(k, h);
         }

@@ -48,6 +48,8 @@ struct Rec {
     /// With `Mode::Hold`: answer `Wait`, counting the offers in `offers`.
     held: bool,
     offers: usize,
+    /// Losses and control parts in the order they came: ("lost", peer) and ("ctrl", id).
+    events: Vec<(&'static str, u64)>,
 }
 
 impl Handler for Rec {
@@ -62,6 +64,7 @@ impl Handler for Rec {
         let Frame::Msg { id, .. } = f else {
             return Err(WireError::Kind(p.kind));
         };
+        self.events.push(("ctrl", u64::from(id)));
         if self.mode == Mode::Hold && self.held {
             self.offers += 1;
             return Ok(Sink::Wait);
@@ -97,6 +100,7 @@ impl Handler for Rec {
     }
     fn on_lost(&mut self, peer: PeerId, _: Option<&dyn PeerName>, errno: i32) {
         self.lost.push((peer, errno));
+        self.events.push(("lost", peer as u64));
     }
 }
 
@@ -1388,4 +1392,81 @@ fn an_idle_connection_gives_its_read_buffer_back() {
     );
     assert_eq!(ha.got[1].3, pattern(2, 3000));
     assert!(ha.lost.is_empty() && hb.lost.is_empty());
+}
+
+/// A restarted peer (a new nonce) replaces a connection that stopped in the middle of a
+/// frame, and sends a frame right after its call-back vouched for it: the old connection's
+/// loss reaches the handler before that frame. Read first, the new frame came while the old
+/// one's body was still expected, and took its place (the engine now refuses that as a
+/// second stream; the order is what keeps a restarted peer's first frame).
+#[test]
+fn a_replaced_connections_loss_comes_before_the_new_ones_frames() {
+    let mut a = Net::bind(lo()).unwrap();
+    let mut ha = Rec::default();
+    let (mut s1, me) = raw_peer(&mut a, &mut ha, 1);
+    // Half a frame on the first connection.
+    let half = Frame::Msg {
+        id: 7,
+        tag: 0,
+        data: 0,
+        flags: 0,
+    }
+    .ctrl(1 << 16);
+    s1.write_all(half.as_bytes()).unwrap();
+    s1.write_all(&[1; 100]).unwrap();
+    drive(&mut [(&mut a, &mut ha)], "the first frame's start", |h| {
+        h[0].open.len() == 1
+    });
+    // The same address again with a new nonce; its call-back answered by hand, so that the
+    // frame behind the VOUCH is in the socket before `a` reads either.
+    let l = StdListener::bind(me).expect("the raw peer's address again");
+    l.set_nonblocking(true).unwrap();
+    let mut s2 = StdStream::connect(a.local_addr()).unwrap();
+    let src = s2.local_addr().unwrap();
+    s2.write_all(&hello(me, 2)).unwrap();
+    let start = Instant::now();
+    let mut c = loop {
+        a.progress(&mut ha);
+        if let Ok((c, _)) = l.accept() {
+            break c;
+        }
+        assert!(start.elapsed() < LIMIT, "no call-back");
+    };
+    c.set_nonblocking(true).unwrap();
+    let mut b = [0u8; hello::LEN];
+    let mut got = 0;
+    while got < b.len() {
+        a.progress(&mut ha);
+        match c.read(&mut b[got..]) {
+            Ok(0) => panic!("the call-back closed"),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("call-back: {e}"),
+        }
+        assert!(start.elapsed() < LIMIT, "no VERIFY");
+    }
+    assert_eq!(Hs::decode(&b), Ok(Hs::Verify { src, nonce: 2 }));
+    let whole = Frame::Msg {
+        id: 9,
+        tag: 0,
+        data: 0,
+        flags: 0,
+    }
+    .ctrl(10);
+    c.write_all(&Hs::Vouch { yes: true }.encode()).unwrap();
+    s2.write_all(whole.as_bytes()).unwrap();
+    s2.write_all(&[2; 10]).unwrap();
+    drive(
+        &mut [(&mut a, &mut ha)],
+        "the new connection's frame",
+        |h| h[0].events.contains(&("ctrl", 9)),
+    );
+    let lost = ha.events.iter().position(|e| e.0 == "lost");
+    let new = ha.events.iter().position(|&e| e == ("ctrl", 9));
+    assert!(
+        lost.is_some() && lost < new,
+        "the old connection's loss first: {:?}",
+        ha.events
+    );
+    drop(s1);
 }
