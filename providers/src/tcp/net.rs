@@ -38,6 +38,10 @@ use xfabric_core::rdm::{Body, PeerId, Sink, Transmit};
 use crate::rdm::{Handler, PeerName};
 use hello::{reason, Hs, HsError, Side, Transcript, RAND};
 
+/// A frame may take this many times `stall_after` to arrive, however steadily its bytes
+/// come: a peer sending one byte a minute never stalls, and held its receive for ever.
+const FRAME_STALLS: u64 = 4;
+
 /// Bytes of each connection's read buffer.
 const RBUF: usize = 64 * 1024;
 /// What one read asks for after a frame with a large body: the next frame is likely large
@@ -167,6 +171,10 @@ struct Conn {
     /// ourselves. A peer that stops mid-frame for `stall_after` loses the connection
     /// (`look_at_connections`); until then it holds a receive and the bytes charged to it.
     stalled_since: Option<u64>,
+    /// Coarse time when the frame now partly here began to arrive (`None` between frames
+    /// and while we hold back): however steadily its bytes trickle in, a frame that takes
+    /// `FRAME_STALLS` times `stall_after` to come loses the connection too.
+    frame_since: Option<u64>,
     /// Bytes came since `note_stall` last looked.
     fed: bool,
     /// Bytes came since `look_at_connections` last looked.
@@ -1751,12 +1759,17 @@ impl Net {
             if c.waiting || c.more {
                 // We hold back, not the peer.
                 c.stalled_since = None;
+                c.frame_since = None;
                 continue;
             }
             let (Some(limit), Some(since)) = (limit, c.stalled_since) else {
                 continue;
             };
-            if now != u64::MAX && now.saturating_sub(since) >= limit {
+            let frame_limit = limit.saturating_mul(FRAME_STALLS);
+            let trickled = c
+                .frame_since
+                .is_some_and(|f| now.saturating_sub(f) >= frame_limit);
+            if now != u64::MAX && (now.saturating_sub(since) >= limit || trickled) {
                 stalled.push(k);
             }
         }
@@ -1933,6 +1946,7 @@ impl Conn {
             waiting: false,
             more: false,
             stalled_since: None,
+            frame_since: None,
             fed: false,
             read_lately: false,
         }
@@ -1948,20 +1962,27 @@ impl Conn {
         h: &mut H,
     ) -> (usize, Option<i32>) {
         let r = self.pump_frames(peer, addr, h);
-        self.note_stall();
+        self.note_stall(r.0 > 0);
         r
     }
 
     /// Keeps `stalled_since` after a read: cleared between frames (the common case of small
     /// messages: no clock is read) and while we hold back ourselves, restarted when bytes of
     /// a partial frame came.
+    /// `frame_since` likewise, restarted only when a frame was finished (`finished`): a
+    /// frame's own bytes do not restart it.
     #[inline(always)]
-    fn note_stall(&mut self) {
+    fn note_stall(&mut self, finished: bool) {
         let mid = !matches!(self.rx, Rx::Head) || self.re > self.rs;
         if !mid || self.waiting || self.more {
             self.stalled_since = None;
+            self.frame_since = None;
         } else if self.fed || self.stalled_since.is_none() {
-            self.stalled_since = Some(crate::clock::coarse_ms());
+            let now = crate::clock::coarse_ms();
+            self.stalled_since = Some(now);
+            if finished || self.frame_since.is_none() {
+                self.frame_since = Some(now);
+            }
         }
         self.fed = false;
     }

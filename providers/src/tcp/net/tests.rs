@@ -1470,3 +1470,34 @@ fn a_replaced_connections_loss_comes_before_the_new_ones_frames() {
     );
     drop(s1);
 }
+
+/// A peer that keeps a frame coming a few bytes at a time, never silent for `stall_after`,
+/// is lost all the same once the frame has taken `FRAME_STALLS` times that: before, each byte
+/// restarted the stall, and one byte every few minutes held the receive it matched for ever.
+#[test]
+fn a_frame_trickling_in_is_lost_after_frame_stalls_times_stall_after() {
+    let mut a = Net::bind(lo()).unwrap();
+    a.set_stall_after(Some(Duration::from_millis(200)));
+    a.set_look_every(Duration::from_millis(20));
+    let mut h = Rec::default();
+    let (mut s, _) = raw_peer(&mut a, &mut h, 79);
+    s.set_nonblocking(true).unwrap();
+    let body = pattern(4, 64 << 10);
+    let ctrl = msg(0, 1, Body::Owned(body.clone()), None).ctrl;
+    let frame = [ctrl.to_vec(), body].concat();
+    // A few bytes every 50 ms, a quarter of the stall: never a stall, and the frame is never
+    // finished (it would take minutes).
+    let start = Instant::now();
+    let mut off = 0;
+    while h.lost.is_empty() {
+        s.write_all(&frame[off..off + 8]).unwrap();
+        off += 8;
+        let until = Instant::now() + Duration::from_millis(50);
+        while Instant::now() < until && h.lost.is_empty() {
+            a.progress(&mut h);
+        }
+        assert!(start.elapsed() < LIMIT, "a trickling peer was kept");
+    }
+    assert_eq!(h.lost[0].1, libc::ETIMEDOUT);
+    assert!(h.got.is_empty(), "no frame is handed over half");
+}
