@@ -58,11 +58,21 @@ impl Guard {
     }
 }
 
-/// Registers the mapping of `len` bytes at `start`. `None` (said once) when the table is full
-/// or the handler could not be installed: the mapping is then as unguarded as before.
-pub fn guard(start: *mut u8, len: usize) -> Option<Guard> {
+/// Why a mapping is not guarded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unguarded {
+    /// Every slot holds a mapping: the caller must not map one more (a peer that truncated
+    /// it would kill the process), and says so.
+    Full,
+    /// The handler could not be installed (or the mapping is empty): nothing is guarded in
+    /// this process, as before the guard existed.
+    NoHandler,
+}
+
+/// Registers the mapping of `len` bytes at `start`; why not (`Full` said once in the log).
+pub fn guard(start: *mut u8, len: usize) -> Result<Guard, Unguarded> {
     if !install() || len == 0 {
-        return None;
+        return Err(Unguarded::NoHandler);
     }
     for (i, s) in TABLE.iter().enumerate() {
         if s.start.load(Ordering::Relaxed) == 0
@@ -73,14 +83,40 @@ pub fn guard(start: *mut u8, len: usize) -> Option<Guard> {
             s.faulted.store(false, Ordering::Relaxed);
             HIGH.fetch_max(i + 1, Ordering::AcqRel);
             s.start.store(start as usize, Ordering::Release);
-            return Some(Guard(i));
+            return Ok(Guard(i));
         }
     }
     static FULL: Once = Once::new();
     FULL.call_once(|| {
-        tracing::warn!("shm: {SLOTS} segment mappings guarded already; later ones are not (a peer truncating its segment would kill this process)");
+        tracing::warn!("shm: {SLOTS} segment mappings guarded already; no more are mapped until some go (one a peer truncated would kill this process)");
     });
-    None
+    Err(Unguarded::Full)
+}
+
+/// Takes every free slot for mappings that are not there (tests: a table full of other
+/// endpoints' peers); given back when dropped.
+pub struct Filler(Vec<Guard>);
+
+impl Filler {
+    /// Fills the table.
+    pub fn fill() -> Filler {
+        let mut taken = Vec::new();
+        // Addresses no mapping has: the handler is never asked about them.
+        let mut at = usize::MAX - (1 << 20);
+        while let Ok(g) = guard(at as *mut u8, 1) {
+            taken.push(g);
+            at -= 1;
+        }
+        Filler(taken)
+    }
+}
+
+impl Drop for Filler {
+    fn drop(&mut self) {
+        for g in self.0.drain(..) {
+            unguard(g);
+        }
+    }
 }
 
 /// Gives `g`'s slot back; call it before the mapping is unmapped.

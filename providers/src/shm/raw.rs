@@ -9,6 +9,7 @@ use xfabric_core::{Error, Result};
 
 use super::addr::ADDR_PREFIX;
 pub use super::guard::faults as guard_faults;
+pub use super::guard::Filler as GuardFiller;
 use super::net::split;
 pub use super::net::{
     armed_counts, ipc_counts, ipc_desc, mapped_counts, mapped_desc, split_counts, ArmedCounts,

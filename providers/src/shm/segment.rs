@@ -148,6 +148,20 @@ impl Segment {
         if base == libc::MAP_FAILED {
             return Err(Error::last_os(format!("shm: mmap {name}")));
         }
+        let guard = match guard::guard(base.cast(), len) {
+            Ok(g) => Some(g),
+            Err(guard::Unguarded::NoHandler) => None,
+            Err(guard::Unguarded::Full) => {
+                // SAFETY: unmaps exactly what was mapped above, which nothing else holds.
+                unsafe { libc::munmap(base, len) };
+                if owner {
+                    let _ = std::fs::remove_file(path_of(name));
+                }
+                return Err(Error::Again(
+                    "shm: every guarded mapping slot is in use (too many segments mapped)",
+                ));
+            }
+        };
         Ok(Segment {
             name: name.to_string(),
             file,
@@ -155,7 +169,7 @@ impl Segment {
             len,
             owner,
             reopened: false,
-            guard: guard::guard(base.cast(), len),
+            guard,
         })
     }
 
