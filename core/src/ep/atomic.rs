@@ -92,6 +92,7 @@ const ATOMIC_FLAGS: u64 =
 
 impl Endpoint {
     fn post_atomic(&self, what: &'static str, req: AtomicReq) -> Result<()> {
+        self.not_triggered_by_default(what, req.flags)?;
         self.check_atomic(what, &req)?;
         // SAFETY: forwarded from the public call's contract (operand and compare are readable
         // now).

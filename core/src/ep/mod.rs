@@ -811,10 +811,26 @@ impl Endpoint {
     }
 
     fn post_tx(&self, what: &'static str, op: TxOp) -> Result<()> {
+        self.not_triggered_by_default(what, op.flags)?;
         self.check_tx(what, &op)?;
         // SAFETY: the public call's contract: the data is readable now and stays so until
         // the completion (an inject's only during the call, where the provider copies it).
         unsafe { self.core.start_send(&*self.ops, &op) }.map_err(Error::from)
+    }
+
+    /// `Inval` where a call other than a `*msg` one meets `FI_TRIGGER` among a handle's
+    /// default flags (an alias made with it): such an operation waits for its trigger, which
+    /// only the `*msg` calls with a triggered context name. Started at once instead, it ran
+    /// before what it was meant to wait for.
+    #[inline]
+    pub(crate) fn not_triggered_by_default(&self, what: &'static str, flags: u64) -> Result<()> {
+        if flags & FI_TRIGGER != 0 {
+            return Err(Error::Inval(format!(
+                "{what}: this handle's default flags hold FI_TRIGGER (fi_ep_alias): post a \
+                 triggered operation with the *msg call and a triggered context"
+            )));
+        }
+        Ok(())
     }
 
     /// Checks a send against the endpoint's state, sizes and capabilities.
@@ -1042,6 +1058,7 @@ impl Endpoint {
         src: FiAddr,
         ctx: Context,
     ) -> Result<()> {
+        self.not_triggered_by_default("recv", self.rx_op_flags())?;
         let r = PostedRecv {
             ctx,
             iov: IovList::one(buf.as_mut_ptr() as usize, buf.len()),
@@ -1066,6 +1083,7 @@ impl Endpoint {
         ctx: Context,
     ) -> Result<()> {
         let l = self.iov("recvv", iov)?;
+        self.not_triggered_by_default("recvv", self.rx_op_flags())?;
         let r = PostedRecv {
             ctx,
             iov: l,
@@ -1226,6 +1244,7 @@ impl Endpoint {
         ignore: u64,
         ctx: Context,
     ) -> Result<()> {
+        self.not_triggered_by_default("trecv", self.rx_op_flags())?;
         let r = PostedRecv {
             ctx,
             iov: IovList::one(buf.as_mut_ptr() as usize, buf.len()),
@@ -1251,6 +1270,7 @@ impl Endpoint {
         ignore: u64,
         ctx: Context,
     ) -> Result<()> {
+        self.not_triggered_by_default("trecvv", self.rx_op_flags())?;
         let r = PostedRecv {
             ctx,
             iov: self.iov("trecvv", iov)?,

@@ -40,6 +40,7 @@ const RMA_FLAGS: u64 = FI_REMOTE_CQ_DATA
 
 impl Endpoint {
     fn post_rma(&self, what: &'static str, op: RmaOp) -> Result<()> {
+        self.not_triggered_by_default(what, op.flags)?;
         self.check_rma(what, &op)?;
         // SAFETY: forwarded from the public call's contract (a write's data is readable now).
         unsafe { self.core().start_rma(&**self.ops(), &op) }.map_err(Error::from)

@@ -411,3 +411,42 @@ fn an_alias_shares_the_endpoint_with_its_own_default_flags() {
     let r = unsafe { a.sendmsg(&msg(&iov, 3), 0) };
     assert!(matches!(r, Err(Error::OpBadState(_))), "{r:?}");
 }
+
+/// A handle whose default flags hold `FI_TRIGGER` (an alias made with it) refuses the calls
+/// that name no trigger and take its default flags (send, write, read, atomics alike; receive on a
+/// receive alias) with `Inval`: before, they started at once, ahead of what they were meant
+/// to wait for. (An inject takes no default flags, on any handle.) The triggered `*msg`
+/// calls through the same alias still wait for their trigger.
+#[test]
+fn an_alias_triggered_by_default_refuses_calls_that_name_no_trigger() {
+    let w = World::new();
+    let e = w.ep();
+    let tx = e.ep.alias(FI_TRANSMIT | FI_TRIGGER).unwrap();
+    let rx = e.ep.alias(FI_RECV | FI_TRIGGER).unwrap();
+    let buf = [0u8; 8];
+    let mut into = [0u8; 8];
+    // SAFETY (each): refused before anything is posted.
+    let refused = [
+        unsafe { tx.send(&buf, None, 0, 1) },
+        unsafe { tx.tsend(&buf, None, 0, 5, 1) },
+        unsafe { tx.write(&buf, None, 0, 0, 0, 1) },
+        unsafe { tx.read(&mut into, None, 0, 0, 0, 1) },
+        unsafe { rx.recv(&mut into, None, FI_ADDR_UNSPEC, 1) },
+        unsafe { rx.trecv(&mut into, None, FI_ADDR_UNSPEC, 5, 0, 1) },
+    ];
+    for (i, r) in refused.iter().enumerate() {
+        assert!(
+            matches!(r, Err(Error::Inval(m)) if m.contains("FI_TRIGGER")),
+            "call {i}: {r:?}"
+        );
+    }
+    assert!(w.sh.ctxs().is_empty(), "nothing started");
+    // The triggered call through the alias waits for its counter.
+    let c = w.cntr();
+    let iov = [RawIov::of(&buf)];
+    // SAFETY: the mock provider never reads the buffer.
+    unsafe { tx.sendmsg_triggered(&msg(&iov, 2), 0, &TriggerContext::threshold(&c, 1)) }.unwrap();
+    assert!(w.sh.ctxs().is_empty(), "waits for its trigger");
+    c.add(1).unwrap();
+    assert_eq!(w.sh.ctxs(), [2]);
+}
