@@ -650,7 +650,10 @@ pub(crate) unsafe extern "C" fn cq_readerr(
                 e.err_data = user;
                 e.err_data_size = n;
             }
-            _ => {
+            // No room given (err_data_size 0): the queue's own copy, which `readerr_data` left
+            // in the entry and keeps until the next read (fi_cq(3)'s compatibility rule).
+            Some(_) => {}
+            None => {
                 e.err_data = 0;
                 e.err_data_size = 0;
             }

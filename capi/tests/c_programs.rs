@@ -82,6 +82,13 @@ fn c_xpu_device_api_from_a_cpu_thread_with_the_installed_headers() {
 }
 
 #[test]
+fn c_cq_readerr_gives_error_data_with_and_without_room() {
+    let headers = concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/cuda");
+    let out = run_c("cq_err_data", &["-I", headers, "-D_GNU_SOURCE"]);
+    assert!(out.contains("error data given back both ways"), "{out}");
+}
+
+#[test]
 fn c_careless_calls_get_error_codes_not_crashes() {
     let out = run_c("careless_calls", &[]);
     assert!(
