@@ -348,21 +348,39 @@ pub(crate) unsafe extern "C" fn av_insert(
             // SAFETY: past this address: the next one, or just past the last.
             p = unsafe { p.add(a.len() + usize::from(!av.sockaddr())) };
         }
-        let mut out = vec![FI_ADDR_UNSPEC; count];
+        // Straight into the caller's array where it is one (aligned): with FI_EVENT, the
+        // completion event goes on the EQ inside the insert, and a thread waiting on it must
+        // find the addresses already written. A misaligned array is filled after.
+        let mut tmp = Vec::new();
+        let direct = !fi_addr.is_null() && fi_addr.cast::<u64>().is_aligned();
+        let out: &mut [u64] = if direct {
+            let bytes = count.checked_mul(8).ok_or(-(FI_EINVAL as isize))?;
+            crate::ffi::span_ok(bytes)?;
+            // SAFETY: fi_addr writable for count entries (caller), aligned, within isize.
+            unsafe { std::slice::from_raw_parts_mut(fi_addr.cast::<u64>(), count) }
+        } else {
+            tmp.resize(count, FI_ADDR_UNSPEC);
+            &mut tmp
+        };
+        out.fill(FI_ADDR_UNSPEC);
         let n = if sync_err {
             let mut errs = vec![0i32; count];
-            let n = av
-                .insert_sync_err(&addrs, &mut out, &mut errs)
-                .map_err(neg)?;
+            let n = av.insert_sync_err(&addrs, out, &mut errs).map_err(neg)?;
             // SAFETY: with FI_SYNC_ERR, context is an int array of count entries (caller).
             unsafe { std::ptr::copy_nonoverlapping(errs.as_ptr(), context.cast(), count) };
             n
         } else {
-            av.insert(&addrs, &mut out, context as usize).map_err(neg)?
+            av.insert(&addrs, out, context as usize).map_err(neg)?
         };
-        if !fi_addr.is_null() {
-            // SAFETY: fi_addr writable for count entries (caller).
-            unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), fi_addr.cast(), count) };
+        if !fi_addr.is_null() && !direct {
+            // SAFETY: fi_addr writable for count entries (caller); copied bytewise, unaligned.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    tmp.as_ptr().cast::<u8>(),
+                    fi_addr.cast::<u8>(),
+                    count * 8,
+                )
+            };
         }
         Ok(isize::try_from(n).unwrap_or(isize::MAX))
     }))

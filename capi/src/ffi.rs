@@ -140,7 +140,7 @@ pub(crate) unsafe fn bytes<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8
 
 /// A buffer length no object can have (past `isize::MAX` bytes, half the address space):
 /// `-FI_EMSGSIZE`, before a slice is made of it.
-fn span_ok(len: usize) -> Result<(), isize> {
+pub(crate) fn span_ok(len: usize) -> Result<(), isize> {
     if isize::try_from(len).is_err() {
         tracing::debug!("C call: a buffer of {len} bytes is longer than any object can be");
         return Err(-(libc::EMSGSIZE as isize));
