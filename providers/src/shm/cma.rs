@@ -142,15 +142,7 @@ fn copy(
                 .unwrap_or(libc::EIO);
             return match e {
                 libc::EPERM | libc::ENOSYS | libc::EACCES => {
-                    if state.usable() {
-                        tracing::warn!(
-                            errno = e,
-                            "shm: the kernel refuses cross-memory attach to pid {pid} \
-                             (seccomp or Yama ptrace_scope?); large messages on this endpoint \
-                             go through the ring from now on"
-                        );
-                    }
-                    state.set(REFUSED);
+                    refused(state, pid, e);
                     CmaResult::Refused
                 }
                 libc::ESRCH => CmaResult::PeerGone,
@@ -167,9 +159,42 @@ fn copy(
     CmaResult::Done
 }
 
+/// A copy with `pid` refused with `errno`. Only a missing system call (`ENOSYS`: a kernel or
+/// seccomp filter without it) says nothing will work: the endpoint stops trying. A refusal of
+/// that one process (`EPERM`, `EACCES`: it made itself undumpable, or Yama's scope leaves it
+/// out) is that peer's alone, which the caller's refusal ends (the engine asks that peer for
+/// no more copies): one peer must not turn cross-memory attach off for every other.
+fn refused(state: &CmaState, pid: i32, errno: i32) {
+    if errno == libc::ENOSYS {
+        if state.usable() {
+            tracing::warn!(
+                "shm: the kernel has no cross-memory attach (ENOSYS); large messages on this \
+                 endpoint go through the ring from now on"
+            );
+        }
+        state.set(REFUSED);
+    } else {
+        tracing::info!(
+            errno,
+            "shm: the kernel refuses cross-memory attach to pid {pid}; large messages with \
+             that peer go through the ring"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_peers_refusal_leaves_the_endpoint_copying() {
+        let st = CmaState(AtomicU8::new(UNKNOWN));
+        refused(&st, 1, libc::EPERM);
+        refused(&st, 1, libc::EACCES);
+        assert!(st.usable(), "a refusal of one process is that peer's");
+        refused(&st, 1, libc::ENOSYS);
+        assert!(!st.usable(), "no system call: nothing will copy");
+    }
 
     #[test]
     fn reads_own_memory_across_segments() {
