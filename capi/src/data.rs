@@ -352,7 +352,12 @@ pub(crate) unsafe extern "C" fn av_insert(
         // completion event goes on the EQ inside the insert, and a thread waiting on it must
         // find the addresses already written. A misaligned array is filled after.
         let mut tmp = Vec::new();
-        let direct = !fi_addr.is_null() && fi_addr.cast::<u64>().is_aligned();
+        // Not where it overlaps the addresses being inserted (read during the insert).
+        let (addr_lo, addr_hi) = (addr as usize, p as usize);
+        let out_lo = fi_addr as usize;
+        let out_hi = out_lo.saturating_add(count.saturating_mul(8));
+        let apart = out_hi <= addr_lo || addr_hi <= out_lo;
+        let direct = !fi_addr.is_null() && fi_addr.cast::<u64>().is_aligned() && apart;
         let out: &mut [u64] = if direct {
             let bytes = count.checked_mul(8).ok_or(-(FI_EINVAL as isize))?;
             crate::ffi::span_ok(bytes)?;

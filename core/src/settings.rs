@@ -406,8 +406,8 @@ pub static TCP_STALL_MS: Setting = Setting::new(
      not finished) before it is declared lost and its operations fail: until then the frame \
      holds the receive it matched and the bytes charged to the peer. Long, because a peer \
      under manual progress writes the rest only when its application calls progress. A frame \
-     still arriving after four times this, however steadily its bytes come, is lost too \
-     (0: never)",
+     bringing less than 64 KiB in four times this, however steadily its bytes come, is lost \
+     too (0: never)",
 );
 /// `XFABRIC_ZE_LOADER`: The Level Zero loader library opened for FI_HMEM_ZE.
 pub static ZE_LOADER: Setting = Setting::new(

@@ -38,9 +38,14 @@ use xfabric_core::rdm::{Body, PeerId, Sink, Transmit};
 use crate::rdm::{Handler, PeerName};
 use hello::{reason, Hs, HsError, Side, Transcript, RAND};
 
-/// A frame may take this many times `stall_after` to arrive, however steadily its bytes
-/// come: a peer sending one byte a minute never stalls, and held its receive for ever.
+/// A frame may bring less than `FRAME_PROGRESS` bytes for this many times `stall_after`,
+/// however steadily they come: a peer sending one byte a minute never stalls, and held its
+/// receive for ever.
 const FRAME_STALLS: u64 = 4;
+/// What a frame must bring, each `FRAME_STALLS` times `stall_after`: a read buffer's worth.
+/// A healthy sender we did not read for a while brings at least that at our next read (its
+/// socket filled meanwhile), or the rest of its frame.
+const FRAME_PROGRESS: usize = 64 << 10;
 
 /// Bytes of each connection's read buffer.
 const RBUF: usize = 64 * 1024;
@@ -171,10 +176,13 @@ struct Conn {
     /// ourselves. A peer that stops mid-frame for `stall_after` loses the connection
     /// (`look_at_connections`); until then it holds a receive and the bytes charged to it.
     stalled_since: Option<u64>,
-    /// Coarse time when the frame now partly here began to arrive (`None` between frames
-    /// and while we hold back): however steadily its bytes trickle in, a frame that takes
-    /// `FRAME_STALLS` times `stall_after` to come loses the connection too.
+    /// Coarse time since which the frame now partly here has brought less than
+    /// `FRAME_PROGRESS` bytes (`None` between frames and while we hold back): a frame whose
+    /// bytes trickle in slower than that over `FRAME_STALLS` times `stall_after` loses the
+    /// connection too, however steadily they come.
     frame_since: Option<u64>,
+    /// Bytes read since `frame_since` was set.
+    frame_fed: usize,
     /// Bytes came since `note_stall` last looked.
     fed: bool,
     /// Bytes came since `look_at_connections` last looked.
@@ -1947,6 +1955,7 @@ impl Conn {
             more: false,
             stalled_since: None,
             frame_since: None,
+            frame_fed: 0,
             fed: false,
             read_lately: false,
         }
@@ -1969,8 +1978,9 @@ impl Conn {
     /// Keeps `stalled_since` after a read: cleared between frames (the common case of small
     /// messages: no clock is read) and while we hold back ourselves, restarted when bytes of
     /// a partial frame came.
-    /// `frame_since` likewise, restarted only when a frame was finished (`finished`): a
-    /// frame's own bytes do not restart it.
+    /// `frame_since` likewise, restarted when a frame was finished (`finished`) or
+    /// `FRAME_PROGRESS` bytes came since it was set: a few bytes at a time do not restart it,
+    /// and a sender we kept waiting (not reading) brings a socket's worth at our next read.
     #[inline(always)]
     fn note_stall(&mut self, finished: bool) {
         let mid = !matches!(self.rx, Rx::Head) || self.re > self.rs;
@@ -1980,8 +1990,9 @@ impl Conn {
         } else if self.fed || self.stalled_since.is_none() {
             let now = crate::clock::coarse_ms();
             self.stalled_since = Some(now);
-            if finished || self.frame_since.is_none() {
+            if finished || self.frame_since.is_none() || self.frame_fed >= FRAME_PROGRESS {
                 self.frame_since = Some(now);
+                self.frame_fed = 0;
             }
         }
         self.fed = false;
@@ -2067,6 +2078,7 @@ impl Conn {
         self.re += n as usize;
         self.fed |= n > 0;
         self.read_lately |= n > 0;
+        self.frame_fed = self.frame_fed.saturating_add(n as usize);
         Ok((n as usize, tail))
     }
 
@@ -2131,6 +2143,7 @@ impl Conn {
         self.re += n - into_sink;
         self.fed |= n > 0;
         self.read_lately |= n > 0;
+        self.frame_fed = self.frame_fed.saturating_add(n);
         Ok((n, direct + tail))
     }
 

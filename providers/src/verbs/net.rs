@@ -503,6 +503,17 @@ impl Net {
                 self.drop_link(id);
             }
         }
+        // Every other connection of that peer goes too: one still bringing the rest of a frame
+        // would write it into a receive the loss fails (a stream is not picked up mid-body).
+        let others: Vec<usize> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.peer == peer)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in others {
+            self.drop_link(id);
+        }
         self.lost.push((peer, errno));
     }
 
@@ -538,6 +549,12 @@ impl Net {
         // side channel after it answered, and the operation's own error comes first.
         n += self.completions(h);
         n += self.side_channels();
+        // Losses found so far reach the engine before any frame is read: a peer's new
+        // connection must not bring a frame while its old one's half-arrived body is still
+        // expected (the engine refuses that as a second stream). Copies first, as `flush`
+        // reports them: a lost peer's failed copies before its loss.
+        self.report_copies(h);
+        self.report_lost(h);
         for id in self.link_ids() {
             n += self.consume(id, h);
         }
@@ -549,6 +566,11 @@ impl Net {
     pub fn flush<H: Handler>(&mut self, h: &mut H) {
         self.pump_all(h);
         self.report_copies(h);
+        self.report_lost(h);
+    }
+
+    /// Reports the peers lost since the last report.
+    fn report_lost<H: Handler>(&mut self, h: &mut H) {
         for (peer, errno) in std::mem::take(&mut self.lost) {
             let addr = self.peers.get(peer).map(|p| p.addr);
             h.on_lost(peer, addr.as_ref().map(|a| a as &dyn PeerName), errno);

@@ -1501,3 +1501,37 @@ fn a_frame_trickling_in_is_lost_after_frame_stalls_times_stall_after() {
     assert_eq!(h.lost[0].1, libc::ETIMEDOUT);
     assert!(h.got.is_empty(), "no frame is handed over half");
 }
+
+/// A large frame from a healthy sender that we do not read for longer than the frame bound
+/// (an application computing between progress calls) is not cut: the first read after the
+/// pause brings a socket's worth, which restarts the bound.
+#[test]
+fn a_large_frame_we_kept_waiting_is_not_cut() {
+    let mut a = Net::bind(lo()).unwrap();
+    a.set_stall_after(Some(Duration::from_millis(100)));
+    a.set_look_every(Duration::from_millis(10));
+    let mut h = Rec::default();
+    let (mut s, _) = raw_peer(&mut a, &mut h, 80);
+    let body = pattern(5, 8 << 20);
+    let ctrl = msg(0, 1, Body::Owned(body.clone()), None).ctrl;
+    let frame = [ctrl.to_vec(), body.clone()].concat();
+    let writer = std::thread::spawn(move || {
+        s.write_all(&frame).unwrap();
+        s
+    });
+    drive(&mut [(&mut a, &mut h)], "the frame's start", |h| {
+        h[0].open.len() == 1
+    });
+    // Five times the stall bound, more than the frame bound (four), with no progress call.
+    std::thread::sleep(Duration::from_millis(500));
+    drive(&mut [(&mut a, &mut h)], "the whole frame", |h| {
+        h[0].got.len() == 1 || !h[0].lost.is_empty()
+    });
+    assert!(
+        h.lost.is_empty(),
+        "a frame we kept waiting was cut: {:?}",
+        h.lost
+    );
+    assert!(h.got[0].3 == body, "the frame's bytes");
+    drop(writer.join().unwrap());
+}
