@@ -34,13 +34,8 @@ int main(void)
 	attr.wait_cond = FI_CQ_COND_NONE;
 	CHECK(fi_cq_open(domain, &attr, &cq_none, NULL));
 	struct fid_av *av;
-	struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
-	CHECK(fi_av_open(domain, &av_attr, &av, NULL));
 	struct fid_ep *ep;
-	CHECK(fi_endpoint(domain, info, &ep, NULL));
-	CHECK(fi_ep_bind(ep, &av->fid, 0));
-	CHECK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
-	CHECK(fi_enable(ep));
+	open_ep(domain, info, cq, &av, &ep);
 	char name[64];
 	size_t len = sizeof name;
 	CHECK(fi_getname(&ep->fid, name, &len));

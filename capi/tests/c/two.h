@@ -86,6 +86,19 @@ static inline void close_domain(struct fi_info *info, struct fid_fabric *fabric,
 	fi_freeinfo(info);
 }
 
+/* Opens a table AV and an RDM endpoint on `domain` bound to it and to `cq` for both
+ * directions, and enables it. */
+static inline void open_ep(struct fid_domain *domain, struct fi_info *info, struct fid_cq *cq,
+			   struct fid_av **av, struct fid_ep **ep)
+{
+	struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
+	CHECK(fi_av_open(domain, &av_attr, av, NULL));
+	CHECK(fi_endpoint(domain, info, ep, NULL));
+	CHECK(fi_ep_bind(*ep, &(*av)->fid, 0));
+	CHECK(fi_ep_bind(*ep, &cq->fid, FI_TRANSMIT | FI_RECV));
+	CHECK(fi_enable(*ep));
+}
+
 static inline void swap_blob(struct side *s, const void *mine, size_t len, void *theirs,
 			     size_t cap)
 {
