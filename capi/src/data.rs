@@ -371,8 +371,15 @@ pub(crate) unsafe extern "C" fn av_insert(
         let n = if sync_err {
             let mut errs = vec![0i32; count];
             let n = av.insert_sync_err(&addrs, out, &mut errs).map_err(neg)?;
-            // SAFETY: with FI_SYNC_ERR, context is an int array of count entries (caller).
-            unsafe { std::ptr::copy_nonoverlapping(errs.as_ptr(), context.cast(), count) };
+            // SAFETY: with FI_SYNC_ERR, context is an int array of count entries (caller);
+            // copied bytewise, so that an array not aligned for int is written too.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    errs.as_ptr().cast::<u8>(),
+                    context.cast::<u8>(),
+                    count * std::mem::size_of::<i32>(),
+                )
+            };
             n
         } else {
             av.insert(&addrs, out, context as usize).map_err(neg)?

@@ -257,10 +257,12 @@ pub(crate) fn fid_of<T: Class>(context: *mut c_void) -> Fid {
 /// be closed while the reference is used.
 #[inline(always)]
 pub(crate) unsafe fn get<'a, T: Class>(fid: *const c_void) -> Result<&'a T, c_int> {
-    if fid.is_null() {
+    // Null, or not where a struct fid can be (every one of ours is aligned): refused before
+    // it is read.
+    if fid.is_null() || !fid.cast::<Fid>().is_aligned() {
         return Err(-FI_EINVAL);
     }
-    // SAFETY: a readable struct fid (caller).
+    // SAFETY: a readable struct fid (caller), aligned.
     let f = unsafe { &*fid.cast::<Fid>() };
     if f.fclass != T::FCLASS || !std::ptr::eq(f.ops, T::fi_ops()) {
         return Err(-FI_EINVAL);

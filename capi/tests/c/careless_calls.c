@@ -9,7 +9,9 @@
  * - fi_mr_reg of a NULL buffer with a length, for remote write: it was accepted, and a
  *   peer's write with its key would have landed at address 0;
  * - fi_getopt(FI_OPT_XPU_TRIGGER) with a short optlen: -FI_ETOOSMALL, and the size it takes
- *   written back. */
+ *   written back;
+ * - an FI_SYNC_ERR status array not aligned for int: it was written as aligned (an abort in
+ *   a debug build). */
 #include "two.h"
 #include <netinet/in.h>
 #include <rdma/fi_trigger.h>
@@ -73,6 +75,14 @@ int main(void)
 	n = fi_recv(ep, rx[0], SIZE_MAX, NULL, FI_ADDR_UNSPEC, &ctx[0]);
 	REQUIRE(n == -FI_EMSGSIZE);
 	REQUIRE(fi_av_remove(av, &self, (size_t)1 << 60, 0) < 0);
+
+	/* An FI_SYNC_ERR status array that is not aligned for int: the statuses written. */
+	char statuses[1 + sizeof(int)];
+	fi_addr_t again;
+	REQUIRE(fi_av_insert(av, name, 1, &again, FI_SYNC_ERR, statuses + 1) == 1);
+	int status;
+	memcpy(&status, statuses + 1, sizeof status);
+	REQUIRE(status == 0);
 
 	/* Hints with an address length no address has. */
 	struct fi_info *hints = fi_allocinfo(), *out = NULL;
