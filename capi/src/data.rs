@@ -364,35 +364,22 @@ pub(crate) unsafe extern "C" fn av_insert(
             // SAFETY: fi_addr writable for count entries (caller), aligned, within isize.
             unsafe { std::slice::from_raw_parts_mut(fi_addr.cast::<u64>(), count) }
         } else {
-            tmp.resize(count, FI_ADDR_UNSPEC);
+            tmp.resize(count, 0);
             &mut tmp
         };
         out.fill(FI_ADDR_UNSPEC);
         let n = if sync_err {
             let mut errs = vec![0i32; count];
             let n = av.insert_sync_err(&addrs, out, &mut errs).map_err(neg)?;
-            // SAFETY: with FI_SYNC_ERR, context is an int array of count entries (caller);
-            // copied bytewise, so that an array not aligned for int is written too.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    errs.as_ptr().cast::<u8>(),
-                    context.cast::<u8>(),
-                    count * std::mem::size_of::<i32>(),
-                )
-            };
+            // SAFETY: with FI_SYNC_ERR, context is an int array of count entries (caller).
+            unsafe { crate::ffi::copy_out(&errs, context) };
             n
         } else {
             av.insert(&addrs, out, context as usize).map_err(neg)?
         };
         if !fi_addr.is_null() && !direct {
-            // SAFETY: fi_addr writable for count entries (caller); copied bytewise, unaligned.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    tmp.as_ptr().cast::<u8>(),
-                    fi_addr.cast::<u8>(),
-                    count * 8,
-                )
-            };
+            // SAFETY: fi_addr writable for count entries (caller).
+            unsafe { crate::ffi::copy_out(&tmp, fi_addr) };
         }
         Ok(isize::try_from(n).unwrap_or(isize::MAX))
     }))

@@ -148,6 +148,22 @@ pub(crate) fn span_ok(len: usize) -> Result<(), isize> {
     Ok(())
 }
 
+/// Writes `src` to C memory at `dst` byte by byte, so that an array the caller did not align
+/// for `T` is written too.
+///
+/// # Safety
+/// `dst` writable for `size_of_val(src)` bytes, not overlapping `src`.
+pub(crate) unsafe fn copy_out<T: Copy>(src: &[T], dst: *mut c_void) {
+    // SAFETY: the caller's contract; u8 has no alignment.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            src.as_ptr().cast::<u8>(),
+            dst.cast::<u8>(),
+            std::mem::size_of_val(src),
+        )
+    };
+}
+
 /// # Safety
 /// `buf` writable for `len` bytes when `len > 0`, and not otherwise referenced meanwhile.
 pub(crate) unsafe fn bytes_mut<'a>(buf: *mut c_void, len: usize) -> Result<&'a mut [u8], isize> {

@@ -335,6 +335,18 @@ impl Engine {
         ctrl: &[u8],
     ) -> std::result::Result<Sink, WireError> {
         self.not_inside_a_body(peer)?;
+        self.ctrl_in_turn(peer, src, prefix, ctrl)
+    }
+
+    /// `on_ctrl` once `not_inside_a_body` has passed (`on_frame` checks it before its fast
+    /// path).
+    fn ctrl_in_turn(
+        &mut self,
+        peer: PeerId,
+        src: FiAddr,
+        prefix: &Prefix,
+        ctrl: &[u8],
+    ) -> std::result::Result<Sink, WireError> {
         let f = wire::decode(prefix, ctrl)?;
         // Memory offered for a copy (a descriptor) only between engines whose transports
         // copy one-sidedly: ours never offers it otherwise, and a peer that does would have
@@ -465,7 +477,7 @@ impl Engine {
         if prefix.kind == Kind::Msg as u8 && self.take_msg(peer, src, prefix, ctrl, body)? {
             return Ok(true);
         }
-        let sink = self.on_ctrl(peer, src, prefix, ctrl)?;
+        let sink = self.ctrl_in_turn(peer, src, prefix, ctrl)?;
         if matches!(sink, Sink::Wait) {
             return Ok(false);
         }

@@ -1237,9 +1237,8 @@ impl Net {
             "shm: peer is gone ({why}); its operations fail with FI_ECONNRESET"
         );
         // Answers it wrote before it died come first: an operation it did complete
-        // completes here too.
-        // At most what the lane holds: a peer still writing as it goes must not keep this
-        // call reading.
+        // completes here too. At most what the lane holds: a peer still writing as it goes
+        // must not keep this call reading.
         if let Some(lane) = l.rx_lane {
             self.poll_lane(g, lane, ring::SLOTS);
         }

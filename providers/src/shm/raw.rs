@@ -91,6 +91,7 @@ impl RawPeer {
 
     /// Writes the CONNECT naming `own` on `lane` of `target` (claimed).
     fn on_lane(own: Segment, target: Segment, lane: usize) -> Result<RawPeer> {
+        let me = own.name().to_string();
         let mut peer = RawPeer {
             prod: Producer::new(&target, lane),
             target,
@@ -98,15 +99,7 @@ impl RawPeer {
             rx: None,
             own,
         };
-        let me = peer.own.name().as_bytes().to_vec();
-        let h = Header {
-            kind: kind::CONNECT,
-            len: me.len() as u32,
-        };
-        if !peer
-            .prod
-            .write(&peer.target, &h, me.len(), |b| b.copy_from_slice(&me))
-        {
+        if !peer.connect_again(&me) {
             return Err(Error::Again("raw peer: connect"));
         }
         Ok(peer)
@@ -118,7 +111,7 @@ impl RawPeer {
         self.own.unlock();
     }
 
-    /// Writes a second CONNECT on this peer's lane, naming `name`.
+    /// Writes a CONNECT on this peer's lane naming `name` (a second one, once connected).
     pub fn connect_again(&mut self, name: &str) -> bool {
         let h = Header {
             kind: kind::CONNECT,

@@ -551,10 +551,8 @@ impl Net {
         n += self.side_channels();
         // Losses found so far reach the engine before any frame is read: a peer's new
         // connection must not bring a frame while its old one's half-arrived body is still
-        // expected (the engine refuses that as a second stream). Copies first, as `flush`
-        // reports them: a lost peer's failed copies before its loss.
-        self.report_copies(h);
-        self.report_lost(h);
+        // expected (the engine refuses that as a second stream).
+        self.report(h);
         for id in self.link_ids() {
             n += self.consume(id, h);
         }
@@ -565,12 +563,13 @@ impl Net {
     /// Posts what queued frames credits and buffers allow, and reports connections lost.
     pub fn flush<H: Handler>(&mut self, h: &mut H) {
         self.pump_all(h);
-        self.report_copies(h);
-        self.report_lost(h);
+        self.report(h);
     }
 
-    /// Reports the peers lost since the last report.
-    fn report_lost<H: Handler>(&mut self, h: &mut H) {
+    /// Reports copies that ended, then the peers lost, since the last report: a lost peer's
+    /// failed copies before its loss.
+    fn report<H: Handler>(&mut self, h: &mut H) {
+        self.report_copies(h);
         for (peer, errno) in std::mem::take(&mut self.lost) {
             let addr = self.peers.get(peer).map(|p| p.addr);
             h.on_lost(peer, addr.as_ref().map(|a| a as &dyn PeerName), errno);
