@@ -712,3 +712,75 @@ fn pieces_after_a_peer_is_gone_land_nowhere() {
     );
     serves_a_good_peer(&n, &addr);
 }
+
+/// A peer's write arriving in pieces as its region closes: the pieces after the close land
+/// nowhere (the application may have freed the memory) and the peer is told the write
+/// failed. Before, the later pieces went on into the closed region.
+#[test]
+fn a_write_arriving_in_pieces_as_its_region_closes_stops_at_the_close() {
+    setup();
+    let n = node(CAPS | FI_REMOTE_WRITE, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    const LEN: usize = 4 * PIECE_LEN;
+    let window = vec![0u8; LEN];
+    // SAFETY: window outlives the registration (dropped below, before it).
+    let mr = unsafe { n.domain.mr_reg(&window, FI_REMOTE_WRITE, 0, 6) }.expect("mr_reg");
+    let base = if n.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0 {
+        window.as_ptr() as u64
+    } else {
+        0
+    };
+    let segs = RmaIovList::from_segs(&[RmaIov {
+        addr: base,
+        len: LEN,
+        key: mr.key(),
+    }])
+    .expect("one range");
+    let body = pattern(LEN, 9);
+    let f = Frame::Write {
+        id: 4,
+        data: 0,
+        flags: wire::flags::ACK,
+        segs,
+        desc: Desc::default(),
+    };
+    let mut first = f.ctrl(LEN as u64).as_bytes().to_vec();
+    first.extend_from_slice(&body[..PIECE_LEN]);
+    let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+    assert!(raw.send_raw(FRAME, &first, 0));
+    // Read as the endpoint writes it (this thread drives it, but through the raw bytes).
+    let at = |i: usize| unsafe { std::ptr::read_volatile(window.as_ptr().add(i)) };
+    let deadline = std::time::Instant::now() + BOUND;
+    while at(PIECE_LEN - 1) != body[PIECE_LEN - 1] {
+        drain(&n);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first piece never landed"
+        );
+    }
+    drop(mr);
+    rest(&mut raw, &body);
+    let deadline = std::time::Instant::now() + BOUND;
+    let answer = loop {
+        drain(&n);
+        if let Some((_, bytes)) = raw.recv_raw() {
+            break bytes;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no answer to the write"
+        );
+    };
+    let p = wire::prefix(&answer).expect("a frame");
+    let end = wire::PREFIX + p.ctrl_len as usize;
+    match wire::decode(&p, &answer[wire::PREFIX..end]) {
+        Ok(Frame::Ack { id: 4, status }) => assert_eq!(status, FI_EACCES),
+        other => panic!("not the write's answer: {other:?}"),
+    }
+    assert!((0..PIECE_LEN).all(|i| at(i) == body[i]), "the first piece");
+    assert!(
+        (PIECE_LEN..LEN).all(|i| at(i) == 0),
+        "pieces landed in a closed region"
+    );
+    serves_a_good_peer(&n, &addr);
+}

@@ -471,3 +471,118 @@ fn guessed_memory_keys_land_nothing() {
     assert_eq!(child.hear(), "untouched true");
     child.join();
 }
+
+/// The next frame on `s` (bounded by `WAIT`): its kind as decoded, and its body.
+fn next_frame(s: &mut TcpStream) -> (Frame, Vec<u8>) {
+    use xfabric_core::rdm::wire;
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut head = vec![0u8; wire::PREFIX];
+    s.read_exact(&mut head).expect("a frame's prefix");
+    let p = wire::prefix(&head).expect("a prefix");
+    let mut ctrl = vec![0u8; p.ctrl_len as usize];
+    s.read_exact(&mut ctrl).expect("a frame's control part");
+    let mut body = vec![0u8; p.body_len as usize];
+    s.read_exact(&mut body).expect("a frame's body");
+    (wire::decode(&p, &ctrl).expect("a frame"), body)
+}
+
+/// A target registering `len` bytes for remote reads and writes, in this process, its
+/// progress its own thread's; and a greeted raw peer connected to it.
+fn rma_target(len: usize) -> (Node, Vec<u8>, TcpStream) {
+    let node = node_with(RMA | FI_REMOTE_READ | FI_READ, Progress::Auto, |h| {
+        h.fabric_attr.prov_name = Some("tcp".into());
+        h.domain_attr.mr_mode = FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
+    });
+    let window = vec![0u8; len];
+    let s = greeted(listener_of(&node.ep.getname().unwrap()));
+    (node, window, s)
+}
+
+/// The ranges `window` names with `key`, as a raw peer writes them.
+fn whole(window: &[u8], key: u64) -> xfabric_core::RmaIovList {
+    xfabric_core::RmaIovList::from_segs(&[xfabric_core::RmaIov {
+        addr: window.as_ptr() as u64,
+        len: window.len(),
+        key,
+    }])
+    .unwrap()
+}
+
+/// A peer's write that arrives partly before its region closes and partly after: the bytes
+/// after the close land nowhere (the application may have freed the memory), and the peer
+/// is told the write failed. Before, the rest of the body went on into the closed region.
+#[test]
+fn a_write_arriving_as_its_region_closes_stops_at_the_close() {
+    const LEN: usize = 64 << 10;
+    let (node, window, mut s) = rma_target(LEN);
+    // SAFETY: window outlives the region (dropped below, before it).
+    let mr = unsafe { node.domain.mr_reg(&window, FI_REMOTE_WRITE, 0, 0) }.expect("mr_reg");
+    let head = Frame::Write {
+        id: 7,
+        data: 0,
+        flags: xfabric_core::rdm::wire::flags::ACK,
+        segs: whole(&window, mr.key()),
+        desc: Default::default(),
+    }
+    .to_vec(LEN as u64);
+    s.write_all(&head).unwrap();
+    s.write_all(&vec![0xab; LEN / 2]).unwrap();
+    // Read as the progress thread writes it: through volatile loads of the raw bytes.
+    let at = |i: usize| unsafe { std::ptr::read_volatile(window.as_ptr().add(i)) };
+    let deadline = Instant::now() + WAIT;
+    while at(LEN / 2 - 1) != 0xab {
+        assert!(Instant::now() < deadline, "the first half never landed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(mr);
+    s.write_all(&vec![0xcd; LEN / 2]).unwrap();
+    match next_frame(&mut s) {
+        (Frame::Ack { id: 7, status }, _) => assert_eq!(status, FI_EACCES),
+        other => panic!("not the write's answer: {other:?}"),
+    }
+    assert!((0..LEN / 2).all(|i| at(i) == 0xab), "the first half");
+    assert!(
+        (LEN / 2..LEN).all(|i| at(i) == 0),
+        "bytes landed in a closed region"
+    );
+    // The connection is still good: a write to a closed key is refused, not a loss.
+    drop(node);
+}
+
+/// The answer to a peer's read that the peer is slow to take: its bytes are what the region
+/// held when it closed, not what the memory holds afterwards (the application may have
+/// freed it and reused it). Before, the rest of the answer was sent from the memory as it
+/// was by then.
+#[test]
+fn a_read_answered_as_its_region_closes_sends_the_bytes_from_before_the_close() {
+    const LEN: usize = 32 << 20;
+    let (node, mut window, mut s) = rma_target(LEN);
+    window.fill(0x5a);
+    // SAFETY: window outlives the region (dropped below, before it).
+    let mr = unsafe { node.domain.mr_reg(&window, FI_REMOTE_READ, 0, 0) }.expect("mr_reg");
+    let read = Frame::Read {
+        id: 9,
+        segs: whole(&window, mr.key()),
+        desc: Default::default(),
+    }
+    .to_vec(0);
+    s.write_all(&read).unwrap();
+    // The answer is larger than the sockets hold: until this peer reads, most of it waits
+    // in the target's queue, its body the region's memory. The progress thread's first
+    // write of it is awaited as the first bytes arriving.
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut first = [0u8; 1];
+    s.peek(&mut first).expect("the answer's first bytes");
+    drop(mr);
+    // What a program does with memory it no longer registers.
+    window.fill(0xee);
+    match next_frame(&mut s) {
+        (Frame::ReadResp { id: 9, status: 0 }, body) => {
+            assert_eq!(body.len(), LEN);
+            let changed = body.iter().filter(|&&b| b != 0x5a).count();
+            assert_eq!(changed, 0, "bytes of the answer read after the close");
+        }
+        other => panic!("not the read's answer: {:?}", other.0),
+    }
+    drop(node);
+}

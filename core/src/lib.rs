@@ -56,7 +56,7 @@ pub use eq::{EqAttr, EqEntry, EqErrEntry, EventQueue};
 pub use error::{strerror, Error, Result};
 pub use hmem_iface::{HmemOps, Iface, Owner};
 pub use info::{DomainAttr, EpAttr, FabricAttr, Info, RxAttr, TxAttr};
-pub use mr::{MemoryRegion, MrAttr, MrDesc, ProviderMr};
+pub use mr::{MemoryRegion, MrAttr, MrDesc, ProviderMr, RegionCut};
 pub use object::{Domain, DomainOps, Fabric, Provider};
 pub use rxq::{IovList, RawIov};
 pub use trigger::{

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::consts::*;
 use crate::entry::Context;
@@ -73,6 +73,17 @@ pub trait ProviderMr: Send + Sync {
     fn key(&self) -> u64;
 }
 
+/// An endpoint that may hold a region's memory between its progress calls (a peer's write
+/// arriving into it, the answer to a peer's read sent from it): told when a region of its
+/// domain closes, before the close returns, so that it lets go of that memory
+/// (`Engine::cut_region`). Registered with `MrMap::watch_closes`.
+pub trait RegionCut: Send + Sync {
+    /// The region `addr..addr + len` closed: from the return on, nothing of this endpoint
+    /// writes or reads it. May wait for a copy under way into it (a progress call's), never
+    /// for a peer.
+    fn cut(&self, addr: usize, len: usize);
+}
+
 /// The domain's key → region map.
 pub struct MrMap {
     mode: u32,
@@ -83,6 +94,9 @@ pub struct MrMap {
     /// Bumped after every removal: what a watcher found of an exported region
     /// (`XpuRegion`) holds while it has not moved.
     generation: AtomicU64,
+    /// Endpoints told of each close (`watch_closes`), weakly: a closed one is dropped from
+    /// the list at the next registration.
+    cutters: Mutex<Vec<Weak<dyn RegionCut>>>,
 }
 
 impl MrMap {
@@ -93,7 +107,15 @@ impl MrMap {
             map: RwLock::new(HashMap::new()),
             xpu: RwLock::new(HashSet::new()),
             generation: AtomicU64::new(0),
+            cutters: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Tells `ep` of every region of this domain that closes from now on (`RegionCut`).
+    pub fn watch_closes(&self, ep: Weak<dyn RegionCut>) {
+        let mut v = self.cutters.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        v.push(ep);
     }
 
     /// The domain's mr_mode.
@@ -169,12 +191,27 @@ impl MrMap {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&key);
-        self.map
+        let gone = self
+            .map
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&key);
         // After the removal: a check that still sees the old generation ran before it ended.
         self.generation.fetch_add(1, Ordering::Release);
+        // No request resolves the key any more; those that did let go of its memory before
+        // the close returns. The list is copied out: an endpoint's cut takes its own lock.
+        if let Some(e) = gone.filter(|e| e.len > 0) {
+            let eps: Vec<Arc<dyn RegionCut>> = self
+                .cutters
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .filter_map(Weak::upgrade)
+                .collect();
+            for ep in eps {
+                ep.cut(e.addr, e.len);
+            }
+        }
     }
 
     /// Checks a remote access and returns the local address it lands at. `addr` is a virtual

@@ -76,6 +76,14 @@ impl IovList {
             .fold(0usize, |a, s| a.saturating_add(s.len))
     }
 
+    /// Whether any byte of the list lies in `addr..addr + len`.
+    pub fn overlaps(&self, addr: usize, len: usize) -> bool {
+        let end = addr.saturating_add(len);
+        self.segs()
+            .iter()
+            .any(|s| s.len > 0 && len > 0 && s.addr < end && addr < s.addr.saturating_add(s.len))
+    }
+
     /// Address of the first byte (0 for an empty list).
     pub fn first_addr(&self) -> usize {
         self.segs().first().map_or(0, |s| s.addr)

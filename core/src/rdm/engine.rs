@@ -66,6 +66,7 @@ use super::{Body, PeerId, Sink, Transmit};
 
 mod armed;
 mod atomic;
+mod cut;
 mod eager;
 mod loss;
 mod native;
@@ -78,6 +79,7 @@ mod rndv;
 mod transmit;
 pub use armed::Fired;
 use atomic::AtomicBody;
+pub use cut::Cut;
 use eager::{MsgBody, ON_TAKE};
 use order::Fenced;
 use recv::{Unexp, UNEXP_OVERHEAD};

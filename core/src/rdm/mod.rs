@@ -26,7 +26,7 @@ pub mod transport;
 pub mod wire;
 
 pub use done::{report, report_unlocked, Done};
-pub use engine::{Config, Engine, Fired};
+pub use engine::{Config, Cut, Engine, Fired};
 pub use inline::Inline;
-pub use transport::{Body, PeerId, Sink, Transmit, INLINE_BODY};
+pub use transport::{keep_body, Body, PeerId, Sink, Transmit, INLINE_BODY};
 pub use transport::{Copied, CopyReq, Desc, Dir, Native, NativeKind, OneSided, Transport};

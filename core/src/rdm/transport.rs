@@ -140,6 +140,23 @@ pub enum Sink {
     Wait,
 }
 
+/// A region `addr..addr + len` closes (`Engine::cut_region`): a frame whose body is
+/// application memory there gets a copy of those bytes, taken now, so that sending the rest
+/// of it later reads nothing of the region. Every holder of frames calls it on what it holds,
+/// the engine and the transports alike; the offsets a transport keeps into the frame stay
+/// valid (the body keeps its length).
+pub fn keep_body(t: &mut Transmit, addr: usize, len: usize) {
+    if let Body::Iov(l) = &t.body {
+        if l.overlaps(addr, len) {
+            let mut v = vec![0; l.total()];
+            // SAFETY: the region's close has not returned: its memory is still readable, and
+            // the engine kept the other segments valid until the frame is sent.
+            unsafe { l.copy_out(0, &mut v) };
+            t.body = Body::Owned(v);
+        }
+    }
+}
+
 /// How frames leave the engine (`Engine::transmit`): in order per peer, each handed over or,
 /// when that peer cannot take it now (a full ring), given back. The engine keeps a frame
 /// given back, and every later one to the same peer, and offers them again in order on the

@@ -6,7 +6,7 @@
 //! its endpoint name and its engine configuration (`RdmEndpoint::open`).
 
 use std::os::fd::RawFd;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use xfabric_core::av::PeerCache;
@@ -16,7 +16,8 @@ use xfabric_core::rdm::{self, Engine, PeerId};
 use xfabric_core::rxq::PostedRecv;
 use xfabric_core::settings;
 use xfabric_core::{
-    AtomicReq, Context, EndpointOps, EpCore, Error, FiAddr, ProgressSource, Result, RmaOp,
+    AtomicReq, Context, EndpointOps, EpCore, Error, FiAddr, ProgressSource, RegionCut, Result,
+    RmaOp,
 };
 
 use super::seam::{Bell, Glue, Wire};
@@ -117,7 +118,7 @@ impl<W: Wire> RdmEndpoint<W> {
         if let Some(t) = one_sided {
             engine = engine.with_one_sided(t);
         }
-        Ok(Arc::new(RdmEndpoint {
+        let ep = Arc::new(RdmEndpoint {
             core,
             name,
             st: Mutex::new(State {
@@ -129,7 +130,10 @@ impl<W: Wire> RdmEndpoint<W> {
                 armed: Vec::new(),
             }),
             bell,
-        }))
+        });
+        let weak: Weak<dyn RegionCut> = Arc::downgrade(&ep) as _;
+        ep.core.mr.watch_closes(weak);
+        Ok(ep)
     }
 
     fn lock(&self) -> MutexGuard<'_, State<W>> {
@@ -258,6 +262,18 @@ impl<W: Wire> RdmEndpoint<W> {
     fn do_progress(&self, st: &mut State<W>) -> usize {
         let (net, mut g) = glue!(self, st);
         net.progress(&mut g)
+    }
+}
+
+impl<W: Wire> RegionCut for RdmEndpoint<W> {
+    fn cut(&self, addr: usize, len: usize) {
+        // Under the lock: a progress call copying into the region now finishes first.
+        let mut st = self.lock();
+        let cut = st.engine.cut_region(addr, len);
+        let (net, mut g) = glue!(self, &mut *st);
+        net.cut_region(&mut g, addr, len, &cut.sinks);
+        // Copies that failed answer their peers.
+        self.finish(st);
     }
 }
 

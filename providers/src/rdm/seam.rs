@@ -120,6 +120,16 @@ pub trait Wire: Send + Sized + 'static {
     fn wait_fds(&self) -> Vec<(RawFd, i16)> {
         Vec::new()
     }
+    /// A registered region `addr..addr + len` closes (`Engine::cut_region` ran, under the
+    /// endpoint's lock): the body now arriving from each of `sinks` was going into it, so
+    /// the rest of it is read and dropped (its sink becomes `Sink::Discard`, handed back in
+    /// `on_body` as usual); and every frame the wire holds whose body is memory there keeps a
+    /// copy of it instead (`rdm::keep_body`); copies into or out of it the wire took and has
+    /// not started are reported failed (`FI_EACCES`) through `g`. The default holds none of
+    /// these across calls.
+    fn cut_region(&mut self, g: &mut Glue<'_>, addr: usize, len: usize, sinks: &[PeerId]) {
+        let _ = (g, addr, len, sinks);
+    }
     /// The endpoint closes: writes out what peers wait for until `deadline` (the engine
     /// closed already), then lets every peer go.
     fn shutdown(&mut self, g: &mut Glue<'_>, deadline: Instant);

@@ -275,6 +275,10 @@ impl Wire for Net {
         Net::held(self)
     }
 
+    fn cut_region(&mut self, _: &mut Glue<'_>, addr: usize, len: usize, sinks: &[PeerId]) {
+        Net::cut_region(self, addr, len, sinks)
+    }
+
     fn shutdown(&mut self, g: &mut Glue<'_>, deadline: Instant) {
         let start = Instant::now();
         loop {

@@ -733,6 +733,29 @@ impl Net {
         }
     }
 
+    /// A registered region `addr..addr + len` closes (`Wire::cut_region`): the body now
+    /// arriving in pieces from each of `sinks` is dropped from here on, and a frame partly
+    /// written to a peer whose body is memory there keeps a copy of it.
+    pub fn cut_region(&mut self, addr: usize, len: usize, sinks: &[PeerId]) {
+        for &p in sinks {
+            let Some(lane) = self.links.get(p).and_then(|l| l.rx_lane) else {
+                continue;
+            };
+            if let Some(InFrame {
+                to: To::Engine(sink @ Sink::Iov(_)),
+                ..
+            }) = &mut self.rx[lane]
+            {
+                *sink = Sink::Discard;
+            }
+        }
+        for l in &mut self.links {
+            if let Some((t, _)) = &mut l.out {
+                xfabric_core::rdm::keep_body(t, addr, len);
+            }
+        }
+    }
+
     /// Offers `p`'s held frames to the engine again, in order, until one must still wait.
     fn replay(&mut self, g: &mut Glue<'_>, p: PeerId) -> usize {
         let mut n = 0;

@@ -87,6 +87,10 @@ impl Wire for Net {
         vec![(self.wait_fd(), libc::POLLIN)]
     }
 
+    fn cut_region(&mut self, _: &mut Glue<'_>, addr: usize, len: usize, sinks: &[PeerId]) {
+        Net::cut_region(self, addr, len, sinks)
+    }
+
     fn shutdown(&mut self, _: &mut Glue<'_>, deadline: Instant) {
         Net::shutdown(self, deadline)
     }

@@ -540,6 +540,32 @@ impl Net {
         self.peers.get(p).map_or(0, |x| x.queued)
     }
 
+    /// A registered region `addr..addr + len` closes (`Wire::cut_region`): the body now
+    /// arriving from each of `sinks` is read and dropped from here on, and every queued frame
+    /// whose body is memory there keeps a copy of it.
+    pub fn cut_region(&mut self, addr: usize, len: usize, sinks: &[PeerId]) {
+        for (_, c) in self.conns.iter_mut() {
+            if !c.peer.is_some_and(|p| sinks.contains(&p)) {
+                continue;
+            }
+            if let Rx::Body {
+                sink, got, keep, ..
+            } = &mut c.rx
+            {
+                if matches!(sink, Sink::Iov(_)) {
+                    *sink = Sink::Discard;
+                    // What is still to come goes through the buffer and is skipped.
+                    *keep = *got;
+                }
+            }
+        }
+        for peer in &mut self.peers {
+            for o in &mut peer.queue {
+                xfabric_core::rdm::keep_body(&mut o.t, addr, len);
+            }
+        }
+    }
+
     /// Answers to peer `p`'s requests (acknowledgements, read data, atomic results,
     /// clear-to-send) queued and not yet written.
     pub fn owed(&self, p: PeerId) -> usize {

@@ -100,6 +100,10 @@ impl Wire for Net {
         self.fds()
     }
 
+    fn cut_region(&mut self, g: &mut Glue<'_>, addr: usize, len: usize, sinks: &[PeerId]) {
+        Net::cut_region(self, g, addr, len, sinks)
+    }
+
     fn shutdown(&mut self, _: &mut Glue<'_>, deadline: Instant) {
         Net::shutdown(self, deadline)
     }

@@ -1112,6 +1112,48 @@ impl Net {
         }
     }
 
+    /// A registered region `addr..addr + len` closes (`Wire::cut_region`): the framed body
+    /// now arriving from each of `sinks` is dropped from here on; queued frames whose body is
+    /// memory there keep a copy of it; queued copies into or out of it (a peer's RMA this
+    /// endpoint serves with its NIC) are not posted and fail (`FI_EACCES`). Pieces already
+    /// posted to the NIC finish on their own (the NIC moves them, in bounded time).
+    pub fn cut_region<H: Handler>(&mut self, h: &mut H, addr: usize, len: usize, sinks: &[PeerId]) {
+        for l in self.links.values_mut() {
+            if !sinks.contains(&l.peer) {
+                continue;
+            }
+            if let Rx::Body {
+                sink, got, keep, ..
+            } = &mut l.rx
+            {
+                if matches!(sink, Sink::Iov(_)) {
+                    *sink = Sink::Discard;
+                    *keep = *got;
+                }
+            }
+        }
+        let mut failed = Vec::new();
+        for p in &mut self.peers {
+            p.out.retain_mut(|o| match o {
+                Out::Frame { t, .. } => {
+                    xfabric_core::rdm::keep_body(t, addr, len);
+                    true
+                }
+                Out::Copy(c) if c.local.overlaps(addr, len) => {
+                    failed.push(c.token);
+                    false
+                }
+                _ => true,
+            });
+        }
+        for token in failed {
+            h.on_copied(
+                token,
+                xfabric_core::rdm::Copied::Failed(xfabric_core::consts::errno::FI_EACCES),
+            );
+        }
+    }
+
     /// Ends every connection: sends already posted get a moment to complete.
     pub fn shutdown(&mut self, until: std::time::Instant) {
         while self

@@ -194,14 +194,17 @@ impl Engine {
     /// acknowledged, reported.
     pub(super) fn write_landed(&mut self, peer: PeerId, w: WriteBody) {
         let mut status = w.status;
-        if status == 0 {
-            if let Some(ctx) = w.staged {
+        if let Some(ctx) = w.staged {
+            if status == 0 {
                 // Lands before the acknowledgement: delivery complete means the device has
                 // the data.
                 status = match self.core.land_remote(ctx, w.len) {
                     Ok(()) => 0,
                     Err(_) => FI_EIO,
                 };
+            } else {
+                // Failed since it was staged (its region closed: `cut_region`).
+                self.core.drop_remote(ctx);
             }
         }
         if status == 0 && self.core.caps & FI_RMA_PMEM != 0 {

@@ -17,6 +17,7 @@ use super::{
 };
 
 mod armed;
+mod cut;
 mod early;
 mod fuzz;
 mod native;

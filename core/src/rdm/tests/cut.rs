@@ -1,0 +1,120 @@
+//! A registered region closing while peers' requests hold its memory (`Engine::cut_region`):
+//! a write arriving into it fails and lands nothing more, a read's queued answer keeps the
+//! bytes the region held at the close, a copy into it not yet taken fails.
+
+use super::*;
+
+/// B's region `tgt` closes; the engine's cut, as the endpoint makes it under its lock.
+fn close_region(net: &mut Net, tgt: &[u8]) -> crate::rdm::Cut {
+    net.mr = None;
+    net.b.eng.cut_region(tgt.as_ptr() as usize, tgt.len())
+}
+
+#[test]
+fn a_write_arriving_as_its_region_closes_fails_at_both_ends() {
+    let tgt = vec![0u8; 4096];
+    let src = pattern(4096, 5);
+    let mut net = Net::new();
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_ptr(), 0);
+    net.a
+        .rma(rma(1, iov(&src), &[seg(at, 4096, KEY)], Some(3), FI_WRITE));
+    let w = net.a.eng.poll_transmit().expect("the write");
+    let p = wire::prefix(&w.ctrl).unwrap();
+    // As a stream transport takes it: the control part, then the body in pieces.
+    let sink = net.b.eng.on_ctrl(0, 0, &p, &w.ctrl[PREFIX..]).unwrap();
+    let Sink::Iov(dest) = &sink else {
+        panic!("the write's body goes into the region");
+    };
+    // SAFETY: the sink is the region's memory, registered and alive.
+    unsafe { dest.copy_in(0, &body_bytes(&w.body)[..1000]) };
+    let cut = close_region(&mut net, &tgt);
+    assert_eq!(cut.sinks, vec![0], "the transport must drop the rest");
+    // The transport drops the rest and hands the sink back.
+    net.b.eng.on_body(0, Sink::Discard);
+    if let Some(t) = w.token {
+        net.a.eng.on_sent(0, t);
+    }
+    net.report();
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    assert_eq!(net.a.one_err(1).err, FI_EACCES);
+    // No completion at the target for a write that did not land.
+    net.b.quiet();
+    assert_eq!(&tgt[..1000], &src[..1000]);
+    assert!(tgt[1000..].iter().all(|&b| b == 0));
+}
+
+/// A write under way into memory outside the closing region goes on.
+#[test]
+fn a_region_closing_leaves_writes_elsewhere_alone() {
+    let tgt = vec![0u8; 4096];
+    let other = vec![0u8; 4096];
+    let src = pattern(4096, 6);
+    let mut net = Net::new();
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_ptr(), 0);
+    net.a
+        .rma(rma(1, iov(&src), &[seg(at, 4096, KEY)], None, FI_WRITE));
+    let w = net.a.eng.poll_transmit().expect("the write");
+    let p = wire::prefix(&w.ctrl).unwrap();
+    let sink = net.b.eng.on_ctrl(0, 0, &p, &w.ctrl[PREFIX..]).unwrap();
+    // Another region's close, the range just past this one's.
+    let cut = net.b.eng.cut_region(other.as_ptr() as usize, other.len());
+    assert!(cut.sinks.is_empty());
+    net.b.eng.on_body(0, fill(sink, &body_bytes(&w.body)));
+    if let Some(t) = w.token {
+        net.a.eng.on_sent(0, t);
+    }
+    net.report();
+    net.pump();
+    net.a.one(1);
+    assert_eq!(tgt, src);
+}
+
+#[test]
+fn a_read_answer_queued_as_its_region_closes_keeps_the_bytes_from_before() {
+    let mut tgt = pattern(4096, 7);
+    let before = tgt.clone();
+    let mut back = vec![0u8; 4096];
+    let mut net = Net::new();
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_ptr(), 0);
+    net.a.rma(rma(
+        1,
+        iov_mut(&mut back),
+        &[seg(at, 4096, KEY)],
+        None,
+        FI_READ,
+    ));
+    assert_eq!(net.flush(S::A), vec![Kind::Read]);
+    // The answer waits in B's engine, its body the region's memory.
+    close_region(&mut net, &tgt);
+    // What a program does with memory it no longer registers.
+    tgt.fill(0xee);
+    net.pump();
+    assert_eq!(net.a.one(1).flags, FI_RMA | FI_READ);
+    assert_eq!(back, before);
+}
+
+#[test]
+fn a_copy_into_a_closing_region_not_yet_taken_fails_at_both_ends() {
+    let tgt = vec![0u8; 400];
+    let data = pattern(300, 41);
+    let mut net = Net::sides(World::new(), true, true);
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_ptr(), 0);
+    net.a
+        .rma(rma(1, iov(&data), &[seg(at, 300, KEY)], None, FI_WRITE));
+    assert_eq!(net.flush(S::A), vec![Kind::Write]);
+    // The copy waits for the transport to take it; the region closes first.
+    close_region(&mut net, &tgt);
+    assert!(
+        net.b.eng.poll_copy().is_none(),
+        "the copy is not handed out"
+    );
+    net.report();
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    assert_eq!(net.a.one_err(1).err, FI_EACCES);
+    assert!(tgt.iter().all(|&b| b == 0));
+    assert!(!net.b.eng.busy());
+}
