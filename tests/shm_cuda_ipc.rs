@@ -416,8 +416,60 @@ fn victim() {
     panic!("never killed");
 }
 
+/// pidfds this process holds open.
+fn pidfds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|l| l.to_string_lossy().contains("pidfd"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Peers that connect and go, one after another, to an endpoint that keeps a pidfd per peer it
+/// verified (CUDA IPC's descriptor passing): each one's pidfd is closed with its segment once
+/// it is gone, so the endpoint does not keep a descriptor per peer that ever came.
+fn pidfd_churn() {
+    let n = node(CAPS, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    const PEERS: usize = 40;
+    let before = pidfds();
+    let mut names = Vec::new();
+    for i in 0..PEERS {
+        let raw = RawPeer::connect(&addr, None).expect("raw peer");
+        names.push(raw.name().to_string());
+        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 1]);
+        if i == 0 {
+            assert!(
+                pidfds() > before,
+                "the endpoint keeps no pidfd: nothing to test"
+            );
+        }
+        drop(raw);
+    }
+    let mapped = || {
+        std::fs::read_to_string("/proc/self/maps")
+            .expect("/proc/self/maps")
+            .lines()
+            .filter(|l| names.iter().any(|n| l.contains(&format!("/dev/shm/{n}"))))
+            .count()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while mapped() > 0 || pidfds() > before {
+        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 1]);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} segments and {} pidfds of gone peers kept",
+            mapped(),
+            pidfds() - before
+        );
+    }
+}
+
 fn run_roles(test: &str) -> bool {
     match role().as_deref() {
+        Some("pidfd-churn") => pidfd_churn(),
         Some("sender") => sender(test, &[]),
         Some("refused-sender") => sender(test, &[("CUDA_DOUBLE_IPC_REFUSE", "1")]),
         Some("receiver") => receiver(),
@@ -448,6 +500,15 @@ fn cuda_double_ipc_device_to_device_cached_and_stale() {
         return;
     }
     run_child(NAME, "sender", &double_env(), &[]);
+}
+
+#[test]
+fn cuda_double_gone_peers_pidfds_are_closed() {
+    const NAME: &str = "cuda_double_gone_peers_pidfds_are_closed";
+    if run_roles(NAME) || skip_not_shm() {
+        return;
+    }
+    run_child(NAME, "pidfd-churn", &double_env(), &[]);
 }
 
 #[test]

@@ -730,6 +730,16 @@ impl Net {
         if l.dead && l.rx_lane.is_none() {
             l.prod = None;
             l.seg = None;
+            // Nor a descriptor: the pidfd its verification kept (CUDA IPC endpoints) closes
+            // with the last copy of it (a descriptor pass under way may hold one a moment).
+            if let Some(entry) = self
+                .book
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(p)
+            {
+                entry.1 = None;
+            }
         }
     }
 
