@@ -322,6 +322,16 @@ pub static SHM_UNEXP_BYTES: Setting = Setting::new(
     "33554432",
     "Bytes the buffered unexpected messages of one shm endpoint may hold",
 );
+/// `XFABRIC_SHM_HELD_BYTES`: Bytes the frames an shm endpoint holds past its unexpected bounds
+/// (copied out of their senders' rings, in order) may take, all peers together; past that the
+/// next frame stays in its sender's ring.
+pub static SHM_HELD_BYTES: Setting = Setting::new(
+    "XFABRIC_SHM_HELD_BYTES",
+    Kind::Size,
+    "67108864",
+    "Bytes the frames an shm endpoint holds past its unexpected bounds may take, all peers \
+     together; past that the next frame stays in its sender's ring",
+);
 /// `XFABRIC_TCP_EAGER_MAX`: Largest message a tcp endpoint sends eagerly; larger ones wait for
 /// the receiver to match them (at most 1 MiB).
 pub static TCP_EAGER_MAX: Setting = Setting::new(
@@ -476,6 +486,7 @@ pub static SETTINGS: &[&Setting] = &[
     &SHM_SPLIT_MIN,
     &SHM_UNEXP_MSGS,
     &SHM_UNEXP_BYTES,
+    &SHM_HELD_BYTES,
     &TCP_EAGER_MAX,
     &TCP_DEAD_MS,
     &TCP_STALL_MS,

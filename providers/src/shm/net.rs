@@ -37,7 +37,7 @@ pub(super) mod mapped;
 pub(super) mod split;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use xfabric_core::consts::errno::*;
@@ -90,6 +90,37 @@ struct Held {
     prefix: Prefix,
     ctrl: Vec<u8>,
     body: Vec<u8>,
+    /// Its bytes, counted against `XFABRIC_SHM_HELD_BYTES` until it goes.
+    _charge: Charge,
+}
+
+/// Bytes of held frames, all peers together: taken before a frame's copy is allocated, given
+/// back when the frame goes (taken by the engine, or dropped with its lane or its peer).
+struct Charge {
+    pool: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl Charge {
+    /// `bytes` more from `pool`, if it stays within `max`.
+    fn take(pool: &Arc<AtomicUsize>, bytes: usize, max: usize) -> Option<Charge> {
+        // Under the endpoint's lock: one thread charges at a time.
+        let now = pool.load(Ordering::Relaxed);
+        if now.checked_add(bytes)? > max {
+            return None;
+        }
+        pool.fetch_add(bytes, Ordering::Relaxed);
+        Some(Charge {
+            pool: pool.clone(),
+            bytes,
+        })
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.pool.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
 }
 
 /// Where the body of the frame arriving on a lane goes.
@@ -200,6 +231,10 @@ pub struct Net {
     /// Frames held, every link's together (`Link::held`): counted where they are held and
     /// let go, so that each locked call's `publish` and each receive need not add them up.
     held_frames: usize,
+    /// Their bytes, and those of a frame being held as it arrives (`Charge`).
+    held_bytes: Arc<AtomicUsize>,
+    /// `XFABRIC_SHM_HELD_BYTES`.
+    held_max: usize,
     /// How many links there were at the last `publish` (`published_current`).
     links_published: std::cell::Cell<usize>,
     directed: bool,
@@ -337,6 +372,8 @@ impl Net {
             sent: Vec::new(),
             wrote: false,
             held_frames: 0,
+            held_bytes: Arc::default(),
+            held_max: xfabric_core::settings::SHM_HELD_BYTES.usize(),
             links_published: std::cell::Cell::new(usize::MAX),
             directed,
             splits: Vec::new(),
@@ -1086,12 +1123,16 @@ impl Net {
                 if self.links[p].held.len() >= HELD_MAX || len > HELD_BODY_MAX {
                     return Ok(false);
                 }
+                let Some(charge) = Charge::take(&self.held_bytes, cl + len, self.held_max) else {
+                    return Ok(false);
+                };
                 let mut body = vec![0; len];
                 copy_slice(&mut body[..first], piece);
                 To::Hold(Held {
                     prefix: pre,
                     ctrl: ctrl.to_vec(),
                     body,
+                    _charge: charge,
                 })
             }
             mut sink => {
