@@ -498,3 +498,71 @@ fn writes_with_remote_cq_data_both_ways_and_nothing_else() {
     child.tell("bye");
     child.join();
 }
+
+/// Two peers each read 32 MiB of the other's memory, then write to it: each write waits
+/// behind the answer to the peer's read that carries the memory it would change, and on a
+/// stream transport (tcp) a waiting write holds the stream the other's answer comes on, so
+/// both waited for ever. The answers' bodies are now copied where they wait and the writes go
+/// ahead; each read still sees the memory from before the write that came after it.
+#[test]
+fn reads_both_ways_then_writes_both_ways_finish() {
+    const BIG: usize = 32 << 20;
+    // Without FI_RMA_EVENT: the only completions are each side's read and write.
+    let open = || {
+        node_with(FI_MSG | FI_RMA, Progress::Auto, |h| {
+            h.domain_attr.mr_mode = FI_MR_VIRT_ADDR;
+        })
+    };
+    let (a, b) = (open(), open());
+    let (wa, wb) = (vec![1u8; BIG], vec![2u8; BIG]);
+    let access = FI_REMOTE_READ | FI_REMOTE_WRITE;
+    // SAFETY: both windows outlive their registrations (dropped at the end of the test, after
+    // them).
+    let mra = unsafe { a.domain.mr_reg(&wa, access, 0, 11) }.unwrap();
+    // SAFETY: as above.
+    let mrb = unsafe { b.domain.mr_reg(&wb, access, 0, 12) }.unwrap();
+    let to_b = a.add_peer(&b.ep.getname().unwrap());
+    let to_a = b.add_peer(&a.ep.getname().unwrap());
+    let (mut ra, mut rb) = (vec![0u8; BIG], vec![0u8; BIG]);
+    let (sa, sb) = ([7u8; 4096], [8u8; 4096]);
+    // SAFETY: every buffer outlives the completions awaited below.
+    unsafe {
+        a.ep.read(&mut ra, None, to_b, wb.as_ptr() as u64, mrb.key(), 1)
+            .unwrap();
+        b.ep.read(&mut rb, None, to_a, wa.as_ptr() as u64, mra.key(), 1)
+            .unwrap();
+        a.ep.write(&sa, None, to_b, wb.as_ptr() as u64, mrb.key(), 2)
+            .unwrap();
+        b.ep.write(&sb, None, to_a, wa.as_ptr() as u64, mra.key(), 2)
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let (mut da, mut db) = (0, 0);
+    let mut buf = [CqTaggedEntry::default(); 4];
+    while (da, db) != (2, 2) {
+        for (n, d) in [(&a, &mut da), (&b, &mut db)] {
+            match n.cq.read(&mut buf) {
+                Ok(k) => {
+                    assert!(buf[..k].iter().all(|e| e.flags & FI_RMA != 0), "{buf:?}");
+                    *d += k
+                }
+                Err(Error::Again(_)) => {}
+                Err(e) => panic!("completion: {e}: {:?}", n.cq.readerr()),
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the peers wait for each other: {da} and {db} of 2 completions"
+        );
+    }
+    assert!(
+        ra.iter().all(|&x| x == 2),
+        "a's read saw b's write after it"
+    );
+    assert!(
+        rb.iter().all(|&x| x == 1),
+        "b's read saw a's write after it"
+    );
+    assert!(wb[..4096].iter().all(|&x| x == 7) && wa[..4096].iter().all(|&x| x == 8));
+    drop((mra, mrb));
+}

@@ -178,6 +178,9 @@ struct PeerState {
     /// process, say): its large messages and RMA go through frames from now on. Per peer,
     /// so that one peer the transport cannot reach costs no other peer its copies.
     pull_refused: bool,
+    /// A write or atomic of this peer waits behind the answers to its reads: at the next
+    /// `transmit`, their bodies are copied where they wait (`detach_answers`).
+    detach: bool,
 }
 
 /// The protocol state of one endpoint.
@@ -214,6 +217,8 @@ pub struct Engine {
     /// the slot is armed again, or with the engine), so that no firing frees memory.
     armed: Vec<Option<wire::Ctrl>>,
     closed: bool,
+    /// Some peer's `detach` is set.
+    detaching: bool,
 }
 
 /// A request's slot and generation as one token (`TxReq::gen`), for the transport or the
@@ -254,6 +259,7 @@ impl Engine {
             inflight: 0,
             armed: Vec::new(),
             closed: false,
+            detaching: false,
         }
     }
 
@@ -365,6 +371,7 @@ impl Engine {
         let body = prefix.body_len;
         if self.must_wait(peer, f.kind()) {
             // Ordering: what this peer asks next waits until its copies are done.
+            self.detach_for(peer, f.kind());
             return Ok(Sink::Wait);
         }
         match f {

@@ -168,6 +168,17 @@ pub trait Transport {
     #[allow(clippy::result_large_err)]
     fn send(&mut self, t: Transmit) -> Result<(), Transmit>;
 
+    /// The frames to `peer` it holds whose token is `token` (answers to the peer's reads,
+    /// their bodies the memory read) become copies: each body application memory is copied
+    /// into one the frame owns, and the token cleared (nothing is reported for them). Done
+    /// only if what is queued to `peer` stays within the transport's bound. Returns how many
+    /// frames it changed. The default (a transport that keeps reading a peer whose frame
+    /// waits, or holds no frames across calls): none.
+    fn detach(&mut self, peer: PeerId, token: u64) -> usize {
+        let _ = (peer, token);
+        0
+    }
+
     /// Writes a whole frame of `len` bytes to `peer` in the transport's own memory (a ring
     /// slot): `fill` writes its prefix, control part and body there. False: not now (the
     /// engine then queues the frame as a [`Transmit`]). The engine asks only

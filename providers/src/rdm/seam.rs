@@ -340,3 +340,24 @@ pub(crate) fn unless_losing(
     queue(t);
     Ok(())
 }
+
+/// The rule every transport's `rdm::Transport::detach` keeps: when what is queued to the peer
+/// (`queued` bytes) stays within `QUEUE_MAX`, each of its `frames` carrying `token` gets a copy
+/// of its body and loses the token; how many did. Past the bound nothing changes (the write
+/// waiting behind them keeps waiting).
+pub(crate) fn detach_queued<'a>(
+    queued: usize,
+    frames: impl Iterator<Item = &'a mut rdm::Transmit>,
+    token: u64,
+) -> usize {
+    if queued > QUEUE_MAX {
+        return 0;
+    }
+    let mut n = 0;
+    for t in frames.filter(|t| t.token == Some(token)) {
+        rdm::keep_body(t, 0, usize::MAX);
+        t.token = None;
+        n += 1;
+    }
+    n
+}

@@ -445,6 +445,14 @@ impl xfabric_core::rdm::Transport for Net {
         let losing = self.peers.get(t.peer).is_some_and(|p| p.losing > 0);
         crate::rdm::seam::unless_losing(losing, t, |t| Net::send(self, t))
     }
+
+    fn detach(&mut self, peer: PeerId, token: u64) -> usize {
+        // The peer's frame that waited for these is offered again at the next progress call
+        // (`progress_epoll` reads waiting connections on every call).
+        self.peers.get_mut(peer).map_or(0, |p| {
+            crate::rdm::seam::detach_queued(p.queued, p.queue.iter_mut().map(|o| &mut o.t), token)
+        })
+    }
 }
 
 impl Net {

@@ -223,6 +223,16 @@ impl xfabric_core::rdm::Transport for Net {
         let losing = self.peers.get(t.peer).is_some_and(|p| p.losing > 0);
         crate::rdm::seam::unless_losing(losing, t, |t| Net::send(self, t))
     }
+
+    fn detach(&mut self, peer: PeerId, token: u64) -> usize {
+        self.peers.get_mut(peer).map_or(0, |p| {
+            let frames = p.out.iter_mut().filter_map(|o| match o {
+                Out::Frame { t, .. } => Some(t),
+                _ => None,
+            });
+            crate::rdm::seam::detach_queued(p.queued, frames, token)
+        })
+    }
 }
 
 impl Net {

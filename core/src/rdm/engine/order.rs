@@ -141,6 +141,45 @@ impl Engine {
                 && self.peers.get(peer).is_some_and(|ps| ps.reading > 0))
     }
 
+    /// `peer`'s next request of `kind` waits (`must_wait`). A write or atomic that waits
+    /// only behind the answers to the peer's reads would wait for the peer to read them; but
+    /// a stream transport reads nothing more from a peer while one of its frames waits, so
+    /// two peers that each read from the other and then write would wait for each other for
+    /// ever. Those answers' bodies are copied instead, at the next `transmit` where the
+    /// transport holds them (`Transport::detach`, within its bound), and the write goes
+    /// ahead.
+    pub(super) fn detach_for(&mut self, peer: PeerId, kind: Kind) {
+        if !matches!(kind, Kind::Write | Kind::Atomic) || self.holding(peer) {
+            return;
+        }
+        if let Some(ps) = self.peers.get_mut(peer).filter(|ps| ps.reading > 0) {
+            ps.detach = true;
+            self.detaching = true;
+        }
+    }
+
+    /// The answers to reads of peers whose writes wait (`detach_for`) no longer carry the
+    /// memory read: each body, where the engine or the transport holds it, becomes a copy,
+    /// and stops counting in `reading`.
+    pub(super) fn detach_answers(&mut self, tr: &mut impl Transport) {
+        self.detaching = false;
+        for p in 0..self.peers.len() {
+            if !std::mem::take(&mut self.peers[p].detach) {
+                continue;
+            }
+            let mut n = tr.detach(p, READ_SENT);
+            let ps = &mut self.peers[p];
+            for t in ps.blocked.iter_mut() {
+                n += usize::from(detach(t));
+            }
+            for t in self.out.iter_mut().filter(|t| t.peer == p) {
+                n += usize::from(detach(t));
+            }
+            let ps = &mut self.peers[p];
+            ps.reading = ps.reading.saturating_sub(n);
+        }
+    }
+
     /// Whether frames from `peer` that this endpoint asked for are awaited: answers to its
     /// requests, the data of a large message or of a served write. A transport that holds a
     /// peer's requests back (flow control) gives way further while they are, since such
@@ -153,6 +192,17 @@ impl Engine {
                 .iter()
                 .any(|(_, s)| s.peer == peer && !s.copying)
     }
+}
+
+/// Makes `t`, if it is an answer to a read still carrying the memory read, a copy that
+/// nothing waits on; whether it was one.
+fn detach(t: &mut Transmit) -> bool {
+    if t.token != Some(READ_SENT) {
+        return false;
+    }
+    super::super::transport::keep_body(t, 0, usize::MAX);
+    t.token = None;
+    true
 }
 
 /// A held operation's context and flags, for its completion.

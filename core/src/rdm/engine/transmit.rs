@@ -51,6 +51,9 @@ impl Engine {
     /// with the engine, with the later ones to the same peer, until a later call gets it
     /// through (other peers' frames go on meanwhile). How many were handed over.
     pub fn transmit(&mut self, tr: &mut impl Transport) -> usize {
+        if self.detaching {
+            self.detach_answers(tr);
+        }
         let mut n = 0;
         if self.blocked > 0 {
             for p in 0..self.peers.len() {
@@ -127,6 +130,6 @@ impl Engine {
     /// Whether `transmit` or `poll_copy` has anything to give (frames queued or held back,
     /// copies asked for): a provider may skip its push round when not.
     pub fn has_output(&self) -> bool {
-        !self.out.is_empty() || self.blocked > 0 || !self.copies.is_empty()
+        !self.out.is_empty() || self.blocked > 0 || !self.copies.is_empty() || self.detaching
     }
 }
