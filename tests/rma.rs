@@ -531,10 +531,10 @@ fn reads_both_ways_then_writes_both_ways_finish() {
             .unwrap();
         b.ep.read(&mut rb, None, to_a, wa.as_ptr() as u64, mra.key(), 1)
             .unwrap();
-        a.ep.write(&sa, None, to_b, wb.as_ptr() as u64, mrb.key(), 2)
-            .unwrap();
-        b.ep.write(&sb, None, to_a, wa.as_ptr() as u64, mra.key(), 2)
-            .unwrap();
+        // At the windows' ends: the last bytes the reads' answers send.
+        let end = |w: &[u8]| (w.as_ptr() as usize + BIG - 4096) as u64;
+        a.ep.write(&sa, None, to_b, end(&wb), mrb.key(), 2).unwrap();
+        b.ep.write(&sb, None, to_a, end(&wa), mra.key(), 2).unwrap();
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let (mut da, mut db) = (0, 0);
@@ -563,6 +563,7 @@ fn reads_both_ways_then_writes_both_ways_finish() {
         rb.iter().all(|&x| x == 1),
         "b's read saw a's write after it"
     );
-    assert!(wb[..4096].iter().all(|&x| x == 7) && wa[..4096].iter().all(|&x| x == 8));
+    assert!(wb[BIG - 4096..].iter().all(|&x| x == 7));
+    assert!(wa[BIG - 4096..].iter().all(|&x| x == 8));
     drop((mra, mrb));
 }

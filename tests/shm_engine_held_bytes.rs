@@ -1,8 +1,8 @@
-//! The frames an shm endpoint holds past its unexpected bounds are bounded in bytes, all
-//! peers together (`XFABRIC_SHM_HELD_BYTES`), not only in count per peer: with the unexpected
-//! bound reached (4 here), a raw peer's 16 KiB messages are held until 256 KiB of them are,
-//! then stay in its ring, which fills. Before, one peer could have 1,024 frames of 64 KiB
-//! held (64 MiB), and each of the 64 lanes as many. Once receives are posted every message
+//! The frames an shm endpoint holds from one peer past its unexpected bounds are bounded in
+//! bytes (`XFABRIC_SHM_HELD_BYTES`), not only in count: with the unexpected bound reached (4
+//! here), a raw peer's 16 KiB messages are held until 256 KiB of them are, then stay in its
+//! ring, which fills. Before, one peer could have 1,024 frames of 64 KiB held (64 MiB), and
+//! each of the 64 lanes as many. Once receives are posted every message
 //! arrives, in order, with its bytes.
 //!
 //! This file holds one test: it sets the bounds in its environment before the first endpoint

@@ -78,10 +78,10 @@ pub trait ProviderMr: Send + Sync {
 /// domain closes, before the close returns, so that it lets go of that memory
 /// (`Engine::cut_region`). Registered with `MrMap::watch_closes`.
 pub trait RegionCut: Send + Sync {
-    /// The region `addr..addr + len` closed: from the return on, nothing of this endpoint
-    /// writes or reads it. May wait for a copy under way into it (a progress call's), never
-    /// for a peer.
-    fn cut(&self, addr: usize, len: usize);
+    /// The region with key `key`, `addr..addr + len`, closed: from the return on, nothing
+    /// of this endpoint writes or reads it. May wait for a copy under way into it (a progress
+    /// call's), never for a peer.
+    fn cut(&self, key: u64, addr: usize, len: usize);
 }
 
 /// The domain's key → region map.
@@ -209,7 +209,7 @@ impl MrMap {
                 .filter_map(Weak::upgrade)
                 .collect();
             for ep in eps {
-                ep.cut(e.addr, e.len);
+                ep.cut(key, e.addr, e.len);
             }
         }
     }

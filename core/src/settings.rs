@@ -322,15 +322,15 @@ pub static SHM_UNEXP_BYTES: Setting = Setting::new(
     "33554432",
     "Bytes the buffered unexpected messages of one shm endpoint may hold",
 );
-/// `XFABRIC_SHM_HELD_BYTES`: Bytes the frames an shm endpoint holds past its unexpected bounds
-/// (copied out of their senders' rings, in order) may take, all peers together; past that the
-/// next frame stays in its sender's ring.
+/// `XFABRIC_SHM_HELD_BYTES`: Bytes the frames an shm endpoint holds from one peer past its
+/// unexpected bounds (copied out of the peer's ring, in order) may take; past that the next
+/// frame stays in the ring.
 pub static SHM_HELD_BYTES: Setting = Setting::new(
     "XFABRIC_SHM_HELD_BYTES",
     Kind::Size,
-    "67108864",
-    "Bytes the frames an shm endpoint holds past its unexpected bounds may take, all peers \
-     together; past that the next frame stays in its sender's ring",
+    "8388608",
+    "Bytes the frames an shm endpoint holds from one peer past its unexpected bounds may \
+     take; past that the next frame stays in the peer's ring",
 );
 /// `XFABRIC_TCP_EAGER_MAX`: Largest message a tcp endpoint sends eagerly; larger ones wait for
 /// the receiver to match them (at most 1 MiB).

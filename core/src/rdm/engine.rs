@@ -84,7 +84,8 @@ use eager::{MsgBody, ON_TAKE};
 use order::Fenced;
 use recv::{Unexp, UNEXP_OVERHEAD};
 use request::{peer_status, TxReq};
-use rma::{WriteBody, READ_SENT};
+use rma::WriteBody;
+pub(crate) use rma::READ_SENT;
 use rma_copy::{Serve, SERVE};
 use rndv::{RxPipe, NO_RX};
 

@@ -13,6 +13,7 @@
 //! say), the message goes through frames (`Cts`, `Data`) as on a transport without one-sided
 //! copies, and the engine asks for no more copies with that peer.
 
+use crate::consts::errno::FI_EACCES;
 use crate::rxq::IovList;
 
 pub use super::desc::{Desc, MAX_DESC};
@@ -140,21 +141,51 @@ pub enum Sink {
     Wait,
 }
 
-/// A region `addr..addr + len` closes (`Engine::cut_region`): a frame whose body is
-/// application memory there gets a copy of those bytes, taken now, so that sending the rest
-/// of it later reads nothing of the region. Every holder of frames calls it on what it holds,
-/// the engine and the transports alike; the offsets a transport keeps into the frame stay
-/// valid (the body keeps its length).
-pub fn keep_body(t: &mut Transmit, addr: usize, len: usize) {
+/// Makes a frame whose body is application memory own a copy of it instead (the frame keeps
+/// its length, so the offsets a transport keeps into it stay valid).
+pub fn keep_body(t: &mut Transmit) {
     if let Body::Iov(l) = &t.body {
-        if l.overlaps(addr, len) {
-            let mut v = vec![0; l.total()];
-            // SAFETY: the region's close has not returned: its memory is still readable, and
-            // the engine kept the other segments valid until the frame is sent.
-            unsafe { l.copy_out(0, &mut v) };
-            t.body = Body::Owned(v);
-        }
+        let mut v = vec![0; l.total()];
+        // SAFETY: the engine keeps a frame's memory valid until the frame is sent; callers
+        // copy it before they let go of it (a region's close has not returned yet).
+        unsafe { l.copy_out(0, &mut v) };
+        t.body = Body::Owned(v);
     }
+}
+
+/// A region `addr..addr + len` closes (`Engine::cut_region`) under `t`: what becomes of the
+/// frame if it is the answer to a peer's read sent from memory there (any other frame's memory
+/// is its operation's, valid until it completes). Not `begun` (nothing of it handed over), it
+/// becomes that read's failure (`FI_EACCES`, no body) and gives up its token, returned: a
+/// transport reports it sent (`on_sent`: nothing reads the memory any more). Begun, its body
+/// becomes a copy taken now (the peer gets the bytes from before the close): `None`. Every
+/// holder of frames calls it on those it holds, the engine and the transports alike.
+pub fn cut_frame(t: &mut Transmit, begun: bool, addr: usize, len: usize) -> Option<u64> {
+    if t.token != Some(super::engine::READ_SENT) {
+        return None;
+    }
+    if !matches!(&t.body, Body::Iov(l) if l.overlaps(addr, len)) {
+        return None;
+    }
+    if begun {
+        keep_body(t);
+        return None;
+    }
+    let id = wire::prefix(&t.ctrl)
+        .ok()
+        .and_then(|p| wire::decode(&p, t.ctrl.get(wire::PREFIX..)?).ok());
+    let Some(wire::Frame::ReadResp { id, .. }) = id else {
+        // Not an answer after all (tokens are the engine's): a copy keeps it whole.
+        keep_body(t);
+        return None;
+    };
+    t.ctrl = wire::Frame::ReadResp {
+        id,
+        status: FI_EACCES,
+    }
+    .ctrl(0);
+    t.body = Body::None;
+    t.token.take()
 }
 
 /// How frames leave the engine (`Engine::transmit`): in order per peer, each handed over or,
@@ -171,12 +202,13 @@ pub trait Transport {
     /// The frames to `peer` it holds whose token is `token` (answers to the peer's reads,
     /// their bodies the memory read) become copies: each body application memory is copied
     /// into one the frame owns, and the token cleared (nothing is reported for them). Done
-    /// only if what is queued to `peer` stays within the transport's bound. Returns how many
-    /// frames it changed. The default (a transport that keeps reading a peer whose frame
-    /// waits, or holds no frames across calls): none.
-    fn detach(&mut self, peer: PeerId, token: u64) -> usize {
-        let _ = (peer, token);
-        0
+    /// only if what is queued to `peer`, with `more` bytes the engine would copy of its own,
+    /// stays within the transport's bound: how many frames it changed, or `None` (then the
+    /// engine copies nothing either). The default (a transport that keeps reading a peer
+    /// whose frame waits, or holds no frames across calls): none to change, within bound.
+    fn detach(&mut self, peer: PeerId, token: u64, more: usize) -> Option<usize> {
+        let _ = (peer, token, more);
+        Some(0)
     }
 
     /// Writes a whole frame of `len` bytes to `peer` in the transport's own memory (a ring

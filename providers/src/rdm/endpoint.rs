@@ -266,12 +266,12 @@ impl<W: Wire> RdmEndpoint<W> {
 }
 
 impl<W: Wire> RegionCut for RdmEndpoint<W> {
-    fn cut(&self, addr: usize, len: usize) {
+    fn cut(&self, key: u64, addr: usize, len: usize) {
         // Under the lock: a progress call copying into the region now finishes first.
         let mut st = self.lock();
-        let cut = st.engine.cut_region(addr, len);
+        let cut = st.engine.cut_region(key, addr, len);
         let (net, mut g) = glue!(self, &mut *st);
-        net.cut_region(&mut g, addr, len, &cut.sinks);
+        net.cut_region(&mut g, addr, len, &cut);
         // Copies that failed answer their peers.
         self.finish(st);
     }

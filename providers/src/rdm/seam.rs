@@ -121,14 +121,15 @@ pub trait Wire: Send + Sized + 'static {
         Vec::new()
     }
     /// A registered region `addr..addr + len` closes (`Engine::cut_region` ran, under the
-    /// endpoint's lock): the body now arriving from each of `sinks` was going into it, so
-    /// the rest of it is read and dropped (its sink becomes `Sink::Discard`, handed back in
-    /// `on_body` as usual); and every frame the wire holds whose body is memory there keeps a
-    /// copy of it instead (`rdm::keep_body`); copies into or out of it the wire took and has
-    /// not started are reported failed (`FI_EACCES`) through `g`. The default holds none of
+    /// endpoint's lock, and said what the wire holds of it in `cut`): the body now arriving
+    /// from each of `cut.sinks` was going into it, so the rest is read and dropped (its sink
+    /// becomes `Sink::Discard`, handed back in `on_body` as usual); the answers to reads of it
+    /// the wire holds fail or keep a copy (`rdm::cut_frame`, reporting a token it gives up
+    /// through `g`); of the copies in `cut.copies`, the wire starts nothing more, and reports
+    /// each failed (`FI_EACCES`) once what it started of it ended. The default holds none of
     /// these across calls.
-    fn cut_region(&mut self, g: &mut Glue<'_>, addr: usize, len: usize, sinks: &[PeerId]) {
-        let _ = (g, addr, len, sinks);
+    fn cut_region(&mut self, g: &mut Glue<'_>, addr: usize, len: usize, cut: &rdm::Cut) {
+        let _ = (g, addr, len, cut);
     }
     /// The endpoint closes: writes out what peers wait for until `deadline` (the engine
     /// closed already), then lets every peer go.
@@ -342,22 +343,23 @@ pub(crate) fn unless_losing(
 }
 
 /// The rule every transport's `rdm::Transport::detach` keeps: when what is queued to the peer
-/// (`queued` bytes) stays within `QUEUE_MAX`, each of its `frames` carrying `token` gets a copy
-/// of its body and loses the token; how many did. Past the bound nothing changes (the write
-/// waiting behind them keeps waiting).
+/// (`queued` bytes), with the engine's `more`, stays within `QUEUE_MAX`, each of its `frames`
+/// carrying `token` gets a copy of its body and loses the token; how many did. Past the bound
+/// nothing changes (`None`: the write waiting behind them keeps waiting).
 pub(crate) fn detach_queued<'a>(
     queued: usize,
+    more: usize,
     frames: impl Iterator<Item = &'a mut rdm::Transmit>,
     token: u64,
-) -> usize {
-    if queued > QUEUE_MAX {
-        return 0;
+) -> Option<usize> {
+    if queued.saturating_add(more) > QUEUE_MAX {
+        return None;
     }
     let mut n = 0;
     for t in frames.filter(|t| t.token == Some(token)) {
-        rdm::keep_body(t, 0, usize::MAX);
+        rdm::keep_body(t);
         t.token = None;
         n += 1;
     }
-    n
+    Some(n)
 }

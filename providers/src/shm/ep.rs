@@ -275,8 +275,10 @@ impl Wire for Net {
         Net::held(self)
     }
 
-    fn cut_region(&mut self, _: &mut Glue<'_>, addr: usize, len: usize, sinks: &[PeerId]) {
-        Net::cut_region(self, addr, len, sinks)
+    fn cut_region(&mut self, _: &mut Glue<'_>, addr: usize, len: usize, cut: &rdm::Cut) {
+        // Its copies (split, CUDA IPC) are under way in the peer or the device: they end
+        // failed when they report (`Cut::copies`).
+        Net::cut_region(self, addr, len, &cut.sinks)
     }
 
     fn shutdown(&mut self, g: &mut Glue<'_>, deadline: Instant) {

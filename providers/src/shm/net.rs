@@ -94,8 +94,8 @@ struct Held {
     _charge: Charge,
 }
 
-/// Bytes of held frames, all peers together: taken before a frame's copy is allocated, given
-/// back when the frame goes (taken by the engine, or dropped with its lane or its peer).
+/// Bytes of one peer's held frames: taken before a frame's copy is allocated, given back when
+/// the frame goes (taken by the engine, or dropped with its lane or its peer).
 struct Charge {
     pool: Arc<AtomicUsize>,
     bytes: usize,
@@ -155,6 +155,9 @@ struct Link {
     /// Whether we wrote to its ring since we last looked for a sleeper there.
     wrote: bool,
     held: VecDeque<Held>,
+    /// Their bytes, and those of a frame being held as it arrives (`Charge`): per peer, so
+    /// that one peer's flood holds back no other peer's frames.
+    held_bytes: Arc<AtomicUsize>,
     /// When `check` last looked at its lock.
     checked: Option<std::time::Instant>,
     /// Its transport answered a split copy with `FI_EPERM` (its kernel will not let it
@@ -181,6 +184,7 @@ impl Link {
             out: None,
             wrote: false,
             held: VecDeque::new(),
+            held_bytes: Arc::default(),
             checked: None,
             no_split: false,
             no_fds: false,
@@ -231,9 +235,7 @@ pub struct Net {
     /// Frames held, every link's together (`Link::held`): counted where they are held and
     /// let go, so that each locked call's `publish` and each receive need not add them up.
     held_frames: usize,
-    /// Their bytes, and those of a frame being held as it arrives (`Charge`).
-    held_bytes: Arc<AtomicUsize>,
-    /// `XFABRIC_SHM_HELD_BYTES`.
+    /// `XFABRIC_SHM_HELD_BYTES`: a link's held frames' bytes at most (`Link::held_bytes`).
     held_max: usize,
     /// How many links there were at the last `publish` (`published_current`).
     links_published: std::cell::Cell<usize>,
@@ -372,7 +374,6 @@ impl Net {
             sent: Vec::new(),
             wrote: false,
             held_frames: 0,
-            held_bytes: Arc::default(),
             held_max: xfabric_core::settings::SHM_HELD_BYTES.usize(),
             links_published: std::cell::Cell::new(usize::MAX),
             directed,
@@ -781,8 +782,8 @@ impl Net {
     }
 
     /// A registered region `addr..addr + len` closes (`Wire::cut_region`): the body now
-    /// arriving in pieces from each of `sinks` is dropped from here on, and a frame partly
-    /// written to a peer whose body is memory there keeps a copy of it.
+    /// arriving in pieces from each of `sinks` is dropped from here on, and the answer to a
+    /// read of its memory partly written to a peer keeps a copy of the rest.
     pub fn cut_region(&mut self, addr: usize, len: usize, sinks: &[PeerId]) {
         for &p in sinks {
             let Some(lane) = self.links.get(p).and_then(|l| l.rx_lane) else {
@@ -796,9 +797,10 @@ impl Net {
                 *sink = Sink::Discard;
             }
         }
+        // A frame partly written: begun, its body is copied (`rdm::cut_frame`).
         for l in &mut self.links {
             if let Some((t, _)) = &mut l.out {
-                xfabric_core::rdm::keep_body(t, addr, len);
+                let _ = xfabric_core::rdm::cut_frame(t, true, addr, len);
             }
         }
     }
@@ -1123,7 +1125,8 @@ impl Net {
                 if self.links[p].held.len() >= HELD_MAX || len > HELD_BODY_MAX {
                     return Ok(false);
                 }
-                let Some(charge) = Charge::take(&self.held_bytes, cl + len, self.held_max) else {
+                let pool = &self.links[p].held_bytes;
+                let Some(charge) = Charge::take(pool, cl + len, self.held_max) else {
                     return Ok(false);
                 };
                 let mut body = vec![0; len];

@@ -8,7 +8,7 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use xfabric_core::rdm::{Engine, PeerId};
+use xfabric_core::rdm::{self, Engine, PeerId};
 use xfabric_core::settings;
 use xfabric_core::{EpCore, Error, Result};
 
@@ -87,8 +87,8 @@ impl Wire for Net {
         vec![(self.wait_fd(), libc::POLLIN)]
     }
 
-    fn cut_region(&mut self, _: &mut Glue<'_>, addr: usize, len: usize, sinks: &[PeerId]) {
-        Net::cut_region(self, addr, len, sinks)
+    fn cut_region(&mut self, g: &mut Glue<'_>, addr: usize, len: usize, cut: &rdm::Cut) {
+        Net::cut_region(self, g, addr, len, cut)
     }
 
     fn shutdown(&mut self, _: &mut Glue<'_>, deadline: Instant) {

@@ -446,12 +446,12 @@ impl xfabric_core::rdm::Transport for Net {
         crate::rdm::seam::unless_losing(losing, t, |t| Net::send(self, t))
     }
 
-    fn detach(&mut self, peer: PeerId, token: u64) -> usize {
+    fn detach(&mut self, peer: PeerId, token: u64, more: usize) -> Option<usize> {
         // The peer's frame that waited for these is offered again at the next progress call
         // (`progress_epoll` reads waiting connections on every call).
-        self.peers.get_mut(peer).map_or(0, |p| {
-            crate::rdm::seam::detach_queued(p.queued, p.queue.iter_mut().map(|o| &mut o.t), token)
-        })
+        let p = self.peers.get_mut(peer)?;
+        let frames = p.queue.iter_mut().map(|o| &mut o.t);
+        crate::rdm::seam::detach_queued(p.queued, more, frames, token)
     }
 }
 
@@ -549,9 +549,16 @@ impl Net {
     }
 
     /// A registered region `addr..addr + len` closes (`Wire::cut_region`): the body now
-    /// arriving from each of `sinks` is read and dropped from here on, and every queued frame
-    /// whose body is memory there keeps a copy of it.
-    pub fn cut_region(&mut self, addr: usize, len: usize, sinks: &[PeerId]) {
+    /// arriving from each of `sinks` is read and dropped from here on, and the queued answers
+    /// to reads of its memory fail, or, one begun, keep a copy (`rdm::cut_frame`).
+    pub fn cut_region<H: Handler>(
+        &mut self,
+        h: &mut H,
+        addr: usize,
+        len: usize,
+        cut: &xfabric_core::rdm::Cut,
+    ) {
+        let sinks = &cut.sinks;
         for (_, c) in self.conns.iter_mut() {
             if !c.peer.is_some_and(|p| sinks.contains(&p)) {
                 continue;
@@ -567,9 +574,14 @@ impl Net {
                 }
             }
         }
-        for peer in &mut self.peers {
-            for o in &mut peer.queue {
-                xfabric_core::rdm::keep_body(&mut o.t, addr, len);
+        for (peer, p) in self.peers.iter_mut().enumerate() {
+            for o in &mut p.queue {
+                if let Some(token) = xfabric_core::rdm::cut_frame(&mut o.t, o.off > 0, addr, len) {
+                    let was = o.len;
+                    o.len = o.t.ctrl.len() + o.t.body.len();
+                    p.queued -= was - o.len;
+                    h.on_sent(peer, token);
+                }
             }
         }
     }

@@ -9,7 +9,7 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Instant;
 
-use xfabric_core::rdm::{Engine, PeerId};
+use xfabric_core::rdm::{self, Engine, PeerId};
 use xfabric_core::{EpCore, Result};
 
 use super::ib::Nic;
@@ -100,8 +100,8 @@ impl Wire for Net {
         self.fds()
     }
 
-    fn cut_region(&mut self, g: &mut Glue<'_>, addr: usize, len: usize, sinks: &[PeerId]) {
-        Net::cut_region(self, g, addr, len, sinks)
+    fn cut_region(&mut self, g: &mut Glue<'_>, addr: usize, len: usize, cut: &rdm::Cut) {
+        Net::cut_region(self, g, addr, len, cut)
     }
 
     fn shutdown(&mut self, _: &mut Glue<'_>, deadline: Instant) {

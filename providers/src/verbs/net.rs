@@ -224,14 +224,13 @@ impl xfabric_core::rdm::Transport for Net {
         crate::rdm::seam::unless_losing(losing, t, |t| Net::send(self, t))
     }
 
-    fn detach(&mut self, peer: PeerId, token: u64) -> usize {
-        self.peers.get_mut(peer).map_or(0, |p| {
-            let frames = p.out.iter_mut().filter_map(|o| match o {
-                Out::Frame { t, .. } => Some(t),
-                _ => None,
-            });
-            crate::rdm::seam::detach_queued(p.queued, frames, token)
-        })
+    fn detach(&mut self, peer: PeerId, token: u64, more: usize) -> Option<usize> {
+        let p = self.peers.get_mut(peer)?;
+        let frames = p.out.iter_mut().filter_map(|o| match o {
+            Out::Frame { t, .. } => Some(t),
+            _ => None,
+        });
+        crate::rdm::seam::detach_queued(p.queued, more, frames, token)
     }
 }
 
@@ -1123,13 +1122,20 @@ impl Net {
     }
 
     /// A registered region `addr..addr + len` closes (`Wire::cut_region`): the framed body
-    /// now arriving from each of `sinks` is dropped from here on; queued frames whose body is
-    /// memory there keep a copy of it; queued copies into or out of it (a peer's RMA this
-    /// endpoint serves with its NIC) are not posted and fail (`FI_EACCES`). Pieces already
-    /// posted to the NIC finish on their own (the NIC moves them, in bounded time).
-    pub fn cut_region<H: Handler>(&mut self, h: &mut H, addr: usize, len: usize, sinks: &[PeerId]) {
+    /// now arriving from each of `cut.sinks` is dropped from here on; the queued answers to
+    /// reads of its memory fail, or, one begun, keep a copy (`rdm::cut_frame`); the copies in
+    /// `cut.copies` (a peer's RMA this endpoint serves with its NIC) are not posted, or no
+    /// more of their pieces, and fail (`FI_EACCES`) once the pieces already posted, which the
+    /// NIC finishes in bounded time, are done.
+    pub fn cut_region<H: Handler>(
+        &mut self,
+        h: &mut H,
+        addr: usize,
+        len: usize,
+        cut: &xfabric_core::rdm::Cut,
+    ) {
         for l in self.links.values_mut() {
-            if !sinks.contains(&l.peer) {
+            if !cut.sinks.contains(&l.peer) {
                 continue;
             }
             if let Rx::Body {
@@ -1143,18 +1149,26 @@ impl Net {
             }
         }
         let mut failed = Vec::new();
-        for p in &mut self.peers {
+        for (peer, p) in self.peers.iter_mut().enumerate() {
+            let mut ended = Vec::new();
             p.out.retain_mut(|o| match o {
-                Out::Frame { t, .. } => {
-                    xfabric_core::rdm::keep_body(t, addr, len);
+                Out::Frame { t, pos } => {
+                    let was = t.ctrl.len() + t.body.len();
+                    if let Some(token) = xfabric_core::rdm::cut_frame(t, *pos > 0, addr, len) {
+                        p.queued -= was - (t.ctrl.len() + t.body.len());
+                        ended.push(token);
+                    }
                     true
                 }
-                Out::Copy(c) if c.local.overlaps(addr, len) => {
+                Out::Copy(c) if cut.copies.contains(&c.token) => {
                     failed.push(c.token);
                     false
                 }
                 _ => true,
             });
+            for token in ended {
+                h.on_sent(peer, token);
+            }
         }
         for token in failed {
             h.on_copied(
@@ -1162,6 +1176,7 @@ impl Net {
                 xfabric_core::rdm::Copied::Failed(xfabric_core::consts::errno::FI_EACCES),
             );
         }
+        self.cut_transfers(&cut.copies, h);
     }
 
     /// Ends every connection: sends already posted get a moment to complete.

@@ -2,9 +2,8 @@
 //! keeps of that memory is let go before the close returns (`Engine::cut_region`), so that
 //! nothing of the region is written or read once the application may free it.
 
-use super::rma_copy::SERVE;
 use super::*;
-use crate::rdm::transport::Copied;
+use crate::rdm::transport::{cut_frame, Copied};
 
 /// What a closing region leaves to the transport (`Engine::cut_region`).
 #[derive(Debug, Default)]
@@ -12,28 +11,32 @@ pub struct Cut {
     /// Peers whose body now arriving was going into the region: the transport drops the rest
     /// of it (its sink becomes `Sink::Discard`) and hands the sink back as usual.
     pub sinks: Vec<PeerId>,
+    /// Copies serving a peer's RMA into or out of it that the transport was handed: it does
+    /// not start them (or what is left of them), and reports them failed when what it
+    /// started of them ends (`Copied::Failed(FI_EACCES)`).
+    pub copies: Vec<u64>,
 }
 
 impl Engine {
-    /// The region `addr..addr + len` closes (called under the endpoint's lock by the region's
-    /// removal from the domain, before the close returns): from now on nothing this endpoint
-    /// does may touch it.
+    /// The region with key `key`, `addr..addr + len`, closes (called under the endpoint's
+    /// lock by the region's removal from the domain, before the close returns): from now on
+    /// nothing this endpoint does may touch it.
     ///
-    /// - A peer's write whose body is arriving into it fails with `FI_EACCES` (answered so,
-    ///   no completion at the target); the transport drops the rest of the body
-    ///   (`Cut::sinks`). A write staged through a bounce buffer (device memory) is not landed.
-    /// - Copies into or out of it that serve a peer's RMA and that the transport has not
-    ///   taken fail the same way.
-    /// - Frames whose body is in it (the answer to a peer's read, queued behind others) get a
-    ///   copy of those bytes, taken now, while the memory is still the region's: the read
-    ///   came before the close.
+    /// - A peer's write into it (its body arriving, or copied by the transport) fails with
+    ///   `FI_EACCES` (answered so, no completion at the target): the transport drops the rest
+    ///   of a body (`Cut::sinks`), a copy not yet handed to the transport is not, one under
+    ///   way ends failed however it ends, and a write staged for device memory is not landed.
+    /// - A peer's read of it the same: the answers queued here that carry its memory become
+    ///   failures (`FI_EACCES`, no body), as does a copy serving it.
     ///
-    /// The transport does the same with what it holds (`transport::keep_body`).
-    pub fn cut_region(&mut self, addr: usize, len: usize) -> Cut {
+    /// A write through another key of the same memory goes on. The transport does the same
+    /// with the answers it holds (`transport::cut_frame`).
+    pub fn cut_region(&mut self, key: u64, addr: usize, len: usize) -> Cut {
         let mut cut = Cut::default();
-        for (p, ps) in self.peers.iter_mut().enumerate() {
+        for p in 0..self.peers.len() {
+            let ps = &mut self.peers[p];
             if let Some(Pending::Write(w)) = &mut ps.pending {
-                if w.dest.overlaps(addr, len) {
+                if w.segs.segs().iter().any(|s| s.key == key) {
                     if w.status == 0 {
                         w.status = FI_EACCES;
                     }
@@ -44,26 +47,31 @@ impl Engine {
                     }
                 }
             }
-            for t in &mut ps.blocked {
-                super::super::transport::keep_body(t, addr, len);
+            let mut ended = 0;
+            for t in ps.blocked.iter_mut() {
+                ended += usize::from(cut_frame(t, false, addr, len).is_some());
             }
+            for t in self.out.iter_mut().filter(|t| t.peer == p) {
+                ended += usize::from(cut_frame(t, false, addr, len).is_some());
+            }
+            let ps = &mut self.peers[p];
+            ps.reading = ps.reading.saturating_sub(ended);
         }
-        for t in &mut self.out {
-            super::super::transport::keep_body(t, addr, len);
-        }
-        let serving = |c: &super::super::transport::CopyReq| {
-            split(c.token).0 & SERVE as usize != 0 && c.local.overlaps(addr, len)
-        };
-        let failed: Vec<u64> = self
+        // Copies serving them: those not yet handed to the transport fail now; the
+        // transport stops those it holds (`Cut::copies`), and any that still reports ends
+        // failed.
+        let tokens = self.cut_served(key, addr, len);
+        let mine: Vec<u64> = self
             .copies
             .iter()
-            .filter(|c| serving(c))
+            .filter(|c| tokens.contains(&c.token))
             .map(|c| c.token)
             .collect();
-        self.copies.retain(|c| !serving(c));
-        for token in failed {
-            self.on_copied(token, Copied::Failed(FI_EACCES));
+        self.copies.retain(|c| !mine.contains(&c.token));
+        for &t in &mine {
+            self.on_copied(t, Copied::Failed(FI_EACCES));
         }
+        cut.copies = tokens.into_iter().filter(|t| !mine.contains(t)).collect();
         cut
     }
 }

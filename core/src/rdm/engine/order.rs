@@ -167,7 +167,20 @@ impl Engine {
             if !std::mem::take(&mut self.peers[p].detach) {
                 continue;
             }
-            let mut n = tr.detach(p, READ_SENT);
+            // What the engine would copy of its own counts against the transport's bound:
+            // past it, nothing is copied and the write keeps waiting.
+            let answer = |t: &Transmit| t.token == Some(READ_SENT);
+            let ps = &self.peers[p];
+            let own: usize = ps
+                .blocked
+                .iter()
+                .chain(self.out.iter().filter(|t| t.peer == p))
+                .filter(|t| answer(t))
+                .map(|t| t.body.len())
+                .sum();
+            let Some(mut n) = tr.detach(p, READ_SENT, own) else {
+                continue;
+            };
             let ps = &mut self.peers[p];
             for t in ps.blocked.iter_mut() {
                 n += usize::from(detach(t));
@@ -200,7 +213,7 @@ fn detach(t: &mut Transmit) -> bool {
     if t.token != Some(READ_SENT) {
         return false;
     }
-    super::super::transport::keep_body(t, 0, usize::MAX);
+    super::super::transport::keep_body(t);
     t.token = None;
     true
 }

@@ -7,7 +7,7 @@
 use super::*;
 
 /// The token of a read's answer whose body is the memory read (`Engine::read_resp`).
-pub(super) const READ_SENT: u64 = u64::MAX;
+pub(crate) const READ_SENT: u64 = u64::MAX;
 
 /// A peer's write whose data is arriving (or was refused: `status`), and where it lands.
 pub(super) struct WriteBody {
@@ -20,6 +20,8 @@ pub(super) struct WriteBody {
     pub len: usize,
     /// The checked ranges.
     pub dest: IovList,
+    /// The peer's ranges, their keys: a region closing fails the write if it named it.
+    pub segs: RmaIovList,
     /// Device memory: the bounce buffer the body goes into first, landed from there.
     pub staged: Option<Context>,
 }
@@ -160,6 +162,7 @@ impl Engine {
             status: 0,
             len,
             dest: IovList::default(),
+            segs: *segs,
             staged: None,
         };
         let sink = if body != len as u64 {

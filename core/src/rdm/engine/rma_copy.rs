@@ -23,6 +23,8 @@ pub(super) struct Serve {
     pub copying: bool,
     /// The peer was lost or the endpoint closed while copying: drop it when it reports.
     pub ended: bool,
+    /// 0, or why it fails however its copy ends (its region closed: `cut_region`).
+    pub failed: i32,
     op: ServeOp,
 }
 
@@ -42,6 +44,26 @@ enum ServeOp {
 }
 
 impl Engine {
+    /// The region with key `key`, `addr..addr + len`, closes: the peers' writes into it and
+    /// reads of it that copies serve fail however their copy ends (`Serve::failed`). Returns
+    /// the tokens of their copies, which the transport may hold (or be doing).
+    pub(super) fn cut_served(&mut self, key: u64, addr: usize, len: usize) -> Vec<u64> {
+        let mut tokens = Vec::new();
+        for (i, s) in self.served.iter_mut() {
+            let uses = match &s.op {
+                ServeOp::Write { segs, .. } => segs.segs().iter().any(|g| g.key == key),
+                ServeOp::Read { local, .. } => local.overlaps(addr, len),
+            };
+            if uses && !s.ended {
+                s.failed = FI_EACCES;
+                if s.copying {
+                    tokens.push(token(i | SERVE as usize, s.gen));
+                }
+            }
+        }
+        tokens
+    }
+
     fn serve(&mut self, peer: PeerId, op: ServeOp, copy: Option<(Dir, Desc, IovList, usize)>) {
         self.gen = self.gen.wrapping_add(1);
         let gen = self.gen;
@@ -53,6 +75,7 @@ impl Engine {
             gen,
             copying: copy.is_some(),
             ended: false,
+            failed: 0,
             op,
         });
         match copy {
@@ -183,6 +206,10 @@ impl Engine {
             return;
         }
         let peer = s.peer;
+        let how = match s.failed {
+            0 => how,
+            e => Copied::Failed(e),
+        };
         if matches!(how, Copied::Refused | Copied::Declined) {
             if how == Copied::Refused {
                 if let Some(ps) = self.peers.get_mut(peer) {
@@ -226,6 +253,7 @@ impl Engine {
                     status,
                     len: segs.total(),
                     dest,
+                    segs,
                     staged,
                 };
                 self.write_landed(peer, w);

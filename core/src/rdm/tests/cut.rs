@@ -7,7 +7,7 @@ use super::*;
 /// B's region `tgt` closes; the engine's cut, as the endpoint makes it under its lock.
 fn close_region(net: &mut Net, tgt: &[u8]) -> crate::rdm::Cut {
     net.mr = None;
-    net.b.eng.cut_region(tgt.as_ptr() as usize, tgt.len())
+    net.b.eng.cut_region(KEY, tgt.as_ptr() as usize, tgt.len())
 }
 
 #[test]
@@ -59,7 +59,10 @@ fn a_region_closing_leaves_writes_elsewhere_alone() {
     let p = wire::prefix(&w.ctrl).unwrap();
     let sink = net.b.eng.on_ctrl(0, 0, &p, &w.ctrl[PREFIX..]).unwrap();
     // Another region's close, the range just past this one's.
-    let cut = net.b.eng.cut_region(other.as_ptr() as usize, other.len());
+    let cut = net
+        .b
+        .eng
+        .cut_region(KEY + 1, other.as_ptr() as usize, other.len());
     assert!(cut.sinks.is_empty());
     net.b.eng.on_body(0, fill(sink, &body_bytes(&w.body)));
     if let Some(t) = w.token {
@@ -71,10 +74,11 @@ fn a_region_closing_leaves_writes_elsewhere_alone() {
     assert_eq!(tgt, src);
 }
 
+/// The answer to a read, queued and not begun when the region closes, is the read's failure:
+/// nothing reads the memory after the close.
 #[test]
-fn a_read_answer_queued_as_its_region_closes_keeps_the_bytes_from_before() {
+fn a_read_answer_not_begun_as_its_region_closes_fails_the_read() {
     let mut tgt = pattern(4096, 7);
-    let before = tgt.clone();
     let mut back = vec![0u8; 4096];
     let mut net = Net::new();
     net.register(&tgt);
@@ -92,8 +96,64 @@ fn a_read_answer_queued_as_its_region_closes_keeps_the_bytes_from_before() {
     // What a program does with memory it no longer registers.
     tgt.fill(0xee);
     net.pump();
-    assert_eq!(net.a.one(1).flags, FI_RMA | FI_READ);
-    assert_eq!(back, before);
+    assert_eq!(net.a.one_err(1).err, FI_EACCES);
+    assert!(back.iter().all(|&b| b == 0));
+    // Nothing waits behind an answer that is no longer the memory's.
+    assert!(!net.b.eng.busy());
+}
+
+/// A write through another key of the same memory is not the closed region's: it lands.
+#[test]
+fn a_write_through_another_key_of_the_memory_goes_on() {
+    let tgt = vec![0u8; 4096];
+    let src = pattern(4096, 8);
+    let mut net = Net::new();
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_ptr(), 0);
+    net.a
+        .rma(rma(1, iov(&src), &[seg(at, 4096, KEY)], None, FI_WRITE));
+    let w = net.a.eng.poll_transmit().expect("the write");
+    let p = wire::prefix(&w.ctrl).unwrap();
+    let sink = net.b.eng.on_ctrl(0, 0, &p, &w.ctrl[PREFIX..]).unwrap();
+    // Another registration of the same bytes closes.
+    let cut = net
+        .b
+        .eng
+        .cut_region(KEY + 1, tgt.as_ptr() as usize, tgt.len());
+    assert!(cut.sinks.is_empty());
+    net.b.eng.on_body(0, fill(sink, &body_bytes(&w.body)));
+    if let Some(t) = w.token {
+        net.a.eng.on_sent(0, t);
+    }
+    net.report();
+    net.pump();
+    net.a.one(1);
+    assert_eq!(tgt, src);
+}
+
+/// A copy serving a peer's write, under way in the transport when the region closes, ends
+/// failed however the transport reports it: nothing lands (a device region's bounce buffer
+/// would have been copied in), no completion at the target, the initiator told.
+#[test]
+fn a_copy_under_way_as_its_region_closes_fails_when_it_reports() {
+    let tgt = vec![0u8; 400];
+    let data = pattern(300, 42);
+    let mut net = Net::sides(World::new(), true, true);
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_ptr(), 0);
+    net.a
+        .rma(rma(1, iov(&data), &[seg(at, 300, KEY)], None, FI_WRITE));
+    assert_eq!(net.flush(S::A), vec![Kind::Write]);
+    let c = net.b.eng.poll_copy().expect("a copy");
+    let cut = close_region(&mut net, &tgt);
+    assert_eq!(cut.copies, vec![c.token], "the transport must stop it");
+    // The transport finishes it anyway (a NIC's piece already posted).
+    net.b.eng.on_copied(c.token, Copied::Done);
+    net.report();
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    assert_eq!(net.a.one_err(1).err, FI_EACCES);
+    net.b.quiet();
+    assert!(!net.b.eng.busy());
 }
 
 #[test]

@@ -135,6 +135,34 @@ impl Net {
         self.post_pieces(id)
     }
 
+    /// The copies with `tokens` post no more pieces (their region closed: `Wire::cut_region`):
+    /// each ends failed (`FI_EACCES`) once the pieces already posted are done, at once if
+    /// none is.
+    pub(super) fn cut_transfers<H: Handler>(&mut self, tokens: &[u64], h: &mut H) {
+        let mut idle = Vec::new();
+        for (owner, t) in self.transfers.iter_mut() {
+            if !matches!(owner, Owner::Copy(c) if tokens.contains(c)) {
+                continue;
+            }
+            t.pieces.truncate(t.next);
+            if t.status == 0 {
+                t.status = libc::EACCES;
+            }
+            if let Some(l) = self.links.get_mut(&t.link) {
+                if l.posting == Some(*owner) {
+                    l.posting = None;
+                }
+            }
+            if t.out == 0 {
+                idle.push(*owner);
+            }
+        }
+        for owner in idle {
+            // Nothing of it is in flight: it ends now (`piece_done` counts no piece below 0).
+            self.piece_done(owner, libc::EACCES, false, h);
+        }
+    }
+
     /// Posts the pieces of connection `id`'s unfinished transfer while its depth allows.
     /// `Yes`: all are posted (or there was none); `NoRoom`: some wait for completions.
     pub(super) fn post_pieces(&mut self, id: usize) -> Posted {
