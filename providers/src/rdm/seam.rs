@@ -363,3 +363,13 @@ pub(crate) fn detach_queued<'a>(
     }
     Some(n)
 }
+
+/// A stream transport's body now arriving into `sink` (`got` of its bytes in, the first `keep`
+/// kept) goes nowhere from here on (`Wire::cut_region`): the rest is read and skipped, and the
+/// sink handed back as `Sink::Discard`.
+pub(crate) fn drop_rest(sink: &mut rdm::Sink, got: u64, keep: &mut u64) {
+    if matches!(sink, rdm::Sink::Iov(_)) {
+        *sink = rdm::Sink::Discard;
+        *keep = got;
+    }
+}

@@ -567,11 +567,7 @@ impl Net {
                 sink, got, keep, ..
             } = &mut c.rx
             {
-                if matches!(sink, Sink::Iov(_)) {
-                    *sink = Sink::Discard;
-                    // What is still to come goes through the buffer and is skipped.
-                    *keep = *got;
-                }
+                crate::rdm::seam::drop_rest(sink, *got, keep);
             }
         }
         for (peer, p) in self.peers.iter_mut().enumerate() {

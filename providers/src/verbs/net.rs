@@ -1142,10 +1142,7 @@ impl Net {
                 sink, got, keep, ..
             } = &mut l.rx
             {
-                if matches!(sink, Sink::Iov(_)) {
-                    *sink = Sink::Discard;
-                    *keep = *got;
-                }
+                crate::rdm::seam::drop_rest(sink, *got, keep);
             }
         }
         let mut failed = Vec::new();

@@ -10,19 +10,34 @@ fn close_region(net: &mut Net, tgt: &[u8]) -> crate::rdm::Cut {
     net.b.eng.cut_region(KEY, tgt.as_ptr() as usize, tgt.len())
 }
 
+/// A 4 KiB write from A into `tgt` (registered at B under `KEY`) whose control part B took as
+/// a stream transport does: the frame and the sink its body goes into.
+fn write_under_way(net: &mut Net, tgt: &[u8], src: &[u8], data: Option<u64>) -> (Transmit, Sink) {
+    net.register(tgt);
+    let at = net.raddr(tgt.as_ptr(), 0);
+    net.a
+        .rma(rma(1, iov(src), &[seg(at, src.len(), KEY)], data, FI_WRITE));
+    let w = net.a.eng.poll_transmit().expect("the write");
+    let p = wire::prefix(&w.ctrl).unwrap();
+    let sink = net.b.eng.on_ctrl(0, 0, &p, &w.ctrl[PREFIX..]).unwrap();
+    (w, sink)
+}
+
+/// B's transport hands `sink` back; A hears its frame went.
+fn body_done(net: &mut Net, w: &Transmit, sink: Sink) {
+    net.b.eng.on_body(0, sink);
+    if let Some(t) = w.token {
+        net.a.eng.on_sent(0, t);
+    }
+    net.report();
+}
+
 #[test]
 fn a_write_arriving_as_its_region_closes_fails_at_both_ends() {
     let tgt = vec![0u8; 4096];
     let src = pattern(4096, 5);
     let mut net = Net::new();
-    net.register(&tgt);
-    let at = net.raddr(tgt.as_ptr(), 0);
-    net.a
-        .rma(rma(1, iov(&src), &[seg(at, 4096, KEY)], Some(3), FI_WRITE));
-    let w = net.a.eng.poll_transmit().expect("the write");
-    let p = wire::prefix(&w.ctrl).unwrap();
-    // As a stream transport takes it: the control part, then the body in pieces.
-    let sink = net.b.eng.on_ctrl(0, 0, &p, &w.ctrl[PREFIX..]).unwrap();
+    let (w, sink) = write_under_way(&mut net, &tgt, &src, Some(3));
     let Sink::Iov(dest) = &sink else {
         panic!("the write's body goes into the region");
     };
@@ -31,11 +46,7 @@ fn a_write_arriving_as_its_region_closes_fails_at_both_ends() {
     let cut = close_region(&mut net, &tgt);
     assert_eq!(cut.sinks, vec![0], "the transport must drop the rest");
     // The transport drops the rest and hands the sink back.
-    net.b.eng.on_body(0, Sink::Discard);
-    if let Some(t) = w.token {
-        net.a.eng.on_sent(0, t);
-    }
-    net.report();
+    body_done(&mut net, &w, Sink::Discard);
     assert_eq!(net.flush(S::B), vec![Kind::Ack]);
     assert_eq!(net.a.one_err(1).err, FI_EACCES);
     // No completion at the target for a write that did not land.
@@ -51,24 +62,14 @@ fn a_region_closing_leaves_writes_elsewhere_alone() {
     let other = vec![0u8; 4096];
     let src = pattern(4096, 6);
     let mut net = Net::new();
-    net.register(&tgt);
-    let at = net.raddr(tgt.as_ptr(), 0);
-    net.a
-        .rma(rma(1, iov(&src), &[seg(at, 4096, KEY)], None, FI_WRITE));
-    let w = net.a.eng.poll_transmit().expect("the write");
-    let p = wire::prefix(&w.ctrl).unwrap();
-    let sink = net.b.eng.on_ctrl(0, 0, &p, &w.ctrl[PREFIX..]).unwrap();
+    let (w, sink) = write_under_way(&mut net, &tgt, &src, None);
     // Another region's close, the range just past this one's.
     let cut = net
         .b
         .eng
         .cut_region(KEY + 1, other.as_ptr() as usize, other.len());
     assert!(cut.sinks.is_empty());
-    net.b.eng.on_body(0, fill(sink, &body_bytes(&w.body)));
-    if let Some(t) = w.token {
-        net.a.eng.on_sent(0, t);
-    }
-    net.report();
+    body_done(&mut net, &w, fill(sink, &body_bytes(&w.body)));
     net.pump();
     net.a.one(1);
     assert_eq!(tgt, src);
@@ -108,24 +109,14 @@ fn a_write_through_another_key_of_the_memory_goes_on() {
     let tgt = vec![0u8; 4096];
     let src = pattern(4096, 8);
     let mut net = Net::new();
-    net.register(&tgt);
-    let at = net.raddr(tgt.as_ptr(), 0);
-    net.a
-        .rma(rma(1, iov(&src), &[seg(at, 4096, KEY)], None, FI_WRITE));
-    let w = net.a.eng.poll_transmit().expect("the write");
-    let p = wire::prefix(&w.ctrl).unwrap();
-    let sink = net.b.eng.on_ctrl(0, 0, &p, &w.ctrl[PREFIX..]).unwrap();
+    let (w, sink) = write_under_way(&mut net, &tgt, &src, None);
     // Another registration of the same bytes closes.
     let cut = net
         .b
         .eng
         .cut_region(KEY + 1, tgt.as_ptr() as usize, tgt.len());
     assert!(cut.sinks.is_empty());
-    net.b.eng.on_body(0, fill(sink, &body_bytes(&w.body)));
-    if let Some(t) = w.token {
-        net.a.eng.on_sent(0, t);
-    }
-    net.report();
+    body_done(&mut net, &w, fill(sink, &body_bytes(&w.body)));
     net.pump();
     net.a.one(1);
     assert_eq!(tgt, src);
