@@ -549,10 +549,10 @@ fn a_write_arriving_as_its_region_closes_stops_at_the_close() {
     drop(node);
 }
 
-/// The answer to a peer's read that the peer is slow to take: its bytes are what the region
-/// held when it closed, not what the memory holds afterwards (the application may have
-/// freed it and reused it). Before, the rest of the answer was sent from the memory as it
-/// was by then.
+/// Answers to a peer's reads that the peer is slow to take, as the region closes: the one
+/// begun goes on with the bytes the region held at the close, not what the memory holds
+/// afterwards (the application may have freed it and reused it); the one not begun is the
+/// read's failure. Before, both were sent from the memory as it was by then.
 #[test]
 fn a_read_answered_as_its_region_closes_sends_the_bytes_from_before_the_close() {
     const LEN: usize = 32 << 20;
@@ -560,13 +560,15 @@ fn a_read_answered_as_its_region_closes_sends_the_bytes_from_before_the_close() 
     window.fill(0x5a);
     // SAFETY: window outlives the region (dropped below, before it).
     let mr = unsafe { node.domain.mr_reg(&window, FI_REMOTE_READ, 0, 0) }.expect("mr_reg");
-    let read = Frame::Read {
-        id: 9,
-        segs: whole(&window, mr.key()),
-        desc: Default::default(),
+    for id in [9, 10] {
+        let read = Frame::Read {
+            id,
+            segs: whole(&window, mr.key()),
+            desc: Default::default(),
+        }
+        .to_vec(0);
+        s.write_all(&read).unwrap();
     }
-    .to_vec(0);
-    s.write_all(&read).unwrap();
     // The answer is larger than the sockets hold: until this peer reads, most of it waits
     // in the target's queue, its body the region's memory. The progress thread's first
     // write of it is awaited as the first bytes arriving.
@@ -583,6 +585,12 @@ fn a_read_answered_as_its_region_closes_sends_the_bytes_from_before_the_close() 
             assert_eq!(changed, 0, "bytes of the answer read after the close");
         }
         other => panic!("not the read's answer: {:?}", other.0),
+    }
+    match next_frame(&mut s) {
+        (Frame::ReadResp { id: 10, status }, body) => {
+            assert_eq!((status, body.len()), (FI_EACCES, 0), "the second read");
+        }
+        other => panic!("not the second read's answer: {:?}", other.0),
     }
     drop(node);
 }

@@ -204,11 +204,11 @@ pub trait Transport {
     /// into one the frame owns, and the token cleared (nothing is reported for them). Done
     /// only if what is queued to `peer`, with `more` bytes the engine would copy of its own,
     /// stays within the transport's bound: how many frames it changed, or `None` (then the
-    /// engine copies nothing either). The default (a transport that keeps reading a peer
-    /// whose frame waits, or holds no frames across calls): none to change, within bound.
+    /// engine copies nothing either). The default, for a transport that keeps reading a peer
+    /// whose frame waits (shm holds it), where the write waiting is no deadlock: `None`.
     fn detach(&mut self, peer: PeerId, token: u64, more: usize) -> Option<usize> {
         let _ = (peer, token, more);
-        Some(0)
+        None
     }
 
     /// Writes a whole frame of `len` bytes to `peer` in the transport's own memory (a ring

@@ -29,8 +29,9 @@ impl Engine {
     /// - A peer's read of it the same: the answers queued here that carry its memory become
     ///   failures (`FI_EACCES`, no body), as does a copy serving it.
     ///
-    /// A write through another key of the same memory goes on. The transport does the same
-    /// with the answers it holds (`transport::cut_frame`).
+    /// A write through another key of the same memory goes on; a read of the memory fails
+    /// whichever key it came through (its answer names memory, not a key). The transport does
+    /// the same with the answers it holds (`transport::cut_frame`).
     pub fn cut_region(&mut self, key: u64, addr: usize, len: usize) -> Cut {
         let mut cut = Cut::default();
         for p in 0..self.peers.len() {

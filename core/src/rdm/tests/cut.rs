@@ -1,6 +1,7 @@
 //! A registered region closing while peers' requests hold its memory (`Engine::cut_region`):
-//! a write arriving into it fails and lands nothing more, a read's queued answer keeps the
-//! bytes the region held at the close, a copy into it not yet taken fails.
+//! a write arriving into it fails and lands nothing more, a read's answer not yet begun fails,
+//! a copy serving a write into it fails whether or not the transport took it, and a write
+//! through another key of the same memory goes on.
 
 use super::*;
 
@@ -79,7 +80,13 @@ fn a_read_answer_not_begun_as_its_region_closes_fails_the_read() {
     net.pump();
     assert_eq!(net.a.one_err(1).err, FI_EACCES);
     assert!(back.iter().all(|&b| b == 0));
-    // Nothing waits behind an answer that is no longer the memory's.
+    // Nothing waits behind an answer that is no longer the memory's: the peer's next write
+    // is answered at once (refused: its key is gone), not held behind the read.
+    let src = [1u8; 64];
+    net.a
+        .rma(rma(2, iov(&src), &[seg(at, 64, KEY)], None, FI_WRITE));
+    net.pump();
+    assert_eq!(net.a.one_err(2).err, FI_EACCES);
     assert!(!net.b.eng.busy());
 }
 
@@ -118,8 +125,9 @@ fn a_copy_under_way_as_its_region_closes_fails_when_it_reports() {
     let c = net.b.eng.poll_copy().expect("a copy");
     let cut = close_region(&mut net, &tgt);
     assert_eq!(cut.copies, vec![c.token], "the transport must stop it");
-    // The transport finishes it anyway (a NIC's piece already posted).
-    net.b.eng.on_copied(c.token, Copied::Done);
+    // The transport ends it anyway, even asking for the data by frames instead (a copy it
+    // could not make): it fails all the same, no data is asked for.
+    net.b.eng.on_copied(c.token, Copied::Refused);
     net.report();
     assert_eq!(net.flush(S::B), vec![Kind::Ack]);
     assert_eq!(net.a.one_err(1).err, FI_EACCES);
