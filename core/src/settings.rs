@@ -332,17 +332,6 @@ pub static SHM_HELD_BYTES: Setting = Setting::new(
     "Bytes the frames an shm endpoint holds from one peer past its unexpected bounds may \
      take; past that the next frame stays in the peer's ring",
 );
-/// `XFABRIC_SHM_STALL_MS`: Milliseconds an shm peer may write nothing more of a frame it began
-/// before it is declared lost (0: never).
-pub static SHM_STALL_MS: Setting = Setting::new(
-    "XFABRIC_SHM_STALL_MS",
-    Kind::Size,
-    "600000",
-    "Milliseconds an shm peer may write nothing more of a frame it began in pieces before it \
-     is declared lost and its operations fail: until then the frame holds the receive it \
-     matched. Long, because a peer under manual progress writes the rest only when its \
-     application calls progress (0: never)",
-);
 /// `XFABRIC_TCP_EAGER_MAX`: Largest message a tcp endpoint sends eagerly; larger ones wait for
 /// the receiver to match them (at most 1 MiB).
 pub static TCP_EAGER_MAX: Setting = Setting::new(
@@ -498,7 +487,6 @@ pub static SETTINGS: &[&Setting] = &[
     &SHM_UNEXP_MSGS,
     &SHM_UNEXP_BYTES,
     &SHM_HELD_BYTES,
-    &SHM_STALL_MS,
     &TCP_EAGER_MAX,
     &TCP_DEAD_MS,
     &TCP_STALL_MS,

@@ -135,9 +135,6 @@ struct InFrame {
     /// Body bytes taken so far, of `len`.
     off: usize,
     len: usize,
-    /// When its last piece came (the coarse clock, ms): a peer that writes nothing more of
-    /// it for `XFABRIC_SHM_STALL_MS` is lost (`sweep`).
-    since: u64,
 }
 
 /// One peer: our lane in its segment, its lane in ours.
@@ -240,8 +237,6 @@ pub struct Net {
     held_frames: usize,
     /// `XFABRIC_SHM_HELD_BYTES`: a link's held frames' bytes at most (`Link::held_bytes`).
     held_max: usize,
-    /// `XFABRIC_SHM_STALL_MS` (0: never).
-    stall_ms: u64,
     /// How many links there were at the last `publish` (`published_current`).
     links_published: std::cell::Cell<usize>,
     directed: bool,
@@ -380,7 +375,6 @@ impl Net {
             wrote: false,
             held_frames: 0,
             held_max: xfabric_core::settings::SHM_HELD_BYTES.usize(),
-            stall_ms: xfabric_core::settings::SHM_STALL_MS.usize() as u64,
             links_published: std::cell::Cell::new(usize::MAX),
             directed,
             splits: Vec::new(),
@@ -850,12 +844,6 @@ impl Net {
             peer = %self.links[p].name,
             "shm: dropping the lane of a peer that sent garbage ({why}); its operations fail"
         );
-        self.drop_peer(g, p, lane, libc::EPROTO);
-    }
-
-    /// Drops `p`'s lane (`lane`, the one it writes on) and what came on it, and loses `p`
-    /// with `errno`.
-    fn drop_peer(&mut self, g: &mut Glue<'_>, p: PeerId, lane: Option<usize>, errno: i32) {
         if let Some(l) = lane {
             self.drop_lane(l);
         }
@@ -868,9 +856,9 @@ impl Net {
         if let (Some(f), Some(pid)) = (self.fds.as_mut(), self.links[p].pid) {
             f.drop_pid(pid);
         }
-        g.on_lost(p, None, errno);
+        g.on_lost(p, None, libc::EPROTO);
         // Its answers would come on the lane just dropped.
-        self.end_splits(g.engine, Some(p), errno);
+        self.end_splits(g.engine, Some(p), libc::EPROTO);
     }
 
     fn drop_lane(&mut self, lane: usize) {
@@ -1193,13 +1181,7 @@ impl Net {
         len: usize,
     ) {
         if off < len {
-            let since = crate::clock::coarse_ms();
-            self.rx[lane] = Some(InFrame {
-                to,
-                off,
-                len,
-                since,
-            });
+            self.rx[lane] = Some(InFrame { to, off, len });
             return;
         }
         match to {
@@ -1255,7 +1237,6 @@ impl Net {
         }
         self.drain_fds();
         self.release_nameless(now);
-        self.lose_stalled(g, now);
         for p in 0..self.links.len() {
             let l = &self.links[p];
             // A peer whose segment could not be opened when it connected (gone already, say)
@@ -1269,32 +1250,6 @@ impl Net {
                 "its segment is gone"
             };
             self.lose(g, p, why);
-        }
-    }
-
-    /// Loses the peers that began a frame in pieces and wrote nothing more of it for
-    /// `XFABRIC_SHM_STALL_MS` (`now`: the coarse clock; u64::MAX when it could not be read,
-    /// and nothing is lost): the frame held the receive it matched for as long.
-    fn lose_stalled(&mut self, g: &mut Glue<'_>, now: u64) {
-        if now == u64::MAX || self.stall_ms == 0 {
-            return;
-        }
-        for lane in 0..LANES {
-            // A piece waiting in the ring is ours to read (this endpoint was not progressed
-            // for a while): the peer did not stall.
-            let stalled = self.rx[lane]
-                .as_ref()
-                .is_some_and(|f| now.saturating_sub(f.since) >= self.stall_ms)
-                && !self.head_published(lane);
-            let Some(p) = self.lane_peer[lane].filter(|_| stalled) else {
-                continue;
-            };
-            tracing::warn!(
-                peer = %self.links[p].name,
-                "shm: a peer wrote nothing more of a frame it began for {} ms; its operations fail",
-                self.stall_ms
-            );
-            self.drop_peer(g, p, Some(lane), libc::ETIMEDOUT);
         }
     }
 
