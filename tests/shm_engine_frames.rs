@@ -784,3 +784,47 @@ fn a_write_arriving_in_pieces_as_its_region_closes_stops_at_the_close() {
     );
     serves_a_good_peer(&n, &addr);
 }
+
+/// A peer dropped for garbage while a message to it is partly written into its ring: the rest
+/// is not written. Its send failed with the peer, and its buffer is the application's again
+/// (freed, reused); before, the rest was still copied from it into the peer's ring as the
+/// peer read.
+#[test]
+fn a_send_partly_written_to_a_peer_dropped_for_garbage_reads_no_more_of_its_buffer() {
+    setup();
+    let n = node(CAPS, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+    drain(&n);
+    let to_raw = n.add_peer(format!("fi_shm://{}", raw.name()).as_bytes());
+    // Two eager messages of 64 KiB into its 128 KiB ring, which it does not read: the second
+    // is left partly written.
+    const LEN: usize = 64 << 10;
+    let mut bufs: Vec<Vec<u8>> = (0..2).map(|i| pattern(LEN, i)).collect();
+    for (i, b) in bufs.iter().enumerate() {
+        // SAFETY: the buffers outlive the sends (each ends below, failed or done).
+        n.retry(|| unsafe { n.ep.send(b, None, to_raw, i) });
+    }
+    drain(&n);
+    // Garbage on its lane: the peer is dropped and its operations fail.
+    assert!(raw.send_raw(FRAME, &[0xff; 64], 0));
+    let errs = errors(&n, 1);
+    assert!(!errs.is_empty(), "the partly written send failed");
+    // The application's buffer is its own again.
+    bufs[1].fill(0xee);
+    // The peer reads its ring while the endpoint is driven: nothing of the reused buffer.
+    let mut seen = Vec::new();
+    for _ in 0..64 {
+        drain(&n);
+        while let Some((_, bytes)) = raw.recv_raw() {
+            seen.extend(bytes);
+        }
+    }
+    let run = seen
+        .windows(64)
+        .filter(|w| w.iter().all(|&b| b == 0xee))
+        .count();
+    assert_eq!(run, 0, "bytes of a failed send's buffer reached the peer");
+    drop(raw);
+    serves_a_good_peer(&n, &addr);
+}

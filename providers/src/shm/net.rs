@@ -851,6 +851,10 @@ impl Net {
         self.held_frames -= link.held.len();
         link.held.clear();
         link.rx_lane = None;
+        // Nor is the rest of a frame to it written: the engine fails its operation with the
+        // peer, and its memory is the application's again.
+        link.out = None;
+        self.pumping.retain(|&q| q != p);
         self.maps.drop_peer(p);
         self.ipc.drop_peer(p);
         if let (Some(f), Some(pid)) = (self.fds.as_mut(), self.links[p].pid) {
