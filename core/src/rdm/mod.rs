@@ -28,5 +28,7 @@ pub mod wire;
 pub use done::{report, report_unlocked, Done};
 pub use engine::{Config, Cut, Engine, Fired};
 pub use inline::Inline;
-pub use transport::{cut_frame, keep_body, Body, PeerId, Sink, Transmit, INLINE_BODY};
+pub use transport::{
+    cut_frame, detach_frame, keep_body, Body, PeerId, Sink, Transmit, INLINE_BODY,
+};
 pub use transport::{Copied, CopyReq, Desc, Dir, Native, NativeKind, OneSided, Transport};

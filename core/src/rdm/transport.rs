@@ -153,6 +153,18 @@ pub fn keep_body(t: &mut Transmit) {
     }
 }
 
+/// `t`, if its token is `token` (the answer to a peer's read, its body the memory read),
+/// becomes a copy that nothing waits on: its body owned (`keep_body`), its token cleared.
+/// Whether it was one. Every holder of frames detaches them so (`Transport::detach`).
+pub fn detach_frame(t: &mut Transmit, token: u64) -> bool {
+    if t.token != Some(token) {
+        return false;
+    }
+    keep_body(t);
+    t.token = None;
+    true
+}
+
 /// A region `addr..addr + len` closes (`Engine::cut_region`) under `t`: what becomes of the
 /// frame if it is the answer to a peer's read sent from memory there (any other frame's memory
 /// is its operation's, valid until it completes). Not `begun` (nothing of it handed over), it

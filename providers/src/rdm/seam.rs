@@ -355,13 +355,12 @@ pub(crate) fn detach_queued<'a>(
     if queued.saturating_add(more) > QUEUE_MAX {
         return None;
     }
-    let mut n = 0;
-    for t in frames.filter(|t| t.token == Some(token)) {
-        rdm::keep_body(t);
-        t.token = None;
-        n += 1;
-    }
-    Some(n)
+    Some(
+        frames
+            .map(|t| rdm::detach_frame(t, token))
+            .filter(|&d| d)
+            .count(),
+    )
 }
 
 /// A stream transport's body now arriving into `sink` (`got` of its bytes in, the first `keep`

@@ -48,13 +48,10 @@ impl Engine {
                     }
                 }
             }
-            let mut ended = 0;
-            for t in ps.blocked.iter_mut() {
-                ended += usize::from(cut_frame(t, false, addr, len).is_some());
-            }
-            for t in self.out.iter_mut().filter(|t| t.peer == p) {
-                ended += usize::from(cut_frame(t, false, addr, len).is_some());
-            }
+            let ended = self
+                .frames_to(p)
+                .filter_map(|t| cut_frame(t, false, addr, len))
+                .count();
             let ps = &mut self.peers[p];
             ps.reading = ps.reading.saturating_sub(ended);
         }

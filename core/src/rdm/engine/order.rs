@@ -5,6 +5,7 @@
 //! memory read.
 
 use super::*;
+use crate::rdm::transport::detach_frame;
 
 /// An operation held back by `FI_FENCE` (or queued behind one), with a copy of inject data.
 /// (Atomics are not held: a fenced one answers `Again` until its peer is drained.)
@@ -169,27 +170,21 @@ impl Engine {
             }
             // What the engine would copy of its own counts against the transport's bound:
             // past it, nothing is copied and the write keeps waiting.
-            let answer = |t: &Transmit| t.token == Some(READ_SENT);
-            let ps = &self.peers[p];
-            let own: usize = ps
-                .blocked
-                .iter()
-                .chain(self.out.iter().filter(|t| t.peer == p))
-                .filter(|t| answer(t))
+            let own: usize = self
+                .frames_to(p)
+                .filter(|t| t.token == Some(READ_SENT))
                 .map(|t| t.body.len())
                 .sum();
-            let Some(mut n) = tr.detach(p, READ_SENT, own) else {
+            let Some(theirs) = tr.detach(p, READ_SENT, own) else {
                 continue;
             };
+            let mine = self
+                .frames_to(p)
+                .map(|t| detach_frame(t, READ_SENT))
+                .filter(|&d| d)
+                .count();
             let ps = &mut self.peers[p];
-            for t in ps.blocked.iter_mut() {
-                n += usize::from(detach(t));
-            }
-            for t in self.out.iter_mut().filter(|t| t.peer == p) {
-                n += usize::from(detach(t));
-            }
-            let ps = &mut self.peers[p];
-            ps.reading = ps.reading.saturating_sub(n);
+            ps.reading = ps.reading.saturating_sub(theirs + mine);
         }
     }
 
@@ -205,17 +200,6 @@ impl Engine {
                 .iter()
                 .any(|(_, s)| s.peer == peer && !s.copying)
     }
-}
-
-/// Makes `t`, if it is an answer to a read still carrying the memory read, a copy that
-/// nothing waits on; whether it was one.
-fn detach(t: &mut Transmit) -> bool {
-    if t.token != Some(READ_SENT) {
-        return false;
-    }
-    super::super::transport::keep_body(t);
-    t.token = None;
-    true
 }
 
 /// A held operation's context and flags, for its completion.

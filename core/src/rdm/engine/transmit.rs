@@ -127,8 +127,17 @@ impl Engine {
         !self.out.is_empty() || self.blocked > 0
     }
 
+    /// The frames to `peer` the engine holds: those the transport gave back, then those not
+    /// yet offered.
+    pub(super) fn frames_to(&mut self, peer: PeerId) -> impl Iterator<Item = &mut Transmit> {
+        self.peers[peer]
+            .blocked
+            .iter_mut()
+            .chain(self.out.iter_mut().filter(move |t| t.peer == peer))
+    }
+
     /// Whether `transmit` or `poll_copy` has anything to give (frames queued or held back,
-    /// copies asked for): a provider may skip its push round when not.
+    /// copies asked for, answers to detach): a provider may skip its push round when not.
     pub fn has_output(&self) -> bool {
         !self.out.is_empty() || self.blocked > 0 || !self.copies.is_empty() || self.detaching
     }

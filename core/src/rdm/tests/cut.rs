@@ -24,6 +24,21 @@ fn write_under_way(net: &mut Net, tgt: &[u8], src: &[u8], data: Option<u64>) -> 
     (w, sink)
 }
 
+/// A write from A into `tgt` that B's transport is asked to serve by a copy (`Write` frame
+/// taken, the copy not yet).
+fn served_write(tgt: &[u8], data: &[u8]) -> Net {
+    let (mut net, at) = super::pull::rma_pair(tgt);
+    net.a.rma(rma(
+        1,
+        iov(data),
+        &[seg(at, data.len(), KEY)],
+        None,
+        FI_WRITE,
+    ));
+    assert_eq!(net.flush(S::A), vec![Kind::Write]);
+    net
+}
+
 /// B's transport hands `sink` back; A hears its frame went.
 fn body_done(net: &mut Net, w: &Transmit, sink: Sink) {
     net.b.eng.on_body(0, sink);
@@ -116,12 +131,7 @@ fn a_write_through_another_key_of_the_memory_goes_on() {
 fn a_copy_under_way_as_its_region_closes_fails_when_it_reports() {
     let tgt = vec![0u8; 400];
     let data = pattern(300, 42);
-    let mut net = Net::sides(World::new(), true, true);
-    net.register(&tgt);
-    let at = net.raddr(tgt.as_ptr(), 0);
-    net.a
-        .rma(rma(1, iov(&data), &[seg(at, 300, KEY)], None, FI_WRITE));
-    assert_eq!(net.flush(S::A), vec![Kind::Write]);
+    let mut net = served_write(&tgt, &data);
     let c = net.b.eng.poll_copy().expect("a copy");
     let cut = close_region(&mut net, &tgt);
     assert_eq!(cut.copies, vec![c.token], "the transport must stop it");
@@ -139,12 +149,7 @@ fn a_copy_under_way_as_its_region_closes_fails_when_it_reports() {
 fn a_copy_into_a_closing_region_not_yet_taken_fails_at_both_ends() {
     let tgt = vec![0u8; 400];
     let data = pattern(300, 41);
-    let mut net = Net::sides(World::new(), true, true);
-    net.register(&tgt);
-    let at = net.raddr(tgt.as_ptr(), 0);
-    net.a
-        .rma(rma(1, iov(&data), &[seg(at, 300, KEY)], None, FI_WRITE));
-    assert_eq!(net.flush(S::A), vec![Kind::Write]);
+    let mut net = served_write(&tgt, &data);
     // The copy waits for the transport to take it; the region closes first.
     close_region(&mut net, &tgt);
     assert!(

@@ -324,7 +324,7 @@ fn close_during_a_copy_cancels_when_it_reports() {
 // RMA served by the target's transport.
 
 /// A pair that copies one-sidedly, with `tgt` registered at B; the remote address of its start.
-fn rma_pair(tgt: &[u8]) -> (Net, u64) {
+pub(super) fn rma_pair(tgt: &[u8]) -> (Net, u64) {
     let mut net = pulling();
     net.register(tgt);
     let at = net.raddr(tgt.as_ptr(), 0);
