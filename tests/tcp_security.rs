@@ -1,7 +1,8 @@
 //! tcp as a hostile host on the same network would try it, with real processes: a stranger
 //! claiming to be a connected peer (without and with an authentication key), endpoints whose
-//! keys differ, strangers that hold unexpected bodies open to pin our memory, and strangers
-//! that hold connections open to keep real peers out of an endpoint at its descriptor limit.
+//! keys differ, strangers that hold unexpected bodies open to pin our memory, strangers that
+//! hold connections open to keep real peers out of an endpoint at its descriptor limit, and a
+//! peer that asks for atomics' original values and never reads them.
 //! The stranger speaks tcp's handshake itself (`providers::tcp::net::hello`), as an attacker
 //! who read the source would.
 
@@ -593,4 +594,114 @@ fn a_read_answered_as_its_region_closes_sends_the_bytes_from_before_the_close() 
         other => panic!("not the second read's answer: {:?}", other.0),
     }
     drop(node);
+}
+
+/// Fetching atomics one unread peer asks for, and the 4 KiB of original values each answer holds.
+const FETCHES: usize = 40_000;
+const RESULT: usize = 4096;
+
+/// Child: the target of a peer's fetching atomics, which it never reads the answers of.
+/// Reports its address and its region's (address, key), and, told "report", how much its
+/// resident memory grew once it settled.
+fn fetched_victim() {
+    let node = node_with(
+        FI_ATOMIC | FI_REMOTE_READ | FI_REMOTE_WRITE,
+        Progress::Auto,
+        |h| {
+            h.fabric_attr.prov_name = Some("tcp".into());
+            h.domain_attr.mr_mode = FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
+        },
+    );
+    let window = vec![0x11u8; RESULT];
+    // SAFETY: window outlives the region (dropped at the end, after it).
+    let mr = unsafe { node.domain.mr_reg(&window, FI_REMOTE_READ, 0, 0) }.expect("mr_reg");
+    let me = std::process::id();
+    let before = rss(me);
+    say(&format!(
+        "{} {} {}",
+        hex(&node.ep.getname().unwrap()),
+        window.as_ptr() as u64,
+        mr.key()
+    ));
+    assert_eq!(listen(), "report");
+    // Settled: its progress thread reads what it will read (without a bound on what the peer
+    // owes, every request the sockets hold), and each answer's bytes are resident as queued.
+    // A hang guard only: the last of two readings 100 ms apart that agree.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = rss(me);
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = rss(me);
+        if now == last || Instant::now() > deadline {
+            break;
+        }
+        last = now;
+    }
+    say(&rss(me).saturating_sub(before).to_string());
+    assert_eq!(listen(), "bye");
+    drop(mr);
+}
+
+/// A peer asking for 4 KiB of original values with each 48-byte fetching atomic and never
+/// reading them: the target stops reading it once it holds 16 MiB of answers for it
+/// (`MAX_OWED_BYTES`). Before, only the count of answers (65,536) stopped it: 40,000 such
+/// requests grew the target by 160 MiB.
+#[test]
+fn a_peer_that_never_reads_its_fetched_values_cannot_grow_the_target_past_the_bound() {
+    if role().is_some() {
+        return fetched_victim();
+    }
+    let t = "a_peer_that_never_reads_its_fetched_values_cannot_grow_the_target_past_the_bound";
+    let mut child = spawn(t, "victim", &[]);
+    let line = child.hear();
+    let v: Vec<&str> = line.split(' ').collect();
+    let (name, addr, key) = (unhex(v[0]), v[1].parse().unwrap(), v[2].parse().unwrap());
+    let mut s = greeted(listener_of(&name));
+    let req = Frame::Atomic {
+        id: 1,
+        op: AtomicOp::Read as u32,
+        datatype: Datatype::UInt64 as u32,
+        count: (RESULT / 8) as u32,
+        addr,
+        key,
+        flags: xfabric_core::rdm::wire::flags::FETCH,
+    }
+    .to_vec(0);
+    let all: Vec<u8> = req.repeat(FETCHES);
+    // As much as the sockets take: once the target stops reading, the rest stays unsent (a
+    // second of no progress says so; the figure below does not depend on when this stops).
+    s.set_nonblocking(true).unwrap();
+    let (mut off, mut stuck_since) = (0, None);
+    while off < all.len() {
+        match s.write(&all[off..]) {
+            Ok(n) => {
+                off += n;
+                stuck_since = None;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let since = *stuck_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_secs(1) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("the peer's write: {e}"),
+        }
+    }
+    child.tell("report");
+    let grew: usize = child.hear().parse().unwrap();
+    println!(
+        "the target grew {grew} bytes after {} requests",
+        off / req.len()
+    );
+    // The bound, plus one read's worth of requests answered past it (64 KiB of 48-byte
+    // requests: 5.5 MiB of answers), plus the queue's own entries and the allocator's slack.
+    let limit = (16 << 20) + (8 << 20) + (16 << 20);
+    assert!(
+        grew <= limit,
+        "resident memory grew {grew} bytes (limit {limit}) after {} requests",
+        off / req.len()
+    );
+    child.tell("bye");
+    child.join();
 }

@@ -196,6 +196,9 @@ struct Out {
     len: usize,
     /// An answer to the peer's request (`owes`).
     answer: bool,
+    /// What that answer makes us hold for the peer (`charge`): counted in `Peer::owed_bytes`
+    /// until it is written.
+    charge: usize,
 }
 
 /// Whether a frame answers a request of the peer's (an acknowledgement, read data, an atomic's
@@ -212,6 +215,35 @@ fn is_answer(t: &Transmit) -> bool {
 /// Answers one peer may owe us unwritten before we stop reading it (`Net::set_max_owed`).
 pub const MAX_OWED: usize = 65536;
 
+/// Bytes of answers one peer may owe us unwritten before we stop reading it
+/// (`Net::set_max_owed_bytes`). An honest peer owes at most its outstanding requests: at the
+/// default `tx_size` (1,024) of fetching atomics of `ATOMIC_MAX` (4 KiB) each, 4 MiB.
+pub const MAX_OWED_BYTES: usize = 16 << 20;
+
+/// The bytes an answer makes us hold for the peer that asked for it: its control part and a
+/// body of its own (an atomic's original values, up to 4 KiB for a request of 48 bytes). A
+/// body that is the application's memory (read data) costs us nothing more, and a copy we
+/// take of it later (`Transport::detach`, a region's close) is ours, bounded apart.
+fn charge(t: &Transmit) -> usize {
+    if !is_answer(t) {
+        return 0;
+    }
+    t.ctrl.len()
+        + match &t.body {
+            Body::Owned(v) => v.len(),
+            Body::Inline(v) => v.len(),
+            Body::None | Body::Iov(_) => 0,
+        }
+}
+
+/// How much a peer may owe us before it is no longer read (`Net::set_max_owed`,
+/// `Net::set_max_owed_bytes`).
+#[derive(Clone, Copy, Debug)]
+struct OwedMax {
+    answers: usize,
+    bytes: usize,
+}
+
 struct Peer {
     addr: SocketAddr,
     key: [u8; hello::KEY],
@@ -224,6 +256,8 @@ struct Peer {
     queued: usize,
     /// Invariant: the number of answers (`Out::answer`) in `queue`.
     owed: usize,
+    /// Invariant: the sum of `Out::charge` over `queue`.
+    owed_bytes: usize,
     /// Lost a simultaneous connect: its connection to us should arrive before this.
     wait_until: Option<Instant>,
     /// Losses reported to the handler's queue (`Report::Lost`) and not yet handed to it:
@@ -264,8 +298,8 @@ pub struct Net {
     /// other events are noticed by time, however often (or rarely) the application polls.
     /// `u64::MAX` (`arm`, or a clock read that failed): the next `progress` asks.
     last_epoll: u64,
-    /// Answers one peer may owe before it is no longer read (`MAX_OWED`).
-    max_owed: usize,
+    /// What one peer may owe before it is no longer read (`MAX_OWED`, `MAX_OWED_BYTES`).
+    max_owed: OwedMax,
     /// How long a peer may stay silent to the kernel (no ACK for our data, no answer to
     /// keepalive probes) before its connection is declared dead (`set_dead_after`).
     dead_after: Option<Duration>,
@@ -440,6 +474,13 @@ fn send_small(fd: RawFd, b: &[u8]) -> io::Result<bool> {
 /// The engine's frames go into the peers' queues, which take everything (a peer that stops
 /// reading holds back its senders through `queued`, not here) but frames to a peer lost and
 /// not yet reported (`seam::unless_losing`).
+impl Peer {
+    /// It owes us as much as we hold for a peer that does not read: read nothing more from it.
+    fn owes(&self, max: OwedMax) -> bool {
+        self.owed >= max.answers || self.owed_bytes >= max.bytes
+    }
+}
+
 impl xfabric_core::rdm::Transport for Net {
     fn send(&mut self, t: Transmit) -> std::result::Result<(), Transmit> {
         let losing = self.peers.get(t.peer).is_some_and(|p| p.losing > 0);
@@ -480,7 +521,10 @@ impl Net {
             timeout: HANDSHAKE_TIMEOUT,
             last_up: usize::MAX,
             last_epoll: crate::clock::coarse_ms(),
-            max_owed: MAX_OWED,
+            max_owed: OwedMax {
+                answers: MAX_OWED,
+                bytes: MAX_OWED_BYTES,
+            },
             dead_after: None,
             stall_after: None,
             next_look: 0,
@@ -531,6 +575,7 @@ impl Net {
             queue: VecDeque::new(),
             queued: 0,
             owed: 0,
+            owed_bytes: 0,
             wait_until: None,
             losing: 0,
         });
@@ -593,7 +638,20 @@ impl Net {
     /// instead of growing our queue. An honest peer owes at most its outstanding requests
     /// (`tx_attr.size`), so two of them never wait on each other this way.
     pub fn set_max_owed(&mut self, n: usize) {
-        self.max_owed = n.max(1);
+        self.max_owed.answers = n.max(1);
+    }
+
+    /// Bytes of answers to peer `p`'s requests that we hold for it (`charge`) until they are
+    /// written.
+    pub fn owed_bytes(&self, p: PeerId) -> usize {
+        self.peers.get(p).map_or(0, |x| x.owed_bytes)
+    }
+
+    /// How many bytes of answers a peer may owe us before we stop reading it
+    /// (`MAX_OWED_BYTES`, 16 MiB): the count alone let a peer asking 4 KiB fetching atomics
+    /// and never reading have us queue 65,536 of them, 272 MiB.
+    pub fn set_max_owed_bytes(&mut self, n: usize) {
+        self.max_owed.bytes = n.max(1);
     }
 
     /// How long a connected peer may stay silent to the kernel before it is declared lost
@@ -670,12 +728,15 @@ impl Net {
         let off = tried.map_or(0, |(_, n)| n);
         let len = t.ctrl.len() + t.body.len();
         let answer = is_answer(&t);
+        let charge = charge(&t);
         peer.owed += usize::from(answer);
+        peer.owed_bytes += charge;
         peer.queue.push_back(Out {
             t,
             off,
             len,
             answer,
+            charge,
         });
         peer.queued += len - off;
         if let Some((k, _)) = tried {
@@ -751,7 +812,7 @@ impl Net {
         if self.conns.len() == 1 && self.settling == 0 && recent {
             let k = self.last_up;
             if let Some(c) = self.conns.get_mut(k) {
-                let owing = c.peer.is_some_and(|p| self.peers[p].owed >= self.max_owed);
+                let owing = c.peer.is_some_and(|p| self.peers[p].owes(self.max_owed));
                 if let (St::Up, false, Some(p), false) = (c.st, c.writable, c.peer, owing) {
                     let (m, err) = c.pump(p, &self.peers[p].addr, h);
                     if let Some(e) = err {
@@ -835,6 +896,7 @@ impl Net {
             p.queue.clear();
             p.queued = 0;
             p.owed = 0;
+            p.owed_bytes = 0;
             p.wait_until = None;
         }
         self.settling = 0;
@@ -1562,7 +1624,7 @@ impl Net {
     fn read_frames<H: Handler>(&mut self, k: usize, h: &mut H) -> usize {
         let c = &mut self.conns[k];
         let Some(p) = c.peer else { return 0 };
-        if self.peers[p].owed >= self.max_owed {
+        if self.peers[p].owes(self.max_owed) {
             // It does not read our answers: read nothing more from it until they are written
             // (its requests stay in its socket); looked at again on every progress call.
             c.waiting = true;
@@ -1649,6 +1711,7 @@ impl Net {
                 break;
             };
             peer.owed -= usize::from(o.answer);
+            peer.owed_bytes -= o.charge;
             if let Some(t) = o.t.token {
                 self.reports.push_back(Report::Sent(p, t));
             }
@@ -1768,6 +1831,7 @@ impl Net {
         peer.queue.clear();
         peer.queued = 0;
         peer.owed = 0;
+        peer.owed_bytes = 0;
         if peer.wait_until.take().is_some() {
             self.settling -= 1;
         }

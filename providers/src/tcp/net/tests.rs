@@ -1103,16 +1103,15 @@ fn measure() {
     }
 }
 
-/// A peer that sends requests and never reads our answers: once it owes `max_owed` answers
-/// we read nothing more from it (its frames stay in its socket), our queue stops growing, and
-/// another peer is served meanwhile; when it reads again, everything it sent is handled.
-#[test]
-fn a_peer_that_never_reads_its_answers_is_not_read_either() {
-    let mut a = Net::bind(lo()).unwrap();
-    a.set_max_owed(100);
-    let mut h = Rec::default();
-    // The hostile peer: a raw socket that greets properly, then only writes.
-    let (mut s, _) = raw_peer(&mut a, &mut h, 77);
+/// Floods `a` through `s`, a greeted raw peer that never reads, with 8-byte messages, each of
+/// which the handler answers with `answer(peer)`, until the peer's socket takes nothing more
+/// (we stopped reading it). Returns the peer and one request's length.
+fn flood_unread(
+    a: &mut Net,
+    h: &mut Rec,
+    s: &mut StdStream,
+    answer: impl Fn(PeerId) -> Transmit,
+) -> (PeerId, usize) {
     let start = Instant::now();
     s.set_nonblocking(true).unwrap();
     // Requests (Msg frames), as many as the sockets take; each one we read is answered.
@@ -1121,7 +1120,7 @@ fn a_peer_that_never_reads_its_answers_is_not_read_either() {
     let mut pending: Vec<u8> = Vec::new();
     let mut stuck = 0u32;
     let mut answered = 0usize;
-    let peer = loop {
+    loop {
         if pending.is_empty() {
             for _ in 0..256 {
                 pending.extend_from_slice(&req);
@@ -1135,32 +1134,44 @@ fn a_peer_that_never_reads_its_answers_is_not_read_either() {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => stuck += 1,
             Err(e) => panic!("write: {e}"),
         }
-        a.progress(&mut h);
+        a.progress(h);
         while answered < h.got.len() {
-            let p = h.got[answered].0;
-            let ack = Frame::Ack { id: 1, status: 0 }.ctrl(0);
-            a.send(Transmit {
-                peer: p,
-                ctrl: ack,
-                body: Body::None,
-                token: None,
-            });
+            a.send(answer(h.got[answered].0));
             answered += 1;
         }
         // Settled: the peer's socket takes nothing more, and we owe it the bound.
         if stuck > 2000 {
-            break h.got[0].0;
+            return (h.got[0].0, req.len());
         }
         assert!(
             start.elapsed() < 3 * LIMIT,
             "never held back ({} read)",
             h.got.len()
         );
+    }
+}
+
+/// A peer that sends requests and never reads our answers: once it owes `max_owed` answers
+/// we read nothing more from it (its frames stay in its socket), our queue stops growing, and
+/// another peer is served meanwhile; when it reads again, everything it sent is handled.
+#[test]
+fn a_peer_that_never_reads_its_answers_is_not_read_either() {
+    let mut a = Net::bind(lo()).unwrap();
+    a.set_max_owed(100);
+    let mut h = Rec::default();
+    // The hostile peer: a raw socket that greets properly, then only writes.
+    let (mut s, _) = raw_peer(&mut a, &mut h, 77);
+    let ack = |p| Transmit {
+        peer: p,
+        ctrl: Frame::Ack { id: 1, status: 0 }.ctrl(0),
+        body: Body::None,
+        token: None,
     };
+    let (peer, req_len) = flood_unread(&mut a, &mut h, &mut s, ack);
     // At the bound, plus at most what the one progress call that crossed it handed over
     // (answers are queued after it returns): up to PUMP_FRAMES, then the rest of that read.
     let owed = a.owed(peer);
-    let most = 100 + super::PUMP_FRAMES + super::RBUF / req.len() + 1;
+    let most = 100 + super::PUMP_FRAMES + super::RBUF / req_len + 1;
     assert!(
         (100..=most).contains(&owed),
         "{owed} answers owed (bound 100, {most} at most)"
@@ -1190,6 +1201,63 @@ fn a_peer_that_never_reads_its_answers_is_not_read_either() {
         a.progress(&mut h);
         assert!(start.elapsed() < LIMIT, "not read again");
     }
+}
+
+/// The same peer asking for answers we must hold bytes of (4 KiB of an atomic's original
+/// values each, as a fetching atomic of 48 bytes asks): it is no longer read once those bytes
+/// reach the bound, long before the count of answers would stop it.
+#[test]
+fn a_peer_that_never_reads_large_answers_is_held_by_their_bytes() {
+    const BOUND: usize = 256 << 10;
+    const RESULT: usize = 4096;
+    let mut a = Net::bind(lo()).unwrap();
+    a.set_max_owed_bytes(BOUND);
+    let mut h = Rec::default();
+    let (mut s, _) = raw_peer(&mut a, &mut h, 78);
+    let result = |p| Transmit {
+        peer: p,
+        ctrl: Frame::AtomicResp { id: 1, status: 0 }.ctrl(RESULT as u64),
+        body: Body::Owned(vec![0x5a; RESULT]),
+        token: None,
+    };
+    let charge = result(0).ctrl.len() + RESULT;
+    let (peer, req_len) = flood_unread(&mut a, &mut h, &mut s, result);
+    // As above: the bound, plus what the progress call that crossed it handed over. What the
+    // kernel took before the peer's window closed is not ours to hold.
+    let owed = a.owed_bytes(peer);
+    let most = BOUND + (super::PUMP_FRAMES + super::RBUF / req_len + 1) * charge;
+    assert!(
+        (BOUND..=most).contains(&owed),
+        "{owed} bytes of answers owed (bound {BOUND}, {most} at most)"
+    );
+    assert_eq!(
+        owed,
+        a.owed(peer) * charge,
+        "every answer queued is charged"
+    );
+    assert!(
+        a.owed(peer) < super::MAX_OWED / 8,
+        "held by the count instead"
+    );
+    let read = h.got.len();
+    for _ in 0..10_000 {
+        a.progress(&mut h);
+    }
+    assert_eq!(h.got.len(), read, "nothing more is read from it");
+    // It reads again: the answers drain, every byte of them uncharged, and it is read again.
+    let mut sink = vec![0u8; 1 << 20];
+    let start = Instant::now();
+    while h.got.len() < read + 1000 {
+        let _ = s.read(&mut sink);
+        a.progress(&mut h);
+        assert!(start.elapsed() < LIMIT, "not read again");
+    }
+    while a.owed(peer) > 0 {
+        let _ = s.read(&mut sink);
+        a.progress(&mut h);
+        assert!(start.elapsed() < LIMIT, "answers not drained");
+    }
+    assert_eq!(a.owed_bytes(peer), 0);
 }
 
 /// Time from a first frame to a peer never met to its arrival (connect, handshake, the frame),
