@@ -21,7 +21,7 @@ fn inside() -> bool {
 
 /// The `vm_*` tests below, which the host half expects to see pass (one needs the `cuda`
 /// feature: the CUDA test double).
-const VM_TESTS: usize = if cfg!(feature = "cuda") { 10 } else { 9 };
+const VM_TESTS: usize = if cfg!(feature = "cuda") { 11 } else { 10 };
 
 /// The `pair_*` tests below, which run in a VM with two devices.
 const PAIR_TESTS: usize = 3;
@@ -188,6 +188,85 @@ fn vm_two_processes_exchange_messages() {
     // Four sends and the receive.
     n.wait_n(SIZES.len() + 1);
     assert!(back == pattern(1000, 9));
+    assert_eq!(child.hear(), "done");
+    child.tell("bye");
+    child.join();
+}
+
+/// A stranger that reaches an endpoint's side channel and says a hello naming a real peer
+/// (with a nonce of its own, and a queue pair of its own): the endpoint calls the real peer's
+/// address back, hears that the hello is not its, and closes the stranger's connection
+/// without answering: no queue pair of ours is connected to the stranger's, and nothing it
+/// could send would be taken as the peer's. The real peer goes on exchanging messages.
+#[test]
+fn vm_a_stranger_claiming_a_peer_gets_no_queue_pair() {
+    use std::io::{Read, Write};
+    use xfabric::providers::verbs::{claim, QpInfo};
+    if skip() {
+        return;
+    }
+    let rounds = 2;
+    if role().is_some() {
+        let n = node(FI_MSG, Progress::Auto);
+        let p = connect_parent(&n);
+        for r in 0..rounds {
+            let mut b = vec![0u8; 64];
+            recv(&n, &mut b, p, r);
+            n.wait_one();
+            assert!(b == pattern(64, r as u64), "round {r}");
+            let back = pattern(64, 100 + r as u64);
+            send(&n, &back, p, r);
+            n.wait_one();
+        }
+        say("done");
+        assert_eq!(listen(), "bye");
+        return;
+    }
+    let t = "vm_a_stranger_claiming_a_peer_gets_no_queue_pair";
+    let mut child = spawn(t, "child", &[]);
+    let n = node(FI_MSG, Progress::Auto);
+    let peer_raw = unhex(&child.hear());
+    let c = n.add_peer(&peer_raw);
+    child.tell(&hex(&n.ep.getname().unwrap()));
+    let exchange = |r: usize| {
+        let mut back = vec![0u8; 64];
+        recv(&n, &mut back, c, 1000 + r);
+        let msg = pattern(64, r as u64);
+        send(&n, &msg, c, r);
+        n.wait_n(2);
+        assert!(back == pattern(64, 100 + r as u64), "round {r}");
+    };
+    exchange(0);
+    let ours = xfabric::providers::inet::decode(&n.ep.getname().unwrap()).unwrap();
+    let claimed = xfabric::providers::inet::decode(&peer_raw).unwrap();
+    // A queue pair the endpoint could connect to: the device's own GID (RoCE v2: its IPv4
+    // address, mapped), so that only the missing proof stops it.
+    let std::net::IpAddr::V4(ip) = ours.ip() else {
+        panic!("verbs names are IPv4")
+    };
+    let forged = claim::Hello {
+        qp: QpInfo {
+            qpn: 0x11,
+            psn: 0x22,
+            gid: ip.to_ipv6_mapped().octets(),
+        },
+        name: claimed,
+        flags: 0,
+        nonce: claim::nonce().unwrap(),
+    };
+    let mut s = std::net::TcpStream::connect(ours).unwrap();
+    s.write_all(&forged.encode()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = Vec::new();
+    match s.read_to_end(&mut got) {
+        Ok(_) => assert!(
+            got.is_empty(),
+            "the endpoint answered a stranger claiming its peer: {} bytes",
+            got.len()
+        ),
+        Err(e) => panic!("the stranger's connection was neither answered nor closed: {e}"),
+    }
+    exchange(1);
     assert_eq!(child.hear(), "done");
     child.tell("bye");
     child.join();

@@ -372,8 +372,11 @@ impl Drop for Mr {
 /// What one side of an RC connection tells the other.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QpInfo {
+    /// The queue pair's number (24 bits).
     pub qpn: u32,
+    /// The packet sequence number its sends start at (24 bits).
     pub psn: u32,
+    /// The port's GID (RoCE v2: the IPv4 address, mapped).
     pub gid: [u8; 16],
 }
 

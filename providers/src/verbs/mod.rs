@@ -28,6 +28,10 @@ use crate::inet;
 use crate::info::{check_hmem, rdm_info, RdmDesc};
 
 pub use ep::VerbsEndpoint;
+/// The side channel's hello and the proof of the name it claims, public as tcp's handshake
+/// is: the tests speak it as an attacker who read the source would.
+pub use ib::QpInfo;
+pub use net::claim;
 pub use stats::{fault_queue_pairs, native_counts, DeviceMemory, NativeCounts};
 
 /// Capabilities the verbs provider offers (the engine's, as tcp).

@@ -32,12 +32,13 @@ use xfabric_core::{EpCore, Error, Result};
 
 use super::ib::{Cq, Mr, Nic, Qp, QpInfo};
 use super::sys;
-use crate::inet;
 use crate::rdm::{Handler, PeerName};
 
+pub mod claim;
 pub mod native;
 pub mod pieces;
 pub mod pull;
+use claim::{Claims, Hello, HELLO, HELLO_EVENTS};
 use native::{Inflight, Shared, NATIVE_MAX};
 use pieces::{Owner, Transfer};
 
@@ -63,15 +64,6 @@ pub const CQ_DEPTH: i32 = 32767;
 const KIND_DATA: u8 = 0;
 const KIND_CREDIT: u8 = 1;
 
-/// The side channel's hello: magic, version, flags, QP number, PSN, GID, the sender's own
-/// name.
-const HELLO: usize = 48;
-const MAGIC: u32 = 0x5846_5642; // "XFVB"
-/// 2: writes with immediate data (the peer's NIC writes and tells), and the flags byte.
-const VERSION: u16 = 2;
-/// Hello flag: the sender reports remote reads and atomics (`FI_RMA_EVENT`, a remote
-/// counter): a peer's NIC must not read or add to its memory unseen.
-const HELLO_EVENTS: u8 = 1;
 /// The connector's last word once its QP is ready to receive.
 const READY: u8 = 0x52;
 /// Most connections one endpoint holds. A connection can have `RQ` receives, `SQ` signaled
@@ -82,7 +74,8 @@ const READY: u8 = 0x52;
 const MAX_LINKS: usize = CQ_DEPTH as usize / (RQ as usize + SQ + NATIVE_MAX);
 /// `Link::held`'s slot for a peer's write with immediate data: (IMM, immediate, length).
 const IMM: usize = usize::MAX;
-/// How long a connection may take to finish its hellos before it is dropped.
+/// How long a connection may take to finish its hellos (and an accepted one, the proof of
+/// its claim) before it is dropped.
 const HELLO_TIME: Duration = Duration::from_secs(10);
 
 /// Connection state.
@@ -92,9 +85,7 @@ enum State {
     Dialing,
     /// We connected and sent our hello; the peer's hello is awaited.
     Connecting,
-    /// We accepted; the peer's hello is awaited.
-    Accepting,
-    /// We answered the hello; the connector's READY is awaited before sending.
+    /// We accepted, its claim proven (`claim`), and answered the hello; the connector's READY is awaited before sending.
     Answered,
     Up,
 }
@@ -135,6 +126,9 @@ struct Link {
     stream: TcpStream,
     /// Side-channel bytes read so far.
     hello: Vec<u8>,
+    /// Our hello's nonce on this connection (a connector's: the acceptor's call-back asks
+    /// for it, `Net::vouch`).
+    nonce: u64,
     // Drop order: the QP, then the registration, then the memory.
     qp: Qp,
     mr: Mr,
@@ -189,6 +183,8 @@ pub struct Net {
     nic: Arc<Nic>,
     listener: TcpListener,
     name: SocketAddr,
+    /// Accepted side channels until their claims are proven.
+    claims: Claims,
     // Drop order: links (QPs, MRs) before the CQ. Numbers are never reused, so that a
     // completion of a connection gone cannot be taken for one of its successor.
     links: HashMap<usize, Link>,
@@ -198,7 +194,6 @@ pub struct Net {
     wc: Vec<sys::ibv_wc>,
     /// Connections lost this round, with their errno, reported at the end of progress.
     lost: Vec<(PeerId, i32)>,
-    psn_seed: u32,
     /// `super::stats::faults()` last acted on.
     faults: u64,
     /// The endpoint (whether it reports remote reads: the hello's flag).
@@ -255,13 +250,13 @@ impl Net {
             nic: nic.clone(),
             listener,
             name,
+            claims: Claims::new(HELLO_TIME),
             links: HashMap::new(),
             next_link: 0,
             peers: Vec::new(),
             cq,
             wc: vec![sys::ibv_wc::default(); 64],
             lost: Vec::new(),
-            psn_seed: std::process::id().wrapping_mul(2_654_435_761),
             faults: super::stats::faults(),
             core,
             shared,
@@ -291,6 +286,7 @@ impl Net {
             };
             (l.stream.as_raw_fd(), ev)
         }));
+        self.claims.fds(&mut v);
         v
     }
 
@@ -331,6 +327,14 @@ impl Net {
         if self.links.len() >= MAX_LINKS {
             return Err(Error::Again("verbs: connection table full"));
         }
+        // A PSN and a nonce nobody can guess: the first is what a forged packet into the QP
+        // would have to match, the second what a stranger claiming this connection would.
+        let (Some(psn), Some(nonce)) = (claim::nonce(), claim::nonce()) else {
+            return Err(Error::from_io(
+                "verbs: random numbers for a connection",
+                std::io::Error::other("the OS gave none"),
+            ));
+        };
         let qp = Qp::new(&self.nic, &self.cq, RQ)?;
         let mut buf = vec![0u8; (RQ as usize + SQ) * CHUNK];
         // SAFETY: the Vec's heap block moves into the Link with the MR, and Link's field
@@ -343,17 +347,14 @@ impl Net {
                 sys::IBV_ACCESS_LOCAL_WRITE,
             )?
         };
-        self.psn_seed = self
-            .psn_seed
-            .wrapping_mul(1_103_515_245)
-            .wrapping_add(12345);
         let link = Link {
             peer,
             state,
             stream,
             hello: Vec::new(),
+            nonce,
             qp,
-            psn: self.psn_seed & 0xff_ffff,
+            psn: psn as u32 & 0xff_ffff,
             mr,
             buf,
             free_tx: (0..SQ).map(|i| RQ as usize + i).collect(),
@@ -386,21 +387,31 @@ impl Net {
     }
 
     fn hello_bytes(&self, l: &Link) -> [u8; HELLO] {
-        let mut h = [0u8; HELLO];
-        h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        h[4..6].copy_from_slice(&VERSION.to_le_bytes());
-        h[6] = if native::reports_remote(&self.core) {
-            HELLO_EVENTS
-        } else {
-            0
-        };
-        h[8..12].copy_from_slice(&l.qp.num().to_le_bytes());
-        h[12..16].copy_from_slice(&l.psn.to_le_bytes());
-        h[16..32].copy_from_slice(&self.nic.gid);
-        let me = inet::encode(&self.name);
-        let n = me.len().min(16);
-        h[32..32 + n].copy_from_slice(&me[..n]);
-        h
+        Hello {
+            qp: QpInfo {
+                qpn: l.qp.num(),
+                psn: l.psn,
+                gid: self.nic.gid,
+            },
+            name: self.name,
+            flags: if native::reports_remote(&self.core) {
+                HELLO_EVENTS
+            } else {
+                0
+            },
+            nonce: l.nonce,
+        }
+        .encode()
+    }
+
+    /// A call-back's question: whether our connection from `src` said a hello with `nonce`
+    /// (and waits for its answer).
+    fn vouch(links: &HashMap<usize, Link>, src: &SocketAddr, nonce: u64) -> bool {
+        links.values().any(|l| {
+            matches!(l.state, State::Connecting)
+                && l.nonce == nonce
+                && l.stream.local_addr().ok().as_ref() == Some(src)
+        })
     }
 
     /// Starts a connection toward `peer`.
@@ -447,7 +458,7 @@ impl Net {
         }
         let h = self.hello_bytes(&self.links[&id]);
         let l = self.links.get_mut(&id).expect("listed");
-        // 48 bytes into a fresh connection's empty socket buffer: written whole at once.
+        // A hello into a fresh connection's empty socket buffer: written whole at once.
         match l.stream.write(&h) {
             Ok(n) if n == h.len() => {
                 l.state = State::Connecting;
@@ -596,11 +607,9 @@ impl Net {
                 Ok((s, _)) => {
                     let _ = s.set_nonblocking(true);
                     let _ = s.set_nodelay(true);
-                    // The peer is known once its hello names it; usize::MAX until then.
-                    match self.new_link(usize::MAX, s, State::Accepting) {
-                        Ok(_) => n += 1,
-                        Err(e) => warn!("verbs: cannot accept a connection: {e}"),
-                    }
+                    // No queue pair until its hello's claim is proven (`claims`).
+                    self.claims.add(s);
+                    n += 1;
                 }
                 Err(_) => break,
             }
@@ -608,16 +617,33 @@ impl Net {
         n
     }
 
-    /// Advances every side channel: hellos, READY, EOF.
+    /// Advances every side channel: claims, hellos, READY, EOF.
     fn side_channels(&mut self) -> usize {
-        let mut n = 0;
+        let links = &self.links;
+        let (proven, mut n) = self
+            .claims
+            .poll(|src, nonce| Self::vouch(links, src, nonce));
+        for (stream, hello) in proven {
+            // The peer is known once its proven hello names it; usize::MAX until then.
+            let id = match self.new_link(usize::MAX, stream, State::Answered) {
+                Ok(id) => id,
+                Err(e) => {
+                    warn!("verbs: cannot accept a connection: {e}");
+                    continue;
+                }
+            };
+            if let Err(why) = self.on_hello(id, &hello) {
+                warn!("verbs: {why}");
+                self.fail_link(id, libc::EPROTO, why);
+            }
+        }
         for id in self.link_ids() {
             let want = match self.links[&id].state {
                 State::Dialing => {
                     n += usize::from(self.dial(id));
                     continue;
                 }
-                State::Connecting | State::Accepting => HELLO,
+                State::Connecting => HELLO,
                 State::Answered => 1,
                 State::Up => 1,
             };
@@ -664,7 +690,6 @@ impl Net {
             let got = std::mem::take(&mut l.hello);
             let r = match l.state {
                 State::Connecting => self.on_answer(id, &got),
-                State::Accepting => self.on_hello(id, &got),
                 State::Answered if got[0] == READY => {
                     debug!(link = id, peer = l.peer, "verbs: connected (acceptor)");
                     l.state = State::Up;
@@ -680,33 +705,13 @@ impl Net {
         n
     }
 
-    fn parse_hello(h: &[u8]) -> std::result::Result<(QpInfo, SocketAddr), &'static str> {
-        let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().expect("4 bytes"));
-        if h.len() != HELLO || u32_at(0) != MAGIC {
-            return Err("side channel: not an xfabric verbs hello");
-        }
-        if u16::from_le_bytes([h[4], h[5]]) != VERSION {
-            return Err("side channel: unknown version");
-        }
-        let mut gid = [0u8; 16];
-        gid.copy_from_slice(&h[16..32]);
-        let name = inet::decode(&h[32..48]).map_err(|_| "side channel: bad name")?;
-        Ok((
-            QpInfo {
-                qpn: u32_at(8) & 0xff_ffff,
-                psn: u32_at(12) & 0xff_ffff,
-                gid,
-            },
-            name,
-        ))
-    }
-
     /// Connector: the acceptor's answer came: connect the QP, say READY, start sending.
     fn on_answer(&mut self, id: usize, h: &[u8]) -> std::result::Result<(), &'static str> {
-        let (info, _) = Self::parse_hello(h)?;
+        // Whoever answers at the address we dialed is the peer of that name.
+        let h = Hello::parse(h)?;
         let l = self.links.get_mut(&id).expect("listed");
-        self.shared.set_quiet(l.peer, h[6] & HELLO_EVENTS == 0);
-        l.qp.connect(l.psn, &info).map_err(|e| {
+        self.shared.set_quiet(l.peer, h.flags & HELLO_EVENTS == 0);
+        l.qp.connect(l.psn, &h.qp).map_err(|e| {
             warn!("verbs: {e}");
             "cannot connect the queue pair"
         })?;
@@ -718,19 +723,19 @@ impl Net {
         Ok(())
     }
 
-    /// Acceptor: a hello came: name the peer, connect our QP, answer.
-    fn on_hello(&mut self, id: usize, h: &[u8]) -> std::result::Result<(), &'static str> {
-        let (info, name) = Self::parse_hello(h)?;
-        let peer = self.peer(name);
-        self.shared.set_quiet(peer, h[6] & HELLO_EVENTS == 0);
+    /// Acceptor: a hello came and its claim is proven (`claim`): name the peer, connect our
+    /// QP, answer.
+    fn on_hello(&mut self, id: usize, h: &Hello) -> std::result::Result<(), &'static str> {
+        let peer = self.peer(h.name);
+        self.shared.set_quiet(peer, h.flags & HELLO_EVENTS == 0);
         let answer = self.hello_bytes(&self.links[&id]);
         let l = self.links.get_mut(&id).expect("listed");
         l.peer = peer;
-        l.qp.connect(l.psn, &info).map_err(|e| {
+        l.qp.connect(l.psn, &h.qp).map_err(|e| {
             warn!("verbs: {e}");
             "cannot connect the queue pair"
         })?;
-        // 48 bytes on a connection that has carried 48: the socket buffer has room.
+        // A hello on a connection that has carried one: the socket buffer has room.
         let _ = l.stream.set_nonblocking(false);
         let w = l.stream.write_all(&answer);
         let _ = l.stream.set_nonblocking(true);
@@ -1277,43 +1282,6 @@ fn head_need(v: &[u8]) -> std::result::Result<usize, wire::WireError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn hello(qpn: u32, name: &SocketAddr) -> Vec<u8> {
-        let mut h = vec![0u8; HELLO];
-        h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        h[4..6].copy_from_slice(&VERSION.to_le_bytes());
-        h[8..12].copy_from_slice(&qpn.to_le_bytes());
-        h[12..16].copy_from_slice(&7u32.to_le_bytes());
-        h[16..32].copy_from_slice(&[0xab; 16]);
-        h[32..48].copy_from_slice(&inet::encode(name));
-        h
-    }
-
-    #[test]
-    fn hello_round_trip_and_hostile_ones() {
-        let name: SocketAddr = "192.0.2.1:4000".parse().unwrap();
-        let (info, n) = Net::parse_hello(&hello(0x1234, &name)).unwrap();
-        assert_eq!(
-            (info.qpn, info.psn, info.gid, n),
-            (0x1234, 7, [0xab; 16], name)
-        );
-        // A QP number wider than 24 bits is cut to what the wire can name.
-        assert_eq!(
-            Net::parse_hello(&hello(u32::MAX, &name)).unwrap().0.qpn,
-            0xff_ffff
-        );
-        let mut bad = hello(1, &name);
-        bad[0] ^= 1;
-        assert!(Net::parse_hello(&bad).is_err());
-        let mut bad = hello(1, &name);
-        bad[4] = 9;
-        assert!(Net::parse_hello(&bad).is_err());
-        let mut bad = hello(1, &name);
-        bad[32..48].fill(0xff);
-        assert!(Net::parse_hello(&bad).is_err());
-        assert!(Net::parse_hello(&hello(1, &name)[..HELLO - 1]).is_err());
-        assert!(Net::parse_hello(&[]).is_err());
-    }
 
     /// Two connected peers that send nothing but credit-only chunks (their other traffic the
     /// NIC's writes, which need data credits only), explored exhaustively: every order of

@@ -1,0 +1,525 @@
+//! The side channel's hello, and the proof of the name it claims.
+//!
+//! A connector's hello names the endpoint it says it is (its listening address): its queue
+//! pair then becomes that peer's, so that what arrives on it is that peer's and what we send
+//! to that peer may go on it. A claim is not an identity: before an accepted side channel
+//! gets a queue pair, the acceptor calls the claimed address back and asks whether a
+//! connection of its own, from the address the hello came from, sent a hello with this nonce
+//! (a random number the connector drew for it); only a yes makes the claim a peer. A stranger
+//! cannot answer for an endpoint it is not, nor guess the nonce of a real one's connection.
+//! Until then an accepted connection holds a socket and a few bytes, no queue pair and no
+//! registered memory, and at most `MAX_PENDING` of them wait at once.
+//!
+//! On the wire, every first message on a side channel is `HELLO` bytes: a hello (`MAGIC`) or
+//! a call-back's question (`VERIFY_MAGIC`: the source address and the nonce), answered with
+//! one byte, `YES` or `NO`, after which the call-back closes.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+use std::time::{Duration, Instant};
+
+use tracing::{debug, warn};
+
+use super::super::ib::QpInfo;
+use crate::inet;
+
+/// A side channel's first message: magic, version, flags, QP number, PSN, GID, the sender's
+/// own name, the hello's nonce.
+pub const HELLO: usize = 56;
+/// A hello's magic ("XFVB").
+pub const MAGIC: u32 = 0x5846_5642;
+/// A call-back's question's magic ("XFVV").
+pub const VERIFY_MAGIC: u32 = 0x5846_5656;
+/// 2: writes with immediate data (the peer's NIC writes and tells), and the flags byte.
+/// 3: the nonce, and the call-back that proves the name.
+pub const VERSION: u16 = 3;
+/// Hello flag: the sender reports remote reads and atomics (`FI_RMA_EVENT`, a remote
+/// counter): a peer's NIC must not read or add to its memory unseen.
+pub const HELLO_EVENTS: u8 = 1;
+/// The call-back's answer: the hello was ours.
+pub const YES: u8 = b'Y';
+/// The call-back's answer: it was not.
+pub const NO: u8 = b'N';
+/// Accepted side channels waiting for their hello or its proof, at most: past it the oldest
+/// that has not said its hello goes (a real connector says it as soon as it is connected), or
+/// else the oldest.
+pub const MAX_PENDING: usize = 64;
+
+/// What a hello says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// The sender's queue pair for this connection.
+    pub qp: QpInfo,
+    /// The sender's listening address: the name it claims.
+    pub name: SocketAddr,
+    /// `HELLO_EVENTS` or 0.
+    pub flags: u8,
+    /// Drawn by its sender for this connection (`nonce`).
+    pub nonce: u64,
+}
+
+impl Hello {
+    /// Its `HELLO` bytes.
+    pub fn encode(&self) -> [u8; HELLO] {
+        let mut h = [0u8; HELLO];
+        h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        h[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        h[6] = self.flags;
+        h[8..12].copy_from_slice(&self.qp.qpn.to_le_bytes());
+        h[12..16].copy_from_slice(&self.qp.psn.to_le_bytes());
+        h[16..32].copy_from_slice(&self.qp.gid);
+        put_addr(&mut h[32..48], &self.name);
+        h[48..56].copy_from_slice(&self.nonce.to_le_bytes());
+        h
+    }
+
+    /// Parses a hello; what is not one, from another version, or names no address is refused.
+    pub fn parse(h: &[u8]) -> Result<Hello, &'static str> {
+        if h.len() != HELLO || u32_at(h, 0) != MAGIC {
+            return Err("side channel: not an xfabric verbs hello");
+        }
+        if u16::from_le_bytes([h[4], h[5]]) != VERSION {
+            return Err("side channel: unknown version");
+        }
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&h[16..32]);
+        let name = inet::decode(&h[32..48]).map_err(|_| "side channel: bad name")?;
+        Ok(Hello {
+            qp: QpInfo {
+                qpn: u32_at(h, 8) & 0xff_ffff,
+                psn: u32_at(h, 12) & 0xff_ffff,
+                gid,
+            },
+            name,
+            flags: h[6],
+            nonce: u64::from_le_bytes(h[48..56].try_into().expect("8 bytes")),
+        })
+    }
+}
+
+/// The call-back's question: did a connection of yours from `src` send a hello with `nonce`?
+pub fn verify_msg(src: &SocketAddr, nonce: u64) -> [u8; HELLO] {
+    let mut v = [0u8; HELLO];
+    v[0..4].copy_from_slice(&VERIFY_MAGIC.to_le_bytes());
+    v[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    v[8..16].copy_from_slice(&nonce.to_le_bytes());
+    put_addr(&mut v[16..32], src);
+    v
+}
+
+fn parse_verify(v: &[u8]) -> Option<(SocketAddr, u64)> {
+    if v.len() != HELLO
+        || u32_at(v, 0) != VERIFY_MAGIC
+        || u16::from_le_bytes([v[4], v[5]]) != VERSION
+    {
+        return None;
+    }
+    let src = inet::decode(&v[16..32]).ok()?;
+    Some((src, u64::from_le_bytes(v[8..16].try_into().ok()?)))
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
+}
+
+/// An address into a 16-byte field (IPv4, as RoCE v2's GIDs are: a longer encoding is cut,
+/// and then does not parse back, so such a name is refused rather than taken for another).
+fn put_addr(out: &mut [u8], a: &SocketAddr) {
+    let e = inet::encode(a);
+    let n = e.len().min(out.len());
+    out[..n].copy_from_slice(&e[..n]);
+}
+
+/// A fresh nonce from the OS's CSPRNG; `None` when it gives none (the connection is then not
+/// made rather than made with a guessable one).
+pub fn nonce() -> Option<u64> {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).ok()?;
+    Some(u64::from_le_bytes(b))
+}
+
+/// An accepted side channel whose claim is not yet proven.
+struct Pending {
+    stream: TcpStream,
+    /// Its first message so far.
+    got: Vec<u8>,
+    born: Instant,
+    stage: Stage,
+}
+
+enum Stage {
+    /// Its first message is awaited.
+    First,
+    /// It said `hello`; our call-back to the name it claims (connecting until `asked`)
+    /// awaits the answer.
+    Proving {
+        hello: Hello,
+        back: TcpStream,
+        asked: bool,
+    },
+}
+
+/// Accepted side channels until their claims are proven (or they answered a call-back).
+pub struct Claims {
+    pending: Vec<Pending>,
+    /// How long one may take, from its accept to the proof.
+    limit: Duration,
+}
+
+/// Why a pending side channel went.
+enum Verdict {
+    Wait,
+    Drop(&'static str),
+    /// Answered a call-back: closes, no claim made.
+    Answered,
+    Proven,
+}
+
+impl Claims {
+    /// None pending; each may take `limit` from its accept to its proof.
+    pub fn new(limit: Duration) -> Claims {
+        Claims {
+            pending: Vec::new(),
+            limit,
+        }
+    }
+
+    /// Side channels pending.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Whether none is pending.
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// A connection just accepted (non-blocking).
+    pub fn add(&mut self, stream: TcpStream) {
+        if self.pending.len() >= MAX_PENDING {
+            let oldest = self
+                .pending
+                .iter()
+                .position(|p| matches!(p.stage, Stage::First))
+                .unwrap_or(0);
+            debug!("verbs: too many side channels pending; dropping the oldest");
+            self.pending.remove(oldest);
+        }
+        self.pending.push(Pending {
+            stream,
+            got: Vec::with_capacity(HELLO),
+            born: Instant::now(),
+            stage: Stage::First,
+        });
+    }
+
+    /// The descriptors a sleeping progress thread waits on for these.
+    pub fn fds(&self, out: &mut Vec<(i32, i16)>) {
+        for p in &self.pending {
+            match &p.stage {
+                Stage::First => out.push((p.stream.as_raw_fd(), libc::POLLIN)),
+                Stage::Proving { back, asked, .. } => {
+                    let ev = if *asked { libc::POLLIN } else { libc::POLLOUT };
+                    out.push((back.as_raw_fd(), ev));
+                }
+            }
+        }
+    }
+
+    /// Advances every pending side channel. `vouch(src, nonce)`: whether a connection of
+    /// ours from `src` sent a hello with `nonce` (a call-back's question). Returns the side
+    /// channels proven, with their hellos, and how many changed.
+    pub fn poll(
+        &mut self,
+        vouch: impl Fn(&SocketAddr, u64) -> bool,
+    ) -> (Vec<(TcpStream, Hello)>, usize) {
+        let mut proven = Vec::new();
+        let mut changed = 0;
+        let mut i = 0;
+        while i < self.pending.len() {
+            let v = match step(&mut self.pending[i], &vouch) {
+                Verdict::Wait if self.pending[i].born.elapsed() > self.limit => {
+                    Verdict::Drop("side channel: the hello or its proof took too long")
+                }
+                v => v,
+            };
+            match v {
+                Verdict::Wait => i += 1,
+                Verdict::Drop(why) => {
+                    let p = self.pending.swap_remove(i);
+                    warn!(from = ?p.stream.peer_addr().ok(), "verbs: {why}");
+                    changed += 1;
+                }
+                Verdict::Answered => {
+                    self.pending.swap_remove(i);
+                    changed += 1;
+                }
+                Verdict::Proven => {
+                    let p = self.pending.swap_remove(i);
+                    let Stage::Proving { hello, .. } = p.stage else {
+                        unreachable!("proven only while proving")
+                    };
+                    debug!(name = %hello.name, "verbs: a side channel's claim proven");
+                    proven.push((p.stream, hello));
+                    changed += 1;
+                }
+            }
+        }
+        (proven, changed)
+    }
+}
+
+/// One pending side channel's next step.
+fn step(p: &mut Pending, vouch: &impl Fn(&SocketAddr, u64) -> bool) -> Verdict {
+    match &mut p.stage {
+        Stage::First => {
+            let mut tmp = [0u8; HELLO];
+            let want = HELLO - p.got.len();
+            match p.stream.read(&mut tmp[..want]) {
+                Ok(0) => return Verdict::Drop("side channel closed before its hello"),
+                Ok(k) => p.got.extend_from_slice(&tmp[..k]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Verdict::Wait,
+                Err(_) => return Verdict::Drop("side channel failed before its hello"),
+            }
+            if p.got.len() < HELLO {
+                return Verdict::Wait;
+            }
+            if let Some((src, nonce)) = parse_verify(&p.got) {
+                let yes = vouch(&src, nonce);
+                // One byte into a fresh connection's empty socket buffer.
+                let _ = p.stream.write(&[if yes { YES } else { NO }]);
+                return Verdict::Answered;
+            }
+            let hello = match Hello::parse(&p.got) {
+                Ok(h) => h,
+                Err(why) => return Verdict::Drop(why),
+            };
+            // The call-back, non-blocking: its outcome is seen on later steps.
+            let back = match mio::net::TcpStream::connect(hello.name) {
+                // SAFETY: the descriptor moves from mio's stream, which gives it up.
+                Ok(s) => unsafe { TcpStream::from_raw_fd(s.into_raw_fd()) },
+                Err(_) => return Verdict::Drop("side channel: cannot call the claimed name back"),
+            };
+            p.stage = Stage::Proving {
+                hello,
+                back,
+                asked: false,
+            };
+            Verdict::Wait
+        }
+        Stage::Proving { hello, back, asked } => {
+            if !*asked {
+                match back.take_error() {
+                    Ok(None) => {}
+                    _ => return Verdict::Drop("side channel: the claimed name does not answer"),
+                }
+                match back.peer_addr() {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == ErrorKind::NotConnected => return Verdict::Wait,
+                    Err(_) => {
+                        return Verdict::Drop("side channel: the claimed name does not answer")
+                    }
+                }
+                let Ok(src) = p.stream.peer_addr() else {
+                    return Verdict::Drop("side channel closed");
+                };
+                let q = verify_msg(&src, hello.nonce);
+                // Into a fresh connection's empty socket buffer: written whole at once.
+                if back.write(&q).ok() != Some(HELLO) {
+                    return Verdict::Drop("side channel: cannot ask the claimed name");
+                }
+                *asked = true;
+            }
+            let mut b = [0u8; 1];
+            match back.read(&mut b) {
+                Ok(1) if b[0] == YES => Verdict::Proven,
+                Ok(1) => Verdict::Drop("side channel: the claimed name says the hello is not its"),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => Verdict::Wait,
+                _ => Verdict::Drop("side channel: the claimed name did not answer"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn hello(qpn: u32, name: &SocketAddr, nonce: u64) -> Hello {
+        Hello {
+            qp: QpInfo {
+                qpn,
+                psn: 7,
+                gid: [0xab; 16],
+            },
+            name: *name,
+            flags: HELLO_EVENTS,
+            nonce,
+        }
+    }
+
+    #[test]
+    fn hello_round_trip_and_hostile_ones() {
+        let name: SocketAddr = "192.0.2.1:4000".parse().unwrap();
+        let h = hello(0x1234, &name, 0x0102_0304_0506_0708);
+        assert_eq!(Hello::parse(&h.encode()), Ok(h));
+        // A QP number wider than 24 bits is cut to what the wire can name.
+        assert_eq!(
+            Hello::parse(&hello(u32::MAX, &name, 1).encode())
+                .unwrap()
+                .qp
+                .qpn,
+            0xff_ffff
+        );
+        let good = hello(1, &name, 1).encode();
+        let mut bad = good;
+        bad[0] ^= 1;
+        assert!(Hello::parse(&bad).is_err());
+        let mut bad = good;
+        bad[4] = 2;
+        assert!(Hello::parse(&bad).is_err(), "the version before the nonce");
+        let mut bad = good;
+        bad[32..48].fill(0xff);
+        assert!(Hello::parse(&bad).is_err());
+        assert!(Hello::parse(&good[..HELLO - 1]).is_err());
+        assert!(Hello::parse(&[]).is_err());
+        // A question is not a hello, nor a hello a question.
+        let q = verify_msg(&name, 9);
+        assert!(Hello::parse(&q).is_err());
+        assert_eq!(parse_verify(&q), Some((name, 9)));
+        assert_eq!(parse_verify(&good), None);
+    }
+
+    const LIMIT: Duration = Duration::from_secs(10);
+
+    /// An endpoint's side of the exchange: its listener and its claims, and the hellos its
+    /// own connections sent (source address, nonce), which it vouches for.
+    struct Side {
+        l: TcpListener,
+        claims: Claims,
+        mine: Vec<(SocketAddr, u64)>,
+        proven: Vec<Hello>,
+        accepted: usize,
+    }
+
+    impl Side {
+        fn new(limit: Duration) -> Side {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.set_nonblocking(true).unwrap();
+            Side {
+                l,
+                claims: Claims::new(limit),
+                mine: Vec::new(),
+                proven: Vec::new(),
+                accepted: 0,
+            }
+        }
+
+        fn name(&self) -> SocketAddr {
+            self.l.local_addr().unwrap()
+        }
+
+        /// Dials `to` and says a hello naming `name` (ours, or another's), with a fresh
+        /// nonce; remembered as ours (vouched for) when `ours`.
+        fn dial(&mut self, to: SocketAddr, name: SocketAddr, ours: bool) -> TcpStream {
+            let mut s = TcpStream::connect(to).unwrap();
+            let n = nonce().unwrap();
+            s.write_all(&hello(5, &name, n).encode()).unwrap();
+            if ours {
+                self.mine.push((s.local_addr().unwrap(), n));
+            }
+            s
+        }
+
+        fn step(&mut self) {
+            while let Ok((s, _)) = self.l.accept() {
+                s.set_nonblocking(true).unwrap();
+                self.claims.add(s);
+                self.accepted += 1;
+            }
+            let mine = self.mine.clone();
+            let (p, _) = self
+                .claims
+                .poll(|src, n| mine.iter().any(|m| m == &(*src, n)));
+            self.proven.extend(p.into_iter().map(|(_, h)| h));
+        }
+    }
+
+    fn run(sides: &mut [&mut Side], until: impl Fn(&[&mut Side]) -> bool) {
+        let start = Instant::now();
+        while !until(sides) {
+            for s in sides.iter_mut() {
+                s.step();
+            }
+            assert!(start.elapsed() < LIMIT, "never settled");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A real connector's hello is proven by calling its listener back; a stranger's claim to
+    /// be it is called back the same way and refused; neither ever got a queue pair before.
+    #[test]
+    fn a_real_connector_is_proven_and_a_stranger_claiming_it_is_not() {
+        let (mut a, mut b) = (Side::new(LIMIT), Side::new(LIMIT));
+        let _real = b.dial(a.name(), b.name(), true);
+        run(&mut [&mut a, &mut b], |s| s[0].proven.len() == 1);
+        assert_eq!(a.proven[0].name, b.name());
+        assert_eq!(b.claims.len(), 0, "the call-back answered and closed");
+        // A stranger (here, any socket) claims b's name with a nonce of its own.
+        let mut stranger = Side::new(LIMIT);
+        let bname = b.name();
+        let _fake = stranger.dial(a.name(), bname, false);
+        run(&mut [&mut a, &mut b], |s| {
+            s[0].accepted == 2 && s[0].claims.is_empty()
+        });
+        assert_eq!(a.proven.len(), 1, "the stranger's claim was not taken");
+        // Nor does a real connection's nonce, replayed from another connection, pass.
+        let (src, n) = b.mine[0];
+        let mut replay = TcpStream::connect(a.name()).unwrap();
+        replay.write_all(&hello(5, &bname, n).encode()).unwrap();
+        assert_ne!(replay.local_addr().unwrap(), src);
+        run(&mut [&mut a, &mut b], |s| {
+            s[0].accepted == 3 && s[0].claims.is_empty()
+        });
+        assert_eq!(a.proven.len(), 1, "the replayed nonce was not taken");
+    }
+
+    /// Claims that cannot be proven go: a name nobody listens at, a name whose listener never
+    /// answers (by the time limit), garbage, a closed connection; a flood of silent
+    /// connections stays within `MAX_PENDING`, and a real connector behind it is still proven.
+    #[test]
+    fn unprovable_claims_and_floods_go() {
+        let limit = Duration::from_millis(300);
+        let (mut a, mut b) = (Side::new(limit), Side::new(limit));
+        let nobody = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut s1 = TcpStream::connect(a.name()).unwrap();
+        s1.write_all(&hello(1, &nobody, 1).encode()).unwrap();
+        let mut s2 = TcpStream::connect(a.name()).unwrap();
+        s2.write_all(&hello(1, &mute.local_addr().unwrap(), 2).encode())
+            .unwrap();
+        let mut s3 = TcpStream::connect(a.name()).unwrap();
+        s3.write_all(&[0x5a; HELLO]).unwrap();
+        let s4 = TcpStream::connect(a.name()).unwrap();
+        drop(s4);
+        run(&mut [&mut a], |s| {
+            s[0].accepted == 4 && s[0].claims.is_empty()
+        });
+        assert!(a.proven.is_empty());
+        let silent: Vec<TcpStream> = (0..2 * MAX_PENDING)
+            .map(|_| TcpStream::connect(a.name()).unwrap())
+            .collect();
+        a.step();
+        assert!(a.claims.len() <= MAX_PENDING, "{} pending", a.claims.len());
+        let _real = b.dial(a.name(), b.name(), true);
+        run(&mut [&mut a, &mut b], |s| s[0].proven.len() == 1);
+        drop(silent);
+    }
+}
