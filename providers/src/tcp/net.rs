@@ -217,23 +217,27 @@ pub const MAX_OWED: usize = 65536;
 
 /// Bytes of answers one peer may owe us unwritten before we stop reading it
 /// (`Net::set_max_owed_bytes`). An honest peer owes at most its outstanding requests: at the
-/// default `tx_size` (1,024) of fetching atomics of `ATOMIC_MAX` (4 KiB) each, 4 MiB.
+/// default `tx_size` (1,024) of fetching atomics of `ATOMIC_MAX` (4 KiB) each, 4 MiB. (Two
+/// peers each with more than 4,000 such atomics outstanding toward the other, and neither
+/// reading, would wait on each other as the count alone made them past 65,536.)
 pub const MAX_OWED_BYTES: usize = 16 << 20;
 
-/// The bytes an answer makes us hold for the peer that asked for it: its control part and a
-/// body of its own (an atomic's original values, up to 4 KiB for a request of 48 bytes). A
-/// body that is the application's memory (read data) costs us nothing more, and a copy we
-/// take of it later (`Transport::detach`, a region's close) is ours, bounded apart.
+/// The bytes an answer makes us hold for the peer that asked for it: its control part and,
+/// for an atomic's, the original values it carries (up to 4 KiB for a request of 48 bytes).
+/// Read data is not charged: its body is the application's memory, or one staged from device
+/// memory for the whole read (a single honest read of a GPU buffer may stage more than the
+/// bound, and two peers reading each other's would then each stop reading the other), bounded
+/// by the region; a copy of it taken so that a write need not wait behind it (the engine's,
+/// which arrives here owned, or `Transport::detach`'s) or at a region's close is ours, bounded
+/// apart (charging the engine's made two peers reading 32 MiB from each other, then writing,
+/// each stop reading the other: `reads_both_ways_then_writes_both_ways_finish` in
+/// tests/rma.rs).
 fn charge(t: &Transmit) -> usize {
     if !is_answer(t) {
         return 0;
     }
-    t.ctrl.len()
-        + match &t.body {
-            Body::Owned(v) => v.len(),
-            Body::Inline(v) => v.len(),
-            Body::None | Body::Iov(_) => 0,
-        }
+    let atomic = t.ctrl.get(2) == Some(&(wire::Kind::AtomicResp as u8));
+    t.ctrl.len() + if atomic { t.body.len() } else { 0 }
 }
 
 /// How much a peer may owe us before it is no longer read (`Net::set_max_owed`,
@@ -471,9 +475,6 @@ fn send_small(fd: RawFd, b: &[u8]) -> io::Result<bool> {
     Ok(n as usize == b.len())
 }
 
-/// The engine's frames go into the peers' queues, which take everything (a peer that stops
-/// reading holds back its senders through `queued`, not here) but frames to a peer lost and
-/// not yet reported (`seam::unless_losing`).
 impl Peer {
     /// It owes us as much as we hold for a peer that does not read: read nothing more from it.
     fn owes(&self, max: OwedMax) -> bool {
@@ -481,6 +482,9 @@ impl Peer {
     }
 }
 
+/// The engine's frames go into the peers' queues, which take everything (a peer that stops
+/// reading holds back its senders through `queued`, not here) but frames to a peer lost and
+/// not yet reported (`seam::unless_losing`).
 impl xfabric_core::rdm::Transport for Net {
     fn send(&mut self, t: Transmit) -> std::result::Result<(), Transmit> {
         let losing = self.peers.get(t.peer).is_some_and(|p| p.losing > 0);

@@ -273,10 +273,12 @@ impl Net {
     /// Descriptors that become readable when there is work: the CQ channel, the listener and
     /// every side channel.
     pub fn fds(&self) -> Vec<(i32, i16)> {
-        let mut v = vec![
-            (self.cq.fd(), libc::POLLIN),
-            (self.listener.as_raw_fd(), libc::POLLIN),
-        ];
+        let mut v = vec![(self.cq.fd(), libc::POLLIN)];
+        // Not while no connection would be accepted (its backlog would wake a sleeper at once,
+        // again and again): the claims' own descriptors wake it when one ends.
+        if self.claims.room() {
+            v.push((self.listener.as_raw_fd(), libc::POLLIN));
+        }
         v.extend(self.links.values().map(|l| {
             // A dialing side channel becomes writable when its connect is done.
             let ev = if matches!(l.state, State::Dialing) {
@@ -601,8 +603,12 @@ impl Net {
 
     fn accept(&mut self) -> usize {
         let mut n = 0;
-        // A bounded number per round: a flood of connections cannot starve the rest.
+        // A bounded number per round: a flood of connections cannot starve the rest. None
+        // while every pending place holds a claim being proven: the rest wait in the backlog.
         for _ in 0..16 {
+            if !self.claims.room() {
+                break;
+            }
             match self.listener.accept() {
                 Ok((s, _)) => {
                     let _ = s.set_nonblocking(true);

@@ -41,10 +41,12 @@ pub const HELLO_EVENTS: u8 = 1;
 pub const YES: u8 = b'Y';
 /// The call-back's answer: it was not.
 pub const NO: u8 = b'N';
-/// Accepted side channels waiting for their hello or its proof, at most: past it the oldest
-/// that has not said its hello goes (a real connector says it as soon as it is connected), or
-/// else the oldest.
-pub const MAX_PENDING: usize = 64;
+/// Accepted side channels waiting for their hello or its proof, at most (more than the
+/// connections an endpoint holds, so that all of them may come at once). Past it the oldest
+/// that has not said its hello goes (a real connector says it as soon as it is connected); one
+/// being proven never does: with every place taken by those, no more are accepted until one
+/// ends (`Claims::room`), the rest waiting in the listener's backlog.
+pub const MAX_PENDING: usize = 256;
 
 /// What a hello says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,12 +141,22 @@ pub fn nonce() -> Option<u64> {
     Some(u64::from_le_bytes(b))
 }
 
+impl Pending {
+    fn first(&self) -> bool {
+        matches!(self.stage, Stage::First)
+    }
+}
+
 /// An accepted side channel whose claim is not yet proven.
 struct Pending {
     stream: TcpStream,
     /// Its first message so far.
     got: Vec<u8>,
+    /// When it was accepted (which goes first at `MAX_PENDING`).
     born: Instant,
+    /// When it last moved (bytes of its hello, the call-back connected, its question asked):
+    /// the time limit runs from here, so a slow side loses nothing it has done.
+    moved: Instant,
     stage: Stage,
 }
 
@@ -163,8 +175,10 @@ enum Stage {
 /// Accepted side channels until their claims are proven (or they answered a call-back).
 pub struct Claims {
     pending: Vec<Pending>,
-    /// How long one may take, from its accept to the proof.
+    /// How long one may stay without moving (`Pending::moved`).
     limit: Duration,
+    /// `MAX_PENDING` (fewer in tests).
+    max: usize,
 }
 
 /// Why a pending side channel went.
@@ -177,11 +191,12 @@ enum Verdict {
 }
 
 impl Claims {
-    /// None pending; each may take `limit` from its accept to its proof.
+    /// None pending; each may stay `limit` without moving.
     pub fn new(limit: Duration) -> Claims {
         Claims {
             pending: Vec::new(),
             limit,
+            max: MAX_PENDING,
         }
     }
 
@@ -197,21 +212,38 @@ impl Claims {
         self.pending.is_empty()
     }
 
-    /// A connection just accepted (non-blocking).
+    /// Whether a connection may be accepted now: a place is free, or one that has not said
+    /// its hello can be given up for it.
+    pub fn room(&self) -> bool {
+        self.pending.len() < self.max || self.pending.iter().any(|p| p.first())
+    }
+
+    /// A connection just accepted (non-blocking); past `MAX_PENDING`, in place of the oldest
+    /// that has said nothing, or else the oldest that has not finished its hello (none being
+    /// proven: `room` said whether there is one).
     pub fn add(&mut self, stream: TcpStream) {
-        if self.pending.len() >= MAX_PENDING {
-            let oldest = self
-                .pending
-                .iter()
-                .position(|p| matches!(p.stage, Stage::First))
-                .unwrap_or(0);
-            debug!("verbs: too many side channels pending; dropping the oldest");
-            self.pending.remove(oldest);
+        if self.pending.len() >= self.max {
+            let oldest = |silent: bool| {
+                self.pending
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.first() && (!silent || p.got.is_empty()))
+                    .min_by_key(|(_, p)| p.born)
+                    .map(|(i, _)| i)
+            };
+            let Some(i) = oldest(true).or_else(|| oldest(false)) else {
+                debug!("verbs: every side channel pending is being proven; refusing another");
+                return;
+            };
+            debug!("verbs: too many side channels pending; dropping the oldest silent one");
+            self.pending.swap_remove(i);
         }
+        let now = Instant::now();
         self.pending.push(Pending {
             stream,
             got: Vec::with_capacity(HELLO),
-            born: Instant::now(),
+            born: now,
+            moved: now,
             stage: Stage::First,
         });
     }
@@ -241,7 +273,7 @@ impl Claims {
         let mut i = 0;
         while i < self.pending.len() {
             let v = match step(&mut self.pending[i], &vouch) {
-                Verdict::Wait if self.pending[i].born.elapsed() > self.limit => {
+                Verdict::Wait if self.pending[i].moved.elapsed() > self.limit => {
                     Verdict::Drop("side channel: the hello or its proof took too long")
                 }
                 v => v,
@@ -280,7 +312,10 @@ fn step(p: &mut Pending, vouch: &impl Fn(&SocketAddr, u64) -> bool) -> Verdict {
             let want = HELLO - p.got.len();
             match p.stream.read(&mut tmp[..want]) {
                 Ok(0) => return Verdict::Drop("side channel closed before its hello"),
-                Ok(k) => p.got.extend_from_slice(&tmp[..k]),
+                Ok(k) => {
+                    p.got.extend_from_slice(&tmp[..k]);
+                    p.moved = Instant::now();
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Verdict::Wait,
                 Err(_) => return Verdict::Drop("side channel failed before its hello"),
             }
@@ -332,6 +367,7 @@ fn step(p: &mut Pending, vouch: &impl Fn(&SocketAddr, u64) -> bool) -> Verdict {
                     return Verdict::Drop("side channel: cannot ask the claimed name");
                 }
                 *asked = true;
+                p.moved = Instant::now();
             }
             let mut b = [0u8; 1];
             match back.read(&mut b) {
@@ -435,8 +471,10 @@ mod tests {
             s
         }
 
+        /// Accepts as `Net::accept` does (while there is room), then advances the claims.
         fn step(&mut self) {
-            while let Ok((s, _)) = self.l.accept() {
+            while self.claims.room() {
+                let Ok((s, _)) = self.l.accept() else { break };
                 s.set_nonblocking(true).unwrap();
                 self.claims.add(s);
                 self.accepted += 1;
@@ -489,12 +527,11 @@ mod tests {
     }
 
     /// Claims that cannot be proven go: a name nobody listens at, a name whose listener never
-    /// answers (by the time limit), garbage, a closed connection; a flood of silent
-    /// connections stays within `MAX_PENDING`, and a real connector behind it is still proven.
+    /// answers (by the time limit), garbage, a closed connection.
     #[test]
-    fn unprovable_claims_and_floods_go() {
+    fn unprovable_claims_go() {
         let limit = Duration::from_millis(300);
-        let (mut a, mut b) = (Side::new(limit), Side::new(limit));
+        let mut a = Side::new(limit);
         let nobody = {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap()
@@ -513,13 +550,69 @@ mod tests {
             s[0].accepted == 4 && s[0].claims.is_empty()
         });
         assert!(a.proven.is_empty());
-        let silent: Vec<TcpStream> = (0..2 * MAX_PENDING)
-            .map(|_| TcpStream::connect(a.name()).unwrap())
-            .collect();
-        a.step();
-        assert!(a.claims.len() <= MAX_PENDING, "{} pending", a.claims.len());
+    }
+
+    /// A flood of silent connections stays within the bound, each new one in place of the
+    /// oldest silent one, and a real connector behind it is still proven. Claims being proven
+    /// are never given up for newcomers: with every place theirs, no more is accepted (the
+    /// rest wait in the backlog) until they end.
+    #[test]
+    fn floods_stay_bounded_and_claims_being_proven_keep_their_place() {
+        const MAX: usize = 8;
+        let limit = Duration::from_millis(500);
+        let (mut a, mut b) = (Side::new(limit), Side::new(limit));
+        a.claims.max = MAX;
+        let mut silent = Vec::new();
+        for _ in 0..4 {
+            silent.extend((0..MAX).map(|_| TcpStream::connect(a.name()).unwrap()));
+            a.step();
+            assert!(a.claims.len() <= MAX, "{} pending", a.claims.len());
+        }
         let _real = b.dial(a.name(), b.name(), true);
         run(&mut [&mut a, &mut b], |s| s[0].proven.len() == 1);
         drop(silent);
+        // Claims that wait on a listener that never answers, filling every place.
+        let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = mute.local_addr().unwrap();
+        let waiting: Vec<TcpStream> = (0..MAX as u64)
+            .map(|i| {
+                let mut s = TcpStream::connect(a.name()).unwrap();
+                s.write_all(&hello(1, &at, i).encode()).unwrap();
+                s
+            })
+            .collect();
+        let start = Instant::now();
+        while a.claims.len() < MAX || a.claims.pending.iter().any(Pending::first) {
+            a.step();
+            assert!(
+                start.elapsed() < LIMIT,
+                "the claims never all reached their proof"
+            );
+        }
+        assert!(!a.claims.room());
+        let before = a.accepted;
+        let _late = TcpStream::connect(a.name()).unwrap();
+        for _ in 0..100 {
+            a.step();
+        }
+        assert!(
+            a.accepted == before && a.claims.len() == MAX,
+            "a claim being proven was given up ({} accepted, {} pending)",
+            a.accepted - before,
+            a.claims.len()
+        );
+        // Offered one anyway, the claims refuse it rather than give up one of theirs.
+        let (late, _) = a.l.accept().unwrap();
+        late.set_nonblocking(true).unwrap();
+        a.claims.add(late);
+        assert_eq!(a.claims.len(), MAX);
+        assert!(
+            !a.claims.pending.iter().any(Pending::first),
+            "the newcomer took a place"
+        );
+        // They end by the time limit; then a newcomer is taken.
+        let _later = TcpStream::connect(a.name()).unwrap();
+        run(&mut [&mut a], |s| s[0].accepted == before + 1);
+        drop(waiting);
     }
 }
