@@ -36,7 +36,8 @@
 //! reads, in `fi_cq_sread`: on two cores the watcher shares a core with the XPU thread, and a
 //! watcher spinning in `fi_cq_read` would keep it for whole scheduler slices, so the XPU could
 //! refill its ring once a slice, 0.25 M/s at 1,024 slots), against the host's own `tinject`
-//! rate on the same endpoint. `idle`: the progress
+//! rate on the same endpoint (`--quiet`: the XPU's sends write no completion either, as an
+//! inject writes none). `idle`: the progress
 //! thread's CPU with a ring exported and never posted to, then quiet for a second after
 //! posts. Each prints its goal's verdict on a line starting `goal (issue 31, `, as `silence`
 //! does for doorbells and descriptors alike.
@@ -136,6 +137,11 @@ struct Args {
     /// (xfabric::xpu::device::tsend) instead of doorbells of armed operations
     #[arg(long)]
     device: bool,
+    /// rate --device: the XPU's sends write no completion (the CQ bound with
+    /// FI_SELECTIVE_COMPLETION, the descriptors without FI_COMPLETION), as the host's tinject
+    /// writes none: the two sides alike
+    #[arg(long)]
+    quiet: bool,
     /// silence: also print every sample, in the order taken
     #[arg(long)]
     raw: bool,
@@ -576,9 +582,12 @@ fn rate_peer(a: &Args) {
 
 fn rate_sender(a: &Args) {
     let mut peer = Peer::start();
-    let n = open(
+    let n = common::open_bound(
+        "shm",
         FI_MSG | FI_TAGGED | FI_TRIGGER | FI_XPU_TRIGGER,
         Progress::Manual,
+        |_| {},
+        if a.quiet { FI_SELECTIVE_COMPLETION } else { 0 },
     );
     let to = peer.connect(&n);
     let bufs = vec![[0u8; 8]; a.count];
@@ -678,19 +687,34 @@ fn rate_device(a: &Args, n: &Node, to: FiAddr, bufs: &[[u8; 8]], mut peer: Peer)
     for _ in 0..a.rounds {
         assert_eq!(peer.hear(), "ready");
         let t0 = now_ns();
-        std::thread::scope(|sc| {
+        let t1: u64 = std::thread::scope(|sc| {
             sc.spawn(|| {
                 for (i, b) in bufs.iter().enumerate() {
                     d.tsend(b.as_ptr(), 0, i);
                 }
             });
-            let mut done = 0;
-            n.until(|e| {
-                done += usize::from(e.flags & FI_SEND != 0);
-                done == a.count
-            });
-        });
-        let t1: u64 = peer.hear().parse().expect("time");
+            if !a.quiet {
+                let mut done = 0;
+                n.until(|e| {
+                    done += usize::from(e.flags & FI_SEND != 0);
+                    done == a.count
+                });
+                return peer.hear();
+            }
+            // With no completions, driven (as the watcher: in sread, which yields the core to
+            // the XPU thread between its spins) until the peer has them all.
+            let h = sc.spawn(|| peer.hear());
+            let mut none = [CqTaggedEntry::default(); 1];
+            while !h.is_finished() {
+                match n.cq.sread(&mut none, 1, 1) {
+                    Ok(_) | Err(Error::Again(_)) | Err(Error::TimedOut(_)) => {}
+                    Err(e) => fail(&format!("cq: {e}: {:?}", n.cq.readerr())),
+                }
+            }
+            h.join().expect("listener")
+        })
+        .parse()
+        .expect("time");
         xpu_rates.push(a.count as f64 / ((t1 - t0) as f64 / 1e9));
         peer.tell("next");
 
@@ -730,8 +754,9 @@ fn rate_device(a: &Args, n: &Node, to: FiAddr, bufs: &[[u8; 8]], mut peer: Peer)
         a.count, a.rounds
     );
     println!(
-        "xpu-device (one XPU thread, one watcher{}): {}   host tinject: {}   ratio of medians {ratio:.2}",
+        "xpu-device (one XPU thread, one watcher{}{}): {}   host tinject: {}   ratio of medians {ratio:.2}",
         if d.flush { ", tx_flush after each" } else { "" },
+        if a.quiet { ", no completions" } else { "" },
         stat(&xpu_rates),
         stat(&host_rates)
     );

@@ -34,6 +34,18 @@ pub fn open_with(
     progress: Progress,
     adjust: impl FnOnce(&mut Info),
 ) -> Node {
+    open_bound(provider, caps, progress, adjust, 0)
+}
+
+/// As `open_with`, the CQ bound with `FI_TRANSMIT | FI_RECV | bind` (`FI_SELECTIVE_COMPLETION`,
+/// say).
+pub fn open_bound(
+    provider: &str,
+    caps: u64,
+    progress: Progress,
+    adjust: impl FnOnce(&mut Info),
+    bind: u64,
+) -> Node {
     let mut hints = Info {
         caps,
         ..Default::default()
@@ -57,7 +69,8 @@ pub fn open_with(
         .expect("cq");
     let av = domain.av_open(&AvAttr::default()).expect("av");
     let ep = domain.endpoint(&info).expect("endpoint");
-    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).expect("bind cq");
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV | bind)
+        .expect("bind cq");
     ep.bind_av(&av).expect("bind av");
     ep.enable().expect("enable");
     Node {
