@@ -172,6 +172,46 @@ pub fn default_ip() -> IpAddr {
     IpAddr::V4(found.unwrap_or(Ipv4Addr::LOCALHOST))
 }
 
+/// A non-blocking TCP connect to `to` from the address `from` (any port): the connection's
+/// source is `from` whatever the route, so a peer can hold it to the address it names itself
+/// by. The connect completes later (poll for writable, then `take_error`).
+// std's and mio's connects bind no source address; socket2 would, for this one call.
+pub fn connect_from(from: IpAddr, to: SocketAddr) -> std::io::Result<std::net::TcpStream> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let family = if to.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: socket(2) with constant arguments; the descriptor is owned below.
+    let fd = unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just made, owned by nothing else.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let src = encode(&SocketAddr::new(from, 0));
+    // SAFETY: `src` holds a sockaddr of its length (the kernel copies it; no alignment needed).
+    if unsafe { libc::bind(fd, src.as_ptr().cast(), src.len() as libc::socklen_t) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let dst = encode(&to);
+    // SAFETY: as above, for the destination.
+    if unsafe { libc::connect(fd, dst.as_ptr().cast(), dst.len() as libc::socklen_t) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(e);
+        }
+    }
+    Ok(std::net::TcpStream::from(sock))
+}
+
 /// The AV's view of tcp addresses.
 pub struct SockAddr;
 

@@ -21,7 +21,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -419,13 +419,12 @@ impl Net {
     /// Starts a connection toward `peer`.
     fn connect(&mut self, peer: PeerId) -> std::result::Result<(), i32> {
         let to = self.peers[peer].addr;
-        // A non-blocking connect: its outcome is seen by `side_channels` (`dial`).
-        let stream = mio::net::TcpStream::connect(to).map_err(|e| {
+        // A non-blocking connect: its outcome is seen by `side_channels` (`dial`). From our
+        // name's address: the acceptor takes a claim only from the address it names.
+        let stream = crate::inet::connect_from(self.name.ip(), to).map_err(|e| {
             debug!("verbs: connect to {to}: {e}");
             e.raw_os_error().unwrap_or(libc::ECONNREFUSED)
         })?;
-        // SAFETY: the descriptor moves from mio's stream, which gives it up, to std's.
-        let stream = unsafe { TcpStream::from_raw_fd(stream.into_raw_fd()) };
         let _ = stream.set_nodelay(true);
         let id = self.new_link(peer, stream, State::Dialing).map_err(|e| {
             warn!("verbs: {e}");

@@ -332,6 +332,14 @@ fn step(p: &mut Pending, vouch: &impl Fn(&SocketAddr, u64) -> bool) -> Verdict {
                 Ok(h) => h,
                 Err(why) => return Verdict::Drop(why),
             };
+            // An endpoint connects from its name's address (`inet::connect_from`): a claim
+            // from elsewhere is no endpoint's, and is not called back (a stranger cannot
+            // have us dial hosts other than its own).
+            match p.stream.peer_addr() {
+                Ok(src) if src.ip() == hello.name.ip() => {}
+                Ok(_) => return Verdict::Drop("side channel: a hello naming another host"),
+                Err(_) => return Verdict::Drop("side channel closed"),
+            }
             // The call-back, non-blocking: its outcome is seen on later steps.
             let back = match mio::net::TcpStream::connect(hello.name) {
                 // SAFETY: the descriptor moves from mio's stream, which gives it up.
@@ -550,6 +558,49 @@ mod tests {
             s[0].accepted == 4 && s[0].claims.is_empty()
         });
         assert!(a.proven.is_empty());
+    }
+
+    /// A hello naming an address on another host than the one it came from is refused at
+    /// once, and that address is not called back; an endpoint connects from its name's
+    /// address (`inet::connect_from`), whatever the route, so its claims pass.
+    #[test]
+    fn a_claim_from_another_host_is_not_called_back() {
+        let mut a = Side::new(LIMIT);
+        // 127.0.0.2 stands for another host (the whole of 127/8 is this machine's loopback).
+        let elsewhere = TcpListener::bind("127.0.0.2:0").unwrap();
+        elsewhere.set_nonblocking(true).unwrap();
+        let named = elsewhere.local_addr().unwrap();
+        let mut s = TcpStream::connect(a.name()).unwrap();
+        assert_eq!(s.local_addr().unwrap().ip(), a.name().ip());
+        s.write_all(&hello(1, &named, 1).encode()).unwrap();
+        run(&mut [&mut a], |s| {
+            s[0].accepted == 1 && s[0].claims.is_empty()
+        });
+        assert!(a.proven.is_empty());
+        assert!(
+            elsewhere.accept().is_err(),
+            "the claimed address was called back"
+        );
+        // From that address, the same claim is called back (and proven by its answer).
+        let mut b = Side {
+            l: elsewhere,
+            ..Side::new(LIMIT)
+        };
+        let real = crate::inet::connect_from(named.ip(), a.name()).unwrap();
+        let src = {
+            let start = Instant::now();
+            loop {
+                match real.local_addr() {
+                    Ok(x) if real.peer_addr().is_ok() => break x,
+                    _ => assert!(start.elapsed() < LIMIT, "never connected"),
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        assert_eq!(src.ip(), named.ip());
+        (&real).write_all(&hello(1, &named, 7).encode()).unwrap();
+        b.mine.push((src, 7));
+        run(&mut [&mut a, &mut b], |s| s[0].proven.len() == 1);
     }
 
     /// A flood of silent connections stays within the bound, each new one in place of the
