@@ -363,6 +363,23 @@ pub(crate) fn detach_queued<'a>(
     )
 }
 
+/// A stream transport's queued frame `t` as a region `addr..addr + len` closes
+/// (`Wire::cut_region`), `begun` if its first bytes went: cut (`rdm::cut_frame`), and
+/// `queued`, the peer's bytes queued, less what it no longer carries. The token of an answer
+/// that now ends, which the transport reports sent.
+pub(crate) fn cut_queued(
+    t: &mut rdm::Transmit,
+    begun: bool,
+    addr: usize,
+    len: usize,
+    queued: &mut usize,
+) -> Option<u64> {
+    let was = t.ctrl.len() + t.body.len();
+    let token = rdm::cut_frame(t, begun, addr, len)?;
+    *queued -= was - (t.ctrl.len() + t.body.len());
+    Some(token)
+}
+
 /// A stream transport's body now arriving into `sink` (`got` of its bytes in, the first `keep`
 /// kept) goes nowhere from here on (`Wire::cut_region`): the rest is read and skipped, and the
 /// sink handed back as `Sink::Discard`.

@@ -621,10 +621,11 @@ impl Net {
         }
         for (peer, p) in self.peers.iter_mut().enumerate() {
             for o in &mut p.queue {
-                if let Some(token) = xfabric_core::rdm::cut_frame(&mut o.t, o.off > 0, addr, len) {
-                    let was = o.len;
+                let (t, begun) = (&mut o.t, o.off > 0);
+                if let Some(token) =
+                    crate::rdm::seam::cut_queued(t, begun, addr, len, &mut p.queued)
+                {
                     o.len = o.t.ctrl.len() + o.t.body.len();
-                    p.queued -= was - o.len;
                     h.on_sent(peer, token);
                 }
             }

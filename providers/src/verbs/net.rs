@@ -1160,11 +1160,8 @@ impl Net {
             let mut ended = Vec::new();
             p.out.retain_mut(|o| match o {
                 Out::Frame { t, pos } => {
-                    let was = t.ctrl.len() + t.body.len();
-                    if let Some(token) = xfabric_core::rdm::cut_frame(t, *pos > 0, addr, len) {
-                        p.queued -= was - (t.ctrl.len() + t.body.len());
-                        ended.push(token);
-                    }
+                    let queued = &mut p.queued;
+                    ended.extend(crate::rdm::seam::cut_queued(t, *pos > 0, addr, len, queued));
                     true
                 }
                 Out::Copy(c) if cut.copies.contains(&c.token) => {
