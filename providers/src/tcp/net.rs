@@ -233,9 +233,6 @@ pub const MAX_OWED_BYTES: usize = 16 << 20;
 /// each stop reading the other: `reads_both_ways_then_writes_both_ways_finish` in
 /// tests/rma.rs).
 fn charge(t: &Transmit) -> usize {
-    if !is_answer(t) {
-        return 0;
-    }
     let atomic = t.ctrl.get(2) == Some(&(wire::Kind::AtomicResp as u8));
     t.ctrl.len() + if atomic { t.body.len() } else { 0 }
 }
@@ -733,7 +730,7 @@ impl Net {
         let off = tried.map_or(0, |(_, n)| n);
         let len = t.ctrl.len() + t.body.len();
         let answer = is_answer(&t);
-        let charge = charge(&t);
+        let charge = if answer { charge(&t) } else { 0 };
         peer.owed += usize::from(answer);
         peer.owed_bytes += charge;
         peer.queue.push_back(Out {
