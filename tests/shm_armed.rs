@@ -96,6 +96,7 @@ fn since(before: ArmedCounts) -> ArmedCounts {
         prearmed: now.prearmed - before.prearmed,
         released: now.released - before.released,
         taken: now.taken - before.taken,
+        counted: now.counted - before.counted,
     }
 }
 
@@ -142,6 +143,22 @@ fn receiver() {
                     got.push(e);
                 }
                 assert!(big == pattern(1 << 20, 99), "the tag 1 message's bytes");
+            }
+            cmd if cmd.starts_with("take1 ") => {
+                // One message of tag 1 and `LEN` bytes, of the seed given.
+                let seed: u64 = cmd["take1 ".len()..].parse().expect("seed");
+                let mut b = vec![0u8; LEN];
+                // SAFETY: `b` outlives the receive, waited for here.
+                n.retry(|| unsafe { n.ep.trecv(&mut b, None, peer, 1, 0, 2000) });
+                loop {
+                    let e = n.wait_one();
+                    if e.op_context == 2000 {
+                        break;
+                    }
+                    got.push(e);
+                }
+                assert!(b == pattern(LEN, seed), "the tag 1 message's bytes");
+                say("took1");
             }
             "sleep" => {
                 // Asleep in the CQ (the provider's futex) until a message arrives.
@@ -298,6 +315,37 @@ fn armed_sends_are_released_in_order_with_posted_ones() {
     let sent = [10, 11, 12, 20, 21, 22];
     let c = r.end(&[10, 11, 12, 20, 21, 22], &sent, "20 10 21 11 12 22", 3);
     assert_eq!(c.released, 3, "each released by a message");
+    assert_eq!(c.counted, 3, "each answered by the receiver's count");
+}
+
+/// The receiver answers released sends by a count only for the oldest it has not answered:
+/// one that finishes before an older one (which waits, unexpected, for its receive) is
+/// answered by a frame, and the older one later by the count. Each completes once.
+#[test]
+fn armed_sends_finished_out_of_order_are_answered_once_each() {
+    let Some(mut r) = run(
+        "armed_sends_finished_out_of_order_are_answered_once_each",
+        1,
+    ) else {
+        return;
+    };
+    // Tag 1 first: the receiver has no receive for it until told.
+    let (a, b) = (r.arm(0, 40, 1), r.arm(1, 41, 0));
+    fill_and_ring(&r.m, 0, 40, a);
+    fill_and_ring(&r.m, 1, 41, b);
+    // The receiver takes both in: the second lands in its posted receive.
+    r.child.tell("poll");
+    assert_eq!(r.child.hear(), "seen 1");
+    assert_eq!(contexts(&r.n, 1), [41], "the second finished first");
+    r.child.tell("take1 40");
+    assert_eq!(r.child.hear(), "took1");
+    assert_eq!(contexts(&r.n, 1), [40]);
+    let c = r.end(&[], &[41], "41", 2);
+    assert_eq!(c.released, 2);
+    assert_eq!(
+        c.counted, 1,
+        "the older one answered by the count, the other by a frame"
+    );
 }
 
 #[test]

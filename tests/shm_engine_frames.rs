@@ -10,11 +10,15 @@ mod common;
 
 use common::*;
 use xfabric::errno::*;
+use xfabric::kernels::cpu::ring;
 use xfabric::*;
 use xfabric_core::rdm::wire::{self, Frame, Prefix};
 use xfabric_core::rdm::Desc;
 use xfabric_core::{RmaIov, RmaIovList};
-use xfabric_providers::shm::raw::{NamelessClaim, RawPeer, FRAME, PIECE, PIECE_LEN, RELEASE};
+use xfabric_hmem::{Hmem, Iface};
+use xfabric_providers::shm::raw::{
+    armed_counts, NamelessClaim, RawPeer, FRAME, PIECE, PIECE_LEN, RELEASE,
+};
 
 const CAPS: u64 = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV;
 
@@ -826,5 +830,122 @@ fn a_send_partly_written_to_a_peer_dropped_for_garbage_reads_no_more_of_its_buff
         .count();
     assert_eq!(run, 0, "bytes of a failed send's buffer reached the peer");
     drop(raw);
+    serves_a_good_peer(&n, &addr);
+}
+
+/// Drives `n` until `raw` has a RELEASE from it (bounded): the armed slot it names.
+fn await_release(n: &Node, raw: &mut RawPeer) -> usize {
+    let start = std::time::Instant::now();
+    let mut buf = [CqTaggedEntry::default(); 4];
+    loop {
+        let _ = n.cq.read(&mut buf);
+        while let Some((k, b)) = raw.recv_raw() {
+            if k == RELEASE {
+                return u32::from_le_bytes(b[..4].try_into().expect("a slot number")) as usize;
+            }
+        }
+        assert!(start.elapsed() < BOUND, "no release came");
+    }
+}
+
+/// The context of the next completion of `n`, which must be a success.
+fn next_ok(n: &Node) -> Context {
+    match n.next() {
+        Completion::Ok(e, _) => e.op_context,
+        Completion::Err(e, _) => panic!("an error completion: {e:?}"),
+    }
+}
+
+/// A receiver answers the armed sends released to it by a count in the header of its lane to
+/// the sender (docs/shm.md, "Armed sends"), not a frame each. The count is the peer's word,
+/// as an `Ack` is: moving it finishes that many released sends, oldest first; a frame `Ack`
+/// for one takes it out of the count's reach (the next move finishes the next oldest, not
+/// it); moving it past what is left drops the lane with a log line and fails what is left,
+/// and the endpoint goes on.
+#[test]
+fn an_armed_sends_count_is_checked() {
+    setup();
+    let n = node(CAPS | FI_TRIGGER | FI_XPU_TRIGGER, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+    let dst = n.add_peer(format!("fi_shm://{}", raw.name()).as_bytes());
+    // Shared host memory below the eager limit: offered by its mapping, so armed ahead.
+    let len = 32 << 10;
+    let m = Hmem::global()
+        .get(Iface::System)
+        .alloc_host_mapped(0, 5 * len)
+        .expect("alloc_host_mapped");
+    let before = armed_counts();
+    let mut vars = Vec::new();
+    for i in 0..5 {
+        let iov = [RawIov {
+            addr: m.as_ptr() as usize + i * len,
+            len,
+        }];
+        let mut v = [TriggerVar::default()];
+        // SAFETY: `m` outlives the sends (each completes or fails below, before it goes).
+        let k = unsafe {
+            n.ep.tsendmsg_xpu(&tmsg(&iov, dst, 10 + i, 0, 0), 0, Xpu::CPU, &mut v)
+        };
+        assert_eq!(k.expect("arm"), 1);
+        vars.push(v[0]);
+    }
+    assert_eq!(armed_counts().prearmed - before.prearmed, 5, "armed ahead");
+    for v in &vars {
+        // SAFETY: variables the endpoint filled for the CPU XPU, its doorbell alive with it.
+        unsafe { ring(&[*v]) }.expect("ring");
+    }
+    // The request ids of the five, in release order, from the slots the releases name.
+    let ids: Vec<u32> = (0..5)
+        .map(|_| {
+            let slot = await_release(&n, &mut raw);
+            let f = raw.target_armed(slot).expect("the released slot's frame");
+            match wire::decode_all(&f).expect("an Rts").0 {
+                Frame::Rts { id, .. } => id,
+                other => panic!("an armed slot holds {other:?}"),
+            }
+        })
+        .collect();
+    let mut buf = [CqTaggedEntry::default(); 4];
+    assert!(
+        matches!(n.cq.read(&mut buf), Err(Error::Again(_))),
+        "a released send finished before its receiver said so"
+    );
+
+    raw.put_count(1);
+    assert_eq!(next_ok(&n), 10, "the count finishes the oldest");
+    let ack = frame(
+        &Frame::Ack {
+            id: ids[2],
+            status: 0,
+        },
+        &[],
+    );
+    assert!(raw.send_raw(FRAME, &ack, 0));
+    assert_eq!(next_ok(&n), 12, "the frame finishes the one it names");
+    raw.put_count(2);
+    assert_eq!(
+        next_ok(&n),
+        11,
+        "the count's next move finishes the oldest left"
+    );
+    raw.put_count(3);
+    assert_eq!(
+        next_ok(&n),
+        13,
+        "the next oldest left, not the one answered by frame"
+    );
+    assert_eq!(armed_counts().counted - before.counted, 3);
+
+    // One left (14): a move by 4 runs past it.
+    let logged = drops_logged();
+    raw.put_count(7);
+    match n.next() {
+        Completion::Err(e, _) => assert_eq!(e.op_context, 14, "what was left fails"),
+        Completion::Ok(e, _) => panic!("a count past what was released finished {e:?}"),
+    }
+    assert!(!raw.lane_claimed(), "the lane was not dropped");
+    assert!(drops_logged() > logged, "no log line");
+    assert_eq!(armed_counts().counted - before.counted, 3);
     serves_a_good_peer(&n, &addr);
 }

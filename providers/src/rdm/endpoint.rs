@@ -499,7 +499,7 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
         let started = !matches!(fired, rdm::Fired::Stale);
         match fired {
             rdm::Fired::Release(p) => {
-                if !slot.is_some_and(|s| st.net.release(p, s)) {
+                if !slot.is_some_and(|s| st.net.release(p, s, token)) {
                     // The wire cannot tell the peer now: the frame goes as any other.
                     if let Some(s) = slot {
                         st.net.unarm(s);

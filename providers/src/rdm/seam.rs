@@ -93,11 +93,12 @@ pub trait Wire: Send + Sized + 'static {
         let _ = (p, ctrl);
         None
     }
-    /// The armed send in `slot` fired: tells `p` to take its announcement, in order with
-    /// what went to `p` before. `false` if it cannot now (the caller sends the frame instead
-    /// and `unarm`s the slot).
-    fn release(&mut self, p: PeerId, slot: u32) -> bool {
-        let _ = (p, slot);
+    /// The armed send `token` in `slot` fired: tells `p` to take its announcement, in order
+    /// with what went to `p` before. `false` if it cannot now (the caller sends the frame
+    /// instead and `unarm`s the slot). The wire may tell the engine of its answer its own
+    /// way (`Engine::armed_acked`).
+    fn release(&mut self, p: PeerId, slot: u32, token: u64) -> bool {
+        let _ = (p, slot, token);
         false
     }
     /// Forgets the announcement in `slot`: never released (disarmed), or sent another way.

@@ -242,8 +242,8 @@ impl Wire for Net {
         Net::prearm(self, p, ctrl)
     }
 
-    fn release(&mut self, p: PeerId, slot: u32) -> bool {
-        Net::release(self, p, slot)
+    fn release(&mut self, p: PeerId, slot: u32, token: u64) -> bool {
+        Net::release(self, p, slot, token)
     }
 
     fn unarm(&mut self, slot: u32) {

@@ -166,6 +166,10 @@ struct Link {
     /// A copy from it was refused, after which the engine asks none of it: the descriptors
     /// it passes with its VMM offers (`fdpass`) would never be used, and are not kept.
     no_fds: bool,
+    /// Our armed sends released to it, answered by its count (`armed`).
+    tx_acks: armed::TxAcks,
+    /// Its armed sends released to us that we took, answered by our count (`armed`).
+    rx_acks: armed::RxAcks,
 }
 
 impl Link {
@@ -188,6 +192,8 @@ impl Link {
             checked: None,
             no_split: false,
             no_fds: false,
+            tx_acks: armed::TxAcks::default(),
+            rx_acks: armed::RxAcks::default(),
         }
     }
 }
@@ -205,6 +211,10 @@ pub struct Idle {
     pub clock_owed: AtomicBool,
     pos: [AtomicU64; LANES],
     known_active: AtomicU64,
+    /// Lanes whose producer's count of our released armed sends is awaited (`armed`), and
+    /// the count each was last applied at.
+    count_lanes: AtomicU64,
+    count_seen: [AtomicU64; LANES],
 }
 
 /// The transport of one endpoint.
@@ -266,6 +276,9 @@ pub struct Net {
     pub book: ipc::PeerBook,
     /// Armed sends' announcements in our segment's armed slots (`armed`).
     armed: armed::Slots,
+    /// Each lane's producer's count of our released sends it finished, as last applied
+    /// (`armed`; 0 from its CONNECT on).
+    count_seen: [u64; LANES],
 }
 
 /// The descriptor socket of the endpoint whose segment is `seg` (`fdpass`).
@@ -387,6 +400,7 @@ impl Net {
             keep_pidfds: false,
             book: ipc::PeerBook::default(),
             armed: armed::Slots::default(),
+            count_seen: [0; LANES],
             idle: Arc::new(Idle {
                 busy: AtomicBool::new(false),
                 watch: AtomicBool::new(false),
@@ -394,6 +408,8 @@ impl Net {
                 clock_owed: AtomicBool::new(false),
                 pos: std::array::from_fn(|_| AtomicU64::new(0)),
                 known_active: AtomicU64::new(0),
+                count_lanes: AtomicU64::new(0),
+                count_seen: std::array::from_fn(|_| AtomicU64::new(0)),
             }),
         })
     }
@@ -493,6 +509,9 @@ impl Net {
             ))
         })?;
         let mut prod = Producer::new(seg, lane);
+        // Our count of its released sends we finished starts again with the lane: zeroed
+        // before the CONNECT, which publishes it, and from which the peer counts (`armed`).
+        ring::armed_done(seg, lane).store(0, Ordering::Relaxed);
         let h = Header {
             kind: kind::CONNECT,
             len: me.len() as u32,
@@ -512,6 +531,7 @@ impl Net {
         link.prod = Some(prod);
         link.wrote = true;
         self.wrote = true;
+        self.count_from_zero(p);
         Ok(())
     }
 
@@ -715,6 +735,8 @@ impl Net {
             self.stalled &= !(1 << i);
         }
         self.known_active = mask;
+        // Before the lanes are read: see `armed`'s answers by count.
+        self.look_at_counts();
         let mut n = 0;
         // The links are walked only while one holds frames (`held_frames` counts them all).
         if self.held_frames > 0 {
@@ -730,6 +752,9 @@ impl Net {
         for lane in bits(mask) {
             n += self.poll_lane(g, lane, BATCH);
             self.release_if_gone(lane);
+        }
+        if !self.armed_counts_empty() {
+            n += self.apply_counts(g);
         }
         if self.splits.iter().any(|s| !s.spun) {
             self.spin_splits(g);
@@ -860,6 +885,7 @@ impl Net {
         if let (Some(f), Some(pid)) = (self.fds.as_mut(), self.links[p].pid) {
             f.drop_pid(pid);
         }
+        self.forget_acks(p);
         g.on_lost(p, None, libc::EPROTO);
         // Its answers would come on the lane just dropped.
         self.end_splits(g.engine, Some(p), libc::EPROTO);
@@ -1078,6 +1104,8 @@ impl Net {
         };
         self.links[p].rx_lane = Some(lane);
         self.lane_peer[lane] = Some(p);
+        // Its count of our released sends, zeroed before this CONNECT (`armed`).
+        self.count_seen[lane] = 0;
         true
     }
 
@@ -1113,6 +1141,9 @@ impl Net {
             // Behind frames that wait: in order, without asking the engine yet.
             Sink::Wait
         } else if first == len {
+            if self.armed.unanswered > 0 {
+                self.frame_answered(p, &pre, ctrl);
+            }
             // The whole frame is in the slots (every small one): handed over in one call.
             if g.on_frame(p, &Seg(&self.links[p].name), &pre, ctrl, piece)
                 .map_err(|e| e.to_string())?
@@ -1340,6 +1371,7 @@ impl Net {
         if let (Some(f), Some(pid)) = (self.fds.as_mut(), self.links[p].pid) {
             f.drop_pid(pid);
         }
+        self.forget_acks(p);
         g.on_lost(p, Some(&Seg(&self.links[p].name)), err);
         // A frame of it half arrived goes with it: the engine failed the receive its body was
         // going to, and a piece written after must find no memory to land in.
@@ -1363,6 +1395,7 @@ impl Net {
             && !eng.has_output()
             && self.sent.is_empty()
             && self.links.len() == self.links_published.get()
+            && (self.armed.unanswered > 0) == self.armed.unanswered_published.get()
     }
 
     /// Refreshes the lock-free mirrors (at the end of each locked call).
@@ -1375,6 +1408,7 @@ impl Net {
             .known_active
             .store(self.known_active, Ordering::Relaxed);
         let held = || self.held() > 0;
+        self.publish_counts();
         // A split just started: the next progress call spins for its answer.
         let busy = !self.pumping.is_empty()
             || eng.has_output()
@@ -1401,6 +1435,7 @@ impl Net {
             return true;
         }
         bits(mask).any(|l| ring::published(seg, l, idle.pos[l].load(Ordering::Relaxed)))
+            || armed::counted(seg, idle)
     }
 
     /// Whether frames are still being written out.
@@ -1462,6 +1497,11 @@ impl Transport for Net {
             // Its operations failed with its loss; nothing more goes to it.
             return Ok(());
         }
+        // The oldest released send taken from it, answered: by the count (`armed`).
+        if t.body.is_empty() && self.count_answer(p, t.ctrl.as_bytes()) {
+            return Ok(());
+        }
+        let link = &self.links[p];
         if link.out.is_some() {
             return Err(t);
         }
@@ -1489,8 +1529,13 @@ impl Transport for Net {
             link.out = Some((t, first));
             self.pumping.push(p);
             self.pump();
-        } else if let Some(tok) = t.token {
-            self.sent.push((p, tok));
+        } else {
+            if total == 0 {
+                self.answered_by_frame(p, t.ctrl.as_bytes());
+            }
+            if let Some(tok) = t.token {
+                self.sent.push((p, tok));
+            }
         }
         Ok(())
     }

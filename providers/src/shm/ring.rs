@@ -114,6 +114,21 @@ fn tail_off(i: usize) -> usize {
     lane_off(i)
 }
 
+/// Offset of the lane's count of armed sends finished (written by the consumer, read by the
+/// producer: `super::net`'s armed answers), on the lane header's second line.
+fn armed_done_off(i: usize) -> usize {
+    lane_off(i) + 64
+}
+
+/// The count of the producer's released armed sends that the consumer of `lane` finished in
+/// order (`super::net::armed`). Its consumer's only to write; a producer reads a peer's, which
+/// may say anything.
+pub fn armed_done(seg: &Segment, lane: usize) -> &AtomicU64 {
+    assert!(lane < LANES);
+    // SAFETY: 8-aligned inside the lane header, which lies inside the segment.
+    unsafe { seg.u64_at(armed_done_off(lane)) }
+}
+
 /// Writes `frame` into armed slot `slot` of our own segment (`frame.len() <= ARMED_MAX`,
 /// `slot < ARMED_SLOTS`). A receiver reads it only after the RELEASE message naming it,
 /// published after this.
@@ -247,6 +262,11 @@ impl Producer {
     /// Where the next message will start (a count of slots written, every lap).
     pub fn head(&self) -> u64 {
         self.head
+    }
+
+    /// The lane this producer writes.
+    pub fn lane(&self) -> usize {
+        self.lane
     }
 
     /// How far the consumer has read (its tail word, now).

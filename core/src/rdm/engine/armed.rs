@@ -158,6 +158,25 @@ impl Engine {
         });
     }
 
+    /// The armed send `token`, released to `peer` by the transport (`Fired::Release`), was
+    /// finished there: what an `Ack` of status 0 from `peer` does, told by the transport its
+    /// own way (shm: a count of released sends finished in order, in place of one frame
+    /// each). `false`, and nothing done, where no fired request of that generation to `peer`
+    /// waits for that answer.
+    pub fn armed_acked(&mut self, peer: PeerId, token: u64) -> bool {
+        let (id, gen) = split(token);
+        let Some(i) = u32::try_from(id)
+            .ok()
+            .and_then(|id| self.answered(peer, id))
+            .filter(|&i| self.tx[i].gen == gen && self.tx[i].takes_ack())
+        else {
+            return false;
+        };
+        self.tx[i].answer = Some(0);
+        self.maybe_complete(i);
+        true
+    }
+
     /// Ends the armed send `token` that has not fired, with no completion: `true` if there
     /// was one (its reservations are the caller's to give back).
     pub fn disarm(&mut self, token: u64) -> bool {

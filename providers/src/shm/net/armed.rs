@@ -15,8 +15,26 @@
 //! sent as a frame instead) is free at once. The receiver reads nothing a RELEASE message
 //! does not name, checks the slot number and the length it finds, and copies the frame out
 //! once before parsing it: the sender's bytes, all of them.
+//!
+//! Answers. A released send is finished at the receiver when it has copied the data (an
+//! `Ack` of status 0). Rather than one frame each, the receiver counts the sender's released
+//! sends it finished in the order they were released, in a word of the header of its own
+//! lane to the sender (`ring::armed_done`: its producer alone writes it, zeroed before the
+//! lane's CONNECT), and the sender finishes as many of its released sends, oldest first,
+//! when it sees the count move: a CPU XPU that rang 64 buckets leaves its host one word to
+//! read instead of 64 frames, each a line from the receiver's core. Only the oldest
+//! unanswered send is answered so; one finished out of order or failed is answered by a
+//! frame, as before, on the same lane. The sender reads the count before it reads that lane
+//! and applies it only once the lane is drained: a frame that answered an older send was
+//! written before the count moved past a newer one, so the oldest it holds then is the one
+//! the count means. A count that runs past what was released drops the peer, as garbage.
+//! The count is in the sender's own segment, so its lock-free look for work (`has_work`)
+//! reads it, and the receiver wakes a sleeping sender after moving it as after a frame.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use xfabric_core::rdm::wire::{self, Frame};
 
 use super::*;
 
@@ -26,6 +44,11 @@ pub const RELEASE: u8 = 24;
 static PREARMED: AtomicU64 = AtomicU64::new(0);
 static RELEASED: AtomicU64 = AtomicU64::new(0);
 static TAKEN: AtomicU64 = AtomicU64::new(0);
+static COUNTED: AtomicU64 = AtomicU64::new(0);
+
+/// Released sends a receiver may have taken and not answered before it answers every later
+/// one by frame (a sender that never lets them finish must not grow the list without end).
+const TAKEN_MAX: usize = 4096;
 
 /// What every shm endpoint of this process did with armed sends: for tests, which must know
 /// which way a send went without timing it.
@@ -37,6 +60,9 @@ pub struct Counts {
     pub released: u64,
     /// Armed slots' frames taken in by a receiver.
     pub taken: u64,
+    /// Released sends finished by their receiver's count rather than an answer frame (at
+    /// the sender).
+    pub counted: u64,
 }
 
 /// What the armed sends of every shm endpoint of this process did so far.
@@ -45,6 +71,7 @@ pub fn counts() -> Counts {
         prearmed: PREARMED.load(Ordering::Relaxed),
         released: RELEASED.load(Ordering::Relaxed),
         taken: TAKEN.load(Ordering::Relaxed),
+        counted: COUNTED.load(Ordering::Relaxed),
     }
 }
 
@@ -54,6 +81,13 @@ pub(super) struct Slots {
     /// Released slots: the peer, the slot, and where in the peer's lane its RELEASE message
     /// starts (free again once the peer's tail is past it).
     released: Vec<(PeerId, u32, u64)>,
+    /// Released sends not answered yet, every peer's (`TxAcks::released`).
+    pub(super) unanswered: usize,
+    /// `unanswered > 0` at the last `publish`.
+    pub(super) unanswered_published: std::cell::Cell<bool>,
+    /// (peer, its lane to us, its count) read at the start of a progress call
+    /// (`look_at_counts`).
+    counts: Vec<(PeerId, usize, u64)>,
 }
 
 impl Default for Slots {
@@ -61,7 +95,60 @@ impl Default for Slots {
         Slots {
             free: (0..ring::ARMED_SLOTS as u32).rev().collect(),
             released: Vec::new(),
+            unanswered: 0,
+            unanswered_published: std::cell::Cell::new(false),
+            counts: Vec::new(),
         }
+    }
+}
+
+/// The sender's side of one peer's answers by count.
+#[derive(Debug, Default)]
+pub(super) struct TxAcks {
+    /// Tokens of the sends released to the peer, in release order, not answered yet.
+    released: VecDeque<u64>,
+}
+
+/// The receiver's side of one peer's answers by count.
+#[derive(Debug, Default)]
+pub(super) struct RxAcks {
+    /// The peer's request ids of its released sends we took, in order, not answered yet.
+    taken: VecDeque<u32>,
+    /// The count last stored in our lane to it (`ring::armed_done`).
+    done: u64,
+    /// Every answer goes as a frame from now on (`TAKEN_MAX` were unanswered at once).
+    frames_only: bool,
+}
+
+/// Lock-free (`Net::has_work`): whether a count awaited in `seg` moved since it was applied.
+/// Only lanes of peers our released sends wait on are looked at: another's count says
+/// nothing we wait for.
+#[inline]
+pub(super) fn counted(seg: &Segment, idle: &Idle) -> bool {
+    let lanes = idle.count_lanes.load(Ordering::Relaxed);
+    lanes != 0
+        && bits(lanes).any(|l| {
+            ring::armed_done(seg, l).load(Ordering::Relaxed)
+                != idle.count_seen[l].load(Ordering::Relaxed)
+        })
+}
+
+/// The request id of the `Rts` in `frame` (an armed slot's bytes), if that is what it holds.
+fn rts_id(frame: &[u8]) -> Option<u32> {
+    match wire::decode_all(frame) {
+        Ok((Frame::Rts { id, .. }, _)) => Some(id),
+        _ => None,
+    }
+}
+
+/// The request id and status of `ctrl` (an encoded frame of no body), if it is an `Ack`.
+fn ack_of(ctrl: &[u8]) -> Option<(u32, i32)> {
+    if ctrl.get(2).copied() != Some(wire::Kind::Ack as u8) {
+        return None;
+    }
+    match wire::decode_all(ctrl) {
+        Ok((Frame::Ack { id, status }, _)) => Some((id, status)),
+        _ => None,
     }
 }
 
@@ -84,7 +171,7 @@ impl Net {
     /// Writes the RELEASE message of `slot` into our lane in `p`'s segment, behind what we
     /// wrote there before; `false` if it cannot go now (a frame to `p` is partly written, or
     /// the ring is full), the slot then still the caller's.
-    pub fn release(&mut self, p: PeerId, slot: u32) -> bool {
+    pub fn release(&mut self, p: PeerId, slot: u32, token: u64) -> bool {
         if self.writing_to(p) {
             return false;
         }
@@ -100,8 +187,10 @@ impl Net {
             return false;
         }
         link.wrote = true;
+        link.tx_acks.released.push_back(token);
         self.wrote = true;
         self.armed.released.push((p, slot, at));
+        self.armed.unanswered += 1;
         RELEASED.fetch_add(1, Ordering::Relaxed);
         true
     }
@@ -151,10 +240,183 @@ impl Net {
         let mut frame = [0u8; ring::ARMED_MAX];
         let len = ring::read_armed(seg, slot, &mut frame)
             .ok_or_else(|| format!("a release of armed slot {slot}, out of range or too long"))?;
+        // Noted before the engine sees it: its answer may go out within the call.
+        let acks = &mut self.links[p].rx_acks;
+        let noted = match rts_id(&frame[..len]) {
+            Some(id) if !acks.frames_only => {
+                if acks.taken.len() < TAKEN_MAX {
+                    acks.taken.push_back(id);
+                    true
+                } else {
+                    acks.frames_only = true;
+                    acks.taken.clear();
+                    false
+                }
+            }
+            _ => false,
+        };
         let took = self.on_frame(g, lane, p, &frame[..len])?;
         if took {
             TAKEN.fetch_add(1, Ordering::Relaxed);
+        } else if noted {
+            self.links[p].rx_acks.taken.pop_back();
         }
         Ok(took)
+    }
+
+    /// Receiver: `ctrl`, an encoded frame of no body going to `p`, answered by the count
+    /// instead when it is the `Ack` of status 0 of the oldest released send taken from `p`
+    /// (`true`: nothing to write).
+    pub(super) fn count_answer(&mut self, p: PeerId, ctrl: &[u8]) -> bool {
+        let link = &self.links[p];
+        let Some(&front) = link.rx_acks.taken.front() else {
+            return false;
+        };
+        if ack_of(ctrl) != Some((front, 0)) || link.out.is_some() {
+            return false;
+        }
+        // Our lane to it, where the count lives (claimed now if we never wrote to it: a frame
+        // would claim it too).
+        if link.prod.is_none() && self.ensure_lane(p).is_err() {
+            return false;
+        }
+        let link = &mut self.links[p];
+        let (Some(prod), Some(seg)) = (link.prod.as_ref(), link.seg.as_ref()) else {
+            return false;
+        };
+        let acks = &mut link.rx_acks;
+        acks.taken.pop_front();
+        acks.done = acks.done.wrapping_add(1);
+        ring::armed_done(seg, prod.lane()).store(acks.done, Ordering::Release);
+        // It may sleep: looked at as after a frame written to it.
+        link.wrote = true;
+        self.wrote = true;
+        true
+    }
+
+    /// Receiver: an `Ack` in `ctrl` went to `p` as a frame: the send it answers is no
+    /// longer waiting to be counted.
+    pub(super) fn answered_by_frame(&mut self, p: PeerId, ctrl: &[u8]) {
+        let taken = &mut self.links[p].rx_acks.taken;
+        if taken.is_empty() {
+            return;
+        }
+        if let Some((id, _)) = ack_of(ctrl) {
+            if let Some(i) = taken.iter().position(|&t| t == id) {
+                taken.remove(i);
+            }
+        }
+    }
+
+    /// Sender: a frame from `p` (prefix `pre`, control part `ctrl`) that answers one of our
+    /// released sends: that send is no longer waiting for the count.
+    pub(super) fn frame_answered(&mut self, p: PeerId, pre: &wire::Prefix, ctrl: &[u8]) {
+        if pre.kind != wire::Kind::Ack as u8 {
+            return;
+        }
+        let Ok(Frame::Ack { id, .. }) = wire::decode(pre, ctrl) else {
+            return;
+        };
+        let released = &mut self.links[p].tx_acks.released;
+        if let Some(i) = released.iter().position(|&t| t as u32 == id) {
+            released.remove(i);
+            self.armed.unanswered -= 1;
+        }
+    }
+
+    /// Sender, at the start of a progress call: reads the count of every peer our released
+    /// sends wait on, before its lane is read (`apply_counts` applies them after).
+    pub(super) fn look_at_counts(&mut self) {
+        self.armed.counts.clear();
+        if self.armed.unanswered == 0 {
+            return;
+        }
+        for (p, l) in self.links.iter().enumerate() {
+            if l.tx_acks.released.is_empty() || l.dead {
+                continue;
+            }
+            // No lane from it yet: it has counted nothing.
+            if let Some(lane) = l.rx_lane {
+                let w = ring::armed_done(&self.seg, lane).load(Ordering::Acquire);
+                self.armed.counts.push((p, lane, w));
+            }
+        }
+    }
+
+    /// Sender, once every lane was read: finishes the released sends each count read by
+    /// `look_at_counts` covers, where the peer's lane to us was drained since (a frame it
+    /// answered an older send with may be behind). How many finished.
+    pub(super) fn apply_counts(&mut self, g: &mut Glue<'_>) -> usize {
+        let mut n = 0;
+        let counts = std::mem::take(&mut self.armed.counts);
+        for &(p, lane, w) in &counts {
+            // The same lane still (not dropped meanwhile), and drained since the count was read.
+            let drained = self.stalled & (1 << lane) == 0 && !self.head_published(lane);
+            if self.links[p].rx_lane != Some(lane) || !drained || self.links[p].dead {
+                continue;
+            }
+            let k = w.wrapping_sub(self.count_seen[lane]);
+            if k == 0 {
+                continue;
+            }
+            let acks = &mut self.links[p].tx_acks;
+            let len = acks.released.len();
+            if k > len as u64 {
+                let why = format!(
+                    "its count of armed sends finished moved by {k}, past the {len} released to it"
+                );
+                self.garbage(g, p, Some(lane), &why);
+                continue;
+            }
+            self.count_seen[lane] = w;
+            for _ in 0..k {
+                let t = acks.released.pop_front().expect("counted above");
+                g.engine.armed_acked(p, t);
+            }
+            self.armed.unanswered -= k as usize;
+            COUNTED.fetch_add(k, Ordering::Relaxed);
+            n += k as usize;
+        }
+        self.armed.counts = counts;
+        n
+    }
+
+    /// Refreshes the lock-free mirrors of the counts awaited (`Idle::count_lanes`).
+    pub(super) fn publish_counts(&self) {
+        let unanswered = self.armed.unanswered > 0;
+        let was = self.armed.unanswered_published.replace(unanswered);
+        if !unanswered && !was {
+            return;
+        }
+        let mut lanes = 0u64;
+        if unanswered {
+            for l in &self.links {
+                if let Some(lane) = l.rx_lane.filter(|_| !l.tx_acks.released.is_empty()) {
+                    lanes |= 1 << lane;
+                    self.idle.count_seen[lane].store(self.count_seen[lane], Ordering::Relaxed);
+                }
+            }
+        }
+        self.idle.count_lanes.store(lanes, Ordering::Relaxed);
+    }
+
+    /// Whether `look_at_counts` read no count this call.
+    pub(super) fn armed_counts_empty(&self) -> bool {
+        self.armed.counts.is_empty()
+    }
+
+    /// `p` is lost: our sends released to it failed with it, and its released to us are
+    /// nobody's to answer.
+    pub(super) fn forget_acks(&mut self, p: PeerId) {
+        let link = &mut self.links[p];
+        self.armed.unanswered -= link.tx_acks.released.len();
+        link.tx_acks.released.clear();
+        link.rx_acks.taken.clear();
+    }
+
+    /// Our lane to `p` was claimed: our count there starts again from 0 (zeroed before its
+    /// CONNECT, from which `p` counts).
+    pub(super) fn count_from_zero(&mut self, p: PeerId) {
+        self.links[p].rx_acks.done = 0;
     }
 }
