@@ -168,6 +168,13 @@ fn receiver() {
                 got.extend_from_slice(&e[..k]);
                 say(&format!("woke {k}"));
             }
+            "close" => {
+                // The endpoint closes (its BYE behind whatever it wrote), with nothing said.
+                drop(n);
+                say("closed");
+                assert_eq!(listen(), "bye");
+                return;
+            }
             "collect" => break,
             other => panic!("receiver: {other}?"),
         }
@@ -346,6 +353,30 @@ fn armed_sends_finished_out_of_order_are_answered_once_each() {
         c.counted, 1,
         "the older one answered by the count, the other by a frame"
     );
+}
+
+/// A receiver that answered released sends by its count and then closed (its BYE after the
+/// count): the sends complete, they do not fail with its close.
+#[test]
+fn armed_sends_counted_before_their_receiver_closed_complete() {
+    let Some(mut r) = run(
+        "armed_sends_counted_before_their_receiver_closed_complete",
+        2,
+    ) else {
+        return;
+    };
+    let (a, b) = (r.arm(0, 50, 0), r.arm(1, 51, 0));
+    fill_and_ring(&r.m, 0, 50, a);
+    fill_and_ring(&r.m, 1, 51, b);
+    r.child.tell("poll");
+    assert_eq!(r.child.hear(), "seen 2");
+    r.child.tell("close");
+    assert_eq!(r.child.hear(), "closed");
+    // Read only now: the count and the BYE are both there.
+    assert_eq!(contexts(&r.n, 2), [50, 51]);
+    assert_eq!(since(r.before).counted, 2);
+    r.child.tell("bye");
+    r.child.join();
 }
 
 #[test]

@@ -857,11 +857,12 @@ fn next_ok(n: &Node) -> Context {
 }
 
 /// A receiver answers the armed sends released to it by a count in the header of its lane to
-/// the sender (docs/shm.md, "Armed sends"), not a frame each. The count is the peer's word,
-/// as an `Ack` is: moving it finishes that many released sends, oldest first; a frame `Ack`
-/// for one takes it out of the count's reach (the next move finishes the next oldest, not
-/// it); moving it past what is left drops the lane with a log line and fails what is left,
-/// and the endpoint goes on.
+/// the sender (docs/shm.md), not a frame each. The count is the peer's word, as an `Ack` is:
+/// moving it finishes that many released sends, oldest first; an answer frame for one (an
+/// `Ack`, a discarding `Cts`) takes it out of the count's reach (the next move finishes the
+/// next oldest, not it); a move waits until the lane is read up to the head that came with
+/// it; moving it past what is left drops the lane with a log line and fails what is left, and
+/// the endpoint goes on.
 #[test]
 fn an_armed_sends_count_is_checked() {
     setup();
@@ -873,11 +874,11 @@ fn an_armed_sends_count_is_checked() {
     let len = 32 << 10;
     let m = Hmem::global()
         .get(Iface::System)
-        .alloc_host_mapped(0, 5 * len)
+        .alloc_host_mapped(0, 9 * len)
         .expect("alloc_host_mapped");
     let before = armed_counts();
     let mut vars = Vec::new();
-    for i in 0..5 {
+    for i in 0..9 {
         let iov = [RawIov {
             addr: m.as_ptr() as usize + i * len,
             len,
@@ -890,13 +891,13 @@ fn an_armed_sends_count_is_checked() {
         assert_eq!(k.expect("arm"), 1);
         vars.push(v[0]);
     }
-    assert_eq!(armed_counts().prearmed - before.prearmed, 5, "armed ahead");
+    assert_eq!(armed_counts().prearmed - before.prearmed, 9, "armed ahead");
     for v in &vars {
         // SAFETY: variables the endpoint filled for the CPU XPU, its doorbell alive with it.
         unsafe { ring(&[*v]) }.expect("ring");
     }
-    // The request ids of the five, in release order, from the slots the releases name.
-    let ids: Vec<u32> = (0..5)
+    // The request ids of the nine, in release order, from the slots the releases name.
+    let ids: Vec<u32> = (0..9)
         .map(|_| {
             let slot = await_release(&n, &mut raw);
             let f = raw.target_armed(slot).expect("the released slot's frame");
@@ -937,15 +938,57 @@ fn an_armed_sends_count_is_checked() {
     );
     assert_eq!(armed_counts().counted - before.counted, 3);
 
-    // One left (14): a move by 4 runs past it.
+    // More frames than a progress call reads from a lane, then the oldest's answer, then the
+    // count's move for the next: the count waits until the lane is read up to where the
+    // receiver's head stood when it moved it.
+    let filler = frame(
+        &Frame::Msg {
+            id: 0,
+            tag: 77,
+            data: 0,
+            flags: wire::flags::TAGGED,
+        },
+        &[1; 8],
+    );
+    for _ in 0..40 {
+        assert!(raw.send_raw(FRAME, &filler, 0));
+    }
+    let ack = frame(
+        &Frame::Ack {
+            id: ids[4],
+            status: 0,
+        },
+        &[],
+    );
+    assert!(raw.send_raw(FRAME, &ack, 0));
+    raw.put_count(4);
+    let mut two = [next_ok(&n), next_ok(&n)];
+    two.sort_unstable();
+    assert_eq!(two, [14, 15], "the frame's and the count's, each its own");
+
+    // A `Cts` that says the receiver discarded the message answers it too (the oldest, 16):
+    // the count's next move is the next one's.
+    let cts = frame(
+        &Frame::Cts {
+            id: ids[6],
+            rx: u32::MAX,
+        },
+        &[],
+    );
+    assert!(raw.send_raw(FRAME, &cts, 0));
+    assert_eq!(next_ok(&n), 16, "discarded at the receiver");
+    raw.put_count(5);
+    assert_eq!(next_ok(&n), 17);
+
+    // One left (18): a move by 5 runs past it.
     let logged = drops_logged();
-    raw.put_count(7);
+    raw.put_count(10);
     match n.next() {
-        Completion::Err(e, _) => assert_eq!(e.op_context, 14, "what was left fails"),
+        Completion::Err(e, _) => assert_eq!(e.op_context, 18, "what was left fails"),
         Completion::Ok(e, _) => panic!("a count past what was released finished {e:?}"),
     }
     assert!(!raw.lane_claimed(), "the lane was not dropped");
     assert!(drops_logged() > logged, "no log line");
-    assert_eq!(armed_counts().counted - before.counted, 3);
+    assert_eq!(armed_counts().counted - before.counted, 5);
     serves_a_good_peer(&n, &addr);
 }

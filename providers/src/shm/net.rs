@@ -511,7 +511,9 @@ impl Net {
         let mut prod = Producer::new(seg, lane);
         // Our count of its released sends we finished starts again with the lane: zeroed
         // before the CONNECT, which publishes it, and from which the peer counts (`armed`).
-        ring::armed_done(seg, lane).store(0, Ordering::Relaxed);
+        let (count, head) = ring::armed_done(seg, lane);
+        count.store(0, Ordering::Relaxed);
+        head.store(0, Ordering::Relaxed);
         let h = Header {
             kind: kind::CONNECT,
             len: me.len() as u32,
@@ -1021,6 +1023,9 @@ impl Net {
                 c.advance_slots(&self.seg, lane, v.slots());
                 self.cons[lane] = c;
                 let p = self.lane_peer[lane];
+                if let Some(p) = p {
+                    self.last_count(g, p, lane);
+                }
                 self.drop_lane(lane);
                 if let Some(p) = p {
                     // Its endpoint closed: nothing more comes from it, nothing goes to it.
@@ -1353,6 +1358,9 @@ impl Net {
         // must not keep this call reading.
         if let Some(lane) = l.rx_lane {
             self.poll_lane(g, lane, ring::SLOTS);
+            if self.links[p].rx_lane == Some(lane) {
+                self.last_count(g, p, lane);
+            }
         }
         self.gone(g, p, FI_ECONNRESET);
     }
@@ -1396,6 +1404,7 @@ impl Net {
             && self.sent.is_empty()
             && self.links.len() == self.links_published.get()
             && (self.armed.unanswered > 0) == self.armed.unanswered_published.get()
+            && !self.armed.lanes_dirty.get()
     }
 
     /// Refreshes the lock-free mirrors (at the end of each locked call).

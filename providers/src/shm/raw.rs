@@ -148,10 +148,13 @@ impl RawPeer {
     }
 
     /// Stores `v` as our count of the target's released armed sends finished (the
-    /// `ring::armed_done` word of our lane in its segment), as a receiver that took them does
-    /// instead of answering each, but unchecked: it may say anything.
+    /// `ring::armed_done` word of our lane in its segment) with our head after what we wrote
+    /// so far, as a receiver that took them does instead of answering each, but unchecked: it
+    /// may say anything.
     pub fn put_count(&self, v: u64) {
-        ring::armed_done(&self.target, self.lane).store(v, Ordering::Release);
+        let (count, head) = ring::armed_done(&self.target, self.lane);
+        head.store(self.prod.head(), Ordering::Relaxed);
+        count.store(v, Ordering::Release);
     }
 
     /// Whether the target still has our lane claimed (it drops the lane of a peer that sent

@@ -114,19 +114,22 @@ fn tail_off(i: usize) -> usize {
     lane_off(i)
 }
 
-/// Offset of the lane's count of armed sends finished (written by the consumer, read by the
-/// producer: `super::net`'s armed answers), on the lane header's second line.
+/// Offset of the lane's count of armed sends finished, on the lane header's second line, and
+/// of where its producer's head stood when it last moved the count, after it (`armed_done`).
 fn armed_done_off(i: usize) -> usize {
     lane_off(i) + 64
 }
 
-/// The count of the producer's released armed sends that the consumer of `lane` finished in
-/// order (`super::net::armed`). Its consumer's only to write; a producer reads a peer's, which
-/// may say anything.
-pub fn armed_done(seg: &Segment, lane: usize) -> &AtomicU64 {
+/// The count, kept by the producer of `lane`, of the consumer's armed sends released to it
+/// that it finished in order (`super::net::armed`), and where its head stood when it moved
+/// the count last (every message before that position was written before the count). Its
+/// producer's only to write (zeroed before the lane's CONNECT); the consumer reads a peer's,
+/// which may say anything.
+pub fn armed_done(seg: &Segment, lane: usize) -> (&AtomicU64, &AtomicU64) {
     assert!(lane < LANES);
-    // SAFETY: 8-aligned inside the lane header, which lies inside the segment.
-    unsafe { seg.u64_at(armed_done_off(lane)) }
+    let off = armed_done_off(lane);
+    // SAFETY: both 8-aligned inside the lane header, which lies inside the segment.
+    unsafe { (seg.u64_at(off), seg.u64_at(off + 8)) }
 }
 
 /// Writes `frame` into armed slot `slot` of our own segment (`frame.len() <= ARMED_MAX`,

@@ -20,16 +20,19 @@
 //! `Ack` of status 0). Rather than one frame each, the receiver counts the sender's released
 //! sends it finished in the order they were released, in a word of the header of its own
 //! lane to the sender (`ring::armed_done`: its producer alone writes it, zeroed before the
-//! lane's CONNECT), and the sender finishes as many of its released sends, oldest first,
-//! when it sees the count move: a CPU XPU that rang 64 buckets leaves its host one word to
-//! read instead of 64 frames, each a line from the receiver's core. Only the oldest
-//! unanswered send is answered so; one finished out of order or failed is answered by a
-//! frame, as before, on the same lane. The sender reads the count before it reads that lane
-//! and applies it only once the lane is drained: a frame that answered an older send was
-//! written before the count moved past a newer one, so the oldest it holds then is the one
-//! the count means. A count that runs past what was released drops the peer, as garbage.
-//! The count is in the sender's own segment, so its lock-free look for work (`has_work`)
-//! reads it, and the receiver wakes a sleeping sender after moving it as after a frame.
+//! lane's CONNECT), next to where its head stood when it moved the count, and the sender
+//! finishes as many of its released sends, oldest first, when it sees the count move: a CPU
+//! XPU that rang 64 buckets leaves its host one word to read instead of 64 frames, each a
+//! line from the receiver's core. Only the oldest released send not answered yet is answered
+//! so, and only by an `Ack` of status 0; any other answer (an `Ack` of a send that finished
+//! out of order, a failure, a `Cts`) goes as a frame, on the same lane, as before, and takes
+//! its send out of both sides' lists. The sender reads the count and the head, and applies
+//! the count once it has read its lane up to that head: a frame that answered an older send
+//! was written before the count moved past a newer one, so the oldest left then is the one
+//! the count means. A count that runs past what was released drops the peer, as garbage;
+//! the last count a closing or lost peer left is applied before its sends fail with it. The
+//! count is in the sender's own segment, so its lock-free look for work (`has_work`) reads
+//! it, and the receiver wakes a sleeping sender after moving it as after a frame.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,9 +88,12 @@ pub(super) struct Slots {
     pub(super) unanswered: usize,
     /// `unanswered > 0` at the last `publish`.
     pub(super) unanswered_published: std::cell::Cell<bool>,
-    /// (peer, its lane to us, its count) read at the start of a progress call
+    /// (peer, its lane to us, its count, its head then) read at the start of a progress call
     /// (`look_at_counts`).
-    counts: Vec<(PeerId, usize, u64)>,
+    counts: Vec<(PeerId, usize, u64, u64)>,
+    /// A send was released to a peer none was waiting on: the lanes `has_work` looks at
+    /// changed (`published_current`).
+    pub(super) lanes_dirty: std::cell::Cell<bool>,
 }
 
 impl Default for Slots {
@@ -98,6 +104,7 @@ impl Default for Slots {
             unanswered: 0,
             unanswered_published: std::cell::Cell::new(false),
             counts: Vec::new(),
+            lanes_dirty: std::cell::Cell::new(false),
         }
     }
 }
@@ -128,7 +135,7 @@ pub(super) fn counted(seg: &Segment, idle: &Idle) -> bool {
     let lanes = idle.count_lanes.load(Ordering::Relaxed);
     lanes != 0
         && bits(lanes).any(|l| {
-            ring::armed_done(seg, l).load(Ordering::Relaxed)
+            ring::armed_done(seg, l).0.load(Ordering::Relaxed)
                 != idle.count_seen[l].load(Ordering::Relaxed)
         })
 }
@@ -141,15 +148,23 @@ fn rts_id(frame: &[u8]) -> Option<u32> {
     }
 }
 
-/// The request id and status of `ctrl` (an encoded frame of no body), if it is an `Ack`.
-fn ack_of(ctrl: &[u8]) -> Option<(u32, i32)> {
-    if ctrl.get(2).copied() != Some(wire::Kind::Ack as u8) {
+/// The initiator's request id of an answer to an `Rts` (an `Ack`, with its status, or a
+/// `Cts`) in `pre` and `ctrl` (a frame's prefix and control part).
+fn answer_of(pre: &wire::Prefix, ctrl: &[u8]) -> Option<(u32, Option<i32>)> {
+    if pre.kind != wire::Kind::Ack as u8 && pre.kind != wire::Kind::Cts as u8 {
         return None;
     }
-    match wire::decode_all(ctrl) {
-        Ok((Frame::Ack { id, status }, _)) => Some((id, status)),
+    match wire::decode(pre, ctrl) {
+        Ok(Frame::Ack { id, status }) => Some((id, Some(status))),
+        Ok(Frame::Cts { id, .. }) => Some((id, None)),
         _ => None,
     }
+}
+
+/// `answer_of` of an encoded frame of no body (what the engine hands the transport).
+fn answer_in(encoded: &[u8]) -> Option<(u32, Option<i32>)> {
+    let pre = wire::prefix(encoded).ok()?;
+    answer_of(&pre, encoded.get(wire::PREFIX..)?)
 }
 
 impl Net {
@@ -187,6 +202,9 @@ impl Net {
             return false;
         }
         link.wrote = true;
+        if link.tx_acks.released.is_empty() {
+            self.armed.lanes_dirty.set(true);
+        }
         link.tx_acks.released.push_back(token);
         self.wrote = true;
         self.armed.released.push((p, slot, at));
@@ -272,7 +290,7 @@ impl Net {
         let Some(&front) = link.rx_acks.taken.front() else {
             return false;
         };
-        if ack_of(ctrl) != Some((front, 0)) || link.out.is_some() {
+        if answer_in(ctrl) != Some((front, Some(0))) || link.out.is_some() {
             return false;
         }
         // Our lane to it, where the count lives (claimed now if we never wrote to it: a frame
@@ -280,28 +298,37 @@ impl Net {
         if link.prod.is_none() && self.ensure_lane(p).is_err() {
             return false;
         }
+        let id = self.id;
         let link = &mut self.links[p];
         let (Some(prod), Some(seg)) = (link.prod.as_ref(), link.seg.as_ref()) else {
             return false;
         };
+        // Not a lane the peer took back (and may have given another): the frame goes, and
+        // finds out.
+        if ring::claim(seg, prod.lane()).load(Ordering::Acquire) != id {
+            return false;
+        }
         let acks = &mut link.rx_acks;
         acks.taken.pop_front();
         acks.done = acks.done.wrapping_add(1);
-        ring::armed_done(seg, prod.lane()).store(acks.done, Ordering::Release);
+        let (count, head) = ring::armed_done(seg, prod.lane());
+        // The head first: a peer that sees this count sees where our frames before it end.
+        head.store(prod.head(), Ordering::Relaxed);
+        count.store(acks.done, Ordering::Release);
         // It may sleep: looked at as after a frame written to it.
         link.wrote = true;
         self.wrote = true;
         true
     }
 
-    /// Receiver: an `Ack` in `ctrl` went to `p` as a frame: the send it answers is no
-    /// longer waiting to be counted.
+    /// Receiver: an answer in `ctrl` went to `p` as a frame: the send it answers is no
+    /// longer waiting to be counted (what follows for it, if anything, goes as frames).
     pub(super) fn answered_by_frame(&mut self, p: PeerId, ctrl: &[u8]) {
         let taken = &mut self.links[p].rx_acks.taken;
         if taken.is_empty() {
             return;
         }
-        if let Some((id, _)) = ack_of(ctrl) {
+        if let Some((id, _)) = answer_in(ctrl) {
             if let Some(i) = taken.iter().position(|&t| t == id) {
                 taken.remove(i);
             }
@@ -311,10 +338,7 @@ impl Net {
     /// Sender: a frame from `p` (prefix `pre`, control part `ctrl`) that answers one of our
     /// released sends: that send is no longer waiting for the count.
     pub(super) fn frame_answered(&mut self, p: PeerId, pre: &wire::Prefix, ctrl: &[u8]) {
-        if pre.kind != wire::Kind::Ack as u8 {
-            return;
-        }
-        let Ok(Frame::Ack { id, .. }) = wire::decode(pre, ctrl) else {
+        let Some((id, _)) = answer_of(pre, ctrl) else {
             return;
         };
         let released = &mut self.links[p].tx_acks.released;
@@ -337,52 +361,90 @@ impl Net {
             }
             // No lane from it yet: it has counted nothing.
             if let Some(lane) = l.rx_lane {
-                let w = ring::armed_done(&self.seg, lane).load(Ordering::Acquire);
-                self.armed.counts.push((p, lane, w));
+                let (count, head) = ring::armed_done(&self.seg, lane);
+                let w = count.load(Ordering::Acquire);
+                self.armed
+                    .counts
+                    .push((p, lane, w, head.load(Ordering::Relaxed)));
             }
         }
     }
 
     /// Sender, once every lane was read: finishes the released sends each count read by
-    /// `look_at_counts` covers, where the peer's lane to us was drained since (a frame it
-    /// answered an older send with may be behind). How many finished.
+    /// `look_at_counts` covers, where the peer's lane to us was read up to the head it gave
+    /// with the count (a frame it answered an older send with may be behind). How many
+    /// finished.
     pub(super) fn apply_counts(&mut self, g: &mut Glue<'_>) -> usize {
         let mut n = 0;
         let counts = std::mem::take(&mut self.armed.counts);
-        for &(p, lane, w) in &counts {
-            // The same lane still (not dropped meanwhile), and drained since the count was read.
-            let drained = self.stalled & (1 << lane) == 0 && !self.head_published(lane);
-            if self.links[p].rx_lane != Some(lane) || !drained || self.links[p].dead {
-                continue;
+        for &(p, lane, w, head) in &counts {
+            // The same lane still (not dropped meanwhile), read up to the head.
+            if self.links[p].rx_lane == Some(lane) && !self.links[p].dead {
+                n += self.apply_count(g, p, lane, w, head, false);
             }
-            let k = w.wrapping_sub(self.count_seen[lane]);
-            if k == 0 {
-                continue;
-            }
-            let acks = &mut self.links[p].tx_acks;
-            let len = acks.released.len();
-            if k > len as u64 {
-                let why = format!(
-                    "its count of armed sends finished moved by {k}, past the {len} released to it"
-                );
-                self.garbage(g, p, Some(lane), &why);
-                continue;
-            }
-            self.count_seen[lane] = w;
-            for _ in 0..k {
-                let t = acks.released.pop_front().expect("counted above");
-                g.engine.armed_acked(p, t);
-            }
-            self.armed.unanswered -= k as usize;
-            COUNTED.fetch_add(k, Ordering::Relaxed);
-            n += k as usize;
         }
         self.armed.counts = counts;
         n
     }
 
+    /// Finishes the released sends to `p` that its count `w` (with its head `head`) on our
+    /// `lane` covers, once that lane is read up to the head. A count past what was released
+    /// drops `p`, as garbage, unless `last` (a peer closing or lost: as many as there are).
+    fn apply_count(
+        &mut self,
+        g: &mut Glue<'_>,
+        p: PeerId,
+        lane: usize,
+        w: u64,
+        head: u64,
+        last: bool,
+    ) -> usize {
+        // Wrapping positions: at or past the head.
+        if self.cons[lane].pos().wrapping_sub(head) >= 1 << 63 {
+            return 0;
+        }
+        let k = w.wrapping_sub(self.count_seen[lane]);
+        if k == 0 {
+            return 0;
+        }
+        let len = self.links[p].tx_acks.released.len();
+        if k > len as u64 && !last {
+            let why = format!(
+                "its count of armed sends finished moved by {k}, past the {len} released to it"
+            );
+            self.garbage(g, p, Some(lane), &why);
+            return 0;
+        }
+        let k = k.min(len as u64) as usize;
+        self.count_seen[lane] = w;
+        for _ in 0..k {
+            let t = self.links[p]
+                .tx_acks
+                .released
+                .pop_front()
+                .expect("counted above");
+            g.engine.armed_acked(p, t);
+        }
+        self.armed.unanswered -= k;
+        COUNTED.fetch_add(k as u64, Ordering::Relaxed);
+        k
+    }
+
+    /// Sender: `p`, whose lane to us is `lane`, closes or is lost, that lane read to its end:
+    /// the released sends its last count covers finish before the rest fail with it.
+    pub(super) fn last_count(&mut self, g: &mut Glue<'_>, p: PeerId, lane: usize) {
+        if self.links[p].tx_acks.released.is_empty() {
+            return;
+        }
+        let (count, head) = ring::armed_done(&self.seg, lane);
+        let w = count.load(Ordering::Acquire);
+        let h = head.load(Ordering::Relaxed);
+        self.apply_count(g, p, lane, w, h, true);
+    }
+
     /// Refreshes the lock-free mirrors of the counts awaited (`Idle::count_lanes`).
     pub(super) fn publish_counts(&self) {
+        self.armed.lanes_dirty.set(false);
         let unanswered = self.armed.unanswered > 0;
         let was = self.armed.unanswered_published.replace(unanswered);
         if !unanswered && !was {
@@ -412,6 +474,7 @@ impl Net {
         self.armed.unanswered -= link.tx_acks.released.len();
         link.tx_acks.released.clear();
         link.rx_acks.taken.clear();
+        link.rx_acks.frames_only = false;
     }
 
     /// Our lane to `p` was claimed: our count there starts again from 0 (zeroed before its
