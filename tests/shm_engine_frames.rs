@@ -861,8 +861,8 @@ fn next_ok(n: &Node) -> Context {
 /// moving it finishes that many released sends, oldest first; an answer frame for one (an
 /// `Ack`, a discarding `Cts`) takes it out of the count's reach (the next move finishes the
 /// next oldest, not it); a move waits until the lane is read up to the head that came with
-/// it; moving it past what is left drops the lane with a log line and fails what is left, and
-/// the endpoint goes on.
+/// it; one stored by another than the lane's holder counts nothing; moving it past what is
+/// left drops the lane with a log line and fails what is left, and the endpoint goes on.
 #[test]
 fn an_armed_sends_count_is_checked() {
     setup();
@@ -913,6 +913,26 @@ fn an_armed_sends_count_is_checked() {
         "a released send finished before its receiver said so"
     );
 
+    // A count stored by another than the lane's holder (one that lost it) counts nothing,
+    // also when a frame has the endpoint look.
+    raw.put_count_as(0x5eed, 1);
+    let filler = frame(
+        &Frame::Msg {
+            id: 0,
+            tag: 77,
+            data: 0,
+            flags: wire::flags::TAGGED,
+        },
+        &[1; 8],
+    );
+    assert!(raw.send_raw(FRAME, &filler, 0));
+    for _ in 0..64 {
+        assert!(
+            matches!(n.cq.read(&mut buf), Err(Error::Again(_))),
+            "a count another stored finished a send"
+        );
+    }
+    assert!(raw.lane_claimed());
     raw.put_count(1);
     assert_eq!(next_ok(&n), 10, "the count finishes the oldest");
     let ack = frame(
@@ -941,15 +961,6 @@ fn an_armed_sends_count_is_checked() {
     // More frames than a progress call reads from a lane, then the oldest's answer, then the
     // count's move for the next: the count waits until the lane is read up to where the
     // receiver's head stood when it moved it.
-    let filler = frame(
-        &Frame::Msg {
-            id: 0,
-            tag: 77,
-            data: 0,
-            flags: wire::flags::TAGGED,
-        },
-        &[1; 8],
-    );
     for _ in 0..40 {
         assert!(raw.send_raw(FRAME, &filler, 0));
     }

@@ -37,7 +37,7 @@ pub(super) mod mapped;
 pub(super) mod split;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use xfabric_core::consts::errno::*;
@@ -214,7 +214,7 @@ pub struct Idle {
     /// Lanes whose producer's count of our released armed sends is awaited (`armed`), and
     /// the count each was last applied at.
     count_lanes: AtomicU64,
-    count_seen: [AtomicU64; LANES],
+    count_seen: [AtomicU32; LANES],
 }
 
 /// The transport of one endpoint.
@@ -278,7 +278,10 @@ pub struct Net {
     armed: armed::Slots,
     /// Each lane's producer's count of our released sends it finished, as last applied
     /// (`armed`; 0 from its CONNECT on).
-    count_seen: [u64; LANES],
+    count_seen: [u32; LANES],
+    /// Each lane's (count, head) read and not applied yet: kept until the lane is read up to
+    /// that head, rather than replaced by a later pair whose head keeps moving away.
+    count_pending: [Option<(u32, u64)>; LANES],
 }
 
 /// The descriptor socket of the endpoint whose segment is `seg` (`fdpass`).
@@ -401,6 +404,7 @@ impl Net {
             book: ipc::PeerBook::default(),
             armed: armed::Slots::default(),
             count_seen: [0; LANES],
+            count_pending: [None; LANES],
             idle: Arc::new(Idle {
                 busy: AtomicBool::new(false),
                 watch: AtomicBool::new(false),
@@ -409,7 +413,7 @@ impl Net {
                 pos: std::array::from_fn(|_| AtomicU64::new(0)),
                 known_active: AtomicU64::new(0),
                 count_lanes: AtomicU64::new(0),
-                count_seen: std::array::from_fn(|_| AtomicU64::new(0)),
+                count_seen: std::array::from_fn(|_| AtomicU32::new(0)),
             }),
         })
     }
@@ -512,7 +516,7 @@ impl Net {
         // Our count of its released sends we finished starts again with the lane: zeroed
         // before the CONNECT, which publishes it, and from which the peer counts (`armed`).
         let (count, head) = ring::armed_done(seg, lane);
-        count.store(0, Ordering::Relaxed);
+        count.store(ring::count_word(id, 0), Ordering::Relaxed);
         head.store(0, Ordering::Relaxed);
         let h = Header {
             kind: kind::CONNECT,
@@ -1111,6 +1115,7 @@ impl Net {
         self.lane_peer[lane] = Some(p);
         // Its count of our released sends, zeroed before this CONNECT (`armed`).
         self.count_seen[lane] = 0;
+        self.count_pending[lane] = None;
         true
     }
 

@@ -151,10 +151,17 @@ impl RawPeer {
     /// `ring::armed_done` word of our lane in its segment) with our head after what we wrote
     /// so far, as a receiver that took them does instead of answering each, but unchecked: it
     /// may say anything.
-    pub fn put_count(&self, v: u64) {
+    pub fn put_count(&self, v: u32) {
+        let claim = ring::claim(&self.target, self.lane).load(Ordering::Acquire);
+        self.put_count_as(claim, v);
+    }
+
+    /// `put_count` as the holder of claim `claim` would write it (a producer that lost the
+    /// lane to another, when `claim` is not ours).
+    pub fn put_count_as(&self, claim: u64, v: u32) {
         let (count, head) = ring::armed_done(&self.target, self.lane);
         head.store(self.prod.head(), Ordering::Relaxed);
-        count.store(v, Ordering::Release);
+        count.store(ring::count_word(claim, v), Ordering::Release);
     }
 
     /// Whether the target still has our lane claimed (it drops the lane of a peer that sent

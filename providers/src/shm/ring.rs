@@ -132,6 +132,18 @@ pub fn armed_done(seg: &Segment, lane: usize) -> (&AtomicU64, &AtomicU64) {
     unsafe { (seg.u64_at(off), seg.u64_at(off + 8)) }
 }
 
+/// What `armed_done`'s count word holds: the low 32 bits of the writer's claim on the lane
+/// (`claim`) above the count, so that a count stored by a producer that has lost the lane
+/// counts nothing for the one that claimed it next.
+pub fn count_word(claim_id: u64, count: u32) -> u64 {
+    (claim_id & 0xffff_ffff) << 32 | u64::from(count)
+}
+
+/// The count in `word`, if the holder of the lane's claim `claim_id` wrote it.
+pub fn count_in(word: u64, claim_id: u64) -> Option<u32> {
+    (word >> 32 == claim_id & 0xffff_ffff).then_some(word as u32)
+}
+
 /// Writes `frame` into armed slot `slot` of our own segment (`frame.len() <= ARMED_MAX`,
 /// `slot < ARMED_SLOTS`). A receiver reads it only after the RELEASE message naming it,
 /// published after this.

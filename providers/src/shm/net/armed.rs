@@ -90,7 +90,7 @@ pub(super) struct Slots {
     pub(super) unanswered_published: std::cell::Cell<bool>,
     /// (peer, its lane to us, its count, its head then) read at the start of a progress call
     /// (`look_at_counts`).
-    counts: Vec<(PeerId, usize, u64, u64)>,
+    counts: Vec<(PeerId, usize, u32, u64)>,
     /// A send was released to a peer none was waiting on: the lanes `has_work` looks at
     /// changed (`published_current`).
     pub(super) lanes_dirty: std::cell::Cell<bool>,
@@ -122,22 +122,44 @@ pub(super) struct RxAcks {
     /// The peer's request ids of its released sends we took, in order, not answered yet.
     taken: VecDeque<u32>,
     /// The count last stored in our lane to it (`ring::armed_done`).
-    done: u64,
+    done: u32,
     /// Every answer goes as a frame from now on (`TAKEN_MAX` were unanswered at once).
     frames_only: bool,
 }
 
-/// Lock-free (`Net::has_work`): whether a count awaited in `seg` moved since it was applied.
-/// Only lanes of peers our released sends wait on are looked at: another's count says
-/// nothing we wait for.
+/// Lock-free (`Net::has_work`): whether a count awaited in `seg` moved since it was applied,
+/// and the lane is read up to the head that came with it (one still ahead waits for frames,
+/// which `has_work` sees arrive: a peer whose head runs ahead of what it wrote keeps nobody
+/// from sleeping). Only lanes of peers our released sends wait on are looked at: another's
+/// count says nothing we wait for.
 #[inline]
 pub(super) fn counted(seg: &Segment, idle: &Idle) -> bool {
     let lanes = idle.count_lanes.load(Ordering::Relaxed);
     lanes != 0
         && bits(lanes).any(|l| {
-            ring::armed_done(seg, l).0.load(Ordering::Relaxed)
-                != idle.count_seen[l].load(Ordering::Relaxed)
+            let (count, head) = ring::armed_done(seg, l);
+            let claim = ring::claim(seg, l).load(Ordering::Relaxed);
+            ring::count_in(count.load(Ordering::Relaxed), claim)
+                .is_some_and(|c| c != idle.count_seen[l].load(Ordering::Relaxed))
+                && read_up_to(
+                    idle.pos[l].load(Ordering::Relaxed),
+                    head.load(Ordering::Relaxed),
+                )
         })
+}
+
+/// The (count, head) of our `lane`'s producer, if its holder wrote the count (the count read
+/// first: the head then is at least the one stored with it).
+fn count_pair(seg: &Segment, lane: usize) -> Option<(u32, u64)> {
+    let (count, head) = ring::armed_done(seg, lane);
+    let w = count.load(Ordering::Acquire);
+    let w = ring::count_in(w, ring::claim(seg, lane).load(Ordering::Acquire))?;
+    Some((w, head.load(Ordering::Relaxed)))
+}
+
+/// Whether a consumer at position `pos` has read up to `head` (positions wrap).
+fn read_up_to(pos: u64, head: u64) -> bool {
+    pos.wrapping_sub(head) < 1 << 63
 }
 
 /// The request id of the `Rts` in `frame` (an armed slot's bytes), if that is what it holds.
@@ -314,7 +336,7 @@ impl Net {
         let (count, head) = ring::armed_done(seg, prod.lane());
         // The head first: a peer that sees this count sees where our frames before it end.
         head.store(prod.head(), Ordering::Relaxed);
-        count.store(acks.done, Ordering::Release);
+        count.store(ring::count_word(id, acks.done), Ordering::Release);
         // It may sleep: looked at as after a frame written to it.
         link.wrote = true;
         self.wrote = true;
@@ -360,12 +382,16 @@ impl Net {
                 continue;
             }
             // No lane from it yet: it has counted nothing.
-            if let Some(lane) = l.rx_lane {
-                let (count, head) = ring::armed_done(&self.seg, lane);
-                let w = count.load(Ordering::Acquire);
-                self.armed
-                    .counts
-                    .push((p, lane, w, head.load(Ordering::Relaxed)));
+            let Some(lane) = l.rx_lane else {
+                continue;
+            };
+            // A pair read before and not applied yet stays: see `count_pending`.
+            let pair = match self.count_pending[lane] {
+                Some(pair) => Some(pair),
+                None => count_pair(&self.seg, lane),
+            };
+            if let Some((w, head)) = pair {
+                self.armed.counts.push((p, lane, w, head));
             }
         }
     }
@@ -395,15 +421,16 @@ impl Net {
         g: &mut Glue<'_>,
         p: PeerId,
         lane: usize,
-        w: u64,
+        w: u32,
         head: u64,
         last: bool,
     ) -> usize {
-        // Wrapping positions: at or past the head.
-        if self.cons[lane].pos().wrapping_sub(head) >= 1 << 63 {
+        if !read_up_to(self.cons[lane].pos(), head) {
+            self.count_pending[lane] = Some((w, head));
             return 0;
         }
-        let k = w.wrapping_sub(self.count_seen[lane]);
+        self.count_pending[lane] = None;
+        let k = u64::from(w.wrapping_sub(self.count_seen[lane]));
         if k == 0 {
             return 0;
         }
@@ -417,16 +444,17 @@ impl Net {
         }
         let k = k.min(len as u64) as usize;
         self.count_seen[lane] = w;
+        let mut acked = 0;
         for _ in 0..k {
             let t = self.links[p]
                 .tx_acks
                 .released
                 .pop_front()
                 .expect("counted above");
-            g.engine.armed_acked(p, t);
+            acked += u64::from(g.engine.armed_acked(p, t));
         }
         self.armed.unanswered -= k;
-        COUNTED.fetch_add(k as u64, Ordering::Relaxed);
+        COUNTED.fetch_add(acked, Ordering::Relaxed);
         k
     }
 
@@ -436,10 +464,10 @@ impl Net {
         if self.links[p].tx_acks.released.is_empty() {
             return;
         }
-        let (count, head) = ring::armed_done(&self.seg, lane);
-        let w = count.load(Ordering::Acquire);
-        let h = head.load(Ordering::Relaxed);
-        self.apply_count(g, p, lane, w, h, true);
+        self.count_pending[lane] = None;
+        if let Some((w, head)) = count_pair(&self.seg, lane) {
+            self.apply_count(g, p, lane, w, head, true);
+        }
     }
 
     /// Refreshes the lock-free mirrors of the counts awaited (`Idle::count_lanes`).
