@@ -905,6 +905,9 @@ impl Net {
         }
         self.rx[lane] = None;
         self.stalled &= !(1 << lane);
+        if self.armed.unanswered > 0 {
+            self.refresh_counts();
+        }
         ring::release_lane(&self.seg, lane);
         self.known_active &= !(1 << lane);
     }
@@ -1116,6 +1119,9 @@ impl Net {
         // Its count of our released sends, zeroed before this CONNECT (`armed`).
         self.count_seen[lane] = 0;
         self.count_pending[lane] = None;
+        if self.armed.unanswered > 0 {
+            self.refresh_counts();
+        }
         true
     }
 
@@ -1408,8 +1414,6 @@ impl Net {
             && !eng.has_output()
             && self.sent.is_empty()
             && self.links.len() == self.links_published.get()
-            && (self.armed.unanswered > 0) == self.armed.unanswered_published.get()
-            && !self.armed.lanes_dirty.get()
     }
 
     /// Refreshes the lock-free mirrors (at the end of each locked call).
@@ -1422,7 +1426,6 @@ impl Net {
             .known_active
             .store(self.known_active, Ordering::Relaxed);
         let held = || self.held() > 0;
-        self.publish_counts();
         // A split just started: the next progress call spins for its answer.
         let busy = !self.pumping.is_empty()
             || eng.has_output()

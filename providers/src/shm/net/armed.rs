@@ -86,14 +86,10 @@ pub(super) struct Slots {
     released: Vec<(PeerId, u32, u64)>,
     /// Released sends not answered yet, every peer's (`TxAcks::released`).
     pub(super) unanswered: usize,
-    /// `unanswered > 0` at the last `publish`.
-    pub(super) unanswered_published: std::cell::Cell<bool>,
+
     /// (peer, its lane to us, its count, its head then) read at the start of a progress call
     /// (`look_at_counts`).
     counts: Vec<(PeerId, usize, u32, u64)>,
-    /// A send was released to a peer none was waiting on: the lanes `has_work` looks at
-    /// changed (`published_current`).
-    pub(super) lanes_dirty: std::cell::Cell<bool>,
 }
 
 impl Default for Slots {
@@ -102,9 +98,8 @@ impl Default for Slots {
             free: (0..ring::ARMED_SLOTS as u32).rev().collect(),
             released: Vec::new(),
             unanswered: 0,
-            unanswered_published: std::cell::Cell::new(false),
+
             counts: Vec::new(),
-            lanes_dirty: std::cell::Cell::new(false),
         }
     }
 }
@@ -224,13 +219,14 @@ impl Net {
             return false;
         }
         link.wrote = true;
-        if link.tx_acks.released.is_empty() {
-            self.armed.lanes_dirty.set(true);
-        }
+        let first = link.tx_acks.released.is_empty();
         link.tx_acks.released.push_back(token);
         self.wrote = true;
         self.armed.released.push((p, slot, at));
         self.armed.unanswered += 1;
+        if first {
+            self.refresh_counts();
+        }
         RELEASED.fetch_add(1, Ordering::Relaxed);
         true
     }
@@ -367,16 +363,24 @@ impl Net {
         if let Some(i) = released.iter().position(|&t| t as u32 == id) {
             released.remove(i);
             self.armed.unanswered -= 1;
+            if released.is_empty() {
+                self.refresh_counts();
+            }
         }
     }
 
     /// Sender, at the start of a progress call: reads the count of every peer our released
     /// sends wait on, before its lane is read (`apply_counts` applies them after).
+    #[inline]
     pub(super) fn look_at_counts(&mut self) {
-        self.armed.counts.clear();
-        if self.armed.unanswered == 0 {
-            return;
+        if self.armed.unanswered > 0 {
+            self.look_at_counts_now();
         }
+    }
+
+    #[inline(never)]
+    fn look_at_counts_now(&mut self) {
+        debug_assert!(self.armed.counts.is_empty(), "apply_counts empties it");
         for (p, l) in self.links.iter().enumerate() {
             if l.tx_acks.released.is_empty() || l.dead {
                 continue;
@@ -400,15 +404,18 @@ impl Net {
     /// `look_at_counts` covers, where the peer's lane to us was read up to the head it gave
     /// with the count (a frame it answered an older send with may be behind). How many
     /// finished.
+    #[inline(never)]
     pub(super) fn apply_counts(&mut self, g: &mut Glue<'_>) -> usize {
         let mut n = 0;
-        let counts = std::mem::take(&mut self.armed.counts);
+        let mut counts = std::mem::take(&mut self.armed.counts);
         for &(p, lane, w, head) in &counts {
             // The same lane still (not dropped meanwhile), read up to the head.
             if self.links[p].rx_lane == Some(lane) && !self.links[p].dead {
                 n += self.apply_count(g, p, lane, w, head, false);
             }
         }
+        // Emptied for the next call (which reads none while nothing is released).
+        counts.clear();
         self.armed.counts = counts;
         n
     }
@@ -455,6 +462,7 @@ impl Net {
         }
         self.armed.unanswered -= k;
         COUNTED.fetch_add(acked, Ordering::Relaxed);
+        self.refresh_counts();
         k
     }
 
@@ -470,14 +478,12 @@ impl Net {
         }
     }
 
-    /// Refreshes the lock-free mirrors of the counts awaited (`Idle::count_lanes`).
-    pub(super) fn publish_counts(&self) {
-        self.armed.lanes_dirty.set(false);
+    /// Refreshes the lock-free mirrors of the counts awaited (`Idle::count_lanes` and the
+    /// counts applied), where what they show changed: a peer waited on or not any more, its
+    /// lane, a count applied. Done there rather than in `publish`, which every call makes.
+    #[inline(never)]
+    pub(super) fn refresh_counts(&self) {
         let unanswered = self.armed.unanswered > 0;
-        let was = self.armed.unanswered_published.replace(unanswered);
-        if !unanswered && !was {
-            return;
-        }
         let mut lanes = 0u64;
         if unanswered {
             for l in &self.links {
@@ -491,6 +497,7 @@ impl Net {
     }
 
     /// Whether `look_at_counts` read no count this call.
+    #[inline]
     pub(super) fn armed_counts_empty(&self) -> bool {
         self.armed.counts.is_empty()
     }
@@ -500,9 +507,13 @@ impl Net {
     pub(super) fn forget_acks(&mut self, p: PeerId) {
         let link = &mut self.links[p];
         self.armed.unanswered -= link.tx_acks.released.len();
+        let had = !link.tx_acks.released.is_empty();
         link.tx_acks.released.clear();
         link.rx_acks.taken.clear();
         link.rx_acks.frames_only = false;
+        if had {
+            self.refresh_counts();
+        }
     }
 
     /// Our lane to `p` was claimed: our count there starts again from 0 (zeroed before its
