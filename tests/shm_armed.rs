@@ -242,6 +242,15 @@ impl Run {
         arm(&self.n, &self.m, i, self.to, ctx, tag)
     }
 
+    /// Arms each of `sends` (buffer, context, tag), then, as the XPU, fills each buffer with
+    /// the pattern seeded by its context and rings it, in that order.
+    fn arm_and_ring(&self, sends: &[(usize, Context, u64)]) {
+        let vars: Vec<TriggerVar> = sends.iter().map(|&(i, c, t)| self.arm(i, c, t)).collect();
+        for (&(i, c, _), v) in sends.iter().zip(vars) {
+            fill_and_ring(&self.m, i, c as u64, v);
+        }
+    }
+
     /// Tells the receiver to collect every message (before the sender waits for its sends:
     /// a message the receiver copies completes only once it has), once.
     fn collect(&mut self) {
@@ -337,9 +346,7 @@ fn armed_sends_finished_out_of_order_are_answered_once_each() {
         return;
     };
     // Tag 1 first: the receiver has no receive for it until told.
-    let (a, b) = (r.arm(0, 40, 1), r.arm(1, 41, 0));
-    fill_and_ring(&r.m, 0, 40, a);
-    fill_and_ring(&r.m, 1, 41, b);
+    r.arm_and_ring(&[(0, 40, 1), (1, 41, 0)]);
     // The receiver takes both in: the second lands in its posted receive.
     r.child.tell("poll");
     assert_eq!(r.child.hear(), "seen 1");
@@ -365,9 +372,7 @@ fn armed_sends_counted_before_their_receiver_closed_complete() {
     ) else {
         return;
     };
-    let (a, b) = (r.arm(0, 50, 0), r.arm(1, 51, 0));
-    fill_and_ring(&r.m, 0, 50, a);
-    fill_and_ring(&r.m, 1, 51, b);
+    r.arm_and_ring(&[(0, 50, 0), (1, 51, 0)]);
     r.child.tell("poll");
     assert_eq!(r.child.hear(), "seen 2");
     r.child.tell("close");

@@ -912,6 +912,8 @@ fn an_armed_sends_count_is_checked() {
         matches!(n.cq.read(&mut buf), Err(Error::Again(_))),
         "a released send finished before its receiver said so"
     );
+    // The receiver's `Ack` of status 0 for request `id`, as a frame.
+    let ack = |id| frame(&Frame::Ack { id, status: 0 }, &[]);
 
     // A count stored by another than the lane's holder (one that lost it) counts nothing,
     // also when a frame has the endpoint look.
@@ -935,14 +937,7 @@ fn an_armed_sends_count_is_checked() {
     assert!(raw.lane_claimed());
     raw.put_count(1);
     assert_eq!(next_ok(&n), 10, "the count finishes the oldest");
-    let ack = frame(
-        &Frame::Ack {
-            id: ids[2],
-            status: 0,
-        },
-        &[],
-    );
-    assert!(raw.send_raw(FRAME, &ack, 0));
+    assert!(raw.send_raw(FRAME, &ack(ids[2]), 0));
     assert_eq!(next_ok(&n), 12, "the frame finishes the one it names");
     raw.put_count(2);
     assert_eq!(
@@ -964,14 +959,7 @@ fn an_armed_sends_count_is_checked() {
     for _ in 0..40 {
         assert!(raw.send_raw(FRAME, &filler, 0));
     }
-    let ack = frame(
-        &Frame::Ack {
-            id: ids[4],
-            status: 0,
-        },
-        &[],
-    );
-    assert!(raw.send_raw(FRAME, &ack, 0));
+    assert!(raw.send_raw(FRAME, &ack(ids[4]), 0));
     raw.put_count(4);
     let mut two = [next_ok(&n), next_ok(&n)];
     two.sort_unstable();

@@ -515,9 +515,7 @@ impl Net {
         let mut prod = Producer::new(seg, lane);
         // Our count of its released sends we finished starts again with the lane: zeroed
         // before the CONNECT, which publishes it, and from which the peer counts (`armed`).
-        let (count, head) = ring::armed_done(seg, lane);
-        count.store(ring::count_word(id, 0), Ordering::Relaxed);
-        head.store(0, Ordering::Relaxed);
+        ring::store_count(seg, lane, id, 0, 0);
         let h = Header {
             kind: kind::CONNECT,
             len: me.len() as u32,

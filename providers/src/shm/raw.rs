@@ -147,8 +147,8 @@ impl RawPeer {
         (len > 0).then(|| frame[..len].to_vec())
     }
 
-    /// Stores `v` as our count of the target's released armed sends finished (the
-    /// `ring::armed_done` word of our lane in its segment) with our head after what we wrote
+    /// Stores `v` as our count of the target's released armed sends finished (in the header
+    /// of our lane in its segment, `ring::store_count`) with our head after what we wrote
     /// so far, as a receiver that took them does instead of answering each, but unchecked: it
     /// may say anything.
     pub fn put_count(&self, v: u32) {
@@ -159,9 +159,7 @@ impl RawPeer {
     /// `put_count` as the holder of claim `claim` would write it (a producer that lost the
     /// lane to another, when `claim` is not ours).
     pub fn put_count_as(&self, claim: u64, v: u32) {
-        let (count, head) = ring::armed_done(&self.target, self.lane);
-        head.store(self.prod.head(), Ordering::Relaxed);
-        count.store(ring::count_word(claim, v), Ordering::Release);
+        ring::store_count(&self.target, self.lane, claim, v, self.prod.head());
     }
 
     /// Whether the target still has our lane claimed (it drops the lane of a peer that sent

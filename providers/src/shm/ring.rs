@@ -120,28 +120,38 @@ fn armed_done_off(i: usize) -> usize {
     lane_off(i) + 64
 }
 
-/// The count, kept by the producer of `lane`, of the consumer's armed sends released to it
-/// that it finished in order (`super::net::armed`), and where its head stood when it moved
-/// the count last (every message before that position was written before the count). Its
-/// producer's only to write (zeroed before the lane's CONNECT); the consumer reads a peer's,
-/// which may say anything.
-pub fn armed_done(seg: &Segment, lane: usize) -> (&AtomicU64, &AtomicU64) {
+/// The words of `lane`'s header holding the count, kept by its producer, of the consumer's
+/// armed sends released to it that it finished in order (`super::net::armed`), and where its
+/// head stood when it moved the count last (every message before that position was written
+/// before the count). The count word carries the low 32 bits of its writer's claim on the
+/// lane (`claim`) above the count, so that a count stored by a producer that has lost the
+/// lane counts nothing for the one that claimed it next.
+fn armed_done(seg: &Segment, lane: usize) -> (&AtomicU64, &AtomicU64) {
     assert!(lane < LANES);
     let off = armed_done_off(lane);
     // SAFETY: both 8-aligned inside the lane header, which lies inside the segment.
     unsafe { (seg.u64_at(off), seg.u64_at(off + 8)) }
 }
 
-/// What `armed_done`'s count word holds: the low 32 bits of the writer's claim on the lane
-/// (`claim`) above the count, so that a count stored by a producer that has lost the lane
-/// counts nothing for the one that claimed it next.
-pub fn count_word(claim_id: u64, count: u32) -> u64 {
-    (claim_id & 0xffff_ffff) << 32 | u64::from(count)
+/// The producer holding claim `claim_id` on `lane` stores its count and its head: the head
+/// first, so that a consumer that sees the count sees where the messages before it end.
+pub fn store_count(seg: &Segment, lane: usize, claim_id: u64, count: u32, head: u64) {
+    let (c, h) = armed_done(seg, lane);
+    h.store(head, Ordering::Relaxed);
+    c.store(
+        (claim_id & 0xffff_ffff) << 32 | u64::from(count),
+        Ordering::Release,
+    );
 }
 
-/// The count in `word`, if the holder of the lane's claim `claim_id` wrote it.
-pub fn count_in(word: u64, claim_id: u64) -> Option<u32> {
-    (word >> 32 == claim_id & 0xffff_ffff).then_some(word as u32)
+/// The consumer's read of `lane`'s (count, head), if the lane's present holder stored the
+/// count (a peer's words, which may say anything else). The count is read first: the head
+/// then is at least the one stored with it.
+pub fn load_count(seg: &Segment, lane: usize) -> Option<(u32, u64)> {
+    let (c, h) = armed_done(seg, lane);
+    let word = c.load(Ordering::Acquire);
+    let claim_id = claim(seg, lane).load(Ordering::Acquire);
+    (word >> 32 == claim_id & 0xffff_ffff).then(|| (word as u32, h.load(Ordering::Relaxed)))
 }
 
 /// Writes `frame` into armed slot `slot` of our own segment (`frame.len() <= ARMED_MAX`,

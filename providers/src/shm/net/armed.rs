@@ -19,7 +19,7 @@
 //! Answers. A released send is finished at the receiver when it has copied the data (an
 //! `Ack` of status 0). Rather than one frame each, the receiver counts the sender's released
 //! sends it finished in the order they were released, in a word of the header of its own
-//! lane to the sender (`ring::armed_done`: its producer alone writes it, zeroed before the
+//! lane to the sender (`ring::store_count`: its producer alone writes it, zeroed before the
 //! lane's CONNECT), next to where its head stood when it moved the count, and the sender
 //! finishes as many of its released sends, oldest first, when it sees the count move: a CPU
 //! XPU that rang 64 buckets leaves its host one word to read instead of 64 frames, each a
@@ -86,7 +86,6 @@ pub(super) struct Slots {
     released: Vec<(PeerId, u32, u64)>,
     /// Released sends not answered yet, every peer's (`TxAcks::released`).
     pub(super) unanswered: usize,
-
     /// (peer, its lane to us, its count, its head then) read at the start of a progress call
     /// (`look_at_counts`).
     counts: Vec<(PeerId, usize, u32, u64)>,
@@ -98,7 +97,6 @@ impl Default for Slots {
             free: (0..ring::ARMED_SLOTS as u32).rev().collect(),
             released: Vec::new(),
             unanswered: 0,
-
             counts: Vec::new(),
         }
     }
@@ -116,7 +114,7 @@ pub(super) struct TxAcks {
 pub(super) struct RxAcks {
     /// The peer's request ids of its released sends we took, in order, not answered yet.
     taken: VecDeque<u32>,
-    /// The count last stored in our lane to it (`ring::armed_done`).
+    /// The count last stored in our lane to it (`ring::store_count`).
     done: u32,
     /// Every answer goes as a frame from now on (`TAKEN_MAX` were unanswered at once).
     frames_only: bool,
@@ -132,24 +130,11 @@ pub(super) fn counted(seg: &Segment, idle: &Idle) -> bool {
     let lanes = idle.count_lanes.load(Ordering::Relaxed);
     lanes != 0
         && bits(lanes).any(|l| {
-            let (count, head) = ring::armed_done(seg, l);
-            let claim = ring::claim(seg, l).load(Ordering::Relaxed);
-            ring::count_in(count.load(Ordering::Relaxed), claim)
-                .is_some_and(|c| c != idle.count_seen[l].load(Ordering::Relaxed))
-                && read_up_to(
-                    idle.pos[l].load(Ordering::Relaxed),
-                    head.load(Ordering::Relaxed),
-                )
+            ring::load_count(seg, l).is_some_and(|(c, head)| {
+                c != idle.count_seen[l].load(Ordering::Relaxed)
+                    && read_up_to(idle.pos[l].load(Ordering::Relaxed), head)
+            })
         })
-}
-
-/// The (count, head) of our `lane`'s producer, if its holder wrote the count (the count read
-/// first: the head then is at least the one stored with it).
-fn count_pair(seg: &Segment, lane: usize) -> Option<(u32, u64)> {
-    let (count, head) = ring::armed_done(seg, lane);
-    let w = count.load(Ordering::Acquire);
-    let w = ring::count_in(w, ring::claim(seg, lane).load(Ordering::Acquire))?;
-    Some((w, head.load(Ordering::Relaxed)))
 }
 
 /// Whether a consumer at position `pos` has read up to `head` (positions wrap).
@@ -329,10 +314,7 @@ impl Net {
         let acks = &mut link.rx_acks;
         acks.taken.pop_front();
         acks.done = acks.done.wrapping_add(1);
-        let (count, head) = ring::armed_done(seg, prod.lane());
-        // The head first: a peer that sees this count sees where our frames before it end.
-        head.store(prod.head(), Ordering::Relaxed);
-        count.store(ring::count_word(id, acks.done), Ordering::Release);
+        ring::store_count(seg, prod.lane(), id, acks.done, prod.head());
         // It may sleep: looked at as after a frame written to it.
         link.wrote = true;
         self.wrote = true;
@@ -392,7 +374,7 @@ impl Net {
             // A pair read before and not applied yet stays: see `count_pending`.
             let pair = match self.count_pending[lane] {
                 Some(pair) => Some(pair),
-                None => count_pair(&self.seg, lane),
+                None => ring::load_count(&self.seg, lane),
             };
             if let Some((w, head)) = pair {
                 self.armed.counts.push((p, lane, w, head));
@@ -473,7 +455,7 @@ impl Net {
             return;
         }
         self.count_pending[lane] = None;
-        if let Some((w, head)) = count_pair(&self.seg, lane) {
+        if let Some((w, head)) = ring::load_count(&self.seg, lane) {
             self.apply_count(g, p, lane, w, head, true);
         }
     }
