@@ -263,10 +263,12 @@ fn pinned_victim() {
 /// Connects to `victim` as a greeted peer that proves its claim: it listens at the address it
 /// claims and answers the victim's call-back.
 fn greeted(victim: SocketAddr) -> TcpStream {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let me = l.local_addr().unwrap();
     let mut s = TcpStream::connect(victim).unwrap();
     let src = s.local_addr().unwrap();
+    // Its listener on the address its connection leaves from: a claim naming another host
+    // is refused without a call-back.
+    let l = TcpListener::bind(SocketAddr::new(src.ip(), 0)).unwrap();
+    let me = l.local_addr().unwrap();
     let nonce = u64::from_le_bytes(hello::random().unwrap()[..8].try_into().unwrap());
     let h = Hs::Hello {
         addr: me,
@@ -275,11 +277,31 @@ fn greeted(victim: SocketAddr) -> TcpStream {
         keyed: false,
     };
     s.write_all(&h.encode()).unwrap();
-    let (mut c, _) = l.accept().unwrap();
+    let mut c = accept_within(&l, WAIT);
     assert_eq!(next_hs(&mut c), Some(Hs::Verify { src, nonce }));
     c.write_all(&Hs::Vouch { yes: true }.encode()).unwrap();
     assert!(matches!(next_hs(&mut s), Some(Hs::Accept { .. })));
     s
+}
+
+/// The next connection to `l`, within `limit` (a victim that never calls back fails the
+/// test instead of holding it).
+fn accept_within(l: &TcpListener, limit: Duration) -> TcpStream {
+    l.set_nonblocking(true).unwrap();
+    let start = Instant::now();
+    loop {
+        match l.accept() {
+            Ok((c, _)) => {
+                c.set_nonblocking(false).unwrap();
+                return c;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(start.elapsed() < limit, "no call-back within {limit:?}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
 }
 
 #[test]

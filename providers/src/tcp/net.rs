@@ -1104,7 +1104,7 @@ impl Net {
 
     /// Starts a non-blocking connection to `addr` (in bring-up until its handshake is done).
     fn dial(&mut self, addr: SocketAddr) -> io::Result<usize> {
-        let mut s = TcpStream::connect(addr)?;
+        let mut s = self.connect_to(addr)?;
         let _ = s.set_nodelay(true);
         if let Some(d) = self.dead_after {
             arm_liveness(&s, d);
@@ -1123,6 +1123,18 @@ impl Net {
         e.insert(c);
         self.settling += 1;
         Ok(k)
+    }
+
+    /// A non-blocking connect to `addr` that leaves from our name's address (any port),
+    /// whatever the route, where the name has one of `addr`'s family: an acceptor takes a
+    /// claim only from the host it names (`vet`). A name without one (unspecified, or of the
+    /// other family) connects from where the kernel routes it, and is refused.
+    fn connect_to(&self, addr: SocketAddr) -> io::Result<TcpStream> {
+        let ip = self.local.ip();
+        if ip.is_unspecified() || ip.is_ipv4() != addr.is_ipv4() {
+            return TcpStream::connect(addr);
+        }
+        crate::inet::connect_from(ip, addr).map(TcpStream::from_std)
     }
 
     fn finish_connect<H: Handler>(&mut self, k: usize, h: &mut H) -> usize {
@@ -1375,6 +1387,13 @@ impl Net {
                 return self.accept_hello(k, p, false, h);
             }
             warn!(%from, "tcp: refusing a connection that claims to be this endpoint");
+            return self.reject(k, reason::UNVERIFIED);
+        }
+        // Endpoints connect from their names' addresses (`connect_to`): a claim naming another
+        // host than the connection comes from is refused before any call-back, so that a
+        // stranger can have us dial only listeners of its own host.
+        if claim.addr.ip().to_canonical() != from.ip().to_canonical() {
+            warn!(%from, claimed = %claim.addr, "tcp: refusing a connection that claims an address of another host than it comes from");
             return self.reject(k, reason::UNVERIFIED);
         }
         // Vetting from here: out of descriptors, silent strangers are dropped first.

@@ -816,6 +816,76 @@ fn a_stranger_claiming_a_peer_is_refused_and_the_peer_keeps_its_connection() {
     assert!(ha.lost.is_empty() && hb.lost.is_empty());
 }
 
+/// A stranger's HELLO claims a listener of another host than its connection comes from
+/// (127.0.0.2 stands for one: the whole of 127/8 is this machine's loopback): it is refused
+/// without a call-back, so the listener it names is never dialed.
+#[test]
+fn a_claim_naming_another_host_is_refused_without_a_call_back() {
+    let mut a = Net::bind(lo()).unwrap();
+    // Long: the refusal must come from the check, not from a call-back's time running out.
+    a.set_handshake_timeout(Duration::from_secs(600));
+    let mut ha = Rec::default();
+    let elsewhere = StdListener::bind("127.0.0.2:0").unwrap();
+    elsewhere.set_nonblocking(true).unwrap();
+    let mut s = StdStream::connect(a.local_addr()).unwrap();
+    assert_eq!(s.local_addr().unwrap().ip(), a.local_addr().ip());
+    s.write_all(&hello(elsewhere.local_addr().unwrap(), 99))
+        .unwrap();
+    assert_eq!(
+        read_hs(&mut a, &mut ha, &mut s),
+        Hs::Reject {
+            reason: hello::reason::UNVERIFIED
+        }
+    );
+    for _ in 0..100 {
+        a.progress(&mut ha);
+    }
+    match elsewhere.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the named listener was dialed: {other:?}"),
+    }
+    assert_eq!(a.settling, 0, "a call-back under way");
+}
+
+/// An endpoint named by one loopback address reaches one named by another: its connections
+/// leave from its name's address, whatever the route (which picks 127.0.0.1 toward
+/// 127.0.0.1), so the acceptor's check that a claim names the host it comes from passes.
+#[test]
+fn connections_leave_from_the_names_address() {
+    // And between the host's own address (where endpoints listen by default) and the
+    // loopback's, both ways: the route between them is the loopback's either way.
+    let host = std::net::SocketAddr::new(crate::inet::default_ip(), 0);
+    for (a, b) in [
+        (lo(), "127.0.0.2:0".parse().unwrap()),
+        (lo(), host),
+        (host, lo()),
+    ] {
+        exchange_from(a, b);
+    }
+}
+
+/// A frame from an endpoint named by `from` to one named by `to`, and one back.
+fn exchange_from(to: SocketAddr, from: SocketAddr) {
+    let mut a = Net::bind(to).unwrap();
+    let mut b = Net::bind(from).unwrap();
+    let (mut ha, mut hb) = (Rec::default(), Rec::default());
+    let pa = b.peer(a.local_addr());
+    b.send(msg(pa, 1, Body::Owned(vec![5; 10]), None));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "b's frame at a",
+        |h| h[0].got.len() == 1,
+    );
+    let pb = ha.got[0].0;
+    a.send(msg(pb, 2, Body::Owned(vec![6; 10]), None));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "a's answer at b",
+        |h| h[1].got.len() == 1,
+    );
+    assert!(ha.lost.is_empty() && hb.lost.is_empty());
+}
+
 #[test]
 fn restarted_peer_replaces_its_old_connection() {
     // b goes away and a new endpoint comes up at its address: it reconnects, proven by the
