@@ -14,8 +14,9 @@
 //! a call-back's question (`VERIFY_MAGIC`: the source address and the nonce), answered with
 //! one byte, `YES` or `NO`, after which the call-back closes.
 
+use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 use std::time::{Duration, Instant};
 
@@ -47,6 +48,14 @@ pub const NO: u8 = b'N';
 /// being proven never does: with every place taken by those, no more are accepted until one
 /// ends (`Claims::room`), the rest waiting in the listener's backlog.
 pub const MAX_PENDING: usize = 256;
+
+/// Claims one host may have being proven at once (32 of `MAX_PENDING`): a stranger naming
+/// listeners of its own that take the call-back and never answer holds that many places, not
+/// every one. Its further claims wait with their hellos read (`Stage::First`, so a newcomer
+/// past `MAX_PENDING` may take their place) until one of its host's ends; claims from other
+/// hosts are taken in and proven meanwhile, and a burst from one honest host (an endpoint
+/// holds up to 170 connections) is proven 32 at a time.
+pub const PER_HOST: usize = MAX_PENDING / 8;
 
 /// What a hello says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,6 +157,8 @@ impl Pending {
 /// An accepted side channel whose claim is not yet proven.
 struct Pending {
     stream: TcpStream,
+    /// The host it comes from (its share of the places: `PER_HOST`).
+    host: IpAddr,
     /// Its first message so far.
     got: Vec<u8>,
     /// When it was accepted (which goes first at `MAX_PENDING`).
@@ -159,7 +170,8 @@ struct Pending {
 }
 
 enum Stage {
-    /// Its first message is awaited.
+    /// Its first message is awaited (or, read whole, its host's share of claims being
+    /// proven: `PER_HOST`).
     First,
     /// It said `hello`; our call-back to the name it claims (connecting until `asked`)
     /// awaits the answer.
@@ -177,6 +189,8 @@ pub struct Claims {
     limit: Duration,
     /// `MAX_PENDING` (fewer in tests).
     max: usize,
+    /// `PER_HOST` (other values in tests).
+    per_host: usize,
 }
 
 /// Why a pending side channel went.
@@ -195,6 +209,7 @@ impl Claims {
             pending: Vec::new(),
             limit,
             max: MAX_PENDING,
+            per_host: PER_HOST,
         }
     }
 
@@ -217,9 +232,13 @@ impl Claims {
     }
 
     /// A connection just accepted (non-blocking); past `MAX_PENDING`, in place of the oldest
-    /// that has said nothing, or else the oldest that has not finished its hello (none being
-    /// proven: `room` said whether there is one).
+    /// that has said nothing, or else the oldest that has not finished its hello or waits for
+    /// its host's share (none being proven: `room` said whether there is one).
     pub fn add(&mut self, stream: TcpStream) {
+        let Ok(from) = stream.peer_addr() else {
+            // Gone already (reset between the accept and here).
+            return;
+        };
         if self.pending.len() >= self.max {
             let oldest = |silent: bool| {
                 self.pending
@@ -236,9 +255,11 @@ impl Claims {
             debug!("verbs: too many side channels pending; dropping the oldest silent one");
             self.pending.swap_remove(i);
         }
+        let host = from.ip().to_canonical();
         let now = Instant::now();
         self.pending.push(Pending {
             stream,
+            host,
             got: Vec::with_capacity(HELLO),
             born: now,
             moved: now,
@@ -268,33 +289,57 @@ impl Claims {
     ) -> (Vec<(TcpStream, Hello)>, usize) {
         let mut proven = Vec::new();
         let mut changed = 0;
-        let mut i = 0;
-        while i < self.pending.len() {
-            let v = match step(&mut self.pending[i], &vouch) {
-                Verdict::Wait if self.pending[i].moved.elapsed() > self.limit => {
-                    Verdict::Drop("side channel: the hello or its proof took too long")
+        // Claims being proven, per host (kept as they start and end in this look).
+        let mut proving: HashMap<IpAddr, usize> = HashMap::new();
+        for p in self.pending.iter().filter(|p| !p.first()) {
+            *proving.entry(p.host).or_default() += 1;
+        }
+        // Claims being proven first: those that end free their host's share for the claims
+        // waiting for it, in the same look.
+        for firsts in [false, true] {
+            let mut i = 0;
+            while i < self.pending.len() {
+                if self.pending[i].first() != firsts {
+                    i += 1;
+                    continue;
                 }
-                v => v,
-            };
-            match v {
-                Verdict::Wait => i += 1,
-                Verdict::Drop(why) => {
-                    let p = self.pending.swap_remove(i);
-                    warn!(from = ?p.stream.peer_addr().ok(), "verbs: {why}");
-                    changed += 1;
+                let host = self.pending[i].host;
+                let was_first = firsts;
+                let may_prove = proving.get(&host).copied().unwrap_or(0) < self.per_host;
+                let v = match step(&mut self.pending[i], &vouch, may_prove) {
+                    Verdict::Wait if self.pending[i].moved.elapsed() > self.limit => {
+                        Verdict::Drop("side channel: the hello or its proof took too long")
+                    }
+                    v => v,
+                };
+                let ends = !matches!(v, Verdict::Wait);
+                if ends && !was_first {
+                    if let Some(n) = proving.get_mut(&host) {
+                        *n = n.saturating_sub(1);
+                    }
+                } else if !ends && was_first && !self.pending[i].first() {
+                    *proving.entry(host).or_default() += 1;
                 }
-                Verdict::Answered => {
-                    self.pending.swap_remove(i);
-                    changed += 1;
-                }
-                Verdict::Proven => {
-                    let p = self.pending.swap_remove(i);
-                    let Stage::Proving { hello, .. } = p.stage else {
-                        unreachable!("proven only while proving")
-                    };
-                    debug!(name = %hello.name, "verbs: a side channel's claim proven");
-                    proven.push((p.stream, hello));
-                    changed += 1;
+                match v {
+                    Verdict::Wait => i += 1,
+                    Verdict::Drop(why) => {
+                        let p = self.pending.swap_remove(i);
+                        warn!(from = ?p.stream.peer_addr().ok(), "verbs: {why}");
+                        changed += 1;
+                    }
+                    Verdict::Answered => {
+                        self.pending.swap_remove(i);
+                        changed += 1;
+                    }
+                    Verdict::Proven => {
+                        let p = self.pending.swap_remove(i);
+                        let Stage::Proving { hello, .. } = p.stage else {
+                            unreachable!("proven only while proving")
+                        };
+                        debug!(name = %hello.name, "verbs: a side channel's claim proven");
+                        proven.push((p.stream, hello));
+                        changed += 1;
+                    }
                 }
             }
         }
@@ -302,23 +347,26 @@ impl Claims {
     }
 }
 
-/// One pending side channel's next step.
-fn step(p: &mut Pending, vouch: &impl Fn(&SocketAddr, u64) -> bool) -> Verdict {
+/// One pending side channel's next step. `may_prove`: its host has fewer than its share of
+/// claims being proven (`PER_HOST`); if not, a hello read whole waits.
+fn step(p: &mut Pending, vouch: &impl Fn(&SocketAddr, u64) -> bool, may_prove: bool) -> Verdict {
     match &mut p.stage {
         Stage::First => {
-            let mut tmp = [0u8; HELLO];
-            let want = HELLO - p.got.len();
-            match p.stream.read(&mut tmp[..want]) {
-                Ok(0) => return Verdict::Drop("side channel closed before its hello"),
-                Ok(k) => {
-                    p.got.extend_from_slice(&tmp[..k]);
-                    p.moved = Instant::now();
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Verdict::Wait,
-                Err(_) => return Verdict::Drop("side channel failed before its hello"),
-            }
             if p.got.len() < HELLO {
-                return Verdict::Wait;
+                let mut tmp = [0u8; HELLO];
+                let want = HELLO - p.got.len();
+                match p.stream.read(&mut tmp[..want]) {
+                    Ok(0) => return Verdict::Drop("side channel closed before its hello"),
+                    Ok(k) => {
+                        p.got.extend_from_slice(&tmp[..k]);
+                        p.moved = Instant::now();
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Verdict::Wait,
+                    Err(_) => return Verdict::Drop("side channel failed before its hello"),
+                }
+                if p.got.len() < HELLO {
+                    return Verdict::Wait;
+                }
             }
             if let Some((src, nonce)) = parse_verify(&p.got) {
                 let yes = vouch(&src, nonce);
@@ -330,6 +378,10 @@ fn step(p: &mut Pending, vouch: &impl Fn(&SocketAddr, u64) -> bool) -> Verdict {
                 Ok(h) => h,
                 Err(why) => return Verdict::Drop(why),
             };
+            if !may_prove {
+                // Its host has its share being proven: this one waits its turn.
+                return Verdict::Wait;
+            }
             // An endpoint connects from its name's address (`inet::connect_from`): a claim
             // from elsewhere is no endpoint's, and is not called back (a stranger cannot
             // have us dial hosts other than its own).
@@ -611,7 +663,10 @@ mod tests {
         // No claim ends by time while the assertions look (however slow the machine); the
         // limit is taken to zero at the end, to see them go.
         let (mut a, mut b) = (Side::new(LIMIT), Side::new(LIMIT));
+        // Every connection here comes from one host: its share is the whole (the shares
+        // have their own test).
         a.claims.max = MAX;
+        a.claims.per_host = MAX;
         let mut silent = Vec::new();
         for _ in 0..4 {
             silent.extend((0..MAX).map(|_| TcpStream::connect(a.name()).unwrap()));
@@ -665,5 +720,87 @@ mod tests {
         let _later = TcpStream::connect(a.name()).unwrap();
         run(&mut [&mut a], |s| s[0].accepted == before + 1);
         drop(waiting);
+    }
+
+    /// One host has at most its share of claims being proven (`PER_HOST`): a stranger whose
+    /// claims name listeners of its own that take the call-back and never answer holds that
+    /// many places; its other claims wait with their hellos read, and a newcomer from another
+    /// host takes a waiting one's place when every place is taken, and is proven.
+    #[test]
+    fn one_hosts_claims_being_proven_hold_only_its_share() {
+        const MAX: usize = 8;
+        const SHARE: usize = 2;
+        let mut a = Side::new(LIMIT);
+        a.claims.max = MAX;
+        a.claims.per_host = SHARE;
+        let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = mute.local_addr().unwrap();
+        let waiting: Vec<TcpStream> = (0..MAX as u64)
+            .map(|i| {
+                let mut s = TcpStream::connect(a.name()).unwrap();
+                s.write_all(&hello(1, &at, i).encode()).unwrap();
+                s
+            })
+            .collect();
+        let proving = |a: &Side| a.claims.pending.iter().filter(|p| !p.first()).count();
+        let read = |a: &Side| a.claims.pending.iter().all(|p| p.got.len() == HELLO);
+        let start = Instant::now();
+        while a.accepted < MAX || !read(&a) || proving(&a) < SHARE {
+            a.step();
+            assert!(
+                start.elapsed() < LIMIT,
+                "the stranger's claims never settled"
+            );
+        }
+        for _ in 0..100 {
+            a.step();
+        }
+        assert_eq!(a.claims.len(), MAX);
+        assert_eq!(
+            proving(&a),
+            SHARE,
+            "one host has more claims being proven than its share"
+        );
+        // A real connector on another host (127.0.0.2: the whole of 127/8 is this machine's
+        // loopback), connecting from its name's address: every place is taken, and it takes
+        // the place of one of the stranger's waiting claims.
+        let l = TcpListener::bind("127.0.0.2:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let mut b = Side {
+            l,
+            ..Side::new(LIMIT)
+        };
+        let named = b.name();
+        let real = crate::inet::connect_from(named.ip(), a.name()).unwrap();
+        let src = {
+            let start = Instant::now();
+            loop {
+                match real.local_addr() {
+                    Ok(x) if real.peer_addr().is_ok() => break x,
+                    _ => assert!(start.elapsed() < LIMIT, "never connected"),
+                }
+                std::thread::yield_now();
+            }
+        };
+        (&real).write_all(&hello(1, &named, 9).encode()).unwrap();
+        b.mine.push((src, 9));
+        run(&mut [&mut a, &mut b], |s| s[0].proven.len() == 1);
+        assert_eq!(a.proven[0].name, named);
+        assert_eq!(proving(&a), SHARE);
+        drop(waiting);
+    }
+
+    /// A burst of real claims from one host, more than its share: they are proven a share at
+    /// a time, every one of them.
+    #[test]
+    fn a_burst_from_one_host_is_proven_a_share_at_a_time() {
+        let (mut a, mut b) = (Side::new(LIMIT), Side::new(LIMIT));
+        a.claims.per_host = 2;
+        let name = b.name();
+        let _real: Vec<TcpStream> = (0..7).map(|_| b.dial(a.name(), name, true)).collect();
+        run(&mut [&mut a, &mut b], |s| {
+            assert!(s[0].claims.pending.iter().filter(|p| !p.first()).count() <= 2);
+            s[0].proven.len() == 7
+        });
     }
 }
