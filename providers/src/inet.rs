@@ -196,6 +196,21 @@ pub fn connect_from(from: IpAddr, to: SocketAddr) -> std::io::Result<std::net::T
     }
     // SAFETY: a descriptor just made, owned by nothing else.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // The port is picked at the connect, per destination, as a plain connect's is: a bind
+    // alone would take one of its own from half the ephemeral range, per address, whatever
+    // the destination, and an endpoint with thousands of peers would run out. (Ignored by
+    // kernels before 4.2, which pick at the bind.)
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads one c_int of the length given.
+    let _ = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
     let src = encode(&SocketAddr::new(from, 0));
     // SAFETY: `src` holds a sockaddr of its length (the kernel copies it; no alignment needed).
     if unsafe { libc::bind(fd, src.as_ptr().cast(), src.len() as libc::socklen_t) } != 0 {
@@ -239,6 +254,29 @@ impl AddrFormat for SockAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection from a bound address picks its port at the connect, per destination
+    /// (`IP_BIND_ADDRESS_NO_PORT`), not from the bind's share of the range.
+    #[test]
+    fn connecting_from_an_address_leaves_the_port_to_the_connect() {
+        use std::os::fd::AsRawFd;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = connect_from("127.0.0.1".parse().unwrap(), l.local_addr().unwrap()).unwrap();
+        let (mut v, mut n): (libc::c_int, libc::socklen_t) = (0, 4);
+        // SAFETY: getsockopt writes at most `n` bytes into `v`.
+        let r = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_BIND_ADDRESS_NO_PORT,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut n,
+            )
+        };
+        assert_eq!((r, v), (0, 1));
+        let _ = l.accept().unwrap();
+        assert_eq!(s.local_addr().unwrap().ip().to_string(), "127.0.0.1");
+    }
 
     #[test]
     fn both_families_round_trip_through_bytes_and_strings() {

@@ -317,9 +317,12 @@ impl Net {
         self.peers.get(peer).map_or(0, |p| p.queued)
     }
 
-    /// Whether anything waits to be sent or completed.
+    /// Whether anything waits to be sent or completed, or a claim to be proven (which ends
+    /// by time too, a call-back that never answers waking no one: a sleep lasts at most
+    /// 1 ms then).
     pub fn busy(&self) -> bool {
-        self.peers.iter().any(|p| !p.out.is_empty())
+        !self.claims.is_empty()
+            || self.peers.iter().any(|p| !p.out.is_empty())
             || self.links.values().any(|l| {
                 l.inflight > 0 || !l.natives.is_empty() || !l.held.is_empty() || l.posting.is_some()
             })

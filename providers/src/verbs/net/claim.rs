@@ -220,7 +220,6 @@ impl Claims {
     }
 
     /// Whether none is pending.
-    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()
     }
@@ -240,15 +239,32 @@ impl Claims {
             return;
         };
         if self.pending.len() >= self.max {
-            let oldest = |silent: bool| {
+            // The oldest that said nothing, or else the oldest with part of its hello, or
+            // else the oldest of those waiting their host's turn of the host holding the
+            // most places (a stranger's partial hellos cannot push out honest claims that
+            // wait behind their host's share while it holds more places than they do).
+            let oldest = |of: &dyn Fn(&Pending) -> bool| {
                 self.pending
                     .iter()
                     .enumerate()
-                    .filter(|(_, p)| p.first() && (!silent || p.got.is_empty()))
+                    .filter(|(_, p)| p.first() && of(p))
                     .min_by_key(|(_, p)| p.born)
                     .map(|(i, _)| i)
             };
-            let Some(i) = oldest(true).or_else(|| oldest(false)) else {
+            let mut held: HashMap<IpAddr, usize> = HashMap::new();
+            for p in &self.pending {
+                *held.entry(p.host).or_default() += 1;
+            }
+            let most = self
+                .pending
+                .iter()
+                .filter(|p| p.first())
+                .max_by_key(|p| held[&p.host])
+                .map(|p| p.host);
+            let Some(i) = oldest(&|p| p.got.is_empty())
+                .or_else(|| oldest(&|p| p.got.len() < HELLO))
+                .or_else(|| oldest(&|p| Some(p.host) == most))
+            else {
                 debug!("verbs: every side channel pending is being proven; refusing another");
                 return;
             };
@@ -271,6 +287,9 @@ impl Claims {
     pub fn fds(&self, out: &mut Vec<(i32, i16)>) {
         for p in &self.pending {
             match &p.stage {
+                // Its hello read whole, it waits its host's turn: nothing more is read from
+                // it (bytes or an end coming would wake a sleeper again and again).
+                Stage::First if p.got.len() == HELLO => {}
                 Stage::First => out.push((p.stream.as_raw_fd(), libc::POLLIN)),
                 Stage::Proving { back, asked, .. } => {
                     let ev = if *asked { libc::POLLIN } else { libc::POLLOUT };
@@ -278,6 +297,15 @@ impl Claims {
                 }
             }
         }
+    }
+
+    /// Whether a claim of the same host as `i`'s, older than it, waits its host's turn with
+    /// its hello read whole.
+    fn older_waiting(&self, i: usize) -> bool {
+        let me = &self.pending[i];
+        self.pending
+            .iter()
+            .any(|p| p.host == me.host && p.born < me.born && p.first() && p.got.len() == HELLO)
     }
 
     /// Advances every pending side channel. `vouch(src, nonce)`: whether a connection of
@@ -305,7 +333,9 @@ impl Claims {
                 }
                 let host = self.pending[i].host;
                 let was_first = firsts;
-                let may_prove = proving.get(&host).copied().unwrap_or(0) < self.per_host;
+                // Its host's turns go to its oldest claims first.
+                let may_prove = proving.get(&host).copied().unwrap_or(0) < self.per_host
+                    && !self.older_waiting(i);
                 let v = match step(&mut self.pending[i], &vouch, may_prove) {
                     Verdict::Wait if self.pending[i].moved.elapsed() > self.limit => {
                         Verdict::Drop("side channel: the hello or its proof took too long")
@@ -396,6 +426,8 @@ fn step(p: &mut Pending, vouch: &impl Fn(&SocketAddr, u64) -> bool, may_prove: b
                 Ok(s) => unsafe { TcpStream::from_raw_fd(s.into_raw_fd()) },
                 Err(_) => return Verdict::Drop("side channel: cannot call the claimed name back"),
             };
+            // The time limit runs from the call-back: waiting its host's turn took none of it.
+            p.moved = Instant::now();
             p.stage = Stage::Proving {
                 hello,
                 back,
@@ -761,6 +793,18 @@ mod tests {
             SHARE,
             "one host has more claims being proven than its share"
         );
+        // Those waiting their turn are not polled (nothing more is read from them).
+        let mut fds = Vec::new();
+        a.claims.fds(&mut fds);
+        let parked: Vec<i32> = a
+            .claims
+            .pending
+            .iter()
+            .filter(|p| p.first())
+            .map(|p| p.stream.as_raw_fd())
+            .collect();
+        assert_eq!(parked.len(), MAX - SHARE);
+        assert!(fds.iter().all(|(fd, _)| !parked.contains(fd)));
         // A real connector on another host (127.0.0.2: the whole of 127/8 is this machine's
         // loopback), connecting from its name's address: every place is taken, and it takes
         // the place of one of the stranger's waiting claims.
@@ -802,5 +846,61 @@ mod tests {
             assert!(s[0].claims.pending.iter().filter(|p| !p.first()).count() <= 2);
             s[0].proven.len() == 7
         });
+    }
+
+    /// Past every place, a newcomer takes the place of a claim that said nothing or part of
+    /// its hello before one waiting its host's turn, and of those, one of the host holding
+    /// the most places: a stranger's partial hellos do not push out an honest host's claims.
+    #[test]
+    fn partial_hellos_do_not_push_out_claims_waiting_their_turn() {
+        const MAX: usize = 8;
+        let mut a = Side::new(LIMIT);
+        a.claims.max = MAX;
+        a.claims.per_host = 1;
+        // An honest host (127.0.0.2) with three claims: one being proven (its listener does
+        // not answer yet: never stepped), two waiting their turn.
+        let l = TcpListener::bind("127.0.0.2:0").unwrap();
+        let named = l.local_addr().unwrap();
+        let honest: Vec<TcpStream> = (0..3u64)
+            .map(|i| {
+                let s = crate::inet::connect_from(named.ip(), a.name()).unwrap();
+                let start = Instant::now();
+                while s.peer_addr().is_err() {
+                    assert!(start.elapsed() < LIMIT, "never connected");
+                    std::thread::yield_now();
+                }
+                (&s).write_all(&hello(1, &named, i).encode()).unwrap();
+                s
+            })
+            .collect();
+        let start = Instant::now();
+        while a.accepted < 3 || a.claims.pending.iter().any(|p| p.got.len() < HELLO) {
+            a.step();
+            assert!(start.elapsed() < LIMIT, "the honest claims never read");
+        }
+        let host2: IpAddr = named.ip();
+        let honest_left = |a: &Side| a.claims.pending.iter().filter(|p| p.host == host2).count();
+        assert_eq!(honest_left(&a), 3);
+        // A stranger on 127.0.0.1 fills every place with one byte of a hello each, and goes
+        // on connecting.
+        let mut partial = Vec::new();
+        for _ in 0..3 * MAX {
+            let mut s = TcpStream::connect(a.name()).unwrap();
+            s.write_all(&[0x58]).unwrap();
+            partial.push(s);
+            let start = Instant::now();
+            let before = a.accepted;
+            while a.accepted == before || a.claims.pending.iter().any(|p| p.got.is_empty()) {
+                a.step();
+                assert!(start.elapsed() < LIMIT, "a partial hello never read");
+            }
+        }
+        assert_eq!(a.claims.len(), MAX);
+        assert_eq!(
+            honest_left(&a),
+            3,
+            "a partial hello took an honest claim's place"
+        );
+        drop((honest, partial, l));
     }
 }
