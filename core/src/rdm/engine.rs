@@ -172,6 +172,12 @@ struct PeerState {
     inflight: usize,
     /// Answers to its reads whose bodies (the memory read) the transport has not taken yet.
     reading: usize,
+    /// The memory those answers carry, as far as known: each answer's ranges, kept until
+    /// `reading` is 0 (so also some already taken: never less than what is still carried),
+    /// or `answered_all` past `ANSWERED_MAX` of them. What a write of this peer must not
+    /// change before they are sent (`order::clear_of_answers`).
+    answered: Vec<IovList>,
+    answered_all: bool,
     /// Small messages that complete when the transport takes their frame (`ON_TAKE`), in
     /// the order they were queued: their context and flags.
     untaken: VecDeque<(Context, u64)>,
@@ -370,7 +376,7 @@ impl Engine {
             }
         }
         let body = prefix.body_len;
-        if self.must_wait(peer, f.kind()) {
+        if self.must_wait(peer, f.kind()) && !self.write_clear_of_answers(peer, &f) {
             // Ordering: what this peer asks next waits until its copies are done.
             self.detach_for(peer, f.kind());
             return Ok(Sink::Wait);

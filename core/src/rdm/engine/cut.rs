@@ -54,6 +54,7 @@ impl Engine {
                 .count();
             let ps = &mut self.peers[p];
             ps.reading = ps.reading.saturating_sub(ended);
+            ps.answers_ended();
         }
         // Copies serving them: those not yet handed to the transport fail now; the
         // transport stops those it holds (`Cut::copies`), and any that still reports ends

@@ -53,6 +53,7 @@ impl Engine {
         self.fail_untaken(peer, err);
         self.out.retain(|t| t.peer != peer);
         self.peers[peer].reading = 0;
+        self.peers[peer].answers_ended();
         let gone = std::mem::take(&mut self.peers[peer].blocked);
         self.blocked -= gone.len();
     }

@@ -6,6 +6,7 @@
 
 use super::*;
 use crate::rdm::transport::detach_frame;
+use crate::rxq::RawIov;
 
 /// An operation held back by `FI_FENCE` (or queued behind one), with a copy of inject data.
 /// (Atomics are not held: a fenced one answers `Again` until its peer is drained.)
@@ -142,6 +143,29 @@ impl Engine {
                 && self.peers.get(peer).is_some_and(|ps| ps.reading > 0))
     }
 
+    /// Whether `f`, a write of `peer` that `must_wait` holds, waits only behind the answers
+    /// to its reads and changes none of the memory they carry (`PeerState::answered`): it
+    /// then goes ahead, and two peers that read more from each other than a transport copies
+    /// (`detach_answers`) and then write elsewhere do not wait for each other. One whose
+    /// ranges do not pass the key check fails without touching memory, so it goes ahead too;
+    /// one into device memory, or an atomic, waits as before.
+    pub(super) fn write_clear_of_answers(&self, peer: PeerId, f: &Frame) -> bool {
+        let Frame::Write { segs, .. } = f else {
+            return false;
+        };
+        let Some(ps) = self.peers.get(peer) else {
+            return false;
+        };
+        if self.holding(peer) || ps.answered_all {
+            return false;
+        }
+        match target::resolve(&self.core, segs, FI_REMOTE_WRITE) {
+            Err(_) => true,
+            Ok((_, Some(_))) => false,
+            Ok((iov, None)) => !ps.answered.iter().any(|a| overlaps(a.segs(), iov.segs())),
+        }
+    }
+
     /// `peer`'s next request of `kind` waits (`must_wait`). A write or atomic that waits
     /// only behind the answers to the peer's reads would wait for the peer to read them; but
     /// a stream transport reads nothing more from a peer while one of its frames waits, so
@@ -185,6 +209,7 @@ impl Engine {
                 .count();
             let ps = &mut self.peers[p];
             ps.reading = ps.reading.saturating_sub(theirs + mine);
+            ps.answers_ended();
         }
     }
 
@@ -200,6 +225,33 @@ impl Engine {
                 .iter()
                 .any(|(_, s)| s.peer == peer && !s.copying)
     }
+}
+
+/// Answers to one peer's reads whose ranges are kept (`PeerState::answered`); past it, every
+/// write of that peer is taken to change what they carry.
+pub(super) const ANSWERED_MAX: usize = 16;
+
+impl PeerState {
+    /// Some answers to this peer's reads were taken or dropped: once none is left, the
+    /// ranges they carried are forgotten.
+    pub(super) fn answers_ended(&mut self) {
+        if self.reading == 0 {
+            self.answered.clear();
+            self.answered_all = false;
+        }
+    }
+}
+
+/// Whether any range of `a` shares a byte with any of `b`.
+fn overlaps(a: &[RawIov], b: &[RawIov]) -> bool {
+    a.iter().any(|x| {
+        b.iter().any(|y| {
+            x.len > 0
+                && y.len > 0
+                && x.addr < y.addr.saturating_add(y.len)
+                && y.addr < x.addr.saturating_add(x.len)
+        })
+    })
 }
 
 /// A held operation's context and flags, for its completion.

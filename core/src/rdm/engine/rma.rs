@@ -281,8 +281,14 @@ impl Engine {
     /// requests wait until the transport has taken all of it (`on_sent`): a write it sends
     /// next must not land in what is still being read.
     pub(super) fn read_resp(&mut self, peer: PeerId, id: u32, status: i32, body: Body) {
-        let token = if matches!(body, Body::Iov(_)) {
-            self.peer(peer).reading += 1;
+        let token = if let Body::Iov(iov) = &body {
+            let ps = self.peer(peer);
+            ps.reading += 1;
+            if ps.answered.len() < order::ANSWERED_MAX {
+                ps.answered.push(*iov);
+            } else {
+                ps.answered_all = true;
+            }
             Some(READ_SENT)
         } else {
             None
@@ -295,6 +301,7 @@ impl Engine {
     pub(super) fn read_sent(&mut self, peer: PeerId) {
         let ps = self.peer(peer);
         ps.reading = ps.reading.saturating_sub(1);
+        ps.answers_ended();
     }
 
     /// A `ReadResp` to our read `id`: its body, the bytes read, goes into the read's
