@@ -175,7 +175,7 @@ struct PeerState {
     /// The memory those answers carry, as far as known: each answer's ranges, kept until
     /// `reading` is 0 (so also some already taken: never less than what is still carried),
     /// or `answered_all` past `ANSWERED_MAX` of them. What a write of this peer must not
-    /// change before they are sent (`order::clear_of_answers`).
+    /// change before they are sent (`Engine::write_clear_of_answers`).
     answered: Vec<IovList>,
     answered_all: bool,
     /// Small messages that complete when the transport takes their frame (`ON_TAKE`), in

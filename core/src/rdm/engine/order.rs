@@ -147,8 +147,10 @@ impl Engine {
     /// to its reads and changes none of the memory they carry (`PeerState::answered`): it
     /// then goes ahead, and two peers that read more from each other than a transport copies
     /// (`detach_answers`) and then write elsewhere do not wait for each other. One whose
-    /// ranges do not pass the key check fails without touching memory, so it goes ahead too;
-    /// one into device memory, or an atomic, waits as before.
+    /// ranges do not pass the key check now waits as before (a region registered meanwhile,
+    /// on another thread, could pass it when the write runs); one into device memory, or an
+    /// atomic, too. Ranges are this process's addresses: memory mapped at two addresses and
+    /// registered at both is not seen as one.
     pub(super) fn write_clear_of_answers(&self, peer: PeerId, f: &Frame) -> bool {
         let Frame::Write { segs, .. } = f else {
             return false;
@@ -160,8 +162,7 @@ impl Engine {
             return false;
         }
         match target::resolve(&self.core, segs, FI_REMOTE_WRITE) {
-            Err(_) => true,
-            Ok((_, Some(_))) => false,
+            Err(_) | Ok((_, Some(_))) => false,
             Ok((iov, None)) => !ps.answered.iter().any(|a| overlaps(a.segs(), iov.segs())),
         }
     }
