@@ -577,6 +577,34 @@ mod tests {
         }
     }
 
+    /// A connection to `to` from `ip`, once connected, and its source address.
+    fn connected_from(ip: IpAddr, to: SocketAddr) -> (TcpStream, SocketAddr) {
+        let s = crate::inet::connect_from(ip, to).unwrap();
+        let start = Instant::now();
+        loop {
+            match s.local_addr() {
+                Ok(src) if s.peer_addr().is_ok() => return (s, src),
+                _ => assert!(start.elapsed() < LIMIT, "never connected"),
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// `n` claims to `a` from 127.0.0.1 naming a listener that takes the call-back and never
+    /// answers; the listener and the claims' connections.
+    fn mute_claims(a: &Side, n: usize) -> (TcpListener, Vec<TcpStream>) {
+        let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = mute.local_addr().unwrap();
+        let claims = (0..n as u64)
+            .map(|i| {
+                let mut s = TcpStream::connect(a.name()).unwrap();
+                s.write_all(&hello(1, &at, i).encode()).unwrap();
+                s
+            })
+            .collect();
+        (mute, claims)
+    }
+
     fn run(sides: &mut [&mut Side], until: impl Fn(&[&mut Side]) -> bool) {
         let start = Instant::now();
         while !until(sides) {
@@ -668,17 +696,7 @@ mod tests {
             l: elsewhere,
             ..Side::new(LIMIT)
         };
-        let real = crate::inet::connect_from(named.ip(), a.name()).unwrap();
-        let src = {
-            let start = Instant::now();
-            loop {
-                match real.local_addr() {
-                    Ok(x) if real.peer_addr().is_ok() => break x,
-                    _ => assert!(start.elapsed() < LIMIT, "never connected"),
-                }
-                std::thread::yield_now();
-            }
-        };
+        let (real, src) = connected_from(named.ip(), a.name());
         assert_eq!(src.ip(), named.ip());
         (&real).write_all(&hello(1, &named, 7).encode()).unwrap();
         b.mine.push((src, 7));
@@ -709,15 +727,7 @@ mod tests {
         run(&mut [&mut a, &mut b], |s| s[0].proven.len() == 1);
         drop(silent);
         // Claims that wait on a listener that never answers, filling every place.
-        let mute = TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = mute.local_addr().unwrap();
-        let waiting: Vec<TcpStream> = (0..MAX as u64)
-            .map(|i| {
-                let mut s = TcpStream::connect(a.name()).unwrap();
-                s.write_all(&hello(1, &at, i).encode()).unwrap();
-                s
-            })
-            .collect();
+        let (_mute, waiting) = mute_claims(&a, MAX);
         let start = Instant::now();
         while a.claims.len() < MAX || a.claims.pending.iter().any(Pending::first) {
             a.step();
@@ -765,15 +775,7 @@ mod tests {
         let mut a = Side::new(LIMIT);
         a.claims.max = MAX;
         a.claims.per_host = SHARE;
-        let mute = TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = mute.local_addr().unwrap();
-        let waiting: Vec<TcpStream> = (0..MAX as u64)
-            .map(|i| {
-                let mut s = TcpStream::connect(a.name()).unwrap();
-                s.write_all(&hello(1, &at, i).encode()).unwrap();
-                s
-            })
-            .collect();
+        let (_mute, waiting) = mute_claims(&a, MAX);
         let proving = |a: &Side| a.claims.pending.iter().filter(|p| !p.first()).count();
         let read = |a: &Side| a.claims.pending.iter().all(|p| p.got.len() == HELLO);
         let start = Instant::now();
@@ -815,17 +817,7 @@ mod tests {
             ..Side::new(LIMIT)
         };
         let named = b.name();
-        let real = crate::inet::connect_from(named.ip(), a.name()).unwrap();
-        let src = {
-            let start = Instant::now();
-            loop {
-                match real.local_addr() {
-                    Ok(x) if real.peer_addr().is_ok() => break x,
-                    _ => assert!(start.elapsed() < LIMIT, "never connected"),
-                }
-                std::thread::yield_now();
-            }
-        };
+        let (real, src) = connected_from(named.ip(), a.name());
         (&real).write_all(&hello(1, &named, 9).encode()).unwrap();
         b.mine.push((src, 9));
         run(&mut [&mut a, &mut b], |s| s[0].proven.len() == 1);
@@ -863,12 +855,7 @@ mod tests {
         let named = l.local_addr().unwrap();
         let honest: Vec<TcpStream> = (0..3u64)
             .map(|i| {
-                let s = crate::inet::connect_from(named.ip(), a.name()).unwrap();
-                let start = Instant::now();
-                while s.peer_addr().is_err() {
-                    assert!(start.elapsed() < LIMIT, "never connected");
-                    std::thread::yield_now();
-                }
+                let (s, _) = connected_from(named.ip(), a.name());
                 (&s).write_all(&hello(1, &named, i).encode()).unwrap();
                 s
             })
