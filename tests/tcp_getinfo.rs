@@ -70,6 +70,33 @@ fn node_and_service_name_the_peer_or_with_fi_source_ourselves() {
     assert!(err.to_string().contains("listen on"), "{err}");
 }
 
+/// An answer toward a remote IPv6 peer names the source the host sends from toward it (an
+/// endpoint connects from its name), not the loopback, which could reach no remote peer. The
+/// peer is 2001:db8::1 (a documentation address, never dialed): where the host has no IPv6
+/// route there, the answer names no source and the test says so.
+#[test]
+fn an_answer_toward_a_remote_ipv6_peer_names_a_reachable_source() {
+    let v = getinfo(
+        fi_version(1, 17),
+        Some("2001:db8::1"),
+        Some("5000"),
+        0,
+        Some(&hints(FI_SOCKADDR_IN6)),
+    )
+    .unwrap();
+    let Some(route) = inet::route_src("[2001:db8::1]:5000".parse().unwrap()) else {
+        eprintln!("skipped: no IPv6 route to 2001:db8::1 here");
+        return;
+    };
+    let src = v[0]
+        .src_addr
+        .as_deref()
+        .expect("a source toward a routed IPv6 peer");
+    let a = inet::decode(src).unwrap();
+    assert!(a.is_ipv6() && !a.ip().is_loopback(), "{a}");
+    assert_eq!(a.ip(), route);
+}
+
 #[test]
 fn ipv6_and_string_formats() {
     let port = free_port().to_string();

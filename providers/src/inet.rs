@@ -172,6 +172,22 @@ pub fn default_ip() -> IpAddr {
     IpAddr::V4(found.unwrap_or(Ipv4Addr::LOCALHOST))
 }
 
+/// The address the kernel sends from toward `dest`, where it has a route there (a UDP socket
+/// connected to `dest` sends nothing, and says which source it would use).
+pub fn route_src(dest: SocketAddr) -> Option<IpAddr> {
+    let any: SocketAddr = if dest.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let u = std::net::UdpSocket::bind(any).ok()?;
+    u.connect(dest).ok()?;
+    u.local_addr()
+        .ok()
+        .map(|a| a.ip())
+        .filter(|ip| !ip.is_unspecified())
+}
+
 /// A non-blocking TCP connect to `to` from the address `from` (any port): the connection's
 /// source is `from` whatever the route, so a peer can hold it to the address it names itself
 /// by. The connect completes later (poll for writable, then `take_error`).
@@ -254,6 +270,18 @@ impl AddrFormat for SockAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The source toward the loopback is the loopback, in either family where it has one.
+    #[test]
+    fn the_route_to_the_loopback_leaves_from_it() {
+        assert_eq!(
+            route_src("127.0.0.1:9".parse().unwrap()),
+            Some("127.0.0.1".parse().unwrap())
+        );
+        if let Some(ip) = route_src("[::1]:9".parse().unwrap()) {
+            assert_eq!(ip, "::1".parse::<IpAddr>().unwrap());
+        }
+    }
 
     /// A connection from a bound address picks its port at the connect, per destination
     /// (`IP_BIND_ADDRESS_NO_PORT`), not from the bind's share of the range.

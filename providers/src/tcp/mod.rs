@@ -41,11 +41,15 @@ fn family_format(a: &SocketAddr) -> u32 {
 }
 
 /// The source an answer names when nothing else does: what an endpoint opened from it binds
-/// to (port 0, any). For an IPv6 peer other than the loopback, none: the kernel picks the
-/// source when connecting, and a name must be reachable.
+/// to (port 0, any). For an IPv6 peer other than the loopback, the address the kernel sends
+/// from toward it (an endpoint connects from its name's address, and a name must be
+/// reachable: the loopback, which the endpoint used to be bound to, was neither), or none
+/// where there is no route.
 fn default_src(dest: Option<SocketAddr>, v6: bool) -> Option<SocketAddr> {
     match dest {
-        Some(SocketAddr::V6(d)) if !d.ip().is_loopback() => None,
+        Some(d @ SocketAddr::V6(v)) if !v.ip().is_loopback() => {
+            inet::route_src(d).map(|ip| SocketAddr::new(ip, 0))
+        }
         Some(SocketAddr::V6(_)) => Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 0)),
         _ if v6 => Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 0)),
         _ => Some(SocketAddr::new(inet::default_ip(), 0)),
