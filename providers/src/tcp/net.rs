@@ -60,9 +60,6 @@ pub const MAX_IOV: usize = 64;
 const _: () = assert!(xfabric_core::rxq::IOV_LIMIT < MAX_IOV);
 /// Most peers an inbound HELLO may add: strangers cannot grow the table without bound.
 const MAX_PEERS: usize = 1 << 16;
-/// Most peers inbound HELLOs from one address may add (a sixteenth of `MAX_PEERS`): a stranger
-/// proving identities of its own (listeners on its own address) cannot fill the table alone.
-const PEERS_PER_ADDR: usize = MAX_PEERS / 16;
 /// Most connections in bring-up (connecting, or accepted and not yet greeted) at once; at the
 /// bound, the oldest inbound one is dropped for a new one.
 const MAX_UNSETTLED: usize = 256;
@@ -289,9 +286,6 @@ pub struct Net {
     nonce: u64,
     peers: Vec<Peer>,
     by_addr: HashMap<SocketAddr, PeerId>,
-    /// Peers inbound HELLOs added, per address (`PEERS_PER_ADDR`, or less in tests).
-    added_from: HashMap<IpAddr, usize>,
-    peers_per_addr: usize,
     conns: Slab<Conn>,
     /// Invariant: connections not `Up` plus peers with `wait_until` (timers to check).
     settling: usize,
@@ -522,8 +516,6 @@ impl Net {
             nonce: incarnation()?,
             peers: Vec::new(),
             by_addr: HashMap::new(),
-            added_from: HashMap::new(),
-            peers_per_addr: PEERS_PER_ADDR,
             conns: Slab::new(),
             settling: 0,
             reports: VecDeque::new(),
@@ -1491,21 +1483,13 @@ impl Net {
     /// both connected at once and ours wins.
     fn settle<H: Handler>(&mut self, k: usize, claim: Claim, h: &mut H) -> usize {
         let (addr, nonce) = (claim.addr, claim.nonce);
-        let ip = addr.ip().to_canonical();
         let p = match self.by_addr.get(&addr) {
             Some(&p) => p,
             None if self.peers.len() >= MAX_PEERS => {
                 warn!(%addr, "tcp: peer table full; refusing a connection");
                 return self.reject(k, reason::FULL);
             }
-            None if self.added_from.get(&ip).copied().unwrap_or(0) >= self.peers_per_addr => {
-                warn!(%addr, "tcp: its address added as many peers as one may; refusing a connection");
-                return self.reject(k, reason::FULL);
-            }
-            None => {
-                *self.added_from.entry(ip).or_default() += 1;
-                self.peer(addr)
-            }
+            None => self.peer(addr),
         };
         if let Some(old) = self.peers[p].conn {
             let (out, up) = (self.conns[old].outbound, self.conns[old].st == St::Up);

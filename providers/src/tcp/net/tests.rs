@@ -886,61 +886,6 @@ fn exchange_from(to: SocketAddr, from: SocketAddr) {
     assert!(ha.lost.is_empty() && hb.lost.is_empty());
 }
 
-/// A raw peer whose listener and connection are on `ip`, claiming its listener with
-/// `nonce` and vouching for itself when `a` calls it back, as a real endpoint does: `a`'s
-/// answer, with the connection.
-fn raw_claim(a: &mut Net, ha: &mut Rec, ip: &str, nonce: u64) -> (Hs, StdStream) {
-    let l = StdListener::bind((ip, 0)).unwrap();
-    let me = l.local_addr().unwrap();
-    let mut s: StdStream = crate::inet::connect_from(me.ip(), a.local_addr()).unwrap();
-    let start = Instant::now();
-    while s.peer_addr().is_err() {
-        a.progress(ha);
-        assert!(start.elapsed() < LIMIT, "never connected");
-    }
-    s.set_nonblocking(false).unwrap();
-    let src = s.local_addr().unwrap();
-    s.write_all(&hello(me, nonce)).unwrap();
-    let vouch = std::thread::spawn(move || {
-        let (mut c, _) = l.accept().unwrap();
-        c.set_read_timeout(Some(LIMIT)).unwrap();
-        let mut b = [0u8; hello::LEN];
-        c.read_exact(&mut b).unwrap();
-        assert_eq!(Hs::decode(&b), Ok(Hs::Verify { src, nonce }));
-        c.write_all(&Hs::Vouch { yes: true }.encode()).unwrap();
-    });
-    let answer = read_hs(a, ha, &mut s);
-    vouch.join().unwrap();
-    (answer, s)
-}
-
-/// Identities proven from one address add at most its share of peers
-/// (`PEERS_PER_ADDR`): a stranger with listeners of its own cannot fill the table alone;
-/// another address still gets in.
-#[test]
-fn one_address_adds_at_most_its_share_of_peers() {
-    let mut a = Net::bind(lo()).unwrap();
-    a.peers_per_addr = 2;
-    let mut ha = Rec::default();
-    let mut kept = Vec::new();
-    for nonce in 1..=2 {
-        let (answer, s) = raw_claim(&mut a, &mut ha, "127.0.0.1", nonce);
-        assert!(matches!(answer, Hs::Accept { .. }), "{answer:?}");
-        kept.push(s);
-    }
-    let (answer, _) = raw_claim(&mut a, &mut ha, "127.0.0.1", 3);
-    assert_eq!(
-        answer,
-        Hs::Reject {
-            reason: hello::reason::FULL
-        }
-    );
-    assert_eq!(a.peers.len(), 2);
-    let (answer, _) = raw_claim(&mut a, &mut ha, "127.0.0.2", 4);
-    assert!(matches!(answer, Hs::Accept { .. }), "{answer:?}");
-    assert_eq!(a.peers.len(), 3);
-}
-
 #[test]
 fn restarted_peer_replaces_its_old_connection() {
     // b goes away and a new endpoint comes up at its address: it reconnects, proven by the
