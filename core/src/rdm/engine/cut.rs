@@ -53,8 +53,7 @@ impl Engine {
                 .filter_map(|t| cut_frame(t, false, addr, len))
                 .count();
             let ps = &mut self.peers[p];
-            ps.reading = ps.reading.saturating_sub(ended);
-            ps.answers_ended();
+            ps.answers_taken(ended);
         }
         // Copies serving them: those not yet handed to the transport fail now; the
         // transport stops those it holds (`Cut::copies`), and any that still reports ends

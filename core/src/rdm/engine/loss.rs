@@ -52,8 +52,7 @@ impl Engine {
         self.peer(peer).natives = 0;
         self.fail_untaken(peer, err);
         self.out.retain(|t| t.peer != peer);
-        self.peers[peer].reading = 0;
-        self.peers[peer].answers_ended();
+        self.peers[peer].answers_taken(usize::MAX);
         let gone = std::mem::take(&mut self.peers[peer].blocked);
         self.blocked -= gone.len();
     }

@@ -209,8 +209,7 @@ impl Engine {
                 .filter(|&d| d)
                 .count();
             let ps = &mut self.peers[p];
-            ps.reading = ps.reading.saturating_sub(theirs + mine);
-            ps.answers_ended();
+            ps.answers_taken(theirs + mine);
         }
     }
 
@@ -230,12 +229,23 @@ impl Engine {
 
 /// Answers to one peer's reads whose ranges are kept (`PeerState::answered`); past it, every
 /// write of that peer is taken to change what they carry.
-pub(super) const ANSWERED_MAX: usize = 16;
+const ANSWERED_MAX: usize = 16;
 
 impl PeerState {
-    /// Some answers to this peer's reads were taken or dropped: once none is left, the
-    /// ranges they carried are forgotten.
-    pub(super) fn answers_ended(&mut self) {
+    /// An answer to this peer's read now carries `iov`, the memory read.
+    pub(super) fn answering(&mut self, iov: IovList) {
+        self.reading += 1;
+        if self.answered.len() < ANSWERED_MAX {
+            self.answered.push(iov);
+        } else {
+            self.answered_all = true;
+        }
+    }
+
+    /// `n` answers to this peer's reads were taken, copied or dropped: once none is left,
+    /// the ranges they carried are forgotten.
+    pub(super) fn answers_taken(&mut self, n: usize) {
+        self.reading = self.reading.saturating_sub(n);
         if self.reading == 0 {
             self.answered.clear();
             self.answered_all = false;

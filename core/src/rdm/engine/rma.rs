@@ -282,13 +282,7 @@ impl Engine {
     /// next must not land in what is still being read.
     pub(super) fn read_resp(&mut self, peer: PeerId, id: u32, status: i32, body: Body) {
         let token = if let Body::Iov(iov) = &body {
-            let ps = self.peer(peer);
-            ps.reading += 1;
-            if ps.answered.len() < order::ANSWERED_MAX {
-                ps.answered.push(*iov);
-            } else {
-                ps.answered_all = true;
-            }
+            self.peer(peer).answering(*iov);
             Some(READ_SENT)
         } else {
             None
@@ -299,9 +293,7 @@ impl Engine {
     /// The transport took all of an answer to `peer`'s read (`READ_SENT`): one fewer for
     /// its later writes and atomics to wait behind.
     pub(super) fn read_sent(&mut self, peer: PeerId) {
-        let ps = self.peer(peer);
-        ps.reading = ps.reading.saturating_sub(1);
-        ps.answers_ended();
+        self.peer(peer).answers_taken(1);
     }
 
     /// A `ReadResp` to our read `id`: its body, the bytes read, goes into the read's

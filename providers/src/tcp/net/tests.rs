@@ -169,7 +169,20 @@ fn raw_peer(a: &mut Net, ha: &mut Rec, nonce: u64) -> (StdStream, SocketAddr) {
     let src = s.local_addr().unwrap();
     s.write_all(&hello(me, nonce)).unwrap();
     let vouch = std::thread::spawn(move || {
-        let (mut c, _) = l.accept().unwrap();
+        // Bounded: an `a` that refuses without calling back fails the test, not hangs it.
+        l.set_nonblocking(true).unwrap();
+        let start = Instant::now();
+        let mut c = loop {
+            match l.accept() {
+                Ok((c, _)) => break c,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    assert!(start.elapsed() < LIMIT, "no call-back");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("accept: {e}"),
+            }
+        };
+        c.set_nonblocking(false).unwrap();
         c.set_read_timeout(Some(LIMIT)).unwrap();
         let mut b = [0u8; hello::LEN];
         c.read_exact(&mut b).unwrap();

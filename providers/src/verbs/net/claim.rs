@@ -152,6 +152,11 @@ impl Pending {
     fn first(&self) -> bool {
         matches!(self.stage, Stage::First)
     }
+
+    /// Its hello read whole, it waits its host's turn to be proven (`PER_HOST`).
+    fn waits_turn(&self) -> bool {
+        self.first() && self.got.len() == HELLO
+    }
 }
 
 /// An accepted side channel whose claim is not yet proven.
@@ -289,7 +294,7 @@ impl Claims {
             match &p.stage {
                 // Its hello read whole, it waits its host's turn: nothing more is read from
                 // it (bytes or an end coming would wake a sleeper again and again).
-                Stage::First if p.got.len() == HELLO => {}
+                Stage::First if p.waits_turn() => {}
                 Stage::First => out.push((p.stream.as_raw_fd(), libc::POLLIN)),
                 Stage::Proving { back, asked, .. } => {
                     let ev = if *asked { libc::POLLIN } else { libc::POLLOUT };
@@ -305,7 +310,7 @@ impl Claims {
         let me = &self.pending[i];
         self.pending
             .iter()
-            .any(|p| p.host == me.host && p.born < me.born && p.first() && p.got.len() == HELLO)
+            .any(|p| p.host == me.host && p.born < me.born && p.waits_turn())
     }
 
     /// Advances every pending side channel. `vouch(src, nonce)`: whether a connection of
@@ -332,7 +337,6 @@ impl Claims {
                     continue;
                 }
                 let host = self.pending[i].host;
-                let was_first = firsts;
                 // Its host's turns go to its oldest claims first.
                 let may_prove = proving.get(&host).copied().unwrap_or(0) < self.per_host
                     && !self.older_waiting(i);
@@ -343,11 +347,11 @@ impl Claims {
                     v => v,
                 };
                 let ends = !matches!(v, Verdict::Wait);
-                if ends && !was_first {
+                if ends && !firsts {
                     if let Some(n) = proving.get_mut(&host) {
                         *n = n.saturating_sub(1);
                     }
-                } else if !ends && was_first && !self.pending[i].first() {
+                } else if !ends && firsts && !self.pending[i].first() {
                     *proving.entry(host).or_default() += 1;
                 }
                 match v {
