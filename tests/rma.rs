@@ -551,16 +551,17 @@ fn reads_both_ways_then_writes(read: usize, write_at: usize) {
     let to_a = b.add_peer(&a.ep.getname().unwrap());
     let (mut ra, mut rb) = (vec![0u8; read], vec![0u8; read]);
     let (sa, sb) = ([7u8; 4096], [8u8; 4096]);
-    // SAFETY: every buffer outlives the completions awaited below.
-    unsafe {
+    let at = |w: &[u8]| (w.as_ptr() as usize + write_at) as u64;
+    // Each post retried while it says Again (a large read may hold the room the write needs
+    // until it is under way). SAFETY: every buffer outlives the completions awaited below.
+    a.retry(|| unsafe {
         a.ep.read(&mut ra, None, to_b, wb.as_ptr() as u64, mrb.key(), 1)
-            .unwrap();
+    });
+    b.retry(|| unsafe {
         b.ep.read(&mut rb, None, to_a, wa.as_ptr() as u64, mra.key(), 1)
-            .unwrap();
-        let at = |w: &[u8]| (w.as_ptr() as usize + write_at) as u64;
-        a.ep.write(&sa, None, to_b, at(&wb), mrb.key(), 2).unwrap();
-        b.ep.write(&sb, None, to_a, at(&wa), mra.key(), 2).unwrap();
-    }
+    });
+    a.retry(|| unsafe { a.ep.write(&sa, None, to_b, at(&wb), mrb.key(), 2) });
+    b.retry(|| unsafe { b.ep.write(&sb, None, to_a, at(&wa), mra.key(), 2) });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let (mut da, mut db) = (0, 0);
     let mut buf = [CqTaggedEntry::default(); 4];
