@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use xfabric::clock::mono_ns;
 use xfabric::hmem::{Hmem, HostMapped};
+use xfabric::kernels::CpuWork;
 use xfabric::*;
 
 mod common;
@@ -58,10 +59,12 @@ struct Opts {
     /// What rings the doorbells
     #[arg(long, value_enum, default_value_t = Want::Auto)]
     xpu: Want,
-    /// Passes of compute over each bucket (default: calibrated at start-up so that a bucket's
-    /// compute takes as long as its transfer; on a GPU, bucket k gets k + 1 times as many)
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=MAX_PASSES as i64))]
-    work: Option<u32>,
+    /// Passes of compute over each bucket, from 1 (default: calibrated at start-up so that a
+    /// bucket's compute takes as long as its transfer). The CPU XPU computes a fraction of a
+    /// pass in sixteenths of the bucket; a GPU whole passes (rounded up), bucket k k + 1 times
+    /// as many
+    #[arg(long, value_parser = work_arg)]
+    work: Option<CpuWork>,
     /// The provider both processes use (shm, or tcp to cross hosts)
     #[arg(long, default_value = "shm")]
     provider: String,
@@ -73,6 +76,17 @@ struct Opts {
 
 /// The most passes `--work` and the calibration pick.
 const MAX_PASSES: u32 = 100_000;
+
+/// `--work`: passes, from 1 to `MAX_PASSES`, to the nearest sixteenth.
+fn work_arg(s: &str) -> Result<CpuWork, String> {
+    let p: f64 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number of passes: {e}"))?;
+    if !(1.0..=f64::from(MAX_PASSES)).contains(&p) {
+        return Err(format!("{s} passes: from 1 to {MAX_PASSES}"));
+    }
+    Ok(CpuWork::sixteenths((p * 16.0).round() as u32))
+}
 
 impl Opts {
     fn buckets(&self) -> usize {
@@ -366,24 +380,27 @@ fn sender(o: &Opts) {
         *pass += 1;
         seed
     };
-    let passes = match o.work {
-        Some(p) => p,
-        None => {
-            let mut cal = Vec::new();
-            // The first pass warms up (page faults, the peer's first receives) and is not kept.
-            for i in 0..=CALIBRATION_PASSES {
+    // `k` ordinary passes with `work`: their compute and transfer stages.
+    let mut ordinary = |work: CpuWork, k: usize| -> Vec<(Duration, Duration)> {
+        (0..k)
+            .map(|_| {
                 let seed = go(&mut pass);
-                let stages = ordinary_round(&n, &ringer, &mem, o, peer, &mut hear, seed, 1);
-                if i > 0 {
-                    cal.push(stages);
-                }
-            }
+                ordinary_round(&n, &ringer, &mem, o, peer, &mut hear, seed, work)
+            })
+            .collect()
+    };
+    let work = match o.work {
+        Some(w) => w,
+        None => {
+            // The first pass warms up (page faults, the peer's first receives) and is not kept.
+            let mut cal = ordinary(CpuWork::ONCE, CALIBRATION_PASSES + 1).split_off(1);
             match &ringer {
-                Ringer::Cpu(_) => calibrate(o, &mut cal),
-                Ringer::Gpu(g) => calibrate_gpu(g, &mem, o, &cal),
+                Ringer::Cpu(_) => refine(o, calibrate(o, &mut cal), &mut ordinary),
+                Ringer::Gpu(g) => CpuWork::passes(calibrate_gpu(g, &mem, o, &cal)),
             }
         }
     };
+    let passes = work.in_passes();
     println!(
         "each round runs both ways, alternating which goes first; the XPU computes every \
          bucket {passes} time(s) over (--work {passes})"
@@ -430,14 +447,14 @@ fn sender(o: &Opts) {
             if triggered {
                 let tl;
                 (dt, tl) = triggered_round(
-                    &n, &ringer, &mem, o, xpu, nvars, peer, &mut hear, seed, passes,
+                    &n, &ringer, &mem, o, xpu, nvars, peer, &mut hear, seed, work,
                 );
                 timelines.push(tl);
                 if let Ringer::Cpu(Some(s)) = &ringer {
                     rings.extend(s.last_rings().map(|p| p.ring));
                 }
             } else {
-                (c, t) = ordinary_round(&n, &ringer, &mem, o, peer, &mut hear, seed, passes);
+                (c, t) = ordinary_round(&n, &ringer, &mem, o, peer, &mut hear, seed, work);
             }
         }
         times.push(dt);
@@ -545,7 +562,7 @@ const CALIBRATION_PASSES: usize = 5;
 /// once), each the fastest of them: on a shared machine the slower ones are those something
 /// else got in the way of. The first pass over a bucket is slower (the buffer was just zeroed:
 /// out of cache); each further pass is timed on a bucket in cache, as the XPU's are.
-fn calibrate(o: &Opts, cal: &mut [(Duration, Duration)]) -> u32 {
+fn calibrate(o: &Opts, cal: &mut [(Duration, Duration)]) -> CpuWork {
     let per_bucket = |d: Duration| d.as_secs_f64() / o.buckets() as f64;
     let first = per_bucket(cal.iter().map(|s| s.0).min().unwrap_or_default());
     let transfer = per_bucket(cal.iter().map(|s| s.1).min().unwrap_or_default());
@@ -558,16 +575,71 @@ fn calibrate(o: &Opts, cal: &mut [(Duration, Duration)]) -> u32 {
         xfabric::kernels::cpu::compute_bucket(&mut bucket, 0, 1, N);
         again = again.min(t0.elapsed().as_secs_f64() / N as f64);
     }
-    let extra = ((transfer - first).max(0.0) / again.max(1e-9)).round();
-    let passes = (1.0 + extra).min(MAX_PASSES as f64) as u32;
+    let extra = ((transfer - first).max(0.0) / again.max(1e-9) * 16.0).round();
+    let work = CpuWork::sixteenths((16.0 + extra).min(f64::from(MAX_PASSES) * 16.0) as u32);
     println!(
         "calibration ({CALIBRATION_PASSES} ordinary passes): a bucket's transfer {:.2} us, its \
-         first pass of compute {:.2} us (fastest of each), each further pass {:.2} us: --work {passes}",
+         first pass of compute {:.2} us (fastest of each), each further pass {:.2} us: {} passes",
         transfer * 1e6,
         first * 1e6,
-        again * 1e6
+        again * 1e6,
+        work.in_passes()
     );
-    passes
+    work
+}
+
+/// Ordinary passes run for each step of `refine`.
+const REFINE_PASSES: usize = 3;
+/// Steps `refine` takes at most.
+const REFINE_STEPS: usize = 4;
+
+/// Moves `work` until the ordinary way's compute stage takes as long as its transfer stage
+/// (each the median of `REFINE_PASSES` passes, as the rounds' bound takes medians), within 4%:
+/// the first estimate times one bucket's further pass on the main thread with the bucket in
+/// cache, and the stages the rounds measure hold what that leaves out (the XPU's launch and
+/// the host's wake-up, the receiver's copies reading the buckets out of the XPU's cache). Each
+/// step moves by the difference over the time a sixteenth of a pass adds, taken from the two
+/// last steps where they differ enough to tell, else from the first estimate's pass.
+fn refine(
+    o: &Opts,
+    first: CpuWork,
+    ordinary: &mut impl FnMut(CpuWork, usize) -> Vec<(Duration, Duration)>,
+) -> CpuWork {
+    let mut work = first;
+    let mut seen: Vec<(CpuWork, f64)> = Vec::new();
+    // One sixteenth's time per round, guessed from a pass of about 1.5 us per bucket until
+    // two steps measure it.
+    let mut per16 = 1.5e-6 / 16.0 * o.buckets() as f64;
+    for _ in 0..REFINE_STEPS {
+        let (mut c, mut t): (Vec<Duration>, Vec<Duration>) =
+            ordinary(work, REFINE_PASSES).into_iter().unzip();
+        let (c, t) = (median(&mut c).as_secs_f64(), median(&mut t).as_secs_f64());
+        println!(
+            "  refine: {:.4} passes: compute {:.1} us, transfer {:.1} us",
+            work.in_passes(),
+            c * 1e6,
+            t * 1e6
+        );
+        if (c - t).abs() <= 0.04 * t {
+            break;
+        }
+        if let Some(&(w0, c0)) = seen.last() {
+            let dw = f64::from(work.in_sixteenths()) - f64::from(w0.in_sixteenths());
+            if dw.abs() >= 2.0 && (c - c0) / dw > 0.0 {
+                per16 = (c - c0) / dw;
+            }
+        }
+        seen.push((work, c));
+        let step = ((t - c) / per16).round();
+        let next = (f64::from(work.in_sixteenths()) + step)
+            .clamp(16.0, f64::from(MAX_PASSES) * 16.0) as u32;
+        if next == work.in_sixteenths() {
+            break;
+        }
+        work = CpuWork::sixteenths(next);
+    }
+    println!("calibrated: {:.4} passes (--work)", work.in_passes());
+    work
 }
 
 fn us(d: Duration) -> f64 {
@@ -625,7 +697,7 @@ fn triggered_round(
     peer: FiAddr,
     hear: &mut impl FnMut() -> String,
     seed: u32,
-    passes: u32,
+    work: CpuWork,
 ) -> (Duration, Timeline) {
     let total = o.buckets() * o.bucket_bytes();
     // SAFETY: no send of the previous pass is in flight (all completed), and the XPU
@@ -661,7 +733,7 @@ fn triggered_round(
             seed,
             &vars,
             nvars,
-            passes,
+            work,
         ),
         Ringer::Gpu(g) => {
             // SAFETY: the variables this endpoint filled for this GPU: doorbells in its
@@ -674,7 +746,7 @@ fn triggered_round(
                     (o.bucket_bytes() / 4) as u32,
                     o.buckets() as u32,
                     seed,
-                    gpu_work(passes),
+                    gpu_work(work.whole_passes()),
                     &dv,
                 )
                 .expect("launch compute-then-trigger kernel");
@@ -736,7 +808,7 @@ fn ordinary_round(
     peer: FiAddr,
     hear: &mut impl FnMut() -> String,
     seed: u32,
-    passes: u32,
+    work: CpuWork,
 ) -> (Duration, Duration) {
     let total = o.buckets() * o.bucket_bytes();
     // SAFETY: no send of the previous pass is in flight, and the XPU is idle.
@@ -744,7 +816,7 @@ fn ordinary_round(
     assert_eq!(hear(), "ready");
     let t0 = Instant::now();
     // Bucket by bucket with the same passes as the triggered XPU: the same work.
-    xpu_compute(ringer, mem, o, seed, passes);
+    xpu_compute(ringer, mem, o, seed, work);
     let compute = t0.elapsed();
     let t1 = Instant::now();
     for k in 0..o.buckets() {
@@ -787,23 +859,29 @@ fn gpu_work(passes: u32) -> xfabric_kernels::Work {
 }
 
 /// The ordinary way's compute: every bucket, no trigger; returns once the XPU is done.
-fn xpu_compute(ringer: &Ringer, mem: &HostMapped, o: &Opts, seed: u32, passes: u32) {
+fn xpu_compute(ringer: &Ringer, mem: &HostMapped, o: &Opts, seed: u32, work: CpuWork) {
     let (elems, buckets) = ((o.bucket_bytes() / 4) as u32, o.buckets() as u32);
     match ringer {
         // SAFETY: `mem` holds `buckets x elems` u32s that only the XPU touches until the
         // synchronize just below, and it outlives it.
         Ringer::Cpu(Some(stream)) => {
-            unsafe { stream.compute(mem.as_ptr().cast(), elems, buckets, seed, passes) }
+            unsafe { stream.compute(mem.as_ptr().cast(), elems, buckets, seed, work) }
                 .and_then(|()| stream.synchronize())
                 .unwrap_or_else(|e| fail(&format!("the CPU XPU: {e}")))
         }
         Ringer::Cpu(None) => fail("the CPU XPU's stream was not started"),
         // SAFETY: as above, at the buffer's device address.
-        Ringer::Gpu(g) => {
-            unsafe { g.compute(mem.device_addr(), elems, buckets, seed, gpu_work(passes)) }
-                .and_then(|()| g.synchronize())
-                .unwrap_or_else(|e| fail(&format!("the GPU kernel: {e}")))
+        Ringer::Gpu(g) => unsafe {
+            g.compute(
+                mem.device_addr(),
+                elems,
+                buckets,
+                seed,
+                gpu_work(work.whole_passes()),
+            )
         }
+        .and_then(|()| g.synchronize())
+        .unwrap_or_else(|e| fail(&format!("the GPU kernel: {e}"))),
     }
 }
 
@@ -881,7 +959,7 @@ fn cpu_compute_and_ring(
     seed: u32,
     vars: &[TriggerVar],
     nvars: usize,
-    passes: u32,
+    work: CpuWork,
 ) {
     assert_eq!(nvars, 1, "one variable per trigger on this provider");
     // SAFETY: `mem` holds buckets x words u32s that nothing else writes until the
@@ -893,7 +971,7 @@ fn cpu_compute_and_ring(
             (o.bucket_bytes() / 4) as u32,
             o.buckets() as u32,
             seed,
-            passes,
+            work,
             vars.to_vec(),
         )
     }

@@ -87,6 +87,23 @@ fn xpu_pipeline_delivers_every_bucket_checked() {
             text.contains("max(compute, transfer)/(compute + transfer)"),
             "{text}"
         );
+        // Calibrated to the sixteenth of a pass, until compute meets transfer.
+        assert!(text.contains("calibrated: "), "{text}");
+    }
+    // A fraction of a pass, as the calibration picks them.
+    let args = [
+        "--buckets",
+        "8",
+        "--rounds",
+        "1",
+        "--xpu",
+        "cpu",
+        "--work",
+        "1.5",
+    ];
+    if let Some(text) = run_example("xpu_pipeline", &args) {
+        assert!(text.contains("bucket 1.5 time(s) over"), "{text}");
+        assert!(!text.contains("calibrat"), "{text}");
     }
 }
 

@@ -31,6 +31,55 @@ pub fn compute_bucket(out: &mut [u32], base: u64, seed: u32, passes: u32) {
     }
 }
 
+/// How much a CPU XPU computes per bucket, in sixteenths of a pass of [`compute_bucket`]
+/// (at least one whole pass, the one that leaves the pattern): a part of a pass lets a demo
+/// match a bucket's compute to its transfer more finely than a pass does (a pass over 32 KiB
+/// takes about 1.5 us, as long as half a transfer of it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CpuWork(u32);
+
+impl CpuWork {
+    /// One pass: the pattern and nothing more.
+    pub const ONCE: CpuWork = CpuWork(16);
+
+    /// `passes` whole passes (0 counts as 1).
+    pub fn passes(passes: u32) -> CpuWork {
+        CpuWork(passes.max(1).saturating_mul(16))
+    }
+
+    /// `n` sixteenths of a pass (at least 16: one pass).
+    pub fn sixteenths(n: u32) -> CpuWork {
+        CpuWork(n.max(16))
+    }
+
+    /// In sixteenths of a pass.
+    pub fn in_sixteenths(self) -> u32 {
+        self.0
+    }
+
+    /// In passes.
+    pub fn in_passes(self) -> f64 {
+        f64::from(self.0) / 16.0
+    }
+
+    /// Whole passes, rounded up (what an XPU that computes whole passes only, a GPU kernel,
+    /// gets for the same work).
+    pub fn whole_passes(self) -> u32 {
+        self.0.div_ceil(16)
+    }
+}
+
+/// [`compute_bucket`] for `work`: its part of a pass over the bucket's first sixteenths, then
+/// its whole passes over all of it (the last leaves the pattern).
+pub fn compute_bucket_work(out: &mut [u32], base: u64, seed: u32, work: CpuWork) {
+    let part = (work.0 % 16) as usize;
+    if part > 0 {
+        let head = out.len() * part / 16;
+        compute_bucket(&mut out[..head], base, seed, 1);
+    }
+    compute_bucket(out, base, seed, work.0 / 16);
+}
+
 /// Checks one variable the way [`ring`] will use it.
 ///
 /// # Safety
@@ -198,8 +247,16 @@ impl CpuXpu {
             .spawn(move || {
                 let out = out;
                 // SAFETY: the caller's contract, checked shape.
-                unsafe { compute_and_ring(out.0, bucket_elems as usize, seed, passes, &vars) }
-                    .map(|_| ())
+                unsafe {
+                    compute_and_ring(
+                        out.0,
+                        bucket_elems as usize,
+                        seed,
+                        CpuWork::passes(passes),
+                        &vars,
+                    )
+                }
+                .map(|_| ())
             });
         spawned.map_err(|e| KernelError::inval("CpuXpu::compute_and_trigger", e.to_string()))
     }
@@ -216,7 +273,7 @@ unsafe fn compute_and_ring(
     out: *mut u32,
     n: usize,
     seed: u32,
-    passes: u32,
+    work: CpuWork,
     vars: &[TriggerVar],
 ) -> Result<RingProfile, KernelError> {
     let mut p = RingProfile::default();
@@ -225,7 +282,7 @@ unsafe fn compute_and_ring(
         let base = k * n;
         // SAFETY: the caller's contract: this bucket is ours to write.
         let bucket = unsafe { std::slice::from_raw_parts_mut(out.add(base), n) };
-        compute_bucket(bucket, base as u64, seed, passes);
+        compute_bucket_work(bucket, base as u64, seed, work);
         let computed = std::time::Instant::now();
         p.compute += computed - t;
         // SAFETY: the caller's contract; ring's release store publishes the bucket.
@@ -354,7 +411,7 @@ impl CpuXpuStream {
     }
 
     /// [`CpuXpu::compute_and_trigger`]'s kernel, launched on this stream: for each bucket k in
-    /// order, compute it `passes` times over, then ring `vars[k]`.
+    /// order, compute it ([`compute_bucket_work`]), then ring `vars[k]`.
     ///
     /// # Safety
     /// As [`CpuXpu::compute_and_trigger`], until [`synchronize`](Self::synchronize) returns.
@@ -364,7 +421,7 @@ impl CpuXpuStream {
         bucket_elems: u32,
         nbuckets: u32,
         seed: u32,
-        passes: u32,
+        work: CpuWork,
         vars: Vec<TriggerVar>,
     ) -> Result<(), KernelError> {
         const OP: &str = "CpuXpuStream::compute_and_trigger";
@@ -379,7 +436,7 @@ impl CpuXpuStream {
         self.launch(move || {
             let out = out;
             // SAFETY: the caller's contract, checked shape.
-            let p = unsafe { compute_and_ring(out.0, bucket_elems as usize, seed, passes, &vars) }?;
+            let p = unsafe { compute_and_ring(out.0, bucket_elems as usize, seed, work, &vars) }?;
             state.0.lock().unwrap_or_else(|e| e.into_inner()).last_rings = Some(p);
             Ok(())
         })
@@ -397,7 +454,7 @@ impl CpuXpuStream {
         bucket_elems: u32,
         nbuckets: u32,
         seed: u32,
-        passes: u32,
+        work: CpuWork,
     ) -> Result<(), KernelError> {
         const OP: &str = "CpuXpuStream::compute";
         check_buckets(OP, bucket_elems, nbuckets, nbuckets as usize)?;
@@ -412,7 +469,7 @@ impl CpuXpuStream {
                 let base = k * n;
                 // SAFETY: the caller's contract: the buffer is ours to write.
                 let bucket = unsafe { std::slice::from_raw_parts_mut(out.0.add(base), n) };
-                compute_bucket(bucket, base as u64, seed, passes);
+                compute_bucket_work(bucket, base as u64, seed, work);
             }
             Ok(())
         })
@@ -691,6 +748,25 @@ mod tests {
     }
 
     #[test]
+    fn work_in_sixteenths_leaves_the_pattern_and_counts_at_least_a_pass() {
+        assert_eq!(CpuWork::sixteenths(0), CpuWork::ONCE);
+        assert_eq!(CpuWork::passes(0), CpuWork::ONCE);
+        assert_eq!(CpuWork::passes(3).in_sixteenths(), 48);
+        assert_eq!(CpuWork::sixteenths(17).whole_passes(), 2);
+        assert_eq!(CpuWork::sixteenths(40).in_passes(), 2.5);
+        for n in [16, 17, 23, 31, 32, 45] {
+            let mut out = vec![0u32; 37];
+            compute_bucket_work(&mut out, 100, 9, CpuWork::sixteenths(n));
+            assert!(
+                out.iter()
+                    .enumerate()
+                    .all(|(j, &v)| v == pattern(100 + j as u64, 9)),
+                "{n} sixteenths"
+            );
+        }
+    }
+
+    #[test]
     fn a_stream_runs_launches_in_order_and_reports_the_first_error_once() {
         use std::sync::{Arc, Mutex};
         let s = CpuXpuStream::new("test-stream").unwrap();
@@ -716,14 +792,14 @@ mod tests {
         s.synchronize().unwrap();
         let mut out = vec![0u32; 8];
         // SAFETY: `out` is 2 x 4 u32s, untouched until the synchronize below.
-        unsafe { s.compute(out.as_mut_ptr(), 4, 2, 7, 3) }.unwrap();
+        unsafe { s.compute(out.as_mut_ptr(), 4, 2, 7, CpuWork::sixteenths(3 * 16 + 5)) }.unwrap();
         s.synchronize().unwrap();
         assert!(out
             .iter()
             .enumerate()
             .all(|(i, &v)| v == pattern(i as u64, 7)));
         // SAFETY: never run: the bad shape is refused first.
-        assert!(unsafe { s.compute(out.as_mut_ptr(), 0, 2, 7, 1) }.is_err());
+        assert!(unsafe { s.compute(out.as_mut_ptr(), 0, 2, 7, CpuWork::ONCE) }.is_err());
         drop(s);
     }
 }

@@ -33,7 +33,7 @@ pub mod gpu_xpu;
 pub mod nvrtc;
 
 pub use cache::cache_dir;
-pub use cpu::{CpuXpu, CpuXpuStream, RingProfile};
+pub use cpu::{CpuWork, CpuXpu, CpuXpuStream, RingProfile};
 pub use error::KernelError;
 pub use gpu::{DeviceVars, GpuXpu};
 #[cfg(feature = "cuda")]
