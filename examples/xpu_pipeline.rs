@@ -589,17 +589,20 @@ fn calibrate(o: &Opts, cal: &mut [(Duration, Duration)]) -> CpuWork {
 }
 
 /// Ordinary passes run for each step of `refine`.
-const REFINE_PASSES: usize = 3;
+const REFINE_PASSES: usize = 4;
 /// Steps `refine` takes at most.
 const REFINE_STEPS: usize = 4;
 
 /// Moves `work` until the ordinary way's compute stage takes as long as its transfer stage
-/// (each the median of `REFINE_PASSES` passes, as the rounds' bound takes medians), within 4%:
-/// the first estimate times one bucket's further pass on the main thread with the bucket in
-/// cache, and the stages the rounds measure hold what that leaves out (the XPU's launch and
-/// the host's wake-up, the receiver's copies reading the buckets out of the XPU's cache). Each
-/// step moves by the difference over the time a sixteenth of a pass adds, taken from the two
-/// last steps where they differ enough to tell, else from the first estimate's pass.
+/// within 4%, each the fastest of `REFINE_PASSES` passes (as the first estimate takes them: on
+/// a shared machine the slower passes are those something else got in the way of, and a step
+/// that chased a transfer slowed that way would leave compute far above the transfers of the
+/// rounds). The first estimate times one bucket's further pass on the main thread with the
+/// bucket in cache, and the stages the rounds measure hold what that leaves out (the XPU's
+/// launch and the host's wake-up, the receiver's copies reading the buckets out of the XPU's
+/// cache). Each step moves by the difference over the time a sixteenth of a pass adds, taken
+/// from the two last steps where they differ enough to tell, else from a pass of about
+/// 1.5 us per bucket.
 fn refine(
     o: &Opts,
     first: CpuWork,
@@ -611,9 +614,11 @@ fn refine(
     // two steps measure it.
     let mut per16 = 1.5e-6 / 16.0 * o.buckets() as f64;
     for _ in 0..REFINE_STEPS {
-        let (mut c, mut t): (Vec<Duration>, Vec<Duration>) =
-            ordinary(work, REFINE_PASSES).into_iter().unzip();
-        let (c, t) = (median(&mut c).as_secs_f64(), median(&mut t).as_secs_f64());
+        let stages = ordinary(work, REFINE_PASSES);
+        let fastest = |f: fn(&(Duration, Duration)) -> Duration| {
+            stages.iter().map(f).min().unwrap_or_default().as_secs_f64()
+        };
+        let (c, t) = (fastest(|s| s.0), fastest(|s| s.1));
         println!(
             "  refine: {:.4} passes: compute {:.1} us, transfer {:.1} us",
             work.in_passes(),
