@@ -400,7 +400,11 @@ fn sender(o: &Opts) {
             }
         }
     };
-    let passes = work.in_passes();
+    // What the XPU computes: a GPU kernel whole passes only (`--work 1.5` runs 2 there).
+    let passes = match ringer {
+        Ringer::Cpu(_) => work.in_passes(),
+        Ringer::Gpu(_) => f64::from(work.whole_passes()),
+    };
     println!(
         "each round runs both ways, alternating which goes first; the XPU computes every \
          bucket {passes} time(s) over (--work {passes})"
