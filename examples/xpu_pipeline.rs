@@ -395,7 +395,10 @@ fn sender(o: &Opts) {
             // The first pass warms up (page faults, the peer's first receives) and is not kept.
             let mut cal = ordinary(CpuWork::ONCE, CALIBRATION_PASSES + 1).split_off(1);
             match &ringer {
-                Ringer::Cpu(_) => refine(o, calibrate(o, &mut cal), &mut ordinary),
+                Ringer::Cpu(_) => {
+                    let (first, per_pass) = calibrate(o, &mut cal);
+                    refine(o, first, per_pass, &mut ordinary)
+                }
                 Ringer::Gpu(g) => CpuWork::passes(calibrate_gpu(g, &mem, o, &cal)),
             }
         }
@@ -566,7 +569,7 @@ const CALIBRATION_PASSES: usize = 5;
 /// once), each the fastest of them: on a shared machine the slower ones are those something
 /// else got in the way of. The first pass over a bucket is slower (the buffer was just zeroed:
 /// out of cache); each further pass is timed on a bucket in cache, as the XPU's are.
-fn calibrate(o: &Opts, cal: &mut [(Duration, Duration)]) -> CpuWork {
+fn calibrate(o: &Opts, cal: &mut [(Duration, Duration)]) -> (CpuWork, f64) {
     let per_bucket = |d: Duration| d.as_secs_f64() / o.buckets() as f64;
     let first = per_bucket(cal.iter().map(|s| s.0).min().unwrap_or_default());
     let transfer = per_bucket(cal.iter().map(|s| s.1).min().unwrap_or_default());
@@ -589,7 +592,7 @@ fn calibrate(o: &Opts, cal: &mut [(Duration, Duration)]) -> CpuWork {
         again * 1e6,
         work.in_passes()
     );
-    work
+    (work, again)
 }
 
 /// Ordinary passes run for each step of `refine`.
@@ -602,21 +605,23 @@ const REFINE_STEPS: usize = 4;
 /// a shared machine the slower passes are those something else got in the way of, and a step
 /// that chased a transfer slowed that way would leave compute far above the transfers of the
 /// rounds). The first estimate times one bucket's further pass on the main thread with the
-/// bucket in cache, and the stages the rounds measure hold what that leaves out (the XPU's
-/// launch and the host's wake-up, the receiver's copies reading the buckets out of the XPU's
-/// cache). Each step moves by the difference over the time a sixteenth of a pass adds, taken
-/// from the two last steps where they differ enough to tell, else from a pass of about
-/// 1.5 us per bucket.
+/// bucket in cache (`per_pass`, seconds), and the stages the rounds measure hold what that
+/// leaves out (the XPU's launch and the host's wake-up, the receiver's copies reading the
+/// buckets out of the XPU's cache). Each step moves by the difference over the time a
+/// sixteenth of a pass adds a round, from `per_pass` until two steps far enough apart measure
+/// it, and by at most a factor of two, so that a slope measured through noise cannot send it
+/// far. Returns the work measured closest to its transfer: never a step's move that no pass
+/// measured.
 fn refine(
     o: &Opts,
     first: CpuWork,
+    per_pass: f64,
     ordinary: &mut impl FnMut(CpuWork, usize) -> Vec<(Duration, Duration)>,
 ) -> CpuWork {
     let mut work = first;
-    let mut seen: Vec<(CpuWork, f64)> = Vec::new();
-    // One sixteenth's time per round, guessed from a pass of about 1.5 us per bucket until
-    // two steps measure it.
-    let mut per16 = 1.5e-6 / 16.0 * o.buckets() as f64;
+    // (work, its compute, |compute - transfer| / transfer) of every step measured.
+    let mut seen: Vec<(CpuWork, f64, f64)> = Vec::new();
+    let mut per16 = (per_pass / 16.0 * o.buckets() as f64).max(1e-12);
     for _ in 0..REFINE_STEPS {
         let stages = ordinary(work, REFINE_PASSES);
         let fastest = |f: fn(&(Duration, Duration)) -> Duration| {
@@ -629,26 +634,32 @@ fn refine(
             c * 1e6,
             t * 1e6
         );
-        if (c - t).abs() <= 0.04 * t {
-            break;
-        }
-        if let Some(&(w0, c0)) = seen.last() {
+        let gap = (c - t).abs() / t.max(1e-12);
+        if let Some(&(w0, c0, _)) = seen.last() {
             let dw = f64::from(work.in_sixteenths()) - f64::from(w0.in_sixteenths());
             if dw.abs() >= 2.0 && (c - c0) / dw > 0.0 {
                 per16 = (c - c0) / dw;
             }
         }
-        seen.push((work, c));
-        let step = ((t - c) / per16).round();
-        let next = (f64::from(work.in_sixteenths()) + step)
+        seen.push((work, c, gap));
+        if gap <= 0.04 {
+            break;
+        }
+        let now = f64::from(work.in_sixteenths());
+        let next = (now + ((t - c) / per16).round())
+            .clamp(now / 2.0, now * 2.0)
             .clamp(16.0, f64::from(MAX_PASSES) * 16.0) as u32;
         if next == work.in_sixteenths() {
             break;
         }
         work = CpuWork::sixteenths(next);
     }
-    println!("calibrated: {:.4} passes (--work)", work.in_passes());
-    work
+    let best = seen
+        .iter()
+        .min_by(|a, b| a.2.total_cmp(&b.2))
+        .map_or(first, |s| s.0);
+    println!("calibrated: {:.4} passes (--work)", best.in_passes());
+    best
 }
 
 fn us(d: Duration) -> f64 {

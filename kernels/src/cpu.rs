@@ -263,7 +263,7 @@ impl CpuXpu {
 }
 
 /// The compute-and-trigger kernel's body, on the calling thread: for each bucket k in order,
-/// compute it (`passes` times over), then ring `vars[k]`. Returns where the time went; stops
+/// compute it (`work`: [`compute_bucket_work`]), then ring `vars[k]`. Returns where the time went; stops
 /// at the first variable that cannot be rung.
 ///
 /// # Safety
