@@ -178,13 +178,15 @@ pub unsafe fn store(vars: &[TriggerVar]) -> Result<(), KernelError> {
 /// A CPU thread standing in for a GPU: "compute then trigger" on a host buffer.
 #[derive(Debug)]
 pub struct CpuXpu {
-    /// Passes of [`compute_bucket`] per bucket (at least 1).
-    passes: u32,
+    /// Its compute per bucket.
+    work: CpuWork,
 }
 
 impl Default for CpuXpu {
     fn default() -> Self {
-        CpuXpu { passes: 1 }
+        CpuXpu {
+            work: CpuWork::ONCE,
+        }
     }
 }
 
@@ -204,7 +206,7 @@ impl CpuXpu {
     /// as 1.
     pub fn with_passes(passes: u32) -> Self {
         CpuXpu {
-            passes: passes.max(1),
+            work: CpuWork::passes(passes),
         }
     }
 
@@ -241,30 +243,22 @@ impl CpuXpu {
         // SAFETY: the caller's contract.
         unsafe { validate(&vars) }?;
         let out = SendPtr(out);
-        let passes = self.passes;
+        let work = self.work;
         let spawned = std::thread::Builder::new()
             .name("xfabric-cpu-xpu".into())
             .spawn(move || {
                 let out = out;
                 // SAFETY: the caller's contract, checked shape.
-                unsafe {
-                    compute_and_ring(
-                        out.0,
-                        bucket_elems as usize,
-                        seed,
-                        CpuWork::passes(passes),
-                        &vars,
-                    )
-                }
-                .map(|_| ())
+                unsafe { compute_and_ring(out.0, bucket_elems as usize, seed, work, &vars) }
+                    .map(|_| ())
             });
         spawned.map_err(|e| KernelError::inval("CpuXpu::compute_and_trigger", e.to_string()))
     }
 }
 
 /// The compute-and-trigger kernel's body, on the calling thread: for each bucket k in order,
-/// compute it (`work`: [`compute_bucket_work`]), then ring `vars[k]`. Returns where the time went; stops
-/// at the first variable that cannot be rung.
+/// compute it (`work`: [`compute_bucket_work`]), then ring `vars[k]`. Returns where the time
+/// went; stops at the first variable that cannot be rung.
 ///
 /// # Safety
 /// `out` points to `n * vars.len()` writable `u32`s nothing else touches meanwhile, read only
