@@ -58,8 +58,9 @@
 #   - the device API (issue 31; the same runs with --device: each send a descriptor the XPU
 #     posts on an exported endpoint): latency, goal p50 <= host send + 0.5 us and p99 <= + 2
 #     us; one XPU thread through one watcher (which waits in fi_cq_sread: it shares a core with
-#     the XPU thread on two cores), goal >= 0.6x the host's tinject rate on the same
-#     endpoint; exported rings quiet for a second, goal < 1% of a core; after 0-200 ms of
+#     the XPU thread on two cores), its sends writing no completion as an inject writes none,
+#     timed from the peer's first completion to its last, goal >= 0.6x the host's tinject
+#     rate on the same endpoint; exported rings quiet for a second, goal < 1% of a core; after 0-200 ms of
 #     quiet, a descriptor or doorbell written as a GPU writes it, goal p50 <= a plain send
 #     after the same quiet + 5 us and max <= 2x its max. Each judged in the goals at the end.
 #
@@ -905,10 +906,15 @@ xpu_section() {
     # The device API's runs (--device: descriptors on an exported endpoint) follow each
     # doorbell run they mirror; every run that prints a "goal (issue 31, ...)" line has it
     # judged below, and a device run that printed none is "no figure".
-    local out=$WORK/xpu-run line status
+    local out=$WORK/xpu-run line status rate_pin=""
+    # The device rate like for like: the XPU's sends write no completion, as an inject writes
+    # none (--quiet), and, pinned as the pairs are, the sender (XPU thread and watcher) on the
+    # clients' CPU and its peer on the servers', so that the scheduler never puts the watcher
+    # beside the peer for a round.
+    ((${#PROBE_CPUS[@]} == 2)) && rate_pin=" --cpus ${PROBE_CPUS[1]} --peer-cpus ${PROBE_CPUS[0]}"
     for args in "lat --rounds $XPU_ROUNDS" "lat --rounds $XPU_ROUNDS --device" \
         "lat --rounds $XPU_ROUNDS --auto" "lat --rounds $XPU_ROUNDS --auto --device" \
-        "rate --rounds $((XPU_ROUNDS * 3))" "rate --rounds $((XPU_ROUNDS * 3)) --count 20000 --device" \
+        "rate --rounds $((XPU_ROUNDS * 3))" "rate --rounds $((XPU_ROUNDS * 3)) --count 20000 --device --quiet$rate_pin" \
         "idle" "idle --device" \
         "silence" "silence --device" "silence --manual" "silence --manual --device" \
         "silence --manual --sread" "silence --spin" "silence --endpoints 8" \

@@ -301,16 +301,28 @@ impl MrMap {
         let gen = self.generation.load(Ordering::Acquire);
         match cache {
             Some(r) if r.desc == desc && r.generation == gen => r.check(addr, len, access),
-            _ => {
-                // The generation is read before the lookup: a removal after it moves it.
-                let r = self.xpu_region(desc)?;
-                *cache = Some(XpuRegion {
-                    generation: gen,
-                    ..r
-                });
-                r.check(addr, len, access)
-            }
+            _ => self.check_xpu_local_lookup(cache, gen, desc, addr, len, access),
         }
+    }
+
+    /// `check_xpu_local_cached` where the cache does not hold `desc` for generation `gen`.
+    #[inline(never)]
+    fn check_xpu_local_lookup(
+        &self,
+        cache: &mut Option<XpuRegion>,
+        gen: u64,
+        desc: u64,
+        addr: u64,
+        len: u64,
+        access: u64,
+    ) -> std::result::Result<(), XpuMrFault> {
+        // The generation is read before the lookup: a removal after it moves it.
+        let r = self.xpu_region(desc)?;
+        *cache = Some(XpuRegion {
+            generation: gen,
+            ..r
+        });
+        r.check(addr, len, access)
     }
 
     /// The region exported to an XPU under `desc`, as registered now.
@@ -353,28 +365,38 @@ pub struct XpuRegion {
 }
 
 impl XpuRegion {
-    /// `addr..addr + len` inside the region, with `access`.
+    /// `addr..addr + len` inside the region, with `access`. The checks alone, so that they
+    /// inline into the watcher's loop; what went wrong is worded out of line.
     #[inline]
     fn check(&self, addr: u64, len: u64, access: u64) -> std::result::Result<(), XpuMrFault> {
-        let desc = self.desc;
         const LOCAL: u64 = FI_SEND | FI_RECV | FI_READ | FI_WRITE;
-        if self.access & LOCAL != 0 && self.access & access != access {
-            return Err(XpuMrFault::Range(format!(
+        let access_ok = self.access & LOCAL == 0 || self.access & access == access;
+        let inside = match (addr.checked_sub(self.addr), addr.checked_add(len)) {
+            (Some(_), Some(end)) => self.addr.checked_add(self.len).is_some_and(|r| end <= r),
+            _ => false,
+        };
+        if access_ok && inside {
+            Ok(())
+        } else {
+            Err(self.refusal(addr, len, access, access_ok))
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refusal(&self, addr: u64, len: u64, access: u64, access_ok: bool) -> XpuMrFault {
+        let desc = self.desc;
+        if !access_ok {
+            return XpuMrFault::Range(format!(
                 "descriptor {desc:#x}: region registered with access {:#x}, not {}",
                 self.access,
                 caps_str(access)
-            )));
+            ));
         }
-        let start = addr.checked_sub(self.addr);
-        let end = addr.checked_add(len);
-        let region_end = self.addr.checked_add(self.len);
-        match (start, end, region_end) {
-            (Some(_), Some(end), Some(rend)) if end <= rend => Ok(()),
-            _ => Err(XpuMrFault::Range(format!(
-                "range {addr:#x}+{len} is outside descriptor {desc:#x}'s region {:#x}+{}",
-                self.addr, self.len
-            ))),
-        }
+        XpuMrFault::Range(format!(
+            "range {addr:#x}+{len} is outside descriptor {desc:#x}'s region {:#x}+{}",
+            self.addr, self.len
+        ))
     }
 }
 

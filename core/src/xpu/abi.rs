@@ -166,6 +166,13 @@ impl XpuDesc {
         unsafe { std::mem::transmute::<XpuDesc, [u64; DESC_WORDS]>(*self) }
     }
 
+    /// The descriptor as its words, to fill in place (the watcher copies a slot straight in).
+    pub fn words_mut(&mut self) -> &mut [u64; DESC_WORDS] {
+        // SAFETY: as `to_words`: same size, no padding, the array's alignment (8) is at most
+        // the struct's; every bit pattern is a valid value of every field.
+        unsafe { &mut *(self as *mut XpuDesc).cast::<[u64; DESC_WORDS]>() }
+    }
+
     /// The descriptor `words` hold (any bits are a descriptor; validation judges it).
     pub fn from_words(words: [u64; DESC_WORDS]) -> XpuDesc {
         // SAFETY: as `to_words`; every bit pattern is a valid value of every field.

@@ -135,13 +135,22 @@ fn peer(core: &EpCore, seen: &mut Checked, peer: u64, any: bool) -> Result<FiAdd
         known
     });
     if !known {
-        return Err(fault(
-            XPU_FAULT_ADDR,
-            FI_EINVAL,
-            format!("peer {peer:#x} is not an address of the endpoint's AV (get_xpu_addr)"),
-        ));
+        return Err(unknown_peer(peer));
     }
     Ok(FiAddrChecked(peer))
+}
+
+// The faults' wording is out of line (cold), so that the checks inline into the watcher's
+// loop: a descriptor that passes pays for no formatting code in its path.
+
+#[cold]
+#[inline(never)]
+fn unknown_peer(peer: u64) -> Fault {
+    fault(
+        XPU_FAULT_ADDR,
+        FI_EINVAL,
+        format!("peer {peer:#x} is not an address of the endpoint's AV (get_xpu_addr)"),
+    )
 }
 
 /// A peer address that passed `peer`.
@@ -157,60 +166,83 @@ fn usize_of(v: u64, what: &str) -> Result<usize, Fault> {
     })
 }
 
+#[inline]
 fn flags_ok(d: &XpuDesc, allowed: u64, what: &str) -> Result<(), Fault> {
     let bad = d.flags & !allowed;
     if bad != 0 {
-        return Err(fault(
-            XPU_FAULT_FLAGS,
-            FI_EINVAL,
-            format!(
-                "{what}: flags {} ({bad:#x}) are not taken from an XPU",
-                caps_str(bad)
-            ),
-        ));
+        return Err(bad_flags(bad, what));
     }
     Ok(())
 }
 
+#[cold]
+#[inline(never)]
+fn bad_flags(bad: u64, what: &str) -> Fault {
+    fault(
+        XPU_FAULT_FLAGS,
+        FI_EINVAL,
+        format!(
+            "{what}: flags {} ({bad:#x}) are not taken from an XPU",
+            caps_str(bad)
+        ),
+    )
+}
+
+#[inline]
 fn need_caps(core: &EpCore, need: u64, what: &str) -> Result<(), Fault> {
     if core.caps & need != need {
-        return Err(fault(
-            XPU_FAULT_ARGS,
-            FI_EOPNOTSUPP,
-            format!(
-                "{what}: endpoint was opened without {}",
-                caps_str(need & !core.caps)
-            ),
-        ));
+        return Err(missing_caps(need & !core.caps, what));
     }
     Ok(())
 }
 
+#[cold]
+#[inline(never)]
+fn missing_caps(missing: u64, what: &str) -> Fault {
+    fault(
+        XPU_FAULT_ARGS,
+        FI_EOPNOTSUPP,
+        format!("{what}: endpoint was opened without {}", caps_str(missing)),
+    )
+}
+
+#[inline]
 fn msg_len(core: &EpCore, d: &XpuDesc, what: &str) -> Result<usize, Fault> {
     let len = usize_of(d.len, "length")?;
     if len > core.max_msg_size {
-        return Err(fault(
-            XPU_FAULT_ARGS,
-            FI_EMSGSIZE,
-            format!("{what}: {len} bytes, max_msg_size is {}", core.max_msg_size),
-        ));
+        return Err(too_long(len, core.max_msg_size, what));
     }
     Ok(len)
+}
+
+#[cold]
+#[inline(never)]
+fn too_long(len: usize, max: usize, what: &str) -> Fault {
+    fault(
+        XPU_FAULT_ARGS,
+        FI_EMSGSIZE,
+        format!("{what}: {len} bytes, max_msg_size is {max}"),
+    )
+}
+
+#[cold]
+#[inline(never)]
+fn reserved_context(context: u64) -> Fault {
+    fault(
+        XPU_FAULT_ARGS,
+        FI_EINVAL,
+        format!(
+            "context {context:#x}: a context with bit {} set is reserved for the endpoint's own keys",
+            usize::BITS - 1
+        ),
+    )
 }
 
 /// The operation descriptor `d` asks of the endpoint whose core is `core`, or what is wrong
 /// with it.
 pub(crate) fn action(core: &EpCore, seen: &mut Checked, d: &XpuDesc) -> Result<Action, Fault> {
     if d.context as usize & crate::entry::INTERNAL_CTX != 0 {
-        return Err(fault(
-            XPU_FAULT_ARGS,
-            FI_EINVAL,
-            format!(
-                "context {:#x}: a context with bit {} set is reserved for the endpoint's own keys",
-                d.context,
-                usize::BITS - 1
-            ),
-        ));
+        return Err(reserved_context(d.context));
     }
     match d.opcode {
         opcode::SEND | opcode::TSEND => {
