@@ -250,7 +250,8 @@ fn xpu_bench_silence_mode_runs_with_tiny_gaps() {
 
 /// `rate --device`: one XPU thread posts every send as a descriptor while the watcher waits in
 /// `fi_cq_sread`; every send completes at the peer (the peer counts them) in each round, and
-/// the figures and the goal's verdict are printed. No figure is asserted.
+/// the figures and the goal's verdict are printed, with completions and without. No figure is
+/// asserted.
 #[test]
 fn xpu_bench_rate_through_the_device_api_completes() {
     let args = ["rate", "--device", "--count", "3000", "--rounds", "2"];
@@ -264,6 +265,22 @@ fn xpu_bench_rate_through_the_device_api_completes() {
             "{text}"
         );
         assert!(text.contains("host tinject: "), "{text}");
+        assert!(text.contains("goal (issue 31, device API rate: "), "{text}");
+        // The first message's wait is shown apart from the rate.
+        assert!(
+            text.contains("first post -> the peer's first completion, us"),
+            "{text}"
+        );
+    }
+    // Like for like, as bench.sh runs it: no completions, as an inject writes none.
+    let args = [
+        "rate", "--device", "--quiet", "--count", "3000", "--rounds", "2",
+    ];
+    if let Some(text) = run_example("xpu_bench", &args) {
+        assert!(
+            text.contains("xpu-device (one XPU thread, one watcher, no completions): "),
+            "{text}"
+        );
         assert!(text.contains("goal (issue 31, device API rate: "), "{text}");
     }
 }

@@ -437,6 +437,13 @@ impl ProgressSource for EpLink {
         match self.xpu.as_ref().and_then(XpuWatch::nap) {
             Some(Duration::ZERO) => {
                 if let Some(x) = &self.xpu {
+                    // A producer that found its ring full is retrying, on this core as
+                    // likely as not (a CPU XPU on a small machine): it gets the core first,
+                    // where spinning would hold it a whole slice for nothing.
+                    if x.take_producer_waited() {
+                        std::thread::yield_now();
+                        return;
+                    }
                     x.spin(SPIN_SLICE.min(timeout));
                 }
                 // Between slices, the core goes to any other thread that wants it (on a small

@@ -273,6 +273,9 @@ pub(crate) struct XpuWatch {
     /// An exported CQ of the endpoint holds entries its ring had no room for: the watcher
     /// keeps looking so that they move once the XPU makes room.
     cq_backlog: AtomicBool,
+    /// A look found a ring full: its producer is being refused and retries
+    /// (`take_producer_waited`).
+    producer_waited: AtomicBool,
 }
 
 impl XpuWatch {
@@ -287,6 +290,7 @@ impl XpuWatch {
             rings: Mutex::default(),
             has_rings: AtomicBool::new(false),
             cq_backlog: AtomicBool::new(false),
+            producer_waited: AtomicBool::new(false),
         }
     }
 
@@ -585,6 +589,9 @@ impl XpuWatch {
         let last_fire = self.last_fire.load(Ordering::Relaxed);
         let mut n = 0;
         for r in rings.iter_mut() {
+            if r.ring.full() {
+                self.producer_waited.store(true, Ordering::Relaxed);
+            }
             let k = crate::xpu::ep::drain(&r.ring, &mut r.checked, DRAIN_MAX, owner, link);
             if k > 0 {
                 // Judged by the plan, not by what the ring holds (a descriptor waiting makes
@@ -686,6 +693,14 @@ impl XpuWatch {
     /// one, until shortly before the next is due, then spin through the predicted window
     /// (`xpu_predict`); without, spin within the spin window after the last arm or trigger;
     /// past either, the poll interval. The soonest of its doorbells wins.
+    /// Whether a look found a ring full since the last call. A CPU XPU refused for room
+    /// retries on a core of the host's, perhaps the watcher's own: once its ring is emptied,
+    /// the watcher gives that core away before it spins (`EpLink::idle_wait`).
+    pub(crate) fn take_producer_waited(&self) -> bool {
+        self.producer_waited.load(Ordering::Relaxed)
+            && self.producer_waited.swap(false, Ordering::Relaxed)
+    }
+
     pub(crate) fn nap(&self) -> Option<Duration> {
         let armed = self.waiting();
         let rings = self.has_rings.load(Ordering::Acquire);

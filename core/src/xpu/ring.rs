@@ -157,6 +157,14 @@ impl DescRing {
         &self.slot(pos).0[0]
     }
 
+    /// Whether every slot is claimed (the producers' `tail` a whole ring past the head): a
+    /// producer is then answered `-FI_EAGAIN` until the watcher takes some. `tail` is the
+    /// XPU's to write and is only a hint here, never a bound on what is read.
+    pub(crate) fn full(&self) -> bool {
+        let tail = self.header().tail.load(Ordering::Relaxed);
+        tail.wrapping_sub(self.head()) > self.mask
+    }
+
     /// Whether the next slot is published (a look without taking it).
     pub(crate) fn ready(&self) -> bool {
         let head = self.head();

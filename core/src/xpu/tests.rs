@@ -602,6 +602,34 @@ fn a_full_ring_answers_again_until_the_watcher_drains_it() {
     assert_eq!(w.sh.ctxs(), vec![0, 1, 2, 3, 4]);
 }
 
+/// The look that finds a ring full says so once (the watcher then gives its core to the
+/// refused producer before it spins); a look at a ring with room does not.
+#[test]
+fn a_look_at_a_full_ring_tells_the_watcher_its_producer_waits() {
+    let w = World::new();
+    let n = node(&w);
+    let x = n.ep.export_xpu_slots(Xpu::CPU, 4).unwrap();
+    let watch = || n.ep.link().unwrap().xpu.as_ref().unwrap();
+    let buf = vec![0u8; 8];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    for i in 0..3 {
+        assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, i, 0, W), 0);
+    }
+    n.ep.progress();
+    assert!(
+        !watch().take_producer_waited(),
+        "three of four slots: room left"
+    );
+    for i in 3..7 {
+        assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, i, 0, W), 0);
+    }
+    assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 7, 0, W), -FI_EAGAIN);
+    n.ep.progress();
+    assert!(watch().take_producer_waited(), "the look found it full");
+    assert!(!watch().take_producer_waited(), "told once");
+    assert_eq!(w.sh.ctxs(), (0..7).collect::<Vec<_>>());
+}
+
 #[test]
 fn a_refusing_provider_holds_the_ring_back_and_keeps_the_order() {
     let w = World::new();
