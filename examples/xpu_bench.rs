@@ -720,7 +720,7 @@ fn rate_sender(a: &Args) {
 
 /// `rate --device`: one XPU thread posts every send as a descriptor while this thread, the
 /// one watcher, reads its CQ (which drains the ring); then the host injects the same count on
-/// the same endpoint. Both timed from the first post to the peer's last completion.
+/// the same endpoint. Both timed from the peer's first completion to its last (`Arrivals`).
 fn rate_device(a: &Args, n: &Node, to: FiAddr, bufs: &[[u8; 8]], mut peer: Peer) {
     // SAFETY: a view of `bufs` as bytes, which outlives the region (dropped first).
     let mem = unsafe { std::slice::from_raw_parts(bufs.as_ptr().cast::<u8>(), 8 * bufs.len()) };

@@ -686,6 +686,16 @@ impl XpuWatch {
         out
     }
 
+    /// Whether a look found a ring full since the last call (any look, the ringer's too). A
+    /// CPU XPU refused for room retries on a core of the host's, perhaps the watcher's own:
+    /// when the watcher next has nothing to take, it gives that core away before it spins
+    /// (`EpLink::idle_wait`). A hint only: one left from a full ring long ago, or from one the
+    /// XPU filled exactly and was never refused by, turns one spin slice into a yield.
+    pub(crate) fn take_producer_waited(&self) -> bool {
+        self.producer_waited.load(Ordering::Relaxed)
+            && self.producer_waited.swap(false, Ordering::Relaxed)
+    }
+
     /// How the watcher should wait when nothing is ready: `None` if nothing is armed (the
     /// provider's doorbell may put it to sleep); zero to keep looking; otherwise how long it
     /// may sleep (at most the poll interval) before it must look again, ended early by a CPU
@@ -693,14 +703,6 @@ impl XpuWatch {
     /// one, until shortly before the next is due, then spin through the predicted window
     /// (`xpu_predict`); without, spin within the spin window after the last arm or trigger;
     /// past either, the poll interval. The soonest of its doorbells wins.
-    /// Whether a look found a ring full since the last call. A CPU XPU refused for room
-    /// retries on a core of the host's, perhaps the watcher's own: once its ring is emptied,
-    /// the watcher gives that core away before it spins (`EpLink::idle_wait`).
-    pub(crate) fn take_producer_waited(&self) -> bool {
-        self.producer_waited.load(Ordering::Relaxed)
-            && self.producer_waited.swap(false, Ordering::Relaxed)
-    }
-
     pub(crate) fn nap(&self) -> Option<Duration> {
         let armed = self.waiting();
         let rings = self.has_rings.load(Ordering::Acquire);
