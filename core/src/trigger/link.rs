@@ -432,18 +432,22 @@ impl ProgressSource for EpLink {
             std::thread::yield_now();
             return;
         }
+        // A producer that found its ring full is retrying, on this core as likely as not (a
+        // CPU XPU on a small machine): it gets the core first, where a spin would hold it a
+        // whole slice for nothing, and the caller comes back to look.
+        if self
+            .xpu
+            .as_ref()
+            .is_some_and(XpuWatch::take_producer_waited)
+        {
+            std::thread::yield_now();
+            return;
+        }
         // A doorbell an XPU stores to rings nothing: while operations are armed on one,
         // keep looking (spinning when a ring is likely, sleeps a CPU XPU's ring ends between).
         match self.xpu.as_ref().and_then(XpuWatch::nap) {
             Some(Duration::ZERO) => {
                 if let Some(x) = &self.xpu {
-                    // A producer that found its ring full is retrying, on this core as
-                    // likely as not (a CPU XPU on a small machine): it gets the core first,
-                    // where spinning would hold it a whole slice for nothing.
-                    if x.take_producer_waited() {
-                        std::thread::yield_now();
-                        return;
-                    }
                     x.spin(SPIN_SLICE.min(timeout));
                 }
                 // Between slices, the core goes to any other thread that wants it (on a small
