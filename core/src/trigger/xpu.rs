@@ -589,10 +589,13 @@ impl XpuWatch {
         let last_fire = self.last_fire.load(Ordering::Relaxed);
         let mut n = 0;
         for r in rings.iter_mut() {
-            if r.ring.full() {
+            let full = r.ring.full();
+            let k = crate::xpu::ep::drain(&r.ring, &mut r.checked, DRAIN_MAX, owner, link);
+            // Full by its tail, and descriptors in it: a tail alone (the XPU's to write, so
+            // possibly wrong) must not keep a watcher from ever sleeping.
+            if full && k > 0 {
                 self.producer_waited.store(true, Ordering::Relaxed);
             }
-            let k = crate::xpu::ep::drain(&r.ring, &mut r.checked, DRAIN_MAX, owner, link);
             if k > 0 {
                 // Judged by the plan, not by what the ring holds (a descriptor waiting makes
                 // any nap zero), and only when something was found (a look that finds nothing

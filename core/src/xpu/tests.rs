@@ -638,6 +638,13 @@ fn a_look_at_a_full_ring_tells_the_watcher_its_producer_waits() {
     let link = n.ep.link().unwrap();
     crate::wait::ProgressSource::idle_wait(&**link, std::time::Duration::from_secs(1));
     assert!(!watch().take_producer_waited(), "the wait took the hint");
+    // A tail that claims a full ring with nothing published in it (the XPU writes the tail:
+    // it may be wrong) gives no hint, so that it cannot keep the watcher from sleeping.
+    let h = x.ring().header();
+    h.tail
+        .store(h.tail.load(Ordering::Relaxed) + 1000, Ordering::Relaxed);
+    n.ep.progress();
+    assert!(!watch().take_producer_waited(), "a tail alone is no hint");
 }
 
 #[test]
