@@ -781,16 +781,20 @@ fn rate_device(a: &Args, n: &Node, to: FiAddr, bufs: &[[u8; 8]], mut peer: Peer)
         peer.tell("next");
     }
     drop(mr);
-    xpu_rates.sort_by(f64::total_cmp);
-    host_rates.sort_by(f64::total_cmp);
-    let stat = |v: &[f64]| {
-        format!(
-            "{:.2} / {:.2} / {:.2}",
-            v[0] / 1e6,
-            pct(v, 0.5) / 1e6,
-            v[v.len() - 1] / 1e6
-        )
+    for v in [
+        &mut xpu_rates,
+        &mut host_rates,
+        &mut xpu_starts,
+        &mut host_starts,
+    ] {
+        v.sort_by(f64::total_cmp);
+    }
+    // min / median / max of sorted `v`, over `unit`, to `digits` decimals.
+    let spread = |v: &[f64], unit: f64, digits: usize| {
+        let [lo, mid, hi] = [v[0], pct(v, 0.5), v[v.len() - 1]].map(|x| x / unit);
+        format!("{lo:.digits$} / {mid:.digits$} / {hi:.digits$}")
     };
+    let stat = |v: &[f64]| spread(v, 1e6, 2);
     let ratio = pct(&xpu_rates, 0.5) / pct(&host_rates, 0.5);
     println!(
         "8 B sends one way, {} per round, {} rounds (the peer's first completion -> its last); M/s min / median / max",
@@ -803,10 +807,7 @@ fn rate_device(a: &Args, n: &Node, to: FiAddr, bufs: &[[u8; 8]], mut peer: Peer)
         stat(&xpu_rates),
         stat(&host_rates)
     );
-    for v in [&mut xpu_starts, &mut host_starts] {
-        v.sort_by(f64::total_cmp);
-    }
-    let us = |v: &[f64]| format!("{:.1} / {:.1} / {:.1}", v[0], pct(v, 0.5), v[v.len() - 1]);
+    let us = |v: &[f64]| spread(v, 1.0, 1);
     println!(
         "first post -> the peer's first completion, us min / median / max: xpu-device {}   host tinject {}",
         us(&xpu_starts),

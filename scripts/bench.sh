@@ -60,9 +60,10 @@
 #     us; one XPU thread through one watcher (which waits in fi_cq_sread: it shares a core with
 #     the XPU thread on two cores), its sends writing no completion as an inject writes none,
 #     timed from the peer's first completion to its last, goal >= 0.6x the host's tinject
-#     rate on the same endpoint; exported rings quiet for a second, goal < 1% of a core; after 0-200 ms of
-#     quiet, a descriptor or doorbell written as a GPU writes it, goal p50 <= a plain send
-#     after the same quiet + 5 us and max <= 2x its max. Each judged in the goals at the end.
+#     rate on the same endpoint; exported rings quiet for a second, goal < 1% of a core;
+#     after 0-200 ms of quiet, a descriptor or doorbell written as a GPU writes it, goal p50
+#     <= a plain send after the same quiet + 5 us and max <= 2x its max. Each judged in the
+#     goals at the end.
 #
 #   scripts/bench.sh                       # all of it: 10 rounds, shm then tcp
 #   QUICK=1 scripts/bench.sh               # issue 30's goals only, 3 rounds

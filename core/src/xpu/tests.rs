@@ -745,6 +745,15 @@ fn closing_cancels_what_the_rings_hold_and_an_unpublished_slot_is_named() {
     );
 }
 
+/// Drives `n` until `done` (120 s at most, then fails saying `what`).
+fn progress_until(n: &Node, mut done: impl FnMut() -> bool, what: impl Fn() -> String) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !done() {
+        n.ep.progress();
+        assert!(std::time::Instant::now() < deadline, "{}", what());
+    }
+}
+
 #[test]
 fn four_xpu_threads_keep_each_threads_order() {
     let w = World::new();
@@ -782,17 +791,11 @@ fn four_xpu_threads_keep_each_threads_order() {
             })
         })
         .collect();
-    let mut done = 0;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while done < 4 * PER {
-        n.ep.progress();
-        done = w.sh.log.lock().unwrap().len();
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{done} of {}",
-            4 * PER
-        );
-    }
+    progress_until(
+        &n,
+        || w.sh.log.lock().unwrap().len() >= 4 * PER,
+        || format!("{} of {}", w.sh.log.lock().unwrap().len(), 4 * PER),
+    );
     for t in threads {
         t.join().unwrap();
     }
@@ -804,21 +807,6 @@ fn four_xpu_threads_keep_each_threads_order() {
         next[t] += 1;
     }
     assert_eq!(entries(&n.cq).len(), 4 * PER);
-}
-
-/// Drives `n` until `done` (120 s at most). Every watcher of the process drains every
-/// exported counter's ring, one at a time: a test's own progress call finds nothing to do
-/// while another test's watcher holds the ring, and that watcher applies what it took.
-fn progress_until(n: &Node, mut done: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        n.ep.progress();
-        if done() {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "never applied");
-        std::thread::yield_now();
-    }
 }
 
 #[test]
@@ -838,11 +826,22 @@ fn an_exported_counter_is_mirrored_and_takes_the_xpus_adds() {
     assert_eq!(dev::cntr_wait(&xc, 8, 0, W), -FI_ETIMEDOUT);
     assert_eq!(dev::cntr_add(&xc, 3, W), 0);
     assert_eq!(dev::cntr_adderr(&xc, 2, W), 0);
-    progress_until(&n, || (c.read(), c.readerr()) == (10, 3));
+    // Every watcher of the process drains every exported counter's ring, one at a time: this
+    // test's own progress call finds nothing to do while another test's watcher holds the
+    // ring, and that watcher applies what it took.
+    progress_until(
+        &n,
+        || (c.read(), c.readerr()) == (10, 3),
+        || "never applied".into(),
+    );
     assert_eq!((dev::cntr_read(&xc, W), dev::cntr_readerr(&xc, W)), (10, 3));
     assert_eq!(dev::cntr_set(&xc, 1, W), 0);
     assert_eq!(dev::cntr_seterr(&xc, 0, W), 0);
-    progress_until(&n, || (c.read(), c.readerr()) == (1, 0));
+    progress_until(
+        &n,
+        || (c.read(), c.readerr()) == (1, 0),
+        || "never applied".into(),
+    );
     // A wait on another thread ends when the host's change is mirrored.
     let waiter = std::thread::spawn(move || dev::cntr_wait(&xc, 4, -1, W));
     c.add(3).unwrap();
