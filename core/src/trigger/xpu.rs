@@ -211,11 +211,15 @@ struct RingWatch {
     wakes: bool,
     /// What its descriptors' validation found last (regions, peer), reused while valid.
     checked: crate::xpu::Checked,
+    /// The last look left descriptors in it because the CQ their faults go to holds as many
+    /// unread errors as its size: until the application reads them no look can take one,
+    /// so a descriptor waiting is no reason to keep looking.
+    held: bool,
 }
 
 impl RingWatch {
     fn nap(&self, now: u64, last_fire: u64) -> Duration {
-        if self.ring.ready() {
+        if self.ring.ready() && !self.held {
             return Duration::ZERO;
         }
         self.planned(now, last_fire)
@@ -560,6 +564,7 @@ impl XpuWatch {
             timing,
             wakes: false,
             checked: Default::default(),
+            held: false,
         });
         self.has_rings.store(true, Ordering::Release);
         drop(rings);
@@ -591,6 +596,9 @@ impl XpuWatch {
         for r in rings.iter_mut() {
             let full = r.ring.full();
             let k = crate::xpu::ep::drain(&r.ring, &mut r.checked, DRAIN_MAX, owner, link);
+            // Held back by unread errors (`xpu::ep::drain`): a look follows the plan, not the
+            // ring, until they are read (a watcher that kept looking would spin meanwhile).
+            r.held = r.ring.ready() && owner.port().xpu_faults_full();
             // Full by its tail, and descriptors in it: a tail alone (the XPU's to write, so
             // possibly wrong) must not keep a watcher from ever sleeping.
             if full && k > 0 {

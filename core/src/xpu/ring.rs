@@ -59,6 +59,9 @@ pub(crate) struct DescRing {
     head: AtomicU64,
     /// Slots - 1, the host's own copy (a device may write its header).
     mask: u64,
+    /// Closed by the host (`close`): its own record, the header's `state` being the XPU's to
+    /// read and so to write too.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// What the consumer found at the head.
@@ -118,6 +121,7 @@ impl DescRing {
             mem,
             head: AtomicU64::new(0),
             mask: slots as u64 - 1,
+            closed: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -165,10 +169,12 @@ impl DescRing {
         tail.wrapping_sub(self.head()) > self.mask
     }
 
-    /// Whether the next slot is published (a look without taking it).
+    /// Whether the next slot is published (a look without taking it): never once the host
+    /// closed the ring, whatever an XPU writes into it after.
     pub(crate) fn ready(&self) -> bool {
         let head = self.head();
-        self.slot(head).0[0].load(Ordering::Acquire) == head.wrapping_add(1)
+        !self.closed.load(Ordering::Relaxed)
+            && self.slot(head).0[0].load(Ordering::Acquire) == head.wrapping_add(1)
     }
 
     /// Takes the slot at the head if it is published. Consumer only (one at a time).
@@ -202,15 +208,26 @@ impl DescRing {
         })
     }
 
-    /// Closes the ring to producers and returns what lies between the head and the tail
-    /// (at most one lap: `tail` is the XPU's to write, and is not trusted further). Consumer
-    /// only.
+    /// Closes the ring to producers and returns what lies between the head and the tail, or
+    /// the last slot of this lap found published if that lies further (at most one lap:
+    /// `tail` is the XPU's to write, and is trusted neither to bound what was published nor
+    /// past a lap). Consumer only. Closed already: nothing (what it held was returned then).
     pub(crate) fn close(&self) -> Vec<Left> {
         let h = self.header();
         h.state.store(RING_CLOSED, Ordering::Release);
+        if self.closed.swap(true, Ordering::Relaxed) {
+            return Vec::new();
+        }
         let head = self.head();
+        let lap = head.saturating_add(self.mask + 1);
         let tail = h.tail.load(Ordering::Acquire);
-        let end = tail.clamp(head, head.saturating_add(self.mask + 1));
+        // Only this lap's publishing value matches a slot's `seq` (a slot left from an
+        // earlier lap holds its position then), so the scan finds nothing stale.
+        let published = (head..lap)
+            .rev()
+            .find(|&pos| self.slot(pos).0[0].load(Ordering::Acquire) == pos.wrapping_add(1))
+            .map_or(head, |pos| pos + 1);
+        let end = tail.clamp(head, lap).max(published);
         let mut out = Vec::new();
         let mut pos = head;
         while pos < end {

@@ -570,6 +570,19 @@ fn faulty_descriptors_stop_at_the_cqs_size_until_their_errors_are_read() {
         "errors kept for a CQ of {CQ}"
     );
     assert!(posted > CQ as u64);
+    assert!(x.ring().ready(), "descriptors left in the ring");
+    // Held back, the ring keeps no watcher looking: once the spin after the last look (and
+    // any window it predicted) is over, the watcher may sleep (it spun for as long as the
+    // application left its errors unread).
+    let watch = n.ep.link().unwrap().xpu.as_ref().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while watch.nap() == Some(std::time::Duration::ZERO) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a ring held back by unread errors kept the watcher looking"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     // Read (each read drives progress, which drains on as room is made): all, in order.
     let mut got = Vec::new();
     for _ in 0..4 {
@@ -676,6 +689,30 @@ fn a_refusing_provider_holds_the_ring_back_and_keeps_the_order() {
     while n.ep.progress() > 0 {}
     assert!(refused >= 3);
     assert_eq!(w.sh.ctxs(), (0..6).collect::<Vec<_>>());
+}
+
+/// A tail an XPU wrote back below what it published does not hide those descriptors from
+/// close: each still ends canceled.
+#[test]
+fn closing_cancels_what_was_published_past_a_tail_written_back() {
+    let w = World::new();
+    let n = node(&w);
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let buf = vec![0u8; 8];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    for ctx in [7, 8] {
+        assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, ctx, 0, W), 0);
+    }
+    let h = x.ring().header();
+    h.tail.store(x.ring().head(), Ordering::Relaxed);
+    let Node { ep, cq, av: _av } = n;
+    ep.close().unwrap();
+    let got: Vec<_> = errors(&cq)
+        .iter()
+        .map(|(e, _)| (e.op_context, e.err))
+        .collect();
+    assert_eq!(got, vec![(7, FI_ECANCELED), (8, FI_ECANCELED)]);
+    assert!(w.sh.ctxs().is_empty(), "nothing started");
 }
 
 #[test]
@@ -846,6 +883,23 @@ fn an_exported_counter_is_mirrored_and_takes_the_xpus_adds() {
     let waiter = std::thread::spawn(move || dev::cntr_wait(&xc, 4, -1, W));
     c.add(3).unwrap();
     assert_eq!(waiter.join().unwrap(), 0);
+}
+
+/// A counter gone while its export's handle lives: its ring is closed, and a slot an XPU
+/// publishes into it after (without the reservation a closed ring refuses) never reads as
+/// ready, so it keeps no watcher looking (every watcher looks at every exported counter).
+#[test]
+fn a_closed_counter_ring_is_never_ready_again() {
+    let w = World::new();
+    let c = w.cntr();
+    let xc = c.export_xpu(Xpu::CPU).unwrap();
+    drop(c);
+    assert_eq!(dev::cntr_add(&xc, 1, W), -FI_ESHUTDOWN, "closed to the XPU");
+    let r = xc.ring();
+    let head = r.head();
+    r.seq_word(head)
+        .store(head.wrapping_add(1), Ordering::Release);
+    assert!(!r.ready(), "a closed ring published into reads as ready");
 }
 
 /// A drain of a counter's ring takes a bounded number of descriptors: an XPU adding as fast
