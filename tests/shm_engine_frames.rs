@@ -861,7 +861,8 @@ fn next_ok(n: &Node) -> Context {
 /// moving it finishes that many released sends, oldest first; an answer frame for one (an
 /// `Ack`, a discarding `Cts`) takes it out of the count's reach (the next move finishes the
 /// next oldest, not it); a move waits until the lane is read up to the head that came with
-/// it; one stored by another than the lane's holder counts nothing; moving it past what is
+/// it (and is applied once stored again with a head the lane is read up to, where the first
+/// pair's head lied); one stored by another than the lane's holder counts nothing; moving it past what is
 /// left drops the lane with a log line and fails what is left, and the endpoint goes on.
 #[test]
 fn an_armed_sends_count_is_checked() {
@@ -874,11 +875,11 @@ fn an_armed_sends_count_is_checked() {
     let len = 32 << 10;
     let m = Hmem::global()
         .get(Iface::System)
-        .alloc_host_mapped(0, 9 * len)
+        .alloc_host_mapped(0, 10 * len)
         .expect("alloc_host_mapped");
     let before = armed_counts();
     let mut vars = Vec::new();
-    for i in 0..9 {
+    for i in 0..10 {
         let iov = [RawIov {
             addr: m.as_ptr() as usize + i * len,
             len,
@@ -891,13 +892,13 @@ fn an_armed_sends_count_is_checked() {
         assert_eq!(k.expect("arm"), 1);
         vars.push(v[0]);
     }
-    assert_eq!(armed_counts().prearmed - before.prearmed, 9, "armed ahead");
+    assert_eq!(armed_counts().prearmed - before.prearmed, 10, "armed ahead");
     for v in &vars {
         // SAFETY: variables the endpoint filled for the CPU XPU, its doorbell alive with it.
         unsafe { ring(&[*v]) }.expect("ring");
     }
-    // The request ids of the nine, in release order, from the slots the releases name.
-    let ids: Vec<u32> = (0..9)
+    // The request ids of the ten, in release order, from the slots the releases name.
+    let ids: Vec<u32> = (0..10)
         .map(|_| {
             let slot = await_release(&n, &mut raw);
             let f = raw.target_armed(slot).expect("the released slot's frame");
@@ -979,15 +980,30 @@ fn an_armed_sends_count_is_checked() {
     raw.put_count(5);
     assert_eq!(next_ok(&n), 17);
 
-    // One left (18): a move by 5 runs past it.
+    // A move with a head far past what the receiver wrote waits (nothing finishes), and is
+    // kept; the same move stored again with a head the lane is read up to is applied, not
+    // left behind the first pair (whose head the lane never reaches).
+    raw.put_count_at(6, raw.head().wrapping_add(1 << 40));
+    // A frame, so that a progress call runs and reads the pair (and keeps it).
+    assert!(raw.send_raw(FRAME, &filler, 0));
+    for _ in 0..64 {
+        assert!(
+            matches!(n.cq.read(&mut buf), Err(Error::Again(_))),
+            "a count whose head lies ahead finished a send"
+        );
+    }
+    raw.put_count(6);
+    assert_eq!(next_ok(&n), 18, "the move with a head reached");
+
+    // One left (19): a move by 5 runs past it.
     let logged = drops_logged();
-    raw.put_count(10);
+    raw.put_count(11);
     match n.next() {
-        Completion::Err(e, _) => assert_eq!(e.op_context, 18, "what was left fails"),
+        Completion::Err(e, _) => assert_eq!(e.op_context, 19, "what was left fails"),
         Completion::Ok(e, _) => panic!("a count past what was released finished {e:?}"),
     }
     assert!(!raw.lane_claimed(), "the lane was not dropped");
     assert!(drops_logged() > logged, "no log line");
-    assert_eq!(armed_counts().counted - before.counted, 5);
+    assert_eq!(armed_counts().counted - before.counted, 6);
     serves_a_good_peer(&n, &addr);
 }

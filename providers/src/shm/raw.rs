@@ -162,6 +162,18 @@ impl RawPeer {
         ring::store_count(&self.target, self.lane, claim, v, self.prod.head());
     }
 
+    /// `put_count` with `head` as the head that came with it, whatever we wrote (a lie when it
+    /// is past our producer's head).
+    pub fn put_count_at(&self, v: u32, head: u64) {
+        let claim = ring::claim(&self.target, self.lane).load(Ordering::Acquire);
+        ring::store_count(&self.target, self.lane, claim, v, head);
+    }
+
+    /// Our producer's head in the lane (what `put_count` sends with the count).
+    pub fn head(&self) -> u64 {
+        self.prod.head()
+    }
+
     /// Whether the target still has our lane claimed (it drops the lane of a peer that sent
     /// garbage).
     pub fn lane_claimed(&self) -> bool {

@@ -142,6 +142,12 @@ fn read_up_to(pos: u64, head: u64) -> bool {
     pos.wrapping_sub(head) < 1 << 63
 }
 
+/// Whether a consumer at position `pos` has read past `at`, the message written there
+/// (positions wrap).
+fn read_past(pos: u64, at: u64) -> bool {
+    pos != at && read_up_to(pos, at)
+}
+
 /// The request id of the `Rts` in `frame` (an armed slot's bytes), if that is what it holds.
 fn rts_id(frame: &[u8]) -> Option<u32> {
     match wire::decode_all(frame) {
@@ -229,7 +235,9 @@ impl Net {
         self.armed.released.retain(|&(p, slot, at)| {
             let l = &links[p];
             let read = match (&l.prod, &l.seg) {
-                (Some(prod), Some(seg)) if !l.dead => prod.consumed(seg) > at,
+                // Read past `at`, positions wrapping (the lane's tail, where our producer
+                // started, is whatever its last holder left).
+                (Some(prod), Some(seg)) if !l.dead => read_past(prod.consumed(seg), at),
                 _ => true,
             };
             if read {
@@ -371,10 +379,17 @@ impl Net {
             let Some(lane) = l.rx_lane else {
                 continue;
             };
-            // A pair read before and not applied yet stays: see `count_pending`.
-            let pair = match self.count_pending[lane] {
-                Some(pair) => Some(pair),
-                None => ring::load_count(&self.seg, lane),
+            // A pair read before and not applied yet stays (see `count_pending`), unless the
+            // word now holds one whose head this lane is already read up to: that one is
+            // applied, as `counted` (which reads only the word) expects. Otherwise a peer
+            // that wrote a head far ahead, then a moved count with a head it reached, would
+            // keep `has_work` true and a waiter from ever sleeping, the kept pair never
+            // applied.
+            let live = ring::load_count(&self.seg, lane);
+            let pair = match (self.count_pending[lane], live) {
+                (Some(_), Some(now)) if read_up_to(self.cons[lane].pos(), now.1) => Some(now),
+                (Some(kept), _) => Some(kept),
+                (None, live) => live,
             };
             if let Some((w, head)) = pair {
                 self.armed.counts.push((p, lane, w, head));
@@ -502,5 +517,22 @@ impl Net {
     /// CONNECT, from which `p` counts).
     pub(super) fn count_from_zero(&mut self, p: PeerId) {
         self.links[p].rx_acks.done = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A released slot is reclaimed once its receiver read past its RELEASE, also across the
+    /// wrap of a lane whose tail its last holder left near the end of the positions.
+    #[test]
+    fn a_release_is_read_past_across_the_wrap() {
+        let at = u64::MAX - 2;
+        assert!(!read_past(at, at), "not read yet");
+        assert!(!read_past(at - 1, at), "behind it");
+        assert!(read_past(at + 1, at));
+        assert!(read_past(5, at), "past it, the position wrapped");
+        assert!(!read_past(at.wrapping_sub(1 << 62), at), "far behind");
     }
 }
