@@ -349,6 +349,12 @@ impl EpLink {
     /// The endpoint is closing: every operation of it that has not started is canceled.
     pub(crate) fn close(self: &Arc<Self>) {
         self.closed.store(true, Ordering::Release);
+        // What waited for room first: a descriptor held there was taken from its ring before
+        // what is left in the ring, and is reported canceled before it.
+        let stalled = std::mem::take(&mut *lock(&self.stalled));
+        for j in stalled {
+            j.cancel();
+        }
         if let Some(x) = &self.xpu {
             x.close_rings(&*self.port);
         }
@@ -361,6 +367,8 @@ impl EpLink {
         for j in self.xpu.iter().flat_map(XpuWatch::take_all) {
             j.cancel();
         }
+        // Held meanwhile by a drain or a retry that raced the close (each of them cancels what
+        // it would start once it sees `closed`; this takes what it held before it looked).
         let stalled = std::mem::take(&mut *lock(&self.stalled));
         for j in stalled {
             j.cancel();

@@ -691,6 +691,34 @@ fn a_refusing_provider_holds_the_ring_back_and_keeps_the_order() {
     assert_eq!(w.sh.ctxs(), (0..6).collect::<Vec<_>>());
 }
 
+/// Closing with a descriptor held for room at the provider and more behind it in the ring
+/// cancels them in the ring's order: the one taken first is reported first.
+#[test]
+fn closing_cancels_a_held_descriptor_before_those_behind_it() {
+    let w = World::new();
+    let n = node(&w);
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let buf = vec![0u8; 8];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    w.sh.again.store(u32::MAX as _, Ordering::Release);
+    for ctx in 0..3 {
+        assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, ctx, 0, W), 0);
+    }
+    n.ep.progress();
+    assert!(x.ring().ready(), "the ring is held behind the first");
+    let Node { ep, cq, av: _av } = n;
+    ep.close().unwrap();
+    let got: Vec<_> = errors(&cq)
+        .iter()
+        .map(|(e, _)| (e.op_context, e.err))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(0, FI_ECANCELED), (1, FI_ECANCELED), (2, FI_ECANCELED)]
+    );
+    assert!(w.sh.ctxs().is_empty(), "nothing started");
+}
+
 /// A tail an XPU wrote back below what it published does not hide those descriptors from
 /// close: each still ends canceled.
 #[test]
