@@ -719,6 +719,34 @@ fn closing_cancels_a_held_descriptor_before_those_behind_it() {
     assert!(w.sh.ctxs().is_empty(), "nothing started");
 }
 
+/// A publishing word of another lap, at the next slot or again at one already taken, is
+/// never taken: nothing starts twice, nothing starts from it, and no error is made up.
+#[test]
+fn a_publishing_word_of_another_lap_is_never_taken() {
+    let w = World::new();
+    let n = node(&w);
+    let x = n.ep.export_xpu_slots(Xpu::CPU, 4).unwrap();
+    let buf = vec![0u8; 8];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 1, 0, W), 0);
+    while n.ep.progress() > 0 {}
+    assert_eq!(w.sh.ctxs(), vec![1]);
+    let r = x.ring();
+    // The slot taken, published again (a replay): behind the head.
+    r.seq_word(0).store(1, Ordering::Release);
+    // The next slot with a later lap's word, then an earlier lap's.
+    for seq in [1 + 4 + 1, 1u64.wrapping_sub(4).wrapping_add(1)] {
+        r.seq_word(1).store(seq, Ordering::Release);
+        while n.ep.progress() > 0 {}
+        assert_eq!(w.sh.ctxs(), vec![1], "taken at {seq:#x}");
+    }
+    assert!(errors(&n.cq).is_empty(), "an error made up");
+    // The position's own word: taken.
+    assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 2, 0, W), 0);
+    while n.ep.progress() > 0 {}
+    assert_eq!(w.sh.ctxs(), vec![1, 2]);
+}
+
 /// A tail an XPU wrote back below what it published does not hide those descriptors from
 /// close: each still ends canceled.
 #[test]
@@ -928,6 +956,43 @@ fn a_closed_counter_ring_is_never_ready_again() {
     r.seq_word(head)
         .store(head.wrapping_add(1), Ordering::Release);
     assert!(!r.ready(), "a closed ring published into reads as ready");
+}
+
+/// An exported counter's ring takes counter descriptors only: an endpoint's opcode, an
+/// unknown one and a torn slot each count one error on the counter (which ends any
+/// `fi_xpu_cntr_wait`) and change its value in nothing.
+#[test]
+fn a_counter_ring_counts_an_error_for_what_is_not_a_counter_descriptor() {
+    let w = World::new();
+    let n = node(&w);
+    let _x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let c = w.cntr();
+    let xc = c.export_xpu(Xpu::CPU).unwrap();
+    let h = xc.ring().header();
+    for op in [opcode::SEND, 77] {
+        let d = XpuDesc {
+            opcode: op,
+            data: 5,
+            ..Default::default()
+        };
+        // SAFETY: the header of a ring its handle keeps alive, reached from this thread.
+        assert_eq!(unsafe { super::ring::post(h, &d) }, 0);
+    }
+    // SAFETY: as above.
+    let torn = unsafe { super::ring::claim(h) }.unwrap();
+    torn.write(&XpuDesc {
+        opcode: opcode::CNTR_ADD,
+        data: 100,
+        ..Default::default()
+    });
+    torn.store_word(2, (torn.position() + 9) << 32);
+    torn.publish();
+    assert_eq!(dev::cntr_add(&xc, 1, W), 0);
+    progress_until(
+        &n,
+        || (c.read(), c.readerr()) == (1, 3),
+        || format!("counter {} errors {}", c.read(), c.readerr()),
+    );
 }
 
 /// A drain of a counter's ring takes a bounded number of descriptors: an XPU adding as fast
