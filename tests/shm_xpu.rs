@@ -248,3 +248,43 @@ fn xpu_triggered_rma_writes_under_auto_progress() {
         Progress::Auto,
     );
 }
+
+/// An XPU that stores to its trigger variable after the endpoint closed (a kernel still
+/// running, a CPU thread behind) finds memory that is still there: the doorbell is kept until
+/// the domain closes, as descriptor rings are, and the store starts nothing. (Unmapped with
+/// the endpoint, the store was a segmentation fault.)
+#[test]
+fn a_store_to_a_trigger_variable_after_the_endpoint_closed_is_harmless() {
+    if role().is_some() {
+        return;
+    }
+    let n = node(CAPS, Progress::Manual);
+    let me = n.add_peer(&n.ep.getname().expect("getname"));
+    let buf = [7u8; 8];
+    let iov = [RawIov::of(&buf)];
+    let mut v = [TriggerVar::default()];
+    // SAFETY: `buf` outlives the endpoint, whose close cancels the send.
+    unsafe { n.ep.tsendmsg_xpu(&msg(&iov, me, 1, 0), 0, Xpu::CPU, &mut v) }.expect("arm");
+    let Node {
+        fabric: _fabric,
+        domain,
+        cq,
+        av: _av,
+        ep,
+        info: _info,
+    } = n;
+    ep.close().expect("close the endpoint");
+    let e = cq.readerr().expect("the armed send ends canceled");
+    assert_eq!((e.op_context, e.err), (1, xfabric::errno::FI_ECANCELED));
+    // SAFETY: the variable's doorbell is kept until `domain` closes, below.
+    unsafe { xfabric::kernels::cpu::store(&v) }.expect("store");
+    // SAFETY: as above.
+    unsafe { ring(&v) }.expect("ring");
+    let mut buf = [CqTaggedEntry::default(); 1];
+    assert!(
+        matches!(cq.read(&mut buf), Err(Error::Again(_))),
+        "nothing started"
+    );
+    drop(cq);
+    drop(domain);
+}

@@ -367,6 +367,9 @@ impl EpLink {
         for j in self.xpu.iter().flat_map(XpuWatch::take_all) {
             j.cancel();
         }
+        if let Some(x) = &self.xpu {
+            x.retire_bells(&*self.port);
+        }
         // Held meanwhile by a drain or a retry that raced the close (each of them cancels what
         // it would start once it sees `closed`; this takes what it held before it looked).
         let stalled = std::mem::take(&mut *lock(&self.stalled));

@@ -685,6 +685,16 @@ impl XpuWatch {
         None
     }
 
+    /// The endpoint is closing: every doorbell's memory is kept until its domain closes
+    /// (`Port::retire`), as its descriptor rings are. Its variables were handed out, and an
+    /// XPU that stores to one late (a kernel still running, a CPU thread behind) must find
+    /// memory that is still there, never memory unmapped or given to someone else.
+    pub(crate) fn retire_bells(&self, port: &dyn Port) {
+        for b in self.lock().iter() {
+            port.retire(Arc::new(b.bell.clone()));
+        }
+    }
+
     /// Removes every armed operation (the endpoint is closing).
     pub(crate) fn take_all(&self) -> Vec<Job> {
         let mut bells = self.lock();
