@@ -516,6 +516,10 @@ unsafe fn read_into(
         }
     }
     if count == 0 {
+        // No entries, but progress all the same, as libfabric's providers make it: a
+        // manual-progress caller that leaves the entries to an XPU reading the exported ring
+        // (`fi_cq_read(cq, buf, 0)`) moves them there this way.
+        cq.progress();
         return Ok(0);
     }
     if buf.is_null() {

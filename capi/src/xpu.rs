@@ -60,6 +60,14 @@ unsafe fn xpu_of(attr: *const XfXpuAttr) -> Result<(Xpu, Option<usize>), c_int> 
     if a.reserved != 0 {
         return Err(inval("xf_xpu_attr: reserved is not 0"));
     }
+    // One CPU XPU (as FI_OPT_XPU_TRIGGER's getopt says): a device number for it would make a
+    // second ring, a second export of the same CPU.
+    if iface == Iface::System && a.device != 0 {
+        return Err(inval(&format!(
+            "xf_xpu_attr: device {} of FI_HMEM_SYSTEM; the CPU XPU is device 0",
+            a.device
+        )));
+    }
     let slots = match a.slots {
         0 => None,
         n => Some(usize::try_from(n).map_err(|_| inval("xf_xpu_attr: slots too large"))?),
@@ -104,8 +112,9 @@ pub unsafe fn ep_export(ep: *mut c_void, flags: u64, xpu_ep: *mut FidXpu) -> c_i
 
 /// xfabric's `fi_ep_export_xpu` for the XPU `attr` names (null: the CPU XPU), with a ring of
 /// `attr->slots` descriptors (2 to 262144, a power of two; 0 for 1024). One ring per
-/// (endpoint, XPU): exporting again fills the same handle. XPUs other than the CPU answer
-/// `-FI_EOPNOTSUPP` for now.
+/// (endpoint, XPU): exporting again fills the same handle. The CPU XPU is device 0 of
+/// `FI_HMEM_SYSTEM` (another device number is `-FI_EINVAL`); a CUDA or Level Zero XPU where
+/// the domain has one, `-FI_EOPNOTSUPP` where it has none.
 ///
 /// # Safety
 /// `ep` null or a readable fid; `attr` null or readable; `xpu_ep` null or writable.
@@ -117,9 +126,9 @@ pub unsafe fn ep_export_attr(
 ) -> c_int {
     run(|| {
         out_ok(xpu_ep)?;
-        no_flags("fi_ep_export_xpu", flags)?;
-        // SAFETY: a fid from the caller, checked.
+        // SAFETY: a fid from the caller, checked (before the flags: a null fid is EINVAL).
         let ep = unsafe { ep_of(ep) }.map_err(|e| e as c_int)?;
+        no_flags("fi_ep_export_xpu", flags)?;
         // SAFETY: forwarded contract.
         let (xpu, slots) = unsafe { xpu_of(attr) }?;
         let x = ep
@@ -155,9 +164,9 @@ pub unsafe fn cq_export_attr(
 ) -> c_int {
     run(|| {
         out_ok(xpu_cq)?;
-        no_flags("fi_cq_export_xpu", flags)?;
-        // SAFETY: a fid from the caller, checked.
+        // SAFETY: a fid from the caller, checked (before the flags: a null fid is EINVAL).
         let cq = unsafe { get::<CompletionQueue>(cq) }?;
+        no_flags("fi_cq_export_xpu", flags)?;
         // SAFETY: forwarded contract.
         let (xpu, slots) = unsafe { xpu_of(attr) }?;
         let x = match slots {
@@ -193,9 +202,9 @@ pub unsafe fn cntr_export_attr(
 ) -> c_int {
     run(|| {
         out_ok(xpu_cntr)?;
-        no_flags("fi_cntr_export_xpu", flags)?;
-        // SAFETY: a fid from the caller, checked.
+        // SAFETY: a fid from the caller, checked (before the flags: a null fid is EINVAL).
         let cntr = unsafe { get::<Counter>(cntr) }?;
+        no_flags("fi_cntr_export_xpu", flags)?;
         // SAFETY: forwarded contract.
         let (xpu, slots) = unsafe { xpu_of(attr) }?;
         if slots.is_some() {
@@ -217,9 +226,9 @@ pub unsafe fn cntr_export_attr(
 unsafe fn put_key(what: &str, buf: *mut c_void, len: *mut usize, v: u64) -> Result<c_int, c_int> {
     // SAFETY: readable (caller).
     let room = unsafe { len.read_unaligned() };
-    // SAFETY: writable (caller).
-    unsafe { len.write_unaligned(XPU_KEY_SIZE) };
     if room < XPU_KEY_SIZE {
+        // SAFETY: writable (caller): the size needed.
+        unsafe { len.write_unaligned(XPU_KEY_SIZE) };
         tracing::debug!("{what}: {room} bytes, {XPU_KEY_SIZE} needed");
         return Err(-FI_ETOOSMALL);
     }
@@ -228,6 +237,8 @@ unsafe fn put_key(what: &str, buf: *mut c_void, len: *mut usize, v: u64) -> Resu
     }
     // SAFETY: writable for at least XPU_KEY_SIZE bytes (caller, checked above).
     unsafe { buf.cast::<u64>().write_unaligned(v) };
+    // SAFETY: writable (caller): the bytes written. A call that fails otherwise leaves it.
+    unsafe { len.write_unaligned(XPU_KEY_SIZE) };
     Ok(0)
 }
 

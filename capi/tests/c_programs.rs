@@ -111,6 +111,16 @@ fn c_xpu_handles_used_after_their_objects_closed_reach_kept_memory() {
 }
 
 #[test]
+fn c_a_cpu_xpu_reads_a_burst_larger_than_its_cq_ring() {
+    let headers = concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/cuda");
+    let out = run_c("xpu_cq_burst", &["-I", headers]);
+    assert!(
+        out.contains("the XPU read 8 completions through a ring of 2"),
+        "{out}"
+    );
+}
+
+#[test]
 fn c_device_memory_registration_refused_without_a_device() {
     if xfabric_hmem_present() {
         eprintln!("skipped: a GPU is present, device registration would succeed");

@@ -182,6 +182,14 @@ impl CompletionQueue {
         self.read_impl(buf, None)
     }
 
+    /// Drives what this queue's readers drive (under manual progress the endpoints bound to
+    /// it and their domain's), reading nothing: what `fi_cq_read` of no entries does, a
+    /// polling loop's way to make progress for entries it leaves to others (an XPU reading
+    /// the queue's exported ring). Returns how much work was found.
+    pub fn progress(&self) -> usize {
+        self.inner.progress.run()
+    }
+
     /// `fi_cq_readfrom`: like `read`, also returning each entry's source address
     /// (`FI_ADDR_NOTAVAIL` where unknown). `src` must be as long as `buf`.
     pub fn readfrom<E: CqFormatEntry>(&self, buf: &mut [E], src: &mut [FiAddr]) -> Result<usize> {

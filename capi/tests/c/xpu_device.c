@@ -12,6 +12,7 @@
 #include <rdma/fi_atomic.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
+#include <rdma/fi_trigger.h>
 #include <sched.h>
 #include <xfabric/fi_xpu.h>
 #include <xfabric/fi_xpu_device.h>
@@ -145,6 +146,7 @@ static void *xpu_parent(void *arg)
 	REQUIRE(fi_xpu_cq_read(&a->cq, NULL, 0, FI_XPU_WORK_ITEM) == -FI_EINVAL);
 	REQUIRE(fi_xpu_cq_read(&a->cq, a->buf, 1, FI_XPU_WORK_ITEM) == -FI_EAGAIN);
 
+	REQUIRE(xf_xpu_post_desc(&a->ep, NULL, FI_XPU_WORK_ITEM) == -FI_EINVAL);
 	/* Hostile descriptors until the ring of 2 is full: nothing drains yet. */
 	struct xf_xpu_desc d;
 	memset(&d, 0, sizeof d);
@@ -233,6 +235,8 @@ static void misuse(struct side *s, struct fid_cntr *cntr, struct fid_mr *mr)
 	REQUIRE(fi_ep_export_xpu((struct fid_ep *)s->cq, 0, &xe) == -FI_EINVAL);
 	REQUIRE(fi_ep_export_xpu(s->ep, 0, NULL) == -FI_EINVAL);
 	REQUIRE(fi_ep_export_xpu(s->ep, 1, &xe) == -FI_EBADFLAGS);
+	REQUIRE(fi_ep_export_xpu(NULL, 1, &xe) == -FI_EINVAL); /* the fid first */
+	REQUIRE(fi_cq_export_xpu(NULL, 1, &xq) == -FI_EINVAL);
 	REQUIRE(fi_cq_export_xpu(NULL, 0, &xq) == -FI_EINVAL);
 	REQUIRE(fi_cq_export_xpu((struct fid_cq *)s->ep, 0, &xq) == -FI_EINVAL);
 	REQUIRE(fi_cq_export_xpu(s->cq, 0, NULL) == -FI_EINVAL);
@@ -243,6 +247,10 @@ static void misuse(struct side *s, struct fid_cntr *cntr, struct fid_mr *mr)
 	REQUIRE(fi_av_get_xpu_addr((struct fid_av *)s->cq, s->peer, &raw, &len) == -FI_EINVAL);
 	REQUIRE(fi_av_get_xpu_addr(s->av, s->peer, &raw, NULL) == -FI_EINVAL);
 	REQUIRE(fi_av_get_xpu_addr(s->av, 12345, &raw, &len) == -FI_EINVAL);
+	len = 100; /* a failing call leaves it */
+	REQUIRE(fi_av_get_xpu_addr(s->av, s->peer, NULL, &len) == -FI_EINVAL);
+	REQUIRE(len == 100);
+	len = sizeof raw;
 	len = 4;
 	REQUIRE(fi_av_get_xpu_addr(s->av, s->peer, &raw, &len) == -FI_ETOOSMALL);
 	REQUIRE(len == XF_XPU_KEY_SIZE);
@@ -258,6 +266,15 @@ static void misuse(struct side *s, struct fid_cntr *cntr, struct fid_mr *mr)
 	REQUIRE(xf_ep_export_xpu(s->ep, &three, 0, &xe) == -FI_EINVAL);
 	struct xf_xpu_attr bad = { .iface = 77 };
 	REQUIRE(xf_cq_export_xpu(s->cq, &bad, 0, &xq) == -FI_EINVAL);
+	/* getopt's count is the caller's array's length: a negative one is refused. */
+	struct fi_trigger_xpu tq = { .count = -5, .iface = FI_HMEM_SYSTEM };
+	size_t tlen = sizeof tq;
+	REQUIRE(fi_getopt(&s->ep->fid, FI_OPT_ENDPOINT, FI_OPT_XPU_TRIGGER, &tq, &tlen) ==
+		-FI_EINVAL);
+	/* One CPU XPU: device 0 of FI_HMEM_SYSTEM. */
+	struct xf_xpu_attr cpu7 = { .iface = FI_HMEM_SYSTEM, .device = 7 };
+	REQUIRE(xf_ep_export_xpu(s->ep, &cpu7, 0, &xe) == -FI_EINVAL);
+	REQUIRE(xf_cq_export_xpu(s->cq, &cpu7, 0, &xq) == -FI_EINVAL);
 }
 
 static int parent(struct side *s, uint64_t caps)

@@ -473,6 +473,12 @@ impl Endpoint {
                 t.iface
             ))
         })?;
+        if t.count < 0 {
+            return Err(Error::Inval(format!(
+                "getopt(FI_OPT_XPU_TRIGGER): count {} is negative",
+                t.count
+            )));
+        }
         // SAFETY: the caller's contract.
         let n = self.xpu_trigger_vars(xpu, unsafe { t.vars_mut() })?;
         t.count = n as i32;

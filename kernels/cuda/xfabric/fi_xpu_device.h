@@ -357,6 +357,8 @@ XF_XPU_FN int xf_xpu_post(struct xf_xpu_ring *r, const struct xf_xpu_desc *d, in
  * for code that builds descriptors itself. */
 XF_XPU_FN int xf_xpu_post_desc(struct fid_xpu_ep *ep, const struct xf_xpu_desc *d, int scope)
 {
+	if (!d)
+		return -XF_XPU_EINVAL;
 	return xf_xpu_post((struct xf_xpu_ring *)xf_xpu_block(ep ? &ep->fid : 0, XF_XPU_CLASS_EP),
 			   d, scope);
 }
