@@ -106,12 +106,27 @@ pub(crate) unsafe extern "C" fn ep_setopt(
 // ---- deferred work ----
 
 /// The requests C queued, by (domain, `struct fi_deferred_work` address): what
-/// `FI_CANCEL_WORK` names. A request that started stays until its domain flushes or its
-/// structure is queued again.
-static QUEUED: Mutex<Vec<(usize, usize, WorkId)>> = Mutex::new(Vec::new());
+/// `FI_CANCEL_WORK` names. Those that no longer wait (started, canceled, flushed, their
+/// domain closed) are forgotten as the table grows: it holds about as many as wait, however
+/// many an application queues over its life.
+struct Queued {
+    by_key: std::collections::HashMap<(usize, usize), WorkId>,
+    /// Size at which the ended are swept out next: twice what was left after the last
+    /// sweep, so that each queueing pays a bounded share of it.
+    sweep_at: usize,
+}
 
-fn queued() -> std::sync::MutexGuard<'static, Vec<(usize, usize, WorkId)>> {
-    QUEUED.lock().unwrap_or_else(|e| e.into_inner())
+static QUEUED: Mutex<Option<Queued>> = Mutex::new(None);
+
+/// The smallest `Queued::sweep_at`.
+const SWEEP_MIN: usize = 64;
+
+fn queued<T>(f: impl FnOnce(&mut Queued) -> T) -> T {
+    let mut g = QUEUED.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(|| Queued {
+        by_key: Default::default(),
+        sweep_at: SWEEP_MIN,
+    }))
 }
 
 /// `fi_control(domain, FI_QUEUE_WORK)`.
@@ -249,9 +264,13 @@ unsafe fn queue(d: &Domain, dom: usize, w: *const FiDeferredWork) -> Result<isiz
     // SAFETY: the buffers stay valid as the transfer requires (caller).
     let id = unsafe { d.queue_work(&work) }.map_err(neg)?;
     let at = w as *const FiDeferredWork as usize;
-    let mut q = queued();
-    q.retain(|(dd, ww, _)| !(*dd == dom && *ww == at));
-    q.push((dom, at, id));
+    queued(|q| {
+        if q.by_key.len() >= q.sweep_at {
+            q.by_key.retain(|_, id| !id.ended());
+            q.sweep_at = (2 * q.by_key.len()).max(SWEEP_MIN);
+        }
+        q.by_key.insert((dom, at), id);
+    });
     Ok(0)
 }
 
@@ -270,18 +289,11 @@ pub(crate) unsafe extern "C" fn domain_control(
             FI_QUEUE_WORK => unsafe { queue(d, dom, arg.cast()) },
             FI_CANCEL_WORK => {
                 let at = arg as usize;
-                let id = {
-                    let mut q = queued();
-                    let i = q
-                        .iter()
-                        .position(|(dd, ww, _)| *dd == dom && *ww == at)
-                        .ok_or(-(libc::ENOENT as isize))?;
-                    q.swap_remove(i).2
-                };
+                let id = queued(|q| q.by_key.remove(&(dom, at))).ok_or(-(libc::ENOENT as isize))?;
                 d.cancel_work(&id).map(|()| 0).map_err(neg)
             }
             FI_FLUSH_WORK => {
-                queued().retain(|(dd, _, _)| *dd != dom);
+                queued(|q| q.by_key.retain(|(dd, _), _| *dd != dom));
                 d.flush_work(None).map(|_| 0).map_err(neg)
             }
             _ => Err(-(FI_ENOSYS as isize)),

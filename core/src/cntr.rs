@@ -436,12 +436,12 @@ impl CntrPort for CntrInner {
         self.notify_observers();
     }
 
-    fn bind(&self, p: Option<Arc<dyn ProgressSource>>) {
-        CntrInner::bind(self, p);
+    fn drive_by(&self, p: Arc<dyn ProgressSource>) {
+        self.progress.add(p);
     }
 
-    fn unbind(&self, p: Option<&Arc<dyn ProgressSource>>) {
-        CntrInner::unbind(self, p);
+    fn undrive(&self, p: &Arc<dyn ProgressSource>) {
+        self.progress.remove(p);
     }
 }
 

@@ -293,6 +293,7 @@ impl Domain {
         let completion = work
             .completion_cntr
             .map(|c| c.inner().clone() as Arc<dyn CntrPort>);
+        let alive = Arc::new(());
         let job = Job {
             action,
             ep: link.clone().map(|l| l as Arc<dyn Owner>),
@@ -300,6 +301,7 @@ impl Domain {
                 domain: dw.id,
                 id,
                 completion,
+                alive: alive.clone(),
             })),
         };
         let cntr = work.triggering_cntr.inner();
@@ -308,6 +310,7 @@ impl Domain {
         let wid = WorkId {
             queue: Arc::downgrade(q),
             id,
+            alive: Arc::downgrade(&alive),
         };
         match link {
             Some(l) => {

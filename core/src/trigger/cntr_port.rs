@@ -26,10 +26,11 @@ pub(crate) trait CntrPort: Send + Sync + 'static {
     /// provider reports one: waiters woken, thresholds it reached started.
     fn count(self: Arc<Self>, ok: bool);
 
-    /// Reading the counter drives `p` from now on (`None` under auto progress, where the
-    /// domain's thread drives it); counted as a binding, so the counter cannot close.
-    fn bind(&self, p: Option<Arc<dyn ProgressSource>>);
+    /// Reading the counter drives `p` from now on (a deferred transfer's completion counter
+    /// under manual progress: waiting on it makes the endpoint's progress). Not a binding:
+    /// the counter may close whatever `p` does (the work that counts on it holds it alive).
+    fn drive_by(&self, p: Arc<dyn ProgressSource>);
 
-    /// Undoes `bind`.
-    fn unbind(&self, p: Option<&Arc<dyn ProgressSource>>);
+    /// Undoes `drive_by`.
+    fn undrive(&self, p: &Arc<dyn ProgressSource>);
 }

@@ -13,6 +13,17 @@ use super::queue::TriggerQueue;
 pub struct WorkId {
     pub(crate) queue: Weak<TriggerQueue>,
     pub(crate) id: u64,
+    /// The request's `WorkTag::alive`.
+    pub(crate) alive: Weak<()>,
+}
+
+impl WorkId {
+    /// Whether the request no longer waits: started (handed to its endpoint or applied to
+    /// its counter), canceled, flushed, or gone with its domain. `cancel_work` then answers
+    /// `NoEntry`, so a handle kept for it can be forgotten.
+    pub fn ended(&self) -> bool {
+        self.alive.strong_count() == 0
+    }
 }
 
 static DOMAIN_IDS: AtomicU64 = AtomicU64::new(1);

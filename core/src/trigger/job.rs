@@ -41,6 +41,10 @@ pub(crate) struct WorkTag {
     pub(crate) id: u64,
     /// Incremented by one when the transfer completes (its error value if it fails).
     pub(crate) completion: Option<Arc<dyn CntrPort>>,
+    /// Held while the request waits: its `WorkId`s see it gone once the request started
+    /// or ended otherwise (`WorkId::ended`). Never read: its drop is the signal.
+    #[allow(dead_code)]
+    pub(crate) alive: Arc<()>,
 }
 
 /// A waiting operation.

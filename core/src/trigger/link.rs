@@ -44,9 +44,10 @@ pub(crate) struct EpLink {
     retrying: AtomicBool,
     /// Counter queues that may hold this endpoint's operations (for cancel and close).
     queues: Mutex<Vec<Weak<TriggerQueue>>>,
-    /// Completion counters of deferred work on this endpoint: reading one drives the
-    /// endpoint, as reading a counter bound to it does; released when it closes.
-    drives: Mutex<Vec<Arc<dyn CntrPort>>>,
+    /// Completion counters of deferred work on this endpoint (manual progress): reading one
+    /// drives the endpoint, as reading a counter bound to it does, until it closes. Weak:
+    /// the counter is the application's to close and drop once its work is done.
+    drives: Mutex<Vec<Weak<dyn CntrPort>>>,
     /// XPU-triggered operations and exported descriptor rings (`FI_XPU_TRIGGER` endpoints
     /// only).
     pub(crate) xpu: Option<XpuWatch>,
@@ -163,17 +164,23 @@ impl EpLink {
     }
 
     /// Makes reading `cntr` (a deferred transfer's completion counter) drive this endpoint
-    /// under manual progress, so that waiting on it cannot wait forever; under auto
-    /// progress it only counts the use, as binding does.
+    /// under manual progress, so that waiting on it cannot wait forever (under auto progress
+    /// the domain's thread drives it). It does not bind the counter: the application may
+    /// close it once its work is done, while this endpoint lives on (as it closes one per
+    /// collective); counters gone since are forgotten here.
     pub(crate) fn drive_with<C: CntrPort>(self: &Arc<Self>, cntr: &Arc<C>) {
+        if self.port.auto_progress() {
+            return;
+        }
         let mut d = lock(&self.drives);
-        let known = |c: &Arc<dyn CntrPort>| std::ptr::addr_eq(Arc::as_ptr(c), Arc::as_ptr(cntr));
+        d.retain(|c| c.strong_count() > 0);
+        let known = |c: &Weak<dyn CntrPort>| std::ptr::addr_eq(c.as_ptr(), Arc::as_ptr(cntr));
         if self.closed.load(Ordering::Acquire) || d.iter().any(known) {
             return;
         }
-        let me: Arc<dyn ProgressSource> = self.clone();
-        cntr.bind((!self.port.auto_progress()).then_some(me));
-        d.push(cntr.clone());
+        cntr.drive_by(self.clone());
+        let weak: Weak<dyn CntrPort> = Arc::downgrade(cntr) as Weak<dyn CntrPort>;
+        d.push(weak);
     }
 
     /// Starts a job whose threshold was reached, behind any that wait for room. Inline: a
@@ -378,7 +385,9 @@ impl EpLink {
         }
         let me: Arc<dyn ProgressSource> = self.clone();
         for c in std::mem::take(&mut *lock(&self.drives)) {
-            c.unbind(Some(&me));
+            if let Some(c) = c.upgrade() {
+                c.undrive(&me);
+            }
         }
     }
 }

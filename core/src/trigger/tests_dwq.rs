@@ -248,6 +248,66 @@ fn cancel_and_flush_release_work_and_report_only_what_asked() {
     assert!(c1.close().is_ok() && c2.close().is_ok());
 }
 
+/// A deferred send's completion counter is the application's to close once its work is done,
+/// its endpoint still open (a collective library opens and closes one per operation).
+#[test]
+fn a_completion_counter_closes_once_its_work_is_done() {
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let e = w.ep();
+    let (t, d) = (w.cntr(), w.cntr());
+    let buf = [0u8; 8];
+    let iov = [RawIov::of(&buf)];
+    let work = DeferredWork {
+        threshold: 1,
+        triggering_cntr: &t,
+        completion_cntr: Some(&d),
+        op: WorkOp::Send(OpMsg {
+            ep: &e.ep,
+            msg: msg(&iov, 1),
+            flags: 0,
+        }),
+    };
+    // SAFETY: `buf` outlives the send (completed below).
+    unsafe { w.domain.queue_work(&work) }.unwrap();
+    t.add(1).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while d.read() < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the work never completed"
+        );
+    }
+    assert_eq!(w.sh.ctxs().len(), 1, "the send started once");
+    let r = d.close();
+    assert!(r.is_ok(), "{:?}", r.err().map(|e| e.1));
+    assert!(t.close().is_ok());
+    // The endpoint goes on, and closes.
+    e.ep.progress();
+}
+
+/// A request's handle says when it no longer waits: once it started, once it was canceled
+/// (what lets the C ABI forget the handles it keeps for `FI_CANCEL_WORK`).
+#[test]
+fn a_work_handle_tells_when_its_request_ended() {
+    let w = World::new();
+    let (a, b) = (w.cntr(), w.cntr());
+    // SAFETY: counter operations name no buffers.
+    let (fired, canceled) = unsafe {
+        (
+            w.domain.queue_work(&add(&a, 1, &b, 1)).unwrap(),
+            w.domain.queue_work(&add(&a, 5, &b, 1)).unwrap(),
+        )
+    };
+    assert!(!fired.ended() && !canceled.ended());
+    a.add(1).unwrap();
+    assert_eq!(b.read(), 1);
+    assert!(fired.ended(), "started");
+    assert!(!canceled.ended(), "still waits");
+    w.domain.cancel_work(&canceled).unwrap();
+    assert!(canceled.ended());
+}
+
 #[test]
 fn closing_the_domain_releases_its_work() {
     let w = World::new();
