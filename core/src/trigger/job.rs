@@ -125,6 +125,16 @@ impl Job {
         }
     }
 
+    /// `cancel` of an operation its endpoint's close ends, which the application did not ask
+    /// to cancel: deferred work also counts an error on its completion counter, as a transfer
+    /// that failed would, so that a wait on that counter ends instead of waiting forever.
+    pub(crate) fn cancel_closed(self) -> bool {
+        if let Some(c) = self.work.as_ref().and_then(|w| w.completion.clone()) {
+            c.count(false);
+        }
+        self.cancel()
+    }
+
     /// Releases an operation that never started: a triggered transfer, or deferred work that
     /// asked for endpoint completions (`FI_COMPLETION`), reports `FI_ECANCELED`. False for an
     /// armed send that had ended already (its peer lost): nothing was left to cancel.

@@ -101,7 +101,7 @@ impl EpLink {
         if self.closed.load(Ordering::Acquire) {
             // Lost a race with close: release what close may not have seen.
             for j in q.remove(|j| self.owns(j), false) {
-                j.cancel();
+                j.cancel_closed();
             }
         }
     }
@@ -188,7 +188,7 @@ impl EpLink {
     #[inline]
     pub(crate) fn submit(&self, job: Job) {
         if self.closed.load(Ordering::Acquire) {
-            job.cancel();
+            job.cancel_closed();
             return;
         }
         if self.has_stalled.load(Ordering::Acquire) {
@@ -360,7 +360,7 @@ impl EpLink {
         // what is left in the ring, and is reported canceled before it.
         let stalled = std::mem::take(&mut *lock(&self.stalled));
         for j in stalled {
-            j.cancel();
+            j.cancel_closed();
         }
         if let Some(x) = &self.xpu {
             x.close_rings(&*self.port);
@@ -368,11 +368,11 @@ impl EpLink {
         let queues = std::mem::take(&mut *lock(&self.queues));
         for q in queues.iter().filter_map(Weak::upgrade) {
             for j in q.remove(|j| self.owns(j), false) {
-                j.cancel();
+                j.cancel_closed();
             }
         }
         for j in self.xpu.iter().flat_map(XpuWatch::take_all) {
-            j.cancel();
+            j.cancel_closed();
         }
         if let Some(x) = &self.xpu {
             x.retire_bells(&*self.port);
@@ -381,7 +381,7 @@ impl EpLink {
         // it would start once it sees `closed`; this takes what it held before it looked).
         let stalled = std::mem::take(&mut *lock(&self.stalled));
         for j in stalled {
-            j.cancel();
+            j.cancel_closed();
         }
         let me: Arc<dyn ProgressSource> = self.clone();
         for c in std::mem::take(&mut *lock(&self.drives)) {

@@ -286,6 +286,43 @@ fn a_completion_counter_closes_once_its_work_is_done() {
     e.ep.progress();
 }
 
+/// Closing the endpoint a deferred transfer waits to start on ends it with an error counted
+/// on its completion counter, as a failed transfer's is: a wait on that counter ends instead
+/// of waiting forever. A request the application cancels counts nothing (it knows).
+#[test]
+fn an_endpoint_closed_under_deferred_work_counts_an_error_on_its_completion_counter() {
+    let w = World::new();
+    let e = w.ep();
+    let (t, d) = (w.cntr(), w.cntr());
+    let buf = [0u8; 8];
+    let iov = [RawIov::of(&buf)];
+    let send = |ctx| DeferredWork {
+        threshold: 5,
+        triggering_cntr: &t,
+        completion_cntr: Some(&d),
+        op: WorkOp::Send(OpMsg {
+            ep: &e.ep,
+            msg: msg(&iov, ctx),
+            flags: 0,
+        }),
+    };
+    // SAFETY: `buf` outlives the endpoint; neither request starts.
+    let (kept, canceled) = unsafe {
+        (
+            w.domain.queue_work(&send(1)).unwrap(),
+            w.domain.queue_work(&send(2)).unwrap(),
+        )
+    };
+    w.domain.cancel_work(&canceled).unwrap();
+    assert_eq!((d.read(), d.readerr()), (0, 0), "canceled: nothing counted");
+    let Ep { ep, cq: _cq } = e;
+    ep.close().unwrap();
+    assert!(kept.ended());
+    assert_eq!((d.read(), d.readerr()), (0, 1));
+    t.add(5).unwrap();
+    assert!(w.sh.ctxs().is_empty(), "nothing started");
+}
+
 /// A request's handle says when it no longer waits: once it started, once it was canceled
 /// (what lets the C ABI forget the handles it keeps for `FI_CANCEL_WORK`).
 #[test]
