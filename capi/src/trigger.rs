@@ -116,17 +116,18 @@ struct Queued {
     sweep_at: usize,
 }
 
-static QUEUED: Mutex<Option<Queued>> = Mutex::new(None);
+static QUEUED: std::sync::LazyLock<Mutex<Queued>> = std::sync::LazyLock::new(|| {
+    Mutex::new(Queued {
+        by_key: Default::default(),
+        sweep_at: SWEEP_MIN,
+    })
+});
 
 /// The smallest `Queued::sweep_at`.
 const SWEEP_MIN: usize = 64;
 
 fn queued<T>(f: impl FnOnce(&mut Queued) -> T) -> T {
-    let mut g = QUEUED.lock().unwrap_or_else(|e| e.into_inner());
-    f(g.get_or_insert_with(|| Queued {
-        by_key: Default::default(),
-        sweep_at: SWEEP_MIN,
-    }))
+    f(&mut QUEUED.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// `fi_control(domain, FI_QUEUE_WORK)`.

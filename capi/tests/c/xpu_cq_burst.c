@@ -22,13 +22,8 @@ int main(void)
 	struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_DATA, .size = 64 };
 	CHECK(fi_cq_open(domain, &cq_attr, &cq, NULL));
 	struct fid_av *av;
-	struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
-	CHECK(fi_av_open(domain, &av_attr, &av, NULL));
 	struct fid_ep *ep;
-	CHECK(fi_endpoint(domain, info, &ep, NULL));
-	CHECK(fi_ep_bind(ep, &av->fid, 0));
-	CHECK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
-	CHECK(fi_enable(ep));
+	open_ep(domain, info, cq, &av, &ep);
 	struct xf_xpu_attr small = { .iface = FI_HMEM_SYSTEM, .slots = 2 };
 	struct fid_xpu_cq xcq;
 	CHECK(xf_cq_export_xpu(cq, &small, 0, &xcq));
