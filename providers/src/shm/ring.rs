@@ -619,7 +619,16 @@ pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::
     if !cookie_ok {
         return None;
     }
-    if !maps_at(pid, base, seg.file_id()?) {
+    let file = seg.file_id()?;
+    // A process maps every peer's segment it sends to: the mapping shows who reaches the
+    // file, not who owns it. A hostile peer's header naming this process (or another peer)
+    // at the address where that process maps the hostile file would pass the cookie and the
+    // maps; our copies would then write where its frames say, in the named process. Only the
+    // owner holds its segment's exclusive lock (`segment::Segment::create`).
+    if !owner_locks(pid, file) {
+        return None;
+    }
+    if !maps_at(pid, base, file) {
         // Hostile, or a /dev/shm whose files /proc shows under other numbers (an overlay):
         // said once, since cross-memory attach then stays off for every peer.
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -632,6 +641,28 @@ pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::
         return None;
     }
     Some((pid, pidfd))
+}
+
+/// Whether process `pid` holds the exclusive `flock` on the file `(dev, ino)` (`/proc/locks`:
+/// `id: FLOCK ADVISORY WRITE pid major:minor:inode start end`, numbers of the device in hex; a
+/// waiter's line has `->` after the id and holds nothing).
+fn owner_locks(pid: i32, (dev, ino): (u64, u64)) -> bool {
+    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
+        return false;
+    };
+    let want = format!(
+        "{:02x}:{:02x}:{ino}",
+        libc::major(dev) as u64,
+        libc::minor(dev) as u64
+    );
+    let pid = pid.to_string();
+    locks.lines().any(|l| {
+        let f: Vec<&str> = l.split_ascii_whitespace().collect();
+        matches!(
+            f.as_slice(),
+            [_, "FLOCK", _, "WRITE", p, file, ..] if *p == pid && *file == want
+        )
+    })
 }
 
 /// Whether process `pid` maps the file `(dev, ino)` at `base`, from the file's start
@@ -822,6 +853,24 @@ mod tests {
         assert!(
             verified(&fake_seen, false).is_none(),
             "a copied header verified"
+        );
+    }
+
+    /// A hostile peer's header naming this process at the address where this process maps
+    /// the hostile file passes the cookie and the maps (both are true of this process) but
+    /// is not verified: this process does not hold the file's lock, its owner does.
+    #[test]
+    fn a_header_naming_a_process_that_only_maps_it_is_not_verified() {
+        let hostile = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
+        init_header(&hostile, 0x5eed);
+        // Its owner stands for another process: not this one's lock.
+        hostile.unlock();
+        let seen = Segment::open(hostile.name(), SEG_BYTES).unwrap();
+        // SAFETY: fixed aligned offset in the header.
+        unsafe { hostile.u64_at(OFF_BASE) }.store(seen.base() as u64, Ordering::Relaxed);
+        assert!(
+            verified(&seen, false).is_none(),
+            "a header naming a process that only maps the file verified"
         );
     }
 
