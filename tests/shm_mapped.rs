@@ -4,9 +4,9 @@
 //! lands, the mapped path was taken for what it serves and not for the rest (heap memory,
 //! short messages, several segments); a sender that dies with its allocation mapped at the
 //! receiver leaves no mapping behind and later senders are served as before; and descriptors
-//! a hostile peer forges (a handle that does not open, names another process, an address
-//! that is not mapped, bytes that do not parse) are served by cross-memory attach, fail the
-//! receive cleanly, or go through frames: never a crash.
+//! a hostile peer forges (a handle that does not open, names another process or a sparse file
+//! larger than the machine, an address that is not mapped, bytes that do not parse) are served
+//! by cross-memory attach, fail the receive cleanly, or go through frames: never a crash.
 //!
 //! Whether a copy was mapped is read from the process's counters (`mapped_counts`), never
 //! timed. Where the kernel forbids cross-memory attach, the peers never verify each other's
@@ -366,7 +366,74 @@ fn forged_mapped_descriptors_are_served_otherwise_or_fail_cleanly() {
     assert_eq!(next(&n).map(|e| e.op_context), Ok(4));
     assert!(b4 == body, "4: bytes");
 
+    // 5. A real, sealed file whose size is past the machine's memory and swap (sparse): it
+    //    would open, and 16 such per endpoint would take the address space; the bytes come
+    //    by cross-memory attach, nothing is mapped.
+    //    A peer of its own: the first one's handles no longer open (1.).
+    let mut raw5 = RawPeer::connect(&addr, None).expect("raw peer");
+    let src5 = n.add_peer(format!("fi_shm://{}", raw5.name()).as_bytes());
+    let huge = sparse_sealed(machine_bytes() + 4096);
+    let mut b5 = vec![0u8; SMALL];
+    // SAFETY: the buffer outlives its receive's completion, read below.
+    n.retry(|| unsafe { n.ep.trecv(&mut b5, None, src5, 5, 0, 5 as Context) });
+    let h = IpcHandle {
+        raw: huge.raw,
+        alloc_len: huge.len,
+        ..at(data.as_ptr())
+    };
+    offer(&mut raw5, 5, 5, mapped_desc(&h, SMALL));
+    assert_eq!(next(&n).map(|e| e.len), Ok(SMALL));
+    assert!(b5 == data, "5: bytes");
+
     let c = mapped_counts();
-    assert_eq!((c.copies, c.opens, c.fallbacks), (0, 0, 4), "{c:?}");
+    assert_eq!((c.copies, c.opens, c.fallbacks), (0, 0, 5), "{c:?}");
     assert_eq!(peer_mappings(), 0);
+}
+
+/// The machine's memory and swap, in bytes.
+fn machine_bytes() -> u64 {
+    // SAFETY: `sysinfo` fills the zeroed struct it is given.
+    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::sysinfo(&mut si) }, 0);
+    (si.totalram as u64 + si.totalswap as u64) * u64::from(si.mem_unit.max(1))
+}
+
+/// A memfd of `len` bytes, none written, sealed against shrinking: `raw` is its system
+/// handle's file identity.
+struct Sparse {
+    _fd: std::os::fd::OwnedFd,
+    raw: [u8; 64],
+    len: u64,
+}
+
+fn sparse_sealed(len: u64) -> Sparse {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: a NUL-terminated name; the result is checked.
+    let fd =
+        unsafe { libc::memfd_create(c"xfabric-test-sparse".as_ptr(), libc::MFD_ALLOW_SEALING) };
+    assert!(fd >= 0, "memfd_create");
+    // SAFETY: a descriptor just opened, owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain calls on our own descriptor.
+    unsafe {
+        assert_eq!(
+            libc::ftruncate(fd.as_raw_fd(), len as libc::off_t),
+            0,
+            "ftruncate"
+        );
+        assert_eq!(
+            libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK),
+            0
+        );
+    }
+    let st = std::fs::File::from(fd.try_clone().unwrap())
+        .metadata()
+        .unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let mut raw = [0u8; 64];
+    raw[0..4].copy_from_slice(&fd.as_raw_fd().to_le_bytes());
+    raw[8..16].copy_from_slice(&st.ino().to_le_bytes());
+    raw[16..24].copy_from_slice(&st.dev().to_le_bytes());
+    Sparse { _fd: fd, raw, len }
 }

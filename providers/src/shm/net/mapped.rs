@@ -17,8 +17,11 @@
 //! Everything in it is the peer's: the handle is opened (hmem's `ipc_open`, which checks the
 //! file's identity, size and seals) only when its pid is the one this endpoint verified for
 //! the peer (`Link::pid`), the range is checked against the allocation, and the mapping is
-//! cached per peer and allocation (at most `CACHE_MAX` of them, the least recently used going
-//! first; a peer's all go when it is lost). A copy the mapping cannot serve (the handle does
+//! cached per peer and allocation (at most `CACHE_MAX` of them, mapping at most the machine's
+//! memory and swap between them, the least recently used going first; a peer's all go when it
+//! is lost). The size is the handle's word: a sparse file of terabytes, sealed, opens, and 16
+//! of them per endpoint would take the address space; an allocation larger than the budget
+//! holds more than any process could have written, and is read by cross-memory attach. A copy the mapping cannot serve (the handle does
 //! not open, names another process, or the copy writes: an RMA read's destination) goes by
 //! cross-memory attach to the address the handle names, as a plain descriptor would; where
 //! that is refused too, the engine moves the message through frames (`Copied::Refused`).
@@ -45,6 +48,24 @@ pub const TAG: u8 = 0xA7;
 pub const DESC_LEN: usize = 1 + IpcHandle::WIRE_LEN + 8;
 /// Mappings one endpoint keeps open.
 pub const CACHE_MAX: usize = 16;
+
+/// Bytes one endpoint keeps mapped at most: the machine's memory and swap (`sysinfo`), what an
+/// allocation's written pages can hold between them.
+fn machine_budget() -> u64 {
+    static BUDGET: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        // SAFETY: `sysinfo` fills the zeroed struct it is given.
+        let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::sysinfo(&mut si) } != 0 {
+            // Not known: a budget that still bounds the address space taken.
+            return 64 << 30;
+        }
+        (si.totalram as u64)
+            .saturating_add(si.totalswap as u64)
+            .saturating_mul(u64::from(si.mem_unit.max(1)))
+    })
+}
 
 static COPIES: AtomicU64 = AtomicU64::new(0);
 static OPENS: AtomicU64 = AtomicU64::new(0);
@@ -145,10 +166,22 @@ pub struct Cache {
     /// Peers a handle failed to open for: their mapped descriptors go by cross-memory attach
     /// without trying again (each try costs opens and a stat).
     refused: Vec<PeerId>,
+    /// Bytes mapped at most, where not the machine's (`machine_budget`): for tests.
+    budget: Option<u64>,
 }
 
 impl Cache {
-    /// The mapping `h` names for `peer`, opened now if not cached.
+    fn budget(&self) -> u64 {
+        self.budget.unwrap_or_else(machine_budget)
+    }
+
+    /// Bytes mapped now.
+    fn mapped(&self) -> u64 {
+        self.entries.iter().map(|e| e.map.len() as u64).sum()
+    }
+
+    /// The mapping `h` names for `peer`, opened now if not cached (`h`'s allocation fits the
+    /// budget: the caller checked).
     fn get(&mut self, peer: PeerId, h: &IpcHandle) -> Result<&IpcMapping, String> {
         self.clock += 1;
         let key = IpcHandle {
@@ -162,14 +195,18 @@ impl Cache {
         let i = match found {
             Some(i) => i,
             None => {
-                let map = self.sys.ipc_open(0, &key).map_err(|e| e.to_string())?;
-                OPENS.fetch_add(1, Ordering::Relaxed);
-                if self.entries.len() >= CACHE_MAX {
+                // Room first, so that what is mapped never passes the budget.
+                let room = self.budget().saturating_sub(key.alloc_len);
+                while self.entries.len() >= CACHE_MAX
+                    || (!self.entries.is_empty() && self.mapped() > room)
+                {
                     let old = (0..self.entries.len())
                         .min_by_key(|&i| self.entries[i].used)
-                        .expect("full, so not empty");
+                        .expect("not empty: the loop's condition");
                     Self::close(self.entries.swap_remove(old));
                 }
+                let map = self.sys.ipc_open(0, &key).map_err(|e| e.to_string())?;
+                OPENS.fetch_add(1, Ordering::Relaxed);
                 self.entries.push(Entry {
                     peer,
                     key,
@@ -235,6 +272,18 @@ impl Net {
                 m.iov(),
             ));
         }
+        if m.handle.alloc_len > self.maps.budget() {
+            // Not the peer's fault alone (a large real allocation on a small machine): its
+            // other handles still map.
+            return Err(fallback(
+                &format!(
+                    "an allocation of {} bytes, more than the {} this endpoint maps",
+                    m.handle.alloc_len,
+                    self.maps.budget()
+                ),
+                m.iov(),
+            ));
+        }
         if self.maps.refused.contains(&c.peer) {
             return Err(fallback("the peer's handles do not open", m.iov()));
         }
@@ -287,6 +336,42 @@ mod tests {
     use super::*;
     use xfabric_core::RawIov;
     use xfabric_hmem::Iface;
+
+    /// The mappings a peer's handles open never add up past the budget: the least recently
+    /// used go first to make room, the count cap aside.
+    #[test]
+    fn mappings_stay_within_the_budget() {
+        const LEN: usize = 1 << 20;
+        let hmem = xfabric_hmem::Hmem::global().get(Iface::System);
+        let allocs: Vec<_> = (0..4)
+            .map(|_| hmem.alloc_host_mapped(0, LEN).expect("alloc_host_mapped"))
+            .collect();
+        let handles: Vec<_> = allocs
+            .iter()
+            .map(|a| hmem.ipc_get(a.as_ptr(), LEN).expect("ipc_get"))
+            .collect();
+        let mut cache = Cache {
+            budget: Some(3 * LEN as u64 - 1),
+            ..Cache::default()
+        };
+        let peer: PeerId = 0;
+        for (i, h) in handles.iter().enumerate() {
+            assert_eq!(cache.get(peer, h).expect("opens").len(), LEN, "{i}");
+            assert!(
+                cache.mapped() <= 3 * LEN as u64 - 1,
+                "{i}: {}",
+                cache.mapped()
+            );
+        }
+        assert_eq!(cache.entries.len(), 2);
+        // The last two stay, the first two went.
+        let keys: Vec<u64> = cache.entries.iter().map(|e| e.key.base).collect();
+        for h in &handles[2..] {
+            assert!(keys.contains(&h.base));
+        }
+        cache.drop_peer(peer);
+        assert_eq!(cache.mapped(), 0);
+    }
 
     #[test]
     fn copies_land_whatever_the_alignment() {
