@@ -4,7 +4,10 @@
 //!
 //! The seals (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`) are what make a peer's mapping safe
 //! to read: the file can never become shorter than what was mapped, so no access through the
-//! mapping can raise SIGBUS, whatever the exporter does later. The opener checks them, and
+//! mapping can raise SIGBUS, whatever the exporter does later, as long as the file lives where
+//! our own memfds do (the kernel's internal tmpfs, which has no size limit). A hugetlb memfd
+//! can be sealed too, but a hole the exporter punches in it faults a huge page in on our read,
+//! and an empty pool makes that a SIGBUS: the opener refuses any other filesystem. The opener checks them, and
 //! treats everything else in a handle as hostile too: the descriptor is first opened with
 //! `O_PATH` (no open of a device or FIFO with its side effects, never blocking) and must be a
 //! regular file with the handle's inode and device and at least its length; only then is it
@@ -278,6 +281,17 @@ pub(crate) fn open(h: &IpcHandle) -> Result<Pages> {
         libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK,
     )?;
     check_file(OP, &path, fd.as_raw_fd(), id, h.alloc_len)?;
+    if Some(id.dev) != memfd_dev() {
+        return Err(HmemError::inval(
+            OP,
+            format!(
+                "{path} is on device {:#x}, not the memfds' {:?}: a hole in it (hugetlbfs) could \
+                 fault",
+                id.dev,
+                memfd_dev()
+            ),
+        ));
+    }
     // SAFETY: F_GET_SEALS reads the file's seals; a file without sealing support answers an
     // error.
     let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
@@ -321,6 +335,21 @@ fn open_path(op: &'static str, path: &str, flags: libc::c_int) -> Result<OwnedFd
     }
     // SAFETY: a descriptor just opened, owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The device of the filesystem our own memfds live on (`None` where none can be made).
+fn memfd_dev() -> Option<u64> {
+    static DEV: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *DEV.get_or_init(|| {
+        // SAFETY: a valid NUL-terminated name and flags; the result is checked.
+        let raw = unsafe { libc::memfd_create(c"xfabric-probe".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return None;
+        }
+        // SAFETY: `raw` is a descriptor just created and owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        fstat("memfd", fd.as_raw_fd()).ok().map(|st| st.st_dev)
+    })
 }
 
 /// `fd` is a regular file with `id`'s inode and device, at least `len` bytes long.
@@ -398,6 +427,60 @@ pub(crate) fn this_pid() -> u32 {
     let p = std::process::id();
     let _ = PID.compare_exchange(0, p, Ordering::Relaxed, Ordering::Relaxed);
     p
+}
+
+#[cfg(test)]
+mod open_tests {
+    use super::*;
+
+    /// A sealed hugetlb memfd is a regular file of the right size and seals, but a hole in it
+    /// can fault: refused before it is mapped.
+    #[test]
+    fn a_hugetlb_memfd_is_not_opened() {
+        // SAFETY: a valid NUL-terminated name and flags; the result is checked.
+        let raw = unsafe {
+            libc::memfd_create(
+                c"xfabric-test-huge".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | libc::MFD_HUGETLB,
+            )
+        };
+        if raw < 0 {
+            eprintln!("no hugetlb memfds here: nothing to check");
+            return;
+        }
+        // SAFETY: just created, ours.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        const LEN: u64 = 2 << 20;
+        // SAFETY: plain calls on our own descriptor.
+        let ok = unsafe {
+            libc::ftruncate(fd.as_raw_fd(), LEN as libc::off_t) == 0
+                && libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) == 0
+        };
+        if !ok {
+            eprintln!("a hugetlb memfd does not take the seals here: nothing to check");
+            return;
+        }
+        let st = fstat("test", fd.as_raw_fd()).unwrap();
+        let h = IpcHandle {
+            iface: Iface::System,
+            pid: this_pid(),
+            device: 0,
+            alloc_id: 0,
+            base: 0x1000,
+            alloc_len: LEN,
+            offset: 0,
+            raw: FileId {
+                fd: fd.as_raw_fd(),
+                ino: st.st_ino,
+                dev: st.st_dev,
+            }
+            .to_raw(),
+        };
+        let Err(e) = open(&h) else {
+            panic!("a hugetlb memfd opened");
+        };
+        assert!(e.to_string().contains("not the memfds'"), "{e}");
+    }
 }
 
 #[cfg(test)]
