@@ -166,6 +166,7 @@ fn one_epoll_loop_drives_two_endpoints() {
         fid: 1,
         context: 2,
         data: 3,
+        bytes: None,
     })
     .unwrap();
     // The loop: sleep only when every object says it may; then read what is there. Each CQ

@@ -13,14 +13,29 @@ use crate::header::{FiEqEntry, FiEqErrEntry};
 
 const ENTRY: usize = size_of::<FiEqEntry>();
 
+/// The most bytes one `fi_eq_write` queues: an event structure is tens of bytes; a length
+/// past this is a caller's mistake, not an allocation to make.
+const WRITE_MAX: usize = 64 << 10;
+
+/// The bytes a read of `e` gives: what the application wrote, or a `struct fi_eq_entry`.
+fn size_of_entry(e: &EqEntry) -> usize {
+    e.bytes.as_ref().map_or(ENTRY, |b| b.len())
+}
+
 /// Writes `e` as C reads it; the byte count read.
 ///
 /// # Safety
-/// `event` writable; `buf` writable for an entry.
+/// `event` writable; `buf` writable for `size_of_entry(&e)` bytes.
 unsafe fn deliver(e: EqEntry, event: *mut u32, buf: *mut c_void) -> isize {
     // SAFETY: writable (caller), checked non-null by the callers.
+    unsafe { *event = e.event };
+    if let Some(b) = &e.bytes {
+        // SAFETY: `buf` holds `b.len()` bytes (caller); a fresh buffer of the caller's.
+        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), buf.cast::<u8>(), b.len()) };
+        return b.len() as isize;
+    }
+    // SAFETY: writable for an entry (caller), checked non-null by the callers.
     unsafe {
-        *event = e.event;
         buf.cast::<FiEqEntry>().write_unaligned(FiEqEntry {
             fid: e.fid as *mut c_void,
             context: e.context as *mut c_void,
@@ -37,7 +52,7 @@ unsafe fn read_with(
     event: *mut c_void,
     buf: *mut c_void,
     len: usize,
-    read: impl FnOnce(&EventQueue) -> xfabric::Result<EqEntry>,
+    read: impl FnOnce(&EventQueue, &dyn Fn(&EqEntry) -> bool) -> xfabric::Result<EqEntry>,
 ) -> isize {
     call(|| {
         // SAFETY: a fid from the caller, checked.
@@ -45,11 +60,11 @@ unsafe fn read_with(
         if event.is_null() || buf.is_null() {
             return Err(-(FI_EINVAL as isize));
         }
-        if len < ENTRY {
-            return Err(-(FI_ETOOSMALL as isize));
-        }
-        let e = read(q).map_err(neg)?;
-        // SAFETY: event and buf writable (caller), buf for len >= ENTRY bytes.
+        // An event larger than `buf` stays queued: -FI_ETOOSMALL, as libfabric.
+        let fits = |e: &EqEntry| size_of_entry(e) <= len;
+        let e = read(q, &fits).map_err(neg)?;
+        debug_assert!(size_of_entry(&e) <= len);
+        // SAFETY: event and buf writable (caller), buf for the entry's bytes (checked).
         Ok(unsafe { deliver(e, event.cast(), buf) })
     })
 }
@@ -62,7 +77,7 @@ pub(crate) unsafe extern "C" fn eq_read(
     flags: u64,
 ) -> isize {
     // SAFETY: forwarded contract.
-    unsafe { read_with(eq, event, buf, len, |q| q.read(flags)) }
+    unsafe { read_with(eq, event, buf, len, |q, fits| q.read_within(flags, fits)) }
 }
 
 pub(crate) unsafe extern "C" fn eq_sread(
@@ -74,7 +89,11 @@ pub(crate) unsafe extern "C" fn eq_sread(
     flags: u64,
 ) -> isize {
     // SAFETY: forwarded contract.
-    unsafe { read_with(eq, event, buf, len, |q| q.sread(flags, timeout)) }
+    unsafe {
+        read_with(eq, event, buf, len, |q, fits| {
+            q.sread_within(flags, timeout, fits)
+        })
+    }
 }
 
 pub(crate) unsafe extern "C" fn eq_write(
@@ -87,19 +106,26 @@ pub(crate) unsafe extern "C" fn eq_write(
     call(|| {
         // SAFETY: a fid from the caller, checked.
         let q = unsafe { obj::<EventQueue>(eq) }?;
-        if buf.is_null() || len < ENTRY {
+        if buf.is_null() || len == 0 || len > WRITE_MAX {
             return Err(-(FI_EINVAL as isize));
         }
-        // SAFETY: readable for len >= ENTRY bytes (caller).
-        let c = unsafe { buf.cast::<FiEqEntry>().read_unaligned() };
-        q.write(EqEntry {
+        // Any event structure (`fi_eq_entry`, `fi_eq_cm_entry` with its data, ...): kept
+        // byte for byte and read back whole, as libfabric's event queues do.
+        // SAFETY: readable for `len` bytes (caller).
+        let bytes: std::sync::Arc<[u8]> =
+            unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }.into();
+        let mut e = EqEntry {
             event,
-            fid: c.fid as usize,
-            context: c.context as usize,
-            data: c.data,
-        })
-        .map_err(neg)?;
-        Ok(ENTRY as isize)
+            ..Default::default()
+        };
+        if len >= ENTRY {
+            // SAFETY: readable for len >= ENTRY bytes (caller).
+            let c = unsafe { buf.cast::<FiEqEntry>().read_unaligned() };
+            (e.fid, e.context, e.data) = (c.fid as usize, c.context as usize, c.data);
+        }
+        e.bytes = Some(bytes);
+        q.write(e).map_err(neg)?;
+        Ok(len as isize)
     })
 }
 

@@ -130,8 +130,10 @@ pub(crate) unsafe extern "C" fn fabric_trywait(
 ///
 /// # Safety
 /// `w` null or a readable fid.
-unsafe fn wait_set(w: *mut c_void) -> Result<Option<WaitSet>, c_int> {
-    if w.is_null() {
+unsafe fn wait_set(wait_obj: WaitObj, w: *mut c_void) -> Result<Option<WaitSet>, c_int> {
+    // "Ignored if wait_obj is not FI_WAIT_SET" (fi_cq(3), fi_cntr(3)): an attribute reused
+    // from an earlier open may still hold a set closed since.
+    if wait_obj != WaitObj::Set || w.is_null() {
         return Ok(None);
     }
     // SAFETY: forwarded contract.
@@ -215,13 +217,16 @@ pub(crate) unsafe extern "C" fn fabric_eq_open(
         // SAFETY: null or a valid fi_eq_attr (caller).
         let a = unsafe { attr.cast::<FiEqAttr>().as_ref() }
             .ok_or_else(|| inval("fi_eq_open: null attr"))?;
-        if !a.wait_set.is_null() {
+        let wait_obj = enum_of(a.wait_obj, WaitObj::from_raw, "eq wait_obj")?;
+        // The set field is looked at only with FI_WAIT_SET (fi_eq(3)), which an EQ here
+        // does not take.
+        if wait_obj == WaitObj::Set {
             return Err(-FI_ENOSYS);
         }
         let attr = EqAttr {
             size: a.size,
             flags: a.flags,
-            wait_obj: enum_of(a.wait_obj, WaitObj::from_raw, "eq wait_obj")?,
+            wait_obj,
         };
         let q = f.eq_open(&attr).map_err(|e| code(&e))?;
         // SAFETY: eq checked non-null.
@@ -302,15 +307,16 @@ pub(crate) unsafe extern "C" fn domain_cq_open(
         // SAFETY: null or a valid fi_cq_attr (caller).
         let a = unsafe { attr.cast::<FiCqAttr>().as_ref() }
             .ok_or_else(|| inval("fi_cq_open: null attr"))?;
+        let wait_obj = enum_of(a.wait_obj, WaitObj::from_raw, "cq wait_obj")?;
         let attr = CqAttr {
             size: a.size,
             flags: a.flags,
             format: enum_of(a.format, CqFormat::from_raw, "cq format")?,
-            wait_obj: enum_of(a.wait_obj, WaitObj::from_raw, "cq wait_obj")?,
+            wait_obj,
             signaling_vector: a.signaling_vector,
             wait_cond: enum_of(a.wait_cond, CqWaitCond::from_raw, "cq wait_cond")?,
-            // SAFETY: null or a fid (caller).
-            wait_set: unsafe { wait_set(a.wait_set) }?,
+            // SAFETY: null or a fid (caller) where FI_WAIT_SET asks for one.
+            wait_set: unsafe { wait_set(wait_obj, a.wait_set) }?,
         };
         let q = d.cq_open(&attr).map_err(|e| code(&e))?;
         // SAFETY: cq checked non-null.
@@ -331,11 +337,12 @@ pub(crate) unsafe extern "C" fn domain_cntr_open(
         // SAFETY: null or a valid fi_cntr_attr (caller).
         let a = unsafe { attr.cast::<FiCntrAttr>().as_ref() }
             .ok_or_else(|| inval("fi_cntr_open: null attr"))?;
+        let wait_obj = enum_of(a.wait_obj, WaitObj::from_raw, "cntr wait_obj")?;
         let attr = CntrAttr {
             events: enum_of(a.events, CntrEvents::from_raw, "cntr events")?,
-            wait_obj: enum_of(a.wait_obj, WaitObj::from_raw, "cntr wait_obj")?,
-            // SAFETY: null or a fid (caller).
-            wait_set: unsafe { wait_set(a.wait_set) }?,
+            wait_obj,
+            // SAFETY: null or a fid (caller) where FI_WAIT_SET asks for one.
+            wait_set: unsafe { wait_set(wait_obj, a.wait_set) }?,
             flags: a.flags,
         };
         let c = d.cntr_open(&attr).map_err(|e| code(&e))?;

@@ -164,3 +164,9 @@ fn c_wait_set_fd_readable_on_a_members_change() {
     let out = run_c("wait_set_fd", &[]);
     assert!(out.contains("wait_set_fd: ok"), "{out}");
 }
+
+#[test]
+fn c_wait_objects_and_event_queues_answer_careless_calls_as_libfabric() {
+    let out = run_c("wait_careless", &[]);
+    assert!(out.contains("wait_careless: ok"), "{out}");
+}

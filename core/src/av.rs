@@ -173,6 +173,7 @@ impl AddressVector {
             fid,
             context,
             data: n as u64,
+            bytes: None,
         };
         // fi_av(3): every insert has its completion, so a full queue still takes it.
         eq.push_past_cap(done);

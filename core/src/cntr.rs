@@ -118,7 +118,10 @@ impl Counter {
             sleepers: AtomicUsize::new(0),
             progress: ProgressList::default(),
             bound: AtomicUsize::new(0),
-            wait_set: attr.wait_set.clone(),
+            wait_set: attr
+                .wait_set
+                .clone()
+                .filter(|_| attr.wait_obj == WaitObj::Set),
             observers: Mutex::new(Vec::new()),
             has_observers: Default::default(),
             events: AtomicU64::new(0),
@@ -503,7 +506,11 @@ mod tests {
 
     #[test]
     fn wait_set_wakes_on_new_events_not_on_a_non_zero_value() {
-        let ws = WaitSet::open(&Default::default()).unwrap();
+        let ws = WaitSet::open(&crate::wait::WaitAttr {
+            wait_obj: WaitObj::Unspec,
+            ..Default::default()
+        })
+        .unwrap();
         let c = Counter::open(&CntrAttr {
             wait_obj: WaitObj::Set,
             wait_set: Some(ws.clone()),

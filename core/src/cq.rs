@@ -152,7 +152,10 @@ impl CompletionQueue {
             progress: ProgressList::default(),
             bound: AtomicUsize::new(0),
             fd,
-            wait_set: attr.wait_set.clone(),
+            wait_set: attr
+                .wait_set
+                .clone()
+                .filter(|_| attr.wait_obj == WaitObj::Set),
             domain: Default::default(),
             xpu: std::sync::OnceLock::new(),
             xpu_mem: std::sync::OnceLock::new(),
@@ -360,7 +363,9 @@ impl CompletionQueue {
         }
     }
 
-    /// `fi_cq_signal`: wakes a thread blocked in `sread`, which returns `Interrupted`.
+    /// `fi_cq_signal`: wakes a thread blocked in `sread`, which returns `Interrupted`, one
+    /// blocked on the queue's descriptor (`FI_WAIT_FD`), which becomes readable, and one in
+    /// `fi_wait` on its wait set, which returns.
     pub fn signal(&self) -> Result<()> {
         if self.inner.wait_obj == WaitObj::None {
             return Err(Error::OpBadState(
@@ -370,6 +375,13 @@ impl CompletionQueue {
         let mut q = self.inner.lock();
         q.signaled = true;
         self.inner.cond.notify_all();
+        drop(q);
+        if let Some(fd) = &self.inner.fd {
+            fd.signal();
+        }
+        if let Some(ws) = &self.inner.wait_set {
+            ws.wake();
+        }
         Ok(())
     }
 
@@ -882,7 +894,11 @@ mod tests {
 
     #[test]
     fn wait_set_wakes_on_member() {
-        let ws = WaitSet::open(&Default::default()).unwrap();
+        let ws = WaitSet::open(&crate::wait::WaitAttr {
+            wait_obj: WaitObj::Unspec,
+            ..Default::default()
+        })
+        .unwrap();
         let cq = CompletionQueue::open(&CqAttr {
             wait_obj: WaitObj::Set,
             wait_set: Some(ws.clone()),
@@ -892,5 +908,26 @@ mod tests {
         assert_eq!(ws.wait(0), Err(Error::TimedOut("fi_wait")));
         cq.inner().push(entry(1), 0);
         assert_eq!(ws.wait(100), Ok(()));
+    }
+
+    /// A set that outlives many queues opened and closed on it keeps none of them.
+    #[test]
+    fn a_wait_set_forgets_queues_closed() {
+        let ws = WaitSet::open(&crate::wait::WaitAttr {
+            wait_obj: WaitObj::Unspec,
+            ..Default::default()
+        })
+        .unwrap();
+        for _ in 0..100 {
+            let cq = CompletionQueue::open(&CqAttr {
+                wait_obj: WaitObj::Set,
+                wait_set: Some(ws.clone()),
+                ..Default::default()
+            })
+            .unwrap();
+            cq.close().map_err(|(_, e)| e).unwrap();
+        }
+        assert!(ws.kept() <= 1, "{} kept", ws.kept());
+        assert_eq!(ws.members_alive(), 0);
     }
 }

@@ -22,7 +22,7 @@ pub struct EqAttr {
 }
 
 /// `struct fi_eq_entry`, with the event code beside it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EqEntry {
     /// The event (`FI_AV_COMPLETE`, `FI_NOTIFY`, ...).
     pub event: u32,
@@ -32,6 +32,10 @@ pub struct EqEntry {
     pub context: Context,
     /// Event data, e.g. the number of addresses inserted.
     pub data: u64,
+    /// What the application wrote, byte for byte, where it wrote the event (`fi_eq_write`
+    /// takes any event structure of any length, and a read gives it back whole); `None` for
+    /// the provider's own events, whose structure is the fields above.
+    pub bytes: Option<Arc<[u8]>>,
 }
 
 /// `struct fi_eq_err_entry`.
@@ -127,6 +131,12 @@ impl EventQueue {
 
     /// `fi_eq_read`: the next event (`FI_PEEK` leaves it queued); `Avail` when an error waits.
     pub fn read(&self, flags: u64) -> Result<EqEntry> {
+        self.read_within(flags, &|_| true)
+    }
+
+    /// `read` of the next event if it `fits` the caller's buffer: `TooSmall`, the event left
+    /// queued, where it does not (an event the application wrote is any length).
+    pub fn read_within(&self, flags: u64, fits: &dyn Fn(&EqEntry) -> bool) -> Result<EqEntry> {
         if flags & !FI_PEEK != 0 {
             return Err(Error::BadFlags(format!(
                 "eq read: flags {flags:#x}; only FI_PEEK"
@@ -136,8 +146,13 @@ impl EventQueue {
         if !q.errs.is_empty() {
             return Err(Error::Avail);
         }
+        if q.events.front().is_some_and(|e| !fits(e)) {
+            return Err(Error::TooSmall(
+                "eq read: the next event is larger than the buffer".into(),
+            ));
+        }
         let e = if flags & FI_PEEK != 0 {
-            q.events.front().copied()
+            q.events.front().cloned()
         } else {
             q.events.pop_front()
         };
@@ -153,14 +168,25 @@ impl EventQueue {
     /// `fi_eq_sread`: blocks up to `timeout_ms` (-1 forever) for an event. A timeout is `Again`:
     /// fi_eq(3) returns -FI_EAGAIN when "the timeout expires ... and no data is available".
     pub fn sread(&self, flags: u64, timeout_ms: i32) -> Result<EqEntry> {
+        self.sread_within(flags, timeout_ms, &|_| true)
+    }
+
+    /// `sread` of an event that `fits`: as `read_within`.
+    pub fn sread_within(
+        &self,
+        flags: u64,
+        timeout_ms: i32,
+        fits: &dyn Fn(&EqEntry) -> bool,
+    ) -> Result<EqEntry> {
         if self.inner.wait_obj == WaitObj::None {
-            return Err(Error::OpBadState(
+            // libfabric: -FI_ENOSYS, "EQ not configured for sread".
+            return Err(Error::NoSys(
                 "eq sread: queue opened with FI_WAIT_NONE".into(),
             ));
         }
         let dl = deadline(timeout_ms);
         loop {
-            match self.read(flags) {
+            match self.read_within(flags, fits) {
                 Err(Error::Again(_)) => {}
                 r => return r,
             }
@@ -239,8 +265,8 @@ mod tests {
             context: 9,
             ..Default::default()
         };
-        eq.write(e).unwrap();
-        assert_eq!(eq.read(FI_PEEK), Ok(e));
+        eq.write(e.clone()).unwrap();
+        assert_eq!(eq.read(FI_PEEK), Ok(e.clone()));
         assert_eq!(eq.sread(0, 10), Ok(e));
         eq.inner().push_err(EqErrEntry {
             err: 5,

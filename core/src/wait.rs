@@ -496,6 +496,8 @@ pub(crate) struct WaitSetInner {
     lock: Mutex<u64>,
     cond: Condvar,
     members: Mutex<Vec<Weak<dyn Waitable>>>,
+    /// A member was signaled (`fi_cq_signal`): the next `wait` returns at once.
+    woken: std::sync::atomic::AtomicBool,
     /// `FI_WAIT_FD`: signaled with every member's change; holds the members' endpoints'
     /// descriptors.
     fd: Option<FdWait>,
@@ -513,14 +515,20 @@ pub struct WaitAttr {
 impl WaitSet {
     /// `fi_wait_open`.
     pub fn open(attr: &WaitAttr) -> Result<Self> {
+        // libfabric answers -FI_EINVAL to both: a set that cannot wait, and flags.
         if attr.flags != 0 {
-            return Err(Error::BadFlags(format!(
+            return Err(Error::Inval(format!(
                 "wait set flags must be 0, got {:#x}",
                 attr.flags
             )));
         }
         match attr.wait_obj {
-            WaitObj::None | WaitObj::Unspec | WaitObj::MutexCond | WaitObj::Yield => {}
+            WaitObj::None => {
+                return Err(Error::Inval(
+                    "wait set of kind FI_WAIT_NONE: nothing to wait with".into(),
+                ))
+            }
+            WaitObj::Unspec | WaitObj::MutexCond | WaitObj::Yield => {}
             WaitObj::Fd => {}
             other => {
                 return Err(Error::OpNotSupp(format!(
@@ -540,6 +548,7 @@ impl WaitSet {
                 lock: Mutex::new(0),
                 cond: Condvar::new(),
                 members: Mutex::new(Vec::new()),
+                woken: std::sync::atomic::AtomicBool::new(false),
                 fd,
             }),
         })
@@ -598,11 +607,33 @@ impl WaitSet {
     }
 
     pub(crate) fn add(&self, w: Weak<dyn Waitable>) {
+        let mut m = self.inner.members.lock().unwrap_or_else(|e| e.into_inner());
+        // Members closed since go: a set that outlives many queues does not keep them all.
+        m.retain(|w| w.strong_count() > 0);
+        m.push(w);
+    }
+
+    /// Members alive (with those closed since not yet forgotten, until the next `add`).
+    pub fn members_alive(&self) -> usize {
+        self.members().len()
+    }
+
+    /// Members kept, closed ones included.
+    #[cfg(test)]
+    pub(crate) fn kept(&self) -> usize {
         self.inner
             .members
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(w);
+            .len()
+    }
+
+    /// A member was signaled: the waiter returns, as from an event.
+    pub(crate) fn wake(&self) {
+        self.inner
+            .woken
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.signal();
     }
 
     pub(crate) fn signal(&self) {
@@ -621,6 +652,13 @@ impl WaitSet {
             let members = self.members();
             // Taken before looking, so a signal after the look is not slept through.
             let seen = *self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
+            if self
+                .inner
+                .woken
+                .swap(false, std::sync::atomic::Ordering::AcqRel)
+            {
+                return Ok(());
+            }
             for m in &members {
                 m.drive();
             }
