@@ -241,8 +241,11 @@ pub trait OneSided: Send + Sync {
     fn pull_min(&self) -> usize;
 
     /// Describes `iov`, memory of this process that a large send to `peer` offers, for that
-    /// peer's transport to copy from; `None`: not this memory (the send goes by frames).
-    fn describe(&self, peer: PeerId, iov: &IovList) -> Option<Desc>;
+    /// peer's transport to copy from (`Dir::Read`: the peer reads it) or, an RMA read's
+    /// destination, into (`Dir::Write`); `None`: not this memory (the send goes by frames).
+    /// A transport whose hardware enforces access grants the peer that one and no other: a
+    /// send's source is never writable by the receiver.
+    fn describe(&self, peer: PeerId, iov: &IovList, dir: Dir) -> Option<Desc>;
 
     /// Whether `iov` is memory the peer's transport copies from cheaply (shm: it maps the
     /// sender's allocation and copies with plain loads, no system call per copy), and from
@@ -267,9 +270,9 @@ pub trait OneSided: Send + Sync {
 
     /// An offer `describe` made of `iov` to `peer` has ended (its request completed, failed,
     /// or was canceled): nobody copies from it any more, and the transport may release what
-    /// it holds for it (a NIC registration).
-    fn offer_ended(&self, peer: PeerId, iov: &IovList) {
-        let _ = (peer, iov);
+    /// it holds for it (a NIC registration). `dir` is the one it was described with.
+    fn offer_ended(&self, peer: PeerId, iov: &IovList, dir: Dir) {
+        let _ = (peer, iov, dir);
     }
 
     /// Whether the transport's NIC carries `req` out itself ([`Native`]): the engine then

@@ -1615,7 +1615,7 @@ impl OneSided for ShmOneSided {
         self.pull_min
     }
 
-    fn describe(&self, peer: PeerId, iov: &IovList) -> Option<Desc> {
+    fn describe(&self, peer: PeerId, iov: &IovList, dir: Dir) -> Option<Desc> {
         if self.cuda_ipc {
             let who = || {
                 let book = self.book.lock().unwrap_or_else(|e| e.into_inner());
@@ -1630,7 +1630,11 @@ impl OneSided for ShmOneSided {
         if !self.cma.usable() {
             return None;
         }
-        mapped::describe(&self.sys, iov).or_else(|| Some(Desc::of_iov(iov)))
+        // Cross-memory attach reaches either way; a mapping of ours, only to be read.
+        let mapped = (dir == Dir::Read)
+            .then(|| mapped::describe(&self.sys, iov))
+            .flatten();
+        mapped.or_else(|| Some(Desc::of_iov(iov)))
     }
 
     fn offer_declined(&self, peer: PeerId, iov: &IovList) {

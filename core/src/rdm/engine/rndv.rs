@@ -60,7 +60,9 @@ impl Engine {
     /// data is staged only if the peer answers `Cts` (`on_cts`).
     pub(super) fn send_device_offer(&mut self, peer: PeerId, op: &TxOp, fl: u8) {
         let desc = match &self.one_sided {
-            Some(t) if self.can_copy(peer) => t.describe(peer, &op.iov).unwrap_or_default(),
+            Some(t) if self.can_copy(peer) => {
+                t.describe(peer, &op.iov, Dir::Read).unwrap_or_default()
+            }
             _ => Desc::default(),
         };
         let (id, _) = self.new_tx(TxReq {
@@ -372,7 +374,10 @@ impl Engine {
     /// too, where it has one for it (`early_offer`).
     pub(super) fn offer(&self, peer: PeerId, iov: &IovList, pulled: bool) -> Desc {
         match &self.one_sided {
-            Some(t) if iov.total() >= t.pull_min() => t.describe(peer, iov).unwrap_or_default(),
+            Some(t) if iov.total() >= t.pull_min() => {
+                let dir = if pulled { Dir::Read } else { Dir::Write };
+                t.describe(peer, iov, dir).unwrap_or_default()
+            }
             Some(_) if pulled => self.early_offer(peer, iov).unwrap_or_default(),
             _ => Desc::default(),
         }
@@ -387,7 +392,7 @@ impl Engine {
         if iov.total() < min || !self.can_copy(peer) {
             return None;
         }
-        t.describe(peer, iov).filter(|d| !d.is_empty())
+        t.describe(peer, iov, Dir::Read).filter(|d| !d.is_empty())
     }
 
     /// The memory this endpoint offered `peer` to copy from for its request `offer` (a
@@ -405,7 +410,13 @@ impl Engine {
     /// Tells the transport that `t`'s offer of its memory (if it made one) has ended.
     pub(super) fn offer_ended(&self, t: &TxReq) {
         if let (true, Some(os)) = (t.pull, &self.one_sided) {
-            os.offer_ended(t.peer, &t.iov);
+            // An RMA read's offer is its destination, which the peer writes (`offer`).
+            let dir = if t.flags & (FI_RMA | FI_READ) == FI_RMA | FI_READ {
+                Dir::Write
+            } else {
+                Dir::Read
+            };
+            os.offer_ended(t.peer, &t.iov, dir);
         }
     }
 }

@@ -13,7 +13,7 @@ impl OneSided for Cheap {
         PULL_MIN
     }
 
-    fn describe(&self, _peer: PeerId, iov: &IovList) -> Option<Desc> {
+    fn describe(&self, _peer: PeerId, iov: &IovList, _dir: Dir) -> Option<Desc> {
         Some(Desc::of_iov(iov))
     }
 

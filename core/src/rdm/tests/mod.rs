@@ -73,7 +73,7 @@ impl OneSided for SameProcess {
         PULL_MIN
     }
 
-    fn describe(&self, _peer: PeerId, iov: &IovList) -> Option<Desc> {
+    fn describe(&self, _peer: PeerId, iov: &IovList, _dir: Dir) -> Option<Desc> {
         Some(Desc::of_iov(iov))
     }
 }

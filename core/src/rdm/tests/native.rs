@@ -16,7 +16,7 @@ impl OneSided for FakeNic {
         usize::MAX
     }
 
-    fn describe(&self, _peer: PeerId, _iov: &IovList) -> Option<Desc> {
+    fn describe(&self, _peer: PeerId, _iov: &IovList, _dir: Dir) -> Option<Desc> {
         None
     }
 
@@ -314,11 +314,11 @@ impl OneSided for Counting {
         PULL_MIN_OFFER
     }
 
-    fn describe(&self, _peer: PeerId, iov: &IovList) -> Option<Desc> {
+    fn describe(&self, _peer: PeerId, iov: &IovList, _dir: Dir) -> Option<Desc> {
         Some(Desc::of_iov(iov))
     }
 
-    fn offer_ended(&self, _peer: PeerId, _iov: &IovList) {
+    fn offer_ended(&self, _peer: PeerId, _iov: &IovList, _dir: Dir) {
         self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
@@ -364,4 +364,62 @@ fn an_offer_ends_once_with_its_request() {
     net.pump();
     net.a.one(4);
     assert_eq!(ended.load(Ordering::SeqCst), 3);
+}
+
+/// Records the direction of every offer described and ended.
+struct Recording(Arc<std::sync::Mutex<Vec<(&'static str, Dir)>>>);
+
+impl OneSided for Recording {
+    fn pull_min(&self) -> usize {
+        PULL_MIN_OFFER
+    }
+
+    fn describe(&self, _peer: PeerId, iov: &IovList, dir: Dir) -> Option<Desc> {
+        self.0.lock().unwrap().push(("described", dir));
+        Some(Desc::of_iov(iov))
+    }
+
+    fn offer_ended(&self, _peer: PeerId, _iov: &IovList, dir: Dir) {
+        self.0.lock().unwrap().push(("ended", dir));
+    }
+}
+
+/// A transport whose NIC enforces access is told which the peer needs: a send's source and
+/// an RMA write's are read by the peer, an RMA read's destination written, never the other
+/// (a receiver offered a send's memory to read must not be able to write it), and each
+/// offer ends with the direction it was described with.
+#[test]
+fn offers_say_whether_the_peer_reads_or_writes_them() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut net = net_with(
+        Net::sides(World::new(), false, true),
+        Box::new(Recording(seen.clone())),
+    );
+    let data = pattern(300, 46);
+    let mut into = vec![0u8; 300];
+    net.a.send(send(1, &data, None, None, 0));
+    net.a
+        .rma(rma(2, iov(&data), &[seg(0x1000, 300, 7)], None, FI_WRITE));
+    net.a.rma(rma(
+        3,
+        iov_mut(&mut into),
+        &[seg(0x1000, 300, 7)],
+        None,
+        FI_READ,
+    ));
+    net.a.eng.close();
+    let seen = seen.lock().unwrap().clone();
+    let described: Vec<Dir> = seen
+        .iter()
+        .filter(|(w, _)| *w == "described")
+        .map(|&(_, d)| d)
+        .collect();
+    assert_eq!(described, [Dir::Read, Dir::Read, Dir::Write], "{seen:?}");
+    let mut ended: Vec<Dir> = seen
+        .iter()
+        .filter(|(w, _)| *w == "ended")
+        .map(|&(_, d)| d)
+        .collect();
+    ended.sort_by_key(|d| *d == Dir::Write);
+    assert_eq!(ended, [Dir::Read, Dir::Read, Dir::Write], "{seen:?}");
 }

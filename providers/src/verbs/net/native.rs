@@ -26,7 +26,7 @@ use std::sync::RwLock;
 
 use xfabric_core::consts::errno::*;
 use xfabric_core::consts::*;
-use xfabric_core::rdm::{Desc, NativeKind, OneSided};
+use xfabric_core::rdm::{Desc, Dir, NativeKind, OneSided};
 use xfabric_core::rxq::IovList;
 use xfabric_core::settings;
 use xfabric_core::CntrClass;
@@ -143,12 +143,12 @@ impl OneSided for VerbsOneSided {
         self.pull_min
     }
 
-    fn describe(&self, _peer: PeerId, iov: &IovList) -> Option<Desc> {
-        self.offers.describe(iov)
+    fn describe(&self, _peer: PeerId, iov: &IovList, dir: Dir) -> Option<Desc> {
+        self.offers.describe(iov, dir)
     }
 
-    fn offer_ended(&self, _peer: PeerId, iov: &IovList) {
-        self.offers.ended(iov)
+    fn offer_ended(&self, _peer: PeerId, iov: &IovList, dir: Dir) {
+        self.offers.ended(iov, dir)
     }
 
     fn native(&self, peer: PeerId, n: &Native) -> bool {

@@ -1,6 +1,8 @@
 //! Large messages read by the receiver's NIC: the engine's one-sided pulls (`OneSided`,
 //! `CopyReq`) over RDMA. A sender offering a message registers its memory for remote reads
-//! (`Offers::describe`: one registration per segment, its rkey in the descriptor) and
+//! (`Offers::describe`: one registration per segment and direction, its rkey in the
+//! descriptor; a source is only readable remotely, an RMA read's destination only writable,
+//! so a receiver's NIC cannot write into what it was offered to read) and
 //! deregisters it when the engine says the offer ended (`Offers::ended`); the receiver's
 //! connection reads it into the receive's buffer with `IBV_WR_RDMA_READ` (one work request per
 //! piece of at most `pieces::PIECE` where the two sides' segments overlap, posted as the
@@ -23,14 +25,18 @@ use super::*;
 
 /// Bytes a descriptor gives one segment: address, length, rkey, 4 spare.
 const SEG: usize = 24;
-/// The registrations of this endpoint's live offers, by segment: one per segment however
-/// many offers name it at once (their descriptors carry the same rkey), with the count of
-/// those offers.
+/// The registrations of this endpoint's live offers, by segment and the access the peer is
+/// given (`Dir::Read`: it reads the segment): one per segment and direction however many
+/// offers name it at once (their descriptors carry the same rkey), with the count of those
+/// offers.
 pub struct Offers {
     /// `None` only in tests without a device: nothing is offered.
     nic: Option<Arc<Nic>>,
-    regs: Mutex<HashMap<(usize, usize), (Mr, usize)>>,
+    regs: Mutex<HashMap<Seg, (Mr, usize)>>,
 }
+
+/// An offered segment: address, length, and whether the peer writes it (`Dir::Write`).
+type Seg = (usize, usize, bool);
 
 impl Offers {
     pub fn new(nic: &Arc<Nic>) -> Offers {
@@ -49,32 +55,31 @@ impl Offers {
         }
     }
 
-    /// Registers `iov` for the peer's NIC to read (and, for an RMA read's destination, to
-    /// write) and describes it; `None`: the NIC would not register it.
-    pub fn describe(&self, iov: &IovList) -> Option<Desc> {
+    /// Registers `iov` for the peer's NIC to read (`Dir::Read`) or, an RMA read's
+    /// destination, to write (`Dir::Write`), and not the other, and describes it; `None`:
+    /// the NIC would not register it.
+    pub fn describe(&self, iov: &IovList, dir: Dir) -> Option<Desc> {
         let nic = self.nic.as_ref()?;
         let mut d = Desc::default();
         let mut made = Vec::new();
         let mut regs = self.regs.lock().unwrap_or_else(|e| e.into_inner());
         for s in iov.segs() {
-            let at = (s.addr, s.len);
+            let at = (s.addr, s.len, dir == Dir::Write);
             let rkey = match regs.get_mut(&at) {
                 Some((mr, n)) => {
                     *n += 1;
                     mr.rkey()
                 }
                 None => {
-                    let writable = sys::IBV_ACCESS_LOCAL_WRITE
-                        | sys::IBV_ACCESS_REMOTE_READ
-                        | sys::IBV_ACCESS_REMOTE_WRITE;
+                    // Remote write needs local write too (verbs' rule).
+                    let access = match dir {
+                        Dir::Read => sys::IBV_ACCESS_REMOTE_READ,
+                        Dir::Write => sys::IBV_ACCESS_LOCAL_WRITE | sys::IBV_ACCESS_REMOTE_WRITE,
+                    };
                     let addr = s.addr as *mut u8;
                     // SAFETY: the engine keeps an offered buffer valid until the offer ends
                     // (`ended`), and the last offer of it ending drops the registration.
-                    let mr = unsafe { Mr::new(nic, addr, s.len, writable) }.or_else(|_| {
-                        // A read-only send buffer: readable remotely is enough.
-                        // SAFETY: as above.
-                        unsafe { Mr::new(nic, addr, s.len, sys::IBV_ACCESS_REMOTE_READ) }
-                    });
+                    let mr = unsafe { Mr::new(nic, addr, s.len, access) };
                     let Ok(mr) = mr else {
                         // What this offer took goes with it.
                         release(&mut regs, &made);
@@ -94,16 +99,18 @@ impl Offers {
         Some(d)
     }
 
-    /// The offer of `iov` ended: its segments' registrations go with their last offer.
-    pub fn ended(&self, iov: &IovList) {
-        let segs: Vec<(usize, usize)> = iov.segs().iter().map(|s| (s.addr, s.len)).collect();
+    /// The offer of `iov` made for `dir` ended: its segments' registrations go with their
+    /// last offer.
+    pub fn ended(&self, iov: &IovList, dir: Dir) {
+        let w = dir == Dir::Write;
+        let segs: Vec<Seg> = iov.segs().iter().map(|s| (s.addr, s.len, w)).collect();
         let mut regs = self.regs.lock().unwrap_or_else(|e| e.into_inner());
         release(&mut regs, &segs);
     }
 }
 
 /// One offer fewer of each of `segs`; a registration no offer names any more is dropped.
-fn release(regs: &mut HashMap<(usize, usize), (Mr, usize)>, segs: &[(usize, usize)]) {
+fn release(regs: &mut HashMap<Seg, (Mr, usize)>, segs: &[Seg]) {
     for at in segs {
         if let Some((_, n)) = regs.get_mut(at) {
             *n -= 1;
