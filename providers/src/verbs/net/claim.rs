@@ -96,6 +96,12 @@ impl Hello {
         let mut gid = [0u8; 16];
         gid.copy_from_slice(&h[16..32]);
         let name = inet::decode(&h[32..48]).map_err(|_| "side channel: bad name")?;
+        // An endpoint's name is its NIC's address, whose RoCE v2 GID is that address mapped
+        // (`ib::open_one`, the provider's `src_addr` rule): a GID naming another address
+        // would point our queue pair's traffic at whatever host it names.
+        if gid != gid_of(&name) {
+            return Err("side channel: the GID is not the name's address");
+        }
         Ok(Hello {
             qp: QpInfo {
                 qpn: u32_at(h, 8) & 0xff_ffff,
@@ -106,6 +112,15 @@ impl Hello {
             flags: h[6],
             nonce: u64::from_le_bytes(h[48..56].try_into().expect("8 bytes")),
         })
+    }
+}
+
+/// The RoCE v2 GID of the address of `name`: IPv4-mapped (all zero for an IPv6 name, which
+/// no verbs endpoint here has).
+pub fn gid_of(name: &SocketAddr) -> [u8; 16] {
+    match name.ip() {
+        std::net::IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        std::net::IpAddr::V6(_) => [0; 16],
     }
 }
 
@@ -484,7 +499,7 @@ mod tests {
             qp: QpInfo {
                 qpn,
                 psn: 7,
-                gid: [0xab; 16],
+                gid: gid_of(name),
             },
             name: *name,
             flags: HELLO_EVENTS,
@@ -515,6 +530,10 @@ mod tests {
         let mut bad = good;
         bad[32..48].fill(0xff);
         assert!(Hello::parse(&bad).is_err());
+        // A GID of another address than the name's: our traffic would go there.
+        let mut bad = good;
+        bad[16..32].copy_from_slice(&gid_of(&"198.51.100.7:4000".parse().unwrap()));
+        assert!(Hello::parse(&bad).is_err(), "a GID not the name's");
         assert!(Hello::parse(&good[..HELLO - 1]).is_err());
         assert!(Hello::parse(&[]).is_err());
         // A question is not a hello, nor a hello a question.
