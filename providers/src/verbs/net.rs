@@ -49,6 +49,8 @@ pub const CHUNK: usize = 16 * 1024;
 const HDR: usize = 8;
 /// Receive buffers each connection posts.
 const RQ: u32 = 64;
+/// Completions one progress round takes at most (the rest the next).
+const COMPLETIONS_MAX: usize = 4 * RQ as usize;
 /// Of those, how many only credit-only chunks may use.
 const RESERVE: u32 = 4;
 /// Send buffers per connection.
@@ -196,6 +198,9 @@ pub struct Net {
     lost: Vec<(PeerId, i32)>,
     /// `super::stats::faults()` last acted on.
     faults: u64,
+    /// The last round stopped at `COMPLETIONS_MAX` with completions left in the CQ: busy
+    /// (a sleep on the CQ's event would not see them; it fires for new ones only).
+    cq_more: bool,
     /// The endpoint (whether it reports remote reads: the hello's flag).
     core: Arc<EpCore>,
     /// What the engine's `native` decisions read: registrations, peers' flags.
@@ -258,6 +263,7 @@ impl Net {
             wc: vec![sys::ibv_wc::default(); 64],
             lost: Vec::new(),
             faults: super::stats::faults(),
+            cq_more: false,
             core,
             shared,
             transfers: HashMap::new(),
@@ -321,7 +327,8 @@ impl Net {
     /// by time too, a call-back that never answers waking no one: a sleep lasts at most
     /// 1 ms then).
     pub fn busy(&self) -> bool {
-        !self.claims.is_empty()
+        self.cq_more
+            || !self.claims.is_empty()
             || self.peers.iter().any(|p| !p.out.is_empty())
             || self.links.values().any(|l| {
                 l.inflight > 0 || !l.natives.is_empty() || !l.held.is_empty() || l.posting.is_some()
@@ -758,7 +765,14 @@ impl Net {
 
     fn completions<H: Handler>(&mut self, h: &mut H) -> usize {
         let mut total = 0;
+        self.cq_more = false;
         loop {
+            // A round ends after so many, whatever still comes: a NIC fed faster than we
+            // poll must not keep the caller (holding the endpoint) here.
+            if total >= COMPLETIONS_MAX {
+                self.cq_more = true;
+                break;
+            }
             let n = self.cq.poll(&mut self.wc);
             if n == 0 {
                 break;
@@ -790,9 +804,15 @@ impl Net {
                 if wc.opcode == sys::IBV_WC_RECV_RDMA_WITH_IMM {
                     // A peer's NIC wrote into our memory: its receive carried no bytes; the
                     // buffer goes back at once, the report in order with the chunks.
+                    // Its data credit comes back once the engine took the report
+                    // (`consume`), as a chunk's does: a peer writing past the credits it
+                    // holds is found out below, not held for without end.
                     let imm = u32::from_be(wc.imm_data) as usize;
                     l.held.push_back((IMM, imm, wc.byte_len as usize));
-                    l.owe += 1;
+                    if l.held.len() > (RQ - RESERVE) as usize {
+                        self.fail_link(id, libc::EPROTO, "a peer wrote past its credits");
+                        continue;
+                    }
                     if let Err(e) = post_recv(l, id, slot) {
                         warn!("verbs: {e}");
                         self.fail_link(id, libc::EIO, "cannot repost a receive");
@@ -814,6 +834,13 @@ impl Net {
                     l.reserve = l.reserve.saturating_add(rc).min(RESERVE);
                     if kind == KIND_CREDIT {
                         l.owe_reserve += 1;
+                        // A peer holds at most RESERVE reserve credits; one sending more
+                        // credit-only chunks than those (each reposted at once) would keep
+                        // this loop busy without end.
+                        if l.owe_reserve > RESERVE {
+                            self.fail_link(id, libc::EPROTO, "a peer sent past its credits");
+                            continue;
+                        }
                         if let Err(e) = post_recv(l, id, slot) {
                             warn!("verbs: {e}");
                             self.fail_link(id, libc::EIO, "cannot repost a receive");
@@ -898,6 +925,7 @@ impl Net {
             };
             if slot == IMM {
                 l.held.pop_front();
+                l.owe += 1;
                 super::stats::NATIVE_WRITES_IN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 h.on_native_write(peer, end, native::imm_data(at as u32));
                 frames += 1;
