@@ -125,6 +125,8 @@ enum Out {
 struct Link {
     peer: PeerId,
     state: State,
+    /// The peer connected to us (we answered its hello): a peer has one such at a time.
+    accepted: bool,
     stream: TcpStream,
     /// Side-channel bytes read so far.
     hello: Vec<u8>,
@@ -361,6 +363,7 @@ impl Net {
         };
         let link = Link {
             peer,
+            accepted: matches!(state, State::Answered),
             state,
             stream,
             hello: Vec::new(),
@@ -742,6 +745,22 @@ impl Net {
     /// QP, answer.
     fn on_hello(&mut self, id: usize, h: &Hello) -> std::result::Result<(), &'static str> {
         let peer = self.peer(h.name);
+        // One connection a peer made to us at a time: a second, proven, is a peer that
+        // restarted or reconnected, and the first is dead to it (as tcp's). Else one
+        // proven peer could open connections (each a QP and its pinned buffers) until the
+        // table is full and nobody else can connect. Its loss drops its other connections,
+        // not this one, whose peer is not set yet.
+        if self
+            .links
+            .iter()
+            .any(|(&o, l)| o != id && l.accepted && l.peer == peer)
+        {
+            debug!(
+                peer,
+                "verbs: peer reconnected; its earlier connections are lost"
+            );
+            self.lose_peer(peer, libc::ECONNRESET);
+        }
         self.shared.set_quiet(peer, h.flags & HELLO_EVENTS == 0);
         let answer = self.hello_bytes(&self.links[&id]);
         let l = self.links.get_mut(&id).expect("listed");
