@@ -135,11 +135,14 @@ impl Net {
         self.post_pieces(id)
     }
 
-    /// The copies with `tokens` post no more pieces (their region closed: `Wire::cut_region`):
-    /// each ends failed (`FI_EACCES`) once the pieces already posted are done, at once if
-    /// none is.
+    /// The copies with `tokens` post no more pieces (their region closed: `Wire::cut_region`)
+    /// and end failed (`FI_EACCES`). Pieces already posted are the NIC's, and the peer paces
+    /// them (a read's response, a write's acknowledgements, a packet each minute of timer
+    /// resets): their connection is failed, its QP destroyed before this returns, so that
+    /// nothing reads or writes the region once its close returned.
     pub(super) fn cut_transfers<H: Handler>(&mut self, tokens: &[u64], h: &mut H) {
         let mut idle = Vec::new();
+        let mut busy = Vec::new();
         for (owner, t) in self.transfers.iter_mut() {
             if !matches!(owner, Owner::Copy(c) if tokens.contains(c)) {
                 continue;
@@ -155,7 +158,12 @@ impl Net {
             }
             if t.out == 0 {
                 idle.push(*owner);
+            } else {
+                busy.push(t.link);
             }
+        }
+        for id in busy {
+            self.fail_link(id, libc::ECANCELED, "a region closed under the NIC's copy");
         }
         for owner in idle {
             // Nothing of it is in flight: it ends now (`piece_done` counts no piece below 0).
