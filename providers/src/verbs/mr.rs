@@ -37,11 +37,18 @@ const TAG: u64 = 0x5846 << 48;
 const TAG_MASK: u64 = 0xffff << 48;
 const READ_BIT: u64 = 1 << 40;
 const WRITE_BIT: u64 = 1 << 41;
+/// The key's random bits: 32..40 and 42..48, fourteen drawn from the OS per registration.
+/// A NIC's rkey is an index and a few bits (rxe: 8 random, others a counter): guessable. A
+/// peer naming a region through the engine (a frame, not its NIC) must name the whole key,
+/// and these make that 2^14 times harder; what a peer's NIC reaches is the NIC's to check.
+const SALT_MASK: u64 = 0xff << 32 | 0x3f << 42;
 
 /// A key as this provider makes them, decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NicKey {
     pub rkey: u32,
+    /// Random bits (`SALT_MASK`'s), in place.
+    pub salt: u64,
     /// The region allows remote reads (`FI_REMOTE_READ`).
     pub read: bool,
     /// The region allows remote writes and atomics (`FI_REMOTE_WRITE`).
@@ -50,7 +57,7 @@ pub struct NicKey {
 
 impl NicKey {
     pub fn encode(&self) -> u64 {
-        let mut k = TAG | u64::from(self.rkey);
+        let mut k = TAG | u64::from(self.rkey) | self.salt & SALT_MASK;
         if self.read {
             k |= READ_BIT;
         }
@@ -62,11 +69,14 @@ impl NicKey {
 
     /// The key's parts, if it is one of ours (by its tag and its unused bits being zero).
     pub fn decode(key: u64) -> Option<NicKey> {
-        if key & TAG_MASK != TAG || key & !(TAG_MASK | READ_BIT | WRITE_BIT | 0xffff_ffff) != 0 {
+        if key & TAG_MASK != TAG
+            || key & !(TAG_MASK | READ_BIT | WRITE_BIT | SALT_MASK | 0xffff_ffff) != 0
+        {
             return None;
         }
         Some(NicKey {
             rkey: key as u32,
+            salt: key & SALT_MASK,
             read: key & READ_BIT != 0,
             write: key & WRITE_BIT != 0,
         })
@@ -237,7 +247,7 @@ pub unsafe fn register(
         // SAFETY: the caller keeps the range valid while the region lives.
         let mr = unsafe { register_dmabuf(nic, attr, mr_mode) }?;
         // Not in the registry: operations' local device buffers reach the provider staged.
-        return Some(nic_mr(mr, attr, reg));
+        return nic_mr(mr, attr, reg);
     }
     let iova = iova_for(attr, mr_mode)?;
     let addr = attr.addr as *mut u8;
@@ -264,7 +274,7 @@ pub unsafe fn register(
             return None;
         }
     };
-    let m = nic_mr(mr, attr, reg);
+    let m = nic_mr(mr, attr, reg)?;
     if access & sys::IBV_ACCESS_LOCAL_WRITE != 0 {
         reg.add(
             attr.addr,
@@ -278,8 +288,9 @@ pub unsafe fn register(
     Some(m)
 }
 
-/// The region of registration `mr` of `attr`, with its key.
-fn nic_mr(mr: Mr, attr: &MrAttr, reg: &Arc<Registry>) -> NicMr {
+/// The region of registration `mr` of `attr`, with its key (`None`: the OS gave no random
+/// bits for it; the region is left to core).
+fn nic_mr(mr: Mr, attr: &MrAttr, reg: &Arc<Registry>) -> Option<NicMr> {
     // A region no peer may reach has no rkey on some NICs (rxe gives them all 0): its key,
     // which only has to be unique in the domain, is then made from its lkey (a peer naming
     // it is refused by the NIC, or by the engine, as for any region it may not reach).
@@ -288,14 +299,15 @@ fn nic_mr(mr: Mr, attr: &MrAttr, reg: &Arc<Registry>) -> NicMr {
         rkey: if remote { mr.rkey() } else { mr.lkey() },
         read: attr.access & FI_REMOTE_READ != 0,
         write: attr.access & FI_REMOTE_WRITE != 0,
+        salt: getrandom::u64().ok()?,
     }
     .encode();
-    NicMr {
+    Some(NicMr {
         key,
         addr: attr.addr,
         reg: reg.clone(),
         _mr: mr,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -308,19 +320,25 @@ mod tests {
             rkey: 0xdead_beef,
             read: true,
             write: false,
+            salt: SALT_MASK,
         };
         assert_eq!(NicKey::decode(k.encode()), Some(k));
         let w = NicKey {
             rkey: 1,
             read: false,
             write: true,
+            salt: 0,
         };
         assert_eq!(NicKey::decode(w.encode()), Some(w));
         for core_key in [0, 1, 7, 42, u64::MAX, FI_KEY_NOTAVAIL, 0xffff_ffff] {
             assert_eq!(NicKey::decode(core_key), None, "{core_key:#x}");
         }
-        // Stray bits outside the fields: not ours.
-        assert_eq!(NicKey::decode(k.encode() | 1 << 35), None);
+        // Another tag: not ours.
+        assert_eq!(NicKey::decode(w.encode() ^ 1 << 63), None);
+        // The random bits are the key's: two registrations of one rkey differ by them.
+        let a = NicKey { salt: 1 << 35, ..w };
+        assert_ne!(a.encode(), w.encode());
+        assert_eq!(NicKey::decode(a.encode()), Some(a));
     }
 
     #[test]

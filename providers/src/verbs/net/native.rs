@@ -532,6 +532,7 @@ mod tests {
                 rkey: 5,
                 read,
                 write,
+                salt: 0x2a << 32,
             }
             .encode()
         };
