@@ -17,32 +17,30 @@ const ENTRY: usize = size_of::<FiEqEntry>();
 /// past this is a caller's mistake, not an allocation to make.
 const WRITE_MAX: usize = 64 << 10;
 
-/// The bytes a read of `e` gives: what the application wrote, or a `struct fi_eq_entry`.
-fn size_of_entry(e: &EqEntry) -> usize {
-    e.bytes.as_ref().map_or(ENTRY, |b| b.len())
-}
-
-/// Writes `e` as C reads it; the byte count read.
+/// Writes `e` as C reads it, as much of it as `len` bytes hold (fi_eq(3): "limited to the
+/// buffer space provided", as libfabric's event queues cut it); the byte count written.
 ///
 /// # Safety
-/// `event` writable; `buf` writable for `size_of_entry(&e)` bytes.
-unsafe fn deliver(e: EqEntry, event: *mut u32, buf: *mut c_void) -> isize {
+/// `event` writable; `buf` writable for `len` bytes.
+unsafe fn deliver(e: EqEntry, event: *mut u32, buf: *mut c_void, len: usize) -> isize {
     // SAFETY: writable (caller), checked non-null by the callers.
     unsafe { *event = e.event };
-    if let Some(b) = &e.bytes {
-        // SAFETY: `buf` holds `b.len()` bytes (caller); a fresh buffer of the caller's.
-        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), buf.cast::<u8>(), b.len()) };
-        return b.len() as isize;
-    }
-    // SAFETY: writable for an entry (caller), checked non-null by the callers.
-    unsafe {
-        buf.cast::<FiEqEntry>().write_unaligned(FiEqEntry {
-            fid: e.fid as *mut c_void,
-            context: e.context as *mut c_void,
-            data: e.data,
-        });
-    }
-    ENTRY as isize
+    let entry = FiEqEntry {
+        fid: e.fid as *mut c_void,
+        context: e.context as *mut c_void,
+        data: e.data,
+    };
+    let bytes: &[u8] = match &e.bytes {
+        Some(b) => b,
+        // SAFETY: a plain C struct of three words, read as its bytes.
+        None => unsafe {
+            std::slice::from_raw_parts((&entry as *const FiEqEntry).cast::<u8>(), ENTRY)
+        },
+    };
+    let n = bytes.len().min(len);
+    // SAFETY: `buf` holds `len >= n` bytes (caller), apart from the entry's.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), n) };
+    n as isize
 }
 
 /// # Safety
@@ -52,7 +50,7 @@ unsafe fn read_with(
     event: *mut c_void,
     buf: *mut c_void,
     len: usize,
-    read: impl FnOnce(&EventQueue, &dyn Fn(&EqEntry) -> bool) -> xfabric::Result<EqEntry>,
+    read: impl FnOnce(&EventQueue) -> xfabric::Result<EqEntry>,
 ) -> isize {
     call(|| {
         // SAFETY: a fid from the caller, checked.
@@ -60,12 +58,9 @@ unsafe fn read_with(
         if event.is_null() || buf.is_null() {
             return Err(-(FI_EINVAL as isize));
         }
-        // An event larger than `buf` stays queued: -FI_ETOOSMALL, as libfabric.
-        let fits = |e: &EqEntry| size_of_entry(e) <= len;
-        let e = read(q, &fits).map_err(neg)?;
-        debug_assert!(size_of_entry(&e) <= len);
-        // SAFETY: event and buf writable (caller), buf for the entry's bytes (checked).
-        Ok(unsafe { deliver(e, event.cast(), buf) })
+        let e = read(q).map_err(neg)?;
+        // SAFETY: event and buf writable (caller), buf for `len` bytes.
+        Ok(unsafe { deliver(e, event.cast(), buf, len) })
     })
 }
 
@@ -77,7 +72,7 @@ pub(crate) unsafe extern "C" fn eq_read(
     flags: u64,
 ) -> isize {
     // SAFETY: forwarded contract.
-    unsafe { read_with(eq, event, buf, len, |q, fits| q.read_within(flags, fits)) }
+    unsafe { read_with(eq, event, buf, len, |q| q.read(flags)) }
 }
 
 pub(crate) unsafe extern "C" fn eq_sread(
@@ -89,11 +84,7 @@ pub(crate) unsafe extern "C" fn eq_sread(
     flags: u64,
 ) -> isize {
     // SAFETY: forwarded contract.
-    unsafe {
-        read_with(eq, event, buf, len, |q, fits| {
-            q.sread_within(flags, timeout, fits)
-        })
-    }
+    unsafe { read_with(eq, event, buf, len, |q| q.sread(flags, timeout)) }
 }
 
 pub(crate) unsafe extern "C" fn eq_write(

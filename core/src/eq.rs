@@ -131,12 +131,6 @@ impl EventQueue {
 
     /// `fi_eq_read`: the next event (`FI_PEEK` leaves it queued); `Avail` when an error waits.
     pub fn read(&self, flags: u64) -> Result<EqEntry> {
-        self.read_within(flags, &|_| true)
-    }
-
-    /// `read` of the next event if it `fits` the caller's buffer: `TooSmall`, the event left
-    /// queued, where it does not (an event the application wrote is any length).
-    pub fn read_within(&self, flags: u64, fits: &dyn Fn(&EqEntry) -> bool) -> Result<EqEntry> {
         if flags & !FI_PEEK != 0 {
             return Err(Error::BadFlags(format!(
                 "eq read: flags {flags:#x}; only FI_PEEK"
@@ -145,11 +139,6 @@ impl EventQueue {
         let mut q = self.inner.q.lock().unwrap_or_else(|e| e.into_inner());
         if !q.errs.is_empty() {
             return Err(Error::Avail);
-        }
-        if q.events.front().is_some_and(|e| !fits(e)) {
-            return Err(Error::TooSmall(
-                "eq read: the next event is larger than the buffer".into(),
-            ));
         }
         let e = if flags & FI_PEEK != 0 {
             q.events.front().cloned()
@@ -168,16 +157,6 @@ impl EventQueue {
     /// `fi_eq_sread`: blocks up to `timeout_ms` (-1 forever) for an event. A timeout is `Again`:
     /// fi_eq(3) returns -FI_EAGAIN when "the timeout expires ... and no data is available".
     pub fn sread(&self, flags: u64, timeout_ms: i32) -> Result<EqEntry> {
-        self.sread_within(flags, timeout_ms, &|_| true)
-    }
-
-    /// `sread` of an event that `fits`: as `read_within`.
-    pub fn sread_within(
-        &self,
-        flags: u64,
-        timeout_ms: i32,
-        fits: &dyn Fn(&EqEntry) -> bool,
-    ) -> Result<EqEntry> {
         if self.inner.wait_obj == WaitObj::None {
             // libfabric: -FI_ENOSYS, "EQ not configured for sread".
             return Err(Error::NoSys(
@@ -186,7 +165,7 @@ impl EventQueue {
         }
         let dl = deadline(timeout_ms);
         loop {
-            match self.read_within(flags, fits) {
+            match self.read(flags) {
                 Err(Error::Again(_)) => {}
                 r => return r,
             }
