@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -54,6 +55,13 @@ struct side {
 		if (!(cond))                                                                \
 			FAIL("line %d: %s", __LINE__, #cond);                               \
 	} while (0)
+
+/* Whether `fd` becomes readable within `ms` milliseconds (0: now). */
+static inline int readable(int fd, int ms)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	return poll(&p, 1, ms) == 1;
+}
 
 /* Opens a fabric and domain for RDM endpoints with `caps`, `mode` and `mr_mode` on the
  * provider FI_PROVIDER names (getinfo's first answer when it is unset). */

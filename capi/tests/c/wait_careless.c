@@ -5,14 +5,7 @@
  * gets as much of it as its buffer holds (fi_eq(3)); fi_eq_sread on a queue without a
  * wait object is -FI_ENOSYS; a wait set of FI_WAIT_NONE, or with flags, is -FI_EINVAL. */
 #include "two.h"
-#include <poll.h>
 #include <rdma/fi_eq.h>
-
-static int readable(int fd, int ms)
-{
-	struct pollfd p = { .fd = fd, .events = POLLIN };
-	return poll(&p, 1, ms) == 1;
-}
 
 int main(void)
 {

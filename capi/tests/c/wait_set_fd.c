@@ -2,14 +2,7 @@
  * readable when a counter waiting on the set changes; fi_trywait on the set says -FI_EAGAIN
  * once for that change, then 0. */
 #include "two.h"
-#include <poll.h>
 #include <rdma/fi_eq.h>
-
-static int readable(int fd, int ms)
-{
-	struct pollfd p = { .fd = fd, .events = POLLIN };
-	return poll(&p, 1, ms) == 1;
-}
 
 int main(void)
 {
