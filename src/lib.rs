@@ -105,9 +105,10 @@ pub use xfabric_core::{
     Buffered, CntrAttr, CompletionQueue, Counter, CqAttr, Datatype, DeferredWork, Domain,
     DomainAttr, Endpoint, EpAttr, EqAttr, EqEntry, EqErrEntry, Error, EventQueue, Fabric,
     FabricAttr, Iface, Info, MemoryRegion, MrAttr, MrDesc, Msg, MsgAtomic, MsgRma, OpAtomic,
-    OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, RawIov, Result, RmaIov, RxAttr,
-    TriggerContext, TriggerValue, TriggerVar, TriggerXpu, TxAttr, WaitAttr, WaitSet, WorkId,
-    WorkOp, Xpu, XpuDevice, ATOMIC_MAX, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED,
+    OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, PollAttr, PollSet, RawIov, Result,
+    RmaIov, RxAttr, TriggerContext, TriggerValue, TriggerVar, TriggerXpu, TxAttr, WaitAttr,
+    WaitSet, WorkId, WorkOp, Xpu, XpuDevice, ATOMIC_MAX, XPU_ARMED_MAX, XPU_ERR_BACKWARDS,
+    XPU_ERR_PAST_ARMED,
 };
 pub use xfabric_hmem as hmem;
 pub use xfabric_kernels as kernels;

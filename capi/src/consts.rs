@@ -44,3 +44,5 @@ pub const FI_CLASS_CQ: usize = 14;
 pub const FI_CLASS_CNTR: usize = 15;
 /// `FI_CLASS_WAIT`: a wait set.
 pub const FI_CLASS_WAIT: usize = 16;
+/// `FI_CLASS_POLL`: a poll set.
+pub const FI_CLASS_POLL: usize = 17;

@@ -1,15 +1,17 @@
-//! Event queues and wait sets through C: fi_eq_read, fi_eq_sread and fi_eq_write with
-//! `struct fi_eq_entry` (the entry's fid is handed back as it was written: a C fid stays the
-//! C fid), fi_eq_readerr with `struct fi_eq_err_entry`, fi_eq_strerror and fi_cq_strerror
-//! (the core's text for the error number), and fi_wait.
+//! Event queues, wait sets and poll sets through C: fi_eq_read, fi_eq_sread and fi_eq_write
+//! with any event structure (what the application wrote is read back byte for byte, its fid
+//! as it was: a C fid stays the C fid), fi_eq_readerr with `struct fi_eq_err_entry`,
+//! fi_eq_strerror and fi_cq_strerror (the core's text for the error number), fi_wait, and
+//! fi_poll, fi_poll_add and fi_poll_del (a member comes back as its fid's context when
+//! added).
 
 use std::ffi::{c_char, c_int, c_void};
 
-use xfabric::{CompletionQueue, EqEntry, EventQueue, WaitSet};
+use xfabric::{CompletionQueue, Counter, EqEntry, EventQueue, PollSet, WaitSet};
 
 use crate::consts::{FI_EINVAL, FI_ETOOSMALL};
 use crate::ffi::{call, get, guard, int, neg, obj, strerror};
-use crate::header::{FiEqEntry, FiEqErrEntry};
+use crate::header::{FiEqEntry, FiEqErrEntry, Fid};
 
 const ENTRY: usize = size_of::<FiEqEntry>();
 
@@ -212,5 +214,84 @@ pub(crate) unsafe extern "C" fn wait_wait(waitset: *mut c_void, timeout: c_int) 
         // SAFETY: a fid from the caller, checked.
         let w = unsafe { obj::<WaitSet>(waitset) }?;
         w.wait(timeout).map(|()| 0).map_err(neg)
+    }))
+}
+
+pub(crate) unsafe extern "C" fn poll_poll(
+    pollset: *mut c_void,
+    context: *mut *mut c_void,
+    count: c_int,
+) -> c_int {
+    int(call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let p = unsafe { obj::<PollSet>(pollset) }?;
+        if count < 0 || (count > 0 && context.is_null()) {
+            return Err(-(FI_EINVAL as isize));
+        }
+        let mut got = vec![0usize; count as usize];
+        let n = p.poll(&mut got);
+        for (i, c) in got[..n].iter().enumerate() {
+            // SAFETY: `context` holds `count > i` writable pointers (caller).
+            unsafe { *context.add(i) = *c as *mut c_void };
+        }
+        Ok(n as isize)
+    }))
+}
+
+/// What a poll set holds: a completion queue or a counter.
+enum Member {
+    Cq(CompletionQueue),
+    Cntr(Counter),
+}
+
+/// The CQ or counter behind `fid`, and the context its fid carries (fi_poll hands it back).
+///
+/// # Safety
+/// `fid` null or a readable fid.
+unsafe fn poll_member(fid: *mut c_void) -> Result<(Member, usize), isize> {
+    // SAFETY (each): a fid from the caller, its class checked before use.
+    let m = if let Ok(cq) = unsafe { obj::<CompletionQueue>(fid) } {
+        Member::Cq(cq.clone())
+    } else if let Ok(c) = unsafe { obj::<Counter>(fid) } {
+        Member::Cntr(c.clone())
+    } else {
+        return Err(-(FI_EINVAL as isize));
+    };
+    // SAFETY: one of ours (checked above), a readable struct fid.
+    let ctx = unsafe { (*fid.cast::<Fid>()).context } as usize;
+    Ok((m, ctx))
+}
+
+pub(crate) unsafe extern "C" fn poll_add(
+    pollset: *mut c_void,
+    fid: *mut c_void,
+    _flags: u64,
+) -> c_int {
+    int(call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let p = unsafe { obj::<PollSet>(pollset) }?;
+        // SAFETY: as above.
+        let r = match unsafe { poll_member(fid) }? {
+            (Member::Cq(cq), ctx) => p.add_cq(&cq, ctx),
+            (Member::Cntr(c), ctx) => p.add_cntr(&c, ctx),
+        };
+        r.map(|()| 0).map_err(neg)
+    }))
+}
+
+pub(crate) unsafe extern "C" fn poll_del(
+    pollset: *mut c_void,
+    fid: *mut c_void,
+    _flags: u64,
+) -> c_int {
+    int(call(|| {
+        // SAFETY: a fid from the caller, checked.
+        let p = unsafe { obj::<PollSet>(pollset) }?;
+        // SAFETY: as above.
+        let r = match unsafe { poll_member(fid) }? {
+            (Member::Cq(cq), _) => p.del_cq(&cq),
+            (Member::Cntr(c), _) => p.del_cntr(&c),
+        };
+        r.map(|()| 0).map_err(neg)
     }))
 }

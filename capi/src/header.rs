@@ -57,7 +57,8 @@ pub struct EpHead {
     pub collective: *const c_void,
 }
 
-/// `struct fid_av`, `fid_cq`, `fid_cntr`, `fid_eq`, `fid_wait`: the fid and one ops table.
+/// `struct fid_av`, `fid_cq`, `fid_cntr`, `fid_eq`, `fid_wait`, `fid_poll`: the fid and one
+/// ops table.
 #[allow(missing_docs)] // the C header's members, one for one
 #[repr(C)]
 pub struct OpsHead<O: 'static> {
@@ -127,6 +128,13 @@ pub struct FiEqAttr {
 #[repr(C)]
 pub struct FiWaitAttr {
     pub wait_obj: c_int,
+    pub flags: u64,
+}
+
+/// `struct fi_poll_attr`.
+#[allow(missing_docs)] // the C header's members, one for one
+#[repr(C)]
+pub struct FiPollAttr {
     pub flags: u64,
 }
 

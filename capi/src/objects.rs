@@ -9,14 +9,14 @@ use std::ffi::{c_char, c_int, c_void};
 use xfabric::{
     AddressVector, AvAttr, AvType, CntrAttr, CntrEvents, CompletionQueue, Counter, CqAttr,
     CqFormat, CqWaitCond, Domain, EqAttr, EventQueue, Fabric, FabricAttr, Iface, MemoryRegion,
-    MrAttr, WaitAttr, WaitObj, WaitSet,
+    MrAttr, PollAttr, PollSet, WaitAttr, WaitObj, WaitSet,
 };
 
 use crate::consts::{FI_ENOSYS, FI_VERSION_1_17};
 use crate::ffi::{code, enum_of, get, head, inval, out_ok, publish, run, CEndpoint, Class, Obj};
 use crate::getinfo::hints_from_c;
 use crate::header::{
-    FabricHead, FiAvAttr, FiCntrAttr, FiCqAttr, FiEqAttr, FiMrAttr, FiWaitAttr, MrHead,
+    FabricHead, FiAvAttr, FiCntrAttr, FiCqAttr, FiEqAttr, FiMrAttr, FiPollAttr, FiWaitAttr, MrHead,
 };
 use crate::info::{FiFabricAttr, FiInfo};
 
@@ -254,6 +254,27 @@ pub(crate) unsafe extern "C" fn fabric_wait_open(
         let head = WaitSet::new_head(std::ptr::null_mut());
         // SAFETY: waitset checked non-null.
         Ok(unsafe { publish(head, w, waitset) })
+    })
+}
+
+pub(crate) unsafe extern "C" fn domain_poll_open(
+    domain: *mut c_void,
+    attr: *mut c_void,
+    pollset: *mut *mut c_void,
+) -> c_int {
+    run(|| {
+        out_ok(pollset)?;
+        // SAFETY: a fid from the caller, checked.
+        let d = unsafe { get::<Domain>(domain) }?;
+        // SAFETY: null or a valid fi_poll_attr (caller).
+        let a = unsafe { attr.cast::<FiPollAttr>().as_ref() }
+            .ok_or_else(|| inval("fi_poll_open: null attr"))?;
+        let p = d
+            .poll_open(&PollAttr { flags: a.flags })
+            .map_err(|e| code(&e))?;
+        let head = PollSet::new_head(std::ptr::null_mut());
+        // SAFETY: pollset checked non-null.
+        Ok(unsafe { publish(head, p, pollset) })
     })
 }
 

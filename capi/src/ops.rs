@@ -332,6 +332,26 @@ impl FiOpsWait {
     };
 }
 
+/// `struct fi_ops_poll`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct FiOpsPoll {
+    pub size: usize,
+    pub poll: unsafe extern "C" fn(*mut c_void, *mut *mut c_void, c_int) -> c_int,
+    pub poll_add: unsafe extern "C" fn(*mut c_void, *mut c_void, u64) -> c_int,
+    pub poll_del: unsafe extern "C" fn(*mut c_void, *mut c_void, u64) -> c_int,
+}
+
+impl FiOpsPoll {
+    /// Every member answering -FI_ENOSYS.
+    pub const ENOSYS: Self = Self {
+        size: size_of::<Self>(),
+        poll: stub!((*mut c_void, *mut *mut c_void, c_int) -> c_int = -FI_ENOSYS),
+        poll_add: stub!((*mut c_void, *mut c_void, u64) -> c_int = -FI_ENOSYS),
+        poll_del: stub!((*mut c_void, *mut c_void, u64) -> c_int = -FI_ENOSYS),
+    };
+}
+
 /// `struct fi_ops_ep`.
 #[repr(C)]
 #[derive(Clone, Copy)]

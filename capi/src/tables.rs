@@ -10,7 +10,7 @@ use std::ffi::c_void;
 
 use xfabric::{
     AddressVector, CompletionQueue, Counter, Domain, Error, EventQueue, Fabric, MemoryRegion,
-    WaitSet,
+    PollSet, WaitSet,
 };
 
 use crate::consts::*;
@@ -121,6 +121,15 @@ class!(
     },
 );
 class!(
+    PollSet,
+    FI_CLASS_POLL,
+    POLL_FI_OPS {},
+    OpsHead<FiOpsPoll> = |fid| OpsHead {
+        fid,
+        ops: &POLL_OPS,
+    },
+);
+class!(
     MemoryRegion,
     FI_CLASS_MR,
     MR_FI_OPS {},
@@ -180,6 +189,7 @@ static DOMAIN_OPS: FiOpsDomain = FiOpsDomain {
     cq_open: objects::domain_cq_open,
     endpoint: objects::domain_endpoint,
     cntr_open: objects::domain_cntr_open,
+    poll_open: objects::domain_poll_open,
     query_atomic: atomic::domain_query_atomic,
     ..FiOpsDomain::ENOSYS
 };
@@ -227,6 +237,12 @@ static EQ_OPS: FiOpsEq = FiOpsEq {
 static WAIT_OPS: FiOpsWait = FiOpsWait {
     wait: eq::wait_wait,
     ..FiOpsWait::ENOSYS
+};
+static POLL_OPS: FiOpsPoll = FiOpsPoll {
+    poll: eq::poll_poll,
+    poll_add: eq::poll_add,
+    poll_del: eq::poll_del,
+    ..FiOpsPoll::ENOSYS
 };
 static EP_OPS: FiOpsEp = FiOpsEp {
     cancel: data::ep_cancel,

@@ -170,3 +170,11 @@ fn c_wait_objects_and_event_queues_answer_careless_calls_as_libfabric() {
     let out = run_c("wait_careless", &[]);
     assert!(out.contains("wait_careless: ok"), "{out}");
 }
+
+#[test]
+fn c_poll_set_reports_a_queue_and_a_counter_by_context() {
+    for prov in ["shm", "tcp"] {
+        let out = run_c_with("poll_set", &[], &[("FI_PROVIDER", prov)]);
+        assert!(out.contains("poll_set: ok"), "{prov}: {out}");
+    }
+}

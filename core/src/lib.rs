@@ -33,6 +33,7 @@ pub mod log;
 pub mod mr;
 pub mod object;
 pub(crate) mod op;
+pub mod poll;
 mod rcu;
 pub mod rdm;
 pub mod rxq;
@@ -58,6 +59,7 @@ pub use hmem_iface::{HmemOps, Iface, Owner};
 pub use info::{DomainAttr, EpAttr, FabricAttr, Info, RxAttr, TxAttr};
 pub use mr::{MemoryRegion, MrAttr, MrDesc, ProviderMr, RegionCut};
 pub use object::{Domain, DomainOps, Fabric, Provider};
+pub use poll::{PollAttr, PollSet};
 pub use rxq::{IovList, RawIov};
 pub use trigger::{
     notify_xpu_ring, user_monitor_wait, Doorbell, DoorbellAlloc, Signal, TriggerValue, TriggerVar,

@@ -218,6 +218,11 @@ impl Domain {
         Ok(cq)
     }
 
+    /// `fi_poll_open`.
+    pub fn poll_open(&self, attr: &crate::poll::PollAttr) -> Result<crate::poll::PollSet> {
+        crate::poll::PollSet::open(attr)
+    }
+
     /// `fi_cntr_open`.
     pub fn cntr_open(&self, attr: &CntrAttr) -> Result<Counter> {
         let c = Counter::open(attr)?;
