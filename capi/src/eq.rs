@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_int, c_void};
 
 use xfabric::{CompletionQueue, Counter, EqEntry, EventQueue, PollSet, WaitSet};
 
-use crate::consts::{FI_EINVAL, FI_ETOOSMALL};
+use crate::consts::FI_EINVAL;
 use crate::ffi::{call, get, guard, int, neg, obj, strerror};
 use crate::header::{FiEqEntry, FiEqErrEntry, Fid};
 

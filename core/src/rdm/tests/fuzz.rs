@@ -486,14 +486,14 @@ fn memory_offered_to_an_engine_that_does_not_copy_is_refused() {
         data: 0,
         len: 64,
         flags: 0,
-        desc: offer.clone(),
+        desc: offer,
     };
     let write = Frame::Write {
         id: 2,
         data: 0,
         flags: wire::flags::ACK,
         segs: RmaIovList::from_segs(&[seg(at, 64, KEY)]).unwrap(),
-        desc: offer.clone(),
+        desc: offer,
     };
     let read = Frame::Read {
         id: 3,
