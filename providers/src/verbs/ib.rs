@@ -444,7 +444,7 @@ impl Qp {
         unsafe { (*self.qp.as_ptr()).qp_num }
     }
 
-    fn modify(&self, a: &mut sys::ibv_qp_attr, mask: c_int, to: &str) -> Result<()> {
+    pub(super) fn modify(&self, a: &mut sys::ibv_qp_attr, mask: c_int, to: &str) -> Result<()> {
         // SAFETY: ours; a valid attribute block for mask.
         let r = unsafe { (self.nic.v.modify_qp)(self.qp.as_ptr(), a, mask) };
         if r != 0 {

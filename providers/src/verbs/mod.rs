@@ -13,6 +13,8 @@ mod ep;
 mod ib;
 mod mr;
 mod net;
+#[doc(hidden)]
+pub mod raw;
 mod stats;
 mod sys;
 
