@@ -444,7 +444,7 @@ impl Qp {
         unsafe { (*self.qp.as_ptr()).qp_num }
     }
 
-    pub(super) fn modify(&self, a: &mut sys::ibv_qp_attr, mask: c_int, to: &str) -> Result<()> {
+    fn modify(&self, a: &mut sys::ibv_qp_attr, mask: c_int, to: &str) -> Result<()> {
         // SAFETY: ours; a valid attribute block for mask.
         let r = unsafe { (self.nic.v.modify_qp)(self.qp.as_ptr(), a, mask) };
         if r != 0 {
@@ -493,10 +493,12 @@ impl Qp {
         let mut a = sys::ibv_qp_attr {
             qp_state: sys::IBV_QPS_RTS,
             sq_psn: psn,
-            // 4.096 us * 2^14 = 67 ms per try, 7 tries: a dead peer shows within about 0.5 s
-            // even when its side channel does not say so.
+            // 4.096 us * 2^14 = 67 ms per try, 6 retries: a dead peer shows within about
+            // 0.5 s even when its side channel does not say so. Not 7: Soft-RoCE takes 7 as
+            // "retry forever" (its completer never counts it down), so a peer whose QP went
+            // away would never show.
             timeout: 14,
-            retry_cnt: 7,
+            retry_cnt: 6,
             // Never relied on (credits keep receives posted): a bug shows as an error.
             rnr_retry: 3,
             max_rd_atomic: RD_ATOMIC,

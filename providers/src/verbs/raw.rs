@@ -206,7 +206,7 @@ impl RawPeer {
         })?;
         let their = Hello::parse(&answer)
             .map_err(|why| Error::Inval(format!("raw verbs peer: the answer: {why}")))?;
-        connect_qp(&self.nic, &link.qp, link.psn, &their.qp)?;
+        link.qp.connect(link.psn, &their.qp)?;
         stream.write_all(&[READY]).map_err(io("write READY"))?;
         link.their = Some(their);
         Ok(link)
@@ -304,63 +304,6 @@ fn parse_question(v: &[u8; HELLO]) -> Option<(SocketAddr, u64)> {
     let nonce = u64::from_le_bytes(v[8..16].try_into().ok()?);
     let src = inet::decode(&v[16..32]).ok()?;
     Some((src, nonce))
-}
-
-/// `Qp::connect`'s INIT -> RTR -> RTS toward `remote`, with a transport retry count of 6
-/// rather than its 7: Soft-RoCE reads 7 as "retry for ever" (rxe_comp.c decrements the count
-/// only when it is not 7), and a raw peer must see its queue pair fail when the endpoint's is
-/// gone (7 tries of 67 ms: within about 0.5 s).
-fn connect_qp(nic: &Nic, qp: &Qp, psn: u32, remote: &QpInfo) -> Result<()> {
-    let mut a = sys::ibv_qp_attr {
-        qp_state: sys::IBV_QPS_RTR,
-        path_mtu: sys::IBV_MTU_1024,
-        dest_qp_num: remote.qpn,
-        rq_psn: remote.psn,
-        max_dest_rd_atomic: ib::RD_ATOMIC,
-        min_rnr_timer: 12,
-        ah_attr: sys::ibv_ah_attr {
-            grh: sys::ibv_global_route {
-                dgid: remote.gid,
-                sgid_index: nic.gid_index,
-                hop_limit: 64,
-                ..Default::default()
-            },
-            is_global: 1,
-            port_num: nic.port,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    qp.modify(
-        &mut a,
-        sys::IBV_QP_STATE
-            | sys::IBV_QP_AV
-            | sys::IBV_QP_PATH_MTU
-            | sys::IBV_QP_DEST_QPN
-            | sys::IBV_QP_RQ_PSN
-            | sys::IBV_QP_MAX_DEST_RD_ATOMIC
-            | sys::IBV_QP_MIN_RNR_TIMER,
-        "RTR",
-    )?;
-    let mut a = sys::ibv_qp_attr {
-        qp_state: sys::IBV_QPS_RTS,
-        sq_psn: psn,
-        timeout: 14,
-        retry_cnt: 6,
-        rnr_retry: 3,
-        max_rd_atomic: ib::RD_ATOMIC,
-        ..Default::default()
-    };
-    qp.modify(
-        &mut a,
-        sys::IBV_QP_STATE
-            | sys::IBV_QP_SQ_PSN
-            | sys::IBV_QP_TIMEOUT
-            | sys::IBV_QP_RETRY_CNT
-            | sys::IBV_QP_RNR_RETRY
-            | sys::IBV_QP_MAX_QP_RD_ATOMIC,
-        "RTS",
-    )
 }
 
 /// A connected side channel from `from` (our name's address, which the acceptor holds a
