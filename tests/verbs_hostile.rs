@@ -200,7 +200,8 @@ fn vm_an_offered_send_buffer_is_read_only_to_the_receiver() {
 /// not consuming (manual progress, none made while they write): once the endpoint progresses,
 /// it fails that connection as a protocol error (the raw peer's side channel closes, and its
 /// next work request fails: no queue pair answers it), every progress call returning within
-/// a bound meanwhile. Then an honest peer (a normal endpoint in another process) exchanges
+/// a bound meanwhile. A proven peer that connects a second time loses its first connection
+/// and keeps the second. Then an honest peer (a normal endpoint in another process) exchanges
 /// messages with it both ways.
 ///
 /// On the tree before 18e226d neither connection was cut: the endpoint took all 64 writes
@@ -256,6 +257,22 @@ fn vm_a_peer_past_its_credits_is_cut_off() {
     victim.tell("go");
     cut_off(&mut link, "a peer sending past its reserve");
     drop(link);
+
+    // A proven peer that connects again: its first connection is dead to it (a restart),
+    // and goes; the second carries on. Without that, one peer could hold every connection
+    // (each a queue pair and its pinned buffers) the endpoint has room for.
+    let twice = RawPeer::new().expect("raw verbs peer");
+    let mut first = twice.connect(ep, STEP).expect("raw peer connects");
+    let mut second = twice.connect(ep, STEP).expect("raw peer connects again");
+    assert!(
+        first.closed_within(STEP),
+        "a peer's earlier connection outlived its new one"
+    );
+    let st = second
+        .write_imm(1, 0, STEP)
+        .expect("a write on the new connection");
+    assert_eq!(st[0], raw::WC_SUCCESS, "the new connection was cut too");
+    drop((first, second, twice));
 
     // Every progress call of the endpoint returned within the bound.
     victim.tell("slowest");
