@@ -188,6 +188,38 @@ struct PeerState {
     /// A write or atomic of this peer waits behind the answers to its reads: at the next
     /// `transmit`, their bodies are copied where they wait (`detach_answers`).
     detach: bool,
+    /// The regions it named that it may not reach (keys refused).
+    refusals: Refusals,
+}
+
+/// Keys a peer's frames name that the key check refuses: a burst is an application's
+/// mistake (a window closed under its peers), a steady stream is a peer guessing keys
+/// through frames, which no key survives for ever (a NIC's rkeys are an index and a few
+/// bits). Allowed `REFUSALS_BURST` at once, refilled by time at `REFUSALS_PER_SEC`; past
+/// that, the peer's next remote access is refused as garbage and its transport drops it.
+#[derive(Default)]
+struct Refusals {
+    /// Refusals not yet paid back by time.
+    level: f64,
+    at: Option<std::time::Instant>,
+}
+
+const REFUSALS_BURST: f64 = 1024.0;
+const REFUSALS_PER_SEC: f64 = 128.0;
+
+impl Refusals {
+    fn note(&mut self) {
+        let now = std::time::Instant::now();
+        let back = self.at.map_or(0.0, |t| {
+            now.duration_since(t).as_secs_f64() * REFUSALS_PER_SEC
+        });
+        self.level = (self.level - back).max(0.0) + 1.0;
+        self.at = Some(now);
+    }
+
+    fn exhausted(&self) -> bool {
+        self.level > REFUSALS_BURST
+    }
 }
 
 /// The protocol state of one endpoint.
@@ -375,6 +407,13 @@ impl Engine {
                 }
             }
         }
+        if matches!(
+            f,
+            Frame::Write { .. } | Frame::Read { .. } | Frame::Atomic { .. }
+        ) && self.peers.get(peer).is_some_and(|p| p.refusals.exhausted())
+        {
+            return Err(WireError::Refused(f.kind()));
+        }
         let body = prefix.body_len;
         if self.must_wait(peer, f.kind()) && !self.write_clear_of_answers(peer, &f) {
             // Ordering: what this peer asks next waits until its copies are done.
@@ -430,6 +469,26 @@ impl Engine {
             }
             Frame::AtomicResp { id, status } => self.on_atomic_resp(peer, id, status, body),
         }
+    }
+
+    /// `target::resolve` of a remote access `peer` asked for, a refused key counted against
+    /// it (`Refusals`).
+    pub(super) fn resolve(
+        &mut self,
+        peer: PeerId,
+        segs: &crate::ep::rma::RmaIovList,
+        access: u64,
+    ) -> std::result::Result<target::Resolved, i32> {
+        let r = target::resolve(&self.core, segs, access);
+        if r.as_ref().is_err_and(|&e| e == FI_EACCES) {
+            self.refused(peer);
+        }
+        r
+    }
+
+    /// A key `peer` named was refused.
+    pub(super) fn refused(&mut self, peer: PeerId) {
+        self.peer(peer).refusals.note();
     }
 
     /// `Err` while the body of `peer`'s previous frame is still expected (`on_body` not yet

@@ -378,6 +378,10 @@ pub enum WireError {
     /// frames come one after the other, never interleaved.
     #[error("a frame began inside the body of the peer's previous frame")]
     Interleaved,
+    /// A remote access from a peer past its allowance of refused keys (a peer guessing
+    /// keys).
+    #[error("{0:?} frame from a peer whose keys were refused past its allowance")]
+    Refused(Kind),
 }
 
 /// Reads the prefix from the start of `bytes` and checks it (magic, kind, control length).

@@ -115,7 +115,12 @@ impl Engine {
         };
         let id = a.id;
         match target::atomic(&self.core, &req) {
-            Err(e) => self.frame(peer, Frame::AtomicResp { id, status: e }, Body::None, None),
+            Err(e) => {
+                if e == FI_EACCES {
+                    self.refused(peer);
+                }
+                self.frame(peer, Frame::AtomicResp { id, status: e }, Body::None, None)
+            }
             Ok(d) => {
                 if req.fetch {
                     self.frame(

@@ -169,7 +169,7 @@ impl Engine {
             w.status = FI_EINVAL;
             Sink::Discard
         } else {
-            match target::resolve(&self.core, segs, FI_REMOTE_WRITE) {
+            match self.resolve(peer, segs, FI_REMOTE_WRITE) {
                 Err(e) => {
                     w.status = e;
                     Sink::Discard
@@ -252,7 +252,7 @@ impl Engine {
         if !desc.is_empty() && self.serve_read(peer, id, segs, desc) {
             return Sink::Discard;
         }
-        let (status, body) = match target::resolve(&self.core, segs, FI_REMOTE_READ) {
+        let (status, body) = match self.resolve(peer, segs, FI_REMOTE_READ) {
             Err(e) => (e, Body::None),
             Ok((iov, None)) => (0, Body::Iov(iov)),
             Ok((_, Some(segs))) => match self.core.hmem() {

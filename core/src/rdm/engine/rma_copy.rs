@@ -118,7 +118,7 @@ impl Engine {
         segs: RmaIovList,
         desc: Desc,
     ) {
-        let (dest, device) = match target::resolve(&self.core, &segs, FI_REMOTE_WRITE) {
+        let (dest, device) = match self.resolve(peer, &segs, FI_REMOTE_WRITE) {
             Err(e) => return self.ack(peer, id, e),
             Ok(r) => r,
         };

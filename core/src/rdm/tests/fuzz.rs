@@ -509,3 +509,36 @@ fn memory_offered_to_an_engine_that_does_not_copy_is_refused() {
     assert!(tgt.iter().all(|&x| x == 0));
     assert!(buf.iter().all(|&x| x == 0));
 }
+
+/// A peer naming keys that do not exist, frame after frame (guessing a region's key through
+/// the engine): each is answered `FI_EACCES` while it stays within a burst's allowance; past
+/// it, its next remote access is refused as garbage (its transport drops it).
+#[test]
+fn a_peer_guessing_keys_is_cut_off() {
+    let mut tgt = vec![0u8; 64];
+    let mut net = Net::new();
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_mut_ptr(), 0);
+    let b = &mut net.b;
+    let read = |id: u32, key: u64| Frame::Read {
+        id,
+        segs: RmaIovList::from_segs(&[seg(at, 64, key)]).unwrap(),
+        desc: Desc::default(),
+    };
+    assert_eq!(inject(b, read(0, KEY), &[]), Ok(()), "the right key");
+    let mut refused = 0u32;
+    let cut = loop {
+        refused += 1;
+        assert!(refused < 100_000, "never cut off");
+        match inject(b, read(refused, KEY ^ u64::from(refused) << 8), &[]) {
+            Ok(()) => {}
+            Err(e) => break e,
+        }
+        while b.eng.poll_transmit().is_some() {}
+    };
+    assert_eq!(cut, WireError::Refused(Kind::Read));
+    assert!(
+        refused > 1000,
+        "cut off after {refused}: a burst is allowed"
+    );
+}
