@@ -431,7 +431,17 @@ pub(crate) unsafe extern "C" fn av_lookup(
         if addrlen.is_null() {
             return Err(-(FI_EINVAL as isize));
         }
-        let name = av.lookup(fi_addr).map_err(neg)?;
+        let mut name = av.lookup(fi_addr).map_err(neg)?;
+        // A string comes back as fi_getname gave it and fi_av_insert took it: a C string
+        // (a provider that keeps sockaddrs prints it).
+        if !av.sockaddr() {
+            if av.binary() {
+                name = av.straddr(&name).into_bytes();
+            }
+            if name.last() != Some(&0) {
+                name.push(0);
+            }
+        }
         // SAFETY: addrlen writable (caller).
         let room = unsafe { *addrlen };
         let n = room.min(name.len());

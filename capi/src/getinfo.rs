@@ -365,6 +365,10 @@ pub unsafe fn getinfo(
 ) -> c_int {
     // Before anything can fail, so that why it failed reaches FI_LOG_LEVEL's log.
     xfabric::log::init();
+    // A failure hands back no list, as libfabric's: a caller that frees what it holds after
+    // a failed call (a list from an earlier call, or nothing) frees nothing twice.
+    // SAFETY: info is writable (caller; checked non-null by the export).
+    unsafe { *info = std::ptr::null_mut() };
     let fail = |code: c_int, why: &str| {
         tracing::info!("fi_getinfo: {why}");
         -code

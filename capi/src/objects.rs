@@ -495,8 +495,15 @@ pub(crate) unsafe extern "C" fn mr_regattr(
     if a.iov_count != 1 || a.mr_iov.is_null() {
         return inval("fi_mr_regattr: one iovec is supported");
     }
-    let Some(iface) = u32::try_from(a.iface).ok().and_then(Iface::from_raw) else {
-        return inval("fi_mr_regattr: unknown iface");
+    // libfabric reads iface and device only in a domain with FI_HMEM (and a caller without
+    // it may leave them unset, or use a struct from before they existed): there, a value
+    // no interface has is host memory; a real device interface is still refused below.
+    // SAFETY: a fid from the caller, checked.
+    let hmem = unsafe { get::<Domain>(fid) }.is_ok_and(|d| d.info().caps & xfabric::FI_HMEM != 0);
+    let iface = match u32::try_from(a.iface).ok().and_then(Iface::from_raw) {
+        Some(i) => i,
+        None if !hmem => Iface::System,
+        None => return inval("fi_mr_regattr: unknown iface"),
     };
     // SAFETY: one readable iovec (caller).
     let v = unsafe { *a.mr_iov };
@@ -508,8 +515,13 @@ pub(crate) unsafe extern "C" fn mr_regattr(
         requested_key: a.requested_key,
         context: a.context as usize,
         iface,
-        // The union's members are ints except `reserved`; a device index is the int.
-        device: u64::from(a.device as u32),
+        // The union's members are ints except `reserved`; a device index is the int (host
+        // memory has none).
+        device: if iface == Iface::System {
+            0
+        } else {
+            u64::from(a.device as u32)
+        },
     };
     // SAFETY: forwarded contract.
     unsafe { register(fid, &attr, flags, mr) }

@@ -149,6 +149,14 @@ fn c_av_insert_counts_bad_addresses_and_reports_through_the_eq() {
         let out = run_c_with("av_insert", &[], &[("FI_PROVIDER", prov)]);
         assert!(out.contains("av_insert: ok"), "{prov}: {out}");
     }
+    // tcp's names as FI_ADDR_STR strings (shm's are strings either way): inserted as strings,
+    // not read as sockaddrs.
+    let out = run_c_with(
+        "av_insert",
+        &[],
+        &[("FI_PROVIDER", "tcp"), ("XF_TEST_ADDR_STR", "1")],
+    );
+    assert!(out.contains("av_insert: ok"), "tcp, FI_ADDR_STR: {out}");
 }
 
 #[test]
@@ -177,4 +185,10 @@ fn c_poll_set_reports_a_queue_and_a_counter_by_context() {
         let out = run_c_with("poll_set", &[], &[("FI_PROVIDER", prov)]);
         assert!(out.contains("poll_set: ok"), "{prov}: {out}");
     }
+}
+
+#[test]
+fn c_a_hinted_source_address_in_a_sockaddr_storage_is_kept() {
+    let out = run_c_with("src_hint", &[], &[("FI_PROVIDER", "tcp")]);
+    assert!(out.contains("src_hint: ok"), "{out}");
 }

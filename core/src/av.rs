@@ -72,6 +72,9 @@ pub struct AvInner {
     av_type: AvType,
     flags: u64,
     fmt: Arc<dyn AddrFormat>,
+    /// The domain's `addr_format` is `FI_ADDR_STR`: C callers pass NUL-terminated strings,
+    /// whatever the provider's binary form.
+    strings: std::sync::atomic::AtomicBool,
     t: RwLock<Table>,
     generation: AtomicU64,
     bound: AtomicUsize,
@@ -116,6 +119,7 @@ impl AddressVector {
                 av_type,
                 flags: attr.flags,
                 fmt,
+                strings: std::sync::atomic::AtomicBool::new(false),
                 t: RwLock::new(Table {
                     slots: Vec::with_capacity(attr.count),
                     by_name: HashMap::new(),
@@ -316,9 +320,22 @@ impl AddressVector {
             .ok_or_else(|| Error::NoEntry(format!("av lookup: no address at {fi_addr:#x}")))
     }
 
-    /// Whether C callers lay this AV's addresses out as sockaddrs (`AddrFormat::sockaddr`).
+    /// Whether C callers lay this AV's addresses out as sockaddrs (`AddrFormat::sockaddr`),
+    /// not as strings (every provider's in a domain whose `addr_format` is `FI_ADDR_STR`).
     pub fn sockaddr(&self) -> bool {
+        self.inner.fmt.sockaddr() && !self.inner.strings.load(Ordering::Relaxed)
+    }
+
+    /// Whether the provider keeps its addresses as sockaddrs (and prints them as strings for
+    /// an `FI_ADDR_STR` caller: `straddr`).
+    pub fn binary(&self) -> bool {
         self.inner.fmt.sockaddr()
+    }
+
+    /// Callers name its addresses as `FI_ADDR_STR` strings (`Domain::av_open`, from the
+    /// domain's `addr_format`).
+    pub(crate) fn take_strings(&self) {
+        self.inner.strings.store(true, Ordering::Relaxed);
     }
 
     /// `fi_av_straddr`.

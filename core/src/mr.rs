@@ -12,7 +12,7 @@ use crate::hmem_iface::{Iface, Owner};
 
 /// Access bits a registration may carry.
 pub const MR_ACCESS_BITS: u64 =
-    FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_COLLECTIVE;
 
 /// `struct fi_mr_attr`: a range, its access, and which memory interface and device own it
 /// (host memory unless told otherwise).

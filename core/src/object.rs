@@ -242,6 +242,9 @@ impl Domain {
         }
         let av = AddressVector::open(&attr, self.inner.ops.addr_format())?;
         av.inner().domain.set(self.id());
+        if self.inner.info.addr_format == FI_ADDR_STR {
+            av.take_strings();
+        }
         Ok(av)
     }
 
@@ -256,6 +259,9 @@ impl Domain {
     /// given its key may read or write it (per its access flags) at any time until then.
     pub unsafe fn mr_regattr(&self, attr: &MrAttr, flags: u64) -> Result<MemoryRegion> {
         const HMEM_FLAGS: u64 = FI_HMEM_DEVICE_ONLY | FI_HMEM_HOST_ALLOC;
+        // fi_mr(3): FI_RMA_EVENT and FI_RMA_PMEM "may be specified to any memory
+        // registration call"; no domain here asks for FI_MR_RMA_EVENT, so they change nothing.
+        let flags = flags & !(FI_RMA_EVENT | FI_RMA_PMEM);
         if flags & !HMEM_FLAGS != 0 || flags == HMEM_FLAGS {
             return Err(Error::BadFlags(format!(
                 "mr_regattr: flags {flags:#x}; only one of FI_HMEM_DEVICE_ONLY and \

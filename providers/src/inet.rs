@@ -55,12 +55,14 @@ pub fn decode(raw: &[u8]) -> Result<SocketAddr> {
         .map(|f| u16::from_ne_bytes([f[0], f[1]]) as i32)
         .ok_or_else(|| bad("shorter than a sockaddr"))?;
     let port = |b: &[u8]| u16::from_be_bytes([b[2], b[3]]);
+    // A sockaddr in a larger buffer (a `sockaddr_storage` and its size, as C callers often
+    // pass hints) is read as its family says, the rest ignored, as libfabric sizes it.
     match (family, raw.len()) {
-        (libc::AF_INET, SOCKADDR_IN_LEN) => {
+        (libc::AF_INET, n) if n >= SOCKADDR_IN_LEN => {
             let ip = Ipv4Addr::new(raw[4], raw[5], raw[6], raw[7]);
             Ok(SocketAddr::V4(SocketAddrV4::new(ip, port(raw))))
         }
-        (libc::AF_INET6, SOCKADDR_IN6_LEN) => {
+        (libc::AF_INET6, n) if n >= SOCKADDR_IN6_LEN => {
             let mut o = [0u8; 16];
             o.copy_from_slice(&raw[8..24]);
             let flow = u32::from_be_bytes([raw[4], raw[5], raw[6], raw[7]]);
@@ -315,6 +317,10 @@ mod tests {
             st.push(0);
             assert_eq!(decode(&st).unwrap(), a);
             assert_eq!(SockAddr.canonical(&st), encode(&a));
+            // In a sockaddr_storage's 128 bytes: the same address.
+            let mut storage = encode(&a);
+            storage.resize(128, 0xee);
+            assert_eq!(decode(&storage).unwrap(), a, "{s} in a sockaddr_storage");
         }
     }
 

@@ -42,6 +42,14 @@ int main(void)
 	REQUIRE(fi_av_open(domain, &attr, &av, NULL) == 0);
 	REQUIRE(fi_av_insert(av, addrs, 2, out, 0, NULL) == 1);
 	REQUIRE(out[0] != FI_ADDR_NOTAVAIL && out[1] == FI_ADDR_NOTAVAIL);
+	/* The good one printed, and looked up as it was inserted. */
+	char text[256], back[256];
+	size_t tlen = sizeof text, blen = sizeof back;
+	REQUIRE(fi_av_straddr(av, addrs, text, &tlen) == text && !strstr(text, "invalid"));
+	REQUIRE(fi_av_lookup(av, out[0], back, &blen) == 0);
+	if (blen != namelen)
+		FAIL("lookup gave %zu bytes, the name has %zu", blen, namelen);
+	REQUIRE(memcmp(back, addrs, namelen) == 0);
 	/* The bad one alone: 0 inserted, not an error. */
 	out[0] = 77;
 	REQUIRE(fi_av_insert(av, addrs + namelen, 1, out, 0, NULL) == 0);

@@ -5,9 +5,11 @@
  *   a SIGSEGV at address 1;
  * - lengths and counts no buffer can have (SIZE_MAX for a send, (size_t)-1 entries for a CQ
  *   read): a slice past isize::MAX aborted the process before any check ran;
- * - hints whose src_addrlen is 2^45: the copy's allocation aborted the process;
+ * - hints whose src_addrlen is 2^45: the copy's allocation aborted the process (and a failed
+ *   fi_getinfo hands back no list);
  * - fi_mr_reg of a NULL buffer with a length, for remote write: it was accepted, and a
- *   peer's write with its key would have landed at address 0;
+ *   peer's write with its key would have landed at address 0; FI_RMA_EVENT as a flag and
+ *   FI_COLLECTIVE as access, which fi_mr(3) allows on any registration, were refused;
  * - fi_getopt(FI_OPT_XPU_TRIGGER) with a short optlen: -FI_ETOOSMALL, and the size it takes
  *   written back;
  * - an FI_SYNC_ERR status array not aligned for int: it was written as aligned (an abort in
@@ -93,7 +95,10 @@ int main(void)
 	hints->src_addr = malloc(sizeof sin);
 	memcpy(hints->src_addr, &sin, sizeof sin);
 	hints->src_addrlen = (size_t)1 << 45;
+	/* A failed call hands back no list (a stale pointer would be freed twice). */
+	out = (struct fi_info *)1;
 	REQUIRE(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &out) == -FI_EINVAL);
+	REQUIRE(out == NULL);
 	hints->src_addrlen = sizeof sin;
 	fi_freeinfo(hints);
 
@@ -101,6 +106,32 @@ int main(void)
 	struct fid_mr *mr = NULL;
 	REQUIRE(fi_mr_reg(domain, NULL, 4096, FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL) == -FI_EINVAL);
 	REQUIRE(mr == NULL);
+	/* Flags and access fi_mr(3) allows on any registration. */
+	static char region[4096];
+	REQUIRE(fi_mr_reg(domain, region, sizeof region, FI_REMOTE_WRITE, 0, 0, FI_RMA_EVENT, &mr,
+			  NULL) == 0);
+	REQUIRE(fi_close(&mr->fid) == 0);
+	REQUIRE(fi_mr_reg(domain, region, sizeof region, FI_SEND | FI_COLLECTIVE, 0, 0, 0, &mr,
+			  NULL) == 0);
+	REQUIRE(fi_close(&mr->fid) == 0);
+	/* fi_mr_regattr with the device fields left unset (garbage), in a domain without
+	 * FI_HMEM: host memory, as libfabric reads it. */
+	struct fi_mr_attr ma;
+	memset(&ma, 0xa5, sizeof ma);
+	struct iovec riov = { .iov_base = region, .iov_len = sizeof region };
+	ma.mr_iov = &riov;
+	ma.iov_count = 1;
+	ma.access = FI_REMOTE_READ;
+	ma.offset = 0;
+	ma.requested_key = 0;
+	ma.context = NULL;
+	ma.auth_key_size = 0;
+	ma.auth_key = NULL;
+	if (!(info->caps & FI_HMEM)) {
+		REQUIRE(fi_mr_regattr(domain, &ma, 0, &mr) == 0);
+		REQUIRE(fi_close(&mr->fid) == 0);
+	}
+	mr = NULL;
 
 	/* fi_getopt with a short optlen: the size it takes comes back. */
 	struct fi_trigger_xpu t;

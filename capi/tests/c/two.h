@@ -64,7 +64,8 @@ static inline int readable(int fd, int ms)
 }
 
 /* Opens a fabric and domain for RDM endpoints with `caps`, `mode` and `mr_mode` on the
- * provider FI_PROVIDER names (getinfo's first answer when it is unset). */
+ * provider FI_PROVIDER names (getinfo's first answer when it is unset), its addresses
+ * FI_ADDR_STR strings where XF_TEST_ADDR_STR is set. */
 static inline void open_domain(uint64_t caps, uint64_t mode, int mr_mode, struct fi_info **info,
 			       struct fid_fabric **fabric, struct fid_domain **domain)
 {
@@ -75,6 +76,8 @@ static inline void open_domain(uint64_t caps, uint64_t mode, int mr_mode, struct
 	hints->caps = caps;
 	hints->mode = mode;
 	hints->domain_attr->mr_mode = mr_mode;
+	if (getenv("XF_TEST_ADDR_STR"))
+		hints->addr_format = FI_ADDR_STR;
 	const char *prov = getenv("FI_PROVIDER");
 	if (prov)
 		hints->fabric_attr->prov_name = strdup(prov);

@@ -103,7 +103,14 @@ impl Provider for Verbs {
         } else {
             (None, named)
         };
-        let src = src.or_else(|| hints.src_addr.as_deref().and_then(|a| inet::decode(a).ok()));
+        // As tcp's: a source the hints name that is no address is an answer of none.
+        let hinted = hints
+            .src_addr
+            .as_deref()
+            .map(inet::decode)
+            .transpose()
+            .map_err(|e| Error::NoData(format!("verbs: the hints' src_addr: {e}")))?;
+        let src = src.or(hinted);
         let format = if want == FI_ADDR_STR {
             FI_ADDR_STR
         } else {
