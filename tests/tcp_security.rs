@@ -498,7 +498,10 @@ fn guessed_memory_keys_land_nothing() {
             err => panic!("key {key:#x}: error {err}"),
         }
     }
-    assert!(cut > 0, "8,192 refused keys and the guesser was never cut off");
+    assert!(
+        cut > 0,
+        "8,192 refused keys and the guesser was never cut off"
+    );
     child.tell("done");
     assert_eq!(child.hear(), "untouched true");
     child.join();
