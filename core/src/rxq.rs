@@ -326,8 +326,9 @@ pub struct RecvQueue<U> {
     directed: bool,
     /// Sum of `held` over the buffered and claimed messages.
     held: usize,
-    /// The same sum per `owner` (owners holding nothing are not kept).
-    held_by: HashMap<usize, usize>,
+    /// The same sum per `owner`, with the owner's message count (owners holding nothing are
+    /// not kept).
+    held_by: HashMap<usize, (usize, usize)>,
     /// Smallest space a multi-receive buffer keeps before it is released (`FI_OPT_MIN_MULTI_RECV`).
     pub min_multi_recv: usize,
 }
@@ -407,8 +408,9 @@ impl<U> RecvQueue<U> {
     /// Buffers an arrival no receive took.
     pub fn push_unexpected(&mut self, tagged: bool, u: Unexpected<U>) {
         self.held = self.held.saturating_add(u.held);
-        let by = self.held_by.entry(u.owner).or_insert(0);
-        *by = by.saturating_add(u.held);
+        let by = self.held_by.entry(u.owner).or_insert((0, 0));
+        by.0 = by.0.saturating_add(u.held);
+        by.1 += 1;
         if tagged {
             self.unexp_tag.push_back(u);
         } else {
@@ -603,7 +605,12 @@ impl<U> RecvQueue<U> {
 
     /// Bytes held for buffered unexpected messages charged to `owner`.
     pub fn held_by(&self, owner: usize) -> usize {
-        self.held_by.get(&owner).copied().unwrap_or(0)
+        self.held_by.get(&owner).map_or(0, |b| b.0)
+    }
+
+    /// Buffered unexpected messages charged to `owner`.
+    pub fn msgs_by(&self, owner: usize) -> usize {
+        self.held_by.get(&owner).map_or(0, |b| b.1)
     }
 
     /// A buffered message leaves: its bytes are no longer charged.
@@ -627,10 +634,11 @@ impl<U> RecvQueue<U> {
 }
 
 /// Takes `u`'s bytes off its owner's sum (a free function: `post` holds other fields borrowed).
-fn release_owner<U>(held_by: &mut HashMap<usize, usize>, u: &Unexpected<U>) {
+fn release_owner<U>(held_by: &mut HashMap<usize, (usize, usize)>, u: &Unexpected<U>) {
     if let Some(by) = held_by.get_mut(&u.owner) {
-        *by = by.saturating_sub(u.held);
-        if *by == 0 {
+        by.0 = by.0.saturating_sub(u.held);
+        by.1 = by.1.saturating_sub(1);
+        if by.1 == 0 {
             held_by.remove(&u.owner);
         }
     }

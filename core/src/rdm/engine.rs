@@ -190,6 +190,33 @@ struct PeerState {
     detach: bool,
     /// The regions it named that it may not reach (keys refused).
     refusals: Refusals,
+    /// Answers to its requests among `blocked` (the transport gave them back: it does not
+    /// read), and the bytes they hold (`owed_charge`). Past `OWED_MAX` or `OWED_BYTES_MAX`
+    /// its requests wait (`must_wait`): a peer that asks without reading the answers makes
+    /// us queue no more of them.
+    owed: usize,
+    owed_bytes: usize,
+}
+
+/// Answers one peer may owe us before its requests wait. An honest peer owes at most its
+/// outstanding requests (its `tx_size`, 1,024 by default): far below.
+pub const OWED_MAX: usize = 65536;
+
+/// Bytes of answers one peer may owe us before its requests wait: at the default `tx_size`
+/// of fetching atomics of `ATOMIC_MAX` bytes each, an honest peer makes us hold 4 MiB. Read
+/// data is not counted: it is the application's memory (or staged for the whole read), and
+/// two honest peers reading each other's large regions would each stop reading the other.
+pub const OWED_BYTES_MAX: usize = 16 << 20;
+
+/// What an answer to a peer's request makes us hold for it: its control part, and an atomic's
+/// original values; `None` for a frame that answers nothing.
+fn owed_charge(t: &Transmit) -> Option<usize> {
+    let k = t.ctrl.as_bytes().get(2).copied()?;
+    let answer = [Kind::Ack, Kind::ReadResp, Kind::AtomicResp, Kind::Cts]
+        .iter()
+        .any(|a| *a as u8 == k);
+    let atomic = k == Kind::AtomicResp as u8;
+    answer.then(|| t.ctrl.as_bytes().len() + if atomic { t.body.len() } else { 0 })
 }
 
 /// Keys a peer's frames name that the key check refuses: a burst is an application's

@@ -36,6 +36,11 @@ impl Engine {
         let mut cut = Cut::default();
         for p in 0..self.peers.len() {
             let ps = &mut self.peers[p];
+            // Ranges written into it are no longer for a commit to flush (the memory may be
+            // unmapped, or another region's, by then).
+            let end = addr.saturating_add(len);
+            ps.dirty
+                .retain(|&(a, l)| a.saturating_add(l) <= addr || a >= end);
             if let Some(Pending::Write(w)) = &mut ps.pending {
                 if w.segs.segs().iter().any(|s| s.key == key) {
                     if w.status == 0 {

@@ -55,6 +55,11 @@ impl Engine {
         self.peers[peer].answers_taken(usize::MAX);
         let gone = std::mem::take(&mut self.peers[peer].blocked);
         self.blocked -= gone.len();
+        // What it wrote is no longer for its commit to flush: a commit comes from a peer
+        // still connected.
+        self.peers[peer].dirty.clear();
+        self.peers[peer].owed = 0;
+        self.peers[peer].owed_bytes = 0;
     }
 
     /// Ends, with `err`, what the body a peer was sending was for (a loss, close): a matched
@@ -166,6 +171,11 @@ impl Engine {
         self.out.retain(|t| !matches!(t.body, Body::Iov(_)));
         for ps in &mut self.peers {
             ps.blocked.retain(|t| !matches!(t.body, Body::Iov(_)));
+            (ps.owed, ps.owed_bytes) = ps
+                .blocked
+                .iter()
+                .filter_map(owed_charge)
+                .fold((0, 0), |(n, b), c| (n + 1, b + c));
         }
         // Small messages still queued were reported canceled above; they may still go out.
         for t in self

@@ -132,13 +132,18 @@ impl Engine {
     }
 
     /// Whether `peer`'s next request of `kind` waits: behind copies serving its earlier
-    /// ones, and a write or atomic also behind the answers to its reads that still carry
-    /// the memory read.
+    /// ones, behind the answers it does not read past what it may owe (`OWED_MAX`), and a
+    /// write or atomic also behind the answers to its reads that still carry the memory
+    /// read.
     pub(super) fn must_wait(&self, peer: PeerId, kind: Kind) -> bool {
         if kind.is_answer() {
             return false;
         }
         self.holding(peer)
+            || self
+                .peers
+                .get(peer)
+                .is_some_and(|ps| ps.owed >= OWED_MAX || ps.owed_bytes >= OWED_BYTES_MAX)
             || (matches!(kind, Kind::Write | Kind::Atomic)
                 && self.peers.get(peer).is_some_and(|ps| ps.reading > 0))
     }

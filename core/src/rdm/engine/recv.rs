@@ -203,11 +203,17 @@ impl Engine {
     }
 
     /// Whether one more unexpected message of `len` bytes from `peer` would pass the bounds:
-    /// the endpoint's, counting bodies still arriving, and the peer's share.
+    /// the endpoint's, counting bodies still arriving, and the peer's share, of the bytes and
+    /// of the messages (as `unexp_peer_bytes` is of `unexp_bytes`: else one peer's empty
+    /// messages, 128 bytes each, take every message's place from the others).
     pub(super) fn unexpected_full(&self, peer: PeerId, len: usize) -> bool {
         let c = len.saturating_add(UNEXP_OVERHEAD);
         let mine = self.peers.get(peer).map_or(0, |ps| ps.inflight);
+        let msg_share = (self.cfg.unexp_msgs as u128 * self.cfg.unexp_peer_bytes as u128
+            / self.cfg.unexp_bytes.max(1) as u128)
+            .clamp(1, self.cfg.unexp_msgs.max(1) as u128) as usize;
         self.rxq.unexpected_len() >= self.cfg.unexp_msgs
+            || self.rxq.msgs_by(peer) >= msg_share
             || self
                 .rxq
                 .unexpected_bytes()

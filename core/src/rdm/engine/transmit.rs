@@ -33,9 +33,8 @@ impl Engine {
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         let mut t = None;
         if self.blocked > 0 {
-            if let Some(ps) = self.peers.iter_mut().find(|ps| !ps.blocked.is_empty()) {
-                self.blocked -= 1;
-                t = ps.blocked.pop_front();
+            if let Some(p) = self.peers.iter().position(|ps| !ps.blocked.is_empty()) {
+                t = self.unhold(p);
             }
         }
         let mut t = t.or_else(|| self.out.pop_front())?;
@@ -57,12 +56,11 @@ impl Engine {
         let mut n = 0;
         if self.blocked > 0 {
             for p in 0..self.peers.len() {
-                while let Some(t) = self.peers[p].blocked.pop_front() {
+                while let Some(t) = self.unhold(p) {
                     if let Err(t) = self.hand(tr, t) {
-                        self.peers[p].blocked.push_front(t);
+                        self.hold(p, t, true);
                         break;
                     }
-                    self.blocked -= 1;
                     n += 1;
                 }
             }
@@ -81,10 +79,37 @@ impl Engine {
             } else {
                 t
             };
-            self.peers[p].blocked.push_back(t);
-            self.blocked += 1;
+            self.hold(p, t, false);
         }
         n
+    }
+
+    /// Keeps `t`, which the transport gave back, for `peer` (at the front: it was first),
+    /// charging an answer to what the peer owes.
+    fn hold(&mut self, peer: PeerId, t: Transmit, front: bool) {
+        let ps = &mut self.peers[peer];
+        if let Some(c) = owed_charge(&t) {
+            ps.owed += 1;
+            ps.owed_bytes += c;
+        }
+        if front {
+            ps.blocked.push_front(t);
+        } else {
+            ps.blocked.push_back(t);
+        }
+        self.blocked += 1;
+    }
+
+    /// The first frame kept for `peer`, no longer charged.
+    fn unhold(&mut self, peer: PeerId) -> Option<Transmit> {
+        let ps = &mut self.peers[peer];
+        let t = ps.blocked.pop_front()?;
+        if let Some(c) = owed_charge(&t) {
+            ps.owed = ps.owed.saturating_sub(1);
+            ps.owed_bytes = ps.owed_bytes.saturating_sub(c);
+        }
+        self.blocked -= 1;
+        Some(t)
     }
 
     /// Offers `t` to the transport; a small message it takes completes (`ON_TAKE`).

@@ -542,3 +542,45 @@ fn a_peer_guessing_keys_is_cut_off() {
         "cut off after {refused}: a burst is allowed"
     );
 }
+
+/// A transport whose peer reads nothing (a full ring, forever).
+struct Unread;
+
+impl Transport for Unread {
+    fn send(&mut self, t: Transmit) -> std::result::Result<(), Transmit> {
+        Err(t)
+    }
+}
+
+/// A peer that asks (reads here) and never reads the answers: they wait in the engine, which
+/// stops reading that peer's requests once it owes it `OWED_MAX` of them, rather than queuing
+/// answers without end.
+#[test]
+fn a_peer_that_reads_no_answers_is_not_read_either() {
+    use crate::rdm::engine::OWED_MAX;
+    let mut tgt = vec![0u8; 64];
+    let mut net = Net::new();
+    net.register(&tgt);
+    let at = net.raddr(tgt.as_mut_ptr(), 0);
+    let b = &mut net.b;
+    let mut waited = None;
+    for i in 0..OWED_MAX as u32 + 10 {
+        let f = Frame::Read {
+            id: i,
+            segs: RmaIovList::from_segs(&[seg(at, 8, KEY)]).unwrap(),
+            desc: Desc::default(),
+        };
+        let bytes = f.to_vec(0);
+        let p = wire::prefix(&bytes).unwrap();
+        match b.eng.on_ctrl(0, 0, &p, &bytes[PREFIX..]).unwrap() {
+            Sink::Wait => {
+                waited = Some(i);
+                break;
+            }
+            sink => b.eng.on_body(0, sink),
+        }
+        b.eng.transmit(&mut Unread);
+    }
+    assert_eq!(waited, Some(OWED_MAX as u32), "never waited");
+    assert_eq!(b.eng.blocked(0), OWED_MAX);
+}

@@ -1310,6 +1310,45 @@ fn close_cancels_everything() {
     assert!(tgt.iter().all(|&x| x == 0));
 }
 
+/// One peer's unexpected messages take at most its share of the endpoint's places (as its
+/// bytes take at most `unexp_peer_bytes`): past it, its next waits, and another peer's message
+/// is still buffered. Else one peer's empty messages, each charged 128 bytes, took every place
+/// and every other peer waited until the application received them.
+#[test]
+fn one_peers_unexpected_messages_take_only_its_share_of_the_places() {
+    let world = World::new();
+    let mut a = Side::new(&world);
+    let mut b = Side::new(&world);
+    b.eng = Engine::new(
+        b.core.clone(),
+        Config {
+            eager_max: EAGER,
+            unexp_msgs: 8,
+            unexp_bytes: 1 << 22,
+            unexp_peer_bytes: 1 << 20,
+            ..Config::default()
+        },
+    );
+    for i in 0..4 {
+        a.send(send(i, &[], None, None, 0));
+    }
+    let frames: Vec<Transmit> = std::iter::from_fn(|| a.eng.poll_transmit()).collect();
+    let offer = |b: &mut Side, peer: PeerId, t: &Transmit| {
+        let p = wire::prefix(&t.ctrl).unwrap();
+        b.eng.on_ctrl(peer, 0, &p, &t.ctrl[PREFIX..]).unwrap()
+    };
+    // The share: 8 places x 1 MiB / 4 MiB = 2.
+    for t in &frames[..2] {
+        let sink = offer(&mut b, 1, t);
+        b.eng.on_body(1, fill(sink, &[]));
+    }
+    assert!(matches!(offer(&mut b, 1, &frames[2]), Sink::Wait));
+    let sink = offer(&mut b, 2, &frames[3]);
+    assert!(!matches!(sink, Sink::Wait), "another peer waited");
+    b.eng.on_body(2, fill(sink, &[]));
+    assert_eq!(b.eng.buffered().unexpected, 3);
+}
+
 /// Flow control: past the bound on unexpected messages, a message no receive takes is answered
 /// `Sink::Wait` (the transport keeps it) and nothing is buffered for it; once a receive takes a
 /// buffered one, the same frame offered again is taken. A message a posted receive takes, and a
@@ -1324,6 +1363,8 @@ fn unexpected_messages_past_the_bound_wait_with_the_transport() {
         Config {
             eager_max: EAGER,
             unexp_msgs: 2,
+            // The endpoint's bound, which this one peer may take all of.
+            unexp_peer_bytes: Config::default().unexp_bytes,
             ..Config::default()
         },
     );
