@@ -66,6 +66,49 @@ fn errors(cq: &CompletionQueue) -> Vec<(CqErrEntry, String)> {
     out
 }
 
+/// Progresses `n` until `done` (or a generous bound has passed): the endpoint's watcher takes
+/// descriptors too, and a progress call finding nothing does not mean it is done.
+fn settle(n: &Node, done: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    loop {
+        while n.ep.progress() > 0 {}
+        if done() || start.elapsed() > std::time::Duration::from_secs(30) {
+            return;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// The error entries once `want` of them are in (or a generous bound has passed): the
+/// endpoint's watcher takes descriptors too, and a progress call finding nothing does not
+/// mean it is done.
+fn errors_settled(n: &Node, want: usize) -> Vec<(CqErrEntry, String)> {
+    let start = std::time::Instant::now();
+    let mut out = Vec::new();
+    loop {
+        while n.ep.progress() > 0 {}
+        out.extend(errors(&n.cq));
+        if out.len() >= want || start.elapsed() > std::time::Duration::from_secs(30) {
+            return out;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// The entries once `want` of them are in (or the bound passed), as `errors_settled`.
+fn entries_settled(n: &Node, want: usize) -> Vec<CqTaggedEntry> {
+    let start = std::time::Instant::now();
+    let mut out = Vec::new();
+    loop {
+        while n.ep.progress() > 0 {}
+        out.extend(entries(&n.cq));
+        if out.len() >= want || start.elapsed() > std::time::Duration::from_secs(30) {
+            return out;
+        }
+        std::thread::yield_now();
+    }
+}
+
 fn entries(cq: &CompletionQueue) -> Vec<CqTaggedEntry> {
     let mut out = Vec::new();
     let mut buf = [CqTaggedEntry::default(); 16];
@@ -253,7 +296,7 @@ fn descriptors_start_as_the_host_calls_would() {
     assert_eq!(dev::recv(&x, rb, 64, desc, FI_ADDR_UNSPEC, 8, 0, W), 0);
     assert_eq!(dev::trecv(&x, rb, 64, desc, peer, 5, 0, 9, 0, W), 0);
     assert_eq!(dev::tx_flush(&x, 0, W), 0);
-    while n.ep.progress() > 0 {}
+    settle(&n, || w.sh.log.lock().unwrap().len() >= 9);
     let log: Vec<_> = w.sh.log.lock().unwrap().clone();
     assert_eq!(
         log,
@@ -499,9 +542,8 @@ fn every_hostile_descriptor_is_an_error_naming_its_fault_and_starts_nothing() {
     c.write(&XpuDesc { context: 20, ..ok });
     c.store_word(2, (c.position() + 9) << 32);
     c.publish();
-    while n.ep.progress() > 0 {}
+    let errs = errors_settled(&n, cases.len() + 1);
     assert!(w.sh.log.lock().unwrap().is_empty(), "nothing started");
-    let errs = errors(&n.cq);
     assert_eq!(errs.len(), cases.len() + 1);
     for ((e, why), (d, code, says)) in errs.iter().zip(&cases) {
         assert_eq!(
@@ -528,8 +570,7 @@ fn every_hostile_descriptor_is_an_error_naming_its_fault_and_starts_nothing() {
     // A region closed after export is refused from then on.
     drop(_mr);
     assert_eq!(dev::post_raw(&x, &XpuDesc { context: 21, ..ok }), 0);
-    while n.ep.progress() > 0 {}
-    let errs = errors(&n.cq);
+    let errs = errors_settled(&n, 1);
     assert_eq!(
         (errs[0].0.op_context, errs[0].0.prov_errno),
         (21, XPU_FAULT_DESC)
@@ -563,7 +604,7 @@ fn faulty_descriptors_stop_at_the_cqs_size_until_their_errors_are_read() {
         }
         assert!(posted < 1 << 16, "the ring never filled");
     }
-    while n.ep.progress() > 0 {}
+    settle(&n, || n.cq.inner().errors_waiting() >= CQ);
     assert_eq!(
         n.cq.inner().errors_waiting(),
         CQ,
@@ -686,7 +727,7 @@ fn a_refusing_provider_holds_the_ring_back_and_keeps_the_order() {
         }
         n.ep.progress();
     }
-    while n.ep.progress() > 0 {}
+    settle(&n, || w.sh.ctxs().len() >= 6);
     assert!(refused >= 3);
     assert_eq!(w.sh.ctxs(), (0..6).collect::<Vec<_>>());
 }
@@ -729,7 +770,7 @@ fn a_publishing_word_of_another_lap_is_never_taken() {
     let buf = vec![0u8; 8];
     let (_mr, desc) = reg(&w, &buf, 0);
     assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 1, 0, W), 0);
-    while n.ep.progress() > 0 {}
+    settle(&n, || !w.sh.ctxs().is_empty());
     assert_eq!(w.sh.ctxs(), vec![1]);
     let r = x.ring();
     // The slot taken, published again (a replay): behind the head.
@@ -743,7 +784,7 @@ fn a_publishing_word_of_another_lap_is_never_taken() {
     assert!(errors(&n.cq).is_empty(), "an error made up");
     // The position's own word: taken.
     assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 2, 0, W), 0);
-    while n.ep.progress() > 0 {}
+    settle(&n, || w.sh.ctxs().len() >= 2);
     assert_eq!(w.sh.ctxs(), vec![1, 2]);
 }
 
@@ -1132,7 +1173,7 @@ fn words_an_xpu_may_scribble_on_bound_what_the_host_does() {
     // writes it back over the scribble), and close looks at one lap at most.
     assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 1, 0, W), 0);
     x.ring().header().head.store(12345, Ordering::Release);
-    while n.ep.progress() > 0 {}
+    settle(&n, || !w.sh.ctxs().is_empty());
     assert_eq!(w.sh.ctxs(), vec![1]);
     assert_eq!(x.ring().header().head.load(Ordering::Acquire), 1);
     let mut one = [CqTaggedEntry::default(); 1];
@@ -1211,8 +1252,10 @@ fn a_gpus_blocks_carry_device_addresses_and_the_host_reads_its_own() {
         }
         slot.0[0].store(pos + 1, Ordering::Release);
     }
-    while n.ep.progress() > 0 {}
-    let ctxs: Vec<usize> = entries(&n.cq).iter().map(|e| e.op_context).collect();
+    let ctxs: Vec<usize> = entries_settled(&n, 6)
+        .iter()
+        .map(|e| e.op_context)
+        .collect();
     assert_eq!(
         ctxs,
         (10..16).collect::<Vec<_>>(),
