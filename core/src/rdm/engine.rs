@@ -196,7 +196,16 @@ struct PeerState {
     /// us queue no more of them.
     owed: usize,
     owed_bytes: usize,
+    /// Its large messages matched to a receive and not yet arrived (`Engine::rx`): past
+    /// `PIPES_MAX`, its next announcement waits.
+    pipes: usize,
 }
+
+/// Large messages of one peer on their way into receives at once. An honest peer has at most
+/// its outstanding sends (its `tx_size`) on their way; a peer announcing empty messages into
+/// a multi-receive buffer (which never fills with them) and sending no data made a receive
+/// pipe each, without end.
+pub const PIPES_MAX: usize = 65536;
 
 /// Answers one peer may owe us before its requests wait. An honest peer owes at most its
 /// outstanding requests (its `tx_size`, 1,024 by default): far below.

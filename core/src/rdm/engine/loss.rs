@@ -118,6 +118,7 @@ impl Engine {
                 continue;
             }
             let r = self.rx.remove(i);
+            self.pipe_gone(r.peer);
             self.push_rx(Done::SlotErr {
                 slot: r.slot,
                 tag: r.tag,

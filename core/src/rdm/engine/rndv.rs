@@ -102,6 +102,9 @@ impl Engine {
         if !self.rxq.would_match(src, tag, tagged) && self.unexpected_full(peer, 0) {
             return Ok(Sink::Wait);
         }
+        if self.peers.get(peer).is_some_and(|ps| ps.pipes >= PIPES_MAX) {
+            return Ok(Sink::Wait);
+        }
         match self.rxq.match_arrival(src, tag, tagged, len) {
             Some(slot) => self.start_pipe(RxPipe {
                 slot,
@@ -183,6 +186,7 @@ impl Engine {
         );
         let ctx = pipe.slot.ctx;
         let rx = self.rx.insert(pipe);
+        self.peer(peer).pipes += 1;
         if copying {
             self.copies.push_back(CopyReq {
                 peer,
@@ -291,9 +295,17 @@ impl Engine {
         }
     }
 
+    /// A receive pipe of `peer` left `Engine::rx`.
+    pub(super) fn pipe_gone(&mut self, peer: PeerId) {
+        if let Some(ps) = self.peers.get_mut(peer) {
+            ps.pipes = ps.pipes.saturating_sub(1);
+        }
+    }
+
     /// A large message's `Data` arrived into its receive.
     pub(super) fn data_arrived(&mut self, rx: usize) {
         if let Some(r) = self.rx.try_remove(rx) {
+            self.pipe_gone(r.peer);
             self.pipe_done(r);
         }
     }
@@ -344,6 +356,7 @@ impl Engine {
             Copied::Failed(e) => peer_status(e),
         };
         let r = self.rx.remove(i);
+        self.pipe_gone(r.peer);
         if err != 0 {
             if ended == 0 {
                 self.ack(peer, id, err);

@@ -584,3 +584,38 @@ fn a_peer_that_reads_no_answers_is_not_read_either() {
     assert_eq!(waited, Some(OWED_MAX as u32), "never waited");
     assert_eq!(b.eng.blocked(0), OWED_MAX);
 }
+
+/// A peer announcing empty large messages into a multi-receive buffer (which they never fill)
+/// and sending no data: each opened a receive pipe, without end. Past `PIPES_MAX` of its own
+/// on their way, its next announcement waits.
+#[test]
+fn a_peer_announcing_without_end_into_a_multi_receive_waits() {
+    use crate::rdm::engine::PIPES_MAX;
+    let mut buf = vec![0u8; 64];
+    let mut net = Net::new();
+    net.b.eng.set_min_multi_recv(16);
+    net.b.recv(recv(10, &mut buf, None, FI_MULTI_RECV));
+    let b = &mut net.b;
+    let mut waited = None;
+    for i in 0..PIPES_MAX as u32 + 10 {
+        let f = Frame::Rts {
+            id: i,
+            tag: 0,
+            data: 0,
+            len: 0,
+            flags: 0,
+            desc: Desc::default(),
+        };
+        let bytes = f.to_vec(0);
+        let p = wire::prefix(&bytes).unwrap();
+        match b.eng.on_ctrl(0, 0, &p, &bytes[PREFIX..]).unwrap() {
+            Sink::Wait => {
+                waited = Some(i);
+                break;
+            }
+            sink => b.eng.on_body(0, sink),
+        }
+        while b.eng.poll_transmit().is_some() {}
+    }
+    assert_eq!(waited, Some(PIPES_MAX as u32), "never waited");
+}
