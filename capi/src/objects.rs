@@ -161,13 +161,21 @@ pub unsafe fn fabric_open(
                     .into_owned()
             })
         };
+        // As libfabric: the provider is named (getinfo's answer does), and one this library
+        // does not have is -FI_ENODEV.
+        if a.prov_name.is_null() {
+            return Err(inval("fi_fabric: no provider named (prov_name is NULL)"));
+        }
         let attr = FabricAttr {
             name: str_of(a.name),
             prov_name: str_of(a.prov_name),
             prov_version: a.prov_version,
             api_version: a.api_version,
         };
-        let f = xfabric::fabric(&attr).map_err(|e| code(&e))?;
+        let f = xfabric::fabric(&attr).map_err(|e| match e {
+            xfabric::Error::NoData(_) => -(xfabric::consts::errno::FI_ENODEV),
+            e => code(&e),
+        })?;
         let head = FabricHead {
             api_version: if a.api_version == 0 {
                 FI_VERSION_1_17

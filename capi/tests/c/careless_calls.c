@@ -106,6 +106,13 @@ int main(void)
 	struct fid_mr *mr = NULL;
 	REQUIRE(fi_mr_reg(domain, NULL, 4096, FI_REMOTE_WRITE, 0, 0, 0, &mr, NULL) == -FI_EINVAL);
 	REQUIRE(mr == NULL);
+	/* fi_fabric without a provider's name, or with one this library has not. */
+	struct fi_fabric_attr fa = *info->fabric_attr;
+	struct fid_fabric *fab2;
+	fa.prov_name = NULL;
+	REQUIRE(fi_fabric(&fa, &fab2, NULL) == -FI_EINVAL);
+	fa.prov_name = "no-such-provider";
+	REQUIRE(fi_fabric(&fa, &fab2, NULL) == -FI_ENODEV);
 	/* Flags and access fi_mr(3) allows on any registration. */
 	static char region[4096];
 	REQUIRE(fi_mr_reg(domain, region, sizeof region, FI_REMOTE_WRITE, 0, 0, FI_RMA_EVENT, &mr,
