@@ -82,7 +82,17 @@ fn a_flood_is_held_back_by_flow_control_and_nothing_is_lost() {
     }
     let t = "a_flood_is_held_back_by_flow_control_and_nothing_is_lost";
     let limit = LIMIT.to_string();
-    let mut child = spawn(t, "rx", &[("XFABRIC_TCP_UNEXP_MSGS", limit.as_str())]);
+    // The endpoint's bound, which its one peer may take whole: a peer's share of the places
+    // is what its share of the bytes is of the endpoint's, so the share is the endpoint's.
+    let mut child = spawn(
+        t,
+        "rx",
+        &[
+            ("XFABRIC_TCP_UNEXP_MSGS", limit.as_str()),
+            ("XFABRIC_TCP_UNEXP_PEER_BYTES", "33554432"),
+            ("XFABRIC_TCP_UNEXP_BYTES", "33554432"),
+        ],
+    );
     let n = tcp(CAPS);
     let peer = connect(&mut child, &n);
     let msgs: Vec<Vec<u8>> = (0..MESSAGES).map(message).collect();
