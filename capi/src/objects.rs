@@ -22,25 +22,31 @@ use crate::info::{FiFabricAttr, FiInfo};
 
 /// `fi_control` command: the object's wait object (an `int` fd for `FI_WAIT_FD`).
 const FI_GETWAIT: c_int = 5;
+/// `fi_control` command: the kind of the object's wait object (`enum fi_wait_obj`).
+const FI_GETWAITOBJ: c_int = 16;
 
-/// `FI_GETWAIT`'s answer: the descriptor written to `*arg`.
+/// `FI_GETWAIT`'s answer, the descriptor (`fd`), or `FI_GETWAITOBJ`'s, the kind (`kind`),
+/// written to `*arg`.
 ///
 /// # Safety
-/// `arg` null or writable as an `int` (fi_control(FI_GETWAIT)'s contract for FI_WAIT_FD).
+/// `arg` null or writable as an `int` (fi_control's contract for both commands: an fd, an
+/// `enum fi_wait_obj`).
 unsafe fn getwait(
     command: c_int,
     arg: *mut c_void,
-    fd: xfabric::Result<i32>,
+    fd: impl FnOnce() -> xfabric::Result<i32>,
+    kind: impl FnOnce() -> WaitObj,
 ) -> Result<c_int, c_int> {
-    if command != FI_GETWAIT {
-        return Err(-FI_ENOSYS);
-    }
+    let v = match command {
+        FI_GETWAIT => fd().map_err(|e| code(&e))?,
+        FI_GETWAITOBJ => kind() as c_int,
+        _ => return Err(-FI_ENOSYS),
+    };
     if arg.is_null() {
-        return Err(inval("fi_control(FI_GETWAIT): null argument"));
+        return Err(inval("fi_control(FI_GETWAIT/FI_GETWAITOBJ): null argument"));
     }
-    let fd = fd.map_err(|e| code(&e))?;
     // SAFETY: checked non-null, writable (caller).
-    unsafe { *arg.cast::<c_int>() = fd };
+    unsafe { *arg.cast::<c_int>() = v };
     Ok(0)
 }
 
@@ -51,7 +57,10 @@ pub(crate) unsafe extern "C" fn cq_control(
 ) -> c_int {
     run(|| {
         // SAFETY: a fid from the caller, checked; arg per the command (caller).
-        unsafe { getwait(command, arg, get::<CompletionQueue>(fid)?.wait_fd()) }
+        unsafe {
+            let q = get::<CompletionQueue>(fid)?;
+            getwait(command, arg, || q.wait_fd(), || q.wait_obj())
+        }
     })
 }
 
@@ -62,7 +71,10 @@ pub(crate) unsafe extern "C" fn cntr_control(
 ) -> c_int {
     run(|| {
         // SAFETY: as cq_control.
-        unsafe { getwait(command, arg, get::<Counter>(fid)?.wait_fd()) }
+        unsafe {
+            let c = get::<Counter>(fid)?;
+            getwait(command, arg, || c.wait_fd(), || c.wait_obj())
+        }
     })
 }
 
@@ -73,7 +85,10 @@ pub(crate) unsafe extern "C" fn eq_control(
 ) -> c_int {
     run(|| {
         // SAFETY: as cq_control.
-        unsafe { getwait(command, arg, get::<EventQueue>(fid)?.wait_fd()) }
+        unsafe {
+            let q = get::<EventQueue>(fid)?;
+            getwait(command, arg, || q.wait_fd(), || q.wait_obj())
+        }
     })
 }
 
@@ -84,7 +99,10 @@ pub(crate) unsafe extern "C" fn wait_control(
 ) -> c_int {
     run(|| {
         // SAFETY: as cq_control.
-        unsafe { getwait(command, arg, get::<WaitSet>(fid)?.wait_fd()) }
+        unsafe {
+            let w = get::<WaitSet>(fid)?;
+            getwait(command, arg, || w.wait_fd(), || w.wait_obj())
+        }
     })
 }
 

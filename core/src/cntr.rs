@@ -144,9 +144,25 @@ impl Counter {
     /// counter changes or, under manual progress, when a frame arrives for an endpoint it
     /// drives (an epoll set, see [`FdWait`]). Call `trywait` before blocking on it.
     pub fn wait_fd(&self) -> Result<i32> {
-        self.inner.fd.as_ref().map(|f| f.raw()).ok_or_else(|| {
-            Error::OpBadState("cntr wait_fd: counter was not opened with FI_WAIT_FD".into())
-        })
+        if let Some(f) = &self.inner.fd {
+            return Ok(f.raw());
+        }
+        // A member of a set waited on through a descriptor: the set's, as a CQ's.
+        match &self.inner.wait_set {
+            Some(ws) => ws.wait_fd(),
+            None => Err(Error::OpBadState(
+                "cntr wait_fd: counter was not opened with FI_WAIT_FD".into(),
+            )),
+        }
+    }
+
+    /// `fi_control(FI_GETWAITOBJ)`: the kind of wait object it waits with (a set's member,
+    /// its set's).
+    pub fn wait_obj(&self) -> WaitObj {
+        match &self.inner.wait_set {
+            Some(ws) => ws.wait_obj(),
+            None => self.inner.wait_obj,
+        }
     }
 
     /// `fi_trywait`: progresses the endpoints it drives; `Ok` when it is safe to block on the

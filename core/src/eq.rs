@@ -110,6 +110,11 @@ impl EventQueue {
         })
     }
 
+    /// `fi_control(FI_GETWAITOBJ)`: the kind of wait object it was opened with.
+    pub fn wait_obj(&self) -> WaitObj {
+        self.inner.wait_obj
+    }
+
     /// `fi_trywait`: `Ok` when it is safe to block on the wait object (nothing is queued),
     /// `Again` when events are ready to read.
     pub fn trywait(&self) -> Result<()> {

@@ -501,6 +501,8 @@ pub(crate) struct WaitSetInner {
     /// `FI_WAIT_FD`: signaled with every member's change; holds the members' endpoints'
     /// descriptors.
     fd: Option<FdWait>,
+    /// What it was opened with (`fi_control(FI_GETWAITOBJ)`).
+    wait_obj: WaitObj,
 }
 
 /// Attributes of a wait set (`struct fi_wait_attr`).
@@ -550,6 +552,7 @@ impl WaitSet {
                 members: Mutex::new(Vec::new()),
                 woken: std::sync::atomic::AtomicBool::new(false),
                 fd,
+                wait_obj: attr.wait_obj,
             }),
         })
     }
@@ -561,6 +564,11 @@ impl WaitSet {
         self.inner.fd.as_ref().map(|f| f.raw()).ok_or_else(|| {
             Error::OpBadState("wait set wait_fd: set was not opened with FI_WAIT_FD".into())
         })
+    }
+
+    /// `fi_control(FI_GETWAITOBJ)`: the kind of wait object it was opened with.
+    pub fn wait_obj(&self) -> WaitObj {
+        self.inner.wait_obj
     }
 
     /// `fi_trywait` on a wait set: progresses its members' endpoints; `Ok` when it is safe

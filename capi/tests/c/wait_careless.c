@@ -3,7 +3,9 @@
  * an attribute's wait_set is ignored unless wait_obj is FI_WAIT_SET (a set closed since, or
  * garbage, is never looked at); fi_eq_write keeps any event structure whole, and a read
  * gets as much of it as its buffer holds (fi_eq(3)); fi_eq_sread on a queue without a
- * wait object is -FI_ENOSYS; a wait set of FI_WAIT_NONE, or with flags, is -FI_EINVAL. */
+ * wait object is -FI_ENOSYS; a wait set of FI_WAIT_NONE, or with flags, is -FI_EINVAL;
+ * FI_GETWAITOBJ says what an object waits with, and a set's member's FI_GETWAIT is its
+ * set's descriptor. */
 #include "two.h"
 #include <rdma/fi_eq.h>
 
@@ -20,6 +22,8 @@ int main(void)
 	REQUIRE(fi_cq_open(domain, &qattr, &cq, NULL) == 0);
 	int fd = -1;
 	REQUIRE(fi_control(&cq->fid, FI_GETWAIT, &fd) == 0 && fd >= 0);
+	enum fi_wait_obj kind = FI_WAIT_NONE;
+	REQUIRE(fi_control(&cq->fid, FI_GETWAITOBJ, &kind) == 0 && kind == FI_WAIT_FD);
 	struct fid *fids[1] = { &cq->fid };
 	REQUIRE(fi_trywait(fabric, fids, 1) == 0);
 	REQUIRE(!readable(fd, 0));
@@ -38,6 +42,26 @@ int main(void)
 	REQUIRE(fi_cq_signal(cq) == 0);
 	REQUIRE(fi_wait(ws, 1000) == 0);
 	REQUIRE(fi_wait(ws, 0) == -FI_ETIMEDOUT);
+	REQUIRE(fi_control(&cq->fid, FI_GETWAITOBJ, &kind) == 0 && kind == FI_WAIT_UNSPEC);
+	REQUIRE(fi_control(&cq->fid, FI_GETWAIT, &fd) < 0);
+	REQUIRE(fi_close(&cq->fid) == 0 && fi_close(&ws->fid) == 0);
+
+	/* A member of a set waited on through a descriptor: FI_GETWAIT gives the set's, which the
+	 * member's events ring, and FI_GETWAITOBJ says FI_WAIT_FD (libfabric forwards both). */
+	struct fi_wait_attr fdattr = { .wait_obj = FI_WAIT_FD };
+	REQUIRE(fi_wait_open(fabric, &fdattr, &ws) == 0);
+	int setfd = -1, memberfd = -1;
+	REQUIRE(fi_control(&ws->fid, FI_GETWAIT, &setfd) == 0 && setfd >= 0);
+	REQUIRE(fi_control(&ws->fid, FI_GETWAITOBJ, &kind) == 0 && kind == FI_WAIT_FD);
+	sattr.wait_set = ws;
+	REQUIRE(fi_cq_open(domain, &sattr, &cq, NULL) == 0);
+	REQUIRE(fi_control(&cq->fid, FI_GETWAIT, &memberfd) == 0 && memberfd == setfd);
+	REQUIRE(fi_control(&cq->fid, FI_GETWAITOBJ, &kind) == 0 && kind == FI_WAIT_FD);
+	struct fid *sfids[1] = { &ws->fid };
+	REQUIRE(fi_trywait(fabric, sfids, 1) == 0);
+	REQUIRE(!readable(setfd, 0));
+	REQUIRE(fi_cq_signal(cq) == 0);
+	REQUIRE(readable(setfd, 1000));
 	REQUIRE(fi_close(&cq->fid) == 0 && fi_close(&ws->fid) == 0);
 
 	/* A wait_set field left over (here garbage) with another wait object: ignored. */
