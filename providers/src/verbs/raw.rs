@@ -14,8 +14,10 @@
 //! values here are theirs (a test against an endpoint fails at the handshake or the first
 //! chunk if they drift).
 
+use std::ffi::c_int;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -259,12 +261,16 @@ fn answer_call_backs(
     stop: &AtomicBool,
 ) {
     while !stop.load(Ordering::Acquire) {
+        // Woken by a connection; `stop` is looked at every 100 ms (the owner's drop waits
+        // for that at most).
+        let _ = ready(
+            listener.as_raw_fd(),
+            libc::POLLIN,
+            Instant::now() + Duration::from_millis(100),
+        );
         let mut s = match listener.accept() {
             Ok((s, _)) => s,
-            Err(_) => {
-                std::thread::sleep(Duration::from_millis(2));
-                continue;
-            }
+            Err(_) => continue,
         };
         let _ = s.set_nonblocking(false);
         let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
@@ -294,6 +300,19 @@ fn answer_call_backs(
     }
 }
 
+/// Whether `fd` has `events` before `until` (poll(2)).
+fn ready(fd: std::os::fd::RawFd, events: libc::c_short, until: Instant) -> bool {
+    let left = until.saturating_duration_since(Instant::now());
+    let ms = c_int::try_from(left.as_millis()).unwrap_or(c_int::MAX);
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, ours for the call.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 }
+}
+
 /// A call-back's question (`claim::verify_msg`): magic, version, nonce at 8, the source
 /// address at 16.
 fn parse_question(v: &[u8; HELLO]) -> Option<(SocketAddr, u64)> {
@@ -310,19 +329,16 @@ fn parse_question(v: &[u8; HELLO]) -> Option<(SocketAddr, u64)> {
 /// claim to) to `to`, blocking.
 fn dial(from: Ipv4Addr, to: SocketAddr) -> Result<TcpStream> {
     let s = inet::connect_from(IpAddr::V4(from), to).map_err(io("connect"))?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(e) = s.take_error().map_err(io("connect"))? {
-            return Err(io("connect")(e));
-        }
-        match s.peer_addr() {
-            Ok(_) => break,
-            Err(e) if e.kind() == ErrorKind::NotConnected && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(e) => return Err(io("connect")(e)),
-        }
+    // A non-blocking connect is done when the socket becomes writable.
+    let _ = ready(
+        s.as_raw_fd(),
+        libc::POLLOUT,
+        Instant::now() + Duration::from_secs(10),
+    );
+    if let Some(e) = s.take_error().map_err(io("connect"))? {
+        return Err(io("connect")(e));
     }
+    s.peer_addr().map_err(io("connect"))?;
     s.set_nonblocking(false).map_err(io("blocking"))?;
     let _ = s.set_nodelay(true);
     Ok(s)
@@ -453,6 +469,15 @@ impl RawLink {
         unsafe { self.qp.post_recv(slot as u64, &mut sge) }
     }
 
+    /// Sleeps until the CQ has a completion or `until` passes: the CQ is armed, and one that
+    /// came before the arming is taken first (it rings nothing).
+    fn block(&mut self, until: Instant) {
+        self.cq.arm();
+        if self.poll() == 0 {
+            let _ = ready(self.cq.fd(), libc::POLLIN, until);
+        }
+    }
+
     /// Takes the completions there are: receives keep their chunks (and are posted again),
     /// sends and one-sided operations their statuses. Returns how many.
     pub fn poll(&mut self) -> usize {
@@ -521,7 +546,7 @@ impl RawLink {
                 if Instant::now() >= deadline {
                     return Err(timed_out("no frame"));
                 }
-                std::thread::sleep(Duration::from_micros(200));
+                self.block(deadline);
             }
         }
     }
@@ -590,7 +615,7 @@ impl RawLink {
                 if Instant::now() >= deadline {
                     return Err(timed_out("a work request did not complete"));
                 }
-                std::thread::sleep(Duration::from_micros(200));
+                self.block(deadline);
             }
         }
     }
