@@ -105,8 +105,8 @@ pub use xfabric_core::{
     Buffered, CntrAttr, CompletionQueue, Counter, CqAttr, Datatype, DeferredWork, Domain,
     DomainAttr, Endpoint, EpAttr, EqAttr, EqEntry, EqErrEntry, Error, EventQueue, Fabric,
     FabricAttr, Iface, Info, MemoryRegion, MrAttr, MrDesc, Msg, MsgAtomic, MsgRma, OpAtomic,
-    OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, PollAttr, PollSet, RawIov, Result,
-    RmaIov, RxAttr, TriggerContext, TriggerValue, TriggerVar, TriggerXpu, TxAttr, WaitAttr,
+    OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, PollAttr, PollSet, Pollable, RawIov,
+    Result, RmaIov, RxAttr, TriggerContext, TriggerValue, TriggerVar, TriggerXpu, TxAttr, WaitAttr,
     WaitSet, WorkId, WorkOp, Xpu, XpuDevice, ATOMIC_MAX, XPU_ARMED_MAX, XPU_ERR_BACKWARDS,
     XPU_ERR_PAST_ARMED,
 };

@@ -7,7 +7,7 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use xfabric::{CompletionQueue, Counter, EqEntry, EventQueue, PollSet, WaitSet};
+use xfabric::{CompletionQueue, Counter, EqEntry, EventQueue, PollSet, Pollable, WaitSet};
 
 use crate::consts::FI_EINVAL;
 use crate::ffi::{call, get, guard, int, neg, obj, strerror};
@@ -228,7 +228,8 @@ pub(crate) unsafe extern "C" fn poll_poll(
         if count < 0 || (count > 0 && context.is_null()) {
             return Err(-(FI_EINVAL as isize));
         }
-        let mut got = vec![0usize; count as usize];
+        // No more room than members: the count is the caller's word.
+        let mut got = vec![0usize; (count as usize).min(p.len())];
         let n = p.poll(&mut got);
         for (i, c) in got[..n].iter().enumerate() {
             // SAFETY: `context` holds `count > i` writable pointers (caller).
@@ -238,22 +239,16 @@ pub(crate) unsafe extern "C" fn poll_poll(
     }))
 }
 
-/// What a poll set holds: a completion queue or a counter.
-enum Member {
-    Cq(CompletionQueue),
-    Cntr(Counter),
-}
-
 /// The CQ or counter behind `fid`, and the context its fid carries (fi_poll hands it back).
 ///
 /// # Safety
 /// `fid` null or a readable fid.
-unsafe fn poll_member(fid: *mut c_void) -> Result<(Member, usize), isize> {
+unsafe fn poll_member<'a>(fid: *mut c_void) -> Result<(&'a dyn Pollable, usize), isize> {
     // SAFETY (each): a fid from the caller, its class checked before use.
-    let m = if let Ok(cq) = unsafe { obj::<CompletionQueue>(fid) } {
-        Member::Cq(cq.clone())
+    let m: &dyn Pollable = if let Ok(cq) = unsafe { obj::<CompletionQueue>(fid) } {
+        cq
     } else if let Ok(c) = unsafe { obj::<Counter>(fid) } {
-        Member::Cntr(c.clone())
+        c
     } else {
         return Err(-(FI_EINVAL as isize));
     };
@@ -271,11 +266,8 @@ pub(crate) unsafe extern "C" fn poll_add(
         // SAFETY: a fid from the caller, checked.
         let p = unsafe { obj::<PollSet>(pollset) }?;
         // SAFETY: as above.
-        let r = match unsafe { poll_member(fid) }? {
-            (Member::Cq(cq), ctx) => p.add_cq(&cq, ctx),
-            (Member::Cntr(c), ctx) => p.add_cntr(&c, ctx),
-        };
-        r.map(|()| 0).map_err(neg)
+        let (m, ctx) = unsafe { poll_member(fid) }?;
+        p.add(m, ctx).map(|()| 0).map_err(neg)
     }))
 }
 
@@ -288,10 +280,7 @@ pub(crate) unsafe extern "C" fn poll_del(
         // SAFETY: a fid from the caller, checked.
         let p = unsafe { obj::<PollSet>(pollset) }?;
         // SAFETY: as above.
-        let r = match unsafe { poll_member(fid) }? {
-            (Member::Cq(cq), _) => p.del_cq(&cq),
-            (Member::Cntr(c), _) => p.del_cntr(&c),
-        };
-        r.map(|()| 0).map_err(neg)
+        let (m, _) = unsafe { poll_member(fid) }?;
+        p.del(m).map(|()| 0).map_err(neg)
     }))
 }

@@ -59,7 +59,7 @@ pub use hmem_iface::{HmemOps, Iface, Owner};
 pub use info::{DomainAttr, EpAttr, FabricAttr, Info, RxAttr, TxAttr};
 pub use mr::{MemoryRegion, MrAttr, MrDesc, ProviderMr, RegionCut};
 pub use object::{Domain, DomainOps, Fabric, Provider};
-pub use poll::{PollAttr, PollSet};
+pub use poll::{PollAttr, PollSet, Pollable};
 pub use rxq::{IovList, RawIov};
 pub use trigger::{
     notify_xpu_ring, user_monitor_wait, Doorbell, DoorbellAlloc, Signal, TriggerValue, TriggerVar,

@@ -50,7 +50,9 @@ impl PollSet {
         self.members.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn add(&self, object: Weak<dyn Waitable>, context: usize) -> Result<()> {
+    /// `fi_poll_add` of a completion queue or counter, reported as `context`.
+    pub fn add(&self, member: &dyn Pollable, context: usize) -> Result<()> {
+        let object = member.waitable();
         let mut m = self.members();
         m.retain(|x| x.object.strong_count() > 0);
         if m.iter().any(|x| Weak::ptr_eq(&x.object, &object)) {
@@ -60,34 +62,16 @@ impl PollSet {
         Ok(())
     }
 
-    fn del(&self, object: &Weak<dyn Waitable>) -> Result<()> {
+    /// `fi_poll_del` of a completion queue or counter; `NoEntry` if it is not in the set.
+    pub fn del(&self, member: &dyn Pollable) -> Result<()> {
+        let object = member.waitable();
         let mut m = self.members();
         let before = m.len();
-        m.retain(|x| !Weak::ptr_eq(&x.object, object));
+        m.retain(|x| !Weak::ptr_eq(&x.object, &object));
         if m.len() == before {
             return Err(Error::NoEntry("fi_poll_del: not in the set".into()));
         }
         Ok(())
-    }
-
-    /// `fi_poll_add` of a completion queue, reported as `context`.
-    pub fn add_cq(&self, cq: &CompletionQueue, context: usize) -> Result<()> {
-        self.add(weak(cq.inner().clone()), context)
-    }
-
-    /// `fi_poll_add` of a counter, reported as `context`.
-    pub fn add_cntr(&self, c: &Counter, context: usize) -> Result<()> {
-        self.add(weak(c.inner().clone()), context)
-    }
-
-    /// `fi_poll_del` of a completion queue; `NoEnt` if it is not in the set.
-    pub fn del_cq(&self, cq: &CompletionQueue) -> Result<()> {
-        self.del(&weak(cq.inner().clone()))
-    }
-
-    /// `fi_poll_del` of a counter; `NoEnt` if it is not in the set.
-    pub fn del_cntr(&self, c: &Counter) -> Result<()> {
-        self.del(&weak(c.inner().clone()))
     }
 
     /// `fi_poll`: drives every member's progress, then writes the contexts of those with
@@ -134,9 +118,24 @@ impl PollSet {
     }
 }
 
-fn weak<T: Waitable + 'static>(a: Arc<T>) -> Weak<dyn Waitable> {
-    let a: Arc<dyn Waitable> = a;
-    Arc::downgrade(&a)
+/// What a poll set takes: a completion queue or a counter.
+pub trait Pollable {
+    /// The object a set holds weakly.
+    fn waitable(&self) -> Weak<dyn Waitable>;
+}
+
+impl Pollable for CompletionQueue {
+    fn waitable(&self) -> Weak<dyn Waitable> {
+        let a: Arc<dyn Waitable> = self.inner().clone();
+        Arc::downgrade(&a)
+    }
+}
+
+impl Pollable for Counter {
+    fn waitable(&self) -> Weak<dyn Waitable> {
+        let a: Arc<dyn Waitable> = self.inner().clone();
+        Arc::downgrade(&a)
+    }
 }
 
 #[cfg(test)]
@@ -151,9 +150,9 @@ mod tests {
         let ps = PollSet::open(&PollAttr::default()).unwrap();
         let cq = CompletionQueue::open(&CqAttr::default()).unwrap();
         let c = Counter::open(&CntrAttr::default()).unwrap();
-        ps.add_cq(&cq, 11).unwrap();
-        ps.add_cntr(&c, 22).unwrap();
-        assert!(matches!(ps.add_cq(&cq, 11), Err(Error::Inval(_))));
+        ps.add(&cq, 11).unwrap();
+        ps.add(&c, 22).unwrap();
+        assert!(matches!(ps.add(&cq, 11), Err(Error::Inval(_))));
         let mut out = [0usize; 4];
         assert_eq!(ps.poll(&mut out), 0);
         cq.inner().push(CqTaggedEntry::default(), 0);
@@ -167,8 +166,8 @@ mod tests {
         c.add(1).unwrap();
         assert_eq!(ps.poll(&mut out[..1]), 1);
         assert_eq!(out[0], 11);
-        ps.del_cq(&cq).unwrap();
-        assert!(matches!(ps.del_cq(&cq), Err(Error::NoEntry(_))));
+        ps.del(&cq).unwrap();
+        assert!(matches!(ps.del(&cq), Err(Error::NoEntry(_))));
         assert_eq!(ps.poll(&mut out), 1);
         assert_eq!(out[0], 22);
         // A member closed while in the set is forgotten.
