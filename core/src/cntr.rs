@@ -144,25 +144,12 @@ impl Counter {
     /// counter changes or, under manual progress, when a frame arrives for an endpoint it
     /// drives (an epoll set, see [`FdWait`]). Call `trywait` before blocking on it.
     pub fn wait_fd(&self) -> Result<i32> {
-        if let Some(f) = &self.inner.fd {
-            return Ok(f.raw());
-        }
-        // A member of a set waited on through a descriptor: the set's, as a CQ's.
-        match &self.inner.wait_set {
-            Some(ws) => ws.wait_fd(),
-            None => Err(Error::OpBadState(
-                "cntr wait_fd: counter was not opened with FI_WAIT_FD".into(),
-            )),
-        }
+        crate::wait::member_wait_fd(self.inner.fd.as_ref(), self.inner.wait_set.as_ref(), "cntr")
     }
 
-    /// `fi_control(FI_GETWAITOBJ)`: the kind of wait object it waits with (a set's member,
-    /// its set's).
+    /// `fi_control(FI_GETWAITOBJ)`: as a CQ's.
     pub fn wait_obj(&self) -> WaitObj {
-        match &self.inner.wait_set {
-            Some(ws) => ws.wait_obj(),
-            None => self.inner.wait_obj,
-        }
+        crate::wait::member_wait_obj(self.inner.wait_obj, self.inner.wait_set.as_ref())
     }
 
     /// `fi_trywait`: progresses the endpoints it drives; `Ok` when it is safe to block on the

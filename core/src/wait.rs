@@ -486,6 +486,28 @@ pub trait Waitable: Send + Sync {
     }
 }
 
+/// `fi_control(FI_GETWAIT)` of a CQ or counter: its own descriptor (`FI_WAIT_FD`), or, a
+/// member of a set waited on through one, the set's, which its events ring (libfabric's
+/// answer).
+pub(crate) fn member_wait_fd(
+    fd: Option<&FdWait>,
+    set: Option<&WaitSet>,
+    what: &str,
+) -> Result<i32> {
+    match (fd, set) {
+        (Some(f), _) => Ok(f.raw()),
+        (None, Some(ws)) => ws.wait_fd(),
+        (None, None) => Err(Error::OpBadState(format!(
+            "{what} wait_fd: not opened with FI_WAIT_FD"
+        ))),
+    }
+}
+
+/// `fi_control(FI_GETWAITOBJ)` of a CQ or counter: what it was opened with, or its set's.
+pub(crate) fn member_wait_obj(own: WaitObj, set: Option<&WaitSet>) -> WaitObj {
+    set.map_or(own, WaitSet::wait_obj)
+}
+
 /// `fid_wait`: one place to block until any of several queues or counters has events.
 #[derive(Clone)]
 pub struct WaitSet {
@@ -619,11 +641,6 @@ impl WaitSet {
         // Members closed since go: a set that outlives many queues does not keep them all.
         m.retain(|w| w.strong_count() > 0);
         m.push(w);
-    }
-
-    /// Members alive (with those closed since not yet forgotten, until the next `add`).
-    pub fn members_alive(&self) -> usize {
-        self.members().len()
     }
 
     /// Members kept, closed ones included.
