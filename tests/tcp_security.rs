@@ -678,7 +678,7 @@ fn fetched_victim() {
 
 /// A peer asking for 4 KiB of original values with each 48-byte fetching atomic and never
 /// reading them: the target stops reading it once it holds 16 MiB of answers for it
-/// (`MAX_OWED_BYTES`). Before, only the count of answers (65,536) stopped it: 40,000 such
+/// (`OWED_BYTES_MAX`). Before, only the count of answers (65,536) stopped it: 40,000 such
 /// requests grew the target by 163 MiB.
 #[test]
 fn a_peer_that_never_reads_its_fetched_values_cannot_grow_the_target_past_the_bound() {

@@ -191,7 +191,7 @@ struct PeerState {
     /// The regions it named that it may not reach (keys refused).
     refusals: Refusals,
     /// Answers to its requests among `blocked` (the transport gave them back: it does not
-    /// read), and the bytes they hold (`owed_charge`). Past `OWED_MAX` or `OWED_BYTES_MAX`
+    /// read), and the bytes they hold (`answer_charge`). Past `OWED_MAX` or `OWED_BYTES_MAX`
     /// its requests wait (`must_wait`): a peer that asks without reading the answers makes
     /// us queue no more of them.
     owed: usize,
@@ -207,25 +207,43 @@ struct PeerState {
 /// pipe each, without end.
 pub const PIPES_MAX: usize = 65536;
 
-/// Answers one peer may owe us before its requests wait. An honest peer owes at most its
-/// outstanding requests (its `tx_size`, 1,024 by default): far below.
+/// Answers one peer may owe us unwritten before its requests wait (the engine's, for the
+/// answers a transport gives back; tcp's, for those it queues). An honest peer owes at most
+/// its outstanding requests (its `tx_size`, 1,024 by default): far below.
 pub const OWED_MAX: usize = 65536;
 
-/// Bytes of answers one peer may owe us before its requests wait: at the default `tx_size`
-/// of fetching atomics of `ATOMIC_MAX` bytes each, an honest peer makes us hold 4 MiB. Read
-/// data is not counted: it is the application's memory (or staged for the whole read), and
-/// two honest peers reading each other's large regions would each stop reading the other.
+/// Bytes of answers one peer may owe us unwritten before its requests wait (`answer_charge`).
+/// At the default `tx_size` of fetching atomics of `ATOMIC_MAX` (4 KiB) each, an honest peer
+/// makes us hold 4 MiB. (Two peers each with more than 4,000 such atomics outstanding toward
+/// the other, and neither reading, would wait on each other as the count alone made them past
+/// 65,536.)
 pub const OWED_BYTES_MAX: usize = 16 << 20;
 
-/// What an answer to a peer's request makes us hold for it: its control part, and an atomic's
-/// original values; `None` for a frame that answers nothing.
-fn owed_charge(t: &Transmit) -> Option<usize> {
-    let k = t.ctrl.as_bytes().get(2).copied()?;
-    let answer = [Kind::Ack, Kind::ReadResp, Kind::AtomicResp, Kind::Cts]
-        .iter()
-        .any(|a| *a as u8 == k);
-    let atomic = k == Kind::AtomicResp as u8;
-    answer.then(|| t.ctrl.as_bytes().len() + if atomic { t.body.len() } else { 0 })
+/// What an answer to a peer's request (an acknowledgement, read data, an atomic's result, a
+/// clear-to-send: what a peer that never reads can make us queue) makes us hold for it: its
+/// control part and, for an atomic's, the original values it carries (up to 4 KiB for a
+/// request of 48 bytes); `None` for a frame that answers nothing. Read data is not charged:
+/// its body is the application's memory, or one staged from device memory for the whole read
+/// (a single honest read of a GPU buffer may stage more than the bound, and two peers reading
+/// each other's would then each stop reading the other), bounded by the region; a copy of it
+/// taken so that a write need not wait behind it, or at a region's close, is bounded apart
+/// (charging it made two peers reading 32 MiB from each other, then writing, each stop
+/// reading the other: `reads_both_ways_then_writes_both_ways_finish` in tests/rma.rs).
+pub fn answer_charge(t: &Transmit) -> Option<usize> {
+    // Not `Kind::is_answer`: a `Data` is our own send's, bounded by our sends.
+    let kind = Kind::from_raw(*t.ctrl.as_bytes().get(2)?)?;
+    matches!(
+        kind,
+        Kind::Ack | Kind::ReadResp | Kind::AtomicResp | Kind::Cts
+    )
+    .then(|| {
+        let values = if kind == Kind::AtomicResp {
+            t.body.len()
+        } else {
+            0
+        };
+        t.ctrl.as_bytes().len() + values
+    })
 }
 
 /// Keys a peer's frames name that the key check refuses: a burst is an application's

@@ -33,7 +33,7 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 use tracing::{debug, warn};
 use xfabric_core::rdm::wire::{self, Prefix, WireError, MAX_CTRL, PREFIX};
-use xfabric_core::rdm::{Body, PeerId, Sink, Transmit};
+use xfabric_core::rdm::{answer_charge, Body, PeerId, Sink, Transmit, OWED_BYTES_MAX, OWED_MAX};
 
 use crate::rdm::{Handler, PeerName};
 use hello::{reason, Hs, HsError, Side, Transcript, RAND};
@@ -201,42 +201,6 @@ struct Out {
     charge: usize,
 }
 
-/// Whether a frame answers a request of the peer's (an acknowledgement, read data, an atomic's
-/// result, a clear-to-send): what a peer that never reads can make us queue without limit.
-fn is_answer(t: &Transmit) -> bool {
-    use xfabric_core::rdm::wire::Kind;
-    t.ctrl.get(2).is_some_and(|&k| {
-        [Kind::Ack, Kind::ReadResp, Kind::AtomicResp, Kind::Cts]
-            .iter()
-            .any(|a| *a as u8 == k)
-    })
-}
-
-/// Answers one peer may owe us unwritten before we stop reading it (`Net::set_max_owed`).
-pub const MAX_OWED: usize = 65536;
-
-/// Bytes of answers one peer may owe us unwritten before we stop reading it
-/// (`Net::set_max_owed_bytes`). An honest peer owes at most its outstanding requests: at the
-/// default `tx_size` (1,024) of fetching atomics of `ATOMIC_MAX` (4 KiB) each, 4 MiB. (Two
-/// peers each with more than 4,000 such atomics outstanding toward the other, and neither
-/// reading, would wait on each other as the count alone made them past 65,536.)
-pub const MAX_OWED_BYTES: usize = 16 << 20;
-
-/// The bytes an answer makes us hold for the peer that asked for it: its control part and,
-/// for an atomic's, the original values it carries (up to 4 KiB for a request of 48 bytes).
-/// Read data is not charged: its body is the application's memory, or one staged from device
-/// memory for the whole read (a single honest read of a GPU buffer may stage more than the
-/// bound, and two peers reading each other's would then each stop reading the other), bounded
-/// by the region; a copy of it taken so that a write need not wait behind it (the engine's,
-/// which arrives here owned, or `Transport::detach`'s) or at a region's close is ours, bounded
-/// apart (charging the engine's made two peers reading 32 MiB from each other, then writing,
-/// each stop reading the other: `reads_both_ways_then_writes_both_ways_finish` in
-/// tests/rma.rs).
-fn charge(t: &Transmit) -> usize {
-    let atomic = t.ctrl.get(2) == Some(&(wire::Kind::AtomicResp as u8));
-    t.ctrl.len() + if atomic { t.body.len() } else { 0 }
-}
-
 /// How much a peer may owe us before it is no longer read (`Net::set_max_owed`,
 /// `Net::set_max_owed_bytes`).
 #[derive(Clone, Copy, Debug)]
@@ -299,7 +263,7 @@ pub struct Net {
     /// other events are noticed by time, however often (or rarely) the application polls.
     /// `u64::MAX` (`arm`, or a clock read that failed): the next `progress` asks.
     last_epoll: u64,
-    /// What one peer may owe before it is no longer read (`MAX_OWED`, `MAX_OWED_BYTES`).
+    /// What one peer may owe before it is no longer read (`OWED_MAX`, `OWED_BYTES_MAX`).
     max_owed: OwedMax,
     /// How long a peer may stay silent to the kernel (no ACK for our data, no answer to
     /// keepalive probes) before its connection is declared dead (`set_dead_after`).
@@ -523,8 +487,8 @@ impl Net {
             last_up: usize::MAX,
             last_epoll: crate::clock::coarse_ms(),
             max_owed: OwedMax {
-                answers: MAX_OWED,
-                bytes: MAX_OWED_BYTES,
+                answers: OWED_MAX,
+                bytes: OWED_BYTES_MAX,
             },
             dead_after: None,
             stall_after: None,
@@ -635,7 +599,7 @@ impl Net {
         self.peers.get(p).map_or(0, |x| x.owed)
     }
 
-    /// How many answers a peer may owe us before we stop reading it (`MAX_OWED`, 65,536):
+    /// How many answers a peer may owe us before we stop reading it (`OWED_MAX`, 65,536):
     /// a peer that sends requests and never reads the answers is held back in its own socket
     /// instead of growing our queue. An honest peer owes at most its outstanding requests
     /// (`tx_attr.size`), so two of them never wait on each other this way.
@@ -650,7 +614,7 @@ impl Net {
     }
 
     /// How many bytes of answers a peer may owe us before we stop reading it
-    /// (`MAX_OWED_BYTES`, 16 MiB): the count alone let a peer asking 4 KiB fetching atomics
+    /// (`OWED_BYTES_MAX`, 16 MiB): the count alone let a peer asking 4 KiB fetching atomics
     /// and never reading have us queue 65,536 of them, 272 MiB.
     pub fn set_max_owed_bytes(&mut self, n: usize) {
         self.max_owed.bytes = n.max(1);
@@ -729,8 +693,9 @@ impl Net {
         let peer = &mut self.peers[p];
         let off = tried.map_or(0, |(_, n)| n);
         let len = t.ctrl.len() + t.body.len();
-        let answer = is_answer(&t);
-        let charge = if answer { charge(&t) } else { 0 };
+        let charge = answer_charge(&t);
+        let answer = charge.is_some();
+        let charge = charge.unwrap_or(0);
         peer.owed += usize::from(answer);
         peer.owed_bytes += charge;
         peer.queue.push_back(Out {

@@ -175,7 +175,7 @@ impl Engine {
             (ps.owed, ps.owed_bytes) = ps
                 .blocked
                 .iter()
-                .filter_map(owed_charge)
+                .filter_map(answer_charge)
                 .fold((0, 0), |(n, b), c| (n + 1, b + c));
         }
         // Small messages still queued were reported canceled above; they may still go out.

@@ -88,7 +88,7 @@ impl Engine {
     /// charging an answer to what the peer owes.
     fn hold(&mut self, peer: PeerId, t: Transmit, front: bool) {
         let ps = &mut self.peers[peer];
-        if let Some(c) = owed_charge(&t) {
+        if let Some(c) = answer_charge(&t) {
             ps.owed += 1;
             ps.owed_bytes += c;
         }
@@ -104,7 +104,7 @@ impl Engine {
     fn unhold(&mut self, peer: PeerId) -> Option<Transmit> {
         let ps = &mut self.peers[peer];
         let t = ps.blocked.pop_front()?;
-        if let Some(c) = owed_charge(&t) {
+        if let Some(c) = answer_charge(&t) {
             ps.owed = ps.owed.saturating_sub(1);
             ps.owed_bytes = ps.owed_bytes.saturating_sub(c);
         }

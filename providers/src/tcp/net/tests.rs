@@ -1319,7 +1319,7 @@ fn a_peer_that_never_reads_large_answers_is_held_by_their_bytes() {
         "every answer queued is charged"
     );
     assert!(
-        a.owed(peer) < super::MAX_OWED / 8,
+        a.owed(peer) < xfabric_core::rdm::OWED_MAX / 8,
         "held by the count instead"
     );
     let read = h.got.len();
