@@ -7,11 +7,11 @@
 //! mapping can raise SIGBUS, whatever the exporter does later, as long as the file lives where
 //! our own memfds do (the kernel's internal tmpfs, which has no size limit). A hugetlb memfd
 //! can be sealed too, but a hole the exporter punches in it faults a huge page in on our read,
-//! and an empty pool makes that a SIGBUS: the opener refuses any other filesystem. The opener checks them, and
-//! treats everything else in a handle as hostile too: the descriptor is first opened with
-//! `O_PATH` (no open of a device or FIFO with its side effects, never blocking) and must be a
-//! regular file with the handle's inode and device and at least its length; only then is it
-//! reopened read-only and mapped `PROT_READ`.
+//! and an empty pool makes that a SIGBUS: the opener refuses any other filesystem. The opener
+//! checks the seals, and treats everything else in a handle as hostile too: the descriptor is
+//! first opened with `O_PATH` (no open of a device or FIFO with its side effects, never
+//! blocking) and must be a regular file with the handle's inode and device and at least its
+//! length; only then is it reopened read-only and mapped `PROT_READ`.
 //!
 //! A handle's `raw` bytes (little-endian): `0 fd:i32 | 4 0:u32 | 8 inode:u64 | 16 dev:u64 |
 //! 24 zeros`. Opening needs what reading `/proc/<pid>/fd` needs: the ptrace read access that

@@ -14,17 +14,17 @@
 //! segment, at most 64), which reads nothing from it (`to_iov` refuses it). Only one-segment
 //! iovs are described so.
 //!
-//! Everything in it is the peer's: the handle is opened (hmem's `ipc_open`, which checks the
-//! file's identity, size and seals) only when its pid is the one this endpoint verified for
-//! the peer (`Link::pid`), the range is checked against the allocation, and the mapping is
-//! cached per peer and allocation (at most `CACHE_MAX` of them, mapping at most the machine's
-//! memory and swap between them, the least recently used going first; a peer's all go when it
-//! is lost). The size is the handle's word: a sparse file of terabytes, sealed, opens, and 16
-//! of them per endpoint would take the address space; an allocation larger than the budget
-//! holds more than any process could have written, and is read by cross-memory attach. A copy the mapping cannot serve (the handle does
-//! not open, names another process, or the copy writes: an RMA read's destination) goes by
-//! cross-memory attach to the address the handle names, as a plain descriptor would; where
-//! that is refused too, the engine moves the message through frames (`Copied::Refused`).
+//! Everything in it is the peer's: the handle is opened (hmem's `ipc_open`, which checks the file's
+//! identity, size and seals) only when its pid is the one this endpoint verified for the peer
+//! (`Link::pid`), the range is checked against the allocation, and the mapping is cached per peer
+//! and allocation (at most `CACHE_MAX` of them, mapping at most the machine's memory and swap
+//! between them, the least recently used going first; a peer's all go when it is lost). The size is
+//! the handle's word: a sparse file of terabytes, sealed, opens, and 16 of them per endpoint would
+//! take the address space; an allocation larger than the budget holds more than any process could
+//! have written, and is read by cross-memory attach. A copy the mapping cannot serve (the handle
+//! does not open, names another process, or the copy writes: an RMA read's destination) goes by
+//! cross-memory attach to the address the handle names, as a plain descriptor would; where that is
+//! refused too, the engine moves the message through frames (`Copied::Refused`).
 //!
 //! A mapped copy is never split between the processes (`split` reads only plain
 //! descriptors): measured with `pingpong -H` against the heap's split cross-memory attach

@@ -137,9 +137,9 @@ impl Net {
 
     /// The copies with `tokens` post no more pieces (their region closed: `Wire::cut_region`)
     /// and end failed (`FI_EACCES`). Pieces already posted are the NIC's, and the peer paces
-    /// them (a read's response, a write's acknowledgements, a packet each minute of timer
-    /// resets): their connection is failed, its QP destroyed before this returns, so that
-    /// nothing reads or writes the region once its close returned.
+    /// them (a read's responses, a write's acknowledgements, each sent just inside the NIC's
+    /// retry timeout): their connection is failed, its QP destroyed before this returns, so
+    /// that nothing reads or writes the region once its close returned.
     pub(super) fn cut_transfers<H: Handler>(&mut self, tokens: &[u64], h: &mut H) {
         let mut idle = Vec::new();
         let mut busy = Vec::new();
