@@ -552,6 +552,26 @@ impl Transport for Unread {
     }
 }
 
+/// Offers `b` the frames `frame(0)`, `frame(1)`, ... (bodiless) from peer 0, `after` each, up
+/// to `n` of them: the number of the first the engine answered `Sink::Wait`, if any.
+fn first_wait(
+    b: &mut Side,
+    n: u32,
+    frame: impl Fn(u32) -> Frame,
+    after: impl Fn(&mut Side),
+) -> Option<u32> {
+    for i in 0..n {
+        let bytes = frame(i).to_vec(0);
+        let p = wire::prefix(&bytes).unwrap();
+        match b.eng.on_ctrl(0, 0, &p, &bytes[PREFIX..]).unwrap() {
+            Sink::Wait => return Some(i),
+            sink => b.eng.on_body(0, sink),
+        }
+        after(b);
+    }
+    None
+}
+
 /// A peer that asks (reads here) and never reads the answers: they wait in the engine, which
 /// stops reading that peer's requests once it owes it `OWED_MAX` of them, rather than queuing
 /// answers without end.
@@ -563,24 +583,14 @@ fn a_peer_that_reads_no_answers_is_not_read_either() {
     net.register(&tgt);
     let at = net.raddr(tgt.as_mut_ptr(), 0);
     let b = &mut net.b;
-    let mut waited = None;
-    for i in 0..OWED_MAX as u32 + 10 {
-        let f = Frame::Read {
-            id: i,
-            segs: RmaIovList::from_segs(&[seg(at, 8, KEY)]).unwrap(),
-            desc: Desc::default(),
-        };
-        let bytes = f.to_vec(0);
-        let p = wire::prefix(&bytes).unwrap();
-        match b.eng.on_ctrl(0, 0, &p, &bytes[PREFIX..]).unwrap() {
-            Sink::Wait => {
-                waited = Some(i);
-                break;
-            }
-            sink => b.eng.on_body(0, sink),
-        }
+    let read = |i| Frame::Read {
+        id: i,
+        segs: RmaIovList::from_segs(&[seg(at, 8, KEY)]).unwrap(),
+        desc: Desc::default(),
+    };
+    let waited = first_wait(b, OWED_MAX as u32 + 10, read, |b| {
         b.eng.transmit(&mut Unread);
-    }
+    });
     assert_eq!(waited, Some(OWED_MAX as u32), "never waited");
     assert_eq!(b.eng.blocked(0), OWED_MAX);
 }
@@ -596,26 +606,16 @@ fn a_peer_announcing_without_end_into_a_multi_receive_waits() {
     net.b.eng.set_min_multi_recv(16);
     net.b.recv(recv(10, &mut buf, None, FI_MULTI_RECV));
     let b = &mut net.b;
-    let mut waited = None;
-    for i in 0..PIPES_MAX as u32 + 10 {
-        let f = Frame::Rts {
-            id: i,
-            tag: 0,
-            data: 0,
-            len: 0,
-            flags: 0,
-            desc: Desc::default(),
-        };
-        let bytes = f.to_vec(0);
-        let p = wire::prefix(&bytes).unwrap();
-        match b.eng.on_ctrl(0, 0, &p, &bytes[PREFIX..]).unwrap() {
-            Sink::Wait => {
-                waited = Some(i);
-                break;
-            }
-            sink => b.eng.on_body(0, sink),
-        }
+    let rts = |i| Frame::Rts {
+        id: i,
+        tag: 0,
+        data: 0,
+        len: 0,
+        flags: 0,
+        desc: Desc::default(),
+    };
+    let waited = first_wait(b, PIPES_MAX as u32 + 10, rts, |b| {
         while b.eng.poll_transmit().is_some() {}
-    }
+    });
     assert_eq!(waited, Some(PIPES_MAX as u32), "never waited");
 }
