@@ -52,6 +52,22 @@ struct Queue {
     signaled: bool,
 }
 
+impl Queue {
+    /// Once the ring is empty, its next entry goes to the start of its buffer again. Left to
+    /// itself a `VecDeque` writes each entry past the last one read, so a queue sized for many
+    /// that holds few at a time walks its whole buffer (4 MiB for 65,536 entries or more):
+    /// every entry is written to a line nothing touched for a lap, and on the first lap one
+    /// entry in 64 starts a new page, a page fault (3-14 us each on this VM: most of what a
+    /// batch of 64 completions cost). Rewound, the few lines in use stay in the cache.
+    #[inline]
+    fn rewind(&mut self) {
+        if self.ring.is_empty() {
+            // `clear` on an empty deque moves its head to the start and frees nothing.
+            self.ring.clear();
+        }
+    }
+}
+
 /// The shared state of a completion queue; providers hold an `Arc` of it.
 pub struct CqInner {
     format: CqFormat,
@@ -629,6 +645,7 @@ impl CqInner {
             moved += 1;
         }
         if moved > 0 {
+            q.rewind();
             self.release_room(moved);
             self.has_errors.store(!q.errs.is_empty(), Ordering::Relaxed);
             self.ready_hint
@@ -681,6 +698,7 @@ impl CqInner {
                 src[i] = s.src;
             }
         }
+        q.rewind();
         self.ready_hint
             .store(q.ring.len() + q.overrun as usize, Ordering::Release);
         Ok(n)
@@ -718,6 +736,34 @@ mod tests {
             ..Default::default()
         })
         .unwrap()
+    }
+
+    /// Where the ring's next entry goes (its front, once one is pushed).
+    fn front_at(cq: &CompletionQueue) -> *const Stored {
+        let q = cq.inner().lock();
+        q.ring.as_slices().0.as_ptr()
+    }
+
+    #[test]
+    fn a_large_queue_holding_few_entries_reuses_the_start_of_its_buffer() {
+        // 65,536 entries: a 4 MiB buffer. Read as they come, entries must not walk it (a
+        // fresh line each, and a page fault every 64 on the first lap).
+        let cq = open(1 << 16, CqFormat::Tagged);
+        let mut buf = [CqTaggedEntry::default(); 64];
+        cq.inner().push(entry(0), 0);
+        let start = front_at(&cq);
+        assert_eq!(cq.read(&mut buf), Ok(1));
+        for round in 0..1_000 {
+            for k in 0..3 {
+                cq.inner().push(entry(round * 3 + k), 0);
+            }
+            assert_eq!(front_at(&cq), start, "round {round}: the ring moved on");
+            // Two reads: the first leaves one behind (the ring is not rewound under it).
+            assert_eq!(cq.read(&mut buf[..2]), Ok(2));
+            assert_eq!(buf[1].op_context, round * 3 + 1);
+            assert_eq!(cq.read(&mut buf), Ok(1));
+            assert_eq!(buf[0].op_context, round * 3 + 2);
+        }
     }
 
     #[test]

@@ -10,6 +10,8 @@ use crate::ep::EpCore;
 use crate::rxq::RecvSlot;
 use crate::FiAddr;
 
+use super::DONE_KEPT;
+
 /// A completion to report (`report`), gathered under the provider's lock.
 #[derive(Debug)]
 pub enum Done {
@@ -193,9 +195,19 @@ pub fn report_unlocked<S>(
         return;
     }
     // A thread being torn down has no spare: allocations are then made and freed.
-    let spare = SPARE.try_with(Cell::take).unwrap_or_default();
+    let mut spare = SPARE.try_with(Cell::take).unwrap_or_default();
+    // The state gets as much room as the vector it hands over, whatever this thread's spare
+    // was: its next batch is appended into it (`Engine::take_done_into`), and a batch as
+    // large must grow nothing (growth reallocates, into memory the heap may have given back).
+    let room = held.capacity().min(DONE_KEPT);
+    if spare.capacity() < room {
+        spare.reserve(room);
+    }
     let mut done = std::mem::replace(held, spare);
     drop(st);
     report(core, &mut done);
+    if done.capacity() > DONE_KEPT {
+        done.shrink_to(DONE_KEPT);
+    }
     let _ = SPARE.try_with(|s| s.set(done));
 }

@@ -18,6 +18,7 @@ use super::{
 
 mod armed;
 mod cut;
+mod done;
 mod early;
 mod fuzz;
 mod native;
