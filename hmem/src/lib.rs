@@ -210,7 +210,7 @@ pub trait HmemIface: Send + Sync + std::fmt::Debug {
 }
 
 /// `sysconf(_SC_PAGESIZE)`, 4096 if the call fails.
-pub(crate) fn page_size() -> usize {
+pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)

@@ -512,6 +512,10 @@ impl Net {
                 link.name
             ))
         })?;
+        // Its pages mapped in now, in one call, rather than a fault every 4 KiB of the
+        // lane's first lap.
+        let (off, len) = ring::lane_span(lane);
+        seg.populate(off, len, true);
         let mut prod = Producer::new(seg, lane);
         // Our count of its released sends we finished starts again with the lane: zeroed
         // before the CONNECT, which publishes it, and from which the peer counts (`armed`).
@@ -1114,6 +1118,14 @@ impl Net {
         };
         self.links[p].rx_lane = Some(lane);
         self.lane_peer[lane] = Some(p);
+        // The lane we read it on, and the armed slots of its segment we read its released
+        // sends from, mapped in now rather than by a fault every 4 KiB on their first lap.
+        let (off, len) = ring::lane_span(lane);
+        self.seg.populate(off, len, false);
+        if let Some(seg) = self.links[p].seg.as_ref() {
+            let (off, len) = ring::armed_span();
+            seg.populate(off, len, false);
+        }
         // Its count of our released sends, zeroed before this CONNECT (`armed`).
         self.count_seen[lane] = 0;
         self.count_pending[lane] = None;

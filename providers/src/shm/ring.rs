@@ -109,6 +109,16 @@ pub fn lane_off(i: usize) -> usize {
     SEG_HDR + i * LANE_BYTES
 }
 
+/// Where lane `i` lies in a segment: (offset, bytes).
+pub fn lane_span(i: usize) -> (usize, usize) {
+    (lane_off(i), LANE_BYTES)
+}
+
+/// Where the armed slots lie in a segment: (offset, bytes).
+pub fn armed_span() -> (usize, usize) {
+    (ARMED_OFF, ARMED_SLOTS * ARMED_SLOT)
+}
+
 /// Offset of the lane's tail word (slots consumed, written by the consumer).
 fn tail_off(i: usize) -> usize {
     lane_off(i)
