@@ -76,6 +76,9 @@ pub const OFF_COOKIE: usize = 88;
 /// Non-zero while the owner may sleep on its wake socket (`super::fdwake`) rather than the
 /// futex: a sender then rings the socket too.
 pub const OFF_FD_SLEEPING: usize = 96;
+/// The descriptor the owner holds its segment open (and locked) on: where a peer looks for
+/// the owner's lock (`verified`).
+pub const OFF_OWNER_FD: usize = 104;
 /// Bit i set: lane i is claimed and may hold messages.
 pub const OFF_ACTIVE: usize = 128;
 /// Lane claims: the claiming sender's id, 0 when free.
@@ -588,6 +591,8 @@ pub fn init_header(seg: &Segment, cookie: u64) {
         seg.u64_at(OFF_BASE)
             .store(seg.base() as u64, Ordering::Relaxed);
         seg.u64_at(OFF_COOKIE).store(cookie, Ordering::Relaxed);
+        seg.u32_at(OFF_OWNER_FD)
+            .store(seg.fd() as u32, Ordering::Relaxed);
         seg.u64_at(OFF_MAGIC).store(MAGIC, Ordering::Release);
     }
 }
@@ -603,11 +608,12 @@ pub fn init_header(seg: &Segment, cookie: u64) {
 /// the owner was born before its segment).
 pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::OwnedFd>)> {
     // SAFETY: fixed aligned offsets in the header.
-    let (pid, base, cookie) = unsafe {
+    let (pid, base, cookie, fd) = unsafe {
         (
             seg.u32_at(OFF_PID).load(Ordering::Relaxed) as i32,
             seg.u64_at(OFF_BASE).load(Ordering::Relaxed),
             seg.u64_at(OFF_COOKIE).load(Ordering::Relaxed),
+            seg.u32_at(OFF_OWNER_FD).load(Ordering::Relaxed),
         )
     };
     let pidfd = pidfd.then(|| super::net::fdpass::pidfd_open(pid)).flatten();
@@ -635,7 +641,7 @@ pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::
     // at the address where that process maps the hostile file would pass the cookie and the
     // maps; our copies would then write where its frames say, in the named process. Only the
     // owner holds its segment's exclusive lock (`segment::Segment::create`).
-    if !owner_locks(pid, file) {
+    if !owner_locks(pid, fd, file) {
         return None;
     }
     if !maps_at(pid, base, file) {
@@ -653,11 +659,20 @@ pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::
     Some((pid, pidfd))
 }
 
-/// Whether process `pid` holds the exclusive `flock` on the file `(dev, ino)` (`/proc/locks`:
-/// `id: FLOCK ADVISORY WRITE pid major:minor:inode start end`, numbers of the device in hex; a
-/// waiter's line has `->` after the id and holds nothing).
-fn owner_locks(pid: i32, (dev, ino): (u64, u64)) -> bool {
-    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
+/// Whether process `pid` holds the exclusive `flock` on the file `(dev, ino)`, taken by
+/// itself, through its descriptor `fd`: `/proc/<pid>/fdinfo/<fd>` lists the locks held
+/// through that descriptor's open file (`lock:\t1: FLOCK  ADVISORY  WRITE pid
+/// major:minor:inode start end`, the device's numbers in hex), each with the pid that took
+/// it. The pid counts too: a descriptor handed to that process (fd passing) shares the
+/// lock, but the lock still names the process that took it.
+///
+/// `/proc/locks` said the same for every lock in the system, but its reader takes the lock
+/// table's global semaphore for writing, which waits for an RCU grace period: 10-20 ms of
+/// sleep on the first read in a while, paid by the first send to each new peer (it doubled
+/// the C ABI's 8-byte ping-pong, whose timing includes its first message). A descriptor's
+/// fdinfo takes only its file's lock list.
+fn owner_locks(pid: i32, fd: u32, (dev, ino): (u64, u64)) -> bool {
+    let Ok(info) = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")) else {
         return false;
     };
     let want = format!(
@@ -666,13 +681,15 @@ fn owner_locks(pid: i32, (dev, ino): (u64, u64)) -> bool {
         libc::minor(dev) as u64
     );
     let pid = pid.to_string();
-    locks.lines().any(|l| {
-        let f: Vec<&str> = l.split_ascii_whitespace().collect();
-        matches!(
-            f.as_slice(),
-            [_, "FLOCK", _, "WRITE", p, file, ..] if *p == pid && *file == want
-        )
-    })
+    info.lines()
+        .filter_map(|l| l.strip_prefix("lock:"))
+        .any(|l| {
+            let f: Vec<&str> = l.split_ascii_whitespace().collect();
+            matches!(
+                f.as_slice(),
+                [_, "FLOCK", _, "WRITE", p, file, ..] if *p == pid && *file == want
+            )
+        })
 }
 
 /// Whether process `pid` maps the file `(dev, ino)` at `base`, from the file's start
@@ -881,6 +898,15 @@ mod tests {
         assert!(
             verified(&seen, false).is_none(),
             "a header naming a process that only maps the file verified"
+        );
+        // Naming a descriptor on which this process does hold an exclusive lock, but on
+        // another file (a segment of its own), is no better.
+        let mine = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
+        // SAFETY: fixed aligned offset in the header.
+        unsafe { hostile.u32_at(OFF_OWNER_FD) }.store(mine.fd() as u32, Ordering::Relaxed);
+        assert!(
+            verified(&seen, false).is_none(),
+            "a header naming another file's locked descriptor verified"
         );
     }
 

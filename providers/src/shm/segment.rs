@@ -183,6 +183,11 @@ impl Segment {
         self.file.metadata().ok().map(|m| (m.dev(), m.ino()))
     }
 
+    /// The descriptor the segment's file is open on here (the owner's holds its lock).
+    pub fn fd(&self) -> i32 {
+        self.file.as_raw_fd()
+    }
+
     /// Start of the mapping.
     pub fn base(&self) -> *mut u8 {
         self.base
