@@ -659,6 +659,9 @@ pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::
     Some((pid, pidfd))
 }
 
+/// Bytes of a peer's `fdinfo` read for its owner's lock (`owner_locks`).
+const FDINFO_MAX: u64 = 16 << 10;
+
 /// Whether process `pid` holds the exclusive `flock` on the file `(dev, ino)`, taken by
 /// itself, through its descriptor `fd`: `/proc/<pid>/fdinfo/<fd>` lists the locks held
 /// through that descriptor's open file (`lock:\t1: FLOCK  ADVISORY  WRITE pid
@@ -672,9 +675,16 @@ pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::
 /// the C ABI's 8-byte ping-pong, whose timing includes its first message). A descriptor's
 /// fdinfo takes only its file's lock list.
 fn owner_locks(pid: i32, fd: u32, (dev, ino): (u64, u64)) -> bool {
-    let Ok(info) = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")) else {
+    use std::io::Read;
+    // Its first lines are the descriptor's own and its flock (listed before any POSIX lock):
+    // a few hundred bytes. A process that set a million POSIX locks through that descriptor
+    // makes it megabytes, which are not ours to read.
+    let mut info = String::new();
+    let read = std::fs::File::open(format!("/proc/{pid}/fdinfo/{fd}"))
+        .and_then(|f| f.take(FDINFO_MAX).read_to_string(&mut info));
+    if read.is_err() {
         return false;
-    };
+    }
     let want = format!(
         "{:02x}:{:02x}:{ino}",
         libc::major(dev) as u64,
@@ -881,6 +891,35 @@ mod tests {
             verified(&fake_seen, false).is_none(),
             "a copied header verified"
         );
+    }
+
+    /// The owner's lock is found whatever else its descriptor holds: thousands of POSIX
+    /// locks set through it (`fdinfo` of megabytes, read only in part) come after the flock.
+    #[test]
+    fn an_owner_with_many_posix_locks_is_still_verified() {
+        let real = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
+        init_header(&real, 0x5eed_0001);
+        for i in 0..4_000i64 {
+            // SAFETY: a lock request on a descriptor we own; every field is plain data.
+            let mut l: libc::flock = unsafe { std::mem::zeroed() };
+            l.l_type = libc::F_WRLCK as i16;
+            l.l_whence = libc::SEEK_SET as i16;
+            l.l_start = 2 * i;
+            l.l_len = 1;
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::fcntl(real.fd(), libc::F_SETLK, &l) }, 0);
+        }
+        let info =
+            std::fs::read_to_string(format!("/proc/{}/fdinfo/{}", std::process::id(), real.fd()))
+                .unwrap();
+        assert!(info.len() as u64 > FDINFO_MAX, "{} bytes only", info.len());
+        let seen = Segment::open(real.name(), SEG_BYTES).unwrap();
+        let file = seen.file_id().unwrap();
+        assert!(owner_locks(
+            std::process::id() as i32,
+            real.fd() as u32,
+            file
+        ));
     }
 
     /// A hostile peer's header naming this process at the address where this process maps
