@@ -43,6 +43,15 @@ pub fn encode(a: &SocketAddr) -> Vec<u8> {
     }
 }
 
+/// The source address hints name (`src_addr`), if any: one that is no address is an answer of
+/// none (`NoData`), not another address in its place. `prov` names the provider in the error.
+pub fn hinted_src(src_addr: Option<&[u8]>, prov: &str) -> Result<Option<SocketAddr>> {
+    src_addr
+        .map(decode)
+        .transpose()
+        .map_err(|e| Error::NoData(format!("{prov}: the hints' src_addr: {e}")))
+}
+
 /// Parses sockaddr bytes or the `FI_ADDR_STR` form (a trailing NUL allowed).
 pub fn decode(raw: &[u8]) -> Result<SocketAddr> {
     let bad = |why: &str| Error::Inval(format!("tcp address: {why}"));

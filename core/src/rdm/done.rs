@@ -10,7 +10,7 @@ use crate::ep::EpCore;
 use crate::rxq::RecvSlot;
 use crate::FiAddr;
 
-use super::DONE_KEPT;
+use super::engine::DONE_KEPT;
 
 /// A completion to report (`report`), gathered under the provider's lock.
 #[derive(Debug)]

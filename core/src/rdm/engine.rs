@@ -278,7 +278,7 @@ impl Refusals {
 
 /// Completions' room an engine (and a provider's list of them, `report_unlocked`) keeps
 /// between batches: a burst larger than this is not kept resident for good.
-pub const DONE_KEPT: usize = 1024;
+pub(crate) const DONE_KEPT: usize = 1024;
 
 /// The protocol state of one endpoint.
 pub struct Engine {

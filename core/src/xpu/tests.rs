@@ -79,15 +79,15 @@ fn settle(n: &Node, done: impl Fn() -> bool) {
     }
 }
 
-/// The error entries once `want` of them are in (or a generous bound has passed): the
-/// endpoint's watcher takes descriptors too, and a progress call finding nothing does not
-/// mean it is done.
-fn errors_settled(n: &Node, want: usize) -> Vec<(CqErrEntry, String)> {
+/// What `take` reads from `n`'s queue, once `want` of it is in (or a generous bound has
+/// passed): the endpoint's watcher takes descriptors too, and a progress call finding nothing
+/// does not mean it is done.
+fn settled<T>(n: &Node, want: usize, take: fn(&CompletionQueue) -> Vec<T>) -> Vec<T> {
     let start = std::time::Instant::now();
     let mut out = Vec::new();
     loop {
         while n.ep.progress() > 0 {}
-        out.extend(errors(&n.cq));
+        out.extend(take(&n.cq));
         if out.len() >= want || start.elapsed() > std::time::Duration::from_secs(30) {
             return out;
         }
@@ -95,18 +95,14 @@ fn errors_settled(n: &Node, want: usize) -> Vec<(CqErrEntry, String)> {
     }
 }
 
-/// The entries once `want` of them are in (or the bound passed), as `errors_settled`.
+/// The error entries once `want` of them are in (`settled`).
+fn errors_settled(n: &Node, want: usize) -> Vec<(CqErrEntry, String)> {
+    settled(n, want, errors)
+}
+
+/// The entries once `want` of them are in (`settled`).
 fn entries_settled(n: &Node, want: usize) -> Vec<CqTaggedEntry> {
-    let start = std::time::Instant::now();
-    let mut out = Vec::new();
-    loop {
-        while n.ep.progress() > 0 {}
-        out.extend(entries(&n.cq));
-        if out.len() >= want || start.elapsed() > std::time::Duration::from_secs(30) {
-            return out;
-        }
-        std::thread::yield_now();
-    }
+    settled(n, want, entries)
 }
 
 fn entries(cq: &CompletionQueue) -> Vec<CqTaggedEntry> {

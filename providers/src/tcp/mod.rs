@@ -88,14 +88,7 @@ impl Provider for Tcp {
         } else {
             (None, named)
         };
-        // A source the hints name that is no address is an answer of none, not another
-        // address in its place.
-        let hinted = hints
-            .src_addr
-            .as_deref()
-            .map(inet::decode)
-            .transpose()
-            .map_err(|e| Error::NoData(format!("tcp: the hints' src_addr: {e}")))?;
+        let hinted = inet::hinted_src(hints.src_addr.as_deref(), "tcp")?;
         let src = src.or(hinted).or_else(|| default_src(dest, v6));
         let want = hints.addr_format;
         let format = if want == FI_ADDR_STR {

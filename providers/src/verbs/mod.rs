@@ -103,13 +103,7 @@ impl Provider for Verbs {
         } else {
             (None, named)
         };
-        // As tcp's: a source the hints name that is no address is an answer of none.
-        let hinted = hints
-            .src_addr
-            .as_deref()
-            .map(inet::decode)
-            .transpose()
-            .map_err(|e| Error::NoData(format!("verbs: the hints' src_addr: {e}")))?;
+        let hinted = inet::hinted_src(hints.src_addr.as_deref(), "verbs")?;
         let src = src.or(hinted);
         let format = if want == FI_ADDR_STR {
             FI_ADDR_STR
