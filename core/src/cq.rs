@@ -607,6 +607,14 @@ impl CqInner {
         self.has_errors.load(Ordering::Relaxed) && self.lock().errs.len() >= self.cap
     }
 
+    /// Error entries waiting to be read that `f` picks.
+    pub(crate) fn errors_waiting_of(&self, f: impl Fn(&CqErrEntry) -> bool) -> usize {
+        if !self.has_errors.load(Ordering::Relaxed) {
+            return 0;
+        }
+        self.lock().errs.iter().filter(|(e, _)| f(e)).count()
+    }
+
     /// Error entries waiting to be read.
     #[cfg(test)]
     pub(crate) fn errors_waiting(&self) -> usize {

@@ -349,6 +349,7 @@ impl MrMap {
             addr: e.addr as u64,
             len: e.len as u64,
             access: e.access,
+            device: e.owner.is_device(),
         })
     }
 }
@@ -362,9 +363,16 @@ pub struct XpuRegion {
     addr: u64,
     len: u64,
     access: u64,
+    /// Device memory (CUDA, Level Zero, ...), which only an `FI_HMEM` endpoint may name.
+    device: bool,
 }
 
 impl XpuRegion {
+    /// Whether the region is a device's memory.
+    pub(crate) fn is_device(&self) -> bool {
+        self.device
+    }
+
     /// `addr..addr + len` inside the region, with `access`. The checks alone, so that they
     /// inline into the watcher's loop; what went wrong is worded out of line.
     #[inline]

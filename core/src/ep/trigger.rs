@@ -17,6 +17,11 @@ use crate::rxq::RawIov;
 use crate::trigger::StartError;
 use crate::trigger::{Action, Armed, DeferredRegistry, DoorbellAlloc, EpLink, Job, Port};
 use crate::trigger::{TriggerContext, TriggerVar, TriggerXpu, Watch, Xpu};
+use crate::trigger::{XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED};
+
+/// Doorbell misuse reports (`XPU_ERR_PAST_ARMED`, `XPU_ERR_BACKWARDS`) an endpoint's send CQ
+/// holds unread at most.
+const MISUSE_KEPT: usize = 8;
 use crate::wait::ProgressSource;
 
 /// A trigger-able endpoint as its `EpLink` holds it: the core, to start operations as an
@@ -114,6 +119,21 @@ impl Port for EpPort {
     fn xpu_misuse(&self, prov_errno: i32, value: u64) {
         let Some(b) = self.core.bound() else { return };
         if let Some(cq) = &b.tx_cq {
+            // An XPU that stores stray values without end fills at most `MISUSE_KEPT` of the
+            // queue's entries: later reports, while those are unread, are logged, not queued
+            // (queued, they would take the room real completions need).
+            let kept = cq.errors_waiting_of(|e| {
+                e.flags == FI_TRIGGER
+                    && e.op_context == 0
+                    && matches!(e.prov_errno, XPU_ERR_PAST_ARMED | XPU_ERR_BACKWARDS)
+            });
+            if kept >= MISUSE_KEPT.min(cq.cap()) {
+                tracing::warn!(
+                    "an XPU stored {value} to a doorbell (misuse {prov_errno}); not queued: \
+                     {kept} such reports wait unread"
+                );
+                return;
+            }
             cq.push_err(CqErrEntry {
                 op_context: 0,
                 flags: FI_TRIGGER,

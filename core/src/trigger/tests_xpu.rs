@@ -165,6 +165,38 @@ fn a_value_going_backwards_is_an_error_and_restarts_nothing() {
     assert_eq!(w.sh.ctxs(), [1, 2, 3, 4]);
 }
 
+/// An XPU that stores stray values without end (past what was armed, then backwards, over and
+/// over) queues at most 8 misuse reports while they stay unread: the CQ keeps room for real
+/// completions, an operation armed and rung afterwards completes, and a report is queued
+/// again once the application has read the others.
+#[test]
+fn misuse_reports_are_bounded_while_unread() {
+    let w = World::new();
+    let e = w.ep_with(XPU_CAPS, 64, &[]);
+    let v = xsend(&e.ep, 1);
+    for i in 0..1000u64 {
+        ring_to(&v, if i % 2 == 0 { 100 + i } else { 3 });
+        e.ep.progress();
+    }
+    assert_eq!(w.sh.ctxs(), [1], "only what was armed started");
+    let errs = e.errors();
+    assert_eq!(errs.len(), 8, "reports kept while unread");
+    assert!(errs
+        .iter()
+        .all(|x| [XPU_ERR_PAST_ARMED, XPU_ERR_BACKWARDS].contains(&x.prov_errno)));
+    // Read: the next misuse is reported again, and a real send still completes.
+    let v = xsend(&e.ep, 2);
+    ring_to(&v, 5000);
+    e.ep.progress();
+    assert_eq!(w.sh.ctxs(), [1, 2]);
+    let errs = e.errors();
+    assert_eq!(errs.len(), 1);
+    assert_eq!(
+        (errs[0].prov_errno, errs[0].data),
+        (XPU_ERR_PAST_ARMED, 5000)
+    );
+}
+
 #[test]
 fn cancel_and_close_release_armed_operations_with_canceled() {
     let w = World::new();

@@ -30,8 +30,8 @@ pub(crate) struct CntrExport {
     xpu: Xpu,
     /// Orders mirror stores (see the module's comment).
     lock: Mutex<()>,
-    /// One drainer at a time.
-    drain: Mutex<()>,
+    /// One drainer at a time, with what it last logged of refused descriptors.
+    drain: Mutex<Refused>,
     cntr: Weak<CntrInner>,
 }
 
@@ -91,7 +91,7 @@ impl CntrExport {
             ring,
             xpu,
             lock: Mutex::new(()),
-            drain: Mutex::new(()),
+            drain: Mutex::new(Refused::default()),
             cntr: Arc::downgrade(inner),
         })
     }
@@ -115,7 +115,7 @@ impl CntrExport {
         // last reference (its handle closed meanwhile), the counter's drop retires this
         // export (`retire`), which takes the lock itself.
         let counter = self.cntr.upgrade();
-        let Ok(_g) = self.drain.try_lock() else {
+        let Ok(mut refused) = self.drain.try_lock() else {
             return 0;
         };
         let Some(c) = counter.as_ref() else {
@@ -134,12 +134,43 @@ impl CntrExport {
                 // A counter has no completion queue: a descriptor it cannot take counts as an
                 // error, which ends any fi_xpu_cntr_wait, and is logged with what it was.
                 other => {
-                    tracing::warn!(?other, "exported counter: descriptor refused");
+                    refused.note(&other);
                     c.add_err_value(1);
                 }
             }
         }
         n
+    }
+}
+
+/// Descriptors an exported counter's ring refused, logged at most once a second (an XPU that
+/// posts garbage as fast as it is drained must not fill the log): the first one whole, then
+/// how many came since.
+#[derive(Default)]
+struct Refused {
+    last_log: Option<std::time::Instant>,
+    since: u64,
+}
+
+impl Refused {
+    /// Counts `what`; whether it was logged.
+    fn note(&mut self, what: &Taken) -> bool {
+        self.since += 1;
+        let now = std::time::Instant::now();
+        if self
+            .last_log
+            .is_some_and(|t| now.duration_since(t) < std::time::Duration::from_secs(1))
+        {
+            return false;
+        }
+        tracing::warn!(
+            last = ?what,
+            refused = self.since,
+            "exported counter: descriptors refused since the last report"
+        );
+        self.last_log = Some(now);
+        self.since = 0;
+        true
     }
 }
 
@@ -246,5 +277,23 @@ impl Counter {
             shared,
             xpu,
         })
+    }
+}
+
+#[cfg(test)]
+mod refused_tests {
+    use super::*;
+
+    /// A counter's ring flooded with refused descriptors logs once, not once each; a second
+    /// later the next one is logged again, with how many came since.
+    #[test]
+    fn refused_descriptors_are_logged_at_most_once_a_second() {
+        let mut r = Refused::default();
+        let bad = Taken::Desc(super::super::abi::XpuDesc::default());
+        assert_eq!((0..10_000).filter(|_| r.note(&bad)).count(), 1);
+        assert_eq!(r.since, 9_999);
+        r.last_log = Some(std::time::Instant::now() - std::time::Duration::from_secs(2));
+        assert!(r.note(&bad));
+        assert_eq!(r.since, 0);
     }
 }

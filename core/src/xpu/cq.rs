@@ -115,7 +115,7 @@ impl CqExport {
         self.mem.host_reachable()
     }
 
-    fn slot(&self, pos: u64) -> &CqSlot {
+    pub(crate) fn slot(&self, pos: u64) -> &CqSlot {
         let idx = (pos & self.mask) as usize;
         // SAFETY: slot `idx` <= mask lies inside the block (`new` sized it), aligned; its
         // words are atomics.

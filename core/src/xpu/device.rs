@@ -23,12 +23,12 @@ use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::abi::{opcode, CqRingHeader, CqSlot, XpuCqEntry, XpuDesc, CQ_KIND_ERR, CQ_WORDS};
-use super::abi::{RingHeader, FI_XPU_DEVICE, FI_XPU_WORK_ITEM};
+use super::abi::{opcode, XpuCqEntry, XpuDesc, CQ_KIND_ERR, CQ_WORDS};
+use super::abi::{FI_XPU_DEVICE, FI_XPU_WORK_ITEM};
 use super::cntr::XpuCntr;
 use super::cq::{CqExport, XpuCq};
 use super::ep::XpuEp;
-use super::ring::{self, Claim};
+use super::ring::{Claim, DescRing};
 use crate::consts::errno::{FI_EAGAIN, FI_EAVAIL, FI_EINVAL, FI_EOPNOTSUPP, FI_ETIMEDOUT};
 use crate::entry::{CqErrEntry, CqFormatEntry, CqTaggedEntry, FiAddr};
 
@@ -36,27 +36,26 @@ fn scope_ok(scope: i32) -> bool {
     (FI_XPU_WORK_ITEM..=FI_XPU_DEVICE).contains(&scope)
 }
 
-/// The ring's header, if this thread may follow the addresses it holds for the XPU (always
-/// for a CPU XPU; for a GPU's ring only under unified addressing, where its device addresses
-/// are the host's): `-FI_EOPNOTSUPP` otherwise.
-fn ring_of(ep: &XpuEp) -> Result<&RingHeader, i32> {
+/// The ring, if this thread may stand for its XPU (always for a CPU XPU; for a GPU's ring only
+/// under unified addressing, where its device addresses are the host's): `-FI_EOPNOTSUPP`
+/// otherwise. Its slots are reached through the ring's own view (`DescRing::claim`), never
+/// the header's words.
+fn ring_of(ep: &XpuEp) -> Result<&DescRing, i32> {
     if ep.ring().host_reachable() {
-        Ok(ep.ring().header())
+        Ok(ep.ring())
     } else {
         Err(-FI_EOPNOTSUPP)
     }
 }
 
-fn post(h: Result<&RingHeader, i32>, d: &XpuDesc, scope: i32) -> i32 {
+fn post(r: Result<&DescRing, i32>, d: &XpuDesc, scope: i32) -> i32 {
     if !scope_ok(scope) {
         return -FI_EINVAL;
     }
-    let h = match h {
-        Ok(h) => h,
-        Err(e) => return e,
-    };
-    // SAFETY: `h` is the header of a ring its handle keeps alive, with its own slots.
-    unsafe { ring::post(h, d) }
+    match r {
+        Ok(r) => r.post(d),
+        Err(e) => e,
+    }
 }
 
 fn addr(p: *const c_void) -> u64 {
@@ -368,9 +367,7 @@ pub fn post_raw(ep: &XpuEp, d: &XpuDesc) -> i32 {
 /// writing a descriptor leaves behind, or one that writes a torn descriptor
 /// (`Claim::store_word` then `publish`). `Err` holds `-FI_EAGAIN` or `-FI_ESHUTDOWN`.
 pub fn claim(ep: &XpuEp) -> Result<Claim<'_>, i32> {
-    // SAFETY: the header of a ring its handle keeps alive, with its own slots, at addresses
-    // this thread reaches (`ring_of`).
-    unsafe { ring::claim(ring_of(ep)?) }
+    ring_of(ep)?.claim()
 }
 
 /// `fi_xpu_cntr_read`: the success value as last mirrored.
@@ -424,12 +421,12 @@ fn cntr_op(cntr: &XpuCntr, op: u32, value: u64, scope: i32) -> i32 {
         data: value,
         ..Default::default()
     };
-    let h = if cntr.host_reachable() {
-        Ok(cntr.ring().header())
+    let r = if cntr.host_reachable() {
+        Ok(cntr.ring())
     } else {
         Err(-FI_EOPNOTSUPP)
     };
-    post(h, &d, scope)
+    post(r, &d, scope)
 }
 
 /// `fi_xpu_cntr_add`: posted on the counter's ring; the watcher adds it.
@@ -452,12 +449,6 @@ pub fn cntr_seterr(cntr: &XpuCntr, value: u64, scope: i32) -> i32 {
     cntr_op(cntr, opcode::CNTR_SETERR, value, scope)
 }
 
-fn cq_slot(h: &CqRingHeader, pos: u64) -> &CqSlot {
-    // SAFETY: `slots` holds mask + 1 live slots of a ring its handle keeps alive; the index is
-    // masked.
-    unsafe { &*(h.slots as *const CqSlot).add((pos & h.mask) as usize) }
-}
-
 /// Copies published entries from the head, success entries only (`want_err`: exactly one
 /// error entry), then claims them by advancing the head; retried when another thread claimed
 /// first. Returns how many.
@@ -470,7 +461,8 @@ fn cq_take(
     if max == 0 {
         return -(FI_EINVAL as isize);
     }
-    // The slots are followed through the header's XPU address.
+    // The slots are reached through the host's own view of the block (`CqExport::slot`),
+    // never the header's `slots` and `mask`, which an XPU can write.
     if !cq.host_reachable() {
         return -(FI_EOPNOTSUPP as isize);
     }
@@ -481,7 +473,7 @@ fn cq_take(
         let mut n = 0usize;
         while n < max {
             let pos = head.wrapping_add(n as u64);
-            let slot = cq_slot(h, pos);
+            let slot = cq.slot(pos);
             if slot.0[0].load(Ordering::Acquire) != pos.wrapping_add(1) {
                 break;
             }

@@ -138,7 +138,7 @@ impl DescRing {
     }
 
     /// Whether the XPU's addresses are valid host addresses too (the host's device calls on
-    /// a handle follow them: `xpu::device`).
+    /// a handle stand for the XPU only then: `xpu::device`).
     pub(crate) fn host_reachable(&self) -> bool {
         self.mem.host_reachable()
     }
@@ -308,48 +308,51 @@ impl ProducerRmw for Native {
     }
 }
 
-/// Reserves a position on the ring whose header is `h` (the producer protocol, up to the
-/// slot's words): `-FI_EAGAIN` when the ring is full, `-FI_ESHUTDOWN` when it closed.
-pub(crate) fn reserve(h: &RingHeader, rmw: &impl ProducerRmw) -> std::result::Result<u64, i32> {
+/// Reserves a position on the ring whose header is `h` and whose slots number `mask + 1`
+/// (the producer protocol, up to the slot's words): `-FI_EAGAIN` when the ring is full,
+/// `-FI_ESHUTDOWN` when it closed. `mask` is the caller's: a device reads the header's (all
+/// it has), a host thread passes the ring's own copy, never the header's, which an XPU can
+/// write.
+pub(crate) fn reserve(
+    h: &RingHeader,
+    mask: u64,
+    rmw: &impl ProducerRmw,
+) -> std::result::Result<u64, i32> {
     if h.state.load(Ordering::Acquire) != RING_OPEN {
         return Err(-FI_ESHUTDOWN);
     }
     // Read before the reservation: a head read earlier is only smaller (room underestimated).
     let head = h.head.load(Ordering::Acquire);
     let c = rmw.fetch_add(&h.claimed, 1);
-    if c.wrapping_sub(head) > h.mask {
+    if c.wrapping_sub(head) > mask {
         rmw.fetch_add(&h.claimed, u64::MAX);
         return Err(-FI_EAGAIN);
     }
     Ok(rmw.fetch_add(&h.tail, 1))
 }
 
-/// Claims a position on the ring whose header is `h`: `-FI_EAGAIN` when the ring is full,
-/// `-FI_ESHUTDOWN` when it closed.
-///
-/// # Safety
-/// `h` must be a live ring header whose `slots` and `mask` describe its live slots (an
-/// exported handle's, while the handle lives).
-pub(crate) unsafe fn claim(h: &RingHeader) -> std::result::Result<Claim<'_>, i32> {
-    let pos = reserve(h, &Native)?;
-    let idx = (pos & h.mask) as usize;
-    // SAFETY: the caller's contract: `slots` holds mask + 1 live slots, and idx <= mask.
-    let slot = unsafe { &*(h.slots as *const DescSlot).add(idx) };
-    Ok(Claim { slot, pos })
-}
+impl DescRing {
+    /// Claims a position, as a CPU XPU's thread does: `-FI_EAGAIN` when the ring is full,
+    /// `-FI_ESHUTDOWN` when it closed. The slot is found through the ring's own mask and
+    /// address, not the header's `slots` and `mask` (what a device reads), which the XPU
+    /// may have overwritten.
+    pub(crate) fn claim(&self) -> std::result::Result<Claim<'_>, i32> {
+        let pos = reserve(self.header(), self.mask, &Native)?;
+        Ok(Claim {
+            slot: self.slot(pos),
+            pos,
+        })
+    }
 
-/// Claims, writes and publishes `d` (what every device call does).
-///
-/// # Safety
-/// As `claim`.
-pub(crate) unsafe fn post(h: &RingHeader, d: &XpuDesc) -> i32 {
-    // SAFETY: forwarded.
-    match unsafe { claim(h) } {
-        Ok(c) => {
-            c.write(d);
-            c.publish();
-            0
+    /// Claims, writes and publishes `d` (what every device call does).
+    pub(crate) fn post(&self, d: &XpuDesc) -> i32 {
+        match self.claim() {
+            Ok(c) => {
+                c.write(d);
+                c.publish();
+                0
+            }
+            Err(e) => e,
         }
-        Err(e) => e,
     }
 }

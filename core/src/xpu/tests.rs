@@ -1005,18 +1005,15 @@ fn a_counter_ring_counts_an_error_for_what_is_not_a_counter_descriptor() {
     let _x = n.ep.export_xpu(Xpu::CPU).unwrap();
     let c = w.cntr();
     let xc = c.export_xpu(Xpu::CPU).unwrap();
-    let h = xc.ring().header();
     for op in [opcode::SEND, 77] {
         let d = XpuDesc {
             opcode: op,
             data: 5,
             ..Default::default()
         };
-        // SAFETY: the header of a ring its handle keeps alive, reached from this thread.
-        assert_eq!(unsafe { super::ring::post(h, &d) }, 0);
+        assert_eq!(xc.ring().post(&d), 0);
     }
-    // SAFETY: as above.
-    let torn = unsafe { super::ring::claim(h) }.unwrap();
+    let torn = xc.ring().claim().unwrap();
     torn.write(&XpuDesc {
         opcode: opcode::CNTR_ADD,
         data: 100,
@@ -1191,6 +1188,121 @@ fn words_an_xpu_may_scribble_on_bound_what_the_host_does() {
     );
 }
 
+/// The device calls of a CPU XPU reach the slots through the ring's own address and mask,
+/// never the header's `slots` and `mask`, which the XPU can write (another thread of it, or C
+/// device code through the same handle): a header pointing both at a buffer of the test's
+/// own, with a mask eight times the ring's, leaves that buffer untouched, the descriptors go
+/// to the ring, and a full ring still says so at its own size.
+#[test]
+fn device_calls_follow_the_rings_own_slots_not_the_header() {
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let n = node(&w);
+    let x = n.ep.export_xpu_slots(Xpu::CPU, 4).unwrap();
+    let q = n.cq.export_xpu_slots(Xpu::CPU, 4).unwrap();
+    let buf = vec![0u8; 8];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    let decoy = vec![0u64; 8 * 24 * 8];
+    // As an XPU writes them: through the handle's address of the headers (`prov_ctx`).
+    let eh = x.fid().prov_ctx as *mut RingHeader;
+    let ch = q.fid().prov_ctx as *mut CqRingHeader;
+    // SAFETY: the live headers of both exported blocks, written as a device would write them
+    // (the host never reads these two words back); `decoy` outlives every call below.
+    unsafe {
+        std::ptr::addr_of_mut!((*eh).slots).write_volatile(decoy.as_ptr() as u64);
+        std::ptr::addr_of_mut!((*eh).mask).write_volatile(31);
+        std::ptr::addr_of_mut!((*ch).slots).write_volatile(decoy.as_ptr() as u64);
+        std::ptr::addr_of_mut!((*ch).mask).write_volatile(31);
+    }
+    for ctx in 1..=4 {
+        assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, ctx, 0, W), 0);
+    }
+    assert_eq!(
+        dev::send(&x, p(&buf), 8, desc, 0, 0, 5, 0, W),
+        -FI_EAGAIN,
+        "full at the ring's own 4 slots, not the header's 32"
+    );
+    settle(&n, || w.sh.ctxs().len() == 4);
+    assert_eq!(w.sh.ctxs(), vec![1, 2, 3, 4]);
+    let mut got = [CqTaggedEntry::default(); 4];
+    let mut seen = Vec::new();
+    for _ in 0..1000 {
+        n.ep.progress();
+        let k = dev::cq_read(&q, &mut got, W);
+        if k > 0 {
+            seen.extend(got[..k as usize].iter().map(|e| e.op_context));
+        }
+        if seen.len() == 4 {
+            break;
+        }
+    }
+    assert_eq!(
+        seen,
+        vec![1, 2, 3, 4],
+        "the CQ ring read through its own slots"
+    );
+    assert!(
+        decoy.iter().all(|&v| v == 0),
+        "nothing written where the header pointed"
+    );
+}
+
+/// A region of a device's memory, exported to the XPU for the whole domain, named by a
+/// descriptor on an endpoint opened without `FI_HMEM`: an error entry saying so, nothing
+/// started (the provider would have read the device's memory as host memory); the same
+/// descriptor on an `FI_HMEM` endpoint starts, staged through the domain's hmem layer.
+#[test]
+fn device_memory_on_an_endpoint_without_hmem_is_refused() {
+    let fake = std::sync::Arc::new(crate::hmem_fake::FakeHmem::default());
+    let w = World::with_hmem(fake.clone());
+    w.sh.inline.store(true, Ordering::Release);
+    let dev_buf = vec![0u8; 64];
+    fake.add(&dev_buf);
+    let attr = crate::mr::MrAttr {
+        addr: dev_buf.as_ptr() as usize,
+        len: dev_buf.len(),
+        access: FI_SEND,
+        requested_key: 0x7700,
+        iface: crate::hmem_iface::Iface::Cuda,
+        device: 0,
+        ..Default::default()
+    };
+    // SAFETY: `dev_buf` outlives the region (declared before it).
+    let mr = unsafe { w.domain.mr_regattr(&attr, 0) }.unwrap();
+    let desc = mr.get_xpu_desc().unwrap();
+    let n = node(&w);
+    assert_eq!(
+        n.ep.core().caps & FI_HMEM,
+        0,
+        "the plain node has no FI_HMEM"
+    );
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    assert_eq!(dev::send(&x, p(&dev_buf), 8, desc, 0, 0, 31, 0, W), 0);
+    let errs = errors_settled(&n, 1);
+    assert_eq!(errs.len(), 1);
+    assert_eq!(
+        (errs[0].0.op_context, errs[0].0.prov_errno),
+        (31, XPU_FAULT_RANGE)
+    );
+    assert!(errs[0].1.contains("FI_HMEM"), "{}", errs[0].1);
+    assert!(w.sh.ctxs().is_empty(), "nothing started");
+
+    let mut info = w.domain.info().clone();
+    info.caps = XPU_CAPS | FI_HMEM;
+    let ep = w.domain.endpoint(&info).unwrap();
+    ep.bind_cq(&n.cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&n.av).unwrap();
+    ep.enable().unwrap();
+    let hx = ep.export_xpu(Xpu::CPU).unwrap();
+    assert_eq!(dev::send(&hx, p(&dev_buf), 8, desc, 0, 0, 32, 0, W), 0);
+    let start = std::time::Instant::now();
+    while w.sh.ctxs().is_empty() && start.elapsed() < std::time::Duration::from_secs(30) {
+        ep.progress();
+    }
+    assert_eq!(w.sh.ctxs().len(), 1, "started on the FI_HMEM endpoint");
+    assert!(errors(&n.cq).is_empty());
+}
+
 /// A GPU's blocks (the mock's `FAKE_GPU`, whose device addresses lie far from the host's):
 /// every address the device follows is the device's, the host reads and writes through its own
 /// (a device address followed from the host would fault here), descriptors stored as a GPU
@@ -1227,10 +1339,10 @@ fn a_gpus_blocks_carry_device_addresses_and_the_host_reads_its_own() {
     for i in 0..6u64 {
         if i == 4 {
             // The ring (4 slots) is full until the watcher drains it.
-            assert_eq!(ring::reserve(h, &ring::Native), Err(-FI_EAGAIN));
+            assert_eq!(ring::reserve(h, h.mask, &ring::Native), Err(-FI_EAGAIN));
             while n.ep.progress() > 0 {}
         }
-        let pos = ring::reserve(h, &ring::Native).expect("room");
+        let pos = ring::reserve(h, h.mask, &ring::Native).expect("room");
         let d = XpuDesc {
             opcode: opcode::TSEND,
             check: pos as u32 + 1,

@@ -113,7 +113,26 @@ fn local(
     }
     core.mr
         .check_xpu_local_cached(&mut seen.mr, desc, addr, len, access)
-        .map_err(|f| mr_fault(f, what))
+        .map_err(|f| mr_fault(f, what))?;
+    // A device's memory goes through the heterogeneous-memory layer, which only an `FI_HMEM`
+    // endpoint has: elsewhere the provider would read or write it as host memory.
+    if core.caps & FI_HMEM == 0 && seen.mr.is_some_and(|r| r.is_device()) {
+        return Err(device_without_hmem(what, desc));
+    }
+    Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn device_without_hmem(what: &str, desc: u64) -> Fault {
+    fault(
+        XPU_FAULT_RANGE,
+        FI_EINVAL,
+        format!(
+            "{what}: descriptor {desc:#x} names a device's memory, and the endpoint was \
+             opened without FI_HMEM"
+        ),
+    )
 }
 
 /// Checks the peer: an entry of the endpoint's AV; `FI_ADDR_UNSPEC` only where `any` (a
