@@ -50,8 +50,8 @@ unsafe fn one_ioc(iov: *const FiIoc, n: usize) -> Result<FiIoc, isize> {
     if n != 1 || iov.is_null() {
         return Err(EINVAL);
     }
-    // SAFETY: readable (caller), checked non-null.
-    Ok(unsafe { *iov })
+    // SAFETY: readable (caller), checked non-null; read unaligned, as `segments` reads.
+    Ok(unsafe { iov.read_unaligned() })
 }
 
 /// The request's operand: empty for `FI_ATOMIC_READ`, which has none.
@@ -237,8 +237,24 @@ unsafe fn fetch(
             bytes_mut(result, span(count, m.datatype)?)?,
         )
     };
-    // SAFETY: as above.
-    ok(unsafe { e.fetch_atomicmsg(m, b, r, count, flags) })
+    let f = flags & !FI_TRIGGER;
+    // SAFETY (each arm): as above, and `armed`'s contract.
+    ok(unsafe {
+        match armed(m.context, flags) {
+            Err(e) => Err(e),
+            Ok(None) => e.fetch_atomicmsg(m, b, r, count, flags),
+            Ok(Some(Armed::Threshold(t))) => e.fetch_atomicmsg_triggered(m, b, r, count, f, &t),
+            Ok(Some(Armed::Xpu(..))) => Err(xpu_fetching("fetch_atomicmsg")),
+        }
+    })
+}
+
+/// A fetching atomic armed on an XPU trigger: not provided by the Rust API either (a kernel
+/// that needs one posts it itself: `fi_xpu_fetch_atomic`, `fi_xpu_compare_atomic`).
+fn xpu_fetching(what: &str) -> xfabric::Error {
+    xfabric::Error::OpNotSupp(format!(
+        "{what}: FI_TRIGGER_XPU is not supported for fetching atomics (fi_xpu_fetch_atomic is)"
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -335,8 +351,18 @@ unsafe fn compare(
             bytes_mut(result, n)?,
         )
     };
-    // SAFETY: as above.
-    ok(unsafe { e.compare_atomicmsg(m, b, c, r, count, flags) })
+    let f = flags & !FI_TRIGGER;
+    // SAFETY (each arm): as above, and `armed`'s contract.
+    ok(unsafe {
+        match armed(m.context, flags) {
+            Err(e) => Err(e),
+            Ok(None) => e.compare_atomicmsg(m, b, c, r, count, flags),
+            Ok(Some(Armed::Threshold(t))) => {
+                e.compare_atomicmsg_triggered(m, b, c, r, count, f, &t)
+            }
+            Ok(Some(Armed::Xpu(..))) => Err(xpu_fetching("compare_atomicmsg")),
+        }
+    })
 }
 
 #[allow(clippy::too_many_arguments)]

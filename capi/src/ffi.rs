@@ -192,12 +192,16 @@ pub(crate) unsafe fn segments(iov: *const libc::iovec, count: usize) -> Result<V
     if count == 0 {
         return Ok(Vec::new());
     }
-    // SAFETY: readable for count (caller), checked non-null.
-    let v = unsafe { std::slice::from_raw_parts(iov, count) };
-    Ok(v.iter()
-        .map(|s| RawIov {
-            addr: s.iov_base as usize,
-            len: s.iov_len,
+    // Read one by one, unaligned: a C caller's array need not be aligned (a slice over it
+    // would have to be).
+    Ok((0..count)
+        .map(|i| {
+            // SAFETY: entry i of an array readable for count (caller), checked non-null.
+            let s = unsafe { iov.add(i).read_unaligned() };
+            RawIov {
+                addr: s.iov_base as usize,
+                len: s.iov_len,
+            }
         })
         .collect())
 }
@@ -217,13 +221,16 @@ pub(crate) unsafe fn rma_segments(
     if rma_iov.is_null() || count > IOV_MAX {
         return Err(-(FI_EINVAL as isize));
     }
-    // SAFETY: readable for count (caller), checked non-null.
-    Ok(unsafe { std::slice::from_raw_parts(rma_iov, count) }
-        .iter()
-        .map(|r| RmaIov {
-            addr: r.addr,
-            len: r.len,
-            key: r.key,
+    // Read one by one, unaligned, as `segments`.
+    Ok((0..count)
+        .map(|i| {
+            // SAFETY: entry i of an array readable for count (caller), checked non-null.
+            let r = unsafe { rma_iov.add(i).read_unaligned() };
+            RmaIov {
+                addr: r.addr,
+                len: r.len,
+                key: r.key,
+            }
         })
         .collect())
 }

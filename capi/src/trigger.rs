@@ -136,7 +136,12 @@ fn queued<T>(f: impl FnOnce(&mut Queued) -> T) -> T {
 /// `w` readable, its `op` pointing to the structure `op_type` names, whose buffers stay
 /// valid as the transfer requires.
 unsafe fn queue(d: &Domain, dom: usize, w: *const FiDeferredWork) -> Result<isize, isize> {
-    // SAFETY: null or readable (caller).
+    // Misaligned pointers are refused, as misaligned fids are (`get`): what they point to is
+    // read in place below.
+    if !w.is_aligned() {
+        return Err(-(FI_EINVAL as isize));
+    }
+    // SAFETY: null or readable (caller), aligned.
     let w = unsafe { w.as_ref() }.ok_or(-(FI_EINVAL as isize))?;
     // SAFETY: fids from the caller, checked by get.
     let trig = unsafe { obj::<Counter>(w.triggering_cntr) }?;
@@ -146,7 +151,8 @@ unsafe fn queue(d: &Domain, dom: usize, w: *const FiDeferredWork) -> Result<isiz
         // SAFETY: as above.
         Some(unsafe { obj::<Counter>(w.completion_cntr) }?)
     };
-    if w.op.is_null() {
+    // Every op structure starts with a pointer (its endpoint or counter).
+    if w.op.is_null() || !w.op.cast::<usize>().is_aligned() {
         return Err(-(FI_EINVAL as isize));
     }
     // The structures `op` points to, read per op_type; `iov` and `rma` own the segments for

@@ -55,7 +55,7 @@ fn c_deferred_work_counter_ops_and_rma_write() {
     let out = run_c("deferred", &[]);
     assert!(out.contains("target: the deferred write landed"), "{out}");
     assert!(
-        out.contains("initiator: counter add, RMA write, cancel and flush"),
+        out.contains("initiator: counter add, RMA write (its segments misaligned), cancel and flush as queued; misaligned work refused"),
         "{out}"
     );
 }

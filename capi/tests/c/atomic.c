@@ -48,7 +48,7 @@ int main(void)
 		static struct fi_context2 rctx;
 		CHECK(fi_recv(s.ep, &note, 1, NULL, s.peer, &rctx));
 		one_completion(&s, &e);
-		const uint64_t want[N] = { 8, 102, 102 | 0x10, 1103, 1000, 1002, 1002, 1003 };
+		const uint64_t want[N] = { 8, 102, 102 | 0x10, 1103, 1000, 1002, 1007, 9 };
 		for (int i = 0; i < N; i++)
 			EXPECT(mem[i] == want[i], "target mem[%d] is %llu, not %llu", i,
 			       (unsigned long long)mem[i], (unsigned long long)want[i]);
@@ -229,11 +229,37 @@ int main(void)
 	rm.msg_iov = &one_src;
 	EXPECT(fi_fetch_atomicmsg(s.ep, &rm, two_res, NULL, 2, 0) == -FI_EINVAL, "two results");
 
+	/* A threshold-triggered fetch-add (+5 on mem[6], which holds 1002) and compare-swap
+	 * (mem[7] 1003 -> 9), both fired by the counter reaching 3. */
+	static struct fi_triggered_context2 fctx, cctx;
+	fctx.event_type = cctx.event_type = FI_TRIGGER_THRESHOLD;
+	fctx.trigger.threshold.cntr = cctx.trigger.threshold.cntr = trig;
+	fctx.trigger.threshold.threshold = cctx.trigger.threshold.threshold = 3;
+	static uint64_t f_src = 5, f_res, c_src = 9, c_cmp = 1003, c_res;
+	struct fi_ioc f_io = { &f_src, 1 }, f_out = { &f_res, 1 };
+	struct fi_ioc c_io = { &c_src, 1 }, c_cmpv = { &c_cmp, 1 }, c_out = { &c_res, 1 };
+	struct fi_rma_ioc r6 = { at + 48, 1, t.key }, r7 = { at + 56, 1, t.key };
+	struct fi_msg_atomic fm = { .msg_iov = &f_io, .iov_count = 1, .addr = s.peer,
+				    .rma_iov = &r6, .rma_iov_count = 1, .datatype = FI_UINT64,
+				    .op = FI_SUM, .context = &fctx };
+	struct fi_msg_atomic cm = { .msg_iov = &c_io, .iov_count = 1, .addr = s.peer,
+				    .rma_iov = &r7, .rma_iov_count = 1, .datatype = FI_UINT64,
+				    .op = FI_CSWAP, .context = &cctx };
+	CHECK(fi_fetch_atomicmsg(s.ep, &fm, &f_out, NULL, 1, FI_TRIGGER));
+	CHECK(fi_compare_atomicmsg(s.ep, &cm, &c_cmpv, NULL, 1, &c_out, NULL, 1, FI_TRIGGER));
+	EXPECT(f_res == 0 && c_res == 0, "a triggered fetch ran before its trigger");
+	CHECK(fi_cntr_add(trig, 1));
+	one_completion(&s, &e);
+	one_completion(&s, &e);
+	EXPECT(f_res == 1002 && c_res == 1003, "triggered fetch-add %llu, compare-swap %llu",
+	       (unsigned long long)f_res, (unsigned long long)c_res);
+
 	static struct fi_context2 sctx;
 	CHECK(fi_send(s.ep, &note, 1, NULL, s.peer, &sctx));
 	one_completion(&s, &e);
 	printf("initiator: valid queries, vector write, fetch-add, compare-swap, inject, "
-	       "triggered atomicmsg, deferred atomics and fenced read back\n");
+	       "triggered atomicmsg, deferred atomics, fenced read back, triggered fetch and "
+	       "compare\n");
 	CHECK(fi_close(&trig->fid));
 	/* The deferred work's completion counter stays tied to the endpoint that ran it (closing
 	 * it answers -FI_EBUSY while the endpoint is open): released with the process. */

@@ -72,11 +72,19 @@ int main(void)
 					  .completion_cntr = NULL, .op_type = FI_OP_CNTR_ADD };
 	w_add.op.cntr = &add;
 
+	/* The write's segment arrays sit 4 bytes off their alignment, as a careless caller's
+	 * packed structure may leave them: read all the same. */
+	static union { uint64_t align; unsigned char b[4 + sizeof(struct iovec) +
+							 sizeof(struct fi_rma_iov)]; } packed;
 	struct iovec iov = { .iov_base = src, .iov_len = LEN };
 	struct fi_rma_iov riov = { .addr = t.addr, .len = LEN, .key = t.key };
+	memcpy(packed.b + 4, &iov, sizeof iov);
+	memcpy(packed.b + 4 + sizeof iov, &riov, sizeof riov);
 	struct fi_op_rma write = { .ep = s.ep, .flags = 0 };
-	write.msg = (struct fi_msg_rma){ .msg_iov = &iov, .desc = &desc, .iov_count = 1,
-					 .addr = s.peer, .rma_iov = &riov, .rma_iov_count = 1 };
+	write.msg = (struct fi_msg_rma){ .msg_iov = (struct iovec *)(packed.b + 4), .desc = &desc,
+					 .iov_count = 1, .addr = s.peer,
+					 .rma_iov = (struct fi_rma_iov *)(packed.b + 4 + sizeof iov),
+					 .rma_iov_count = 1 };
 	struct fi_deferred_work w_write = { .threshold = 2, .triggering_cntr = trig,
 					    .completion_cntr = done, .op_type = FI_OP_WRITE };
 	w_write.op.rma = &write;
@@ -92,6 +100,18 @@ int main(void)
 	struct fi_deferred_work w_flush = { .threshold = 100, .triggering_cntr = trig,
 					    .op_type = FI_OP_CNTR_SET };
 	w_flush.op.cntr = &set777;
+
+	/* A misaligned struct fi_deferred_work (or op) is refused, not read. */
+	static union { uint64_t align; unsigned char b[1 + sizeof(struct fi_deferred_work)]; } odd;
+	memcpy(odd.b + 1, &w_add, sizeof w_add);
+	if (fi_control(&s.domain->fid, FI_QUEUE_WORK, odd.b + 1) != -FI_EINVAL)
+		FAIL("a misaligned fi_deferred_work was not refused");
+	struct fi_deferred_work w_odd_op = w_add;
+	static union { uint64_t align; unsigned char b[1 + sizeof(struct fi_op_cntr)]; } odd_op;
+	memcpy(odd_op.b + 1, &add, sizeof add);
+	w_odd_op.op.cntr = (struct fi_op_cntr *)(odd_op.b + 1);
+	if (fi_control(&s.domain->fid, FI_QUEUE_WORK, &w_odd_op) != -FI_EINVAL)
+		FAIL("a misaligned op was not refused");
 
 	CHECK(fi_control(&s.domain->fid, FI_QUEUE_WORK, &w_add));
 	CHECK(fi_control(&s.domain->fid, FI_QUEUE_WORK, &w_write));
@@ -119,7 +139,8 @@ int main(void)
 	static struct fi_context2 sctx;
 	CHECK(fi_send(s.ep, &note, 1, NULL, s.peer, &sctx));
 	one_completion(&s, &e);
-	printf("initiator: counter add, RMA write, cancel and flush as queued\n");
+	printf("initiator: counter add, RMA write (its segments misaligned), cancel and flush as "
+	       "queued; misaligned work refused\n");
 	CHECK(fi_close(&src_mr->fid));
 	return two_finish(&s, 0);
 }

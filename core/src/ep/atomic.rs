@@ -147,10 +147,20 @@ impl Endpoint {
         }
     }
 
-    fn check_len(what: &'static str, len: usize, count: usize, dt: Datatype) -> Result<()> {
-        if len < count.saturating_mul(dt.size()) {
+    /// `b` holds `count` elements of `dt` at an address (a null one, which a deferred or
+    /// triggered operation would follow only when it fires, is refused now).
+    fn check_buf(what: &'static str, b: RawIov, count: usize, dt: Datatype) -> Result<()> {
+        let need = count.saturating_mul(dt.size());
+        if b.len < need {
             return Err(Error::Inval(format!(
-                "{what}: buffer of {len} bytes for {count} x {}",
+                "{what}: buffer of {} bytes for {count} x {}",
+                b.len,
+                dt.c_name()
+            )));
+        }
+        if b.addr == 0 && need > 0 {
+            return Err(Error::Inval(format!(
+                "{what}: a buffer of {count} x {} has a null address",
                 dt.c_name()
             )));
         }
@@ -172,7 +182,7 @@ impl Endpoint {
                 caps_str(flags & !ATOMIC_FLAGS)
             )));
         }
-        Self::check_len(what, operand.len, count, m.datatype)?;
+        Self::check_buf(what, operand, count, m.datatype)?;
         Ok(self.req(m, count, operand.addr, flags | FI_WRITE))
     }
 
@@ -195,9 +205,9 @@ impl Endpoint {
             )));
         }
         if m.op != AtomicOp::Read {
-            Self::check_len(what, operand.len, count, m.datatype)?;
+            Self::check_buf(what, operand, count, m.datatype)?;
         }
-        Self::check_len(what, result.len, count, m.datatype)?;
+        Self::check_buf(what, result, count, m.datatype)?;
         let mut r = self.req(m, count, operand.addr, flags | FI_READ);
         r.result = result.addr;
         Ok(r)
@@ -224,7 +234,7 @@ impl Endpoint {
             )));
         }
         for b in [operand, compare, result] {
-            Self::check_len(what, b.len, count, m.datatype)?;
+            Self::check_buf(what, b, count, m.datatype)?;
         }
         let mut r = self.req(m, count, operand.addr, flags | FI_READ);
         r.compare = compare.addr;
@@ -282,7 +292,7 @@ impl Endpoint {
         op: AtomicOp,
     ) -> Result<()> {
         let m = MsgAtomic::new(dest, addr, key, datatype, op, 0);
-        Self::check_len("inject_atomic", operand.len(), count, datatype)?;
+        Self::check_buf("inject_atomic", RawIov::of(operand), count, datatype)?;
         let mut r = self.req(&m, count, operand.as_ptr() as usize, FI_WRITE | FI_INJECT);
         r.flags |= INJECT_CALL;
         self.post_atomic("inject_atomic", r)

@@ -5,7 +5,7 @@ use super::*;
 
 impl EpCore {
     /// The counter bound for a class of operations, if any.
-    fn class_cntr(&self, class: CntrClass) -> Option<Arc<CntrInner>> {
+    pub(crate) fn class_cntr(&self, class: CntrClass) -> Option<Arc<CntrInner>> {
         self.bound().and_then(|b| b.cntr[class as usize].clone())
     }
 
@@ -355,7 +355,7 @@ impl EpCore {
 
 /// Completion flags and counter class of an initiated operation, from its operation flags:
 /// `FI_RMA` or `FI_ATOMIC` with `FI_READ` or `FI_WRITE`, else a send (`FI_MSG`/`FI_TAGGED`).
-fn initiator_kind(op_flags: u64) -> (u64, CntrClass) {
+pub(crate) fn initiator_kind(op_flags: u64) -> (u64, CntrClass) {
     let kind = op_flags & (FI_RMA | FI_ATOMIC);
     if kind != 0 {
         let rw = op_flags & (FI_READ | FI_WRITE);

@@ -78,6 +78,17 @@ impl Port for EpPort {
         self.core.fail_rx(ctx, flags, tag, err);
     }
 
+    fn fails_count_on(&self, rx: bool, flags: u64, c: &Arc<dyn crate::trigger::CntrPort>) -> bool {
+        let class = if rx {
+            CntrClass::Recv
+        } else {
+            super::complete::initiator_kind(flags).1
+        };
+        self.core
+            .class_cntr(class)
+            .is_some_and(|k| std::ptr::addr_eq(Arc::as_ptr(&k), Arc::as_ptr(c)))
+    }
+
     fn staging_failed(&self, e: Error) {
         self.core.staging.record_error(e);
     }

@@ -66,6 +66,13 @@ impl DomainWork {
 
     /// Cancels this domain's work in `only`, or in every queue.
     pub(crate) fn flush(&self, only: Option<&Arc<TriggerQueue>>) -> usize {
+        self.flush_as(only, false)
+    }
+
+    /// `flush`; `closing`: the domain closes, which the application did not ask to cancel
+    /// its work by, so each item's completion counter also counts an error (`cancel_closed`):
+    /// a wait on it ends instead of lasting forever.
+    fn flush_as(&self, only: Option<&Arc<TriggerQueue>>, closing: bool) -> usize {
         let queues: Vec<Arc<TriggerQueue>> = match only {
             Some(q) => vec![q.clone()],
             None => {
@@ -73,11 +80,18 @@ impl DomainWork {
                 qs.iter().filter_map(Weak::upgrade).collect()
             }
         };
-        let mut n = 0;
-        for q in queues {
-            for j in q.remove(|j| self.mine(j), false) {
+        // Every queue's first, then canceled: a cancel counts an error on a counter (the
+        // endpoint's), whose queue would start the work waiting there were it still queued.
+        let jobs: Vec<Job> = queues
+            .iter()
+            .flat_map(|q| q.remove(|j| self.mine(j), false))
+            .collect();
+        let n = jobs.len();
+        for j in jobs {
+            if closing {
+                j.cancel_closed();
+            } else {
                 j.cancel();
-                n += 1;
             }
         }
         n
@@ -86,6 +100,6 @@ impl DomainWork {
 
 impl Drop for DomainWork {
     fn drop(&mut self) {
-        self.flush(None);
+        self.flush_as(None, true);
     }
 }

@@ -130,7 +130,18 @@ impl Job {
     /// that failed would, so that a wait on that counter ends instead of waiting forever.
     pub(crate) fn cancel_closed(self) -> bool {
         if let Some(c) = self.work.as_ref().and_then(|w| w.completion.clone()) {
-            c.count(false);
+            // Counted once: where the work asked for endpoint completions and its completion
+            // counter is the endpoint's own for its class, the cancel's report counts it
+            // there (as `Pending::finish` does for one that ran).
+            let rx = matches!(self.action, Action::Recv(_));
+            let ep_counts = self.flags() & FI_COMPLETION != 0
+                && self
+                    .ep
+                    .as_ref()
+                    .is_some_and(|l| l.port().fails_count_on(rx, self.flags(), &c));
+            if !ep_counts {
+                c.count(false);
+            }
         }
         self.cancel()
     }

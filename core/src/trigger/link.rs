@@ -297,7 +297,8 @@ impl EpLink {
                 break;
             };
             if self.closed.load(Ordering::Acquire) {
-                job.cancel();
+                // Ended by the close, as the close's own sweep ends the rest.
+                job.cancel_closed();
                 continue;
             }
             if let Some(job) = self.start(job) {

@@ -119,6 +119,13 @@ pub(crate) trait Port: ProgressSource {
         false
     }
 
+    /// Whether a failure this endpoint reports for an operation of `flags` (a receive where
+    /// `rx`) counts on `c`: it is the endpoint's own counter for that class.
+    fn fails_count_on(&self, rx: bool, flags: u64, c: &Arc<dyn CntrPort>) -> bool {
+        let _ = (rx, flags, c);
+        false
+    }
+
     /// Keeps `block`, shared memory an XPU may still reach after the endpoint closed (a
     /// descriptor ring), until the endpoint's domain closes (`xpu::Retired`); by default it
     /// goes with its last owner.

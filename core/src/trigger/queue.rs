@@ -216,7 +216,11 @@ impl Drop for DrainScope {
     fn drop(&mut self) {
         DRAINING.with(|d| d.set(false));
         if std::thread::panicking() {
-            LATER.with(|l| l.borrow_mut().clear());
+            // Each queue left here had its `later` flag set, which would turn every later
+            // kick of it from a drain into a no-op: cleared with the list.
+            for (q, _) in LATER.with(|l| std::mem::take(&mut *l.borrow_mut())) {
+                q.later.store(false, Ordering::Release);
+            }
         }
     }
 }

@@ -194,6 +194,49 @@ fn requests_are_checked_when_queued() {
             matches!(r, Err(Error::Inval(_))),
             "operand too short: {r:?}"
         );
+        // A null buffer, which the firing would have followed: refused when queued, for each
+        // of an atomic's buffers.
+        let null = RawIov { addr: 0, len: 8 };
+        let r = w.domain.queue_work(&DeferredWork {
+            op: WorkOp::Atomic(OpAtomic {
+                ep: &e.ep,
+                msg: m,
+                operand: null,
+                count: 1,
+                flags: 0,
+            }),
+            ..atomic(1)
+        });
+        assert!(matches!(r, Err(Error::Inval(_))), "null operand: {r:?}");
+        let r = w.domain.queue_work(&DeferredWork {
+            op: WorkOp::FetchAtomic(crate::work::OpFetchAtomic {
+                ep: &e.ep,
+                msg: m,
+                operand: RawIov::of(&buf),
+                result: null,
+                count: 1,
+                flags: 0,
+            }),
+            ..atomic(1)
+        });
+        assert!(matches!(r, Err(Error::Inval(_))), "null result: {r:?}");
+        let cas = crate::ep::atomic::MsgAtomic {
+            op: crate::atomic::AtomicOp::Cswap,
+            ..m
+        };
+        let r = w.domain.queue_work(&DeferredWork {
+            op: WorkOp::CompareAtomic(crate::work::OpCompareAtomic {
+                ep: &e.ep,
+                msg: cas,
+                operand: RawIov::of(&buf),
+                compare: null,
+                result: RawIov::of(&buf),
+                count: 1,
+                flags: 0,
+            }),
+            ..atomic(1)
+        });
+        assert!(matches!(r, Err(Error::Inval(_))), "null compare: {r:?}");
         w.domain.queue_work(&atomic(1)).unwrap();
     }
     assert_eq!(w.domain.flush_work(None).unwrap(), 1);
@@ -391,4 +434,90 @@ fn a_completion_counter_bound_to_the_endpoint_counts_once() {
     trig.add(1).unwrap();
     assert_eq!(sent.read(), 1);
     assert_eq!(e.entries().len(), 1);
+}
+
+/// A flush takes the domain's work out of every queue before it cancels any: canceling a send
+/// that asked for endpoint completions counts an error on the endpoint's send counter, and work
+/// waiting on that counter must not start from it (it is being flushed too).
+#[test]
+fn a_flush_starts_none_of_the_work_it_flushes() {
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let (sent, trig, x) = (w.cntr(), w.cntr(), w.cntr());
+    let e = w.ep_with(ALL_CAPS, 64, &[(&sent, FI_SEND)]);
+    let buf = [0u8; 8];
+    let iov = [RawIov::of(&buf)];
+    let send = DeferredWork {
+        threshold: 100,
+        triggering_cntr: &trig,
+        completion_cntr: None,
+        op: WorkOp::Send(OpMsg {
+            ep: &e.ep,
+            msg: msg(&iov, 5),
+            flags: FI_COMPLETION,
+        }),
+    };
+    // SAFETY: `buf` outlives the endpoint; the mock provider never reads it.
+    unsafe { w.domain.queue_work(&send) }.unwrap();
+    // SAFETY: a counter operation names no memory.
+    unsafe { w.domain.queue_work(&add(&sent, 1, &x, 1)) }.unwrap();
+    assert_eq!(w.domain.flush_work(None).unwrap(), 2);
+    assert_eq!(x.read(), 0, "the flushed counter add never ran");
+    assert_eq!(sent.readerr(), 1, "the canceled send counted once");
+    assert!(w.sh.ctxs().is_empty());
+}
+
+/// Closing an endpoint ends its work once on a completion counter that is also the endpoint's
+/// own send counter (the cancel's report counts it there; counting it again made two errors).
+#[test]
+fn a_closed_endpoints_work_counts_one_error_on_its_own_counter() {
+    let w = World::new();
+    let (sent, trig) = (w.cntr(), w.cntr());
+    let e = w.ep_with(ALL_CAPS, 64, &[(&sent, FI_SEND)]);
+    let buf = [0u8; 8];
+    let iov = [RawIov::of(&buf)];
+    let work = DeferredWork {
+        threshold: 5,
+        triggering_cntr: &trig,
+        completion_cntr: Some(&sent),
+        op: WorkOp::Send(OpMsg {
+            ep: &e.ep,
+            msg: msg(&iov, 5),
+            flags: FI_COMPLETION,
+        }),
+    };
+    // SAFETY: `buf` outlives the endpoint; the mock provider never reads it.
+    unsafe { w.domain.queue_work(&work) }.unwrap();
+    let Ep { ep, cq: _cq } = e;
+    ep.close().unwrap();
+    assert_eq!(sent.readerr(), 1);
+}
+
+/// Closing the domain ends the work queued on it as closing an endpoint does: its completion
+/// counter counts an error, so a wait on it ends (the application asked for no cancel).
+#[test]
+fn a_closed_domains_work_counts_an_error_on_its_completion_counter() {
+    let w = World::new();
+    let (trig, done) = (w.cntr(), w.cntr());
+    let e = w.ep();
+    let buf = [0u8; 8];
+    let iov = [RawIov::of(&buf)];
+    let work = DeferredWork {
+        threshold: 5,
+        triggering_cntr: &trig,
+        completion_cntr: Some(&done),
+        op: WorkOp::Send(OpMsg {
+            ep: &e.ep,
+            msg: msg(&iov, 5),
+            flags: 0,
+        }),
+    };
+    // SAFETY: `buf` outlives the endpoint; the mock provider never reads it.
+    unsafe { w.domain.queue_work(&work) }.unwrap();
+    drop(w);
+    assert_eq!((done.read(), done.readerr()), (0, 1));
+    assert!(
+        e.entries().is_empty(),
+        "no endpoint completion was asked for"
+    );
 }
