@@ -12,6 +12,8 @@ pub const FI_VERSION_1_17: u32 = (1 << 16) | 17;
 pub const FI_EINVAL: c_int = libc::EINVAL;
 /// `FI_ENOSYS`: xfabric does not do this.
 pub const FI_ENOSYS: c_int = libc::ENOSYS;
+/// `FI_EBUSY`: an object still in use by others (fi_close of a parent with children open).
+pub const FI_EBUSY: c_int = libc::EBUSY;
 /// `FI_ENODATA`: nothing matched (getinfo).
 pub const FI_ENODATA: c_int = libc::ENODATA;
 /// `FI_ENOMEM`: an allocation failed.

@@ -68,7 +68,7 @@ pub(crate) unsafe extern "C" fn ep_control(
                 // SAFETY: fid is one of our endpoints (checked above), a struct fid first.
                 let context = unsafe { (*fid.cast::<Fid>()).context };
                 // SAFETY: a.fid checked non-null, writable (fi_alias's contract).
-                Ok(unsafe { publish(CEndpoint::new_head(context), alias, a.fid) } as isize)
+                Ok(unsafe { publish(CEndpoint::new_head(context), alias, None, a.fid) } as isize)
             }
             _ => Err(-(FI_ENOSYS as isize)),
         }

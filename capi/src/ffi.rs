@@ -11,11 +11,13 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use xfabric::FI_TRIGGER;
 use xfabric::{Counter, Endpoint, Error, RawIov, RmaIov, TriggerContext, TriggerVar, Xpu};
 
-use crate::consts::{FI_EINVAL, FI_EOTHER};
+use crate::consts::{FI_EBUSY, FI_EINVAL, FI_EOTHER};
 use crate::header::{FiRmaIov, FiTriggeredContext, Fid};
 use crate::ops::FiOps;
 
@@ -243,6 +245,34 @@ pub(crate) unsafe fn rma_segments(
 pub(crate) struct Obj<T: Class> {
     pub(crate) head: T::Head,
     pub(crate) inner: ManuallyDrop<T>,
+    /// Objects opened from this one (a domain's endpoints, queues, counters, AVs, regions
+    /// and poll sets; a fabric's domains, EQs and wait sets) still open: closing it answers
+    /// `-FI_EBUSY` meanwhile, as libfabric's objects count their references.
+    children: Arc<AtomicUsize>,
+    /// This object's count on the one it was opened from, given back when it is closed.
+    _parent: Option<Held>,
+}
+
+/// One open object's count on the object it was opened from (`Obj::children`).
+pub(crate) struct Held(Arc<AtomicUsize>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A count on `parent`, a `P` of ours (checked), for an object about to be opened from it.
+///
+/// # Safety
+/// As [`get`].
+pub(crate) unsafe fn held_by<P: Class>(parent: *const c_void) -> Result<Held, c_int> {
+    // SAFETY: forwarded contract.
+    unsafe { get::<P>(parent) }?;
+    // SAFETY: get checked that it is an open Obj<P>.
+    let c = unsafe { &(*parent.cast::<Obj<P>>()).children };
+    c.fetch_add(1, Ordering::AcqRel);
+    Ok(Held(c.clone()))
 }
 
 /// A Rust object that C holds through a fid. Each class's implementation is in the tables
@@ -319,10 +349,17 @@ pub(crate) unsafe fn head<'a, T: Class>(fid: *const c_void) -> Result<&'a T::Hea
 ///
 /// # Safety
 /// `out` must be writable (checked non-null by the callers).
-pub(crate) unsafe fn publish<T: Class>(head: T::Head, inner: T, out: *mut *mut c_void) -> c_int {
+pub(crate) unsafe fn publish<T: Class>(
+    head: T::Head,
+    inner: T,
+    parent: Option<Held>,
+    out: *mut *mut c_void,
+) -> c_int {
     let obj = Box::into_raw(Box::new(Obj {
         head,
         inner: ManuallyDrop::new(inner),
+        children: Arc::default(),
+        _parent: parent,
     }));
     // SAFETY: out writable (caller).
     unsafe { *out = obj.cast() };
@@ -341,6 +378,12 @@ pub(crate) unsafe extern "C" fn close<T: Class>(fid: *mut c_void) -> c_int {
             return e;
         }
         let obj = fid.cast::<Obj<T>>();
+        // SAFETY: checked to be our Obj<T>.
+        let open = unsafe { (*obj).children.load(Ordering::Acquire) };
+        if open > 0 {
+            tracing::debug!("fi_close: {open} object(s) opened from this one are still open");
+            return -FI_EBUSY;
+        }
         // SAFETY: checked to be our Obj<T>; the inner object is taken once, and put back if it
         // refuses to close.
         let inner = unsafe { ManuallyDrop::take(&mut (*obj).inner) };

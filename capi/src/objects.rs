@@ -13,7 +13,8 @@ use xfabric::{
 };
 
 use crate::consts::{FI_ENOSYS, FI_VERSION_1_17};
-use crate::ffi::{code, enum_of, get, head, inval, out_ok, publish, run, CEndpoint, Class, Obj};
+use crate::ffi::{code, enum_of, get, head, held_by, inval, out_ok, publish, run};
+use crate::ffi::{CEndpoint, Class, Obj};
 use crate::getinfo::hints_from_c;
 use crate::header::{
     FabricHead, FiAvAttr, FiCntrAttr, FiCqAttr, FiEqAttr, FiMrAttr, FiPollAttr, FiWaitAttr, MrHead,
@@ -203,7 +204,7 @@ pub unsafe fn fabric_open(
             ..Fabric::new_head(context)
         };
         // SAFETY: fabric checked non-null, writable (caller).
-        Ok(unsafe { publish(head, f, fabric) })
+        Ok(unsafe { publish(head, f, None, fabric) })
     })
 }
 
@@ -225,8 +226,10 @@ pub(crate) unsafe extern "C" fn fabric_domain(
         // SAFETY: as above.
         let info = unsafe { hints_from_c(info, version) }.map_err(|w| inval(&w))?;
         let d = f.domain(&info).map_err(|e| code(&e))?;
+        // SAFETY: checked above to be one of ours; counted until this object closes.
+        let held = unsafe { held_by::<Fabric>(fabric) }?;
         // SAFETY: domain checked non-null.
-        Ok(unsafe { publish(Domain::new_head(context), d, domain) })
+        Ok(unsafe { publish(Domain::new_head(context), d, Some(held), domain) })
     })
 }
 
@@ -255,8 +258,10 @@ pub(crate) unsafe extern "C" fn fabric_eq_open(
             wait_obj,
         };
         let q = f.eq_open(&attr).map_err(|e| code(&e))?;
+        // SAFETY: checked above to be one of ours; counted until this object closes.
+        let held = unsafe { held_by::<Fabric>(fabric) }?;
         // SAFETY: eq checked non-null.
-        Ok(unsafe { publish(EventQueue::new_head(context), q, eq) })
+        Ok(unsafe { publish(EventQueue::new_head(context), q, Some(held), eq) })
     })
 }
 
@@ -278,8 +283,10 @@ pub(crate) unsafe extern "C" fn fabric_wait_open(
         };
         let w = f.wait_open(&attr).map_err(|e| code(&e))?;
         let head = WaitSet::new_head(std::ptr::null_mut());
+        // SAFETY: checked above to be one of ours; counted until this object closes.
+        let held = unsafe { held_by::<Fabric>(fabric) }?;
         // SAFETY: waitset checked non-null.
-        Ok(unsafe { publish(head, w, waitset) })
+        Ok(unsafe { publish(head, w, Some(held), waitset) })
     })
 }
 
@@ -299,8 +306,10 @@ pub(crate) unsafe extern "C" fn domain_poll_open(
             .poll_open(&PollAttr { flags: a.flags })
             .map_err(|e| code(&e))?;
         let head = PollSet::new_head(std::ptr::null_mut());
+        // SAFETY: checked above to be one of ours; counted until this object closes.
+        let held = unsafe { held_by::<Domain>(domain) }?;
         // SAFETY: pollset checked non-null.
-        Ok(unsafe { publish(head, p, pollset) })
+        Ok(unsafe { publish(head, p, Some(held), pollset) })
     })
 }
 
@@ -336,8 +345,10 @@ pub(crate) unsafe extern "C" fn domain_av_open(
             flags: a.flags,
         };
         let v = d.av_open(&attr).map_err(|e| code(&e))?;
+        // SAFETY: checked above to be one of ours; counted until this object closes.
+        let held = unsafe { held_by::<Domain>(domain) }?;
         // SAFETY: av checked non-null.
-        Ok(unsafe { publish(AddressVector::new_head(context), v, av) })
+        Ok(unsafe { publish(AddressVector::new_head(context), v, Some(held), av) })
     })
 }
 
@@ -366,8 +377,10 @@ pub(crate) unsafe extern "C" fn domain_cq_open(
             wait_set: unsafe { wait_set(wait_obj, a.wait_set) }?,
         };
         let q = d.cq_open(&attr).map_err(|e| code(&e))?;
+        // SAFETY: checked above to be one of ours; counted until this object closes.
+        let held = unsafe { held_by::<Domain>(domain) }?;
         // SAFETY: cq checked non-null.
-        Ok(unsafe { publish(CompletionQueue::new_head(context), q, cq) })
+        Ok(unsafe { publish(CompletionQueue::new_head(context), q, Some(held), cq) })
     })
 }
 
@@ -393,8 +406,10 @@ pub(crate) unsafe extern "C" fn domain_cntr_open(
             flags: a.flags,
         };
         let c = d.cntr_open(&attr).map_err(|e| code(&e))?;
+        // SAFETY: checked above to be one of ours; counted until this object closes.
+        let held = unsafe { held_by::<Domain>(domain) }?;
         // SAFETY: cntr checked non-null.
-        Ok(unsafe { publish(Counter::new_head(context), c, cntr) })
+        Ok(unsafe { publish(Counter::new_head(context), c, Some(held), cntr) })
     })
 }
 
@@ -417,8 +432,10 @@ pub(crate) unsafe extern "C" fn domain_endpoint(
             ep: d.endpoint(&info).map_err(|e| code(&e))?,
             addr_format: info.addr_format,
         };
+        // SAFETY: checked above to be one of ours; counted until this object closes.
+        let held = unsafe { held_by::<Domain>(domain) }?;
         // SAFETY: ep checked non-null.
-        Ok(unsafe { publish(CEndpoint::new_head(context), e, ep) })
+        Ok(unsafe { publish(CEndpoint::new_head(context), e, Some(held), ep) })
     })
 }
 
@@ -439,7 +456,10 @@ unsafe fn register(fid: *mut c_void, attr: &MrAttr, flags: u64, out: *mut *mut c
             ..MemoryRegion::new_head(attr.context as *mut c_void)
         };
         // SAFETY: out checked non-null.
-        unsafe { publish(head, mr, out) };
+        // SAFETY: checked above to be one of ours; counted until this region closes.
+        let held = unsafe { held_by::<Domain>(fid) }?;
+        // SAFETY: out checked non-null.
+        unsafe { publish(head, mr, Some(held), out) };
         // SAFETY: publish stored our new Obj there; its descriptor is itself.
         unsafe {
             let obj = (*out).cast::<Obj<MemoryRegion>>();

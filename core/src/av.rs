@@ -355,7 +355,7 @@ impl AddressVector {
         if n > 0 {
             return Err((
                 self,
-                Error::Busy(format!("av close: {n} endpoint(s) still bound")),
+                Error::Busy(format!("av close: {n} endpoint binding(s) left")),
             ));
         }
         Ok(())
@@ -410,7 +410,8 @@ impl AvInner {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// Counts an endpoint binding.
+    /// Counts an endpoint's binding (`fi_ep_bind`, whether or not the endpoint is enabled
+    /// yet): closing the AV answers `Busy` until it is released.
     pub fn bind(&self) {
         self.bound.fetch_add(1, Ordering::AcqRel);
     }

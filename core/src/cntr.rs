@@ -259,7 +259,7 @@ impl Counter {
         if n > 0 {
             return Err((
                 self,
-                Error::Busy(format!("cntr close: {n} endpoint(s) still bound")),
+                Error::Busy(format!("cntr close: {n} endpoint binding(s) left")),
             ));
         }
         let queued = self.inner.triggers.get().map_or(0, |q| q.len());
@@ -276,14 +276,13 @@ impl Counter {
 }
 
 impl CntrInner {
-    /// Registers an endpoint's progress hook and counts the binding.
-    /// An endpoint under auto progress passes `None`: its domain's thread drives it, and
-    /// readers sleep on this object's own wait instead of driving it themselves.
+    /// Registers an enabled endpoint's progress hook. An endpoint under auto progress passes
+    /// `None`: its domain's thread drives it, and readers sleep on this object's own wait
+    /// instead of driving it themselves.
     pub fn bind(&self, p: Option<Arc<dyn ProgressSource>>) {
         if let Some(p) = p {
             self.progress.add(p);
         }
-        self.bound.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Undoes `bind`.
@@ -291,6 +290,16 @@ impl CntrInner {
         if let Some(p) = p {
             self.progress.remove(p);
         }
+    }
+
+    /// Counts an endpoint's binding (`fi_ep_bind`, whether or not the endpoint is enabled
+    /// yet): closing the counter answers `Busy` until it is released.
+    pub(crate) fn hold(&self) {
+        self.bound.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Undoes `hold` when the endpoint closes.
+    pub(crate) fn release(&self) {
         self.bound.fetch_sub(1, Ordering::AcqRel);
     }
 

@@ -453,7 +453,7 @@ impl CompletionQueue {
         if n > 0 {
             return Err((
                 self,
-                Error::Busy(format!("cq close: {n} endpoint(s) still bound")),
+                Error::Busy(format!("cq close: {n} endpoint binding(s) left")),
             ));
         }
         Ok(())
@@ -466,14 +466,13 @@ impl CqInner {
         self.q.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Registers an endpoint's progress hook and counts the binding.
-    /// An endpoint under auto progress passes `None`: its domain's thread drives it, and
-    /// readers sleep on this object's own wait instead of driving it themselves.
+    /// Registers an enabled endpoint's progress hook. An endpoint under auto progress passes
+    /// `None`: its domain's thread drives it, and readers sleep on this object's own wait
+    /// instead of driving it themselves.
     pub fn bind(&self, p: Option<Arc<dyn ProgressSource>>) {
         if let Some(p) = p {
             self.progress.add(p);
         }
-        self.bound.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Undoes `bind` when the endpoint closes.
@@ -481,6 +480,16 @@ impl CqInner {
         if let Some(p) = p {
             self.progress.remove(p);
         }
+    }
+
+    /// Counts an endpoint's binding (`fi_ep_bind`, whether or not the endpoint is enabled
+    /// yet): closing the queue answers `Busy` until it is released.
+    pub(crate) fn hold(&self) {
+        self.bound.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Undoes `hold` when the endpoint closes.
+    pub(crate) fn release(&self) {
         self.bound.fetch_sub(1, Ordering::AcqRel);
     }
 

@@ -1,5 +1,7 @@
 /* Calls a careless or hostile C caller makes, each answered with an error code or the right
  * result instead of a crash:
+ * - objects closed out of order: a domain or fabric with objects still open, a CQ, counter
+ *   or AV bound to an endpoint not yet enabled: -FI_EBUSY, as libfabric answers;
  * - fi_cq_sread with its threshold passed as the value of `cond`, as fi_cq(3) says and
  *   libfabric's providers read it ((void *)1, (void *)4): it was read through as a pointer,
  *   a SIGSEGV at address 1;
@@ -147,9 +149,38 @@ int main(void)
 		-FI_ETOOSMALL);
 	REQUIRE(optlen == sizeof t);
 
+	/* Closing out of order: a parent with objects still open answers -FI_EBUSY and stays
+	 * usable, as libfabric's do (it used to close, leaving the endpoint without the domain's
+	 * progress); a CQ, counter or AV bound to an endpoint not enabled yet is held from the
+	 * bind, not the enable. */
+	REQUIRE(fi_close(&domain->fid) == -FI_EBUSY);
+	REQUIRE(fi_close(&fabric->fid) == -FI_EBUSY);
+	struct fid_ep *later;
+	struct fid_cntr *cntr;
+	struct fid_cq *cq_later;
+	struct fid_av *av_later;
+	struct fi_cntr_attr cattr = { .events = FI_CNTR_EVENTS_COMP };
+	struct fi_av_attr aattr = { .type = FI_AV_UNSPEC };
+	attr.wait_obj = FI_WAIT_NONE;
+	CHECK(fi_endpoint(domain, info, &later, NULL));
+	CHECK(fi_cq_open(domain, &attr, &cq_later, NULL));
+	CHECK(fi_cntr_open(domain, &cattr, &cntr, NULL));
+	CHECK(fi_av_open(domain, &aattr, &av_later, NULL));
+	CHECK(fi_ep_bind(later, &cq_later->fid, FI_TRANSMIT | FI_RECV));
+	CHECK(fi_ep_bind(later, &cntr->fid, FI_SEND));
+	CHECK(fi_ep_bind(later, &av_later->fid, 0));
+	REQUIRE(fi_close(&cq_later->fid) == -FI_EBUSY);
+	REQUIRE(fi_close(&cntr->fid) == -FI_EBUSY);
+	REQUIRE(fi_close(&av_later->fid) == -FI_EBUSY);
+	CHECK(fi_close(&later->fid));
+	CHECK(fi_close(&cq_later->fid));
+	CHECK(fi_close(&cntr->fid));
+	CHECK(fi_close(&av_later->fid));
+
 	CHECK(fi_close(&ep->fid));
 	CHECK(fi_close(&av->fid));
 	CHECK(fi_close(&cq->fid));
+	REQUIRE(fi_close(&domain->fid) == -FI_EBUSY);
 	CHECK(fi_close(&cq_none->fid));
 	close_domain(info, fabric, domain);
 	printf("careless calls answered without a crash\n");

@@ -615,21 +615,25 @@ impl Endpoint {
         cq.inner().domain.check("bind cq", "CQ", self.core.domain)?;
         let mut b = self.pending("bind cq")?;
         let sel = flags & FI_SELECTIVE_COMPLETION != 0;
+        if flags & FI_TRANSMIT != 0 && b.tx_cq.is_some() {
+            return Err(Error::Inval(
+                "bind cq: a transmit CQ is already bound".into(),
+            ));
+        }
+        if flags & FI_RECV != 0 && b.rx_cq.is_some() {
+            return Err(Error::Inval(
+                "bind cq: a receive CQ is already bound".into(),
+            ));
+        }
+        // Counted now, not at enable: a queue closed between the bind and the enable would
+        // leave the endpoint writing where nobody can read (libfabric counts it at bind too).
         if flags & FI_TRANSMIT != 0 {
-            if b.tx_cq.is_some() {
-                return Err(Error::Inval(
-                    "bind cq: a transmit CQ is already bound".into(),
-                ));
-            }
+            cq.inner().hold();
             b.tx_cq = Some(cq.inner().clone());
             b.tx_selective = sel;
         }
         if flags & FI_RECV != 0 {
-            if b.rx_cq.is_some() {
-                return Err(Error::Inval(
-                    "bind cq: a receive CQ is already bound".into(),
-                ));
-            }
+            cq.inner().hold();
             b.rx_cq = Some(cq.inner().clone());
             b.rx_selective = sel;
         }
@@ -659,7 +663,11 @@ impl Endpoint {
         let mut b = self.pending("bind cntr")?;
         for (bit, class) in classes {
             if flags & bit != 0 {
-                b.cntr[class as usize] = Some(cntr.inner().clone());
+                // Counted now, as a CQ is (`bind_cq`); a class bound again lets the old go.
+                cntr.inner().hold();
+                if let Some(old) = b.cntr[class as usize].replace(cntr.inner().clone()) {
+                    old.release();
+                }
             }
         }
         Ok(())
@@ -672,6 +680,8 @@ impl Endpoint {
         if b.av.is_some() {
             return Err(Error::Inval("bind av: an AV is already bound".into()));
         }
+        // Counted now, as a CQ is (`bind_cq`).
+        av.inner().bind();
         b.av = Some(av.inner().clone());
         Ok(())
     }
@@ -721,11 +731,14 @@ impl Endpoint {
         for cq in cqs {
             cq.bind(self.driven_by_readers());
         }
+        let mut cntrs: Vec<&Arc<CntrInner>> = Vec::new();
         for c in b.cntr.iter().flatten() {
-            c.bind(self.driven_by_readers());
+            if !cntrs.iter().any(|k| Arc::ptr_eq(k, c)) {
+                cntrs.push(c);
+            }
         }
-        if let Some(av) = &b.av {
-            av.bind();
+        for c in cntrs {
+            c.bind(self.driven_by_readers());
         }
         self.ops.enable()?;
         self.domain_progress.add(self.progress_reg.clone());
@@ -1349,12 +1362,26 @@ impl Endpoint {
             for cq in cqs {
                 cq.unbind(driven.as_ref());
             }
+            let mut cntrs: Vec<&Arc<CntrInner>> = Vec::new();
             for c in b.cntr.iter().flatten() {
+                if !cntrs.iter().any(|k| Arc::ptr_eq(k, c)) {
+                    cntrs.push(c);
+                }
+            }
+            for c in cntrs {
                 c.unbind(driven.as_ref());
             }
-            if let Some(av) = &b.av {
-                av.unbind();
-            }
+        }
+        // Every binding made, enabled or not (`bind_cq`, `bind_cntr`, `bind_av`).
+        let b = self.core.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for cq in [&b.tx_cq, &b.rx_cq].into_iter().flatten() {
+            cq.release();
+        }
+        for c in b.cntr.iter().flatten() {
+            c.release();
+        }
+        if let Some(av) = &b.av {
+            av.unbind();
         }
     }
 }

@@ -254,6 +254,45 @@ fn a_busy_counter_cannot_close() {
     assert!(c.close().is_ok());
 }
 
+/// A CQ, counter or AV bound to an endpoint that is not enabled yet cannot close (the
+/// binding counts from `fi_ep_bind`, not from `fi_enable`: closed in between, the endpoint
+/// would have been enabled writing to objects nobody can read); once the endpoint closes,
+/// each closes. The same for one that never gets enabled.
+#[test]
+fn objects_bound_to_an_endpoint_not_enabled_yet_cannot_close() {
+    let w = World::new();
+    for enable in [true, false] {
+        let mut i = w.domain.info().clone();
+        i.caps = ALL_CAPS;
+        let ep = w.domain.endpoint(&i).unwrap();
+        let cq = w.domain.cq_open(&Default::default()).unwrap();
+        let av = w.domain.av_open(&Default::default()).unwrap();
+        let c = w.cntr();
+        ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+        ep.bind_av(&av).unwrap();
+        ep.bind_cntr(&c, FI_SEND | FI_RECV).unwrap();
+        let cq = match cq.close() {
+            Err((cq, Error::Busy(_))) => cq,
+            other => panic!("cq: {:?}", other.err().map(|e| e.1)),
+        };
+        let av = match av.close() {
+            Err((av, Error::Busy(_))) => av,
+            other => panic!("av: {:?}", other.err().map(|e| e.1)),
+        };
+        let c = match c.close() {
+            Err((c, Error::Busy(_))) => c,
+            other => panic!("cntr: {:?}", other.err().map(|e| e.1)),
+        };
+        if enable {
+            ep.enable().unwrap();
+        }
+        ep.close().unwrap();
+        assert!(cq.close().is_ok(), "enabled {enable}");
+        assert!(av.close().is_ok(), "enabled {enable}");
+        assert!(c.close().is_ok(), "enabled {enable}");
+    }
+}
+
 /// 1,000,000 operations queued on one counter with scattered thresholds start in
 /// (threshold, posting) order while the counter climbs in uneven jumps.
 #[test]
