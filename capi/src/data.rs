@@ -633,8 +633,12 @@ pub(crate) unsafe extern "C" fn cq_sread(
 ) -> isize {
     call(|| {
         let wait = Some((threshold(cond), timeout));
+        // A handle of its own for as long as it waits: a close from another thread meanwhile
+        // ends the wait (`CompletionQueue::close`) instead of freeing what it waits on.
+        // SAFETY: a fid from the caller, checked.
+        let cq = unsafe { obj::<CompletionQueue>(cq) }?.clone();
         // SAFETY: as cq_read.
-        unsafe { read_into(obj::<CompletionQueue>(cq)?, buf, count, null_mut(), wait) }
+        unsafe { read_into(&cq, buf, count, null_mut(), wait) }
     })
 }
 
@@ -651,8 +655,11 @@ pub(crate) unsafe extern "C" fn cq_sreadfrom(
             return Err(-(FI_EINVAL as isize));
         }
         let wait = Some((threshold(cond), timeout));
+        // A handle of its own, as cq_sread.
+        // SAFETY: a fid from the caller, checked.
+        let cq = unsafe { obj::<CompletionQueue>(cq) }?.clone();
         // SAFETY: as cq_readfrom.
-        unsafe { read_into(obj::<CompletionQueue>(cq)?, buf, count, src.cast(), wait) }
+        unsafe { read_into(&cq, buf, count, src.cast(), wait) }
     })
 }
 
@@ -755,8 +762,9 @@ pub(crate) unsafe extern "C" fn cntr_wait(
     threshold: u64,
     timeout: c_int,
 ) -> c_int {
+    // A handle of its own for as long as it waits, as cq_sread.
     // SAFETY: forwarded.
-    unsafe { cntr_op(cntr, |c| c.wait(threshold, timeout)) }
+    unsafe { cntr_op(cntr, |c| c.clone().wait(threshold, timeout)) }
 }
 
 /// Posts a C message through `post` (one of the core's *msg calls).

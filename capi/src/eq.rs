@@ -55,12 +55,14 @@ unsafe fn read_with(
     read: impl FnOnce(&EventQueue) -> xfabric::Result<EqEntry>,
 ) -> isize {
     call(|| {
+        // A handle of its own for as long as it reads (`sread` may wait): a close from another
+        // thread meanwhile ends the wait instead of freeing what it waits on.
         // SAFETY: a fid from the caller, checked.
-        let q = unsafe { obj::<EventQueue>(eq) }?;
+        let q = unsafe { obj::<EventQueue>(eq) }?.clone();
         if event.is_null() || buf.is_null() {
             return Err(-(FI_EINVAL as isize));
         }
-        let e = read(q).map_err(neg)?;
+        let e = read(&q).map_err(neg)?;
         // SAFETY: event and buf writable (caller), buf for `len` bytes.
         Ok(unsafe { deliver(e, event.cast(), buf, len) })
     })
@@ -211,8 +213,9 @@ pub(crate) unsafe extern "C" fn cq_strerror(
 
 pub(crate) unsafe extern "C" fn wait_wait(waitset: *mut c_void, timeout: c_int) -> c_int {
     int(call(|| {
+        // A handle of its own for as long as it waits, as eq_sread.
         // SAFETY: a fid from the caller, checked.
-        let w = unsafe { obj::<WaitSet>(waitset) }?;
+        let w = unsafe { obj::<WaitSet>(waitset) }?.clone();
         w.wait(timeout).map(|()| 0).map_err(neg)
     }))
 }

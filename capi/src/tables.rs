@@ -108,6 +108,7 @@ class!(
         control: objects::eq_control,
     },
     OpsHead<FiOpsEq> = |fid| OpsHead { fid, ops: &EQ_OPS },
+    close = EventQueue::close,
 );
 class!(
     WaitSet,
@@ -119,6 +120,7 @@ class!(
         fid,
         ops: &WAIT_OPS,
     },
+    close = WaitSet::close,
 );
 class!(
     PollSet,

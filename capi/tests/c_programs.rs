@@ -89,6 +89,12 @@ fn c_cq_readerr_gives_error_data_with_and_without_room() {
 }
 
 #[test]
+fn c_a_close_ends_a_wait_in_another_thread() {
+    let out = run_c("close_while_waiting", &["-lpthread"]);
+    assert!(out.contains("close_while_waiting: ok"), "{out}");
+}
+
+#[test]
 fn c_careless_calls_get_error_codes_not_crashes() {
     let out = run_c("careless_calls", &[]);
     assert!(

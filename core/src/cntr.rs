@@ -40,6 +40,9 @@ pub struct CntrInner {
     sleepers: AtomicUsize,
     progress: ProgressList,
     bound: AtomicUsize,
+    /// Closed (`Counter::close`): a thread still in `wait`, holding the counter through its
+    /// own handle, returns instead of sleeping on.
+    closed: std::sync::atomic::AtomicBool,
     wait_set: Option<WaitSet>,
     observers: Mutex<Vec<Weak<dyn CntrObserver>>>,
     has_observers: std::sync::atomic::AtomicBool,
@@ -118,6 +121,7 @@ impl Counter {
             sleepers: AtomicUsize::new(0),
             progress: ProgressList::default(),
             bound: AtomicUsize::new(0),
+            closed: Default::default(),
             wait_set: attr
                 .wait_set
                 .clone()
@@ -232,6 +236,11 @@ impl Counter {
             if self.inner.err.load(Ordering::Acquire) != err0 {
                 return Err(Error::Avail);
             }
+            if self.inner.closed.load(Ordering::Acquire) {
+                return Err(Error::OpBadState(
+                    "cntr wait: the counter was closed while this thread waited".into(),
+                ));
+            }
             let Some(left) = remaining(dl, Duration::from_millis(1)) else {
                 return Err(Error::TimedOut("cntr wait"));
             };
@@ -271,6 +280,11 @@ impl Counter {
                 )),
             ));
         }
+        // A thread still in `wait` (through a handle of its own) returns rather than waiting
+        // for a change nothing will make.
+        self.inner.closed.store(true, Ordering::Release);
+        let _g = self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.inner.cond.notify_all();
         Ok(())
     }
 }
@@ -414,6 +428,7 @@ impl CntrInner {
         let g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         if self.value.load(Ordering::Acquire) >= threshold
             || self.err.load(Ordering::Acquire) != err0
+            || self.closed.load(Ordering::Acquire)
         {
             return;
         }

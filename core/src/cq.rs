@@ -50,6 +50,9 @@ struct Queue {
     /// Set when an entry had to be dropped; reported once the valid entries are read.
     overrun: bool,
     signaled: bool,
+    /// Closed (`CompletionQueue::close`): a thread still waiting in `sread`, which holds the
+    /// queue through its own handle, returns instead of sleeping on.
+    closed: bool,
 }
 
 impl Queue {
@@ -159,6 +162,7 @@ impl CompletionQueue {
                 last_err_data: None,
                 overrun: false,
                 signaled: false,
+                closed: false,
             }),
             cond: Condvar::new(),
             sleepers: AtomicUsize::new(0),
@@ -337,6 +341,11 @@ impl CompletionQueue {
                     drop(q);
                     return self.inner.take(buf, src.as_deref_mut());
                 }
+                if q.closed {
+                    return Err(Error::OpBadState(
+                        "cq sread: the queue was closed while this thread waited".into(),
+                    ));
+                }
                 // A signal ends the wait, but never hides data that is already there.
                 if q.signaled {
                     q.signaled = false;
@@ -456,6 +465,11 @@ impl CompletionQueue {
                 Error::Busy(format!("cq close: {n} endpoint binding(s) left")),
             ));
         }
+        // A thread still in `sread` (through a handle of its own) returns rather than waiting
+        // for an entry nothing will write.
+        let mut q = self.inner.lock();
+        q.closed = true;
+        self.inner.cond.notify_all();
         Ok(())
     }
 }
@@ -673,7 +687,7 @@ impl CqInner {
 
     fn sleep(&self, left: Duration, want: usize) {
         let q = self.lock();
-        if q.signaled || !q.errs.is_empty() || q.ring.len() >= want {
+        if q.signaled || q.closed || !q.errs.is_empty() || q.ring.len() >= want {
             return;
         }
         self.sleepers.fetch_add(1, Ordering::AcqRel);

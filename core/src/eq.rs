@@ -56,6 +56,9 @@ pub struct EqErrEntry {
 struct Q {
     events: VecDeque<EqEntry>,
     errs: VecDeque<EqErrEntry>,
+    /// Closed (`EventQueue::close`): a thread still in `sread`, holding the queue through a
+    /// handle of its own, returns instead of sleeping on.
+    closed: bool,
 }
 
 /// Shared state of an event queue.
@@ -95,6 +98,7 @@ impl EventQueue {
                 q: Mutex::new(Q {
                     events: VecDeque::new(),
                     errs: VecDeque::new(),
+                    closed: false,
                 }),
                 cond: Condvar::new(),
                 fd,
@@ -178,10 +182,24 @@ impl EventQueue {
                 return Err(Error::Again("eq sread"));
             };
             let q = self.inner.q.lock().unwrap_or_else(|e| e.into_inner());
+            if q.closed {
+                return Err(Error::OpBadState(
+                    "eq sread: the queue was closed while this thread waited".into(),
+                ));
+            }
             if q.events.is_empty() && q.errs.is_empty() {
                 let _ = self.inner.cond.wait_timeout(q, left);
             }
         }
+    }
+
+    /// `fi_close`: a thread still in `sread` (through a handle of its own) returns rather
+    /// than waiting for an event nothing will queue.
+    pub fn close(self) -> std::result::Result<(), (Self, Error)> {
+        let mut q = self.inner.q.lock().unwrap_or_else(|e| e.into_inner());
+        q.closed = true;
+        self.inner.cond.notify_all();
+        Ok(())
     }
 
     /// `fi_eq_write`: the application inserts an event.

@@ -525,6 +525,9 @@ pub(crate) struct WaitSetInner {
     fd: Option<FdWait>,
     /// What it was opened with (`fi_control(FI_GETWAITOBJ)`).
     wait_obj: WaitObj,
+    /// Closed (`WaitSet::close`): a thread still in `wait`, holding the set through a handle
+    /// of its own, returns instead of sleeping on.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// Attributes of a wait set (`struct fi_wait_attr`).
@@ -537,6 +540,17 @@ pub struct WaitAttr {
 }
 
 impl WaitSet {
+    /// `fi_close`: a thread still in `wait` (through a handle of its own) returns rather than
+    /// waiting for members it may never hear from.
+    pub fn close(self) -> std::result::Result<(), (Self, Error)> {
+        self.inner
+            .closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        let _g = self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.inner.cond.notify_all();
+        Ok(())
+    }
+
     /// `fi_wait_open`.
     pub fn open(attr: &WaitAttr) -> Result<Self> {
         // libfabric answers -FI_EINVAL to both: a set that cannot wait, and flags.
@@ -575,6 +589,7 @@ impl WaitSet {
                 woken: std::sync::atomic::AtomicBool::new(false),
                 fd,
                 wait_obj: attr.wait_obj,
+                closed: Default::default(),
             }),
         })
     }
@@ -697,11 +712,16 @@ impl WaitSet {
             if any {
                 return Ok(());
             }
+            if self.inner.closed.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(Error::OpBadState(
+                    "fi_wait: the set was closed while this thread waited".into(),
+                ));
+            }
             let Some(left) = remaining(dl, Duration::from_millis(1)) else {
                 return Err(Error::TimedOut("fi_wait"));
             };
             let g = self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
-            if *g == seen {
+            if *g == seen && !self.inner.closed.load(std::sync::atomic::Ordering::Acquire) {
                 let _ = self.inner.cond.wait_timeout(g, left);
             }
         }
