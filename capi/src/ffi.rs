@@ -287,6 +287,12 @@ pub(crate) trait Class: Sized + 'static {
     /// The head of a new object of this class with `context`: its fid and its ops tables
     /// (what else the head holds is the open's to fill in).
     fn new_head(context: *mut c_void) -> Self::Head;
+    /// Why fi_close would refuse now, if it would: asked through a shared reference first,
+    /// so that a refused close never takes the object out of its fid (other threads may be
+    /// reading it).
+    fn busy(&self) -> Option<Error> {
+        None
+    }
     /// fi_close; an object still in use comes back with the reason.
     fn close(self) -> Result<(), (Self, Error)> {
         Ok(())
@@ -383,6 +389,10 @@ pub(crate) unsafe extern "C" fn close<T: Class>(fid: *mut c_void) -> c_int {
         if open > 0 {
             tracing::debug!("fi_close: {open} object(s) opened from this one are still open");
             return -FI_EBUSY;
+        }
+        // SAFETY: checked to be our Obj<T>, read through a shared reference.
+        if let Some(e) = unsafe { (*obj).inner.busy() } {
+            return code(&e);
         }
         // SAFETY: checked to be our Obj<T>; the inner object is taken once, and put back if it
         // refuses to close.

@@ -26,7 +26,8 @@ macro_rules! class {
         $t:ty, $fclass:expr,
         $fi_ops:ident { $($member:ident: $f:expr),* $(,)? },
         $head:ty = $make:expr
-        $(, close = $close:expr)? $(,)?
+        $(, close = $close:expr)?
+        $(, busy = $busy:expr)? $(,)?
     ) => {
         static $fi_ops: FiOps = FiOps {
             close: close::<$t>,
@@ -45,6 +46,9 @@ macro_rules! class {
             }
             $(fn close(self) -> Result<(), (Self, Error)> {
                 ($close)(self)
+            })?
+            $(fn busy(&self) -> Option<Error> {
+                ($busy)(self)
             })?
         }
     };
@@ -79,6 +83,7 @@ class!(
     AV_FI_OPS { bind: data::av_bind },
     OpsHead<FiOpsAv> = |fid| OpsHead { fid, ops: &AV_OPS },
     close = AddressVector::close,
+    busy = AddressVector::busy,
 );
 class!(
     CompletionQueue,
@@ -88,6 +93,7 @@ class!(
     },
     OpsHead<FiOpsCq> = |fid| OpsHead { fid, ops: &CQ_OPS },
     close = CompletionQueue::close,
+    busy = CompletionQueue::busy,
 );
 class!(
     Counter,
@@ -100,6 +106,7 @@ class!(
         ops: &CNTR_OPS,
     },
     close = Counter::close,
+    busy = Counter::busy,
 );
 class!(
     EventQueue,

@@ -349,16 +349,18 @@ impl AddressVector {
         t.by_name.len()
     }
 
+    /// Why `close` would refuse now (an endpoint is bound), if it would.
+    pub fn busy(&self) -> Option<Error> {
+        let n = self.inner.bound.load(Ordering::Acquire);
+        (n > 0).then(|| Error::Busy(format!("av close: {n} endpoint binding(s) left")))
+    }
+
     /// `fi_close`: `Busy` while an endpoint is bound.
     pub fn close(self) -> std::result::Result<(), (Self, Error)> {
-        let n = self.inner.bound.load(Ordering::Acquire);
-        if n > 0 {
-            return Err((
-                self,
-                Error::Busy(format!("av close: {n} endpoint binding(s) left")),
-            ));
+        match self.busy() {
+            Some(e) => Err((self, e)),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 

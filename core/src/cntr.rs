@@ -261,24 +261,28 @@ impl Counter {
         }
     }
 
+    /// Why `close` would refuse now (an endpoint is bound, or operations wait on its
+    /// thresholds), if it would.
+    pub fn busy(&self) -> Option<Error> {
+        let n = self.inner.bound.load(Ordering::Acquire);
+        if n > 0 {
+            return Some(Error::Busy(format!(
+                "cntr close: {n} endpoint binding(s) left"
+            )));
+        }
+        let queued = self.inner.triggers.get().map_or(0, |q| q.len());
+        (queued > 0).then(|| {
+            Error::Busy(format!(
+                "cntr close: {queued} triggered operation(s) wait on it (cancel or flush them)"
+            ))
+        })
+    }
+
     /// `fi_close`: `Busy` (handing the counter back) while an endpoint is bound to it or
     /// triggered operations or deferred work wait on its thresholds.
     pub fn close(self) -> std::result::Result<(), (Self, Error)> {
-        let n = self.inner.bound.load(Ordering::Acquire);
-        if n > 0 {
-            return Err((
-                self,
-                Error::Busy(format!("cntr close: {n} endpoint binding(s) left")),
-            ));
-        }
-        let queued = self.inner.triggers.get().map_or(0, |q| q.len());
-        if queued > 0 {
-            return Err((
-                self,
-                Error::Busy(format!(
-                    "cntr close: {queued} triggered operation(s) wait on it (cancel or flush them)"
-                )),
-            ));
+        if let Some(e) = self.busy() {
+            return Err((self, e));
         }
         // A thread still in `wait` (through a handle of its own) returns rather than waiting
         // for a change nothing will make.

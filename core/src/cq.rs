@@ -456,14 +456,16 @@ impl CompletionQueue {
         self.len() == 0
     }
 
+    /// Why `close` would refuse now (an endpoint is bound), if it would.
+    pub fn busy(&self) -> Option<Error> {
+        let n = self.inner.bound.load(Ordering::Acquire);
+        (n > 0).then(|| Error::Busy(format!("cq close: {n} endpoint binding(s) left")))
+    }
+
     /// `fi_close`: fails with `Busy` (handing the queue back) while an endpoint is bound.
     pub fn close(self) -> std::result::Result<(), (Self, Error)> {
-        let n = self.inner.bound.load(Ordering::Acquire);
-        if n > 0 {
-            return Err((
-                self,
-                Error::Busy(format!("cq close: {n} endpoint binding(s) left")),
-            ));
+        if let Some(e) = self.busy() {
+            return Err((self, e));
         }
         // A thread still in `sread` (through a handle of its own) returns rather than waiting
         // for an entry nothing will write.
