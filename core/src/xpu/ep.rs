@@ -149,9 +149,9 @@ pub(crate) fn drain(
 }
 
 /// Closes `ring` (its endpoint is closing) and reports what it still held: each published
-/// descriptor `FI_ECANCELED` under its context; each torn slot as `drain` reports one (no
-/// context: nothing in it is trusted); each position claimed but never published one
-/// `FI_ECANCELED` entry without context (`XPU_FAULT_UNPUBLISHED`).
+/// descriptor `FI_ECANCELED` under its context; each run of torn slots as `drain` reports one
+/// (no context: nothing in them is trusted); each run of positions claimed but never
+/// published one `FI_ECANCELED` entry without context (`XPU_FAULT_UNPUBLISHED`).
 pub(crate) fn cancel_all(ring: &DescRing, port: &dyn Port) {
     for left in ring.close() {
         match left {
@@ -164,28 +164,42 @@ pub(crate) fn cancel_all(ring: &DescRing, port: &dyn Port) {
                     why: "endpoint closed before the descriptor was taken".into(),
                 },
             ),
-            Left::Torn(pos) => port.xpu_fault(
+            Left::Torn { first, n } => port.xpu_fault(
                 0,
                 0,
                 &Fault {
                     code: XPU_FAULT_TORN,
                     err: FI_EINVAL,
                     why: format!(
-                        "endpoint closed; torn descriptor at position {pos}: its check word is not this position's"
+                        "endpoint closed; {}: a check word not its position's",
+                        positions(first, n, "torn descriptor")
                     ),
                 },
             ),
-            Left::Unpublished(pos) => port.xpu_fault(
+            Left::Unpublished { first, n } => port.xpu_fault(
                 0,
                 0,
                 &Fault {
                     code: XPU_FAULT_UNPUBLISHED,
                     err: FI_ECANCELED,
                     why: format!(
-                        "endpoint closed; position {pos} was claimed but its descriptor never published"
+                        "endpoint closed; {}: claimed, never published",
+                        positions(first, n, "descriptor")
                     ),
                 },
             ),
         }
+    }
+}
+
+/// "WHAT at position P", or "n WHATs at positions P to Q" for a run.
+fn positions(first: u64, n: u64, what: &str) -> String {
+    if n == 1 {
+        format!("{what} at position {first}")
+    } else {
+        format!(
+            "{n} {what}s at positions {first} to {}",
+            first.wrapping_add(n - 1)
+        )
     }
 }

@@ -88,11 +88,30 @@ pub(crate) enum Took {
 pub(crate) enum Left {
     /// A published descriptor never taken.
     Published(XpuDesc),
-    /// A published slot whose check word is another position's (as `Took::Torn`): nothing
-    /// in it is trusted.
-    Torn(u64),
-    /// A claimed position whose descriptor was never published.
-    Unpublished(u64),
+    /// Published slots whose check word is another position's (as `Took::Torn`), `n` of
+    /// them in a row from position `first`: nothing in them is trusted, so a run is one
+    /// report (an XPU that leaves a lap of them makes one entry, not a lap's worth).
+    Torn { first: u64, n: u64 },
+    /// Claimed positions whose descriptors were never published, `n` in a row from `first`
+    /// (one report a run, as `Torn`).
+    Unpublished { first: u64, n: u64 },
+}
+
+impl Left {
+    /// Adds position `pos`, torn (`torn`) or unpublished, to the run `out` ends with if it
+    /// continues it, or starts a new one.
+    fn extend_run(out: &mut Vec<Left>, pos: u64, torn: bool) {
+        match (out.last_mut(), torn) {
+            (Some(Left::Torn { first, n }), true)
+            | (Some(Left::Unpublished { first, n }), false)
+                if first.wrapping_add(*n) == pos =>
+            {
+                *n += 1;
+            }
+            (_, true) => out.push(Left::Torn { first: pos, n: 1 }),
+            (_, false) => out.push(Left::Unpublished { first: pos, n: 1 }),
+        }
+    }
 }
 
 impl DescRing {
@@ -236,13 +255,13 @@ impl DescRing {
             if slot.0[0].load(Ordering::Acquire) == want {
                 let words = std::array::from_fn(|i| slot.0[i].load(Ordering::Relaxed));
                 let d = XpuDesc::from_words(words);
-                out.push(if d.check == want as u32 {
-                    Left::Published(d)
+                if d.check == want as u32 {
+                    out.push(Left::Published(d));
                 } else {
-                    Left::Torn(pos)
-                });
+                    Left::extend_run(&mut out, pos, true);
+                }
             } else {
-                out.push(Left::Unpublished(pos));
+                Left::extend_run(&mut out, pos, false);
             }
             pos = want;
         }
