@@ -120,7 +120,9 @@ unsafe fn atomicmsg(
         match armed(m.context, flags)? {
             None => e.atomicmsg(m, buf, count, flags),
             Some(Armed::Threshold(t)) => e.atomicmsg_triggered(m, buf, count, f, &t),
-            Some(Armed::Xpu(x, v)) => e.atomicmsg_xpu(m, buf, count, f, x, v).map(drop),
+            Some(Armed::Xpu(x, v, n)) => e
+                .atomicmsg_xpu(m, buf, count, f, x, v)
+                .map(|k| *n = k as i32),
         }
     }
 }

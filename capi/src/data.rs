@@ -811,7 +811,7 @@ unsafe fn sendmsg(e: &Endpoint, m: &Msg<'_>, flags: u64) -> xfabric::Result<()> 
         match armed(m.context, flags)? {
             None => e.sendmsg(m, flags),
             Some(Armed::Threshold(t)) => e.sendmsg_triggered(m, f, &t),
-            Some(Armed::Xpu(x, v)) => e.sendmsg_xpu(m, f, x, v).map(drop),
+            Some(Armed::Xpu(x, v, n)) => e.sendmsg_xpu(m, f, x, v).map(|k| *n = k as i32),
         }
     }
 }
@@ -827,7 +827,7 @@ unsafe fn tsendmsg(e: &Endpoint, m: &Msg<'_>, flags: u64) -> xfabric::Result<()>
         match armed(m.context, flags)? {
             None => e.tsendmsg(m, flags),
             Some(Armed::Threshold(t)) => e.tsendmsg_triggered(m, f, &t),
-            Some(Armed::Xpu(x, v)) => e.tsendmsg_xpu(m, f, x, v).map(drop),
+            Some(Armed::Xpu(x, v, n)) => e.tsendmsg_xpu(m, f, x, v).map(|k| *n = k as i32),
         }
     }
 }

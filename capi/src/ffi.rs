@@ -440,7 +440,8 @@ const FI_TRIGGER_XPU: c_int = 1;
 /// What an operation posted with `FI_TRIGGER` waits for.
 pub(crate) enum Armed<'a> {
     Threshold(TriggerContext),
-    Xpu(Xpu, &'a mut [TriggerVar]),
+    /// The XPU, the caller's variables to fill, and its count to set to how many were.
+    Xpu(Xpu, &'a mut [TriggerVar], &'a mut i32),
 }
 
 /// The trigger of an operation posted with `flags`: `None` without `FI_TRIGGER`; otherwise
@@ -460,7 +461,12 @@ pub(crate) unsafe fn armed<'a>(context: usize, flags: u64) -> xfabric::Result<Op
             "FI_TRIGGER: the context must be a struct fi_triggered_context, not null".into(),
         ));
     }
-    // SAFETY: readable (caller).
+    if !ctx.is_aligned() {
+        return Err(Error::Inval(
+            "FI_TRIGGER: the context is not aligned for a struct fi_triggered_context".into(),
+        ));
+    }
+    // SAFETY: readable (caller), aligned.
     let c = unsafe { &mut *ctx };
     match c.event_type {
         FI_TRIGGER_THRESHOLD => {
@@ -484,14 +490,17 @@ pub(crate) unsafe fn armed<'a>(context: usize, flags: u64) -> xfabric::Result<Op
                     x.iface
                 ))
             })?;
-            if x.count < 0 || (x.count > 0 && x.var.is_null()) {
+            if x.count < 0 || (x.count > 0 && (x.var.is_null() || !x.var.is_aligned())) {
                 return Err(Error::Inval(format!(
-                    "FI_TRIGGER_XPU: count {} with var {:p}",
+                    "FI_TRIGGER_XPU: count {} with var {:p} (null or not aligned)",
                     x.count, x.var
                 )));
             }
-            // SAFETY: var writable for count (caller), checked above.
-            Ok(Some(Armed::Xpu(xpu, unsafe { x.vars_mut() })))
+            // The count is written back with the number filled (fi_trigger(3)'s output).
+            // SAFETY: var writable for count (caller), checked above; the array is not the
+            // structure whose count is borrowed beside it.
+            let vars = unsafe { xfabric::TriggerXpu::vars_at(x.var, x.count) };
+            Ok(Some(Armed::Xpu(xpu, vars, &mut x.count)))
         }
         other => Err(Error::Inval(format!(
             "FI_TRIGGER: event_type {other} is not FI_TRIGGER_THRESHOLD or FI_TRIGGER_XPU"

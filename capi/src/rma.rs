@@ -203,7 +203,7 @@ unsafe fn writemsg(e: &Endpoint, m: &MsgRma<'_>, flags: u64) -> xfabric::Result<
         match armed(m.context, flags)? {
             None => e.writemsg(m, flags),
             Some(Armed::Threshold(t)) => e.writemsg_triggered(m, f, &t),
-            Some(Armed::Xpu(x, v)) => e.writemsg_xpu(m, f, x, v).map(drop),
+            Some(Armed::Xpu(x, v, n)) => e.writemsg_xpu(m, f, x, v).map(|k| *n = k as i32),
         }
     }
 }

@@ -51,7 +51,7 @@ pub(crate) unsafe extern "C" fn ep_getopt(
     int(call(|| {
         // SAFETY: a fid from the caller, checked.
         let ep = unsafe { ep_of(fid) }?;
-        if optval.is_null() || optlen.is_null() {
+        if optval.is_null() || optlen.is_null() || !optlen.is_aligned() {
             return Err(-(FI_EINVAL as isize));
         }
         if level != FI_OPT_ENDPOINT {
@@ -66,7 +66,11 @@ pub(crate) unsafe extern "C" fn ep_getopt(
                     unsafe { *optlen = std::mem::size_of::<TriggerXpu>() };
                     return Err(-(FI_ETOOSMALL as isize));
                 }
-                // SAFETY: a struct fi_trigger_xpu whose var holds count variables (caller).
+                if !optval.cast::<TriggerXpu>().is_aligned() {
+                    return Err(-(FI_EINVAL as isize));
+                }
+                // SAFETY: a struct fi_trigger_xpu whose var holds count variables (caller),
+                // aligned.
                 let t = unsafe { &mut *optval.cast::<TriggerXpu>() };
                 // SAFETY: as above.
                 unsafe { ep.getopt_xpu_trigger(t) }.map_err(neg)?;

@@ -27,7 +27,7 @@ pub use xfabric_core::{
     Xpu, XpuDevice, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED,
 };
 
-/// Bytes allocated per doorbell: a page, the unit every driver maps in.
+/// Bytes allocated per device doorbell: a page, the unit every driver maps in.
 const BELL_BYTES: usize = 4096;
 
 /// Doorbells from xfabric-hmem's device-visible host memory; what providers hand their
@@ -67,6 +67,9 @@ impl DoorbellAlloc for HmemDoorbells {
     }
 
     fn alloc(&self, xpu: Xpu) -> Result<Box<dyn Doorbell>> {
+        if xpu.iface == Iface::System {
+            return Ok(Box::new(HeapBell(AtomicU64::new(0))));
+        }
         let mem = Hmem::global()
             .get(xpu.iface)
             .alloc_host_mapped(xpu.device, BELL_BYTES)?;
@@ -132,6 +135,24 @@ impl XpuMem for MappedBlock {
 }
 
 /// A doorbell: the first word of a device-visible host page.
+/// A CPU XPU's doorbell: a word of this process's heap on a cache line of its own, which the
+/// XPU's thread stores to directly. Nothing else maps it: a memfd per doorbell (what
+/// `alloc_host_mapped` gives host memory) kept a descriptor and a mapping per closed endpoint
+/// until its domain closed (`Retired`), and a domain that opened and closed endpoints ran out
+/// of descriptors after about a thousand.
+#[repr(align(64))]
+struct HeapBell(AtomicU64);
+
+impl Doorbell for HeapBell {
+    fn word(&self) -> &AtomicU64 {
+        &self.0
+    }
+
+    fn xpu_addr(&self) -> usize {
+        &self.0 as *const AtomicU64 as usize
+    }
+}
+
 struct MappedBell(HostMapped);
 
 impl Doorbell for MappedBell {
@@ -156,6 +177,23 @@ mod tests {
         let b = d.alloc(Xpu::CPU).unwrap();
         assert_eq!(b.word().load(Ordering::Acquire), 0);
         assert_eq!(b.xpu_addr(), b.word() as *const AtomicU64 as usize);
+    }
+
+    /// A CPU XPU's doorbells hold no descriptor: a domain keeps every closed endpoint's until
+    /// it closes (an XPU may store to one late), and a memfd each ran a long-lived domain out
+    /// of descriptors.
+    #[test]
+    fn cpu_doorbells_hold_no_file_descriptors() {
+        let fds = || std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+        let d = doorbells();
+        let before = fds();
+        let kept: Vec<_> = (0..500).map(|_| d.alloc(Xpu::CPU).unwrap()).collect();
+        let after = fds();
+        // Other tests' threads may open a few meanwhile; 500 would not fit this margin.
+        assert!(after < before + 50, "{before} descriptors, then {after}");
+        for b in &kept {
+            assert_eq!(b.xpu_addr() % 64, 0, "a cache line each");
+        }
     }
 
     #[test]

@@ -87,13 +87,37 @@ int main(void)
 
 	static struct fi_triggered_context2 tctx;
 	tctx.event_type = FI_TRIGGER_XPU;
-	tctx.trigger.xpu.count = nvars;
+	tctx.trigger.xpu.count = MAX_VARS; /* the array's length: the number filled comes back */
 	tctx.trigger.xpu.iface = FI_HMEM_SYSTEM;
 	tctx.trigger.xpu.device.reserved = 0;
 	tctx.trigger.xpu.var = vars;
 	struct iovec iov = { .iov_base = buf, .iov_len = LEN };
 	struct fi_msg msg = { .msg_iov = &iov, .iov_count = 1, .addr = s.peer, .context = &tctx };
+
+	/* Misaligned pointers are refused, not used in place (a careless caller's packed
+	 * structures): the variables, the triggered context, getopt's optlen. */
+	static union { uint64_t align; unsigned char b[4 + sizeof tctx]; } odd;
+	static union { uint64_t align; unsigned char b[4 + sizeof vars]; } odd_vars;
+	tctx.trigger.xpu.var = (struct fi_trigger_var *)(odd_vars.b + 4);
+	if (fi_sendmsg(s.ep, &msg, FI_TRIGGER) != -FI_EINVAL)
+		FAIL("misaligned trigger variables were not refused");
+	tctx.trigger.xpu.var = vars;
+	memcpy(odd.b + 4, &tctx, sizeof tctx);
+	msg.context = odd.b + 4;
+	if (fi_sendmsg(s.ep, &msg, FI_TRIGGER) != -FI_EINVAL)
+		FAIL("a misaligned fi_triggered_context was not refused");
+	msg.context = &tctx;
+	static union { uint64_t align; unsigned char b[1 + sizeof(size_t)]; } odd_len;
+	size_t want = sizeof q;
+	memcpy(odd_len.b + 1, &want, sizeof want);
+	if (fi_getopt(&s.ep->fid, FI_OPT_ENDPOINT, FI_OPT_XPU_TRIGGER, &q,
+		      (size_t *)(odd_len.b + 1)) != -FI_EINVAL)
+		FAIL("a misaligned optlen was not refused");
+
 	CHECK(fi_sendmsg(s.ep, &msg, FI_TRIGGER));
+	if (tctx.trigger.xpu.count != nvars)
+		FAIL("the post left count %d, not the %d variables it filled",
+		     tctx.trigger.xpu.count, nvars);
 	for (int i = 0; i < nvars; i++)
 		if (!vars[i].addr)
 			FAIL("the provider left variable %d without an address", i);

@@ -131,6 +131,9 @@ pub union XpuDevice {
     pub ze: i32,
 }
 
+/// The most variables a trigger fills (xfabric's need one: a 64-bit value).
+pub const VARS_MAX: usize = 1;
+
 /// `struct fi_trigger_xpu`, as a C caller passes it: which XPU rings the trigger, and the
 /// array the provider fills.
 #[repr(C)]
@@ -205,15 +208,29 @@ impl TriggerXpu {
         Some(Xpu { iface, device })
     }
 
-    /// The caller's variables.
+    /// The caller's variables, as many as a trigger fills at most (`VARS_MAX`): the slice
+    /// claims no more of the caller's array than is ever written. None (an empty slice) where
+    /// `var` is not aligned for a `TriggerVar` (a caller's error the slice would make
+    /// undefined behaviour of).
     ///
     /// # Safety
     /// `var` must point to `count` valid, writable `TriggerVar`s (or `count` be 0).
     pub unsafe fn vars_mut(&mut self) -> &mut [TriggerVar] {
-        if self.count <= 0 || self.var.is_null() {
+        // SAFETY: forwarded.
+        unsafe { Self::vars_at(self.var, self.count) }
+    }
+
+    /// [`vars_mut`](Self::vars_mut) of the array `var` of `count` variables, borrowing
+    /// nothing of the structure that holds them (its `count` may be written meanwhile).
+    ///
+    /// # Safety
+    /// As `vars_mut`; the variables are not otherwise referenced while the slice lives.
+    pub unsafe fn vars_at<'a>(var: *mut TriggerVar, count: i32) -> &'a mut [TriggerVar] {
+        if count <= 0 || var.is_null() || !var.is_aligned() {
             return &mut [];
         }
-        // SAFETY: the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.var, self.count as usize) }
+        let n = (count as usize).min(VARS_MAX);
+        // SAFETY: the caller's contract: `count` >= n variables, aligned (checked).
+        unsafe { std::slice::from_raw_parts_mut(var, n) }
     }
 }

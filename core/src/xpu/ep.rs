@@ -153,7 +153,18 @@ pub(crate) fn drain(
 /// (no context: nothing in them is trusted); each run of positions claimed but never
 /// published one `FI_ECANCELED` entry without context (`XPU_FAULT_UNPUBLISHED`).
 pub(crate) fn cancel_all(ring: &DescRing, port: &dyn Port) {
+    // Once the queue holds as many error entries as it has room for, the rest are counted
+    // and reported in one entry: a ring of 262,144 descriptors closed into a CQ of 16 put
+    // every one of them in the CQ's memory.
+    let mut over = 0u64;
     for left in ring.close() {
+        if port.xpu_faults_full() {
+            over += match left {
+                Left::Published(_) => 1,
+                Left::Torn { n, .. } | Left::Unpublished { n, .. } => n,
+            };
+            continue;
+        }
         match left {
             Left::Published(d) => port.xpu_fault(
                 d.context as usize,
@@ -189,6 +200,20 @@ pub(crate) fn cancel_all(ring: &DescRing, port: &dyn Port) {
                 },
             ),
         }
+    }
+    if over > 0 {
+        port.xpu_fault(
+            0,
+            0,
+            &Fault {
+                code: FI_ECANCELED,
+                err: FI_ECANCELED,
+                why: format!(
+                    "endpoint closed; {over} more descriptors or positions canceled, not \
+                     reported one by one: the completion queue's error entries were full"
+                ),
+            },
+        );
     }
 }
 

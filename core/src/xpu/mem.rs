@@ -58,8 +58,8 @@ const RETIRED_SAID: usize = 1024;
 /// a kernel still running when the host tears down does not, and its calls must then reach
 /// memory that is still there (a closed ring answers `-FI_ESHUTDOWN`, a CQ's ring holds what it
 /// held), never memory given back to the allocator or unmapped. What an application that
-/// opens and closes endpoints in one long-lived domain pays: each export's block (64 KiB for
-/// a default ring) until that domain closes.
+/// opens and closes endpoints in one long-lived domain pays: each export's block (192 KiB
+/// for an endpoint's default ring) until that domain closes.
 #[derive(Default)]
 pub struct Retired {
     blocks: Mutex<Vec<Arc<dyn Any + Send + Sync>>>,

@@ -630,6 +630,32 @@ fn faulty_descriptors_stop_at_the_cqs_size_until_their_errors_are_read() {
     assert!(w.sh.log.lock().unwrap().is_empty(), "nothing started");
 }
 
+/// Closing an endpoint whose ring holds more descriptors than its CQ has room for error
+/// entries: as many are reported one by one as the CQ holds, the rest in one entry that says
+/// how many (every one reported, none kept past the CQ's size).
+#[test]
+fn a_close_reports_past_the_cqs_size_in_one_entry() {
+    const CQ: usize = 8;
+    let w = World::new();
+    let n = node_sized(&w, CQ);
+    let x = n.ep.export_xpu_slots(Xpu::CPU, 64).unwrap();
+    let buf = vec![0u8; 8];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    for ctx in 1..=40 {
+        assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, ctx, 0, W), 0);
+    }
+    let started = w.sh.ctxs().len();
+    let Node { ep, cq, av: _av } = n;
+    ep.close().unwrap();
+    let errs = errors(&cq);
+    assert!(errs.len() <= CQ + 1, "{} entries", errs.len());
+    let one_by_one = errs.iter().filter(|(e, _)| e.op_context != 0).count();
+    let (last, why) = errs.last().expect("reports");
+    assert_eq!((last.op_context, last.err), (0, FI_ECANCELED));
+    let rest = 40 - started - one_by_one;
+    assert!(why.contains(&format!("{rest} more descriptors")), "{why}");
+}
+
 #[test]
 fn a_full_ring_answers_again_until_the_watcher_drains_it() {
     let w = World::new();
