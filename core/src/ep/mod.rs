@@ -493,6 +493,17 @@ const SEND_FLAGS: u64 = FI_REMOTE_CQ_DATA
     | FI_FENCE;
 const RECV_FLAGS: u64 = FI_COMPLETION | FI_MORE | FI_MULTI_RECV;
 const TRECV_FLAGS: u64 = FI_COMPLETION | FI_MORE | FI_PEEK | FI_CLAIM | FI_DISCARD;
+/// Flags a receive call accepts and ignores, as libfabric's providers do: what describes the
+/// operation or its completion elsewhere (MPICH's probe passes `FI_REMOTE_CQ_DATA` to a
+/// `FI_PEEK`; fi_msg(3) names `FI_TRANSMIT_COMPLETE` for `fi_recvmsg` too).
+const RX_IGNORED: u64 = FI_REMOTE_CQ_DATA
+    | FI_MSG
+    | FI_TAGGED
+    | FI_RECV
+    | FI_INJECT_COMPLETE
+    | FI_TRANSMIT_COMPLETE
+    | FI_DELIVERY_COMPLETE
+    | FI_MATCH_COMPLETE;
 
 /// `fid_ep` for an RDM endpoint.
 pub struct Endpoint {
@@ -1120,6 +1131,7 @@ impl Endpoint {
 
     /// The receive that `recvmsg` describes.
     pub(crate) fn msg_rx(&self, msg: &Msg<'_>, flags: u64) -> Result<PostedRecv> {
+        let flags = flags & !RX_IGNORED;
         if flags & !RECV_FLAGS != 0 {
             return Err(Error::BadFlags(format!(
                 "recvmsg: flags {} are not receive flags",
@@ -1307,6 +1319,7 @@ impl Endpoint {
 
     /// The tagged receive that `trecvmsg` describes.
     pub(crate) fn msg_trx(&self, msg: &Msg<'_>, flags: u64) -> Result<PostedRecv> {
+        let flags = flags & !RX_IGNORED;
         if flags & !TRECV_FLAGS != 0 {
             return Err(Error::BadFlags(format!(
                 "trecvmsg: flags {} are not tagged receive flags",

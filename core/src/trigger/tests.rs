@@ -489,3 +489,28 @@ fn an_alias_triggered_by_default_refuses_calls_that_name_no_trigger() {
     c.add(1).unwrap();
     assert_eq!(w.sh.ctxs(), [2]);
 }
+
+/// Receive calls accept the flags libfabric's providers ignore on them (MPICH's probe posts
+/// `FI_PEEK | FI_COMPLETION | FI_REMOTE_CQ_DATA`; fi_msg(3) names `FI_TRANSMIT_COMPLETE`
+/// for `fi_recvmsg`), and still refuse what no receive takes.
+#[test]
+fn receives_accept_the_flags_libfabric_ignores_on_them() {
+    let w = World::new();
+    let e = w.ep();
+    let mut buf = [0u8; 8];
+    let iov = [RawIov::of_mut(&mut buf)];
+    // SAFETY: `buf` outlives the endpoint; the mock provider never writes it.
+    unsafe {
+        e.ep.recvmsg(
+            &msg(&iov, 1),
+            FI_COMPLETION | FI_REMOTE_CQ_DATA | FI_TRANSMIT_COMPLETE,
+        )
+        .unwrap();
+        e.ep.trecvmsg(&msg(&iov, 2), FI_PEEK | FI_COMPLETION | FI_REMOTE_CQ_DATA)
+            .unwrap();
+        assert!(matches!(
+            e.ep.recvmsg(&msg(&iov, 3), FI_INJECT),
+            Err(Error::BadFlags(_))
+        ));
+    }
+}

@@ -318,7 +318,18 @@ impl Engine {
             None => {
                 self.end_inflight(peer);
                 let Sink::Buffer(bytes) = sink else { return };
-                self.keep_unexpected(peer, b.tagged, b.m, bytes);
+                // A receive posted while the body was arriving found nothing unexpected then:
+                // it takes the message now (kept unexpected, it would have waited for the
+                // sender's next one). A whole message that arrived meanwhile may still have
+                // taken an earlier-posted receive first: the header does not hold a place.
+                match self.rxq.match_arrival(b.m.src, b.m.tag, b.tagged, b.m.len) {
+                    Some(slot) => {
+                        // SAFETY: the receive's buffer is ours until it completes.
+                        let got = unsafe { slot.iov.copy_in(0, &bytes) };
+                        self.msg_landed(peer, slot, got, b.m);
+                    }
+                    None => self.keep_unexpected(peer, b.tagged, b.m, bytes),
+                }
             }
         }
     }

@@ -1508,3 +1508,28 @@ fn engine_cost_per_small_message() {
     }
     eprintln!("{:?} per message", t0.elapsed() / N as u32);
 }
+
+/// A receive posted after a message's header arrived unexpected, while its body is still on
+/// its way (a transport delivers a body over several progress calls): it takes that message
+/// when the body lands, in full. It used to find nothing unexpected when posted, and the
+/// message was then kept unexpected: the receive waited for the sender's next one.
+#[test]
+fn a_receive_posted_while_an_unexpected_body_arrives_takes_it() {
+    let world = World::new();
+    let mut a = Side::new(&world);
+    let mut b = Side::new(&world);
+    let msg = pattern(32, 7);
+    a.send(send(1, &msg, Some(5), None, 0));
+    let t = a.eng.poll_transmit().unwrap();
+    let p = wire::prefix(&t.ctrl).unwrap();
+    let sink = b.eng.on_ctrl(0, 0, &p, &t.ctrl[PREFIX..]).unwrap();
+    assert!(matches!(sink, Sink::Buffer(_)), "no receive yet: buffered");
+    let mut buf = vec![0u8; 64];
+    b.recv(recv(7, &mut buf, Some(5), 0));
+    b.eng.on_body(0, fill(sink, &body_bytes(&t.body)));
+    b.report();
+    let e = b.one(7);
+    assert_eq!((e.len, e.tag), (32, 5));
+    assert_eq!(&buf[..32], &msg[..]);
+    assert_eq!(b.eng.buffered().unexpected, 0, "nothing left unexpected");
+}
