@@ -78,6 +78,23 @@ pub(crate) unsafe extern "C" fn ep_getopt(
                 unsafe { *optlen = std::mem::size_of::<TriggerXpu>() };
                 Ok(0)
             }
+            FI_OPT_MIN_MULTI_RECV => {
+                const LEN: usize = std::mem::size_of::<usize>();
+                // SAFETY: readable and writable (checked non-null, aligned).
+                if unsafe { *optlen } < LEN {
+                    // SAFETY: as above.
+                    unsafe { *optlen = LEN };
+                    return Err(-(FI_ETOOSMALL as isize));
+                }
+                let v = ep.getopt(FI_OPT_MIN_MULTI_RECV).map_err(neg)?;
+                // SAFETY: a size_t's room (checked); written unaligned, as it was read in
+                // `ep_setopt`.
+                unsafe {
+                    optval.cast::<usize>().write_unaligned(v);
+                    *optlen = LEN;
+                }
+                Ok(0)
+            }
             _ => Err(-(libc::ENOPROTOOPT as isize)),
         }
     }))

@@ -142,6 +142,17 @@ int main(void)
 	}
 	mr = NULL;
 
+	/* FI_OPT_MIN_MULTI_RECV reads back what was set (it was -FI_ENOPROTOOPT), and a short
+	 * optlen gets the size it takes. */
+	size_t min = 100, min_got = 0, glen = sizeof min_got;
+	CHECK(fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min, sizeof min));
+	CHECK(fi_getopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min_got, &glen));
+	REQUIRE(min_got == 100 && glen == sizeof min_got);
+	glen = 1;
+	REQUIRE(fi_getopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min_got, &glen) ==
+		-FI_ETOOSMALL);
+	REQUIRE(glen == sizeof min_got);
+
 	/* fi_getopt with a short optlen: the size it takes comes back. */
 	struct fi_trigger_xpu t;
 	size_t optlen = 1;

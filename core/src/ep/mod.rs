@@ -129,6 +129,12 @@ pub trait EndpointOps: ProgressSource {
     fn cancel(&self, ctx: Context) -> Result<()>;
     /// Sets an option the provider keeps (`FI_OPT_MIN_MULTI_RECV`, ...).
     fn setopt(&self, name: i32, value: usize) -> Result<()>;
+    /// Reads an option the provider keeps (`FI_OPT_MIN_MULTI_RECV`); `NoSys` by default.
+    fn getopt(&self, name: i32) -> Result<usize> {
+        Err(Error::NoSys(format!(
+            "getopt: option {name} is not supported"
+        )))
+    }
     /// Releases everything: outstanding operations complete with `Canceled`.
     fn close(&self);
     /// What the endpoint buffers now for messages it could not handle yet.
@@ -777,6 +783,11 @@ impl Endpoint {
     /// `fi_setopt(FI_OPT_ENDPOINT, name, value)`.
     pub fn setopt(&self, name: i32, value: usize) -> Result<()> {
         self.ops.setopt(name, value)
+    }
+
+    /// `fi_getopt(FI_OPT_ENDPOINT, name)` of an option `setopt` sets.
+    pub fn getopt(&self, name: i32) -> Result<usize> {
+        self.ops.getopt(name)
     }
 
     /// `fi_cancel`: a posted receive completes with `FI_ECANCELED`; `NoEntry` if nothing with

@@ -444,6 +444,16 @@ impl Engine {
         }
     }
 
+    /// `fi_getopt` at the endpoint level, of what `setopt` sets.
+    pub fn getopt(&self, name: i32, provider: &str) -> Result<usize> {
+        match name {
+            FI_OPT_MIN_MULTI_RECV => Ok(self.rxq.min_multi_recv),
+            _ => Err(Error::NoSys(format!(
+                "getopt: option {name} is not supported by {provider}"
+            ))),
+        }
+    }
+
     /// A frame's prefix and control part arrived from `peer` (known to this endpoint's
     /// address vector as `src`, or `FI_ADDR_NOTAVAIL`): where its body goes. `Err`: the peer
     /// speaks garbage; the transport drops it (and reports `on_lost`).

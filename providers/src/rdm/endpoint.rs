@@ -437,6 +437,10 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
         self.lock().engine.setopt(name, value, W::PROVIDER)
     }
 
+    fn getopt(&self, name: i32) -> Result<usize> {
+        self.lock().engine.getopt(name, W::PROVIDER)
+    }
+
     fn buffered(&self) -> xfabric_core::Buffered {
         let st = self.lock();
         xfabric_core::Buffered {
