@@ -34,6 +34,28 @@ fn add<'a>(trig: &'a Counter, threshold: u64, cntr: &'a Counter, value: u64) -> 
     }
 }
 
+/// A deferred send of `iov` (context 5, `flags`) on `ep`, started when `trig` reaches
+/// `threshold`, counted on `done`.
+fn send_at<'a>(
+    ep: &'a crate::ep::Endpoint,
+    iov: &'a [RawIov],
+    flags: u64,
+    trig: &'a Counter,
+    threshold: u64,
+    done: Option<&'a Counter>,
+) -> DeferredWork<'a> {
+    DeferredWork {
+        threshold,
+        triggering_cntr: trig,
+        completion_cntr: done,
+        op: WorkOp::Send(OpMsg {
+            ep,
+            msg: msg(iov, 5),
+            flags,
+        }),
+    }
+}
+
 #[test]
 fn counter_operations_watch_success_plus_errors_and_touch_only_their_counter() {
     let w = World::new();
@@ -419,16 +441,7 @@ fn a_completion_counter_bound_to_the_endpoint_counts_once() {
     let iov = [RawIov::of(&buf)];
     // The completion counter is also the endpoint's send counter, and the work asks for
     // endpoint completions: fi_trigger(3) counts it there once, not twice.
-    let work = DeferredWork {
-        threshold: 1,
-        triggering_cntr: &trig,
-        completion_cntr: Some(&sent),
-        op: WorkOp::Send(OpMsg {
-            ep: &e.ep,
-            msg: msg(&iov, 5),
-            flags: FI_COMPLETION,
-        }),
-    };
+    let work = send_at(&e.ep, &iov, FI_COMPLETION, &trig, 1, Some(&sent));
     // SAFETY: `buf` outlives the endpoint; the mock provider never reads it.
     unsafe { w.domain.queue_work(&work) }.unwrap();
     trig.add(1).unwrap();
@@ -447,16 +460,7 @@ fn a_flush_starts_none_of_the_work_it_flushes() {
     let e = w.ep_with(ALL_CAPS, 64, &[(&sent, FI_SEND)]);
     let buf = [0u8; 8];
     let iov = [RawIov::of(&buf)];
-    let send = DeferredWork {
-        threshold: 100,
-        triggering_cntr: &trig,
-        completion_cntr: None,
-        op: WorkOp::Send(OpMsg {
-            ep: &e.ep,
-            msg: msg(&iov, 5),
-            flags: FI_COMPLETION,
-        }),
-    };
+    let send = send_at(&e.ep, &iov, FI_COMPLETION, &trig, 100, None);
     // SAFETY: `buf` outlives the endpoint; the mock provider never reads it.
     unsafe { w.domain.queue_work(&send) }.unwrap();
     // SAFETY: a counter operation names no memory.
@@ -476,16 +480,7 @@ fn a_closed_endpoints_work_counts_one_error_on_its_own_counter() {
     let e = w.ep_with(ALL_CAPS, 64, &[(&sent, FI_SEND)]);
     let buf = [0u8; 8];
     let iov = [RawIov::of(&buf)];
-    let work = DeferredWork {
-        threshold: 5,
-        triggering_cntr: &trig,
-        completion_cntr: Some(&sent),
-        op: WorkOp::Send(OpMsg {
-            ep: &e.ep,
-            msg: msg(&iov, 5),
-            flags: FI_COMPLETION,
-        }),
-    };
+    let work = send_at(&e.ep, &iov, FI_COMPLETION, &trig, 5, Some(&sent));
     // SAFETY: `buf` outlives the endpoint; the mock provider never reads it.
     unsafe { w.domain.queue_work(&work) }.unwrap();
     let Ep { ep, cq: _cq } = e;
@@ -502,16 +497,7 @@ fn a_closed_domains_work_counts_an_error_on_its_completion_counter() {
     let e = w.ep();
     let buf = [0u8; 8];
     let iov = [RawIov::of(&buf)];
-    let work = DeferredWork {
-        threshold: 5,
-        triggering_cntr: &trig,
-        completion_cntr: Some(&done),
-        op: WorkOp::Send(OpMsg {
-            ep: &e.ep,
-            msg: msg(&iov, 5),
-            flags: 0,
-        }),
-    };
+    let work = send_at(&e.ep, &iov, 0, &trig, 5, Some(&done));
     // SAFETY: `buf` outlives the endpoint; the mock provider never reads it.
     unsafe { w.domain.queue_work(&work) }.unwrap();
     drop(w);
