@@ -414,12 +414,12 @@ impl AvInner {
 
     /// Counts an endpoint's binding (`fi_ep_bind`, whether or not the endpoint is enabled
     /// yet): closing the AV answers `Busy` until it is released.
-    pub fn bind(&self) {
+    pub(crate) fn hold(&self) {
         self.bound.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Undoes `bind`.
-    pub fn unbind(&self) {
+    /// Undoes `hold` when the endpoint closes.
+    pub(crate) fn release(&self) {
         self.bound.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -89,6 +89,43 @@ pub struct Bindings {
     pub eq: Option<Arc<EqInner>>,
 }
 
+impl Bindings {
+    /// The completion queues bound, each once (one may serve both directions).
+    fn cqs(&self) -> Vec<&Arc<CqInner>> {
+        distinct([&self.tx_cq, &self.rx_cq].into_iter().flatten())
+    }
+
+    /// The counters bound, each once (one may count several classes).
+    fn cntrs(&self) -> Vec<&Arc<CntrInner>> {
+        distinct(self.cntr.iter().flatten())
+    }
+
+    /// Gives back what each binding holds (`bind_cq`, `bind_cntr` and `bind_av` count one per
+    /// binding, direction or class).
+    fn release(&self) {
+        for cq in [&self.tx_cq, &self.rx_cq].into_iter().flatten() {
+            cq.release();
+        }
+        for c in self.cntr.iter().flatten() {
+            c.release();
+        }
+        if let Some(av) = &self.av {
+            av.release();
+        }
+    }
+}
+
+/// `items` without repeats of the same object, in order.
+fn distinct<'a, T>(items: impl Iterator<Item = &'a Arc<T>>) -> Vec<&'a Arc<T>> {
+    let mut out: Vec<&Arc<T>> = Vec::new();
+    for x in items {
+        if !out.iter().any(|k| Arc::ptr_eq(k, x)) {
+            out.push(x);
+        }
+    }
+    out
+}
+
 /// The provider's half of an endpoint: moving bytes. Everything else is `Endpoint`'s.
 pub trait EndpointOps: ProgressSource {
     /// Called once bindings are frozen; the provider may now use `EpCore::bound`.
@@ -698,7 +735,7 @@ impl Endpoint {
             return Err(Error::Inval("bind av: an AV is already bound".into()));
         }
         // Counted now, as a CQ is (`bind_cq`).
-        av.inner().bind();
+        av.inner().hold();
         b.av = Some(av.inner().clone());
         Ok(())
     }
@@ -739,22 +776,10 @@ impl Endpoint {
             ));
         }
         let b = self.core.bound().expect("just set");
-        let mut cqs: Vec<&Arc<CqInner>> = Vec::new();
-        for cq in [&b.tx_cq, &b.rx_cq].into_iter().flatten() {
-            if !cqs.iter().any(|c| Arc::ptr_eq(c, cq)) {
-                cqs.push(cq);
-            }
-        }
-        for cq in cqs {
+        for cq in b.cqs() {
             cq.bind(self.driven_by_readers());
         }
-        let mut cntrs: Vec<&Arc<CntrInner>> = Vec::new();
-        for c in b.cntr.iter().flatten() {
-            if !cntrs.iter().any(|k| Arc::ptr_eq(k, c)) {
-                cntrs.push(c);
-            }
-        }
-        for c in cntrs {
+        for c in b.cntrs() {
             c.bind(self.driven_by_readers());
         }
         self.ops.enable()?;
@@ -1376,37 +1401,20 @@ impl Endpoint {
         self.core.release_all_entries();
         self.domain_progress.remove(&self.progress_reg);
         if let Some(b) = self.core.bound() {
-            let mut cqs: Vec<&Arc<CqInner>> = Vec::new();
-            for cq in [&b.tx_cq, &b.rx_cq].into_iter().flatten() {
-                if !cqs.iter().any(|c| Arc::ptr_eq(c, cq)) {
-                    cqs.push(cq);
-                }
-            }
             let driven = self.driven_by_readers();
-            for cq in cqs {
+            for cq in b.cqs() {
                 cq.unbind(driven.as_ref());
             }
-            let mut cntrs: Vec<&Arc<CntrInner>> = Vec::new();
-            for c in b.cntr.iter().flatten() {
-                if !cntrs.iter().any(|k| Arc::ptr_eq(k, c)) {
-                    cntrs.push(c);
-                }
-            }
-            for c in cntrs {
+            for c in b.cntrs() {
                 c.unbind(driven.as_ref());
             }
         }
         // Every binding made, enabled or not (`bind_cq`, `bind_cntr`, `bind_av`).
-        let b = self.core.pending.lock().unwrap_or_else(|e| e.into_inner());
-        for cq in [&b.tx_cq, &b.rx_cq].into_iter().flatten() {
-            cq.release();
-        }
-        for c in b.cntr.iter().flatten() {
-            c.release();
-        }
-        if let Some(av) = &b.av {
-            av.unbind();
-        }
+        self.core
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .release();
     }
 }
 
