@@ -272,6 +272,18 @@ pub(crate) fn open(h: &IpcHandle) -> Result<Pages> {
     // `O_PATH`: the link is followed without opening what it names, so a descriptor that
     // names a FIFO, a socket or a device has no effect and cannot block us.
     let opath = open_path(OP, &path, libc::O_PATH | libc::O_CLOEXEC)?;
+    // Before anything asks the file's own filesystem (an `fstat` does): one a peer serves
+    // itself (FUSE) could leave the question unanswered, and us waiting in it for good.
+    let (mount, memfds) = (mount_of(opath.as_raw_fd()), memfd_mount());
+    if mount.is_none() || mount != memfds {
+        return Err(HmemError::inval(
+            OP,
+            format!(
+                "{path} is on mount {mount:?}, not the memfds' {memfds:?}; nothing was asked of \
+                 its filesystem"
+            ),
+        ));
+    }
     check_file(OP, &path, opath.as_raw_fd(), id, h.alloc_len)?;
     // Now known to be the regular file the handle names; reopened through our own
     // descriptor, so it is the same file whatever the exporter does meanwhile.
@@ -349,6 +361,30 @@ fn memfd_dev() -> Option<u64> {
         // SAFETY: `raw` is a descriptor just created and owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         fstat("memfd", fd.as_raw_fd()).ok().map(|st| st.st_dev)
+    })
+}
+
+/// The mount `fd`'s file lies on (`mnt_id` in `/proc/self/fdinfo`): procfs answers from the
+/// descriptor alone, without a call into the file's filesystem.
+fn mount_of(fd: RawFd) -> Option<u64> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("mnt_id:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The mount our own memfds lie on (`None` where none can be made or procfs cannot tell).
+fn memfd_mount() -> Option<u64> {
+    static MOUNT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *MOUNT.get_or_init(|| {
+        // SAFETY: a valid NUL-terminated name and flags; the result is checked.
+        let raw = unsafe { libc::memfd_create(c"xfabric-probe".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return None;
+        }
+        // SAFETY: `raw` is a descriptor just created and owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        mount_of(fd.as_raw_fd())
     })
 }
 
@@ -480,6 +516,48 @@ mod open_tests {
             panic!("a hugetlb memfd opened");
         };
         assert!(e.to_string().contains("not the memfds'"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod mount_tests {
+    use super::*;
+
+    /// A handle naming a file of the right inode, device and size on another mount (here
+    /// tmpfs's /dev/shm, or /tmp) is refused by its mount, before anything asks that file's
+    /// filesystem: a peer serving its own (FUSE) could leave such a question unanswered.
+    #[test]
+    fn a_file_on_another_mount_is_refused_before_its_filesystem_is_asked() {
+        let dir = ["/dev/shm", "/tmp"]
+            .into_iter()
+            .find(|d| std::path::Path::new(d).is_dir())
+            .expect("a writable directory");
+        let path = format!("{dir}/xfabric-mount-test-{}", std::process::id());
+        let file = std::fs::File::create(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        const LEN: u64 = 4096;
+        file.set_len(LEN).unwrap();
+        let st = fstat("test", file.as_raw_fd()).unwrap();
+        let h = IpcHandle {
+            iface: Iface::System,
+            pid: this_pid(),
+            device: 0,
+            alloc_id: 0,
+            base: 0x1000,
+            alloc_len: LEN,
+            offset: 0,
+            raw: FileId {
+                fd: file.as_raw_fd(),
+                ino: st.st_ino,
+                dev: st.st_dev,
+            }
+            .to_raw(),
+        };
+        let Err(e) = open(&h) else {
+            panic!("a file on {dir} opened as a memfd");
+        };
+        assert!(e.to_string().contains("not the memfds' Some("), "{e}");
+        assert!(e.to_string().contains("nothing was asked"), "{e}");
     }
 }
 

@@ -303,11 +303,12 @@ fn hostile_host_handles_are_refused_with_reasons() {
     let unsealed = memfd(8192, 0);
     refused(&handle_of(unsealed.as_raw_fd(), 8192), "not sealed");
 
-    // A FIFO's read end: opened with O_PATH, never waiting for a writer.
+    // A FIFO's read end: opened with O_PATH, never waiting for a writer, and refused by its
+    // mount (pipefs) before anything asks it.
     let mut p = [0i32; 2];
     // SAFETY: `p` holds two descriptors.
     assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-    refused(&handle_of(p[0], 8192), "not a regular file");
+    refused(&handle_of(p[0], 8192), "not the memfds'");
     // SAFETY: the pipe's descriptors, closed once.
     unsafe {
         libc::close(p[0]);

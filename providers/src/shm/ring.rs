@@ -364,7 +364,7 @@ impl Producer {
             write_kind(p, kind, flags, n);
             fill(std::slice::from_raw_parts_mut(p.add(RAW_HDR), len));
         }
-        self.publish(seg, p, n, true);
+        self.publish(seg, p, n);
         true
     }
 
@@ -449,20 +449,23 @@ impl Producer {
             let p = slot_ptr(seg, self.lane, idx);
             write_pad(p, pad);
             // A pad's later slots are not written: they hold what they held.
-            self.publish(seg, p, pad, false);
+            self.publish(seg, p, pad);
         }
         let idx = (self.head % SLOTS as u64) as usize;
         Some(slot_ptr(seg, self.lane, idx))
     }
 
-    /// Publishes the run of `n` slots written at the head (`p`), whose later slots hold its
-    /// bytes (`bytes`; a pad's do not): the word of the slot after it is cleared first if it
-    /// may hold bytes (the consumer polls it next), the sequence word written last.
+    /// Publishes the run of `n` slots written at the head (`p`): the word of the slot after it
+    /// is cleared first if it may hold bytes (the consumer polls it next), the sequence word
+    /// written last. The run's later slots are marked dirty: a message's hold its bytes, and a
+    /// pad's are not written at all, so they keep a sequence word of the last lap that wrote
+    /// them, which may be 2^32 positions ago (a pad that `rewind`s skips most of the ring
+    /// every time): the same 32-bit word the consumer will look for there.
     #[inline]
-    fn publish(&mut self, seg: &Segment, p: *mut u8, n: usize, bytes: bool) {
+    fn publish(&mut self, seg: &Segment, p: *mut u8, n: usize) {
         let idx = (self.head % SLOTS as u64) as usize;
         self.dirty[idx / 64] &= !(1 << (idx % 64));
-        if bytes && n > 1 {
+        if n > 1 {
             self.mark_dirty(idx + 1, idx + n);
         }
         let next = (idx + n) % SLOTS;
@@ -1131,6 +1134,42 @@ mod tests {
         }
         drain(&mut c, &mut expect, 1024);
         assert_eq!(expect, next);
+    }
+
+    /// Slots a pad skips keep the sequence word of the lap that last wrote them. A pad that
+    /// rewinds skips most of the ring with every message, so the positions reach such a
+    /// word's value again (2^32 positions, 2^21 rewinds) while the slot still holds it: it
+    /// must be cleared before the consumer polls it there, not taken for a message.
+    #[test]
+    fn slots_pads_skipped_for_2_pow_32_positions_are_not_taken_for_messages() {
+        let seg = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
+        init_header(&seg, 1);
+        let lane = claim_lane(&seg, 7).unwrap();
+        let mut p = Producer::new(&seg, lane);
+        let mut c = Consumer::attach(&seg, lane);
+        let mut turn = |p: &mut Producer, c: &mut Consumer, len: usize| {
+            assert!(p.write_raw(&seg, 20, 0, len, 0, |b| b.fill(0x5a)));
+            let mut got = 0;
+            while let Some(v) = c.raw_at(&seg, lane, c.pos()) {
+                got += usize::from(v.kind != kind::PAD);
+                c.advance_slots(&seg, lane, v.slots());
+            }
+            got
+        };
+        // A lap of one-slot messages: every slot's word is a sequence word of that lap.
+        assert_eq!(p.head, 0);
+        for _ in 0..SLOTS {
+            assert_eq!(turn(&mut p, &mut c, 8), 1);
+        }
+        // Two-slot messages taking turns: each goes back to the front, its pad skipping the
+        // rest, until the positions are 2^32 past the first lap's.
+        while p.head < 1 << 32 {
+            assert_eq!(turn(&mut p, &mut c, 60), 1);
+        }
+        // One-slot messages walk the ring over the slots the pads skipped.
+        for i in 0..SLOTS {
+            assert_eq!(turn(&mut p, &mut c, 8), 1, "one-slot message {i}");
+        }
     }
 
     #[test]
