@@ -278,7 +278,8 @@ fn greeted(victim: SocketAddr) -> TcpStream {
     };
     s.write_all(&h.encode()).unwrap();
     let mut c = accept_within(&l, WAIT);
-    assert_eq!(next_hs(&mut c), Some(Hs::Verify { src, nonce }));
+    let to = victim;
+    assert_eq!(next_hs(&mut c), Some(Hs::Verify { src, to, nonce }));
     c.write_all(&Hs::Vouch { yes: true }.encode()).unwrap();
     assert!(matches!(next_hs(&mut s), Some(Hs::Accept { .. })));
     s

@@ -1147,7 +1147,7 @@ mod tests {
         let lane = claim_lane(&seg, 7).unwrap();
         let mut p = Producer::new(&seg, lane);
         let mut c = Consumer::attach(&seg, lane);
-        let mut turn = |p: &mut Producer, c: &mut Consumer, len: usize| {
+        let turn = |p: &mut Producer, c: &mut Consumer, len: usize| {
             assert!(p.write_raw(&seg, 20, 0, len, 0, |b| b.fill(0x5a)));
             let mut got = 0;
             while let Some(v) = c.raw_at(&seg, lane, c.pos()) {

@@ -1122,6 +1122,7 @@ impl Net {
                 Some((from, claim)) => (
                     Hs::Verify {
                         src: from,
+                        to: self.local,
                         nonce: claim.nonce,
                     },
                     St::Asking,
@@ -1232,7 +1233,7 @@ impl Net {
                     let claim = Claim { addr, nonce, rand };
                     n += self.on_hello(k, claim, keyed, h);
                 }
-                (St::Greet, Hs::Verify { src, nonce }) => self.on_verify(k, src, nonce),
+                (St::Greet, Hs::Verify { src, to, nonce }) => self.on_verify(k, src, to, nonce),
                 (St::Proof, Hs::Proof { mac }) => n += self.on_proof(k, &mac, h),
                 (St::Hello, Hs::Challenge { nonce, rand, mac }) => {
                     self.on_challenge(k, nonce, &rand, &mac)
@@ -1346,7 +1347,7 @@ impl Net {
             return 1;
         };
         if claim.addr == self.local {
-            if claim.nonce == self.nonce && self.opened_by_us(from) {
+            if claim.nonce == self.nonce && self.opened_by_us(from, self.local) {
                 // Our own connection to ourselves: this end receives, the other sends.
                 let p = self.peer(claim.addr);
                 return self.accept_hello(k, p, false, h);
@@ -1390,19 +1391,30 @@ impl Net {
         }
     }
 
-    /// Whether one of our outbound connections still in its handshake leaves from `src`.
-    fn opened_by_us(&self, src: SocketAddr) -> bool {
+    /// Whether one of our outbound connections still in its handshake leaves from `src` for
+    /// the listener `to`. Both: a connection of ours to a stranger gives the stranger its
+    /// source port and our nonce (our HELLO), and the stranger, on our host, can open a
+    /// connection of its own from that very port (two connections to different places may
+    /// share one) and claim to be us there; the listener asking names itself, so our
+    /// connection to the stranger vouches for nothing but what it reaches.
+    fn opened_by_us(&self, src: SocketAddr, to: SocketAddr) -> bool {
+        let reaches = |a: SocketAddr| {
+            a.port() == to.port()
+                && (to.ip().is_unspecified() || a.ip().to_canonical() == to.ip().to_canonical())
+        };
         self.conns.iter().any(|(_, c)| {
             c.outbound
                 && c.vouch_for.is_none()
                 && c.st == St::Hello
                 && c.sock.local_addr().is_ok_and(|a| a == src)
+                && c.sock.peer_addr().is_ok_and(reaches)
         })
     }
 
-    /// A call-back asks whether our incarnation `nonce` opened a connection from `src`.
-    fn on_verify(&mut self, k: usize, src: SocketAddr, nonce: u64) {
-        let yes = nonce == self.nonce && self.opened_by_us(src);
+    /// A call-back from listener `to` asks whether our incarnation `nonce` opened a
+    /// connection from `src` to it.
+    fn on_verify(&mut self, k: usize, src: SocketAddr, to: SocketAddr, nonce: u64) {
+        let yes = nonce == self.nonce && self.opened_by_us(src, to);
         if !yes {
             debug!(%src, "tcp: a call-back asks about a connection this endpoint did not open");
         }
@@ -1492,15 +1504,17 @@ impl Net {
             );
             self.remove_conn(k);
             if self.peers[p].conn.is_none() && !self.peers[p].queue.is_empty() {
+                // Its connection failed before it carried anything: no longer waited for
+                // (a wait left set would be counted again by the next REJECT, and end a
+                // connection that came up meanwhile when it expires).
+                self.stop_waiting(p);
                 self.connect(p);
             }
             return 1;
         }
         self.conns[k].peer = Some(p);
         if sends {
-            if self.peers[p].wait_until.take().is_some() {
-                self.settling -= 1;
-            }
+            self.stop_waiting(p);
             self.peers[p].conn = Some(k);
         }
         self.set_up(k);
@@ -1562,6 +1576,8 @@ impl Net {
             return 1;
         }
         self.peers[p].nonce = Some(nonce);
+        // Ours came up after all: a wait for theirs (an earlier REJECT) is over.
+        self.stop_waiting(p);
         self.set_up(k);
         // As in `accept_hello`: a replaced connection's loss first.
         let mut n = 1 + self.report(h) + self.flush(p);
@@ -1569,6 +1585,13 @@ impl Net {
             n += self.read_frames(k, h);
         }
         n
+    }
+
+    /// Ends our wait for `p`'s own connection (after its REJECT DUPLICATE), if we wait.
+    fn stop_waiting(&mut self, p: PeerId) {
+        if self.peers[p].wait_until.take().is_some() {
+            self.settling -= 1;
+        }
     }
 
     fn on_reject(&mut self, k: usize, why: u32) {
@@ -1584,8 +1607,10 @@ impl Net {
                 // The peer's own connection to us wins; wait for it (bounded).
                 self.remove_conn(k);
                 self.peers[p].conn = None;
-                self.peers[p].wait_until = Some(Instant::now() + self.timeout);
-                self.settling += 1;
+                let until = Instant::now() + self.timeout;
+                if self.peers[p].wait_until.replace(until).is_none() {
+                    self.settling += 1;
+                }
             }
             reason::AUTH_REQUIRED => {
                 warn!(%addr, "tcp: the peer requires an authentication key; this endpoint has none (XFABRIC_AUTH_KEY, domain_attr->auth_key)");
@@ -1818,10 +1843,8 @@ impl Net {
         peer.queued = 0;
         peer.owed = 0;
         peer.owed_bytes = 0;
-        if peer.wait_until.take().is_some() {
-            self.settling -= 1;
-        }
         peer.losing += 1;
+        self.stop_waiting(p);
         self.reports.push_back(Report::Lost(p, e));
     }
 

@@ -10,10 +10,12 @@
 //!   both listen addresses and both nonces), the connector checks it and answers PROOF (the
 //!   same inputs under another label, so that neither MAC can be replayed as the other).
 //! - Without one: the acceptor calls the claimed address back. A new connection to that
-//!   listener carries VERIFY (the source address the claim came from, the nonce it named), and
-//!   the real endpoint answers VOUCH yes only if its incarnation has that nonce and its own
-//!   outbound connection in bring-up leaves from that source address. A stranger can make
-//!   neither true.
+//!   listener carries VERIFY (the source address the claim came from, the acceptor's own
+//!   listen address, the nonce it named), and the real endpoint answers VOUCH yes only if its
+//!   incarnation has that nonce and its own outbound connection in bring-up leaves from that
+//!   source address for that acceptor. A stranger can make neither true: one the real
+//!   endpoint connects to learns the nonce and the source port, and may open a connection of
+//!   its own from that port elsewhere, but the real one went to the stranger, not there.
 //!
 //! Then ACCEPT (with the acceptor's nonce) or REJECT (with a reason).
 
@@ -23,8 +25,9 @@ use hmac::{KeyInit, Mac};
 
 /// First four bytes of every handshake message ("XFHS"), distinct from `wire::MAGIC`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"XFHS");
-/// The handshake's version (2: challenges, authentication and verification).
-pub const VERSION: u16 = 2;
+/// The handshake's version (3: VERIFY names the acceptor asking; 2: challenges,
+/// authentication and verification).
+pub const VERSION: u16 = 3;
 /// Size of every handshake message.
 pub const LEN: usize = 104;
 /// Bytes of a random challenge.
@@ -92,10 +95,12 @@ pub enum Hs {
         reason: u32,
     },
     /// Acceptor to a claimed address, on a connection of its own: "did your incarnation
-    /// `nonce` open a connection to me from `src`?"
+    /// `nonce` open a connection to me (`to`) from `src`?"
     Verify {
         /// The source address the claim came from.
         src: SocketAddr,
+        /// The listen address of the acceptor asking (where the claimant's connection went).
+        to: SocketAddr,
         /// The incarnation it claimed.
         nonce: u64,
     },
@@ -136,6 +141,8 @@ const VOUCH: u8 = 7;
 
 // Layout, little-endian: magic u32 | version u16 | kind u8 | family u8 | len u16 | port u16 |
 // word u32 (flags, reason, answer) | nonce u64 | ip [u8; 16] | rand [u8; 32] | mac [u8; 32].
+// VERIFY's second address (`to`) takes the first 20 bytes of `rand`: family u8 | 0 u8 |
+// port u16 | ip [u8; 16].
 const WORD: usize = 12;
 const NONCE: usize = 16;
 const IP: usize = 24;
@@ -154,6 +161,44 @@ fn put_addr(b: &mut [u8; LEN], addr: &SocketAddr) {
             b[IP..IP + 16].copy_from_slice(&ip.octets());
         }
     }
+}
+
+/// VERIFY's second address, in the first 20 bytes of `rand`.
+fn put_second_addr(b: &mut [u8; LEN], addr: &SocketAddr) {
+    let at = RAND_AT;
+    b[at + 2..at + 4].copy_from_slice(&addr.port().to_le_bytes());
+    match addr.ip() {
+        IpAddr::V4(ip) => {
+            b[at] = 4;
+            b[at + 4..at + 8].copy_from_slice(&ip.octets());
+        }
+        IpAddr::V6(ip) => {
+            b[at] = 6;
+            b[at + 4..at + 20].copy_from_slice(&ip.octets());
+        }
+    }
+}
+
+/// What `put_second_addr` wrote, checked as the first address is.
+fn second_addr(b: &[u8; LEN]) -> Result<SocketAddr, HsError> {
+    let at = RAND_AT;
+    let (family, port) = (b[at], u16::from_le_bytes([b[at + 2], b[at + 3]]));
+    let ip = &b[at + 4..at + 20];
+    let ip = match family {
+        4 if b[at + 1] == 0 && ip[4..].iter().all(|&x| x == 0) => {
+            IpAddr::V4(Ipv4Addr::new(ip[0], ip[1], ip[2], ip[3]))
+        }
+        6 if b[at + 1] == 0 => {
+            let mut o = [0u8; 16];
+            o.copy_from_slice(ip);
+            IpAddr::V6(Ipv6Addr::from(o))
+        }
+        _ => return Err(HsError::Addr(family)),
+    };
+    if port == 0 {
+        return Err(HsError::Addr(family));
+    }
+    Ok(SocketAddr::new(ip, port))
 }
 
 impl Hs {
@@ -185,8 +230,9 @@ impl Hs {
             }
             Hs::Accept { nonce } => (ACCEPT, 0, nonce),
             Hs::Reject { reason } => (REJECT, reason, 0),
-            Hs::Verify { src, nonce } => {
+            Hs::Verify { src, to, nonce } => {
                 put_addr(&mut b, &src);
+                put_second_addr(&mut b, &to);
                 (VERIFY, 0, nonce)
             }
             Hs::Vouch { yes } => (VOUCH, u32::from(yes), 0),
@@ -274,8 +320,9 @@ impl Hs {
             PROOF if word == 0 && nonce == 0 && no_addr && no_rand => Hs::Proof { mac: mac() },
             ACCEPT if word == 0 && no_addr && no_rand && no_mac => Hs::Accept { nonce },
             REJECT if nonce == 0 && no_addr && no_rand && no_mac => Hs::Reject { reason: word },
-            VERIFY if word == 0 && no_rand && no_mac => Hs::Verify {
+            VERIFY if word == 0 && no_mac && zero(RAND_AT + 20..RAND_AT + RAND) => Hs::Verify {
                 src: addr()?,
+                to: second_addr(b)?,
                 nonce,
             },
             VOUCH if word <= 1 && nonce == 0 && no_addr && no_rand && no_mac => {
@@ -408,7 +455,13 @@ mod tests {
             },
             Hs::Verify {
                 src: "127.0.0.2:51000".parse().unwrap(),
+                to: "127.0.0.3:40000".parse().unwrap(),
                 nonce: 11,
+            },
+            Hs::Verify {
+                src: "[::1]:1".parse().unwrap(),
+                to: "[fe80::1]:65535".parse().unwrap(),
+                nonce: 12,
             },
             Hs::Vouch { yes: true },
             Hs::Vouch { yes: false },

@@ -167,6 +167,7 @@ fn raw_peer(a: &mut Net, ha: &mut Rec, nonce: u64) -> (StdStream, SocketAddr) {
     let me = l.local_addr().unwrap();
     let mut s = StdStream::connect(a.local_addr()).unwrap();
     let src = s.local_addr().unwrap();
+    let a_addr = a.local_addr();
     s.write_all(&hello(me, nonce)).unwrap();
     let vouch = std::thread::spawn(move || {
         // Bounded: an `a` that refuses without calling back fails the test, not hangs it.
@@ -186,7 +187,8 @@ fn raw_peer(a: &mut Net, ha: &mut Rec, nonce: u64) -> (StdStream, SocketAddr) {
         c.set_read_timeout(Some(LIMIT)).unwrap();
         let mut b = [0u8; hello::LEN];
         c.read_exact(&mut b).unwrap();
-        assert_eq!(Hs::decode(&b), Ok(Hs::Verify { src, nonce }));
+        let to = a_addr;
+        assert_eq!(Hs::decode(&b), Ok(Hs::Verify { src, to, nonce }));
         c.write_all(&Hs::Vouch { yes: true }.encode()).unwrap();
     });
     assert!(matches!(read_hs(a, ha, &mut s), Hs::Accept { .. }));
@@ -1596,7 +1598,8 @@ fn a_replaced_connections_loss_comes_before_the_new_ones_frames() {
         }
         assert!(start.elapsed() < LIMIT, "no VERIFY");
     }
-    assert_eq!(Hs::decode(&b), Ok(Hs::Verify { src, nonce: 2 }));
+    let to = a.local_addr();
+    assert_eq!(Hs::decode(&b), Ok(Hs::Verify { src, to, nonce: 2 }));
     let whole = Frame::Msg {
         id: 9,
         tag: 0,
@@ -1685,4 +1688,144 @@ fn a_large_frame_we_kept_waiting_is_not_cut() {
     );
     assert!(h.got[0].3 == body, "the frame's bytes");
     drop(writer.join().unwrap());
+}
+
+/// Accepts one connection `a` makes to raw listener `l`, driving `a` meanwhile.
+fn accept_from(l: &StdListener, a: &mut Net, ha: &mut Rec) -> StdStream {
+    l.set_nonblocking(true).unwrap();
+    let start = Instant::now();
+    loop {
+        a.progress(ha);
+        match l.accept() {
+            Ok((c, _)) => {
+                c.set_nonblocking(false).unwrap();
+                c.set_read_timeout(Some(LIMIT)).unwrap();
+                return c;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("accept: {e}"),
+        }
+        assert!(start.elapsed() < LIMIT, "no connection");
+    }
+}
+
+/// Connections in bring-up and peers waited for: what `settling` must count.
+fn unsettled(a: &Net) -> usize {
+    a.conns.iter().filter(|(_, c)| c.st != St::Up).count()
+        + a.peers.iter().filter(|p| p.wait_until.is_some()).count()
+}
+
+/// Closes `s` with a reset (no linger), as a peer that vanishes does.
+fn reset(s: StdStream) {
+    let off = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid option of the right size on a socket we own.
+    unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&s),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&off as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+    drop(s);
+}
+
+/// A connection of ours to a stranger hands it our nonce and our source port (our HELLO),
+/// and a stranger on our host may open a connection from that same port to a third endpoint
+/// and claim to be us there. The call-back from that endpoint names itself: ours went to the
+/// stranger, not to it, so we vouch no; asked by the stranger, whose it is, yes.
+#[test]
+fn a_connection_to_a_stranger_vouches_only_for_where_it_went() {
+    let mut e = Net::bind(lo()).unwrap();
+    let mut he = Rec::default();
+    let stranger = StdListener::bind(lo()).unwrap();
+    let q = stranger.local_addr().unwrap();
+    let pq = e.peer(q);
+    e.send(msg(pq, 1, Body::Owned(pattern(1, 10)), Some(1)));
+    let mut s = accept_from(&stranger, &mut e, &mut he);
+    let src = s.peer_addr().unwrap();
+    let Hs::Hello { nonce, .. } = read_hs(&mut e, &mut he, &mut s) else {
+        panic!("no HELLO");
+    };
+    // The stranger stays silent: our connection to it waits in its handshake.
+    let elsewhere: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    for (to, yes) in [(elsewhere, false), (q, true)] {
+        let mut v = StdStream::connect(e.local_addr()).unwrap();
+        v.set_read_timeout(Some(LIMIT)).unwrap();
+        v.write_all(&Hs::Verify { src, to, nonce }.encode())
+            .unwrap();
+        let ans = read_hs(&mut e, &mut he, &mut v);
+        assert_eq!(ans, Hs::Vouch { yes }, "asked for {to}");
+    }
+}
+
+/// A peer that answers our connection REJECT DUPLICATE, then proves a connection of its own
+/// and resets it before our ACCEPT, again and again: each round we connect again, and what
+/// we count as unsettled stays what is; then our connection is accepted and stays up past
+/// the handshake timeout a wait left over would have ended it at.
+#[test]
+fn a_peer_that_rejects_and_resets_in_turn_leaves_nothing_counted_twice() {
+    let mut a = Net::bind(lo()).unwrap();
+    a.set_handshake_timeout(Duration::from_millis(400));
+    let mut ha = Rec::default();
+    let l = StdListener::bind(lo()).unwrap();
+    let me = l.local_addr().unwrap();
+    let p = a.peer(me);
+    a.send(msg(p, 1, Body::Owned(pattern(1, 10)), Some(1)));
+    let mut s = accept_from(&l, &mut a, &mut ha);
+    assert!(matches!(read_hs(&mut a, &mut ha, &mut s), Hs::Hello { .. }));
+    s.write_all(
+        &Hs::Reject {
+            reason: hello::reason::DUPLICATE,
+        }
+        .encode(),
+    )
+    .unwrap();
+    for round in 0..20 {
+        // Ours to it, proven by its call-back, reset before it is accepted.
+        let mut c = StdStream::connect(a.local_addr()).unwrap();
+        c.write_all(&hello(me, 42)).unwrap();
+        let mut v = accept_from(&l, &mut a, &mut ha);
+        assert!(matches!(
+            read_hs(&mut a, &mut ha, &mut v),
+            Hs::Verify { .. }
+        ));
+        v.write_all(&Hs::Vouch { yes: true }.encode()).unwrap();
+        reset(c);
+        // `a` connects again; the peer rejects again, except the last time.
+        let mut s = accept_from(&l, &mut a, &mut ha);
+        assert!(
+            matches!(read_hs(&mut a, &mut ha, &mut s), Hs::Hello { .. }),
+            "round {round}"
+        );
+        if round < 19 {
+            s.write_all(
+                &Hs::Reject {
+                    reason: hello::reason::DUPLICATE,
+                }
+                .encode(),
+            )
+            .unwrap();
+            let start = Instant::now();
+            while a.peers[p].conn.is_some() {
+                a.progress(&mut ha);
+                assert!(start.elapsed() < LIMIT, "the REJECT was not read");
+            }
+            assert_eq!(a.settling, unsettled(&a), "round {round}");
+            continue;
+        }
+        s.write_all(&Hs::Accept { nonce: 42 }.encode()).unwrap();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(1200) {
+            a.progress(&mut ha);
+        }
+        assert!(ha.lost.is_empty(), "lost: {:?}", ha.lost);
+        assert_eq!(up_conns(&a), 1);
+        assert_eq!(a.settling, unsettled(&a));
+        assert_eq!(a.settling, 0);
+    }
 }
