@@ -526,11 +526,11 @@ unsafe fn read_into(
         }
     }
     if count == 0 {
-        // No entries, but progress all the same, as libfabric's providers make it: a
+        // No entries, but progress all the same, as libfabric's providers make it (a
         // manual-progress caller that leaves the entries to an XPU reading the exported ring
-        // (`fi_cq_read(cq, buf, 0)`) moves them there this way.
-        cq.progress();
-        return Ok(0);
+        // moves them there this way), and their answer: 0 where entries wait, -FI_EAGAIN
+        // where none does, -FI_EAVAIL for an error entry.
+        return cq.read_none().map(|_| 0).map_err(neg);
     }
     if buf.is_null() {
         return Err(-(FI_EINVAL as isize));

@@ -2,7 +2,7 @@
 //! Endpoints bind a counter per class of operation (send, recv, read, write, remote read,
 //! remote write); providers bump it through `CntrInner::inc`.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -384,7 +384,11 @@ impl CntrInner {
         if let Some(x) = self.xpu.get() {
             x.mirror(|| (self.value(), self.err_value()));
         }
-        if self.sleepers.load(Ordering::Acquire) > 0 {
+        // The value's update (before the call) and this read of `sleepers`, against a
+        // sleeper's count then read of the value (`sleep`): with a SeqCst fence between each
+        // pair one of the two sees the other, so no sleeper misses the change.
+        fence(Ordering::SeqCst);
+        if self.sleepers.load(Ordering::Relaxed) > 0 {
             let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
             self.cond.notify_all();
         }
@@ -430,14 +434,16 @@ impl CntrInner {
 
     fn sleep(&self, left: Duration, threshold: u64, err0: u64) {
         let g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        if self.value.load(Ordering::Acquire) >= threshold
-            || self.err.load(Ordering::Acquire) != err0
-            || self.closed.load(Ordering::Acquire)
+        // Counted before the look (see `changed`): a change the look misses finds the count
+        // and wakes the wait, under the lock it holds until it sleeps.
+        self.sleepers.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if self.value.load(Ordering::Acquire) < threshold
+            && self.err.load(Ordering::Acquire) == err0
+            && !self.closed.load(Ordering::Acquire)
         {
-            return;
+            let _ = self.cond.wait_timeout(g, left);
         }
-        self.sleepers.fetch_add(1, Ordering::AcqRel);
-        let _ = self.cond.wait_timeout(g, left);
         self.sleepers.fetch_sub(1, Ordering::AcqRel);
     }
 }

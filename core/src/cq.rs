@@ -205,6 +205,14 @@ impl CompletionQueue {
         self.read_impl(buf, None)
     }
 
+    /// `fi_cq_read` of no entries, as libfabric's providers answer it: progress driven, then
+    /// `Ok(0)` where entries wait, `Avail` where an error entry waits, `Again` where nothing
+    /// does (`Overrun` once an overrun queue is empty), whatever the queue's format.
+    pub fn read_none(&self) -> Result<usize> {
+        self.inner.progress.run();
+        self.inner.take::<CqEntry>(&mut [], None)
+    }
+
     /// Drives what this queue's readers drive (under manual progress the endpoints bound to
     /// it and their domain's), reading nothing: what `fi_cq_read` of no entries does, a
     /// polling loop's way to make progress for entries it leaves to others (an XPU reading
@@ -327,8 +335,10 @@ impl CompletionQueue {
                 self.inner.wait_obj.c_name()
             )));
         }
+        // A threshold past what the queue can hold could never be met: the wait would
+        // outlast an overrun the completions beyond its size make.
         let want = match self.inner.wait_cond {
-            CqWaitCond::Threshold => threshold.clamp(1, buf.len().max(1)),
+            CqWaitCond::Threshold => threshold.clamp(1, buf.len().max(1)).min(self.inner.cap()),
             CqWaitCond::None => 1,
         };
         let dl = deadline(timeout_ms);
@@ -337,9 +347,14 @@ impl CompletionQueue {
             let worked = self.inner.progress.run();
             {
                 let mut q = self.inner.lock();
-                if !q.errs.is_empty() || q.ring.len() >= want || (q.overrun && q.ring.is_empty()) {
+                if !q.errs.is_empty() || q.ring.len() >= want || q.overrun {
                     drop(q);
-                    return self.inner.take(buf, src.as_deref_mut());
+                    match self.inner.take(buf, src.as_deref_mut()) {
+                        // Another reader took them between the look and the take: the wait
+                        // goes on (`Again` from a wait means its time ran out, or a signal).
+                        Err(Error::Again(_)) => continue,
+                        r => return r,
+                    }
                 }
                 if q.closed {
                     return Err(Error::OpBadState(
@@ -1011,5 +1026,100 @@ mod tests {
             cq.close().map_err(|(_, e)| e).unwrap();
         }
         assert!(ws.kept() <= 1, "{} kept", ws.kept());
+    }
+
+    /// A threshold past the queue's size can never be met: the wait ends with the entries
+    /// the queue holds once it overruns, not at its timeout (here none: a hang guard only).
+    #[test]
+    fn a_threshold_past_the_queues_size_ends_at_the_overrun() {
+        let cq = CompletionQueue::open(&CqAttr {
+            size: 2,
+            format: CqFormat::Context,
+            wait_obj: WaitObj::Unspec,
+            wait_cond: CqWaitCond::Threshold,
+            ..Default::default()
+        })
+        .unwrap();
+        let cq2 = cq.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut b = [CqEntry::default(); 8];
+            let _ = tx.send(cq2.sread(&mut b, 8, -1));
+        });
+        for i in 0..3 {
+            cq.inner().push(entry(i), 0);
+        }
+        let got = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("sread(threshold 8, no timeout) on a queue of 2 still waits");
+        assert_eq!(got, Ok(2));
+    }
+
+    /// With readers racing it for the same entries, a wait with no timeout never answers
+    /// `Again`: it goes on waiting when another took what it saw.
+    #[test]
+    fn a_wait_without_timeout_never_answers_again_when_others_take_its_entries() {
+        let cq = CompletionQueue::open(&CqAttr {
+            size: 1024,
+            format: CqFormat::Context,
+            wait_obj: WaitObj::Unspec,
+            ..Default::default()
+        })
+        .unwrap();
+        const N: usize = 100_000;
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let taken = Arc::new(AtomicUsize::new(0));
+        let spurious = Arc::new(AtomicUsize::new(0));
+        let mut threads = Vec::new();
+        for waiter in [true, true, false] {
+            let (cq, done, taken, spurious) =
+                (cq.clone(), done.clone(), taken.clone(), spurious.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut b = [CqEntry::default(); 1];
+                while !done.load(Ordering::Acquire) {
+                    let r = if waiter {
+                        cq.sread(&mut b, 1, -1)
+                    } else {
+                        cq.read(&mut b)
+                    };
+                    match r {
+                        Ok(n) => {
+                            taken.fetch_add(n, Ordering::AcqRel);
+                        }
+                        Err(Error::Again(_)) if waiter => {
+                            spurious.fetch_add(1, Ordering::AcqRel);
+                        }
+                        // Woken to end (below).
+                        Err(Error::Interrupted(_)) | Err(Error::Again(_)) => {}
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+            }));
+        }
+        for i in 0..N {
+            // Room first (a push past the size would overrun the queue for good).
+            while !cq.inner().reserve() {
+                std::thread::yield_now();
+            }
+            cq.inner().push_managed(entry(i), 0, true);
+        }
+        let start = std::time::Instant::now();
+        while taken.load(Ordering::Acquire) < N {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "entries left unread"
+            );
+            std::thread::yield_now();
+        }
+        done.store(true, Ordering::Release);
+        while threads.iter().any(|t| !t.is_finished()) {
+            let _ = cq.signal();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            spurious.load(Ordering::Acquire),
+            0,
+            "sread(-1) answered Again"
+        );
     }
 }

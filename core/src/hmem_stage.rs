@@ -90,9 +90,17 @@ pub fn owners(hmem: &dyn HmemOps, iov: &IovList) -> Result<Option<Vec<OwnedSeg>>
 ///
 /// # Safety
 /// Every segment must be readable memory of its owner for its length.
+/// `NoMem` where the buffer cannot be had: a read a peer asks of a large device region must
+/// not abort the process in the allocator (the answer says `FI_ENOMEM` instead).
 pub unsafe fn gather(hmem: &dyn HmemOps, segs: &[OwnedSeg]) -> Result<Vec<u8>> {
-    let total = segs.iter().map(|s| s.seg.len).sum();
-    let mut buf = vec![0u8; total];
+    let total = segs
+        .iter()
+        .try_fold(0usize, |t, s| t.checked_add(s.seg.len))
+        .ok_or_else(|| Error::NoMem("staging a read: its ranges sum past usize".into()))?;
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(total)
+        .map_err(|e| Error::NoMem(format!("staging a read of {total} bytes: {e}")))?;
+    buf.resize(total, 0);
     let mut off = 0;
     for s in segs {
         let dst = &mut buf[off..off + s.seg.len];
@@ -514,6 +522,28 @@ mod tests {
     use crate::hmem_iface::Iface;
 
     use crate::hmem_fake::FakeHmem as Fake;
+
+    /// A read past what the allocator gives (a peer's read of a region of many GiB) is
+    /// `NoMem`, not the process aborted in the allocator; ranges summing past `usize` too.
+    #[test]
+    fn a_gather_the_allocator_cannot_hold_is_refused_not_aborted() {
+        let fake = Fake::default();
+        let dev = Owner {
+            iface: Iface::Cuda,
+            device: 0,
+        };
+        let huge = |len| OwnedSeg {
+            seg: RawIov { addr: 0x1000, len },
+            owner: dev,
+        };
+        // SAFETY: refused before any segment is read.
+        let r = unsafe { gather(&fake, &[huge(isize::MAX as usize)]) };
+        assert!(matches!(r, Err(Error::NoMem(_))), "{r:?}");
+        // SAFETY: as above.
+        let r = unsafe { gather(&fake, &[huge(usize::MAX), huge(2)]) };
+        assert!(matches!(r, Err(Error::NoMem(_))), "{r:?}");
+        assert_eq!(fake.copies(), 0);
+    }
 
     #[test]
     fn gather_and_land_mixed_segments() {

@@ -261,6 +261,7 @@ impl Engine {
                 // owners.
                 Some(hm) => match unsafe { hmem_stage::gather(hm, &segs) } {
                     Ok(c) => (0, Body::Owned(c)),
+                    Err(Error::NoMem(_)) => (FI_ENOMEM, Body::None),
                     Err(_) => (FI_EIO, Body::None),
                 },
             },
