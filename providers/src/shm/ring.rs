@@ -262,20 +262,25 @@ impl Producer {
         }
     }
 
-    /// Marks slots `from..to` (within one lap) dirty.
+    /// Marks slots `from..to` (within one lap) dirty: the partial words at either end by
+    /// masks, the whole words between by one fill (a pad that rewinds marks most of the ring).
     #[inline(never)]
     fn mark_dirty(&mut self, from: usize, to: usize) {
-        let mut i = from;
-        while i < to {
-            let (w, b) = (i / 64, i % 64);
-            let n = (64 - b).min(to - i);
-            self.dirty[w] |= if n == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << n) - 1) << b
-            };
-            i += n;
+        if from >= to {
+            return;
         }
+        let bits = |lo: usize, hi: usize| -> u64 {
+            // Bits lo..hi of one word, 0 <= lo < hi <= 64.
+            (u64::MAX >> (64 - (hi - lo))) << lo
+        };
+        let (w0, w1) = (from / 64, (to - 1) / 64);
+        if w0 == w1 {
+            self.dirty[w0] |= bits(from % 64, (to - 1) % 64 + 1);
+            return;
+        }
+        self.dirty[w0] |= bits(from % 64, 64);
+        self.dirty[w0 + 1..w1].fill(u64::MAX);
+        self.dirty[w1] |= bits(0, (to - 1) % 64 + 1);
     }
 
     fn free(&mut self, seg: &Segment, need: usize) -> bool {
@@ -1169,6 +1174,35 @@ mod tests {
         // One-slot messages walk the ring over the slots the pads skipped.
         for i in 0..SLOTS {
             assert_eq!(turn(&mut p, &mut c, 8), 1, "one-slot message {i}");
+        }
+    }
+
+    /// `mark_dirty` sets exactly the slots of its range, whatever words it starts and ends in.
+    #[test]
+    fn mark_dirty_sets_exactly_its_range() {
+        let seg = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
+        init_header(&seg, 1);
+        let lane = claim_lane(&seg, 7).unwrap();
+        let mut p = Producer::new(&seg, lane);
+        let cases = [
+            (0, 1),
+            (0, 64),
+            (1, 63),
+            (63, 65),
+            (5, 200),
+            (64, 128),
+            (100, SLOTS),
+        ];
+        for (from, to) in cases
+            .into_iter()
+            .chain([(0, SLOTS), (SLOTS - 1, SLOTS), (7, 7)])
+        {
+            p.dirty = [0; SLOTS / 64];
+            p.mark_dirty(from, to);
+            for i in 0..SLOTS {
+                let set = p.dirty[i / 64] >> (i % 64) & 1 == 1;
+                assert_eq!(set, (from..to).contains(&i), "slot {i} of {from}..{to}");
+            }
         }
     }
 
