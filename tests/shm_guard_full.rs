@@ -13,12 +13,14 @@ use xfabric::*;
 
 const CAPS: u64 = FI_MSG | FI_TAGGED;
 
-/// Our segments in /dev/shm.
+/// This process's segments in /dev/shm (named with its pid: other processes' segments, a
+/// test or a benchmark running beside this one, come and go as they like).
 fn ours() -> usize {
+    let mine = format!("{PREFIX}{}-", std::process::id());
     std::fs::read_dir(SHM_DIR)
         .map(|d| {
             d.filter_map(|e| e.ok())
-                .filter(|e| e.file_name().to_string_lossy().starts_with(PREFIX))
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&mine))
                 .count()
         })
         .unwrap_or(0)
