@@ -194,14 +194,38 @@ impl EpLink {
         if self.has_stalled.load(Ordering::Acquire) {
             let mut s = lock(&self.stalled);
             if self.has_stalled.load(Ordering::Acquire) {
-                s.push_back(job);
+                if self.closed.load(Ordering::Acquire) {
+                    drop(s);
+                    job.cancel_closed();
+                } else {
+                    s.push_back(job);
+                }
                 return;
             }
         }
         if let Some(job) = self.start(job) {
-            lock(&self.stalled).push_back(job);
-            self.has_stalled.store(true, Ordering::Release);
+            self.stall(job, false);
         }
+    }
+
+    /// Keeps `job`, refused for want of room, to be retried (at the queue's front or back);
+    /// cancels it instead where the endpoint closed meanwhile: `closed` is read under the
+    /// queue's lock, which the close's last sweep takes after setting it, so a job is either
+    /// there for that sweep or sees the close (a start that took long, racing `fi_close`,
+    /// put it back where nothing would look again, its job holding the endpoint for good).
+    fn stall(&self, job: Job, front: bool) {
+        let mut s = lock(&self.stalled);
+        if self.closed.load(Ordering::Acquire) {
+            drop(s);
+            job.cancel_closed();
+            return;
+        }
+        if front {
+            s.push_front(job);
+        } else {
+            s.push_back(job);
+        }
+        self.has_stalled.store(true, Ordering::Release);
     }
 
     /// `submit` of a job without deferred work that is not made unless it has to wait: what
@@ -223,8 +247,7 @@ impl EpLink {
         };
         let job = job(action);
         if let Some(job) = self.refused(job, None, e) {
-            lock(&self.stalled).push_back(job);
-            self.has_stalled.store(true, Ordering::Release);
+            self.stall(job, false);
         }
     }
 
@@ -303,7 +326,7 @@ impl EpLink {
             }
             if let Some(job) = self.start(job) {
                 // Back at the front: anything queued meanwhile stays behind it.
-                lock(&self.stalled).push_front(job);
+                self.stall(job, true);
                 break;
             }
             n += 1;

@@ -38,6 +38,9 @@ pub struct Shared {
     /// whenever a send starts).
     pub keep_data: AtomicBool,
     pub sent: Mutex<Vec<(Context, Vec<u8>)>>,
+    /// Run once by the next operation's start, before it is taken or refused (a start that
+    /// takes long: tests of what happens meanwhile).
+    pub gate: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
 }
 
 impl Shared {
@@ -78,6 +81,15 @@ struct MockEp {
 
 impl MockEp {
     fn take(&self, kind: char, ctx: Context) -> Result<()> {
+        let gate = self
+            .sh
+            .gate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(g) = gate {
+            g();
+        }
         let refuse = self
             .sh
             .again

@@ -514,3 +514,56 @@ fn receives_accept_the_flags_libfabric_ignores_on_them() {
         ));
     }
 }
+
+/// A retry whose start is refused for room after `fi_close` ran meanwhile (the start took
+/// long; the close's sweeps found nothing waiting) cancels its job instead of putting it back
+/// where nothing looks again: the job completes FI_ECANCELED and holds no endpoint alive.
+#[test]
+fn a_retry_that_the_close_overtakes_cancels_its_job() {
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+    let w = World::new();
+    let e = w.ep();
+    let c = w.cntr();
+    let buf = [0u8; 8];
+    tsend(&e.ep, &buf, 7, &TriggerContext::threshold(&c, 1));
+    w.sh.again.store(1, Ordering::Release);
+    c.add(1).unwrap();
+    assert!(w.sh.ctxs().is_empty(), "refused once: waits for room");
+    // The retry's start waits inside the provider until the close is done, then is refused.
+    let (entered, inside) = mpsc::channel::<()>();
+    let (go, wait_go) = mpsc::channel::<()>();
+    let (entered, wait_go) = (Mutex::new(entered), Mutex::new(wait_go));
+    *w.sh.gate.lock().unwrap() = Some(Arc::new(move || {
+        entered.lock().unwrap().send(()).unwrap();
+        wait_go.lock().unwrap().recv().unwrap();
+    }));
+    w.sh.again.store(1, Ordering::Release);
+    let alias = e.ep.alias(FI_TRANSMIT).unwrap();
+    let link = Arc::downgrade(e.ep.link().unwrap());
+    let t = std::thread::spawn(move || {
+        alias.progress();
+        drop(alias);
+    });
+    inside.recv().unwrap();
+    let Ep { ep, cq } = e;
+    ep.close().unwrap();
+    go.send(()).unwrap();
+    t.join().unwrap();
+    let errs = cq_errors(&cq);
+    assert!(
+        errs.iter()
+            .any(|x| x.op_context == 7 && x.err == FI_ECANCELED),
+        "job 7 neither started ({:?}) nor canceled ({:?})",
+        w.sh.ctxs(),
+        errs.iter()
+            .map(|x| (x.op_context, x.err))
+            .collect::<Vec<_>>()
+    );
+    drop(cq);
+    drop(w);
+    assert!(
+        link.upgrade().is_none(),
+        "the closed endpoint is still held"
+    );
+}
