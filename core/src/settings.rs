@@ -270,13 +270,13 @@ pub static SHM_CMA: Setting = Setting::new(
 );
 /// `XFABRIC_SHM_CMA_MIN`: Smallest shm message, RMA write or read (bytes) that offers its memory
 /// for the other side to copy by cross-memory attach; smaller ones cross the ring. Messages
-/// only past the eager limit (64 KiB) are offered at all: by default every one of them is
+/// only past the eager limit (32 KiB) are offered at all: by default every one of them is
 /// (measured 2026-11-30, pinned: 96 KiB 16-19 -> 8.3 us a one-way trip, 128 KiB 20-25 ->
 /// 9.9, where streaming through the ring also fell into a mode twice as slow now and then).
 pub static SHM_CMA_MIN: Setting = Setting::new(
     "XFABRIC_SHM_CMA_MIN",
     Kind::Size,
-    "65536",
+    "32768",
     "Smallest shm message, RMA write or read (bytes) that offers its memory for the other side \
      to copy by cross-memory attach; smaller ones cross the ring",
 );

@@ -30,14 +30,17 @@ pub type ShmEndpoint = RdmEndpoint<Net>;
 /// one of its buffers to say it is done (or to die) before handing the buffer back.
 const CLOSE_SPLIT: Duration = Duration::from_secs(5);
 
-/// Largest message sent eagerly. Larger ones go by rendezvous, copied by cross-memory attach
-/// from the pull threshold on (`XFABRIC_SHM_CMA_MIN`, by default every one of them), else
-/// through the ring as an eager body would be, after one more round trip. Measured on
-/// 2026-11-30 (pinned, alternating): an eager 64 KiB message 8-11 us a one-way trip, in
-/// some phases 36-40 (libfabric 8-10 in the same rounds); by rendezvous and cross-memory
-/// attach 6-10, with no such phase; at 24-48 KiB the eager ring is as fast or faster in most
-/// rounds. Not changed yet: the eager limit decides how device memory is staged too.
-const EAGER_MAX: usize = 65536;
+/// Largest message sent eagerly (through the ring). Larger ones go by rendezvous, copied by
+/// cross-memory attach from the pull threshold on (`XFABRIC_SHM_CMA_MIN`, by default every
+/// one of them), else through the ring as an eager body would be, after one more round trip.
+/// Measured on 2026-11-30, pinned, alternating with libfabric 1.17's shm run after run for a
+/// few minutes (usec one-way, median and the slowest): past 32 KiB the ring is no faster in
+/// the VM's usual phase and three to four times slower in another that comes and goes (48
+/// KiB: ring 7-9, a quarter of the runs 25-32; cross-memory attach 6.0-8.9 in every run;
+/// libfabric 5.3-8.8); at 16-24 KiB the ring's median is the best of the three (16 KiB 3.55
+/// against cross-memory attach's 4.69 and libfabric's 3.94) but 13-27% of runs fall into
+/// that phase (9-16), which cross-memory attach and libfabric never did.
+const EAGER_MAX: usize = 32768;
 
 /// Creates the endpoint's segment and engine.
 pub fn open(core: Arc<EpCore>) -> Result<Arc<ShmEndpoint>> {

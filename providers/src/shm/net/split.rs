@@ -38,7 +38,7 @@
 //!
 //! Which copies: a large message's pull (not a served RMA write: `Net::split`) of at least
 //! `XFABRIC_SHM_SPLIT_MIN` bytes, where the engine asks for pulls only from
-//! `XFABRIC_SHM_CMA_MIN` (64 KiB: every message past the eager limit), and
+//! `XFABRIC_SHM_CMA_MIN` (32 KiB: every message past the eager limit), and
 //! once cross-memory attach has worked on this endpoint. Each side takes half, page-aligned
 //! (`split_at`). A sender whose kernel refuses it the write (Yama's ptrace_scope lets a parent
 //! reach its child, not the other way) answers `FI_EPERM`: the receiver reads that part too
