@@ -351,8 +351,14 @@ impl CompletionQueue {
                     drop(q);
                     match self.inner.take(buf, src.as_deref_mut()) {
                         // Another reader took them between the look and the take: the wait
-                        // goes on (`Again` from a wait means its time ran out, or a signal).
-                        Err(Error::Again(_)) => continue,
+                        // goes on, until its time runs out (`Again` from a wait means that, or
+                        // a signal).
+                        Err(Error::Again(_)) => {
+                            if remaining(dl, Duration::from_millis(1)).is_none() {
+                                return Err(Error::Again("cq sread"));
+                            }
+                            continue;
+                        }
                         r => return r,
                     }
                 }

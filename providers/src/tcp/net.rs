@@ -1122,7 +1122,10 @@ impl Net {
                 Some((from, claim)) => (
                     Hs::Verify {
                         src: from,
-                        to: self.local,
+                        // Where the claimant's connection arrived: the concrete address it
+                        // dialled, also where we listen on a wildcard (whose port alone
+                        // would vouch for a connection of the claimant's to any address).
+                        to: self.conns[ck].sock.local_addr().unwrap_or(self.local),
                         nonce: claim.nonce,
                     },
                     St::Asking,
@@ -1347,7 +1350,8 @@ impl Net {
             return 1;
         };
         if claim.addr == self.local {
-            if claim.nonce == self.nonce && self.opened_by_us(from, self.local) {
+            let to = c.sock.local_addr().unwrap_or(self.local);
+            if claim.nonce == self.nonce && self.opened_by_us(from, to) {
                 // Our own connection to ourselves: this end receives, the other sends.
                 let p = self.peer(claim.addr);
                 return self.accept_hello(k, p, false, h);
@@ -1399,8 +1403,7 @@ impl Net {
     /// connection to the stranger vouches for nothing but what it reaches.
     fn opened_by_us(&self, src: SocketAddr, to: SocketAddr) -> bool {
         let reaches = |a: SocketAddr| {
-            a.port() == to.port()
-                && (to.ip().is_unspecified() || a.ip().to_canonical() == to.ip().to_canonical())
+            a.port() == to.port() && a.ip().to_canonical() == to.ip().to_canonical()
         };
         self.conns.iter().any(|(_, c)| {
             c.outbound

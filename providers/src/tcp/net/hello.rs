@@ -99,7 +99,7 @@ pub enum Hs {
     Verify {
         /// The source address the claim came from.
         src: SocketAddr,
-        /// The listen address of the acceptor asking (where the claimant's connection went).
+        /// Where the claimant's connection reached the acceptor asking (the address it dialled).
         to: SocketAddr,
         /// The incarnation it claimed.
         nonce: u64,

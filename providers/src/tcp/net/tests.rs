@@ -1753,7 +1753,9 @@ fn a_connection_to_a_stranger_vouches_only_for_where_it_went() {
     };
     // The stranger stays silent: our connection to it waits in its handshake.
     let elsewhere: SocketAddr = "127.0.0.1:9".parse().unwrap();
-    for (to, yes) in [(elsewhere, false), (q, true)] {
+    // A listener on a wildcard with the stranger's port: not where ours went either.
+    let wildcard = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), q.port());
+    for (to, yes) in [(elsewhere, false), (wildcard, false), (q, true)] {
         let mut v = StdStream::connect(e.local_addr()).unwrap();
         v.set_read_timeout(Some(LIMIT)).unwrap();
         v.write_all(&Hs::Verify { src, to, nonce }.encode())
@@ -1828,4 +1830,24 @@ fn a_peer_that_rejects_and_resets_in_turn_leaves_nothing_counted_twice() {
         assert_eq!(a.settling, unsettled(&a));
         assert_eq!(a.settling, 0);
     }
+}
+
+/// An endpoint listening on a wildcard address asks its call-back about the concrete address
+/// the claim's connection reached, which the honest claimant's connection went to: reached,
+/// vouched for, and the frame delivered.
+#[test]
+fn a_peer_listening_on_a_wildcard_is_reached_and_vouches_for_the_address_dialled() {
+    let mut b = Net::bind("0.0.0.0:0".parse().unwrap()).unwrap();
+    let mut hb = Rec::default();
+    let port = b.local_addr().port();
+    let mut a = Net::bind(lo()).unwrap();
+    let mut ha = Rec::default();
+    let p = a.peer(SocketAddr::new(lo().ip(), port));
+    a.send(msg(p, 1, Body::Owned(pattern(1, 10)), Some(1)));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "the frame",
+        |h| !h[1].got.is_empty(),
+    );
+    assert!(ha.lost.is_empty() && hb.lost.is_empty());
 }
