@@ -349,19 +349,31 @@ fn open_path(op: &'static str, path: &str, flags: libc::c_int) -> Result<OwnedFd
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// The device of the filesystem our own memfds live on (`None` where none can be made).
-fn memfd_dev() -> Option<u64> {
-    static DEV: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *DEV.get_or_init(|| {
+/// Where our own memfds live, from one made to look: the device of their filesystem and the
+/// mount they lie on (each `None` where no memfd can be made, or nothing tells).
+fn memfd_home() -> (Option<u64>, Option<u64>) {
+    static HOME: std::sync::OnceLock<(Option<u64>, Option<u64>)> = std::sync::OnceLock::new();
+    *HOME.get_or_init(|| {
         // SAFETY: a valid NUL-terminated name and flags; the result is checked.
         let raw = unsafe { libc::memfd_create(c"xfabric-probe".as_ptr(), libc::MFD_CLOEXEC) };
         if raw < 0 {
-            return None;
+            return (None, None);
         }
         // SAFETY: `raw` is a descriptor just created and owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        fstat("memfd", fd.as_raw_fd()).ok().map(|st| st.st_dev)
+        let dev = fstat("memfd", fd.as_raw_fd()).ok().map(|st| st.st_dev);
+        (dev, mount_of(fd.as_raw_fd()))
     })
+}
+
+/// The device of the filesystem our own memfds live on.
+fn memfd_dev() -> Option<u64> {
+    memfd_home().0
+}
+
+/// The mount our own memfds lie on.
+fn memfd_mount() -> Option<u64> {
+    memfd_home().1
 }
 
 /// The mount `fd`'s file lies on (`mnt_id` in `/proc/self/fdinfo`): procfs answers from the
@@ -371,21 +383,6 @@ fn mount_of(fd: RawFd) -> Option<u64> {
     info.lines()
         .find_map(|l| l.strip_prefix("mnt_id:"))
         .and_then(|v| v.trim().parse().ok())
-}
-
-/// The mount our own memfds lie on (`None` where none can be made or procfs cannot tell).
-fn memfd_mount() -> Option<u64> {
-    static MOUNT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *MOUNT.get_or_init(|| {
-        // SAFETY: a valid NUL-terminated name and flags; the result is checked.
-        let raw = unsafe { libc::memfd_create(c"xfabric-probe".as_ptr(), libc::MFD_CLOEXEC) };
-        if raw < 0 {
-            return None;
-        }
-        // SAFETY: `raw` is a descriptor just created and owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        mount_of(fd.as_raw_fd())
-    })
 }
 
 /// `fd` is a regular file with `id`'s inode and device, at least `len` bytes long.

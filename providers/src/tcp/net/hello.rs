@@ -182,13 +182,21 @@ fn put_second_addr(b: &mut [u8; LEN], addr: &SocketAddr) {
 /// What `put_second_addr` wrote, checked as the first address is.
 fn second_addr(b: &[u8; LEN]) -> Result<SocketAddr, HsError> {
     let at = RAND_AT;
-    let (family, port) = (b[at], u16::from_le_bytes([b[at + 2], b[at + 3]]));
-    let ip = &b[at + 4..at + 20];
+    if b[at + 1] != 0 {
+        return Err(HsError::Addr(b[at]));
+    }
+    let port = u16::from_le_bytes([b[at + 2], b[at + 3]]);
+    decode_addr(b[at], port, &b[at + 4..at + 20])
+}
+
+/// An address from its family byte (4 or 6), port (not 0) and 16 IP bytes (an IPv4 one in
+/// the first 4, the rest zero).
+fn decode_addr(family: u8, port: u16, ip: &[u8]) -> Result<SocketAddr, HsError> {
     let ip = match family {
-        4 if b[at + 1] == 0 && ip[4..].iter().all(|&x| x == 0) => {
+        4 if ip[4..].iter().all(|&x| x == 0) => {
             IpAddr::V4(Ipv4Addr::new(ip[0], ip[1], ip[2], ip[3]))
         }
-        6 if b[at + 1] == 0 => {
+        6 => {
             let mut o = [0u8; 16];
             o.copy_from_slice(ip);
             IpAddr::V6(Ipv6Addr::from(o))
@@ -277,24 +285,7 @@ impl Hs {
         let no_addr = family == 0 && port == 0 && zero(IP..IP + 16);
         let no_rand = zero(RAND_AT..RAND_AT + RAND);
         let no_mac = zero(MAC_AT..LEN);
-        let addr = || -> Result<SocketAddr, HsError> {
-            let ip = &b[IP..IP + 16];
-            let ip = match family {
-                4 if ip[4..].iter().all(|&x| x == 0) => {
-                    IpAddr::V4(Ipv4Addr::new(ip[0], ip[1], ip[2], ip[3]))
-                }
-                6 => {
-                    let mut o = [0u8; 16];
-                    o.copy_from_slice(ip);
-                    IpAddr::V6(Ipv6Addr::from(o))
-                }
-                _ => return Err(HsError::Addr(family)),
-            };
-            if port == 0 {
-                return Err(HsError::Addr(family));
-            }
-            Ok(SocketAddr::new(ip, port))
-        };
+        let addr = || decode_addr(family, port, &b[IP..IP + 16]);
         let rand = || {
             let mut r = [0u8; RAND];
             r.copy_from_slice(&b[RAND_AT..RAND_AT + RAND]);
