@@ -9,7 +9,7 @@ use std::ffi::{c_int, c_void};
 use xfabric::atomic::{compare_valid, count_limit, fetch_valid, valid};
 use xfabric::{
     AtomicOp, Datatype, Domain, Endpoint, MsgAtomic, OpAtomic, OpCompareAtomic, OpFetchAtomic,
-    RawIov, WorkOp, ATOMIC_MAX, FI_TRIGGER,
+    RawIov, WorkOp, ATOMIC_MAX, FI_TAGGED, FI_TRIGGER,
 };
 
 use crate::consts::{FI_EINVAL, FI_EOPNOTSUPP};
@@ -34,12 +34,13 @@ fn kinds(dt: c_int, op: c_int) -> Result<(Datatype, AtomicOp), isize> {
 }
 
 /// Bytes of `count` elements, refused before any memory is touched when more than one request
-/// can carry (the core would refuse it too, but the slice must not be formed first).
+/// can carry (the core would refuse it too, but the slice must not be formed first):
+/// `-FI_EMSGSIZE`, as fi_atomic(3) names it.
 fn span(count: usize, dt: Datatype) -> Result<usize, isize> {
     count
         .checked_mul(dt.size())
         .filter(|&n| n <= ATOMIC_MAX)
-        .ok_or(EINVAL)
+        .ok_or(-(libc::EMSGSIZE as isize))
 }
 
 /// The one `fi_ioc` of a vector call.
@@ -533,7 +534,11 @@ pub(crate) unsafe extern "C" fn domain_query_atomic(
         if attr.is_null() || flags & FI_FETCH_ATOMIC != 0 && flags & FI_COMPARE_ATOMIC != 0 {
             return Err(EINVAL);
         }
-        let ok = if flags & FI_COMPARE_ATOMIC != 0 {
+        // Atomics into tagged receive buffers (FI_TAGGED) are not offered: the posts refuse
+        // the flag.
+        let ok = if flags & FI_TAGGED != 0 {
+            false
+        } else if flags & FI_COMPARE_ATOMIC != 0 {
             compare_valid(op, dt)
         } else if flags & FI_FETCH_ATOMIC != 0 {
             fetch_valid(op, dt)

@@ -86,6 +86,9 @@ int main(void)
 	       attr.size);
 	EXPECT(fi_query_atomic(s.domain, FI_UINT64, FI_CSWAP, &attr, 0) == -FI_EOPNOTSUPP,
 	       "FI_CSWAP as a base atomic");
+	/* Atomics into tagged receive buffers: none, as the posts say (they refuse FI_TAGGED). */
+	EXPECT(fi_query_atomic(s.domain, FI_UINT64, FI_SUM, &attr, FI_TAGGED) == -FI_EOPNOTSUPP,
+	       "FI_TAGGED atomics");
 
 	/* Invalid requests, refused at the call. */
 	static uint64_t src[N], res[N], cmp[N];
@@ -101,6 +104,11 @@ int main(void)
 	EXPECT(fi_atomic(s.ep, NULL, 1, NULL, s.peer, at, t.key, FI_UINT64, FI_SUM, &ctx) ==
 		       -FI_EINVAL,
 	       "null operand");
+	/* More elements than one operation carries (fi_atomicvalid's count): fi_atomic(3)'s
+	 * -FI_EMSGSIZE. */
+	EXPECT(fi_atomic(s.ep, src, 4096 / 8 + 1, NULL, s.peer, at, t.key, FI_UINT64, FI_SUM,
+			 &ctx) == -FI_EMSGSIZE,
+	       "count past the limit");
 
 	/* A vector write into mem[4..8]. */
 	for (int i = 0; i < 4; i++)

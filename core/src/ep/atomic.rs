@@ -120,8 +120,11 @@ impl Endpoint {
                 req.dt.c_name()
             )));
         }
-        if req.count == 0 || req.bytes() > ATOMIC_MAX {
-            return Err(Error::Inval(format!(
+        if req.count == 0 {
+            return Err(Error::Inval(format!("{what}: count 0")));
+        }
+        if req.bytes() > ATOMIC_MAX {
+            return Err(Error::MsgSize(format!(
                 "{what}: count {} of {} (at most {} elements)",
                 req.count,
                 req.dt.c_name(),
