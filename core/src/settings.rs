@@ -353,6 +353,20 @@ pub static VERBS_NATIVE: Setting = Setting::new(
     "Whether RMA and atomics on regions the NIC knows go through the NIC (RDMA write, read, \
      atomics); 0: through frames, executed by the target's CPU",
 );
+/// `XFABRIC_VERBS_NATIVE_ATOMICS`: Whether the atomics the NIC has (a 64-bit `FI_SUM`,
+/// `FI_ATOMIC_READ` or `FI_CSWAP` of one element) go through it when `XFABRIC_VERBS_NATIVE`
+/// lets them and the link is quiet. Off by default: the target's CPU executes every other
+/// atomic, and these too when the link is busy, and a NIC's atomic is not atomic with the
+/// CPU's, so two processes updating one word could lose an update. On, an application whose
+/// words are only ever updated by those three operations gets the NIC's.
+pub static VERBS_NATIVE_ATOMICS: Setting = Setting::new(
+    "XFABRIC_VERBS_NATIVE_ATOMICS",
+    Kind::Bool,
+    "0",
+    "1: the atomics the NIC has (64-bit FI_SUM, FI_ATOMIC_READ, FI_CSWAP of one element) go \
+     through it while the link is quiet, then not atomic with the ones the target's CPU \
+     executes; 0: every atomic through the engine's frames",
+);
 /// `XFABRIC_VERBS_PULL_MIN`: Messages of at least this many bytes (and above the eager
 /// limit) are read by the receiver's NIC (RDMA read) from the sender's memory instead of
 /// moving as chunks; 0: never.
@@ -498,6 +512,7 @@ pub static SETTINGS: &[&Setting] = &[
     &TCP_UNEXP_PEER_BYTES,
     &AUTH_KEY,
     &VERBS_NATIVE,
+    &VERBS_NATIVE_ATOMICS,
     &VERBS_PULL_MIN,
     &ZE_LOADER,
     &XDG_CACHE_HOME,

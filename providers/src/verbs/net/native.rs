@@ -121,6 +121,8 @@ pub struct VerbsOneSided {
     pull_min: usize,
     /// `XFABRIC_VERBS_NATIVE`.
     enabled: bool,
+    /// `XFABRIC_VERBS_NATIVE_ATOMICS`.
+    atomics: bool,
 }
 
 impl VerbsOneSided {
@@ -134,6 +136,7 @@ impl VerbsOneSided {
             offers: super::pull::Offers::new(nic),
             pull_min,
             enabled: settings::VERBS_NATIVE.flag(),
+            atomics: settings::VERBS_NATIVE_ATOMICS.flag(),
         }
     }
 }
@@ -162,13 +165,17 @@ impl OneSided for VerbsOneSided {
             NativeKind::Write { data } => k.write && imm_for(data).is_some(),
             // A read above `pieces::PIECE` goes as several work requests (`pieces`).
             NativeKind::Read => k.read && self.shared.quiet(peer),
-            NativeKind::FetchAdd { .. } | NativeKind::CompareSwap { .. } => {
+            // Only where asked for (`XFABRIC_VERBS_NATIVE_ATOMICS`): one process's atomic on
+            // a word may go through the NIC while another's, on a busy link or of another
+            // operation, goes through the target's CPU, and the two are not atomic together.
+            NativeKind::FetchAdd { .. } | NativeKind::CompareSwap { .. } if self.atomics => {
                 // An atomic reads too where its old value is wanted (and an add of 0 is a
                 // read); the NIC needs the word aligned.
                 let reads =
                     n.local.total() > 0 || matches!(n.kind, NativeKind::FetchAdd { add: 0 });
                 k.write && (k.read || !reads) && n.addr.is_multiple_of(8) && self.shared.quiet(peer)
             }
+            NativeKind::FetchAdd { .. } | NativeKind::CompareSwap { .. } => false,
         };
         kind_ok && u32::try_from(n.len).is_ok() && local_ok(&self.shared.reg, &n.local, n.len)
     }
@@ -520,11 +527,12 @@ mod tests {
     #[test]
     fn only_our_keys_with_the_access_go_to_the_nic() {
         let shared = Shared::new(Arc::default());
-        let os = VerbsOneSided {
+        let mut os = VerbsOneSided {
             shared: shared.clone(),
             offers: super::super::pull::Offers::detached(),
             pull_min: usize::MAX,
             enabled: true,
+            atomics: true,
         };
         let mut word = 0u64;
         let key = |read, write| {
@@ -569,5 +577,16 @@ mod tests {
         assert!(!os.native(0, &odd));
         shared.set_quiet(0, false);
         assert!(!os.native(0, &op(fa, key(true, true), here)));
+        // The NIC's atomics only where asked for (`XFABRIC_VERBS_NATIVE_ATOMICS`); RMA the same.
+        shared.set_quiet(0, true);
+        os.atomics = false;
+        assert!(!os.native(0, &op(fa, key(true, true), here)));
+        let cas = NativeKind::CompareSwap {
+            compare: 1,
+            swap: 2,
+        };
+        assert!(!os.native(0, &op(cas, key(true, true), here)));
+        assert!(os.native(0, &op(NativeKind::Read, key(true, false), here)));
+        assert!(os.native(0, &op(w(None), key(false, true), here)));
     }
 }
