@@ -466,6 +466,27 @@ pub(crate) fn this_pid() -> u32 {
 mod open_tests {
     use super::*;
 
+    /// A handle of this process naming descriptor `fd` with its true inode and device, for
+    /// `len` bytes.
+    pub(super) fn handle_naming(fd: RawFd, len: u64) -> IpcHandle {
+        let st = fstat("test", fd).unwrap();
+        IpcHandle {
+            iface: Iface::System,
+            pid: this_pid(),
+            device: 0,
+            alloc_id: 0,
+            base: 0x1000,
+            alloc_len: len,
+            offset: 0,
+            raw: FileId {
+                fd,
+                ino: st.st_ino,
+                dev: st.st_dev,
+            }
+            .to_raw(),
+        }
+    }
+
     /// A sealed hugetlb memfd is a regular file of the right size and seals, but a hole in it
     /// can fault: refused before it is mapped.
     #[test]
@@ -493,22 +514,7 @@ mod open_tests {
             eprintln!("a hugetlb memfd does not take the seals here: nothing to check");
             return;
         }
-        let st = fstat("test", fd.as_raw_fd()).unwrap();
-        let h = IpcHandle {
-            iface: Iface::System,
-            pid: this_pid(),
-            device: 0,
-            alloc_id: 0,
-            base: 0x1000,
-            alloc_len: LEN,
-            offset: 0,
-            raw: FileId {
-                fd: fd.as_raw_fd(),
-                ino: st.st_ino,
-                dev: st.st_dev,
-            }
-            .to_raw(),
-        };
+        let h = handle_naming(fd.as_raw_fd(), LEN);
         let Err(e) = open(&h) else {
             panic!("a hugetlb memfd opened");
         };
@@ -518,6 +524,7 @@ mod open_tests {
 
 #[cfg(test)]
 mod mount_tests {
+    use super::open_tests::handle_naming;
     use super::*;
 
     /// A handle naming a file of the right inode, device and size on another mount (here
@@ -534,22 +541,7 @@ mod mount_tests {
         let _ = std::fs::remove_file(&path);
         const LEN: u64 = 4096;
         file.set_len(LEN).unwrap();
-        let st = fstat("test", file.as_raw_fd()).unwrap();
-        let h = IpcHandle {
-            iface: Iface::System,
-            pid: this_pid(),
-            device: 0,
-            alloc_id: 0,
-            base: 0x1000,
-            alloc_len: LEN,
-            offset: 0,
-            raw: FileId {
-                fd: file.as_raw_fd(),
-                ino: st.st_ino,
-                dev: st.st_dev,
-            }
-            .to_raw(),
-        };
+        let h = handle_naming(file.as_raw_fd(), LEN);
         let Err(e) = open(&h) else {
             panic!("a file on {dir} opened as a memfd");
         };

@@ -192,14 +192,9 @@ impl EpLink {
             return;
         }
         if self.has_stalled.load(Ordering::Acquire) {
-            let mut s = lock(&self.stalled);
+            let s = lock(&self.stalled);
             if self.has_stalled.load(Ordering::Acquire) {
-                if self.closed.load(Ordering::Acquire) {
-                    drop(s);
-                    job.cancel_closed();
-                } else {
-                    s.push_back(job);
-                }
+                self.stall_in(s, job, false);
                 return;
             }
         }
@@ -214,7 +209,11 @@ impl EpLink {
     /// there for that sweep or sees the close (a start that took long, racing `fi_close`,
     /// put it back where nothing would look again, its job holding the endpoint for good).
     fn stall(&self, job: Job, front: bool) {
-        let mut s = lock(&self.stalled);
+        self.stall_in(lock(&self.stalled), job, front);
+    }
+
+    /// `stall` with the queue's lock held already (`s`).
+    fn stall_in(&self, mut s: std::sync::MutexGuard<'_, VecDeque<Job>>, job: Job, front: bool) {
         if self.closed.load(Ordering::Acquire) {
             drop(s);
             job.cancel_closed();

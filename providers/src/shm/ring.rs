@@ -422,8 +422,7 @@ impl Producer {
         {
             return 0;
         }
-        // SAFETY: as in new().
-        let tail = unsafe { seg.u64_at(tail_off(self.lane)) }.load(Ordering::Acquire);
+        let tail = self.consumed(seg);
         self.cached_tail = tail;
         if tail == self.head {
             SLOTS - idx
@@ -825,11 +824,17 @@ mod tests {
     use super::super::segment::{fresh_name, Segment};
     use super::*;
 
-    #[test]
-    fn messages_cross_with_padding_and_backpressure() {
+    /// A fresh segment with one lane claimed: what every test here writes through.
+    fn claimed_lane() -> (Segment, usize) {
         let seg = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
         init_header(&seg, 1);
         let lane = claim_lane(&seg, 7).unwrap();
+        (seg, lane)
+    }
+
+    #[test]
+    fn messages_cross_with_padding_and_backpressure() {
+        let (seg, lane) = claimed_lane();
         let mut p = Producer::new(&seg, lane);
         let mut c = Consumer::attach(&seg, lane);
         assert!(c.raw_at(&seg, lane, c.pos()).is_none());
@@ -873,9 +878,7 @@ mod tests {
     fn positions_wrap_past_the_sequence_and_the_counter() {
         let near = |top: u64| (1..=3).map(move |k| top - k + 1);
         for start in near(u64::from(u32::MAX)).chain(near(u64::MAX)) {
-            let seg = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
-            init_header(&seg, 1);
-            let lane = claim_lane(&seg, 7).unwrap();
+            let (seg, lane) = claimed_lane();
             // SAFETY: the tail word is 8-aligned inside the lane header.
             unsafe { seg.u64_at(tail_off(lane)) }.store(start, Ordering::Release);
             let mut p = Producer::new(&seg, lane);
@@ -1009,9 +1012,7 @@ mod tests {
 
     #[test]
     fn consumed_slots_never_read_as_published() {
-        let seg = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
-        init_header(&seg, 1);
-        let lane = claim_lane(&seg, 7).unwrap();
+        let (seg, lane) = claimed_lane();
         let mut p = Producer::new(&seg, lane);
         let mut c = Consumer::attach(&seg, lane);
         // One-slot messages between longer ones and pads, over several laps, the consumer
@@ -1057,9 +1058,7 @@ mod tests {
     /// and in order.
     #[test]
     fn a_drained_ring_starts_again_at_its_front() {
-        let seg = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
-        init_header(&seg, 1);
-        let lane = claim_lane(&seg, 7).unwrap();
+        let (seg, lane) = claimed_lane();
         let mut p = Producer::new(&seg, lane);
         let mut c = Consumer::attach(&seg, lane);
         let mut next = 0u32;
@@ -1147,9 +1146,7 @@ mod tests {
     /// must be cleared before the consumer polls it there, not taken for a message.
     #[test]
     fn slots_pads_skipped_for_2_pow_32_positions_are_not_taken_for_messages() {
-        let seg = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
-        init_header(&seg, 1);
-        let lane = claim_lane(&seg, 7).unwrap();
+        let (seg, lane) = claimed_lane();
         let mut p = Producer::new(&seg, lane);
         let mut c = Consumer::attach(&seg, lane);
         let turn = |p: &mut Producer, c: &mut Consumer, len: usize| {
@@ -1180,9 +1177,7 @@ mod tests {
     /// `mark_dirty` sets exactly the slots of its range, whatever words it starts and ends in.
     #[test]
     fn mark_dirty_sets_exactly_its_range() {
-        let seg = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
-        init_header(&seg, 1);
-        let lane = claim_lane(&seg, 7).unwrap();
+        let (seg, lane) = claimed_lane();
         let mut p = Producer::new(&seg, lane);
         let cases = [
             (0, 1),
@@ -1208,9 +1203,7 @@ mod tests {
 
     #[test]
     fn a_header_message_reads_back_over_stale_slots() {
-        let seg = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
-        init_header(&seg, 1);
-        let lane = claim_lane(&seg, 7).unwrap();
+        let (seg, lane) = claimed_lane();
         let mut p = Producer::new(&seg, lane);
         let mut c = Consumer::attach(&seg, lane);
         // Stale bytes in the slots the CONNECT reuses after the ring wraps.

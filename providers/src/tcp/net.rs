@@ -1122,10 +1122,7 @@ impl Net {
                 Some((from, claim)) => (
                     Hs::Verify {
                         src: from,
-                        // Where the claimant's connection arrived: the concrete address it
-                        // dialled, also where we listen on a wildcard (whose port alone
-                        // would vouch for a connection of the claimant's to any address).
-                        to: self.conns[ck].sock.local_addr().unwrap_or(self.local),
+                        to: self.reached(ck),
                         nonce: claim.nonce,
                     },
                     St::Asking,
@@ -1350,8 +1347,7 @@ impl Net {
             return 1;
         };
         if claim.addr == self.local {
-            let to = c.sock.local_addr().unwrap_or(self.local);
-            if claim.nonce == self.nonce && self.opened_by_us(from, to) {
+            if claim.nonce == self.nonce && self.opened_by_us(from, self.reached(k)) {
                 // Our own connection to ourselves: this end receives, the other sends.
                 let p = self.peer(claim.addr);
                 return self.accept_hello(k, p, false, h);
@@ -1395,11 +1391,18 @@ impl Net {
         }
     }
 
+    /// Where inbound connection `k` reached us: the concrete address its peer dialled, also
+    /// where we listen on a wildcard (whose port alone would vouch, in `opened_by_us`, for a
+    /// connection of the claimant's to any address with that port).
+    fn reached(&self, k: usize) -> SocketAddr {
+        self.conns[k].sock.local_addr().unwrap_or(self.local)
+    }
+
     /// Whether one of our outbound connections still in its handshake leaves from `src` for
-    /// the listener `to`. Both: a connection of ours to a stranger gives the stranger its
-    /// source port and our nonce (our HELLO), and the stranger, on our host, can open a
-    /// connection of its own from that very port (two connections to different places may
-    /// share one) and claim to be us there; the listener asking names itself, so our
+    /// `to`. Both: a connection of ours to a stranger gives the stranger its source port and
+    /// our nonce (our HELLO), and the stranger, on our host, can open a connection of its own
+    /// from that very port (two connections to different places may share one) and claim to
+    /// be us there; the listener asking names where the claim reached it (`reached`), so our
     /// connection to the stranger vouches for nothing but what it reaches.
     fn opened_by_us(&self, src: SocketAddr, to: SocketAddr) -> bool {
         let reaches = |a: SocketAddr| {
@@ -1414,8 +1417,8 @@ impl Net {
         })
     }
 
-    /// A call-back from listener `to` asks whether our incarnation `nonce` opened a
-    /// connection from `src` to it.
+    /// A call-back asks whether our incarnation `nonce` opened a connection from `src` to
+    /// `to` (where that connection reached the listener asking).
     fn on_verify(&mut self, k: usize, src: SocketAddr, to: SocketAddr, nonce: u64) {
         let yes = nonce == self.nonce && self.opened_by_us(src, to);
         if !yes {

@@ -1709,6 +1709,21 @@ fn accept_from(l: &StdListener, a: &mut Net, ha: &mut Rec) -> StdStream {
     }
 }
 
+/// A raw listener `a` is made to send a frame to: the listener, its address, the peer it is
+/// to `a`, `a`'s connection as the listener accepted it, and the HELLO read from it.
+fn hello_to_raw_listener(
+    a: &mut Net,
+    ha: &mut Rec,
+) -> (StdListener, SocketAddr, PeerId, StdStream, Hs) {
+    let l = StdListener::bind(lo()).unwrap();
+    let me = l.local_addr().unwrap();
+    let p = a.peer(me);
+    a.send(msg(p, 1, Body::Owned(pattern(1, 10)), Some(1)));
+    let mut s = accept_from(&l, a, ha);
+    let hs = read_hs(a, ha, &mut s);
+    (l, me, p, s, hs)
+}
+
 /// Connections in bring-up and peers waited for: what `settling` must count.
 fn unsettled(a: &Net) -> usize {
     a.conns.iter().filter(|(_, c)| c.st != St::Up).count()
@@ -1742,14 +1757,10 @@ fn reset(s: StdStream) {
 fn a_connection_to_a_stranger_vouches_only_for_where_it_went() {
     let mut e = Net::bind(lo()).unwrap();
     let mut he = Rec::default();
-    let stranger = StdListener::bind(lo()).unwrap();
-    let q = stranger.local_addr().unwrap();
-    let pq = e.peer(q);
-    e.send(msg(pq, 1, Body::Owned(pattern(1, 10)), Some(1)));
-    let mut s = accept_from(&stranger, &mut e, &mut he);
+    let (_stranger, q, _, s, hs) = hello_to_raw_listener(&mut e, &mut he);
     let src = s.peer_addr().unwrap();
-    let Hs::Hello { nonce, .. } = read_hs(&mut e, &mut he, &mut s) else {
-        panic!("no HELLO");
+    let Hs::Hello { nonce, .. } = hs else {
+        panic!("no HELLO: {hs:?}");
     };
     // The stranger stays silent: our connection to it waits in its handshake.
     let elsewhere: SocketAddr = "127.0.0.1:9".parse().unwrap();
@@ -1774,12 +1785,8 @@ fn a_peer_that_rejects_and_resets_in_turn_leaves_nothing_counted_twice() {
     let mut a = Net::bind(lo()).unwrap();
     a.set_handshake_timeout(Duration::from_millis(400));
     let mut ha = Rec::default();
-    let l = StdListener::bind(lo()).unwrap();
-    let me = l.local_addr().unwrap();
-    let p = a.peer(me);
-    a.send(msg(p, 1, Body::Owned(pattern(1, 10)), Some(1)));
-    let mut s = accept_from(&l, &mut a, &mut ha);
-    assert!(matches!(read_hs(&mut a, &mut ha, &mut s), Hs::Hello { .. }));
+    let (l, me, p, mut s, hs) = hello_to_raw_listener(&mut a, &mut ha);
+    assert!(matches!(hs, Hs::Hello { .. }));
     s.write_all(
         &Hs::Reject {
             reason: hello::reason::DUPLICATE,
