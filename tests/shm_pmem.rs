@@ -1,7 +1,8 @@
 //! Persistent-memory RMA (FI_RMA_PMEM): a write with FI_COMMIT_COMPLETE completes only once
 //! the target range is flushed to its file; a zero-length FI_COMMIT_COMPLETE | FI_FENCE write
 //! commits every earlier write. The target is killed with SIGKILL right after the initiator's
-//! completion and the file, reopened, holds the data.
+//! completion and the file, reopened, holds the data. Atomics take the same flag: what they
+//! change is flushed before they complete.
 
 mod common;
 use std::os::fd::AsRawFd;
@@ -9,7 +10,7 @@ use std::os::fd::AsRawFd;
 use common::*;
 use xfabric::*;
 
-const CAPS: u64 = FI_MSG | FI_RMA | FI_RMA_PMEM;
+const CAPS: u64 = FI_MSG | FI_RMA | FI_ATOMIC | FI_RMA_PMEM;
 const LEN: usize = 1 << 20;
 
 /// The target: maps `path` shared, registers it, serves until killed.
@@ -36,7 +37,11 @@ fn target(path: &str) {
     // SAFETY: the mapping stays for the life of this process (it is never unmapped).
     let window = unsafe { std::slice::from_raw_parts(p as *const u8, LEN) };
     // SAFETY: as above: the mapping outlives the registration.
-    let mr = unsafe { n.domain.mr_reg(window, FI_REMOTE_WRITE, 0, 5) }.unwrap();
+    let mr = unsafe {
+        n.domain
+            .mr_reg(window, FI_REMOTE_WRITE | FI_REMOTE_READ, 0, 5)
+    }
+    .unwrap();
     say(&format!("{}", mr.key()));
     loop {
         n.ep.progress();
@@ -129,4 +134,85 @@ fn commit_needs_rma_pmem() {
     // SAFETY: the call fails before touching memory.
     let r = unsafe { n.ep.writemsg(&m, FI_COMMIT_COMPLETE) };
     assert!(matches!(r, Err(Error::BadFlags(_))), "{r:?}");
+}
+
+fn atomic_to(peer: FiAddr, addr: u64, key: u64, op: AtomicOp, ctx: usize) -> MsgAtomic {
+    MsgAtomic {
+        addr: peer,
+        rma_addr: addr,
+        key,
+        datatype: Datatype::UInt64,
+        op,
+        context: ctx,
+    }
+}
+
+#[test]
+fn atomics_with_commit_complete_survive_kill() {
+    if let Some(r) = role() {
+        return target(r.strip_prefix("target:").unwrap());
+    }
+    let path = file_in_tmp("pmem-atomic");
+    let mut child = spawn(
+        "atomics_with_commit_complete_survive_kill",
+        &format!("target:{path}"),
+        &[],
+    );
+    let n = node(CAPS, Progress::Manual);
+    let peer = connect(&mut child, &n);
+    let key: u64 = child.hear().parse().unwrap();
+    let (add, swap, zero) = (5u64.to_ne_bytes(), 77u64.to_ne_bytes(), 0u64.to_ne_bytes());
+    let mut old = [0u8; 8];
+    // SAFETY: the operands are copied during the calls; `old` outlives the wait below.
+    unsafe {
+        let m = atomic_to(peer, 8192, key, AtomicOp::Sum, 1);
+        n.ep.atomicmsg(&m, &add, 1, FI_COMMIT_COMPLETE).unwrap();
+        let m = atomic_to(peer, 16384, key, AtomicOp::Cswap, 2);
+        n.ep.compare_atomicmsg(&m, &swap, &zero, &mut old, 1, FI_COMMIT_COMPLETE)
+            .unwrap();
+    }
+    let done = n.wait_n(2);
+    let mut ctxs: Vec<_> = done.iter().map(|c| c.op_context).collect();
+    ctxs.sort();
+    assert_eq!(ctxs, vec![1, 2]);
+    assert_eq!(u64::from_ne_bytes(old), 0);
+    child.kill();
+    let back = std::fs::read(&path).unwrap();
+    let word = |at: usize| u64::from_ne_bytes(back[at..at + 8].try_into().unwrap());
+    assert_eq!((word(8192), word(16384)), (5, 77));
+    std::fs::remove_file(&path).unwrap();
+    xfabric::providers::shm::segment::reclaim_stale();
+}
+
+#[test]
+fn atomics_take_every_completion_level_and_commit_needs_rma_pmem() {
+    let n = node(FI_MSG | FI_ATOMIC, Progress::Manual);
+    let me = n.ep.getname().unwrap();
+    let peer = n.add_peer(&me);
+    let word = [0u8; 8];
+    // SAFETY: the region is `word`, which outlives the endpoint's use of it below.
+    let mr = unsafe { n.domain.mr_reg(&word, FI_REMOTE_WRITE, 0, 9) }.unwrap();
+    // Offsets into the region: this domain's keys are not of virtual addresses.
+    let at = 0;
+    let one = 1u64.to_ne_bytes();
+    let m = atomic_to(peer, at, mr.key(), AtomicOp::Sum, 1);
+    // SAFETY: the operand is copied during the call.
+    let r = unsafe { n.ep.atomicmsg(&m, &one, 1, FI_COMMIT_COMPLETE) };
+    assert!(matches!(r, Err(Error::BadFlags(_))), "{r:?}");
+    for (ctx, level) in [
+        FI_INJECT_COMPLETE,
+        FI_TRANSMIT_COMPLETE,
+        FI_DELIVERY_COMPLETE,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let m = atomic_to(peer, at, mr.key(), AtomicOp::Sum, ctx + 10);
+        // SAFETY: as above.
+        unsafe { n.ep.atomicmsg(&m, &one, 1, level) }.unwrap();
+    }
+    assert_eq!(n.wait_n(3).len(), 3);
+    // SAFETY: every atomic on it completed; nothing writes it any more.
+    let now = unsafe { std::ptr::read_volatile(&word) };
+    assert_eq!(u64::from_ne_bytes(now), 3);
 }

@@ -87,8 +87,18 @@ impl MsgAtomic {
     }
 }
 
-const ATOMIC_FLAGS: u64 =
-    FI_COMPLETION | FI_MORE | FI_INJECT | FI_FENCE | FI_DELIVERY_COMPLETE | FI_TRANSMIT_COMPLETE;
+/// Operation flags the atomic message calls accept. The completion levels are all met: an
+/// atomic completes when the target's answer comes, after it executed the operation (and,
+/// with `FI_COMMIT_COMPLETE`, made the range durable), which is past what `FI_INJECT_COMPLETE`
+/// and `FI_TRANSMIT_COMPLETE` ask.
+const ATOMIC_FLAGS: u64 = FI_COMPLETION
+    | FI_MORE
+    | FI_INJECT
+    | FI_FENCE
+    | FI_INJECT_COMPLETE
+    | FI_TRANSMIT_COMPLETE
+    | FI_DELIVERY_COMPLETE
+    | FI_COMMIT_COMPLETE;
 
 impl Endpoint {
     fn post_atomic(&self, what: &'static str, req: AtomicReq) -> Result<()> {
@@ -122,6 +132,11 @@ impl Endpoint {
         }
         if req.count == 0 {
             return Err(Error::Inval(format!("{what}: count 0")));
+        }
+        if req.flags & FI_COMMIT_COMPLETE != 0 && self.core().caps & FI_RMA_PMEM == 0 {
+            return Err(Error::BadFlags(format!(
+                "{what}: FI_COMMIT_COMPLETE needs an endpoint opened with FI_RMA_PMEM"
+            )));
         }
         if req.bytes() > ATOMIC_MAX {
             return Err(Error::MsgSize(format!(

@@ -93,6 +93,8 @@ pub struct AtomicAt<'a> {
 /// values (empty unless fetching).
 #[derive(Debug)]
 pub struct AtomicDone {
+    /// Where the target's range is in this process (`len` bytes).
+    pub at: usize,
     /// `FI_READ` or `FI_WRITE`: how the target's memory was accessed.
     pub dir: u64,
     /// Bytes of the target touched.
@@ -173,6 +175,7 @@ pub fn atomic(core: &EpCore, req: &AtomicAt<'_>) -> Result<AtomicDone, i32> {
         }
     }
     Ok(AtomicDone {
+        at: target,
         dir: if op == AtomicOp::Read {
             FI_READ
         } else {

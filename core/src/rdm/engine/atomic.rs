@@ -68,6 +68,9 @@ impl Engine {
         if fetch {
             fl |= flags::FETCH;
         }
+        if req.flags & FI_COMMIT_COMPLETE != 0 {
+            fl |= flags::COMMIT;
+        }
         let want = if fetch { n } else { 0 };
         let (id, _) = self.new_tx(TxReq {
             want,
@@ -122,6 +125,25 @@ impl Engine {
                 self.frame(peer, Frame::AtomicResp { id, status: e }, Body::None, None)
             }
             Ok(d) => {
+                // What it changed is durable before the answer says so, as for a write: on a
+                // persistent-memory endpoint recorded (and with `COMMIT` flushed with the
+                // rest), elsewhere flushed where the initiator asked for it.
+                let commit = a.fl & flags::COMMIT != 0;
+                let status = if d.dir != FI_WRITE {
+                    0
+                } else if self.core.caps & FI_RMA_PMEM != 0 {
+                    self.note_written(peer, &IovList::one(d.at, d.len), commit)
+                } else if commit {
+                    target::commit(&IovList::one(d.at, d.len))
+                } else {
+                    0
+                };
+                if status != 0 {
+                    // Executed but not made durable: the initiator is told it failed.
+                    let f = Frame::AtomicResp { id, status };
+                    self.frame(peer, f, Body::None, None);
+                    return;
+                }
                 if req.fetch {
                     self.frame(
                         peer,

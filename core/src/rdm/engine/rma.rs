@@ -229,7 +229,7 @@ impl Engine {
 
     /// Records ranges a peer wrote (persistent-memory endpoints); with `commit`, makes
     /// everything it wrote so far durable. 0 or an errno.
-    fn note_written(&mut self, peer: PeerId, iov: &IovList, commit: bool) -> i32 {
+    pub(super) fn note_written(&mut self, peer: PeerId, iov: &IovList, commit: bool) -> i32 {
         let dirty = &mut self.peer(peer).dirty;
         dirty.extend(iov.segs().iter().map(|s| (s.addr, s.len)));
         if !commit && dirty.len() <= 4096 {

@@ -275,6 +275,22 @@ fn native_atomics_are_the_nics_two() {
 }
 
 #[test]
+fn an_atomic_with_commit_complete_is_the_target_engines() {
+    let mut word = Box::new(40u64);
+    let at = &mut *word as *mut u64 as u64;
+    let mut net = nic_net();
+    let two = 2u64;
+    // One the NIC has, toward a quiet peer, but whose range the target must make durable
+    // before it answers.
+    let mut req = atomic(1, at, AtomicOp::Sum, (&two, None));
+    req.key = NIC_KEY;
+    req.flags |= FI_COMMIT_COMPLETE;
+    net.a.atomic(req).unwrap();
+    assert!(net.a.eng.poll_native().is_none());
+    assert_eq!(net.flush(S::A), vec![Kind::Atomic]);
+}
+
+#[test]
 fn native_operations_end_with_a_lost_peer_or_a_close() {
     let mut tgt = vec![0u8; 64];
     let src = pattern(16, 43);
