@@ -3,7 +3,38 @@
 
 use super::*;
 
+/// A report under way (`EpCore::reporting`); ends when dropped, a panic's unwinding included.
+#[must_use = "the report is under way only while this is held"]
+pub struct Reporting<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Reporting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+}
+
 impl EpCore {
+    /// Marks completions being reported once the provider's lock is released: take it
+    /// before releasing the lock under which they were taken, hold it until they are
+    /// reported. The endpoint's close (`wait_reports`) returns only after every such report:
+    /// otherwise a progress call on another thread that took a completion just before the
+    /// close reports it after `fi_close` returned, writing the CQ, a counter, or a staged
+    /// receive's bytes into the application's buffer, which the application may have freed.
+    pub fn reporting(&self) -> Reporting<'_> {
+        // Ordered before the close's look by the provider's lock, released after this.
+        self.reports.fetch_add(1, Ordering::Relaxed);
+        Reporting(&self.reports)
+    }
+
+    /// Waits until no report taken before this call is under way (`reporting`). A report
+    /// writes to memory and never waits on anything, so this ends; the core goes to the
+    /// reporting thread meanwhile.
+    pub(crate) fn wait_reports(&self) {
+        while self.reports.load(Ordering::Acquire) != 0 {
+            std::thread::yield_now();
+        }
+    }
+
     /// The counter bound for a class of operations, if any.
     pub(crate) fn class_cntr(&self, class: CntrClass) -> Option<Arc<CntrInner>> {
         self.bound().and_then(|b| b.cntr[class as usize].clone())

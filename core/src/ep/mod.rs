@@ -257,6 +257,8 @@ pub struct EpCore {
     /// Where this endpoint's descriptor rings go when it closes: its domain's (`Retired`), so
     /// that an XPU still posting reaches a closed ring, not freed memory.
     pub retired: Arc<crate::xpu::Retired>,
+    /// Reports under way outside the provider's lock (`reporting`): the close waits them out.
+    reports: std::sync::atomic::AtomicUsize,
 }
 
 impl EpCore {
@@ -281,6 +283,7 @@ impl EpCore {
             staging: StagingRegistry::default(),
             device_offer_min: std::sync::atomic::AtomicUsize::new(usize::MAX),
             retired: Arc::default(),
+            reports: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -1398,6 +1401,9 @@ impl Endpoint {
             l.close();
         }
         self.ops.close();
+        // What another thread's progress took out before the close is reported before it
+        // returns: nothing of this endpoint's lands after `fi_close`.
+        self.core.wait_reports();
         self.core.release_all_entries();
         self.domain_progress.remove(&self.progress_reg);
         if let Some(b) = self.core.bound() {

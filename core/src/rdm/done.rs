@@ -190,6 +190,7 @@ pub fn report_unlocked<S>(
         let Some(mut one) = held.pop() else {
             return;
         };
+        let _r = core.reporting();
         drop(st);
         report_one(core, &mut one);
         return;
@@ -204,8 +205,10 @@ pub fn report_unlocked<S>(
         spare.reserve(room);
     }
     let mut done = std::mem::replace(held, spare);
+    let r = core.reporting();
     drop(st);
     report(core, &mut done);
+    drop(r);
     if done.capacity() > DONE_KEPT {
         done.shrink_to(DONE_KEPT);
     }

@@ -567,3 +567,28 @@ fn a_retry_that_the_close_overtakes_cancels_its_job() {
         "the closed endpoint is still held"
     );
 }
+
+#[test]
+fn a_close_returns_only_after_the_reports_another_thread_took_before_it() {
+    let w = World::new();
+    let e = w.ep();
+    let core = e.ep.core().clone();
+    // As a progress call on another thread does: completions taken under the provider's
+    // lock, being reported after it was released.
+    let reporting = core.reporting();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let ep = e.ep;
+    let closer = std::thread::spawn(move || {
+        ep.close().unwrap();
+        tx.send(()).unwrap();
+    });
+    assert!(
+        rx.recv_timeout(std::time::Duration::from_millis(200))
+            .is_err(),
+        "fi_close returned while a report of its endpoint was under way"
+    );
+    drop(reporting);
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the close returns once the report ended");
+    closer.join().unwrap();
+}

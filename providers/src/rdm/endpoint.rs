@@ -179,6 +179,7 @@ impl<W: Wire> RdmEndpoint<W> {
             s.engine.take_done_into(&mut s.done);
             rdm::report_unlocked(&self.core, st, |s| &mut s.done);
         } else if let Some(op) = sent {
+            let _r = self.core.reporting();
             drop(st);
             self.core.complete_tx(op.ctx, op.flags);
         }
