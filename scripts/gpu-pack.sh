@@ -6,12 +6,17 @@
 #   bash .gpu/gpu-run.sh   # the GPU tests, xpu_pipeline with a GPU and a CPU XPU, gpu_ipc_bench,
 #                          # moe_dispatch (8 minutes at most); figures in $OUT/gpu-figures.txt
 # (xpu_gpu, the device API's kernels, prints FIGURE lines, also in $OUT/figures.txt)
-# Test logs go to $OUT when it is set.
+# Test logs go to $OUT when it is set. Being ignored by git, .gpu/ travels to a device machine
+# only when the run names it (the device tool's `carry: [".gpu"]`).
+# The GPU tests are built marked ignored (XFABRIC_GPU_TESTS unset, whatever this shell has) and
+# gpu-run.sh runs them with --include-ignored.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .git/info
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
 rm -rf .gpu && mkdir -p .gpu
+export -n XFABRIC_GPU_TESTS 2>/dev/null || true
+unset XFABRIC_GPU_TESTS
 {
     cargo test -j2 --no-run --message-format=json -p xfabric --test hmem --test hmem_rma \
         --test hmem_trigger --test shm_cuda_ipc

@@ -8,9 +8,29 @@
 set -o pipefail
 cd "$(dirname "$0")"
 nvidia-smi -L
-nvrtc=$(find / -xdev \( -path /proc -o -path /sys \) -prune -o -name 'libnvrtc.so*' -print \
-    2>/dev/null | grep -v stub | head -1)
-echo "libnvrtc: ${nvrtc:-not found}"
+# NVRTC: an NVRTC newer than the driver compiles PTX the driver refuses, and an old one may not
+# know the card's architecture. So: the newest copy on this machine (any mount; the loader's
+# own first among equals) whose version is at most the CUDA version the driver supports.
+driver_cuda=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9.]*\).*/\1/p' | head -1)
+nvrtc_version() { # libnvrtc.so.12.4.127 -> 12.4, libnvrtc.so.13 -> 13
+    basename "$(readlink -f "$1")" | sed -n 's/^libnvrtc\.so\.\([0-9]*\(\.[0-9]*\)\{0,1\}\).*/\1/p'
+}
+nvrtc=
+while read -r c; do
+    v=$(nvrtc_version "$c")
+    [ -n "$v" ] || continue
+    if [ -z "$driver_cuda" ] ||
+        [ "$(printf '%s\n%s\n' "$v" "$driver_cuda" | sort -V | tail -1)" = "$driver_cuda" ]; then
+        nvrtc=$c
+        break
+    fi
+done < <({
+    ldconfig -p 2>/dev/null | awk '/libnvrtc\.so\./ {print $NF}'
+    find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o -name 'libnvrtc.so.*' -print \
+        2>/dev/null
+} | grep -v -e stub -e builtins | awk '!seen[$0]++' |
+    while read -r c; do echo "$(nvrtc_version "$c") $c"; done | sort -s -k1,1 -V -r | cut -d' ' -f2-)
+echo "driver's CUDA: ${driver_cuda:-unknown}; libnvrtc: ${nvrtc:-none at most that version}"
 [ -n "$nvrtc" ] && export LD_LIBRARY_PATH="$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export RUST_BACKTRACE=1
 out=${OUT:-.}
@@ -48,14 +68,20 @@ figure() {
 for t in gpu cuda hmem hmem_rma hmem_trigger shm_cuda_ipc; do
     [ -x "./$t" ] && [ -z "${XPU_GPU_ONLY:-}" ] || continue
     echo "=== $t"
-    timeout "$(limit 90)" "./$t" --ignored gpu_ --test-threads=1 2>&1 | tee "$out/$t.log" | tail -25 || rc=1
+    # --include-ignored: the GPU tests run whether or not the packing build marked them ignored.
+    timeout "$(limit 90)" "./$t" --include-ignored gpu_ --test-threads=1 2>&1 | tee "$out/$t.log" | tail -25 || rc=1
     echo "test $t: $(grep -m1 '^test result:' "$out/$t.log" || echo 'no result (failed or timed out)')" >>"$figures"
+    # A run that selected nothing checked nothing: a failure, not a pass.
+    if grep -q '^test result: ok\. 0 passed' "$out/$t.log"; then
+        echo "test $t: no GPU test ran [NOT met]" >>"$figures"
+        rc=1
+    fi
 done
 # The device API's kernels: send path, put with signal, latency and rate, with their figures
 # (kernel send -> peer completion p50, descriptors/s from one block) and the card and driver.
 if [ -x ./xpu_gpu ]; then
     echo "=== xpu_gpu"
-    timeout "$(limit 150)" ./xpu_gpu --ignored gpu_xpu --test-threads=1 --nocapture 2>&1 |
+    timeout "$(limit 150)" ./xpu_gpu --include-ignored gpu_xpu --test-threads=1 --nocapture 2>&1 |
         tee "$out/xpu_gpu.log" | grep -E 'FIGURE|^test |test result|panicked|GPU 0' || rc=1
     {
         nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -63,6 +89,10 @@ if [ -x ./xpu_gpu ]; then
     } >"$out/figures.txt" 2>&1
     cat "$out/figures.txt"
     grep FIGURE "$out/xpu_gpu.log" | sed 's/^/xpu_gpu: /' >>"$figures"
+    if ! grep -q '^test result: ok\. [1-9]' "$out/xpu_gpu.log"; then
+        echo "xpu_gpu: no passing run of the device API's kernels [NOT met]" >>"$figures"
+        rc=1
+    fi
 fi
 [ -n "${XPU_GPU_ONLY:-}" ] && exit $rc
 for x in gpu cpu; do

@@ -120,7 +120,7 @@ fn checks() -> Vec<(String, u64)> {
     ] {
         v.push((c.to_string(), r as u64));
     }
-    let consts: [(&str, u64); 27] = [
+    let consts: [(&str, u64); 39] = [
         ("FI_XPU_PROV_XFABRIC", abi::FI_XPU_PROV_XFABRIC.into()),
         ("XF_XPU_CLASS_EP", abi::FI_CLASS_EP.into()),
         ("XF_XPU_CLASS_CQ", abi::FI_CLASS_CQ.into()),
@@ -139,14 +139,27 @@ fn checks() -> Vec<(String, u64)> {
         ("XF_XPU_RING_CLOSED", abi::RING_CLOSED.into()),
         ("XF_XPU_CQ_KIND_OK", abi::CQ_KIND_OK.into()),
         ("XF_XPU_CQ_KIND_ERR", abi::CQ_KIND_ERR.into()),
+        // Every opcode and every fault, both sides.
         ("XF_XPU_OP_SEND", opcode::SEND.into()),
         ("XF_XPU_OP_TSEND", opcode::TSEND.into()),
+        ("XF_XPU_OP_RECV", opcode::RECV.into()),
+        ("XF_XPU_OP_TRECV", opcode::TRECV.into()),
         ("XF_XPU_OP_WRITE", opcode::WRITE.into()),
+        ("XF_XPU_OP_READ", opcode::READ.into()),
+        ("XF_XPU_OP_ATOMIC", opcode::ATOMIC.into()),
+        ("XF_XPU_OP_FETCH_ATOMIC", opcode::FETCH_ATOMIC.into()),
         ("XF_XPU_OP_COMPARE_ATOMIC", opcode::COMPARE_ATOMIC.into()),
         ("XF_XPU_OP_CNTR_ADD", opcode::CNTR_ADD.into()),
+        ("XF_XPU_OP_CNTR_SET", opcode::CNTR_SET.into()),
+        ("XF_XPU_OP_CNTR_ADDERR", opcode::CNTR_ADDERR.into()),
         ("XF_XPU_OP_CNTR_SETERR", opcode::CNTR_SETERR.into()),
         ("XF_XPU_FAULT_OPCODE", xfabric::xpu::XPU_FAULT_OPCODE as u64),
+        ("XF_XPU_FAULT_ADDR", xfabric::xpu::XPU_FAULT_ADDR as u64),
+        ("XF_XPU_FAULT_DESC", xfabric::xpu::XPU_FAULT_DESC as u64),
+        ("XF_XPU_FAULT_RANGE", xfabric::xpu::XPU_FAULT_RANGE as u64),
+        ("XF_XPU_FAULT_FLAGS", xfabric::xpu::XPU_FAULT_FLAGS as u64),
         ("XF_XPU_FAULT_TORN", xfabric::xpu::XPU_FAULT_TORN as u64),
+        ("XF_XPU_FAULT_ARGS", xfabric::xpu::XPU_FAULT_ARGS as u64),
         (
             "XF_XPU_FAULT_UNPUBLISHED",
             xfabric::xpu::XPU_FAULT_UNPUBLISHED as u64,

@@ -56,8 +56,13 @@ static __device__ void xf_ring_ready_in_order(const struct fi_trigger_var *vars,
         __threadfence(); /* acquire: the previous holder's `next` and the flags it read */
         unsigned k = xf_load(next);
         while (k < nvars && xf_load(&ready[k]) != 0u) {
-            if (xf_ring(&vars[k], 1) != 1)
-                break; /* malformed variable: later doorbells must not pass it */
+            if (xf_ring(&vars[k], 1) != 1) {
+                /* A malformed variable: later doorbells must not pass it, and nobody may
+                 * come back to it (ready[k] stays set, so the look after the unlock below
+                 * would take the lock again for ever): `next` goes past every bucket. */
+                k = nvars;
+                break;
+            }
             k++;
         }
         *(volatile unsigned *)next = k;

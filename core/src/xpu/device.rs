@@ -15,6 +15,14 @@
 //! on a GPU every thread of the scope makes the call, one lane posts, and all return its
 //! result. A CPU thread is a group of one: it posts. A value outside the four is `-FI_EINVAL`.
 //!
+//! A handle exported to a GPU may be driven by a host thread through these calls (under unified
+//! addressing its blocks' device addresses are the host's: the tests play a GPU so), but never
+//! while a kernel drives the same handle: a GPU's system-scope atomics on mapped page-locked
+//! memory are not atomic with the host's over PCIe (the CUDA programming guide, mapped memory),
+//! so a host thread and a kernel claiming ring positions, counter ring slots or CQ entries at
+//! once could each take the same one. One driver per handle at a time: a GPU's kernels, or
+//! host threads.
+//!
 //! A CPU XPU may announce what it posted (`tx_flush`, which wakes a sleeping watcher and lets
 //! this thread start what it posted at once); it need not: a watcher that is not told finds
 //! the descriptors by looking, as it finds a GPU's.

@@ -5,10 +5,12 @@
  *
  * One implementation, two targets, chosen by the compiler:
  *   - CUDA (nvcc, NVRTC): __device__ functions; system-scope atomics (atomicAdd_system,
- *     atomicCAS_system: sm_60 or newer) and __threadfence_system() around the publishing
- *     store; scope FI_XPU_SUBGROUP and FI_XPU_WORK_GROUP elect one lane to post and broadcast
- *     its answer (__shfl_sync, shared memory with __syncthreads). FI_XPU_DEVICE needs a
- *     grid-wide barrier and answers -FI_EOPNOTSUPP there.
+ *     atomicCAS_system: sm_60 or newer; __nanosleep between looks from sm_70) and
+ *     __threadfence_system() around the publishing store; scope FI_XPU_SUBGROUP and
+ *     FI_XPU_WORK_GROUP elect one lane to post and broadcast its answer (__shfl_sync, shared
+ *     memory with __syncthreads). With those scopes every lane of the warp, or every thread
+ *     of the block, makes the call. FI_XPU_DEVICE needs a grid-wide barrier and answers
+ *     -FI_EOPNOTSUPP there.
  *   - C11 or C++ on a CPU thread (the CPU XPU, FI_HMEM_SYSTEM): GCC's __atomic builtins. A
  *     thread is a group of one: it posts whatever the scope.
  *
@@ -99,7 +101,9 @@ XF_XPU_FN xf_u64 xf_xpu_now_ns(void)
 XF_XPU_FN void xf_xpu_relax(unsigned spins)
 {
 	(void)spins;
+#if __CUDA_ARCH__ >= 700
 	__nanosleep(64);
+#endif
 }
 
 /* Who posts for a scope, and how the others learn its answer. */
@@ -117,8 +121,17 @@ XF_XPU_FN int xf_xpu_team_begin(int scope, struct xf_xpu_team *t)
 	t->mask = 0;
 	t->leader = 0;
 	if (scope == FI_XPU_SUBGROUP) {
-		t->mask = __activemask();
-		t->leader = __ffs(t->mask) - 1;
+		/* Every lane of the warp calls (as every thread of a block calls for
+		 * FI_XPU_WORK_GROUP): the lanes are the warp's by the block's shape, not by
+		 * __activemask(), which names only the lanes that happen to run together at that
+		 * moment; a warp split by an earlier branch would elect a leader in each part and
+		 * post once per part. __syncwarp brings the lanes back together first. */
+		unsigned n = blockDim.x * blockDim.y * blockDim.z;
+		unsigned first = xf_xpu_linear_tid() & ~31u;
+		unsigned lanes = n - first < 32u ? n - first : 32u;
+		t->mask = lanes == 32u ? 0xffffffffu : (1u << lanes) - 1u;
+		t->leader = 0;
+		__syncwarp(t->mask);
 		return (int)(xf_xpu_linear_tid() & 31u) == t->leader;
 	}
 	if (scope == FI_XPU_WORK_GROUP) {
