@@ -187,6 +187,11 @@ struct Conn {
     fed: bool,
     /// Bytes came since `look_at_connections` last looked.
     read_lately: bool,
+    /// Coarse time since which the peer has read none of our answers while we hold back its
+    /// frames for them (`owes`): past `stall_after` it is lost, as a peer that stopped
+    /// writing is (we stopped reading it, so its half-arrived frame would otherwise hold its
+    /// receive for good). Moved on whenever some of our bytes go out.
+    owed_since: Option<u64>,
 }
 
 /// A queued frame, `off` of its `len` bytes (control part, then body) written.
@@ -809,7 +814,7 @@ impl Net {
         self.last_epoll = now;
         let mut n = self.step(h, Some(Duration::ZERO));
         if now >= self.next_look {
-            n += self.look_at_connections(now);
+            n += self.look_at_connections(now, h);
         }
         // Connections held back by flow control, or left unread at `PUMP_FRAMES`, raise no
         // new event: read them again.
@@ -1645,8 +1650,12 @@ impl Net {
             // It does not read our answers: read nothing more from it until they are written
             // (its requests stay in its socket); looked at again on every progress call.
             c.waiting = true;
+            if c.owed_since.is_none() {
+                c.owed_since = Some(crate::clock::coarse_ms());
+            }
             return 0;
         }
+        c.owed_since = None;
         // Offered again below; consume sets it anew if the head frame still waits.
         c.waiting = false;
         let (n, err) = c.pump(p, &self.peers[p].addr, h);
@@ -1698,6 +1707,12 @@ impl Net {
                 }
             }
             let n = n as usize;
+            if n > 0 {
+                // The peer reads: a wait for it to take our answers starts again.
+                if let Some(t) = self.conns[k].owed_since.as_mut() {
+                    *t = crate::clock::coarse_ms();
+                }
+            }
             done += self.advance(p, n);
             if n < want {
                 self.set_writable(k, true);
@@ -1862,10 +1877,15 @@ impl Net {
     /// last look with nothing in it (64 KiB each: many peers that connected once and went
     /// quiet would otherwise hold it all; the next read makes it again).
     #[inline(never)]
-    fn look_at_connections(&mut self, now: u64) -> usize {
+    fn look_at_connections<H: Handler>(&mut self, now: u64, h: &H) -> usize {
         let limit = self
             .stall_after
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        // Peers asked for a large message's data as long ago, none of which has come.
+        let overdue = match self.stall_after {
+            Some(d) if now != u64::MAX => h.data_overdue(d),
+            _ => Vec::new(),
+        };
         // A failed clock read (u64::MAX) looks again at the next call.
         self.next_look = if now == u64::MAX {
             0
@@ -1873,6 +1893,8 @@ impl Net {
             now.saturating_add(self.look_every)
         };
         let mut stalled = Vec::new();
+        let mut late = Vec::new();
+        let mut unread = Vec::new();
         for (k, c) in self.conns.iter_mut() {
             if c.st == St::Up
                 && !c.read_lately
@@ -1885,10 +1907,26 @@ impl Net {
                 c.re = 0;
             }
             c.read_lately = false;
+            // It reads none of what we owe it, and we read nothing of it meanwhile.
+            if let (Some(limit), Some(since)) = (limit, c.owed_since) {
+                if now != u64::MAX && c.waiting && now.saturating_sub(since) >= limit {
+                    unread.push(k);
+                    continue;
+                }
+            }
             if c.waiting || c.more {
                 // We hold back, not the peer.
                 c.stalled_since = None;
                 c.frame_since = None;
+                continue;
+            }
+            // Between frames, every byte it sent read: the data it was asked for is not sent.
+            if c.st == St::Up
+                && matches!(c.rx, Rx::Head)
+                && c.re == c.rs
+                && c.peer.is_some_and(|p| overdue.binary_search(&p).is_ok())
+            {
+                late.push(k);
                 continue;
             }
             let (Some(limit), Some(since)) = (limit, c.stalled_since) else {
@@ -1902,12 +1940,26 @@ impl Net {
                 stalled.push(k);
             }
         }
-        let n = stalled.len();
+        let n = stalled.len() + late.len() + unread.len();
+        for k in unread {
+            self.fail_conn(
+                k,
+                libc::ETIMEDOUT,
+                "the peer stopped reading the answers we owe it",
+            );
+        }
         for k in stalled {
             self.fail_conn(
                 k,
                 libc::ETIMEDOUT,
                 "the peer stopped in the middle of a frame",
+            );
+        }
+        for k in late {
+            self.fail_conn(
+                k,
+                libc::ETIMEDOUT,
+                "the peer was asked for a large message's data and sent none of it",
             );
         }
         n
@@ -2079,6 +2131,7 @@ impl Conn {
             frame_fed: 0,
             fed: false,
             read_lately: false,
+            owed_since: None,
         }
     }
 

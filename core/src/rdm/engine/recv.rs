@@ -4,8 +4,12 @@
 
 use super::*;
 
-/// Bookkeeping charged per buffered unexpected message on top of its payload.
-pub(super) const UNEXP_OVERHEAD: usize = 128;
+/// Bookkeeping charged per buffered unexpected message on top of its payload: its entry in
+/// the receive queue's list twice over (a `VecDeque` grown by doubling holds up to as much
+/// again unused), and the payload's allocation header. Was a flat 128 bytes, under the entry's
+/// own size (208 bytes on x86-64; found by a read-only review).
+pub(crate) const UNEXP_OVERHEAD: usize =
+    2 * std::mem::size_of::<crate::rxq::Unexpected<Unexp>>() + 16;
 
 /// A buffered unexpected message.
 pub(super) enum Unexp {
@@ -159,6 +163,7 @@ impl Engine {
                     gen: 0,
                     copying: false,
                     ended: 0,
+                    asked_ms: 0,
                 };
                 self.rts_taken(pipe, epoch);
             }
@@ -205,7 +210,7 @@ impl Engine {
     /// Whether one more unexpected message of `len` bytes from `peer` would pass the bounds:
     /// the endpoint's, counting bodies still arriving, and the peer's share, of the bytes and
     /// of the messages (as `unexp_peer_bytes` is of `unexp_bytes`: else one peer's empty
-    /// messages, 128 bytes each, take every message's place from the others).
+    /// messages, `UNEXP_OVERHEAD` bytes each, take every message's place from the others).
     pub(super) fn unexpected_full(&self, peer: PeerId, len: usize) -> bool {
         let c = len.saturating_add(UNEXP_OVERHEAD);
         let mine = self.peers.get(peer).map_or(0, |ps| ps.inflight);
