@@ -21,8 +21,11 @@ impl EpCore {
     /// close reports it after `fi_close` returned, writing the CQ, a counter, or a staged
     /// receive's bytes into the application's buffer, which the application may have freed.
     pub fn reporting(&self) -> Reporting<'_> {
-        // Ordered before the close's look by the provider's lock, released after this.
-        self.reports.fetch_add(1, Ordering::Relaxed);
+        // Ordered before the close's look by the provider's lock, released after this; SeqCst
+        // for the callers that take it before reading an endpoint's `closed` flag, which the
+        // close sets before it looks (`Job::fire`, `EpLink::retry`): one of the two sees the
+        // other.
+        self.reports.fetch_add(1, Ordering::SeqCst);
         Reporting(&self.reports)
     }
 
@@ -30,7 +33,7 @@ impl EpCore {
     /// writes to memory and never waits on anything, so this ends; the core goes to the
     /// reporting thread meanwhile.
     pub(crate) fn wait_reports(&self) {
-        while self.reports.load(Ordering::Acquire) != 0 {
+        while self.reports.load(Ordering::SeqCst) != 0 {
             std::thread::yield_now();
         }
     }

@@ -26,6 +26,7 @@ use crate::wait::{ProgressList, ProgressSource};
 
 pub mod atomic;
 mod complete;
+pub use complete::Reporting;
 mod credit;
 pub mod rma;
 mod start;

@@ -70,6 +70,10 @@ impl Port for EpPort {
         self.ops.xpu_disarm(a.token)
     }
 
+    fn reporting(&self) -> crate::ep::Reporting<'_> {
+        self.core.reporting()
+    }
+
     fn fail_tx(&self, ctx: Context, flags: u64, err: i32) {
         self.core.fail_tx(ctx, flags, err);
     }

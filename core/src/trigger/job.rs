@@ -60,6 +60,10 @@ impl Job {
     /// Starts the operation: a counter update at once, a transfer through its endpoint.
     pub(super) fn fire(self) {
         if let Some(l) = self.ep.clone() {
+            // Taken out of its queue outside the queue's lock, so a close can miss it: what
+            // it reports (its start's failure, or its cancel when it finds the endpoint
+            // closed) is counted before `closed` is read, and the close waits it out.
+            let _r = l.port().reporting();
             l.submit(self);
             return;
         }

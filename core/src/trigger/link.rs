@@ -187,7 +187,7 @@ impl EpLink {
     /// job is large, and each call it went through copied it.
     #[inline]
     pub(crate) fn submit(&self, job: Job) {
-        if self.closed.load(Ordering::Acquire) {
+        if self.closed.load(Ordering::SeqCst) {
             job.cancel_closed();
             return;
         }
@@ -314,11 +314,13 @@ impl EpLink {
             return 0;
         }
         let mut n = 0;
+        // As `Job::fire`: a job held here while the close sweeps is reported before it returns.
+        let _r = self.port.reporting();
         loop {
             let Some(job) = lock(&self.stalled).pop_front() else {
                 break;
             };
-            if self.closed.load(Ordering::Acquire) {
+            if self.closed.load(Ordering::SeqCst) {
                 // Ended by the close, as the close's own sweep ends the rest.
                 job.cancel_closed();
                 continue;
@@ -378,7 +380,9 @@ impl EpLink {
 
     /// The endpoint is closing: every operation of it that has not started is canceled.
     pub(crate) fn close(self: &Arc<Self>) {
-        self.closed.store(true, Ordering::Release);
+        // SeqCst against a reporter's count (`Job::fire`): it sees this, or the close's wait
+        // sees it (`EpCore::wait_reports`).
+        self.closed.store(true, Ordering::SeqCst);
         // What waited for room first: a descriptor held there was taken from its ring before
         // what is left in the ring, and is reported canceled before it.
         let stalled = std::mem::take(&mut *lock(&self.stalled));

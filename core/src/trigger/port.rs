@@ -63,6 +63,10 @@ pub(crate) trait Port: ProgressSource {
     /// The buffers it names must be valid as the posting call's contract states.
     unsafe fn start(&self, action: &Action) -> Result<(), StartError>;
 
+    /// Marks reports under way outside the provider's lock (`EpCore::reporting`): the
+    /// endpoint's close waits them out.
+    fn reporting(&self) -> crate::ep::Reporting<'_>;
+
     /// Reports a transmit operation (send, RMA, atomic) failed with `err`.
     fn fail_tx(&self, ctx: Context, flags: u64, err: i32);
 

@@ -547,9 +547,22 @@ fn a_retry_that_the_close_overtakes_cancels_its_job() {
     });
     inside.recv().unwrap();
     let Ep { ep, cq } = e;
-    ep.close().unwrap();
+    // The close waits out the retry's start (what it reports comes before fi_close returns).
+    let (closed, was_closed) = mpsc::channel::<()>();
+    let closer = std::thread::spawn(move || {
+        ep.close().unwrap();
+        closed.send(()).unwrap();
+    });
+    let early = was_closed
+        .recv_timeout(std::time::Duration::from_millis(200))
+        .is_ok();
     go.send(()).unwrap();
     t.join().unwrap();
+    closer.join().unwrap();
+    assert!(
+        !early,
+        "fi_close returned while a retry of its job was starting"
+    );
     let errs = cq_errors(&cq);
     assert!(
         errs.iter()
@@ -591,4 +604,52 @@ fn a_close_returns_only_after_the_reports_another_thread_took_before_it() {
     rx.recv_timeout(std::time::Duration::from_secs(60))
         .expect("the close returns once the report ended");
     closer.join().unwrap();
+}
+
+#[test]
+fn a_close_waits_out_a_triggered_start_another_thread_took_from_its_queue() {
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+    let w = World::new();
+    let e = w.ep();
+    let c = w.cntr();
+    let buf = [0u8; 8];
+    tsend(&e.ep, &buf, 9, &TriggerContext::threshold(&c, 1));
+    // The start the counter's bump makes waits inside the provider until told, then
+    // completes at once.
+    let (entered, inside) = mpsc::channel::<()>();
+    let (go, wait_go) = mpsc::channel::<()>();
+    let (entered, wait_go) = (Mutex::new(entered), Mutex::new(wait_go));
+    *w.sh.gate.lock().unwrap() = Some(Arc::new(move || {
+        entered.lock().unwrap().send(()).unwrap();
+        wait_go.lock().unwrap().recv().unwrap();
+    }));
+    w.sh.inline.store(true, Ordering::Release);
+    let Ep { ep, cq } = e;
+    std::thread::scope(|s| {
+        let bump = s.spawn(|| c.add(1).unwrap());
+        inside.recv().unwrap();
+        let (closed, was_closed) = mpsc::channel::<()>();
+        let closer = s.spawn(move || {
+            ep.close().unwrap();
+            closed.send(()).unwrap();
+        });
+        let early = was_closed
+            .recv_timeout(std::time::Duration::from_millis(200))
+            .is_ok();
+        go.send(()).unwrap();
+        bump.join().unwrap();
+        closer.join().unwrap();
+        assert!(
+            !early,
+            "fi_close returned while a triggered start of its endpoint was under way"
+        );
+    });
+    let mut got = [crate::entry::CqTaggedEntry::default(); 4];
+    let n = cq.read(&mut got).unwrap_or(0);
+    assert!(
+        got[..n].iter().any(|x| x.op_context == 9),
+        "the send's completion, reported before the close returned: {:?}",
+        &got[..n]
+    );
 }

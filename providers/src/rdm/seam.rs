@@ -244,12 +244,6 @@ pub trait Handler {
     fn on_native_write(&mut self, peer: PeerId, len: usize, data: Option<u64>) {
         let _ = (peer, len, data);
     }
-    /// The peers asked at least `limit` ago for a large message's data that has not begun to
-    /// come (`Engine::data_overdue`): a transport that bounds a stalled peer drops them.
-    fn data_overdue(&self, limit: Duration) -> Vec<PeerId> {
-        let _ = limit;
-        Vec::new()
-    }
 }
 
 /// The engine as the wire's handler, with what it needs to name a peer's source address.
@@ -277,10 +271,6 @@ impl<'a> Glue<'a> {
 }
 
 impl Handler for Glue<'_> {
-    fn data_overdue(&self, limit: Duration) -> Vec<PeerId> {
-        self.engine.data_overdue(limit)
-    }
-
     fn on_ctrl(
         &mut self,
         peer: PeerId,

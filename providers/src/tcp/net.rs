@@ -814,7 +814,7 @@ impl Net {
         self.last_epoll = now;
         let mut n = self.step(h, Some(Duration::ZERO));
         if now >= self.next_look {
-            n += self.look_at_connections(now, h);
+            n += self.look_at_connections(now);
         }
         // Connections held back by flow control, or left unread at `PUMP_FRAMES`, raise no
         // new event: read them again.
@@ -1877,15 +1877,10 @@ impl Net {
     /// last look with nothing in it (64 KiB each: many peers that connected once and went
     /// quiet would otherwise hold it all; the next read makes it again).
     #[inline(never)]
-    fn look_at_connections<H: Handler>(&mut self, now: u64, h: &H) -> usize {
+    fn look_at_connections(&mut self, now: u64) -> usize {
         let limit = self
             .stall_after
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        // Peers asked for a large message's data as long ago, none of which has come.
-        let overdue = match self.stall_after {
-            Some(d) if now != u64::MAX => h.data_overdue(d),
-            _ => Vec::new(),
-        };
         // A failed clock read (u64::MAX) looks again at the next call.
         self.next_look = if now == u64::MAX {
             0
@@ -1893,7 +1888,6 @@ impl Net {
             now.saturating_add(self.look_every)
         };
         let mut stalled = Vec::new();
-        let mut late = Vec::new();
         let mut unread = Vec::new();
         for (k, c) in self.conns.iter_mut() {
             if c.st == St::Up
@@ -1920,15 +1914,6 @@ impl Net {
                 c.frame_since = None;
                 continue;
             }
-            // Between frames, every byte it sent read: the data it was asked for is not sent.
-            if c.st == St::Up
-                && matches!(c.rx, Rx::Head)
-                && c.re == c.rs
-                && c.peer.is_some_and(|p| overdue.binary_search(&p).is_ok())
-            {
-                late.push(k);
-                continue;
-            }
             let (Some(limit), Some(since)) = (limit, c.stalled_since) else {
                 continue;
             };
@@ -1940,7 +1925,7 @@ impl Net {
                 stalled.push(k);
             }
         }
-        let n = stalled.len() + late.len() + unread.len();
+        let n = stalled.len() + unread.len();
         for k in unread {
             self.fail_conn(
                 k,
@@ -1953,13 +1938,6 @@ impl Net {
                 k,
                 libc::ETIMEDOUT,
                 "the peer stopped in the middle of a frame",
-            );
-        }
-        for k in late {
-            self.fail_conn(
-                k,
-                libc::ETIMEDOUT,
-                "the peer was asked for a large message's data and sent none of it",
             );
         }
         n

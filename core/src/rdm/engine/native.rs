@@ -121,8 +121,13 @@ impl Engine {
     /// # Safety
     /// As `post_atomic`: operand and compare are readable during the call.
     pub(super) unsafe fn native_atomic(&mut self, peer: PeerId, req: &AtomicReq) -> bool {
-        // A commit to persistent memory is the target engine's (as for a write).
-        if self.one_sided.is_none() || req.count != 1 || req.flags & FI_COMMIT_COMPLETE != 0 {
+        // What persistent memory needs (a commit, or the record of what changed for the next
+        // one) is the target engine's, as for a write.
+        if self.one_sided.is_none()
+            || req.count != 1
+            || req.flags & FI_COMMIT_COMPLETE != 0
+            || self.core.caps & FI_RMA_PMEM != 0
+        {
             return false;
         }
         if !matches!(req.dt, Datatype::UInt64 | Datatype::Int64) {

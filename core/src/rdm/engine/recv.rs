@@ -163,7 +163,6 @@ impl Engine {
                     gen: 0,
                     copying: false,
                     ended: 0,
-                    asked_ms: 0,
                 };
                 self.rts_taken(pipe, epoch);
             }

@@ -32,9 +32,6 @@ pub(super) struct RxPipe {
     /// It ended (the peer was lost, the endpoint closed) while copying: the errno its receive
     /// fails with once the copy reports.
     pub ended: i32,
-    /// When its `Cts` asked the sender for the `Data` (ms of `clock::mono_ns`), until that
-    /// frame begins; 0 otherwise (`Engine::data_overdue`).
-    pub asked_ms: u64,
 }
 
 impl Engine {
@@ -121,7 +118,6 @@ impl Engine {
                 gen: 0,
                 copying: false,
                 ended: 0,
-                asked_ms: 0,
             }),
             None => {
                 let epoch = self.peer(peer).epoch;
@@ -204,29 +200,8 @@ impl Engine {
                 ctx,
             });
         } else {
-            self.rx[rx].asked_ms = crate::clock::mono_ns() / 1_000_000 + 1;
             self.frame(peer, Frame::Cts { id, rx: rx as u32 }, Body::None, None);
         }
-    }
-
-    /// The peers asked (`Cts`) for a large message's `Data` at least `limit` ago whose frame
-    /// has not begun: a peer that announces a message, has it matched and never sends it
-    /// would otherwise hold the receive (which `fi_cancel` no longer reaches) until it is
-    /// lost. The transport that keeps its connections' clocks drops them (tcp: after
-    /// `XFABRIC_TCP_STALL_MS`, as a frame stopped halfway). One pass over the matched large
-    /// messages.
-    pub fn data_overdue(&self, limit: std::time::Duration) -> Vec<PeerId> {
-        let now = crate::clock::mono_ns() / 1_000_000 + 1;
-        let limit = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
-        let mut late: Vec<PeerId> = self
-            .rx
-            .iter()
-            .filter(|(_, r)| r.asked_ms != 0 && now.saturating_sub(r.asked_ms) >= limit)
-            .map(|(_, r)| r.peer)
-            .collect();
-        late.sort_unstable();
-        late.dedup();
-        late
     }
 
     /// A `Cts`: the receiver of our large message (`id`) is ready for its data (`Data` from
@@ -314,9 +289,6 @@ impl Engine {
         match self.rx.get(rx as usize) {
             Some(r) if r.peer == peer && body == r.len as u64 && !r.copying => {
                 let sink = Sink::Iov(r.slot.iov);
-                // Its frame began: from here the transport's bound on a frame stopped halfway
-                // applies.
-                self.rx[rx as usize].asked_ms = 0;
                 Ok(self.expect(peer, sink, Pending::Data { rx: rx as usize }))
             }
             _ => Err(WireError::Malformed(Kind::Data)),

@@ -549,30 +549,6 @@ fn large_posted_first_completes_sender_on_ack() {
 }
 
 #[test]
-fn a_large_message_asked_for_is_overdue_until_its_data_begins() {
-    let data = pattern(200, 5);
-    let mut buf = vec![0u8; 300];
-    let mut net = Net::new();
-    net.b.recv(recv(10, &mut buf, Some(9), 0));
-    net.a.send(send(1, &data, Some(9), None, 0));
-    assert!(net.b.eng.data_overdue(std::time::Duration::ZERO).is_empty());
-    assert_eq!(net.flush(S::A), vec![Kind::Rts]);
-    // B matched it and asks for the data (its Cts queued): overdue at once for a zero
-    // bound, not for an hour's.
-    let overdue = net.b.eng.data_overdue(std::time::Duration::ZERO);
-    assert_eq!(overdue.len(), 1, "{overdue:?}");
-    assert!(net
-        .b
-        .eng
-        .data_overdue(std::time::Duration::from_secs(3600))
-        .is_empty());
-    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
-    assert_eq!(net.step(S::A), Some(Kind::Data));
-    assert!(net.b.eng.data_overdue(std::time::Duration::ZERO).is_empty());
-    assert_eq!(net.b.one(10).len, 200);
-}
-
-#[test]
 fn large_unexpected_and_truncated() {
     let data = pattern(200, 6);
     let (mut b1, mut b2) = (vec![0u8; 200], vec![0u8; 100]);

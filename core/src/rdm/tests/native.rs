@@ -439,3 +439,29 @@ fn offers_say_whether_the_peer_reads_or_writes_them() {
     ended.sort_by_key(|d| *d == Dir::Write);
     assert_eq!(ended, [Dir::Read, Dir::Read, Dir::Write], "{seen:?}");
 }
+
+#[test]
+fn an_atomic_on_a_persistent_memory_endpoint_is_the_target_engines() {
+    let mut word = Box::new(40u64);
+    let at = &mut *word as *mut u64 as u64;
+    let mut net = nic_net();
+    // A's endpoint opened with FI_RMA_PMEM: what an atomic changes is recorded for the next
+    // commit, which the NIC's atomic would skip.
+    let pmem = net
+        .world
+        .ep_with(crate::trigger::testkit::ALL_CAPS | FI_RMA_PMEM, 1024, &[]);
+    net.a.eng = Engine::new(
+        pmem.ep.core().clone(),
+        Config {
+            eager_max: EAGER,
+            ..Config::default()
+        },
+    )
+    .with_one_sided(Box::new(FakeNic));
+    let two = 2u64;
+    let mut req = atomic(1, at, AtomicOp::Sum, (&two, None));
+    req.key = NIC_KEY;
+    net.a.atomic(req).unwrap();
+    assert!(net.a.eng.poll_native().is_none());
+    assert_eq!(net.flush(S::A), vec![Kind::Atomic]);
+}

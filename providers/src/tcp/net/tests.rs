@@ -50,15 +50,9 @@ struct Rec {
     offers: usize,
     /// Losses and control parts in the order they came: ("lost", peer) and ("ctrl", id).
     events: Vec<(&'static str, u64)>,
-    /// What `data_overdue` answers (the engine's peers asked for data that never came).
-    overdue: Vec<PeerId>,
 }
 
 impl Handler for Rec {
-    fn data_overdue(&self, _: Duration) -> Vec<PeerId> {
-        self.overdue.clone()
-    }
-
     fn on_ctrl(
         &mut self,
         _: PeerId,
@@ -1461,38 +1455,6 @@ fn a_peer_that_reads_none_of_its_answers_is_lost_after_stall_after() {
         );
     }
     assert_eq!(h.lost[0].1, libc::ETIMEDOUT);
-}
-
-#[test]
-fn a_peer_asked_for_data_it_never_sends_is_lost() {
-    let mut a = Net::bind(lo()).unwrap();
-    a.set_stall_after(Some(Duration::from_millis(300)));
-    a.set_look_every(Duration::from_millis(20));
-    let mut h = Rec::default();
-    let (mut s, _) = raw_peer(&mut a, &mut h, 79);
-    s.set_nonblocking(true).unwrap();
-    // Idle between frames, nothing asked of it: kept however long.
-    let until = Instant::now() + Duration::from_millis(600);
-    while Instant::now() < until {
-        a.progress(&mut h);
-    }
-    assert!(h.lost.is_empty(), "an idle peer was lost: {:?}", h.lost);
-    // The engine asked it for a large message's data a stall bound ago, none of it came.
-    h.overdue = (0..64).collect();
-    let start = Instant::now();
-    while h.lost.is_empty() {
-        a.progress(&mut h);
-        assert!(
-            start.elapsed() < LIMIT,
-            "a peer that never sent its data was kept"
-        );
-    }
-    assert_eq!(h.lost[0].1, libc::ETIMEDOUT);
-    let start = Instant::now();
-    while !closed(&mut s) {
-        a.progress(&mut h);
-        assert!(start.elapsed() < LIMIT, "the connection was kept");
-    }
 }
 
 /// Reads one handshake message from a raw socket while every net of `nets` progresses.
