@@ -176,6 +176,27 @@ pub fn getinfo(
         )));
     }
     xfabric_core::log::init();
+    if flags & FI_PROV_ATTR_ONLY != 0 {
+        // Exactly one entry per provider, usable here or not, whatever the hints: its name and
+        // version, every other field its default (fi_getinfo(3)); `fi_info -l` lists these.
+        return Ok(provider_list()
+            .into_iter()
+            .map(|p| {
+                let mut i = Info::default();
+                i.fabric_attr.prov_name = Some(p.name().to_string());
+                i.fabric_attr.prov_version = p.version();
+                i.fabric_attr.api_version = version;
+                i
+            })
+            .collect());
+    }
+    if flags & FI_SOURCE != 0 && node.is_none() && service.is_none() {
+        return Err(Error::NoData(
+            "getinfo: FI_SOURCE names this side by node or service, and both are NULL \
+             (fi_getinfo(3))"
+                .into(),
+        ));
+    }
     let default = Info::default();
     let hints = hints.unwrap_or(&default);
     let mut out = Vec::new();

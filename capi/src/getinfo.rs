@@ -117,8 +117,13 @@ pub unsafe fn hints_from_c(h: &FiInfo, version: u32) -> Result<Info, Bad> {
             mem_tag_format: e.mem_tag_format,
             tx_ctx_cnt: e.tx_ctx_cnt,
             rx_ctx_cnt: e.rx_ctx_cnt,
-            // SAFETY: key readable for its stated length (caller).
-            auth_key: unsafe { opt_bytes(e.auth_key.cast(), e.auth_key_size, "ep_attr auth_key") }?,
+            // Ignored before 1.5 (fi_endpoint(3)). SAFETY: key readable for its stated length
+            // (caller).
+            auth_key: if version < FI_VERSION_1_5 {
+                None
+            } else {
+                unsafe { opt_bytes(e.auth_key.cast(), e.auth_key_size, "ep_attr auth_key") }?
+            },
         };
     }
     // SAFETY: as above.
@@ -132,6 +137,12 @@ pub unsafe fn hints_from_c(h: &FiInfo, version: u32) -> Result<Info, Bad> {
             FI_MR_SCALABLE
         } else {
             mr_mode
+        };
+        // Keys are ignored before 1.5 (fi_domain(3)).
+        let (key_ptr, key_size) = if version < FI_VERSION_1_5 {
+            (std::ptr::null(), 0)
+        } else {
+            (d.auth_key.cast_const(), d.auth_key_size)
         };
         out.domain_attr = DomainAttr {
             // SAFETY: a C string or null (caller).
@@ -168,11 +179,9 @@ pub unsafe fn hints_from_c(h: &FiInfo, version: u32) -> Result<Info, Bad> {
             mr_iov_limit: d.mr_iov_limit,
             caps: d.caps,
             mode: d.mode,
-            // SAFETY: key readable for its stated length (caller).
-            auth_key: unsafe {
-                opt_bytes(d.auth_key.cast(), d.auth_key_size, "domain_attr auth_key")
-            }?,
-            auth_key_size: d.auth_key_size,
+            // SAFETY: key readable for its stated length (caller), or none.
+            auth_key: unsafe { opt_bytes(key_ptr.cast(), key_size, "domain_attr auth_key") }?,
+            auth_key_size: key_size,
             max_err_data: d.max_err_data,
             mr_cnt: d.mr_cnt,
             tclass: d.tclass,
@@ -298,8 +307,15 @@ fn fill(d: &mut FiInfo, i: &Info, version: u32) -> Result<(), ()> {
         da.mode = dom.mode;
         let (k, n) = c_bytes(&dom.auth_key)?;
         da.auth_key = k.cast();
-        // Without a key, the size says whether the provider takes one.
-        da.auth_key_size = if k.is_null() { dom.auth_key_size } else { n };
+        // Without a key, the size says whether the provider takes one. Before 1.5 there are
+        // no keys (fi_domain(3)): nothing is said.
+        da.auth_key_size = if version < FI_VERSION_1_5 {
+            0
+        } else if k.is_null() {
+            dom.auth_key_size
+        } else {
+            n
+        };
         da.max_err_data = dom.max_err_data;
         da.mr_cnt = dom.mr_cnt;
         da.tclass = dom.tclass;
@@ -387,10 +403,26 @@ pub unsafe fn getinfo(
     let hints = match unsafe { hints.as_ref() } {
         None => None,
         // SAFETY: as above.
-        Some(h) => match unsafe { hints_from_c(h, version) } {
-            Ok(h) => Some(h),
-            Err(why) => return fail(FI_EINVAL, &format!("hints: {why}")),
-        },
+        Some(h) => {
+            // Before 1.5 mr_mode is an enumeration (FI_MR_UNSPEC, FI_MR_BASIC,
+            // FI_MR_SCALABLE), not bits (fi_mr(3)): anything else matches no provider.
+            // SAFETY: null or valid (caller).
+            let mr = unsafe { h.domain_attr.as_ref() }.map_or(0, |d| d.mr_mode as u32);
+            if version < FI_VERSION_1_5 && ![0, FI_MR_BASIC, FI_MR_SCALABLE].contains(&mr) {
+                return fail(
+                    FI_ENODATA,
+                    &format!(
+                        "domain_attr.mr_mode {mr:#x} is not a mode of API 1.{}",
+                        version & 0xffff
+                    ),
+                );
+            }
+            // SAFETY: as above.
+            match unsafe { hints_from_c(h, version) } {
+                Ok(h) => Some(h),
+                Err(why) => return fail(FI_EINVAL, &format!("hints: {why}")),
+            }
+        }
     };
     let found = xfabric::getinfo(
         version,

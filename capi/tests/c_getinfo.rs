@@ -236,3 +236,117 @@ fn old_mr_modes_are_answered_in_their_own_terms() {
         }
     }
 }
+
+const FI_ENODATA: c_int = 61;
+const FI_PROV_ATTR_ONLY: u64 = 1 << 54;
+const FI_HMEM: u64 = 1 << 47;
+const FI_SOCKADDR_IN: u32 = 2;
+
+/// Hints for `prov`, with nothing else asked for.
+fn plain_hints(prov: &CStr) -> *mut FiInfo {
+    // SAFETY: fi_dupinfo(NULL) is fi_allocinfo; h is a fresh entry.
+    unsafe {
+        let h = fi_dupinfo(null());
+        assert!(!h.is_null());
+        (*(*h).fabric_attr).prov_name = libc::strdup(prov.as_ptr());
+        h
+    }
+}
+
+#[test]
+fn hints_libfabric_checks_are_checked_from_c() {
+    // SAFETY: hints and answers are lists of our own, each freed once; the key outlives the
+    // calls that read it.
+    unsafe {
+        // A key given to a provider that takes none: no answer (it would not isolate).
+        let key = [1u8, 2, 3, 4];
+        let h = plain_hints(c"shm");
+        (*(*h).ep_attr).auth_key = key.as_ptr().cast_mut();
+        (*(*h).ep_attr).auth_key_size = key.len();
+        assert_eq!(getinfo(version(17), None, 0, h).err(), Some(-FI_ENODATA));
+        (*(*h).ep_attr).auth_key = null_mut();
+        (*(*h).ep_attr).auth_key_size = 0;
+        // Completion order and shared contexts it does not have; a default flag it cannot
+        // apply.
+        (*(*h).tx_attr).comp_order = 1 << 1; // FI_ORDER_STRICT
+        assert_eq!(getinfo(version(17), None, 0, h).err(), Some(-FI_ENODATA));
+        (*(*h).tx_attr).comp_order = 0;
+        (*(*h).ep_attr).tx_ctx_cnt = usize::MAX; // FI_SHARED_CONTEXT
+        assert_eq!(getinfo(version(17), None, 0, h).err(), Some(-FI_ENODATA));
+        (*(*h).ep_attr).tx_ctx_cnt = 0;
+        (*(*h).rx_attr).op_flags = 1 << 10; // FI_TRIGGER
+        assert_eq!(getinfo(version(17), None, 0, h).err(), Some(-FI_ENODATA));
+        (*(*h).rx_attr).op_flags = 0;
+        // FI_SOURCE names this side by node or service: with neither, nothing.
+        assert_eq!(
+            getinfo(version(17), None, FI_SOURCE, h).err(),
+            Some(-FI_ENODATA)
+        );
+        fi_freeinfo(h);
+
+        // Before 1.5 keys are ignored, and mr_mode is one of the old three values.
+        let h = plain_hints(c"tcp");
+        (*(*h).domain_attr).auth_key = key.as_ptr().cast_mut();
+        (*(*h).domain_attr).auth_key_size = key.len();
+        let i = getinfo(version(4), None, 0, h).expect("1.4 with a key");
+        assert_eq!((*(*i).domain_attr).auth_key_size, 0);
+        assert!((*(*i).domain_attr).auth_key.is_null());
+        fi_freeinfo(i);
+        (*(*h).domain_attr).mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR;
+        assert_eq!(getinfo(version(4), None, 0, h).err(), Some(-FI_ENODATA));
+        // The key is ours, not the allocator's.
+        (*(*h).domain_attr).auth_key = null_mut();
+        (*(*h).domain_attr).auth_key_size = 0;
+        fi_freeinfo(h);
+
+        // tcp takes the hints' dest_addr where no node names the peer.
+        let h = plain_hints(c"tcp");
+        (*h).addr_format = FI_SOCKADDR_IN;
+        let mut sa: libc::sockaddr_in = std::mem::zeroed();
+        sa.sin_family = libc::AF_INET as libc::sa_family_t;
+        sa.sin_port = 4242u16.to_be();
+        sa.sin_addr.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
+        let raw = libc::malloc(std::mem::size_of::<libc::sockaddr_in>());
+        std::ptr::copy_nonoverlapping(
+            (&sa as *const libc::sockaddr_in).cast::<u8>(),
+            raw.cast::<u8>(),
+            std::mem::size_of::<libc::sockaddr_in>(),
+        );
+        (*h).dest_addr = raw;
+        (*h).dest_addrlen = std::mem::size_of::<libc::sockaddr_in>();
+        let i = getinfo(version(17), None, 0, h).expect("tcp with a dest_addr");
+        assert_eq!((*i).dest_addrlen, 16);
+        assert!(!(*i).dest_addr.is_null());
+        let port = u16::from_be(*((*i).dest_addr as *const u16).add(1));
+        assert_eq!(port, 4242);
+        fi_freeinfo(i);
+        fi_freeinfo(h);
+    }
+}
+
+#[test]
+fn prov_attr_only_lists_every_provider_whatever_the_hints() {
+    // SAFETY: as above.
+    unsafe {
+        let h = fi_dupinfo(null());
+        // Device memory: no provider here can answer it, but this flag lists them anyway.
+        (*h).caps = FI_MSG | FI_HMEM;
+        let i = getinfo(version(17), None, FI_PROV_ATTR_ONLY, h).expect("one per provider");
+        let mut names = Vec::new();
+        let mut p = i;
+        while !p.is_null() {
+            let f = &*(*p).fabric_attr;
+            names.push(CStr::from_ptr(f.prov_name).to_str().unwrap().to_string());
+            assert_ne!(f.prov_version, 0);
+            p = (*p).next;
+        }
+        assert!(names.contains(&"shm".to_string()), "{names:?}");
+        assert!(names.contains(&"tcp".to_string()), "{names:?}");
+        let mut sorted = names.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), names.len(), "once each: {names:?}");
+        fi_freeinfo(i);
+        fi_freeinfo(h);
+    }
+}

@@ -5,6 +5,17 @@
 use crate::consts::*;
 use crate::error::{Error, Result};
 
+/// Transmit operation flags an endpoint takes as defaults (`tx_attr.op_flags`), besides
+/// `FI_COMMIT_COMPLETE` on a persistent-memory endpoint.
+pub const TX_OP_FLAGS: u64 = FI_COMPLETION
+    | FI_INJECT
+    | FI_INJECT_COMPLETE
+    | FI_TRANSMIT_COMPLETE
+    | FI_DELIVERY_COMPLETE
+    | FI_MATCH_COMPLETE;
+/// Receive operation flags an endpoint takes as defaults (`rx_attr.op_flags`).
+pub const RX_OP_FLAGS: u64 = FI_COMPLETION | FI_MULTI_RECV;
+
 /// `struct fi_tx_attr`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TxAttr {
@@ -244,6 +255,16 @@ impl Info {
                 return Err(no(format!("domain name {d:?} requested")));
             }
         }
+        // Keys: a provider that takes none (auth_key_size 0 in its description) must not
+        // answer a caller that gives one, as if it were isolated by it (fi_domain(3)).
+        let keyed = hints.domain_attr.auth_key.is_some()
+            || hints.domain_attr.auth_key_size > 0
+            || hints.ep_attr.auth_key.is_some();
+        if keyed && self.domain_attr.auth_key_size == 0 {
+            return Err(no(
+                "authorization keys requested; this provider takes none".into()
+            ));
+        }
         if hints.domain_attr.caps & !self.domain_attr.caps != 0 {
             return Err(no(format!(
                 "domain capabilities not supported: {}",
@@ -255,6 +276,17 @@ impl Info {
                 "capabilities not supported: {}",
                 caps_str(hints.caps & !self.caps)
             )));
+        }
+        for (side, want) in [
+            ("transmit", hints.tx_attr.caps),
+            ("receive", hints.rx_attr.caps),
+        ] {
+            if want & !self.caps != 0 {
+                return Err(no(format!(
+                    "{side} capabilities not supported: {}",
+                    caps_str(want & !self.caps)
+                )));
+            }
         }
         if hints.caps != 0 {
             // Requested primary capabilities plus the secondary ones the provider has (those
@@ -326,6 +358,21 @@ impl Info {
                 )));
             }
         }
+        for (side, want, have) in [
+            (
+                "transmit",
+                hints.tx_attr.comp_order,
+                self.tx_attr.comp_order,
+            ),
+            ("receive", hints.rx_attr.comp_order, self.rx_attr.comp_order),
+        ] {
+            if want & !have != 0 {
+                return Err(no(format!(
+                    "{side} completion ordering {} not provided",
+                    order_str(want & !have)
+                )));
+            }
+        }
         for (what, want, have) in [
             (
                 "max_order_raw_size",
@@ -350,6 +397,13 @@ impl Info {
             }
         }
         let mr = hints.domain_attr.mr_mode;
+        if mr != FI_MR_BASIC && mr != FI_MR_SCALABLE && mr & (FI_MR_BASIC | FI_MR_SCALABLE) != 0 {
+            // The 1.0 enumeration's values are whole modes, not bits to mix (fi_mr(3)).
+            return Err(no(format!(
+                "mr_mode {} mixes FI_MR_BASIC or FI_MR_SCALABLE with other bits",
+                mr_mode_str(mr)
+            )));
+        }
         if mr == FI_MR_BASIC || mr == FI_MR_SCALABLE {
             // The 1.0 enumeration: answered in its own terms (fi_mr(3)), when the provider's
             // needs fit within it; FI_MR_SCALABLE then means offsets and the caller's keys.
@@ -405,6 +459,49 @@ impl Info {
             ("tx size", hints.tx_attr.size, self.tx_attr.size),
             ("rx size", hints.rx_attr.size, self.rx_attr.size),
             (
+                "rma_iov_limit",
+                hints.tx_attr.rma_iov_limit,
+                self.tx_attr.rma_iov_limit,
+            ),
+            (
+                "total_buffered_recv",
+                hints.rx_attr.total_buffered_recv,
+                self.rx_attr.total_buffered_recv,
+            ),
+            // FI_SHARED_CONTEXT is (size_t)-1: past any count, so refused where the provider
+            // has no shared contexts (fi_endpoint(3)).
+            (
+                "ep tx_ctx_cnt",
+                hints.ep_attr.tx_ctx_cnt,
+                self.ep_attr.tx_ctx_cnt,
+            ),
+            (
+                "ep rx_ctx_cnt",
+                hints.ep_attr.rx_ctx_cnt,
+                self.ep_attr.rx_ctx_cnt,
+            ),
+            (
+                "protocol_version",
+                hints.ep_attr.protocol_version as usize,
+                self.ep_attr.protocol_version as usize,
+            ),
+            (
+                "mr_iov_limit",
+                hints.domain_attr.mr_iov_limit,
+                self.domain_attr.mr_iov_limit,
+            ),
+            (
+                "cntr_cnt",
+                hints.domain_attr.cntr_cnt,
+                self.domain_attr.cntr_cnt,
+            ),
+            (
+                "max_err_data",
+                hints.domain_attr.max_err_data,
+                self.domain_attr.max_err_data,
+            ),
+            ("mr_cnt", hints.domain_attr.mr_cnt, self.domain_attr.mr_cnt),
+            (
                 "tx iov_limit",
                 hints.tx_attr.iov_limit,
                 self.tx_attr.iov_limit,
@@ -418,6 +515,25 @@ impl Info {
             if want > have {
                 return Err(no(format!(
                     "{what} {want} requested, provider allows {have}"
+                )));
+            }
+        }
+        // Default operation flags: only those the calls honour as defaults. A commit needs
+        // persistent memory; the receive side's are completion and multi-receive buffers.
+        let tx_ok = TX_OP_FLAGS
+            | if out.caps & FI_RMA_PMEM != 0 {
+                FI_COMMIT_COMPLETE
+            } else {
+                0
+            };
+        for (side, want, ok) in [
+            ("transmit", hints.tx_attr.op_flags, tx_ok),
+            ("receive", hints.rx_attr.op_flags, RX_OP_FLAGS),
+        ] {
+            if want & !ok != 0 {
+                return Err(no(format!(
+                    "{side} op_flags {} cannot be defaults here",
+                    caps_str(want & !ok)
                 )));
             }
         }
@@ -460,6 +576,83 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    /// Every hint libfabric 1.17 checks against a provider's limits and a caller may set:
+    /// past them, no answer (`NoData`), never an answer that breaks the hint.
+    #[test]
+    fn hints_past_the_providers_limits_match_nothing() {
+        let mut p = prov();
+        p.tx_attr.rma_iov_limit = 4;
+        p.ep_attr.tx_ctx_cnt = 1;
+        p.ep_attr.rx_ctx_cnt = 1;
+        p.ep_attr.protocol_version = 1;
+        p.domain_attr.mr_iov_limit = 1;
+        p.domain_attr.cntr_cnt = 1024;
+        p.domain_attr.max_err_data = 256;
+        p.domain_attr.mr_cnt = 65536;
+        let refused: Vec<(&str, fn(&mut Info))> = vec![
+            ("tx comp_order", |h| h.tx_attr.comp_order = FI_ORDER_STRICT),
+            ("rx comp_order", |h| h.rx_attr.comp_order = FI_ORDER_DATA),
+            ("shared tx context", |h| h.ep_attr.tx_ctx_cnt = usize::MAX),
+            ("rx contexts", |h| h.ep_attr.rx_ctx_cnt = 4),
+            ("rma_iov_limit", |h| h.tx_attr.rma_iov_limit = 64),
+            ("mr_iov_limit", |h| h.domain_attr.mr_iov_limit = 8),
+            ("cntr_cnt", |h| h.domain_attr.cntr_cnt = 1 << 20),
+            ("max_err_data", |h| h.domain_attr.max_err_data = 1 << 40),
+            ("mr_cnt", |h| h.domain_attr.mr_cnt = 1 << 30),
+            ("total_buffered_recv", |h| {
+                h.rx_attr.total_buffered_recv = 1 << 20
+            }),
+            ("protocol_version", |h| h.ep_attr.protocol_version = 99),
+            ("tx caps", |h| h.tx_attr.caps = FI_RMA),
+            ("rx caps", |h| h.rx_attr.caps = FI_ATOMIC),
+            ("tx op_flags", |h| h.tx_attr.op_flags = FI_MULTI_RECV),
+            ("commit without pmem", |h| {
+                h.tx_attr.op_flags = FI_COMMIT_COMPLETE
+            }),
+            ("rx op_flags", |h| h.rx_attr.op_flags = FI_TRIGGER),
+            ("domain key", |h| {
+                h.domain_attr.auth_key = Some(vec![1, 2, 3, 4])
+            }),
+            ("key size", |h| h.domain_attr.auth_key_size = 4),
+            ("endpoint key", |h| {
+                h.ep_attr.auth_key = Some(vec![1, 2, 3, 4])
+            }),
+            ("basic mixed", |h| {
+                h.domain_attr.mr_mode = FI_MR_BASIC | FI_MR_LOCAL
+            }),
+            ("scalable mixed", |h| {
+                h.domain_attr.mr_mode = FI_MR_SCALABLE | FI_MR_VIRT_ADDR
+            }),
+        ];
+        for (what, set) in refused {
+            let mut h = Info::default();
+            set(&mut h);
+            assert!(
+                matches!(p.fit(&h), Err(Error::NoData(_))),
+                "{what}: {:?}",
+                p.fit(&h)
+            );
+        }
+        // Within them, answered; the defaults a caller asks for are the answer's.
+        let mut h = Info::default();
+        h.tx_attr.rma_iov_limit = 4;
+        h.ep_attr.tx_ctx_cnt = 1;
+        h.domain_attr.mr_iov_limit = 1;
+        h.tx_attr.op_flags = FI_DELIVERY_COMPLETE | FI_COMPLETION;
+        h.rx_attr.op_flags = FI_MULTI_RECV;
+        let out = p.fit(&h).unwrap();
+        assert_eq!(out.tx_attr.op_flags, FI_DELIVERY_COMPLETE | FI_COMPLETION);
+        assert_eq!(out.rx_attr.op_flags, FI_MULTI_RECV);
+        // A provider that takes keys answers a caller that gives one; with FI_RMA_PMEM a
+        // commit is a default it takes.
+        p.domain_attr.auth_key_size = 32;
+        p.caps |= FI_RMA_PMEM;
+        let mut h = Info::default();
+        h.domain_attr.auth_key = Some(vec![1, 2, 3, 4]);
+        h.tx_attr.op_flags = FI_COMMIT_COMPLETE;
+        assert!(p.fit(&h).is_ok(), "{:?}", p.fit(&h));
     }
 
     #[test]

@@ -46,10 +46,19 @@ pub fn encode(a: &SocketAddr) -> Vec<u8> {
 /// The source address hints name (`src_addr`), if any: one that is no address is an answer of
 /// none (`NoData`), not another address in its place. `prov` names the provider in the error.
 pub fn hinted_src(src_addr: Option<&[u8]>, prov: &str) -> Result<Option<SocketAddr>> {
-    src_addr
-        .map(decode)
+    hinted(src_addr, prov, "src_addr")
+}
+
+/// The hints' `dest_addr`, parsed: the peer an answer names where `node` names none (or names
+/// this side, with `FI_SOURCE`), as libfabric's providers take it.
+pub fn hinted_dest(dest_addr: Option<&[u8]>, prov: &str) -> Result<Option<SocketAddr>> {
+    hinted(dest_addr, prov, "dest_addr")
+}
+
+fn hinted(raw: Option<&[u8]>, prov: &str, field: &str) -> Result<Option<SocketAddr>> {
+    raw.map(decode)
         .transpose()
-        .map_err(|e| Error::NoData(format!("{prov}: the hints' src_addr: {e}")))
+        .map_err(|e| Error::NoData(format!("{prov}: the hints' {field}: {e}")))
 }
 
 /// Parses sockaddr bytes or the `FI_ADDR_STR` form (a trailing NUL allowed).

@@ -88,6 +88,10 @@ impl Provider for Tcp {
         } else {
             (None, named)
         };
+        let dest = match dest {
+            Some(d) => Some(d),
+            None => inet::hinted_dest(hints.dest_addr.as_deref(), "tcp")?,
+        };
         let hinted = inet::hinted_src(hints.src_addr.as_deref(), "tcp")?;
         let src = src.or(hinted).or_else(|| default_src(dest, v6));
         let want = hints.addr_format;
@@ -129,13 +133,16 @@ impl Provider for Tcp {
     fn info(&self) -> Vec<Info> {
         // One ordered stream per peer and a target that handles frames in arrival order: the
         // same guarantees as shm (providers/src/info.rs).
-        vec![rdm_info(&RdmDesc {
+        let mut i = rdm_info(&RdmDesc {
             name: "tcp",
             caps: TCP_CAPS,
             addr_format: FI_SOCKADDR_IN,
             protocol: FI_PROTO_SOCK_TCP,
             inject_size: INJECT_SIZE,
-        })]
+        });
+        // Keys are taken: `fit` answers callers that give one.
+        i.domain_attr.auth_key_size = AUTH_KEY_SIZE;
+        vec![i]
     }
 
     fn domain(&self, _info: &Info) -> Result<Arc<dyn DomainOps>> {

@@ -103,6 +103,10 @@ impl Provider for Verbs {
         } else {
             (None, named)
         };
+        let dest = match dest {
+            Some(d) => Some(d),
+            None => inet::hinted_dest(hints.dest_addr.as_deref(), "verbs")?,
+        };
         let hinted = inet::hinted_src(hints.src_addr.as_deref(), "verbs")?;
         let src = src.or(hinted);
         let format = if want == FI_ADDR_STR {
