@@ -591,7 +591,8 @@ mod tests {
         p.domain_attr.cntr_cnt = 1024;
         p.domain_attr.max_err_data = 256;
         p.domain_attr.mr_cnt = 65536;
-        let refused: Vec<(&str, fn(&mut Info))> = vec![
+        type Set = fn(&mut Info);
+        let refused: Vec<(&str, Set)> = vec![
             ("tx comp_order", |h| h.tx_attr.comp_order = FI_ORDER_STRICT),
             ("rx comp_order", |h| h.rx_attr.comp_order = FI_ORDER_DATA),
             ("shared tx context", |h| h.ep_attr.tx_ctx_cnt = usize::MAX),
