@@ -312,6 +312,25 @@ struct MultiState {
     exhausted: bool,
 }
 
+/// A posted receive of context `ctx` leaves the queue unfinished (canceled, its source lost,
+/// the endpoint closed): whether its buffer is released now. A multi-receive buffer with
+/// messages still landing in it is only retired: they complete, and the last one carries
+/// `FI_MULTI_RECV` (released before them, the application could reuse memory a copy still
+/// writes).
+fn retire(multi: &mut HashMap<Context, MultiState>, ctx: Context) -> bool {
+    match multi.get_mut(&ctx) {
+        Some(m) if m.inflight > 0 => {
+            m.exhausted = true;
+            false
+        }
+        Some(_) => {
+            multi.remove(&ctx);
+            true
+        }
+        None => true,
+    }
+}
+
 /// The matching engine.
 pub struct RecvQueue<U> {
     posted_msg: VecDeque<PostedRecv>,
@@ -538,30 +557,28 @@ impl<U> RecvQueue<U> {
         for q in [&mut self.posted_msg, &mut self.posted_tag] {
             if let Some(i) = q.iter().position(|r| r.ctx == ctx) {
                 let r = q.remove(i)?;
-                let mut released = true;
-                if let Some(m) = self.multi.get_mut(&ctx) {
-                    if m.inflight > 0 {
-                        m.exhausted = true;
-                        released = false;
-                    } else {
-                        self.multi.remove(&ctx);
-                    }
-                }
+                let released = retire(&mut self.multi, ctx);
                 return Some((r, released));
             }
         }
         None
     }
 
-    /// Removes the receives posted for source `src` alone (their peer is gone).
-    pub fn drain_from(&mut self, src: FiAddr) -> Vec<PostedRecv> {
+    /// Removes the receives posted for source `src` alone (their peer is gone), each with
+    /// whether its buffer is released now (as `cancel`).
+    pub fn drain_from(&mut self, src: FiAddr) -> Vec<(PostedRecv, bool)> {
         let mut out = Vec::new();
         for q in [&mut self.posted_msg, &mut self.posted_tag] {
             let (from, rest): (VecDeque<_>, VecDeque<_>) = q.drain(..).partition(|r| r.src == src);
             *q = rest;
             out.extend(from);
         }
-        out
+        out.into_iter()
+            .map(|r| {
+                let released = retire(&mut self.multi, r.ctx);
+                (r, released)
+            })
+            .collect()
     }
 
     /// Whether a receive is posted for source `src` alone.
@@ -572,11 +589,19 @@ impl<U> RecvQueue<U> {
             .any(|r| r.src == src)
     }
 
-    /// Every posted receive, removed (endpoint close).
-    pub fn drain_posted(&mut self) -> Vec<PostedRecv> {
-        self.posted_msg
+    /// Every posted receive, removed (endpoint close), each with whether its buffer is
+    /// released now (as `cancel`).
+    pub fn drain_posted(&mut self) -> Vec<(PostedRecv, bool)> {
+        let all: Vec<PostedRecv> = self
+            .posted_msg
             .drain(..)
             .chain(self.posted_tag.drain(..))
+            .collect();
+        all.into_iter()
+            .map(|r| {
+                let released = retire(&mut self.multi, r.ctx);
+                (r, released)
+            })
             .collect()
     }
 

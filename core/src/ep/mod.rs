@@ -260,6 +260,10 @@ pub struct EpCore {
     pub retired: Arc<crate::xpu::Retired>,
     /// Reports under way outside the provider's lock (`reporting`): the close waits them out.
     reports: std::sync::atomic::AtomicUsize,
+    /// Batches holding multi-receive windows taken so far, and the next one whose turn it is
+    /// to be reported (`rdm::done`: they are reported in the order they were taken).
+    pub(crate) multi_taken: std::sync::atomic::AtomicU64,
+    pub(crate) multi_done: std::sync::atomic::AtomicU64,
 }
 
 impl EpCore {
@@ -285,6 +289,8 @@ impl EpCore {
             device_offer_min: std::sync::atomic::AtomicUsize::new(usize::MAX),
             retired: Arc::default(),
             reports: std::sync::atomic::AtomicUsize::new(0),
+            multi_taken: std::sync::atomic::AtomicU64::new(0),
+            multi_done: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

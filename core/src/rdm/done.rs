@@ -2,6 +2,7 @@
 //! `EpCore` once the lock is released.
 
 use std::cell::Cell;
+use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 
 use crate::consts::*;
@@ -166,7 +167,64 @@ fn report_one(core: &EpCore, d: &mut Done) {
     }
 }
 
+/// Whether `d` is a message into a multi-receive buffer, or its release.
+fn multi_window(d: &Done) -> bool {
+    match d {
+        Done::Rx { slot, .. } | Done::SlotErr { slot, .. } => {
+            (slot.op_flags | slot.flags) & FI_MULTI_RECV != 0
+        }
+        Done::RxErr { flags, .. } => flags & FI_MULTI_RECV != 0,
+        _ => false,
+    }
+}
+
+/// Under the provider's lock: the batch's place among this endpoint's batches that hold
+/// multi-receive windows, which are reported in the order they were taken. Two threads each
+/// reporting a batch taken under the lock would otherwise race: the release of a buffer
+/// (`FI_MULTI_RECV`) could reach the CQ before an earlier message's entry in it, so that the
+/// application reposts the buffer, a new message lands there, and the late entry points at
+/// it; with a staged (device) buffer the release frees the bounce buffer the earlier message
+/// had still to be landed from. None for a batch without such windows (the common case pays
+/// a scan of it), or for one reported inside this thread's report of such a batch (a
+/// triggered operation's completion): waiting there for our own turn would never end.
+pub(crate) fn multi_ticket(core: &EpCore, batch: &[Done]) -> Option<u64> {
+    if IN_MULTI.with(Cell::get) > 0 || !batch.iter().any(multi_window) {
+        return None;
+    }
+    // Under the provider's lock: tickets follow the order batches were taken in.
+    Some(core.multi_taken.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Waits for `ticket`'s turn (every batch of multi-receive windows taken before it reported);
+/// the turn passes to the next when the returned guard is dropped. A batch waits only for
+/// ones taken before it, whose reports wait on nothing of ours, so the wait ends; the core
+/// goes to them meanwhile.
+pub(crate) fn multi_turn(core: &EpCore, ticket: Option<u64>) -> Option<MultiTurn<'_>> {
+    let t = ticket?;
+    while core.multi_done.load(Ordering::Acquire) != t {
+        std::thread::yield_now();
+    }
+    IN_MULTI.with(|c| c.set(c.get() + 1));
+    Some(MultiTurn { core, next: t + 1 })
+}
+
+/// A batch of multi-receive windows being reported (`multi_turn`); dropping it, a panic's
+/// unwinding included, hands the turn on.
+pub(crate) struct MultiTurn<'a> {
+    core: &'a EpCore,
+    next: u64,
+}
+
+impl Drop for MultiTurn<'_> {
+    fn drop(&mut self) {
+        IN_MULTI.with(|c| c.set(c.get().saturating_sub(1)));
+        self.core.multi_done.store(self.next, Ordering::Release);
+    }
+}
+
 thread_local! {
+    /// Batches of multi-receive windows this thread is reporting (`multi_turn`).
+    static IN_MULTI: Cell<u32> = const { Cell::new(0) };
     /// The emptied vector of the last batch this thread reported: the next batch taken out of
     /// a provider's state leaves it there, so that no lock is taken again to hand the
     /// allocation back and none is made per completion.
@@ -190,8 +248,10 @@ pub fn report_unlocked<S>(
         let Some(mut one) = held.pop() else {
             return;
         };
+        let ticket = multi_ticket(core, std::slice::from_ref(&one));
         let _r = core.reporting();
         drop(st);
+        let _turn = multi_turn(core, ticket);
         report_one(core, &mut one);
         return;
     }
@@ -205,9 +265,12 @@ pub fn report_unlocked<S>(
         spare.reserve(room);
     }
     let mut done = std::mem::replace(held, spare);
+    let ticket = multi_ticket(core, &done);
     let r = core.reporting();
     drop(st);
+    let turn = multi_turn(core, ticket);
     report(core, &mut done);
+    drop(turn);
     drop(r);
     if done.capacity() > DONE_KEPT {
         done.shrink_to(DONE_KEPT);

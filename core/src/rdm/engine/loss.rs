@@ -13,10 +13,12 @@ impl Engine {
             return;
         }
         let err = if err > 0 { err } else { FI_ECONNRESET };
-        for r in self.rxq.drain_from(src) {
+        for (r, released) in self.rxq.drain_from(src) {
+            // A buffer with messages still landing is released by the last of them.
+            let release = if released { r.flags & FI_MULTI_RECV } else { 0 };
             self.done.push(Done::RxErr {
                 ctx: r.ctx,
-                flags: FI_RECV | (r.flags & (FI_MSG | FI_TAGGED | FI_MULTI_RECV)),
+                flags: FI_RECV | (r.flags & (FI_MSG | FI_TAGGED)) | release,
                 tag: r.tag,
                 err,
             });
@@ -159,10 +161,11 @@ impl Engine {
         }
         self.end_copies(None, FI_ECANCELED);
         self.natives.clear();
-        for r in self.rxq.drain_posted() {
+        for (r, released) in self.rxq.drain_posted() {
+            let release = if released { r.flags & FI_MULTI_RECV } else { 0 };
             self.done.push(Done::RxErr {
                 ctx: r.ctx,
-                flags: FI_RECV | (r.flags & (FI_MSG | FI_TAGGED | FI_MULTI_RECV)),
+                flags: FI_RECV | (r.flags & (FI_MSG | FI_TAGGED)) | release,
                 tag: r.tag,
                 err: FI_ECANCELED,
             });

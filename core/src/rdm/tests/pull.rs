@@ -704,3 +704,35 @@ fn device_offer_is_announced_pulled_or_staged_when_refused() {
     );
     assert!(crate::hmem_stage::offer_counts().staged > staged);
 }
+
+/// A multi-receive buffer the close (or its directed source's loss) ends while a copy still
+/// lands in it is released by that copy's completion, not before: the application could reuse
+/// the memory the copy is writing.
+#[test]
+fn a_multi_receive_buffer_is_released_after_the_copy_landing_in_it() {
+    let data = pattern(300, 38);
+    let mut buf = vec![0u8; 1000];
+    let mut net = pulling();
+    net.b.eng.set_min_multi_recv(64);
+    net.b.recv(recv(10, &mut buf, None, FI_MULTI_RECV));
+    net.a.send(send(1, &data, None, None, 0));
+    net.flush(S::A);
+    let p = net.b.eng.poll_copy().expect("a copy into the buffer");
+    net.b.eng.close();
+    net.report();
+    let errs = net.b.cq().1;
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].op_context, 10);
+    assert_eq!(errs[0].flags & FI_MULTI_RECV, 0, "released under the copy");
+    perform(&p);
+    net.b.eng.on_copied(p.token, Copied::Refused);
+    net.report();
+    let errs = net.b.cq().1;
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].op_context, 10);
+    assert_ne!(
+        errs[0].flags & FI_MULTI_RECV,
+        0,
+        "the copy's end releases it"
+    );
+}
