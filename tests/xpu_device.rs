@@ -806,3 +806,25 @@ fn hostile_descriptors_full_ring_dead_xpu_and_close() {
     peer.join();
     drop((mg, me, hidden));
 }
+
+/// A CPU XPU's `fi_xpu_cntr_add` is announced, as its `tx_flush` is: applied by the time the
+/// call returns (by its own thread, or a watcher already looking), not when a watcher next
+/// looks by time, which after a quiet is its poll interval later (8 ms). Nothing here drives
+/// progress.
+#[test]
+fn a_cpu_xpus_counter_add_is_applied_without_a_watchers_look() {
+    let n = xnode(Progress::Manual);
+    let _x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let c = n.domain.cntr_open(&Default::default()).unwrap();
+    let xc = c.export_xpu(Xpu::CPU).unwrap();
+    assert_eq!(dev::cntr_add(&xc, 3, W), 0);
+    let deadline = std::time::Instant::now() + completion_bound();
+    while c.read() != 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the add waited for a watcher"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(dev::cntr_read(&xc, W), 3);
+}

@@ -107,6 +107,11 @@ impl ListInner {
     /// held across the parents' rebuilds; each loads this list's newest snapshot, so the
     /// last rebuild after a change sees it.
     fn rebuild(&self) {
+        // The sources a thread may be asleep on (`ProgressList::idle_wait` sleeps on one of
+        // them for as long as it was asked): woken once the new list is in place, so that it
+        // looks at a source added meanwhile now, not when that sleep ends (up to 100 ms), nor
+        // sleeps on, for its whole timeout, a source removed meanwhile.
+        let old: Vec<Arc<dyn ProgressSource>> = self.flat.read_holding_locks().to_vec();
         let children = {
             let added = lock(&self.added);
             let mut flat: Vec<Arc<dyn ProgressSource>> = Vec::new();
@@ -141,6 +146,10 @@ impl ListInner {
             .collect();
         for p in parents {
             p.rebuild();
+        }
+        // With no lock held, as the snapshot freed above: these may be the last references.
+        for p in old {
+            p.wake();
         }
     }
 }
@@ -858,5 +867,63 @@ mod tests {
         assert_eq!(Arc::strong_count(&b), 1);
         drop(d);
         assert_eq!(Arc::strong_count(&domain), 1);
+    }
+
+    /// A source whose doorbell sleep ends only when woken (or at its timeout).
+    #[derive(Default)]
+    struct Sleepy {
+        woken: std::sync::Mutex<bool>,
+        cv: std::sync::Condvar,
+    }
+
+    impl ProgressSource for Sleepy {
+        fn progress(&self) -> usize {
+            0
+        }
+        fn idle_wait(&self, timeout: Duration) {
+            let g = self.woken.lock().unwrap();
+            let (mut g, _) = self.cv.wait_timeout_while(g, timeout, |w| !*w).unwrap();
+            *g = false;
+        }
+        fn wake(&self) {
+            *self.woken.lock().unwrap() = true;
+            self.cv.notify_all();
+        }
+    }
+
+    /// A thread asleep on the one source of a list is woken when another is added (it would
+    /// look at the newcomer only when its sleep ended), and when its source is removed.
+    #[test]
+    fn a_change_of_the_list_wakes_the_thread_asleep_on_it() {
+        let list = Arc::new(ProgressList::default());
+        let a: Arc<dyn ProgressSource> = Arc::new(Sleepy::default());
+        let b: Arc<dyn ProgressSource> = Arc::new(Sleepy::default());
+        list.add(a.clone());
+        for change in ["add", "remove"] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let sleeper = {
+                let list = list.clone();
+                std::thread::spawn(move || {
+                    list.idle_wait(Duration::from_secs(30));
+                    tx.send(()).unwrap();
+                })
+            };
+            // Asleep on `a` alone before the change (or the change comes first and the sleep
+            // returns at once all the same: `a`'s wake is kept until it sleeps).
+            std::thread::sleep(Duration::from_millis(50));
+            match change {
+                "add" => list.add(b.clone()),
+                _ => list.remove(&a),
+            }
+            rx.recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("a list {change} left the thread asleep"));
+            sleeper.join().unwrap();
+            if change == "add" {
+                // Back to `a` alone for the next round.
+                list.remove(&b);
+                // Its wake of `a` is kept: taken here by a sleep that ends at once.
+                a.idle_wait(Duration::from_millis(1));
+            }
+        }
     }
 }

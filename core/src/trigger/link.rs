@@ -151,6 +151,11 @@ impl EpLink {
     /// and every exported counter's), and moves completions into exported CQs' rings.
     /// Returns how many descriptors were taken.
     fn drain_xpu(&self, x: &XpuWatch, finder: Finder) -> usize {
+        // Counted as a look before the counters' rings and the CQs' backlog are, so that a
+        // watcher that has only those to watch (no doorbell, no ring of its own: `poll` and
+        // `drain` record nothing then) may sleep: without it every sleep returned at once
+        // and the progress thread spun a whole core while any counter was exported.
+        super::xpu_wake::before_look();
         let mut n = 0;
         if x.has_rings() {
             if let Some(me) = self.me.upgrade() {
@@ -158,7 +163,13 @@ impl EpLink {
                 n += x.drain(self, &link, finder);
             }
         }
-        n += crate::xpu::cntr::drain_all();
+        let counted = crate::xpu::cntr::drain_all();
+        if counted > 0 {
+            // Counters' rings are XPU work as descriptors are: the watcher's spin window
+            // restarts, instead of its looks spacing out as after a quiet.
+            x.touch();
+        }
+        n += counted;
         x.set_cq_backlog(crate::xpu::cq::pump_all());
         n
     }
@@ -512,6 +523,10 @@ impl ProgressSource for EpLink {
             Some(d) => super::xpu_wake::sleep_until_ring(d.min(timeout)),
             None => self.port.idle_wait(timeout),
         }
+    }
+
+    fn wake(&self) {
+        self.port.wake();
     }
 
     fn next_look(&self) -> Option<Duration> {

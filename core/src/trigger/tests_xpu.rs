@@ -554,3 +554,29 @@ fn a_silent_endpoint_beside_does_not_hide_another_endpoints_ring() {
     assert_eq!(w.sh.ctxs(), [2, 3, 4]);
     b.close().unwrap();
 }
+
+/// An endpoint that can watch XPUs but has no doorbell and no ring of its own, in a process
+/// where a counter is exported: its watcher looks at the counters' rings and may then sleep
+/// (it returned from every sleep at once, and a progress thread spun a core).
+#[test]
+fn a_watcher_with_only_exported_counters_to_watch_sleeps() {
+    use crate::wait::ProgressSource;
+    let w = World::new();
+    let e = w.ep_with(XPU_CAPS, 1024, &[]);
+    let c = w.cntr();
+    let _x = c.export_xpu(Xpu::CPU).unwrap();
+    let link = e.ep.link().expect("an FI_TRIGGER endpoint's link").clone();
+    link.progress();
+    // It must look again by time (the counters' rings)...
+    assert!(
+        link.next_look().is_some_and(|d| !d.is_zero()),
+        "{:?}",
+        link.next_look()
+    );
+    // ... and its look is recorded, which is what lets the sleep until then happen (a sleep
+    // with no look recorded returns at once, lest it sleep through a ring nobody saw).
+    assert!(
+        super::xpu_wake::looked(),
+        "the progress call recorded no look"
+    );
+}

@@ -498,7 +498,7 @@ impl XpuWatch {
         n
     }
 
-    fn touch(&self) {
+    pub(crate) fn touch(&self) {
         self.last_fire.store(self.now(), Ordering::Relaxed);
     }
 

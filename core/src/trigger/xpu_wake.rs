@@ -150,6 +150,13 @@ pub(crate) fn before_look() {
     });
 }
 
+/// Whether this thread has recorded a look since it last slept (tests: a look that records
+/// nothing leaves every sleep returning at once).
+#[cfg(test)]
+pub(crate) fn looked() -> bool {
+    LOOKED_AT.with(|c| c.get().is_some())
+}
+
 /// Called when a watcher could not read its doorbells (another thread held them): what that
 /// thread read may predate a ring this thread's view already counts, so the next sleep must
 /// not happen; the caller looks again first.

@@ -434,7 +434,14 @@ fn cntr_op(cntr: &XpuCntr, op: u32, value: u64, scope: i32) -> i32 {
     } else {
         Err(-FI_EOPNOTSUPP)
     };
-    post(r, &d, scope)
+    let rc = post(r, &d, scope);
+    // A CPU XPU announces it, as `tx_flush` does: this thread applies it at once (and a
+    // sleeping watcher wakes), where a watcher looking by time would see it up to its poll
+    // interval later (8 ms after a quiet).
+    if rc == 0 && cntr.xpu().iface == crate::hmem_iface::Iface::System {
+        crate::trigger::notify_xpu_ring();
+    }
+    rc
 }
 
 /// `fi_xpu_cntr_add`: posted on the counter's ring; the watcher adds it.
