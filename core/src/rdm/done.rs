@@ -167,13 +167,15 @@ fn report_one(core: &EpCore, d: &mut Done) {
     }
 }
 
-/// Whether `d` is a message into a multi-receive buffer, or its release.
+/// Whether `d` is a message into a multi-receive buffer, or may end one: every posted
+/// receive's failure counts (a canceled or lost multi-receive buffer whose release comes later,
+/// with the last copy landing in it, says so by no flag of its own; failures are rare).
 fn multi_window(d: &Done) -> bool {
     match d {
         Done::Rx { slot, .. } | Done::SlotErr { slot, .. } => {
             (slot.op_flags | slot.flags) & FI_MULTI_RECV != 0
         }
-        Done::RxErr { flags, .. } => flags & FI_MULTI_RECV != 0,
+        Done::RxErr { .. } => true,
         _ => false,
     }
 }

@@ -163,13 +163,7 @@ impl EpLink {
                 n += x.drain(self, &link, finder);
             }
         }
-        let counted = crate::xpu::cntr::drain_all();
-        if counted > 0 {
-            // Counters' rings are XPU work as descriptors are: the watcher's spin window
-            // restarts, instead of its looks spacing out as after a quiet.
-            x.touch();
-        }
-        n += counted;
+        n += crate::xpu::cntr::drain_all();
         x.set_cq_backlog(crate::xpu::cq::pump_all());
         n
     }

@@ -498,7 +498,7 @@ impl XpuWatch {
         n
     }
 
-    pub(crate) fn touch(&self) {
+    fn touch(&self) {
         self.last_fire.store(self.now(), Ordering::Relaxed);
     }
 
