@@ -91,6 +91,11 @@ pub struct ShmBell {
     /// Bound when a wait object first asks for this endpoint's descriptors (`None` if that
     /// failed: such a sleeper is then woken only by its completions).
     wake_sock: OnceLock<Option<WakeSock>>,
+    /// A wake from this process (`wake`: an XPU export or arm, a progress list's change) not
+    /// yet taken by a sleep: kept, as tcp's eventfd keeps one, so that a thread that decided
+    /// to sleep just before it, and counts itself asleep just after, does not sleep through
+    /// it (peers' frames need no such flag: `has_work` sees them).
+    kicked: std::sync::atomic::AtomicBool,
 }
 
 impl ShmBell {
@@ -154,14 +159,17 @@ impl Bell for ShmBell {
         let sleepers = ring::sleeping(&self.seg);
         sleepers.fetch_add(1, Ordering::SeqCst);
         // Counted as asleep first, then looked: a sender that wrote after the look saw the
-        // count and rings the doorbell, moving it past the ticket.
-        if !Net::has_work(&self.seg, &self.idle) {
+        // count and rings the doorbell, moving it past the ticket. A local wake before the
+        // count is the flag's (SeqCst both sides: we see it, or it sees us).
+        let kicked = self.kicked.swap(false, Ordering::SeqCst);
+        if !kicked && !Net::has_work(&self.seg, &self.idle) {
             super::futex::wait(ring::doorbell(&self.seg), ticket as u32, timeout);
         }
         sleepers.fetch_sub(1, Ordering::SeqCst);
     }
 
     fn wake(&self) {
+        self.kicked.store(true, Ordering::SeqCst);
         Net::wake(&self.seg);
     }
 
@@ -200,6 +208,7 @@ impl Wire for Net {
             seg: self.seg.reopen()?,
             idle: self.idle.clone(),
             wake_sock: OnceLock::new(),
+            kicked: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -308,5 +317,32 @@ impl Wire for Net {
         self.end_splits(g.engine, None, errno::FI_ECANCELED);
         self.abandon_ipc(g.engine);
         self.bye();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wake from this process that comes before the sleep it is for (the sleeper decided,
+    /// took its ticket and progressed, but had not counted itself asleep yet) ends that sleep
+    /// at once: it was lost, and the sleep lasted its timeout (100 ms in a progress thread).
+    #[test]
+    fn a_local_wake_before_the_sleep_is_kept_for_it() {
+        let net = Net::open(false).unwrap();
+        let bell = net.bell().unwrap();
+        let ticket = bell.ticket();
+        bell.wake();
+        let t = std::time::Instant::now();
+        bell.sleep(ticket, Duration::from_secs(30), &[]);
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "slept {:?} through a wake",
+            t.elapsed()
+        );
+        assert!(
+            !bell.kicked.load(Ordering::SeqCst),
+            "taken by that sleep, not left for the next"
+        );
     }
 }
