@@ -192,7 +192,9 @@ impl Bell for ShmBell {
     }
 
     fn quiet(&self) -> bool {
-        !Net::has_work(&self.seg, &self.idle)
+        // A local wake not yet taken ends a sleep on descriptors before it begins, as it ends
+        // the doorbell's (`sleep`): taken here.
+        !self.kicked.swap(false, Ordering::SeqCst) && !Net::has_work(&self.seg, &self.idle)
     }
 }
 
@@ -344,5 +346,9 @@ mod tests {
             !bell.kicked.load(Ordering::SeqCst),
             "taken by that sleep, not left for the next"
         );
+        // The same for a sleep on descriptors (a wait object's): not quiet once, then quiet.
+        bell.wake();
+        assert!(!bell.quiet(), "a sleep on descriptors would miss the wake");
+        assert!(bell.quiet());
     }
 }
