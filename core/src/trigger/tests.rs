@@ -518,10 +518,24 @@ fn receives_accept_the_flags_libfabric_ignores_on_them() {
 /// A retry whose start is refused for room after `fi_close` ran meanwhile (the start took
 /// long; the close's sweeps found nothing waiting) cancels its job instead of putting it back
 /// where nothing looks again: the job completes FI_ECANCELED and holds no endpoint alive.
+/// Makes the mock provider's next start wait inside it: the first receiver hears when a start
+/// is there, and the start goes on when the sender is sent to.
+fn hold_next_start(w: &World) -> (std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<()>) {
+    use std::sync::{mpsc, Arc, Mutex};
+    let (entered, inside) = mpsc::channel::<()>();
+    let (go, wait_go) = mpsc::channel::<()>();
+    let (entered, wait_go) = (Mutex::new(entered), Mutex::new(wait_go));
+    *w.sh.gate.lock().unwrap() = Some(Arc::new(move || {
+        entered.lock().unwrap().send(()).unwrap();
+        wait_go.lock().unwrap().recv().unwrap();
+    }));
+    (inside, go)
+}
+
 #[test]
 fn a_retry_that_the_close_overtakes_cancels_its_job() {
     use std::sync::mpsc;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
     let w = World::new();
     let e = w.ep();
     let c = w.cntr();
@@ -531,13 +545,7 @@ fn a_retry_that_the_close_overtakes_cancels_its_job() {
     c.add(1).unwrap();
     assert!(w.sh.ctxs().is_empty(), "refused once: waits for room");
     // The retry's start waits inside the provider until the close is done, then is refused.
-    let (entered, inside) = mpsc::channel::<()>();
-    let (go, wait_go) = mpsc::channel::<()>();
-    let (entered, wait_go) = (Mutex::new(entered), Mutex::new(wait_go));
-    *w.sh.gate.lock().unwrap() = Some(Arc::new(move || {
-        entered.lock().unwrap().send(()).unwrap();
-        wait_go.lock().unwrap().recv().unwrap();
-    }));
+    let (inside, go) = hold_next_start(&w);
     w.sh.again.store(1, Ordering::Release);
     let alias = e.ep.alias(FI_TRANSMIT).unwrap();
     let link = Arc::downgrade(e.ep.link().unwrap());
@@ -609,7 +617,6 @@ fn a_close_returns_only_after_the_reports_another_thread_took_before_it() {
 #[test]
 fn a_close_waits_out_a_triggered_start_another_thread_took_from_its_queue() {
     use std::sync::mpsc;
-    use std::sync::{Arc, Mutex};
     let w = World::new();
     let e = w.ep();
     let c = w.cntr();
@@ -617,13 +624,7 @@ fn a_close_waits_out_a_triggered_start_another_thread_took_from_its_queue() {
     tsend(&e.ep, &buf, 9, &TriggerContext::threshold(&c, 1));
     // The start the counter's bump makes waits inside the provider until told, then
     // completes at once.
-    let (entered, inside) = mpsc::channel::<()>();
-    let (go, wait_go) = mpsc::channel::<()>();
-    let (entered, wait_go) = (Mutex::new(entered), Mutex::new(wait_go));
-    *w.sh.gate.lock().unwrap() = Some(Arc::new(move || {
-        entered.lock().unwrap().send(()).unwrap();
-        wait_go.lock().unwrap().recv().unwrap();
-    }));
+    let (inside, go) = hold_next_start(&w);
     w.sh.inline.store(true, Ordering::Release);
     let Ep { ep, cq } = e;
     std::thread::scope(|s| {

@@ -714,12 +714,42 @@ fn multi_recv_windows_and_release() {
     assert_eq!(&buf[110..140], &m3[..]);
 }
 
+/// Two threads took `first` then `second` under B's provider lock; the first is slow to
+/// report: the second reports meanwhile (through `report_unlocked`), the first then. Returns
+/// what B's CQ held before the first reported (nothing, where the second waits its turn).
+fn report_second_while_the_first_waits(
+    b: &Side,
+    mut first: Vec<crate::rdm::Done>,
+    second: Vec<crate::rdm::Done>,
+) -> Vec<CqTaggedEntry> {
+    use crate::rdm::done::{multi_ticket, multi_turn};
+    let core = b.core.clone();
+    let ticket = multi_ticket(&core, &first);
+    assert!(ticket.is_some(), "the first batch takes no turn");
+    let state = std::sync::Mutex::new(second);
+    std::thread::scope(|s| {
+        let two = s.spawn(|| {
+            crate::rdm::report_unlocked(
+                &core,
+                state.lock().unwrap(),
+                |v: &mut Vec<crate::rdm::Done>| v,
+            )
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let early = b.cq().0;
+        let turn = multi_turn(&core, ticket);
+        report(&core, &mut first);
+        drop(turn);
+        two.join().unwrap();
+        early
+    })
+}
+
 /// Two threads each report a batch they took under the provider's lock: the second holds
 /// the buffer's release, the first an earlier message in it. The release waits its turn, so
 /// the application never sees the buffer handed back before every entry that points into it.
 #[test]
 fn a_multi_receive_release_waits_for_the_earlier_windows_another_thread_took() {
-    use crate::rdm::done::{multi_ticket, multi_turn};
     let (m1, m2) = (pattern(40, 1), pattern(40, 2));
     let mut buf = vec![0u8; 80];
     let mut net = Net::new();
@@ -734,34 +764,14 @@ fn a_multi_receive_release_waits_for_the_earlier_windows_another_thread_took() {
         arrive(&mut net.b, &t.ctrl, &body).unwrap();
         net.b.eng.take_done()
     };
-    let mut first = batch(&mut net);
+    let first = batch(&mut net);
     let second = batch(&mut net);
     assert_eq!((first.len(), second.len()), (1, 1));
-    let core = net.b.core.clone();
-    // Thread one took the first under the lock and is yet to report it.
-    let ticket = multi_ticket(&core, &first);
-    assert!(ticket.is_some());
-    let state = std::sync::Mutex::new(second);
-    std::thread::scope(|s| {
-        // Thread two takes the release and reports it.
-        let two = s.spawn(|| {
-            crate::rdm::report_unlocked(
-                &core,
-                state.lock().unwrap(),
-                |v: &mut Vec<crate::rdm::Done>| v,
-            )
-        });
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let early = net.b.cq().0;
-        let turn = multi_turn(&core, ticket);
-        report(&core, &mut first);
-        drop(turn);
-        two.join().unwrap();
-        assert!(
-            early.is_empty(),
-            "the release was reported first: {early:?}"
-        );
-    });
+    let early = report_second_while_the_first_waits(&net.b, first, second);
+    assert!(
+        early.is_empty(),
+        "the release was reported first: {early:?}"
+    );
     let (ok, err) = net.b.cq();
     assert!(err.is_empty(), "{err:?}");
     let released: Vec<_> = ok.iter().map(|e| e.flags & FI_MULTI_RECV != 0).collect();

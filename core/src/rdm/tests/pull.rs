@@ -742,7 +742,6 @@ fn a_multi_receive_buffer_is_released_after_the_copy_landing_in_it() {
 /// whichever threads: the release never comes before the cancel's entry.
 #[test]
 fn a_canceled_multi_receive_buffers_release_waits_for_the_cancels_entry() {
-    use crate::rdm::done::{multi_ticket, multi_turn};
     let data = pattern(300, 39);
     let mut buf = vec![0u8; 1000];
     let mut net = pulling();
@@ -752,32 +751,14 @@ fn a_canceled_multi_receive_buffers_release_waits_for_the_cancels_entry() {
     net.flush(S::A);
     let p = net.b.eng.poll_copy().expect("a copy into the buffer");
     net.b.eng.cancel(10).unwrap();
-    let mut canceled = net.b.eng.take_done();
+    let canceled = net.b.eng.take_done();
     assert_eq!(canceled.len(), 1);
     perform(&p);
     net.b.eng.on_copied(p.token, Copied::Done);
     let released = net.b.eng.take_done();
-    let core = net.b.core.clone();
     // One thread took the cancel's entry and is yet to report it; another reports the copy's.
-    let ticket = multi_ticket(&core, &canceled);
-    assert!(ticket.is_some());
-    let state = std::sync::Mutex::new(released);
-    std::thread::scope(|s| {
-        let two = s.spawn(|| {
-            crate::rdm::report_unlocked(
-                &core,
-                state.lock().unwrap(),
-                |v: &mut Vec<crate::rdm::Done>| v,
-            )
-        });
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let early = net.b.cq().0;
-        let turn = multi_turn(&core, ticket);
-        report(&core, &mut canceled);
-        drop(turn);
-        two.join().unwrap();
-        assert!(early.is_empty(), "the release came first: {early:?}");
-    });
+    let early = report_second_while_the_first_waits(&net.b, canceled, released);
+    assert!(early.is_empty(), "the release came first: {early:?}");
     let (ok, err) = net.b.cq();
     assert_eq!(err.len(), 1, "{err:?}");
     assert_eq!(err[0].flags & FI_MULTI_RECV, 0);
