@@ -571,14 +571,12 @@ impl<U> RecvQueue<U> {
         for q in [&mut self.posted_msg, &mut self.posted_tag] {
             let (from, rest): (VecDeque<_>, VecDeque<_>) = q.drain(..).partition(|r| r.src == src);
             *q = rest;
-            out.extend(from);
-        }
-        out.into_iter()
-            .map(|r| {
+            out.extend(from.into_iter().map(|r| {
                 let released = retire(&mut self.multi, r.ctx);
                 (r, released)
-            })
-            .collect()
+            }));
+        }
+        out
     }
 
     /// Whether a receive is posted for source `src` alone.
@@ -592,14 +590,12 @@ impl<U> RecvQueue<U> {
     /// Every posted receive, removed (endpoint close), each with whether its buffer is
     /// released now (as `cancel`).
     pub fn drain_posted(&mut self) -> Vec<(PostedRecv, bool)> {
-        let all: Vec<PostedRecv> = self
-            .posted_msg
+        let multi = &mut self.multi;
+        self.posted_msg
             .drain(..)
             .chain(self.posted_tag.drain(..))
-            .collect();
-        all.into_iter()
             .map(|r| {
-                let released = retire(&mut self.multi, r.ctx);
+                let released = retire(multi, r.ctx);
                 (r, released)
             })
             .collect()

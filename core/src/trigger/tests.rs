@@ -532,9 +532,30 @@ fn hold_next_start(w: &World) -> (std::sync::mpsc::Receiver<()>, std::sync::mpsc
     (inside, go)
 }
 
+/// Closes `ep` on a thread of its own while a start is held inside the provider
+/// (`hold_next_start`); lets it go on (`go`) after a while, then `join_holder` waits for the
+/// thread that made it. Whether the close had returned while the start was held.
+fn close_returns_while_held(
+    ep: Endpoint,
+    go: std::sync::mpsc::Sender<()>,
+    join_holder: impl FnOnce(),
+) -> bool {
+    let (closed, was_closed) = std::sync::mpsc::channel::<()>();
+    let closer = std::thread::spawn(move || {
+        ep.close().unwrap();
+        closed.send(()).unwrap();
+    });
+    let early = was_closed
+        .recv_timeout(std::time::Duration::from_millis(200))
+        .is_ok();
+    go.send(()).unwrap();
+    join_holder();
+    closer.join().unwrap();
+    early
+}
+
 #[test]
 fn a_retry_that_the_close_overtakes_cancels_its_job() {
-    use std::sync::mpsc;
     use std::sync::Arc;
     let w = World::new();
     let e = w.ep();
@@ -556,17 +577,7 @@ fn a_retry_that_the_close_overtakes_cancels_its_job() {
     inside.recv().unwrap();
     let Ep { ep, cq } = e;
     // The close waits out the retry's start (what it reports comes before fi_close returns).
-    let (closed, was_closed) = mpsc::channel::<()>();
-    let closer = std::thread::spawn(move || {
-        ep.close().unwrap();
-        closed.send(()).unwrap();
-    });
-    let early = was_closed
-        .recv_timeout(std::time::Duration::from_millis(200))
-        .is_ok();
-    go.send(()).unwrap();
-    t.join().unwrap();
-    closer.join().unwrap();
+    let early = close_returns_while_held(ep, go, || t.join().unwrap());
     assert!(
         !early,
         "fi_close returned while a retry of its job was starting"
@@ -616,7 +627,6 @@ fn a_close_returns_only_after_the_reports_another_thread_took_before_it() {
 
 #[test]
 fn a_close_waits_out_a_triggered_start_another_thread_took_from_its_queue() {
-    use std::sync::mpsc;
     let w = World::new();
     let e = w.ep();
     let c = w.cntr();
@@ -630,17 +640,7 @@ fn a_close_waits_out_a_triggered_start_another_thread_took_from_its_queue() {
     std::thread::scope(|s| {
         let bump = s.spawn(|| c.add(1).unwrap());
         inside.recv().unwrap();
-        let (closed, was_closed) = mpsc::channel::<()>();
-        let closer = s.spawn(move || {
-            ep.close().unwrap();
-            closed.send(()).unwrap();
-        });
-        let early = was_closed
-            .recv_timeout(std::time::Duration::from_millis(200))
-            .is_ok();
-        go.send(()).unwrap();
-        bump.join().unwrap();
-        closer.join().unwrap();
+        let early = close_returns_while_held(ep, go, || bump.join().unwrap());
         assert!(
             !early,
             "fi_close returned while a triggered start of its endpoint was under way"

@@ -121,8 +121,6 @@ impl Provider for Tcp {
                 .auth_key
                 .clone_from(&hints.domain_attr.auth_key);
             f.ep_attr.auth_key.clone_from(&hints.ep_attr.auth_key);
-            // Keys are taken (tcp's handshake proves them: docs/security.md), of any length.
-            f.domain_attr.auth_key_size = AUTH_KEY_SIZE;
             f.addr_format = format;
             f.src_addr = src.map(|a| inet::name(&a, format == FI_ADDR_STR));
             f.dest_addr = dest.map(|a| inet::name(&a, format == FI_ADDR_STR));
@@ -140,7 +138,8 @@ impl Provider for Tcp {
             protocol: FI_PROTO_SOCK_TCP,
             inject_size: INJECT_SIZE,
         });
-        // Keys are taken: `fit` answers callers that give one.
+        // Keys are taken (tcp's handshake proves them: docs/security.md), of any length: `fit`
+        // answers callers that give one, and the answers say so.
         i.domain_attr.auth_key_size = AUTH_KEY_SIZE;
         vec![i]
     }

@@ -705,6 +705,18 @@ fn device_offer_is_announced_pulled_or_staged_when_refused() {
     assert!(crate::hmem_stage::offer_counts().staged > staged);
 }
 
+/// A pair whose B has posted `buf` as a multi-receive buffer (released under 64 bytes left)
+/// and A has sent it `data`, large: the copy B's transport is to perform into the buffer.
+fn a_copy_into_a_multi_receive_buffer(data: &[u8], buf: &mut [u8]) -> (Net, CopyReq) {
+    let mut net = pulling();
+    net.b.eng.set_min_multi_recv(64);
+    net.b.recv(recv(10, buf, None, FI_MULTI_RECV));
+    net.a.send(send(1, data, None, None, 0));
+    net.flush(S::A);
+    let p = net.b.eng.poll_copy().expect("a copy into the buffer");
+    (net, p)
+}
+
 /// A multi-receive buffer the close (or its directed source's loss) ends while a copy still
 /// lands in it is released by that copy's completion, not before: the application could reuse
 /// the memory the copy is writing.
@@ -712,12 +724,7 @@ fn device_offer_is_announced_pulled_or_staged_when_refused() {
 fn a_multi_receive_buffer_is_released_after_the_copy_landing_in_it() {
     let data = pattern(300, 38);
     let mut buf = vec![0u8; 1000];
-    let mut net = pulling();
-    net.b.eng.set_min_multi_recv(64);
-    net.b.recv(recv(10, &mut buf, None, FI_MULTI_RECV));
-    net.a.send(send(1, &data, None, None, 0));
-    net.flush(S::A);
-    let p = net.b.eng.poll_copy().expect("a copy into the buffer");
+    let (mut net, p) = a_copy_into_a_multi_receive_buffer(&data, &mut buf);
     net.b.eng.close();
     net.report();
     let errs = net.b.cq().1;
@@ -744,12 +751,7 @@ fn a_multi_receive_buffer_is_released_after_the_copy_landing_in_it() {
 fn a_canceled_multi_receive_buffers_release_waits_for_the_cancels_entry() {
     let data = pattern(300, 39);
     let mut buf = vec![0u8; 1000];
-    let mut net = pulling();
-    net.b.eng.set_min_multi_recv(64);
-    net.b.recv(recv(10, &mut buf, None, FI_MULTI_RECV));
-    net.a.send(send(1, &data, None, None, 0));
-    net.flush(S::A);
-    let p = net.b.eng.poll_copy().expect("a copy into the buffer");
+    let (mut net, p) = a_copy_into_a_multi_receive_buffer(&data, &mut buf);
     net.b.eng.cancel(10).unwrap();
     let canceled = net.b.eng.take_done();
     assert_eq!(canceled.len(), 1);
