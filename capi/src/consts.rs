@@ -6,6 +6,10 @@ use std::ffi::c_int;
 
 /// `FI_VERSION(1, 17)`: the API this library implements.
 pub const FI_VERSION_1_17: u32 = (1 << 16) | 17;
+/// `FI_VERSION(1, 5)`: from this version on `mr_mode` is a bit mask (before it an enum, and
+/// domain attributes carried no authorization key), and `struct fi_cq_err_entry` carries
+/// `err_data_size`, with `err_data` a buffer the caller may hand in.
+pub const FI_VERSION_1_5: u32 = (1 << 16) | 5;
 
 // Error codes (fi_errno.h): the system's errno values, then libfabric's own from 256.
 /// `FI_EINVAL`: an argument was wrong.

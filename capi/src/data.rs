@@ -14,10 +14,14 @@ use xfabric::{
 
 use crate::consts::*;
 use crate::ffi::{
-    armed, bytes, bytes_mut, call, code, ep_of, guard, int, neg, no_xpu, obj, publish, segments,
-    Armed, CEndpoint, Class,
+    api_version, armed, bytes, bytes_mut, call, code, ep_of, guard, int, neg, no_xpu, obj,
+    publish_at, segments, Armed, CEndpoint, Class,
 };
 use crate::header::{FiAlias, FiMsg, FiMsgTagged, Fid};
+
+/// Bytes of `struct fi_cq_err_entry` before API 1.5 (`fi_cq_err_entry_1_0`: it ends at
+/// `err_data`).
+const CQ_ERR_ENTRY_1_0: usize = 72;
 
 /// `FI_ALIAS` and `FI_ENABLE`, fi_control's commands.
 const FI_ALIAS: c_int = 4;
@@ -67,8 +71,13 @@ pub(crate) unsafe extern "C" fn ep_control(
                 // The alias answers to the endpoint's context, as libfabric's do.
                 // SAFETY: fid is one of our endpoints (checked above), a struct fid first.
                 let context = unsafe { (*fid.cast::<Fid>()).context };
+                // SAFETY: fid is one of ours (checked above).
+                let version = unsafe { api_version::<CEndpoint>(fid) }.map_err(|e| e as isize)?;
                 // SAFETY: a.fid checked non-null, writable (fi_alias's contract).
-                Ok(unsafe { publish(CEndpoint::new_head(context), alias, None, a.fid) } as isize)
+                Ok(
+                    unsafe { publish_at(version, CEndpoint::new_head(context), alias, None, a.fid) }
+                        as isize,
+                )
             }
             _ => Err(-(FI_ENOSYS as isize)),
         }
@@ -616,10 +625,9 @@ pub(crate) unsafe extern "C" fn cq_readfrom(
     src: *mut c_void,
 ) -> isize {
     call(|| {
-        if src.is_null() {
-            return Err(-(FI_EINVAL as isize));
-        }
-        // SAFETY: as cq_read; src writable for count.
+        // A null src_addr reads as fi_cq_read does (libfabric's readfrom fills sources only
+        // where it is given one).
+        // SAFETY: as cq_read; src null or writable for count.
         unsafe { read_into(obj::<CompletionQueue>(cq)?, buf, count, src.cast(), None) }
     })
 }
@@ -651,11 +659,8 @@ pub(crate) unsafe extern "C" fn cq_sreadfrom(
     timeout: c_int,
 ) -> isize {
     call(|| {
-        if src.is_null() {
-            return Err(-(FI_EINVAL as isize));
-        }
         let wait = Some((threshold(cond), timeout));
-        // A handle of its own, as cq_sread.
+        // A handle of its own, as cq_sread; a null src_addr as cq_readfrom's.
         // SAFETY: a fid from the caller, checked.
         let cq = unsafe { obj::<CompletionQueue>(cq) }?.clone();
         // SAFETY: as cq_readfrom.
@@ -669,12 +674,30 @@ pub(crate) unsafe extern "C" fn cq_readerr(
     buf: *mut c_void,
     _flags: u64,
 ) -> isize {
+    let cq_fid = cq;
     call(|| {
         // SAFETY: a fid from the caller, checked.
-        let cq = unsafe { obj::<CompletionQueue>(cq) }?;
+        let cq = unsafe { obj::<CompletionQueue>(cq_fid) }?;
         let out = buf.cast::<xfabric::CqErrEntry>();
         if out.is_null() {
             return Err(-(FI_EINVAL as isize));
+        }
+        // SAFETY: cq is one of ours (checked above).
+        let version = unsafe { api_version::<CompletionQueue>(cq_fid) }.map_err(|e| e as isize)?;
+        if version < FI_VERSION_1_5 {
+            // Before 1.5 the entry ends at err_data, an output only (the queue's copy of the
+            // data, or null): nothing of the caller's is read, and no byte past that
+            // layout's end is written.
+            let (e, _) = cq.readerr_data().map_err(neg)?;
+            // SAFETY: buf writable as a 1.0 fi_cq_err_entry (caller), a prefix of the entry.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (&e as *const xfabric::CqErrEntry).cast::<u8>(),
+                    buf.cast::<u8>(),
+                    CQ_ERR_ENTRY_1_0,
+                )
+            };
+            return Ok(1);
         }
         // The caller's err_data buffer, if it gave one (fi_cq(3), API 1.5 on).
         // SAFETY: buf is a readable fi_cq_err_entry (caller).
@@ -691,8 +714,10 @@ pub(crate) unsafe extern "C" fn cq_readerr(
             // No room given (err_data_size 0): the queue's own copy, which `readerr_data` left
             // in the entry and keeps until the next read (fi_cq(3)'s compatibility rule).
             Some(_) => {}
+            // No data: the caller's buffer stays its own (libfabric keeps the pointer), with
+            // nothing in it.
             None => {
-                e.err_data = 0;
+                e.err_data = user;
                 e.err_data_size = 0;
             }
         }

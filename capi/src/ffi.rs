@@ -249,12 +249,16 @@ pub(crate) struct Obj<T: Class> {
     /// and poll sets; a fabric's domains, EQs and wait sets) still open: closing it answers
     /// `-FI_EBUSY` meanwhile, as libfabric's objects count their references.
     children: Arc<AtomicUsize>,
+    /// The API version of the fabric it was opened under (`fi_fabric`'s): the layouts of the
+    /// structures its calls read and write depend on it (`fi_cq_readerr`'s entry).
+    api_version: u32,
     /// This object's count on the one it was opened from, given back when it is closed.
     _parent: Option<Held>,
 }
 
-/// One open object's count on the object it was opened from (`Obj::children`).
-pub(crate) struct Held(Arc<AtomicUsize>);
+/// One open object's count on the object it was opened from (`Obj::children`), and that
+/// object's API version, which the new one inherits.
+pub(crate) struct Held(Arc<AtomicUsize>, u32);
 
 impl Drop for Held {
     fn drop(&mut self) {
@@ -270,9 +274,20 @@ pub(crate) unsafe fn held_by<P: Class>(parent: *const c_void) -> Result<Held, c_
     // SAFETY: forwarded contract.
     unsafe { get::<P>(parent) }?;
     // SAFETY: get checked that it is an open Obj<P>.
-    let c = unsafe { &(*parent.cast::<Obj<P>>()).children };
-    c.fetch_add(1, Ordering::AcqRel);
-    Ok(Held(c.clone()))
+    let o = unsafe { &*parent.cast::<Obj<P>>() };
+    o.children.fetch_add(1, Ordering::AcqRel);
+    Ok(Held(o.children.clone(), o.api_version))
+}
+
+/// The API version of the fabric our `T` behind `fid` was opened under.
+///
+/// # Safety
+/// As [`get`].
+pub(crate) unsafe fn api_version<T: Class>(fid: *const c_void) -> Result<u32, c_int> {
+    // SAFETY: forwarded contract.
+    unsafe { get::<T>(fid) }?;
+    // SAFETY: get checked that it is an open Obj<T>.
+    Ok(unsafe { (*fid.cast::<Obj<T>>()).api_version })
 }
 
 /// A Rust object that C holds through a fid. Each class's implementation is in the tables
@@ -351,7 +366,8 @@ pub(crate) unsafe fn head<'a, T: Class>(fid: *const c_void) -> Result<&'a T::Hea
     Ok(unsafe { &(*fid.cast::<Obj<T>>()).head })
 }
 
-/// Hands `inner` to C behind `head` through `*out`; 0.
+/// Hands `inner` to C behind `head` through `*out`, under its parent's API version (1.17's
+/// where it has none); 0.
 ///
 /// # Safety
 /// `out` must be writable (checked non-null by the callers).
@@ -361,10 +377,27 @@ pub(crate) unsafe fn publish<T: Class>(
     parent: Option<Held>,
     out: *mut *mut c_void,
 ) -> c_int {
+    let version = parent.as_ref().map_or(crate::FI_VERSION_1_17, |h| h.1);
+    // SAFETY: forwarded contract.
+    unsafe { publish_at(version, head, inner, parent, out) }
+}
+
+/// [`publish`] under API version `api_version` (a fabric's, or an alias's endpoint's).
+///
+/// # Safety
+/// As [`publish`].
+pub(crate) unsafe fn publish_at<T: Class>(
+    api_version: u32,
+    head: T::Head,
+    inner: T,
+    parent: Option<Held>,
+    out: *mut *mut c_void,
+) -> c_int {
     let obj = Box::into_raw(Box::new(Obj {
         head,
         inner: ManuallyDrop::new(inner),
         children: Arc::default(),
+        api_version,
         _parent: parent,
     }));
     // SAFETY: out writable (caller).

@@ -11,12 +11,8 @@ use xfabric::{
     FI_MR_VIRT_ADDR,
 };
 
-use crate::consts::{FI_EINVAL, FI_ENODATA, FI_ENOMEM};
+use crate::consts::{FI_EINVAL, FI_ENODATA, FI_ENOMEM, FI_VERSION_1_5};
 use crate::info::{alloc_info, free_info, FiInfo};
-
-/// `FI_VERSION(1, 5)`: from this version on `mr_mode` is a bit mask, before it an enum
-/// (FI_MR_BASIC or FI_MR_SCALABLE).
-const FI_VERSION_1_5: u32 = (1 << 16) | 5;
 
 /// A bad hint: which field, and why.
 type Bad = String;

@@ -13,7 +13,7 @@ use xfabric::{
 };
 
 use crate::consts::{FI_ENOSYS, FI_VERSION_1_17};
-use crate::ffi::{code, enum_of, get, head, held_by, inval, out_ok, publish, run};
+use crate::ffi::{code, enum_of, get, head, held_by, inval, out_ok, publish, publish_at, run};
 use crate::ffi::{CEndpoint, Class, Obj};
 use crate::getinfo::hints_from_c;
 use crate::header::{
@@ -195,16 +195,17 @@ pub unsafe fn fabric_open(
             xfabric::Error::NoData(_) => -(xfabric::consts::errno::FI_ENODEV),
             e => code(&e),
         })?;
+        let version = if a.api_version == 0 {
+            FI_VERSION_1_17
+        } else {
+            a.api_version
+        };
         let head = FabricHead {
-            api_version: if a.api_version == 0 {
-                FI_VERSION_1_17
-            } else {
-                a.api_version
-            },
+            api_version: version,
             ..Fabric::new_head(context)
         };
         // SAFETY: fabric checked non-null, writable (caller).
-        Ok(unsafe { publish(head, f, None, fabric) })
+        Ok(unsafe { publish_at(version, head, f, None, fabric) })
     })
 }
 

@@ -89,6 +89,12 @@ fn c_cq_readerr_gives_error_data_with_and_without_room() {
 }
 
 #[test]
+fn c_cq_readerr_keeps_each_api_versions_layout_and_the_callers_buffer() {
+    let out = run_c("cq_readerr_versions", &[]);
+    assert!(out.contains("cq_readerr_versions: ok"), "{out}");
+}
+
+#[test]
 fn c_a_close_ends_a_wait_in_another_thread() {
     let out = run_c("close_while_waiting", &["-lpthread"]);
     assert!(out.contains("close_while_waiting: ok"), "{out}");
