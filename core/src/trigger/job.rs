@@ -24,7 +24,9 @@ pub(crate) trait Owner: Send + Sync {
     /// Starts an operation an XPU's descriptor asked for, as `submit` would start it as a job
     /// on `link` (this owner as an `Arc`); an owner may start it without making the job
     /// unless it has to wait.
-    fn submit_action(&self, action: Action, link: &Arc<dyn Owner>) {
+    /// `desc` is the descriptor it came from, already checked into `action`.
+    fn submit_action(&self, action: Action, desc: &crate::xpu::XpuDesc, link: &Arc<dyn Owner>) {
+        let _ = desc;
         self.submit(Job {
             action,
             ep: Some(link.clone()),

@@ -18,6 +18,7 @@ use crate::consts::FI_COMPLETION;
 use crate::entry::Context;
 use crate::error::{Error, Result};
 use crate::wait::ProgressSource;
+use crate::xpu::{Checked, XpuDesc};
 
 /// Longest one spin on XPU doorbells lasts before the watcher yields and drives the endpoint
 /// again (other traffic of the domain, and other threads of the core, wait at most this long
@@ -26,6 +27,14 @@ const SPIN_SLICE: Duration = Duration::from_micros(10);
 
 /// Shortest sleep of an XPU watcher taken on the provider's doorbell (`EpLink::idle_wait`).
 const PORT_SLEEP_MIN: Duration = Duration::from_millis(1);
+
+/// An operation waiting for room, with the descriptor it came from where an XPU posted it:
+/// what that names (a region, a peer) is checked again before it starts, since the
+/// application may have closed or removed it meanwhile, while the ring already looked empty.
+struct Waiting {
+    job: Job,
+    desc: Option<Box<XpuDesc>>,
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -39,7 +48,7 @@ pub(crate) struct EpLink {
     pub(super) closed: AtomicBool,
     /// Started operations the provider refused with `Again`, oldest first. While it is not
     /// empty, newly started operations queue behind it, so the endpoint keeps their order.
-    stalled: Mutex<VecDeque<Job>>,
+    stalled: Mutex<VecDeque<Waiting>>,
     has_stalled: AtomicBool,
     retrying: AtomicBool,
     /// Counter queues that may hold this endpoint's operations (for cancel and close).
@@ -192,6 +201,12 @@ impl EpLink {
     /// job is large, and each call it went through copied it.
     #[inline]
     pub(crate) fn submit(&self, job: Job) {
+        self.submit_from(job, None);
+    }
+
+    /// `submit` of a job `desc` (an XPU's descriptor) asked for, if one did.
+    #[inline]
+    fn submit_from(&self, job: Job, desc: Option<&XpuDesc>) {
         if self.closed.load(Ordering::SeqCst) {
             job.cancel_closed();
             return;
@@ -199,12 +214,12 @@ impl EpLink {
         if self.has_stalled.load(Ordering::Acquire) {
             let s = lock(&self.stalled);
             if self.has_stalled.load(Ordering::Acquire) {
-                self.stall_in(s, job, false);
+                self.stall_in(s, job, desc.map(|d| Box::new(*d)), false);
                 return;
             }
         }
         if let Some(job) = self.start(job) {
-            self.stall(job, false);
+            self.stall(job, desc.map(|d| Box::new(*d)), false);
         }
     }
 
@@ -213,35 +228,42 @@ impl EpLink {
     /// queue's lock, which the close's last sweep takes after setting it, so a job is either
     /// there for that sweep or sees the close (a start that took long, racing `fi_close`,
     /// put it back where nothing would look again, its job holding the endpoint for good).
-    fn stall(&self, job: Job, front: bool) {
-        self.stall_in(lock(&self.stalled), job, front);
+    fn stall(&self, job: Job, desc: Option<Box<XpuDesc>>, front: bool) {
+        self.stall_in(lock(&self.stalled), job, desc, front);
     }
 
     /// `stall` with the queue's lock held already (`s`).
-    fn stall_in(&self, mut s: std::sync::MutexGuard<'_, VecDeque<Job>>, job: Job, front: bool) {
+    fn stall_in(
+        &self,
+        mut s: std::sync::MutexGuard<'_, VecDeque<Waiting>>,
+        job: Job,
+        desc: Option<Box<XpuDesc>>,
+        front: bool,
+    ) {
         if self.closed.load(Ordering::Acquire) {
             drop(s);
             job.cancel_closed();
             return;
         }
+        let w = Waiting { job, desc };
         if front {
-            s.push_front(job);
+            s.push_front(w);
         } else {
-            s.push_back(job);
+            s.push_back(w);
         }
         self.has_stalled.store(true, Ordering::Release);
     }
 
     /// `submit` of a job without deferred work that is not made unless it has to wait: what
     /// an XPU's descriptors start as (`Owner::submit_action`).
-    fn submit_action(&self, action: Action, link: &Arc<dyn Owner>) {
+    fn submit_action(&self, action: Action, desc: &XpuDesc, link: &Arc<dyn Owner>) {
         let job = |action| Job {
             action,
             ep: Some(link.clone()),
             work: None,
         };
         if self.closed.load(Ordering::Acquire) || self.has_stalled.load(Ordering::Acquire) {
-            self.submit(job(action));
+            self.submit_from(job(action), Some(desc));
             return;
         }
         // SAFETY: as `start`'s: the descriptor's memory lies in regions exported to the XPU,
@@ -251,7 +273,7 @@ impl EpLink {
         };
         let job = job(action);
         if let Some(job) = self.refused(job, None, e) {
-            self.stall(job, false);
+            self.stall(job, Some(Box::new(*desc)), false);
         }
     }
 
@@ -322,7 +344,7 @@ impl EpLink {
         // As `Job::fire`: a job held here while the close sweeps is reported before it returns.
         let _r = self.port.reporting();
         loop {
-            let Some(job) = lock(&self.stalled).pop_front() else {
+            let Some(Waiting { mut job, desc }) = lock(&self.stalled).pop_front() else {
                 break;
             };
             if self.closed.load(Ordering::SeqCst) {
@@ -330,9 +352,22 @@ impl EpLink {
                 job.cancel_closed();
                 continue;
             }
+            if let Some(d) = &desc {
+                // Checked when it was taken from its ring; what it names may have gone since
+                // (its region closed, its peer removed), so it is checked again, whole, and
+                // starts as what the check makes of it now, or ends as a faulty descriptor.
+                match self.port.xpu_action(d, &mut Checked::default()) {
+                    Ok(action) => job.action = action,
+                    Err(f) => {
+                        self.port.xpu_fault(d.context as usize, d.opcode, &f);
+                        n += 1;
+                        continue;
+                    }
+                }
+            }
             if let Some(job) = self.start(job) {
                 // Back at the front: anything queued meanwhile stays behind it.
-                self.stall(job, true);
+                self.stall(job, desc, true);
                 break;
             }
             n += 1;
@@ -373,7 +408,10 @@ impl EpLink {
         loop {
             let found = {
                 let mut s = lock(&self.stalled);
-                s.iter().position(mine).and_then(|i| s.remove(i))
+                s.iter()
+                    .position(|w| mine(&w.job))
+                    .and_then(|i| s.remove(i))
+                    .map(|w| w.job)
             };
             match found.map(Job::cancel) {
                 Some(true) => return true,
@@ -391,8 +429,8 @@ impl EpLink {
         // What waited for room first: a descriptor held there was taken from its ring before
         // what is left in the ring, and is reported canceled before it.
         let stalled = std::mem::take(&mut *lock(&self.stalled));
-        for j in stalled {
-            j.cancel_closed();
+        for w in stalled {
+            w.job.cancel_closed();
         }
         if let Some(x) = &self.xpu {
             x.close_rings(&*self.port);
@@ -412,8 +450,8 @@ impl EpLink {
         // Held meanwhile by a drain or a retry that raced the close (each of them cancels what
         // it would start once it sees `closed`; this takes what it held before it looked).
         let stalled = std::mem::take(&mut *lock(&self.stalled));
-        for j in stalled {
-            j.cancel_closed();
+        for w in stalled {
+            w.job.cancel_closed();
         }
         let me: Arc<dyn ProgressSource> = self.clone();
         for c in std::mem::take(&mut *lock(&self.drives)) {
@@ -441,8 +479,8 @@ impl Owner for EpLink {
         self.has_stalled.load(Ordering::Acquire)
     }
 
-    fn submit_action(&self, action: Action, link: &Arc<dyn Owner>) {
-        EpLink::submit_action(self, action, link);
+    fn submit_action(&self, action: Action, desc: &XpuDesc, link: &Arc<dyn Owner>) {
+        EpLink::submit_action(self, action, desc, link);
     }
 }
 

@@ -137,7 +137,7 @@ pub(crate) fn drain(
                 faults_full = port.xpu_faults_full();
             }
             Took::Desc => match port.xpu_action(&d, seen) {
-                Ok(action) => owner.submit_action(action, link),
+                Ok(action) => owner.submit_action(action, &d, link),
                 Err(f) => {
                     port.xpu_fault(d.context as usize, d.opcode, &f);
                     faults_full = port.xpu_faults_full();

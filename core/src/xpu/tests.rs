@@ -782,6 +782,39 @@ fn closing_cancels_a_held_descriptor_before_those_behind_it() {
     assert!(w.sh.ctxs().is_empty(), "nothing started");
 }
 
+/// A descriptor the provider refused for room waits, taken from its ring (which then looks
+/// empty); if the application closes the region it names meanwhile, it must not start from
+/// that memory later: it is checked again before it starts, and ends as a descriptor naming
+/// a region that is not exported, nothing started.
+#[test]
+fn a_held_descriptor_does_not_start_after_its_region_closed() {
+    let w = World::new();
+    let n = node(&w);
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let buf = vec![0u8; 8];
+    let (mr, desc) = reg(&w, &buf, 0);
+    w.sh.again.store(u32::MAX as _, Ordering::Release);
+    assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, 7, 0, W), 0);
+    n.ep.progress();
+    assert!(!x.ring().ready(), "taken from the ring and held");
+    drop(mr);
+    w.sh.again.store(0, Ordering::Release);
+    let errs = errors_settled(&n, 1);
+    assert!(w.sh.ctxs().is_empty(), "started: {:?}", w.sh.ctxs());
+    assert_eq!(errs[0].0.op_context, 7);
+    assert_eq!(errs[0].0.err, FI_EACCES);
+    assert_eq!(errs[0].0.prov_errno, XPU_FAULT_DESC);
+    // One whose region stays open starts as it would have.
+    let (_mr2, desc2) = reg(&w, &buf, 0);
+    w.sh.again.store(u32::MAX as _, Ordering::Release);
+    assert_eq!(dev::send(&x, p(&buf), 8, desc2, 0, 0, 8, 0, W), 0);
+    n.ep.progress();
+    assert!(!x.ring().ready(), "taken from the ring and held");
+    w.sh.again.store(0, Ordering::Release);
+    settle(&n, || !w.sh.ctxs().is_empty());
+    assert_eq!(w.sh.ctxs(), vec![8]);
+}
+
 /// A publishing word of another lap, at the next slot or again at one already taken, is
 /// never taken: nothing starts twice, nothing starts from it, and no error is made up.
 #[test]
