@@ -10,6 +10,9 @@ pub const FI_VERSION_1_17: u32 = (1 << 16) | 17;
 /// domain attributes carried no authorization key), and `struct fi_cq_err_entry` carries
 /// `err_data_size`, with `err_data` a buffer the caller may hand in.
 pub const FI_VERSION_1_5: u32 = (1 << 16) | 5;
+/// `FI_VERSION(1, 10)`: from this version on `struct fi_mr_attr` ends with `iface` and
+/// `device` (heterogeneous memory).
+pub const FI_VERSION_1_10: u32 = (1 << 16) | 10;
 
 // Error codes (fi_errno.h): the system's errno values, then libfabric's own from 256.
 /// `FI_EINVAL`: an argument was wrong.

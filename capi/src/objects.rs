@@ -12,8 +12,10 @@ use xfabric::{
     MrAttr, PollAttr, PollSet, WaitAttr, WaitObj, WaitSet,
 };
 
-use crate::consts::{FI_ENOSYS, FI_VERSION_1_17};
-use crate::ffi::{code, enum_of, get, head, held_by, inval, out_ok, publish, publish_at, run};
+use crate::consts::{FI_ENOSYS, FI_VERSION_1_10, FI_VERSION_1_17};
+use crate::ffi::{
+    api_version, code, enum_of, get, head, held_by, inval, out_ok, publish, publish_at, run,
+};
 use crate::ffi::{CEndpoint, Class, Obj};
 use crate::getinfo::hints_from_c;
 use crate::header::{
@@ -535,39 +537,59 @@ pub(crate) unsafe extern "C" fn mr_regattr(
     flags: u64,
     mr: *mut *mut c_void,
 ) -> c_int {
-    // SAFETY: null or a valid fi_mr_attr (caller).
-    let Some(a) = (unsafe { attr.cast::<FiMrAttr>().as_ref() }) else {
+    // Read member by member through the pointer, never as a whole: a caller of an API before
+    // 1.10 hands in the shorter structure of its headers, without iface and device.
+    let a = attr.cast::<FiMrAttr>();
+    if a.is_null() {
         return inval("fi_mr_regattr: null attr");
-    };
-    if a.iov_count != 1 || a.mr_iov.is_null() {
+    }
+    // SAFETY: a readable fi_mr_attr of the caller's API version (caller); these members are
+    // in every version's.
+    let (mr_iov, iov_count) = unsafe { ((*a).mr_iov, (*a).iov_count) };
+    if iov_count != 1 || mr_iov.is_null() {
         return inval("fi_mr_regattr: one iovec is supported");
     }
+    // SAFETY: a fid from the caller, checked.
+    let version = match unsafe { api_version::<Domain>(fid) } {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
+    // SAFETY: as above.
+    let (access, offset, requested_key, context) =
+        unsafe { ((*a).access, (*a).offset, (*a).requested_key, (*a).context) };
+    // iface and device exist from API 1.10 on: before it, host memory, nothing read.
+    let (raw_iface, raw_device) = if version < FI_VERSION_1_10 {
+        (0, 0)
+    } else {
+        // SAFETY: a 1.10-or-later fi_mr_attr has them (caller).
+        unsafe { ((*a).iface, (*a).device) }
+    };
     // libfabric reads iface and device only in a domain with FI_HMEM (and a caller without
-    // it may leave them unset, or use a struct from before they existed): there, a value
-    // no interface has is host memory; a real device interface is still refused below.
+    // it may leave them unset): there, a value no interface has is host memory; a real
+    // device interface is still refused below.
     // SAFETY: a fid from the caller, checked.
     let hmem = unsafe { get::<Domain>(fid) }.is_ok_and(|d| d.info().caps & xfabric::FI_HMEM != 0);
-    let iface = match u32::try_from(a.iface).ok().and_then(Iface::from_raw) {
+    let iface = match u32::try_from(raw_iface).ok().and_then(Iface::from_raw) {
         Some(i) => i,
         None if !hmem => Iface::System,
         None => return inval("fi_mr_regattr: unknown iface"),
     };
     // SAFETY: one readable iovec (caller).
-    let v = unsafe { *a.mr_iov };
+    let v = unsafe { *mr_iov };
     let attr = MrAttr {
         addr: v.iov_base as usize,
         len: v.iov_len,
-        access: a.access,
-        offset: a.offset,
-        requested_key: a.requested_key,
-        context: a.context as usize,
+        access,
+        offset,
+        requested_key,
+        context: context as usize,
         iface,
         // The union's members are ints except `reserved`; a device index is the int (host
         // memory has none).
         device: if iface == Iface::System {
             0
         } else {
-            u64::from(a.device as u32)
+            u64::from(raw_device as u32)
         },
     };
     // SAFETY: forwarded contract.

@@ -95,6 +95,12 @@ fn c_cq_readerr_keeps_each_api_versions_layout_and_the_callers_buffer() {
 }
 
 #[test]
+fn c_mr_regattr_reads_nothing_past_an_api_1_9_attr() {
+    let out = run_c("mr_attr_before_1_10", &[]);
+    assert!(out.contains("mr_attr_before_1_10: ok"), "{out}");
+}
+
+#[test]
 fn c_a_close_ends_a_wait_in_another_thread() {
     let out = run_c("close_while_waiting", &["-lpthread"]);
     assert!(out.contains("close_while_waiting: ok"), "{out}");
