@@ -139,12 +139,15 @@ impl Engine {
             self.serve_write(peer, id, data, fl, segs, desc);
             self.no_body(peer)
         } else {
-            self.write_frame(peer, id, data, fl, &segs, body)
+            self.write_frame(peer, id, data, fl, &segs, body, 0)
         }
     }
 
     /// A write whose data is `body` bytes after its control part (or a `Data` frame
     /// bringing it): where they go.
+    /// `failed`: the write already failed with this error (0: not), its body then dropped
+    /// and the failure answered (a served write whose region closed before its `Data` came).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn write_frame(
         &mut self,
         peer: PeerId,
@@ -153,6 +156,7 @@ impl Engine {
         fl: u8,
         segs: &RmaIovList,
         body: u64,
+        failed: i32,
     ) -> Sink {
         let len = segs.total();
         let mut w = WriteBody {
@@ -165,7 +169,12 @@ impl Engine {
             segs: *segs,
             staged: None,
         };
-        let sink = if body != len as u64 {
+        let sink = if failed != 0 {
+            // Its region closed while its data was on the way: nothing of it may land, in
+            // whatever now answers to its key.
+            w.status = failed;
+            Sink::Discard
+        } else if body != len as u64 {
             w.status = FI_EINVAL;
             Sink::Discard
         } else {

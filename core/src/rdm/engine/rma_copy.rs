@@ -161,7 +161,7 @@ impl Engine {
                 else {
                     return Err(WireError::Malformed(wire::Kind::Data));
                 };
-                Ok(self.write_frame(peer, id, data, fl, &segs, body))
+                Ok(self.write_frame(peer, id, data, fl, &segs, body, s.failed))
             }
             _ => Err(WireError::Malformed(wire::Kind::Data)),
         }

@@ -162,3 +162,28 @@ fn a_copy_into_a_closing_region_not_yet_taken_fails_at_both_ends() {
     assert!(tgt.iter().all(|&b| b == 0));
     assert!(!net.b.eng.busy());
 }
+
+/// A served write whose copy the transport refused asks for its data (`Cts`); its region
+/// closes, and another registers under the same key, before the `Data` comes: the write
+/// already failed with the close, so its bytes land nowhere, the new region's included, and
+/// the initiator is told.
+#[test]
+fn a_write_whose_region_closed_before_its_data_came_lands_nowhere() {
+    let tgt = vec![0u8; 400];
+    let other = vec![0u8; 400];
+    let data = pattern(300, 43);
+    let mut net = served_write(&tgt, &data);
+    let c = net.b.eng.poll_copy().expect("a copy");
+    net.b.eng.on_copied(c.token, Copied::Refused);
+    net.report();
+    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
+    close_region(&mut net, &tgt);
+    net.register(&other);
+    assert_eq!(net.flush(S::A), vec![Kind::Data]);
+    assert_eq!(net.flush(S::B), vec![Kind::Ack]);
+    assert_eq!(net.a.one_err(1).err, FI_EACCES);
+    net.b.quiet();
+    assert!(tgt.iter().all(|&b| b == 0));
+    assert!(other.iter().all(|&b| b == 0), "landed in the new region");
+    assert!(!net.b.eng.busy());
+}
