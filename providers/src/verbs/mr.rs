@@ -83,14 +83,19 @@ impl NicKey {
 }
 
 /// The device access a region with libfabric `access` needs. Local write is always asked
-/// for (the region may be a read's destination); remote atomics come with remote writes.
+/// for (the region may be a read's destination). Remote atomics come only with remote reads
+/// and writes both: the NIC's atomics all return the old value, so a region only written
+/// remotely would be read through them (a fetch-add of 0).
 pub fn ib_access(access: u64) -> i32 {
     let mut a = sys::IBV_ACCESS_LOCAL_WRITE;
     if access & FI_REMOTE_READ != 0 {
         a |= sys::IBV_ACCESS_REMOTE_READ;
     }
     if access & FI_REMOTE_WRITE != 0 {
-        a |= sys::IBV_ACCESS_REMOTE_WRITE | sys::IBV_ACCESS_REMOTE_ATOMIC;
+        a |= sys::IBV_ACCESS_REMOTE_WRITE;
+    }
+    if access & (FI_REMOTE_READ | FI_REMOTE_WRITE) == FI_REMOTE_READ | FI_REMOTE_WRITE {
+        a |= sys::IBV_ACCESS_REMOTE_ATOMIC;
     }
     a
 }
@@ -347,8 +352,13 @@ mod tests {
             ib_access(FI_REMOTE_READ),
             sys::IBV_ACCESS_LOCAL_WRITE | sys::IBV_ACCESS_REMOTE_READ
         );
+        // A region only written remotely must not be readable through the NIC's atomics.
         assert_eq!(
             ib_access(FI_REMOTE_WRITE) & sys::IBV_ACCESS_REMOTE_ATOMIC,
+            0
+        );
+        assert_eq!(
+            ib_access(FI_REMOTE_READ | FI_REMOTE_WRITE) & sys::IBV_ACCESS_REMOTE_ATOMIC,
             sys::IBV_ACCESS_REMOTE_ATOMIC
         );
         let attr = MrAttr {

@@ -169,11 +169,10 @@ impl OneSided for VerbsOneSided {
             // a word may go through the NIC while another's, on a busy link or of another
             // operation, goes through the target's CPU, and the two are not atomic together.
             NativeKind::FetchAdd { .. } | NativeKind::CompareSwap { .. } if self.atomics => {
-                // An atomic reads too where its old value is wanted (and an add of 0 is a
-                // read); the NIC needs the word aligned.
-                let reads =
-                    n.local.total() > 0 || matches!(n.kind, NativeKind::FetchAdd { add: 0 });
-                k.write && (k.read || !reads) && n.addr.is_multiple_of(8) && self.shared.quiet(peer)
+                // The NIC grants its atomics only on regions open to remote reads and writes
+                // both (`mr::ib_access`: each of them returns the old value); the NIC needs
+                // the word aligned. Other atomics go through the target's engine.
+                k.write && k.read && n.addr.is_multiple_of(8) && self.shared.quiet(peer)
             }
             NativeKind::FetchAdd { .. } | NativeKind::CompareSwap { .. } => false,
         };
