@@ -32,7 +32,7 @@ fn skip() -> bool {
 }
 
 /// The `vm_*` tests below, which the host half expects to see pass.
-const VM_TESTS: usize = 2;
+const VM_TESTS: usize = 3;
 
 /// A bound far past what each step takes in the emulated VM.
 const STEP: Duration = Duration::from_secs(30);
@@ -188,6 +188,81 @@ fn vm_an_offered_send_buffer_is_read_only_to_the_receiver() {
     );
 
     // The receiver goes: the sender's send fails, its buffer intact.
+    drop(link);
+    child.tell("check");
+    assert_eq!(child.hear(), "ok");
+    child.tell("bye");
+    child.join();
+}
+
+/// A key of one domain does not reach another domain's memory through the NIC: each verbs
+/// domain has a protection domain of its own. The victim opens two domains with NIC keys and
+/// registers a secret window (remote read and write) in the second; the raw peer connects to
+/// the first domain's endpoint and uses the window's key and address there: an RDMA read and
+/// an RDMA write each end in an error at the raw peer, and the window is unchanged.
+///
+/// On the tree before this test every domain of a process shared one protection domain, and
+/// the read returned the secret.
+#[test]
+fn vm_a_key_of_another_domain_does_not_reach_its_memory() {
+    const T: &str = "vm_a_key_of_another_domain_does_not_reach_its_memory";
+    const LEN: usize = 4096;
+    if skip() {
+        return;
+    }
+    if role().is_some() {
+        let nic_keys = |h: &mut Info| h.domain_attr.mr_mode = FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
+        let first = node_with(FI_MSG | FI_RMA, Progress::Auto, nic_keys);
+        let second = node_with(FI_MSG | FI_RMA, Progress::Auto, nic_keys);
+        let secret = pattern(LEN, 9);
+        // SAFETY: `secret` outlives the region, dropped below.
+        let mr = unsafe {
+            second
+                .domain
+                .mr_reg(&secret, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0)
+        }
+        .unwrap();
+        assert!(mr.provider_registered(), "the NIC registered the window");
+        say(&hex(&first.ep.getname().unwrap()));
+        say(&format!("{} {}", mr.key(), secret.as_ptr() as u64));
+        assert_eq!(listen(), "check");
+        assert!(
+            secret == pattern(LEN, 9),
+            "written through another domain's endpoint"
+        );
+        say("ok");
+        assert_eq!(listen(), "bye");
+        drop(mr);
+        return;
+    }
+    let raw = RawPeer::new().expect("raw verbs peer");
+    let mut child = spawn(T, "victim", &[]);
+    let ep = addr_of(&unhex(&child.hear()));
+    let v: Vec<u64> = child
+        .hear()
+        .split(' ')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let (key, addr) = (v[0], v[1]);
+    let mut link = raw.connect(ep, STEP).expect("raw peer connects");
+    let (st, bytes) = link.read(addr, key as u32, LEN, STEP).expect("RDMA read");
+    assert_ne!(
+        st,
+        raw::WC_SUCCESS,
+        "read another domain's window through this one's endpoint ({} bytes)",
+        bytes.len()
+    );
+    drop(link);
+    // A queue pair that took an access error is in its error state: the write on a new one.
+    let mut link = raw.connect(ep, STEP).expect("raw peer connects again");
+    let st = link
+        .write(addr, key as u32, &[0xa5; LEN], STEP)
+        .expect("RDMA write");
+    assert_ne!(
+        st,
+        raw::WC_SUCCESS,
+        "wrote another domain's window through this one's endpoint"
+    );
     drop(link);
     child.tell("check");
     assert_eq!(child.hear(), "ok");

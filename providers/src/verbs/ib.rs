@@ -1,6 +1,7 @@
-//! The safe layer over `sys`: a device opened with its protection domain (`Nic`), completion
-//! channels and queues, memory regions and RC queue pairs, each holding its parent alive
-//! (`Arc`) and destroyed in `Drop`. Errors name the verb and carry errno.
+//! The safe layer over `sys`: a device opened once per process (`Device`), a protection domain
+//! of it for each fabric domain (`Nic`), completion channels and queues, memory regions and RC
+//! queue pairs, each holding its parent alive (`Arc`) and destroyed in `Drop`. Errors name the
+//! verb and carry errno.
 
 use std::ffi::{c_int, CStr};
 use std::net::Ipv4Addr;
@@ -15,11 +16,10 @@ fn os_err(what: &str) -> Error {
     Error::from_io(format!("verbs: {what}"), std::io::Error::last_os_error())
 }
 
-/// An opened RDMA device and its protection domain, with the port and GID endpoints use.
-pub struct Nic {
+/// An opened RDMA device, with the port and GID endpoints use: one per process.
+pub struct Device {
     pub v: &'static Verbs,
     pub ctx: NonNull<sys::ibv_context>,
-    pub pd: NonNull<sys::ibv_pd>,
     /// Device name (`rxe0`).
     pub name: String,
     pub port: u8,
@@ -30,36 +30,74 @@ pub struct Nic {
     pub ip: Ipv4Addr,
 }
 
+/// A device's protection domain, one per fabric domain: regions registered in it and queue
+/// pairs created in it reach each other and nothing of another domain's, so a peer connected
+/// to one domain's endpoint cannot use another domain's keys through the NIC (as libfabric's
+/// verbs domains each allocate their own). Its device's fields are read through it.
+pub struct Nic {
+    pub dev: Arc<Device>,
+    pub pd: NonNull<sys::ibv_pd>,
+}
+
 // SAFETY: verbs objects may be used from any thread (libibverbs locks internally where needed);
 // the pointers are only freed in Drop.
+unsafe impl Send for Device {}
+// SAFETY: as above.
+unsafe impl Sync for Device {}
+// SAFETY: as above.
 unsafe impl Send for Nic {}
 // SAFETY: as above.
 unsafe impl Sync for Nic {}
 
+impl Drop for Device {
+    fn drop(&mut self) {
+        // SAFETY: ours, closed once; every protection domain holds an Arc of this device.
+        unsafe { (self.v.close_device)(self.ctx.as_ptr()) };
+    }
+}
+
 impl Drop for Nic {
     fn drop(&mut self) {
         // SAFETY: ours, freed once; every child holds an Arc of this Nic so none is left.
-        unsafe {
-            (self.v.dealloc_pd)(self.pd.as_ptr());
-            (self.v.close_device)(self.ctx.as_ptr());
-        }
+        unsafe { (self.v.dealloc_pd)(self.pd.as_ptr()) };
+    }
+}
+
+impl std::ops::Deref for Nic {
+    type Target = Device;
+
+    fn deref(&self) -> &Device {
+        &self.dev
+    }
+}
+
+impl Nic {
+    /// A new protection domain of `dev`.
+    pub fn open(dev: &Arc<Device>) -> std::result::Result<Arc<Nic>, String> {
+        // SAFETY: an open context.
+        let pd = NonNull::new(unsafe { (dev.v.alloc_pd)(dev.ctx.as_ptr()) })
+            .ok_or_else(|| format!("ibv_alloc_pd: {}", std::io::Error::last_os_error()))?;
+        Ok(Arc::new(Nic {
+            dev: dev.clone(),
+            pd,
+        }))
     }
 }
 
 /// The first device with an IPv4-mapped GID on port 1 (devices are opened once per
 /// process); the error says why there is none ("libibverbs.so.1 not found", "no RDMA device").
-pub fn nic() -> std::result::Result<Arc<Nic>, String> {
+pub fn nic() -> std::result::Result<Arc<Device>, String> {
     nics().map(|v| v[0].clone())
 }
 
 /// Every usable device (at least one), opened once per process, in the library's order.
-pub fn nics() -> std::result::Result<Vec<Arc<Nic>>, String> {
-    static N: OnceLock<std::result::Result<Vec<Arc<Nic>>, String>> = OnceLock::new();
+pub fn nics() -> std::result::Result<Vec<Arc<Device>>, String> {
+    static N: OnceLock<std::result::Result<Vec<Arc<Device>>, String>> = OnceLock::new();
     N.get_or_init(open_all).clone()
 }
 
 /// The device whose IPv4 GID is `ip`.
-pub fn nic_for(ip: Ipv4Addr) -> std::result::Result<Arc<Nic>, String> {
+pub fn nic_for(ip: Ipv4Addr) -> std::result::Result<Arc<Device>, String> {
     nics()?
         .into_iter()
         .find(|n| n.ip == ip)
@@ -67,14 +105,14 @@ pub fn nic_for(ip: Ipv4Addr) -> std::result::Result<Arc<Nic>, String> {
 }
 
 /// The device named `name`.
-pub fn nic_named(name: &str) -> std::result::Result<Arc<Nic>, String> {
+pub fn nic_named(name: &str) -> std::result::Result<Arc<Device>, String> {
     nics()?
         .into_iter()
         .find(|n| n.name == name)
         .ok_or_else(|| format!("no RDMA device named {name:?}"))
 }
 
-fn open_all() -> std::result::Result<Vec<Arc<Nic>>, String> {
+fn open_all() -> std::result::Result<Vec<Arc<Device>>, String> {
     let v = sys::verbs()?;
     let mut n: c_int = 0;
     // SAFETY: plain call; the list is freed below.
@@ -115,7 +153,7 @@ fn open_one(
     v: &'static Verbs,
     dev: *mut sys::ibv_device,
     name: &str,
-) -> std::result::Result<Nic, String> {
+) -> std::result::Result<Device, String> {
     // SAFETY: a device from the current list.
     let ctx = NonNull::new(unsafe { (v.open_device)(dev) })
         .ok_or_else(|| format!("ibv_open_device: {}", std::io::Error::last_os_error()))?;
@@ -137,17 +175,24 @@ fn open_one(
         unsafe { (v.close_device)(ctx.as_ptr()) };
         return Err("port 1 has no IPv4 (RoCE v2) GID".into());
     };
+    // A protection domain, allocated and freed at once: a device that cannot give one is no
+    // use to any domain.
     // SAFETY: an open context.
-    let Some(pd) = NonNull::new(unsafe { (v.alloc_pd)(ctx.as_ptr()) }) else {
-        let e = std::io::Error::last_os_error();
-        // SAFETY: opened above, closed once.
-        unsafe { (v.close_device)(ctx.as_ptr()) };
-        return Err(format!("ibv_alloc_pd: {e}"));
-    };
-    Ok(Nic {
+    match NonNull::new(unsafe { (v.alloc_pd)(ctx.as_ptr()) }) {
+        // SAFETY: just allocated, freed once.
+        Some(pd) => unsafe {
+            (v.dealloc_pd)(pd.as_ptr());
+        },
+        None => {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: opened above, closed once.
+            unsafe { (v.close_device)(ctx.as_ptr()) };
+            return Err(format!("ibv_alloc_pd: {e}"));
+        }
+    }
+    Ok(Device {
         v,
         ctx,
-        pd,
         name: name.to_string(),
         port,
         gid_index,

@@ -174,6 +174,7 @@ impl Provider for Verbs {
             Some(n) if n != "verbs" => ib::nic_named(n),
             _ => ib::nic(),
         }
+        .and_then(|dev| ib::Nic::open(&dev))
         .map_err(|why| Error::NoData(format!("verbs domain: {why}")))?;
         Ok(Domain::ops(VerbsDomain {
             nic,

@@ -105,7 +105,9 @@ impl RawPeer {
     /// Opens the first device (`ib::nic`) and listens on its address; the error says why
     /// there is none.
     pub fn new() -> Result<RawPeer> {
-        let nic = ib::nic().map_err(|why| Error::NoData(format!("raw verbs peer: {why}")))?;
+        let nic = ib::nic()
+            .and_then(|dev| ib::Nic::open(&dev))
+            .map_err(|why| Error::NoData(format!("raw verbs peer: {why}")))?;
         let listener = TcpListener::bind(SocketAddr::new(IpAddr::V4(nic.ip), 0))
             .map_err(io("listen on the device's address"))?;
         listener
