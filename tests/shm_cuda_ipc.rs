@@ -758,3 +758,62 @@ fn forged_cuda_descriptors_are_refused_and_the_data_comes_through_frames() {
     }
     assert_eq!(ipc_counts().copies, before.copies);
 }
+
+/// A peer's RMA write whose data it describes as a device allocation of its own (a CUDA IPC
+/// handle) is refused at once: honest initiators stage RMA through host memory, and a device
+/// copy into a registered region could not be stopped by the region's close. The write fails
+/// (`FI_EINVAL` in its answer), nothing is opened, the window is untouched. No CUDA is needed:
+/// the handle is refused for what it is before anything would open it. Before, the copy was
+/// tried, refused as the handle's own, and the target asked for the data by frames.
+#[test]
+fn an_rma_write_from_a_device_handle_is_refused() {
+    if role().is_some() || skip_not_shm() {
+        return;
+    }
+    const LEN: usize = 40_000;
+    let n = node(FI_MSG | FI_RMA | FI_REMOTE_WRITE, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let window = vec![0u8; LEN];
+    // SAFETY: window outlives the registration (dropped below, before it).
+    let mr = unsafe { n.domain.mr_reg(&window, FI_REMOTE_WRITE, 0, 6) }.expect("mr_reg");
+    let base = if n.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0 {
+        window.as_ptr() as u64
+    } else {
+        0
+    };
+    let handle = IpcHandle {
+        iface: Iface::Cuda,
+        pid: std::process::id(),
+        device: 0,
+        alloc_id: 7,
+        base: 0x7000_0000,
+        alloc_len: 1 << 20,
+        offset: 0,
+        raw: [9; 64],
+    };
+    let segs = xfabric_core::RmaIovList::from_segs(&[xfabric_core::RmaIov {
+        addr: base,
+        len: LEN,
+        key: mr.key(),
+    }])
+    .expect("one range");
+    let f = Frame::Write {
+        id: 5,
+        data: 0,
+        flags: wire::flags::ACK,
+        segs,
+        desc: Desc::new(ipc_desc(&handle, LEN).as_bytes()).unwrap(),
+    };
+    let before = ipc_counts();
+    let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+    assert!(raw.send_raw(FRAME, f.ctrl(0).as_bytes(), 0), "ring full");
+    let Frame::Ack { status, .. } =
+        await_frame(&n, &mut raw, |f| matches!(f, Frame::Ack { id: 5, .. }))
+    else {
+        unreachable!()
+    };
+    assert_eq!(status, xfabric::errno::FI_EINVAL);
+    assert!(window.iter().all(|&b| b == 0), "the window changed");
+    assert_eq!(ipc_counts().opens, before.opens, "a handle was opened");
+    drop(mr);
+}

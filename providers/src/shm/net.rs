@@ -607,6 +607,11 @@ impl Net {
                     split::Taken::Pending => continue,
                     split::Taken::Done(how) => how,
                     split::Taken::Alone => match ipc::decode(&c.remote) {
+                        // A device's memory named for a peer's RMA (a served write or read):
+                        // honest initiators stage those through host memory and never name
+                        // it so. Refused: a region's close cannot stop a device copy under
+                        // way (`cut_region`), which would go on into, or out of, its memory.
+                        Some(_) if c.holds => Copied::Failed(FI_EINVAL),
                         // Reported by `poll_ipc` once its event completes.
                         Some(named) => match self.copy_ipc(&c, named) {
                             None => continue,
