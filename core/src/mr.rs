@@ -65,6 +65,19 @@ pub struct MrEntry {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct MrDesc(pub u64);
 
+/// Bits 63..48 of every key a provider's NIC makes (`ProviderMr::key`: verbs' keys carry
+/// "XF" there, and a peer sends an operation naming such a key to its NIC, not to the engine).
+/// The keys the core draws, or takes from the application, never carry them: one of them
+/// would be sent to a NIC that does not know it, and its refusal breaks the connection.
+pub const NIC_KEY_TAG: u64 = 0x5846 << 48;
+/// The bits `NIC_KEY_TAG` occupies.
+pub const NIC_KEY_TAG_MASK: u64 = 0xffff << 48;
+
+/// Whether `key` lies in the space of NIC keys (`NIC_KEY_TAG`).
+pub fn is_nic_key(key: u64) -> bool {
+    key & NIC_KEY_TAG_MASK == NIC_KEY_TAG
+}
+
 /// A provider's own registration of a region (a NIC's memory registration), made when the
 /// `fi_mr` is registered (`DomainOps::mr_register`) and dropped when it closes, after the key
 /// left the domain's map. Its key becomes the region's key.
@@ -153,17 +166,24 @@ impl MrMap {
         } else if self.mode & FI_MR_PROV_KEY != 0 {
             // A key is what a remote peer must present to reach the region: drawn from the
             // OS's CSPRNG, so that nobody can guess one (a counter made the first region of
-            // every domain key 1). 0 and FI_KEY_NOTAVAIL are never handed out.
+            // every domain key 1). 0, FI_KEY_NOTAVAIL and NIC keys are never handed out.
             loop {
                 let k = getrandom::u64()
                     .map_err(|e| Error::NoKey(format!("mr_reg: no random key from the OS: {e}")))?;
-                if k != 0 && k != FI_KEY_NOTAVAIL && !m.contains_key(&k) {
+                if k != 0 && k != FI_KEY_NOTAVAIL && !is_nic_key(k) && !m.contains_key(&k) {
                     break k;
                 }
             }
         } else {
             if attr.requested_key == FI_KEY_NOTAVAIL {
                 return Err(Error::Inval("mr_reg: requested_key FI_KEY_NOTAVAIL".into()));
+            }
+            if is_nic_key(attr.requested_key) {
+                return Err(Error::NoKey(format!(
+                    "mr_reg: key {:#x} lies in the NIC keys' space (bits 63..48 {:#x})",
+                    attr.requested_key,
+                    NIC_KEY_TAG >> 48
+                )));
             }
             if m.contains_key(&attr.requested_key) {
                 return Err(Error::NoKey(format!(
@@ -513,7 +533,9 @@ mod tests {
             .collect();
         let unique: std::collections::HashSet<u64> = keys.iter().copied().collect();
         assert_eq!(unique.len(), keys.len());
-        assert!(keys.iter().all(|&k| k != 0 && k != FI_KEY_NOTAVAIL));
+        assert!(keys
+            .iter()
+            .all(|&k| k != 0 && k != FI_KEY_NOTAVAIL && !is_nic_key(k)));
         // Another domain's first key is not this one's: nothing to learn from a domain.
         let other = MrMap::new(FI_MR_VIRT_ADDR | FI_MR_PROV_KEY);
         assert_ne!(other.insert(&attr, None).unwrap(), keys[0]);
@@ -570,6 +592,16 @@ mod tests {
         ));
         drop(mr);
         assert!(map.check(42, base, 8, FI_REMOTE_READ).is_err());
+        // A key in the NIC keys' space: a verbs peer would send it to its NIC, which does
+        // not know it.
+        let nic = MrAttr {
+            requested_key: NIC_KEY_TAG | 1,
+            ..attr
+        };
+        assert!(matches!(
+            MemoryRegion::register(&map, &nic),
+            Err(Error::NoKey(_))
+        ));
     }
 
     #[test]

@@ -4,9 +4,9 @@
 //! (`native`). The region is deregistered when the `fi_mr` closes.
 //!
 //! A key made here: the tag "XF" in bits 63..48, the region's remote access in bits 41..40
-//! (read, write), the rkey in bits 31..0. Core's own keys (small numbers, or the
-//! application's own with user-chosen keys) never carry the tag: operations naming them go
-//! through the engine. The bits come from a peer and are untrusted: they only choose the
+//! (read, write), the rkey in bits 31..0. Core's own keys (random, or the application's own
+//! with user-chosen keys) never carry the tag (`xfabric_core::mr::NIC_KEY_TAG`): operations
+//! naming them go through the engine. The bits come from a peer and are untrusted: they only choose the
 //! path; the NIC checks the rkey, the range and the access itself.
 //!
 //! CUDA memory is registered by dma-buf where the driver exports one
@@ -33,8 +33,7 @@ use xfabric_core::{Iface, MrAttr, ProviderMr};
 use super::ib::{Mr, Nic};
 use super::sys;
 
-const TAG: u64 = 0x5846 << 48;
-const TAG_MASK: u64 = 0xffff << 48;
+use xfabric_core::mr::{NIC_KEY_TAG as TAG, NIC_KEY_TAG_MASK as TAG_MASK};
 const READ_BIT: u64 = 1 << 40;
 const WRITE_BIT: u64 = 1 << 41;
 /// The key's random bits: 32..40 and 42..48, fourteen drawn from the OS per registration.
