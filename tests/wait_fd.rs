@@ -400,3 +400,84 @@ fn manual_loop(ws: Option<WaitSet>) {
     assert!(sleeps >= ROUNDS, "{sleeps} sleeps for {ROUNDS} rounds");
     eprintln!("{ROUNDS} rounds, {sleeps} sleeps in epoll_wait");
 }
+
+/// shm's wake socket cannot be taken from it: a process (of any user, in the network
+/// namespace) that binds the name a segment's wake socket once had, `xfabric-wake/<segment>`,
+/// before the endpoint binds its own, does not keep a sleeper on descriptors from waking when
+/// a frame arrives. Before, the endpoint's bind failed, its trywait still let the loop sleep,
+/// and the sleep lasted until its bound.
+#[test]
+fn a_squatted_wake_socket_name_does_not_keep_a_sleeper_asleep() {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    if test_provider() != "shm" {
+        eprintln!("skipped: shm's wake socket");
+        return;
+    }
+    let (a, c) = (fd_end(Progress::Manual), fd_end(Progress::Manual));
+    let name = a.ep.getname().unwrap();
+    let seg = std::str::from_utf8(&name)
+        .unwrap()
+        .trim_start_matches("fi_shm://")
+        .trim_end_matches('\0')
+        .to_string();
+    // The squatter: the name the wake socket had, bound first.
+    // SAFETY: plain socket(2); checked below.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0);
+    // SAFETY: a fresh descriptor we own.
+    let squat = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_un is plain data; all zeroes is valid.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let path = format!("xfabric-wake/{seg}");
+    for (d, &b) in sa.sun_path[1..].iter_mut().zip(path.as_bytes()) {
+        *d = b as libc::c_char;
+    }
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + path.len();
+    // SAFETY: a valid sockaddr_un of `len` bytes.
+    let r = unsafe {
+        libc::bind(
+            squat.as_raw_fd(),
+            (&sa as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "bind the squatter");
+    let ca = c.av.insert_one(&name).unwrap();
+    let ac = a.av.insert_one(&c.ep.getname().unwrap()).unwrap();
+    let mut buf = [0u8; 8];
+    // SAFETY: `buf` outlives the receive, waited for below.
+    unsafe { a.ep.recv(&mut buf, None, ac, 1) }.unwrap();
+    let ep = Epoll::new(&[a.cq.wait_fd().unwrap()]);
+    let deadline = Instant::now() + BOUND;
+    while a.cq.trywait().is_err() {
+        drain(&a.cq);
+        assert!(
+            Instant::now() < deadline,
+            "trywait never let the loop sleep"
+        );
+    }
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let msg = [7u8; 8];
+        // SAFETY: `msg` outlives its send, whose completion is read below.
+        while let Err(e) = unsafe { c.ep.send(&msg, None, ca, 2) } {
+            assert!(matches!(e, Error::Again(_)), "{e}");
+            drain(&c.cq);
+        }
+        let deadline = Instant::now() + BOUND;
+        while drain(&c.cq) == 0 {
+            assert!(Instant::now() < deadline, "the send never completed");
+        }
+        c
+    });
+    let woke = ep.wait(BOUND.as_millis() as i32);
+    assert_eq!(woke, vec![0], "the sleeper was not woken by the frame");
+    let deadline = Instant::now() + BOUND;
+    while drain(&a.cq) == 0 {
+        assert!(Instant::now() < deadline, "the receive never completed");
+    }
+    assert_eq!(buf, [7u8; 8]);
+    drop(sender.join().unwrap());
+    drop(squat);
+}

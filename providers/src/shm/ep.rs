@@ -99,16 +99,27 @@ pub struct ShmBell {
 }
 
 impl ShmBell {
-    /// The wake socket, bound on first use.
+    /// The wake socket, bound on first use under a random name, which the header then
+    /// publishes to senders (`fdwake`).
     fn wake_sock(&self) -> Option<&WakeSock> {
         self.wake_sock
-            .get_or_init(|| match WakeSock::bind(self.seg.name()) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    tracing::warn!(
-                        "shm: no wake socket, fd sleepers wake on completions only: {e}"
-                    );
-                    None
+            .get_or_init(|| {
+                let bound = getrandom::u64()
+                    .map_err(|e| Error::Inval(format!("shm: no random number from the OS: {e}")))
+                    .map(|n| n.max(1))
+                    .and_then(|nonce| Ok((WakeSock::bind(self.seg.name(), nonce)?, nonce)));
+                match bound {
+                    Ok((s, nonce)) => {
+                        ring::wake_nonce(&self.seg).store(nonce, Ordering::Release);
+                        Some(s)
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            "shm: no wake socket, this endpoint's waits on descriptors do not \
+                             sleep: {e}"
+                        );
+                        None
+                    }
                 }
             })
             .as_ref()
@@ -192,6 +203,11 @@ impl Bell for ShmBell {
     }
 
     fn quiet(&self) -> bool {
+        // Without a wake socket no peer's frame would end a sleep on descriptors: none begins
+        // (fi_trywait answers again, and the application polls).
+        if self.wake_sock().is_none() {
+            return false;
+        }
         // A local wake not yet taken ends a sleep on descriptors before it begins, as it ends
         // the doorbell's (`sleep`): taken here.
         !self.kicked.swap(false, Ordering::SeqCst) && !Net::has_work(&self.seg, &self.idle)

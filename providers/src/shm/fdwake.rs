@@ -5,6 +5,13 @@
 //! sends it one empty datagram after writing, which makes the socket readable. The word is
 //! cleared by the owner's next progress, so senders pay the system call only while it sleeps.
 //!
+//! The socket's name carries a random number the owner draws when it binds and then writes in
+//! its segment's header (`ring::OFF_WAKE_NONCE`), which senders read: a name made from the
+//! segment's alone (visible in /dev/shm to everyone) could be bound first by any process of
+//! any user in the network namespace, and the owner, unable to bind it, would never be woken.
+//! An owner that could not bind one does not let a sleep on descriptors begin (its bell is not
+//! `quiet`).
+//!
 //! Anyone on the host may send to the socket: a datagram carries nothing, and at worst wakes
 //! the owner for nothing (it drains the socket before each sleep). Peers must share the
 //! network namespace for the abstract name to reach (a peer in another one wakes the owner
@@ -15,13 +22,13 @@ use std::sync::OnceLock;
 
 use xfabric_core::{Error, Result};
 
-/// The socket address for segment `seg`: `\0xfabric-wake/<seg>`, or `None` when the name is
-/// too long for one.
-fn addr_of(seg: &str) -> Option<(libc::sockaddr_un, libc::socklen_t)> {
+/// The socket address for segment `seg` under `nonce`: `\0xfabric-wake/<seg>/<nonce>`, or
+/// `None` when the name is too long for one.
+fn addr_of(seg: &str, nonce: u64) -> Option<(libc::sockaddr_un, libc::socklen_t)> {
     // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
     let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let name = format!("xfabric-wake/{seg}");
+    let name = format!("xfabric-wake/{seg}/{nonce:016x}");
     // Byte 0 stays NUL: the abstract namespace, no file on disk.
     if name.len() + 1 > a.sun_path.len() {
         return None;
@@ -54,9 +61,9 @@ fn socket() -> Result<OwnedFd> {
 pub struct WakeSock(OwnedFd);
 
 impl WakeSock {
-    /// Binds the socket of segment `seg`.
-    pub fn bind(seg: &str) -> Result<Self> {
-        let (a, len) = addr_of(seg)
+    /// Binds the socket of segment `seg` under `nonce` (non-zero, drawn by the caller).
+    pub fn bind(seg: &str, nonce: u64) -> Result<Self> {
+        let (a, len) = addr_of(seg, nonce)
             .ok_or_else(|| Error::Inval(format!("shm: segment name {seg} is too long")))?;
         let fd = socket()?;
         // SAFETY: a valid sockaddr_un of `len` bytes.
@@ -85,14 +92,14 @@ impl WakeSock {
     }
 }
 
-/// The sender's side: rings the socket of segment `seg` (best effort: a full socket is
-/// readable already, an absent one has no sleeper).
-pub fn ring(seg: &str) {
+/// The sender's side: rings the socket of segment `seg` under `nonce` (the owner's header's;
+/// best effort: a full socket is readable already, an absent one has no sleeper).
+pub fn ring(seg: &str, nonce: u64) {
     static SENDER: OnceLock<Option<OwnedFd>> = OnceLock::new();
     let Some(fd) = SENDER.get_or_init(|| socket().ok()) else {
         return;
     };
-    let Some((a, len)) = addr_of(seg) else {
+    let Some((a, len)) = addr_of(seg, nonce) else {
         return;
     };
     // SAFETY: sends nothing (a zero-length datagram) to a valid sockaddr_un of `len` bytes.
@@ -125,15 +132,18 @@ mod tests {
     #[test]
     fn ring_makes_the_socket_readable_until_drained() {
         let name = format!("fdwake-test-{}", std::process::id());
-        let s = WakeSock::bind(&name).unwrap();
+        let s = WakeSock::bind(&name, 7).unwrap();
         assert!(!readable(s.raw()));
-        ring(&name);
-        ring(&name);
+        // Another nonce's socket is not this one.
+        ring(&name, 8);
+        assert!(!readable(s.raw()));
+        ring(&name, 7);
+        ring(&name, 7);
         assert!(readable(s.raw()));
         s.drain();
         assert!(!readable(s.raw()));
         // Nobody bound: nothing happens.
-        ring("fdwake-test-nobody");
-        assert!(addr_of(&"x".repeat(200)).is_none());
+        ring("fdwake-test-nobody", 7);
+        assert!(addr_of(&"x".repeat(200), 7).is_none());
     }
 }

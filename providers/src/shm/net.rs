@@ -576,7 +576,10 @@ impl Net {
             super::futex::wake(db);
         }
         if ring::fd_sleeping(seg).load(Ordering::Relaxed) != 0 {
-            super::fdwake::ring(seg.name());
+            let nonce = ring::wake_nonce(seg).load(Ordering::Acquire);
+            if nonce != 0 {
+                super::fdwake::ring(seg.name(), nonce);
+            }
         }
     }
 

@@ -80,6 +80,9 @@ pub const OFF_COOKIE: usize = 88;
 /// Non-zero while the owner may sleep on its wake socket (`super::fdwake`) rather than the
 /// futex: a sender then rings the socket too.
 pub const OFF_FD_SLEEPING: usize = 96;
+/// The random number in the name of the owner's wake socket (`super::fdwake`), written once
+/// it is bound (0 before): senders ring the socket of that name.
+pub const OFF_WAKE_NONCE: usize = 112;
 /// The descriptor the owner holds its segment open (and locked) on: where a peer looks for
 /// the owner's lock (`verified`).
 pub const OFF_OWNER_FD: usize = 104;
@@ -619,6 +622,12 @@ pub fn sleeping(seg: &Segment) -> &AtomicU32 {
 pub fn fd_sleeping(seg: &Segment) -> &AtomicU32 {
     // SAFETY: fixed aligned offset in the header.
     unsafe { seg.u32_at(OFF_FD_SLEEPING) }
+}
+
+/// The segment header's wake-socket nonce (`OFF_WAKE_NONCE`).
+pub fn wake_nonce(seg: &Segment) -> &AtomicU64 {
+    // SAFETY: fixed aligned offset in the header.
+    unsafe { seg.u64_at(OFF_WAKE_NONCE) }
 }
 
 /// The segment header's doorbell (futex) word.
