@@ -236,3 +236,127 @@ fn later_endpoint_open_reclaims_segments_of_peers_dead_since() {
         "a new endpoint did not reclaim the dead peer's segment"
     );
 }
+
+/// A file system mounted over a name under our prefix whose server never answers (an
+/// ordinary user makes one with fusermount3 over a regular file of theirs on /dev/shm): reclaim,
+/// an endpoint's open, and a send naming it return promptly, the send refused with `Inval`
+/// naming the mount. Before, each looked at the name (`lstat`, `open`), a request into the
+/// file system that waited for an answer forever. Run in a child with a mount namespace and a
+/// /dev/shm of its own (root only; skipped where the kernel gives neither, or no FUSE).
+#[test]
+fn a_file_system_mounted_over_a_planted_name_is_never_entered() {
+    const T: &str = "a_file_system_mounted_over_a_planted_name_is_never_entered";
+    if role().is_some_and(|r| r == "fuse") {
+        return fuse_probe();
+    }
+    if role().is_some() {
+        return;
+    }
+    if !is_root() {
+        eprintln!("skipped: mounting needs root");
+        return;
+    }
+    let mut child = spawn(T, "fuse", &[]);
+    let pid = child.pid();
+    let c = &mut child.child;
+    let st = bounded(
+        pid,
+        BOUND,
+        "the probe (blocked in the mounted file?)",
+        || c.wait(),
+    )
+    .unwrap();
+    assert!(st.success(), "probe failed: {st}");
+    let line = child.hear();
+    if let Some(why) = line.strip_prefix("skip: ") {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    assert_eq!(line, "OK");
+}
+
+/// The child of the test above: a private /dev/shm, a FUSE mount nobody serves over a file
+/// named as a segment, then every way xfabric looks at such names.
+fn fuse_probe() {
+    use std::os::fd::AsRawFd;
+    let os = || std::io::Error::last_os_error();
+    // SAFETY (each call): plain system calls with valid NUL-terminated arguments; results
+    // checked.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            return say(&format!("skip: unshare(CLONE_NEWNS): {}", os()));
+        }
+        let (none, root) = (std::ptr::null(), c"/".as_ptr());
+        if libc::mount(
+            none,
+            root,
+            none,
+            libc::MS_REC | libc::MS_PRIVATE,
+            none.cast(),
+        ) != 0
+        {
+            return say(&format!("skip: making mounts private: {}", os()));
+        }
+        let opts = c"mode=1777";
+        if libc::mount(
+            c"tmpfs".as_ptr(),
+            c"/dev/shm".as_ptr(),
+            c"tmpfs".as_ptr(),
+            0,
+            opts.as_ptr().cast(),
+        ) != 0
+        {
+            return say(&format!("skip: a tmpfs on /dev/shm: {}", os()));
+        }
+    }
+    let name = format!(
+        "{}fuse-{}",
+        xfabric::providers::shm::segment::PREFIX,
+        std::process::id()
+    );
+    let path = Path::new(SHM_DIR).join(&name);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .expect("the file to mount over");
+    let fuse = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
+        Ok(f) => f,
+        Err(e) => return say(&format!("skip: /dev/fuse: {e}")),
+    };
+    let data = CString::new(format!(
+        "fd={},rootmode=100000,user_id=0,group_id=0",
+        fuse.as_raw_fd()
+    ))
+    .unwrap();
+    // SAFETY: valid NUL-terminated arguments; the result is checked.
+    let r = unsafe {
+        libc::mount(
+            c"xfabric-test".as_ptr(),
+            cpath(&path).as_ptr(),
+            c"fuse".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            data.as_ptr().cast(),
+        )
+    };
+    if r != 0 {
+        return say(&format!("skip: mounting FUSE: {}", os()));
+    }
+    // Nothing reads `fuse`: every request into the mount waits for good (until this process
+    // exits, which ends the connection and, with it, the mount namespace).
+    let removed = reclaim_stale();
+    assert!(!removed.contains(&name), "reclaim removed the mounted name");
+    let n = node(CAPS, Progress::Manual);
+    let dst = n.add_peer(format!("{ADDR_PREFIX}{name}").as_bytes());
+    match n.ep.tinject(b"hello", dst, 1) {
+        Err(Error::Inval(m)) => assert!(m.contains(&name) && m.contains("mount"), "{m}"),
+        r => panic!("a send to the mounted name gave {r:?}"),
+    }
+    say("OK");
+    drop(fuse);
+}

@@ -38,6 +38,7 @@ pub mod error;
 pub mod iface;
 pub mod mem;
 mod memfd;
+pub use memfd::mount_of;
 pub mod registry;
 pub mod system;
 #[cfg(feature = "ze")]

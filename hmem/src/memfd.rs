@@ -377,8 +377,9 @@ fn memfd_mount() -> Option<u64> {
 }
 
 /// The mount `fd`'s file lies on (`mnt_id` in `/proc/self/fdinfo`): procfs answers from the
-/// descriptor alone, without a call into the file's filesystem.
-fn mount_of(fd: RawFd) -> Option<u64> {
+/// descriptor alone, without a call into the file's filesystem (`None` where procfs does not
+/// tell). Also the shm provider's check of a path under /dev/shm.
+pub fn mount_of(fd: RawFd) -> Option<u64> {
     let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
     info.lines()
         .find_map(|l| l.strip_prefix("mnt_id:"))

@@ -309,21 +309,60 @@ enum Refused {
     Not(String),
 }
 
+/// The mount /dev/shm's own files lie on (`None` where procfs does not tell).
+fn shm_mount() -> Option<u64> {
+    static HOME: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *HOME.get_or_init(|| {
+        let dir = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(SHM_DIR)
+            .ok()?;
+        xfabric_hmem::mount_of(dir.as_raw_fd())
+    })
+}
+
 /// Opens `path` without following a symlink or blocking (on a FIFO, say), and checks that it
-/// is a regular file owned by our effective user.
+/// is a regular file owned by our effective user, on /dev/shm's own mount. A name there may
+/// be a mount point (a FUSE file mounted over a planted one, which an ordinary user can make
+/// with fusermount3): an open, even a stat, would then call into a file system that may never
+/// answer. So the name is first taken without opening what it names (`O_PATH` calls into no
+/// file system), its mount compared with /dev/shm's, and only then is the file looked at and
+/// opened, through that descriptor.
 fn open_regular(path: &Path, write: bool) -> std::result::Result<File, Refused> {
+    let at = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(Refused::Io)?;
+    let home = shm_mount();
+    if let (Some(m), Some(home)) = (xfabric_hmem::mount_of(at.as_raw_fd()), home) {
+        if m != home {
+            return Err(Refused::Not(format!(
+                "it lies on mount {m}, not /dev/shm's {home} (a file system mounted over it)"
+            )));
+        }
+    }
+    // Now known to be a file of /dev/shm's own file system: looked at through the descriptor.
+    let meta = at.metadata().map_err(Refused::Io)?;
+    check_regular(&meta)?;
+    let via = if home.is_some() {
+        PathBuf::from(format!("/proc/self/fd/{}", at.as_raw_fd()))
+    } else {
+        // No procfs: opened by its name again (checked to be the same file below).
+        path.to_path_buf()
+    };
     let file = OpenOptions::new()
         .read(true)
         .write(write)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => Refused::Not("it is a symbolic link".into()),
-            Some(libc::EISDIR) => Refused::Not("it is a directory".into()),
-            _ => Refused::Io(e),
-        })?;
-    let meta = file.metadata().map_err(Refused::Io)?;
-    check_regular(&meta)?;
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(via)
+        .map_err(Refused::Io)?;
+    let now = file.metadata().map_err(Refused::Io)?;
+    if (now.dev(), now.ino()) != (meta.dev(), meta.ino()) {
+        return Err(Refused::Not("it was replaced while being opened".into()));
+    }
+    check_regular(&now)?;
     Ok(file)
 }
 
@@ -381,21 +420,12 @@ pub fn reclaim_stale() -> Vec<String> {
             continue;
         }
         let path = ent.path();
-        // Look before opening, so nothing planted is even opened; then check what was opened
-        // is what was looked at (it may have been swapped in between).
-        let Ok(before) = std::fs::symlink_metadata(&path) else {
-            continue;
-        };
-        if check_regular(&before).is_err() {
-            continue;
-        }
+        // Nothing planted is opened: `open_regular` looks at the name before it opens the
+        // file, and opens only a regular file of ours on /dev/shm's own mount.
         let Ok(f) = open_regular(&path, false) else {
             continue;
         };
         let Ok(meta) = f.metadata() else { continue };
-        if (meta.dev(), meta.ino()) != (before.dev(), before.ino()) {
-            continue;
-        }
         // An empty file is being created (its owner locks before sizing) unless it is old: then
         // its creator died in between.
         let abandoned = meta.len() > 0
