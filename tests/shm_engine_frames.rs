@@ -717,6 +717,43 @@ fn pieces_after_a_peer_is_gone_land_nowhere() {
     serves_a_good_peer(&n, &addr);
 }
 
+/// A peer that goes while another open file of its segment waits for the segment's lock
+/// (`flock(LOCK_EX)`, which the kernel hands over the moment the owner lets go, or a child the
+/// owner forked without exec sharing its open file) is still found gone: the lock is no longer
+/// its owner's own. Its half-arrived message's receive fails. Before, the lock held by the
+/// waiter kept the peer alive for good, and the receive never ended.
+#[test]
+fn a_lock_taken_after_a_peer_went_does_not_keep_it_alive() {
+    use std::os::fd::AsRawFd;
+    setup();
+    let n = node(CAPS, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let mut ends = Ends::new();
+    const LEN: usize = 4 * PIECE_LEN;
+    let a = pattern(LEN, 6);
+    let mut r = vec![0u8; LEN];
+    // SAFETY: r outlives the receive (it ends below).
+    n.retry(|| unsafe { n.ep.recv(&mut r, None, FI_ADDR_UNSPEC, 7) });
+    let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+    assert!(raw.send_raw(FRAME, &frame_start(LEN, &a), 0));
+    note(&n, &mut ends);
+    let f = std::fs::File::open(format!("/dev/shm/{}", raw.name())).expect("open the segment");
+    let (took, got) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        // SAFETY: flock on a descriptor this thread owns.
+        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+        assert_eq!(r, 0, "flock");
+        took.send(()).unwrap();
+        f
+    });
+    raw.play_dead();
+    got.recv_timeout(BOUND).expect("the waiter took the lock");
+    let err = ended(&n, &mut ends, 7).expect_err("the receive of a gone peer's message fails");
+    assert_eq!(err, FI_ECONNRESET, "errno");
+    drop(waiter.join().unwrap());
+    serves_a_good_peer(&n, &addr);
+}
+
 /// A peer's write arriving in pieces as its region closes: the pieces after the close land
 /// nowhere (the application may have freed the memory) and the peer is told the write
 /// failed. Before, the later pieces went on into the closed region.

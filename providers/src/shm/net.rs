@@ -1310,7 +1310,7 @@ impl Net {
             let l = &self.links[p];
             // A peer whose segment could not be opened when it connected (gone already, say)
             // is lost too: nothing can answer it, and what waits on it must end.
-            if l.dead || l.seg.as_ref().is_some_and(Segment::owner_alive) {
+            if l.dead || owner_alive(l) {
                 continue;
             }
             let why = if l.seg.is_some() {
@@ -1364,7 +1364,7 @@ impl Net {
             return false;
         }
         l.checked = Some(now);
-        if l.seg.as_ref().is_some_and(Segment::owner_alive) {
+        if owner_alive(l) {
             return false;
         }
         self.lose(g, p, "its segment's lock is free or gone");
@@ -1507,6 +1507,14 @@ impl Net {
             }
         }
     }
+}
+
+/// Whether `l`'s owner is alive: its segment's lock is held and its file backs the mapping,
+/// and, where its pid was verified, the lock is that process's own (`ring::still_owned_by`).
+fn owner_alive(l: &Link) -> bool {
+    l.seg.as_ref().is_some_and(|seg| {
+        seg.owner_alive() && l.pid.is_none_or(|pid| ring::still_owned_by(seg, pid))
+    })
 }
 
 /// Slots a frame leaves free in the peer's ring: none for an answer, `CTRL_SPARE` otherwise.

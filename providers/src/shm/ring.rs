@@ -725,6 +725,16 @@ pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::
     Some((pid, pidfd))
 }
 
+/// Whether the owner whose pid `pid` was verified (`verified`) still holds `seg`'s lock
+/// itself: once it dies its lock may pass to a process that waited for it, or stay with a
+/// child it forked without exec (sharing its open file), and the lock alone would keep the
+/// dead owner alive for good.
+pub fn still_owned_by(seg: &Segment, pid: i32) -> bool {
+    // SAFETY: fixed aligned offset in the header.
+    let fd = unsafe { seg.u32_at(OFF_OWNER_FD) }.load(Ordering::Relaxed);
+    seg.file_id().is_some_and(|file| owner_locks(pid, fd, file))
+}
+
 /// Bytes of a peer's `fdinfo` read for its owner's lock (`owner_locks`).
 const FDINFO_MAX: u64 = 16 << 10;
 
