@@ -683,6 +683,31 @@ pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::
         )
     };
     let pidfd = pidfd.then(|| super::net::fdpass::pidfd_open(pid)).flatten();
+    let file = seg.file_id()?;
+    // A process maps every peer's segment it sends to: the mapping shows who reaches the
+    // file, not who owns it. A hostile peer's header naming this process (or another peer)
+    // at the address where that process maps the hostile file would pass the cookie and the
+    // maps; our copies would then write where its frames say, in the named process. Only the
+    // owner holds its segment's exclusive lock (`segment::Segment::create`).
+    if !owner_locks(pid, fd, file) {
+        return None;
+    }
+    // Checked before the cookie is read through the pid: the address read is then this very
+    // file's (a tmpfs page), never memory the header's words chose, which could be a file
+    // of a file system that never answers the fault (FUSE).
+    if !maps_at(pid, base, file) {
+        // Hostile, or a /dev/shm whose files /proc shows under other numbers (an overlay):
+        // said once, since cross-memory attach then stays off for every peer.
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                pid,
+                "shm: a peer's segment is not mapped by the process its header names; \
+                 cross-memory attach with it is off"
+            );
+        }
+        return None;
+    }
     let mut seen = 0u64;
     let local = libc::iovec {
         iov_base: (&mut seen as *mut u64).cast(),
@@ -699,27 +724,6 @@ pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::
     let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
     let cookie_ok = n == 8 && seen == cookie && cookie != 0;
     if !cookie_ok {
-        return None;
-    }
-    let file = seg.file_id()?;
-    // A process maps every peer's segment it sends to: the mapping shows who reaches the
-    // file, not who owns it. A hostile peer's header naming this process (or another peer)
-    // at the address where that process maps the hostile file would pass the cookie and the
-    // maps; our copies would then write where its frames say, in the named process. Only the
-    // owner holds its segment's exclusive lock (`segment::Segment::create`).
-    if !owner_locks(pid, fd, file) {
-        return None;
-    }
-    if !maps_at(pid, base, file) {
-        // Hostile, or a /dev/shm whose files /proc shows under other numbers (an overlay):
-        // said once, since cross-memory attach then stays off for every peer.
-        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        if !SAID.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                pid,
-                "shm: a peer's segment is not mapped by the process its header names;                  cross-memory attach with it is off"
-            );
-        }
         return None;
     }
     Some((pid, pidfd))
