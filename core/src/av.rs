@@ -64,7 +64,9 @@ pub fn sockaddr_len(head: [u8; 2]) -> Option<usize> {
 struct Table {
     slots: Vec<Option<Vec<u8>>>,
     by_name: HashMap<Vec<u8>, usize>,
-    free: Vec<usize>,
+    /// Removed slots, reused lowest first (fi_av(3): an address goes into the lowest unused
+    /// table location, which an application inserting without `fi_addr` relies on).
+    free: std::collections::BTreeSet<usize>,
 }
 
 /// Shared state of an AV.
@@ -123,7 +125,7 @@ impl AddressVector {
                 t: RwLock::new(Table {
                     slots: Vec::with_capacity(attr.count),
                     by_name: HashMap::new(),
-                    free: Vec::new(),
+                    free: Default::default(),
                 }),
                 generation: AtomicU64::new(0),
                 bound: AtomicUsize::new(0),
@@ -241,7 +243,7 @@ impl AddressVector {
                 let idx = if let Some(&idx) = t.by_name.get(*a) {
                     idx
                 } else {
-                    let idx = match t.free.pop() {
+                    let idx = match t.free.pop_first() {
                         Some(i) => {
                             t.slots[i] = Some(a.to_vec());
                             i
@@ -302,7 +304,7 @@ impl AddressVector {
                 Error::NoEntry(format!("av remove: address {a:#x} is not in use"))
             })?;
             t.by_name.remove(&name);
-            t.free.push(idx);
+            t.free.insert(idx);
             removed = true;
             Ok(())
         });
@@ -456,6 +458,14 @@ mod tests {
         assert!(matches!(av.remove(&[0]), Err(Error::NoEntry(_))));
         assert_eq!(av.insert_one(b"ok:c").unwrap(), 0);
         assert_eq!(av.straddr(b"ok:c"), "ok:c");
+        // Removed slots are reused lowest first, whatever the order they were removed in.
+        for n in [b"ok:d", b"ok:e", b"ok:f"] {
+            av.insert_one(n).unwrap();
+        }
+        av.remove(&[2, 4]).unwrap();
+        assert_eq!(av.insert_one(b"ok:g").unwrap(), 2);
+        assert_eq!(av.insert_one(b"ok:h").unwrap(), 4);
+        assert_eq!(av.insert_one(b"ok:i").unwrap(), 5);
     }
 
     /// A remove that fails part way removed what came before the bad address, and the
