@@ -100,6 +100,9 @@ pub trait RegionCut: Send + Sync {
 /// The domain's key → region map.
 pub struct MrMap {
     mode: u32,
+    /// The domain's provider makes NIC keys (`NIC_KEY_TAG`): that space is never drawn from,
+    /// nor taken from the application.
+    nic_keys: bool,
     map: RwLock<HashMap<u64, MrEntry>>,
     /// Keys of regions whose descriptor was handed to an XPU (`get_xpu_desc`): the only ones a
     /// descriptor an XPU posts may name as its local memory.
@@ -117,11 +120,18 @@ impl MrMap {
     pub fn new(mode: u32) -> Self {
         MrMap {
             mode,
+            nic_keys: false,
             map: RwLock::new(HashMap::new()),
             xpu: RwLock::new(HashSet::new()),
             generation: AtomicU64::new(0),
             cutters: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The map of a domain whose provider makes NIC keys (`DomainOps::nic_keys`), if `yes`.
+    pub fn nic_keys(mut self, yes: bool) -> Self {
+        self.nic_keys = yes;
+        self
     }
 
     /// Tells `ep` of every region of this domain that closes from now on (`RegionCut`).
@@ -170,7 +180,8 @@ impl MrMap {
             loop {
                 let k = getrandom::u64()
                     .map_err(|e| Error::NoKey(format!("mr_reg: no random key from the OS: {e}")))?;
-                if k != 0 && k != FI_KEY_NOTAVAIL && !is_nic_key(k) && !m.contains_key(&k) {
+                let nic = self.nic_keys && is_nic_key(k);
+                if k != 0 && k != FI_KEY_NOTAVAIL && !nic && !m.contains_key(&k) {
                     break k;
                 }
             }
@@ -178,7 +189,7 @@ impl MrMap {
             if attr.requested_key == FI_KEY_NOTAVAIL {
                 return Err(Error::Inval("mr_reg: requested_key FI_KEY_NOTAVAIL".into()));
             }
-            if is_nic_key(attr.requested_key) {
+            if self.nic_keys && is_nic_key(attr.requested_key) {
                 return Err(Error::NoKey(format!(
                     "mr_reg: key {:#x} lies in the NIC keys' space (bits 63..48 {:#x})",
                     attr.requested_key,
@@ -520,7 +531,7 @@ mod tests {
 
     #[test]
     fn provider_keys_are_random_unique_and_never_reserved() {
-        let map = MrMap::new(FI_MR_VIRT_ADDR | FI_MR_PROV_KEY);
+        let map = MrMap::new(FI_MR_VIRT_ADDR | FI_MR_PROV_KEY).nic_keys(true);
         let buf = [0u8; 64];
         let attr = MrAttr {
             addr: buf.as_ptr() as usize,
@@ -558,7 +569,7 @@ mod tests {
 
     #[test]
     fn user_keys_are_unique_and_access_is_checked() {
-        let map = Arc::new(MrMap::new(FI_MR_VIRT_ADDR));
+        let map = Arc::new(MrMap::new(FI_MR_VIRT_ADDR).nic_keys(true));
         let buf = [0u8; 64];
         let attr = MrAttr {
             addr: buf.as_ptr() as usize,
@@ -592,8 +603,8 @@ mod tests {
         ));
         drop(mr);
         assert!(map.check(42, base, 8, FI_REMOTE_READ).is_err());
-        // A key in the NIC keys' space: a verbs peer would send it to its NIC, which does
-        // not know it.
+        // A key in the NIC keys' space, in a domain whose provider makes them: a verbs peer
+        // would send it to its NIC, which does not know it. Elsewhere it is a key like any.
         let nic = MrAttr {
             requested_key: NIC_KEY_TAG | 1,
             ..attr
@@ -602,6 +613,8 @@ mod tests {
             MemoryRegion::register(&map, &nic),
             Err(Error::NoKey(_))
         ));
+        let plain = Arc::new(MrMap::new(FI_MR_VIRT_ADDR));
+        assert!(MemoryRegion::register(&plain, &nic).is_ok());
     }
 
     #[test]

@@ -73,6 +73,13 @@ pub trait DomainOps: Send + Sync {
         let _ = (attr, mr_mode);
         None
     }
+
+    /// Whether this provider's registrations make NIC keys (`mr::NIC_KEY_TAG`), which its
+    /// peers tell apart by that tag alone: the domain then draws no key of that space, nor
+    /// takes one from the application. The default: no.
+    fn nic_keys(&self) -> bool {
+        false
+    }
 }
 
 /// `fid_fabric`.
@@ -127,6 +134,7 @@ impl Fabric {
         } else {
             None
         };
+        let nic_keys = ops.nic_keys();
         // Asked for once: registrations and FI_HMEM endpoints consult it.
         let hmem = if info.caps & FI_HMEM != 0 {
             Some(ops.hmem().ok_or_else(|| {
@@ -144,7 +152,7 @@ impl Fabric {
                 info: info.clone(),
                 hmem,
                 ops,
-                mr: Arc::new(MrMap::new(mr_mode_bits(info.domain_attr.mr_mode))),
+                mr: Arc::new(MrMap::new(mr_mode_bits(info.domain_attr.mr_mode)).nic_keys(nic_keys)),
                 progress,
                 work: DomainWork::default(),
                 retired: Arc::default(),

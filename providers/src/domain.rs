@@ -32,6 +32,8 @@ pub(crate) trait ProviderDomain: Send + Sync + 'static {
         let _ = (attr, mr_mode);
         None
     }
+    /// Its registrations make NIC keys (`DomainOps::nic_keys`).
+    const NIC_KEYS: bool = false;
 }
 
 /// A provider's domain: its own part, and the rest every provider shares.
@@ -74,5 +76,9 @@ impl<D: ProviderDomain> DomainOps for Domain<D> {
     unsafe fn mr_register(&self, attr: &MrAttr, mr_mode: u32) -> Option<Box<dyn ProviderMr>> {
         // SAFETY: forwarded: the caller keeps the range valid while the region lives.
         unsafe { self.0.mr_register(attr, mr_mode) }
+    }
+
+    fn nic_keys(&self) -> bool {
+        D::NIC_KEYS
     }
 }

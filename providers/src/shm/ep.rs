@@ -197,7 +197,8 @@ impl Bell for ShmBell {
         // Flag, then drain, then look: a sender that wrote after the look saw the flag (the
         // fences pair with `Net::wake`'s) and rings after the drain. A peer that dies while
         // we sleep is noticed at the next wake-up: no descriptor announces it.
-        ring::fd_sleeping(&self.seg).store(1, Ordering::Relaxed);
+        // Release: a sender that sees the flag sees the wake socket's nonce, stored before it.
+        ring::fd_sleeping(&self.seg).store(1, Ordering::Release);
         fence(Ordering::SeqCst);
         s.drain();
     }

@@ -149,6 +149,11 @@ struct Link {
     rx_lane: Option<usize>,
     /// Its pid, once cross-memory attach through it was shown to reach it.
     pid: Option<i32>,
+    /// The descriptor its owner holds its segment's lock through, as verified with `pid`
+    /// (read from its header once, then: a peer's later word is not trusted).
+    owner_fd: u32,
+    /// Coarse time the lock was last seen to be `pid`'s own (`owner_alive`).
+    lock_seen: u64,
     dead: bool,
     /// A frame whose body is partly written, and how much of it.
     out: Option<(Transmit, usize)>,
@@ -173,7 +178,7 @@ struct Link {
 }
 
 impl Link {
-    fn new(name: &str, seg: Option<Segment>, pid: Option<i32>) -> Link {
+    fn new(name: &str, seg: Option<Segment>, owner: Option<(i32, u32)>) -> Link {
         Link {
             name: name.to_string(),
             // Even a peer whose segment is gone is not dead yet: what it wrote into our
@@ -184,7 +189,9 @@ impl Link {
             seg,
             prod: None,
             rx_lane: None,
-            pid,
+            pid: owner.map(|o| o.0),
+            owner_fd: owner.map_or(0, |o| o.1),
+            lock_seen: 0,
             out: None,
             wrote: false,
             held: VecDeque::new(),
@@ -438,7 +445,7 @@ impl Net {
         }
         let who = if self.cma.usable() {
             ring::verified(&seg, self.keep_pidfds)
-                .map(|(pid, pidfd)| fdpass::Verified::new(pid, pidfd))
+                .map(|(pid, fd, pidfd)| fdpass::Verified::new(pid, fd, pidfd))
         } else {
             None
         };
@@ -455,8 +462,11 @@ impl Net {
         seg: Option<Segment>,
         who: Option<fdpass::Verified>,
     ) -> PeerId {
-        self.links
-            .push(Link::new(name, seg, who.as_ref().map(|v| v.pid)));
+        self.links.push(Link::new(
+            name,
+            seg,
+            who.as_ref().map(|v| (v.pid, v.owner_fd)),
+        ));
         let p = self.links.len() - 1;
         let mut book = self.book.lock().unwrap_or_else(|e| e.into_inner());
         // Indexed as the links are (both only grow).
@@ -575,8 +585,8 @@ impl Net {
             db.fetch_add(1, Ordering::SeqCst);
             super::futex::wake(db);
         }
-        if ring::fd_sleeping(seg).load(Ordering::Relaxed) != 0 {
-            let nonce = ring::wake_nonce(seg).load(Ordering::Acquire);
+        if ring::fd_sleeping(seg).load(Ordering::Acquire) != 0 {
+            let nonce = ring::wake_nonce(seg).load(Ordering::Relaxed);
             if nonce != 0 {
                 super::fdwake::ring(seg.name(), nonce);
             }
@@ -1307,10 +1317,10 @@ impl Net {
         self.drain_fds();
         self.release_nameless(now);
         for p in 0..self.links.len() {
-            let l = &self.links[p];
+            let l = &mut self.links[p];
             // A peer whose segment could not be opened when it connected (gone already, say)
             // is lost too: nothing can answer it, and what waits on it must end.
-            if l.dead || owner_alive(l) {
+            if l.dead || owner_alive(l, now) {
                 continue;
             }
             let why = if l.seg.is_some() {
@@ -1364,7 +1374,7 @@ impl Net {
             return false;
         }
         l.checked = Some(now);
-        if owner_alive(l) {
+        if owner_alive(l, crate::clock::coarse_ms()) {
             return false;
         }
         self.lose(g, p, "its segment's lock is free or gone");
@@ -1509,12 +1519,32 @@ impl Net {
     }
 }
 
-/// Whether `l`'s owner is alive: its segment's lock is held and its file backs the mapping,
-/// and, where its pid was verified, the lock is that process's own (`ring::still_owned_by`).
-fn owner_alive(l: &Link) -> bool {
-    l.seg.as_ref().is_some_and(|seg| {
-        seg.owner_alive() && l.pid.is_none_or(|pid| ring::still_owned_by(seg, pid))
-    })
+/// Milliseconds between looks at whether a verified peer's lock is still its own process's
+/// (a read of its `fdinfo`, some microseconds): a dead owner whose lock passed to another
+/// holder is lost within this.
+const LOCK_OWNER_EVERY_MS: u64 = 1000;
+
+/// Whether `l`'s owner is alive at coarse time `now`: its segment's lock is held and its file
+/// backs the mapping, and, where its pid was verified, the lock was its process's own when
+/// last looked at, within `LOCK_OWNER_EVERY_MS` (`ring::still_owned_by`).
+fn owner_alive(l: &mut Link, now: u64) -> bool {
+    let Some(seg) = l.seg.as_ref() else {
+        return false;
+    };
+    if !seg.owner_alive() {
+        return false;
+    }
+    let Some(pid) = l.pid else {
+        return true;
+    };
+    if now.saturating_sub(l.lock_seen) < LOCK_OWNER_EVERY_MS {
+        return true;
+    }
+    if !ring::still_owned_by(seg, pid, l.owner_fd) {
+        return false;
+    }
+    l.lock_seen = now;
+    true
 }
 
 /// Slots a frame leaves free in the peer's ring: none for an answer, `CTRL_SPARE` otherwise.

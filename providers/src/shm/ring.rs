@@ -91,7 +91,9 @@ pub const OFF_ACTIVE: usize = 128;
 /// Lane claims: the claiming sender's id, 0 when free.
 pub const OFF_CLAIM: usize = 192;
 /// Identifies a segment of this layout.
-pub const MAGIC: u64 = 0x3230_4d48_5346_5846; // "XFSHM02" little-endian-ish
+/// "XFSHM03" (little-endian-ish): 03 since the wake socket's name took a nonce from the
+/// header (`OFF_WAKE_NONCE`); a peer of another layout is refused, not woken wrongly.
+pub const MAGIC: u64 = 0x3330_4d48_5346_5846;
 
 /// Message kinds of the ring itself.
 pub mod kind {
@@ -672,7 +674,7 @@ pub fn init_header(seg: &Segment, cookie: u64) {
 /// where the kernel has them (opened before the checks: a pid that held the cookie after
 /// the pidfd was opened held it when it was, since a process keeps its pid from birth and
 /// the owner was born before its segment).
-pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::OwnedFd>)> {
+pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, u32, Option<std::os::fd::OwnedFd>)> {
     // SAFETY: fixed aligned offsets in the header.
     let (pid, base, cookie, fd) = unsafe {
         (
@@ -726,17 +728,19 @@ pub fn verified(seg: &Segment, pidfd: bool) -> Option<(i32, Option<std::os::fd::
     if !cookie_ok {
         return None;
     }
-    Some((pid, pidfd))
+    Some((pid, fd, pidfd))
 }
 
-/// Whether the owner whose pid `pid` was verified (`verified`) still holds `seg`'s lock
-/// itself: once it dies its lock may pass to a process that waited for it, or stay with a
-/// child it forked without exec (sharing its open file), and the lock alone would keep the
-/// dead owner alive for good.
-pub fn still_owned_by(seg: &Segment, pid: i32) -> bool {
-    // SAFETY: fixed aligned offset in the header.
-    let fd = unsafe { seg.u32_at(OFF_OWNER_FD) }.load(Ordering::Relaxed);
-    seg.file_id().is_some_and(|file| owner_locks(pid, fd, file))
+/// Whether the owner whose pid `pid` and lock descriptor `fd` were verified (`verified`)
+/// still holds `seg`'s lock itself: once it dies its lock may pass to a process that waited
+/// for it, or stay with a child it forked without exec (sharing its open file), and the lock
+/// alone would keep the dead owner alive for good. Only an answer that says so counts: its
+/// `fdinfo` gone (the process, or the descriptor), or there without the lock; a read that
+/// failed otherwise (no descriptor left here, a process that made itself non-dumpable) leaves
+/// the lock's own answer.
+pub fn still_owned_by(seg: &Segment, pid: i32, fd: u32) -> bool {
+    seg.file_id()
+        .is_none_or(|file| lock_owned(pid, fd, file).unwrap_or(true))
 }
 
 /// Bytes of a peer's `fdinfo` read for its owner's lock (`owner_locks`).
@@ -754,7 +758,13 @@ const FDINFO_MAX: u64 = 16 << 10;
 /// sleep on the first read in a while, paid by the first send to each new peer (it doubled
 /// the C ABI's 8-byte ping-pong, whose timing includes its first message). A descriptor's
 /// fdinfo takes only its file's lock list.
-fn owner_locks(pid: i32, fd: u32, (dev, ino): (u64, u64)) -> bool {
+fn owner_locks(pid: i32, fd: u32, file: (u64, u64)) -> bool {
+    lock_owned(pid, fd, file) == Some(true)
+}
+
+/// `owner_locks`, with `None` where the `fdinfo` could not be read for a reason other than its
+/// absence (`Some(false)`: the process or the descriptor is gone).
+fn lock_owned(pid: i32, fd: u32, (dev, ino): (u64, u64)) -> Option<bool> {
     use std::io::Read;
     // Its first lines are the descriptor's own and its flock (listed before any POSIX lock):
     // a few hundred bytes. A process that set a million POSIX locks through that descriptor
@@ -762,8 +772,11 @@ fn owner_locks(pid: i32, fd: u32, (dev, ino): (u64, u64)) -> bool {
     let mut info = String::new();
     let read = std::fs::File::open(format!("/proc/{pid}/fdinfo/{fd}"))
         .and_then(|f| f.take(FDINFO_MAX).read_to_string(&mut info));
-    if read.is_err() {
-        return false;
+    if let Err(e) = read {
+        return match e.raw_os_error() {
+            Some(libc::ENOENT | libc::ESRCH) => Some(false),
+            _ => None,
+        };
     }
     let want = format!(
         "{:02x}:{:02x}:{ino}",
@@ -771,15 +784,17 @@ fn owner_locks(pid: i32, fd: u32, (dev, ino): (u64, u64)) -> bool {
         libc::minor(dev) as u64
     );
     let pid = pid.to_string();
-    info.lines()
-        .filter_map(|l| l.strip_prefix("lock:"))
-        .any(|l| {
-            let f: Vec<&str> = l.split_ascii_whitespace().collect();
-            matches!(
-                f.as_slice(),
-                [_, "FLOCK", _, "WRITE", p, file, ..] if *p == pid && *file == want
-            )
-        })
+    Some(
+        info.lines()
+            .filter_map(|l| l.strip_prefix("lock:"))
+            .any(|l| {
+                let f: Vec<&str> = l.split_ascii_whitespace().collect();
+                matches!(
+                    f.as_slice(),
+                    [_, "FLOCK", _, "WRITE", p, file, ..] if *p == pid && *file == want
+                )
+            }),
+    )
 }
 
 /// Whether process `pid` maps the file `(dev, ino)` at `base`, from the file's start
@@ -959,7 +974,7 @@ mod tests {
             eprintln!("cross-memory attach is not available here: nothing to check");
             return;
         }
-        let (pid, _) = verified(&seen, false).expect("the real header verified");
+        let (pid, _, _) = verified(&seen, false).expect("the real header verified");
         assert_eq!(pid, std::process::id() as i32);
         let fake = Segment::create(&fresh_name(), SEG_BYTES).unwrap();
         init_header(&fake, 1);

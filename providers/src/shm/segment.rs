@@ -346,16 +346,21 @@ fn open_regular(path: &Path, write: bool) -> std::result::Result<File, Refused> 
     // Now known to be a file of /dev/shm's own file system: looked at through the descriptor.
     let meta = at.metadata().map_err(Refused::Io)?;
     check_regular(&meta)?;
-    let via = if home.is_some() {
-        PathBuf::from(format!("/proc/self/fd/{}", at.as_raw_fd()))
+    // Through the descriptor where procfs has it; else by its name again, not following a
+    // symlink swapped in meanwhile (checked to be the same file below). Without procfs the
+    // mount cannot be told, and a file system mounted over the name is not seen.
+    let (via, nofollow) = if home.is_some() {
+        (
+            PathBuf::from(format!("/proc/self/fd/{}", at.as_raw_fd())),
+            0,
+        )
     } else {
-        // No procfs: opened by its name again (checked to be the same file below).
-        path.to_path_buf()
+        (path.to_path_buf(), libc::O_NOFOLLOW)
     };
     let file = OpenOptions::new()
         .read(true)
         .write(write)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | nofollow)
         .open(via)
         .map_err(Refused::Io)?;
     let now = file.metadata().map_err(Refused::Io)?;

@@ -192,6 +192,7 @@ struct VerbsDomain {
 impl ProviderDomain for VerbsDomain {
     const NAME: &'static str = "verbs";
     const CAPS: u64 = VERBS_CAPS;
+    const NIC_KEYS: bool = true;
 
     fn addr_format(&self) -> Arc<dyn xfabric_core::AddrFormat> {
         Arc::new(inet::SockAddr)

@@ -150,15 +150,19 @@ fn peer_pid(fd: RawFd) -> Result<i32, String> {
 pub struct Verified {
     /// The pid cross-memory attach verified.
     pub pid: i32,
+    /// The descriptor it holds its segment's lock through, as verified.
+    pub owner_fd: u32,
     /// That process, where the kernel has pidfds and the endpoint keeps them.
     pidfd: Option<Arc<OwnedFd>>,
 }
 
 impl Verified {
-    /// Process `pid`, verified with `pidfd` opened before the check (`ring::verified`).
-    pub fn new(pid: i32, pidfd: Option<OwnedFd>) -> Self {
+    /// Process `pid`, holding its segment's lock through `owner_fd`, verified with `pidfd`
+    /// opened before the check (`ring::verified`).
+    pub fn new(pid: i32, owner_fd: u32, pidfd: Option<OwnedFd>) -> Self {
         Verified {
             pid,
+            owner_fd,
             pidfd: pidfd.map(Arc::new),
         }
     }
@@ -661,7 +665,7 @@ mod tests {
     /// This process, verified as a peer would be.
     fn this() -> Verified {
         let me = std::process::id() as i32;
-        Verified::new(me, pidfd_open(me))
+        Verified::new(me, 0, pidfd_open(me))
     }
 
     /// Waits (bounded) until the closer has closed all it was handed.
@@ -709,7 +713,7 @@ mod tests {
                 .unwrap(),
         );
         let theirs = pidfd_open(child.0.id() as i32).expect("pidfd_open (Linux 5.3)");
-        let other = Verified::new(me, Some(theirs));
+        let other = Verified::new(me, 0, Some(theirs));
         let pidfs = pidfs_ino(other.pidfd.as_ref().unwrap().as_raw_fd()).is_some();
         let r = send(&seg, &other, 1, file.as_fd());
         if pidfs {
@@ -787,7 +791,7 @@ mod tests {
         // The listener is not the pid the sender expects: nothing is sent (the empty
         // connection it left is refused by the next look).
         let before = REFUSED.load(Ordering::Relaxed);
-        let e = send(&seg, &Verified::new(me + 1, None), 7, file.as_fd()).unwrap_err();
+        let e = send(&seg, &Verified::new(me + 1, 0, None), 7, file.as_fd()).unwrap_err();
         assert!(e.contains("not the peer's verified"), "{e}");
         inbox.drain(only(me));
         assert_eq!(inbox.waiting(), 0);
