@@ -348,12 +348,18 @@ fn expect_unknown_source_round(n: &Node, peer: &mut Peer, raw: &[u8]) {
         }
         let (e, data) = n.cq.readerr_data().unwrap();
         assert_eq!(e.err, libc::EADDRNOTAVAIL, "{e:?}");
+        // The sender's address as the AV takes it back (fi_cq(3)): shm's a string, with the
+        // NUL that ends a C string, so that a C caller may hand it to fi_av_insert as is.
+        let mut want = raw.to_vec();
+        want.push(0);
         assert_eq!(
             data.as_deref(),
-            Some(raw),
-            "error data is the raw source address"
+            Some(&want[..]),
+            "error data is the source address, NUL-terminated"
         );
-        assert_eq!(e.err_data_size, raw.len());
+        assert_eq!(e.err_data_size, want.len());
+        assert!(n.av.insert_one(&want).is_ok(), "insertable as it is");
+        n.av.remove(&[n.av.insert_one(&want).unwrap()]).unwrap();
         // The message itself was delivered.
         match e.op_context {
             1 => {

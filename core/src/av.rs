@@ -370,6 +370,19 @@ impl AddressVector {
 pub const FI_SYMMETRIC_AV: u64 = 1 << 59;
 
 impl AvInner {
+    /// `addr` (a provider's bytes) as this AV's callers name addresses, which `fi_av_insert`
+    /// takes back: a NUL-terminated string where they use strings (`FI_ADDR_STR`, every shm
+    /// address), else the provider's own bytes (a sockaddr). What an `FI_SOURCE_ERR` entry
+    /// carries (fi_cq(3): it may be passed directly into an `fi_av_insert` call).
+    pub fn insertable(&self, addr: &[u8]) -> Vec<u8> {
+        if self.fmt.sockaddr() && !self.strings.load(Ordering::Relaxed) {
+            return addr.to_vec();
+        }
+        let mut s = self.fmt.to_string(addr).into_bytes();
+        s.push(0);
+        s
+    }
+
     fn encode(&self, idx: usize) -> FiAddr {
         match self.av_type {
             AvType::Map => MAP_TAG | idx as u64,

@@ -254,7 +254,13 @@ impl EpCore {
                     prov_errno: FI_EADDRNOTAVAIL,
                     ..Default::default()
                 },
-                Some(raw_src().into_boxed_slice()),
+                // The sender's address as the application's AV takes it back.
+                Some({
+                    let raw = raw_src();
+                    b.av.as_ref()
+                        .map_or(raw.clone(), |av| av.insertable(&raw))
+                        .into_boxed_slice()
+                }),
             );
             if let Some(c) = cntr {
                 c.inc();
