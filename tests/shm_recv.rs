@@ -580,3 +580,51 @@ fn cancel_posted_receive() {
     peer.tell("bye");
     peer.join();
 }
+
+/// Sender for the test below: on "go", one eager message (tag 5), then "sent" once it
+/// completed (it is in the receiver's ring by then).
+fn one_message_sender() {
+    let n = node(CAPS, Progress::Manual);
+    let parent = connect_parent(&n);
+    assert_eq!(listen(), "go");
+    let small = pattern(500, 3);
+    // SAFETY: `small` outlives the completion waited for below.
+    unsafe { n.ep.tsend(&small, None, parent, 5, 1) }.unwrap();
+    n.wait_n(1);
+    say("sent");
+    assert_eq!(listen(), "bye");
+}
+
+/// A message that arrived from a sender the AV did not hold, buffered, is taken by a receive
+/// directed at that sender once the application inserts it (the server's way with
+/// `FI_SOURCE_ERR`: insert the stranger, then receive from it), and reports its source.
+/// Before, the message kept the source the AV gave on its arrival (none), and the directed
+/// receive never matched it.
+#[test]
+fn a_message_buffered_before_its_sender_was_inserted_matches_a_receive_directed_at_it() {
+    const T: &str =
+        "a_message_buffered_before_its_sender_was_inserted_matches_a_receive_directed_at_it";
+    if role().is_some() {
+        return one_message_sender();
+    }
+    let mut peer = spawn(T, "send", &[]);
+    let n = node(
+        CAPS | FI_SOURCE | FI_SOURCE_ERR | FI_DIRECTED_RECV,
+        Progress::Manual,
+    );
+    let raw = unhex(&peer.hear());
+    peer.tell(&hex(&n.ep.getname().unwrap()));
+    peer.tell("go");
+    assert_eq!(peer.hear(), "sent");
+    // Taken in, with no receive posted: buffered, its sender unknown.
+    n.ep.progress();
+    let b = n.add_peer(&raw);
+    let mut buf = vec![0u8; 500];
+    // SAFETY: `buf` outlives the completion read below.
+    unsafe { n.ep.trecv(&mut buf, None, b, 5, 0, 9) }.unwrap();
+    let got = n.wait_from(1);
+    assert_eq!((got[0].0.op_context, got[0].1), (9, b), "{got:?}");
+    assert!(buf == pattern(500, 3));
+    peer.tell("bye");
+    peer.join();
+}

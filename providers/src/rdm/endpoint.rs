@@ -413,6 +413,11 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
             stale = true;
             st.net.alive(p)?;
         }
+        // Buffered messages of senders inserted into the AV since they came match as theirs.
+        let State {
+            engine, sources, ..
+        } = &mut *st;
+        sources.refresh(engine, &self.core);
         // SAFETY: forwarded from the caller.
         let res = unsafe { st.engine.post_recv(r) };
         if st.net.held() > 0 {

@@ -11,6 +11,11 @@ use xfabric_core::{EpCore, FiAddr};
 #[derive(Default)]
 pub struct Sources {
     by_peer: Vec<(u64, FiAddr)>,
+    /// The raw addresses of peers the AV did not hold when last asked: looked up again
+    /// (`refresh`) once the AV changes, for the messages of theirs still buffered.
+    unknown: std::collections::HashMap<PeerId, Vec<u8>>,
+    /// The AV generation `refresh` last ran in.
+    refreshed: u64,
 }
 
 impl Sources {
@@ -58,8 +63,47 @@ impl Sources {
             .unwrap_or(FI_ADDR_NOTAVAIL);
         e.0 = gen;
         if e.1 == FI_ADDR_NOTAVAIL {
+            self.unknown.insert(p, raw.clone());
             eng.name_peer(p, raw);
+        } else {
+            self.unknown.remove(&p);
         }
         e.1
+    }
+
+    /// Before a receive is posted: where the AV changed since the last look, the messages
+    /// buffered from peers it did not hold when they came take the source it holds for
+    /// them now, so that a receive directed at a sender inserted since takes them, and a
+    /// wildcard one reports the sender it now knows (libfabric matches a buffered message
+    /// by its sender, not by what the AV said on its arrival).
+    pub fn refresh(&mut self, eng: &mut Engine, core: &EpCore) {
+        if self.unknown.is_empty() {
+            return;
+        }
+        let Some(av) = core.bound().and_then(|b| b.av.as_ref()) else {
+            return;
+        };
+        let gen = av.generation();
+        if gen == self.refreshed {
+            return;
+        }
+        self.refreshed = gen;
+        let mut now = std::collections::HashMap::new();
+        self.unknown.retain(|&p, raw| match av.reverse(raw) {
+            Some(a) => {
+                now.insert(p, a);
+                false
+            }
+            None => true,
+        });
+        if now.is_empty() {
+            return;
+        }
+        for (&p, &a) in &now {
+            if let Some(e) = self.by_peer.get_mut(p) {
+                *e = (gen, a);
+            }
+        }
+        eng.resolve_sources(|p| now.get(&p).copied());
     }
 }

@@ -198,6 +198,19 @@ impl Engine {
         }
     }
 
+    /// Messages buffered from senders the AV did not hold when they came (`FI_ADDR_NOTAVAIL`):
+    /// each takes the source `now` gives for its sender, where it gives one (the sender was
+    /// inserted since).
+    pub fn resolve_sources(&mut self, now: impl Fn(PeerId) -> Option<FiAddr>) {
+        for u in self.rxq.unexpected_mut() {
+            if u.src == FI_ADDR_NOTAVAIL {
+                if let Some(a) = now(u.owner) {
+                    u.src = a;
+                }
+            }
+        }
+    }
+
     /// The raw address a completion from `peer` known as `src` carries.
     pub(super) fn raw_of(&self, peer: PeerId, src: FiAddr) -> Option<Vec<u8>> {
         if src != FI_ADDR_NOTAVAIL {
