@@ -81,7 +81,7 @@ pub struct AvInner {
     generation: AtomicU64,
     bound: AtomicUsize,
     /// The EQ of an `FI_EVENT` AV, with the fid its events carry.
-    eq: RwLock<Option<(Arc<EqInner>, usize)>>,
+    eq: RwLock<Option<(crate::eq::EqBinding, usize)>>,
     /// The domain it was opened in.
     pub domain: crate::tag::DomainTag,
 }
@@ -149,7 +149,7 @@ impl AddressVector {
                 "av bind: an EQ binds only to an AV opened with FI_EVENT".into(),
             ));
         }
-        *self.inner.eq.write().unwrap_or_else(|e| e.into_inner()) = Some((eq.inner().clone(), fid));
+        *self.inner.eq.write().unwrap_or_else(|e| e.into_inner()) = Some((eq.inner().bind(), fid));
         Ok(())
     }
 
@@ -286,7 +286,8 @@ impl AddressVector {
             .eq
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .clone();
+            .as_ref()
+            .map(|(b, fid)| (b.eq().clone(), *fid));
         eq.map(Some)
             .ok_or_else(|| Error::NoEq("av insert: AV opened with FI_EVENT but no EQ bound".into()))
     }
@@ -357,11 +358,18 @@ impl AddressVector {
         (n > 0).then(|| Error::Busy(format!("av close: {n} endpoint binding(s) left")))
     }
 
-    /// `fi_close`: `Busy` while an endpoint is bound.
+    /// `fi_close`: `Busy` while an endpoint is bound. Its event queue is free to close then.
     pub fn close(self) -> std::result::Result<(), (Self, Error)> {
         match self.busy() {
             Some(e) => Err((self, e)),
-            None => Ok(()),
+            None => {
+                self.inner
+                    .eq
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
+                Ok(())
+            }
         }
     }
 }
@@ -561,6 +569,14 @@ mod tests {
             assert_eq!((done.fid, done.context, done.data), (0xf1d, ctx, n));
         }
         assert!(eq.read(0).is_err());
+        // The queue does not close while the AV is bound to it (its inserts' events would go
+        // where nothing reads them); once the AV closes, it does.
+        let eq = match eq.close() {
+            Err((eq, Error::Busy(_))) => eq,
+            r => panic!("an EQ with an AV bound closed: {:?}", r.err().map(|e| e.1)),
+        };
+        av.close().map_err(|e| e.1).unwrap();
+        assert!(eq.close().is_ok());
     }
 
     #[test]

@@ -53,9 +53,17 @@ pub struct EqErrEntry {
     pub prov_errno: i32,
 }
 
+/// One queued entry: events and errors in one order, as they were queued (fi_eq(3): a read
+/// answers `-FI_EAVAIL` when the entry at the head is an error).
+enum Item {
+    Event(EqEntry),
+    Err(EqErrEntry),
+}
+
 struct Q {
-    events: VecDeque<EqEntry>,
-    errs: VecDeque<EqErrEntry>,
+    items: VecDeque<Item>,
+    /// Of `items`, the events (the queue's size bounds them; errors are never dropped).
+    events: usize,
     /// Closed (`EventQueue::close`): a thread still in `sread`, holding the queue through a
     /// handle of its own, returns instead of sleeping on.
     closed: bool,
@@ -69,6 +77,27 @@ pub struct EqInner {
     cond: Condvar,
     /// `FI_WAIT_FD`: readable after an event or error is queued.
     fd: Option<EventFd>,
+    /// Objects bound to it (an AV opened with `FI_EVENT`): it does not close while any is,
+    /// as their events would go where nothing reads them.
+    bound: std::sync::atomic::AtomicUsize,
+}
+
+/// An object's binding to an event queue (`EqInner::bind`): counted until dropped.
+pub struct EqBinding(Arc<EqInner>);
+
+impl EqBinding {
+    /// The queue.
+    pub fn eq(&self) -> &Arc<EqInner> {
+        &self.0
+    }
+}
+
+impl Drop for EqBinding {
+    fn drop(&mut self) {
+        self.0
+            .bound
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 /// `fid_eq`.
@@ -96,12 +125,13 @@ impl EventQueue {
                 cap: if attr.size == 0 { 256 } else { attr.size },
                 wait_obj: attr.wait_obj,
                 q: Mutex::new(Q {
-                    events: VecDeque::new(),
-                    errs: VecDeque::new(),
+                    items: VecDeque::new(),
+                    events: 0,
                     closed: false,
                 }),
                 cond: Condvar::new(),
                 fd,
+                bound: Default::default(),
             }),
         })
     }
@@ -126,7 +156,7 @@ impl EventQueue {
             fd.drain();
         }
         let q = self.inner.q.lock().unwrap_or_else(|e| e.into_inner());
-        if q.events.is_empty() && q.errs.is_empty() {
+        if q.items.is_empty() {
             Ok(())
         } else {
             Err(Error::Again("eq trywait"))
@@ -138,7 +168,8 @@ impl EventQueue {
         &self.inner
     }
 
-    /// `fi_eq_read`: the next event (`FI_PEEK` leaves it queued); `Avail` when an error waits.
+    /// `fi_eq_read`: the next event (`FI_PEEK` leaves it queued); `Avail` when the next entry
+    /// is an error (events queued before it are read first).
     pub fn read(&self, flags: u64) -> Result<EqEntry> {
         if flags & !FI_PEEK != 0 {
             return Err(Error::BadFlags(format!(
@@ -146,21 +177,32 @@ impl EventQueue {
             )));
         }
         let mut q = self.inner.q.lock().unwrap_or_else(|e| e.into_inner());
-        if !q.errs.is_empty() {
-            return Err(Error::Avail);
+        match q.items.front() {
+            None => Err(Error::Again("eq read")),
+            Some(Item::Err(_)) => Err(Error::Avail),
+            Some(Item::Event(e)) if flags & FI_PEEK != 0 => Ok(e.clone()),
+            Some(Item::Event(_)) => {
+                q.events -= 1;
+                match q.items.pop_front() {
+                    Some(Item::Event(e)) => Ok(e),
+                    _ => unreachable!("the head was an event"),
+                }
+            }
         }
-        let e = if flags & FI_PEEK != 0 {
-            q.events.front().cloned()
-        } else {
-            q.events.pop_front()
-        };
-        e.ok_or(Error::Again("eq read"))
     }
 
-    /// `fi_eq_readerr`.
+    /// `fi_eq_readerr`: the error at the head of the queue; `Again` when the head is an event
+    /// (or nothing).
     pub fn readerr(&self) -> Result<EqErrEntry> {
         let mut q = self.inner.q.lock().unwrap_or_else(|e| e.into_inner());
-        q.errs.pop_front().ok_or(Error::Again("eq readerr"))
+        match q.items.front() {
+            Some(Item::Err(e)) => {
+                let e = *e;
+                q.items.pop_front();
+                Ok(e)
+            }
+            _ => Err(Error::Again("eq readerr")),
+        }
     }
 
     /// `fi_eq_sread`: blocks up to `timeout_ms` (-1 forever) for an event. A timeout is `Again`:
@@ -187,7 +229,7 @@ impl EventQueue {
                     "eq sread: the queue was closed while this thread waited".into(),
                 ));
             }
-            if q.events.is_empty() && q.errs.is_empty() {
+            if q.items.is_empty() {
                 let _ = self.inner.cond.wait_timeout(q, left);
             }
         }
@@ -196,6 +238,13 @@ impl EventQueue {
     /// `fi_close`: a thread still in `sread` (through a handle of its own) returns rather
     /// than waiting for an event nothing will queue.
     pub fn close(self) -> std::result::Result<(), (Self, Error)> {
+        let n = self.inner.bound.load(std::sync::atomic::Ordering::Acquire);
+        if n > 0 {
+            return Err((
+                self,
+                Error::Busy(format!("eq close: {n} object(s) bound to it")),
+            ));
+        }
         let mut q = self.inner.q.lock().unwrap_or_else(|e| e.into_inner());
         q.closed = true;
         self.inner.cond.notify_all();
@@ -213,13 +262,20 @@ impl EventQueue {
 }
 
 impl EqInner {
+    /// Binds an object to this queue until the binding drops.
+    pub fn bind(self: &Arc<Self>) -> EqBinding {
+        self.bound.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        EqBinding(self.clone())
+    }
+
     /// Provider side: queues an event; false when the queue is full.
     pub fn push(&self, e: EqEntry) -> bool {
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
-        if q.events.len() >= self.cap {
+        if q.events >= self.cap {
             return false;
         }
-        q.events.push_back(e);
+        q.events += 1;
+        q.items.push_back(Item::Event(e));
         self.cond.notify_all();
         if let Some(fd) = &self.fd {
             fd.signal();
@@ -231,7 +287,8 @@ impl EqInner {
     /// past the capacity if the queue is full.
     pub fn push_past_cap(&self, e: EqEntry) {
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
-        q.events.push_back(e);
+        q.events += 1;
+        q.items.push_back(Item::Event(e));
         self.cond.notify_all();
         if let Some(fd) = &self.fd {
             fd.signal();
@@ -241,7 +298,7 @@ impl EqInner {
     /// Provider side: queues an asynchronous error (never dropped).
     pub fn push_err(&self, e: EqErrEntry) {
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
-        q.errs.push_back(e);
+        q.items.push_back(Item::Err(e));
         self.cond.notify_all();
         if let Some(fd) = &self.fd {
             fd.signal();
@@ -277,5 +334,25 @@ mod tests {
         assert_eq!(eq.read(0), Err(Error::Avail));
         assert_eq!(eq.readerr().unwrap().err, 5);
         assert_eq!(eq.sread(0, 0), Err(Error::Again("eq sread")));
+        // Events and errors come out in the order they were queued: an error does not
+        // overtake an event queued before it, nor an event one queued before it.
+        let ev = |c| EqEntry {
+            event: FI_NOTIFY,
+            context: c,
+            ..Default::default()
+        };
+        eq.write(ev(10)).unwrap();
+        eq.inner().push_err(EqErrEntry {
+            context: 20,
+            err: 5,
+            ..Default::default()
+        });
+        eq.write(ev(30)).unwrap();
+        assert_eq!(eq.readerr(), Err(Error::Again("eq readerr")));
+        assert_eq!(eq.read(0).map(|e| e.context), Ok(10));
+        assert_eq!(eq.read(FI_PEEK), Err(Error::Avail));
+        assert_eq!(eq.read(0), Err(Error::Avail));
+        assert_eq!(eq.readerr().map(|e| e.context), Ok(20));
+        assert_eq!(eq.read(0).map(|e| e.context), Ok(30));
     }
 }
