@@ -257,9 +257,11 @@ impl EpCore {
                 // The sender's address as the application's AV takes it back.
                 Some({
                     let raw = raw_src();
-                    b.av.as_ref()
-                        .map_or(raw.clone(), |av| av.insertable(&raw))
-                        .into_boxed_slice()
+                    match b.av.as_ref() {
+                        Some(av) => av.insertable(&raw),
+                        None => raw,
+                    }
+                    .into_boxed_slice()
                 }),
             );
             if let Some(c) = cntr {

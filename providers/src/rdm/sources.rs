@@ -3,7 +3,7 @@
 //! the answers). A peer the AV does not hold is named to the engine by its raw address, for
 //! `FI_SOURCE_ERR`. One cache for every provider on the engine.
 
-use xfabric_core::consts::FI_ADDR_NOTAVAIL;
+use xfabric_core::consts::{FI_ADDR_NOTAVAIL, FI_DIRECTED_RECV, FI_SOURCE};
 use xfabric_core::rdm::{Engine, PeerId};
 use xfabric_core::{EpCore, FiAddr};
 
@@ -63,7 +63,10 @@ impl Sources {
             .unwrap_or(FI_ADDR_NOTAVAIL);
         e.0 = gen;
         if e.1 == FI_ADDR_NOTAVAIL {
-            self.unknown.insert(p, raw.clone());
+            // Looked up again once the AV changes, where a source is used (`refresh`).
+            if core.caps & (FI_SOURCE | FI_DIRECTED_RECV) != 0 {
+                self.unknown.insert(p, raw.clone());
+            }
             eng.name_peer(p, raw);
         } else {
             self.unknown.remove(&p);

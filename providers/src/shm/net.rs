@@ -1543,7 +1543,10 @@ fn owner_alive(l: &mut Link, now: u64) -> bool {
     if !ring::still_owned_by(seg, pid, l.owner_fd) {
         return false;
     }
-    l.lock_seen = now;
+    // (A clock that could not be read, u64::MAX, would stop the looks for good.)
+    if now != u64::MAX {
+        l.lock_seen = now;
+    }
     true
 }
 

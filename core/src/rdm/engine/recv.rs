@@ -209,6 +209,17 @@ impl Engine {
                 }
             }
         }
+        // A message whose body is still arriving, matched to no receive yet, is buffered or
+        // matched when it ends, as the source its header was given.
+        for (p, ps) in self.peers.iter_mut().enumerate() {
+            if let Some(Pending::Msg(MsgBody { slot: None, m, .. })) = &mut ps.pending {
+                if m.src == FI_ADDR_NOTAVAIL {
+                    if let Some(a) = now(p) {
+                        m.src = a;
+                    }
+                }
+            }
+        }
     }
 
     /// The raw address a completion from `peer` known as `src` carries.

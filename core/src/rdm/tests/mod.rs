@@ -1597,3 +1597,52 @@ fn a_receive_posted_while_an_unexpected_body_arrives_takes_it() {
     assert_eq!(&buf[..32], &msg[..]);
     assert_eq!(b.eng.buffered().unexpected, 0, "nothing left unexpected");
 }
+
+/// A message from a sender the AV did not hold, whose body is still arriving when the
+/// application inserts the sender and posts a receive directed at it: once the body ends,
+/// that receive takes it (its source looked up again, `Engine::resolve_sources`). Before,
+/// it was buffered under no source, and the directed receive never matched it.
+#[test]
+fn a_body_arriving_as_its_sender_is_inserted_goes_to_the_receive_directed_at_it() {
+    use crate::trigger::testkit::ALL_CAPS;
+    let world = World::new();
+    let mut a = Side::new(&world);
+    let ep = world.ep_with(ALL_CAPS | FI_DIRECTED_RECV, 64, &[]);
+    let core = ep.ep.core().clone();
+    let eng = Engine::new(
+        core.clone(),
+        Config {
+            eager_max: EAGER,
+            ..Config::default()
+        },
+    );
+    let mut b = Side {
+        ep,
+        core,
+        eng,
+        hold_sent: false,
+        held: Vec::new(),
+        refused: Vec::new(),
+        done: Vec::new(),
+        whole: false,
+    };
+    let data = pattern(40, 3);
+    a.send(send(1, &data, Some(5), None, 0));
+    let t = a.eng.poll_transmit().expect("the message");
+    let p = wire::prefix(&t.ctrl).unwrap();
+    // Its header, from a sender the AV does not hold: no receive, a buffer for the body.
+    let sink = b
+        .eng
+        .on_ctrl(0, FI_ADDR_NOTAVAIL, &p, &t.ctrl[PREFIX..])
+        .unwrap();
+    // The application inserts the sender (as fi_addr 3) and receives from it.
+    b.eng.resolve_sources(|_| Some(3));
+    let mut buf = vec![0u8; 40];
+    let mut r = recv(9, &mut buf, Some(5), 0);
+    r.src = 3;
+    b.recv(r);
+    b.eng.on_body(0, fill(sink, &body_bytes(&t.body)));
+    b.report();
+    assert_eq!(b.one(9).len, 40);
+    assert_eq!(buf, data);
+}
