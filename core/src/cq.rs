@@ -42,9 +42,22 @@ struct Stored {
     src: FiAddr,
 }
 
+/// An error entry, with the count of success entries queued before it (`Queue::pushed_ok`
+/// when it was queued): a read takes those first, as fi_cq(3) reports an error only when it
+/// is the queue's topmost entry. (A multi-receive buffer released by an error entry, a
+/// cancel or a truncation, must not be read as released before its earlier messages.)
+struct ErrStored {
+    at: u64,
+    e: CqErrEntry,
+    data: Option<Box<[u8]>>,
+}
+
 struct Queue {
     ring: VecDeque<Stored>,
-    errs: VecDeque<(CqErrEntry, Option<Box<[u8]>>)>,
+    errs: VecDeque<ErrStored>,
+    /// Success entries ever queued, and ever taken (read, or moved to an exported ring).
+    pushed_ok: u64,
+    read_ok: u64,
     /// Error data of the entry last returned by `readerr`: it stays valid until the next one.
     last_err_data: Option<Box<[u8]>>,
     /// Set when an entry had to be dropped; reported once the valid entries are read.
@@ -62,6 +75,14 @@ impl Queue {
     /// every entry is written to a line nothing touched for a lap, and on the first lap one
     /// entry in 64 starts a new page, a page fault (3-14 us each on this VM: most of what a
     /// batch of 64 completions cost). Rewound, the few lines in use stay in the cache.
+    /// Success entries queued ahead of the first error entry (`usize::MAX` with none).
+    #[inline]
+    fn ok_ahead(&self) -> usize {
+        self.errs
+            .front()
+            .map_or(usize::MAX, |x| x.at.wrapping_sub(self.read_ok) as usize)
+    }
+
     #[inline]
     fn rewind(&mut self) {
         if self.ring.is_empty() {
@@ -159,6 +180,8 @@ impl CompletionQueue {
             q: Mutex::new(Queue {
                 ring: VecDeque::with_capacity(cap.min(1 << 16)),
                 errs: VecDeque::new(),
+                pushed_ok: 0,
+                read_ok: 0,
                 last_err_data: None,
                 overrun: false,
                 signaled: false,
@@ -277,7 +300,11 @@ impl CompletionQueue {
     pub fn readerr_data(&self) -> Result<(CqErrEntry, Option<Vec<u8>>)> {
         self.inner.progress.run();
         let mut q = self.inner.lock();
-        let (mut e, data) = q.errs.pop_front().ok_or(Error::Again("cq readerr"))?;
+        // A success entry queued before the first error is read first (`ErrStored`).
+        if q.ok_ahead() > 0 {
+            return Err(Error::Again("cq readerr"));
+        }
+        let ErrStored { mut e, data, .. } = q.errs.pop_front().ok_or(Error::Again("cq readerr"))?;
         self.inner.release_room(1);
         self.inner
             .has_errors
@@ -541,6 +568,7 @@ impl CqInner {
                 false
             } else {
                 q.ring.push_back(Stored { entry, src });
+                q.pushed_ok = q.pushed_ok.wrapping_add(1);
                 self.used.fetch_add(1, Ordering::AcqRel);
                 true
             };
@@ -588,6 +616,7 @@ impl CqInner {
                 self.used.fetch_add(1, Ordering::AcqRel);
             }
             q.ring.push_back(Stored { entry, src });
+            q.pushed_ok = q.pushed_ok.wrapping_add(1);
             self.ready_hint
                 .store(q.ring.len() + q.overrun as usize, Ordering::Release);
         }
@@ -603,7 +632,8 @@ impl CqInner {
     pub fn push_err_data(&self, e: CqErrEntry, data: Option<Box<[u8]>>) {
         {
             let mut q = self.lock();
-            q.errs.push_back((e, data));
+            let at = q.pushed_ok;
+            q.errs.push_back(ErrStored { at, e, data });
             self.used.fetch_add(1, Ordering::AcqRel);
             self.has_errors.store(true, Ordering::Relaxed);
         }
@@ -658,7 +688,7 @@ impl CqInner {
         if !self.has_errors.load(Ordering::Relaxed) {
             return 0;
         }
-        self.lock().errs.iter().filter(|(e, _)| f(e)).count()
+        self.lock().errs.iter().filter(|x| f(&x.e)).count()
     }
 
     /// Error entries waiting to be read.
@@ -678,8 +708,8 @@ impl CqInner {
         self.ready_hint.load(Ordering::Acquire) > 0 || self.has_errors.load(Ordering::Acquire)
     }
 
-    /// Moves entries into the exported ring while it has room (errors first, as a read finds
-    /// them first); what does not fit stays here, in order, for the next pump. Returns
+    /// Moves entries into the exported ring while it has room, in the order a read finds them
+    /// (`ErrStored`); what does not fit stays here, in order, for the next pump. Returns
     /// whether entries stay behind.
     pub(crate) fn pump_xpu(&self) -> bool {
         let Some(x) = self.xpu.get() else {
@@ -688,10 +718,14 @@ impl CqInner {
         let mut q = self.lock();
         let mut moved = 0;
         while x.room() > 0 {
-            if let Some((e, _data)) = q.errs.pop_front() {
+            if q.ok_ahead() == 0 {
+                let Some(ErrStored { e, .. }) = q.errs.pop_front() else {
+                    break;
+                };
                 // Error data lives in host memory an XPU may not reach: not carried.
                 x.put_err(&e);
             } else if let Some(s) = q.ring.pop_front() {
+                q.read_ok = q.read_ok.wrapping_add(1);
                 x.put_ok(&s.entry, s.src);
             } else {
                 break;
@@ -724,14 +758,14 @@ impl CqInner {
         buf: &mut [E],
         mut src: Option<&mut [FiAddr]>,
     ) -> Result<usize> {
-        if self.has_errors.load(Ordering::Relaxed) {
-            return Err(Error::Avail);
-        }
-        if self.ready_hint.load(Ordering::Acquire) == 0 {
+        if !self.has_errors.load(Ordering::Relaxed) && self.ready_hint.load(Ordering::Acquire) == 0
+        {
             return Err(Error::Again("cq read"));
         }
         let mut q = self.lock();
-        if !q.errs.is_empty() {
+        // Successes queued before the first error are read first; then the error.
+        let ahead = q.ok_ahead();
+        if ahead == 0 {
             return Err(Error::Avail);
         }
         if q.ring.is_empty() {
@@ -741,7 +775,8 @@ impl CqInner {
                 Error::Again("cq read")
             });
         }
-        let n = buf.len().min(q.ring.len());
+        let n = buf.len().min(q.ring.len()).min(ahead);
+        q.read_ok = q.read_ok.wrapping_add(n as u64);
         self.release_room(n);
         // Taken one by one from the front: most reads take one or two entries, for which a
         // drain's setup and teardown cost more than the entries.
@@ -836,21 +871,46 @@ mod tests {
         assert!(matches!(cq.read(&mut wrong), Err(Error::Inval(_))));
     }
 
+    /// Entries come out in the order they were queued, errors among them: a read takes the
+    /// successes queued before the first error, then answers `Avail` until that error is read
+    /// (`readerr` answers `Again` while a success is ahead of it), as libfabric's queues do.
     #[test]
-    fn error_entry_blocks_reads_until_taken() {
-        let cq = open(4, CqFormat::Context);
+    fn an_error_entry_is_read_in_its_place() {
+        let cq = open(8, CqFormat::Context);
         cq.inner().push(entry(1), 0);
+        cq.inner().push(entry(2), 0);
         cq.inner().push_err(CqErrEntry {
-            op_context: 2,
+            op_context: 3,
             err: errno::FI_ETRUNC,
             olen: 5,
             ..Default::default()
         });
+        cq.inner().push(entry(4), 0);
+        cq.inner().push_err(CqErrEntry {
+            op_context: 5,
+            err: errno::FI_ECANCELED,
+            ..Default::default()
+        });
+        let mut one = [CqEntry::default(); 1];
+        assert_eq!(cq.readerr(), Err(Error::Again("cq readerr")));
+        assert_eq!(cq.read(&mut one), Ok(1));
+        assert_eq!(one[0].op_context, 1);
         let mut buf = [CqEntry::default(); 4];
+        assert_eq!(
+            cq.read(&mut buf),
+            Ok(1),
+            "only the success before the error"
+        );
+        assert_eq!(buf[0].op_context, 2);
         assert_eq!(cq.read(&mut buf), Err(Error::Avail));
         let e = cq.readerr().unwrap();
-        assert_eq!((e.op_context, e.err, e.olen), (2, errno::FI_ETRUNC, 5));
+        assert_eq!((e.op_context, e.err, e.olen), (3, errno::FI_ETRUNC, 5));
+        assert_eq!(cq.readerr(), Err(Error::Again("cq readerr")));
         assert_eq!(cq.read(&mut buf), Ok(1));
+        assert_eq!(buf[0].op_context, 4);
+        assert_eq!(cq.read(&mut buf), Err(Error::Avail));
+        assert_eq!(cq.readerr().map(|e| e.op_context), Ok(5));
+        assert_eq!(cq.read(&mut buf), Err(Error::Again("cq read")));
         assert_eq!(cq.readerr(), Err(Error::Again("cq readerr")));
     }
 

@@ -96,12 +96,19 @@ impl EpCore {
     /// work that did not ask for endpoint completions: its completion counter's error value
     /// says it).
     pub fn fail_tx(&self, ctx: Context, op_flags: u64, err: i32) {
+        self.fail_tx_as(ctx, op_flags, err, true);
+    }
+
+    /// `fail_tx` of an operation that reserved a CQ entry if `reserved` (it started), or of
+    /// one that never did (a triggered operation canceled or refused before it started): its
+    /// entry then takes no other operation's reservation.
+    pub(crate) fn fail_tx_as(&self, ctx: Context, op_flags: u64, err: i32, reserved: bool) {
         let ctx = self.unstage(ctx, None).map_or(ctx, |(user, _, _)| user);
         match self.claim_deferred(ctx, Dir::Tx) {
-            None => self.fail_tx_ep(ctx, op_flags, err),
+            None => self.fail_tx_ep(ctx, op_flags, err, reserved),
             Some(w) => {
                 let counted = w.ep_completion.then(|| {
-                    self.fail_tx_ep(w.user_ctx, op_flags, err);
+                    self.fail_tx_ep(w.user_ctx, op_flags, err, reserved);
                     self.class_cntr(initiator_kind(op_flags).1)
                 });
                 w.finish(false, counted.flatten().as_ref());
@@ -109,10 +116,10 @@ impl EpCore {
         }
     }
 
-    fn fail_tx_ep(&self, ctx: Context, op_flags: u64, err: i32) {
+    fn fail_tx_ep(&self, ctx: Context, op_flags: u64, err: i32, reserved: bool) {
         let Some(b) = self.bound() else { return };
         let (flags, class) = initiator_kind(op_flags);
-        self.write_err(
+        self.write_err_as(
             Dir::Tx,
             CqErrEntry {
                 op_context: ctx,
@@ -122,6 +129,7 @@ impl EpCore {
                 ..Default::default()
             },
             None,
+            reserved,
         );
         if let Some(c) = &b.cntr[class as usize] {
             c.inc_err();
@@ -310,7 +318,8 @@ impl EpCore {
         } else {
             (Dir::Tx, initiator_kind(flags).1)
         };
-        self.write_err(
+        // A descriptor that never started reserved nothing.
+        self.write_err_as(
             dir,
             CqErrEntry {
                 op_context: ctx,
@@ -320,6 +329,7 @@ impl EpCore {
                 ..Default::default()
             },
             Some(f.why.as_bytes().into()),
+            false,
         );
         if let Some(c) = &b.cntr[class as usize] {
             c.inc_err();
@@ -329,6 +339,11 @@ impl EpCore {
 
     /// Reports a receive-side error (`FI_ECANCELED`, `FI_ENOMSG`, a lost peer...).
     pub fn fail_rx(&self, ctx: Context, flags: u64, tag: u64, err: i32) {
+        self.fail_rx_as(ctx, flags, tag, err, true);
+    }
+
+    /// `fail_rx` of a receive that reserved a CQ entry if `reserved` (`fail_tx_as`).
+    pub(crate) fn fail_rx_as(&self, ctx: Context, flags: u64, tag: u64, err: i32, reserved: bool) {
         let slot = RecvSlot {
             ctx,
             iov: IovList::default(),
@@ -339,10 +354,10 @@ impl EpCore {
             .unstage_rx(&slot, None)
             .map_or(ctx, |(user, _, _)| user);
         match self.claim_deferred(ctx, Dir::Rx) {
-            None => self.fail_rx_ep(ctx, flags, tag, err),
+            None => self.fail_rx_ep(ctx, flags, tag, err, reserved),
             Some(w) => {
                 let counted = w.ep_completion.then(|| {
-                    self.fail_rx_ep(w.user_ctx, flags, tag, err);
+                    self.fail_rx_ep(w.user_ctx, flags, tag, err, reserved);
                     self.class_cntr(CntrClass::Recv)
                 });
                 w.finish(false, counted.flatten().as_ref());
@@ -350,9 +365,9 @@ impl EpCore {
         }
     }
 
-    fn fail_rx_ep(&self, ctx: Context, flags: u64, tag: u64, err: i32) {
+    fn fail_rx_ep(&self, ctx: Context, flags: u64, tag: u64, err: i32, reserved: bool) {
         let Some(b) = self.bound() else { return };
-        self.write_err(
+        self.write_err_as(
             Dir::Rx,
             CqErrEntry {
                 op_context: ctx,
@@ -363,6 +378,7 @@ impl EpCore {
                 ..Default::default()
             },
             None,
+            reserved,
         );
         if let Some(c) = &b.cntr[CntrClass::Recv as usize] {
             c.inc_err();

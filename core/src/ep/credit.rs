@@ -100,8 +100,20 @@ impl EpCore {
 
     /// Writes an error entry of one of this endpoint's operations.
     pub(crate) fn write_err(&self, dir: Dir, e: CqErrEntry, data: Option<Box<[u8]>>) {
+        self.write_err_as(dir, e, data, true);
+    }
+
+    /// `write_err` of an operation that reserved its entry if `reserved`; one that never
+    /// started reserved none, and takes no other operation's reservation.
+    pub(crate) fn write_err_as(
+        &self,
+        dir: Dir,
+        e: CqErrEntry,
+        data: Option<Box<[u8]>>,
+        reserved: bool,
+    ) {
         let Some(cq) = self.cq_of(dir) else { return };
-        if self.rm && self.take_credit(dir) {
+        if reserved && self.rm && self.take_credit(dir) {
             cq.unreserve();
         }
         cq.push_err_data(e, data);

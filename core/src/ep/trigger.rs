@@ -75,11 +75,12 @@ impl Port for EpPort {
     }
 
     fn fail_tx(&self, ctx: Context, flags: u64, err: i32) {
-        self.core.fail_tx(ctx, flags, err);
+        // A triggered job that did not start (canceled, or refused): nothing reserved.
+        self.core.fail_tx_as(ctx, flags, err, false);
     }
 
     fn fail_rx(&self, ctx: Context, flags: u64, tag: u64, err: i32) {
-        self.core.fail_rx(ctx, flags, tag, err);
+        self.core.fail_rx_as(ctx, flags, tag, err, false);
     }
 
     fn fails_count_on(&self, rx: bool, flags: u64, c: &Arc<dyn crate::trigger::CntrPort>) -> bool {

@@ -67,10 +67,11 @@ pub(crate) trait Port: ProgressSource {
     /// endpoint's close waits them out.
     fn reporting(&self) -> crate::ep::Reporting<'_>;
 
-    /// Reports a transmit operation (send, RMA, atomic) failed with `err`.
+    /// Reports a transmit operation (send, RMA, atomic) that did not start (canceled, or its
+    /// start refused) failed with `err`: it reserved no CQ entry.
     fn fail_tx(&self, ctx: Context, flags: u64, err: i32);
 
-    /// Reports a receive failed with `err`.
+    /// Reports a receive that did not start failed with `err` (as `fail_tx`).
     fn fail_rx(&self, ctx: Context, flags: u64, tag: u64, err: i32);
 
     /// Keeps the reason a fired operation's staging failed (`take_staging_errors`).

@@ -414,6 +414,32 @@ fn with_resource_management_a_fired_operation_waits_for_cq_room() {
     assert_eq!(w.sh.ctxs(), [1, 2, 3]);
 }
 
+/// With resource management, a triggered operation canceled before it started reserved no
+/// CQ entry, and its cancel's entry takes no other operation's reservation: a send in flight
+/// keeps its room, and with that room and the cancel's entry the CQ of two is full, so the
+/// next post is refused. Before, the cancel's entry took the send's reservation, the post was
+/// taken, and the CQ of two came to hold three entries.
+#[test]
+fn with_resource_management_a_canceled_trigger_takes_no_other_operations_room() {
+    let w = World::new();
+    let e = w.ep_managed(2);
+    let c = w.cntr();
+    let buf = [0u8; 8];
+    let iov = [RawIov::of(&buf)];
+    // SAFETY: the mock provider never reads the buffer.
+    unsafe { e.ep.sendmsg(&msg(&iov, 1), 0) }.unwrap();
+    tsend(&e.ep, &buf, 2, &TriggerContext::threshold(&c, 5));
+    e.ep.cancel(2).unwrap();
+    // SAFETY: as above.
+    let r = unsafe { e.ep.sendmsg(&msg(&iov, 3), 0) };
+    assert!(
+        matches!(r, Err(Error::Again(_))),
+        "a post past the CQ's room was taken: {r:?}"
+    );
+    let errs: Vec<_> = e.errors().iter().map(|x| (x.op_context, x.err)).collect();
+    assert_eq!(errs, [(2, FI_ECANCELED)]);
+}
+
 #[test]
 fn an_alias_shares_the_endpoint_with_its_own_default_flags() {
     let w = World::new();

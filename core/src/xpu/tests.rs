@@ -55,15 +55,24 @@ fn node_sized(w: &World, cq_size: usize) -> Node {
     Node { ep, cq, av }
 }
 
+/// Every error entry now in `cq`, the success entries queued before them read and passed
+/// over (a queue answers an error only once it is the topmost entry, fi_cq(3)).
 fn errors(cq: &CompletionQueue) -> Vec<(CqErrEntry, String)> {
     let mut out = Vec::new();
-    while let Ok((e, d)) = cq.readerr_data() {
-        out.push((
-            e,
-            String::from_utf8_lossy(&d.unwrap_or_default()).into_owned(),
-        ));
+    loop {
+        match cq.readerr_data() {
+            Ok((e, d)) => out.push((
+                e,
+                String::from_utf8_lossy(&d.unwrap_or_default()).into_owned(),
+            )),
+            Err(_) => {
+                let mut ok = [CqTaggedEntry::default(); 16];
+                if !matches!(cq.read(&mut ok), Ok(n) if n > 0) {
+                    return out;
+                }
+            }
+        }
     }
-    out
 }
 
 /// Progresses `n` until `done` (or a generous bound has passed): the endpoint's watcher takes

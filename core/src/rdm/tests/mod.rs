@@ -1646,3 +1646,34 @@ fn a_body_arriving_as_its_sender_is_inserted_goes_to_the_receive_directed_at_it(
     assert_eq!(b.one(9).len, 40);
     assert_eq!(buf, data);
 }
+
+/// A multi-receive buffer canceled with a message in it, that message's entry unread: the
+/// application reads the message first, then the cancel's entry that releases the buffer
+/// (`FI_MULTI_RECV` on an error entry). Before, the queue answered the error first, and the
+/// message's entry then pointed into a buffer the application had been told was released.
+#[test]
+fn a_multi_receive_buffers_release_by_cancel_is_read_after_its_messages() {
+    let m1 = pattern(30, 29);
+    let mut buf = vec![0u8; 200];
+    let mut net = Net::new();
+    net.b.eng.set_min_multi_recv(16);
+    net.b.recv(recv(10, &mut buf, None, FI_MULTI_RECV));
+    net.a.send(send(1, &m1, None, None, 0));
+    net.pump();
+    net.b.eng.cancel(10).unwrap();
+    net.b.report();
+    let cq = &net.b.ep.cq;
+    let mut e = [CqTaggedEntry::default(); 4];
+    assert_eq!(
+        cq.readerr(),
+        Err(crate::Error::Again("cq readerr")),
+        "the message first"
+    );
+    assert_eq!(cq.read(&mut e), Ok(1));
+    assert_eq!((e[0].op_context, e[0].len), (10, 30));
+    assert_eq!(e[0].flags & FI_MULTI_RECV, 0);
+    assert_eq!(cq.read(&mut e), Err(crate::Error::Avail));
+    let c = cq.readerr().unwrap();
+    assert_eq!((c.op_context, c.err), (10, FI_ECANCELED));
+    assert_ne!(c.flags & FI_MULTI_RECV, 0, "the release");
+}
