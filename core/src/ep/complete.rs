@@ -396,6 +396,12 @@ impl EpCore {
         src: FiAddr,
     ) {
         let flags = FI_RECV | FI_TAGGED | if data.is_some() { FI_REMOTE_CQ_DATA } else { 0 };
+        // A source only where the endpoint reports sources, as a receive's entry.
+        let src = if self.caps & FI_SOURCE != 0 {
+            src
+        } else {
+            FI_ADDR_NOTAVAIL
+        };
         self.write_entry(
             Dir::Rx,
             CqTaggedEntry {

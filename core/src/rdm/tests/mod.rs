@@ -1677,3 +1677,20 @@ fn a_multi_receive_buffers_release_by_cancel_is_read_after_its_messages() {
     assert_eq!((c.op_context, c.err), (10, FI_ECANCELED));
     assert_ne!(c.flags & FI_MULTI_RECV, 0, "the release");
 }
+
+/// A peek's entry carries a source only where the endpoint reports sources (`FI_SOURCE`), as
+/// a receive's does. Before, a peek on an endpoint without it reported the sender's address.
+#[test]
+fn a_peeks_source_is_reported_only_with_fi_source() {
+    let m = pattern(20, 30);
+    let mut net = Net::new();
+    net.a.send(send(1, &m, Some(7), None, 0));
+    net.pump();
+    net.b.recv(recv(4, &mut [], Some(7), FI_PEEK));
+    net.b.report();
+    let mut e = [CqTaggedEntry::default(); 1];
+    let mut src = [0u64; 1];
+    assert_eq!(net.b.ep.cq.readfrom(&mut e, &mut src), Ok(1));
+    assert_eq!((e[0].op_context, e[0].len), (4, 20));
+    assert_eq!(src[0], FI_ADDR_NOTAVAIL, "the endpoint has no FI_SOURCE");
+}
