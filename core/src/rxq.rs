@@ -437,6 +437,11 @@ impl<U> RecvQueue<U> {
         }
     }
 
+    /// Whether a message claimed by a peek (`FI_PEEK | FI_CLAIM`) waits under `ctx`.
+    pub fn claimed_by(&self, ctx: Context) -> bool {
+        self.claimed.contains_key(&ctx)
+    }
+
     /// Posts a receive (with `flags` from `recvmsg`).
     pub fn post(&mut self, r: PostedRecv) -> PostResult<U> {
         let tagged = r.tagged();

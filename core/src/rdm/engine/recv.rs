@@ -38,6 +38,16 @@ impl Engine {
     /// `r.iov` stays writable, and untouched by anyone else, until the receive completes.
     pub unsafe fn post_recv(&mut self, r: PostedRecv) -> Result<()> {
         self.check_open("recv")?;
+        // A context names one claimed message: a second claim under it would lose the first
+        // (and the room it holds) for good.
+        if r.flags & (FI_PEEK | FI_CLAIM | FI_DISCARD) == FI_PEEK | FI_CLAIM
+            && self.rxq.claimed_by(r.ctx)
+        {
+            return Err(Error::Busy(format!(
+                "recv: a message is already claimed under context {:#x}",
+                r.ctx
+            )));
+        }
         let (ctx, flags, tag) = (r.ctx, r.flags, r.tag);
         match self.rxq.post(r) {
             PostResult::Queued => {}

@@ -595,6 +595,14 @@ fn large_peek_claim_discard() {
     // Claim it, then receive the claimed message.
     net.b.recv(recv(22, &mut none, Some(7), FI_PEEK | FI_CLAIM));
     assert_eq!(net.b.one(22).len, 200);
+    // A second claim under the same context is refused: it would lose the first message.
+    // SAFETY: a peek moves no data.
+    let again = unsafe {
+        net.b
+            .eng
+            .post_recv(recv(22, &mut none, Some(8), FI_PEEK | FI_CLAIM))
+    };
+    assert!(matches!(again, Err(crate::Error::Busy(_))), "{again:?}");
     // (A claimed message still counts as buffered.)
     assert_eq!(net.b.eng.buffered().unexpected, 2);
     net.b.recv(recv(22, &mut buf, Some(7), FI_CLAIM));
