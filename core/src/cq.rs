@@ -2,8 +2,9 @@
 //! application reads, reads errors, blocks with a timeout and a threshold, and signals.
 //!
 //! The queue stores the widest success layout (tagged) plus the source address and narrows on
-//! read to the format the queue was opened with. The error queue is separate, so a read with an
-//! error pending returns `Avail` as libfabric's does.
+//! read to the format the queue was opened with. Error entries are kept apart but in their
+//! place (`ErrStored`): a read takes the successes queued before the first error, then
+//! returns `Avail` until that error is read, as libfabric's queues do.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -69,12 +70,6 @@ struct Queue {
 }
 
 impl Queue {
-    /// Once the ring is empty, its next entry goes to the start of its buffer again. Left to
-    /// itself a `VecDeque` writes each entry past the last one read, so a queue sized for many
-    /// that holds few at a time walks its whole buffer (4 MiB for 65,536 entries or more):
-    /// every entry is written to a line nothing touched for a lap, and on the first lap one
-    /// entry in 64 starts a new page, a page fault (3-14 us each on this VM: most of what a
-    /// batch of 64 completions cost). Rewound, the few lines in use stay in the cache.
     /// Success entries queued ahead of the first error entry (`usize::MAX` with none).
     #[inline]
     fn ok_ahead(&self) -> usize {
@@ -83,6 +78,12 @@ impl Queue {
             .map_or(usize::MAX, |x| x.at.wrapping_sub(self.read_ok) as usize)
     }
 
+    /// Once the ring is empty, its next entry goes to the start of its buffer again. Left to
+    /// itself a `VecDeque` writes each entry past the last one read, so a queue sized for many
+    /// that holds few at a time walks its whole buffer (4 MiB for 65,536 entries or more):
+    /// every entry is written to a line nothing touched for a lap, and on the first lap one
+    /// entry in 64 starts a new page, a page fault (3-14 us each on this VM: most of what a
+    /// batch of 64 completions cost). Rewound, the few lines in use stay in the cache.
     #[inline]
     fn rewind(&mut self) {
         if self.ring.is_empty() {
@@ -289,7 +290,8 @@ impl CompletionQueue {
         ))
     }
 
-    /// `fi_cq_readerr`: the oldest error entry, or `Again` if there is none. `err_data` (the
+    /// `fi_cq_readerr`: the oldest error entry, or `Again` if there is none or a success entry
+    /// queued before it is still to be read. `err_data` (the
     /// raw source address for `FI_EADDRNOTAVAIL`) points into the queue and stays valid until the
     /// next `readerr`; `readerr_data` returns a copy instead.
     pub fn readerr(&self) -> Result<CqErrEntry> {

@@ -104,7 +104,7 @@ impl EpCore {
     /// entry then takes no other operation's reservation.
     pub(crate) fn fail_tx_as(&self, ctx: Context, op_flags: u64, err: i32, reserved: bool) {
         let ctx = self.unstage(ctx, None).map_or(ctx, |(user, _, _)| user);
-        match self.claim_deferred(ctx, Dir::Tx) {
+        match self.claim_deferred_as(ctx, Dir::Tx, reserved) {
             None => self.fail_tx_ep(ctx, op_flags, err, reserved),
             Some(w) => {
                 let counted = w.ep_completion.then(|| {
@@ -119,6 +119,11 @@ impl EpCore {
     fn fail_tx_ep(&self, ctx: Context, op_flags: u64, err: i32, reserved: bool) {
         let Some(b) = self.bound() else { return };
         let (flags, class) = initiator_kind(op_flags);
+        // An inject, or a send without FI_COMPLETION on a selective binding, reserved nothing
+        // when it started (`reserve_entry`): its error takes no other operation's room.
+        let reserved = reserved
+            && op_flags & INJECT_CALL == 0
+            && (!b.tx_selective || op_flags & FI_COMPLETION != 0);
         self.write_err_as(
             Dir::Tx,
             CqErrEntry {
@@ -353,7 +358,7 @@ impl EpCore {
         let ctx = self
             .unstage_rx(&slot, None)
             .map_or(ctx, |(user, _, _)| user);
-        match self.claim_deferred(ctx, Dir::Rx) {
+        match self.claim_deferred_as(ctx, Dir::Rx, reserved) {
             None => self.fail_rx_ep(ctx, flags, tag, err, reserved),
             Some(w) => {
                 let counted = w.ep_completion.then(|| {

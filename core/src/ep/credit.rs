@@ -122,8 +122,19 @@ impl EpCore {
     /// The deferred work `ctx` belongs to, if any; one that completes to its counter only
     /// writes no entry, so its reservation is given back here.
     pub(crate) fn claim_deferred(&self, ctx: Context, dir: Dir) -> Option<Box<Pending>> {
+        self.claim_deferred_as(ctx, dir, true)
+    }
+
+    /// `claim_deferred` of work whose start reserved an entry if `reserved` (one whose start
+    /// failed gave its reservation back already).
+    pub(crate) fn claim_deferred_as(
+        &self,
+        ctx: Context,
+        dir: Dir,
+        reserved: bool,
+    ) -> Option<Box<Pending>> {
         let w = self.deferred.claim(ctx)?;
-        if !w.ep_completion {
+        if reserved && !w.ep_completion {
             self.release_entry(dir);
         }
         Some(w)

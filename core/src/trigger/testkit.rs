@@ -399,7 +399,12 @@ impl World {
 
     /// An endpoint whose domain attributes ask for `FI_RM_ENABLED`: starts reserve CQ room.
     pub fn ep_managed(&self, cq_size: usize) -> Ep {
-        let mut i = info(ALL_CAPS);
+        self.ep_managed_caps(ALL_CAPS, cq_size)
+    }
+
+    /// `ep_managed` with `caps`.
+    pub fn ep_managed_caps(&self, caps: u64, cq_size: usize) -> Ep {
+        let mut i = info(caps);
         i.domain_attr.resource_mgmt = ResourceMgmt::Enabled;
         self.ep_info(&i, cq_size, &[])
     }

@@ -680,3 +680,28 @@ fn a_close_waits_out_a_triggered_start_another_thread_took_from_its_queue() {
         &got[..n]
     );
 }
+
+/// With resource management, the error of an inject (which reserved no CQ entry: an inject
+/// writes none) takes no other operation's room: a send in flight keeps it, and with the
+/// error the CQ of two is full. Before, the error took the send's reservation.
+#[test]
+fn with_resource_management_an_injects_error_takes_no_other_operations_room() {
+    let w = World::new();
+    let e = w.ep_managed(2);
+    let buf = [0u8; 8];
+    let iov = [RawIov::of(&buf)];
+    // SAFETY: the mock provider never reads the buffer.
+    unsafe { e.ep.sendmsg(&msg(&iov, 1), 0) }.unwrap();
+    // What the engine reports for an inject toward a peer lost before it went.
+    e.ep.core().fail_tx(
+        0,
+        FI_MSG | FI_INJECT | crate::ep::INJECT_CALL,
+        crate::consts::errno::FI_EIO,
+    );
+    // SAFETY: as above.
+    let r = unsafe { e.ep.sendmsg(&msg(&iov, 3), 0) };
+    assert!(
+        matches!(r, Err(Error::Again(_))),
+        "a post past the CQ's room was taken: {r:?}"
+    );
+}

@@ -387,3 +387,47 @@ fn triggered_atomics_on_device_memory_are_staged_when_they_fire() {
     );
     assert_eq!(fake.from_host.load(Ordering::Acquire), 1);
 }
+
+/// With resource management, deferred work without `FI_COMPLETION` whose start fails (its
+/// device memory cannot be staged) gives back only its own reservation, which the failed
+/// start returned already: a send in flight keeps its room. Before, the failure's report
+/// gave back another, and the CQ of two took three posts.
+#[test]
+fn a_failed_deferred_start_keeps_other_operations_room() {
+    let (w, fake) = device_world();
+    let e = w.ep_managed_caps(HCAPS, 2);
+    let c = w.cntr();
+    let host = [0u8; 8];
+    let hiov = [RawIov::of(&host)];
+    // SAFETY: the mock never reads it.
+    unsafe { e.ep.sendmsg(&msg(&hiov, 1), 0) }.unwrap();
+    let dev = vec![0u8; 48];
+    fake.add(&dev);
+    let siov = [RawIov::of(&dev)];
+    fake.fail.store(true, Ordering::Release);
+    let done = w.cntr();
+    let work = DeferredWork {
+        threshold: 1,
+        triggering_cntr: &c,
+        completion_cntr: Some(&done),
+        op: WorkOp::Send(OpMsg {
+            ep: &e.ep,
+            msg: msg(&siov, 52),
+            flags: 0,
+        }),
+    };
+    // SAFETY: as above.
+    unsafe { w.domain.queue_work(&work) }.unwrap();
+    c.add(1).unwrap();
+    assert_eq!((done.read(), done.readerr()), (0, 1));
+    fake.fail.store(false, Ordering::Release);
+    // SAFETY: as above.
+    let r3 = unsafe { e.ep.sendmsg(&msg(&hiov, 3), 0) };
+    // SAFETY: as above.
+    let r4 = unsafe { e.ep.sendmsg(&msg(&hiov, 4), 0) };
+    assert!(r3.is_ok(), "{r3:?}");
+    assert!(
+        matches!(r4, Err(crate::error::Error::Again(_))),
+        "a post past the CQ's room was taken: {r4:?}"
+    );
+}

@@ -1,7 +1,7 @@
 //! An exported completion queue: its entries copied into a ring an XPU reads.
 //!
 //! The host queue stays what providers write to. Every time an entry is added (and every time
-//! a watcher runs, or a CPU XPU's read finds the ring empty) entries move, errors first, into
+//! a watcher runs, or a CPU XPU's read finds the ring empty) entries move, in their order, into
 //! the ring while it has room. The XPU consumes them and writes its `head` back. When the ring
 //! is full, entries stay in the host queue, in order, bounded by the queue's own size as
 //! always: nothing is lost, and the next pump after the XPU made room moves them.
