@@ -326,6 +326,9 @@ impl Staged {
 pub(crate) struct StagingRegistry {
     live: AtomicUsize,
     map: Mutex<HashMap<Context, Box<Staged>>>,
+    /// The next key's number: keys are never reused, so a key looked up for one operation
+    /// (`key_of`, for a cancel) never names a later one.
+    next: AtomicUsize,
     /// Failed landing copies (their operations completed with `FI_EIO`), kept for the
     /// application to read the driver's reason.
     errors: Mutex<Vec<Error>>,
@@ -361,8 +364,14 @@ impl StagingRegistry {
     /// Keeps `s` until its operation ends; returns the context to post it with.
     pub fn insert(&self, s: Staged) -> Context {
         let b = Box::new(s);
-        // Never dereferenced: only told apart from the application's contexts.
-        let key = (&*b as *const Staged as Context) | crate::entry::INTERNAL_CTX;
+        // Told apart from the application's contexts by its top bit; a number, never an
+        // address (a freed record's address comes back at once for the next), so that a key
+        // names one operation for good; in order, so the lowest is the oldest.
+        // The bit below the top one too: never set in an address (deferred work's keys are
+        // addresses with the top bit), so the two kinds of key never meet.
+        const STAGED: Context = 1 << (usize::BITS - 2);
+        let n = self.next.fetch_add(1, Ordering::Relaxed) & (STAGED - 1);
+        let key = n | STAGED | crate::entry::INTERNAL_CTX;
         self.lock().insert(key, b);
         self.live.fetch_add(1, Ordering::AcqRel);
         key
@@ -504,15 +513,26 @@ impl StagingRegistry {
         }
     }
 
-    /// The provider-side context of the staged operation the application posted as `user`.
+    /// The provider-side context of the staged operation the application posted as `user`
+    /// (what `fi_cancel` of `user` names): its oldest receive or read into device memory, else
+    /// its oldest other operation.
     pub fn key_of(&self, user: Context) -> Option<Context> {
         if self.live.load(Ordering::Acquire) == 0 {
             return None;
         }
         self.lock()
             .iter()
-            .find(|(_, s)| s.user_ctx == user && !s.remote)
+            .filter(|(_, s)| s.user_ctx == user && !s.remote)
+            .min_by_key(|&(&k, s)| (s.land.is_empty(), k))
             .map(|(&k, _)| k)
+    }
+
+    /// The application's context of the staged operation posted as `key`.
+    pub fn user_of(&self, key: Context) -> Option<Context> {
+        if self.live.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.lock().get(&key).map(|s| s.user_ctx)
     }
 }
 

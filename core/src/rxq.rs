@@ -442,6 +442,18 @@ impl<U> RecvQueue<U> {
         self.claimed.contains_key(&ctx)
     }
 
+    /// A message claimed under `from` is now claimed under `to` (a claim posted again under
+    /// another context: a staged receive's key); false where nothing is claimed under `from`.
+    pub fn rekey_claim(&mut self, from: Context, to: Context) -> bool {
+        match self.claimed.remove(&from) {
+            Some(u) => {
+                self.claimed.insert(to, u);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Posts a receive (with `flags` from `recvmsg`).
     pub fn post(&mut self, r: PostedRecv) -> PostResult<U> {
         let tagged = r.tagged();

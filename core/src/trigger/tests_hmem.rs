@@ -431,3 +431,41 @@ fn a_failed_deferred_start_keeps_other_operations_room() {
         "a post past the CQ's room was taken: {r4:?}"
     );
 }
+
+/// A staging key names one operation for good: a receive completed, another posted at once
+/// gets a key of its own (a record's address came back for the next, and a cancel that had
+/// looked up the first's key canceled the second). And `fi_cancel` of a context several
+/// staged operations share picks its receive, not one of its sends.
+#[test]
+fn staging_keys_are_never_reused_and_a_cancel_picks_the_receive() {
+    let (w, fake) = device_world();
+    let e = w.ep_with(HCAPS, 64, &[]);
+    let dev = vec![0u8; 32];
+    fake.add(&dev);
+    let iov = [RawIov::of(&dev)];
+    // SAFETY: `dev` outlives every operation below (each completes or is canceled).
+    unsafe { e.ep.recvmsg(&msg(&iov, 1), 0) }.unwrap();
+    let first = e.ep.core().staging.key_of(1).expect("staged");
+    w.sh.deliver(4);
+    assert_eq!(e.entries().len(), 1);
+    // SAFETY: as above.
+    unsafe { e.ep.recvmsg(&msg(&iov, 2), 0) }.unwrap();
+    let second = e.ep.core().staging.key_of(2).expect("staged");
+    assert_ne!(first, second, "a key reused");
+    w.sh.deliver(4);
+    assert_eq!(e.entries().len(), 1);
+    // Sixteen sends and a receive under context 0: the cancel finds the receive.
+    for _ in 0..16 {
+        // SAFETY: as above; the mock keeps sends in flight (no inline completion).
+        unsafe { e.ep.sendmsg(&msg(&iov, 0), 0) }.unwrap();
+    }
+    // SAFETY: as above.
+    unsafe { e.ep.recvmsg(&msg(&iov, 0), 0) }.unwrap();
+    e.ep.cancel(0).unwrap();
+    let errs: Vec<_> = e
+        .errors()
+        .iter()
+        .map(|x| (x.op_context, x.err, x.flags & FI_RECV))
+        .collect();
+    assert_eq!(errs, [(0, FI_ECANCELED, FI_RECV)]);
+}

@@ -48,6 +48,13 @@ impl Engine {
                 r.ctx
             )));
         }
+        // A claim into device memory comes staged, under the staging key: the message the
+        // application claimed under its own context is looked up as that key's.
+        if r.flags & (FI_PEEK | FI_CLAIM) == FI_CLAIM && r.ctx & crate::entry::INTERNAL_CTX != 0 {
+            if let Some(user) = self.core.staging.user_of(r.ctx) {
+                self.rxq.rekey_claim(user, r.ctx);
+            }
+        }
         let (ctx, flags, tag) = (r.ctx, r.flags, r.tag);
         match self.rxq.post(r) {
             PostResult::Queued => {}

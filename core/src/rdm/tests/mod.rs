@@ -1702,3 +1702,61 @@ fn a_peeks_source_is_reported_only_with_fi_source() {
     assert_eq!((e[0].op_context, e[0].len), (4, 20));
     assert_eq!(src[0], FI_ADDR_NOTAVAIL, "the endpoint has no FI_SOURCE");
 }
+
+/// A message claimed by a peek (`FI_PEEK | FI_CLAIM`) is then received into device memory:
+/// the claim comes staged, under the staging key, and finds the message claimed under the
+/// application's context. Before, it found none (`FI_ENOMSG`), and the message stayed
+/// claimed for good.
+#[test]
+fn a_claimed_message_is_received_into_device_memory() {
+    use crate::trigger::testkit::ALL_CAPS;
+    let fake = std::sync::Arc::new(FakeHmem::default());
+    let world = World::with_hmem(fake.clone());
+    let mut a = Side::new(&world);
+    let ep = world.ep_with(ALL_CAPS | FI_HMEM, 64, &[]);
+    let core = ep.ep.core().clone();
+    let eng = Engine::new(
+        core.clone(),
+        Config {
+            eager_max: EAGER,
+            ..Config::default()
+        },
+    );
+    let mut b = Side {
+        ep,
+        core: core.clone(),
+        eng,
+        hold_sent: false,
+        held: Vec::new(),
+        refused: Vec::new(),
+        done: Vec::new(),
+        whole: false,
+    };
+    let data = pattern(32, 4);
+    a.send(send(1, &data, Some(7), None, 0));
+    let t = a.eng.poll_transmit().expect("the message");
+    arrive(&mut b, &t.ctrl, &body_bytes(&t.body)).unwrap();
+    b.recv(recv(20, &mut [], Some(7), FI_PEEK | FI_CLAIM));
+    assert_eq!(b.one(20).len, 32);
+    let dev = vec![0u8; 32];
+    fake.add(&dev);
+    let staged = core
+        .stage_in(20, &iov(&dev), false)
+        .unwrap()
+        .expect("device memory is staged");
+    let claim = recv(20, &mut [], Some(7), FI_CLAIM);
+    core.post_staged(staged, false, |ctx, bounce| {
+        // SAFETY: the bounce buffer lives until the receive completes.
+        unsafe {
+            b.eng.post_recv(PostedRecv {
+                ctx,
+                iov: bounce,
+                ..claim
+            })
+        }
+    })
+    .unwrap();
+    b.report();
+    assert_eq!(b.one(20).len, 32);
+    assert_eq!(dev, data, "landed in the device memory");
+}
