@@ -643,6 +643,21 @@ fn await_frame(n: &Node, raw: &mut RawPeer, want: impl Fn(&Frame) -> bool) -> Fr
     }
 }
 
+/// A well-formed CUDA IPC handle naming this very process (where the raw peers live): never
+/// opened here, whatever the driver would say.
+fn this_process_handle() -> IpcHandle {
+    IpcHandle {
+        iface: Iface::Cuda,
+        pid: std::process::id(),
+        device: 0,
+        alloc_id: 7,
+        base: 0x7000_0000,
+        alloc_len: 1 << 20,
+        offset: 0,
+        raw: [9; 64],
+    }
+}
+
 #[test]
 fn forged_cuda_descriptors_are_refused_and_the_data_comes_through_frames() {
     if role().is_some() || skip_not_shm() {
@@ -655,16 +670,7 @@ fn forged_cuda_descriptors_are_refused_and_the_data_comes_through_frames() {
     const LEN: usize = 40_000;
     let n = node(FI_MSG | FI_TAGGED, Progress::Manual);
     let addr = n.ep.getname().expect("getname");
-    let good = IpcHandle {
-        iface: Iface::Cuda,
-        pid: std::process::id(),
-        device: 0,
-        alloc_id: 7,
-        base: 0x7000_0000,
-        alloc_len: 1 << 20,
-        offset: 0,
-        raw: [9; 64],
-    };
+    let good = this_process_handle();
     let mut past_end = ipc_desc(&good, 1 << 20).as_bytes().to_vec();
     past_end[1 + 40..1 + 48].copy_from_slice(&4096u64.to_le_bytes()); // offset 4096
     let mut garbage = ipc_desc(&good, LEN).as_bytes().to_vec();
@@ -781,16 +787,7 @@ fn an_rma_write_from_a_device_handle_is_refused() {
     } else {
         0
     };
-    let handle = IpcHandle {
-        iface: Iface::Cuda,
-        pid: std::process::id(),
-        device: 0,
-        alloc_id: 7,
-        base: 0x7000_0000,
-        alloc_len: 1 << 20,
-        offset: 0,
-        raw: [9; 64],
-    };
+    let handle = this_process_handle();
     let segs = xfabric_core::RmaIovList::from_segs(&[xfabric_core::RmaIov {
         addr: base,
         len: LEN,

@@ -670,11 +670,10 @@ pub(crate) unsafe extern "C" fn cq_sreadfrom(
 
 /// `struct fi_cq_err_entry`: the core's entry (same layout) as C fills it.
 pub(crate) unsafe extern "C" fn cq_readerr(
-    cq: *mut c_void,
+    cq_fid: *mut c_void,
     buf: *mut c_void,
     _flags: u64,
 ) -> isize {
-    let cq_fid = cq;
     call(|| {
         // SAFETY: a fid from the caller, checked.
         let cq = unsafe { obj::<CompletionQueue>(cq_fid) }?;

@@ -178,17 +178,16 @@ impl EventQueue {
         }
         let mut q = self.inner.q.lock().unwrap_or_else(|e| e.into_inner());
         match q.items.front() {
-            None => Err(Error::Again("eq read")),
-            Some(Item::Err(_)) => Err(Error::Avail),
-            Some(Item::Event(e)) if flags & FI_PEEK != 0 => Ok(e.clone()),
-            Some(Item::Event(_)) => {
-                q.events -= 1;
-                match q.items.pop_front() {
-                    Some(Item::Event(e)) => Ok(e),
-                    _ => unreachable!("the head was an event"),
-                }
-            }
+            None => return Err(Error::Again("eq read")),
+            Some(Item::Err(_)) => return Err(Error::Avail),
+            Some(Item::Event(e)) if flags & FI_PEEK != 0 => return Ok(e.clone()),
+            Some(Item::Event(_)) => {}
         }
+        let Some(Item::Event(e)) = q.items.pop_front() else {
+            return Err(Error::Again("eq read"));
+        };
+        q.events -= 1;
+        Ok(e)
     }
 
     /// `fi_eq_readerr`: the error at the head of the queue; `Again` when the head is an event

@@ -97,6 +97,19 @@ static inline void close_domain(struct fi_info *info, struct fid_fabric *fabric,
 	fi_freeinfo(info);
 }
 
+/* Reads `cq` (bounded) until its next entry is an error: a success there fails the test. */
+static inline void await_error(struct fid_cq *cq)
+{
+	struct fi_cq_tagged_entry e; /* the widest format: room for any */
+	for (long i = 0;; i++) {
+		ssize_t r = fi_cq_read(cq, &e, 1);
+		if (r == -FI_EAVAIL)
+			return;
+		REQUIRE(r == -FI_EAGAIN);
+		REQUIRE(i < 10000000);
+	}
+}
+
 /* Opens a table AV and an RDM endpoint on `domain` bound to it and to `cq` for both
  * directions, and enables it. */
 static inline void open_ep(struct fid_domain *domain, struct fi_info *info, struct fid_cq *cq,

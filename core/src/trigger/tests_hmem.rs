@@ -7,8 +7,11 @@ use std::sync::Arc;
 
 use super::testkit::*;
 use super::{TriggerContext, TriggerVar, Xpu};
+use crate::cntr::Counter;
 use crate::consts::errno::{FI_ECANCELED, FI_EIO};
 use crate::consts::*;
+use crate::entry::Context;
+use crate::ep::Endpoint;
 use crate::rxq::RawIov;
 use crate::work::{DeferredWork, OpMsg, WorkOp};
 
@@ -27,6 +30,33 @@ fn device_world() -> (World, Arc<FakeHmem>) {
 }
 
 const HCAPS: u64 = XPU_CAPS | FI_HMEM;
+
+/// Queues deferred work sending `iov` on `ep` as context `ctx` once `trig` reaches 1,
+/// counting on `done`.
+///
+/// # Safety
+/// `iov`'s memory stays valid until the work completes.
+unsafe fn queue_deferred_send(
+    w: &World,
+    ep: &Endpoint,
+    trig: &Counter,
+    done: &Counter,
+    iov: &[RawIov],
+    ctx: Context,
+) {
+    let work = DeferredWork {
+        threshold: 1,
+        triggering_cntr: trig,
+        completion_cntr: Some(done),
+        op: WorkOp::Send(OpMsg {
+            ep,
+            msg: msg(iov, ctx),
+            flags: 0,
+        }),
+    };
+    // SAFETY: the caller's contract.
+    unsafe { w.domain.queue_work(&work) }.unwrap();
+}
 
 /// Stores `var`'s value to its doorbell, as a CPU XPU does.
 fn ring(var: &TriggerVar) {
@@ -290,18 +320,8 @@ fn a_device_copy_failing_at_the_trigger_fails_that_operation_with_eio() {
     }
     .unwrap();
     let done = w.cntr();
-    let work = DeferredWork {
-        threshold: 1,
-        triggering_cntr: &c,
-        completion_cntr: Some(&done),
-        op: WorkOp::Send(OpMsg {
-            ep: &e.ep,
-            msg: msg(&siov, 52),
-            flags: 0,
-        }),
-    };
     // SAFETY: as above.
-    unsafe { w.domain.queue_work(&work) }.unwrap();
+    unsafe { queue_deferred_send(&w, &e.ep, &c, &done, &siov, 52) };
     c.add(1).unwrap();
     assert!(w.sh.ctxs().is_empty(), "the provider was given neither");
     let errs: Vec<_> = e.errors().iter().map(|x| (x.op_context, x.err)).collect();
@@ -406,18 +426,8 @@ fn a_failed_deferred_start_keeps_other_operations_room() {
     let siov = [RawIov::of(&dev)];
     fake.fail.store(true, Ordering::Release);
     let done = w.cntr();
-    let work = DeferredWork {
-        threshold: 1,
-        triggering_cntr: &c,
-        completion_cntr: Some(&done),
-        op: WorkOp::Send(OpMsg {
-            ep: &e.ep,
-            msg: msg(&siov, 52),
-            flags: 0,
-        }),
-    };
     // SAFETY: as above.
-    unsafe { w.domain.queue_work(&work) }.unwrap();
+    unsafe { queue_deferred_send(&w, &e.ep, &c, &done, &siov, 52) };
     c.add(1).unwrap();
     assert_eq!((done.read(), done.readerr()), (0, 1));
     fake.fail.store(false, Ordering::Release);

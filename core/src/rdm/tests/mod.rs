@@ -86,18 +86,23 @@ impl Side {
 
     /// A side whose transport copies one-sidedly (`SameProcess`) when `one_sided`.
     fn with(world: &World, one_sided: bool) -> Side {
-        let ep = world.ep();
+        let mut s = Side::on(world.ep());
+        if one_sided {
+            s.eng = s.eng.with_one_sided(Box::new(SameProcess));
+        }
+        s
+    }
+
+    /// A side on endpoint `ep` (one of `World::ep_with`'s, for other capabilities).
+    fn on(ep: Ep) -> Side {
         let core = ep.ep.core().clone();
-        let mut eng = Engine::new(
+        let eng = Engine::new(
             core.clone(),
             Config {
                 eager_max: EAGER,
                 ..Config::default()
             },
         );
-        if one_sided {
-            eng = eng.with_one_sided(Box::new(SameProcess));
-        }
         Side {
             ep,
             core,
@@ -1615,25 +1620,7 @@ fn a_body_arriving_as_its_sender_is_inserted_goes_to_the_receive_directed_at_it(
     use crate::trigger::testkit::ALL_CAPS;
     let world = World::new();
     let mut a = Side::new(&world);
-    let ep = world.ep_with(ALL_CAPS | FI_DIRECTED_RECV, 64, &[]);
-    let core = ep.ep.core().clone();
-    let eng = Engine::new(
-        core.clone(),
-        Config {
-            eager_max: EAGER,
-            ..Config::default()
-        },
-    );
-    let mut b = Side {
-        ep,
-        core,
-        eng,
-        hold_sent: false,
-        held: Vec::new(),
-        refused: Vec::new(),
-        done: Vec::new(),
-        whole: false,
-    };
+    let mut b = Side::on(world.ep_with(ALL_CAPS | FI_DIRECTED_RECV, 64, &[]));
     let data = pattern(40, 3);
     a.send(send(1, &data, Some(5), None, 0));
     let t = a.eng.poll_transmit().expect("the message");
@@ -1713,25 +1700,8 @@ fn a_claimed_message_is_received_into_device_memory() {
     let fake = std::sync::Arc::new(FakeHmem::default());
     let world = World::with_hmem(fake.clone());
     let mut a = Side::new(&world);
-    let ep = world.ep_with(ALL_CAPS | FI_HMEM, 64, &[]);
-    let core = ep.ep.core().clone();
-    let eng = Engine::new(
-        core.clone(),
-        Config {
-            eager_max: EAGER,
-            ..Config::default()
-        },
-    );
-    let mut b = Side {
-        ep,
-        core: core.clone(),
-        eng,
-        hold_sent: false,
-        held: Vec::new(),
-        refused: Vec::new(),
-        done: Vec::new(),
-        whole: false,
-    };
+    let mut b = Side::on(world.ep_with(ALL_CAPS | FI_HMEM, 64, &[]));
+    let core = b.core.clone();
     let data = pattern(32, 4);
     a.send(send(1, &data, Some(7), None, 0));
     let t = a.eng.poll_transmit().expect("the message");
