@@ -193,6 +193,54 @@ fn the_conformance_suite_passes_between_two_hosts() {
     assert!(!text.contains(" 0 passed"), "{text}");
 }
 
+const VANISH_BUSY: &str = "a_host_that_vanishes_mid_transfer_is_noticed_by_time";
+
+/// Host A: talks to B, then (after B's link is cut) sends to B over the connection that is
+/// still up: its bytes go unacknowledged, and the send must fail by time.
+fn sending_host() {
+    let n = tcp_node();
+    let b = connect_parent(&n);
+    let m = [7u8; 8];
+    // SAFETY: m outlives the completion waited for.
+    unsafe { n.ep.tsend(&m, None, b, 0, 1) }.unwrap();
+    n.wait_one();
+    say("sent");
+    assert_eq!(listen(), "cut");
+    let big = vec![9u8; 4 << 20];
+    // SAFETY: big outlives the completion waited for.
+    unsafe { n.ep.tsend(&big, None, b, 0, 2) }.unwrap();
+    let e = n.wait_err();
+    say(&format!("send {} {}", e.op_context, e.err));
+}
+
+/// The busy half of the test below: the connection carries data nobody acknowledges.
+/// Keepalive does not probe such a connection, and without `TCP_USER_TIMEOUT` (which would
+/// also end a connection whose receiver merely holds us back) the kernel retransmits for
+/// ~15 minutes: the connection look's `TCP_INFO` reading ends it after the bound.
+#[test]
+fn a_host_that_vanishes_mid_transfer_is_noticed_by_time() {
+    match role().as_deref() {
+        Some("b") => return vanishing_host(),
+        Some("a") => return sending_host(),
+        _ => {}
+    }
+    let Some(h) = hosts_or_skip(4) else { return };
+    let env = [("XFABRIC_TCP_DEAD_MS", "2000")];
+    let mut b = spawn_via(&["ip", "netns", "exec", &h.b], VANISH_BUSY, "b", &env);
+    let mut a = spawn_via(&["ip", "netns", "exec", &h.a], VANISH_BUSY, "a", &env);
+    let b_addr = b.hear();
+    a.tell(&b_addr);
+    let a_addr = a.hear();
+    b.tell(&a_addr);
+    assert_eq!(a.hear(), "sent");
+    assert_eq!(b.hear(), "got");
+    ip(&["-n", &h.b, "link", "set", &h.dev_b, "down"]).expect("cut B's link");
+    a.tell("cut");
+    assert_eq!(a.hear(), format!("send 2 {}", errno::FI_ETIMEDOUT));
+    a.join();
+    b.kill();
+}
+
 const VANISH: &str = "a_host_that_vanishes_is_noticed_by_time_busy_or_idle";
 
 fn tcp_node() -> Node {

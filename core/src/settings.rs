@@ -413,15 +413,17 @@ pub static AUTH_KEY: Setting = Setting::new(
      peer must prove it holds the same key (HMAC-SHA-256 challenge) before anything it sends \
      is taken; endpoints with different keys cannot talk. Not encryption",
 );
-/// `XFABRIC_TCP_DEAD_MS`: Milliseconds a connected tcp peer may leave our data unacknowledged,
-/// or an idle connection unanswered, before it is declared lost (0: leave it to the kernel).
+/// `XFABRIC_TCP_DEAD_MS`: Milliseconds a connected tcp peer may acknowledge nothing we sent
+/// (data, or the kernel's probes) before it is declared lost (0: leave it to the kernel).
 pub static TCP_DEAD_MS: Setting = Setting::new(
     "XFABRIC_TCP_DEAD_MS",
     Kind::Size,
     "30000",
-    "Milliseconds a connected tcp peer may leave our data unacknowledged, or an idle \
-     connection unanswered, before it is declared lost and its operations fail (0: leave it \
-     to the kernel, which may wait forever on an idle connection)",
+    "Milliseconds a connected tcp peer may acknowledge nothing we sent (data, or the \
+     kernel's keepalive and zero-window probes) before it is declared lost and its \
+     operations fail; a peer holding our data back while its kernel answers is alive \
+     however long it holds (0: leave it to the kernel, which may wait forever on an idle \
+     connection)",
 );
 /// `XFABRIC_TCP_STALL_MS`: Milliseconds a tcp peer may send nothing more of a frame it began
 /// before it is declared lost (0: never).

@@ -292,25 +292,24 @@ pub struct Net {
     fd_warned: Option<Instant>,
 }
 
-/// Arms the kernel's own liveness checks on a connection, so that a peer whose host
-/// vanished (powered off, cable pulled: no RST ever comes) is noticed by time, busy or
-/// idle: `TCP_USER_TIMEOUT` bounds how long written data may stay unacknowledged, and
-/// keepalive probes (half the time idle, then three probes over the other half) find an idle
-/// connection dead. Both end it with `ETIMEDOUT`, which the event loop reports as a lost peer.
+/// Arms the kernel's keepalive on a connection, so that a peer whose host vanished (powered
+/// off, cable pulled: no RST ever comes) is noticed by time on an idle connection: probes
+/// after half the time idle, then three over the other half; unanswered, the kernel ends the
+/// connection with `ETIMEDOUT`, which the event loop reports as a lost peer. A connection
+/// with data to send is watched by `silent_too_long` instead: `TCP_USER_TIMEOUT` is not used,
+/// as since Linux 5.11 it also ends a connection whose receiver answers every zero-window
+/// probe, that is, one that holds the sender back on purpose (flow control) or computes
+/// between progress calls; the sends the sender's application already saw complete were
+/// then lost with it.
 fn arm_liveness(sock: &TcpStream, d: Duration) {
     let fd = sock.as_raw_fd();
     let ms = u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1);
     let secs = |v: u32| i32::try_from(v / 1000).unwrap_or(i32::MAX).max(1);
-    let opts: [(i32, i32, i32); 5] = [
+    let opts: [(i32, i32, i32); 4] = [
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
         (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs(ms / 2)),
         (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, secs(ms / 6)),
         (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3),
-        (
-            libc::IPPROTO_TCP,
-            libc::TCP_USER_TIMEOUT,
-            i32::try_from(ms).unwrap_or(i32::MAX),
-        ),
     ];
     for (level, name, v) in opts {
         // SAFETY: setsockopt on a socket we own, with a pointer to an int and its size.
@@ -330,6 +329,47 @@ fn arm_liveness(sock: &TcpStream, d: Duration) {
             );
         }
     }
+}
+
+/// The kernel's view of a connection (`TCP_INFO`), if it answers.
+fn tcp_info(fd: RawFd) -> Option<libc::tcp_info> {
+    // SAFETY: tcp_info is plain integers, valid zeroed.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`, which has them.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            &mut info as *mut libc::tcp_info as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(info)
+}
+
+/// `TCP_ESTABLISHED` of linux/tcp_states.h (`tcpi_state`), which libc does not name.
+const TCP_ESTABLISHED: u8 = 1;
+
+/// Whether connection `fd` is still established in both directions to the kernel: false once
+/// the peer closed it (FIN: `CLOSE_WAIT`) or reset it.
+fn established(fd: RawFd) -> bool {
+    tcp_info(fd).is_some_and(|i| i.tcpi_state == TCP_ESTABLISHED)
+}
+
+/// Whether the peer of connection `fd` has left something of ours unanswered for
+/// `dead_ms`: data retransmitted, or zero-window or keepalive probes sent, with no
+/// acknowledgement at all since. A receiver that holds us back answers each zero-window
+/// probe (the answer resets the kernel's probe count and moves the last acknowledgement), so
+/// it is never taken for dead however long it holds; a vanished host answers nothing. Two
+/// probes, not one: a live receiver's kernel answers such probes at most once every 500 ms
+/// (`tcp_invalid_ratelimit`), so the second of two probes sent closer together goes
+/// unanswered; probes back off (each interval twice the last), so two in a row never do.
+fn silent_too_long(fd: RawFd, dead_ms: u64) -> bool {
+    tcp_info(fd).is_some_and(|i| {
+        (i.tcpi_retransmits > 0 || i.tcpi_probes >= 2) && u64::from(i.tcpi_last_ack_recv) >= dead_ms
+    })
 }
 
 fn errno(e: &io::Error) -> i32 {
@@ -627,8 +667,10 @@ impl Net {
 
     /// How long a connected peer may stay silent to the kernel before it is declared lost
     /// (`None`: only when the kernel gives up by itself, which for a vanished host may be
-    /// never on an idle connection and ~15 minutes with unacknowledged data). Applies to
-    /// connections made from now on.
+    /// never on an idle connection and ~15 minutes with unacknowledged data): keepalive on an
+    /// idle connection (armed on connections made from now on), the last acknowledgement
+    /// (`look_at_connections`) on one with data to send. A peer that holds our data back
+    /// while answering the kernel's probes is alive, however long it holds.
     pub fn set_dead_after(&mut self, d: Option<Duration>) {
         self.dead_after = d;
     }
@@ -830,10 +872,19 @@ impl Net {
         n + self.report(h)
     }
 
-    /// Tries, until `deadline`, to write out everything queued (frames arriving meanwhile
-    /// are dropped), then closes every connection. Reports still pending stay for a later
-    /// `progress`.
+    /// Tries, until `deadline`, to write out the answers queued (frames arriving meanwhile
+    /// are dropped), then closes every connection. The requests queued are dropped: the
+    /// engine's close ended their operations `FI_ECANCELED`, so they must not arrive. One
+    /// already begun cannot be taken back: its connection gets nothing more, and the peer
+    /// drops the frame it cut. Reports still pending stay for a later `progress`.
     pub fn shutdown(&mut self, deadline: Instant) {
+        for peer in &mut self.peers {
+            let cut = peer.queue.front().is_some_and(|o| o.off > 0 && !o.answer);
+            peer.queue.retain(|o| !cut && (o.answer || o.off > 0));
+            peer.queued = peer.queue.iter().map(|o| o.len - o.off).sum();
+            peer.owed = peer.queue.len();
+            peer.owed_bytes = peer.queue.iter().map(|o| o.charge).sum();
+        }
         struct Drain;
         impl Handler for Drain {
             fn on_ctrl(
@@ -1481,7 +1532,11 @@ impl Net {
         };
         if let Some(old) = self.peers[p].conn {
             let (out, up) = (self.conns[old].outbound, self.conns[old].st == St::Up);
-            if out && !(up && self.peers[p].nonce != Some(nonce)) {
+            // The peer dropped the connection we hold up (we may not have read its FIN yet:
+            // we hold it back, or it came just now): its claim is a reconnect, not the other
+            // half of a simultaneous connect (whose claimant keeps ours).
+            let dropped = up && !established(self.conns[old].sock.as_raw_fd());
+            if out && !(up && (self.peers[p].nonce != Some(nonce) || dropped)) {
                 // Both connected at once: the connection opened by the lower address wins.
                 if self.key < self.peers[p].key {
                     debug!(%addr, "tcp: simultaneous connect; ours wins");
@@ -1869,8 +1924,9 @@ impl Net {
         self.reports.push_back(Report::Lost(p, e));
     }
 
-    /// Looks at every connection, at most every `LOOK_EVERY_MS`: ends those whose peer sent
-    /// nothing more of a frame it began for `stall_after`
+    /// Looks at every connection, at most every `LOOK_EVERY_MS`: ends those whose peer
+    /// acknowledged none of our data or probes for `dead_after` (`silent_too_long`), those
+    /// whose peer sent nothing more of a frame it began for `stall_after`
     /// (a body it announced and never finished holds the receive it matched, and the bytes
     /// charged to it, for as long as the connection lives: a peer that keeps its connection
     /// alive could hold them forever), and takes back the read buffer of those idle since the
@@ -1881,6 +1937,9 @@ impl Net {
         let limit = self
             .stall_after
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let dead_ms = self
+            .dead_after
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         // A failed clock read (u64::MAX) looks again at the next call.
         self.next_look = if now == u64::MAX {
             0
@@ -1889,7 +1948,14 @@ impl Net {
         };
         let mut stalled = Vec::new();
         let mut unread = Vec::new();
+        let mut silent = Vec::new();
         for (k, c) in self.conns.iter_mut() {
+            if let Some(dead) = dead_ms {
+                if c.st == St::Up && silent_too_long(c.sock.as_raw_fd(), dead) {
+                    silent.push(k);
+                    continue;
+                }
+            }
             if c.st == St::Up
                 && !c.read_lately
                 && c.rs == c.re
@@ -1925,7 +1991,14 @@ impl Net {
                 stalled.push(k);
             }
         }
-        let n = stalled.len() + unread.len();
+        let n = stalled.len() + unread.len() + silent.len();
+        for k in silent {
+            self.fail_conn(
+                k,
+                libc::ETIMEDOUT,
+                "the peer acknowledged nothing for XFABRIC_TCP_DEAD_MS",
+            );
+        }
         for k in unread {
             self.fail_conn(
                 k,

@@ -137,7 +137,10 @@ impl Engine {
     }
 
     /// Closes: every outstanding operation and posted receive ends with `FI_ECANCELED`;
-    /// buffered messages are dropped. Frames already queued stay for the transport to flush.
+    /// buffered messages are dropped, and so are the frames of our own requests not yet
+    /// handed to the transport. Answers already queued stay for the transport to flush
+    /// (a transport does the same with frames it was handed and has not begun writing:
+    /// those that `answer_charge` finds no answer).
     pub fn close(&mut self) {
         if self.closed {
             return;
@@ -171,25 +174,20 @@ impl Engine {
             });
         }
         self.rxq.drain_unexpected();
-        // Data frames would read application memory that is being handed back.
-        self.out.retain(|t| !matches!(t.body, Body::Iov(_)));
+        // Only answers the peers wait for go out still (`answer_charge`: acknowledgements,
+        // go-aheads, read and atomic answers): every request of ours ended `FI_ECANCELED`
+        // above, so none of its frames may reach the peer (a message delivered after its
+        // send was reported canceled arrives twice when the application sends it again; an
+        // atomic is applied twice). Nor may a frame read application memory being handed back.
+        let keep = |t: &Transmit| answer_charge(t).is_some() && !matches!(t.body, Body::Iov(_));
+        self.out.retain(keep);
         for ps in &mut self.peers {
-            ps.blocked.retain(|t| !matches!(t.body, Body::Iov(_)));
+            ps.blocked.retain(keep);
             (ps.owed, ps.owed_bytes) = ps
                 .blocked
                 .iter()
                 .filter_map(answer_charge)
                 .fold((0, 0), |(n, b), c| (n + 1, b + c));
-        }
-        // Small messages still queued were reported canceled above; they may still go out.
-        for t in self
-            .out
-            .iter_mut()
-            .chain(self.peers.iter_mut().flat_map(|ps| &mut ps.blocked))
-        {
-            if t.token == Some(ON_TAKE) {
-                t.token = None;
-            }
         }
         self.blocked = self.peers.iter().map(|ps| ps.blocked.len()).sum();
     }

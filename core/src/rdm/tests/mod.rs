@@ -1373,10 +1373,14 @@ fn close_cancels_everything() {
     };
     assert_eq!(ends(&net.a), [1, 2, 3, 4]);
     assert_eq!(ends(&net.b), [10, 11, 12]);
-    // No frame reads memory that was handed back.
+    // No frame reads memory that was handed back, and no request ended above goes out.
     for s in [&mut net.a, &mut net.b] {
         while let Some(t) = s.eng.poll_transmit() {
             assert!(!matches!(t.body, Body::Iov(_)));
+            assert!(
+                crate::rdm::answer_charge(&t).is_some(),
+                "a request's frame went out"
+            );
         }
     }
     // The body that was arriving lands nowhere; closed engines take nothing new.

@@ -1688,6 +1688,192 @@ fn a_frame_trickling_in_is_lost_after_frame_stalls_times_stall_after() {
 /// A large frame from a healthy sender that we do not read for longer than the frame bound
 /// (an application computing between progress calls) is not cut: the first read after the
 /// pause brings a socket's worth, which restarts the bound.
+/// A receiver that holds its sender back (it answers `Sink::Wait`, stops reading, and its
+/// kernel shrinks the window to zero) for four times `dead_after` is alive: its kernel
+/// answers every zero-window probe. Nothing is lost. With `TCP_USER_TIMEOUT` armed, the
+/// sender's kernel ended the connection after `dead_after` of probing, and the frames it
+/// had already taken (their sends complete) were gone with it.
+#[test]
+fn a_receiver_holding_us_back_past_dead_after_loses_nothing() {
+    let dead = Duration::from_millis(500);
+    let net = || {
+        let mut n = Net::bind(lo()).unwrap();
+        n.set_dead_after(Some(dead));
+        n.set_look_every(Duration::from_millis(20));
+        n
+    };
+    let (mut a, mut b) = (net(), net());
+    let mut ha = Rec::default();
+    let mut hb = Rec {
+        mode: Mode::Hold,
+        held: true,
+        ..Rec::default()
+    };
+    let pb = a.peer(b.local_addr());
+    // More than both kernels' buffers hold: the sender's queue stays full.
+    let bodies: Vec<Vec<u8>> = (0..400u32).map(|i| pattern(i, 64 << 10)).collect();
+    for (i, body) in bodies.iter().enumerate() {
+        a.send(msg(
+            pb,
+            i as u32,
+            Body::Owned(body.clone()),
+            Some(u64::from(i as u32)),
+        ));
+    }
+    let start = Instant::now();
+    while start.elapsed() < dead * 4 {
+        a.progress(&mut ha);
+        b.progress(&mut hb);
+        assert!(
+            ha.lost.is_empty() && hb.lost.is_empty(),
+            "{:?} {:?}",
+            ha.lost,
+            hb.lost
+        );
+    }
+    assert!(
+        hb.got.is_empty() && hb.offers > 0,
+        "the receiver held the first frame"
+    );
+    assert!(a.queued(pb) > 0, "the sender was held back");
+    hb.held = false;
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "every frame",
+        |h| h[1].got.len() == bodies.len() || !h[0].lost.is_empty(),
+    );
+    assert!(
+        ha.lost.is_empty() && hb.lost.is_empty(),
+        "{:?} {:?}",
+        ha.lost,
+        hb.lost
+    );
+    for (i, (_, id, _, bytes)) in hb.got.iter().enumerate() {
+        assert_eq!(*id as usize, i);
+        assert!(*bytes == bodies[i], "frame {i}'s bytes");
+    }
+}
+
+/// A loss only one side saw: `a` holds `b`'s frame back on the connection `a` opened (so it
+/// does not read on, and does not see `b` close it), `b` drops that connection and
+/// connects again to send more. `b`'s claim is a reconnect: `a` replaces its old connection
+/// and takes the new frame. It used to be refused as the losing half of a simultaneous
+/// connect (`a` addresses lower), and `b` lost everything it sent meanwhile after the
+/// handshake timeout.
+#[test]
+fn a_reconnect_after_a_loss_only_one_side_saw_replaces_the_old_connection() {
+    let (mut a, mut b) = (Net::bind(lo()).unwrap(), Net::bind(lo()).unwrap());
+    if a.key > b.key {
+        std::mem::swap(&mut a, &mut b);
+    }
+    let (mut ha, mut hb) = (Rec::default(), Rec::default());
+    let pb = a.peer(b.local_addr());
+    a.send(msg(pb, 0, Body::Owned(pattern(0, 100)), None));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "a's frame",
+        |h| h[1].got.len() == 1,
+    );
+    let pa = b.peer(a.local_addr());
+    ha.mode = Mode::Hold;
+    ha.held = true;
+    b.send(msg(pa, 1, Body::Owned(pattern(1, 100)), None));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "b's frame held",
+        |h| h[0].offers >= 1,
+    );
+    let k = b.peers[pa].conn.expect("b's connection to a");
+    b.fail_conn(k, libc::ECONNRESET, "dropped by the test");
+    b.send(msg(pa, 2, Body::Owned(pattern(2, 100)), None));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "a replacing its old connection",
+        |h| !h[0].lost.is_empty() || h[1].lost.len() > 1,
+    );
+    assert_eq!(
+        hb.lost.len(),
+        1,
+        "b lost only the connection it dropped: {:?}",
+        hb.lost
+    );
+    ha.held = false;
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "b's new frame",
+        |h| h[0].got.iter().any(|g| g.1 == 2) || h[1].lost.len() > 1,
+    );
+    assert_eq!(hb.lost.len(), 1, "{:?}", hb.lost);
+    assert_eq!(ha.lost, [(pb, libc::ECONNRESET)]);
+    let got: Vec<u32> = ha.got.iter().map(|g| g.1).collect();
+    assert_eq!(got, [2], "the frame of the dropped connection went with it");
+    assert!(ha.got[0].3 == pattern(2, 100));
+}
+
+/// `shutdown` writes out answers only: the requests still queued were ended `FI_ECANCELED`
+/// by the engine's close, and must not arrive (an application that sends them again would
+/// deliver them twice). What arrives is exactly what was reported written.
+#[test]
+fn shutdown_drops_the_requests_not_yet_written() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (mut a, mut b) = (Net::bind(lo()).unwrap(), Net::bind(lo()).unwrap());
+    let (mut ha, mut hb) = (Rec::default(), Rec::default());
+    let pb = a.peer(b.local_addr());
+    a.send(msg(pb, 0, Body::Owned(pattern(0, 100)), Some(0)));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "the first frame",
+        |h| h[1].got.len() == 1,
+    );
+    // b reads as fast as it can, in a thread of its own, from when a shuts down until a
+    // is gone.
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let go = std::sync::Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (stop, go) = (stop.clone(), go.clone());
+        std::thread::spawn(move || {
+            while !go.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
+            while hb.lost.is_empty() && !stop.load(Ordering::Relaxed) {
+                b.progress(&mut hb);
+            }
+            hb
+        })
+    };
+    // Far more than the kernels hold: most stay queued in a.
+    let n = 400u32;
+    for i in 1..=n {
+        a.send(msg(
+            pb,
+            i,
+            Body::Owned(pattern(i, 64 << 10)),
+            Some(u64::from(i)),
+        ));
+    }
+    go.store(true, Ordering::Release);
+    a.shutdown(Instant::now() + Duration::from_secs(5));
+    a.progress(&mut ha);
+    let start = Instant::now();
+    while !reader.is_finished() && start.elapsed() < LIMIT {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let hb = reader.join().unwrap();
+    let written: Vec<u64> = ha.sent.iter().map(|s| s.1).filter(|&t| t > 0).collect();
+    let got: Vec<u64> = hb
+        .got
+        .iter()
+        .map(|g| u64::from(g.1))
+        .filter(|&i| i > 0)
+        .collect();
+    assert!(written.len() < n as usize, "every request was written");
+    assert_eq!(got, written, "what arrived is what was reported written");
+    for (_, id, _, bytes) in &hb.got {
+        assert!(*bytes == pattern(*id, if *id == 0 { 100 } else { 64 << 10 }));
+    }
+}
+
 #[test]
 fn a_large_frame_we_kept_waiting_is_not_cut() {
     let mut a = Net::bind(lo()).unwrap();
