@@ -359,16 +359,32 @@ fn established(fd: RawFd) -> bool {
 }
 
 /// Whether the peer of connection `fd` has left something of ours unanswered for
-/// `dead_ms`: data retransmitted, or zero-window or keepalive probes sent, with no
-/// acknowledgement at all since. A receiver that holds us back answers each zero-window
-/// probe (the answer resets the kernel's probe count and moves the last acknowledgement), so
-/// it is never taken for dead however long it holds; a vanished host answers nothing. Two
-/// probes, not one: a live receiver's kernel answers such probes at most once every 500 ms
-/// (`tcp_invalid_ratelimit`), so the second of two probes sent closer together goes
-/// unanswered; probes back off (each interval twice the last), so two in a row never do.
+/// `dead_ms`: data retransmitted, or zero-window or keepalive probes sent, and no
+/// acknowledgement at all for that long, nor for a whole interval between two of the
+/// kernel's tries plus a second. A receiver that holds us back answers each try (a
+/// zero-window probe, or a retransmission into its closed window), which moves the last
+/// acknowledgement and resets the probe count, so it is never taken for dead however long it
+/// holds, though the tries back off to two minutes apart; a vanished host answers nothing.
+/// The second of margin covers the kernel's answers to probes, sent at most once every
+/// 500 ms (`tcp_invalid_ratelimit`): one of two early probes close together goes unanswered.
 fn silent_too_long(fd: RawFd, dead_ms: u64) -> bool {
+    /// `TCP_RTO_MAX`: the longest interval between two tries.
+    const TRY_MAX_MS: u64 = 120_000;
     tcp_info(fd).is_some_and(|i| {
-        (i.tcpi_retransmits > 0 || i.tcpi_probes >= 2) && u64::from(i.tcpi_last_ack_recv) >= dead_ms
+        let rto_ms = u64::from(i.tcpi_rto) / 1000;
+        // Retransmissions double the timeout itself; probes shift it by their backoff.
+        let interval = if i.tcpi_retransmits > 0 {
+            rto_ms
+        } else if i.tcpi_probes > 0 {
+            rto_ms.saturating_mul(
+                1u64.checked_shl(u32::from(i.tcpi_backoff))
+                    .unwrap_or(u64::MAX),
+            )
+        } else {
+            return false;
+        };
+        let silence = u64::from(i.tcpi_last_ack_recv);
+        silence >= dead_ms && silence >= interval.min(TRY_MAX_MS) + 1000
     })
 }
 

@@ -1685,9 +1685,6 @@ fn a_frame_trickling_in_is_lost_after_frame_stalls_times_stall_after() {
     assert!(h.got.is_empty(), "no frame is handed over half");
 }
 
-/// A large frame from a healthy sender that we do not read for longer than the frame bound
-/// (an application computing between progress calls) is not cut: the first read after the
-/// pause brings a socket's worth, which restarts the bound.
 /// A receiver that holds its sender back (it answers `Sink::Wait`, stops reading, and its
 /// kernel shrinks the window to zero) for four times `dead_after` is alive: its kernel
 /// answers every zero-window probe. Nothing is lost. With `TCP_USER_TIMEOUT` armed, the
@@ -1874,6 +1871,9 @@ fn shutdown_drops_the_requests_not_yet_written() {
     }
 }
 
+/// A large frame from a healthy sender that we do not read for longer than the frame bound
+/// (an application computing between progress calls) is not cut: the first read after the
+/// pause brings a socket's worth, which restarts the bound.
 #[test]
 fn a_large_frame_we_kept_waiting_is_not_cut() {
     let mut a = Net::bind(lo()).unwrap();
