@@ -230,6 +230,9 @@ struct Peer {
     owed_bytes: usize,
     /// Lost a simultaneous connect: its connection to us should arrive before this.
     wait_until: Option<Instant>,
+    /// Dialed again once after such a wait ended with no connection (`expire`); cleared
+    /// when a connection of it comes up.
+    redialed: bool,
     /// Losses reported to the handler's queue (`Report::Lost`) and not yet handed to it:
     /// until then the engine still counts frames to this peer as its own to fail, so none
     /// is taken (a frame taken now would go out on a new connection after the engine
@@ -603,6 +606,7 @@ impl Net {
             owed: 0,
             owed_bytes: 0,
             wait_until: None,
+            redialed: false,
             losing: 0,
         });
         self.by_addr.insert(addr, p);
@@ -1843,6 +1847,9 @@ impl Net {
     }
 
     fn set_up(&mut self, k: usize) {
+        if let Some(p) = self.conns[k].peer {
+            self.peers[p].redialed = false;
+        }
         let c = &mut self.conns[k];
         if c.st != St::Up {
             c.st = St::Up;
@@ -2065,10 +2072,20 @@ impl Net {
             self.fail_conn(k, libc::ETIMEDOUT, "handshake timeout");
         }
         for p in 0..self.peers.len() {
-            if self.peers[p].wait_until.is_some_and(|t| now >= t) {
-                self.lose_peer(p, libc::ETIMEDOUT, "its connection never came");
-                n += 1;
+            if self.peers[p].wait_until.is_none_or(|t| now < t) {
+                continue;
             }
+            n += 1;
+            if !self.peers[p].redialed && !self.peers[p].queue.is_empty() {
+                // The connection it kept may be one it had dropped, its FIN or RST not yet
+                // seen (or lost) when our claim was proven (`settle`): asked once more, it
+                // is seen closed by now and replaced.
+                self.peers[p].redialed = true;
+                self.stop_waiting(p);
+                self.connect(p);
+                continue;
+            }
+            self.lose_peer(p, libc::ETIMEDOUT, "its connection never came");
         }
         n
     }

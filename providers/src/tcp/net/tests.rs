@@ -1807,6 +1807,74 @@ fn a_reconnect_after_a_loss_only_one_side_saw_replaces_the_old_connection() {
     assert!(ha.got[0].3 == pattern(2, 100));
 }
 
+/// As above, when the old connection still looks established as the claim is proven (its
+/// FIN not yet arrived, or its RST lost: here b's socket is kept open behind its back by a
+/// second descriptor, so none is sent): `a` refuses the claim as a duplicate, and `b`,
+/// whose wait for `a`'s connection then ends with none, dials once more, by when the old
+/// connection is seen closed and is replaced. It used to lose everything it had posted.
+#[test]
+fn a_reconnect_refused_before_the_old_connection_closed_is_tried_again() {
+    let (mut a, mut b) = (Net::bind(lo()).unwrap(), Net::bind(lo()).unwrap());
+    if a.key > b.key {
+        std::mem::swap(&mut a, &mut b);
+    }
+    b.set_handshake_timeout(Duration::from_millis(300));
+    let (mut ha, mut hb) = (Rec::default(), Rec::default());
+    let pb = a.peer(b.local_addr());
+    a.send(msg(pb, 0, Body::Owned(pattern(0, 100)), None));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "a's frame",
+        |h| h[1].got.len() == 1,
+    );
+    let pa = b.peer(a.local_addr());
+    ha.mode = Mode::Hold;
+    ha.held = true;
+    b.send(msg(pa, 1, Body::Owned(pattern(1, 100)), None));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "b's frame held",
+        |h| h[0].offers >= 1,
+    );
+    let k = b.peers[pa].conn.expect("b's connection to a");
+    // SAFETY: dup of a socket b owns; the copy is closed below.
+    let kept = unsafe { libc::dup(std::os::fd::AsRawFd::as_raw_fd(&b.conns[k].sock)) };
+    assert!(kept >= 0);
+    b.fail_conn(k, libc::ECONNRESET, "dropped by the test");
+    b.send(msg(pa, 2, Body::Owned(pattern(2, 100)), None));
+    let start = Instant::now();
+    while b.peers[pa].wait_until.is_none() && start.elapsed() < LIMIT {
+        a.progress(&mut ha);
+        b.progress(&mut hb);
+    }
+    assert!(
+        b.peers[pa].wait_until.is_some(),
+        "a refused b's claim as a duplicate"
+    );
+    // SAFETY: the copy made above, closed once: the old connection's FIN goes now.
+    unsafe { libc::close(kept) };
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "a replacing its old connection",
+        |h| !h[0].lost.is_empty() || h[1].lost.len() > 1,
+    );
+    ha.held = false;
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "b's new frame",
+        |h| h[0].got.iter().any(|g| g.1 == 2) || h[1].lost.len() > 1,
+    );
+    assert_eq!(
+        hb.lost.len(),
+        1,
+        "b lost only the connection it dropped: {:?}",
+        hb.lost
+    );
+    assert_eq!(ha.lost, [(pb, libc::ECONNRESET)]);
+    let got: Vec<u32> = ha.got.iter().map(|g| g.1).collect();
+    assert_eq!(got, [2]);
+}
+
 /// `shutdown` writes out answers only: the requests still queued were ended `FI_ECANCELED`
 /// by the engine's close, and must not arrive (an application that sends them again would
 /// deliver them twice). What arrives is exactly what was reported written.
