@@ -317,7 +317,6 @@ impl Wire for Net {
     }
 
     fn shutdown(&mut self, g: &mut Glue<'_>, deadline: Instant) {
-        self.cut_requests(g);
         let start = Instant::now();
         loop {
             Net::push(self, g);

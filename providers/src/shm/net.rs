@@ -43,9 +43,7 @@ use std::sync::Arc;
 use xfabric_core::consts::errno::*;
 use xfabric_core::copy::copy_slice;
 use xfabric_core::rdm::wire::{self, Kind, Prefix, PREFIX};
-use xfabric_core::rdm::{
-    answer_charge, Body, Copied, CopyReq, Desc, Dir, Engine, OneSided, PeerId, Sink,
-};
+use xfabric_core::rdm::{Body, Copied, CopyReq, Desc, Dir, Engine, OneSided, PeerId, Sink};
 use xfabric_core::rdm::{Transmit, Transport};
 use xfabric_core::{Error, IovList, Result};
 
@@ -1493,26 +1491,6 @@ impl Net {
     /// Says goodbye on every lane we hold in a peer's segment. A frame still being written
     /// whose body is application memory (handed back at close) is abandoned: the peer drops
     /// it with the lane when it reads the goodbye.
-    /// At close, before the flush: a request of ours partly written into a peer's ring is
-    /// not finished (the engine's close ended its operation `FI_ECANCELED`: finished, it
-    /// would arrive all the same). Its link is given up: nothing more is written after the
-    /// part (the peer would take the next frame for the rest of this one), and the peer
-    /// drops that part when it loses us.
-    pub fn cut_requests(&mut self, g: &mut Glue<'_>) {
-        let cut: Vec<PeerId> = (0..self.links.len())
-            .filter(|&p| {
-                let l = &self.links[p];
-                !l.dead
-                    && l.out
-                        .as_ref()
-                        .is_some_and(|(t, _)| answer_charge(t).is_none())
-            })
-            .collect();
-        for p in cut {
-            self.gone(g, p, FI_ECANCELED);
-        }
-    }
-
     pub fn bye(&mut self) {
         self.pumping.clear();
         for l in &mut self.links {

@@ -231,7 +231,7 @@ struct Peer {
     /// Lost a simultaneous connect: its connection to us should arrive before this.
     wait_until: Option<Instant>,
     /// Dialed again once after such a wait ended with no connection (`expire`); cleared
-    /// when a connection of it comes up.
+    /// when a connection of it comes up, or it is lost.
     redialed: bool,
     /// Losses reported to the handler's queue (`Report::Lost`) and not yet handed to it:
     /// until then the engine still counts frames to this peer as its own to fail, so none
@@ -893,16 +893,17 @@ impl Net {
     }
 
     /// Tries, until `deadline`, to write out the answers queued (frames arriving meanwhile
-    /// are dropped), then closes every connection. The requests queued are dropped: the
-    /// engine's close ended their operations `FI_ECANCELED`, so they must not arrive. One
-    /// already begun cannot be taken back: its connection gets nothing more, and the peer
-    /// drops the frame it cut. Reports still pending stay for a later `progress`.
+    /// are dropped), then closes every connection. The requests queued and not begun are
+    /// dropped: the engine's close ended their operations `FI_ECANCELED`, so they must not
+    /// arrive. One already begun is finished, as the answers behind it would otherwise be
+    /// lost with the connection (the peer's operations failing though they took effect
+    /// here): it arrives though reported canceled (docs/security.md). Reports still pending
+    /// stay for a later `progress`.
     pub fn shutdown(&mut self, deadline: Instant) {
         for peer in &mut self.peers {
-            let cut = peer.queue.front().is_some_and(|o| o.off > 0 && !o.answer);
-            peer.queue.retain(|o| !cut && (o.answer || o.off > 0));
+            peer.queue.retain(|o| o.answer || o.off > 0);
             peer.queued = peer.queue.iter().map(|o| o.len - o.off).sum();
-            peer.owed = peer.queue.len();
+            peer.owed = peer.queue.iter().filter(|o| o.answer).count();
             peer.owed_bytes = peer.queue.iter().map(|o| o.charge).sum();
         }
         struct Drain;
@@ -1943,6 +1944,7 @@ impl Net {
         peer.owed = 0;
         peer.owed_bytes = 0;
         peer.losing += 1;
+        peer.redialed = false;
         self.stop_waiting(p);
         self.reports.push_back(Report::Lost(p, e));
     }

@@ -1818,7 +1818,7 @@ fn a_reconnect_refused_before_the_old_connection_closed_is_tried_again() {
     if a.key > b.key {
         std::mem::swap(&mut a, &mut b);
     }
-    b.set_handshake_timeout(Duration::from_millis(300));
+    b.set_handshake_timeout(Duration::from_millis(1500));
     let (mut ha, mut hb) = (Rec::default(), Rec::default());
     let pb = a.peer(b.local_addr());
     a.send(msg(pb, 0, Body::Owned(pattern(0, 100)), None));
@@ -1875,9 +1875,10 @@ fn a_reconnect_refused_before_the_old_connection_closed_is_tried_again() {
     assert_eq!(got, [2]);
 }
 
-/// `shutdown` writes out answers only: the requests still queued were ended `FI_ECANCELED`
-/// by the engine's close, and must not arrive (an application that sends them again would
-/// deliver them twice). What arrives is exactly what was reported written.
+/// `shutdown` writes out answers, and the request it had begun: the requests still queued
+/// were ended `FI_ECANCELED` by the engine's close, and must not arrive (an application that
+/// sends them again would deliver them twice). What arrives is exactly what was reported
+/// written.
 #[test]
 fn shutdown_drops_the_requests_not_yet_written() {
     use std::sync::atomic::{AtomicBool, Ordering};
