@@ -3,12 +3,57 @@
 //! writes.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use xfabric_core::{Error, Result};
 
 use super::seam::Bell;
+
+/// What a wire that takes a descriptor out of its wait set to read it directly (tcp's
+/// parked connection) and the sleepers on that set agree on. A sleeper counts itself before
+/// it looks whether a descriptor is out; the wire marks one out before it looks for
+/// sleepers (both sequentially consistent): so either the sleeper sees the descriptor out
+/// and does not sleep, or the wire sees the sleeper and leaves the descriptor in. Never a
+/// sleep on a set that misses an arrival.
+#[derive(Default)]
+pub struct Gate {
+    sleepers: AtomicUsize,
+    parked: AtomicBool,
+}
+
+impl Gate {
+    /// Whether a descriptor may be taken out now (no one sleeps); if so, it is marked out.
+    pub fn try_park(&self) -> bool {
+        self.parked.store(true, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            self.parked.store(false, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// The descriptor taken out is back in the set (or gone).
+    pub fn unparked(&self) {
+        self.parked.store(false, Ordering::SeqCst);
+    }
+
+    /// A sleeper is coming: counted before its wire is armed (which puts every descriptor
+    /// back), so none is taken out again until it `leave`s.
+    pub(crate) fn enter(&self) {
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn leave(&self) {
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Whether a descriptor is out of the set now.
+    pub(crate) fn out(&self) -> bool {
+        self.parked.load(Ordering::SeqCst)
+    }
+}
 
 /// Sleeping on descriptors.
 pub struct FdBell {
@@ -19,11 +64,14 @@ pub struct FdBell {
     busy: AtomicBool,
     /// Whether the last locked call left bytes no descriptor will announce: no sleep then.
     backlog: AtomicBool,
+    /// Shared with the wire, which may take a descriptor out of the set slept on.
+    gate: Arc<Gate>,
 }
 
 impl FdBell {
-    /// A bell for an endpoint of `provider` (named in the error if the eventfd fails).
-    pub fn new(provider: &str) -> Result<FdBell> {
+    /// A bell for an endpoint of `provider` (named in the error if the eventfd fails),
+    /// whose wire takes descriptors out of its set only through `gate`.
+    pub fn new(provider: &str, gate: Arc<Gate>) -> Result<FdBell> {
         // SAFETY: plain syscall; the descriptor is owned by the bell and closed with it.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -34,6 +82,7 @@ impl FdBell {
             wake_fd: unsafe { OwnedFd::from_raw_fd(fd) },
             busy: AtomicBool::new(false),
             backlog: AtomicBool::new(false),
+            gate,
         })
     }
 
@@ -57,7 +106,21 @@ impl Bell for FdBell {
         }
     }
 
+    fn sleep_coming(&self) {
+        self.gate.enter();
+    }
+
+    fn sleep_skipped(&self) {
+        self.gate.leave();
+    }
+
     fn sleep(&self, _ticket: u64, timeout: Duration, fds: &[(RawFd, i16)]) {
+        if self.gate.out() {
+            // Cannot be (the wire was armed after `sleep_coming`, and nothing is taken out
+            // while a sleeper is counted); were it so, the caller progresses again instead.
+            self.gate.leave();
+            return;
+        }
         let mut all: Vec<libc::pollfd> = std::iter::once((self.wake_fd.as_raw_fd(), libc::POLLIN))
             .chain(fds.iter().copied())
             .map(|(fd, events)| libc::pollfd {
@@ -75,6 +138,7 @@ impl Bell for FdBell {
             // SAFETY: reads 8 bytes into a local from our non-blocking eventfd.
             unsafe { libc::read(self.wake_fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
         }
+        self.gate.leave();
     }
 
     fn wake(&self) {

@@ -301,9 +301,11 @@ impl<W: Wire> ProgressSource for RdmEndpoint<W> {
         };
         // Armed first, then progressed once: what arrives after this raises an event (or
         // moves the ticket), so the sleep below cannot miss it.
+        self.bell.sleep_coming();
         st.net.arm();
         if self.do_progress(&mut st) > 0 {
             self.finish(st);
+            self.bell.sleep_skipped();
             return;
         }
         let fds = st.net.wait_fds();
@@ -319,7 +321,8 @@ impl<W: Wire> ProgressSource for RdmEndpoint<W> {
         // Asked by fi_trywait before a sleep: tcp's is its epoll set, fixed for its life;
         // verbs' change with its side channels, and each trywait asks again.
         self.bell.wait_fds(out);
-        if let Ok(st) = self.st.lock() {
+        if let Ok(mut st) = self.st.lock() {
+            st.net.fds_exported();
             out.extend(st.net.wait_fds());
         }
     }
@@ -331,6 +334,7 @@ impl<W: Wire> ProgressSource for RdmEndpoint<W> {
             return false;
         };
         // As idle_wait: armed first, then progressed, so what arrives after raises an event.
+        st.net.fds_exported();
         st.net.arm();
         let n = self.do_progress(&mut st);
         self.finish(st);

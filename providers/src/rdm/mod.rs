@@ -8,6 +8,6 @@ pub mod endpoint;
 pub mod seam;
 pub mod sources;
 
-pub use bell::FdBell;
+pub use bell::{FdBell, Gate};
 pub use endpoint::{engine_config, tx_max, RdmEndpoint};
 pub use seam::{Bell, Glue, Handler, PeerName, Wire};

@@ -121,6 +121,9 @@ pub trait Wire: Send + Sized + 'static {
     fn wait_fds(&self) -> Vec<(RawFd, i16)> {
         Vec::new()
     }
+    /// The wire's descriptors were handed to the application (fi_trywait, `FI_GETWAIT`):
+    /// it may sleep on them at any time, unknown to the endpoint's bell.
+    fn fds_exported(&mut self) {}
     /// A registered region `addr..addr + len` closes (`Engine::cut_region` ran, under the
     /// endpoint's lock, and said what the wire holds of it in `cut`): the body now arriving
     /// from each of `cut.sinks` was going into it, so the rest is read and dropped (its sink
@@ -161,8 +164,14 @@ pub trait Bell: Send + Sync + 'static {
     fn ticket(&self) -> u64 {
         0
     }
+    /// A thread may sleep after its next look for work: counted from before the wire is
+    /// armed, and until `sleep` ends or `sleep_skipped` (a wire that takes descriptors out
+    /// of the set slept on leaves them in meanwhile: `bell::Gate`).
+    fn sleep_coming(&self) {}
+    /// The look after `sleep_coming` found work: no sleep.
+    fn sleep_skipped(&self) {}
     /// Sleeps at most `timeout`, until `wake`, or work (since `ticket`, or on the wire's
-    /// descriptors `fds`).
+    /// descriptors `fds`); after `sleep_coming`.
     fn sleep(&self, ticket: u64, timeout: Duration, fds: &[(RawFd, i16)]);
     /// Ends a `sleep`.
     fn wake(&self);

@@ -48,7 +48,7 @@ impl Wire for Net {
     type Bell = FdBell;
 
     fn bell(&self) -> Result<FdBell> {
-        FdBell::new(Self::PROVIDER)
+        FdBell::new(Self::PROVIDER, self.gate())
     }
 
     fn peer(&mut self, raw: &[u8]) -> Result<PeerId> {
@@ -80,6 +80,10 @@ impl Wire for Net {
 
     fn arm(&mut self) {
         Net::arm(self)
+    }
+
+    fn fds_exported(&mut self) {
+        Net::keep_in_epoll(self)
     }
 
     fn wait_fds(&self) -> Vec<(RawFd, i16)> {

@@ -26,6 +26,7 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
@@ -35,7 +36,7 @@ use tracing::{debug, warn};
 use xfabric_core::rdm::wire::{self, Prefix, WireError, MAX_CTRL, PREFIX};
 use xfabric_core::rdm::{answer_charge, Body, PeerId, Sink, Transmit, OWED_BYTES_MAX, OWED_MAX};
 
-use crate::rdm::{Handler, PeerName};
+use crate::rdm::{Gate, Handler, PeerName};
 use hello::{reason, Hs, HsError, Side, Transcript, RAND};
 
 /// A frame may bring less than `FRAME_PROGRESS` bytes for this many times `stall_after`,
@@ -162,6 +163,10 @@ struct Conn {
     rx: Rx,
     /// WRITABLE interest is registered (only while frames are queued behind a full socket).
     writable: bool,
+    /// Taken out of epoll while `progress` reads it directly (`park`): each arrival then
+    /// costs the sender's kernel no epoll callback (on loopback, a tenth of a small
+    /// message's one-way time). Back in before anything asks epoll (`unpark`).
+    parked: bool,
     /// The last frame had a large body.
     big: bool,
     /// The handler answered the frame at the buffer's head `Sink::Wait` (flow control):
@@ -266,6 +271,13 @@ pub struct Net {
     /// The connection that came up last: with no other connection, `progress` reads it
     /// directly instead of asking epoll first (one syscall per arrival instead of two).
     last_up: usize,
+    /// The connection `progress` took out of epoll to read it directly, if any
+    /// (`Conn::parked`), through `gate`, which the endpoint's sleepers share.
+    parked: Option<usize>,
+    gate: Arc<Gate>,
+    /// The epoll set was handed to the application (`keep_in_epoll`): no connection leaves
+    /// it any more.
+    no_park: bool,
     /// When `progress` last asked epoll (`clock::coarse_ms`). Reading the one connection
     /// directly, it still asks once `EPOLL_EVERY_MS` has passed, busy or idle: accepts and
     /// other events are noticed by time, however often (or rarely) the application polls.
@@ -550,6 +562,9 @@ impl Net {
             timeout: HANDSHAKE_TIMEOUT,
             last_up: usize::MAX,
             last_epoll: crate::clock::coarse_ms(),
+            parked: None,
+            gate: Arc::default(),
+            no_park: false,
             max_owed: OwedMax {
                 answers: OWED_MAX,
                 bytes: OWED_BYTES_MAX,
@@ -725,6 +740,45 @@ impl Net {
     /// descriptor readable, and the sleep would end at once until `EPOLL_EVERY_MS` passed).
     pub fn arm(&mut self) {
         self.last_epoll = u64::MAX;
+        // A sleeper waits on epoll: it must hear of every connection.
+        self.unpark();
+    }
+
+    /// What the endpoint's bell shares with this Net: a sleeper on `wait_fd` and `progress`
+    /// taking a connection out of epoll never overlap.
+    pub fn gate(&self) -> Arc<Gate> {
+        self.gate.clone()
+    }
+
+    /// The epoll set is handed to the application, which may sleep on it unknown to the
+    /// gate: every connection stays in it from now on.
+    pub fn keep_in_epoll(&mut self) {
+        self.no_park = true;
+        self.unpark();
+    }
+
+    /// Puts the connection `progress` took out of epoll back in (registering a socket
+    /// reports what it already has to read: nothing that arrived meanwhile is missed).
+    fn unpark(&mut self) {
+        let Some(k) = self.parked.take() else { return };
+        let Some(c) = self.conns.get_mut(k).filter(|c| c.parked) else {
+            return;
+        };
+        let i = if c.writable {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        match self.poll.registry().register(&mut c.sock, Token(k + 1), i) {
+            Ok(()) => {
+                c.parked = false;
+                self.gate.unparked();
+            }
+            Err(e) => {
+                warn!("tcp: epoll_ctl failed: {e}");
+                self.parked = Some(k);
+            }
+        }
     }
 
     /// A file descriptor (mio's epoll fd) that becomes readable when `progress` has
@@ -848,6 +902,15 @@ impl Net {
             if let Some(c) = self.conns.get_mut(k) {
                 let owing = c.peer.is_some_and(|p| self.peers[p].owes(self.max_owed));
                 if let (St::Up, false, Some(p), false) = (c.st, c.writable, c.peer, owing) {
+                    if !c.parked && !self.no_park && self.gate.try_park() {
+                        // Read here until epoll is next asked: it need not hear of arrivals.
+                        if self.poll.registry().deregister(&mut c.sock).is_ok() {
+                            c.parked = true;
+                            self.parked = Some(k);
+                        } else {
+                            self.gate.unparked();
+                        }
+                    }
                     let (m, err) = c.pump(p, &self.peers[p].addr, h);
                     if let Some(e) = err {
                         self.fail_conn(k, e, "read");
@@ -874,6 +937,7 @@ impl Net {
     #[inline(never)]
     fn progress_epoll<H: Handler>(&mut self, now: u64, h: &mut H) -> usize {
         self.last_epoll = now;
+        self.unpark();
         let mut n = self.step(h, Some(Duration::ZERO));
         if now >= self.next_look {
             n += self.look_at_connections(now);
@@ -900,6 +964,7 @@ impl Net {
     /// here): it arrives though reported canceled (docs/security.md). Reports still pending
     /// stay for a later `progress`.
     pub fn shutdown(&mut self, deadline: Instant) {
+        self.unpark();
         for peer in &mut self.peers {
             peer.queue.retain(|o| o.answer || o.off > 0);
             peer.queued = peer.queue.iter().map(|o| o.len - o.off).sum();
@@ -1828,6 +1893,9 @@ impl Net {
     }
 
     fn set_writable(&mut self, k: usize, on: bool) {
+        if self.conns[k].parked {
+            self.unpark();
+        }
         let c = &mut self.conns[k];
         if c.writable == on {
             return;
@@ -1882,7 +1950,12 @@ impl Net {
                 unsource(&mut self.by_src, from.ip());
             }
         }
-        let _ = self.poll.registry().deregister(&mut c.sock);
+        if c.parked {
+            self.parked = None;
+            self.gate.unparked();
+        } else {
+            let _ = self.poll.registry().deregister(&mut c.sock);
+        }
         if c.st == St::Vetting {
             // Its call-back goes with it: a stranger closing (or evicted) while its claim is
             // checked must not leave our connection to the address it named behind, one more
@@ -2209,6 +2282,7 @@ impl Conn {
             re: 0,
             rx: Rx::Head,
             writable: false,
+            parked: false,
             big: false,
             waiting: false,
             more: false,

@@ -45,7 +45,8 @@ impl Wire for Net {
     type Bell = FdBell;
 
     fn bell(&self) -> Result<FdBell> {
-        FdBell::new(Self::PROVIDER)
+        // verbs takes no descriptor out of its set.
+        FdBell::new(Self::PROVIDER, Default::default())
     }
 
     fn peer(&mut self, raw: &[u8]) -> Result<PeerId> {
