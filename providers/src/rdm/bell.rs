@@ -46,7 +46,12 @@ impl Gate {
     }
 
     pub(crate) fn leave(&self) {
-        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        // Never below zero: a `leave` without its `enter` would wrap the count, and the next
+        // sleeper's `enter` would then count nobody.
+        let left = self
+            .sleepers
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        debug_assert!(left.is_ok(), "a sleep left that never entered");
     }
 
     /// Whether a descriptor is out of the set now.
@@ -148,6 +153,7 @@ impl Bell for FdBell {
     }
 
     fn quiet(&self) -> bool {
-        !self.backlog.load(Ordering::Acquire)
+        // A connection out of the set (its re-registration failed) would miss its arrivals.
+        !self.backlog.load(Ordering::Acquire) && !self.gate.out()
     }
 }

@@ -84,6 +84,10 @@ const FD_WARN_EVERY: Duration = Duration::from_secs(5);
 /// ask is a system call an arrival may wait behind: every 50 us made 0.5 of them per 8-byte
 /// round trip here.
 const EPOLL_EVERY_MS: u64 = 1;
+
+/// Direct reads of the one connection, since a sleep was last prepared, after which it
+/// leaves epoll (`Net::direct_reads`).
+const PARK_AFTER: u32 = 256;
 /// How often `Net::look_at_connections` looks, at most (ms of the coarse clock).
 const LOOK_EVERY_MS: u64 = 1000;
 /// Frames one `progress` call hands over from one connection at most, then reads the next
@@ -275,6 +279,11 @@ pub struct Net {
     /// (`Conn::parked`), through `gate`, which the endpoint's sleepers share.
     parked: Option<usize>,
     gate: Arc<Gate>,
+    /// Direct reads since the last `arm`: the connection leaves epoll only past
+    /// `PARK_AFTER` of them, as a thread that sleeps between arrivals (`fi_cq_sread` spins
+    /// 64 reads first) would otherwise pay for each an epoll_ctl out and another back in,
+    /// far more than the callback saved.
+    direct_reads: u32,
     /// The epoll set was handed to the application (`keep_in_epoll`): no connection leaves
     /// it any more.
     no_park: bool,
@@ -564,6 +573,7 @@ impl Net {
             last_epoll: crate::clock::coarse_ms(),
             parked: None,
             gate: Arc::default(),
+            direct_reads: 0,
             no_park: false,
             max_owed: OwedMax {
                 answers: OWED_MAX,
@@ -740,6 +750,7 @@ impl Net {
     /// descriptor readable, and the sleep would end at once until `EPOLL_EVERY_MS` passed).
     pub fn arm(&mut self) {
         self.last_epoll = u64::MAX;
+        self.direct_reads = 0;
         // A sleeper waits on epoll: it must hear of every connection.
         self.unpark();
     }
@@ -762,6 +773,7 @@ impl Net {
     fn unpark(&mut self) {
         let Some(k) = self.parked.take() else { return };
         let Some(c) = self.conns.get_mut(k).filter(|c| c.parked) else {
+            self.gate.unparked();
             return;
         };
         let i = if c.writable {
@@ -902,7 +914,12 @@ impl Net {
             if let Some(c) = self.conns.get_mut(k) {
                 let owing = c.peer.is_some_and(|p| self.peers[p].owes(self.max_owed));
                 if let (St::Up, false, Some(p), false) = (c.st, c.writable, c.peer, owing) {
-                    if !c.parked && !self.no_park && self.gate.try_park() {
+                    self.direct_reads = self.direct_reads.saturating_add(1);
+                    if !c.parked
+                        && self.direct_reads >= PARK_AFTER
+                        && !self.no_park
+                        && self.gate.try_park()
+                    {
                         // Read here until epoll is next asked: it need not hear of arrivals.
                         if self.poll.registry().deregister(&mut c.sock).is_ok() {
                             c.parked = true;
@@ -1894,7 +1911,10 @@ impl Net {
 
     fn set_writable(&mut self, k: usize, on: bool) {
         if self.conns[k].parked {
+            // Registered again with the interest it needs now.
+            self.conns[k].writable = on;
             self.unpark();
+            return;
         }
         let c = &mut self.conns[k];
         if c.writable == on {

@@ -1923,7 +1923,39 @@ fn the_connection_read_directly_leaves_epoll_only_while_no_one_sleeps_on_it() {
     }
     assert!(a.parked.is_none(), "taken out under a sleeper");
     a.gate.leave();
+    // A thread that sleeps between arrivals (arming every 64 reads, as fi_cq_sread does)
+    // never takes it out: each sleep would cost an epoll_ctl out and another back in.
+    for _ in 0..100 {
+        a.arm();
+        for _ in 0..64 {
+            a.progress(&mut ha);
+        }
+        assert!(a.parked.is_none(), "taken out between two sleeps");
+    }
+    // Parked, then its peer goes: the direct read sees it, and nothing stays out.
+    let start = Instant::now();
+    while a.parked.is_none() && start.elapsed() < LIMIT {
+        a.progress(&mut ha);
+    }
+    assert!(a.parked.is_some());
+    drop(b);
+    drive(&mut [(&mut a, &mut ha)], "b's loss", |h| {
+        !h[0].lost.is_empty()
+    });
+    assert!(
+        a.parked.is_none() && !a.gate.out(),
+        "a gone connection left the gate out"
+    );
     // Handed to the application: in for good.
+    let mut c = Net::bind(lo()).unwrap();
+    let mut hc = Rec::default();
+    let pc = a.peer(c.local_addr());
+    a.send(msg(pc, 0, Body::Owned(pattern(0, 100)), None));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut c, &mut hc)],
+        "a's frame to c",
+        |h| h[1].got.len() == 1,
+    );
     a.keep_in_epoll();
     for _ in 0..10_000 {
         a.progress(&mut ha);
