@@ -1044,3 +1044,23 @@ fn an_armed_sends_count_is_checked() {
     assert_eq!(armed_counts().counted - before.counted, 6);
     serves_a_good_peer(&n, &addr);
 }
+
+/// A peer dropped for garbage is lost by its name: a receive directed at it alone ends (it
+/// waited for good, as the loss named no source).
+#[test]
+fn a_receive_directed_at_a_peer_dropped_for_garbage_ends() {
+    setup();
+    let n = node(CAPS | FI_DIRECTED_RECV, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+    drain(&n);
+    let from_raw = n.add_peer(format!("fi_shm://{}", raw.name()).as_bytes());
+    let mut buf = vec![0u8; 64];
+    // SAFETY: buf outlives the receive, which ends below.
+    unsafe { n.ep.trecv(&mut buf, None, from_raw, 5, 0, 77) }.expect("trecv");
+    drain(&n);
+    assert!(raw.send_raw(FRAME, &[0xff; 64], 0));
+    // (Read here: `dropped` would drain the error entry.)
+    assert_eq!(errors(&n, 1), [libc::EPROTO], "the directed receive ended");
+    assert!(!raw.lane_claimed(), "the lane was dropped");
+}

@@ -247,6 +247,16 @@ pub fn answer_charge(t: &Transmit) -> Option<usize> {
     })
 }
 
+/// Whether a frame still goes out once its endpoint closed: an answer the peer waits for
+/// (an acknowledgement, a read's or an atomic's answer), not a request of ours (each ended
+/// `FI_ECANCELED`), not a go-ahead (`Cts`: the receive or served write it asks data for
+/// ended too), and not one that reads application memory being handed back.
+pub fn kept_at_close(t: &Transmit) -> bool {
+    answer_charge(t).is_some()
+        && !matches!(t.body, Body::Iov(_))
+        && t.ctrl.as_bytes().get(2).and_then(|&k| Kind::from_raw(k)) != Some(Kind::Cts)
+}
+
 /// Keys a peer's frames name that the key check refuses: a burst is an application's
 /// mistake (a window closed under its peers), a steady stream is a peer guessing keys
 /// through frames, which no key survives for ever (a NIC's rkeys are an index and a few

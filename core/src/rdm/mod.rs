@@ -26,7 +26,9 @@ pub mod transport;
 pub mod wire;
 
 pub use done::{report, report_unlocked, Done};
-pub use engine::{answer_charge, Config, Cut, Engine, Fired, OWED_BYTES_MAX, OWED_MAX};
+pub use engine::{
+    answer_charge, kept_at_close, Config, Cut, Engine, Fired, OWED_BYTES_MAX, OWED_MAX,
+};
 pub use inline::Inline;
 pub use transport::{
     cut_frame, detach_frame, keep_body, Body, PeerId, Sink, Transmit, INLINE_BODY,

@@ -912,7 +912,8 @@ impl Net {
             f.drop_pid(pid);
         }
         self.forget_acks(p);
-        g.on_lost(p, None, libc::EPROTO);
+        // Named, as `gone` names it: receives directed at it alone end too.
+        g.on_lost(p, Some(&Seg(&self.links[p].name)), libc::EPROTO);
         // Its answers would come on the lane just dropped.
         self.end_splits(g.engine, Some(p), libc::EPROTO);
     }

@@ -34,7 +34,9 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 use tracing::{debug, warn};
 use xfabric_core::rdm::wire::{self, Prefix, WireError, MAX_CTRL, PREFIX};
-use xfabric_core::rdm::{answer_charge, Body, PeerId, Sink, Transmit, OWED_BYTES_MAX, OWED_MAX};
+use xfabric_core::rdm::{
+    answer_charge, kept_at_close, Body, PeerId, Sink, Transmit, OWED_BYTES_MAX, OWED_MAX,
+};
 
 use crate::rdm::{Gate, Handler, PeerName};
 use hello::{reason, Hs, HsError, Side, Transcript, RAND};
@@ -983,7 +985,7 @@ impl Net {
     pub fn shutdown(&mut self, deadline: Instant) {
         self.unpark();
         for peer in &mut self.peers {
-            peer.queue.retain(|o| o.answer || o.off > 0);
+            peer.queue.retain(|o| o.off > 0 || kept_at_close(&o.t));
             peer.queued = peer.queue.iter().map(|o| o.len - o.off).sum();
             peer.owed = peer.queue.iter().filter(|o| o.answer).count();
             peer.owed_bytes = peer.queue.iter().map(|o| o.charge).sum();

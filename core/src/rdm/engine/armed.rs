@@ -173,6 +173,7 @@ impl Engine {
             return false;
         };
         self.tx[i].answer = Some(0);
+        self.tx[i].peer_answered = true;
         self.maybe_complete(i);
         true
     }

@@ -45,7 +45,8 @@ impl Engine {
             .collect();
         for i in ids {
             let t = self.tx.remove(i);
-            self.settle(t, err);
+            let status = Self::ended_status(&t, err);
+            self.settle(t, status);
         }
         self.fail_held(fenced, err);
         self.end_copies(Some(peer), err);
@@ -149,10 +150,10 @@ impl Engine {
         let txs: Vec<TxReq> = self.tx.drain().collect();
         for t in txs {
             self.offer_ended(&t);
-            self.done.push(Done::TxErr {
-                ctx: t.ctx,
-                flags: t.flags,
-                err: FI_ECANCELED,
+            let (ctx, flags) = (t.ctx, t.flags);
+            self.done.push(match Self::ended_status(&t, FI_ECANCELED) {
+                0 => Done::Tx { ctx, flags },
+                err => Done::TxErr { ctx, flags, err },
             });
         }
         for p in 0..self.peers.len() {
@@ -179,7 +180,7 @@ impl Engine {
         // above, so none of its frames may reach the peer (a message delivered after its
         // send was reported canceled arrives twice when the application sends it again; an
         // atomic is applied twice). Nor may a frame read application memory being handed back.
-        let keep = |t: &Transmit| answer_charge(t).is_some() && !matches!(t.body, Body::Iov(_));
+        let keep = |t: &Transmit| kept_at_close(t);
         self.out.retain(keep);
         for ps in &mut self.peers {
             ps.blocked.retain(keep);

@@ -35,6 +35,7 @@ impl Engine {
             return;
         };
         t.answer = Some(peer_status(status));
+        t.peer_answered = true;
         self.maybe_complete(id);
     }
 

@@ -20,6 +20,10 @@ pub(super) struct TxReq {
     pub unsent: u8,
     /// `Some(status)` once the peer answered (or no answer is awaited: `Some(0)` at post).
     pub answer: Option<i32>,
+    /// `answer` came from the peer (or the NIC): the operation took effect there, so a loss
+    /// or a close that ends it before its frames are reported sent ends it with that
+    /// status, not as failed (an application would retry a write or an atomic applied).
+    pub peer_answered: bool,
     /// A large message waiting for the receiver's `Cts`.
     pub rts: bool,
     /// Its `Rts` offered a descriptor: the receiver may copy the data itself and answer
@@ -49,6 +53,7 @@ impl TxReq {
             gen: 0,
             unsent: 0,
             answer: None,
+            peer_answered: false,
             rts: false,
             pull: false,
             native: false,
@@ -110,7 +115,17 @@ impl Engine {
     pub(super) fn answer(&mut self, id: usize, status: i32) {
         if let Some(t) = self.tx.get_mut(id).filter(|t| !t.armed) {
             t.answer = Some(peer_status(status));
+            t.peer_answered = true;
             self.maybe_complete(id);
+        }
+    }
+
+    /// How request `t` ends when its peer is lost (`err`) or the endpoint closes before
+    /// its frames are reported sent: with the peer's answer if it gave one.
+    pub(super) fn ended_status(t: &TxReq, err: i32) -> i32 {
+        match t.answer {
+            Some(status) if t.peer_answered => status,
+            _ => err,
         }
     }
 
@@ -210,6 +225,7 @@ impl Engine {
     pub(super) fn on_ack(&mut self, peer: PeerId, id: u32, status: i32) -> Sink {
         if let Some(i) = self.answered(peer, id).filter(|&i| self.tx[i].takes_ack()) {
             self.tx[i].answer = Some(peer_status(status));
+            self.tx[i].peer_answered = true;
             self.maybe_complete(i);
         }
         self.no_body(peer)

@@ -212,6 +212,7 @@ impl Engine {
             t.rts = false;
             if rx == NO_RX {
                 t.answer = Some(0);
+                t.peer_answered = true;
                 self.maybe_complete(i);
             } else if t.device {
                 // Offered from device memory and not copied by the peer (it could not open

@@ -1316,6 +1316,51 @@ fn lost_peer_old_match_ack_cannot_complete_a_new_request() {
 
 // 9. Close.
 
+/// A write the target acknowledged (it took effect there) whose frame the transport has not
+/// yet reported sent ends as the target said, not as failed, when the peer is lost or the
+/// endpoint closes meanwhile: an application told it failed would apply it again.
+#[test]
+fn an_acknowledged_write_ends_as_acknowledged_on_a_loss_or_a_close() {
+    for close in [false, true] {
+        let mut tgt = vec![0u8; 64];
+        let src = pattern(16, 30);
+        let mut net = Net::new();
+        net.register(&tgt);
+        let at = net.raddr(tgt.as_mut_ptr(), 0);
+        net.a.hold_sent = true;
+        net.a
+            .rma(rma(1, iov(&src), &[seg(at, 16, KEY)], None, FI_WRITE));
+        assert_eq!(net.step(S::A), Some(Kind::Write));
+        assert_eq!(net.step(S::B), Some(Kind::Ack));
+        assert!(tgt[..16] == src[..], "the write took effect");
+        net.a.quiet();
+        if close {
+            net.a.eng.close();
+        } else {
+            net.a.eng.on_lost(0, FI_ECONNRESET);
+        }
+        net.report();
+        net.a.one(1);
+    }
+}
+
+/// A close drops the go-ahead (`Cts`) a receive it canceled had queued: the peer would send
+/// the whole message to an endpoint that takes none of it (and shm's closing endpoint took
+/// that for garbage and lost the peer, answers owed to it included).
+#[test]
+fn a_close_sends_no_go_ahead_for_a_receive_it_canceled() {
+    let big = pattern(200, 31);
+    let mut buf = vec![0u8; 200];
+    let mut net = Net::new();
+    net.b.recv(recv(10, &mut buf, None, 0));
+    net.a.send(send(1, &big, None, None, 0));
+    assert_eq!(net.step(S::A), Some(Kind::Rts));
+    net.b.eng.close();
+    net.report();
+    assert_eq!(net.b.one_err(10).err, FI_ECANCELED);
+    assert_eq!(net.step(S::B), None, "a go-ahead went out after the close");
+}
+
 #[test]
 fn close_cancels_everything() {
     let mut tgt = vec![0u8; 64];
