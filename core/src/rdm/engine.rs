@@ -248,13 +248,18 @@ pub fn answer_charge(t: &Transmit) -> Option<usize> {
 }
 
 /// Whether a frame still goes out once its endpoint closed: an answer the peer waits for
-/// (an acknowledgement, a read's or an atomic's answer), not a request of ours (each ended
-/// `FI_ECANCELED`), not a go-ahead (`Cts`: the receive or served write it asks data for
-/// ended too), and not one that reads application memory being handed back.
+/// (an acknowledgement, a read's or an atomic's answer, the `Cts` that tells a sender a
+/// discarding receive took its message), not a request of ours (each ended `FI_ECANCELED`),
+/// not a go-ahead asking for data (the receive or served write it asks data for ended too),
+/// and not one that reads application memory being handed back.
 pub fn kept_at_close(t: &Transmit) -> bool {
-    answer_charge(t).is_some()
-        && !matches!(t.body, Body::Iov(_))
-        && t.ctrl.as_bytes().get(2).and_then(|&k| Kind::from_raw(k)) != Some(Kind::Cts)
+    if answer_charge(t).is_none() || matches!(t.body, Body::Iov(_)) {
+        return false;
+    }
+    match wire::decode_all(t.ctrl.as_bytes()) {
+        Ok((Frame::Cts { rx, .. }, _)) => rx == rndv::NO_RX,
+        _ => true,
+    }
 }
 
 /// Keys a peer's frames name that the key check refuses: a burst is an application's

@@ -1361,6 +1361,24 @@ fn a_close_sends_no_go_ahead_for_a_receive_it_canceled() {
     assert_eq!(net.step(S::B), None, "a go-ahead went out after the close");
 }
 
+/// A close still sends the `Cts` that tells a sender a discarding receive took its large
+/// message (it asks for no data): that send completes, as the message was taken.
+#[test]
+fn a_close_still_tells_a_sender_its_message_was_discarded() {
+    let big = pattern(150, 32);
+    let mut none = vec![0u8; 0];
+    let mut net = Net::new();
+    net.a.send(send(2, &big, Some(8), None, 0));
+    assert_eq!(net.step(S::A), Some(Kind::Rts));
+    net.b
+        .recv(recv(23, &mut none, Some(8), FI_PEEK | FI_DISCARD));
+    assert_eq!(net.b.one(23).len, 150);
+    net.b.eng.close();
+    net.report();
+    assert_eq!(net.flush(S::B), vec![Kind::Cts]);
+    net.a.one(2);
+}
+
 #[test]
 fn close_cancels_everything() {
     let mut tgt = vec![0u8; 64];
