@@ -193,11 +193,9 @@ fn the_conformance_suite_passes_between_two_hosts() {
     assert!(!text.contains(" 0 passed"), "{text}");
 }
 
-const VANISH_BUSY: &str = "a_host_that_vanishes_mid_transfer_is_noticed_by_time";
-
-/// Host A: talks to B, then (after B's link is cut) sends to B over the connection that is
-/// still up: its bytes go unacknowledged, and the send must fail by time.
-fn sending_host() {
+/// Host A's start in the vanishing tests: one message to B, then the word that B's link is
+/// cut.
+fn talk_until_cut() -> (Node, FiAddr) {
     let n = tcp_node();
     let b = connect_parent(&n);
     let m = [7u8; 8];
@@ -206,6 +204,34 @@ fn sending_host() {
     n.wait_one();
     say("sent");
     assert_eq!(listen(), "cut");
+    (n, b)
+}
+
+/// Starts hosts A and B of `test` in their namespaces, with two seconds of silence as the
+/// bound (1 s idle, then probes a second apart; the test waits on outcomes, not on a clock:
+/// each wait is bounded at 60 s only to never hang), lets A send B one message, then cuts
+/// B's link: B's host drops off the network without a word, A's packets go nowhere.
+fn talk_then_cut(h: &Hosts, test: &str) -> (Peer, Peer) {
+    let env = [("XFABRIC_TCP_DEAD_MS", "2000")];
+    let mut b = spawn_via(&["ip", "netns", "exec", &h.b], test, "b", &env);
+    let mut a = spawn_via(&["ip", "netns", "exec", &h.a], test, "a", &env);
+    let b_addr = b.hear();
+    a.tell(&b_addr);
+    let a_addr = a.hear();
+    b.tell(&a_addr);
+    assert_eq!(a.hear(), "sent");
+    assert_eq!(b.hear(), "got");
+    ip(&["-n", &h.b, "link", "set", &h.dev_b, "down"]).expect("cut B's link");
+    a.tell("cut");
+    (a, b)
+}
+
+const VANISH_BUSY: &str = "a_host_that_vanishes_mid_transfer_is_noticed_by_time";
+
+/// Host A: talks to B, then (after B's link is cut) sends to B over the connection that is
+/// still up: its bytes go unacknowledged, and the send must fail by time.
+fn sending_host() {
+    let (n, b) = talk_until_cut();
     let big = vec![9u8; 4 << 20];
     // SAFETY: big outlives the completion waited for.
     unsafe { n.ep.tsend(&big, None, b, 0, 2) }.unwrap();
@@ -225,17 +251,7 @@ fn a_host_that_vanishes_mid_transfer_is_noticed_by_time() {
         _ => {}
     }
     let Some(h) = hosts_or_skip(4) else { return };
-    let env = [("XFABRIC_TCP_DEAD_MS", "2000")];
-    let mut b = spawn_via(&["ip", "netns", "exec", &h.b], VANISH_BUSY, "b", &env);
-    let mut a = spawn_via(&["ip", "netns", "exec", &h.a], VANISH_BUSY, "a", &env);
-    let b_addr = b.hear();
-    a.tell(&b_addr);
-    let a_addr = a.hear();
-    b.tell(&a_addr);
-    assert_eq!(a.hear(), "sent");
-    assert_eq!(b.hear(), "got");
-    ip(&["-n", &h.b, "link", "set", &h.dev_b, "down"]).expect("cut B's link");
-    a.tell("cut");
+    let (mut a, b) = talk_then_cut(&h, VANISH_BUSY);
     assert_eq!(a.hear(), format!("send 2 {}", errno::FI_ETIMEDOUT));
     a.join();
     b.kill();
@@ -267,14 +283,7 @@ fn vanishing_host() {
 /// Host A: talks to B, then (after B's link is cut: no RST, no FIN, nothing) waits on a
 /// receive directed at B over an idle connection, then sends to B. Both must fail.
 fn surviving_host() {
-    let n = tcp_node();
-    let b = connect_parent(&n);
-    let m = [7u8; 8];
-    // SAFETY: m outlives the completion waited for.
-    unsafe { n.ep.tsend(&m, None, b, 0, 1) }.unwrap();
-    n.wait_one();
-    say("sent");
-    assert_eq!(listen(), "cut");
+    let (n, b) = talk_until_cut();
     let mut r = [0u8; 8];
     // SAFETY: r outlives the completion waited for.
     unsafe { n.ep.trecv(&mut r, None, b, 0, 0, 2) }.unwrap();
@@ -295,20 +304,7 @@ fn a_host_that_vanishes_is_noticed_by_time_busy_or_idle() {
         _ => {}
     }
     let Some(h) = hosts_or_skip(2) else { return };
-    // Two seconds of silence: 1 s idle, then probes a second apart; the test waits on the
-    // outcome, not on a clock (each wait is bounded at 60 s only to never hang).
-    let env = [("XFABRIC_TCP_DEAD_MS", "2000")];
-    let mut b = spawn_via(&["ip", "netns", "exec", &h.b], VANISH, "b", &env);
-    let mut a = spawn_via(&["ip", "netns", "exec", &h.a], VANISH, "a", &env);
-    let b_addr = b.hear();
-    a.tell(&b_addr);
-    let a_addr = a.hear();
-    b.tell(&a_addr);
-    assert_eq!(a.hear(), "sent");
-    assert_eq!(b.hear(), "got");
-    // B's host drops off the network without a word: A's packets go nowhere.
-    ip(&["-n", &h.b, "link", "set", &h.dev_b, "down"]).expect("cut B's link");
-    a.tell("cut");
+    let (mut a, b) = talk_then_cut(&h, VANISH);
     // The idle connection: keepalive probes go unanswered.
     assert_eq!(a.hear(), format!("recv 2 {}", errno::FI_ETIMEDOUT));
     // A new connection to a host that is gone fails too (bring-up or the user timeout).

@@ -1751,17 +1751,24 @@ fn a_receiver_holding_us_back_past_dead_after_loses_nothing() {
     }
 }
 
-/// A loss only one side saw: `a` holds `b`'s frame back on the connection `a` opened (so it
-/// does not read on, and does not see `b` close it), `b` drops that connection and
-/// connects again to send more. `b`'s claim is a reconnect: `a` replaces its old connection
-/// and takes the new frame. It used to be refused as the losing half of a simultaneous
-/// connect (`a` addresses lower), and `b` lost everything it sent meanwhile after the
-/// handshake timeout.
-#[test]
-fn a_reconnect_after_a_loss_only_one_side_saw_replaces_the_old_connection() {
+/// Two Nets, `a` lower-addressed (it wins a simultaneous connect), with `a`'s connection
+/// to `b` up and `b`'s frame 1 held back by `a` (flow control: `a` reads on no further).
+struct HeldBack {
+    a: Net,
+    b: Net,
+    ha: Rec,
+    hb: Rec,
+    pa: PeerId,
+    pb: PeerId,
+}
+
+fn held_back(handshake: Option<Duration>) -> HeldBack {
     let (mut a, mut b) = (Net::bind(lo()).unwrap(), Net::bind(lo()).unwrap());
     if a.key > b.key {
         std::mem::swap(&mut a, &mut b);
+    }
+    if let Some(d) = handshake {
+        b.set_handshake_timeout(d);
     }
     let (mut ha, mut hb) = (Rec::default(), Rec::default());
     let pb = a.peer(b.local_addr());
@@ -1780,31 +1787,60 @@ fn a_reconnect_after_a_loss_only_one_side_saw_replaces_the_old_connection() {
         "b's frame held",
         |h| h[0].offers >= 1,
     );
-    let k = b.peers[pa].conn.expect("b's connection to a");
-    b.fail_conn(k, libc::ECONNRESET, "dropped by the test");
-    b.send(msg(pa, 2, Body::Owned(pattern(2, 100)), None));
-    drive(
-        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
-        "a replacing its old connection",
-        |h| !h[0].lost.is_empty() || h[1].lost.len() > 1,
-    );
-    assert_eq!(
-        hb.lost.len(),
-        1,
-        "b lost only the connection it dropped: {:?}",
-        hb.lost
-    );
-    ha.held = false;
-    drive(
-        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
-        "b's new frame",
-        |h| h[0].got.iter().any(|g| g.1 == 2) || h[1].lost.len() > 1,
-    );
-    assert_eq!(hb.lost.len(), 1, "{:?}", hb.lost);
-    assert_eq!(ha.lost, [(pb, libc::ECONNRESET)]);
-    let got: Vec<u32> = ha.got.iter().map(|g| g.1).collect();
-    assert_eq!(got, [2], "the frame of the dropped connection went with it");
-    assert!(ha.got[0].3 == pattern(2, 100));
+    HeldBack {
+        a,
+        b,
+        ha,
+        hb,
+        pa,
+        pb,
+    }
+}
+
+impl HeldBack {
+    /// `a` replaces its old connection, lets the held frame go, and takes `b`'s frame 2
+    /// (sent on the new connection), frame 1 gone with the old one; `b` lost only that.
+    fn replaced_and_frame_2_taken(&mut self) {
+        let HeldBack {
+            a, b, ha, hb, pb, ..
+        } = self;
+        drive(
+            &mut [(&mut *a, &mut *ha), (&mut *b, &mut *hb)],
+            "a replacing its old connection",
+            |h| !h[0].lost.is_empty() || h[1].lost.len() > 1,
+        );
+        ha.held = false;
+        drive(
+            &mut [(&mut *a, &mut *ha), (&mut *b, &mut *hb)],
+            "b's new frame",
+            |h| h[0].got.iter().any(|g| g.1 == 2) || h[1].lost.len() > 1,
+        );
+        assert_eq!(
+            hb.lost.len(),
+            1,
+            "b lost only the connection it dropped: {:?}",
+            hb.lost
+        );
+        assert_eq!(ha.lost, [(*pb, libc::ECONNRESET)]);
+        let got: Vec<u32> = ha.got.iter().map(|g| g.1).collect();
+        assert_eq!(got, [2], "the frame of the dropped connection went with it");
+        assert!(ha.got[0].3 == pattern(2, 100));
+    }
+}
+
+/// A loss only one side saw: `a` holds `b`'s frame back on the connection `a` opened (so it
+/// does not read on, and does not see `b` close it), `b` drops that connection and
+/// connects again to send more. `b`'s claim is a reconnect: `a` replaces its old connection
+/// and takes the new frame. It used to be refused as the losing half of a simultaneous
+/// connect (`a` addresses lower), and `b` lost everything it sent meanwhile after the
+/// handshake timeout.
+#[test]
+fn a_reconnect_after_a_loss_only_one_side_saw_replaces_the_old_connection() {
+    let mut t = held_back(None);
+    let k = t.b.peers[t.pa].conn.expect("b's connection to a");
+    t.b.fail_conn(k, libc::ECONNRESET, "dropped by the test");
+    t.b.send(msg(t.pa, 2, Body::Owned(pattern(2, 100)), None));
+    t.replaced_and_frame_2_taken();
 }
 
 /// As above, when the old connection still looks established as the claim is proven (its
@@ -1814,156 +1850,25 @@ fn a_reconnect_after_a_loss_only_one_side_saw_replaces_the_old_connection() {
 /// connection is seen closed and is replaced. It used to lose everything it had posted.
 #[test]
 fn a_reconnect_refused_before_the_old_connection_closed_is_tried_again() {
-    let (mut a, mut b) = (Net::bind(lo()).unwrap(), Net::bind(lo()).unwrap());
-    if a.key > b.key {
-        std::mem::swap(&mut a, &mut b);
-    }
-    b.set_handshake_timeout(Duration::from_millis(1500));
-    let (mut ha, mut hb) = (Rec::default(), Rec::default());
-    let pb = a.peer(b.local_addr());
-    a.send(msg(pb, 0, Body::Owned(pattern(0, 100)), None));
-    drive(
-        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
-        "a's frame",
-        |h| h[1].got.len() == 1,
-    );
-    let pa = b.peer(a.local_addr());
-    ha.mode = Mode::Hold;
-    ha.held = true;
-    b.send(msg(pa, 1, Body::Owned(pattern(1, 100)), None));
-    drive(
-        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
-        "b's frame held",
-        |h| h[0].offers >= 1,
-    );
-    let k = b.peers[pa].conn.expect("b's connection to a");
+    let mut t = held_back(Some(Duration::from_millis(1500)));
+    let k = t.b.peers[t.pa].conn.expect("b's connection to a");
     // SAFETY: dup of a socket b owns; the copy is closed below.
-    let kept = unsafe { libc::dup(std::os::fd::AsRawFd::as_raw_fd(&b.conns[k].sock)) };
+    let kept = unsafe { libc::dup(std::os::fd::AsRawFd::as_raw_fd(&t.b.conns[k].sock)) };
     assert!(kept >= 0);
-    b.fail_conn(k, libc::ECONNRESET, "dropped by the test");
-    b.send(msg(pa, 2, Body::Owned(pattern(2, 100)), None));
+    t.b.fail_conn(k, libc::ECONNRESET, "dropped by the test");
+    t.b.send(msg(t.pa, 2, Body::Owned(pattern(2, 100)), None));
     let start = Instant::now();
-    while b.peers[pa].wait_until.is_none() && start.elapsed() < LIMIT {
-        a.progress(&mut ha);
-        b.progress(&mut hb);
+    while t.b.peers[t.pa].wait_until.is_none() && start.elapsed() < LIMIT {
+        t.a.progress(&mut t.ha);
+        t.b.progress(&mut t.hb);
     }
     assert!(
-        b.peers[pa].wait_until.is_some(),
+        t.b.peers[t.pa].wait_until.is_some(),
         "a refused b's claim as a duplicate"
     );
     // SAFETY: the copy made above, closed once: the old connection's FIN goes now.
     unsafe { libc::close(kept) };
-    drive(
-        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
-        "a replacing its old connection",
-        |h| !h[0].lost.is_empty() || h[1].lost.len() > 1,
-    );
-    ha.held = false;
-    drive(
-        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
-        "b's new frame",
-        |h| h[0].got.iter().any(|g| g.1 == 2) || h[1].lost.len() > 1,
-    );
-    assert_eq!(
-        hb.lost.len(),
-        1,
-        "b lost only the connection it dropped: {:?}",
-        hb.lost
-    );
-    assert_eq!(ha.lost, [(pb, libc::ECONNRESET)]);
-    let got: Vec<u32> = ha.got.iter().map(|g| g.1).collect();
-    assert_eq!(got, [2]);
-}
-
-/// The one connection `progress` reads directly leaves epoll (its arrivals then cost the
-/// sender's kernel no epoll callback), and is back in before anyone sleeps on the set: an
-/// arrival after `arm` makes epoll ready. Never out while a sleeper is counted, nor once the
-/// set was handed to the application.
-#[test]
-fn the_connection_read_directly_leaves_epoll_only_while_no_one_sleeps_on_it() {
-    let (mut a, mut b) = (Net::bind(lo()).unwrap(), Net::bind(lo()).unwrap());
-    let (mut ha, mut hb) = (Rec::default(), Rec::default());
-    let pb = a.peer(b.local_addr());
-    a.send(msg(pb, 0, Body::Owned(pattern(0, 100)), None));
-    drive(
-        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
-        "a's frame",
-        |h| h[1].got.len() == 1,
-    );
-    let pa = b.peer(a.local_addr());
-    // Within EPOLL_EVERY_MS of the last epoll look, a's progress reads the connection itself.
-    let start = Instant::now();
-    while a.parked.is_none() && start.elapsed() < LIMIT {
-        a.progress(&mut ha);
-    }
-    let k = a.parked.expect("a took its connection out of epoll");
-    assert!(a.conns[k].parked && a.gate.out());
-    // A sleeper arms first: the connection is back, and an arrival wakes epoll.
-    a.arm();
-    assert!(a.parked.is_none() && !a.conns[k].parked && !a.gate.out());
-    b.send(msg(pa, 1, Body::Owned(pattern(1, 100)), None));
-    let mut events = mio::Events::with_capacity(8);
-    let woke = (0..100).any(|_| {
-        b.progress(&mut hb);
-        a.poll
-            .poll(&mut events, Some(Duration::from_millis(100)))
-            .unwrap();
-        events.iter().any(|e| e.token() == mio::Token(k + 1))
-    });
-    assert!(woke, "an arrival after arm made epoll ready");
-    drive(
-        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
-        "b's frame",
-        |h| h[0].got.len() == 1,
-    );
-    // While a sleeper is counted, it stays in.
-    a.gate.enter();
-    for _ in 0..10_000 {
-        a.progress(&mut ha);
-    }
-    assert!(a.parked.is_none(), "taken out under a sleeper");
-    a.gate.leave();
-    // A thread that sleeps between arrivals (arming every 64 reads, as fi_cq_sread does)
-    // never takes it out: each sleep would cost an epoll_ctl out and another back in.
-    for _ in 0..100 {
-        a.arm();
-        for _ in 0..64 {
-            a.progress(&mut ha);
-        }
-        assert!(a.parked.is_none(), "taken out between two sleeps");
-    }
-    // Parked, then its peer goes: the direct read sees it, and nothing stays out.
-    let start = Instant::now();
-    while a.parked.is_none() && start.elapsed() < LIMIT {
-        a.progress(&mut ha);
-    }
-    assert!(a.parked.is_some());
-    drop(b);
-    drive(&mut [(&mut a, &mut ha)], "b's loss", |h| {
-        !h[0].lost.is_empty()
-    });
-    assert!(
-        a.parked.is_none() && !a.gate.out(),
-        "a gone connection left the gate out"
-    );
-    // Handed to the application: in for good.
-    let mut c = Net::bind(lo()).unwrap();
-    let mut hc = Rec::default();
-    let pc = a.peer(c.local_addr());
-    a.send(msg(pc, 0, Body::Owned(pattern(0, 100)), None));
-    drive(
-        &mut [(&mut a, &mut ha), (&mut c, &mut hc)],
-        "a's frame to c",
-        |h| h[1].got.len() == 1,
-    );
-    a.keep_in_epoll();
-    for _ in 0..10_000 {
-        a.progress(&mut ha);
-    }
-    assert!(
-        a.parked.is_none(),
-        "taken out of a set the application sleeps on"
-    );
+    t.replaced_and_frame_2_taken();
 }
 
 /// `shutdown` writes out answers, and the request it had begun: the requests still queued
