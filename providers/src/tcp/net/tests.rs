@@ -1871,6 +1871,97 @@ fn a_reconnect_refused_before_the_old_connection_closed_is_tried_again() {
     t.replaced_and_frame_2_taken();
 }
 
+/// The one connection `progress` reads directly leaves epoll (its arrivals then cost the
+/// sender's kernel no epoll callback), and is back in before anyone sleeps on the set: an
+/// arrival after `arm` makes epoll ready. Never out while a sleeper is counted, nor once the
+/// set was handed to the application.
+#[test]
+fn the_connection_read_directly_leaves_epoll_only_while_no_one_sleeps_on_it() {
+    let (mut a, mut b) = (Net::bind(lo()).unwrap(), Net::bind(lo()).unwrap());
+    let (mut ha, mut hb) = (Rec::default(), Rec::default());
+    let pb = a.peer(b.local_addr());
+    a.send(msg(pb, 0, Body::Owned(pattern(0, 100)), None));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "a's frame",
+        |h| h[1].got.len() == 1,
+    );
+    let pa = b.peer(a.local_addr());
+    // Within EPOLL_EVERY_MS of the last epoll look, a's progress reads the connection itself.
+    let start = Instant::now();
+    while a.parked.is_none() && start.elapsed() < LIMIT {
+        a.progress(&mut ha);
+    }
+    let k = a.parked.expect("a took its connection out of epoll");
+    assert!(a.conns[k].parked && a.gate.out());
+    // A sleeper arms first: the connection is back, and an arrival wakes epoll.
+    a.arm();
+    assert!(a.parked.is_none() && !a.conns[k].parked && !a.gate.out());
+    b.send(msg(pa, 1, Body::Owned(pattern(1, 100)), None));
+    let mut events = mio::Events::with_capacity(8);
+    let woke = (0..100).any(|_| {
+        b.progress(&mut hb);
+        a.poll
+            .poll(&mut events, Some(Duration::from_millis(100)))
+            .unwrap();
+        events.iter().any(|e| e.token() == mio::Token(k + 1))
+    });
+    assert!(woke, "an arrival after arm made epoll ready");
+    drive(
+        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
+        "b's frame",
+        |h| h[0].got.len() == 1,
+    );
+    // While a sleeper is counted, it stays in.
+    a.gate.enter();
+    for _ in 0..10_000 {
+        a.progress(&mut ha);
+    }
+    assert!(a.parked.is_none(), "taken out under a sleeper");
+    a.gate.leave();
+    // A thread that sleeps between arrivals (arming every 64 reads, as fi_cq_sread does)
+    // never takes it out: each sleep would cost an epoll_ctl out and another back in.
+    for _ in 0..100 {
+        a.arm();
+        for _ in 0..64 {
+            a.progress(&mut ha);
+        }
+        assert!(a.parked.is_none(), "taken out between two sleeps");
+    }
+    // Parked, then its peer goes: the direct read sees it, and nothing stays out.
+    let start = Instant::now();
+    while a.parked.is_none() && start.elapsed() < LIMIT {
+        a.progress(&mut ha);
+    }
+    assert!(a.parked.is_some());
+    drop(b);
+    drive(&mut [(&mut a, &mut ha)], "b's loss", |h| {
+        !h[0].lost.is_empty()
+    });
+    assert!(
+        a.parked.is_none() && !a.gate.out(),
+        "a gone connection left the gate out"
+    );
+    // Handed to the application: in for good.
+    let mut c = Net::bind(lo()).unwrap();
+    let mut hc = Rec::default();
+    let pc = a.peer(c.local_addr());
+    a.send(msg(pc, 0, Body::Owned(pattern(0, 100)), None));
+    drive(
+        &mut [(&mut a, &mut ha), (&mut c, &mut hc)],
+        "a's frame to c",
+        |h| h[1].got.len() == 1,
+    );
+    a.keep_in_epoll();
+    for _ in 0..10_000 {
+        a.progress(&mut ha);
+    }
+    assert!(
+        a.parked.is_none(),
+        "taken out of a set the application sleeps on"
+    );
+}
+
 /// `shutdown` writes out answers, and the request it had begun: the requests still queued
 /// were ended `FI_ECANCELED` by the engine's close, and must not arrive (an application that
 /// sends them again would deliver them twice). What arrives is exactly what was reported
