@@ -1064,3 +1064,27 @@ fn a_receive_directed_at_a_peer_dropped_for_garbage_ends() {
     assert_eq!(errors(&n, 1), [libc::EPROTO], "the directed receive ended");
     assert!(!raw.lane_claimed(), "the lane was dropped");
 }
+
+/// A lane dropped for garbage is handed to its next claimer clean: the bad message it still
+/// held (never taken) used to be read as the newcomer's first message ("a frame before
+/// CONNECT"), and the newcomer lost its lane at once.
+#[test]
+fn a_lane_dropped_for_garbage_is_clean_for_its_next_claimer() {
+    setup();
+    let n = node(CAPS, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+    drain(&n);
+    assert!(raw.send_raw(FRAME, &[0xff; 64], 0));
+    assert!(dropped(&n, &raw), "the lane was not dropped");
+    // The lowest free lane: the one just dropped.
+    let c = NamelessClaim::claim(&addr)
+        .expect("claim")
+        .expect("a free lane");
+    drain(&n);
+    assert!(
+        c.claimed(),
+        "the newcomer's lane was dropped for the old garbage"
+    );
+    drop(raw);
+}

@@ -929,6 +929,12 @@ impl Net {
         if self.armed.unanswered > 0 {
             self.refresh_counts();
         }
+        // A lap on, past whatever the lane still holds (a bad message never taken, frames
+        // after it): its next claimer starts where no old message's sequence matches, so its
+        // first message read is its own CONNECT, not the garbage its predecessor left.
+        let mut c = self.cons[lane];
+        c.advance_slots(&self.seg, lane, ring::SLOTS);
+        self.cons[lane] = c;
         ring::release_lane(&self.seg, lane);
         self.known_active &= !(1 << lane);
     }
