@@ -169,10 +169,6 @@ struct Conn {
     rx: Rx,
     /// WRITABLE interest is registered (only while frames are queued behind a full socket).
     writable: bool,
-    /// Taken out of epoll while `progress` reads it directly (`park`): each arrival then
-    /// costs the sender's kernel no epoll callback (on loopback, a tenth of a small
-    /// message's one-way time). Back in before anything asks epoll (`unpark`).
-    parked: bool,
     /// The last frame had a large body.
     big: bool,
     /// The handler answered the frame at the buffer's head `Sink::Wait` (flow control):
@@ -277,8 +273,10 @@ pub struct Net {
     /// The connection that came up last: with no other connection, `progress` reads it
     /// directly instead of asking epoll first (one syscall per arrival instead of two).
     last_up: usize,
-    /// The connection `progress` took out of epoll to read it directly, if any
-    /// (`Conn::parked`), through `gate`, which the endpoint's sleepers share.
+    /// The connection `progress` took out of epoll to read it directly, if any: each
+    /// arrival then costs the sender's kernel no epoll callback (on loopback, a tenth of a
+    /// small message's one-way time). Back in before anything asks epoll (`unpark`). Taken
+    /// out only through `gate`, which the endpoint's sleepers share.
     parked: Option<usize>,
     gate: Arc<Gate>,
     /// Direct reads since the last `arm`: the connection leaves epoll only past
@@ -774,7 +772,7 @@ impl Net {
     /// reports what it already has to read: nothing that arrived meanwhile is missed).
     fn unpark(&mut self) {
         let Some(k) = self.parked.take() else { return };
-        let Some(c) = self.conns.get_mut(k).filter(|c| c.parked) else {
+        let Some(c) = self.conns.get_mut(k) else {
             self.gate.unparked();
             return;
         };
@@ -784,10 +782,7 @@ impl Net {
             Interest::READABLE
         };
         match self.poll.registry().register(&mut c.sock, Token(k + 1), i) {
-            Ok(()) => {
-                c.parked = false;
-                self.gate.unparked();
-            }
+            Ok(()) => self.gate.unparked(),
             Err(e) => {
                 warn!("tcp: epoll_ctl failed: {e}");
                 self.parked = Some(k);
@@ -917,14 +912,13 @@ impl Net {
                 let owing = c.peer.is_some_and(|p| self.peers[p].owes(self.max_owed));
                 if let (St::Up, false, Some(p), false) = (c.st, c.writable, c.peer, owing) {
                     self.direct_reads = self.direct_reads.saturating_add(1);
-                    if !c.parked
+                    if self.parked.is_none()
                         && self.direct_reads >= PARK_AFTER
                         && !self.no_park
                         && self.gate.try_park()
                     {
                         // Read here until epoll is next asked: it need not hear of arrivals.
                         if self.poll.registry().deregister(&mut c.sock).is_ok() {
-                            c.parked = true;
                             self.parked = Some(k);
                         } else {
                             self.gate.unparked();
@@ -1912,7 +1906,7 @@ impl Net {
     }
 
     fn set_writable(&mut self, k: usize, on: bool) {
-        if self.conns[k].parked {
+        if self.parked == Some(k) {
             // Registered again with the interest it needs now.
             self.conns[k].writable = on;
             self.unpark();
@@ -1972,7 +1966,7 @@ impl Net {
                 unsource(&mut self.by_src, from.ip());
             }
         }
-        if c.parked {
+        if self.parked == Some(k) {
             self.parked = None;
             self.gate.unparked();
         } else {
@@ -2304,7 +2298,6 @@ impl Conn {
             re: 0,
             rx: Rx::Head,
             writable: false,
-            parked: false,
             big: false,
             waiting: false,
             more: false,

@@ -52,6 +52,25 @@ struct Rec {
     events: Vec<(&'static str, u64)>,
 }
 
+impl Rec {
+    /// Flow control from the start: every offer answered `Sink::Wait` until `held` is unset.
+    fn holding() -> Rec {
+        Rec {
+            mode: Mode::Hold,
+            held: true,
+            ..Rec::default()
+        }
+    }
+
+    /// Frames 0, 1, ... arrived, in order, each with its body.
+    fn assert_got_in_order(&self, bodies: &[Vec<u8>]) {
+        for (i, (_, id, _, bytes)) in self.got.iter().enumerate() {
+            assert_eq!(*id as usize, i);
+            assert!(*bytes == bodies[i], "frame {i}'s bytes");
+        }
+    }
+}
+
 impl Handler for Rec {
     fn on_ctrl(
         &mut self,
@@ -317,11 +336,7 @@ fn a_waiting_frame_holds_its_connection_until_taken() {
     let mut a = Net::bind(lo()).unwrap();
     let mut b = Net::bind(lo()).unwrap();
     let mut ha = Rec::default();
-    let mut hb = Rec {
-        mode: Mode::Hold,
-        held: true,
-        ..Rec::default()
-    };
+    let mut hb = Rec::holding();
     let pb = a.peer(b.local_addr());
     let bodies: Vec<Vec<u8>> = (0..64u32).map(|i| pattern(i, 1000)).collect();
     for (i, body) in bodies.iter().enumerate() {
@@ -342,10 +357,7 @@ fn a_waiting_frame_holds_its_connection_until_taken() {
         "every frame",
         |h| h[1].got.len() == bodies.len(),
     );
-    for (i, (_, id, _, bytes)) in hb.got.iter().enumerate() {
-        assert_eq!(*id as usize, i);
-        assert!(*bytes == bodies[i]);
-    }
+    hb.assert_got_in_order(&bodies);
     assert!(ha.lost.is_empty() && hb.lost.is_empty());
 }
 
@@ -1701,11 +1713,7 @@ fn a_receiver_holding_us_back_past_dead_after_loses_nothing() {
     };
     let (mut a, mut b) = (net(), net());
     let mut ha = Rec::default();
-    let mut hb = Rec {
-        mode: Mode::Hold,
-        held: true,
-        ..Rec::default()
-    };
+    let mut hb = Rec::holding();
     let pb = a.peer(b.local_addr());
     // More than both kernels' buffers hold: the sender's queue stays full.
     let bodies: Vec<Vec<u8>> = (0..400u32).map(|i| pattern(i, 64 << 10)).collect();
@@ -1745,10 +1753,18 @@ fn a_receiver_holding_us_back_past_dead_after_loses_nothing() {
         ha.lost,
         hb.lost
     );
-    for (i, (_, id, _, bytes)) in hb.got.iter().enumerate() {
-        assert_eq!(*id as usize, i);
-        assert!(*bytes == bodies[i], "frame {i}'s bytes");
-    }
+    hb.assert_got_in_order(&bodies);
+}
+
+/// `a` connects to `b` with a first frame (`token` on it), driven until `b` has it: the
+/// connection is up. Returns `a`'s peer id for `b`.
+fn first_frame(a: &mut Net, ha: &mut Rec, b: &mut Net, hb: &mut Rec, token: Option<u64>) -> PeerId {
+    let pb = a.peer(b.local_addr());
+    a.send(msg(pb, 0, Body::Owned(pattern(0, 100)), token));
+    drive(&mut [(a, ha), (b, hb)], "the first frame", |h| {
+        h[1].got.len() == 1
+    });
+    pb
 }
 
 /// Two Nets, `a` lower-addressed (it wins a simultaneous connect), with `a`'s connection
@@ -1771,13 +1787,7 @@ fn held_back(handshake: Option<Duration>) -> HeldBack {
         b.set_handshake_timeout(d);
     }
     let (mut ha, mut hb) = (Rec::default(), Rec::default());
-    let pb = a.peer(b.local_addr());
-    a.send(msg(pb, 0, Body::Owned(pattern(0, 100)), None));
-    drive(
-        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
-        "a's frame",
-        |h| h[1].got.len() == 1,
-    );
+    let pb = first_frame(&mut a, &mut ha, &mut b, &mut hb, None);
     let pa = b.peer(a.local_addr());
     ha.mode = Mode::Hold;
     ha.held = true;
@@ -1879,13 +1889,7 @@ fn a_reconnect_refused_before_the_old_connection_closed_is_tried_again() {
 fn the_connection_read_directly_leaves_epoll_only_while_no_one_sleeps_on_it() {
     let (mut a, mut b) = (Net::bind(lo()).unwrap(), Net::bind(lo()).unwrap());
     let (mut ha, mut hb) = (Rec::default(), Rec::default());
-    let pb = a.peer(b.local_addr());
-    a.send(msg(pb, 0, Body::Owned(pattern(0, 100)), None));
-    drive(
-        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
-        "a's frame",
-        |h| h[1].got.len() == 1,
-    );
+    first_frame(&mut a, &mut ha, &mut b, &mut hb, None);
     let pa = b.peer(a.local_addr());
     // Within EPOLL_EVERY_MS of the last epoll look, a's progress reads the connection itself.
     let start = Instant::now();
@@ -1893,10 +1897,10 @@ fn the_connection_read_directly_leaves_epoll_only_while_no_one_sleeps_on_it() {
         a.progress(&mut ha);
     }
     let k = a.parked.expect("a took its connection out of epoll");
-    assert!(a.conns[k].parked && a.gate.out());
+    assert!(a.conns.contains(k) && a.gate.out());
     // A sleeper arms first: the connection is back, and an arrival wakes epoll.
     a.arm();
-    assert!(a.parked.is_none() && !a.conns[k].parked && !a.gate.out());
+    assert!(a.parked.is_none() && !a.gate.out());
     b.send(msg(pa, 1, Body::Owned(pattern(1, 100)), None));
     let mut events = mio::Events::with_capacity(8);
     let woke = (0..100).any(|_| {
@@ -1971,13 +1975,7 @@ fn shutdown_drops_the_requests_not_yet_written() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let (mut a, mut b) = (Net::bind(lo()).unwrap(), Net::bind(lo()).unwrap());
     let (mut ha, mut hb) = (Rec::default(), Rec::default());
-    let pb = a.peer(b.local_addr());
-    a.send(msg(pb, 0, Body::Owned(pattern(0, 100)), Some(0)));
-    drive(
-        &mut [(&mut a, &mut ha), (&mut b, &mut hb)],
-        "the first frame",
-        |h| h[1].got.len() == 1,
-    );
+    let pb = first_frame(&mut a, &mut ha, &mut b, &mut hb, Some(0));
     // b reads as fast as it can, in a thread of its own, from when a shuts down until a
     // is gone.
     let stop = std::sync::Arc::new(AtomicBool::new(false));
