@@ -446,6 +446,35 @@ impl Engine {
             || !self.served.is_empty()
     }
 
+    /// What decides whether a request of `peer` that the engine answered `Sink::Wait` would
+    /// still wait, folded into one number: while it reads the same, offering the frame again
+    /// gets the same answer. A transport holding such frames looks again (and keeps its
+    /// endpoint from sleeping) only once it moved: held frames that wait on receives the
+    /// application has not posted must not make a blocking read spin. Two states folding to
+    /// one number only delay that look to the transport's next one.
+    pub fn wait_stamp(&self, peer: PeerId) -> u64 {
+        let ps = self.peers.get(peer);
+        let served = self.served.iter().filter(|(_, s)| s.peer == peer).count();
+        let parts = [
+            served,
+            ps.map_or(0, |p| p.owed),
+            ps.map_or(0, |p| p.owed_bytes),
+            ps.map_or(0, |p| p.reading),
+            ps.map_or(0, |p| p.inflight),
+            ps.map_or(0, |p| p.pipes),
+            self.inflight,
+            self.rxq.unexpected_len(),
+            self.rxq.unexpected_bytes(),
+            self.rxq.msgs_by(peer),
+            self.rxq.held_by(peer),
+            self.rxq.posted_len(),
+        ];
+        // FNV-1a over the words: no key needed, the numbers are our own.
+        parts.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+            (h ^ x as u64).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
     /// `fi_setopt` at the endpoint level, for a provider named `provider` (in the error): the
     /// options the engine holds, `FI_OPT_MIN_MULTI_RECV`; any other is `NoSys`.
     pub fn setopt(&mut self, name: i32, value: usize, provider: &str) -> Result<()> {

@@ -301,9 +301,11 @@ impl Wire for Net {
         Net::published_current(self, engine)
     }
 
-    fn publish(&self, engine: &Engine, _: &ShmBell) {
+    fn publish(&self, engine: &Engine, bell: &ShmBell) {
         // The bell reads the mirrors `Net` shares with it.
-        Net::publish(self, engine)
+        if Net::publish(self, engine) {
+            bell.wake();
+        }
     }
 
     fn held(&self) -> usize {

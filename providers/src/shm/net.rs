@@ -160,6 +160,10 @@ struct Link {
     /// Whether we wrote to its ring since we last looked for a sleeper there.
     wrote: bool,
     held: VecDeque<Held>,
+    /// The engine's `wait_stamp` for this peer when its first held frame was last offered
+    /// and still had to wait: while the engine's stamp reads the same, offering it again is
+    /// pointless, and the held frames keep the endpoint from sleeping only once it moved.
+    held_stamp: Option<u64>,
     /// Their bytes, and those of a frame being held as it arrives (`Charge`): per peer, so
     /// that one peer's flood holds back no other peer's frames.
     held_bytes: Arc<AtomicUsize>,
@@ -195,6 +199,7 @@ impl Link {
             out: None,
             wrote: false,
             held: VecDeque::new(),
+            held_stamp: None,
             held_bytes: Arc::default(),
             checked: None,
             no_split: false,
@@ -861,9 +866,13 @@ impl Net {
         let mut n = 0;
         while let Some(h) = self.links[p].held.front() {
             match g.on_ctrl(p, &Seg(&self.links[p].name), &h.prefix, &h.ctrl) {
-                Ok(Sink::Wait) => break,
+                Ok(Sink::Wait) => {
+                    self.links[p].held_stamp = Some(g.engine.wait_stamp(p));
+                    break;
+                }
                 Ok(sink) => {
                     let h = self.links[p].held.pop_front().expect("front exists");
+                    self.links[p].held_stamp = None;
                     self.held_frames -= 1;
                     let mut to = To::Engine(sink);
                     body_in(&mut to, 0, &h.body);
@@ -1273,7 +1282,12 @@ impl Net {
         match to {
             To::Engine(sink) => g.on_body(p, sink),
             To::Hold(h) => {
-                self.links[p].held.push_back(h);
+                let l = &mut self.links[p];
+                if l.held.is_empty() {
+                    // A new first frame: the engine's answer to it is not known yet.
+                    l.held_stamp = None;
+                }
+                l.held.push_back(h);
                 self.held_frames += 1;
             }
         }
@@ -1451,8 +1465,10 @@ impl Net {
             && self.links.len() == self.links_published.get()
     }
 
-    /// Refreshes the lock-free mirrors (at the end of each locked call).
-    pub fn publish(&self, eng: &Engine) {
+    /// Refreshes the lock-free mirrors (at the end of each locked call). True when held
+    /// frames that waited (and let the endpoint sleep) may move now: a thread asleep on the
+    /// bell is to be woken to offer them again.
+    pub fn publish(&self, eng: &Engine) -> bool {
         self.links_published.set(self.links.len());
         for l in bits(self.known_active) {
             self.idle.pos[l].store(self.cons[l].pos(), Ordering::Relaxed);
@@ -1461,13 +1477,17 @@ impl Net {
             .known_active
             .store(self.known_active, Ordering::Relaxed);
         let held = || self.held() > 0;
+        // Held frames make work only while offering them again may change something: not
+        // while they wait on receives the application has not posted (a blocking read would
+        // spin until it did). A post runs progress itself (`RdmEndpoint::recv`).
+        let held_moved = self.stalled == 0 && held() && self.held_may_move(eng);
         // A split just started: the next progress call spins for its answer.
         let busy = !self.pumping.is_empty()
             || eng.has_output()
-            || (self.stalled == 0 && held())
+            || held_moved
             || self.splits.iter().any(|s| !s.spun)
             || self.ipc.busy();
-        self.idle.busy.store(busy, Ordering::Release);
+        let was = self.idle.busy.swap(busy, Ordering::AcqRel);
         let watch = busy
             || !self.splits.is_empty()
             || self.known_active != 0
@@ -1475,6 +1495,16 @@ impl Net {
             || held()
             || (self.directed && self.links.iter().any(|l| !l.dead));
         self.idle.watch.store(watch, Ordering::Relaxed);
+        held_moved && !was
+    }
+
+    /// Whether some peer's held frames may be taken if offered again: none offered since they
+    /// were held, or the engine's state they wait on moved since the last offer.
+    fn held_may_move(&self, eng: &Engine) -> bool {
+        self.links
+            .iter()
+            .enumerate()
+            .any(|(p, l)| !l.held.is_empty() && l.held_stamp != Some(eng.wait_stamp(p)))
     }
 
     /// Lock-free: whether a progress call may find something to do.
@@ -1573,11 +1603,14 @@ fn spare_for(ctrl: &[u8]) -> usize {
 impl Transport for Net {
     fn send(&mut self, t: Transmit) -> std::result::Result<(), Transmit> {
         let p = t.peer;
-        let Some(link) = self.links.get(p) else {
-            return Ok(());
-        };
-        if link.dead {
-            // Its operations failed with its loss; nothing more goes to it.
+        if self.links.get(p).is_none_or(|l| l.dead) {
+            // Its operations failed with its loss; nothing more goes to it. What still comes
+            // is an answer to a request it made before (a read among its held frames): dropped,
+            // and its token reported as the frame's end, or the engine would count the answer
+            // as carrying the memory read for good (and hold that peer's later writes).
+            if let Some(tok) = t.token {
+                self.sent.push((p, tok));
+            }
             return Ok(());
         }
         // The oldest released send taken from it, answered: by the count (`armed`).

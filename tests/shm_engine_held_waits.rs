@@ -1,0 +1,206 @@
+//! Frames shm holds back because the engine answered them `Sink::Wait`.
+//!
+//! Frames held because the unexpected-message bound is reached wait for receives the
+//! application has not posted: no progress call can move them, so they must not keep the
+//! endpoint from sleeping. Before, they did, and a blocking read (`fi_cq_sread`) spun a core
+//! until the application posted a receive, which any local process could cause by sending one
+//! message past the bound. `fi_trywait` on a CQ that waits on a descriptor says whether
+//! sleeping is safe.
+//!
+//! A peer's held frames are still taken after it is gone (what it fully sent is delivered): a
+//! read among them is served and its answer dropped, and a write behind the read, which waits
+//! until the read's answer no longer carries the memory read, then goes ahead. Before, the
+//! dropped answer was never reported and the write waited for good.
+//!
+//! The unexpected-message bound is set in the environment once, before the first endpoint
+//! opens (`setup`).
+
+mod common;
+
+use common::*;
+use xfabric::*;
+use xfabric_core::rdm::wire::{self, Frame};
+use xfabric_core::rdm::Desc;
+use xfabric_core::{RmaIov, RmaIovList};
+use xfabric_providers::shm::raw::{RawPeer, FRAME};
+
+const UNEXP: usize = 4;
+const HELD: usize = 3;
+
+fn setup() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| std::env::set_var("XFABRIC_SHM_UNEXP_MSGS", UNEXP.to_string()));
+}
+
+/// Writes tagged 8-byte messages `tags` from `raw`, the bytes naming the tag.
+fn messages(raw: &mut RawPeer, tags: std::ops::Range<u64>) {
+    for i in tags {
+        let f = Frame::Msg {
+            id: 0,
+            tag: i,
+            data: 0,
+            flags: wire::flags::TAGGED,
+        };
+        let mut b = f.ctrl(8).as_bytes().to_vec();
+        b.extend_from_slice(&i.to_le_bytes());
+        assert!(raw.send_raw(FRAME, &b, 64), "message {i} did not fit");
+    }
+}
+
+#[test]
+fn frames_held_for_receives_not_posted_let_the_endpoint_sleep() {
+    setup();
+    let mut hints = Info {
+        caps: FI_MSG | FI_TAGGED | FI_SEND | FI_RECV,
+        ..Default::default()
+    };
+    hints.fabric_attr.prov_name = Some("shm".into());
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.domain_attr.data_progress = Progress::Manual;
+    let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints)).unwrap()[0].clone();
+    let domain = xfabric::fabric(&info.fabric_attr)
+        .unwrap()
+        .domain(&info)
+        .unwrap();
+    let cq = domain
+        .cq_open(&CqAttr {
+            format: CqFormat::Tagged,
+            wait_obj: WaitObj::Fd,
+            ..Default::default()
+        })
+        .unwrap();
+    let av = domain.av_open(&AvAttr::default()).unwrap();
+    let ep = domain.endpoint(&info).unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+
+    let mut raw = RawPeer::connect(&ep.getname().unwrap(), None).expect("raw peer");
+    messages(&mut raw, 0..(UNEXP + HELD) as u64);
+    // Each trywait runs the endpoint's progress: the first takes the messages in (the bound's
+    // worth buffered, the rest held), and from the next on the held ones, offered again, still
+    // wait. Sleeping is then safe: nothing moves until a receive is posted.
+    let mut may_sleep = false;
+    for _ in 0..64 {
+        if cq.trywait() == Ok(()) {
+            may_sleep = true;
+            break;
+        }
+    }
+    let b = ep.buffered();
+    assert_eq!((b.unexpected, b.held), (UNEXP, HELD), "{b:?}");
+    assert!(
+        may_sleep,
+        "fi_trywait answered FI_EAGAIN 64 times with only frames waiting for receives held: \
+         a blocking read would spin"
+    );
+    // The receives come: every message, in order, with its bytes (each post offers the held
+    // frames again itself).
+    let mut got = [0u8; 8];
+    let mut buf = [CqTaggedEntry::default(); 1];
+    for i in 0..(UNEXP + HELD) as u64 {
+        // SAFETY: got outlives the completion read below.
+        unsafe { ep.trecv(&mut got, None, FI_ADDR_UNSPEC, i, 0, 1) }.unwrap();
+        let n = cq.sread(&mut buf, 1, 10_000).expect("a completion");
+        assert_eq!(n, 1);
+        assert_eq!((buf[0].tag, buf[0].len), (i, 8), "message {i}");
+        assert_eq!(u64::from_le_bytes(got), i, "message {i}'s bytes");
+    }
+    assert_eq!(ep.buffered().held, 0);
+    drop(raw);
+}
+
+#[test]
+fn a_gone_peers_write_held_behind_its_read_is_applied() {
+    setup();
+    let n = node(
+        FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE,
+        Progress::Manual,
+    );
+    let addr = n.ep.getname().expect("getname");
+    let window = vec![0u8; 4096];
+    // SAFETY: window outlives the registration (dropped at the end, after it).
+    let mr = unsafe {
+        n.domain
+            .mr_reg(&window, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 3)
+    }
+    .expect("mr_reg");
+    let base = if n.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0 {
+        window.as_ptr() as u64
+    } else {
+        0
+    };
+    let segs = |off: u64, len: usize| {
+        RmaIovList::from_segs(&[RmaIov {
+            addr: base + off,
+            len,
+            key: mr.key(),
+        }])
+        .expect("one range")
+    };
+    let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+    let to_raw = n.add_peer(format!("fi_shm://{}", raw.name()).as_bytes());
+    // One message past the bound is held, and the read and the write behind it with it.
+    messages(&mut raw, 0..UNEXP as u64 + 1);
+    let read = Frame::Read {
+        id: 1,
+        segs: segs(0, 64),
+        desc: Desc::default(),
+    };
+    assert!(raw.send_raw(FRAME, read.ctrl(0).as_bytes(), 64));
+    let write = Frame::Write {
+        id: 2,
+        data: 0,
+        flags: wire::flags::ACK,
+        // Into what the read carries: it waits until the answer no longer does.
+        segs: segs(0, 8),
+        desc: Desc::default(),
+    };
+    let mut w = write.ctrl(8).as_bytes().to_vec();
+    w.extend_from_slice(&[0xab; 8]);
+    assert!(raw.send_raw(FRAME, &w, 64));
+    let deadline = std::time::Instant::now() + BOUND;
+    while n.ep.buffered().held < 3 {
+        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the frames were never held"
+        );
+    }
+    // The peer goes; a send to it fails once the endpoint knows.
+    raw.play_dead();
+    loop {
+        match n.ep.inject(&[1], to_raw) {
+            Err(Error::PeerLost(_)) => break,
+            Ok(()) | Err(Error::Again(_)) => {}
+            Err(e) => panic!("inject to the gone peer: {e}"),
+        }
+        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the peer was never found gone"
+        );
+    }
+    // Its messages are delivered; the read behind them is served to no one, and the write
+    // behind the read lands.
+    let mut got = [0u8; 8];
+    for i in 0..UNEXP as u64 + 1 {
+        // SAFETY: got outlives the completion waited for below.
+        unsafe { n.ep.trecv(&mut got, None, FI_ADDR_UNSPEC, i, 0, 1) }.unwrap();
+        let c = n.wait_one();
+        assert_eq!((c.tag, u64::from_le_bytes(got)), (i, i), "message {i}");
+    }
+    // Read as the endpoint writes it (this thread drives it).
+    let at = |i: usize| unsafe { std::ptr::read_volatile(window.as_ptr().add(i)) };
+    while !(0..8).all(|i| at(i) == 0xab) {
+        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gone peer's write never landed ({} frames still held)",
+            n.ep.buffered().held
+        );
+    }
+    assert_eq!(n.ep.buffered().held, 0);
+    drop(mr);
+    drop(window);
+}
