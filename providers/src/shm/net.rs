@@ -145,6 +145,9 @@ struct Link {
     seg: Option<Segment>,
     /// Already gone when its CONNECT was read: never mapped.
     never_mapped: bool,
+    /// Its segment could not be mapped for a passing reason (descriptors, memory or mapping
+    /// slots short): mapped again when it is next needed and at each sweep, not lost for it.
+    map_later: bool,
     prod: Option<Producer>,
     rx_lane: Option<usize>,
     /// Its pid, once cross-memory attach through it was shown to reach it.
@@ -190,6 +193,7 @@ impl Link {
             // that left waiting on it.
             dead: false,
             never_mapped: seg.is_none(),
+            map_later: false,
             seg,
             prod: None,
             rx_lane: None,
@@ -433,8 +437,17 @@ impl Net {
     /// The peer whose segment is `name`, mapping it on first use.
     pub fn peer_by_name(&mut self, name: &str) -> Result<PeerId> {
         if let Some(&p) = self.by_name.get(name) {
+            if self.links[p].map_later {
+                self.map_again(p)?;
+            }
             return Ok(p);
         }
+        let (seg, who) = self.map_peer(name)?;
+        Ok(self.add_link(name, Some(seg), who))
+    }
+
+    /// Maps the segment of the peer named `name` and verifies who holds it.
+    fn map_peer(&mut self, name: &str) -> Result<(Segment, Option<fdpass::Verified>)> {
         if self.links.iter().filter(|l| l.seg.is_some()).count() >= MAX_LINKS {
             // A process naming new segments over and over must not make us map without end
             // (a peer that goes is unmapped: room comes back as peers go).
@@ -458,7 +471,40 @@ impl Net {
             // The check read the peer's memory by cross-memory attach.
             self.cma.seen_working();
         }
-        Ok(self.add_link(name, Some(seg), who))
+        Ok((seg, who))
+    }
+
+    /// Maps `p`'s segment, which could not be mapped before for a passing reason
+    /// (`map_later`). Still short: `Again`, and it stays to be mapped later; any other
+    /// failure (its segment gone) leaves it to be lost as a peer never mapped.
+    fn map_again(&mut self, p: PeerId) -> Result<()> {
+        let name = self.links[p].name.clone();
+        match self.map_peer(&name) {
+            Ok((seg, who)) => {
+                let l = &mut self.links[p];
+                l.seg = Some(seg);
+                l.pid = who.as_ref().map(|v| v.pid);
+                l.owner_fd = who.as_ref().map_or(0, |v| v.owner_fd);
+                l.never_mapped = false;
+                l.map_later = false;
+                if let Some(entry) = self
+                    .book
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_mut(p)
+                {
+                    entry.1 = who;
+                }
+                Ok(())
+            }
+            Err(e) if passing(&e) => Err(Error::Again(
+                "shm: the peer's segment cannot be mapped now (descriptors, memory or mapping slots short)",
+            )),
+            Err(e) => {
+                self.links[p].map_later = false;
+                Err(e)
+            }
+        }
     }
 
     fn add_link(
@@ -515,6 +561,9 @@ impl Net {
     /// `ensure_lane`'s first time for `p`: claims a lane in its segment and says who we are.
     #[inline(never)]
     fn claim_lane(&mut self, p: PeerId) -> Result<()> {
+        if self.links[p].map_later {
+            self.map_again(p)?;
+        }
         let id = self.id;
         let me = self.name.as_bytes();
         let link = &mut self.links[p];
@@ -1140,12 +1189,16 @@ impl Net {
                 self.links[p].dead = false;
                 p
             }
-            Err(_) => match self.by_name.get(name) {
+            Err(e) => match self.by_name.get(name) {
                 Some(&p) => p,
                 // At most one gone peer per lane is remembered: CONNECTs naming no segment
                 // cannot grow the table.
                 None if self.links.iter().filter(|l| l.never_mapped).count() < LANES => {
-                    self.add_link(name, None, None)
+                    let p = self.add_link(name, None, None);
+                    // Short of descriptors or memory now is no sign it is gone: its frames are
+                    // taken, and what goes to it waits until its segment maps.
+                    self.links[p].map_later = passing(&e);
+                    p
                 }
                 None => return true,
             },
@@ -1338,6 +1391,13 @@ impl Net {
         self.drain_fds();
         self.release_nameless(now);
         for p in 0..self.links.len() {
+            // Mapped when descriptors or memory allow, not lost meanwhile.
+            if self.links[p].map_later
+                && !self.links[p].dead
+                && matches!(self.map_again(p), Err(Error::Again(_)))
+            {
+                continue;
+            }
             let l = &mut self.links[p];
             // A peer whose segment could not be opened when it connected (gone already, say)
             // is lost too: nothing can answer it, and what waits on it must end.
@@ -1487,7 +1547,9 @@ impl Net {
             || held_moved
             || self.splits.iter().any(|s| !s.spun)
             || self.ipc.busy();
-        let was = self.idle.busy.swap(busy, Ordering::AcqRel);
+        // Written under the endpoint's lock only: a load and a store, no locked swap.
+        let was = self.idle.busy.load(Ordering::Relaxed);
+        self.idle.busy.store(busy, Ordering::Release);
         let watch = busy
             || !self.splits.is_empty()
             || self.known_active != 0
@@ -1585,6 +1647,13 @@ fn owner_alive(l: &mut Link, now: u64) -> bool {
         l.lock_seen = now;
     }
     true
+}
+
+/// Whether mapping a peer's segment failed for a reason that passes (descriptors, memory or
+/// mapping slots short), not because the segment is gone or is none of ours.
+fn passing(e: &Error) -> bool {
+    matches!(e, Error::Again(_) | Error::NoMem(_))
+        || matches!(e.errno(), libc::EMFILE | libc::ENFILE | libc::ENOMEM)
 }
 
 /// Slots a frame leaves free in the peer's ring: none for an answer, `CTRL_SPARE` otherwise.

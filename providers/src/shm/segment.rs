@@ -90,6 +90,15 @@ impl Segment {
     pub fn open(name: &str, len: usize) -> Result<Self> {
         let path = path_of(name);
         let file = open_regular(&path, true).map_err(|e| match e {
+            // Out of descriptors or memory: no word on the peer (`Os` keeps the errno).
+            Refused::Io(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+                ) =>
+            {
+                Error::from_io(format!("cannot open peer segment {}", path.display()), e)
+            }
             Refused::Io(e) => {
                 Error::PeerLost(format!("cannot open peer segment {}: {e}", path.display()))
             }
