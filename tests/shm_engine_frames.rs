@@ -1088,3 +1088,70 @@ fn a_lane_dropped_for_garbage_is_clean_for_its_next_claimer() {
     );
     drop(raw);
 }
+
+/// A send to a peer that the send's own look for room finds gone (a sweep in the progress it
+/// runs when answers to that peer fill its ring) fails, or ends in an error completion; it
+/// never completes as sent. Before, it was handed to the dead link and reported complete.
+#[test]
+fn a_send_whose_room_check_finds_the_peer_gone_never_completes_as_sent() {
+    setup();
+    let n = node(CAPS | FI_REMOTE_READ, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    const LEN: usize = 16384;
+    let window = vec![7u8; LEN];
+    // SAFETY: window outlives the registration (dropped below, before it).
+    let mr = unsafe { n.domain.mr_reg(&window, FI_REMOTE_READ, 0, 3) }.expect("mr_reg");
+    let base = if n.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0 {
+        window.as_ptr() as u64
+    } else {
+        0
+    };
+    let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+    let to_raw = n.add_peer(format!("fi_shm://{}", raw.name()).as_bytes());
+    // Reads whose answers overfill the raw peer's ring: some wait in the engine.
+    let segs = RmaIovList::from_segs(&[RmaIov {
+        addr: base,
+        len: LEN,
+        key: mr.key(),
+    }])
+    .expect("one range");
+    for id in 0..12 {
+        let read = Frame::Read {
+            id,
+            segs,
+            desc: Desc::default(),
+        };
+        assert!(raw.send_raw(FRAME, read.ctrl(0).as_bytes(), 64));
+    }
+    for _ in 0..200 {
+        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
+    }
+    // The raw peer takes what reached it and goes; no progress of ours until the send, so
+    // that the send's own look is the one that finds it gone (its sweep due by then).
+    while raw.recv_raw().is_some() {}
+    raw.play_dead();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let buf = vec![1u8; 1000];
+    // SAFETY: buf outlives the operation (it ends, or fails, below).
+    match unsafe { n.ep.send(&buf, None, to_raw, 42) } {
+        Err(Error::PeerLost(_)) => {}
+        Ok(()) => {
+            let deadline = std::time::Instant::now() + BOUND;
+            let mut b = [CqTaggedEntry::default(); 1];
+            loop {
+                match n.cq.read(&mut b) {
+                    Ok(_) => panic!("a send to a peer known gone completed as sent: {:?}", b[0]),
+                    Err(Error::Avail) => break,
+                    Err(_) => {}
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "a send to a peer known gone never ended"
+                );
+            }
+        }
+        Err(e) => panic!("send: {e}"),
+    }
+    drop(mr);
+    drop(window);
+}

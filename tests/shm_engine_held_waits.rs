@@ -5,7 +5,8 @@
 //! endpoint from sleeping. Before, they did, and a blocking read (`fi_cq_sread`) spun a core
 //! until the application posted a receive, which any local process could cause by sending one
 //! message past the bound. `fi_trywait` on a CQ that waits on a descriptor says whether
-//! sleeping is safe.
+//! sleeping is safe. Past the held queue's bound the lane stalls with messages still in it:
+//! those cannot be read until the held ones move, and must not count as work either.
 //!
 //! A peer's held frames are still taken after it is gone (what it fully sent is delivered): a
 //! read among them is served and its answer dropped, and a write behind the read, which waits
@@ -22,10 +23,12 @@ use xfabric::*;
 use xfabric_core::rdm::wire::{self, Frame};
 use xfabric_core::rdm::Desc;
 use xfabric_core::{RmaIov, RmaIovList};
-use xfabric_providers::shm::raw::{RawPeer, FRAME};
+use xfabric_providers::shm::raw::{RawPeer, FRAME, HELD_MAX};
 
 const UNEXP: usize = 4;
-const HELD: usize = 3;
+/// Held in the sender's queue (the bound on it) and left in its ring behind them, the lane
+/// stalled.
+const HELD: usize = HELD_MAX + 8;
 
 fn setup() {
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -77,22 +80,27 @@ fn frames_held_for_receives_not_posted_let_the_endpoint_sleep() {
 
     let mut raw = RawPeer::connect(&ep.getname().unwrap(), None).expect("raw peer");
     messages(&mut raw, 0..(UNEXP + HELD) as u64);
-    // Each trywait runs the endpoint's progress: the first takes the messages in (the bound's
-    // worth buffered, the rest held), and from the next on the held ones, offered again, still
-    // wait. Sleeping is then safe: nothing moves until a receive is posted.
+    // Each trywait runs the endpoint's progress: the first ones take the messages in (the
+    // bound's worth buffered, the rest held, a batch a call, until the held queue is full and
+    // the lane stalls), and from then on the held ones, offered again, still wait. Sleeping is
+    // then safe: nothing moves until a receive is posted. Every call that says otherwise
+    // before takes at least one message in, so the loop's bound is a multiple of them.
+    let tries = 4 * (UNEXP + HELD);
     let mut may_sleep = false;
-    for _ in 0..64 {
+    for _ in 0..tries {
         if cq.trywait() == Ok(()) {
             may_sleep = true;
             break;
         }
     }
     let b = ep.buffered();
-    assert_eq!((b.unexpected, b.held), (UNEXP, HELD), "{b:?}");
+    // The held queue at its bound (its count, or its bytes), the rest still in the ring.
+    assert_eq!(b.unexpected, UNEXP, "{b:?}");
+    assert!(b.held > 0 && b.held < HELD, "{b:?}");
     assert!(
         may_sleep,
-        "fi_trywait answered FI_EAGAIN 64 times with only frames waiting for receives held: \
-         a blocking read would spin"
+        "fi_trywait answered FI_EAGAIN {tries} times with only frames waiting for receives \
+         held, and a lane stalled behind them: a blocking read would spin"
     );
     // The receives come: every message, in order, with its bytes (each post offers the held
     // frames again itself).

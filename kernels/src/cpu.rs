@@ -282,11 +282,12 @@ unsafe fn compute_and_ring(
         let bucket = unsafe { std::slice::from_raw_parts_mut(out.add(base), n) };
         compute_bucket_work(bucket, base as u64, seed, work);
         let computed = clock.now();
-        computing += computed.wrapping_sub(t);
+        // A step backwards (a move between cores whose counters disagree) counts as none.
+        computing = computing.saturating_add(computed.saturating_sub(t));
         // SAFETY: the caller's contract; ring's release store publishes the bucket.
         unsafe { ring(std::slice::from_ref(var)) }?;
         t = clock.now();
-        ringing += t.wrapping_sub(computed);
+        ringing = ringing.saturating_add(t.saturating_sub(computed));
     }
     Ok(clock.profile(computing, ringing))
 }
@@ -329,7 +330,7 @@ impl Ticks {
     /// `compute` and `ring` ticks as durations, at the rate the span since `start` shows.
     fn profile(&self, compute: u64, ring: u64) -> RingProfile {
         let span = self.t0.elapsed().as_nanos() as f64;
-        let ticks = self.now().wrapping_sub(self.ticks0).max(1) as f64;
+        let ticks = self.now().saturating_sub(self.ticks0).max(1) as f64;
         let ns = |t: u64| std::time::Duration::from_nanos((t as f64 * span / ticks) as u64);
         RingProfile {
             compute: ns(compute),

@@ -447,15 +447,14 @@ impl Engine {
     }
 
     /// What decides whether a request of `peer` that the engine answered `Sink::Wait` would
-    /// still wait, folded into one number: while it reads the same, offering the frame again
-    /// gets the same answer. A transport holding such frames looks again (and keeps its
-    /// endpoint from sleeping) only once it moved: held frames that wait on receives the
-    /// application has not posted must not make a blocking read spin. Two states folding to
-    /// one number only delay that look to the transport's next one.
-    pub fn wait_stamp(&self, peer: PeerId) -> u64 {
+    /// still wait: while it reads the same, offering the frame again gets the same answer. A
+    /// transport holding such frames looks again (and keeps its endpoint from sleeping) only
+    /// once it moved: held frames that wait on receives the application has not posted must
+    /// not make a blocking read spin.
+    pub fn wait_stamp(&self, peer: PeerId) -> WaitStamp {
         let ps = self.peers.get(peer);
         let served = self.served.iter().filter(|(_, s)| s.peer == peer).count();
-        let parts = [
+        WaitStamp([
             served,
             ps.map_or(0, |p| p.owed),
             ps.map_or(0, |p| p.owed_bytes),
@@ -468,11 +467,7 @@ impl Engine {
             self.rxq.msgs_by(peer),
             self.rxq.held_by(peer),
             self.rxq.posted_len(),
-        ];
-        // FNV-1a over the words: no key needed, the numbers are our own.
-        parts.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
-            (h ^ x as u64).wrapping_mul(0x0100_0000_01b3)
-        })
+        ])
     }
 
     /// `fi_setopt` at the endpoint level, for a provider named `provider` (in the error): the
@@ -737,3 +732,7 @@ unsafe fn inject_copy(inject: bool, iov: &IovList) -> Option<Body> {
         }
     })
 }
+
+/// `Engine::wait_stamp`: the counts a waiting request of a peer depends on, compared whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitStamp([usize; 12]);

@@ -27,7 +27,7 @@ pub mod wire;
 
 pub use done::{report, report_unlocked, Done};
 pub use engine::{
-    answer_charge, kept_at_close, Config, Cut, Engine, Fired, OWED_BYTES_MAX, OWED_MAX,
+    answer_charge, kept_at_close, Config, Cut, Engine, Fired, WaitStamp, OWED_BYTES_MAX, OWED_MAX,
 };
 pub use inline::Inline;
 pub use transport::{

@@ -225,6 +225,8 @@ impl<W: Wire> RdmEndpoint<W> {
         }
         self.do_progress(st);
         self.push(st);
+        // That progress may have found the peer gone (a sweep): nothing goes to it now.
+        st.net.alive(p)?;
         if st.net.room(&st.engine, p, len) {
             return Ok(());
         }
@@ -383,9 +385,12 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
         } else {
             op.iov.total()
         };
-        let p = self.sendable(&mut st, op.dest, len, "rma")?;
-        // SAFETY: forwarded from the caller.
-        let r = unsafe { st.engine.post_rma(p, op) };
+        // A refusal is finished too: finding no room ran progress, whose completions and
+        // mirrors are reported here.
+        let r = self.sendable(&mut st, op.dest, len, "rma").and_then(|p| {
+            // SAFETY: forwarded from the caller.
+            unsafe { st.engine.post_rma(p, op) }
+        });
         self.finish(st);
         r
     }
@@ -393,9 +398,12 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
     unsafe fn atomic(&self, req: &AtomicReq) -> Result<()> {
         let mut st = self.lock();
         // Its operands travel in the control part.
-        let p = self.sendable(&mut st, req.dest, 64, "atomic")?;
-        // SAFETY: forwarded from the caller.
-        let r = unsafe { st.engine.post_atomic(p, req) };
+        let r = self
+            .sendable(&mut st, req.dest, 64, "atomic")
+            .and_then(|p| {
+                // SAFETY: forwarded from the caller.
+                unsafe { st.engine.post_atomic(p, req) }
+            });
         self.finish(st);
         r
     }
@@ -412,10 +420,15 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
         }
         if W::WATCHES_SOURCES && self.core.caps & FI_DIRECTED_RECV != 0 && r.src != FI_ADDR_UNSPEC {
             // Know the source as a peer, so that its death fails this receive.
-            let p = self.peer_for(&mut st, r.src)?;
+            let known = self.peer_for(&mut st, r.src).and_then(|p| st.net.alive(p));
+            if let Err(e) = known {
+                // What a peek's progress took in, and a peer named now, are reported and
+                // shown all the same.
+                self.finish(st);
+                return Err(e);
+            }
             // A peer now watched for its death (`publish`).
             stale = true;
-            st.net.alive(p)?;
         }
         // Buffered messages of senders inserted into the AV since they came match as theirs.
         let State {

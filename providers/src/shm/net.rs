@@ -166,7 +166,7 @@ struct Link {
     /// The engine's `wait_stamp` for this peer when its first held frame was last offered
     /// and still had to wait: while the engine's stamp reads the same, offering it again is
     /// pointless, and the held frames keep the endpoint from sleeping only once it moved.
-    held_stamp: Option<u64>,
+    held_stamp: Option<xfabric_core::rdm::WaitStamp>,
     /// Their bytes, and those of a frame being held as it arrives (`Charge`): per peer, so
     /// that one peer's flood holds back no other peer's frames.
     held_bytes: Arc<AtomicUsize>,
@@ -218,6 +218,9 @@ impl Link {
 pub struct Idle {
     /// Work this side can advance by itself is pending.
     pub busy: AtomicBool,
+    /// Lanes stalled behind held frames that cannot move until the engine's state does
+    /// (`Net::held_state`): what they hold is no work yet.
+    quiet_lanes: AtomicU64,
     /// Something could wait on a dead peer: sweeps are due by time.
     pub watch: AtomicBool,
     /// When the next sweep is due (`coarse_ms`).
@@ -423,6 +426,7 @@ impl Net {
             count_pending: [None; LANES],
             idle: Arc::new(Idle {
                 busy: AtomicBool::new(false),
+                quiet_lanes: AtomicU64::new(0),
                 watch: AtomicBool::new(false),
                 next_sweep: AtomicU64::new(0),
                 clock_owed: AtomicBool::new(false),
@@ -1526,8 +1530,8 @@ impl Net {
     }
 
     /// Refreshes the lock-free mirrors (at the end of each locked call). True when held
-    /// frames that waited (and let the endpoint sleep) may move now: a thread asleep on the
-    /// bell is to be woken to offer them again.
+    /// frames that waited may move now: a thread asleep on the bell is to be woken to offer
+    /// them again (whatever else made the endpoint busy before: that may wake no one).
     pub fn publish(&self, eng: &Engine) -> bool {
         self.links_published.set(self.links.len());
         for l in bits(self.known_active) {
@@ -1540,15 +1544,19 @@ impl Net {
         // Held frames make work only while offering them again may change something: not
         // while they wait on receives the application has not posted (a blocking read would
         // spin until it did). A post runs progress itself (`RdmEndpoint::recv`).
-        let held_moved = self.stalled == 0 && held() && self.held_may_move(eng);
+        let (held_moved, quiet) = if held() {
+            self.held_state(eng)
+        } else {
+            (false, 0)
+        };
+        // A lane stalled behind held frames that cannot move has nothing to read either.
+        self.idle.quiet_lanes.store(quiet, Ordering::Relaxed);
         // A split just started: the next progress call spins for its answer.
         let busy = !self.pumping.is_empty()
             || eng.has_output()
             || held_moved
             || self.splits.iter().any(|s| !s.spun)
             || self.ipc.busy();
-        // Written under the endpoint's lock only: a load and a store, no locked swap.
-        let was = self.idle.busy.load(Ordering::Relaxed);
         self.idle.busy.store(busy, Ordering::Release);
         let watch = busy
             || !self.splits.is_empty()
@@ -1557,16 +1565,26 @@ impl Net {
             || held()
             || (self.directed && self.links.iter().any(|l| !l.dead));
         self.idle.watch.store(watch, Ordering::Relaxed);
-        held_moved && !was
+        held_moved
     }
 
-    /// Whether some peer's held frames may be taken if offered again: none offered since they
-    /// were held, or the engine's state they wait on moved since the last offer.
-    fn held_may_move(&self, eng: &Engine) -> bool {
-        self.links
-            .iter()
-            .enumerate()
-            .any(|(p, l)| !l.held.is_empty() && l.held_stamp != Some(eng.wait_stamp(p)))
+    /// Whether some peer's held frames may be taken if offered again (none offered since
+    /// they were held, or the engine's state they wait on moved since the last offer), and
+    /// the stalled lanes of the peers whose held frames may not: nothing on those can be read
+    /// until they move.
+    fn held_state(&self, eng: &Engine) -> (bool, u64) {
+        let (mut moved, mut quiet) = (false, 0);
+        for (p, l) in self.links.iter().enumerate() {
+            if l.held.is_empty() {
+                continue;
+            }
+            if l.held_stamp != Some(eng.wait_stamp(p)) {
+                moved = true;
+            } else if let Some(lane) = l.rx_lane.filter(|&lane| self.stalled & (1 << lane) != 0) {
+                quiet |= 1 << lane;
+            }
+        }
+        (moved, quiet)
     }
 
     /// Lock-free: whether a progress call may find something to do.
@@ -1578,7 +1596,8 @@ impl Net {
         if mask != idle.known_active.load(Ordering::Relaxed) {
             return true;
         }
-        bits(mask).any(|l| ring::published(seg, l, idle.pos[l].load(Ordering::Relaxed)))
+        let quiet = idle.quiet_lanes.load(Ordering::Relaxed);
+        bits(mask & !quiet).any(|l| ring::published(seg, l, idle.pos[l].load(Ordering::Relaxed)))
             || armed::counted(seg, idle)
     }
 
@@ -1656,13 +1675,16 @@ fn passing(e: &Error) -> bool {
         || matches!(e.errno(), libc::EMFILE | libc::ENFILE | libc::ENOMEM)
 }
 
+/// Whether an encoded frame (`ctrl`, from its prefix) answers a peer's request.
+fn is_answer(ctrl: &[u8]) -> bool {
+    ctrl.get(2)
+        .and_then(|&k| Kind::from_raw(k))
+        .is_some_and(Kind::is_answer)
+}
+
 /// Slots a frame leaves free in the peer's ring: none for an answer, `CTRL_SPARE` otherwise.
 fn spare_for(ctrl: &[u8]) -> usize {
-    let answer = ctrl
-        .get(2)
-        .and_then(|&k| Kind::from_raw(k))
-        .is_some_and(Kind::is_answer);
-    if answer {
+    if is_answer(ctrl) {
         0
     } else {
         CTRL_SPARE
@@ -1676,8 +1698,10 @@ impl Transport for Net {
             // Its operations failed with its loss; nothing more goes to it. What still comes
             // is an answer to a request it made before (a read among its held frames): dropped,
             // and its token reported as the frame's end, or the engine would count the answer
-            // as carrying the memory read for good (and hold that peer's later writes).
-            if let Some(tok) = t.token {
+            // as carrying the memory read for good (and hold that peer's later writes). A
+            // request's token is not: no post reaches a peer known gone (`Wire::alive`), and
+            // reporting it would complete an operation that never went.
+            if let (Some(tok), true) = (t.token, is_answer(t.ctrl.as_bytes())) {
                 self.sent.push((p, tok));
             }
             return Ok(());
