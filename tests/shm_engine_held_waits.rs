@@ -11,7 +11,9 @@
 //! A peer's held frames are still taken after it is gone (what it fully sent is delivered): a
 //! read among them is served and its answer dropped, and a write behind the read, which waits
 //! until the read's answer no longer carries the memory read, then goes ahead. Before, the
-//! dropped answer was never reported and the write waited for good.
+//! dropped answer was never reported and the write waited for good. A large message among
+//! them whose data was to come from the peer ends the receive that takes it with an error;
+//! before, that receive waited for good.
 //!
 //! The unexpected-message bound is set in the environment once, before the first endpoint
 //! opens (`setup`).
@@ -211,4 +213,89 @@ fn a_gone_peers_write_held_behind_its_read_is_applied() {
     assert_eq!(n.ep.buffered().held, 0);
     drop(mr);
     drop(window);
+}
+
+/// A gone peer's large message held until after its loss, then taken by a receive: its data
+/// was to come in frames from the peer (no descriptor to copy from), so the receive ends with
+/// `FI_ECONNRESET`. Before, the go-ahead went to the dead link and the receive waited for good.
+#[test]
+fn a_receive_taking_a_gone_peers_held_large_message_ends() {
+    setup();
+    let n = node(FI_MSG | FI_TAGGED | FI_SEND | FI_RECV, Progress::Manual);
+    let addr = n.ep.getname().expect("getname");
+    let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
+    let to_raw = n.add_peer(format!("fi_shm://{}", raw.name()).as_bytes());
+    const BIG: u64 = 1 << 16;
+    const BIG_TAG: u64 = 1000;
+    // One message past the bound is held, and the announcement behind it with it.
+    messages(&mut raw, 0..UNEXP as u64 + 1);
+    let rts = Frame::Rts {
+        id: 7,
+        tag: BIG_TAG,
+        data: 0,
+        len: BIG,
+        flags: wire::flags::TAGGED,
+        desc: Desc::default(),
+    };
+    assert!(raw.send_raw(FRAME, rts.ctrl(0).as_bytes(), 64));
+    let deadline = std::time::Instant::now() + BOUND;
+    while n.ep.buffered().held < 2 {
+        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the frames were never held"
+        );
+    }
+    raw.play_dead();
+    loop {
+        match n.ep.inject(&[1], to_raw) {
+            Err(Error::PeerLost(_)) => break,
+            Ok(()) | Err(Error::Again(_)) => {}
+            Err(e) => panic!("inject to the gone peer: {e}"),
+        }
+        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the peer was never found gone"
+        );
+    }
+    let mut big = vec![0u8; BIG as usize];
+    // SAFETY: big outlives the receive (it ends below).
+    unsafe { n.ep.trecv(&mut big, None, FI_ADDR_UNSPEC, BIG_TAG, 0, 99) }.unwrap();
+    let mut got = vec![[0u8; 8]; UNEXP + 1];
+    for (i, g) in got.iter_mut().enumerate() {
+        // SAFETY: got outlives the completions read below.
+        unsafe { n.ep.trecv(g, None, FI_ADDR_UNSPEC, i as u64, 0, 1) }.unwrap();
+    }
+    // The small messages arrive; the large one's receive fails (in any order with them).
+    let (mut ok, mut failed) = (0, None);
+    let mut buf = [CqTaggedEntry::default(); 8];
+    while ok < UNEXP + 1 || failed.is_none() {
+        match n.cq.read(&mut buf) {
+            Ok(k) => ok += k,
+            Err(Error::Avail) => failed = n.cq.readerr().ok(),
+            Err(Error::Again(_)) => {}
+            Err(e) => panic!("cq read: {e}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{ok} messages, and the large message's receive {}",
+            if failed.is_some() {
+                "failed"
+            } else {
+                "never ended"
+            }
+        );
+    }
+    let e = failed.expect("an error entry");
+    assert_eq!(
+        (e.op_context, e.err),
+        (99, xfabric::errno::FI_ECONNRESET),
+        "{e:?}"
+    );
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(u64::from_le_bytes(*g), i as u64, "message {i}'s bytes");
+    }
+    assert_eq!(n.ep.buffered().held, 0);
+    drop(big);
 }

@@ -259,6 +259,9 @@ pub struct Net {
     pumping: Vec<PeerId>,
     /// Tokens of frames handed over whole, for `Engine::on_sent`.
     sent: Vec<(PeerId, u64)>,
+    /// Gone peers a go-ahead (`Cts`) was dropped for: their loss is reported again once the
+    /// engine's frames are handed over, ending the large messages of theirs a receive took.
+    relost: Vec<PeerId>,
     /// Some link's `wrote` is set.
     wrote: bool,
     /// Frames held, every link's together (`Link::held`): counted where they are held and
@@ -407,6 +410,7 @@ impl Net {
             own_fault_said: false,
             pumping: Vec::new(),
             sent: Vec::new(),
+            relost: Vec::new(),
             wrote: false,
             held_frames: 0,
             held_max: xfabric_core::settings::SHM_HELD_BYTES.usize(),
@@ -672,6 +676,9 @@ impl Net {
         }
         if g.engine.has_output() {
             g.engine.transmit(self);
+            for p in std::mem::take(&mut self.relost) {
+                g.on_lost(p, Some(&Seg(&self.links[p].name)), libc::ECONNRESET);
+            }
             while let Some(c) = g.engine.poll_copy() {
                 let how = match self.split(&c) {
                     // Reported when the peer's part is done too.
@@ -1703,6 +1710,12 @@ impl Transport for Net {
             // reporting it would complete an operation that never went.
             if let (Some(tok), true) = (t.token, is_answer(t.ctrl.as_bytes())) {
                 self.sent.push((p, tok));
+            }
+            // A go-ahead for a large message of its that was held until after its loss: the
+            // data will not come, and the receive that took it must end (`push_some` reports
+            // the loss again, which ends the peer's large messages).
+            if t.ctrl.as_bytes().get(2) == Some(&(Kind::Cts as u8)) && !self.relost.contains(&p) {
+                self.relost.push(p);
             }
             return Ok(());
         }
