@@ -262,7 +262,7 @@ fn a_receive_taking_a_gone_peers_held_large_message_ends() {
     let mut big = vec![0u8; BIG as usize];
     // SAFETY: big outlives the receive (it ends below).
     unsafe { n.ep.trecv(&mut big, None, FI_ADDR_UNSPEC, BIG_TAG, 0, 99) }.unwrap();
-    let mut got = vec![[0u8; 8]; UNEXP + 1];
+    let mut got = [[0u8; 8]; UNEXP + 1];
     for (i, g) in got.iter_mut().enumerate() {
         // SAFETY: got outlives the completions read below.
         unsafe { n.ep.trecv(g, None, FI_ADDR_UNSPEC, i as u64, 0, 1) }.unwrap();
