@@ -1,7 +1,7 @@
 //! A peer met while this process is out of descriptors is not lost for it. Mapping its segment
-//! when its CONNECT arrives fails (`EMFILE`); its messages are still taken (they are in our own
-//! segment), a send to it answers `FI_EAGAIN` rather than failing, and once descriptors are
-//! free again its segment maps and traffic goes both ways. Before, the failed open recorded it
+//! when its CONNECT arrives fails (`EMFILE`); the CONNECT and what follows it wait in its lane
+//! (read again after each sweep), a send to it answers `FI_EAGAIN` rather than failing, and
+//! once descriptors are free again its segment maps and traffic goes both ways. Before, the failed open recorded it
 //! as a peer whose segment is gone: the next sweep lost it, and every send to it failed for
 //! the endpoint's life. Any local process holding many of our descriptors' worth of segments,
 //! or a job with more peers than the descriptor limit, met it.
@@ -72,18 +72,19 @@ fn a_peer_met_while_descriptors_are_short_is_mapped_once_they_are_not() {
     let was = soft_nofile();
     set_soft_nofile(lowest_free_fd());
     // a reads b's CONNECT and cannot open b's segment; its sweeps (every 20 ms) run for a
-    // good while: b is not lost, its message arrives, and a send to b asks for a retry.
+    // good while: b is not lost (its CONNECT and message wait in its lane), and a send to b
+    // asks for a retry.
     let until = Instant::now() + Duration::from_millis(300);
     while Instant::now() < until {
         let _ = a.cq.read(&mut [CqTaggedEntry::default(); 4]);
     }
-    assert_eq!(recv_one(&a), 1, "b's message");
     match a.ep.inject(&2u64.to_le_bytes(), b_at_a) {
         Err(Error::Again(_)) => {}
         other => panic!("a send to b while its segment cannot be mapped: {other:?}"),
     }
     set_soft_nofile(was);
-    // Descriptors again: b's segment maps, and both ways work.
+    // Descriptors again: b's segment maps at a sweep, and both ways work.
+    assert_eq!(recv_one(&a), 1, "b's message");
     a.retry(|| a.ep.inject(&2u64.to_le_bytes(), b_at_a));
     assert_eq!(recv_one(&b), 2, "a's message, after its send was retried");
     b.retry(|| b.ep.inject(&3u64.to_le_bytes(), a_at_b));

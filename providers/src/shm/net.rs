@@ -129,6 +129,17 @@ enum To {
     Hold(Held),
 }
 
+/// What became of a CONNECT (`Net::on_connect`).
+enum Connect {
+    /// The lane is its peer's.
+    Taken,
+    /// The lane was dropped.
+    Dropped,
+    /// The peer's segment cannot be mapped now (descriptors, memory or mapping slots short):
+    /// the CONNECT stays at the lane's head until after the next sweep.
+    Later,
+}
+
 /// A frame whose body is still arriving in pieces.
 struct InFrame {
     to: To,
@@ -145,9 +156,6 @@ struct Link {
     seg: Option<Segment>,
     /// Already gone when its CONNECT was read: never mapped.
     never_mapped: bool,
-    /// Its segment could not be mapped for a passing reason (descriptors, memory or mapping
-    /// slots short): mapped again when it is next needed and at each sweep, not lost for it.
-    map_later: bool,
     prod: Option<Producer>,
     rx_lane: Option<usize>,
     /// Its pid, once cross-memory attach through it was shown to reach it.
@@ -193,7 +201,6 @@ impl Link {
             // that left waiting on it.
             dead: false,
             never_mapped: seg.is_none(),
-            map_later: false,
             seg,
             prod: None,
             rx_lane: None,
@@ -219,7 +226,8 @@ pub struct Idle {
     /// Work this side can advance by itself is pending.
     pub busy: AtomicBool,
     /// Lanes stalled behind held frames that cannot move until the engine's state does
-    /// (`Net::held_state`): what they hold is no work yet.
+    /// (`Net::held_state`), and lanes whose CONNECT waits for the next sweep
+    /// (`Net::connect_later`): what they hold is no work yet.
     quiet_lanes: AtomicU64,
     /// Something could wait on a dead peer: sweeps are due by time.
     pub watch: AtomicBool,
@@ -249,6 +257,9 @@ pub struct Net {
     rx: [Option<InFrame>; LANES],
     /// Lanes whose head frame waits for the engine (flow control): not read further.
     stalled: u64,
+    /// Lanes whose CONNECT waits for its peer's segment to map (`Connect::Later`): not read
+    /// again, nor counted as work, until the next sweep.
+    connect_later: u64,
     known_active: u64,
     /// When each lane was first seen claimed with no CONNECT taken from it (coarse ms; 0:
     /// not such a lane): one left so for `NAMELESS_LANE_MS` is released by a sweep.
@@ -405,6 +416,7 @@ impl Net {
             cons: [Consumer::default(); LANES],
             rx: std::array::from_fn(|_| None),
             stalled: 0,
+            connect_later: 0,
             known_active: 0,
             nameless_since: [0; LANES],
             own_fault_said: false,
@@ -445,12 +457,16 @@ impl Net {
     /// The peer whose segment is `name`, mapping it on first use.
     pub fn peer_by_name(&mut self, name: &str) -> Result<PeerId> {
         if let Some(&p) = self.by_name.get(name) {
-            if self.links[p].map_later {
-                self.map_again(p)?;
-            }
             return Ok(p);
         }
-        let (seg, who) = self.map_peer(name)?;
+        let (seg, who) = self.map_peer(name).map_err(|e| {
+            if passing(&e) {
+                // Short of descriptors or memory now: the caller may try again.
+                Error::Again("shm: the peer's segment cannot be mapped now (descriptors, memory or mapping slots short)")
+            } else {
+                e
+            }
+        })?;
         Ok(self.add_link(name, Some(seg), who))
     }
 
@@ -480,39 +496,6 @@ impl Net {
             self.cma.seen_working();
         }
         Ok((seg, who))
-    }
-
-    /// Maps `p`'s segment, which could not be mapped before for a passing reason
-    /// (`map_later`). Still short: `Again`, and it stays to be mapped later; any other
-    /// failure (its segment gone) leaves it to be lost as a peer never mapped.
-    fn map_again(&mut self, p: PeerId) -> Result<()> {
-        let name = self.links[p].name.clone();
-        match self.map_peer(&name) {
-            Ok((seg, who)) => {
-                let l = &mut self.links[p];
-                l.seg = Some(seg);
-                l.pid = who.as_ref().map(|v| v.pid);
-                l.owner_fd = who.as_ref().map_or(0, |v| v.owner_fd);
-                l.never_mapped = false;
-                l.map_later = false;
-                if let Some(entry) = self
-                    .book
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get_mut(p)
-                {
-                    entry.1 = who;
-                }
-                Ok(())
-            }
-            Err(e) if passing(&e) => Err(Error::Again(
-                "shm: the peer's segment cannot be mapped now (descriptors, memory or mapping slots short)",
-            )),
-            Err(e) => {
-                self.links[p].map_later = false;
-                Err(e)
-            }
-        }
     }
 
     fn add_link(
@@ -569,9 +552,6 @@ impl Net {
     /// `ensure_lane`'s first time for `p`: claims a lane in its segment and says who we are.
     #[inline(never)]
     fn claim_lane(&mut self, p: PeerId) -> Result<()> {
-        if self.links[p].map_later {
-            self.map_again(p)?;
-        }
         let id = self.id;
         let me = self.name.as_bytes();
         let link = &mut self.links[p];
@@ -676,9 +656,6 @@ impl Net {
         }
         if g.engine.has_output() {
             g.engine.transmit(self);
-            for p in std::mem::take(&mut self.relost) {
-                g.on_lost(p, Some(&Seg(&self.links[p].name)), libc::ECONNRESET);
-            }
             while let Some(c) = g.engine.poll_copy() {
                 let how = match self.split(&c) {
                     // Reported when the peer's part is done too.
@@ -718,6 +695,19 @@ impl Net {
             }
             if g.engine.has_output() {
                 // What completing those queued (a fenced operation released).
+                g.engine.transmit(self);
+            }
+        }
+        // Go-aheads dropped for gone peers (`Transport::send`), from any of the transmits
+        // above: their large messages end. A peer come back since (a new CONNECT) keeps its
+        // operations.
+        while !self.relost.is_empty() {
+            for p in std::mem::take(&mut self.relost) {
+                if self.links[p].dead {
+                    g.on_lost(p, Some(&Seg(&self.links[p].name)), libc::ECONNRESET);
+                }
+            }
+            if g.engine.has_output() {
                 g.engine.transmit(self);
             }
         }
@@ -824,6 +814,7 @@ impl Net {
             self.lane_peer[i] = None;
             self.rx[i] = None;
             self.stalled &= !(1 << i);
+            self.connect_later &= !(1 << i);
         }
         self.known_active = mask;
         // Before the lanes are read: see `armed`'s answers by count.
@@ -995,6 +986,7 @@ impl Net {
         }
         self.rx[lane] = None;
         self.stalled &= !(1 << lane);
+        self.connect_later &= !(1 << lane);
         if self.armed.unanswered > 0 {
             self.refresh_counts();
         }
@@ -1010,6 +1002,9 @@ impl Net {
 
     /// Takes up to `batch` messages from `lane`; how many.
     fn poll_lane(&mut self, g: &mut Glue<'_>, lane: usize, batch: usize) -> usize {
+        if self.connect_later & (1 << lane) != 0 {
+            return 0;
+        }
         let mut n = 0;
         while n < batch {
             if self.stalled & (1 << lane) != 0 && !self.retry_head(lane) {
@@ -1116,10 +1111,14 @@ impl Net {
                 // SAFETY: the message's slots, before the consumer advances.
                 let name = unsafe { std::slice::from_raw_parts(pl, len) };
                 let name = String::from_utf8_lossy(name).into_owned();
-                if !self.on_connect(g, lane, &name) {
-                    return Err(0);
+                match self.on_connect(g, lane, &name) {
+                    Connect::Taken => true,
+                    Connect::Dropped => return Err(0),
+                    Connect::Later => {
+                        self.connect_later |= 1 << lane;
+                        false
+                    }
                 }
-                true
             }
             kind::BYE => {
                 let mut c = self.cons[lane];
@@ -1165,20 +1164,21 @@ impl Net {
         true
     }
 
-    /// A CONNECT on `lane` naming segment `name`: the lane is that peer's from now on. False
-    /// when the lane was dropped instead (a second CONNECT on a lane already named).
-    fn on_connect(&mut self, g: &mut Glue<'_>, lane: usize, name: &str) -> bool {
+    /// A CONNECT on `lane` naming segment `name`: the lane is that peer's from now on
+    /// (`Taken`); or the lane was dropped instead (a second CONNECT on a lane already named);
+    /// or the peer's segment cannot be mapped now, and the CONNECT waits (`Later`).
+    fn on_connect(&mut self, g: &mut Glue<'_>, lane: usize, name: &str) -> Connect {
         // Only names of xfabric segments: a peer must not make us open arbitrary paths.
         let valid = super::addr::seg_name(format!("{ADDR_PREFIX}{name}").as_bytes())
             .is_ok_and(|n| n == name);
         if !valid {
-            return true;
+            return Connect::Taken;
         }
         // A lane names its peer once: renamed, a frame half read from one peer would be
         // finished by another.
         if self.lane_peer[lane].is_some() {
             self.lane_garbage(g, lane, "a second CONNECT on a lane already named");
-            return false;
+            return Connect::Dropped;
         }
         // One peer writes us on one lane. A second lane naming it would interleave its frames
         // with the first's (a body half arrived on one lane finished by the other's, into a
@@ -1200,18 +1200,18 @@ impl Net {
                 self.links[p].dead = false;
                 p
             }
-            Err(e) => match self.by_name.get(name) {
+            // Short of descriptors, memory or mapping slots now is no sign it is gone: the
+            // CONNECT stays at the lane's head, and the lane is read again after the next
+            // sweep (its frames wait in it meanwhile, the peer held back by its ring).
+            Err(Error::Again(_)) => return Connect::Later,
+            Err(_) => match self.by_name.get(name) {
                 Some(&p) => p,
                 // At most one gone peer per lane is remembered: CONNECTs naming no segment
                 // cannot grow the table.
                 None if self.links.iter().filter(|l| l.never_mapped).count() < LANES => {
-                    let p = self.add_link(name, None, None);
-                    // Short of descriptors or memory now is no sign it is gone: its frames are
-                    // taken, and what goes to it waits until its segment maps.
-                    self.links[p].map_later = passing(&e);
-                    p
+                    self.add_link(name, None, None)
                 }
-                None => return true,
+                None => return Connect::Taken,
             },
         };
         self.links[p].rx_lane = Some(lane);
@@ -1230,7 +1230,7 @@ impl Net {
         if self.armed.unanswered > 0 {
             self.refresh_counts();
         }
-        true
+        Connect::Taken
     }
 
     /// A FRAME message: true when taken (its body under way or done), false when it stays at
@@ -1401,14 +1401,9 @@ impl Net {
         }
         self.drain_fds();
         self.release_nameless(now);
+        // Lanes whose CONNECT waits for the peer's segment to map are read again.
+        self.connect_later = 0;
         for p in 0..self.links.len() {
-            // Mapped when descriptors or memory allow, not lost meanwhile.
-            if self.links[p].map_later
-                && !self.links[p].dead
-                && matches!(self.map_again(p), Err(Error::Again(_)))
-            {
-                continue;
-            }
             let l = &mut self.links[p];
             // A peer whose segment could not be opened when it connected (gone already, say)
             // is lost too: nothing can answer it, and what waits on it must end.
@@ -1537,8 +1532,9 @@ impl Net {
     }
 
     /// Refreshes the lock-free mirrors (at the end of each locked call). True when held
-    /// frames that waited may move now: a thread asleep on the bell is to be woken to offer
-    /// them again (whatever else made the endpoint busy before: that may wake no one).
+    /// frames that waited may move now, or a quiet lane has messages to read again: a thread
+    /// asleep on the bell is to be woken for them (whatever else made the endpoint busy
+    /// before may wake no one).
     pub fn publish(&self, eng: &Engine) -> bool {
         self.links_published.set(self.links.len());
         for l in bits(self.known_active) {
@@ -1556,7 +1552,11 @@ impl Net {
         } else {
             (false, 0)
         };
-        // A lane stalled behind held frames that cannot move has nothing to read either.
+        // A lane stalled behind held frames that cannot move has nothing to read either, nor
+        // one whose CONNECT waits for the next sweep. One that stops being quiet is work a
+        // sleeper is woken for.
+        let quiet = quiet | self.connect_later;
+        let was_quiet = self.idle.quiet_lanes.load(Ordering::Relaxed);
         self.idle.quiet_lanes.store(quiet, Ordering::Relaxed);
         // A split just started: the next progress call spins for its answer.
         let busy = !self.pumping.is_empty()
@@ -1568,11 +1568,12 @@ impl Net {
         let watch = busy
             || !self.splits.is_empty()
             || self.known_active != 0
+            || self.connect_later != 0
             || eng.busy()
             || held()
             || (self.directed && self.links.iter().any(|l| !l.dead));
         self.idle.watch.store(watch, Ordering::Relaxed);
-        held_moved
+        held_moved || was_quiet & !quiet != 0
     }
 
     /// Whether some peer's held frames may be taken if offered again (none offered since
