@@ -211,7 +211,11 @@ impl Bell for ShmBell {
         }
         // A local wake not yet taken ends a sleep on descriptors before it begins, as it ends
         // the doorbell's (`sleep`): taken here.
-        !self.kicked.swap(false, Ordering::SeqCst) && !Net::has_work(&self.seg, &self.idle)
+        // Nor while a peer's CONNECT waits for its segment to map: only the sweeps of later
+        // progress calls read it again, and a sleep on descriptors has no timeout.
+        !self.kicked.swap(false, Ordering::SeqCst)
+            && !Net::has_work(&self.seg, &self.idle)
+            && !self.idle.connect_waits.load(Ordering::Relaxed)
     }
 }
 

@@ -225,6 +225,9 @@ impl Link {
 pub struct Idle {
     /// Work this side can advance by itself is pending.
     pub busy: AtomicBool,
+    /// A peer's CONNECT waits for its segment to map (`Net::connect_later`): only a sweep
+    /// reads it again, so no sleep without a timeout may begin (`ShmBell::quiet`).
+    pub connect_waits: AtomicBool,
     /// Lanes stalled behind held frames that cannot move until the engine's state does
     /// (`Net::held_state`), and lanes whose CONNECT waits for the next sweep
     /// (`Net::connect_later`): what they hold is no work yet.
@@ -443,6 +446,7 @@ impl Net {
             idle: Arc::new(Idle {
                 busy: AtomicBool::new(false),
                 quiet_lanes: AtomicU64::new(0),
+                connect_waits: AtomicBool::new(false),
                 watch: AtomicBool::new(false),
                 next_sweep: AtomicU64::new(0),
                 clock_owed: AtomicBool::new(false),
@@ -683,7 +687,7 @@ impl Net {
                 g.engine.transmit(self);
             }
         }
-        while !self.sent.is_empty() {
+        while !self.sent.is_empty() || !self.relost.is_empty() {
             // Reporting may send more (what completing these released): those tokens come
             // in the next round. The vector's allocation is kept.
             let mut sent = std::mem::take(&mut self.sent);
@@ -693,21 +697,13 @@ impl Net {
             if self.sent.is_empty() {
                 self.sent = sent;
             }
+            // Go-aheads dropped for gone peers (`Transport::send`), from any transmit of this
+            // push: the large messages they were for end.
+            for p in std::mem::take(&mut self.relost) {
+                g.on_lost(p, Some(&Seg(&self.links[p].name)), libc::ECONNRESET);
+            }
             if g.engine.has_output() {
                 // What completing those queued (a fenced operation released).
-                g.engine.transmit(self);
-            }
-        }
-        // Go-aheads dropped for gone peers (`Transport::send`), from any of the transmits
-        // above: their large messages end. A peer come back since (a new CONNECT) keeps its
-        // operations.
-        while !self.relost.is_empty() {
-            for p in std::mem::take(&mut self.relost) {
-                if self.links[p].dead {
-                    g.on_lost(p, Some(&Seg(&self.links[p].name)), libc::ECONNRESET);
-                }
-            }
-            if g.engine.has_output() {
                 g.engine.transmit(self);
             }
         }
@@ -1556,6 +1552,9 @@ impl Net {
         // one whose CONNECT waits for the next sweep. One that stops being quiet is work a
         // sleeper is woken for.
         let quiet = quiet | self.connect_later;
+        self.idle
+            .connect_waits
+            .store(self.connect_later != 0, Ordering::Relaxed);
         let was_quiet = self.idle.quiet_lanes.load(Ordering::Relaxed);
         self.idle.quiet_lanes.store(quiet, Ordering::Relaxed);
         // A split just started: the next progress call spins for its answer.
