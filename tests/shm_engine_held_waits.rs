@@ -13,7 +13,9 @@
 //! until the read's answer no longer carries the memory read, then goes ahead. Before, the
 //! dropped answer was never reported and the write waited for good. A large message among
 //! them whose data was to come from the peer ends the receive that takes it with an error;
-//! before, that receive waited for good.
+//! before, that receive waited for good. One the peer offered by descriptor is not read once
+//! the peer is gone (its buffer is its application's again). A peer lost while its lane is
+//! stalled is unmapped once its goodbye is read.
 //!
 //! The unexpected-message bound is set in the environment once, before the first endpoint
 //! opens (`setup`).
@@ -298,4 +300,164 @@ fn a_receive_taking_a_gone_peers_held_large_message_ends() {
     }
     assert_eq!(n.ep.buffered().held, 0);
     drop(big);
+}
+
+/// Whether this process maps the segment named `name` (its file unlinked or not).
+fn mapped(name: &str) -> bool {
+    std::fs::read_to_string("/proc/self/maps")
+        .expect("/proc/self/maps")
+        .lines()
+        .any(|l| l.contains(&format!("/dev/shm/{name}")))
+}
+
+/// Posts a tagged receive for each of `tags` into `bufs` and waits until each has ended:
+/// the successes' count and the error entries.
+fn take_all(n: &Node, bufs: &mut [[u8; 8]]) {
+    for (i, g) in bufs.iter_mut().enumerate() {
+        // SAFETY: bufs outlive the completions waited for below.
+        unsafe { n.ep.trecv(g, None, FI_ADDR_UNSPEC, i as u64, 0, 1) }.unwrap();
+    }
+    n.wait_n(bufs.len());
+    for (i, g) in bufs.iter().enumerate() {
+        assert_eq!(u64::from_le_bytes(*g), i as u64, "message {i}'s bytes");
+    }
+}
+
+/// A peer whose lane is stalled behind its held frames when it is found gone, and whose
+/// goodbye is read only once receives drain the lane: its segment is unmapped, as any gone
+/// peer's. Before, the goodbye dropped its last lane after the loss, and nothing unmapped it:
+/// a descriptor, an 8 MiB mapping and a place among `MAX_LINKS` for the endpoint's life, per
+/// peer.
+#[test]
+fn a_peer_lost_while_stalled_is_unmapped_once_its_goodbye_is_read() {
+    setup();
+    let n = node(FI_MSG | FI_TAGGED | FI_SEND | FI_RECV, Progress::Manual);
+    let mut raw = RawPeer::connect(&n.ep.getname().unwrap(), None).expect("raw peer");
+    let name = raw.name().to_string();
+    let to_raw = n.add_peer(format!("fi_shm://{name}").as_bytes());
+    let total = UNEXP + HELD;
+    messages(&mut raw, 0..total as u64);
+    assert!(raw.bye(), "the goodbye did not fit");
+    let deadline = std::time::Instant::now() + BOUND;
+    let mut before = (0, 0);
+    loop {
+        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
+        let b = n.ep.buffered();
+        if (b.unexpected, b.held) == before && b.held > 0 {
+            break;
+        }
+        before = (b.unexpected, b.held);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lane never stalled"
+        );
+    }
+    raw.play_dead();
+    loop {
+        match n.ep.inject(&[1], to_raw) {
+            Err(Error::PeerLost(_)) => break,
+            Ok(()) | Err(Error::Again(_)) => {}
+            Err(e) => panic!("inject to the gone peer: {e}"),
+        }
+        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the peer was never found gone"
+        );
+    }
+    take_all(&n, &mut vec![[0u8; 8]; total]);
+    // The raw peer's own mapping goes with it: what is left is the endpoint's.
+    drop(raw);
+    while mapped(&name) {
+        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gone peer's segment stayed mapped after its goodbye was read"
+        );
+    }
+}
+
+/// A large message a peer offered by descriptor, held until after the peer closed its
+/// endpoint: its buffer is that peer's application's again (its send was canceled at its
+/// close), so it is not read. The receive that takes it fails. Before, the copy still read the
+/// peer's memory through its pid, which outlives the endpoint (or names another process by
+/// then), and the receive completed.
+#[test]
+fn a_closed_peers_held_large_message_is_not_read() {
+    setup();
+    let n = node(FI_MSG | FI_TAGGED | FI_SEND | FI_RECV, Progress::Manual);
+    let mut raw = RawPeer::connect(&n.ep.getname().unwrap(), None).expect("raw peer");
+    const BIG: usize = 1 << 16;
+    const BIG_TAG: u64 = 1000;
+    let offered = vec![0x5au8; BIG];
+    let d: Vec<u8> = (offered.as_ptr() as u64)
+        .to_le_bytes()
+        .into_iter()
+        .chain((BIG as u64).to_le_bytes())
+        .collect();
+    messages(&mut raw, 0..UNEXP as u64 + 1);
+    let rts = Frame::Rts {
+        id: 7,
+        tag: BIG_TAG,
+        data: 0,
+        len: BIG as u64,
+        flags: wire::flags::TAGGED,
+        desc: Desc::new(&d).expect("a descriptor"),
+    };
+    assert!(raw.send_raw(FRAME, rts.ctrl(0).as_bytes(), 64));
+    assert!(raw.bye(), "the goodbye did not fit");
+    let deadline = std::time::Instant::now() + BOUND;
+    // Taken in: the bound's worth buffered, one message and the announcement held, and the
+    // goodbye read (the peer gone: a send to it fails).
+    let to_raw = n.add_peer(format!("fi_shm://{}", raw.name()).as_bytes());
+    loop {
+        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
+        if matches!(n.ep.inject(&[1], to_raw), Err(Error::PeerLost(_))) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the goodbye was never read"
+        );
+    }
+    assert_eq!(n.ep.buffered().held, 2);
+    let mut big = vec![0u8; BIG];
+    // SAFETY: big outlives the receive (it ends below).
+    unsafe { n.ep.trecv(&mut big, None, FI_ADDR_UNSPEC, BIG_TAG, 0, 99) }.unwrap();
+    let mut got = [[0u8; 8]; UNEXP + 1];
+    for (i, g) in got.iter_mut().enumerate() {
+        // SAFETY: got outlives the completions read below.
+        unsafe { n.ep.trecv(g, None, FI_ADDR_UNSPEC, i as u64, 0, 1) }.unwrap();
+    }
+    let (mut ok, mut big_ok, mut failed) = (0, false, None);
+    let mut buf = [CqTaggedEntry::default(); 8];
+    while ok < UNEXP + 1 || (failed.is_none() && !big_ok) {
+        match n.cq.read(&mut buf) {
+            Ok(k) => {
+                for e in &buf[..k] {
+                    if e.tag == BIG_TAG {
+                        big_ok = true;
+                    } else {
+                        ok += 1;
+                    }
+                }
+            }
+            Err(Error::Avail) => failed = n.cq.readerr().ok(),
+            Err(Error::Again(_)) => {}
+            Err(e) => panic!("cq read: {e}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the receives never ended"
+        );
+    }
+    assert!(!big_ok, "the closed peer's offered buffer was read");
+    let e = failed.expect("an error entry");
+    assert_eq!(
+        (e.op_context, e.err),
+        (99, xfabric::errno::FI_ECONNRESET),
+        "{e:?}"
+    );
+    drop(raw);
+    drop(offered);
 }

@@ -700,6 +700,17 @@ impl Net {
             // Go-aheads dropped for gone peers (`Transport::send`), from any transmit of this
             // push: the large messages they were for end.
             for p in std::mem::take(&mut self.relost) {
+                // A body of it half arrived into a receive that this loss fails: its pieces
+                // still to come land nowhere (the receive's buffer is the application's again).
+                if let Some(lane) = self.links[p].rx_lane {
+                    if let Some(InFrame {
+                        to: To::Engine(sink @ Sink::Iov(_)),
+                        ..
+                    }) = &mut self.rx[lane]
+                    {
+                        *sink = Sink::Discard;
+                    }
+                }
                 g.on_lost(p, Some(&Seg(&self.links[p].name)), libc::ECONNRESET);
             }
             if g.engine.has_output() {
@@ -769,6 +780,12 @@ impl Net {
     /// Performs a copy the engine asked for: from a mapping of the peer's memory where it
     /// described a shared allocation and the mapping serves, else by cross-memory attach.
     fn copy(&mut self, c: &CopyReq) -> Copied {
+        // A gone peer's memory is not read or written by its pid, which another process may
+        // have by now, nor by its mappings: what it offered ended with it (a peer that closed
+        // canceled it and has its buffers back).
+        if self.links.get(c.peer).is_none_or(|l| l.dead) {
+            return Copied::Failed(libc::ECONNRESET);
+        }
         let remote = match mapped::decode(&c.remote) {
             Some(named) => match self.copy_mapped(c, named) {
                 Ok(how) => return how,
@@ -972,6 +989,8 @@ impl Net {
         g.on_lost(p, Some(&Seg(&self.links[p].name)), libc::EPROTO);
         // Its answers would come on the lane just dropped.
         self.end_splits(g.engine, Some(p), libc::EPROTO);
+        // Lost before, its lane now dropped: nothing of it is left to read.
+        self.unmap_dead(p);
     }
 
     fn drop_lane(&mut self, lane: usize) {
@@ -1491,6 +1510,9 @@ impl Net {
     fn gone(&mut self, g: &mut Glue<'_>, p: PeerId, err: i32) {
         let link = &mut self.links[p];
         if link.dead {
+            // Lost before (a sweep, while its lane was stalled): its goodbye, read now, drops
+            // the last lane from it, and nothing of it is left to read.
+            self.unmap_dead(p);
             return;
         }
         link.dead = true;

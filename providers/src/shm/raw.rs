@@ -122,6 +122,16 @@ impl RawPeer {
         })
     }
 
+    /// Writes a goodbye on this peer's lane, as a closing endpoint does (its lock kept: the
+    /// process lives on).
+    pub fn bye(&mut self) -> bool {
+        let h = Header {
+            kind: kind::BYE,
+            ..Default::default()
+        };
+        self.prod.write(&self.target, &h, 0, |_| {})
+    }
+
     /// Writes one message: `kind` (a frame start, `FRAME`, or a body piece, `PIECE`, or
     /// anything else) in the slot header, then `bytes` as given. False when the ring has no
     /// room for it and `spare` more slots.
