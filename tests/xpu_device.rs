@@ -828,3 +828,84 @@ fn a_cpu_xpus_counter_add_is_applied_without_a_watchers_look() {
     }
     assert_eq!(dev::cntr_read(&xc, W), 3);
 }
+
+/// A close judges each CQ's room on its own: the sends left in the ring end `FI_ECANCELED`,
+/// each under its own context, on the transmit CQ, though the receive CQ's error entries are
+/// full (two faulty receives). Before, that full receive CQ folded all of them into one entry
+/// without a context, and an application waiting on those contexts waited for good.
+#[test]
+fn sends_left_at_close_are_canceled_one_by_one_beside_a_full_receive_cq() {
+    let mut hints = Info {
+        caps: CAPS,
+        ..Default::default()
+    };
+    hints.fabric_attr.prov_name = Some(test_provider());
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.domain_attr.data_progress = Progress::Manual;
+    hints.domain_attr.mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+    let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints)).unwrap()[0].clone();
+    let domain = xfabric::fabric(&info.fabric_attr)
+        .unwrap()
+        .domain(&info)
+        .unwrap();
+    let cq = |size| {
+        domain
+            .cq_open(&CqAttr {
+                format: CqFormat::Tagged,
+                size,
+                ..Default::default()
+            })
+            .unwrap()
+    };
+    let (tx, rx) = (cq(64), cq(2));
+    let av = domain.av_open(&AvAttr::default()).unwrap();
+    let ep = domain.endpoint(&info).unwrap();
+    ep.bind_cq(&tx, FI_TRANSMIT).unwrap();
+    ep.bind_cq(&rx, FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    let me = av.insert_one(&ep.getname().unwrap()).unwrap();
+    let dest = av.get_xpu_addr(me).unwrap();
+    let x = ep.export_xpu_slots(Xpu::CPU, 16).unwrap();
+    let good = vec![7u8; 64];
+    // SAFETY: `good` and `hidden_buf` outlive their regions (dropped first).
+    let mr = unsafe { domain.mr_reg(&good, FI_SEND, 0, 0) }.unwrap();
+    let dg = mr.get_xpu_desc().unwrap();
+    let mut hidden_buf = vec![0u8; 64];
+    let hidden = unsafe { domain.mr_reg(&hidden_buf, FI_RECV, 0, 0) }.unwrap();
+    // Two receives naming a region never exported: two faults fill the receive CQ's errors.
+    for i in 0..2 {
+        let b = hidden_buf[i * 8..].as_mut_ptr().cast();
+        assert_eq!(
+            dev::recv(&x, b, 8, hidden.key(), FI_ADDR_UNSPEC, 200 + i, 0, W),
+            0
+        );
+    }
+    for _ in 0..16 {
+        ep.progress();
+    }
+    // Five good sends: the ring is not drained while a CQ's errors are full.
+    for i in 0..5 {
+        let b = good[i * 8..].as_ptr().cast();
+        assert_eq!(dev::send(&x, b, 8, dg, 0, dest, 300 + i, 0, W), 0);
+    }
+    for _ in 0..16 {
+        ep.progress();
+    }
+    ep.close().unwrap();
+    let mut canceled = Vec::new();
+    loop {
+        match tx.read(&mut [CqTaggedEntry::default(); 8]) {
+            Err(Error::Avail) => {
+                let e = tx.readerr().unwrap();
+                canceled.push((e.op_context, e.err));
+            }
+            Ok(k) => panic!("{k} sends completed: none should have started"),
+            Err(_) => break,
+        }
+    }
+    let want: Vec<_> = (300..305).map(|c| (c, errno::FI_ECANCELED)).collect();
+    assert_eq!(canceled, want, "the transmit CQ's entries after close");
+    drop((mr, hidden));
+    drop((good, hidden_buf));
+}

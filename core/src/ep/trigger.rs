@@ -132,6 +132,18 @@ impl Port for EpPort {
             .any(|cq| cq.errors_full())
     }
 
+    fn xpu_faults_full_for(&self, opcode: u32) -> bool {
+        let Some(b) = self.core.bound() else {
+            return false;
+        };
+        let cq = if crate::xpu::is_recv(opcode) {
+            &b.rx_cq
+        } else {
+            &b.tx_cq
+        };
+        cq.as_ref().is_some_and(|cq| cq.errors_full())
+    }
+
     fn xpu_misuse(&self, prov_errno: i32, value: u64) {
         let Some(b) = self.core.bound() else { return };
         if let Some(cq) = &b.tx_cq {

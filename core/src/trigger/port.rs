@@ -103,6 +103,14 @@ pub(crate) trait Port: ProgressSource {
     /// rate cannot make the host keep error entries without bound.
     fn xpu_faults_full(&self) -> bool;
 
+    /// `xpu_faults_full` of the one CQ a descriptor of `opcode` is reported to (its
+    /// direction's): a close reports each left descriptor under its own context wherever its
+    /// own CQ has room, whatever the other's state.
+    fn xpu_faults_full_for(&self, opcode: u32) -> bool {
+        let _ = opcode;
+        self.xpu_faults_full()
+    }
+
     /// An XPU misused a doorbell: an error entry (`FI_EINVAL`, flags `FI_TRIGGER`, no
     /// context, `prov_errno` saying which misuse, `data` the value stored) on the transmit
     /// CQ, or an error on the send counter without one.

@@ -158,7 +158,14 @@ pub(crate) fn cancel_all(ring: &DescRing, port: &dyn Port) {
     // every one of them in the CQ's memory.
     let mut over = 0u64;
     for left in ring.close() {
-        if port.xpu_faults_full() {
+        // Judged by the CQ each goes to: a send's cancellation is not folded into the count
+        // because the receive CQ's errors are full (torn and unpublished runs, of no opcode,
+        // go where opcode 0 goes).
+        let opcode = match &left {
+            Left::Published(d) => d.opcode,
+            Left::Torn { .. } | Left::Unpublished { .. } => 0,
+        };
+        if port.xpu_faults_full_for(opcode) {
             over += match left {
                 Left::Published(_) => 1,
                 Left::Torn { n, .. } | Left::Unpublished { n, .. } => n,
