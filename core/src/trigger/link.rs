@@ -2,7 +2,7 @@
 //! provider says `Again`, and are found again to be canceled.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -28,6 +28,14 @@ const SPIN_SLICE: Duration = Duration::from_micros(10);
 /// Shortest sleep of an XPU watcher taken on the provider's doorbell (`EpLink::idle_wait`).
 const PORT_SLEEP_MIN: Duration = Duration::from_millis(1);
 
+/// Operations waiting for room are retried at once for this long after they began waiting
+/// or a retry last started one (room at a peer usually comes within it)...
+pub(super) const STALL_SPIN: Duration = Duration::from_millis(1);
+
+/// ... and then every this long at the latest (room in a CQ comes when the application reads
+/// it, which may be seconds away: a spin would hold a core all that time).
+const STALL_NAP: Duration = Duration::from_millis(1);
+
 /// An operation waiting for room, with the descriptor it came from where an XPU posted it:
 /// what that names (a region, a peer) is checked again before it starts, since the
 /// application may have closed or removed it meanwhile, while the ring already looked empty.
@@ -50,6 +58,9 @@ pub(crate) struct EpLink {
     /// empty, newly started operations queue behind it, so the endpoint keeps their order.
     stalled: Mutex<VecDeque<Waiting>>,
     has_stalled: AtomicBool,
+    /// When operations began waiting for room, or a retry last started one (`clock::mono_ns`):
+    /// retries spin for `STALL_SPIN` after it, then look every `STALL_NAP`.
+    stall_moved: AtomicU64,
     retrying: AtomicBool,
     /// Counter queues that may hold this endpoint's operations (for cancel and close).
     queues: Mutex<Vec<Weak<TriggerQueue>>>,
@@ -73,6 +84,7 @@ impl EpLink {
             closed: AtomicBool::new(false),
             stalled: Mutex::default(),
             has_stalled: AtomicBool::new(false),
+            stall_moved: AtomicU64::new(0),
             retrying: AtomicBool::new(false),
             queues: Mutex::default(),
             drives: Mutex::default(),
@@ -251,6 +263,10 @@ impl EpLink {
         } else {
             s.push_back(w);
         }
+        if !self.has_stalled.load(Ordering::Acquire) {
+            self.stall_moved
+                .store(crate::clock::mono_ns(), Ordering::Relaxed);
+        }
         self.has_stalled.store(true, Ordering::Release);
     }
 
@@ -378,8 +394,27 @@ impl EpLink {
                 self.has_stalled.store(false, Ordering::Release);
             }
         }
+        if n > 0 {
+            self.stall_moved
+                .store(crate::clock::mono_ns(), Ordering::Relaxed);
+        }
         self.retrying.store(false, Ordering::Release);
         n
+    }
+
+    /// While operations wait for room: how long until they are retried. At once (a spin)
+    /// for `STALL_SPIN` after they began waiting or a retry last moved one; then every
+    /// `STALL_NAP`. Room at a peer or in a CQ the application reads rings no doorbell of
+    /// ours, so the retries go by time, and a wait for an application that reads its CQ
+    /// seconds later does not spin a core meanwhile.
+    fn stall_nap(&self) -> Duration {
+        let since =
+            crate::clock::mono_ns().saturating_sub(self.stall_moved.load(Ordering::Relaxed));
+        if since < STALL_SPIN.as_nanos() as u64 {
+            Duration::ZERO
+        } else {
+            STALL_NAP
+        }
     }
 
     /// `fi_cancel` of a triggered operation not started yet: `true` if one had context `ctx`
@@ -517,11 +552,18 @@ impl ProgressSource for EpLink {
 
     fn idle_wait(&self, timeout: Duration) {
         // Room at a peer does not ring our doorbell: with operations waiting for it, only
-        // yield, so that the caller comes back soon to retry them.
-        if self.has_stalled.load(Ordering::Acquire) {
-            std::thread::yield_now();
-            return;
-        }
+        // yield for a while, so that the caller comes back soon to retry them; past that,
+        // the wait below lasts at most `STALL_NAP`.
+        let timeout = if self.has_stalled.load(Ordering::Acquire) {
+            let nap = self.stall_nap();
+            if nap.is_zero() {
+                std::thread::yield_now();
+                return;
+            }
+            timeout.min(nap)
+        } else {
+            timeout
+        };
         // A producer that found its ring full is retrying, on this core as likely as not (a
         // CPU XPU on a small machine): it gets the core first, where a spin would hold it a
         // whole slice for nothing, and the caller comes back to look.
@@ -562,10 +604,12 @@ impl ProgressSource for EpLink {
     }
 
     fn next_look(&self) -> Option<Duration> {
-        if self.has_stalled.load(Ordering::Acquire) {
-            return Some(Duration::ZERO);
+        let xpu = self.xpu.as_ref().and_then(XpuWatch::nap);
+        if !self.has_stalled.load(Ordering::Acquire) {
+            return xpu;
         }
-        self.xpu.as_ref().and_then(XpuWatch::nap)
+        let stall = self.stall_nap();
+        Some(xpu.map_or(stall, |d| d.min(stall)))
     }
 
     fn wait_fds(&self, out: &mut Vec<(std::os::fd::RawFd, i16)>) {

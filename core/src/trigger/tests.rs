@@ -1,7 +1,7 @@
 //! Triggered operations (`FI_TRIGGER_THRESHOLD`) against the mock provider.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::testkit::*;
 use super::TriggerContext;
@@ -412,6 +412,42 @@ fn with_resource_management_a_fired_operation_waits_for_cq_room() {
     let ctxs: Vec<usize> = e.entries().iter().map(|x| x.op_context).collect();
     assert_eq!(ctxs, [1, 2, 3], "every completion, none lost");
     assert_eq!(w.sh.ctxs(), [1, 2, 3]);
+}
+
+/// An operation waiting for CQ room that only the application's reads make is retried by
+/// time once it has waited a while, not by a spin: the progress thread's next look is then
+/// a nap. Before, the look was always "now", and an auto-progress thread spun a core until
+/// the application read its CQ, seconds later as likely as not. Room still comes: the
+/// completion arrives once the CQ is read.
+#[test]
+fn an_operation_waiting_for_cq_room_is_retried_by_time_not_by_a_spin() {
+    use crate::wait::ProgressSource;
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let e = w.ep_managed(2);
+    let c = w.cntr();
+    let buf = [0u8; 8];
+    for ctx in 1..=3 {
+        tsend(&e.ep, &buf, ctx, &TriggerContext::threshold(&c, 1));
+    }
+    c.set(1).unwrap();
+    assert_eq!(w.sh.ctxs(), [1, 2], "the third waits for room");
+    let link = e.ep.link().expect("an FI_TRIGGER endpoint's link").clone();
+    assert_eq!(
+        link.next_look(),
+        Some(Duration::ZERO),
+        "retried at once at first"
+    );
+    // Past the spin (sleeping longer than it is all this waits for).
+    std::thread::sleep(super::link::STALL_SPIN * 3);
+    link.progress();
+    assert!(
+        link.next_look().is_some_and(|d| !d.is_zero()),
+        "still spinning: {:?}",
+        link.next_look()
+    );
+    let ctxs: Vec<usize> = e.entries().iter().map(|x| x.op_context).collect();
+    assert_eq!(ctxs, [1, 2, 3], "every completion, none lost");
 }
 
 /// With resource management, a triggered operation canceled before it started reserved no
