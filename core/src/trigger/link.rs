@@ -258,14 +258,17 @@ impl EpLink {
             return;
         }
         let w = Waiting { job, desc };
+        // The first to wait starts the spin window (`has_stalled` may still be set by a
+        // cancel or a close that emptied the queue); a retry putting its job back at the
+        // front (`front`) continues the wait.
+        if s.is_empty() && !front {
+            self.stall_moved
+                .store(crate::clock::mono_ns(), Ordering::Relaxed);
+        }
         if front {
             s.push_front(w);
         } else {
             s.push_back(w);
-        }
-        if !self.has_stalled.load(Ordering::Acquire) {
-            self.stall_moved
-                .store(crate::clock::mono_ns(), Ordering::Relaxed);
         }
         self.has_stalled.store(true, Ordering::Release);
     }

@@ -661,6 +661,14 @@ impl Net {
         if g.engine.has_output() {
             g.engine.transmit(self);
             while let Some(c) = g.engine.poll_copy() {
+                // A gone peer's memory is not copied by any way (its pid, its mappings, its
+                // CUDA IPC handles): what it offered ended with it (`copy`).
+                if self.dead(c.peer) {
+                    g.engine
+                        .on_copied(c.token, Copied::Failed(libc::ECONNRESET));
+                    g.engine.transmit(self);
+                    continue;
+                }
                 let how = match self.split(&c) {
                     // Reported when the peer's part is done too.
                     split::Taken::Pending => continue,
