@@ -909,3 +909,98 @@ fn sends_left_at_close_are_canceled_one_by_one_beside_a_full_receive_cq() {
     drop((mr, hidden));
     drop((good, hidden_buf));
 }
+
+/// Receives a device posts are bounded by the receive context's size (`rx_attr.size`): past
+/// it they wait in the ring, whose posts are then answered `-FI_EAGAIN`, and they go on once
+/// messages take the ones posted. Before, the host took every one and queued it without end:
+/// a device posting receives in a loop grew the host's memory for as long as it ran.
+#[test]
+fn receives_a_device_posts_are_bounded_by_the_receive_size() {
+    const RX: usize = 16;
+    const SLOTS: usize = 8;
+    let mut hints = Info {
+        caps: CAPS,
+        ..Default::default()
+    };
+    hints.fabric_attr.prov_name = Some(test_provider());
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.domain_attr.data_progress = Progress::Manual;
+    hints.domain_attr.mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+    let mut info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints)).unwrap()[0].clone();
+    info.rx_attr.size = RX;
+    let domain = xfabric::fabric(&info.fabric_attr)
+        .unwrap()
+        .domain(&info)
+        .unwrap();
+    let cq = domain
+        .cq_open(&CqAttr {
+            format: CqFormat::Tagged,
+            size: 1024,
+            ..Default::default()
+        })
+        .unwrap();
+    let av = domain.av_open(&AvAttr::default()).unwrap();
+    let ep = domain.endpoint(&info).unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    let me = av.insert_one(&ep.getname().unwrap()).unwrap();
+    let x = ep.export_xpu_slots(Xpu::CPU, SLOTS).unwrap();
+    let rbuf = vec![0u8; 8 * 200];
+    // SAFETY: `rbuf` outlives its region (dropped first), and the receives end at the close.
+    let mr = unsafe { domain.mr_reg(&rbuf, FI_RECV, 0, 0) }.unwrap();
+    let desc = mr.get_xpu_desc().unwrap();
+    let slot = |i: usize| (rbuf.as_ptr() as usize + (i % 200) * 8) as *mut c_void;
+    // Posts until the ring answers again and stays so over a few progress calls.
+    let mut posted = 0;
+    let post_all = |posted: &mut usize| {
+        let mut refused = 0;
+        while refused < 8 && *posted < 150 {
+            match dev::recv(&x, slot(*posted), 8, desc, FI_ADDR_UNSPEC, *posted, 0, W) {
+                0 => {
+                    *posted += 1;
+                    refused = 0;
+                }
+                EAGAIN => {
+                    refused += 1;
+                    ep.progress();
+                }
+                e => panic!("fi_xpu_recv: {e}"),
+            }
+        }
+    };
+    post_all(&mut posted);
+    // The context's receives, one waiting for room, and a full ring.
+    assert!(
+        posted <= RX + 1 + SLOTS,
+        "{posted} receives taken from the device with rx_attr.size {RX}"
+    );
+    assert!(posted >= RX, "only {posted} receives taken");
+    // Messages take ten; as many more go on.
+    for i in 0..10u64 {
+        ep.inject(&i.to_le_bytes(), me).unwrap();
+    }
+    let mut buf = [CqTaggedEntry::default(); 16];
+    let mut got = 0;
+    let deadline = std::time::Instant::now() + completion_bound();
+    while got < 10 {
+        match cq.read(&mut buf) {
+            Ok(k) => got += buf[..k].iter().filter(|e| e.flags & FI_RECV != 0).count(),
+            Err(Error::Again(_)) => {}
+            Err(e) => panic!("cq read: {e}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{got} receives completed"
+        );
+    }
+    let before = posted;
+    post_all(&mut posted);
+    assert!(
+        posted >= before + 10,
+        "{before} then {posted}: the room did not come back"
+    );
+    ep.close().unwrap();
+    drop(mr);
+    drop(rbuf);
+}
