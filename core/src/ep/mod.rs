@@ -145,11 +145,6 @@ pub trait EndpointOps: ProgressSource {
     /// `r.iov` must stay writable, and not otherwise accessed, until the receive completes or
     /// is canceled.
     unsafe fn recv(&self, r: PostedRecv) -> Result<()>;
-    /// Receives posted and not yet matched, where the provider counts them (`None`: it
-    /// does not).
-    fn recvs_posted(&self) -> Option<usize> {
-        None
-    }
     /// Starts an RMA read or write.
     ///
     /// # Safety
@@ -236,9 +231,6 @@ pub struct EpCore {
     /// Operations the transmit context holds at once (`tx_attr.size`): a provider may answer
     /// `Again` past it.
     pub tx_size: usize,
-    /// Receives the receive context holds at once (`rx_attr.size`): receives started by a
-    /// trigger or an XPU's descriptor wait for room past it (`EpPort::start`).
-    pub rx_size: usize,
     /// Largest message.
     pub max_msg_size: usize,
     /// The domain's memory-region keys: where a target checks remote accesses.
@@ -288,7 +280,6 @@ impl EpCore {
             rx_op_flags: info.rx_attr.op_flags,
             inject_size: info.tx_attr.inject_size,
             tx_size: info.tx_attr.size,
-            rx_size: info.rx_attr.size,
             max_msg_size: info.ep_attr.max_msg_size,
             pending: Mutex::new(Bindings::default()),
             bound: OnceLock::new(),

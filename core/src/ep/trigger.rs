@@ -38,14 +38,6 @@ impl Port for EpPort {
         unsafe {
             match action {
                 Action::Send(o) => core.start_send(ops, o),
-                // A device posting receives without end must not grow the host's queue without
-                // end: past the receive context's size they wait for room, and the ring's
-                // back-pressure reaches the device, as for sends.
-                Action::Recv(_) if ops.recvs_posted().is_some_and(|n| n >= core.rx_size.max(1)) => {
-                    Err(StartError::Refused(Error::Again(
-                        "receive: rx_attr.size receives already posted",
-                    )))
-                }
                 Action::Recv(r) => core.start_recv(ops, r.clone()),
                 Action::Rma(o) => core.start_rma(ops, o),
                 Action::Atomic(a) => core.start_atomic(ops, a),

@@ -432,11 +432,6 @@ impl Engine {
         (self.done.as_ptr(), self.done.capacity())
     }
 
-    /// Receives posted and not yet matched.
-    pub fn recvs_posted(&self) -> usize {
-        self.rxq.posted_len()
-    }
-
     /// Whether completions wait to be taken (`take_done`).
     pub fn has_done(&self) -> bool {
         !self.done.is_empty()

@@ -449,10 +449,6 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
         res
     }
 
-    fn recvs_posted(&self) -> Option<usize> {
-        Some(self.lock().engine.recvs_posted())
-    }
-
     fn cancel(&self, ctx: Context) -> Result<()> {
         let mut st = self.lock();
         let r = st.engine.cancel(ctx);
