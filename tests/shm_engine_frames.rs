@@ -436,11 +436,7 @@ fn wrapping_descriptors_and_a_lying_header_neither_panic_nor_stop_the_endpoint()
             .mr_reg(&window, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 5)
     }
     .expect("mr_reg");
-    let base = if n.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0 {
-        window.as_ptr() as u64
-    } else {
-        0
-    };
+    let base = n.rma_base(&window);
     for i in 0..8 {
         // SAFETY: rx outlives the endpoint.
         n.retry(|| unsafe { n.ep.recv(&mut rx, None, FI_ADDR_UNSPEC, i) });
@@ -522,14 +518,6 @@ fn lanes_claimed_without_a_name_are_released_by_time() {
 }
 
 /// Mappings of this process of the segments named in `names`.
-fn maps_of(names: &[String]) -> usize {
-    std::fs::read_to_string("/proc/self/maps")
-        .expect("/proc/self/maps")
-        .lines()
-        .filter(|l| names.iter().any(|n| l.contains(&format!("/dev/shm/{n}"))))
-        .count()
-}
-
 /// Peers that connect and go, one after another (a process naming a new segment each time,
 /// or peers that crash): each one's segment is unmapped once what it wrote was read, so the
 /// endpoint does not keep one more mapping per peer that ever came.
@@ -547,12 +535,12 @@ fn gone_peers_segments_are_unmapped() {
         drop(raw);
     }
     let start = std::time::Instant::now();
-    while maps_of(&names) > 0 {
+    while shm_mappings(&names) > 0 {
         drain(&n);
         assert!(
             start.elapsed() < std::time::Duration::from_secs(30),
             "{} mappings of gone peers' segments kept",
-            maps_of(&names)
+            shm_mappings(&names)
         );
     }
 }
@@ -766,11 +754,7 @@ fn a_write_arriving_in_pieces_as_its_region_closes_stops_at_the_close() {
     let window = vec![0u8; LEN];
     // SAFETY: window outlives the registration (dropped below, before it).
     let mr = unsafe { n.domain.mr_reg(&window, FI_REMOTE_WRITE, 0, 6) }.expect("mr_reg");
-    let base = if n.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0 {
-        window.as_ptr() as u64
-    } else {
-        0
-    };
+    let base = n.rma_base(&window);
     let segs = RmaIovList::from_segs(&[RmaIov {
         addr: base,
         len: LEN,
@@ -1101,11 +1085,7 @@ fn a_send_whose_room_check_finds_the_peer_gone_never_completes_as_sent() {
     let window = vec![7u8; LEN];
     // SAFETY: window outlives the registration (dropped below, before it).
     let mr = unsafe { n.domain.mr_reg(&window, FI_REMOTE_READ, 0, 3) }.expect("mr_reg");
-    let base = if n.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0 {
-        window.as_ptr() as u64
-    } else {
-        0
-    };
+    let base = n.rma_base(&window);
     let mut raw = RawPeer::connect(&addr, None).expect("raw peer");
     let to_raw = n.add_peer(format!("fi_shm://{}", raw.name()).as_bytes());
     // Reads whose answers overfill the raw peer's ring: some wait in the engine.

@@ -22,6 +22,8 @@
 
 mod common;
 
+use std::time::Instant;
+
 use common::*;
 use xfabric::*;
 use xfabric_core::rdm::wire::{self, Frame};
@@ -52,6 +54,68 @@ fn messages(raw: &mut RawPeer, tags: std::ops::Range<u64>) {
         b.extend_from_slice(&i.to_le_bytes());
         assert!(raw.send_raw(FRAME, &b, 64), "message {i} did not fit");
     }
+}
+
+/// One progress call of `n` (a read of its CQ, whatever it holds dropped).
+fn poll(n: &Node) {
+    let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
+}
+
+/// Drives `n` until `done`, failing with `what` past `deadline`.
+fn drive_until(n: &Node, deadline: Instant, what: &str, mut done: impl FnMut() -> bool) {
+    while !done() {
+        poll(n);
+        assert!(Instant::now() < deadline, "{what}");
+    }
+}
+
+/// Drives `n` until a send to `to` fails as to a peer known gone.
+fn until_lost(n: &Node, to: FiAddr, deadline: Instant) {
+    drive_until(n, deadline, "the peer was never found gone", || {
+        match n.ep.inject(&[1], to) {
+            Err(Error::PeerLost(_)) => true,
+            Ok(()) | Err(Error::Again(_)) => false,
+            Err(e) => panic!("inject to the gone peer: {e}"),
+        }
+    });
+}
+
+/// Reads `n`'s CQ until the `small` messages' receives completed and the receive of the one
+/// tagged `big` ended: whether that one completed, and its error entry if it failed.
+fn small_and_big_end(
+    n: &Node,
+    small: usize,
+    big: u64,
+    deadline: Instant,
+) -> (bool, Option<CqErrEntry>) {
+    let (mut ok, mut big_ok, mut failed) = (0, false, None);
+    let mut buf = [CqTaggedEntry::default(); 8];
+    while ok < small || (failed.is_none() && !big_ok) {
+        match n.cq.read(&mut buf) {
+            Ok(k) => {
+                for e in &buf[..k] {
+                    if e.tag == big {
+                        big_ok = true;
+                    } else {
+                        ok += 1;
+                    }
+                }
+            }
+            Err(Error::Avail) => failed = n.cq.readerr().ok(),
+            Err(Error::Again(_)) => {}
+            Err(e) => panic!("cq read: {e}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{ok} messages, and the large message's receive {}",
+            if failed.is_some() || big_ok {
+                "ended"
+            } else {
+                "never ended"
+            }
+        );
+    }
+    (big_ok, failed)
 }
 
 #[test]
@@ -137,11 +201,7 @@ fn a_gone_peers_write_held_behind_its_read_is_applied() {
             .mr_reg(&window, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 3)
     }
     .expect("mr_reg");
-    let base = if n.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0 {
-        window.as_ptr() as u64
-    } else {
-        0
-    };
+    let base = n.rma_base(&window);
     let segs = |off: u64, len: usize| {
         RmaIovList::from_segs(&[RmaIov {
             addr: base + off,
@@ -171,28 +231,13 @@ fn a_gone_peers_write_held_behind_its_read_is_applied() {
     let mut w = write.ctrl(8).as_bytes().to_vec();
     w.extend_from_slice(&[0xab; 8]);
     assert!(raw.send_raw(FRAME, &w, 64));
-    let deadline = std::time::Instant::now() + BOUND;
-    while n.ep.buffered().held < 3 {
-        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the frames were never held"
-        );
-    }
+    let deadline = Instant::now() + BOUND;
+    drive_until(&n, deadline, "the frames were never held", || {
+        n.ep.buffered().held >= 3
+    });
     // The peer goes; a send to it fails once the endpoint knows.
     raw.play_dead();
-    loop {
-        match n.ep.inject(&[1], to_raw) {
-            Err(Error::PeerLost(_)) => break,
-            Ok(()) | Err(Error::Again(_)) => {}
-            Err(e) => panic!("inject to the gone peer: {e}"),
-        }
-        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the peer was never found gone"
-        );
-    }
+    until_lost(&n, to_raw, deadline);
     // Its messages are delivered; the read behind them is served to no one, and the write
     // behind the read lands.
     let mut got = [0u8; 8];
@@ -204,14 +249,9 @@ fn a_gone_peers_write_held_behind_its_read_is_applied() {
     }
     // Read as the endpoint writes it (this thread drives it).
     let at = |i: usize| unsafe { std::ptr::read_volatile(window.as_ptr().add(i)) };
-    while !(0..8).all(|i| at(i) == 0xab) {
-        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the gone peer's write never landed ({} frames still held)",
-            n.ep.buffered().held
-        );
-    }
+    drive_until(&n, deadline, "the gone peer's write never landed", || {
+        (0..8).all(|i| at(i) == 0xab)
+    });
     assert_eq!(n.ep.buffered().held, 0);
     drop(mr);
     drop(window);
@@ -240,27 +280,12 @@ fn a_receive_taking_a_gone_peers_held_large_message_ends() {
         desc: Desc::default(),
     };
     assert!(raw.send_raw(FRAME, rts.ctrl(0).as_bytes(), 64));
-    let deadline = std::time::Instant::now() + BOUND;
-    while n.ep.buffered().held < 2 {
-        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the frames were never held"
-        );
-    }
+    let deadline = Instant::now() + BOUND;
+    drive_until(&n, deadline, "the frames were never held", || {
+        n.ep.buffered().held >= 2
+    });
     raw.play_dead();
-    loop {
-        match n.ep.inject(&[1], to_raw) {
-            Err(Error::PeerLost(_)) => break,
-            Ok(()) | Err(Error::Again(_)) => {}
-            Err(e) => panic!("inject to the gone peer: {e}"),
-        }
-        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the peer was never found gone"
-        );
-    }
+    until_lost(&n, to_raw, deadline);
     let mut big = vec![0u8; BIG as usize];
     // SAFETY: big outlives the receive (it ends below).
     unsafe { n.ep.trecv(&mut big, None, FI_ADDR_UNSPEC, BIG_TAG, 0, 99) }.unwrap();
@@ -270,25 +295,7 @@ fn a_receive_taking_a_gone_peers_held_large_message_ends() {
         unsafe { n.ep.trecv(g, None, FI_ADDR_UNSPEC, i as u64, 0, 1) }.unwrap();
     }
     // The small messages arrive; the large one's receive fails (in any order with them).
-    let (mut ok, mut failed) = (0, None);
-    let mut buf = [CqTaggedEntry::default(); 8];
-    while ok < UNEXP + 1 || failed.is_none() {
-        match n.cq.read(&mut buf) {
-            Ok(k) => ok += k,
-            Err(Error::Avail) => failed = n.cq.readerr().ok(),
-            Err(Error::Again(_)) => {}
-            Err(e) => panic!("cq read: {e}"),
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{ok} messages, and the large message's receive {}",
-            if failed.is_some() {
-                "failed"
-            } else {
-                "never ended"
-            }
-        );
-    }
+    let (_, failed) = small_and_big_end(&n, UNEXP + 1, BIG_TAG, deadline);
     let e = failed.expect("an error entry");
     assert_eq!(
         (e.op_context, e.err),
@@ -302,16 +309,8 @@ fn a_receive_taking_a_gone_peers_held_large_message_ends() {
     drop(big);
 }
 
-/// Whether this process maps the segment named `name` (its file unlinked or not).
-fn mapped(name: &str) -> bool {
-    std::fs::read_to_string("/proc/self/maps")
-        .expect("/proc/self/maps")
-        .lines()
-        .any(|l| l.contains(&format!("/dev/shm/{name}")))
-}
-
-/// Posts a tagged receive for each of `tags` into `bufs` and waits until each has ended:
-/// the successes' count and the error entries.
+/// Posts a tagged receive for message `i` into `bufs[i]`, waits for them all, and checks
+/// each one's bytes.
 fn take_all(n: &Node, bufs: &mut [[u8; 8]]) {
     for (i, g) in bufs.iter_mut().enumerate() {
         // SAFETY: bufs outlive the completions waited for below.
@@ -338,43 +337,25 @@ fn a_peer_lost_while_stalled_is_unmapped_once_its_goodbye_is_read() {
     let total = UNEXP + HELD;
     messages(&mut raw, 0..total as u64);
     assert!(raw.bye(), "the goodbye did not fit");
-    let deadline = std::time::Instant::now() + BOUND;
+    let deadline = Instant::now() + BOUND;
+    // Stalled: a progress call takes no more in.
     let mut before = (0, 0);
-    loop {
-        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
+    drive_until(&n, deadline, "the lane never stalled", || {
         let b = n.ep.buffered();
-        if (b.unexpected, b.held) == before && b.held > 0 {
-            break;
-        }
-        before = (b.unexpected, b.held);
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the lane never stalled"
-        );
-    }
+        let now = (b.unexpected, b.held);
+        std::mem::replace(&mut before, now) == now && b.held > 0
+    });
     raw.play_dead();
-    loop {
-        match n.ep.inject(&[1], to_raw) {
-            Err(Error::PeerLost(_)) => break,
-            Ok(()) | Err(Error::Again(_)) => {}
-            Err(e) => panic!("inject to the gone peer: {e}"),
-        }
-        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the peer was never found gone"
-        );
-    }
+    until_lost(&n, to_raw, deadline);
     take_all(&n, &mut vec![[0u8; 8]; total]);
     // The raw peer's own mapping goes with it: what is left is the endpoint's.
     drop(raw);
-    while mapped(&name) {
-        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the gone peer's segment stayed mapped after its goodbye was read"
-        );
-    }
+    drive_until(
+        &n,
+        deadline,
+        "the gone peer's segment stayed mapped after its goodbye was read",
+        || shm_mappings(&[&name]) == 0,
+    );
 }
 
 /// A large message a peer offered by descriptor, held until after the peer closed its
@@ -406,20 +387,11 @@ fn a_closed_peers_held_large_message_is_not_read() {
     };
     assert!(raw.send_raw(FRAME, rts.ctrl(0).as_bytes(), 64));
     assert!(raw.bye(), "the goodbye did not fit");
-    let deadline = std::time::Instant::now() + BOUND;
+    let deadline = Instant::now() + BOUND;
     // Taken in: the bound's worth buffered, one message and the announcement held, and the
     // goodbye read (the peer gone: a send to it fails).
     let to_raw = n.add_peer(format!("fi_shm://{}", raw.name()).as_bytes());
-    loop {
-        let _ = n.cq.read(&mut [CqTaggedEntry::default(); 4]);
-        if matches!(n.ep.inject(&[1], to_raw), Err(Error::PeerLost(_))) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the goodbye was never read"
-        );
-    }
+    until_lost(&n, to_raw, deadline);
     assert_eq!(n.ep.buffered().held, 2);
     let mut big = vec![0u8; BIG];
     // SAFETY: big outlives the receive (it ends below).
@@ -429,28 +401,7 @@ fn a_closed_peers_held_large_message_is_not_read() {
         // SAFETY: got outlives the completions read below.
         unsafe { n.ep.trecv(g, None, FI_ADDR_UNSPEC, i as u64, 0, 1) }.unwrap();
     }
-    let (mut ok, mut big_ok, mut failed) = (0, false, None);
-    let mut buf = [CqTaggedEntry::default(); 8];
-    while ok < UNEXP + 1 || (failed.is_none() && !big_ok) {
-        match n.cq.read(&mut buf) {
-            Ok(k) => {
-                for e in &buf[..k] {
-                    if e.tag == BIG_TAG {
-                        big_ok = true;
-                    } else {
-                        ok += 1;
-                    }
-                }
-            }
-            Err(Error::Avail) => failed = n.cq.readerr().ok(),
-            Err(Error::Again(_)) => {}
-            Err(e) => panic!("cq read: {e}"),
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the receives never ended"
-        );
-    }
+    let (big_ok, failed) = small_and_big_end(&n, UNEXP + 1, BIG_TAG, deadline);
     assert!(!big_ok, "the closed peer's offered buffer was read");
     let e = failed.expect("an error entry");
     assert_eq!(

@@ -86,6 +86,30 @@ impl Node {
     pub fn add_peer(&self, raw: &[u8]) -> FiAddr {
         self.av.insert_one(raw).expect("av insert")
     }
+
+    /// Where a peer's RMA addresses a region registered over `buf` start: its virtual address
+    /// under `FI_MR_VIRT_ADDR`, else 0 (offsets).
+    pub fn rma_base(&self, buf: &[u8]) -> u64 {
+        if self.info.domain_attr.mr_mode & FI_MR_VIRT_ADDR != 0 {
+            buf.as_ptr() as u64
+        } else {
+            0
+        }
+    }
+}
+
+/// How many of this process's mappings are of the shm segments `names` (their files unlinked
+/// or not).
+pub fn shm_mappings(names: &[impl AsRef<str>]) -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .expect("/proc/self/maps")
+        .lines()
+        .filter(|l| {
+            names
+                .iter()
+                .any(|n| l.contains(&format!("/dev/shm/{}", n.as_ref())))
+        })
+        .count()
 }
 
 /// The provider the tests run over: `XFABRIC_TEST_PROVIDER`, "shm" when unset. Children started

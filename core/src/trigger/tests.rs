@@ -396,9 +396,10 @@ fn dropping_a_counter_cancels_what_waits_on_it() {
     assert!(w.sh.ctxs().is_empty(), "nothing started");
 }
 
-#[test]
-fn with_resource_management_a_fired_operation_waits_for_cq_room() {
-    let w = World::new();
+/// With resource management and a CQ of two entries, three sends armed on one counter at
+/// threshold 1, the mock provider completing each as it starts: once the counter is set, two
+/// fill the CQ and the third waits for room.
+fn three_sends_for_a_cq_of_two(w: &World) -> (Ep, crate::cntr::Counter) {
     w.sh.inline.store(true, Ordering::Release);
     let e = w.ep_managed(2);
     let c = w.cntr();
@@ -406,6 +407,13 @@ fn with_resource_management_a_fired_operation_waits_for_cq_room() {
     for ctx in 1..=3 {
         tsend(&e.ep, &buf, ctx, &TriggerContext::threshold(&c, 1));
     }
+    (e, c)
+}
+
+#[test]
+fn with_resource_management_a_fired_operation_waits_for_cq_room() {
+    let w = World::new();
+    let (e, c) = three_sends_for_a_cq_of_two(&w);
     c.set(1).unwrap();
     // Two entries fill the CQ; the third send waits for room instead of overrunning it.
     assert_eq!(w.sh.ctxs(), [1, 2]);
@@ -423,13 +431,7 @@ fn with_resource_management_a_fired_operation_waits_for_cq_room() {
 fn an_operation_waiting_for_cq_room_is_retried_by_time_not_by_a_spin() {
     use crate::wait::ProgressSource;
     let w = World::new();
-    w.sh.inline.store(true, Ordering::Release);
-    let e = w.ep_managed(2);
-    let c = w.cntr();
-    let buf = [0u8; 8];
-    for ctx in 1..=3 {
-        tsend(&e.ep, &buf, ctx, &TriggerContext::threshold(&c, 1));
-    }
+    let (e, c) = three_sends_for_a_cq_of_two(&w);
     let t0 = Instant::now();
     c.set(1).unwrap();
     assert_eq!(w.sh.ctxs(), [1, 2], "the third waits for room");

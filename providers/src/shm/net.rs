@@ -661,8 +661,10 @@ impl Net {
         if g.engine.has_output() {
             g.engine.transmit(self);
             while let Some(c) = g.engine.poll_copy() {
-                // A gone peer's memory is not copied by any way (its pid, its mappings, its
-                // CUDA IPC handles): what it offered ended with it (`copy`).
+                // A gone peer's memory is not copied by any way: not by its pid, which another
+                // process may have by now, its mappings or its CUDA IPC handles. What it
+                // offered ended with it (a peer that closed canceled it and has its buffers
+                // back).
                 if self.dead(c.peer) {
                     g.engine
                         .on_copied(c.token, Copied::Failed(libc::ECONNRESET));
@@ -788,12 +790,6 @@ impl Net {
     /// Performs a copy the engine asked for: from a mapping of the peer's memory where it
     /// described a shared allocation and the mapping serves, else by cross-memory attach.
     fn copy(&mut self, c: &CopyReq) -> Copied {
-        // A gone peer's memory is not read or written by its pid, which another process may
-        // have by now, nor by its mappings: what it offered ended with it (a peer that closed
-        // canceled it and has its buffers back).
-        if self.links.get(c.peer).is_none_or(|l| l.dead) {
-            return Copied::Failed(libc::ECONNRESET);
-        }
         let remote = match mapped::decode(&c.remote) {
             Some(named) => match self.copy_mapped(c, named) {
                 Ok(how) => return how,
@@ -1708,15 +1704,17 @@ fn owner_alive(l: &mut Link, now: u64) -> bool {
 /// Whether mapping a peer's segment failed for a reason that passes (descriptors, memory or
 /// mapping slots short), not because the segment is gone or is none of ours.
 fn passing(e: &Error) -> bool {
-    matches!(e, Error::Again(_) | Error::NoMem(_))
-        || matches!(e.errno(), libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+    matches!(e, Error::Again(_)) || matches!(e.errno(), libc::EMFILE | libc::ENFILE | libc::ENOMEM)
 }
 
 /// Whether an encoded frame (`ctrl`, from its prefix) answers a peer's request.
 fn is_answer(ctrl: &[u8]) -> bool {
-    ctrl.get(2)
-        .and_then(|&k| Kind::from_raw(k))
-        .is_some_and(Kind::is_answer)
+    kind_of(ctrl).is_some_and(Kind::is_answer)
+}
+
+/// The kind of an encoded frame (`ctrl`, from its prefix), if it names one.
+fn kind_of(ctrl: &[u8]) -> Option<Kind> {
+    ctrl.get(2).and_then(|&k| Kind::from_raw(k))
 }
 
 /// Slots a frame leaves free in the peer's ring: none for an answer, `CTRL_SPARE` otherwise.
@@ -1744,7 +1742,7 @@ impl Transport for Net {
             // A go-ahead for a large message of its that was held until after its loss: the
             // data will not come, and the receive that took it must end (`push_some` reports
             // the loss again, which ends the peer's large messages).
-            if t.ctrl.as_bytes().get(2) == Some(&(Kind::Cts as u8)) && !self.relost.contains(&p) {
+            if kind_of(t.ctrl.as_bytes()) == Some(Kind::Cts) && !self.relost.contains(&p) {
                 self.relost.push(p);
             }
             return Ok(());
