@@ -909,3 +909,129 @@ fn sends_left_at_close_are_canceled_one_by_one_beside_a_full_receive_cq() {
     drop((mr, hidden));
     drop((good, hidden_buf));
 }
+
+/// Receives XPUs' descriptors post are bounded by the receive context's size (`rx_attr.size`):
+/// one found with that many waiting unmatched is answered with an `FI_EAGAIN` error entry
+/// under its context (`XPU_FAULT_ROOM`), nothing posted, and the descriptors after it go on
+/// (a descriptor held instead would hold back the device's later sends, its "ready" to a
+/// peer among them). The application's own receives do not count against it, and room comes
+/// back as messages take the device's. Before, the host queued every one: a device posting
+/// receives in a loop grew the host's memory for as long as it ran.
+#[test]
+fn receives_a_device_posts_past_the_receive_size_are_answered_again() {
+    const RX: usize = 16;
+    const OVER: usize = 3;
+    const HOST: usize = 4;
+    let mut hints = Info {
+        caps: CAPS,
+        ..Default::default()
+    };
+    hints.fabric_attr.prov_name = Some(test_provider());
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.domain_attr.data_progress = Progress::Manual;
+    hints.domain_attr.mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+    let mut info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints)).unwrap()[0].clone();
+    info.rx_attr.size = RX;
+    let domain = xfabric::fabric(&info.fabric_attr)
+        .unwrap()
+        .domain(&info)
+        .unwrap();
+    let cq = domain
+        .cq_open(&CqAttr {
+            format: CqFormat::Tagged,
+            size: 1024,
+            ..Default::default()
+        })
+        .unwrap();
+    let av = domain.av_open(&AvAttr::default()).unwrap();
+    let ep = domain.endpoint(&info).unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    let me = av.insert_one(&ep.getname().unwrap()).unwrap();
+    let dest = av.get_xpu_addr(me).unwrap();
+    let x = ep.export_xpu_slots(Xpu::CPU, 64).unwrap();
+    let mut host = vec![0u8; 8 * HOST];
+    for (i, b) in host.chunks_mut(8).enumerate() {
+        // SAFETY: `host` outlives the endpoint, whose close ends the receives.
+        unsafe { ep.recv(b, None, FI_ADDR_UNSPEC, 1000 + i) }.unwrap();
+    }
+    let rbuf = vec![0u8; 8 * 64];
+    let sbuf = vec![7u8; 8];
+    // SAFETY: the buffers outlive their regions (dropped first), and the receives end at the
+    // close.
+    let rmr = unsafe { domain.mr_reg(&rbuf, FI_RECV, 0, 0) }.unwrap();
+    let smr = unsafe { domain.mr_reg(&sbuf, FI_SEND, 0, 0) }.unwrap();
+    let (rdesc, sdesc) = (rmr.get_xpu_desc().unwrap(), smr.get_xpu_desc().unwrap());
+    let post = |ctx: usize| {
+        let b = (rbuf.as_ptr() as usize + (ctx % 64) * 8) as *mut c_void;
+        assert_eq!(
+            dev::recv(&x, b, 8, rdesc, FI_ADDR_UNSPEC, ctx, 0, W),
+            0,
+            "fi_xpu_recv {ctx}"
+        );
+    };
+    for ctx in 0..RX + OVER {
+        post(ctx);
+    }
+    // After the receives past the bound: a send, which must not wait behind them.
+    assert_eq!(
+        dev::send(&x, sbuf.as_ptr().cast(), 8, sdesc, 0, dest, 500, 0, W),
+        0
+    );
+    // Reads completions and errors until `ok` and `errs` of them came.
+    let read = |ok: usize, errs: usize| {
+        let (mut done, mut faults) = (Vec::new(), Vec::new());
+        let mut buf = [CqTaggedEntry::default(); 16];
+        let deadline = std::time::Instant::now() + completion_bound();
+        while done.len() < ok || faults.len() < errs {
+            ep.progress();
+            match cq.read(&mut buf) {
+                Ok(k) => done.extend(buf[..k].iter().map(|e| e.op_context)),
+                Err(Error::Avail) => {
+                    let (e, why) = cq.readerr_data().unwrap();
+                    faults.push((e.op_context, e.err, e.prov_errno, why));
+                }
+                Err(Error::Again(_)) => {}
+                Err(e) => panic!("cq read: {e}"),
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{done:?} completed and {faults:?} failed"
+            );
+        }
+        done.sort_unstable();
+        (done, faults)
+    };
+    // The send, and the host's first receive it landed in.
+    let (done, faults) = read(2, OVER);
+    assert_eq!(done, [500, 1000], "completions");
+    let answered: Vec<_> = faults.iter().map(|f| (f.0, f.1, f.2)).collect();
+    let want: Vec<_> = (RX..RX + OVER)
+        .map(|c| (c, errno::FI_EAGAIN, XPU_FAULT_ROOM))
+        .collect();
+    assert_eq!(answered, want, "the receives past rx_attr.size: {faults:?}");
+    let why = String::from_utf8_lossy(faults[0].3.as_deref().unwrap_or_default()).into_owned();
+    assert!(why.contains("rx_attr.size 16"), "{why}");
+    // Ten messages past the host's receives take ten of the device's, and as many more go on.
+    for i in 0..(HOST - 1 + 10) as u64 {
+        ep.inject(&i.to_le_bytes(), me).unwrap();
+    }
+    let (done, _) = read(HOST - 1 + 10, 0);
+    let want: Vec<_> = (0..10).chain(1001..1000 + HOST).collect();
+    assert_eq!(done, want, "completions");
+    for ctx in 100..110 {
+        post(ctx);
+    }
+    for _ in 0..64 {
+        ep.progress();
+    }
+    match cq.read(&mut [CqTaggedEntry::default(); 4]) {
+        Err(Error::Again(_)) => {}
+        Err(Error::Avail) => panic!("{:?}", cq.readerr_data()),
+        other => panic!("{other:?}"),
+    }
+    ep.close().unwrap();
+    drop((rmr, smr));
+    drop((rbuf, sbuf, host));
+}

@@ -120,7 +120,7 @@ fn checks() -> Vec<(String, u64)> {
     ] {
         v.push((c.to_string(), r as u64));
     }
-    let consts: [(&str, u64); 39] = [
+    let consts: [(&str, u64); 40] = [
         ("FI_XPU_PROV_XFABRIC", abi::FI_XPU_PROV_XFABRIC.into()),
         ("XF_XPU_CLASS_EP", abi::FI_CLASS_EP.into()),
         ("XF_XPU_CLASS_CQ", abi::FI_CLASS_CQ.into()),
@@ -164,6 +164,7 @@ fn checks() -> Vec<(String, u64)> {
             "XF_XPU_FAULT_UNPUBLISHED",
             xfabric::xpu::XPU_FAULT_UNPUBLISHED as u64,
         ),
+        ("XF_XPU_FAULT_ROOM", xfabric::xpu::XPU_FAULT_ROOM as u64),
     ];
     v.extend(consts.iter().map(|(c, r)| (c.to_string(), *r)));
     v

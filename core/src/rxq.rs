@@ -226,6 +226,9 @@ pub struct PostedRecv {
     pub flags: u64,
     /// Bytes of a multi-receive buffer already handed out.
     pub used: usize,
+    /// Posted by an XPU's descriptor: counted while it waits (`RecvQueue::xpu_posted`), so
+    /// that a device posting receives in a loop meets a bound.
+    pub from_xpu: bool,
 }
 
 impl PostedRecv {
@@ -350,6 +353,8 @@ pub struct RecvQueue<U> {
     held_by: HashMap<usize, (usize, usize)>,
     /// Smallest space a multi-receive buffer keeps before it is released (`FI_OPT_MIN_MULTI_RECV`).
     pub min_multi_recv: usize,
+    /// Posted receives with `from_xpu`.
+    xpu_posted: usize,
 }
 
 impl<U> RecvQueue<U> {
@@ -366,6 +371,7 @@ impl<U> RecvQueue<U> {
             held: 0,
             held_by: HashMap::new(),
             min_multi_recv: 64,
+            xpu_posted: 0,
         }
     }
 
@@ -394,6 +400,7 @@ impl<U> RecvQueue<U> {
                 flags: FI_RECV | if front.tagged() { FI_TAGGED } else { FI_MSG },
                 op_flags: front.flags,
             };
+            self.xpu_posted -= usize::from(front.from_xpu);
             q.pop_front();
             return Some(slot);
         }
@@ -411,7 +418,14 @@ impl<U> RecvQueue<U> {
             &mut self.posted_msg
         };
         let i = q.iter().position(|r| r.accepts(src, tag, directed))?;
-        Some(take_slot(q, i, len, min, &mut self.multi))
+        Some(take_slot(
+            q,
+            i,
+            len,
+            min,
+            &mut self.multi,
+            &mut self.xpu_posted,
+        ))
     }
 
     /// Whether an arrival would be taken by a posted receive (nothing changes).
@@ -512,6 +526,7 @@ impl<U> RecvQueue<U> {
         } else {
             (&mut self.posted_msg, &mut self.unexp_msg)
         };
+        self.xpu_posted += usize::from(r.from_xpu);
         if unexp.is_empty() {
             // Nothing waits for it (a ping-pong's every receive): queued, no search.
             posted.push_back(r);
@@ -532,7 +547,14 @@ impl<U> RecvQueue<U> {
             self.held = self.held.saturating_sub(u.held);
             release_owner(&mut self.held_by, &u);
             let before = posted.len();
-            let slot = take_slot(posted, idx, u.len, min, &mut self.multi);
+            let slot = take_slot(
+                posted,
+                idx,
+                u.len,
+                min,
+                &mut self.multi,
+                &mut self.xpu_posted,
+            );
             matched.push((slot, u));
             if !multi || posted.len() < before {
                 break;
@@ -574,6 +596,7 @@ impl<U> RecvQueue<U> {
         for q in [&mut self.posted_msg, &mut self.posted_tag] {
             if let Some(i) = q.iter().position(|r| r.ctx == ctx) {
                 let r = q.remove(i)?;
+                self.xpu_posted -= usize::from(r.from_xpu);
                 let released = retire(&mut self.multi, ctx);
                 return Some((r, released));
             }
@@ -589,6 +612,7 @@ impl<U> RecvQueue<U> {
             let (from, rest): (VecDeque<_>, VecDeque<_>) = q.drain(..).partition(|r| r.src == src);
             *q = rest;
             out.extend(from.into_iter().map(|r| {
+                self.xpu_posted -= usize::from(r.from_xpu);
                 let released = retire(&mut self.multi, r.ctx);
                 (r, released)
             }));
@@ -607,6 +631,7 @@ impl<U> RecvQueue<U> {
     /// Every posted receive, removed (endpoint close), each with whether its buffer is
     /// released now (as `cancel`).
     pub fn drain_posted(&mut self) -> Vec<(PostedRecv, bool)> {
+        self.xpu_posted = 0;
         let multi = &mut self.multi;
         self.posted_msg
             .drain(..)
@@ -657,6 +682,11 @@ impl<U> RecvQueue<U> {
         release_owner(&mut self.held_by, u);
     }
 
+    /// Posted receives an XPU's descriptor posted (`PostedRecv::from_xpu`).
+    pub fn xpu_posted(&self) -> usize {
+        self.xpu_posted
+    }
+
     /// Number of posted receives.
     pub fn posted_len(&self) -> usize {
         self.posted_msg.len() + self.posted_tag.len()
@@ -690,6 +720,7 @@ fn take_slot(
     len: usize,
     min: usize,
     multi: &mut HashMap<Context, MultiState>,
+    xpu_posted: &mut usize,
 ) -> RecvSlot {
     let r = &mut q[i];
     let kind = if r.tagged() { FI_TAGGED } else { FI_MSG };
@@ -701,6 +732,7 @@ fn take_slot(
             flags: FI_RECV | kind,
             op_flags: r.flags,
         };
+        *xpu_posted -= usize::from(r.from_xpu);
         // The oldest receive takes most arrivals: popped, not shifted out.
         if i == 0 {
             q.pop_front();
@@ -723,6 +755,7 @@ fn take_slot(
     m.inflight += 1;
     if total - r.used < min.max(1) {
         m.exhausted = true;
+        *xpu_posted -= usize::from(r.from_xpu);
         q.remove(i);
     }
     slot
@@ -773,6 +806,7 @@ mod tests {
             ignore,
             flags,
             used: 0,
+            from_xpu: false,
         }
     }
 
@@ -827,6 +861,56 @@ mod tests {
         assert!(!q.would_match(0, 0, false));
         let _ = q.post(recv(4, 0, 0, 0, 100));
         assert!(q.would_match(0, 0, false));
+    }
+
+    #[test]
+    fn receives_from_xpus_are_counted_until_every_way_out() {
+        let mut q = RecvQueue::<u32>::new(true);
+        let xpu = |ctx, tag, flags, len| PostedRecv {
+            from_xpu: true,
+            ..recv(ctx, tag, 0, flags, len)
+        };
+        // Queued, with the application's own beside them (not counted).
+        for (ctx, tag) in [(1, 1), (2, 2), (3, 3)] {
+            let _ = q.post(xpu(ctx, tag, FI_TAGGED, 8));
+        }
+        let _ = q.post(recv(4, 4, 0, FI_TAGGED, 8));
+        let _ = q.post(xpu(5, 0, FI_MSG, 8));
+        assert_eq!(q.xpu_posted(), 4);
+        // Taken by an arrival at the front, and past it.
+        assert!(q.match_arrival(0, 1, true, 8).is_some());
+        assert!(q.match_arrival(0, 3, true, 8).is_some());
+        assert_eq!(q.xpu_posted(), 2);
+        // Matched when posted: never counted.
+        q.push_unexpected(true, unexp(0, 6, 8));
+        assert!(matches!(
+            q.post(xpu(6, 6, FI_TAGGED, 8)),
+            PostResult::Matched(_)
+        ));
+        assert_eq!(q.xpu_posted(), 2);
+        // Canceled; drained for a lost source; a multi-receive buffer once exhausted.
+        assert!(q.cancel(2).is_some());
+        assert_eq!(q.xpu_posted(), 1);
+        let _ = q.post(PostedRecv {
+            src: 9,
+            ..xpu(7, 0, FI_MSG, 8)
+        });
+        assert_eq!(q.xpu_posted(), 2);
+        assert_eq!(q.drain_from(9).len(), 1);
+        assert_eq!(q.xpu_posted(), 1);
+        q.min_multi_recv = 8;
+        let _ = q.post(xpu(8, 0, FI_MSG | FI_MULTI_RECV, 16));
+        assert_eq!(q.xpu_posted(), 2);
+        assert!(q.match_arrival(0, 0, false, 8).is_some()); // receive 5
+        assert!(q.match_arrival(0, 0, false, 8).is_some()); // 8 of the buffer: 8 left
+        assert_eq!(q.xpu_posted(), 1);
+        assert!(q.match_arrival(0, 0, false, 8).is_some()); // exhausted
+        assert_eq!(q.xpu_posted(), 0);
+        // Closing drains the rest.
+        let _ = q.post(xpu(10, 0, FI_MSG, 8));
+        assert_eq!(q.xpu_posted(), 1);
+        assert_eq!(q.drain_posted().len(), 2);
+        assert_eq!(q.xpu_posted(), 0);
     }
 
     #[test]

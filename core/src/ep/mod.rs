@@ -145,6 +145,11 @@ pub trait EndpointOps: ProgressSource {
     /// `r.iov` must stay writable, and not otherwise accessed, until the receive completes or
     /// is canceled.
     unsafe fn recv(&self, r: PostedRecv) -> Result<()>;
+    /// Receives posted by XPUs' descriptors (`PostedRecv::from_xpu`) and not yet matched,
+    /// where the provider counts them (`None`: it does not, and nothing bounds them).
+    fn xpu_recvs_posted(&self) -> Option<usize> {
+        None
+    }
     /// Starts an RMA read or write.
     ///
     /// # Safety
@@ -231,6 +236,9 @@ pub struct EpCore {
     /// Operations the transmit context holds at once (`tx_attr.size`): a provider may answer
     /// `Again` past it.
     pub tx_size: usize,
+    /// Receives the receive context holds at once (`rx_attr.size`): what bounds the receives
+    /// XPUs' descriptors keep posted (`EpPort::xpu_action`).
+    pub rx_size: usize,
     /// Largest message.
     pub max_msg_size: usize,
     /// The domain's memory-region keys: where a target checks remote accesses.
@@ -280,6 +288,7 @@ impl EpCore {
             rx_op_flags: info.rx_attr.op_flags,
             inject_size: info.tx_attr.inject_size,
             tx_size: info.tx_attr.size,
+            rx_size: info.rx_attr.size,
             max_msg_size: info.ep_attr.max_msg_size,
             pending: Mutex::new(Bindings::default()),
             bound: OnceLock::new(),
@@ -1137,6 +1146,7 @@ impl Endpoint {
             ignore: 0,
             flags: FI_MSG | (self.rx_op_flags() & RECV_FLAGS),
             used: 0,
+            from_xpu: false,
         };
         self.post_rx("recv", r)
     }
@@ -1162,6 +1172,7 @@ impl Endpoint {
             ignore: 0,
             flags: FI_MSG | (self.rx_op_flags() & RECV_FLAGS),
             used: 0,
+            from_xpu: false,
         };
         self.post_rx("recvv", r)
     }
@@ -1197,6 +1208,7 @@ impl Endpoint {
             ignore: 0,
             flags: flags | FI_MSG,
             used: 0,
+            from_xpu: false,
         })
     }
 
@@ -1324,6 +1336,7 @@ impl Endpoint {
             ignore,
             flags: FI_TAGGED | (self.rx_op_flags() & FI_COMPLETION),
             used: 0,
+            from_xpu: false,
         };
         self.post_rx("trecv", r)
     }
@@ -1350,6 +1363,7 @@ impl Endpoint {
             ignore,
             flags: FI_TAGGED | (self.rx_op_flags() & FI_COMPLETION),
             used: 0,
+            from_xpu: false,
         };
         self.post_rx("trecvv", r)
     }
@@ -1390,6 +1404,7 @@ impl Endpoint {
             ignore: msg.ignore,
             flags: flags | FI_TAGGED,
             used: 0,
+            from_xpu: false,
         })
     }
 

@@ -111,7 +111,19 @@ impl Port for EpPort {
         d: &crate::xpu::XpuDesc,
         seen: &mut crate::xpu::Checked,
     ) -> Result<Action, crate::xpu::Fault> {
-        crate::xpu::action(&self.core, seen, d)
+        let action = crate::xpu::action(&self.core, seen, d)?;
+        if let Action::Recv(_) = action {
+            // A device posting receives in a loop must not grow the host's queue without
+            // end. Past the bound the descriptor is answered with an error entry, not held:
+            // a held one would hold back every later descriptor of the endpoint (its order
+            // is kept), the device's "ready" to a peer among them. Only descriptors' receives
+            // count: the application's own it bounds itself.
+            let bound = self.core.rx_size.max(1);
+            if let Some(n) = self.ops.xpu_recvs_posted().filter(|&n| n >= bound) {
+                return Err(crate::xpu::room_fault(d.opcode, n, bound));
+            }
+        }
+        Ok(action)
     }
 
     fn xpu_fault(&self, ctx: Context, opcode: u32, f: &crate::xpu::Fault) {

@@ -432,6 +432,11 @@ impl Engine {
         (self.done.as_ptr(), self.done.capacity())
     }
 
+    /// Receives posted by XPUs' descriptors and not yet matched (`PostedRecv::from_xpu`).
+    pub fn xpu_recvs_posted(&self) -> usize {
+        self.rxq.xpu_posted()
+    }
+
     /// Whether completions wait to be taken (`take_done`).
     pub fn has_done(&self) -> bool {
         !self.done.is_empty()

@@ -51,8 +51,8 @@ pub use cq::XpuCq;
 pub use ep::XpuEp;
 pub use mem::{Retired, XpuMem, XpuMemAlloc, XPU_MEM_ALIGN};
 pub use ring::{Claim, RING_DEFAULT_SLOTS, RING_MAX_SLOTS, RING_MIN_SLOTS};
-pub(crate) use validate::{action, entry_flags, is_recv, Checked, Fault};
+pub(crate) use validate::{action, entry_flags, is_recv, room_fault, Checked, Fault};
 pub use validate::{
     XPU_FAULT_ADDR, XPU_FAULT_ARGS, XPU_FAULT_DESC, XPU_FAULT_FLAGS, XPU_FAULT_OPCODE,
-    XPU_FAULT_RANGE, XPU_FAULT_TORN, XPU_FAULT_UNPUBLISHED,
+    XPU_FAULT_RANGE, XPU_FAULT_ROOM, XPU_FAULT_TORN, XPU_FAULT_UNPUBLISHED,
 };

@@ -5,7 +5,7 @@
 
 use super::abi::{opcode, XpuDesc};
 use crate::atomic::{self, AtomicOp, Datatype};
-use crate::consts::errno::{FI_EACCES, FI_EINVAL, FI_EMSGSIZE, FI_EOPNOTSUPP};
+use crate::consts::errno::{FI_EACCES, FI_EAGAIN, FI_EINVAL, FI_EMSGSIZE, FI_EOPNOTSUPP};
 use crate::consts::*;
 use crate::ep::atomic::ATOMIC_MAX;
 use crate::ep::EpCore;
@@ -33,6 +33,10 @@ pub const XPU_FAULT_ARGS: i32 = 22;
 /// `prov_errno` of the `FI_ECANCELED` entry for a position claimed on a ring but never
 /// published when its endpoint closed (context 0: the descriptor never existed).
 pub const XPU_FAULT_UNPUBLISHED: i32 = 23;
+/// `prov_errno` of the `FI_EAGAIN` entry for a receive descriptor found when the receives
+/// descriptors posted, not yet matched, fill the receive context (`rx_attr.size`): nothing
+/// was posted; post it again once some complete.
+pub const XPU_FAULT_ROOM: i32 = 24;
 
 /// What was wrong with a descriptor.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -161,6 +165,27 @@ fn peer(core: &EpCore, seen: &mut Checked, peer: u64, any: bool) -> Result<FiAdd
 
 // The faults' wording is out of line (cold), so that the checks inline into the watcher's
 // loop: a descriptor that passes pays for no formatting code in its path.
+
+/// The fault of a receive descriptor found when `posted` receives of descriptors wait,
+/// `bound` being the receive context's size.
+#[cold]
+#[inline(never)]
+pub(crate) fn room_fault(op: u32, posted: usize, bound: usize) -> Fault {
+    let what = if op == opcode::TRECV {
+        "fi_xpu_trecv"
+    } else {
+        "fi_xpu_recv"
+    };
+    fault(
+        XPU_FAULT_ROOM,
+        FI_EAGAIN,
+        format!(
+            "{what}: {posted} receives posted by descriptors wait unmatched, the receive \
+             context's size (rx_attr.size {bound}); nothing was posted, post it again once \
+             some complete"
+        ),
+    )
+}
 
 #[cold]
 #[inline(never)]
@@ -311,6 +336,7 @@ pub(crate) fn action(core: &EpCore, seen: &mut Checked, d: &XpuDesc) -> Result<A
                 ignore: if tagged { d.ignore } else { 0 },
                 flags: d.flags | kind,
                 used: 0,
+                from_xpu: true,
             }))
         }
         opcode::WRITE | opcode::READ => {

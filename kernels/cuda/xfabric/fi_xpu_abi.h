@@ -125,6 +125,7 @@ struct fid_xpu_cntr {
 #define XF_XPU_FAULT_TORN 21
 #define XF_XPU_FAULT_ARGS 22
 #define XF_XPU_FAULT_UNPUBLISHED 23
+#define XF_XPU_FAULT_ROOM 24
 
 /* Magic words and layout version of the shared blocks. */
 #define XF_XPU_RING_MAGIC 0x58465852u    /* "XFXR" */

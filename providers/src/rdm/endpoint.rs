@@ -408,6 +408,10 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
         r
     }
 
+    fn xpu_recvs_posted(&self) -> Option<usize> {
+        Some(self.lock().engine.xpu_recvs_posted())
+    }
+
     unsafe fn recv(&self, r: PostedRecv) -> Result<()> {
         let mut st = self.lock();
         // Whether the wire or the bell may be stale after this call (`finish` refreshes

@@ -430,6 +430,7 @@ fn recv(ctx: Context, buf: &mut [u8], tag: Option<u64>, flags: u64) -> PostedRec
         ignore: 0,
         flags: (if tag.is_some() { FI_TAGGED } else { FI_MSG }) | flags,
         used: 0,
+        from_xpu: false,
     }
 }
 
