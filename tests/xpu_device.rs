@@ -1035,3 +1035,91 @@ fn receives_a_device_posts_past_the_receive_size_are_answered_again() {
     drop((rmr, smr));
     drop((rbuf, sbuf, host));
 }
+
+/// Under manual progress a thread in `fi_wait` on a wait set is the watcher of what its
+/// members drive: a descriptor the XPU stores as a GPU does (waking no one) while the thread
+/// sleeps is taken by the wait's next look (it sleeps at most a millisecond at a time), and
+/// the wait returns with its completions.
+#[test]
+fn a_wait_set_under_manual_progress_takes_descriptors_stored_while_it_sleeps() {
+    let ws = WaitSet::open(&WaitAttr {
+        wait_obj: WaitObj::MutexCond,
+        flags: 0,
+    })
+    .unwrap();
+    let mut hints = Info {
+        caps: CAPS,
+        ..Default::default()
+    };
+    hints.fabric_attr.prov_name = Some(test_provider());
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.domain_attr.data_progress = Progress::Manual;
+    hints.domain_attr.mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+    let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints)).unwrap()[0].clone();
+    let domain = xfabric::fabric(&info.fabric_attr)
+        .unwrap()
+        .domain(&info)
+        .unwrap();
+    let cq = domain
+        .cq_open(&CqAttr {
+            format: CqFormat::Tagged,
+            wait_obj: WaitObj::Set,
+            wait_set: Some(ws.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+    let av = domain.av_open(&AvAttr::default()).unwrap();
+    let ep = domain.endpoint(&info).unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    let me = av.insert_one(&ep.getname().unwrap()).unwrap();
+    let dest = av.get_xpu_addr(me).unwrap();
+    let x = ep.export_xpu(Xpu::CPU).unwrap();
+    let sbuf = vec![5u8; 8];
+    let mut rbuf = vec![0u8; 8];
+    // SAFETY: the buffers outlive the region (dropped first) and the receive, which
+    // completes before they are dropped.
+    let mr = unsafe { domain.mr_reg(&sbuf, FI_SEND, 0, 0) }.unwrap();
+    let desc = mr.get_xpu_desc().unwrap();
+    unsafe { ep.recv(&mut rbuf, None, FI_ADDR_UNSPEC, 1) }.unwrap();
+    // Nothing to take yet: the wait's first look finds the ring empty.
+    assert!(matches!(ws.wait(0), Err(Error::TimedOut(_))));
+    let base = sbuf.as_ptr() as usize;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let xpu = std::thread::spawn(move || {
+        // Once the host is (most likely) asleep in the wait; sooner passes as well.
+        rx.recv().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // SAFETY: `base` is `sbuf`, alive until the send completed.
+        assert_eq!(
+            dev::send(&x, base as *const c_void, 8, desc, 0, dest, 2, 0, W),
+            0
+        );
+        x
+    });
+    tx.send(()).unwrap();
+    // Bounded, and far longer than the watcher's plan allows it to sleep.
+    let t0 = std::time::Instant::now();
+    let r = ws.wait(completion_bound().as_millis() as i32);
+    eprintln!("WAITED {:?} {r:?}", t0.elapsed());
+    assert!(r.is_ok(), "fi_wait: {r:?}");
+    let x = xpu.join().unwrap();
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + completion_bound();
+    while got.len() < 2 {
+        let mut buf = [CqTaggedEntry::default(); 4];
+        match cq.read(&mut buf) {
+            Ok(k) => got.extend(buf[..k].iter().map(|e| e.op_context)),
+            Err(Error::Again(_)) => {}
+            Err(e) => panic!("cq read: {e} {:?}", cq.readerr()),
+        }
+        assert!(std::time::Instant::now() < deadline, "{got:?}");
+    }
+    got.sort_unstable();
+    assert_eq!(got, [1, 2]);
+    assert_eq!(rbuf, [5u8; 8]);
+    drop(x);
+    ep.close().unwrap();
+    drop(mr);
+}
