@@ -910,18 +910,9 @@ fn sends_left_at_close_are_canceled_one_by_one_beside_a_full_receive_cq() {
     drop((good, hidden_buf));
 }
 
-/// Receives XPUs' descriptors post are bounded by the receive context's size (`rx_attr.size`):
-/// one found with that many waiting unmatched is answered with an `FI_EAGAIN` error entry
-/// under its context (`XPU_FAULT_ROOM`), nothing posted, and the descriptors after it go on
-/// (a descriptor held instead would hold back the device's later sends, its "ready" to a
-/// peer among them). The application's own receives do not count against it, and room comes
-/// back as messages take the device's. Before, the host queued every one: a device posting
-/// receives in a loop grew the host's memory for as long as it ran.
-#[test]
-fn receives_a_device_posts_past_the_receive_size_are_answered_again() {
-    const RX: usize = 16;
-    const OVER: usize = 3;
-    const HOST: usize = 4;
+/// An endpoint of receive size `rx` under manual progress, its CQ (1,024 entries) and AV, and
+/// its own address inserted.
+fn rx_sized(rx: usize) -> (Domain, CompletionQueue, AddressVector, Endpoint, FiAddr) {
     let mut hints = Info {
         caps: CAPS,
         ..Default::default()
@@ -931,7 +922,7 @@ fn receives_a_device_posts_past_the_receive_size_are_answered_again() {
     hints.domain_attr.data_progress = Progress::Manual;
     hints.domain_attr.mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
     let mut info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints)).unwrap()[0].clone();
-    info.rx_attr.size = RX;
+    info.rx_attr.size = rx;
     let domain = xfabric::fabric(&info.fabric_attr)
         .unwrap()
         .domain(&info)
@@ -949,6 +940,69 @@ fn receives_a_device_posts_past_the_receive_size_are_answered_again() {
     ep.bind_av(&av).unwrap();
     ep.enable().unwrap();
     let me = av.insert_one(&ep.getname().unwrap()).unwrap();
+    (domain, cq, av, ep, me)
+}
+
+/// An error entry: its context, errno, `prov_errno` and words.
+type ErrEntry = (usize, i32, i32, String);
+
+/// Drives `ep` and reads `cq` until `ok` completions and `errs` error entries came: the
+/// completions' contexts, sorted, and the errors.
+fn completions(
+    ep: &Endpoint,
+    cq: &CompletionQueue,
+    ok: usize,
+    errs: usize,
+) -> (Vec<usize>, Vec<ErrEntry>) {
+    let (mut done, mut faults) = (Vec::new(), Vec::new());
+    let mut buf = [CqTaggedEntry::default(); 16];
+    let deadline = std::time::Instant::now() + completion_bound();
+    while done.len() < ok || faults.len() < errs {
+        ep.progress();
+        match cq.read(&mut buf) {
+            Ok(k) => done.extend(buf[..k].iter().map(|e| e.op_context)),
+            Err(Error::Avail) => {
+                let (e, why) = cq.readerr_data().unwrap();
+                let why = String::from_utf8_lossy(why.as_deref().unwrap_or_default());
+                faults.push((e.op_context, e.err, e.prov_errno, why.into_owned()));
+            }
+            Err(Error::Again(_)) => {}
+            Err(e) => panic!("cq read: {e}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{done:?} completed and {faults:?} failed"
+        );
+    }
+    done.sort_unstable();
+    (done, faults)
+}
+
+/// Drives `ep` a while, then checks that `cq` holds nothing, neither entry nor error.
+fn nothing_more(ep: &Endpoint, cq: &CompletionQueue) {
+    for _ in 0..64 {
+        ep.progress();
+    }
+    match cq.read(&mut [CqTaggedEntry::default(); 4]) {
+        Err(Error::Again(_)) => {}
+        Err(Error::Avail) => panic!("{:?}", cq.readerr_data()),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Receives XPUs' descriptors post are bounded by the receive context's size (`rx_attr.size`):
+/// one found with that many waiting unmatched is answered with an `FI_EAGAIN` error entry
+/// under its context (`XPU_FAULT_ROOM`), nothing posted, and the descriptors after it go on
+/// (a descriptor held instead would hold back the device's later sends, its "ready" to a
+/// peer among them). The application's own receives do not count against it, and room comes
+/// back as messages take the device's. Before, the host queued every one: a device posting
+/// receives in a loop grew the host's memory for as long as it ran.
+#[test]
+fn receives_a_device_posts_past_the_receive_size_are_answered_again() {
+    const RX: usize = 16;
+    const OVER: usize = 3;
+    const HOST: usize = 4;
+    let (domain, cq, av, ep, me) = rx_sized(RX);
     let dest = av.get_xpu_addr(me).unwrap();
     let x = ep.export_xpu_slots(Xpu::CPU, 64).unwrap();
     let mut host = vec![0u8; 8 * HOST];
@@ -979,61 +1033,94 @@ fn receives_a_device_posts_past_the_receive_size_are_answered_again() {
         dev::send(&x, sbuf.as_ptr().cast(), 8, sdesc, 0, dest, 500, 0, W),
         0
     );
-    // Reads completions and errors until `ok` and `errs` of them came.
-    let read = |ok: usize, errs: usize| {
-        let (mut done, mut faults) = (Vec::new(), Vec::new());
-        let mut buf = [CqTaggedEntry::default(); 16];
-        let deadline = std::time::Instant::now() + completion_bound();
-        while done.len() < ok || faults.len() < errs {
-            ep.progress();
-            match cq.read(&mut buf) {
-                Ok(k) => done.extend(buf[..k].iter().map(|e| e.op_context)),
-                Err(Error::Avail) => {
-                    let (e, why) = cq.readerr_data().unwrap();
-                    faults.push((e.op_context, e.err, e.prov_errno, why));
-                }
-                Err(Error::Again(_)) => {}
-                Err(e) => panic!("cq read: {e}"),
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{done:?} completed and {faults:?} failed"
-            );
-        }
-        done.sort_unstable();
-        (done, faults)
-    };
     // The send, and the host's first receive it landed in.
-    let (done, faults) = read(2, OVER);
+    let (done, faults) = completions(&ep, &cq, 2, OVER);
     assert_eq!(done, [500, 1000], "completions");
     let answered: Vec<_> = faults.iter().map(|f| (f.0, f.1, f.2)).collect();
     let want: Vec<_> = (RX..RX + OVER)
         .map(|c| (c, errno::FI_EAGAIN, XPU_FAULT_ROOM))
         .collect();
     assert_eq!(answered, want, "the receives past rx_attr.size: {faults:?}");
-    let why = String::from_utf8_lossy(faults[0].3.as_deref().unwrap_or_default()).into_owned();
-    assert!(why.contains("rx_attr.size 16"), "{why}");
+    assert!(faults[0].3.contains("rx_attr.size 16"), "{}", faults[0].3);
     // Ten messages past the host's receives take ten of the device's, and as many more go on.
-    for i in 0..(HOST - 1 + 10) as u64 {
-        ep.inject(&i.to_le_bytes(), me).unwrap();
-    }
-    let (done, _) = read(HOST - 1 + 10, 0);
+    let inject = |n: usize| {
+        for i in 0..n as u64 {
+            ep.inject(&i.to_le_bytes(), me).unwrap();
+        }
+    };
+    inject(HOST - 1 + 10);
+    let (done, _) = completions(&ep, &cq, HOST - 1 + 10, 0);
     let want: Vec<_> = (0..10).chain(1001..1000 + HOST).collect();
     assert_eq!(done, want, "completions");
     for ctx in 100..110 {
         post(ctx);
     }
-    for _ in 0..64 {
-        ep.progress();
-    }
-    match cq.read(&mut [CqTaggedEntry::default(); 4]) {
-        Err(Error::Again(_)) => {}
-        Err(Error::Avail) => panic!("{:?}", cq.readerr_data()),
-        other => panic!("{other:?}"),
-    }
+    nothing_more(&ep, &cq);
+    // Posted behind the six left: messages reach them in order.
+    inject(6 + 10);
+    let (done, _) = completions(&ep, &cq, 6 + 10, 0);
+    let want: Vec<_> = (10..RX).chain(100..110).collect();
+    assert_eq!(done, want, "completions");
     ep.close().unwrap();
     drop((rmr, smr));
     drop((rbuf, sbuf, host));
+}
+
+/// At the bound, a device's receive that takes a message already buffered is posted, not
+/// answered "again" (it frees what the host holds; refused, a device that cannot cancel its
+/// waiting receives could wait for good on a peer that sends only once that message is
+/// taken). And a receive size of 0 is the provider's default, as for transmits, not a bound
+/// of one.
+#[test]
+fn a_device_receive_at_the_bound_that_takes_a_buffered_message_is_posted() {
+    let (domain, cq, av, ep, me) = rx_sized(2);
+    let _ = av;
+    let x = ep.export_xpu_slots(Xpu::CPU, 64).unwrap();
+    let rbuf = vec![0u8; 8 * 64];
+    // SAFETY: `rbuf` outlives its region (dropped first); the receives end at the close.
+    let rmr = unsafe { domain.mr_reg(&rbuf, FI_RECV, 0, 0) }.unwrap();
+    let rdesc = rmr.get_xpu_desc().unwrap();
+    let post = |x: &XpuEp, ctx: usize, tag: u64| {
+        let b = (rbuf.as_ptr() as usize + (ctx % 64) * 8) as *mut c_void;
+        assert_eq!(
+            dev::trecv(x, b, 8, rdesc, FI_ADDR_UNSPEC, tag, 0, ctx, 0, W),
+            0,
+            "fi_xpu_trecv {ctx}"
+        );
+    };
+    post(&x, 1, 7);
+    post(&x, 2, 7);
+    nothing_more(&ep, &cq);
+    ep.tinject(&9u64.to_le_bytes(), me, 9).unwrap();
+    nothing_more(&ep, &cq);
+    post(&x, 3, 9);
+    post(&x, 4, 8);
+    let (done, faults) = completions(&ep, &cq, 1, 1);
+    assert_eq!(done, [3], "the receive taking the buffered message");
+    assert_eq!(
+        (faults[0].0, faults[0].1, faults[0].2),
+        (4, errno::FI_EAGAIN, XPU_FAULT_ROOM),
+        "{faults:?}"
+    );
+    ep.tinject(&7u64.to_le_bytes(), me, 7).unwrap();
+    ep.tinject(&7u64.to_le_bytes(), me, 7).unwrap();
+    assert_eq!(completions(&ep, &cq, 2, 0).0, [1, 2]);
+    ep.close().unwrap();
+    drop(x);
+
+    let (domain, cq, _av, ep, _me) = rx_sized(0);
+    let x = ep.export_xpu_slots(Xpu::CPU, 64).unwrap();
+    // SAFETY: as above.
+    let rmr0 = unsafe { domain.mr_reg(&rbuf, FI_RECV, 0, 0) }.unwrap();
+    let rdesc = rmr0.get_xpu_desc().unwrap();
+    for ctx in 0..40 {
+        let b = (rbuf.as_ptr() as usize + ctx * 8) as *mut c_void;
+        assert_eq!(dev::recv(&x, b, 8, rdesc, FI_ADDR_UNSPEC, ctx, 0, W), 0);
+    }
+    nothing_more(&ep, &cq);
+    ep.close().unwrap();
+    drop((rmr, rmr0));
+    drop(rbuf);
 }
 
 /// Under manual progress a thread in `fi_wait` on a wait set is the watcher of what its

@@ -438,6 +438,16 @@ impl<U> RecvQueue<U> {
         q.iter().any(|r| r.accepts(src, tag, self.directed))
     }
 
+    /// Whether posting `r` now would take a buffered message (nothing changes).
+    pub fn takes_buffered(&self, r: &PostedRecv) -> bool {
+        let q = if r.tagged() {
+            &self.unexp_tag
+        } else {
+            &self.unexp_msg
+        };
+        q.iter().any(|u| r.accepts(u.src, u.tag, self.directed))
+    }
+
     /// Buffers an arrival no receive took.
     pub fn push_unexpected(&mut self, tagged: bool, u: Unexpected<U>) {
         self.held = self.held.saturating_add(u.held);

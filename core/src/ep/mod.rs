@@ -145,9 +145,12 @@ pub trait EndpointOps: ProgressSource {
     /// `r.iov` must stay writable, and not otherwise accessed, until the receive completes or
     /// is canceled.
     unsafe fn recv(&self, r: PostedRecv) -> Result<()>;
-    /// Receives posted by XPUs' descriptors (`PostedRecv::from_xpu`) and not yet matched,
-    /// where the provider counts them (`None`: it does not, and nothing bounds them).
-    fn xpu_recvs_posted(&self) -> Option<usize> {
+    /// Whether receive `r`, from an XPU's descriptor, must be refused for room: the receives
+    /// descriptors posted and not yet matched fill the receive context (`rx_attr.size`, the
+    /// provider's default where 0), and `r` would not take a buffered message now. Refused:
+    /// `Some((posted, bound))`. The default counts nothing and refuses nothing.
+    fn xpu_recv_refused(&self, r: &PostedRecv) -> Option<(usize, usize)> {
+        let _ = r;
         None
     }
     /// Starts an RMA read or write.
@@ -237,7 +240,7 @@ pub struct EpCore {
     /// `Again` past it.
     pub tx_size: usize,
     /// Receives the receive context holds at once (`rx_attr.size`): what bounds the receives
-    /// XPUs' descriptors keep posted (`EpPort::xpu_action`).
+    /// XPUs' descriptors keep posted (`EndpointOps::xpu_recv_refused`).
     pub rx_size: usize,
     /// Largest message.
     pub max_msg_size: usize,

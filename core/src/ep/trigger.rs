@@ -112,14 +112,13 @@ impl Port for EpPort {
         seen: &mut crate::xpu::Checked,
     ) -> Result<Action, crate::xpu::Fault> {
         let action = crate::xpu::action(&self.core, seen, d)?;
-        if let Action::Recv(_) = action {
+        if let Action::Recv(r) = &action {
             // A device posting receives in a loop must not grow the host's queue without
             // end. Past the bound the descriptor is answered with an error entry, not held:
             // a held one would hold back every later descriptor of the endpoint (its order
             // is kept), the device's "ready" to a peer among them. Only descriptors' receives
             // count: the application's own it bounds itself.
-            let bound = self.core.rx_size.max(1);
-            if let Some(n) = self.ops.xpu_recvs_posted().filter(|&n| n >= bound) {
+            if let Some((n, bound)) = self.ops.xpu_recv_refused(r) {
                 return Err(crate::xpu::room_fault(d.opcode, n, bound));
             }
         }

@@ -437,6 +437,11 @@ impl Engine {
         self.rxq.xpu_posted()
     }
 
+    /// Whether posting `r` now would take a buffered message (nothing changes).
+    pub fn takes_buffered(&self, r: &PostedRecv) -> bool {
+        self.rxq.takes_buffered(r)
+    }
+
     /// Whether completions wait to be taken (`take_done`).
     pub fn has_done(&self) -> bool {
         !self.done.is_empty()

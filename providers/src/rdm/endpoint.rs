@@ -50,6 +50,16 @@ pub fn tx_max(core: &EpCore) -> usize {
     }
 }
 
+/// Receives posted by XPUs' descriptors the engine keeps waiting before it refuses more
+/// (`EndpointOps::xpu_recv_refused`): the endpoint's `rx_size`, with `tx_max`'s default.
+fn rx_max(core: &EpCore) -> usize {
+    if core.rx_size == 0 {
+        1024
+    } else {
+        core.rx_size
+    }
+}
+
 struct State<W> {
     engine: Engine,
     net: W,
@@ -408,8 +418,12 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
         r
     }
 
-    fn xpu_recvs_posted(&self) -> Option<usize> {
-        Some(self.lock().engine.xpu_recvs_posted())
+    fn xpu_recv_refused(&self, r: &PostedRecv) -> Option<(usize, usize)> {
+        let bound = rx_max(&self.core);
+        let st = self.lock();
+        let n = st.engine.xpu_recvs_posted();
+        // One that takes a buffered message frees memory rather than holding more.
+        (n >= bound && !st.engine.takes_buffered(r)).then_some((n, bound))
     }
 
     unsafe fn recv(&self, r: PostedRecv) -> Result<()> {
