@@ -385,7 +385,16 @@ run_pair() {
         return 1
     fi
     read -r _ _ _ _ _ mbps usec mxfers <<<"$row"
+    usec=$(precise_usec "$size" "$mbps" "$usec")
     return 0
+}
+
+# precise_usec SIZE MBPS USEC: usec per one-way transfer to four decimals, from MB/sec where
+# there is one. Both programs print usec/xfer to two decimals, 4% of an 8-byte transfer here
+# (0.23 or 0.24 decided the C ABI's goal), and MB/sec, which is SIZE over the same time, to four
+# or more significant digits.
+precise_usec() {
+    awk -v s="$1" -v m="$2" -v u="$3" 'BEGIN { if (m + 0 > 0) printf "%.4f", s / m; else print u }'
 }
 
 # probe_run PROBE SIZE ITERS: one run of tcp_pingpong, tcp_stream or line_pingpong
@@ -404,6 +413,7 @@ probe_run() {
         # "SIZE bytes x ITERS: usec/msg USEC MB/s MBPS"
         tcp_stream) read -r _ _ _ _ _ usec _ mbps <<<"$out" ;;
     esac
+    usec=$(precise_usec "$2" "$mbps" "$usec")
 }
 
 # measure IMPL SIZE ITERS: one run of the comparison; IMPL is libfabric, ours, c-abi, or a
