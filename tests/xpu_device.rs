@@ -910,11 +910,20 @@ fn sends_left_at_close_are_canceled_one_by_one_beside_a_full_receive_cq() {
     drop((good, hidden_buf));
 }
 
-/// An endpoint of receive size `rx` under manual progress, its CQ (1,024 entries) and AV, and
-/// its own address inserted.
-fn rx_sized(rx: usize) -> (Domain, CompletionQueue, AddressVector, Endpoint, FiAddr) {
+/// An endpoint of receive size `rx` with `caps`, under manual progress, its CQ (1,024
+/// entries) and AV, and its own address inserted.
+struct Sized {
+    info: Info,
+    domain: Domain,
+    cq: CompletionQueue,
+    av: AddressVector,
+    ep: Endpoint,
+    me: FiAddr,
+}
+
+fn rx_sized(rx: usize, caps: u64) -> Sized {
     let mut hints = Info {
-        caps: CAPS,
+        caps,
         ..Default::default()
     };
     hints.fabric_attr.prov_name = Some(test_provider());
@@ -940,7 +949,14 @@ fn rx_sized(rx: usize) -> (Domain, CompletionQueue, AddressVector, Endpoint, FiA
     ep.bind_av(&av).unwrap();
     ep.enable().unwrap();
     let me = av.insert_one(&ep.getname().unwrap()).unwrap();
-    (domain, cq, av, ep, me)
+    Sized {
+        info,
+        domain,
+        cq,
+        av,
+        ep,
+        me,
+    }
 }
 
 /// An error entry: its context, errno, `prov_errno` and words.
@@ -1002,7 +1018,14 @@ fn receives_a_device_posts_past_the_receive_size_are_answered_again() {
     const RX: usize = 16;
     const OVER: usize = 3;
     const HOST: usize = 4;
-    let (domain, cq, av, ep, me) = rx_sized(RX);
+    let Sized {
+        domain,
+        cq,
+        av,
+        ep,
+        me,
+        ..
+    } = rx_sized(RX, CAPS);
     let dest = av.get_xpu_addr(me).unwrap();
     let x = ep.export_xpu_slots(Xpu::CPU, 64).unwrap();
     let mut host = vec![0u8; 8 * HOST];
@@ -1066,35 +1089,39 @@ fn receives_a_device_posts_past_the_receive_size_are_answered_again() {
     drop((rbuf, sbuf, host));
 }
 
+/// Posts a tagged receive of 8 bytes from `src` into slot `ctx % 64` of the region whose XPU
+/// descriptor is `desc` at `base`; the ring takes it.
+fn trecv8(x: &XpuEp, base: usize, desc: u64, src: u64, ctx: usize, tag: u64) {
+    let b = (base + (ctx % 64) * 8) as *mut c_void;
+    assert_eq!(
+        dev::trecv(x, b, 8, desc, src, tag, 0, ctx, 0, W),
+        0,
+        "fi_xpu_trecv {ctx}"
+    );
+}
+
 /// At the bound, a device's receive that takes a message already buffered is posted, not
 /// answered "again" (it frees what the host holds; refused, a device that cannot cancel its
 /// waiting receives could wait for good on a peer that sends only once that message is
-/// taken). And a receive size of 0 is the provider's default, as for transmits, not a bound
-/// of one.
+/// taken).
 #[test]
 fn a_device_receive_at_the_bound_that_takes_a_buffered_message_is_posted() {
-    let (domain, cq, av, ep, me) = rx_sized(2);
-    let _ = av;
+    let Sized {
+        domain, cq, ep, me, ..
+    } = rx_sized(2, CAPS);
     let x = ep.export_xpu_slots(Xpu::CPU, 64).unwrap();
     let rbuf = vec![0u8; 8 * 64];
     // SAFETY: `rbuf` outlives its region (dropped first); the receives end at the close.
     let rmr = unsafe { domain.mr_reg(&rbuf, FI_RECV, 0, 0) }.unwrap();
     let rdesc = rmr.get_xpu_desc().unwrap();
-    let post = |x: &XpuEp, ctx: usize, tag: u64| {
-        let b = (rbuf.as_ptr() as usize + (ctx % 64) * 8) as *mut c_void;
-        assert_eq!(
-            dev::trecv(x, b, 8, rdesc, FI_ADDR_UNSPEC, tag, 0, ctx, 0, W),
-            0,
-            "fi_xpu_trecv {ctx}"
-        );
-    };
-    post(&x, 1, 7);
-    post(&x, 2, 7);
+    let base = rbuf.as_ptr() as usize;
+    trecv8(&x, base, rdesc, FI_ADDR_UNSPEC, 1, 7);
+    trecv8(&x, base, rdesc, FI_ADDR_UNSPEC, 2, 7);
     nothing_more(&ep, &cq);
     ep.tinject(&9u64.to_le_bytes(), me, 9).unwrap();
     nothing_more(&ep, &cq);
-    post(&x, 3, 9);
-    post(&x, 4, 8);
+    trecv8(&x, base, rdesc, FI_ADDR_UNSPEC, 3, 9);
+    trecv8(&x, base, rdesc, FI_ADDR_UNSPEC, 4, 8);
     let (done, faults) = completions(&ep, &cq, 1, 1);
     assert_eq!(done, [3], "the receive taking the buffered message");
     assert_eq!(
@@ -1107,19 +1134,98 @@ fn a_device_receive_at_the_bound_that_takes_a_buffered_message_is_posted() {
     assert_eq!(completions(&ep, &cq, 2, 0).0, [1, 2]);
     ep.close().unwrap();
     drop(x);
+    drop(rmr);
+    drop(rbuf);
+}
 
-    let (domain, cq, _av, ep, _me) = rx_sized(0);
+/// The same with a directed receive for a message whose sender was not in the AV when it
+/// came, inserted since: the message is that sender's (the check learns the AV's new
+/// addresses first, as a post does), and the receive takes it.
+#[test]
+fn a_directed_device_receive_at_the_bound_takes_a_message_from_a_sender_inserted_since() {
+    let Sized {
+        info,
+        domain,
+        cq,
+        av,
+        ep,
+        ..
+    } = rx_sized(2, CAPS | FI_DIRECTED_RECV);
+    // The sender: an endpoint of the same domain that knows the receiver; the receiver's
+    // AV does not hold it yet.
+    let scq = domain
+        .cq_open(&CqAttr {
+            format: CqFormat::Tagged,
+            ..Default::default()
+        })
+        .unwrap();
+    let sav = domain.av_open(&AvAttr::default()).unwrap();
+    let sender = domain.endpoint(&info).unwrap();
+    sender.bind_cq(&scq, FI_TRANSMIT | FI_RECV).unwrap();
+    sender.bind_av(&sav).unwrap();
+    sender.enable().unwrap();
+    let to_rx = sav.insert_one(&ep.getname().unwrap()).unwrap();
     let x = ep.export_xpu_slots(Xpu::CPU, 64).unwrap();
-    // SAFETY: as above.
-    let rmr0 = unsafe { domain.mr_reg(&rbuf, FI_RECV, 0, 0) }.unwrap();
-    let rdesc = rmr0.get_xpu_desc().unwrap();
-    for ctx in 0..40 {
-        let b = (rbuf.as_ptr() as usize + ctx * 8) as *mut c_void;
-        assert_eq!(dev::recv(&x, b, 8, rdesc, FI_ADDR_UNSPEC, ctx, 0, W), 0);
+    let rbuf = vec![0u8; 8 * 64];
+    // SAFETY: `rbuf` outlives its region (dropped first); the receives end at the close.
+    let rmr = unsafe { domain.mr_reg(&rbuf, FI_RECV, 0, 0) }.unwrap();
+    let rdesc = rmr.get_xpu_desc().unwrap();
+    let base = rbuf.as_ptr() as usize;
+    trecv8(&x, base, rdesc, FI_ADDR_UNSPEC, 1, 7);
+    trecv8(&x, base, rdesc, FI_ADDR_UNSPEC, 2, 7);
+    nothing_more(&ep, &cq);
+    sender.tinject(&9u64.to_le_bytes(), to_rx, 9).unwrap();
+    // Taken in and buffered, its source not yet an address of the receiver's.
+    for _ in 0..64 {
+        sender.progress();
+        ep.progress();
     }
     nothing_more(&ep, &cq);
+    let from = av.insert_one(&sender.getname().unwrap()).unwrap();
+    let src = av.get_xpu_addr(from).unwrap();
+    trecv8(&x, base, rdesc, src, 3, 9);
+    let (done, _) = completions(&ep, &cq, 1, 0);
+    assert_eq!(
+        done,
+        [3],
+        "the directed receive taking the buffered message"
+    );
     ep.close().unwrap();
-    drop((rmr, rmr0));
+    sender.close().unwrap();
+    drop(x);
+    drop(rmr);
+    drop(rbuf);
+}
+
+/// A receive size of 0 is the provider's default (1,024), as for transmits: the device
+/// keeps that many posted, and no more.
+#[test]
+fn a_receive_size_of_zero_bounds_device_receives_at_the_default() {
+    const DEFAULT: usize = 1024;
+    let Sized { domain, cq, ep, .. } = rx_sized(0, CAPS);
+    let x = ep.export_xpu_slots(Xpu::CPU, 64).unwrap();
+    let rbuf = vec![0u8; 8 * 64];
+    // SAFETY: `rbuf` outlives its region (dropped first); the receives end at the close.
+    let rmr = unsafe { domain.mr_reg(&rbuf, FI_RECV, 0, 0) }.unwrap();
+    let rdesc = rmr.get_xpu_desc().unwrap();
+    let base = rbuf.as_ptr() as usize;
+    for ctx in 0..DEFAULT + 2 {
+        let b = (base + (ctx % 64) * 8) as *mut c_void;
+        until_taken(|| {
+            ep.progress();
+            dev::recv(&x, b, 8, rdesc, FI_ADDR_UNSPEC, ctx, 0, W)
+        });
+    }
+    let (_, faults) = completions(&ep, &cq, 0, 2);
+    let answered: Vec<_> = faults.iter().map(|f| (f.0, f.2)).collect();
+    assert_eq!(
+        answered,
+        [(DEFAULT, XPU_FAULT_ROOM), (DEFAULT + 1, XPU_FAULT_ROOM)]
+    );
+    nothing_more(&ep, &cq);
+    ep.close().unwrap();
+    drop(x);
+    drop(rmr);
     drop(rbuf);
 }
 

@@ -420,10 +420,19 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
 
     fn xpu_recv_refused(&self, r: &PostedRecv) -> Option<(usize, usize)> {
         let bound = rx_max(&self.core);
-        let st = self.lock();
+        let mut st = self.lock();
         let n = st.engine.xpu_recvs_posted();
-        // One that takes a buffered message frees memory rather than holding more.
-        (n >= bound && !st.engine.takes_buffered(r)).then_some((n, bound))
+        if n < bound {
+            return None;
+        }
+        // One that takes a buffered message frees memory rather than holding more. Buffered
+        // messages of senders inserted into the AV since they came are theirs, as `recv`
+        // matches them.
+        let State {
+            engine, sources, ..
+        } = &mut *st;
+        sources.refresh(engine, &self.core);
+        (!engine.takes_buffered(r)).then_some((n, bound))
     }
 
     unsafe fn recv(&self, r: PostedRecv) -> Result<()> {
