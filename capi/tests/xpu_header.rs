@@ -91,6 +91,7 @@ fn checks() -> Vec<(String, u64)> {
         slots,
         mask,
         format,
+        overrun,
         tail,
         head
     );

@@ -548,6 +548,8 @@ impl XpuWatch {
         if link.closed() {
             return Err(Error::OpBadState(format!("{what}: endpoint is closed")));
         }
+        // Checked whether or not a ring exists: a size refused once is refused again.
+        crate::xpu::ring::check_slots(slots)?;
         if let Some(r) = rings.iter().find(|r| r.xpu == xpu) {
             return Ok(r.ring.clone());
         }

@@ -354,7 +354,12 @@ pub struct CqRingHeader {
     /// The queue's `enum fi_cq_format`: what a device's `fi_xpu_cq_read` writes (its header
     /// cannot know the format otherwise; C device code reads it, the host never does).
     pub format: u32,
-    _pad0: [u8; 36],
+    /// 1 once the queue overran (under `FI_RM_DISABLED`, completions past the queue's size
+    /// and the ring's were dropped): written by the host after the last entry from before
+    /// the overrun, so a read that finds it set and then no entry has taken them all
+    /// (`fi_xpu_cq_read` then answers `-FI_EOVERRUN`, as `fi_cq_read` does).
+    pub overrun: AtomicU32,
+    _pad0: [u8; 32],
     /// Next position the host writes (host only).
     pub tail: AtomicU64,
     _pad1: [u8; 56],
@@ -368,6 +373,7 @@ const _: () = {
     assert!(offset_of!(CqRingHeader, slots) == 8);
     assert!(offset_of!(CqRingHeader, mask) == 16);
     assert!(offset_of!(CqRingHeader, format) == 24);
+    assert!(offset_of!(CqRingHeader, overrun) == 28);
     assert!(offset_of!(CqRingHeader, tail) == 64);
     assert!(offset_of!(CqRingHeader, head) == 128);
 };
@@ -380,7 +386,8 @@ impl CqRingHeader {
             slots,
             mask: capacity - 1,
             format,
-            _pad0: [0; 36],
+            overrun: AtomicU32::new(0),
+            _pad0: [0; 32],
             tail: AtomicU64::new(0),
             _pad1: [0; 56],
             head: AtomicU64::new(0),

@@ -150,6 +150,15 @@ impl CqExport {
         self.header().tail.store(e.seq, Ordering::Release);
     }
 
+    /// The queue overran and every entry from before it was put: an XPU's read that finds
+    /// the ring empty answers `-FI_EOVERRUN` from now on.
+    pub(crate) fn mark_overrun(&self) {
+        let h = &self.header().overrun;
+        if h.load(Ordering::Relaxed) == 0 {
+            h.store(1, Ordering::Release);
+        }
+    }
+
     /// Appends a success entry (the caller checked `room`, under the queue's lock).
     pub(crate) fn put_ok(&self, e: &CqTaggedEntry, src: FiAddr) {
         self.put(XpuCqEntry {

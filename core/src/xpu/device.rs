@@ -37,7 +37,9 @@ use super::cntr::XpuCntr;
 use super::cq::{CqExport, XpuCq};
 use super::ep::XpuEp;
 use super::ring::{Claim, DescRing};
-use crate::consts::errno::{FI_EAGAIN, FI_EAVAIL, FI_EINVAL, FI_EOPNOTSUPP, FI_ETIMEDOUT};
+use crate::consts::errno::{
+    FI_EAGAIN, FI_EAVAIL, FI_EINVAL, FI_EOPNOTSUPP, FI_EOVERRUN, FI_ESHUTDOWN, FI_ETIMEDOUT,
+};
 use crate::entry::{CqErrEntry, CqFormatEntry, CqTaggedEntry, FiAddr};
 
 fn scope_ok(scope: i32) -> bool {
@@ -389,9 +391,10 @@ pub fn cntr_readerr(cntr: &XpuCntr, _scope: i32) -> u64 {
 }
 
 /// `fi_xpu_cntr_wait`: spins on the mirror until the success value reaches `threshold`
-/// (0), the error value changes from what it was at the call (`-FI_EAVAIL`), or `timeout`
-/// ms pass (`-FI_ETIMEDOUT`; a negative `timeout` waits without limit). Upstream's call
-/// returns nothing; this one says which of the three ended it.
+/// (0), the error value changes from what it was at the call (`-FI_EAVAIL`), the counter
+/// closes (`-FI_ESHUTDOWN`: its values change no more), or `timeout` ms pass
+/// (`-FI_ETIMEDOUT`; a negative `timeout` waits without limit). Upstream's call returns
+/// nothing; this one says which ended it.
 pub fn cntr_wait(cntr: &XpuCntr, threshold: u64, timeout: i32, scope: i32) -> i32 {
     if !scope_ok(scope) {
         return -FI_EINVAL;
@@ -401,6 +404,8 @@ pub fn cntr_wait(cntr: &XpuCntr, threshold: u64, timeout: i32, scope: i32) -> i3
     let until = u64::try_from(timeout)
         .ok()
         .map(|ms| Instant::now() + Duration::from_millis(ms));
+    // The counter's ring, closed when the counter goes: its values stop changing then.
+    let state = &cntr.ring().header().state;
     let mut spins = 0u32;
     loop {
         if m.value.load(Ordering::Acquire) >= threshold {
@@ -408,6 +413,9 @@ pub fn cntr_wait(cntr: &XpuCntr, threshold: u64, timeout: i32, scope: i32) -> i3
         }
         if m.err.load(Ordering::Acquire) != err0 {
             return -FI_EAVAIL;
+        }
+        if state.load(Ordering::Acquire) != super::abi::RING_OPEN {
+            return -FI_ESHUTDOWN;
         }
         if until.is_some_and(|u| Instant::now() >= u) {
             return -FI_ETIMEDOUT;
@@ -484,6 +492,9 @@ fn cq_take(
     let h = cq.header();
     let mut pumped = false;
     loop {
+        // Read before the slots: set, it was written after every entry from before the
+        // overrun, so finding no entry then means none of those is left.
+        let overrun = h.overrun.load(Ordering::Acquire) != 0;
         let head = h.head.load(Ordering::Acquire);
         let mut n = 0usize;
         while n < max {
@@ -515,6 +526,9 @@ fn cq_take(
                 cq.pump();
                 continue;
             }
+            if overrun && !want_err {
+                return -(FI_EOVERRUN as isize);
+            }
             return -(FI_EAGAIN as isize);
         }
         // Claimed only if no other thread moved the head meanwhile (then the host may have
@@ -545,7 +559,10 @@ fn tagged(e: &XpuCqEntry) -> CqTaggedEntry {
 }
 
 /// `fi_xpu_cq_read`: up to `buf.len()` success entries, in the CQ's format `E`; `-FI_EAGAIN`
-/// when none is there, `-FI_EAVAIL` when an error entry is next (`cq_readerr` takes it).
+/// when none is there, `-FI_EAVAIL` when an error entry is next (`cq_readerr` takes it),
+/// `-FI_EOVERRUN` when none is there and the queue overran (under `FI_RM_DISABLED`,
+/// completions past its size and the ring's were dropped; every entry from before it was
+/// read).
 pub fn cq_read<E: CqFormatEntry>(cq: &XpuCq, buf: &mut [E], scope: i32) -> isize {
     if !scope_ok(scope) {
         return -(FI_EINVAL as isize);

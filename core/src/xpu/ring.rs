@@ -114,6 +114,17 @@ impl Left {
     }
 }
 
+/// Whether `slots` is a size a descriptor ring may have: a power of two within
+/// `RING_MIN_SLOTS..=RING_MAX_SLOTS`.
+pub(crate) fn check_slots(slots: usize) -> Result<()> {
+    if !(RING_MIN_SLOTS..=RING_MAX_SLOTS).contains(&slots) || !slots.is_power_of_two() {
+        return Err(Error::Inval(format!(
+            "export_xpu: {slots} ring slots; a power of two from {RING_MIN_SLOTS} to {RING_MAX_SLOTS}"
+        )));
+    }
+    Ok(())
+}
+
 impl DescRing {
     /// A ring of `slots` slots (a power of two within the limits) for `xpu`, in memory from
     /// `alloc` (heap memory for the CPU XPU).
@@ -123,11 +134,7 @@ impl DescRing {
         alloc: Option<&dyn XpuMemAlloc>,
     ) -> Result<Arc<DescRing>> {
         let what = "export_xpu";
-        if !(RING_MIN_SLOTS..=RING_MAX_SLOTS).contains(&slots) || !slots.is_power_of_two() {
-            return Err(Error::Inval(format!(
-                "{what}: {slots} ring slots; a power of two from {RING_MIN_SLOTS} to {RING_MAX_SLOTS}"
-            )));
-        }
+        check_slots(slots)?;
         // Within RING_MAX_SLOTS: 48 MiB and a header, no overflow.
         let len = SLOTS_AT + slots * std::mem::size_of::<DescSlot>();
         let mem = Block::new(what, xpu, alloc, len)?;

@@ -186,6 +186,11 @@ fn exported_handles_carry_xfabrics_provider_id_and_shared_block() {
     // Same XPU: the same ring.
     let again = n.ep.export_xpu_slots(Xpu::CPU, 8).unwrap();
     assert_eq!(again.fid().prov_ctx, x.fid().prov_ctx);
+    // A size refused on a first export is refused on a later one too.
+    assert!(matches!(
+        n.ep.export_xpu_slots(Xpu::CPU, 3),
+        Err(crate::error::Error::Inval(_))
+    ));
     let gpu = Xpu {
         iface: crate::hmem_iface::Iface::Cuda,
         device: 0,
@@ -1056,6 +1061,8 @@ fn a_closed_counter_ring_is_never_ready_again() {
     let xc = c.export_xpu(Xpu::CPU).unwrap();
     drop(c);
     assert_eq!(dev::cntr_add(&xc, 1, W), -FI_ESHUTDOWN, "closed to the XPU");
+    // A wait on it ends: its values change no more (it spun for good without a limit).
+    assert_eq!(dev::cntr_wait(&xc, 1, 10_000, W), -FI_ESHUTDOWN);
     let r = xc.ring();
     let head = r.head();
     r.seq_word(head)
@@ -1161,6 +1168,58 @@ fn an_exported_cq_without_a_watcher_delivers_what_did_not_fit() {
         }
     }
     assert_eq!(got, vec![100, 101, 102, 103, 104]);
+}
+
+/// Under `FI_RM_DISABLED` completions past the queue's size and its ring's are dropped, as
+/// for any queue: the XPU reading the ring is told once it has read every entry from before
+/// the overrun (`-FI_EOVERRUN`, as `fi_cq_read` answers), where it read `-FI_EAGAIN` for good.
+#[test]
+fn an_exported_cq_that_overran_says_so_to_its_xpu() {
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let mut info = w.domain.info().clone();
+    info.caps = crate::trigger::testkit::ALL_CAPS;
+    let ep = w.domain.endpoint(&info).unwrap();
+    let cq = w
+        .domain
+        .cq_open(&CqAttr {
+            format: CqFormat::Tagged,
+            size: 4,
+            ..Default::default()
+        })
+        .unwrap();
+    let av = w.domain.av_open(&AvAttr::default()).unwrap();
+    let peer = av.insert_one(b"peer").unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    let q = cq.export_xpu_slots(Xpu::CPU, 2).unwrap();
+    let buf = vec![0u8; 8];
+    for i in 0..10 {
+        // SAFETY: `buf` outlives the sends (completed inline).
+        unsafe { ep.send(&buf, None, peer, 100 + i) }.unwrap();
+    }
+    let mut got = Vec::new();
+    let mut two = [CqTaggedEntry::default(); 2];
+    let mut last = 0;
+    for _ in 0..20 {
+        last = dev::cq_read(&q, &mut two, W);
+        if last > 0 {
+            got.extend(two[..last as usize].iter().map(|e| e.op_context));
+        } else if last == -(FI_EOVERRUN as isize) {
+            break;
+        } else {
+            assert_eq!(last, -(FI_EAGAIN as isize));
+        }
+    }
+    assert_eq!(last, -(FI_EOVERRUN as isize), "read {got:?}");
+    // The entries from before the overrun, in order, none skipped.
+    let want: Vec<usize> = (100..100 + got.len()).collect();
+    assert_eq!(got, want);
+    assert!((4..10).contains(&got.len()), "{got:?}");
+    // And it stays so.
+    assert_eq!(dev::cq_read(&q, &mut two, W), -(FI_EOVERRUN as isize));
+    assert!(matches!(cq.read(&mut two), Err(crate::Error::Overrun)));
 }
 
 #[test]

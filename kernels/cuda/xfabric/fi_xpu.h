@@ -96,7 +96,7 @@ int fi_mr_get_xpu_desc(struct fid_mr *mr, void *buf, size_t *len);
 XF_XPU_ASSERT(XF_XPU_EAGAIN == FI_EAGAIN && XF_XPU_EINVAL == FI_EINVAL &&
 		      XF_XPU_ENOSYS == FI_ENOSYS && XF_XPU_EOPNOTSUPP == FI_EOPNOTSUPP &&
 		      XF_XPU_ESHUTDOWN == FI_ESHUTDOWN && XF_XPU_ETIMEDOUT == FI_ETIMEDOUT &&
-		      XF_XPU_EAVAIL == FI_EAVAIL,
+		      XF_XPU_EAVAIL == FI_EAVAIL && XF_XPU_EOVERRUN == FI_EOVERRUN,
 	      "XF_XPU_E* are libfabric's FI_E* numbers");
 XF_XPU_ASSERT(XF_XPU_CLASS_EP == FI_CLASS_EP && XF_XPU_CLASS_CQ == FI_CLASS_CQ &&
 		      XF_XPU_CLASS_CNTR == FI_CLASS_CNTR,

@@ -97,6 +97,7 @@ struct fid_xpu_cntr {
 #define XF_XPU_ESHUTDOWN 108
 #define XF_XPU_ETIMEDOUT 110
 #define XF_XPU_EAVAIL 259
+#define XF_XPU_EOVERRUN 268
 
 /* FI_ADDR_UNSPEC: a receive from anyone. */
 #define XF_XPU_ADDR_UNSPEC (~(xf_u64)0)
@@ -226,7 +227,8 @@ struct XF_XPU_ALIGN64 xf_xpu_cq_ring {
 	xf_u64 slots;   /* address of slot 0 as the XPU sees it */
 	xf_u64 mask;    /* slots - 1 */
 	xf_u32 format;  /* the queue's enum fi_cq_format: what fi_xpu_cq_read writes */
-	xf_u8 pad0[36];
+	xf_u32 overrun; /* 1 once the queue overran, written after every entry from before it */
+	xf_u8 pad0[32];
 	xf_u64 tail; /* next position the host writes (host only) */
 	xf_u8 pad1[56];
 	xf_u64 head; /* next position an XPU reads (compare-and-swap) */
@@ -325,6 +327,7 @@ XF_XPU_ASSERT(sizeof(struct xf_xpu_cq_ring) == 192, "struct xf_xpu_cq_ring");
 XF_XPU_ASSERT_OFFSET(struct xf_xpu_cq_ring, slots, 8, "xf_xpu_cq_ring.slots");
 XF_XPU_ASSERT_OFFSET(struct xf_xpu_cq_ring, mask, 16, "xf_xpu_cq_ring.mask");
 XF_XPU_ASSERT_OFFSET(struct xf_xpu_cq_ring, format, 24, "xf_xpu_cq_ring.format");
+XF_XPU_ASSERT_OFFSET(struct xf_xpu_cq_ring, overrun, 28, "xf_xpu_cq_ring.overrun");
 XF_XPU_ASSERT_OFFSET(struct xf_xpu_cq_ring, tail, 64, "xf_xpu_cq_ring.tail");
 XF_XPU_ASSERT_OFFSET(struct xf_xpu_cq_ring, head, 128, "xf_xpu_cq_ring.head");
 

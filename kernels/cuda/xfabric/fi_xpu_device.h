@@ -608,11 +608,15 @@ FI_XPU_FUNC xf_u64 fi_xpu_cntr_readerr(struct fid_xpu_cntr *cntr, int scope)
 }
 
 /* The leader's wait on mirror `m`: 0 when the value reaches `threshold`, -FI_EAVAIL when the
- * error value moves, -FI_ETIMEDOUT after `timeout` ms (negative: no limit), -FI_ENOSYS for a
- * block of another layout. */
+ * error value moves, -FI_ESHUTDOWN when the counter closed (its ring's state: its values change
+ * no more), -FI_ETIMEDOUT after `timeout` ms (negative: no limit), -FI_ENOSYS for a block of
+ * another layout. */
 XF_XPU_FN xf_i64 xf_xpu_cntr_spin(struct xf_xpu_cntr_mirror *m, xf_u64 threshold, int timeout)
 {
 	if (!xf_xpu_layout_ok(&m->magic, XF_XPU_CNTR_MAGIC))
+		return -XF_XPU_ENOSYS;
+	struct xf_xpu_ring *r = (struct xf_xpu_ring *)(size_t)m->ring;
+	if (!xf_xpu_layout_ok(&r->magic, XF_XPU_RING_MAGIC))
 		return -XF_XPU_ENOSYS;
 	xf_u64 err0 = xf_xpu_ld_acq(&m->err);
 	xf_u64 start = timeout >= 0 ? xf_xpu_now_ns() : 0;
@@ -622,14 +626,24 @@ XF_XPU_FN xf_i64 xf_xpu_cntr_spin(struct xf_xpu_cntr_mirror *m, xf_u64 threshold
 			return 0;
 		if (xf_xpu_ld_acq(&m->err) != err0)
 			return -XF_XPU_EAVAIL;
-		if (timeout >= 0 && xf_xpu_now_ns() - start >= limit)
-			return -XF_XPU_ETIMEDOUT;
+		if (xf_xpu_ld_acq32(&r->state) != XF_XPU_RING_OPEN)
+			return -XF_XPU_ESHUTDOWN;
+		if (timeout >= 0) {
+			xf_u64 now = xf_xpu_now_ns();
+			/* A clock that steps back (the wall clock, where the monotonic one is not
+			 * declared) restarts the wait rather than ending it. */
+			if (now < start)
+				start = now;
+			if (now - start >= limit)
+				return -XF_XPU_ETIMEDOUT;
+		}
 		xf_xpu_relax(spins);
 	}
 }
 
 /* Spins on the mirror until the value reaches `threshold` (0), the error value moves
- * (-FI_EAVAIL) or `timeout` ms pass (-FI_ETIMEDOUT; negative: no limit). */
+ * (-FI_EAVAIL), the counter closes (-FI_ESHUTDOWN) or `timeout` ms pass (-FI_ETIMEDOUT;
+ * negative: no limit). */
 FI_XPU_FUNC int fi_xpu_cntr_wait(struct fid_xpu_cntr *cntr, xf_u64 threshold, int timeout,
 				 int scope)
 {
@@ -712,6 +726,9 @@ XF_XPU_FN xf_i64 xf_xpu_cq_take(struct xf_xpu_cq_ring *h, void *buf, size_t max,
 	if (max == 0 || !buf || (!want_err && words == 0))
 		return -XF_XPU_EINVAL;
 	for (;;) {
+		/* Read before the slots: set, it was written after every entry from before the
+		 * overrun, so finding no entry then means none of those is left. */
+		xf_u32 overrun = xf_xpu_ld_acq32(&h->overrun);
 		xf_u64 head = xf_xpu_ld_acq(&h->head);
 		size_t n = 0;
 		while (n < max) {
@@ -757,7 +774,7 @@ XF_XPU_FN xf_i64 xf_xpu_cq_take(struct xf_xpu_cq_ring *h, void *buf, size_t max,
 				break;
 		}
 		if (n == 0)
-			return -XF_XPU_EAGAIN;
+			return overrun && !want_err ? -XF_XPU_EOVERRUN : -XF_XPU_EAGAIN;
 		if (xf_xpu_cas(&h->head, head, head + n))
 			return (xf_i64)n;
 	}
@@ -780,7 +797,9 @@ XF_XPU_FN xf_i64 xf_xpu_cq_call(struct fid_xpu_cq *cq, void *buf, size_t count, 
 }
 
 /* Up to `count` success entries in the queue's format; -FI_EAGAIN when none is there,
- * -FI_EAVAIL when an error entry is next (fi_xpu_cq_readerr takes it). */
+ * -FI_EAVAIL when an error entry is next (fi_xpu_cq_readerr takes it), -FI_EOVERRUN when none
+ * is there and the queue overran (under FI_RM_DISABLED, completions past its size and the
+ * ring's were dropped; every entry from before the overrun was read). */
 FI_XPU_FUNC xf_i64 fi_xpu_cq_read(struct fid_xpu_cq *cq, void *buf, size_t count, int scope)
 {
 	return xf_xpu_cq_call(cq, buf, count, 0, 0, scope);
