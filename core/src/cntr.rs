@@ -73,10 +73,15 @@ pub struct CntrInner {
 impl Drop for CntrInner {
     fn drop(&mut self) {
         // An XPU may still read or add through its handle: its memory outlives the counter,
-        // until the domain closes.
-        if let (Some(x), Some(r)) = (self.xpu.get(), self.retired.get()) {
-            for block in x.retire() {
-                r.keep(block);
+        // until the domain closes (a counter opened outside a domain: while the handle
+        // lives). Its ring is closed either way: a late add answers `-FI_ESHUTDOWN`, and a
+        // wait ends so.
+        if let Some(x) = self.xpu.get() {
+            let blocks = x.retire();
+            if let Some(r) = self.retired.get() {
+                for block in blocks {
+                    r.keep(block);
+                }
             }
         }
     }

@@ -741,7 +741,7 @@ impl CqInner {
             self.ready_hint
                 .store(q.ring.len() + q.overrun as usize, Ordering::Release);
         }
-        if q.overrun && q.ring.is_empty() {
+        if q.overrun && q.ring.is_empty() && q.errs.is_empty() {
             // Every entry from before the overrun is in the ring: the XPU may be told.
             x.mark_overrun();
         }

@@ -415,6 +415,13 @@ pub fn cntr_wait(cntr: &XpuCntr, threshold: u64, timeout: i32, scope: i32) -> i3
             return -FI_EAVAIL;
         }
         if state.load(Ordering::Acquire) != super::abi::RING_OPEN {
+            // The last change may have come just before the close.
+            if m.value.load(Ordering::Acquire) >= threshold {
+                return 0;
+            }
+            if m.err.load(Ordering::Acquire) != err0 {
+                return -FI_EAVAIL;
+            }
             return -FI_ESHUTDOWN;
         }
         if until.is_some_and(|u| Instant::now() >= u) {
@@ -527,6 +534,11 @@ fn cq_take(
                 continue;
             }
             if overrun && !want_err {
+                // Only if no other reader moved the head meanwhile: a slot found not yet
+                // written may then be one of a later lap, with entries before it unread.
+                if h.head.load(Ordering::Acquire) != head {
+                    continue;
+                }
                 return -(FI_EOVERRUN as isize);
             }
             return -(FI_EAGAIN as isize);

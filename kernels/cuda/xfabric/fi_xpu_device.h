@@ -626,8 +626,14 @@ XF_XPU_FN xf_i64 xf_xpu_cntr_spin(struct xf_xpu_cntr_mirror *m, xf_u64 threshold
 			return 0;
 		if (xf_xpu_ld_acq(&m->err) != err0)
 			return -XF_XPU_EAVAIL;
-		if (xf_xpu_ld_acq32(&r->state) != XF_XPU_RING_OPEN)
+		if (xf_xpu_ld_acq32(&r->state) != XF_XPU_RING_OPEN) {
+			/* The last change may have come just before the close. */
+			if (xf_xpu_ld_acq(&m->value) >= threshold)
+				return 0;
+			if (xf_xpu_ld_acq(&m->err) != err0)
+				return -XF_XPU_EAVAIL;
 			return -XF_XPU_ESHUTDOWN;
+		}
 		if (timeout >= 0) {
 			xf_u64 now = xf_xpu_now_ns();
 			/* A clock that steps back (the wall clock, where the monotonic one is not
@@ -773,8 +779,15 @@ XF_XPU_FN xf_i64 xf_xpu_cq_take(struct xf_xpu_cq_ring *h, void *buf, size_t max,
 			if (want_err)
 				break;
 		}
-		if (n == 0)
-			return overrun && !want_err ? -XF_XPU_EOVERRUN : -XF_XPU_EAGAIN;
+		if (n == 0) {
+			if (!overrun || want_err)
+				return -XF_XPU_EAGAIN;
+			/* Only if no other reader moved the head meanwhile: a slot found not yet
+			 * written may then be one of a later lap, with entries before it unread. */
+			if (xf_xpu_ld_acq(&h->head) != head)
+				continue;
+			return -XF_XPU_EOVERRUN;
+		}
 		if (xf_xpu_cas(&h->head, head, head + n))
 			return (xf_i64)n;
 	}
