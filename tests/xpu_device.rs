@@ -835,19 +835,7 @@ fn a_cpu_xpus_counter_add_is_applied_without_a_watchers_look() {
 /// without a context, and an application waiting on those contexts waited for good.
 #[test]
 fn sends_left_at_close_are_canceled_one_by_one_beside_a_full_receive_cq() {
-    let mut hints = Info {
-        caps: CAPS,
-        ..Default::default()
-    };
-    hints.fabric_attr.prov_name = Some(test_provider());
-    hints.ep_attr.ep_type = EpType::Rdm;
-    hints.domain_attr.data_progress = Progress::Manual;
-    hints.domain_attr.mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
-    let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints)).unwrap()[0].clone();
-    let domain = xfabric::fabric(&info.fabric_attr)
-        .unwrap()
-        .domain(&info)
-        .unwrap();
+    let (info, domain) = manual_domain(CAPS, |_| {});
     let cq = |size| {
         domain
             .cq_open(&CqAttr {
@@ -910,6 +898,26 @@ fn sends_left_at_close_are_canceled_one_by_one_beside_a_full_receive_cq() {
     drop((good, hidden_buf));
 }
 
+/// The first info of `test_provider()` for an RDM endpoint with `caps` under manual progress
+/// and provider keys with virtual addresses, `adjust`ed, and a domain opened with it.
+fn manual_domain(caps: u64, adjust: impl FnOnce(&mut Info)) -> (Info, Domain) {
+    let mut hints = Info {
+        caps,
+        ..Default::default()
+    };
+    hints.fabric_attr.prov_name = Some(test_provider());
+    hints.ep_attr.ep_type = EpType::Rdm;
+    hints.domain_attr.data_progress = Progress::Manual;
+    hints.domain_attr.mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+    let mut info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints)).unwrap()[0].clone();
+    adjust(&mut info);
+    let domain = xfabric::fabric(&info.fabric_attr)
+        .unwrap()
+        .domain(&info)
+        .unwrap();
+    (info, domain)
+}
+
 /// An endpoint of receive size `rx` with `caps`, under manual progress, its CQ (1,024
 /// entries) and AV, and its own address inserted.
 struct Sized {
@@ -921,21 +929,8 @@ struct Sized {
     me: FiAddr,
 }
 
-fn rx_sized(rx: usize, caps: u64) -> Sized {
-    let mut hints = Info {
-        caps,
-        ..Default::default()
-    };
-    hints.fabric_attr.prov_name = Some(test_provider());
-    hints.ep_attr.ep_type = EpType::Rdm;
-    hints.domain_attr.data_progress = Progress::Manual;
-    hints.domain_attr.mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
-    let mut info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints)).unwrap()[0].clone();
-    info.rx_attr.size = rx;
-    let domain = xfabric::fabric(&info.fabric_attr)
-        .unwrap()
-        .domain(&info)
-        .unwrap();
+/// An enabled endpoint of `domain` with `info`, its own tagged CQ of 1,024 entries and AV.
+fn enabled_ep(domain: &Domain, info: &Info) -> (CompletionQueue, AddressVector, Endpoint) {
     let cq = domain
         .cq_open(&CqAttr {
             format: CqFormat::Tagged,
@@ -944,10 +939,16 @@ fn rx_sized(rx: usize, caps: u64) -> Sized {
         })
         .unwrap();
     let av = domain.av_open(&AvAttr::default()).unwrap();
-    let ep = domain.endpoint(&info).unwrap();
+    let ep = domain.endpoint(info).unwrap();
     ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
     ep.bind_av(&av).unwrap();
     ep.enable().unwrap();
+    (cq, av, ep)
+}
+
+fn rx_sized(rx: usize, caps: u64) -> Sized {
+    let (info, domain) = manual_domain(caps, |i| i.rx_attr.size = rx);
+    let (cq, av, ep) = enabled_ep(&domain, &info);
     let me = av.insert_one(&ep.getname().unwrap()).unwrap();
     Sized {
         info,
@@ -1089,15 +1090,45 @@ fn receives_a_device_posts_past_the_receive_size_are_answered_again() {
     drop((rbuf, sbuf, host));
 }
 
-/// Posts a tagged receive of 8 bytes from `src` into slot `ctx % 64` of the region whose XPU
-/// descriptor is `desc` at `base`; the ring takes it.
-fn trecv8(x: &XpuEp, base: usize, desc: u64, src: u64, ctx: usize, tag: u64) {
-    let b = (base + (ctx % 64) * 8) as *mut c_void;
-    assert_eq!(
-        dev::trecv(x, b, 8, desc, src, tag, 0, ctx, 0, W),
-        0,
-        "fi_xpu_trecv {ctx}"
-    );
+/// An XPU ring on an endpoint of receive size 2 and 64 receive slots of 8 bytes, its two
+/// receives posted (tag 7): the bound reached.
+struct DeviceRx {
+    x: XpuEp,
+    /// Kept for its drop, before `buf`'s.
+    _mr: MemoryRegion,
+    buf: Vec<u8>,
+    desc: u64,
+}
+
+impl DeviceRx {
+    fn filled(domain: &Domain, ep: &Endpoint, cq: &CompletionQueue) -> DeviceRx {
+        let x = ep.export_xpu_slots(Xpu::CPU, 64).unwrap();
+        let buf = vec![0u8; 8 * 64];
+        // SAFETY: `buf` outlives its region (`_mr` is dropped first); the receives end at the
+        // close, before either.
+        let mr = unsafe { domain.mr_reg(&buf, FI_RECV, 0, 0) }.unwrap();
+        let desc = mr.get_xpu_desc().unwrap();
+        let d = DeviceRx {
+            x,
+            _mr: mr,
+            buf,
+            desc,
+        };
+        d.trecv(FI_ADDR_UNSPEC, 1, 7);
+        d.trecv(FI_ADDR_UNSPEC, 2, 7);
+        nothing_more(ep, cq);
+        d
+    }
+
+    /// Posts a tagged receive of 8 bytes from `src` into slot `ctx % 64`; the ring takes it.
+    fn trecv(&self, src: u64, ctx: usize, tag: u64) {
+        let b = (self.buf.as_ptr() as usize + (ctx % 64) * 8) as *mut c_void;
+        assert_eq!(
+            dev::trecv(&self.x, b, 8, self.desc, src, tag, 0, ctx, 0, W),
+            0,
+            "fi_xpu_trecv {ctx}"
+        );
+    }
 }
 
 /// At the bound, a device's receive that takes a message already buffered is posted, not
@@ -1109,19 +1140,11 @@ fn a_device_receive_at_the_bound_that_takes_a_buffered_message_is_posted() {
     let Sized {
         domain, cq, ep, me, ..
     } = rx_sized(2, CAPS);
-    let x = ep.export_xpu_slots(Xpu::CPU, 64).unwrap();
-    let rbuf = vec![0u8; 8 * 64];
-    // SAFETY: `rbuf` outlives its region (dropped first); the receives end at the close.
-    let rmr = unsafe { domain.mr_reg(&rbuf, FI_RECV, 0, 0) }.unwrap();
-    let rdesc = rmr.get_xpu_desc().unwrap();
-    let base = rbuf.as_ptr() as usize;
-    trecv8(&x, base, rdesc, FI_ADDR_UNSPEC, 1, 7);
-    trecv8(&x, base, rdesc, FI_ADDR_UNSPEC, 2, 7);
-    nothing_more(&ep, &cq);
+    let d = DeviceRx::filled(&domain, &ep, &cq);
     ep.tinject(&9u64.to_le_bytes(), me, 9).unwrap();
     nothing_more(&ep, &cq);
-    trecv8(&x, base, rdesc, FI_ADDR_UNSPEC, 3, 9);
-    trecv8(&x, base, rdesc, FI_ADDR_UNSPEC, 4, 8);
+    d.trecv(FI_ADDR_UNSPEC, 3, 9);
+    d.trecv(FI_ADDR_UNSPEC, 4, 8);
     let (done, faults) = completions(&ep, &cq, 1, 1);
     assert_eq!(done, [3], "the receive taking the buffered message");
     assert_eq!(
@@ -1133,9 +1156,7 @@ fn a_device_receive_at_the_bound_that_takes_a_buffered_message_is_posted() {
     ep.tinject(&7u64.to_le_bytes(), me, 7).unwrap();
     assert_eq!(completions(&ep, &cq, 2, 0).0, [1, 2]);
     ep.close().unwrap();
-    drop(x);
-    drop(rmr);
-    drop(rbuf);
+    drop(d);
 }
 
 /// The same with a directed receive for a message whose sender was not in the AV when it
@@ -1153,27 +1174,9 @@ fn a_directed_device_receive_at_the_bound_takes_a_message_from_a_sender_inserted
     } = rx_sized(2, CAPS | FI_DIRECTED_RECV);
     // The sender: an endpoint of the same domain that knows the receiver; the receiver's
     // AV does not hold it yet.
-    let scq = domain
-        .cq_open(&CqAttr {
-            format: CqFormat::Tagged,
-            ..Default::default()
-        })
-        .unwrap();
-    let sav = domain.av_open(&AvAttr::default()).unwrap();
-    let sender = domain.endpoint(&info).unwrap();
-    sender.bind_cq(&scq, FI_TRANSMIT | FI_RECV).unwrap();
-    sender.bind_av(&sav).unwrap();
-    sender.enable().unwrap();
+    let (_scq, sav, sender) = enabled_ep(&domain, &info);
     let to_rx = sav.insert_one(&ep.getname().unwrap()).unwrap();
-    let x = ep.export_xpu_slots(Xpu::CPU, 64).unwrap();
-    let rbuf = vec![0u8; 8 * 64];
-    // SAFETY: `rbuf` outlives its region (dropped first); the receives end at the close.
-    let rmr = unsafe { domain.mr_reg(&rbuf, FI_RECV, 0, 0) }.unwrap();
-    let rdesc = rmr.get_xpu_desc().unwrap();
-    let base = rbuf.as_ptr() as usize;
-    trecv8(&x, base, rdesc, FI_ADDR_UNSPEC, 1, 7);
-    trecv8(&x, base, rdesc, FI_ADDR_UNSPEC, 2, 7);
-    nothing_more(&ep, &cq);
+    let d = DeviceRx::filled(&domain, &ep, &cq);
     sender.tinject(&9u64.to_le_bytes(), to_rx, 9).unwrap();
     // Taken in and buffered, its source not yet an address of the receiver's.
     for _ in 0..64 {
@@ -1183,7 +1186,7 @@ fn a_directed_device_receive_at_the_bound_takes_a_message_from_a_sender_inserted
     nothing_more(&ep, &cq);
     let from = av.insert_one(&sender.getname().unwrap()).unwrap();
     let src = av.get_xpu_addr(from).unwrap();
-    trecv8(&x, base, rdesc, src, 3, 9);
+    d.trecv(src, 3, 9);
     let (done, _) = completions(&ep, &cq, 1, 0);
     assert_eq!(
         done,
@@ -1192,9 +1195,7 @@ fn a_directed_device_receive_at_the_bound_takes_a_message_from_a_sender_inserted
     );
     ep.close().unwrap();
     sender.close().unwrap();
-    drop(x);
-    drop(rmr);
-    drop(rbuf);
+    drop(d);
 }
 
 /// A receive size of 0 is the provider's default (1,024), as for transmits: the device
@@ -1240,19 +1241,7 @@ fn a_wait_set_under_manual_progress_takes_descriptors_stored_while_it_sleeps() {
         flags: 0,
     })
     .unwrap();
-    let mut hints = Info {
-        caps: CAPS,
-        ..Default::default()
-    };
-    hints.fabric_attr.prov_name = Some(test_provider());
-    hints.ep_attr.ep_type = EpType::Rdm;
-    hints.domain_attr.data_progress = Progress::Manual;
-    hints.domain_attr.mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
-    let info = getinfo(fi_version(1, 17), None, None, 0, Some(&hints)).unwrap()[0].clone();
-    let domain = xfabric::fabric(&info.fabric_attr)
-        .unwrap()
-        .domain(&info)
-        .unwrap();
+    let (info, domain) = manual_domain(CAPS, |_| {});
     let cq = domain
         .cq_open(&CqAttr {
             format: CqFormat::Tagged,

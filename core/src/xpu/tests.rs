@@ -1145,11 +1145,18 @@ fn a_counter_drain_is_bounded() {
     assert_eq!(c.read(), posted as u64);
 }
 
-/// A queue exported but bound to no exported endpoint (no watcher looks at it): what did
-/// not fit its ring when it came is moved by the CPU XPU's own read once the ring is empty,
-/// with no host call and no later completion.
-#[test]
-fn an_exported_cq_without_a_watcher_delivers_what_did_not_fit() {
+/// An enabled endpoint of a world whose sends complete inline, with its own tagged CQ of
+/// `size` entries (no endpoint of the world exports a ring: no watcher looks at it) and an AV
+/// holding one peer: (the world, the endpoint, the CQ, the AV, the peer).
+fn inline_ep_with_cq(
+    size: usize,
+) -> (
+    World,
+    Endpoint,
+    CompletionQueue,
+    AddressVector,
+    crate::entry::FiAddr,
+) {
     let w = World::new();
     w.sh.inline.store(true, Ordering::Release);
     let mut info = w.domain.info().clone();
@@ -1159,7 +1166,7 @@ fn an_exported_cq_without_a_watcher_delivers_what_did_not_fit() {
         .domain
         .cq_open(&CqAttr {
             format: CqFormat::Tagged,
-            size: 64,
+            size,
             ..Default::default()
         })
         .unwrap();
@@ -1168,6 +1175,15 @@ fn an_exported_cq_without_a_watcher_delivers_what_did_not_fit() {
     ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
     ep.bind_av(&av).unwrap();
     ep.enable().unwrap();
+    (w, ep, cq, av, peer)
+}
+
+/// A queue exported but bound to no exported endpoint (no watcher looks at it): what did
+/// not fit its ring when it came is moved by the CPU XPU's own read once the ring is empty,
+/// with no host call and no later completion.
+#[test]
+fn an_exported_cq_without_a_watcher_delivers_what_did_not_fit() {
+    let (_w, ep, cq, _av, peer) = inline_ep_with_cq(64);
     let q = cq.export_xpu_slots(Xpu::CPU, 2).unwrap();
     let buf = vec![0u8; 8];
     for i in 0..5 {
@@ -1190,24 +1206,7 @@ fn an_exported_cq_without_a_watcher_delivers_what_did_not_fit() {
 /// the overrun (`-FI_EOVERRUN`, as `fi_cq_read` answers), where it read `-FI_EAGAIN` for good.
 #[test]
 fn an_exported_cq_that_overran_says_so_to_its_xpu() {
-    let w = World::new();
-    w.sh.inline.store(true, Ordering::Release);
-    let mut info = w.domain.info().clone();
-    info.caps = crate::trigger::testkit::ALL_CAPS;
-    let ep = w.domain.endpoint(&info).unwrap();
-    let cq = w
-        .domain
-        .cq_open(&CqAttr {
-            format: CqFormat::Tagged,
-            size: 4,
-            ..Default::default()
-        })
-        .unwrap();
-    let av = w.domain.av_open(&AvAttr::default()).unwrap();
-    let peer = av.insert_one(b"peer").unwrap();
-    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
-    ep.bind_av(&av).unwrap();
-    ep.enable().unwrap();
+    let (_w, ep, cq, _av, peer) = inline_ep_with_cq(4);
     let q = cq.export_xpu_slots(Xpu::CPU, 2).unwrap();
     let buf = vec![0u8; 8];
     for i in 0..10 {
