@@ -12,7 +12,6 @@ mod common;
 
 use common::*;
 use xfabric::*;
-use xfabric_core::rdm::wire::{self, Frame};
 use xfabric_providers::shm::raw::{RawPeer, FRAME, HELD_MAX};
 
 const UNEXP: usize = 4;
@@ -31,14 +30,7 @@ fn held_frames_stay_within_the_bound_and_arrive_in_order() {
     // full (leaving the 64 slots a sender keeps for answers).
     let mut sent = 0u64;
     loop {
-        let f = Frame::Msg {
-            id: 0,
-            tag: sent,
-            data: 0,
-            flags: wire::flags::TAGGED,
-        };
-        let mut b = f.ctrl(8).as_bytes().to_vec();
-        b.extend_from_slice(&sent.to_le_bytes());
+        let b = tagged_frame(sent, &sent.to_le_bytes());
         if !raw.send_raw(FRAME, &b, 64) {
             break;
         }

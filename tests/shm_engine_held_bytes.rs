@@ -12,7 +12,6 @@ mod common;
 
 use common::*;
 use xfabric::*;
-use xfabric_core::rdm::wire::{self, Frame};
 use xfabric_providers::shm::raw::{RawPeer, FRAME};
 
 const UNEXP: usize = 4;
@@ -30,17 +29,7 @@ fn held_frames_stay_within_the_byte_bound_and_arrive_in_order() {
             let _ = n.cq.read(&mut [CqTaggedEntry::default(); 8]);
         }
     };
-    let message = |i: u64| {
-        let f = Frame::Msg {
-            id: 0,
-            tag: i,
-            data: 0,
-            flags: wire::flags::TAGGED,
-        };
-        let mut b = f.ctrl(LEN as u64).as_bytes().to_vec();
-        b.extend(pattern(LEN, i));
-        b
-    };
+    let message = |i: u64| tagged_frame(i, &pattern(LEN, i));
     // Tagged 16 KiB messages until the endpoint takes no more: the ring is full and stays so
     // through progress calls (each message is one ring message: nothing is half written).
     let mut sent = 0u64;

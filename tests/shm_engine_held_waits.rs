@@ -44,14 +44,7 @@ fn setup() {
 /// Writes tagged 8-byte messages `tags` from `raw`, the bytes naming the tag.
 fn messages(raw: &mut RawPeer, tags: std::ops::Range<u64>) {
     for i in tags {
-        let f = Frame::Msg {
-            id: 0,
-            tag: i,
-            data: 0,
-            flags: wire::flags::TAGGED,
-        };
-        let mut b = f.ctrl(8).as_bytes().to_vec();
-        b.extend_from_slice(&i.to_le_bytes());
+        let b = tagged_frame(i, &i.to_le_bytes());
         assert!(raw.send_raw(FRAME, &b, 64), "message {i} did not fit");
     }
 }
@@ -133,18 +126,15 @@ fn frames_held_for_receives_not_posted_let_the_endpoint_sleep() {
         .unwrap()
         .domain(&info)
         .unwrap();
-    let cq = domain
-        .cq_open(&CqAttr {
+    let (cq, _av, ep) = enabled_ep(
+        &domain,
+        &info,
+        &CqAttr {
             format: CqFormat::Tagged,
             wait_obj: WaitObj::Fd,
             ..Default::default()
-        })
-        .unwrap();
-    let av = domain.av_open(&AvAttr::default()).unwrap();
-    let ep = domain.endpoint(&info).unwrap();
-    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
-    ep.bind_av(&av).unwrap();
-    ep.enable().unwrap();
+        },
+    );
 
     let mut raw = RawPeer::connect(&ep.getname().unwrap(), None).expect("raw peer");
     messages(&mut raw, 0..(UNEXP + HELD) as u64);

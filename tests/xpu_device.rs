@@ -929,26 +929,18 @@ struct Sized {
     me: FiAddr,
 }
 
-/// An enabled endpoint of `domain` with `info`, its own tagged CQ of 1,024 entries and AV.
-fn enabled_ep(domain: &Domain, info: &Info) -> (CompletionQueue, AddressVector, Endpoint) {
-    let cq = domain
-        .cq_open(&CqAttr {
-            format: CqFormat::Tagged,
-            size: 1024,
-            ..Default::default()
-        })
-        .unwrap();
-    let av = domain.av_open(&AvAttr::default()).unwrap();
-    let ep = domain.endpoint(info).unwrap();
-    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
-    ep.bind_av(&av).unwrap();
-    ep.enable().unwrap();
-    (cq, av, ep)
+/// A tagged CQ of 1,024 entries.
+fn cq1024() -> CqAttr {
+    CqAttr {
+        format: CqFormat::Tagged,
+        size: 1024,
+        ..Default::default()
+    }
 }
 
 fn rx_sized(rx: usize, caps: u64) -> Sized {
     let (info, domain) = manual_domain(caps, |i| i.rx_attr.size = rx);
-    let (cq, av, ep) = enabled_ep(&domain, &info);
+    let (cq, av, ep) = enabled_ep(&domain, &info, &cq1024());
     let me = av.insert_one(&ep.getname().unwrap()).unwrap();
     Sized {
         info,
@@ -1174,7 +1166,7 @@ fn a_directed_device_receive_at_the_bound_takes_a_message_from_a_sender_inserted
     } = rx_sized(2, CAPS | FI_DIRECTED_RECV);
     // The sender: an endpoint of the same domain that knows the receiver; the receiver's
     // AV does not hold it yet.
-    let (_scq, sav, sender) = enabled_ep(&domain, &info);
+    let (_scq, sav, sender) = enabled_ep(&domain, &info, &cq1024());
     let to_rx = sav.insert_one(&ep.getname().unwrap()).unwrap();
     let d = DeviceRx::filled(&domain, &ep, &cq);
     sender.tinject(&9u64.to_le_bytes(), to_rx, 9).unwrap();
@@ -1242,19 +1234,16 @@ fn a_wait_set_under_manual_progress_takes_descriptors_stored_while_it_sleeps() {
     })
     .unwrap();
     let (info, domain) = manual_domain(CAPS, |_| {});
-    let cq = domain
-        .cq_open(&CqAttr {
+    let (cq, av, ep) = enabled_ep(
+        &domain,
+        &info,
+        &CqAttr {
             format: CqFormat::Tagged,
             wait_obj: WaitObj::Set,
             wait_set: Some(ws.clone()),
             ..Default::default()
-        })
-        .unwrap();
-    let av = domain.av_open(&AvAttr::default()).unwrap();
-    let ep = domain.endpoint(&info).unwrap();
-    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
-    ep.bind_av(&av).unwrap();
-    ep.enable().unwrap();
+        },
+    );
     let me = av.insert_one(&ep.getname().unwrap()).unwrap();
     let dest = av.get_xpu_addr(me).unwrap();
     let x = ep.export_xpu(Xpu::CPU).unwrap();

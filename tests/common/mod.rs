@@ -444,6 +444,36 @@ pub fn node_custom(
     }
 }
 
+/// An enabled endpoint of `domain` with `info`, bound to its own CQ (`cq`) and AV.
+pub fn enabled_ep(
+    domain: &Domain,
+    info: &Info,
+    cq: &CqAttr,
+) -> (CompletionQueue, AddressVector, Endpoint) {
+    let cq = domain.cq_open(cq).expect("cq");
+    let av = domain.av_open(&AvAttr::default()).expect("av");
+    let ep = domain.endpoint(info).expect("endpoint");
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).expect("bind cq");
+    ep.bind_av(&av).expect("bind av");
+    ep.enable().expect("enable");
+    (cq, av, ep)
+}
+
+/// The bytes of a tagged message frame (`Frame::Msg`: its control part, then `body`), as a
+/// raw peer writes one into a lane (`RawPeer::send_raw` with kind `FRAME`).
+pub fn tagged_frame(tag: u64, body: &[u8]) -> Vec<u8> {
+    use xfabric_core::rdm::wire::{self, Frame};
+    let f = Frame::Msg {
+        id: 0,
+        tag,
+        data: 0,
+        flags: wire::flags::TAGGED,
+    };
+    let mut b = f.ctrl(body.len() as u64).as_bytes().to_vec();
+    b.extend_from_slice(body);
+    b
+}
+
 /// What the next completion turned out to be.
 #[derive(Debug)]
 pub enum Completion {

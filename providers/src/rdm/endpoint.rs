@@ -41,23 +41,24 @@ pub fn engine_config(core: &EpCore) -> rdm::Config {
     }
 }
 
-/// Operations the engine queues before posts answer `Again`: the endpoint's `tx_size`.
-pub fn tx_max(core: &EpCore) -> usize {
-    if core.tx_size == 0 {
+/// A context size (`tx_attr.size`, `rx_attr.size`), the provider's default where 0.
+fn context_size(size: usize) -> usize {
+    if size == 0 {
         1024
     } else {
-        core.tx_size
+        size
     }
 }
 
+/// Operations the engine queues before posts answer `Again`: the endpoint's `tx_size`.
+pub fn tx_max(core: &EpCore) -> usize {
+    context_size(core.tx_size)
+}
+
 /// Receives posted by XPUs' descriptors the engine keeps waiting before it refuses more
-/// (`EndpointOps::xpu_recv_refused`): the endpoint's `rx_size`, with `tx_max`'s default.
+/// (`EndpointOps::xpu_recv_refused`): the endpoint's `rx_size`.
 fn rx_max(core: &EpCore) -> usize {
-    if core.rx_size == 0 {
-        1024
-    } else {
-        core.rx_size
-    }
+    context_size(core.rx_size)
 }
 
 struct State<W> {
@@ -114,6 +115,15 @@ macro_rules! glue {
 }
 
 impl<W: Wire> RdmEndpoint<W> {
+    /// Buffered messages of senders inserted into the AV since they came are theirs from
+    /// now on (what a receive matches them by).
+    fn refresh_sources(&self, st: &mut State<W>) {
+        let State {
+            engine, sources, ..
+        } = st;
+        sources.refresh(engine, &self.core);
+    }
+
     /// An endpoint named `name` (what `fi_getname` returns) on `net`, its engine configured
     /// by `cfg` and using the wire's one-sided operations (`one_sided`) where it has them.
     pub fn open(
@@ -425,14 +435,10 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
         if n < bound {
             return None;
         }
-        // One that takes a buffered message frees memory rather than holding more. Buffered
-        // messages of senders inserted into the AV since they came are theirs, as `recv`
-        // matches them.
-        let State {
-            engine, sources, ..
-        } = &mut *st;
-        sources.refresh(engine, &self.core);
-        (!engine.takes_buffered(r)).then_some((n, bound))
+        // One that takes a buffered message frees memory rather than holding more, matched
+        // as `recv` matches it.
+        self.refresh_sources(&mut st);
+        (!st.engine.takes_buffered(r)).then_some((n, bound))
     }
 
     unsafe fn recv(&self, r: PostedRecv) -> Result<()> {
@@ -457,11 +463,7 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
             // A peer now watched for its death (`publish`).
             stale = true;
         }
-        // Buffered messages of senders inserted into the AV since they came match as theirs.
-        let State {
-            engine, sources, ..
-        } = &mut *st;
-        sources.refresh(engine, &self.core);
+        self.refresh_sources(&mut st);
         // SAFETY: forwarded from the caller.
         let res = unsafe { st.engine.post_recv(r) };
         if st.net.held() > 0 {
