@@ -16,6 +16,10 @@
 //! whose `seq` never comes (an XPU that died mid-descriptor) is never taken: what follows it
 //! waits, and closing the ring reports each of them.
 //!
+//! Closing (`DescRing::close`): the host stores `state`, then reads `tail`; a producer looks at
+//! `state` again after its claim. Either the close counts the position or the producer is
+//! told `-FI_ESHUTDOWN`: a post racing the close is reported or refused, never neither.
+//!
 //! Each shared word has one writer side: `claimed` and `tail` are the producers' (their
 //! read-modify-writes), `head` and `state` the host's (stores). A GPU's atomics on mapped host
 //! memory are atomic among its own threads but, over a link without native host atomics
@@ -31,8 +35,9 @@
 //! `slots` and the handle's `prov_ctx` carry the XPU's addresses, and the host never follows
 //! what the header holds (an XPU can write anything there).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::abi::{DescSlot, RingHeader, XpuDesc, DESC_WORDS, RING_CLOSED, RING_OPEN};
 use super::mem::{Block, XpuMemAlloc};
@@ -49,6 +54,9 @@ pub const RING_MIN_SLOTS: usize = 2;
 pub const RING_MAX_SLOTS: usize = 1 << 18;
 /// Slots of a ring exported without a size.
 pub const RING_DEFAULT_SLOTS: usize = 1024;
+/// How long closing a ring waits for positions claimed before the close to be published
+/// (`DescRing::close_within`): what a live producer needs to write a slot, preempted once.
+const CLOSE_WAIT: Duration = Duration::from_millis(2);
 
 /// The host's side of one ring: it owns the shared memory.
 pub(crate) struct DescRing {
@@ -237,8 +245,16 @@ impl DescRing {
     /// Closes the ring to producers and returns what lies between the head and the tail, or
     /// the last slot of this lap found published if that lies further (at most one lap:
     /// `tail` is the XPU's to write, and is trusted neither to bound what was published nor
-    /// past a lap). Consumer only. Closed already: nothing (what it held was returned then).
+    /// past a lap). Positions claimed before the close but not yet published are waited for
+    /// up to `CLOSE_WAIT` (then reported as unpublished); a producer whose claim came after
+    /// it is answered `-FI_ESHUTDOWN` and publishes nothing (`reserve`). Consumer only.
+    /// Closed already: nothing (what it held was returned then).
     pub(crate) fn close(&self) -> Vec<Left> {
+        self.close_within(CLOSE_WAIT)
+    }
+
+    /// `close`, waiting up to `wait` for positions claimed before it to be published.
+    pub(crate) fn close_within(&self, wait: Duration) -> Vec<Left> {
         let h = self.header();
         h.state.store(RING_CLOSED, Ordering::Release);
         if self.closed.swap(true, Ordering::Relaxed) {
@@ -246,12 +262,37 @@ impl DescRing {
         }
         let head = self.head();
         let lap = head.saturating_add(self.mask + 1);
+        // Pairs with the producers' fence in `reserve`: a claim this read misses finds the
+        // ring closed and publishes nothing.
+        fence(Ordering::SeqCst);
         let tail = h.tail.load(Ordering::Acquire);
+        let published_at =
+            |pos: u64| self.slot(pos).0[0].load(Ordering::Acquire) == pos.wrapping_add(1);
+        // A producer that claimed before the close is writing its slot: a few stores, unless
+        // its thread was preempted or its XPU died. Wait for it a while, so that a live one's
+        // descriptor is reported under its context rather than as unpublished.
+        let until = Instant::now() + wait;
+        let (mut pos, claimed, mut spins) = (head, tail.clamp(head, lap), 0u32);
+        while pos < claimed {
+            if published_at(pos) {
+                pos += 1;
+                continue;
+            }
+            if Instant::now() >= until {
+                break;
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
         // Only this lap's publishing value matches a slot's `seq` (a slot left from an
         // earlier lap holds its position then), so the scan finds nothing stale.
         let published = (head..lap)
             .rev()
-            .find(|&pos| self.slot(pos).0[0].load(Ordering::Acquire) == pos.wrapping_add(1))
+            .find(|&pos| published_at(pos))
             .map_or(head, |pos| pos + 1);
         let end = tail.clamp(head, lap).max(published);
         let mut out = Vec::new();
@@ -354,7 +395,18 @@ pub(crate) fn reserve(
         rmw.fetch_add(&h.claimed, u64::MAX);
         return Err(-FI_EAGAIN);
     }
-    Ok(rmw.fetch_add(&h.tail, 1))
+    let pos = rmw.fetch_add(&h.tail, 1);
+    // The close stores `state`, then reads `tail`; a producer adds to `tail`, then reads
+    // `state`, each pair across a full fence. So either the close's read counts this position
+    // (it is reported at the close, published or not), or this read finds the ring closed and
+    // the position is never published. Without this second look a post whose first look
+    // came just before the close and whose claim came just after it was published, answered
+    // 0, and neither taken nor reported.
+    fence(Ordering::SeqCst);
+    if h.state.load(Ordering::Relaxed) != RING_OPEN {
+        return Err(-FI_ESHUTDOWN);
+    }
+    Ok(pos)
 }
 
 impl DescRing {

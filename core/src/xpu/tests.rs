@@ -948,6 +948,61 @@ fn closing_cancels_what_the_rings_hold_and_an_unpublished_slot_is_named() {
     );
 }
 
+/// A post whose look at the ring's state came just before the close and whose claim came just
+/// after the close read the tail: refused, so that nothing is published that the close did not
+/// count (before, it was published, answered 0, and neither taken nor reported).
+#[test]
+fn a_claim_landing_after_the_close_looked_is_refused() {
+    /// The producer's atomics, with the ring closed just before its claim of a position.
+    struct CloseFirst<'a> {
+        ring: &'a ring::DescRing,
+        left: std::cell::RefCell<Option<Vec<ring::Left>>>,
+    }
+    impl ring::ProducerRmw for CloseFirst<'_> {
+        fn fetch_add(&self, w: &std::sync::atomic::AtomicU64, v: u64) -> u64 {
+            if std::ptr::eq(w, &self.ring.header().tail) {
+                self.left.replace(Some(self.ring.close()));
+            }
+            ring::Native.fetch_add(w, v)
+        }
+    }
+    let r = ring::DescRing::new(4, Xpu::CPU, None).unwrap();
+    let rmw = CloseFirst {
+        ring: &r,
+        left: Default::default(),
+    };
+    assert_eq!(ring::reserve(r.header(), 3, &rmw), Err(-FI_ESHUTDOWN));
+    let left = rmw.left.take().expect("the ring was closed");
+    assert!(left.is_empty(), "the close counted {left:?}");
+}
+
+/// A descriptor claimed before the close and published while the close looks is canceled
+/// under its own context, not reported as a position never published.
+#[test]
+fn a_descriptor_published_while_the_close_looks_is_canceled_under_its_context() {
+    let r = ring::DescRing::new(4, Xpu::CPU, None).unwrap();
+    let c = r.claim().unwrap();
+    c.write(&XpuDesc {
+        opcode: opcode::SEND,
+        context: 7,
+        ..Default::default()
+    });
+    let left = std::thread::scope(|s| {
+        // Long enough that only a publish that never comes ends the wait.
+        let closer = s.spawn(|| r.close_within(std::time::Duration::from_secs(120)));
+        while r.header().state.load(Ordering::Acquire) == RING_OPEN {
+            std::thread::yield_now();
+        }
+        c.publish();
+        closer.join().unwrap()
+    });
+    assert!(
+        matches!(left.as_slice(), [ring::Left::Published(d)] if d.context == 7),
+        "{left:?}"
+    );
+    assert_eq!(r.claim().err(), Some(-FI_ESHUTDOWN));
+}
+
 /// Drives `n` until `done` (120 s at most, then fails saying `what`).
 fn progress_until(n: &Node, mut done: impl FnMut() -> bool, what: impl Fn() -> String) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);

@@ -30,10 +30,10 @@
  *
  * The producer protocol is core/src/xpu/ring.rs's: read head, reserve room (a fetch-and-add
  * of 1 on claimed; its old value - head >= slots: give it back, -FI_EAGAIN), claim a position
- * (fetch-and-add on tail), write every word of the slot but seq (check included), then store
- * seq = position + 1 with release. The device read-modify-writes only words the host never
- * writes (claimed, tail): over PCIe a GPU's atomics on host memory are not atomic against the
- * host's.
+ * (fetch-and-add on tail), look at state again (closed: -FI_ESHUTDOWN, nothing published),
+ * write every word of the slot but seq (check included), then store seq = position + 1 with
+ * release. The device read-modify-writes only words the host never writes (claimed, tail):
+ * over PCIe a GPU's atomics on host memory are not atomic against the host's.
  */
 #ifndef XFABRIC_FI_XPU_DEVICE_H
 #define XFABRIC_FI_XPU_DEVICE_H
@@ -82,6 +82,11 @@ XF_XPU_FN void xf_xpu_st_rel(xf_u64 *p, xf_u64 v)
 XF_XPU_FN xf_u64 xf_xpu_fadd(xf_u64 *p, xf_u64 v)
 {
 	return (xf_u64)atomicAdd_system((unsigned long long *)p, (unsigned long long)v);
+}
+XF_XPU_FN void xf_xpu_fence(void)
+{
+	/* Over PCIe a read does not pass the device's earlier posted writes either. */
+	__threadfence_system();
 }
 XF_XPU_FN int xf_xpu_cas(xf_u64 *p, xf_u64 expect, xf_u64 want)
 {
@@ -188,6 +193,10 @@ XF_XPU_FN void xf_xpu_st_rel(xf_u64 *p, xf_u64 v)
 XF_XPU_FN xf_u64 xf_xpu_fadd(xf_u64 *p, xf_u64 v)
 {
 	return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+XF_XPU_FN void xf_xpu_fence(void)
+{
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 XF_XPU_FN int xf_xpu_cas(xf_u64 *p, xf_u64 expect, xf_u64 want)
 {
@@ -345,6 +354,11 @@ XF_XPU_FN int xf_xpu_ring_post(struct xf_xpu_ring *r, const struct xf_xpu_desc *
 		return -XF_XPU_EAGAIN;
 	}
 	xf_u64 pos = xf_xpu_fadd(&r->tail, 1);
+	/* The host's close stores state, then reads tail: a claim its read missed finds the ring
+	 * closed here and publishes nothing; one it counted is reported at the close. */
+	xf_xpu_fence();
+	if (xf_xpu_ld_acq32(&r->state) != XF_XPU_RING_OPEN)
+		return -XF_XPU_ESHUTDOWN;
 	xf_u64 *slot = (xf_u64 *)(size_t)(r->slots + (pos & r->mask) * sizeof(struct xf_xpu_desc));
 	for (int i = 1; i < XF_XPU_DESC_WORDS; i++)
 		xf_xpu_st(&slot[i], xf_xpu_desc_word(d, i, (xf_u32)(pos + 1)));
