@@ -388,7 +388,16 @@ pub unsafe extern "C" fn xf_cntr_export_xpu(
     unsafe { xpu::cntr_export_attr(cntr, attr, flags, xpu_cntr) }
 }
 
+/// `xf_xpu_notify`: a CPU thread announces the descriptors (or doorbell stores) it has just
+/// published: it starts what it can itself, at once, and wakes a watcher asleep. The device
+/// header's `fi_xpu_tx_flush` and counter calls make it on a CPU thread, as the Rust device
+/// calls do; without it, what a C thread posted waited for the watcher's next look.
+pub extern "C" fn xf_xpu_notify() {
+    guard((), xfabric::notify_xpu_ring)
+}
+
 export_c!(
+    xf_xpu_notify,
     fi_ep_export_xpu,
     fi_cq_export_xpu,
     fi_cntr_export_xpu,

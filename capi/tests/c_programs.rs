@@ -129,6 +129,16 @@ fn c_xpu_handles_used_after_their_objects_closed_reach_kept_memory() {
 }
 
 #[test]
+fn c_a_cpu_threads_counter_add_is_applied_with_nobody_driving_progress() {
+    let headers = concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/cuda");
+    let out = run_c("xpu_notify", &["-lpthread", "-I", headers]);
+    assert!(
+        out.contains("a CPU thread's counter add applied with nobody driving progress"),
+        "{out}"
+    );
+}
+
+#[test]
 fn c_a_cpu_xpu_reads_a_burst_larger_than_its_cq_ring() {
     let headers = concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/cuda");
     let out = run_c("xpu_cq_burst", &["-I", headers]);

@@ -7,7 +7,7 @@ use std::process::Command;
 mod common;
 use common::cdylib;
 
-const EXPECTED: [(&str, &str); 24] = [
+const EXPECTED: [(&str, &str); 25] = [
     ("fi_version", "FABRIC_1.0"),
     ("fi_strerror", "FABRIC_1.0"),
     ("fi_tostr", "FABRIC_1.0"),
@@ -33,6 +33,7 @@ const EXPECTED: [(&str, &str); 24] = [
     ("xf_ep_export_xpu", "XFABRIC_1.0"),
     ("xf_cq_export_xpu", "XFABRIC_1.0"),
     ("xf_cntr_export_xpu", "XFABRIC_1.0"),
+    ("xf_xpu_notify", "XFABRIC_1.0"),
 ];
 
 fn tool(name: &str, args: &[&str]) -> Option<String> {

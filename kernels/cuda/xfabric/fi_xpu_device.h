@@ -88,6 +88,10 @@ XF_XPU_FN void xf_xpu_fence(void)
 	/* Over PCIe a read does not pass the device's earlier posted writes either. */
 	__threadfence_system();
 }
+/* A GPU's stores wake no one: the watcher finds them when it looks. */
+XF_XPU_FN void xf_xpu_announce(void)
+{
+}
 XF_XPU_FN int xf_xpu_cas(xf_u64 *p, xf_u64 expect, xf_u64 want)
 {
 	__threadfence_system();
@@ -197,6 +201,20 @@ XF_XPU_FN xf_u64 xf_xpu_fadd(xf_u64 *p, xf_u64 v)
 XF_XPU_FN void xf_xpu_fence(void)
 {
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+/* xfabric's libfabric.so: a CPU thread announces what it posted, starting what it can itself
+ * and waking a watcher asleep (the Rust device calls' notify_xpu_ring). Weak, so that a
+ * program not linked against the library still builds: its posts are then found when the
+ * watcher looks, as a GPU's are. */
+#if defined(__cplusplus)
+extern "C" void xf_xpu_notify(void) __attribute__((weak));
+#else
+extern void xf_xpu_notify(void) __attribute__((weak));
+#endif
+XF_XPU_FN void xf_xpu_announce(void)
+{
+	if (xf_xpu_notify)
+		xf_xpu_notify();
 }
 XF_XPU_FN int xf_xpu_cas(xf_u64 *p, xf_u64 expect, xf_u64 want)
 {
@@ -561,13 +579,15 @@ FI_XPU_FUNC int fi_xpu_compare_atomic(struct fid_xpu_ep *ep, const void *buf, si
 }
 
 /* Every published descriptor is visible already (each publish is a release store); the
- * watcher finds them by looking. `flags` must be 0. */
+ * watcher finds them by looking. On a CPU thread this starts what it can at once and wakes a
+ * watcher asleep (xf_xpu_notify). `flags` must be 0. */
 FI_XPU_FUNC int fi_xpu_tx_flush(struct fid_xpu_ep *ep, xf_u64 flags, int scope)
 {
 	if (!xf_xpu_block(ep ? &ep->fid : 0, XF_XPU_CLASS_EP))
 		return -XF_XPU_ENOSYS;
 	if (flags != 0 || !xf_xpu_scope_ok(scope))
 		return flags != 0 ? -XF_XPU_EINVAL : XF_XPU_SCOPE_ERR(scope);
+	xf_xpu_announce();
 	return 0;
 }
 
@@ -689,7 +709,11 @@ XF_XPU_FN int xf_xpu_cntr_post(struct fid_xpu_cntr *cntr, xf_u32 opcode, xf_u64 
 	struct xf_xpu_desc d = xf_xpu_desc_zero();
 	d.opcode = opcode;
 	d.data = value;
-	return xf_xpu_post((struct xf_xpu_ring *)(size_t)m->ring, &d, scope);
+	int rc = xf_xpu_post((struct xf_xpu_ring *)(size_t)m->ring, &d, scope);
+	/* As tx_flush: a CPU thread's add is applied at once, not when the watcher next looks. */
+	if (rc == 0)
+		xf_xpu_announce();
+	return rc;
 }
 
 /* Posted on the counter's own ring; the host applies them in order. */
