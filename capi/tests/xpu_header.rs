@@ -121,7 +121,7 @@ fn checks() -> Vec<(String, u64)> {
     ] {
         v.push((c.to_string(), r as u64));
     }
-    let consts: [(&str, u64); 40] = [
+    let consts: [(&str, u64); 41] = [
         ("FI_XPU_PROV_XFABRIC", abi::FI_XPU_PROV_XFABRIC.into()),
         ("XF_XPU_CLASS_EP", abi::FI_CLASS_EP.into()),
         ("XF_XPU_CLASS_CQ", abi::FI_CLASS_CQ.into()),
@@ -154,6 +154,7 @@ fn checks() -> Vec<(String, u64)> {
         ("XF_XPU_OP_CNTR_SET", opcode::CNTR_SET.into()),
         ("XF_XPU_OP_CNTR_ADDERR", opcode::CNTR_ADDERR.into()),
         ("XF_XPU_OP_CNTR_SETERR", opcode::CNTR_SETERR.into()),
+        ("XF_XPU_OP_WITHDRAWN", opcode::WITHDRAWN.into()),
         ("XF_XPU_FAULT_OPCODE", xfabric::xpu::XPU_FAULT_OPCODE as u64),
         ("XF_XPU_FAULT_ADDR", xfabric::xpu::XPU_FAULT_ADDR as u64),
         ("XF_XPU_FAULT_DESC", xfabric::xpu::XPU_FAULT_DESC as u64),

@@ -74,6 +74,11 @@ pub mod opcode {
     pub const CNTR_ADDERR: u32 = 34;
     /// `fi_xpu_cntr_seterr`.
     pub const CNTR_SETERR: u32 = 35;
+    /// A position a post claimed and then found its ring closed: published so that a close
+    /// that counted it does not wait for it, and neither started nor reported (the post was
+    /// answered `-FI_ESHUTDOWN`). Found by the watcher in an open ring (only a hostile XPU
+    /// writes it there), it is refused as any unknown opcode.
+    pub const WITHDRAWN: u32 = 63;
 }
 
 /// Words in one descriptor.
@@ -193,7 +198,7 @@ pub const CQ_RING_MAGIC: u32 = 0x5846_5143; // "XFQC"
 /// Value of `CntrMirror::magic`.
 pub const CNTR_MAGIC: u32 = 0x5846_4e43; // "XFCN"
 /// Layout version of every shared block here.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// `RingHeader::state`: the ring takes descriptors.
 pub const RING_OPEN: u32 = 0;

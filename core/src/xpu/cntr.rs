@@ -106,7 +106,7 @@ impl CntrExport {
         // The ring's consumer is whoever holds `drain`: one that found the counter gone closes
         // it too.
         let _g = self.drain.lock().unwrap_or_else(|e| e.into_inner());
-        self.ring.close();
+        self.ring.close_unreported();
         [self.mirror.clone(), self.ring.clone()]
     }
 
@@ -119,7 +119,7 @@ impl CntrExport {
             return 0;
         };
         let Some(c) = counter.as_ref() else {
-            self.ring.close();
+            self.ring.close_unreported();
             return 0;
         };
         let mut n = 0;

@@ -17,8 +17,10 @@
 //! waits, and closing the ring reports each of them.
 //!
 //! Closing (`DescRing::close`): the host stores `state`, then reads `tail`; a producer looks at
-//! `state` again after its claim. Either the close counts the position or the producer is
-//! told `-FI_ESHUTDOWN`: a post racing the close is reported or refused, never neither.
+//! `state` again after its claim. Either the close counts the position or the producer finds
+//! the ring closed; one that does answers `-FI_ESHUTDOWN` and publishes the position
+//! withdrawn, which a close that counted it skips. A post racing the close is reported or
+//! refused: never neither, never both.
 //!
 //! Each shared word has one writer side: `claimed` and `tail` are the producers' (their
 //! read-modify-writes), `head` and `state` the host's (stores). A GPU's atomics on mapped host
@@ -245,12 +247,20 @@ impl DescRing {
     /// Closes the ring to producers and returns what lies between the head and the tail, or
     /// the last slot of this lap found published if that lies further (at most one lap:
     /// `tail` is the XPU's to write, and is trusted neither to bound what was published nor
-    /// past a lap). Positions claimed before the close but not yet published are waited for
-    /// up to `CLOSE_WAIT` (then reported as unpublished); a producer whose claim came after
-    /// it is answered `-FI_ESHUTDOWN` and publishes nothing (`reserve`). Consumer only.
-    /// Closed already: nothing (what it held was returned then).
+    /// past a lap). Positions the close counts (claimed before it read `tail`) but finds not
+    /// yet published are waited for up to `CLOSE_WAIT`, then reported as unpublished. A
+    /// producer that finds the ring closed after its claim is answered `-FI_ESHUTDOWN` and
+    /// publishes its position withdrawn, which ends the wait and is not reported (`reserve`).
+    /// Consumer only. Closed already: nothing (what it held was returned then).
     pub(crate) fn close(&self) -> Vec<Left> {
         self.close_within(CLOSE_WAIT)
+    }
+
+    /// `close` for a ring whose leftovers nobody is told of (a counter's, once the counter is
+    /// gone: an add has nothing left to change): it waits for no claim, which would stall
+    /// the watcher that found the counter gone.
+    pub(crate) fn close_unreported(&self) {
+        self.close_within(Duration::ZERO);
     }
 
     /// `close`, waiting up to `wait` for positions claimed before it to be published.
@@ -304,7 +314,10 @@ impl DescRing {
                 let words = std::array::from_fn(|i| slot.0[i].load(Ordering::Relaxed));
                 let d = XpuDesc::from_words(words);
                 if d.check == want as u32 {
-                    out.push(Left::Published(d));
+                    // A post refused after its claim: it was answered -FI_ESHUTDOWN.
+                    if d.opcode != super::abi::opcode::WITHDRAWN {
+                        out.push(Left::Published(d));
+                    }
                 } else {
                     Left::extend_run(&mut out, pos, true);
                 }
@@ -355,6 +368,16 @@ impl<'a> Claim<'a> {
     pub fn publish(self) {
         self.slot.0[0].store(self.pos.wrapping_add(1), Ordering::Release);
     }
+
+    /// Publishes the slot as `opcode::WITHDRAWN`: what a producer that found the ring closed
+    /// after its claim leaves there.
+    pub(crate) fn withdraw(self) {
+        self.write(&XpuDesc {
+            opcode: super::abi::opcode::WITHDRAWN,
+            ..Default::default()
+        });
+        self.publish();
+    }
 }
 
 /// How a producer's read-modify-writes reach a ring's shared words. A CPU thread's are the
@@ -375,36 +398,59 @@ impl ProducerRmw for Native {
     }
 }
 
+/// Why `reserve` gave no position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The ring is full: `-FI_EAGAIN`.
+    Full,
+    /// The ring was closed before the claim: `-FI_ESHUTDOWN`.
+    Closed,
+    /// The position was claimed, then the ring found closed: `-FI_ESHUTDOWN`, and the
+    /// caller publishes `opcode::WITHDRAWN` there (`Claim::withdraw`), since a close that
+    /// counted the position waits for it.
+    ClosedAfterClaim(u64),
+}
+
+impl Refused {
+    /// The answer a device call gives.
+    pub(crate) fn errno(self) -> i32 {
+        match self {
+            Refused::Full => -FI_EAGAIN,
+            Refused::Closed | Refused::ClosedAfterClaim(_) => -FI_ESHUTDOWN,
+        }
+    }
+}
+
 /// Reserves a position on the ring whose header is `h` and whose slots number `mask + 1`
-/// (the producer protocol, up to the slot's words): `-FI_EAGAIN` when the ring is full,
-/// `-FI_ESHUTDOWN` when it closed. `mask` is the caller's: a device reads the header's (all
-/// it has), a host thread passes the ring's own copy, never the header's, which an XPU can
-/// write.
+/// (the producer protocol, up to the slot's words). `mask` is the caller's: a device reads
+/// the header's (all it has), a host thread passes the ring's own copy, never the header's,
+/// which an XPU can write.
 pub(crate) fn reserve(
     h: &RingHeader,
     mask: u64,
     rmw: &impl ProducerRmw,
-) -> std::result::Result<u64, i32> {
+) -> std::result::Result<u64, Refused> {
     if h.state.load(Ordering::Acquire) != RING_OPEN {
-        return Err(-FI_ESHUTDOWN);
+        return Err(Refused::Closed);
     }
     // Read before the reservation: a head read earlier is only smaller (room underestimated).
     let head = h.head.load(Ordering::Acquire);
     let c = rmw.fetch_add(&h.claimed, 1);
     if c.wrapping_sub(head) > mask {
         rmw.fetch_add(&h.claimed, u64::MAX);
-        return Err(-FI_EAGAIN);
+        return Err(Refused::Full);
     }
     let pos = rmw.fetch_add(&h.tail, 1);
     // The close stores `state`, then reads `tail`; a producer adds to `tail`, then reads
     // `state`, each pair across a full fence. So either the close's read counts this position
-    // (it is reported at the close, published or not), or this read finds the ring closed and
-    // the position is never published. Without this second look a post whose first look
-    // came just before the close and whose claim came just after it was published, answered
-    // 0, and neither taken nor reported.
+    // (it reports what is published there, and waits a while for it), or this read finds the
+    // ring closed. Without this second look a post whose first look came just before the
+    // close and whose claim came just after it was published, answered 0, and neither taken
+    // nor reported. Found closed, the position is published withdrawn: a close that counted
+    // it then neither waits for it nor reports it.
     fence(Ordering::SeqCst);
     if h.state.load(Ordering::Relaxed) != RING_OPEN {
-        return Err(-FI_ESHUTDOWN);
+        return Err(Refused::ClosedAfterClaim(pos));
     }
     Ok(pos)
 }
@@ -415,11 +461,24 @@ impl DescRing {
     /// address, not the header's `slots` and `mask` (what a device reads), which the XPU
     /// may have overwritten.
     pub(crate) fn claim(&self) -> std::result::Result<Claim<'_>, i32> {
-        let pos = reserve(self.header(), self.mask, &Native)?;
-        Ok(Claim {
+        self.claim_with(&Native)
+    }
+
+    /// `claim` with the producer's atomics `rmw`.
+    pub(crate) fn claim_with(&self, rmw: &impl ProducerRmw) -> std::result::Result<Claim<'_>, i32> {
+        let claim = |pos| Claim {
             slot: self.slot(pos),
             pos,
-        })
+        };
+        match reserve(self.header(), self.mask, rmw) {
+            Ok(pos) => Ok(claim(pos)),
+            Err(r) => {
+                if let Refused::ClosedAfterClaim(pos) = r {
+                    claim(pos).withdraw();
+                }
+                Err(r.errno())
+            }
+        }
     }
 
     /// Claims, writes and publishes `d` (what every device call does).

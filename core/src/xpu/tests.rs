@@ -971,9 +971,47 @@ fn a_claim_landing_after_the_close_looked_is_refused() {
         ring: &r,
         left: Default::default(),
     };
-    assert_eq!(ring::reserve(r.header(), 3, &rmw), Err(-FI_ESHUTDOWN));
+    assert_eq!(r.claim_with(&rmw).err(), Some(-FI_ESHUTDOWN));
     let left = rmw.left.take().expect("the ring was closed");
     assert!(left.is_empty(), "the close counted {left:?}");
+}
+
+/// A post whose claim the close counted but whose second look found the ring closed: refused,
+/// and its position published withdrawn, so that the close neither waits for it nor reports
+/// it as a position an XPU died writing (it did: up to its wait, then a report).
+#[test]
+fn a_claim_the_close_counted_but_refused_is_neither_waited_for_nor_reported() {
+    /// The producer's atomics, with a close started on another thread right after the claim
+    /// of a position, and under way (the state stored) before the producer looks again.
+    struct CloseAfter<'a> {
+        ring: &'a ring::DescRing,
+        go: std::sync::mpsc::Sender<()>,
+    }
+    impl ring::ProducerRmw for CloseAfter<'_> {
+        fn fetch_add(&self, w: &std::sync::atomic::AtomicU64, v: u64) -> u64 {
+            let old = ring::Native.fetch_add(w, v);
+            if std::ptr::eq(w, &self.ring.header().tail) {
+                self.go.send(()).unwrap();
+                while self.ring.header().state.load(Ordering::Acquire) == RING_OPEN {
+                    std::thread::yield_now();
+                }
+            }
+            old
+        }
+    }
+    let r = &*ring::DescRing::new(4, Xpu::CPU, None).unwrap();
+    let (go, started) = std::sync::mpsc::channel();
+    let (answer, left) = std::thread::scope(|s| {
+        let closer = s.spawn(move || {
+            started.recv().unwrap();
+            // Long enough that only the withdrawn slot ends the wait in time.
+            r.close_within(std::time::Duration::from_secs(120))
+        });
+        let answer = r.claim_with(&CloseAfter { ring: r, go }).err();
+        (answer, closer.join().unwrap())
+    });
+    assert_eq!(answer, Some(-FI_ESHUTDOWN));
+    assert!(left.is_empty(), "the close reported {left:?}");
 }
 
 /// A descriptor claimed before the close and published while the close looks is canceled
@@ -1566,7 +1604,10 @@ fn a_gpus_blocks_carry_device_addresses_and_the_host_reads_its_own() {
     for i in 0..6u64 {
         if i == 4 {
             // The ring (4 slots) is full until the watcher drains it.
-            assert_eq!(ring::reserve(h, h.mask, &ring::Native), Err(-FI_EAGAIN));
+            assert_eq!(
+                ring::reserve(h, h.mask, &ring::Native),
+                Err(ring::Refused::Full)
+            );
             while n.ep.progress() > 0 {}
         }
         let pos = ring::reserve(h, h.mask, &ring::Native).expect("room");

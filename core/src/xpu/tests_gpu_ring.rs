@@ -103,7 +103,7 @@ fn a_gpu_block_fills_a_ring_of_65536_past_its_wraps_and_never_sees_an_empty_ring
                     let pos = match ring::reserve(ring.header(), ring.header().mask, &rmw) {
                         Ok(pos) => pos,
                         Err(e) => {
-                            assert_eq!(e, -FI_EAGAIN);
+                            assert_eq!(e.errno(), -FI_EAGAIN);
                             again.fetch_add(1, Ordering::Relaxed);
                             continue;
                         }

@@ -116,6 +116,10 @@ struct fid_xpu_cntr {
 #define XF_XPU_OP_CNTR_SET 33
 #define XF_XPU_OP_CNTR_ADDERR 34
 #define XF_XPU_OP_CNTR_SETERR 35
+/* A position claimed by a post that then found its ring closed (the post answered
+ * -FI_ESHUTDOWN): published so that the close does not wait for it; never started or
+ * reported. */
+#define XF_XPU_OP_WITHDRAWN 63
 
 /* prov_errno of the error completion a faulty descriptor gets (docs/xpu-device-api.md). */
 #define XF_XPU_FAULT_OPCODE 16
@@ -132,7 +136,7 @@ struct fid_xpu_cntr {
 #define XF_XPU_RING_MAGIC 0x58465852u    /* "XFXR" */
 #define XF_XPU_CQ_RING_MAGIC 0x58465143u /* "XFQC" */
 #define XF_XPU_CNTR_MAGIC 0x58464e43u    /* "XFCN" */
-#define XF_XPU_ABI_VERSION 2u
+#define XF_XPU_ABI_VERSION 3u
 
 /* struct xf_xpu_ring.state. */
 #define XF_XPU_RING_OPEN 0u

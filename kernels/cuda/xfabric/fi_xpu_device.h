@@ -30,9 +30,9 @@
  *
  * The producer protocol is core/src/xpu/ring.rs's: read head, reserve room (a fetch-and-add
  * of 1 on claimed; its old value - head >= slots: give it back, -FI_EAGAIN), claim a position
- * (fetch-and-add on tail), look at state again (closed: -FI_ESHUTDOWN, nothing published),
- * write every word of the slot but seq (check included), then store seq = position + 1 with
- * release. The device read-modify-writes only words the host never writes (claimed, tail):
+ * (fetch-and-add on tail), look at state again across a full fence (closed: the slot is
+ * published as XF_XPU_OP_WITHDRAWN and the call answers -FI_ESHUTDOWN), write every word of
+ * the slot but seq (check included), then store seq = position + 1 with release. The device read-modify-writes only words the host never writes (claimed, tail):
  * over PCIe a GPU's atomics on host memory are not atomic against the host's.
  */
 #ifndef XFABRIC_FI_XPU_DEVICE_H
@@ -357,6 +357,16 @@ XF_XPU_FN xf_u64 xf_xpu_desc_word(const struct xf_xpu_desc *d, int i, xf_u32 che
 	}
 }
 
+XF_XPU_FN struct xf_xpu_desc xf_xpu_desc_zero(void)
+{
+#if defined(__cplusplus)
+	struct xf_xpu_desc d = {};
+#else
+	struct xf_xpu_desc d = { 0 };
+#endif
+	return d;
+}
+
 /* Posts `d` on ring `r`: one thread. 0, -FI_EAGAIN (full), -FI_ESHUTDOWN (closed),
  * -FI_ENOSYS (not a ring of this layout). */
 XF_XPU_FN int xf_xpu_ring_post(struct xf_xpu_ring *r, const struct xf_xpu_desc *d)
@@ -372,16 +382,23 @@ XF_XPU_FN int xf_xpu_ring_post(struct xf_xpu_ring *r, const struct xf_xpu_desc *
 		return -XF_XPU_EAGAIN;
 	}
 	xf_u64 pos = xf_xpu_fadd(&r->tail, 1);
-	/* The host's close stores state, then reads tail: a claim its read missed finds the ring
-	 * closed here and publishes nothing; one it counted is reported at the close. */
+	/* The host's close stores state, then reads tail: either its read counts this position
+	 * (and reports what is published there) or this look finds the ring closed. Found closed,
+	 * the position is published withdrawn, so that a close that counted it does not wait for
+	 * it, and the call answers -FI_ESHUTDOWN. */
 	xf_xpu_fence();
-	if (xf_xpu_ld_acq32(&r->state) != XF_XPU_RING_OPEN)
-		return -XF_XPU_ESHUTDOWN;
+	int closed = xf_xpu_ld_acq32(&r->state) != XF_XPU_RING_OPEN;
+	struct xf_xpu_desc withdrawn;
+	if (closed) {
+		withdrawn = xf_xpu_desc_zero();
+		withdrawn.opcode = XF_XPU_OP_WITHDRAWN;
+		d = &withdrawn;
+	}
 	xf_u64 *slot = (xf_u64 *)(size_t)(r->slots + (pos & r->mask) * sizeof(struct xf_xpu_desc));
 	for (int i = 1; i < XF_XPU_DESC_WORDS; i++)
 		xf_xpu_st(&slot[i], xf_xpu_desc_word(d, i, (xf_u32)(pos + 1)));
 	xf_xpu_st_rel(&slot[0], pos + 1);
-	return 0;
+	return closed ? -XF_XPU_ESHUTDOWN : 0;
 }
 
 /* Posts `d` on the ring of handle `f` (an endpoint's or a counter's) for `scope`. */
@@ -406,16 +423,6 @@ XF_XPU_FN int xf_xpu_post_desc(struct fid_xpu_ep *ep, const struct xf_xpu_desc *
 		return -XF_XPU_EINVAL;
 	return xf_xpu_post((struct xf_xpu_ring *)xf_xpu_block(ep ? &ep->fid : 0, XF_XPU_CLASS_EP),
 			   d, scope);
-}
-
-XF_XPU_FN struct xf_xpu_desc xf_xpu_desc_zero(void)
-{
-#if defined(__cplusplus)
-	struct xf_xpu_desc d = {};
-#else
-	struct xf_xpu_desc d = { 0 };
-#endif
-	return d;
 }
 
 /* ---- messages, tagged messages, RMA, atomics ---- */
