@@ -1037,6 +1037,12 @@ impl Net {
             let take = match (v.kind, self.lane_peer[lane]) {
                 // The common case, kept short: a frame from the lane's peer.
                 (FRAME, Some(p)) => {
+                    let link = &self.links[p];
+                    if let Some(prod) = link.prod.as_ref().filter(|q| q.multi()) {
+                        if let Some(seg) = &link.seg {
+                            prod.prefetch_tail(seg);
+                        }
+                    }
                     // SAFETY: read before the consumer advances past the message.
                     let bytes = unsafe { v.bytes() };
                     match self.on_frame(g, lane, p, bytes) {

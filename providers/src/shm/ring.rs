@@ -249,6 +249,9 @@ pub struct Producer {
     dirty: [u64; SLOTS / 64],
     /// No `rewind` before the head reaches this position.
     rewind_at: u64,
+    /// The last message written took more than one slot: the next may `rewind`, which
+    /// reads the consumer's tail (`prefetch_tail`).
+    multi: bool,
 }
 
 impl Producer {
@@ -264,6 +267,7 @@ impl Producer {
             // A lane a previous sender used may hold its messages' bytes anywhere.
             dirty: [u64::MAX; SLOTS / 64],
             rewind_at: tail,
+            multi: false,
         }
     }
 
@@ -322,6 +326,31 @@ impl Producer {
     /// The lane this producer writes.
     pub fn lane(&self) -> usize {
         self.lane
+    }
+
+    /// Starts fetching the consumer's tail word, which the next `rewind` reads. Worth it where
+    /// the last message took more than one slot (`multi`; one of a slot never rewinds, and
+    /// the line would only travel for nothing). Called when the consumer's side sent us
+    /// something (a reply, an answer), by which time it has often read all we wrote: the
+    /// rewind's read then finds the line here instead of paying a transfer on the send's path
+    /// (a 4 KiB ping-pong, pinned, medians of 16 alternating runs: 0.69 -> 0.62 us a one-way
+    /// trip; 8 B to 64 KiB otherwise unchanged).
+    #[inline]
+    pub fn prefetch_tail(&self, seg: &Segment) {
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = seg;
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch never faults; the tail word lies inside the lane header.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(seg.base().add(tail_off(self.lane)).cast::<i8>());
+        }
+    }
+
+    /// Whether the last message written took more than one slot (`prefetch_tail`).
+    #[inline]
+    pub fn multi(&self) -> bool {
+        self.multi
     }
 
     /// How far the consumer has read (its tail word, now).
@@ -486,6 +515,7 @@ impl Producer {
         }
         seq_of(p).store(seq_at(self.head), Ordering::Release);
         self.head = self.head.wrapping_add(n as u64);
+        self.multi = n > 1;
     }
 }
 
