@@ -1,6 +1,6 @@
 //! The export table of libfabric.so must be Debian's libfabric 1.17.0's (FABRIC_1.x nodes),
 //! or programs linked against Debian's library fail to resolve their versioned symbols; xfabric's
-//! own symbols (the device API's host calls) are in a node of their own, XFABRIC_1.0.
+//! own symbols (the device API's host calls) are in nodes of their own, XFABRIC_1.0 and XFABRIC_1.1.
 
 use std::process::Command;
 
@@ -33,7 +33,7 @@ const EXPECTED: [(&str, &str); 25] = [
     ("xf_ep_export_xpu", "XFABRIC_1.0"),
     ("xf_cq_export_xpu", "XFABRIC_1.0"),
     ("xf_cntr_export_xpu", "XFABRIC_1.0"),
-    ("xf_xpu_notify", "XFABRIC_1.0"),
+    ("xf_xpu_notify", "XFABRIC_1.1"),
 ];
 
 fn tool(name: &str, args: &[&str]) -> Option<String> {

@@ -20,7 +20,8 @@
 //! `state` again after its claim. Either the close counts the position or the producer finds
 //! the ring closed; one that does answers `-FI_ESHUTDOWN` and publishes the position
 //! withdrawn, which a close that counted it skips. A post racing the close is reported or
-//! refused: never neither, never both.
+//! refused, never neither; both only where its thread stops between the claim and the second
+//! look for longer than the close waits (`CLOSE_WAIT`).
 //!
 //! Each shared word has one writer side: `claimed` and `tail` are the producers' (their
 //! read-modify-writes), `head` and `state` the host's (stores). A GPU's atomics on mapped host
@@ -299,10 +300,18 @@ impl DescRing {
             }
         }
         // Only this lap's publishing value matches a slot's `seq` (a slot left from an
-        // earlier lap holds its position then), so the scan finds nothing stale.
+        // earlier lap holds its position then), so the scan finds nothing stale. A withdrawn
+        // slot moves nothing: its post came after the read of `tail` above, so did every post
+        // after it, and positions before it that this read did not count are refused posts
+        // still writing their own (reported as unpublished, they would be both).
+        let withdrawn = |pos: u64| {
+            // `opcode` is the first four bytes of word 1 (asserted in `abi`).
+            let w = self.slot(pos).0[1].load(Ordering::Relaxed).to_ne_bytes();
+            u32::from_ne_bytes([w[0], w[1], w[2], w[3]]) == super::abi::opcode::WITHDRAWN
+        };
         let published = (head..lap)
             .rev()
-            .find(|&pos| published_at(pos))
+            .find(|&pos| published_at(pos) && !withdrawn(pos))
             .map_or(head, |pos| pos + 1);
         let end = tail.clamp(head, lap).max(published);
         let mut out = Vec::new();

@@ -1014,6 +1014,22 @@ fn a_claim_the_close_counted_but_refused_is_neither_waited_for_nor_reported() {
     assert!(left.is_empty(), "the close reported {left:?}");
 }
 
+/// Two posts refused after their claims, which the close's read of the tail did not count:
+/// the later one already withdrawn when the close looks, the earlier one still writing. The
+/// withdrawn slot must not stretch what the close reports over the earlier position, which
+/// would then be reported as unpublished though its post was refused too.
+#[test]
+fn a_withdrawn_slot_past_the_tail_does_not_make_the_close_report_the_claims_before_it() {
+    let r = ring::DescRing::new(4, Xpu::CPU, None).unwrap();
+    // Claimed (the earlier post, still writing) and claimed then withdrawn (the later).
+    let _writing = r.claim().unwrap();
+    r.claim().unwrap().withdraw();
+    // The tail as the close's read found it: before both claims.
+    r.header().tail.store(0, Ordering::Relaxed);
+    let left = r.close_within(std::time::Duration::ZERO);
+    assert!(left.is_empty(), "the close reported {left:?}");
+}
+
 /// A descriptor claimed before the close and published while the close looks is canceled
 /// under its own context, not reported as a position never published.
 #[test]

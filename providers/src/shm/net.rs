@@ -1038,7 +1038,7 @@ impl Net {
                 // The common case, kept short: a frame from the lane's peer.
                 (FRAME, Some(p)) => {
                     let link = &self.links[p];
-                    if let Some(prod) = link.prod.as_ref().filter(|q| q.multi()) {
+                    if let Some(prod) = link.prod.as_ref().filter(|q| q.wants_tail()) {
                         if let Some(seg) = &link.seg {
                             prod.prefetch_tail(seg);
                         }

@@ -250,7 +250,7 @@ pub struct Producer {
     /// No `rewind` before the head reaches this position.
     rewind_at: u64,
     /// The last message written took more than one slot: the next may `rewind`, which
-    /// reads the consumer's tail (`prefetch_tail`).
+    /// reads the consumer's tail (`wants_tail`).
     multi: bool,
 }
 
@@ -328,9 +328,8 @@ impl Producer {
         self.lane
     }
 
-    /// Starts fetching the consumer's tail word, which the next `rewind` reads. Worth it where
-    /// the last message took more than one slot (`multi`; one of a slot never rewinds, and
-    /// the line would only travel for nothing). Called when the consumer's side sent us
+    /// Starts fetching the consumer's tail word, which the next `rewind` reads: worth it where
+    /// that rewind will read it (`wants_tail`; a message of one slot never rewinds). Called when the consumer's side sent us
     /// something (a reply, an answer), by which time it has often read all we wrote: the
     /// rewind's read then finds the line here instead of paying a transfer on the send's path
     /// (a 4 KiB ping-pong, pinned, medians of 16 alternating runs: 0.69 -> 0.62 us a one-way
@@ -347,10 +346,13 @@ impl Producer {
         }
     }
 
-    /// Whether the last message written took more than one slot (`prefetch_tail`).
+    /// Whether the next `rewind` may read the consumer's tail word (`prefetch_tail`): the
+    /// last message took more than one slot, and no rewind found the consumer behind within
+    /// the last `REWIND_RETRY` slots (a stream both ways reads the word that seldom, and the
+    /// line would only travel for nothing).
     #[inline]
-    pub fn multi(&self) -> bool {
-        self.multi
+    pub fn wants_tail(&self) -> bool {
+        self.multi && self.head.wrapping_sub(self.rewind_at) < 1 << 63
     }
 
     /// How far the consumer has read (its tail word, now).
