@@ -63,11 +63,11 @@ static inline int readable(int fd, int ms)
 	return poll(&p, 1, ms) == 1;
 }
 
-/* Opens a fabric and domain for RDM endpoints with `caps`, `mode` and `mr_mode` on the
- * provider FI_PROVIDER names (getinfo's first answer when it is unset), its addresses
- * FI_ADDR_STR strings where XF_TEST_ADDR_STR is set. */
-static inline void open_domain(uint64_t caps, uint64_t mode, int mr_mode, struct fi_info **info,
-			       struct fid_fabric **fabric, struct fid_domain **domain)
+/* open_domain, asking for `progress` (FI_PROGRESS_UNSPEC: the provider's) for data and
+ * control alike. */
+static inline void open_domain_progress(uint64_t caps, uint64_t mode, int mr_mode,
+					enum fi_progress progress, struct fi_info **info,
+					struct fid_fabric **fabric, struct fid_domain **domain)
 {
 	struct fi_info *hints = fi_allocinfo();
 	if (!hints)
@@ -76,6 +76,8 @@ static inline void open_domain(uint64_t caps, uint64_t mode, int mr_mode, struct
 	hints->caps = caps;
 	hints->mode = mode;
 	hints->domain_attr->mr_mode = mr_mode;
+	hints->domain_attr->data_progress = progress;
+	hints->domain_attr->control_progress = progress;
 	if (getenv("XF_TEST_ADDR_STR"))
 		hints->addr_format = FI_ADDR_STR;
 	const char *prov = getenv("FI_PROVIDER");
@@ -85,6 +87,15 @@ static inline void open_domain(uint64_t caps, uint64_t mode, int mr_mode, struct
 	fi_freeinfo(hints);
 	CHECK(fi_fabric((*info)->fabric_attr, fabric, NULL));
 	CHECK(fi_domain(*fabric, *info, domain, NULL));
+}
+
+/* Opens a fabric and domain for RDM endpoints with `caps`, `mode` and `mr_mode` on the
+ * provider FI_PROVIDER names (getinfo's first answer when it is unset), its addresses
+ * FI_ADDR_STR strings where XF_TEST_ADDR_STR is set. */
+static inline void open_domain(uint64_t caps, uint64_t mode, int mr_mode, struct fi_info **info,
+			       struct fid_fabric **fabric, struct fid_domain **domain)
+{
+	open_domain_progress(caps, mode, mr_mode, FI_PROGRESS_UNSPEC, info, fabric, domain);
 }
 
 /* Closes what open_domain opened; a domain or fabric that refuses (something of it still

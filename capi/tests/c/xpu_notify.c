@@ -26,26 +26,13 @@ static void *xpu(void *p)
 int main(void)
 {
 	alarm(60);
-	struct fi_info *hints = fi_allocinfo(), *info;
-	if (!hints)
-		FAIL("fi_allocinfo");
-	hints->ep_attr->type = FI_EP_RDM;
-	hints->caps = FI_MSG | FI_TRIGGER | FI_XPU_TRIGGER;
-	hints->mode = FI_CONTEXT | FI_CONTEXT2;
-	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
-				      FI_MR_PROV_KEY;
-	/* Nothing drives progress but the application's own calls, which it does not make. */
-	hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
-	hints->domain_attr->control_progress = FI_PROGRESS_MANUAL;
-	const char *prov = getenv("FI_PROVIDER");
-	if (prov)
-		hints->fabric_attr->prov_name = strdup(prov);
-	CHECK(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info));
-	fi_freeinfo(hints);
+	struct fi_info *info;
 	struct fid_fabric *fabric;
 	struct fid_domain *domain;
-	CHECK(fi_fabric(info->fabric_attr, &fabric, NULL));
-	CHECK(fi_domain(fabric, info, &domain, NULL));
+	/* Nothing drives progress but the application's own calls, which it does not make. */
+	open_domain_progress(FI_MSG | FI_TRIGGER | FI_XPU_TRIGGER, FI_CONTEXT | FI_CONTEXT2,
+			     FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY,
+			     FI_PROGRESS_MANUAL, &info, &fabric, &domain);
 	struct fid_cq *cq;
 	struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_DATA, .size = 16 };
 	CHECK(fi_cq_open(domain, &cq_attr, &cq, NULL));
@@ -53,13 +40,8 @@ int main(void)
 	struct fi_cntr_attr cntr_attr = { .events = FI_CNTR_EVENTS_COMP };
 	CHECK(fi_cntr_open(domain, &cntr_attr, &cntr, NULL));
 	struct fid_av *av;
-	struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
-	CHECK(fi_av_open(domain, &av_attr, &av, NULL));
 	struct fid_ep *ep;
-	CHECK(fi_endpoint(domain, info, &ep, NULL));
-	CHECK(fi_ep_bind(ep, &av->fid, 0));
-	CHECK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
-	CHECK(fi_enable(ep));
+	open_ep(domain, info, cq, &av, &ep);
 
 	struct args a = { .add = 1, .flush = 1, .wait = 1 };
 	CHECK(fi_ep_export_xpu(ep, 0, &a.ep));
@@ -78,9 +60,7 @@ int main(void)
 	CHECK(fi_close(&av->fid));
 	CHECK(fi_close(&cntr->fid));
 	CHECK(fi_close(&cq->fid));
-	CHECK(fi_close(&domain->fid));
-	CHECK(fi_close(&fabric->fid));
-	fi_freeinfo(info);
+	close_domain(info, fabric, domain);
 	printf("a CPU thread's counter add applied with nobody driving progress\n");
 	return 0;
 }
