@@ -726,9 +726,26 @@ impl WaitSet {
                     "fi_wait: the set was closed while this thread waited".into(),
                 ));
             }
-            let Some(left) = remaining(dl, Duration::from_millis(1)) else {
+            let Some(mut left) = remaining(dl, Duration::from_millis(1)) else {
                 return Err(Error::TimedOut("fi_wait"));
             };
+            // A member's source that must be looked at by a time (under manual progress, an
+            // XPU watcher in its spin window or before a predicted doorbell) sets the sleep.
+            // Zero: that source waits as it chooses (a slice of spinning, or its doorbell)
+            // instead of the set's condition, as a progress thread would, and the set looks
+            // again after. Before, the set slept a millisecond whatever the plan said, and a
+            // descriptor stored in the watcher's spin window waited that millisecond.
+            let soonest = members
+                .iter()
+                .filter_map(|m| m.sources().and_then(|l| Some((l.next_look()?, l))))
+                .min_by_key(|(d, _)| *d);
+            if let Some((d, list)) = soonest {
+                if d.is_zero() {
+                    list.idle_wait(left);
+                    continue;
+                }
+                left = left.min(d);
+            }
             let g = self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
             if *g == seen && !self.inner.closed.load(std::sync::atomic::Ordering::Acquire) {
                 let _ = self.inner.cond.wait_timeout(g, left);
@@ -925,5 +942,51 @@ mod tests {
                 a.idle_wait(Duration::from_millis(1));
             }
         }
+    }
+
+    /// A source whose plan says "look again now" (an XPU watcher in its spin window), with a
+    /// member ready only after many looks: `fi_wait` lets the source wait its own way (here a
+    /// yield) and looks again, instead of sleeping a millisecond on the set's condition
+    /// between looks (20,000 looks took 20 s that way; the wait's bound is 10 s).
+    #[test]
+    fn a_wait_set_looks_again_at_once_where_a_members_source_must_be_looked_at_now() {
+        #[derive(Default)]
+        struct Spinning(AtomicUsize);
+        impl ProgressSource for Spinning {
+            fn progress(&self) -> usize {
+                self.0.fetch_add(1, Ordering::Relaxed);
+                0
+            }
+            fn next_look(&self) -> Option<Duration> {
+                Some(Duration::ZERO)
+            }
+        }
+        struct Member {
+            src: Arc<Spinning>,
+            list: ProgressList,
+        }
+        impl Waitable for Member {
+            fn ready(&self) -> bool {
+                self.src.0.load(Ordering::Relaxed) >= 20_000
+            }
+            fn drive(&self) {
+                self.list.run();
+            }
+            fn sources(&self) -> Option<&ProgressList> {
+                Some(&self.list)
+            }
+        }
+        let src = Arc::new(Spinning::default());
+        let list = ProgressList::default();
+        list.add(src.clone());
+        let m: Arc<dyn Waitable> = Arc::new(Member { src, list });
+        let ws = WaitSet::open(&WaitAttr {
+            wait_obj: WaitObj::MutexCond,
+            flags: 0,
+        })
+        .unwrap();
+        ws.add(Arc::downgrade(&m));
+        ws.wait(10_000)
+            .expect("the member was looked at too seldom to get ready");
     }
 }
