@@ -944,18 +944,20 @@ mod tests {
         }
     }
 
-    /// A source whose plan says "look again now" (an XPU watcher in its spin window), with a
-    /// member ready only after many looks: `fi_wait` lets the source wait its own way (here a
-    /// yield) and looks again, instead of sleeping a millisecond on the set's condition
-    /// between looks (20,000 looks took 20 s that way; the wait's bound is 10 s).
+    /// A source whose plan says "look again now" (an XPU watcher in its spin window): `fi_wait`
+    /// lets it wait its own way (its `idle_wait`: a spin, or its doorbell) and looks again,
+    /// rather than sleeping a millisecond on the set's condition. The member is ready once its
+    /// source was asked to wait 100 times, which a set sleeping on its condition never does.
     #[test]
-    fn a_wait_set_looks_again_at_once_where_a_members_source_must_be_looked_at_now() {
+    fn a_wait_set_lets_a_source_that_must_be_looked_at_now_wait_its_own_way() {
         #[derive(Default)]
         struct Spinning(AtomicUsize);
         impl ProgressSource for Spinning {
             fn progress(&self) -> usize {
-                self.0.fetch_add(1, Ordering::Relaxed);
                 0
+            }
+            fn idle_wait(&self, _timeout: Duration) {
+                self.0.fetch_add(1, Ordering::Relaxed);
             }
             fn next_look(&self) -> Option<Duration> {
                 Some(Duration::ZERO)
@@ -967,7 +969,7 @@ mod tests {
         }
         impl Waitable for Member {
             fn ready(&self) -> bool {
-                self.src.0.load(Ordering::Relaxed) >= 20_000
+                self.src.0.load(Ordering::Relaxed) >= 100
             }
             fn drive(&self) {
                 self.list.run();
@@ -987,6 +989,6 @@ mod tests {
         .unwrap();
         ws.add(Arc::downgrade(&m));
         ws.wait(10_000)
-            .expect("the member was looked at too seldom to get ready");
+            .expect("the source that must be looked at now was never let wait its own way");
     }
 }

@@ -30,7 +30,7 @@ const PORT_SLEEP_MIN: Duration = Duration::from_millis(1);
 
 /// Operations waiting for room are retried at once for this long after they began waiting
 /// or a retry last started one (room at a peer usually comes within it)...
-pub(super) const STALL_SPIN: Duration = Duration::from_millis(1);
+pub(crate) const STALL_SPIN: Duration = Duration::from_millis(1);
 
 /// ... and then every this long at the latest (room in a CQ comes when the application reads
 /// it, which may be seconds away: a spin would hold a core all that time).
@@ -546,10 +546,17 @@ impl ProgressSource for EpLink {
             n += self.drain_xpu(x, Finder::Watcher);
         }
         n += self.port.progress();
-        if self.has_stalled.load(Ordering::Acquire) {
-            n + self.retry()
-        } else {
-            n
+        if !self.has_stalled.load(Ordering::Acquire) {
+            return n;
+        }
+        n += self.retry();
+        // The descriptors the waiting operations held in the ring go now, not at the
+        // watcher's next planned look (`RingWatch::held`).
+        match &self.xpu {
+            Some(x) if !self.has_stalled.load(Ordering::Acquire) => {
+                n + self.drain_xpu(x, Finder::Watcher)
+            }
+            _ => n,
         }
     }
 

@@ -212,8 +212,10 @@ struct RingWatch {
     /// What its descriptors' validation found last (regions, peer), reused while valid.
     checked: crate::xpu::Checked,
     /// The last look left descriptors in it because the CQ their faults go to holds as many
-    /// unread errors as its size: until the application reads them no look can take one,
-    /// so a descriptor waiting is no reason to keep looking.
+    /// unread errors as its size, or because operations of its endpoint wait for room (taken
+    /// after them, its descriptors would overtake them): until the application reads those
+    /// errors, or those operations start, no look can take one, so a descriptor waiting is no
+    /// reason to keep looking.
     held: bool,
 }
 
@@ -598,9 +600,11 @@ impl XpuWatch {
         for r in rings.iter_mut() {
             let full = r.ring.full();
             let k = crate::xpu::ep::drain(&r.ring, &mut r.checked, DRAIN_MAX, owner, link);
-            // Held back by unread errors (`xpu::ep::drain`): a look follows the plan, not the
-            // ring, until they are read (a watcher that kept looking would spin meanwhile).
-            r.held = r.ring.ready() && owner.port().xpu_faults_full();
+            // Held back by unread errors, or behind operations waiting for room
+            // (`xpu::ep::drain`): a look follows the plan, not the ring, until they are read
+            // or those start (a watcher that kept looking would spin meanwhile; the waiting
+            // operations' own retries set the looks then, `EpLink::next_look`).
+            r.held = r.ring.ready() && (owner.port().xpu_faults_full() || owner.backlog());
             // Full by its tail, and descriptors in it: a tail alone (the XPU's to write, so
             // possibly wrong) must not keep a watcher from ever sleeping.
             if full && k > 0 {

@@ -55,6 +55,28 @@ fn node_sized(w: &World, cq_size: usize) -> Node {
     Node { ep, cq, av }
 }
 
+/// `node_sized` whose domain asks for `FI_RM_ENABLED`: operations wait for CQ room.
+fn node_managed(w: &World, cq_size: usize) -> Node {
+    let mut info = w.domain.info().clone();
+    info.caps = XPU_CAPS;
+    info.domain_attr.resource_mgmt = crate::consts::ResourceMgmt::Enabled;
+    let ep = w.domain.endpoint(&info).unwrap();
+    let cq = w
+        .domain
+        .cq_open(&CqAttr {
+            format: CqFormat::Tagged,
+            size: cq_size,
+            ..Default::default()
+        })
+        .unwrap();
+    let av = w.domain.av_open(&AvAttr::default()).unwrap();
+    av.insert_one(b"peer").unwrap();
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
+    ep.bind_av(&av).unwrap();
+    ep.enable().unwrap();
+    Node { ep, cq, av }
+}
+
 /// Every error entry now in `cq`, the success entries queued before them read and passed
 /// over (a queue answers an error only once it is the topmost entry, fi_cq(3)).
 fn errors(cq: &CompletionQueue) -> Vec<(CqErrEntry, String)> {
@@ -1055,6 +1077,45 @@ fn a_descriptor_published_while_the_close_looks_is_canceled_under_its_context() 
         "{left:?}"
     );
     assert_eq!(r.claim().err(), Some(-FI_ESHUTDOWN));
+}
+
+/// Descriptors waiting in a ring behind operations that wait for CQ room are no reason to
+/// keep looking: once those have waited their first millisecond, the watcher's next look is a
+/// nap, as for the operations alone. Before, the ring's published slot made every look "now",
+/// and a progress thread (or `fi_wait` under manual progress) spun a core until the
+/// application read its CQ. Once it does, everything starts, in order.
+#[test]
+fn descriptors_behind_operations_waiting_for_room_let_the_watcher_nap() {
+    use crate::wait::ProgressSource;
+    let w = World::new();
+    w.sh.inline.store(true, Ordering::Release);
+    let n = node_managed(&w, 2);
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let buf = vec![0u8; 8];
+    let (_mr, desc) = reg(&w, &buf, 0);
+    for ctx in 1..=4 {
+        assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, ctx, 0, W), 0);
+    }
+    n.ep.progress();
+    assert_eq!(
+        w.sh.ctxs(),
+        vec![1, 2],
+        "the third waits for room, the fourth behind it"
+    );
+    let link = n.ep.link().expect("an FI_TRIGGER endpoint's link").clone();
+    // Past the operations' first millisecond of retries at once.
+    std::thread::sleep(crate::trigger::STALL_SPIN * 3);
+    link.progress();
+    assert!(
+        link.next_look().is_some_and(|d| !d.is_zero()),
+        "still looking at once: {:?}",
+        link.next_look()
+    );
+    let ctxs: Vec<usize> = entries_settled(&n, 4)
+        .iter()
+        .map(|e| e.op_context)
+        .collect();
+    assert_eq!(ctxs, [1, 2, 3, 4], "every completion, in order");
 }
 
 /// Drives `n` until `done` (120 s at most, then fails saying `what`).
