@@ -555,9 +555,22 @@ impl WaitSet {
         self.inner
             .closed
             .store(true, std::sync::atomic::Ordering::Release);
-        let _g = self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.inner.cond.notify_all();
+        {
+            let _g = self.inner.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.inner.cond.notify_all();
+        }
+        self.wake_sources();
         Ok(())
+    }
+
+    /// Ends the waits of the members' sources: a thread in `wait` may be waiting in one of
+    /// them rather than on the set's condition (a source that must be looked at now).
+    fn wake_sources(&self) {
+        for m in self.members() {
+            if let Some(l) = m.sources() {
+                ProgressSource::wake(l);
+            }
+        }
     }
 
     /// `fi_wait_open`.
@@ -683,6 +696,7 @@ impl WaitSet {
             .woken
             .store(true, std::sync::atomic::Ordering::Release);
         self.signal();
+        self.wake_sources();
     }
 
     pub(crate) fn signal(&self) {
@@ -990,5 +1004,75 @@ mod tests {
         ws.add(Arc::downgrade(&m));
         ws.wait(10_000)
             .expect("the source that must be looked at now was never let wait its own way");
+    }
+
+    /// A signal reaches a thread in `fi_wait` that waits in a member's source (one that must
+    /// be looked at now): the source is woken, as the set's condition is. The source here
+    /// waits until woken whatever its timeout, so a signal that only notified the condition
+    /// would leave the waiter there.
+    #[test]
+    fn a_signal_reaches_a_wait_set_waiting_in_a_members_source() {
+        #[derive(Default)]
+        struct Doorbell {
+            rung: Mutex<bool>,
+            cond: Condvar,
+            entered: AtomicUsize,
+        }
+        impl ProgressSource for Doorbell {
+            fn progress(&self) -> usize {
+                0
+            }
+            fn idle_wait(&self, _timeout: Duration) {
+                let mut g = self.rung.lock().unwrap();
+                self.entered.fetch_add(1, Ordering::Release);
+                while !*g {
+                    g = self.cond.wait(g).unwrap();
+                }
+                *g = false;
+            }
+            fn wake(&self) {
+                *self.rung.lock().unwrap() = true;
+                self.cond.notify_all();
+            }
+            fn next_look(&self) -> Option<Duration> {
+                Some(Duration::ZERO)
+            }
+        }
+        struct Member(ProgressList);
+        impl Waitable for Member {
+            fn ready(&self) -> bool {
+                false
+            }
+            fn drive(&self) {
+                self.0.run();
+            }
+            fn sources(&self) -> Option<&ProgressList> {
+                Some(&self.0)
+            }
+        }
+        let bell = Arc::new(Doorbell::default());
+        let list = ProgressList::default();
+        list.add(bell.clone());
+        let m: Arc<dyn Waitable> = Arc::new(Member(list));
+        let ws = WaitSet::open(&WaitAttr {
+            wait_obj: WaitObj::MutexCond,
+            flags: 0,
+        })
+        .unwrap();
+        ws.add(Arc::downgrade(&m));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let ws = ws.clone();
+            std::thread::spawn(move || tx.send(ws.wait(-1)).unwrap())
+        };
+        while bell.entered.load(Ordering::Acquire) == 0 {
+            std::thread::yield_now();
+        }
+        ws.wake();
+        let r = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the signal left the waiter in the member's source");
+        assert!(r.is_ok(), "{r:?}");
+        waiter.join().unwrap();
     }
 }
