@@ -551,7 +551,7 @@ impl ProgressSource for EpLink {
         }
         n += self.retry();
         // The descriptors the waiting operations held in the ring go now, not at the
-        // watcher's next planned look (`RingWatch::held`).
+        // watcher's next look (`RingWatch::nap`).
         match &self.xpu {
             Some(x) if !self.has_stalled.load(Ordering::Acquire) => {
                 n + self.drain_xpu(x, Finder::Watcher)
@@ -587,10 +587,11 @@ impl ProgressSource for EpLink {
         }
         // A doorbell an XPU stores to rings nothing: while operations are armed on one,
         // keep looking (spinning when a ring is likely, sleeps a CPU XPU's ring ends between).
-        match self.xpu.as_ref().and_then(XpuWatch::nap) {
+        let backlog = self.has_stalled.load(Ordering::Acquire);
+        match self.xpu.as_ref().and_then(|x| x.nap_with(backlog)) {
             Some(Duration::ZERO) => {
                 if let Some(x) = &self.xpu {
-                    x.spin(SPIN_SLICE.min(timeout));
+                    x.spin(SPIN_SLICE.min(timeout), backlog);
                 }
                 // Between slices, the core goes to any other thread that wants it (on a small
                 // machine, the very thread that is about to ring).
@@ -614,8 +615,9 @@ impl ProgressSource for EpLink {
     }
 
     fn next_look(&self) -> Option<Duration> {
-        let xpu = self.xpu.as_ref().and_then(XpuWatch::nap);
-        if !self.has_stalled.load(Ordering::Acquire) {
+        let backlog = self.has_stalled.load(Ordering::Acquire);
+        let xpu = self.xpu.as_ref().and_then(|x| x.nap_with(backlog));
+        if !backlog {
             return xpu;
         }
         let stall = self.stall_nap();

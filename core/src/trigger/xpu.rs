@@ -212,19 +212,27 @@ struct RingWatch {
     /// What its descriptors' validation found last (regions, peer), reused while valid.
     checked: crate::xpu::Checked,
     /// The last look left descriptors in it because the CQ their faults go to holds as many
-    /// unread errors as its size, or because operations of its endpoint wait for room (taken
-    /// after them, its descriptors would overtake them): until the application reads those
-    /// errors, or those operations start, no look can take one, so a descriptor waiting is no
-    /// reason to keep looking.
+    /// unread errors as its size: until the application reads them no look can take one,
+    /// so a descriptor waiting is no reason to keep looking.
     held: bool,
 }
 
 impl RingWatch {
-    fn nap(&self, now: u64, last_fire: u64) -> Duration {
-        if self.ring.ready() && !self.held {
+    /// `backlog`: its endpoint's operations wait for room, and no look takes a descriptor
+    /// before they start (taken after them, a descriptor would overtake them): one waiting
+    /// is then no reason to keep looking either; their retries set the looks
+    /// (`EpLink::next_look`), and the one that starts the last of them drains the ring.
+    fn nap(&self, now: u64, last_fire: u64, backlog: bool) -> Duration {
+        if self.ring.ready() && !self.held && !backlog {
             return Duration::ZERO;
         }
         self.planned(now, last_fire)
+    }
+
+    /// Whether a look would take its next descriptor now (published, and neither held nor
+    /// behind waiting operations).
+    fn takeable(&self, backlog: bool) -> bool {
+        !self.held && !backlog && self.ring.ready()
     }
 
     /// The wait the watcher planned, whatever the ring holds now: zero while it spins.
@@ -600,11 +608,10 @@ impl XpuWatch {
         for r in rings.iter_mut() {
             let full = r.ring.full();
             let k = crate::xpu::ep::drain(&r.ring, &mut r.checked, DRAIN_MAX, owner, link);
-            // Held back by unread errors, or behind operations waiting for room
-            // (`xpu::ep::drain`): a look follows the plan, not the ring, until they are read
-            // or those start (a watcher that kept looking would spin meanwhile; the waiting
-            // operations' own retries set the looks then, `EpLink::next_look`).
-            r.held = r.ring.ready() && (owner.port().xpu_faults_full() || owner.backlog());
+            // Held back by unread errors (`xpu::ep::drain`): a look follows the plan, not the
+            // ring, until they are read (a watcher that kept looking would spin meanwhile).
+            // Held behind operations waiting for room is judged live instead (`nap_with`).
+            r.held = r.ring.ready() && owner.port().xpu_faults_full();
             // Full by its tail, and descriptors in it: a tail alone (the XPU's to write, so
             // possibly wrong) must not keep a watcher from ever sleeping.
             if full && k > 0 {
@@ -730,7 +737,10 @@ impl XpuWatch {
     /// one, until shortly before the next is due, then spin through the predicted window
     /// (`xpu_predict`); without, spin within the spin window after the last arm or trigger;
     /// past either, the poll interval. The soonest of its doorbells wins.
-    pub(crate) fn nap(&self) -> Option<Duration> {
+    ///
+    /// `backlog`: its endpoint's operations wait for room, and its rings' descriptors wait
+    /// behind them (`RingWatch::nap`).
+    pub(crate) fn nap_with(&self, backlog: bool) -> Option<Duration> {
         let armed = self.waiting();
         let rings = self.has_rings.load(Ordering::Acquire);
         let others = crate::xpu::cntr::any() || self.cq_backlog.load(Ordering::Acquire);
@@ -757,7 +767,7 @@ impl XpuWatch {
                 return Some(Duration::ZERO);
             };
             for r in rs.iter() {
-                soonest = soonest.min(r.nap(now, last_fire));
+                soonest = soonest.min(r.nap(now, last_fire, backlog));
             }
         }
         if others && crate::xpu::cntr::any_ready() {
@@ -773,7 +783,7 @@ impl XpuWatch {
     /// doorbell and a CPU that offers a user-level monitor/wait, it waits on the doorbell's
     /// cache line (a store, by the CPU or by a device, ends the wait); otherwise it reads the
     /// doorbells with a pause between reads. The caller looks after it.
-    pub(crate) fn spin(&self, max: Duration) {
+    pub(crate) fn spin(&self, max: Duration, backlog: bool) {
         let Ok(bells) = self.bells.try_lock() else {
             return;
         };
@@ -788,11 +798,16 @@ impl XpuWatch {
                 return;
             };
             for r in rs.iter() {
+                if r.takeable(backlog) {
+                    // Published already, and a look would take it: look now.
+                    return;
+                }
                 let pos = r.ring.head();
                 let word = r.ring.seq_word(pos).load(Ordering::Acquire);
                 if word == pos.wrapping_add(1) {
-                    // Published already: look now.
-                    return;
+                    // Published, but no look takes it yet (`RingWatch::held`, or behind
+                    // waiting operations): its word will not change; nothing to watch.
+                    continue;
                 }
                 let next: Arc<dyn Doorbell> = Arc::new(NextSlot {
                     ring: r.ring.clone(),
