@@ -1079,6 +1079,21 @@ fn a_descriptor_published_while_the_close_looks_is_canceled_under_its_context() 
     assert_eq!(r.claim().err(), Some(-FI_ESHUTDOWN));
 }
 
+/// An endpoint whose CQ of 2 entries is under resource management, exported, with four
+/// sends posted by descriptors (completing inline once started): what it returns must live
+/// while they run.
+fn four_sends_for_a_cq_of_two(w: &World) -> (Node, XpuEp, MemoryRegion, Vec<u8>) {
+    w.sh.inline.store(true, Ordering::Release);
+    let n = node_managed(w, 2);
+    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
+    let buf = vec![0u8; 8];
+    let (mr, desc) = reg(w, &buf, 0);
+    for ctx in 1..=4 {
+        assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, ctx, 0, W), 0);
+    }
+    (n, x, mr, buf)
+}
+
 /// Descriptors waiting in a ring behind operations that wait for CQ room are no reason to
 /// keep looking: once those have waited their first millisecond, the watcher's next look is a
 /// nap, as for the operations alone. Before, the ring's published slot made every look "now",
@@ -1088,14 +1103,7 @@ fn a_descriptor_published_while_the_close_looks_is_canceled_under_its_context() 
 fn descriptors_behind_operations_waiting_for_room_let_the_watcher_nap() {
     use crate::wait::ProgressSource;
     let w = World::new();
-    w.sh.inline.store(true, Ordering::Release);
-    let n = node_managed(&w, 2);
-    let x = n.ep.export_xpu(Xpu::CPU).unwrap();
-    let buf = vec![0u8; 8];
-    let (_mr, desc) = reg(&w, &buf, 0);
-    for ctx in 1..=4 {
-        assert_eq!(dev::send(&x, p(&buf), 8, desc, 0, 0, ctx, 0, W), 0);
-    }
+    let (n, _x, _mr, _buf) = four_sends_for_a_cq_of_two(&w);
     n.ep.progress();
     assert_eq!(
         w.sh.ctxs(),
@@ -1121,6 +1129,31 @@ fn descriptors_behind_operations_waiting_for_room_let_the_watcher_nap() {
         .map(|e| e.op_context)
         .collect();
     assert_eq!(ctxs, [1, 2, 3, 4], "every completion, in order");
+}
+
+/// The progress call whose retry starts the last operation that waited for room takes the
+/// descriptors that waited behind it in the ring at once, rather than leaving them for the
+/// watcher's next look (which a thread that is not the watcher, an application reading its
+/// CQ, never makes).
+#[test]
+fn the_retry_that_ends_a_wait_for_room_takes_the_descriptors_behind_it() {
+    use crate::wait::ProgressSource;
+    let w = World::new();
+    let (n, _x, _mr, _buf) = four_sends_for_a_cq_of_two(&w);
+    let link = n.ep.link().expect("an FI_TRIGGER endpoint's link").clone();
+    link.progress();
+    assert_eq!(
+        w.sh.ctxs(),
+        vec![1, 2],
+        "the third waits for room, the fourth behind it"
+    );
+    // Room: a read drives progress first (nothing can start yet), then takes both entries.
+    let mut two = [CqTaggedEntry::default(); 2];
+    assert_eq!(n.cq.read(&mut two).unwrap(), 2);
+    assert_eq!(w.sh.ctxs(), vec![1, 2]);
+    // One progress call: its retry starts the third, and the fourth follows in the same call.
+    link.progress();
+    assert_eq!(w.sh.ctxs(), vec![1, 2, 3, 4]);
 }
 
 /// Drives `n` until `done` (120 s at most, then fails saying `what`).
