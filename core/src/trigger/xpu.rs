@@ -223,7 +223,7 @@ impl RingWatch {
     /// is then no reason to keep looking either; their retries set the looks
     /// (`EpLink::next_look`), and the one that starts the last of them drains the ring.
     fn nap(&self, now: u64, last_fire: u64, backlog: bool) -> Duration {
-        if self.ring.ready() && !self.held && !backlog {
+        if self.takeable(backlog) {
             return Duration::ZERO;
         }
         self.planned(now, last_fire)

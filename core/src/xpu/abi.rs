@@ -8,7 +8,7 @@
 //! publishes with one release store; the host never trusts what it reads.
 
 use std::mem::{offset_of, size_of};
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// `enum fi_xpu_provider` value of xfabric: `"xf"` in ASCII. Upstream's range starts at 1
 /// (`FI_XPU_PROV_EFA`) and is meant to stay small and dense; 0x7866 is far outside it, so a
@@ -190,6 +190,14 @@ impl XpuDesc {
 pub struct DescSlot(pub [AtomicU64; DESC_WORDS]);
 
 const _: () = assert!(size_of::<DescSlot>() == 192);
+
+impl DescSlot {
+    /// The `opcode` its words hold now: the first four bytes of word 1 (`XpuDesc`'s offset 8).
+    pub fn opcode(&self) -> u32 {
+        let w = self.0[1].load(Ordering::Relaxed).to_ne_bytes();
+        u32::from_ne_bytes([w[0], w[1], w[2], w[3]])
+    }
+}
 
 /// Value of `RingHeader::magic`.
 pub const RING_MAGIC: u32 = 0x5846_5852; // "XFXR"

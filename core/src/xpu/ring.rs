@@ -304,11 +304,7 @@ impl DescRing {
         // slot moves nothing: its post came after the read of `tail` above, so did every post
         // after it, and positions before it that this read did not count are refused posts
         // still writing their own (reported as unpublished, they would be both).
-        let withdrawn = |pos: u64| {
-            // `opcode` is the first four bytes of word 1 (asserted in `abi`).
-            let w = self.slot(pos).0[1].load(Ordering::Relaxed).to_ne_bytes();
-            u32::from_ne_bytes([w[0], w[1], w[2], w[3]]) == super::abi::opcode::WITHDRAWN
-        };
+        let withdrawn = |pos: u64| self.slot(pos).opcode() == super::abi::opcode::WITHDRAWN;
         let published = (head..lap)
             .rev()
             .find(|&pos| published_at(pos) && !withdrawn(pos))

@@ -36,30 +36,20 @@ fn node(w: &World) -> Node {
 }
 
 fn node_sized(w: &World, cq_size: usize) -> Node {
-    let mut info = w.domain.info().clone();
-    info.caps = XPU_CAPS;
-    let ep = w.domain.endpoint(&info).unwrap();
-    let cq = w
-        .domain
-        .cq_open(&CqAttr {
-            format: CqFormat::Tagged,
-            size: cq_size,
-            ..Default::default()
-        })
-        .unwrap();
-    let av = w.domain.av_open(&AvAttr::default()).unwrap();
-    av.insert_one(b"peer").unwrap();
-    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).unwrap();
-    ep.bind_av(&av).unwrap();
-    ep.enable().unwrap();
-    Node { ep, cq, av }
+    node_from(w, w.domain.info().clone(), cq_size)
 }
 
 /// `node_sized` whose domain asks for `FI_RM_ENABLED`: operations wait for CQ room.
 fn node_managed(w: &World, cq_size: usize) -> Node {
     let mut info = w.domain.info().clone();
-    info.caps = XPU_CAPS;
     info.domain_attr.resource_mgmt = crate::consts::ResourceMgmt::Enabled;
+    node_from(w, info, cq_size)
+}
+
+/// An enabled endpoint of `info` with the XPU capabilities, its CQ of `cq_size` entries for
+/// both directions and an AV holding one peer.
+fn node_from(w: &World, mut info: crate::info::Info, cq_size: usize) -> Node {
+    info.caps = XPU_CAPS;
     let ep = w.domain.endpoint(&info).unwrap();
     let cq = w
         .domain

@@ -32,8 +32,9 @@
  * of 1 on claimed; its old value - head >= slots: give it back, -FI_EAGAIN), claim a position
  * (fetch-and-add on tail), look at state again across a full fence (closed: the slot is
  * published as XF_XPU_OP_WITHDRAWN and the call answers -FI_ESHUTDOWN), write every word of
- * the slot but seq (check included), then store seq = position + 1 with release. The device read-modify-writes only words the host never writes (claimed, tail):
- * over PCIe a GPU's atomics on host memory are not atomic against the host's.
+ * the slot but seq (check included), then store seq = position + 1 with release. The device
+ * read-modify-writes only words the host never writes (claimed, tail): over PCIe a GPU's
+ * atomics on host memory are not atomic against the host's.
  */
 #ifndef XFABRIC_FI_XPU_DEVICE_H
 #define XFABRIC_FI_XPU_DEVICE_H

@@ -329,11 +329,11 @@ impl Producer {
     }
 
     /// Starts fetching the consumer's tail word, which the next `rewind` reads: worth it where
-    /// that rewind will read it (`wants_tail`; a message of one slot never rewinds). Called when the consumer's side sent us
-    /// something (a reply, an answer), by which time it has often read all we wrote: the
-    /// rewind's read then finds the line here instead of paying a transfer on the send's path
-    /// (a 4 KiB ping-pong, pinned, medians of 16 alternating runs: 0.69 -> 0.62 us a one-way
-    /// trip; 8 B to 64 KiB otherwise unchanged).
+    /// that rewind will read it (`wants_tail`; a message of one slot never rewinds). Called
+    /// when the consumer's side sent us something (a reply, an answer), by which time it has
+    /// often read all we wrote: the rewind's read then finds the line here instead of paying
+    /// a transfer on the send's path (a 4 KiB ping-pong, pinned, medians of 16 alternating
+    /// runs: 0.69 -> 0.62 us a one-way trip; 8 B to 64 KiB otherwise unchanged).
     #[inline]
     pub fn prefetch_tail(&self, seg: &Segment) {
         #[cfg(not(target_arch = "x86_64"))]
@@ -352,7 +352,14 @@ impl Producer {
     /// line would only travel for nothing).
     #[inline]
     pub fn wants_tail(&self) -> bool {
-        self.multi && self.head.wrapping_sub(self.rewind_at) < 1 << 63
+        self.multi && self.may_ask()
+    }
+
+    /// Whether a `rewind` may read the consumer's tail word now: not within `REWIND_RETRY`
+    /// slots of finding the consumer behind.
+    #[inline]
+    fn may_ask(&self) -> bool {
+        self.head.wrapping_sub(self.rewind_at) < 1 << 63
     }
 
     /// How far the consumer has read (its tail word, now).
@@ -452,10 +459,7 @@ impl Producer {
     /// long one, whose later pieces would wait for the consumer to read the first.
     fn rewind(&mut self, seg: &Segment, n: usize, spare: usize) -> usize {
         let idx = (self.head % SLOTS as u64) as usize;
-        if !(2..=REWIND_MAX).contains(&n)
-            || idx < n + spare
-            || self.head.wrapping_sub(self.rewind_at) >= 1 << 63
-        {
+        if !(2..=REWIND_MAX).contains(&n) || idx < n + spare || !self.may_ask() {
             return 0;
         }
         let tail = self.consumed(seg);
