@@ -46,7 +46,7 @@
 //! ```text
 //! cargo run --release --example xpu_bench -- lat [--samples N] [--rounds R] [--auto]
 //! cargo run --release --example xpu_bench -- rate [--count N] [--rounds R]
-//! cargo run --release --example xpu_bench -- idle [--secs S]
+//! cargo run --release --example xpu_bench -- idle [--secs S] [--endpoints N]
 //! cargo run --release --example xpu_bench -- silence [--gaps 0,5,50,200,1000] [--samples N]
 //!                                                    [--spin] [--manual] [--endpoints N]
 //!                                                    [--ring store|wake] [--sread] [--raw]
@@ -123,7 +123,8 @@ struct Args {
     #[arg(long)]
     manual: bool,
     /// silence: endpoints with an armed send each (the measured one and others whose XPU
-    /// stays silent, all watched at once)
+    /// stays silent, all watched at once); idle: endpoints of the one domain its progress
+    /// thread drives (with --device, each exports a ring)
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     endpoints: u32,
     /// silence, with --manual: the sender waits in fi_cq_sread (the watcher then sleeps and
@@ -841,6 +842,22 @@ fn idle(a: &Args) {
         std::thread::sleep(secs);
         100.0 * (cpu_secs() - c0) / t0.elapsed().as_secs_f64()
     };
+    // Other endpoints of the same domain, which its one progress thread drives with the
+    // measured one (`--endpoints N`); with `--device`, each exports a ring never posted to.
+    // Kept open until the measurements end (named with `_`: used only by being open).
+    let _others: Vec<(Endpoint, CompletionQueue, Option<XpuEp>)> = (1..a.endpoints)
+        .map(|_| {
+            let ep = n.domain.endpoint(n.domain.info()).expect("endpoint");
+            let cq = n.domain.cq_open(&CqAttr::default()).expect("cq");
+            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).expect("bind cq");
+            ep.bind_av(&n.av).expect("bind av");
+            ep.enable().expect("enable");
+            let x = a
+                .device
+                .then(|| ep.export_xpu(Xpu::CPU).expect("export_xpu"));
+            (ep, cq, x)
+        })
+        .collect();
     // Settle: the thread backs off from its start-up spin.
     std::thread::sleep(Duration::from_millis(300));
     let none = measure();

@@ -46,7 +46,8 @@
 #     plain send's from the send call, alternating blocks in one run; goal: p50 within +0.5 us;
 #     also with the sender under auto progress and the XPU a separate thread;
 #   - 8 B triggered sends per second one way (goal >= 2 M/s), and plain sends the same way;
-#   - the auto-progress thread's CPU time while idle (goal < 5% of a core);
+#   - the auto-progress thread's CPU time while idle (goal < 5% of a core); with --device also
+#     with 4 endpoints on its domain, each with a ring exported (one thread sleeps on them all);
 #   - a trigger after a silence: the XPU computes 0, 5, 50, 200 and 1000 ms after its send is
 #     armed, then rings; p50 / p99 / max per gap against a plain send after the same silence
 #     (alternating) and back-to-back plain sends, and the CPU used during the gaps (goal: p50
@@ -929,7 +930,7 @@ xpu_section() {
     for args in "lat --rounds $XPU_ROUNDS" "lat --rounds $XPU_ROUNDS --device" \
         "lat --rounds $XPU_ROUNDS --auto" "lat --rounds $XPU_ROUNDS --auto --device" \
         "rate --rounds $((XPU_ROUNDS * 3))" "rate --rounds $((XPU_ROUNDS * 3)) --count 20000 --device --quiet$rate_pin" \
-        "idle" "idle --device" \
+        "idle" "idle --device" "idle --device --endpoints 4" \
         "silence" "silence --device" "silence --manual" "silence --manual --device" \
         "silence --manual --sread" "silence --spin" "silence --endpoints 8" \
         "silence --endpoints 8 --device" "silence --ring wake"; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The conformance suite (twice: core's keys, then the NIC's), the cross-process semantic tests
 # (tagged matching, completion machinery and levels, atomics, RMA), the device-memory tests and
-# the device API's (CPU XPUs posting through exported endpoints) over the verbs provider, inside
+# the device API's (CPU XPUs posting through exported endpoints) and a progress thread's sleep
+# on several endpoints (tests/progress_thread.rs) over the verbs provider, inside
 # the Soft-RoCE VM (scripts/rxe-vm.sh): one boot running the prebuilt test binaries with
 # XFABRIC_TEST_PROVIDER=verbs, one after the other, each one's time printed. The device API's
 # four XPU threads send 8,000 descriptors here instead of 100,000 (XFABRIC_XPU_TEST_N): the
@@ -14,7 +15,7 @@ if ! why=$(scripts/rxe-vm.sh --check); then
     echo "test-verbs-vm: skipped: $why" >&2
     exit 0
 fi
-tests=(conformance tagged cq completion atomic rma hmem hmem_rma hmem_trigger hmem_ze xpu_device)
+tests=(conformance tagged cq completion atomic rma hmem hmem_rma hmem_trigger hmem_ze xpu_device progress_thread)
 args=()
 for t in "${tests[@]}"; do args+=(--test "$t"); done
 # The test binaries only (cargo also lists the workspace's programs).

@@ -9,12 +9,13 @@ scripts/setup.sh
 cargo build --workspace --examples -j2
 cargo test --workspace --all-targets -j2 "$@"
 # The conformance suite, the cross-process semantic tests (tagged matching, completion
-# machinery and levels, atomics, RMA) and the device-memory tests again over tcp (the
-# workspace run above covered the default, shm): the same two-process tests, provider chosen
-# by XFABRIC_TEST_PROVIDER, which the children inherit.
+# machinery and levels, atomics, RMA), the device-memory tests and the progress thread's
+# sleep on several endpoints again over tcp (the workspace run above covered the default,
+# shm): the same two-process tests, provider chosen by XFABRIC_TEST_PROVIDER, which the
+# children inherit.
 XFABRIC_TEST_PROVIDER=tcp cargo test -j2 --test conformance --test tagged --test cq \
     --test completion --test atomic --test rma --test wait_fd --test hmem --test hmem_rma \
-    --test hmem_trigger --test hmem_ze --test xpu_device "$@"
+    --test hmem_trigger --test hmem_ze --test xpu_device --test progress_thread "$@"
 # shm_recv's FI_SOURCE / FI_SOURCE_ERR tests are provider-neutral too (its others rely on
 # shm's cross-memory attach pulling a rendezvous without the sender's progress).
 XFABRIC_TEST_PROVIDER=tcp cargo test -j2 --test shm_recv source_ "$@"

@@ -66,7 +66,7 @@ pub use trigger::{
     TriggerXpu, Xpu, XpuDevice, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED,
 };
 pub use trigger::{TriggerContext, WorkId};
-pub use wait::{ProgressSource, WaitAttr, WaitSet};
+pub use wait::{Join, ProgressSource, WaitAttr, WaitSet};
 pub use work::{
     DeferredWork, OpAtomic, OpCntr, OpCompareAtomic, OpFetchAtomic, OpMsg, OpRma, WorkOp,
 };

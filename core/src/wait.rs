@@ -50,6 +50,30 @@ pub trait ProgressSource: Send + Sync {
     fn as_list(&self) -> Option<&ProgressList> {
         None
     }
+    /// For a thread that sleeps on several sources at once (a domain's progress thread
+    /// driving several endpoints): looks for work a last time, readies what ends the sleep
+    /// (as [`idle_wait`](Self::idle_wait) does before its own) and adds its descriptors to
+    /// `out`. [`Join::Joined`] carries how long the sleep may last for this source (at most
+    /// `timeout`), and binds the caller to [`leave_sleep`](Self::leave_sleep) once the
+    /// sleep has ended. The default cannot: its wait is its own `idle_wait`.
+    fn join_sleep(&self, timeout: Duration, out: &mut Vec<(RawFd, i16)>) -> Join {
+        let _ = (timeout, out);
+        Join::Cannot
+    }
+    /// Ends what a [`Join::Joined`] began.
+    fn leave_sleep(&self) {}
+}
+
+/// A source's answer to [`ProgressSource::join_sleep`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Join {
+    /// Readied: one of the descriptors it added becomes readable when it has work, or is
+    /// woken; the sleep lasts at most this long.
+    Joined(Duration),
+    /// Work is ready (or a wake came): no sleep; the caller looks again.
+    Ready,
+    /// This source sleeps only its own way (no descriptor announces its work).
+    Cannot,
 }
 
 /// The endpoints (or other progress sources) that a queue, counter or domain drives. Read on
@@ -221,8 +245,9 @@ impl ProgressList {
 
     /// Sleeps until a source may have work, at most `timeout`.
     pub fn idle_wait(&self, timeout: Duration) {
-        // One source: sleep on its doorbell for the whole timeout. Several: on the first's for
-        // at most a millisecond, so the others are looked at again soon. None: just sleep.
+        // One source: sleep on its doorbell for the whole timeout. Several: on all their
+        // descriptors at once where each can (`join_sleep`), otherwise on the first's doorbell
+        // for at most a millisecond, so the others are looked at again soon. None: just sleep.
         let v = self.0.flat.read();
         // A source that must be looked at by a time: the soonest sets the sleep, on its own
         // doorbell (`EpLink`'s wait ends at that time, or at a CPU XPU's ring).
@@ -230,6 +255,12 @@ impl ProgressList {
             .iter()
             .filter_map(|p| p.next_look().map(|d| (d, p)))
             .min_by_key(|(d, _)| *d);
+        if v.len() > 1 && soonest.is_none_or(|(d, _)| !d.is_zero()) {
+            let cap = soonest.map_or(timeout, |(d, _)| timeout.min(d));
+            if sleep_joined(&v, cap) {
+                return;
+            }
+        }
         if let Some((d, p)) = soonest {
             // Zero: the source spins (for a slice of its own choosing) rather than sleeps.
             let d = if d.is_zero() { timeout } else { timeout.min(d) };
@@ -416,6 +447,67 @@ impl FdWait {
         self.own.drain();
         idle
     }
+}
+
+/// Sleeps at most `timeout` on every source of `sources` at once, each joined through
+/// `join_sleep`. False where one cannot join: the caller sleeps another way. Without this, a
+/// thread driving several endpoints slept on one's doorbell a millisecond at a time, and an
+/// idle domain with two endpoints cost its progress thread 1.9-2.3% of a core (0.06% with
+/// one).
+fn sleep_joined(sources: &[Arc<dyn ProgressSource>], timeout: Duration) -> bool {
+    let mut fds = Vec::new();
+    let mut left = timeout;
+    let mut joined = 0;
+    let mut outcome = Join::Joined(timeout);
+    for p in sources {
+        match p.join_sleep(left, &mut fds) {
+            Join::Joined(d) => {
+                left = left.min(d);
+                joined += 1;
+            }
+            other => {
+                outcome = other;
+                break;
+            }
+        }
+    }
+    if outcome != Join::Cannot && joined == sources.len() {
+        // An XPU watcher among them looked at its rings and doorbells: a CPU XPU's ring after
+        // that look wakes the sources (`RingTarget::wake_watcher`).
+        crate::trigger::sleep_joined(left, |t| poll_fds(&fds, t));
+    }
+    for p in &sources[..joined] {
+        p.leave_sleep();
+    }
+    outcome != Join::Cannot
+}
+
+/// poll(2) on `fds` for at most `timeout`, to the nanosecond (`ppoll`): a sleep toward an
+/// XPU's predicted post may be shorter than poll's millisecond.
+fn poll_fds(fds: &[(RawFd, i16)], timeout: Duration) {
+    let mut all: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&(fd, events)| libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        })
+        .collect();
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: a valid pollfd array of its length and a valid timespec; no signal mask. A
+    // descriptor closed since (a connection another thread dropped) reports POLLNVAL and ends
+    // the sleep early, which only costs a look.
+    unsafe {
+        libc::ppoll(
+            all.as_mut_ptr(),
+            all.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
 }
 
 /// A libfabric timeout in milliseconds (negative: wait forever) as a deadline.
@@ -1074,5 +1166,120 @@ mod tests {
             .expect("the signal left the waiter in the member's source");
         assert!(r.is_ok(), "{r:?}");
         waiter.join().unwrap();
+    }
+
+    /// A pipe source that joins sleeps shared with others, counting what was asked of it.
+    struct Joining {
+        pipe: Arc<PipeSource>,
+        /// False: it cannot join (its sleep is its own `idle_wait`).
+        can: bool,
+        joined: AtomicUsize,
+        left: AtomicUsize,
+        waited: AtomicUsize,
+    }
+
+    impl Joining {
+        fn new(can: bool) -> Arc<Self> {
+            Arc::new(Joining {
+                pipe: PipeSource::new(),
+                can,
+                joined: AtomicUsize::new(0),
+                left: AtomicUsize::new(0),
+                waited: AtomicUsize::new(0),
+            })
+        }
+
+        fn counts(&self) -> (usize, usize, usize) {
+            (
+                self.joined.load(Ordering::Acquire),
+                self.left.load(Ordering::Acquire),
+                self.waited.load(Ordering::Acquire),
+            )
+        }
+    }
+
+    impl ProgressSource for Joining {
+        fn progress(&self) -> usize {
+            self.pipe.progress()
+        }
+        fn idle_wait(&self, _timeout: Duration) {
+            self.waited.fetch_add(1, Ordering::AcqRel);
+        }
+        fn join_sleep(&self, timeout: Duration, out: &mut Vec<(RawFd, i16)>) -> Join {
+            if !self.can {
+                return Join::Cannot;
+            }
+            if self.progress() > 0 {
+                return Join::Ready;
+            }
+            self.pipe.wait_fds(out);
+            self.joined.fetch_add(1, Ordering::AcqRel);
+            Join::Joined(timeout)
+        }
+        fn leave_sleep(&self) {
+            self.left.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// A thread driving several sources sleeps on all of them at once, for as long as it was
+    /// asked, and a frame at any of them ends the sleep. It slept on the first one's doorbell
+    /// a millisecond at a time: an idle domain with two endpoints cost its progress thread
+    /// about 2% of a core, thirty times one endpoint's.
+    #[test]
+    fn a_thread_driving_several_sources_sleeps_on_all_of_them_at_once() {
+        let (a, b) = (Joining::new(true), Joining::new(true));
+        let list = Arc::new(ProgressList::default());
+        list.add(a.clone());
+        list.add(b.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sleeper = {
+            let list = list.clone();
+            std::thread::spawn(move || {
+                list.idle_wait(Duration::from_secs(60));
+                tx.send(()).unwrap();
+            })
+        };
+        // Both joined (the sleep has begun, or is about to: a frame from now on ends it).
+        let until = Instant::now() + Duration::from_secs(20);
+        while a.counts().0 == 0 || b.counts().0 == 0 {
+            assert!(
+                Instant::now() < until,
+                "the sleep never joined both sources: {:?} {:?}",
+                a.counts(),
+                b.counts()
+            );
+            std::thread::yield_now();
+        }
+        b.pipe.frame();
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("a frame at the second source left the thread asleep");
+        sleeper.join().unwrap();
+        // Joined once, left once, and neither slept its own way.
+        assert_eq!(a.counts(), (1, 1, 0));
+        assert_eq!(b.counts(), (1, 1, 0));
+    }
+
+    /// A source with work ready ends the joint sleep before it begins, and those that had
+    /// joined are left; one that cannot join sends the thread back to the old way (a
+    /// millisecond on the first one's doorbell), the others left all the same.
+    #[test]
+    fn a_joint_sleep_is_skipped_when_one_source_has_work_or_cannot_join() {
+        let (a, b) = (Joining::new(true), Joining::new(true));
+        let list = ProgressList::default();
+        list.add(a.clone());
+        list.add(b.clone());
+        b.pipe.frame();
+        // Ends at once (were it to sleep, only the 60 s timeout would end it).
+        list.idle_wait(Duration::from_secs(60));
+        assert_eq!(a.counts(), (1, 1, 0));
+        assert_eq!(b.counts(), (0, 0, 0));
+
+        let (c, d) = (Joining::new(true), Joining::new(false));
+        let list = ProgressList::default();
+        list.add(c.clone());
+        list.add(d.clone());
+        list.idle_wait(Duration::from_secs(60));
+        assert_eq!(c.counts(), (1, 1, 1), "left, then its own wait");
+        assert_eq!(d.counts(), (0, 0, 0));
     }
 }

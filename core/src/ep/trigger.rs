@@ -212,6 +212,18 @@ impl ProgressSource for EpPort {
     fn prepare_fd_sleep(&self) -> bool {
         self.ops.prepare_fd_sleep()
     }
+
+    fn join_sleep(
+        &self,
+        timeout: std::time::Duration,
+        out: &mut Vec<(std::os::fd::RawFd, i16)>,
+    ) -> crate::wait::Join {
+        self.ops.join_sleep(timeout, out)
+    }
+
+    fn leave_sleep(&self) {
+        self.ops.leave_sleep();
+    }
 }
 
 impl Endpoint {

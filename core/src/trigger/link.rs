@@ -17,7 +17,7 @@ use crate::consts::errno::{FI_ECANCELED, FI_EIO};
 use crate::consts::FI_COMPLETION;
 use crate::entry::Context;
 use crate::error::{Error, Result};
-use crate::wait::ProgressSource;
+use crate::wait::{Join, ProgressSource};
 use crate::xpu::{Checked, XpuDesc};
 
 /// Longest one spin on XPU doorbells lasts before the watcher yields and drives the endpoint
@@ -626,6 +626,38 @@ impl ProgressSource for EpLink {
 
     fn wait_fds(&self, out: &mut Vec<(std::os::fd::RawFd, i16)>) {
         self.port.wait_fds(out);
+    }
+
+    fn join_sleep(&self, timeout: Duration, out: &mut Vec<(std::os::fd::RawFd, i16)>) -> Join {
+        // Operations waiting for room are retried by time, on this link's own wait.
+        if self.has_stalled.load(Ordering::Acquire) {
+            return Join::Cannot;
+        }
+        let Some(x) = &self.xpu else {
+            return self.port.join_sleep(timeout, out);
+        };
+        // As `idle_wait`: a producer that found its ring full gets the core first.
+        if x.take_producer_waited() {
+            std::thread::yield_now();
+            return Join::Ready;
+        }
+        // A last look at what XPUs stored (it records the look a CPU XPU's ring is measured
+        // against: `xpu_wake::sleep_joined`), then the watcher's plan bounds the sleep.
+        if x.poll(&*self.port, Finder::Watcher, |j| self.submit(j)) > 0
+            || self.drain_xpu(x, Finder::Watcher) > 0
+        {
+            return Join::Ready;
+        }
+        match x.nap_with(false) {
+            // In a window where a store is likely: this link spins (`idle_wait`).
+            Some(Duration::ZERO) => Join::Cannot,
+            Some(d) => self.port.join_sleep(timeout.min(d), out),
+            None => self.port.join_sleep(timeout, out),
+        }
+    }
+
+    fn leave_sleep(&self) {
+        self.port.leave_sleep();
     }
 
     fn prepare_fd_sleep(&self) -> bool {

@@ -188,9 +188,24 @@ pub(crate) fn sleep_until_ring(timeout: Duration) {
 /// then lasts its timeout, and only what the ringing thread could not start itself (it starts
 /// what it rang) waits that long.
 pub(crate) fn sleep_with(timeout: Duration, sleep: impl FnOnce(Duration)) {
-    let Some(seen) = LOOKED_AT.with(Cell::take) else {
-        return;
-    };
+    if let Some(seen) = LOOKED_AT.with(Cell::take) {
+        sleep_counted(seen, timeout, sleep);
+    }
+}
+
+/// A sleep on several sources at once (`ProgressList`'s joint sleep): as `sleep_with` where
+/// an XPU watcher among them recorded a look, so that a CPU XPU's ring after it wakes the
+/// sources; otherwise (no watcher looked: nothing a ring could start) `sleep` as it is.
+pub(crate) fn sleep_joined(timeout: Duration, sleep: impl FnOnce(Duration)) {
+    match LOOKED_AT.with(Cell::take) {
+        Some(seen) => sleep_counted(seen, timeout, sleep),
+        None => sleep(timeout),
+    }
+}
+
+/// `sleep`, counted among the watchers a CPU XPU's ring wakes, unless a ring came since the
+/// looks that read `seen`.
+fn sleep_counted(seen: u32, timeout: Duration, sleep: impl FnOnce(Duration)) {
     fine_timer_slack();
     SLEEPERS.fetch_add(1, Ordering::SeqCst);
     fence(Ordering::SeqCst);

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use xfabric_core::{Error, Result};
+use xfabric_core::{Error, Join, Result};
 
 use super::seam::Bell;
 
@@ -91,6 +91,13 @@ impl FdBell {
         })
     }
 
+    /// Empties the wake eventfd (non-blocking: nothing there is no wait).
+    fn take_wake(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a local from our non-blocking eventfd.
+        unsafe { libc::read(self.wake_fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+
     /// What the last locked call left (`Wire::publish`).
     pub fn set(&self, busy: bool, backlog: bool) {
         self.busy.store(busy, Ordering::Release);
@@ -139,10 +146,29 @@ impl Bell for FdBell {
         // dropped by another thread's progress) reports POLLNVAL and ends the wait early.
         let r = unsafe { libc::poll(all.as_mut_ptr(), all.len() as libc::nfds_t, ms) };
         if r > 0 && all[0].revents != 0 {
-            let mut v: u64 = 0;
-            // SAFETY: reads 8 bytes into a local from our non-blocking eventfd.
-            unsafe { libc::read(self.wake_fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            self.take_wake();
         }
+        self.gate.leave();
+    }
+
+    fn join_sleep(
+        &self,
+        timeout: Duration,
+        fds: &[(RawFd, i16)],
+        out: &mut Vec<(RawFd, i16)>,
+    ) -> Join {
+        if self.gate.out() {
+            // As in `sleep`: cannot be; were it so, the caller looks again.
+            return Join::Ready;
+        }
+        out.push((self.wake_fd.as_raw_fd(), libc::POLLIN));
+        out.extend_from_slice(fds);
+        Join::Joined(timeout)
+    }
+
+    fn leave_sleep(&self) {
+        // A wake that ended the sleep, or came after it: either way the caller now looks.
+        self.take_wake();
         self.gate.leave();
     }
 

@@ -16,8 +16,8 @@ use xfabric_core::rdm::{self, Engine, PeerId};
 use xfabric_core::rxq::PostedRecv;
 use xfabric_core::settings;
 use xfabric_core::{
-    AtomicReq, Context, EndpointOps, EpCore, Error, FiAddr, ProgressSource, RegionCut, Result,
-    RmaOp,
+    AtomicReq, Context, EndpointOps, EpCore, Error, FiAddr, Join, ProgressSource, RegionCut,
+    Result, RmaOp,
 };
 
 use super::seam::{Bell, Glue, Wire};
@@ -300,6 +300,41 @@ impl<W: Wire> RegionCut for RdmEndpoint<W> {
     }
 }
 
+/// A sleep about to begin (`RdmEndpoint::sleep_coming`).
+struct Coming {
+    ticket: u64,
+    timeout: Duration,
+    fds: Vec<(RawFd, i16)>,
+}
+
+impl<W: Wire> RdmEndpoint<W> {
+    /// Readies a sleep of at most `timeout` (less where the bell says so): the bell counts a
+    /// sleeper, the wire is armed, then progressed once, so that what arrives after raises an
+    /// event (or moves the ticket) and the sleep cannot miss it. `None`, no sleep: work was
+    /// found, waits that nothing will announce, or another thread is progressing (it may
+    /// leave work behind). Some binds the caller to the bell's `sleep` or, for a sleep
+    /// shared with others, `join_sleep`.
+    fn sleep_coming(&self, timeout: Duration) -> Option<Coming> {
+        let timeout = self.bell.nap(timeout)?;
+        let ticket = self.bell.ticket();
+        let mut st = self.st.try_lock().ok()?;
+        self.bell.sleep_coming();
+        st.net.arm();
+        if self.do_progress(&mut st) > 0 {
+            self.finish(st);
+            self.bell.sleep_skipped();
+            return None;
+        }
+        let fds = st.net.wait_fds();
+        self.finish(st);
+        Some(Coming {
+            ticket,
+            timeout,
+            fds,
+        })
+    }
+}
+
 impl<W: Wire> ProgressSource for RdmEndpoint<W> {
     fn progress(&self) -> usize {
         self.bell.awake();
@@ -314,29 +349,30 @@ impl<W: Wire> ProgressSource for RdmEndpoint<W> {
     }
 
     fn idle_wait(&self, timeout: Duration) {
-        let Some(timeout) = self.bell.nap(timeout) else {
-            return;
-        };
-        let ticket = self.bell.ticket();
-        let Ok(mut st) = self.st.try_lock() else {
-            return;
-        };
-        // Armed first, then progressed once: what arrives after this raises an event (or
-        // moves the ticket), so the sleep below cannot miss it.
-        self.bell.sleep_coming();
-        st.net.arm();
-        if self.do_progress(&mut st) > 0 {
-            self.finish(st);
-            self.bell.sleep_skipped();
-            return;
+        if let Some(s) = self.sleep_coming(timeout) {
+            self.bell.sleep(s.ticket, s.timeout, &s.fds);
         }
-        let fds = st.net.wait_fds();
-        self.finish(st);
-        self.bell.sleep(ticket, timeout, &fds);
     }
 
     fn wake(&self) {
         self.bell.wake();
+    }
+
+    fn join_sleep(&self, timeout: Duration, out: &mut Vec<(RawFd, i16)>) -> Join {
+        let Some(s) = self.sleep_coming(timeout) else {
+            return Join::Ready;
+        };
+        match self.bell.join_sleep(s.timeout, &s.fds, out) {
+            j @ Join::Joined(_) => j,
+            other => {
+                self.bell.sleep_skipped();
+                other
+            }
+        }
+    }
+
+    fn leave_sleep(&self) {
+        self.bell.leave_sleep();
     }
 
     fn wait_fds(&self, out: &mut Vec<(RawFd, i16)>) {

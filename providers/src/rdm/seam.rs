@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use xfabric_core::ep::TxOp;
 use xfabric_core::rdm::wire::{Prefix, WireError};
 use xfabric_core::rdm::{self, Engine, PeerId, Sink};
-use xfabric_core::{EpCore, FiAddr, Result};
+use xfabric_core::{EpCore, FiAddr, Join, Result};
 
 use super::sources::Sources;
 
@@ -173,8 +173,24 @@ pub trait Bell: Send + Sync + 'static {
     /// Sleeps at most `timeout`, until `wake`, or work (since `ticket`, or on the wire's
     /// descriptors `fds`); after `sleep_coming`.
     fn sleep(&self, ticket: u64, timeout: Duration, fds: &[(RawFd, i16)]);
-    /// Ends a `sleep`.
+    /// Ends a `sleep`, or a sleep joined.
     fn wake(&self);
+    /// Joins a sleep shared with other endpoints' bells (one thread driving several), where
+    /// `sleep` would begin (after `sleep_coming` and a last look that found nothing): adds
+    /// what ends it, the wire's descriptors `fds` among them, to `out`. Not joined, the
+    /// caller calls `sleep_skipped`; joined, `leave_sleep` once the sleep has ended. The
+    /// default cannot: a bell whose sleep is a futex's has no descriptor to poll.
+    fn join_sleep(
+        &self,
+        timeout: Duration,
+        fds: &[(RawFd, i16)],
+        out: &mut Vec<(RawFd, i16)>,
+    ) -> Join {
+        let _ = (timeout, fds, out);
+        Join::Cannot
+    }
+    /// Ends a sleep joined (as `sleep` ends).
+    fn leave_sleep(&self) {}
     /// Descriptors of the bell's own a sleeper on descriptors (fi_trywait) polls besides
     /// the wire's.
     fn wait_fds(&self, out: &mut Vec<(RawFd, i16)>) {

@@ -14,7 +14,7 @@ use xfabric_core::consts::*;
 use xfabric_core::ep::TxOp;
 use xfabric_core::rdm::{self, Engine, PeerId};
 use xfabric_core::settings;
-use xfabric_core::{EpCore, Error, Result};
+use xfabric_core::{EpCore, Error, Join, Result};
 
 use super::addr::{seg_name, ADDR_PREFIX};
 use super::fdwake::WakeSock;
@@ -201,6 +201,34 @@ impl Bell for ShmBell {
         ring::fd_sleeping(&self.seg).store(1, Ordering::Release);
         fence(Ordering::SeqCst);
         s.drain();
+    }
+
+    fn join_sleep(
+        &self,
+        timeout: Duration,
+        _fds: &[(RawFd, i16)],
+        out: &mut Vec<(RawFd, i16)>,
+    ) -> Join {
+        // The futex is one word: a sleep shared with other endpoints is taken on the wake
+        // socket, as a sleep on descriptors is (`arm_fds`, `quiet`).
+        let Some(s) = self.wake_sock() else {
+            return Join::Cannot;
+        };
+        // Only sweeps read a CONNECT waiting for its segment, and a peer that may not reach
+        // the socket rings only the futex: a sleep that keeps to a millisecond (the caller's
+        // other way) rather than one on the socket. A new peer's first frame may still find
+        // a sleep on the socket, which then lasts its timeout (up to 100 ms, once).
+        if self.idle.connect_waits.load(Ordering::Relaxed)
+            || self.idle.wake_unsure.load(Ordering::Relaxed)
+        {
+            return Join::Cannot;
+        }
+        self.arm_fds();
+        if !self.quiet() {
+            return Join::Ready;
+        }
+        out.push((s.raw(), libc::POLLIN));
+        Join::Joined(timeout)
     }
 
     fn quiet(&self) -> bool {

@@ -22,6 +22,16 @@ use std::sync::OnceLock;
 
 use xfabric_core::{Error, Result};
 
+/// Whether process `pid` is in this process's network namespace, where our sockets'
+/// abstract names reach; false when either namespace cannot be read.
+pub fn shares_netns(pid: i32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    static OWN: OnceLock<Option<(u64, u64)>> = OnceLock::new();
+    let ns = |path: &str| std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    let own = OWN.get_or_init(|| ns("/proc/self/ns/net"));
+    own.is_some() && *own == ns(&format!("/proc/{pid}/ns/net"))
+}
+
 /// The socket address for segment `seg` under `nonce`: `\0xfabric-wake/<seg>/<nonce>`, or
 /// `None` when the name is too long for one.
 fn addr_of(seg: &str, nonce: u64) -> Option<(libc::sockaddr_un, libc::socklen_t)> {
@@ -92,6 +102,15 @@ impl WakeSock {
     }
 }
 
+/// Wake datagrams this process sent that reached a socket (tests: a sleep on the socket
+/// happened, and was ended so).
+static WAKES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// See `WAKES`.
+pub fn wakes() -> u64 {
+    WAKES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The sender's side: rings the socket of segment `seg` under `nonce` (the owner's header's;
 /// best effort: a full socket is readable already, an absent one has no sleeper).
 pub fn ring(seg: &str, nonce: u64) {
@@ -103,7 +122,7 @@ pub fn ring(seg: &str, nonce: u64) {
         return;
     };
     // SAFETY: sends nothing (a zero-length datagram) to a valid sockaddr_un of `len` bytes.
-    unsafe {
+    let sent = unsafe {
         libc::sendto(
             fd.as_raw_fd(),
             std::ptr::null(),
@@ -113,6 +132,9 @@ pub fn ring(seg: &str, nonce: u64) {
             len,
         )
     };
+    if sent == 0 {
+        WAKES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 #[cfg(test)]

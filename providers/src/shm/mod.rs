@@ -29,6 +29,7 @@ use crate::domain::{Domain, ProviderDomain};
 use crate::info::{check_hmem, rdm_info, RdmDesc};
 
 pub use addr::ADDR_PREFIX;
+pub use fdwake::wakes as fd_wakes;
 pub use futex::wakes as futex_wakes;
 pub use net::{armed_counts, ArmedCounts};
 

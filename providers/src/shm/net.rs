@@ -232,6 +232,10 @@ pub struct Idle {
     /// (`Net::held_state`), and lanes whose CONNECT waits for the next sweep
     /// (`Net::connect_later`): what they hold is no work yet.
     quiet_lanes: AtomicU64,
+    /// A peer may not reach this endpoint's wake socket (another network namespace, or one
+    /// not known: `fdwake::shares_netns`): a sleep shared with other endpoints, on that
+    /// socket, could miss its frames (`ShmBell::join_sleep`).
+    pub wake_unsure: AtomicBool,
     /// Something could wait on a dead peer: sweeps are due by time.
     pub watch: AtomicBool,
     /// When the next sweep is due (`coarse_ms`).
@@ -447,6 +451,7 @@ impl Net {
                 busy: AtomicBool::new(false),
                 quiet_lanes: AtomicU64::new(0),
                 connect_waits: AtomicBool::new(false),
+                wake_unsure: AtomicBool::new(false),
                 watch: AtomicBool::new(false),
                 next_sweep: AtomicU64::new(0),
                 clock_owed: AtomicBool::new(false),
@@ -508,6 +513,12 @@ impl Net {
         seg: Option<Segment>,
         who: Option<fdpass::Verified>,
     ) -> PeerId {
+        if !who
+            .as_ref()
+            .is_some_and(|v| super::fdwake::shares_netns(v.pid))
+        {
+            self.idle.wake_unsure.store(true, Ordering::Relaxed);
+        }
         self.links.push(Link::new(
             name,
             seg,

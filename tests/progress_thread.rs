@@ -1,0 +1,102 @@
+//! A domain's auto-progress thread driving several endpoints: idle, it sleeps on all of them
+//! at once (each provider's descriptors: shm's wake socket, tcp's epoll set and eventfd), and
+//! a message to any of them ends that sleep. Before, it slept on the first endpoint's doorbell
+//! a millisecond at a time, and a message to another waited for the next look.
+//!
+//! Real processes: the child's domain is under auto progress with two endpoints, and it never
+//! drives progress itself (its CQ reads do not, under auto progress): only the thread's waking
+//! delivers. Over the provider `XFABRIC_TEST_PROVIDER` names (shm by default; scripts/test.sh
+//! runs it over tcp too).
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+use xfabric::*;
+
+const CAPS: u64 = FI_MSG | FI_SEND | FI_RECV;
+/// Rounds at the least; over shm, more until one send has ended a sleep on the wake socket.
+const ROUNDS: usize = 20;
+const ROUNDS_MAX: usize = 400;
+
+/// The receiver: two endpoints of one auto-progress domain; for each "A" or "B" the parent
+/// says, a receive on that endpoint, waited for by reading its CQ (which, under auto
+/// progress, drives nothing).
+fn receiver() {
+    let n = node(CAPS, Progress::Auto);
+    let attr = CqAttr {
+        format: CqFormat::Tagged,
+        ..Default::default()
+    };
+    let (cq_b, av_b, ep_b) = enabled_ep(&n.domain, &n.info, &attr);
+    say(&hex(&n.ep.getname().unwrap()));
+    say(&hex(&ep_b.getname().unwrap()));
+    let parent = unhex(&listen());
+    let from_a = n.add_peer(&parent);
+    let from_b = av_b.insert_one(&parent).expect("av insert");
+    let mut rx = [0u8; 8];
+    for k in 0.. {
+        let which = listen();
+        let (ep, cq, from) = match which.as_str() {
+            "A" => (&n.ep, &n.cq, from_a),
+            "B" => (&ep_b, &cq_b, from_b),
+            _ => break,
+        };
+        // SAFETY: `rx` outlives the completion waited for below.
+        unsafe { ep.recv(&mut rx, None, from, k) }.expect("recv");
+        say("ready");
+        let mut e = [CqTaggedEntry::default(); 1];
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            match cq.read(&mut e) {
+                Ok(1) => break,
+                Ok(_) | Err(Error::Again(_)) => {
+                    assert!(Instant::now() < until, "message {k} to {which} never came");
+                    std::thread::yield_now();
+                }
+                Err(err) => panic!("cq read: {err}"),
+            }
+        }
+        assert_eq!((e[0].op_context, rx), (k, (k as u64).to_le_bytes()));
+        say("got");
+    }
+}
+
+#[test]
+fn a_progress_thread_driving_two_endpoints_wakes_for_a_message_to_either() {
+    if role().is_some() {
+        return receiver();
+    }
+    let mut peer = spawn(
+        "a_progress_thread_driving_two_endpoints_wakes_for_a_message_to_either",
+        "recv",
+        &[],
+    );
+    let n = node(CAPS, Progress::Manual);
+    let to_a = n.add_peer(&unhex(&peer.hear()));
+    let to_b = n.add_peer(&unhex(&peer.hear()));
+    peer.tell(&hex(&n.ep.getname().unwrap()));
+    let shm = test_provider() == "shm";
+    let wakes_before = xfabric_providers::shm::fd_wakes();
+    let mut k = 0;
+    while k < ROUNDS || (shm && xfabric_providers::shm::fd_wakes() == wakes_before) {
+        assert!(
+            k < ROUNDS_MAX,
+            "{k} messages, and not one ended a sleep on the receiver's wake socket: its progress \
+             thread never slept on both endpoints at once"
+        );
+        let (which, to) = if k % 2 == 0 { ("B", to_b) } else { ("A", to_a) };
+        peer.tell(which);
+        assert_eq!(peer.hear(), "ready");
+        // Time for the receiver's thread to go to sleep (the test passes either way: the
+        // message must arrive whether it sleeps or not).
+        std::thread::sleep(Duration::from_millis(10));
+        let body = (k as u64).to_le_bytes();
+        n.retry(|| unsafe { n.ep.send(&body, None, to, 1) });
+        n.wait_one();
+        assert_eq!(peer.hear(), "got");
+        k += 1;
+    }
+    peer.tell("stop");
+    peer.join();
+}
