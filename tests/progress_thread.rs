@@ -3,9 +3,11 @@
 //! a message to any of them ends that sleep. Before, it slept on the first endpoint's doorbell
 //! a millisecond at a time, and a message to another waited for the next look.
 //!
-//! Real processes: the child's domain is under auto progress with two endpoints, and it never
-//! drives progress itself (its CQ reads do not, under auto progress): only the thread's waking
-//! delivers. Over the provider `XFABRIC_TEST_PROVIDER` names (shm by default; scripts/test.sh
+//! Real processes: the child's domain is under auto progress with two endpoints, and its CQ
+//! reads drive nothing (under auto progress): only the thread's waking delivers. Before each
+//! message the child's own thread drives both endpoints once, as an application retrying a
+//! post does; over shm that once cleared the flag that makes a sender ring the sleeping
+//! thread's wake socket, and the message waited for the sleep's timeout. Over the provider `XFABRIC_TEST_PROVIDER` names (shm by default; scripts/test.sh
 //! runs it over tcp too).
 
 mod common;
@@ -45,6 +47,13 @@ fn receiver() {
         // SAFETY: `rx` outlives the completion waited for below.
         unsafe { ep.recv(&mut rx, None, from, k) }.expect("recv");
         say("ready");
+        // While the domain's thread sleeps, this thread drives both endpoints once, as an
+        // application that retries a post does: that must not stop the peer's send from
+        // ending the thread's sleep.
+        assert_eq!(listen(), "poke");
+        n.ep.progress();
+        ep_b.progress();
+        say("poked");
         let mut e = [CqTaggedEntry::default(); 1];
         let until = Instant::now() + Duration::from_secs(30);
         loop {
@@ -83,7 +92,8 @@ fn a_progress_thread_driving_two_endpoints_wakes_for_a_message_to_either() {
         assert!(
             k < ROUNDS_MAX,
             "{k} messages, and not one ended a sleep on the receiver's wake socket: its progress \
-             thread never slept on both endpoints at once"
+             thread never slept on both endpoints at once, or another thread's progress call \
+             kept senders from ringing it"
         );
         let (which, to) = if k % 2 == 0 { ("B", to_b) } else { ("A", to_a) };
         peer.tell(which);
@@ -91,6 +101,8 @@ fn a_progress_thread_driving_two_endpoints_wakes_for_a_message_to_either() {
         // Time for the receiver's thread to go to sleep (the test passes either way: the
         // message must arrive whether it sleeps or not).
         std::thread::sleep(Duration::from_millis(10));
+        peer.tell("poke");
+        assert_eq!(peer.hear(), "poked");
         let body = (k as u64).to_le_bytes();
         n.retry(|| unsafe { n.ep.send(&body, None, to, 1) });
         n.wait_one();

@@ -1250,6 +1250,11 @@ mod tests {
             );
             std::thread::yield_now();
         }
+        // Asleep, not returned at once: nothing ends a sleep of 60 s before the frame.
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "the joint sleep ended with nothing to end it"
+        );
         b.pipe.frame();
         rx.recv_timeout(Duration::from_secs(20))
             .expect("a frame at the second source left the thread asleep");

@@ -545,6 +545,16 @@ fn every_hostile_descriptor_is_an_error_naming_its_fault_and_starts_nothing() {
             XPU_FAULT_OPCODE,
             "opcode 32",
         ),
+        // What only a post refused by a closed ring publishes: in an open ring, a lie.
+        (
+            XpuDesc {
+                opcode: opcode::WITHDRAWN,
+                context: 21,
+                ..ok
+            },
+            XPU_FAULT_OPCODE,
+            "opcode 63",
+        ),
         // A context in the endpoint's own namespace: the completion of what it started would
         // be taken for a deferred transfer's or a staged operation's record.
         (

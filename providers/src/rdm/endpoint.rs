@@ -310,24 +310,25 @@ struct Coming {
 impl<W: Wire> RdmEndpoint<W> {
     /// Readies a sleep of at most `timeout` (less where the bell says so): the bell counts a
     /// sleeper, the wire is armed, then progressed once, so that what arrives after raises an
-    /// event (or moves the ticket) and the sleep cannot miss it. `None`, no sleep: work was
-    /// found, waits that nothing will announce, or another thread is progressing (it may
-    /// leave work behind). Some binds the caller to the bell's `sleep` or, for a sleep
-    /// shared with others, `join_sleep`.
-    fn sleep_coming(&self, timeout: Duration) -> Option<Coming> {
-        let timeout = self.bell.nap(timeout)?;
+    /// event (or moves the ticket) and the sleep cannot miss it. No sleep: `Ready` where work
+    /// was found or waits that nothing will announce, `Cannot` where another thread is
+    /// progressing (it may leave work behind; for long, in a close: the caller sleeps
+    /// another way, briefly, rather than spin). `Ok` binds the caller to the bell's `sleep`
+    /// or, for a sleep shared with others, `join_sleep`.
+    fn sleep_coming(&self, timeout: Duration) -> std::result::Result<Coming, Join> {
+        let timeout = self.bell.nap(timeout).ok_or(Join::Ready)?;
         let ticket = self.bell.ticket();
-        let mut st = self.st.try_lock().ok()?;
+        let mut st = self.st.try_lock().map_err(|_| Join::Cannot)?;
         self.bell.sleep_coming();
         st.net.arm();
         if self.do_progress(&mut st) > 0 {
             self.finish(st);
             self.bell.sleep_skipped();
-            return None;
+            return Err(Join::Ready);
         }
         let fds = st.net.wait_fds();
         self.finish(st);
-        Some(Coming {
+        Ok(Coming {
             ticket,
             timeout,
             fds,
@@ -349,7 +350,7 @@ impl<W: Wire> ProgressSource for RdmEndpoint<W> {
     }
 
     fn idle_wait(&self, timeout: Duration) {
-        if let Some(s) = self.sleep_coming(timeout) {
+        if let Ok(s) = self.sleep_coming(timeout) {
             self.bell.sleep(s.ticket, s.timeout, &s.fds);
         }
     }
@@ -359,8 +360,9 @@ impl<W: Wire> ProgressSource for RdmEndpoint<W> {
     }
 
     fn join_sleep(&self, timeout: Duration, out: &mut Vec<(RawFd, i16)>) -> Join {
-        let Some(s) = self.sleep_coming(timeout) else {
-            return Join::Ready;
+        let s = match self.sleep_coming(timeout) {
+            Ok(s) => s,
+            Err(j) => return j,
         };
         match self.bell.join_sleep(s.timeout, &s.fds, out) {
             j @ Join::Joined(_) => j,

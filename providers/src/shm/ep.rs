@@ -98,6 +98,15 @@ pub struct ShmBell {
     kicked: std::sync::atomic::AtomicBool,
 }
 
+/// The segment's `fd_sleeping` word: bit 0 is a sleep on descriptors through `fi_trywait`
+/// (cleared by the next progress call, whichever thread makes it: that application then
+/// polls); above it, a count of joint sleeps (`join_sleep`), each taken back by its own
+/// `leave_sleep`, since the thread asleep there is not the one that may progress meanwhile.
+/// A sender rings the wake socket while the word is not zero.
+const FD_TRYWAIT: u32 = 1;
+/// One joint sleep, in the `fd_sleeping` word.
+const FD_JOINT: u32 = 2;
+
 impl ShmBell {
     /// The wake socket, bound on first use under a random name, which the header then
     /// publishes to senders (`fdwake`).
@@ -147,9 +156,11 @@ impl Bell for ShmBell {
 
     fn awake(&self) {
         // Awake: senders need not ring the wake socket until the next fd sleep.
+        // Only fi_trywait's bit: a thread in a joint sleep (counted above it) sleeps on
+        // whoever else progresses meanwhile.
         let fd_sleeping = ring::fd_sleeping(&self.seg);
-        if fd_sleeping.load(Ordering::Relaxed) != 0 {
-            fd_sleeping.store(0, Ordering::Relaxed);
+        if fd_sleeping.load(Ordering::Relaxed) & FD_TRYWAIT != 0 {
+            fd_sleeping.fetch_and(!FD_TRYWAIT, Ordering::Relaxed);
         }
     }
 
@@ -198,7 +209,7 @@ impl Bell for ShmBell {
         // fences pair with `Net::wake`'s) and rings after the drain. A peer that dies while
         // we sleep is noticed at the next wake-up: no descriptor announces it.
         // Release: a sender that sees the flag sees the wake socket's nonce, stored before it.
-        ring::fd_sleeping(&self.seg).store(1, Ordering::Release);
+        ring::fd_sleeping(&self.seg).fetch_or(FD_TRYWAIT, Ordering::Release);
         fence(Ordering::SeqCst);
         s.drain();
     }
@@ -223,12 +234,25 @@ impl Bell for ShmBell {
         {
             return Join::Cannot;
         }
-        self.arm_fds();
-        if !self.quiet() {
+        // Counted, then looked (as `arm_fds`): a sender that wrote after the look sees the
+        // count and rings after the drain.
+        ring::fd_sleeping(&self.seg).fetch_add(FD_JOINT, Ordering::Release);
+        fence(Ordering::SeqCst);
+        s.drain();
+        if self.kicked.swap(false, Ordering::SeqCst) || Net::has_work(&self.seg, &self.idle) {
+            self.leave_sleep();
             return Join::Ready;
         }
         out.push((s.raw(), libc::POLLIN));
         Join::Joined(timeout)
+    }
+
+    fn leave_sleep(&self) {
+        // Saturating: a peer may have written the word (it is in our segment) meanwhile.
+        let _ =
+            ring::fd_sleeping(&self.seg).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(FD_JOINT))
+            });
     }
 
     fn quiet(&self) -> bool {

@@ -513,11 +513,17 @@ impl Net {
         seg: Option<Segment>,
         who: Option<fdpass::Verified>,
     ) -> PeerId {
-        if !who
-            .as_ref()
-            .is_some_and(|v| super::fdwake::shares_netns(v.pid))
-        {
-            self.idle.wake_unsure.store(true, Ordering::Relaxed);
+        // The verified pid, or the one the header claims (without cross-memory attach none
+        // is verified): a peer that lies about it only keeps its own wake datagrams from us.
+        // A peer already gone (no segment) sends nothing more. Once set, for the endpoint's
+        // life.
+        if let Some(seg) = &seg {
+            let pid = who
+                .as_ref()
+                .map_or_else(|| ring::claimed_pid(seg), |v| v.pid);
+            if !super::fdwake::shares_netns(pid) {
+                self.idle.wake_unsure.store(true, Ordering::Relaxed);
+            }
         }
         self.links.push(Link::new(
             name,

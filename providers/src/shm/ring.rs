@@ -686,6 +686,13 @@ pub fn claim(seg: &Segment, i: usize) -> &AtomicU64 {
     unsafe { seg.u64_at(OFF_CLAIM + i * 8) }
 }
 
+/// The pid a segment's header claims for its owner, unchecked: good only for what a lie
+/// harms the liar alone in (`fdwake::shares_netns`, whether its wake datagrams reach us).
+pub fn claimed_pid(seg: &Segment) -> i32 {
+    // SAFETY: fixed aligned offset in the header.
+    unsafe { seg.u32_at(OFF_PID) }.load(Ordering::Relaxed) as i32
+}
+
 /// Stamps a new segment's header.
 pub fn init_header(seg: &Segment, cookie: u64) {
     // SAFETY: fixed aligned offsets in the header.
