@@ -300,6 +300,11 @@ impl<W: Wire> RegionCut for RdmEndpoint<W> {
     }
 }
 
+/// How long an idle wait naps while another thread holds the endpoint: short, since that
+/// thread's progress may leave completions this one's caller waits for (about 10,000 looks a
+/// second through a close that flushes for a second, where a return spun a core).
+const LOCKED_NAP: Duration = Duration::from_micros(100);
+
 /// A sleep about to begin (`RdmEndpoint::sleep_coming`).
 struct Coming {
     ticket: u64,
@@ -350,8 +355,12 @@ impl<W: Wire> ProgressSource for RdmEndpoint<W> {
     }
 
     fn idle_wait(&self, timeout: Duration) {
-        if let Ok(s) = self.sleep_coming(timeout) {
-            self.bell.sleep(s.ticket, s.timeout, &s.fds);
+        match self.sleep_coming(timeout) {
+            Ok(s) => self.bell.sleep(s.ticket, s.timeout, &s.fds),
+            // Another thread holds the endpoint (a close flushing for up to seconds): it
+            // progresses meanwhile, so nap briefly rather than come back at once and spin.
+            Err(Join::Cannot) => std::thread::sleep(timeout.min(LOCKED_NAP)),
+            Err(_) => {}
         }
     }
 

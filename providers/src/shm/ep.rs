@@ -6,7 +6,7 @@
 //! socket for a sleeper on a descriptor.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -96,18 +96,26 @@ pub struct ShmBell {
     /// to sleep just before it, and counts itself asleep just after, does not sleep through
     /// it (peers' frames need no such flag: `has_work` sees them).
     kicked: std::sync::atomic::AtomicBool,
+    /// Joint sleeps on this endpoint now (`join_sleep`): what the `fd_sleeping` word's count
+    /// must say (`ring::OFF_FD_SLEEPING`), restored by `awake` if anyone else wrote it.
+    joint: AtomicU32,
 }
 
-/// The segment's `fd_sleeping` word: bit 0 is a sleep on descriptors through `fi_trywait`
-/// (cleared by the next progress call, whichever thread makes it: that application then
-/// polls); above it, a count of joint sleeps (`join_sleep`), each taken back by its own
-/// `leave_sleep`, since the thread asleep there is not the one that may progress meanwhile.
-/// A sender rings the wake socket while the word is not zero.
-const FD_TRYWAIT: u32 = 1;
-/// One joint sleep, in the `fd_sleeping` word.
-const FD_JOINT: u32 = 2;
-
 impl ShmBell {
+    /// `awake`'s work on a word that is not zero (`v`): back to what this endpoint counts.
+    #[inline(never)]
+    fn restore_word(&self, v: u32) {
+        let want = (v & ring::FD_UNREACHABLE)
+            | self
+                .joint
+                .load(Ordering::SeqCst)
+                .wrapping_mul(ring::FD_JOINT);
+        if v != want {
+            let word = ring::fd_sleeping(&self.seg);
+            let _ = word.compare_exchange(v, want, Ordering::SeqCst, Ordering::Relaxed);
+        }
+    }
+
     /// The wake socket, bound on first use under a random name, which the header then
     /// publishes to senders (`fdwake`).
     fn wake_sock(&self) -> Option<&WakeSock> {
@@ -155,12 +163,18 @@ impl Bell for ShmBell {
     }
 
     fn awake(&self) {
-        // Awake: senders need not ring the wake socket until the next fd sleep.
-        // Only fi_trywait's bit: a thread in a joint sleep (counted above it) sleeps on
-        // whoever else progresses meanwhile.
-        let fd_sleeping = ring::fd_sleeping(&self.seg);
-        if fd_sleeping.load(Ordering::Relaxed) & FD_TRYWAIT != 0 {
-            fd_sleeping.fetch_and(!FD_TRYWAIT, Ordering::Relaxed);
+        // Awake: senders need not ring the wake socket until the next fd sleep, except for
+        // the joint sleeps still going on (a thread asleep on several endpoints sleeps on,
+        // whoever else progresses meanwhile). So the word goes back to what this endpoint
+        // itself counts, whatever else wrote it (a peer can: it is in our segment). The word
+        // is read first: one showing a joint sleep's count was written after that sleep
+        // counted itself here. Exchanged, not stored: a word that moved since (a sleep
+        // counted, a sender's mark) is left for the next call.
+        // A zero word is left alone, the polling loop's case (one load): only a peer that
+        // cleared it under a joint sleep makes it wrong, which costs that peer's own wakes.
+        let v = ring::fd_sleeping(&self.seg).load(Ordering::SeqCst);
+        if v != 0 {
+            self.restore_word(v);
         }
     }
 
@@ -209,7 +223,7 @@ impl Bell for ShmBell {
         // fences pair with `Net::wake`'s) and rings after the drain. A peer that dies while
         // we sleep is noticed at the next wake-up: no descriptor announces it.
         // Release: a sender that sees the flag sees the wake socket's nonce, stored before it.
-        ring::fd_sleeping(&self.seg).fetch_or(FD_TRYWAIT, Ordering::Release);
+        ring::fd_sleeping(&self.seg).fetch_or(ring::FD_TRYWAIT, Ordering::Release);
         fence(Ordering::SeqCst);
         s.drain();
     }
@@ -225,18 +239,20 @@ impl Bell for ShmBell {
         let Some(s) = self.wake_sock() else {
             return Join::Cannot;
         };
-        // Only sweeps read a CONNECT waiting for its segment, and a peer that may not reach
-        // the socket rings only the futex: a sleep that keeps to a millisecond (the caller's
-        // other way) rather than one on the socket. A new peer's first frame may still find
-        // a sleep on the socket, which then lasts its timeout (up to 100 ms, once).
+        // Only sweeps read a CONNECT waiting for its segment, and a peer whose datagram could
+        // not reach the socket (another network namespace) rings only the futex: a sleep that
+        // keeps to a millisecond (the caller's other way) rather than one on the socket. Such
+        // a peer's first frame to find a joint sleep waits for its end (up to 100 ms, once).
+        let word = ring::fd_sleeping(&self.seg);
         if self.idle.connect_waits.load(Ordering::Relaxed)
-            || self.idle.wake_unsure.load(Ordering::Relaxed)
+            || word.load(Ordering::Relaxed) & ring::FD_UNREACHABLE != 0
         {
             return Join::Cannot;
         }
-        // Counted, then looked (as `arm_fds`): a sender that wrote after the look sees the
-        // count and rings after the drain.
-        ring::fd_sleeping(&self.seg).fetch_add(FD_JOINT, Ordering::Release);
+        // Counted (ours first: `awake`), then looked (as `arm_fds`): a sender that wrote
+        // after the look sees the count and rings after the drain.
+        self.joint.fetch_add(1, Ordering::SeqCst);
+        word.fetch_add(ring::FD_JOINT, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         s.drain();
         if self.kicked.swap(false, Ordering::SeqCst) || Net::has_work(&self.seg, &self.idle) {
@@ -248,10 +264,13 @@ impl Bell for ShmBell {
     }
 
     fn leave_sleep(&self) {
-        // Saturating: a peer may have written the word (it is in our segment) meanwhile.
+        self.joint.fetch_sub(1, Ordering::SeqCst);
+        // Saturating, the mark kept: a peer may have written the word meanwhile (`awake`
+        // puts back what we count).
         let _ =
-            ring::fd_sleeping(&self.seg).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some(v.saturating_sub(FD_JOINT))
+            ring::fd_sleeping(&self.seg).fetch_update(Ordering::SeqCst, Ordering::Relaxed, |v| {
+                let count = (v & !ring::FD_UNREACHABLE).saturating_sub(ring::FD_JOINT);
+                Some((v & ring::FD_UNREACHABLE) | count)
             });
     }
 
@@ -284,6 +303,7 @@ impl Wire for Net {
             idle: self.idle.clone(),
             wake_sock: OnceLock::new(),
             kicked: std::sync::atomic::AtomicBool::new(false),
+            joint: AtomicU32::new(0),
         })
     }
 
@@ -425,5 +445,65 @@ mod tests {
         bell.wake();
         assert!(!bell.quiet(), "a sleep on descriptors would miss the wake");
         assert!(bell.quiet());
+    }
+
+    /// The `fd_sleeping` word senders read goes back to zero after every kind of sleep on the
+    /// wake socket (left raised, every later send would pay a system call), keeps a joint
+    /// sleep's count through another thread's progress call, comes back from what a peer
+    /// wrote into it, and carries a sender's mark that the socket cannot be reached, after
+    /// which no joint sleep begins and senders stop trying.
+    #[test]
+    fn the_wake_word_counts_only_sleeps_going_on() {
+        let net = Net::open(false).unwrap();
+        let bell = net.bell().unwrap();
+        let word = || ring::fd_sleeping(&bell.seg).load(Ordering::SeqCst);
+        let mut fds = Vec::new();
+        let joined =
+            |fds: &mut Vec<(RawFd, i16)>| bell.join_sleep(Duration::from_secs(1), &[], fds);
+        // Joined, then left.
+        assert_eq!(joined(&mut fds), Join::Joined(Duration::from_secs(1)));
+        assert_eq!((word(), fds.len()), (ring::FD_JOINT, 1));
+        bell.leave_sleep();
+        assert_eq!(word(), 0);
+        // A wake waiting: not joined, and nothing left raised.
+        bell.wake();
+        assert_eq!(joined(&mut fds), Join::Ready);
+        assert_eq!(word(), 0);
+        // fi_trywait's bit and a joint sleep: a progress call (another thread's) clears the
+        // first and keeps the second.
+        bell.arm_fds();
+        assert_eq!(joined(&mut fds), Join::Joined(Duration::from_secs(1)));
+        assert_eq!(word(), ring::FD_TRYWAIT | ring::FD_JOINT);
+        bell.awake();
+        assert_eq!(word(), ring::FD_JOINT);
+        // A peer's scribble, put back to our count by the next progress call.
+        ring::fd_sleeping(&bell.seg).store(0x7000_0001, Ordering::SeqCst);
+        bell.awake();
+        assert_eq!(word(), ring::FD_JOINT);
+        bell.leave_sleep();
+        assert_eq!(word(), 0);
+        ring::fd_sleeping(&bell.seg).store(0x00ff_ff00, Ordering::SeqCst);
+        bell.awake();
+        assert_eq!(word(), 0);
+        // A socket no datagram reaches: a sender marks the word (here the nonce names none).
+        ring::wake_nonce(&bell.seg).fetch_add(1, Ordering::SeqCst);
+        assert_eq!(joined(&mut fds), Join::Joined(Duration::from_secs(1)));
+        let rung = super::super::fdwake::wakes();
+        Net::wake(&bell.seg);
+        assert_eq!(
+            super::super::fdwake::wakes(),
+            rung,
+            "no socket of that name"
+        );
+        assert_eq!(word(), ring::FD_UNREACHABLE | ring::FD_JOINT);
+        bell.leave_sleep();
+        bell.awake();
+        assert_eq!(word(), ring::FD_UNREACHABLE, "the mark stays");
+        assert_eq!(joined(&mut fds), Join::Cannot);
+        assert_eq!(word(), ring::FD_UNREACHABLE);
+        // With only the mark, a sender does not try the socket.
+        ring::wake_nonce(&bell.seg).fetch_sub(1, Ordering::SeqCst);
+        Net::wake(&bell.seg);
+        assert_eq!(super::super::fdwake::wakes(), rung);
     }
 }

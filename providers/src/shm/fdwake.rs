@@ -1,9 +1,11 @@
 //! Waking a process that sleeps on a descriptor rather than on the segment's futex: an
-//! application asleep in epoll on an `FI_WAIT_FD` object under manual progress. The owner of
-//! a segment binds a datagram socket in the abstract namespace named after the segment and
-//! sets the segment header's `fd_sleeping` word before it sleeps; a sender that sees the word
-//! sends it one empty datagram after writing, which makes the socket readable. The word is
-//! cleared by the owner's next progress, so senders pay the system call only while it sleeps.
+//! application asleep in epoll on an `FI_WAIT_FD` object under manual progress, or a progress
+//! thread asleep on several endpoints at once (`ShmBell::join_sleep`). The owner of a segment
+//! binds a datagram socket in the abstract namespace named after the segment and sets the
+//! segment header's `fd_sleeping` word before it sleeps; a sender that sees the word sends it
+//! one empty datagram after writing, which makes the socket readable. The owner's next
+//! progress call, or the joint sleep's end, takes its part of the word back, so senders pay
+//! the system call only while it sleeps (`ring::OFF_FD_SLEEPING`).
 //!
 //! The socket's name carries a random number the owner draws when it binds and then writes in
 //! its segment's header (`ring::OFF_WAKE_NONCE`), which senders read: a name made from the
@@ -15,22 +17,15 @@
 //! Anyone on the host may send to the socket: a datagram carries nothing, and at worst wakes
 //! the owner for nothing (it drains the socket before each sleep). Peers must share the
 //! network namespace for the abstract name to reach (a peer in another one wakes the owner
-//! only through its completions); the futex wake-up stays for every other sleeper.
+//! only through its completions); the futex wake-up stays for every other sleeper. A sender
+//! whose datagram finds no socket of the name marks the word (`ring::FD_UNREACHABLE`), after
+//! which the owner's progress thread sleeps on several endpoints the old way; a lie (any
+//! process may write the header) costs the owner only that.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
 
 use xfabric_core::{Error, Result};
-
-/// Whether process `pid` is in this process's network namespace, where our sockets'
-/// abstract names reach; false when either namespace cannot be read.
-pub fn shares_netns(pid: i32) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    static OWN: OnceLock<Option<(u64, u64)>> = OnceLock::new();
-    let ns = |path: &str| std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
-    let own = OWN.get_or_init(|| ns("/proc/self/ns/net"));
-    own.is_some() && *own == ns(&format!("/proc/{pid}/ns/net"))
-}
 
 /// The socket address for segment `seg` under `nonce`: `\0xfabric-wake/<seg>/<nonce>`, or
 /// `None` when the name is too long for one.
@@ -112,14 +107,16 @@ pub fn wakes() -> u64 {
 }
 
 /// The sender's side: rings the socket of segment `seg` under `nonce` (the owner's header's;
-/// best effort: a full socket is readable already, an absent one has no sleeper).
-pub fn ring(seg: &str, nonce: u64) {
+/// best effort: a full socket is readable already). False where no socket of that name is
+/// bound in this network namespace: the owner is in another one (or gone), and a sleep on
+/// its socket alone would not hear us.
+pub fn ring(seg: &str, nonce: u64) -> bool {
     static SENDER: OnceLock<Option<OwnedFd>> = OnceLock::new();
     let Some(fd) = SENDER.get_or_init(|| socket().ok()) else {
-        return;
+        return true;
     };
     let Some((a, len)) = addr_of(seg, nonce) else {
-        return;
+        return true;
     };
     // SAFETY: sends nothing (a zero-length datagram) to a valid sockaddr_un of `len` bytes.
     let sent = unsafe {
@@ -134,7 +131,10 @@ pub fn ring(seg: &str, nonce: u64) {
     };
     if sent == 0 {
         WAKES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return true;
     }
+    let e = std::io::Error::last_os_error().raw_os_error();
+    !matches!(e, Some(libc::ECONNREFUSED | libc::ENOENT))
 }
 
 #[cfg(test)]

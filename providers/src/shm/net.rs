@@ -232,10 +232,6 @@ pub struct Idle {
     /// (`Net::held_state`), and lanes whose CONNECT waits for the next sweep
     /// (`Net::connect_later`): what they hold is no work yet.
     quiet_lanes: AtomicU64,
-    /// A peer may not reach this endpoint's wake socket (another network namespace, or one
-    /// not known: `fdwake::shares_netns`): a sleep shared with other endpoints, on that
-    /// socket, could miss its frames (`ShmBell::join_sleep`).
-    pub wake_unsure: AtomicBool,
     /// Something could wait on a dead peer: sweeps are due by time.
     pub watch: AtomicBool,
     /// When the next sweep is due (`coarse_ms`).
@@ -451,7 +447,6 @@ impl Net {
                 busy: AtomicBool::new(false),
                 quiet_lanes: AtomicU64::new(0),
                 connect_waits: AtomicBool::new(false),
-                wake_unsure: AtomicBool::new(false),
                 watch: AtomicBool::new(false),
                 next_sweep: AtomicU64::new(0),
                 clock_owed: AtomicBool::new(false),
@@ -513,18 +508,6 @@ impl Net {
         seg: Option<Segment>,
         who: Option<fdpass::Verified>,
     ) -> PeerId {
-        // The verified pid, or the one the header claims (without cross-memory attach none
-        // is verified): a peer that lies about it only keeps its own wake datagrams from us.
-        // A peer already gone (no segment) sends nothing more. Once set, for the endpoint's
-        // life.
-        if let Some(seg) = &seg {
-            let pid = who
-                .as_ref()
-                .map_or_else(|| ring::claimed_pid(seg), |v| v.pid);
-            if !super::fdwake::shares_netns(pid) {
-                self.idle.wake_unsure.store(true, Ordering::Relaxed);
-            }
-        }
         self.links.push(Link::new(
             name,
             seg,
@@ -648,10 +631,11 @@ impl Net {
             db.fetch_add(1, Ordering::SeqCst);
             super::futex::wake(db);
         }
-        if ring::fd_sleeping(seg).load(Ordering::Acquire) != 0 {
+        let fd_sleeping = ring::fd_sleeping(seg);
+        if fd_sleeping.load(Ordering::Acquire) & !ring::FD_UNREACHABLE != 0 {
             let nonce = ring::wake_nonce(seg).load(Ordering::Relaxed);
-            if nonce != 0 {
-                super::fdwake::ring(seg.name(), nonce);
+            if nonce != 0 && !super::fdwake::ring(seg.name(), nonce) {
+                fd_sleeping.fetch_or(ring::FD_UNREACHABLE, Ordering::Relaxed);
             }
         }
     }

@@ -77,9 +77,21 @@ pub const OFF_PID: usize = 72;
 pub const OFF_BASE: usize = 80;
 /// See `OFF_PID`.
 pub const OFF_COOKIE: usize = 88;
-/// Non-zero while the owner may sleep on its wake socket (`super::fdwake`) rather than the
-/// futex: a sender then rings the socket too.
+/// Set while the owner may sleep on its wake socket (`super::fdwake`) rather than the
+/// futex: a sender then rings the socket too. Bit 0 (`FD_TRYWAIT`) is a sleep through
+/// `fi_trywait`, cleared by the owner's next progress call, whichever thread makes it (that
+/// application polls then); bits 1 to 30 count joint sleeps (`FD_JOINT` each: a progress
+/// thread asleep on several endpoints at once), which a progress call that finds the word
+/// raised puts back to the owner's own count, so another thread's call leaves them standing; bit 31 (`FD_UNREACHABLE`) is set by a
+/// sender whose datagram could not reach the socket (another network namespace), and keeps
+/// the owner from sleeping on the socket alone again.
 pub const OFF_FD_SLEEPING: usize = 96;
+/// See `OFF_FD_SLEEPING`.
+pub const FD_TRYWAIT: u32 = 1;
+/// See `OFF_FD_SLEEPING`.
+pub const FD_JOINT: u32 = 2;
+/// See `OFF_FD_SLEEPING`.
+pub const FD_UNREACHABLE: u32 = 1 << 31;
 /// The random number in the name of the owner's wake socket (`super::fdwake`), written once
 /// it is bound (0 before): senders ring the socket of that name.
 pub const OFF_WAKE_NONCE: usize = 112;
@@ -684,13 +696,6 @@ pub fn active(seg: &Segment) -> &AtomicU64 {
 pub fn claim(seg: &Segment, i: usize) -> &AtomicU64 {
     // SAFETY: fixed aligned offsets in the header, i < LANES.
     unsafe { seg.u64_at(OFF_CLAIM + i * 8) }
-}
-
-/// The pid a segment's header claims for its owner, unchecked: good only for what a lie
-/// harms the liar alone in (`fdwake::shares_netns`, whether its wake datagrams reach us).
-pub fn claimed_pid(seg: &Segment) -> i32 {
-    // SAFETY: fixed aligned offset in the header.
-    unsafe { seg.u32_at(OFF_PID) }.load(Ordering::Relaxed) as i32
 }
 
 /// Stamps a new segment's header.
