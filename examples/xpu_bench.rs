@@ -834,6 +834,16 @@ fn cpu_secs() -> f64 {
     t(u.ru_utime) + t(u.ru_stime)
 }
 
+/// Another endpoint of `n`'s domain, enabled, with a CQ of its own and `n`'s AV.
+fn other_endpoint(n: &Node) -> (Endpoint, CompletionQueue) {
+    let ep = n.domain.endpoint(n.domain.info()).expect("endpoint");
+    let cq = n.domain.cq_open(&CqAttr::default()).expect("cq");
+    ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).expect("bind cq");
+    ep.bind_av(&n.av).expect("bind av");
+    ep.enable().expect("enable");
+    (ep, cq)
+}
+
 fn idle(a: &Args) {
     let n = open(FI_MSG | FI_TRIGGER | FI_XPU_TRIGGER, Progress::Auto);
     let secs = Duration::from_secs(a.secs);
@@ -847,11 +857,7 @@ fn idle(a: &Args) {
     // Kept open until the measurements end (named with `_`: used only by being open).
     let _others: Vec<(Endpoint, CompletionQueue, Option<XpuEp>)> = (1..a.endpoints)
         .map(|_| {
-            let ep = n.domain.endpoint(n.domain.info()).expect("endpoint");
-            let cq = n.domain.cq_open(&CqAttr::default()).expect("cq");
-            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).expect("bind cq");
-            ep.bind_av(&n.av).expect("bind av");
-            ep.enable().expect("enable");
+            let (ep, cq) = other_endpoint(&n);
             let x = a
                 .device
                 .then(|| ep.export_xpu(Xpu::CPU).expect("export_xpu"));
@@ -985,11 +991,7 @@ fn silence_sender(a: &Args) {
     let idle_slot = [0u8; 8];
     let others: Vec<(Endpoint, CompletionQueue, Option<XpuEp>)> = (1..a.endpoints)
         .map(|k| {
-            let ep = n.domain.endpoint(n.domain.info()).expect("endpoint");
-            let cq = n.domain.cq_open(&CqAttr::default()).expect("cq");
-            ep.bind_cq(&cq, FI_TRANSMIT | FI_RECV).expect("bind cq");
-            ep.bind_av(&n.av).expect("bind av");
-            ep.enable().expect("enable");
+            let (ep, cq) = other_endpoint(&n);
             if a.device {
                 // A ring exported and never posted to, watched all the same.
                 let x = ep.export_xpu(Xpu::CPU).expect("export_xpu");
