@@ -82,6 +82,9 @@ pub struct RdmEndpoint<W: Wire> {
     st: Mutex<State<W>>,
     /// The wire's lock-free side: whether progress has work, and sleeping.
     bell: W::Bell,
+    /// A close holds the lock while it flushes (up to `CLOSE_FLUSH`): an idle wait that
+    /// finds the lock taken naps then, rather than spin (`idle_wait`).
+    closing: std::sync::atomic::AtomicBool,
 }
 
 /// Where an armed send's token is kept (`State::armed`): its request's slot in the engine.
@@ -150,6 +153,7 @@ impl<W: Wire> RdmEndpoint<W> {
                 armed: Vec::new(),
             }),
             bell,
+            closing: std::sync::atomic::AtomicBool::new(false),
         });
         let weak: Weak<dyn RegionCut> = Arc::downgrade(&ep) as _;
         ep.core.mr.watch_closes(weak);
@@ -300,9 +304,8 @@ impl<W: Wire> RegionCut for RdmEndpoint<W> {
     }
 }
 
-/// How long an idle wait naps while another thread holds the endpoint: short, since that
-/// thread's progress may leave completions this one's caller waits for (about 10,000 looks a
-/// second through a close that flushes for a second, where a return spun a core).
+/// How long an idle wait naps while a close holds the endpoint (about 10,000 looks a second
+/// through a close that flushes for a second, where a return spun a core).
 const LOCKED_NAP: Duration = Duration::from_micros(100);
 
 /// A sleep about to begin (`RdmEndpoint::sleep_coming`).
@@ -357,9 +360,12 @@ impl<W: Wire> ProgressSource for RdmEndpoint<W> {
     fn idle_wait(&self, timeout: Duration) {
         match self.sleep_coming(timeout) {
             Ok(s) => self.bell.sleep(s.ticket, s.timeout, &s.fds),
-            // Another thread holds the endpoint (a close flushing for up to seconds): it
-            // progresses meanwhile, so nap briefly rather than come back at once and spin.
-            Err(Join::Cannot) => std::thread::sleep(timeout.min(LOCKED_NAP)),
+            // Another thread holds the endpoint. Most often it progresses or posts for a
+            // moment, and what it leaves in the CQ is read at once when this returns; a
+            // close holds it while it flushes, for up to a second: nap then, not spin.
+            Err(Join::Cannot) if self.closing.load(std::sync::atomic::Ordering::Relaxed) => {
+                std::thread::sleep(timeout.min(LOCKED_NAP))
+            }
             Err(_) => {}
         }
     }
@@ -632,6 +638,8 @@ impl<W: Wire> EndpointOps for RdmEndpoint<W> {
     }
 
     fn close(&self) {
+        self.closing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let mut st = self.lock();
         st.engine.close();
         // The armed sends ended with the engine's other requests.

@@ -82,9 +82,10 @@ pub const OFF_COOKIE: usize = 88;
 /// `fi_trywait`, cleared by the owner's next progress call, whichever thread makes it (that
 /// application polls then); bits 1 to 30 count joint sleeps (`FD_JOINT` each: a progress
 /// thread asleep on several endpoints at once), which a progress call that finds the word
-/// raised puts back to the owner's own count, so another thread's call leaves them standing; bit 31 (`FD_UNREACHABLE`) is set by a
-/// sender whose datagram could not reach the socket (another network namespace), and keeps
-/// the owner from sleeping on the socket alone again.
+/// raised puts back to the owner's own count, so another thread's call leaves them
+/// standing; bit 31 (`FD_UNREACHABLE`) is set by a sender whose datagram could not reach the
+/// socket (another network namespace): from then on the owner takes no joint sleep
+/// (`fi_trywait`'s sleeps go on as before).
 pub const OFF_FD_SLEEPING: usize = 96;
 /// See `OFF_FD_SLEEPING`.
 pub const FD_TRYWAIT: u32 = 1;
