@@ -82,8 +82,8 @@ fn a_progress_thread_driving_two_endpoints_wakes_for_a_message_to_either() {
         &[],
     );
     let n = node(CAPS, Progress::Manual);
-    let to_a = n.add_peer(&unhex(&peer.hear()));
-    let to_b = n.add_peer(&unhex(&peer.hear()));
+    let (name_a, name_b) = (unhex(&peer.hear()), unhex(&peer.hear()));
+    let (to_a, to_b) = (n.add_peer(&name_a), n.add_peer(&name_b));
     peer.tell(&hex(&n.ep.getname().unwrap()));
     let shm = test_provider() == "shm";
     let wakes_before = xfabric_providers::shm::fd_wakes();
@@ -95,12 +95,26 @@ fn a_progress_thread_driving_two_endpoints_wakes_for_a_message_to_either() {
              thread never slept on both endpoints at once, or another thread's progress call \
              kept senders from ringing it"
         );
-        let (which, to) = if k % 2 == 0 { ("B", to_b) } else { ("A", to_a) };
+        let (which, to, name) = if k % 2 == 0 {
+            ("B", to_b, &name_b)
+        } else {
+            ("A", to_a, &name_a)
+        };
         peer.tell(which);
         assert_eq!(peer.hear(), "ready");
-        // Time for the receiver's thread to go to sleep (the test passes either way: the
-        // message must arrive whether it sleeps or not).
-        std::thread::sleep(Duration::from_millis(10));
+        // Over shm, the message goes once the receiver's thread sleeps on both endpoints (as
+        // their headers show a sender). Elsewhere nothing shows it: the message goes at once,
+        // and must arrive whether the thread sleeps by then or not.
+        if shm {
+            let until = Instant::now() + Duration::from_secs(30);
+            while xfabric_providers::shm::raw::joint_sleeps(name).expect("header") == 0 {
+                assert!(
+                    Instant::now() < until,
+                    "the receiver's progress thread never slept on both endpoints at once"
+                );
+                std::thread::yield_now();
+            }
+        }
         peer.tell("poke");
         assert_eq!(peer.hear(), "poked");
         let body = (k as u64).to_le_bytes();

@@ -30,7 +30,7 @@ const PORT_SLEEP_MIN: Duration = Duration::from_millis(1);
 
 /// Operations waiting for room are retried at once for this long after they began waiting
 /// or a retry last started one (room at a peer usually comes within it)...
-pub(crate) const STALL_SPIN: Duration = Duration::from_millis(1);
+pub(super) const STALL_SPIN: Duration = Duration::from_millis(1);
 
 /// ... and then every this long at the latest (room in a CQ comes when the application reads
 /// it, which may be seconds away: a spin would hold a core all that time).

@@ -33,8 +33,6 @@ mod link;
 mod port;
 mod queue;
 #[cfg(test)]
-pub(crate) use link::STALL_SPIN;
-#[cfg(test)]
 pub(crate) mod testkit;
 #[cfg(test)]
 mod tests;

@@ -1111,18 +1111,21 @@ fn descriptors_behind_operations_waiting_for_room_let_the_watcher_nap() {
         "the third waits for room, the fourth behind it"
     );
     let link = n.ep.link().expect("an FI_TRIGGER endpoint's link").clone();
-    // Past the operations' first millisecond of retries at once, the watcher may sleep
-    // (polled: a look can be "now" for a moment for reasons of its own, such as another
-    // thread looking, or another test's exported counter with an add waiting).
-    std::thread::sleep(crate::trigger::STALL_SPIN * 3);
-    link.progress();
+    // Past the operations' first millisecond of retries at once (`STALL_SPIN`), the watcher
+    // may sleep: looked and asked until it says so (a look can also be "now" for a moment for
+    // reasons of its own, such as another thread looking, or another test's exported counter
+    // with an add waiting).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while link.next_look() == Some(std::time::Duration::ZERO) {
+    loop {
+        link.progress();
+        if link.next_look() != Some(std::time::Duration::ZERO) {
+            break;
+        }
         assert!(
             std::time::Instant::now() < deadline,
             "descriptors behind waiting operations kept the watcher looking at once"
         );
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        std::thread::yield_now();
     }
     let ctxs: Vec<usize> = entries_settled(&n, 4)
         .iter()

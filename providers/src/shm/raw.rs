@@ -20,6 +20,23 @@ pub use super::ring::ARMED_SLOTS;
 use super::ring::{self, kind, Consumer, Header, Producer};
 use super::segment::{fresh_name, Segment};
 
+/// Maps the segment of the endpoint whose address is `addr`.
+fn open_target(addr: &[u8]) -> Result<Segment> {
+    let name = std::str::from_utf8(addr)
+        .ok()
+        .and_then(|s| s.trim_end_matches('\0').strip_prefix(ADDR_PREFIX))
+        .ok_or_else(|| Error::Inval("raw peer: not an shm address".into()))?;
+    Segment::open(name, ring::SEG_BYTES)
+}
+
+/// How many joint sleeps (a progress thread asleep on several endpoints at once, on their
+/// wake sockets) the endpoint whose address is `addr` counts in its header now, as a sender
+/// reads it (`ring::OFF_FD_SLEEPING`).
+pub fn joint_sleeps(addr: &[u8]) -> Result<u32> {
+    let word = ring::fd_sleeping(&open_target(addr)?).load(Ordering::Acquire);
+    Ok((word & !(ring::FD_TRYWAIT | ring::FD_UNREACHABLE)) / ring::FD_JOINT)
+}
+
 /// A lane claimed in another endpoint's segment with nothing ever written into it, as by a
 /// sender that died right after claiming, or a process that claims lanes and never names
 /// itself.
@@ -31,11 +48,7 @@ pub struct NamelessClaim {
 impl NamelessClaim {
     /// Claims a free lane of the segment `addr` names; `None` when none is free.
     pub fn claim(addr: &[u8]) -> Result<Option<NamelessClaim>> {
-        let name = std::str::from_utf8(addr)
-            .ok()
-            .and_then(|s| s.strip_prefix(ADDR_PREFIX))
-            .ok_or_else(|| Error::Inval("raw peer: not an shm address".into()))?;
-        let target = Segment::open(name, ring::SEG_BYTES)?;
+        let target = open_target(addr)?;
         let id = 0xdead_0000 | u64::from(std::process::id());
         Ok(ring::claim_lane(&target, id).map(|lane| NamelessClaim { target, lane }))
     }
@@ -61,11 +74,7 @@ impl RawPeer {
     /// that address instead of where it is), claims a lane in the segment `addr` names, and
     /// writes the CONNECT message naming our segment.
     pub fn connect(addr: &[u8], base: Option<u64>) -> Result<RawPeer> {
-        let name = std::str::from_utf8(addr)
-            .ok()
-            .and_then(|s| s.strip_prefix(ADDR_PREFIX))
-            .ok_or_else(|| Error::Inval("raw peer: not an shm address".into()))?;
-        let target = Segment::open(name, ring::SEG_BYTES)?;
+        let target = open_target(addr)?;
         let own_name = fresh_name();
         let own = Segment::create(&own_name, ring::SEG_BYTES)?;
         ring::init_header(&own, 0x005e_ed0f_u64 << 20 | u64::from(std::process::id()));
