@@ -59,5 +59,5 @@ pub(crate) use queue::{TriggerQueue, Watch};
 pub(crate) use xpu::DRAIN_MAX;
 pub use xpu::{Doorbell, DoorbellAlloc, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED};
 pub use xpu_abi::{Signal, TriggerValue, TriggerVar, TriggerXpu, Xpu, XpuDevice};
-pub(crate) use xpu_wake::{left_for_watcher, sleep_joined};
+pub(crate) use xpu_wake::sleep_joined;
 pub use xpu_wake::{notify_xpu_ring, user_monitor_wait};

@@ -41,8 +41,6 @@ pub struct Shared {
     /// Run once by the next operation's start, before it is taken or refused (a start that
     /// takes long: tests of what happens meanwhile).
     pub gate: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
-    /// How often a sleeping watcher of the endpoint was woken (`ProgressSource::wake`).
-    pub wakes: AtomicUsize,
 }
 
 impl Shared {
@@ -114,10 +112,6 @@ impl MockEp {
 impl ProgressSource for MockEp {
     fn progress(&self) -> usize {
         0
-    }
-
-    fn wake(&self) {
-        self.sh.wakes.fetch_add(1, Ordering::SeqCst);
     }
 }
 

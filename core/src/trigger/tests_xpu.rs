@@ -1,9 +1,7 @@
 //! XPU-triggered operations (`FI_TRIGGER_XPU`) against the mock provider, with a test thread
 //! (or the test itself) as the CPU XPU.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::testkit::*;
 use super::{TriggerVar, Xpu, XPU_ARMED_MAX, XPU_ERR_BACKWARDS, XPU_ERR_PAST_ARMED};
@@ -431,64 +429,6 @@ fn a_cpu_ring_starts_what_it_rang_in_the_ringing_thread() {
     assert_eq!(w.sh.ctxs(), [41]);
     e.ep.progress();
     assert_eq!(w.sh.ctxs(), [41], "started once");
-}
-
-#[test]
-fn a_cpu_ring_wakes_the_watcher_only_for_what_the_ringing_thread_left() {
-    let w = World::new();
-    let e = w.ep_with(XPU_CAPS, 64, &[]);
-    // A watcher asleep, counted among the sleepers that a ring may wake (its sleep is this
-    // test's to end; a ring from a test beside this one may end it first: it sleeps again).
-    let (asleep, release) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let (a, r) = (asleep.clone(), release.clone());
-    let sleeper = std::thread::spawn(move || {
-        while !r.load(Ordering::SeqCst) {
-            super::xpu_wake::before_look();
-            super::xpu_wake::sleep_with(Duration::from_secs(3600), |_| {
-                a.store(true, Ordering::SeqCst);
-                while !r.load(Ordering::SeqCst) {
-                    std::thread::yield_now();
-                }
-            });
-        }
-    });
-    while !asleep.load(Ordering::SeqCst) {
-        std::thread::yield_now();
-    }
-    // Rings whose sends the ringing thread starts: nothing is left for a watcher, none is
-    // woken (each woke it before). Only another test's ring holding this endpoint's
-    // doorbells at that very moment could leave one a look.
-    for i in 0..20 {
-        let v = xsend(&e.ep, 100 + i);
-        ring(&v);
-        super::notify_xpu_ring();
-    }
-    assert_eq!(w.sh.ctxs(), (100..120).collect::<Vec<_>>());
-    assert!(
-        w.sh.wakes.load(Ordering::SeqCst) < 10,
-        "woken for rings it had nothing to do for"
-    );
-    // A ring whose send the provider refuses for now: the watcher retries it, so it is woken.
-    let before = w.sh.wakes.load(Ordering::SeqCst);
-    w.sh.again.store(1, Ordering::SeqCst);
-    let v = xsend(&e.ep, 200);
-    ring(&v);
-    super::notify_xpu_ring();
-    assert!(
-        w.sh.wakes.load(Ordering::SeqCst) > before,
-        "the refused send was left asleep"
-    );
-    release.store(true, Ordering::SeqCst);
-    sleeper.join().unwrap();
-    e.ep.progress();
-    assert_eq!(
-        w.sh.ctxs().last(),
-        Some(&200),
-        "the watcher's retry starts it"
-    );
 }
 
 /// An XPU-trigger endpoint whose CQ can be waited on (`sread` drives the endpoint and sleeps

@@ -612,11 +612,6 @@ impl XpuWatch {
             // ring, until they are read (a watcher that kept looking would spin meanwhile).
             // Held behind operations waiting for room is judged live instead (`nap_with`).
             r.held = r.ring.ready() && owner.port().xpu_faults_full();
-            // More than one look's share (`DRAIN_MAX`), or published while this look took
-            // the rest: a ringing thread leaves it to the watcher, which it then wakes.
-            if finder == Finder::Ringer && r.ring.ready() && !r.held {
-                super::xpu_wake::left_for_watcher();
-            }
             // Full by its tail, and descriptors in it: a tail alone (the XPU's to write, so
             // possibly wrong) must not keep a watcher from ever sleeping.
             if full && k > 0 {
@@ -678,11 +673,6 @@ impl XpuWatch {
             // Closed: a late post finds it so, in memory that is still there.
             port.retire(r.ring);
         }
-    }
-
-    /// Whether an exported CQ held entries its ring had no room for, at the last look.
-    pub(crate) fn cq_backlog(&self) -> bool {
-        self.cq_backlog.load(Ordering::Acquire)
     }
 
     /// Records whether an exported CQ of the endpoint holds entries its ring had no room for.

@@ -3,11 +3,10 @@
 //! A doorbell an XPU stores to rings nothing by itself, so past its spin window the watcher
 //! must either keep looking (a GPU's store reaches host memory and nothing more; the watcher
 //! looks every `XFABRIC_XPU_POLL_US`) or be told. A CPU XPU can make a system call: after its
-//! stores it calls [`notify_xpu_ring`], which starts on the calling thread what the ring
-//! reached, bumps one process-wide sequence word and, only if a watcher sleeps and the ring
-//! left it work, wakes it. A watcher sleeps with the value of that word it read before its
-//! last look at the doorbells, so a ring after that look either changes the word before the
-//! sleep (the compare fails and it returns at once) or finds it counted among the sleepers.
+//! stores it calls [`notify_xpu_ring`], which bumps one process-wide sequence word and, only if
+//! a watcher sleeps on it, wakes it with a futex. A watcher sleeps on that word with the value
+//! it read before its last look at the doorbells, so a ring after that look either changes
+//! the word before the sleep (the kernel's compare fails and it returns at once) or wakes it.
 
 use std::cell::Cell;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
@@ -17,11 +16,8 @@ use std::time::{Duration, Instant};
 /// An endpoint whose XPU doorbells a CPU ring should look at at once (`EpLink`).
 pub(crate) trait RingTarget: Send + Sync {
     /// Looks at the endpoint's doorbells and starts what they reached (never blocks: a
-    /// watcher looking at that moment is left to it). Returns whether the ring left work
-    /// for the endpoint's watcher: operations waiting for room, descriptors past one
-    /// look's share, completions an exported CQ's ring had no room for. A look this thread
-    /// could not take (`look_missed`, `left_for_watcher`) counts as such work too.
-    fn rung(&self) -> bool;
+    /// watcher looking at that moment is left to it).
+    fn rung(&self);
     /// Ends a watcher's sleep on the endpoint's own doorbell (`sleep_with`).
     fn wake_watcher(&self);
 }
@@ -47,29 +43,16 @@ static RING_SEQ: AtomicU32 = AtomicU32::new(0);
 /// Watchers asleep (or about to be) on `RING_SEQ`: a ring makes the system call only then.
 static SLEEPERS: AtomicU32 = AtomicU32::new(0);
 
-/// A ringing thread's copy of `TARGETS` (`notify_xpu_ring`).
-struct SeenTargets {
-    /// The generation it was copied at (0: never).
-    gen: u64,
-    targets: Vec<Weak<dyn RingTarget>>,
-    /// Whether each target's `rung` left work for its watcher, in the last ring.
-    left: Vec<bool>,
-}
-
 thread_local! {
-    /// This thread's copy of `TARGETS`. Its dead entries hold only their allocation, until
-    /// the next `register` refreshes it.
-    static SEEN_TARGETS: std::cell::RefCell<SeenTargets> =
-        const { std::cell::RefCell::new(SeenTargets { gen: 0, targets: Vec::new(), left: Vec::new() }) };
+    /// This thread's copy of `TARGETS` and the generation it was copied at (0: never). Its
+    /// dead entries hold only their allocation, until the next `register` refreshes it.
+    static SEEN_TARGETS: std::cell::RefCell<(u64, Vec<Weak<dyn RingTarget>>)> =
+        const { std::cell::RefCell::new((0, Vec::new())) };
     /// `RING_SEQ` as this thread read it before the first doorbell look since it last slept:
     /// the oldest view it has, so that no ring after any of its looks is slept through.
     static LOOKED_AT: Cell<Option<u32>> = const { Cell::new(None) };
     /// This thread's timer slack was made fine (`fine_timer_slack`).
     static FINE_SLACK: Cell<bool> = const { Cell::new(false) };
-    /// A look of this thread left something it could not take to a watcher
-    /// (`left_for_watcher`): read and cleared by `notify_xpu_ring` around each target's
-    /// `rung`, so that only the watchers with work left are woken.
-    static LEFT: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Makes this thread's timed sleeps end when asked, not up to 50 us later (Linux's default
@@ -98,82 +81,64 @@ pub fn notify_xpu_ring() {
     // doorbells and starts it instead; the wake below covers a watcher about to sleep.
     // The endpoints from this thread's copy of the list, refreshed only when an endpoint
     // was added since: a ring takes no lock shared with other XPU threads and allocates
-    // nothing. A ring from inside a ring (none today) reads the list under its lock, and
-    // wakes every watcher asleep.
+    // nothing. A ring from inside a ring (none today) reads the list under its lock.
     let gen = TARGETS_GEN.load(Ordering::Acquire);
-    let copied = SEEN_TARGETS.with(|c| {
+    let done = SEEN_TARGETS.with(|c| {
         let Ok(mut c) = c.try_borrow_mut() else {
             return false;
         };
-        let c = &mut *c;
-        if c.gen != gen {
+        if c.0 != gen {
             let v = TARGETS.lock().unwrap_or_else(|e| e.into_inner());
-            c.targets.clone_from(&v);
-            c.gen = gen;
+            c.1.clone_from(&v);
+            c.0 = gen;
         }
-        c.left.clear();
-        for w in &c.targets {
-            let left = w.upgrade().is_some_and(|t| {
-                LEFT.set(false);
-                t.rung() | LEFT.take()
-            });
-            c.left.push(left);
+        for t in c.1.iter().filter_map(Weak::upgrade) {
+            t.rung();
         }
         true
     });
-    let live = if copied {
-        Vec::new()
-    } else {
+    if !done {
         let live: Vec<Arc<dyn RingTarget>> = TARGETS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .filter_map(Weak::upgrade)
             .collect();
-        for t in &live {
+        for t in live {
             t.rung();
         }
-        live
-    };
+    }
     // The bump and the read of SLEEPERS below, both SeqCst, against the sleeper's SeqCst
     // increment then re-read of RING_SEQ: a Dekker pair, so one of the two sees the other
     // (the four are in one total order; no fence is needed besides). The doorbell stores come
-    // before the bump, which releases them to a watcher that reads it. A watcher between its
-    // look and its sleep sees the bump and looks again instead of sleeping.
+    // before the bump, which releases them to a watcher that reads it.
     RING_SEQ.fetch_add(1, Ordering::SeqCst);
-    if SLEEPERS.load(Ordering::SeqCst) == 0 {
-        return;
-    }
-    // A watcher asleep is woken only for what this thread could not start itself: an
-    // operation the provider answered Again (the watcher retries it), descriptors past its
-    // share, a look another thread held. What this thread started is the provider's to
-    // carry on, as an application thread's post is, and a watcher woken for it would only
-    // look, find nothing, and take a core from the transfer it began.
-    if !copied {
+    // The watcher is woken all the same: an operation the ringing thread could not start
+    // (the provider said Again) is the watcher's to retry.
+    if SLEEPERS.load(Ordering::SeqCst) > 0 {
         futex_wake(&RING_SEQ);
-        for t in live {
-            t.wake_watcher();
-        }
-        return;
-    }
-    SEEN_TARGETS.with(|c| {
-        let Ok(c) = c.try_borrow() else { return };
-        if !c.left.contains(&true) {
-            return;
-        }
-        futex_wake(&RING_SEQ);
-        for (w, _) in c.targets.iter().zip(&c.left).filter(|(_, &l)| l) {
-            if let Some(t) = w.upgrade() {
+        // And those asleep on their provider's doorbell (`sleep_with`).
+        let done = SEEN_TARGETS.with(|c| {
+            let Ok(c) = c.try_borrow() else {
+                return false;
+            };
+            for t in c.1.iter().filter_map(Weak::upgrade) {
+                t.wake_watcher();
+            }
+            true
+        });
+        if !done {
+            let live: Vec<Arc<dyn RingTarget>> = TARGETS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .filter_map(Weak::upgrade)
+                .collect();
+            for t in live {
                 t.wake_watcher();
             }
         }
-    });
-}
-
-/// A look of this thread (as a ringing CPU XPU's) left work it could not take, to be done
-/// by the endpoint's watcher: the ring that led to the look wakes it (`notify_xpu_ring`).
-pub(crate) fn left_for_watcher() {
-    LEFT.set(true);
+    }
 }
 
 /// Called before a watcher reads its doorbells.
@@ -197,8 +162,6 @@ pub(crate) fn looked() -> bool {
 /// not happen; the caller looks again first.
 pub(crate) fn look_missed() {
     LOOKED_AT.with(|c| c.set(Some(RING_SEQ.load(Ordering::SeqCst).wrapping_sub(1))));
-    // A ringing thread that missed it leaves that look to the holder's next one.
-    left_for_watcher();
 }
 
 /// Sleeps at most `timeout`, or until a CPU XPU rings after this thread's looks at its
@@ -448,11 +411,8 @@ mod tests {
             "slept through a ring"
         );
 
-        // A ring that leaves work for a watcher wakes the sleeper: it is woken long before
-        // its hour-long timeout, so the test ends (bounded by the harness, not by a time
-        // assertion).
-        let leaves = Arc::new(OwnBell(AtomicBool::new(false)));
-        register(Arc::downgrade(&leaves) as Weak<dyn RingTarget>);
+        // A ring while asleep wakes the sleeper: it is woken long before its hour-long
+        // timeout, so the test ends (bounded by the harness, not by a time assertion).
         let asleep = Arc::new(AtomicBool::new(false));
         let a = asleep.clone();
         let t = std::thread::spawn(move || {
@@ -469,55 +429,6 @@ mod tests {
             std::thread::yield_now();
         }
         t.join().unwrap();
-        drop(leaves);
-    }
-
-    /// A target whose rings the ringing thread finishes: it counts the wakes it is sent.
-    struct Finished(AtomicU32);
-
-    impl RingTarget for Finished {
-        fn rung(&self) -> bool {
-            false
-        }
-
-        fn wake_watcher(&self) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    #[test]
-    fn a_ring_the_ringing_thread_finished_wakes_no_watcher() {
-        let done = Arc::new(Finished(AtomicU32::new(0)));
-        register(Arc::downgrade(&done) as Weak<dyn RingTarget>);
-        // A watcher asleep on its own doorbell, counted among the sleepers (a ring from a
-        // test beside this one may end its sleep before it begins: it sleeps again).
-        let (asleep, release) = (
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(AtomicBool::new(false)),
-        );
-        let (a, r) = (asleep.clone(), release.clone());
-        let sleeper = std::thread::spawn(move || {
-            while !r.load(Ordering::SeqCst) {
-                before_look();
-                sleep_with(Duration::from_secs(3600), |_| {
-                    a.store(true, Ordering::SeqCst);
-                    while !r.load(Ordering::SeqCst) {
-                        std::thread::yield_now();
-                    }
-                });
-            }
-        });
-        while !asleep.load(Ordering::SeqCst) {
-            std::thread::yield_now();
-        }
-        for _ in 0..20 {
-            notify_xpu_ring();
-        }
-        release.store(true, Ordering::SeqCst);
-        sleeper.join().unwrap();
-        // Woken on every ring before; none is needed (only a look another thread held at
-        // that moment would leave work, and this target's looks hold nothing).
-        assert_eq!(done.0.load(Ordering::SeqCst), 0);
     }
 
     #[test]
@@ -572,9 +483,7 @@ mod tests {
     struct OwnBell(AtomicBool);
 
     impl RingTarget for OwnBell {
-        fn rung(&self) -> bool {
-            true
-        }
+        fn rung(&self) {}
 
         fn wake_watcher(&self) {
             self.0.store(true, Ordering::SeqCst);

@@ -116,8 +116,6 @@ impl CntrExport {
         // export (`retire`), which takes the lock itself.
         let counter = self.cntr.upgrade();
         let Ok(mut refused) = self.drain.try_lock() else {
-            // Another thread drains it; what it may not reach is a watcher's.
-            crate::trigger::left_for_watcher();
             return 0;
         };
         let Some(c) = counter.as_ref() else {
@@ -140,9 +138,6 @@ impl CntrExport {
                     c.add_err_value(1);
                 }
             }
-        }
-        if n == DRAIN_MAX && self.ring.ready() {
-            crate::trigger::left_for_watcher();
         }
         n
     }
