@@ -18,7 +18,9 @@
 #            >= 0.8x that of scripts/probes/tcp_stream.c (the same messages streamed one way,
 #            no answers: what bounds a ping-pong's bandwidth);
 #   C ABI    at 8 B, on shm and on tcp: Debian's fi_pingpong on xfabric's libfabric.so.1
-#            (capi/) within 1.05x the Rust pingpong's median;
+#            (capi/) within 1.05x the Rust pingpong's median; and, judged alike,
+#            scripts/probes/capi_pingpong.c (the Rust pingpong's loop, call for call, in C)
+#            on it: the ABI's own cost, apart from fi_pingpong's choices;
 #   XPU demo examples/xpu_pipeline --xpu cpu --rounds 9: triggered/ordinary <= 0.75 and
 #            within 0.1 of the bound overlap allows, on either side (far below it, the
 #            ordinary way was measured slow); the example's own "verdict:" line is shown
@@ -275,6 +277,12 @@ if ((have_libfabric && C_ABI)); then
     ln -sf "$TARGET_DIR/release/libfabric.so" "$CAPI_DIR/libfabric.so.1"
     have_capi=1
 fi
+# The Rust pingpong's loop in C (scripts/probes/capi_pingpong.c), linked against Debian's
+# libfabric.so and run on ours: what crossing the C ABI alone costs.
+have_cprobe=0
+if ((have_capi)); then
+    cc -O2 -o "$WORK/capi_pingpong" "$ROOT/scripts/probes/capi_pingpong.c" -lfabric && have_cprobe=1
+fi
 [[ -x $OURS ]] || die "no binary at $OURS (is CARGO_TARGET_DIR set as for the build?)"
 have_probe=0 have_stream=0 have_line=0
 if ((COMPARE)) && [[ " $PROVIDERS " == *" tcp "* ]]; then
@@ -405,8 +413,10 @@ precise_usec() {
 # (scripts/probes), its two
 # processes pinned as a pair's are; sets usec and mbps, or returns 1 with its output on stderr.
 probe_run() {
-    local out
-    if ! out=$(timeout "$RUN_TIMEOUT" "$WORK/$1" "$2" "$3" "${PROBE_CPUS[@]}" 2>&1); then
+    local out args=("$2" "$3") lib=
+    # capi_pingpong takes the provider first, and runs on xfabric's libfabric.so.1.
+    [[ $1 == capi_pingpong ]] && args=("$PROV" "$2" "$3") lib=$CAPI_DIR
+    if ! out=$(LD_LIBRARY_PATH=$lib timeout "$RUN_TIMEOUT" "$WORK/$1" "${args[@]}" "${PROBE_CPUS[@]}" 2>&1); then
         echo "bench: $1 $2 $3 failed:" >&2
         printf '%s\n' "$out" | sed 's/^/  /' >&2
         return 1
@@ -416,14 +426,18 @@ probe_run() {
         tcp_pingpong | line_pingpong) read -r _ _ usec _ mbps _ <<<"$out" ;;
         # "SIZE bytes x ITERS: usec/msg USEC MB/s MBPS"
         tcp_stream) read -r _ _ _ _ _ usec _ mbps <<<"$out" ;;
+        # "usec/xfer USEC MB/sec MBPS"
+        capi_pingpong) read -r _ usec _ mbps <<<"$out" ;;
     esac
     usec=$(precise_usec "$2" "$mbps" "$usec")
 }
 
 # measure IMPL SIZE ITERS: one run of the comparison; IMPL is libfabric, ours, c-abi, or a
-# probe: limit (tcp_pingpong over tcp, line_pingpong over shm) or stream (tcp_stream).
+# probe: limit (tcp_pingpong over tcp, line_pingpong over shm), stream (tcp_stream) or c-probe
+# (capi_pingpong on our libfabric.so.1).
 measure() {
     case $1 in
+        c-probe) probe_run capi_pingpong "$2" "$3" ;;
         limit) probe_run "$([[ $PROV == tcp ]] && echo tcp_pingpong || echo line_pingpong)" "$2" "$3" ;;
         stream) probe_run tcp_stream "$2" "$3" ;;
         *) run_pair "$@" ;;
@@ -565,6 +579,9 @@ row() {
 row_c_abi() {
     printf ' | %-25s %5s' "$@"
 }
+row_c_probe() {
+    printf ' | %-25s %5s' "$@"
+}
 row_probes() {
     printf ' | %-25s %5s | %9s %5s' "$@"
 }
@@ -574,6 +591,7 @@ table_header() {
     row bytes iters "lf usec min/med/max" "our usec min/med/max" ratio "lf x" "our x" \
         "lf MB/s" "our MB/s" ratio
     ((have_capi)) && row_c_abi "C-ABI usec min/med/max" "C/us"
+    ((have_cprobe)) && row_c_probe "C-probe usec min/med/max" "Cp/us"
     [[ $1 == tcp ]] && row_probes "limit usec min/med/max" "us/lm" "strm MB/s" "us/st"
     [[ $1 == shm ]] && ((have_line)) && row_probes "limit usec min/med/max" "us/lm" "" ""
     echo
@@ -581,7 +599,8 @@ table_header() {
 
 # size_row PROVIDER SIZE ITERS: a size's line of the comparison table.
 size_row() {
-    local lf="$1 libfabric $2" our="$1 ours $2" ca="$1 c-abi $2" lim="$1 limit $2" st="$1 stream $2"
+    local lf="$1 libfabric $2" our="$1 ours $2" ca="$1 c-abi $2" cp="$1 c-probe $2"
+    local lim="$1 limit $2" st="$1 stream $2"
     local lu ou lm om sm
     lu=$(on CUSEC "$lf" median) ou=$(on CUSEC "$our" median)
     lm=$(on CMBPS "$lf" median) om=$(on CMBPS "$our" median)
@@ -589,6 +608,7 @@ size_row() {
         "$(ratio "$ou" "$lu")" "$(on CUSEC "$lf" max_over_min)" "$(on CUSEC "$our" max_over_min)" \
         "$lm" "$om" "$(ratio "$om" "$lm")"
     ((have_capi)) && row_c_abi "$(on CUSEC "$ca" spread)" "$(ratio "$(on CUSEC "$ca" median)" "$ou")"
+    ((have_cprobe)) && row_c_probe "$(on CUSEC "$cp" spread)" "$(ratio "$(on CUSEC "$cp" median)" "$ou")"
     if [[ $1 == tcp ]]; then
         sm=$(on CMBPS "$st" median)
         row_probes "$(on CUSEC "$lim" spread)" "$(ratio "$ou" "$(on CUSEC "$lim" median)")" \
@@ -607,6 +627,7 @@ compare_section() {
     sizes=$(sizes_for "$PROV")
     ((have_libfabric)) && impls=(libfabric ours)
     ((have_capi)) && impls+=(c-abi)
+    ((have_cprobe)) && impls+=(c-probe)
     if [[ $PROV == tcp ]]; then
         ((have_stream)) && probes+=(stream)
         ((have_probe)) && probes+=(limit)
@@ -650,6 +671,7 @@ compare_section() {
     echo "ratio = ours/libfabric of the medians (usec: lower is better, at every size the share"
     echo "of libfabric's time we take; MB/s: higher is better); x = max/min of the usec figures"
     ((have_capi)) && echo "C-ABI: Debian's fi_pingpong on xfabric's libfabric.so.1; C/us: its median usec over our Rust pingpong's"
+    ((have_cprobe)) && echo "C-probe: scripts/probes/capi_pingpong.c (the Rust pingpong's loop, call for call, in C) on xfabric's libfabric.so.1; Cp/us: its median usec over our Rust pingpong's"
     if [[ $PROV == tcp ]]; then
         ((have_probe)) && echo "limit: scripts/probes/tcp_pingpong.c, plain busy-polled loopback sockets in two processes; us/lm: our median usec over its"
         ((have_stream)) && echo "stream: scripts/probes/tcp_stream.c, the same messages streamed one way with no answers (a ping-pong's bandwidth limit), median MB/s; us/st: our median MB/s over its"
@@ -706,6 +728,8 @@ compare_goals() {
     for p in shm tcp; do
         goal "C ABI $p 8 B: fi_pingpong on xfabric's libfabric.so.1, median usec / the Rust pingpong's <= 1.05" \
             "$(ratio "$(on CUSEC "$p c-abi 8" median_to 3)" "$(on CUSEC "$p ours 8" median_to 3)" 3)" "<=" 1.05
+        goal "C ABI $p 8 B: the Rust pingpong's loop in C (capi_pingpong) on xfabric's libfabric.so.1, median usec / the Rust pingpong's <= 1.05" \
+            "$(ratio "$(on CUSEC "$p c-probe 8" median_to 3)" "$(on CUSEC "$p ours 8" median_to 3)" 3)" "<=" 1.05
     done
 }
 

@@ -4,7 +4,7 @@
 //! cancel, flush), an XPU-triggered send rung by a CPU thread with the variables from
 //! fi_getopt(FI_OPT_XPU_TRIGGER), the device API (fi_xpu(3)) posted from a CPU thread with
 //! xfabric's headers (kernels/cuda/xfabric/) and through its handles after their objects
-//! closed, and device-memory registration refused with -FI_ENOSYS where no device exists, and calls a careless caller makes (a threshold passed as cond's value, lengths past any buffer, a NULL region) answered with error codes. Each program checks what it received and exits non-zero otherwise.
+//! closed, and device-memory registration refused with -FI_ENOSYS where no device exists, and calls a careless caller makes (a threshold passed as cond's value, lengths past any buffer, a NULL region) answered with error codes. Each program checks what it received and exits non-zero otherwise. Also: scripts/bench.sh's C ABI probe (scripts/probes/capi_pingpong.c) builds and runs.
 
 mod common;
 #[path = "common/run.rs"]
@@ -219,4 +219,40 @@ fn c_poll_set_reports_a_queue_and_a_counter_by_context() {
 fn c_a_hinted_source_address_in_a_sockaddr_storage_is_kept() {
     let out = run_c_with("src_hint", &[], &[("FI_PROVIDER", "tcp")]);
     assert!(out.contains("src_hint: ok"), "{out}");
+}
+
+/// scripts/probes/capi_pingpong.c, the Rust pingpong's loop in C that scripts/bench.sh times
+/// on this library to tell the ABI's cost apart from fi_pingpong's: it still builds against
+/// 1.17's headers, and runs over shm and tcp (one forked peer, names through pipes).
+#[test]
+fn the_c_abi_probe_of_bench_sh_runs_over_shm_and_tcp() {
+    let src =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/probes/capi_pingpong.c");
+    let exe = common::target_dir().join("capi-probe-pingpong");
+    let out = Command::new("cc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg(common::cdylib())
+        .output()
+        .expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (provider, size, iters) in [
+        ("shm", "8", "200"),
+        ("shm", "65536", "20"),
+        ("tcp", "8", "50"),
+    ] {
+        let mut cmd = Command::new(&exe);
+        cmd.args([provider, size, iters])
+            .env("LD_LIBRARY_PATH", common::so1_dir())
+            .env_remove("FI_PROVIDER")
+            .env_remove("RUST_LOG");
+        let what = format!("capi_pingpong {provider} {size} {iters}");
+        let out = run::success(&what, &common::output_within(cmd, LIMIT, &what));
+        assert!(out.starts_with("usec/xfer "), "{what}: {out}");
+    }
 }
